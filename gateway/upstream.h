@@ -1,0 +1,139 @@
+/* upstream.h: the HTTP/1.1 client aggway uses to call upstream services.
+ *
+ * One agw_pool_t per upstream per worker thread: a bounded set of keep-alive connections
+ * (max_connections) and a bounded FIFO of calls waiting for one (max_pending). Everything runs
+ * on the worker's libev loop; nothing here is thread-safe and nothing blocks.
+ *
+ * Response framing (status line, headers, Content-Length, chunked with trailers, close-delimited
+ * bodies, 1xx interim responses) is parsed by libhttp-parser.
+ *
+ * Rules (DESIGN §3, issue "core gateway"):
+ *  - a call has one timeout (ms) covering the wait for a connection, connect, send and the whole
+ *    response; the caller passes min(call timeout, time left in the request deadline);
+ *  - connecting has its own connect_timeout_ms (bounded by the call timeout);
+ *  - a call the caller cancels, or that fails in any way, closes its connection: it never goes
+ *    back to the pool;
+ *  - a reused keep-alive connection that fails before the first response byte (reset, EOF) is
+ *    retried once on a new connection, for idempotent methods only (RFC 9110 §9.2.2);
+ *  - a body shorter than its Content-Length, a reset, unparsable bytes, or a body over
+ *    max_body_bytes fail the call at once;
+ *  - header names/values and paths containing CR, LF or NUL are rejected before anything is sent.
+ */
+#ifndef AGW_UPSTREAM_H
+#define AGW_UPSTREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct ev_loop;
+
+/* Static description of one upstream, built from gateway.lua by config.c; shared read-only
+ * by every worker. */
+typedef struct agw_upstream_conf {
+    char *name;                     /* the name scripts use ("product") */
+    char *url;                      /* as configured, for messages */
+    char *host_header;              /* value of the Host header ("127.0.0.1:9001") */
+    char *base_path;                /* path prefix from the URL without trailing '/', "" if none */
+    struct sockaddr_storage addr;   /* resolved once at load time */
+    socklen_t addrlen;
+    uint64_t timeout_ms;            /* default call timeout, ms */
+    uint64_t connect_timeout_ms;    /* connect timeout, ms */
+    uint64_t idle_timeout_ms;       /* keep-alive connection idle time before it is closed, ms */
+    unsigned max_connections;       /* open connections at most, per worker */
+    unsigned max_pending;           /* calls waiting for a connection at most, per worker */
+    size_t max_body_bytes;          /* response body limit, bytes */
+} agw_upstream_conf_t;
+
+/* One header: name and value, not NUL-terminated. */
+typedef struct agw_header {
+    const char *name;
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+} agw_header_t;
+
+/* How a call ended. Everything but AGW_CALL_OK is a failed call. */
+typedef enum agw_call_outcome {
+    AGW_CALL_OK = 0,          /* a complete response arrived (any HTTP status) */
+    AGW_CALL_REFUSED,         /* connect() refused or unreachable */
+    AGW_CALL_CONNECT_TIMEOUT, /* no connection within connect_timeout_ms */
+    AGW_CALL_TIMEOUT,         /* the call's timeout passed (waiting, sending or reading) */
+    AGW_CALL_RESET,           /* connection reset or closed before the response was complete */
+    AGW_CALL_TRUNCATED,       /* EOF before Content-Length bytes or the last chunk */
+    AGW_CALL_BAD_RESPONSE,    /* bytes that are not HTTP/1.x */
+    AGW_CALL_TOO_LARGE,       /* body over max_body_bytes */
+    AGW_CALL_OVERLOAD,        /* no connection free and the wait queue full (max_pending) */
+    AGW_CALL_BAD_REQUEST,     /* CR/LF/NUL in path or header; nothing was sent */
+} agw_call_outcome_t;
+
+/* Short stable name of an outcome ("ok", "refused", "timeout", …), for logs and metrics. */
+const char *agw_call_outcome_name(agw_call_outcome_t o);
+
+/* What the callback receives. All pointers are owned by the call and valid only during the
+ * callback; copy what you keep. */
+typedef struct agw_call_result {
+    agw_call_outcome_t outcome;
+    int http_status;                /* 0 when no status line arrived */
+    const agw_header_t *headers;    /* response headers in arrival order */
+    size_t num_headers;
+    const agw_header_t *trailers;   /* chunked trailers, if any */
+    size_t num_trailers;
+    const char *body;               /* decoded body (chunking removed), NUL-terminated */
+    size_t body_len;
+    double elapsed_ms;              /* from agw_call_start to completion, ms */
+    int reused;                     /* 1 when a keep-alive connection was reused */
+    const char *detail;             /* human-readable cause for failures, NULL when ok */
+} agw_call_result_t;
+
+typedef struct agw_pool agw_pool_t;
+typedef struct agw_call agw_call_t;
+
+/* Called exactly once per call unless the call was cancelled first; never from inside
+ * agw_call_start (immediate failures such as AGW_CALL_OVERLOAD are delivered from the loop). The
+ * call handle is invalid after the callback returns. */
+typedef void (*agw_call_cb)(agw_call_t *call, const agw_call_result_t *result, void *data);
+
+/* A request to send. Strings need not be NUL-terminated; they are copied by agw_call_start. */
+typedef struct agw_call_req {
+    const char *method;             /* "GET", "POST", … */
+    const char *path;               /* path + query, starting with '/'; base_path is prepended */
+    size_t path_len;
+    const agw_header_t *headers;    /* extra request headers; Host, Content-Length and
+                                       Connection are set by the client */
+    size_t num_headers;
+    const char *body;               /* request body or NULL */
+    size_t body_len;
+    uint64_t timeout_ms;            /* whole-call timeout, ms (0 fails at once with TIMEOUT) */
+} agw_call_req_t;
+
+/* Creates a pool for conf on loop. conf must outlive the pool. Returns NULL on allocation
+ * failure. */
+agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *conf);
+
+/* Closes every connection and frees the pool. Calls still in flight or queued are cancelled
+ * without callbacks; the owner must not use their handles afterwards. */
+void agw_pool_destroy(agw_pool_t *pool);
+
+/* Counters of a pool, for metrics and tests (no-leak checks). */
+typedef struct agw_pool_stats {
+    unsigned open;        /* connections open (idle + busy + connecting) */
+    unsigned idle;        /* idle keep-alive connections */
+    unsigned pending;     /* calls waiting for a connection */
+    uint64_t calls;       /* calls started */
+    uint64_t reused;      /* calls that used a kept-alive connection */
+    uint64_t retried;     /* calls retried once on a fresh connection */
+    uint64_t cancelled;   /* calls cancelled by the caller */
+} agw_pool_stats_t;
+
+void agw_pool_stats(const agw_pool_t *pool, agw_pool_stats_t *out);
+
+/* Starts a call. Returns the call handle, or NULL only on allocation failure. cb is called
+ * exactly once later unless agw_call_cancel() is called first. */
+agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call_cb cb, void *data);
+
+/* Cancels a call that has not completed: closes its connection (the upstream stops working on an
+ * answer no one will read), or removes it from the wait queue. The callback is not called. */
+void agw_call_cancel(agw_call_t *call);
+
+#endif
