@@ -18,7 +18,9 @@
  * 1..n (n >= 1), an object when all keys are strings, `{}` when empty; any other table (sparse,
  * mixed keys) is an error naming the path. NaN and ±Inf encode as null. Functions, threads, other
  * userdata, invalid UTF-8 and nesting deeper than AGW_JSON_MAX_DEPTH (this also catches cycles)
- * are errors naming the path ("$.product.data.tags[3]").
+ * are errors naming the path ("$.product.data.tags[3]"). Paths use JSON conventions: "$" is the
+ * encoded value, ".name" an object member (["name"] when the name is not identifier-like), "[i]"
+ * an array element counted from 0 (Lua index i+1).
  *
  * A "json ref" is a userdata holding a parsed json_t that has not been turned into Lua tables; the
  * encoder writes it straight from the json_t, so sections a script never touches cost no Lua work.
@@ -29,11 +31,21 @@
 #include <jansson.h>
 #include <lua.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "buf.h"
 
 /* Deepest nesting accepted when parsing an upstream body and when encoding. */
 #define AGW_JSON_MAX_DEPTH 256
+
+/* Registry fields (one set per lua_State, created by agw_json_open or the first agw_json_push and
+ * reused afterwards): the metatables of arrays, int64 boxes and json refs, and the weak-keyed side
+ * table order[tbl] = {k1, k2, ...} of remembered object key orders. An int64 box is a full userdata
+ * holding one int64_t; a json ref is a full userdata holding one json_t * (a counted reference). */
+#define AGW_JSON_ARRAY_MT "agw.json.array"
+#define AGW_JSON_INT64_MT "agw.json.int64"
+#define AGW_JSON_REF_MT "agw.json.ref"
+#define AGW_JSON_ORDER "agw.json.order"
 
 /* Parses len bytes of JSON (any top-level value, "\u0000" allowed in strings). On success stores a
  * new reference in *out (caller json_decref()s it) and returns 0. On failure returns -1 and writes
@@ -41,8 +53,15 @@
  * max_depth, integer beyond int64. */
 int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out, char *err, size_t errlen);
 
+/* Pushes an int64 box holding n (agg.int64). */
+void agw_json_push_int64(lua_State *L, int64_t n);
+
+/* If the value at idx is an int64 box, stores its value in *out and returns 1, else returns 0. */
+int agw_json_check_int64(lua_State *L, int idx, int64_t *out);
+
 /* Pushes v as Lua values (tables, numbers, strings, agg.null, int64 boxes), recording object key
- * order. Does not steal the reference. */
+ * order. Does not steal the reference. Raises a Lua error only when the Lua stack or memory runs
+ * out (v from agw_json_parse is at most AGW_JSON_MAX_DEPTH deep). */
 void agw_json_push(lua_State *L, json_t *v);
 
 /* Pushes a json ref userdata for v; takes its own reference (released by __gc). */
@@ -53,10 +72,16 @@ json_t *agw_json_check_ref(lua_State *L, int idx);
 
 /* Appends the compact JSON encoding of the Lua value at idx (json refs included) to out. Returns 0,
  * or -1 with a message naming the path of the offending value in err; out may then hold a
- * partial encoding that the caller discards. Uses the Lua stack; does not raise Lua errors. */
+ * partial encoding that the caller discards. Uses the Lua stack (left as found) and raw table
+ * access only, so no metamethod runs and no Lua error is raised. A table with the array metatable
+ * encodes elements 1..#t (holes as null, other keys ignored). Allocates nothing but out's growth,
+ * plus a key array when one object has more than 64 keys not in a remembered order. */
 int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t errlen);
 
-/* Appends the compact JSON encoding of v (shortest reals, escaped "\u0000"). */
+/* Appends the compact JSON encoding of v (shortest reals, escaped "\u0000"). Reals always keep a
+ * fraction or exponent ("1.0", not "1"), so an upstream real stays a real; integers print all
+ * their digits. Strings are assumed valid UTF-8 (jansson checks them on load and in json_string());
+ * one that is not (made with a _nocheck constructor) is written as null. */
 void agw_json_encode_value(const json_t *v, agw_buf_t *out);
 
 /* Appends s (len bytes) as a JSON string literal with quotes. Returns -1 (having appended
@@ -64,13 +89,23 @@ void agw_json_encode_value(const json_t *v, agw_buf_t *out);
 int agw_json_encode_string(agw_buf_t *out, const char *s, size_t len);
 
 /* Appends the shortest decimal form of d that reads back to d ("4.6", "1e+300", "0.1"). Integral
- * values below 2^53 print without a fraction ("89"). NaN and infinities append "null". */
+ * values below 2^53 print without a fraction ("89"). Negative zero prints as "-0.0": "-0" would
+ * read back as the integer 0 in jansson and many other parsers, losing the sign. NaN and
+ * infinities append "null". Assumes the C locale for LC_NUMERIC (the gateway never changes it). */
 void agw_json_encode_number(agw_buf_t *out, double d);
 
 /* Opens the "agg.json" Lua module and leaves its table on the stack:
  *   null, array([t]), is_array(t), int64(string|number), is_int64(v), setorder(t, keys) -> t,
  *   decode(s) -> value | nil, err, encode(v) -> string | nil, err, materialize(ref) -> value.
- * Usable as a lua_CFunction for package.preload. */
+ *   array(t) sets the array metatable on t and returns it; array() returns a new empty array.
+ *   int64 takes a decimal string ("-42", no spaces or sign '+') or an integral number in int64
+ *   range and raises an error otherwise; boxes compare (== < <=) only with other boxes, as Lua 5.1
+ *   comparisons between different types do. setorder records a copy of keys (strings; duplicates
+ *   dropped; raises on a non-string) as t's key order; setorder(t, nil) forgets it. decode uses
+ *   AGW_JSON_MAX_DEPTH. materialize returns any value that is not a json ref unchanged.
+ * Opening it again in the same lua_State reuses the state's metatables and order table, so values
+ * made through either module table are interchangeable. Usable as a lua_CFunction for
+ * package.preload. */
 int agw_json_open(lua_State *L);
 
 #endif
