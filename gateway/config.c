@@ -1,0 +1,221 @@
+/* config.c: a scripts folder's generation as C structures (see config.h). */
+#include "config.h"
+
+#include <lauxlib.h>
+#include <netdb.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "script.h"
+
+static char *field_str(lua_State *L, int idx, const char *name)
+{
+    lua_getfield(L, idx, name);
+    char *s = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+    lua_pop(L, 1);
+    return s;
+}
+
+static double field_num(lua_State *L, int idx, const char *name, double dflt)
+{
+    lua_getfield(L, idx, name);
+    double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : dflt;
+    lua_pop(L, 1);
+    return v;
+}
+
+/* Resolves host:port into u->addr. Returns 0 or -1 with a message in errors. */
+static int resolve(agw_upstream_conf_t *u, const char *host, int port, const char *file, int line, agw_buf_t *errors)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_family = AF_UNSPEC;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    int rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        agw_buf_printf(errors, "%s:%d: upstreams.%s.url: cannot resolve host '%s': %s\n", file, line, u->name, host,
+                       gai_strerror(rc));
+        return -1;
+    }
+    memcpy(&u->addr, res->ai_addr, res->ai_addrlen);
+    u->addrlen = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *errors)
+{
+    char file[4096];
+    snprintf(file, sizeof(file), "%s/gateway.lua", conf->dir);
+    lua_getfield(L, cfg, "upstreams");
+    int ups = lua_gettop(L);
+    size_t n = lua_objlen(L, ups);
+    conf->upstreams = calloc(n ? n : 1, sizeof(*conf->upstreams));
+    conf->num_upstreams = n;
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, ups, (int)i + 1);
+        int t = lua_gettop(L);
+        agw_upstream_conf_t *u = &conf->upstreams[i];
+        u->name = field_str(L, t, "name");
+        u->url = field_str(L, t, "url");
+        u->host_header = field_str(L, t, "host_header");
+        u->base_path = field_str(L, t, "base_path");
+        u->timeout_ms = (uint64_t)field_num(L, t, "timeout_ms", 1000);
+        u->connect_timeout_ms = (uint64_t)field_num(L, t, "connect_timeout_ms", 100);
+        u->idle_timeout_ms = (uint64_t)field_num(L, t, "idle_timeout_ms", 60000);
+        u->max_connections = (unsigned)field_num(L, t, "max_connections", 64);
+        u->max_pending = (unsigned)field_num(L, t, "max_pending", 256);
+        u->max_body_bytes = (size_t)field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
+        char *host = field_str(L, t, "host");
+        int port = (int)field_num(L, t, "port", 80);
+        int line = (int)field_num(L, t, "line", 1);
+        if (host == NULL || resolve(u, host, port, file, line, errors) != 0)
+            rc = -1;
+        free(host);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
+static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *errors)
+{
+    lua_getfield(L, gen, "endpoints");
+    int eps = lua_gettop(L);
+    size_t n = lua_objlen(L, eps);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, eps, (int)i + 1);
+        int e = lua_gettop(L);
+        agw_route_seg_t segs[AGW_ROUTE_MAX_SEGMENTS + 1];
+        lua_getfield(L, e, "segments");
+        size_t ns = lua_objlen(L, -1);
+        char *method = field_str(L, e, "method");
+        char *route = field_str(L, e, "route");
+        if (ns > AGW_ROUTE_MAX_SEGMENTS) {
+            agw_buf_printf(errors, "%s: route '%s' has more than %d segments\n", route, route, AGW_ROUTE_MAX_SEGMENTS);
+            rc = -1;
+        } else {
+            for (size_t j = 0; j < ns; j++) {
+                lua_rawgeti(L, -1, (int)j + 1);
+                if (lua_istable(L, -1)) {
+                    lua_getfield(L, -1, "param");
+                    segs[j].text = (char *)lua_tolstring(L, -1, &segs[j].len);
+                    segs[j].is_param = 1;
+                    lua_pop(L, 1);
+                } else {
+                    segs[j].text = (char *)lua_tolstring(L, -1, &segs[j].len);
+                    segs[j].is_param = 0;
+                }
+                lua_pop(L, 1); /* strings stay alive: referenced by the segments table */
+            }
+            if (agw_router_add(&conf->router, method, route, segs, ns, (int)i + 1) != 0) {
+                agw_buf_printf(errors, "route '%s' has more than %d parameters\n", route, AGW_ROUTE_MAX_PARAMS);
+                rc = -1;
+            }
+        }
+        free(method);
+        free(route);
+        lua_pop(L, 2);
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
+static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
+{
+    lua_getfield(L, cfg, "listen");
+    int t = lua_gettop(L);
+    size_t n = lua_objlen(L, t);
+    conf->listen = calloc(n ? n : 1, sizeof(*conf->listen));
+    conf->num_listen = n;
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, t, (int)i + 1);
+        int e = lua_gettop(L);
+        conf->listen[i].host = field_str(L, e, "host");
+        conf->listen[i].port = (int)field_num(L, e, "port", 8080);
+        conf->listen[i].cert_file = field_str(L, e, "cert");
+        conf->listen[i].key_file = field_str(L, e, "key");
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return 0;
+}
+
+/* Resolves a TLS file path relative to the scripts folder. */
+static void resolve_tls_paths(agw_config_t *conf)
+{
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        char **files[2] = {&conf->listen[i].cert_file, &conf->listen[i].key_file};
+        for (int k = 0; k < 2; k++) {
+            char *p = *files[k];
+            if (p == NULL || p[0] == '/')
+                continue;
+            size_t len = strlen(conf->dir) + strlen(p) + 2;
+            char *full = malloc(len);
+            snprintf(full, len, "%s/%s", conf->dir, p);
+            free(p);
+            *files[k] = full;
+        }
+    }
+}
+
+int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
+{
+    memset(conf, 0, sizeof(*conf));
+    conf->dir = strdup(dir);
+    lua_State *L = agw_vm_new(dir);
+    if (L == NULL) {
+        agw_buf_puts(errors, "out of memory creating a Lua state\n");
+        return -1;
+    }
+    if (agw_vm_load_generation(L, dir, errors) != 0) {
+        lua_close(L);
+        return -1;
+    }
+    int gen = lua_gettop(L);
+    lua_getfield(L, gen, "config");
+    int cfg = lua_gettop(L);
+    long workers = (long)field_num(L, cfg, "workers", 0);
+    if (workers <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        workers = cores > 0 ? cores : 1;
+    }
+    conf->workers = (unsigned)workers;
+    conf->deadline_ms = (uint64_t)field_num(L, cfg, "deadline_ms", 1000);
+    conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
+    int rc = load_listen(L, cfg, conf);
+    if (load_upstreams(L, cfg, conf, errors) != 0)
+        rc = -1;
+    if (load_routes(L, gen, conf, errors) != 0)
+        rc = -1;
+    resolve_tls_paths(conf);
+    lua_close(L);
+    if (rc != 0)
+        agw_config_free(conf);
+    return rc;
+}
+
+void agw_config_free(agw_config_t *conf)
+{
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        free(conf->listen[i].host);
+        free(conf->listen[i].cert_file);
+        free(conf->listen[i].key_file);
+    }
+    free(conf->listen);
+    for (size_t i = 0; i < conf->num_upstreams; i++) {
+        agw_upstream_conf_t *u = &conf->upstreams[i];
+        free(u->name);
+        free(u->url);
+        free(u->host_header);
+        free(u->base_path);
+    }
+    free(conf->upstreams);
+    agw_router_free(&conf->router);
+    free(conf->dir);
+    memset(conf, 0, sizeof(*conf));
+}

@@ -1,0 +1,41 @@
+/* config.h: one loaded generation of a scripts folder, as the C side needs it: listeners,
+ * workers, upstreams (resolved) and the route table. Built by agw_config_load from the same Lua
+ * loader (lua/agg/loader.lua) that every worker runs, so `aggway check` and `serve` agree. */
+#ifndef AGW_CONFIG_H
+#define AGW_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "router.h"
+#include "upstream.h"
+
+typedef struct agw_listen_conf {
+    char *host;        /* address to bind ("0.0.0.0") */
+    int port;          /* TCP port */
+    char *cert_file;   /* PEM certificate chain when TLS is on, else NULL */
+    char *key_file;    /* PEM private key when TLS is on, else NULL */
+} agw_listen_conf_t;
+
+typedef struct agw_config {
+    char *dir;                          /* scripts folder as given */
+    agw_listen_conf_t *listen;
+    size_t num_listen;
+    unsigned workers;                   /* worker threads (resolved: "auto" = cores) */
+    uint64_t deadline_ms;               /* default request deadline, ms */
+    size_t max_request_body_bytes;      /* request body limit, bytes */
+    agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
+    size_t num_upstreams;
+    agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
+} agw_config_t;
+
+/* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM and resolves upstream
+ * hosts. Returns 0 and fills *conf (free with agw_config_free), or -1 with one "file:line: message"
+ * per line appended to errors. */
+int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors);
+
+/* Frees everything agw_config_load allocated. */
+void agw_config_free(agw_config_t *conf);
+
+#endif

@@ -1,0 +1,158 @@
+/* script.c: LuaJIT states and generation loading (see script.h). */
+#include "script.h"
+
+#include <dirent.h>
+#include <lauxlib.h>
+#include <lualib.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "json.h"
+
+#ifndef AGW_LUA_DIR
+#define AGW_LUA_DIR "lua"
+#endif
+
+const char *agw_lua_dir(void)
+{
+    const char *env = getenv("AGGWAY_LUA_DIR");
+    return env && *env ? env : AGW_LUA_DIR;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Collects *.lua below base/rel into list (relative paths). */
+static void collect(const char *base, const char *rel, char ***list, size_t *n, size_t *cap, int depth)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s%s%s", base, *rel ? "/" : "", rel);
+    DIR *d = opendir(path);
+    if (d == NULL || depth > 16) {
+        if (d)
+            closedir(d);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sub[4096];
+        snprintf(sub, sizeof(sub), "%s%s%s", rel, *rel ? "/" : "", e->d_name);
+        char full[8192];
+        snprintf(full, sizeof(full), "%s/%s", base, sub);
+        struct stat st;
+        if (stat(full, &st) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            if (depth == 0 && strcmp(e->d_name, "lib") == 0)
+                continue;
+            collect(base, sub, list, n, cap, depth + 1);
+        } else if (S_ISREG(st.st_mode)) {
+            size_t l = strlen(e->d_name);
+            if (l < 5 || strcmp(e->d_name + l - 4, ".lua") != 0)
+                continue;
+            if (depth == 0 && strcmp(e->d_name, "gateway.lua") == 0)
+                continue;
+            if (*n == *cap) {
+                *cap = *cap ? *cap * 2 : 16;
+                *list = realloc(*list, *cap * sizeof(char *));
+                if (*list == NULL)
+                    abort();
+            }
+            (*list)[(*n)++] = strdup(sub);
+        }
+    }
+    closedir(d);
+}
+
+static int l_listdir(lua_State *L)
+{
+    const char *dir = luaL_checkstring(L, 1);
+    char **list = NULL;
+    size_t n = 0, cap = 0;
+    collect(dir, "", &list, &n, &cap, 0);
+    if (n)
+        qsort(list, n, sizeof(char *), cmp_str);
+    lua_createtable(L, (int)n, 0);
+    for (size_t i = 0; i < n; i++) {
+        lua_pushstring(L, list[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+        free(list[i]);
+    }
+    free(list);
+    return 1;
+}
+
+int agw_sys_open(lua_State *L)
+{
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, l_listdir);
+    lua_setfield(L, -2, "listdir");
+    return 1;
+}
+
+static void preload(lua_State *L, const char *name, lua_CFunction f)
+{
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "preload");
+    lua_pushcfunction(L, f);
+    lua_setfield(L, -2, name);
+    lua_pop(L, 2);
+}
+
+lua_State *agw_vm_new(const char *scripts_dir)
+{
+    lua_State *L = luaL_newstate();
+    if (L == NULL)
+        return NULL;
+    luaL_openlibs(L);
+    const char *lua_dir = agw_lua_dir();
+    lua_getglobal(L, "package");
+    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s/?.lua;%s/?/init.lua;", lua_dir, lua_dir, scripts_dir ? scripts_dir : ".",
+                    scripts_dir ? scripts_dir : ".");
+    lua_getfield(L, -2, "path");
+    lua_concat(L, 2);
+    lua_setfield(L, -2, "path");
+    lua_pop(L, 1);
+    preload(L, "agg.json", agw_json_open);
+    preload(L, "agg.sys", agw_sys_open);
+    return L;
+}
+
+int agw_vm_load_generation(lua_State *L, const char *dir, agw_buf_t *errors)
+{
+    int top = lua_gettop(L);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "agg.loader");
+    if (lua_pcall(L, 1, 1, 0) != 0) {
+        agw_buf_printf(errors, "%s: cannot load the runtime: %s\n", agw_lua_dir(), lua_tostring(L, -1));
+        lua_settop(L, top);
+        return -1;
+    }
+    lua_getfield(L, -1, "load");
+    lua_pushstring(L, dir);
+    if (lua_pcall(L, 1, 2, 0) != 0) {
+        agw_buf_printf(errors, "%s: loading failed: %s\n", dir, lua_tostring(L, -1));
+        lua_settop(L, top);
+        return -1;
+    }
+    if (lua_isnil(L, -2)) {
+        if (lua_istable(L, -1)) {
+            size_t n = lua_objlen(L, -1);
+            for (size_t i = 1; i <= n; i++) {
+                lua_rawgeti(L, -1, (int)i);
+                agw_buf_printf(errors, "%s\n", lua_tostring(L, -1));
+                lua_pop(L, 1);
+            }
+        }
+        lua_settop(L, top);
+        return -1;
+    }
+    lua_pop(L, 1);      /* nil second value */
+    lua_remove(L, -2);  /* loader module */
+    return 0;
+}

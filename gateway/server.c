@@ -1,0 +1,134 @@
+/* server.c: the serving process (see server.h). */
+#include "server.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <openssl/err.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "worker.h"
+
+/* Opens a listening socket for host:port with SO_REUSEPORT. Returns the fd or -1 (logged). */
+static int open_listener(const agw_listen_conf_t *l)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
+    char port[16];
+    snprintf(port, sizeof(port), "%d", l->port);
+    int rc = getaddrinfo(l->host, port, &hints, &res);
+    if (rc != 0) {
+        agw_log(AGW_LOG_ERROR, "listen %s:%d: not an IP address: %s", l->host, l->port, gai_strerror(rc));
+        return -1;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int on = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) != 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 ||
+        listen(fd, 1024) != 0) {
+        agw_log(AGW_LOG_ERROR, "listen %s:%d: %s (is another process using the port?)", l->host, l->port,
+                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static SSL_CTX *make_ssl_ctx(const agw_listen_conf_t *l)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    if (ctx == NULL)
+        return NULL;
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    if (SSL_CTX_use_certificate_chain_file(ctx, l->cert_file) != 1) {
+        agw_log(AGW_LOG_ERROR, "listen port %d: cannot load TLS certificate %s: %s", l->port, l->cert_file,
+                ERR_reason_error_string(ERR_get_error()));
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, l->key_file, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+        agw_log(AGW_LOG_ERROR, "listen port %d: cannot load TLS key %s (or it does not match the certificate): %s",
+                l->port, l->key_file, ERR_reason_error_string(ERR_get_error()));
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    h2o_ssl_register_alpn_protocols(ctx, h2o_http2_alpn_protocols);
+    return ctx;
+}
+
+int agw_server_run(agw_config_t *conf)
+{
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    /* workers inherit the mask; only this thread takes the signals */
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+    static h2o_globalconf_t globalconf;
+    h2o_config_init(&globalconf);
+    globalconf.server_name = h2o_iovec_init(H2O_STRLIT("aggway"));
+    globalconf.max_request_entity_size = conf->max_request_body_bytes;
+    h2o_hostconf_t *host = h2o_config_register_host(&globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+    h2o_handler_t *handler = h2o_create_handler(path, sizeof(*handler));
+    handler->on_req = agw_worker_on_req;
+
+    SSL_CTX **ssl = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*ssl));
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        if (conf->listen[i].cert_file && (ssl[i] = make_ssl_ctx(&conf->listen[i])) == NULL)
+            return 1;
+    }
+    agw_worker_t **workers = calloc(conf->workers, sizeof(*workers));
+    agw_listener_fd_t *fds = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*fds));
+    for (unsigned wi = 0; wi < conf->workers; wi++) {
+        for (size_t i = 0; i < conf->num_listen; i++) {
+            if ((fds[i].fd = open_listener(&conf->listen[i])) < 0)
+                return 1;
+            fds[i].ssl_ctx = ssl[i];
+        }
+        agw_buf_t errors = AGW_BUF_INIT;
+        workers[wi] = agw_worker_start((int)wi, conf, &globalconf, fds, conf->num_listen, &errors);
+        if (workers[wi] == NULL) {
+            agw_log(AGW_LOG_ERROR, "worker %u did not start:\n%s", wi, errors.base ? errors.base : "");
+            agw_buf_free(&errors);
+            return 1;
+        }
+        agw_buf_free(&errors);
+    }
+    for (size_t i = 0; i < conf->num_listen; i++)
+        agw_log(AGW_LOG_INFO, "listening on %s:%d (%s)", conf->listen[i].host, conf->listen[i].port,
+                ssl[i] ? "HTTP/1.1 and HTTP/2 over TLS" : "HTTP/1.1 and h2c");
+    agw_log(AGW_LOG_INFO, "aggway serving %s with %u worker%s, %zu route%s, %zu upstream%s", conf->dir, conf->workers,
+            conf->workers == 1 ? "" : "s", conf->router.num_routes, conf->router.num_routes == 1 ? "" : "s",
+            conf->num_upstreams, conf->num_upstreams == 1 ? "" : "s");
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) != 0)
+            continue;
+        if (sig == SIGHUP) {
+            agw_log(AGW_LOG_WARN, "SIGHUP: reloading is not available in this version; restart to load changes");
+            continue;
+        }
+        agw_log(AGW_LOG_INFO, "signal %d: stopping", sig);
+        break;
+    }
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        agw_worker_stop(workers[wi]);
+    free(workers);
+    free(fds);
+    free(ssl);
+    return 0;
+}

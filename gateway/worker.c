@@ -1,0 +1,732 @@
+/* worker.c: a worker thread: loops, h2o glue, the Lua transport ("agg.core") and upstream calls.
+ *
+ * Request path: h2o calls agw_worker_on_req -> route match (C) -> runtime.start(rid, …) in Lua.
+ * The handler's coroutine calls core.call() for each upstream call; completions call
+ * runtime.on_call(); the handler's return value arrives in core.respond(), which encodes the page
+ * and hands it to h2o. A request whose client goes away first is noticed by the dispose callback
+ * of its memory pool (DESIGN §8), which calls runtime.abort() to cancel its calls.
+ */
+#include "worker.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ev.h>
+#include <lauxlib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "log.h"
+#include "script.h"
+#include "slots.h"
+#include "upstream.h"
+
+typedef struct listener {
+    uv_tcp_t handle;
+    h2o_accept_ctx_t accept_ctx;
+    agw_worker_t *worker;
+} listener_t;
+
+/* The part of a request that lives in its h2o pool; rid is 0 once a response was sent. */
+typedef struct reqref {
+    agw_worker_t *w;
+    uint64_t rid;
+    h2o_req_t *req;
+} reqref_t;
+
+/* One upstream call in flight. */
+typedef struct wcall {
+    agw_worker_t *w;
+    uint64_t id;
+    agw_call_t *call;
+    int decode;
+    struct wcall *next_free;
+} wcall_t;
+
+struct agw_worker {
+    int id;
+    pthread_t thread;
+    const agw_config_t *conf;
+    struct ev_loop *loop;
+    uv_loop_t uvloop;
+    ev_io uv_io;
+    ev_timer uv_timer;
+    ev_prepare uv_prepare;
+    ev_async stop_async;
+    h2o_context_t ctx;
+    listener_t *listeners;
+    size_t num_listeners;
+    lua_State *L;
+    int ref_start, ref_on_call, ref_abort; /* runtime functions in the registry */
+    agw_pool_t **pools;                    /* one per upstream, same index as conf->upstreams */
+    agw_slots_t reqs;                      /* rid -> reqref_t */
+    agw_slots_t calls;                     /* call id -> wcall_t */
+    wcall_t *free_calls;
+    int lua_depth;                         /* > 0 while C code runs inside Lua */
+    uint64_t *pending_aborts;              /* rids whose client left while Lua was running */
+    size_t num_pending_aborts, cap_pending_aborts;
+    agw_buf_t out;                         /* scratch for encoding responses */
+};
+
+/* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
+
+static void run_uv(agw_worker_t *w)
+{
+    uv_run(&w->uvloop, UV_RUN_NOWAIT);
+}
+
+static void on_uv_io(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)loop, (void)revents;
+    run_uv(io->data);
+}
+
+static void on_uv_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    run_uv(t->data);
+}
+
+/* Before libev sleeps: run what libuv has due now, then arm a timer for libuv's next deadline. */
+static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
+{
+    (void)revents;
+    agw_worker_t *w = p->data;
+    int timeout, rounds = 0;
+    while ((timeout = uv_backend_timeout(&w->uvloop)) == 0 && rounds++ < 4)
+        run_uv(w);
+    ev_timer_stop(loop, &w->uv_timer);
+    if (timeout >= 0) {
+        ev_timer_set(&w->uv_timer, timeout / 1000.0, 0.);
+        ev_timer_start(loop, &w->uv_timer);
+    }
+}
+
+static void on_stop(struct ev_loop *loop, ev_async *a, int revents)
+{
+    (void)a, (void)revents;
+    ev_break(loop, EVBREAK_ALL);
+}
+
+/* ---- Lua entry ------------------------------------------------------------------------------ */
+
+static void process_pending_aborts(agw_worker_t *w);
+
+/* Calls the runtime function in registry ref with nargs arguments already pushed after it. */
+/* Returns 0, or -1 when the runtime raised (a gateway bug, logged; script errors never get here). */
+static int call_runtime(agw_worker_t *w, int nargs)
+{
+    lua_State *L = w->L;
+    int rc = 0;
+    w->lua_depth++;
+    if (lua_pcall(L, nargs, 0, 0) != 0) {
+        agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
+        lua_pop(L, 1);
+        rc = -1;
+    }
+    w->lua_depth--;
+    if (w->lua_depth == 0 && w->num_pending_aborts)
+        process_pending_aborts(w);
+    return rc;
+}
+
+static void abort_request(agw_worker_t *w, uint64_t rid)
+{
+    lua_rawgeti(w->L, LUA_REGISTRYINDEX, w->ref_abort);
+    lua_pushnumber(w->L, (lua_Number)rid);
+    call_runtime(w, 1);
+}
+
+static void process_pending_aborts(agw_worker_t *w)
+{
+    while (w->num_pending_aborts) {
+        uint64_t rid = w->pending_aborts[--w->num_pending_aborts];
+        abort_request(w, rid);
+    }
+}
+
+/* ---- responses ------------------------------------------------------------------------------ */
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 413: return "Payload Too Large";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Status";
+    }
+}
+
+static int valid_header_name(const char *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!(isalnum(c) || strchr("!#$%&'*+-.^_`|~", c)) || isupper(c))
+            return 0;
+    }
+    return 1;
+}
+
+static int valid_header_value(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0')
+            return 0;
+    return 1;
+}
+
+static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char *value, size_t vlen)
+{
+    char *n = h2o_mem_alloc_pool(&req->pool, nlen + 1);
+    memcpy(n, name, nlen);
+    n[nlen] = '\0';
+    char *v = h2o_mem_alloc_pool(&req->pool, vlen + 1);
+    memcpy(v, value, vlen);
+    v[vlen] = '\0';
+    h2o_add_header_by_str(&req->pool, &req->res.headers, n, nlen, 1, NULL, v, vlen);
+}
+
+/* Sends an RFC 9457 problem built in C (routing errors, runtime failures). */
+static void send_problem(agw_worker_t *w, h2o_req_t *req, int status, const char *kind, const char *title,
+                         const char *detail)
+{
+    agw_buf_t *b = &w->out;
+    agw_buf_reset(b);
+    agw_buf_printf(b, "{\"type\":\"urn:aggway:problem:%s\",\"title\":", kind);
+    agw_json_encode_string(b, title, strlen(title));
+    agw_buf_printf(b, ",\"status\":%d", status);
+    if (detail) {
+        agw_buf_puts(b, ",\"detail\":");
+        agw_json_encode_string(b, detail, strlen(detail));
+    }
+    agw_buf_putc(b, '}');
+    req->res.status = status;
+    req->res.reason = reason_phrase(status);
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("application/problem+json"));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
+    req->res.content_length = b->len;
+    h2o_send_inline(req, b->base, b->len);
+}
+
+/* ---- the "agg.core" transport for the runtime ----------------------------------------------- */
+
+static agw_worker_t *upw(lua_State *L)
+{
+    return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+static int l_now(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    lua_pushnumber(L, ev_now(w->loop) * 1000.0);
+    return 1;
+}
+
+static void push_lower(lua_State *L, const char *s, size_t n)
+{
+    char tmp[256];
+    if (n > sizeof(tmp)) {
+        lua_pushlstring(L, s, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        tmp[i] = (char)tolower((unsigned char)s[i]);
+    lua_pushlstring(L, tmp, n);
+}
+
+/* Pushes headers as a table of lowercased name -> value; repeated names are joined with ", ". */
+static void push_headers(lua_State *L, const agw_header_t *h, size_t n)
+{
+    lua_createtable(L, 0, (int)n);
+    for (size_t i = 0; i < n; i++) {
+        push_lower(L, h[i].name, h[i].name_len);
+        lua_pushvalue(L, -1);
+        lua_rawget(L, -3);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            lua_pushlstring(L, h[i].value, h[i].value_len);
+        } else {
+            lua_pushliteral(L, ", ");
+            lua_pushlstring(L, h[i].value, h[i].value_len);
+            lua_concat(L, 3);
+        }
+        lua_rawset(L, -3);
+    }
+}
+
+static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *data)
+{
+    (void)call;
+    wcall_t *c = data;
+    agw_worker_t *w = c->w;
+    lua_State *L = w->L;
+    uint64_t id = c->id;
+    int decode = c->decode;
+    agw_slots_del(&w->calls, id);
+    c->next_free = w->free_calls;
+    w->free_calls = c;
+
+    lua_rawgeti(L, LUA_REGISTRYINDEX, w->ref_on_call);
+    lua_pushnumber(L, (lua_Number)id);
+    lua_pushstring(L, agw_call_outcome_name(res->outcome));
+    lua_pushinteger(L, res->http_status);
+    if (res->outcome == AGW_CALL_OK) {
+        push_headers(L, res->headers, res->num_headers);
+        lua_pushlstring(L, res->body ? res->body : "", res->body_len);
+    } else {
+        lua_pushnil(L);
+        lua_pushnil(L);
+    }
+    if (res->outcome == AGW_CALL_OK && decode && res->http_status >= 200 && res->http_status < 300 &&
+        res->body_len > 0) {
+        json_t *j = NULL;
+        char err[256];
+        if (agw_json_parse(res->body, res->body_len, AGW_JSON_MAX_DEPTH, &j, err, sizeof(err)) == 0) {
+            agw_json_push_ref(L, j);
+            json_decref(j);
+        } else {
+            lua_pushstring(L, err);
+        }
+    } else {
+        lua_pushnil(L);
+    }
+    lua_pushnumber(L, res->elapsed_ms);
+    if (res->detail)
+        lua_pushstring(L, res->detail);
+    else
+        lua_pushnil(L);
+    call_runtime(w, 8);
+}
+
+/* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode) -> id */
+static int l_call(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    int index = (int)luaL_checkinteger(L, 2);
+    if (index < 1 || (size_t)index > w->conf->num_upstreams)
+        return luaL_error(L, "core.call: no upstream #%d", index);
+    agw_call_req_t req = {0};
+    req.method = luaL_checkstring(L, 3);
+    req.path = luaL_checklstring(L, 4, &req.path_len);
+    agw_header_t hdrs[64];
+    if (lua_istable(L, 5)) {
+        size_t n = lua_objlen(L, 5) / 2;
+        if (n > 64)
+            return luaL_error(L, "core.call: more than 64 request headers");
+        for (size_t i = 0; i < n; i++) {
+            lua_rawgeti(L, 5, (int)(2 * i + 1));
+            hdrs[i].name = lua_tolstring(L, -1, &hdrs[i].name_len);
+            lua_rawgeti(L, 5, (int)(2 * i + 2));
+            hdrs[i].value = lua_tolstring(L, -1, &hdrs[i].value_len);
+            lua_pop(L, 2); /* the strings stay referenced by the table */
+            if (hdrs[i].name == NULL || hdrs[i].value == NULL)
+                return luaL_error(L, "core.call: header names and values must be strings");
+        }
+        req.headers = hdrs;
+        req.num_headers = n;
+    }
+    if (lua_isstring(L, 6))
+        req.body = lua_tolstring(L, 6, &req.body_len);
+    lua_Number t = luaL_checknumber(L, 7);
+    req.timeout_ms = t > 0 ? (uint64_t)t : 0;
+    wcall_t *c = w->free_calls;
+    if (c)
+        w->free_calls = c->next_free;
+    else if ((c = malloc(sizeof(*c))) == NULL)
+        return luaL_error(L, "out of memory");
+    c->w = w;
+    c->decode = lua_toboolean(L, 8);
+    c->id = agw_slots_put(&w->calls, c);
+    c->call = agw_call_start(w->pools[index - 1], &req, on_call_done, c);
+    if (c->call == NULL) {
+        agw_slots_del(&w->calls, c->id);
+        c->next_free = w->free_calls;
+        w->free_calls = c;
+        return luaL_error(L, "out of memory starting a call");
+    }
+    lua_pushnumber(L, (lua_Number)c->id);
+    return 1;
+}
+
+/* core.cancel(id) */
+static int l_cancel(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    uint64_t id = (uint64_t)luaL_checknumber(L, 1);
+    wcall_t *c = agw_slots_get(&w->calls, id);
+    if (c) {
+        agw_call_cancel(c->call);
+        agw_slots_del(&w->calls, id);
+        c->next_free = w->free_calls;
+        w->free_calls = c;
+    }
+    return 0;
+}
+
+/* core.respond(rid, status, headers (flat list), body, is_json) -> true | false (client gone)
+ * | nil, err (body cannot be encoded; nothing was sent) */
+static int l_respond(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    uint64_t rid = (uint64_t)luaL_checknumber(L, 1);
+    int status = (int)luaL_checkinteger(L, 2);
+    int is_json = lua_toboolean(L, 5);
+    reqref_t *rr = agw_slots_get(&w->reqs, rid);
+    if (rr == NULL) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    h2o_req_t *req = rr->req;
+    agw_buf_t *b = &w->out;
+    const char *body;
+    size_t body_len;
+    if (is_json) {
+        char err[512];
+        agw_buf_reset(b);
+        if (agw_json_encode(L, 4, b, err, sizeof(err)) != 0) {
+            lua_pushnil(L);
+            lua_pushstring(L, err);
+            return 2;
+        }
+        body = b->base;
+        body_len = b->len;
+    } else {
+        body = lua_tolstring(L, 4, &body_len);
+        if (body == NULL)
+            body = "", body_len = 0;
+    }
+    req->res.status = status;
+    req->res.reason = reason_phrase(status);
+    if (lua_istable(L, 3)) {
+        size_t n = lua_objlen(L, 3);
+        for (size_t i = 1; i + 1 <= n; i += 2) {
+            size_t nl, vl;
+            lua_rawgeti(L, 3, (int)i);
+            lua_rawgeti(L, 3, (int)i + 1);
+            const char *name = lua_tolstring(L, -2, &nl), *value = lua_tolstring(L, -1, &vl);
+            if (name && value && valid_header_name(name, nl) && valid_header_value(value, vl))
+                add_header(req, name, nl, value, vl);
+            else
+                agw_log(AGW_LOG_WARN, "worker %d: dropped invalid response header '%s'", w->id, name ? name : "?");
+            lua_pop(L, 2);
+        }
+    }
+    agw_slots_del(&w->reqs, rid);
+    rr->rid = 0;
+    req->res.content_length = body_len;
+    h2o_send_inline(req, body, body_len);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* core.log(level, message) */
+static int l_log(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    const char *level = luaL_checkstring(L, 1);
+    const char *msg = luaL_checkstring(L, 2);
+    agw_log(strcmp(level, "error") == 0 ? AGW_LOG_ERROR : strcmp(level, "warn") == 0 ? AGW_LOG_WARN : AGW_LOG_INFO,
+            "worker %d: %s", w->id, msg);
+    return 0;
+}
+
+static const luaL_Reg core_fns[] = {
+    {"now", l_now}, {"call", l_call}, {"cancel", l_cancel}, {"respond", l_respond}, {"log", l_log}, {NULL, NULL},
+};
+
+/* Loads the runtime and the scripts folder into the worker's VM. */
+static int init_vm(agw_worker_t *w, agw_buf_t *errors)
+{
+    lua_State *L = w->L = agw_vm_new(w->conf->dir);
+    if (L == NULL) {
+        agw_buf_puts(errors, "out of memory creating a Lua state\n");
+        return -1;
+    }
+    if (agw_vm_load_generation(L, w->conf->dir, errors) != 0)
+        return -1;
+    int gen = lua_gettop(L);
+    lua_getfield(L, gen, "endpoints");
+    if (lua_objlen(L, -1) != w->conf->router.num_routes) {
+        agw_buf_puts(errors, "the scripts folder changed while the gateway started; start it again\n");
+        return -1;
+    }
+    lua_pop(L, 1);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "agg.runtime");
+    if (lua_pcall(L, 1, 1, 0) != 0) {
+        agw_buf_printf(errors, "cannot load agg.runtime: %s\n", lua_tostring(L, -1));
+        return -1;
+    }
+    int rt = lua_gettop(L);
+    lua_getfield(L, rt, "init");
+    lua_createtable(L, 0, 8);
+    for (const luaL_Reg *f = core_fns; f->name; f++) {
+        lua_pushlightuserdata(L, w);
+        lua_pushcclosure(L, f->func, 1);
+        lua_setfield(L, -2, f->name);
+    }
+    lua_getfield(L, gen, "upstreams");
+    lua_getfield(L, gen, "endpoints");
+    if (lua_pcall(L, 3, 0, 0) != 0) {
+        agw_buf_printf(errors, "runtime init failed: %s\n", lua_tostring(L, -1));
+        return -1;
+    }
+    lua_getfield(L, rt, "start");
+    w->ref_start = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "on_call");
+    w->ref_on_call = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "abort");
+    w->ref_abort = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_settop(L, 0);
+    return 0;
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+static void on_req_dispose(void *p)
+{
+    reqref_t *rr = p;
+    if (rr->rid == 0)
+        return;
+    /* the client went away before the response: cancel everything the request started */
+    agw_worker_t *w = rr->w;
+    uint64_t rid = rr->rid;
+    agw_slots_del(&w->reqs, rid);
+    rr->rid = 0;
+    if (w->lua_depth) {
+        if (w->num_pending_aborts == w->cap_pending_aborts) {
+            w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
+            w->pending_aborts = realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(uint64_t));
+            if (w->pending_aborts == NULL)
+                abort();
+        }
+        w->pending_aborts[w->num_pending_aborts++] = rid;
+        return;
+    }
+    abort_request(w, rid);
+}
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c = tolower(c);
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Pushes s percent-decoded; invalid escapes are kept as they are. */
+static void push_pct_decoded(lua_State *L, const char *s, size_t n)
+{
+    if (memchr(s, '%', n) == NULL) {
+        lua_pushlstring(L, s, n);
+        return;
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (size_t i = 0; i < n; i++) {
+        int hi, lo;
+        if (s[i] == '%' && i + 2 < n && (hi = hexval((unsigned char)s[i + 1])) >= 0 &&
+            (lo = hexval((unsigned char)s[i + 2])) >= 0) {
+            luaL_addchar(&b, (char)(hi * 16 + lo));
+            i += 2;
+        } else {
+            luaL_addchar(&b, s[i]);
+        }
+    }
+    luaL_pushresult(&b);
+}
+
+int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    (void)self;
+    agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
+    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    int endpoint = 0;
+    agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
+    size_t num_params = 0;
+    char allow[128];
+    agw_route_result_t m = agw_router_match(&w->conf->router, req->method.base, req->method.len, req->path.base,
+                                            path_len, &endpoint, params, &num_params, allow, sizeof(allow));
+    if (m == AGW_ROUTE_NOT_FOUND) {
+        send_problem(w, req, 404, "route-not-found", "no route matches this path", NULL);
+        return 0;
+    }
+    if (m == AGW_ROUTE_METHOD_NOT_ALLOWED) {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
+        send_problem(w, req, 405, "method-not-allowed", "this route does not accept this method", NULL);
+        return 0;
+    }
+    reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
+    rr->w = w;
+    rr->req = req;
+    rr->rid = agw_slots_put(&w->reqs, rr);
+
+    lua_State *L = w->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, w->ref_start);
+    lua_pushnumber(L, (lua_Number)rr->rid);
+    lua_pushinteger(L, endpoint);
+    lua_pushlstring(L, req->method.base, req->method.len);
+    lua_pushlstring(L, req->path.base, path_len);
+    if (req->query_at != SIZE_MAX)
+        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
+    else
+        lua_pushnil(L);
+    lua_createtable(L, 0, (int)num_params);
+    for (size_t i = 0; i < num_params; i++) {
+        lua_pushlstring(L, params[i].name, params[i].name_len);
+        push_pct_decoded(L, params[i].value, params[i].value_len);
+        lua_rawset(L, -3);
+    }
+    lua_createtable(L, 0, (int)req->headers.size);
+    for (size_t i = 0; i < req->headers.size; i++) {
+        const h2o_header_t *h = &req->headers.entries[i];
+        push_lower(L, h->name->base, h->name->len);
+        lua_pushvalue(L, -1);
+        lua_rawget(L, -3);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            lua_pushlstring(L, h->value.base, h->value.len);
+        } else {
+            lua_pushliteral(L, ", ");
+            lua_pushlstring(L, h->value.base, h->value.len);
+            lua_concat(L, 3);
+        }
+        lua_rawset(L, -3);
+    }
+    if (req->entity.base != NULL)
+        lua_pushlstring(L, req->entity.base, req->entity.len);
+    else
+        lua_pushnil(L);
+    uint64_t rid = rr->rid;
+    /* the runtime failed (a bug, never a script error): do not leave the client hanging */
+    if (call_runtime(w, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+        agw_slots_del(&w->reqs, rid);
+        rr->rid = 0;
+        send_problem(w, req, 500, "gateway-error", "the gateway failed to handle the request",
+                     "the error was logged by the gateway");
+    }
+    return 0;
+}
+
+/* ---- accept --------------------------------------------------------------------------------- */
+
+static void on_conn_close(uv_handle_t *h)
+{
+    free(h);
+}
+
+static void on_accept(uv_stream_t *server, int status)
+{
+    listener_t *l = server->data;
+    if (status != 0)
+        return;
+    uv_tcp_t *conn = malloc(sizeof(*conn));
+    if (conn == NULL)
+        return;
+    uv_tcp_init(server->loop, conn);
+    if (uv_accept(server, (uv_stream_t *)conn) != 0) {
+        uv_close((uv_handle_t *)conn, on_conn_close);
+        return;
+    }
+    uv_tcp_nodelay(conn, 1);
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)conn, on_conn_close);
+    h2o_accept(&l->accept_ctx, sock);
+}
+
+/* ---- thread --------------------------------------------------------------------------------- */
+
+static void *worker_main(void *arg)
+{
+    agw_worker_t *w = arg;
+    ev_run(w->loop, 0);
+    return NULL;
+}
+
+agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_t *globalconf,
+                               const agw_listener_fd_t *fds, size_t num_fds, agw_buf_t *errors)
+{
+    agw_worker_t *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        abort();
+    w->id = id;
+    w->conf = conf;
+    if (init_vm(w, errors) != 0) {
+        if (w->L)
+            lua_close(w->L);
+        free(w);
+        return NULL;
+    }
+    w->loop = ev_loop_new(EVFLAG_AUTO);
+    uv_loop_init(&w->uvloop);
+    ev_io_init(&w->uv_io, on_uv_io, uv_backend_fd(&w->uvloop), EV_READ);
+    w->uv_io.data = w;
+    ev_io_start(w->loop, &w->uv_io);
+    ev_init(&w->uv_timer, on_uv_timer);
+    w->uv_timer.data = w;
+    ev_prepare_init(&w->uv_prepare, on_prepare);
+    w->uv_prepare.data = w;
+    ev_prepare_start(w->loop, &w->uv_prepare);
+    ev_async_init(&w->stop_async, on_stop);
+    ev_async_start(w->loop, &w->stop_async);
+
+    h2o_context_init(&w->ctx, &w->uvloop, globalconf);
+    w->pools = calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*w->pools));
+    for (size_t i = 0; i < conf->num_upstreams; i++)
+        if ((w->pools[i] = agw_pool_create(w->loop, &conf->upstreams[i])) == NULL)
+            abort();
+
+    w->listeners = calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
+    w->num_listeners = num_fds;
+    for (size_t i = 0; i < num_fds; i++) {
+        listener_t *l = &w->listeners[i];
+        l->worker = w;
+        l->accept_ctx.ctx = &w->ctx;
+        l->accept_ctx.hosts = globalconf->hosts;
+        l->accept_ctx.ssl_ctx = fds[i].ssl_ctx;
+        uv_tcp_init(&w->uvloop, &l->handle);
+        l->handle.data = l;
+        int rc = uv_tcp_open(&l->handle, fds[i].fd);
+        if (rc == 0)
+            rc = uv_listen((uv_stream_t *)&l->handle, 1024, on_accept);
+        if (rc != 0) {
+            agw_buf_printf(errors, "worker %d: cannot listen: %s\n", id, uv_strerror(rc));
+            return NULL;
+        }
+    }
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        agw_buf_puts(errors, "cannot start a worker thread\n");
+        return NULL;
+    }
+    return w;
+}
+
+void agw_worker_stop(agw_worker_t *w)
+{
+    ev_async_send(w->loop, &w->stop_async);
+    pthread_join(w->thread, NULL);
+}

@@ -1,0 +1,181 @@
+-- agg.config: reads and checks scripts/gateway.lua, the operator's file (DESIGN §2.4).
+--
+-- Every option has a default; a misspelt key, a wrong type or a value out of range is an error
+-- message "scripts/gateway.lua:LINE: where: what is wrong; what to do". All errors are collected,
+-- not only the first.
+local M = {}
+
+local UPSTREAM_DEFAULTS = {
+  timeout_ms = 1000, connect_timeout_ms = 100, idle_timeout_ms = 60000,
+  max_connections = 64, max_pending = 256, max_body_bytes = 8 * 1024 * 1024,
+}
+local NOT_YET = {
+  admin = "the admin listener", tracing = "tracing export", breaker = "circuit breakers",
+  retry = "retries", hedge = "hedging", cache = "caching",
+}
+
+-- Finds the line of the first `name =` (or `name=`) at or after line `from` in the source.
+local function find_line(lines, name, from)
+  local pat = "[%s{,]" .. tostring(name):gsub("%p", "%%%0") .. "%s*="
+  for i = from or 1, #lines do
+    if (" " .. lines[i]):find(pat) then return i end
+  end
+  return nil
+end
+
+local function suggest(key, known)
+  local best, bestd
+  for k in pairs(known) do
+    -- cheap similarity: shared prefix length and length difference
+    local n = 0
+    while n < #k and n < #key and k:byte(n + 1) == key:byte(n + 1) do n = n + 1 end
+    local d = math.max(#k, #key) - n
+    if n >= 3 and (not bestd or d < bestd) then best, bestd = k, d end
+  end
+  return best and (" (did you mean '" .. best .. "'?)") or ""
+end
+
+--- Checks the table `cfg` that gateway.lua returned. src is the file's text (for line numbers),
+-- file its display path. Returns the normalized config, or nil and a list of error strings.
+function M.check(cfg, src, file)
+  local lines = {}
+  for l in (src .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+  local errors = {}
+  local function err(line, where, msg)
+    errors[#errors + 1] = ("%s:%s: %s: %s"):format(file, line or 1, where, msg)
+  end
+  if type(cfg) ~= "table" then
+    err(1, "gateway.lua", "must return a table, like: return { listen = { { port = 8080 } }, upstreams = { … } }")
+    return nil, errors
+  end
+  local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024 }
+  local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true }
+  for k in pairs(cfg) do
+    if NOT_YET[k] then
+      err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
+    elseif not TOP[k] then
+      err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
+          "; gateway.lua knows listen, workers, deadline_ms, max_request_body_bytes, upstreams")
+    end
+  end
+  local function posint(v, where, line, max)
+    if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v <= 0 or (max and v > max) then
+      err(line, where, ("must be a positive whole number%s, got %s"):format(max and (" up to " .. max) or "", tostring(v)))
+      return false
+    end
+    return true
+  end
+  -- listen
+  local listen = cfg.listen
+  if listen == nil then listen = { { port = 8080 } } end
+  local lline = find_line(lines, "listen")
+  if type(listen) ~= "table" or #listen == 0 then
+    err(lline, "listen", "must be a list like { { port = 8080 }, { port = 8443, tls = { cert = …, key = … } } }")
+  else
+    for i, l in ipairs(listen) do
+      local where = "listen[" .. i .. "]"
+      if type(l) ~= "table" then
+        err(lline, where, "must be a table like { port = 8080 }")
+      else
+        for k in pairs(l) do
+          if k ~= "port" and k ~= "host" and k ~= "tls" then
+            err(find_line(lines, k, lline), where .. "." .. tostring(k), "unknown option (port, host, tls)")
+          end
+        end
+        if posint(l.port, where .. ".port", find_line(lines, "port", lline), 65535) then
+          local e = { port = l.port, host = l.host or "0.0.0.0" }
+          if type(e.host) ~= "string" then err(lline, where .. ".host", "must be an IP address string") end
+          if l.tls ~= nil then
+            local tline = find_line(lines, "tls", lline)
+            if type(l.tls) ~= "table" or type(l.tls.cert) ~= "string" or type(l.tls.key) ~= "string" then
+              err(tline, where .. ".tls", "must be { cert = \"path/cert.pem\", key = \"path/key.pem\" }")
+            else
+              e.cert, e.key = l.tls.cert, l.tls.key
+            end
+          end
+          out.listen[#out.listen + 1] = e
+        end
+      end
+    end
+  end
+  -- workers
+  if cfg.workers ~= nil and cfg.workers ~= "auto" then
+    if posint(cfg.workers, "workers", find_line(lines, "workers"), 256) then out.workers = cfg.workers end
+  end
+  if cfg.deadline_ms ~= nil and posint(cfg.deadline_ms, "deadline_ms", find_line(lines, "deadline_ms")) then
+    out.deadline_ms = cfg.deadline_ms
+  end
+  if cfg.max_request_body_bytes ~= nil and
+     posint(cfg.max_request_body_bytes, "max_request_body_bytes", find_line(lines, "max_request_body_bytes")) then
+    out.max_request_body_bytes = cfg.max_request_body_bytes
+  end
+  -- upstreams
+  local ups = cfg.upstreams
+  local uline = find_line(lines, "upstreams")
+  if ups == nil then ups = {} end
+  if type(ups) ~= "table" then
+    err(uline, "upstreams", "must be a table of name = { url = \"http://host:port\" }")
+    ups = {}
+  end
+  local names = {}
+  for name in pairs(ups) do names[#names + 1] = name end
+  table.sort(names, function(a, b) return tostring(a) < tostring(b) end)
+  for _, name in ipairs(names) do
+    local u = ups[name]
+    local where = "upstreams." .. tostring(name)
+    local nline = find_line(lines, name, uline) or uline
+    if type(name) ~= "string" or not name:match("^[%a_][%w_%-]*$") then
+      err(nline, where, "upstream names must be identifiers like product or user_service")
+    elseif type(u) ~= "table" then
+      err(nline, where, "must be a table like { url = \"http://127.0.0.1:9001\" }")
+    else
+      local e = { name = name }
+      for k, v in pairs(UPSTREAM_DEFAULTS) do e[k] = v end
+      for k, v in pairs(u) do
+        local kline = find_line(lines, k, nline) or nline
+        if NOT_YET[k] then
+          err(kline, where .. "." .. k, NOT_YET[k] .. " are not available in this version of aggway; remove '" .. k .. "'")
+        elseif k == "url" then
+          -- checked below
+        elseif UPSTREAM_DEFAULTS[k] then
+          if posint(v, where .. "." .. k, kline) then e[k] = v end
+        else
+          local known = { url = true }
+          for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
+          err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
+              "; upstreams know url, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, max_body_bytes")
+        end
+      end
+      local url = u.url
+      local urlline = find_line(lines, "url", nline) or nline
+      if type(url) ~= "string" then
+        err(urlline, where .. ".url", "is required, like url = \"http://127.0.0.1:9001\"")
+      else
+        local scheme, rest = url:match("^(%a[%w+.-]*)://(.*)$")
+        if scheme ~= "http" then
+          err(urlline, where .. ".url", "'" .. url .. "': only http:// upstream URLs are supported")
+        else
+          local hostport, path = rest:match("^([^/]*)(.*)$")
+          local host, port = hostport:match("^%[(.-)%]:?(%d*)$")
+          if not host then host, port = hostport:match("^([^:]*):?(%d*)$") end
+          if not host or host == "" then
+            err(urlline, where .. ".url", "'" .. url .. "' has no host")
+          else
+            port = port ~= "" and tonumber(port) or 80
+            if port < 1 or port > 65535 then err(urlline, where .. ".url", "port out of range") end
+            path = path:gsub("/+$", "")
+            if path:find("[?#]") then err(urlline, where .. ".url", "must not contain a query or fragment") end
+            e.url, e.host, e.port, e.base_path = url, host, port, path
+            e.host_header = hostport
+            e.line = urlline
+          end
+        end
+      end
+      out.upstreams[#out.upstreams + 1] = e
+    end
+  end
+  if #errors > 0 then return nil, errors end
+  return out
+end
+
+return M

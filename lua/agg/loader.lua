@@ -1,0 +1,167 @@
+-- agg.loader: loads a scripts folder as one generation: gateway.lua plus every endpoint script
+-- (DESIGN §2). The same code runs in `aggway check`, in every worker of `aggway serve` and in
+-- `aggway test`, so what check accepts is what serve runs.
+--
+-- Endpoint script: returns { route = "GET /x/{id}", deadline_ms = n, handler = function(req) … end }
+-- or a list of such tables. Files under lib/ are modules for require "lib.x", never endpoints.
+local config = require "agg.config"
+local sys = require "agg.sys"
+
+local M = {}
+
+local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
+local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true }
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function line_of(src, needle)
+  local n = 1
+  for l in (src .. "\n"):gmatch("([^\n]*)\n") do
+    if l:find(needle, 1, true) then return n end
+    n = n + 1
+  end
+  return 1
+end
+
+--- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } }.
+-- Returns nil, message on a malformed route.
+function M.parse_route(route)
+  if type(route) ~= "string" then return nil, "route must be a string like \"GET /product-page/{id}\"" end
+  local method, path = route:match("^(%u+)%s+(/%S*)$")
+  if not method then return nil, "route '" .. route .. "' must look like \"GET /product-page/{id}\"" end
+  if not METHODS[method] then return nil, "route '" .. route .. "': unknown method " .. method end
+  local segs, seen = {}, {}
+  if path ~= "/" then
+    for seg in (path:sub(2) .. "/"):gmatch("([^/]*)/") do
+      local p = seg:match("^{([%a_][%w_]*)}$")
+      if p then
+        if seen[p] then return nil, "route '" .. route .. "': parameter {" .. p .. "} appears twice" end
+        seen[p] = true
+        segs[#segs + 1] = { param = p }
+      elseif seg:find("[{}?#%%]") then
+        return nil, "route '" .. route .. "': segment '" .. seg .. "' must be literal text or a {name} parameter"
+      else
+        segs[#segs + 1] = seg
+      end
+    end
+  end
+  return { method = method, segments = segs }
+end
+
+local function shape(r)
+  local parts = { r.method }
+  for _, s in ipairs(r.segments) do parts[#parts + 1] = type(s) == "table" and "{}" or s end
+  return table.concat(parts, "/")
+end
+
+--- Loads dir. Returns gen = { config, upstreams (name -> { index, timeout_ms }), endpoints (list, in
+-- match order: more literal segments first) } or nil, { "file:line: message", … }.
+function M.load(dir)
+  local errors = {}
+  local gfile = dir .. "/gateway.lua"
+  local src = read(gfile)
+  local cfg
+  if not src then
+    errors[#errors + 1] = gfile .. ":1: cannot read the gateway configuration; create it (see README, 'gateway.lua')"
+  else
+    local chunk, err = loadstring(src, "@" .. gfile)
+    if not chunk then
+      errors[#errors + 1] = err
+    else
+      local ok, v = pcall(chunk)
+      if not ok then
+        errors[#errors + 1] = tostring(v)
+      else
+        local c, errs = config.check(v, src, gfile)
+        if not c then
+          for _, e in ipairs(errs) do errors[#errors + 1] = e end
+        end
+        cfg = c
+      end
+    end
+  end
+  local ups = {}
+  if cfg then
+    for i, u in ipairs(cfg.upstreams) do ups[u.name] = { index = i, timeout_ms = u.timeout_ms } end
+  end
+  local endpoints, shapes = {}, {}
+  local files = sys.listdir(dir)
+  for _, rel in ipairs(files) do
+    local file = dir .. "/" .. rel
+    local fsrc = read(file) or ""
+    local chunk, err = loadfile(file)
+    if not chunk then
+      errors[#errors + 1] = err
+    else
+      local ok, v = pcall(chunk)
+      if not ok then
+        errors[#errors + 1] = tostring(v)
+      elseif type(v) ~= "table" then
+        errors[#errors + 1] = ("%s:1: an endpoint script must return { route = \"GET /path\", handler = function(req) … end } or a list of them (got %s)"):format(file, type(v))
+      else
+        local list = (v.route ~= nil or v.handler ~= nil) and { v } or v
+        if #list == 0 then
+          errors[#errors + 1] = ("%s:1: the returned table has no route and no endpoints"):format(file)
+        end
+        for i, ep in ipairs(list) do
+          local where = #list > 1 and ("endpoint " .. i) or "endpoint"
+          local e_line = type(ep) == "table" and type(ep.handler) == "function" and debug.getinfo(ep.handler, "S").linedefined or 1
+          local bad = false
+          if type(ep) ~= "table" then
+            errors[#errors + 1] = ("%s:1: %s must be a table with route and handler"):format(file, where)
+            bad = true
+          else
+            for k in pairs(ep) do
+              if not ENDPOINT_KEYS[k] then
+                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
+                bad = true
+              end
+            end
+            local r, rerr = M.parse_route(ep.route)
+            if not r then
+              errors[#errors + 1] = ("%s:%d: %s"):format(file, line_of(fsrc, "route"), rerr)
+              bad = true
+            end
+            if type(ep.handler) ~= "function" then
+              errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req)"):format(file, line_of(fsrc, "handler"), where)
+              bad = true
+            end
+            local dl = ep.deadline_ms
+            if dl ~= nil and (type(dl) ~= "number" or dl <= 0 or dl ~= dl) then
+              errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file, line_of(fsrc, "deadline_ms"), where)
+              bad = true
+            end
+            if not bad then
+              local sh = shape(r)
+              if shapes[sh] then
+                errors[#errors + 1] = ("%s:%d: route '%s' conflicts with '%s' in %s"):format(file, line_of(fsrc, "route"), ep.route, shapes[sh].route, shapes[sh].file)
+              else
+                local lit = 0
+                for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
+                local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
+                            deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
+                            literals = lit, order = #endpoints + 1 }
+                shapes[sh] = e
+                endpoints[#endpoints + 1] = e
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  if #errors > 0 then return nil, errors end
+  table.sort(endpoints, function(a, b)
+    if a.literals ~= b.literals then return a.literals > b.literals end
+    return a.order < b.order
+  end)
+  return { config = cfg, upstreams = ups, endpoints = endpoints }
+end
+
+return M

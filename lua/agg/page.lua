@@ -1,0 +1,113 @@
+-- agg.page: the page contract of DESIGN §2.2 (seed 000, RFC 9110, RFC 9457).
+--
+-- Sections are the keys of the results table, written in sorted order so the same answers give
+-- the same bytes. Each section is { status, data, error }:
+--   ok           fresh data
+--   fallback     the call failed and the script's fallback is served (error says why)
+--   stale        a cached copy served because the call failed (error says why)
+--   unavailable  nothing (error says why)
+-- A section whose continuation returned nil is left out.
+local json = require "agg.json"
+local problem = require "agg.problem"
+local rt = require "agg.runtime"
+
+local M = {}
+
+local SECTION_ORDER = { "status", "data", "error" }
+local SUMMARY_ORDER = { "status", "error" }
+
+local function page_status(failed)
+  local p = failed.error or {}
+  local kind = problem.kind(p)
+  if kind == "circuit-open" then return 503 end
+  if p.status == 504 then return 504 end
+  if p.status == 404 or p.status == 410 then return p.status end
+  return 502
+end
+
+--- Builds the response for a results table (from agg.fetch_all, plus any plain values the script
+-- added: a plain value becomes an `ok` section).
+-- Returns { status, headers, json } for the handler to return.
+--   200  every required section has data; X-Aggregation-Completed says whether all are `ok`, and a
+--        partial page carries Cache-Control: no-store
+--   504/503/404/410/502  a required section failed (timeout / breaker open / passed through /
+--        anything else), body application/problem+json with a `sections` member
+--   502 (504 if every failure was a timeout)  no section has any data
+-- opts (optional): { headers = { name = value } } extra response headers.
+function M.page(results, opts)
+  if type(results) ~= "table" then error("agg.page expects the results table of agg.fetch_all", 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("agg.page: options must be a table", 2) end
+  local keys = {}
+  for k in pairs(results) do
+    if type(k) ~= "string" then error("agg.page: section names must be strings, got " .. type(k), 2) end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys)
+  local body, summary = {}, {}
+  local order = {}
+  local complete, any_data, all_timeouts, counted = true, false, true, 0
+  local failed_required
+  for _, k in ipairs(keys) do
+    local r = results[k]
+    local sec
+    if rt.is_result(r) then
+      if r.status ~= "skipped" then
+        counted = counted + 1
+        sec = json.setorder({ status = r.status, error = r.error }, SECTION_ORDER)
+        if r.status ~= "unavailable" then
+          sec.data = rt.section_data(r)
+          if sec.data == nil then sec.data = json.null end
+          any_data = true
+        elseif rt.is_required(r) and not failed_required then
+          failed_required = r
+        end
+        if r.status ~= "ok" then complete = false end
+        if r.error and r.error.status ~= 504 then all_timeouts = false end
+      end
+    else
+      counted = counted + 1
+      any_data = true
+      sec = json.setorder({ status = "ok", data = r }, SECTION_ORDER)
+    end
+    if sec then
+      order[#order + 1] = k
+      body[k] = sec
+      summary[k] = json.setorder({ status = sec.status, error = sec.error }, SUMMARY_ORDER)
+    end
+  end
+  json.setorder(body, order)
+  json.setorder(summary, order)
+  local headers = {}
+  if opts and opts.headers then
+    for k, v in pairs(opts.headers) do headers[tostring(k):lower()] = tostring(v) end
+  end
+  local status
+  if failed_required then
+    status = page_status(failed_required)
+  elseif counted > 0 and not any_data then
+    status = all_timeouts and 504 or 502
+  end
+  if status then
+    local p
+    if failed_required then
+      local e = failed_required.error or {}
+      local name = rt.section_name(failed_required)
+      p = problem.new("required-section-failed", "required section " .. name .. " is unavailable", status,
+                      e.title)
+    else
+      p = problem.new("no-section-available", "no section of the page could be served", status)
+    end
+    p.sections = summary
+    headers["content-type"] = "application/problem+json"
+    headers["cache-control"] = "no-store"
+    headers["x-aggregation-completed"] = "false"
+    if status == 503 then headers["retry-after"] = headers["retry-after"] or "30" end
+    return { status = status, headers = headers, json = p }
+  end
+  headers["content-type"] = headers["content-type"] or "application/json"
+  headers["x-aggregation-completed"] = complete and "true" or "false"
+  if not complete then headers["cache-control"] = "no-store" end
+  return { status = 200, headers = headers, json = body }
+end
+
+return M

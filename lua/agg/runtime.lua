@@ -1,0 +1,611 @@
+-- agg.runtime: the request lifecycle and the call scheduler (DESIGN §2.1, §3).
+--
+-- One coroutine per request runs the endpoint's handler. agg.fetch_all starts calls through the
+-- transport (`core`) and yields; completions come back through M.on_call and resume the waiting
+-- coroutine. Continuations of agg.fetch_then run in child coroutines of their own. Every timer
+-- and clock read goes through `core`, so the spec harness can give the same code a virtual clock
+-- and stub upstreams.
+--
+-- The transport `core` provides:
+--   core.now() -> ms                              monotonic clock, milliseconds
+--   core.call(rid, index, method, path, headers, body, timeout_ms, decode) -> call id
+--        later delivers M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
+--   core.cancel(id)                               no on_call follows
+--   core.respond(rid, status, headers, body, is_json) -> true | nil, err
+--   core.log(level, message)
+local json = require "agg.json"
+local problem = require "agg.problem"
+local callspec = require "agg.callspec"
+
+local M = {}
+
+local core                                             -- transport and clock
+local upstreams = {}                                   -- name -> { index, timeout_ms }
+local endpoints = {}                                   -- index -> endpoint (loader.lua)
+local contexts = {}                                    -- rid -> request context
+local calls = {}                                       -- call id -> in-flight call record
+local ctx_of = setmetatable({}, { __mode = "k" })      -- coroutine -> request context
+local finishers = setmetatable({}, { __mode = "k" })   -- coroutine -> function(ok, value)
+local result_ref = setmetatable({}, { __mode = "k" })  -- result -> json ref not yet materialized
+local result_info = setmetatable({}, { __mode = "k" }) -- result -> { section, required, raw }
+local then_info = setmetatable({}, { __mode = "k" })   -- fetch_then marker -> { dep, fn, opts }
+local then_resolved = setmetatable({}, { __mode = "k" })
+
+-- A result's `data` is materialized from the parsed upstream JSON on first read; a section the
+-- script never reads is encoded straight from the parsed JSON.
+local result_mt = {
+  __index = function(t, k)
+    if k == "data" then
+      local ref = result_ref[t]
+      if ref ~= nil then
+        local d = json.materialize(ref)
+        result_ref[t] = nil
+        rawset(t, "data", d)
+        return d
+      end
+    end
+    return nil
+  end,
+  __newindex = function(t, k, v)
+    if k == "data" then result_ref[t] = nil end
+    rawset(t, k, v)
+  end,
+}
+
+--- Installs the transport and the endpoints (from agg.loader) and the upstream table.
+function M.init(transport, ups, eps)
+  core, upstreams, endpoints = transport, ups, eps
+end
+
+function M.endpoints() return endpoints end
+
+--- True when r is a call result made by the scheduler.
+function M.is_result(r) return result_info[r] ~= nil end
+
+--- The data of a result as the page encoder wants it: a Lua value, a json ref, or nil.
+function M.section_data(r)
+  local d = rawget(r, "data")
+  if d ~= nil then return d end
+  local ref = result_ref[r]
+  if ref ~= nil then return ref end
+  local info = result_info[r]
+  if info and info.raw and r.ok then return r.body end
+  return nil
+end
+
+function M.section_name(r)
+  local info = result_info[r]
+  return info and tostring(info.section) or "?"
+end
+
+function M.is_required(r)
+  local info = result_info[r]
+  return info ~= nil and info.required
+end
+
+local function log_error(ctx, what, err, co)
+  local where = ctx and ctx.ep and (ctx.ep.route .. " (" .. ctx.ep.file .. ")") or "?"
+  core.log("error", ("script error in %s%s: %s"):format(where, what and (", " .. what) or "",
+    co and debug.traceback(co, tostring(err)) or tostring(err)))
+end
+
+-- Resumes co; when it ends, hands its outcome to its finisher.
+local function resume(co, ...)
+  local ok, v = coroutine.resume(co, ...)
+  if coroutine.status(co) == "dead" then
+    local fin = finishers[co]
+    finishers[co] = nil
+    if fin then fin(ok, v, co) end
+  end
+end
+
+local function new_result(section, spec)
+  local r = setmetatable({}, result_mt)
+  result_info[r] = { section = section, required = spec and spec.required or false,
+                     raw = spec and not spec.decode }
+  return r
+end
+
+-- Marks r failed with problem p, serving the call's fallback when it has one.
+local function fail(ctx, r, p, spec)
+  r.ok = false
+  r.error = p
+  if spec and spec.has_fallback then
+    local fb = spec.fallback
+    if type(fb) == "function" then
+      local ok, v = pcall(fb, p)
+      if not ok then
+        log_error(ctx, "fallback of " .. result_info[r].section, v)
+        r.status = "unavailable"
+        return r
+      end
+      fb = v
+    end
+    r.status = "fallback"
+    r.data = fb
+  else
+    r.status = "unavailable"
+  end
+  return r
+end
+
+local function now_remaining(ctx)
+  local now = core.now()
+  return now, ctx.deadline - now
+end
+
+-- Starts one normalized call for section; on_done(result) runs once (maybe before this returns
+-- when the deadline has already passed).
+local function start_call(ctx, section, spec, on_done)
+  local now, remaining = now_remaining(ctx)
+  local t = spec.timeout_ms
+  if t > remaining then t = remaining end
+  if t <= 0 then
+    local r = new_result(section, spec)
+    r.ms = 0
+    on_done(fail(ctx, r, problem.for_outcome("deadline", section, spec.upstream), spec))
+    return
+  end
+  local id = core.call(ctx.rid, spec.index, spec.method, spec.path, spec.headers, spec.body,
+                       math.floor(t + 0.5), spec.decode)
+  calls[id] = { ctx = ctx, section = section, spec = spec, on_done = on_done, started = now }
+  ctx.inflight[id] = true
+end
+
+--- Transport completion of call id (see the header comment for the arguments).
+-- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
+function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
+  local rec = calls[id]
+  if rec == nil then return end
+  calls[id] = nil
+  local ctx, spec, section = rec.ctx, rec.spec, rec.section
+  ctx.inflight[id] = nil
+  if ctx.done then return end
+  local timings = ctx.timings
+  timings[#timings + 1] = section
+  timings[#timings + 1] = ms
+  local r = new_result(section, spec)
+  r.ms = ms
+  r.headers = headers
+  r.body = body
+  if http_status ~= 0 then r.http_status = http_status end
+  if outcome == "ok" and http_status >= 200 and http_status < 300 then
+    if type(data) == "string" then
+      fail(ctx, r, problem.for_outcome("bad_json", section, spec.upstream, data), spec)
+    else
+      r.ok = true
+      r.status = "ok"
+      if data ~= nil then result_ref[r] = data end
+    end
+  elseif outcome == "ok" then
+    fail(ctx, r, problem.for_http_status(http_status, section, spec.upstream), spec)
+  else
+    fail(ctx, r, problem.for_outcome(outcome, section, spec.upstream, detail), spec)
+  end
+  rec.on_done(r)
+end
+
+local is_then
+
+-- A group is one fan-out: the calls of one fetch_all, or the specs a continuation returned.
+-- It completes when every member has settled; then it resumes its coroutine or calls on_complete.
+local function settle(g, key, r)
+  if g.results[key] ~= nil then return end
+  g.results[key] = r
+  g.pending = g.pending - 1
+  local thens = g.thens
+  for i = 1, #thens do
+    local t = thens[i]
+    if not t.started then
+      local ready = true
+      for j = 1, #t.deps do
+        if g.results[t.deps[j]] == nil then ready = false break end
+      end
+      if ready then
+        t.started = true
+        local args = {}
+        for j = 1, #t.deps do args[j] = g.results[t.deps[j]] end
+        M.run_then(g, t.key, t.info, args)
+      end
+    end
+  end
+  if g.pending == 0 then
+    if g.waiting then
+      g.waiting = false
+      resume(g.co)
+    elseif g.on_complete then
+      local f = g.on_complete
+      g.on_complete = nil
+      f(g.results)
+    end
+  end
+end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    local ta, tb = type(a), type(b)
+    if ta ~= tb then return ta < tb end
+    return a < b
+  end)
+  return keys
+end
+
+-- Combines the results of a nested fan-out into one section result.
+local function combine(ctx, section, results, list, opts)
+  local r = new_result(section, opts)
+  local data = list and json.array() or {}
+  local first_err
+  local keys = sorted_keys(results)
+  local ms = 0
+  for _, k in ipairs(keys) do
+    local sub = results[k]
+    if sub.status == "skipped" then
+      -- nothing to add
+    elseif sub.ok or sub.status == "fallback" then
+      local d = sub.data
+      if d == nil then d = json.null end
+      data[k] = d
+    else
+      data[k] = json.null
+      first_err = first_err or sub.error
+    end
+    if (sub.ms or 0) > ms then ms = sub.ms end
+  end
+  r.ms = ms
+  if first_err then
+    return fail(ctx, r, first_err, opts)
+  end
+  r.ok, r.status, r.data = true, "ok", data
+  return r
+end
+
+local function start_group(ctx, tbl, level)
+  local g = { ctx = ctx, results = {}, pending = 0, thens = {}, waiting = false }
+  local specs = {}
+  local keys = sorted_keys(tbl)
+  for _, key in ipairs(keys) do
+    local v = tbl[key]
+    local info = is_then(v)
+    if info then
+      if type(info.dep) == "string" or (type(info.dep) == "table" and not callspec.is_spec(info.dep)) then
+        local deps = type(info.dep) == "string" and { info.dep } or info.dep
+        for _, d in ipairs(deps) do
+          if tbl[d] == nil then
+            error(("fetch_then for '%s' depends on '%s', which is not a call in this fetch_all"):format(tostring(key), tostring(d)), level)
+          end
+          if d == key then error(("fetch_then for '%s' depends on itself"):format(tostring(key)), level) end
+        end
+        g.thens[#g.thens + 1] = { key = key, deps = deps, info = info, started = false }
+      else
+        specs[#specs + 1] = { key, info, true }
+      end
+    else
+      specs[#specs + 1] = { key, callspec.normalize(v, upstreams, level), false }
+    end
+    g.pending = g.pending + 1
+  end
+  -- a dependency cycle would never settle: refuse it up front
+  for _, t in ipairs(g.thens) do
+    local seen, stack = {}, { t.key }
+    while #stack > 0 do
+      local k = table.remove(stack)
+      for _, o in ipairs(g.thens) do
+        if o.key == k then
+          for _, d in ipairs(o.deps) do
+            if d == t.key then error(("fetch_then dependency cycle through '%s'"):format(tostring(t.key)), level) end
+            if not seen[d] then seen[d] = true; stack[#stack + 1] = d end
+          end
+        end
+      end
+    end
+  end
+  for _, s in ipairs(specs) do
+    local key, spec = s[1], s[2]
+    if s[3] then
+      -- a chain with a call spec of its own as its dependency
+      local info = spec
+      local dep = callspec.normalize(info.dep, upstreams, level)
+      start_call(ctx, key, dep, function(r) M.run_then(g, key, info, { r }) end)
+    else
+      start_call(ctx, key, spec, function(r) settle(g, key, r) end)
+    end
+  end
+  return g
+end
+
+local function current_ctx(fname)
+  local co = coroutine.running()
+  local ctx = co and ctx_of[co]
+  if not ctx then
+    error(fname .. " can only be called while a request is being handled (inside a handler)", 3)
+  end
+  if not coroutine.isyieldable() then
+    error(fname .. " cannot wait here: it was called from inside a C function that cannot yield " ..
+          "(a table.sort comparator, a string.gsub callback, …); move the call out of it", 3)
+  end
+  if ctx.done then error(fname .. ": the request has already ended", 3) end
+  return ctx, co
+end
+
+--- agg.fetch_all (see agg/init.lua for the user documentation).
+function M.fetch_all(tbl)
+  local ctx, co = current_ctx("agg.fetch_all")
+  if type(tbl) ~= "table" then error("agg.fetch_all expects a table of call specs", 2) end
+  local g = start_group(ctx, tbl, 3)
+  g.co = co
+  while g.pending > 0 do
+    g.waiting = true
+    coroutine.yield()
+  end
+  return g.results
+end
+
+-- Runs a continuation for section key of group g with the dependency results args.
+function M.run_then(g, key, info, args)
+  local ctx = g.ctx
+  for i = 1, #args do
+    local d = args[i]
+    if not d.ok then
+      local deps = type(info.dep) == "table" and not callspec.is_spec(info.dep) and info.dep or { info.dep }
+      local depname = callspec.is_spec(info.dep) and info.dep[1] or tostring(deps[i])
+      local r = new_result(key, info.opts)
+      r.ms = 0
+      settle(g, key, fail(ctx, r, problem.dependency_failed(tostring(key), depname, d.error), info.opts))
+      return
+    end
+  end
+  local co = coroutine.create(info.fn)
+  ctx_of[co] = ctx
+  finishers[co] = function(ok, v)
+    if ctx.done then return end
+    if not ok then
+      log_error(ctx, "continuation of " .. tostring(key), v, co)
+      settle(g, key, fail(ctx, new_result(key, info.opts), problem.script_error(tostring(key)), info.opts))
+      return
+    end
+    M.settle_value(g, key, v, info.opts)
+  end
+  resume(co, unpack(args, 1, #args))
+end
+
+-- Settles section key of g with what a continuation returned: nil (section skipped), a call spec,
+-- another chain, a table of specs (nested fan-out), or a plain computed value.
+function M.settle_value(g, key, v, opts)
+  local ctx = g.ctx
+  opts = opts or {}
+  if v == nil then
+    local r = new_result(key, opts)
+    r.ok, r.status, r.ms = true, "skipped", 0
+    settle(g, key, r)
+    return
+  end
+  local ok, err = pcall(function()
+    if callspec.is_spec(v) then
+      local spec = callspec.normalize(v, upstreams, 2)
+      if opts.required then spec.required = true end
+      if opts.fallback ~= nil and not spec.has_fallback then
+        spec.fallback, spec.has_fallback = opts.fallback, true
+      end
+      start_call(ctx, key, spec, function(r) settle(g, key, r) end)
+      return
+    end
+    local info = is_then(v)
+    if info then
+      local sub = start_group(ctx, { [key] = v }, 2)
+      sub.on_complete = function(res) settle(g, key, res[key]) end
+      if sub.pending == 0 then sub.on_complete(sub.results) end
+      return
+    end
+    if type(v) == "table" and getmetatable(v) == nil and next(v) ~= nil then
+      local all = true
+      for _, s in pairs(v) do
+        if not (callspec.is_spec(s) or is_then(s)) then all = false break end
+      end
+      if all then
+        local list = #v > 0
+        local sub = start_group(ctx, v, 2)
+        sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
+        if sub.pending == 0 then sub.on_complete(sub.results) end
+        return
+      end
+    end
+    local r = new_result(key, opts)
+    r.ok, r.status, r.data, r.ms = true, "ok", v, 0
+    settle(g, key, r)
+  end)
+  if not ok then
+    log_error(ctx, "continuation of " .. tostring(key), err)
+    settle(g, key, fail(ctx, new_result(key, opts), problem.script_error(tostring(key)), opts))
+  end
+end
+
+-- fetch_then markers: a chain to run inside fetch_all, or, when its dependency is a call spec of
+-- its own, on its own the moment a field of it is read.
+local then_mt = {
+  __index = function(m, k)
+    local r = then_resolved[m]
+    if r == nil then
+      local info = then_info[m]
+      if not callspec.is_spec(info.dep) then
+        error("agg.fetch_then(" .. tostring(info.dep) .. ", …) names sibling calls: use it inside agg.fetch_all", 2)
+      end
+      r = M.fetch_all({ [info.dep[1]] = m })[info.dep[1]]
+      then_resolved[m] = r
+    end
+    return r[k]
+  end,
+}
+
+is_then = function(v)
+  if type(v) == "table" then return then_info[v] end
+  return nil
+end
+
+--- agg.fetch_then (see agg/init.lua for the user documentation).
+function M.fetch_then(dep, fn, opts)
+  local td = type(dep)
+  if td ~= "string" and td ~= "table" then
+    error("agg.fetch_then: the dependency must be a sibling key, a list of keys or a call spec", 2)
+  end
+  if td == "table" and not callspec.is_spec(dep) then
+    if #dep == 0 then error("agg.fetch_then: the list of dependencies is empty", 2) end
+    for _, d in ipairs(dep) do
+      if type(d) ~= "string" then error("agg.fetch_then: dependency keys must be strings", 2) end
+    end
+  end
+  if type(fn) ~= "function" then error("agg.fetch_then: the second argument must be a function", 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("agg.fetch_then: options must be a table", 2) end
+  local o = opts or {}
+  for k in pairs(o) do
+    if k ~= "required" and k ~= "fallback" then
+      error("agg.fetch_then: unknown option '" .. tostring(k) .. "' (required, fallback)", 2)
+    end
+  end
+  local m = setmetatable({}, then_mt)
+  then_info[m] = { dep = dep, fn = fn,
+                   opts = { required = o.required == true, fallback = o.fallback, has_fallback = o.fallback ~= nil,
+                            decode = true } }
+  return m
+end
+
+local function server_timing(ctx)
+  local t, parts = ctx.timings, {}
+  for i = 1, #t, 2 do
+    local name = tostring(t[i]):gsub("[^%w_%-]", "_")
+    parts[#parts + 1] = ("%s;dur=%.1f"):format(name, t[i + 1])
+  end
+  return table.concat(parts, ", ")
+end
+
+local function send(ctx, status, headers, body, is_json)
+  local flat = {}
+  for k, v in pairs(headers) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
+  end
+  if #ctx.timings > 0 then
+    flat[#flat + 1] = "server-timing"
+    flat[#flat + 1] = server_timing(ctx)
+  end
+  return core.respond(ctx.rid, status, flat, body, is_json)
+end
+
+local function send_problem(ctx, p)
+  send(ctx, p.status, { ["content-type"] = "application/problem+json", ["cache-control"] = "no-store" }, p, true)
+end
+
+local function finish_request(ctx, ok, resp, co)
+  if ctx.done then return end
+  ctx.done = true
+  contexts[ctx.rid] = nil
+  for id in pairs(ctx.inflight) do
+    core.cancel(id)
+    calls[id] = nil
+  end
+  if not ok then
+    log_error(ctx, nil, resp, co)
+    return send_problem(ctx, problem.script_error(nil))
+  end
+  local st = type(resp) == "table" and resp.status
+  if type(st) ~= "number" or st < 100 or st > 599 or st % 1 ~= 0 then
+    log_error(ctx, nil, "the handler must return agg.page(results) or { status = <100..599>, json = … | body = … }")
+    return send_problem(ctx, problem.script_error(nil))
+  end
+  local headers = {}
+  if resp.headers ~= nil then
+    if type(resp.headers) ~= "table" then
+      log_error(ctx, nil, "response headers must be a table")
+      return send_problem(ctx, problem.script_error(nil))
+    end
+    for k, v in pairs(resp.headers) do headers[tostring(k):lower()] = tostring(v) end
+  end
+  if resp.json ~= nil then
+    headers["content-type"] = headers["content-type"] or "application/json"
+    local sent, err = send(ctx, st, headers, resp.json, true)
+    if sent == nil and err then
+      log_error(ctx, nil, "the response cannot be encoded as JSON: " .. tostring(err))
+      return send_problem(ctx, problem.new("response-encoding", "the page could not be encoded as JSON", 500,
+                                           "the error was logged by the gateway"))
+    end
+    return
+  end
+  local body = resp.body
+  if body ~= nil and type(body) ~= "string" then
+    log_error(ctx, nil, "response body must be a string (use json = … for tables)")
+    return send_problem(ctx, problem.script_error(nil))
+  end
+  if body ~= nil then headers["content-type"] = headers["content-type"] or "text/plain; charset=utf-8" end
+  send(ctx, st, headers, body or "", false)
+end
+
+local function parse_query(q)
+  local t = {}
+  if q == nil or q == "" then return t end
+  for pair in q:gmatch("[^&]+") do
+    local k, v = pair:match("^([^=]*)=?(.*)$")
+    k = k:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+    v = v:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+    local cur = t[k]
+    if cur == nil then t[k] = v
+    elseif type(cur) == "table" then cur[#cur + 1] = v
+    else t[k] = { cur, v } end
+  end
+  return t
+end
+
+local req_mt = {
+  __index = function(r, k)
+    if k == "json" then
+      local body = rawget(r, "body")
+      local v
+      if body and body ~= "" then v = json.decode(body) end
+      rawset(r, "json", v)
+      return v
+    end
+    return nil
+  end,
+}
+
+--- Starts request rid for endpoint index idx. Called by the transport.
+-- params: table of route parameters; headers: lowercased name -> value; body: string or nil.
+function M.start(rid, idx, method, path, query, params, headers, body)
+  local ep = endpoints[idx]
+  local now = core.now()
+  local ctx = { rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
+                inflight = {}, timings = {}, done = false }
+  contexts[rid] = ctx
+  local req = setmetatable({ method = method, path = path, params = params, headers = headers,
+                             body = body, query = parse_query(query), route = ep.route }, req_mt)
+  req.remaining_ms = function()
+    local r = ctx.deadline - core.now()
+    return r > 0 and r or 0
+  end
+  local co = coroutine.create(ep.handler)
+  ctx_of[co] = ctx
+  finishers[co] = function(ok, v) finish_request(ctx, ok, v, co) end
+  resume(co, req)
+end
+
+--- The client of request rid went away: cancel its calls and forget it.
+function M.abort(rid)
+  local ctx = contexts[rid]
+  if not ctx then return end
+  ctx.done = true
+  contexts[rid] = nil
+  for id in pairs(ctx.inflight) do
+    core.cancel(id)
+    calls[id] = nil
+  end
+end
+
+--- Number of requests in progress and calls in flight (for tests and metrics).
+function M.stats()
+  local r, c = 0, 0
+  for _ in pairs(contexts) do r = r + 1 end
+  for _ in pairs(calls) do c = c + 1 end
+  return r, c
+end
+
+return M
