@@ -1,0 +1,274 @@
+/*
+ * mock_response.c -- turning a matched route, and its fault, into bytes on the wire.
+ *
+ * This module decides what the bytes are (heads, bodies, chunk framing, the broken variants);
+ * mock_conn.c decides when and how they leave (delay, cut, drip, RST, streaming). A route's
+ * status line and headers are formatted once, when the route is installed.
+ */
+#include "mock.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Scratch space for rendering a body before its length is known; single-threaded process. */
+static mock_buf scratch;
+
+const char *mock_reason(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Unknown";
+    }
+}
+
+static bool valid_header_name(const char *s)
+{
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && !strchr("!#$%&'*+-.^_`|~", *s))
+            return false;
+    return true;
+}
+
+int mock_response_prepare(mock_route *r, const char *content_type, json_t *headers, char *err,
+                          size_t errlen)
+{
+    mock_buf extra = {0}, extra_no_ct = {0}, head = {0}, head_json = {0};
+    const char *user_ct = NULL;
+    const char *name;
+    json_t *val;
+    json_object_foreach(headers, name, val) {
+        const char *v = json_string_value(val);
+        if (!valid_header_name(name)) {
+            snprintf(err, errlen, "headers.%s: not a valid header name", name);
+            goto fail;
+        }
+        if (!v || strpbrk(v, "\r\n")) {
+            snprintf(err, errlen, "headers.%s: must be a string without CR or LF", name);
+            goto fail;
+        }
+        if (!strcasecmp(name, "Content-Length") || !strcasecmp(name, "Transfer-Encoding") ||
+            !strcasecmp(name, "Connection")) {
+            snprintf(err, errlen, "headers.%s: set by the mock itself (see the faults for "
+                                  "broken framing)", name);
+            goto fail;
+        }
+        mock_buf_printf(&extra, "%s: %s\r\n", name, v);
+        if (!strcasecmp(name, "Content-Type"))
+            user_ct = v;
+        else
+            mock_buf_printf(&extra_no_ct, "%s: %s\r\n", name, v);
+    }
+    mock_buf_printf(&head, "HTTP/1.1 %d %s\r\n", r->status, mock_reason(r->status));
+    mock_buf_append(&head_json, head.data, head.len);
+    if (content_type && !user_ct)
+        mock_buf_printf(&head, "Content-Type: %s\r\n", content_type);
+    mock_buf_append(&head, extra.data, extra.len);
+    mock_buf_puts(&head_json, "Content-Type: application/json\r\n");
+    mock_buf_append(&head_json, extra_no_ct.data, extra_no_ct.len);
+    r->head = head.data;
+    r->head_json = head_json.data;
+    mock_buf_free(&extra);
+    mock_buf_free(&extra_no_ct);
+    return 0;
+fail:
+    mock_buf_free(&extra);
+    mock_buf_free(&extra_no_ct);
+    return -1;
+}
+
+static const char *connection_header(const mock_request *req)
+{
+    if (!req->keep_alive)
+        return "Connection: close\r\n";
+    return req->http10 ? "Connection: keep-alive\r\n" : "";
+}
+
+/* FNV-1a, 32 bits: the X-Checksum trailer of the chunked fault. */
+static uint32_t fnv1a(const char *p, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 16777619u;
+    return h;
+}
+
+/* Rewrites the JSON body in scratch so that it carries \xff\xfe inside a string value. */
+static void inject_invalid_utf8(void)
+{
+    static const char bad[] = "\"bad \xff\xfe bytes\"";
+    mock_buf out = {0};
+    char first = scratch.len ? scratch.data[0] : 0;
+    if (first == '{' && scratch.len > 2) {
+        mock_buf_puts(&out, "{\"invalid\":");
+        mock_buf_puts(&out, bad);
+        mock_buf_puts(&out, ",");
+        mock_buf_append(&out, scratch.data + 1, scratch.len - 1);
+    } else if (first == '[' && scratch.len > 2) {
+        mock_buf_puts(&out, "[");
+        mock_buf_puts(&out, bad);
+        mock_buf_puts(&out, ",");
+        mock_buf_append(&out, scratch.data + 1, scratch.len - 1);
+    } else {
+        mock_buf_puts(&out, "{\"invalid\":");
+        mock_buf_puts(&out, bad);
+        mock_buf_puts(&out, "}");
+    }
+    mock_buf_free(&scratch);
+    scratch = out;
+}
+
+/* Appends scratch as a chunked body: up to four chunks, then the X-Checksum trailer. */
+static void append_chunked(mock_buf *b)
+{
+    size_t step = (scratch.len + 3) / 4;
+    for (size_t off = 0; off < scratch.len; off += step) {
+        size_t n = scratch.len - off < step ? scratch.len - off : step;
+        mock_buf_printf(b, "%zx\r\n", n);
+        mock_buf_append(b, scratch.data + off, n);
+        mock_buf_puts(b, "\r\n");
+    }
+    mock_buf_printf(b, "0\r\nX-Checksum: %08x\r\n\r\n", fnv1a(scratch.data, scratch.len));
+}
+
+void mock_response_route(mock_conn *c, const mock_request *req, const mock_route *r,
+                         const mock_params *p, mock_fault fault, ev_tstamp delay_s)
+{
+    static const char html[] = "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head>"
+                               "<body><h1>Bad Gateway</h1><p>upstream error</p></body></html>\n";
+    static const char garbage[] = "\x16\x03\x01\x00\xff NOT HTTP \x00\x01\x02 garbage\r\n\r\n";
+    mock_reply rp = {
+        .fault = fault,
+        .delay_s = delay_s,
+        .huge_bytes = r->huge_bytes,
+        .drip_s = r->drip_s,
+        .idle_close_s = r->idle_close_s,
+        .close = !req->keep_alive || fault == MOCK_FAULT_GARBAGE,
+    };
+    mock_buf *b = mock_conn_reply_begin(c, &rp);
+    size_t start = b->len, cut = 0;
+    switch (fault) {
+    case MOCK_FAULT_HANG:
+        break;
+    case MOCK_FAULT_GARBAGE:
+        mock_buf_append(b, garbage, sizeof garbage - 1);
+        break;
+    case MOCK_FAULT_HUGE:
+        mock_buf_printf(b, "%sContent-Length: %llu\r\n%s\r\n", r->head_json,
+                        (unsigned long long)r->huge_bytes, connection_header(req));
+        break;
+    case MOCK_FAULT_CHUNKED:
+        scratch.len = 0;
+        mock_template_render(&r->body, p, &scratch);
+        mock_buf_printf(b, "%sTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n%s\r\n",
+                        r->head, connection_header(req));
+        if (!req->head)
+            append_chunked(b);
+        break;
+    default: {
+        const char *head = r->head;
+        scratch.len = 0;
+        if (fault == MOCK_FAULT_NON_JSON) {
+            head = r->head_json;
+            mock_buf_append(&scratch, html, sizeof html - 1);
+        } else {
+            mock_template_render(&r->body, p, &scratch);
+            if (fault == MOCK_FAULT_INVALID_UTF8) {
+                head = r->head_json;
+                inject_invalid_utf8();
+            }
+        }
+        mock_buf_printf(b, "%sContent-Length: %zu\r\n%s\r\n", head, scratch.len,
+                        connection_header(req));
+        cut = b->len - start + scratch.len / 2;
+        if (!req->head)
+            mock_buf_append(b, scratch.data, scratch.len);
+        break;
+    }
+    }
+    bool cutting = fault == MOCK_FAULT_RESET || fault == MOCK_FAULT_SHORT;
+    mock_conn_reply_end(c, cutting ? cut : 0);
+}
+
+void mock_response_simple(mock_conn *c, const mock_request *req, int status,
+                          const char *content_type, const char *body, size_t len)
+{
+    mock_reply rp = {.fault = MOCK_FAULT_NONE, .close = !req->keep_alive};
+    mock_buf *b = mock_conn_reply_begin(c, &rp);
+    mock_buf_printf(b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
+                    status, mock_reason(status), content_type, len, connection_header(req));
+    if (!req->head)
+        mock_buf_append(b, body, len);
+    mock_conn_reply_end(c, 0);
+}
+
+void mock_response_json(mock_conn *c, const mock_request *req, int status, json_t *json)
+{
+    static const char fallback[] = "{\"error\":\"answer not encodable as JSON\"}";
+    char *text = json ? json_dumps(json, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(15))
+                     : NULL;
+    if (text)
+        mock_response_simple(c, req, status, "application/json", text, strlen(text));
+    else
+        mock_response_simple(c, req, 500, "application/json", fallback, sizeof fallback - 1);
+    free(text);
+    json_decref(json);
+}
+
+/* The huge body is {"items":[0,0,...,0]}, padded with one space after '[' when needed so that
+ * it is exactly total bytes (total >= 16). Any byte can be computed from its offset, so the
+ * body is streamed without ever being held in memory. */
+void mock_response_huge_fill(mock_buf *out, uint64_t total, uint64_t off, size_t n)
+{
+    static const char prefix[] = "{\"items\":[";
+    const uint64_t plen = sizeof prefix - 1, middle = total - plen - 2;
+    mock_buf_reserve(out, n);
+    char *dst = out->data + out->len;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t i = off + k;
+        char ch;
+        if (i < plen) {
+            ch = prefix[i];
+        } else if (i >= total - 2) {
+            ch = i == total - 2 ? ']' : '}';
+        } else {
+            uint64_t j = i - plen;
+            if (middle % 2 == 0) { /* even middle: one leading space, then an odd "0,...,0" */
+                if (j == 0) {
+                    dst[k] = ' ';
+                    continue;
+                }
+                j--;
+            }
+            ch = (j % 2 == 0) ? '0' : ',';
+        }
+        dst[k] = ch;
+    }
+    out->len += n;
+    out->data[out->len] = '\0';
+}
