@@ -38,11 +38,13 @@ typedef struct agw_upstream_conf {
     struct sockaddr_storage addr;   /* resolved once at load time */
     socklen_t addrlen;
     uint64_t timeout_ms;            /* default call timeout, ms */
-    uint64_t connect_timeout_ms;    /* connect timeout, ms */
-    uint64_t idle_timeout_ms;       /* keep-alive connection idle time before it is closed, ms */
-    unsigned max_connections;       /* open connections at most, per worker */
-    unsigned max_pending;           /* calls waiting for a connection at most, per worker */
-    size_t max_body_bytes;          /* response body limit, bytes */
+    uint64_t connect_timeout_ms;    /* connect timeout, ms (0: only the call timeout applies) */
+    uint64_t idle_timeout_ms;       /* keep-alive connection idle time before it is closed, ms
+                                       (0: kept until the upstream closes it) */
+    unsigned max_connections;       /* open connections at most, per worker (0: no limit) */
+    unsigned max_pending;           /* calls waiting for a connection at most, per worker
+                                       (0: no waiting, OVERLOAD when every connection is busy) */
+    size_t max_body_bytes;          /* response body limit, bytes (0: no limit) */
 } agw_upstream_conf_t;
 
 /* One header: name and value, not NUL-terminated. */
@@ -58,7 +60,9 @@ typedef enum agw_call_outcome {
     AGW_CALL_OK = 0,          /* a complete response arrived (any HTTP status) */
     AGW_CALL_REFUSED,         /* connect() refused or unreachable */
     AGW_CALL_CONNECT_TIMEOUT, /* no connection within connect_timeout_ms */
-    AGW_CALL_TIMEOUT,         /* the call's timeout passed (waiting, sending or reading) */
+    AGW_CALL_TIMEOUT,         /* the call's timeout passed (waiting, connecting, sending or
+                                 reading); when it is shorter than connect_timeout_ms and passes
+                                 while connecting, the outcome is TIMEOUT */
     AGW_CALL_RESET,           /* connection reset or closed before the response was complete */
     AGW_CALL_TRUNCATED,       /* EOF before Content-Length bytes or the last chunk */
     AGW_CALL_BAD_RESPONSE,    /* bytes that are not HTTP/1.x */
@@ -70,8 +74,10 @@ typedef enum agw_call_outcome {
 /* Short stable name of an outcome ("ok", "refused", "timeout", …), for logs and metrics. */
 const char *agw_call_outcome_name(agw_call_outcome_t o);
 
-/* What the callback receives. All pointers are owned by the call and valid only during the
- * callback; copy what you keep. */
+/* What the callback receives. All pointers are owned by the pool and valid only during the
+ * callback (also when the callback starts, cancels or destroys things); copy what you keep.
+ * On failures headers and trailers are empty, body is "" and http_status is the status of a
+ * response whose headers had arrived (e.g. TOO_LARGE, TRUNCATED), else 0. */
 typedef struct agw_call_result {
     agw_call_outcome_t outcome;
     int http_status;                /* 0 when no status line arrived */
@@ -91,16 +97,21 @@ typedef struct agw_call agw_call_t;
 
 /* Called exactly once per call unless the call was cancelled first; never from inside
  * agw_call_start (immediate failures such as AGW_CALL_OVERLOAD are delivered from the loop). The
- * call handle is invalid after the callback returns. */
+ * call handle is invalid after the callback returns. The callback may start and cancel other
+ * calls and destroy the pool; a connection whose response completed is back in the pool before
+ * the callback runs, so a call the callback starts (a dependent chain) reuses it. */
 typedef void (*agw_call_cb)(agw_call_t *call, const agw_call_result_t *result, void *data);
 
 /* A request to send. Strings need not be NUL-terminated; they are copied by agw_call_start. */
 typedef struct agw_call_req {
-    const char *method;             /* "GET", "POST", … */
-    const char *path;               /* path + query, starting with '/'; base_path is prepended */
+    const char *method;             /* "GET", "POST", … (NUL-terminated) */
+    const char *path;               /* path + query, starting with '/'; base_path is prepended;
+                                       spaces and control characters are BAD_REQUEST */
     size_t path_len;
     const agw_header_t *headers;    /* extra request headers; Host, Content-Length and
-                                       Connection are set by the client */
+                                       Connection are set by the client (the caller's, and
+                                       Transfer-Encoding, are dropped); Content-Length is sent
+                                       with a body or for POST, PUT and PATCH */
     size_t num_headers;
     const char *body;               /* request body or NULL */
     size_t body_len;

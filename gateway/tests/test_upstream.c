@@ -1,0 +1,1108 @@
+/* test_upstream.c: the upstream HTTP/1.1 client and its keep-alive pool, against a scripted
+ * upstream that runs on the same libev loop. The upstream picks its behaviour from the request
+ * path (see srv_respond), so each test reads as "given an upstream that answers like this, the
+ * call ends like that". Every wait is bounded. */
+#include "buf.h"
+#include "check.h"
+#include "upstream.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ev.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static struct ev_loop *loop;
+static int done_flag; /* for callbacks with no record of their own */
+
+/* ---- scripted upstream ---------------------------------------------------------------- */
+
+enum after_write { KEEP, CLOSE, RESET_CONN };
+
+typedef struct srv srv_t;
+typedef struct sconn {
+    srv_t *srv;
+    struct sconn *next;
+    int fd;
+    ev_io rio, wio;
+    ev_timer timer;           /* drip and delayed answers */
+    char in[16384];
+    size_t inlen;
+    agw_buf_t out;
+    size_t outoff;
+    enum after_write after;
+    int drip;                 /* write one byte per tick */
+    int stream;               /* keep writing chunks until the client goes away */
+} sconn_t;
+
+struct srv {
+    int lfd;
+    int port;
+    ev_io aio;
+    sconn_t *conns;
+    int accepted;             /* connections accepted */
+    int requests;             /* requests read */
+    int eofs;                 /* connections the client closed (EOF or reset) */
+    char last_req[4096];      /* the last request, as received */
+};
+
+static void sconn_close(sconn_t *sc)
+{
+    srv_t *srv = sc->srv;
+    for (sconn_t **pp = &srv->conns; *pp; pp = &(*pp)->next)
+        if (*pp == sc) {
+            *pp = sc->next;
+            break;
+        }
+    ev_io_stop(loop, &sc->rio);
+    ev_io_stop(loop, &sc->wio);
+    ev_timer_stop(loop, &sc->timer);
+    close(sc->fd);
+    agw_buf_free(&sc->out);
+    free(sc);
+}
+
+static void sconn_after_write(sconn_t *sc)
+{
+    if (sc->after == CLOSE) {
+        sconn_close(sc);
+    } else if (sc->after == RESET_CONN) {
+        struct linger lg = {1, 0};
+        setsockopt(sc->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        sconn_close(sc);
+    }
+}
+
+/* Writes what is buffered; returns 0 when sc was closed. */
+static int sconn_flush(sconn_t *sc)
+{
+    while (sc->outoff < sc->out.len || sc->stream) {
+        if (sc->stream && sc->outoff == sc->out.len) {
+            static const char chunk[] = "1000\r\n";
+            agw_buf_reset(&sc->out);
+            sc->outoff = 0;
+            agw_buf_append(&sc->out, chunk, sizeof(chunk) - 1);
+            for (int i = 0; i < 4096; i++)
+                agw_buf_putc(&sc->out, 'x');
+            agw_buf_append(&sc->out, "\r\n", 2);
+        }
+        size_t n = sc->drip ? 1 : sc->out.len - sc->outoff;
+        ssize_t w = send(sc->fd, sc->out.base + sc->outoff, n, MSG_NOSIGNAL);
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            ev_io_start(loop, &sc->wio);
+            return 1;
+        }
+        if (w < 0) {
+            sc->srv->eofs++;
+            sconn_close(sc);
+            return 0;
+        }
+        sc->outoff += (size_t)w;
+        if (sc->drip && sc->outoff < sc->out.len) {
+            ev_timer_set(&sc->timer, 0.001, 0.);
+            ev_timer_start(loop, &sc->timer);
+            return 1;
+        }
+    }
+    ev_io_stop(loop, &sc->wio);
+    agw_buf_reset(&sc->out);
+    sc->outoff = 0;
+    int keep = sc->after == KEEP;
+    sconn_after_write(sc);
+    return keep;
+}
+
+static void srv_on_write(struct ev_loop *l, ev_io *w, int revents)
+{
+    (void)l, (void)revents;
+    sconn_flush(w->data);
+}
+
+static void srv_on_timer(struct ev_loop *l, ev_timer *w, int revents)
+{
+    (void)l, (void)revents;
+    sconn_flush(w->data);
+}
+
+static void srv_send(sconn_t *sc, const char *s)
+{
+    agw_buf_puts(&sc->out, s);
+}
+
+/* Answers one request according to its path. Returns 0 when sc was closed. */
+static int srv_respond(sconn_t *sc, const char *path)
+{
+#define IS(p) (strncmp(path, p " ", strlen(p) + 1) == 0)
+    sc->after = KEEP;
+    if (IS("/hang"))
+        return 1;
+    if (IS("/chunked") || IS("/drip-chunked")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n"
+                     "X-Long-Header-Name-For-Splitting: a-rather-long-value\r\n\r\n"
+                     "5\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: abc123\r\n\r\n");
+        sc->drip = IS("/drip-chunked");
+    } else if (IS("/eof")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end");
+        sc->after = CLOSE;
+    } else if (IS("/continue")) {
+        srv_send(sc, "HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\n"
+                     "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    } else if (IS("/reset")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 512\r\n\r\n");
+        for (int i = 0; i < 120; i++)
+            agw_buf_putc(&sc->out, 'r');
+        sc->after = RESET_CONN;
+    } else if (IS("/short")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten!!");
+        sc->after = CLOSE;
+    } else if (IS("/garbage")) {
+        srv_send(sc, "SSH-2.0-OpenSSH_9.2\r\nthis is not http\r\n\r\n");
+    } else if (IS("/huge")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\nxxxx");
+    } else if (IS("/stream")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+        sc->stream = 1;
+    } else if (IS("/close-after")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst");
+        sc->after = CLOSE;
+    } else if (IS("/slow")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow");
+        ev_timer_set(&sc->timer, 0.15, 0.);
+        ev_timer_start(loop, &sc->timer);
+        return 1;
+    } else if (IS("/http10")) {
+        srv_send(sc, "HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nold");
+    } else if (strncmp(sc->srv->last_req, "HEAD ", 5) == 0) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Test: yes\r\n\r\n");
+    } else {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Test: yes\r\n\r\nhello");
+    }
+#undef IS
+    return sconn_flush(sc);
+}
+
+/* Length of the complete request at the start of in, or 0 if more bytes are needed. */
+static size_t request_length(const char *in, size_t len)
+{
+    const char *end = memmem(in, len, "\r\n\r\n", 4);
+    if (end == NULL)
+        return 0;
+    size_t head = (size_t)(end - in) + 4, body = 0;
+    for (const char *p = in; p < end; p++)
+        if (strncasecmp(p, "\r\nContent-Length:", 17) == 0)
+            body = strtoul(p + 17, NULL, 10);
+    return head + body <= len ? head + body : 0;
+}
+
+static void srv_on_read(struct ev_loop *l, ev_io *w, int revents)
+{
+    sconn_t *sc = w->data;
+    (void)l, (void)revents;
+    ssize_t n = read(sc->fd, sc->in + sc->inlen, sizeof(sc->in) - sc->inlen);
+    if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            sc->srv->eofs++;
+            sconn_close(sc);
+        }
+        return;
+    }
+    sc->inlen += (size_t)n;
+    size_t len;
+    while ((len = request_length(sc->in, sc->inlen)) > 0) {
+        srv_t *srv = sc->srv;
+        size_t keep = len < sizeof(srv->last_req) - 1 ? len : sizeof(srv->last_req) - 1;
+        memcpy(srv->last_req, sc->in, keep);
+        srv->last_req[keep] = '\0';
+        srv->requests++;
+        memmove(sc->in, sc->in + len, sc->inlen - len);
+        sc->inlen -= len;
+        const char *path = strchr(srv->last_req, ' ');
+        if (!srv_respond(sc, path ? path + 1 : "/"))
+            return;
+    }
+}
+
+static void srv_on_accept(struct ev_loop *l, ev_io *w, int revents)
+{
+    srv_t *srv = w->data;
+    (void)l, (void)revents;
+    int fd = accept4(srv->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0)
+        return;
+    sconn_t *sc = calloc(1, sizeof(*sc));
+    sc->srv = srv;
+    sc->fd = fd;
+    ev_io_init(&sc->rio, srv_on_read, fd, EV_READ);
+    ev_io_init(&sc->wio, srv_on_write, fd, EV_WRITE);
+    ev_init(&sc->timer, srv_on_timer);
+    sc->rio.data = sc->wio.data = sc->timer.data = sc;
+    ev_io_start(loop, &sc->rio);
+    sc->next = srv->conns;
+    srv->conns = sc;
+    srv->accepted++;
+}
+
+static int listen_socket(int backlog, int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, backlog) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+        perror("test upstream");
+        exit(2);
+    }
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+static void srv_start(srv_t *srv)
+{
+    memset(srv, 0, sizeof(*srv));
+    srv->lfd = listen_socket(64, &srv->port);
+    ev_io_init(&srv->aio, srv_on_accept, srv->lfd, EV_READ);
+    srv->aio.data = srv;
+    ev_io_start(loop, &srv->aio);
+}
+
+static void srv_stop(srv_t *srv)
+{
+    while (srv->conns)
+        sconn_close(srv->conns);
+    ev_io_stop(loop, &srv->aio);
+    close(srv->lfd);
+}
+
+/* ---- client side helpers -------------------------------------------------------------- */
+
+typedef struct rec {
+    int done;                 /* callbacks received */
+    agw_call_outcome_t outcome;
+    int status;
+    char body[256];
+    size_t body_len;
+    char headers[1024];       /* "name: value\n" each */
+    char trailers[256];
+    char detail[256];
+    double ms;
+    int reused;
+} rec_t;
+
+static void copy_headers(char *out, size_t cap, const agw_header_t *h, size_t n)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, "%.*s: %.*s\n", (int)h[i].name_len,
+                                h[i].name, (int)h[i].value_len, h[i].value);
+}
+
+static void on_done(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    rec_t *rec = data;
+    (void)call;
+    rec->done++;
+    rec->outcome = r->outcome;
+    rec->status = r->http_status;
+    rec->body_len = r->body_len;
+    snprintf(rec->body, sizeof(rec->body), "%s", r->body);
+    copy_headers(rec->headers, sizeof(rec->headers), r->headers, r->num_headers);
+    copy_headers(rec->trailers, sizeof(rec->trailers), r->trailers, r->num_trailers);
+    snprintf(rec->detail, sizeof(rec->detail), "%s", r->detail ? r->detail : "");
+    if (getenv("TEST_VERBOSE"))
+        fprintf(stderr, "  %s %d %.1f ms %s\n", agw_call_outcome_name(r->outcome), r->http_status,
+                r->elapsed_ms, rec->detail);
+    rec->ms = r->elapsed_ms;
+    rec->reused = r->reused;
+    CHECK(r->body[r->body_len] == '\0');
+    CHECK((r->outcome == AGW_CALL_OK) == (r->detail == NULL));
+}
+
+static void conf_init(agw_upstream_conf_t *conf, int port)
+{
+    memset(conf, 0, sizeof(*conf));
+    struct sockaddr_in *sa = (struct sockaddr_in *)&conf->addr;
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    conf->addrlen = sizeof(*sa);
+    conf->name = "test";
+    conf->url = "http://127.0.0.1";
+    conf->host_header = "127.0.0.1";
+    conf->base_path = "";
+    conf->timeout_ms = 2000;
+    conf->connect_timeout_ms = 1000;
+    conf->idle_timeout_ms = 5000;
+    conf->max_connections = 4;
+    conf->max_pending = 16;
+    conf->max_body_bytes = 1 << 20;
+}
+
+static agw_call_req_t get(const char *path)
+{
+    agw_call_req_t req = {.method = "GET", .path = path, .path_len = strlen(path),
+                          .timeout_ms = 2000};
+    return req;
+}
+
+/* Runs the loop until *counter reaches target or max_s passes; returns whether it did. */
+static int wait_for(const int *counter, int target, double max_s)
+{
+    double end = ev_time() + max_s;
+    while (*counter < target && ev_time() < end)
+        ev_run(loop, EVRUN_ONCE);
+    return *counter >= target;
+}
+
+static void run_for(double s)
+{
+    int never = 0;
+    wait_for(&never, 1, s);
+}
+
+static agw_pool_stats_t stats(agw_pool_t *pool)
+{
+    agw_pool_stats_t st;
+    agw_pool_stats(pool, &st);
+    return st;
+}
+
+/* ---- tests ---------------------------------------------------------------------------- */
+
+static void outcome_names_are_stable(void)
+{
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_OK), "ok");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_REFUSED), "refused");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_CONNECT_TIMEOUT), "connect_timeout");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_TIMEOUT), "timeout");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_RESET), "reset");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_TRUNCATED), "truncated");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_BAD_RESPONSE), "bad_response");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_TOO_LARGE), "too_large");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_OVERLOAD), "overload");
+    CHECK_STR(agw_call_outcome_name(AGW_CALL_BAD_REQUEST), "bad_request");
+}
+
+/* Starts one call with req on a fresh pool for srv and waits for it. */
+static void call_once(srv_t *srv, agw_upstream_conf_t *conf, agw_call_req_t req, rec_t *rec)
+{
+    agw_pool_t *pool = agw_pool_create(loop, conf);
+    memset(rec, 0, sizeof(*rec));
+    CHECK(agw_call_start(pool, &req, on_done, rec) != NULL);
+    CHECK(wait_for(&rec->done, 1, 3.0));
+    CHECK(stats(pool).pending == 0);
+    agw_pool_destroy(pool);
+    (void)srv;
+}
+
+static void content_length_response_gives_status_headers_body(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/ok"), &rec);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK(rec.status == 200);
+    CHECK_STR(rec.body, "hello");
+    CHECK(strstr(rec.headers, "X-Test: yes\n") != NULL);
+    CHECK(rec.reused == 0);
+    srv_stop(&srv);
+}
+
+static void request_has_method_base_path_host_headers_and_body(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.base_path = "/api";
+    conf.host_header = "product.internal:9001";
+    agw_header_t hdrs[] = {{"X-Trace", 7, "abc", 3},
+                           {"Content-Length", 14, "999", 3}, /* the client's own wins */
+                           {"Accept", 6, "application/json", 16}};
+    agw_call_req_t req = {.method = "POST", .path = "/items?x=1", .path_len = 10, .headers = hdrs,
+                          .num_headers = 3, .body = "{\"a\":1}", .body_len = 7, .timeout_ms = 2000};
+    call_once(&srv, &conf, req, &rec);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(srv.last_req, "POST /api/items?x=1 HTTP/1.1\r\nHost: product.internal:9001\r\n"
+                            "X-Trace: abc\r\nAccept: application/json\r\nContent-Length: 7\r\n"
+                            "\r\n{\"a\":1}");
+
+    agw_call_req_t empty_post = {.method = "POST", .path = "/p", .path_len = 2, .timeout_ms = 2000};
+    call_once(&srv, &conf, empty_post, &rec);
+    CHECK(strstr(srv.last_req, "\r\nContent-Length: 0\r\n\r\n") != NULL);
+    call_once(&srv, &conf, get("/g"), &rec);
+    CHECK(strstr(srv.last_req, "Content-Length") == NULL);
+    srv_stop(&srv);
+}
+
+static void keep_alive_reuses_one_connection(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a);
+    CHECK(wait_for(&a.done, 1, 3.0));
+    CHECK(stats(pool).idle == 1);
+    agw_call_start(pool, &req, on_done, &b);
+    CHECK(wait_for(&b.done, 1, 3.0));
+    CHECK(a.outcome == AGW_CALL_OK && b.outcome == AGW_CALL_OK);
+    CHECK_STR(b.body, "hello");
+    CHECK(a.reused == 0 && b.reused == 1);
+    CHECK(srv.accepted == 1);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.calls == 2 && st.reused == 1 && st.open == 1 && st.idle == 1);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void http10_response_is_not_kept_alive(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/http10");
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "old");
+    CHECK(stats(pool).open == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void chunked_body_is_decoded_and_trailers_delivered(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/chunked"), &rec);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "hello world");
+    CHECK(rec.body_len == 11);
+    CHECK_STR(rec.trailers, "X-Checksum: abc123\n");
+    CHECK(strstr(rec.headers, "Trailer: X-Checksum\n") != NULL);
+    CHECK(strstr(rec.headers, "abc123") == NULL);
+    srv_stop(&srv);
+}
+
+static void response_dripped_byte_by_byte_is_reassembled(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/drip-chunked"), &rec);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "hello world");
+    CHECK(strstr(rec.headers, "X-Long-Header-Name-For-Splitting: a-rather-long-value\n") != NULL);
+    CHECK(strstr(rec.headers, "Transfer-Encoding: chunked\n") != NULL);
+    CHECK_STR(rec.trailers, "X-Checksum: abc123\n");
+    srv_stop(&srv);
+}
+
+static void close_delimited_body_completes_at_eof(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/eof"), &rec);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "until the end");
+    srv_stop(&srv);
+}
+
+static void interim_100_continue_is_skipped(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/continue"), &rec);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK(rec.status == 200);
+    CHECK_STR(rec.body, "ok");
+    CHECK(strstr(rec.headers, "X-Interim") == NULL);
+    srv_stop(&srv);
+}
+
+static void head_response_has_no_body_and_keeps_alive(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    /* the upstream answers "Content-Length: 5" and, as HEAD requires, no body bytes */
+    agw_call_req_t head = {.method = "HEAD", .path = "/ok", .path_len = 3, .timeout_ms = 2000};
+    agw_call_start(pool, &head, on_done, &a);
+    CHECK(wait_for(&a.done, 1, 3.0));
+    CHECK(a.outcome == AGW_CALL_OK && a.status == 200 && a.body_len == 0);
+    CHECK(strstr(a.headers, "Content-Length: 5\n") != NULL);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &b);
+    CHECK(wait_for(&b.done, 1, 3.0));
+    CHECK(b.outcome == AGW_CALL_OK && b.reused == 1);
+    CHECK_STR(b.body, "hello");
+    CHECK(srv.accepted == 1);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void max_connections_then_queue_then_overload(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t r[4] = {{0}};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_connections = 2;
+    conf.max_pending = 1;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/slow");
+    for (int i = 0; i < 4; i++)
+        CHECK(agw_call_start(pool, &req, on_done, &r[i]) != NULL);
+    CHECK(r[3].done == 0); /* never from inside agw_call_start */
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.open == 2 && st.pending == 1);
+    CHECK(wait_for(&r[3].done, 1, 1.0));
+    CHECK(r[3].outcome == AGW_CALL_OVERLOAD);
+    CHECK(r[0].done == 0);
+    CHECK(wait_for(&r[2].done, 1, 3.0));
+    for (int i = 0; i < 3; i++) {
+        CHECK(r[i].done == 1 && r[i].outcome == AGW_CALL_OK);
+        CHECK_STR(r[i].body, "slow");
+    }
+    CHECK(r[2].reused == 1);
+    CHECK(r[2].ms >= 250); /* waited for a connection, then its own slow answer */
+    CHECK(srv.accepted == 2);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void queue_wait_counts_toward_timeout(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_connections = 1;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t hang = get("/hang");
+    agw_call_req_t quick = get("/ok");
+    quick.timeout_ms = 100;
+    agw_call_start(pool, &hang, on_done, &a);
+    agw_call_start(pool, &quick, on_done, &b);
+    CHECK(wait_for(&b.done, 1, 2.0));
+    CHECK(b.outcome == AGW_CALL_TIMEOUT);
+    CHECK(b.ms >= 95 && b.ms < 500);
+    CHECK(strstr(b.detail, "waiting for a connection") != NULL);
+    CHECK(a.done == 0);
+    CHECK(stats(pool).pending == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void connect_refused_on_closed_port(void)
+{
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    int port;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    port = ntohs(sa.sin_port);
+    close(fd); /* bound, never listened: nothing accepts on that port */
+    conf_init(&conf, port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    memset(&rec, 0, sizeof(rec));
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(rec.done == 0);
+    CHECK(wait_for(&rec.done, 1, 2.0));
+    CHECK(rec.outcome == AGW_CALL_REFUSED);
+    CHECK(strstr(rec.detail, "refused") != NULL);
+    CHECK(stats(pool).open == 0);
+    agw_pool_destroy(pool);
+}
+
+static void connect_times_out_when_backlog_is_full(void)
+{
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    int port, fillers[4];
+    /* a listener that never accepts, with its accept queue full: further SYNs are dropped */
+    int lfd = listen_socket(0, &port);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (int i = 0; i < 4; i++) {
+        fillers[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        connect(fillers[i], (struct sockaddr *)&sa, sizeof(sa));
+    }
+    conf_init(&conf, port);
+    conf.connect_timeout_ms = 100;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&rec.done, 1, 2.0));
+    CHECK(rec.outcome == AGW_CALL_CONNECT_TIMEOUT);
+    CHECK(rec.ms >= 95 && rec.ms < 1000);
+    CHECK(stats(pool).open == 0);
+    agw_pool_destroy(pool);
+    for (int i = 0; i < 4; i++)
+        close(fillers[i]);
+    close(lfd);
+}
+
+static void call_times_out_on_hanging_upstream(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_call_req_t req = get("/hang");
+    req.timeout_ms = 150;
+    call_once(&srv, &conf, req, &rec);
+    CHECK(rec.outcome == AGW_CALL_TIMEOUT);
+    CHECK(rec.ms >= 145 && rec.ms < 1000);
+    CHECK(strstr(rec.detail, "150 ms") != NULL);
+    run_for(0.02);
+    CHECK(srv.eofs == 1); /* the connection was closed, not kept */
+    srv_stop(&srv);
+}
+
+static void zero_timeout_fails_from_the_loop(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    req.timeout_ms = 0;
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(rec.done == 0);
+    CHECK(wait_for(&rec.done, 1, 1.0));
+    CHECK(rec.outcome == AGW_CALL_TIMEOUT);
+    CHECK(srv.accepted == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void cancel_closes_connection_without_callback(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/hang");
+    agw_call_t *call = agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&srv.requests, 1, 2.0));
+    agw_call_cancel(call);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.open == 0 && st.cancelled == 1);
+    CHECK(wait_for(&srv.eofs, 1, 2.0)); /* the upstream sees the connection go */
+    run_for(0.05);
+    CHECK(rec.done == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void cancel_queued_call_leaves_queue_without_callback(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0}, c = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_connections = 1;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t slow = get("/slow");
+    agw_call_start(pool, &slow, on_done, &a);
+    agw_call_t *queued = agw_call_start(pool, &slow, on_done, &b);
+    agw_call_start(pool, &slow, on_done, &c);
+    CHECK(stats(pool).pending == 2);
+    agw_call_cancel(queued);
+    CHECK(stats(pool).pending == 1);
+    CHECK(wait_for(&c.done, 1, 3.0));
+    CHECK(a.outcome == AGW_CALL_OK && c.outcome == AGW_CALL_OK && c.reused == 1);
+    CHECK(b.done == 0);
+    CHECK(srv.requests == 2);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void crlf_nul_in_path_or_header_rejected_before_sending(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t r[6] = {{0}};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_header_t bad_value = {"X-A", 3, "a\r\nInjected: 1", 14};
+    agw_header_t nul_value = {"X-A", 3, "a\0b", 3};
+    agw_header_t bad_name = {"X A", 3, "v", 1};
+    agw_header_t empty_name = {"", 0, "v", 1};
+    agw_call_req_t reqs[6] = {get("/a\r\nX: y"), get("/ok"), get("/ok"), get("/ok"), get("/ok"),
+                              get("/a b")};
+    reqs[1].headers = &bad_value;
+    reqs[2].headers = &nul_value;
+    reqs[3].headers = &bad_name;
+    reqs[4].headers = &empty_name;
+    for (int i = 1; i < 5; i++)
+        reqs[i].num_headers = 1;
+    agw_call_req_t nul_path = get("/a");
+    nul_path.path = "/a\0b";
+    nul_path.path_len = 4;
+    for (int i = 0; i < 6; i++)
+        agw_call_start(pool, &reqs[i], on_done, &r[i]);
+    for (int i = 0; i < 6; i++) {
+        CHECK(wait_for(&r[i].done, 1, 1.0));
+        CHECK(r[i].outcome == AGW_CALL_BAD_REQUEST);
+    }
+    rec_t n = {0};
+    agw_call_start(pool, &nul_path, on_done, &n);
+    CHECK(wait_for(&n.done, 1, 1.0));
+    CHECK(n.outcome == AGW_CALL_BAD_REQUEST);
+    CHECK(srv.accepted == 0);
+    CHECK(stats(pool).open == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+/* The upstream closes a keep-alive connection right after answering; the client has not read the
+ * EOF yet when the next call picks the connection (the race every keep-alive client meets). */
+static void reused_connection_closed_by_upstream(const char *method, rec_t *second,
+                                                 agw_pool_stats_t *st, srv_t *srv)
+{
+    agw_upstream_conf_t conf;
+    rec_t first = {0};
+    srv_start(srv);
+    conf_init(&conf, srv->port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/close-after");
+    agw_call_start(pool, &req, on_done, &first);
+    CHECK(wait_for(&first.done, 1, 3.0));
+    CHECK(first.outcome == AGW_CALL_OK);
+    CHECK(stats(pool).idle == 1); /* EOF not seen yet */
+    agw_call_req_t next = get("/ok");
+    next.method = method;
+    memset(second, 0, sizeof(*second));
+    agw_call_start(pool, &next, on_done, second);
+    CHECK(wait_for(&second->done, 1, 3.0));
+    run_for(0.02);
+    *st = stats(pool);
+    agw_pool_destroy(pool);
+    srv_stop(srv);
+}
+
+static void get_retried_once_when_reused_connection_was_closed(void)
+{
+    srv_t srv;
+    rec_t rec;
+    agw_pool_stats_t st;
+    reused_connection_closed_by_upstream("GET", &rec, &st, &srv);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "hello");
+    CHECK(rec.reused == 0);
+    CHECK(st.retried == 1 && st.reused == 1);
+    CHECK(srv.accepted == 2);
+}
+
+static void post_not_retried_when_reused_connection_was_closed(void)
+{
+    srv_t srv;
+    rec_t rec;
+    agw_pool_stats_t st;
+    reused_connection_closed_by_upstream("POST", &rec, &st, &srv);
+    CHECK(rec.outcome == AGW_CALL_RESET);
+    CHECK(strstr(rec.detail, "before any response byte") != NULL);
+    CHECK(st.retried == 0 && st.open == 0);
+    CHECK(srv.accepted == 1);
+}
+
+static void idle_connection_closed_by_upstream_is_removed(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/close-after");
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    run_for(0.05);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.open == 0 && st.idle == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void idle_timeout_closes_connection(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.idle_timeout_ms = 50;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(stats(pool).idle == 1);
+    CHECK(wait_for(&srv.eofs, 1, 2.0));
+    CHECK(stats(pool).open == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void announced_body_over_limit_fails_at_headers(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_body_bytes = 1000;
+    call_once(&srv, &conf, get("/huge"), &rec);
+    CHECK(rec.outcome == AGW_CALL_TOO_LARGE);
+    CHECK(rec.status == 200);
+    CHECK(strstr(rec.detail, "100000000") != NULL);
+    srv_stop(&srv);
+}
+
+static void streamed_body_over_limit_fails_promptly(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_body_bytes = 64 * 1024;
+    /* the upstream never stops sending: only failing at the limit ends the call */
+    call_once(&srv, &conf, get("/stream"), &rec);
+    CHECK(rec.outcome == AGW_CALL_TOO_LARGE);
+    CHECK(rec.ms < 1000);
+    CHECK(wait_for(&srv.eofs, 1, 2.0));
+    srv_stop(&srv);
+}
+
+static void short_body_then_eof_is_truncated(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/short"), &rec);
+    CHECK(rec.outcome == AGW_CALL_TRUNCATED);
+    CHECK(strstr(rec.detail, "10 of 100 body bytes") != NULL);
+    srv_stop(&srv);
+}
+
+static void reset_mid_body_is_reset(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/reset"), &rec);
+    CHECK(rec.outcome == AGW_CALL_RESET);
+    CHECK(strstr(rec.detail, "reset") != NULL);
+    srv_stop(&srv);
+}
+
+static void garbage_is_bad_response(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/garbage"), &rec);
+    CHECK(rec.outcome == AGW_CALL_BAD_RESPONSE);
+    CHECK(rec.status == 0);
+    run_for(0.02);
+    CHECK(srv.eofs == 1);
+    srv_stop(&srv);
+}
+
+/* A callback that starts the next call on the same pool, then (on the second) destroys it. */
+typedef struct chain {
+    agw_pool_t *pool;
+    rec_t recs[2];
+    int step;
+    int done;
+} chain_t;
+
+static void on_chain(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    chain_t *ch = data;
+    on_done(call, r, &ch->recs[ch->step]);
+    if (ch->step++ == 0) {
+        agw_call_req_t req = get("/ok");
+        CHECK(agw_call_start(ch->pool, &req, on_chain, ch) != NULL);
+        agw_call_req_t hang = get("/hang");
+        agw_call_start(ch->pool, &hang, on_chain, ch); /* cancelled by the destroy below */
+    } else {
+        agw_pool_destroy(ch->pool);
+        ch->done = 1;
+    }
+}
+
+static void callback_may_start_next_call_on_same_connection_and_destroy_pool(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    chain_t ch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port); /* max_connections 4: reuse is a choice, not forced */
+    ch.pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(ch.pool, &req, on_chain, &ch);
+    CHECK(wait_for(&ch.done, 1, 3.0));
+    run_for(0.05);
+    CHECK(ch.step == 2);
+    CHECK(ch.recs[0].outcome == AGW_CALL_OK && ch.recs[1].outcome == AGW_CALL_OK);
+    CHECK(ch.recs[1].reused == 1);
+    CHECK(srv.accepted == 2); /* the kept-alive one, and a new one for /hang */
+    CHECK(wait_for(&srv.eofs, 2, 2.0)); /* both closed by the destroy */
+    srv_stop(&srv);
+}
+
+/* The callback reuses its own connection for a new call and cancels it, which closes that
+ * connection, before it reads the result: the result must still be intact. */
+static void on_reuse_then_cancel(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    agw_pool_t *pool = data;
+    (void)call;
+    agw_call_req_t req = get("/hang");
+    agw_call_t *next = agw_call_start(pool, &req, on_done, NULL);
+    CHECK(stats(pool).idle == 0); /* it took the connection that just finished */
+    agw_call_cancel(next);
+    CHECK(stats(pool).open == 0);
+    CHECK(r->body_len == 5 && memcmp(r->body, "hello", 5) == 0);
+    CHECK(r->num_headers == 2 && r->headers[1].value_len == 3 &&
+          memcmp(r->headers[1].value, "yes", 3) == 0);
+    done_flag++;
+}
+
+static void result_stays_valid_when_callback_closes_its_connection(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    done_flag = 0;
+    agw_call_start(pool, &req, on_reuse_then_cancel, pool);
+    CHECK(wait_for(&done_flag, 1, 3.0));
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void destroy_cancels_everything_without_callbacks(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t r[4] = {{0}};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_connections = 2;
+    conf.max_pending = 1;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t hang = get("/hang");
+    for (int i = 0; i < 3; i++) /* 2 busy, 1 queued */
+        agw_call_start(pool, &hang, on_done, &r[i]);
+    CHECK(wait_for(&srv.requests, 2, 2.0));
+    agw_call_start(pool, &hang, on_done, &r[3]); /* overloaded, not yet delivered */
+    CHECK(stats(pool).pending == 1);
+    agw_pool_destroy(pool);
+    CHECK(wait_for(&srv.eofs, 2, 2.0));
+    run_for(0.05);
+    for (int i = 0; i < 4; i++)
+        CHECK(r[i].done == 0);
+    srv_stop(&srv);
+}
+
+static void wake(struct ev_loop *l, ev_timer *w, int revents)
+{
+    (void)l, (void)w, (void)revents;
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    loop = ev_default_loop(0);
+    ev_timer guard; /* wakes the loop so that every bounded wait notices its deadline */
+    ev_timer_init(&guard, wake, 0.01, 0.01);
+    ev_timer_start(loop, &guard);
+
+    RUN(outcome_names_are_stable);
+    RUN(content_length_response_gives_status_headers_body);
+    RUN(request_has_method_base_path_host_headers_and_body);
+    RUN(keep_alive_reuses_one_connection);
+    RUN(http10_response_is_not_kept_alive);
+    RUN(chunked_body_is_decoded_and_trailers_delivered);
+    RUN(response_dripped_byte_by_byte_is_reassembled);
+    RUN(close_delimited_body_completes_at_eof);
+    RUN(interim_100_continue_is_skipped);
+    RUN(head_response_has_no_body_and_keeps_alive);
+    RUN(max_connections_then_queue_then_overload);
+    RUN(queue_wait_counts_toward_timeout);
+    RUN(connect_refused_on_closed_port);
+    RUN(connect_times_out_when_backlog_is_full);
+    RUN(call_times_out_on_hanging_upstream);
+    RUN(zero_timeout_fails_from_the_loop);
+    RUN(cancel_closes_connection_without_callback);
+    RUN(cancel_queued_call_leaves_queue_without_callback);
+    RUN(crlf_nul_in_path_or_header_rejected_before_sending);
+    RUN(get_retried_once_when_reused_connection_was_closed);
+    RUN(post_not_retried_when_reused_connection_was_closed);
+    RUN(idle_connection_closed_by_upstream_is_removed);
+    RUN(idle_timeout_closes_connection);
+    RUN(announced_body_over_limit_fails_at_headers);
+    RUN(streamed_body_over_limit_fails_promptly);
+    RUN(short_body_then_eof_is_truncated);
+    RUN(reset_mid_body_is_reset);
+    RUN(garbage_is_bad_response);
+    RUN(callback_may_start_next_call_on_same_connection_and_destroy_pool);
+    RUN(result_stays_valid_when_callback_closes_its_connection);
+    RUN(destroy_cancels_everything_without_callbacks);
+
+    ev_timer_stop(loop, &guard);
+    ev_loop_destroy(loop);
+    return CHECK_DONE();
+}

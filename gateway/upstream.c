@@ -1,0 +1,723 @@
+/* upstream.c: HTTP/1.1 client with keep-alive pools (see upstream.h).
+ *
+ * Ownership: the pool owns its idle connections and its live calls; a busy or connecting
+ * connection belongs to exactly one call (conn->call, call->conn). Every connection is thus
+ * either in the idle list or reachable from a live call, so destroying the pool finds them all.
+ *
+ * Callbacks are invoked from two places only, both directly from a libev watcher: a response
+ * completing (on_conn_io) and the call's own timer (on_call_timer). Every failure detected
+ * elsewhere closes the connection at once and arms the call's timer with a zero delay, which is
+ * how "never from inside agw_call_start" holds without a second queue. Since callbacks never
+ * nest, pool->depth is 0 or 1; agw_pool_destroy() from inside a callback only frees the pool
+ * struct once that callback has returned.
+ *
+ * A connection whose response completed goes back to the pool before the callback runs, so a
+ * callback that starts the next call (a dependent chain) reuses it. The response bytes the
+ * callback reads were first swapped into the pool's delivery buffers, so they stay valid even if
+ * the callback's own actions close or reuse that connection.
+ *
+ * Message framing (request encoding, response parsing) is in upstream_http1.c.
+ */
+#include "upstream.h"
+
+#include "buf.h"
+#include "upstream_http1.h"
+
+#include <errno.h>
+#include <ev.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define READ_BUF_SIZE 16384
+
+enum conn_state { CONN_CONNECTING, CONN_SENDING, CONN_READING, CONN_IDLE };
+enum call_state { CALL_QUEUED, CALL_ACTIVE, CALL_FAILING, CALL_DELIVERING };
+typedef struct conn {
+    agw_pool_t *pool;
+    agw_call_t *call;            /* the call using it; NULL when idle */
+    struct conn *idle_next;      /* idle list (LIFO), doubly linked for removal on EOF */
+    struct conn *idle_prev;
+    int fd;
+    enum conn_state state;
+    int watching;                /* events io is armed for */
+    unsigned completed;          /* responses completed on this connection (0: fresh) */
+    ev_io io;
+    ev_timer timer;              /* connect timeout while connecting, idle timeout while idle */
+    agw_h1_response_t resp;      /* the response being read; buffers reused call after call */
+} conn_t;
+
+struct agw_call {
+    agw_pool_t *pool;
+    agw_call_t *next, *prev;     /* pool's list of live calls */
+    agw_call_t *qnext, *qprev;   /* wait queue, while CALL_QUEUED */
+    conn_t *conn;
+    agw_call_cb cb;
+    void *data;
+    ev_timer timer;              /* whole-call timeout; zero delay to deliver a failure */
+    ev_tstamp started;           /* ev_now() at agw_call_start, s */
+    enum call_state state;
+    agw_call_outcome_t outcome;  /* set when CALL_FAILING */
+    int http_status;             /* status seen before a failure, 0 if none */
+    unsigned idempotent : 1;     /* may be retried (RFC 9110 §9.2.2) */
+    unsigned head : 1;
+    unsigned reused : 1;         /* the current connection was kept alive */
+    unsigned retried : 1;
+    uint64_t timeout_ms;
+    size_t req_len, sent;        /* bytes of req, bytes of req sent on this connection */
+    char detail[192];
+    char req[];                  /* the serialized request */
+};
+
+struct agw_pool {
+    struct ev_loop *loop;
+    const agw_upstream_conf_t *conf;
+    unsigned max_conns;          /* conf->max_connections, 0 read as no limit */
+    unsigned open, nidle, pending;
+    conn_t *idle;                /* most recently idle first */
+    agw_call_t *calls;           /* every live call */
+    agw_call_t *qhead, *qtail;   /* wait queue, FIFO */
+    agw_pool_stats_t stats;      /* counters only; open/idle/pending filled on demand */
+    int depth;                   /* 1 while a callback runs */
+    int dying;                   /* agw_pool_destroy() called during a callback */
+    /* The finished response a callback is reading (callbacks never nest): swapped out of the
+     * connection, so the connection can be reused or closed during the callback. */
+    agw_buf_t dbody, dhstore;
+    agw_header_t *dhdrs;
+    size_t dhdrs_cap;
+    char rbuf[READ_BUF_SIZE];    /* read buffer: every read is parsed before the next one */
+};
+
+static const char *const outcome_names[] = {
+    [AGW_CALL_OK] = "ok",
+    [AGW_CALL_REFUSED] = "refused",
+    [AGW_CALL_CONNECT_TIMEOUT] = "connect_timeout",
+    [AGW_CALL_TIMEOUT] = "timeout",
+    [AGW_CALL_RESET] = "reset",
+    [AGW_CALL_TRUNCATED] = "truncated",
+    [AGW_CALL_BAD_RESPONSE] = "bad_response",
+    [AGW_CALL_TOO_LARGE] = "too_large",
+    [AGW_CALL_OVERLOAD] = "overload",
+    [AGW_CALL_BAD_REQUEST] = "bad_request",
+};
+
+const char *agw_call_outcome_name(agw_call_outcome_t o)
+{
+    if ((unsigned)o < sizeof(outcome_names) / sizeof(outcome_names[0]) && outcome_names[o])
+        return outcome_names[o];
+    return "unknown";
+}
+
+/* ---- lists ---------------------------------------------------------------------------- */
+
+static void idle_push(agw_pool_t *pool, conn_t *c)
+{
+    c->idle_prev = NULL;
+    c->idle_next = pool->idle;
+    if (pool->idle)
+        pool->idle->idle_prev = c;
+    pool->idle = c;
+    pool->nidle++;
+}
+
+static void idle_remove(agw_pool_t *pool, conn_t *c)
+{
+    if (c->idle_prev)
+        c->idle_prev->idle_next = c->idle_next;
+    else
+        pool->idle = c->idle_next;
+    if (c->idle_next)
+        c->idle_next->idle_prev = c->idle_prev;
+    pool->nidle--;
+}
+
+static void queue_push(agw_pool_t *pool, agw_call_t *call)
+{
+    call->state = CALL_QUEUED;
+    call->qnext = NULL;
+    call->qprev = pool->qtail;
+    if (pool->qtail)
+        pool->qtail->qnext = call;
+    else
+        pool->qhead = call;
+    pool->qtail = call;
+    pool->pending++;
+}
+
+static void queue_remove(agw_pool_t *pool, agw_call_t *call)
+{
+    if (call->qprev)
+        call->qprev->qnext = call->qnext;
+    else
+        pool->qhead = call->qnext;
+    if (call->qnext)
+        call->qnext->qprev = call->qprev;
+    else
+        pool->qtail = call->qprev;
+    pool->pending--;
+}
+
+static void calls_remove(agw_pool_t *pool, agw_call_t *call)
+{
+    if (call->prev)
+        call->prev->next = call->next;
+    else
+        pool->calls = call->next;
+    if (call->next)
+        call->next->prev = call->prev;
+}
+
+/* ---- connections ---------------------------------------------------------------------- */
+
+static void conn_watch(conn_t *c, int events)
+{
+    if (c->watching == events)
+        return;
+    struct ev_loop *loop = c->pool->loop;
+    ev_io_stop(loop, &c->io);
+    ev_io_set(&c->io, c->fd, events);
+    ev_io_start(loop, &c->io);
+    c->watching = events;
+}
+
+/* Closes the socket and frees the connection. Does not serve the wait queue: callers do,
+ * through pump(), once they are done with their own state. */
+static void conn_close(conn_t *c)
+{
+    agw_pool_t *pool = c->pool;
+    ev_io_stop(pool->loop, &c->io);
+    ev_timer_stop(pool->loop, &c->timer);
+    close(c->fd);
+    if (c->state == CONN_IDLE)
+        idle_remove(pool, c);
+    if (c->call)
+        c->call->conn = NULL;
+    agw_h1_response_free(&c->resp);
+    free(c);
+    pool->open--;
+}
+
+/* Puts a connection whose response completed cleanly back into the pool. It keeps watching
+ * for reads: bytes or EOF on an idle connection close it at once. */
+static void conn_make_idle(conn_t *c)
+{
+    agw_pool_t *pool = c->pool;
+    c->state = CONN_IDLE;
+    idle_push(pool, c);
+    if (pool->conf->idle_timeout_ms) {
+        ev_timer_set(&c->timer, (double)pool->conf->idle_timeout_ms / 1000.0, 0.);
+        ev_timer_start(pool->loop, &c->timer);
+    }
+}
+
+static void conn_bind(conn_t *c, agw_call_t *call)
+{
+    c->call = call;
+    call->conn = c;
+    call->sent = 0;
+    agw_h1_response_start(&c->resp, call->head, c->pool->conf->max_body_bytes);
+}
+
+/* ---- call completion ------------------------------------------------------------------ */
+
+/* Moves the finished response of c into the pool's delivery buffers and describes it in r. */
+static void take_response(agw_pool_t *pool, conn_t *c, agw_call_result_t *r)
+{
+    agw_h1_response_t *resp = &c->resp;
+    agw_h1_response_swap(resp, &pool->dbody, &pool->dhstore);
+    if (resp->nhdrs > pool->dhdrs_cap) {
+        size_t cap = resp->nhdrs < 16 ? 16 : resp->nhdrs;
+        agw_header_t *h = realloc(pool->dhdrs, cap * sizeof(*h));
+        if (h == NULL)
+            abort();
+        pool->dhdrs = h;
+        pool->dhdrs_cap = cap;
+    }
+    for (size_t i = 0; i < resp->nhdrs; i++) {
+        const agw_h1_hdr_t *e = &resp->hdrs[i];
+        pool->dhdrs[i].name = pool->dhstore.base + e->name_off;
+        pool->dhdrs[i].name_len = e->name_len;
+        pool->dhdrs[i].value = pool->dhstore.base + e->value_off;
+        pool->dhdrs[i].value_len = e->value_len;
+    }
+    r->outcome = AGW_CALL_OK;
+    r->http_status = resp->parser.status_code;
+    if (resp->nhdrs) {
+        r->headers = pool->dhdrs;
+        r->num_headers = resp->nheaders;
+        r->trailers = pool->dhdrs + resp->nheaders;
+        r->num_trailers = resp->nhdrs - resp->nheaders;
+    }
+    if (pool->dbody.base) {
+        r->body = pool->dbody.base;
+        r->body_len = pool->dbody.len;
+    }
+}
+
+/* Invokes the callback with r (a failure when r is NULL) and frees the call. The caller must
+ * check pool->dying afterwards. */
+static void deliver(agw_call_t *call, agw_call_result_t *r)
+{
+    agw_pool_t *pool = call->pool;
+    agw_call_result_t failed;
+    ev_timer_stop(pool->loop, &call->timer);
+    calls_remove(pool, call);
+    if (r == NULL) {
+        memset(&failed, 0, sizeof(failed));
+        failed.outcome = call->outcome;
+        failed.http_status = call->http_status;
+        failed.body = "";
+        failed.detail = call->detail;
+        r = &failed;
+    }
+    r->elapsed_ms = (ev_now(pool->loop) - call->started) * 1000.0;
+    r->reused = call->reused;
+    call->state = CALL_DELIVERING;
+    pool->depth++;
+    call->cb(call, r, call->data);
+    pool->depth--;
+    free(call);
+}
+
+/* Fails a call: closes its connection now, delivers the callback from the loop. */
+static void call_fail(agw_call_t *call, agw_call_outcome_t o, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void call_fail(agw_call_t *call, agw_call_outcome_t o, const char *fmt, ...)
+{
+    agw_pool_t *pool = call->pool;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call->detail, sizeof(call->detail), fmt, ap);
+    va_end(ap);
+    call->outcome = o;
+    if (call->conn) {
+        if (call->conn->resp.final_headers)
+            call->http_status = call->conn->resp.parser.status_code;
+        conn_close(call->conn);
+    }
+    if (call->state == CALL_QUEUED)
+        queue_remove(pool, call);
+    call->state = CALL_FAILING;
+    ev_timer_stop(pool->loop, &call->timer);
+    ev_timer_set(&call->timer, 0., 0.);
+    ev_timer_start(pool->loop, &call->timer);
+}
+
+/* Frees a call without a callback (cancel, destroy). */
+static void call_discard(agw_call_t *call)
+{
+    agw_pool_t *pool = call->pool;
+    if (call->state == CALL_QUEUED)
+        queue_remove(pool, call);
+    if (call->conn)
+        conn_close(call->conn);
+    ev_timer_stop(pool->loop, &call->timer);
+    calls_remove(pool, call);
+    free(call);
+}
+
+static void pool_free_if_dying(agw_pool_t *pool);
+
+/* ---- connect, send -------------------------------------------------------------------- */
+
+static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents);
+static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents);
+
+/* Opens a new connection for call; failures are delivered from the loop. */
+static void call_connect(agw_call_t *call)
+{
+    agw_pool_t *pool = call->pool;
+    const agw_upstream_conf_t *conf = pool->conf;
+    call->state = CALL_ACTIVE;
+    call->reused = 0;
+    int fd = socket(conf->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        call_fail(call, AGW_CALL_REFUSED, "cannot open a socket for %s: %s", conf->name,
+                  strerror(errno));
+        return;
+    }
+    if (conf->addr.ss_family == AF_INET || conf->addr.ss_family == AF_INET6) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    if (connect(fd, (const struct sockaddr *)&conf->addr, conf->addrlen) != 0 &&
+        errno != EINPROGRESS) {
+        int err = errno;
+        close(fd);
+        call_fail(call, AGW_CALL_REFUSED, "cannot connect to %s (%s): %s", conf->name, conf->url,
+                  strerror(err));
+        return;
+    }
+    conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        abort();
+    c->pool = pool;
+    c->fd = fd;
+    c->state = CONN_CONNECTING;
+    c->watching = EV_WRITE;
+    ev_io_init(&c->io, on_conn_io, fd, EV_WRITE);
+    c->io.data = c;
+    ev_init(&c->timer, on_conn_timer);
+    c->timer.data = c;
+    ev_io_start(pool->loop, &c->io);
+    if (conf->connect_timeout_ms) {
+        ev_timer_set(&c->timer, (double)conf->connect_timeout_ms / 1000.0, 0.);
+        ev_timer_start(pool->loop, &c->timer);
+    }
+    pool->open++;
+    conn_bind(c, call);
+}
+
+/* The connection failed before the response was complete. A reused connection that dies before
+ * the first response byte is most likely one the upstream closed as we picked it: retry once on
+ * a fresh connection when the method is idempotent. */
+static void conn_lost(conn_t *c, agw_call_outcome_t o, const char *what)
+{
+    agw_call_t *call = c->call;
+    agw_pool_t *pool = c->pool;
+    const agw_h1_response_t *r = &c->resp;
+    if (c->completed > 0 && r->bytes == 0 && call->idempotent && !call->retried) {
+        call->retried = 1;
+        pool->stats.retried++;
+        conn_close(c);
+        call_connect(call);
+        return;
+    }
+    if (r->bytes == 0)
+        call_fail(call, o, "%s: %s before any response byte%s", pool->conf->name, what,
+                  c->completed ? " (on a reused keep-alive connection)" : "");
+    else if (!r->final_headers)
+        call_fail(call, o, "%s: %s after %zu response bytes, in the headers", pool->conf->name,
+                  what, r->bytes);
+    else if (r->expect_len != UINT64_MAX)
+        call_fail(call, o, "%s: %s after %zu of %llu body bytes", pool->conf->name, what,
+                  r->body.len, (unsigned long long)r->expect_len);
+    else
+        call_fail(call, o, "%s: %s after %zu body bytes", pool->conf->name, what, r->body.len);
+}
+
+/* Sends what is left of the request; then waits for the response. */
+static void conn_send(conn_t *c)
+{
+    agw_call_t *call = c->call;
+    while (call->sent < call->req_len) {
+        size_t left = call->req_len - call->sent;
+        ssize_t n = send(c->fd, call->req + call->sent, left, MSG_NOSIGNAL);
+        if (n >= 0) {
+            call->sent += (size_t)n;
+            if ((size_t)n < left) {
+                /* the socket buffer is full: wait rather than spend a syscall on EAGAIN */
+                c->state = CONN_SENDING;
+                conn_watch(c, EV_WRITE);
+                return;
+            }
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            c->state = CONN_SENDING;
+            conn_watch(c, EV_WRITE);
+            return;
+        }
+        char what[96];
+        snprintf(what, sizeof(what), "sending the request failed (%s)", strerror(errno));
+        conn_lost(c, AGW_CALL_RESET, what);
+        return;
+    }
+    c->state = CONN_READING;
+    conn_watch(c, EV_READ);
+}
+
+/* Gives call a connection: the most recently idle one, or a new one. */
+static void call_assign(agw_call_t *call)
+{
+    agw_pool_t *pool = call->pool;
+    conn_t *c = pool->idle;
+    if (c == NULL) {
+        call_connect(call);
+        return;
+    }
+    idle_remove(pool, c);
+    ev_timer_stop(pool->loop, &c->timer);
+    call->state = CALL_ACTIVE;
+    call->reused = 1;
+    pool->stats.reused++;
+    conn_bind(c, call);
+    c->state = CONN_SENDING;
+    conn_send(c);
+}
+
+/* Serves the wait queue while connections are free. */
+static void pump(agw_pool_t *pool)
+{
+    while (pool->qhead && (pool->idle || pool->open < pool->max_conns)) {
+        agw_call_t *call = pool->qhead;
+        queue_remove(pool, call);
+        call_assign(call);
+    }
+}
+
+/* ---- response ------------------------------------------------------------------------- */
+
+/* The final response arrived: the connection goes back to the pool (clean: no stray bytes
+ * after it), then the callback runs. */
+static void conn_complete(conn_t *c, int clean)
+{
+    agw_pool_t *pool = c->pool;
+    agw_call_t *call = c->call;
+    agw_call_result_t r;
+    memset(&r, 0, sizeof(r));
+    r.body = "";
+    take_response(pool, c, &r);
+    c->call = NULL;
+    call->conn = NULL;
+    c->completed++;
+    if (clean && c->resp.keep_alive)
+        conn_make_idle(c);
+    else
+        conn_close(c);
+    pump(pool); /* the queue's head before anything the callback starts */
+    deliver(call, &r);
+}
+
+static void conn_eof(conn_t *c)
+{
+    agw_h1_response_eof(&c->resp);
+    if (c->resp.done)
+        conn_complete(c, 0);
+    else if (c->resp.final_headers)
+        conn_lost(c, AGW_CALL_TRUNCATED, "connection closed by the upstream");
+    else
+        conn_lost(c, AGW_CALL_RESET, "connection closed by the upstream");
+}
+
+static void conn_read(conn_t *c)
+{
+    agw_pool_t *pool = c->pool;
+    for (;;) {
+        ssize_t n = read(c->fd, pool->rbuf, sizeof(pool->rbuf));
+        if (n > 0) {
+            size_t used = agw_h1_response_feed(&c->resp, pool->rbuf, (size_t)n);
+            agw_call_outcome_t o = agw_h1_response_failed(&c->resp);
+            if (o != AGW_CALL_OK) {
+                char why[160];
+                agw_h1_response_describe(&c->resp, why, sizeof(why));
+                call_fail(c->call, o, "%s: %s", pool->conf->name, why);
+                return;
+            }
+            if (c->resp.done) {
+                conn_complete(c, used == (size_t)n);
+                return;
+            }
+            if ((size_t)n < sizeof(pool->rbuf))
+                return; /* drained; level-triggered io tells us when there is more */
+            continue;
+        }
+        if (n == 0) {
+            conn_eof(c);
+            return;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return;
+        if (errno == ECONNRESET) {
+            conn_lost(c, AGW_CALL_RESET, "connection reset by the upstream");
+        } else {
+            char what[96];
+            snprintf(what, sizeof(what), "read failed (%s)", strerror(errno));
+            conn_lost(c, AGW_CALL_RESET, what);
+        }
+        return;
+    }
+}
+
+static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
+{
+    conn_t *c = w->data;
+    agw_pool_t *pool = c->pool;
+    (void)revents;
+    switch (c->state) {
+    case CONN_IDLE:
+        /* the upstream closed it (or sent bytes no one asked for) */
+        conn_close(c);
+        break;
+    case CONN_CONNECTING: {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+            err = errno;
+        if (err) {
+            call_fail(c->call, AGW_CALL_REFUSED, "cannot connect to %s (%s): %s",
+                      pool->conf->name, pool->conf->url, strerror(err));
+            break;
+        }
+        ev_timer_stop(loop, &c->timer);
+        c->state = CONN_SENDING;
+        conn_send(c);
+        break;
+    }
+    case CONN_SENDING:
+        conn_send(c);
+        break;
+    case CONN_READING:
+        conn_read(c);
+        break;
+    }
+    if (pool->dying)
+        pool_free_if_dying(pool);
+    else
+        pump(pool);
+}
+
+static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    conn_t *c = w->data;
+    agw_pool_t *pool = c->pool;
+    (void)loop;
+    (void)revents;
+    if (c->state == CONN_IDLE)
+        conn_close(c);
+    else
+        call_fail(c->call, AGW_CALL_CONNECT_TIMEOUT, "%s: no connection to %s within %llu ms",
+                  pool->conf->name, pool->conf->url,
+                  (unsigned long long)pool->conf->connect_timeout_ms);
+    pump(pool);
+}
+
+static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    agw_call_t *call = w->data;
+    agw_pool_t *pool = call->pool;
+    (void)loop;
+    (void)revents;
+    if (call->state != CALL_FAILING) {
+        const char *where = "waiting for a connection";
+        size_t got = 0;
+        if (call->conn) {
+            conn_t *c = call->conn;
+            got = c->resp.bytes;
+            where = c->state == CONN_CONNECTING ? "connecting"
+                    : c->state == CONN_SENDING  ? "sending the request"
+                    : c->resp.final_headers     ? "reading the response body"
+                                                : "waiting for the response headers";
+        }
+        call_fail(call, AGW_CALL_TIMEOUT, "%s: no response within %llu ms (%s, %zu bytes received)",
+                  pool->conf->name, (unsigned long long)call->timeout_ms, where, got);
+    }
+    deliver(call, NULL);
+    if (pool->dying)
+        pool_free_if_dying(pool);
+    else
+        pump(pool);
+}
+
+/* ---- public --------------------------------------------------------------------------- */
+
+agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *conf)
+{
+    agw_pool_t *pool = calloc(1, sizeof(*pool));
+    if (pool == NULL)
+        return NULL;
+    pool->loop = loop;
+    pool->conf = conf;
+    pool->max_conns = conf->max_connections ? conf->max_connections : ~0u;
+    return pool;
+}
+
+static void pool_free_if_dying(agw_pool_t *pool)
+{
+    if (pool->dying && pool->depth == 0) {
+        agw_buf_free(&pool->dbody);
+        agw_buf_free(&pool->dhstore);
+        free(pool->dhdrs);
+        free(pool);
+    }
+}
+
+void agw_pool_destroy(agw_pool_t *pool)
+{
+    if (pool == NULL || pool->dying)
+        return;
+    pool->dying = 1;
+    while (pool->calls)
+        call_discard(pool->calls);
+    while (pool->idle)
+        conn_close(pool->idle);
+    /* inside a callback the pool is freed when the callback returns */
+    pool_free_if_dying(pool);
+}
+
+void agw_pool_stats(const agw_pool_t *pool, agw_pool_stats_t *out)
+{
+    *out = pool->stats;
+    out->open = pool->open;
+    out->idle = pool->nidle;
+    out->pending = pool->pending;
+}
+
+agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call_cb cb, void *data)
+{
+    const char *why = NULL;
+    if (pool->dying)
+        return NULL; /* started from a callback after agw_pool_destroy(): a caller bug */
+    size_t len = agw_h1_request_size(pool->conf, req, &why);
+    agw_call_t *call = malloc(sizeof(*call) + len + 1);
+    if (call == NULL)
+        return NULL;
+    memset(call, 0, sizeof(*call));
+    call->pool = pool;
+    call->cb = cb;
+    call->data = data;
+    call->started = ev_now(pool->loop);
+    call->timeout_ms = req->timeout_ms;
+    call->state = CALL_ACTIVE;
+    ev_timer_init(&call->timer, on_call_timer, (double)req->timeout_ms / 1000.0, 0.);
+    call->timer.data = call;
+    call->next = pool->calls;
+    if (pool->calls)
+        pool->calls->prev = call;
+    pool->calls = call;
+    pool->stats.calls++;
+
+    if (why) {
+        call_fail(call, AGW_CALL_BAD_REQUEST, "%s: bad request, nothing sent: %s",
+                  pool->conf->name, why);
+        return call;
+    }
+    call->req_len = agw_h1_request_write(pool->conf, req, call->req);
+    call->head = strcmp(req->method, "HEAD") == 0;
+    call->idempotent = agw_h1_method_idempotent(req->method);
+    if (req->timeout_ms == 0) {
+        call_fail(call, AGW_CALL_TIMEOUT, "%s: timeout_ms is 0, nothing sent", pool->conf->name);
+        return call;
+    }
+    ev_timer_start(pool->loop, &call->timer);
+    if (pool->qhead == NULL && (pool->idle || pool->open < pool->max_conns))
+        call_assign(call);
+    else if (pool->pending < pool->conf->max_pending)
+        queue_push(pool, call);
+    else
+        call_fail(call, AGW_CALL_OVERLOAD,
+                  "%s: overloaded, %u connections busy and %u calls waiting (max_pending)",
+                  pool->conf->name, pool->open, pool->pending);
+    pump(pool);
+    return call;
+}
+
+void agw_call_cancel(agw_call_t *call)
+{
+    if (call == NULL || call->state == CALL_DELIVERING)
+        return;
+    agw_pool_t *pool = call->pool;
+    pool->stats.cancelled++;
+    call_discard(call);
+    if (!pool->dying)
+        pump(pool);
+}
