@@ -96,7 +96,7 @@ void agw_json_encode_number(agw_buf_t *out, double d);
 
 /* Opens the "agg.json" Lua module and leaves its table on the stack:
  *   null, array([t]), is_array(t), int64(string|number), is_int64(v), setorder(t, keys) -> t,
- *   decode(s) -> value | nil, err, encode(v) -> string | nil, err, materialize(ref) -> value.
+ *   decode(s) -> value | nil, err, encode(v) -> string | nil, err, materialize(ref) -> value, parse(s) -> json ref | nil, err.
  *   array(t) sets the array metatable on t and returns it; array() returns a new empty array.
  *   int64 takes a decimal string ("-42", no spaces or sign '+') or an integral number in int64
  *   range and raises an error otherwise; boxes compare (== < <=) only with other boxes, as Lua 5.1

@@ -53,8 +53,11 @@ local result_mt = {
 }
 
 --- Installs the transport and the endpoints (from agg.loader) and the upstream table.
+-- Any requests and calls of a previous init are forgotten (the spec harness starts a fresh
+-- gateway per spec this way).
 function M.init(transport, ups, eps)
   core, upstreams, endpoints = transport, ups, eps
+  contexts, calls = {}, {}
 end
 
 function M.endpoints() return endpoints end

@@ -1,0 +1,321 @@
+-- agg.testing: spec harness for page scripts (`aggway test`). A gateway made here loads a scripts
+-- folder exactly as `aggway serve` does and runs the same runtime (scheduler, deadlines, fetch_then
+-- graph, page contract, JSON encoder), but its transport is a set of stubbed upstream answers and
+-- its clock is virtual: a 200 ms deadline or a 30 s wait takes no real time, and every run gives the
+-- same answer.
+--
+--   local testing = require "agg.testing"
+--   local gw = testing.gateway()                 -- the folder given to `aggway test -c` (default scripts)
+--   gw:stub("product", "/products/42", { json = { id = 42, sku = "SNK-42" }, latency_ms = 40 })
+--   gw:stub("reviews", "/reviews/{id}", { fault = "hang" })
+--   local page = gw:get("/product-page/42")
+--   assert.equal(200, page.status)
+--   assert.equal(100, page.elapsed_ms)           -- virtual milliseconds
+--   assert.equal("unavailable", page.json.reviews.status)
+--
+-- Stub answers: { status = 200, headers = { … }, json = value | body = "bytes", latency_ms = 0,
+--   fault = nil | "hang" | "refuse" | "reset" | "short" | "non_json" | "invalid_utf8" | "huge" }.
+-- A list of answers is served in order, the last one repeating.
+local json = require "agg.json"
+local loader = require "agg.loader"
+local rt = require "agg.runtime"
+local problem = require "agg.problem"
+
+local M = {}
+
+local Gateway = {}
+Gateway.__index = Gateway
+
+local function split_path(path)
+  local p, q = path:match("^([^?]*)%??(.*)$")
+  return p, q
+end
+
+local function decode_query(q)
+  local t = {}
+  for pair in (q or ""):gmatch("[^&]+") do
+    local k, v = pair:match("^([^=]*)=?(.*)$")
+    local function dec(s) return (s:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)) end
+    k, v = dec(k), dec(v)
+    if t[k] == nil then t[k] = v elseif type(t[k]) == "table" then table.insert(t[k], v) else t[k] = { t[k], v } end
+  end
+  return t
+end
+
+-- Matches a path against a stub pattern: literal segments, {name} segments, a trailing "*".
+local function match_pattern(pattern, path)
+  if pattern == path then return true end
+  local pp, pq = split_path(pattern)
+  local rp = split_path(path)
+  if pq ~= "" then return false end -- a pattern with a query matches only exactly
+  local a, b = {}, {}
+  for s in pp:gmatch("[^/]+") do a[#a + 1] = s end
+  for s in rp:gmatch("[^/]+") do b[#b + 1] = s end
+  for i = 1, #a do
+    if a[i] == "*" and i == #a then return true end
+    if b[i] == nil then return false end
+    if not a[i]:match("^{.*}$") and a[i] ~= b[i] then return false end
+  end
+  return #a == #b
+end
+
+--- Creates a gateway for the scripts folder opts.dir (default: the folder of `aggway test -c`,
+-- else "scripts"). Errors when the folder does not load, with every "file:line: message".
+function M.gateway(opts)
+  opts = opts or {}
+  local dir = opts.dir or AGGWAY_SCRIPTS or "scripts"
+  local gen, errs = loader.load(dir)
+  if not gen then error("scripts folder " .. dir .. " does not load:\n  " .. table.concat(errs, "\n  "), 2) end
+  local gw = setmetatable({ dir = dir, gen = gen, clock = 0, seq = 0, events = {}, stubs = {},
+                            call_log = {}, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
+                            next_call = 1, names = {} }, Gateway)
+  for i, u in ipairs(gen.config.upstreams) do gw.names[i] = u end
+  gw:install()
+  return gw
+end
+
+-- Makes this gateway's transport the runtime's (a spec may hold several gateways; the one used last wins).
+function Gateway:install()
+  local gw = self
+  local core = {}
+  function core.now() return gw.clock end
+  function core.log(level, msg) gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg end
+  function core.call(rid, index, method, path, headers, body, timeout_ms, decode)
+    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
+  end
+  function core.cancel(id)
+    local c = gw.by_id[id]
+    if c and not c.ended_ms then
+      c.cancelled, c.ended_ms, c.outcome = true, gw.clock, "cancelled"
+      if c.event then c.event.dead = true end
+    end
+  end
+  function core.respond(rid, status, headers, body, is_json)
+    local r = gw.responses[rid]
+    if not r or r.status then return false end
+    if is_json then
+      local s, err = json.encode(body)
+      if not s then return nil, err end
+      body = s
+    end
+    local h = {}
+    for i = 1, #headers, 2 do h[headers[i]] = headers[i + 1] end
+    r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
+    return true
+  end
+  rt.init(core, self.gen.upstreams, self.gen.endpoints)
+  M.current = self
+end
+
+local function schedule(gw, at, fn)
+  gw.seq = gw.seq + 1
+  local ev = { at = at, seq = gw.seq, fn = fn }
+  gw.events[#gw.events + 1] = ev
+  return ev
+end
+
+-- Runs the earliest event; returns false when there is none.
+local function step(gw)
+  local best, bi
+  for i, ev in ipairs(gw.events) do
+    if not ev.dead and (not best or ev.at < best.at or (ev.at == best.at and ev.seq < best.seq)) then best, bi = ev, i end
+  end
+  if not best then gw.events = {} return false end
+  table.remove(gw.events, bi)
+  if best.at > gw.clock then gw.clock = best.at end
+  best.fn()
+  return true
+end
+
+--- Stubs upstream calls: stub(upstream, [method,] path_pattern, answer | { answer, answer, … }).
+-- The pattern is an exact path (with its query to match the query too), or has {name} segments or a
+-- trailing "*". Later stubs win over earlier ones.
+function Gateway:stub(upstream, a, b, c)
+  local method, pattern, answers = "*", a, b
+  if c ~= nil then method, pattern, answers = a, b, c end
+  if type(upstream) ~= "string" or type(pattern) ~= "string" or type(answers) ~= "table" then
+    error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table", 2)
+  end
+  local known = false
+  for _, u in ipairs(self.names) do if u.name == upstream then known = true end end
+  if not known then error("stub: gateway.lua has no upstream '" .. upstream .. "'", 2) end
+  local list = (type(answers[1]) == "table") and answers or { answers }
+  table.insert(self.stubs, 1, { upstream = upstream, method = method, pattern = pattern, answers = list, served = 0 })
+  return self
+end
+
+function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
+  local up = self.names[index]
+  local id = self.next_call
+  self.next_call = id + 1
+  local h = {}
+  for i = 1, #(headers or {}), 2 do h[headers[i]] = headers[i + 1] end
+  local p, q = split_path(path)
+  local c = { id = id, upstream = up.name, method = method, path = path, route_path = p, query = decode_query(q),
+              headers = h, body = body, started_ms = self.clock, timeout_ms = timeout_ms }
+  self.call_log[#self.call_log + 1] = c
+  self.by_id[id] = c
+  local stub
+  for _, s in ipairs(self.stubs) do
+    if s.upstream == up.name and (s.method == "*" or s.method == method) and match_pattern(s.pattern, path) then
+      stub = s
+      break
+    end
+  end
+  local function finish(at, outcome, status, rheaders, rbody, data, detail)
+    c.event = schedule(self, at, function()
+      c.ended_ms, c.outcome, c.http_status = self.clock, outcome, status
+      rt.on_call(id, outcome, status or 0, rheaders, rbody, data, self.clock - c.started_ms, detail)
+    end)
+  end
+  if not stub then
+    c.unstubbed = true
+    self.unstubbed = self.unstubbed or ("no stub for " .. method .. " " .. path .. " on upstream '" .. up.name ..
+                                        "': add gw:stub(\"" .. up.name .. "\", \"" .. p .. "\", { json = … })")
+    finish(self.clock, "refused", nil, nil, nil, nil, "no stub")
+    return id
+  end
+  stub.served = stub.served + 1
+  local ans = stub.answers[math.min(stub.served, #stub.answers)]
+  local latency = ans.latency_ms or 0
+  local fault = ans.fault
+  local deadline = self.clock + timeout_ms
+  if fault == "refuse" then return (finish(self.clock, "refused", nil, nil, nil, nil, "connection refused") or id) end
+  if fault == "hang" or fault == "drip" or latency > timeout_ms then
+    finish(deadline, "timeout", nil, nil, nil, nil, "no answer within " .. timeout_ms .. " ms")
+    return id
+  end
+  local at = self.clock + latency
+  if fault == "reset" then finish(at, "reset", nil, nil, nil, nil, "connection reset") return id end
+  if fault == "short" then finish(at, "truncated", nil, nil, nil, nil, "body shorter than Content-Length") return id end
+  if fault == "huge" then finish(at, "too_large", nil, nil, nil, nil, "body over max_body_bytes") return id end
+  local status = ans.status or 200
+  local rheaders = {}
+  for k, v in pairs(ans.headers or {}) do rheaders[k:lower()] = v end
+  local rbody
+  if fault == "non_json" then
+    rbody = "<html><body>Internal error</body></html>"
+  elseif fault == "invalid_utf8" then
+    rbody = '{"name":"\255\254"}'
+  elseif ans.json ~= nil then
+    local err
+    rbody, err = json.encode(ans.json)
+    if not rbody then error("stub answer for " .. up.name .. " " .. path .. ": json cannot be encoded: " .. err) end
+  else
+    rbody = ans.body or ""
+  end
+  if #rbody > up.max_body_bytes then
+    finish(at, "too_large", nil, nil, nil, nil, "body over max_body_bytes") return id
+  end
+  if rheaders["content-type"] == nil and (ans.json ~= nil or fault) then rheaders["content-type"] = "application/json" end
+  local data
+  if decode and status >= 200 and status < 300 and #rbody > 0 then
+    local ref, err = json.parse(rbody)
+    data = ref or err
+  end
+  finish(at, "ok", status, rheaders, rbody, data, nil)
+  return id
+end
+
+local function match_route(eps, method, path)
+  local other = {}
+  for i, ep in ipairs(eps) do
+    local segs = {}
+    for s in path:gmatch("[^/]+") do segs[#segs + 1] = s end
+    local ok, params = #segs == #ep.segments, {}
+    if ok then
+      for j, s in ipairs(ep.segments) do
+        if type(s) == "table" then
+          params[s.param] = segs[j]:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+        elseif s ~= segs[j] then ok = false break end
+      end
+    end
+    if ok then
+      if ep.method == method or (method == "HEAD" and ep.method == "GET") then return i, params end
+      other[#other + 1] = ep.method
+    end
+  end
+  return nil, other
+end
+
+--- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
+-- body = "…" | json = value }. Returns { status, headers (lowercased), body, json (decoded when
+-- the body is JSON), elapsed_ms (virtual) }. Errors when a call had no stub.
+function Gateway:request(method, path, opts)
+  opts = opts or {}
+  if M.current ~= self then self:install() end
+  self.unstubbed = nil
+  local rid = self.next_rid
+  self.next_rid = rid + 1
+  local r = { started_ms = self.clock }
+  self.responses[rid] = r
+  local p, q = split_path(path)
+  local idx, params = match_route(self.gen.endpoints, method, p)
+  if not idx then
+    local st = #params > 0 and 405 or 404
+    local pr = st == 404 and problem.new("route-not-found", "no route matches this path", 404)
+                          or problem.new("method-not-allowed", "this route does not accept this method", 405)
+    r.status, r.body, r.elapsed_ms = st, json.encode(pr), 0
+    r.headers = { ["content-type"] = "application/problem+json", allow = #params > 0 and table.concat(params, ", ") or nil }
+  else
+    local headers = {}
+    for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
+    local body = opts.body
+    if opts.json ~= nil then
+      body = assert(json.encode(opts.json))
+      headers["content-type"] = headers["content-type"] or "application/json"
+    end
+    rt.start(rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
+    local guard = 0
+    while not r.status do
+      guard = guard + 1
+      if guard > 100000 or not step(self) then
+        error(("%s %s was never answered: the script waits with nothing in flight"):format(method, path), 2)
+      end
+    end
+  end
+  if self.unstubbed then error(self.unstubbed, 2) end
+  local ct = r.headers["content-type"] or ""
+  if ct:find("json", 1, true) and r.body ~= "" then r.json = json.decode(r.body) end
+  return r
+end
+
+function Gateway:get(path, opts) return self:request("GET", path, opts) end
+
+--- Calls made so far, in start order: { upstream, method, path, query, headers, body, started_ms,
+-- ended_ms, outcome, http_status, cancelled }. With an upstream name, only that upstream's calls.
+function Gateway:calls(upstream)
+  local out = {}
+  for _, c in ipairs(self.call_log) do
+    if upstream == nil or c.upstream == upstream then out[#out + 1] = c end
+  end
+  return out
+end
+
+--- Forgets the calls recorded so far (stubs stay).
+function Gateway:clear_calls() self.call_log = {} end
+
+--- Virtual time, ms.
+function Gateway:now() return self.clock end
+
+--- Moves the virtual clock forward by ms, running whatever falls due.
+function Gateway:advance(ms)
+  local target = self.clock + ms
+  while true do
+    local nxt
+    for _, ev in ipairs(self.events) do if not ev.dead and (not nxt or ev.at < nxt) then nxt = ev.at end end
+    if not nxt or nxt > target then break end
+    step(self)
+  end
+  self.clock = target
+end
+
+--- Lines the runtime logged ("error: script error in …").
+function Gateway:logs() return self.log_lines end
+
+--- True when two recorded calls ran at the same time.
+function M.overlap(a, b)
+  return a.started_ms < (b.ended_ms or math.huge) and b.started_ms < (a.ended_ms or math.huge)
+end
+
+return M

@@ -1,0 +1,47 @@
+-- The demo dependent chain (scripts/product-detail.lua): Reviews need Product's SKU.
+-- Seed scenario: DESIGN §1 row 2 (Product 45 ms, Reviews 85 ms: page ≈ 130 ms, Inventory beside).
+local testing = require "agg.testing"
+
+describe("GET /product-detail/{id}", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway()
+    gw:stub("product", "/products/7", { json = { id = 7, sku = "SNK-7" }, latency_ms = 45 })
+    gw:stub("reviews", "/reviews", { json = { rating = 4.1 }, latency_ms = 85 })
+    gw:stub("inventory", "/stock/7", { json = { inStock = 3 }, latency_ms = 30 })
+  end)
+
+  it("starts reviews the moment product answers, with its SKU: 130 ms", function()
+    local page = gw:get("/product-detail/7")
+    assert.equal(200, page.status)
+    assert.equal(130, page.elapsed_ms)
+    local reviews = gw:calls("reviews")[1]
+    assert.equal(45, reviews.started_ms)
+    assert.same({ sku = "SNK-7" }, reviews.query)
+    assert.equal(4.1, page.json.reviews.data.rating)
+  end)
+
+  it("runs inventory beside the chain", function()
+    gw:get("/product-detail/7")
+    local inv, prod = gw:calls("inventory")[1], gw:calls("product")[1]
+    assert.equal(0, inv.started_ms)
+    assert.is_true(testing.overlap(inv, prod))
+  end)
+
+  it("serves the reviews fallback when reviews fail", function()
+    gw:stub("reviews", "/reviews", { status = 503 })
+    local page = gw:get("/product-detail/7")
+    assert.equal(200, page.status)
+    assert.equal("fallback", page.json.reviews.status)
+    assert.equal('{"items":[]}', require("agg.json").encode(page.json.reviews.data))
+    assert.equal(503, page.json.reviews.error.status ~= nil and 503 or nil)
+  end)
+
+  it("does not call reviews when product fails, and fails the page", function()
+    gw:stub("product", "/products/7", { fault = "refuse" })
+    local page = gw:get("/product-detail/7")
+    assert.equal(502, page.status)
+    assert.equal(0, #gw:calls("reviews"))
+    assert.equal("unavailable", page.json.sections.product.status)
+  end)
+end)
