@@ -13,9 +13,12 @@ local OPTIONS = {
 local NOT_YET = { cache = true, retry = true, hedge = true, collapse = true, forward_auth = true }
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
 
---- True when v looks like a call spec: a table whose [1] is an upstream name and [2] a path.
+--- True when v looks like a call spec: a table whose [1] is an upstream name and [2] a path
+-- ("/…"). The leading slash is what tells { "product", "/p/1" } from a list of sibling keys
+-- { "product", "inventory" } in agg.fetch_then.
 function M.is_spec(v)
-  return type(v) == "table" and type(v[1]) == "string" and type(v[2]) == "string" and getmetatable(v) == nil
+  return type(v) == "table" and type(v[1]) == "string" and type(v[2]) == "string" and v[2]:byte(1) == 47
+    and getmetatable(v) == nil
 end
 
 local function escape(s)

@@ -1,0 +1,205 @@
+-- The runtime itself (lua/agg): fetch_then in every form, deadlines, the page contract's edge
+-- cases, JSON fidelity, and scripts that misbehave. Fixture scripts: spec/fixtures/runtime.
+local testing = require "agg.testing"
+local json = require "agg.json"
+
+local DIR = "spec/fixtures/runtime"
+
+describe("agg.fetch_then", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { json = { n = 2 }, latency_ms = 10 })
+    gw:stub("b", "/y", { json = { n = 3 }, latency_ms = 30 })
+    gw:stub("c", "/sum", { json = { n = 5 }, latency_ms = 5 })
+    gw:stub("c", "/n/{n}", { json = { n = 7 }, latency_ms = 5 })
+  end)
+
+  it("waits for a list of dependencies and gets their results in order", function()
+    local page = gw:get("/then/list")
+    assert.equal(200, page.status)
+    assert.same({ n = "5" }, gw:calls("c")[1].query)
+    assert.equal(30, gw:calls("c")[1].started_ms)
+    assert.equal(35, page.elapsed_ms)
+  end)
+
+  it("takes a call spec of its own as its dependency", function()
+    local page = gw:get("/then/spec")
+    assert.equal(7, page.json.chained.data.n)
+    assert.equal(30, page.elapsed_ms)
+  end)
+
+  it("runs on its own outside fetch_all when a field is read", function()
+    local page = gw:get("/then/standalone")
+    assert.equal(200, page.status)
+    assert.equal(7, page.json.n)
+    assert.equal(15, page.elapsed_ms)
+  end)
+
+  it("fans out from inside the continuation", function()
+    local page = gw:get("/then/fanout")
+    assert.equal("ok", page.json.more.status)
+    assert.same({ first = { n = 3 }, second = { n = 7 } }, page.json.more.data)
+    assert.equal(40, page.elapsed_ms)
+  end)
+
+  it("turns a plain value into a computed section and nil into no section", function()
+    local page = gw:get("/then/value")
+    assert.equal(4, page.json.double.data.n)
+    assert.is_nil(page.json.nothing)
+    assert.equal("true", page.headers["x-aggregation-completed"])
+  end)
+
+  it("lets a continuation call fetch_all itself", function()
+    local page = gw:get("/then/nested")
+    assert.same({ p = 3, q = 7 }, page.json.inner.data)
+  end)
+
+  it("is not run when its dependency failed, and says why", function()
+    gw:stub("a", "/x", { fault = "refuse" })
+    local page = gw:get("/then/value")
+    assert.equal(502, page.status) -- no section has data
+    local double = page.json.sections.double
+    assert.equal("unavailable", double.status)
+    assert.equal("urn:aggway:problem:dependency-failed", double.error.type)
+    assert.matches("x failed", double.error.title, 1, true)
+    assert.equal(0, #gw:calls("c"))
+  end)
+
+  it("makes only its section unavailable when the continuation raises, and logs file:line", function()
+    local page = gw:get("/then/error")
+    assert.equal(200, page.status)
+    assert.equal("urn:aggway:problem:script-error", page.json.broken.error.type)
+    assert.equal("ok", page.json.x.status)
+    assert.matches("chains.lua:%d+:", table.concat(gw:logs(), "\n"))
+  end)
+
+  it("fails the page when a required chained section fails", function()
+    gw:stub("b", "/y", { status = 500 })
+    assert.equal(502, gw:get("/then/required").status)
+  end)
+
+  it("refuses a dependency cycle with a clear error", function()
+    local page = gw:get("/err/cycle")
+    assert.equal(500, page.status)
+    assert.matches("dependency cycle", table.concat(gw:logs(), "\n"), 1, true)
+  end)
+end)
+
+describe("deadlines", function()
+  it("shrinks each call's timeout to the time left, and skips calls after the deadline", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 100 })
+    gw:stub("b", "/y", { json = { n = 2 }, latency_ms = 50 })
+    local page = gw:get("/deadline")
+    assert.equal(20, gw:calls("b")[1].timeout_ms)
+    assert.equal(120, page.elapsed_ms)
+    assert.equal("unavailable", page.json.second.status)
+    assert.equal(504, page.json.second.error.status)
+  end)
+
+  it("gives req.remaining_ms() from the endpoint's deadline", function()
+    local gw = testing.gateway { dir = DIR }
+    local page = gw:request("POST", "/echo/Zo%C3%AB?x=1&x=2&y=a+b", { json = { k = json.null } })
+    assert.equal(201, page.status)
+    assert.equal("Zoë", page.json.name)
+    assert.equal("Zoë", page.headers["x-name"])
+    assert.same({ x = { "1", "2" }, y = "a b" }, page.json.q)
+    assert.equal(50, page.json.left)
+  end)
+end)
+
+describe("the page contract", function()
+  it("answers 502 when no section has data, 504 when every call timed out", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { fault = "refuse" })
+    gw:stub("b", "/y", { fault = "hang" })
+    local page = gw:get("/all-fail")
+    assert.equal(502, page.status)
+    assert.equal("urn:aggway:problem:no-section-available", page.json.type)
+    gw:stub("a", "/x", { fault = "hang" })
+    assert.equal(504, gw:get("/all-fail").status)
+  end)
+end)
+
+describe("JSON fidelity through a page", function()
+  local BODY = '{"z":1,"a":[],"o":{},"n":null,"big":9007199254740993,"r":4.6,"s":"a\\u0000b","f":1.0,"neg":-0.0}'
+
+  it("passes an untouched upstream body through with every rule kept", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { body = BODY })
+    gw:stub("c", "/raw", { body = "plain text" })
+    local page = gw:get("/fidelity")
+    assert.matches('"x":{"status":"ok","data":' .. BODY:gsub("%p", "%%%0") .. "}", page.body)
+    assert.matches('"raw":{"status":"ok","data":"plain text"}', page.body, 1, true)
+  end)
+
+  it("keeps upstream key order when a script adds and removes keys", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { body = '{"c":1,"b":2,"a":[],"n":null}' })
+    local page = gw:get("/touch")
+    assert.matches('"data":{"c":1,"a":[],"n":null,"added":true}', page.body, 1, true)
+  end)
+
+  it("fails a call whose body is over max_body_bytes, is not JSON, or is nested too deep", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { body = string.rep("[", 300) .. string.rep("]", 300) })
+    gw:stub("c", "/raw", { body = string.rep("x", 2000) })
+    local page = gw:get("/fidelity")
+    assert.equal("urn:aggway:problem:upstream-bad-json", page.json.sections.x.error.type)
+    assert.equal("urn:aggway:problem:upstream-bad-response", page.json.sections.raw.error.type)
+  end)
+
+  it("encodes NaN as null and int64 boxes with every digit", function()
+    local gw = testing.gateway { dir = DIR }
+    assert.equal('{"big":9007199254740993,"v":null}', gw:get("/err/nan").body)
+  end)
+
+  it("refuses a sparse table with a 500 naming the path", function()
+    local gw = testing.gateway { dir = DIR }
+    local page = gw:get("/err/sparse")
+    assert.equal(500, page.status)
+    assert.matches("$.list", table.concat(gw:logs(), "\n"), 1, true)
+  end)
+
+  it("keeps [] and {} apart in agg.json", function()
+    assert.equal('{"a":[],"o":{}}', json.encode(json.decode('{"a":[],"o":{}}')))
+  end)
+end)
+
+describe("script errors", function()
+  local gw
+  before_each(function() gw = testing.gateway { dir = DIR } end)
+
+  it("answer 500 without leaking the error, and log it with file:line", function()
+    local page = gw:get("/err/raise")
+    assert.equal(500, page.status)
+    assert.equal("application/problem+json", page.headers["content-type"])
+    assert.is_nil(page.body:find("secret", 1, true))
+    assert.matches("errors.lua:%d+: boom", table.concat(gw:logs(), "\n"))
+  end)
+
+  it("name an unknown upstream", function()
+    assert.equal(500, gw:get("/err/unknown-upstream").status)
+    assert.matches("unknown upstream 'nope'", table.concat(gw:logs(), "\n"), 1, true)
+  end)
+
+  it("name an unknown call option and a not-yet-supported one", function()
+    gw:get("/err/unknown-option")
+    gw:get("/err/not-yet")
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("unknown option 'retries'", logs, 1, true)
+    assert.matches("option 'hedge' is not supported", logs, 1, true)
+  end)
+
+  it("give a clean error when an agg call is made where LuaJIT cannot yield", function()
+    local page = gw:get("/err/sort")
+    assert.equal(500, page.status)
+    assert.matches("cannot wait here", table.concat(gw:logs(), "\n"), 1, true)
+    assert.equal(0, #gw:calls())
+  end)
+
+  it("reject a handler that returns something that is not a response", function()
+    assert.equal(500, gw:get("/err/bad-return").status)
+  end)
+end)
