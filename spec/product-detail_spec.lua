@@ -37,6 +37,24 @@ describe("GET /product-detail/{id}", function()
     assert.equal(503, page.json.reviews.error.status ~= nil and 503 or nil)
   end)
 
+  for _, fault in ipairs { "hang", "refuse", "reset", "non_json" } do
+    it("degrades inventory when it fails (" .. fault .. ")", function()
+      gw:stub("inventory", "/stock/7", { fault = fault })
+      local page = gw:get("/product-detail/7")
+      assert.equal(200, page.status)
+      testing.expect_section(page, "inventory", "unavailable")
+      testing.expect_section(page, "reviews", "ok")
+    end)
+  end
+
+  it("names the script, section and values when an expectation fails", function()
+    gw:stub("reviews", "/reviews", { fault = "hang" })
+    local page = gw:get("/product-detail/7")
+    local ok, err = pcall(testing.expect_section, page, "reviews", "ok")
+    assert.is_false(ok)
+    assert.matches('scripts/product-detail.lua (GET /product-detail/7): section reviews: expected status "ok", got "fallback" (urn:aggway:problem:upstream-timeout: reviews did not answer in time)', err, 1, true)
+  end)
+
   it("does not call reviews when product fails, and fails the page", function()
     gw:stub("product", "/products/7", { fault = "refuse" })
     local page = gw:get("/product-detail/7")

@@ -51,12 +51,9 @@ local agg = {
   problem = problem.new,
   fetch_all = rt.fetch_all,
   fetch_then = rt.fetch_then,
+  fetch = rt.fetch,
   page = page.page,
 }
 
-function agg.fetch(spec)
-  if type(spec) ~= "table" then error("agg.fetch expects a call spec", 2) end
-  return rt.fetch_all({ result = spec }).result
-end
 
 return agg

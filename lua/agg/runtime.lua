@@ -318,31 +318,45 @@ local function start_group(ctx, tbl, level)
   return g
 end
 
-local function current_ctx(fname)
+-- level: the error() level of the script line that called the agg function, counted from the
+-- caller of current_ctx (2 = that caller's caller).
+local function current_ctx(fname, level)
+  level = (level or 2) + 1
   local co = coroutine.running()
   local ctx = co and ctx_of[co]
   if not ctx then
-    error(fname .. " can only be called while a request is being handled (inside a handler)", 3)
+    error(fname .. " can only be called while a request is being handled (inside a handler)", level)
   end
   if not coroutine.isyieldable() then
     error(fname .. " cannot wait here: it was called from inside a C function that cannot yield " ..
-          "(a table.sort comparator, a string.gsub callback, …); move the call out of it", 3)
+          "(a table.sort comparator, a string.gsub callback, …); move the call out of it", level)
   end
-  if ctx.done then error(fname .. ": the request has already ended", 3) end
+  if ctx.done then error(fname .. ": the request has already ended", level) end
   return ctx, co
 end
 
---- agg.fetch_all (see agg/init.lua for the user documentation).
-function M.fetch_all(tbl)
-  local ctx, co = current_ctx("agg.fetch_all")
-  if type(tbl) ~= "table" then error("agg.fetch_all expects a table of call specs", 2) end
-  local g = start_group(ctx, tbl, 3)
+-- fetch_all for a script line `level` levels up from here (2 = the caller of this function).
+local function fetch_all_at(tbl, fname, level)
+  local ctx, co = current_ctx(fname, level + 1)
+  if type(tbl) ~= "table" then error(fname .. " expects a table of call specs", level + 1) end
+  local g = start_group(ctx, tbl, level + 1)
   g.co = co
   while g.pending > 0 do
     g.waiting = true
     coroutine.yield()
   end
   return g.results
+end
+
+--- agg.fetch_all (see agg/init.lua for the user documentation).
+function M.fetch_all(tbl)
+  return (fetch_all_at(tbl, "agg.fetch_all", 2))
+end
+
+--- agg.fetch (see agg/init.lua): one call on its own; errors point at the script's line.
+function M.fetch(spec)
+  if type(spec) ~= "table" then error("agg.fetch expects a call spec", 2) end
+  return fetch_all_at({ result = spec }, "agg.fetch", 2).result
 end
 
 -- Runs a continuation for section key of group g with the dependency results args.

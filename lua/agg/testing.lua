@@ -251,6 +251,8 @@ function Gateway:request(method, path, opts)
   self.responses[rid] = r
   local p, q = split_path(path)
   local idx, params = match_route(self.gen.endpoints, method, p)
+  r.request = method .. " " .. path
+  if idx then r.script, r.route = self.gen.endpoints[idx].file, self.gen.endpoints[idx].route end
   if not idx then
     local st = #params > 0 and 405 or 404
     local pr = st == 404 and problem.new("route-not-found", "no route matches this path", 404)
@@ -281,6 +283,34 @@ function Gateway:request(method, path, opts)
 end
 
 function Gateway:get(path, opts) return self:request("GET", path, opts) end
+
+--- Asserts that section name of page has status (and, when given, a problem of kind). Its failure
+-- message names the script, the request, the section and the expected vs actual value:
+--   scripts/product-page.lua (GET /product-page/42): section reviews: expected status "ok", got
+--   "unavailable" (urn:aggway:problem:upstream-timeout: reviews did not answer in time)
+-- Works on a 200 page and on a failed page's `sections` summary. Returns the section.
+function M.expect_section(page, name, status, kind)
+  local where = ("%s (%s): section %s"):format(page.script or "?", page.request or "?", tostring(name))
+  local doc = page.json
+  local sec = type(doc) == "table" and (doc[name] or (type(doc.sections) == "table" and doc.sections[name])) or nil
+  if sec == nil then
+    error(("%s: expected status %q, but the page (HTTP %s) has no such section"):format(where, status, tostring(page.status)), 2)
+  end
+  local function describe_error(e)
+    if type(e) ~= "table" then return "" end
+    return (" (%s: %s)"):format(tostring(e.type), tostring(e.title))
+  end
+  if sec.status ~= status then
+    error(("%s: expected status %q, got %q%s"):format(where, status, tostring(sec.status), describe_error(sec.error)), 2)
+  end
+  if kind ~= nil then
+    local got = type(sec.error) == "table" and problem.kind(sec.error) or nil
+    if got ~= kind then
+      error(("%s: expected problem %q, got %q"):format(where, kind, tostring(got)), 2)
+    end
+  end
+  return sec
+end
 
 --- Calls made so far, in start order: { upstream, method, path, query, headers, body, started_ms,
 -- ended_ms, outcome, http_status, cancelled }. With an upstream name, only that upstream's calls.
