@@ -335,11 +335,11 @@ local function current_ctx(fname, level)
   return ctx, co
 end
 
--- fetch_all for a script line `level` levels up from here (2 = the caller of this function).
+-- fetch_all for the script line `level` levels up from here, as error() counts (2 = the caller).
 local function fetch_all_at(tbl, fname, level)
   local ctx, co = current_ctx(fname, level + 1)
   if type(tbl) ~= "table" then error(fname .. " expects a table of call specs", level + 1) end
-  local g = start_group(ctx, tbl, level + 1)
+  local g = start_group(ctx, tbl, level + 2)
   g.co = co
   while g.pending > 0 do
     g.waiting = true
@@ -448,7 +448,7 @@ local then_mt = {
       if not callspec.is_spec(info.dep) then
         error("agg.fetch_then(" .. tostring(info.dep) .. ", …) names sibling calls: use it inside agg.fetch_all", 2)
       end
-      r = M.fetch_all({ [info.dep[1]] = m })[info.dep[1]]
+      r = fetch_all_at({ [info.dep[1]] = m }, "agg.fetch_then", 2)[info.dep[1]]
       then_resolved[m] = r
     end
     return r[k]
