@@ -35,6 +35,8 @@ typedef struct reqref {
     agw_worker_t *w;
     uint64_t rid;
     h2o_req_t *req;
+    ev_io client_watch; /* HTTP/1: notices the client closing while the page is being built */
+    int watching;
 } reqref_t;
 
 /* One upstream call in flight. */
@@ -69,6 +71,7 @@ struct agw_worker {
     uint64_t *pending_aborts;              /* rids whose client left while Lua was running */
     size_t num_pending_aborts, cap_pending_aborts;
     agw_buf_t out;                         /* scratch for encoding responses */
+    agw_buf_t hdrs;                        /* scratch for upstream response headers */
 };
 
 /* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
@@ -114,6 +117,7 @@ static void on_stop(struct ev_loop *loop, ev_async *a, int revents)
 /* ---- Lua entry ------------------------------------------------------------------------------ */
 
 static void process_pending_aborts(agw_worker_t *w);
+static void stop_client_watch(reqref_t *rr);
 
 /* Calls the runtime function in registry ref with nargs arguments already pushed after it. */
 /* Returns 0, or -1 when the runtime raised (a gateway bug, logged; script errors never get here). */
@@ -245,36 +249,26 @@ static int l_now(lua_State *L)
     return 1;
 }
 
-static void push_lower(lua_State *L, const char *s, size_t n)
+/* Headers go to Lua as one string "name\0value\0…" with lowercased names; the runtime makes a
+ * table of it only when a script reads req.headers or result.headers. */
+static void append_header(agw_buf_t *b, const char *name, size_t name_len, const char *value, size_t value_len)
 {
-    char tmp[256];
-    if (n > sizeof(tmp)) {
-        lua_pushlstring(L, s, n);
-        return;
-    }
-    for (size_t i = 0; i < n; i++)
-        tmp[i] = (char)tolower((unsigned char)s[i]);
-    lua_pushlstring(L, tmp, n);
+    agw_buf_reserve(b, name_len + value_len + 2);
+    for (size_t j = 0; j < name_len; j++)
+        b->base[b->len++] = (char)tolower((unsigned char)name[j]);
+    b->base[b->len++] = '\0';
+    memcpy(b->base + b->len, value, value_len);
+    b->len += value_len;
+    b->base[b->len++] = '\0';
 }
 
-/* Pushes headers as a table of lowercased name -> value; repeated names are joined with ", ". */
-static void push_headers(lua_State *L, const agw_header_t *h, size_t n)
+static void push_headers(agw_worker_t *w, const agw_header_t *h, size_t n)
 {
-    lua_createtable(L, 0, (int)n);
-    for (size_t i = 0; i < n; i++) {
-        push_lower(L, h[i].name, h[i].name_len);
-        lua_pushvalue(L, -1);
-        lua_rawget(L, -3);
-        if (lua_isnil(L, -1)) {
-            lua_pop(L, 1);
-            lua_pushlstring(L, h[i].value, h[i].value_len);
-        } else {
-            lua_pushliteral(L, ", ");
-            lua_pushlstring(L, h[i].value, h[i].value_len);
-            lua_concat(L, 3);
-        }
-        lua_rawset(L, -3);
-    }
+    agw_buf_t *b = &w->hdrs;
+    agw_buf_reset(b);
+    for (size_t i = 0; i < n; i++)
+        append_header(b, h[i].name, h[i].name_len, h[i].value, h[i].value_len);
+    lua_pushlstring(w->L, b->base ? b->base : "", b->len);
 }
 
 static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *data)
@@ -294,7 +288,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     lua_pushstring(L, agw_call_outcome_name(res->outcome));
     lua_pushinteger(L, res->http_status);
     if (res->outcome == AGW_CALL_OK) {
-        push_headers(L, res->headers, res->num_headers);
+        push_headers(w, res->headers, res->num_headers);
         lua_pushlstring(L, res->body ? res->body : "", res->body_len);
     } else {
         lua_pushnil(L);
@@ -436,6 +430,7 @@ static int l_respond(lua_State *L)
     }
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
+    stop_client_watch(rr);
     req->res.content_length = body_len;
     h2o_send_inline(req, body, body_len);
     lua_pushboolean(L, 1);
@@ -506,16 +501,18 @@ static int init_vm(agw_worker_t *w, agw_buf_t *errors)
 
 /* ---- requests ------------------------------------------------------------------------------- */
 
-static void on_req_dispose(void *p)
+static void stop_client_watch(reqref_t *rr)
 {
-    reqref_t *rr = p;
-    if (rr->rid == 0)
-        return;
-    /* the client went away before the response: cancel everything the request started */
-    agw_worker_t *w = rr->w;
-    uint64_t rid = rr->rid;
-    agw_slots_del(&w->reqs, rid);
-    rr->rid = 0;
+    if (rr->watching) {
+        ev_io_stop(rr->w->loop, &rr->client_watch);
+        rr->watching = 0;
+    }
+}
+
+/* Forgets request rid on the runtime side: its calls are cancelled (now, or once the runtime
+ * returns when this runs inside it). */
+static void abandon_request(agw_worker_t *w, uint64_t rid)
+{
     if (w->lua_depth) {
         if (w->num_pending_aborts == w->cap_pending_aborts) {
             w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
@@ -527,6 +524,62 @@ static void on_req_dispose(void *p)
         return;
     }
     abort_request(w, rid);
+}
+
+/* h2o does not read an HTTP/1 connection while its request is being handled, so a client that
+ * closes it is noticed here: EOF or an error means the client is gone; bytes (a pipelined request)
+ * mean it is still there, and the watch ends. */
+static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)loop, (void)revents;
+    reqref_t *rr = io->data;
+    char c;
+    ssize_t n = recv(io->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    stop_client_watch(rr);
+    if (n > 0 || rr->rid == 0)
+        return;
+    agw_worker_t *w = rr->w;
+    uint64_t rid = rr->rid;
+    agw_slots_del(&w->reqs, rid);
+    rr->rid = 0;
+    abandon_request(w, rid);
+    /* finish the h2o request so that it tears the connection down (the write fails) */
+    h2o_req_t *req = rr->req;
+    req->res.status = 499;
+    req->res.reason = "Client Closed Request";
+    req->res.content_length = 0;
+    h2o_send_inline(req, "", 0);
+}
+
+static void watch_client(reqref_t *rr, h2o_req_t *req)
+{
+    rr->watching = 0;
+    if (req->version >= 0x200 || req->conn->callbacks->get_socket == NULL)
+        return; /* HTTP/2 reads all the time: a reset stream or a closed connection disposes the request */
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    int fd = sock ? h2o_socket_get_fd(sock) : -1;
+    if (fd < 0)
+        return;
+    ev_io_init(&rr->client_watch, on_client_readable, fd, EV_READ);
+    rr->client_watch.data = rr;
+    ev_io_start(rr->w->loop, &rr->client_watch);
+    rr->watching = 1;
+}
+
+static void on_req_dispose(void *p)
+{
+    reqref_t *rr = p;
+    stop_client_watch(rr);
+    if (rr->rid == 0)
+        return;
+    /* the client went away before the response: cancel everything the request started */
+    agw_worker_t *w = rr->w;
+    uint64_t rid = rr->rid;
+    agw_slots_del(&w->reqs, rid);
+    rr->rid = 0;
+    abandon_request(w, rid);
 }
 
 static int hexval(int c)
@@ -585,6 +638,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     rr->w = w;
     rr->req = req;
     rr->rid = agw_slots_put(&w->reqs, rr);
+    watch_client(rr, req);
 
     lua_State *L = w->L;
     lua_rawgeti(L, LUA_REGISTRYINDEX, w->ref_start);
@@ -602,22 +656,13 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         push_pct_decoded(L, params[i].value, params[i].value_len);
         lua_rawset(L, -3);
     }
-    lua_createtable(L, 0, (int)req->headers.size);
+    agw_buf_t *hb = &w->hdrs;
+    agw_buf_reset(hb);
     for (size_t i = 0; i < req->headers.size; i++) {
         const h2o_header_t *h = &req->headers.entries[i];
-        push_lower(L, h->name->base, h->name->len);
-        lua_pushvalue(L, -1);
-        lua_rawget(L, -3);
-        if (lua_isnil(L, -1)) {
-            lua_pop(L, 1);
-            lua_pushlstring(L, h->value.base, h->value.len);
-        } else {
-            lua_pushliteral(L, ", ");
-            lua_pushlstring(L, h->value.base, h->value.len);
-            lua_concat(L, 3);
-        }
-        lua_rawset(L, -3);
+        append_header(hb, h->name->base, h->name->len, h->value.base, h->value.len);
     }
+    lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
     if (req->entity.base != NULL)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
@@ -627,6 +672,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     if (call_runtime(w, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
+        stop_client_watch(rr);
         send_problem(w, req, 500, "gateway-error", "the gateway failed to handle the request",
                      "the error was logged by the gateway");
     }

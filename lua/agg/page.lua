@@ -37,14 +37,14 @@ end
 function M.page(results, opts)
   if type(results) ~= "table" then error("agg.page expects the results table of agg.fetch_all", 2) end
   if opts ~= nil and type(opts) ~= "table" then error("agg.page: options must be a table", 2) end
-  local keys = {}
+  local keys, n = {}, 0
   for k in pairs(results) do
     if type(k) ~= "string" then error("agg.page: section names must be strings, got " .. type(k), 2) end
-    keys[#keys + 1] = k
+    n = n + 1
+    keys[n] = k
   end
-  table.sort(keys)
-  local body, summary = {}, {}
-  local order = {}
+  table.sort(keys) -- the first failed required section decides the status: the same one every time
+  local body = {} -- sections encode in sorted key order: a plain table's keys are written sorted
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local failed_required
   for _, k in ipairs(keys) do
@@ -69,14 +69,8 @@ function M.page(results, opts)
       any_data = true
       sec = json.setorder({ status = "ok", data = r }, SECTION_ORDER)
     end
-    if sec then
-      order[#order + 1] = k
-      body[k] = sec
-      summary[k] = json.setorder({ status = sec.status, error = sec.error }, SUMMARY_ORDER)
-    end
+    if sec then body[k] = sec end
   end
-  json.setorder(body, order)
-  json.setorder(summary, order)
   local headers = {}
   if opts and opts.headers then
     for k, v in pairs(opts.headers) do headers[tostring(k):lower()] = tostring(v) end
@@ -96,6 +90,10 @@ function M.page(results, opts)
                       e.title)
     else
       p = problem.new("no-section-available", "no section of the page could be served", status)
+    end
+    local summary = {}
+    for k, sec in pairs(body) do
+      summary[k] = json.setorder({ status = sec.status, error = sec.error }, SUMMARY_ORDER)
     end
     p.sections = summary
     headers["content-type"] = "application/problem+json"

@@ -33,9 +33,29 @@ local then_resolved = setmetatable({}, { __mode = "k" })
 
 -- A result's `data` is materialized from the parsed upstream JSON on first read; a section the
 -- script never reads is encoded straight from the parsed JSON.
+-- Upstream response headers arrive as "name\0value\0…" and become a table on first read;
+-- repeated names are joined with ", " (RFC 9110 §5.3).
+local function parse_headers(s)
+  local h = {}
+  for name, value in s:gmatch("([^%z]*)%z([^%z]*)%z") do
+    local cur = h[name]
+    h[name] = cur and (cur .. ", " .. value) or value
+  end
+  return h
+end
+
 local result_mt = {
   __index = function(t, k)
-    if k == "data" then
+    if k == "headers" then
+      local info = result_info[t]
+      local raw = info and info.raw_headers
+      if raw then
+        info.raw_headers = nil
+        local h = parse_headers(raw)
+        rawset(t, "headers", h)
+        return h
+      end
+    elseif k == "data" then
       local ref = result_ref[t]
       if ref ~= nil then
         local d = json.materialize(ref)
@@ -93,9 +113,13 @@ local function log_error(ctx, what, err, co)
 end
 
 -- Resumes co; when it ends, hands its outcome to its finisher.
+local finish_request
+
 local function resume(co, ...)
   local ok, v = coroutine.resume(co, ...)
   if coroutine.status(co) == "dead" then
+    local ctx = ctx_of[co]
+    if ctx and ctx.co == co then return finish_request(ctx, ok, v, co) end
     local fin = finishers[co]
     finishers[co] = nil
     if fin then fin(ok, v, co) end
@@ -137,21 +161,29 @@ local function now_remaining(ctx)
   return now, ctx.deadline - now
 end
 
--- Starts one normalized call for section; on_done(result) runs once (maybe before this returns
--- when the deadline has already passed).
-local function start_call(ctx, section, spec, on_done)
+local settle
+
+-- What to do with a call's result: settle section `key` of group g, or, when `chain` is given,
+-- run that fetch_then continuation with it.
+local function deliver(g, key, chain, r)
+  if chain then M.run_then(g, key, chain, { r }) else settle(g, key, r) end
+end
+
+-- Starts one normalized call for section key of group g (see deliver). The result may be delivered
+-- before this returns, when the deadline has already passed.
+local function start_call(ctx, key, spec, g, chain)
   local now, remaining = now_remaining(ctx)
   local t = spec.timeout_ms
   if t > remaining then t = remaining end
   if t <= 0 then
-    local r = new_result(section, spec)
+    local r = new_result(key, spec)
     r.ms = 0
-    on_done(fail(ctx, r, problem.for_outcome("deadline", section, spec.upstream), spec))
+    deliver(g, key, chain, fail(ctx, r, problem.for_outcome("deadline", key, spec.upstream), spec))
     return
   end
   local id = core.call(ctx.rid, spec.index, spec.method, spec.path, spec.headers, spec.body,
                        math.floor(t + 0.5), spec.decode)
-  calls[id] = { ctx = ctx, section = section, spec = spec, on_done = on_done, started = now }
+  calls[id] = { ctx = ctx, section = key, spec = spec, group = g, chain = chain }
   ctx.inflight[id] = true
 end
 
@@ -169,7 +201,7 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   timings[#timings + 1] = ms
   local r = new_result(section, spec)
   r.ms = ms
-  r.headers = headers
+  if type(headers) == "string" then result_info[r].raw_headers = headers else r.headers = headers end
   r.body = body
   if http_status ~= 0 then r.http_status = http_status end
   if outcome == "ok" and http_status >= 200 and http_status < 300 then
@@ -185,14 +217,14 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   else
     fail(ctx, r, problem.for_outcome(outcome, section, spec.upstream, detail), spec)
   end
-  rec.on_done(r)
+  deliver(rec.group, section, rec.chain, r)
 end
 
 local is_then
 
 -- A group is one fan-out: the calls of one fetch_all, or the specs a continuation returned.
 -- It completes when every member has settled; then it resumes its coroutine or calls on_complete.
-local function settle(g, key, r)
+settle = function(g, key, r)
   if g.results[key] ~= nil then return end
   g.results[key] = r
   g.pending = g.pending - 1
@@ -224,14 +256,17 @@ local function settle(g, key, r)
   end
 end
 
+local function key_less(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then return ta < tb end
+  return a < b
+end
+
+-- Keys of t in a fixed order, so the same table always starts its calls in the same order.
 local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys, function(a, b)
-    local ta, tb = type(a), type(b)
-    if ta ~= tb then return ta < tb end
-    return a < b
-  end)
+  local keys, n = {}, 0
+  for k in pairs(t) do n = n + 1; keys[n] = k end
+  if n > 1 then table.sort(keys, key_less) end
   return keys
 end
 
@@ -310,9 +345,9 @@ local function start_group(ctx, tbl, level)
       -- a chain with a call spec of its own as its dependency
       local info = spec
       local dep = callspec.normalize(info.dep, upstreams, level)
-      start_call(ctx, key, dep, function(r) M.run_then(g, key, info, { r }) end)
+      start_call(ctx, key, dep, g, info)
     else
-      start_call(ctx, key, spec, function(r) settle(g, key, r) end)
+      start_call(ctx, key, spec, g, nil)
     end
   end
   return g
@@ -405,7 +440,7 @@ function M.settle_value(g, key, v, opts)
       if opts.fallback ~= nil and not spec.has_fallback then
         spec.fallback, spec.has_fallback = opts.fallback, true
       end
-      start_call(ctx, key, spec, function(r) settle(g, key, r) end)
+      start_call(ctx, key, spec, g, nil)
       return
     end
     local info = is_then(v)
@@ -487,10 +522,16 @@ function M.fetch_then(dep, fn, opts)
   return m
 end
 
+local timing_names = setmetatable({}, { __index = function(t, k)
+  local name = tostring(k):gsub("[^%w_%-]", "_")
+  t[k] = name
+  return name
+end })
+
 local function server_timing(ctx)
   local t, parts = ctx.timings, {}
   for i = 1, #t, 2 do
-    local name = tostring(t[i]):gsub("[^%w_%-]", "_")
+    local name = timing_names[t[i]]
     parts[#parts + 1] = ("%s;dur=%.1f"):format(name, t[i + 1])
   end
   return table.concat(parts, ", ")
@@ -513,7 +554,7 @@ local function send_problem(ctx, p)
   send(ctx, p.status, { ["content-type"] = "application/problem+json", ["cache-control"] = "no-store" }, p, true)
 end
 
-local function finish_request(ctx, ok, resp, co)
+finish_request = function(ctx, ok, resp, co)
   if ctx.done then return end
   ctx.done = true
   contexts[ctx.rid] = nil
@@ -572,36 +613,54 @@ local function parse_query(q)
   return t
 end
 
+-- req.query, req.headers, req.json and req.remaining_ms are built on first read: most pages
+-- never read most of them.
+local req_lazy = setmetatable({}, { __mode = "k" })   -- req -> { ctx, query, headers }
+
+local function parse_headers_table(h)
+  if type(h) == "string" then return parse_headers(h) end
+  return h or {}
+end
+
 local req_mt = {
   __index = function(r, k)
+    local lazy = req_lazy[r]
+    local v
     if k == "json" then
       local body = rawget(r, "body")
-      local v
       if body and body ~= "" then v = json.decode(body) end
-      rawset(r, "json", v)
-      return v
+    elseif k == "query" then
+      v = parse_query(lazy and lazy.query)
+    elseif k == "headers" then
+      v = parse_headers_table(lazy and lazy.headers)
+    elseif k == "remaining_ms" then
+      local ctx = lazy and lazy.ctx
+      v = function()
+        local left = ctx and (ctx.deadline - core.now()) or 0
+        return left > 0 and left or 0
+      end
+    else
+      return nil
     end
-    return nil
+    rawset(r, k, v)
+    return v
   end,
 }
 
 --- Starts request rid for endpoint index idx. Called by the transport.
--- params: table of route parameters; headers: lowercased name -> value; body: string or nil.
+-- params: table of route parameters; query: the raw query string or nil; headers: lowercased
+-- name -> value, or the same as one string "name\0value\0…"; body: string or nil.
 function M.start(rid, idx, method, path, query, params, headers, body)
   local ep = endpoints[idx]
   local now = core.now()
   local ctx = { rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
                 inflight = {}, timings = {}, done = false }
   contexts[rid] = ctx
-  local req = setmetatable({ method = method, path = path, params = params, headers = headers,
-                             body = body, query = parse_query(query), route = ep.route }, req_mt)
-  req.remaining_ms = function()
-    local r = ctx.deadline - core.now()
-    return r > 0 and r or 0
-  end
+  local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
+  req_lazy[req] = { ctx = ctx, query = query, headers = headers }
   local co = coroutine.create(ep.handler)
   ctx_of[co] = ctx
-  finishers[co] = function(ok, v) finish_request(ctx, ok, v, co) end
+  ctx.co = co
   resume(co, req)
 end
 
