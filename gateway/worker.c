@@ -380,8 +380,29 @@ static int l_cancel(lua_State *L)
     return 0;
 }
 
-/* core.respond(rid, status, headers (flat list), body, is_json) -> true | false (client gone)
- * | nil, err (body cannot be encoded; nothing was sent) */
+/* Adds one response header given by a script: the name lowercased (HTTP/2 needs it), invalid
+ * names and values (CR, LF, NUL) dropped with a warning. Returns 1 when it was content-type. */
+static int add_script_header(agw_worker_t *w, h2o_req_t *req, const char *name, size_t nl, const char *value, size_t vl)
+{
+    char lower[128];
+    if (nl == 0 || nl > sizeof(lower) || !valid_header_value(value, vl)) {
+        agw_log(AGW_LOG_WARN, "worker %d: dropped invalid response header '%.*s'", w->id, (int)(nl > 64 ? 64 : nl), name);
+        return 0;
+    }
+    for (size_t i = 0; i < nl; i++)
+        lower[i] = (char)tolower((unsigned char)name[i]);
+    if (!valid_header_name(lower, nl)) {
+        agw_log(AGW_LOG_WARN, "worker %d: dropped invalid response header '%.*s'", w->id, (int)nl, name);
+        return 0;
+    }
+    add_header(req, lower, nl, value, vl);
+    return nl == 12 && memcmp(lower, "content-type", 12) == 0;
+}
+
+/* core.respond(rid, status, headers, body, is_json, default_type, server_timing)
+ *   headers: table name -> value (names in any case) or nil; body: a Lua value to encode as JSON
+ *   when is_json, else a string; default_type: content-type unless headers has one.
+ * -> true | false (client gone) | nil, err (body cannot be encoded; nothing was sent) */
 static int l_respond(lua_State *L)
 {
     agw_worker_t *w = upw(L);
@@ -414,20 +435,26 @@ static int l_respond(lua_State *L)
     }
     req->res.status = status;
     req->res.reason = reason_phrase(status);
+    int has_type = 0;
     if (lua_istable(L, 3)) {
-        size_t n = lua_objlen(L, 3);
-        for (size_t i = 1; i + 1 <= n; i += 2) {
-            size_t nl, vl;
-            lua_rawgeti(L, 3, (int)i);
-            lua_rawgeti(L, 3, (int)i + 1);
-            const char *name = lua_tolstring(L, -2, &nl), *value = lua_tolstring(L, -1, &vl);
-            if (name && value && valid_header_name(name, nl) && valid_header_value(value, vl))
-                add_header(req, name, nl, value, vl);
-            else
-                agw_log(AGW_LOG_WARN, "worker %d: dropped invalid response header '%s'", w->id, name ? name : "?");
-            lua_pop(L, 2);
+        lua_pushnil(L);
+        while (lua_next(L, 3) != 0) {
+            size_t nl = 0, vl = 0;
+            const char *value = lua_type(L, -1) == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER ? lua_tolstring(L, -1, &vl) : NULL;
+            const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nl) : NULL;
+            if (name && value)
+                has_type |= add_script_header(w, req, name, nl, value, vl);
+            lua_pop(L, 1);
         }
     }
+    size_t tl;
+    const char *type = lua_tolstring(L, 6, &tl);
+    if (!has_type && type)
+        add_header(req, "content-type", 12, type, tl);
+    size_t sl;
+    const char *timing = lua_tolstring(L, 7, &sl);
+    if (timing)
+        add_header(req, "server-timing", 13, timing, sl);
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
     stop_client_watch(rr);

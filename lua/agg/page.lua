@@ -102,7 +102,6 @@ function M.page(results, opts)
     if status == 503 then headers["retry-after"] = headers["retry-after"] or "30" end
     return { status = status, headers = headers, json = p }
   end
-  headers["content-type"] = headers["content-type"] or "application/json"
   headers["x-aggregation-completed"] = complete and "true" or "false"
   if not complete then headers["cache-control"] = "no-store" end
   return { status = 200, headers = headers, json = body }

@@ -11,7 +11,8 @@
 --   core.call(rid, index, method, path, headers, body, timeout_ms, decode) -> call id
 --        later delivers M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
 --   core.cancel(id)                               no on_call follows
---   core.respond(rid, status, headers, body, is_json) -> true | nil, err
+--   core.respond(rid, status, headers, body, is_json, default_type, server_timing) -> true | nil, err
+--        headers: name -> value (nil or a table; names in any case)
 --   core.log(level, message)
 local json = require "agg.json"
 local problem = require "agg.problem"
@@ -537,21 +538,17 @@ local function server_timing(ctx)
   return table.concat(parts, ", ")
 end
 
-local function send(ctx, status, headers, body, is_json)
-  local flat = {}
-  for k, v in pairs(headers) do
-    flat[#flat + 1] = k
-    flat[#flat + 1] = v
-  end
-  if #ctx.timings > 0 then
-    flat[#flat + 1] = "server-timing"
-    flat[#flat + 1] = server_timing(ctx)
-  end
-  return core.respond(ctx.rid, status, flat, body, is_json)
+-- headers: name -> value in any case (the transport lowercases names, drops invalid ones, and adds
+-- default_type as content-type unless one is there).
+local function send(ctx, status, headers, body, is_json, default_type)
+  local timing = #ctx.timings > 0 and server_timing(ctx) or nil
+  return core.respond(ctx.rid, status, headers, body, is_json, default_type, timing)
 end
 
+local PROBLEM_HEADERS = { ["cache-control"] = "no-store" }
+
 local function send_problem(ctx, p)
-  send(ctx, p.status, { ["content-type"] = "application/problem+json", ["cache-control"] = "no-store" }, p, true)
+  send(ctx, p.status, PROBLEM_HEADERS, p, true, "application/problem+json")
 end
 
 finish_request = function(ctx, ok, resp, co)
@@ -571,17 +568,13 @@ finish_request = function(ctx, ok, resp, co)
     log_error(ctx, nil, "the handler must return agg.page(results) or { status = <100..599>, json = … | body = … }")
     return send_problem(ctx, problem.script_error(nil))
   end
-  local headers = {}
-  if resp.headers ~= nil then
-    if type(resp.headers) ~= "table" then
-      log_error(ctx, nil, "response headers must be a table")
-      return send_problem(ctx, problem.script_error(nil))
-    end
-    for k, v in pairs(resp.headers) do headers[tostring(k):lower()] = tostring(v) end
+  local headers = resp.headers
+  if headers ~= nil and type(headers) ~= "table" then
+    log_error(ctx, nil, "response headers must be a table")
+    return send_problem(ctx, problem.script_error(nil))
   end
   if resp.json ~= nil then
-    headers["content-type"] = headers["content-type"] or "application/json"
-    local sent, err = send(ctx, st, headers, resp.json, true)
+    local sent, err = send(ctx, st, headers, resp.json, true, "application/json")
     if sent == nil and err then
       log_error(ctx, nil, "the response cannot be encoded as JSON: " .. tostring(err))
       return send_problem(ctx, problem.new("response-encoding", "the page could not be encoded as JSON", 500,
@@ -594,8 +587,7 @@ finish_request = function(ctx, ok, resp, co)
     log_error(ctx, nil, "response body must be a string (use json = … for tables)")
     return send_problem(ctx, problem.script_error(nil))
   end
-  if body ~= nil then headers["content-type"] = headers["content-type"] or "text/plain; charset=utf-8" end
-  send(ctx, st, headers, body or "", false)
+  send(ctx, st, headers, body or "", false, body and "text/plain; charset=utf-8" or nil)
 end
 
 local function parse_query(q)

@@ -90,7 +90,7 @@ function Gateway:install()
       if c.event then c.event.dead = true end
     end
   end
-  function core.respond(rid, status, headers, body, is_json)
+  function core.respond(rid, status, headers, body, is_json, default_type, timing)
     local r = gw.responses[rid]
     if not r or r.status then return false end
     if is_json then
@@ -98,8 +98,14 @@ function Gateway:install()
       if not s then return nil, err end
       body = s
     end
+    -- the same rules as the C transport: lowercased names, invalid ones dropped
     local h = {}
-    for i = 1, #headers, 2 do h[headers[i]] = headers[i + 1] end
+    for k, v in pairs(headers or {}) do
+      local name, value = tostring(k):lower(), tostring(v)
+      if name:match("^[%w!#$%%&'*+.^_`|~-]+$") and not value:find("[\r\n%z]") then h[name] = value end
+    end
+    if default_type and not h["content-type"] then h["content-type"] = default_type end
+    if timing then h["server-timing"] = timing end
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
     return true
   end
