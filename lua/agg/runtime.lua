@@ -93,7 +93,7 @@ function M.section_data(r)
   local ref = result_ref[r]
   if ref ~= nil then return ref end
   local info = result_info[r]
-  if info and info.raw and r.ok then return r.body end
+  if info and info.decode == false and r.ok then return r.body end
   return nil
 end
 
@@ -116,21 +116,52 @@ end
 -- Resumes co; when it ends, hands its outcome to its finisher.
 local finish_request
 
+-- Handler coroutines are reused: each runs handler_body, which yields DONE with the handler's
+-- return value and waits for the next request. A handler that raises kills its coroutine.
+local DONE = {}
+local waiting = setmetatable({}, { __mode = "k" })     -- coroutines suspended in agg.fetch_all
+local pool, pool_n, POOL_MAX = {}, 0, 64
+
+local function handler_body(fn, req)
+  while true do
+    local v = fn(req)
+    fn, req = coroutine.yield(DONE, v)
+  end
+end
+
 local function resume(co, ...)
-  local ok, v = coroutine.resume(co, ...)
+  local ok, v, w = coroutine.resume(co, ...)
+  local ctx = ctx_of[co]
+  if ok and v == DONE then
+    ctx_of[co] = nil
+    finish_request(ctx, true, w, co)
+    if pool_n < POOL_MAX then
+      pool_n = pool_n + 1
+      pool[pool_n] = co
+    end
+    return
+  end
   if coroutine.status(co) == "dead" then
-    local ctx = ctx_of[co]
     if ctx and ctx.co == co then return finish_request(ctx, ok, v, co) end
     local fin = finishers[co]
     finishers[co] = nil
     if fin then fin(ok, v, co) end
+  elseif ctx and ctx.co == co and not waiting[co] then
+    -- the handler yielded by itself: it would never be resumed
+    return finish_request(ctx, false, "a handler must not call coroutine.yield (use agg.fetch_all)", co)
   end
 end
 
+-- A result's internal facts (section, required, raw) live in result_info. A call's normalized spec
+-- already carries them (its section is set when the call starts), so it serves as the info as is.
 local function new_result(section, spec)
   local r = setmetatable({}, result_mt)
-  result_info[r] = { section = section, required = spec and spec.required or false,
-                     raw = spec and not spec.decode }
+  if spec and spec.section == section then
+    result_info[r] = spec
+  else
+    result_info[r] = { section = section, required = spec and spec.required or false,
+                       decode = not spec or spec.decode ~= false }
+  end
   return r
 end
 
@@ -184,7 +215,9 @@ local function start_call(ctx, key, spec, g, chain)
   end
   local id = core.call(ctx.rid, spec.index, spec.method, spec.path, spec.headers, spec.body,
                        math.floor(t + 0.5), spec.decode)
-  calls[id] = { ctx = ctx, section = key, spec = spec, group = g, chain = chain }
+  -- the normalized spec belongs to this call alone: it is the call's record too
+  spec.ctx, spec.section, spec.group, spec.chain = ctx, key, g, chain
+  calls[id] = spec
   ctx.inflight[id] = true
 end
 
@@ -194,7 +227,7 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   local rec = calls[id]
   if rec == nil then return end
   calls[id] = nil
-  local ctx, spec, section = rec.ctx, rec.spec, rec.section
+  local ctx, spec, section = rec.ctx, rec, rec.section
   ctx.inflight[id] = nil
   if ctx.done then return end
   local timings = ctx.timings
@@ -202,7 +235,7 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   timings[#timings + 1] = ms
   local r = new_result(section, spec)
   r.ms = ms
-  if type(headers) == "string" then result_info[r].raw_headers = headers else r.headers = headers end
+  if type(headers) == "string" then spec.raw_headers = headers else r.headers = headers end
   r.body = body
   if http_status ~= 0 then r.http_status = http_status end
   if outcome == "ok" and http_status >= 200 and http_status < 300 then
@@ -300,10 +333,13 @@ local function combine(ctx, section, results, list, opts)
   return r
 end
 
+local NO_THENS = {}
+
 local function start_group(ctx, tbl, level)
-  local g = { ctx = ctx, results = {}, pending = 0, thens = {}, waiting = false }
-  local specs = {}
+  local g = { ctx = ctx, results = {}, pending = 0, thens = NO_THENS, waiting = false }
+  -- calls to start, in key order: normalized spec, and the chain it feeds (false for a plain call)
   local keys = sorted_keys(tbl)
+  local specs, chains, n = {}, {}, 0
   for _, key in ipairs(keys) do
     local v = tbl[key]
     local info = is_then(v)
@@ -316,12 +352,16 @@ local function start_group(ctx, tbl, level)
           end
           if d == key then error(("fetch_then for '%s' depends on itself"):format(tostring(key)), level) end
         end
+        if g.thens == NO_THENS then g.thens = {} end
         g.thens[#g.thens + 1] = { key = key, deps = deps, info = info, started = false }
       else
-        specs[#specs + 1] = { key, info, true }
+        -- a chain with a call spec of its own as its dependency
+        n = n + 1
+        keys[n], specs[n], chains[n] = key, callspec.normalize(info.dep, upstreams, level), info
       end
     else
-      specs[#specs + 1] = { key, callspec.normalize(v, upstreams, level), false }
+      n = n + 1
+      keys[n], specs[n], chains[n] = key, callspec.normalize(v, upstreams, level), false
     end
     g.pending = g.pending + 1
   end
@@ -340,16 +380,8 @@ local function start_group(ctx, tbl, level)
       end
     end
   end
-  for _, s in ipairs(specs) do
-    local key, spec = s[1], s[2]
-    if s[3] then
-      -- a chain with a call spec of its own as its dependency
-      local info = spec
-      local dep = callspec.normalize(info.dep, upstreams, level)
-      start_call(ctx, key, dep, g, info)
-    else
-      start_call(ctx, key, spec, g, nil)
-    end
+  for i = 1, n do
+    start_call(ctx, keys[i], specs[i], g, chains[i] or nil)
   end
   return g
 end
@@ -379,7 +411,9 @@ local function fetch_all_at(tbl, fname, level)
   g.co = co
   while g.pending > 0 do
     g.waiting = true
+    waiting[co] = true
     coroutine.yield()
+    waiting[co] = nil
   end
   return g.results
 end
@@ -650,10 +684,17 @@ function M.start(rid, idx, method, path, query, params, headers, body)
   contexts[rid] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
   req_lazy[req] = { ctx = ctx, query = query, headers = headers }
-  local co = coroutine.create(ep.handler)
+  local co
+  if pool_n > 0 then
+    co = pool[pool_n]
+    pool[pool_n] = nil
+    pool_n = pool_n - 1
+  else
+    co = coroutine.create(handler_body)
+  end
   ctx_of[co] = ctx
   ctx.co = co
-  resume(co, req)
+  resume(co, ep.handler, req)
 end
 
 --- The client of request rid went away: cancel its calls and forget it.
