@@ -85,10 +85,14 @@ function M.normalize(spec, upstreams, level)
       end
     end
   end
+  -- the scheduler keeps its per-call state in this table too (ctx … ref): the fields are
+  -- present from the start so the table never grows
   local n = {
     upstream = name, index = up.index, path = path, method = spec.method or "GET",
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
     required = spec.required == true, fallback = spec.fallback, has_fallback = spec.fallback ~= nil,
+    headers = false, body = false, ctx = false, section = false, group = false, chain = false,
+    ref = false, raw_headers = false,
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
@@ -124,9 +128,9 @@ function M.normalize(spec, upstreams, level)
       headers[#headers + 1] = "application/json"
     end
   else
-    n.body = spec.body
+    n.body = spec.body or false
   end
-  n.headers = headers
+  n.headers = headers or false
   return n
 end
 

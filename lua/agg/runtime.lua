@@ -27,7 +27,6 @@ local contexts = {}                                    -- rid -> request context
 local calls = {}                                       -- call id -> in-flight call record
 local ctx_of = setmetatable({}, { __mode = "k" })      -- coroutine -> request context
 local finishers = setmetatable({}, { __mode = "k" })   -- coroutine -> function(ok, value)
-local result_ref = setmetatable({}, { __mode = "k" })  -- result -> json ref not yet materialized
 local result_info = setmetatable({}, { __mode = "k" }) -- result -> { section, required, raw }
 local then_info = setmetatable({}, { __mode = "k" })   -- fetch_then marker -> { dep, fn, opts }
 local then_resolved = setmetatable({}, { __mode = "k" })
@@ -57,10 +56,11 @@ local result_mt = {
         return h
       end
     elseif k == "data" then
-      local ref = result_ref[t]
-      if ref ~= nil then
+      local info = result_info[t]
+      local ref = info and info.ref
+      if ref then
         local d = json.materialize(ref)
-        result_ref[t] = nil
+        info.ref = nil
         rawset(t, "data", d)
         return d
       end
@@ -68,7 +68,10 @@ local result_mt = {
     return nil
   end,
   __newindex = function(t, k, v)
-    if k == "data" then result_ref[t] = nil end
+    if k == "data" then
+      local info = result_info[t]
+      if info then info.ref = nil end
+    end
     rawset(t, k, v)
   end,
 }
@@ -79,6 +82,8 @@ local result_mt = {
 function M.init(transport, ups, eps)
   core, upstreams, endpoints = transport, ups, eps
   contexts, calls = {}, {}
+  -- pages allocate many short-lived tables and keep little: collect less often (heap up to 4x live)
+  collectgarbage("setpause", 400)
 end
 
 function M.endpoints() return endpoints end
@@ -90,9 +95,9 @@ function M.is_result(r) return result_info[r] ~= nil end
 function M.section_data(r)
   local d = rawget(r, "data")
   if d ~= nil then return d end
-  local ref = result_ref[r]
-  if ref ~= nil then return ref end
   local info = result_info[r]
+  local ref = info and info.ref
+  if ref then return ref end
   if info and info.decode == false and r.ok then return r.body end
   return nil
 end
@@ -233,19 +238,25 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   local timings = ctx.timings
   timings[#timings + 1] = section
   timings[#timings + 1] = ms
+  if type(headers) == "string" then
+    spec.raw_headers = headers
+    headers = nil
+  end
+  if outcome == "ok" and http_status >= 200 and http_status < 300 and type(data) ~= "string" then
+    -- the common case, built in one constructor (no table growth)
+    local r = setmetatable({ ok = true, status = "ok", ms = ms, body = body, http_status = http_status,
+                             headers = headers }, result_mt)
+    result_info[r] = spec
+    spec.ref = data
+    return deliver(rec.group, section, rec.chain, r)
+  end
   local r = new_result(section, spec)
   r.ms = ms
-  if type(headers) == "string" then spec.raw_headers = headers else r.headers = headers end
+  r.headers = headers
   r.body = body
   if http_status ~= 0 then r.http_status = http_status end
   if outcome == "ok" and http_status >= 200 and http_status < 300 then
-    if type(data) == "string" then
-      fail(ctx, r, problem.for_outcome("bad_json", section, spec.upstream, data), spec)
-    else
-      r.ok = true
-      r.status = "ok"
-      if data ~= nil then result_ref[r] = data end
-    end
+    fail(ctx, r, problem.for_outcome("bad_json", section, spec.upstream, data), spec)
   elseif outcome == "ok" then
     fail(ctx, r, problem.for_http_status(http_status, section, spec.upstream), spec)
   else

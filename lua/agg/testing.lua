@@ -158,7 +158,7 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   for i = 1, #(headers or {}), 2 do h[headers[i]] = headers[i + 1] end
   local p, q = split_path(path)
   local c = { id = id, upstream = up.name, method = method, path = path, route_path = p, query = decode_query(q),
-              headers = h, body = body, started_ms = self.clock, timeout_ms = timeout_ms }
+              headers = h, body = body or nil, started_ms = self.clock, timeout_ms = timeout_ms }
   self.call_log[#self.call_log + 1] = c
   self.by_id[id] = c
   local stub
