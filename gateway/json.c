@@ -82,6 +82,7 @@ int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out
 
 static int int64_arg(lua_State *L, int idx, int64_t *n)
 {
+    *n = 0; /* luaL_typerror does not return, but the compiler cannot know */
     if (!agw_json_check_int64(L, idx, n))
         return luaL_typerror(L, idx, "agg.int64");
     return 0;
@@ -140,48 +141,78 @@ static int ref_tostring(lua_State *L)
     return 1;
 }
 
+static int raw_tostring(lua_State *L)
+{
+    lua_pushfstring(L, "agg.json.raw: %p", lua_touserdata(L, 1));
+    return 1;
+}
+
+const char agw_json_regkey[AGW_JSON_NKEYS];
+
+/* Stores the value at the top of the stack (popped) as registry[name] and registry[key k]. */
+static void set_reg(lua_State *L, const char *name, int k)
+{
+    lua_pushlightuserdata(L, (void *)&agw_json_regkey[k]);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    lua_setfield(L, LUA_REGISTRYINDEX, name);
+}
+
 /* Creates this state's registry entries on first use (json.h: AGW_JSON_*). */
 static void ensure_state(lua_State *L)
 {
-    lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_ORDER);
+    agw_json_regget(L, AGW_JSON_K_ORDER);
     int ready = !lua_isnil(L, -1);
     lua_pop(L, 1);
     if (ready)
         return;
 
-    luaL_newmetatable(L, AGW_JSON_ARRAY_MT);
+    lua_newtable(L);
     lua_pushliteral(L, "agg.array");
     lua_setfield(L, -2, "__name");
-    lua_pop(L, 1);
+    set_reg(L, AGW_JSON_ARRAY_MT, AGW_JSON_K_ARRAY);
 
     static const luaL_Reg int64_mt[] = {
         {"__tostring", int64_tostring}, {"__eq", int64_eq}, {"__lt", int64_lt}, {"__le", int64_le}, {NULL, NULL},
     };
-    luaL_newmetatable(L, AGW_JSON_INT64_MT);
+    lua_newtable(L);
     luaL_register(L, NULL, int64_mt);
     lua_pushliteral(L, "agg.int64");
     lua_setfield(L, -2, "__name");
-    lua_pop(L, 1);
+    set_reg(L, AGW_JSON_INT64_MT, AGW_JSON_K_INT64);
 
     static const luaL_Reg ref_mt[] = {{"__gc", ref_gc}, {"__tostring", ref_tostring}, {NULL, NULL}};
-    luaL_newmetatable(L, AGW_JSON_REF_MT);
+    lua_newtable(L);
     luaL_register(L, NULL, ref_mt);
-    lua_pop(L, 1);
+    lua_pushvalue(L, -1);
+    set_reg(L, AGW_JSON_REF_MT, AGW_JSON_K_REF);
+
+    json_t **pending = lua_newuserdata(L, sizeof(*pending)); /* a tree ref holding nothing yet */
+    *pending = NULL;
+    lua_insert(L, -2);
+    lua_setmetatable(L, -2);
+    set_reg(L, AGW_JSON_PENDING, AGW_JSON_K_PENDING);
+
+    /* no __gc: a raw ref holds its bytes inline, so the GC frees it without a finalizer */
+    lua_newtable(L);
+    lua_pushcfunction(L, raw_tostring);
+    lua_setfield(L, -2, "__tostring");
+    set_reg(L, AGW_JSON_RAW_MT, AGW_JSON_K_RAW);
 
     lua_newtable(L); /* order side table, weak keys so it never keeps an object alive */
     lua_createtable(L, 0, 1);
     lua_pushliteral(L, "k");
     lua_setfield(L, -2, "__mode");
     lua_setmetatable(L, -2);
-    lua_setfield(L, LUA_REGISTRYINDEX, AGW_JSON_ORDER);
+    set_reg(L, AGW_JSON_ORDER, AGW_JSON_K_ORDER); /* last: its presence means the state is ready */
 }
 
-/* Returns 1 if the value at idx is a userdata whose metatable is registry[mt_name]. */
-static int has_meta(lua_State *L, int idx, const char *mt_name)
+/* Returns 1 if the value at idx has the metatable stored under registry key k (json.h). */
+static int has_meta(lua_State *L, int idx, int k)
 {
     if (!lua_getmetatable(L, idx))
         return 0;
-    lua_getfield(L, LUA_REGISTRYINDEX, mt_name);
+    agw_json_regget(L, k);
     int same = lua_rawequal(L, -1, -2);
     lua_pop(L, 2);
     return same;
@@ -192,13 +223,13 @@ void agw_json_push_int64(lua_State *L, int64_t n)
     ensure_state(L);
     int64_t *p = lua_newuserdata(L, sizeof(*p));
     *p = n;
-    lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_INT64_MT);
+    agw_json_regget(L, AGW_JSON_K_INT64);
     lua_setmetatable(L, -2);
 }
 
 int agw_json_check_int64(lua_State *L, int idx, int64_t *out)
 {
-    if (lua_type(L, idx) != LUA_TUSERDATA || !has_meta(L, idx, AGW_JSON_INT64_MT))
+    if (lua_type(L, idx) != LUA_TUSERDATA || !has_meta(L, idx, AGW_JSON_K_INT64))
         return 0;
     *out = *(int64_t *)lua_touserdata(L, idx);
     return 1;
@@ -209,15 +240,65 @@ void agw_json_push_ref(lua_State *L, json_t *v)
     ensure_state(L);
     json_t **p = lua_newuserdata(L, sizeof(*p));
     *p = json_incref(v);
-    lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_REF_MT);
+    agw_json_regget(L, AGW_JSON_K_REF);
     lua_setmetatable(L, -2);
 }
 
 json_t *agw_json_check_ref(lua_State *L, int idx)
 {
-    if (lua_type(L, idx) != LUA_TUSERDATA || !has_meta(L, idx, AGW_JSON_REF_MT))
+    if (lua_type(L, idx) != LUA_TUSERDATA || !has_meta(L, idx, AGW_JSON_K_REF))
         return NULL;
     return *(json_t **)lua_touserdata(L, idx);
+}
+
+void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact)
+{
+    agw_json_raw_t *r = lua_newuserdata(L, sizeof(*r) + len + 1);
+    r->len = len;
+    r->compact = compact != 0;
+    if (len > 0) /* buf may be NULL then */
+        memcpy(r->text, buf, len);
+    r->text[len] = '\0';
+    agw_json_regget(L, AGW_JSON_K_RAW);
+    if (lua_isnil(L, -1)) { /* first use in this state: one registry lookup per push otherwise */
+        lua_pop(L, 1);
+        ensure_state(L);
+        agw_json_regget(L, AGW_JSON_K_RAW);
+    }
+    lua_setmetatable(L, -2);
+}
+
+const agw_json_raw_t *agw_json_check_raw_ref(lua_State *L, int idx)
+{
+    if (lua_type(L, idx) != LUA_TUSERDATA || !has_meta(L, idx, AGW_JSON_K_RAW))
+        return NULL;
+    return lua_touserdata(L, idx);
+}
+
+/* 1 for a tree ref, 2 for a raw ref, 0 for anything else; *ud gets the userdata body. */
+static int ref_kind(lua_State *L, int idx, void **ud)
+{
+    if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx))
+        return 0;
+    int kind = 0;
+    agw_json_regget(L, AGW_JSON_K_RAW);
+    if (lua_rawequal(L, -1, -2)) {
+        kind = 2;
+    } else {
+        lua_pop(L, 1);
+        agw_json_regget(L, AGW_JSON_K_REF);
+        if (lua_rawequal(L, -1, -2))
+            kind = 1;
+    }
+    lua_pop(L, 2);
+    *ud = lua_touserdata(L, idx);
+    return kind;
+}
+
+int agw_json_is_ref(lua_State *L, int idx)
+{
+    void *ud;
+    return ref_kind(L, idx, &ud) != 0;
 }
 
 /* ---- json_t -> Lua ---- */
@@ -302,12 +383,36 @@ void agw_json_push(lua_State *L, json_t *v)
 {
     ensure_state(L);
     luaL_checkstack(L, 8, "JSON push");
-    lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_ORDER);
-    lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_ARRAY_MT);
+    agw_json_regget(L, AGW_JSON_K_ORDER);
+    agw_json_regget(L, AGW_JSON_K_ARRAY);
     push_ctx c = {lua_gettop(L) - 1, lua_gettop(L)};
     push_value(L, &c, v);
     lua_replace(L, c.order); /* move the value down over the two helper slots */
     lua_pop(L, 1);
+}
+
+/* Pushes a raw ref's JSON as Lua values. Validated text parses, but a failure raises anyway. */
+static void push_raw(lua_State *L, const agw_json_raw_t *r)
+{
+    json_error_t je;
+    /* no depth pre-scan: the text was validated, and jansson stops at its own limit anyway */
+    json_t *v = json_loadb(r->text, r->len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (v == NULL) {
+        char err[200];
+        load_error(&je, err, sizeof(err));
+        luaL_error(L, "agg.json: raw ref does not parse: %s", err);
+        return;
+    }
+    ensure_state(L);
+    agw_json_regget(L, AGW_JSON_K_PENDING);
+    json_t **pending = lua_touserdata(L, -1); /* kept alive by the registry */
+    lua_pop(L, 1);
+    if (*pending) /* left by a push that raised */
+        json_decref(*pending);
+    *pending = v;
+    agw_json_push(L, v);
+    *pending = NULL;
+    json_decref(v);
 }
 
 /* ---- the agg.json module ---- */
@@ -321,14 +426,14 @@ static int l_array(lua_State *L)
         luaL_checktype(L, 1, LUA_TTABLE);
         lua_settop(L, 1);
     }
-    lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_ARRAY_MT);
+    agw_json_regget(L, AGW_JSON_K_ARRAY);
     lua_setmetatable(L, 1);
     return 1;
 }
 
 static int l_is_array(lua_State *L)
 {
-    lua_pushboolean(L, lua_type(L, 1) == LUA_TTABLE && has_meta(L, 1, AGW_JSON_ARRAY_MT));
+    lua_pushboolean(L, lua_type(L, 1) == LUA_TTABLE && has_meta(L, 1, AGW_JSON_K_ARRAY));
     return 1;
 }
 
@@ -383,7 +488,7 @@ static int l_setorder(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 2);
-    lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_ORDER); /* 3 */
+    agw_json_regget(L, AGW_JSON_K_ORDER); /* 3 */
     lua_pushvalue(L, 1);
     if (lua_isnil(L, 2)) {
         lua_pushnil(L);
@@ -438,21 +543,36 @@ static int l_decode(lua_State *L)
     return 1;
 }
 
-/* parse(s) -> json ref | nil, err: parses like an upstream body is parsed (the same limits),
- * without turning it into Lua tables; the spec harness gives stubbed answers to the runtime this way. */
+/* parse(s) -> raw ref | nil, err: validates like an upstream body is validated (the same
+ * limits), without parsing it; the spec harness gives stubbed answers to the runtime this way. */
 static int l_parse(lua_State *L)
 {
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
     char err[160];
-    json_t *v;
-    if (agw_json_parse(s, len, AGW_JSON_MAX_DEPTH, &v, err, sizeof(err)) != 0) {
+    int compact;
+    if (agw_json_validate(s, len, AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) != 0) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
     }
-    agw_json_push_ref(L, v);
-    json_decref(v);
+    agw_json_push_raw_ref(L, s, len, compact);
+    return 1;
+}
+
+/* raw(ref) -> string: the text of a raw ref. */
+static int l_raw(lua_State *L)
+{
+    const agw_json_raw_t *r = agw_json_check_raw_ref(L, 1);
+    if (r == NULL)
+        return luaL_typerror(L, 1, "agg.json raw ref");
+    lua_pushlstring(L, r->text, r->len);
+    return 1;
+}
+
+static int l_is_ref(lua_State *L)
+{
+    lua_pushboolean(L, agw_json_is_ref(L, 1));
     return 1;
 }
 
@@ -477,13 +597,18 @@ static int l_encode(lua_State *L)
 static int l_materialize(lua_State *L)
 {
     luaL_checkany(L, 1);
-    json_t *v = agw_json_check_ref(L, 1);
-    if (v == NULL) {
+    void *ud;
+    switch (ref_kind(L, 1, &ud)) {
+    case 1:
+        agw_json_push(L, *(json_t **)ud);
+        return 1;
+    case 2:
+        push_raw(L, ud);
+        return 1;
+    default:
         lua_settop(L, 1);
         return 1;
     }
-    agw_json_push(L, v);
-    return 1;
 }
 
 int agw_json_open(lua_State *L)
@@ -491,10 +616,11 @@ int agw_json_open(lua_State *L)
     static const luaL_Reg funcs[] = {
         {"array", l_array},       {"is_array", l_is_array}, {"int64", l_int64},
         {"is_int64", l_is_int64}, {"setorder", l_setorder}, {"decode", l_decode},
-        {"encode", l_encode},     {"materialize", l_materialize}, {"parse", l_parse}, {NULL, NULL},
+        {"encode", l_encode},     {"materialize", l_materialize}, {"parse", l_parse},
+        {"raw", l_raw},           {"is_ref", l_is_ref},       {NULL, NULL},
     };
     ensure_state(L);
-    lua_createtable(L, 0, 9);
+    lua_createtable(L, 0, 12);
     luaL_register(L, NULL, funcs);
     lua_pushlightuserdata(L, NULL);
     lua_setfield(L, -2, "null");

@@ -223,7 +223,7 @@ typedef struct {
     agw_buf_t *out;
     char *err;
     size_t errlen;
-    int order, array, int64, ref; /* absolute stack slots of the registry tables (json.h) */
+    int order, array, int64, ref, raw; /* absolute stack slots of the registry tables (json.h) */
     int failed;
     skey *keys; /* scratch for sorting keys, used as a stack by nested objects */
     size_t nkeys, capkeys;
@@ -462,13 +462,35 @@ static int encode_table(enc_t *e, int t, int depth)
     return lua_isnil(L, -1) ? encode_plain(e, t, depth) : encode_ordered(e, t, depth);
 }
 
+/* A raw ref: its text when that is compact, else the text re-encoded through jansson. */
+static int encode_raw(enc_t *e, const agw_json_raw_t *r, int depth)
+{
+    if (r->compact) {
+        agw_buf_append(e->out, r->text, r->len);
+        return 0;
+    }
+    json_error_t je;
+    json_t *v = json_loadb(r->text, r->len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (v == NULL)
+        return fail(e, depth, "invalid JSON in raw ref");
+    agw_json_encode_value(v, e->out);
+    json_decref(v);
+    return 0;
+}
+
 static int encode_userdata(enc_t *e, int idx, int depth)
 {
     lua_State *L = e->L;
     if (!lua_getmetatable(L, idx))
         return fail(e, depth, "cannot encode userdata");
-    int is_int64 = lua_rawequal(L, -1, e->int64), is_ref = lua_rawequal(L, -1, e->ref);
+    int is_raw = lua_rawequal(L, -1, e->raw), is_int64 = 0, is_ref = 0;
+    if (!is_raw) {
+        is_int64 = lua_rawequal(L, -1, e->int64);
+        is_ref = lua_rawequal(L, -1, e->ref);
+    }
     lua_pop(L, 1);
+    if (is_raw)
+        return encode_raw(e, lua_touserdata(L, idx), depth);
     if (is_int64)
         agw_buf_printf(e->out, "%lld", (long long)*(int64_t *)lua_touserdata(L, idx));
     else if (is_ref)
@@ -528,14 +550,15 @@ int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t err
     enc_t enc = {.L = L, .out = out, .err = err, .errlen = errlen, .capkeys = 64}, *e = &enc;
     e->keys = e->inline_keys;
     int rc;
-    if (!lua_checkstack(L, 12)) {
+    if (!lua_checkstack(L, 13)) {
         rc = fail(e, 0, "out of Lua stack");
     } else {
-        lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_ORDER);
-        lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_ARRAY_MT);
-        lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_INT64_MT);
-        lua_getfield(L, LUA_REGISTRYINDEX, AGW_JSON_REF_MT);
-        e->order = top + 1, e->array = top + 2, e->int64 = top + 3, e->ref = top + 4;
+        agw_json_regget(L, AGW_JSON_K_ORDER);
+        agw_json_regget(L, AGW_JSON_K_ARRAY);
+        agw_json_regget(L, AGW_JSON_K_INT64);
+        agw_json_regget(L, AGW_JSON_K_REF);
+        agw_json_regget(L, AGW_JSON_K_RAW);
+        e->order = top + 1, e->array = top + 2, e->int64 = top + 3, e->ref = top + 4, e->raw = top + 5;
         if (lua_isnil(L, e->order)) { /* module never opened here: no order lists to honour */
             lua_newtable(L);
             lua_replace(L, e->order);

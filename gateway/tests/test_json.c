@@ -441,6 +441,365 @@ static void json_ref_encodes_its_json_t(void)
     lua_close(L); /* __gc releases the last reference */
 }
 
+/* ---- validate-then-lazy: agw_json_validate and raw refs ---- */
+
+typedef struct {
+    const char *s;
+    size_t len;
+} text_t;
+#define T(lit) {lit, sizeof(lit) - 1}
+
+/* Valid JSON texts, each accepted by jansson too. */
+static const text_t valid_texts[] = {
+    T("{}"), T("[]"), T("{\"a\":[1,{\"b\":null}],\"c\":{}}"), T("[[[[[]]]]]"), T("[{},[],{\"\":\"\"}]"),
+    T("0"), T("-0"), T("1e5"), T("1E+5"), T("1e-5"), T("0.5"), T("-0.5e-3"), T("123.456E78"), T("-1.5e-400"),
+    T("9223372036854775807"), T("-9223372036854775808"), T("[9223372036854775807,-9223372036854775808]"),
+    T("9223372036854775808.0"), T("1e308"), T("1.7976931348623157e308"), T("17976931348623157e292"),
+    T("true"), T("false"), T("null"), T("\"\""), T(" \t\r\n 42 \n"), T("\n\"s\"\t"), T("  null  "),
+    T("\"\\\"\\\\\\/\\b\\f\\n\\r\\t\""), T("\"\\u0000\""), T("\"a\\u0000b\""), T("\"\\u00e9\\u20AC\""),
+    T("\"\\ud83d\\ude00\""), T("\"\\uDBFF\\uDFFF\""), T("\"\\uFFFF\""), T("\"\xc2\x80\xdf\xbf\""),
+    T("\"\xe0\xa0\x80\xed\x9f\xbf\xef\xbf\xbf\""), T("\"\xf0\x90\x80\x80\xf4\x8f\xbf\xbf\""), T("\"é😀ไทย\""),
+    T("\"\x7f\""), T("{\"a\":1,\"a\":2}"), T("[ 1 , 2 , { \"k\" : [ ] } ]"),
+    T("\"a long ascii string that spans several eight byte words, with / and ~ and DEL \x7f in it\""),
+};
+
+/* Invalid texts, each rejected by jansson too. */
+static const text_t invalid_texts[] = {
+    T(""), T("   "), T("[1,]"), T("{\"a\":1,}"), T("[1 2]"), T("{\"a\" 1}"), T("{\"a\":}"), T("{a:1}"),
+    T("{1:1}"), T("01"), T("-01"), T("1."), T(".5"), T("+1"), T("-"), T("1e"), T("1e+"), T("1.e5"), T("NaN"),
+    T("Infinity"), T("-Infinity"), T("0x10"), T("'a'"), T("['a']"), T("\"abc"), T("\"abc\\\""), T("\"\\"),
+    T("\"a\x01\""), T("\"a\nb\""), T("\"a\tb\""), T("\"a\0b\""), T("\"\\x41\""), T("\"\\u12\""), T("\"\\u12G4\""),
+    T("\"\\ud800\""), T("\"\\ud800x\""), T("\"\\ud800\\u0041\""), T("\"\\udc00\""), T("\"\\udc00\\ud800\""),
+    T("\"\xff\""), T("\"\x80\""), T("\"\xc0\xaf\""), T("\"\xc1\xbf\""), T("\"\xe0\x80\xaf\""), T("\"\xed\xa0\x80\""),
+    T("\"\xf4\x90\x80\x80\""), T("\"\xf5\x80\x80\x80\""), T("\"\xe2\x82\""), T("\"\xc3\""), T("\"\xf0\x9f\x98\""),
+    T("\"\xc3\x28\""), T("\xef\xbb\xbf{}"), T("[1] [2]"), T("1 2"), T("{}{}"), T("[1] x"), T("truex"), T("tru"),
+    T("nul"), T("True"), T("[1,,2]"), T("[,1]"), T("]"), T("[}"), T("{]"), T("[[]"), T("{\"a\":1"), T("\0"),
+    T("9223372036854775808"), T("-9223372036854775809"), T("12345678901234567890"), T("1e309"), T("-1e309"),
+    T("1.8e308"), T("17976931348623159e292"), T("0.1e310"), T("[1e400]"), T("é"), T("[\"a\"\x80]"),
+};
+
+static int validate(const text_t *t, unsigned depth, int *compact)
+{
+    return agw_json_validate(t->s, t->len, depth, compact, err, sizeof(err));
+}
+
+static void validator_accepts_valid_json(void)
+{
+    for (size_t i = 0; i < sizeof(valid_texts) / sizeof(valid_texts[0]); i++) {
+        int compact = -1;
+        if (validate(&valid_texts[i], AGW_JSON_MAX_DEPTH, &compact) != 0) {
+            fprintf(stderr, "rejected valid #%zu %.*s: %s\n", i, (int)valid_texts[i].len, valid_texts[i].s, err);
+            check_failures++;
+        }
+        CHECK(compact == 0 || compact == 1);
+    }
+    /* a length, not a NUL, ends the text */
+    CHECK(agw_json_validate("[1]xyz", 3, 8, NULL, NULL, 0) == 0);
+    CHECK(agw_json_validate("\"a\"\"", 3, 8, NULL, NULL, 0) == 0);
+}
+
+static void validator_rejects_invalid_json(void)
+{
+    for (size_t i = 0; i < sizeof(invalid_texts) / sizeof(invalid_texts[0]); i++) {
+        int compact = -1;
+        err[0] = '\0';
+        if (validate(&invalid_texts[i], AGW_JSON_MAX_DEPTH, &compact) != -1) {
+            fprintf(stderr, "accepted invalid #%zu %.*s\n", i, (int)invalid_texts[i].len, invalid_texts[i].s);
+            check_failures++;
+        }
+        CHECK(compact == 0);
+        CHECK(err[0] != '\0' && strchr(err, '\n') == NULL);
+    }
+    /* a string cut anywhere inside a multi-byte sequence or escape is rejected */
+    const char *s = "[\"\xf0\x9f\x98\x80\\ud83d\\ude00\"]";
+    for (size_t n = 0; n < strlen(s); n++)
+        CHECK(agw_json_validate(s, n, 8, NULL, NULL, 0) == -1);
+    CHECK(agw_json_validate(s, strlen(s), 8, NULL, NULL, 0) == 0);
+}
+
+static void validator_errors_name_the_byte(void)
+{
+    CHECK(agw_json_validate("[\"ab\xff\"]", 6, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid UTF-8 at byte 4");
+    CHECK(agw_json_validate("[1,]", 4, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 3: expected a value");
+    CHECK(agw_json_validate("{\"a\" 1}", 7, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 5: expected ':'");
+    CHECK(agw_json_validate("[1 2]", 5, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 3: expected ',' or ']'");
+    CHECK(agw_json_validate("{\"a\":1 2", 8, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 7: expected ',' or '}'");
+    CHECK(agw_json_validate("1 x", 3, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 2: expected end of input");
+    CHECK(agw_json_validate("\"abc", 4, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 4: unterminated string");
+    CHECK(agw_json_validate("01", 2, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 0: leading zero in a number");
+    CHECK(agw_json_validate("\"\\ud800\"", 8, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 1: lone surrogate in \\u escape");
+    CHECK(agw_json_validate("[\"a\x01\"]", 5, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 3: control character in string");
+    CHECK(agw_json_validate("[1,9223372036854775808]", 23, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "integer beyond int64 at byte 3");
+    CHECK(agw_json_validate("[1e309]", 7, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "number out of range at byte 1");
+    CHECK(agw_json_validate("", 0, 8, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 0: expected a value");
+}
+
+static void validator_finds_special_bytes_at_every_offset(void)
+{
+    /* a control character, an escape and a 2-byte character at each offset of a 41-byte string,
+     * so every lane of the eight-byte scan and the byte-wise tail are exercised */
+    char s[64];
+    for (size_t i = 0; i < 40; i++) {
+        char want[64];
+        memset(s, 'a', sizeof(s));
+        s[0] = '"';
+        s[42] = '"';
+        s[1 + i] = '\x01';
+        CHECK(agw_json_validate(s, 43, 8, NULL, err, sizeof(err)) == -1);
+        snprintf(want, sizeof(want), "invalid JSON at byte %zu: control character in string", 1 + i);
+        CHECK_STR(err, want);
+        s[1 + i] = '\xc3'; /* é (2 bytes) in place of two a's */
+        s[2 + i] = '\xa9';
+        CHECK(agw_json_validate(s, 43, 8, NULL, err, sizeof(err)) == 0);
+        s[2 + i] = 'a'; /* a lead byte without its continuation */
+        CHECK(agw_json_validate(s, 43, 8, NULL, err, sizeof(err)) == -1);
+        snprintf(want, sizeof(want), "invalid UTF-8 at byte %zu", 1 + i);
+        CHECK_STR(err, want);
+        s[1 + i] = '\\';
+        s[2 + i] = 'n';
+        CHECK(agw_json_validate(s, 43, 8, NULL, err, sizeof(err)) == 0);
+        s[2 + i] = 'q';
+        CHECK(agw_json_validate(s, 43, 8, NULL, err, sizeof(err)) == -1);
+        s[1 + i] = '"'; /* an early end leaves trailing bytes */
+        CHECK(agw_json_validate(s, 43, 8, NULL, err, sizeof(err)) == -1);
+        snprintf(want, sizeof(want), "invalid JSON at byte %zu: expected end of input", 2 + i);
+        CHECK_STR(err, want);
+    }
+}
+
+static void validator_limits_nesting_depth(void)
+{
+    char deep[2 * 2100];
+    for (unsigned n = 1; n <= 300; n++) {
+        memset(deep, '[', n);
+        memset(deep + n, ']', n);
+        CHECK(agw_json_validate(deep, 2 * (size_t)n, AGW_JSON_MAX_DEPTH, NULL, err, sizeof(err)) == (n <= 256 ? 0 : -1));
+    }
+    CHECK_STR(err, "nesting deeper than 256 levels");
+    CHECK(agw_json_validate("{\"a\":{\"b\":[1]}}", 15, 3, NULL, err, sizeof(err)) == 0);
+    CHECK(agw_json_validate("{\"a\":{\"b\":[1]}}", 15, 2, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "nesting deeper than 2 levels");
+    CHECK(agw_json_validate("1", 1, 0, NULL, err, sizeof(err)) == 0);
+    CHECK(agw_json_validate("[]", 2, 0, NULL, err, sizeof(err)) == -1);
+    /* brackets inside strings, escaped quotes included, do not count */
+    const char *s = "[\"[[[[\\\"{{{{\",{\"k[\":1}]";
+    CHECK(agw_json_validate(s, strlen(s), 2, NULL, err, sizeof(err)) == 0);
+    /* jansson's own limit, 2048, caps a larger max_depth; crossing a 64-level word is fine */
+    memset(deep, '[', 2049);
+    memset(deep + 2049, ']', 2049);
+    CHECK(agw_json_validate(deep, 2 * 2049, 100000, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "nesting deeper than 2048 levels");
+    CHECK(agw_json_validate(deep + 1, 2 * 2048, 100000, NULL, err, sizeof(err)) == 0);
+    /* mixed objects and arrays 2048 deep: every level's kind is remembered across 64-bit words */
+    static char mixed[2048 * 5];
+    size_t n = 0;
+    for (int i = 0; i < 2048; i++)
+        n += (size_t)(i % 3 ? (mixed[n] = '[', 1) : (memcpy(mixed + n, "{\"\":", 4), 4));
+    for (int i = 2047; i >= 0; i--)
+        mixed[n++] = i % 3 ? ']' : '}';
+    CHECK(agw_json_validate(mixed, n, 2048, NULL, err, sizeof(err)) == 0);
+    CHECK(n == 6145);
+    mixed[n - 1] = ']'; /* the outermost is an object */
+    CHECK(agw_json_validate(mixed, n, 2048, NULL, err, sizeof(err)) == -1);
+    CHECK_STR(err, "invalid JSON at byte 6144: expected ',' or '}'");
+    CHECK(agw_json_validate("{\"\":[[{\"\":[[]]}]]}", 18, 6, NULL, err, sizeof(err)) == 0);
+    CHECK(agw_json_validate("{\"\":[[{\"\":[[]]}]]}", 18, 5, NULL, err, sizeof(err)) == -1);
+}
+
+static void validator_agrees_with_jansson(void)
+{
+    static const text_t extra[] = {
+        T("1e-400"), T("-0.0"), T("0e0"), T("0E-0"), T("0.0e99999999999999999999"), T("1e99999999999999999999"),
+        T("0.000000000000000000000000000001e338"), T("0.000000000000000000000000000001e339"), T("[-]"),
+        T("[\"\\U0041\"]"), T("[\"\\u004\"]"), T("{\"\\ud83d\\ude00\":1}"), T("{\"\xed\xbf\xbf\":1}"), T("[\"\x7f\x1f\"]"),
+        T("[true,false,null]"), T("[truefalse]"), T("[1true]"), T("-1.7976931348623158e308"),
+        T("1797693134862315807937289714053034150799341327081e260"), T("179769313486231580793728971405303415039934357300e261"),
+    };
+    const text_t *lists[] = {valid_texts, invalid_texts, extra};
+    size_t sizes[] = {sizeof(valid_texts) / sizeof(text_t), sizeof(invalid_texts) / sizeof(text_t), sizeof(extra) / sizeof(text_t)};
+    size_t total = 0;
+    for (int l = 0; l < 3; l++) {
+        for (size_t i = 0; i < sizes[l]; i++, total++) {
+            const text_t *t = &lists[l][i];
+            json_t *v = NULL;
+            char jerr[256];
+            int ours = validate(t, AGW_JSON_MAX_DEPTH, NULL);
+            int theirs = agw_json_parse(t->s, t->len, AGW_JSON_MAX_DEPTH, &v, jerr, sizeof(jerr));
+            if (ours != theirs) {
+                fprintf(stderr, "disagree on %.*s: validate %d (%s), jansson %d (%s)\n", (int)t->len, t->s, ours,
+                        ours ? err : "", theirs, theirs ? jerr : "");
+                check_failures++;
+            }
+            json_decref(v);
+        }
+    }
+    CHECK(total >= 60);
+}
+
+static void nul_after_a_value_is_rejected_though_jansson_skips_it(void)
+{
+    /* jansson 2.14 drops a NUL byte right after a number or a literal ("[1\0]" loads as [1]); the
+     * validator keeps to RFC 8259. Rejecting more than jansson is the safe side: validated text
+     * always parses. */
+    json_t *v;
+    CHECK(agw_json_parse("[1\0]", 4, 8, &v, err, sizeof(err)) == 0);
+    json_decref(v);
+    CHECK(agw_json_validate("[1\0]", 4, 8, NULL, err, sizeof(err)) == -1);
+    CHECK(agw_json_validate("true\0", 5, 8, NULL, err, sizeof(err)) == -1);
+    CHECK(agw_json_validate("1\0 ", 3, 8, NULL, err, sizeof(err)) == -1);
+}
+
+static void validator_reports_compact_text(void)
+{
+    static const struct {
+        const char *s;
+        int compact;
+    } cases[] = {
+        {"{\"a\":[1,2],\"b\":\"x y\\n\"}", 1}, {"\" spaces inside \"", 1}, {"[]", 1}, {"42", 1},
+        {"{\"a\": 1}", 0}, {"[1, 2]", 0}, {" 42", 0}, {"42\n", 0}, {"{\n\"a\":1}", 0}, {"[\t]", 0}, {"{ }", 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int compact = -1;
+        CHECK(agw_json_validate(cases[i].s, strlen(cases[i].s), 8, &compact, err, sizeof(err)) == 0);
+        if (compact != cases[i].compact) {
+            fprintf(stderr, "compact of %s: got %d\n", cases[i].s, compact);
+            check_failures++;
+        }
+    }
+}
+
+/* Validates in and pushes it as a raw ref. */
+static void push_raw(lua_State *L, const char *in)
+{
+    int compact;
+    CHECK(agw_json_validate(in, strlen(in), AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) == 0);
+    agw_json_push_raw_ref(L, in, strlen(in), compact);
+}
+
+static void raw_ref_encodes_verbatim_when_compact(void)
+{
+    lua_State *L = new_state();
+    /* verbatim: the upstream's own spelling of numbers and escapes survives */
+    const char *in = "{\"z\":1E2,\"a\":\"\\u00e9\\/\",\"big\":9223372036854775807,\"n\":null,\"e\":[],\"o\":{}}";
+    push_raw(L, in);
+    const agw_json_raw_t *r = agw_json_check_raw_ref(L, -1);
+    CHECK(r != NULL && r->compact == 1 && r->len == strlen(in) && r->text[r->len] == '\0');
+    CHECK(agw_json_check_ref(L, -1) == NULL && agw_json_is_ref(L, -1));
+    agw_buf_reset(&out);
+    CHECK(agw_json_encode(L, -1, &out, err, sizeof(err)) == 0);
+    CHECK_STR(out.base, in);
+    lua_settop(L, 0);
+    lua_close(L);
+}
+
+static void raw_ref_with_whitespace_encodes_via_jansson(void)
+{
+    lua_State *L = new_state();
+    push_raw(L, " { \"z\" : 1E2 ,\n \"a\" : [ 1.0 , \"\\u00e9\" ] , \"s\" : \"a b\" } ");
+    CHECK(agw_json_check_raw_ref(L, -1)->compact == 0);
+    agw_buf_reset(&out);
+    CHECK(agw_json_encode(L, -1, &out, err, sizeof(err)) == 0);
+    CHECK_STR(out.base, "{\"z\":100.0,\"a\":[1.0,\"é\"],\"s\":\"a b\"}");
+    /* compact = 0 from a caller that did not know is always safe */
+    agw_json_push_raw_ref(L, "[1E2]", 5, 0);
+    agw_buf_reset(&out);
+    CHECK(agw_json_encode(L, -1, &out, err, sizeof(err)) == 0);
+    CHECK_STR(out.base, "[100.0]");
+    lua_settop(L, 0);
+    lua_close(L);
+}
+
+static void raw_ref_that_does_not_parse_is_an_error_not_a_crash(void)
+{
+    lua_State *L = new_state();
+    agw_json_push_raw_ref(L, "[1,", 3, 0); /* breaks the contract on purpose */
+    lua_setglobal(L, "bad");
+    CHECK(lua_encode(L, "{x = {bad}}") == NULL);
+    CHECK_STR(err, "invalid JSON in raw ref at $.x[0]");
+    check_lua(L, "local ok, e = pcall(json.materialize, bad); return not ok and e:find('raw ref does not parse') ~= nil");
+    lua_close(L);
+}
+
+static void raw_ref_materializes_like_a_tree_ref(void)
+{
+    lua_State *L = new_state();
+    const char *in = "{\"z\":1,\"a\":[],\"m\":{},\"big\":9007199254740993,\"r\":4.6,\"s\":\"a\\u0000b\",\"n\":null,"
+                     "\"t\":[true,false,{\"q\":[1,2]}]}";
+    json_t *v;
+    CHECK(agw_json_parse(in, strlen(in), AGW_JSON_MAX_DEPTH, &v, err, sizeof(err)) == 0);
+    agw_json_push_ref(L, v);
+    json_decref(v);
+    lua_setglobal(L, "tree");
+    push_raw(L, in);
+    lua_setglobal(L, "raw");
+    /* the two materializations encode to the same bytes, key order included, even after edits */
+    run_lua(L, "a = json.materialize(tree); b = json.materialize(raw)\n"
+               "a.z = nil; b.z = nil; a.y = 2; b.y = 2; a.z = 3; b.z = 3");
+    const char *ea = lua_encode(L, "a");
+    char *copy = ea ? strdup(ea) : NULL;
+    CHECK_STR(lua_encode(L, "b"), copy ? copy : "(a failed)");
+    CHECK_STR(copy, "{\"z\":3,\"a\":[],\"m\":{},\"big\":9007199254740993,\"r\":4.6,\"s\":\"a\\u0000b\",\"n\":null,"
+                    "\"t\":[true,false,{\"q\":[1,2]}],\"y\":2}");
+    free(copy);
+    check_lua(L, "return json.is_array(b.a) and not json.is_array(b.m) and json.is_int64(b.big) and #b.s == 3\n"
+                 "  and b.n == json.null and b.t[3].q[2] == 2 and json.materialize(raw) ~= b");
+    /* scalars at the top level */
+    check_lua(L, "return json.materialize(json.parse(' 42 ')) == 42 and json.materialize(json.parse('\"x\"')) == 'x'\n"
+                 "  and json.materialize(json.parse('null')) == json.null");
+    lua_close(L);
+}
+
+static void raw_ref_inside_a_lua_table_encodes(void)
+{
+    lua_State *L = new_state();
+    push_raw(L, "{\"id\":42,\"tags\":[]}");
+    lua_setglobal(L, "p");
+    push_raw(L, "[ 1.0 , 2 ]");
+    lua_setglobal(L, "q");
+    CHECK_STR(lua_encode(L, "{product = p, nums = q, list = {p, q}, n = json.parse('null')}"),
+              "{\"list\":[{\"id\":42,\"tags\":[]},[1.0,2]],\"n\":null,\"nums\":[1.0,2],\"product\":{\"id\":42,\"tags\":[]}}");
+    lua_close(L);
+}
+
+static void json_parse_returns_a_raw_ref(void)
+{
+    lua_State *L = new_state();
+    check_lua(L, "local r = json.parse('{\"a\":[1,2]}'); return json.is_ref(r) and json.raw(r) == '{\"a\":[1,2]}'\n"
+                 "  and json.materialize(r).a[2] == 2 and tostring(r):find('agg.json.raw') == 1\n"
+                 "  and json.encode({x = r}) == '{\"x\":{\"a\":[1,2]}}'");
+    check_lua(L, "local r = json.parse(' [ \"a\\\\u0000b\" ] '); return json.raw(r) == ' [ \"a\\\\u0000b\" ] '\n"
+                 "  and json.encode(r) == '[\"a\\\\u0000b\"]'");
+    check_lua(L, "local r, e = json.parse('[1,'); return r == nil and e == 'invalid JSON at byte 3: expected a value'");
+    check_lua(L, "local r, e = json.parse(string.rep('[', 257) .. string.rep(']', 257))\n"
+                 "return r == nil and e == 'nesting deeper than 256 levels'");
+    check_lua(L, "return not pcall(json.raw, {}) and not pcall(json.raw, json.decode('[]')) and not json.is_ref({})\n"
+                 "  and not json.is_ref(json.int64(1))");
+    lua_close(L);
+}
+
+static void raw_refs_need_no_finalizer(void)
+{
+    lua_State *L = new_state();
+    check_lua(L, "local r = json.parse('[1]'); return getmetatable(r) ~= nil and getmetatable(r).__gc == nil");
+    /* many raw refs, some materialized, collected with the state: ASan sees no leak */
+    run_lua(L, "for i = 1, 1000 do local r = json.parse('{\"i\":' .. i .. '}'); if i % 3 == 0 then json.materialize(r) end end\n"
+               "collectgarbage()");
+    lua_close(L);
+}
+
 static void opening_twice_reuses_metatables(void)
 {
     lua_State *L = new_state();
@@ -490,6 +849,21 @@ int main(void)
     RUN(setorder_is_honoured);
     RUN(decode_and_encode_from_lua);
     RUN(json_ref_encodes_its_json_t);
+    RUN(validator_accepts_valid_json);
+    RUN(validator_rejects_invalid_json);
+    RUN(validator_errors_name_the_byte);
+    RUN(validator_finds_special_bytes_at_every_offset);
+    RUN(validator_limits_nesting_depth);
+    RUN(validator_agrees_with_jansson);
+    RUN(nul_after_a_value_is_rejected_though_jansson_skips_it);
+    RUN(validator_reports_compact_text);
+    RUN(raw_ref_encodes_verbatim_when_compact);
+    RUN(raw_ref_with_whitespace_encodes_via_jansson);
+    RUN(raw_ref_that_does_not_parse_is_an_error_not_a_crash);
+    RUN(raw_ref_materializes_like_a_tree_ref);
+    RUN(raw_ref_inside_a_lua_table_encodes);
+    RUN(json_parse_returns_a_raw_ref);
+    RUN(raw_refs_need_no_finalizer);
     RUN(opening_twice_reuses_metatables);
     RUN(encoder_works_before_module_is_opened);
     agw_buf_free(&out);
