@@ -1,0 +1,129 @@
+"""`aggway check -c DIR` validates gateway.lua and every script like `nginx -t`: exit 0 when the
+folder is valid, 1 with "file:line: message" naming the option when not. `aggway serve` on an
+invalid folder exits non-zero and serves nothing."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (AGGWAY_BIN, SOURCE_DIR, endpoint, free_port, gateway_lua, repo_scripts, run_aggway,  # noqa: E402
+                     stop_process, tcp_connects, write_scripts, main)
+
+UPSTREAMS = {"product": {"url": "http://127.0.0.1:9001", "timeout_ms": 150},
+             "reviews": {"url": "http://127.0.0.1:9002"},
+             "inventory": {"url": "http://127.0.0.1:9003"}}
+
+
+class CheckCommand(unittest.TestCase):
+
+    def setUp(self):
+        self.workdir = tempfile.mkdtemp(prefix="aggway-check-")
+        self.addCleanup(shutil.rmtree, self.workdir, True)
+        self.port = free_port()
+
+    def folder(self, gateway_source=None, scripts=None):
+        d = tempfile.mkdtemp(dir=self.workdir)
+        write_scripts(d, repo_scripts() if scripts is None else scripts,
+                      gateway_source or gateway_lua(self.port, UPSTREAMS))
+        return d
+
+    def check(self, d):
+        p = run_aggway("check", "-c", d)
+        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+    def assertInvalid(self, d, file, line, *words):
+        rc, out, err = self.check(d)
+        self.assertEqual(rc, 1, out + err)
+        self.assertRegex(err, re.escape(os.path.join(d, file)) + ":%d:" % line, err)
+        for w in words:
+            self.assertIn(w, err)
+        return err
+
+    def test_check_repo_scripts_folder_is_valid(self):
+        rc, out, err = self.check(os.path.join(SOURCE_DIR, "scripts"))
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("valid", out)
+
+    def test_check_valid_folder_exits_0(self):
+        rc, out, err = self.check(self.folder())
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("2 routes", out)
+
+    def test_check_typo_in_gateway_lua_key_names_file_line_and_option(self):
+        src = ('return {\n'
+               '  listen = { { port = %d } },\n'
+               '  upstreams = {\n'
+               '    product = { url = "http://127.0.0.1:9001",\n'
+               '                timout_ms = 150 },\n'
+               '    reviews = { url = "http://127.0.0.1:9002" },\n'
+               '    inventory = { url = "http://127.0.0.1:9003" },\n'
+               '  },\n'
+               '}\n') % self.port
+        err = self.assertInvalid(self.folder(src), "gateway.lua", 5, "timout_ms")
+        self.assertIn("timeout_ms", err, "a suggestion of the right name")
+
+    def test_check_typo_in_top_level_key(self):
+        src = gateway_lua(self.port, UPSTREAMS).replace("deadline_ms", "deadlin_ms")
+        line = src.splitlines().index([l for l in src.splitlines() if "deadlin_ms" in l][0]) + 1
+        self.assertInvalid(self.folder(src), "gateway.lua", line, "deadlin_ms")
+
+    def test_check_wrong_type_names_the_option(self):
+        src = gateway_lua(self.port, UPSTREAMS).replace("timeout_ms = 150", 'timeout_ms = "150"')
+        line = [i for i, l in enumerate(src.splitlines(), 1) if 'timeout_ms = "150"' in l][0]
+        self.assertInvalid(self.folder(src), "gateway.lua", line, "timeout_ms")
+
+    def test_check_syntax_error_in_a_script_names_file_and_line(self):
+        bad = 'local agg = require "agg"\nreturn {\n  route = "GET /x",\n  handler = function(req)\n    return {\n  end,\n}\n'
+        scripts = dict(repo_scripts(), **{"broken.lua": bad})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        self.assertRegex(err, r"broken\.lua:6: unexpected symbol", err)
+
+    def test_check_unknown_upstream_url_scheme_names_file_line_and_url(self):
+        ups = dict(UPSTREAMS, reviews={"url": "ftp://127.0.0.1:9002"})
+        src = gateway_lua(self.port, ups)
+        line = [i for i, l in enumerate(src.splitlines(), 1) if "ftp://" in l][0]
+        self.assertInvalid(self.folder(src), "gateway.lua", line, "url", "ftp://")
+
+    def test_check_route_conflict_names_both_scripts(self):
+        dup = endpoint("GET /product-page/{pid}", "    return { status = 200, body = 'x' }")
+        scripts = dict(repo_scripts(), **{"zz-dup.lua": dup})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        self.assertRegex(err, r"zz-dup\.lua:3: .*GET /product-page/\{pid\}", err)
+        self.assertIn("product-page.lua", err)
+
+    def test_check_unknown_upstream_port_out_of_range(self):
+        ups = dict(UPSTREAMS, reviews={"url": "http://127.0.0.1:99999"})
+        src = gateway_lua(self.port, ups)
+        line = [i for i, l in enumerate(src.splitlines(), 1) if "99999" in l][0]
+        self.assertInvalid(self.folder(src), "gateway.lua", line, "url")
+
+    def test_check_reports_every_error_not_only_the_first(self):
+        src = gateway_lua(self.port, UPSTREAMS).replace("deadline_ms", "deadlin_ms").replace(
+            "timeout_ms = 150", "timout_ms = 150")
+        rc, _out, err = self.check(self.folder(src))
+        self.assertEqual(rc, 1)
+        self.assertIn("deadlin_ms", err)
+        self.assertIn("timout_ms", err)
+
+    def test_serve_on_invalid_folder_exits_nonzero_without_serving(self):
+        src = gateway_lua(self.port, UPSTREAMS).replace("timeout_ms = 150", "timout_ms = 150")
+        d = self.folder(src)
+        proc = subprocess.Popen([AGGWAY_BIN, "serve", "-c", d], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            stop_process(proc)
+            self.fail("aggway serve kept running on an invalid folder")
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn(b"timout_ms", err)
+        self.assertFalse(tcp_connects(self.port), "nothing may listen on the configured port")
+
+
+if __name__ == "__main__":
+    main()

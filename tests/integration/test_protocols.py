@@ -1,0 +1,73 @@
+"""The product page over every protocol the gateway speaks: HTTP/1.1, h2c with prior knowledge
+(curl and nghttp), h2 over TLS negotiated with ALPN, and HTTP/1.1 over TLS. The page is the same
+bytes whichever way it is asked for."""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import GatewayTestCase, demo_services, nghttp, main  # noqa: E402
+
+
+class Protocols(GatewayTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.start(services=demo_services(product_ms=5, reviews_ms=10, inventory_ms=2), tls=True)
+        self.reference = self.get("/product-page/42")
+        self.assertEqual(self.reference.status, 200, self.reference)
+
+    def assertSamePage(self, r):
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.body, self.reference.body)
+        self.assertEqual(r.headers.get("x-aggregation-completed"), "true", r)
+        self.assertTrue(r.headers.get("content-type", "").startswith("application/json"), r)
+
+    def test_product_page_over_http1_1(self):
+        r = self.get("/product-page/42", "--http1.1")
+        self.assertEqual(r.http_version, "1.1")
+        self.assertSamePage(r)
+
+    def test_product_page_over_h2c_prior_knowledge_with_curl(self):
+        r = self.get_h2c("/product-page/42")
+        self.assertEqual(r.http_version, "2", r)
+        self.assertSamePage(r)
+
+    def test_product_page_over_h2c_prior_knowledge_with_nghttp(self):
+        status, headers, out = nghttp(self.url("/product-page/42"))
+        self.assertEqual(status, 200, out)
+        self.assertEqual(headers.get("x-aggregation-completed"), "true", out)
+        self.assertIn(self.reference.body.decode(), out)
+
+    def test_product_page_over_h2_with_tls_alpn(self):
+        r = self.get_tls("/product-page/42", h2=True)
+        self.assertEqual(r.http_version, "2", r)
+        self.assertSamePage(r)
+
+    def test_product_page_over_http1_1_with_tls(self):
+        r = self.get_tls("/product-page/42", h2=False)
+        self.assertEqual(r.http_version, "1.1", r)
+        self.assertSamePage(r)
+
+    def test_errors_are_problems_over_tls_too(self):
+        r = self.get_tls("/nope", h2=True)
+        self.assertEqual(r.status, 404, r)
+        self.assertTrue(r.headers.get("content-type", "").startswith("application/problem+json"), r)
+
+    def test_several_requests_on_one_h2_connection_with_nghttp(self):
+        # nghttp sends every URI given on one connection, as concurrent streams
+        _status, _headers, out = nghttp(self.url("/product-page/1"), self.url("/product-page/2"),
+                                        self.url("/product-page/3"), self.url("/nope"))
+        statuses = re.findall(r"recv \(stream_id=\d+\) :status: (\d+)", out)
+        self.assertEqual(sorted(statuses), ["200", "200", "200", "404"], out)
+
+    def test_http1_keep_alive_serves_several_requests_on_one_connection(self):
+        url = self.url("/product-page/42")
+        from harness import curl
+        r = curl(url, "--http1.1", "-o", "/dev/null", url, workdir=self.workdir)  # two URLs, one connection
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.mock.stats()["product"]["requests"], 3)
+
+
+if __name__ == "__main__":
+    main()
