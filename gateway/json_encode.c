@@ -462,19 +462,36 @@ static int encode_table(enc_t *e, int t, int depth)
     return lua_isnil(L, -1) ? encode_plain(e, t, depth) : encode_ordered(e, t, depth);
 }
 
-/* A raw ref: its text when that is compact, else the text re-encoded through jansson. */
+/* A raw ref: its validated text, without the whitespace outside strings (so an upstream that
+ * pretty-prints gives the same page as one that does not; DESIGN §2.3 "as it went in"). */
 static int encode_raw(enc_t *e, const agw_json_raw_t *r, int depth)
 {
+    (void)depth;
     if (r->compact) {
         agw_buf_append(e->out, r->text, r->len);
         return 0;
     }
-    json_error_t je;
-    json_t *v = json_loadb(r->text, r->len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-    if (v == NULL)
-        return fail(e, depth, "invalid JSON in raw ref");
-    agw_json_encode_value(v, e->out);
-    json_decref(v);
+    agw_buf_reserve(e->out, r->len);
+    char *out = e->out->base + e->out->len;
+    size_t n = 0;
+    int in_string = 0;
+    for (size_t i = 0; i < r->len; i++) {
+        char c = r->text[i];
+        if (in_string) {
+            out[n++] = c;
+            if (c == '\\' && i + 1 < r->len)
+                out[n++] = r->text[++i];
+            else if (c == '"')
+                in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+            out[n++] = c;
+        } else if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+            out[n++] = c;
+        }
+    }
+    e->out->len += n;
+    e->out->base[e->out->len] = '\0';
     return 0;
 }
 

@@ -287,26 +287,31 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     lua_pushnumber(L, (lua_Number)id);
     lua_pushstring(L, agw_call_outcome_name(res->outcome));
     lua_pushinteger(L, res->http_status);
+    /* a 2xx JSON body is only validated here (DESIGN §2.3 limits); it becomes Lua tables when a
+     * script reads it, and goes into the page as text when none does. Its raw ref also serves
+     * result.body, so the body is not copied twice. */
+    int json_body = res->outcome == AGW_CALL_OK && decode && res->http_status >= 200 && res->http_status < 300 &&
+                    res->body_len > 0;
+    char err[256];
+    int compact = 0;
+    if (json_body && agw_json_validate(res->body, res->body_len, AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) != 0)
+        json_body = -1; /* not JSON: the failed call carries the body and the reason */
     if (res->outcome == AGW_CALL_OK) {
         push_headers(w, res->headers, res->num_headers);
-        lua_pushlstring(L, res->body ? res->body : "", res->body_len);
+        if (json_body == 1)
+            lua_pushnil(L);
+        else
+            lua_pushlstring(L, res->body ? res->body : "", res->body_len);
     } else {
         lua_pushnil(L);
         lua_pushnil(L);
     }
-    if (res->outcome == AGW_CALL_OK && decode && res->http_status >= 200 && res->http_status < 300 &&
-        res->body_len > 0) {
-        json_t *j = NULL;
-        char err[256];
-        if (agw_json_parse(res->body, res->body_len, AGW_JSON_MAX_DEPTH, &j, err, sizeof(err)) == 0) {
-            agw_json_push_ref(L, j);
-            json_decref(j);
-        } else {
-            lua_pushstring(L, err);
-        }
-    } else {
+    if (json_body == 1)
+        agw_json_push_raw_ref(L, res->body, res->body_len, compact);
+    else if (json_body == -1)
+        lua_pushstring(L, err);
+    else
         lua_pushnil(L);
-    }
     lua_pushnumber(L, res->elapsed_ms);
     if (res->detail)
         lua_pushstring(L, res->detail);

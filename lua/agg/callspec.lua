@@ -92,7 +92,7 @@ function M.normalize(spec, upstreams, level)
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
     required = spec.required == true, fallback = spec.fallback, has_fallback = spec.fallback ~= nil,
     headers = false, body = false, ctx = false, section = false, group = false, chain = false,
-    ref = false, raw_headers = false,
+    ref = false, body_ref = false, raw_headers = false,
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)

@@ -55,6 +55,15 @@ local result_mt = {
         rawset(t, "headers", h)
         return h
       end
+    elseif k == "body" then
+      -- the text of a JSON body, kept once in its raw ref until someone asks for it
+      local info = result_info[t]
+      local ref = info and info.body_ref
+      if ref then
+        local b = json.raw(ref)
+        rawset(t, "body", b)
+        return b
+      end
     elseif k == "data" then
       local info = result_info[t]
       local ref = info and info.ref
@@ -248,6 +257,7 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
                              headers = headers }, result_mt)
     result_info[r] = spec
     spec.ref = data
+    if body == nil then spec.body_ref = data end -- the transport sent the text only in the ref
     return deliver(rec.group, section, rec.chain, r)
   end
   local r = new_result(section, spec)

@@ -214,12 +214,17 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
     finish(at, "too_large", nil, nil, nil, nil, "body over max_body_bytes") return id
   end
   if rheaders["content-type"] == nil and (ans.json ~= nil or fault) then rheaders["content-type"] = "application/json" end
+  -- as the C transport does: a valid JSON body travels only as its raw ref
   local data
   if decode and status >= 200 and status < 300 and #rbody > 0 then
     local ref, err = json.parse(rbody)
     data = ref or err
+    if ref then rbody = nil end
   end
-  finish(at, "ok", status, rheaders, rbody, data, nil)
+  local hstr = {}
+  for k, v in pairs(rheaders) do hstr[#hstr + 1] = k .. "\0" .. v .. "\0" end
+  table.sort(hstr)
+  finish(at, "ok", status, table.concat(hstr), rbody, data, nil)
   return id
 end
 
