@@ -391,28 +391,11 @@ void agw_json_push(lua_State *L, json_t *v)
     lua_pop(L, 1);
 }
 
-/* Pushes a raw ref's JSON as Lua values. Validated text parses, but a failure raises anyway. */
+/* Pushes a raw ref's JSON as Lua values, straight from its validated text (json_push.c). */
 static void push_raw(lua_State *L, const agw_json_raw_t *r)
 {
-    json_error_t je;
-    /* no depth pre-scan: the text was validated, and jansson stops at its own limit anyway */
-    json_t *v = json_loadb(r->text, r->len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-    if (v == NULL) {
-        char err[200];
-        load_error(&je, err, sizeof(err));
-        luaL_error(L, "agg.json: raw ref does not parse: %s", err);
-        return;
-    }
     ensure_state(L);
-    agw_json_regget(L, AGW_JSON_K_PENDING);
-    json_t **pending = lua_touserdata(L, -1); /* kept alive by the registry */
-    lua_pop(L, 1);
-    if (*pending) /* left by a push that raised */
-        json_decref(*pending);
-    *pending = v;
-    agw_json_push(L, v);
-    *pending = NULL;
-    json_decref(v);
+    agw_json_push_text(L, r->text);
 }
 
 /* ---- the agg.json module ---- */
@@ -529,17 +512,13 @@ static int l_decode(lua_State *L)
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
     char err[160];
-    json_t *v;
-    if (agw_json_parse(s, len, AGW_JSON_MAX_DEPTH, &v, err, sizeof(err)) != 0) {
+    if (agw_json_validate(s, len, AGW_JSON_MAX_DEPTH, NULL, err, sizeof(err)) != 0) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
     }
-    lua_settop(L, 0);
-    /* a push error (out of Lua stack) must not leak v: hand it to a ref first */
-    agw_json_push_ref(L, v);
-    json_decref(v);
-    agw_json_push(L, v);
+    ensure_state(L);
+    agw_json_push_text(L, s); /* Lua strings end in NUL, as push_text needs */
     return 1;
 }
 

@@ -124,6 +124,11 @@ json_t *agw_json_check_ref(lua_State *L, int idx);
  * Raises a Lua error only when memory runs out (or len exceeds LuaJIT's userdata limit, 2 GB). */
 void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact);
 
+/* Pushes the Lua values of text, which must be NUL-terminated JSON that agw_json_validate accepted
+ * with max_depth <= AGW_JSON_MAX_DEPTH (nothing is checked again). The values are those
+ * agw_json_push gives for jansson's tree of the same text. Needs the module opened in L. */
+void agw_json_push_text(lua_State *L, const char *text);
+
 /* If the value at idx is a raw ref, returns its body (borrowed: valid while the ref is alive; text
  * is NUL-terminated), else NULL. */
 const agw_json_raw_t *agw_json_check_raw_ref(lua_State *L, int idx);
