@@ -92,7 +92,8 @@ function M.init(transport, ups, eps)
   core, upstreams, endpoints = transport, ups, eps
   contexts, calls = {}, {}
   -- pages allocate many short-lived tables and keep little: collect less often (heap up to 4x live)
-  collectgarbage("setpause", 400)
+  collectgarbage("setpause", 200)
+  collectgarbage("setstepmul", 2000)
 end
 
 function M.endpoints() return endpoints end
@@ -242,6 +243,10 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   if rec == nil then return end
   calls[id] = nil
   local ctx, spec, section = rec.ctx, rec, rec.section
+  local group, chain = rec.group, rec.chain
+  -- the spec becomes the result's info (a weak-keyed entry): it must not lead back to the result
+  -- through the group, or the entry would never be collected (Lua 5.1 has no ephemerons)
+  rec.ctx, rec.group, rec.chain = false, false, false
   ctx.inflight[id] = nil
   if ctx.done then return end
   local timings = ctx.timings
@@ -258,7 +263,7 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
     result_info[r] = spec
     spec.ref = data
     if body == nil then spec.body_ref = data end -- the transport sent the text only in the ref
-    return deliver(rec.group, section, rec.chain, r)
+    return deliver(group, section, chain, r)
   end
   local r = new_result(section, spec)
   r.ms = ms
@@ -272,7 +277,7 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   else
     fail(ctx, r, problem.for_outcome(outcome, section, spec.upstream, detail), spec)
   end
-  deliver(rec.group, section, rec.chain, r)
+  deliver(group, section, chain, r)
 end
 
 local is_then
@@ -609,6 +614,7 @@ end
 finish_request = function(ctx, ok, resp, co)
   if ctx.done then return end
   ctx.done = true
+  ctx_of[ctx.co] = nil -- ctx leads back to its coroutine: a weak-keyed entry would never go
   contexts[ctx.rid] = nil
   for id in pairs(ctx.inflight) do
     core.cancel(id)
@@ -724,6 +730,7 @@ function M.abort(rid)
   if not ctx then return end
   ctx.done = true
   contexts[rid] = nil
+  ctx_of[ctx.co] = nil -- its coroutine is never resumed: let it be collected
   for id in pairs(ctx.inflight) do
     core.cancel(id)
     calls[id] = nil
