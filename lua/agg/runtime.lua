@@ -91,9 +91,12 @@ local result_mt = {
 function M.init(transport, ups, eps)
   core, upstreams, endpoints = transport, ups, eps
   contexts, calls = {}, {}
-  -- pages allocate many short-lived tables and keep little: collect less often (heap up to 4x live)
+  -- pages allocate many short-lived tables and keep little. The default pause (a cycle when the
+  -- heap doubles) with a fast collector (stepmul 1000) keeps the heap at a few MB under load; a
+  -- longer pause lets garbage allocated during a cycle count as live, and the heap runs away
+  -- (measured: 285 MB after 60,000 pages at pause 400, 2 MB at pause 200 / stepmul 1000)
   collectgarbage("setpause", 200)
-  collectgarbage("setstepmul", 2000)
+  collectgarbage("setstepmul", 1000)
 end
 
 function M.endpoints() return endpoints end
