@@ -480,6 +480,22 @@ static int l_setorder(lua_State *L)
         return 1;
     }
     luaL_checktype(L, 2, LUA_TTABLE);
+    /* a key list made by keys() is already checked and never changes: share it, no copy */
+    lua_getfield(L, LUA_REGISTRYINDEX, "agw.json.frozen");
+    if (lua_istable(L, -1)) {
+        lua_pushvalue(L, 2);
+        lua_rawget(L, -2);
+        int frozen = lua_toboolean(L, -1);
+        lua_pop(L, 2);
+        if (frozen) {
+            lua_pushvalue(L, 2);
+            lua_rawset(L, 3);
+            lua_settop(L, 1);
+            return 1;
+        }
+    } else {
+        lua_pop(L, 1);
+    }
     int n = (int)lua_objlen(L, 2);
     lua_createtable(L, n, 0); /* 5: the copy */
     lua_createtable(L, 0, n); /* 6: seen */
@@ -504,6 +520,38 @@ static int l_setorder(lua_State *L)
     lua_pop(L, 1);
     lua_rawset(L, 3);
     lua_settop(L, 1);
+    return 1;
+}
+
+/* keys(list) -> a checked, de-duplicated copy of list that setorder shares instead of copying;
+ * for key orders fixed in code (a page section's status, data, error). Do not change it later. */
+static int l_keys(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+    lua_newtable(L);     /* 2: scratch table for setorder to fill */
+    lua_pushcfunction(L, l_setorder);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 1);
+    lua_call(L, 2, 0);   /* checks and copies the list into the order table */
+    agw_json_regget(L, AGW_JSON_K_ORDER);
+    lua_pushvalue(L, 2);
+    lua_rawget(L, -2);   /* the copy */
+    lua_getfield(L, LUA_REGISTRYINDEX, "agw.json.frozen");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_createtable(L, 0, 1);
+        lua_pushliteral(L, "k");
+        lua_setfield(L, -2, "__mode");
+        lua_setmetatable(L, -2);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, "agw.json.frozen");
+    }
+    lua_pushvalue(L, -2);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
     return 1;
 }
 
@@ -595,7 +643,7 @@ int agw_json_open(lua_State *L)
     static const luaL_Reg funcs[] = {
         {"array", l_array},       {"is_array", l_is_array}, {"int64", l_int64},
         {"is_int64", l_is_int64}, {"setorder", l_setorder}, {"decode", l_decode},
-        {"encode", l_encode},     {"materialize", l_materialize}, {"parse", l_parse},
+        {"encode", l_encode},     {"materialize", l_materialize}, {"parse", l_parse}, {"keys", l_keys},
         {"raw", l_raw},           {"is_ref", l_is_ref},       {NULL, NULL},
     };
     ensure_state(L);

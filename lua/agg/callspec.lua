@@ -51,7 +51,7 @@ end
 
 --- Normalizes spec for the upstreams table (name -> { index, timeout_ms }). level is the error()
 -- level that points at the script line. Returns { upstream, index, method, path, headers (flat
--- list name, value, …) or nil, body or nil, timeout_ms, decode, required, fallback, has_fallback }.
+-- list name, value, …) or false, body or false, timeout_ms, decode, required, fallback }.
 function M.normalize(spec, upstreams, level)
   level = level + 1
   if type(spec) ~= "table" then
@@ -88,9 +88,9 @@ function M.normalize(spec, upstreams, level)
   -- the scheduler keeps its per-call state in this table too (ctx … ref): the fields are
   -- present from the start so the table never grows
   local n = {
-    upstream = name, index = up.index, path = path, method = spec.method or "GET",
+    upstream = name, path = path, method = spec.method or "GET",
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
-    required = spec.required == true, fallback = spec.fallback, has_fallback = spec.fallback ~= nil,
+    required = spec.required == true, fallback = spec.fallback,
     headers = false, body = false, ctx = false, section = false, group = false, chain = false,
     ref = false, body_ref = false, raw_headers = false,
   }

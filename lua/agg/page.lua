@@ -10,11 +10,12 @@
 local json = require "agg.json"
 local problem = require "agg.problem"
 local rt = require "agg.runtime"
+local new_tab = require "table.new"
 
 local M = {}
 
-local SECTION_ORDER = { "status", "data", "error" }
-local SUMMARY_ORDER = { "status", "error" }
+local SECTION_ORDER = json.keys { "status", "data", "error" }
+local SUMMARY_ORDER = json.keys { "status", "error" }
 
 local function page_status(failed)
   local p = failed.error or {}
@@ -37,14 +38,14 @@ end
 function M.page(results, opts)
   if type(results) ~= "table" then error("agg.page expects the results table of agg.fetch_all", 2) end
   if opts ~= nil and type(opts) ~= "table" then error("agg.page: options must be a table", 2) end
-  local keys, n = {}, 0
+  local keys, n = new_tab(4, 0), 0
   for k in pairs(results) do
     if type(k) ~= "string" then error("agg.page: section names must be strings, got " .. type(k), 2) end
     n = n + 1
     keys[n] = k
   end
   table.sort(keys) -- the first failed required section decides the status: the same one every time
-  local body = {} -- sections encode in sorted key order: a plain table's keys are written sorted
+  local body = new_tab(0, 4) -- sections encode in sorted key order: a plain table's keys are written sorted
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local failed_required
   for _, k in ipairs(keys) do

@@ -6,7 +6,7 @@ local json = require "agg.json"
 
 local M = {}
 
-local ORDER = { "type", "title", "status", "detail", "sections" }
+local ORDER = json.keys { "type", "title", "status", "detail", "sections" }
 local PREFIX = "urn:aggway:problem:"
 
 --- Builds a problem table.

@@ -20,6 +20,9 @@ local callspec = require "agg.callspec"
 
 local M = {}
 
+-- table.new(narray, nhash): a table with room for what it will hold, so it never grows
+local new_tab = require "table.new"
+
 local core                                             -- transport and clock
 local upstreams = {}                                   -- name -> { index, timeout_ms }
 local endpoints = {}                                   -- index -> endpoint (loader.lua)
@@ -187,7 +190,7 @@ end
 local function fail(ctx, r, p, spec)
   r.ok = false
   r.error = p
-  if spec and spec.has_fallback then
+  if spec and spec.fallback ~= nil then
     local fb = spec.fallback
     if type(fb) == "function" then
       local ok, v = pcall(fb, p)
@@ -231,7 +234,7 @@ local function start_call(ctx, key, spec, g, chain)
     deliver(g, key, chain, fail(ctx, r, problem.for_outcome("deadline", key, spec.upstream), spec))
     return
   end
-  local id = core.call(ctx.rid, spec.index, spec.method, spec.path, spec.headers, spec.body,
+  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
                        math.floor(t + 0.5), spec.decode)
   -- the normalized spec belongs to this call alone: it is the call's record too
   spec.ctx, spec.section, spec.group, spec.chain = ctx, key, g, chain
@@ -327,7 +330,7 @@ end
 
 -- Keys of t in a fixed order, so the same table always starts its calls in the same order.
 local function sorted_keys(t)
-  local keys, n = {}, 0
+  local keys, n = new_tab(4, 0), 0
   for k in pairs(t) do n = n + 1; keys[n] = k end
   if n > 1 then table.sort(keys, key_less) end
   return keys
@@ -365,10 +368,10 @@ end
 local NO_THENS = {}
 
 local function start_group(ctx, tbl, level)
-  local g = { ctx = ctx, results = {}, pending = 0, thens = NO_THENS, waiting = false }
+  local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false }
   -- calls to start, in key order: normalized spec, and the chain it feeds (false for a plain call)
   local keys = sorted_keys(tbl)
-  local specs, chains, n = {}, {}, 0
+  local specs, chains, n = new_tab(#keys, 0), new_tab(#keys, 0), 0
   for _, key in ipairs(keys) do
     local v = tbl[key]
     local info = is_then(v)
@@ -501,8 +504,8 @@ function M.settle_value(g, key, v, opts)
     if callspec.is_spec(v) then
       local spec = callspec.normalize(v, upstreams, 2)
       if opts.required then spec.required = true end
-      if opts.fallback ~= nil and not spec.has_fallback then
-        spec.fallback, spec.has_fallback = opts.fallback, true
+      if opts.fallback ~= nil and spec.fallback == nil then
+        spec.fallback = opts.fallback
       end
       start_call(ctx, key, spec, g, nil)
       return
@@ -581,7 +584,7 @@ function M.fetch_then(dep, fn, opts)
   end
   local m = setmetatable({}, then_mt)
   then_info[m] = { dep = dep, fn = fn,
-                   opts = { required = o.required == true, fallback = o.fallback, has_fallback = o.fallback ~= nil,
+                   opts = { required = o.required == true, fallback = o.fallback,
                             decode = true } }
   return m
 end
@@ -593,7 +596,8 @@ local timing_names = setmetatable({}, { __index = function(t, k)
 end })
 
 local function server_timing(ctx)
-  local t, parts = ctx.timings, {}
+  local t = ctx.timings
+  local parts = new_tab(#t / 2, 0)
   for i = 1, #t, 2 do
     local name = timing_names[t[i]]
     parts[#parts + 1] = ("%s;dur=%.1f"):format(name, t[i + 1])
@@ -710,7 +714,7 @@ function M.start(rid, idx, method, path, query, params, headers, body)
   local ep = endpoints[idx]
   local now = core.now()
   local ctx = { rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
-                inflight = {}, timings = {}, done = false }
+                inflight = new_tab(0, 4), timings = new_tab(8, 0), done = false }
   contexts[rid] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
   req_lazy[req] = { ctx = ctx, query = query, headers = headers }
