@@ -104,22 +104,9 @@ static void preload(lua_State *L, const char *name, lua_CFunction f)
     lua_pop(L, 2);
 }
 
-/* Lua memory comes from the C allocator: LuaJIT's own allocator maps and unmaps 128 KiB chunks as
- * the heap of a busy worker grows and shrinks between collections, and the page faults that follow
- * cost more than the pages themselves (measured: ~1.3 faults and half the CPU time per page). */
-static void *vm_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
-{
-    (void)ud, (void)osize;
-    if (nsize == 0) {
-        free(ptr);
-        return NULL;
-    }
-    return realloc(ptr, nsize);
-}
-
 lua_State *agw_vm_new(const char *scripts_dir)
 {
-    lua_State *L = lua_newstate(vm_alloc, NULL);
+    lua_State *L = luaL_newstate();
     if (L == NULL)
         return NULL;
     luaL_openlibs(L);
