@@ -53,6 +53,7 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
     int ups = lua_gettop(L);
     size_t n = lua_objlen(L, ups);
     conf->upstreams = calloc(n ? n : 1, sizeof(*conf->upstreams));
+    conf->breakers = calloc(n ? n : 1, sizeof(*conf->breakers));
     conf->num_upstreams = n;
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
@@ -69,6 +70,15 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         u->max_connections = (unsigned)field_num(L, t, "max_connections", 64);
         u->max_pending = (unsigned)field_num(L, t, "max_pending", 256);
         u->max_body_bytes = (size_t)field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
+        /* the breaker block is always a table after checking: { failures, open_s, half_open_probes, off } */
+        lua_getfield(L, t, "breaker");
+        int bt = lua_gettop(L);
+        lua_getfield(L, bt, "off");
+        int off = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        agw_breaker_init(&conf->breakers[i], off ? 0 : (unsigned)field_num(L, bt, "failures", 5),
+                         (uint64_t)(field_num(L, bt, "open_s", 30) * 1000), (unsigned)field_num(L, bt, "half_open_probes", 1));
+        lua_settop(L, t);
         char *host = field_str(L, t, "host");
         int port = (int)field_num(L, t, "port", 80);
         int line = (int)field_num(L, t, "line", 1);
@@ -215,6 +225,9 @@ void agw_config_free(agw_config_t *conf)
         free(u->base_path);
     }
     free(conf->upstreams);
+    for (size_t i = 0; conf->breakers && i < conf->num_upstreams; i++)
+        agw_breaker_destroy(&conf->breakers[i]);
+    free(conf->breakers);
     agw_router_free(&conf->router);
     free(conf->dir);
     memset(conf, 0, sizeof(*conf));

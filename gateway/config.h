@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "breaker.h"
 #include "buf.h"
 #include "router.h"
 #include "upstream.h"
@@ -26,6 +27,7 @@ typedef struct agw_config {
     uint64_t deadline_ms;               /* default request deadline, ms */
     size_t max_request_body_bytes;      /* request body limit, bytes */
     agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
+    agw_breaker_t *breakers;            /* one per upstream, shared by every worker */
     size_t num_upstreams;
     agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
 } agw_config_t;

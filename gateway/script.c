@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "breaker.h"
 #include "json.h"
 
 #ifndef AGW_LUA_DIR
@@ -120,6 +121,7 @@ lua_State *agw_vm_new(const char *scripts_dir)
     lua_pop(L, 1);
     preload(L, "agg.json", agw_json_open);
     preload(L, "agg.sys", agw_sys_open);
+    preload(L, "agg.breaker", agw_breaker_open);
     return L;
 }
 

@@ -39,6 +39,13 @@ typedef struct reqref {
     int watching;
 } reqref_t;
 
+/* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */
+typedef struct wtimer {
+    ev_timer ev;
+    agw_worker_t *w;
+    uint64_t id;
+} wtimer_t;
+
 /* One upstream call in flight. */
 typedef struct wcall {
     agw_worker_t *w;
@@ -62,7 +69,9 @@ struct agw_worker {
     listener_t *listeners;
     size_t num_listeners;
     lua_State *L;
-    int ref_start, ref_on_call, ref_abort; /* runtime functions in the registry */
+    int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
+    agw_slots_t timers;                    /* timer id -> wtimer_t */
+    uint64_t rng;                          /* xorshift state for core.random() */
     agw_pool_t **pools;                    /* one per upstream, same index as conf->upstreams */
     agw_slots_t reqs;                      /* rid -> reqref_t */
     agw_slots_t calls;                     /* call id -> wcall_t */
@@ -370,6 +379,62 @@ static int l_call(lua_State *L)
     return 1;
 }
 
+static void on_timer_due(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    wtimer_t *tm = (wtimer_t *)t;
+    agw_worker_t *w = tm->w;
+    uint64_t id = tm->id;
+    agw_slots_del(&w->timers, id);
+    free(tm);
+    lua_rawgeti(w->L, LUA_REGISTRYINDEX, w->ref_on_timer);
+    lua_pushnumber(w->L, (lua_Number)id);
+    call_runtime(w, 1);
+}
+
+/* core.timer(ms) -> id: runtime.on_timer(id) runs ms from now (a one-shot libev timer). */
+static int l_timer(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    lua_Number ms = luaL_checknumber(L, 1);
+    wtimer_t *tm = malloc(sizeof(*tm));
+    if (tm == NULL)
+        return luaL_error(L, "out of memory");
+    tm->w = w;
+    tm->id = agw_slots_put(&w->timers, tm);
+    ev_timer_init(&tm->ev, on_timer_due, ms > 0 ? ms / 1000.0 : 0., 0.);
+    ev_timer_start(w->loop, &tm->ev);
+    lua_pushnumber(L, (lua_Number)tm->id);
+    return 1;
+}
+
+/* core.cancel_timer(id) */
+static int l_cancel_timer(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    uint64_t id = (uint64_t)luaL_checknumber(L, 1);
+    wtimer_t *tm = agw_slots_get(&w->timers, id);
+    if (tm) {
+        ev_timer_stop(w->loop, &tm->ev);
+        agw_slots_del(&w->timers, id);
+        free(tm);
+    }
+    return 0;
+}
+
+/* core.random() -> a number in [0, 1) (retry jitter; not for secrets). */
+static int l_random(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    uint64_t x = w->rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    w->rng = x;
+    lua_pushnumber(L, (lua_Number)(x >> 11) / 9007199254740992.0);
+    return 1;
+}
+
 /* core.cancel(id) */
 static int l_cancel(lua_State *L)
 {
@@ -481,7 +546,9 @@ static int l_log(lua_State *L)
 }
 
 static const luaL_Reg core_fns[] = {
-    {"now", l_now}, {"call", l_call}, {"cancel", l_cancel}, {"respond", l_respond}, {"log", l_log}, {NULL, NULL},
+    {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
+    {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
+    {NULL, NULL},
 };
 
 /* Loads the runtime and the scripts folder into the worker's VM. */
@@ -515,6 +582,12 @@ static int init_vm(agw_worker_t *w, agw_buf_t *errors)
         lua_pushcclosure(L, f->func, 1);
         lua_setfield(L, -2, f->name);
     }
+    lua_createtable(L, (int)w->conf->num_upstreams, 0); /* core.breakers: shared by every worker */
+    for (size_t i = 0; i < w->conf->num_upstreams; i++) {
+        agw_breaker_push(L, &w->conf->breakers[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "breakers");
     lua_getfield(L, gen, "upstreams");
     lua_getfield(L, gen, "endpoints");
     if (lua_pcall(L, 3, 0, 0) != 0) {
@@ -527,6 +600,8 @@ static int init_vm(agw_worker_t *w, agw_buf_t *errors)
     w->ref_on_call = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "abort");
     w->ref_abort = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "on_timer");
+    w->ref_on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_settop(L, 0);
     return 0;
 }
@@ -753,6 +828,7 @@ agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_
         abort();
     w->id = id;
     w->conf = conf;
+    w->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)time(NULL) << 8) ^ (uint64_t)(id + 1);
     if (init_vm(w, errors) != 0) {
         if (w->L)
             lua_close(w->L);

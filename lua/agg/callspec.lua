@@ -8,9 +8,13 @@ local M = {}
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
+  retry = true, hedge = true, collapse = "boolean",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
-local NOT_YET = { cache = true, retry = true, hedge = true, collapse = true, forward_auth = true }
+local NOT_YET = { cache = true, forward_auth = true }
+local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
+-- request headers that carry a user's credentials: a call with one is never shared (single-flight)
+local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
 
 --- True when v looks like a call spec: a table whose [1] is an upstream name and [2] a path
@@ -91,8 +95,9 @@ function M.normalize(spec, upstreams, level)
     upstream = name, path = path, method = spec.method or "GET",
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
     required = spec.required == true, fallback = spec.fallback,
-    headers = false, body = false, ctx = false, section = false, group = false, chain = false,
+    headers = false, body = false, section = false,
     ref = false, body_ref = false, raw_headers = false,
+    retry = false, hedge = false, collapse = false,
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
@@ -131,6 +136,63 @@ function M.normalize(spec, upstreams, level)
     n.body = spec.body or false
   end
   n.headers = headers or false
+  -- retries: the upstream's policy, narrowed by the call; only idempotent methods unless the call
+  -- says it is safe (retry = { attempts = n, safe = true })
+  local r = spec.retry
+  if r ~= nil and r ~= false and type(r) ~= "table" then
+    error(("call to '%s': option 'retry' must be false or a table like { attempts = 2 }"):format(name), level)
+  end
+  local policy = up.retry or {}
+  local attempts = policy.off and 1 or (policy.attempts or 1)
+  if type(r) == "table" then
+    for k in pairs(r) do
+      if k ~= "attempts" and k ~= "on" and k ~= "backoff_ms" and k ~= "safe" then
+        error(("call to '%s': retry option '%s' is unknown (attempts, on, backoff_ms, safe)"):format(name, tostring(k)), level)
+      end
+    end
+    if r.attempts ~= nil and (type(r.attempts) ~= "number" or r.attempts < 1 or r.attempts % 1 ~= 0) then
+      error(("call to '%s': retry.attempts must be a whole number >= 1"):format(name), level)
+    end
+    attempts = r.attempts or (attempts > 1 and attempts or 2)
+  elseif r == false then
+    attempts = 1
+  end
+  if not IDEMPOTENT[n.method] and not (type(r) == "table" and r.safe) then attempts = 1 end
+  if attempts > 1 then
+    local on = {}
+    for _, st in ipairs(type(r) == "table" and r.on or policy.on or { 502, 503, 504 }) do on[st] = true end
+    n.retry = { attempts = attempts, on = on,
+                backoff_ms = type(r) == "table" and r.backoff_ms or policy.backoff_ms or 25 }
+  end
+  -- hedging: opt-in per call, idempotent methods only
+  local h = spec.hedge
+  if h ~= nil and type(h) ~= "boolean" and type(h) ~= "table" then
+    error(("call to '%s': option 'hedge' must be true, false or { after_ms = n }"):format(name), level)
+  end
+  if h and IDEMPOTENT[n.method] then
+    local after = type(h) == "table" and h.after_ms or (up.hedge and up.hedge.after) or "p95"
+    if after ~= "p95" and (type(after) ~= "number" or after <= 0) then
+      error(("call to '%s': hedge.after_ms must be a positive number of milliseconds"):format(name), level)
+    end
+    n.hedge = after
+  end
+  -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off
+  if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") then
+    local shared = true
+    if headers then
+      for i = 1, #headers, 2 do if CREDENTIALS[headers[i]] then shared = false end end
+    end
+    if shared then
+      local key = name .. "\0" .. n.method .. "\0" .. n.path
+      if headers then
+        local hs = {}
+        for i = 1, #headers, 2 do hs[#hs + 1] = headers[i] .. ":" .. headers[i + 1] end
+        table.sort(hs)
+        key = key .. "\0" .. table.concat(hs, "\0")
+      end
+      n.collapse = key
+    end
+  end
   return n
 end
 

@@ -10,8 +10,15 @@ local UPSTREAM_DEFAULTS = {
   max_connections = 64, max_pending = 256, max_body_bytes = 8 * 1024 * 1024,
 }
 local NOT_YET = {
-  admin = "the admin listener", tracing = "tracing export", breaker = "circuit breakers",
-  retry = "retries", hedge = "hedging", cache = "caching",
+  admin = "the admin listener", tracing = "tracing export", cache = "caching",
+}
+
+-- Resilience blocks of an upstream (issue "resilience"): option -> { kind, default, check }.
+local BLOCKS = {
+  breaker = { failures = { "count", 5 }, open_s = { "number", 30 }, half_open_probes = { "count", 1 } },
+  retry = { attempts = { "count", 1 }, on = { "statuses", { 502, 503, 504 } }, budget_percent = { "percent", 20 },
+            min_retries = { "count", 3 }, backoff_ms = { "number", 25 } },
+  hedge = { after = { "after", "p95" }, max_percent = { "percent", 5 } },
 }
 
 -- Finds the line of the first `name =` (or `name=`) at or after line `from` in the source.
@@ -134,18 +141,58 @@ function M.check(cfg, src, file)
       for k, v in pairs(u) do
         local kline = find_line(lines, k, nline) or nline
         if NOT_YET[k] then
-          err(kline, where .. "." .. k, NOT_YET[k] .. " are not available in this version of aggway; remove '" .. k .. "'")
+          err(kline, where .. "." .. k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
+        elseif BLOCKS[k] then
+          -- checked below
         elseif k == "url" then
           -- checked below
         elseif UPSTREAM_DEFAULTS[k] then
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
-          local known = { url = true }
+          local known = { url = true, breaker = true, retry = true, hedge = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, max_body_bytes")
         end
       end
+      for block, fields in pairs(BLOCKS) do
+        local v = u[block]
+        local bline = find_line(lines, block, nline) or nline
+        local where_b = where .. "." .. block
+        local out_b = {}
+        for f, d in pairs(fields) do out_b[f] = d[2] end
+        if v == false then
+          out_b.off = true
+        elseif v ~= nil and type(v) ~= "table" then
+          err(bline, where_b, "must be a table (or false to turn it off)")
+        elseif v ~= nil then
+          for f, fv in pairs(v) do
+            local d = fields[f]
+            local fwhere = where_b .. "." .. tostring(f)
+            if not d then
+              local names = {}
+              for n in pairs(fields) do names[#names + 1] = n end
+              table.sort(names)
+              err(find_line(lines, f, bline) or bline, fwhere, "unknown option" .. suggest(tostring(f), fields) ..
+                  "; " .. block .. " knows " .. table.concat(names, ", "))
+            elseif d[1] == "count" and not (type(fv) == "number" and fv % 1 == 0 and fv >= 0) then
+              err(find_line(lines, f, bline) or bline, fwhere, "must be a whole number >= 0")
+            elseif d[1] == "number" and not (type(fv) == "number" and fv >= 0 and fv == fv) then
+              err(find_line(lines, f, bline) or bline, fwhere, "must be a number >= 0")
+            elseif d[1] == "percent" and not (type(fv) == "number" and fv >= 0 and fv <= 100) then
+              err(find_line(lines, f, bline) or bline, fwhere, "must be a percentage between 0 and 100")
+            elseif d[1] == "statuses" and not (type(fv) == "table" and #fv > 0) then
+              err(find_line(lines, f, bline) or bline, fwhere, "must be a list of HTTP statuses like { 502, 503, 504 }")
+            elseif d[1] == "after" and not (fv == "p95" or (type(fv) == "number" and fv > 0)) then
+              err(find_line(lines, f, bline) or bline, fwhere, "must be \"p95\" or a number of milliseconds")
+            else
+              out_b[f] = fv
+            end
+          end
+        end
+        e[block] = out_b
+      end
+      if e.retry.attempts < 1 then e.retry.attempts = 1 end
       local url = u.url
       local urlline = find_line(lines, "url", nline) or nline
       if type(url) ~= "string" then

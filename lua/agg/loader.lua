@@ -88,7 +88,10 @@ function M.load(dir)
   end
   local ups = {}
   if cfg then
-    for i, u in ipairs(cfg.upstreams) do ups[u.name] = { index = i, timeout_ms = u.timeout_ms } end
+    for i, u in ipairs(cfg.upstreams) do
+      ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
+                      breaker = u.breaker }
+    end
   end
   local endpoints, shapes = {}, {}
   local files = sys.listdir(dir)

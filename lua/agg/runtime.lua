@@ -222,42 +222,89 @@ local function deliver(g, key, chain, r)
   if chain then M.run_then(g, key, chain, { r }) else settle(g, key, r) end
 end
 
--- Starts one normalized call for section key of group g (see deliver). The result may be delivered
--- before this returns, when the deadline has already passed.
-local function start_call(ctx, key, spec, g, chain)
-  local now, remaining = now_remaining(ctx)
-  local t = spec.timeout_ms
-  if t > remaining then t = remaining end
-  if t <= 0 then
-    local r = new_result(key, spec)
-    r.ms = 0
-    deliver(g, key, chain, fail(ctx, r, problem.for_outcome("deadline", key, spec.upstream), spec))
-    return
+---------------------------------------------------------------------------------------------------
+-- Calls. A section's call is an exchange: one or more attempts (the first, retries, a hedge) that
+-- end in one result. Each attempt passes the upstream's circuit breaker, and identical GET calls
+-- in flight at the same moment share one transport call (single-flight). Per worker, per upstream:
+-- the retry budget, the hedge budget and the latency sample for "p95" (issue "resilience").
+---------------------------------------------------------------------------------------------------
+
+local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats }
+local flights = {}    -- collapse key -> flight { id, waiters = { exchange = true }, n }
+local timers = {}     -- timer id -> function
+
+local function upstream_state(name)
+  local u = ustate[name]
+  if not u then
+    u = { active = 0, retries_active = 0, tokens = 1, lat = {}, n = 0, p95 = nil,
+          stats = { calls = 0, attempts = 0, retries = 0, retries_denied = 0, hedges = 0, hedges_won = 0,
+                    collapsed = 0, breaker_denied = 0, breaker_opened = 0 } }
+    ustate[name] = u
   end
-  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode)
-  -- the normalized spec belongs to this call alone: it is the call's record too
-  spec.ctx, spec.section, spec.group, spec.chain = ctx, key, g, chain
-  calls[id] = spec
-  ctx.inflight[id] = true
+  return u
 end
 
---- Transport completion of call id (see the header comment for the arguments).
--- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
-function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
-  local rec = calls[id]
-  if rec == nil then return end
-  calls[id] = nil
-  local ctx, spec, section = rec.ctx, rec, rec.section
-  local group, chain = rec.group, rec.chain
-  -- the spec becomes the result's info (a weak-keyed entry): it must not lead back to the result
-  -- through the group, or the entry would never be collected (Lua 5.1 has no ephemerons)
-  rec.ctx, rec.group, rec.chain = false, false, false
-  ctx.inflight[id] = nil
-  if ctx.done then return end
-  local timings = ctx.timings
-  timings[#timings + 1] = section
-  timings[#timings + 1] = ms
+--- Counters of upstream name in this worker (for specs and metrics).
+function M.upstream_stats(name) return upstream_state(name).stats end
+
+local function set_timer(ms, fn)
+  local id = core.timer(ms)
+  timers[id] = fn
+  return id
+end
+
+local function clear_timer(id)
+  if id and timers[id] then
+    timers[id] = nil
+    core.cancel_timer(id)
+  end
+end
+
+--- Transport: timer id is due.
+function M.on_timer(id)
+  local fn = timers[id]
+  if fn then
+    timers[id] = nil
+    fn()
+  end
+end
+
+-- Records a successful attempt's latency; p95 over the last 200, recomputed every 20 samples.
+local function sample_latency(u, ms)
+  u.n = u.n + 1
+  u.lat[(u.n - 1) % 200 + 1] = ms
+  if u.n >= 20 and u.n % 20 == 0 then
+    local copy = {}
+    for i = 1, math.min(u.n, 200) do copy[i] = u.lat[i] end
+    table.sort(copy)
+    u.p95 = copy[math.max(1, math.floor(#copy * 0.95))]
+  end
+end
+
+-- How an attempt counts for the breaker: the upstream's failures only.
+local BREAKER_FAILURES = { refused = true, connect_timeout = true, reset = true, truncated = true,
+                           bad_response = true, too_large = true }
+
+local function breaker_verdict(outcome, http_status, clamped, bad_json)
+  if outcome == "ok" then
+    if http_status >= 500 or bad_json then return "failure" end
+    return "success"
+  end
+  if BREAKER_FAILURES[outcome] then return "failure" end
+  if outcome == "timeout" and not clamped then return "failure" end
+  return "ignore" -- the gateway's own deadline, cancellation, overload of our pool
+end
+
+local function breaker_of(spec)
+  local b = core.breakers
+  return b and b[upstreams[spec.upstream].index] or nil
+end
+
+local finish_exchange, attempt
+
+-- Builds the section's result from an attempt's answer.
+local function make_result(x, outcome, http_status, headers, body, data, ms, detail)
+  local spec, key, ctx = x.spec, x.key, x.ctx
   if type(headers) == "string" then
     spec.raw_headers = headers
     headers = nil
@@ -269,21 +316,262 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
     result_info[r] = spec
     spec.ref = data
     if body == nil then spec.body_ref = data end -- the transport sent the text only in the ref
-    return deliver(group, section, chain, r)
+    return r
   end
-  local r = new_result(section, spec)
+  local r = new_result(key, spec)
   r.ms = ms
   r.headers = headers
   r.body = body
   if http_status ~= 0 then r.http_status = http_status end
   if outcome == "ok" and http_status >= 200 and http_status < 300 then
-    fail(ctx, r, problem.for_outcome("bad_json", section, spec.upstream, data), spec)
+    fail(ctx, r, problem.for_outcome("bad_json", key, spec.upstream, data), spec)
   elseif outcome == "ok" then
-    fail(ctx, r, problem.for_http_status(http_status, section, spec.upstream), spec)
+    fail(ctx, r, problem.for_http_status(http_status, key, spec.upstream), spec)
   else
-    fail(ctx, r, problem.for_outcome(outcome, section, spec.upstream, detail), spec)
+    fail(ctx, r, problem.for_outcome(outcome, key, spec.upstream, detail), spec)
   end
-  deliver(group, section, chain, r)
+  return r
+end
+
+-- Ends exchange x with result r: stops its other attempts and timers, then delivers r.
+finish_exchange = function(x, r)
+  if x.done then return end
+  x.done = true
+  local ctx = x.ctx
+  ctx.exchanges[x] = nil
+  clear_timer(x.retry_timer)
+  clear_timer(x.hedge_timer)
+  clear_timer(x.own_timer)
+  M.abandon_attempts(x)
+  local u = x.u
+  u.active = u.active - 1
+  if x.retrying then u.retries_active = u.retries_active - 1 x.retrying = false end
+  if ctx.done then return end
+  local timings = ctx.timings
+  timings[#timings + 1] = x.key
+  timings[#timings + 1] = r.ms or 0
+  deliver(x.group, x.key, x.chain, r)
+end
+
+-- Cancels every attempt of x still in flight (leaving shared flights it waits on).
+function M.abandon_attempts(x)
+  for id, rec in pairs(x.active) do
+    x.active[id] = nil
+    local f = rec.flight
+    if f then
+      f.waiters[x] = nil
+      f.n = f.n - 1
+      if f.n == 0 then
+        flights[f.key] = nil
+        calls[f.id] = nil
+        core.cancel(f.id)
+        if rec.probe then local b = breaker_of(x.spec) if b then b:report("ignore", true, core.now()) end end
+      end
+    else
+      calls[id] = nil
+      core.cancel(id)
+      if rec.probe then local b = breaker_of(x.spec) if b then b:report("ignore", true, core.now()) end end
+    end
+  end
+end
+
+-- Decides what follows a failed attempt: wait for another attempt in flight, retry, or fail.
+local function after_failure(x, r, outcome, http_status)
+  if next(x.active) ~= nil then
+    x.last = r -- a hedge is still out: its answer may yet win
+    return
+  end
+  local spec, u = x.spec, x.u
+  local retry = spec.retry
+  local retryable = retry and x.attempts < retry.attempts and
+    (outcome == "refused" or outcome == "connect_timeout" or (outcome == "reset" and (http_status or 0) == 0) or
+     (outcome == "ok" and retry.on[http_status]))
+  if retryable then
+    -- the retry budget: retries may add at most budget_percent of the upstream's active calls
+    local policy = upstreams[spec.upstream].retry or {}
+    local allowed = math.max(policy.min_retries or 3, (policy.budget_percent or 20) / 100 * u.active)
+    if not x.retrying and u.retries_active + 1 > allowed then
+      u.stats.retries_denied = u.stats.retries_denied + 1
+      return finish_exchange(x, r)
+    end
+    local base = retry.backoff_ms * 2 ^ (x.attempts - 1)
+    local backoff = base / 2 + core.random() * base / 2 -- jittered: between half and all of base
+    local _, remaining = now_remaining(x.ctx)
+    if remaining - backoff >= math.min(spec.timeout_ms, 10) then
+      if not x.retrying then
+        x.retrying = true
+        u.retries_active = u.retries_active + 1
+      end
+      u.stats.retries = u.stats.retries + 1
+      x.last = r
+      x.retry_timer = set_timer(backoff, function()
+        x.retry_timer = nil
+        if not x.done then attempt(x, false) end
+      end)
+      return
+    end
+  end
+  finish_exchange(x, r)
+end
+
+-- An attempt of exchange x ended (rec: what was sent; the rest: the transport's answer).
+local function attempt_done(x, rec, outcome, http_status, headers, body, data, ms, detail)
+  x.active[rec.id] = nil
+  if x.done then return end
+  local r = make_result(x, outcome, http_status, headers, body, data, ms, detail)
+  if r.ok then
+    if rec.hedge then x.u.stats.hedges_won = x.u.stats.hedges_won + 1 end
+    sample_latency(x.u, ms)
+    return finish_exchange(x, r)
+  end
+  after_failure(x, r, outcome, http_status)
+end
+
+-- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
+local function answer(rec, outcome, http_status, headers, body, data, ms, detail)
+  local spec = rec.spec
+  local b = breaker_of(spec)
+  if b then
+    local changed = b:report(breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string"),
+                             rec.probe, core.now())
+    if changed then
+      core.log("warn", ("circuit breaker of upstream %s is now %s"):format(spec.upstream, changed))
+      if changed == "open" then
+        local u = upstream_state(spec.upstream)
+        u.stats.breaker_opened = u.stats.breaker_opened + 1
+      end
+    end
+  end
+  local f = rec.flight
+  if f then
+    flights[f.key] = nil
+    for x in pairs(f.waiters) do
+      attempt_done(x, { id = f.id }, outcome, http_status, headers, body, data, ms, detail)
+    end
+  else
+    attempt_done(rec.x, rec, outcome, http_status, headers, body, data, ms, detail)
+  end
+end
+
+-- Starts an attempt of exchange x (hedge: the second copy of a slow first attempt).
+attempt = function(x, hedge)
+  local ctx, spec, u = x.ctx, x.spec, x.u
+  local now, remaining = now_remaining(ctx)
+  local t = spec.timeout_ms
+  local clamped = false
+  if t > remaining then t, clamped = remaining, true end
+  if t <= 0 then
+    if next(x.active) ~= nil then return end
+    local r = new_result(x.key, spec)
+    r.ms = 0
+    return finish_exchange(x, x.last or fail(ctx, r, problem.for_outcome("deadline", x.key, spec.upstream), spec))
+  end
+  -- identical calls in flight share one transport call (not for hedges: they exist to go elsewhere)
+  local key = not hedge and spec.collapse
+  local f = key and flights[key]
+  if f then
+    f.waiters[x] = true
+    f.n = f.n + 1
+    x.active[f.id] = { id = f.id, flight = f }
+    u.stats.collapsed = u.stats.collapsed + 1
+    if t < f.ends - now then
+      -- this caller has less time than the shared call: it stops waiting at its own timeout
+      x.own_timer = set_timer(t, function()
+        x.own_timer = nil
+        local rec = x.active[f.id]
+        if rec and not x.done then
+          x.active[f.id] = nil
+          f.waiters[x] = nil
+          f.n = f.n - 1
+          attempt_done(x, { id = f.id }, "timeout", 0, nil, nil, nil, t, "no answer within " .. math.floor(t) .. " ms")
+        end
+      end)
+    end
+    return
+  end
+  local b = breaker_of(spec)
+  local probe = false
+  if b then
+    local decision, retry_after = b:allow(now)
+    if decision == "deny" then
+      u.stats.breaker_denied = u.stats.breaker_denied + 1
+      if next(x.active) ~= nil then return end
+      local r = new_result(x.key, spec)
+      r.ms = 0
+      local p = problem.new("circuit-open", ("%s: upstream %s is failing; calls are paused"):format(x.key, spec.upstream),
+                            503, ("the circuit breaker is open; retry in %d s"):format(math.ceil(retry_after / 1000)))
+      r.retry_after = math.max(1, math.ceil(retry_after / 1000))
+      return finish_exchange(x, fail(ctx, r, p, spec))
+    end
+    probe = decision == "probe"
+  end
+  x.attempts = x.attempts + 1
+  u.stats.attempts = u.stats.attempts + 1
+  if hedge then u.stats.hedges = u.stats.hedges + 1 end
+  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
+                       math.floor(t + 0.5), spec.decode)
+  local rec = { id = id, x = x, spec = spec, probe = probe, clamped = clamped, hedge = hedge }
+  if key then
+    f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t }
+    flights[key] = f
+    rec.flight = f
+  end
+  calls[id] = rec
+  x.active[id] = rec
+end
+
+-- Starts the call of section key of group g (see deliver). The result may be delivered before
+-- this returns (deadline passed, breaker open).
+local function start_call(ctx, key, spec, g, chain)
+  local u = upstream_state(spec.upstream)
+  spec.section = key
+  -- (done, retrying, last and the timers are added when they happen)
+  local x = { ctx = ctx, key = key, spec = spec, group = g, chain = chain, u = u, active = {}, attempts = 0 }
+  ctx.exchanges[x] = true
+  u.active = u.active + 1
+  u.stats.calls = u.stats.calls + 1
+  -- hedges may add about max_percent of the calls: each call earns a fraction of a token
+  local hedge_policy = upstreams[spec.upstream].hedge
+  local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0
+  u.tokens = math.min(10, u.tokens + pct / 100)
+  attempt(x, false)
+  local after = spec.hedge
+  if after and not x.done then
+    if after == "p95" then after = u.p95 end
+    if after then
+      x.hedge_timer = set_timer(after, function()
+        x.hedge_timer = nil
+        if x.done or u.tokens < 1 or next(x.active) == nil then return end
+        u.tokens = u.tokens - 1
+        attempt(x, true)
+      end)
+    end
+  end
+end
+
+--- Transport completion of call id (see the header comment for the arguments).
+-- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
+function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
+  local rec = calls[id]
+  if rec == nil then return end
+  calls[id] = nil
+  answer(rec, outcome, http_status, headers, body, data, ms, detail)
+end
+
+-- Stops every exchange of a request that ended or was abandoned.
+local function abandon_exchanges(ctx)
+  for x in pairs(ctx.exchanges) do
+    ctx.exchanges[x] = nil
+    if not x.done then
+      x.done = true
+      clear_timer(x.retry_timer)
+      clear_timer(x.hedge_timer)
+      clear_timer(x.own_timer)
+      M.abandon_attempts(x)
+      x.u.active = x.u.active - 1
+      if x.retrying then x.u.retries_active = x.u.retries_active - 1 end
+    end
+  end
 end
 
 local is_then
@@ -623,10 +911,7 @@ finish_request = function(ctx, ok, resp, co)
   ctx.done = true
   ctx_of[ctx.co] = nil -- ctx leads back to its coroutine: a weak-keyed entry would never go
   contexts[ctx.rid] = nil
-  for id in pairs(ctx.inflight) do
-    core.cancel(id)
-    calls[id] = nil
-  end
+  abandon_exchanges(ctx)
   if not ok then
     log_error(ctx, nil, resp, co)
     return send_problem(ctx, problem.script_error(nil))
@@ -714,7 +999,7 @@ function M.start(rid, idx, method, path, query, params, headers, body)
   local ep = endpoints[idx]
   local now = core.now()
   local ctx = { rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
-                inflight = new_tab(0, 4), timings = new_tab(8, 0), done = false }
+                exchanges = new_tab(0, 4), timings = new_tab(8, 0), done = false }
   contexts[rid] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
   req_lazy[req] = { ctx = ctx, query = query, headers = headers }
@@ -738,10 +1023,7 @@ function M.abort(rid)
   ctx.done = true
   contexts[rid] = nil
   ctx_of[ctx.co] = nil -- its coroutine is never resumed: let it be collected
-  for id in pairs(ctx.inflight) do
-    core.cancel(id)
-    calls[id] = nil
-  end
+  abandon_exchanges(ctx)
 end
 
 --- Number of requests in progress and calls in flight (for tests and metrics).

@@ -69,9 +69,23 @@ function M.gateway(opts)
   local gw = setmetatable({ dir = dir, gen = gen, clock = 0, seq = 0, events = {}, stubs = {},
                             call_log = {}, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
                             next_call = 1, names = {} }, Gateway)
-  for i, u in ipairs(gen.config.upstreams) do gw.names[i] = u end
+  gw.seed = 42
+  gw.breakers = {}
+  local breaker = require "agg.breaker"
+  for i, u in ipairs(gen.config.upstreams) do
+    gw.names[i] = u
+    local b = u.breaker
+    gw.breakers[i] = breaker.new(b.off and 0 or b.failures, b.open_s * 1000, b.half_open_probes)
+  end
   gw:install()
   return gw
+end
+
+local function schedule(gw, at, fn)
+  gw.seq = gw.seq + 1
+  local ev = { at = at, seq = gw.seq, fn = fn }
+  gw.events[#gw.events + 1] = ev
+  return ev
 end
 
 -- Makes this gateway's transport the runtime's (a spec may hold several gateways; the one used last wins).
@@ -79,6 +93,28 @@ function Gateway:install()
   local gw = self
   local core = {}
   function core.now() return gw.clock end
+  -- timers of the runtime (retry backoff, hedges, collapsed callers) run on the virtual clock
+  function core.timer(ms)
+    gw.next_timer = (gw.next_timer or 0) + 1
+    local id = gw.next_timer
+    gw.timer_events = gw.timer_events or {}
+    gw.timer_events[id] = schedule(gw, gw.clock + ms, function()
+      gw.timer_events[id] = nil
+      rt.on_timer(id)
+    end)
+    return id
+  end
+  function core.cancel_timer(id)
+    local ev = gw.timer_events and gw.timer_events[id]
+    if ev then ev.dead = true gw.timer_events[id] = nil end
+  end
+  -- jitter from a fixed seed: the same spec gives the same run
+  function core.random()
+    gw.seed = (gw.seed * 1103515245 + 12345) % 2147483648
+    return gw.seed / 2147483648
+  end
+  -- one breaker per upstream, the production C breaker, on the virtual clock
+  core.breakers = gw.breakers
   function core.log(level, msg) gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg end
   function core.call(rid, index, method, path, headers, body, timeout_ms, decode)
     return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
@@ -113,12 +149,6 @@ function Gateway:install()
   M.current = self
 end
 
-local function schedule(gw, at, fn)
-  gw.seq = gw.seq + 1
-  local ev = { at = at, seq = gw.seq, fn = fn }
-  gw.events[#gw.events + 1] = ev
-  return ev
-end
 
 -- Runs the earliest event; returns false when there is none.
 local function step(gw)
