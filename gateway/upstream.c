@@ -608,8 +608,12 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
                     : c->resp.final_headers     ? "reading the response body"
                                                 : "waiting for the response headers";
         }
-        call_fail(call, AGW_CALL_TIMEOUT, "%s: no response within %llu ms (%s, %zu bytes received)",
-                  pool->conf->name, (unsigned long long)call->timeout_ms, where, got);
+        if (call->conn == NULL) /* the bulkhead: no connection came free in time */
+            call_fail(call, AGW_CALL_OVERLOAD, "%s: no free connection within %llu ms (all %u busy)", pool->conf->name,
+                      (unsigned long long)call->timeout_ms, pool->conf->max_connections);
+        else
+            call_fail(call, AGW_CALL_TIMEOUT, "%s: no response within %llu ms (%s, %zu bytes received)",
+                      pool->conf->name, (unsigned long long)call->timeout_ms, where, got);
     }
     deliver(call, NULL);
     if (pool->dying)

@@ -67,7 +67,8 @@ typedef enum agw_call_outcome {
     AGW_CALL_TRUNCATED,       /* EOF before Content-Length bytes or the last chunk */
     AGW_CALL_BAD_RESPONSE,    /* bytes that are not HTTP/1.x */
     AGW_CALL_TOO_LARGE,       /* body over max_body_bytes */
-    AGW_CALL_OVERLOAD,        /* no connection free and the wait queue full (max_pending) */
+    AGW_CALL_OVERLOAD,        /* no connection free: the wait queue was full (max_pending), or no
+                                 connection came free before the call's timeout (the bulkhead) */
     AGW_CALL_BAD_REQUEST,     /* CR/LF/NUL in path or header; nothing was sent */
 } agw_call_outcome_t;
 

@@ -81,11 +81,48 @@ function M.gateway(opts)
   return gw
 end
 
+-- The event queue: a binary heap ordered by (time, order of scheduling), so runs are deterministic.
+local function before(a, b) return a.at < b.at or (a.at == b.at and a.seq < b.seq) end
+
 local function schedule(gw, at, fn)
   gw.seq = gw.seq + 1
   local ev = { at = at, seq = gw.seq, fn = fn }
-  gw.events[#gw.events + 1] = ev
+  local h = gw.events
+  local i = #h + 1
+  h[i] = ev
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if not before(h[i], h[p]) then break end
+    h[i], h[p] = h[p], h[i]
+    i = p
+  end
   return ev
+end
+
+local function pop(h)
+  local top = h[1]
+  local last = h[#h]
+  h[#h] = nil
+  if #h > 0 then
+    h[1] = last
+    local i, n = 1, #h
+    while true do
+      local l, r, m = 2 * i, 2 * i + 1, i
+      if l <= n and before(h[l], h[m]) then m = l end
+      if r <= n and before(h[r], h[m]) then m = r end
+      if m == i then break end
+      h[i], h[m] = h[m], h[i]
+      i = m
+    end
+  end
+  return top
+end
+
+-- The next live event (dead ones, cancelled, are dropped), without removing it.
+local function peek(gw)
+  local h = gw.events
+  while h[1] and h[1].dead do pop(h) end
+  return h[1]
 end
 
 -- Makes this gateway's transport the runtime's (a spec may hold several gateways; the one used last wins).
@@ -152,17 +189,12 @@ end
 
 -- Runs the earliest event; returns false when there is none.
 local function step(gw)
-  local best, bi
-  for i, ev in ipairs(gw.events) do
-    if not ev.dead and (not best or ev.at < best.at or (ev.at == best.at and ev.seq < best.seq)) then best, bi = ev, i end
-  end
-  if not best then gw.events = {} return false end
-  table.remove(gw.events, bi)
-  if best.at > gw.clock then gw.clock = best.at end
-  best.fn()
+  if not peek(gw) then return false end
+  local ev = pop(gw.events)
+  if ev.at > gw.clock then gw.clock = ev.at end
+  ev.fn()
   return true
 end
-
 --- Stubs upstream calls: stub(upstream, [method,] path_pattern, answer | { answer, answer, … }).
 -- The pattern is an exact path (with its query to match the query too), or has {name} segments or a
 -- trailing "*". Later stubs win over earlier ones.
@@ -282,14 +314,27 @@ end
 --- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
 -- body = "…" | json = value }. Returns { status, headers (lowercased), body, json (decoded when
 -- the body is JSON), elapsed_ms (virtual) }. Errors when a call had no stub.
-function Gateway:request(method, path, opts)
+-- Decodes a finished response's JSON body (once).
+local function finish_response(r)
+  if r.json == nil and r.status then
+    local ct = r.headers["content-type"] or ""
+    if ct:find("json", 1, true) and r.body ~= "" then r.json = json.decode(r.body) end
+  end
+  return r
+end
+
+--- Sends a request without waiting: returns its response record, filled in (status, headers,
+-- body, json, elapsed_ms) once the virtual clock has run far enough (gw:run()). For several
+-- requests in flight at once.
+function Gateway:send(method, path, opts)
   opts = opts or {}
   if M.current ~= self then self:install() end
-  self.unstubbed = nil
   local rid = self.next_rid
   self.next_rid = rid + 1
-  local r = { started_ms = self.clock }
+  local r = { started_ms = self.clock, rid = rid }
   self.responses[rid] = r
+  self.pending_responses = self.pending_responses or {}
+  self.pending_responses[#self.pending_responses + 1] = r
   local p, q = split_path(path)
   local idx, params = match_route(self.gen.endpoints, method, p)
   r.request = method .. " " .. path
@@ -300,27 +345,75 @@ function Gateway:request(method, path, opts)
                           or problem.new("method-not-allowed", "this route does not accept this method", 405)
     r.status, r.body, r.elapsed_ms = st, json.encode(pr), 0
     r.headers = { ["content-type"] = "application/problem+json", allow = #params > 0 and table.concat(params, ", ") or nil }
-  else
-    local headers = {}
-    for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
-    local body = opts.body
-    if opts.json ~= nil then
-      body = assert(json.encode(opts.json))
-      headers["content-type"] = headers["content-type"] or "application/json"
+    return finish_response(r)
+  end
+  local headers = {}
+  for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
+  local body = opts.body
+  if opts.json ~= nil then
+    body = assert(json.encode(opts.json))
+    headers["content-type"] = headers["content-type"] or "application/json"
+  end
+  rt.start(rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
+  return r
+end
+
+--- The client of a request sent with gw:send goes away (as a closed connection does in serve).
+function Gateway:disconnect(r)
+  if not r.status then
+    r.status, r.disconnected = 499, true
+    r.headers, r.body = {}, ""
+    rt.abort(r.rid)
+  end
+end
+
+--- Runs something at virtual time ms (absolute), e.g. to send requests spread over time.
+function Gateway:at(ms, fn)
+  schedule(self, ms, fn)
+end
+
+--- Runs the virtual clock until every request sent is answered and nothing else is due. Errors
+-- when a request can never be answered, or when a call had no stub.
+function Gateway:run()
+  local guard = 0
+  while true do
+    local open = false
+    for _, r in ipairs(self.pending_responses or {}) do
+      if not r.status then open = true break end
     end
-    rt.start(rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
-    local guard = 0
-    while not r.status do
-      guard = guard + 1
-      if guard > 100000 or not step(self) then
-        error(("%s %s was never answered: the script waits with nothing in flight"):format(method, path), 2)
-      end
+    local stepped = step(self)
+    if not stepped and open then
+      error("a request was never answered: the script waits with nothing in flight", 2)
+    end
+    if not stepped then break end
+    guard = guard + 1
+    if guard > 10000000 then error("the virtual clock ran 10,000,000 events without settling", 2) end
+  end
+  for _, r in ipairs(self.pending_responses or {}) do finish_response(r) end
+  self.pending_responses = {}
+  if self.unstubbed then
+    local msg = self.unstubbed
+    self.unstubbed = nil
+    error(msg, 2)
+  end
+end
+
+--- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
+-- body = "…" | json = value }. Returns { status, headers (lowercased), body, json (decoded when
+-- the body is JSON), elapsed_ms (virtual), script, route }. Errors when a call had no stub.
+function Gateway:request(method, path, opts)
+  self.unstubbed = nil
+  local r = self:send(method, path, opts)
+  local guard = 0
+  while not r.status do
+    guard = guard + 1
+    if guard > 1000000 or not step(self) then
+      error(("%s %s was never answered: the script waits with nothing in flight"):format(method, path), 2)
     end
   end
+  self.pending_responses = {}
   if self.unstubbed then error(self.unstubbed, 2) end
-  local ct = r.headers["content-type"] or ""
-  if ct:find("json", 1, true) and r.body ~= "" then r.json = json.decode(r.body) end
-  return r
+  return finish_response(r)
 end
 
 function Gateway:get(path, opts) return self:request("GET", path, opts) end
@@ -373,9 +466,8 @@ function Gateway:now() return self.clock end
 function Gateway:advance(ms)
   local target = self.clock + ms
   while true do
-    local nxt
-    for _, ev in ipairs(self.events) do if not ev.dead and (not nxt or ev.at < nxt) then nxt = ev.at end end
-    if not nxt or nxt > target then break end
+    local ev = peek(self)
+    if not ev or ev.at > target then break end
     step(self)
   end
   self.clock = target
