@@ -66,7 +66,7 @@ function M.gateway(opts)
   local dir = opts.dir or AGGWAY_SCRIPTS or "scripts"
   local gen, errs = loader.load(dir)
   if not gen then error("scripts folder " .. dir .. " does not load:\n  " .. table.concat(errs, "\n  "), 2) end
-  local gw = setmetatable({ dir = dir, gen = gen, clock = 0, seq = 0, events = {}, stubs = {},
+  local gw = setmetatable({ dir = dir, gen = gen, clock = 0, seq = 0, events = {}, stubs = {}, open = 0,
                             call_log = {}, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
                             next_call = 1, names = {} }, Gateway)
   gw.seed = 42
@@ -180,6 +180,7 @@ function Gateway:install()
     if default_type and not h["content-type"] then h["content-type"] = default_type end
     if timing then h["server-timing"] = timing end
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
+    gw.open = gw.open - 1
     return true
   end
   rt.init(core, self.gen.upstreams, self.gen.endpoints)
@@ -290,7 +291,7 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   return id
 end
 
-local function match_route(eps, method, path)
+local function match_route_uncached(eps, method, path)
   local other = {}
   for i, ep in ipairs(eps) do
     local segs = {}
@@ -311,18 +312,40 @@ local function match_route(eps, method, path)
   return nil, other
 end
 
+-- Route matches of a gateway, remembered by method and path (specs send the same paths often).
+local route_cache = setmetatable({}, { __mode = "k" })
+
+local function match_route(eps, method, path)
+  local c = route_cache[eps]
+  if not c then c = {} route_cache[eps] = c end
+  local key = method .. " " .. path
+  local hit = c[key]
+  if not hit then
+    local idx, params = match_route_uncached(eps, method, path)
+    hit = { idx, params }
+    c[key] = hit
+  end
+  -- each request gets its own params table: a script may change it
+  local params = {}
+  for k, v in pairs(hit[2]) do params[k] = v end
+  return hit[1], params
+end
+
 --- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
 -- body = "…" | json = value }. Returns { status, headers (lowercased), body, json (decoded when
 -- the body is JSON), elapsed_ms (virtual) }. Errors when a call had no stub.
--- Decodes a finished response's JSON body (once).
-local function finish_response(r)
-  if r.json == nil and r.status then
-    local ct = r.headers["content-type"] or ""
-    if ct:find("json", 1, true) and r.body ~= "" then r.json = json.decode(r.body) end
+-- A response's `json` is its body decoded, on first read.
+local response_mt = { __index = function(r, k)
+  if k == "json" and r.status then
+    local ct = r.headers and r.headers["content-type"] or ""
+    local v = nil
+    if ct:find("json", 1, true) and r.body ~= "" then v = json.decode(r.body) end
+    rawset(r, "json", v)
+    return v
   end
-  return r
-end
+end }
 
+local function finish_response(r) return r end
 --- Sends a request without waiting: returns its response record, filled in (status, headers,
 -- body, json, elapsed_ms) once the virtual clock has run far enough (gw:run()). For several
 -- requests in flight at once.
@@ -331,7 +354,7 @@ function Gateway:send(method, path, opts)
   if M.current ~= self then self:install() end
   local rid = self.next_rid
   self.next_rid = rid + 1
-  local r = { started_ms = self.clock, rid = rid }
+  local r = setmetatable({ started_ms = self.clock, rid = rid }, response_mt)
   self.responses[rid] = r
   self.pending_responses = self.pending_responses or {}
   self.pending_responses[#self.pending_responses + 1] = r
@@ -354,6 +377,7 @@ function Gateway:send(method, path, opts)
     body = assert(json.encode(opts.json))
     headers["content-type"] = headers["content-type"] or "application/json"
   end
+  self.open = self.open + 1
   rt.start(rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
   return r
 end
@@ -363,6 +387,7 @@ function Gateway:disconnect(r)
   if not r.status then
     r.status, r.disconnected = 499, true
     r.headers, r.body = {}, ""
+    self.open = self.open - 1
     rt.abort(r.rid)
   end
 end
@@ -377,12 +402,8 @@ end
 function Gateway:run()
   local guard = 0
   while true do
-    local open = false
-    for _, r in ipairs(self.pending_responses or {}) do
-      if not r.status then open = true break end
-    end
     local stepped = step(self)
-    if not stepped and open then
+    if not stepped and self.open > 0 then
       error("a request was never answered: the script waits with nothing in flight", 2)
     end
     if not stepped then break end
