@@ -111,6 +111,20 @@ class CheckCommand(unittest.TestCase):
         self.assertIn("deadlin_ms", err)
         self.assertIn("timout_ms", err)
 
+    def test_check_missing_tls_certificate_is_invalid_as_serve_finds_it(self):
+        # serve exits 1 with "cannot load TLS certificate"; check must not call the folder valid
+        src = gateway_lua(self.port, UPSTREAMS, extra_listen=[
+            {"port": free_port(), "tls": {"cert": "no-such-cert.pem", "key": "no-such-key.pem"}}])
+        rc, out, err = self.check(self.folder(src))
+        self.assertEqual(rc, 1, "check calls a folder with a missing TLS certificate valid: " + out + err)
+        self.assertIn("no-such-cert.pem", err)
+
+    def test_check_error_with_a_table_value_in_gateway_lua_names_file_and_line(self):
+        d = self.folder('error({ code = 1 })\n')
+        rc, _out, err = self.check(d)
+        self.assertEqual(rc, 1)
+        self.assertIn(os.path.join(d, "gateway.lua") + ":1:", err, err)
+
     def test_serve_on_invalid_folder_exits_nonzero_without_serving(self):
         src = gateway_lua(self.port, UPSTREAMS).replace("timeout_ms = 150", "timout_ms = 150")
         d = self.folder(src)
