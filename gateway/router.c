@@ -62,7 +62,9 @@ static int match_path(const agw_route_t *rt, const char *path, size_t path_len, 
         size_t len = end ? (size_t)(end - seg) : path_len - pos;
         const agw_route_seg_t *s = &rt->segs[i];
         if (s->is_param) {
-            if (len == 0)
+            /* "." and ".." never fill a parameter: a script writing "/items/" .. id must not be
+             * turned into a walk up the upstream's paths */
+            if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
                 return 0;
             params[np].name = s->text;
             params[np].name_len = s->len;

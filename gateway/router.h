@@ -30,8 +30,9 @@ typedef struct agw_router {
     size_t num_routes;
 } agw_router_t;
 
-/* One captured parameter: name from the route, value is a slice of the request path (still
- * percent-encoded). */
+/* One captured parameter: name from the route, value is a slice of the request path, still
+ * percent-encoded as the client sent it (so "%2F" cannot become a '/' in an upstream path). A
+ * parameter never matches an empty segment, "." or "..". */
 typedef struct agw_route_param {
     const char *name;
     size_t name_len;

@@ -14,8 +14,9 @@
 #include "log.h"
 #include "worker.h"
 
-/* Opens a listening socket for host:port with SO_REUSEPORT. Returns the fd or -1 (logged). */
-static int open_listener(const agw_listen_conf_t *l)
+/* Opens a listening socket for host:port, with SO_REUSEPORT when reuse (one socket per worker).
+ * Returns the fd or -1 (logged). */
+static int open_socket(const agw_listen_conf_t *l, int reuse)
 {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
@@ -30,8 +31,8 @@ static int open_listener(const agw_listen_conf_t *l)
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int on = 1;
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) != 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 ||
-        listen(fd, 1024) != 0) {
+        (reuse && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) != 0) ||
+        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
         agw_log(AGW_LOG_ERROR, "listen %s:%d: %s (is another process using the port?)", l->host, l->port,
                 strerror(errno));
         if (fd >= 0)
@@ -43,6 +44,30 @@ static int open_listener(const agw_listen_conf_t *l)
     return fd;
 }
 
+/* SO_REUSEPORT would let this process share a port that another gateway already serves: bind it
+ * once without that option first, so a port in use is an error at start-up. */
+static int port_is_free(const agw_listen_conf_t *l)
+{
+    int fd = open_socket(l, 0);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    return 1;
+}
+
+static int open_listener(const agw_listen_conf_t *l)
+{
+    return open_socket(l, 1);
+}
+
+/* OpenSSL's reason for the last failure, or a readable default when it gives none. */
+static const char *tls_error(void)
+{
+    unsigned long e = ERR_get_error();
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    return r ? r : "the file is missing, unreadable or not PEM";
+}
+
 static SSL_CTX *make_ssl_ctx(const agw_listen_conf_t *l)
 {
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
@@ -52,13 +77,13 @@ static SSL_CTX *make_ssl_ctx(const agw_listen_conf_t *l)
     SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE);
     if (SSL_CTX_use_certificate_chain_file(ctx, l->cert_file) != 1) {
         agw_log(AGW_LOG_ERROR, "listen port %d: cannot load TLS certificate %s: %s", l->port, l->cert_file,
-                ERR_reason_error_string(ERR_get_error()));
+                tls_error());
         SSL_CTX_free(ctx);
         return NULL;
     }
     if (SSL_CTX_use_PrivateKey_file(ctx, l->key_file, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
         agw_log(AGW_LOG_ERROR, "listen port %d: cannot load TLS key %s (or it does not match the certificate): %s",
-                l->port, l->key_file, ERR_reason_error_string(ERR_get_error()));
+                l->port, l->key_file, tls_error());
         SSL_CTX_free(ctx);
         return NULL;
     }
@@ -86,6 +111,9 @@ int agw_server_run(agw_config_t *conf)
     h2o_handler_t *handler = h2o_create_handler(path, sizeof(*handler));
     handler->on_req = agw_worker_on_req;
 
+    for (size_t i = 0; i < conf->num_listen; i++)
+        if (!port_is_free(&conf->listen[i]))
+            return 1;
     SSL_CTX **ssl = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*ssl));
     for (size_t i = 0; i < conf->num_listen; i++) {
         if (conf->listen[i].cert_file && (ssl[i] = make_ssl_ctx(&conf->listen[i])) == NULL)

@@ -189,17 +189,20 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
     return 0;
 }
 
-/* Returns 1 for HEAD (no body follows, whatever Content-Length says), -1 to stop at once when
- * Content-Length announces a body over max_body. */
+/* Returns 1 when no body follows (HEAD, 204, 304), -1 to stop at once when Content-Length
+ * announces a body over max_body or the status is not one. */
 static int on_headers_complete(http_parser *p)
 {
     agw_h1_response_t *r = p->data;
     r->nheaders = r->nhdrs;
     r->last = LAST_NONE;
+    if (p->status_code < 100)
+        return -1; /* not an HTTP status (RFC 9110 §15: three digits, 1xx to 5xx): a bad response */
     if (p->status_code < 200)
         return 0;
     r->final_headers = 1;
-    if (r->head)
+    /* HEAD, 204 and 304 end at the headers, whatever Content-Length says (RFC 9112 §6.3) */
+    if (r->head || p->status_code == 204 || p->status_code == 304)
         return 1;
     if (!(p->flags & F_CHUNKED) && p->content_length != UINT64_MAX) {
         r->expect_len = p->content_length;

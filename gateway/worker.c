@@ -465,6 +465,16 @@ static int add_script_header(agw_worker_t *w, h2o_req_t *req, const char *name, 
         agw_log(AGW_LOG_WARN, "worker %d: dropped invalid response header '%.*s'", w->id, (int)nl, name);
         return 0;
     }
+    /* framing and hop-by-hop headers belong to the gateway (RFC 9110 §7.6.1; forbidden in HTTP/2) */
+    static const char *const owned[] = {"content-length", "transfer-encoding", "connection", "keep-alive",
+                                        "upgrade", "proxy-connection", "te", "trailer", NULL};
+    for (const char *const *o = owned; *o; o++) {
+        if (strlen(*o) == nl && memcmp(*o, lower, nl) == 0) {
+            agw_log(AGW_LOG_WARN, "worker %d: dropped response header '%s' set by a script: the gateway frames responses",
+                    w->id, *o);
+            return 0;
+        }
+    }
     add_header(req, lower, nl, value, vl);
     return nl == 12 && memcmp(lower, "content-type", 12) == 0;
 }
@@ -528,7 +538,10 @@ static int l_respond(lua_State *L)
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
     stop_client_watch(rr);
-    req->res.content_length = body_len;
+    if (status == 204 || status == 304) /* no body, and no Content-Length to promise one (RFC 9110 §8.6) */
+        body_len = 0;
+    else
+        req->res.content_length = body_len;
     h2o_send_inline(req, body, body_len);
     lua_pushboolean(L, 1);
     return 1;
@@ -689,36 +702,22 @@ static void on_req_dispose(void *p)
     abandon_request(w, rid);
 }
 
-static int hexval(int c)
+/* Checks request framing that h2o lets through (RFC 9112): a header with an empty name (an
+ * obsolete line folding) and Content-Length headers that disagree. Returns a reason or NULL. */
+static const char *bad_framing(const h2o_req_t *req)
 {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    c = tolower(c);
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
-/* Pushes s percent-decoded; invalid escapes are kept as they are. */
-static void push_pct_decoded(lua_State *L, const char *s, size_t n)
-{
-    if (memchr(s, '%', n) == NULL) {
-        lua_pushlstring(L, s, n);
-        return;
-    }
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    for (size_t i = 0; i < n; i++) {
-        int hi, lo;
-        if (s[i] == '%' && i + 2 < n && (hi = hexval((unsigned char)s[i + 1])) >= 0 &&
-            (lo = hexval((unsigned char)s[i + 2])) >= 0) {
-            luaL_addchar(&b, (char)(hi * 16 + lo));
-            i += 2;
-        } else {
-            luaL_addchar(&b, s[i]);
+    const h2o_iovec_t *length = NULL;
+    for (size_t i = 0; i < req->headers.size; i++) {
+        const h2o_header_t *h = &req->headers.entries[i];
+        if (h->name->len == 0)
+            return "a header line starts with whitespace (obsolete line folding)";
+        if (h2o_lcstris(h->name->base, h->name->len, H2O_STRLIT("content-length"))) {
+            if (length && !h2o_memis(length->base, length->len, h->value.base, h->value.len))
+                return "Content-Length headers disagree";
+            length = &h->value;
         }
     }
-    luaL_pushresult(&b);
+    return NULL;
 }
 
 int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
@@ -741,6 +740,12 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         send_problem(w, req, 405, "method-not-allowed", "this route does not accept this method", NULL);
         return 0;
     }
+    const char *framing = bad_framing(req);
+    if (framing) {
+        req->http1_is_persistent = 0;
+        send_problem(w, req, 400, "bad-request", "the request is malformed", framing);
+        return 0;
+    }
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
     rr->w = w;
     rr->req = req;
@@ -760,7 +765,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     lua_createtable(L, 0, (int)num_params);
     for (size_t i = 0; i < num_params; i++) {
         lua_pushlstring(L, params[i].name, params[i].name_len);
-        push_pct_decoded(L, params[i].value, params[i].value_len);
+        lua_pushlstring(L, params[i].value, params[i].value_len);
         lua_rawset(L, -3);
     }
     agw_buf_t *hb = &w->hdrs;

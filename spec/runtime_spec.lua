@@ -50,6 +50,14 @@ describe("agg.fetch_then", function()
     assert.equal("true", page.headers["x-aggregation-completed"])
   end)
 
+  it("follows a continuation that returns another chain", function()
+    local page = gw:get("/then/chain")
+    assert.equal(200, page.status)
+    assert.equal(7, page.json.chained.data.n)
+    assert.equal("/n/5", gw:calls("c")[1].path)
+    assert.equal(45, page.elapsed_ms) -- x 10, then y 30, then c 5
+  end)
+
   it("lets a continuation call fetch_all itself", function()
     local page = gw:get("/then/nested")
     assert.same({ p = 3, q = 7 }, page.json.inner.data)
@@ -103,6 +111,7 @@ describe("deadlines", function()
     local page = gw:request("POST", "/echo/Zo%C3%AB?x=1&x=2&y=a+b", { json = { k = json.null } })
     assert.equal(201, page.status)
     assert.equal("Zoë", page.json.name)
+    assert.equal("Zo%C3%AB", page.json.raw) -- route parameters arrive as the client sent them
     assert.equal("Zoë", page.headers["x-name"])
     assert.same({ x = { "1", "2" }, y = "a b" }, page.json.q)
     assert.equal(50, page.json.left)

@@ -21,8 +21,9 @@ local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true
 -- ("/…"). The leading slash is what tells { "product", "/p/1" } from a list of sibling keys
 -- { "product", "inventory" } in agg.fetch_then.
 function M.is_spec(v)
-  return type(v) == "table" and type(v[1]) == "string" and type(v[2]) == "string" and v[2]:byte(1) == 47
-    and getmetatable(v) == nil
+  -- the metatable first: reading [1] of a fetch_then chain would run it
+  return type(v) == "table" and getmetatable(v) == nil and type(v[1]) == "string" and type(v[2]) == "string"
+    and v[2]:byte(1) == 47
 end
 
 local function escape(s)

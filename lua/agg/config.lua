@@ -65,9 +65,14 @@ function M.check(cfg, src, file)
           "; gateway.lua knows listen, workers, deadline_ms, max_request_body_bytes, upstreams")
     end
   end
+  local function show(v)
+    if type(v) == "string" then return ("string %q"):format(v) end
+    if type(v) == "number" then return tostring(v) end
+    return type(v)
+  end
   local function posint(v, where, line, max)
     if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v <= 0 or (max and v > max) then
-      err(line, where, ("must be a positive whole number%s, got %s"):format(max and (" up to " .. max) or "", tostring(v)))
+      err(line, where, ("must be a positive whole number%s, got %s"):format(max and (" up to " .. max) or "", show(v)))
       return false
     end
     return true
@@ -91,13 +96,34 @@ function M.check(cfg, src, file)
         end
         if posint(l.port, where .. ".port", find_line(lines, "port", lline), 65535) then
           local e = { port = l.port, host = l.host or "0.0.0.0" }
-          if type(e.host) ~= "string" then err(lline, where .. ".host", "must be an IP address string") end
+          local h = e.host
+          if type(h) ~= "string" or not (h:match("^%d+%.%d+%.%d+%.%d+$") or h:find(":", 1, true)) then
+            err(find_line(lines, "host", lline) or lline, where .. ".host",
+                "must be an IP address like \"0.0.0.0\", \"127.0.0.1\" or \"::\", got " .. show(h))
+          end
+          for _, other in ipairs(out.listen) do
+            if other.port == e.port then err(find_line(lines, "port", lline), where .. ".port", "port " .. e.port .. " is listed twice") end
+          end
           if l.tls ~= nil then
             local tline = find_line(lines, "tls", lline)
             if type(l.tls) ~= "table" or type(l.tls.cert) ~= "string" or type(l.tls.key) ~= "string" then
               err(tline, where .. ".tls", "must be { cert = \"path/cert.pem\", key = \"path/key.pem\" }")
             else
               e.cert, e.key = l.tls.cert, l.tls.key
+              -- the files are read at start-up: check here that they are there and look like PEM
+              local dir = file:match("^(.*)/[^/]*$") or "."
+              for _, kind in ipairs { "cert", "key" } do
+                local path = l.tls[kind]
+                if path:sub(1, 1) ~= "/" then path = dir .. "/" .. path end
+                local f = io.open(path, "rb")
+                local text = f and f:read(65536)
+                if f then f:close() end
+                if not text then
+                  err(find_line(lines, kind, tline) or tline, where .. ".tls." .. kind, "cannot read " .. path)
+                elseif not text:find("-----BEGIN", 1, true) then
+                  err(find_line(lines, kind, tline) or tline, where .. ".tls." .. kind, path .. " is not a PEM file")
+                end
+              end
             end
           end
           out.listen[#out.listen + 1] = e

@@ -29,6 +29,42 @@ local function line_of(src, needle)
   return 1
 end
 
+-- Each endpoint file runs in an environment of its own: its globals stay its own, and the
+-- standard libraries every script shares are read-only views, so one script cannot break another
+-- (string.format = nil raises at that script's line).
+local function readonly(t, name)
+  return setmetatable({}, {
+    __index = t,
+    __newindex = function(_, k)
+      error(name .. " is shared by every script and read-only (tried to set " .. name .. "." .. tostring(k) .. ")", 2)
+    end,
+    __metatable = name,
+  })
+end
+
+local SHARED = {}
+for _, name in ipairs { "string", "table", "math", "os", "io", "coroutine", "bit", "jit" } do
+  if _G[name] then SHARED[name] = readonly(_G[name], name) end
+end
+
+local function script_env()
+  local env = {}
+  for k, v in pairs(SHARED) do env[k] = v end
+  env._G = env
+  return setmetatable(env, { __index = _G })
+end
+
+-- Runs a loaded chunk. An error value that is not a string (error({…})) carries no position:
+-- the message then names the file and the line where it was raised, taken from the traceback.
+local function run_chunk(chunk, file)
+  return xpcall(chunk, function(e)
+    if type(e) == "string" then return e end
+    local tb = debug.traceback("", 2)
+    local line = tb:match(file:gsub("%p", "%%%0") .. ":(%d+):") or "1"
+    return ("%s:%s: raised an error value of type %s (use error(\"message\") to say what is wrong)"):format(file, line, type(e))
+  end)
+end
+
 --- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } }.
 -- Returns nil, message on a malformed route.
 function M.parse_route(route)
@@ -74,7 +110,7 @@ function M.load(dir)
     if not chunk then
       errors[#errors + 1] = err
     else
-      local ok, v = pcall(chunk)
+      local ok, v = run_chunk(chunk, gfile)
       if not ok then
         errors[#errors + 1] = tostring(v)
       else
@@ -99,10 +135,11 @@ function M.load(dir)
     local file = dir .. "/" .. rel
     local fsrc = read(file) or ""
     local chunk, err = loadfile(file)
+    if chunk then setfenv(chunk, script_env()) end
     if not chunk then
       errors[#errors + 1] = err
     else
-      local ok, v = pcall(chunk)
+      local ok, v = run_chunk(chunk, file)
       if not ok then
         errors[#errors + 1] = tostring(v)
       elseif type(v) ~= "table" then

@@ -129,6 +129,9 @@ function M.is_required(r)
 end
 
 local function log_error(ctx, what, err, co)
+  if type(err) ~= "string" then
+    err = ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
+  end
   local where = ctx and ctx.ep and (ctx.ep.route .. " (" .. ctx.ep.file .. ")") or "?"
   core.log("error", ("script error in %s%s: %s"):format(where, what and (", " .. what) or "",
     co and debug.traceback(co, tostring(err)) or tostring(err)))
@@ -917,8 +920,8 @@ finish_request = function(ctx, ok, resp, co)
     return send_problem(ctx, problem.script_error(nil))
   end
   local st = type(resp) == "table" and resp.status
-  if type(st) ~= "number" or st < 100 or st > 599 or st % 1 ~= 0 then
-    log_error(ctx, nil, "the handler must return agg.page(results) or { status = <100..599>, json = … | body = … }")
+  if type(st) ~= "number" or st < 200 or st > 599 or st % 1 ~= 0 then
+    log_error(ctx, nil, "the handler must return agg.page(results) or { status = <200..599>, json = … | body = … }")
     return send_problem(ctx, problem.script_error(nil))
   end
   local headers = resp.headers

@@ -177,6 +177,9 @@ function Gateway:install()
       local name, value = tostring(k):lower(), tostring(v)
       if name:match("^[%w!#$%%&'*+.^_`|~-]+$") and not value:find("[\r\n%z]") then h[name] = value end
     end
+    for _, owned in ipairs { "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
+                              "proxy-connection", "te", "trailer" } do h[owned] = nil end
+    if status == 204 or status == 304 then body = "" end
     if default_type and not h["content-type"] then h["content-type"] = default_type end
     if timing then h["server-timing"] = timing end
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
@@ -300,7 +303,9 @@ local function match_route_uncached(eps, method, path)
     if ok then
       for j, s in ipairs(ep.segments) do
         if type(s) == "table" then
-          params[s.param] = segs[j]:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+          -- as the C router: raw (still percent-encoded), never "." or ".."
+          if segs[j] == "." or segs[j] == ".." then ok = false break end
+          params[s.param] = segs[j]
         elseif s ~= segs[j] then ok = false break end
       end
     end
