@@ -166,6 +166,19 @@ describe("hedging", function()
     assert.equal(1, #gw:calls("slow"))
   end)
 
+  it("hedges at the upstream's observed p95 once it has 20 answers to go by", function()
+    gw:stub("slow95", "/s", { json = { from = "usual" }, latency_ms = 10 })
+    for _ = 1, 19 do gw:get("/hedged-p95") end
+    assert.equal(19, #gw:calls("slow95")) -- no hedging before 20 samples
+    for _ = 1, 20 do gw:get("/hedged-p95") end
+    gw:clear_calls()
+    gw:stub("slow95", "/s", { { json = { from = "stuck" }, latency_ms = 900 }, { json = { from = "hedge" }, latency_ms = 10 } })
+    local page = gw:get("/hedged-p95")
+    assert.equal("hedge", page.json.s.data.from)
+    assert.equal(20, page.elapsed_ms) -- hedged at p95 = 10 ms, answered 10 ms later
+    assert.equal(2, #gw:calls("slow95"))
+  end)
+
   it("caps hedges at about max_percent of the calls", function()
     gw:stub("slow", "/s", { json = { from = "any" }, latency_ms = 80 })
     for _ = 1, 100 do gw:get("/hedged") end

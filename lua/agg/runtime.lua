@@ -239,7 +239,7 @@ local timers = {}     -- timer id -> function
 local function upstream_state(name)
   local u = ustate[name]
   if not u then
-    u = { active = 0, retries_active = 0, tokens = 1, lat = {}, n = 0, p95 = nil,
+    u = { active = 0, retries_active = 0, tokens = 1, lat = {}, n = 0, p95 = nil, p95_n = 0,
           stats = { calls = 0, attempts = 0, retries = 0, retries_denied = 0, hedges = 0, hedges_won = 0,
                     collapsed = 0, breaker_denied = 0, breaker_opened = 0 } }
     ustate[name] = u
@@ -272,18 +272,26 @@ function M.on_timer(id)
   end
 end
 
--- Records a successful attempt's latency; p95 over the last 200, recomputed every 20 samples.
+-- Records a successful attempt's latency in a ring of the last 200 (cheap: the p95 is computed
+-- only when a hedged call asks for it, see p95()).
 local function sample_latency(u, ms)
   u.n = u.n + 1
   u.lat[(u.n - 1) % 200 + 1] = ms
-  if u.n >= 20 and u.n % 20 == 0 then
+end
+
+-- The upstream's p95 latency over its last 200 answers, recomputed at most every 20 new samples;
+-- nil before 20 samples (no hedging until there is something to go by).
+local function p95(u)
+  if u.n < 20 then return nil end
+  if not u.p95 or u.n - u.p95_n >= 20 then
     local copy = {}
     for i = 1, math.min(u.n, 200) do copy[i] = u.lat[i] end
     table.sort(copy)
     u.p95 = copy[math.max(1, math.floor(#copy * 0.95))]
+    u.p95_n = u.n
   end
+  return u.p95
 end
-
 -- How an attempt counts for the breaker: the upstream's failures only.
 local BREAKER_FAILURES = { refused = true, connect_timeout = true, reset = true, truncated = true,
                            bad_response = true, too_large = true }
@@ -540,7 +548,7 @@ local function start_call(ctx, key, spec, g, chain)
   attempt(x, false)
   local after = spec.hedge
   if after and not x.done then
-    if after == "p95" then after = u.p95 end
+    if after == "p95" then after = p95(u) end
     if after then
       x.hedge_timer = set_timer(after, function()
         x.hedge_timer = nil
