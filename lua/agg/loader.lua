@@ -134,6 +134,23 @@ function M.load(dir)
   for _, rel in ipairs(files) do
     local file = dir .. "/" .. rel
     local fsrc = read(file) or ""
+    -- call specs run only when a request comes, but a call to an upstream gateway.lua does not
+    -- declare is worth catching now: look for { "name", "/path" … } literals in the source
+    if cfg then
+      local n = 0
+      for line in (fsrc .. "\n"):gmatch("([^\n]*)\n") do
+        n = n + 1
+        for name in line:gmatch('{%s*"([%w_%-]+)"%s*,%s*"/') do
+          if not ups[name] then
+            local names = {}
+            for k in pairs(ups) do names[#names + 1] = k end
+            table.sort(names)
+            errors[#errors + 1] = ("%s:%d: call to unknown upstream '%s' (gateway.lua declares: %s)"):format(
+              file, n, name, table.concat(names, ", "))
+          end
+        end
+      end
+    end
     local chunk, err = loadfile(file)
     if chunk then setfenv(chunk, script_env()) end
     if not chunk then

@@ -97,6 +97,13 @@ class CheckCommand(unittest.TestCase):
         self.assertRegex(err, r"zz-dup\.lua:3: .*GET /product-page/\{pid\}", err)
         self.assertIn("product-page.lua", err)
 
+    def test_check_call_to_an_upstream_gateway_lua_does_not_declare_names_file_and_line(self):
+        typo = endpoint("GET /typo", '    return agg.page(agg.fetch_all { r = { "review", "/reviews/1" } })')
+        scripts = dict(repo_scripts(), **{"typo.lua": typo})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        self.assertRegex(err, r"typo\.lua:\d+: call to unknown upstream 'review' \(gateway.lua declares: inventory, product, reviews\)", err)
+
     def test_check_unknown_upstream_port_out_of_range(self):
         ups = dict(UPSTREAMS, reviews={"url": "http://127.0.0.1:99999"})
         src = gateway_lua(self.port, ups)
