@@ -97,9 +97,14 @@ static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *err
     int eps = lua_gettop(L);
     size_t n = lua_objlen(L, eps);
     int rc = 0;
+    conf->endpoints = calloc(n ? n : 1, sizeof(*conf->endpoints));
+    conf->num_endpoints = n;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, eps, (int)i + 1);
         int e = lua_gettop(L);
+        conf->endpoints[i].route = field_str(L, e, "route");
+        conf->endpoints[i].method = field_str(L, e, "method");
+        conf->endpoints[i].file = field_str(L, e, "file");
         agw_route_seg_t segs[AGW_ROUTE_MAX_SEGMENTS + 1];
         lua_getfield(L, e, "segments");
         size_t ns = lua_objlen(L, -1);
@@ -155,6 +160,29 @@ static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
     return 0;
 }
 
+/* admin = { host, port } (absent: no admin listener) and access_log = "path" | "stderr" (absent: off). */
+static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
+{
+    lua_getfield(L, cfg, "admin");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        conf->admin_host = field_str(L, t, "host");
+        conf->admin_port = (int)field_num(L, t, "port", 9090);
+        if (conf->admin_host == NULL)
+            conf->admin_host = strdup("127.0.0.1");
+    }
+    lua_pop(L, 1);
+    char *log = field_str(L, cfg, "access_log");
+    if (log && strcmp(log, "stderr") != 0 && log[0] != '/') {
+        size_t len = strlen(conf->dir) + strlen(log) + 2;
+        char *full = malloc(len);
+        snprintf(full, len, "%s/%s", conf->dir, log);
+        free(log);
+        log = full;
+    }
+    conf->access_log = log;
+}
+
 /* Resolves a TLS file path relative to the scripts folder. */
 static void resolve_tls_paths(agw_config_t *conf)
 {
@@ -198,6 +226,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->deadline_ms = (uint64_t)field_num(L, cfg, "deadline_ms", 1000);
     conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
     int rc = load_listen(L, cfg, conf);
+    load_admin(L, cfg, conf);
     if (load_upstreams(L, cfg, conf, errors) != 0)
         rc = -1;
     if (load_routes(L, gen, conf, errors) != 0)
@@ -229,6 +258,14 @@ void agw_config_free(agw_config_t *conf)
         agw_breaker_destroy(&conf->breakers[i]);
     free(conf->breakers);
     agw_router_free(&conf->router);
+    for (size_t i = 0; conf->endpoints && i < conf->num_endpoints; i++) {
+        free(conf->endpoints[i].route);
+        free(conf->endpoints[i].method);
+        free(conf->endpoints[i].file);
+    }
+    free(conf->endpoints);
+    free(conf->admin_host);
+    free(conf->access_log);
     free(conf->dir);
     memset(conf, 0, sizeof(*conf));
 }

@@ -19,6 +19,13 @@ typedef struct agw_listen_conf {
     char *key_file;    /* PEM private key when TLS is on, else NULL */
 } agw_listen_conf_t;
 
+/* An endpoint as /routes and the metrics name it. */
+typedef struct agw_endpoint_info {
+    char *route;       /* "GET /product-page/{id}" */
+    char *method;      /* "GET" */
+    char *file;        /* the script that defines it */
+} agw_endpoint_info_t;
+
 typedef struct agw_config {
     char *dir;                          /* scripts folder as given */
     agw_listen_conf_t *listen;
@@ -30,6 +37,12 @@ typedef struct agw_config {
     agw_breaker_t *breakers;            /* one per upstream, shared by every worker */
     size_t num_upstreams;
     agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
+    agw_endpoint_info_t *endpoints;     /* index e-1 describes endpoint e */
+    size_t num_endpoints;
+    char *admin_host;                   /* admin listener address ("127.0.0.1") */
+    int admin_port;                     /* admin listener port, 0 when there is none */
+    char *access_log;                   /* NULL: off; "stderr"; or a file path (relative ones resolved
+                                           against the scripts folder) */
 } agw_config_t;
 
 /* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM and resolves upstream

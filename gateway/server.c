@@ -2,6 +2,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
@@ -11,7 +12,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "log.h"
+#include "metrics.h"
 #include "worker.h"
 
 /* Opens a listening socket for host:port, with SO_REUSEPORT when reuse (one socket per worker).
@@ -91,6 +94,34 @@ static SSL_CTX *make_ssl_ctx(const agw_listen_conf_t *l)
     return ctx;
 }
 
+/* Opens the access log for appending: the file, or stderr; -1 (logged) when it cannot be opened. */
+static int open_access_log(const char *path)
+{
+    if (strcmp(path, "stderr") == 0)
+        return dup(2);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        agw_log(AGW_LOG_ERROR, "gateway.lua: access_log: cannot open %s for appending: %s", path, strerror(errno));
+    return fd;
+}
+
+/* SIGUSR1 (log rotation): the access log file is opened again and put in place of the old one
+ * with dup2(), which swaps the file under the same descriptor at once: workers keep writing to
+ * their descriptor and never see a closed one. */
+static void reopen_access_log(const agw_config_t *conf, int fd)
+{
+    if (fd < 0 || strcmp(conf->access_log, "stderr") == 0)
+        return;
+    int nfd = open_access_log(conf->access_log);
+    if (nfd < 0)
+        return; /* logged; keep writing to the old file */
+    if (dup3(nfd, fd, O_CLOEXEC) < 0)
+        agw_log(AGW_LOG_ERROR, "access_log: cannot reopen %s: %s", conf->access_log, strerror(errno));
+    else
+        agw_log(AGW_LOG_INFO, "SIGUSR1: reopened the access log %s", conf->access_log);
+    close(nfd);
+}
+
 int agw_server_run(agw_config_t *conf)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -99,6 +130,7 @@ int agw_server_run(agw_config_t *conf)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGUSR1);
     /* workers inherit the mask; only this thread takes the signals */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
@@ -119,6 +151,16 @@ int agw_server_run(agw_config_t *conf)
         if (conf->listen[i].cert_file && (ssl[i] = make_ssl_ctx(&conf->listen[i])) == NULL)
             return 1;
     }
+    int access_fd = -1;
+    if (conf->access_log && (access_fd = open_access_log(conf->access_log)) < 0)
+        return 1;
+    agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        metrics[wi] = agw_metrics_new(conf);
+    /* the admin listener answers (not ready) while the workers load their scripts */
+    agw_admin_t *admin = NULL;
+    if (conf->admin_port && (admin = agw_admin_start(conf, metrics, conf->workers)) == NULL)
+        return 1;
     agw_worker_t **workers = calloc(conf->workers, sizeof(*workers));
     agw_listener_fd_t *fds = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*fds));
     for (unsigned wi = 0; wi < conf->workers; wi++) {
@@ -128,10 +170,12 @@ int agw_server_run(agw_config_t *conf)
             fds[i].ssl_ctx = ssl[i];
         }
         agw_buf_t errors = AGW_BUF_INIT;
-        workers[wi] = agw_worker_start((int)wi, conf, &globalconf, fds, conf->num_listen, &errors);
+        workers[wi] = agw_worker_start((int)wi, conf, &globalconf, fds, conf->num_listen, metrics[wi], access_fd,
+                                       &errors);
         if (workers[wi] == NULL) {
             agw_log(AGW_LOG_ERROR, "worker %u did not start:\n%s", wi, errors.base ? errors.base : "");
             agw_buf_free(&errors);
+            agw_admin_stop(admin);
             return 1;
         }
         agw_buf_free(&errors);
@@ -142,6 +186,7 @@ int agw_server_run(agw_config_t *conf)
     agw_log(AGW_LOG_INFO, "aggway serving %s with %u worker%s, %zu route%s, %zu upstream%s", conf->dir, conf->workers,
             conf->workers == 1 ? "" : "s", conf->router.num_routes, conf->router.num_routes == 1 ? "" : "s",
             conf->num_upstreams, conf->num_upstreams == 1 ? "" : "s");
+    agw_admin_set_ready(admin, 1);
     for (;;) {
         int sig = 0;
         if (sigwait(&set, &sig) != 0)
@@ -150,11 +195,22 @@ int agw_server_run(agw_config_t *conf)
             agw_log(AGW_LOG_WARN, "SIGHUP: reloading is not available in this version; restart to load changes");
             continue;
         }
+        if (sig == SIGUSR1) {
+            reopen_access_log(conf, access_fd);
+            continue;
+        }
         agw_log(AGW_LOG_INFO, "signal %d: stopping", sig);
         break;
     }
+    agw_admin_set_ready(admin, 0);
     for (unsigned wi = 0; wi < conf->workers; wi++)
         agw_worker_stop(workers[wi]);
+    agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        agw_metrics_free(metrics[wi]);
+    free(metrics);
+    if (access_fd >= 0)
+        close(access_fd);
     free(workers);
     free(fds);
     free(ssl);

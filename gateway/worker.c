@@ -20,6 +20,7 @@
 
 #include "json.h"
 #include "log.h"
+#include "metrics.h"
 #include "script.h"
 #include "slots.h"
 #include "upstream.h"
@@ -37,6 +38,10 @@ typedef struct reqref {
     h2o_req_t *req;
     ev_io client_watch; /* HTTP/1: notices the client closing while the page is being built */
     int watching;
+    int endpoint;       /* 1-based endpoint index (metrics, access log) */
+    double started;     /* ev_now() when the request arrived */
+    char *logline;      /* access log on: "METHOD\0path" copied at arrival (the request may be gone
+                           by the time a client that left is logged) */
 } reqref_t;
 
 /* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */
@@ -52,6 +57,7 @@ typedef struct wcall {
     uint64_t id;
     agw_call_t *call;
     int decode;
+    unsigned up;        /* upstream index, 0-based */
     struct wcall *next_free;
 } wcall_t;
 
@@ -81,6 +87,14 @@ struct agw_worker {
     size_t num_pending_aborts, cap_pending_aborts;
     agw_buf_t out;                         /* scratch for encoding responses */
     agw_buf_t hdrs;                        /* scratch for upstream response headers */
+    agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
+    ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
+    int ref_report_stats;                  /* runtime.report_stats, or LUA_NOREF */
+    int access_fd;                         /* access log, -1 when off */
+    agw_buf_t alog;                        /* access log lines not yet written */
+    ev_timer alog_timer;                   /* writes alog out shortly after its first line */
+    long alog_sec;                         /* the second alog_stamp was formatted for */
+    char alog_stamp[80];                   /* "2026-01-31T12:34:56" */
 };
 
 /* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
@@ -223,8 +237,15 @@ static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char
 }
 
 /* Sends an RFC 9457 problem built in C (routing errors, runtime failures). */
-static void send_problem(agw_worker_t *w, h2o_req_t *req, int status, const char *kind, const char *title,
-                         const char *detail)
+typedef struct section_ref section_ref_t;
+static void record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes);
+static void record_request(agw_worker_t *w, reqref_t *rr, int status, size_t bytes, const section_ref_t *secs,
+                           size_t nsecs, const char *timing, size_t tlen);
+
+/* Counts and logs the problem as the response of rr, or (rr NULL) of a request that never reached
+ * the runtime, for endpoint (0: no route matched). */
+static void send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status, const char *kind,
+                         const char *title, const char *detail)
 {
     agw_buf_t *b = &w->out;
     agw_buf_reset(b);
@@ -241,7 +262,254 @@ static void send_problem(agw_worker_t *w, h2o_req_t *req, int status, const char
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("application/problem+json"));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
     req->res.content_length = b->len;
+    if (rr)
+        record_request(w, rr, status, b->len, NULL, 0, NULL, 0);
+    else
+        record_c_response(w, req, endpoint, status, b->len);
     h2o_send_inline(req, b->base, b->len);
+}
+
+/* ---- metrics and the access log ------------------------------------------------------------ */
+
+#define ALOG_FLUSH_BYTES (64 * 1024)
+#define ALOG_MAX_SECTIONS 64
+
+static void publish_pool(agw_worker_t *w, size_t up)
+{
+    agw_pool_stats_t st;
+    agw_pool_stats(w->pools[up], &st);
+    agw_upstream_metrics_t *u = &w->m->upstreams[up];
+    AGW_M_SET(u->pool_open, st.open);
+    AGW_M_SET(u->pool_idle, st.idle);
+    AGW_M_SET(u->pool_pending, st.pending);
+}
+
+static agw_metric_outcome_t metric_outcome(const agw_call_result_t *res, int bad_json)
+{
+    switch (res->outcome) {
+    case AGW_CALL_OK:
+        if (res->http_status >= 500)
+            return AGW_OUT_5XX;
+        if (res->http_status >= 400)
+            return AGW_OUT_4XX;
+        return bad_json ? AGW_OUT_BAD_RESPONSE : AGW_OUT_OK;
+    case AGW_CALL_REFUSED: return AGW_OUT_REFUSED;
+    case AGW_CALL_CONNECT_TIMEOUT:
+    case AGW_CALL_TIMEOUT: return AGW_OUT_TIMEOUT;
+    case AGW_CALL_RESET: return AGW_OUT_RESET;
+    case AGW_CALL_OVERLOAD: return AGW_OUT_OVERLOAD;
+    case AGW_CALL_BAD_REQUEST: return AGW_OUT_INVALID_REQUEST;
+    default: return AGW_OUT_BAD_RESPONSE; /* truncated, bad_response, too_large */
+    }
+}
+
+static void alog_flush(agw_worker_t *w)
+{
+    size_t off = 0;
+    while (off < w->alog.len) {
+        ssize_t n = write(w->access_fd, w->alog.base + off, w->alog.len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break; /* the disk is full or the pipe closed: drop these lines rather than wait */
+        off += (size_t)n;
+    }
+    agw_buf_reset(&w->alog);
+    ev_timer_stop(w->loop, &w->alog_timer);
+}
+
+static void on_alog_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    alog_flush(t->data);
+}
+
+/* Appends s as a JSON string; bytes that are not UTF-8 are written as \u00XX. */
+static void alog_str(agw_buf_t *b, const char *s, size_t len)
+{
+    size_t mark = b->len;
+    if (agw_json_encode_string(b, s, len) == 0)
+        return;
+    b->len = mark;
+    agw_buf_putc(b, '"');
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            agw_buf_putc(b, '\\');
+            agw_buf_putc(b, (char)c);
+        } else if (c < 0x20 || c >= 0x7f) {
+            agw_buf_printf(b, "\\u%04x", c);
+        } else {
+            agw_buf_putc(b, (char)c);
+        }
+    }
+    agw_buf_putc(b, '"');
+}
+
+/* Finds section name's duration in a Server-Timing value ("a;dur=1.5, b;dur=2.0"), whose names are
+ * the section names with characters other than [A-Za-z0-9_-] replaced by '_'. The largest of
+ * several entries (a nested fan-out), or -1. */
+static double timing_ms(const char *t, size_t tlen, const char *name, size_t nlen)
+{
+    double best = -1;
+    const char *p = t, *end = t + tlen;
+    while (p < end) {
+        const char *semi = memchr(p, ';', (size_t)(end - p));
+        if (semi == NULL)
+            break;
+        int same = (size_t)(semi - p) == nlen;
+        for (size_t i = 0; same && i < nlen; i++) {
+            unsigned char c = (unsigned char)name[i];
+            char want = (isalnum(c) || c == '_' || c == '-') && c < 0x80 ? (char)c : '_';
+            same = p[i] == want;
+        }
+        const char *next = memchr(semi, ',', (size_t)(end - semi));
+        if (same && end - semi > 5 && memcmp(semi, ";dur=", 5) == 0) {
+            double v = strtod(semi + 5, NULL);
+            if (v > best)
+                best = v;
+        }
+        if (next == NULL)
+            break;
+        p = next + 1;
+        while (p < end && *p == ' ')
+            p++;
+    }
+    return best;
+}
+
+struct section_ref {
+    const char *name;
+    size_t len;
+    const char *status;
+};
+
+static int section_cmp(const void *a, const void *b)
+{
+    const section_ref_t *x = a, *y = b;
+    size_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->name, y->name, n);
+    return c ? c : (x->len < y->len ? -1 : x->len > y->len);
+}
+
+/* The sections of a page table at idx (section name -> { status = … }), sorted by name. */
+static size_t page_sections(lua_State *L, int idx, section_ref_t *out, size_t max)
+{
+    size_t n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        if (n < max && lua_type(L, -2) == LUA_TSTRING && lua_istable(L, -1)) {
+            lua_pushliteral(L, "status");
+            lua_rawget(L, -2);
+            if (lua_type(L, -1) == LUA_TSTRING) {
+                out[n].name = lua_tolstring(L, -3, &out[n].len);
+                out[n].status = lua_tostring(L, -1); /* interned, and held by the section table */
+                n++;
+            }
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+    qsort(out, n, sizeof(*out), section_cmp);
+    return n;
+}
+
+/* One JSON line per request: time, method, path, route, status, duration_ms, bytes, sections
+ * (name, status, ms), trace_id. secs: the page's sections (NULL when the response is not a page:
+ * the sections are then the Server-Timing entries, without a status). */
+static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const char *path, size_t plen, int endpoint,
+                       int status, double ms, size_t bytes, const section_ref_t *secs, size_t nsecs,
+                       const char *timing, size_t tlen)
+{
+    agw_buf_t *b = &w->alog;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (ts.tv_sec != w->alog_sec) {
+        struct tm tm;
+        time_t sec = ts.tv_sec;
+        gmtime_r(&sec, &tm);
+        snprintf(w->alog_stamp, sizeof(w->alog_stamp), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+        w->alog_sec = ts.tv_sec;
+    }
+    int was_empty = b->len == 0;
+    agw_buf_printf(b, "{\"time\":\"%s.%03dZ\",\"method\":", w->alog_stamp, (int)(ts.tv_nsec / 1000000));
+    alog_str(b, method, mlen);
+    agw_buf_puts(b, ",\"path\":");
+    alog_str(b, path, plen);
+    agw_buf_puts(b, ",\"route\":");
+    if (endpoint > 0 && (size_t)endpoint <= w->conf->num_endpoints) {
+        const char *r = w->conf->endpoints[endpoint - 1].route;
+        alog_str(b, r, strlen(r));
+    } else {
+        agw_buf_puts(b, "null");
+    }
+    agw_buf_printf(b, ",\"status\":%d,\"duration_ms\":%.1f,\"bytes\":%zu,\"sections\":[", status, ms < 0 ? 0 : ms,
+                   bytes);
+    if (secs) {
+        for (size_t i = 0; i < nsecs; i++) {
+            agw_buf_puts(b, i ? ",{\"name\":" : "{\"name\":");
+            alog_str(b, secs[i].name, secs[i].len);
+            agw_buf_puts(b, ",\"status\":");
+            alog_str(b, secs[i].status, strlen(secs[i].status));
+            double t = timing ? timing_ms(timing, tlen, secs[i].name, secs[i].len) : -1;
+            if (t >= 0)
+                agw_buf_printf(b, ",\"ms\":%.1f}", t);
+            else
+                agw_buf_puts(b, ",\"ms\":null}");
+        }
+    } else if (timing) {
+        /* "name;dur=1.5, …": the names are already safe ([A-Za-z0-9_-]) */
+        const char *p = timing, *end = timing + tlen;
+        int first = 1;
+        while (p < end) {
+            const char *semi = memchr(p, ';', (size_t)(end - p));
+            if (semi == NULL)
+                break;
+            const char *next = memchr(semi, ',', (size_t)(end - semi));
+            double t = end - semi > 5 && memcmp(semi, ";dur=", 5) == 0 ? strtod(semi + 5, NULL) : 0;
+            agw_buf_puts(b, first ? "{\"name\":" : ",{\"name\":");
+            alog_str(b, p, (size_t)(semi - p));
+            agw_buf_printf(b, ",\"status\":null,\"ms\":%.1f}", t);
+            first = 0;
+            if (next == NULL)
+                break;
+            p = next + 1;
+            while (p < end && *p == ' ')
+                p++;
+        }
+    }
+    agw_buf_puts(b, "],\"trace_id\":null}\n");
+    if (b->len >= ALOG_FLUSH_BYTES)
+        alog_flush(w);
+    else if (was_empty)
+        ev_timer_start(w->loop, &w->alog_timer);
+}
+
+/* A response produced in C (no route, bad framing, the runtime failed) is counted and logged. */
+static void record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes)
+{
+    agw_metrics_request(w->m, endpoint, status, 0, bytes);
+    if (w->access_fd >= 0)
+        alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, endpoint, status, 0, bytes,
+                   NULL, 0, NULL, 0);
+}
+
+/* Request rr ends with status (a response, or 499 when the client left first). */
+static void record_request(agw_worker_t *w, reqref_t *rr, int status, size_t bytes, const section_ref_t *secs,
+                           size_t nsecs, const char *timing, size_t tlen)
+{
+    double ms = (ev_now(w->loop) - rr->started) * 1000.0;
+    AGW_M_ADD(w->m->requests_ended, 1);
+    agw_metrics_request(w->m, rr->endpoint, status, ms, bytes);
+    if (rr->logline) {
+        size_t mlen = strlen(rr->logline);
+        const char *path = rr->logline + mlen + 1;
+        alog_write(w, rr->logline, mlen, path, strlen(path), rr->endpoint, status, ms, bytes, secs, nsecs, timing,
+                   tlen);
+        free(rr->logline);
+        rr->logline = NULL;
+    }
 }
 
 /* ---- the "agg.core" transport for the runtime ----------------------------------------------- */
@@ -288,6 +556,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     lua_State *L = w->L;
     uint64_t id = c->id;
     int decode = c->decode;
+    unsigned up = c->up;
     agw_slots_del(&w->calls, id);
     c->next_free = w->free_calls;
     w->free_calls = c;
@@ -305,6 +574,8 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     int compact = 0;
     if (json_body && agw_json_validate(res->body, res->body_len, AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) != 0)
         json_body = -1; /* not JSON: the failed call carries the body and the reason */
+    agw_metrics_call(w->m, up, metric_outcome(res, json_body == -1), res->elapsed_ms);
+    publish_pool(w, up);
     if (res->outcome == AGW_CALL_OK) {
         push_headers(w, res->headers, res->num_headers);
         if (json_body == 1)
@@ -367,6 +638,7 @@ static int l_call(lua_State *L)
         return luaL_error(L, "out of memory");
     c->w = w;
     c->decode = lua_toboolean(L, 8);
+    c->up = (unsigned)(index - 1);
     c->id = agw_slots_put(&w->calls, c);
     c->call = agw_call_start(w->pools[index - 1], &req, on_call_done, c);
     if (c->call == NULL) {
@@ -375,6 +647,8 @@ static int l_call(lua_State *L)
         w->free_calls = c;
         return luaL_error(L, "out of memory starting a call");
     }
+    AGW_M_ADD(w->m->upstreams[index - 1].started, 1);
+    publish_pool(w, (size_t)(index - 1));
     lua_pushnumber(L, (lua_Number)c->id);
     return 1;
 }
@@ -443,6 +717,8 @@ static int l_cancel(lua_State *L)
     wcall_t *c = agw_slots_get(&w->calls, id);
     if (c) {
         agw_call_cancel(c->call);
+        agw_metrics_call(w->m, c->up, AGW_OUT_CANCELLED, 0);
+        publish_pool(w, c->up);
         agw_slots_del(&w->calls, id);
         c->next_free = w->free_calls;
         w->free_calls = c;
@@ -516,14 +792,18 @@ static int l_respond(lua_State *L)
     req->res.status = status;
     req->res.reason = reason_phrase(status);
     int has_type = 0;
+    int completed = -1; /* X-Aggregation-Completed (agg.page's marker): 1 true, 0 false, -1 absent */
     if (lua_istable(L, 3)) {
         lua_pushnil(L);
         while (lua_next(L, 3) != 0) {
             size_t nl = 0, vl = 0;
             const char *value = lua_type(L, -1) == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER ? lua_tolstring(L, -1, &vl) : NULL;
             const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nl) : NULL;
-            if (name && value)
+            if (name && value) {
                 has_type |= add_script_header(w, req, name, nl, value, vl);
+                if (nl == 23 && strncasecmp(name, "x-aggregation-completed", 23) == 0)
+                    completed = vl == 4 && memcmp(value, "true", 4) == 0;
+            }
             lua_pop(L, 1);
         }
     }
@@ -542,6 +822,30 @@ static int l_respond(lua_State *L)
         body_len = 0;
     else
         req->res.content_length = body_len;
+    /* a page's sections: for partial pages (metrics) and the access log; a failed page lists them
+     * under "sections" */
+    section_ref_t secs[ALOG_MAX_SECTIONS];
+    size_t nsecs = 0;
+    int is_page = completed >= 0 && is_json && lua_istable(L, 4);
+    if (is_page && (completed == 0 || rr->logline)) {
+        int top = lua_gettop(L), sidx = 4;
+        if (status != 200) {
+            lua_pushliteral(L, "sections");
+            lua_rawget(L, 4);
+            sidx = lua_istable(L, -1) ? lua_gettop(L) : 0;
+        }
+        if (sidx)
+            nsecs = page_sections(L, sidx, secs, ALOG_MAX_SECTIONS);
+        if (status == 200 && completed == 0) {
+            for (size_t i = 0; i < nsecs; i++)
+                if (strcmp(secs[i].status, "ok") != 0)
+                    agw_metrics_partial(w->m, rr->endpoint, secs[i].name, secs[i].len);
+        }
+        record_request(w, rr, status, body_len, secs, nsecs, timing, timing ? sl : 0);
+        lua_settop(L, top); /* the names and statuses stay referenced by the body until l_respond returns */
+    } else {
+        record_request(w, rr, status, body_len, NULL, 0, timing, timing ? sl : 0);
+    }
     h2o_send_inline(req, body, body_len);
     lua_pushboolean(L, 1);
     return 1;
@@ -558,9 +862,27 @@ static int l_log(lua_State *L)
     return 0;
 }
 
+/* core.upstream_counters(index, retries, retries_denied, hedges, hedges_won, collapsed): the
+ * runtime's totals for upstream index, published as metrics (runtime.report_stats). */
+static int l_upstream_counters(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    lua_Integer index = luaL_checkinteger(L, 1);
+    if (index < 1 || (size_t)index > w->conf->num_upstreams)
+        return 0;
+    agw_upstream_metrics_t *u = &w->m->upstreams[index - 1];
+    AGW_M_SET(u->retries, (uint64_t)luaL_optnumber(L, 2, 0));
+    AGW_M_SET(u->retries_denied, (uint64_t)luaL_optnumber(L, 3, 0));
+    AGW_M_SET(u->hedges, (uint64_t)luaL_optnumber(L, 4, 0));
+    AGW_M_SET(u->hedges_won, (uint64_t)luaL_optnumber(L, 5, 0));
+    AGW_M_SET(u->collapsed, (uint64_t)luaL_optnumber(L, 6, 0));
+    return 0;
+}
+
 static const luaL_Reg core_fns[] = {
     {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
+    {"upstream_counters", l_upstream_counters},
     {NULL, NULL},
 };
 
@@ -615,6 +937,8 @@ static int init_vm(agw_worker_t *w, agw_buf_t *errors)
     w->ref_abort = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "on_timer");
     w->ref_on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "report_stats");
+    w->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
     lua_settop(L, 0);
     return 0;
 }
@@ -664,6 +988,7 @@ static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
     uint64_t rid = rr->rid;
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
+    record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
     abandon_request(w, rid);
     /* finish the h2o request so that it tears the connection down (the write fails) */
     h2o_req_t *req = rr->req;
@@ -692,13 +1017,16 @@ static void on_req_dispose(void *p)
 {
     reqref_t *rr = p;
     stop_client_watch(rr);
-    if (rr->rid == 0)
+    if (rr->rid == 0) {
+        free(rr->logline); /* NULL unless the request ended without being recorded */
         return;
+    }
     /* the client went away before the response: cancel everything the request started */
     agw_worker_t *w = rr->w;
     uint64_t rid = rr->rid;
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
+    record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
     abandon_request(w, rid);
 }
 
@@ -732,24 +1060,34 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     agw_route_result_t m = agw_router_match(&w->conf->router, req->method.base, req->method.len, req->path.base,
                                             path_len, &endpoint, params, &num_params, allow, sizeof(allow));
     if (m == AGW_ROUTE_NOT_FOUND) {
-        send_problem(w, req, 404, "route-not-found", "no route matches this path", NULL);
+        send_problem(w, req, NULL, 0, 404, "route-not-found", "no route matches this path", NULL);
         return 0;
     }
     if (m == AGW_ROUTE_METHOD_NOT_ALLOWED) {
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
-        send_problem(w, req, 405, "method-not-allowed", "this route does not accept this method", NULL);
+        send_problem(w, req, NULL, 0, 405, "method-not-allowed", "this route does not accept this method", NULL);
         return 0;
     }
     const char *framing = bad_framing(req);
     if (framing) {
         req->http1_is_persistent = 0;
-        send_problem(w, req, 400, "bad-request", "the request is malformed", framing);
+        send_problem(w, req, NULL, endpoint, 400, "bad-request", "the request is malformed", framing);
         return 0;
     }
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
     rr->w = w;
     rr->req = req;
     rr->rid = agw_slots_put(&w->reqs, rr);
+    rr->endpoint = endpoint;
+    rr->started = ev_now(w->loop);
+    rr->logline = NULL;
+    if (w->access_fd >= 0 && (rr->logline = malloc(req->method.len + req->path.len + 2)) != NULL) {
+        memcpy(rr->logline, req->method.base, req->method.len);
+        rr->logline[req->method.len] = '\0';
+        memcpy(rr->logline + req->method.len + 1, req->path.base, req->path.len);
+        rr->logline[req->method.len + 1 + req->path.len] = '\0';
+    }
+    AGW_M_ADD(w->m->requests_started, 1);
     watch_client(rr, req);
 
     lua_State *L = w->L;
@@ -785,7 +1123,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         stop_client_watch(rr);
-        send_problem(w, req, 500, "gateway-error", "the gateway failed to handle the request",
+        send_problem(w, req, rr, endpoint, 500, "gateway-error", "the gateway failed to handle the request",
                      "the error was logged by the gateway");
     }
     return 0;
@@ -818,21 +1156,41 @@ static void on_accept(uv_stream_t *server, int status)
 
 /* ---- thread --------------------------------------------------------------------------------- */
 
+/* Once a second: the runtime's retry/hedge/single-flight totals and every pool's gauges. */
+static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    agw_worker_t *w = t->data;
+    for (size_t i = 0; i < w->conf->num_upstreams; i++)
+        publish_pool(w, i);
+    if (w->ref_report_stats != LUA_NOREF) {
+        lua_rawgeti(w->L, LUA_REGISTRYINDEX, w->ref_report_stats);
+        call_runtime(w, 0);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     agw_worker_t *w = arg;
     ev_run(w->loop, 0);
+    if (w->access_fd >= 0)
+        alog_flush(w);
     return NULL;
 }
 
 agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_t *globalconf,
-                               const agw_listener_fd_t *fds, size_t num_fds, agw_buf_t *errors)
+                               const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
+                               agw_buf_t *errors)
 {
     agw_worker_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
         abort();
     w->id = id;
     w->conf = conf;
+    w->m = metrics;
+    w->access_fd = access_fd;
+    w->alog_sec = -1;
+    w->ref_report_stats = LUA_NOREF;
     w->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)time(NULL) << 8) ^ (uint64_t)(id + 1);
     if (init_vm(w, errors) != 0) {
         if (w->L)
@@ -852,6 +1210,11 @@ agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_
     ev_prepare_start(w->loop, &w->uv_prepare);
     ev_async_init(&w->stop_async, on_stop);
     ev_async_start(w->loop, &w->stop_async);
+    ev_timer_init(&w->stats_timer, on_stats_timer, 1., 1.);
+    w->stats_timer.data = w;
+    ev_timer_start(w->loop, &w->stats_timer);
+    ev_timer_init(&w->alog_timer, on_alog_timer, 0.1, 0.);
+    w->alog_timer.data = w;
 
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
     w->pools = calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*w->pools));

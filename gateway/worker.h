@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include "config.h"
+#include "metrics.h"
 
 /* A listening socket prepared by the server for one worker. */
 typedef struct agw_listener_fd {
@@ -22,9 +23,12 @@ typedef struct agw_worker agw_worker_t;
 /* Creates worker number id for conf (which must outlive it) with the listening sockets fds
  * (num_fds of them; the worker owns them afterwards) and starts its thread. The worker loads the
  * scripts folder into its own VM before serving. Returns NULL and appends a message to errors
- * when the VM cannot load the generation. globalconf is shared read-only. */
+ * when the VM cannot load the generation. globalconf is shared read-only. The worker is the only
+ * writer of metrics (which must outlive it; the admin thread reads them). access_fd: where the
+ * access log goes (one JSON line per request, buffered and written from the loop), -1 for none. */
 agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_t *globalconf,
-                               const agw_listener_fd_t *fds, size_t num_fds, agw_buf_t *errors);
+                               const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
+                               agw_buf_t *errors);
 
 /* Asks the worker to stop (thread-safe), waits for its thread and frees it. */
 void agw_worker_stop(agw_worker_t *w);

@@ -10,7 +10,7 @@ local UPSTREAM_DEFAULTS = {
   max_connections = 64, max_pending = 256, max_body_bytes = 8 * 1024 * 1024,
 }
 local NOT_YET = {
-  admin = "the admin listener", tracing = "tracing export", cache = "caching",
+  tracing = "tracing export", cache = "caching",
 }
 
 -- Resilience blocks of an upstream (issue "resilience"): option -> { kind, default, check }.
@@ -56,13 +56,14 @@ function M.check(cfg, src, file)
     return nil, errors
   end
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024 }
-  local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true }
+  local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
+                admin = true, access_log = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
-          "; gateway.lua knows listen, workers, deadline_ms, max_request_body_bytes, upstreams")
+          "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, access_log, upstreams")
     end
   end
   local function show(v)
@@ -129,6 +130,47 @@ function M.check(cfg, src, file)
           out.listen[#out.listen + 1] = e
         end
       end
+    end
+  end
+  -- admin = { port = 9090, host = "127.0.0.1" }: /healthz /readyz /metrics /routes (none when absent or false)
+  if cfg.admin ~= nil and cfg.admin ~= false then
+    local aline = find_line(lines, "admin")
+    local a = cfg.admin
+    if type(a) ~= "table" then
+      err(aline, "admin", "must be a table like { port = 9090, host = \"127.0.0.1\" } (or false)")
+    else
+      local ok = true
+      for k in pairs(a) do
+        if k ~= "port" and k ~= "host" then
+          err(find_line(lines, k, aline) or aline, "admin." .. tostring(k), "unknown option (port, host)")
+          ok = false
+        end
+      end
+      local port = a.port == nil and 9090 or a.port
+      if not posint(port, "admin.port", find_line(lines, "port", aline) or aline, 65535) then ok = false end
+      local h = a.host == nil and "127.0.0.1" or a.host
+      if type(h) ~= "string" or not (h:match("^%d+%.%d+%.%d+%.%d+$") or h:find(":", 1, true)) then
+        err(find_line(lines, "host", aline) or aline, "admin.host",
+            "must be an IP address like \"127.0.0.1\" or \"0.0.0.0\", got " .. show(h))
+        ok = false
+      end
+      for _, l in ipairs(out.listen) do
+        if l.port == port then
+          err(find_line(lines, "port", aline) or aline, "admin.port", "port " .. tostring(port) .. " is also a listen port")
+          ok = false
+        end
+      end
+      if ok then out.admin = { port = port, host = h } end
+    end
+  end
+  -- access_log = "path" | "stderr" | false (default: off)
+  if cfg.access_log ~= nil and cfg.access_log ~= false then
+    local v = cfg.access_log
+    if type(v) ~= "string" or v == "" then
+      err(find_line(lines, "access_log"), "access_log",
+          "must be a file path, \"stderr\", or false, got " .. show(v))
+    else
+      out.access_log = v
     end
   end
   -- workers

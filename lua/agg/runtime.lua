@@ -250,6 +250,21 @@ end
 --- Counters of upstream name in this worker (for specs and metrics).
 function M.upstream_stats(name) return upstream_state(name).stats end
 
+--- Hands each upstream's counters to core.upstream_counters(index, retries, retries_denied, hedges,
+-- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
+-- publishes them as metrics; nothing is counted twice: the values are totals).
+function M.report_stats()
+  local report = core and core.upstream_counters
+  if not report then return end
+  for name, u in pairs(ustate) do
+    local up = upstreams[name]
+    if up then
+      local s = u.stats
+      report(up.index, s.retries, s.retries_denied, s.hedges, s.hedges_won, s.collapsed)
+    end
+  end
+end
+
 local function set_timer(ms, fn)
   local id = core.timer(ms)
   timers[id] = fn

@@ -1,0 +1,446 @@
+"""The admin listener (issue 4, "Metrics" and "Logs and admin"): /healthz, /readyz, /routes,
+/metrics in the Prometheus text format with counters that move as the traffic says, the JSON access
+log (and its reopening on SIGUSR1), and an admin port that answers while the workers are busy.
+"""
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from harness import (AGGWAY_BIN, SLOW, START_TIMEOUT, Gateway, GatewayTestCase, endpoint, free_port, main,
+                     route, run_aggway, wait_until, write_scripts, gateway_lua)
+
+
+# ---------------------------------------------------------------------------------------------
+# a small parser for the Prometheus text exposition format 0.0.4
+
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+SAMPLE = re.compile(r"^(%s)(\{.*\})? (\S+)( -?\d+)?$" % NAME)
+
+
+class PromError(Exception):
+    pass
+
+
+def parse_labels(text):
+    """'{a="x",b="y\\"z"}' -> {"a": "x", "b": 'y"z'} (escapes: \\\\, \\", \\n)."""
+    labels, i, n = {}, 1, len(text)
+    while i < n - 1:
+        m = re.compile(LABEL_NAME).match(text, i)
+        if not m or text[m.end():m.end() + 2] != '="':
+            raise PromError("bad label at %r" % text[i:])
+        name, i, value = m.group(0), m.end() + 2, []
+        while True:
+            if i >= n:
+                raise PromError("unterminated label value in %r" % text)
+            c = text[i]
+            if c == "\\":
+                nxt = text[i + 1]
+                if nxt not in '\\"n':
+                    raise PromError("bad escape \\%s in %r" % (nxt, text))
+                value.append("\n" if nxt == "n" else nxt)
+                i += 2
+            elif c == '"':
+                i += 1
+                break
+            elif c == "\n":
+                raise PromError("raw newline in a label value")
+            else:
+                value.append(c)
+                i += 1
+        if name in labels:
+            raise PromError("label %s twice in %r" % (name, text))
+        labels[name] = "".join(value)
+        if text[i] == ",":
+            i += 1
+        elif text[i] != "}":
+            raise PromError("expected , or } in %r" % text)
+    if text[-1] != "}":
+        raise PromError("labels must end with }: %r" % text)
+    return labels
+
+
+def parse_value(s):
+    if s in ("+Inf", "Inf"):
+        return math.inf
+    if s == "-Inf":
+        return -math.inf
+    if s == "NaN":
+        return math.nan
+    return float(s)
+
+
+def parse_prometheus(text):
+    """Returns (types: family -> type, samples: list of (name, labels, value)). Raises PromError when a
+    line breaks the format: every sample must belong to a family whose # TYPE came first (histogram
+    samples end in _bucket, _sum or _count; _bucket has le), HELP/TYPE at most once per family."""
+    if not text.endswith("\n"):
+        raise PromError("the exposition must end with a line feed")
+    types, helps, samples = {}, set(), []
+    current = None
+    for line in text.split("\n")[:-1]:
+        if line.startswith("# HELP "):
+            name = line.split(" ", 3)[2]
+            if name in helps:
+                raise PromError("HELP twice for " + name)
+            helps.add(name)
+        elif line.startswith("# TYPE "):
+            parts = line.split(" ")
+            if len(parts) != 4 or parts[3] not in ("counter", "gauge", "histogram", "summary", "untyped"):
+                raise PromError("bad TYPE line: " + line)
+            if parts[2] in types:
+                raise PromError("TYPE twice for " + parts[2])
+            if not re.fullmatch(NAME, parts[2]):
+                raise PromError("bad metric name " + parts[2])
+            types[parts[2]] = parts[3]
+            current = parts[2]
+        elif line.startswith("#") or line == "":
+            continue
+        else:
+            m = SAMPLE.match(line)
+            if not m:
+                raise PromError("bad sample line: %r" % line)
+            name, labels = m.group(1), parse_labels(m.group(2)) if m.group(2) else {}
+            value = parse_value(m.group(3))
+            family = current
+            if family is None:
+                raise PromError("sample before any TYPE: " + line)
+            if types[family] == "histogram":
+                if name not in (family + "_bucket", family + "_sum", family + "_count"):
+                    raise PromError("%s is not a sample of histogram %s" % (name, family))
+                if name.endswith("_bucket") and "le" not in labels:
+                    raise PromError("bucket without le: " + line)
+            elif name != family:
+                raise PromError("%s is not a sample of family %s" % (name, family))
+            samples.append((name, labels, value))
+    return types, samples
+
+
+class Metrics:
+    def __init__(self, text):
+        self.text = text
+        self.types, self.samples = parse_prometheus(text)
+
+    def get(self, name, **labels):
+        """The value of the one sample of name whose labels include these (None when there is none)."""
+        found = [v for n, l, v in self.samples if n == name and all(l.get(k) == w for k, w in labels.items())]
+        if len(found) > 1:
+            raise AssertionError("%d samples of %s match %s" % (len(found), name, labels))
+        return found[0] if found else None
+
+    def value(self, name, **labels):
+        v = self.get(name, **labels)
+        return 0 if v is None else v
+
+
+# ---------------------------------------------------------------------------------------------
+
+def http(url, method="GET", timeout=5):
+    """(status, headers, body bytes, seconds) of one request; HTTP errors are answers too."""
+    t0 = time.monotonic()
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict((k.lower(), v) for k, v in r.headers.items()), r.read(), time.monotonic() - t0
+    except urllib.error.HTTPError as e:
+        return e.code, dict((k.lower(), v) for k, v in e.headers.items()), e.read(), time.monotonic() - t0
+
+
+PAGE = endpoint("GET /mp/{id}", """
+    local id = req.params.id
+    local res = agg.fetch_all {
+      product   = { "product", "/products/" .. id, required = true },
+      reviews   = { "reviews", "/reviews/" .. id, timeout_ms = 100 },
+      inventory = { "inventory", "/stock/" .. id },
+    }
+    return agg.page(res)""", deadline_ms=1000)
+
+BUSY = endpoint("GET /busy", """
+    local t = os.clock()
+    while os.clock() - t < 2.5 do end   -- holds the worker's thread
+    return { status = 200, body = "done" }""")
+
+FLAKY = endpoint("GET /flaky", """
+    return agg.page(agg.fetch_all { flaky = { "flaky", "/x", required = true } })""")
+
+
+def services(reviews_fault="hang", inventory_refuses=True):
+    return {
+        "product": [route("/products/{id}", json={"id": "{id}", "name": "Sneaker"})],
+        "reviews": [route("/reviews/{id}", fault=reviews_fault)] if reviews_fault else
+                   [route("/reviews/{id}", json={"rating": 4.6})],
+        "inventory": {"refuse": True, "routes": []} if inventory_refuses else
+                     [route("/stock/{id}", json={"inStock": 12})],
+        "flaky": [route("/x", status=503, json={"error": "busy"})],
+    }
+
+
+class AdminCase(GatewayTestCase):
+    def start_admin(self, services_=None, scripts=None, workers=1, access_log=None, upstream_options=None):
+        self.admin_port = free_port()
+        extra = {"admin": {"port": self.admin_port, "host": "127.0.0.1"}}
+        if access_log:
+            extra["access_log"] = access_log
+        opts = {"reviews": {"timeout_ms": 100}, "flaky": {"retry": {"attempts": 2, "backoff_ms": 1}}}
+        opts.update(upstream_options or {})
+        self.start(services=services_ or services(), scripts=scripts or {"mp.lua": PAGE, "busy.lua": BUSY,
+                                                                         "flaky.lua": FLAKY},
+                   workers=workers, gateway_extra=extra, upstream_options=opts)
+        self.assertTrue(wait_until(lambda: self.admin("/healthz")[0] == 200, START_TIMEOUT), self.gw.log())
+
+    def admin(self, path, method="GET", timeout=5):
+        try:
+            return http("http://127.0.0.1:%d%s" % (self.admin_port, path), method=method, timeout=timeout)
+        except OSError as e:
+            return 0, {}, str(e).encode(), 0
+
+    def metrics(self):
+        status, headers, body, _ = self.admin("/metrics")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(headers.get("content-type"), "text/plain; version=0.0.4; charset=utf-8")
+        return Metrics(body.decode("utf-8"))
+
+
+class HealthReadyRoutes(AdminCase):
+    def test_health_ready_routes_and_errors(self):
+        self.start_admin()
+        self.assertEqual(self.admin("/healthz")[:3:2], (200, b"ok\n"))
+        self.assertEqual(self.admin("/readyz")[:3:2], (200, b"ready\n"))
+        status, headers, body, _ = self.admin("/routes")
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["content-type"], "application/json")
+        routes = {r["route"]: r for r in json.loads(body)}
+        self.assertEqual(set(routes), {"GET /mp/{id}", "GET /busy", "GET /flaky"})
+        mp = routes["GET /mp/{id}"]
+        self.assertEqual(mp["method"], "GET")
+        self.assertEqual(mp["generation"], 1)
+        self.assertTrue(mp["script"].endswith("/mp.lua"), mp)
+        self.assertTrue(os.path.exists(mp["script"]), mp)
+        self.assertEqual(self.admin("/nope")[0], 404)
+        self.assertEqual(self.admin("/metrics/")[0], 404)
+        self.assertEqual(self.admin("/metrics", method="POST")[0], 405)
+        status, headers, body, _ = self.admin("/healthz", method="HEAD")
+        self.assertEqual((status, body), (200, b""))
+        self.assertEqual(self.admin("/healthz?verbose=1")[0], 200)
+        # a request that is not HTTP gets 400, and the listener carries on
+        import socket
+        with socket.create_connection(("127.0.0.1", self.admin_port), timeout=5) as s:
+            s.sendall(b"hello\r\n\r\n")
+            self.assertTrue(s.recv(100).startswith(b"HTTP/1.1 400"))
+        self.assertEqual(self.admin("/healthz")[0], 200)
+        # the main port does not serve the admin paths
+        self.assertEqual(self.get("/metrics").status, 404)
+
+    def test_readyz_is_503_while_the_workers_load(self):
+        # a script that takes a while to load: the admin listener answers "not ready" meanwhile
+        slow = "local t = os.clock() while os.clock() - t < %s do end\n" % (1.5 if not SLOW else 3) + PAGE
+        self.start_mock(services())
+        sdir = os.path.join(self.workdir, "slow")
+        port, self.admin_port = free_port(), free_port()
+        ups = {n: {"url": self.mock.url(n)} for n in self.mock.ports}
+        write_scripts(sdir, {"mp.lua": slow}, gateway_lua(port, ups, workers=1,
+                                                         admin={"port": self.admin_port}))
+        self.gw = Gateway(sdir, port)
+        log = open(self.gw.log_path, "ab")
+        self.gw.proc = subprocess.Popen([AGGWAY_BIN, "serve", "-c", sdir], stdout=log, stderr=log,
+                                        stdin=subprocess.DEVNULL)
+        log.close()
+        self.assertTrue(wait_until(lambda: self.admin("/healthz")[0] == 200, 4 * START_TIMEOUT), self.gw.log())
+        status, _, body, _ = self.admin("/readyz")
+        self.assertEqual((status, body), (503, b"not ready\n"))
+        self.assertEqual(Metrics(self.admin("/metrics")[2].decode()).get("aggway_ready"), 0)
+        self.assertTrue(wait_until(lambda: self.admin("/readyz")[0] == 200, 4 * START_TIMEOUT), self.gw.log())
+        self.assertEqual(Metrics(self.admin("/metrics")[2].decode()).get("aggway_ready"), 1)
+
+
+class MetricsMove(AdminCase):
+    def test_counters_after_known_traffic(self):
+        self.start_admin()
+        m0 = self.metrics()
+        for fam, typ in [("aggway_requests_total", "counter"), ("aggway_upstream_calls_total", "counter"),
+                         ("aggway_upstream_call_duration_seconds", "histogram"),
+                         ("aggway_request_duration_seconds", "histogram"),
+                         ("aggway_response_size_bytes", "histogram"), ("aggway_partial_pages_total", "counter"),
+                         ("aggway_upstream_breaker_state", "gauge"), ("aggway_upstream_calls_in_flight", "gauge"),
+                         ("aggway_upstream_pool_connections", "gauge"), ("aggway_upstream_retries_total", "counter")]:
+            self.assertEqual(m0.types.get(fam), typ, fam)
+        self.assertEqual(m0.get("aggway_upstream_breaker_state", upstream="inventory"), 0)
+        self.assertIsNone(m0.get("aggway_requests_total", route="GET /mp/{id}", code="200"))
+
+        # three pages: product ok, reviews times out (100 ms), inventory refuses connections
+        for _ in range(3):
+            r = self.get("/mp/42")
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.headers["x-aggregation-completed"], "false")
+        self.assertEqual(self.get("/nothing-here").status, 404)
+        m = self.metrics()
+        self.assertEqual(m.get("aggway_requests_total", route="GET /mp/{id}", code="200"), 3)
+        # (the harness's start-up probe is one more 404)
+        self.assertEqual(m.get("aggway_requests_total", route="unmatched", code="404"),
+                         m0.value("aggway_requests_total", route="unmatched", code="404") + 1)
+        self.assertEqual(m.get("aggway_partial_pages_total", route="GET /mp/{id}", section="reviews"), 3)
+        self.assertEqual(m.get("aggway_partial_pages_total", route="GET /mp/{id}", section="inventory"), 3)
+        self.assertIsNone(m.get("aggway_partial_pages_total", route="GET /mp/{id}", section="product"))
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="product", outcome="ok"), 3)
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="reviews", outcome="timeout"), 3)
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="inventory", outcome="refused"), 3)
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="inventory", outcome="circuit_open"), 0)
+        self.assertEqual(m.get("aggway_upstream_call_duration_seconds_count", upstream="reviews"), 3)
+        # the timeouts took about 100 ms each: none in the buckets up to 50 ms, all by 250 ms
+        self.assertEqual(m.get("aggway_upstream_call_duration_seconds_bucket", upstream="reviews", le="0.05"), 0)
+        self.assertEqual(m.get("aggway_upstream_call_duration_seconds_bucket", upstream="reviews", le="+Inf"), 3)
+        self.assertGreaterEqual(m.get("aggway_upstream_call_duration_seconds_sum", upstream="reviews"), 0.29)
+        self.assertEqual(m.get("aggway_request_duration_seconds_count", route="GET /mp/{id}"), 3)
+        self.assertEqual(m.get("aggway_response_size_bytes_count", route="GET /mp/{id}"), 3)
+        self.assertGreater(m.get("aggway_response_size_bytes_sum", route="GET /mp/{id}"), 3 * 100)
+        self.assertEqual(m.get("aggway_upstream_calls_in_flight", upstream="product"), 0)
+        self.assertEqual(m.get("aggway_requests_in_flight"), 0)
+        self.assertEqual(m.get("aggway_upstream_pool_connections", upstream="product"), 1)   # kept alive
+        self.assertEqual(m.get("aggway_upstream_pool_idle_connections", upstream="product"), 1)
+        self.assertEqual(m.get("aggway_upstream_pool_waiting_calls", upstream="product"), 0)
+        self.assertEqual(m.get("aggway_upstream_breaker_state", upstream="inventory"), 0)
+
+        # two more failures open the breakers (5 consecutive failures); the next call is not sent
+        for _ in range(3):
+            self.assertEqual(self.get("/mp/42").status, 200)
+        m = self.metrics()
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="inventory", outcome="refused"), 5)
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="inventory", outcome="circuit_open"), 1)
+        self.assertEqual(m.get("aggway_upstream_breaker_state", upstream="inventory"), 1)
+        self.assertEqual(m.get("aggway_upstream_breaker_transitions_total", upstream="inventory", to="open"), 1)
+        self.assertEqual(m.get("aggway_upstream_breaker_state", upstream="reviews"), 1)
+        self.assertEqual(m.get("aggway_upstream_breaker_state", upstream="product"), 0)
+        self.assertEqual(m.get("aggway_partial_pages_total", route="GET /mp/{id}", section="inventory"), 6)
+        self.assertEqual(m.get("aggway_requests_total", route="GET /mp/{id}", code="200"), 6)
+
+    def test_retries_and_5xx_across_workers(self):
+        # two workers: the counters of both are summed; the runtime's retry counter is published
+        # by each worker once a second
+        self.start_admin(workers=2)
+        # 502 while the upstream answers 503; 503 (circuit open) from the third page's retry on
+        self.assertEqual([self.get("/flaky").status for _ in range(4)], [502, 502, 503, 503])
+        m = self.metrics()
+        self.assertEqual(m.get("aggway_workers"), 2)
+        self.assertEqual(m.get("aggway_requests_total", route="GET /flaky", code="502"), 2)
+        self.assertEqual(m.get("aggway_requests_total", route="GET /flaky", code="503"), 2)
+        # 2 attempts per page until the shared breaker opened after 5 failed attempts (the third
+        # page's retry); the fourth page's call is not sent
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="flaky", outcome="5xx"), 5)
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="flaky", outcome="circuit_open"), 2)
+        self.assertEqual(m.get("aggway_upstream_breaker_state", upstream="flaky"), 1)
+        self.assertTrue(wait_until(lambda: self.metrics().value("aggway_upstream_retries_total", upstream="flaky")
+                                   >= 3, 5), self.metrics().text)
+
+
+class AccessLog(AdminCase):
+    FIELDS = {"time", "method", "path", "route", "status", "duration_ms", "bytes", "sections", "trace_id"}
+
+    def read_lines(self, path, n):
+        def lines():
+            if not os.path.exists(path):
+                return None
+            with open(path) as f:
+                got = f.read().splitlines()
+            return got if len(got) >= n else None
+        got = wait_until(lines, 5)
+        self.assertIsNotNone(got, "fewer than %d access log lines in %s" % (n, path))
+        return [json.loads(l) for l in got]
+
+    def test_json_lines_and_reopen(self):
+        path = os.path.join(self.workdir, "access.log")
+        self.start_admin(services_=services(reviews_fault=None, inventory_refuses=True), access_log=path)
+        self.assertEqual(self.get("/mp/7?x=1").status, 200)
+        self.assertEqual(self.get("/nothing").status, 404)
+        lines = [l for l in self.read_lines(path, 3) if l["path"] != "/__harness_probe__"]
+        self.assertEqual(len(lines), 2, lines)
+        page, missing = lines
+        for l in lines:
+            self.assertEqual(set(l), self.FIELDS, l)
+            self.assertRegex(l["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+            self.assertIsNone(l["trace_id"])
+        self.assertEqual((page["method"], page["path"], page["route"], page["status"]),
+                         ("GET", "/mp/7?x=1", "GET /mp/{id}", 200))
+        self.assertGreater(page["bytes"], 50)
+        self.assertGreaterEqual(page["duration_ms"], 0)
+        secs = {s["name"]: s for s in page["sections"]}
+        self.assertEqual(set(secs), {"product", "reviews", "inventory"})
+        self.assertEqual(secs["product"]["status"], "ok")
+        self.assertEqual(secs["inventory"]["status"], "unavailable")
+        for s in secs.values():
+            self.assertIsInstance(s["ms"], float)
+        self.assertEqual((missing["route"], missing["status"], missing["sections"]), (None, 404, []))
+
+        # log rotation: move the file away, SIGUSR1, the next lines go to a new file at the path
+        os.rename(path, path + ".1")
+        self.gw.proc.send_signal(signal.SIGUSR1)
+        self.assertTrue(wait_until(lambda: "reopened the access log" in self.gw.log(), 5), self.gw.log())
+        self.assertEqual(self.get("/mp/8").status, 200)
+        lines = self.read_lines(path, 1)
+        self.assertEqual([l["path"] for l in lines], ["/mp/8"])
+        with open(path + ".1") as f:
+            self.assertEqual(len(f.read().splitlines()), 3)
+
+    def test_off_by_default(self):
+        self.start_admin()
+        self.assertEqual(self.get("/nothing").status, 404)
+        time.sleep(0.3)
+        self.assertNotIn('"trace_id"', self.gw.log())
+
+
+class AdminConfig(GatewayTestCase):
+    def check(self, source):
+        sdir = os.path.join(self.workdir, "c%d" % len(os.listdir(self.workdir)))
+        write_scripts(sdir, {"mp.lua": PAGE}, source)
+        p = run_aggway("check", "-c", sdir)
+        return p.returncode, p.stderr.decode()
+
+    def test_admin_and_access_log_are_checked_with_file_and_line(self):
+        rc, err = self.check('return {\n  listen = { { port = 8080 } },\n  admin = { port = 8080, hots = "x" },\n'
+                             '  access_log = 42,\n  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
+                             '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
+        self.assertEqual(rc, 1)
+        self.assertIn("gateway.lua:3: admin.hots: unknown option (port, host)", err)
+        self.assertIn("gateway.lua:3: admin.port: port 8080 is also a listen port", err)
+        self.assertIn('gateway.lua:4: access_log: must be a file path, "stderr", or false, got 42', err)
+        rc, err = self.check('return {\n  admin = { port = 70000 },\n  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
+                             '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
+        self.assertEqual(rc, 1)
+        self.assertIn("gateway.lua:2: admin.port: must be a positive whole number up to 65535, got 70000", err)
+        rc, err = self.check('return {\n  admin = { port = 9999, host = "127.0.0.1" }, access_log = "stderr",\n'
+                             '  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
+                             '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
+        self.assertEqual(rc, 0, err)
+
+
+class AdminUnderLoad(AdminCase):
+    def test_admin_answers_while_the_worker_is_busy(self):
+        self.start_admin(workers=1)
+        result = {}
+
+        def busy():
+            result["r"] = self.get("/busy", timeout=20)
+        t = threading.Thread(target=busy)
+        t.start()
+        time.sleep(0.5)   # the only worker is now spinning in the script
+        try:
+            self.assertTrue(t.is_alive())
+            for path in ("/healthz", "/readyz", "/metrics", "/routes"):
+                status, _, _, secs = self.admin(path)
+                self.assertEqual(status, 200, path)
+                self.assertLess(secs, 0.5 if not SLOW else 1.0, path)
+            self.assertEqual(self.metrics().get("aggway_requests_in_flight"), 1)
+        finally:
+            t.join(30)
+        self.assertEqual(result["r"].status, 200)
+        self.assertEqual(self.metrics().get("aggway_requests_total", route="GET /busy", code="200"), 1)
+
+
+if __name__ == "__main__":
+    main()
