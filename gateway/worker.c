@@ -71,6 +71,10 @@ struct agw_worker {
     ev_timer uv_timer;
     ev_prepare uv_prepare;
     ev_async stop_async;
+    ev_async drain_async;                  /* agw_worker_drain(): close the listeners */
+    int draining;                          /* set by on_drain, read on this thread only */
+    int inflight;                          /* requests handed to the runtime and not yet disposed
+                                              (atomic: the main thread reads it while draining) */
     h2o_context_t ctx;
     listener_t *listeners;
     size_t num_listeners;
@@ -94,7 +98,7 @@ struct agw_worker {
     agw_buf_t alog;                        /* access log lines not yet written */
     ev_timer alog_timer;                   /* writes alog out shortly after its first line */
     long alog_sec;                         /* the second alog_stamp was formatted for */
-    char alog_stamp[80];                   /* "2026-01-31T12:34:56" */
+    char alog_stamp[96];                   /* {"time":"2026-01-31T12:34:56. */
 };
 
 /* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
@@ -135,6 +139,27 @@ static void on_stop(struct ev_loop *loop, ev_async *a, int revents)
 {
     (void)a, (void)revents;
     ev_break(loop, EVBREAK_ALL);
+}
+
+static void on_listener_closed(uv_handle_t *h)
+{
+    (void)h; /* the handle lives in w->listeners, freed with the worker */
+}
+
+/* Graceful shutdown: stop accepting (the listening sockets close, so new connections are refused
+ * once every worker closed its own) and ask h2o to wind the open connections down (HTTP/2 GOAWAY,
+ * no keep-alive for HTTP/1); requests in flight go on. */
+static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
+{
+    (void)loop, (void)revents;
+    agw_worker_t *w = a->data;
+    if (w->draining)
+        return;
+    w->draining = 1;
+    for (size_t i = 0; i < w->num_listeners; i++)
+        if (!uv_is_closing((uv_handle_t *)&w->listeners[i].handle))
+            uv_close((uv_handle_t *)&w->listeners[i].handle, on_listener_closed);
+    h2o_context_request_shutdown(&w->ctx);
 }
 
 /* ---- Lua entry ------------------------------------------------------------------------------ */
@@ -324,15 +349,32 @@ static void on_alog_timer(struct ev_loop *loop, ev_timer *t, int revents)
     alog_flush(t->data);
 }
 
-/* Appends s as a JSON string; bytes that are not UTF-8 are written as \u00XX. */
+/* Appends s as a JSON string: plain printable ASCII is copied as is; anything else goes through the
+ * JSON encoder, and bytes that are not UTF-8 are written as \u00XX. */
 static void alog_str(agw_buf_t *b, const char *s, size_t len)
 {
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\')
+            break;
+        i++;
+    }
+    if (i == len) {
+        agw_buf_reserve(b, len + 2);
+        b->base[b->len++] = '"';
+        memcpy(b->base + b->len, s, len);
+        b->len += len;
+        b->base[b->len++] = '"';
+        b->base[b->len] = '\0';
+        return;
+    }
     size_t mark = b->len;
     if (agw_json_encode_string(b, s, len) == 0)
         return;
     b->len = mark;
     agw_buf_putc(b, '"');
-    for (size_t i = 0; i < len; i++) {
+    for (i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\') {
             agw_buf_putc(b, '\\');
@@ -346,28 +388,55 @@ static void alog_str(agw_buf_t *b, const char *s, size_t len)
     agw_buf_putc(b, '"');
 }
 
-/* Finds section name's duration in a Server-Timing value ("a;dur=1.5, b;dur=2.0"), whose names are
- * the section names with characters other than [A-Za-z0-9_-] replaced by '_'. The largest of
- * several entries (a nested fan-out), or -1. */
-static double timing_ms(const char *t, size_t tlen, const char *name, size_t nlen)
+static void alog_lit(agw_buf_t *b, const char *s, size_t len)
 {
-    double best = -1;
+    agw_buf_append(b, s, len);
+}
+#define ALOG_LIT(b, s) alog_lit((b), (s), sizeof(s) - 1)
+
+/* Appends an unsigned integer in decimal (no printf on the per-request path). */
+static void alog_uint(agw_buf_t *b, uint64_t v)
+{
+    char tmp[24];
+    size_t n = sizeof(tmp);
+    do {
+        tmp[--n] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    alog_lit(b, tmp + n, sizeof(tmp) - n);
+}
+
+/* Appends ms >= 0 with one decimal ("81.8"). */
+static void alog_ms(agw_buf_t *b, double ms)
+{
+    uint64_t tenths = ms > 0 ? (uint64_t)(ms * 10.0 + 0.5) : 0;
+    alog_uint(b, tenths / 10);
+    char frac[2] = {'.', (char)('0' + tenths % 10)};
+    alog_lit(b, frac, 2);
+}
+
+/* Finds section name's duration in a Server-Timing value ("a;dur=1.5, b;dur=2.0"), whose names are
+ * the section names with characters other than [A-Za-z0-9_-] replaced by '_', and whose durations
+ * are JSON numbers already. Returns the digits of the last entry for name (*len set), or NULL. */
+static const char *timing_ms(const char *t, size_t tlen, const char *name, size_t nlen, size_t *len)
+{
+    const char *found = NULL;
     const char *p = t, *end = t + tlen;
     while (p < end) {
         const char *semi = memchr(p, ';', (size_t)(end - p));
         if (semi == NULL)
             break;
+        const char *next = memchr(semi, ',', (size_t)(end - semi));
+        const char *vend = next ? next : end;
         int same = (size_t)(semi - p) == nlen;
         for (size_t i = 0; same && i < nlen; i++) {
             unsigned char c = (unsigned char)name[i];
             char want = (isalnum(c) || c == '_' || c == '-') && c < 0x80 ? (char)c : '_';
             same = p[i] == want;
         }
-        const char *next = memchr(semi, ',', (size_t)(end - semi));
-        if (same && end - semi > 5 && memcmp(semi, ";dur=", 5) == 0) {
-            double v = strtod(semi + 5, NULL);
-            if (v > best)
-                best = v;
+        if (same && vend - semi > 5 && memcmp(semi, ";dur=", 5) == 0) {
+            found = semi + 5;
+            *len = (size_t)(vend - found);
         }
         if (next == NULL)
             break;
@@ -375,7 +444,7 @@ static double timing_ms(const char *t, size_t tlen, const char *name, size_t nle
         while (p < end && *p == ' ')
             p++;
     }
-    return best;
+    return found;
 }
 
 struct section_ref {
@@ -384,12 +453,11 @@ struct section_ref {
     const char *status;
 };
 
-static int section_cmp(const void *a, const void *b)
+static int section_less(const section_ref_t *x, const section_ref_t *y)
 {
-    const section_ref_t *x = a, *y = b;
     size_t n = x->len < y->len ? x->len : y->len;
     int c = memcmp(x->name, y->name, n);
-    return c ? c : (x->len < y->len ? -1 : x->len > y->len);
+    return c ? c < 0 : x->len < y->len;
 }
 
 /* The sections of a page table at idx (section name -> { status = … }), sorted by name. */
@@ -402,15 +470,20 @@ static size_t page_sections(lua_State *L, int idx, section_ref_t *out, size_t ma
             lua_pushliteral(L, "status");
             lua_rawget(L, -2);
             if (lua_type(L, -1) == LUA_TSTRING) {
-                out[n].name = lua_tolstring(L, -3, &out[n].len);
-                out[n].status = lua_tostring(L, -1); /* interned, and held by the section table */
-                n++;
+                section_ref_t s;
+                s.name = lua_tolstring(L, -3, &s.len);
+                s.status = lua_tostring(L, -1); /* interned, and held by the section table */
+                size_t j = n++;                 /* insertion sort: a page has a handful of sections */
+                while (j > 0 && section_less(&s, &out[j - 1])) {
+                    out[j] = out[j - 1];
+                    j--;
+                }
+                out[j] = s;
             }
             lua_pop(L, 1);
         }
         lua_pop(L, 1);
     }
-    qsort(out, n, sizeof(*out), section_cmp);
     return n;
 }
 
@@ -422,41 +495,56 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
                        const char *timing, size_t tlen)
 {
     agw_buf_t *b = &w->alog;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (ts.tv_sec != w->alog_sec) {
+    double now = ev_now(w->loop); /* libev's loop time is the wall clock */
+    time_t sec = (time_t)now;
+    if (sec != w->alog_sec) {
         struct tm tm;
-        time_t sec = ts.tv_sec;
         gmtime_r(&sec, &tm);
-        snprintf(w->alog_stamp, sizeof(w->alog_stamp), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900,
+        snprintf(w->alog_stamp, sizeof(w->alog_stamp), "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.", tm.tm_year + 1900,
                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
-        w->alog_sec = ts.tv_sec;
+        w->alog_sec = sec;
     }
     int was_empty = b->len == 0;
-    agw_buf_printf(b, "{\"time\":\"%s.%03dZ\",\"method\":", w->alog_stamp, (int)(ts.tv_nsec / 1000000));
+    agw_buf_puts(b, w->alog_stamp);
+    int msec = (int)((now - (double)sec) * 1000.0);
+    if (msec < 0 || msec > 999)
+        msec = msec < 0 ? 0 : 999;
+    char frac[3] = {(char)('0' + msec / 100), (char)('0' + msec / 10 % 10), (char)('0' + msec % 10)};
+    alog_lit(b, frac, 3);
+    ALOG_LIT(b, "Z\",\"method\":");
     alog_str(b, method, mlen);
-    agw_buf_puts(b, ",\"path\":");
+    ALOG_LIT(b, ",\"path\":");
     alog_str(b, path, plen);
-    agw_buf_puts(b, ",\"route\":");
+    ALOG_LIT(b, ",\"route\":");
     if (endpoint > 0 && (size_t)endpoint <= w->conf->num_endpoints) {
         const char *r = w->conf->endpoints[endpoint - 1].route;
         alog_str(b, r, strlen(r));
     } else {
-        agw_buf_puts(b, "null");
+        ALOG_LIT(b, "null");
     }
-    agw_buf_printf(b, ",\"status\":%d,\"duration_ms\":%.1f,\"bytes\":%zu,\"sections\":[", status, ms < 0 ? 0 : ms,
-                   bytes);
+    ALOG_LIT(b, ",\"status\":");
+    alog_uint(b, status > 0 ? (uint64_t)status : 0);
+    ALOG_LIT(b, ",\"duration_ms\":");
+    alog_ms(b, ms);
+    ALOG_LIT(b, ",\"bytes\":");
+    alog_uint(b, bytes);
+    ALOG_LIT(b, ",\"sections\":[");
     if (secs) {
         for (size_t i = 0; i < nsecs; i++) {
-            agw_buf_puts(b, i ? ",{\"name\":" : "{\"name\":");
+            if (i)
+                agw_buf_putc(b, ',');
+            ALOG_LIT(b, "{\"name\":");
             alog_str(b, secs[i].name, secs[i].len);
-            agw_buf_puts(b, ",\"status\":");
+            ALOG_LIT(b, ",\"status\":");
             alog_str(b, secs[i].status, strlen(secs[i].status));
-            double t = timing ? timing_ms(timing, tlen, secs[i].name, secs[i].len) : -1;
-            if (t >= 0)
-                agw_buf_printf(b, ",\"ms\":%.1f}", t);
+            size_t dl = 0;
+            const char *d = timing ? timing_ms(timing, tlen, secs[i].name, secs[i].len, &dl) : NULL;
+            ALOG_LIT(b, ",\"ms\":");
+            if (d)
+                alog_lit(b, d, dl);
             else
-                agw_buf_puts(b, ",\"ms\":null}");
+                ALOG_LIT(b, "null");
+            agw_buf_putc(b, '}');
         }
     } else if (timing) {
         /* "name;dur=1.5, …": the names are already safe ([A-Za-z0-9_-]) */
@@ -467,10 +555,15 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
             if (semi == NULL)
                 break;
             const char *next = memchr(semi, ',', (size_t)(end - semi));
-            double t = end - semi > 5 && memcmp(semi, ";dur=", 5) == 0 ? strtod(semi + 5, NULL) : 0;
-            agw_buf_puts(b, first ? "{\"name\":" : ",{\"name\":");
+            const char *vend = next ? next : end;
+            ALOG_LIT(b, first ? "{\"name\":" : ",{\"name\":");
             alog_str(b, p, (size_t)(semi - p));
-            agw_buf_printf(b, ",\"status\":null,\"ms\":%.1f}", t);
+            ALOG_LIT(b, ",\"status\":null,\"ms\":");
+            if (vend - semi > 5 && memcmp(semi, ";dur=", 5) == 0)
+                alog_lit(b, semi + 5, (size_t)(vend - semi - 5));
+            else
+                ALOG_LIT(b, "null");
+            agw_buf_putc(b, '}');
             first = 0;
             if (next == NULL)
                 break;
@@ -479,7 +572,7 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
                 p++;
         }
     }
-    agw_buf_puts(b, "],\"trace_id\":null}\n");
+    ALOG_LIT(b, "],\"trace_id\":null}\n");
     if (b->len >= ALOG_FLUSH_BYTES)
         alog_flush(w);
     else if (was_empty)
@@ -1016,6 +1109,7 @@ static void watch_client(reqref_t *rr, h2o_req_t *req)
 static void on_req_dispose(void *p)
 {
     reqref_t *rr = p;
+    __atomic_sub_fetch(&rr->w->inflight, 1, __ATOMIC_RELAXED);
     stop_client_watch(rr);
     if (rr->rid == 0) {
         free(rr->logline); /* NULL unless the request ended without being recorded */
@@ -1075,6 +1169,9 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         return 0;
     }
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
+    __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED);
+    if (w->draining)
+        req->http1_is_persistent = 0; /* a keep-alive connection closes after this response */
     rr->w = w;
     rr->req = req;
     rr->rid = agw_slots_put(&w->reqs, rr);
@@ -1210,6 +1307,9 @@ agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_
     ev_prepare_start(w->loop, &w->uv_prepare);
     ev_async_init(&w->stop_async, on_stop);
     ev_async_start(w->loop, &w->stop_async);
+    ev_async_init(&w->drain_async, on_drain);
+    w->drain_async.data = w;
+    ev_async_start(w->loop, &w->drain_async);
     ev_timer_init(&w->stats_timer, on_stats_timer, 1., 1.);
     w->stats_timer.data = w;
     ev_timer_start(w->loop, &w->stats_timer);
@@ -1245,6 +1345,16 @@ agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_
         return NULL;
     }
     return w;
+}
+
+void agw_worker_drain(agw_worker_t *w)
+{
+    ev_async_send(w->loop, &w->drain_async);
+}
+
+int agw_worker_inflight(const agw_worker_t *w)
+{
+    return __atomic_load_n(&w->inflight, __ATOMIC_RELAXED);
 }
 
 void agw_worker_stop(agw_worker_t *w)
