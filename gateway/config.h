@@ -33,6 +33,7 @@ typedef struct agw_config {
     unsigned workers;                   /* worker threads (resolved: "auto" = cores) */
     uint64_t deadline_ms;               /* default request deadline, ms */
     size_t max_request_body_bytes;      /* request body limit, bytes */
+    uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
     agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
     agw_breaker_t *breakers;            /* one per upstream, shared by every worker */
     size_t num_upstreams;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "admin.h"
@@ -122,6 +123,55 @@ static void reopen_access_log(const agw_config_t *conf, int fd)
     close(nfd);
 }
 
+static int total_inflight(agw_worker_t *const *workers, unsigned n)
+{
+    int total = 0;
+    for (unsigned wi = 0; wi < n; wi++)
+        total += agw_worker_inflight(workers[wi]);
+    return total;
+}
+
+/* Graceful shutdown: every worker stops accepting, then requests in flight have up to
+ * conf->shutdown_grace_ms to finish. A second SIGTERM/SIGINT ends the wait at once; SIGUSR1 still
+ * reopens the access log. */
+static void drain(const agw_config_t *conf, agw_worker_t *const *workers, const sigset_t *set, int access_fd)
+{
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        agw_worker_drain(workers[wi]);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    int n = total_inflight(workers, conf->workers);
+    agw_log(AGW_LOG_INFO, "stopping: no new connections; %d request%s in flight, up to %llu ms to finish", n,
+            n == 1 ? "" : "s", (unsigned long long)conf->shutdown_grace_ms);
+    for (;;) {
+        if ((n = total_inflight(workers, conf->workers)) == 0) {
+            agw_log(AGW_LOG_INFO, "stopping: every request finished");
+            return;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        uint64_t elapsed = (uint64_t)(now.tv_sec - start.tv_sec) * 1000 +
+                           (uint64_t)((now.tv_nsec - start.tv_nsec) / 1000000);
+        if (elapsed >= conf->shutdown_grace_ms) {
+            agw_log(AGW_LOG_WARN, "stopping: grace period of %llu ms over, cutting %d request%s in flight",
+                    (unsigned long long)conf->shutdown_grace_ms, n, n == 1 ? "" : "s");
+            return;
+        }
+        uint64_t left = conf->shutdown_grace_ms - elapsed;
+        uint64_t step = left < 10 ? left : 10;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)step * 1000000};
+        int sig = sigtimedwait(set, NULL, &ts);
+        if (sig == SIGUSR1) {
+            reopen_access_log(conf, access_fd);
+        } else if (sig == SIGTERM || sig == SIGINT) {
+            agw_log(AGW_LOG_WARN, "signal %d again: stopping now, cutting %d request%s in flight", sig,
+                    n, n == 1 ? "" : "s");
+            return;
+        } else if (sig == SIGHUP) {
+            agw_log(AGW_LOG_WARN, "SIGHUP while stopping: ignored");
+        }
+    }
+}
+
 int agw_server_run(agw_config_t *conf)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -199,10 +249,11 @@ int agw_server_run(agw_config_t *conf)
             reopen_access_log(conf, access_fd);
             continue;
         }
-        agw_log(AGW_LOG_INFO, "signal %d: stopping", sig);
+        agw_log(AGW_LOG_INFO, "signal %d: stopping gracefully", sig);
         break;
     }
     agw_admin_set_ready(admin, 0);
+    drain(conf, workers, &set, access_fd);
     for (unsigned wi = 0; wi < conf->workers; wi++)
         agw_worker_stop(workers[wi]);
     agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */

@@ -30,6 +30,13 @@ agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_buf_t *errors);
 
+/* Graceful shutdown (thread-safe): the worker closes its listening sockets and tells its open
+ * connections to wind down; requests in flight go on. */
+void agw_worker_drain(agw_worker_t *w);
+
+/* Requests the worker is handling (thread-safe): arrived at the runtime and not yet disposed. */
+int agw_worker_inflight(const agw_worker_t *w);
+
 /* Asks the worker to stop (thread-safe), waits for its thread and frees it. */
 void agw_worker_stop(agw_worker_t *w);
 

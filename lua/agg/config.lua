@@ -55,15 +55,17 @@ function M.check(cfg, src, file)
     err(1, "gateway.lua", "must return a table, like: return { listen = { { port = 8080 } }, upstreams = { … } }")
     return nil, errors
   end
-  local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024 }
+  local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
+                shutdown_grace_ms = 10000 }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
-                admin = true, access_log = true }
+                admin = true, access_log = true, shutdown_grace_ms = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
-          "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, access_log, upstreams")
+          "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
+          "shutdown_grace_ms, access_log, upstreams")
     end
   end
   local function show(v)
@@ -183,6 +185,15 @@ function M.check(cfg, src, file)
   if cfg.max_request_body_bytes ~= nil and
      posint(cfg.max_request_body_bytes, "max_request_body_bytes", find_line(lines, "max_request_body_bytes")) then
     out.max_request_body_bytes = cfg.max_request_body_bytes
+  end
+  if cfg.shutdown_grace_ms ~= nil then
+    local g = cfg.shutdown_grace_ms
+    if type(g) ~= "number" or g ~= g or g % 1 ~= 0 or g < 0 or g > 3600000 then
+      err(find_line(lines, "shutdown_grace_ms"), "shutdown_grace_ms",
+          ("must be a whole number of milliseconds from 0 to 3600000, got %s"):format(show(g)))
+    else
+      out.shutdown_grace_ms = g
+    end
   end
   -- upstreams
   local ups = cfg.upstreams
