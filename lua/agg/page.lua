@@ -100,7 +100,11 @@ function M.page(results, opts)
     headers["content-type"] = "application/problem+json"
     headers["cache-control"] = "no-store"
     headers["x-aggregation-completed"] = "false"
-    if status == 503 then headers["retry-after"] = headers["retry-after"] or "30" end
+    if status == 503 then
+      -- seconds until the breaker half-opens (RFC 9110 §10.2.3); 1 when the failure says nothing
+      local after = failed_required and failed_required.retry_after or 1
+      headers["retry-after"] = headers["retry-after"] or tostring(after)
+    end
     return { status = status, headers = headers, json = p }
   end
   headers["x-aggregation-completed"] = complete and "true" or "false"
