@@ -458,6 +458,16 @@ static void pump(agw_pool_t *pool)
 {
     while (pool->qhead && (pool->idle || pool->open < pool->max_conns)) {
         agw_call_t *call = pool->qhead;
+        /* a call whose time ran out in the queue, or that has less left than it takes to
+         * connect, gets no connection: it did not get one in time, so it fails as overload (the
+         * bulkhead), not as a slow upstream (which its breaker would count) */
+        double left_ms = call->timeout_ms - (ev_now(pool->loop) - call->started) * 1000.0;
+        double need_ms = pool->idle ? 1.0 : (double)(pool->conf->connect_timeout_ms ? pool->conf->connect_timeout_ms : 1);
+        if (left_ms < need_ms) {
+            call_fail(call, AGW_CALL_OVERLOAD, "%s: no free connection within %llu ms (all %u busy)", pool->conf->name,
+                      (unsigned long long)call->timeout_ms, pool->conf->max_connections);
+            continue;
+        }
         queue_remove(pool, call);
         call_assign(call);
     }
