@@ -359,6 +359,20 @@ local function make_result(x, outcome, http_status, headers, body, data, ms, det
   return r
 end
 
+-- The attempts of an exchange in flight: at most two at once, the first (or a retry, or its
+-- place in a shared call) in x.a1 and a hedge in x.a2; no table per call.
+local function active_any(x) return x.a1 or x.a2 end
+
+local function active_del(x, id)
+  if x.a1 and x.a1.id == id then x.a1 = false elseif x.a2 and x.a2.id == id then x.a2 = false end
+end
+
+local function active_get(x, id)
+  if x.a1 and x.a1.id == id then return x.a1 end
+  if x.a2 and x.a2.id == id then return x.a2 end
+  return nil
+end
+
 -- Ends exchange x with result r: stops its other attempts and timers, then delivers r.
 finish_exchange = function(x, r)
   if x.done then return end
@@ -380,30 +394,37 @@ finish_exchange = function(x, r)
 end
 
 -- Cancels every attempt of x still in flight (leaving shared flights it waits on).
-function M.abandon_attempts(x)
-  for id, rec in pairs(x.active) do
-    x.active[id] = nil
-    local f = rec.flight
-    if f then
-      f.waiters[x] = nil
-      f.n = f.n - 1
-      if f.n == 0 then
-        flights[f.key] = nil
-        calls[f.id] = nil
-        core.cancel(f.id)
-        if rec.probe then local b = breaker_of(x.spec) if b then b:report("ignore", true, core.now()) end end
-      end
-    else
-      calls[id] = nil
-      core.cancel(id)
-      if rec.probe then local b = breaker_of(x.spec) if b then b:report("ignore", true, core.now()) end end
+-- Cancels one attempt of x: closes its call, or leaves the shared call it waits on (closing it
+-- when x was the last one waiting). A half-open probe that is cancelled gives its slot back.
+local function abandon_one(x, rec)
+  local id = rec.id
+  local f = rec.flight
+  if f then
+    f.waiters[x] = nil
+    f.n = f.n - 1
+    if f.n == 0 then
+      flights[f.key] = nil
+      calls[f.id] = nil
+      core.cancel(f.id)
+      if f.probe then local b = breaker_of(x.spec) if b then b:report("ignore", true, core.now()) end end
     end
+  else
+    calls[id] = nil
+    core.cancel(id)
+    if rec.probe then local b = breaker_of(x.spec) if b then b:report("ignore", true, core.now()) end end
   end
+end
+
+function M.abandon_attempts(x)
+  local a1, a2 = x.a1, x.a2
+  x.a1, x.a2 = false, false
+  if a1 then abandon_one(x, a1) end
+  if a2 then abandon_one(x, a2) end
 end
 
 -- Decides what follows a failed attempt: wait for another attempt in flight, retry, or fail.
 local function after_failure(x, r, outcome, http_status)
-  if next(x.active) ~= nil then
+  if active_any(x) then
     x.last = r -- a hedge is still out: its answer may yet win
     return
   end
@@ -442,7 +463,7 @@ end
 
 -- An attempt of exchange x ended (rec: what was sent; the rest: the transport's answer).
 local function attempt_done(x, rec, outcome, http_status, headers, body, data, ms, detail)
-  x.active[rec.id] = nil
+  active_del(x, rec.id)
   if x.done then return end
   local r = make_result(x, outcome, http_status, headers, body, data, ms, detail)
   if r.ok then
@@ -487,7 +508,7 @@ attempt = function(x, hedge)
   local clamped = false
   if t > remaining then t, clamped = remaining, true end
   if t <= 0 then
-    if next(x.active) ~= nil then return end
+    if active_any(x) then return end
     local r = new_result(x.key, spec)
     r.ms = 0
     return finish_exchange(x, x.last or fail(ctx, r, problem.for_outcome("deadline", x.key, spec.upstream), spec))
@@ -498,15 +519,15 @@ attempt = function(x, hedge)
   if f then
     f.waiters[x] = true
     f.n = f.n + 1
-    x.active[f.id] = { id = f.id, flight = f }
+    x.a1 = { id = f.id, flight = f }
     u.stats.collapsed = u.stats.collapsed + 1
     if t < f.ends - now then
       -- this caller has less time than the shared call: it stops waiting at its own timeout
       x.own_timer = set_timer(t, function()
         x.own_timer = nil
-        local rec = x.active[f.id]
+        local rec = active_get(x, f.id)
         if rec and not x.done then
-          x.active[f.id] = nil
+          active_del(x, f.id)
           f.waiters[x] = nil
           f.n = f.n - 1
           attempt_done(x, { id = f.id }, "timeout", 0, nil, nil, nil, t, "no answer within " .. math.floor(t) .. " ms")
@@ -521,7 +542,7 @@ attempt = function(x, hedge)
     local decision, retry_after = b:allow(now)
     if decision == "deny" then
       u.stats.breaker_denied = u.stats.breaker_denied + 1
-      if next(x.active) ~= nil then return end
+      if active_any(x) then return end
       local r = new_result(x.key, spec)
       r.ms = 0
       local p = problem.new("circuit-open", ("%s: upstream %s is failing; calls are paused"):format(x.key, spec.upstream),
@@ -536,14 +557,22 @@ attempt = function(x, hedge)
   if hedge then u.stats.hedges = u.stats.hedges + 1 end
   local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
                        math.floor(t + 0.5), spec.decode)
-  local rec = { id = id, x = x, spec = spec, probe = probe, clamped = clamped, hedge = hedge }
+  -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
+  -- less per call); a hedge, which runs beside it, gets a table of its own
+  local rec
+  if hedge then
+    rec = { id = id, x = x, spec = spec, probe = probe, clamped = clamped, hedge = true }
+  else
+    rec = x
+    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, nil
+  end
   if key then
-    f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t }
+    f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe }
     flights[key] = f
     rec.flight = f
   end
   calls[id] = rec
-  x.active[id] = rec
+  if hedge then x.a2 = rec else x.a1 = rec end
 end
 
 -- Starts the call of section key of group g (see deliver). The result may be delivered before
@@ -552,7 +581,9 @@ local function start_call(ctx, key, spec, g, chain)
   local u = upstream_state(spec.upstream)
   spec.section = key
   -- (done, retrying, last and the timers are added when they happen)
-  local x = { ctx = ctx, key = key, spec = spec, group = g, chain = chain, u = u, active = {}, attempts = 0 }
+  local x = { ctx = ctx, key = key, spec = spec, group = g, chain = chain, u = u, a1 = false, a2 = false, attempts = 0, flight = false,
+              id = false, probe = false, clamped = false, hedge = false }
+  x.x = x -- an exchange is also the record of its own first attempt (see attempt)
   ctx.exchanges[x] = true
   u.active = u.active + 1
   u.stats.calls = u.stats.calls + 1
@@ -567,7 +598,7 @@ local function start_call(ctx, key, spec, g, chain)
     if after then
       x.hedge_timer = set_timer(after, function()
         x.hedge_timer = nil
-        if x.done or u.tokens < 1 or next(x.active) == nil then return end
+        if x.done or u.tokens < 1 or not active_any(x) then return end
         u.tokens = u.tokens - 1
         attempt(x, true)
       end)
@@ -914,7 +945,8 @@ local function server_timing(ctx)
   local parts = new_tab(#t / 2, 0)
   for i = 1, #t, 2 do
     local name = timing_names[t[i]]
-    parts[#parts + 1] = ("%s;dur=%.1f"):format(name, t[i + 1])
+    local tenths = math.floor(t[i + 1] * 10 + 0.5)
+    parts[#parts + 1] = name .. ";dur=" .. math.floor(tenths / 10) .. "." .. tenths % 10
   end
   return table.concat(parts, ", ")
 end
