@@ -15,6 +15,7 @@ import re
 import sys
 import threading
 import time
+import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -533,6 +534,9 @@ class Bulkhead(GatewayTestCase):
         self.assertGreaterEqual(ms[3], WAIT_MS - 5, results)
         holder.join(15)
 
+    # The race is a matter of one loop pass: an ASan build runs too slowly (connects and timers
+    # drift by tens of ms) for the exact 6/2 split to mean anything; the optimized build checks it.
+    @unittest.skipIf(SLOW, "timing of one loop pass; checked on the optimized build")
     def test_a_queued_call_whose_timeout_expires_as_a_connection_frees_is_overloaded(self):
         # 8 calls with the same timeout start together: 2 get the connections and hang, 6 wait.
         # When the 2 time out, their connections close and the pool hands new ones to waiting
