@@ -13,6 +13,7 @@
 
 #include "json.h"
 #include "log.h"
+#include "server.h"
 
 #define ADMIN_MAX_CONNS 64
 #define ADMIN_MAX_REQUEST 8192
@@ -252,37 +253,9 @@ static void *admin_main(void *arg)
     return NULL;
 }
 
-static int open_admin_socket(const agw_config_t *conf)
-{
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
-    char port[16];
-    snprintf(port, sizeof(port), "%d", conf->admin_port);
-    int rc = getaddrinfo(conf->admin_host, port, &hints, &res);
-    if (rc != 0) {
-        agw_log(AGW_LOG_ERROR, "admin %s:%d: not an IP address: %s", conf->admin_host, conf->admin_port,
-                gai_strerror(rc));
-        return -1;
-    }
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int on = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
-        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 128) != 0) {
-        agw_log(AGW_LOG_ERROR, "admin listener %s:%d: %s (is another process using the port?)", conf->admin_host,
-                conf->admin_port, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(res);
-        return -1;
-    }
-    freeaddrinfo(res);
-    return fd;
-}
-
 agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_metrics_t *const *metrics, size_t num_workers)
 {
-    int fd = open_admin_socket(conf);
+    int fd = agw_listen_socket("admin", conf->admin_host, conf->admin_port, 0, 128);
     if (fd < 0)
         return NULL;
     agw_admin_t *a = calloc(1, sizeof(*a));

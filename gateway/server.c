@@ -18,27 +18,24 @@
 #include "metrics.h"
 #include "worker.h"
 
-/* Opens a listening socket for host:port, with SO_REUSEPORT when reuse (one socket per worker).
- * Returns the fd or -1 (logged). */
-static int open_socket(const agw_listen_conf_t *l, int reuse)
+int agw_listen_socket(const char *what, const char *host, int port, int reuse, int backlog)
 {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
-    char port[16];
-    snprintf(port, sizeof(port), "%d", l->port);
-    int rc = getaddrinfo(l->host, port, &hints, &res);
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    int rc = getaddrinfo(host, portstr, &hints, &res);
     if (rc != 0) {
-        agw_log(AGW_LOG_ERROR, "listen %s:%d: not an IP address: %s", l->host, l->port, gai_strerror(rc));
+        agw_log(AGW_LOG_ERROR, "%s %s:%d: not an IP address: %s", what, host, port, gai_strerror(rc));
         return -1;
     }
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int on = 1;
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
         (reuse && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) != 0) ||
-        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
-        agw_log(AGW_LOG_ERROR, "listen %s:%d: %s (is another process using the port?)", l->host, l->port,
-                strerror(errno));
+        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, backlog) != 0) {
+        agw_log(AGW_LOG_ERROR, "%s %s:%d: %s (is another process using the port?)", what, host, port, strerror(errno));
         if (fd >= 0)
             close(fd);
         freeaddrinfo(res);
@@ -52,7 +49,7 @@ static int open_socket(const agw_listen_conf_t *l, int reuse)
  * once without that option first, so a port in use is an error at start-up. */
 static int port_is_free(const agw_listen_conf_t *l)
 {
-    int fd = open_socket(l, 0);
+    int fd = agw_listen_socket("listen", l->host, l->port, 0, 1024);
     if (fd < 0)
         return 0;
     close(fd);
@@ -61,7 +58,7 @@ static int port_is_free(const agw_listen_conf_t *l)
 
 static int open_listener(const agw_listen_conf_t *l)
 {
-    return open_socket(l, 1);
+    return agw_listen_socket("listen", l->host, l->port, 1, 1024);
 }
 
 /* OpenSSL's reason for the last failure, or a readable default when it gives none. */

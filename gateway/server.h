@@ -6,6 +6,11 @@
 
 #include "config.h"
 
+/* Opens a non-blocking listening socket on host:port (host an IP literal), with SO_REUSEPORT when
+ * reuse (one socket per worker), listen(2) backlog as given. Returns the fd, or -1 with a log line
+ * that starts with `what` ("listen", "admin") and says why. */
+int agw_listen_socket(const char *what, const char *host, int port, int reuse, int backlog);
+
 /* Serves conf until SIGTERM or SIGINT. Returns the process exit status: 0 after a signal, 1 when
  * start-up failed (the reason is logged: a port in use, an unreadable certificate, …). */
 int agw_server_run(agw_config_t *conf);
