@@ -184,14 +184,7 @@ static void ensure_state(lua_State *L)
     static const luaL_Reg ref_mt[] = {{"__gc", ref_gc}, {"__tostring", ref_tostring}, {NULL, NULL}};
     lua_newtable(L);
     luaL_register(L, NULL, ref_mt);
-    lua_pushvalue(L, -1);
     set_reg(L, AGW_JSON_REF_MT, AGW_JSON_K_REF);
-
-    json_t **pending = lua_newuserdata(L, sizeof(*pending)); /* a tree ref holding nothing yet */
-    *pending = NULL;
-    lua_insert(L, -2);
-    lua_setmetatable(L, -2);
-    set_reg(L, AGW_JSON_PENDING, AGW_JSON_K_PENDING);
 
     /* no __gc: a raw ref holds its bytes inline, so the GC frees it without a finalizer */
     lua_newtable(L);

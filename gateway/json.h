@@ -55,14 +55,11 @@
 #define AGW_JSON_REF_MT "agw.json.ref"
 #define AGW_JSON_RAW_MT "agw.json.raw"
 #define AGW_JSON_ORDER "agw.json.order"
-/* A tree ref kept in the registry with a NULL json_t: materializing a raw ref parks its json_t
- * here while the Lua values are pushed, so a Lua error (out of memory) cannot leak it. */
-#define AGW_JSON_PENDING "agw.json.pending"
 
 /* The same registry entries are also stored under light userdata keys, which are faster to look
  * up (no string hashing). Internal to json*.c: agw_json_regget(L, AGW_JSON_K_RAW) pushes
  * registry[AGW_JSON_RAW_MT] (nil before the module's first use in L). */
-enum { AGW_JSON_K_ORDER, AGW_JSON_K_ARRAY, AGW_JSON_K_INT64, AGW_JSON_K_REF, AGW_JSON_K_RAW, AGW_JSON_K_PENDING, AGW_JSON_NKEYS };
+enum { AGW_JSON_K_ORDER, AGW_JSON_K_ARRAY, AGW_JSON_K_INT64, AGW_JSON_K_REF, AGW_JSON_K_RAW, AGW_JSON_NKEYS };
 extern const char agw_json_regkey[AGW_JSON_NKEYS];
 static inline void agw_json_regget(lua_State *L, int k)
 {
