@@ -22,7 +22,8 @@
 typedef struct aconn aconn_t;
 
 struct agw_admin {
-    const agw_config_t *conf;
+    agw_reload_state_t *gens;  /* the generation serving and the reload record */
+    const agw_metric_labels_t *labels;
     agw_metrics_t *const *metrics;
     size_t num_workers;
     int ready;                 /* read and written with atomics */
@@ -76,8 +77,10 @@ static void respond(agw_buf_t *out, int status, const char *reason, const char *
         agw_buf_append(out, body, len);
 }
 
-static void routes_json(const agw_config_t *conf, agw_buf_t *b)
+static void routes_json(const agw_generation_t *gen, agw_buf_t *b)
 {
+    static const agw_config_t none;
+    const agw_config_t *conf = gen ? &gen->conf : &none;
     agw_buf_putc(b, '[');
     for (size_t i = 0; i < conf->num_endpoints; i++) {
         const agw_endpoint_info_t *e = &conf->endpoints[i];
@@ -96,7 +99,7 @@ static void routes_json(const agw_config_t *conf, agw_buf_t *b)
                 agw_buf_puts(b, "null");
             }
         }
-        agw_buf_puts(b, ",\"generation\":1}");
+        agw_buf_printf(b, ",\"generation\":%llu}", (unsigned long long)gen->number);
     }
     agw_buf_puts(b, conf->num_endpoints ? "\n]\n" : "]\n");
 }
@@ -108,9 +111,10 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     const char *q = memchr(target, '?', tlen);
     size_t plen = q ? (size_t)(q - target) : tlen;
 #define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(target, s, plen) == 0)
-    int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes");
+    int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes") ||
+                PATH_IS("/reload");
     if (!known) {
-        static const char body[] = "not found: try /healthz, /readyz, /metrics or /routes\n";
+        static const char body[] = "not found: try /healthz, /readyz, /metrics, /routes or /reload\n";
         respond(out, 404, "Not Found", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
         return;
     }
@@ -129,14 +133,26 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
             respond(out, 503, "Service Unavailable", "text/plain; charset=utf-8", "not ready\n", 10, head, NULL);
     } else if (PATH_IS("/metrics")) {
         agw_buf_t body = AGW_BUF_INIT;
-        agw_metrics_render(&body, a->conf, a->metrics, a->num_workers, __atomic_load_n(&a->ready, __ATOMIC_ACQUIRE),
-                           a->start_time);
+        agw_metrics_process_t proc = {0};
+        proc.ready = __atomic_load_n(&a->ready, __ATOMIC_ACQUIRE);
+        proc.start_time = a->start_time;
+        agw_reload_state_metrics(a->gens, &proc);
+        agw_generation_t *gen = agw_reload_state_current(a->gens); /* held while its breakers are read */
+        agw_metrics_render(&body, a->labels, gen ? &gen->conf : NULL, a->metrics, a->num_workers, &proc);
+        agw_generation_unref(gen);
         respond(out, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body.base ? body.base : "", body.len, head,
                 NULL);
         agw_buf_free(&body);
+    } else if (PATH_IS("/reload")) {
+        agw_buf_t body = AGW_BUF_INIT;
+        agw_reload_state_json(a->gens, &body);
+        respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
+        agw_buf_free(&body);
     } else {
         agw_buf_t body = AGW_BUF_INIT;
-        routes_json(a->conf, &body);
+        agw_generation_t *gen = agw_reload_state_current(a->gens);
+        routes_json(gen, &body);
+        agw_generation_unref(gen);
         respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
         agw_buf_free(&body);
     }
@@ -253,7 +269,8 @@ static void *admin_main(void *arg)
     return NULL;
 }
 
-agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_metrics_t *const *metrics, size_t num_workers)
+agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens, const agw_metric_labels_t *labels,
+                             agw_metrics_t *const *metrics, size_t num_workers)
 {
     int fd = agw_listen_socket("admin", conf->admin_host, conf->admin_port, 0, 128);
     if (fd < 0)
@@ -261,7 +278,8 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_metrics_t *const *met
     agw_admin_t *a = calloc(1, sizeof(*a));
     if (a == NULL)
         abort();
-    a->conf = conf;
+    a->gens = gens;
+    a->labels = labels;
     a->metrics = metrics;
     a->num_workers = num_workers;
     a->fd = fd;
@@ -281,7 +299,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_metrics_t *const *met
         free(a);
         return NULL;
     }
-    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (/healthz /readyz /metrics /routes)", conf->admin_host,
+    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (/healthz /readyz /metrics /routes /reload)", conf->admin_host,
             conf->admin_port);
     return a;
 }

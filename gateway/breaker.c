@@ -27,6 +27,30 @@ void agw_breaker_destroy(agw_breaker_t *b)
     pthread_mutex_destroy(&b->lock);
 }
 
+agw_breaker_t *agw_breaker_new(unsigned failures, uint64_t open_ms, unsigned probes)
+{
+    agw_breaker_t *b = malloc(sizeof(*b));
+    if (b == NULL)
+        abort();
+    agw_breaker_init(b, failures, open_ms, probes);
+    b->refs = 1;
+    return b;
+}
+
+agw_breaker_t *agw_breaker_ref(agw_breaker_t *b)
+{
+    __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
+    return b;
+}
+
+void agw_breaker_unref(agw_breaker_t *b)
+{
+    if (b == NULL || __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    agw_breaker_destroy(b);
+    free(b);
+}
+
 const char *agw_breaker_state_name(agw_breaker_state_t s)
 {
     return s == AGW_BREAKER_OPEN ? "open" : s == AGW_BREAKER_HALF_OPEN ? "half-open" : "closed";

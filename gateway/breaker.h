@@ -34,11 +34,21 @@ typedef struct agw_breaker {
     uint64_t opened_at_ms;       /* when it last opened */
     uint64_t opened, closed;     /* transitions, for metrics */
     uint64_t denied;             /* calls failed at once */
+    int refs;                    /* owners (generations that use it; atomic), see agw_breaker_new */
 } agw_breaker_t;
 
 /* Sets up a closed breaker. failures == 0 makes a breaker that always allows. */
 void agw_breaker_init(agw_breaker_t *b, unsigned failures, uint64_t open_ms, unsigned probes);
 void agw_breaker_destroy(agw_breaker_t *b);
+
+/* A closed breaker on the heap with one reference (thread-safe counting: a breaker outlives a
+ * reload when its upstream did not change, so two generations may hold it). Aborts on allocation
+ * failure. */
+agw_breaker_t *agw_breaker_new(unsigned failures, uint64_t open_ms, unsigned probes);
+/* Takes one more reference to b; returns b. */
+agw_breaker_t *agw_breaker_ref(agw_breaker_t *b);
+/* Drops a reference; the last one destroys and frees b. NULL is ignored. */
+void agw_breaker_unref(agw_breaker_t *b);
 
 /* Decides whether a call may go to the upstream at now_ms. On DENY, *retry_after_ms (if not NULL)
  * is the time until the breaker half-opens (for Retry-After). A PROBE must be reported with

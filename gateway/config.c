@@ -76,7 +76,7 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         lua_getfield(L, bt, "off");
         int off = lua_toboolean(L, -1);
         lua_pop(L, 1);
-        agw_breaker_init(&conf->breakers[i], off ? 0 : (unsigned)field_num(L, bt, "failures", 5),
+        conf->breakers[i] = agw_breaker_new(off ? 0 : (unsigned)field_num(L, bt, "failures", 5),
                          (uint64_t)(field_num(L, bt, "open_s", 30) * 1000), (unsigned)field_num(L, bt, "half_open_probes", 1));
         lua_settop(L, t);
         char *host = field_str(L, t, "host");
@@ -247,16 +247,11 @@ void agw_config_free(agw_config_t *conf)
         free(conf->listen[i].key_file);
     }
     free(conf->listen);
-    for (size_t i = 0; i < conf->num_upstreams; i++) {
-        agw_upstream_conf_t *u = &conf->upstreams[i];
-        free(u->name);
-        free(u->url);
-        free(u->host_header);
-        free(u->base_path);
-    }
+    for (size_t i = 0; conf->upstreams && i < conf->num_upstreams; i++)
+        agw_upstream_conf_clear(&conf->upstreams[i]);
     free(conf->upstreams);
     for (size_t i = 0; conf->breakers && i < conf->num_upstreams; i++)
-        agw_breaker_destroy(&conf->breakers[i]);
+        agw_breaker_unref(conf->breakers[i]);
     free(conf->breakers);
     agw_router_free(&conf->router);
     for (size_t i = 0; conf->endpoints && i < conf->num_endpoints; i++) {
@@ -269,4 +264,44 @@ void agw_config_free(agw_config_t *conf)
     free(conf->access_log);
     free(conf->dir);
     memset(conf, 0, sizeof(*conf));
+}
+
+static int same_str(const char *a, const char *b)
+{
+    return (a == NULL && b == NULL) || (a && b && strcmp(a, b) == 0);
+}
+
+int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf_t *b)
+{
+    return same_str(a->name, b->name) && same_str(a->url, b->url) && same_str(a->host_header, b->host_header) &&
+           same_str(a->base_path, b->base_path) && a->addrlen == b->addrlen &&
+           memcmp(&a->addr, &b->addr, a->addrlen) == 0 && a->connect_timeout_ms == b->connect_timeout_ms &&
+           a->idle_timeout_ms == b->idle_timeout_ms && a->max_connections == b->max_connections &&
+           a->max_pending == b->max_pending && a->max_body_bytes == b->max_body_bytes;
+}
+
+static char *dup_or_null(const char *s)
+{
+    char *d = s ? strdup(s) : NULL;
+    if (s && d == NULL)
+        abort();
+    return d;
+}
+
+void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t *u)
+{
+    *out = *u;
+    out->name = dup_or_null(u->name);
+    out->url = dup_or_null(u->url);
+    out->host_header = dup_or_null(u->host_header);
+    out->base_path = dup_or_null(u->base_path);
+}
+
+void agw_upstream_conf_clear(agw_upstream_conf_t *u)
+{
+    free(u->name);
+    free(u->url);
+    free(u->host_header);
+    free(u->base_path);
+    memset(u, 0, sizeof(*u));
 }

@@ -35,7 +35,9 @@ typedef struct agw_config {
     size_t max_request_body_bytes;      /* request body limit, bytes */
     uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
     agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
-    agw_breaker_t *breakers;            /* one per upstream, shared by every worker */
+    agw_breaker_t **breakers;           /* one per upstream, shared by every worker (and by the next
+                                           generation when the upstream does not change); one
+                                           reference each */
     size_t num_upstreams;
     agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
     agw_endpoint_info_t *endpoints;     /* index e-1 describes endpoint e */
@@ -51,7 +53,16 @@ typedef struct agw_config {
  * per line appended to errors. */
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors);
 
-/* Frees everything agw_config_load allocated. */
+/* Frees everything agw_config_load allocated (the breakers: one reference each). */
 void agw_config_free(agw_config_t *conf);
+
+/* 1 when a and b describe the same upstream as far as a connection pool is concerned (name,
+ * URL, resolved address, Host header, base path, connect and idle timeouts, max_connections,
+ * max_pending, max_body_bytes), so a pool made for one can serve the other. */
+int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf_t *b);
+
+/* Deep copy of u into *out (strings duplicated); free with agw_upstream_conf_clear. */
+void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t *u);
+void agw_upstream_conf_clear(agw_upstream_conf_t *u);
 
 #endif

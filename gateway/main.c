@@ -47,18 +47,7 @@ static int cmd_check(const char *dir, int quiet)
 
 static int cmd_serve(const char *dir)
 {
-    agw_config_t conf;
-    agw_buf_t errors = AGW_BUF_INIT;
-    if (agw_config_load(dir, &conf, &errors) != 0) {
-        fprintf(stderr, "%s", errors.base ? errors.base : "");
-        agw_log(AGW_LOG_ERROR, "%s is not valid; not starting", dir);
-        agw_buf_free(&errors);
-        return 1;
-    }
-    agw_buf_free(&errors);
-    int rc = agw_server_run(&conf);
-    agw_config_free(&conf);
-    return rc;
+    return agw_server_run(dir);
 }
 
 /* Runs busted inside a runtime VM (DESIGN §3 "Specs"); the scripts folder is in package.path and

@@ -33,15 +33,114 @@ const char *agw_metric_outcome_name(agw_metric_outcome_t o)
     return o < AGW_OUT_N ? outcome_names[o] : "?";
 }
 
-agw_metrics_t *agw_metrics_new(const agw_config_t *conf)
+agw_metric_labels_t *agw_metric_labels_new(uint32_t route_cap, uint32_t upstream_cap)
+{
+    agw_metric_labels_t *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        abort();
+    l->route_cap = route_cap + 1;
+    l->upstream_cap = upstream_cap ? upstream_cap : 1;
+    l->routes = calloc(l->route_cap, sizeof(*l->routes));
+    l->upstreams = calloc(l->upstream_cap, sizeof(*l->upstreams));
+    if (l->routes == NULL || l->upstreams == NULL || (l->routes[0] = strdup("unmatched")) == NULL)
+        abort();
+    l->num_routes = 1;
+    return l;
+}
+
+void agw_metric_labels_free(agw_metric_labels_t *l)
+{
+    if (l == NULL)
+        return;
+    for (uint32_t i = 0; i < l->num_routes; i++)
+        free(l->routes[i]);
+    for (uint32_t i = 0; i < l->num_upstreams; i++)
+        free(l->upstreams[i]);
+    free(l->routes);
+    free(l->upstreams);
+    free(l);
+}
+
+/* Slot of name among names[from..n), or n when it has none yet. */
+static uint32_t find_slot(char *const *names, uint32_t from, uint32_t n, const char *name)
+{
+    for (uint32_t i = from; i < n; i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    return n;
+}
+
+/* Maps every name to its slot in names (n in use, cap at most), appending new names. Returns
+ * the new count, or cap + 1 (nothing appended) when they do not fit. */
+static uint32_t map_names(char **names, uint32_t from, uint32_t n, uint32_t cap, const char *const *want,
+                          size_t num_want, uint32_t *slot)
+{
+    uint32_t fresh = 0;
+    for (size_t i = 0; i < num_want; i++) {
+        uint32_t s = find_slot(names, from, n, want[i]);
+        if (s == n) { /* new here: a name may still repeat inside want (two generations' worth) */
+            int dup = 0;
+            for (size_t j = 0; j < i && !dup; j++)
+                dup = strcmp(want[j], want[i]) == 0;
+            fresh += !dup;
+        }
+    }
+    if (n + fresh > cap)
+        return cap + 1;
+    for (size_t i = 0; i < num_want; i++) {
+        uint32_t s = find_slot(names, from, n, want[i]);
+        if (s == n) {
+            if ((names[n] = strdup(want[i])) == NULL)
+                abort();
+            n++;
+        }
+        slot[i] = s;
+    }
+    return n;
+}
+
+int agw_metric_labels_map(agw_metric_labels_t *l, const agw_config_t *conf, uint32_t *route_slot,
+                          uint32_t *upstream_slot, agw_buf_t *errors)
+{
+    size_t ne = conf->num_endpoints, nu = conf->num_upstreams;
+    const char **want = calloc((ne > nu ? ne : nu) + 1, sizeof(*want));
+    if (want == NULL)
+        abort();
+    for (size_t e = 0; e < ne; e++)
+        want[e] = conf->endpoints[e].route ? conf->endpoints[e].route : "";
+    uint32_t nr = map_names(l->routes, 1, l->num_routes, l->route_cap, want, ne, route_slot + 1);
+    for (size_t u = 0; u < nu; u++)
+        want[u] = conf->upstreams[u].name ? conf->upstreams[u].name : "";
+    uint32_t nup = nr > l->route_cap ? 0 : map_names(l->upstreams, 0, l->num_upstreams, l->upstream_cap, want, nu,
+                                                    upstream_slot);
+    free(want);
+    if (nr > l->route_cap) {
+        agw_buf_printf(errors, "%s/gateway.lua:1: metrics: more than %u distinct routes since the gateway started; "
+                       "restart it to load this many routes\n", conf->dir, l->route_cap - 1);
+        return -1;
+    }
+    if (nup > l->upstream_cap) {
+        /* the routes of this generation are in the registry already: harmless, they read 0 */
+        agw_buf_printf(errors, "%s/gateway.lua:1: metrics: more than %u distinct upstream names since the gateway "
+                       "started; restart it to load this many upstreams\n", conf->dir, l->upstream_cap);
+        __atomic_store_n(&l->num_routes, nr, __ATOMIC_RELEASE);
+        return -1;
+    }
+    route_slot[0] = 0;
+    __atomic_store_n(&l->num_routes, nr, __ATOMIC_RELEASE);
+    __atomic_store_n(&l->num_upstreams, nup, __ATOMIC_RELEASE);
+    return 0;
+}
+
+agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels)
 {
     agw_metrics_t *m = calloc(1, sizeof(*m));
     if (m == NULL)
         abort();
-    m->num_routes = conf->num_endpoints;
-    m->num_upstreams = conf->num_upstreams;
-    m->routes = calloc(m->num_routes + 1, sizeof(*m->routes));
-    m->upstreams = calloc(m->num_upstreams ? m->num_upstreams : 1, sizeof(*m->upstreams));
+    m->num_routes = labels->route_cap;
+    m->num_upstreams = labels->upstream_cap;
+    m->routes = calloc(m->num_routes, sizeof(*m->routes));
+    m->upstreams = calloc(m->num_upstreams, sizeof(*m->upstreams));
     if (m->routes == NULL || m->upstreams == NULL)
         abort();
     return m;
@@ -67,11 +166,11 @@ static inline size_t bucket(const double *bounds, size_t n, double v)
     return i;
 }
 
-void agw_metrics_request(agw_metrics_t *m, int endpoint, int status, double ms, size_t bytes)
+void agw_metrics_request(agw_metrics_t *m, int route, int status, double ms, size_t bytes)
 {
-    if (endpoint < 0 || (size_t)endpoint > m->num_routes)
-        endpoint = 0;
-    agw_route_metrics_t *r = &m->routes[endpoint];
+    if (route < 0 || (size_t)route >= m->num_routes)
+        route = 0;
+    agw_route_metrics_t *r = &m->routes[route];
     AGW_M_ADD(r->codes[status >= 0 && status < AGW_M_CODES ? status : 0], 1);
     if (ms < 0)
         ms = 0;
@@ -98,7 +197,7 @@ void agw_metrics_call(agw_metrics_t *m, size_t up, agw_metric_outcome_t o, doubl
 
 void agw_metrics_partial(agw_metrics_t *m, int endpoint, const char *section, size_t len)
 {
-    if (endpoint < 0 || (size_t)endpoint > m->num_routes)
+    if (endpoint < 0 || (size_t)endpoint >= m->num_routes)
         endpoint = 0;
     uint32_t n = m->num_partials; /* this thread is the only writer */
     agw_partial_metric_t *other = NULL;
@@ -136,20 +235,19 @@ void agw_metrics_partial(agw_metrics_t *m, int endpoint, const char *section, si
 
 /* ---- rendering ------------------------------------------------------------------------------- */
 
-static const char *route_name(const agw_config_t *conf, size_t e)
+/* Label of route slot e (slots are published before any worker counts in them). */
+static const char *route_name(const agw_metric_labels_t *l, size_t nr, size_t e)
 {
-    if (e == 0 || e > conf->num_endpoints)
-        return "unmatched";
-    return conf->endpoints[e - 1].route;
+    return e < nr ? l->routes[e] : "unmatched";
 }
 
-static void render_requests(agw_buf_t *b, const agw_config_t *conf, agw_metrics_t *const *w, size_t nw)
+static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_metrics_t *const *w, size_t nw)
 {
-    size_t nr = conf->num_endpoints;
+    size_t nr = __atomic_load_n(&lb->num_routes, __ATOMIC_ACQUIRE);
     agw_prom_family(b, "aggway_requests_total", "counter",
                     "Requests answered, by route pattern (\"unmatched\" when no route matched) and HTTP status code "
                     "(499: the client went away first).");
-    for (size_t e = 0; e <= nr; e++) {
+    for (size_t e = 0; e < nr; e++) {
         for (int code = 0; code < AGW_M_CODES; code++) {
             uint64_t sum = 0;
             for (size_t i = 0; i < nw; i++)
@@ -158,7 +256,7 @@ static void render_requests(agw_buf_t *b, const agw_config_t *conf, agw_metrics_
                 continue;
             char cs[8];
             snprintf(cs, sizeof(cs), "%d", code);
-            agw_prom_label_t l[2] = {AGW_PROM_LABEL("route", route_name(conf, e)), AGW_PROM_LABEL("code", cs)};
+            agw_prom_label_t l[2] = {AGW_PROM_LABEL("route", route_name(lb, nr, e)), AGW_PROM_LABEL("code", cs)};
             agw_prom_sample_u64(b, "aggway_requests_total", l, 2, sum);
         }
     }
@@ -172,33 +270,34 @@ static void render_requests(agw_buf_t *b, const agw_config_t *conf, agw_metrics_
 
     agw_prom_family(b, "aggway_request_duration_seconds", "histogram",
                     "Time from the request's arrival to its response, by route.");
-    for (size_t e = 0; e <= nr; e++) {
+    for (size_t e = 0; e < nr; e++) {
         uint64_t counts[AGW_M_REQ_BOUNDS + 1] = {0}, sum_us = 0;
         for (size_t i = 0; i < nw; i++) {
             for (size_t k = 0; k <= AGW_M_REQ_BOUNDS; k++)
                 counts[k] += AGW_M_GET(w[i]->routes[e].duration[k]);
             sum_us += AGW_M_GET(w[i]->routes[e].duration_sum_us);
         }
-        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(conf, e));
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
         agw_prom_histogram(b, "aggway_request_duration_seconds", &l, 1, REQ_BOUNDS_MS, AGW_M_REQ_BOUNDS, 1000.0, counts,
                            (double)sum_us / 1e6);
     }
     agw_prom_family(b, "aggway_response_size_bytes", "histogram", "Response body sizes, by route.");
-    for (size_t e = 0; e <= nr; e++) {
+    for (size_t e = 0; e < nr; e++) {
         uint64_t counts[AGW_M_SIZE_BOUNDS + 1] = {0}, sum = 0;
         for (size_t i = 0; i < nw; i++) {
             for (size_t k = 0; k <= AGW_M_SIZE_BOUNDS; k++)
                 counts[k] += AGW_M_GET(w[i]->routes[e].size[k]);
             sum += AGW_M_GET(w[i]->routes[e].size_sum);
         }
-        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(conf, e));
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
         agw_prom_histogram(b, "aggway_response_size_bytes", &l, 1, SIZE_BOUNDS, AGW_M_SIZE_BOUNDS, 1.0, counts,
                            (double)sum);
     }
 }
 
-static void render_partials(agw_buf_t *b, const agw_config_t *conf, agw_metrics_t *const *w, size_t nw)
+static void render_partials(agw_buf_t *b, const agw_metric_labels_t *lb, agw_metrics_t *const *w, size_t nw)
 {
+    size_t nr = __atomic_load_n(&lb->num_routes, __ATOMIC_ACQUIRE);
     agw_prom_family(b, "aggway_partial_pages_total", "counter",
                     "Pages served with 200 but incomplete (X-Aggregation-Completed: false), by route and by each "
                     "section that was not ok (fallback, stale or unavailable).");
@@ -232,7 +331,7 @@ static void render_partials(agw_buf_t *b, const agw_config_t *conf, agw_metrics_
         }
     }
     for (size_t k = 0; k < n; k++) {
-        agw_prom_label_t l[2] = {AGW_PROM_LABEL("route", route_name(conf, (size_t)mg[k].route)),
+        agw_prom_label_t l[2] = {AGW_PROM_LABEL("route", route_name(lb, nr, (size_t)mg[k].route)),
                                  AGW_PROM_LABEL("section", mg[k].section)};
         agw_prom_sample_u64(b, "aggway_partial_pages_total", l, 2, mg[k].count);
     }
@@ -240,15 +339,15 @@ static void render_partials(agw_buf_t *b, const agw_config_t *conf, agw_metrics_
 }
 
 /* One per-upstream counter family, summed over the workers (field: offset in agw_upstream_metrics_t). */
-static void render_upstream_counter(agw_buf_t *b, const agw_config_t *conf, agw_metrics_t *const *w, size_t nw,
-                                    const char *name, const char *type, const char *help, size_t offset)
+static void render_upstream_counter(agw_buf_t *b, const agw_metric_labels_t *lb, size_t nu, agw_metrics_t *const *w,
+                                    size_t nw, const char *name, const char *type, const char *help, size_t offset)
 {
     agw_prom_family(b, name, type, help);
-    for (size_t u = 0; u < conf->num_upstreams; u++) {
+    for (size_t u = 0; u < nu; u++) {
         uint64_t sum = 0;
         for (size_t i = 0; i < nw; i++)
             sum += AGW_M_GET(*(uint64_t *)((char *)&w[i]->upstreams[u] + offset));
-        agw_prom_label_t l = AGW_PROM_LABEL("upstream", conf->upstreams[u].name);
+        agw_prom_label_t l = AGW_PROM_LABEL("upstream", lb->upstreams[u]);
         agw_prom_sample_u64(b, name, &l, 1, sum);
     }
 }
@@ -260,10 +359,21 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
-static void render_upstreams(agw_buf_t *b, const agw_config_t *conf, agw_metrics_t *const *w, size_t nw)
+/* The breaker of upstream slot name in conf (the generation serving), or NULL. */
+static agw_breaker_t *breaker_of(const agw_config_t *conf, const char *name)
 {
-    size_t nu = conf->num_upstreams;
+    for (size_t i = 0; conf && i < conf->num_upstreams; i++)
+        if (strcmp(conf->upstreams[i].name, name) == 0)
+            return conf->breakers[i];
+    return NULL;
+}
+
+static void render_upstreams(agw_buf_t *b, const agw_metric_labels_t *lb, const agw_config_t *conf,
+                             agw_metrics_t *const *w, size_t nw)
+{
+    size_t nu = __atomic_load_n(&lb->num_upstreams, __ATOMIC_ACQUIRE);
     struct bstate {
+        int present; /* the upstream is in the generation serving */
         int state;
         uint64_t opened, closed, denied;
     } *bs = calloc(nu ? nu : 1, sizeof(*bs));
@@ -271,7 +381,10 @@ static void render_upstreams(agw_buf_t *b, const agw_config_t *conf, agw_metrics
         abort();
     double now = now_ms();
     for (size_t u = 0; u < nu; u++) {
-        agw_breaker_t *br = &conf->breakers[u];
+        agw_breaker_t *br = breaker_of(conf, lb->upstreams[u]);
+        if (br == NULL)
+            continue;
+        bs[u].present = 1;
         pthread_mutex_lock(&br->lock);
         int st = br->failures == 0 ? AGW_BREAKER_CLOSED : (int)br->state;
         /* an open breaker turns half-open when the next call asks after open_ms */
@@ -297,7 +410,7 @@ static void render_upstreams(agw_buf_t *b, const agw_config_t *conf, agw_metrics
                 for (size_t i = 0; i < nw; i++)
                     sum += AGW_M_GET(w[i]->upstreams[u].outcomes[o]);
             }
-            agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", conf->upstreams[u].name),
+            agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", lb->upstreams[u]),
                                      AGW_PROM_LABEL("outcome", o == AGW_OUT_N ? "circuit_open" : outcome_names[o])};
             agw_prom_sample_u64(b, "aggway_upstream_calls_total", l, 2, sum);
         }
@@ -311,7 +424,7 @@ static void render_upstreams(agw_buf_t *b, const agw_config_t *conf, agw_metrics
                 counts[k] += AGW_M_GET(w[i]->upstreams[u].latency[k]);
             sum_us += AGW_M_GET(w[i]->upstreams[u].latency_sum_us);
         }
-        agw_prom_label_t l = AGW_PROM_LABEL("upstream", conf->upstreams[u].name);
+        agw_prom_label_t l = AGW_PROM_LABEL("upstream", lb->upstreams[u]);
         agw_prom_histogram(b, "aggway_upstream_call_duration_seconds", &l, 1, CALL_BOUNDS_MS, AGW_M_CALL_BOUNDS, 1000.0,
                            counts, (double)sum_us / 1e6);
     }
@@ -322,11 +435,11 @@ static void render_upstreams(agw_buf_t *b, const agw_config_t *conf, agw_metrics
             started += AGW_M_GET(w[i]->upstreams[u].started);
             ended += AGW_M_GET(w[i]->upstreams[u].ended);
         }
-        agw_prom_label_t l = AGW_PROM_LABEL("upstream", conf->upstreams[u].name);
+        agw_prom_label_t l = AGW_PROM_LABEL("upstream", lb->upstreams[u]);
         agw_prom_sample_u64(b, "aggway_upstream_calls_in_flight", &l, 1, started > ended ? started - ended : 0);
     }
 #define UCOUNTER(name, type, help, field) \
-    render_upstream_counter(b, conf, w, nw, name, type, help, offsetof(agw_upstream_metrics_t, field))
+    render_upstream_counter(b, lb, nu, w, nw, name, type, help, offsetof(agw_upstream_metrics_t, field))
     UCOUNTER("aggway_upstream_pool_connections", "gauge",
              "Connections open to the upstream (idle, busy and connecting), over every worker's pool.", pool_open);
     UCOUNTER("aggway_upstream_pool_idle_connections", "gauge", "Idle keep-alive connections in the pools.", pool_idle);
@@ -347,13 +460,17 @@ static void render_upstreams(agw_buf_t *b, const agw_config_t *conf, agw_metrics
     agw_prom_family(b, "aggway_upstream_breaker_state", "gauge",
                     "Circuit breaker of the upstream, shared by every worker: 0 closed, 1 open, 2 half-open.");
     for (size_t u = 0; u < nu; u++) {
-        agw_prom_label_t l = AGW_PROM_LABEL("upstream", conf->upstreams[u].name);
+        if (!bs[u].present)
+            continue;
+        agw_prom_label_t l = AGW_PROM_LABEL("upstream", lb->upstreams[u]);
         agw_prom_sample_u64(b, "aggway_upstream_breaker_state", &l, 1, (uint64_t)bs[u].state);
     }
     agw_prom_family(b, "aggway_upstream_breaker_transitions_total", "counter",
                     "Times the breaker opened (to=\"open\") and closed again after a successful probe (to=\"closed\").");
     for (size_t u = 0; u < nu; u++) {
-        agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", conf->upstreams[u].name), AGW_PROM_LABEL("to", "open")};
+        if (!bs[u].present)
+            continue;
+        agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", lb->upstreams[u]), AGW_PROM_LABEL("to", "open")};
         agw_prom_sample_u64(b, "aggway_upstream_breaker_transitions_total", l, 2, bs[u].opened);
         l[1] = AGW_PROM_LABEL("to", "closed");
         agw_prom_sample_u64(b, "aggway_upstream_breaker_transitions_total", l, 2, bs[u].closed);
@@ -361,18 +478,35 @@ static void render_upstreams(agw_buf_t *b, const agw_config_t *conf, agw_metrics
     free(bs);
 }
 
-void agw_metrics_render(agw_buf_t *b, const agw_config_t *conf, agw_metrics_t *const *workers, size_t num_workers,
-                        int ready, double start_time)
+void agw_metrics_render(agw_buf_t *b, const agw_metric_labels_t *labels, const agw_config_t *conf,
+                        agw_metrics_t *const *workers, size_t num_workers, const agw_metrics_process_t *proc)
 {
     agw_prom_family(b, "aggway_ready", "gauge", "1 while the gateway serves (as /readyz), 0 while it starts or stops.");
-    agw_prom_sample_u64(b, "aggway_ready", NULL, 0, ready ? 1 : 0);
+    agw_prom_sample_u64(b, "aggway_ready", NULL, 0, proc->ready ? 1 : 0);
     agw_prom_family(b, "aggway_workers", "gauge", "Worker threads.");
     agw_prom_sample_u64(b, "aggway_workers", NULL, 0, num_workers);
-    agw_prom_family(b, "aggway_generation", "gauge", "Generation of the scripts folder being served (1: as started).");
-    agw_prom_sample_u64(b, "aggway_generation", NULL, 0, 1);
+    agw_prom_family(b, "aggway_generation", "gauge",
+                    "Generation of the scripts folder serving new requests (1 as started, +1 per successful reload; "
+                    "0 before the first is loaded).");
+    agw_prom_sample_u64(b, "aggway_generation", NULL, 0, proc->generation);
+    agw_prom_family(b, "aggway_generations_live", "gauge",
+                    "Generations loaded and not yet freed: the one serving plus old ones still finishing requests.");
+    agw_prom_sample_u64(b, "aggway_generations_live", NULL, 0, proc->generations_live);
+    agw_prom_family(b, "aggway_reloads_total", "counter",
+                    "Reloads (SIGHUP) that put a new generation of the scripts folder in service.");
+    agw_prom_sample_u64(b, "aggway_reloads_total", NULL, 0, proc->reloads);
+    agw_prom_family(b, "aggway_reload_failures_total", "counter",
+                    "Reloads that failed (a script or gateway.lua did not load or check); the old generation kept "
+                    "serving. The reasons are in the log and on the admin /reload page.");
+    agw_prom_sample_u64(b, "aggway_reload_failures_total", NULL, 0, proc->reload_failures);
+    agw_prom_family(b, "aggway_reload_last_success", "gauge", "0 when the last reload failed, else 1.");
+    agw_prom_sample_u64(b, "aggway_reload_last_success", NULL, 0, proc->last_reload_ok ? 1 : 0);
+    agw_prom_family(b, "aggway_reload_last_time_seconds", "gauge",
+                    "When the last reload was tried, seconds since the Unix epoch (0: never).");
+    agw_prom_sample(b, "aggway_reload_last_time_seconds", NULL, 0, proc->last_reload_time);
     agw_prom_family(b, "aggway_start_time_seconds", "gauge", "When the gateway started, seconds since the Unix epoch.");
-    agw_prom_sample(b, "aggway_start_time_seconds", NULL, 0, start_time);
-    render_requests(b, conf, workers, num_workers);
-    render_partials(b, conf, workers, num_workers);
-    render_upstreams(b, conf, workers, num_workers);
+    agw_prom_sample(b, "aggway_start_time_seconds", NULL, 0, proc->start_time);
+    render_requests(b, labels, workers, num_workers);
+    render_partials(b, labels, workers, num_workers);
+    render_upstreams(b, labels, conf, workers, num_workers);
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "generation.h"
 #include "log.h"
 #include "metrics.h"
 #include "worker.h"
@@ -106,17 +107,17 @@ static int open_access_log(const char *path)
 /* SIGUSR1 (log rotation): the access log file is opened again and put in place of the old one
  * with dup2(), which swaps the file under the same descriptor at once: workers keep writing to
  * their descriptor and never see a closed one. */
-static void reopen_access_log(const agw_config_t *conf, int fd)
+static void reopen_access_log(const char *access_log, int fd)
 {
-    if (fd < 0 || strcmp(conf->access_log, "stderr") == 0)
+    if (fd < 0 || access_log == NULL || strcmp(access_log, "stderr") == 0)
         return;
-    int nfd = open_access_log(conf->access_log);
+    int nfd = open_access_log(access_log);
     if (nfd < 0)
         return; /* logged; keep writing to the old file */
     if (dup3(nfd, fd, O_CLOEXEC) < 0)
-        agw_log(AGW_LOG_ERROR, "access_log: cannot reopen %s: %s", conf->access_log, strerror(errno));
+        agw_log(AGW_LOG_ERROR, "access_log: cannot reopen %s: %s", access_log, strerror(errno));
     else
-        agw_log(AGW_LOG_INFO, "SIGUSR1: reopened the access log %s", conf->access_log);
+        agw_log(AGW_LOG_INFO, "SIGUSR1: reopened the access log %s", access_log);
     close(nfd);
 }
 
@@ -128,48 +129,116 @@ static int total_inflight(agw_worker_t *const *workers, unsigned n)
     return total;
 }
 
+/* What the main thread keeps while serving. */
+typedef struct server {
+    const char *dir;               /* the scripts folder */
+    unsigned workers;              /* worker threads (a restart-only setting) */
+    char *access_log;              /* its path, "stderr" or NULL (a restart-only setting) */
+    int access_fd;
+    agw_worker_t **w;
+    agw_metric_labels_t *labels;
+    agw_reload_state_t gens;       /* the generation serving and the reload record */
+} server_t;
+
 /* Graceful shutdown: every worker stops accepting, then requests in flight have up to
- * conf->shutdown_grace_ms to finish. A second SIGTERM/SIGINT ends the wait at once; SIGUSR1 still
- * reopens the access log. */
-static void drain(const agw_config_t *conf, agw_worker_t *const *workers, const sigset_t *set, int access_fd)
+ * shutdown_grace_ms (the serving generation's) to finish. A second SIGTERM/SIGINT ends the wait
+ * at once; SIGUSR1 still reopens the access log; SIGHUP is ignored (logged). */
+static void drain(server_t *srv, const sigset_t *set)
 {
-    for (unsigned wi = 0; wi < conf->workers; wi++)
-        agw_worker_drain(workers[wi]);
+    agw_generation_t *gen = agw_reload_state_current(&srv->gens);
+    uint64_t grace_ms = gen->conf.shutdown_grace_ms;
+    agw_generation_unref(gen);
+    for (unsigned wi = 0; wi < srv->workers; wi++)
+        agw_worker_drain(srv->w[wi]);
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
-    int n = total_inflight(workers, conf->workers);
+    int n = total_inflight(srv->w, srv->workers);
     agw_log(AGW_LOG_INFO, "stopping: no new connections; %d request%s in flight, up to %llu ms to finish", n,
-            n == 1 ? "" : "s", (unsigned long long)conf->shutdown_grace_ms);
+            n == 1 ? "" : "s", (unsigned long long)grace_ms);
     for (;;) {
-        if ((n = total_inflight(workers, conf->workers)) == 0) {
+        if ((n = total_inflight(srv->w, srv->workers)) == 0) {
             agw_log(AGW_LOG_INFO, "stopping: every request finished");
             return;
         }
         clock_gettime(CLOCK_MONOTONIC, &now);
         uint64_t elapsed = (uint64_t)(now.tv_sec - start.tv_sec) * 1000 +
                            (uint64_t)((now.tv_nsec - start.tv_nsec) / 1000000);
-        if (elapsed >= conf->shutdown_grace_ms) {
+        if (elapsed >= grace_ms) {
             agw_log(AGW_LOG_WARN, "stopping: grace period of %llu ms over, cutting %d request%s in flight",
-                    (unsigned long long)conf->shutdown_grace_ms, n, n == 1 ? "" : "s");
+                    (unsigned long long)grace_ms, n, n == 1 ? "" : "s");
             return;
         }
-        uint64_t left = conf->shutdown_grace_ms - elapsed;
+        uint64_t left = grace_ms - elapsed;
         uint64_t step = left < 10 ? left : 10;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)step * 1000000};
         int sig = sigtimedwait(set, NULL, &ts);
         if (sig == SIGUSR1) {
-            reopen_access_log(conf, access_fd);
+            reopen_access_log(srv->access_log, srv->access_fd);
         } else if (sig == SIGTERM || sig == SIGINT) {
             agw_log(AGW_LOG_WARN, "signal %d again: stopping now, cutting %d request%s in flight", sig,
                     n, n == 1 ? "" : "s");
             return;
         } else if (sig == SIGHUP) {
-            agw_log(AGW_LOG_WARN, "SIGHUP while stopping: ignored");
+            agw_log(AGW_LOG_WARN, "SIGHUP while stopping: not reloaded (the gateway is draining; the running "
+                                  "generation finishes the requests in flight)");
         }
     }
 }
 
-int agw_server_run(agw_config_t *conf)
+/* Logs each line of errors as its own error line, after what. */
+static void log_lines(const char *what, const char *errors)
+{
+    const char *p = errors ? errors : "";
+    while (*p) {
+        const char *eol = strchr(p, '\n');
+        int len = (int)(eol ? eol - p : (long)strlen(p));
+        if (len > 0)
+            agw_log(AGW_LOG_ERROR, "%s: %.*s", what, len, p);
+        p += len + (eol ? 1 : 0);
+    }
+}
+
+/* SIGHUP: loads the scripts folder as the next generation, checks it (the C configuration on this
+ * thread, then one VM per worker), and only when everything loaded hands each worker its VM. On any
+ * failure the serving generation goes on untouched, and the reasons are logged, counted and kept
+ * for the admin /reload page. */
+static void reload(server_t *srv)
+{
+    agw_generation_t *cur = agw_reload_state_current(&srv->gens);
+    agw_log(AGW_LOG_INFO, "SIGHUP: reloading %s (generation %llu serving)", srv->dir, (unsigned long long)cur->number);
+    agw_buf_t errors = AGW_BUF_INIT;
+    agw_generation_t *next = agw_generation_load(srv->dir, cur->number + 1, cur, srv->labels, &errors);
+    agw_worker_gen_t **prepared = calloc(srv->workers, sizeof(*prepared));
+    if (prepared == NULL)
+        abort();
+    int ok = next != NULL;
+    for (unsigned wi = 0; ok && wi < srv->workers; wi++)
+        ok = (prepared[wi] = agw_worker_prepare(srv->w[wi], next, &errors)) != NULL;
+    if (!ok) {
+        for (unsigned wi = 0; wi < srv->workers; wi++)
+            agw_worker_discard(prepared[wi]);
+        char what[96];
+        snprintf(what, sizeof(what), "reload failed, generation %llu keeps serving", (unsigned long long)cur->number);
+        if (errors.len == 0)
+            agw_buf_printf(&errors, "%s/gateway.lua:1: the scripts folder did not load\n", srv->dir);
+        log_lines(what, errors.base);
+        agw_reload_state_failed(&srv->gens, errors.base);
+    } else {
+        for (unsigned wi = 0; wi < srv->workers; wi++)
+            agw_worker_install(srv->w[wi], prepared[wi]);
+        agw_reload_state_serving(&srv->gens, next, 1);
+        agw_log(AGW_LOG_INFO, "reload: generation %llu serves new requests: %zu route%s, %zu upstream%s "
+                "(requests in flight finish on the generation they started on)", (unsigned long long)next->number,
+                next->conf.router.num_routes, next->conf.router.num_routes == 1 ? "" : "s", next->conf.num_upstreams,
+                next->conf.num_upstreams == 1 ? "" : "s");
+    }
+    free(prepared);
+    agw_buf_free(&errors);
+    agw_generation_unref(next);
+    agw_generation_unref(cur);
+}
+
+int agw_server_run(const char *dir)
 {
     signal(SIGPIPE, SIG_IGN);
     sigset_t set;
@@ -180,6 +249,22 @@ int agw_server_run(agw_config_t *conf)
     sigaddset(&set, SIGUSR1);
     /* workers inherit the mask; only this thread takes the signals */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+    server_t srv = {.dir = dir, .access_fd = -1};
+    agw_reload_state_init(&srv.gens);
+    srv.labels = agw_metric_labels_new(AGW_M_ROUTE_SLOTS, AGW_M_UPSTREAM_SLOTS);
+    agw_buf_t errors = AGW_BUF_INIT;
+    agw_generation_t *gen = agw_generation_load(dir, 1, NULL, srv.labels, &errors);
+    if (gen == NULL) {
+        fprintf(stderr, "%s", errors.base ? errors.base : "");
+        agw_log(AGW_LOG_ERROR, "%s is not valid; not starting", dir);
+        agw_buf_free(&errors);
+        return 1;
+    }
+    agw_buf_free(&errors);
+    const agw_config_t *conf = &gen->conf; /* start-up settings: the same in every later generation */
+    srv.workers = conf->workers;
+    srv.access_log = conf->access_log ? strdup(conf->access_log) : NULL;
 
     static h2o_globalconf_t globalconf;
     h2o_config_init(&globalconf);
@@ -198,17 +283,16 @@ int agw_server_run(agw_config_t *conf)
         if (conf->listen[i].cert_file && (ssl[i] = make_ssl_ctx(&conf->listen[i])) == NULL)
             return 1;
     }
-    int access_fd = -1;
-    if (conf->access_log && (access_fd = open_access_log(conf->access_log)) < 0)
+    if (srv.access_log && (srv.access_fd = open_access_log(srv.access_log)) < 0)
         return 1;
     agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
     for (unsigned wi = 0; wi < conf->workers; wi++)
-        metrics[wi] = agw_metrics_new(conf);
+        metrics[wi] = agw_metrics_new(srv.labels);
     /* the admin listener answers (not ready) while the workers load their scripts */
     agw_admin_t *admin = NULL;
-    if (conf->admin_port && (admin = agw_admin_start(conf, metrics, conf->workers)) == NULL)
+    if (conf->admin_port && (admin = agw_admin_start(conf, &srv.gens, srv.labels, metrics, conf->workers)) == NULL)
         return 1;
-    agw_worker_t **workers = calloc(conf->workers, sizeof(*workers));
+    srv.w = calloc(conf->workers, sizeof(*srv.w));
     agw_listener_fd_t *fds = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*fds));
     for (unsigned wi = 0; wi < conf->workers; wi++) {
         for (size_t i = 0; i < conf->num_listen; i++) {
@@ -216,10 +300,9 @@ int agw_server_run(agw_config_t *conf)
                 return 1;
             fds[i].ssl_ctx = ssl[i];
         }
-        agw_buf_t errors = AGW_BUF_INIT;
-        workers[wi] = agw_worker_start((int)wi, conf, &globalconf, fds, conf->num_listen, metrics[wi], access_fd,
-                                       &errors);
-        if (workers[wi] == NULL) {
+        srv.w[wi] = agw_worker_start((int)wi, gen, &globalconf, fds, conf->num_listen, metrics[wi], srv.access_fd,
+                                     &errors);
+        if (srv.w[wi] == NULL) {
             agw_log(AGW_LOG_ERROR, "worker %u did not start:\n%s", wi, errors.base ? errors.base : "");
             agw_buf_free(&errors);
             agw_admin_stop(admin);
@@ -230,37 +313,42 @@ int agw_server_run(agw_config_t *conf)
     for (size_t i = 0; i < conf->num_listen; i++)
         agw_log(AGW_LOG_INFO, "listening on %s:%d (%s)", conf->listen[i].host, conf->listen[i].port,
                 ssl[i] ? "HTTP/1.1 and HTTP/2 over TLS" : "HTTP/1.1 and h2c");
-    agw_log(AGW_LOG_INFO, "aggway serving %s with %u worker%s, %zu route%s, %zu upstream%s", conf->dir, conf->workers,
-            conf->workers == 1 ? "" : "s", conf->router.num_routes, conf->router.num_routes == 1 ? "" : "s",
-            conf->num_upstreams, conf->num_upstreams == 1 ? "" : "s");
+    agw_log(AGW_LOG_INFO, "aggway serving %s with %u worker%s, %zu route%s, %zu upstream%s (generation 1)", conf->dir,
+            conf->workers, conf->workers == 1 ? "" : "s", conf->router.num_routes,
+            conf->router.num_routes == 1 ? "" : "s", conf->num_upstreams, conf->num_upstreams == 1 ? "" : "s");
+    agw_reload_state_serving(&srv.gens, gen, 0);
+    agw_generation_unref(gen); /* the workers and the record hold it now */
+    conf = NULL;
     agw_admin_set_ready(admin, 1);
     for (;;) {
         int sig = 0;
         if (sigwait(&set, &sig) != 0)
             continue;
         if (sig == SIGHUP) {
-            agw_log(AGW_LOG_WARN, "SIGHUP: reloading is not available in this version; restart to load changes");
+            reload(&srv);
             continue;
         }
         if (sig == SIGUSR1) {
-            reopen_access_log(conf, access_fd);
+            reopen_access_log(srv.access_log, srv.access_fd);
             continue;
         }
         agw_log(AGW_LOG_INFO, "signal %d: stopping gracefully", sig);
         break;
     }
     agw_admin_set_ready(admin, 0);
-    drain(conf, workers, &set, access_fd);
-    for (unsigned wi = 0; wi < conf->workers; wi++)
-        agw_worker_stop(workers[wi]);
+    drain(&srv, &set);
+    for (unsigned wi = 0; wi < srv.workers; wi++)
+        agw_worker_stop(srv.w[wi]);
     agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */
-    for (unsigned wi = 0; wi < conf->workers; wi++)
+    for (unsigned wi = 0; wi < srv.workers; wi++)
         agw_metrics_free(metrics[wi]);
     free(metrics);
-    if (access_fd >= 0)
-        close(access_fd);
-    free(workers);
+    if (srv.access_fd >= 0)
+        close(srv.access_fd);
+    free(srv.w);
     free(fds);
     free(ssl);
+    free(srv.access_log);
+    /* the workers' VMs are not freed (the process ends), so neither are the generations they hold */
     return 0;
 }

@@ -1,6 +1,7 @@
 /* server.h: the serving process: h2o's global configuration, listening sockets (one per worker
- * per listener, SO_REUSEPORT), TLS contexts with ALPN (h2, http/1.1), the worker threads and the
- * signals that stop them. */
+ * per listener, SO_REUSEPORT), TLS contexts with ALPN (h2, http/1.1), the worker threads, and the
+ * signals: SIGTERM/SIGINT drain and stop, SIGHUP reloads the scripts folder (generation.h),
+ * SIGUSR1 reopens the access log. */
 #ifndef AGW_SERVER_H
 #define AGW_SERVER_H
 
@@ -11,8 +12,10 @@
  * that starts with `what` ("listen", "admin") and says why. */
 int agw_listen_socket(const char *what, const char *host, int port, int reuse, int backlog);
 
-/* Serves conf until SIGTERM or SIGINT. Returns the process exit status: 0 after a signal, 1 when
- * start-up failed (the reason is logged: a port in use, an unreadable certificate, …). */
-int agw_server_run(agw_config_t *conf);
+/* Loads the scripts folder dir as generation 1 and serves it until SIGTERM or SIGINT, reloading it
+ * on SIGHUP. Returns the process exit status: 0 after a signal, 1 when start-up failed (the
+ * reason is logged, and "file:line: message" lines for a folder that does not load are written
+ * to stderr: a port in use, an unreadable certificate, a script error, …). */
+int agw_server_run(const char *dir);
 
 #endif

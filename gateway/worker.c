@@ -5,6 +5,12 @@
  * runtime.on_call(); the handler's return value arrives in core.respond(), which encodes the page
  * and hands it to h2o. A request whose client goes away first is noticed by the dispose callback
  * of its memory pool (DESIGN §8), which calls runtime.abort() to cancel its calls.
+ *
+ * Generations (hot reload, generation.h): the worker runs each generation of the scripts folder
+ * in a VM of its own (wgen_t). New requests go to the current one; a request, an upstream call
+ * and a runtime timer keep a reference to the generation they started on and finish there. A
+ * generation that is no longer current is freed (its VM closed, the pools only it used closed)
+ * when its last reference goes.
  */
 #include "worker.h"
 
@@ -18,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "generation.h"
 #include "json.h"
 #include "log.h"
 #include "metrics.h"
@@ -31,9 +38,31 @@ typedef struct listener {
     agw_worker_t *worker;
 } listener_t;
 
+/* An upstream pool of this worker, shared by the generations whose upstream did not change. */
+typedef struct wpool {
+    agw_pool_t *pool;
+    agw_upstream_conf_t conf;   /* the pool's own copy: it may outlive the generation that made it */
+    int refs;                   /* generations of this worker that use it */
+} wpool_t;
+
+/* A generation as this worker runs it. Worker thread only, once installed. */
+typedef struct agw_worker_gen {
+    agw_worker_t *w;
+    agw_generation_t *gen;      /* the shared part: config, routes, metric slots (one reference) */
+    const agw_config_t *conf;   /* &gen->conf */
+    lua_State *L;
+    int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
+    int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
+    wpool_t **pools;            /* one per upstream, same index as conf->upstreams; NULL until installed */
+    uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
+    int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
+    struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
+} wgen_t;
+
 /* The part of a request that lives in its h2o pool; rid is 0 once a response was sent. */
 typedef struct reqref {
     agw_worker_t *w;
+    wgen_t *g;          /* the generation it runs on (holds a reference) */
     uint64_t rid;
     h2o_req_t *req;
     ev_io client_watch; /* HTTP/1: notices the client closing while the page is being built */
@@ -47,13 +76,13 @@ typedef struct reqref {
 /* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */
 typedef struct wtimer {
     ev_timer ev;
-    agw_worker_t *w;
+    wgen_t *g;          /* holds a reference */
     uint64_t id;
 } wtimer_t;
 
 /* One upstream call in flight. */
 typedef struct wcall {
-    agw_worker_t *w;
+    wgen_t *g;          /* the generation that made the call (holds a reference) */
     uint64_t id;
     agw_call_t *call;
     int decode;
@@ -64,7 +93,6 @@ typedef struct wcall {
 struct agw_worker {
     int id;
     pthread_t thread;
-    const agw_config_t *conf;
     struct ev_loop *loop;
     uv_loop_t uvloop;
     ev_io uv_io;
@@ -78,22 +106,27 @@ struct agw_worker {
     h2o_context_t ctx;
     listener_t *listeners;
     size_t num_listeners;
-    lua_State *L;
-    int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
+    wgen_t *cur;                           /* the generation new requests go to */
+    wgen_t *gens;                          /* every live generation of this worker (cur included) */
+    wgen_t *dead;                          /* generations to free once no Lua code runs */
+    ev_async reload_async;                 /* agw_worker_install(): take `next` */
+    pthread_mutex_t next_lock;
+    wgen_t *next;                          /* prepared on the main thread, not yet taken (next_lock) */
     agw_slots_t timers;                    /* timer id -> wtimer_t */
     uint64_t rng;                          /* xorshift state for core.random() */
-    agw_pool_t **pools;                    /* one per upstream, same index as conf->upstreams */
     agw_slots_t reqs;                      /* rid -> reqref_t */
     agw_slots_t calls;                     /* call id -> wcall_t */
     wcall_t *free_calls;
     int lua_depth;                         /* > 0 while C code runs inside Lua */
-    uint64_t *pending_aborts;              /* rids whose client left while Lua was running */
+    struct pending_abort {
+        uint64_t rid;
+        wgen_t *g;                         /* holds a reference until the abort ran */
+    } *pending_aborts;                     /* requests whose client left while Lua was running */
     size_t num_pending_aborts, cap_pending_aborts;
     agw_buf_t out;                         /* scratch for encoding responses */
     agw_buf_t hdrs;                        /* scratch for upstream response headers */
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
-    int ref_report_stats;                  /* runtime.report_stats, or LUA_NOREF */
     int access_fd;                         /* access log, -1 when off */
     agw_buf_t alog;                        /* access log lines not yet written */
     ev_timer alog_timer;                   /* writes alog out shortly after its first line */
@@ -166,12 +199,144 @@ static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
 
 static void process_pending_aborts(agw_worker_t *w);
 static void stop_client_watch(reqref_t *rr);
+static void free_dead_gens(agw_worker_t *w);
 
-/* Calls the runtime function in registry ref with nargs arguments already pushed after it. */
-/* Returns 0, or -1 when the runtime raised (a gateway bug, logged; script errors never get here). */
-static int call_runtime(agw_worker_t *w, int nargs)
+/* ---- generations ---------------------------------------------------------------------------- */
+
+static void gen_hold(wgen_t *g)
 {
-    lua_State *L = w->L;
+    g->refs++;
+}
+
+static void pool_release(wpool_t *p)
+{
+    if (p == NULL || --p->refs > 0)
+        return;
+    agw_pool_destroy(p->pool);
+    agw_upstream_conf_clear(&p->conf);
+    free(p);
+}
+
+/* Frees a generation that was never installed (a reload that failed in another worker, or one
+ * replaced before this worker took it): nothing but its VM and its reference exist. */
+static void gen_discard(wgen_t *g)
+{
+    if (g->L)
+        lua_close(g->L);
+    agw_generation_unref(g->gen);
+    free(g->reported);
+    free(g);
+}
+
+/* Frees an installed generation nobody uses any more (already off the live list): its last
+ * runtime counters are published, its VM closed, the pools it alone used closed. */
+static void gen_free(wgen_t *g)
+{
+    if (g->ref_report_stats != LUA_NOREF) {
+        lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_report_stats);
+        if (lua_pcall(g->L, 0, 0, 0) != 0)
+            lua_pop(g->L, 1);
+    }
+    for (size_t i = 0; i < g->conf->num_upstreams; i++)
+        pool_release(g->pools[i]);
+    free(g->pools);
+    gen_discard(g);
+}
+
+/* Drops a reference; the last one frees g, or queues it to be freed once the Lua code running
+ * now (of any generation) has returned. */
+static void gen_release(wgen_t *g)
+{
+    if (--g->refs > 0)
+        return;
+    agw_worker_t *w = g->w;
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        w->gens = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    g->prev = NULL;
+    if (w->lua_depth == 0) {
+        g->next = NULL;
+        gen_free(g);
+        return;
+    }
+    g->next = w->dead;
+    w->dead = g;
+}
+
+static void free_dead_gens(agw_worker_t *w)
+{
+    while (w->dead) {
+        wgen_t *g = w->dead;
+        w->dead = g->next;
+        gen_free(g);
+    }
+}
+
+/* Makes g (prepared by agw_worker_prepare) the generation new requests go to: its pools are the
+ * current generation's for upstreams that did not change (keep-alive connections survive), new
+ * ones for the others. The previous generation is freed once its requests are done. */
+static void gen_activate(agw_worker_t *w, wgen_t *g)
+{
+    const agw_config_t *conf = g->conf;
+    wgen_t *old = w->cur;
+    g->pools = calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*g->pools));
+    if (g->pools == NULL)
+        abort();
+    for (size_t i = 0; i < conf->num_upstreams; i++) {
+        for (size_t j = 0; old && j < old->conf->num_upstreams; j++) {
+            wpool_t *p = old->pools[j];
+            if (agw_upstream_conf_same(&p->conf, &conf->upstreams[i])) {
+                p->refs++;
+                g->pools[i] = p;
+                break;
+            }
+        }
+        if (g->pools[i] == NULL) {
+            wpool_t *p = calloc(1, sizeof(*p));
+            if (p == NULL)
+                abort();
+            agw_upstream_conf_copy(&p->conf, &conf->upstreams[i]);
+            if ((p->pool = agw_pool_create(w->loop, &p->conf)) == NULL)
+                abort();
+            p->refs = 1;
+            g->pools[i] = p;
+        }
+    }
+    g->refs = 1; /* current */
+    g->prev = NULL;
+    g->next = w->gens;
+    if (w->gens)
+        w->gens->prev = g;
+    w->gens = g;
+    w->cur = g;
+    if (old)
+        gen_release(old);
+}
+
+/* agw_worker_install(): the main thread left a prepared generation in w->next. */
+static void on_reload(struct ev_loop *loop, ev_async *a, int revents)
+{
+    (void)loop, (void)revents;
+    agw_worker_t *w = a->data;
+    pthread_mutex_lock(&w->next_lock);
+    wgen_t *g = w->next;
+    w->next = NULL;
+    pthread_mutex_unlock(&w->next_lock);
+    if (g)
+        gen_activate(w, g);
+}
+
+/* ---- Lua entry ------------------------------------------------------------------------------ */
+
+/* Calls the runtime function of generation g already pushed with nargs arguments after it.
+ * Returns 0, or -1 when the runtime raised (a gateway bug, logged; script errors never get here). */
+static int call_runtime(wgen_t *g, int nargs)
+{
+    agw_worker_t *w = g->w;
+    lua_State *L = g->L;
     int rc = 0;
     w->lua_depth++;
     if (lua_pcall(L, nargs, 0, 0) != 0) {
@@ -182,21 +347,24 @@ static int call_runtime(agw_worker_t *w, int nargs)
     w->lua_depth--;
     if (w->lua_depth == 0 && w->num_pending_aborts)
         process_pending_aborts(w);
+    if (w->lua_depth == 0 && w->dead)
+        free_dead_gens(w);
     return rc;
 }
 
-static void abort_request(agw_worker_t *w, uint64_t rid)
+static void abort_request(wgen_t *g, uint64_t rid)
 {
-    lua_rawgeti(w->L, LUA_REGISTRYINDEX, w->ref_abort);
-    lua_pushnumber(w->L, (lua_Number)rid);
-    call_runtime(w, 1);
+    lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_abort);
+    lua_pushnumber(g->L, (lua_Number)rid);
+    call_runtime(g, 1);
 }
 
 static void process_pending_aborts(agw_worker_t *w)
 {
     while (w->num_pending_aborts) {
-        uint64_t rid = w->pending_aborts[--w->num_pending_aborts];
-        abort_request(w, rid);
+        struct pending_abort pa = w->pending_aborts[--w->num_pending_aborts];
+        abort_request(pa.g, pa.rid);
+        gen_release(pa.g);
     }
 }
 
@@ -299,11 +467,12 @@ static void send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endp
 #define ALOG_FLUSH_BYTES (64 * 1024)
 #define ALOG_MAX_SECTIONS 64
 
-static void publish_pool(agw_worker_t *w, size_t up)
+/* The pool gauges of generation g's upstream up (0-based). */
+static void publish_pool(wgen_t *g, size_t up)
 {
     agw_pool_stats_t st;
-    agw_pool_stats(w->pools[up], &st);
-    agw_upstream_metrics_t *u = &w->m->upstreams[up];
+    agw_pool_stats(g->pools[up]->pool, &st);
+    agw_upstream_metrics_t *u = &g->w->m->upstreams[g->gen->upstream_slot[up]];
     AGW_M_SET(u->pool_open, st.open);
     AGW_M_SET(u->pool_idle, st.idle);
     AGW_M_SET(u->pool_pending, st.pending);
@@ -490,8 +659,8 @@ static size_t page_sections(lua_State *L, int idx, section_ref_t *out, size_t ma
 /* One JSON line per request: time, method, path, route, status, duration_ms, bytes, sections
  * (name, status, ms), trace_id. secs: the page's sections (NULL when the response is not a page:
  * the sections are then the Server-Timing entries, without a status). */
-static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const char *path, size_t plen, int endpoint,
-                       int status, double ms, size_t bytes, const section_ref_t *secs, size_t nsecs,
+static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const char *path, size_t plen,
+                       const char *route, int status, double ms, size_t bytes, const section_ref_t *secs, size_t nsecs,
                        const char *timing, size_t tlen)
 {
     agw_buf_t *b = &w->alog;
@@ -516,9 +685,8 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
     ALOG_LIT(b, ",\"path\":");
     alog_str(b, path, plen);
     ALOG_LIT(b, ",\"route\":");
-    if (endpoint > 0 && (size_t)endpoint <= w->conf->num_endpoints) {
-        const char *r = w->conf->endpoints[endpoint - 1].route;
-        alog_str(b, r, strlen(r));
+    if (route) {
+        alog_str(b, route, strlen(route));
     } else {
         ALOG_LIT(b, "null");
     }
@@ -579,13 +747,23 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
         ev_timer_start(w->loop, &w->alog_timer);
 }
 
-/* A response produced in C (no route, bad framing, the runtime failed) is counted and logged. */
+/* Route pattern of endpoint (1-based) in generation g, NULL for 0 (no route matched). */
+static const char *route_of(const wgen_t *g, int endpoint)
+{
+    if (endpoint > 0 && (size_t)endpoint <= g->conf->num_endpoints)
+        return g->conf->endpoints[endpoint - 1].route;
+    return NULL;
+}
+
+/* A response produced in C before the request reached the runtime (no route, bad framing) is
+ * counted and logged; it was routed by the current generation. */
 static void record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes)
 {
-    agw_metrics_request(w->m, endpoint, status, 0, bytes);
+    const wgen_t *g = w->cur;
+    agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, 0, bytes);
     if (w->access_fd >= 0)
-        alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, endpoint, status, 0, bytes,
-                   NULL, 0, NULL, 0);
+        alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, route_of(g, endpoint), status,
+                   0, bytes, NULL, 0, NULL, 0);
 }
 
 /* Request rr ends with status (a response, or 499 when the client left first). */
@@ -594,12 +772,12 @@ static void record_request(agw_worker_t *w, reqref_t *rr, int status, size_t byt
 {
     double ms = (ev_now(w->loop) - rr->started) * 1000.0;
     AGW_M_ADD(w->m->requests_ended, 1);
-    agw_metrics_request(w->m, rr->endpoint, status, ms, bytes);
+    agw_metrics_request(w->m, (int)rr->g->gen->route_slot[rr->endpoint], status, ms, bytes);
     if (rr->logline) {
         size_t mlen = strlen(rr->logline);
         const char *path = rr->logline + mlen + 1;
-        alog_write(w, rr->logline, mlen, path, strlen(path), rr->endpoint, status, ms, bytes, secs, nsecs, timing,
-                   tlen);
+        alog_write(w, rr->logline, mlen, path, strlen(path), route_of(rr->g, rr->endpoint), status, ms, bytes, secs,
+                   nsecs, timing, tlen);
         free(rr->logline);
         rr->logline = NULL;
     }
@@ -607,9 +785,15 @@ static void record_request(agw_worker_t *w, reqref_t *rr, int status, size_t byt
 
 /* ---- the "agg.core" transport for the runtime ----------------------------------------------- */
 
-static agw_worker_t *upw(lua_State *L)
+/* The generation whose VM runs this core.* function (its upvalue). */
+static wgen_t *upg(lua_State *L)
 {
     return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+static agw_worker_t *upw(lua_State *L)
+{
+    return upg(L)->w;
 }
 
 static int l_now(lua_State *L)
@@ -632,21 +816,22 @@ static void append_header(agw_buf_t *b, const char *name, size_t name_len, const
     b->base[b->len++] = '\0';
 }
 
-static void push_headers(agw_worker_t *w, const agw_header_t *h, size_t n)
+static void push_headers(agw_worker_t *w, lua_State *L, const agw_header_t *h, size_t n)
 {
     agw_buf_t *b = &w->hdrs;
     agw_buf_reset(b);
     for (size_t i = 0; i < n; i++)
         append_header(b, h[i].name, h[i].name_len, h[i].value, h[i].value_len);
-    lua_pushlstring(w->L, b->base ? b->base : "", b->len);
+    lua_pushlstring(L, b->base ? b->base : "", b->len);
 }
 
 static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *data)
 {
     (void)call;
     wcall_t *c = data;
-    agw_worker_t *w = c->w;
-    lua_State *L = w->L;
+    wgen_t *g = c->g; /* the call's reference is dropped once the runtime has seen the answer */
+    agw_worker_t *w = g->w;
+    lua_State *L = g->L;
     uint64_t id = c->id;
     int decode = c->decode;
     unsigned up = c->up;
@@ -654,7 +839,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     c->next_free = w->free_calls;
     w->free_calls = c;
 
-    lua_rawgeti(L, LUA_REGISTRYINDEX, w->ref_on_call);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
     lua_pushnumber(L, (lua_Number)id);
     lua_pushstring(L, agw_call_outcome_name(res->outcome));
     lua_pushinteger(L, res->http_status);
@@ -667,10 +852,10 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     int compact = 0;
     if (json_body && agw_json_validate(res->body, res->body_len, AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) != 0)
         json_body = -1; /* not JSON: the failed call carries the body and the reason */
-    agw_metrics_call(w->m, up, metric_outcome(res, json_body == -1), res->elapsed_ms);
-    publish_pool(w, up);
+    agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
+    publish_pool(g, up);
     if (res->outcome == AGW_CALL_OK) {
-        push_headers(w, res->headers, res->num_headers);
+        push_headers(w, L, res->headers, res->num_headers);
         if (json_body == 1)
             lua_pushnil(L);
         else
@@ -690,15 +875,17 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
         lua_pushstring(L, res->detail);
     else
         lua_pushnil(L);
-    call_runtime(w, 8);
+    call_runtime(g, 8);
+    gen_release(g);
 }
 
 /* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode) -> id */
 static int l_call(lua_State *L)
 {
-    agw_worker_t *w = upw(L);
+    wgen_t *g = upg(L);
+    agw_worker_t *w = g->w;
     int index = (int)luaL_checkinteger(L, 2);
-    if (index < 1 || (size_t)index > w->conf->num_upstreams)
+    if (index < 1 || (size_t)index > g->conf->num_upstreams)
         return luaL_error(L, "core.call: no upstream #%d", index);
     agw_call_req_t req = {0};
     req.method = luaL_checkstring(L, 3);
@@ -729,19 +916,20 @@ static int l_call(lua_State *L)
         w->free_calls = c->next_free;
     else if ((c = malloc(sizeof(*c))) == NULL)
         return luaL_error(L, "out of memory");
-    c->w = w;
+    c->g = g;
     c->decode = lua_toboolean(L, 8);
     c->up = (unsigned)(index - 1);
     c->id = agw_slots_put(&w->calls, c);
-    c->call = agw_call_start(w->pools[index - 1], &req, on_call_done, c);
+    c->call = agw_call_start(g->pools[index - 1]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
         agw_slots_del(&w->calls, c->id);
         c->next_free = w->free_calls;
         w->free_calls = c;
         return luaL_error(L, "out of memory starting a call");
     }
-    AGW_M_ADD(w->m->upstreams[index - 1].started, 1);
-    publish_pool(w, (size_t)(index - 1));
+    gen_hold(g);
+    AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
+    publish_pool(g, (size_t)(index - 1));
     lua_pushnumber(L, (lua_Number)c->id);
     return 1;
 }
@@ -750,24 +938,27 @@ static void on_timer_due(struct ev_loop *loop, ev_timer *t, int revents)
 {
     (void)loop, (void)revents;
     wtimer_t *tm = (wtimer_t *)t;
-    agw_worker_t *w = tm->w;
+    wgen_t *g = tm->g;
     uint64_t id = tm->id;
-    agw_slots_del(&w->timers, id);
+    agw_slots_del(&g->w->timers, id);
     free(tm);
-    lua_rawgeti(w->L, LUA_REGISTRYINDEX, w->ref_on_timer);
-    lua_pushnumber(w->L, (lua_Number)id);
-    call_runtime(w, 1);
+    lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_on_timer);
+    lua_pushnumber(g->L, (lua_Number)id);
+    call_runtime(g, 1);
+    gen_release(g);
 }
 
 /* core.timer(ms) -> id: runtime.on_timer(id) runs ms from now (a one-shot libev timer). */
 static int l_timer(lua_State *L)
 {
-    agw_worker_t *w = upw(L);
+    wgen_t *g = upg(L);
+    agw_worker_t *w = g->w;
     lua_Number ms = luaL_checknumber(L, 1);
     wtimer_t *tm = malloc(sizeof(*tm));
     if (tm == NULL)
         return luaL_error(L, "out of memory");
-    tm->w = w;
+    tm->g = g;
+    gen_hold(g);
     tm->id = agw_slots_put(&w->timers, tm);
     ev_timer_init(&tm->ev, on_timer_due, ms > 0 ? ms / 1000.0 : 0., 0.);
     ev_timer_start(w->loop, &tm->ev);
@@ -784,7 +975,9 @@ static int l_cancel_timer(lua_State *L)
     if (tm) {
         ev_timer_stop(w->loop, &tm->ev);
         agw_slots_del(&w->timers, id);
+        wgen_t *g = tm->g;
         free(tm);
+        gen_release(g); /* inside Lua: never the last reference of the generation running */
     }
     return 0;
 }
@@ -809,12 +1002,14 @@ static int l_cancel(lua_State *L)
     uint64_t id = (uint64_t)luaL_checknumber(L, 1);
     wcall_t *c = agw_slots_get(&w->calls, id);
     if (c) {
+        wgen_t *g = c->g;
         agw_call_cancel(c->call);
-        agw_metrics_call(w->m, c->up, AGW_OUT_CANCELLED, 0);
-        publish_pool(w, c->up);
+        agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
+        publish_pool(g, c->up);
         agw_slots_del(&w->calls, id);
         c->next_free = w->free_calls;
         w->free_calls = c;
+        gen_release(g);
     }
     return 0;
 }
@@ -932,7 +1127,8 @@ static int l_respond(lua_State *L)
         if (status == 200 && completed == 0) {
             for (size_t i = 0; i < nsecs; i++)
                 if (strcmp(secs[i].status, "ok") != 0)
-                    agw_metrics_partial(w->m, rr->endpoint, secs[i].name, secs[i].len);
+                    agw_metrics_partial(w->m, (int)rr->g->gen->route_slot[rr->endpoint], secs[i].name,
+                                        secs[i].len);
         }
         record_request(w, rr, status, body_len, secs, nsecs, timing, timing ? sl : 0);
         lua_settop(L, top); /* the names and statuses stay referenced by the body until l_respond returns */
@@ -956,19 +1152,26 @@ static int l_log(lua_State *L)
 }
 
 /* core.upstream_counters(index, retries, retries_denied, hedges, hedges_won, collapsed): the
- * runtime's totals for upstream index, published as metrics (runtime.report_stats). */
+ * runtime's totals for upstream index, published as metrics (runtime.report_stats). Each VM's
+ * totals start at 0, so what is added is the growth since this VM last reported: the counters go
+ * on rising across reloads. */
 static int l_upstream_counters(lua_State *L)
 {
-    agw_worker_t *w = upw(L);
+    wgen_t *g = upg(L);
     lua_Integer index = luaL_checkinteger(L, 1);
-    if (index < 1 || (size_t)index > w->conf->num_upstreams)
+    if (index < 1 || (size_t)index > g->conf->num_upstreams)
         return 0;
-    agw_upstream_metrics_t *u = &w->m->upstreams[index - 1];
-    AGW_M_SET(u->retries, (uint64_t)luaL_optnumber(L, 2, 0));
-    AGW_M_SET(u->retries_denied, (uint64_t)luaL_optnumber(L, 3, 0));
-    AGW_M_SET(u->hedges, (uint64_t)luaL_optnumber(L, 4, 0));
-    AGW_M_SET(u->hedges_won, (uint64_t)luaL_optnumber(L, 5, 0));
-    AGW_M_SET(u->collapsed, (uint64_t)luaL_optnumber(L, 6, 0));
+    agw_upstream_metrics_t *u = &g->w->m->upstreams[g->gen->upstream_slot[index - 1]];
+    uint64_t *fields[5] = {&u->retries, &u->retries_denied, &u->hedges, &u->hedges_won, &u->collapsed};
+    uint64_t *last = &g->reported[(size_t)(index - 1) * 5];
+    for (int k = 0; k < 5; k++) {
+        lua_Number n = luaL_optnumber(L, 2 + k, 0);
+        uint64_t v = n > 0 ? (uint64_t)n : 0;
+        if (v > last[k]) {
+            AGW_M_ADD(*fields[k], v - last[k]);
+            last[k] = v;
+        }
+    }
     return 0;
 }
 
@@ -979,20 +1182,41 @@ static const luaL_Reg core_fns[] = {
     {NULL, NULL},
 };
 
-/* Loads the runtime and the scripts folder into the worker's VM. */
-static int init_vm(agw_worker_t *w, agw_buf_t *errors)
+/* 1 when the endpoints table of a VM (at idx) lists exactly conf's endpoints, in the same order:
+ * the router's endpoint indexes then name the same handlers. */
+static int same_endpoints(lua_State *L, int idx, const agw_config_t *conf)
 {
-    lua_State *L = w->L = agw_vm_new(w->conf->dir);
+    if (lua_objlen(L, idx) != conf->num_endpoints)
+        return 0;
+    int same = 1;
+    for (size_t i = 0; same && i < conf->num_endpoints; i++) {
+        lua_rawgeti(L, idx, (int)i + 1);
+        lua_getfield(L, -1, "route");
+        lua_getfield(L, -2, "file");
+        const char *route = lua_tostring(L, -2), *file = lua_tostring(L, -1);
+        same = route && file && strcmp(route, conf->endpoints[i].route) == 0 && strcmp(file, conf->endpoints[i].file) == 0;
+        lua_pop(L, 3);
+    }
+    return same;
+}
+
+/* Loads the runtime and the scripts folder into a new VM for g (any thread: the VM is not used
+ * by the worker until it is installed). */
+static int init_vm(wgen_t *g, agw_buf_t *errors)
+{
+    const agw_config_t *conf = g->conf;
+    lua_State *L = g->L = agw_vm_new(conf->dir);
     if (L == NULL) {
         agw_buf_puts(errors, "out of memory creating a Lua state\n");
         return -1;
     }
-    if (agw_vm_load_generation(L, w->conf->dir, errors) != 0)
+    if (agw_vm_load_generation(L, conf->dir, errors) != 0)
         return -1;
     int gen = lua_gettop(L);
     lua_getfield(L, gen, "endpoints");
-    if (lua_objlen(L, -1) != w->conf->router.num_routes) {
-        agw_buf_puts(errors, "the scripts folder changed while the gateway started; start it again\n");
+    if (!same_endpoints(L, lua_gettop(L), conf)) {
+        agw_buf_printf(errors, "%s/gateway.lua:1: the scripts folder changed while it was being loaded; load it "
+                       "again (SIGHUP, or start the gateway again)\n", conf->dir);
         return -1;
     }
     lua_pop(L, 1);
@@ -1006,13 +1230,13 @@ static int init_vm(agw_worker_t *w, agw_buf_t *errors)
     lua_getfield(L, rt, "init");
     lua_createtable(L, 0, 8);
     for (const luaL_Reg *f = core_fns; f->name; f++) {
-        lua_pushlightuserdata(L, w);
+        lua_pushlightuserdata(L, g);
         lua_pushcclosure(L, f->func, 1);
         lua_setfield(L, -2, f->name);
     }
-    lua_createtable(L, (int)w->conf->num_upstreams, 0); /* core.breakers: shared by every worker */
-    for (size_t i = 0; i < w->conf->num_upstreams; i++) {
-        agw_breaker_push(L, &w->conf->breakers[i]);
+    lua_createtable(L, (int)conf->num_upstreams, 0); /* core.breakers: shared by every worker */
+    for (size_t i = 0; i < conf->num_upstreams; i++) {
+        agw_breaker_push(L, conf->breakers[i]);
         lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "breakers");
@@ -1023,15 +1247,15 @@ static int init_vm(agw_worker_t *w, agw_buf_t *errors)
         return -1;
     }
     lua_getfield(L, rt, "start");
-    w->ref_start = luaL_ref(L, LUA_REGISTRYINDEX);
+    g->ref_start = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "on_call");
-    w->ref_on_call = luaL_ref(L, LUA_REGISTRYINDEX);
+    g->ref_on_call = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "abort");
-    w->ref_abort = luaL_ref(L, LUA_REGISTRYINDEX);
+    g->ref_abort = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "on_timer");
-    w->ref_on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
+    g->ref_on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "report_stats");
-    w->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
+    g->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
     lua_settop(L, 0);
     return 0;
 }
@@ -1046,21 +1270,24 @@ static void stop_client_watch(reqref_t *rr)
     }
 }
 
-/* Forgets request rid on the runtime side: its calls are cancelled (now, or once the runtime
- * returns when this runs inside it). */
-static void abandon_request(agw_worker_t *w, uint64_t rid)
+/* Forgets request rid of generation g on the runtime side: its calls are cancelled (now, or once
+ * the runtime returns when this runs inside it). */
+static void abandon_request(wgen_t *g, uint64_t rid)
 {
+    agw_worker_t *w = g->w;
     if (w->lua_depth) {
         if (w->num_pending_aborts == w->cap_pending_aborts) {
             w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
-            w->pending_aborts = realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(uint64_t));
+            w->pending_aborts = realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
             if (w->pending_aborts == NULL)
                 abort();
         }
-        w->pending_aborts[w->num_pending_aborts++] = rid;
+        w->pending_aborts[w->num_pending_aborts].rid = rid;
+        w->pending_aborts[w->num_pending_aborts++].g = g;
+        gen_hold(g);
         return;
     }
-    abort_request(w, rid);
+    abort_request(g, rid);
 }
 
 /* h2o does not read an HTTP/1 connection while its request is being handled, so a client that
@@ -1082,7 +1309,7 @@ static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
     record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
-    abandon_request(w, rid);
+    abandon_request(rr->g, rid);
     /* finish the h2o request so that it tears the connection down (the write fails) */
     h2o_req_t *req = rr->req;
     req->res.status = 499;
@@ -1113,6 +1340,7 @@ static void on_req_dispose(void *p)
     stop_client_watch(rr);
     if (rr->rid == 0) {
         free(rr->logline); /* NULL unless the request ended without being recorded */
+        gen_release(rr->g);
         return;
     }
     /* the client went away before the response: cancel everything the request started */
@@ -1121,7 +1349,8 @@ static void on_req_dispose(void *p)
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
     record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
-    abandon_request(w, rid);
+    abandon_request(rr->g, rid);
+    gen_release(rr->g);
 }
 
 /* Checks request framing that h2o lets through (RFC 9112): a header with an empty name (an
@@ -1146,12 +1375,13 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     (void)self;
     agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
+    wgen_t *g = w->cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     int endpoint = 0;
     agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
     size_t num_params = 0;
     char allow[128];
-    agw_route_result_t m = agw_router_match(&w->conf->router, req->method.base, req->method.len, req->path.base,
+    agw_route_result_t m = agw_router_match(&g->conf->router, req->method.base, req->method.len, req->path.base,
                                             path_len, &endpoint, params, &num_params, allow, sizeof(allow));
     if (m == AGW_ROUTE_NOT_FOUND) {
         send_problem(w, req, NULL, 0, 404, "route-not-found", "no route matches this path", NULL);
@@ -1173,6 +1403,8 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     if (w->draining)
         req->http1_is_persistent = 0; /* a keep-alive connection closes after this response */
     rr->w = w;
+    rr->g = g;
+    gen_hold(g);
     rr->req = req;
     rr->rid = agw_slots_put(&w->reqs, rr);
     rr->endpoint = endpoint;
@@ -1187,8 +1419,8 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     AGW_M_ADD(w->m->requests_started, 1);
     watch_client(rr, req);
 
-    lua_State *L = w->L;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, w->ref_start);
+    lua_State *L = g->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
     lua_pushnumber(L, (lua_Number)rr->rid);
     lua_pushinteger(L, endpoint);
     lua_pushlstring(L, req->method.base, req->method.len);
@@ -1216,7 +1448,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         lua_pushnil(L);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (call_runtime(w, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+    if (call_runtime(g, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         stop_client_watch(rr);
@@ -1253,16 +1485,24 @@ static void on_accept(uv_stream_t *server, int status)
 
 /* ---- thread --------------------------------------------------------------------------------- */
 
-/* Once a second: the runtime's retry/hedge/single-flight totals and every pool's gauges. */
+/* Once a second: the runtime's retry/hedge/single-flight totals of every live generation and the
+ * current generation's pool gauges. */
 static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
 {
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
-    for (size_t i = 0; i < w->conf->num_upstreams; i++)
-        publish_pool(w, i);
-    if (w->ref_report_stats != LUA_NOREF) {
-        lua_rawgeti(w->L, LUA_REGISTRYINDEX, w->ref_report_stats);
-        call_runtime(w, 0);
+    for (size_t i = 0; i < w->cur->conf->num_upstreams; i++)
+        publish_pool(w->cur, i);
+    for (wgen_t *g = w->gens; g;) {
+        wgen_t *next = g->next;
+        if (g->ref_report_stats != LUA_NOREF) {
+            gen_hold(g);
+            lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_report_stats);
+            call_runtime(g, 0);
+            next = g->next; /* the list may have changed meanwhile; g is still on it (held) */
+            gen_release(g);
+        }
+        g = next;
     }
 }
 
@@ -1275,7 +1515,43 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_t *globalconf,
+agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw_buf_t *errors)
+{
+    wgen_t *g = calloc(1, sizeof(*g));
+    if (g == NULL)
+        abort();
+    g->w = w;
+    g->gen = agw_generation_ref(gen);
+    g->conf = &gen->conf;
+    g->ref_report_stats = LUA_NOREF;
+    g->reported = calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * 5 : 1, sizeof(*g->reported));
+    if (g->reported == NULL)
+        abort();
+    if (init_vm(g, errors) != 0) {
+        gen_discard(g);
+        return NULL;
+    }
+    return g;
+}
+
+void agw_worker_discard(agw_worker_gen_t *g)
+{
+    if (g)
+        gen_discard(g);
+}
+
+void agw_worker_install(agw_worker_t *w, agw_worker_gen_t *g)
+{
+    pthread_mutex_lock(&w->next_lock);
+    wgen_t *replaced = w->next; /* a reload the worker has not taken yet: this one supersedes it */
+    w->next = g;
+    pthread_mutex_unlock(&w->next_lock);
+    if (replaced)
+        gen_discard(replaced);
+    ev_async_send(w->loop, &w->reload_async);
+}
+
+agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_buf_t *errors)
 {
@@ -1283,18 +1559,16 @@ agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_
     if (w == NULL)
         abort();
     w->id = id;
-    w->conf = conf;
     w->m = metrics;
     w->access_fd = access_fd;
     w->alog_sec = -1;
-    w->ref_report_stats = LUA_NOREF;
     w->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)time(NULL) << 8) ^ (uint64_t)(id + 1);
-    if (init_vm(w, errors) != 0) {
-        if (w->L)
-            lua_close(w->L);
+    wgen_t *first = agw_worker_prepare(w, gen, errors);
+    if (first == NULL) {
         free(w);
         return NULL;
     }
+    pthread_mutex_init(&w->next_lock, NULL);
     w->loop = ev_loop_new(EVFLAG_AUTO);
     uv_loop_init(&w->uvloop);
     ev_io_init(&w->uv_io, on_uv_io, uv_backend_fd(&w->uvloop), EV_READ);
@@ -1310,6 +1584,9 @@ agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_
     ev_async_init(&w->drain_async, on_drain);
     w->drain_async.data = w;
     ev_async_start(w->loop, &w->drain_async);
+    ev_async_init(&w->reload_async, on_reload);
+    w->reload_async.data = w;
+    ev_async_start(w->loop, &w->reload_async);
     ev_timer_init(&w->stats_timer, on_stats_timer, 1., 1.);
     w->stats_timer.data = w;
     ev_timer_start(w->loop, &w->stats_timer);
@@ -1317,10 +1594,7 @@ agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_
     w->alog_timer.data = w;
 
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
-    w->pools = calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*w->pools));
-    for (size_t i = 0; i < conf->num_upstreams; i++)
-        if ((w->pools[i] = agw_pool_create(w->loop, &conf->upstreams[i])) == NULL)
-            abort();
+    gen_activate(w, first);
 
     w->listeners = calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
     w->num_listeners = num_fds;
@@ -1361,4 +1635,10 @@ void agw_worker_stop(agw_worker_t *w)
 {
     ev_async_send(w->loop, &w->stop_async);
     pthread_join(w->thread, NULL);
+    pthread_mutex_lock(&w->next_lock);
+    wgen_t *pending = w->next;
+    w->next = NULL;
+    pthread_mutex_unlock(&w->next_lock);
+    if (pending)
+        gen_discard(pending);
 }

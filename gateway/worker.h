@@ -1,7 +1,8 @@
 /* worker.h: one worker thread: a libev loop with h2o's libuv loop embedded in it (DESIGN §3), an
- * h2o context, a LuaJIT VM running the runtime (lua/agg/runtime.lua), and one upstream pool per
- * upstream. Nothing in a worker is shared with another worker; the only cross-thread entry is
- * agw_worker_stop(). */
+ * h2o context, a LuaJIT VM per generation of the scripts folder running the runtime
+ * (lua/agg/runtime.lua), and one upstream pool per upstream. Nothing in a worker is shared with
+ * another worker; the cross-thread entries are agw_worker_drain, agw_worker_install,
+ * agw_worker_inflight and agw_worker_stop. */
 #ifndef AGW_WORKER_H
 #define AGW_WORKER_H
 
@@ -10,6 +11,7 @@
 #include <pthread.h>
 
 #include "config.h"
+#include "generation.h"
 #include "metrics.h"
 
 /* A listening socket prepared by the server for one worker. */
@@ -20,15 +22,35 @@ typedef struct agw_listener_fd {
 
 typedef struct agw_worker agw_worker_t;
 
-/* Creates worker number id for conf (which must outlive it) with the listening sockets fds
- * (num_fds of them; the worker owns them afterwards) and starts its thread. The worker loads the
- * scripts folder into its own VM before serving. Returns NULL and appends a message to errors
- * when the VM cannot load the generation. globalconf is shared read-only. The worker is the only
- * writer of metrics (which must outlive it; the admin thread reads them). access_fd: where the
- * access log goes (one JSON line per request, buffered and written from the loop), -1 for none. */
-agw_worker_t *agw_worker_start(int id, const agw_config_t *conf, h2o_globalconf_t *globalconf,
+/* A generation loaded into a VM for one worker, not yet (or no longer) serving. */
+typedef struct agw_worker_gen agw_worker_gen_t;
+
+/* Creates worker number id serving generation gen (it takes a reference) with the listening
+ * sockets fds (num_fds of them; the worker owns them afterwards) and starts its thread. The
+ * worker loads the scripts folder into its own VM before serving. Returns NULL and appends a
+ * message to errors when the VM cannot load the generation. globalconf is shared read-only. The
+ * worker is the only writer of metrics (which must outlive it; the admin thread reads them).
+ * access_fd: where the access log goes (one JSON line per request, buffered and written from the
+ * loop), -1 for none. */
+agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_buf_t *errors);
+
+/* Hot reload, step 1 (calling thread; the worker goes on serving): loads gen into a new VM for
+ * worker w (runtime, gateway.lua, every script) and checks that it lists gen's routes. Returns
+ * the loaded generation (it holds a reference to gen), or NULL with "file:line: message" lines
+ * appended to errors. Hand it to agw_worker_install or free it with agw_worker_discard. */
+agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw_buf_t *errors);
+
+/* Frees a prepared generation that will not be installed (another worker's failed). NULL is ignored. */
+void agw_worker_discard(agw_worker_gen_t *g);
+
+/* Hot reload, step 2 (thread-safe): hands g (from agw_worker_prepare for this w) to the worker,
+ * which makes it current on its own loop: new requests use it, requests in flight finish on the
+ * generation they started on, which is freed after its last request, call and timer. Upstream
+ * pools whose settings did not change pass to g with their keep-alive connections. A g the
+ * worker has not taken yet is replaced (and freed) by the next install. */
+void agw_worker_install(agw_worker_t *w, agw_worker_gen_t *g);
 
 /* Graceful shutdown (thread-safe): the worker closes its listening sockets and tells its open
  * connections to wind down; requests in flight go on. */

@@ -88,12 +88,16 @@ static void test_render_sums_workers(void)
     agw_upstream_conf_t ups[1];
     memset(ups, 0, sizeof(ups));
     ups[0].name = "product";
-    agw_breaker_t br[1];
-    agw_breaker_init(&br[0], 5, 30000, 1);
+    agw_breaker_t *br[1] = {agw_breaker_new(5, 30000, 1)};
     conf.upstreams = ups;
     conf.breakers = br;
     conf.num_upstreams = 1;
-    agw_metrics_t *w[2] = {agw_metrics_new(&conf), agw_metrics_new(&conf)};
+    agw_metric_labels_t *labels = agw_metric_labels_new(8, 8);
+    uint32_t route_slot[2], upstream_slot[1];
+    agw_buf_t errors = AGW_BUF_INIT;
+    CHECK(agw_metric_labels_map(labels, &conf, route_slot, upstream_slot, &errors) == 0);
+    CHECK(route_slot[0] == 0 && route_slot[1] == 1 && upstream_slot[0] == 0);
+    agw_metrics_t *w[2] = {agw_metrics_new(labels), agw_metrics_new(labels)};
     agw_metrics_request(w[0], 1, 200, 12.0, 300);
     agw_metrics_request(w[1], 1, 200, 40.0, 5000);
     agw_metrics_request(w[1], 1, 502, 3.0, 100);
@@ -105,10 +109,17 @@ static void test_render_sums_workers(void)
     agw_metrics_call(w[1], 0, AGW_OUT_TIMEOUT, 150.0);
     agw_metrics_call(w[1], 0, AGW_OUT_CANCELLED, 10.0);
     for (int i = 0; i < 5; i++)
-        agw_breaker_report(&br[0], AGW_BREAKER_FAILURE, 0, 1000);
+        agw_breaker_report(br[0], AGW_BREAKER_FAILURE, 0, 1000);
     agw_buf_t b = AGW_BUF_INIT;
-    agw_metrics_render(&b, &conf, w, 2, 1, 1700000000.5);
+    agw_metrics_process_t proc = {.ready = 1, .start_time = 1700000000.5, .generation = 3, .reloads = 2,
+                                  .reload_failures = 1, .last_reload_ok = 1, .generations_live = 2};
+    agw_metrics_render(&b, labels, &conf, w, 2, &proc);
     CHECK(has_line(&b, "aggway_ready 1"));
+    CHECK(has_line(&b, "aggway_generation 3"));
+    CHECK(has_line(&b, "aggway_generations_live 2"));
+    CHECK(has_line(&b, "aggway_reloads_total 2"));
+    CHECK(has_line(&b, "aggway_reload_failures_total 1"));
+    CHECK(has_line(&b, "aggway_reload_last_success 1"));
     CHECK(has_line(&b, "aggway_workers 2"));
     CHECK(has_line(&b, "aggway_requests_total{route=\"GET /p/{id}\",code=\"200\"} 2"));
     CHECK(has_line(&b, "aggway_requests_total{route=\"GET /p/{id}\",code=\"502\"} 1"));
@@ -146,7 +157,45 @@ static void test_render_sums_workers(void)
     agw_buf_free(&b);
     agw_metrics_free(w[0]);
     agw_metrics_free(w[1]);
-    agw_breaker_destroy(&br[0]);
+    agw_metric_labels_free(labels);
+    agw_breaker_unref(br[0]);
+}
+
+/* A reload keeps a route's or an upstream's slot when its name survives; new names get new slots,
+ * and a generation that would overflow the registry is refused without taking any. */
+static void test_label_slots_survive_reloads(void)
+{
+    agw_config_t a, b;
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    a.dir = b.dir = "scripts";
+    agw_endpoint_info_t ea[2] = {{"GET /a", "GET", "a.lua"}, {"GET /b", "GET", "b.lua"}};
+    agw_endpoint_info_t eb[2] = {{"GET /c", "GET", "c.lua"}, {"GET /a", "GET", "a.lua"}};
+    agw_upstream_conf_t ua[1], ub[2];
+    memset(ua, 0, sizeof(ua));
+    memset(ub, 0, sizeof(ub));
+    ua[0].name = "product";
+    ub[0].name = "reviews";
+    ub[1].name = "product";
+    a.endpoints = ea, a.num_endpoints = 2, a.upstreams = ua, a.num_upstreams = 1;
+    b.endpoints = eb, b.num_endpoints = 2, b.upstreams = ub, b.num_upstreams = 2;
+    agw_metric_labels_t *l = agw_metric_labels_new(3, 2);
+    uint32_t rs[3], us[2];
+    agw_buf_t errors = AGW_BUF_INIT;
+    CHECK(agw_metric_labels_map(l, &a, rs, us, &errors) == 0);
+    CHECK(rs[1] == 1 && rs[2] == 2 && us[0] == 0);
+    CHECK(agw_metric_labels_map(l, &b, rs, us, &errors) == 0);
+    CHECK(rs[0] == 0 && rs[1] == 3 && rs[2] == 1); /* GET /a keeps slot 1 */
+    CHECK(us[0] == 1 && us[1] == 0);               /* product keeps slot 0 */
+    CHECK(l->num_routes == 4 && l->num_upstreams == 2);
+    CHECK_STR(l->routes[3], "GET /c");
+    /* full: a fourth route pattern does not fit, and nothing is taken */
+    eb[0].route = "GET /d";
+    CHECK(agw_metric_labels_map(l, &b, rs, us, &errors) == -1);
+    CHECK(l->num_routes == 4);
+    CHECK(errors.base && strstr(errors.base, "more than 3 distinct routes") != NULL);
+    agw_buf_free(&errors);
+    agw_metric_labels_free(l);
 }
 
 /* Past AGW_M_PARTIAL_MAX distinct sections, the rest count under "_other". */
@@ -157,7 +206,8 @@ static void test_partial_overflow(void)
     agw_endpoint_info_t eps[1] = {{"GET /p", "GET", "p.lua"}};
     conf.endpoints = eps;
     conf.num_endpoints = 1;
-    agw_metrics_t *m = agw_metrics_new(&conf);
+    agw_metric_labels_t *labels = agw_metric_labels_new(4, 4);
+    agw_metrics_t *m = agw_metrics_new(labels);
     char name[32];
     for (int i = 0; i < AGW_M_PARTIAL_MAX + 10; i++) {
         int n = snprintf(name, sizeof(name), "s%d", i);
@@ -167,6 +217,7 @@ static void test_partial_overflow(void)
     CHECK_STR(m->partials[AGW_M_PARTIAL_MAX - 1].section, "_other");
     CHECK(m->partials[AGW_M_PARTIAL_MAX - 1].count == 11);
     agw_metrics_free(m);
+    agw_metric_labels_free(labels);
 }
 
 int main(void)
@@ -176,5 +227,6 @@ int main(void)
     RUN(test_histogram);
     RUN(test_render_sums_workers);
     RUN(test_partial_overflow);
+    RUN(test_label_slots_survive_reloads);
     return CHECK_DONE();
 }
