@@ -198,6 +198,24 @@ static void log_lines(const char *what, const char *errors)
     }
 }
 
+/* Waits until every worker gives new requests to generation number (each switches on its own
+ * loop, within a loop pass), so that once the admin listener says a generation serves, every new
+ * request gets it. A worker busy for more than 10 s (a script stuck in a loop) is not waited for. */
+static void wait_switched(server_t *srv, uint64_t number)
+{
+    for (int ms = 0; ms < 10000; ms++) {
+        unsigned behind = 0;
+        for (unsigned wi = 0; wi < srv->workers; wi++)
+            behind += agw_worker_generation(srv->w[wi]) < number;
+        if (behind == 0)
+            return;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+    }
+    agw_log(AGW_LOG_WARN, "reload: a worker has not switched to generation %llu after 10 s (busy?); it will when its "
+            "loop runs again", (unsigned long long)number);
+}
+
 /* SIGHUP: loads the scripts folder as the next generation, checks it (the C configuration on this
  * thread, then one VM per worker), and only when everything loaded hands each worker its VM. On any
  * failure the serving generation goes on untouched, and the reasons are logged, counted and kept
@@ -226,6 +244,7 @@ static void reload(server_t *srv)
     } else {
         for (unsigned wi = 0; wi < srv->workers; wi++)
             agw_worker_install(srv->w[wi], prepared[wi]);
+        wait_switched(srv, next->number);
         agw_reload_state_serving(&srv->gens, next, 1);
         agw_log(AGW_LOG_INFO, "reload: generation %llu serves new requests: %zu route%s, %zu upstream%s "
                 "(requests in flight finish on the generation they started on)", (unsigned long long)next->number,

@@ -112,6 +112,7 @@ struct agw_worker {
     ev_async reload_async;                 /* agw_worker_install(): take `next` */
     pthread_mutex_t next_lock;
     wgen_t *next;                          /* prepared on the main thread, not yet taken (next_lock) */
+    uint64_t serving;                      /* number of cur's generation (atomic: the main thread reads it) */
     agw_slots_t timers;                    /* timer id -> wtimer_t */
     uint64_t rng;                          /* xorshift state for core.random() */
     agw_slots_t reqs;                      /* rid -> reqref_t */
@@ -312,6 +313,7 @@ static void gen_activate(agw_worker_t *w, wgen_t *g)
         w->gens->prev = g;
     w->gens = g;
     w->cur = g;
+    __atomic_store_n(&w->serving, g->gen->number, __ATOMIC_RELEASE);
     if (old)
         gen_release(old);
 }
@@ -1619,6 +1621,11 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         return NULL;
     }
     return w;
+}
+
+uint64_t agw_worker_generation(const agw_worker_t *w)
+{
+    return __atomic_load_n(&w->serving, __ATOMIC_ACQUIRE);
 }
 
 void agw_worker_drain(agw_worker_t *w)

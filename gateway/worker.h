@@ -52,6 +52,9 @@ void agw_worker_discard(agw_worker_gen_t *g);
  * worker has not taken yet is replaced (and freed) by the next install. */
 void agw_worker_install(agw_worker_t *w, agw_worker_gen_t *g);
 
+/* Number of the generation w gives new requests to (thread-safe). */
+uint64_t agw_worker_generation(const agw_worker_t *w);
+
 /* Graceful shutdown (thread-safe): the worker closes its listening sockets and tells its open
  * connections to wind down; requests in flight go on. */
 void agw_worker_drain(agw_worker_t *w);
