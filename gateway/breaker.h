@@ -39,6 +39,8 @@ typedef struct agw_breaker {
 
 /* Sets up a closed breaker. failures == 0 makes a breaker that always allows. */
 void agw_breaker_init(agw_breaker_t *b, unsigned failures, uint64_t open_ms, unsigned probes);
+
+/* Releases what agw_breaker_init set up (not b itself). */
 void agw_breaker_destroy(agw_breaker_t *b);
 
 /* A closed breaker on the heap with one reference (thread-safe counting: a breaker outlives a

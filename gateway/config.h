@@ -1,5 +1,5 @@
 /* config.h: one loaded generation of a scripts folder, as the C side needs it: listeners,
- * workers, upstreams (resolved) and the route table. Built by agw_config_load from the same Lua
+ * workers, upstreams (resolved) and the route table (generation.h wraps it for hot reload). Built by agw_config_load from the same Lua
  * loader (lua/agg/loader.lua) that every worker runs, so `aggway check` and `serve` agree. */
 #ifndef AGW_CONFIG_H
 #define AGW_CONFIG_H
@@ -63,6 +63,8 @@ int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf
 
 /* Deep copy of u into *out (strings duplicated); free with agw_upstream_conf_clear. */
 void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t *u);
+
+/* Frees u's strings and zeroes it (the struct itself belongs to the caller). */
 void agw_upstream_conf_clear(agw_upstream_conf_t *u);
 
 #endif

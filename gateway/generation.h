@@ -63,7 +63,9 @@ typedef struct agw_reload_state {
     char *last_errors;         /* the messages of the last failed reload (NUL-terminated lines), or NULL */
 } agw_reload_state_t;
 
+/* An empty record: no generation serving yet, no reload tried. */
 void agw_reload_state_init(agw_reload_state_t *st);
+
 /* Drops the current generation's reference and frees the record's memory. */
 void agw_reload_state_destroy(agw_reload_state_t *st);
 

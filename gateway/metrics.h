@@ -102,6 +102,8 @@ typedef struct agw_metric_labels {
 /* A registry with room for route_cap routes (plus "unmatched") and upstream_cap upstreams.
  * Aborts on allocation failure. Free with agw_metric_labels_free once no reader is left. */
 agw_metric_labels_t *agw_metric_labels_new(uint32_t route_cap, uint32_t upstream_cap);
+
+/* Frees the registry and its names (NULL is ignored). */
 void agw_metric_labels_free(agw_metric_labels_t *l);
 
 /* Gives each endpoint and upstream of conf its slot, adding slots for names not seen before:
@@ -125,6 +127,8 @@ typedef struct agw_metrics {
 /* A zeroed set of counters with a slot for every slot labels can hold (aborts on allocation
  * failure; the pages of slots never used are never touched). */
 agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels);
+
+/* Frees a worker's counters (NULL is ignored). */
 void agw_metrics_free(agw_metrics_t *m);
 
 /* A request answered: route slot (0 when no route matched), HTTP status, duration and response
