@@ -225,7 +225,9 @@ void agw_reload_state_metrics(agw_reload_state_t *st, agw_metrics_process_t *p)
 void agw_reload_state_json(agw_reload_state_t *st, agw_buf_t *b)
 {
     pthread_mutex_lock(&st->lock);
-    agw_buf_printf(b, "{\"generation\":%llu,\"generations_live\":%llu,\"reloads\":%llu,\"failures\":%llu,\"last_reload\":",
+    agw_buf_printf(b,
+                   "{\"generation\":%llu,\"generations_live\":%llu,\"reloads\":%llu,\"failures\":%llu,"
+                   "\"last_reload\":",
                    (unsigned long long)(st->current ? st->current->number : 0),
                    (unsigned long long)agw_generation_live(), (unsigned long long)st->reloads,
                    (unsigned long long)st->failures);

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -222,6 +223,15 @@ static void wait_switched(server_t *srv, uint64_t number)
  * for the admin /reload page. */
 static void reload(server_t *srv)
 {
+    /* Loading a folder takes CPU the workers would rather have: this thread only loads, drains and
+     * waits for signals, so it runs at a lower priority from its first reload on (the workers were
+     * started before and keep theirs). */
+    static int niced;
+    if (!niced) {
+        niced = 1;
+        if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10) != 0)
+            agw_log(AGW_LOG_WARN, "reload: cannot lower the main thread's priority: %s", strerror(errno));
+    }
     agw_generation_t *cur = agw_reload_state_current(&srv->gens);
     agw_log(AGW_LOG_INFO, "SIGHUP: reloading %s (generation %llu serving)", srv->dir, (unsigned long long)cur->number);
     agw_buf_t errors = AGW_BUF_INIT;

@@ -1196,7 +1196,8 @@ static int same_endpoints(lua_State *L, int idx, const agw_config_t *conf)
         lua_getfield(L, -1, "route");
         lua_getfield(L, -2, "file");
         const char *route = lua_tostring(L, -2), *file = lua_tostring(L, -1);
-        same = route && file && strcmp(route, conf->endpoints[i].route) == 0 && strcmp(file, conf->endpoints[i].file) == 0;
+        same = route && file && strcmp(route, conf->endpoints[i].route) == 0 &&
+               strcmp(file, conf->endpoints[i].file) == 0;
         lua_pop(L, 3);
     }
     return same;

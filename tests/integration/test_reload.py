@@ -35,6 +35,8 @@ if "quarantine_size_mb" not in os.environ.get("ASAN_OPTIONS", ""):
     os.environ["ASAN_OPTIONS"] = (os.environ.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=16").lstrip(":")
 
 WAIT = 30.0 if SLOW else 15.0          # bound on anything the gateway does on its own (a reload, a drain)
+# timeouts far from anything a loaded 2-core machine can reach: these tests are about reloading
+RELAXED = {"timeout_ms": 4000, "connect_timeout_ms": 2000}
 
 
 def shape_script(version):
@@ -125,7 +127,7 @@ class ReloadCase(GatewayTestCase):
         self.admin_port = free_port()
         self.start(services=services or product_services(latency_ms),
                    scripts=scripts or {"shape.lua": shape_script("v1")},
-                   upstream_options=upstream_options or {"product": {"timeout_ms": 4000}},
+                   upstream_options=upstream_options or {"product": RELAXED},
                    gateway_extra={"admin": {"port": self.admin_port, "host": "127.0.0.1"}}, workers=workers)
         self.client = Client(self.port)
         self.assertTrue(wait_until(lambda: self.admin_get("/readyz")[0] == 200, WAIT), self.gw.log())
@@ -252,7 +254,8 @@ class InFlight(ReloadCase):
       product = { "product", "/products/" .. req.params.id, required = true, timeout_ms = 60000 },
     })""", deadline_ms=60000)
         self.start_gateway(services=demo_services(product_ms=[route("/products/{id}", fault="hang")]),
-                           scripts={"shape.lua": slow}, upstream_options={"product": {"timeout_ms": 60000}})
+                           scripts={"shape.lua": slow},
+                           upstream_options={"product": {"timeout_ms": 60000, "connect_timeout_ms": 2000}})
         s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
         s.sendall(b"GET /shape/1 HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] >= 1, WAIT))
@@ -312,7 +315,8 @@ class Failures(ReloadCase):
              r"shape\.lua:\d+: .*'\)' expected"),
             ("an error at load", {"shape.lua": 'error("the catalogue is not configured")\n' + shape_script("v2")},
              r"shape\.lua:1: the catalogue is not configured"),
-            ("a call to an unknown upstream", {"shape.lua": shape_script("v2").replace('{ "product", ', '{ "prodcut", ')},
+            ("a call to an unknown upstream",
+             {"shape.lua": shape_script("v2").replace('{ "product", ', '{ "prodcut", ')},
              r"shape\.lua:\d+: call to unknown upstream 'prodcut'"),
             ("a typo in gateway.lua", {"gateway.lua": BROKEN_GATEWAY_TYPO % dict(port=port, admin=admin, url=url)},
              r"gateway\.lua:7: .*timeout_sm"),
@@ -457,7 +461,7 @@ class Pools(ReloadCase):
 
     def test_an_open_breaker_stays_open_across_a_reload(self):
         self.start_gateway(workers=1, upstream_options={"product": {
-            "timeout_ms": 4000, "breaker": {"failures": 2, "open_s": 60}}})
+            "timeout_ms": 4000, "connect_timeout_ms": 2000, "breaker": {"failures": 2, "open_s": 60}}})
         self.mock.refuse("product")
         for i in range(3):
             self.client.get("/shape/%d" % i)
