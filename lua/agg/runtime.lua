@@ -674,10 +674,23 @@ local function key_less(a, b)
 end
 
 -- Keys of t in a fixed order, so the same table always starts its calls in the same order.
+-- (insertion sort: a page has a handful of sections, and table.sort with a Lua comparator costs
+-- a C-to-Lua call per comparison that the JIT cannot compile)
 local function sorted_keys(t)
   local keys, n = new_tab(4, 0), 0
   for k in pairs(t) do n = n + 1; keys[n] = k end
-  if n > 1 then table.sort(keys, key_less) end
+  if n > 32 then
+    table.sort(keys, key_less)
+  else
+    for i = 2, n do
+      local k, j = keys[i], i - 1
+      while j > 0 and key_less(k, keys[j]) do
+        keys[j + 1] = keys[j]
+        j = j - 1
+      end
+      keys[j + 1] = k
+    end
+  end
   return keys
 end
 
@@ -940,13 +953,22 @@ local timing_names = setmetatable({}, { __index = function(t, k)
   return name
 end })
 
+-- ";dur=<whole ms>" strings, made once: turning a number into a string is the costly part of
+-- the header (the first 10 s of durations are kept; longer ones are rare and made each time)
+local dur_whole = setmetatable({}, { __index = function(t, k)
+  local s = ";dur=" .. k
+  if k < 10000 then t[k] = s end
+  return s
+end })
+local DUR_TENTH = { [0] = ".0", ".1", ".2", ".3", ".4", ".5", ".6", ".7", ".8", ".9" }
+
 local function server_timing(ctx)
   local t = ctx.timings
   local parts = new_tab(#t / 2, 0)
   for i = 1, #t, 2 do
     local name = timing_names[t[i]]
     local tenths = math.floor(t[i + 1] * 10 + 0.5)
-    parts[#parts + 1] = name .. ";dur=" .. math.floor(tenths / 10) .. "." .. tenths % 10
+    parts[#parts + 1] = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
   end
   return table.concat(parts, ", ")
 end
