@@ -1184,15 +1184,16 @@ static const luaL_Reg core_fns[] = {
     {NULL, NULL},
 };
 
-/* 1 when the endpoints table of a VM (at idx) lists exactly conf's endpoints, in the same order:
- * the router's endpoint indexes then name the same handlers. */
-static int same_endpoints(lua_State *L, int idx, const agw_config_t *conf)
+/* 1 when the generation table a VM loaded (at idx) lists exactly conf's endpoints and upstreams,
+ * in the same order: the router's endpoint indexes and the pools' upstream indexes then name the
+ * same handlers and upstreams in the VM (the folder could change between two loads). */
+static int same_generation(lua_State *L, int idx, const agw_config_t *conf)
 {
-    if (lua_objlen(L, idx) != conf->num_endpoints)
-        return 0;
-    int same = 1;
+    int top = lua_gettop(L);
+    lua_getfield(L, idx, "endpoints");
+    int same = lua_istable(L, -1) && lua_objlen(L, -1) == conf->num_endpoints;
     for (size_t i = 0; same && i < conf->num_endpoints; i++) {
-        lua_rawgeti(L, idx, (int)i + 1);
+        lua_rawgeti(L, top + 1, (int)i + 1);
         lua_getfield(L, -1, "route");
         lua_getfield(L, -2, "file");
         const char *route = lua_tostring(L, -2), *file = lua_tostring(L, -1);
@@ -1200,6 +1201,23 @@ static int same_endpoints(lua_State *L, int idx, const agw_config_t *conf)
                strcmp(file, conf->endpoints[i].file) == 0;
         lua_pop(L, 3);
     }
+    lua_getfield(L, idx, "upstreams"); /* name -> { index = i } */
+    size_t n = 0;
+    if (same && lua_istable(L, -1)) {
+        lua_pushnil(L);
+        while (lua_next(L, -2) != 0) {
+            n++;
+            lua_pop(L, 1);
+        }
+    }
+    same = same && n == conf->num_upstreams;
+    for (size_t i = 0; same && i < conf->num_upstreams; i++) {
+        lua_getfield(L, -1, conf->upstreams[i].name);
+        lua_getfield(L, -1, "index");
+        same = lua_tointeger(L, -1) == (lua_Integer)i + 1;
+        lua_pop(L, 2);
+    }
+    lua_settop(L, top);
     return same;
 }
 
@@ -1216,13 +1234,11 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     if (agw_vm_load_generation(L, conf->dir, errors) != 0)
         return -1;
     int gen = lua_gettop(L);
-    lua_getfield(L, gen, "endpoints");
-    if (!same_endpoints(L, lua_gettop(L), conf)) {
+    if (!same_generation(L, gen, conf)) {
         agw_buf_printf(errors, "%s/gateway.lua:1: the scripts folder changed while it was being loaded; load it "
                        "again (SIGHUP, or start the gateway again)\n", conf->dir);
         return -1;
     }
-    lua_pop(L, 1);
     lua_getglobal(L, "require");
     lua_pushliteral(L, "agg.runtime");
     if (lua_pcall(L, 1, 1, 0) != 0) {
