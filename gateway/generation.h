@@ -26,6 +26,11 @@
 #include "config.h"
 #include "metrics.h"
 
+/* Generations alive at once at most (the one serving included): a SIGHUP that comes while this
+ * many are still finishing requests waits until one is freed, so a reload storm over long
+ * requests cannot pile up VMs without bound. */
+#define AGW_GENERATIONS_MAX 16
+
 typedef struct agw_generation {
     uint64_t number;           /* 1 at start-up, +1 for each successful reload */
     agw_config_t conf;         /* routes, upstreams and breakers of this generation (owned) */

@@ -349,11 +349,30 @@ int agw_server_run(const char *dir)
     agw_generation_unref(gen); /* the workers and the record hold it now */
     conf = NULL;
     agw_admin_set_ready(admin, 1);
+    int deferred = 0; /* a SIGHUP waits for old generations to finish (AGW_GENERATIONS_MAX) */
     for (;;) {
-        int sig = 0;
-        if (sigwait(&set, &sig) != 0)
+        if (deferred && agw_generation_live() < AGW_GENERATIONS_MAX) {
+            deferred = 0;
+            reload(&srv);
             continue;
+        }
+        int sig = 0;
+        if (deferred) {
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = 50 * 1000000};
+            if ((sig = sigtimedwait(&set, NULL, &ts)) < 0)
+                continue;
+        } else if (sigwait(&set, &sig) != 0) {
+            continue;
+        }
         if (sig == SIGHUP) {
+            if (agw_generation_live() >= AGW_GENERATIONS_MAX) {
+                if (!deferred)
+                    agw_log(AGW_LOG_WARN, "SIGHUP: %llu generations are still finishing requests (at most %d at "
+                            "once); the reload waits until one is done",
+                            (unsigned long long)agw_generation_live(), AGW_GENERATIONS_MAX);
+                deferred = 1;
+                continue;
+            }
             reload(&srv);
             continue;
         }

@@ -248,31 +248,6 @@ class InFlight(ReloadCase):
         self.assertEqual(m.get("aggway_requests_total", route="GET /shape/{id}", code="200"), 55)
         self.assertLogClean()
 
-    def test_a_client_that_leaves_after_a_reload_cancels_its_calls_on_the_old_generation(self):
-        slow = endpoint("GET /shape/{id}", """
-    return agg.page(agg.fetch_all {
-      product = { "product", "/products/" .. req.params.id, required = true, timeout_ms = 60000 },
-    })""", deadline_ms=60000)
-        self.start_gateway(services=demo_services(product_ms=[route("/products/{id}", fault="hang")]),
-                           scripts={"shape.lua": slow},
-                           upstream_options={"product": {"timeout_ms": 60000, "connect_timeout_ms": 2000}})
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-        s.sendall(b"GET /shape/1 HTTP/1.1\r\nHost: x\r\n\r\n")
-        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] >= 1, WAIT))
-        self.write("shape.lua", shape_script("v2"))
-        self.reload_ok(2)
-        self.assertEqual(self.reload_record()["generations_live"], 2)
-        s.close()
-        # the old generation cancels the call (the upstream sees the connection close) and is freed,
-        # long before the call's 60 s
-        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["connections_open"] == 0, WAIT),
-                        self.mock.stats())
-        self.assertTrue(wait_until(lambda: self.reload_record()["generations_live"] == 1, WAIT), self.reload_record())
-        m = self.metrics()
-        self.assertEqual(m.get("aggway_requests_total", route="GET /shape/{id}", code="499"), 1)
-        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="product", outcome="cancelled"), 1)
-        self.assertLogClean()
-
     def test_routes_list_each_route_with_its_script_and_generation(self):
         self.start_gateway()
         routes = self.admin_json("/routes")
@@ -395,6 +370,66 @@ class Failures(ReloadCase):
         self.assertEqual((status, version_of(status, body)), (200, "v1"), err)
         self.assertEqual(self.gw.proc.wait(timeout=WAIT), 0)
         self.assertIn("SIGHUP while stopping: not reloaded", self.gw.log())
+
+
+HANGING = endpoint("GET /shape/{id}", """
+    return agg.page(agg.fetch_all {
+      product = { "product", "/products/" .. req.params.id, required = true, timeout_ms = 60000 },
+    })""", deadline_ms=60000)
+
+
+class Bounded(ReloadCase):
+
+    def start_hanging(self, workers=2):
+        self.start_gateway(services=demo_services(product_ms=[route("/products/{id}", fault="hang")]),
+                           scripts={"shape.lua": HANGING}, workers=workers,
+                           upstream_options={"product": {"timeout_ms": 60000, "connect_timeout_ms": 2000}})
+
+    def hang_one(self, n):
+        """A request that waits on the hanging upstream; returns its socket (close it to leave)."""
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        s.sendall(b"GET /shape/%d HTTP/1.1\r\nHost: x\r\n\r\n" % n)
+        self.addCleanup(s.close)
+        return s
+
+    def test_a_client_that_leaves_after_a_reload_cancels_its_calls_on_the_old_generation(self):
+        self.start_hanging()
+        s = self.hang_one(1)
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] >= 1, WAIT))
+        self.write("shape.lua", shape_script("v2"))
+        self.reload_ok(2)
+        self.assertEqual(self.reload_record()["generations_live"], 2)
+        s.close()
+        # the old generation cancels the call (the upstream sees the connection close) and is freed,
+        # long before the call's 60 s
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["connections_open"] == 0, WAIT),
+                        self.mock.stats())
+        self.assertTrue(wait_until(lambda: self.reload_record()["generations_live"] == 1, WAIT), self.reload_record())
+        m = self.metrics()
+        self.assertEqual(m.get("aggway_requests_total", route="GET /shape/{id}", code="499"), 1)
+        self.assertEqual(m.get("aggway_upstream_calls_total", upstream="product", outcome="cancelled"), 1)
+        self.assertLogClean()
+
+    def test_a_reload_waits_while_16_generations_are_still_finishing_requests(self):
+        self.start_hanging(workers=1)
+        socks = []
+        for gen in range(2, 17):     # one request left hanging on each of generations 1 to 15
+            socks.append(self.hang_one(gen))
+            self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] >= len(socks), WAIT))
+            self.reload_ok(gen)
+        self.assertEqual(self.reload_record()["generations_live"], 16)
+        self.sighup()
+        self.assertTrue(wait_until(lambda: "the reload waits until one is done" in self.gw.log(), WAIT),
+                        self.gw.log()[-2000:])
+        time.sleep(0.3)
+        self.assertEqual(self.reload_record()["generation"], 16, "the 17th generation must wait")
+        # one old generation finishes (its client leaves): the waiting reload goes through
+        socks.pop(0).close()
+        self.assertTrue(wait_until(lambda: self.reload_record()["generation"] == 17, WAIT), self.reload_record())
+        for s in socks:
+            s.close()
+        self.assertTrue(wait_until(lambda: self.reload_record()["generations_live"] == 1, WAIT), self.reload_record())
+        self.assertEqual(self.reload_record()["failures"], 0)
 
 
 class Storm(ReloadCase):
