@@ -208,10 +208,12 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     lua_State *L = agw_vm_new(dir);
     if (L == NULL) {
         agw_buf_puts(errors, "out of memory creating a Lua state\n");
+        agw_config_free(conf);
         return -1;
     }
     if (agw_vm_load_generation(L, dir, errors) != 0) {
         lua_close(L);
+        agw_config_free(conf); /* the folder's name: a reload that fails must leave nothing behind */
         return -1;
     }
     int gen = lua_gettop(L);

@@ -397,6 +397,8 @@ int agw_server_run(const char *dir)
     free(fds);
     free(ssl);
     free(srv.access_log);
+    agw_reload_state_destroy(&srv.gens);
+    agw_metric_labels_free(srv.labels); /* nothing reads the metrics any more */
     /* the workers' VMs are not freed (the process ends), so neither are the generations they hold */
     return 0;
 }
