@@ -25,8 +25,9 @@ static double field_num(lua_State *L, int idx, const char *name, double dflt)
     return v;
 }
 
-/* Resolves host:port into u->addr. Returns 0 or -1 with a message in errors. */
-static int resolve(agw_upstream_conf_t *u, const char *host, int port, const char *file, int line, agw_buf_t *errors)
+/* Resolves host:port into *addr. Returns 0, or -1 with "file:line: where: cannot resolve…" in errors. */
+static int resolve(struct sockaddr_storage *addr, socklen_t *addrlen, const char *where, const char *host, int port,
+                   const char *file, int line, agw_buf_t *errors)
 {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
@@ -35,12 +36,12 @@ static int resolve(agw_upstream_conf_t *u, const char *host, int port, const cha
     snprintf(portstr, sizeof(portstr), "%d", port);
     int rc = getaddrinfo(host, portstr, &hints, &res);
     if (rc != 0 || res == NULL) {
-        agw_buf_printf(errors, "%s:%d: upstreams.%s.url: cannot resolve host '%s': %s\n", file, line, u->name, host,
+        agw_buf_printf(errors, "%s:%d: %s: cannot resolve host '%s': %s\n", file, line, where, host,
                        gai_strerror(rc));
         return -1;
     }
-    memcpy(&u->addr, res->ai_addr, res->ai_addrlen);
-    u->addrlen = res->ai_addrlen;
+    memcpy(addr, res->ai_addr, res->ai_addrlen);
+    *addrlen = res->ai_addrlen;
     freeaddrinfo(res);
     return 0;
 }
@@ -82,7 +83,9 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         char *host = field_str(L, t, "host");
         int port = (int)field_num(L, t, "port", 80);
         int line = (int)field_num(L, t, "line", 1);
-        if (host == NULL || resolve(u, host, port, file, line, errors) != 0)
+        char where[256];
+        snprintf(where, sizeof(where), "upstreams.%s.url", u->name);
+        if (host == NULL || resolve(&u->addr, &u->addrlen, where, host, port, file, line, errors) != 0)
             rc = -1;
         free(host);
         lua_pop(L, 1);
@@ -183,6 +186,31 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
     conf->access_log = log;
 }
 
+/* tracing = { otlp_http, service_name, timeout_ms } as agg.config normalized it (absent: no export). */
+static int load_tracing(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *errors)
+{
+    int rc = 0;
+    lua_getfield(L, cfg, "tracing");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        conf->otlp_url = field_str(L, t, "otlp_http");
+        conf->otlp_host_header = field_str(L, t, "host_header");
+        conf->otlp_path = field_str(L, t, "path");
+        conf->otlp_service_name = field_str(L, t, "service_name");
+        conf->otlp_timeout_ms = (uint64_t)field_num(L, t, "timeout_ms", 2000);
+        char *host = field_str(L, t, "host");
+        char file[4096];
+        snprintf(file, sizeof(file), "%s/gateway.lua", conf->dir);
+        if (conf->otlp_url && host &&
+            resolve(&conf->otlp_addr, &conf->otlp_addrlen, "tracing.otlp_http", host, (int)field_num(L, t, "port", 80),
+                    file, (int)field_num(L, t, "line", 1), errors) != 0)
+            rc = -1;
+        free(host);
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
 /* Resolves a TLS file path relative to the scripts folder. */
 static void resolve_tls_paths(agw_config_t *conf)
 {
@@ -232,6 +260,8 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
         rc = -1;
     if (load_routes(L, gen, conf, errors) != 0)
         rc = -1;
+    if (load_tracing(L, cfg, conf, errors) != 0)
+        rc = -1;
     resolve_tls_paths(conf);
     lua_close(L);
     if (rc != 0)
@@ -267,6 +297,10 @@ void agw_config_free(agw_config_t *conf)
     free(conf->endpoints);
     free(conf->admin_host);
     free(conf->access_log);
+    free(conf->otlp_url);
+    free(conf->otlp_host_header);
+    free(conf->otlp_path);
+    free(conf->otlp_service_name);
     free(conf->dir);
     memset(conf, 0, sizeof(*conf));
 }

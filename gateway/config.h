@@ -44,6 +44,15 @@ typedef struct agw_config {
     int admin_port;                     /* admin listener port, 0 when there is none */
     char *access_log;                   /* NULL: off; "stderr"; or a file path (relative ones resolved
                                            against the scripts folder) */
+    /* tracing = { otlp_http = "http://host:port/path", service_name, timeout_ms } (trace.h, otlp.h) */
+    char *otlp_url;                     /* the collector's URL as configured; NULL: spans are not exported
+                                           (traceparent is propagated all the same) */
+    char *otlp_host_header;             /* "host:port" for the Host header */
+    char *otlp_path;                    /* "/v1/traces" */
+    struct sockaddr_storage otlp_addr;  /* resolved once at load time */
+    socklen_t otlp_addrlen;
+    char *otlp_service_name;            /* resource attribute service.name ("aggway") */
+    uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
 } agw_config_t;
 
 /* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM and resolves upstream

@@ -8,7 +8,9 @@
 #include <time.h>
 
 #include "config.h"
+#include "otlp.h"
 #include "prom.h"
+#include "waterfall.h"
 
 static const double CALL_BOUNDS_MS[AGW_M_CALL_BOUNDS] = {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
 static const double REQ_BOUNDS_MS[AGW_M_REQ_BOUNDS] = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000};
@@ -44,6 +46,7 @@ agw_metrics_t *agw_metrics_new(const agw_config_t *conf)
     m->upstreams = calloc(m->num_upstreams ? m->num_upstreams : 1, sizeof(*m->upstreams));
     if (m->routes == NULL || m->upstreams == NULL)
         abort();
+    m->waterfall = agw_waterfall_new();
     return m;
 }
 
@@ -55,6 +58,7 @@ void agw_metrics_free(agw_metrics_t *m)
         free(m->partials[i].section);
     free(m->routes);
     free(m->upstreams);
+    agw_waterfall_free(m->waterfall);
     free(m);
 }
 
@@ -375,4 +379,12 @@ void agw_metrics_render(agw_buf_t *b, const agw_config_t *conf, agw_metrics_t *c
     render_requests(b, conf, workers, num_workers);
     render_partials(b, conf, workers, num_workers);
     render_upstreams(b, conf, workers, num_workers);
+    agw_otlp_render_metrics(b, num_workers ? workers[0]->exporter : NULL);
+    uint64_t skipped = 0;
+    for (size_t i = 0; i < num_workers; i++)
+        if (workers[i]->waterfall)
+            skipped += __atomic_load_n(&workers[i]->waterfall->skipped, __ATOMIC_RELAXED);
+    agw_prom_family(b, "aggway_waterfall_skipped_total", "counter",
+                    "Requests left out of /waterfall because the admin listener was reading the ring at that moment.");
+    agw_prom_sample_u64(b, "aggway_waterfall_skipped_total", NULL, 0, skipped);
 }

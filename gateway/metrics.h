@@ -25,6 +25,9 @@
 #include "buf.h"
 
 struct agw_config;
+struct agw_waterfall;
+struct agw_otlp;
+struct agw_otlp_queue;
 
 #define AGW_M_GET(f) __atomic_load_n(&(f), __ATOMIC_RELAXED)
 #define AGW_M_SET(f, v) __atomic_store_n(&(f), (v), __ATOMIC_RELAXED)
@@ -87,9 +90,17 @@ typedef struct agw_metrics {
     uint64_t requests_started, requests_ended; /* requests handed to the runtime (in flight = difference) */
     uint32_t num_partials;            /* published with release order after the entry is written */
     agw_partial_metric_t partials[AGW_M_PARTIAL_MAX];
+    /* The worker's other outputs read by other threads (trace.h): its waterfall ring (waterfall.h;
+     * made and freed with the metrics), its ring to the span exporter and the exporter itself
+     * (otlp.h; set by the server before the worker starts, both NULL when tracing.otlp_http is not
+     * configured). */
+    struct agw_waterfall *waterfall;
+    struct agw_otlp_queue *trace_queue;
+    const struct agw_otlp *exporter;
 } agw_metrics_t;
 
-/* A zeroed set of counters for conf's routes and upstreams (aborts on allocation failure). */
+/* A zeroed set of counters for conf's routes and upstreams, with an empty waterfall ring (aborts
+ * on allocation failure). */
 agw_metrics_t *agw_metrics_new(const struct agw_config *conf);
 void agw_metrics_free(agw_metrics_t *m);
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "otlp.h"
 #include "log.h"
 #include "metrics.h"
 #include "worker.h"
@@ -204,6 +205,14 @@ int agw_server_run(agw_config_t *conf)
     agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
     for (unsigned wi = 0; wi < conf->workers; wi++)
         metrics[wi] = agw_metrics_new(conf);
+    /* spans leave through the exporter thread; without a collector nothing is queued */
+    agw_otlp_t *exporter = NULL;
+    if (conf->otlp_url && (exporter = agw_otlp_start(conf, conf->workers)) == NULL)
+        return 1;
+    for (unsigned wi = 0; exporter && wi < conf->workers; wi++) {
+        metrics[wi]->trace_queue = agw_otlp_queue(exporter, wi);
+        metrics[wi]->exporter = exporter;
+    }
     /* the admin listener answers (not ready) while the workers load their scripts */
     agw_admin_t *admin = NULL;
     if (conf->admin_port && (admin = agw_admin_start(conf, metrics, conf->workers)) == NULL)
@@ -254,6 +263,7 @@ int agw_server_run(agw_config_t *conf)
     for (unsigned wi = 0; wi < conf->workers; wi++)
         agw_worker_stop(workers[wi]);
     agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */
+    agw_otlp_stop(exporter); /* last: sends what the workers queued */
     for (unsigned wi = 0; wi < conf->workers; wi++)
         agw_metrics_free(metrics[wi]);
     free(metrics);

@@ -8,7 +8,9 @@
 --
 -- The transport `core` provides:
 --   core.now() -> ms                              monotonic clock, milliseconds
---   core.call(rid, index, method, path, headers, body, timeout_ms, decode) -> call id
+--   core.call(rid, index, method, path, headers, body, timeout_ms, decode, section, attempt, hedge)
+--                                                 -> call id (the last three describe the span)
+--   core.join(rid, id, section)                   (optional) rid's section waits on call id (single-flight)
 --        later delivers M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
 --   core.cancel(id)                               no on_call follows
 --   core.respond(rid, status, headers, body, is_json, default_type, server_timing) -> true | nil, err
@@ -521,6 +523,7 @@ attempt = function(x, hedge)
     f.n = f.n + 1
     x.a1 = { id = f.id, flight = f }
     u.stats.collapsed = u.stats.collapsed + 1
+    if core.join then core.join(ctx.rid, f.id, x.key) end -- a span that waits on the shared call
     if t < f.ends - now then
       -- this caller has less time than the shared call: it stops waiting at its own timeout
       x.own_timer = set_timer(t, function()
@@ -555,8 +558,9 @@ attempt = function(x, hedge)
   x.attempts = x.attempts + 1
   u.stats.attempts = u.stats.attempts + 1
   if hedge then u.stats.hedges = u.stats.hedges + 1 end
+  -- (section, attempt number, hedge: the attempt's span; the transport adds its traceparent)
   local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode)
+                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge)
   -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
   -- less per call); a hedge, which runs beside it, gets a table of its own
   local rec
