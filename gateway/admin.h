@@ -8,6 +8,7 @@
  *   GET /readyz    200 "ready" once every worker serves; 503 "not ready" while starting or stopping
  *   GET /metrics   Prometheus text format 0.0.4 (metrics.h lists what is in it)
  *   GET /routes    JSON list of the routes: [{ "route", "method", "script", "generation" }]
+ *   GET /waterfall, /waterfall.json   the last requests of each worker as a waterfall (waterfall.h)
  * HEAD works as GET; other methods get 405, other paths 404. Requests are limited to 8 KiB of
  * headers and 10 s; at most 64 connections at once (more are closed at once).
  */
