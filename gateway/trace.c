@@ -206,6 +206,7 @@ void agw_trace_begin(agw_trace_t *tr, uint64_t *rng, const agw_traceparent_t *pa
         tr->has_parent = 0;
     }
     agw_trace_random_id(rng, tr->span_id, 8);
+    agw_traceparent_format(tr->traceparent, tr->trace_id, tr->span_id, tr->flags);
     tr->status = 0;
     tr->start_us = now_us;
     tr->end_us = 0;
@@ -221,6 +222,13 @@ void agw_trace_begin(agw_trace_t *tr, uint64_t *rng, const agw_traceparent_t *pa
         plen = AGW_TRACE_TARGET_MAX - 1 - n;
     memcpy(tr->target + n, path, plen);
     tr->target[n + plen] = '\0';
+}
+
+void agw_trace_traceparent(const agw_trace_t *tr, int i, char *out)
+{
+    memcpy(out, tr->traceparent, AGW_TRACEPARENT_LEN);
+    if (i >= 0 && (size_t)i < tr->num_spans)
+        agw_trace_hex(out + 36, tr->spans[i].span_id, 8);
 }
 
 int agw_trace_add_span(agw_trace_t *tr, uint64_t *rng, unsigned up, const char *section, size_t slen, unsigned flags,

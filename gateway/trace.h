@@ -71,6 +71,8 @@ typedef struct agw_trace {
     int worker;                      /* worker id */
     uint64_t start_us, end_us;       /* wall clock, µs since the Unix epoch */
     char target[AGW_TRACE_TARGET_MAX]; /* "GET /product-page/42" (cut, NUL-terminated) */
+    char traceparent[AGW_TRACEPARENT_LEN]; /* "00-<trace_id>-<span_id>-<flags>" of the gateway's span:
+                                           a call's header is this with its own span id */
     size_t num_spans;
     uint32_t spans_dropped;          /* spans beyond AGW_TRACE_MAX_SPANS */
     agw_span_t spans[AGW_TRACE_MAX_SPANS];
@@ -106,6 +108,10 @@ void agw_trace_random_id(uint64_t *rng, uint8_t *id, size_t n);
  * now_us, and target (method and path, cut to fit). */
 void agw_trace_begin(agw_trace_t *tr, uint64_t *rng, const agw_traceparent_t *parent, uint64_t now_us,
                      const char *method, size_t mlen, const char *path, size_t plen);
+
+/* Writes the traceparent for span i of tr (the gateway's span when i < 0) into out (exactly
+ * AGW_TRACEPARENT_LEN bytes, no NUL): version 00, tr's trace-id and flags (§3.2). */
+void agw_trace_traceparent(const agw_trace_t *tr, int i, char *out);
 
 /* Adds an open span for an attempt to upstream up serving section (cut to fit) with flags and the
  * attempt number; its id is random. Returns the span's index, or -1 when the trace already holds

@@ -852,7 +852,7 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     }
     uint8_t span_id[8], trace_id[16];
     if (c->span >= 0) {
-        agw_traceparent_format(tp, tr->trace_id, tr->spans[c->span].span_id, tr->flags);
+        agw_trace_traceparent(tr, c->span, tp);
     } else { /* no record (too many spans, or none): still a traceparent, in the trace if known */
         agw_trace_random_id(&w->trace_rng, span_id, 8);
         if (tr)
@@ -1164,6 +1164,19 @@ static int l_join(lua_State *L)
     return 0;
 }
 
+/* core.trace_id(rid) -> the request's trace id as 32 lowercase hex digits, or nil (req.trace_id) */
+static int l_trace_id(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    if (rr == NULL || rr->trace == NULL)
+        return 0;
+    char hex[32];
+    agw_trace_hex(hex, rr->trace->trace_id, 16);
+    lua_pushlstring(L, hex, 32);
+    return 1;
+}
+
 /* core.log(level, message) */
 static int l_log(lua_State *L)
 {
@@ -1195,7 +1208,7 @@ static int l_upstream_counters(lua_State *L)
 static const luaL_Reg core_fns[] = {
     {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
-    {"upstream_counters", l_upstream_counters}, {"join", l_join},
+    {"upstream_counters", l_upstream_counters}, {"join", l_join}, {"trace_id", l_trace_id},
     {NULL, NULL},
 };
 

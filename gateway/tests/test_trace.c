@@ -103,6 +103,15 @@ static void test_higher_version(void)
     CHECK(strncmp(out, "00-" TID "-", 36) == 0);
     CHECK(strcmp(out + 52, "-01") == 0);
     CHECK(parses(out));
+    char call[AGW_TRACEPARENT_LEN + 1] = {0};
+    int i = agw_trace_add_span(&tr, &rng, 0, "s", 1, 0, 1, 1000);
+    agw_trace_traceparent(&tr, i, call);
+    CHECK(strncmp(call, out, 36) == 0 && strcmp(call + 52, "-01") == 0);
+    char hex[17] = {0};
+    agw_trace_hex(hex, tr.spans[i].span_id, 8);
+    CHECK(memcmp(call + 36, hex, 16) == 0);
+    agw_trace_traceparent(&tr, -1, call); /* the gateway's own */
+    CHECK(strcmp(call, out) == 0);
 }
 
 static void test_format_roundtrip_and_random_ids(void)

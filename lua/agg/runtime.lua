@@ -11,6 +11,7 @@
 --   core.call(rid, index, method, path, headers, body, timeout_ms, decode, section, attempt, hedge)
 --                                                 -> call id (the last three describe the span)
 --   core.join(rid, id, section)                   (optional) rid's section waits on call id (single-flight)
+--   core.trace_id(rid) -> hex | nil               (optional) the request's trace id (req.trace_id)
 --        later delivers M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
 --   core.cancel(id)                               no on_call follows
 --   core.respond(rid, status, headers, body, is_json, default_type, server_timing) -> true | nil, err
@@ -1040,6 +1041,8 @@ local req_mt = {
       v = parse_query(lazy and lazy.query)
     elseif k == "headers" then
       v = parse_headers_table(lazy and lazy.headers)
+    elseif k == "trace_id" then
+      v = lazy and lazy.ctx and core.trace_id and core.trace_id(lazy.ctx.rid)
     elseif k == "remaining_ms" then
       local ctx = lazy and lazy.ctx
       v = function()

@@ -185,7 +185,9 @@ HEDGE = endpoint("GET /hedge/{k}", """
 SHARED = endpoint("GET /shared/{k}", """
     return agg.page(agg.fetch_all { s = { "a", "/ok/" .. req.params.k .. "?ms=1500", timeout_ms = 3000 } })""",
                   deadline_ms=6000)
-SCRIPTS = {"fanout.lua": FANOUT, "retry.lua": RETRY, "hedge.lua": HEDGE, "shared.lua": SHARED}
+TRACE_ID = endpoint("GET /trace-id", """
+    return { status = 200, json = { trace_id = req.trace_id } }""")
+SCRIPTS = {"trace-id.lua": TRACE_ID, "fanout.lua": FANOUT, "retry.lua": RETRY, "hedge.lua": HEDGE, "shared.lua": SHARED}
 
 
 class TracingCase(GatewayTestCase):
@@ -325,6 +327,14 @@ class Propagation(TracingCase):
         self.assertEqual(r.status, 200, r)
         sent = self.traceparents("/ok/")[before:]
         self.assertNotEqual(sent[0][0], TRACE, "two traceparent headers: a fresh trace")
+
+    def test_scripts_see_the_trace_id(self):
+        self.start_traced()
+        r = self.get("/trace-id", "-H", "traceparent: 00-%s-%s-01" % (TRACE, PARENT))
+        self.assertEqual((r.status, r.json()), (200, {"trace_id": TRACE}), r)
+        r = self.get("/trace-id")
+        self.assertRegex(r.json()["trace_id"], r"^[0-9a-f]{32}$")
+        self.assertNotEqual(r.json()["trace_id"], TRACE)
 
     def test_higher_version_with_more_fields_is_read_as_version_00(self):
         self.start_traced()
