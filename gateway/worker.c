@@ -334,6 +334,8 @@ static void trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_t pa
         else if (h->name->len == 10 && h2o_lcstris(h->name->base, 10, H2O_STRLIT("tracestate")))
             ts = ts ? ts : &h->value, num_ts++;
     }
+    rr->tracestate = NULL;
+    rr->tracestate_len = 0;
     agw_trace_t *tr = w->free_traces;
     if (tr)
         w->free_traces = tr->next;
@@ -346,8 +348,6 @@ static void trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_t pa
     tr->endpoint = rr->endpoint;
     tr->worker = w->id;
     rr->trace = tr;
-    rr->tracestate = NULL;
-    rr->tracestate_len = 0;
     if (!continued || num_ts == 0) /* §3.3: tracestate goes with the traceparent it came with */
         return;
     const char *v = ts->base;
