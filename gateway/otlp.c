@@ -2,6 +2,7 @@
 #include "otlp.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -36,6 +37,8 @@ struct agw_otlp {
     pthread_mutex_t lock;                /* guards stopping, for the condition variable only */
     pthread_cond_t cond;
     int stopping;
+    int wake[2];                         /* agw_otlp_stop writes here: an export in progress gives up */
+    int abortable;                       /* 0 for the last export at stop (exporter thread only) */
     uint64_t exported_spans;             /* written by the exporter thread, read by /metrics */
     uint64_t failed_spans;
     uint64_t exports_ok, exports_failed;
@@ -235,17 +238,18 @@ static int64_t mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Waits for events on fd until deadline (monotonic ms). Returns 1 when ready, 0 on timeout or error. */
-static int wait_fd(int fd, short events, int64_t deadline)
+/* Waits for events on fd until deadline (monotonic ms), or until agw_otlp_stop when the export is
+ * abortable. Returns 1 when ready, 0 on timeout, stop or error. */
+static int wait_fd(agw_otlp_t *e, int fd, short events, int64_t deadline)
 {
     for (;;) {
         int64_t left = deadline - mono_ms();
         if (left <= 0)
             return 0;
-        struct pollfd p = {.fd = fd, .events = events};
-        int rc = poll(&p, 1, (int)left);
+        struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = e->wake[0], .events = POLLIN}};
+        int rc = poll(p, e->abortable ? 2 : 1, (int)left);
         if (rc > 0)
-            return 1;
+            return (p[0].revents & (events | POLLERR | POLLHUP)) != 0;
         if (rc < 0 && errno != EINTR)
             return 0;
     }
@@ -269,7 +273,7 @@ static int post(agw_otlp_t *e, const char **why)
             *why = "connection refused";
             goto out;
         }
-        if (!wait_fd(fd, POLLOUT, deadline))
+        if (!wait_fd(e, fd, POLLOUT, deadline))
             goto out;
         int err = 0;
         socklen_t el = sizeof(err);
@@ -284,7 +288,7 @@ static int post(agw_otlp_t *e, const char **why)
         if (n > 0) {
             off += (size_t)n;
         } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            if (!wait_fd(fd, POLLOUT, deadline))
+            if (!wait_fd(e, fd, POLLOUT, deadline))
                 goto out;
         } else {
             *why = "connection closed while sending";
@@ -311,7 +315,7 @@ static int post(agw_otlp_t *e, const char **why)
         if (n > 0) {
             got += (size_t)n;
         } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            if (!wait_fd(fd, POLLIN, deadline))
+            if (!wait_fd(e, fd, POLLIN, deadline))
                 break;
         } else {
             *why = "connection closed before an answer";
@@ -394,6 +398,8 @@ static void *exporter_main(void *arg)
         pthread_cond_timedwait(&e->cond, &e->lock, &ts);
         int stopping = e->stopping;
         pthread_mutex_unlock(&e->lock);
+        if (stopping)
+            e->abortable = 0; /* the last export may take its whole timeout */
         flush(e);
         pthread_mutex_lock(&e->lock);
         if (stopping)
@@ -413,6 +419,9 @@ agw_otlp_t *agw_otlp_start(const agw_config_t *conf, size_t num_workers)
     if (posix_memalign((void **)&e->queues, 64, (num_workers ? num_workers : 1) * sizeof(*e->queues)) != 0)
         abort();
     memset(e->queues, 0, (num_workers ? num_workers : 1) * sizeof(*e->queues));
+    if (pipe2(e->wake, O_NONBLOCK | O_CLOEXEC) != 0)
+        abort();
+    e->abortable = 1;
     pthread_mutex_init(&e->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -423,6 +432,8 @@ agw_otlp_t *agw_otlp_start(const agw_config_t *conf, size_t num_workers)
         agw_log(AGW_LOG_ERROR, "cannot start the trace exporter thread");
         pthread_cond_destroy(&e->cond);
         pthread_mutex_destroy(&e->lock);
+        close(e->wake[0]);
+        close(e->wake[1]);
         free(e->queues);
         free(e);
         return NULL;
@@ -439,7 +450,11 @@ void agw_otlp_stop(agw_otlp_t *e)
     e->stopping = 1;
     pthread_cond_signal(&e->cond);
     pthread_mutex_unlock(&e->lock);
+    ssize_t wr = write(e->wake[1], "x", 1); /* an export stuck on a slow collector gives up now */
+    (void)wr;
     pthread_join(e->thread, NULL);
+    close(e->wake[0]);
+    close(e->wake[1]);
     for (size_t qi = 0; qi < e->num_queues; qi++) {
         agw_otlp_queue_t *q = &e->queues[qi];
         for (uint64_t t = q->tail; t < q->head; t++)

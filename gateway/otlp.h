@@ -46,8 +46,9 @@ agw_otlp_queue_t *agw_otlp_queue(agw_otlp_t *e, size_t i);
  * dropped. */
 int agw_otlp_submit(agw_otlp_queue_t *q, agw_trace_t *tr);
 
-/* Stops the thread after one last export of what is queued (bounded by the timeout), frees e and
- * every trace still in it. NULL is ignored. */
+/* Stops the thread: an export in progress gives up at once, then one last export of what is
+ * queued (bounded by the timeout, so shutdown waits at most timeout_ms for the collector); frees e
+ * and every trace still in it. NULL is ignored. */
 void agw_otlp_stop(agw_otlp_t *e);
 
 /* Appends the exporter's Prometheus families to b: aggway_trace_spans_exported_total,

@@ -11,6 +11,7 @@ counted on /metrics).
 import json
 import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -493,6 +494,17 @@ class CollectorTrouble(TracingCase):
         self.assertTrue(wait_until(lambda: col.hanging >= 1, WAIT), "the exporter is stuck in a POST")
         self.pages_are_fine(10)   # while it is stuck
         self.assert_dropped()
+
+    def test_shutdown_does_not_wait_for_a_hanging_export(self):
+        col = self.collector("hang")
+        self.start_traced(col.url(), {"timeout_ms": 5000})
+        self.pages_are_fine(2)
+        self.assertTrue(wait_until(lambda: col.hanging >= 1, WAIT), "the exporter is stuck in a POST")
+        t0 = time.monotonic()
+        self.gw.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.gw.proc.wait(timeout=30), 0)
+        self.assertLess(time.monotonic() - t0, 8.0,
+                        "the stuck POST is given up at once; only the last export may take its 5 s")
 
     def test_queue_full_drops_and_counts(self):
         col = self.collector("hang")
