@@ -27,6 +27,11 @@ TP_RE = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 WAIT = 20.0 if SLOW else 10.0
 
 
+class Server(ThreadingHTTPServer):
+    request_queue_size = 128   # the listen backlog (5 by default): pages make calls in parallel
+    daemon_threads = True
+
+
 class RecordingUpstream:
     """An HTTP/1.1 keep-alive upstream that records (path, headers) of every request it gets.
         /ok/<name>?ms=N         200 {"name": <name>} after N ms (default 0)
@@ -71,7 +76,7 @@ class RecordingUpstream:
                 pass
 
         self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = Server(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -129,7 +134,7 @@ class Collector:
                 pass
 
         self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = Server(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -202,7 +207,9 @@ class TracingCase(GatewayTestCase):
             t = {"otlp_http": collector_url}
             t.update(tracing_extra or {})
             extra["tracing"] = t
-        ups = {name: {"url": self.up.url(), "timeout_ms": 3000, "breaker": False} for name in ("a", "b", "c")}
+        # generous timeouts: the upstream is a Python thread, slow to accept on a loaded machine
+        ups = {name: {"url": self.up.url(), "timeout_ms": 3000, "connect_timeout_ms": 2000, "breaker": False}
+               for name in ("a", "b", "c")}
         self.start(services={"other": [route("/x", json={"x": 1})]}, scripts=scripts or SCRIPTS,
                    upstream_options=ups, gateway_extra=extra)
 
