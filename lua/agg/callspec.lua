@@ -55,8 +55,10 @@ function M.encode_query(q, level)
 end
 
 --- Normalizes spec for the upstreams table (name -> { index, timeout_ms }). level is the error()
--- level that points at the script line. Returns { upstream, index, method, path, headers (flat
--- list name, value, …) or false, body or false, timeout_ms, decode, required, fallback }.
+-- level that points at the script line. Returns { upstream, method, path, headers (flat list
+-- name, value, …) or false, body or false, timeout_ms, decode, required, fallback, retry,
+-- hedge_after, collapse, … } plus the scheduler's per-call fields, all false until it starts
+-- the call.
 function M.normalize(spec, upstreams, level)
   level = level + 1
   if type(spec) ~= "table" then
@@ -90,15 +92,22 @@ function M.normalize(spec, upstreams, level)
       end
     end
   end
-  -- the scheduler keeps its per-call state in this table too (ctx … ref): the fields are
-  -- present from the start so the table never grows
+  -- The scheduler keeps its per-call state in this table too: it is the call's exchange
+  -- (agg.runtime: ctx … own_timer) and the info of its result (section … raw_headers). Every
+  -- field is present from the start, so the table never grows, and one table per call serves
+  -- all three.
   local n = {
     upstream = name, path = path, method = spec.method or "GET",
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
     required = spec.required == true, fallback = spec.fallback,
     headers = false, body = false, section = false,
     ref = false, body_ref = false, raw_headers = false,
-    retry = false, hedge = false, collapse = false,
+    retry = false, hedge_after = false, collapse = false,
+    -- the exchange (see agg.runtime start_call); the fields only retries, hedges and shared
+    -- calls write (retrying, last, the timers) are left out: 32 slots hold the rest
+    ctx = false, key = false, group = false, chain = false, u = false, x = false,
+    a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
+    done = false, next_x = false,
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
@@ -175,7 +184,7 @@ function M.normalize(spec, upstreams, level)
     if after ~= "p95" and (type(after) ~= "number" or after <= 0) then
       error(("call to '%s': hedge.after_ms must be a positive number of milliseconds"):format(name), level)
     end
-    n.hedge = after
+    n.hedge_after = after
   end
   -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off
   if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") then

@@ -44,7 +44,20 @@ function M.page(results, opts)
     n = n + 1
     keys[n] = k
   end
-  table.sort(keys) -- the first failed required section decides the status: the same one every time
+  -- sorted, so the first failed required section decides the status: the same one every time
+  -- (insertion sort for the usual handful of sections: table.sort is not compiled by the JIT)
+  if n > 32 then
+    table.sort(keys)
+  else
+    for i = 2, n do
+      local k, j = keys[i], i - 1
+      while j > 0 and k < keys[j] do
+        keys[j + 1] = keys[j]
+        j = j - 1
+      end
+      keys[j + 1] = k
+    end
+  end
   local body = new_tab(0, 4) -- sections encode in sorted key order: a plain table's keys are written sorted
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local failed_required

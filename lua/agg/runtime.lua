@@ -333,7 +333,7 @@ local finish_exchange, attempt
 
 -- Builds the section's result from an attempt's answer.
 local function make_result(x, outcome, http_status, headers, body, data, ms, detail)
-  local spec, key, ctx = x.spec, x.key, x.ctx
+  local spec, key, ctx = x, x.key, x.ctx
   if type(headers) == "string" then
     spec.raw_headers = headers
     headers = nil
@@ -381,7 +381,6 @@ finish_exchange = function(x, r)
   if x.done then return end
   x.done = true
   local ctx = x.ctx
-  ctx.exchanges[x] = nil
   clear_timer(x.retry_timer)
   clear_timer(x.hedge_timer)
   clear_timer(x.own_timer)
@@ -389,11 +388,15 @@ finish_exchange = function(x, r)
   local u = x.u
   u.active = u.active - 1
   if x.retrying then u.retries_active = u.retries_active - 1 x.retrying = false end
+  -- x lives on as the info of its result (result_info, weak-keyed): links that lead back to the
+  -- result (its group, the request, an earlier failed result) would keep both alive forever
+  local g, chain = x.group, x.chain
+  x.ctx, x.group, x.chain, x.last = false, false, false, false
   if ctx.done then return end
   local timings = ctx.timings
   timings[#timings + 1] = x.key
   timings[#timings + 1] = r.ms or 0
-  deliver(x.group, x.key, x.chain, r)
+  deliver(g, x.key, chain, r)
 end
 
 -- Cancels every attempt of x still in flight (leaving shared flights it waits on).
@@ -409,12 +412,12 @@ local function abandon_one(x, rec)
       flights[f.key] = nil
       calls[f.id] = nil
       core.cancel(f.id)
-      if f.probe then local b = breaker_of(x.spec) if b then b:report("ignore", true, core.now()) end end
+      if f.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
     end
   else
     calls[id] = nil
     core.cancel(id)
-    if rec.probe then local b = breaker_of(x.spec) if b then b:report("ignore", true, core.now()) end end
+    if rec.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
   end
 end
 
@@ -431,7 +434,7 @@ local function after_failure(x, r, outcome, http_status)
     x.last = r -- a hedge is still out: its answer may yet win
     return
   end
-  local spec, u = x.spec, x.u
+  local spec, u = x, x.u
   local retry = spec.retry
   local retryable = retry and x.attempts < retry.attempts and
     (outcome == "refused" or outcome == "connect_timeout" or (outcome == "reset" and (http_status or 0) == 0) or
@@ -479,7 +482,7 @@ end
 
 -- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
 local function answer(rec, outcome, http_status, headers, body, data, ms, detail)
-  local spec = rec.spec
+  local spec = rec.x -- the exchange is its own normalized spec
   local b = breaker_of(spec)
   if b then
     local changed = b:report(breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string"),
@@ -505,7 +508,7 @@ end
 
 -- Starts an attempt of exchange x (hedge: the second copy of a slow first attempt).
 attempt = function(x, hedge)
-  local ctx, spec, u = x.ctx, x.spec, x.u
+  local ctx, spec, u = x.ctx, x, x.u
   local now, remaining = now_remaining(ctx)
   local t = spec.timeout_ms
   local clamped = false
@@ -566,7 +569,7 @@ attempt = function(x, hedge)
   -- less per call); a hedge, which runs beside it, gets a table of its own
   local rec
   if hedge then
-    rec = { id = id, x = x, spec = spec, probe = probe, clamped = clamped, hedge = true }
+    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true }
   else
     rec = x
     x.id, x.probe, x.clamped, x.flight = id, probe, clamped, nil
@@ -585,11 +588,14 @@ end
 local function start_call(ctx, key, spec, g, chain)
   local u = upstream_state(spec.upstream)
   spec.section = key
-  -- (done, retrying, last and the timers are added when they happen)
-  local x = { ctx = ctx, key = key, spec = spec, group = g, chain = chain, u = u, a1 = false, a2 = false, attempts = 0, flight = false,
-              id = false, probe = false, clamped = false, hedge = false }
-  x.x = x -- an exchange is also the record of its own first attempt (see attempt)
-  ctx.exchanges[x] = true
+  -- the normalized spec is the exchange (its fields are all there, see agg.callspec), and the
+  -- exchange is the record of its own first attempt (see attempt): one table per call
+  local x = spec
+  x.ctx, x.key, x.group, x.chain, x.u, x.x = ctx, key, g, chain or false, u, x
+  -- the request's exchanges, newest first, for abandon_exchanges (finished ones stay linked
+  -- until the request ends: no table per request for them)
+  x.next_x = ctx.exchanges
+  ctx.exchanges = x
   u.active = u.active + 1
   u.stats.calls = u.stats.calls + 1
   -- hedges may add about max_percent of the calls: each call earns a fraction of a token
@@ -597,7 +603,7 @@ local function start_call(ctx, key, spec, g, chain)
   local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0
   u.tokens = math.min(10, u.tokens + pct / 100)
   attempt(x, false)
-  local after = spec.hedge
+  local after = spec.hedge_after
   if after and not x.done then
     if after == "p95" then after = p95(u) end
     if after then
@@ -622,8 +628,11 @@ end
 
 -- Stops every exchange of a request that ended or was abandoned.
 local function abandon_exchanges(ctx)
-  for x in pairs(ctx.exchanges) do
-    ctx.exchanges[x] = nil
+  local x = ctx.exchanges
+  ctx.exchanges = false
+  while x do
+    local next_x = x.next_x
+    x.next_x = false
     if not x.done then
       x.done = true
       clear_timer(x.retry_timer)
@@ -632,7 +641,10 @@ local function abandon_exchanges(ctx)
       M.abandon_attempts(x)
       x.u.active = x.u.active - 1
       if x.retrying then x.u.retries_active = x.u.retries_active - 1 end
+      -- as in finish_exchange: an earlier failed result keeps x as its info (no way back to it)
+      x.ctx, x.group, x.chain, x.last = false, false, false, false
     end
+    x = next_x
   end
 end
 
@@ -679,10 +691,24 @@ local function key_less(a, b)
 end
 
 -- Keys of t in a fixed order, so the same table always starts its calls in the same order.
-local function sorted_keys(t)
-  local keys, n = new_tab(4, 0), 0
+-- (insertion sort: a page has a handful of sections, and table.sort with a Lua comparator costs
+-- a C-to-Lua call per comparison that the JIT cannot compile)
+-- room: array slots to make (the caller may keep more than the keys in it)
+local function sorted_keys(t, room)
+  local keys, n = new_tab(room or 4, 0), 0
   for k in pairs(t) do n = n + 1; keys[n] = k end
-  if n > 1 then table.sort(keys, key_less) end
+  if n > 32 then
+    table.sort(keys, key_less)
+  else
+    for i = 2, n do
+      local k, j = keys[i], i - 1
+      while j > 0 and key_less(k, keys[j]) do
+        keys[j + 1] = keys[j]
+        j = j - 1
+      end
+      keys[j + 1] = k
+    end
+  end
   return keys
 end
 
@@ -719,10 +745,12 @@ local NO_THENS = {}
 
 local function start_group(ctx, tbl, level)
   local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false }
-  -- calls to start, in key order: normalized spec, and the chain it feeds (false for a plain call)
-  local keys = sorted_keys(tbl)
-  local specs, chains, n = new_tab(#keys, 0), new_tab(#keys, 0), 0
-  for _, key in ipairs(keys) do
+  -- calls to start, in key order (a chain's spec carries it in spec.chain):
+  -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table)
+  local keys = sorted_keys(tbl, 8)
+  local nk, n = #keys, 0
+  for i = 1, nk do
+    local key = keys[i]
     local v = tbl[key]
     local info = is_then(v)
     if info then
@@ -739,11 +767,13 @@ local function start_group(ctx, tbl, level)
       else
         -- a chain with a call spec of its own as its dependency
         n = n + 1
-        keys[n], specs[n], chains[n] = key, callspec.normalize(info.dep, upstreams, level), info
+        local spec = callspec.normalize(info.dep, upstreams, level)
+        spec.chain = info
+        keys[n], keys[nk + n] = key, spec
       end
     else
       n = n + 1
-      keys[n], specs[n], chains[n] = key, callspec.normalize(v, upstreams, level), false
+      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level)
     end
     g.pending = g.pending + 1
   end
@@ -763,7 +793,8 @@ local function start_group(ctx, tbl, level)
     end
   end
   for i = 1, n do
-    start_call(ctx, keys[i], specs[i], g, chains[i] or nil)
+    local spec = keys[nk + i]
+    start_call(ctx, keys[i], spec, g, spec.chain or nil)
   end
   return g
 end
@@ -945,13 +976,22 @@ local timing_names = setmetatable({}, { __index = function(t, k)
   return name
 end })
 
+-- ";dur=<whole ms>" strings, made once: turning a number into a string is the costly part of
+-- the header (the first 10 s of durations are kept; longer ones are rare and made each time)
+local dur_whole = setmetatable({}, { __index = function(t, k)
+  local s = ";dur=" .. k
+  if k < 10000 then t[k] = s end
+  return s
+end })
+local DUR_TENTH = { [0] = ".0", ".1", ".2", ".3", ".4", ".5", ".6", ".7", ".8", ".9" }
+
 local function server_timing(ctx)
   local t = ctx.timings
   local parts = new_tab(#t / 2, 0)
   for i = 1, #t, 2 do
     local name = timing_names[t[i]]
     local tenths = math.floor(t[i + 1] * 10 + 0.5)
-    parts[#parts + 1] = name .. ";dur=" .. math.floor(tenths / 10) .. "." .. tenths % 10
+    parts[#parts + 1] = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
   end
   return table.concat(parts, ", ")
 end
@@ -1021,9 +1061,9 @@ local function parse_query(q)
   return t
 end
 
--- req.query, req.headers, req.json and req.remaining_ms are built on first read: most pages
+-- req.query, req.headers, req.json, req.remaining_ms and req.trace_id are built on first read: most pages
 -- never read most of them.
-local req_lazy = setmetatable({}, { __mode = "k" })   -- req -> { ctx, query, headers }
+local req_lazy = setmetatable({}, { __mode = "k" })   -- req -> its ctx (which keeps query, req_headers)
 
 local function parse_headers_table(h)
   if type(h) == "string" then return parse_headers(h) end
@@ -1032,7 +1072,7 @@ end
 
 local req_mt = {
   __index = function(r, k)
-    local lazy = req_lazy[r]
+    local lazy = req_lazy[r] -- the request's ctx
     local v
     if k == "json" then
       local body = rawget(r, "body")
@@ -1040,11 +1080,11 @@ local req_mt = {
     elseif k == "query" then
       v = parse_query(lazy and lazy.query)
     elseif k == "headers" then
-      v = parse_headers_table(lazy and lazy.headers)
+      v = parse_headers_table(lazy and lazy.req_headers)
     elseif k == "trace_id" then
-      v = lazy and lazy.ctx and core.trace_id and core.trace_id(lazy.ctx.rid)
+      v = lazy and core.trace_id and core.trace_id(lazy.rid)
     elseif k == "remaining_ms" then
-      local ctx = lazy and lazy.ctx
+      local ctx = lazy
       v = function()
         local left = ctx and (ctx.deadline - core.now()) or 0
         return left > 0 and left or 0
@@ -1063,11 +1103,13 @@ local req_mt = {
 function M.start(rid, idx, method, path, query, params, headers, body)
   local ep = endpoints[idx]
   local now = core.now()
+  -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)
   local ctx = { rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
-                exchanges = new_tab(0, 4), timings = new_tab(8, 0), done = false }
+                exchanges = false, timings = new_tab(8, 0), done = false, co = false,
+                query = query, req_headers = headers }
   contexts[rid] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
-  req_lazy[req] = { ctx = ctx, query = query, headers = headers }
+  req_lazy[req] = ctx
   local co
   if pool_n > 0 then
     co = pool[pool_n]

@@ -158,6 +158,9 @@ class Soak(GatewayTestCase):
         for r in results:
             statuses[r.status] = statuses.get(r.status, 0) + 1
         unanswered = [r for r in results if r.status == 0]
+        retried = sum(1 for r in results if r.retried)
+        sys.stderr.write("soak: %d requests, statuses %r, %d resent after the keep-alive race\n"
+                         % (n, statuses, retried))
         self.assertEqual(unanswered, [], "requests without an answer (statuses %r)" % statuses)
         self.assertLessEqual(set(statuses), {200, 502, 503, 504}, statuses)
         self.assertGreater(statuses.get(200, 0), n // 3, statuses)
