@@ -64,6 +64,8 @@ typedef struct agw_waterfall {
 
 /* A new, empty ring (aborts on allocation failure); free with agw_waterfall_free. */
 agw_waterfall_t *agw_waterfall_new(void);
+
+/* Frees a ring made by agw_waterfall_new (NULL is ignored); no thread may use it any more. */
 void agw_waterfall_free(agw_waterfall_t *wf);
 
 /* Records the finished trace tr in the worker's ring wf (worker thread; never waits: skipped when
