@@ -156,6 +156,8 @@ function Gateway:install()
   function core.call(rid, index, method, path, headers, body, timeout_ms, decode)
     return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
   end
+  -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
+  function core.trace_id(rid) return ("%032x"):format(rid) end
   function core.cancel(id)
     local c = gw.by_id[id]
     if c and not c.ended_ms then

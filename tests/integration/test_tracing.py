@@ -340,6 +340,8 @@ class Propagation(TracingCase):
         self.start_traced()
         r = self.get("/trace-id", "-H", "traceparent: 00-%s-%s-01" % (TRACE, PARENT))
         self.assertEqual((r.status, r.json()), (200, {"trace_id": TRACE}), r)
+        r = self.get_h2c("/trace-id", "-H", "traceparent: 00-%s-%s-01" % (TRACE, PARENT))
+        self.assertEqual((r.http_version, r.status, r.json()), ("2", 200, {"trace_id": TRACE}), r)
         r = self.get("/trace-id")
         self.assertRegex(r.json()["trace_id"], r"^[0-9a-f]{32}$")
         self.assertNotEqual(r.json()["trace_id"], TRACE)
