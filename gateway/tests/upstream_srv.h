@@ -28,7 +28,7 @@
 #define BIG_BODY 300000 /* bytes of the /big answer */
 
 static struct ev_loop *loop;
-static int done_flag; /* for callbacks with no record of their own */
+static int done_flag __attribute__((unused)); /* for callbacks with no record of their own */
 
 /* ---- scripted upstream ---------------------------------------------------------------- */
 
@@ -41,7 +41,7 @@ typedef struct sconn {
     int fd;
     ev_io rio, wio;
     ev_timer timer;           /* drip and delayed answers */
-    char in[16384];
+    char in[262144];          /* room for a whole request, large bodies included */
     size_t inlen;
     agw_buf_t out;
     size_t outoff;
