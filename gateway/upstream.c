@@ -723,6 +723,18 @@ static void conn_tls_read(conn_t *c)
     }
 }
 
+/* An idle TLS connection became readable. Returns 1 when what arrived was only TLS housekeeping
+ * (a post-handshake message OpenSSL handled), so the connection stays in the pool. */
+static int conn_tls_idle_record(conn_t *c)
+{
+    ERR_clear_error();
+    int n = SSL_read(c->ssl, c->pool->rbuf, sizeof(c->pool->rbuf));
+    if (n <= 0 && agw_tls_status(c->ssl, n) == AGW_TLS_WANT_READ)
+        return 1;
+    ERR_clear_error();
+    return 0;
+}
+
 /* ---- events --------------------------------------------------------------------------- */
 
 static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
@@ -732,8 +744,10 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
     (void)revents;
     switch (c->state) {
     case CONN_IDLE:
-        /* the upstream closed it (or sent bytes no one asked for) */
-        conn_close(c);
+        /* the upstream closed it (or sent bytes no one asked for); over TLS it may also have sent
+         * a record that carries no data (a session ticket, a key update), which keeps it */
+        if (c->ssl == NULL || !conn_tls_idle_record(c))
+            conn_close(c);
         break;
     case CONN_CONNECTING: {
         int err = 0;

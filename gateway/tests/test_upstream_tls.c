@@ -124,6 +124,29 @@ static void keep_alive_over_tls_needs_one_handshake(void)
     srv_stop(&srv);
 }
 
+static void tls_record_without_data_keeps_idle_connection(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_upstream_tls_t tls;
+    rec_t a = {0}, b = {0};
+    srv_start_tls(&srv, trusted_ctx);
+    tls_conf_init(&conf, &tls, srv.port, "localhost");
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/key-update");
+    agw_call_start(pool, &req, on_done, &a);
+    CHECK(wait_for(&a.done, 1, 5.0));
+    run_for(0.05); /* the KeyUpdate arrives on the idle connection */
+    CHECK(stats(pool).idle == 1);
+    agw_call_start(pool, &req, on_done, &b);
+    CHECK(wait_for(&b.done, 1, 5.0));
+    CHECK(a.outcome == AGW_CALL_OK && b.outcome == AGW_CALL_OK && b.reused == 1);
+    CHECK(srv.accepted == 1 && stats(pool).retried == 0);
+    agw_pool_destroy(pool);
+    agw_upstream_tls_free(&tls);
+    srv_stop(&srv);
+}
+
 /* Runs n calls of path on pool one after the other, each on a new connection (the upstream
  * closes after answering). Returns the mean time per call, ms. */
 static double sequential_new_connections(agw_pool_t *pool, const char *path, int n)
@@ -497,6 +520,7 @@ int main(void)
 
     RUN(https_call_gives_status_headers_body);
     RUN(keep_alive_over_tls_needs_one_handshake);
+    RUN(tls_record_without_data_keeps_idle_connection);
     RUN(reconnect_resumes_the_tls_session);
     RUN(chunked_body_over_tls_is_decoded);
     RUN(big_body_across_many_tls_records_arrives_whole);

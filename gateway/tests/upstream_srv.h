@@ -50,6 +50,7 @@ typedef struct sconn {
     int stream;               /* keep writing chunks until the client goes away */
     SSL *ssl;                 /* TLS upstream: the server side of the connection */
     int handshaken;           /* the TLS handshake completed */
+    int key_update;           /* after the answer, send a TLS 1.3 KeyUpdate (no data) */
 } sconn_t;
 
 struct srv {
@@ -166,6 +167,12 @@ static int sconn_flush(sconn_t *sc)
     ev_io_stop(loop, &sc->wio);
     agw_buf_reset(&sc->out);
     sc->outoff = 0;
+    if (sc->key_update && sc->ssl) {
+        sc->key_update = 0;
+        SSL_key_update(sc->ssl, SSL_KEY_UPDATE_NOT_REQUESTED);
+        SSL_do_handshake(sc->ssl); /* sends it now */
+        ERR_clear_error();
+    }
     int keep = sc->after == KEEP;
     sconn_after_write(sc);
     return keep;
@@ -229,6 +236,9 @@ static int srv_respond(sconn_t *sc, const char *path)
         ev_timer_set(&sc->timer, 0.15, 0.);
         ev_timer_start(loop, &sc->timer);
         return 1;
+    } else if (IS("/key-update")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+        sc->key_update = 1;
     } else if (IS("/big")) {
         /* BIG_BODY bytes 'a'..'z' repeated: many TLS records, many reads */
         agw_buf_printf(&sc->out, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", BIG_BODY);
