@@ -689,8 +689,9 @@ end
 -- Keys of t in a fixed order, so the same table always starts its calls in the same order.
 -- (insertion sort: a page has a handful of sections, and table.sort with a Lua comparator costs
 -- a C-to-Lua call per comparison that the JIT cannot compile)
-local function sorted_keys(t)
-  local keys, n = new_tab(4, 0), 0
+-- room: array slots to make (the caller may keep more than the keys in it)
+local function sorted_keys(t, room)
+  local keys, n = new_tab(room or 4, 0), 0
   for k in pairs(t) do n = n + 1; keys[n] = k end
   if n > 32 then
     table.sort(keys, key_less)
@@ -740,10 +741,12 @@ local NO_THENS = {}
 
 local function start_group(ctx, tbl, level)
   local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false }
-  -- calls to start, in key order: normalized spec, and the chain it feeds (false for a plain call)
-  local keys = sorted_keys(tbl)
-  local specs, n = new_tab(#keys, 0), 0
-  for _, key in ipairs(keys) do
+  -- calls to start, in key order (a chain's spec carries it in spec.chain):
+  -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table)
+  local keys = sorted_keys(tbl, 8)
+  local nk, n = #keys, 0
+  for i = 1, nk do
+    local key = keys[i]
     local v = tbl[key]
     local info = is_then(v)
     if info then
@@ -762,11 +765,11 @@ local function start_group(ctx, tbl, level)
         n = n + 1
         local spec = callspec.normalize(info.dep, upstreams, level)
         spec.chain = info
-        keys[n], specs[n] = key, spec
+        keys[n], keys[nk + n] = key, spec
       end
     else
       n = n + 1
-      keys[n], specs[n] = key, callspec.normalize(v, upstreams, level)
+      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level)
     end
     g.pending = g.pending + 1
   end
@@ -786,7 +789,7 @@ local function start_group(ctx, tbl, level)
     end
   end
   for i = 1, n do
-    local spec = specs[i]
+    local spec = keys[nk + i]
     start_call(ctx, keys[i], spec, g, spec.chain or nil)
   end
   return g
