@@ -77,6 +77,9 @@ static void tls_conf_init(agw_upstream_conf_t *conf, agw_upstream_tls_t *tls, in
 
 /* ---- tests ---------------------------------------------------------------------------- */
 
+static double sequential_new_connections(agw_pool_t *pool, const char *path, int n);
+static void expect_tls_failure(srv_t *srv, agw_upstream_conf_t *conf, rec_t *rec, const char *words);
+
 static void https_call_gives_status_headers_body(void)
 {
     srv_t srv;
@@ -195,6 +198,50 @@ static void reconnect_resumes_the_tls_session(void)
             full_ms, resumed_ms, N);
     agw_upstream_tls_free(&tls);
     srv_stop(&srv);
+}
+
+static void tls12_upstream_keeps_alive_and_resumes(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_upstream_tls_t tls;
+    SSL_CTX *ctx = server_ctx("srv.pem", "srv.key");
+    SSL_CTX_set_max_proto_version(ctx, TLS1_2_VERSION);
+    srv_start_tls(&srv, ctx);
+    tls_conf_init(&conf, &tls, srv.port, "localhost");
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    sequential_new_connections(pool, "/close-after", 3);
+    rec_t a = {0}, b = {0};
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a);
+    CHECK(wait_for(&a.done, 1, 5.0));
+    agw_call_start(pool, &req, on_done, &b);
+    CHECK(wait_for(&b.done, 1, 5.0));
+    CHECK(a.outcome == AGW_CALL_OK && b.outcome == AGW_CALL_OK && b.reused == 1);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.tls_handshakes == 4 && st.tls_resumed == 3 && srv.resumed == 3);
+    agw_pool_destroy(pool);
+    agw_upstream_tls_free(&tls);
+    srv_stop(&srv);
+    SSL_CTX_free(ctx);
+}
+
+static void upstream_below_tls12_fails_the_handshake(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_upstream_tls_t tls;
+    rec_t rec;
+    SSL_CTX *ctx = server_ctx("srv.pem", "srv.key");
+    SSL_CTX_set_security_level(ctx, 0); /* let the server offer TLS 1.1 at all */
+    SSL_CTX_set_min_proto_version(ctx, TLS1_1_VERSION);
+    SSL_CTX_set_max_proto_version(ctx, TLS1_1_VERSION);
+    srv_start_tls(&srv, ctx);
+    tls_conf_init(&conf, &tls, srv.port, "localhost");
+    expect_tls_failure(&srv, &conf, &rec, "protocol version"); /* the client offers 1.2 and up only */
+    agw_upstream_tls_free(&tls);
+    srv_stop(&srv);
+    SSL_CTX_free(ctx);
 }
 
 static void chunked_body_over_tls_is_decoded(void)
@@ -522,6 +569,8 @@ int main(void)
     RUN(keep_alive_over_tls_needs_one_handshake);
     RUN(tls_record_without_data_keeps_idle_connection);
     RUN(reconnect_resumes_the_tls_session);
+    RUN(tls12_upstream_keeps_alive_and_resumes);
+    RUN(upstream_below_tls12_fails_the_handshake);
     RUN(chunked_body_over_tls_is_decoded);
     RUN(big_body_across_many_tls_records_arrives_whole);
     RUN(close_delimited_body_needs_close_notify);
