@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "script.h"
 
 static char *field_str(lua_State *L, int idx, const char *name)
@@ -43,6 +44,38 @@ static int resolve(struct sockaddr_storage *addr, socklen_t *addrlen, const char
     memcpy(addr, res->ai_addr, res->ai_addrlen);
     *addrlen = res->ai_addrlen;
     freeaddrinfo(res);
+    return 0;
+}
+
+/* Reads the checked tls table of an https:// upstream (on the stack at t, or absent for http://)
+ * into u->tls and builds its SSL_CTX. Returns 0 or -1 with "file:line: upstreams.NAME.tls: why". */
+static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const char *file, agw_buf_t *errors)
+{
+    lua_getfield(L, t, "tls");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    int tt = lua_gettop(L);
+    agw_upstream_tls_t *tls = calloc(1, sizeof(*tls));
+    if (tls == NULL)
+        abort();
+    tls->ca_file = field_str(L, tt, "ca_file");
+    tls->server_name = field_str(L, tt, "server_name");
+    lua_getfield(L, tt, "verify");
+    tls->verify = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    int line = (int)field_num(L, tt, "line", field_num(L, t, "line", 1));
+    lua_pop(L, 1);
+    u->tls = tls;
+    char why[256];
+    if (agw_upstream_tls_init(tls, why, sizeof(why)) != 0) {
+        agw_buf_printf(errors, "%s:%d: upstreams.%s.tls: %s\n", file, line, u->name, why);
+        return -1;
+    }
+    if (!tls->verify)
+        agw_log(AGW_LOG_WARN, "%s:%d: upstreams.%s.tls.verify is false: the certificate of %s is not checked, "
+                "anyone on the path can pose as it", file, line, u->name, u->url);
     return 0;
 }
 
@@ -86,6 +119,8 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         char where[256];
         snprintf(where, sizeof(where), "upstreams.%s.url", u->name);
         if (host == NULL || resolve(&u->addr, &u->addrlen, where, host, port, file, line, errors) != 0)
+            rc = -1;
+        if (load_upstream_tls(L, t, u, file, errors) != 0)
             rc = -1;
         free(host);
         lua_pop(L, 1);
@@ -283,6 +318,12 @@ void agw_config_free(agw_config_t *conf)
         free(u->url);
         free(u->host_header);
         free(u->base_path);
+        if (u->tls) {
+            agw_upstream_tls_free(u->tls);
+            free((char *)u->tls->ca_file);
+            free((char *)u->tls->server_name);
+            free(u->tls);
+        }
     }
     free(conf->upstreams);
     for (size_t i = 0; conf->breakers && i < conf->num_upstreams; i++)

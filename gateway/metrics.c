@@ -28,6 +28,7 @@ static const char *const outcome_names[AGW_OUT_N] = {
     [AGW_OUT_OVERLOAD] = "overload",
     [AGW_OUT_CANCELLED] = "cancelled",
     [AGW_OUT_INVALID_REQUEST] = "invalid_request",
+    [AGW_OUT_TLS] = "tls",
 };
 
 const char *agw_metric_outcome_name(agw_metric_outcome_t o)

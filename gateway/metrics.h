@@ -46,6 +46,7 @@ typedef enum agw_metric_outcome {
     AGW_OUT_OVERLOAD,        /* no connection free in the pool (max_pending / bulkhead) */
     AGW_OUT_CANCELLED,       /* the gateway stopped waiting (deadline, client gone, hedge won) */
     AGW_OUT_INVALID_REQUEST, /* CR/LF/NUL in the call's path or headers: nothing was sent */
+    AGW_OUT_TLS,             /* https:// upstream: TLS handshake or certificate verification failed */
     AGW_OUT_N
 } agw_metric_outcome_t;
 

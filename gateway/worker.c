@@ -445,6 +445,7 @@ static agw_metric_outcome_t metric_outcome(const agw_call_result_t *res, int bad
     case AGW_CALL_RESET: return AGW_OUT_RESET;
     case AGW_CALL_OVERLOAD: return AGW_OUT_OVERLOAD;
     case AGW_CALL_BAD_REQUEST: return AGW_OUT_INVALID_REQUEST;
+    case AGW_CALL_TLS: return AGW_OUT_TLS;
     default: return AGW_OUT_BAD_RESPONSE; /* truncated, bad_response, too_large */
     }
 }

@@ -312,7 +312,7 @@ local function p95(u)
 end
 -- How an attempt counts for the breaker: the upstream's failures only.
 local BREAKER_FAILURES = { refused = true, connect_timeout = true, reset = true, truncated = true,
-                           bad_response = true, too_large = true }
+                           bad_response = true, too_large = true, tls = true }
 
 local function breaker_verdict(outcome, http_status, clamped, bad_json)
   if outcome == "ok" then
@@ -437,7 +437,8 @@ local function after_failure(x, r, outcome, http_status)
   local spec, u = x, x.u
   local retry = spec.retry
   local retryable = retry and x.attempts < retry.attempts and
-    (outcome == "refused" or outcome == "connect_timeout" or (outcome == "reset" and (http_status or 0) == 0) or
+    (outcome == "refused" or outcome == "connect_timeout" or outcome == "tls" or
+     (outcome == "reset" and (http_status or 0) == 0) or
      (outcome == "ok" and retry.on[http_status]))
   if retryable then
     -- the retry budget: retries may add at most budget_percent of the upstream's active calls
