@@ -14,6 +14,7 @@
 #include "json.h"
 #include "log.h"
 #include "server.h"
+#include "waterfall.h"
 
 #define ADMIN_MAX_CONNS 64
 #define ADMIN_MAX_REQUEST 8192
@@ -104,6 +105,74 @@ static void routes_json(const agw_generation_t *gen, agw_buf_t *b)
     agw_buf_puts(b, conf->num_endpoints ? "\n]\n" : "]\n");
 }
 
+/* Finds name=value in a query string; returns the value (*len set) or NULL. */
+static const char *query_param(const char *q, size_t qlen, const char *name, size_t *len)
+{
+    size_t nl = strlen(name);
+    const char *p = q, *end = q + qlen;
+    while (p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *pend = amp ? amp : end;
+        if ((size_t)(pend - p) > nl && memcmp(p, name, nl) == 0 && p[nl] == '=') {
+            *len = (size_t)(pend - p - nl - 1);
+            return p + nl + 1;
+        }
+        p = amp ? amp + 1 : end;
+    }
+    return NULL;
+}
+
+/* GET /waterfall[.json][?trace=<32 hex>&limit=N] (waterfall.h). */
+static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int head, agw_buf_t *out)
+{
+    size_t limit = AGW_WF_DEFAULT_LIMIT, vl = 0;
+    const char *v = q ? query_param(q, qlen, "limit", &vl) : NULL;
+    if (v) {
+        size_t n = 0;
+        for (size_t i = 0; i < vl && i < 6; i++)
+            n = v[i] >= '0' && v[i] <= '9' ? n * 10 + (size_t)(v[i] - '0') : 0;
+        if (n > 0)
+            limit = n;
+    }
+    size_t max = a->num_workers * AGW_WF_RING;
+    if (limit > max)
+        limit = max;
+    char trace[33];
+    const char *trace_id = NULL;
+    v = q ? query_param(q, qlen, "trace", &vl) : NULL;
+    if (v) {
+        int ok = vl == 32;
+        for (size_t i = 0; ok && i < 32; i++)
+            ok = (v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f');
+        if (!ok) {
+            static const char body[] = "trace must be a trace id: 32 lowercase hex digits\n";
+            respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
+            return;
+        }
+        memcpy(trace, v, 32);
+        trace[32] = '\0';
+        trace_id = trace;
+    }
+    agw_waterfall_t **rings = calloc(a->num_workers ? a->num_workers : 1, sizeof(*rings));
+    agw_wf_entry_t *entries = malloc((limit ? limit : 1) * sizeof(*entries));
+    if (rings == NULL || entries == NULL)
+        abort();
+    for (size_t i = 0; i < a->num_workers; i++)
+        rings[i] = a->metrics[i]->waterfall;
+    size_t n = agw_waterfall_snapshot(rings, a->num_workers, trace_id, entries, limit);
+    agw_buf_t body = AGW_BUF_INIT;
+    if (json) {
+        agw_waterfall_json(&body, a->labels, entries, n);
+        respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
+    } else {
+        agw_waterfall_html(&body, a->labels, entries, n);
+        respond(out, 200, "OK", "text/html; charset=utf-8", body.base, body.len, head, NULL);
+    }
+    agw_buf_free(&body);
+    free(entries);
+    free(rings);
+}
+
 void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const char *target, size_t tlen,
                        agw_buf_t *out)
 {
@@ -112,9 +181,10 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     size_t plen = q ? (size_t)(q - target) : tlen;
 #define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(target, s, plen) == 0)
     int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes") ||
-                PATH_IS("/reload");
+                PATH_IS("/reload") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json");
     if (!known) {
-        static const char body[] = "not found: try /healthz, /readyz, /metrics, /routes or /reload\n";
+        static const char body[] =
+            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /waterfall or /waterfall.json\n";
         respond(out, 404, "Not Found", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
         return;
     }
@@ -148,6 +218,8 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
         agw_reload_state_json(a->gens, &body);
         respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
         agw_buf_free(&body);
+    } else if (PATH_IS("/waterfall") || PATH_IS("/waterfall.json")) {
+        waterfall(a, PATH_IS("/waterfall.json"), q ? q + 1 : NULL, q ? tlen - plen - 1 : 0, head, out);
     } else {
         agw_buf_t body = AGW_BUF_INIT;
         agw_generation_t *gen = agw_reload_state_current(a->gens);
@@ -299,8 +371,8 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
         free(a);
         return NULL;
     }
-    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (/healthz /readyz /metrics /routes /reload)", conf->admin_host,
-            conf->admin_port);
+    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (/healthz /readyz /metrics /routes /reload /waterfall)",
+            conf->admin_host, conf->admin_port);
     return a;
 }
 

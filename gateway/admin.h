@@ -12,6 +12,7 @@
  *   GET /reload    JSON record of reloads: the generation serving, generations still alive,
  *                  reloads and failed reloads, and the last reload's result with its error
  *                  messages ("file:line: message")
+ *   GET /waterfall, /waterfall.json   the last requests of each worker as a waterfall (waterfall.h)
  * HEAD works as GET; other methods get 405, other paths 404. Requests are limited to 8 KiB of
  * headers and 10 s; at most 64 connections at once (more are closed at once).
  */

@@ -2,11 +2,13 @@
 #include "config.h"
 
 #include <lauxlib.h>
+#include <openssl/ssl.h>
 #include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "script.h"
 
 static char *field_str(lua_State *L, int idx, const char *name)
@@ -25,8 +27,9 @@ static double field_num(lua_State *L, int idx, const char *name, double dflt)
     return v;
 }
 
-/* Resolves host:port into u->addr. Returns 0 or -1 with a message in errors. */
-static int resolve(agw_upstream_conf_t *u, const char *host, int port, const char *file, int line, agw_buf_t *errors)
+/* Resolves host:port into *addr. Returns 0, or -1 with "file:line: where: cannot resolve…" in errors. */
+static int resolve(struct sockaddr_storage *addr, socklen_t *addrlen, const char *where, const char *host, int port,
+                   const char *file, int line, agw_buf_t *errors)
 {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
@@ -35,13 +38,45 @@ static int resolve(agw_upstream_conf_t *u, const char *host, int port, const cha
     snprintf(portstr, sizeof(portstr), "%d", port);
     int rc = getaddrinfo(host, portstr, &hints, &res);
     if (rc != 0 || res == NULL) {
-        agw_buf_printf(errors, "%s:%d: upstreams.%s.url: cannot resolve host '%s': %s\n", file, line, u->name, host,
+        agw_buf_printf(errors, "%s:%d: %s: cannot resolve host '%s': %s\n", file, line, where, host,
                        gai_strerror(rc));
         return -1;
     }
-    memcpy(&u->addr, res->ai_addr, res->ai_addrlen);
-    u->addrlen = res->ai_addrlen;
+    memcpy(addr, res->ai_addr, res->ai_addrlen);
+    *addrlen = res->ai_addrlen;
     freeaddrinfo(res);
+    return 0;
+}
+
+/* Reads the checked tls table of an https:// upstream (on the stack at t, or absent for http://)
+ * into u->tls and builds its SSL_CTX. Returns 0 or -1 with "file:line: upstreams.NAME.tls: why". */
+static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const char *file, agw_buf_t *errors)
+{
+    lua_getfield(L, t, "tls");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    int tt = lua_gettop(L);
+    agw_upstream_tls_t *tls = calloc(1, sizeof(*tls));
+    if (tls == NULL)
+        abort();
+    tls->ca_file = field_str(L, tt, "ca_file");
+    tls->server_name = field_str(L, tt, "server_name");
+    lua_getfield(L, tt, "verify");
+    tls->verify = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    int line = (int)field_num(L, tt, "line", field_num(L, t, "line", 1));
+    lua_pop(L, 1);
+    u->tls = tls;
+    char why[256];
+    if (agw_upstream_tls_init(tls, why, sizeof(why)) != 0) {
+        agw_buf_printf(errors, "%s:%d: upstreams.%s.tls: %s\n", file, line, u->name, why);
+        return -1;
+    }
+    if (!tls->verify)
+        agw_log(AGW_LOG_WARN, "%s:%d: upstreams.%s.tls.verify is false: the certificate of %s is not checked, "
+                "anyone on the path can pose as it", file, line, u->name, u->url);
     return 0;
 }
 
@@ -82,7 +117,11 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         char *host = field_str(L, t, "host");
         int port = (int)field_num(L, t, "port", 80);
         int line = (int)field_num(L, t, "line", 1);
-        if (host == NULL || resolve(u, host, port, file, line, errors) != 0)
+        char where[256];
+        snprintf(where, sizeof(where), "upstreams.%s.url", u->name);
+        if (host == NULL || resolve(&u->addr, &u->addrlen, where, host, port, file, line, errors) != 0)
+            rc = -1;
+        if (load_upstream_tls(L, t, u, file, errors) != 0)
             rc = -1;
         free(host);
         lua_pop(L, 1);
@@ -183,6 +222,31 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
     conf->access_log = log;
 }
 
+/* tracing = { otlp_http, service_name, timeout_ms } as agg.config normalized it (absent: no export). */
+static int load_tracing(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *errors)
+{
+    int rc = 0;
+    lua_getfield(L, cfg, "tracing");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        conf->otlp_url = field_str(L, t, "otlp_http");
+        conf->otlp_host_header = field_str(L, t, "host_header");
+        conf->otlp_path = field_str(L, t, "path");
+        conf->otlp_service_name = field_str(L, t, "service_name");
+        conf->otlp_timeout_ms = (uint64_t)field_num(L, t, "timeout_ms", 2000);
+        char *host = field_str(L, t, "host");
+        char file[4096];
+        snprintf(file, sizeof(file), "%s/gateway.lua", conf->dir);
+        if (conf->otlp_url && host &&
+            resolve(&conf->otlp_addr, &conf->otlp_addrlen, "tracing.otlp_http", host, (int)field_num(L, t, "port", 80),
+                    file, (int)field_num(L, t, "line", 1), errors) != 0)
+            rc = -1;
+        free(host);
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
 /* Resolves a TLS file path relative to the scripts folder. */
 static void resolve_tls_paths(agw_config_t *conf)
 {
@@ -234,6 +298,8 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
         rc = -1;
     if (load_routes(L, gen, conf, errors) != 0)
         rc = -1;
+    if (load_tracing(L, cfg, conf, errors) != 0)
+        rc = -1;
     resolve_tls_paths(conf);
     lua_close(L);
     if (rc != 0)
@@ -264,6 +330,10 @@ void agw_config_free(agw_config_t *conf)
     free(conf->endpoints);
     free(conf->admin_host);
     free(conf->access_log);
+    free(conf->otlp_url);
+    free(conf->otlp_host_header);
+    free(conf->otlp_path);
+    free(conf->otlp_service_name);
     free(conf->dir);
     memset(conf, 0, sizeof(*conf));
 }
@@ -273,9 +343,15 @@ static int same_str(const char *a, const char *b)
     return (a == NULL && b == NULL) || (a && b && strcmp(a, b) == 0);
 }
 
+static int same_tls(const agw_upstream_tls_t *a, const agw_upstream_tls_t *b)
+{
+    return (a == NULL && b == NULL) || (a && b && same_str(a->ca_file, b->ca_file) &&
+                                        same_str(a->server_name, b->server_name) && a->verify == b->verify);
+}
+
 int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf_t *b)
 {
-    return same_str(a->name, b->name) && same_str(a->url, b->url) && same_str(a->host_header, b->host_header) &&
+    return same_tls(a->tls, b->tls) && same_str(a->name, b->name) && same_str(a->url, b->url) && same_str(a->host_header, b->host_header) &&
            same_str(a->base_path, b->base_path) && a->addrlen == b->addrlen &&
            memcmp(&a->addr, &b->addr, a->addrlen) == 0 && a->connect_timeout_ms == b->connect_timeout_ms &&
            a->idle_timeout_ms == b->idle_timeout_ms && a->max_connections == b->max_connections &&
@@ -297,6 +373,15 @@ void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t 
     out->url = dup_or_null(u->url);
     out->host_header = dup_or_null(u->host_header);
     out->base_path = dup_or_null(u->base_path);
+    if (u->tls) { /* the pool may outlive u's generation: its own settings, a reference to the SSL_CTX */
+        if ((out->tls = malloc(sizeof(*out->tls))) == NULL)
+            abort();
+        *out->tls = *u->tls;
+        out->tls->ca_file = dup_or_null(u->tls->ca_file);
+        out->tls->server_name = dup_or_null(u->tls->server_name);
+        if (out->tls->ctx)
+            SSL_CTX_up_ref(out->tls->ctx);
+    }
 }
 
 void agw_upstream_conf_clear(agw_upstream_conf_t *u)
@@ -305,5 +390,11 @@ void agw_upstream_conf_clear(agw_upstream_conf_t *u)
     free(u->url);
     free(u->host_header);
     free(u->base_path);
+    if (u->tls) {
+        agw_upstream_tls_free(u->tls);
+        free((char *)u->tls->ca_file);
+        free((char *)u->tls->server_name);
+        free(u->tls);
+    }
     memset(u, 0, sizeof(*u));
 }

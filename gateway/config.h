@@ -46,6 +46,15 @@ typedef struct agw_config {
     int admin_port;                     /* admin listener port, 0 when there is none */
     char *access_log;                   /* NULL: off; "stderr"; or a file path (relative ones resolved
                                            against the scripts folder) */
+    /* tracing = { otlp_http = "http://host:port/path", service_name, timeout_ms } (trace.h, otlp.h) */
+    char *otlp_url;                     /* the collector's URL as configured; NULL: spans are not exported
+                                           (traceparent is propagated all the same) */
+    char *otlp_host_header;             /* "host:port" for the Host header */
+    char *otlp_path;                    /* "/v1/traces" */
+    struct sockaddr_storage otlp_addr;  /* resolved once at load time */
+    socklen_t otlp_addrlen;
+    char *otlp_service_name;            /* resource attribute service.name ("aggway") */
+    uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
 } agw_config_t;
 
 /* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM and resolves upstream
@@ -58,13 +67,15 @@ void agw_config_free(agw_config_t *conf);
 
 /* 1 when a and b describe the same upstream as far as a connection pool is concerned (name,
  * URL, resolved address, Host header, base path, connect and idle timeouts, max_connections,
- * max_pending, max_body_bytes), so a pool made for one can serve the other. */
+ * max_pending, max_body_bytes, TLS settings), so a pool made for one can serve the other. */
 int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf_t *b);
 
-/* Deep copy of u into *out (strings duplicated); free with agw_upstream_conf_clear. */
+/* Deep copy of u into *out (strings and TLS settings duplicated, one more reference to the TLS
+ * SSL_CTX); free with agw_upstream_conf_clear. */
 void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t *u);
 
-/* Frees u's strings and zeroes it (the struct itself belongs to the caller). */
+/* Frees u's strings and TLS settings (one SSL_CTX reference) and zeroes it (the struct itself
+ * belongs to the caller). */
 void agw_upstream_conf_clear(agw_upstream_conf_t *u);
 
 #endif

@@ -53,8 +53,9 @@ static int same_listeners(const agw_config_t *a, const agw_config_t *b)
     return 1;
 }
 
-/* Settings made into sockets, threads and h2o's shared configuration at start-up: a reload that
- * changes one fails (applying the rest would serve a generation that is not what the folder says). */
+/* Settings made into sockets, threads (the trace exporter's too) and h2o's shared configuration
+ * at start-up: a reload that changes one fails (applying the rest would serve a generation that is
+ * not what the folder says). */
 static int check_restart_only(const agw_config_t *prev, const agw_config_t *next, agw_buf_t *errors)
 {
     static const char hint[] = "this needs a restart (a reload cannot apply it); the running generation keeps "
@@ -76,6 +77,9 @@ static int check_restart_only(const agw_config_t *prev, const agw_config_t *next
         CHANGED("access_log", "the access log file");
     if (prev->max_request_body_bytes != next->max_request_body_bytes)
         CHANGED("max_request_body_bytes", "the request body limit");
+    if (!same_str(prev->otlp_url, next->otlp_url) || !same_str(prev->otlp_service_name, next->otlp_service_name) ||
+        prev->otlp_timeout_ms != next->otlp_timeout_ms)
+        CHANGED("tracing", "the trace exporter (otlp_http, service_name, timeout_ms)");
 #undef CHANGED
     return rc;
 }

@@ -12,8 +12,8 @@
  * already running finish on the generation they started on.
  *
  * What a reload cannot change (listen, TLS files, workers, admin, access_log,
- * max_request_body_bytes: the sockets, threads and h2o's shared configuration are made once at
- * start-up) makes the reload fail with a message that names the setting; restart to change it.
+ * max_request_body_bytes, tracing: the sockets, threads and h2o's shared configuration are made
+ * once at start-up) makes the reload fail with a message that names the setting; restart to change it.
  * Upstream breakers survive a reload when the upstream's URL and breaker settings did not change.
  */
 #ifndef AGW_GENERATION_H

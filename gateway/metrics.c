@@ -8,7 +8,9 @@
 #include <time.h>
 
 #include "config.h"
+#include "otlp.h"
 #include "prom.h"
+#include "waterfall.h"
 
 static const double CALL_BOUNDS_MS[AGW_M_CALL_BOUNDS] = {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
 static const double REQ_BOUNDS_MS[AGW_M_REQ_BOUNDS] = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000};
@@ -26,6 +28,7 @@ static const char *const outcome_names[AGW_OUT_N] = {
     [AGW_OUT_OVERLOAD] = "overload",
     [AGW_OUT_CANCELLED] = "cancelled",
     [AGW_OUT_INVALID_REQUEST] = "invalid_request",
+    [AGW_OUT_TLS] = "tls",
 };
 
 const char *agw_metric_outcome_name(agw_metric_outcome_t o)
@@ -143,6 +146,7 @@ agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels)
     m->upstreams = calloc(m->num_upstreams, sizeof(*m->upstreams));
     if (m->routes == NULL || m->upstreams == NULL)
         abort();
+    m->waterfall = agw_waterfall_new();
     return m;
 }
 
@@ -154,6 +158,7 @@ void agw_metrics_free(agw_metrics_t *m)
         free(m->partials[i].section);
     free(m->routes);
     free(m->upstreams);
+    agw_waterfall_free(m->waterfall);
     free(m);
 }
 
@@ -509,4 +514,12 @@ void agw_metrics_render(agw_buf_t *b, const agw_metric_labels_t *labels, const a
     render_requests(b, labels, workers, num_workers);
     render_partials(b, labels, workers, num_workers);
     render_upstreams(b, labels, conf, workers, num_workers);
+    agw_otlp_render_metrics(b, num_workers ? workers[0]->exporter : NULL);
+    uint64_t skipped = 0;
+    for (size_t i = 0; i < num_workers; i++)
+        if (workers[i]->waterfall)
+            skipped += __atomic_load_n(&workers[i]->waterfall->skipped, __ATOMIC_RELAXED);
+    agw_prom_family(b, "aggway_waterfall_skipped_total", "counter",
+                    "Requests left out of /waterfall because the admin listener was reading the ring at that moment.");
+    agw_prom_sample_u64(b, "aggway_waterfall_skipped_total", NULL, 0, skipped);
 }

@@ -32,6 +32,9 @@
 #include "buf.h"
 
 struct agw_config;
+struct agw_waterfall;
+struct agw_otlp;
+struct agw_otlp_queue;
 
 #define AGW_M_GET(f) __atomic_load_n(&(f), __ATOMIC_RELAXED)
 #define AGW_M_SET(f, v) __atomic_store_n(&(f), (v), __ATOMIC_RELAXED)
@@ -50,6 +53,7 @@ typedef enum agw_metric_outcome {
     AGW_OUT_OVERLOAD,        /* no connection free in the pool (max_pending / bulkhead) */
     AGW_OUT_CANCELLED,       /* the gateway stopped waiting (deadline, client gone, hedge won) */
     AGW_OUT_INVALID_REQUEST, /* CR/LF/NUL in the call's path or headers: nothing was sent */
+    AGW_OUT_TLS,             /* https:// upstream: TLS handshake or certificate verification failed */
     AGW_OUT_N
 } agw_metric_outcome_t;
 
@@ -122,13 +126,20 @@ typedef struct agw_metrics {
     uint64_t requests_started, requests_ended; /* requests handed to the runtime (in flight = difference) */
     uint32_t num_partials;            /* published with release order after the entry is written */
     agw_partial_metric_t partials[AGW_M_PARTIAL_MAX];
+    /* The worker's other outputs read by other threads (trace.h): its waterfall ring (waterfall.h;
+     * made and freed with the metrics), its ring to the span exporter and the exporter itself
+     * (otlp.h; set by the server before the worker starts, both NULL when tracing.otlp_http is not
+     * configured). */
+    struct agw_waterfall *waterfall;
+    struct agw_otlp_queue *trace_queue;
+    const struct agw_otlp *exporter;
 } agw_metrics_t;
 
-/* A zeroed set of counters with a slot for every slot labels can hold (aborts on allocation
- * failure; the pages of slots never used are never touched). */
+/* A zeroed set of counters with a slot for every slot labels can hold, with an empty waterfall
+ * ring (aborts on allocation failure; the pages of slots never used are never touched). */
 agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels);
 
-/* Frees a worker's counters (NULL is ignored). */
+/* Frees a worker's counters and its waterfall ring (NULL is ignored). */
 void agw_metrics_free(agw_metrics_t *m);
 
 /* A request answered: route slot (0 when no route matched), HTTP status, duration and response

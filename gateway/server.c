@@ -16,6 +16,7 @@
 
 #include "admin.h"
 #include "generation.h"
+#include "otlp.h"
 #include "log.h"
 #include "metrics.h"
 #include "worker.h"
@@ -139,7 +140,30 @@ typedef struct server {
     agw_worker_t **w;
     agw_metric_labels_t *labels;
     agw_reload_state_t gens;       /* the generation serving and the reload record */
+    agw_config_t tracing;          /* the exporter's copy of the tracing block (otlp_* only) */
 } server_t;
+
+static char *dup_opt(const char *s)
+{
+    char *d = s ? strdup(s) : NULL;
+    if (s && d == NULL)
+        abort();
+    return d;
+}
+
+/* Copies the tracing block (otlp_*) of from into to, an otherwise empty configuration that
+ * agw_config_free frees. */
+static void tracing_settings(const agw_config_t *from, agw_config_t *to)
+{
+    memset(to, 0, sizeof(*to));
+    to->otlp_url = dup_opt(from->otlp_url);
+    to->otlp_host_header = dup_opt(from->otlp_host_header);
+    to->otlp_path = dup_opt(from->otlp_path);
+    to->otlp_service_name = dup_opt(from->otlp_service_name);
+    to->otlp_addr = from->otlp_addr;
+    to->otlp_addrlen = from->otlp_addrlen;
+    to->otlp_timeout_ms = from->otlp_timeout_ms;
+}
 
 /* Graceful shutdown: every worker stops accepting, then requests in flight have up to
  * shutdown_grace_ms (the serving generation's) to finish. A second SIGTERM/SIGINT ends the wait
@@ -317,6 +341,17 @@ int agw_server_run(const char *dir)
     agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
     for (unsigned wi = 0; wi < conf->workers; wi++)
         metrics[wi] = agw_metrics_new(srv.labels);
+    /* spans leave through the exporter thread; without a collector nothing is queued. The exporter
+     * keeps its own copy of the tracing settings (a restart-only block): generation 1 does not
+     * live as long as the process. */
+    agw_otlp_t *exporter = NULL;
+    tracing_settings(conf, &srv.tracing);
+    if (srv.tracing.otlp_url && (exporter = agw_otlp_start(&srv.tracing, srv.labels, conf->workers)) == NULL)
+        return 1;
+    for (unsigned wi = 0; exporter && wi < conf->workers; wi++) {
+        metrics[wi]->trace_queue = agw_otlp_queue(exporter, wi);
+        metrics[wi]->exporter = exporter;
+    }
     /* the admin listener answers (not ready) while the workers load their scripts */
     agw_admin_t *admin = NULL;
     if (conf->admin_port && (admin = agw_admin_start(conf, &srv.gens, srv.labels, metrics, conf->workers)) == NULL)
@@ -388,6 +423,7 @@ int agw_server_run(const char *dir)
     for (unsigned wi = 0; wi < srv.workers; wi++)
         agw_worker_stop(srv.w[wi]);
     agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */
+    agw_otlp_stop(exporter); /* last: sends what the workers queued */
     for (unsigned wi = 0; wi < srv.workers; wi++)
         agw_metrics_free(metrics[wi]);
     free(metrics);
@@ -398,7 +434,8 @@ int agw_server_run(const char *dir)
     free(ssl);
     free(srv.access_log);
     agw_reload_state_destroy(&srv.gens);
-    agw_metric_labels_free(srv.labels); /* nothing reads the metrics any more */
+    agw_metric_labels_free(srv.labels); /* nothing reads the metrics or the traces any more */
+    agw_config_free(&srv.tracing);
     /* the workers' VMs are not freed (the process ends), so neither are the generations they hold */
     return 0;
 }

@@ -16,17 +16,23 @@
  * callback reads were first swapped into the pool's delivery buffers, so they stay valid even if
  * the callback's own actions close or reuse that connection.
  *
- * Message framing (request encoding, response parsing) is in upstream_http1.c.
+ * Message framing (request encoding, response parsing) is in upstream_http1.c; the TLS set-up and
+ * OpenSSL's result codes are in upstream_tls.c. A TLS connection differs only in conn_tls_*:
+ * a handshake step between the TCP connect and the first send, and SSL_write/SSL_read in place of
+ * send/read; the plain path pays one well-predicted branch per send and per read for it.
  */
 #include "upstream.h"
 
 #include "buf.h"
 #include "upstream_http1.h"
+#include "upstream_tls.h"
 
 #include <errno.h>
 #include <ev.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +41,7 @@
 
 #define READ_BUF_SIZE 16384
 
-enum conn_state { CONN_CONNECTING, CONN_SENDING, CONN_READING, CONN_IDLE };
+enum conn_state { CONN_CONNECTING, CONN_HANDSHAKING, CONN_SENDING, CONN_READING, CONN_IDLE };
 enum call_state { CALL_QUEUED, CALL_ACTIVE, CALL_FAILING, CALL_DELIVERING };
 typedef struct conn {
     agw_pool_t *pool;
@@ -47,7 +53,10 @@ typedef struct conn {
     int watching;                /* events io is armed for */
     unsigned completed;          /* responses completed on this connection (0: fresh) */
     ev_io io;
-    ev_timer timer;              /* connect timeout while connecting, idle timeout while idle */
+    ev_timer timer;              /* connect timeout while connecting and in the TLS handshake, idle
+                                    timeout while idle */
+    SSL *ssl;                    /* https:// upstreams: the TLS connection; NULL for http:// */
+    unsigned tls_failed : 1;     /* a TLS error ended it: its session is not to be resumed */
     agw_h1_response_t resp;      /* the response being read; buffers reused call after call */
 } conn_t;
 
@@ -82,6 +91,8 @@ struct agw_pool {
     agw_call_t *calls;           /* every live call */
     agw_call_t *qhead, *qtail;   /* wait queue, FIFO */
     agw_pool_stats_t stats;      /* counters only; open/idle/pending filled on demand */
+    SSL_SESSION *session;        /* https:// upstreams: the last session the upstream issued,
+                                    offered by the next new connection (NULL: none yet) */
     int depth;                   /* 1 while a callback runs */
     int dying;                   /* agw_pool_destroy() called during a callback */
     /* The finished response a callback is reading (callbacks never nest): swapped out of the
@@ -103,6 +114,7 @@ static const char *const outcome_names[] = {
     [AGW_CALL_TOO_LARGE] = "too_large",
     [AGW_CALL_OVERLOAD] = "overload",
     [AGW_CALL_BAD_REQUEST] = "bad_request",
+    [AGW_CALL_TLS] = "tls",
 };
 
 const char *agw_call_outcome_name(agw_call_outcome_t o)
@@ -191,6 +203,13 @@ static void conn_close(conn_t *c)
     agw_pool_t *pool = c->pool;
     ev_io_stop(pool->loop, &c->io);
     ev_timer_stop(pool->loop, &c->timer);
+    if (c->ssl) {
+        /* no close_notify exchange (it could block or wait); marking the connection as shut down
+         * keeps OpenSSL from making its session unresumable, unless TLS itself failed */
+        if (!c->tls_failed)
+            SSL_set_shutdown(c->ssl, SSL_SENT_SHUTDOWN | SSL_RECEIVED_SHUTDOWN);
+        SSL_free(c->ssl);
+    }
     close(c->fd);
     if (c->state == CONN_IDLE)
         idle_remove(pool, c);
@@ -401,10 +420,17 @@ static void conn_lost(conn_t *c, agw_call_outcome_t o, const char *what)
         call_fail(call, o, "%s: %s after %zu body bytes", pool->conf->name, what, r->body.len);
 }
 
+static void conn_tls_send(conn_t *c);
+static void conn_tls_read(conn_t *c);
+
 /* Sends what is left of the request; then waits for the response. */
 static void conn_send(conn_t *c)
 {
     agw_call_t *call = c->call;
+    if (c->ssl) {
+        conn_tls_send(c);
+        return;
+    }
     while (call->sent < call->req_len) {
         size_t left = call->req_len - call->sent;
         ssize_t n = send(c->fd, call->req + call->sent, left, MSG_NOSIGNAL);
@@ -507,24 +533,39 @@ static void conn_eof(conn_t *c)
         conn_lost(c, AGW_CALL_RESET, "connection closed by the upstream");
 }
 
+/* Parses the n bytes just read into pool->rbuf. Returns 1 when the response needs more, 0 when
+ * the call completed or failed. */
+static inline int conn_got(conn_t *c, size_t n)
+{
+    agw_pool_t *pool = c->pool;
+    size_t used = agw_h1_response_feed(&c->resp, pool->rbuf, n);
+    agw_call_outcome_t o = agw_h1_response_failed(&c->resp);
+    if (o != AGW_CALL_OK) {
+        char why[160];
+        agw_h1_response_describe(&c->resp, why, sizeof(why));
+        call_fail(c->call, o, "%s: %s", pool->conf->name, why);
+        return 0;
+    }
+    if (c->resp.done) {
+        /* clean: nothing after the response, in the socket's bytes or in TLS's decrypted ones */
+        conn_complete(c, used == n && (c->ssl == NULL || SSL_pending(c->ssl) == 0));
+        return 0;
+    }
+    return 1;
+}
+
 static void conn_read(conn_t *c)
 {
     agw_pool_t *pool = c->pool;
+    if (c->ssl) {
+        conn_tls_read(c);
+        return;
+    }
     for (;;) {
         ssize_t n = read(c->fd, pool->rbuf, sizeof(pool->rbuf));
         if (n > 0) {
-            size_t used = agw_h1_response_feed(&c->resp, pool->rbuf, (size_t)n);
-            agw_call_outcome_t o = agw_h1_response_failed(&c->resp);
-            if (o != AGW_CALL_OK) {
-                char why[160];
-                agw_h1_response_describe(&c->resp, why, sizeof(why));
-                call_fail(c->call, o, "%s: %s", pool->conf->name, why);
+            if (!conn_got(c, (size_t)n))
                 return;
-            }
-            if (c->resp.done) {
-                conn_complete(c, used == (size_t)n);
-                return;
-            }
             if ((size_t)n < sizeof(pool->rbuf))
                 return; /* drained; level-triggered io tells us when there is more */
             continue;
@@ -548,6 +589,154 @@ static void conn_read(conn_t *c)
     }
 }
 
+/* ---- TLS ------------------------------------------------------------------------------ */
+
+/* Describes a TLS failure of c into out, marking c so that its session is not resumed. */
+static void conn_tls_describe(conn_t *c, agw_tls_status_t st, char *out, size_t cap)
+{
+    if (st == AGW_TLS_FAILED)
+        c->tls_failed = 1;
+    agw_tls_describe(c->ssl, st, out, cap);
+}
+
+/* One step of the handshake; when it completes, the request is sent. The connect timer keeps
+ * running until then: connect_timeout_ms covers TCP connect and handshake together. */
+static void conn_tls_handshake(conn_t *c)
+{
+    agw_pool_t *pool = c->pool;
+    ERR_clear_error();
+    int rc = SSL_connect(c->ssl);
+    if (rc == 1) {
+        ev_timer_stop(pool->loop, &c->timer);
+        pool->stats.tls_handshakes++;
+        if (SSL_session_reused(c->ssl))
+            pool->stats.tls_resumed++;
+        c->state = CONN_SENDING;
+        conn_tls_send(c);
+        return;
+    }
+    agw_tls_status_t st = agw_tls_status(c->ssl, rc);
+    if (st == AGW_TLS_WANT_READ || st == AGW_TLS_WANT_WRITE) {
+        conn_watch(c, st == AGW_TLS_WANT_READ ? EV_READ : EV_WRITE);
+        return;
+    }
+    char why[160];
+    c->tls_failed = 1;
+    agw_tls_describe(c->ssl, st, why, sizeof(why));
+    if (pool->session) { /* the upstream may have changed: start afresh next time */
+        SSL_SESSION_free(pool->session);
+        pool->session = NULL;
+    }
+    call_fail(c->call, AGW_CALL_TLS, "TLS handshake with upstream %s failed: %s", pool->conf->name, why);
+}
+
+/* The TCP connection is up: starts TLS on it, offering the pool's last session. */
+static void conn_tls_start(conn_t *c)
+{
+    agw_pool_t *pool = c->pool;
+    if (pool->session && !SSL_SESSION_is_resumable(pool->session)) {
+        SSL_SESSION_free(pool->session);
+        pool->session = NULL;
+    }
+    c->ssl = agw_tls_conn_new(pool->conf->tls, c->fd, pool->session, &pool->session);
+    if (c->ssl == NULL) {
+        call_fail(c->call, AGW_CALL_TLS, "TLS handshake with upstream %s failed: cannot set up a TLS connection",
+                  pool->conf->name);
+        return;
+    }
+    c->state = CONN_HANDSHAKING;
+    conn_tls_handshake(c);
+}
+
+/* conn_send over TLS. SSL_write is retried with the same arguments after WANT_*, as OpenSSL
+ * requires; it may need the socket readable first. */
+static void conn_tls_send(conn_t *c)
+{
+    agw_call_t *call = c->call;
+    while (call->sent < call->req_len) {
+        size_t left = call->req_len - call->sent;
+        ERR_clear_error();
+        int n = SSL_write(c->ssl, call->req + call->sent, left > INT_MAX ? INT_MAX : (int)left);
+        if (n > 0) {
+            call->sent += (size_t)n;
+            continue;
+        }
+        agw_tls_status_t st = agw_tls_status(c->ssl, n);
+        if (st == AGW_TLS_WANT_READ || st == AGW_TLS_WANT_WRITE) {
+            c->state = CONN_SENDING;
+            conn_watch(c, st == AGW_TLS_WANT_READ ? EV_READ : EV_WRITE);
+            return;
+        }
+        char why[160], what[192];
+        conn_tls_describe(c, st, why, sizeof(why));
+        snprintf(what, sizeof(what), "sending the request failed (%s)", why);
+        conn_lost(c, st == AGW_TLS_FAILED ? AGW_CALL_BAD_RESPONSE : AGW_CALL_RESET, what);
+        return;
+    }
+    c->state = CONN_READING;
+    conn_watch(c, EV_READ);
+}
+
+/* conn_read over TLS. Decrypted bytes OpenSSL still holds raise no event on the socket, so the
+ * loop goes on while SSL_has_pending(); after that, the socket's readiness says when to come
+ * back. */
+static void conn_tls_read(conn_t *c)
+{
+    agw_pool_t *pool = c->pool;
+    for (;;) {
+        ERR_clear_error();
+        int n = SSL_read(c->ssl, pool->rbuf, sizeof(pool->rbuf));
+        if (n > 0) {
+            if (!conn_got(c, (size_t)n))
+                return;
+            if (SSL_has_pending(c->ssl))
+                continue;
+            conn_watch(c, EV_READ);
+            return;
+        }
+        agw_tls_status_t st = agw_tls_status(c->ssl, n);
+        switch (st) {
+        case AGW_TLS_WANT_READ:
+        case AGW_TLS_WANT_WRITE:
+            conn_watch(c, st == AGW_TLS_WANT_READ ? EV_READ : EV_WRITE);
+            return;
+        case AGW_TLS_CLOSED:
+            ERR_clear_error();
+            conn_eof(c);
+            return;
+        case AGW_TLS_EOF:
+            ERR_clear_error();
+            /* RFC 9112 §9.8: without close_notify only Content-Length and chunked framing can say
+             * the response is complete; a close-delimited body is not */
+            if (c->resp.final_headers)
+                conn_lost(c, AGW_CALL_TRUNCATED, "connection closed without a TLS close_notify");
+            else
+                conn_eof(c);
+            return;
+        default: {
+            char why[160];
+            conn_tls_describe(c, st, why, sizeof(why));
+            conn_lost(c, st == AGW_TLS_FAILED ? AGW_CALL_BAD_RESPONSE : AGW_CALL_RESET, why);
+            return;
+        }
+        }
+    }
+}
+
+/* An idle TLS connection became readable. Returns 1 when what arrived was only TLS housekeeping
+ * (a post-handshake message OpenSSL handled), so the connection stays in the pool. */
+static int conn_tls_idle_record(conn_t *c)
+{
+    ERR_clear_error();
+    int n = SSL_read(c->ssl, c->pool->rbuf, sizeof(c->pool->rbuf));
+    if (n <= 0 && agw_tls_status(c->ssl, n) == AGW_TLS_WANT_READ)
+        return 1;
+    ERR_clear_error();
+    return 0;
+}
+
+/* ---- events --------------------------------------------------------------------------- */
+
 static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
 {
     conn_t *c = w->data;
@@ -555,8 +744,10 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
     (void)revents;
     switch (c->state) {
     case CONN_IDLE:
-        /* the upstream closed it (or sent bytes no one asked for) */
-        conn_close(c);
+        /* the upstream closed it (or sent bytes no one asked for); over TLS it may also have sent
+         * a record that carries no data (a session ticket, a key update), which keeps it */
+        if (c->ssl == NULL || !conn_tls_idle_record(c))
+            conn_close(c);
         break;
     case CONN_CONNECTING: {
         int err = 0;
@@ -568,11 +759,18 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
                       pool->conf->name, pool->conf->url, strerror(err));
             break;
         }
+        if (pool->conf->tls) {
+            conn_tls_start(c);
+            break;
+        }
         ev_timer_stop(loop, &c->timer);
         c->state = CONN_SENDING;
         conn_send(c);
         break;
     }
+    case CONN_HANDSHAKING:
+        conn_tls_handshake(c);
+        break;
     case CONN_SENDING:
         conn_send(c);
         break;
@@ -595,9 +793,10 @@ static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents)
     if (c->state == CONN_IDLE)
         conn_close(c);
     else
-        call_fail(c->call, AGW_CALL_CONNECT_TIMEOUT, "%s: no connection to %s within %llu ms",
+        call_fail(c->call, AGW_CALL_CONNECT_TIMEOUT, "%s: no connection to %s within %llu ms%s",
                   pool->conf->name, pool->conf->url,
-                  (unsigned long long)pool->conf->connect_timeout_ms);
+                  (unsigned long long)pool->conf->connect_timeout_ms,
+                  c->state == CONN_HANDSHAKING ? " (the TLS handshake did not complete)" : "");
     pump(pool);
 }
 
@@ -613,7 +812,8 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
         if (call->conn) {
             conn_t *c = call->conn;
             got = c->resp.bytes;
-            where = c->state == CONN_CONNECTING ? "connecting"
+            where = c->state == CONN_CONNECTING   ? "connecting"
+                    : c->state == CONN_HANDSHAKING ? "in the TLS handshake"
                     : c->state == CONN_SENDING  ? "sending the request"
                     : c->resp.final_headers     ? "reading the response body"
                                                 : "waiting for the response headers";
@@ -651,6 +851,8 @@ static void pool_free_if_dying(agw_pool_t *pool)
         agw_buf_free(&pool->dbody);
         agw_buf_free(&pool->dhstore);
         free(pool->dhdrs);
+        if (pool->session)
+            SSL_SESSION_free(pool->session);
         free(pool);
     }
 }

@@ -18,6 +18,15 @@
  *  - a body shorter than its Content-Length, a reset, unparsable bytes, or a body over
  *    max_body_bytes fail the call at once;
  *  - header names/values and paths containing CR, LF or NUL are rejected before anything is sent.
+ *
+ * HTTPS upstreams (conf->tls set) speak the same HTTP/1.1 over TLS (OpenSSL, same loop, no
+ * blocking call): the handshake follows the TCP connect and is covered by connect_timeout_ms; the
+ * certificate chain is verified against the configured CAs and the server name (RFC 6125, through
+ * OpenSSL's X509_VERIFY_PARAM host/IP check); a failed handshake or verification is
+ * AGW_CALL_TLS; every other rule above holds unchanged. A close-delimited body must end with the
+ * TLS close_notify alert, else it is TRUNCATED (RFC 9112 §9.8). Connections are closed without
+ * a TLS shutdown exchange (the socket is just closed). The process must ignore SIGPIPE (the
+ * server does), since OpenSSL writes with write(2).
  */
 #ifndef AGW_UPSTREAM_H
 #define AGW_UPSTREAM_H
@@ -27,6 +36,23 @@
 #include <sys/socket.h>
 
 struct ev_loop;
+struct ssl_ctx_st;
+
+/* TLS settings of an https:// upstream (gateway.lua `tls = { … }`), and the SSL_CTX built from them
+ * by agw_upstream_tls_init() before any worker starts; the SSL_CTX is then only read (SSL_new) by
+ * the workers, which OpenSSL allows from several threads. */
+typedef struct agw_upstream_tls {
+    const char *ca_file;            /* PEM bundle of trusted CAs; NULL: the system trust store */
+    const char *server_name;        /* sent as SNI (unless it is an IP address, RFC 6066 §3) and
+                                       checked against the certificate's names (RFC 6125) or IP
+                                       addresses; the URL host by default */
+    int verify;                     /* 1: verify the chain and the name (default); 0: accept any
+                                       certificate (the loader logs a warning) */
+    struct ssl_ctx_st *ctx;         /* built by agw_upstream_tls_init, freed by
+                                       agw_upstream_tls_free */
+    int name_is_ip;                 /* set by agw_upstream_tls_init: server_name is an IP
+                                       address (no SNI; the certificate's IP SANs are checked) */
+} agw_upstream_tls_t;
 
 /* Static description of one upstream, built from gateway.lua by config.c; shared read-only
  * by every worker. */
@@ -45,7 +71,21 @@ typedef struct agw_upstream_conf {
     unsigned max_pending;           /* calls waiting for a connection at most, per worker
                                        (0: no waiting, OVERLOAD when every connection is busy) */
     size_t max_body_bytes;          /* response body limit, bytes (0: no limit) */
+    agw_upstream_tls_t *tls;        /* https:// upstreams: TLS settings with a built ctx; NULL for
+                                       http:// */
 } agw_upstream_conf_t;
+
+/* Builds tls->ctx: TLS 1.2 at least, ALPN "http/1.1", the CAs of tls->ca_file (or the system trust
+ * store), SSL_VERIFY_PEER unless tls->verify is 0, and a client session cache of one session per
+ * pool (agw_pool_t keeps the last session it was given and offers it on its next connection, so
+ * reconnects resume instead of running a full handshake). Returns 0, or -1 with a message naming
+ * the cause ("cannot load CA file x.pem: no certificate found") in err (cap bytes). Call before
+ * the workers start. */
+int agw_upstream_tls_init(agw_upstream_tls_t *tls, char *err, size_t cap);
+
+/* Frees tls->ctx (connections still open keep their own reference to it). The strings belong to
+ * the caller. */
+void agw_upstream_tls_free(agw_upstream_tls_t *tls);
 
 /* One header: name and value, not NUL-terminated. */
 typedef struct agw_header {
@@ -70,6 +110,9 @@ typedef enum agw_call_outcome {
     AGW_CALL_OVERLOAD,        /* no connection free: the wait queue was full (max_pending), or no
                                  connection came free before the call's timeout (the bulkhead) */
     AGW_CALL_BAD_REQUEST,     /* CR/LF/NUL in path or header; nothing was sent */
+    AGW_CALL_TLS,             /* https:// upstream: the TLS handshake failed (certificate not
+                                 trusted, wrong name, expired, no common protocol, not TLS at
+                                 all); nothing was sent */
 } agw_call_outcome_t;
 
 /* Short stable name of an outcome ("ok", "refused", "timeout", …), for logs and metrics. */
@@ -136,6 +179,8 @@ typedef struct agw_pool_stats {
     uint64_t reused;      /* calls that used a kept-alive connection */
     uint64_t retried;     /* calls retried once on a fresh connection */
     uint64_t cancelled;   /* calls cancelled by the caller */
+    uint64_t tls_handshakes; /* TLS handshakes completed (https:// upstreams) */
+    uint64_t tls_resumed;    /* of those, the ones that resumed the pool's cached session */
 } agw_pool_stats_t;
 
 void agw_pool_stats(const agw_pool_t *pool, agw_pool_stats_t *out);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,9 +29,12 @@
 #include "json.h"
 #include "log.h"
 #include "metrics.h"
+#include "otlp.h"
 #include "script.h"
 #include "slots.h"
+#include "trace.h"
 #include "upstream.h"
+#include "waterfall.h"
 
 typedef struct listener {
     uv_tcp_t handle;
@@ -71,6 +75,9 @@ typedef struct reqref {
     double started;     /* ev_now() when the request arrived */
     char *logline;      /* access log on: "METHOD\0path" copied at arrival (the request may be gone
                            by the time a client that left is logged) */
+    agw_trace_t *trace; /* the request's spans (trace.h), until the request is recorded */
+    const char *tracestate; /* the incoming tracestate to pass on (valid, in the request's memory), or NULL */
+    size_t tracestate_len;
 } reqref_t;
 
 /* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */
@@ -87,8 +94,18 @@ typedef struct wcall {
     agw_call_t *call;
     int decode;
     unsigned up;        /* upstream index, 0-based */
+    uint64_t rid;       /* the request that made the call (its span is there while it lasts) */
+    int span;           /* the call's span in that request's trace, -1 when none */
+    struct sf_joiner *joiners; /* requests waiting on this call through single-flight (core.join) */
     struct wcall *next_free;
 } wcall_t;
+
+/* A request that shares another request's call (single-flight) and has a span waiting on it. */
+typedef struct sf_joiner {
+    uint64_t rid;
+    int span;
+    struct sf_joiner *next;
+} sf_joiner_t;
 
 struct agw_worker {
     int id;
@@ -133,6 +150,8 @@ struct agw_worker {
     ev_timer alog_timer;                   /* writes alog out shortly after its first line */
     long alog_sec;                         /* the second alog_stamp was formatted for */
     char alog_stamp[96];                   /* {"time":"2026-01-31T12:34:56. */
+    uint64_t trace_rng;                    /* xorshift state for trace and span ids (trace.h) */
+    agw_trace_t *free_traces;              /* trace records to reuse */
 };
 
 /* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
@@ -464,6 +483,108 @@ static void send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endp
     h2o_send_inline(req, b->base, b->len);
 }
 
+/* ---- tracing (trace.h): the request's span, one per upstream attempt ------------------------ */
+
+static uint64_t now_us(agw_worker_t *w)
+{
+    return (uint64_t)(ev_now(w->loop) * 1e6); /* libev's loop time is the wall clock */
+}
+
+/* Starts rr's trace from the request's traceparent and tracestate headers (W3C Trace Context
+ * §3.2, §3.3): a valid traceparent (exactly one) continues its trace and its tracestate (every
+ * tracestate header, joined with ',') goes on if valid; anything else starts a new trace. */
+static void trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_t path_len)
+{
+    const h2o_iovec_t *tp = NULL, *ts = NULL;
+    int num_tp = 0, num_ts = 0;
+    for (size_t i = 0; i < req->headers.size; i++) {
+        const h2o_header_t *h = &req->headers.entries[i];
+        if (h->name->len == 11 && h2o_lcstris(h->name->base, 11, H2O_STRLIT("traceparent")))
+            tp = &h->value, num_tp++;
+        else if (h->name->len == 10 && h2o_lcstris(h->name->base, 10, H2O_STRLIT("tracestate")))
+            ts = ts ? ts : &h->value, num_ts++;
+    }
+    rr->tracestate = NULL;
+    rr->tracestate_len = 0;
+    agw_trace_t *tr = w->free_traces;
+    if (tr)
+        w->free_traces = tr->next;
+    else if ((tr = malloc(sizeof(*tr))) == NULL)
+        return; /* no trace for this request: its calls still get a traceparent of their own */
+    agw_traceparent_t parent;
+    int continued = num_tp == 1 && agw_traceparent_parse(tp->base, tp->len, &parent) == 0;
+    agw_trace_begin(tr, &w->trace_rng, continued ? &parent : NULL, now_us(w), req->method.base, req->method.len,
+                    req->path.base, path_len);
+    tr->endpoint = (int)rr->g->gen->route_slot[rr->endpoint]; /* names that outlive the generation */
+    tr->worker = w->id;
+    rr->trace = tr;
+    if (!continued || num_ts == 0) /* §3.3: tracestate goes with the traceparent it came with */
+        return;
+    const char *v = ts->base;
+    size_t vlen = ts->len;
+    if (num_ts > 1) { /* RFC 9110 §5.3: several field lines are one comma-separated list */
+        size_t total = 0;
+        for (size_t i = 0; i < req->headers.size; i++)
+            if (req->headers.entries[i].name->len == 10 &&
+                h2o_lcstris(req->headers.entries[i].name->base, 10, H2O_STRLIT("tracestate")))
+                total += req->headers.entries[i].value.len + 1;
+        if (total > AGW_TRACESTATE_MAX_LEN + 1)
+            return;
+        char *joined = h2o_mem_alloc_pool(&req->pool, total);
+        vlen = 0;
+        for (size_t i = 0; i < req->headers.size; i++) {
+            const h2o_header_t *h = &req->headers.entries[i];
+            if (h->name->len == 10 && h2o_lcstris(h->name->base, 10, H2O_STRLIT("tracestate"))) {
+                if (vlen)
+                    joined[vlen++] = ',';
+                memcpy(joined + vlen, h->value.base, h->value.len);
+                vlen += h->value.len;
+            }
+        }
+        v = joined;
+    }
+    while (vlen && (v[0] == ' ' || v[0] == '\t')) /* OWS around a field value is not part of it */
+        v++, vlen--;
+    while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+        vlen--;
+    if (agw_tracestate_valid(v, vlen)) {
+        rr->tracestate = v;
+        rr->tracestate_len = vlen;
+    }
+}
+
+/* Ends the span of call c and of every request that shared it (on_call_done, core.cancel). */
+static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int http_status)
+{
+    uint64_t t = now_us(w);
+    reqref_t *rr = c->span >= 0 ? agw_slots_get(&w->reqs, c->rid) : NULL;
+    if (rr && rr->trace)
+        agw_trace_end_span(rr->trace, c->span, outcome, http_status, t);
+    while (c->joiners) {
+        sf_joiner_t *j = c->joiners;
+        c->joiners = j->next;
+        reqref_t *jr = agw_slots_get(&w->reqs, j->rid);
+        if (jr && jr->trace)
+            agw_trace_end_span(jr->trace, j->span, outcome, http_status, t);
+        free(j);
+    }
+}
+
+/* Request rr ended with status: its trace goes into the waterfall ring and, when a collector is
+ * configured and the trace is sampled, to the exporter; otherwise it is kept for reuse. Unsampled
+ * traces (an incoming traceparent with the sampled flag off) are not exported. */
+static void trace_request_ended(agw_worker_t *w, reqref_t *rr, int status)
+{
+    agw_trace_t *tr = rr->trace;
+    rr->trace = NULL;
+    agw_trace_finish(tr, status, now_us(w));
+    agw_waterfall_record(w->m->waterfall, tr);
+    if (w->m->trace_queue && (tr->flags & AGW_TRACE_FLAG_SAMPLED) && agw_otlp_submit(w->m->trace_queue, tr) == 0)
+        return;
+    tr->next = w->free_traces;
+    w->free_traces = tr;
+}
+
 /* ---- metrics and the access log ------------------------------------------------------------ */
 
 #define ALOG_FLUSH_BYTES (64 * 1024)
@@ -495,6 +616,7 @@ static agw_metric_outcome_t metric_outcome(const agw_call_result_t *res, int bad
     case AGW_CALL_RESET: return AGW_OUT_RESET;
     case AGW_CALL_OVERLOAD: return AGW_OUT_OVERLOAD;
     case AGW_CALL_BAD_REQUEST: return AGW_OUT_INVALID_REQUEST;
+    case AGW_CALL_TLS: return AGW_OUT_TLS;
     default: return AGW_OUT_BAD_RESPONSE; /* truncated, bad_response, too_large */
     }
 }
@@ -663,7 +785,7 @@ static size_t page_sections(lua_State *L, int idx, section_ref_t *out, size_t ma
  * the sections are then the Server-Timing entries, without a status). */
 static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const char *path, size_t plen,
                        const char *route, int status, double ms, size_t bytes, const section_ref_t *secs, size_t nsecs,
-                       const char *timing, size_t tlen)
+                       const char *timing, size_t tlen, const agw_trace_t *trace)
 {
     agw_buf_t *b = &w->alog;
     double now = ev_now(w->loop); /* libev's loop time is the wall clock */
@@ -742,7 +864,15 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
                 p++;
         }
     }
-    ALOG_LIT(b, "],\"trace_id\":null}\n");
+    if (trace) {
+        char tid[32];
+        agw_trace_hex(tid, trace->trace_id, 16);
+        ALOG_LIT(b, "],\"trace_id\":\"");
+        alog_lit(b, tid, 32);
+        ALOG_LIT(b, "\"}\n");
+    } else {
+        ALOG_LIT(b, "],\"trace_id\":null}\n");
+    }
     if (b->len >= ALOG_FLUSH_BYTES)
         alog_flush(w);
     else if (was_empty)
@@ -765,7 +895,7 @@ static void record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int
     agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, 0, bytes);
     if (w->access_fd >= 0)
         alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, route_of(g, endpoint), status,
-                   0, bytes, NULL, 0, NULL, 0);
+                   0, bytes, NULL, 0, NULL, 0, NULL);
 }
 
 /* Request rr ends with status (a response, or 499 when the client left first). */
@@ -779,10 +909,12 @@ static void record_request(agw_worker_t *w, reqref_t *rr, int status, size_t byt
         size_t mlen = strlen(rr->logline);
         const char *path = rr->logline + mlen + 1;
         alog_write(w, rr->logline, mlen, path, strlen(path), route_of(rr->g, rr->endpoint), status, ms, bytes, secs,
-                   nsecs, timing, tlen);
+                   nsecs, timing, tlen, rr->trace);
         free(rr->logline);
         rr->logline = NULL;
     }
+    if (rr->trace)
+        trace_request_ended(w, rr, status);
 }
 
 /* ---- the "agg.core" transport for the runtime ----------------------------------------------- */
@@ -837,6 +969,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     uint64_t id = c->id;
     int decode = c->decode;
     unsigned up = c->up;
+    trace_call_ended(w, c, res->outcome, res->http_status);
     agw_slots_del(&w->calls, id);
     c->next_free = w->free_calls;
     w->free_calls = c;
@@ -881,7 +1014,57 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     gen_release(g);
 }
 
-/* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode) -> id */
+/* The traceparent of an upstream attempt (trace.h): a new span of the request's trace, child of
+ * the gateway's span, sent in its own traceparent with the request's tracestate. The headers go
+ * after the script's (hdrs has room for two more than n); a script's own traceparent or
+ * tracestate is replaced: the gateway owns them. Returns the new header count. The header is
+ * added here, at send time, so single-flight keys (made in Lua from the call spec) never see it. */
+static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_header_t *hdrs, size_t n,
+                                 char *tp)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) { /* drop the script's traceparent and tracestate */
+        if ((hdrs[i].name_len == 11 && strncasecmp(hdrs[i].name, "traceparent", 11) == 0) ||
+            (hdrs[i].name_len == 10 && strncasecmp(hdrs[i].name, "tracestate", 10) == 0))
+            continue;
+        hdrs[k++] = hdrs[i];
+    }
+    reqref_t *rr = agw_slots_get(&w->reqs, c->rid);
+    agw_trace_t *tr = rr ? rr->trace : NULL;
+    if (tr) {
+        size_t slen = 0;
+        const char *section = lua_tolstring(L, 9, &slen);
+        unsigned attempt = (unsigned)lua_tointeger(L, 10);
+        unsigned flags = lua_toboolean(L, 11) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
+        unsigned slot = c->g->gen->upstream_slot[c->up];
+        c->span = agw_trace_add_span(tr, &w->trace_rng, slot, section, section ? slen : 0, flags, attempt ? attempt : 1,
+                                     now_us(w));
+    }
+    uint8_t span_id[8], trace_id[16];
+    if (c->span >= 0) {
+        agw_trace_traceparent(tr, c->span, tp);
+    } else { /* no record (too many spans, or none): still a traceparent, in the trace if known */
+        agw_trace_random_id(&w->trace_rng, span_id, 8);
+        if (tr)
+            memcpy(trace_id, tr->trace_id, 16);
+        else
+            agw_trace_random_id(&w->trace_rng, trace_id, 16);
+        agw_traceparent_format(tp, trace_id, span_id, tr ? tr->flags : AGW_TRACE_FLAG_SAMPLED);
+    }
+    hdrs[k].name = "traceparent", hdrs[k].name_len = 11;
+    hdrs[k].value = tp, hdrs[k].value_len = AGW_TRACEPARENT_LEN;
+    k++;
+    if (rr && rr->tracestate) {
+        hdrs[k].name = "tracestate", hdrs[k].name_len = 10;
+        hdrs[k].value = rr->tracestate, hdrs[k].value_len = rr->tracestate_len;
+        k++;
+    }
+    return k;
+}
+
+/* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode, section, attempt,
+ *           hedge) -> id
+ *   section, attempt (1 for the first) and hedge (boolean) describe the attempt's span. */
 static int l_call(lua_State *L)
 {
     wgen_t *g = upg(L);
@@ -892,7 +1075,8 @@ static int l_call(lua_State *L)
     agw_call_req_t req = {0};
     req.method = luaL_checkstring(L, 3);
     req.path = luaL_checklstring(L, 4, &req.path_len);
-    agw_header_t hdrs[64];
+    agw_header_t hdrs[64 + 2];
+    char traceparent[AGW_TRACEPARENT_LEN];
     if (lua_istable(L, 5)) {
         size_t n = lua_objlen(L, 5) / 2;
         if (n > 64)
@@ -906,9 +1090,9 @@ static int l_call(lua_State *L)
             if (hdrs[i].name == NULL || hdrs[i].value == NULL)
                 return luaL_error(L, "core.call: header names and values must be strings");
         }
-        req.headers = hdrs;
         req.num_headers = n;
     }
+    req.headers = hdrs;
     if (lua_isstring(L, 6))
         req.body = lua_tolstring(L, 6, &req.body_len);
     lua_Number t = luaL_checknumber(L, 7);
@@ -921,6 +1105,10 @@ static int l_call(lua_State *L)
     c->g = g;
     c->decode = lua_toboolean(L, 8);
     c->up = (unsigned)(index - 1);
+    c->rid = (uint64_t)lua_tonumber(L, 1);
+    c->span = -1;
+    c->joiners = NULL;
+    req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
     c->id = agw_slots_put(&w->calls, c);
     c->call = agw_call_start(g->pools[index - 1]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
@@ -1005,6 +1193,7 @@ static int l_cancel(lua_State *L)
     wcall_t *c = agw_slots_get(&w->calls, id);
     if (c) {
         wgen_t *g = c->g;
+        trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0);
         agw_call_cancel(c->call);
         agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
         publish_pool(g, c->up);
@@ -1142,6 +1331,52 @@ static int l_respond(lua_State *L)
     return 1;
 }
 
+/* core.join(rid, id, section): request rid waits on call id of another exchange (single-flight)
+ * for its section: a span of its own, marked shared and linked to the call's span, ends when the
+ * call does. Nothing else changes for the call. */
+static int l_join(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    wcall_t *c = agw_slots_get(&w->calls, (uint64_t)luaL_checknumber(L, 2));
+    if (rr == NULL || rr->trace == NULL || c == NULL)
+        return 0;
+    size_t slen = 0;
+    const char *section = lua_tolstring(L, 3, &slen);
+    int i = agw_trace_add_span(rr->trace, &w->trace_rng, c->g->gen->upstream_slot[c->up], section,
+                               section ? slen : 0, AGW_SPAN_SF_JOINED, 1, now_us(w));
+    if (i < 0)
+        return 0;
+    reqref_t *leader = c->span >= 0 ? agw_slots_get(&w->reqs, c->rid) : NULL;
+    if (leader && leader->trace) {
+        agw_span_t *ls = &leader->trace->spans[c->span];
+        ls->flags |= AGW_SPAN_SF_LEADER;
+        memcpy(rr->trace->spans[i].link_trace_id, leader->trace->trace_id, 16);
+        memcpy(rr->trace->spans[i].link_span_id, ls->span_id, 8);
+    }
+    sf_joiner_t *j = malloc(sizeof(*j));
+    if (j == NULL)
+        return 0;
+    j->rid = rr->rid;
+    j->span = i;
+    j->next = c->joiners;
+    c->joiners = j;
+    return 0;
+}
+
+/* core.trace_id(rid) -> the request's trace id as 32 lowercase hex digits, or nil (req.trace_id) */
+static int l_trace_id(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    if (rr == NULL || rr->trace == NULL)
+        return 0;
+    char hex[32];
+    agw_trace_hex(hex, rr->trace->trace_id, 16);
+    lua_pushlstring(L, hex, 32);
+    return 1;
+}
+
 /* core.log(level, message) */
 static int l_log(lua_State *L)
 {
@@ -1180,7 +1415,7 @@ static int l_upstream_counters(lua_State *L)
 static const luaL_Reg core_fns[] = {
     {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
-    {"upstream_counters", l_upstream_counters},
+    {"upstream_counters", l_upstream_counters}, {"join", l_join}, {"trace_id", l_trace_id},
     {NULL, NULL},
 };
 
@@ -1437,6 +1672,8 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     }
     AGW_M_ADD(w->m->requests_started, 1);
     watch_client(rr, req);
+    rr->trace = NULL;
+    trace_begin(w, rr, req, path_len);
 
     lua_State *L = g->L;
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
@@ -1531,6 +1768,11 @@ static void *worker_main(void *arg)
     ev_run(w->loop, 0);
     if (w->access_fd >= 0)
         alog_flush(w);
+    while (w->free_traces) {
+        agw_trace_t *tr = w->free_traces;
+        w->free_traces = tr->next;
+        free(tr);
+    }
     return NULL;
 }
 
@@ -1582,6 +1824,11 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     w->access_fd = access_fd;
     w->alog_sec = -1;
     w->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)time(NULL) << 8) ^ (uint64_t)(id + 1);
+    /* trace ids must not repeat across gateways started in the same second */
+    if (getrandom(&w->trace_rng, sizeof(w->trace_rng), GRND_NONBLOCK) != (ssize_t)sizeof(w->trace_rng))
+        w->trace_rng = w->rng ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)w;
+    if (w->trace_rng == 0)
+        w->trace_rng = w->rng;
     wgen_t *first = agw_worker_prepare(w, gen, errors);
     if (first == NULL) {
         free(w);

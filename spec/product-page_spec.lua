@@ -54,6 +54,7 @@ describe("GET /product-page/{id}", function()
       { "hangs", { fault = "hang" }, "upstream-timeout", 100 },
       { "is slower than its 100 ms cap", { json = REVIEWS, latency_ms = 500 }, "upstream-timeout", 100 },
       { "refuses connections", { fault = "refuse" }, "upstream-unreachable", 40 },
+      { "fails its TLS handshake", { fault = "tls", latency_ms = 10 }, "upstream-tls", 40 },
       { "answers 503", { status = 503, json = { title = "down" }, latency_ms = 10 }, "upstream-error", 40 },
       { "answers 500", { status = 500, body = "oops", latency_ms = 10 }, "upstream-error", 40 },
       { "sends invalid JSON", { fault = "non_json", latency_ms = 10 }, "upstream-bad-json", 40 },

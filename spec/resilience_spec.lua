@@ -30,6 +30,15 @@ describe("the circuit breaker", function()
     assert.equal(6, #gw:calls("recs")) -- request 7 never reached the upstream
   end)
 
+  it("counts failed TLS handshakes as failures of the upstream", function()
+    gw:stub("recs", "/recs/*", { fault = "tls", latency_ms = 5 })
+    for i = 1, 5 do
+      testing.expect_section(gw:get("/concert/" .. i), "recs", "unavailable", "upstream-tls")
+    end
+    testing.expect_section(gw:get("/concert/6"), "recs", "unavailable", "circuit-open")
+    assert.equal(5, #gw:calls("recs"))
+  end)
+
   it("lets exactly one probe through after open_s, even when 50 requests arrive at once", function()
     gw:stub("recs", "/recs/*", { fault = "refuse" })
     for i = 1, 5 do gw:get("/concert/" .. i) end

@@ -115,6 +115,8 @@ describe("deadlines", function()
     assert.equal("Zoë", page.headers["x-name"])
     assert.same({ x = { "1", "2" }, y = "a b" }, page.json.q)
     assert.equal(50, page.json.left)
+    assert.matches("^%x+$", page.json.trace) -- req.trace_id: 32 hex digits
+    assert.equal(32, #page.json.trace)
   end)
 end)
 

@@ -10,7 +10,7 @@ local UPSTREAM_DEFAULTS = {
   max_connections = 64, max_pending = 256, max_body_bytes = 8 * 1024 * 1024,
 }
 local NOT_YET = {
-  tracing = "tracing export", cache = "caching",
+  cache = "caching",
 }
 
 -- Resilience blocks of an upstream (issue "resilience"): option -> { kind, default, check }.
@@ -42,6 +42,29 @@ local function suggest(key, known)
   return best and (" (did you mean '" .. best .. "'?)") or ""
 end
 
+-- Splits "http://host:port/path" (upstream URLs, the OTLP collector). Returns host, port, path
+-- (without trailing '/'), "host:port" as written; or nil and what is wrong with it.
+-- Splits "http[s]://host[:port][/base]" -> host, port, base path (no trailing '/'), "host[:port]",
+-- scheme; or nil and a message. https is accepted only when allow_https is true.
+local function parse_http_url(url, allow_https)
+  local scheme, rest = url:match("^(%a[%w+.-]*)://(.*)$")
+  if scheme == "https" and not allow_https then
+    return nil, "'" .. url .. "': https is not supported; use http://"
+  elseif scheme ~= "http" and scheme ~= "https" then
+    return nil, "'" .. url .. "': " .. (allow_https and "URLs must start with http:// or https://" or
+                                      "only http:// URLs are supported")
+  end
+  local hostport, path = rest:match("^([^/]*)(.*)$")
+  local host, port = hostport:match("^%[(.-)%]:?(%d*)$")
+  if not host then host, port = hostport:match("^([^:]*):?(%d*)$") end
+  if not host or host == "" then return nil, "'" .. url .. "' has no host" end
+  port = port ~= "" and tonumber(port) or (scheme == "https" and 443 or 80)
+  if port < 1 or port > 65535 then return nil, "'" .. url .. "': port out of range" end
+  path = path:gsub("/+$", "")
+  if path:find("[?#]") then return nil, "'" .. url .. "' must not contain a query or fragment" end
+  return host, port, path, hostport, scheme
+end
+
 --- Checks the table `cfg` that gateway.lua returned. src is the file's text (for line numbers),
 -- file its display path. Returns the normalized config, or nil and a list of error strings.
 function M.check(cfg, src, file)
@@ -58,14 +81,14 @@ function M.check(cfg, src, file)
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
                 shutdown_grace_ms = 10000 }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
-                admin = true, access_log = true, shutdown_grace_ms = true }
+                admin = true, access_log = true, shutdown_grace_ms = true, tracing = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, access_log, upstreams")
+          "shutdown_grace_ms, access_log, tracing, upstreams")
     end
   end
   local function show(v)
@@ -79,6 +102,58 @@ function M.check(cfg, src, file)
       return false
     end
     return true
+  end
+  -- tls = { ca_file, server_name, verify } of an https:// upstream: a table for the C side
+  -- (ca_file resolved against the scripts folder), or nil after reporting errors
+  local function check_upstream_tls(t, host, where, nline)
+    local e = { server_name = host, verify = true }
+    if t == nil then return e end
+    local tline = find_line(lines, "tls", nline) or nline
+    where = where .. ".tls"
+    if type(t) ~= "table" then
+      err(tline, where, "must be a table like { ca_file = \"ca.pem\", server_name = \"api.internal\", verify = true }")
+      return nil
+    end
+    local ok = true
+    for k, v in pairs(t) do
+      local kline = find_line(lines, k, tline) or tline
+      local kwhere = where .. "." .. tostring(k)
+      if k == "ca_file" then
+        if type(v) ~= "string" or v == "" then
+          err(kline, kwhere, "must be the path of a PEM file of CA certificates, got " .. show(v)); ok = false
+        else
+          local path = v
+          if path:sub(1, 1) ~= "/" then path = (file:match("^(.*)/[^/]*$") or ".") .. "/" .. path end
+          local f = io.open(path, "rb")
+          local text = f and f:read(1048576)
+          if f then f:close() end
+          if not text then
+            err(kline, kwhere, "cannot read " .. path); ok = false
+          elseif not text:find("-----BEGIN CERTIFICATE-----", 1, true) then
+            err(kline, kwhere, path .. " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"); ok = false
+          else
+            e.ca_file = path
+          end
+        end
+      elseif k == "server_name" then
+        if type(v) ~= "string" or not v:match("^[%w%.%-_:]+$") then
+          err(kline, kwhere, "must be a host name like \"api.internal\" (or an IP address), got " .. show(v)); ok = false
+        else
+          e.server_name = v
+        end
+      elseif k == "verify" then
+        if type(v) ~= "boolean" then
+          err(kline, kwhere, "must be true or false, got " .. show(v)); ok = false
+        else
+          e.verify = v
+        end
+      else
+        err(kline, kwhere, "unknown option" .. suggest(tostring(k), { ca_file = 1, server_name = 1, verify = 1 }) ..
+            "; tls knows ca_file, server_name, verify"); ok = false
+      end
+    end
+    e.line = tline
+    return ok and e or nil
   end
   -- listen
   local listen = cfg.listen
@@ -175,6 +250,58 @@ function M.check(cfg, src, file)
       out.access_log = v
     end
   end
+  -- tracing = { otlp_http = "http://127.0.0.1:4318/v1/traces", service_name = "aggway", timeout_ms = 2000 }
+  -- (absent or false: spans are not exported; traceparent is propagated all the same)
+  if cfg.tracing ~= nil and cfg.tracing ~= false then
+    local tline = find_line(lines, "tracing")
+    local t = cfg.tracing
+    if type(t) ~= "table" then
+      err(tline, "tracing", "must be a table like { otlp_http = \"http://127.0.0.1:4318/v1/traces\" } (or false)")
+    else
+      local ok = true
+      local TRACING = { otlp_http = true, service_name = true, timeout_ms = true }
+      for k in pairs(t) do
+        if not TRACING[k] then
+          err(find_line(lines, k, tline) or tline, "tracing." .. tostring(k), "unknown option" ..
+              suggest(tostring(k), TRACING) .. "; tracing knows otlp_http, service_name, timeout_ms")
+          ok = false
+        end
+      end
+      local e = { service_name = "aggway", timeout_ms = 2000 }
+      local uline = find_line(lines, "otlp_http", tline) or tline
+      if type(t.otlp_http) ~= "string" then
+        err(uline, "tracing.otlp_http", "is required, like otlp_http = \"http://127.0.0.1:4318/v1/traces\", got " ..
+            show(t.otlp_http))
+        ok = false
+      else
+        local host, port, path, hostport = parse_http_url(t.otlp_http)
+        if not host then
+          err(uline, "tracing.otlp_http", port)
+          ok = false
+        else
+          e.otlp_http, e.host, e.port, e.host_header, e.line = t.otlp_http, host, port, hostport, uline
+          e.path = path ~= "" and path or "/v1/traces"
+        end
+      end
+      if t.service_name ~= nil then
+        if type(t.service_name) ~= "string" or t.service_name == "" or #t.service_name > 128 then
+          err(find_line(lines, "service_name", tline) or tline, "tracing.service_name",
+              "must be a non-empty string of up to 128 characters, got " .. show(t.service_name))
+          ok = false
+        else
+          e.service_name = t.service_name
+        end
+      end
+      if t.timeout_ms ~= nil then
+        if posint(t.timeout_ms, "tracing.timeout_ms", find_line(lines, "timeout_ms", tline) or tline, 60000) then
+          e.timeout_ms = t.timeout_ms
+        else
+          ok = false
+        end
+      end
+      if ok then out.tracing = e end
+    end
+  end
   -- workers
   if cfg.workers ~= nil and cfg.workers ~= "auto" then
     if posint(cfg.workers, "workers", find_line(lines, "workers"), 256) then out.workers = cfg.workers end
@@ -223,15 +350,16 @@ function M.check(cfg, src, file)
           err(kline, where .. "." .. k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
         elseif BLOCKS[k] then
           -- checked below
-        elseif k == "url" then
+        elseif k == "url" or k == "tls" then
           -- checked below
         elseif UPSTREAM_DEFAULTS[k] then
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
-          local known = { url = true, breaker = true, retry = true, hedge = true }
+          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
-              "; upstreams know url, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, max_body_bytes")
+              "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
+              "max_body_bytes, breaker, retry, hedge")
         end
       end
       for block, fields in pairs(BLOCKS) do
@@ -277,23 +405,18 @@ function M.check(cfg, src, file)
       if type(url) ~= "string" then
         err(urlline, where .. ".url", "is required, like url = \"http://127.0.0.1:9001\"")
       else
-        local scheme, rest = url:match("^(%a[%w+.-]*)://(.*)$")
-        if scheme ~= "http" then
-          err(urlline, where .. ".url", "'" .. url .. "': only http:// upstream URLs are supported")
+        local host, port, path, hostport, scheme = parse_http_url(url, true)
+        if not host then
+          err(urlline, where .. ".url", port)
         else
-          local hostport, path = rest:match("^([^/]*)(.*)$")
-          local host, port = hostport:match("^%[(.-)%]:?(%d*)$")
-          if not host then host, port = hostport:match("^([^:]*):?(%d*)$") end
-          if not host or host == "" then
-            err(urlline, where .. ".url", "'" .. url .. "' has no host")
-          else
-            port = port ~= "" and tonumber(port) or 80
-            if port < 1 or port > 65535 then err(urlline, where .. ".url", "port out of range") end
-            path = path:gsub("/+$", "")
-            if path:find("[?#]") then err(urlline, where .. ".url", "must not contain a query or fragment") end
-            e.url, e.host, e.port, e.base_path = url, host, port, path
-            e.host_header = hostport
-            e.line = urlline
+          e.url, e.host, e.port, e.base_path = url, host, port, path
+          e.host_header = hostport
+          e.line = urlline
+          if scheme == "https" then
+            e.tls = check_upstream_tls(u.tls, host, where, nline)
+          elseif u.tls ~= nil then
+            err(find_line(lines, "tls", nline) or nline, where .. ".tls",
+                "is only for https:// upstreams; use url = \"https://…\" or remove tls")
           end
         end
       end

@@ -35,6 +35,7 @@ local OUTCOMES = {
   truncated       = { "upstream-bad-response", "%s: upstream %s sent an incomplete response", 502 },
   bad_response    = { "upstream-bad-response", "%s: upstream %s sent an invalid HTTP response", 502 },
   too_large       = { "upstream-bad-response", "%s: upstream %s sent a body over its size limit", 502 },
+  tls             = { "upstream-tls", "%s: the TLS handshake with upstream %s failed", 502 },
   overload        = { "upstream-overloaded", "%s: upstream %s has no free connection", 503 },
   bad_request     = { "invalid-call", "%s: the call to upstream %s has invalid characters in its path or headers", 502 },
   bad_json        = { "upstream-bad-json", "%s: upstream %s sent a body that is not valid JSON", 502 },

@@ -8,7 +8,10 @@
 --
 -- The transport `core` provides:
 --   core.now() -> ms                              monotonic clock, milliseconds
---   core.call(rid, index, method, path, headers, body, timeout_ms, decode) -> call id
+--   core.call(rid, index, method, path, headers, body, timeout_ms, decode, section, attempt, hedge)
+--                                                 -> call id (the last three describe the span)
+--   core.join(rid, id, section)                   (optional) rid's section waits on call id (single-flight)
+--   core.trace_id(rid) -> hex | nil               (optional) the request's trace id (req.trace_id)
 --        later delivers M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
 --   core.cancel(id)                               no on_call follows
 --   core.respond(rid, status, headers, body, is_json, default_type, server_timing) -> true | nil, err
@@ -309,7 +312,7 @@ local function p95(u)
 end
 -- How an attempt counts for the breaker: the upstream's failures only.
 local BREAKER_FAILURES = { refused = true, connect_timeout = true, reset = true, truncated = true,
-                           bad_response = true, too_large = true }
+                           bad_response = true, too_large = true, tls = true }
 
 local function breaker_verdict(outcome, http_status, clamped, bad_json)
   if outcome == "ok" then
@@ -434,7 +437,8 @@ local function after_failure(x, r, outcome, http_status)
   local spec, u = x, x.u
   local retry = spec.retry
   local retryable = retry and x.attempts < retry.attempts and
-    (outcome == "refused" or outcome == "connect_timeout" or (outcome == "reset" and (http_status or 0) == 0) or
+    (outcome == "refused" or outcome == "connect_timeout" or outcome == "tls" or
+     (outcome == "reset" and (http_status or 0) == 0) or
      (outcome == "ok" and retry.on[http_status]))
   if retryable then
     -- the retry budget: retries may add at most budget_percent of the upstream's active calls
@@ -524,6 +528,7 @@ attempt = function(x, hedge)
     f.n = f.n + 1
     x.a1 = { id = f.id, flight = f }
     u.stats.collapsed = u.stats.collapsed + 1
+    if core.join then core.join(ctx.rid, f.id, x.key) end -- a span that waits on the shared call
     if t < f.ends - now then
       -- this caller has less time than the shared call: it stops waiting at its own timeout
       x.own_timer = set_timer(t, function()
@@ -558,8 +563,9 @@ attempt = function(x, hedge)
   x.attempts = x.attempts + 1
   u.stats.attempts = u.stats.attempts + 1
   if hedge then u.stats.hedges = u.stats.hedges + 1 end
+  -- (section, attempt number, hedge: the attempt's span; the transport adds its traceparent)
   local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode)
+                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge)
   -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
   -- less per call); a hedge, which runs beside it, gets a table of its own
   local rec
@@ -1056,7 +1062,7 @@ local function parse_query(q)
   return t
 end
 
--- req.query, req.headers, req.json and req.remaining_ms are built on first read: most pages
+-- req.query, req.headers, req.json, req.remaining_ms and req.trace_id are built on first read: most pages
 -- never read most of them.
 local req_lazy = setmetatable({}, { __mode = "k" })   -- req -> its ctx (which keeps query, req_headers)
 
@@ -1076,6 +1082,8 @@ local req_mt = {
       v = parse_query(lazy and lazy.query)
     elseif k == "headers" then
       v = parse_headers_table(lazy and lazy.req_headers)
+    elseif k == "trace_id" then
+      v = lazy and core.trace_id and core.trace_id(lazy.rid)
     elseif k == "remaining_ms" then
       local ctx = lazy
       v = function()

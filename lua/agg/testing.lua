@@ -14,7 +14,7 @@
 --   assert.equal("unavailable", page.json.reviews.status)
 --
 -- Stub answers: { status = 200, headers = { … }, json = value | body = "bytes", latency_ms = 0,
---   fault = nil | "hang" | "refuse" | "reset" | "short" | "non_json" | "invalid_utf8" | "huge" }.
+--   fault = nil | "hang" | "refuse" | "tls" | "reset" | "short" | "non_json" | "invalid_utf8" | "huge" }.
 -- A list of answers is served in order, the last one repeating.
 local json = require "agg.json"
 local loader = require "agg.loader"
@@ -156,6 +156,8 @@ function Gateway:install()
   function core.call(rid, index, method, path, headers, body, timeout_ms, decode)
     return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
   end
+  -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
+  function core.trace_id(rid) return ("%032x"):format(rid) end
   function core.cancel(id)
     local c = gw.by_id[id]
     if c and not c.ended_ms then
@@ -259,6 +261,11 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   end
   local at = self.clock + latency
   if fault == "reset" then finish(at, "reset", nil, nil, nil, nil, "connection reset") return id end
+  if fault == "tls" then
+    finish(at, "tls", nil, nil, nil, nil, "TLS handshake with upstream " .. up.name ..
+           " failed: certificate verify failed: certificate has expired (stub)")
+    return id
+  end
   if fault == "short" then finish(at, "truncated", nil, nil, nil, nil, "body shorter than Content-Length") return id end
   if fault == "huge" then finish(at, "too_large", nil, nil, nil, nil, "body over max_body_bytes") return id end
   local status = ans.status or 200

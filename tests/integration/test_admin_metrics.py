@@ -361,10 +361,11 @@ class AccessLog(AdminCase):
         lines = [l for l in self.read_lines(path, 3) if l["path"] != "/__harness_probe__"]
         self.assertEqual(len(lines), 2, lines)
         page, missing = lines
+        self.assertRegex(page["trace_id"], r"^[0-9a-f]{32}$", "a routed request has its trace id")
+        self.assertIsNone(missing["trace_id"], "no route matched: no trace")
         for l in lines:
             self.assertEqual(set(l), self.FIELDS, l)
             self.assertRegex(l["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-            self.assertIsNone(l["trace_id"])
         self.assertEqual((page["method"], page["path"], page["route"], page["status"]),
                          ("GET", "/mp/7?x=1", "GET /mp/{id}", 200))
         self.assertGreater(page["bytes"], 50)
