@@ -267,6 +267,28 @@ class InFlight(ReloadCase):
         self.assertLogClean()
 
 
+class Names(ReloadCase):
+
+    def test_the_waterfall_names_routes_and_upstreams_of_an_old_generation_after_a_reload(self):
+        # generation 2 puts a route before the old one and an upstream before product: indexes
+        # shift, names must not
+        self.start_gateway(workers=1)
+        self.assertShape("v1")
+        self.write("a/first.lua", endpoint("GET /shape/featured", """
+    return agg.page(agg.fetch_all { x = { "inventory", "/stock/1" } })"""))
+        gw = self.read("gateway.lua").replace("upstreams = {", "upstreams = {\n    aaa = { url = \"http://127.0.0.1:9\" },", 1)
+        self.write("gateway.lua", gw)
+        self.reload_ok(2)
+        self.assertEqual(self.client.get("/shape/featured")[0], 200)
+        reqs = self.admin_json("/waterfall.json")["requests"]
+        by_path = {r["request"].split(" ", 1)[1]: r for r in reqs}
+        old, new = by_path["/shape/9000"], by_path["/shape/featured"]
+        self.assertEqual(old["route"], "GET /shape/{id}")
+        self.assertEqual([c["upstream"] for c in old["calls"]], ["product"])
+        self.assertEqual(new["route"], "GET /shape/featured")
+        self.assertEqual([c["upstream"] for c in new["calls"]], ["inventory"])
+
+
 BROKEN_GATEWAY_TYPO = """
 return {
   listen = { { port = %(port)d } },
