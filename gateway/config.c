@@ -351,7 +351,8 @@ static int same_tls(const agw_upstream_tls_t *a, const agw_upstream_tls_t *b)
 
 int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf_t *b)
 {
-    return same_tls(a->tls, b->tls) && same_str(a->name, b->name) && same_str(a->url, b->url) && same_str(a->host_header, b->host_header) &&
+    return same_tls(a->tls, b->tls) && same_str(a->name, b->name) && same_str(a->url, b->url) &&
+           same_str(a->host_header, b->host_header) &&
            same_str(a->base_path, b->base_path) && a->addrlen == b->addrlen &&
            memcmp(&a->addr, &b->addr, a->addrlen) == 0 && a->connect_timeout_ms == b->connect_timeout_ms &&
            a->idle_timeout_ms == b->idle_timeout_ms && a->max_connections == b->max_connections &&

@@ -1,6 +1,7 @@
 /* config.h: one loaded generation of a scripts folder, as the C side needs it: listeners,
- * workers, upstreams (resolved) and the route table (generation.h wraps it for hot reload). Built by agw_config_load from the same Lua
- * loader (lua/agg/loader.lua) that every worker runs, so `aggway check` and `serve` agree. */
+ * workers, upstreams (resolved) and the route table (generation.h wraps it for hot reload). Built
+ * by agw_config_load from the same Lua loader (lua/agg/loader.lua) that every worker runs, so
+ * `aggway check` and `serve` agree. */
 #ifndef AGW_CONFIG_H
 #define AGW_CONFIG_H
 
