@@ -717,7 +717,7 @@ static void push_raw(lua_State *L, const char *in)
 {
     int compact;
     CHECK(agw_json_validate(in, strlen(in), AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) == 0);
-    agw_json_push_raw_ref(L, in, strlen(in), compact);
+    agw_json_push_raw_ref(L, in, strlen(in), compact, NULL, 0);
 }
 
 static void raw_ref_encodes_verbatim_when_compact(void)
@@ -746,7 +746,7 @@ static void raw_ref_with_whitespace_encodes_without_it(void)
     /* the same text the upstream sent, less the whitespace between tokens */
     CHECK_STR(out.base, "{\"z\":1E2,\"a\":[1.0,\"\\u00e9\"],\"s\":\"a b\"}");
     /* compact = 0 from a caller that did not know is always safe */
-    agw_json_push_raw_ref(L, "[1E2, \"x\\\" y\"]", 14, 0);
+    agw_json_push_raw_ref(L, "[1E2, \"x\\\" y\"]", 14, 0, NULL, 0);
     agw_buf_reset(&out);
     CHECK(agw_json_encode(L, -1, &out, err, sizeof(err)) == 0);
     CHECK_STR(out.base, "[1E2,\"x\\\" y\"]");
@@ -757,10 +757,35 @@ static void raw_ref_with_whitespace_encodes_without_it(void)
 static void raw_ref_that_does_not_parse_is_an_error_not_a_crash(void)
 {
     lua_State *L = new_state();
-    agw_json_push_raw_ref(L, "[1,", 3, 0); /* breaks the contract on purpose */
+    agw_json_push_raw_ref(L, "[1,", 3, 0, NULL, 0); /* breaks the contract on purpose */
     lua_setglobal(L, "bad");
     /* only validated text makes raw refs; text that breaks that gives a partial value, no crash or loop */
     check_lua(L, "local ok, v = pcall(json.materialize, bad); return ok and json.is_array(v) and v[1] == 1");
+    lua_close(L);
+}
+
+/* An upstream response's header block rides after the body's text (worker.c on_call_done): the
+ * text, its encoding and json.raw() are unchanged by it, json.raw_extra() gives it back byte for
+ * byte (NULs included), and a ref without one gives nil. */
+static void raw_ref_keeps_extra_bytes_after_its_text(void)
+{
+    lua_State *L = new_state();
+    const char *in = "{\"a\":1}";
+    static const char hdrs[] = "content-type\0application/json\0x-id\0" "007\0";
+    agw_json_push_raw_ref(L, in, strlen(in), 1, hdrs, sizeof(hdrs) - 1);
+    const agw_json_raw_t *r = agw_json_check_raw_ref(L, -1);
+    CHECK(r != NULL && r->len == strlen(in) && r->text[r->len] == '\0' && r->extra_len == sizeof(hdrs) - 1);
+    agw_buf_reset(&out);
+    CHECK(agw_json_encode(L, -1, &out, err, sizeof(err)) == 0);
+    CHECK_STR(out.base, in);
+    lua_setglobal(L, "with");
+    agw_json_push_raw_ref(L, in, strlen(in), 1, NULL, 0);
+    lua_setglobal(L, "without");
+    check_lua(L, "local x = json.raw_extra(with)\n"
+                 "return json.raw(with) == '{\"a\":1}' and #x == 39 and\n"
+                 "  x == 'content-type\\0application/json\\0x-id\\0' .. '007\\0' and\n"
+                 "  json.raw_extra(without) == nil and json.materialize(with).a == 1 and\n"
+                 "  not pcall(json.raw_extra, {})");
     lua_close(L);
 }
 
@@ -893,6 +918,7 @@ int main(void)
     RUN(text_push_agrees_with_jansson_tree);
     RUN(raw_ref_that_does_not_parse_is_an_error_not_a_crash);
     RUN(raw_ref_materializes_like_a_tree_ref);
+    RUN(raw_ref_keeps_extra_bytes_after_its_text);
     RUN(raw_ref_inside_a_lua_table_encodes);
     RUN(json_parse_returns_a_raw_ref);
     RUN(raw_refs_need_no_finalizer);
