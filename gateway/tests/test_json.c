@@ -529,6 +529,49 @@ static void text_push_agrees_with_jansson_tree(void)
     lua_close(L);
 }
 
+/* Objects of more members than the push parser keeps on the stack before making the table
+ * (json_push.c OBJECT_PENDING_MAX), with repeated keys on both sides of that mark and nested
+ * objects: the same values, key order and stack as jansson's tree. */
+static void text_push_of_big_objects_agrees_with_jansson_tree(void)
+{
+    lua_State *L = new_state();
+    static const int sizes[] = {5, 31, 32, 33, 40, 1000};
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        agw_buf_t text = AGW_BUF_INIT;
+        agw_buf_putc(&text, '{');
+        for (int i = 0; i < sizes[s]; i++) {
+            /* every 7th member repeats an earlier key (first place kept, last value wins) */
+            int k = (i % 7 == 6) ? i / 2 : i;
+            agw_buf_printf(&text, "%s\"k%d\":%s%d%s", i ? "," : "", k, i % 5 == 0 ? "{\"in\":" : "", i,
+                           i % 5 == 0 ? "}" : "");
+        }
+        agw_buf_putc(&text, '}');
+        json_t *tree = NULL;
+        CHECK(agw_json_parse(text.base, text.len, AGW_JSON_MAX_DEPTH, &tree, err, sizeof(err)) == 0);
+        if (tree == NULL) {
+            agw_buf_free(&text);
+            continue;
+        }
+        agw_json_push(L, tree);
+        json_decref(tree);
+        agw_buf_t a = AGW_BUF_INIT, b = AGW_BUF_INIT;
+        CHECK(agw_json_encode(L, -1, &a, err, sizeof(err)) == 0);
+        agw_json_push_text(L, text.base);
+        CHECK(lua_gettop(L) == 2);
+        CHECK(agw_json_encode(L, -1, &b, err, sizeof(err)) == 0);
+        if (a.base == NULL || b.base == NULL || strcmp(a.base, b.base) != 0) {
+            fprintf(stderr, "object of %d members: tree gives %.200s…, one-pass push gives %.200s…\n", sizes[s],
+                    a.base, b.base);
+            check_failures++;
+        }
+        agw_buf_free(&a);
+        agw_buf_free(&b);
+        agw_buf_free(&text);
+        lua_settop(L, 0);
+    }
+    lua_close(L);
+}
+
 static void validator_rejects_invalid_json(void)
 {
     for (size_t i = 0; i < sizeof(invalid_texts) / sizeof(invalid_texts[0]); i++) {
@@ -916,6 +959,7 @@ int main(void)
     RUN(raw_ref_encodes_verbatim_when_compact);
     RUN(raw_ref_with_whitespace_encodes_without_it);
     RUN(text_push_agrees_with_jansson_tree);
+    RUN(text_push_of_big_objects_agrees_with_jansson_tree);
     RUN(raw_ref_that_does_not_parse_is_an_error_not_a_crash);
     RUN(raw_ref_materializes_like_a_tree_ref);
     RUN(raw_ref_keeps_extra_bytes_after_its_text);
