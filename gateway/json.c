@@ -244,14 +244,18 @@ json_t *agw_json_check_ref(lua_State *L, int idx)
     return *(json_t **)lua_touserdata(L, idx);
 }
 
-void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact)
+void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact, const char *extra,
+                           size_t extra_len)
 {
-    agw_json_raw_t *r = lua_newuserdata(L, sizeof(*r) + len + 1);
+    agw_json_raw_t *r = lua_newuserdata(L, sizeof(*r) + len + 1 + extra_len);
     r->len = len;
+    r->extra_len = extra_len;
     r->compact = compact != 0;
     if (len > 0) /* buf may be NULL then */
         memcpy(r->text, buf, len);
     r->text[len] = '\0';
+    if (extra_len > 0)
+        memcpy(r->text + len + 1, extra, extra_len);
     agw_json_regget(L, AGW_JSON_K_RAW);
     if (lua_isnil(L, -1)) { /* first use in this state: one registry lookup per push otherwise */
         lua_pop(L, 1);
@@ -576,7 +580,7 @@ static int l_parse(lua_State *L)
         lua_pushstring(L, err);
         return 2;
     }
-    agw_json_push_raw_ref(L, s, len, compact);
+    agw_json_push_raw_ref(L, s, len, compact, NULL, 0);
     return 1;
 }
 
@@ -587,6 +591,19 @@ static int l_raw(lua_State *L)
     if (r == NULL)
         return luaL_typerror(L, 1, "agg.json raw ref");
     lua_pushlstring(L, r->text, r->len);
+    return 1;
+}
+
+/* raw_extra(ref) -> string | nil: the bytes kept after a raw ref's text (agw_json_push_raw_ref's
+ * extra; for an upstream body, its response headers as "name\0value\0…"), nil when none. */
+static int l_raw_extra(lua_State *L)
+{
+    const agw_json_raw_t *r = agw_json_check_raw_ref(L, 1);
+    if (r == NULL)
+        return luaL_typerror(L, 1, "agg.json raw ref");
+    if (r->extra_len == 0)
+        return 0;
+    lua_pushlstring(L, r->text + r->len + 1, r->extra_len);
     return 1;
 }
 
@@ -637,7 +654,7 @@ int agw_json_open(lua_State *L)
         {"array", l_array},       {"is_array", l_is_array}, {"int64", l_int64},
         {"is_int64", l_is_int64}, {"setorder", l_setorder}, {"decode", l_decode},
         {"encode", l_encode},     {"materialize", l_materialize}, {"parse", l_parse}, {"keys", l_keys},
-        {"raw", l_raw},           {"is_ref", l_is_ref},       {NULL, NULL},
+        {"raw", l_raw}, {"raw_extra", l_raw_extra},           {"is_ref", l_is_ref},       {NULL, NULL},
     };
     ensure_state(L);
     lua_createtable(L, 0, 12);

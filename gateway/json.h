@@ -67,11 +67,14 @@ static inline void agw_json_regget(lua_State *L, int k)
     lua_rawget(L, LUA_REGISTRYINDEX);
 }
 
-/* The body of a raw ref userdata (lua_newuserdata of sizeof(agw_json_raw_t) + len + 1). */
+/* The body of a raw ref userdata (lua_newuserdata of sizeof(agw_json_raw_t) + len + 1 +
+ * extra_len). */
 typedef struct {
     size_t len;
-    int compact;  /* no whitespace outside strings: the text is its own compact encoding */
-    char text[];  /* len bytes of validated JSON, then a NUL */
+    size_t extra_len; /* bytes the owner keeps after the text's NUL (an upstream response's
+                         header block, see agw_json_push_raw_ref); 0 when none */
+    int compact;      /* no whitespace outside strings: the text is its own compact encoding */
+    char text[];      /* len bytes of validated JSON, then a NUL, then extra_len bytes */
 } agw_json_raw_t;
 
 /* Parses len bytes of JSON (any top-level value, "\u0000" allowed in strings). On success stores a
@@ -117,9 +120,13 @@ json_t *agw_json_check_ref(lua_State *L, int idx);
 
 /* Pushes a raw ref holding a copy of len bytes of JSON text that agw_json_validate accepted with a
  * max_depth of at most AGW_JSON_MAX_DEPTH; compact is the flag it returned (pass 0 when unsure:
- * the text is then re-encoded rather than copied). One lua_newuserdata, nothing else allocated.
- * Raises a Lua error only when memory runs out (or len exceeds LuaJIT's userdata limit, 2 GB). */
-void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact);
+ * the text is then re-encoded rather than copied). extra (extra_len bytes, may be NULL when 0)
+ * is copied after the text and read back with json.raw_extra(ref): an upstream response's header
+ * block rides in the same allocation as its body, so a call whose headers no script reads costs
+ * no Lua string for them. One lua_newuserdata, nothing else allocated. Raises a Lua error only
+ * when memory runs out (or the size exceeds LuaJIT's userdata limit, 2 GB). */
+void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact, const char *extra,
+                           size_t extra_len);
 
 /* Pushes the Lua values of text, which must be NUL-terminated JSON that agw_json_validate accepted
  * with max_depth <= AGW_JSON_MAX_DEPTH (nothing is checked again). The values are those

@@ -142,43 +142,85 @@ static void tp_number(tp_t *t)
     t->p = q;
 }
 
+/* Sets member key (at stack index key, its value at key + 1) of the table at tb, and appends the
+ * key to the order list at ord (whose length is *n) unless tb has it already: a repeated key
+ * keeps its first place and its last value, as in jansson. */
+static void set_member(lua_State *L, int tb, int ord, int *n, int key)
+{
+    lua_pushvalue(L, key);
+    lua_rawget(L, tb);
+    int seen = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (!seen) {
+        lua_pushvalue(L, key);
+        lua_rawseti(L, ord, ++*n);
+    }
+    lua_pushvalue(L, key);
+    lua_pushvalue(L, key + 1);
+    lua_rawset(L, tb);
+}
+
+/* Members parsed onto the stack before the object's table is made at their count (a Lua table
+ * that grows is rehashed: that was a rehash for every object of more than four members). An
+ * object with more goes on into the table made for the first OBJECT_PENDING_MAX. */
+#define OBJECT_PENDING_MAX 32
+
 static void tp_object(tp_t *t)
 {
     lua_State *L = t->L;
     t->p++;
     skip_ws(t);
-    lua_createtable(L, 0, 4);
     if (*t->p == '}') {
         t->p++;
+        lua_createtable(L, 0, 0);
         return; /* nothing to remember; an empty object encodes as {} anyway */
     }
-    lua_createtable(L, 4, 0); /* the key order */
-    int i = 0;
-    for (;;) {
+    int base = lua_gettop(L), pending = 0, more = 0;
+    for (;;) { /* key, value, key, value, … above base */
         skip_ws(t);
         if (*t->p != '"')
             break;
+        luaL_checkstack(L, 4, "JSON push");
         tp_string(t);
-        lua_pushvalue(L, -1);
-        lua_rawget(L, -4);
-        int seen = !lua_isnil(L, -1); /* a repeated key keeps its first place and its last value, as in jansson */
-        lua_pop(L, 1);
-        if (!seen) {
-            lua_pushvalue(L, -1);
-            lua_rawseti(L, -3, ++i);
-        }
         skip_ws(t);
         t->p++; /* ':' */
         skip_ws(t);
         tp_value(t);
-        lua_rawset(L, -4);
+        pending++;
+        skip_ws(t);
+        if (*t->p == '\0' || *t->p++ == '}')
+            break; /* else ',' */
+        if (pending == OBJECT_PENDING_MAX) {
+            more = 1;
+            break;
+        }
+    }
+    lua_createtable(L, 0, pending);
+    lua_createtable(L, pending, 0); /* the key order */
+    int tb = base + 2 * pending + 1, ord = tb + 1, n = 0;
+    for (int i = 0; i < pending; i++)
+        set_member(L, tb, ord, &n, base + 1 + 2 * i);
+    while (more) { /* members beyond the first OBJECT_PENDING_MAX, one at a time */
+        skip_ws(t);
+        if (*t->p != '"')
+            break;
+        tp_string(t);
+        skip_ws(t);
+        t->p++; /* ':' */
+        skip_ws(t);
+        tp_value(t);
+        set_member(L, tb, ord, &n, lua_gettop(L) - 1);
+        lua_pop(L, 2);
         skip_ws(t);
         if (*t->p == '\0' || *t->p++ == '}')
             break; /* else ',' */
     }
-    lua_pushvalue(L, -2); /* order[tbl] = keys */
-    lua_insert(L, -2);
+    lua_pushvalue(L, tb); /* order[tbl] = keys */
+    lua_pushvalue(L, ord);
     lua_rawset(L, t->order);
+    lua_pop(L, 1);
+    lua_replace(L, base + 1); /* the table where the first key was; the members go */
+    lua_settop(L, base + 1);
 }
 
 static void tp_array(tp_t *t)

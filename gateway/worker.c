@@ -950,12 +950,19 @@ static void append_header(agw_buf_t *b, const char *name, size_t name_len, const
     b->base[b->len++] = '\0';
 }
 
-static void push_headers(agw_worker_t *w, lua_State *L, const agw_header_t *h, size_t n)
+/* The header block of a response ("name\0value\0…") in w->hdrs. */
+static agw_buf_t *header_block(agw_worker_t *w, const agw_header_t *h, size_t n)
 {
     agw_buf_t *b = &w->hdrs;
     agw_buf_reset(b);
     for (size_t i = 0; i < n; i++)
         append_header(b, h[i].name, h[i].name_len, h[i].value, h[i].value_len);
+    return b;
+}
+
+static void push_headers(agw_worker_t *w, lua_State *L, const agw_header_t *h, size_t n)
+{
+    agw_buf_t *b = header_block(w, h, n);
     lua_pushlstring(L, b->base ? b->base : "", b->len);
 }
 
@@ -989,19 +996,20 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
         json_body = -1; /* not JSON: the failed call carries the body and the reason */
     agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
     publish_pool(g, up);
-    if (res->outcome == AGW_CALL_OK) {
+    if (json_body == 1) {
+        lua_pushboolean(L, 1); /* the headers ride in the body's raw ref (json.raw_extra) */
+        lua_pushnil(L);
+    } else if (res->outcome == AGW_CALL_OK) {
         push_headers(w, L, res->headers, res->num_headers);
-        if (json_body == 1)
-            lua_pushnil(L);
-        else
-            lua_pushlstring(L, res->body ? res->body : "", res->body_len);
+        lua_pushlstring(L, res->body ? res->body : "", res->body_len);
     } else {
         lua_pushnil(L);
         lua_pushnil(L);
     }
-    if (json_body == 1)
-        agw_json_push_raw_ref(L, res->body, res->body_len, compact);
-    else if (json_body == -1)
+    if (json_body == 1) {
+        agw_buf_t *hb = header_block(w, res->headers, res->num_headers);
+        agw_json_push_raw_ref(L, res->body, res->body_len, compact, hb->base, hb->len);
+    } else if (json_body == -1)
         lua_pushstring(L, err);
     else
         lua_pushnil(L);

@@ -529,6 +529,49 @@ static void text_push_agrees_with_jansson_tree(void)
     lua_close(L);
 }
 
+/* Objects of more members than the push parser keeps on the stack before making the table
+ * (json_push.c OBJECT_PENDING_MAX), with repeated keys on both sides of that mark and nested
+ * objects: the same values, key order and stack as jansson's tree. */
+static void text_push_of_big_objects_agrees_with_jansson_tree(void)
+{
+    lua_State *L = new_state();
+    static const int sizes[] = {5, 31, 32, 33, 40, 1000};
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        agw_buf_t text = AGW_BUF_INIT;
+        agw_buf_putc(&text, '{');
+        for (int i = 0; i < sizes[s]; i++) {
+            /* every 7th member repeats an earlier key (first place kept, last value wins) */
+            int k = (i % 7 == 6) ? i / 2 : i;
+            agw_buf_printf(&text, "%s\"k%d\":%s%d%s", i ? "," : "", k, i % 5 == 0 ? "{\"in\":" : "", i,
+                           i % 5 == 0 ? "}" : "");
+        }
+        agw_buf_putc(&text, '}');
+        json_t *tree = NULL;
+        CHECK(agw_json_parse(text.base, text.len, AGW_JSON_MAX_DEPTH, &tree, err, sizeof(err)) == 0);
+        if (tree == NULL) {
+            agw_buf_free(&text);
+            continue;
+        }
+        agw_json_push(L, tree);
+        json_decref(tree);
+        agw_buf_t a = AGW_BUF_INIT, b = AGW_BUF_INIT;
+        CHECK(agw_json_encode(L, -1, &a, err, sizeof(err)) == 0);
+        agw_json_push_text(L, text.base);
+        CHECK(lua_gettop(L) == 2);
+        CHECK(agw_json_encode(L, -1, &b, err, sizeof(err)) == 0);
+        if (a.base == NULL || b.base == NULL || strcmp(a.base, b.base) != 0) {
+            fprintf(stderr, "object of %d members: tree gives %.200s…, one-pass push gives %.200s…\n", sizes[s],
+                    a.base, b.base);
+            check_failures++;
+        }
+        agw_buf_free(&a);
+        agw_buf_free(&b);
+        agw_buf_free(&text);
+        lua_settop(L, 0);
+    }
+    lua_close(L);
+}
+
 static void validator_rejects_invalid_json(void)
 {
     for (size_t i = 0; i < sizeof(invalid_texts) / sizeof(invalid_texts[0]); i++) {
@@ -717,7 +760,7 @@ static void push_raw(lua_State *L, const char *in)
 {
     int compact;
     CHECK(agw_json_validate(in, strlen(in), AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) == 0);
-    agw_json_push_raw_ref(L, in, strlen(in), compact);
+    agw_json_push_raw_ref(L, in, strlen(in), compact, NULL, 0);
 }
 
 static void raw_ref_encodes_verbatim_when_compact(void)
@@ -746,7 +789,7 @@ static void raw_ref_with_whitespace_encodes_without_it(void)
     /* the same text the upstream sent, less the whitespace between tokens */
     CHECK_STR(out.base, "{\"z\":1E2,\"a\":[1.0,\"\\u00e9\"],\"s\":\"a b\"}");
     /* compact = 0 from a caller that did not know is always safe */
-    agw_json_push_raw_ref(L, "[1E2, \"x\\\" y\"]", 14, 0);
+    agw_json_push_raw_ref(L, "[1E2, \"x\\\" y\"]", 14, 0, NULL, 0);
     agw_buf_reset(&out);
     CHECK(agw_json_encode(L, -1, &out, err, sizeof(err)) == 0);
     CHECK_STR(out.base, "[1E2,\"x\\\" y\"]");
@@ -757,10 +800,35 @@ static void raw_ref_with_whitespace_encodes_without_it(void)
 static void raw_ref_that_does_not_parse_is_an_error_not_a_crash(void)
 {
     lua_State *L = new_state();
-    agw_json_push_raw_ref(L, "[1,", 3, 0); /* breaks the contract on purpose */
+    agw_json_push_raw_ref(L, "[1,", 3, 0, NULL, 0); /* breaks the contract on purpose */
     lua_setglobal(L, "bad");
     /* only validated text makes raw refs; text that breaks that gives a partial value, no crash or loop */
     check_lua(L, "local ok, v = pcall(json.materialize, bad); return ok and json.is_array(v) and v[1] == 1");
+    lua_close(L);
+}
+
+/* An upstream response's header block rides after the body's text (worker.c on_call_done): the
+ * text, its encoding and json.raw() are unchanged by it, json.raw_extra() gives it back byte for
+ * byte (NULs included), and a ref without one gives nil. */
+static void raw_ref_keeps_extra_bytes_after_its_text(void)
+{
+    lua_State *L = new_state();
+    const char *in = "{\"a\":1}";
+    static const char hdrs[] = "content-type\0application/json\0x-id\0" "007\0";
+    agw_json_push_raw_ref(L, in, strlen(in), 1, hdrs, sizeof(hdrs) - 1);
+    const agw_json_raw_t *r = agw_json_check_raw_ref(L, -1);
+    CHECK(r != NULL && r->len == strlen(in) && r->text[r->len] == '\0' && r->extra_len == sizeof(hdrs) - 1);
+    agw_buf_reset(&out);
+    CHECK(agw_json_encode(L, -1, &out, err, sizeof(err)) == 0);
+    CHECK_STR(out.base, in);
+    lua_setglobal(L, "with");
+    agw_json_push_raw_ref(L, in, strlen(in), 1, NULL, 0);
+    lua_setglobal(L, "without");
+    check_lua(L, "local x = json.raw_extra(with)\n"
+                 "return json.raw(with) == '{\"a\":1}' and #x == 39 and\n"
+                 "  x == 'content-type\\0application/json\\0x-id\\0' .. '007\\0' and\n"
+                 "  json.raw_extra(without) == nil and json.materialize(with).a == 1 and\n"
+                 "  not pcall(json.raw_extra, {})");
     lua_close(L);
 }
 
@@ -891,8 +959,10 @@ int main(void)
     RUN(raw_ref_encodes_verbatim_when_compact);
     RUN(raw_ref_with_whitespace_encodes_without_it);
     RUN(text_push_agrees_with_jansson_tree);
+    RUN(text_push_of_big_objects_agrees_with_jansson_tree);
     RUN(raw_ref_that_does_not_parse_is_an_error_not_a_crash);
     RUN(raw_ref_materializes_like_a_tree_ref);
+    RUN(raw_ref_keeps_extra_bytes_after_its_text);
     RUN(raw_ref_inside_a_lua_table_encodes);
     RUN(json_parse_returns_a_raw_ref);
     RUN(raw_refs_need_no_finalizer);

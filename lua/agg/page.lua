@@ -67,14 +67,15 @@ function M.page(results, opts)
     if rt.is_result(r) then
       if r.status ~= "skipped" then
         counted = counted + 1
-        sec = json.setorder({ status = r.status, error = r.error }, SECTION_ORDER)
+        local data -- (all three fields in one constructor: the table is made at its size)
         if r.status ~= "unavailable" then
-          sec.data = rt.section_data(r)
-          if sec.data == nil then sec.data = json.null end
+          data = rt.section_data(r)
+          if data == nil then data = json.null end
           any_data = true
         elseif rt.is_required(r) and not failed_required then
           failed_required = r
         end
+        sec = json.setorder({ status = r.status, data = data, error = r.error }, SECTION_ORDER)
         if r.status ~= "ok" then complete = false end
         if r.error and r.error.status ~= 504 then all_timeouts = false end
       end
@@ -85,7 +86,7 @@ function M.page(results, opts)
     end
     if sec then body[k] = sec end
   end
-  local headers = {}
+  local headers = new_tab(0, 4)
   if opts and opts.headers then
     for k, v in pairs(opts.headers) do headers[tostring(k):lower()] = tostring(v) end
   end

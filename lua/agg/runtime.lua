@@ -12,7 +12,8 @@
 --                                                 -> call id (the last three describe the span)
 --   core.join(rid, id, section)                   (optional) rid's section waits on call id (single-flight)
 --   core.trace_id(rid) -> hex | nil               (optional) the request's trace id (req.trace_id)
---        later delivers M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
+--        later delivers M.on_call(id, outcome, http_status, headers, body, data, ms, detail);
+--        headers: "name\0value\0…", or true when they ride in data's raw ref (json.raw_extra)
 --   core.cancel(id)                               no on_call follows
 --   core.respond(rid, status, headers, body, is_json, default_type, server_timing) -> true | nil, err
 --        headers: name -> value (nil or a table; names in any case)
@@ -57,6 +58,7 @@ local result_mt = {
       local raw = info and info.raw_headers
       if raw then
         info.raw_headers = nil
+        if type(raw) ~= "string" then raw = json.raw_extra(raw) or "" end -- kept in the body's ref
         local h = parse_headers(raw)
         rawset(t, "headers", h)
         return h
@@ -336,6 +338,9 @@ local function make_result(x, outcome, http_status, headers, body, data, ms, det
   local spec, key, ctx = x, x.key, x.ctx
   if type(headers) == "string" then
     spec.raw_headers = headers
+    headers = nil
+  elseif headers == true then
+    spec.raw_headers = data -- the body's raw ref keeps them (core.call's answer, above)
     headers = nil
   end
   if outcome == "ok" and http_status >= 200 and http_status < 300 and type(data) ~= "string" then

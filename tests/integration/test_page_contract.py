@@ -136,6 +136,43 @@ class DegradedPages(GatewayTestCase):
         self.assertTrue(p["sections"]["product"]["error"]["type"].endswith("upstream-error"), p)
 
 
+# The upstream's response headers as a script reads them (result.headers): for a 2xx JSON body
+# the gateway keeps them beside the body's text until a script asks; for anything else they come
+# as they are. Names are lowercased; a repeated name is joined with ", " (RFC 9110 §5.3).
+HEADERS_SEEN = endpoint("GET /headers/{kind}", """
+    local r = agg.fetch_all { s = { "product", "/h/" .. req.params.kind } }.s
+    local h = r.headers or {}
+    return { status = 200, json = { ok = r.ok, ct = h["content-type"] or agg.null, tag = h["x-tag"] or agg.null,
+                                    status = r.http_status or agg.null, data = r.ok and r.data or agg.null } }""")
+
+
+class UpstreamResponseHeaders(GatewayTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.start(services={"product": [
+            route("/h/json", json={"a": 1}, headers={"X-Tag": "blue"}),
+            route("/h/text", body="plain words", content_type="text/plain", headers={"X-Tag": "green"}),
+            route("/h/error", status=404, json={"missing": True}, headers={"X-Tag": "red"})]},
+            scripts={"headers.lua": HEADERS_SEEN})
+
+    def test_headers_of_a_json_answer_are_there_when_read(self):
+        for get in (self.get, self.get_h2c):
+            r = get("/headers/json")
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json(), {"ok": True, "ct": "application/json", "tag": "blue", "status": 200,
+                                        "data": {"a": 1}}, r)
+
+    def test_headers_of_other_answers_are_there_too(self):
+        r = self.get("/headers/text")
+        self.assertEqual(r.json()["tag"], "green", r)
+        self.assertEqual(r.json()["ct"], "text/plain", r)
+        r = self.get("/headers/error")
+        self.assertEqual(r.json()["tag"], "red", r)
+        self.assertEqual(r.json()["status"], 404, r)
+        self.assertFalse(r.json()["ok"], r)
+
+
 class JsonFidelity(GatewayTestCase):
 
     def setUp(self):
