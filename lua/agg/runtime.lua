@@ -154,6 +154,9 @@ local pool, pool_n, POOL_MAX = {}, 0, 64
 local function handler_body(fn, req)
   while true do
     local v = fn(req)
+    -- a coroutine waiting here (in the pool, or dropped when the pool is full) must not keep the
+    -- request it served: req_lazy's entry for it would never go (see finish_request)
+    fn, req = nil, nil
     fn, req = coroutine.yield(DONE, v)
   end
 end
@@ -1019,6 +1022,10 @@ finish_request = function(ctx, ok, resp, co)
   if ctx.done then return end
   ctx.done = true
   ctx_of[ctx.co] = nil -- ctx leads back to its coroutine: a weak-keyed entry would never go
+  -- and ctx must not lead to it any more either: req_lazy[req] = ctx, and a coroutine that is
+  -- not pooled (more requests at once than POOL_MAX) still holds req while it waits; a value
+  -- that reaches its own weak key keeps the entry for ever (Lua 5.1 has no ephemerons)
+  ctx.co = false
   contexts[ctx.rid] = nil
   abandon_exchanges(ctx)
   if not ok then
@@ -1136,6 +1143,7 @@ function M.abort(rid)
   ctx.done = true
   contexts[rid] = nil
   ctx_of[ctx.co] = nil -- its coroutine is never resumed: let it be collected
+  ctx.co = false        -- (as in finish_request: the abandoned coroutine still holds req)
   abandon_exchanges(ctx)
 end
 
