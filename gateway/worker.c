@@ -152,6 +152,8 @@ struct agw_worker {
     char alog_stamp[96];                   /* {"time":"2026-01-31T12:34:56. */
     uint64_t trace_rng;                    /* xorshift state for trace and span ids (trace.h) */
     agw_trace_t *free_traces;              /* trace records to reuse */
+    int waterfall_on;                      /* an admin listener shows the waterfall (restart-only):
+                                              without one, no request is recorded for it */
 };
 
 /* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
@@ -570,15 +572,17 @@ static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int 
     }
 }
 
-/* Request rr ended with status: its trace goes into the waterfall ring and, when a collector is
- * configured and the trace is sampled, to the exporter; otherwise it is kept for reuse. Unsampled
- * traces (an incoming traceparent with the sampled flag off) are not exported. */
+/* Request rr ended with status: its trace goes into the waterfall ring (when an admin listener
+ * can show it) and, when a collector is configured and the trace is sampled, to the exporter;
+ * otherwise it is kept for reuse. Unsampled traces (an incoming traceparent with the sampled flag
+ * off) are not exported. */
 static void trace_request_ended(agw_worker_t *w, reqref_t *rr, int status)
 {
     agw_trace_t *tr = rr->trace;
     rr->trace = NULL;
     agw_trace_finish(tr, status, now_us(w));
-    agw_waterfall_record(w->m->waterfall, tr);
+    if (w->waterfall_on)
+        agw_waterfall_record(w->m->waterfall, tr);
     if (w->m->trace_queue && (tr->flags & AGW_TRACE_FLAG_SAMPLED) && agw_otlp_submit(w->m->trace_queue, tr) == 0)
         return;
     tr->next = w->free_traces;
@@ -1829,6 +1833,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         abort();
     w->id = id;
     w->m = metrics;
+    w->waterfall_on = gen->conf.admin_port != 0;
     w->access_fd = access_fd;
     w->alog_sec = -1;
     w->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)time(NULL) << 8) ^ (uint64_t)(id + 1);
