@@ -116,6 +116,11 @@ agw_route_result_t agw_router_match(const agw_router_t *r, const char *method, s
             allow[alen] = '\0';
         }
     }
+    /* a GET route answers HEAD too (above), so Allow says so (RFC 9110 §10.2.1, §9.3.2) */
+    if (allow_size && strstr(allow, "GET") != NULL && strstr(allow, "HEAD") == NULL && alen + 6 < allow_size) {
+        memcpy(allow + alen, ", HEAD", 7);
+        alen += 6;
+    }
     return other_method ? AGW_ROUTE_METHOD_NOT_ALLOWED : AGW_ROUTE_NOT_FOUND;
 }
 

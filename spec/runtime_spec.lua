@@ -36,6 +36,23 @@ describe("agg.fetch_then", function()
     assert.equal(15, page.elapsed_ms)
   end)
 
+  it("runs standalone chains put straight into agg.page, together", function()
+    local page = gw:get("/then/in-page")
+    assert.equal(200, page.status)
+    assert.same({ status = "ok", data = { n = 7 } }, page.json.r)
+    assert.same({ status = "ok", data = 30 }, page.json.s)
+    assert.equal(30, page.elapsed_ms) -- a (10) then c (5) beside b (30): not one after the other
+    assert.equal(1, #gw:calls("a"))
+    assert.equal(1, #gw:calls("c"))
+  end)
+
+  it("gives agg.page a standalone chain's result when the script read it first", function()
+    local page = gw:get("/then/in-page-read")
+    assert.equal(200, page.status)
+    assert.same({ status = "ok", data = { n = 7 } }, page.json.r)
+    assert.equal(1, #gw:calls("a"))
+  end)
+
   it("fans out from inside the continuation", function()
     local page = gw:get("/then/fanout")
     assert.equal("ok", page.json.more.status)

@@ -44,6 +44,7 @@ function M.page(results, opts)
     n = n + 1
     keys[n] = k
   end
+  rt.resolve_thens(results, 3) -- standalone fetch_then chains put in directly: run them now
   -- sorted, so the first failed required section decides the status: the same one every time
   -- (insertion sort for the usual handful of sections: table.sort is not compiled by the JIT)
   if n > 32 then
@@ -62,7 +63,7 @@ function M.page(results, opts)
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local failed_required
   for _, k in ipairs(keys) do
-    local r = results[k]
+    local r = rt.then_result(results[k])
     local sec
     if rt.is_result(r) then
       if r.status ~= "skipped" then

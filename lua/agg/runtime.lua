@@ -952,6 +952,35 @@ is_then = function(v)
   return nil
 end
 
+--- For agg.page: runs, together in one fan-out, every standalone fetch_then chain among the
+-- values of results that nothing has read yet (a chain put into the results table directly,
+-- agg.page { r = agg.fetch_then({ "product", "/p/1" }, fn) }), so each stands for its result.
+-- level: error() level of the script line that called agg.page, counted from here.
+function M.resolve_thens(results, level)
+  local pending
+  for k, v in pairs(results) do
+    local info = is_then(v)
+    if info and then_resolved[v] == nil then
+      if not callspec.is_spec(info.dep) then
+        error(("agg.page: section '%s' is an agg.fetch_then that names sibling calls; use it inside agg.fetch_all")
+              :format(tostring(k)), level)
+      end
+      pending = pending or {}
+      pending[k] = v
+    end
+  end
+  if pending then
+    local res = fetch_all_at(pending, "agg.page", level)
+    for k, m in pairs(pending) do then_resolved[m] = res[k] end
+  end
+end
+
+--- The result a standalone fetch_then chain stands for once it ran (see resolve_thens), or v.
+function M.then_result(v)
+  if is_then(v) then return then_resolved[v] end
+  return v
+end
+
 --- agg.fetch_then (see agg/init.lua for the user documentation).
 function M.fetch_then(dep, fn, opts)
   local td = type(dep)
