@@ -45,20 +45,7 @@ function M.page(results, opts)
     keys[n] = k
   end
   rt.resolve_thens(results, 3) -- standalone fetch_then chains put in directly: run them now
-  -- sorted, so the first failed required section decides the status: the same one every time
-  -- (insertion sort for the usual handful of sections: table.sort is not compiled by the JIT)
-  if n > 32 then
-    table.sort(keys)
-  else
-    for i = 2, n do
-      local k, j = keys[i], i - 1
-      while j > 0 and k < keys[j] do
-        keys[j + 1] = keys[j]
-        j = j - 1
-      end
-      keys[j + 1] = k
-    end
-  end
+  rt.sort_keys(keys, n) -- so the first failed required section decides the status: the same one every time
   local body = new_tab(0, 4) -- sections encode in sorted key order: a plain table's keys are written sorted
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local failed_required

@@ -699,25 +699,30 @@ local function key_less(a, b)
   return a < b
 end
 
+--- Sorts keys[1..n] (strings and numbers; numbers first) in place: the fixed order of sections
+-- and calls (agg.page uses it too). Insertion sort for a handful of keys: table.sort with a Lua
+-- comparator costs a C-to-Lua call per comparison that the JIT cannot compile.
+function M.sort_keys(keys, n)
+  if n > 32 then
+    table.sort(keys, key_less)
+    return
+  end
+  for i = 2, n do
+    local k, j = keys[i], i - 1
+    while j > 0 and key_less(k, keys[j]) do
+      keys[j + 1] = keys[j]
+      j = j - 1
+    end
+    keys[j + 1] = k
+  end
+end
+
 -- Keys of t in a fixed order, so the same table always starts its calls in the same order.
--- (insertion sort: a page has a handful of sections, and table.sort with a Lua comparator costs
--- a C-to-Lua call per comparison that the JIT cannot compile)
 -- room: array slots to make (the caller may keep more than the keys in it)
 local function sorted_keys(t, room)
   local keys, n = new_tab(room or 4, 0), 0
   for k in pairs(t) do n = n + 1; keys[n] = k end
-  if n > 32 then
-    table.sort(keys, key_less)
-  else
-    for i = 2, n do
-      local k, j = keys[i], i - 1
-      while j > 0 and key_less(k, keys[j]) do
-        keys[j + 1] = keys[j]
-        j = j - 1
-      end
-      keys[j + 1] = k
-    end
-  end
+  M.sort_keys(keys, n)
   return keys
 end
 
