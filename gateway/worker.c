@@ -70,7 +70,9 @@ typedef struct reqref {
     uint64_t rid;
     h2o_req_t *req;
     ev_io client_watch; /* HTTP/1: notices the client closing while the page is being built */
-    int watching;
+    int watching;       /* client_watch is started */
+    int watch_fd;       /* HTTP/1: the client's socket, -1 when there is nothing to watch */
+    struct reqref *watch_next, *watch_prev; /* queued for a watch (worker's watch_queue), oldest first */
     int endpoint;       /* 1-based endpoint index (metrics, access log) */
     double started;     /* ev_now() when the request arrived */
     char *logline;      /* access log on: "METHOD\0path" copied at arrival (the request may be gone
@@ -154,6 +156,9 @@ struct agw_worker {
     agw_trace_t *free_traces;              /* trace records to reuse */
     int waterfall_on;                      /* an admin listener shows the waterfall (restart-only):
                                               without one, no request is recorded for it */
+    struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
+                                              in arrival order (see watch_client) */
+    ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
 };
 
 /* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
@@ -1528,11 +1533,28 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
 
 /* ---- requests ------------------------------------------------------------------------------- */
 
+static void watch_unqueue(reqref_t *rr)
+{
+    agw_worker_t *w = rr->w;
+    if (rr->watch_prev)
+        rr->watch_prev->watch_next = rr->watch_next;
+    else
+        w->watch_head = rr->watch_next;
+    if (rr->watch_next)
+        rr->watch_next->watch_prev = rr->watch_prev;
+    else
+        w->watch_tail = rr->watch_prev;
+    rr->watch_next = rr->watch_prev = NULL;
+    rr->watch_fd = -1;
+}
+
 static void stop_client_watch(reqref_t *rr)
 {
     if (rr->watching) {
         ev_io_stop(rr->w->loop, &rr->client_watch);
         rr->watching = 0;
+    } else if (rr->watch_fd >= 0) {
+        watch_unqueue(rr);
     }
 }
 
@@ -1584,19 +1606,64 @@ static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
     h2o_send_inline(req, "", 0);
 }
 
+/* How long a request runs before its client's socket is watched (s). Most pages are answered
+ * sooner: watching each of them at once would cost two epoll_ctl calls per request (register the
+ * socket with libev's epoll, then drop it when the next request arrives on it), a tenth of a page's
+ * system calls. A client that leaves earlier is noticed when the watch starts (its socket is then
+ * readable at once), so its calls are cancelled at most this much later. */
+#define CLIENT_WATCH_DELAY 0.025
+
+/* Starts the watches of the queued requests that have run CLIENT_WATCH_DELAY, then waits for
+ * the next one. */
+static void on_watch_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)revents;
+    agw_worker_t *w = t->data;
+    ev_tstamp now = ev_now(loop);
+    reqref_t *rr;
+    while ((rr = w->watch_head) != NULL && rr->started + CLIENT_WATCH_DELAY <= now + 0.0005) {
+        int fd = rr->watch_fd;
+        watch_unqueue(rr);
+        ev_io_init(&rr->client_watch, on_client_readable, fd, EV_READ);
+        rr->client_watch.data = rr;
+        ev_io_start(loop, &rr->client_watch);
+        rr->watching = 1;
+    }
+    if (rr) {
+        t->repeat = rr->started + CLIENT_WATCH_DELAY - now;
+        if (t->repeat < 0.001)
+            t->repeat = 0.001;
+        ev_timer_again(loop, t);
+    } else {
+        ev_timer_stop(loop, t);
+    }
+}
+
+/* HTTP/1: queues the request so that its client's socket is watched once the request has run
+ * CLIENT_WATCH_DELAY (see on_client_readable). */
 static void watch_client(reqref_t *rr, h2o_req_t *req)
 {
     rr->watching = 0;
+    rr->watch_fd = -1;
+    rr->watch_next = rr->watch_prev = NULL;
     if (req->version >= 0x200 || req->conn->callbacks->get_socket == NULL)
         return; /* HTTP/2 reads all the time: a reset stream or a closed connection disposes the request */
     h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
     int fd = sock ? h2o_socket_get_fd(sock) : -1;
     if (fd < 0)
         return;
-    ev_io_init(&rr->client_watch, on_client_readable, fd, EV_READ);
-    rr->client_watch.data = rr;
-    ev_io_start(rr->w->loop, &rr->client_watch);
-    rr->watching = 1;
+    agw_worker_t *w = rr->w;
+    rr->watch_fd = fd;
+    rr->watch_prev = w->watch_tail;
+    if (w->watch_tail)
+        w->watch_tail->watch_next = rr;
+    else
+        w->watch_head = rr;
+    w->watch_tail = rr;
+    if (!ev_is_active(&w->watch_timer)) {
+        w->watch_timer.repeat = CLIENT_WATCH_DELAY;
+        ev_timer_again(w->loop, &w->watch_timer);
+    }
 }
 
 static void on_req_dispose(void *p)
@@ -1871,6 +1938,8 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     ev_timer_start(w->loop, &w->stats_timer);
     ev_timer_init(&w->alog_timer, on_alog_timer, 0.1, 0.);
     w->alog_timer.data = w;
+    ev_init(&w->watch_timer, on_watch_timer);
+    w->watch_timer.data = w;
 
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
     gen_activate(w, first);
