@@ -137,12 +137,31 @@ static const char *escape_of(unsigned char c, char tmp[8])
     return tmp;
 }
 
+/* Bytes that a JSON string cannot hold as they are: control characters, '"', '\\', and every
+ * byte of a multi-byte UTF-8 sequence (checked by utf8_seq). */
+static const unsigned char NOT_PLAIN[256] = {
+    [0x00 ... 0x1F] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xFF] = 1,
+};
+
 int agw_json_encode_string(agw_buf_t *out, const char *str, size_t len)
 {
     const unsigned char *s = (const unsigned char *)str;
     size_t start_len = out->len, run = 0, i = 0;
     char tmp[8];
     agw_buf_reserve(out, len + 2);
+    /* most strings (keys, ids, names) are plain ASCII: copied in one go */
+    while (i < len && !NOT_PLAIN[s[i]])
+        i++;
+    if (i == len) {
+        char *o = out->base + out->len;
+        o[0] = '"';
+        memcpy(o + 1, str, len);
+        o[len + 1] = '"';
+        o[len + 2] = '\0';
+        out->len += len + 2;
+        return 0;
+    }
+    i = 0;
     agw_buf_putc(out, '"');
     while (i < len) {
         unsigned char c = s[i];
