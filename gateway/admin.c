@@ -126,15 +126,23 @@ static const char *query_param(const char *q, size_t qlen, const char *name, siz
 static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int head, agw_buf_t *out)
 {
     size_t limit = AGW_WF_DEFAULT_LIMIT, vl = 0;
+    size_t max = a->num_workers * AGW_WF_RING;
     const char *v = q ? query_param(q, qlen, "limit", &vl) : NULL;
     if (v) {
+        /* a whole number of requests, at least 1; more than are kept is as many as are kept */
         size_t n = 0;
-        for (size_t i = 0; i < vl && i < 6; i++)
-            n = v[i] >= '0' && v[i] <= '9' ? n * 10 + (size_t)(v[i] - '0') : 0;
-        if (n > 0)
-            limit = n;
+        int ok = vl > 0 && vl <= 9;
+        for (size_t i = 0; ok && i < vl; i++) {
+            ok = v[i] >= '0' && v[i] <= '9';
+            n = n * 10 + (size_t)(v[i] - '0');
+        }
+        if (!ok || n == 0) {
+            static const char body[] = "limit must be a whole number of requests, 1 or more\n";
+            respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
+            return;
+        }
+        limit = n;
     }
-    size_t max = a->num_workers * AGW_WF_RING;
     if (limit > max)
         limit = max;
     char trace[33];

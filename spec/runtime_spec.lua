@@ -88,6 +88,8 @@ describe("agg.fetch_then", function()
     assert.equal("unavailable", double.status)
     assert.equal("urn:aggway:problem:dependency-failed", double.error.type)
     assert.matches("x failed", double.error.title, 1, true)
+    -- the detail names the dependency once, then says what happened to it
+    assert.equal("x: could not connect to upstream a", double.error.detail)
     assert.equal(0, #gw:calls("c"))
   end)
 

@@ -62,10 +62,11 @@ end
 
 --- Problem for a dependent call whose dependency failed; carries the cause (DESIGN §2.1).
 function M.dependency_failed(section, dep, cause)
-  local p = M.new("dependency-failed", section .. " was not called: " .. dep .. " failed",
-                  cause and cause.status or 502,
-                  dep .. ": " .. tostring(cause and (cause.title or cause.type) or "failed"))
-  return p
+  local why = tostring(cause and (cause.title or cause.type) or "failed")
+  -- the cause's title usually names its section already ("product: upstream product timed out")
+  if why:sub(1, #dep + 2) ~= dep .. ": " then why = dep .. ": " .. why end
+  return M.new("dependency-failed", section .. " was not called: " .. dep .. " failed",
+               cause and cause.status or 502, why)
 end
 
 --- Problem for a script error inside a section's continuation. The detail never carries the

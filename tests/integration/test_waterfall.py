@@ -200,6 +200,11 @@ class Waterfall(GatewayTestCase):
         self.assertEqual(self.admin("/waterfall.json?limit=1")[0], 200)
         self.assertEqual(len(json.loads(self.admin("/waterfall.json?limit=1")[2])["requests"]), 1)
         self.assertEqual(self.admin("/waterfall?trace=XYZ")[0], 400)
+        for bad in ("abc", "0", "", "-1", "1.5", "2x"):
+            self.assertEqual(self.admin("/waterfall.json?limit=" + bad)[0], 400, bad)
+        everything = len(json.loads(self.admin("/waterfall.json")[2])["requests"])
+        self.assertGreater(everything, 1)
+        self.assertEqual(len(json.loads(self.admin("/waterfall.json?limit=999999999")[2])["requests"]), everything)
         self.assertEqual(self.admin("/waterfall", method="HEAD")[:2], (200, "text/html; charset=utf-8"))
         self.assertEqual(self.admin("/waterfall", method="POST")[0], 405)
 
