@@ -148,6 +148,7 @@ static int raw_tostring(lua_State *L)
 }
 
 const char agw_json_regkey[AGW_JSON_NKEYS];
+const char agw_json_order_mark;
 
 /* Stores the value at the top of the stack (popped) as registry[name] and registry[key k]. */
 static void set_reg(lua_State *L, const char *name, int k)
@@ -552,6 +553,24 @@ static int l_keys(lua_State *L)
     return 1;
 }
 
+/* ordered(list) -> a metatable for objects whose members encode in list's order (list as for
+ * keys()): setmetatable({ status = …, data = … }, M). Members not in the list follow, sorted, as
+ * for setorder. For objects made many times with the same keys (a page's sections): a metatable
+ * costs nothing per object, where setorder records each object in a side table. */
+static int l_ordered(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+    lua_pushcfunction(L, l_keys);
+    lua_pushvalue(L, 1);
+    lua_call(L, 1, 1); /* 2: the checked copy */
+    lua_createtable(L, 0, 1);
+    lua_pushlightuserdata(L, (void *)&agw_json_order_mark);
+    lua_pushvalue(L, 2);
+    lua_rawset(L, -3);
+    return 1;
+}
+
 static int l_decode(lua_State *L)
 {
     size_t len;
@@ -651,13 +670,14 @@ static int l_materialize(lua_State *L)
 int agw_json_open(lua_State *L)
 {
     static const luaL_Reg funcs[] = {
-        {"array", l_array},       {"is_array", l_is_array}, {"int64", l_int64},
-        {"is_int64", l_is_int64}, {"setorder", l_setorder}, {"decode", l_decode},
-        {"encode", l_encode},     {"materialize", l_materialize}, {"parse", l_parse}, {"keys", l_keys},
-        {"raw", l_raw}, {"raw_extra", l_raw_extra},           {"is_ref", l_is_ref},       {NULL, NULL},
+        {"array", l_array},       {"is_array", l_is_array},       {"int64", l_int64},
+        {"is_int64", l_is_int64}, {"setorder", l_setorder},       {"decode", l_decode},
+        {"encode", l_encode},     {"materialize", l_materialize}, {"parse", l_parse},
+        {"keys", l_keys},         {"ordered", l_ordered},         {"raw", l_raw},
+        {"raw_extra", l_raw_extra}, {"is_ref", l_is_ref},         {NULL, NULL},
     };
     ensure_state(L);
-    lua_createtable(L, 0, 12);
+    lua_createtable(L, 0, 16);
     luaL_register(L, NULL, funcs);
     lua_pushlightuserdata(L, NULL);
     lua_setfield(L, -2, "null");

@@ -61,6 +61,9 @@
  * registry[AGW_JSON_RAW_MT] (nil before the module's first use in L). */
 enum { AGW_JSON_K_ORDER, AGW_JSON_K_ARRAY, AGW_JSON_K_INT64, AGW_JSON_K_REF, AGW_JSON_K_RAW, AGW_JSON_NKEYS };
 extern const char agw_json_regkey[AGW_JSON_NKEYS];
+/* Key (light userdata) of an ordered metatable's key list (json.ordered): a table whose metatable
+ * holds a list under it encodes its members in that order. */
+extern const char agw_json_order_mark;
 static inline void agw_json_regget(lua_State *L, int k)
 {
     lua_pushlightuserdata(L, (void *)&agw_json_regkey[k]);

@@ -490,10 +490,17 @@ static int encode_table(enc_t *e, int t, int depth)
     if (!lua_checkstack(L, 8))
         return fail(e, depth, "out of Lua stack");
     if (lua_getmetatable(L, t)) {
-        int is_array = lua_rawequal(L, -1, e->array);
-        lua_pop(L, 1);
-        if (is_array)
+        if (lua_rawequal(L, -1, e->array)) {
+            lua_pop(L, 1);
             return encode_array(e, t, lua_objlen(L, t), depth);
+        }
+        lua_pushlightuserdata(L, (void *)&agw_json_order_mark); /* json.ordered's metatables */
+        lua_rawget(L, -2);
+        if (lua_istable(L, -1)) {
+            lua_remove(L, -2);
+            return encode_ordered(e, t, depth);
+        }
+        lua_pop(L, 2);
     }
     lua_pushvalue(L, t);
     lua_rawget(L, e->order);

@@ -408,6 +408,22 @@ static void setorder_is_honoured(void)
     lua_close(L);
 }
 
+static void ordered_metatable_is_honoured(void)
+{
+    lua_State *L = new_state();
+    check_lua(L, "M = json.ordered {'status', 'data', 'error', 'status'}; return true");
+    CHECK_STR(lua_encode(L, "setmetatable({data = 1, error = 2, status = 3}, M)"), "{\"status\":3,\"data\":1,\"error\":2}");
+    /* missing members are skipped, added ones follow sorted, values nest */
+    CHECK_STR(lua_encode(L, "setmetatable({z = 1, data = {b = 1, a = 2}, a = true}, M)"),
+              "{\"data\":{\"a\":2,\"b\":1},\"a\":true,\"z\":1}");
+    CHECK_STR(lua_encode(L, "setmetatable({}, M)"), "{}");
+    /* a metatable of the script's own is a plain table's */
+    CHECK_STR(lua_encode(L, "setmetatable({b = 1, a = 2}, {__index = {}})"), "{\"a\":2,\"b\":1}");
+    check_lua(L, "return not pcall(json.ordered, {1})");
+    check_lua(L, "local s, e = json.encode(setmetatable({[1] = 1, status = 2}, M)); return s == nil and e ~= nil");
+    lua_close(L);
+}
+
 static void decode_and_encode_from_lua(void)
 {
     lua_State *L = new_state();
@@ -946,6 +962,7 @@ int main(void)
     RUN(empty_plain_table_encodes_as_object);
     RUN(int64_box_compares_and_prints);
     RUN(setorder_is_honoured);
+    RUN(ordered_metatable_is_honoured);
     RUN(decode_and_encode_from_lua);
     RUN(json_ref_encodes_its_json_t);
     RUN(validator_accepts_valid_json);

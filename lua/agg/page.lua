@@ -14,8 +14,9 @@ local new_tab = require "table.new"
 
 local M = {}
 
-local SECTION_ORDER = json.keys { "status", "data", "error" }
-local SUMMARY_ORDER = json.keys { "status", "error" }
+-- a section's members in this order (a metatable: nothing recorded per section)
+local SECTION_MT = json.ordered { "status", "data", "error" }
+local SUMMARY_MT = json.ordered { "status", "error" }
 
 local function page_status(failed)
   local p = failed.error or {}
@@ -63,14 +64,14 @@ function M.page(results, opts)
         elseif rt.is_required(r) and not failed_required then
           failed_required = r
         end
-        sec = json.setorder({ status = r.status, data = data, error = r.error }, SECTION_ORDER)
+        sec = setmetatable({ status = r.status, data = data, error = r.error }, SECTION_MT)
         if r.status ~= "ok" then complete = false end
         if r.error and r.error.status ~= 504 then all_timeouts = false end
       end
     else
       counted = counted + 1
       any_data = true
-      sec = json.setorder({ status = "ok", data = r }, SECTION_ORDER)
+      sec = setmetatable({ status = "ok", data = r }, SECTION_MT)
     end
     if sec then body[k] = sec end
   end
@@ -96,7 +97,7 @@ function M.page(results, opts)
     end
     local summary = {}
     for k, sec in pairs(body) do
-      summary[k] = json.setorder({ status = sec.status, error = sec.error }, SUMMARY_ORDER)
+      summary[k] = setmetatable({ status = sec.status, error = sec.error }, SUMMARY_MT)
     end
     p.sections = summary
     headers["content-type"] = "application/problem+json"

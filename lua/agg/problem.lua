@@ -6,7 +6,7 @@ local json = require "agg.json"
 
 local M = {}
 
-local ORDER = json.keys { "type", "title", "status", "detail", "sections" }
+local PROBLEM_MT = json.ordered { "type", "title", "status", "detail", "sections" }
 local PREFIX = "urn:aggway:problem:"
 
 --- Builds a problem table.
@@ -15,7 +15,7 @@ local PREFIX = "urn:aggway:problem:"
 -- @param status HTTP status that best describes it (number)
 -- @param detail optional longer text (string or nil)
 function M.new(kind, title, status, detail)
-  return json.setorder({ type = PREFIX .. kind, title = title, status = status, detail = detail }, ORDER)
+  return setmetatable({ type = PREFIX .. kind, title = title, status = status, detail = detail }, PROBLEM_MT)
 end
 
 --- Returns the kind part of a problem's type ("upstream-timeout"), or nil.
