@@ -6,6 +6,7 @@
 #include <lualib.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 
 #include "breaker.h"
@@ -88,11 +89,23 @@ static int l_listdir(lua_State *L)
     return 1;
 }
 
+/* monotonic_s() -> seconds on CLOCK_MONOTONIC (a float; for measuring spans, e.g. how long a
+ * script's top level has been running). */
+static int l_monotonic_s(lua_State *L)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec / 1e9);
+    return 1;
+}
+
 int agw_sys_open(lua_State *L)
 {
-    lua_createtable(L, 0, 1);
+    lua_createtable(L, 0, 2);
     lua_pushcfunction(L, l_listdir);
     lua_setfield(L, -2, "listdir");
+    lua_pushcfunction(L, l_monotonic_s);
+    lua_setfield(L, -2, "monotonic_s");
     return 1;
 }
 

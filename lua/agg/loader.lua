@@ -56,13 +56,40 @@ end
 
 -- Runs a loaded chunk. An error value that is not a string (error({…})) carries no position:
 -- the message then names the file and the line where it was raised, taken from the traceback.
+--
+-- A script's top level only sets things up; one that runs longer than M.LOAD_BUDGET_S seconds is
+-- stuck (an endless loop there would hold up start-up, `aggway check` and every reload, and a
+-- reload cannot be cancelled). It is stopped with "file:line: … took longer than …", the line
+-- being where it was running. The JIT is off meanwhile: compiled loops do not run hooks.
+M.LOAD_BUDGET_S = 5
+local HOOK_EVERY = 100000 -- VM instructions between clock readings
+
 local function run_chunk(chunk, file)
-  return xpcall(chunk, function(e)
+  local deadline = sys.monotonic_s() + M.LOAD_BUDGET_S
+  local budget_hit = false
+  local function hook()
+    if sys.monotonic_s() > deadline then
+      budget_hit = true
+      local line = debug.getinfo(2, "l")
+      debug.sethook()
+      error(("%s:%d: the script's top level ran longer than %g s (an endless loop?); it was stopped " ..
+             "(the top level should only define endpoints: work belongs in handlers)"):format(
+             file, line and line.currentline or 1, M.LOAD_BUDGET_S), 0)
+    end
+  end
+  local jit_was_on = jit and jit.status()
+  if jit then jit.off() end
+  debug.sethook(hook, "", HOOK_EVERY)
+  local ok, v = xpcall(chunk, function(e)
     if type(e) == "string" then return e end
     local tb = debug.traceback("", 2)
     local line = tb:match(file:gsub("%p", "%%%0") .. ":(%d+):") or "1"
     return ("%s:%s: raised an error value of type %s (use error(\"message\") to say what is wrong)"):format(file, line, type(e))
   end)
+  debug.sethook()
+  if jit_was_on then jit.on() end
+  if budget_hit and ok then ok, v = false, file .. ":1: the script's top level ran too long" end
+  return ok, v
 end
 
 --- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } }.

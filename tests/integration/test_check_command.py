@@ -83,6 +83,15 @@ class CheckCommand(unittest.TestCase):
         self.assertEqual(rc, 1, out + err)
         self.assertRegex(err, r"broken\.lua:6: unexpected symbol", err)
 
+    def test_check_stops_a_script_that_loops_at_load_and_names_file_and_line(self):
+        # a top level that never returns would hold check, start-up and every reload for ever
+        looping = 'local agg = require "agg"\nlocal n = 0\nwhile true do\n  n = n + 1\nend\n'
+        scripts = dict(repo_scripts(), **{"looping.lua": looping})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        self.assertRegex(err, r"looping\.lua:[34]: the script's top level ran longer than 5 s", err)
+        self.assertEqual(err.count("ran longer than"), 1, err)
+
     def test_check_unknown_upstream_url_scheme_names_file_line_and_url(self):
         ups = dict(UPSTREAMS, reviews={"url": "ftp://127.0.0.1:9002"})
         src = gateway_lua(self.port, ups)
