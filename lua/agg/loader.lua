@@ -77,8 +77,13 @@ local function run_chunk(chunk, file)
              file, line and line.currentline or 1, M.LOAD_BUDGET_S), 0)
     end
   end
-  local jit_was_on = jit and jit.status()
-  if jit then jit.off() end
+  -- a script may turn the JIT off (or on) for good at its top level: that wish outlives the load
+  local jit_was_on, jit_wish, real_on, real_off = jit and jit.status(), nil, jit and jit.on, jit and jit.off
+  if jit then
+    real_off()
+    jit.on = function(...) if select("#", ...) == 0 then jit_wish = true end return real_on(...) end
+    jit.off = function(...) if select("#", ...) == 0 then jit_wish = false end return real_off(...) end
+  end
   debug.sethook(hook, "", HOOK_EVERY)
   local ok, v = xpcall(chunk, function(e)
     if type(e) == "string" then return e end
@@ -87,7 +92,11 @@ local function run_chunk(chunk, file)
     return ("%s:%s: raised an error value of type %s (use error(\"message\") to say what is wrong)"):format(file, line, type(e))
   end)
   debug.sethook()
-  if jit_was_on then jit.on() end
+  if jit then
+    jit.on, jit.off = real_on, real_off
+    if jit_wish == nil then jit_wish = jit_was_on end
+    if jit_wish then real_on() else real_off() end
+  end
   if budget_hit and ok then ok, v = false, file .. ":1: the script's top level ran too long" end
   return ok, v
 end
