@@ -47,7 +47,8 @@ static int valid_header_name(const char *s, size_t n)
         return 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (!(isalnum(c) || strchr("!#$%&'*+-.^_`|~", c)) || isupper(c))
+        /* (c != 0: strchr finds a NUL as the string's own terminator) */
+        if (!(isalnum(c) || (c != 0 && strchr("!#$%&'*+-.^_`|~", c))) || isupper(c))
             return 0;
     }
     return 1;

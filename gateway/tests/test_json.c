@@ -823,7 +823,7 @@ static void raw_ref_that_does_not_parse_is_an_error_not_a_crash(void)
     lua_close(L);
 }
 
-/* An upstream response's header block rides after the body's text (worker.c on_call_done): the
+/* An upstream response's header block rides after the body's text (worker_core.c on_call_done): the
  * text, its encoding and json.raw() are unchanged by it, json.raw_extra() gives it back byte for
  * byte (NULs included), and a ref without one gives nil. */
 static void raw_ref_keeps_extra_bytes_after_its_text(void)
