@@ -62,16 +62,21 @@ end
 -- reload cannot be cancelled). It is stopped with "file:line: … took longer than …", the line
 -- being where it was running. The JIT is off meanwhile: compiled loops do not run hooks.
 M.LOAD_BUDGET_S = 5
+local LOADER_SOURCE = debug.getinfo(1, "S").source
 local HOOK_EVERY = 100000 -- VM instructions between clock readings
 
 local function run_chunk(chunk, file)
   local deadline = sys.monotonic_s() + M.LOAD_BUDGET_S
   local budget_hit = false
-  local function hook()
-    if sys.monotonic_s() > deadline then
+  local hook
+  hook = function()
+    if budget_hit and debug.getinfo(2, "S").source == LOADER_SOURCE then return end -- back here
+    if budget_hit or sys.monotonic_s() > deadline then
+      -- from now on at every instruction: a script that catches the error (pcall in a loop) is
+      -- stopped again as soon as it runs anything outside the pcall
+      if not budget_hit then debug.sethook(hook, "", 1) end
       budget_hit = true
       local line = debug.getinfo(2, "l")
-      debug.sethook()
       error(("%s:%d: the script's top level ran longer than %g s (an endless loop?); it was stopped " ..
              "(the top level should only define endpoints: work belongs in handlers)"):format(
              file, line and line.currentline or 1, M.LOAD_BUDGET_S), 0)
@@ -81,7 +86,8 @@ local function run_chunk(chunk, file)
   local jit_was_on, jit_wish, real_on, real_off = jit and jit.status(), nil, jit and jit.on, jit and jit.off
   if jit then
     real_off()
-    jit.on = function(...) if select("#", ...) == 0 then jit_wish = true end return real_on(...) end
+    -- (turned on only once the chunk has returned: compiled loops would escape the budget)
+    jit.on = function(...) if select("#", ...) == 0 then jit_wish = true return end return real_on(...) end
     jit.off = function(...) if select("#", ...) == 0 then jit_wish = false end return real_off(...) end
   end
   debug.sethook(hook, "", HOOK_EVERY)

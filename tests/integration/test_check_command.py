@@ -89,7 +89,7 @@ class CheckCommand(unittest.TestCase):
         scripts = dict(repo_scripts(), **{"looping.lua": looping})
         rc, out, err = self.check(self.folder(scripts=scripts))
         self.assertEqual(rc, 1, out + err)
-        self.assertRegex(err, r"looping\.lua:[34]: the script's top level ran longer than 5 s", err)
+        self.assertRegex(err, r"looping\.lua:[345]: the script's top level ran longer than 5 s", err)
         self.assertEqual(err.count("ran longer than"), 1, err)
 
     def test_check_unknown_upstream_url_scheme_names_file_line_and_url(self):
