@@ -25,15 +25,8 @@ typedef struct {
     const char *p;
     int order;        /* absolute index of the order side table */
     int array;        /* absolute index of the array metatable */
-    int shapes;       /* absolute index of the shape cache (see object_shape) */
     agw_buf_t *sbuf;  /* scratch for strings with escapes */
 } tp_t;
-
-/* Objects with the same keys in the same order (the items of a list, the same resource in page
- * after page) share one ordered metatable (json.ordered's kind) instead of each having its own
- * key list: SHAPE_SLOTS of them are cached per Lua state, in a table in the registry. */
-#define SHAPE_SLOTS 64
-static const char shapes_key;
 
 static void tp_value(tp_t *t);
 
@@ -172,38 +165,6 @@ static void set_member(lua_State *L, int tb, int ord, int *n, int key)
  * object with more goes on into the table made for the first OBJECT_PENDING_MAX. */
 #define OBJECT_PENDING_MAX 32
 
-/* The cache slot for the shape of the n members whose keys are at base + 1, base + 3, …: from
- * the key strings' addresses (interned: equal keys are the same string). */
-static int shape_slot(lua_State *L, int base, int n)
-{
-    uintptr_t first = (uintptr_t)lua_tolstring(L, base + 1, NULL);
-    uintptr_t last = (uintptr_t)lua_tolstring(L, base + 2 * n - 1, NULL);
-    uintptr_t h = (first >> 3) * 31u + (last >> 3) * 17u + (uintptr_t)n;
-    return (int)((h ^ h >> 7 ^ h >> 15) % SHAPE_SLOTS);
-}
-
-/* 1 with the cached metatable of slot pushed when its key list is exactly the n keys at base + 1,
- * base + 3, …; 0 with nothing pushed otherwise. */
-static int shape_hit(tp_t *t, int base, int n, int slot)
-{
-    lua_State *L = t->L;
-    lua_rawgeti(L, t->shapes, slot + 1);
-    if (!lua_istable(L, -1)) {
-        lua_pop(L, 1);
-        return 0;
-    }
-    lua_pushlightuserdata(L, (void *)&agw_json_order_mark);
-    lua_rawget(L, -2);
-    int hit = lua_objlen(L, -1) == (size_t)n;
-    for (int i = 0; hit && i < n; i++) {
-        lua_rawgeti(L, -1, i + 1);
-        hit = lua_rawequal(L, -1, base + 1 + 2 * i);
-        lua_pop(L, 1);
-    }
-    lua_pop(L, hit ? 1 : 2);
-    return hit;
-}
-
 static void tp_object(tp_t *t)
 {
     lua_State *L = t->L;
@@ -234,39 +195,11 @@ static void tp_object(tp_t *t)
             break;
         }
     }
-    int slot = more ? -1 : shape_slot(L, base, pending);
-    if (slot >= 0 && shape_hit(t, base, pending, slot)) { /* its metatable is at the top */
-        lua_createtable(L, 0, pending);
-        int tb = lua_gettop(L);
-        for (int i = 0; i < pending; i++) { /* the keys are the shape's: no repeats */
-            lua_pushvalue(L, base + 1 + 2 * i);
-            lua_pushvalue(L, base + 2 + 2 * i);
-            lua_rawset(L, tb);
-        }
-        lua_pushvalue(L, tb - 1);
-        lua_setmetatable(L, tb);
-        lua_replace(L, base + 1);
-        lua_settop(L, base + 1);
-        return;
-    }
     lua_createtable(L, 0, pending);
     lua_createtable(L, pending, 0); /* the key order */
     int tb = base + 2 * pending + 1, ord = tb + 1, n = 0;
     for (int i = 0; i < pending; i++)
         set_member(L, tb, ord, &n, base + 1 + 2 * i);
-    if (slot >= 0 && n == pending) { /* a new shape (no repeated key): cache it */
-        lua_createtable(L, 0, 1);
-        lua_pushlightuserdata(L, (void *)&agw_json_order_mark);
-        lua_pushvalue(L, ord);
-        lua_rawset(L, -3);
-        lua_pushvalue(L, -1);
-        lua_rawseti(L, t->shapes, slot + 1);
-        lua_setmetatable(L, tb);
-        lua_pop(L, 1); /* ord */
-        lua_replace(L, base + 1);
-        lua_settop(L, base + 1);
-        return;
-    }
     while (more) { /* members beyond the first OBJECT_PENDING_MAX, one at a time */
         skip_ws(t);
         if (*t->p != '"')
@@ -341,19 +274,9 @@ void agw_json_push_text(lua_State *L, const char *text)
     luaL_checkstack(L, 8, "JSON push");
     agw_json_regget(L, AGW_JSON_K_ORDER);
     agw_json_regget(L, AGW_JSON_K_ARRAY);
-    lua_pushlightuserdata(L, (void *)&shapes_key);
-    lua_rawget(L, LUA_REGISTRYINDEX);
-    if (!lua_istable(L, -1)) {
-        lua_pop(L, 1);
-        lua_createtable(L, SHAPE_SLOTS, 0);
-        lua_pushlightuserdata(L, (void *)&shapes_key);
-        lua_pushvalue(L, -2);
-        lua_rawset(L, LUA_REGISTRYINDEX);
-    }
-    int top = lua_gettop(L);
-    tp_t t = {L, text, top - 2, top - 1, top, &sbuf};
+    tp_t t = {L, text, lua_gettop(L) - 1, lua_gettop(L), &sbuf};
     skip_ws(&t);
     tp_value(&t);
-    lua_replace(L, t.order); /* move the value down over the three helper slots */
-    lua_pop(L, 2);
+    lua_replace(L, t.order); /* move the value down over the two helper slots */
+    lua_pop(L, 1);
 }

@@ -848,34 +848,6 @@ static void raw_ref_keeps_extra_bytes_after_its_text(void)
     lua_close(L);
 }
 
-/* Objects of one shape share an ordered metatable; every other object keeps its own order. */
-static void objects_of_one_shape_share_their_key_order(void)
-{
-    lua_State *L = new_state();
-    run_lua(L, "l = json.materialize(json.parse('[{\"z\":1,\"a\":2},{\"z\":3,\"a\":4},{\"z\":5,\"m\":0,\"a\":6},"
-               "{\"z\":7,\"a\":8,\"z\":9},{\"a\":1,\"z\":2}]'))\n"
-               "again = json.materialize(json.parse('{\"z\":0,\"a\":0}'))");
-    check_lua(L, "return getmetatable(l[1]) ~= nil and getmetatable(l[1]) == getmetatable(l[2])\n"
-                 "  and getmetatable(l[1]) == getmetatable(again) and getmetatable(l[3]) ~= getmetatable(l[1])\n"
-                 "  and getmetatable(l[5]) ~= getmetatable(l[1])");
-    /* same first and last key, another in between; a repeated key (first place, last value);
-     * the same keys in another order */
-    CHECK_STR(lua_encode(L, "l"), "[{\"z\":1,\"a\":2},{\"z\":3,\"a\":4},{\"z\":5,\"m\":0,\"a\":6},"
-                                  "{\"z\":9,\"a\":8},{\"a\":1,\"z\":2}]");
-    /* an edit to one object of a shape is its own */
-    run_lua(L, "l[1].b = true; l[1].z = nil; l[2].y = false");
-    CHECK_STR(lua_encode(L, "{l[1], l[2], again}"), "[{\"a\":2,\"b\":true},{\"z\":3,\"a\":4,\"y\":false},"
-                                                   "{\"z\":0,\"a\":0}]");
-    /* many shapes through the few cache slots: each object still encodes in its own order */
-    run_lua(L, "many = {}\n"
-               "for i = 1, 300 do\n"
-               "  local s = ('{\"k%d\":1,\"b\":2,\"a%d\":3}'):format(i, i % 7)\n"
-               "  many[i] = {json.materialize(json.parse(s)), s}\n"
-               "end");
-    check_lua(L, "for i = 1, 300 do if json.encode(many[i][1]) ~= many[i][2] then return false end end return true");
-    lua_close(L);
-}
-
 static void raw_ref_materializes_like_a_tree_ref(void)
 {
     lua_State *L = new_state();
@@ -1007,7 +979,6 @@ int main(void)
     RUN(text_push_of_big_objects_agrees_with_jansson_tree);
     RUN(raw_ref_that_does_not_parse_is_an_error_not_a_crash);
     RUN(raw_ref_materializes_like_a_tree_ref);
-    RUN(objects_of_one_shape_share_their_key_order);
     RUN(raw_ref_keeps_extra_bytes_after_its_text);
     RUN(raw_ref_inside_a_lua_table_encodes);
     RUN(json_parse_returns_a_raw_ref);
