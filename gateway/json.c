@@ -553,21 +553,27 @@ static int l_keys(lua_State *L)
     return 1;
 }
 
-/* ordered(list) -> a metatable for objects whose members encode in list's order (list as for
- * keys()): setmetatable({ status = …, data = … }, M). Members not in the list follow, sorted, as
- * for setorder. For objects made many times with the same keys (a page's sections): a metatable
- * costs nothing per object, where setorder records each object in a side table. */
+/* ordered(list[, name]) -> a metatable for objects whose members encode in list's order (list as
+ * for keys()): setmetatable({ status = …, data = … }, M). Members not in the list follow, sorted,
+ * as for setorder. For objects the gateway makes many times with the same keys (a page's sections,
+ * problems): a metatable costs nothing per object, where setorder records each object in a side
+ * table. The metatable is shared by every such object of every request, so it is protected:
+ * getmetatable(obj) gives name (default "agg.json.ordered") and setmetatable(obj, …) raises, so
+ * that no script can change how another script's objects encode. */
 static int l_ordered(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
+    const char *name = luaL_optstring(L, 2, "agg.json.ordered");
     lua_settop(L, 1);
     lua_pushcfunction(L, l_keys);
     lua_pushvalue(L, 1);
     lua_call(L, 1, 1); /* 2: the checked copy */
-    lua_createtable(L, 0, 1);
+    lua_createtable(L, 0, 2);
     lua_pushlightuserdata(L, (void *)&agw_json_order_mark);
     lua_pushvalue(L, 2);
     lua_rawset(L, -3);
+    lua_pushstring(L, name);
+    lua_setfield(L, -2, "__metatable");
     return 1;
 }
 

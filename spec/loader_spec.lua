@@ -21,7 +21,7 @@ describe("the load budget", function()
     assert.is_nil(gen)
     local text = table.concat(errors, "\n")
     local where = (DIR .. dir .. "/endless.lua:"):gsub("%p", "%%%0")
-    assert.matches(where .. lines .. ": the script's top level ran longer than 0%.05 s", text)
+    assert.matches(where .. lines .. ": loading the scripts took longer than 0%.05 s", text)
     assert.equal(1, #errors, text)
   end
 
@@ -42,6 +42,28 @@ describe("the load budget", function()
     assert.is_true((jit.status()))
   end)
 
+  it("names the module a script required when the loop is there", function()
+    local saved_path = package.path
+    package.path = DIR .. "libloop/?.lua;" .. package.path
+    local gen, errors = loader.load(DIR .. "libloop")
+    package.path = saved_path
+    package.loaded["lib.slow"] = nil
+    assert.is_nil(gen)
+    assert.matches("libloop/lib/slow%.lua:3: loading the scripts took longer than", table.concat(errors, "\n"))
+  end)
+
+  it("is one budget for the whole folder, not one per file", function()
+    loader.LOAD_BUDGET_S = 0.25 -- a.lua takes 150 ms of it (100 ms to spare on a busy machine)
+    local gen, errors = loader.load(DIR .. "many")
+    assert.is_nil(gen)
+    local text = table.concat(errors, "\n")
+    assert.is_nil(text:find("many/a.lua", 1, true), text)
+    assert.matches("many/b%.lua:%d+: loading the scripts took longer than 0%.25 s", text)
+    for _, e in ipairs(errors) do
+      assert.matches("many/[bc]%.lua:%d+: loading the scripts took longer than 0%.25 s", e)
+    end
+  end)
+
   it("lets a top level with real work load, and leaves the JIT as it was", function()
     loader.LOAD_BUDGET_S = saved -- (the default: a slow machine must not fail this one)
     assert.is_true((jit.status()))
@@ -55,5 +77,14 @@ describe("the load budget", function()
     local gen = loader.load(DIR .. "jitoff")
     assert.is_table(gen)
     assert.is_false((jit.status()))
+  end)
+end)
+
+describe("a script's os", function()
+  it("has no exit: a script cannot stop the gateway (at load or in a handler)", function()
+    local gen, errors = loader.load(DIR .. "exit")
+    assert.is_nil(gen)
+    assert.matches((DIR .. "exit/endless.lua:3: os.exit is not available to scripts"):gsub("%p", "%%%0"),
+                   table.concat(errors, "\n"))
   end)
 end)

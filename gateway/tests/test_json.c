@@ -420,6 +420,9 @@ static void ordered_metatable_is_honoured(void)
     /* a metatable of the script's own is a plain table's */
     CHECK_STR(lua_encode(L, "setmetatable({b = 1, a = 2}, {__index = {}})"), "{\"a\":2,\"b\":1}");
     check_lua(L, "return not pcall(json.ordered, {1})");
+    /* shared by every object made with it: no script can reach the list or swap the metatable */
+    check_lua(L, "local o = setmetatable({}, M); return getmetatable(o) == 'agg.json.ordered'\n"
+                 "  and not pcall(setmetatable, o, {}) and getmetatable(setmetatable({}, json.ordered({'a'}, 'x'))) == 'x'");
     check_lua(L, "local s, e = json.encode(setmetatable({[1] = 1, status = 2}, M)); return s == nil and e ~= nil");
     lua_close(L);
 }

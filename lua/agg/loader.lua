@@ -46,6 +46,12 @@ local SHARED = {}
 for _, name in ipairs { "string", "table", "math", "os", "io", "coroutine", "bit", "jit" } do
   if _G[name] then SHARED[name] = readonly(_G[name], name) end
 end
+-- os.exit would stop the whole gateway (at load: on a reload, the generation that is serving)
+SHARED.os = readonly(setmetatable({
+  exit = function()
+    error("os.exit is not available to scripts: it would stop the gateway (raise an error instead)", 2)
+  end,
+}, { __index = os }), "os")
 
 local function script_env()
   local env = {}
@@ -57,16 +63,21 @@ end
 -- Runs a loaded chunk. An error value that is not a string (error({…})) carries no position:
 -- the message then names the file and the line where it was raised, taken from the traceback.
 --
--- A script's top level only sets things up; one that runs longer than M.LOAD_BUDGET_S seconds is
--- stuck (an endless loop there would hold up start-up, `aggway check` and every reload, and a
--- reload cannot be cancelled). It is stopped with "file:line: … took longer than …", the line
--- being where it was running. The JIT is off meanwhile: compiled loops do not run hooks.
+-- A script's top level only sets things up; a folder whose top levels run longer than
+-- M.LOAD_BUDGET_S seconds in all is stuck (an endless loop there would hold up start-up,
+-- `aggway check` and every reload, and a reload cannot be cancelled). It is stopped with
+-- "file:line: … took longer than …", file:line being where it was running (the script or a module
+-- it required). The JIT is off meanwhile: compiled loops do not run hooks. Not stopped: a long C
+-- call (os.execute, a pathological string pattern), a finalizer or error handler that loops, a
+-- script that removes the hook itself.
 M.LOAD_BUDGET_S = 5
 local LOADER_SOURCE = debug.getinfo(1, "S").source
 local HOOK_EVERY = 100000 -- VM instructions between clock readings
 
+local load_deadline -- the whole folder's (set by M.load): N files do not get N budgets
+
 local function run_chunk(chunk, file)
-  local deadline = sys.monotonic_s() + M.LOAD_BUDGET_S
+  local deadline = load_deadline or sys.monotonic_s() + M.LOAD_BUDGET_S
   local budget_hit = false
   local hook
   hook = function()
@@ -76,10 +87,15 @@ local function run_chunk(chunk, file)
       -- stopped again as soon as it runs anything outside the pcall
       if not budget_hit then debug.sethook(hook, "", 1) end
       budget_hit = true
-      local line = debug.getinfo(2, "l")
-      error(("%s:%d: the script's top level ran longer than %g s (an endless loop?); it was stopped " ..
-             "(the top level should only define endpoints: work belongs in handlers)"):format(
-             file, line and line.currentline or 1, M.LOAD_BUDGET_S), 0)
+      -- where it was running: the script, or a module it required
+      local info = debug.getinfo(2, "Sl")
+      local where = file .. ":1"
+      if info and info.source:sub(1, 1) == "@" and info.currentline > 0 then
+        where = info.source:sub(2) .. ":" .. info.currentline
+      end
+      error(("%s: loading the scripts took longer than %g s (an endless loop?); stopped here " ..
+             "(a script's top level should only define endpoints: work belongs in handlers)"):format(
+             where, M.LOAD_BUDGET_S), 0)
     end
   end
   -- a script may turn the JIT off (or on) for good at its top level: that wish outlives the load
@@ -140,7 +156,8 @@ end
 
 --- Loads dir. Returns gen = { config, upstreams (name -> { index, timeout_ms }), endpoints (list, in
 -- match order: more literal segments first) } or nil, { "file:line: message", … }.
-function M.load(dir)
+-- (load_folder does the work; M.load, at the end, puts the folder under one load budget.)
+local function load_folder(dir)
   local errors = {}
   local gfile = dir .. "/gateway.lua"
   local src = read(gfile)
@@ -261,6 +278,14 @@ function M.load(dir)
     return a.order < b.order
   end)
   return { config = cfg, upstreams = ups, endpoints = endpoints }
+end
+
+function M.load(dir)
+  load_deadline = sys.monotonic_s() + M.LOAD_BUDGET_S
+  local ok, gen, errors = pcall(load_folder, dir)
+  load_deadline = nil
+  if not ok then error(gen, 0) end
+  return gen, errors
 end
 
 return M

@@ -15,8 +15,8 @@ local new_tab = require "table.new"
 local M = {}
 
 -- a section's members in this order (a metatable: nothing recorded per section)
-local SECTION_MT = json.ordered { "status", "data", "error" }
-local SUMMARY_MT = json.ordered { "status", "error" }
+local SECTION_MT = json.ordered({ "status", "data", "error" }, "agg.page section")
+local SUMMARY_MT = json.ordered({ "status", "error" }, "agg.page section")
 
 local function page_status(failed)
   local p = failed.error or {}

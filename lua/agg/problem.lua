@@ -6,7 +6,7 @@ local json = require "agg.json"
 
 local M = {}
 
-local PROBLEM_MT = json.ordered { "type", "title", "status", "detail", "sections" }
+local PROBLEM_MT = json.ordered({ "type", "title", "status", "detail", "sections" }, "agg.problem")
 local PREFIX = "urn:aggway:problem:"
 
 --- Builds a problem table.

@@ -313,7 +313,7 @@ class Failures(ReloadCase):
             ("an error at load", {"shape.lua": 'error("the catalogue is not configured")\n' + shape_script("v2")},
              r"shape\.lua:1: the catalogue is not configured"),
             ("an endless loop at load (stopped after 5 s)", {"shape.lua": "while true do end\n" + shape_script("v2")},
-             r"shape\.lua:1: the script's top level ran longer than 5 s"),
+             r"shape\.lua:1: loading the scripts took longer than 5 s"),
             ("a call to an unknown upstream",
              {"shape.lua": shape_script("v2").replace('{ "product", ', '{ "prodcut", ')},
              r"shape\.lua:\d+: call to unknown upstream 'prodcut'"),
