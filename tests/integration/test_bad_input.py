@@ -97,7 +97,12 @@ BAD_RESPONSES = 'local agg = require "agg"\nreturn {\n' + ",\n".join(
         ("/connection", '{ status = 200, headers = { ["connection"] = "close", ["keep-alive"] = "timeout=1", '
                         '["upgrade"] = "h2c" }, body = "x" }'),
         ("/bad-names", '{ status = 200, headers = { ["x-a\\0b"] = "1", ["x a"] = "2", ["x:a"] = "3", '
-                       '["x-ok"] = "4" }, body = "x" }'),
+                       '["x-ok"] = "4", ["x\\r\\nforged"] = "5" }, body = "x" }'),
+        ("/bad-values", '{ status = 200, headers = { ["x-ctl"] = "a\\1b", ["x-del"] = "a\\127b", '
+                        '["x-tab"] = "a\\tb", ["x-pad"] = " \\t padded\\t ", ["x-utf8"] = "caf\\195\\169", '
+                        '["x-long"] = string.rep("v", 9000), ["x-fits"] = string.rep("v", 8192) }, body = "x" }'),
+        ("/many-headers", '(function() local h = {} for i = 1, 5000 do h["x-h" .. i] = "v" end '
+                          'return { status = 200, headers = h, body = "x" } end)()'),
     ]) + "\n}\n"
 
 ECHO = endpoint("GET /echo/{p}", """
@@ -169,8 +174,32 @@ class ScriptResponseFraming(GatewayTestCase):
         self.assertNotIn("INVALID", out, out)
         self.assertIn("x-ok", out)
 
+    def test_header_values_with_control_characters_or_too_long_are_dropped_others_trimmed(self):
+        # RFC 9110 §5.5: no control characters but HTAB; no surrounding whitespace
+        _s, headers, _b = self.assertNextResponseIntact("/bad-values")
+        h = {k.lower(): v for k, v in headers}
+        for dropped in ("x-ctl", "x-del", "x-long"):
+            self.assertNotIn(dropped, h, headers)
+        self.assertEqual(h.get("x-tab"), "a\tb")
+        self.assertEqual(h.get("x-pad"), "padded")
+        self.assertEqual(h.get("x-fits"), "v" * 8192)
+        self.assertIn("x-utf8", h)
+
+    def test_more_than_64_script_headers_are_cut_to_64(self):
+        _s, headers, _b = self.assertNextResponseIntact("/many-headers")
+        self.assertEqual(len([k for k, _ in headers if k.lower().startswith("x-h")]), 64)
+        self.assertIn("more than 64 response headers", self.gw.log())
+
+    def test_a_dropped_header_name_cannot_forge_a_log_line(self):
+        self.assertNextResponseIntact("/bad-names")
+        lines = [l for l in self.gw.log().splitlines() if "forged" in l]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("x\\x0d\\x0aforged", lines[0])
+        self.assertFalse(any(l.startswith("forged") for l in self.gw.log().splitlines()))
+
     def test_script_headers_and_statuses_give_valid_http2_responses(self):
-        for path in ("/s204", "/content-length", "/transfer-encoding", "/connection", "/bad-names"):
+        for path in ("/s204", "/content-length", "/transfer-encoding", "/connection", "/bad-names", "/bad-values",
+                     "/many-headers"):
             status, _h, out = nghttp(self.url(path))
             self.assertNotIn("INVALID", out, "%s over h2c: the client rejected the response\n%s" % (path, out))
             self.assertNotIn("PROTOCOL_ERROR", out, out)
