@@ -131,10 +131,11 @@ static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int 
     if (v) {
         /* a whole number of requests, at least 1; more than are kept is as many as are kept */
         size_t n = 0;
-        int ok = vl > 0 && vl <= 9;
+        int ok = vl > 0;
         for (size_t i = 0; ok && i < vl; i++) {
             ok = v[i] >= '0' && v[i] <= '9';
-            n = n * 10 + (size_t)(v[i] - '0');
+            if (n <= max) /* beyond what is kept, the value no longer matters (and cannot overflow) */
+                n = n * 10 + (size_t)(v[i] - '0');
         }
         if (!ok || n == 0) {
             static const char body[] = "limit must be a whole number of requests, 1 or more\n";
