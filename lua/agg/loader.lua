@@ -280,11 +280,31 @@ local function load_folder(dir)
   return { config = cfg, upstreams = ups, endpoints = endpoints }
 end
 
+-- Puts "file:line: message" errors in reading order: files as they came, lines ascending within
+-- a file, the order found for the same line (the checks run by kind, a reader goes by line).
+local function by_line(errors)
+  local files, keyed = {}, {}
+  for i, e in ipairs(errors) do
+    local file, line = e:match("^(.-):(%d+):")
+    file = file or ""
+    if not files[file] then files[file] = i end
+    keyed[i] = { e = e, f = files[file], l = tonumber(line) or 0, i = i }
+  end
+  table.sort(keyed, function(a, b)
+    if a.f ~= b.f then return a.f < b.f end
+    if a.l ~= b.l then return a.l < b.l end
+    return a.i < b.i
+  end)
+  for i, k in ipairs(keyed) do errors[i] = k.e end
+  return errors
+end
+
 function M.load(dir)
   load_deadline = sys.monotonic_s() + M.LOAD_BUDGET_S
   local ok, gen, errors = pcall(load_folder, dir)
   load_deadline = nil
   if not ok then error(gen, 0) end
+  if errors then by_line(errors) end
   return gen, errors
 end
 

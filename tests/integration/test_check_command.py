@@ -121,11 +121,16 @@ class CheckCommand(unittest.TestCase):
 
     def test_check_reports_every_error_not_only_the_first(self):
         src = gateway_lua(self.port, UPSTREAMS).replace("deadline_ms", "deadlin_ms").replace(
-            "timeout_ms = 150", "timout_ms = 150")
+            "timeout_ms = 150", "timout_ms = 150").replace("workers = 1", 'workers = "two"')
         rc, _out, err = self.check(self.folder(src))
         self.assertEqual(rc, 1)
         self.assertIn("deadlin_ms", err)
         self.assertIn("timout_ms", err)
+        self.assertIn("workers", err)
+        # in reading order: line by line through the file
+        lines = [int(m) for m in re.findall(r"gateway\.lua:(\d+):", err)]
+        self.assertGreaterEqual(len(set(lines)), 2, err)
+        self.assertEqual(lines, sorted(lines), err)
 
     def test_check_missing_tls_certificate_is_invalid_as_serve_finds_it(self):
         # serve exits 1 with "cannot load TLS certificate"; check must not call the folder valid
