@@ -162,6 +162,7 @@ static void alog_lit(agw_buf_t *b, const char *s, size_t len)
 {
     agw_buf_append(b, s, len);
 }
+/* s must be a string literal (sizeof): not an expression that chooses between two */
 #define ALOG_LIT(b, s) alog_lit((b), (s), sizeof(s) - 1)
 
 /* Appends an unsigned integer in decimal (no printf on the per-request path). */
@@ -185,34 +186,52 @@ static void alog_ms(agw_buf_t *b, double ms)
     alog_lit(b, frac, 2);
 }
 
-/* Finds section name's duration in a Server-Timing value ("a;dur=1.5, b;dur=2.0"), whose names are
- * the section names with characters other than [A-Za-z0-9_-] replaced by '_', and whose durations
- * are JSON numbers already. Returns the digits of the last entry for name (*len set), or NULL. */
+/* One entry of a Server-Timing value ("a;dur=1.5, b;dur=2.0"): its name and the digits of its
+ * duration (dur NULL when it has no ";dur="). */
+typedef struct {
+    const char *name, *dur;
+    size_t nlen, dlen;
+} timing_entry_t;
+
+/* Reads the entry at *p (before end) into e and moves *p past it and the ", " after it.
+ * Returns 0 when there is no entry left. */
+static int timing_next(const char **p, const char *end, timing_entry_t *e)
+{
+    const char *s = *p;
+    const char *semi = s < end ? memchr(s, ';', (size_t)(end - s)) : NULL;
+    if (semi == NULL)
+        return 0;
+    const char *next = memchr(semi, ',', (size_t)(end - semi));
+    const char *vend = next ? next : end;
+    e->name = s;
+    e->nlen = (size_t)(semi - s);
+    e->dur = vend - semi > 5 && memcmp(semi, ";dur=", 5) == 0 ? semi + 5 : NULL;
+    e->dlen = e->dur ? (size_t)(vend - e->dur) : 0;
+    s = next ? next + 1 : end;
+    while (s < end && *s == ' ')
+        s++;
+    *p = s;
+    return 1;
+}
+
+/* Finds section name's duration in a Server-Timing value, whose names are the section names with
+ * characters other than [A-Za-z0-9_-] replaced by '_', and whose durations are JSON numbers
+ * already. Returns the digits of the last entry for name (*len set), or NULL. */
 static const char *timing_ms(const char *t, size_t tlen, const char *name, size_t nlen, size_t *len)
 {
-    const char *found = NULL;
-    const char *p = t, *end = t + tlen;
-    while (p < end) {
-        const char *semi = memchr(p, ';', (size_t)(end - p));
-        if (semi == NULL)
-            break;
-        const char *next = memchr(semi, ',', (size_t)(end - semi));
-        const char *vend = next ? next : end;
-        int same = (size_t)(semi - p) == nlen;
+    const char *found = NULL, *p = t;
+    timing_entry_t e;
+    while (timing_next(&p, t + tlen, &e)) {
+        int same = e.nlen == nlen;
         for (size_t i = 0; same && i < nlen; i++) {
             unsigned char c = (unsigned char)name[i];
             char want = (isalnum(c) || c == '_' || c == '-') && c < 0x80 ? (char)c : '_';
-            same = p[i] == want;
+            same = e.name[i] == want;
         }
-        if (same && vend - semi > 5 && memcmp(semi, ";dur=", 5) == 0) {
-            found = semi + 5;
-            *len = (size_t)(vend - found);
+        if (same && e.dur) {
+            found = e.dur;
+            *len = e.dlen;
         }
-        if (next == NULL)
-            break;
-        p = next + 1;
-        while (p < end && *p == ' ')
-            p++;
     }
     return found;
 }
@@ -310,28 +329,19 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
         }
     } else if (timing) {
         /* "name;dur=1.5, …": the names are already safe ([A-Za-z0-9_-]) */
-        const char *p = timing, *end = timing + tlen;
-        int first = 1;
-        while (p < end) {
-            const char *semi = memchr(p, ';', (size_t)(end - p));
-            if (semi == NULL)
-                break;
-            const char *next = memchr(semi, ',', (size_t)(end - semi));
-            const char *vend = next ? next : end;
-            ALOG_LIT(b, first ? "{\"name\":" : ",{\"name\":");
-            alog_str(b, p, (size_t)(semi - p));
+        const char *p = timing;
+        timing_entry_t e;
+        for (int first = 1; timing_next(&p, timing + tlen, &e); first = 0) {
+            if (!first)
+                agw_buf_putc(b, ',');
+            ALOG_LIT(b, "{\"name\":");
+            alog_str(b, e.name, e.nlen);
             ALOG_LIT(b, ",\"status\":null,\"ms\":");
-            if (vend - semi > 5 && memcmp(semi, ";dur=", 5) == 0)
-                alog_lit(b, semi + 5, (size_t)(vend - semi - 5));
+            if (e.dur)
+                alog_lit(b, e.dur, e.dlen);
             else
                 ALOG_LIT(b, "null");
             agw_buf_putc(b, '}');
-            first = 0;
-            if (next == NULL)
-                break;
-            p = next + 1;
-            while (p < end && *p == ' ')
-                p++;
         }
     }
     if (trace) {

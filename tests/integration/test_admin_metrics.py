@@ -167,6 +167,10 @@ BUSY = endpoint("GET /busy", """
     while os.clock() - t < 2.5 do end   -- holds the worker's thread
     return { status = 200, body = "done" }""")
 
+PLAIN = endpoint("GET /plain/{id}", """
+    local res = agg.fetch_all { product = { "product", "/products/" .. req.params.id }, ["odd name"] = { "product", "/products/1" } }
+    return { status = 200, json = { name = res.product.data.name } }""", deadline_ms=1000)
+
 FLAKY = endpoint("GET /flaky", """
     return agg.page(agg.fetch_all { flaky = { "flaky", "/x", required = true } })""")
 
@@ -387,6 +391,20 @@ class AccessLog(AdminCase):
         self.assertEqual([l["path"] for l in lines], ["/mp/8"])
         with open(path + ".1") as f:
             self.assertEqual(len(f.read().splitlines()), 3)
+
+    def test_a_plain_response_lists_its_calls_from_server_timing(self):
+        # not a page: no section statuses, the calls' names and durations (Server-Timing's)
+        path = os.path.join(self.workdir, "access.log")
+        self.start_admin(services_=services(reviews_fault=None, inventory_refuses=False), access_log=path,
+                         scripts={"plain.lua": PLAIN})
+        r = self.get("/plain/7")
+        self.assertEqual(r.status, 200, r)
+        lines = [l for l in self.read_lines(path, 2) if l["path"] == "/plain/7"]
+        self.assertEqual(len(lines), 1, lines)
+        secs = lines[0]["sections"]
+        self.assertEqual([(s["name"], s["status"]) for s in secs], [("odd_name", None), ("product", None)], secs)
+        for s in secs:
+            self.assertIsInstance(s["ms"], float)
 
     def test_off_by_default(self):
         self.start_admin()
