@@ -161,8 +161,7 @@ int agw_json_encode_string(agw_buf_t *out, const char *str, size_t len)
         out->len += len + 2;
         return 0;
     }
-    i = 0;
-    agw_buf_putc(out, '"');
+    agw_buf_putc(out, '"'); /* s[0..i) is plain: it goes out with the first escape or at the end */
     while (i < len) {
         unsigned char c = s[i];
         if (c >= 0x80) {
@@ -176,7 +175,7 @@ int agw_json_encode_string(agw_buf_t *out, const char *str, size_t len)
             i += n;
             continue;
         }
-        if (c >= 0x20 && c != '"' && c != '\\') {
+        if (!NOT_PLAIN[c]) {
             i++;
             continue;
         }
