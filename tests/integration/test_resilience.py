@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import GatewayTestCase, SLOW, endpoint, free_port, h2load, route, wait_until, main  # noqa: E402
+from test_admin_metrics import Metrics  # noqa: E402
 
 # Slack for "about the timeout": a loaded machine or ASan may add this much to a wait.
 SLACK_MS = 700 if SLOW else 400
@@ -360,9 +361,9 @@ class Hedging(GatewayTestCase):
         """The value of aggway_upstream_<name>_total{upstream="slow"} on the admin listener."""
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin_port, timeout=5) as r:
             text = r.read().decode("utf-8")
-        m = re.search(r'^aggway_upstream_%s_total\{upstream="slow"\} (\d+)$' % name, text, re.M)
-        self.assertIsNotNone(m, text)
-        return int(m.group(1))
+        v = Metrics(text).get("aggway_upstream_%s_total" % name, upstream="slow")
+        self.assertIsNotNone(v, text)
+        return int(v)
 
     def test_slow_call_is_hedged_and_the_page_answers_at_hedge_delay_plus_fast_latency(self):
         # the 10th call takes 2000 ms; its hedge (after 60 ms) takes 10 ms
