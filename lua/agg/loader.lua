@@ -74,10 +74,16 @@ M.LOAD_BUDGET_S = 5
 local LOADER_SOURCE = debug.getinfo(1, "S").source
 local HOOK_EVERY = 100000 -- VM instructions between clock readings
 
-local load_deadline -- the whole folder's (set by M.load): N files do not get N budgets
+local load_deadline -- the whole folder's, set by M.load (N files do not get N budgets)
+
+local function too_long(where)
+  return ("%s: loading the scripts took longer than %g s (an endless loop?); stopped here " ..
+          "(a script's top level should only define endpoints: work belongs in handlers)"):format(
+          where, M.LOAD_BUDGET_S)
+end
 
 local function run_chunk(chunk, file)
-  local deadline = load_deadline or sys.monotonic_s() + M.LOAD_BUDGET_S
+  local deadline = load_deadline
   local budget_hit = false
   local hook
   hook = function()
@@ -93,9 +99,7 @@ local function run_chunk(chunk, file)
       if info and info.source:sub(1, 1) == "@" and info.currentline > 0 then
         where = info.source:sub(2) .. ":" .. info.currentline
       end
-      error(("%s: loading the scripts took longer than %g s (an endless loop?); stopped here " ..
-             "(a script's top level should only define endpoints: work belongs in handlers)"):format(
-             where, M.LOAD_BUDGET_S), 0)
+      error(too_long(where), 0)
     end
   end
   -- a script may turn the JIT off (or on) for good at its top level: that wish outlives the load
@@ -119,7 +123,7 @@ local function run_chunk(chunk, file)
     if jit_wish == nil then jit_wish = jit_was_on end
     if jit_wish then real_on() else real_off() end
   end
-  if budget_hit and ok then ok, v = false, file .. ":1: the script's top level ran too long" end
+  if budget_hit and ok then ok, v = false, too_long(file .. ":1") end
   return ok, v
 end
 
