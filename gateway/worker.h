@@ -31,7 +31,8 @@ typedef struct agw_worker_gen agw_worker_gen_t;
  * message to errors when the VM cannot load the generation. globalconf is shared read-only. The
  * worker is the only writer of metrics (which must outlive it; the admin thread reads them).
  * access_fd: where the access log goes (one JSON line per request, buffered and written from the
- * loop), -1 for none. */
+ * loop), -1 for none. When listening or the thread fails after the VM loaded, the half-built
+ * worker is not freed: the caller reports the error and the process exits. */
 agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_buf_t *errors);
@@ -62,7 +63,9 @@ void agw_worker_drain(agw_worker_t *w);
 /* Requests the worker is handling (thread-safe): arrived at the runtime and not yet disposed. */
 int agw_worker_inflight(const agw_worker_t *w);
 
-/* Asks the worker to stop (thread-safe), waits for its thread and frees it. */
+/* Asks the worker to stop (thread-safe), waits for its thread and discards a generation it had
+ * not adopted yet. The worker's loops, VMs and pools are not freed: this runs only when the
+ * process exits (server.c), and the exit releases them. */
 void agw_worker_stop(agw_worker_t *w);
 
 /* The h2o request handler shared by every worker (registered on the "/" path). */

@@ -339,6 +339,8 @@ static int l_call(lua_State *L)
     c->id = agw_slots_put(&w->calls, c);
     c->call = agw_call_start(g->pools[index - 1]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
+        /* out of memory: the span recorded above ends here, cancelled (nothing was sent) */
+        trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0);
         agw_slots_del(&w->calls, c->id);
         c->next_free = w->free_calls;
         w->free_calls = c;
