@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "listen_tls.h"
 #include "log.h"
 #include "script.h"
 
@@ -193,6 +194,8 @@ static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
         conf->listen[i].port = (int)field_num(L, e, "port", 8080);
         conf->listen[i].cert_file = field_str(L, e, "cert");
         conf->listen[i].key_file = field_str(L, e, "key");
+        conf->listen[i].cert_line = (int)field_num(L, e, "cert_line", 1);
+        conf->listen[i].key_line = (int)field_num(L, e, "key_line", 1);
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
@@ -265,6 +268,27 @@ static void resolve_tls_paths(agw_config_t *conf)
     }
 }
 
+/* Builds the SSL_CTX of every TLS listener from its files (resolved paths). Returns 0, or -1 with
+ * "file:line: listen[N].tls.cert|key: why" for each listener whose files do not load. */
+static int load_listen_tls(agw_config_t *conf, agw_buf_t *errors)
+{
+    int rc = 0;
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        agw_listen_conf_t *l = &conf->listen[i];
+        if (l->cert_file == NULL)
+            continue;
+        agw_listen_tls_file_t bad;
+        char why[1024];
+        if ((l->ssl_ctx = agw_listen_tls_new(l->cert_file, l->key_file, &bad, why, sizeof(why))) == NULL) {
+            int key = bad == AGW_LISTEN_TLS_KEY;
+            agw_buf_printf(errors, "%s/gateway.lua:%d: listen[%zu].tls.%s: %s\n", conf->dir,
+                           key ? l->key_line : l->cert_line, i + 1, key ? "key" : "cert", why);
+            rc = -1;
+        }
+    }
+    return rc;
+}
+
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 {
     memset(conf, 0, sizeof(*conf));
@@ -301,6 +325,8 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     if (load_tracing(L, cfg, conf, errors) != 0)
         rc = -1;
     resolve_tls_paths(conf);
+    if (load_listen_tls(conf, errors) != 0)
+        rc = -1;
     lua_close(L);
     if (rc != 0)
         agw_config_free(conf);
@@ -313,6 +339,7 @@ void agw_config_free(agw_config_t *conf)
         free(conf->listen[i].host);
         free(conf->listen[i].cert_file);
         free(conf->listen[i].key_file);
+        SSL_CTX_free(conf->listen[i].ssl_ctx);
     }
     free(conf->listen);
     for (size_t i = 0; conf->upstreams && i < conf->num_upstreams; i++)

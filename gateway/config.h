@@ -16,8 +16,14 @@
 typedef struct agw_listen_conf {
     char *host;        /* address to bind ("0.0.0.0") */
     int port;          /* TCP port */
-    char *cert_file;   /* PEM certificate chain when TLS is on, else NULL */
-    char *key_file;    /* PEM private key when TLS is on, else NULL */
+    char *cert_file;   /* PEM certificate chain when TLS is on, else NULL (resolved against the folder) */
+    char *key_file;    /* PEM private key when TLS is on, else NULL (resolved against the folder) */
+    int cert_line;     /* line of gateway.lua that names cert_file (messages), 0 without TLS */
+    int key_line;      /* line of gateway.lua that names key_file */
+    struct ssl_ctx_st *ssl_ctx; /* TLS on: the server context built from the two files when this
+                                   generation was loaded (listen_tls.h), one reference, freed by
+                                   agw_config_free; workers and connections take their own. NULL
+                                   for cleartext */
 } agw_listen_conf_t;
 
 /* An endpoint as /routes and the metrics name it. */
@@ -58,12 +64,17 @@ typedef struct agw_config {
     uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
 } agw_config_t;
 
-/* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM and resolves upstream
- * hosts. Returns 0 and fills *conf (free with agw_config_free), or -1 with one "file:line: message"
- * per line appended to errors. */
+/* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM, resolves upstream
+ * hosts and reads the TLS files: the CA files of https:// upstreams and the certificate chain and
+ * private key of every TLS listener (a new SSL_CTX each, listen_tls.h). Returns 0 and fills *conf
+ * (free with agw_config_free), or -1 with one "file:line: message" per line appended to errors,
+ * e.g. "scripts/gateway.lua:4: listen[2].tls.key: the private key … does not match the
+ * certificate …". Nothing is left allocated on failure. Any thread; used by `aggway check`,
+ * start-up and every reload alike, so the three agree. */
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors);
 
-/* Frees everything agw_config_load allocated (the breakers: one reference each). */
+/* Frees everything agw_config_load allocated (the breakers and the listeners' SSL_CTXs: one
+ * reference each; connections and workers that took their own keep theirs). */
 void agw_config_free(agw_config_t *conf);
 
 /* 1 when a and b describe the same upstream as far as a connection pool is concerned (name,

@@ -40,14 +40,16 @@ static int key_line(const char *dir, const char *key)
     return found ? n : 1;
 }
 
+/* The listening sockets are made once: the same ports and hosts in the same order, each with TLS
+ * on or off as before. A TLS listener's cert and key (paths and contents) are the generation's own
+ * and may change: workers take the new SSL_CTX when they switch. */
 static int same_listeners(const agw_config_t *a, const agw_config_t *b)
 {
     if (a->num_listen != b->num_listen)
         return 0;
     for (size_t i = 0; i < a->num_listen; i++) {
         const agw_listen_conf_t *x = &a->listen[i], *y = &b->listen[i];
-        if (x->port != y->port || !same_str(x->host, y->host) || !same_str(x->cert_file, y->cert_file) ||
-            !same_str(x->key_file, y->key_file))
+        if (x->port != y->port || !same_str(x->host, y->host) || (x->cert_file == NULL) != (y->cert_file == NULL))
             return 0;
     }
     return 1;
@@ -68,7 +70,7 @@ static int check_restart_only(const agw_config_t *prev, const agw_config_t *next
         rc = -1;                                                                                                 \
     } while (0)
     if (!same_listeners(prev, next))
-        CHANGED("listen", "the listeners (ports, hosts or TLS files)");
+        CHANGED("listen", "the listeners (ports, hosts, or TLS turned on or off)");
     if (prev->workers != next->workers)
         CHANGED("workers", "the number of worker threads");
     if (prev->admin_port != next->admin_port || !same_str(prev->admin_host, next->admin_host))

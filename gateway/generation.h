@@ -11,9 +11,12 @@
  * its VM; only when all of that succeeded do the workers switch, each on its own loop. Requests
  * already running finish on the generation they started on.
  *
- * What a reload cannot change (listen, TLS files, workers, admin, access_log,
- * max_request_body_bytes, tracing: the sockets, threads and h2o's shared configuration are made
- * once at start-up) makes the reload fail with a message that names the setting; restart to change it.
+ * What a reload cannot change (listen ports and hosts, TLS turned on or off on a listener,
+ * workers, admin, access_log, max_request_body_bytes, tracing: the sockets, threads and h2o's
+ * shared configuration are made once at start-up) makes the reload fail with a message that names
+ * the setting; restart to change it. A TLS listener's certificate and key are read again by every
+ * load (their paths may change too): each generation has its own SSL_CTX per TLS listener
+ * (config.h), which workers use for the connections they accept once they switch to it.
  * Upstream breakers survive a reload when the upstream's URL and breaker settings did not change.
  */
 #ifndef AGW_GENERATION_H

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <openssl/err.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,7 @@
 
 #include "admin.h"
 #include "generation.h"
+#include "listen_tls.h"
 #include "otlp.h"
 #include "log.h"
 #include "metrics.h"
@@ -64,35 +64,18 @@ static int open_listener(const agw_listen_conf_t *l)
     return agw_listen_socket("listen", l->host, l->port, 1, 1024);
 }
 
-/* OpenSSL's reason for the last failure, or a readable default when it gives none. */
-static const char *tls_error(void)
+/* Logs the certificate each TLS listener of conf serves to new connections (start-up, reload). */
+static void log_certificates(const char *what, const agw_config_t *conf)
 {
-    unsigned long e = ERR_get_error();
-    const char *r = e ? ERR_reason_error_string(e) : NULL;
-    return r ? r : "the file is missing, unreadable or not PEM";
-}
-
-static SSL_CTX *make_ssl_ctx(const agw_listen_conf_t *l)
-{
-    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
-    if (ctx == NULL)
-        return NULL;
-    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE);
-    if (SSL_CTX_use_certificate_chain_file(ctx, l->cert_file) != 1) {
-        agw_log(AGW_LOG_ERROR, "listen port %d: cannot load TLS certificate %s: %s", l->port, l->cert_file,
-                tls_error());
-        SSL_CTX_free(ctx);
-        return NULL;
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        const agw_listen_conf_t *l = &conf->listen[i];
+        if (l->ssl_ctx == NULL)
+            continue;
+        char desc[512];
+        agw_listen_tls_describe(l->ssl_ctx, desc, sizeof(desc));
+        agw_log(AGW_LOG_INFO, "%s: new TLS connections on %s:%d get the certificate %s (%s)", what, l->host, l->port,
+                l->cert_file, desc);
     }
-    if (SSL_CTX_use_PrivateKey_file(ctx, l->key_file, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
-        agw_log(AGW_LOG_ERROR, "listen port %d: cannot load TLS key %s (or it does not match the certificate): %s",
-                l->port, l->key_file, tls_error());
-        SSL_CTX_free(ctx);
-        return NULL;
-    }
-    h2o_ssl_register_alpn_protocols(ctx, h2o_http2_alpn_protocols);
-    return ctx;
 }
 
 /* Opens the access log for appending: the file, or stderr; -1 (logged) when it cannot be opened. */
@@ -284,6 +267,7 @@ static void reload(server_t *srv)
                 "(requests in flight finish on the generation they started on)", (unsigned long long)next->number,
                 next->conf.router.num_routes, next->conf.router.num_routes == 1 ? "" : "s", next->conf.num_upstreams,
                 next->conf.num_upstreams == 1 ? "" : "s");
+        log_certificates("reload", &next->conf);
     }
     free(prepared);
     agw_buf_free(&errors);
@@ -331,11 +315,6 @@ int agw_server_run(const char *dir)
     for (size_t i = 0; i < conf->num_listen; i++)
         if (!port_is_free(&conf->listen[i]))
             return 1;
-    SSL_CTX **ssl = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*ssl));
-    for (size_t i = 0; i < conf->num_listen; i++) {
-        if (conf->listen[i].cert_file && (ssl[i] = make_ssl_ctx(&conf->listen[i])) == NULL)
-            return 1;
-    }
     if (srv.access_log && (srv.access_fd = open_access_log(srv.access_log)) < 0)
         return 1;
     agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
@@ -362,7 +341,6 @@ int agw_server_run(const char *dir)
         for (size_t i = 0; i < conf->num_listen; i++) {
             if ((fds[i].fd = open_listener(&conf->listen[i])) < 0)
                 return 1;
-            fds[i].ssl_ctx = ssl[i];
         }
         srv.w[wi] = agw_worker_start((int)wi, gen, &globalconf, fds, conf->num_listen, metrics[wi], srv.access_fd,
                                      &errors);
@@ -376,7 +354,8 @@ int agw_server_run(const char *dir)
     }
     for (size_t i = 0; i < conf->num_listen; i++)
         agw_log(AGW_LOG_INFO, "listening on %s:%d (%s)", conf->listen[i].host, conf->listen[i].port,
-                ssl[i] ? "HTTP/1.1 and HTTP/2 over TLS" : "HTTP/1.1 and h2c");
+                conf->listen[i].ssl_ctx ? "HTTP/1.1 and HTTP/2 over TLS" : "HTTP/1.1 and h2c");
+    log_certificates("start-up", conf);
     agw_log(AGW_LOG_INFO, "aggway serving %s with %u worker%s, %zu route%s, %zu upstream%s (generation 1)", conf->dir,
             conf->workers, conf->workers == 1 ? "" : "s", conf->router.num_routes,
             conf->router.num_routes == 1 ? "" : "s", conf->num_upstreams, conf->num_upstreams == 1 ? "" : "s");
@@ -431,7 +410,6 @@ int agw_server_run(const char *dir)
         close(srv.access_fd);
     free(srv.w);
     free(fds);
-    free(ssl);
     free(srv.access_log);
     agw_reload_state_destroy(&srv.gens);
     agw_metric_labels_free(srv.labels); /* nothing reads the metrics or the traces any more */

@@ -1,7 +1,7 @@
 /* server.h: the serving process: h2o's global configuration, listening sockets (one per worker
- * per listener, SO_REUSEPORT), TLS contexts with ALPN (h2, http/1.1), the worker threads, and the
- * signals: SIGTERM/SIGINT drain and stop, SIGHUP reloads the scripts folder (generation.h),
- * SIGUSR1 reopens the access log. */
+ * per listener, SO_REUSEPORT), the worker threads, and the signals: SIGTERM/SIGINT drain and stop,
+ * SIGHUP reloads the scripts folder (generation.h), and with it the TLS listeners' certificates
+ * and keys (listen_tls.h), SIGUSR1 reopens the access log. */
 #ifndef AGW_SERVER_H
 #define AGW_SERVER_H
 

@@ -367,9 +367,20 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 
 /* ---- accept --------------------------------------------------------------------------------- */
 
+/* An accepted connection: its libuv handle and, on a TLS listener, a reference to the SSL_CTX it
+ * was accepted with, held until the connection closes. h2o 2.2 keeps only a plain pointer to that
+ * SSL_CTX until the client's first bytes arrive (SSL_new, which takes OpenSSL's own reference,
+ * runs then), and a reload may meanwhile give the listener another one and drop this one. */
+typedef struct conn {
+    uv_tcp_t tcp;       /* first: h2o's close callback gets its address */
+    SSL_CTX *ssl_ctx;   /* one reference, or NULL (cleartext) */
+} conn_t;
+
 static void on_conn_close(uv_handle_t *h)
 {
-    free(h);
+    conn_t *c = (conn_t *)h;
+    SSL_CTX_free(c->ssl_ctx); /* after h2o's SSL_free: the socket is disposed before its handle closes */
+    free(c);
 }
 
 static void on_accept(uv_stream_t *server, int status)
@@ -377,16 +388,19 @@ static void on_accept(uv_stream_t *server, int status)
     listener_t *l = server->data;
     if (status != 0)
         return;
-    uv_tcp_t *conn = malloc(sizeof(*conn));
+    conn_t *conn = malloc(sizeof(*conn));
     if (conn == NULL)
         return;
-    uv_tcp_init(server->loop, conn);
-    if (uv_accept(server, (uv_stream_t *)conn) != 0) {
-        uv_close((uv_handle_t *)conn, on_conn_close);
+    conn->ssl_ctx = NULL;
+    uv_tcp_init(server->loop, &conn->tcp);
+    if (uv_accept(server, (uv_stream_t *)&conn->tcp) != 0) {
+        uv_close((uv_handle_t *)&conn->tcp, on_conn_close);
         return;
     }
-    uv_tcp_nodelay(conn, 1);
-    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)conn, on_conn_close);
+    uv_tcp_nodelay(&conn->tcp, 1);
+    if ((conn->ssl_ctx = l->accept_ctx.ssl_ctx) != NULL)
+        SSL_CTX_up_ref(conn->ssl_ctx);
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&conn->tcp, on_conn_close);
     h2o_accept(&l->accept_ctx, sock);
 }
 
@@ -478,7 +492,6 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     w->watch_timer.data = w;
 
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
-    agw_worker_gen_activate(w, first);
 
     w->listeners = calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
     w->num_listeners = num_fds;
@@ -487,7 +500,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         l->worker = w;
         l->accept_ctx.ctx = &w->ctx;
         l->accept_ctx.hosts = globalconf->hosts;
-        l->accept_ctx.ssl_ctx = fds[i].ssl_ctx;
+        l->accept_ctx.ssl_ctx = NULL; /* the generation's (agw_worker_gen_activate) */
         uv_tcp_init(&w->uvloop, &l->handle);
         l->handle.data = l;
         int rc = uv_tcp_open(&l->handle, fds[i].fd);
@@ -498,6 +511,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
             return NULL;
         }
     }
+    agw_worker_gen_activate(w, first); /* also gives the TLS listeners their SSL_CTX */
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
         agw_buf_puts(errors, "cannot start a worker thread\n");
         return NULL;
@@ -524,6 +538,10 @@ void agw_worker_stop(agw_worker_t *w)
 {
     ev_async_send(w->loop, &w->stop_async);
     pthread_join(w->thread, NULL);
+    for (size_t i = 0; i < w->num_listeners; i++) { /* connections still open keep their own */
+        SSL_CTX_free(w->listeners[i].accept_ctx.ssl_ctx);
+        w->listeners[i].accept_ctx.ssl_ctx = NULL;
+    }
     pthread_mutex_lock(&w->next_lock);
     wgen_t *pending = w->next;
     w->next = NULL;

@@ -14,10 +14,11 @@
 #include "generation.h"
 #include "metrics.h"
 
-/* A listening socket prepared by the server for one worker. */
+/* A listening socket prepared by the server for one worker. Listener i of a worker is listener i
+ * of every generation's configuration (agw_config_t.listen): TLS or cleartext (HTTP/1.1 and h2c)
+ * as that says, with the SSL_CTX of the generation the worker serves. */
 typedef struct agw_listener_fd {
     int fd;            /* bound, listening, non-blocking socket (SO_REUSEPORT) */
-    SSL_CTX *ssl_ctx;  /* shared TLS context, or NULL for cleartext (HTTP/1.1 and h2c) */
 } agw_listener_fd_t;
 
 typedef struct agw_worker agw_worker_t;
@@ -26,7 +27,8 @@ typedef struct agw_worker agw_worker_t;
 typedef struct agw_worker_gen agw_worker_gen_t;
 
 /* Creates worker number id serving generation gen (it takes a reference) with the listening
- * sockets fds (num_fds of them; the worker owns them afterwards) and starts its thread. The
+ * sockets fds (num_fds of them, in the order of gen->conf.listen; the worker owns them afterwards,
+ * and takes a reference to the SSL_CTX of each TLS listener) and starts its thread. The
  * worker loads the scripts folder into its own VM before serving. Returns NULL and appends a
  * message to errors when the VM cannot load the generation. globalconf is shared read-only. The
  * worker is the only writer of metrics (which must outlive it; the admin thread reads them).
@@ -49,8 +51,10 @@ void agw_worker_discard(agw_worker_gen_t *g);
 /* Hot reload, step 2 (thread-safe): hands g (from agw_worker_prepare for this w) to the worker,
  * which makes it current on its own loop: new requests use it, requests in flight finish on the
  * generation they started on, which is freed after its last request, call and timer. Upstream
- * pools whose settings did not change pass to g with their keep-alive connections. A g the
- * worker has not taken yet is replaced (and freed) by the next install. */
+ * pools whose settings did not change pass to g with their keep-alive connections. Connections
+ * accepted from then on on a TLS listener get g's certificate (its SSL_CTX); connections already
+ * open keep the one they were accepted with. A g the worker has not taken yet is replaced (and
+ * freed) by the next install. */
 void agw_worker_install(agw_worker_t *w, agw_worker_gen_t *g);
 
 /* Number of the generation w gives new requests to (thread-safe). */
@@ -63,9 +67,10 @@ void agw_worker_drain(agw_worker_t *w);
 /* Requests the worker is handling (thread-safe): arrived at the runtime and not yet disposed. */
 int agw_worker_inflight(const agw_worker_t *w);
 
-/* Asks the worker to stop (thread-safe), waits for its thread and discards a generation it had
- * not adopted yet. The worker's loops, VMs and pools are not freed: this runs only when the
- * process exits (server.c), and the exit releases them. */
+/* Asks the worker to stop (thread-safe), waits for its thread, drops its references to the
+ * listeners' SSL_CTXs and frees the generation handed to it and not yet taken. The worker's
+ * loops, VMs and pools are not freed: this runs only when the process exits (server.c), and the
+ * exit releases them. */
 void agw_worker_stop(agw_worker_t *w);
 
 /* The h2o request handler shared by every worker (registered on the "/" path). */

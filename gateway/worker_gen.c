@@ -52,6 +52,23 @@ void agw_worker_free_dead_gens(agw_worker_t *w)
     }
 }
 
+/* The listeners accept with conf's TLS contexts from now on: the worker takes a reference to each
+ * and drops the one it held. A connection already accepted holds the context it was accepted
+ * with (worker.c, conn_t), so the old one lives on until the last of those closes. */
+static void adopt_listener_tls(agw_worker_t *w, const agw_config_t *conf)
+{
+    for (size_t i = 0; i < w->num_listeners && i < conf->num_listen; i++) {
+        h2o_accept_ctx_t *ac = &w->listeners[i].accept_ctx;
+        SSL_CTX *ctx = conf->listen[i].ssl_ctx;
+        if (ctx == ac->ssl_ctx)
+            continue;
+        if (ctx)
+            SSL_CTX_up_ref(ctx);
+        SSL_CTX_free(ac->ssl_ctx);
+        ac->ssl_ctx = ctx;
+    }
+}
+
 void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
 {
     const agw_config_t *conf = g->conf;
@@ -86,6 +103,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
         w->gens->prev = g;
     w->gens = g;
     w->cur = g;
+    adopt_listener_tls(w, conf);
     __atomic_store_n(&w->serving, g->gen->number, __ATOMIC_RELEASE);
     if (old)
         agw_worker_gen_release(old);

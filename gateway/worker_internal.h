@@ -23,7 +23,9 @@
 /* A listening socket as the worker's libuv loop accepts on it. */
 typedef struct listener {
     uv_tcp_t handle;
-    h2o_accept_ctx_t accept_ctx;
+    h2o_accept_ctx_t accept_ctx;   /* ssl_ctx: the TLS context of the current generation's listener
+                                      (a reference of this worker's, swapped on the worker's loop
+                                      when a generation becomes current), NULL for cleartext */
     agw_worker_t *worker;
 } listener_t;
 
@@ -210,7 +212,9 @@ void agw_worker_free_dead_gens(agw_worker_t *w);
 
 /* Makes g (prepared by agw_worker_prepare) the generation new requests go to: its pools are the
  * current generation's for upstreams that did not change (keep-alive connections survive), new
- * ones for the others. The previous generation is freed once its requests are done. */
+ * ones for the others; the TLS listeners accept new connections with g's SSL_CTXs (the worker
+ * drops its reference to the previous ones; connections accepted before keep theirs). The
+ * previous generation is freed once its requests are done. Worker thread (or before it starts). */
 void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g);
 
 /* agw_worker_install(): the main thread left a prepared generation in w->next (w->reload_async,

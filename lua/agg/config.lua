@@ -188,18 +188,22 @@ function M.check(cfg, src, file)
               err(tline, where .. ".tls", "must be { cert = \"path/cert.pem\", key = \"path/key.pem\" }")
             else
               e.cert, e.key = l.tls.cert, l.tls.key
-              -- the files are read at start-up: check here that they are there and look like PEM
+              -- the files are read at start-up and on every reload (the C side then loads them
+              -- with OpenSSL, whose messages carry these lines): check here that they are there
+              -- and look like PEM
               local dir = file:match("^(.*)/[^/]*$") or "."
               for _, kind in ipairs { "cert", "key" } do
                 local path = l.tls[kind]
+                local kline = find_line(lines, kind, tline) or tline
+                e[kind .. "_line"] = kline
                 if path:sub(1, 1) ~= "/" then path = dir .. "/" .. path end
                 local f = io.open(path, "rb")
                 local text = f and f:read(65536)
                 if f then f:close() end
                 if not text then
-                  err(find_line(lines, kind, tline) or tline, where .. ".tls." .. kind, "cannot read " .. path)
+                  err(kline, where .. ".tls." .. kind, "cannot read " .. path)
                 elseif not text:find("-----BEGIN", 1, true) then
-                  err(find_line(lines, kind, tline) or tline, where .. ".tls." .. kind, path .. " is not a PEM file")
+                  err(kline, where .. ".tls." .. kind, path .. " is not a PEM file")
                 end
               end
             end

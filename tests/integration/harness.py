@@ -261,9 +261,11 @@ def repo_scripts(*names):
     return out
 
 
-def make_self_signed_cert(workdir):
-    cert = os.path.join(workdir, "cert.pem")
-    key = os.path.join(workdir, "key.pem")
+def make_self_signed_cert(workdir, prefix=""):
+    """A throwaway self-signed certificate for localhost and 127.0.0.1 and its key: the paths of
+    PREFIXcert.pem and PREFIXkey.pem in workdir."""
+    cert = os.path.join(workdir, prefix + "cert.pem")
+    key = os.path.join(workdir, prefix + "key.pem")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
                     "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)

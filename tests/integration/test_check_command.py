@@ -10,8 +10,8 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (AGGWAY_BIN, SOURCE_DIR, endpoint, free_port, gateway_lua, repo_scripts, run_aggway,  # noqa: E402
-                     stop_process, tcp_connects, write_scripts, main)
+from harness import (AGGWAY_BIN, SOURCE_DIR, endpoint, free_port, gateway_lua, make_self_signed_cert,  # noqa: E402
+                     repo_scripts, run_aggway, stop_process, tcp_connects, write_scripts, main)
 
 UPSTREAMS = {"product": {"url": "http://127.0.0.1:9001", "timeout_ms": 150},
              "reviews": {"url": "http://127.0.0.1:9002"},
@@ -133,12 +133,31 @@ class CheckCommand(unittest.TestCase):
         self.assertEqual(lines, sorted(lines), err)
 
     def test_check_missing_tls_certificate_is_invalid_as_serve_finds_it(self):
-        # serve exits 1 with "cannot load TLS certificate"; check must not call the folder valid
+        # serve exits 1 naming the certificate; check must not call the folder valid
         src = gateway_lua(self.port, UPSTREAMS, extra_listen=[
             {"port": free_port(), "tls": {"cert": "no-such-cert.pem", "key": "no-such-key.pem"}}])
         rc, out, err = self.check(self.folder(src))
         self.assertEqual(rc, 1, "check calls a folder with a missing TLS certificate valid: " + out + err)
         self.assertIn("no-such-cert.pem", err)
+
+    def test_check_tls_key_that_does_not_match_the_certificate_names_file_line_and_key(self):
+        # both files are PEM: only loading them with OpenSSL, as serve and a reload do, finds it
+        cert_a, _key_a = make_self_signed_cert(self.workdir, "a-")
+        _cert_b, key_b = make_self_signed_cert(self.workdir, "b-")
+        src = gateway_lua(self.port, UPSTREAMS, extra_listen=[
+            {"port": free_port(), "tls": {"cert": cert_a, "key": key_b}}])
+        line = next(i for i, l in enumerate(src.splitlines(), 1) if "key = " in l)
+        self.assertInvalid(self.folder(src), "gateway.lua", line, "listen[2].tls.key: the private key " + key_b,
+                           "does not match the certificate " + cert_a)
+
+    def test_check_tls_certificate_that_is_not_a_certificate_names_file_line_and_file(self):
+        cert, key = make_self_signed_cert(self.workdir)
+        with open(cert, "w") as f:
+            f.write("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+        src = gateway_lua(self.port, UPSTREAMS, extra_listen=[{"port": free_port(), "tls": {"cert": cert, "key": key}}])
+        line = next(i for i, l in enumerate(src.splitlines(), 1) if "cert = " in l)
+        self.assertInvalid(self.folder(src), "gateway.lua", line, "listen[2].tls.cert: cannot load the certificate "
+                           "chain " + cert)
 
     def test_check_error_with_a_table_value_in_gateway_lua_names_file_and_line(self):
         d = self.folder('error({ code = 1 })\n')

@@ -123,12 +123,12 @@ class Load:
 
 class ReloadCase(GatewayTestCase):
 
-    def start_gateway(self, latency_ms=20, workers=2, scripts=None, upstream_options=None, services=None):
+    def start_gateway(self, latency_ms=20, workers=2, scripts=None, upstream_options=None, services=None, tls=False):
         self.admin_port = free_port()
         self.start(services=services or product_services(latency_ms),
                    scripts=scripts or {"shape.lua": shape_script("v1")},
                    upstream_options=upstream_options or {"product": RELAXED},
-                   gateway_extra={"admin": {"port": self.admin_port, "host": "127.0.0.1"}}, workers=workers)
+                   gateway_extra={"admin": {"port": self.admin_port, "host": "127.0.0.1"}}, workers=workers, tls=tls)
         self.client = Client(self.port)
         self.assertTrue(wait_until(lambda: self.admin_get("/readyz")[0] == 200, WAIT), self.gw.log())
 
