@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (AGGWAY_BIN, SLOW, GatewayTestCase, demo_services, endpoint, free_port,  # noqa: E402
-                     gateway_lua, nghttp, repo_scripts, route, stop_process, write_scripts, main)
+                     gateway_lua, h2c_fields, nghttp, repo_scripts, route, stop_process, write_scripts, main)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,6 +103,10 @@ BAD_RESPONSES = 'local agg = require "agg"\nreturn {\n' + ",\n".join(
                         '["x-long"] = string.rep("v", 9000), ["x-fits"] = string.rep("v", 8192) }, body = "x" }'),
         ("/many-headers", '(function() local h = {} for i = 1, 5000 do h["x-h" .. i] = "v" end '
                           'return { status = 200, headers = h, body = "x" } end)()'),
+        ("/spellings", '{ status = 200, headers = { ["Content-Type"] = "text/csv", ["content-type"] = "text/plain", '
+                       '["CONTENT-TYPE"] = "text/html" }, body = "x" }'),
+        ("/date-server", '{ status = 200, headers = { Date = "Thu, 01 Jan 2015 00:00:00 GMT", '
+                         'Server = "catalog/1.0", server = "other" }, body = "x" }'),
     ]) + "\n}\n"
 
 ECHO = endpoint("GET /echo/{p}", """
@@ -125,6 +129,21 @@ class ScriptResponseFraming(GatewayTestCase):
         super().setUp()
         self.start(services=demo_services(),
                    scripts={"ok.lua": SCRIPT_RESPONSES, "bad.lua": BAD_RESPONSES})
+
+    def fields_over_both(self, path):
+        """[(protocol, status, [(name, value)] as received)] of GET path over HTTP/1.1 (curl) and h2c
+        (nghttp): every header field, a name that came twice listed twice."""
+        r = self.get(path)
+        status, fields, _out = h2c_fields(self.url(path))
+        return [("HTTP/1.1", r.status, r.header_list), ("h2c", status, fields)]
+
+    def assertOneField(self, fields, name, value=None, where=""):
+        """fields has exactly one field called name (with this value, when given); returns its value."""
+        values = [v for k, v in fields if k == name]
+        self.assertEqual(len(values), 1, "%s: %d %s fields: %r" % (where, len(values), name, fields))
+        if value is not None:
+            self.assertEqual(values[0], value, "%s: %r" % (where, fields))
+        return values[0]
 
     def assertNextResponseIntact(self, path):
         rs = get_pipelined(self.port, path, "/ok")
@@ -197,9 +216,27 @@ class ScriptResponseFraming(GatewayTestCase):
         self.assertIn("x\\x0d\\x0aforged", lines[0])
         self.assertFalse(any(l.startswith("forged") for l in self.gw.log().splitlines()))
 
+    def test_several_spellings_of_one_header_give_one_field_the_first_bytewise_wins(self):
+        # RFC 9110 §5.1: field names are case-insensitive, so these are one field; of CONTENT-TYPE,
+        # Content-Type and content-type the first bytewise is CONTENT-TYPE, whatever order Lua gives
+        for proto, status, fields in self.fields_over_both("/spellings"):
+            self.assertEqual(status, 200, proto)
+            self.assertOneField(fields, "content-type", "text/html", proto)
+        log = self.gw.log()
+        self.assertIn("dropped response header 'Content-Type': the script also set 'CONTENT-TYPE'", log)
+        self.assertIn("dropped response header 'content-type': the script also set 'CONTENT-TYPE'", log)
+
+    def test_a_script_date_header_is_dropped_and_the_gateways_is_sent_once(self):
+        # h2o writes its own Date on every response and cannot be told not to: a script's would be
+        # a second Date
+        for proto, status, fields in self.fields_over_both("/date-server"):
+            self.assertEqual(status, 200, proto)
+            self.assertNotIn("2015", self.assertOneField(fields, "date", where=proto), proto)
+        self.assertIn("dropped response header 'date' set by a script", self.gw.log())
+
     def test_script_headers_and_statuses_give_valid_http2_responses(self):
         for path in ("/s204", "/content-length", "/transfer-encoding", "/connection", "/bad-names", "/bad-values",
-                     "/many-headers"):
+                     "/many-headers", "/spellings", "/date-server"):
             status, _h, out = nghttp(self.url(path))
             self.assertNotIn("INVALID", out, "%s over h2c: the client rejected the response\n%s" % (path, out))
             self.assertNotIn("PROTOCOL_ERROR", out, out)
