@@ -234,6 +234,20 @@ class ScriptResponseFraming(GatewayTestCase):
             self.assertNotIn("2015", self.assertOneField(fields, "date", where=proto), proto)
         self.assertIn("dropped response header 'date' set by a script", self.gw.log())
 
+    def test_a_script_server_header_replaces_the_gateways(self):
+        for proto, status, fields in self.fields_over_both("/date-server"):
+            self.assertEqual(status, 200, proto)
+            self.assertOneField(fields, "server", "catalog/1.0", proto)  # Server sorts before server
+        # responses without a server of their own (a script's, a problem made in C) keep the gateway's
+        for path in ("/ok", "/no-such-route"):
+            for proto, _status, fields in self.fields_over_both(path):
+                self.assertOneField(fields, "server", "aggway", "%s %s" % (proto, path))
+                self.assertOneField(fields, "date", where="%s %s" % (proto, path))
+        # and so do the answers h2o makes itself (a request body over max_request_body_bytes)
+        r = self.get("/ok", "-X", "POST", "-H", "Content-Length: 2000000", "--data-binary", "x" * 10)
+        self.assertEqual(r.status, 413, r)
+        self.assertOneField(r.header_list, "server", "aggway", "HTTP/1.1 413")
+
     def test_script_headers_and_statuses_give_valid_http2_responses(self):
         for path in ("/s204", "/content-length", "/transfer-encoding", "/connection", "/bad-names", "/bad-values",
                      "/many-headers", "/spellings", "/date-server"):
