@@ -278,6 +278,8 @@ describe("response headers", function()
   local gw
   before_each(function() gw = testing.gateway { dir = DIR } end)
 
+  -- the names a page of /headers/page* carries
+  local PAGE_NAMES = { "cache-control", "content-type", "server", "server-timing", "x-aggregation-completed" }
   -- the names a response carries, sorted
   local function names(page)
     local out = {}
@@ -304,5 +306,28 @@ describe("response headers", function()
     local logs = table.concat(gw:logs(), "\n")
     assert.matches("dropped response header 'date' set by a script", logs, 1, true)
     assert.matches("dropped response header 'server': the script also set 'Server'", logs, 1, true)
+  end)
+
+  it("of agg.page follow the same rules, and the page contract's own headers win", function()
+    gw:stub("a", "/x", { json = { n = 1 } })
+    local page = gw:get("/headers/page")
+    assert.equal(200, page.status)
+    assert.same(PAGE_NAMES, names(page))
+    assert.equal("application/vnd.page+json", page.headers["content-type"])
+    assert.equal("max-age=60", page.headers["cache-control"])
+    assert.equal("catalog/1.0", page.headers.server)
+    assert.equal("true", page.headers["x-aggregation-completed"])
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("dropped response header 'content-type': the script also set 'Content-Type'", logs, 1, true)
+    assert.matches("dropped response header 'cache-control': the script also set 'Cache-Control'", logs, 1, true)
+    assert.matches("dropped response header 'date' set by a script", logs, 1, true)
+
+    gw:stub("a", "/x", { status = 404, json = { error = "no" } })
+    page = gw:get("/headers/page-failed")
+    assert.equal(404, page.status)
+    assert.same(PAGE_NAMES, names(page))
+    assert.equal("application/problem+json", page.headers["content-type"])
+    assert.equal("no-store", page.headers["cache-control"])
+    assert.equal("false", page.headers["x-aggregation-completed"])
   end)
 end)

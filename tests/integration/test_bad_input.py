@@ -109,6 +109,20 @@ BAD_RESPONSES = 'local agg = require "agg"\nreturn {\n' + ",\n".join(
                          'Server = "catalog/1.0", server = "other" }, body = "x" }'),
     ]) + "\n}\n"
 
+# agg.page with extra headers in several spellings, including ones the page contract sets itself
+PAGE_HEADERS = ('local agg = require "agg"\n'
+                'local extra = { ["Content-Type"] = "application/vnd.page+json", ["content-type"] = "text/plain", '
+                '["Cache-Control"] = "max-age=60", ["cache-control"] = "no-cache", Server = "catalog/1.0", '
+                'Date = "Thu, 01 Jan 2015 00:00:00 GMT" }\n'
+                'return {\n'
+                '  { route = "GET /page-headers/{id}", handler = function(req)\n'
+                '      return agg.page(agg.fetch_all { product = { "product", "/products/" .. req.params.id } },\n'
+                '                      { headers = extra }) end },\n'
+                '  { route = "GET /page-headers-failed", handler = function(req)\n'
+                '      return agg.page(agg.fetch_all { product = { "product", "/nowhere", required = true } },\n'
+                '                      { headers = extra }) end },\n'
+                '}\n')
+
 ECHO = endpoint("GET /echo/{p}", """
     local names = {}
     for k in pairs(req.headers) do names[#names + 1] = k end
@@ -127,8 +141,8 @@ class ScriptResponseFraming(GatewayTestCase):
 
     def setUp(self):
         super().setUp()
-        self.start(services=demo_services(),
-                   scripts={"ok.lua": SCRIPT_RESPONSES, "bad.lua": BAD_RESPONSES})
+        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0),
+                   scripts={"ok.lua": SCRIPT_RESPONSES, "bad.lua": BAD_RESPONSES, "page.lua": PAGE_HEADERS})
 
     def fields_over_both(self, path):
         """[(protocol, status, [(name, value)] as received)] of GET path over HTTP/1.1 (curl) and h2c
@@ -248,9 +262,26 @@ class ScriptResponseFraming(GatewayTestCase):
         self.assertEqual(r.status, 413, r)
         self.assertOneField(r.header_list, "server", "aggway", "HTTP/1.1 413")
 
+    def test_page_headers_from_a_script_follow_the_same_rules_and_the_page_contract_wins(self):
+        for proto, status, fields in self.fields_over_both("/page-headers/1"):
+            self.assertEqual(status, 200, proto)
+            self.assertOneField(fields, "content-type", "application/vnd.page+json", proto)
+            self.assertOneField(fields, "cache-control", "max-age=60", proto)
+            self.assertOneField(fields, "x-aggregation-completed", "true", proto)
+            self.assertOneField(fields, "server", "catalog/1.0", proto)
+            self.assertNotIn("2015", self.assertOneField(fields, "date", where=proto), proto)
+        self.assertIn("dropped response header 'cache-control': the script also set 'Cache-Control'", self.gw.log())
+        # a failed page: its problem type and no-store replace every spelling the script gave
+        for proto, status, fields in self.fields_over_both("/page-headers-failed"):
+            self.assertEqual(status, 404, proto)
+            self.assertOneField(fields, "content-type", "application/problem+json", proto)
+            self.assertOneField(fields, "cache-control", "no-store", proto)
+            self.assertOneField(fields, "server", "catalog/1.0", proto)
+            self.assertOneField(fields, "date", where=proto)
+
     def test_script_headers_and_statuses_give_valid_http2_responses(self):
         for path in ("/s204", "/content-length", "/transfer-encoding", "/connection", "/bad-names", "/bad-values",
-                     "/many-headers", "/spellings", "/date-server"):
+                     "/many-headers", "/spellings", "/date-server", "/page-headers/1"):
             status, _h, out = nghttp(self.url(path))
             self.assertNotIn("INVALID", out, "%s over h2c: the client rejected the response\n%s" % (path, out))
             self.assertNotIn("PROTOCOL_ERROR", out, out)
