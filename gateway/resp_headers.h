@@ -14,7 +14,10 @@
  *     that sorts first bytewise is kept (upper case sorts before lower case, so `Content-Type` wins
  *     over `content-type`) and each other spelling is dropped with a warning. Lua's table order
  *     is not deterministic; this rule is, whatever order the table gives;
- *   - reads at most AGW_RESP_HEADERS_MAX entries; the rest are dropped with one warning.
+ *   - reads at most AGW_RESP_HEADERS_MAX entries (which ones, of a table with more, is up to Lua's
+ *     table order); the rest are dropped with one warning.
+ * A `server` header is kept like any other: the gateway's own Server is added only to responses
+ * without one (server.c), so a script's replaces it.
  * The headers come out sorted by name, so the same table gives the same bytes on the wire.
  * Warning texts quote names escaped (control characters and non-ASCII bytes as \xNN), so that no
  * name can split or forge a log line.
