@@ -11,6 +11,7 @@
 
 #include "breaker.h"
 #include "json.h"
+#include "resp_headers.h"
 
 #ifndef AGW_LUA_DIR
 #define AGW_LUA_DIR "lua"
@@ -135,6 +136,7 @@ lua_State *agw_vm_new(const char *scripts_dir)
     preload(L, "agg.json", agw_json_open);
     preload(L, "agg.sys", agw_sys_open);
     preload(L, "agg.breaker", agw_breaker_open);
+    preload(L, "agg.resp_headers", agw_resp_headers_open);
     return L;
 }
 

@@ -11,7 +11,8 @@
 const char *agw_lua_dir(void);
 
 /* Creates a LuaJIT state with the standard libraries, package.path covering the runtime folder and
- * scripts_dir (for require "lib.x"), and the C modules "agg.json", "agg.sys" and "agg.breaker" preloaded.
+ * scripts_dir (for require "lib.x"), and the C modules "agg.json", "agg.sys", "agg.breaker" and
+ * "agg.resp_headers" preloaded.
  * Returns NULL on allocation failure. Close with lua_close(). */
 lua_State *agw_vm_new(const char *scripts_dir);
 

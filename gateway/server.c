@@ -50,6 +50,23 @@ int agw_listen_socket(const char *what, const char *host, int port, int reuse, i
 
 /* SO_REUSEPORT would let this process share a port that another gateway already serves: bind it
  * once without that option first, so a port in use is an error at start-up. */
+/* The Server header of the gateway's responses (RFC 9110 §10.2.4). */
+#define SERVER_NAME "aggway"
+
+/* Adds the gateway's Server header to a response that has none: a script's own `server`
+ * (resp_headers.h) replaces the gateway's. h2o 2.2.5 writes globalconf.server_name on every
+ * response beside whatever Server header the response carries, with no switch per response, so
+ * that name is left empty (as h2o's own "send-server-name: preserve" does) and this filter, run
+ * as each response starts, adds the gateway's. It covers the answers h2o makes itself (a request
+ * body too large, broken chunked framing) as well as the gateway's. */
+static void on_setup_server_header(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+{
+    (void)self;
+    if (h2o_find_header(&req->res.headers, H2O_TOKEN_SERVER, -1) == -1)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_SERVER, "Server", H2O_STRLIT(SERVER_NAME));
+    h2o_setup_next_ostream(req, slot);
+}
+
 static int port_is_free(const agw_listen_conf_t *l)
 {
     int fd = agw_listen_socket("listen", l->host, l->port, 0, 1024);
@@ -305,12 +322,14 @@ int agw_server_run(const char *dir)
 
     static h2o_globalconf_t globalconf;
     h2o_config_init(&globalconf);
-    globalconf.server_name = h2o_iovec_init(H2O_STRLIT("aggway"));
+    globalconf.server_name = h2o_iovec_init(H2O_STRLIT("")); /* on_setup_server_header adds it */
     globalconf.max_request_entity_size = conf->max_request_body_bytes;
     h2o_hostconf_t *host = h2o_config_register_host(&globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
     h2o_handler_t *handler = h2o_create_handler(path, sizeof(*handler));
     handler->on_req = agw_worker_on_req;
+    h2o_create_filter(path, sizeof(h2o_filter_t))->on_setup_ostream = on_setup_server_header;
+    h2o_create_filter(&host->fallback_path, sizeof(h2o_filter_t))->on_setup_ostream = on_setup_server_header;
 
     for (size_t i = 0; i < conf->num_listen; i++)
         if (!port_is_free(&conf->listen[i]))

@@ -4,8 +4,6 @@
  */
 #include "worker_internal.h"
 
-#include <ctype.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,53 +38,6 @@ const char *agw_worker_reason_phrase(int status)
     case 504: return "Gateway Timeout";
     default: return "Status";
     }
-}
-
-static int valid_header_name(const char *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        /* (c != 0: strchr finds a NUL as the string's own terminator) */
-        if (!(isalnum(c) || (c != 0 && strchr("!#$%&'*+-.^_`|~", c))) || isupper(c))
-            return 0;
-    }
-    return 1;
-}
-
-/* RFC 9110 §5.5: visible characters, obs-text, and spaces or tabs between them; no control
- * characters (CR, LF and NUL among them) and nothing HTTP/2 clients refuse. */
-static int valid_header_value(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return 0;
-    }
-    return 1;
-}
-
-/* A script's header value longer than this is dropped (bytes): clients refuse header blocks far
- * smaller than what a script can build (nghttp2 by default: 64 KiB in all). */
-#define SCRIPT_HEADER_VALUE_MAX 8192
-/* At most this many headers from a script per response; more are dropped. */
-#define SCRIPT_HEADERS_MAX 64
-
-/* Writes into out (size outsz) a printable copy of the first bytes of s for a log line: control
- * characters and non-ASCII bytes as \xNN, so that no header name can split or forge a log line. */
-static const char *printable(const char *s, size_t n, char *out, size_t outsz)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 5 < outsz; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x20 || c >= 0x7f || c == '\\' || c == '\'')
-            o += (size_t)snprintf(out + o, outsz - o, "\\x%02x", c);
-        else
-            out[o++] = (char)c;
-    }
-    out[o] = '\0';
-    return out;
 }
 
 static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char *value, size_t vlen)
@@ -434,47 +385,17 @@ static int l_cancel(lua_State *L)
     return 0;
 }
 
-/* Adds one response header given by a script: the name lowercased (HTTP/2 needs it), the value
- * without surrounding spaces and tabs (RFC 9110 §5.5); a name that is not a token, a value with
- * control characters or over SCRIPT_HEADER_VALUE_MAX bytes is dropped with a warning.
- * Returns 1 when it was content-type. */
-static int add_script_header(agw_worker_t *w, h2o_req_t *req, const char *name, size_t nl, const char *value, size_t vl)
+/* Logs a warning of agw_resp_headers_read about a script's response header (data: the worker). */
+static void warn_header(void *data, const char *msg)
 {
-    char lower[128], shown[80];
-    while (vl > 0 && (value[0] == ' ' || value[0] == '\t'))
-        value++, vl--;
-    while (vl > 0 && (value[vl - 1] == ' ' || value[vl - 1] == '\t'))
-        vl--;
-    if (vl > SCRIPT_HEADER_VALUE_MAX) {
-        agw_log(AGW_LOG_WARN, "worker %d: dropped response header '%s': its value is longer than %d bytes", w->id,
-                printable(name, nl, shown, sizeof(shown)), SCRIPT_HEADER_VALUE_MAX);
-        return 0;
-    }
-    int valid = nl > 0 && nl <= sizeof(lower) && valid_header_value(value, vl);
-    for (size_t i = 0; valid && i < nl; i++)
-        lower[i] = (char)tolower((unsigned char)name[i]);
-    if (!valid || !valid_header_name(lower, nl)) {
-        agw_log(AGW_LOG_WARN, "worker %d: dropped invalid response header '%s' (a name must be a token, a value "
-                "must have no control characters)", w->id, printable(name, nl, shown, sizeof(shown)));
-        return 0;
-    }
-    /* framing and hop-by-hop headers belong to the gateway (RFC 9110 §7.6.1; forbidden in HTTP/2) */
-    static const char *const owned[] = {"content-length", "transfer-encoding", "connection", "keep-alive",
-                                        "upgrade", "proxy-connection", "te", "trailer", NULL};
-    for (const char *const *o = owned; *o; o++) {
-        if (strlen(*o) == nl && memcmp(*o, lower, nl) == 0) {
-            agw_log(AGW_LOG_WARN, "worker %d: dropped response header '%s' set by a script: the gateway frames responses",
-                    w->id, *o);
-            return 0;
-        }
-    }
-    add_header(req, lower, nl, value, vl);
-    return nl == 12 && memcmp(lower, "content-type", 12) == 0;
+    agw_worker_t *w = data;
+    agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
 }
 
 /* core.respond(rid, status, headers, body, is_json, default_type, server_timing)
- *   headers: table name -> value (names in any case) or nil; body: a Lua value to encode as JSON
- *   when is_json, else a string; default_type: content-type unless headers has one.
+ *   headers: table name -> value (names in any case; resp_headers.h says which are sent) or nil;
+ *   body: a Lua value to encode as JSON when is_json, else a string; default_type: content-type
+ *   unless headers has one.
  * -> true | false (client gone) | nil, err (body cannot be encoded; nothing was sent) */
 static int l_respond(lua_State *L)
 {
@@ -508,27 +429,17 @@ static int l_respond(lua_State *L)
     }
     req->res.status = status;
     req->res.reason = agw_worker_reason_phrase(status);
-    int has_type = 0;
-    int completed = -1; /* X-Aggregation-Completed (agg.page's marker): 1 true, 0 false, -1 absent */
-    if (lua_istable(L, 3)) {
-        int count = 0;
-        lua_pushnil(L);
-        while (lua_next(L, 3) != 0) {
-            size_t nl = 0, vl = 0;
-            const char *value = lua_type(L, -1) == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER ? lua_tolstring(L, -1, &vl) : NULL;
-            const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nl) : NULL;
-            if (name && value && ++count > SCRIPT_HEADERS_MAX) {
-                if (count == SCRIPT_HEADERS_MAX + 1)
-                    agw_log(AGW_LOG_WARN, "worker %d: a script gave more than %d response headers; the rest are "
-                            "dropped", w->id, SCRIPT_HEADERS_MAX);
-            } else if (name && value) {
-                has_type |= add_script_header(w, req, name, nl, value, vl);
-                if (nl == 23 && strncasecmp(name, "x-aggregation-completed", 23) == 0)
-                    completed = vl == 4 && memcmp(value, "true", 4) == 0;
-            }
-            lua_pop(L, 1);
-        }
-    }
+    /* the script's headers by the rules of resp_headers.h (the spec harness applies the same) */
+    agw_resp_headers_t *set = &w->resp_headers;
+    set->n = 0;
+    if (lua_istable(L, 3))
+        agw_resp_headers_read(set, L, 3, warn_header, w);
+    for (size_t i = 0; i < set->n; i++)
+        add_header(req, set->h[i].name, set->h[i].name_len, set->h[i].value, set->h[i].value_len);
+    int has_type = agw_resp_headers_find(set, "content-type", 12) != NULL;
+    /* X-Aggregation-Completed (agg.page's marker): 1 true, 0 false, -1 absent */
+    const agw_resp_header_t *marker = agw_resp_headers_find(set, "x-aggregation-completed", 23);
+    int completed = marker ? marker->value_len == 4 && memcmp(marker->value, "true", 4) == 0 : -1;
     size_t tl;
     const char *type = lua_tolstring(L, 6, &tl);
     if (!has_type && type)

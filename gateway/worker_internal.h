@@ -16,6 +16,7 @@
 #include "buf.h"
 #include "generation.h"
 #include "metrics.h"
+#include "resp_headers.h"
 #include "slots.h"
 #include "trace.h"
 #include "upstream.h"
@@ -133,6 +134,7 @@ struct agw_worker {
     size_t num_pending_aborts, cap_pending_aborts;
     agw_buf_t out;                         /* scratch for encoding responses */
     agw_buf_t hdrs;                        /* scratch for upstream response headers */
+    agw_resp_headers_t resp_headers;       /* scratch for a script's response headers (core.respond) */
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     int access_fd;                         /* access log, -1 when off */

@@ -273,3 +273,61 @@ describe("script errors", function()
     assert.equal(500, gw:get("/err/bad-return").status)
   end)
 end)
+
+describe("response headers", function()
+  local gw
+  before_each(function() gw = testing.gateway { dir = DIR } end)
+
+  -- the names a page of /headers/page* carries
+  local PAGE_NAMES = { "cache-control", "content-type", "server", "server-timing", "x-aggregation-completed" }
+  -- the names a response carries, sorted
+  local function names(page)
+    local out = {}
+    for k in pairs(page.headers) do out[#out + 1] = k end
+    table.sort(out)
+    return out
+  end
+
+  it("keep one field per name: of several spellings, the one that sorts first bytewise wins", function()
+    -- CONTENT-TYPE < Content-Type < content-type, whatever order the script's table gives
+    local page = gw:get("/headers/spellings")
+    assert.equal(200, page.status)
+    assert.same({ "content-type" }, names(page))
+    assert.equal("text/html", page.headers["content-type"])
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("dropped response header 'Content-Type': the script also set 'CONTENT-TYPE'", logs, 1, true)
+    assert.matches("dropped response header 'content-type': the script also set 'CONTENT-TYPE'", logs, 1, true)
+  end)
+
+  it("drop a script's date (the gateway sends its own) and keep its server", function()
+    local page = gw:get("/headers/date-server")
+    assert.same({ "content-type", "server" }, names(page))
+    assert.equal("catalog/1.0", page.headers.server)
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("dropped response header 'date' set by a script", logs, 1, true)
+    assert.matches("dropped response header 'server': the script also set 'Server'", logs, 1, true)
+  end)
+
+  it("of agg.page follow the same rules, and the page contract's own headers win", function()
+    gw:stub("a", "/x", { json = { n = 1 } })
+    local page = gw:get("/headers/page")
+    assert.equal(200, page.status)
+    assert.same(PAGE_NAMES, names(page))
+    assert.equal("application/vnd.page+json", page.headers["content-type"])
+    assert.equal("max-age=60", page.headers["cache-control"])
+    assert.equal("catalog/1.0", page.headers.server)
+    assert.equal("true", page.headers["x-aggregation-completed"])
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("dropped response header 'content-type': the script also set 'Content-Type'", logs, 1, true)
+    assert.matches("dropped response header 'cache-control': the script also set 'Cache-Control'", logs, 1, true)
+    assert.matches("dropped response header 'date' set by a script", logs, 1, true)
+
+    gw:stub("a", "/x", { status = 404, json = { error = "no" } })
+    page = gw:get("/headers/page-failed")
+    assert.equal(404, page.status)
+    assert.same(PAGE_NAMES, names(page))
+    assert.equal("application/problem+json", page.headers["content-type"])
+    assert.equal("no-store", page.headers["cache-control"])
+    assert.equal("false", page.headers["x-aggregation-completed"])
+  end)
+end)

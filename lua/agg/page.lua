@@ -18,6 +18,28 @@ local M = {}
 local SECTION_MT = json.ordered({ "status", "data", "error" }, "agg.page section")
 local SUMMARY_MT = json.ordered({ "status", "error" }, "agg.page section")
 
+-- Sets header name (lowercase) of a page to value. When the script gave extra headers (spelt), any
+-- other spelling of name goes first: the page contract's own headers win over the script's.
+local function set_header(headers, name, value, spelt)
+  if spelt then
+    for k in pairs(headers) do
+      if k ~= name and #k == #name and k:lower() == name then headers[k] = nil end
+    end
+  end
+  headers[name] = value
+end
+
+-- True when headers has name (lowercase) in any spelling.
+local function has_header(headers, name, spelt)
+  if headers[name] ~= nil then return true end
+  if spelt then
+    for k in pairs(headers) do
+      if #k == #name and k:lower() == name then return true end
+    end
+  end
+  return false
+end
+
 local function page_status(failed)
   local p = failed.error or {}
   local kind = problem.kind(p)
@@ -35,7 +57,11 @@ end
 --   504/503/404/410/502  a required section failed (timeout / breaker open / passed through /
 --        anything else), body application/problem+json with a `sections` member
 --   502 (504 if every failure was a timeout)  no section has any data
--- opts (optional): { headers = { name = value } } extra response headers.
+-- opts (optional): { headers = { name = value } } extra response headers, names in any case; they
+-- pass the transport's rules as a plain response's do (gateway/resp_headers.h: one field per name,
+-- the spelling that sorts first bytewise wins), and the headers the page contract sets
+-- (x-aggregation-completed, cache-control: no-store of a partial or failed page, content-type of a
+-- failed page) replace every spelling of theirs.
 function M.page(results, opts)
   if type(results) ~= "table" then error("agg.page expects the results table of agg.fetch_all", 2) end
   if opts ~= nil and type(opts) ~= "table" then error("agg.page: options must be a table", 2) end
@@ -76,8 +102,9 @@ function M.page(results, opts)
     if sec then body[k] = sec end
   end
   local headers = new_tab(0, 4)
-  if opts and opts.headers then
-    for k, v in pairs(opts.headers) do headers[tostring(k):lower()] = tostring(v) end
+  local spelt = opts and opts.headers ~= nil -- the names as the script spelt them: the transport settles them
+  if spelt then
+    for k, v in pairs(opts.headers) do headers[tostring(k)] = tostring(v) end
   end
   local status
   if failed_required then
@@ -100,18 +127,18 @@ function M.page(results, opts)
       summary[k] = setmetatable({ status = sec.status, error = sec.error }, SUMMARY_MT)
     end
     p.sections = summary
-    headers["content-type"] = "application/problem+json"
-    headers["cache-control"] = "no-store"
-    headers["x-aggregation-completed"] = "false"
-    if status == 503 then
+    set_header(headers, "content-type", "application/problem+json", spelt)
+    set_header(headers, "cache-control", "no-store", spelt)
+    set_header(headers, "x-aggregation-completed", "false", spelt)
+    if status == 503 and not has_header(headers, "retry-after", spelt) then
       -- seconds until the breaker half-opens (RFC 9110 §10.2.3); 1 when the failure says nothing
       local after = failed_required and failed_required.retry_after or 1
-      headers["retry-after"] = headers["retry-after"] or tostring(after)
+      headers["retry-after"] = tostring(after)
     end
     return { status = status, headers = headers, json = p }
   end
-  headers["x-aggregation-completed"] = complete and "true" or "false"
-  if not complete then headers["cache-control"] = "no-store" end
+  set_header(headers, "x-aggregation-completed", complete and "true" or "false", spelt)
+  if not complete then set_header(headers, "cache-control", "no-store", spelt) end
   return { status = 200, headers = headers, json = body }
 end
 

@@ -20,6 +20,7 @@ local json = require "agg.json"
 local loader = require "agg.loader"
 local rt = require "agg.runtime"
 local problem = require "agg.problem"
+local resp_headers = require "agg.resp_headers"
 
 local M = {}
 
@@ -173,14 +174,11 @@ function Gateway:install()
       if not s then return nil, err end
       body = s
     end
-    -- the same rules as the C transport: lowercased names, invalid ones dropped
-    local h = {}
-    for k, v in pairs(headers or {}) do
-      local name, value = tostring(k):lower(), tostring(v)
-      if name:match("^[%w!#$%%&'*+.^_`|~-]+$") and not value:find("[\r\n%z]") then h[name] = value end
-    end
-    for _, owned in ipairs { "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
-                              "proxy-connection", "te", "trailer" } do h[owned] = nil end
+    -- the C transport's own reader (gateway/resp_headers.h): lowercased names, one field per name
+    -- (the spelling that sorts first bytewise wins), invalid, framing and date headers dropped; its
+    -- warnings go to gw:logs() as the gateway's go to its log
+    local h, warnings = resp_headers.apply(headers)
+    for _, msg in ipairs(warnings) do gw.log_lines[#gw.log_lines + 1] = "warn: " .. msg end
     if status == 204 or status == 304 then body = "" end
     if default_type and not h["content-type"] then h["content-type"] = default_type end
     if timing then h["server-timing"] = timing end

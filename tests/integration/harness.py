@@ -398,6 +398,16 @@ def nghttp(url, *args, timeout=CURL_TIMEOUT):
     return status, headers, out
 
 
+def h2c_fields(url, *args, timeout=CURL_TIMEOUT):
+    """GETs url with nghttp (h2c prior knowledge); returns (status, [(name, value)] of every response
+    header field as received, pseudo-headers left out, raw output text). Unlike nghttp()'s dict,
+    the list keeps a name that came twice."""
+    status, _headers, out = nghttp(url, *args, timeout=timeout)
+    fields = [(m.group(1).lower(), m.group(2).strip())
+              for m in re.finditer(r"recv \(stream_id=\d+\) ([\w-]+): (.*)", out)]
+    return status, fields, out
+
+
 def h2load(url, *args, timeout=120):
     """Runs h2load; returns a dict with total/succeeded/failed/errored, status classes and output."""
     p = subprocess.run(["h2load"] + list(args) + [url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

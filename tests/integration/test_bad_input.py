@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (AGGWAY_BIN, SLOW, GatewayTestCase, demo_services, endpoint, free_port,  # noqa: E402
-                     gateway_lua, nghttp, repo_scripts, route, stop_process, write_scripts, main)
+                     gateway_lua, h2c_fields, nghttp, repo_scripts, route, stop_process, write_scripts, main)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +103,25 @@ BAD_RESPONSES = 'local agg = require "agg"\nreturn {\n' + ",\n".join(
                         '["x-long"] = string.rep("v", 9000), ["x-fits"] = string.rep("v", 8192) }, body = "x" }'),
         ("/many-headers", '(function() local h = {} for i = 1, 5000 do h["x-h" .. i] = "v" end '
                           'return { status = 200, headers = h, body = "x" } end)()'),
+        ("/spellings", '{ status = 200, headers = { ["Content-Type"] = "text/csv", ["content-type"] = "text/plain", '
+                       '["CONTENT-TYPE"] = "text/html" }, body = "x" }'),
+        ("/date-server", '{ status = 200, headers = { Date = "Thu, 01 Jan 2015 00:00:00 GMT", '
+                         'Server = "catalog/1.0", server = "other" }, body = "x" }'),
     ]) + "\n}\n"
+
+# agg.page with extra headers in several spellings, including ones the page contract sets itself
+PAGE_HEADERS = ('local agg = require "agg"\n'
+                'local extra = { ["Content-Type"] = "application/vnd.page+json", ["content-type"] = "text/plain", '
+                '["Cache-Control"] = "max-age=60", ["cache-control"] = "no-cache", Server = "catalog/1.0", '
+                'Date = "Thu, 01 Jan 2015 00:00:00 GMT" }\n'
+                'return {\n'
+                '  { route = "GET /page-headers/{id}", handler = function(req)\n'
+                '      return agg.page(agg.fetch_all { product = { "product", "/products/" .. req.params.id } },\n'
+                '                      { headers = extra }) end },\n'
+                '  { route = "GET /page-headers-failed", handler = function(req)\n'
+                '      return agg.page(agg.fetch_all { product = { "product", "/nowhere", required = true } },\n'
+                '                      { headers = extra }) end },\n'
+                '}\n')
 
 ECHO = endpoint("GET /echo/{p}", """
     local names = {}
@@ -123,8 +141,23 @@ class ScriptResponseFraming(GatewayTestCase):
 
     def setUp(self):
         super().setUp()
-        self.start(services=demo_services(),
-                   scripts={"ok.lua": SCRIPT_RESPONSES, "bad.lua": BAD_RESPONSES})
+        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0),
+                   scripts={"ok.lua": SCRIPT_RESPONSES, "bad.lua": BAD_RESPONSES, "page.lua": PAGE_HEADERS})
+
+    def fields_over_both(self, path):
+        """[(protocol, status, [(name, value)] as received)] of GET path over HTTP/1.1 (curl) and h2c
+        (nghttp): every header field, a name that came twice listed twice."""
+        r = self.get(path)
+        status, fields, _out = h2c_fields(self.url(path))
+        return [("HTTP/1.1", r.status, r.header_list), ("h2c", status, fields)]
+
+    def assertOneField(self, fields, name, value=None, where=""):
+        """fields has exactly one field called name (with this value, when given); returns its value."""
+        values = [v for k, v in fields if k == name]
+        self.assertEqual(len(values), 1, "%s: %d %s fields: %r" % (where, len(values), name, fields))
+        if value is not None:
+            self.assertEqual(values[0], value, "%s: %r" % (where, fields))
+        return values[0]
 
     def assertNextResponseIntact(self, path):
         rs = get_pipelined(self.port, path, "/ok")
@@ -197,9 +230,58 @@ class ScriptResponseFraming(GatewayTestCase):
         self.assertIn("x\\x0d\\x0aforged", lines[0])
         self.assertFalse(any(l.startswith("forged") for l in self.gw.log().splitlines()))
 
+    def test_several_spellings_of_one_header_give_one_field_the_first_bytewise_wins(self):
+        # RFC 9110 §5.1: field names are case-insensitive, so these are one field; of CONTENT-TYPE,
+        # Content-Type and content-type the first bytewise is CONTENT-TYPE, whatever order Lua gives
+        for proto, status, fields in self.fields_over_both("/spellings"):
+            self.assertEqual(status, 200, proto)
+            self.assertOneField(fields, "content-type", "text/html", proto)
+        log = self.gw.log()
+        self.assertIn("dropped response header 'Content-Type': the script also set 'CONTENT-TYPE'", log)
+        self.assertIn("dropped response header 'content-type': the script also set 'CONTENT-TYPE'", log)
+
+    def test_a_script_date_header_is_dropped_and_the_gateways_is_sent_once(self):
+        # h2o writes its own Date on every response and cannot be told not to: a script's would be
+        # a second Date
+        for proto, status, fields in self.fields_over_both("/date-server"):
+            self.assertEqual(status, 200, proto)
+            self.assertNotIn("2015", self.assertOneField(fields, "date", where=proto), proto)
+        self.assertIn("dropped response header 'date' set by a script", self.gw.log())
+
+    def test_a_script_server_header_replaces_the_gateways(self):
+        for proto, status, fields in self.fields_over_both("/date-server"):
+            self.assertEqual(status, 200, proto)
+            self.assertOneField(fields, "server", "catalog/1.0", proto)  # Server sorts before server
+        # responses without a server of their own (a script's, a problem made in C) keep the gateway's
+        for path in ("/ok", "/no-such-route"):
+            for proto, _status, fields in self.fields_over_both(path):
+                self.assertOneField(fields, "server", "aggway", "%s %s" % (proto, path))
+                self.assertOneField(fields, "date", where="%s %s" % (proto, path))
+        # and so do the answers h2o makes itself (a request body over max_request_body_bytes)
+        r = self.get("/ok", "-X", "POST", "-H", "Content-Length: 2000000", "--data-binary", "x" * 10)
+        self.assertEqual(r.status, 413, r)
+        self.assertOneField(r.header_list, "server", "aggway", "HTTP/1.1 413")
+
+    def test_page_headers_from_a_script_follow_the_same_rules_and_the_page_contract_wins(self):
+        for proto, status, fields in self.fields_over_both("/page-headers/1"):
+            self.assertEqual(status, 200, proto)
+            self.assertOneField(fields, "content-type", "application/vnd.page+json", proto)
+            self.assertOneField(fields, "cache-control", "max-age=60", proto)
+            self.assertOneField(fields, "x-aggregation-completed", "true", proto)
+            self.assertOneField(fields, "server", "catalog/1.0", proto)
+            self.assertNotIn("2015", self.assertOneField(fields, "date", where=proto), proto)
+        self.assertIn("dropped response header 'cache-control': the script also set 'Cache-Control'", self.gw.log())
+        # a failed page: its problem type and no-store replace every spelling the script gave
+        for proto, status, fields in self.fields_over_both("/page-headers-failed"):
+            self.assertEqual(status, 404, proto)
+            self.assertOneField(fields, "content-type", "application/problem+json", proto)
+            self.assertOneField(fields, "cache-control", "no-store", proto)
+            self.assertOneField(fields, "server", "catalog/1.0", proto)
+            self.assertOneField(fields, "date", where=proto)
+
     def test_script_headers_and_statuses_give_valid_http2_responses(self):
         for path in ("/s204", "/content-length", "/transfer-encoding", "/connection", "/bad-names", "/bad-values",
-                     "/many-headers"):
+                     "/many-headers", "/spellings", "/date-server", "/page-headers/1"):
             status, _h, out = nghttp(self.url(path))
             self.assertNotIn("INVALID", out, "%s over h2c: the client rejected the response\n%s" % (path, out))
             self.assertNotIn("PROTOCOL_ERROR", out, out)
