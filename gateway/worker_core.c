@@ -385,10 +385,38 @@ static int l_cancel(lua_State *L)
     return 0;
 }
 
-/* Logs a warning of agw_resp_headers_read about a script's response header (data: the worker). */
+#define AGW_WARN_REPEAT_S 10.0
+
+/* Logs a warning of agw_resp_headers_read about a script's response header (data: the worker).
+ * The same message is written at most once per AGW_WARN_REPEAT_S per worker; the next one after
+ * that says how many were left out, so a script that sets a bad header on every response cannot
+ * flood the log. The 16 most recent distinct messages are remembered (FNV-1a hash). */
 static void warn_header(void *data, const char *msg)
 {
     agw_worker_t *w = data;
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    double now = ev_now(w->loop);
+    size_t n = sizeof(w->warned) / sizeof(w->warned[0]), oldest = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (w->warned[i].logged != 0 && w->warned[i].hash == h) {
+            if (now - w->warned[i].logged < AGW_WARN_REPEAT_S) {
+                w->warned[i].repeats++;
+                return;
+            }
+            unsigned r = w->warned[i].repeats;
+            w->warned[i].logged = now, w->warned[i].repeats = 0;
+            if (r)
+                agw_log(AGW_LOG_WARN, "worker %d: %s (%u more times since it was last logged)", w->id, msg, r);
+            else
+                agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
+            return;
+        }
+        if (w->warned[i].logged < w->warned[oldest].logged)
+            oldest = i;
+    }
+    w->warned[oldest].hash = h, w->warned[oldest].logged = now, w->warned[oldest].repeats = 0;
     agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
 }
 

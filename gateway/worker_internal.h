@@ -135,6 +135,13 @@ struct agw_worker {
     agw_buf_t out;                         /* scratch for encoding responses */
     agw_buf_t hdrs;                        /* scratch for upstream response headers */
     agw_resp_headers_t resp_headers;       /* scratch for a script's response headers (core.respond) */
+    struct {                               /* header warnings logged lately (warn_header): a script
+                                              that repeats a mistake on every response logs it once
+                                              per AGW_WARN_REPEAT_S, with a count of the repeats */
+        uint64_t hash;
+        double logged;                     /* ev_now() when last written; 0 = free */
+        unsigned repeats;                  /* suppressed since */
+    } warned[16];
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     int access_fd;                         /* access log, -1 when off */

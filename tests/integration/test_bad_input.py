@@ -240,6 +240,16 @@ class ScriptResponseFraming(GatewayTestCase):
         self.assertIn("dropped response header 'Content-Type': the script also set 'CONTENT-TYPE'", log)
         self.assertIn("dropped response header 'content-type': the script also set 'CONTENT-TYPE'", log)
 
+    def test_a_header_warning_repeated_on_every_response_is_logged_once_per_interval(self):
+        # a script that repeats a mistake on every response must not flood the log (one worker here)
+        for _ in range(30):
+            self.assertEqual(self.get("/spellings").status, 200)
+        log = self.gw.log()
+        self.assertEqual(log.count("dropped response header 'Content-Type': the script also set 'CONTENT-TYPE'"), 1,
+                         log)
+        self.assertEqual(log.count("dropped response header 'content-type': the script also set 'CONTENT-TYPE'"), 1,
+                         log)
+
     def test_a_script_date_header_is_dropped_and_the_gateways_is_sent_once(self):
         # h2o writes its own Date on every response and cannot be told not to: a script's would be
         # a second Date
