@@ -5,7 +5,8 @@
  * on the worker's libev loop; nothing here is thread-safe and nothing blocks.
  *
  * Response framing (status line, headers, Content-Length, chunked with trailers, close-delimited
- * bodies, 1xx interim responses) is parsed by libhttp-parser.
+ * bodies, 1xx interim responses) is parsed by libhttp-parser. A 101 (a protocol switch no request
+ * of ours asks for) is a bad response.
  *
  * Rules (DESIGN §3, issue "core gateway"):
  *  - a call has one timeout (ms) covering the wait for a connection, connect, send and the whole
@@ -16,7 +17,8 @@
  *  - a reused keep-alive connection that fails before the first response byte (reset, EOF) is
  *    retried once on a new connection, for idempotent methods only (RFC 9110 §9.2.2);
  *  - a body shorter than its Content-Length, a reset, unparsable bytes, or a body over
- *    max_body_bytes fail the call at once;
+ *    max_body_bytes (announced by Content-Length or a chunk size, or received) fail the call at
+ *    once;
  *  - header names/values and paths containing CR, LF or NUL are rejected before anything is sent.
  *
  * HTTPS upstreams (conf->tls set) speak the same HTTP/1.1 over TLS (OpenSSL, same loop, no

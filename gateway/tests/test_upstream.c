@@ -167,6 +167,35 @@ static void interim_100_continue_is_skipped(void)
     srv_stop(&srv);
 }
 
+static void interim_responses_end_at_their_headers_whatever_they_announce(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/interim-framed"), &rec);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK(rec.status == 200);
+    CHECK_STR(rec.body, "ok");
+    CHECK(strstr(rec.headers, "Link") == NULL);
+    srv_stop(&srv);
+}
+
+static void unasked_protocol_switch_fails_at_once(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/switch"), &rec);
+    CHECK(rec.outcome == AGW_CALL_BAD_RESPONSE);
+    CHECK(rec.ms < 1000); /* not the 2000 ms call timeout */
+    CHECK(strstr(rec.detail, "101") != NULL);
+    srv_stop(&srv);
+}
+
 static void head_response_has_no_body_and_keeps_alive(void)
 {
     srv_t srv;
@@ -525,6 +554,21 @@ static void announced_body_over_limit_fails_at_headers(void)
     srv_stop(&srv);
 }
 
+static void announced_chunk_over_limit_fails_at_its_size_line(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_body_bytes = 1000;
+    call_once(&srv, &conf, get("/huge-chunk"), &rec);
+    CHECK(rec.outcome == AGW_CALL_TOO_LARGE);
+    CHECK(rec.status == 200);
+    CHECK(rec.ms < 1000); /* not the 2000 ms call timeout */
+    srv_stop(&srv);
+}
+
 static void streamed_body_over_limit_fails_promptly(void)
 {
     srv_t srv;
@@ -703,6 +747,8 @@ int main(void)
     RUN(response_dripped_byte_by_byte_is_reassembled);
     RUN(close_delimited_body_completes_at_eof);
     RUN(interim_100_continue_is_skipped);
+    RUN(interim_responses_end_at_their_headers_whatever_they_announce);
+    RUN(unasked_protocol_switch_fails_at_once);
     RUN(head_response_has_no_body_and_keeps_alive);
     RUN(max_connections_then_queue_then_overload);
     RUN(queue_wait_counts_toward_timeout);
@@ -718,6 +764,7 @@ int main(void)
     RUN(idle_connection_closed_by_upstream_is_removed);
     RUN(idle_timeout_closes_connection);
     RUN(announced_body_over_limit_fails_at_headers);
+    RUN(announced_chunk_over_limit_fails_at_its_size_line);
     RUN(streamed_body_over_limit_fails_promptly);
     RUN(short_body_then_eof_is_truncated);
     RUN(reset_mid_body_is_reset);

@@ -213,6 +213,15 @@ static int srv_respond(sconn_t *sc, const char *path)
     } else if (IS("/continue")) {
         srv_send(sc, "HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\n"
                      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    } else if (IS("/interim-framed")) {
+        /* 1xx responses end at their empty line whatever they say about a body (RFC 9112 §6.3) */
+        srv_send(sc, "HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\n"
+                     "HTTP/1.1 103 Early Hints\r\nTransfer-Encoding: chunked\r\nLink: </a.css>\r\n\r\n"
+                     "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    } else if (IS("/switch")) { /* a protocol switch no one asked for, then silence */
+        srv_send(sc, "HTTP/1.1 101 Switching Protocols\r\n\r\n");
+    } else if (IS("/huge-chunk")) { /* a chunk announced far over the limit, then silence */
+        srv_send(sc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nfffffffffff\r\nxx");
     } else if (IS("/reset")) {
         srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 512\r\n\r\n");
         for (int i = 0; i < 120; i++)
