@@ -14,6 +14,10 @@
  *  - connecting has its own connect_timeout_ms (bounded by the call timeout);
  *  - a call the caller cancels, or that fails in any way, closes its connection: it never goes
  *    back to the pool;
+ *  - a connection goes back to the pool only when nothing follows its response: bytes after it
+ *    (in the same read, left in the socket by a read that filled the buffer, in a further TLS
+ *    record, or seen by the loop while it was idle) answer no request of ours, so it is closed
+ *    instead of handing them to the next call as its answer;
  *  - a reused keep-alive connection that fails before the first response byte (reset, EOF) is
  *    retried once on a new connection, for idempotent methods only (RFC 9110 §9.2.2);
  *  - a body shorter than its Content-Length, a reset, unparsable bytes, or a body over

@@ -669,6 +669,72 @@ static void callback_may_start_next_call_on_same_connection_and_destroy_pool(voi
     srv_stop(&srv);
 }
 
+static void bytes_after_a_response_that_filled_the_read_buffer_are_no_answer(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    then_t t = {.next = "/ok"};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    t.pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/exact-then-stale");
+    agw_call_start(t.pool, &req, on_then, &t);
+    CHECK(wait_for(&t.second.done, 1, 3.0));
+    CHECK(t.first.outcome == AGW_CALL_OK &&
+          t.first.body_len == CLIENT_READ - strlen("HTTP/1.1 200 OK\r\nContent-Length: 16342\r\n\r\n"));
+    CHECK(t.second.outcome == AGW_CALL_OK);
+    CHECK_STR(t.second.body, "hello"); /* not "stale", the bytes that were already there */
+    CHECK(t.second.reused == 0);
+    agw_pool_destroy(t.pool);
+    srv_stop(&srv);
+}
+
+/* Starts b's call from a watcher that runs before the pool's own in the same loop iteration. */
+typedef struct early_start {
+    agw_pool_t *pool;
+    rec_t *rec;
+    ev_timer timer;
+} early_start_t;
+
+static void on_early_start(struct ev_loop *l, ev_timer *w, int revents)
+{
+    early_start_t *e = w->data;
+    (void)l, (void)revents;
+    agw_call_req_t req = get("/ok");
+    agw_call_start(e->pool, &req, on_done, e->rec);
+}
+
+static void idle_connection_with_unread_bytes_is_not_reused(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a);
+    CHECK(wait_for(&a.done, 1, 3.0));
+    CHECK(stats(pool).idle == 1);
+    /* bytes no request asked for reach the idle connection; the next iteration's poll sees them,
+     * and a watcher of higher priority starts a call before the pool's watcher has run */
+    static const char stale[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale";
+    CHECK(send(srv.conns->fd, stale, sizeof(stale) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(stale) - 1);
+    usleep(20000);
+    early_start_t e = {.pool = pool, .rec = &b};
+    ev_timer_init(&e.timer, on_early_start, 0., 0.);
+    ev_set_priority(&e.timer, EV_MAXPRI);
+    e.timer.data = &e;
+    ev_timer_start(loop, &e.timer);
+    CHECK(wait_for(&b.done, 1, 3.0));
+    CHECK(b.outcome == AGW_CALL_OK);
+    CHECK_STR(b.body, "hello");
+    CHECK(b.reused == 0);
+    CHECK(srv.accepted == 2);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 /* The callback reuses its own connection for a new call and cancels it, which closes that
  * connection, before it reads the result: the result must still be intact. */
 static void on_reuse_then_cancel(agw_call_t *call, const agw_call_result_t *r, void *data)
@@ -771,6 +837,8 @@ int main(void)
     RUN(garbage_is_bad_response);
     RUN(callback_may_start_next_call_on_same_connection_and_destroy_pool);
     RUN(result_stays_valid_when_callback_closes_its_connection);
+    RUN(bytes_after_a_response_that_filled_the_read_buffer_are_no_answer);
+    RUN(idle_connection_with_unread_bytes_is_not_reused);
     RUN(destroy_cancels_everything_without_callbacks);
 
     ev_timer_stop(loop, &guard);
