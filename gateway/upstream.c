@@ -425,7 +425,10 @@ static int conn_tls_read(conn_t *c);
 static int conn_tls_idle_record(conn_t *c);
 static int conn_read(conn_t *c);
 
-/* Sends what is left of the request; then waits for the response. */
+/* Sends what is left of the request; then waits for the response. While the socket buffer is
+ * full it also watches for reads: an upstream may answer before it has read the whole request (a
+ * 413 to a large body, RFC 9112 §9.3) and stop reading, or close; that answer is the call's result
+ * (on_conn_io reads it), and the connection is not reused. */
 static void conn_send(conn_t *c)
 {
     agw_call_t *call = c->call;
@@ -441,7 +444,7 @@ static void conn_send(conn_t *c)
             if ((size_t)n < left) {
                 /* the socket buffer is full: wait rather than spend a syscall on EAGAIN */
                 c->state = CONN_SENDING;
-                conn_watch(c, EV_WRITE);
+                conn_watch(c, EV_READ | EV_WRITE);
                 return;
             }
             continue;
@@ -450,12 +453,15 @@ static void conn_send(conn_t *c)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             c->state = CONN_SENDING;
-            conn_watch(c, EV_WRITE);
+            conn_watch(c, EV_READ | EV_WRITE);
             return;
         }
         char what[96];
         snprintf(what, sizeof(what), "sending the request failed (%s)", strerror(errno));
-        conn_lost(c, AGW_CALL_RESET, what);
+        /* the upstream may have answered, then closed without reading the rest: the answer (bytes
+         * before a reset stay readable) is the result when it is complete */
+        if (conn_read(c))
+            conn_lost(c, AGW_CALL_RESET, what);
         return;
     }
     c->state = CONN_READING;
@@ -583,8 +589,9 @@ static inline int conn_got(conn_t *c, size_t n)
         return 0;
     }
     if (c->resp.done) {
-        /* clean: nothing follows the response, in the bytes read, the socket or TLS's records */
-        conn_complete(c, used == n && conn_drained(c, n));
+        /* clean: the whole request went out (not an early answer) and nothing follows the
+         * response, in the bytes read, the socket or TLS's records */
+        conn_complete(c, used == n && c->call->sent == c->call->req_len && conn_drained(c, n));
         return 0;
     }
     return 1;
@@ -777,7 +784,6 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
 {
     conn_t *c = w->data;
     agw_pool_t *pool = c->pool;
-    (void)revents;
     switch (c->state) {
     case CONN_IDLE:
         /* the upstream closed it (or sent bytes no one asked for); over TLS it may also have sent
@@ -808,7 +814,12 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
         conn_tls_handshake(c);
         break;
     case CONN_SENDING:
-        conn_send(c);
+        /* plain: an answer before the whole request went out (see conn_send); over TLS the events
+         * are the ones SSL_write asked for */
+        if (c->ssl == NULL && (revents & EV_READ) && !conn_read(c))
+            break;
+        if (c->ssl || (revents & EV_WRITE))
+            conn_send(c);
         break;
     case CONN_READING:
         conn_read(c);

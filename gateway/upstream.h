@@ -23,6 +23,9 @@
  *  - a body shorter than its Content-Length, a reset, unparsable bytes, or a body over
  *    max_body_bytes (announced by Content-Length or a chunk size, or received) fail the call at
  *    once;
+ *  - an answer that comes before the whole request was sent (an upstream refusing a large body
+ *    with 413 and no longer reading, or closing) is the call's result, and the connection is
+ *    closed; over TLS (https://) the call still waits for the send to finish or fail;
  *  - header names/values and paths containing CR, LF or NUL are rejected before anything is sent.
  *
  * HTTPS upstreams (conf->tls set) speak the same HTTP/1.1 over TLS (OpenSSL, same loop, no

@@ -502,6 +502,45 @@ static void post_not_retried_when_reused_connection_was_closed(void)
     CHECK(srv.accepted == 1);
 }
 
+/* A POST of 8 MiB, more than the socket buffers hold, to an upstream that answers 413 from the
+ * headers and then stops reading or closes: the answer is the result, at once, and the
+ * connection (whose request was cut short) is not kept. */
+static void answer_before_the_request_is_sent_is_the_result(const char *path)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    size_t n = 8 << 20;
+    char *body = malloc(n);
+    memset(body, 'b', n);
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = {.method = "POST", .path = path, .path_len = strlen(path), .body = body,
+                          .body_len = n, .timeout_ms = 2000};
+    memset(&rec, 0, sizeof(rec));
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK(rec.status == 413);
+    CHECK_STR(rec.body, "too big!");
+    CHECK(rec.ms < 1000); /* not the 2000 ms call timeout */
+    CHECK(stats(pool).open == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+    free(body);
+}
+
+static void answer_before_a_large_body_is_read_ends_the_call(void)
+{
+    answer_before_the_request_is_sent_is_the_result("/early-hold");
+}
+
+static void answer_then_close_before_a_large_body_is_read_ends_the_call(void)
+{
+    answer_before_the_request_is_sent_is_the_result("/early-close");
+}
+
 static void idle_connection_closed_by_upstream_is_removed(void)
 {
     srv_t srv;
@@ -827,6 +866,8 @@ int main(void)
     RUN(crlf_nul_in_path_or_header_rejected_before_sending);
     RUN(get_retried_once_when_reused_connection_was_closed);
     RUN(post_not_retried_when_reused_connection_was_closed);
+    RUN(answer_before_a_large_body_is_read_ends_the_call);
+    RUN(answer_then_close_before_a_large_body_is_read_ends_the_call);
     RUN(idle_connection_closed_by_upstream_is_removed);
     RUN(idle_timeout_closes_connection);
     RUN(announced_body_over_limit_fails_at_headers);

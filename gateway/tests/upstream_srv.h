@@ -348,6 +348,18 @@ again:;
         sconn_flush(sc);
         return;
     }
+    if (strncmp(sc->in, "POST /early-", 12) == 0 && memmem(sc->in, sc->inlen, "\r\n\r\n", 4)) {
+        /* answers from the headers alone, never reading the body, then stops reading
+         * (/early-hold) or closes with the body unread, which resets the connection (/early-close) */
+        int close_it = strncmp(sc->in, "POST /early-close ", 18) == 0;
+        sc->srv->requests++;
+        srv_send(sc, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n\r\ntoo big!");
+        sc->after = close_it ? CLOSE : KEEP;
+        if (!close_it)
+            ev_io_stop(loop, &sc->rio);
+        sconn_flush(sc);
+        return;
+    }
     size_t len;
     while ((len = request_length(sc->in, sc->inlen)) > 0) {
         srv_t *srv = sc->srv;
