@@ -385,6 +385,10 @@ static void call_connect(agw_call_t *call)
     c->timer.data = c;
     ev_io_start(pool->loop, &c->io);
     if (conf->connect_timeout_ms) {
+        /* the loop's clock is the start of this iteration, which may have worked for longer than
+         * connect_timeout_ms before this call (a handler building a large body, a big decode):
+         * the connect's own time starts now */
+        ev_now_update(pool->loop);
         ev_timer_set(&c->timer, (double)conf->connect_timeout_ms / 1000.0, 0.);
         ev_timer_start(pool->loop, &c->timer);
     }

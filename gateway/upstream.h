@@ -11,7 +11,8 @@
  * Rules (DESIGN §3, issue "core gateway"):
  *  - a call has one timeout (ms) covering the wait for a connection, connect, send and the whole
  *    response; the caller passes min(call timeout, time left in the request deadline);
- *  - connecting has its own connect_timeout_ms (bounded by the call timeout);
+ *  - connecting has its own connect_timeout_ms (bounded by the call timeout), counted from the
+ *    connect() itself, not from the start of the loop iteration that made the call;
  *  - a call the caller cancels, or that fails in any way, closes its connection: it never goes
  *    back to the pool;
  *  - a connection goes back to the pool only when nothing follows its response: bytes after it

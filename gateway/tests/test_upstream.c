@@ -330,6 +330,26 @@ static void connect_times_out_when_backlog_is_full(void)
     close(lfd);
 }
 
+static void connect_timeout_counts_from_the_connect_not_from_the_loop_iteration(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.connect_timeout_ms = 50;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    ev_run(loop, EVRUN_NOWAIT); /* the loop's clock reads now */
+    usleep(120000);             /* and the iteration works on (a handler building a body, a big decode) */
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "hello");
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 static void call_times_out_on_hanging_upstream(void)
 {
     srv_t srv;
@@ -859,6 +879,7 @@ int main(void)
     RUN(queue_wait_counts_toward_timeout);
     RUN(connect_refused_on_closed_port);
     RUN(connect_times_out_when_backlog_is_full);
+    RUN(connect_timeout_counts_from_the_connect_not_from_the_loop_iteration);
     RUN(call_times_out_on_hanging_upstream);
     RUN(zero_timeout_fails_from_the_loop);
     RUN(cancel_closes_connection_without_callback);
