@@ -346,7 +346,7 @@ RAW_CHAIN = endpoint("GET /raw-then/{first}/{second}", """
 RAW_POST = endpoint("GET /raw-post/{case}", """
     local r = agg.fetch { "raw", "/" .. req.params.case, method = "POST", body = string.rep("x", 8 * 1024 * 1024),
                           timeout_ms = 2000 }
-    return { status = 200, json = { http_status = r.http_status or agg.null, kind = r.error and r.error.type or agg.null } }""")
+    return { status = 200, json = { http_status = r.http_status or agg.null, kind = r.error and r.error.type or agg.null, detail = r.error and r.error.detail } }""")
 
 RAW_READ_PAGE = endpoint("GET /raw-page/{case}", """
     local res = agg.fetch_all { s = { "raw", "/" .. req.params.case, timeout_ms = 2000 } }
@@ -397,7 +397,8 @@ class UpstreamFraming(GatewayTestCase):
 
     def test_answer_before_a_large_request_body_is_read_is_the_result(self):
         r = self.get("/raw-post/too-large")
-        self.assertEqual(r.json(), {"http_status": 413, "kind": "urn:aggway:problem:upstream-error"}, r)
+        p = r.json()
+        self.assertEqual((p["http_status"], p["kind"]), (413, "urn:aggway:problem:upstream-error"), (r, p))
         self.assertLess(r.ms, 1000, "the 413 sent before the body was read waited for the timeout: %r" % r)
 
     def test_upstream_json_at_the_depth_limit_read_by_a_script_still_encodes(self):
