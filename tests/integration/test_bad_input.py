@@ -256,6 +256,18 @@ class ClientRequestFraming(GatewayTestCase):
         self.assertTrue(rs, "no answer")
         self.assertEqual(rs[0][0], 400, rs)
 
+    # Known limitation, kept visible (same cause as above): libh2o 2.2.5 frames a request that has
+    # both Content-Length and Transfer-Encoding by the chunked body and keeps the connection open,
+    # so bytes a front proxy framed by Content-Length are read as a second request here.
+    @unittest.expectedFailure
+    def test_content_length_with_transfer_encoding_closes_the_connection(self):
+        # RFC 9112 6.1: process it by Transfer-Encoding, then close the connection
+        rs = split_responses(raw_exchange(
+            self.port, b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"2\r\n{}\r\n0\r\n\r\nGET /echo/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"))
+        self.assertTrue(rs, "no answer")
+        self.assertEqual(len(rs), 1, "a second request followed on the same connection: %r" % rs)
+
     def test_malformed_requests_get_400_and_the_gateway_keeps_serving(self):
         for bad in (b"GARBAGE\r\n\r\n", b"GET /echo/x HTTP/9.9\r\nHost: x\r\n\r\n",
                     b"GET /echo/x HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
