@@ -17,8 +17,8 @@
  * Encoding a Lua value: a table without the array metatable is an array when its keys are exactly
  * 1..n (n >= 1), an object when all keys are strings, `{}` when empty; any other table (sparse,
  * mixed keys) is an error naming the path. NaN and ±Inf encode as null. Functions, threads, other
- * userdata, invalid UTF-8 and nesting deeper than AGW_JSON_MAX_DEPTH (this also catches cycles)
- * are errors naming the path ("$.product.data.tags[3]"). Paths use JSON conventions: "$" is the
+ * userdata, invalid UTF-8 and nesting deeper than AGW_JSON_ENCODE_MAX_DEPTH (this also catches
+ * cycles) are errors naming the path ("$.product.data.tags[3]"). Paths use JSON conventions: "$" is the
  * encoded value, ".name" an object member (["name"] when the name is not identifier-like), "[i]"
  * an array element counted from 0 (Lua index i+1).
  *
@@ -43,8 +43,13 @@
 
 #include "buf.h"
 
-/* Deepest nesting accepted when parsing an upstream body and when encoding. */
+/* Deepest nesting accepted when parsing an upstream body (or a request body, or json.decode). */
 #define AGW_JSON_MAX_DEPTH 256
+
+/* Deepest nesting the encoder accepts: room for data parsed at AGW_JSON_MAX_DEPTH inside what a
+ * script builds around it (a page puts a section's data two levels down), so what was accepted
+ * from an upstream can always be sent on; deeper is an error (this also catches cycles). */
+#define AGW_JSON_ENCODE_MAX_DEPTH (AGW_JSON_MAX_DEPTH + 64)
 
 /* Registry fields (one set per lua_State, created by agw_json_open or the first agw_json_push and
  * reused afterwards): the metatables of arrays, int64 boxes and json refs, and the weak-keyed side

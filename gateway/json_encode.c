@@ -265,7 +265,7 @@ typedef struct {
     skey *keys; /* scratch for sorting keys, used as a stack by nested objects */
     size_t nkeys, capkeys;
     skey inline_keys[64];
-    step_t path[AGW_JSON_MAX_DEPTH + 1]; /* path[1..depth]: the steps to the current value */
+    step_t path[AGW_JSON_ENCODE_MAX_DEPTH + 1]; /* path[1..depth]: the steps to the current value */
 } enc_t;
 
 static int encode_value(enc_t *e, int idx, int depth);
@@ -481,9 +481,9 @@ static int encode_plain(enc_t *e, int t, int depth)
 static int encode_table(enc_t *e, int t, int depth)
 {
     lua_State *L = e->L;
-    if (depth >= AGW_JSON_MAX_DEPTH) {
+    if (depth >= AGW_JSON_ENCODE_MAX_DEPTH) {
         char what[64];
-        snprintf(what, sizeof(what), "nesting deeper than %d levels (a cycle?)", AGW_JSON_MAX_DEPTH);
+        snprintf(what, sizeof(what), "nesting deeper than %d levels (a cycle?)", AGW_JSON_ENCODE_MAX_DEPTH);
         return fail(e, depth, what);
     }
     if (!lua_checkstack(L, 8))

@@ -385,6 +385,10 @@ static void call_connect(agw_call_t *call)
     c->timer.data = c;
     ev_io_start(pool->loop, &c->io);
     if (conf->connect_timeout_ms) {
+        /* the loop's clock is the start of this iteration, which may have worked for longer than
+         * connect_timeout_ms before this call (a handler building a large body, a big decode):
+         * the connect's own time starts now */
+        ev_now_update(pool->loop);
         ev_timer_set(&c->timer, (double)conf->connect_timeout_ms / 1000.0, 0.);
         ev_timer_start(pool->loop, &c->timer);
     }
@@ -421,9 +425,14 @@ static void conn_lost(conn_t *c, agw_call_outcome_t o, const char *what)
 }
 
 static void conn_tls_send(conn_t *c);
-static void conn_tls_read(conn_t *c);
+static int conn_tls_read(conn_t *c);
+static int conn_tls_idle_record(conn_t *c);
+static int conn_read(conn_t *c);
 
-/* Sends what is left of the request; then waits for the response. */
+/* Sends what is left of the request; then waits for the response. While the socket buffer is
+ * full it also watches for reads: an upstream may answer before it has read the whole request (a
+ * 413 to a large body, RFC 9112 §9.3) and stop reading, or close; that answer is the call's result
+ * (on_conn_io reads it), and the connection is not reused. */
 static void conn_send(conn_t *c)
 {
     agw_call_t *call = c->call;
@@ -439,7 +448,7 @@ static void conn_send(conn_t *c)
             if ((size_t)n < left) {
                 /* the socket buffer is full: wait rather than spend a syscall on EAGAIN */
                 c->state = CONN_SENDING;
-                conn_watch(c, EV_WRITE);
+                conn_watch(c, EV_READ | EV_WRITE);
                 return;
             }
             continue;
@@ -448,23 +457,44 @@ static void conn_send(conn_t *c)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             c->state = CONN_SENDING;
-            conn_watch(c, EV_WRITE);
+            conn_watch(c, EV_READ | EV_WRITE);
             return;
         }
         char what[96];
         snprintf(what, sizeof(what), "sending the request failed (%s)", strerror(errno));
-        conn_lost(c, AGW_CALL_RESET, what);
+        /* the upstream may have answered, then closed without reading the rest: the answer (bytes
+         * before a reset stay readable) is the result when it is complete */
+        if (conn_read(c))
+            conn_lost(c, AGW_CALL_RESET, what);
         return;
     }
     c->state = CONN_READING;
     conn_watch(c, EV_READ);
 }
 
-/* Gives call a connection: the most recently idle one, or a new one. */
+/* Whether idle connection c has an event the loop saw but on_conn_io has not handled yet: bytes
+ * or EOF that came while it was idle, found by this iteration's poll, while a watcher that ran
+ * before the pool's is looking for a connection. Bytes sent before our request are no answer to
+ * it: c must not carry one. Over TLS they may be a record without data (a session ticket, a key
+ * update), which is read here, and c stays usable. */
+static int conn_stale(conn_t *c)
+{
+    if (!ev_is_pending(&c->io))
+        return 0;
+    if (c->ssl && conn_tls_idle_record(c)) {
+        ev_clear_pending(c->pool->loop, &c->io);
+        return 0;
+    }
+    return 1;
+}
+
+/* Gives call a connection: the most recently idle one that is not stale, or a new one. */
 static void call_assign(agw_call_t *call)
 {
     agw_pool_t *pool = call->pool;
-    conn_t *c = pool->idle;
+    conn_t *c;
+    while ((c = pool->idle) != NULL && conn_stale(c))
+        conn_close(c); /* what it got is handled as on_conn_io would: the connection goes */
     if (c == NULL) {
         call_connect(call);
         return;
@@ -533,6 +563,22 @@ static void conn_eof(conn_t *c)
         conn_lost(c, AGW_CALL_RESET, "connection closed by the upstream");
 }
 
+/* Whether nothing follows a complete response of which the last read (n bytes) used every byte,
+ * so that the connection may carry the next request. A plain read shorter than rbuf drained the
+ * socket; one that filled it may have left bytes there, which a peek finds (rare: no syscall in
+ * the common case). Over TLS, records OpenSSL has not read may wait in the socket: reading them
+ * tells data (an answer to no request) from records without data (a session ticket, a key
+ * update), which leave the connection usable. */
+static int conn_drained(conn_t *c, size_t n)
+{
+    if (c->ssl)
+        return SSL_pending(c->ssl) == 0 && conn_tls_idle_record(c);
+    if (n < sizeof(c->pool->rbuf))
+        return 1;
+    char b;
+    return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 /* Parses the n bytes just read into pool->rbuf. Returns 1 when the response needs more, 0 when
  * the call completed or failed. */
 static inline int conn_got(conn_t *c, size_t n)
@@ -547,37 +593,38 @@ static inline int conn_got(conn_t *c, size_t n)
         return 0;
     }
     if (c->resp.done) {
-        /* clean: nothing after the response, in the socket's bytes or in TLS's decrypted ones */
-        conn_complete(c, used == n && (c->ssl == NULL || SSL_pending(c->ssl) == 0));
+        /* clean: the whole request went out (not an early answer) and nothing follows the
+         * response, in the bytes read, the socket or TLS's records */
+        conn_complete(c, used == n && c->call->sent == c->call->req_len && conn_drained(c, n));
         return 0;
     }
     return 1;
 }
 
-static void conn_read(conn_t *c)
+/* Reads and parses what the upstream sent. Returns 1 when the response needs more (c still
+ * serves its call), 0 when the call completed or failed (c may be gone). */
+static int conn_read(conn_t *c)
 {
     agw_pool_t *pool = c->pool;
-    if (c->ssl) {
-        conn_tls_read(c);
-        return;
-    }
+    if (c->ssl)
+        return conn_tls_read(c);
     for (;;) {
         ssize_t n = read(c->fd, pool->rbuf, sizeof(pool->rbuf));
         if (n > 0) {
             if (!conn_got(c, (size_t)n))
-                return;
+                return 0;
             if ((size_t)n < sizeof(pool->rbuf))
-                return; /* drained; level-triggered io tells us when there is more */
+                return 1; /* drained; level-triggered io tells us when there is more */
             continue;
         }
         if (n == 0) {
             conn_eof(c);
-            return;
+            return 0;
         }
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return;
+            return 1;
         if (errno == ECONNRESET) {
             conn_lost(c, AGW_CALL_RESET, "connection reset by the upstream");
         } else {
@@ -585,7 +632,7 @@ static void conn_read(conn_t *c)
             snprintf(what, sizeof(what), "read failed (%s)", strerror(errno));
             conn_lost(c, AGW_CALL_RESET, what);
         }
-        return;
+        return 0;
     }
 }
 
@@ -677,10 +724,10 @@ static void conn_tls_send(conn_t *c)
     conn_watch(c, EV_READ);
 }
 
-/* conn_read over TLS. Decrypted bytes OpenSSL still holds raise no event on the socket, so the
- * loop goes on while SSL_has_pending(); after that, the socket's readiness says when to come
- * back. */
-static void conn_tls_read(conn_t *c)
+/* conn_read over TLS (same result). Decrypted bytes OpenSSL still holds raise no event on the
+ * socket, so the loop goes on while SSL_has_pending(); after that, the socket's readiness says
+ * when to come back. */
+static int conn_tls_read(conn_t *c)
 {
     agw_pool_t *pool = c->pool;
     for (;;) {
@@ -688,22 +735,22 @@ static void conn_tls_read(conn_t *c)
         int n = SSL_read(c->ssl, pool->rbuf, sizeof(pool->rbuf));
         if (n > 0) {
             if (!conn_got(c, (size_t)n))
-                return;
+                return 0;
             if (SSL_has_pending(c->ssl))
                 continue;
             conn_watch(c, EV_READ);
-            return;
+            return 1;
         }
         agw_tls_status_t st = agw_tls_status(c->ssl, n);
         switch (st) {
         case AGW_TLS_WANT_READ:
         case AGW_TLS_WANT_WRITE:
             conn_watch(c, st == AGW_TLS_WANT_READ ? EV_READ : EV_WRITE);
-            return;
+            return 1;
         case AGW_TLS_CLOSED:
             ERR_clear_error();
             conn_eof(c);
-            return;
+            return 0;
         case AGW_TLS_EOF:
             ERR_clear_error();
             /* RFC 9112 §9.8: without close_notify only Content-Length and chunked framing can say
@@ -712,12 +759,12 @@ static void conn_tls_read(conn_t *c)
                 conn_lost(c, AGW_CALL_TRUNCATED, "connection closed without a TLS close_notify");
             else
                 conn_eof(c);
-            return;
+            return 0;
         default: {
             char why[160];
             conn_tls_describe(c, st, why, sizeof(why));
             conn_lost(c, st == AGW_TLS_FAILED ? AGW_CALL_BAD_RESPONSE : AGW_CALL_RESET, why);
-            return;
+            return 0;
         }
         }
     }
@@ -741,7 +788,6 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
 {
     conn_t *c = w->data;
     agw_pool_t *pool = c->pool;
-    (void)revents;
     switch (c->state) {
     case CONN_IDLE:
         /* the upstream closed it (or sent bytes no one asked for); over TLS it may also have sent
@@ -772,7 +818,12 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
         conn_tls_handshake(c);
         break;
     case CONN_SENDING:
-        conn_send(c);
+        /* plain: an answer before the whole request went out (see conn_send); over TLS the events
+         * are the ones SSL_write asked for */
+        if (c->ssl == NULL && (revents & EV_READ) && !conn_read(c))
+            break;
+        if (c->ssl || (revents & EV_WRITE))
+            conn_send(c);
         break;
     case CONN_READING:
         conn_read(c);

@@ -5,18 +5,28 @@
  * on the worker's libev loop; nothing here is thread-safe and nothing blocks.
  *
  * Response framing (status line, headers, Content-Length, chunked with trailers, close-delimited
- * bodies, 1xx interim responses) is parsed by libhttp-parser.
+ * bodies, 1xx interim responses) is parsed by libhttp-parser. A 101 (a protocol switch no request
+ * of ours asks for) is a bad response.
  *
  * Rules (DESIGN §3, issue "core gateway"):
  *  - a call has one timeout (ms) covering the wait for a connection, connect, send and the whole
  *    response; the caller passes min(call timeout, time left in the request deadline);
- *  - connecting has its own connect_timeout_ms (bounded by the call timeout);
+ *  - connecting has its own connect_timeout_ms (bounded by the call timeout), counted from the
+ *    connect() itself, not from the start of the loop iteration that made the call;
  *  - a call the caller cancels, or that fails in any way, closes its connection: it never goes
  *    back to the pool;
+ *  - a connection goes back to the pool only when nothing follows its response: bytes after it
+ *    (in the same read, left in the socket by a read that filled the buffer, in a further TLS
+ *    record, or seen by the loop while it was idle) answer no request of ours, so it is closed
+ *    instead of handing them to the next call as its answer;
  *  - a reused keep-alive connection that fails before the first response byte (reset, EOF) is
  *    retried once on a new connection, for idempotent methods only (RFC 9110 §9.2.2);
  *  - a body shorter than its Content-Length, a reset, unparsable bytes, or a body over
- *    max_body_bytes fail the call at once;
+ *    max_body_bytes (announced by Content-Length or a chunk size, or received) fail the call at
+ *    once;
+ *  - an answer that comes before the whole request was sent (an upstream refusing a large body
+ *    with 413 and no longer reading, or closing) is the call's result, and the connection is
+ *    closed; over TLS (https://) the call still waits for the send to finish or fail;
  *  - header names/values and paths containing CR, LF or NUL are rejected before anything is sent.
  *
  * HTTPS upstreams (conf->tls set) speak the same HTTP/1.1 over TLS (OpenSSL, same loop, no

@@ -193,8 +193,8 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
     return 0;
 }
 
-/* Returns 1 when no body follows (HEAD, 204, 304), -1 to stop at once when Content-Length
- * announces a body over max_body or the status is not one. */
+/* Returns 1 when no body follows (1xx, HEAD, 204, 304), -1 to stop at once when Content-Length
+ * announces a body over max_body, the status is not one, or it is 101. */
 static int on_headers_complete(http_parser *p)
 {
     agw_h1_response_t *r = p->data;
@@ -202,10 +202,15 @@ static int on_headers_complete(http_parser *p)
     r->last = LAST_NONE;
     if (p->status_code < 100)
         return -1; /* not an HTTP status (RFC 9110 §15: three digits, 1xx to 5xx): a bad response */
+    /* 101: the bytes after it are another protocol, which no request of ours asked for (we never
+     * send Upgrade, RFC 9110 §15.2.2): a bad response, not an interim one to wait past */
+    if (p->status_code == 101)
+        return -1;
+    /* 1xx, HEAD, 204 and 304 end at the headers, whatever Content-Length or Transfer-Encoding
+     * says (RFC 9112 §6.3); an interim response's final one follows */
     if (p->status_code < 200)
-        return 0;
+        return 1;
     r->final_headers = 1;
-    /* HEAD, 204 and 304 end at the headers, whatever Content-Length says (RFC 9112 §6.3) */
     if (r->head || p->status_code == 204 || p->status_code == 304)
         return 1;
     if (!(p->flags & F_CHUNKED) && p->content_length != UINT64_MAX) {
@@ -216,6 +221,17 @@ static int on_headers_complete(http_parser *p)
         }
         if (p->content_length)
             agw_buf_reserve(&r->body, (size_t)p->content_length);
+    }
+    return 0;
+}
+
+/* A chunk whose size line takes the body over max_body stops at once, as Content-Length does. */
+static int on_chunk_header(http_parser *p)
+{
+    agw_h1_response_t *r = p->data;
+    if (r->max_body && p->content_length > r->max_body - r->body.len) {
+        r->too_large = 1;
+        return -1;
     }
     return 0;
 }
@@ -249,6 +265,7 @@ static const http_parser_settings settings = {
     .on_headers_complete = on_headers_complete,
     .on_body = on_body,
     .on_message_complete = on_message_complete,
+    .on_chunk_header = on_chunk_header,
 };
 
 void agw_h1_response_start(agw_h1_response_t *r, int head, size_t max_body)
@@ -295,8 +312,11 @@ void agw_h1_response_describe(const agw_h1_response_t *r, char *out, size_t cap)
                  (unsigned long long)r->expect_len, r->max_body);
     else if (r->too_large)
         snprintf(out, cap, "response body is over max_body_bytes (%zu)", r->max_body);
-    else if (r->parser.upgrade)
+    else if (r->parser.upgrade || (HTTP_PARSER_ERRNO(&r->parser) == HPE_CB_headers_complete &&
+                                   r->parser.status_code == 101))
         snprintf(out, cap, "unexpected protocol upgrade (status %u)", r->parser.status_code);
+    else if (HTTP_PARSER_ERRNO(&r->parser) == HPE_CB_headers_complete)
+        snprintf(out, cap, "invalid HTTP response: status %u is not an HTTP status", r->parser.status_code);
     else
         snprintf(out, cap, "invalid HTTP response after %zu bytes: %s (%s)", r->bytes,
                  http_errno_description(HTTP_PARSER_ERRNO(&r->parser)),

@@ -3,7 +3,8 @@
  * Two halves, no sockets and no loop: encoding a request into one buffer (with the CR/LF/NUL
  * checks that keep a caller from injecting headers), and parsing a response with libhttp-parser
  * into a reusable agw_h1_response_t (status, headers, decoded body, trailers; 1xx interim
- * responses skipped; body limit enforced as soon as it is known).
+ * responses skipped, always without a body, except 101, which is a bad response; body limit
+ * enforced as soon as it is known: at Content-Length, at each chunk size, at each body byte).
  */
 #ifndef AGW_UPSTREAM_HTTP1_H
 #define AGW_UPSTREAM_HTTP1_H

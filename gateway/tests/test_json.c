@@ -322,9 +322,22 @@ static void cycle_is_an_error(void)
 {
     lua_State *L = new_state();
     CHECK(lua_encode(L, "(function() local t = {}; t.a = t; return t end)()") == NULL);
-    CHECK(strncmp(err, "nesting deeper than 256 levels (a cycle?) at $.a.a.a", 52) == 0);
+    CHECK(strncmp(err, "nesting deeper than 320 levels (a cycle?) at $.a.a.a", 52) == 0);
     CHECK(lua_encode(L, "(function() local t = json.array(); t[1] = t; return t end)()") == NULL);
-    CHECK(strncmp(err, "nesting deeper than 256 levels (a cycle?) at $[0][0]", 52) == 0);
+    CHECK(strncmp(err, "nesting deeper than 320 levels (a cycle?) at $[0][0]", 52) == 0);
+    lua_close(L);
+}
+
+static void data_at_the_parse_limit_encodes_inside_a_page(void)
+{
+    lua_State *L = new_state();
+    /* upstream data as deep as parsing allows, two levels down in a page (section, data) and a
+     * few more in a script's own tables: what was accepted can be sent on */
+    run_lua(L, "deep = json.decode(string.rep('[', 256) .. string.rep(']', 256))\n"
+               "obj = json.decode(string.rep('{\"a\":', 256) .. '1' .. string.rep('}', 256))");
+    CHECK(lua_encode(L, "{reviews = {status = 'ok', data = deep}}") != NULL);
+    CHECK(strncmp(out.base, "{\"reviews\":{\"data\":[[[", 22) == 0);
+    CHECK(lua_encode(L, "{page = {sections = {{s = {status = 'ok', data = obj}}}}}") != NULL);
     lua_close(L);
 }
 
@@ -959,6 +972,7 @@ int main(void)
     RUN(sparse_table_is_an_error_naming_its_path);
     RUN(mixed_table_is_an_error);
     RUN(cycle_is_an_error);
+    RUN(data_at_the_parse_limit_encodes_inside_a_page);
     RUN(function_value_is_an_error);
     RUN(invalid_utf8_in_lua_string_is_an_error);
     RUN(agg_array_empty_encodes_as_array);

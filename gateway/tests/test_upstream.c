@@ -167,6 +167,35 @@ static void interim_100_continue_is_skipped(void)
     srv_stop(&srv);
 }
 
+static void interim_responses_end_at_their_headers_whatever_they_announce(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/interim-framed"), &rec);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK(rec.status == 200);
+    CHECK_STR(rec.body, "ok");
+    CHECK(strstr(rec.headers, "Link") == NULL);
+    srv_stop(&srv);
+}
+
+static void unasked_protocol_switch_fails_at_once(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    call_once(&srv, &conf, get("/switch"), &rec);
+    CHECK(rec.outcome == AGW_CALL_BAD_RESPONSE);
+    CHECK(rec.ms < 1000); /* not the 2000 ms call timeout */
+    CHECK(strstr(rec.detail, "101") != NULL);
+    srv_stop(&srv);
+}
+
 static void head_response_has_no_body_and_keeps_alive(void)
 {
     srv_t srv;
@@ -299,6 +328,26 @@ static void connect_times_out_when_backlog_is_full(void)
     for (int i = 0; i < 4; i++)
         close(fillers[i]);
     close(lfd);
+}
+
+static void connect_timeout_counts_from_the_connect_not_from_the_loop_iteration(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.connect_timeout_ms = 50;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    ev_run(loop, EVRUN_NOWAIT); /* the loop's clock reads now */
+    usleep(120000);             /* and the iteration works on (a handler building a body, a big decode) */
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "hello");
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
 }
 
 static void call_times_out_on_hanging_upstream(void)
@@ -473,6 +522,45 @@ static void post_not_retried_when_reused_connection_was_closed(void)
     CHECK(srv.accepted == 1);
 }
 
+/* A POST of 8 MiB, more than the socket buffers hold, to an upstream that answers 413 from the
+ * headers and then stops reading or closes: the answer is the result, at once, and the
+ * connection (whose request was cut short) is not kept. */
+static void answer_before_the_request_is_sent_is_the_result(const char *path)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    size_t n = 8 << 20;
+    char *body = malloc(n);
+    memset(body, 'b', n);
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = {.method = "POST", .path = path, .path_len = strlen(path), .body = body,
+                          .body_len = n, .timeout_ms = 2000};
+    memset(&rec, 0, sizeof(rec));
+    agw_call_start(pool, &req, on_done, &rec);
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK(rec.status == 413);
+    CHECK_STR(rec.body, "too big!");
+    CHECK(rec.ms < 1000); /* not the 2000 ms call timeout */
+    CHECK(stats(pool).open == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+    free(body);
+}
+
+static void answer_before_a_large_body_is_read_ends_the_call(void)
+{
+    answer_before_the_request_is_sent_is_the_result("/early-hold");
+}
+
+static void answer_then_close_before_a_large_body_is_read_ends_the_call(void)
+{
+    answer_before_the_request_is_sent_is_the_result("/early-close");
+}
+
 static void idle_connection_closed_by_upstream_is_removed(void)
 {
     srv_t srv;
@@ -522,6 +610,21 @@ static void announced_body_over_limit_fails_at_headers(void)
     CHECK(rec.outcome == AGW_CALL_TOO_LARGE);
     CHECK(rec.status == 200);
     CHECK(strstr(rec.detail, "100000000") != NULL);
+    srv_stop(&srv);
+}
+
+static void announced_chunk_over_limit_fails_at_its_size_line(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_body_bytes = 1000;
+    call_once(&srv, &conf, get("/huge-chunk"), &rec);
+    CHECK(rec.outcome == AGW_CALL_TOO_LARGE);
+    CHECK(rec.status == 200);
+    CHECK(rec.ms < 1000); /* not the 2000 ms call timeout */
     srv_stop(&srv);
 }
 
@@ -625,6 +728,72 @@ static void callback_may_start_next_call_on_same_connection_and_destroy_pool(voi
     srv_stop(&srv);
 }
 
+static void bytes_after_a_response_that_filled_the_read_buffer_are_no_answer(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    then_t t = {.next = "/ok"};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    t.pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/exact-then-stale");
+    agw_call_start(t.pool, &req, on_then, &t);
+    CHECK(wait_for(&t.second.done, 1, 3.0));
+    CHECK(t.first.outcome == AGW_CALL_OK &&
+          t.first.body_len == CLIENT_READ - strlen("HTTP/1.1 200 OK\r\nContent-Length: 16342\r\n\r\n"));
+    CHECK(t.second.outcome == AGW_CALL_OK);
+    CHECK_STR(t.second.body, "hello"); /* not "stale", the bytes that were already there */
+    CHECK(t.second.reused == 0);
+    agw_pool_destroy(t.pool);
+    srv_stop(&srv);
+}
+
+/* Starts b's call from a watcher that runs before the pool's own in the same loop iteration. */
+typedef struct early_start {
+    agw_pool_t *pool;
+    rec_t *rec;
+    ev_timer timer;
+} early_start_t;
+
+static void on_early_start(struct ev_loop *l, ev_timer *w, int revents)
+{
+    early_start_t *e = w->data;
+    (void)l, (void)revents;
+    agw_call_req_t req = get("/ok");
+    agw_call_start(e->pool, &req, on_done, e->rec);
+}
+
+static void idle_connection_with_unread_bytes_is_not_reused(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a);
+    CHECK(wait_for(&a.done, 1, 3.0));
+    CHECK(stats(pool).idle == 1);
+    /* bytes no request asked for reach the idle connection; the next iteration's poll sees them,
+     * and a watcher of higher priority starts a call before the pool's watcher has run */
+    static const char stale[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale";
+    CHECK(send(srv.conns->fd, stale, sizeof(stale) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(stale) - 1);
+    usleep(20000);
+    early_start_t e = {.pool = pool, .rec = &b};
+    ev_timer_init(&e.timer, on_early_start, 0., 0.);
+    ev_set_priority(&e.timer, EV_MAXPRI);
+    e.timer.data = &e;
+    ev_timer_start(loop, &e.timer);
+    CHECK(wait_for(&b.done, 1, 3.0));
+    CHECK(b.outcome == AGW_CALL_OK);
+    CHECK_STR(b.body, "hello");
+    CHECK(b.reused == 0);
+    CHECK(srv.accepted == 2);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 /* The callback reuses its own connection for a new call and cancels it, which closes that
  * connection, before it reads the result: the result must still be intact. */
 static void on_reuse_then_cancel(agw_call_t *call, const agw_call_result_t *r, void *data)
@@ -703,11 +872,14 @@ int main(void)
     RUN(response_dripped_byte_by_byte_is_reassembled);
     RUN(close_delimited_body_completes_at_eof);
     RUN(interim_100_continue_is_skipped);
+    RUN(interim_responses_end_at_their_headers_whatever_they_announce);
+    RUN(unasked_protocol_switch_fails_at_once);
     RUN(head_response_has_no_body_and_keeps_alive);
     RUN(max_connections_then_queue_then_overload);
     RUN(queue_wait_counts_toward_timeout);
     RUN(connect_refused_on_closed_port);
     RUN(connect_times_out_when_backlog_is_full);
+    RUN(connect_timeout_counts_from_the_connect_not_from_the_loop_iteration);
     RUN(call_times_out_on_hanging_upstream);
     RUN(zero_timeout_fails_from_the_loop);
     RUN(cancel_closes_connection_without_callback);
@@ -715,15 +887,20 @@ int main(void)
     RUN(crlf_nul_in_path_or_header_rejected_before_sending);
     RUN(get_retried_once_when_reused_connection_was_closed);
     RUN(post_not_retried_when_reused_connection_was_closed);
+    RUN(answer_before_a_large_body_is_read_ends_the_call);
+    RUN(answer_then_close_before_a_large_body_is_read_ends_the_call);
     RUN(idle_connection_closed_by_upstream_is_removed);
     RUN(idle_timeout_closes_connection);
     RUN(announced_body_over_limit_fails_at_headers);
+    RUN(announced_chunk_over_limit_fails_at_its_size_line);
     RUN(streamed_body_over_limit_fails_promptly);
     RUN(short_body_then_eof_is_truncated);
     RUN(reset_mid_body_is_reset);
     RUN(garbage_is_bad_response);
     RUN(callback_may_start_next_call_on_same_connection_and_destroy_pool);
     RUN(result_stays_valid_when_callback_closes_its_connection);
+    RUN(bytes_after_a_response_that_filled_the_read_buffer_are_no_answer);
+    RUN(idle_connection_with_unread_bytes_is_not_reused);
     RUN(destroy_cancels_everything_without_callbacks);
 
     ev_timer_stop(loop, &guard);

@@ -150,6 +150,28 @@ static void tls_record_without_data_keeps_idle_connection(void)
     srv_stop(&srv);
 }
 
+static void tls_record_after_a_response_is_no_answer_to_the_next_call(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_upstream_tls_t tls;
+    then_t t = {.next = "/ok"};
+    srv_start_tls(&srv, trusted_ctx);
+    tls_conf_init(&conf, &tls, srv.port, "localhost");
+    t.pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/then-stale");
+    agw_call_start(t.pool, &req, on_then, &t);
+    CHECK(wait_for(&t.second.done, 1, 5.0));
+    CHECK(t.first.outcome == AGW_CALL_OK);
+    CHECK_STR(t.first.body, "first");
+    CHECK(t.second.outcome == AGW_CALL_OK);
+    CHECK_STR(t.second.body, "hello"); /* not "stale", the record that followed the first answer */
+    CHECK(t.second.reused == 0);
+    agw_pool_destroy(t.pool);
+    agw_upstream_tls_free(&tls);
+    srv_stop(&srv);
+}
+
 /* Runs n calls of path on pool one after the other, each on a new connection (the upstream
  * closes after answering). Returns the mean time per call, ms. */
 static double sequential_new_connections(agw_pool_t *pool, const char *path, int n)
@@ -336,10 +358,14 @@ static void get_retried_once_when_reused_tls_connection_was_closed(void)
     srv_start_tls(&srv, trusted_ctx);
     tls_conf_init(&conf, &tls, srv.port, "localhost");
     agw_pool_t *pool = agw_pool_create(loop, &conf);
-    agw_call_req_t req = get("/close-after");
+    agw_call_req_t req = get("/ok");
     agw_call_start(pool, &req, on_done, &first);
     CHECK(wait_for(&first.done, 1, 5.0));
-    CHECK(stats(pool).idle == 1); /* the close_notify and EOF not seen yet */
+    CHECK(stats(pool).idle == 1);
+    /* the upstream closes the idle connection (close_notify, FIN) just as the next call takes it:
+     * the loop has not run since, so the client has not seen it */
+    SSL_shutdown(srv.conns->ssl);
+    sconn_close(srv.conns);
     agw_call_req_t next = get("/ok");
     agw_call_start(pool, &next, on_done, &second);
     CHECK(wait_for(&second.done, 1, 5.0));
@@ -568,6 +594,7 @@ int main(void)
     RUN(https_call_gives_status_headers_body);
     RUN(keep_alive_over_tls_needs_one_handshake);
     RUN(tls_record_without_data_keeps_idle_connection);
+    RUN(tls_record_after_a_response_is_no_answer_to_the_next_call);
     RUN(reconnect_resumes_the_tls_session);
     RUN(tls12_upstream_keeps_alive_and_resumes);
     RUN(upstream_below_tls12_fails_the_handshake);

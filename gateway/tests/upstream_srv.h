@@ -26,6 +26,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 
 #define BIG_BODY 300000 /* bytes of the /big answer */
+#define CLIENT_READ 16384 /* the client's read buffer (READ_BUF_SIZE in upstream.c) */
 
 static struct ev_loop *loop;
 static int done_flag __attribute__((unused)); /* for callbacks with no record of their own */
@@ -213,6 +214,31 @@ static int srv_respond(sconn_t *sc, const char *path)
     } else if (IS("/continue")) {
         srv_send(sc, "HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\n"
                      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    } else if (IS("/interim-framed")) {
+        /* 1xx responses end at their empty line whatever they say about a body (RFC 9112 §6.3) */
+        srv_send(sc, "HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\n"
+                     "HTTP/1.1 103 Early Hints\r\nTransfer-Encoding: chunked\r\nLink: </a.css>\r\n\r\n"
+                     "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    } else if (IS("/switch")) { /* a protocol switch no one asked for, then silence */
+        srv_send(sc, "HTTP/1.1 101 Switching Protocols\r\n\r\n");
+    } else if (IS("/huge-chunk")) { /* a chunk announced far over the limit, then silence */
+        srv_send(sc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nfffffffffff\r\nxx");
+    } else if (IS("/exact-then-stale")) {
+        /* an answer that fills the client's read buffer exactly, then, in the same write, an
+         * answer to no request: the client's read stops at the first one's last byte */
+        const char *head = "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n";
+        int blen = CLIENT_READ - (int)(strlen(head) - 2 + 5); /* a 5-digit length */
+        agw_buf_printf(&sc->out, head, blen);
+        for (int i = 0; i < blen; i++)
+            agw_buf_putc(&sc->out, 'e');
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale");
+    } else if (IS("/then-stale")) {
+        /* an answer, then in a write of its own (over TLS a record of its own) an answer to no
+         * request */
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst");
+        if (!sconn_flush(sc))
+            return 0;
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale");
     } else if (IS("/reset")) {
         srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 512\r\n\r\n");
         for (int i = 0; i < 120; i++)
@@ -319,6 +345,18 @@ again:;
         /* a TLS ClientHello on a plain HTTP port: answer as an HTTP server does, then close */
         srv_send(sc, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         sc->after = CLOSE;
+        sconn_flush(sc);
+        return;
+    }
+    if (strncmp(sc->in, "POST /early-", 12) == 0 && memmem(sc->in, sc->inlen, "\r\n\r\n", 4)) {
+        /* answers from the headers alone, never reading the body, then stops reading
+         * (/early-hold) or closes with the body unread, which resets the connection (/early-close) */
+        int close_it = strncmp(sc->in, "POST /early-close ", 18) == 0;
+        sc->srv->requests++;
+        srv_send(sc, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n\r\ntoo big!");
+        sc->after = close_it ? CLOSE : KEEP;
+        if (!close_it)
+            ev_io_stop(loop, &sc->rio);
         sconn_flush(sc);
         return;
     }
@@ -496,6 +534,22 @@ static agw_pool_stats_t stats(agw_pool_t *pool)
     return st;
 }
 
+
+/* Two calls in a row: the first one's callback starts the second (path next) on the same pool,
+ * as a dependent chain does, so the second may take the connection the first just freed. */
+typedef struct then {
+    agw_pool_t *pool;
+    const char *next;
+    rec_t first, second;
+} then_t;
+
+static void on_then(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    then_t *t = data;
+    on_done(call, r, &t->first);
+    agw_call_req_t req = get(t->next);
+    CHECK(agw_call_start(t->pool, &req, on_done, &t->second) != NULL);
+}
 
 /* Starts one call with req on a fresh pool for srv and waits for it. */
 static void call_once(srv_t *srv, agw_upstream_conf_t *conf, agw_call_req_t req, rec_t *rec)

@@ -8,6 +8,12 @@ Found by the robustness pass; at the time of writing these fail on the current b
   ClientRequestFraming.test_conflicting_*        (two different Content-Length values accepted)
   UpstreamFraming.test_upstream_204_*            (204 with Content-Length waits for a body)
   UpstreamFraming.test_upstream_status_000_*     (status < 100 waits like a 1xx until timeout)
+Found by the second pass (upstreams that lie):
+  UpstreamFraming.test_interim_response_with_*   (a 1xx with Content-Length eats the final answer)
+  UpstreamFraming.test_unasked_101_*             (a 101 is waited past until the timeout)
+  UpstreamFraming.test_bytes_after_a_response_*  (stale bytes become a dependent call's answer)
+  UpstreamFraming.test_answer_before_a_large_*   (an early 413 is a timeout or a reset)
+  UpstreamFraming.test_upstream_json_at_the_*    (JSON at the depth limit fails the page once read)
   ScriptIsolation.test_a_script_that_*           (one script rewriting the agg module breaks all)
   PortInUse.test_second_gateway_*                (SO_REUSEPORT: a second gateway shares the port)
 """
@@ -342,6 +348,18 @@ class ClientRequestFraming(GatewayTestCase):
         self.assertTrue(rs, "no answer")
         self.assertEqual(rs[0][0], 400, rs)
 
+    # Known limitation, kept visible (same cause as above): libh2o 2.2.5 frames a request that has
+    # both Content-Length and Transfer-Encoding by the chunked body and keeps the connection open,
+    # so bytes a front proxy framed by Content-Length are read as a second request here.
+    @unittest.expectedFailure
+    def test_content_length_with_transfer_encoding_closes_the_connection(self):
+        # RFC 9112 6.1: process it by Transfer-Encoding, then close the connection
+        rs = split_responses(raw_exchange(
+            self.port, b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"2\r\n{}\r\n0\r\n\r\nGET /echo/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"))
+        self.assertTrue(rs, "no answer")
+        self.assertEqual(len(rs), 1, "a second request followed on the same connection: %r" % rs)
+
     def test_malformed_requests_get_400_and_the_gateway_keeps_serving(self):
         for bad in (b"GARBAGE\r\n\r\n", b"GET /echo/x HTTP/9.9\r\nHost: x\r\n\r\n",
                     b"GET /echo/x HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
@@ -355,9 +373,28 @@ class ClientRequestFraming(GatewayTestCase):
 # ---------------------------------------------------------------------------------------------
 # a raw upstream: answers each request with canned bytes chosen by its path
 
+def exactly(total, body_char=b"e"):
+    """A 200 answer of exactly total bytes, headers included (a JSON string body)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %05d\r\n\r\n"
+    blen = total - len(head % 0)
+    return head % blen + b'"' + body_char * (blen - 2) + b'"'
+
+
+STALE = b"HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{\"stale\":true}"
+
 RAW_ANSWERS = {
     "/no-content": b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
     "/status-000": b"HTTP/1.1 000 Zero\r\nContent-Length: 7\r\n\r\n{\"a\":1}",
+    "/interim-framed": b"HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\n"
+                       b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n{\"a\":1}",
+    "/switch": b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+    # the gateway reads 16384 bytes at a time: this answer fills one read exactly, and bytes that
+    # answer no request follow in the same write
+    "/exact-then-stale": exactly(16384) + STALE,
+    "/second": b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"second\":true}",
+    # answered from the headers alone; the body is never read (RawUpstream reads no further)
+    "/too-large": b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\n\r\n",
+    "/deep-256": b"HTTP/1.1 200 OK\r\nContent-Length: 512\r\n\r\n" + b"[" * 256 + b"]" * 256,
 }
 
 
@@ -405,6 +442,21 @@ RAW_CALL = endpoint("GET /raw/{case}", """
     local r = agg.fetch { "raw", "/" .. req.params.case, timeout_ms = 2000 }
     return { status = 200, json = { ok = r.ok, kind = r.error and r.error.type or agg.null } }""")
 
+RAW_CHAIN = endpoint("GET /raw-then/{first}/{second}", """
+    local a = agg.fetch { "raw", "/" .. req.params.first, timeout_ms = 2000 }
+    local b = agg.fetch { "raw", "/" .. req.params.second, timeout_ms = 2000 }
+    return { status = 200, json = { first = a.ok, second = b.ok and b.data or b.error.type } }""")
+
+RAW_POST = endpoint("GET /raw-post/{case}", """
+    local r = agg.fetch { "raw", "/" .. req.params.case, method = "POST", body = string.rep("x", 8 * 1024 * 1024),
+                          timeout_ms = 2000 }
+    return { status = 200, json = { http_status = r.http_status or agg.null, kind = r.error and r.error.type or agg.null, detail = r.error and r.error.detail } }""")
+
+RAW_READ_PAGE = endpoint("GET /raw-page/{case}", """
+    local res = agg.fetch_all { s = { "raw", "/" .. req.params.case, timeout_ms = 2000 } }
+    local _ = res.s.ok and res.s.data      -- a script that reads the data decodes it
+    return agg.page(res)""")
+
 
 class UpstreamFraming(GatewayTestCase):
 
@@ -412,7 +464,8 @@ class UpstreamFraming(GatewayTestCase):
         super().setUp()
         self.raw = RawUpstream()
         self.addCleanup(self.raw.stop)
-        self.start(services=demo_services(), scripts={"raw.lua": RAW_CALL},
+        self.start(services=demo_services(), scripts={"raw.lua": RAW_CALL, "raw_chain.lua": RAW_CHAIN,
+                                                      "raw_post.lua": RAW_POST, "raw_page.lua": RAW_READ_PAGE},
                    upstream_options={"raw": {"url": "http://127.0.0.1:%d" % self.raw.port, "timeout_ms": 2000}},
                    deadline_ms=3000)
 
@@ -428,6 +481,34 @@ class UpstreamFraming(GatewayTestCase):
         self.assertEqual(r.status, 200, r)
         self.assertLess(r.ms, 1000, "status 000 was treated as an interim 1xx: %r" % r)
         self.assertEqual(r.json()["kind"], "urn:aggway:problem:upstream-bad-response", r)
+
+
+    def test_interim_response_with_framing_headers_ends_at_its_headers(self):
+        # RFC 9112 6.3: a 1xx response ends at its empty line whatever Content-Length says
+        r = self.get("/raw/interim-framed")
+        self.assertEqual(r.json(), {"ok": True, "kind": None}, r)
+
+    def test_unasked_101_fails_fast_as_a_bad_response(self):
+        r = self.get("/raw/switch")
+        self.assertLess(r.ms, 1000, "a 101 was waited past like an interim response: %r" % r)
+        self.assertEqual(r.json()["kind"], "urn:aggway:problem:upstream-bad-response", r)
+
+    def test_bytes_after_a_response_are_not_the_next_calls_answer(self):
+        r = self.get("/raw-then/exact-then-stale/second")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json(), {"first": True, "second": {"second": True}},
+                         "the dependent call read bytes sent before its request as its answer: %r" % r)
+
+    def test_answer_before_a_large_request_body_is_read_is_the_result(self):
+        r = self.get("/raw-post/too-large")
+        p = r.json()
+        self.assertEqual((p["http_status"], p["kind"]), (413, "urn:aggway:problem:upstream-error"), (r, p))
+        self.assertLess(r.ms, 1000, "the 413 sent before the body was read waited for the timeout: %r" % r)
+
+    def test_upstream_json_at_the_depth_limit_read_by_a_script_still_encodes(self):
+        r = self.get("/raw-page/deep-256")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["s"]["status"], "ok", r)
 
 
 # ---------------------------------------------------------------------------------------------
