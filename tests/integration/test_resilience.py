@@ -322,9 +322,13 @@ class Retries(GatewayTestCase):
         self.assertEqual(self.mock.hits()["flaky"]["GET /f/{id}"], 1)
 
     def test_retry_budget_bounds_the_extra_load_when_every_call_fails(self):
-        # 800 pages, 100 at a time, on an upstream that answers 503 to everything. Retries may
-        # add at most 20 % of the active calls (at least min_retries = 3 at once): the upstream
-        # sees at most 1.2 x the calls (plus min_retries), not 2x.
+        # 800 pages, 100 at a time, on an upstream that answers 503 to everything. Calls in retry
+        # may be at most 20 % of the active calls (at least min_retries = 3 at once; the budget
+        # counts concurrency, as Envoy's does). With at most 20 in retry for 80 on their first
+        # attempt, and a retry lasting no less than a first attempt (backoff + the same latency),
+        # retries are at most 20/80 = 25 % of the first attempts: the upstream sees at most
+        # 1.25 x the calls (plus min_retries), not 2 x. (A 1.2 x bound failed under load: hits
+        # reach about 1.2 x when the budget is full all along.)
         self.start(services={"flaky": [route("/f/{id}", status=503, latency_ms=50, json={"status": 503})]},
                    scripts={"flaky.lua": FLAKY_PAGE},
                    upstream_options={"flaky": {"timeout_ms": 2000, "breaker": False, "max_pending": 4096,
@@ -336,7 +340,7 @@ class Retries(GatewayTestCase):
         self.assertEqual(res.get("5xx"), pages, res["output"])
         hits = self.mock.hits()["flaky"]["GET /f/{id}"]
         self.assertGreater(hits, pages, "some calls were retried")
-        self.assertLessEqual(hits, pages * 1.2 + 3, "retries stay within the 20 %% budget (%d hits)" % hits)
+        self.assertLessEqual(hits, pages * 1.25 + 3, "retries stay within the 20 %% budget (%d hits)" % hits)
 
 
 # ---------------------------------------------------------------------------------------------
