@@ -201,6 +201,36 @@ class CertificateReload(ReloadCase):
         self.assertPage(early, 9)
         self.assertTrue(wait_until(lambda: self.reload_record()["generations_live"] == 1, WAIT), self.reload_record())
 
+    def test_a_fifo_device_or_directory_at_a_certificate_path_fails_the_reload_at_once(self):
+        # opening a FIFO waits for a writer and /dev/zero never ends: the reload (and with it the
+        # main thread, which also handles SIGTERM) must not wait on either
+        b_cert, b_key, cert_b = self.make_cert("B")
+        self.install(b_cert, b_key)
+        self.reload_ok(2)
+        cert_line, key_line = self.gateway_line("cert = "), self.gateway_line("key = ")
+        cases = [
+            ("a FIFO as the certificate", self.cert, lambda p: os.mkfifo(p), cert_line, "cert",
+             "not a regular file"),
+            ("a symlink to /dev/zero as the key", self.key, lambda p: os.symlink("/dev/zero", p), key_line, "key",
+             "not a regular file"),
+            ("a directory as the certificate", self.cert, lambda p: os.mkdir(p), cert_line, "cert", "a directory"),
+        ]
+        failures = 0
+        for what, path, make, line, kind, why in cases:
+            with self.subTest(what):
+                os.remove(path)
+                make(path)
+                failures += 1
+                rec = self.reload_fails(failures)
+                self.assertRegex("\n".join(rec["last_reload"]["errors"]),
+                                 r"gateway\.lua:%d: listen\[2\]\.tls\.%s: cannot read %s: %s"
+                                 % (line, kind, re.escape(path), why))
+                self.assertServes(cert_b, n=2, what="after " + what)
+                os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+                self.install(b_cert, b_key)
+        self.reload_ok(3)
+        self.assertServes(cert_b, n=2, what="files back")
+
 
 if __name__ == "__main__":
     main()
