@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import ssl
+import subprocess
 import sys
 import time
 
@@ -230,6 +231,21 @@ class CertificateReload(ReloadCase):
                 self.install(b_cert, b_key)
         self.reload_ok(3)
         self.assertServes(cert_b, n=2, what="files back")
+
+    def test_an_expired_certificate_is_served_with_a_warning(self):
+        # an operator may have nothing better at hand: the reload takes it, and the log says so
+        key = os.path.join(self.workdir, "exp-key.pem")
+        csr, cert = os.path.join(self.workdir, "exp.csr"), os.path.join(self.workdir, "exp-cert.pem")
+        for cmd in (["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj",
+                     "/CN=expired"],
+                    ["openssl", "x509", "-req", "-in", csr, "-signkey", key, "-out", cert, "-days", "-1"]):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        expired = self.named("expired", der_of(cert))
+        self.install(cert, key)
+        self.reload_ok(2)
+        self.assertServes(expired, n=2, what="expired")
+        self.assertRegex(self.gw.log(), r"warn reload: new TLS connections on 0\.0\.0\.0:%d get the certificate %s "
+                         r"\(subject CN=expired, expires [^)]*\); it has EXPIRED" % (self.tls_port, re.escape(self.cert)))
 
 
 if __name__ == "__main__":
