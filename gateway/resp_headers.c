@@ -149,11 +149,19 @@ void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_r
         /* (the key is tested by type, never converted: lua_next needs it as it is) */
         const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nl) : NULL;
         const char *value = vt == LUA_TSTRING || vt == LUA_TNUMBER ? lua_tolstring(L, -1, &vl) : NULL;
-        if (name && value && ++count > AGW_RESP_HEADERS_MAX) {
+        if (name == NULL || value == NULL) {
+            char shown[80];
+            if (name)
+                warnf(warn, data, "dropped response header '%s': its value is a %s (a value must be a string or a "
+                      "number)", printable(name, nl, shown, sizeof(shown)), lua_typename(L, vt));
+            else
+                warnf(warn, data, "dropped a response header whose name is a %s (a name must be a string)",
+                      lua_typename(L, lua_type(L, -2)));
+        } else if (++count > AGW_RESP_HEADERS_MAX) {
             if (count == AGW_RESP_HEADERS_MAX + 1)
                 warnf(warn, data, "a script gave more than %d response headers; the rest are dropped",
                       AGW_RESP_HEADERS_MAX);
-        } else if (name && value) {
+        } else {
             nc += (size_t)take(set, &cand[nc], name, nl, value, vl, warn, data);
         }
         lua_pop(L, 1);

@@ -2,11 +2,14 @@
 #include "script.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <lauxlib.h>
 #include <lualib.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "breaker.h"
@@ -100,9 +103,54 @@ static int l_monotonic_s(lua_State *L)
     return 1;
 }
 
+/* read_file(path, max) -> the first max bytes of the regular file at path ("" when it is empty),
+ * or nil, why. The file is opened without blocking and must be a regular file (symlinks followed):
+ * a FIFO, a device or a directory is refused at once, never waited on or read without end. */
+static int l_read_file(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    size_t max = (size_t)luaL_checkinteger(L, 2);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    const char *why = NULL;
+    if (fd < 0)
+        why = strerror(errno);
+    else if (fstat(fd, &st) != 0)
+        why = strerror(errno);
+    else if (!S_ISREG(st.st_mode))
+        why = S_ISDIR(st.st_mode) ? "a directory" : "not a regular file (a FIFO, a socket or a device)";
+    char *buf = why ? NULL : malloc(max ? max : 1);
+    size_t len = 0;
+    if (why == NULL && buf == NULL)
+        why = "out of memory";
+    while (why == NULL && len < max) {
+        ssize_t r = read(fd, buf + len, max - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            why = strerror(errno);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (why) {
+        free(buf);
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        return 2;
+    }
+    lua_pushlstring(L, buf, len);
+    free(buf);
+    return 1;
+}
+
 int agw_sys_open(lua_State *L)
 {
-    lua_createtable(L, 0, 2);
+    lua_createtable(L, 0, 3);
+    lua_pushcfunction(L, l_read_file);
+    lua_setfield(L, -2, "read_file");
     lua_pushcfunction(L, l_listdir);
     lua_setfield(L, -2, "listdir");
     lua_pushcfunction(L, l_monotonic_s);

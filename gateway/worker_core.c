@@ -390,7 +390,10 @@ static int l_cancel(lua_State *L)
 /* Logs a warning of agw_resp_headers_read about a script's response header (data: the worker).
  * The same message is written at most once per AGW_WARN_REPEAT_S per worker; the next one after
  * that says how many were left out, so a script that sets a bad header on every response cannot
- * flood the log. The 16 most recent distinct messages are remembered (FNV-1a hash). */
+ * flood the log. The 16 most recent distinct messages are remembered (FNV-1a hash); a new message
+ * while all 16 were logged less than AGW_WARN_REPEAT_S ago is left out and counted (many bad
+ * headers per response, or a name that changes with every request, would otherwise evict each
+ * other and all be written every time), so a worker writes at most 16 lines per interval. */
 static void warn_header(void *data, const char *msg)
 {
     agw_worker_t *w = data;
@@ -416,8 +419,18 @@ static void warn_header(void *data, const char *msg)
         if (w->warned[i].logged < w->warned[oldest].logged)
             oldest = i;
     }
+    if (w->warned[oldest].logged != 0 && now - w->warned[oldest].logged < AGW_WARN_REPEAT_S) {
+        w->warned_others++;
+        return;
+    }
     w->warned[oldest].hash = h, w->warned[oldest].logged = now, w->warned[oldest].repeats = 0;
-    agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
+    unsigned others = w->warned_others;
+    w->warned_others = 0;
+    if (others)
+        agw_log(AGW_LOG_WARN, "worker %d: %s (%u other response header warnings were left out before it: at most "
+                "%zu distinct ones are written per %.0f s)", w->id, msg, others, n, AGW_WARN_REPEAT_S);
+    else
+        agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
 }
 
 /* core.respond(rid, status, headers, body, is_json, default_type, server_timing)

@@ -142,6 +142,7 @@ struct agw_worker {
         double logged;                     /* ev_now() when last written; 0 = free */
         unsigned repeats;                  /* suppressed since */
     } warned[16];
+    unsigned warned_others;                /* distinct warnings left out while all 16 were recent */
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     int access_fd;                         /* access log, -1 when off */

@@ -308,6 +308,26 @@ describe("response headers", function()
     assert.matches("dropped response header 'server': the script also set 'Server'", logs, 1, true)
   end)
 
+  it("of other types are dropped with a warning, the same by agg.page, and metamethods are not called", function()
+    gw:stub("a", "/x", { json = { n = 1 } })
+    for _, path in ipairs { "/headers/odd", "/headers/page-odd" } do
+      local page = gw:get(path)
+      assert.equal(200, page.status)
+      assert.equal("1", page.headers["x-ok"])
+      assert.equal("5", page.headers["x-num"])
+      for _, absent in ipairs { "x-bool", "x-tab", "x-fn", "1", "true" } do
+        assert.is_nil(page.headers[absent], path .. ": " .. absent)
+      end
+    end
+    local logs = table.concat(gw:logs(), "\n")
+    for _, msg in ipairs { "dropped response header 'x-tab': its value is a table",
+                           "dropped response header 'x-bool': its value is a boolean",
+                           "dropped a response header whose name is a number" } do
+      local _, n = logs:gsub(msg:gsub("%p", "%%%0"), "")
+      assert.equal(2, n, msg)
+    end
+  end)
+
   it("of agg.page follow the same rules, and the page contract's own headers win", function()
     gw:stub("a", "/x", { json = { n = 1 } })
     local page = gw:get("/headers/page")

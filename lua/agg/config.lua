@@ -3,6 +3,8 @@
 -- Every option has a default; a misspelt key, a wrong type or a value out of range is an error
 -- message "scripts/gateway.lua:LINE: where: what is wrong; what to do". All errors are collected,
 -- not only the first.
+local sys = require "agg.sys"
+
 local M = {}
 
 local UPSTREAM_DEFAULTS = {
@@ -124,11 +126,9 @@ function M.check(cfg, src, file)
         else
           local path = v
           if path:sub(1, 1) ~= "/" then path = (file:match("^(.*)/[^/]*$") or ".") .. "/" .. path end
-          local f = io.open(path, "rb")
-          local text = f and f:read(1048576)
-          if f then f:close() end
+          local text, why = sys.read_file(path, 1048576)
           if not text then
-            err(kline, kwhere, "cannot read " .. path); ok = false
+            err(kline, kwhere, "cannot read " .. path .. ": " .. why); ok = false
           elseif not text:find("-----BEGIN CERTIFICATE-----", 1, true) then
             err(kline, kwhere, path .. " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"); ok = false
           else
@@ -197,11 +197,9 @@ function M.check(cfg, src, file)
                 local kline = find_line(lines, kind, tline) or tline
                 e[kind .. "_line"] = kline
                 if path:sub(1, 1) ~= "/" then path = dir .. "/" .. path end
-                local f = io.open(path, "rb")
-                local text = f and f:read(65536)
-                if f then f:close() end
+                local text, why = sys.read_file(path, 65536)
                 if not text then
-                  err(kline, where .. ".tls." .. kind, "cannot read " .. path)
+                  err(kline, where .. ".tls." .. kind, "cannot read " .. path .. ": " .. why)
                 elseif not text:find("-----BEGIN", 1, true) then
                   err(kline, where .. ".tls." .. kind, path .. " is not a PEM file")
                 end

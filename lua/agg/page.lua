@@ -23,7 +23,7 @@ local SUMMARY_MT = json.ordered({ "status", "error" }, "agg.page section")
 local function set_header(headers, name, value, spelt)
   if spelt then
     for k in pairs(headers) do
-      if k ~= name and #k == #name and k:lower() == name then headers[k] = nil end
+      if type(k) == "string" and k ~= name and #k == #name and k:lower() == name then headers[k] = nil end
     end
   end
   headers[name] = value
@@ -34,7 +34,7 @@ local function has_header(headers, name, spelt)
   if headers[name] ~= nil then return true end
   if spelt then
     for k in pairs(headers) do
-      if #k == #name and k:lower() == name then return true end
+      if type(k) == "string" and #k == #name and k:lower() == name then return true end
     end
   end
   return false
@@ -102,9 +102,11 @@ function M.page(results, opts)
     if sec then body[k] = sec end
   end
   local headers = new_tab(0, 4)
-  local spelt = opts and opts.headers ~= nil -- the names as the script spelt them: the transport settles them
+  -- the names and values as the script gave them: the transport settles them as a plain
+  -- response's (tostring would send a table or function value as "table: 0x...")
+  local spelt = opts and opts.headers ~= nil
   if spelt then
-    for k, v in pairs(opts.headers) do headers[tostring(k)] = tostring(v) end
+    for k, v in pairs(opts.headers) do headers[k] = v end
   end
   local status
   if failed_required then

@@ -111,6 +111,15 @@ BAD_RESPONSES = 'local agg = require "agg"\nreturn {\n' + ",\n".join(
                           'return { status = 200, headers = h, body = "x" } end)()'),
         ("/spellings", '{ status = 200, headers = { ["Content-Type"] = "text/csv", ["content-type"] = "text/plain", '
                        '["CONTENT-TYPE"] = "text/html" }, body = "x" }'),
+        ("/many-bad", '(function() local h = { ["x-ok"] = "1" } for i = 1, 20 do h["x bad " .. i] = "v" end '
+                      'return { status = 200, headers = h, body = "x" } end)()'),
+        ("/counter-bad/{n}", '{ status = 200, headers = { ["x bad " .. req.params.n] = "v", ["x-ok"] = "1" }, '
+                             'body = "x" }'),
+        ("/odd-types", '{ status = 200, headers = setmetatable({ [1] = "one", [true] = "t", [{}] = "tab", '
+                       '["x-num"] = 5, ["x-bool"] = true, ["x-tab"] = {}, ["x-fn"] = print, ["x-ok"] = "1", '
+                       '["x-\226\130\172"] = "euro" }, { __index = function() error("index") end, '
+                       '__pairs = function() error("pairs") end, __len = function() error("len") end, '
+                       '__newindex = function() error("newindex") end }), body = "x" }'),
         ("/date-server", '{ status = 200, headers = { Date = "Thu, 01 Jan 2015 00:00:00 GMT", '
                          'Server = "catalog/1.0", server = "other" }, body = "x" }'),
     ]) + "\n}\n"
@@ -255,6 +264,31 @@ class ScriptResponseFraming(GatewayTestCase):
                          log)
         self.assertEqual(log.count("dropped response header 'content-type': the script also set 'CONTENT-TYPE'"), 1,
                          log)
+
+    def test_many_distinct_header_warnings_cannot_flood_the_log(self):
+        # more distinct warnings than the 16 a worker remembers, on every response (20 bad names),
+        # or a bad name that changes with every request: at most 16 lines per 10 s (one worker)
+        for i in range(10):
+            self.assertEqual(self.get("/many-bad").status, 200)
+        for i in range(30):
+            r = self.get("/counter-bad/%d" % i)
+            self.assertEqual((r.status, r.headers.get("x-ok")), (200, "1"))
+        log = self.gw.log()
+        self.assertLessEqual(log.count("dropped invalid response header"), 16, log[-3000:])
+        self.assertEqual(log.count("dropped invalid response header 'x bad 7'"), 1, log[-3000:])
+
+    def test_header_values_and_keys_of_other_types_and_metatables_on_the_headers_table(self):
+        # numbers are sent as text; other types and non-string keys are left out; the headers
+        # table is read raw (its metamethods are never called)
+        for proto, status, fields in self.fields_over_both("/odd-types"):
+            where = "%s /odd-types" % proto
+            self.assertEqual(status, 200, where)
+            self.assertOneField(fields, "x-ok", "1", where)
+            self.assertOneField(fields, "x-num", "5", where)
+            names = [k for k, _ in fields]
+            for absent in ("x-bool", "x-tab", "x-fn", "1", "true"):
+                self.assertNotIn(absent, names, where)
+        self.assertEqual(self.get("/ok").status, 200)
 
     def test_a_script_date_header_is_dropped_and_the_gateways_is_sent_once(self):
         # h2o writes its own Date on every response and cannot be told not to: a script's would be

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import ssl
+import subprocess
 import sys
 import time
 
@@ -200,6 +201,51 @@ class CertificateReload(ReloadCase):
         self.assertEqual(self.seen(early), cert_b)
         self.assertPage(early, 9)
         self.assertTrue(wait_until(lambda: self.reload_record()["generations_live"] == 1, WAIT), self.reload_record())
+
+    def test_a_fifo_device_or_directory_at_a_certificate_path_fails_the_reload_at_once(self):
+        # opening a FIFO waits for a writer and /dev/zero never ends: the reload (and with it the
+        # main thread, which also handles SIGTERM) must not wait on either
+        b_cert, b_key, cert_b = self.make_cert("B")
+        self.install(b_cert, b_key)
+        self.reload_ok(2)
+        cert_line, key_line = self.gateway_line("cert = "), self.gateway_line("key = ")
+        cases = [
+            ("a FIFO as the certificate", self.cert, lambda p: os.mkfifo(p), cert_line, "cert",
+             "not a regular file"),
+            ("a symlink to /dev/zero as the key", self.key, lambda p: os.symlink("/dev/zero", p), key_line, "key",
+             "not a regular file"),
+            ("a directory as the certificate", self.cert, lambda p: os.mkdir(p), cert_line, "cert", "a directory"),
+        ]
+        failures = 0
+        for what, path, make, line, kind, why in cases:
+            with self.subTest(what):
+                os.remove(path)
+                make(path)
+                failures += 1
+                rec = self.reload_fails(failures)
+                self.assertRegex("\n".join(rec["last_reload"]["errors"]),
+                                 r"gateway\.lua:%d: listen\[2\]\.tls\.%s: cannot read %s: %s"
+                                 % (line, kind, re.escape(path), why))
+                self.assertServes(cert_b, n=2, what="after " + what)
+                os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+                self.install(b_cert, b_key)
+        self.reload_ok(3)
+        self.assertServes(cert_b, n=2, what="files back")
+
+    def test_an_expired_certificate_is_served_with_a_warning(self):
+        # an operator may have nothing better at hand: the reload takes it, and the log says so
+        key = os.path.join(self.workdir, "exp-key.pem")
+        csr, cert = os.path.join(self.workdir, "exp.csr"), os.path.join(self.workdir, "exp-cert.pem")
+        for cmd in (["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj",
+                     "/CN=expired"],
+                    ["openssl", "x509", "-req", "-in", csr, "-signkey", key, "-out", cert, "-days", "-1"]):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        expired = self.named("expired", der_of(cert))
+        self.install(cert, key)
+        self.reload_ok(2)
+        self.assertServes(expired, n=2, what="expired")
+        self.assertRegex(self.gw.log(), r"warn reload: new TLS connections on 0\.0\.0\.0:%d get the certificate %s "
+                         r"\(subject CN=expired, expires [^)]*\); it has EXPIRED" % (self.tls_port, re.escape(self.cert)))
 
 
 if __name__ == "__main__":
