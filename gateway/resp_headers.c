@@ -149,7 +149,32 @@ void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_r
         /* (the key is tested by type, never converted: lua_next needs it as it is) */
         const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nl) : NULL;
         const char *value = vt == LUA_TSTRING || vt == LUA_TNUMBER ? lua_tolstring(L, -1, &vl) : NULL;
-        if (name == NULL || value == NULL) {
+        if (name != NULL && vt == LUA_TTABLE) {
+            /* a list of values: one field each, in the list's order (Set-Cookie, RFC 6265 §3) */
+            size_t len = lua_objlen(L, -1);
+            char shown[80];
+            if (len == 0)
+                warnf(warn, data, "dropped response header '%s': its value is an empty list",
+                      printable(name, nl, shown, sizeof(shown)));
+            for (size_t i = 1; i <= len; i++) {
+                lua_rawgeti(L, -1, (int)i);
+                int et = lua_type(L, -1);
+                if (et != LUA_TSTRING && et != LUA_TNUMBER) {
+                    warnf(warn, data, "dropped value %zu of response header '%s': it is a %s (a value must be a "
+                          "string or a number)", i, printable(name, nl, shown, sizeof(shown)), lua_typename(L, et));
+                } else if (++count > AGW_RESP_HEADERS_MAX) {
+                    if (count == AGW_RESP_HEADERS_MAX + 1)
+                        warnf(warn, data, "a script gave more than %d response headers; the rest are dropped",
+                              AGW_RESP_HEADERS_MAX);
+                    lua_pop(L, 1);
+                    break;
+                } else {
+                    const char *v = lua_tolstring(L, -1, &vl); /* a copy on the stack: converting it is safe */
+                    nc += (size_t)take(set, &cand[nc], name, nl, v, vl, warn, data);
+                }
+                lua_pop(L, 1);
+            }
+        } else if (name == NULL || value == NULL) {
             char shown[80];
             if (name)
                 warnf(warn, data, "dropped response header '%s': its value is a %s (a value must be a string or a "
@@ -178,7 +203,9 @@ void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_r
     for (size_t i = 0, first = 0; i < nc; i++) {
         const candidate_t *c = &cand[i];
         const candidate_t *f = &cand[first];
-        if (i > 0 && c->name_len == f->name_len && memcmp(base + c->name, base + f->name, c->name_len) == 0) {
+        /* another value of the same list keeps the same spelling (a table has each key once) */
+        if (i > 0 && c->name_len == f->name_len && memcmp(base + c->name, base + f->name, c->name_len) == 0 &&
+            memcmp(base + c->orig, base + f->orig, c->name_len) != 0) {
             warnf(warn, data, "dropped response header '%s': the script also set '%s', whose value is kept (names "
                   "are case-insensitive: of several spellings, the one that sorts first bytewise wins)",
                   printable(base + c->orig, c->name_len, shown, sizeof(shown)),
@@ -227,10 +254,23 @@ static int l_apply(lua_State *L)
     if (lua_istable(L, 1))
         agw_resp_headers_read(&set, L, 1, on_warning, L);
     lua_createtable(L, 0, (int)set.n);
-    for (size_t i = 0; i < set.n; i++) {
+    for (size_t i = 0; i < set.n;) {
+        size_t j = i + 1; /* set.h[i .. j-1]: the fields of one name (several when its value was a list) */
+        while (j < set.n && set.h[j].name_len == set.h[i].name_len &&
+               memcmp(set.h[j].name, set.h[i].name, set.h[i].name_len) == 0)
+            j++;
         lua_pushlstring(L, set.h[i].name, set.h[i].name_len);
-        lua_pushlstring(L, set.h[i].value, set.h[i].value_len);
+        if (j - i == 1) {
+            lua_pushlstring(L, set.h[i].value, set.h[i].value_len);
+        } else {
+            lua_createtable(L, (int)(j - i), 0);
+            for (size_t k = i; k < j; k++) {
+                lua_pushlstring(L, set.h[k].value, set.h[k].value_len);
+                lua_rawseti(L, -2, (int)(k - i + 1));
+            }
+        }
         lua_rawset(L, -3);
+        i = j;
     }
     agw_resp_headers_free(&set);
     lua_insert(L, 2);

@@ -9,7 +9,7 @@
  *     (content-length, transfer-encoding, connection, keep-alive, upgrade, proxy-connection, te,
  *     trailer; RFC 9110 §7.6.1), and `date`: h2o 2.2.5 writes its own Date on every response over
  *     HTTP/1.1 and HTTP/2 and cannot be told not to, so a script's would be a second one;
- *   - keeps one field per name: names are case-insensitive (RFC 9110 §5.1), so when a table holds
+ *   - keeps one table entry per name: names are case-insensitive (RFC 9110 §5.1), so when a table holds
  *     several spellings of one name (`Content-Type` and `content-type`), the value of the spelling
  *     that sorts first bytewise is kept (upper case sorts before lower case, so `Content-Type` wins
  *     over `content-type`) and each other spelling is dropped with a warning. Lua's table order
@@ -49,7 +49,8 @@ typedef struct agw_resp_header {
 /* The headers of one response. The caller owns it and may reuse it for the next response (its
  * bytes keep their allocation); agw_resp_headers_free releases the bytes. */
 typedef struct agw_resp_headers {
-    agw_resp_header_t h[AGW_RESP_HEADERS_MAX]; /* sorted by name, one per name */
+    agw_resp_header_t h[AGW_RESP_HEADERS_MAX]; /* sorted by name; one name per table entry (several
+                                                  fields of a list value, in its order) */
     size_t n;                                  /* entries in h */
     agw_buf_t bytes;                           /* names and values h points into */
 } agw_resp_headers_t;
@@ -60,21 +61,24 @@ typedef struct agw_resp_headers {
 typedef void (*agw_resp_headers_warn_cb)(void *data, const char *msg);
 
 /* Reads the headers table at index idx of L into set (replacing what it held), by the rules
- * above. Entries whose name is not a string or whose value is neither a string nor a number are
- * ignored without a warning. Each dropped header is reported to warn(data, msg) (warn may be
+ * above. A value is a string, a number, or a list of them: a list gives one field per element, in
+ * its order (several Set-Cookie fields, RFC 6265 §3; each element counts towards
+ * AGW_RESP_HEADERS_MAX). An entry whose name is not a string or whose value is none of these, and
+ * a list element that is not a string or number, are dropped with a warning. Each dropped header is reported to warn(data, msg) (warn may be
  * NULL). Does not raise Lua errors and leaves the Lua stack as it found it. Aborts the process on
  * allocation failure (as agw_buf does). */
 void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_resp_headers_warn_cb warn,
                            void *data);
 
-/* The header named name (lowercase, len bytes) in set, or NULL. */
+/* The (first) header named name (lowercase, len bytes) in set, or NULL. */
 const agw_resp_header_t *agw_resp_headers_find(const agw_resp_headers_t *set, const char *name, size_t len);
 
 /* Releases the bytes of set; set is empty afterwards (and may be used again). */
 void agw_resp_headers_free(agw_resp_headers_t *set);
 
 /* Opens the "agg.resp_headers" module, the reader for the spec harness:
- *   apply(headers | nil) -> table (lowercased name -> value), list of warning strings
+ *   apply(headers | nil) -> table (lowercased name -> value, or a list of values for a name sent
+ *   as several fields), list of warning strings
  *   local h, warnings = require("agg.resp_headers").apply { ["Content-Type"] = "text/csv",
  *                                                           ["content-type"] = "text/plain" }
  *   -- h = { ["content-type"] = "text/csv" }, warnings[1] names the dropped 'content-type'

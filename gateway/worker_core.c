@@ -483,7 +483,7 @@ static int l_respond(lua_State *L)
     int completed = marker ? marker->value_len == 4 && memcmp(marker->value, "true", 4) == 0 : -1;
     size_t tl;
     const char *type = lua_tolstring(L, 6, &tl);
-    if (!has_type && type)
+    if (!has_type && type && status != 204 && status != 304) /* no body: nothing to type */
         add_header(req, "content-type", 12, type, tl);
     size_t sl;
     const char *timing = lua_tolstring(L, 7, &sl);

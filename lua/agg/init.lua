@@ -26,7 +26,8 @@
 --     local r = agg.fetch_then({ "product", "/products/42" }, function(p) return { "reviews", "/reviews/" .. p.data.sku } end)
 --     if r.ok then … end
 --
--- agg.fetch(spec) -> result        one call on its own: agg.fetch_all({ x = spec }).x
+-- agg.fetch(spec) -> result        one call on its own: agg.fetch_all({ [upstream] = spec })[upstream]
+--                                  (its problems and Server-Timing entry name the upstream)
 --
 -- agg.page(results [, opts]) -> response     the page contract (see agg/page.lua, DESIGN §2.2)
 --

@@ -850,10 +850,13 @@ function M.fetch_all(tbl)
   return (fetch_all_at(tbl, "agg.fetch_all", 2))
 end
 
---- agg.fetch (see agg/init.lua): one call on its own; errors point at the script's line.
+--- agg.fetch (see agg/init.lua): one call on its own; errors point at the script's line. It has no
+-- section key of its own, so its problems, span and Server-Timing entry are named after the
+-- upstream ("reviews did not answer in time"), not after a placeholder.
 function M.fetch(spec)
   if type(spec) ~= "table" then error("agg.fetch expects a call spec", 2) end
-  return fetch_all_at({ result = spec }, "agg.fetch", 2).result
+  local key = type(spec[1]) == "string" and spec[1] or "result"
+  return fetch_all_at({ [key] = spec }, "agg.fetch", 2)[key]
 end
 
 -- Runs a continuation for section key of group g with the dependency results args.

@@ -180,7 +180,7 @@ function Gateway:install()
     local h, warnings = resp_headers.apply(headers)
     for _, msg in ipairs(warnings) do gw.log_lines[#gw.log_lines + 1] = "warn: " .. msg end
     if status == 204 or status == 304 then body = "" end
-    if default_type and not h["content-type"] then h["content-type"] = default_type end
+    if default_type and not h["content-type"] and status ~= 204 and status ~= 304 then h["content-type"] = default_type end
     if timing then h["server-timing"] = timing end
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
     gw.open = gw.open - 1

@@ -390,7 +390,7 @@ def nghttp(url, *args, timeout=CURL_TIMEOUT):
     out = p.stdout.decode(errors="replace")
     headers = {}
     status = 0
-    for m in re.finditer(r"recv \(stream_id=\d+\) (:?[\w-]+): (.*)", out):
+    for m in re.finditer(r"recv \(stream_id=\d+(?:, sensitive)?\) (:?[\w-]+): (.*)", out):
         name, value = m.group(1).lower(), m.group(2).strip()
         if name == ":status":
             status = int(value)
@@ -401,10 +401,11 @@ def nghttp(url, *args, timeout=CURL_TIMEOUT):
 def h2c_fields(url, *args, timeout=CURL_TIMEOUT):
     """GETs url with nghttp (h2c prior knowledge); returns (status, [(name, value)] of every response
     header field as received, pseudo-headers left out, raw output text). Unlike nghttp()'s dict,
-    the list keeps a name that came twice."""
+    the list keeps a name that came twice (and the fields HPACK marks never-indexed, as h2o does
+    set-cookie: nghttp prints them "sensitive")."""
     status, _headers, out = nghttp(url, *args, timeout=timeout)
     fields = [(m.group(1).lower(), m.group(2).strip())
-              for m in re.finditer(r"recv \(stream_id=\d+\) ([\w-]+): (.*)", out)]
+              for m in re.finditer(r"recv \(stream_id=\d+(?:, sensitive)?\) ([\w-]+): (.*)", out)]
     return status, fields, out
 
 

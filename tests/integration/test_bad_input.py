@@ -120,6 +120,7 @@ BAD_RESPONSES = 'local agg = require "agg"\nreturn {\n' + ",\n".join(
                        '["x-\226\130\172"] = "euro" }, { __index = function() error("index") end, '
                        '__pairs = function() error("pairs") end, __len = function() error("len") end, '
                        '__newindex = function() error("newindex") end }), body = "x" }'),
+        ("/cookies", '{ status = 200, headers = { ["Set-Cookie"] = { "a=1; Path=/", "b=2; Path=/" } }, body = "x" }'),
         ("/date-server", '{ status = 200, headers = { Date = "Thu, 01 Jan 2015 00:00:00 GMT", '
                          'Server = "catalog/1.0", server = "other" }, body = "x" }'),
     ]) + "\n}\n"
@@ -185,6 +186,7 @@ class ScriptResponseFraming(GatewayTestCase):
         status, headers, _ = self.assertNextResponseIntact("/s204")
         self.assertEqual(status, 204)
         self.assertNotIn("content-length", [k.lower() for k, _ in headers], headers)
+        self.assertNotIn("content-type", [k.lower() for k, _ in headers], headers)  # no body to type
 
     def test_status_304_from_a_script_has_no_body_and_keeps_the_connection_framed(self):
         status, _h, _b = self.assertNextResponseIntact("/s304")
@@ -289,6 +291,13 @@ class ScriptResponseFraming(GatewayTestCase):
             for absent in ("x-bool", "x-tab", "x-fn", "1", "true"):
                 self.assertNotIn(absent, names, where)
         self.assertEqual(self.get("/ok").status, 200)
+
+    def test_a_list_value_gives_one_field_per_element_in_order(self):
+        # several Set-Cookie fields cannot be joined into one (RFC 6265 §3)
+        for proto, status, fields in self.fields_over_both("/cookies"):
+            self.assertEqual(status, 200, proto)
+            self.assertEqual([v for k, v in fields if k == "set-cookie"], ["a=1; Path=/", "b=2; Path=/"],
+                             "%s: %r" % (proto, fields))
 
     def test_a_script_date_header_is_dropped_and_the_gateways_is_sent_once(self):
         # h2o writes its own Date on every response and cannot be told not to: a script's would be
