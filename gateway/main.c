@@ -33,7 +33,7 @@ static int cmd_check(const char *dir, int quiet)
     agw_buf_t errors = AGW_BUF_INIT;
     if (agw_config_load(dir, &conf, &errors) != 0) {
         fprintf(stderr, "%s", errors.base ? errors.base : "configuration failed to load\n");
-        fprintf(stderr, "aggway: %s is not valid; nothing was started\n", dir);
+        fprintf(stderr, "aggway: %s is not valid (see the errors above)\n", dir);
         agw_buf_free(&errors);
         return 1;
     }
