@@ -277,7 +277,10 @@ class ScriptResponseFraming(GatewayTestCase):
             self.assertEqual((r.status, r.headers.get("x-ok")), (200, "1"))
         log = self.gw.log()
         self.assertLessEqual(log.count("dropped invalid response header"), 16, log[-3000:])
-        self.assertEqual(log.count("dropped invalid response header 'x bad 7'"), 1, log[-3000:])
+        self.assertGreaterEqual(log.count("dropped invalid response header"), 1, log[-3000:])
+        # which 16 of the 20 names are written depends on Lua's table order; none is written twice
+        for i in range(1, 21):
+            self.assertLessEqual(log.count("dropped invalid response header 'x bad %d'" % i), 1, log[-3000:])
 
     def test_header_values_and_keys_of_other_types_and_metatables_on_the_headers_table(self):
         # numbers are sent as text; other types and non-string keys are left out; the headers
