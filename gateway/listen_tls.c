@@ -1,16 +1,15 @@
 /* listen_tls.c: server TLS contexts of the listeners (see listen_tls.h). */
 #include "listen_tls.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <h2o.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
+
+#include "file.h"
 
 /* OpenSSL's reason for the oldest error in the queue, or dflt when it is empty. */
 static const char *queued_reason(const char *dflt)
@@ -29,24 +28,17 @@ static int no_passphrase(char *buf, int size, int rwflag, void *asked)
     return 0;
 }
 
-/* 1 when path is a regular file that can be opened for reading; else 0 with why "cannot read
- * PATH: reason". Opened without blocking: a FIFO (whose open waits for a writer), a device (whose
- * reads may never end) or a directory is refused at once. */
+/* 1 when path is a regular file that can be opened for reading; else 0 with why "cannot read the
+ * WHAT PATH: reason" (agw_file_open_regular: a FIFO, a device or a directory is refused at once). */
 static int readable(const char *what, const char *path, char *why, size_t cap)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    struct stat st;
     const char *reason = NULL;
-    if (fd < 0 || fstat(fd, &st) != 0)
-        reason = strerror(errno);
-    else if (!S_ISREG(st.st_mode))
-        reason = S_ISDIR(st.st_mode) ? "a directory" : "not a regular file (a FIFO, a socket or a device)";
-    if (fd >= 0)
-        close(fd);
-    if (reason) {
+    int fd = agw_file_open_regular(path, &reason);
+    if (fd < 0) {
         snprintf(why, cap, "cannot read the %s %s: %s", what, path, reason);
         return 0;
     }
+    close(fd);
     return 1;
 }
 

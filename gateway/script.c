@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <lauxlib.h>
 #include <lualib.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "breaker.h"
+#include "file.h"
 #include "json.h"
 #include "resp_headers.h"
 
@@ -104,21 +104,14 @@ static int l_monotonic_s(lua_State *L)
 }
 
 /* read_file(path, max) -> the first max bytes of the regular file at path ("" when it is empty),
- * or nil, why. The file is opened without blocking and must be a regular file (symlinks followed):
- * a FIFO, a device or a directory is refused at once, never waited on or read without end. */
+ * or nil, why. The file must be a regular file (agw_file_open_regular): a FIFO, a device or a
+ * directory is refused at once, never waited on or read without end. */
 static int l_read_file(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
     size_t max = (size_t)luaL_checkinteger(L, 2);
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    struct stat st;
     const char *why = NULL;
-    if (fd < 0)
-        why = strerror(errno);
-    else if (fstat(fd, &st) != 0)
-        why = strerror(errno);
-    else if (!S_ISREG(st.st_mode))
-        why = S_ISDIR(st.st_mode) ? "a directory" : "not a regular file (a FIFO, a socket or a device)";
+    int fd = agw_file_open_regular(path, &why);
     char *buf = why ? NULL : malloc(max ? max : 1);
     size_t len = 0;
     if (why == NULL && buf == NULL)
