@@ -48,8 +48,6 @@ int agw_listen_socket(const char *what, const char *host, int port, int reuse, i
     return fd;
 }
 
-/* SO_REUSEPORT would let this process share a port that another gateway already serves: bind it
- * once without that option first, so a port in use is an error at start-up. */
 /* The Server header of the gateway's responses (RFC 9110 §10.2.4). */
 #define SERVER_NAME "aggway"
 
@@ -67,6 +65,8 @@ static void on_setup_server_header(h2o_filter_t *self, h2o_req_t *req, h2o_ostre
     h2o_setup_next_ostream(req, slot);
 }
 
+/* SO_REUSEPORT would let this process share a port that another gateway already serves: bind it
+ * once without that option first, so a port in use is an error at start-up. */
 static int port_is_free(const agw_listen_conf_t *l)
 {
     int fd = agw_listen_socket("listen", l->host, l->port, 0, 1024);
