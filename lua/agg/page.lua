@@ -18,12 +18,17 @@ local M = {}
 local SECTION_MT = json.ordered({ "status", "data", "error" }, "agg.page section")
 local SUMMARY_MT = json.ordered({ "status", "error" }, "agg.page section")
 
+-- True when key k of a headers table is a spelling of name (lowercase).
+local function spells(k, name)
+  return type(k) == "string" and #k == #name and k:lower() == name
+end
+
 -- Sets header name (lowercase) of a page to value. When the script gave extra headers (spelt), any
 -- other spelling of name goes first: the page contract's own headers win over the script's.
 local function set_header(headers, name, value, spelt)
   if spelt then
     for k in pairs(headers) do
-      if type(k) == "string" and k ~= name and #k == #name and k:lower() == name then headers[k] = nil end
+      if k ~= name and spells(k, name) then headers[k] = nil end
     end
   end
   headers[name] = value
@@ -34,7 +39,7 @@ local function has_header(headers, name, spelt)
   if headers[name] ~= nil then return true end
   if spelt then
     for k in pairs(headers) do
-      if type(k) == "string" and #k == #name and k:lower() == name then return true end
+      if spells(k, name) then return true end
     end
   end
   return false
@@ -58,8 +63,8 @@ end
 --        anything else), body application/problem+json with a `sections` member
 --   502 (504 if every failure was a timeout)  no section has any data
 -- opts (optional): { headers = { name = value } } extra response headers, names in any case; they
--- pass the transport's rules as a plain response's do (gateway/resp_headers.h: one field per name,
--- the spelling that sorts first bytewise wins), and the headers the page contract sets
+-- pass the transport's rules as a plain response's do (gateway/resp_headers.h: one spelling per
+-- name, the one that sorts first bytewise wins; a list value gives one field per element), and the headers the page contract sets
 -- (x-aggregation-completed, cache-control: no-store of a partial or failed page, content-type of a
 -- failed page) replace every spelling of theirs.
 function M.page(results, opts)
