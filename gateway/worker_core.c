@@ -483,7 +483,9 @@ static int l_respond(lua_State *L)
     int completed = marker ? marker->value_len == 4 && memcmp(marker->value, "true", 4) == 0 : -1;
     size_t tl;
     const char *type = lua_tolstring(L, 6, &tl);
-    if (!has_type && type && status != 204 && status != 304) /* no body: nothing to type */
+    int no_body = status == 204 || status == 304; /* no body, and no Content-Length to promise one
+                                                      (RFC 9110 §8.6): nothing to type either */
+    if (!has_type && type && !no_body)
         add_header(req, "content-type", 12, type, tl);
     size_t sl;
     const char *timing = lua_tolstring(L, 7, &sl);
@@ -492,7 +494,7 @@ static int l_respond(lua_State *L)
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
     agw_worker_stop_client_watch(rr);
-    if (status == 204 || status == 304) /* no body, and no Content-Length to promise one (RFC 9110 §8.6) */
+    if (no_body)
         body_len = 0;
     else
         req->res.content_length = body_len;

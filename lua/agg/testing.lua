@@ -174,13 +174,14 @@ function Gateway:install()
       if not s then return nil, err end
       body = s
     end
-    -- the C transport's own reader (gateway/resp_headers.h): lowercased names, one field per name
-    -- (the spelling that sorts first bytewise wins), invalid, framing and date headers dropped; its
-    -- warnings go to gw:logs() as the gateway's go to its log
+    -- the C transport's own reader (gateway/resp_headers.h): lowercased names, one spelling per
+    -- name (the one that sorts first bytewise wins; a list value is several fields), invalid,
+    -- framing and date headers dropped; its warnings go to gw:logs() as the gateway's go to its log
     local h, warnings = resp_headers.apply(headers)
     for _, msg in ipairs(warnings) do gw.log_lines[#gw.log_lines + 1] = "warn: " .. msg end
-    if status == 204 or status == 304 then body = "" end
-    if default_type and not h["content-type"] and status ~= 204 and status ~= 304 then h["content-type"] = default_type end
+    local no_body = status == 204 or status == 304
+    if no_body then body = "" end
+    if default_type and not h["content-type"] and not no_body then h["content-type"] = default_type end
     if timing then h["server-timing"] = timing end
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
     gw.open = gw.open - 1
