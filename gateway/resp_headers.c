@@ -134,6 +134,17 @@ static int before(const char *base, const candidate_t *a, const candidate_t *b)
     return memcmp(base + a->orig, base + b->orig, a->name_len) < 0;
 }
 
+/* Counts one more field; 1 while the count is within AGW_RESP_HEADERS_MAX, else 0 (warning once,
+ * at the first field over it). */
+static int within_cap(size_t *count, agw_resp_headers_warn_cb warn, void *data)
+{
+    if (++*count <= AGW_RESP_HEADERS_MAX)
+        return 1;
+    if (*count == AGW_RESP_HEADERS_MAX + 1)
+        warnf(warn, data, "a script gave more than %d response headers; the rest are dropped", AGW_RESP_HEADERS_MAX);
+    return 0;
+}
+
 void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_resp_headers_warn_cb warn, void *data)
 {
     candidate_t cand[AGW_RESP_HEADERS_MAX];
@@ -162,10 +173,7 @@ void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_r
                 if (et != LUA_TSTRING && et != LUA_TNUMBER) {
                     warnf(warn, data, "dropped value %zu of response header '%s': it is a %s (a value must be a "
                           "string or a number)", i, printable(name, nl, shown, sizeof(shown)), lua_typename(L, et));
-                } else if (++count > AGW_RESP_HEADERS_MAX) {
-                    if (count == AGW_RESP_HEADERS_MAX + 1)
-                        warnf(warn, data, "a script gave more than %d response headers; the rest are dropped",
-                              AGW_RESP_HEADERS_MAX);
+                } else if (!within_cap(&count, warn, data)) {
                     lua_pop(L, 1);
                     break;
                 } else {
@@ -182,11 +190,7 @@ void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_r
             else
                 warnf(warn, data, "dropped a response header whose name is a %s (a name must be a string)",
                       lua_typename(L, lua_type(L, -2)));
-        } else if (++count > AGW_RESP_HEADERS_MAX) {
-            if (count == AGW_RESP_HEADERS_MAX + 1)
-                warnf(warn, data, "a script gave more than %d response headers; the rest are dropped",
-                      AGW_RESP_HEADERS_MAX);
-        } else {
+        } else if (within_cap(&count, warn, data)) {
             nc += (size_t)take(set, &cand[nc], name, nl, value, vl, warn, data);
         }
         lua_pop(L, 1);
