@@ -58,6 +58,9 @@ typedef struct conn {
     SSL *ssl;                    /* https:// upstreams: the TLS connection; NULL for http:// */
     unsigned tls_failed : 1;     /* a TLS error ended it: its session is not to be resumed */
     agw_h1_response_t resp;      /* the response being read; buffers reused call after call */
+    struct conn *batch_next;     /* the pool's batch, while its request waits for agw_batch_flush */
+    struct conn *batch_prev;
+    unsigned batched : 1;        /* on the batch list */
 } conn_t;
 
 struct agw_call {
@@ -91,6 +94,8 @@ struct agw_pool {
     agw_call_t *calls;           /* every live call */
     agw_call_t *qhead, *qtail;   /* wait queue, FIFO */
     agw_pool_stats_t stats;      /* counters only; open/idle/pending filled on demand */
+    agw_batch_t *batch;          /* where requests on kept-alive connections wait to be written
+                                    (agw_pool_set_batch); NULL: written when the call starts */
     SSL_SESSION *session;        /* https:// upstreams: the last session the upstream issued,
                                     offered by the next new connection (NULL: none yet) */
     int depth;                   /* 1 while a callback runs */
@@ -147,6 +152,31 @@ static void idle_remove(agw_pool_t *pool, conn_t *c)
     pool->nidle--;
 }
 
+static void batch_push(agw_batch_t *b, conn_t *c)
+{
+    c->batch_next = NULL;
+    c->batch_prev = b->tail;
+    if (b->tail)
+        b->tail->batch_next = c;
+    else
+        b->head = c;
+    b->tail = c;
+    c->batched = 1;
+}
+
+static void batch_remove(agw_batch_t *b, conn_t *c)
+{
+    if (c->batch_prev)
+        c->batch_prev->batch_next = c->batch_next;
+    else
+        b->head = c->batch_next;
+    if (c->batch_next)
+        c->batch_next->batch_prev = c->batch_prev;
+    else
+        b->tail = c->batch_prev;
+    c->batched = 0;
+}
+
 static void queue_push(agw_pool_t *pool, agw_call_t *call)
 {
     call->state = CALL_QUEUED;
@@ -201,6 +231,8 @@ static void conn_watch(conn_t *c, int events)
 static void conn_close(conn_t *c)
 {
     agw_pool_t *pool = c->pool;
+    if (c->batched)
+        batch_remove(pool->batch, c);
     ev_io_stop(pool->loop, &c->io);
     ev_timer_stop(pool->loop, &c->timer);
     if (c->ssl) {
@@ -506,7 +538,29 @@ static void call_assign(agw_call_t *call)
     pool->stats.reused++;
     conn_bind(c, call);
     c->state = CONN_SENDING;
-    conn_send(c);
+    if (pool->batch)
+        batch_push(pool->batch, c); /* written by agw_batch_flush, with the others of this iteration */
+    else
+        conn_send(c);
+}
+
+void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch)
+{
+    pool->batch = batch;
+}
+
+size_t agw_batch_flush(agw_batch_t *batch)
+{
+    size_t n = 0;
+    conn_t *c;
+    /* one at a time from the head: a write may deliver a callback (an upstream that answered and
+     * closed before reading), which may queue or close other connections */
+    while ((c = batch->head) != NULL) {
+        batch_remove(batch, c);
+        conn_send(c);
+        n++;
+    }
+    return n;
 }
 
 /* Serves the wait queue while connections are free. */
@@ -788,6 +842,19 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
 {
     conn_t *c = w->data;
     agw_pool_t *pool = c->pool;
+    if (c->batched) {
+        /* bytes or EOF before our request went out (the loop polled before agw_batch_flush): no
+         * answer to it, and the connection is done (over TLS, unless it was a record without data,
+         * as for an idle connection); the call takes another, as from a stale idle connection
+         * (call_assign) */
+        if (c->ssl && conn_tls_idle_record(c))
+            return;
+        agw_call_t *call = c->call;
+        conn_close(c);
+        call_assign(call);
+        pump(pool);
+        return;
+    }
     switch (c->state) {
     case CONN_IDLE:
         /* the upstream closed it (or sent bytes no one asked for); over TLS it may also have sent

@@ -172,6 +172,36 @@ typedef struct agw_call_req {
     uint64_t timeout_ms;            /* whole-call timeout, ms (0 fails at once with TIMEOUT) */
 } agw_call_req_t;
 
+/* Write coalescing: one wake-up of an upstream per loop iteration, not one per request.
+ *
+ * A pool given a batch (agw_pool_set_batch) does not write a request on a kept-alive connection
+ * when its call starts: it queues the connection on the batch, and the loop's owner writes every
+ * queued request with agw_batch_flush() before the loop waits for events (from a libev prepare
+ * watcher, after everything else that iteration has done). The requests a loop iteration makes
+ * (three calls of each of the pages it handled) then reach an upstream close together: the
+ * upstream process, woken by the first, finds the others already there, where one write per call
+ * woke it (and made the gateway pay for waking it) again and again. Redis writes its replies
+ * the same way, before it sleeps. A request waits at most until the end of the iteration that
+ * made it; a call on a new connection writes when its connect completes, as without a batch.
+ *
+ * A connection that gets bytes or EOF while its request is queued (possible only when the owner
+ * lets the loop poll before flushing) is closed, and its call takes another connection, as for an
+ * idle connection found stale. One batch may serve every pool on a loop; pools and batch must be
+ * used from that loop's thread only. agw_pool_destroy removes the pool's connections from it. */
+typedef struct agw_batch {
+    struct conn *head, *tail;       /* queued connections, oldest first (zero: empty) */
+} agw_batch_t;
+
+/* Queues this pool's requests on kept-alive connections on batch (not owned; it must outlive the
+ * pool or be unset first); NULL (the default) writes each when its call starts. Set it before the
+ * first call. */
+void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch);
+
+/* Writes every request queued on batch, oldest first, and returns how many. A write that finds
+ * the upstream's answer already in (it answered and closed without reading) may deliver that
+ * call's callback from inside; failures are delivered from the loop as usual. */
+size_t agw_batch_flush(agw_batch_t *batch);
+
 /* Creates a pool for conf on loop. conf must outlive the pool. Returns NULL on allocation
  * failure. */
 agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *conf);

@@ -46,14 +46,23 @@ static void on_uv_timer(struct ev_loop *loop, ev_timer *t, int revents)
     run_uv(t->data);
 }
 
-/* Before libev sleeps: run what libuv has due now, then arm a timer for libuv's next deadline. */
+/* Before libev waits: run what libuv has due now, write the upstream requests and send the
+ * responses this iteration made (agw_batch_flush, agw_worker_flush_responses: all at once, see
+ * upstream.h), then arm a timer for libuv's next deadline. The flush comes after every run of
+ * libuv, whose requests may start calls; a write that finds an answer already in may run a script
+ * that starts more or responds, so it repeats until nothing is queued. */
 static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
 {
     (void)revents;
     agw_worker_t *w = p->data;
     int timeout, rounds = 0;
-    while ((timeout = uv_backend_timeout(&w->uvloop)) == 0 && rounds++ < 4)
+    for (;;) {
+        while (agw_batch_flush(&w->batch) + agw_worker_flush_responses(w) > 0)
+            ;
+        if ((timeout = uv_backend_timeout(&w->uvloop)) != 0 || rounds++ == 4)
+            break;
         run_uv(w);
+    }
     ev_timer_stop(loop, &w->uv_timer);
     if (timeout >= 0) {
         ev_timer_set(&w->uv_timer, timeout / 1000.0, 0.);
@@ -237,9 +246,56 @@ static void watch_client(reqref_t *rr, h2o_req_t *req)
     }
 }
 
+static void out_remove(agw_worker_t *w, reqref_t *rr)
+{
+    if (rr->out_prev)
+        rr->out_prev->out_next = rr->out_next;
+    else
+        w->out_head = rr->out_next;
+    if (rr->out_next)
+        rr->out_next->out_prev = rr->out_prev;
+    else
+        w->out_tail = rr->out_prev;
+    rr->out_queued = 0;
+}
+
+void agw_worker_queue_response(reqref_t *rr, const char *body, size_t len)
+{
+    agw_worker_t *w = rr->w;
+    rr->out = h2o_strdup(&rr->req->pool, body, len);
+    rr->out_next = NULL;
+    rr->out_prev = w->out_tail;
+    if (w->out_tail)
+        w->out_tail->out_next = rr;
+    else
+        w->out_head = rr;
+    w->out_tail = rr;
+    rr->out_queued = 1;
+}
+
+size_t agw_worker_flush_responses(agw_worker_t *w)
+{
+    static h2o_generator_t generator = {NULL, NULL}; /* the whole body goes in one h2o_send */
+    size_t n = 0;
+    reqref_t *rr;
+    while ((rr = w->out_head) != NULL) {
+        out_remove(w, rr);
+        h2o_req_t *req = rr->req;
+        h2o_start_response(req, &generator);
+        if (h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD")))
+            h2o_send(req, NULL, 0, 1);
+        else
+            h2o_send(req, &rr->out, 1, 1);
+        n++;
+    }
+    return n;
+}
+
 static void on_req_dispose(void *p)
 {
     reqref_t *rr = p;
+    if (rr->out_queued)
+        out_remove(rr->w, rr);
     __atomic_sub_fetch(&rr->w->inflight, 1, __ATOMIC_RELAXED);
     agw_worker_stop_client_watch(rr);
     if (rr->rid == 0) {
@@ -315,6 +371,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     rr->endpoint = endpoint;
     rr->started = ev_now(w->loop);
     rr->logline = NULL;
+    rr->out_queued = 0;
     if (w->access_fd >= 0 && (rr->logline = malloc(req->method.len + req->path.len + 2)) != NULL) {
         memcpy(rr->logline, req->method.base, req->method.len);
         rr->logline[req->method.len] = '\0';

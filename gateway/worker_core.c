@@ -523,7 +523,7 @@ static int l_respond(lua_State *L)
     } else {
         agw_worker_record_request(w, rr, status, body_len, NULL, 0, timing, timing ? sl : 0);
     }
-    h2o_send_inline(req, body, body_len);
+    agw_worker_queue_response(rr, body, body_len);
     lua_pushboolean(L, 1);
     return 1;
 }

@@ -92,6 +92,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
             agw_upstream_conf_copy(&p->conf, &conf->upstreams[i]);
             if ((p->pool = agw_pool_create(w->loop, &p->conf)) == NULL)
                 abort();
+            agw_pool_set_batch(p->pool, &w->batch);
             p->refs = 1;
             g->pools[i] = p;
         }

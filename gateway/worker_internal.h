@@ -68,6 +68,9 @@ typedef struct reqref {
     agw_trace_t *trace; /* the request's spans (trace.h), until the request is recorded */
     const char *tracestate; /* the incoming tracestate to pass on (valid, in the request's memory), or NULL */
     size_t tracestate_len;
+    h2o_iovec_t out;    /* the response body (in the request's memory) while the response is queued */
+    struct reqref *out_next, *out_prev; /* worker's out queue (agw_worker_queue_response), oldest first */
+    int out_queued;     /* on that queue */
 } reqref_t;
 
 /* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */
@@ -106,6 +109,10 @@ struct agw_worker {
     ev_io uv_io;
     ev_timer uv_timer;
     ev_prepare uv_prepare;
+    agw_batch_t batch;                     /* upstream requests of this iteration (upstream.h), written
+                                              by on_prepare before the loop waits */
+    struct reqref *out_head, *out_tail;    /* responses of this iteration, sent by on_prepare
+                                              (agw_worker_queue_response) */
     ev_async stop_async;
     ev_async drain_async;                  /* agw_worker_drain(): close the listeners */
     int draining;                          /* set by on_drain, read on this thread only */
@@ -158,6 +165,17 @@ struct agw_worker {
                                               in arrival order (see watch_client) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
 };
+
+/* Queues the response of rr's request, whose status and headers are set, with body (copied into
+ * the request's memory; len bytes): on_prepare sends it with the others of this loop iteration,
+ * after the iteration's upstream requests went out (agw_worker_flush_responses). Sending them
+ * together means one wake-up of a client that waits on several, as for upstreams (upstream.h:
+ * write coalescing). A request that h2o disposes first (its client left) is dropped from the
+ * queue. HEAD responses go without the body. */
+void agw_worker_queue_response(reqref_t *rr, const char *body, size_t len);
+
+/* Sends the queued responses, oldest first. Returns how many. */
+size_t agw_worker_flush_responses(agw_worker_t *w);
 
 /* At most this many sections of a page are counted (partial pages) and logged. */
 #define ALOG_MAX_SECTIONS 64

@@ -794,6 +794,107 @@ static void idle_connection_with_unread_bytes_is_not_reused(void)
     srv_stop(&srv);
 }
 
+/* Write coalescing (upstream.h): with a batch, a request on a kept-alive connection waits for
+ * agw_batch_flush; requests on new connections go out when their connect completes. */
+static void batched_requests_wait_for_the_flush(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0}, c = {0};
+    agw_batch_t batch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a); /* a new connection: not batched */
+    CHECK(wait_for(&a.done, 1, 3.0));
+    CHECK(a.outcome == AGW_CALL_OK && srv.requests == 1);
+    agw_call_start(pool, &req, on_done, &b);
+    agw_call_start(pool, &req, on_done, &c); /* the only idle connection is taken: a new one */
+    CHECK(wait_for(&c.done, 1, 3.0));
+    CHECK(c.outcome == AGW_CALL_OK && c.reused == 0);
+    run_for(0.05);
+    CHECK(b.done == 0 && srv.requests == 2); /* b's request is still queued */
+    CHECK(agw_batch_flush(&batch) == 1);
+    CHECK(agw_batch_flush(&batch) == 0);
+    CHECK(wait_for(&b.done, 1, 3.0));
+    CHECK(b.outcome == AGW_CALL_OK && b.reused == 1);
+    CHECK_STR(b.body, "hello");
+    CHECK(srv.requests == 3 && srv.accepted == 2);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+/* The upstream closes a kept-alive connection while a request waits on it for the flush (the loop
+ * polled first): nothing was sent, so the call takes a new connection, whatever its method. */
+static void batched_connection_closed_before_the_flush_takes_another(const char *method)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t first = {0}, second = {0};
+    agw_batch_t batch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/close-after");
+    agw_call_start(pool, &req, on_done, &first);
+    CHECK(wait_for(&first.done, 1, 3.0));
+    CHECK(first.outcome == AGW_CALL_OK && stats(pool).idle == 1); /* EOF not seen yet */
+    agw_call_req_t next = get("/ok");
+    next.method = method;
+    agw_call_start(pool, &next, on_done, &second);
+    CHECK(wait_for(&second.done, 1, 3.0)); /* the loop sees the EOF, then connects anew */
+    CHECK(second.outcome == AGW_CALL_OK && second.reused == 0);
+    CHECK_STR(second.body, "hello");
+    CHECK(srv.accepted == 2 && srv.requests == 2);
+    CHECK(agw_batch_flush(&batch) == 0);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.open == 1 && st.idle == 1 && st.retried == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void batched_get_on_closed_connection_takes_another(void)
+{
+    batched_connection_closed_before_the_flush_takes_another("GET");
+}
+
+static void batched_post_on_closed_connection_takes_another(void)
+{
+    batched_connection_closed_before_the_flush_takes_another("POST");
+}
+
+/* Cancelling a call, or destroying its pool, takes its request off the batch. */
+static void cancel_and_destroy_leave_the_batch(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0}, c = {0};
+    agw_batch_t batch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a);
+    agw_call_start(pool, &req, on_done, &b);
+    CHECK(wait_for(&b.done, 1, 3.0) && wait_for(&a.done, 1, 3.0));
+    CHECK(stats(pool).idle == 2);
+    agw_call_t *cb = agw_call_start(pool, &req, on_done, &b);
+    agw_call_start(pool, &req, on_done, &c);
+    CHECK(batch.head != NULL && batch.head != batch.tail);
+    agw_call_cancel(cb);
+    CHECK(batch.head != NULL && batch.head == batch.tail);
+    agw_pool_destroy(pool);
+    CHECK(batch.head == NULL && batch.tail == NULL);
+    CHECK(agw_batch_flush(&batch) == 0);
+    run_for(0.05);
+    CHECK(b.done == 1 && c.done == 0 && srv.requests == 2);
+    srv_stop(&srv);
+}
+
 /* The callback reuses its own connection for a new call and cancels it, which closes that
  * connection, before it reads the result: the result must still be intact. */
 static void on_reuse_then_cancel(agw_call_t *call, const agw_call_result_t *r, void *data)
@@ -902,6 +1003,10 @@ int main(void)
     RUN(bytes_after_a_response_that_filled_the_read_buffer_are_no_answer);
     RUN(idle_connection_with_unread_bytes_is_not_reused);
     RUN(destroy_cancels_everything_without_callbacks);
+    RUN(batched_requests_wait_for_the_flush);
+    RUN(batched_get_on_closed_connection_takes_another);
+    RUN(batched_post_on_closed_connection_takes_another);
+    RUN(cancel_and_destroy_leave_the_batch);
 
     ev_timer_stop(loop, &guard);
     ev_loop_destroy(loop);
