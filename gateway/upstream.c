@@ -373,6 +373,7 @@ static void call_discard(agw_call_t *call)
 }
 
 static void pool_free_if_dying(agw_pool_t *pool);
+static void pump(agw_pool_t *pool);
 
 /* ---- connect, send -------------------------------------------------------------------- */
 
@@ -554,10 +555,16 @@ size_t agw_batch_flush(agw_batch_t *batch)
     size_t n = 0;
     conn_t *c;
     /* one at a time from the head: a write may deliver a callback (an upstream that answered and
-     * closed before reading), which may queue or close other connections */
+     * closed before reading), which may queue or close other connections and destroy this pool;
+     * afterwards the pool is freed or serves its queue, as after any callback (on_conn_io) */
     while ((c = batch->head) != NULL) {
+        agw_pool_t *pool = c->pool;
         batch_remove(batch, c);
         conn_send(c);
+        if (pool->dying)
+            pool_free_if_dying(pool);
+        else
+            pump(pool);
         n++;
     }
     return n;
@@ -850,6 +857,7 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
         if (c->ssl && conn_tls_idle_record(c))
             return;
         agw_call_t *call = c->call;
+        pool->stats.reused--; /* it carried no request: call_assign counts the next pick */
         conn_close(c);
         call_assign(call);
         pump(pool);

@@ -184,17 +184,20 @@ typedef struct agw_call_req {
  * the same way, before it sleeps. A request waits at most until the end of the iteration that
  * made it; a call on a new connection writes when its connect completes, as without a batch.
  *
- * A connection that gets bytes or EOF while its request is queued (possible only when the owner
- * lets the loop poll before flushing) is closed, and its call takes another connection, as for an
- * idle connection found stale. One batch may serve every pool on a loop; pools and batch must be
- * used from that loop's thread only. agw_pool_destroy removes the pool's connections from it. */
+ * A queued connection keeps the rules of a kept-alive one: if the upstream closed it after the
+ * loop last polled, the write or the read finds out, and an idempotent call is retried once on a
+ * new connection. Only an owner that lets the loop poll before flushing can see an event on a
+ * queued connection; it is then closed and the call takes another connection (nothing was sent),
+ * as for an idle connection found stale. One batch may serve every pool on a loop; pools and
+ * batch must be used from that loop's thread only. agw_pool_destroy removes the pool's
+ * connections from it. */
 typedef struct agw_batch {
     struct conn *head, *tail;       /* queued connections, oldest first (zero: empty) */
 } agw_batch_t;
 
 /* Queues this pool's requests on kept-alive connections on batch (not owned; it must outlive the
- * pool or be unset first); NULL (the default) writes each when its call starts. Set it before the
- * first call. */
+ * pool); NULL (the default) writes each when its call starts. Set it before the first call: it
+ * must not change while one of the pool's requests is queued. */
 void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch);
 
 /* Writes every request queued on batch, oldest first, and returns how many. A write that finds

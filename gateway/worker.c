@@ -57,8 +57,11 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
     agw_worker_t *w = p->data;
     int timeout, rounds = 0;
     for (;;) {
-        while (agw_batch_flush(&w->batch) + agw_worker_flush_responses(w) > 0)
-            ;
+        size_t n;
+        do { /* upstream requests first: their upstreams start on them while responses go out */
+            n = agw_batch_flush(&w->batch);
+            n += agw_worker_flush_responses(w);
+        } while (n > 0);
         if ((timeout = uv_backend_timeout(&w->uvloop)) != 0 || rounds++ == 4)
             break;
         run_uv(w);

@@ -851,7 +851,7 @@ static void batched_connection_closed_before_the_flush_takes_another(const char 
     CHECK(srv.accepted == 2 && srv.requests == 2);
     CHECK(agw_batch_flush(&batch) == 0);
     agw_pool_stats_t st = stats(pool);
-    CHECK(st.open == 1 && st.idle == 1 && st.retried == 0);
+    CHECK(st.open == 1 && st.idle == 1 && st.retried == 0 && st.reused == 0);
     agw_pool_destroy(pool);
     srv_stop(&srv);
 }

@@ -127,6 +127,36 @@ static void keep_alive_over_tls_needs_one_handshake(void)
     srv_stop(&srv);
 }
 
+/* Write coalescing over TLS: a request on a kept-alive connection waits for agw_batch_flush, then
+ * goes out as an SSL_write like any other. */
+static void batched_request_over_tls_waits_for_the_flush(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_upstream_tls_t tls;
+    agw_batch_t batch = {0};
+    rec_t a = {0}, b = {0};
+    srv_start_tls(&srv, trusted_ctx);
+    tls_conf_init(&conf, &tls, srv.port, "localhost");
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a); /* a new connection: sent after its handshake */
+    CHECK(wait_for(&a.done, 1, 5.0));
+    CHECK(a.outcome == AGW_CALL_OK && srv.requests == 1);
+    agw_call_start(pool, &req, on_done, &b);
+    run_for(0.05);
+    CHECK(b.done == 0 && srv.requests == 1);
+    CHECK(agw_batch_flush(&batch) == 1);
+    CHECK(wait_for(&b.done, 1, 5.0));
+    CHECK(b.outcome == AGW_CALL_OK && b.reused == 1);
+    CHECK_STR(b.body, "hello");
+    CHECK(srv.accepted == 1 && srv.handshakes == 1 && srv.requests == 2);
+    agw_pool_destroy(pool);
+    agw_upstream_tls_free(&tls);
+    srv_stop(&srv);
+}
+
 static void tls_record_without_data_keeps_idle_connection(void)
 {
     srv_t srv;
@@ -593,6 +623,7 @@ int main(void)
 
     RUN(https_call_gives_status_headers_body);
     RUN(keep_alive_over_tls_needs_one_handshake);
+    RUN(batched_request_over_tls_waits_for_the_flush);
     RUN(tls_record_without_data_keeps_idle_connection);
     RUN(tls_record_after_a_response_is_no_answer_to_the_next_call);
     RUN(reconnect_resumes_the_tls_session);
