@@ -930,8 +930,24 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     agw_call_t *call = w->data;
     agw_pool_t *pool = call->pool;
-    (void)loop;
     (void)revents;
+    if (call->state != CALL_FAILING && call->conn && call->conn->state == CONN_READING &&
+        ev_is_pending(&call->conn->io)) {
+        /* the request went out and the answer came in the poll that made this timer due: libev
+         * runs the timer first (it was queued last), so read what came before calling the upstream
+         * late. An answer in
+         * hand is the result (without this, a busy loop iteration turned answers that had arrived
+         * into timeouts, and those opened breakers of healthy upstreams) */
+        conn_t *c = call->conn;
+        ev_clear_pending(loop, &c->io);
+        if (!conn_read(c)) { /* the call completed (or failed) and was delivered */
+            if (pool->dying)
+                pool_free_if_dying(pool);
+            else
+                pump(pool);
+            return;
+        }
+    }
     if (call->state != CALL_FAILING) {
         const char *where = "waiting for a connection";
         size_t got = 0;

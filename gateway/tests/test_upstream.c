@@ -368,6 +368,55 @@ static void call_times_out_on_hanging_upstream(void)
     srv_stop(&srv);
 }
 
+/* The answer and the call's timeout come in the same loop iteration (the loop was busy past the
+ * timeout, and the answer came before the loop polled again): libev would run the timer first.
+ * The answer that is in is the result, not a timeout. */
+static void answer_in_hand_when_the_timeout_fires_is_the_result(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/hang");
+    req.timeout_ms = 100;
+    agw_call_start(pool, &req, on_done, &rec);
+    run_for(0.03);
+    CHECK(srv.requests == 1 && srv.conns != NULL && rec.done == 0);
+    static const char answer[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nlate!";
+    CHECK(send(srv.conns->fd, answer, sizeof(answer) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(answer) - 1);
+    usleep(150000); /* the loop is busy elsewhere past the call's timeout */
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "late!");
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.open == 1 && st.idle == 1); /* a clean answer: the connection is kept */
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+/* A timeout with nothing in is still a timeout, and the connection goes. */
+static void timeout_with_nothing_in_is_a_timeout(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/hang");
+    req.timeout_ms = 100;
+    agw_call_start(pool, &req, on_done, &rec);
+    run_for(0.03);
+    usleep(150000);
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(rec.outcome == AGW_CALL_TIMEOUT);
+    CHECK(stats(pool).open == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 static void zero_timeout_fails_from_the_loop(void)
 {
     srv_t srv;
@@ -983,6 +1032,8 @@ int main(void)
     RUN(connect_timeout_counts_from_the_connect_not_from_the_loop_iteration);
     RUN(call_times_out_on_hanging_upstream);
     RUN(zero_timeout_fails_from_the_loop);
+    RUN(answer_in_hand_when_the_timeout_fires_is_the_result);
+    RUN(timeout_with_nothing_in_is_a_timeout);
     RUN(cancel_closes_connection_without_callback);
     RUN(cancel_queued_call_leaves_queue_without_callback);
     RUN(crlf_nul_in_path_or_header_rejected_before_sending);
