@@ -249,31 +249,11 @@ static void watch_client(reqref_t *rr, h2o_req_t *req)
     }
 }
 
-static void out_remove(agw_worker_t *w, reqref_t *rr)
-{
-    if (rr->out_prev)
-        rr->out_prev->out_next = rr->out_next;
-    else
-        w->out_head = rr->out_next;
-    if (rr->out_next)
-        rr->out_next->out_prev = rr->out_prev;
-    else
-        w->out_tail = rr->out_prev;
-    rr->out_queued = 0;
-}
-
 void agw_worker_queue_response(reqref_t *rr, const char *body, size_t len)
 {
     agw_worker_t *w = rr->w;
     rr->out = h2o_strdup(&rr->req->pool, body, len);
-    rr->out_next = NULL;
-    rr->out_prev = w->out_tail;
-    if (w->out_tail)
-        w->out_tail->out_next = rr;
-    else
-        w->out_head = rr;
-    w->out_tail = rr;
-    rr->out_queued = 1;
+    h2o_linklist_insert(&w->out_queue, &rr->out_link); /* before the anchor: last */
 }
 
 size_t agw_worker_flush_responses(agw_worker_t *w)
@@ -281,8 +261,9 @@ size_t agw_worker_flush_responses(agw_worker_t *w)
     static h2o_generator_t generator = {NULL, NULL}; /* the whole body goes in one h2o_send */
     size_t n = 0;
     reqref_t *rr;
-    while ((rr = w->out_head) != NULL) {
-        out_remove(w, rr);
+    while (!h2o_linklist_is_empty(&w->out_queue)) {
+        rr = H2O_STRUCT_FROM_MEMBER(reqref_t, out_link, w->out_queue.next);
+        h2o_linklist_unlink(&rr->out_link);
         h2o_req_t *req = rr->req;
         h2o_start_response(req, &generator);
         if (h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD")))
@@ -297,8 +278,8 @@ size_t agw_worker_flush_responses(agw_worker_t *w)
 static void on_req_dispose(void *p)
 {
     reqref_t *rr = p;
-    if (rr->out_queued)
-        out_remove(rr->w, rr);
+    if (h2o_linklist_is_linked(&rr->out_link))
+        h2o_linklist_unlink(&rr->out_link);
     __atomic_sub_fetch(&rr->w->inflight, 1, __ATOMIC_RELAXED);
     agw_worker_stop_client_watch(rr);
     if (rr->rid == 0) {
@@ -374,7 +355,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     rr->endpoint = endpoint;
     rr->started = ev_now(w->loop);
     rr->logline = NULL;
-    rr->out_queued = 0;
+    rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
     if (w->access_fd >= 0 && (rr->logline = malloc(req->method.len + req->path.len + 2)) != NULL) {
         memcpy(rr->logline, req->method.base, req->method.len);
         rr->logline[req->method.len] = '\0';
@@ -532,6 +513,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     ev_io_start(w->loop, &w->uv_io);
     ev_init(&w->uv_timer, on_uv_timer);
     w->uv_timer.data = w;
+    h2o_linklist_init_anchor(&w->out_queue);
     ev_prepare_init(&w->uv_prepare, on_prepare);
     w->uv_prepare.data = w;
     ev_prepare_start(w->loop, &w->uv_prepare);

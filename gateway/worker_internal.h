@@ -69,8 +69,7 @@ typedef struct reqref {
     const char *tracestate; /* the incoming tracestate to pass on (valid, in the request's memory), or NULL */
     size_t tracestate_len;
     h2o_iovec_t out;    /* the response body (in the request's memory) while the response is queued */
-    struct reqref *out_next, *out_prev; /* worker's out queue (agw_worker_queue_response), oldest first */
-    int out_queued;     /* on that queue */
+    h2o_linklist_t out_link; /* on the worker's out queue (agw_worker_queue_response) while linked */
 } reqref_t;
 
 /* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */
@@ -111,8 +110,8 @@ struct agw_worker {
     ev_prepare uv_prepare;
     agw_batch_t batch;                     /* upstream requests of this iteration (upstream.h), written
                                               by on_prepare before the loop waits */
-    struct reqref *out_head, *out_tail;    /* responses of this iteration, sent by on_prepare
-                                              (agw_worker_queue_response) */
+    h2o_linklist_t out_queue;              /* responses of this iteration, oldest first, sent by
+                                              on_prepare (agw_worker_queue_response) */
     ev_async stop_async;
     ev_async drain_async;                  /* agw_worker_drain(): close the listeners */
     int draining;                          /* set by on_drain, read on this thread only */
