@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <ev.h>
 #include <limits.h>
+#include <liburing.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
@@ -61,7 +62,14 @@ typedef struct conn {
     struct conn *batch_next;     /* the pool's batch, while its request waits for agw_batch_flush */
     struct conn *batch_prev;
     unsigned batched : 1;        /* on the batch list */
+    unsigned rq : 2;             /* RQ_*: on the batch's read lists (ring only) */
+    struct conn *rq_next;        /* the batch's list of reads to make, then of reads made */
+    struct conn *rq_prev;
+    int rres;                    /* RQ_LANDED: what the read returned (bytes, 0: EOF, -errno) */
+    unsigned rslot;              /* RQ_LANDED: the batch's buffer it read into */
 } conn_t;
+
+enum { RQ_NONE, RQ_WAITING, RQ_LANDED };
 
 struct agw_call {
     agw_pool_t *pool;
@@ -177,6 +185,34 @@ static void batch_remove(agw_batch_t *b, conn_t *c)
     c->batched = 0;
 }
 
+/* The batch's read lists: RQ_WAITING on rhead/rtail, RQ_LANDED on lhead/ltail. */
+static void rq_push(agw_batch_t *b, conn_t *c, unsigned rq)
+{
+    conn_t **head = rq == RQ_WAITING ? &b->rhead : &b->lhead, **tail = rq == RQ_WAITING ? &b->rtail : &b->ltail;
+    c->rq_next = NULL;
+    c->rq_prev = *tail;
+    if (*tail)
+        (*tail)->rq_next = c;
+    else
+        *head = c;
+    *tail = c;
+    c->rq = rq;
+}
+
+static void rq_remove(agw_batch_t *b, conn_t *c)
+{
+    conn_t **head = c->rq == RQ_WAITING ? &b->rhead : &b->lhead, **tail = c->rq == RQ_WAITING ? &b->rtail : &b->ltail;
+    if (c->rq_prev)
+        c->rq_prev->rq_next = c->rq_next;
+    else
+        *head = c->rq_next;
+    if (c->rq_next)
+        c->rq_next->rq_prev = c->rq_prev;
+    else
+        *tail = c->rq_prev;
+    c->rq = RQ_NONE;
+}
+
 static void queue_push(agw_pool_t *pool, agw_call_t *call)
 {
     call->state = CALL_QUEUED;
@@ -233,6 +269,8 @@ static void conn_close(conn_t *c)
     agw_pool_t *pool = c->pool;
     if (c->batched)
         batch_remove(pool->batch, c);
+    if (c->rq != RQ_NONE)
+        rq_remove(pool->batch, c);
     ev_io_stop(pool->loop, &c->io);
     ev_timer_stop(pool->loop, &c->timer);
     if (c->ssl) {
@@ -461,6 +499,7 @@ static void conn_tls_send(conn_t *c);
 static int conn_tls_read(conn_t *c);
 static int conn_tls_idle_record(conn_t *c);
 static int conn_read(conn_t *c);
+static int conn_took(conn_t *c, const char *buf, ssize_t n, size_t cap);
 
 /* Sends what is left of the request; then waits for the response. While the socket buffer is
  * full it also watches for reads: an upstream may answer before it has read the whole request (a
@@ -550,10 +589,162 @@ void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch)
     pool->batch = batch;
 }
 
+/* ---- batched system calls (io_uring) -------------------------------------------------- */
+
+#define RING_ENTRIES 64        /* submission queue: sends per submission at most */
+#define SLOT_SIZE READ_BUF_SIZE
+
+int agw_batch_ring_init(agw_batch_t *batch, char *err, size_t errcap)
+{
+    struct io_uring *ring = calloc(1, sizeof(*ring));
+    char *slots = malloc((size_t)AGW_BATCH_READS * SLOT_SIZE);
+    int e = ring && slots ? io_uring_queue_init(RING_ENTRIES, ring, 0) : -ENOMEM;
+    if (e < 0) {
+        snprintf(err, errcap, "io_uring is not available (%s)", strerror(-e));
+        free(ring);
+        free(slots);
+        return -1;
+    }
+    batch->ring = ring;
+    batch->slots = slots;
+    return 0;
+}
+
+void agw_batch_ring_free(agw_batch_t *batch)
+{
+    if (batch->ring) {
+        io_uring_queue_exit(batch->ring);
+        free(batch->ring);
+        batch->ring = NULL;
+    }
+    free(batch->slots);
+    batch->slots = NULL;
+}
+
+/* Submits the k operations prepared on the batch's ring and hands each result to done(). Every
+ * one is a send or recv with MSG_DONTWAIT on a socket, which completes inside the submission, so
+ * the wait does not block. done() runs no callback: nothing the operations point to goes away. */
+static void ring_run(agw_batch_t *b, unsigned k, void (*done)(agw_batch_t *, conn_t *, int))
+{
+    unsigned got = 0;
+    while (got < k) {
+        int e = io_uring_submit_and_wait(b->ring, 1);
+        if (e < 0 && e != -EINTR && e != -EAGAIN && e != -EBUSY) {
+            /* EBADF, EFAULT, EINVAL: the ring itself is broken; operations in flight point to
+             * connections that cannot be given back safely */
+            fprintf(stderr, "aggway: io_uring_enter failed: %s\n", strerror(-e));
+            abort();
+        }
+        struct io_uring_cqe *cqe;
+        unsigned head, n = 0;
+        io_uring_for_each_cqe(b->ring, head, cqe)
+        {
+            done(b, io_uring_cqe_get_data(cqe), cqe->res);
+            n++;
+        }
+        io_uring_cq_advance(b->ring, n);
+        got += n;
+    }
+}
+
+/* A ring write of c's request returned res (bytes or -errno). As conn_send: all sent, wait for the
+ * answer; a full socket buffer, wait to write the rest; an error goes back on the batch, and the
+ * plain path (agw_batch_flush) writes again and acts on what it gets, callbacks and all. */
+static void ring_sent(agw_batch_t *b, conn_t *c, int res)
+{
+    agw_call_t *call = c->call;
+    size_t left = call->req_len - call->sent;
+    if (res > 0)
+        call->sent += (size_t)res;
+    if (res >= 0 && (size_t)res == left) {
+        c->state = CONN_READING;
+        conn_watch(c, EV_READ);
+    } else if (res >= 0 || res == -EAGAIN || res == -EWOULDBLOCK) {
+        c->state = CONN_SENDING;
+        conn_watch(c, EV_READ | EV_WRITE);
+    } else {
+        batch_push(b, c);
+    }
+}
+
+/* A ring read of c returned res: kept on the landed list, parsed once every result is in. */
+static void ring_read(agw_batch_t *b, conn_t *c, int res)
+{
+    c->rres = res;
+    rq_push(b, c, RQ_LANDED);
+}
+
+/* Reads every answer queued by on_conn_io, AGW_BATCH_READS per submission, then parses them in
+ * the order they came. A callback run by one may close connections still on the landed list
+ * (conn_close takes them off); a read that filled its slot goes on with plain reads. */
+static size_t flush_reads(agw_batch_t *b)
+{
+    size_t n = 0;
+    conn_t *c;
+    while (b->rhead) {
+        unsigned k = 0;
+        while (k < AGW_BATCH_READS && (c = b->rhead) != NULL) {
+            rq_remove(b, c);
+            struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring); /* the ring is empty: never NULL */
+            c->rslot = k++;
+            io_uring_prep_recv(sqe, c->fd, b->slots + (size_t)c->rslot * SLOT_SIZE, SLOT_SIZE, MSG_DONTWAIT);
+            io_uring_sqe_set_data(sqe, c);
+        }
+        ring_run(b, k, ring_read);
+        while ((c = b->lhead) != NULL) {
+            agw_pool_t *pool = c->pool;
+            rq_remove(b, c);
+            if (conn_took(c, b->slots + (size_t)c->rslot * SLOT_SIZE, c->rres, SLOT_SIZE) == 2)
+                conn_read(c);
+            if (pool->dying)
+                pool_free_if_dying(pool);
+            else
+                pump(pool);
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Writes the queued requests of plain connections, RING_ENTRIES per submission. Only the entries
+ * queued when it starts: one that failed is put back behind them for the plain path. TLS
+ * connections stay on the batch (OpenSSL writes them). No callback runs here. */
+static size_t flush_sends(agw_batch_t *b)
+{
+    size_t n = 0;
+    conn_t *c = b->head, *last = b->tail;
+    int end = c == NULL;
+    while (!end) {
+        unsigned k = 0;
+        while (!end && k < RING_ENTRIES) {
+            conn_t *next = c->batch_next;
+            end = c == last;
+            if (c->ssl == NULL) {
+                agw_call_t *call = c->call;
+                batch_remove(b, c);
+                struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring);
+                io_uring_prep_send(sqe, c->fd, call->req + call->sent, call->req_len - call->sent,
+                                   MSG_NOSIGNAL | MSG_DONTWAIT);
+                io_uring_sqe_set_data(sqe, c);
+                k++;
+            }
+            c = next;
+        }
+        if (k > 0)
+            ring_run(b, k, ring_sent);
+        n += k;
+    }
+    return n;
+}
+
 size_t agw_batch_flush(agw_batch_t *batch)
 {
     size_t n = 0;
     conn_t *c;
+    if (batch->ring) {
+        n += flush_reads(batch); /* answers first: their scripts may make more requests */
+        n += flush_sends(batch);
+    }
     /* one at a time from the head: a write may deliver a callback (an upstream that answered and
      * closed before reading), which may queue or close other connections and destroy this pool;
      * afterwards the pool is freed or serves its queue, as after any callback (on_conn_io) */
@@ -625,27 +816,28 @@ static void conn_eof(conn_t *c)
 }
 
 /* Whether nothing follows a complete response of which the last read (n bytes) used every byte,
- * so that the connection may carry the next request. A plain read shorter than rbuf drained the
+ * so that the connection may carry the next request. A plain read shorter than its buffer (cap
+ * bytes) drained the
  * socket; one that filled it may have left bytes there, which a peek finds (rare: no syscall in
  * the common case). Over TLS, records OpenSSL has not read may wait in the socket: reading them
  * tells data (an answer to no request) from records without data (a session ticket, a key
  * update), which leave the connection usable. */
-static int conn_drained(conn_t *c, size_t n)
+static int conn_drained(conn_t *c, size_t n, size_t cap)
 {
     if (c->ssl)
         return SSL_pending(c->ssl) == 0 && conn_tls_idle_record(c);
-    if (n < sizeof(c->pool->rbuf))
+    if (n < cap)
         return 1;
     char b;
     return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
-/* Parses the n bytes just read into pool->rbuf. Returns 1 when the response needs more, 0 when
- * the call completed or failed. */
-static inline int conn_got(conn_t *c, size_t n)
+/* Parses the n bytes just read into buf (cap bytes: pool->rbuf, or a ring's slot). Returns 1 when
+ * the response needs more, 0 when the call completed or failed. */
+static inline int conn_got(conn_t *c, const char *buf, size_t n, size_t cap)
 {
     agw_pool_t *pool = c->pool;
-    size_t used = agw_h1_response_feed(&c->resp, pool->rbuf, n);
+    size_t used = agw_h1_response_feed(&c->resp, buf, n);
     agw_call_outcome_t o = agw_h1_response_failed(&c->resp);
     if (o != AGW_CALL_OK) {
         char why[160];
@@ -656,10 +848,38 @@ static inline int conn_got(conn_t *c, size_t n)
     if (c->resp.done) {
         /* clean: the whole request went out (not an early answer) and nothing follows the
          * response, in the bytes read, the socket or TLS's records */
-        conn_complete(c, used == n && c->call->sent == c->call->req_len && conn_drained(c, n));
+        conn_complete(c, used == n && c->call->sent == c->call->req_len && conn_drained(c, n, cap));
         return 0;
     }
     return 1;
+}
+
+/* Acts on what a plain read of c into buf (cap bytes) returned: n > 0 bytes, 0 at EOF, or -errno.
+ * Returns 2 when the response needs more and the socket may hold more (the read filled buf, or
+ * was interrupted), 1 when it needs more, 0 when the call completed or failed (c may be gone). */
+static int conn_took(conn_t *c, const char *buf, ssize_t n, size_t cap)
+{
+    if (n > 0) {
+        if (!conn_got(c, buf, (size_t)n, cap))
+            return 0;
+        return (size_t)n < cap ? 1 : 2; /* drained, or more may wait */
+    }
+    if (n == 0) {
+        conn_eof(c);
+        return 0;
+    }
+    if (n == -EINTR)
+        return 2;
+    if (n == -EAGAIN || n == -EWOULDBLOCK)
+        return 1; /* level-triggered io tells us when there is more */
+    if (n == -ECONNRESET) {
+        conn_lost(c, AGW_CALL_RESET, "connection reset by the upstream");
+    } else {
+        char what[96];
+        snprintf(what, sizeof(what), "read failed (%s)", strerror((int)-n));
+        conn_lost(c, AGW_CALL_RESET, what);
+    }
+    return 0;
 }
 
 /* Reads and parses what the upstream sent. Returns 1 when the response needs more (c still
@@ -669,32 +889,12 @@ static int conn_read(conn_t *c)
     agw_pool_t *pool = c->pool;
     if (c->ssl)
         return conn_tls_read(c);
-    for (;;) {
+    int r;
+    do {
         ssize_t n = read(c->fd, pool->rbuf, sizeof(pool->rbuf));
-        if (n > 0) {
-            if (!conn_got(c, (size_t)n))
-                return 0;
-            if ((size_t)n < sizeof(pool->rbuf))
-                return 1; /* drained; level-triggered io tells us when there is more */
-            continue;
-        }
-        if (n == 0) {
-            conn_eof(c);
-            return 0;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 1;
-        if (errno == ECONNRESET) {
-            conn_lost(c, AGW_CALL_RESET, "connection reset by the upstream");
-        } else {
-            char what[96];
-            snprintf(what, sizeof(what), "read failed (%s)", strerror(errno));
-            conn_lost(c, AGW_CALL_RESET, what);
-        }
-        return 0;
-    }
+        r = conn_took(c, pool->rbuf, n < 0 ? -(ssize_t)errno : n, sizeof(pool->rbuf));
+    } while (r == 2);
+    return r;
 }
 
 /* ---- TLS ------------------------------------------------------------------------------ */
@@ -795,7 +995,7 @@ static int conn_tls_read(conn_t *c)
         ERR_clear_error();
         int n = SSL_read(c->ssl, pool->rbuf, sizeof(pool->rbuf));
         if (n > 0) {
-            if (!conn_got(c, (size_t)n))
+            if (!conn_got(c, pool->rbuf, (size_t)n, sizeof(pool->rbuf)))
                 return 0;
             if (SSL_has_pending(c->ssl))
                 continue;
@@ -901,6 +1101,12 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
             conn_send(c);
         break;
     case CONN_READING:
+        if (c->ssl == NULL && pool->batch && pool->batch->ring) {
+            /* read with every other answer of this iteration (agw_batch_flush) */
+            if (c->rq == RQ_NONE)
+                rq_push(pool->batch, c, RQ_WAITING);
+            return;
+        }
         conn_read(c);
         break;
     }
@@ -932,7 +1138,7 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
     agw_pool_t *pool = call->pool;
     (void)revents;
     if (call->state != CALL_FAILING && call->conn && call->conn->state == CONN_READING &&
-        ev_is_pending(&call->conn->io)) {
+        (ev_is_pending(&call->conn->io) || call->conn->rq == RQ_WAITING)) {
         /* the request went out and the answer came in the poll that made this timer due: libev
          * runs the timer first (it was queued last), so read what came before calling the upstream
          * late. An answer in
@@ -940,6 +1146,8 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
          * into timeouts, and those opened breakers of healthy upstreams) */
         conn_t *c = call->conn;
         ev_clear_pending(loop, &c->io);
+        if (c->rq == RQ_WAITING) /* queued for the batch's read (on_conn_io ran first): read it now */
+            rq_remove(pool->batch, c);
         if (!conn_read(c)) { /* the call completed (or failed) and was delivered */
             if (pool->dying)
                 pool_free_if_dying(pool);

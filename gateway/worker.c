@@ -514,6 +514,20 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     ev_init(&w->uv_timer, on_uv_timer);
     w->uv_timer.data = w;
     h2o_linklist_init_anchor(&w->out_queue);
+    /* the upstream I/O of each loop iteration in batched system calls (io_uring, upstream.h);
+     * AGGWAY_IO_URING=off makes one system call per operation */
+    const char *ring = getenv("AGGWAY_IO_URING");
+    if (ring && strcmp(ring, "on") != 0 && strcmp(ring, "off") != 0) {
+        agw_buf_printf(errors, "AGGWAY_IO_URING=%s: must be on or off (unset: on)\n", ring);
+        return NULL;
+    }
+    if (ring == NULL || strcmp(ring, "on") == 0) {
+        char why[128];
+        if (agw_batch_ring_init(&w->batch, why, sizeof(why)) != 0 && id == 0)
+            agw_log(AGW_LOG_WARN, "upstream I/O: one system call per operation: %s", why);
+    }
+    if (id == 0 && w->batch.ring)
+        agw_log(AGW_LOG_INFO, "upstream I/O: batched per loop iteration (io_uring)");
     ev_prepare_init(&w->uv_prepare, on_prepare);
     w->uv_prepare.data = w;
     ev_prepare_start(w->loop, &w->uv_prepare);
