@@ -521,28 +521,43 @@ static void crlf_nul_in_path_or_header_rejected_before_sending(void)
 }
 
 /* The upstream closes a keep-alive connection right after answering; the client has not read the
- * EOF yet when the next call picks the connection (the race every keep-alive client meets). */
+ * EOF yet when the next call picks the connection (the race every keep-alive client meets). The
+ * first call's callback starts the next one, as a dependent chain does, so the pick comes before
+ * the loop can poll again, whether reads are batched or not. */
+typedef struct reuse_chain {
+    agw_pool_t *pool;
+    const char *method;
+    rec_t first, *second;
+    unsigned idle_at_pick;
+} reuse_chain_t;
+
+static void on_first_then_reuse(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    reuse_chain_t *t = data;
+    on_done(call, r, &t->first);
+    t->idle_at_pick = stats(t->pool).idle;
+    agw_call_req_t next = get("/ok");
+    next.method = t->method;
+    CHECK(agw_call_start(t->pool, &next, on_done, t->second) != NULL);
+}
+
 static void reused_connection_closed_by_upstream(const char *method, rec_t *second,
                                                  agw_pool_stats_t *st, srv_t *srv)
 {
     agw_upstream_conf_t conf;
-    rec_t first = {0};
     srv_start(srv);
     conf_init(&conf, srv->port);
-    agw_pool_t *pool = agw_pool_create(loop, &conf);
-    agw_call_req_t req = get("/close-after");
-    agw_call_start(pool, &req, on_done, &first);
-    CHECK(wait_for(&first.done, 1, 3.0));
-    CHECK(first.outcome == AGW_CALL_OK);
-    CHECK(stats(pool).idle == 1); /* EOF not seen yet */
-    agw_call_req_t next = get("/ok");
-    next.method = method;
     memset(second, 0, sizeof(*second));
-    agw_call_start(pool, &next, on_done, second);
+    reuse_chain_t t = {.method = method, .second = second};
+    t.pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/close-after");
+    agw_call_start(t.pool, &req, on_first_then_reuse, &t);
     CHECK(wait_for(&second->done, 1, 3.0));
+    CHECK(t.first.outcome == AGW_CALL_OK);
+    CHECK(t.idle_at_pick == 1); /* EOF not seen yet */
     run_for(0.02);
-    *st = stats(pool);
-    agw_pool_destroy(pool);
+    *st = stats(t.pool);
+    agw_pool_destroy(t.pool);
     srv_stop(srv);
 }
 
@@ -944,6 +959,126 @@ static void cancel_and_destroy_leave_the_batch(void)
     srv_stop(&srv);
 }
 
+/* ---- batched system calls (io_uring) ----------------------------------------------------- */
+
+/* Runs the loop like wait_for, flushing batch b after every iteration (as the worker's prepare
+ * watcher does before it waits). */
+static int wait_flushing(agw_batch_t *b, const int *counter, int target, double max_s)
+{
+    double end = ev_time() + max_s;
+    while (*counter < target && ev_time() < end) {
+        while (agw_batch_flush(b) > 0) {
+        }
+        if (*counter >= target)
+            break;
+        ev_run(loop, EVRUN_ONCE);
+    }
+    while (agw_batch_flush(b) > 0) {
+    }
+    return *counter >= target;
+}
+
+/* Four answers land in one ring submission; the first one's callback cancels the three other
+ * calls, whose reads are done but not yet parsed: they get no callback, their connections close,
+ * and nothing reads freed memory (the ASan build checks). */
+typedef struct four {
+    agw_call_t *calls[4];
+    rec_t recs[4];
+    int first_seen;
+} four_t;
+
+static four_t *the_four;
+
+static void on_first_of_four_cancels_the_rest(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    four_t *f = the_four;
+    on_done(call, r, data);
+    f->first_seen++;
+    for (int i = 0; i < 4; i++)
+        if (f->calls[i] != call && f->recs[i].done == 0)
+            agw_call_cancel(f->calls[i]);
+}
+
+static void ring_answers_parsed_after_a_callback_cancelled_them_are_dropped(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t b = {0};
+    char why[128];
+    CHECK(agw_batch_ring_init(&b, why, sizeof(why)) == 0);
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &b);
+    four_t f;
+    memset(&f, 0, sizeof(f));
+    the_four = &f;
+    agw_call_req_t req = get("/ok");
+    for (int i = 0; i < 4; i++) /* four connections, then idle */
+        CHECK((f.calls[i] = agw_call_start(pool, &req, on_done, &f.recs[i])) != NULL);
+    for (int i = 0; i < 4; i++)
+        CHECK(wait_flushing(&b, &f.recs[i].done, 1, 3.0));
+    CHECK(stats(pool).idle == 4 && srv.accepted == 4);
+    memset(&f, 0, sizeof(f));
+    for (int i = 0; i < 4; i++) /* on the four kept-alive connections: queued on the batch */
+        CHECK((f.calls[i] = agw_call_start(pool, &req, on_first_of_four_cancels_the_rest, &f.recs[i])) != NULL);
+    CHECK(agw_batch_flush(&b) == 4); /* one submission writes the four requests */
+    for (int i = 0; i < 50 && srv.requests < 8; i++)
+        ev_run(loop, EVRUN_NOWAIT); /* the upstream (same loop) reads them and answers */
+    CHECK(srv.requests == 8);
+    usleep(20000); /* the four answers are in the sockets */
+    ev_run(loop, EVRUN_NOWAIT); /* the loop sees them: four reads queued, none parsed */
+    CHECK(f.first_seen == 0);
+    CHECK(agw_batch_flush(&b) >= 1);
+    CHECK(f.first_seen == 1);
+    int done = 0;
+    for (int i = 0; i < 4; i++)
+        done += f.recs[i].done;
+    CHECK(done == 1);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.open == 1 && st.idle == 1); /* the cancelled three closed their connections */
+    CHECK(b.rhead == NULL && b.lhead == NULL && b.head == NULL);
+    run_for(0.02);
+    agw_pool_destroy(pool);
+    agw_batch_ring_free(&b);
+    srv_stop(&srv);
+}
+
+/* A request queued on a kept-alive connection the upstream has since reset: the ring's write
+ * fails, and the plain path takes over as without a ring: the GET is retried once on a new
+ * connection. */
+static void ring_write_that_fails_goes_on_through_the_plain_path(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t b = {0};
+    rec_t first = {0}, second = {0};
+    char why[128];
+    CHECK(agw_batch_ring_init(&b, why, sizeof(why)) == 0);
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &b);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &first);
+    CHECK(wait_flushing(&b, &first.done, 1, 3.0));
+    CHECK(first.outcome == AGW_CALL_OK && stats(pool).idle == 1 && srv.conns != NULL);
+    agw_call_start(pool, &req, on_done, &second); /* queued on the batch */
+    CHECK(b.head != NULL);
+    struct linger lg = {.l_onoff = 1, .l_linger = 0}; /* the upstream resets the connection */
+    CHECK(setsockopt(srv.conns->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
+    sconn_close(srv.conns);
+    usleep(20000);
+    CHECK(wait_flushing(&b, &second.done, 1, 3.0));
+    CHECK(second.outcome == AGW_CALL_OK && second.reused == 0);
+    CHECK_STR(second.body, "hello");
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.retried == 1 && srv.accepted == 2);
+    agw_pool_destroy(pool);
+    agw_batch_ring_free(&b);
+    srv_stop(&srv);
+}
+
 /* The callback reuses its own connection for a new call and cancels it, which closes that
  * connection, before it reads the result: the result must still be intact. */
 static void on_reuse_then_cancel(agw_call_t *call, const agw_call_result_t *r, void *data)
@@ -1005,10 +1140,11 @@ static void wake(struct ev_loop *l, ev_timer *w, int revents)
     (void)l, (void)w, (void)revents;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     loop = ev_default_loop(0);
+    ring_mode_from_args(argc, argv);
     ev_timer guard; /* wakes the loop so that every bounded wait notices its deadline */
     ev_timer_init(&guard, wake, 0.01, 0.01);
     ev_timer_start(loop, &guard);
@@ -1058,6 +1194,8 @@ int main(void)
     RUN(batched_get_on_closed_connection_takes_another);
     RUN(batched_post_on_closed_connection_takes_another);
     RUN(cancel_and_destroy_leave_the_batch);
+    RUN(ring_answers_parsed_after_a_callback_cancelled_them_are_dropped);
+    RUN(ring_write_that_fails_goes_on_through_the_plain_path);
 
     ev_timer_stop(loop, &guard);
     ev_loop_destroy(loop);

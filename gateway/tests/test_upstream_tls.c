@@ -610,13 +610,14 @@ static void wake(struct ev_loop *l, ev_timer *w, int revents)
     (void)l, (void)w, (void)revents;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     make_certificates();
     trusted_ctx = server_ctx("srv.pem", "srv.key");
     untrusted_ctx = server_ctx("self.pem", "self.key");
     loop = ev_default_loop(0);
+    ring_mode_from_args(argc, argv);
     ev_timer guard; /* wakes the loop so that every bounded wait notices its deadline */
     ev_timer_init(&guard, wake, 0.01, 0.01);
     ev_timer_start(loop, &guard);

@@ -17,7 +17,9 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -30,6 +32,45 @@
 
 static struct ev_loop *loop;
 static int done_flag __attribute__((unused)); /* for callbacks with no record of their own */
+
+/* Ring mode (`test_upstream ring`): every pool the tests create is given ring_batch, a batch with
+ * an io_uring (upstream.h), flushed before the loop waits as the worker does; so each test also
+ * checks its rule with the iteration's I/O batched. Tests that set a batch of their own replace
+ * it (they flush it themselves). */
+static agw_batch_t ring_batch;
+static ev_prepare ring_prepare;
+
+static void ring_on_prepare(struct ev_loop *l, ev_prepare *p, int revents)
+{
+    (void)l, (void)p, (void)revents;
+    while (agw_batch_flush(&ring_batch) > 0) {
+    }
+}
+
+/* Turns ring mode on when argv[1] is "ring"; exits 1 when io_uring is not available (the test
+ * must not pass without testing what it names). */
+static void ring_mode_from_args(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "ring") != 0)
+        return;
+    char why[128];
+    if (agw_batch_ring_init(&ring_batch, why, sizeof(why)) != 0) {
+        fprintf(stderr, "ring mode: %s\n", why);
+        exit(1);
+    }
+    ev_prepare_init(&ring_prepare, ring_on_prepare);
+    ev_prepare_start(loop, &ring_prepare);
+    printf("ring mode: upstream I/O batched through io_uring\n");
+}
+
+static agw_pool_t *test_pool_create(struct ev_loop *l, const agw_upstream_conf_t *conf)
+{
+    agw_pool_t *pool = agw_pool_create(l, conf);
+    if (pool && ring_batch.ring)
+        agw_pool_set_batch(pool, &ring_batch);
+    return pool;
+}
+#define agw_pool_create test_pool_create
 
 /* ---- scripted upstream ---------------------------------------------------------------- */
 
