@@ -674,6 +674,22 @@ static void ring_read(agw_batch_t *b, conn_t *c, int res)
     rq_push(b, c, RQ_LANDED);
 }
 
+/* Reads the queued answers with plain reads, as on_conn_io would have. */
+static void rq_plain(agw_batch_t *b, size_t *n)
+{
+    conn_t *c;
+    while ((c = b->rhead) != NULL) {
+        agw_pool_t *pool = c->pool;
+        rq_remove(b, c);
+        conn_read(c);
+        if (pool->dying)
+            pool_free_if_dying(pool);
+        else
+            pump(pool);
+        (*n)++;
+    }
+}
+
 /* Reads every answer queued by on_conn_io, AGW_BATCH_READS per submission, then parses them in
  * the order they came. A callback run by one may close connections still on the landed list
  * (conn_close takes them off); a read that filled its slot goes on with plain reads. */
@@ -684,12 +700,16 @@ static size_t flush_reads(agw_batch_t *b)
     while (b->rhead) {
         unsigned k = 0;
         while (k < AGW_BATCH_READS && (c = b->rhead) != NULL) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring); /* every submission is drained */
+            if (sqe == NULL)
+                break;
             rq_remove(b, c);
-            struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring); /* the ring is empty: never NULL */
             c->rslot = k++;
             io_uring_prep_recv(sqe, c->fd, b->slots + (size_t)c->rslot * SLOT_SIZE, SLOT_SIZE, MSG_DONTWAIT);
             io_uring_sqe_set_data(sqe, c);
         }
+        if (k == 0) /* no room on the ring (cannot happen): the plain path reads them */
+            rq_plain(b, &n);
         ring_run(b, k, ring_read);
         while ((c = b->lhead) != NULL) {
             agw_pool_t *pool = c->pool;
@@ -721,8 +741,12 @@ static size_t flush_sends(agw_batch_t *b)
             end = c == last;
             if (c->ssl == NULL) {
                 agw_call_t *call = c->call;
+                struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring); /* every submission is drained */
+                if (sqe == NULL) { /* (cannot happen) the plain path writes the rest */
+                    end = 1;
+                    break;
+                }
                 batch_remove(b, c);
-                struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring);
                 io_uring_prep_send(sqe, c->fd, call->req + call->sent, call->req_len - call->sent,
                                    MSG_NOSIGNAL | MSG_DONTWAIT);
                 io_uring_sqe_set_data(sqe, c);
