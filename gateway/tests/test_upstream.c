@@ -961,6 +961,17 @@ static void cancel_and_destroy_leave_the_batch(void)
 
 /* ---- batched system calls (io_uring) ----------------------------------------------------- */
 
+/* Gives b a ring; without io_uring in the kernel says so and returns 0 (the test is skipped: the
+ * gateway then makes one system call per operation, which the other tests cover). */
+static int ring_or_skip(agw_batch_t *b)
+{
+    char why[128];
+    if (agw_batch_ring_init(b, why, sizeof(why)) == 0)
+        return 1;
+    fprintf(stderr, "skip (%s)\n", why);
+    return 0;
+}
+
 /* Runs the loop like wait_for, flushing batch b after every iteration (as the worker's prepare
  * watcher does before it waits). */
 static int wait_flushing(agw_batch_t *b, const int *counter, int target, double max_s)
@@ -1004,8 +1015,8 @@ static void ring_answers_parsed_after_a_callback_cancelled_them_are_dropped(void
     srv_t srv;
     agw_upstream_conf_t conf;
     agw_batch_t b = {0};
-    char why[128];
-    CHECK(agw_batch_ring_init(&b, why, sizeof(why)) == 0);
+    if (!ring_or_skip(&b))
+        return;
     srv_start(&srv);
     conf_init(&conf, srv.port);
     agw_pool_t *pool = agw_pool_create(loop, &conf);
@@ -1053,8 +1064,8 @@ static void ring_write_that_fails_goes_on_through_the_plain_path(void)
     agw_upstream_conf_t conf;
     agw_batch_t b = {0};
     rec_t first = {0}, second = {0};
-    char why[128];
-    CHECK(agw_batch_ring_init(&b, why, sizeof(why)) == 0);
+    if (!ring_or_skip(&b))
+        return;
     srv_start(&srv);
     conf_init(&conf, srv.port);
     agw_pool_t *pool = agw_pool_create(loop, &conf);

@@ -47,16 +47,21 @@ static void ring_on_prepare(struct ev_loop *l, ev_prepare *p, int revents)
     }
 }
 
-/* Turns ring mode on when argv[1] is "ring"; exits 1 when io_uring is not available (the test
- * must not pass without testing what it names). */
+/* Exit status of a ring-mode run on a kernel without io_uring: ctest reports the test as skipped
+ * (SKIP_RETURN_CODE in CMakeLists.txt), not passed; the gateway itself then makes one system call
+ * per operation, which the plain runs test. */
+#define RING_UNAVAILABLE 77
+
+/* Turns ring mode on when argv[1] is "ring"; exits RING_UNAVAILABLE, saying why, when the kernel
+ * gives no io_uring. */
 static void ring_mode_from_args(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "ring") != 0)
         return;
     char why[128];
     if (agw_batch_ring_init(&ring_batch, why, sizeof(why)) != 0) {
-        fprintf(stderr, "ring mode: %s\n", why);
-        exit(1);
+        fprintf(stderr, "ring mode skipped: %s\n", why);
+        exit(RING_UNAVAILABLE);
     }
     ev_prepare_init(&ring_prepare, ring_on_prepare);
     ev_prepare_start(loop, &ring_prepare);
