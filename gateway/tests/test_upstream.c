@@ -1056,8 +1056,9 @@ static void ring_answers_parsed_after_a_callback_cancelled_them_are_dropped(void
 }
 
 /* A request queued on a kept-alive connection the upstream has since reset: the ring's write
- * fails, and the plain path takes over as without a ring: the GET is retried once on a new
- * connection. */
+ * fails, and the plain path of the same flush takes over as without a ring (its write fails too,
+ * its read finds the connection gone): the GET is retried once on a new connection before the
+ * loop polls again. */
 static void ring_write_that_fails_goes_on_through_the_plain_path(void)
 {
     srv_t srv;
@@ -1080,6 +1081,8 @@ static void ring_write_that_fails_goes_on_through_the_plain_path(void)
     CHECK(setsockopt(srv.conns->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
     sconn_close(srv.conns);
     usleep(20000);
+    CHECK(agw_batch_flush(&b) >= 1);
+    CHECK(stats(pool).retried == 1 && b.head == NULL); /* in this flush, not after a poll */
     CHECK(wait_flushing(&b, &second.done, 1, 3.0));
     CHECK(second.outcome == AGW_CALL_OK && second.reused == 0);
     CHECK_STR(second.body, "hello");
