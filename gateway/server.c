@@ -358,6 +358,11 @@ int agw_server_run(const char *dir)
         metrics[wi]->trace_queue = agw_otlp_queue(exporter, wi);
         metrics[wi]->exporter = exporter;
     }
+    if (agw_worker_ring_wanted(&errors) < 0) {
+        agw_log(AGW_LOG_ERROR, "cannot start: %s", errors.base);
+        agw_buf_free(&errors);
+        return 1;
+    }
     /* the admin listener answers (not ready) while the workers load their scripts */
     agw_admin_t *admin = NULL;
     if (conf->admin_port && (admin = agw_admin_start(conf, &srv.gens, srv.labels, metrics, conf->workers)) == NULL)

@@ -4,12 +4,17 @@
  * connection belongs to exactly one call (conn->call, call->conn). Every connection is thus
  * either in the idle list or reachable from a live call, so destroying the pool finds them all.
  *
- * Callbacks are invoked from two places only, both directly from a libev watcher: a response
- * completing (on_conn_io) and the call's own timer (on_call_timer). Every failure detected
- * elsewhere closes the connection at once and arms the call's timer with a zero delay, which is
- * how "never from inside agw_call_start" holds without a second queue. Since callbacks never
- * nest, pool->depth is 0 or 1; agw_pool_destroy() from inside a callback only frees the pool
- * struct once that callback has returned.
+ * Callbacks are invoked from three places only, each at the top of the loop's owner, never from
+ * inside one another: a response completing (on_conn_io, or agw_batch_flush for a batched write
+ * that found the answer in, and, with a ring, for every answer read), and the call's own timer
+ * (on_call_timer). Every failure detected elsewhere closes the connection at once and arms the
+ * call's timer with a zero delay, which is how "never from inside agw_call_start" holds without a
+ * second queue. Since callbacks never nest, pool->depth is 0 or 1; agw_pool_destroy() from inside
+ * a callback only frees the pool struct once that callback has returned (pool_after_callback).
+ *
+ * With a ring (uring.h), a plain connection waits on the batch's lists for its I/O: a request on
+ * batch->head, an answer to read on rhead, a read done and not yet parsed on lhead; conn_close
+ * takes it off whichever it is on, and no callback runs while an operation is in the kernel.
  *
  * A connection whose response completed goes back to the pool before the callback runs, so a
  * callback that starts the next call (a dependent chain) reuses it. The response bytes the
@@ -26,11 +31,11 @@
 #include "buf.h"
 #include "upstream_http1.h"
 #include "upstream_tls.h"
+#include "uring.h"
 
 #include <errno.h>
 #include <ev.h>
 #include <limits.h>
-#include <liburing.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
@@ -413,6 +418,16 @@ static void call_discard(agw_call_t *call)
 static void pool_free_if_dying(agw_pool_t *pool);
 static void pump(agw_pool_t *pool);
 
+/* After a callback may have run for one of pool's connections: the pool is freed if the callback
+ * destroyed it, else it serves its wait queue (connections may have come free). */
+static void pool_after_callback(agw_pool_t *pool)
+{
+    if (pool->dying)
+        pool_free_if_dying(pool);
+    else
+        pump(pool);
+}
+
 /* ---- connect, send -------------------------------------------------------------------- */
 
 static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents);
@@ -589,19 +604,19 @@ void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch)
     pool->batch = batch;
 }
 
-/* ---- batched system calls (io_uring) -------------------------------------------------- */
+/* ---- batched system calls (io_uring, uring.h) ------------------------------------------ */
 
-#define RING_ENTRIES 64        /* submission queue: sends per submission at most */
+#define RING_ENTRIES 64        /* operations per submission: the sends of one at most */
 #define SLOT_SIZE READ_BUF_SIZE
+_Static_assert(AGW_BATCH_READS <= RING_ENTRIES, "a submission of reads fits on the ring");
 
 int agw_batch_ring_init(agw_batch_t *batch, char *err, size_t errcap)
 {
-    struct io_uring *ring = calloc(1, sizeof(*ring));
     char *slots = malloc((size_t)AGW_BATCH_READS * SLOT_SIZE);
-    int e = ring && slots ? io_uring_queue_init(RING_ENTRIES, ring, 0) : -ENOMEM;
-    if (e < 0) {
-        snprintf(err, errcap, "io_uring is not available (%s)", strerror(-e));
-        free(ring);
+    agw_uring_t *ring = slots ? agw_uring_open(RING_ENTRIES, err, errcap) : NULL;
+    if (ring == NULL) {
+        if (slots == NULL)
+            snprintf(err, errcap, "out of memory");
         free(slots);
         return -1;
     }
@@ -612,46 +627,20 @@ int agw_batch_ring_init(agw_batch_t *batch, char *err, size_t errcap)
 
 void agw_batch_ring_free(agw_batch_t *batch)
 {
-    if (batch->ring) {
-        io_uring_queue_exit(batch->ring);
-        free(batch->ring);
-        batch->ring = NULL;
-    }
+    agw_uring_close(batch->ring);
+    batch->ring = NULL;
     free(batch->slots);
     batch->slots = NULL;
 }
 
-/* Submits the k operations prepared on the batch's ring and hands each result to done(). Every
- * one is a send or recv with MSG_DONTWAIT on a socket, which completes inside the submission, so
- * the wait does not block. done() runs no callback: nothing the operations point to goes away. */
-static void ring_run(agw_batch_t *b, unsigned k, void (*done)(agw_batch_t *, conn_t *, int))
-{
-    unsigned got = 0;
-    while (got < k) {
-        int e = io_uring_submit_and_wait(b->ring, 1);
-        if (e < 0 && e != -EINTR && e != -EAGAIN && e != -EBUSY) {
-            /* EBADF, EFAULT, EINVAL: the ring itself is broken; operations in flight point to
-             * connections that cannot be given back safely */
-            fprintf(stderr, "aggway: io_uring_enter failed: %s\n", strerror(-e));
-            abort();
-        }
-        struct io_uring_cqe *cqe;
-        unsigned head, n = 0;
-        io_uring_for_each_cqe(b->ring, head, cqe)
-        {
-            done(b, io_uring_cqe_get_data(cqe), cqe->res);
-            n++;
-        }
-        io_uring_cq_advance(b->ring, n);
-        got += n;
-    }
-}
-
 /* A ring write of c's request returned res (bytes or -errno). As conn_send: all sent, wait for the
- * answer; a full socket buffer, wait to write the rest; an error goes back on the batch, and the
- * plain path (agw_batch_flush) writes again and acts on what it gets, callbacks and all. */
-static void ring_sent(agw_batch_t *b, conn_t *c, int res)
+ * answer; a full socket buffer, wait to write the rest; anything else (an error, EINTR) goes back
+ * on the batch, and the plain path (agw_batch_flush) writes again and acts on what it gets,
+ * callbacks and all. Runs no callback. */
+static void ring_sent(void *ctx, void *data, int res)
 {
+    agw_batch_t *b = ctx;
+    conn_t *c = data;
     agw_call_t *call = c->call;
     size_t left = call->req_len - call->sent;
     if (res > 0)
@@ -668,58 +657,34 @@ static void ring_sent(agw_batch_t *b, conn_t *c, int res)
 }
 
 /* A ring read of c returned res: kept on the landed list, parsed once every result is in. */
-static void ring_read(agw_batch_t *b, conn_t *c, int res)
+static void ring_read(void *ctx, void *data, int res)
 {
+    conn_t *c = data;
     c->rres = res;
-    rq_push(b, c, RQ_LANDED);
-}
-
-/* Reads the queued answers with plain reads, as on_conn_io would have. */
-static void rq_plain(agw_batch_t *b, size_t *n)
-{
-    conn_t *c;
-    while ((c = b->rhead) != NULL) {
-        agw_pool_t *pool = c->pool;
-        rq_remove(b, c);
-        conn_read(c);
-        if (pool->dying)
-            pool_free_if_dying(pool);
-        else
-            pump(pool);
-        (*n)++;
-    }
+    rq_push(ctx, c, RQ_LANDED);
 }
 
 /* Reads every answer queued by on_conn_io, AGW_BATCH_READS per submission, then parses them in
- * the order they came. A callback run by one may close connections still on the landed list
- * (conn_close takes them off); a read that filled its slot goes on with plain reads. */
+ * the order they were queued (the order libev ran the connections' watchers). A callback run by
+ * one may close connections still on the landed list (conn_close takes them off); a read that
+ * filled its slot, or was interrupted, goes on with plain reads. */
 static size_t flush_reads(agw_batch_t *b)
 {
     size_t n = 0;
     conn_t *c;
     while (b->rhead) {
-        unsigned k = 0;
-        while (k < AGW_BATCH_READS && (c = b->rhead) != NULL) {
-            struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring); /* every submission is drained */
-            if (sqe == NULL)
-                break;
+        for (unsigned k = 0; k < AGW_BATCH_READS && (c = b->rhead) != NULL; k++) {
             rq_remove(b, c);
-            c->rslot = k++;
-            io_uring_prep_recv(sqe, c->fd, b->slots + (size_t)c->rslot * SLOT_SIZE, SLOT_SIZE, MSG_DONTWAIT);
-            io_uring_sqe_set_data(sqe, c);
+            c->rslot = k;
+            agw_uring_recv(b->ring, c->fd, b->slots + (size_t)k * SLOT_SIZE, SLOT_SIZE, c); /* fits: see above */
         }
-        if (k == 0) /* no room on the ring (cannot happen): the plain path reads them */
-            rq_plain(b, &n);
-        ring_run(b, k, ring_read);
+        agw_uring_run(b->ring, ring_read, b);
         while ((c = b->lhead) != NULL) {
             agw_pool_t *pool = c->pool;
             rq_remove(b, c);
             if (conn_took(c, b->slots + (size_t)c->rslot * SLOT_SIZE, c->rres, SLOT_SIZE) == 2)
                 conn_read(c);
-            if (pool->dying)
-                pool_free_if_dying(pool);
-            else
-                pump(pool);
+            pool_after_callback(pool);
             n++;
         }
     }
@@ -732,30 +697,24 @@ static size_t flush_reads(agw_batch_t *b)
 static size_t flush_sends(agw_batch_t *b)
 {
     size_t n = 0;
-    conn_t *c = b->head, *last = b->tail;
+    conn_t *c = b->head, *last = b->tail, *next;
     int end = c == NULL;
     while (!end) {
         unsigned k = 0;
-        while (!end && k < RING_ENTRIES) {
-            conn_t *next = c->batch_next;
+        for (; !end && k < RING_ENTRIES; c = next) {
+            next = c->batch_next;
             end = c == last;
             if (c->ssl == NULL) {
                 agw_call_t *call = c->call;
-                struct io_uring_sqe *sqe = io_uring_get_sqe(b->ring); /* every submission is drained */
-                if (sqe == NULL) { /* (cannot happen) the plain path writes the rest */
-                    end = 1;
+                if (agw_uring_send(b->ring, c->fd, call->req + call->sent, call->req_len - call->sent, c) != 0) {
+                    end = 1; /* (cannot happen) the plain path writes the rest */
                     break;
                 }
                 batch_remove(b, c);
-                io_uring_prep_send(sqe, c->fd, call->req + call->sent, call->req_len - call->sent,
-                                   MSG_NOSIGNAL | MSG_DONTWAIT);
-                io_uring_sqe_set_data(sqe, c);
                 k++;
             }
-            c = next;
         }
-        if (k > 0)
-            ring_run(b, k, ring_sent);
+        agw_uring_run(b->ring, ring_sent, b);
         n += k;
     }
     return n;
@@ -776,10 +735,7 @@ size_t agw_batch_flush(agw_batch_t *batch)
         agw_pool_t *pool = c->pool;
         batch_remove(batch, c);
         conn_send(c);
-        if (pool->dying)
-            pool_free_if_dying(pool);
-        else
-            pump(pool);
+        pool_after_callback(pool);
         n++;
     }
     return n;
@@ -892,7 +848,7 @@ static int conn_took(conn_t *c, const char *buf, ssize_t n, size_t cap)
         conn_eof(c);
         return 0;
     }
-    if (n == -EINTR)
+    if (n == -EINTR || n == -ECANCELED) /* interrupted (ECANCELED: a ring read, never cancelled now) */
         return 2;
     if (n == -EAGAIN || n == -EWOULDBLOCK)
         return 1; /* level-triggered io tells us when there is more */
@@ -1134,10 +1090,7 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
         conn_read(c);
         break;
     }
-    if (pool->dying)
-        pool_free_if_dying(pool);
-    else
-        pump(pool);
+    pool_after_callback(pool);
 }
 
 static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents)
@@ -1165,18 +1118,16 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
         (ev_is_pending(&call->conn->io) || call->conn->rq == RQ_WAITING)) {
         /* the request went out and the answer came in the poll that made this timer due: libev
          * runs the timer first (it was queued last), so read what came before calling the upstream
-         * late. An answer in
-         * hand is the result (without this, a busy loop iteration turned answers that had arrived
-         * into timeouts, and those opened breakers of healthy upstreams) */
+         * late. An answer in hand is the result (without this, a busy loop iteration turned answers
+         * that had arrived into timeouts, and those opened breakers of healthy upstreams). With a
+         * ring the answer may also wait on the batch for its read: only for an owner that lets the
+         * loop poll before it flushes (the worker flushes first, so its reads never wait that long) */
         conn_t *c = call->conn;
         ev_clear_pending(loop, &c->io);
-        if (c->rq == RQ_WAITING) /* queued for the batch's read (on_conn_io ran first): read it now */
+        if (c->rq == RQ_WAITING)
             rq_remove(pool->batch, c);
         if (!conn_read(c)) { /* the call completed (or failed) and was delivered */
-            if (pool->dying)
-                pool_free_if_dying(pool);
-            else
-                pump(pool);
+            pool_after_callback(pool);
             return;
         }
     }
@@ -1200,10 +1151,7 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
                       pool->conf->name, (unsigned long long)call->timeout_ms, where, got);
     }
     deliver(call, NULL);
-    if (pool->dying)
-        pool_free_if_dying(pool);
-    else
-        pump(pool);
+    pool_after_callback(pool);
 }
 
 /* ---- public --------------------------------------------------------------------------- */

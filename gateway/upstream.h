@@ -193,7 +193,7 @@ typedef struct agw_call_req {
  * connections from it. */
 typedef struct agw_batch {
     struct conn *head, *tail;       /* queued connections, oldest first (zero: empty) */
-    struct io_uring *ring;          /* agw_batch_ring_init: the iteration's system calls in one */
+    struct agw_uring *ring;         /* agw_batch_ring_init: the iteration's socket I/O batched */
     struct conn *rhead, *rtail;     /* plain connections whose answer waits to be read (ring) */
     struct conn *lhead, *ltail;     /* reads done by the ring, waiting to be parsed */
     char *slots;                    /* the ring's read buffers (AGW_BATCH_READS of 16 KiB) */
@@ -202,23 +202,27 @@ typedef struct agw_batch {
 /* Reads one ring submission carries at most; more wait for the next one in the same flush. */
 #define AGW_BATCH_READS 32
 
-/* Batched system calls (io_uring, Linux ≥ 5.6; the kernel of Debian 12 and later).
+/* Batched system calls (io_uring through uring.h; checked to work on Linux 6.1, Debian 12's
+ * kernel, and later).
  *
  * With a ring, agw_batch_flush also takes the upstream socket I/O of the iteration off the
- * one-system-call-per-operation path: the queued requests of plain (http://) connections are
- * written by one io_uring_enter, and an answer the loop saw arrive on a plain connection is not
- * read by a read(2) of its own but queued on the batch and read, with every other answer of the
- * iteration, by one io_uring_enter from the same flush, then parsed in arrival order. Each
- * operation is a send/recv with MSG_DONTWAIT, so it completes inside the submission with the same
- * result the system call would give (bytes, EAGAIN, EOF, an error): the rules above are unchanged,
- * and anything but a whole write or a read goes on through the plain path. TLS connections,
- * connects and writes the socket buffer cannot take at once use the plain path as without a ring.
- * On a paravirtualized machine a system call costs about 1 µs; at c=32 a flush carries 10-20
- * pages' worth, i.e. 30-60 sends, then as many reads, in two submissions.
+ * one-system-call-per-operation path: an answer the loop saw arrive on a plain connection is not
+ * read by a read(2) of its own but queued on the batch, and the flush reads every queued answer
+ * with one io_uring_enter (AGW_BATCH_READS per submission) and parses them in the order the loop
+ * ran the connections' watchers; then it writes the queued requests of plain (http://)
+ * connections with one more (64 per submission). Each operation is a send/recv with MSG_DONTWAIT,
+ * so it completes inside the submission with the result the system call would give (bytes,
+ * EAGAIN, EOF, an error): the rules above are unchanged, and anything but a whole write or a read
+ * goes on through the plain path. TLS connections, connects and writes the socket buffer cannot
+ * take at once use the plain path as without a ring. On a paravirtualized machine a system call
+ * costs about 1 µs; at c=32 a flush carries 10-20 pages' worth of answers and requests.
+ *
+ * With a ring the owner MUST call agw_batch_flush before every poll of the loop: a queued read is
+ * only done there, and until it is, the connection's level-triggered watcher keeps the loop awake.
  *
  * agw_batch_ring_init returns 0, or -1 with why in err (io_uring unavailable: kernel too old,
- * disabled by sysctl kernel.io_uring_disabled or a seccomp profile) and the batch works without
- * one. agw_batch_ring_free releases it (nothing may be queued). */
+ * disabled by sysctl kernel.io_uring_disabled or a seccomp profile; see agw_uring_open) and the
+ * batch works without one. agw_batch_ring_free releases it (nothing may be queued). */
 int agw_batch_ring_init(agw_batch_t *batch, char *err, size_t errcap);
 void agw_batch_ring_free(agw_batch_t *batch);
 

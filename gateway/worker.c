@@ -46,11 +46,13 @@ static void on_uv_timer(struct ev_loop *loop, ev_timer *t, int revents)
     run_uv(t->data);
 }
 
-/* Before libev waits: run what libuv has due now, write the upstream requests and send the
- * responses this iteration made (agw_batch_flush, agw_worker_flush_responses: all at once, see
- * upstream.h), then arm a timer for libuv's next deadline. The flush comes after every run of
- * libuv, whose requests may start calls; a write that finds an answer already in may run a script
- * that starts more or responds, so it repeats until nothing is queued. */
+/* Before libev waits: run what libuv has due now, read the upstream answers that came (with a
+ * ring), write the upstream requests and send the responses this iteration made (agw_batch_flush,
+ * agw_worker_flush_responses: all at once, see upstream.h), then arm a timer for libuv's next
+ * deadline. The flush comes after every run of libuv, whose requests may start calls; an answer
+ * it reads runs its page's script, which may start more calls or respond, so it repeats until
+ * nothing is queued. upstream.h requires a flush before every poll when there is a ring: this
+ * watcher is it. */
 static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
 {
     (void)revents;
@@ -482,6 +484,17 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+int agw_worker_ring_wanted(agw_buf_t *errors)
+{
+    const char *v = getenv("AGGWAY_IO_URING");
+    if (v == NULL || strcmp(v, "on") == 0)
+        return 1;
+    if (strcmp(v, "off") == 0)
+        return 0;
+    agw_buf_printf(errors, "AGGWAY_IO_URING=%s: must be on or off (unset: on)\n", v);
+    return -1;
+}
+
 agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_buf_t *errors)
@@ -516,12 +529,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     h2o_linklist_init_anchor(&w->out_queue);
     /* the upstream I/O of each loop iteration in batched system calls (io_uring, upstream.h);
      * AGGWAY_IO_URING=off makes one system call per operation */
-    const char *ring = getenv("AGGWAY_IO_URING");
-    if (ring && strcmp(ring, "on") != 0 && strcmp(ring, "off") != 0) {
-        agw_buf_printf(errors, "AGGWAY_IO_URING=%s: must be on or off (unset: on)\n", ring);
-        return NULL;
-    }
-    if (ring == NULL || strcmp(ring, "on") == 0) {
+    if (agw_worker_ring_wanted(errors) == 1) {
         char why[128];
         if (agw_batch_ring_init(&w->batch, why, sizeof(why)) != 0)
             agw_log(AGW_LOG_WARN, "upstream I/O: one system call per operation: %s (worker %d)", why, id);

@@ -39,6 +39,12 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_buf_t *errors);
 
+/* Whether workers batch their upstream socket I/O through io_uring (upstream.h, "Batched system
+ * calls"): the environment's AGGWAY_IO_URING, "on" (or unset) or "off". Returns 1 or 0, or -1
+ * with a message in errors for any other value; the server asks once before starting workers,
+ * so that a typo stops the start before anything is built. */
+int agw_worker_ring_wanted(agw_buf_t *errors);
+
 /* Hot reload, step 1 (calling thread; the worker goes on serving): loads gen into a new VM for
  * worker w (runtime, gateway.lua, every script) and checks that it lists gen's routes. Returns
  * the loaded generation (it holds a reference to gen), or NULL with "file:line: message" lines

@@ -108,8 +108,9 @@ struct agw_worker {
     ev_io uv_io;
     ev_timer uv_timer;
     ev_prepare uv_prepare;
-    agw_batch_t batch;                     /* upstream requests of this iteration (upstream.h), written
-                                              by on_prepare before the loop waits */
+    agw_batch_t batch;                     /* upstream requests of this iteration and, with its ring,
+                                              the answers to read (upstream.h): flushed by on_prepare
+                                              before the loop waits */
     h2o_linklist_t out_queue;              /* responses of this iteration, oldest first, sent by
                                               on_prepare (agw_worker_queue_response) */
     ev_async stop_async;
