@@ -8,11 +8,15 @@ suite runs with the default; ctest runs the upstream fault and seed scenario sui
 AGGWAY_IO_URING=off, see CMakeLists.txt.) On a kernel without io_uring the gateway says so and the
 tests that need it are skipped, saying why."""
 import os
+import shutil
 import subprocess
 import sys
+import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import AGGWAY_BIN, GatewayTestCase, curl, free_port, h2load, main  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 BATCHED = "upstream I/O: batched per loop iteration (io_uring)"
 UNAVAILABLE = "upstream I/O: one system call per operation: "
@@ -80,6 +84,37 @@ class IoUring(GatewayTestCase):
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=30, env=env)
         self.assertNotEqual(out.returncode, 0, out.stdout)
         self.assertIn(b"AGGWAY_IO_URING=yes: must be on or off (unset: on)", out.stdout)
+
+    @unittest.skipUnless(shutil.which("cc"), "needs a C compiler for the LD_PRELOAD shim")
+    def test_a_ring_that_cannot_send_or_recv_falls_back_to_one_system_call_each(self):
+        """io_uring_queue_init succeeds but the ring cannot run IORING_OP_SEND/RECV (Linux 5.1-5.5,
+        where they do not exist yet, or a sandbox that filters io_uring operations; emulated by
+        ring_without_send_recv.c): the gateway must not claim batching and fail every answer
+        ("read failed (...)"), it must warn and serve as with AGGWAY_IO_URING=off (README,
+        "Upstream client behaviour": older than 5.6 -> one system call per operation)."""
+        shim = os.path.join(self.workdir, "ring_without_send_recv.so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", shim, os.path.join(HERE, "ring_without_send_recv.c"),
+                        "-ldl", "-luring"], check=True, timeout=120)
+        saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", "ASAN_OPTIONS", "AGGWAY_IO_URING")}
+        os.environ["LD_PRELOAD"] = shim
+        # the ASan build: the shim comes before the sanitizer runtime in the library list
+        os.environ["ASAN_OPTIONS"] = (saved["ASAN_OPTIONS"] or "detect_leaks=0") + ":verify_asan_link_order=0"
+        os.environ.pop("AGGWAY_IO_URING", None)
+        try:
+            self.start(workers=1)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        r = curl(self.url("/product-page/42"), workdir=self.workdir)
+        self.assertEqual(r.status, 200, r)
+        page = r.json()
+        for section in ("product", "reviews", "inventory"):
+            self.assertEqual(page[section]["status"], "ok", r)
+        self.assertNotIn(BATCHED, self.gw.log())
+        self.assertIn("upstream I/O: one system call per operation", self.gw.log())
 
 
 if __name__ == "__main__":
