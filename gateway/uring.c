@@ -15,38 +15,65 @@ struct agw_uring {
     unsigned prepared; /* prepared since the last run */
 };
 
-/* Whether a MSG_DONTWAIT recv on an empty socket completes inside its submission (-EAGAIN), as
- * agw_uring_run needs. A kernel that parks it until data comes fails the check; the parked
- * operation is then completed (a byte is written) and reaped before the ring is closed. */
-static int completes_inline(struct io_uring *ring, char *err, size_t errcap)
+/* Runs the one operation prepared on the (empty) ring. Returns 0 with its result in *res when it
+ * completed inside the submission, 1 when it did not (parked until the socket is ready), or a
+ * negative errno when the submission failed. */
+static int run_one(struct io_uring *ring, int *res)
 {
-    int sv[2];
+    struct io_uring_cqe *cqe;
+    int e = io_uring_submit(ring);
+    if (e < 0)
+        return e;
+    if (io_uring_peek_cqe(ring, &cqe) != 0)
+        return 1;
+    *res = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    return 0;
+}
+
+/* Whether the ring does what agw_uring_run needs, checked on a socket pair: a MSG_DONTWAIT send of
+ * a byte gives 1, a recv gives it back, a recv on the now empty socket gives -EAGAIN, each inside
+ * its submission. io_uring_setup alone does not say so: Linux 5.1-5.5 have no IORING_OP_SEND/RECV
+ * (-EINVAL), a sandbox may filter operations (-EACCES), and a kernel may park a MSG_DONTWAIT
+ * operation until the socket is ready. An operation left parked ends when the pair is closed and
+ * is reaped before the ring goes. Returns 1, or 0 with the reason in err. */
+static int works_on_sockets(struct io_uring *ring, char *err, size_t errcap)
+{
+    int sv[2], res = 0, e;
+    char out = 'a', in = 0;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {
         snprintf(err, errcap, "cannot check io_uring (socketpair: %s)", strerror(errno));
         return 0;
     }
-    char b;
-    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
-    io_uring_prep_recv(sqe, sv[0], &b, 1, MSG_DONTWAIT);
-    int ok = 0, e = io_uring_submit(ring);
-    struct io_uring_cqe *cqe;
-    if (e == 1 && io_uring_peek_cqe(ring, &cqe) == 0) {
-        ok = cqe->res == -EAGAIN;
-        if (!ok)
-            snprintf(err, errcap, "io_uring check: an empty socket's recv gave %d, not -EAGAIN", cqe->res);
-        io_uring_cqe_seen(ring, cqe);
-    } else if (e == 1) {
-        /* parked: complete it so that nothing in the kernel refers to b any more */
-        (void)!write(sv[1], "x", 1);
-        if (io_uring_wait_cqe(ring, &cqe) == 0)
-            io_uring_cqe_seen(ring, cqe);
-        snprintf(err, errcap, "this kernel's io_uring waits on non-blocking socket operations");
-    } else {
-        snprintf(err, errcap, "io_uring check: submit gave %d", e);
+    const char *step = "send";
+    io_uring_prep_send(io_uring_get_sqe(ring), sv[0], &out, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    int ok = (e = run_one(ring, &res)) == 0 && res == 1;
+    if (ok) {
+        step = "recv";
+        io_uring_prep_recv(io_uring_get_sqe(ring), sv[1], &in, 1, MSG_DONTWAIT);
+        ok = (e = run_one(ring, &res)) == 0 && res == 1 && in == 'a';
+    }
+    if (ok) {
+        step = "recv on an empty socket";
+        io_uring_prep_recv(io_uring_get_sqe(ring), sv[1], &in, 1, MSG_DONTWAIT);
+        ok = (e = run_one(ring, &res)) == 0 && (res == -EAGAIN || res == -EWOULDBLOCK);
     }
     close(sv[0]);
     close(sv[1]);
-    return ok;
+    if (ok)
+        return 1;
+    if (e == 1) { /* parked: the close above ends it */
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(ring, &cqe) == 0)
+            io_uring_cqe_seen(ring, cqe);
+        snprintf(err, errcap, "io_uring parks non-blocking socket operations (%s)", step);
+    } else if (e < 0) {
+        snprintf(err, errcap, "io_uring cannot submit (%s: %s)", step, strerror(-e));
+    } else {
+        snprintf(err, errcap, "io_uring cannot send and receive on sockets (%s: %s)", step,
+                 res < 0 ? strerror(-res) : "unexpected result");
+    }
+    return 0;
 }
 
 agw_uring_t *agw_uring_open(unsigned entries, char *err, size_t errcap)
@@ -62,7 +89,7 @@ agw_uring_t *agw_uring_open(unsigned entries, char *err, size_t errcap)
         free(r);
         return NULL;
     }
-    if (!completes_inline(&r->ring, err, errcap)) {
+    if (!works_on_sockets(&r->ring, err, errcap)) {
         io_uring_queue_exit(&r->ring);
         free(r);
         return NULL;

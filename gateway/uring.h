@@ -4,8 +4,9 @@
  * Every operation is a send or a recv with MSG_DONTWAIT: the kernel completes it inside the
  * submission, with the result its own system call would have given (bytes, 0 at EOF, -EAGAIN when
  * nothing can be done now, -errno), so agw_uring_run never waits for the network. agw_uring_open
- * checks that this kernel does so (Linux 6.1, Debian 12's kernel, does; a kernel that parks such an
- * operation until the socket is ready would make agw_uring_run wait) and refuses a ring otherwise.
+ * checks on a socket pair that this kernel does so (Linux 6.1, Debian 12's kernel, does; 5.1-5.5
+ * have no socket operations, a sandbox may filter them, and a kernel that parked such an operation
+ * until the socket is ready would make agw_uring_run wait) and refuses a ring otherwise.
  * The caller keeps the buffers alive until agw_uring_run returns. One ring per thread; nothing
  * here is thread-safe.
  *
@@ -21,7 +22,7 @@ typedef struct agw_uring agw_uring_t;
 
 /* Opens a ring with room for `entries` operations per submission. Returns NULL with the reason in
  * err (io_uring absent: kernel older than 5.6, sysctl kernel.io_uring_disabled, a seccomp profile
- * such as Docker's default; or the kernel does not complete MSG_DONTWAIT operations inline). */
+ * such as Docker's default; or the ring cannot send and receive on sockets as described above). */
 agw_uring_t *agw_uring_open(unsigned entries, char *err, size_t errcap);
 
 /* Closes the ring; nothing may be prepared and not yet run. NULL is ignored. */
