@@ -215,7 +215,7 @@ typedef struct agw_batch {
  * EAGAIN, EOF, an error): the rules above are unchanged, and anything but a whole write or a read
  * goes on through the plain path. TLS connections, connects and writes the socket buffer cannot
  * take at once use the plain path as without a ring. On a paravirtualized machine a system call
- * costs about 1 µs; at c=32 a flush carries 10-20 pages' worth of answers and requests.
+ * costs about 1 µs, and under load a flush carries the answers and requests of several pages.
  *
  * With a ring the owner MUST call agw_batch_flush before every poll of the loop: a queued read is
  * only done there, and until it is, the connection's level-triggered watcher keeps the loop awake.
