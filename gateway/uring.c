@@ -10,9 +10,7 @@
 #include <unistd.h>
 
 struct agw_uring {
-    struct io_uring ring;
-    unsigned entries;  /* operations per submission */
-    unsigned prepared; /* prepared since the last run */
+    struct io_uring ring; /* its submission queue holds `entries`: io_uring_get_sqe says when full */
 };
 
 /* Runs the one operation prepared on the (empty) ring. Returns 0 with its result in *res when it
@@ -90,11 +88,9 @@ agw_uring_t *agw_uring_open(unsigned entries, char *err, size_t errcap)
         return NULL;
     }
     if (!works_on_sockets(&r->ring, err, errcap)) {
-        io_uring_queue_exit(&r->ring);
-        free(r);
+        agw_uring_close(r);
         return NULL;
     }
-    r->entries = entries;
     return r;
 }
 
@@ -106,20 +102,9 @@ void agw_uring_close(agw_uring_t *r)
     free(r);
 }
 
-static struct io_uring_sqe *next_sqe(agw_uring_t *r)
-{
-    if (r->prepared == r->entries)
-        return NULL;
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-    if (sqe == NULL) /* (cannot happen: every run drains the queue) */
-        return NULL;
-    r->prepared++;
-    return sqe;
-}
-
 int agw_uring_send(agw_uring_t *r, int fd, const void *buf, size_t len, void *data)
 {
-    struct io_uring_sqe *sqe = next_sqe(r);
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring); /* NULL: `entries` prepared */
     if (sqe == NULL)
         return -1;
     io_uring_prep_send(sqe, fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -129,7 +114,7 @@ int agw_uring_send(agw_uring_t *r, int fd, const void *buf, size_t len, void *da
 
 int agw_uring_recv(agw_uring_t *r, int fd, void *buf, size_t len, void *data)
 {
-    struct io_uring_sqe *sqe = next_sqe(r);
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring); /* NULL: `entries` prepared */
     if (sqe == NULL)
         return -1;
     io_uring_prep_recv(sqe, fd, buf, len, MSG_DONTWAIT);
@@ -139,8 +124,7 @@ int agw_uring_recv(agw_uring_t *r, int fd, void *buf, size_t len, void *data)
 
 unsigned agw_uring_run(agw_uring_t *r, void (*done)(void *ctx, void *data, int res), void *ctx)
 {
-    unsigned k = r->prepared, got = 0;
-    r->prepared = 0;
+    unsigned k = io_uring_sq_ready(&r->ring), got = 0;
     while (got < k) {
         int e = io_uring_submit_and_wait(&r->ring, 1);
         if (e < 0 && e != -EINTR && e != -EAGAIN && e != -EBUSY) {
