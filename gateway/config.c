@@ -316,6 +316,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->deadline_ms = (uint64_t)field_num(L, cfg, "deadline_ms", 1000);
     conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
     conf->shutdown_grace_ms = (uint64_t)field_num(L, cfg, "shutdown_grace_ms", 10000);
+    conf->script_time_limit_ms = (uint64_t)field_num(L, cfg, "script_time_limit_ms", 1000);
     int rc = load_listen(L, cfg, conf);
     load_admin(L, cfg, conf);
     if (load_upstreams(L, cfg, conf, errors) != 0)

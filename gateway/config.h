@@ -41,6 +41,8 @@ typedef struct agw_config {
     uint64_t deadline_ms;               /* default request deadline, ms */
     size_t max_request_body_bytes;      /* request body limit, bytes */
     uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
+    uint64_t script_time_limit_ms;      /* how long a script may run without waiting before it is
+                                           stopped, ms (watchdog.h) */
     agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
     agw_breaker_t **breakers;           /* one per upstream, shared by every worker (and by the next
                                            generation when the upstream does not change); one

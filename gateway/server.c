@@ -19,6 +19,7 @@
 #include "otlp.h"
 #include "log.h"
 #include "metrics.h"
+#include "watchdog.h"
 #include "worker.h"
 
 int agw_listen_socket(const char *what, const char *host, int port, int reuse, int backlog)
@@ -391,6 +392,10 @@ int agw_server_run(const char *dir)
     agw_log(AGW_LOG_INFO, "aggway serving %s with %u worker%s, %zu route%s, %zu upstream%s (generation 1)", conf->dir,
             conf->workers, conf->workers == 1 ? "" : "s", conf->router.num_routes,
             conf->router.num_routes == 1 ? "" : "s", conf->num_upstreams, conf->num_upstreams == 1 ? "" : "s");
+    /* the script time limit (watchdog.h) */
+    agw_watchdog_t *watchdog = agw_watchdog_start(srv.w, conf->workers);
+    if (watchdog == NULL)
+        agw_log(AGW_LOG_WARN, "cannot start the watchdog thread: scripts run without a time limit");
     agw_reload_state_serving(&srv.gens, gen, 0);
     agw_generation_unref(gen); /* the workers and the record hold it now */
     conf = NULL;
@@ -431,6 +436,7 @@ int agw_server_run(const char *dir)
     }
     agw_admin_set_ready(admin, 0);
     drain(&srv, &set);
+    agw_watchdog_stop(watchdog);
     for (unsigned wi = 0; wi < srv.workers; wi++)
         agw_worker_stop(srv.w[wi]);
     agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */

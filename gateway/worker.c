@@ -18,6 +18,8 @@
  */
 #include "worker_internal.h"
 
+#include "watchdog.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,16 +108,98 @@ static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
 
 static void process_pending_aborts(agw_worker_t *w);
 
+/* ---- the script time limit (watchdog.h) ----------------------------------------------------- */
+
+static __thread agw_worker_t *this_worker; /* the worker whose thread this is */
+
+#define AGW_LONG_ENTRY_MS 10 /* an entry into Lua this long updates the loop's clock, ms */
+
+/* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
+static void on_script_too_long(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    agw_worker_t *w = this_worker;
+    uint64_t entry = w ? __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED) : 0;
+    if (w == NULL || w->lua_depth == 0 || __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) != entry) {
+        lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
+        return;
+    }
+    int main_thread = lua_pushthread(L);
+    lua_pop(L, 1);
+    if (main_thread) {
+        /* the runtime's own thread: raise once (the pcall around a fallback makes it that call's
+         * error), and nothing more once the script's coroutine is gone */
+        lua_sethook(L, NULL, 0, 0);
+        if (w->stopped_entry == entry)
+            return;
+    }
+    w->stopped_entry = entry;
+    /* file:line of the instruction it was at (level 0: the function running, not the hook) */
+    lua_Debug d;
+    if (lua_getstack(L, 0, &d) && lua_getinfo(L, "Sl", &d) && d.currentline > 0)
+        lua_pushfstring(L, "%s:%d: ", d.short_src, d.currentline);
+    else
+        lua_pushliteral(L, "");
+    lua_pushfstring(L, "stopped: the script ran for more than %d ms without waiting for a call "
+                       "(script_time_limit_ms in gateway.lua)",
+                    (int)__atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED));
+    lua_concat(L, 2);
+    lua_error(L);
+}
+
+uint64_t agw_worker_script_limit_ms(const agw_worker_t *w)
+{
+    uint64_t l = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
+    return l ? l : 1000;
+}
+
+void agw_worker_watch_script(agw_worker_t *w, uint64_t now)
+{
+    pthread_mutex_lock(&w->vm_lock); /* lua_L stays open meanwhile (agw_worker_gen_discard) */
+    uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_ACQUIRE);
+    uint64_t limit = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
+    uint64_t entry = __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED);
+    lua_State *L = __atomic_load_n(&w->lua_L, __ATOMIC_RELAXED);
+    if (since != 0 && L != NULL && now - since >= limit) {
+        int first = __atomic_load_n(&w->stop_entry, __ATOMIC_RELAXED) != entry;
+        if (first || now - w->stop_armed_ms >= limit) {
+            __atomic_store_n(&w->stop_entry, entry, __ATOMIC_RELEASE);
+            w->stop_armed_ms = now;
+            lua_sethook(L, on_script_too_long, LUA_MASKCOUNT, 1);
+            if (first)
+                agw_log(AGW_LOG_WARN, "worker %d: a script has run for %llu ms without waiting for a call "
+                        "(script_time_limit_ms %llu); stopping it", w->id, (unsigned long long)(now - since),
+                        (unsigned long long)limit);
+        }
+    }
+    pthread_mutex_unlock(&w->vm_lock);
+}
+
 int agw_worker_call_runtime(wgen_t *g, int nargs)
 {
     agw_worker_t *w = g->w;
     lua_State *L = g->L;
     int rc = 0;
-    w->lua_depth++;
+    int outer = w->lua_depth++ == 0;
+    if (outer) { /* an entry begins: the watchdog times it */
+        __atomic_store_n(&w->lua_L, L, __ATOMIC_RELAXED);
+        __atomic_store_n(&w->lua_limit_ms, g->conf->script_time_limit_ms, __ATOMIC_RELAXED);
+        __atomic_store_n(&w->lua_entry, w->lua_entry + 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&w->lua_since_ms, agw_coarse_ms(), __ATOMIC_RELEASE);
+    }
     if (lua_pcall(L, nargs, 0, 0) != 0) {
         agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
         lua_pop(L, 1);
         rc = -1;
+    }
+    if (outer) {
+        uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_RELAXED);
+        __atomic_store_n(&w->lua_since_ms, 0, __ATOMIC_RELEASE);
+        /* a long entry (a slow script, one the watchdog stopped) leaves the loop's clock behind:
+         * requests read after it in this iteration would start their deadlines and call
+         * timeouts that long ago, and time out at once */
+        if (agw_coarse_ms() - since >= AGW_LONG_ENTRY_MS)
+            ev_now_update(w->loop);
     }
     w->lua_depth--;
     if (w->lua_depth == 0 && w->num_pending_aborts)
@@ -473,6 +557,7 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
 static void *worker_main(void *arg)
 {
     agw_worker_t *w = arg;
+    this_worker = w;
     ev_run(w->loop, 0);
     if (w->access_fd >= 0)
         agw_worker_alog_flush(w);
@@ -519,6 +604,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         return NULL;
     }
     pthread_mutex_init(&w->next_lock, NULL);
+    pthread_mutex_init(&w->vm_lock, NULL);
     w->loop = ev_loop_new(EVFLAG_AUTO);
     uv_loop_init(&w->uvloop);
     ev_io_init(&w->uv_io, on_uv_io, uv_backend_fd(&w->uvloop), EV_READ);

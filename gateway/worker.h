@@ -73,6 +73,15 @@ void agw_worker_drain(agw_worker_t *w);
 /* Requests the worker is handling (thread-safe): arrived at the runtime and not yet disposed. */
 int agw_worker_inflight(const agw_worker_t *w);
 
+/* The script time limit of the generation the worker last ran a script on, ms (thread-safe; the
+ * watchdog paces itself by it). 1000 before the first script ran. */
+uint64_t agw_worker_script_limit_ms(const agw_worker_t *w);
+
+/* Called by the watchdog thread (watchdog.h) with now = agw_coarse_ms(): when w has been inside
+ * one entry into Lua for longer than its limit, asks its VM to stop the script (once per limit
+ * while the entry lasts) and logs which worker and for how long. Thread-safe. */
+void agw_worker_watch_script(agw_worker_t *w, uint64_t now);
+
 /* Asks the worker to stop (thread-safe), waits for its thread, drops its references to the
  * listeners' SSL_CTXs and frees the generation handed to it and not yet taken. The worker's
  * loops, VMs and pools are not freed: this runs only when the process exits (server.c), and the

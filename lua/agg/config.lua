@@ -81,16 +81,16 @@ function M.check(cfg, src, file)
     return nil, errors
   end
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
-                shutdown_grace_ms = 10000 }
+                shutdown_grace_ms = 10000, script_time_limit_ms = 1000 }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
-                admin = true, access_log = true, shutdown_grace_ms = true, tracing = true }
+                admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, access_log, tracing, upstreams")
+          "shutdown_grace_ms, script_time_limit_ms, access_log, tracing, upstreams")
     end
   end
   local function show(v)
@@ -314,6 +314,17 @@ function M.check(cfg, src, file)
   if cfg.max_request_body_bytes ~= nil and
      posint(cfg.max_request_body_bytes, "max_request_body_bytes", find_line(lines, "max_request_body_bytes")) then
     out.max_request_body_bytes = cfg.max_request_body_bytes
+  end
+  -- script_time_limit_ms: how long a script may run without waiting for a call before the gateway
+  -- stops it (gateway/watchdog.h); from 10 ms to 10 minutes
+  if cfg.script_time_limit_ms ~= nil then
+    local v = cfg.script_time_limit_ms
+    if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v < 10 or v > 600000 then
+      err(find_line(lines, "script_time_limit_ms"), "script_time_limit_ms",
+          ("must be a whole number of milliseconds from 10 to 600000, got %s"):format(show(v)))
+    else
+      out.script_time_limit_ms = v
+    end
   end
   if cfg.shutdown_grace_ms ~= nil then
     local g = cfg.shutdown_grace_ms

@@ -127,6 +127,29 @@ local function run_chunk(chunk, file)
   return ok, v
 end
 
+-- The scripts' own functions run in LuaJIT's interpreter: compiled code does not run hooks, and
+-- the script time limit (gateway/watchdog.h) stops a runaway script with one. The agg library
+-- stays compiled. A script may compile a hot function of its own with jit.on(f, true), and the
+-- limit cannot stop a loop inside that function.
+local function interpreted(chunk)
+  if jit then jit.off(chunk, true) end -- the chunk and every function defined in it
+  return chunk
+end
+
+-- Modules the scripts require from the scripts folder (lib/x.lua for require "lib.x") load
+-- interpreted too: a searcher placed before Lua's own file searcher, for that folder only.
+local scripts_path -- "dir/?.lua;dir/?/init.lua" of the folder being loaded
+local function script_module_searcher(name)
+  if not scripts_path then return nil end
+  local file = package.searchpath(name, scripts_path)
+  if not file then return nil end -- Lua's own searchers say where they looked
+  local chunk, err = loadfile(file)
+  if not chunk then
+    error(("error loading module '%s' from file '%s':\n\t%s"):format(name, file, err), 0)
+  end
+  return interpreted(chunk)
+end
+
 --- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } }.
 -- Returns nil, message on a malformed route.
 function M.parse_route(route)
@@ -215,7 +238,7 @@ local function load_folder(dir)
       end
     end
     local chunk, err = loadfile(file)
-    if chunk then setfenv(chunk, script_env()) end
+    if chunk then setfenv(interpreted(chunk), script_env()) end
     if not chunk then
       errors[#errors + 1] = err
     else
@@ -304,6 +327,9 @@ local function by_line(errors)
 end
 
 function M.load(dir)
+  scripts_path = dir .. "/?.lua;" .. dir .. "/?/init.lua"
+  local loaders = package.loaders
+  if loaders[2] ~= script_module_searcher then table.insert(loaders, 2, script_module_searcher) end
   load_deadline = sys.monotonic_s() + M.LOAD_BUDGET_S
   local ok, gen, errors = pcall(load_folder, dir)
   load_deadline = nil

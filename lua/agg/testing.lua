@@ -21,6 +21,7 @@ local loader = require "agg.loader"
 local rt = require "agg.runtime"
 local problem = require "agg.problem"
 local resp_headers = require "agg.resp_headers"
+local sys = require "agg.sys"
 
 local M = {}
 
@@ -192,12 +193,46 @@ function Gateway:install()
 end
 
 
+-- The script time limit, as serve applies it (gateway/watchdog.h): one entry into the runtime (a
+-- request arriving, an answer, a timer) that runs longer than the folder's script_time_limit_ms of
+-- real time is stopped at the line it was at, and the request gets the 500 problem (or the
+-- continuation's section fails) that serve gives. Inside a coroutine the stop is raised again at
+-- every instruction until the error has left it (a pcall in the script cannot go on); on the
+-- thread that entered, once.
+local HOOK_EVERY = 10000 -- VM instructions between clock readings
+local function timed(gw, fn, ...)
+  local limit_ms = gw.gen.config.script_time_limit_ms
+  local deadline = sys.monotonic_s() + limit_ms / 1000
+  local base = coroutine.running()
+  local hit = false
+  local hook
+  hook = function()
+    local co = coroutine.running()
+    if hit then
+      if co == base then debug.sethook() return end -- the script's coroutine is gone
+    elseif sys.monotonic_s() <= deadline then
+      return
+    else
+      hit = true
+      if co == base then debug.sethook() else debug.sethook(hook, "", 1) end
+    end
+    local info = debug.getinfo(2, "Sl")
+    local where = info and info.currentline > 0 and (info.short_src .. ":" .. info.currentline .. ": ") or ""
+    error(("%sstopped: the script ran for more than %d ms without waiting for a call " ..
+           "(script_time_limit_ms in gateway.lua)"):format(where, limit_ms), 0)
+  end
+  debug.sethook(hook, "", HOOK_EVERY)
+  local ok, err = pcall(fn, ...)
+  debug.sethook()
+  if not ok then error(err, 0) end
+end
+
 -- Runs the earliest event; returns false when there is none.
 local function step(gw)
   if not peek(gw) then return false end
   local ev = pop(gw.events)
   if ev.at > gw.clock then gw.clock = ev.at end
-  ev.fn()
+  timed(gw, ev.fn)
   return true
 end
 --- Stubs upstream calls: stub(upstream, [method,] path_pattern, answer | { answer, answer, … }).
@@ -389,7 +424,7 @@ function Gateway:send(method, path, opts)
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
-  rt.start(rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
+  timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
   return r
 end
 
@@ -399,7 +434,7 @@ function Gateway:disconnect(r)
     r.status, r.disconnected = 499, true
     r.headers, r.body = {}, ""
     self.open = self.open - 1
-    rt.abort(r.rid)
+    timed(self, rt.abort, r.rid)
   end
 end
 

@@ -189,7 +189,8 @@ def services(reviews_fault="hang", inventory_refuses=True):
 class AdminCase(GatewayTestCase):
     def start_admin(self, services_=None, scripts=None, workers=1, access_log=None, upstream_options=None):
         self.admin_port = free_port()
-        extra = {"admin": {"port": self.admin_port, "host": "127.0.0.1"}}
+        # /busy computes for 2.5 s on purpose: above the default script time limit (1000 ms)
+        extra = {"admin": {"port": self.admin_port, "host": "127.0.0.1"}, "script_time_limit_ms": 5000}
         if access_log:
             extra["access_log"] = access_log
         opts = {"reviews": {"timeout_ms": 100}, "flaky": {"retry": {"attempts": 2, "backoff_ms": 1}}}

@@ -1,0 +1,86 @@
+/* watchdog.c: the thread that enforces the script time limit (watchdog.h). */
+#include "watchdog.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "worker.h"
+
+struct agw_watchdog {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* on CLOCK_MONOTONIC */
+    int stop;
+    struct agw_worker **workers;
+    unsigned n;
+};
+
+/* A quarter of the smallest limit in use, from 5 to 250 ms: a script is stopped within about
+ * 1.25 limits of CPU, and an idle gateway wakes this thread a few times a second. */
+static uint64_t tick_ms(const agw_watchdog_t *wd)
+{
+    uint64_t t = 250;
+    for (unsigned i = 0; i < wd->n; i++) {
+        uint64_t l = agw_worker_script_limit_ms(wd->workers[i]) / 4;
+        if (l < t)
+            t = l;
+    }
+    return t < 5 ? 5 : t;
+}
+
+static void *watchdog_main(void *arg)
+{
+    agw_watchdog_t *wd = arg;
+    pthread_mutex_lock(&wd->lock);
+    while (!wd->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + tick_ms(wd) * 1000000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        pthread_cond_timedwait(&wd->cond, &wd->lock, &ts);
+        if (wd->stop)
+            break;
+        uint64_t now = agw_coarse_ms();
+        for (unsigned i = 0; i < wd->n; i++)
+            agw_worker_watch_script(wd->workers[i], now);
+    }
+    pthread_mutex_unlock(&wd->lock);
+    return NULL;
+}
+
+agw_watchdog_t *agw_watchdog_start(struct agw_worker **workers, unsigned n)
+{
+    agw_watchdog_t *wd = calloc(1, sizeof(*wd));
+    if (wd == NULL)
+        return NULL;
+    wd->workers = workers;
+    wd->n = n;
+    pthread_mutex_init(&wd->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&wd->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&wd->thread, NULL, watchdog_main, wd) != 0) {
+        pthread_cond_destroy(&wd->cond);
+        pthread_mutex_destroy(&wd->lock);
+        free(wd);
+        return NULL;
+    }
+    return wd;
+}
+
+void agw_watchdog_stop(agw_watchdog_t *wd)
+{
+    if (wd == NULL)
+        return;
+    pthread_mutex_lock(&wd->lock);
+    wd->stop = 1;
+    pthread_cond_signal(&wd->cond);
+    pthread_mutex_unlock(&wd->lock);
+    pthread_join(wd->thread, NULL);
+    pthread_cond_destroy(&wd->cond);
+    pthread_mutex_destroy(&wd->lock);
+    free(wd);
+}

@@ -1,0 +1,148 @@
+"""The script time limit (gateway/watchdog.h): a handler or continuation that computes without
+waiting for a call (an endless loop) is stopped after script_time_limit_ms; the request gets a 500
+problem (or the continuation's section fails), the log names the script's file:line, and the worker
+serves the next request. A pcall in the script cannot catch the stop and carry on.
+
+Times are bounded for a loaded machine: each stopped request must take at least the limit (the
+script really ran that long) and end well within the curl timeout; the other assertions are on
+statuses, bodies and the log."""
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import GatewayTestCase, demo_services, endpoint, repo_scripts, run_aggway, write_scripts, gateway_lua, main  # noqa: E402
+
+LIMIT_MS = 200
+
+SCRIPTS = dict(repo_scripts(), **{
+    # line 6: the loop
+    "spin.lua": endpoint("GET /spin", """
+    while true do end"""),
+    "spin-for.lua": endpoint("GET /spin-for", """
+    local x = 0
+    for i = 1, 1e15 do x = x + i % 7 end
+    return { status = 200, json = { x = x } }"""),
+    # a script that catches errors and goes on: the stop is raised again at once
+    "spin-pcall.lua": endpoint("GET /spin-pcall", """
+    while true do
+      pcall(function() while true do end end)
+    end"""),
+    # after waiting for a call: the entry that spins is the continuation of the call's answer
+    "spin-after-call.lua": endpoint("GET /spin-after-call", """
+    local res = agg.fetch_all { product = { "product", "/products/1" } }
+    while true do end"""),
+    # a continuation that spins: its section fails, the rest of the page is served
+    "spin-then.lua": endpoint("GET /spin-then", """
+    return agg.page(agg.fetch_all {
+      product = { "product", "/products/1" },
+      reviews = agg.fetch_then("product", function(p) while true do end end),
+    })"""),
+    # a module of the scripts folder runs interpreted too (lib/spin.lua)
+    "lib/spinner.lua": "local M = {}\nfunction M.spin()\n  local n = 0\n  while true do n = n + 1 end\nend\nreturn M\n",
+    "spin-module.lua": endpoint("GET /spin-module", """
+    require("lib.spinner").spin()"""),
+    # work that ends well inside the limit is untouched
+    "busy.lua": endpoint("GET /busy", """
+    local x = 0
+    for i = 1, 200000 do x = x + i % 7 end
+    return { status = 200, json = { x = x } }"""),
+})
+
+
+class ScriptTimeLimit(GatewayTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=SCRIPTS,
+                   gateway_extra={"script_time_limit_ms": LIMIT_MS})
+
+    def assertStopped(self, path, script, line):
+        r = self.get(path)
+        p = self.assertProblem(r, 500)
+        self.assertNotIn(b"script_time_limit_ms", r.body, "the client is not told the internals")
+        self.assertGreaterEqual(r.time_total, LIMIT_MS / 1000 * 0.9, r)
+        log = self.gw.log()
+        self.assertIn("stopped: the script ran for more than %d ms" % LIMIT_MS, log)
+        self.assertIn("%s:%d:" % (script, line), log)
+        # the worker goes on serving
+        self.assertEqual(self.get("/product-page/42").status, 200)
+        return p
+
+    def test_endless_while_loop_is_stopped(self):
+        self.assertStopped("/spin", "spin.lua", 6)
+        self.assertIn("a script has run for", self.gw.log())
+
+    def test_endless_numeric_for_loop_is_stopped(self):
+        self.assertStopped("/spin-for", "spin-for.lua", 7)
+
+    def test_pcall_cannot_catch_the_stop(self):
+        self.assertStopped("/spin-pcall", "spin-pcall.lua", 7)
+
+    def test_loop_after_a_call_is_stopped(self):
+        self.assertStopped("/spin-after-call", "spin-after-call.lua", 7)
+
+    def test_loop_in_a_required_module_is_stopped(self):
+        self.assertStopped("/spin-module", "lib/spinner.lua", 4)
+
+    def test_continuation_loop_fails_its_section_only(self):
+        r = self.get("/spin-then")
+        self.assertEqual(r.status, 200, r)
+        page = r.json()
+        self.assertEqual(page["product"]["status"], "ok", r)
+        self.assertEqual(page["reviews"]["status"], "unavailable", r)
+        self.assertEqual(r.headers.get("x-aggregation-completed"), "false", r)
+        log = self.gw.log()
+        self.assertIn("stopped: the script ran for more than", log)
+        self.assertIn("spin-then.lua:8:", log)
+
+    def test_short_work_is_not_stopped(self):
+        for _ in range(3):
+            r = self.get("/busy")
+            self.assertEqual(r.status, 200, r)
+        self.assertNotIn("stopped:", self.gw.log())
+        self.assertNotIn("a script has run for", self.gw.log())
+
+    def test_other_requests_wait_only_until_the_stop(self):
+        """While one request spins, a request on the same (single) worker waits; it is answered once
+        the spinning script is stopped, not never."""
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("spin", self.get("/spin")))
+        t.start()
+        r = self.get("/product-page/42")
+        t.join(30)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(out["spin"].status, 500, out["spin"])
+
+    def test_stopped_over_h2c_too(self):
+        r = self.get_h2c("/spin")
+        self.assertProblem(r, 500)
+        self.assertEqual(self.get_h2c("/product-page/42").status, 200)
+
+
+class ScriptTimeLimitConfig(GatewayTestCase):
+
+    def check(self, value):
+        sdir = os.path.join(self.workdir, "cfg")
+        write_scripts(sdir, repo_scripts(), gateway_lua(8080, {"product": {"url": "http://127.0.0.1:1"},
+                                                               "reviews": {"url": "http://127.0.0.1:1"},
+                                                               "inventory": {"url": "http://127.0.0.1:1"}},
+                                                        script_time_limit_ms=value))
+        return run_aggway("check", "-c", sdir)
+
+    def test_bad_values_are_reported_with_file_and_line(self):
+        for v in (0, 5, 1.5, 600001, "1s"):
+            r = self.check(v)
+            self.assertNotEqual(r.returncode, 0, v)
+            err = r.stderr.decode() + r.stdout.decode()
+            self.assertIn("gateway.lua:", err)
+            self.assertIn("script_time_limit_ms: must be a whole number of milliseconds from 10 to 600000", err)
+
+    def test_good_value_is_accepted(self):
+        r = self.check(250)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+
+
+if __name__ == "__main__":
+    main()
