@@ -122,9 +122,19 @@ int agw_breaker_report(agw_breaker_t *b, agw_breaker_result_t r, int probe, uint
 
 /* ---- Lua handles ---- */
 
+/* The handle at index 1 of a method call. Every method has the handles' metatable as upvalue 1
+ * (push_handle): comparing with it saves luaL_checkudata's registry lookup by name, six times a
+ * page. Raises "bad argument #1 … (agw.breaker expected, got …)" for anything else. */
 static agw_breaker_t *check(lua_State *L)
 {
-    handle_t *h = luaL_checkudata(L, 1, HANDLE_MT);
+    handle_t *h = lua_touserdata(L, 1);
+    int ok = h != NULL && lua_getmetatable(L, 1);
+    if (ok) {
+        ok = lua_rawequal(L, -1, lua_upvalueindex(1));
+        lua_pop(L, 1);
+    }
+    if (!ok)
+        luaL_typerror(L, 1, HANDLE_MT);
     return h->b;
 }
 
@@ -185,7 +195,11 @@ static void push_handle(lua_State *L, agw_breaker_t *b, int owned)
     if (luaL_newmetatable(L, HANDLE_MT)) {
         static const luaL_Reg methods[] = {{"allow", l_allow}, {"report", l_report}, {"state", l_state}, {NULL, NULL}};
         lua_createtable(L, 0, 3);
-        luaL_register(L, NULL, methods);
+        for (const luaL_Reg *m = methods; m->name; m++) {
+            lua_pushvalue(L, -2); /* the metatable: upvalue 1 (check) */
+            lua_pushcclosure(L, m->func, 1);
+            lua_setfield(L, -2, m->name);
+        }
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_gc);
         lua_setfield(L, -2, "__gc");

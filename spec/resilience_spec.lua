@@ -265,3 +265,21 @@ describe("fallbacks", function()
     assert.equal("urn:aggway:problem:upstream-error", recs.data.reason)
   end)
 end)
+
+describe("the breaker handle (gateway/breaker.c)", function()
+  it("answers its methods and refuses anything that is not a breaker as self", function()
+    local breaker = require "agg.breaker"
+    local b = breaker.new(1, 1000, 1)
+    assert.equal("allow", (b:allow(1)))
+    assert.equal("open", b:report("failure", false, 2))
+    assert.equal("deny", (b:allow(3)))
+    for _, other in ipairs { {}, io.stdout, false, "x" } do
+      local ok, err = pcall(b.allow, other, 1)
+      assert.is_false(ok)
+      assert.truthy(err:find("agw.breaker expected", 1, true), err)
+    end
+    local ok, err = pcall(b.report) -- no self at all
+    assert.is_false(ok)
+    assert.truthy(err:find("agw.breaker expected, got no value", 1, true), err)
+  end)
+end)
