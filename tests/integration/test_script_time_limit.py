@@ -47,6 +47,38 @@ SCRIPTS = dict(repo_scripts(), **{
     local x = 0
     for i = 1, 200000 do x = x + i % 7 end
     return { status = 200, json = { x = x } }"""),
+    # the response's fields are read by the runtime itself (after a call: on the call's answer)
+    "spin-response.lua": endpoint("GET /spin-response", """
+    local res = agg.fetch_all { product = { "product", "/products/1" } }
+    return setmetatable({}, { __index = function(t, k) while true do end end })"""),
+    # an xpcall handler that loops once the stop reached it
+    "spin-xpcall.lua": endpoint("GET /spin-xpcall", """
+    local ok = xpcall(function() while true do end end, function(e) while true do end end)
+    return { status = 200, json = { ok = ok } }"""),
+    # a finalizer that runs longer than the limit on the runtime's own thread (a finalizer cannot
+    # be stopped): once it returns, the runtime's code must go on undisturbed
+    "lib/gcstate.lua": "return { main = 0 }\n",
+    "plant.lua": endpoint("GET /plant", """
+    local st = require "lib.gcstate"
+    local function plant()
+      getmetatable(newproxy(true)).__gc = function()
+        if st.main == 0 and coroutine.running() == nil then
+          st.main = 1
+          local t = os.clock() + 0.4
+          while os.clock() < t do end
+        elseif st.main == 0 then
+          plant()
+        end
+      end
+    end
+    plant()
+    return { status = 200, json = st }"""),
+    "gcstate.lua": endpoint("GET /gcstate", """
+    return { status = 200, json = require "lib.gcstate" }"""),
+    "fan.lua": endpoint("GET /fan", """
+    local specs = {}
+    for i = 1, 20 do specs["s" .. i] = { "product", "/products/" .. i } end
+    return agg.page(agg.fetch_all(specs))"""),
 })
 
 
@@ -119,6 +151,30 @@ class ScriptTimeLimit(GatewayTestCase):
         r = self.get_h2c("/spin")
         self.assertProblem(r, 500)
         self.assertEqual(self.get_h2c("/product-page/42").status, 200)
+
+    def test_loop_in_a_response_metamethod_after_a_call_answers(self):
+        """The runtime reads the handler's response (status, json …) on its own thread: a loop in
+        a metamethod there is stopped and the request still gets its 500, not no answer at all."""
+        self.assertStopped("/spin-response", "spin-response.lua", 7)
+        self.assertNotIn("runtime error", self.gw.log())
+
+    def test_xpcall_handler_that_loops_is_not_run_for_the_stop(self):
+        """LuaJIT runs the handler of an error raised by a hook with hooks off: a handler that
+        loops would hold the worker for good. The stop skips the script's handlers."""
+        self.assertStopped("/spin-xpcall", "spin-xpcall.lua", 6)
+
+    def test_stop_never_lands_in_the_runtime(self):
+        """A finalizer that runs past the limit on the runtime's own thread cannot be stopped; when
+        it returns, the stop must wait for the script's own code, not break the runtime's."""
+        self.assertEqual(self.get("/plant").status, 200)
+        statuses = []
+        for i in range(60):
+            statuses.append(self.get("/fan").status)
+            if i % 5 == 4 and self.get("/gcstate").json()["main"] == 1:
+                break
+        self.assertEqual(self.get("/gcstate").json()["main"], 1, "the finalizer never ran on the runtime's thread")
+        self.assertEqual(set(statuses), {200}, statuses)
+        self.assertNotIn("runtime error", self.gw.log())
 
 
 class ScriptTimeLimitConfig(GatewayTestCase):
