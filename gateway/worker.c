@@ -18,6 +18,7 @@
  */
 #include "worker_internal.h"
 
+#include "script.h"
 #include "watchdog.h"
 
 #include <errno.h>
@@ -114,6 +115,14 @@ static __thread agw_worker_t *this_worker; /* the worker whose thread this is */
 
 #define AGW_LONG_ENTRY_MS 10 /* an entry into Lua this long updates the loop's clock, ms */
 
+/* Whether a function's source ("@path") is a file of the runtime's Lua half (agw_lua_dir()). */
+static int runtime_source(const char *source)
+{
+    const char *dir = agw_lua_dir();
+    size_t n = strlen(dir);
+    return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
+}
+
 /* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
 static void on_script_too_long(lua_State *L, lua_Debug *ar)
 {
@@ -126,17 +135,25 @@ static void on_script_too_long(lua_State *L, lua_Debug *ar)
     }
     int main_thread = lua_pushthread(L);
     lua_pop(L, 1);
-    if (main_thread) {
-        /* the runtime's own thread: raise once (the pcall around a fallback makes it that call's
-         * error), and nothing more once the script's coroutine is gone */
+    if (main_thread && w->stopped_entry == entry) {
+        /* the script's coroutine is gone: nothing more */
         lua_sethook(L, NULL, 0, 0);
-        if (w->stopped_entry == entry)
-            return;
+        return;
     }
-    w->stopped_entry = entry;
-    /* file:line of the instruction it was at (level 0: the function running, not the hook) */
+    /* level 0: the function running, not the hook. The stop is raised in the scripts' own code
+     * only: raised in the runtime's (lua/agg, which runs between a script's pieces and after a
+     * finalizer that overran), it would leave the runtime half way through its bookkeeping (a
+     * request never answered). The hook stays armed until the script's code runs again, or the
+     * entry ends (the next entry clears it). */
     lua_Debug d;
-    if (lua_getstack(L, 0, &d) && lua_getinfo(L, "Sl", &d) && d.currentline > 0)
+    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || runtime_source(d.source))
+        return;
+    if (main_thread) /* the runtime's own thread: raise once (the pcall around a fallback makes it
+                        that call's error) */
+        lua_sethook(L, NULL, 0, 0);
+    w->stopped_entry = entry;
+    /* file:line of the instruction it was at */
+    if (d.currentline > 0)
         lua_pushfstring(L, "%s:%d: ", d.short_src, d.currentline);
     else
         lua_pushliteral(L, "");

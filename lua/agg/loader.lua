@@ -53,6 +53,18 @@ SHARED.os = readonly(setmetatable({
   end,
 }, { __index = os }), "os")
 
+-- xpcall for scripts: the script time limit's stop (gateway/watchdog.h) does not run the script's
+-- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
+-- that looped (or ran long) could not be stopped and would hold its worker for good.
+local STOPPED = "stopped: the script ran for more than "
+local raw_xpcall = xpcall
+SHARED.xpcall = function(f, handler, ...)
+  return raw_xpcall(f, function(e)
+    if type(e) == "string" and e:find(STOPPED, 1, true) then return e end
+    return handler(e)
+  end, ...)
+end
+
 local function script_env()
   local env = {}
   for k, v in pairs(SHARED) do env[k] = v end

@@ -1055,6 +1055,13 @@ local function send_problem(ctx, p)
   send(ctx, p.status, PROBLEM_HEADERS, p, true, "application/problem+json")
 end
 
+-- status, headers, json and (without json) body of a handler's response
+local function response_fields(resp)
+  if type(resp) ~= "table" then return nil end
+  local json_v = resp.json
+  return resp.status, resp.headers, json_v, json_v == nil and resp.body or nil
+end
+
 finish_request = function(ctx, ok, resp, co)
   if ctx.done then return end
   ctx.done = true
@@ -1069,18 +1076,23 @@ finish_request = function(ctx, ok, resp, co)
     log_error(ctx, nil, resp, co)
     return send_problem(ctx, problem.script_error(nil))
   end
-  local st = type(resp) == "table" and resp.status
+  -- the response's fields may run the script's metamethods, here on the runtime's own thread:
+  -- an error (or the script time limit's stop) there must not leave the request unanswered
+  local read, st, headers, rjson, body = pcall(response_fields, resp)
+  if not read then
+    log_error(ctx, nil, st)
+    return send_problem(ctx, problem.script_error(nil))
+  end
   if type(st) ~= "number" or st < 200 or st > 599 or st % 1 ~= 0 then
     log_error(ctx, nil, "the handler must return agg.page(results) or { status = <200..599>, json = … | body = … }")
     return send_problem(ctx, problem.script_error(nil))
   end
-  local headers = resp.headers
   if headers ~= nil and type(headers) ~= "table" then
     log_error(ctx, nil, "response headers must be a table")
     return send_problem(ctx, problem.script_error(nil))
   end
-  if resp.json ~= nil then
-    local sent, err = send(ctx, st, headers, resp.json, true, "application/json")
+  if rjson ~= nil then
+    local sent, err = send(ctx, st, headers, rjson, true, "application/json")
     if sent == nil and err then
       log_error(ctx, nil, "the response cannot be encoded as JSON: " .. tostring(err))
       return send_problem(ctx, problem.new("response-encoding", "the page could not be encoded as JSON", 500,
@@ -1088,7 +1100,6 @@ finish_request = function(ctx, ok, resp, co)
     end
     return
   end
-  local body = resp.body
   if body ~= nil and type(body) ~= "string" then
     log_error(ctx, nil, "response body must be a string (use json = … for tables)")
     return send_problem(ctx, problem.script_error(nil))
