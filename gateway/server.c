@@ -177,6 +177,9 @@ static void tracing_settings(const agw_config_t *from, agw_config_t *to)
 /* Graceful shutdown: every worker stops accepting, then requests in flight have up to
  * shutdown_grace_ms (the serving generation's) to finish. A second SIGTERM/SIGINT ends the wait
  * at once; SIGUSR1 still reopens the access log; SIGHUP is ignored (logged). */
+/* After the drain, how long a worker may take to stop before the process exits without it, ms */
+#define AGW_WORKER_STOP_WAIT_MS 5000
+
 static void drain(server_t *srv, const sigset_t *set)
 {
     agw_generation_t *gen = agw_reload_state_current(&srv->gens);
@@ -436,9 +439,16 @@ int agw_server_run(const char *dir)
     }
     agw_admin_set_ready(admin, 0);
     drain(&srv, &set);
+    /* the watchdog goes on stopping runaway scripts while the workers stop */
+    for (unsigned wi = 0; wi < srv.workers; wi++) {
+        if (agw_worker_stop(srv.w[wi], AGW_WORKER_STOP_WAIT_MS) != 0) {
+            agw_log(AGW_LOG_ERROR, "stopping: worker %u did not stop within %d ms (a script stuck where the "
+                    "script time limit cannot reach it: a long C call, a compiled loop, a finalizer); exiting "
+                    "without it", wi, AGW_WORKER_STOP_WAIT_MS);
+            _exit(1);
+        }
+    }
     agw_watchdog_stop(watchdog);
-    for (unsigned wi = 0; wi < srv.workers; wi++)
-        agw_worker_stop(srv.w[wi]);
     agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */
     agw_otlp_stop(exporter); /* last: sends what the workers queued */
     for (unsigned wi = 0; wi < srv.workers; wi++)

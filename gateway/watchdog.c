@@ -15,6 +15,22 @@ struct agw_watchdog {
     unsigned n;
 };
 
+uint64_t agw_coarse_tick_ms(void)
+{
+    static uint64_t tick; /* 0: not read yet (a benign race: every thread reads the same value) */
+    uint64_t t = __atomic_load_n(&tick, __ATOMIC_RELAXED);
+    if (t == 0) {
+        struct timespec res;
+        t = 1;
+        if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0)
+            t = (uint64_t)res.tv_sec * 1000u + ((uint64_t)res.tv_nsec + 999999u) / 1000000u;
+        if (t == 0)
+            t = 1;
+        __atomic_store_n(&tick, t, __ATOMIC_RELAXED);
+    }
+    return t;
+}
+
 /* A quarter of the smallest limit in use, from 5 to 250 ms: a script is stopped within about
  * 1.25 limits of CPU, and an idle gateway wakes this thread a few times a second. */
 static uint64_t tick_ms(const agw_watchdog_t *wd)

@@ -40,6 +40,9 @@ static inline uint64_t agw_coarse_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* The resolution of agw_coarse_ms, ms (clock_getres; read once, 1 when it cannot be read). */
+uint64_t agw_coarse_tick_ms(void);
+
 typedef struct agw_watchdog agw_watchdog_t;
 
 /* Starts the watchdog thread over workers[0 .. n-1] (the array and the workers must outlive it).

@@ -123,21 +123,32 @@ static int runtime_source(const char *source)
     return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
 }
 
+/* Removes the hook. Under vm_lock: lua_sethook rewrites the VM's dispatch table, and the watchdog
+ * may be setting the hook at the same moment. */
+static void disarm(agw_worker_t *w, lua_State *L)
+{
+    if (w)
+        pthread_mutex_lock(&w->vm_lock);
+    lua_sethook(L, NULL, 0, 0);
+    if (w)
+        pthread_mutex_unlock(&w->vm_lock);
+}
+
 /* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
 static void on_script_too_long(lua_State *L, lua_Debug *ar)
 {
     (void)ar;
     agw_worker_t *w = this_worker;
     uint64_t entry = w ? __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED) : 0;
-    if (w == NULL || w->lua_depth == 0 || __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) != entry) {
-        lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
+    if (w == NULL || w->lua_depth == 0 || __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) != entry ||
+        agw_coarse_ms() - w->lua_since_ms < w->lua_limit_ms) {
+        disarm(w, L); /* meant for an entry that has ended meanwhile */
         return;
     }
     int main_thread = lua_pushthread(L);
     lua_pop(L, 1);
     if (main_thread && w->stopped_entry == entry) {
-        /* the script's coroutine is gone: nothing more */
-        lua_sethook(L, NULL, 0, 0);
+        disarm(w, L); /* the script's coroutine is gone: nothing more */
         return;
     }
     /* level 0: the function running, not the hook. The stop is raised in the scripts' own code
@@ -150,7 +161,7 @@ static void on_script_too_long(lua_State *L, lua_Debug *ar)
         return;
     if (main_thread) /* the runtime's own thread: raise once (the pcall around a fallback makes it
                         that call's error) */
-        lua_sethook(L, NULL, 0, 0);
+        disarm(w, L);
     w->stopped_entry = entry;
     /* file:line of the instruction it was at */
     if (d.currentline > 0)
@@ -173,11 +184,16 @@ uint64_t agw_worker_script_limit_ms(const agw_worker_t *w)
 void agw_worker_watch_script(agw_worker_t *w, uint64_t now)
 {
     pthread_mutex_lock(&w->vm_lock); /* lua_L stays open meanwhile (agw_worker_gen_discard) */
+    /* the entry number read before and after its start time: when the two differ, the worker
+     * moved on to another entry meanwhile and since may not be that entry's (the worker writes
+     * the number before the time, agw_worker_call_runtime) */
+    uint64_t entry = __atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE);
     uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_ACQUIRE);
     uint64_t limit = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
-    uint64_t entry = __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED);
     lua_State *L = __atomic_load_n(&w->lua_L, __ATOMIC_RELAXED);
-    if (since != 0 && L != NULL && now - since >= limit) {
+    int same = __atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE) == entry;
+    /* both times are coarse (agw_coarse_ms): one clock tick more, so as never to stop early */
+    if (same && since != 0 && L != NULL && now - since >= limit + agw_coarse_tick_ms()) {
         int first = __atomic_load_n(&w->stop_entry, __ATOMIC_RELAXED) != entry;
         if (first || now - w->stop_armed_ms >= limit) {
             __atomic_store_n(&w->stop_entry, entry, __ATOMIC_RELEASE);
@@ -201,7 +217,7 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
     if (outer) { /* an entry begins: the watchdog times it */
         __atomic_store_n(&w->lua_L, L, __ATOMIC_RELAXED);
         __atomic_store_n(&w->lua_limit_ms, g->conf->script_time_limit_ms, __ATOMIC_RELAXED);
-        __atomic_store_n(&w->lua_entry, w->lua_entry + 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&w->lua_entry, w->lua_entry + 1, __ATOMIC_RELEASE);
         __atomic_store_n(&w->lua_since_ms, agw_coarse_ms(), __ATOMIC_RELEASE);
     }
     if (lua_pcall(L, nargs, 0, 0) != 0) {
@@ -701,10 +717,16 @@ int agw_worker_inflight(const agw_worker_t *w)
     return __atomic_load_n(&w->inflight, __ATOMIC_RELAXED);
 }
 
-void agw_worker_stop(agw_worker_t *w)
+int agw_worker_stop(agw_worker_t *w, uint64_t wait_ms)
 {
     ev_async_send(w->loop, &w->stop_async);
-    pthread_join(w->thread, NULL);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* pthread_timedjoin_np's clock */
+    uint64_t ns = (uint64_t)until.tv_nsec + wait_ms * 1000000u;
+    until.tv_sec += (time_t)(ns / 1000000000u);
+    until.tv_nsec = (long)(ns % 1000000000u);
+    if (pthread_timedjoin_np(w->thread, NULL, &until) != 0)
+        return -1; /* still running: leave everything it may touch alone */
     for (size_t i = 0; i < w->num_listeners; i++) { /* connections still open keep their own */
         SSL_CTX_free(w->listeners[i].accept_ctx.ssl_ctx);
         w->listeners[i].accept_ctx.ssl_ctx = NULL;
@@ -715,4 +737,5 @@ void agw_worker_stop(agw_worker_t *w)
     pthread_mutex_unlock(&w->next_lock);
     if (pending)
         agw_worker_gen_discard(pending);
+    return 0;
 }

@@ -82,11 +82,13 @@ uint64_t agw_worker_script_limit_ms(const agw_worker_t *w);
  * while the entry lasts) and logs which worker and for how long. Thread-safe. */
 void agw_worker_watch_script(agw_worker_t *w, uint64_t now);
 
-/* Asks the worker to stop (thread-safe), waits for its thread, drops its references to the
- * listeners' SSL_CTXs and frees the generation handed to it and not yet taken. The worker's
- * loops, VMs and pools are not freed: this runs only when the process exits (server.c), and the
- * exit releases them. */
-void agw_worker_stop(agw_worker_t *w);
+/* Asks the worker to stop (thread-safe), waits up to wait_ms for its thread, drops its references
+ * to the listeners' SSL_CTXs and frees the generation handed to it and not yet taken. Returns 0,
+ * or -1 when the thread is still running after wait_ms (a script stuck where the script time limit
+ * cannot reach, watchdog.h): then nothing is freed and the caller should end the process. The
+ * worker's loops, VMs and pools are not freed: this runs only when the process exits (server.c),
+ * and the exit releases them. */
+int agw_worker_stop(agw_worker_t *w, uint64_t wait_ms);
 
 /* The h2o request handler shared by every worker (registered on the "/" path). */
 int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req);

@@ -47,6 +47,23 @@ describe("the script time limit", function()
     assert.is_true(stopped_at(gw, "spin.lua:20:"))
   end)
 
+  it("cannot be turned off by the script with debug.sethook", function()
+    local page = gw:get("/sethook")
+    assert.equal(500, page.status)
+    local found = false
+    for _, l in ipairs(gw:logs()) do
+      if l:find("debug.sethook is not available to scripts", 1, true) then found = true end
+    end
+    assert.is_true(found)
+  end)
+
+  it("stops a loop in the response's metamethod, read by the runtime after a call", function()
+    local page = gw:get("/spin-response")
+    assert.equal(500, page.status)
+    assert.equal("application/problem+json", page.headers["content-type"])
+    assert.is_true(stopped_at(gw, "spin.lua:29:"))
+  end)
+
   it("leaves work shorter than the limit alone, before and after a stop", function()
     assert.equal(200, gw:get("/quick").status)
     assert.equal(500, gw:get("/spin").status)

@@ -53,6 +53,14 @@ SHARED.os = readonly(setmetatable({
   end,
 }, { __index = os }), "os")
 
+-- debug.sethook would take the hook the script time limit stops scripts with (gateway/watchdog.h,
+-- and agg.testing's in `aggway test`)
+SHARED.debug = readonly(setmetatable({
+  sethook = function()
+    error("debug.sethook is not available to scripts: the gateway's script time limit uses the hook", 2)
+  end,
+}, { __index = debug }), "debug")
+
 -- xpcall for scripts: the script time limit's stop (gateway/watchdog.h) does not run the script's
 -- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
 -- that looped (or ran long) could not be stopped and would hold its worker for good.

@@ -200,23 +200,29 @@ end
 -- every instruction until the error has left it (a pcall in the script cannot go on); on the
 -- thread that entered, once.
 local HOOK_EVERY = 10000 -- VM instructions between clock readings
+-- "@<lua dir>/": the source prefix of the runtime's own files (lua/agg), where no stop is raised
+-- (it would leave the runtime half way through its bookkeeping); the hook waits for script code
+local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
 local function timed(gw, fn, ...)
   local limit_ms = gw.gen.config.script_time_limit_ms
   local deadline = sys.monotonic_s() + limit_ms / 1000
   local base = coroutine.running()
-  local hit = false
+  local hit, stopped = false, false
   local hook
   hook = function()
-    local co = coroutine.running()
-    if hit then
-      if co == base then debug.sethook() return end -- the script's coroutine is gone
-    elseif sys.monotonic_s() <= deadline then
-      return
-    else
+    if not hit then
+      if sys.monotonic_s() <= deadline then return end
       hit = true
-      if co == base then debug.sethook() else debug.sethook(hook, "", 1) end
+      debug.sethook(hook, "", 1) -- from now on at every instruction
     end
+    local co = coroutine.running()
+    if co == base and stopped then debug.sethook() return end -- the script's coroutine is gone
     local info = debug.getinfo(2, "Sl")
+    if info and RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX then
+      return -- the runtime's own code: wait until the script's runs
+    end
+    if co == base then debug.sethook() end -- the entering thread: raise once (a fallback's pcall)
+    stopped = true
     local where = info and info.currentline > 0 and (info.short_src .. ":" .. info.currentline .. ": ") or ""
     error(("%sstopped: the script ran for more than %d ms without waiting for a call " ..
            "(script_time_limit_ms in gateway.lua)"):format(where, limit_ms), 0)

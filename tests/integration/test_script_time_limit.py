@@ -7,8 +7,10 @@ Times are bounded for a loaded machine: each stopped request must take at least 
 script really ran that long) and end well within the curl timeout; the other assertions are on
 statuses, bodies and the log."""
 import os
+import signal
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import GatewayTestCase, demo_services, endpoint, repo_scripts, run_aggway, write_scripts, gateway_lua, main  # noqa: E402
@@ -169,13 +171,68 @@ class ScriptTimeLimit(GatewayTestCase):
         it returns, the stop must wait for the script's own code, not break the runtime's."""
         self.assertEqual(self.get("/plant").status, 200)
         statuses = []
-        for i in range(60):
+        # where a finalizer runs depends on which thread's allocation ends the GC cycle: it re-plants
+        # itself until it runs on the runtime's thread (a few dozen pages; 400 bounds the unlucky case)
+        for i in range(400):
             statuses.append(self.get("/fan").status)
             if i % 5 == 4 and self.get("/gcstate").json()["main"] == 1:
                 break
         self.assertEqual(self.get("/gcstate").json()["main"], 1, "the finalizer never ran on the runtime's thread")
         self.assertEqual(set(statuses), {200}, statuses)
         self.assertNotIn("runtime error", self.gw.log())
+
+
+SHUTDOWN_SCRIPTS = {
+    "spin.lua": endpoint("GET /spin", """
+    while true do end"""),
+    # a loop the script compiled itself: LuaJIT runs no hooks in compiled code, so the limit
+    # cannot stop it (README, "Script time limit")
+    "compiled.lua": endpoint("GET /compiled", """
+    local function f()
+      local x = 0
+      while true do x = x + 1 end
+    end
+    jit.on(f, true)
+    f()"""),
+}
+
+
+class ShutdownWithARunawayScript(GatewayTestCase):
+    """SIGTERM while a script runs away: the watchdog keeps stopping scripts during the drain, and a
+    worker that cannot be stopped does not keep the process alive for good."""
+
+    def setUp(self):
+        super().setUp()
+        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=SHUTDOWN_SCRIPTS,
+                   gateway_extra={"script_time_limit_ms": LIMIT_MS, "shutdown_grace_ms": 300})
+
+    def sigterm_during(self, path):
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", self.get(path, timeout=30)))
+        t.start()
+        time.sleep(0.1)  # the request is in its script (the limit is 200 ms)
+        self.gw.proc.send_signal(signal.SIGTERM)
+        rc = self.gw.proc.wait(timeout=30)
+        t.join(30)
+        return rc, out.get("r")
+
+    def test_stoppable_script_is_stopped_and_the_process_exits_0(self):
+        rc, r = self.sigterm_during("/spin")
+        self.assertEqual(rc, 0, self.gw.log())
+        self.assertEqual(r.status, 500, r)
+        self.assertIn("spin.lua:6: stopped: the script ran for more than", self.gw.log())
+
+    def test_unstoppable_script_makes_the_process_exit_1_after_the_wait(self):
+        start = time.monotonic()
+        rc, _ = self.sigterm_during("/compiled")
+        took = time.monotonic() - start
+        self.assertEqual(rc, 1, self.gw.log())
+        log = self.gw.log()
+        self.assertIn("a script has run for", log)  # the watchdog tried
+        self.assertIn("worker 0 did not stop within 5000 ms", log)
+        self.assertGreaterEqual(took, 5.0)           # grace (0.3 s) + the 5 s wait
+        self.assertLess(took, 25.0)
+        self.gw.proc.returncode = 0  # the exit status 1 was the point (tearDown checks it)
 
 
 class ScriptTimeLimitConfig(GatewayTestCase):
