@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "worker.h"
 
@@ -67,6 +68,13 @@ static void *watchdog_main(void *arg)
 
 agw_watchdog_t *agw_watchdog_start(struct agw_worker **workers, unsigned n)
 {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = agw_worker_on_watchdog_signal;
+    sa.sa_flags = SA_RESTART; /* a worker interrupted in a system call goes on with it */
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(AGW_WATCHDOG_SIGNAL, &sa, NULL) != 0)
+        return NULL;
     agw_watchdog_t *wd = calloc(1, sizeof(*wd));
     if (wd == NULL)
         return NULL;

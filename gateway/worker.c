@@ -115,7 +115,8 @@ static __thread agw_worker_t *this_worker; /* the worker whose thread this is */
 
 #define AGW_LONG_ENTRY_MS 10 /* an entry into Lua this long updates the loop's clock, ms */
 
-/* Whether a function's source ("@path") is a file of the runtime's Lua half (agw_lua_dir()). */
+/* Whether a function's source ("@path") is a file of the runtime's Lua half (agw_lua_dir()):
+ * lua/agg, not a script of the scripts folder, a module it required or a chunk it loaded. */
 static int runtime_source(const char *source)
 {
     const char *dir = agw_lua_dir();
@@ -123,16 +124,6 @@ static int runtime_source(const char *source)
     return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
 }
 
-/* Removes the hook. Under vm_lock: lua_sethook rewrites the VM's dispatch table, and the watchdog
- * may be setting the hook at the same moment. */
-static void disarm(agw_worker_t *w, lua_State *L)
-{
-    if (w)
-        pthread_mutex_lock(&w->vm_lock);
-    lua_sethook(L, NULL, 0, 0);
-    if (w)
-        pthread_mutex_unlock(&w->vm_lock);
-}
 
 /* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
 static void on_script_too_long(lua_State *L, lua_Debug *ar)
@@ -141,29 +132,26 @@ static void on_script_too_long(lua_State *L, lua_Debug *ar)
     agw_worker_t *w = this_worker;
     uint64_t entry = w ? __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED) : 0;
     if (w == NULL || w->lua_depth == 0 || __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) != entry ||
-        agw_coarse_ms() - w->lua_since_ms < w->lua_limit_ms) {
-        disarm(w, L); /* meant for an entry that has ended meanwhile */
+        agw_coarse_ms() < w->lua_since_ms + w->lua_limit_ms) {
+        lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
         return;
     }
-    int main_thread = lua_pushthread(L);
-    lua_pop(L, 1);
-    if (main_thread && w->stopped_entry == entry) {
-        disarm(w, L); /* the script's coroutine is gone: nothing more */
-        return;
-    }
-    /* level 0: the function running, not the hook. The stop is raised in the scripts' own code
-     * only: raised in the runtime's (lua/agg, which runs between a script's pieces and after a
-     * finalizer that overran), it would leave the runtime half way through its bookkeeping (a
-     * request never answered). The hook stays armed until the script's code runs again, or the
-     * entry ends (the next entry clears it). */
+    /* level 0: the function running, not the hook */
     lua_Debug d;
-    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || runtime_source(d.source))
+    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || runtime_source(d.source)) {
+        /* the runtime's own code (lua/agg): an error here could leave it half way through its
+         * bookkeeping (a request never answered). In a coroutine the hook waits for the script's
+         * next instruction. On the runtime's own thread the script's coroutine is gone, or the
+         * pcall around a fallback has its error: the hook removes itself, and the watchdog asks
+         * again a limit later if a script runs on */
+        int main_thread = lua_pushthread(L);
+        lua_pop(L, 1);
+        if (main_thread)
+            lua_sethook(L, NULL, 0, 0);
         return;
-    if (main_thread) /* the runtime's own thread: raise once (the pcall around a fallback makes it
-                        that call's error) */
-        disarm(w, L);
-    w->stopped_entry = entry;
-    /* file:line of the instruction it was at */
+    }
+    /* the script's own code, in a coroutine or (a fallback) on the runtime's thread: raised again
+     * at each of its instructions, so a pcall in it cannot carry on */
     if (d.currentline > 0)
         lua_pushfstring(L, "%s:%d: ", d.short_src, d.currentline);
     else
@@ -175,6 +163,19 @@ static void on_script_too_long(lua_State *L, lua_Debug *ar)
     lua_error(L);
 }
 
+void agw_worker_on_watchdog_signal(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    agw_worker_t *w = this_worker;
+    /* inside an entry (lua_L is its VM: agw_worker_call_runtime sets it before lua_depth), and the
+     * one the watchdog asked to stop */
+    if (w != NULL && w->lua_depth > 0 &&
+        __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) == __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED))
+        lua_sethook(w->lua_L, on_script_too_long, LUA_MASKCOUNT, 1);
+    errno = saved;
+}
+
 uint64_t agw_worker_script_limit_ms(const agw_worker_t *w)
 {
     uint64_t l = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
@@ -183,29 +184,28 @@ uint64_t agw_worker_script_limit_ms(const agw_worker_t *w)
 
 void agw_worker_watch_script(agw_worker_t *w, uint64_t now)
 {
-    pthread_mutex_lock(&w->vm_lock); /* lua_L stays open meanwhile (agw_worker_gen_discard) */
     /* the entry number read before and after its start time: when the two differ, the worker
      * moved on to another entry meanwhile and since may not be that entry's (the worker writes
      * the number before the time, agw_worker_call_runtime) */
     uint64_t entry = __atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE);
     uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_ACQUIRE);
     uint64_t limit = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
-    lua_State *L = __atomic_load_n(&w->lua_L, __ATOMIC_RELAXED);
-    int same = __atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE) == entry;
-    /* both times are coarse (agw_coarse_ms): one clock tick more, so as never to stop early */
-    if (same && since != 0 && L != NULL && now - since >= limit + agw_coarse_tick_ms()) {
-        int first = __atomic_load_n(&w->stop_entry, __ATOMIC_RELAXED) != entry;
-        if (first || now - w->stop_armed_ms >= limit) {
-            __atomic_store_n(&w->stop_entry, entry, __ATOMIC_RELEASE);
-            w->stop_armed_ms = now;
-            lua_sethook(L, on_script_too_long, LUA_MASKCOUNT, 1);
-            if (first)
-                agw_log(AGW_LOG_WARN, "worker %d: a script has run for %llu ms without waiting for a call "
-                        "(script_time_limit_ms %llu); stopping it", w->id, (unsigned long long)(now - since),
-                        (unsigned long long)limit);
-        }
-    }
-    pthread_mutex_unlock(&w->vm_lock);
+    if (__atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE) != entry || since == 0)
+        return; /* (since == 0: outside Lua; a worker thread that has ended is always there) */
+    /* both times are coarse (agw_coarse_ms): one clock tick more, so as never to stop early. now
+     * may be older than since: the watchdog reads the clock once for every worker */
+    if (now < since + limit + agw_coarse_tick_ms())
+        return;
+    int first = __atomic_load_n(&w->stop_entry, __ATOMIC_RELAXED) != entry;
+    if (!first && now - w->stop_armed_ms < limit)
+        return; /* asked already: again once per limit while the entry lasts */
+    __atomic_store_n(&w->stop_entry, entry, __ATOMIC_RELEASE);
+    w->stop_armed_ms = now;
+    if (first)
+        agw_log(AGW_LOG_WARN, "worker %d: a script has run for %llu ms without waiting for a call "
+                "(script_time_limit_ms %llu); stopping it", w->id, (unsigned long long)(now - since),
+                (unsigned long long)limit);
+    pthread_kill(w->thread, AGW_WATCHDOG_SIGNAL); /* agw_worker_on_watchdog_signal sets the hook */
 }
 
 int agw_worker_call_runtime(wgen_t *g, int nargs)
@@ -213,13 +213,15 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
     agw_worker_t *w = g->w;
     lua_State *L = g->L;
     int rc = 0;
-    int outer = w->lua_depth++ == 0;
+    int outer = w->lua_depth == 0;
     if (outer) { /* an entry begins: the watchdog times it */
-        __atomic_store_n(&w->lua_L, L, __ATOMIC_RELAXED);
+        w->lua_L = L;
         __atomic_store_n(&w->lua_limit_ms, g->conf->script_time_limit_ms, __ATOMIC_RELAXED);
         __atomic_store_n(&w->lua_entry, w->lua_entry + 1, __ATOMIC_RELEASE);
         __atomic_store_n(&w->lua_since_ms, agw_coarse_ms(), __ATOMIC_RELEASE);
     }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* lua_L before lua_depth, for the signal handler */
+    w->lua_depth++;
     if (lua_pcall(L, nargs, 0, 0) != 0) {
         agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
         lua_pop(L, 1);
@@ -637,7 +639,6 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         return NULL;
     }
     pthread_mutex_init(&w->next_lock, NULL);
-    pthread_mutex_init(&w->vm_lock, NULL);
     w->loop = ev_loop_new(EVFLAG_AUTO);
     uv_loop_init(&w->uvloop);
     ev_io_init(&w->uv_io, on_uv_io, uv_backend_fd(&w->uvloop), EV_READ);

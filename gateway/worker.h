@@ -77,10 +77,17 @@ int agw_worker_inflight(const agw_worker_t *w);
  * watchdog paces itself by it). 1000 before the first script ran. */
 uint64_t agw_worker_script_limit_ms(const agw_worker_t *w);
 
-/* Called by the watchdog thread (watchdog.h) with now = agw_coarse_ms(): when w has been inside
- * one entry into Lua for longer than its limit, asks its VM to stop the script (once per limit
- * while the entry lasts) and logs which worker and for how long. Thread-safe. */
+/* Called by the watchdog thread (watchdog.h) with now = agw_coarse_ms() (read once for every
+ * worker, so it may be a little older than an entry's start): when w has been inside one entry
+ * into Lua for longer than its limit plus a clock tick, sends its thread AGW_WATCHDOG_SIGNAL (once
+ * per limit while the entry lasts) and logs, the first time, which worker and for how long.
+ * Thread-safe. */
 void agw_worker_watch_script(agw_worker_t *w, uint64_t now);
+
+/* The handler of AGW_WATCHDOG_SIGNAL (async-signal-safe; installed by agw_watchdog_start): on a
+ * worker thread inside the entry the watchdog asked to stop, sets the hook that stops the script
+ * (lua_sethook, the call Lua allows from a signal handler); anywhere else, nothing. */
+void agw_worker_on_watchdog_signal(int sig);
 
 /* Asks the worker to stop (thread-safe), waits up to wait_ms for its thread, drops its references
  * to the listeners' SSL_CTXs and frees the generation handed to it and not yet taken. Returns 0,

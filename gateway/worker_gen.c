@@ -23,14 +23,8 @@ static void pool_release(wpool_t *p)
 
 void agw_worker_gen_discard(wgen_t *g)
 {
-    if (g->L) {
-        /* the watchdog may be about to set a hook on it (agw_worker_watch_script) */
-        pthread_mutex_lock(&g->w->vm_lock);
-        if (__atomic_load_n(&g->w->lua_L, __ATOMIC_RELAXED) == g->L)
-            __atomic_store_n(&g->w->lua_L, NULL, __ATOMIC_RELAXED);
-        pthread_mutex_unlock(&g->w->vm_lock);
+    if (g->L)
         lua_close(g->L);
-    }
     agw_generation_unref(g->gen);
     free(g->reported);
     free(g);

@@ -135,16 +135,15 @@ struct agw_worker {
     wcall_t *free_calls;
     int lua_depth;                         /* > 0 while C code runs inside Lua */
     /* The script time limit (watchdog.h). An entry is one outermost agw_worker_call_runtime. This
-     * thread writes the first four; the watchdog thread reads them and writes stop_entry. */
+     * thread writes the first four; the watchdog thread reads the last three and writes stop_entry
+     * and stop_armed_ms. */
+    lua_State *lua_L;                      /* the VM of the entry (set before lua_depth: the signal
+                                              handler reads it while lua_depth > 0) */
     uint64_t lua_since_ms;                 /* atomic: coarse monotonic ms when the entry began, 0 outside Lua */
     uint64_t lua_entry;                    /* atomic: entries so far (the current one while in Lua) */
     uint64_t lua_limit_ms;                 /* atomic: the entry's generation's script_time_limit_ms */
-    lua_State *lua_L;                      /* atomic: the VM of the latest entry; cleared under vm_lock
-                                              before that VM closes, so the watchdog never sees a closed one */
-    pthread_mutex_t vm_lock;
     uint64_t stop_entry;                   /* atomic: the entry the watchdog asked to stop, 0 for none */
-    uint64_t stop_armed_ms;                /* watchdog thread only: when it last armed the hook */
-    uint64_t stopped_entry;                /* this thread only: the entry whose script the hook stopped */
+    uint64_t stop_armed_ms;                /* watchdog thread only: when it last asked */
     struct pending_abort {
         uint64_t rid;
         wgen_t *g;                         /* holds a reference until the abort ran */

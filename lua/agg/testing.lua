@@ -196,9 +196,9 @@ end
 -- The script time limit, as serve applies it (gateway/watchdog.h): one entry into the runtime (a
 -- request arriving, an answer, a timer) that runs longer than the folder's script_time_limit_ms of
 -- real time is stopped at the line it was at, and the request gets the 500 problem (or the
--- continuation's section fails) that serve gives. Inside a coroutine the stop is raised again at
--- every instruction until the error has left it (a pcall in the script cannot go on); on the
--- thread that entered, once.
+-- continuation's section fails) that serve gives. The stop is raised at every instruction of the
+-- scripts' own code (anything but lua/agg), in a coroutine or (a fallback) on the thread that
+-- entered, so a pcall in the script cannot go on; never in the runtime's own code.
 local HOOK_EVERY = 10000 -- VM instructions between clock readings
 -- "@<lua dir>/": the source prefix of the runtime's own files (lua/agg), where no stop is raised
 -- (it would leave the runtime half way through its bookkeeping); the hook waits for script code
@@ -207,7 +207,7 @@ local function timed(gw, fn, ...)
   local limit_ms = gw.gen.config.script_time_limit_ms
   local deadline = sys.monotonic_s() + limit_ms / 1000
   local base = coroutine.running()
-  local hit, stopped = false, false
+  local hit = false
   local hook
   hook = function()
     if not hit then
@@ -215,14 +215,18 @@ local function timed(gw, fn, ...)
       hit = true
       debug.sethook(hook, "", 1) -- from now on at every instruction
     end
-    local co = coroutine.running()
-    if co == base and stopped then debug.sethook() return end -- the script's coroutine is gone
     local info = debug.getinfo(2, "Sl")
-    if info and RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX then
-      return -- the runtime's own code: wait until the script's runs
+    if not info or (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX) then
+      -- the runtime's own code: in a coroutine, wait for the script's next instruction; on the
+      -- thread that entered (the script's coroutine is gone, or a fallback's pcall has the error),
+      -- read the clock again a limit later
+      if coroutine.running() == base then
+        hit = false
+        deadline = sys.monotonic_s() + limit_ms / 1000
+        debug.sethook(hook, "", HOOK_EVERY)
+      end
+      return
     end
-    if co == base then debug.sethook() end -- the entering thread: raise once (a fallback's pcall)
-    stopped = true
     local where = info and info.currentline > 0 and (info.short_src .. ":" .. info.currentline .. ": ") or ""
     error(("%sstopped: the script ran for more than %d ms without waiting for a call " ..
            "(script_time_limit_ms in gateway.lua)"):format(where, limit_ms), 0)

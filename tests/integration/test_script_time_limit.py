@@ -40,6 +40,16 @@ SCRIPTS = dict(repo_scripts(), **{
       product = { "product", "/products/1" },
       reviews = agg.fetch_then("product", function(p) while true do end end),
     })"""),
+    # a fallback runs on the runtime's own thread (the failed call's answer): a pcall in it
+    # cannot carry on either (line 7: the pcall; line 8: the next line, stopped at once)
+    "fallback-pcall.lua": endpoint("GET /fallback-pcall", """
+    local res = agg.fetch_all { product = { "product", "/missing/1", fallback = function(p)
+      pcall(function() while true do end end)
+      local t = os.clock() + 2
+      while os.clock() < t do end
+      return { name = "fallback" }
+    end }, stock = { "inventory", "/stock/1" } }
+    return agg.page(res)"""),
     # a module of the scripts folder runs interpreted too (lib/spin.lua)
     "lib/spinner.lua": "local M = {}\nfunction M.spin()\n  local n = 0\n  while true do n = n + 1 end\nend\nreturn M\n",
     "spin-module.lua": endpoint("GET /spin-module", """
@@ -129,6 +139,15 @@ class ScriptTimeLimit(GatewayTestCase):
         log = self.gw.log()
         self.assertIn("stopped: the script ran for more than", log)
         self.assertIn("spin-then.lua:8:", log)
+
+    def test_pcall_in_a_fallback_cannot_catch_the_stop(self):
+        r = self.get("/fallback-pcall")
+        self.assertEqual(r.status, 200, r)
+        page = r.json()
+        self.assertEqual(page["stock"]["status"], "ok", r)
+        self.assertEqual(page["product"]["status"], "unavailable", r)
+        self.assertIn("fallback-pcall.lua:8: stopped: the script ran for more than", self.gw.log())
+        self.assertEqual(self.get("/product-page/42").status, 200)
 
     def test_short_work_is_not_stopped(self):
         for _ in range(3):
