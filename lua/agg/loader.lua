@@ -156,11 +156,31 @@ local function interpreted(chunk)
   return chunk
 end
 
+-- Functions a script makes from source (loadstring, load, loadfile, dofile) run interpreted too.
+local function interpreting(load_fn)
+  return function(...)
+    local chunk, err = load_fn(...)
+    if chunk then interpreted(chunk) end
+    return chunk, err
+  end
+end
+SHARED.loadstring, SHARED.load, SHARED.loadfile = interpreting(loadstring), interpreting(load), interpreting(loadfile)
+SHARED.dofile = function(file)
+  local chunk, err = SHARED.loadfile(file)
+  if not chunk then error(err, 2) end
+  return chunk()
+end
+
 -- Modules the scripts require from the scripts folder (lib/x.lua for require "lib.x") load
 -- interpreted too: a searcher placed before Lua's own file searcher, for that folder only.
 local scripts_path -- "dir/?.lua;dir/?/init.lua" of the folder being loaded
+-- the runtime's own modules (agg, agg.json …) come first, as they did on package.path: a file of
+-- the scripts folder cannot stand in for one
+local LUA_DIR = LOADER_SOURCE:match("^@(.*)/agg/[^/]*$")
+local RUNTIME_PATH = LUA_DIR and (LUA_DIR .. "/?.lua;" .. LUA_DIR .. "/?/init.lua")
 local function script_module_searcher(name)
   if not scripts_path then return nil end
+  if RUNTIME_PATH and package.searchpath(name, RUNTIME_PATH) then return nil end
   local file = package.searchpath(name, scripts_path)
   if not file then return nil end -- Lua's own searchers say where they looked
   local chunk, err = loadfile(file)

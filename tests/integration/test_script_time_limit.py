@@ -8,6 +8,7 @@ script really ran that long) and end well within the curl timeout; the other ass
 statuses, bodies and the log."""
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -54,6 +55,13 @@ SCRIPTS = dict(repo_scripts(), **{
     "lib/spinner.lua": "local M = {}\nfunction M.spin()\n  local n = 0\n  while true do n = n + 1 end\nend\nreturn M\n",
     "spin-module.lua": endpoint("GET /spin-module", """
     require("lib.spinner").spin()"""),
+    # a function made from source at run time runs interpreted too
+    "spin-loadstring.lua": endpoint("GET /spin-loadstring", """
+    local f = loadstring("local n = 0\\nwhile true do n = n + 1 end", "=generated")
+    f()"""),
+    # a page with a deadline shorter than the limit (the clock test below)
+    "quick-page.lua": endpoint("GET /quick-page", """
+    return agg.page(agg.fetch_all { product = { "product", "/products/1", required = true } })""", deadline_ms=100),
     # work that ends well inside the limit is untouched
     "busy.lua": endpoint("GET /busy", """
     local x = 0
@@ -126,6 +134,9 @@ class ScriptTimeLimit(GatewayTestCase):
     def test_loop_after_a_call_is_stopped(self):
         self.assertStopped("/spin-after-call", "spin-after-call.lua", 7)
 
+    def test_loop_in_a_function_made_with_loadstring_is_stopped(self):
+        self.assertStopped("/spin-loadstring", "generated", 2)
+
     def test_loop_in_a_required_module_is_stopped(self):
         self.assertStopped("/spin-module", "lib/spinner.lua", 4)
 
@@ -167,6 +178,19 @@ class ScriptTimeLimit(GatewayTestCase):
         self.assertFalse(t.is_alive())
         self.assertEqual(r.status, 200, r)
         self.assertEqual(out["spin"].status, 500, out["spin"])
+
+    def test_request_read_after_a_stop_counts_its_deadline_from_then(self):
+        """Two streams in one HTTP/2 packet: the first spins until it is stopped (200 ms), the
+        second, read in the same loop iteration right after, has a 100 ms deadline. Its deadline and
+        call timeouts count from when it was read (the loop's clock is updated after a long entry),
+        so it is served, not failed with 504 as if it had waited the 200 ms too."""
+        uris = os.path.join(self.workdir, "uris")
+        with open(uris, "w") as f:
+            f.write(self.url("/spin") + "\n" + self.url("/quick-page") + "\n")
+        for _ in range(3):
+            out = subprocess.run(["h2load", "-n", "2", "-c", "1", "-m", "2", "-i", uris], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, timeout=60).stdout.decode()
+            self.assertIn("status codes: 1 2xx, 0 3xx, 0 4xx, 1 5xx", out, out)
 
     def test_stopped_over_h2c_too(self):
         r = self.get_h2c("/spin")
