@@ -88,3 +88,16 @@ describe("a script's os", function()
                    table.concat(errors, "\n"))
   end)
 end)
+
+describe("modules of the scripts folder", function()
+  it("run sandboxed and interpreted, as the scripts that require them do", function()
+    package.loaded["lib.probe"] = nil
+    local gen, errors = loader.load(DIR .. "libsandbox")
+    assert.is_table(gen, errors and table.concat(errors, "\n"))
+    local probe = package.loaded["lib.probe"]
+    assert.is_true(probe.sethook_refused)
+    assert.is_true(probe.string_readonly)
+    assert.is_nil(rawget(_G, "leaked_global"))
+    package.loaded["lib.probe"] = nil
+  end)
+end)

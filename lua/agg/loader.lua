@@ -187,7 +187,7 @@ local function script_module_searcher(name)
   if not chunk then
     error(("error loading module '%s' from file '%s':\n\t%s"):format(name, file, err), 0)
   end
-  return interpreted(chunk)
+  return setfenv(interpreted(chunk), script_env()) -- a module is sandboxed as a script is
 end
 
 --- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } }.
