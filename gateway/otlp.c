@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "json.h"
 #include "log.h"
@@ -394,11 +395,7 @@ static void *exporter_main(void *arg)
     agw_otlp_t *e = arg;
     pthread_mutex_lock(&e->lock);
     while (!e->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += (long)AGW_OTLP_FLUSH_MS * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        struct timespec ts = agw_clock_after_ms(CLOCK_MONOTONIC, AGW_OTLP_FLUSH_MS);
         pthread_cond_timedwait(&e->cond, &e->lock, &ts);
         int stopping = e->stopping;
         pthread_mutex_unlock(&e->lock);

@@ -174,12 +174,12 @@ static void tracing_settings(const agw_config_t *from, agw_config_t *to)
     to->otlp_timeout_ms = from->otlp_timeout_ms;
 }
 
-/* Graceful shutdown: every worker stops accepting, then requests in flight have up to
- * shutdown_grace_ms (the serving generation's) to finish. A second SIGTERM/SIGINT ends the wait
- * at once; SIGUSR1 still reopens the access log; SIGHUP is ignored (logged). */
 /* After the drain, how long a worker may take to stop before the process exits without it, ms */
 #define AGW_WORKER_STOP_WAIT_MS 5000
 
+/* Graceful shutdown: every worker stops accepting, then requests in flight have up to
+ * shutdown_grace_ms (the serving generation's) to finish. A second SIGTERM/SIGINT ends the wait
+ * at once; SIGUSR1 still reopens the access log; SIGHUP is ignored (logged). */
 static void drain(server_t *srv, const sigset_t *set)
 {
     agw_generation_t *gen = agw_reload_state_current(&srv->gens);

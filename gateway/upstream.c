@@ -796,9 +796,9 @@ static void conn_eof(conn_t *c)
 /* Whether nothing follows a complete response of which the last read (n bytes) used every byte,
  * so that the connection may carry the next request. A plain read shorter than its buffer (cap
  * bytes) drained the socket; one that filled it may have left bytes there, which a peek finds
- * (rare: no syscall in the common case). Over TLS, records OpenSSL has not read may wait in the socket: reading them
- * tells data (an answer to no request) from records without data (a session ticket, a key
- * update), which leave the connection usable. */
+ * (rare: no syscall in the common case). Over TLS, records OpenSSL has not read may wait in the
+ * socket: reading them tells data (an answer to no request) from records without data (a session
+ * ticket, a key update), which leave the connection usable. */
 static int conn_drained(conn_t *c, size_t n, size_t cap)
 {
     if (c->ssl)

@@ -50,11 +50,7 @@ static void *watchdog_main(void *arg)
     agw_watchdog_t *wd = arg;
     pthread_mutex_lock(&wd->lock);
     while (!wd->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + tick_ms(wd) * 1000000u;
-        ts.tv_sec += (time_t)(ns / 1000000000u);
-        ts.tv_nsec = (long)(ns % 1000000000u);
+        struct timespec ts = agw_clock_after_ms(CLOCK_MONOTONIC, tick_ms(wd));
         pthread_cond_timedwait(&wd->cond, &wd->lock, &ts);
         if (wd->stop)
             break;

@@ -32,18 +32,10 @@
 
 #include <signal.h>
 #include <stdint.h>
-#include <time.h>
+
+#include "clock.h"
 
 struct agw_worker;
-
-/* Milliseconds on CLOCK_MONOTONIC_COARSE (one clock tick of resolution, a few ms: enough for a
- * limit of 10 ms or more, and cheap enough to read at every entry into Lua). */
-static inline uint64_t agw_coarse_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* The resolution of agw_coarse_ms, ms (clock_getres; read once, 1 when it cannot be read). */
 uint64_t agw_coarse_tick_ms(void);
@@ -59,7 +51,8 @@ typedef struct agw_watchdog agw_watchdog_t;
  * when either fails (the gateway serves on without a time limit; the caller logs it). */
 agw_watchdog_t *agw_watchdog_start(struct agw_worker **workers, unsigned n);
 
-/* Stops the thread and frees the watchdog; NULL is a no-op. Call before stopping the workers. */
+/* Stops the thread and frees the watchdog; NULL is a no-op. Call after the workers have stopped:
+ * it goes on stopping runaway scripts while they stop (server.c). */
 void agw_watchdog_stop(agw_watchdog_t *wd);
 
 #endif

@@ -124,7 +124,6 @@ static int runtime_source(const char *source)
     return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
 }
 
-
 /* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
 static void on_script_too_long(lua_State *L, lua_Debug *ar)
 {
@@ -721,11 +720,7 @@ int agw_worker_inflight(const agw_worker_t *w)
 int agw_worker_stop(agw_worker_t *w, uint64_t wait_ms)
 {
     ev_async_send(w->loop, &w->stop_async);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until); /* pthread_timedjoin_np's clock */
-    uint64_t ns = (uint64_t)until.tv_nsec + wait_ms * 1000000u;
-    until.tv_sec += (time_t)(ns / 1000000000u);
-    until.tv_nsec = (long)(ns % 1000000000u);
+    struct timespec until = agw_clock_after_ms(CLOCK_REALTIME, wait_ms); /* pthread_timedjoin_np's clock */
     if (pthread_timedjoin_np(w->thread, NULL, &until) != 0)
         return -1; /* still running: leave everything it may touch alone */
     for (size_t i = 0; i < w->num_listeners; i++) { /* connections still open keep their own */
