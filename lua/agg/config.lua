@@ -315,26 +315,21 @@ function M.check(cfg, src, file)
      posint(cfg.max_request_body_bytes, "max_request_body_bytes", find_line(lines, "max_request_body_bytes")) then
     out.max_request_body_bytes = cfg.max_request_body_bytes
   end
-  -- script_time_limit_ms: how long a script may run without waiting for a call before the gateway
-  -- stops it (gateway/watchdog.h); from 10 ms to 10 minutes
-  if cfg.script_time_limit_ms ~= nil then
-    local v = cfg.script_time_limit_ms
-    if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v < 10 or v > 600000 then
-      err(find_line(lines, "script_time_limit_ms"), "script_time_limit_ms",
-          ("must be a whole number of milliseconds from 10 to 600000, got %s"):format(show(v)))
+  -- a whole number of milliseconds from lo to hi, or an error at its line
+  local function whole_ms(key, lo, hi)
+    local v = cfg[key]
+    if v == nil then return end
+    if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v < lo or v > hi then
+      err(find_line(lines, key), key,
+          ("must be a whole number of milliseconds from %d to %d, got %s"):format(lo, hi, show(v)))
     else
-      out.script_time_limit_ms = v
+      out[key] = v
     end
   end
-  if cfg.shutdown_grace_ms ~= nil then
-    local g = cfg.shutdown_grace_ms
-    if type(g) ~= "number" or g ~= g or g % 1 ~= 0 or g < 0 or g > 3600000 then
-      err(find_line(lines, "shutdown_grace_ms"), "shutdown_grace_ms",
-          ("must be a whole number of milliseconds from 0 to 3600000, got %s"):format(show(g)))
-    else
-      out.shutdown_grace_ms = g
-    end
-  end
+  -- how long a script may run without waiting for a call before the gateway stops it
+  -- (gateway/watchdog.h): from 10 ms to 10 minutes
+  whole_ms("script_time_limit_ms", 10, 600000)
+  whole_ms("shutdown_grace_ms", 0, 3600000)
   -- upstreams
   local ups = cfg.upstreams
   local uline = find_line(lines, "upstreams")

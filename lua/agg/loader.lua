@@ -64,11 +64,13 @@ SHARED.debug = readonly(setmetatable({
 -- xpcall for scripts: the script time limit's stop (gateway/watchdog.h) does not run the script's
 -- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
 -- that looped (or ran long) could not be stopped and would hold its worker for good.
-local STOPPED = "stopped: the script ran for more than "
+--- The text of the script time limit's stop, after "file:line: " (gateway/worker.c raises it in
+-- serve, agg.testing in `aggway test`): "stopped: the script ran for more than N ms …".
+M.STOP_TEXT = "stopped: the script ran for more than "
 local raw_xpcall = xpcall
 SHARED.xpcall = function(f, handler, ...)
   return raw_xpcall(f, function(e)
-    if type(e) == "string" and e:find(STOPPED, 1, true) then return e end
+    if type(e) == "string" and e:find(M.STOP_TEXT, 1, true) then return e end
     return handler(e)
   end, ...)
 end
@@ -178,6 +180,13 @@ local scripts_path -- "dir/?.lua;dir/?/init.lua" of the folder being loaded
 -- the scripts folder cannot stand in for one
 local LUA_DIR = LOADER_SOURCE:match("^@(.*)/agg/[^/]*$")
 local RUNTIME_PATH = LUA_DIR and (LUA_DIR .. "/?.lua;" .. LUA_DIR .. "/?/init.lua")
+local RUNTIME_PREFIX = LUA_DIR and ("@" .. LUA_DIR .. "/")
+
+--- Whether source (a debug.getinfo source, "@path") is a file of the runtime's Lua half (lua/agg),
+-- as gateway/worker.c's runtime_source tells: where the script time limit never raises its stop.
+function M.runtime_source(source)
+  return RUNTIME_PREFIX ~= nil and type(source) == "string" and source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX
+end
 local function script_module_searcher(name)
   if not scripts_path then return nil end
   if RUNTIME_PATH and package.searchpath(name, RUNTIME_PATH) then return nil end

@@ -200,9 +200,6 @@ end
 -- scripts' own code (anything but lua/agg), in a coroutine or (a fallback) on the thread that
 -- entered, so a pcall in the script cannot go on; never in the runtime's own code.
 local HOOK_EVERY = 10000 -- VM instructions between clock readings
--- "@<lua dir>/": the source prefix of the runtime's own files (lua/agg), where no stop is raised
--- (it would leave the runtime half way through its bookkeeping); the hook waits for script code
-local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
 local function timed(gw, fn, ...)
   local limit_ms = gw.gen.config.script_time_limit_ms
   local deadline = sys.monotonic_s() + limit_ms / 1000
@@ -216,8 +213,9 @@ local function timed(gw, fn, ...)
       debug.sethook(hook, "", 1) -- from now on at every instruction
     end
     local info = debug.getinfo(2, "Sl")
-    if not info or (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX) then
-      -- the runtime's own code: in a coroutine, wait for the script's next instruction; on the
+    if not info or loader.runtime_source(info.source) then
+      -- the runtime's own code (an error there would leave it half way through its bookkeeping):
+      -- in a coroutine, wait for the script's next instruction; on the
       -- thread that entered (the script's coroutine is gone, or a fallback's pcall has the error),
       -- read the clock again a limit later
       if coroutine.running() == base then
@@ -228,8 +226,8 @@ local function timed(gw, fn, ...)
       return
     end
     local where = info and info.currentline > 0 and (info.short_src .. ":" .. info.currentline .. ": ") or ""
-    error(("%sstopped: the script ran for more than %d ms without waiting for a call " ..
-           "(script_time_limit_ms in gateway.lua)"):format(where, limit_ms), 0)
+    error(("%s%s%d ms without waiting for a call (script_time_limit_ms in gateway.lua)"):format(
+          where, loader.STOP_TEXT, limit_ms), 0)
   end
   debug.sethook(hook, "", HOOK_EVERY)
   local ok, err = pcall(fn, ...)
