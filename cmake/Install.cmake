@@ -49,6 +49,8 @@ set(CPACK_PACKAGE_VERSION ${AGW_VERSION})
 set(CPACK_PACKAGE_CONTACT "aggway maintainers <aggway@localhost>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "scriptable API aggregation gateway (h2o, LuaJIT, libev)")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_SET_DESTDIR ON)  # install with DESTDIR and prefix /usr (not the build's), so etc/ goes to /etc
+set(CPACK_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)          # Depends: the libraries the binary links with
@@ -62,5 +64,6 @@ include(CPack)
 add_test(NAME deploy.install COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/deploy/test_install.py)
 add_test(NAME deploy.package COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/deploy/test_package.py)
 add_test(NAME deploy.files COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/deploy/test_deploy_files.py)
-set_tests_properties(deploy.install deploy.package deploy.files PROPERTIES TIMEOUT 300
+# each installs from this build folder (cmake --install, cpack): one at a time
+set_tests_properties(deploy.install deploy.package deploy.files PROPERTIES TIMEOUT 300 RESOURCE_LOCK aggway_install
   ENVIRONMENT "AGGWAY_BIN=$<TARGET_FILE:aggway>;AGGWAY_MOCK_BIN=${CMAKE_BINARY_DIR}/aggway-mock;AGGWAY_SOURCE_DIR=${CMAKE_SOURCE_DIR};AGGWAY_BUILD_DIR=${CMAKE_BINARY_DIR}")

@@ -11,7 +11,8 @@ set(AGGWAY_BIN "${CMAKE_INSTALL_PREFIX}/${AGW_BINDIR}/aggway")
 set(AGGWAY_SCRIPTS "${AGW_ETC}/aggway/scripts")
 set(AGGWAY_LOG_DIR /var/log/aggway)
 
-set(out "${AGW_BINARY_DIR}/deploy-configured")
+string(RANDOM LENGTH 12 agw_run)
+set(out "${AGW_BINARY_DIR}/deploy-configured/${agw_run}")
 configure_file("${AGW_SOURCE_DIR}/deploy/systemd/aggway.service.in" "${out}/aggway.service" @ONLY)
 configure_file("${AGW_SOURCE_DIR}/deploy/logrotate/aggway.in" "${out}/aggway" @ONLY)
 
@@ -19,3 +20,4 @@ file(INSTALL DESTINATION "${AGW_ETC}/aggway" TYPE DIRECTORY FILES "${AGW_SOURCE_
   FILES_MATCHING PATTERN "*.lua")
 file(INSTALL DESTINATION "${AGW_ETC}/logrotate.d" TYPE FILE FILES "${out}/aggway")
 file(INSTALL DESTINATION "${CMAKE_INSTALL_PREFIX}/lib/systemd/system" TYPE FILE FILES "${out}/aggway.service")
+file(REMOVE_RECURSE "${out}")

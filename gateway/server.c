@@ -69,7 +69,8 @@ static void on_setup_server_header(h2o_filter_t *self, h2o_req_t *req, h2o_ostre
 }
 
 /* SO_REUSEPORT would let this process share a port that another gateway already serves: bind it
- * once without that option first, so a port in use is an error at start-up. */
+ * once without that option first, so a port in use is an error at start-up (unless the listener
+ * asks for sharing with reuse_port = true). */
 static int port_is_free(const agw_listen_conf_t *l)
 {
     int fd = agw_listen_socket("listen", l->host, l->port, 0, 1024);
@@ -366,7 +367,7 @@ int agw_server_run(const char *dir)
     h2o_create_filter(&host->fallback_path, sizeof(h2o_filter_t))->on_setup_ostream = on_setup_server_header;
 
     for (size_t i = 0; i < conf->num_listen; i++)
-        if (!port_is_free(&conf->listen[i]))
+        if (!conf->listen[i].reuse_port && !port_is_free(&conf->listen[i]))
             return 1;
     agw_nofile_raise(upstream_fds(conf));
     if (srv.access_log && (srv.access_fd = open_access_log(srv.access_log)) < 0)
