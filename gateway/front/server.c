@@ -13,9 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ops/admin.h"
-#include "script/generation.h"
-#include "front/listen_tls.h"
+#include "front/admin.h"
+#include "worker/generation.h"
+#include "script/listen_tls.h"
 #include "ops/otlp.h"
 #include "base/log.h"
 #include "ops/metrics.h"

@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "ops/metrics.h"
 #include "ops/prom.h"
+#include "upstream/pool.h"
 
 #define QMASK (AGW_OTLP_QUEUE - 1)
 _Static_assert((AGW_OTLP_QUEUE & QMASK) == 0, "the ring size must be a power of two");

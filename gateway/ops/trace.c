@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "upstream/upstream.h"
+#include "upstream/pool.h"
 
 /* -1 unless c is a lowercase hex digit (§3.2.2: HEXDIGLC = DIGIT / "a"-"f"). */
 static int hexval(unsigned char c)

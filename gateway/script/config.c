@@ -8,9 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "front/listen_tls.h"
+#include "script/listen_tls.h"
 #include "base/log.h"
 #include "script/script.h"
+#include "upstream/tls.h"
 
 static char *field_str(lua_State *L, int idx, const char *name)
 {

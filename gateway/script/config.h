@@ -11,7 +11,7 @@
 #include "upstream/breaker.h"
 #include "base/buf.h"
 #include "script/router.h"
-#include "upstream/upstream.h"
+#include "upstream/conf.h"
 
 typedef struct agw_listen_conf {
     char *host;        /* address to bind ("0.0.0.0") */

@@ -14,7 +14,7 @@
 #include "upstream/breaker.h"
 #include "base/file.h"
 #include "json/json.h"
-#include "worker/resp_headers.h"
+#include "script/resp_headers.h"
 
 #ifndef AGW_LUA_DIR
 #define AGW_LUA_DIR "lua"

@@ -1,4 +1,4 @@
-/* upstream/http1.h: HTTP/1.1 message framing for the upstream client (internal to upstream.c).
+/* upstream/http1.h: HTTP/1.1 message framing for the upstream client (used by conn.c, pool.c).
  *
  * Two halves, no sockets and no loop: encoding a request into one buffer (with the CR/LF/NUL
  * checks that keep a caller from injecting headers), and parsing a response with libhttp-parser
@@ -10,7 +10,7 @@
 #define AGW_UPSTREAM_HTTP1_H
 
 #include "base/buf.h"
-#include "upstream/upstream.h"
+#include "upstream/pool.h"
 
 #include <http_parser.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* upstream/tls.c: TLS set-up and OpenSSL result codes for the upstream client (see
- * upstream/tls.h and upstream.h). */
+ * tls.h). */
 #include "upstream/tls.h"
 
 #include <arpa/inet.h>

@@ -10,7 +10,7 @@
  * The caller keeps the buffers alive until agw_uring_run returns. One ring per thread; nothing
  * here is thread-safe.
  *
- * Used by the upstream client (upstream.h, "Batched system calls"): on a paravirtualized machine a
+ * Used by the upstream client (upstream/batch.h, "Batched system calls"): on a paravirtualized machine a
  * system call costs about 1 µs (tools/bench/syscost.c), and a worker under load makes tens of
  * upstream sends and reads per loop iteration. */
 #ifndef AGW_URING_H

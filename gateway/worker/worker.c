@@ -12,7 +12,7 @@
  * generation that is no longer current is freed (its VM closed, the pools only it used closed)
  * when its last reference goes.
  *
- * The rest of the worker: generations.c (its generations), core.c (the Lua transport,
+ * The rest of the worker: vm.c (its generations), core.c (the Lua transport,
  * "agg.core", and upstream calls), request_log.c (problems, tracing, metrics, the access log);
  * worker_internal.h holds what they share.
  */
@@ -51,10 +51,10 @@ static void on_uv_timer(struct ev_loop *loop, ev_timer *t, int revents)
 
 /* Before libev waits: run what libuv has due now, read the upstream answers that came (with a
  * ring), write the upstream requests and send the responses this iteration made (agw_batch_flush,
- * agw_worker_flush_responses: all at once, see upstream.h), then arm a timer for libuv's next
+ * agw_worker_flush_responses: all at once, see upstream/batch.h), then arm a timer for libuv's next
  * deadline. The flush comes after every run of libuv, whose requests may start calls; an answer
  * it reads runs its page's script, which may start more calls or respond, so it repeats until
- * nothing is queued. upstream.h requires a flush before every poll when there is a ring: this
+ * nothing is queued. upstream/batch.h requires a flush before every poll when there is a ring: this
  * watcher is it. */
 static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
 {
@@ -646,7 +646,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     ev_init(&w->uv_timer, on_uv_timer);
     w->uv_timer.data = w;
     h2o_linklist_init_anchor(&w->out_queue);
-    /* the upstream I/O of each loop iteration in batched system calls (io_uring, upstream.h);
+    /* the upstream I/O of each loop iteration in batched system calls (io_uring, upstream/batch.h);
      * AGGWAY_IO_URING=off makes one system call per operation */
     if (agw_worker_ring_wanted(errors) == 1) {
         char why[128];

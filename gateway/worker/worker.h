@@ -11,7 +11,7 @@
 #include <pthread.h>
 
 #include "script/config.h"
-#include "script/generation.h"
+#include "worker/generation.h"
 #include "ops/metrics.h"
 
 /* A listening socket prepared by the server for one worker. Listener i of a worker is listener i
@@ -39,7 +39,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_buf_t *errors);
 
-/* Whether workers batch their upstream socket I/O through io_uring (upstream.h, "Batched system
+/* Whether workers batch their upstream socket I/O through io_uring (upstream/batch.h, "Batched system
  * calls"): the environment's AGGWAY_IO_URING, "on" (or unset) or "off". Returns 1 or 0, or -1
  * with a message in errors for any other value; the server asks once before starting workers,
  * so that a typo stops the start before anything is built. */

@@ -1,5 +1,5 @@
 /* worker_internal.h: what the files of a worker share (not installed; included by worker.c,
- * generations.c, core.c and request_log.c only): the worker's private types and the
+ * vm.c, core.c and request_log.c only): the worker's private types and the
  * functions one of these files calls in another. Small helpers on the per-request and per-call
  * path that more than one file calls are static inline here, so that they stay inlinable.
  */
@@ -14,12 +14,12 @@
 #include <string.h>
 
 #include "base/buf.h"
-#include "script/generation.h"
+#include "worker/generation.h"
 #include "ops/metrics.h"
-#include "worker/resp_headers.h"
+#include "script/resp_headers.h"
 #include "base/slots.h"
 #include "ops/trace.h"
-#include "upstream/upstream.h"
+#include "upstream/batch.h"
 
 /* A listening socket as the worker's libuv loop accepts on it. */
 typedef struct listener {
@@ -109,7 +109,7 @@ struct agw_worker {
     ev_timer uv_timer;
     ev_prepare uv_prepare;
     agw_batch_t batch;                     /* upstream requests of this iteration and, with its ring,
-                                              the answers to read (upstream.h): flushed by on_prepare
+                                              the answers to read (upstream/batch.h): flushed by on_prepare
                                               before the loop waits */
     h2o_linklist_t out_queue;              /* responses of this iteration, oldest first, sent by
                                               on_prepare (agw_worker_queue_response) */
@@ -179,7 +179,7 @@ struct agw_worker {
 /* Queues the response of rr's request, whose status and headers are set, with body (copied into
  * the request's memory; len bytes): on_prepare sends it with the others of this loop iteration,
  * after the iteration's upstream requests went out (agw_worker_flush_responses). Sending them
- * together means one wake-up of a client that waits on several, as for upstreams (upstream.h:
+ * together means one wake-up of a client that waits on several, as for upstreams (upstream/batch.h:
  * write coalescing). A request that h2o disposes first (its client left) is dropped from the
  * queue. HEAD responses go without the body. */
 void agw_worker_queue_response(reqref_t *rr, const char *body, size_t len);
@@ -206,7 +206,7 @@ typedef struct section_ref {
  * meanwhile are freed. */
 int agw_worker_call_runtime(wgen_t *g, int nargs);
 
-/* ---- generations.c: generations -------------------------------------------------------------- */
+/* ---- vm.c: generations -------------------------------------------------------------- */
 
 /* Takes a reference to g (see wgen_t.refs); agw_worker_gen_release drops it. */
 static inline void agw_worker_gen_hold(wgen_t *g)

@@ -175,7 +175,7 @@ function Gateway:install()
       if not s then return nil, err end
       body = s
     end
-    -- the C transport's own reader (worker/resp_headers.h): lowercased names, one spelling per
+    -- the C transport's own reader (script/resp_headers.h): lowercased names, one spelling per
     -- name (the one that sorts first bytewise wins; a list value is several fields), invalid,
     -- framing and date headers dropped; its warnings go to gw:logs() as the gateway's go to its log
     local h, warnings = resp_headers.apply(headers)

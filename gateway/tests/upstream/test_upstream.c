@@ -889,7 +889,7 @@ static void idle_connection_with_unread_bytes_is_not_reused(void)
     srv_stop(&srv);
 }
 
-/* Write coalescing (upstream.h): with a batch, a request on a kept-alive connection waits for
+/* Write coalescing (upstream/batch.h): with a batch, a request on a kept-alive connection waits for
  * agw_batch_flush; requests on new connections go out when their connect completes. */
 static void batched_requests_wait_for_the_flush(void)
 {

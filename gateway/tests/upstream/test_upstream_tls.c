@@ -3,6 +3,7 @@
  * command at start (a test CA, a server certificate it signed for localhost and 127.0.0.1, and a
  * self-signed one no one trusts). Every wait is bounded. */
 #include "tests/upstream/upstream_srv.h"
+#include "upstream/tls.h"
 
 #include <stdio.h>
 #include <sys/stat.h>

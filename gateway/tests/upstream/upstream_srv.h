@@ -8,7 +8,7 @@
 
 #include "base/buf.h"
 #include "tests/check.h"
-#include "upstream/upstream.h"
+#include "upstream/batch.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,13 +28,13 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 
 #define BIG_BODY 300000 /* bytes of the /big answer */
-#define CLIENT_READ 16384 /* the client's read buffer (READ_BUF_SIZE in upstream.c) */
+#define CLIENT_READ 16384 /* the client's read buffer (AGW_UPSTREAM_READ_BUF, upstream_internal.h) */
 
 static struct ev_loop *loop;
 static int done_flag __attribute__((unused)); /* for callbacks with no record of their own */
 
 /* Ring mode (`test_upstream ring`): every pool the tests create is given ring_batch, a batch with
- * an io_uring (upstream.h), flushed before the loop waits as the worker does; so each test also
+ * an io_uring (upstream/batch.h), flushed before the loop waits as the worker does; so each test also
  * checks its rule with the iteration's I/O batched. Tests that set a batch of their own replace
  * it (they flush it themselves). */
 static agw_batch_t ring_batch;

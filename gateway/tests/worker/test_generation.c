@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "tests/check.h"
-#include "script/generation.h"
-#include "front/listen_tls.h"
+#include "worker/generation.h"
+#include "script/listen_tls.h"
 
 static char dir[64];
 

@@ -1,4 +1,4 @@
-/* upstream.h: the HTTP/1.1 client aggway uses to call upstream services.
+/* pool.h: the HTTP/1.1 client aggway uses to call upstream services: pools and calls.
  *
  * One agw_pool_t per upstream per worker thread: a bounded set of keep-alive connections
  * (max_connections) and a bounded FIFO of calls waiting for one (max_pending). Everything runs
@@ -38,64 +38,15 @@
  * a TLS shutdown exchange (the socket is just closed). The process must ignore SIGPIPE (the
  * server does), since OpenSSL writes with write(2).
  */
-#ifndef AGW_UPSTREAM_H
-#define AGW_UPSTREAM_H
+#ifndef AGW_UPSTREAM_POOL_H
+#define AGW_UPSTREAM_POOL_H
+
+#include "upstream/conf.h"
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/socket.h>
 
 struct ev_loop;
-struct ssl_ctx_st;
-
-/* TLS settings of an https:// upstream (gateway.lua `tls = { … }`), and the SSL_CTX built from them
- * by agw_upstream_tls_init() before any worker starts; the SSL_CTX is then only read (SSL_new) by
- * the workers, which OpenSSL allows from several threads. */
-typedef struct agw_upstream_tls {
-    const char *ca_file;            /* PEM bundle of trusted CAs; NULL: the system trust store */
-    const char *server_name;        /* sent as SNI (unless it is an IP address, RFC 6066 §3) and
-                                       checked against the certificate's names (RFC 6125) or IP
-                                       addresses; the URL host by default */
-    int verify;                     /* 1: verify the chain and the name (default); 0: accept any
-                                       certificate (the loader logs a warning) */
-    struct ssl_ctx_st *ctx;         /* built by agw_upstream_tls_init, freed by
-                                       agw_upstream_tls_free */
-    int name_is_ip;                 /* set by agw_upstream_tls_init: server_name is an IP
-                                       address (no SNI; the certificate's IP SANs are checked) */
-} agw_upstream_tls_t;
-
-/* Static description of one upstream, built from gateway.lua by config.c; shared read-only
- * by every worker. */
-typedef struct agw_upstream_conf {
-    char *name;                     /* the name scripts use ("product") */
-    char *url;                      /* as configured, for messages */
-    char *host_header;              /* value of the Host header ("127.0.0.1:9001") */
-    char *base_path;                /* path prefix from the URL without trailing '/', "" if none */
-    struct sockaddr_storage addr;   /* resolved once at load time */
-    socklen_t addrlen;
-    uint64_t timeout_ms;            /* default call timeout, ms */
-    uint64_t connect_timeout_ms;    /* connect timeout, ms (0: only the call timeout applies) */
-    uint64_t idle_timeout_ms;       /* keep-alive connection idle time before it is closed, ms
-                                       (0: kept until the upstream closes it) */
-    unsigned max_connections;       /* open connections at most, per worker (0: no limit) */
-    unsigned max_pending;           /* calls waiting for a connection at most, per worker
-                                       (0: no waiting, OVERLOAD when every connection is busy) */
-    size_t max_body_bytes;          /* response body limit, bytes (0: no limit) */
-    agw_upstream_tls_t *tls;        /* https:// upstreams: TLS settings with a built ctx; NULL for
-                                       http:// */
-} agw_upstream_conf_t;
-
-/* Builds tls->ctx: TLS 1.2 at least, ALPN "http/1.1", the CAs of tls->ca_file (or the system trust
- * store), SSL_VERIFY_PEER unless tls->verify is 0, and a client session cache of one session per
- * pool (agw_pool_t keeps the last session it was given and offers it on its next connection, so
- * reconnects resume instead of running a full handshake). Returns 0, or -1 with a message naming
- * the cause ("cannot load CA file x.pem: no certificate found") in err (cap bytes). Call before
- * the workers start. */
-int agw_upstream_tls_init(agw_upstream_tls_t *tls, char *err, size_t cap);
-
-/* Frees tls->ctx (connections still open keep their own reference to it). The strings belong to
- * the caller. */
-void agw_upstream_tls_free(agw_upstream_tls_t *tls);
 
 /* One header: name and value, not NUL-terminated. */
 typedef struct agw_header {
@@ -171,71 +122,6 @@ typedef struct agw_call_req {
     size_t body_len;
     uint64_t timeout_ms;            /* whole-call timeout, ms (0 fails at once with TIMEOUT) */
 } agw_call_req_t;
-
-/* Write coalescing: one wake-up of an upstream per loop iteration, not one per request.
- *
- * A pool given a batch (agw_pool_set_batch) does not write a request on a kept-alive connection
- * when its call starts: it queues the connection on the batch, and the loop's owner writes every
- * queued request with agw_batch_flush() before the loop waits for events (from a libev prepare
- * watcher, after everything else that iteration has done). The requests a loop iteration makes
- * (three calls of each of the pages it handled) then reach an upstream close together: the
- * upstream process, woken by the first, finds the others already there, where one write per call
- * woke it (and made the gateway pay for waking it) again and again. Redis writes its replies
- * the same way, before it sleeps. A request waits at most until the end of the iteration that
- * made it; a call on a new connection writes when its connect completes, as without a batch.
- *
- * A queued connection keeps the rules of a kept-alive one: if the upstream closed it after the
- * loop last polled, the write or the read finds out, and an idempotent call is retried once on a
- * new connection. Only an owner that lets the loop poll before flushing can see an event on a
- * queued connection; it is then closed and the call takes another connection (nothing was sent),
- * as for an idle connection found stale. One batch may serve every pool on a loop; pools and
- * batch must be used from that loop's thread only. agw_pool_destroy removes the pool's
- * connections from it. */
-typedef struct agw_batch {
-    struct conn *head, *tail;       /* queued connections, oldest first (zero: empty) */
-    struct agw_uring *ring;         /* agw_batch_ring_init: the iteration's socket I/O batched */
-    struct conn *rhead, *rtail;     /* plain connections whose answer waits to be read (ring) */
-    struct conn *lhead, *ltail;     /* reads done by the ring, waiting to be parsed */
-    char *slots;                    /* the ring's read buffers (AGW_BATCH_READS of 16 KiB) */
-} agw_batch_t;
-
-/* Reads one ring submission carries at most; more wait for the next one in the same flush. */
-#define AGW_BATCH_READS 32
-
-/* Batched system calls (io_uring through uring.h; checked to work on Linux 6.1, Debian 12's
- * kernel, and later).
- *
- * With a ring, agw_batch_flush also takes the upstream socket I/O of the iteration off the
- * one-system-call-per-operation path: an answer the loop saw arrive on a plain connection is not
- * read by a read(2) of its own but queued on the batch, and the flush reads every queued answer
- * with one io_uring_enter (AGW_BATCH_READS per submission) and parses them in the order the loop
- * ran the connections' watchers; then it writes the queued requests of plain (http://)
- * connections with one more (64 per submission). Each operation is a send/recv with MSG_DONTWAIT,
- * so it completes inside the submission with the result the system call would give (bytes,
- * EAGAIN, EOF, an error): the rules above are unchanged, and anything but a whole write or a read
- * goes on through the plain path. TLS connections, connects and writes the socket buffer cannot
- * take at once use the plain path as without a ring. On a paravirtualized machine a system call
- * costs about 1 µs, and under load a flush carries the answers and requests of several pages.
- *
- * With a ring the owner MUST call agw_batch_flush before every poll of the loop: a queued read is
- * only done there, and until it is, the connection's level-triggered watcher keeps the loop awake.
- *
- * agw_batch_ring_init returns 0, or -1 with why in err (io_uring unavailable: kernel too old,
- * disabled by sysctl kernel.io_uring_disabled or a seccomp profile; see agw_uring_open) and the
- * batch works without one. agw_batch_ring_free releases it (nothing may be queued). */
-int agw_batch_ring_init(agw_batch_t *batch, char *err, size_t errcap);
-void agw_batch_ring_free(agw_batch_t *batch);
-
-/* Queues this pool's requests on kept-alive connections on batch (not owned; it must outlive the
- * pool); NULL (the default) writes each when its call starts. Set it before the first call: it
- * must not change while one of the pool's requests is queued. */
-void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch);
-
-/* Reads and parses the answers queued on batch (with a ring: see above), then writes every request
- * queued on it, oldest first, and returns how many of both. Parsing an answer delivers its call's
- * callback from inside, as does a write that finds the upstream's answer already in (it answered
- * and closed without reading); failures are delivered from the loop as usual. */
-size_t agw_batch_flush(agw_batch_t *batch);
 
 /* Creates a pool for conf on loop. conf must outlive the pool. Returns NULL on allocation
  * failure. */

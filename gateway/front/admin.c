@@ -1,5 +1,5 @@
 /* admin.c: the admin listener (see admin.h). */
-#include "ops/admin.h"
+#include "front/admin.h"
 
 #include <errno.h>
 #include <ev.h>

@@ -1,4 +1,4 @@
-/* generations.c: a worker's generations (hot reload, generation.h): the scripts folder loaded
+/* vm.c: a worker's generations (hot reload, generation.h): the scripts folder loaded
  * into a VM of the worker's own, made current with the upstream pools it shares with the
  * previous generation, and freed after its last request, call and timer.
  */

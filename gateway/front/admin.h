@@ -20,7 +20,7 @@
 #define AGW_ADMIN_H
 
 #include "script/config.h"
-#include "script/generation.h"
+#include "worker/generation.h"
 #include "ops/metrics.h"
 
 typedef struct agw_admin agw_admin_t;

@@ -1,5 +1,5 @@
 /* listen_tls.c: server TLS contexts of the listeners (see listen_tls.h). */
-#include "front/listen_tls.h"
+#include "script/listen_tls.h"
 
 #include <h2o.h>
 #include <openssl/err.h>

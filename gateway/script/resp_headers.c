@@ -1,5 +1,5 @@
 /* resp_headers.c: the rules a script's response headers pass (resp_headers.h). */
-#include "worker/resp_headers.h"
+#include "script/resp_headers.h"
 
 #include <ctype.h>
 #include <lauxlib.h>

@@ -1,5 +1,5 @@
 /* generation.c: generations of the scripts folder and the reload record (see generation.h). */
-#include "script/generation.h"
+#include "worker/generation.h"
 
 #include <stdio.h>
 #include <stdlib.h>
