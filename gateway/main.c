@@ -15,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "script/config.h"
+#include "base/log.h"
 #include "deploy/runtime_dir.h"
-#include "log.h"
-#include "script.h"
-#include "server.h"
+#include "script/script.h"
+#include "front/server.h"
 
 #ifndef AGW_VERSION
 #define AGW_VERSION "0.0.0"

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "log.h"
+#include "base/log.h"
 
 #define AGW_NOFILE_CLIENT_MIN 1024 /* descriptors left for clients, listeners and files, at least */
 

@@ -11,7 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "base/log.h"
 
 int agw_sd_notify(const char *state)
 {
