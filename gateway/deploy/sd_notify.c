@@ -20,9 +20,14 @@ int agw_sd_notify(const char *state)
         return 0;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     size_t len = strlen(name);
-    if ((name[0] != '/' && name[0] != '@') || len >= sizeof(addr.sun_path)) {
+    if (name[0] != '/' && name[0] != '@') {
         agw_log(AGW_LOG_WARN, "NOTIFY_SOCKET=%s is not a socket path or @abstract name: the service manager "
                 "is not told the gateway's state", name);
+        return -1;
+    }
+    if (len >= sizeof(addr.sun_path)) {
+        agw_log(AGW_LOG_WARN, "NOTIFY_SOCKET=%.40s… is longer than a socket address holds (%zu bytes): the "
+                "service manager is not told the gateway's state", name, sizeof(addr.sun_path) - 1);
         return -1;
     }
     memcpy(addr.sun_path, name, len);
