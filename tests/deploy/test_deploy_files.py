@@ -186,7 +186,9 @@ class Container(harness.GatewayTestCase):
             self.assertTrue(os.path.exists(os.path.join(SRC, top)), top)
 
     def test_runtime_packages_cover_the_libraries_the_binary_links_with(self):
-        want = needed_packages(harness.AGGWAY_BIN)
+        # the image builds without sanitizers (RelWithDebInfo): a debug build's libasan/libubsan
+        # are not among what it needs
+        want = {p for p in needed_packages(harness.AGGWAY_BIN) if not re.match(r"lib(a|ub)san\d", p)}
         self.assertTrue({"libh2o0.13", "libluajit2-5.1-2", "libjansson4"} <= want, want)
         self.assertEqual(sorted(want - self.packages(self.stages[1])), [])
         # and the build stage has the -dev packages tools/bootstrap names for building
@@ -206,7 +208,7 @@ def needed_packages(binary):
     pkgs = set()
     for lib in libs:
         if lib not in paths:
-            continue   # the sanitizers' runtime in a debug build is not a dependency of the package
+            raise AssertionError("ldd does not resolve %s" % lib)
         path = paths[lib]
         real = os.path.realpath(path)
         for cand in (path, real, real.replace("/usr/lib/", "/lib/", 1), path.replace("/lib/", "/usr/lib/", 1)):
