@@ -15,13 +15,6 @@
 include(GNUInstallDirs)
 set(AGW_VERSION 0.1.0)
 
-# gateway/deploy/ (the runtime's lookup, sd_notify, the open-file limit) is part of aggcore: a
-# recursive glob of gateway/ takes it already, a flat one does not.
-file(GLOB AGW_DEPLOY_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/gateway/deploy/*.c)
-get_target_property(agw_core_sources aggcore SOURCES)
-list(REMOVE_ITEM AGW_DEPLOY_SOURCES ${agw_core_sources})
-target_sources(aggcore PRIVATE ${AGW_DEPLOY_SOURCES})
-
 # Where the binary finds its runtime: installed, relative to itself; in the build tree it was
 # built in, the source tree's lua/ (so the tests run what they change).
 file(RELATIVE_PATH AGW_LUA_RELDIR ${CMAKE_INSTALL_FULL_BINDIR} ${CMAKE_INSTALL_FULL_DATADIR}/aggway/lua)
