@@ -57,6 +57,8 @@ include(CPack)
 add_test(NAME deploy.install COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/deploy/test_install.py)
 add_test(NAME deploy.package COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/deploy/test_package.py)
 add_test(NAME deploy.files COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/deploy/test_deploy_files.py)
-# each installs from this build folder (cmake --install, cpack): one at a time
-set_tests_properties(deploy.install deploy.package deploy.files PROPERTIES TIMEOUT 300 RESOURCE_LOCK aggway_install
+# tools/demo in a network namespace of its own (its ports are fixed)
+add_test(NAME deploy.demo COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/deploy/test_demo.py)
+# each installs from (or builds in) this build folder: one at a time
+set_tests_properties(deploy.install deploy.package deploy.files deploy.demo PROPERTIES TIMEOUT 300 RESOURCE_LOCK aggway_install
   ENVIRONMENT "AGGWAY_BIN=$<TARGET_FILE:aggway>;AGGWAY_MOCK_BIN=${CMAKE_BINARY_DIR}/aggway-mock;AGGWAY_SOURCE_DIR=${CMAKE_SOURCE_DIR};AGGWAY_BUILD_DIR=${CMAKE_BINARY_DIR}")
