@@ -7,10 +7,13 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "tests/check.h"
+#include "base/log.h"
 #include "deploy/nofile.h"
 #include "deploy/runtime_dir.h"
 #include "deploy/sd_notify.h"
@@ -121,8 +124,53 @@ static void a_build_tree_binary_reads_the_source_tree_runtime(void)
     CHECK(agw_runtime_dir() == dir); /* looked up once */
 }
 
+/* Runs agw_log once for each level in a child whose stderr is a pipe, with JOURNAL_STREAM set to
+ * that pipe's device:inode (journal) or to another (journal 0); returns what the child wrote. */
+static void log_in_child(int journal, char *out, size_t size)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        exit(2);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 2);
+        struct stat st;
+        fstat(2, &st);
+        char js[64];
+        snprintf(js, sizeof(js), "%llu:%llu", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino + (journal ? 0 : 1));
+        setenv("JOURNAL_STREAM", js, 1);
+        agw_log(AGW_LOG_INFO, "one");
+        agw_log(AGW_LOG_WARN, "two");
+        agw_log(AGW_LOG_ERROR, "three");
+        _exit(0);
+    }
+    close(p[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n < size - 1 && (r = read(p[0], out + n, size - 1 - n)) > 0)
+        n += (size_t)r;
+    out[n] = '\0';
+    close(p[0]);
+    waitpid(pid, NULL, 0);
+}
+
+static void log_lines_carry_their_priority_only_into_the_journal(void)
+{
+    char out[1024];
+    log_in_child(1, out, sizeof(out));
+    CHECK(strncmp(out, "<6>", 3) == 0 && strstr(out, " info one\n") != NULL);
+    CHECK(strstr(out, "\n<4>") != NULL && strstr(out, " warn two\n") != NULL);
+    CHECK(strstr(out, "\n<3>") != NULL && strstr(out, " error three\n") != NULL);
+    log_in_child(0, out, sizeof(out));
+    CHECK(strchr(out, '<') == NULL);
+    CHECK(strstr(out, " warn two\n") != NULL);
+}
+
 int main(void)
 {
+    /* first: the log looks at JOURNAL_STREAM once per process, and the children inherit that */
+    RUN(log_lines_carry_their_priority_only_into_the_journal);
     RUN(notify_without_socket_sends_nothing);
     RUN(notify_sends_one_datagram_to_a_path);
     RUN(notify_reaches_an_abstract_socket);
