@@ -317,6 +317,14 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
     conf->shutdown_grace_ms = (uint64_t)field_num(L, cfg, "shutdown_grace_ms", 10000);
     conf->script_time_limit_ms = (uint64_t)field_num(L, cfg, "script_time_limit_ms", 1000);
+    /* the operator's opt-out of the sandbox (lua/agg/sandbox.lua) is said at every load: start,
+     * check and each reload */
+    lua_getfield(L, cfg, "scripts");
+    lua_getfield(L, -1, "trusted");
+    if (lua_toboolean(L, -1))
+        agw_log(AGW_LOG_WARN, "%s/gateway.lua: scripts = { trusted = true }: the scripts of %s run without the "
+                "sandbox (io, ffi, os.execute and every other library are open to them)", dir, dir);
+    lua_pop(L, 2);
     int rc = load_listen(L, cfg, conf);
     load_admin(L, cfg, conf);
     if (load_upstreams(L, cfg, conf, errors) != 0)

@@ -91,6 +91,8 @@ local result_mt = {
     end
     rawset(t, k, v)
   end,
+  -- shared by every script's objects: getmetatable gives a name, never the table
+  __metatable = "agg.result",
 }
 
 --- Installs the transport and the endpoints (from agg.loader) and the upstream table.
@@ -953,6 +955,8 @@ local then_mt = {
     end
     return r[k]
   end,
+  -- shared by every script's objects: getmetatable gives a name, never the table
+  __metatable = "agg.fetch_then",
 }
 
 is_then = function(v)
@@ -1156,6 +1160,8 @@ local req_mt = {
     rawset(r, k, v)
     return v
   end,
+  -- shared by every script's objects: getmetatable gives a name, never the table
+  __metatable = "agg.request",
 }
 
 --- Starts request rid for endpoint index idx. Called by the transport.
