@@ -111,11 +111,10 @@ local REFUSED_MODULES = {
 local REFUSED_GLOBALS = {
   io = SANDBOX, package = SANDBOX, ffi = SANDBOX, loadfile = SANDBOX, dofile = SANDBOX,
   module = "a script returns its module table", print = "use error() or the page to say something",
-  newproxy = SANDBOX, gcinfo = SANDBOX,
 }
 
 local BASE = { "assert", "error", "ipairs", "next", "pairs", "pcall", "select", "tonumber", "tostring", "type",
-               "unpack", "rawequal", "rawget", "getmetatable", "setmetatable", "_VERSION" }
+               "unpack", "rawequal", "rawget", "getmetatable", "setmetatable", "newproxy", "gcinfo", "_VERSION" }
 
 -- xpcall for scripts: the script time limit's stop (gateway/watchdog.h) does not run the script's
 -- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
