@@ -579,9 +579,13 @@ static int l_log(lua_State *L)
 {
     agw_worker_t *w = upw(L);
     const char *level = luaL_checkstring(L, 1);
-    const char *msg = luaL_checkstring(L, 2);
-    agw_log(strcmp(level, "error") == 0 ? AGW_LOG_ERROR : strcmp(level, "warn") == 0 ? AGW_LOG_WARN : AGW_LOG_INFO,
-            "worker %d: %s", w->id, msg);
+    size_t len;
+    const char *msg = luaL_checklstring(L, 2, &len);
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "worker %d: ", w->id);
+    /* the text may carry a client's, a script's or an upstream's bytes: log.h escapes them all */
+    agw_log_text(strcmp(level, "error") == 0 ? AGW_LOG_ERROR : strcmp(level, "warn") == 0 ? AGW_LOG_WARN : AGW_LOG_INFO,
+                 prefix, msg, len);
     return 0;
 }
 
