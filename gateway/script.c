@@ -1,6 +1,8 @@
 /* script.c: LuaJIT states and generation loading (see script.h). */
 #include "script.h"
 
+#include "router.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <lauxlib.h>
@@ -178,6 +180,7 @@ lua_State *agw_vm_new(const char *scripts_dir)
     preload(L, "agg.sys", agw_sys_open);
     preload(L, "agg.breaker", agw_breaker_open);
     preload(L, "agg.resp_headers", agw_resp_headers_open);
+    preload(L, "agg.router", agw_router_open);
     return L;
 }
 

@@ -78,10 +78,21 @@ size_t agw_h1_request_size(const agw_upstream_conf_t *conf, const agw_call_req_t
         *why = "path does not start with '/'";
         return 0;
     }
+    /* the request target is sent as the script built it: a byte that is not a URI character
+     * would be sent raw (RFC 3986 §2: non-ASCII must be percent-encoded) and a '#' would cut the
+     * path at a fragment the upstream never sees (§3.5) */
     for (size_t i = 0; i < req->path_len; i++) {
         unsigned char ch = (unsigned char)req->path[i];
         if (ch <= ' ' || ch == 0x7f) {
             *why = "path contains a space or a control character (CR, LF, NUL, ...)";
+            return 0;
+        }
+        if (ch >= 0x80) {
+            *why = "path contains a byte that is not ASCII (percent-encode it: agg.escape)";
+            return 0;
+        }
+        if (ch == '#') {
+            *why = "path contains '#', which would start a fragment (percent-encode it: agg.escape)";
             return 0;
         }
     }
@@ -93,10 +104,14 @@ size_t agw_h1_request_size(const agw_upstream_conf_t *conf, const agw_call_req_t
             *why = "header name is empty or not an HTTP token";
             return 0;
         }
-        if (memchr(h->value, '\r', h->value_len) || memchr(h->value, '\n', h->value_len) ||
-            memchr(h->value, '\0', h->value_len)) {
-            *why = "header value contains CR, LF or NUL";
-            return 0;
+        /* field values are visible characters, spaces and HTABs (RFC 9110 §5.5): CR, LF and NUL
+         * would split or cut the request, the other controls (VT, FF, ESC, DEL …) are refused too */
+        for (size_t k = 0; k < h->value_len; k++) {
+            unsigned char ch = (unsigned char)h->value[k];
+            if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
+                *why = "header value contains a control character (only HTAB is allowed)";
+                return 0;
+            }
         }
         if (!is_framing_header(h))
             n += h->name_len + 2 + h->value_len + 2;

@@ -18,8 +18,9 @@
 
 /* Size in bytes of the request agw_h1_request_write() will produce for req, or 0 with *why set
  * to a static reason when the request must not be sent: the method is not a token, the path does
- * not start with '/' or holds a space or control character (CR, LF, NUL included), a header name
- * is empty or not a token, or a header value holds CR, LF or NUL (RFC 9110 §5.1, §5.5). */
+ * not start with '/' or holds a space, a control character (CR, LF, NUL included), a byte that is
+ * not ASCII or a '#' (RFC 3986 §2, §3.5), a header name is empty or not a token, or a header value
+ * holds a control character other than HTAB (RFC 9110 §5.1, §5.5). */
 size_t agw_h1_request_size(const agw_upstream_conf_t *conf, const agw_call_req_t *req,
                            const char **why);
 
