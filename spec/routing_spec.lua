@@ -1,4 +1,4 @@
--- Route parameters: only RFC 3986 path characters reach a script (gateway/route/route_param.h),
+-- Route parameters: only RFC 3986 path characters reach a script (route/route_param.h),
 -- and a route may narrow a parameter with a pattern. The spec harness routes with the gateway's
 -- own router, so these are serve's answers.
 local testing = require "agg.testing"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "json/json.h"
 
 /* RFC 3986 §3.3 pchar, but for '%' (pct-encoded, checked on its own): unreserved (§2.3),
  * sub-delims (§2.2), ':' and '@' */

@@ -106,7 +106,7 @@ local function run_chunk(chunk, file)
 end
 
 -- The scripts' own functions run in LuaJIT's interpreter: compiled code does not run hooks, and
--- the script time limit (gateway/watchdog.h) stops a runaway script with one. The agg library
+-- the script time limit (worker/watchdog.h) stops a runaway script with one. The agg library
 -- stays compiled. A script may compile a hot function of its own with jit.on(f, true), and the
 -- limit cannot stop a loop inside that function.
 local interpreted = sandbox.interpreted
@@ -122,7 +122,7 @@ local RUNTIME_PATH = LUA_DIR and (LUA_DIR .. "/?.lua;" .. LUA_DIR .. "/?/init.lu
 local RUNTIME_PREFIX = LUA_DIR and ("@" .. LUA_DIR .. "/")
 
 --- Whether source (a debug.getinfo source, "@path") is a file of the runtime's Lua half (lua/agg),
--- as gateway/worker.c's runtime_source tells: where the script time limit never raises its stop.
+-- as worker/worker.c's runtime_source tells: where the script time limit never raises its stop.
 function M.runtime_source(source)
   return RUNTIME_PREFIX ~= nil and type(source) == "string" and source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX
 end
@@ -140,7 +140,7 @@ end
 
 --- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } };
 -- a parameter may carry a pattern, "{id:[0-9]+}" -> { param = "id", pattern = "[0-9]+" }, compiled
--- here by the router's own code (gateway/route/route_param.h) so that check refuses what serve
+-- here by the router's own code (route/route_param.h) so that check refuses what serve
 -- could not run. Returns nil, message on a malformed route.
 function M.parse_route(route)
   if type(route) ~= "string" then return nil, "route must be a string like \"GET /product-page/{id}\"" end

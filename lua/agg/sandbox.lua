@@ -22,12 +22,12 @@ local raw_getfenv, raw_setfenv, raw_rawset, raw_load, raw_loadstring, raw_loadfi
   getfenv, setfenv, rawset, load, loadstring, loadfile
 local raw_xpcall, raw_collectgarbage = xpcall, collectgarbage
 
---- The text of the script time limit's stop, after "file:line: " (gateway/worker.c raises it in
+--- The text of the script time limit's stop, after "file:line: " (worker/worker.c raises it in
 -- serve, agg.testing in `aggway test`): "stopped: the script ran for more than N ms …".
 M.STOP_TEXT = "stopped: the script ran for more than "
 
 --- Makes chunk and every function defined in it run in LuaJIT's interpreter: compiled code does
--- not run hooks, and the script time limit (gateway/watchdog.h) stops a runaway script with one.
+-- not run hooks, and the script time limit (worker/watchdog.h) stops a runaway script with one.
 -- Returns chunk.
 function M.interpreted(chunk)
   if jit then jit.off(chunk, true) end
@@ -116,7 +116,7 @@ local REFUSED_GLOBALS = {
 local BASE = { "assert", "error", "ipairs", "next", "pairs", "pcall", "select", "tonumber", "tostring", "type",
                "unpack", "rawequal", "rawget", "getmetatable", "setmetatable", "newproxy", "gcinfo", "_VERSION" }
 
--- xpcall for scripts: the script time limit's stop (gateway/watchdog.h) does not run the script's
+-- xpcall for scripts: the script time limit's stop (worker/watchdog.h) does not run the script's
 -- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
 -- that looped (or ran long) could not be stopped and would hold its worker for good.
 local function script_xpcall(f, handler, ...)
