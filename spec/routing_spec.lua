@@ -51,6 +51,25 @@ describe("a route parameter", function()
   end)
 end)
 
+describe("a call the upstream client will not send", function()
+  for which, why in pairs {
+    hash = "path contains '#', which would start a fragment",
+    raw = "path contains a byte that is not ASCII",
+    vt = "header value contains a control character (only HTAB is allowed)",
+    del = "header value contains a control character (only HTAB is allowed)",
+  } do
+    it("(" .. which .. ") fails its section with invalid-call, and nothing is sent", function()
+      local gw = testing.gateway { dir = DIR .. "good" }
+      gw:stub("inventory", "/stock/7", { json = { inStock = 3 } })
+      local page = gw:get("/bad-call/" .. which)
+      assert.equal(502, page.status)
+      assert.equal("urn:aggway:problem:invalid-call", page.json.sections.stock.error.type)
+      assert.equal(0, #gw:calls("inventory"))
+      assert.matches("bad request, nothing sent: " .. why, table.concat(gw:logs(), "\n"), 1, true)
+    end)
+  end
+end)
+
 describe("a route pattern", function()
   it("that does not compile is a load error with file:line, as aggway check reports it", function()
     local gen, errors = loader.load(DIR .. "badpattern")

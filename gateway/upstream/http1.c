@@ -66,53 +66,50 @@ int agw_h1_method_idempotent(const char *m)
     return 0;
 }
 
-size_t agw_h1_request_size(const agw_upstream_conf_t *conf, const agw_call_req_t *req,
-                           const char **why)
+const char *agw_h1_request_invalid(const char *method, const char *path, size_t path_len,
+                                   const agw_header_t *headers, size_t num_headers)
 {
-    size_t mlen = req->method ? strlen(req->method) : 0;
-    if (!is_token(req->method, mlen)) {
-        *why = "method is not an HTTP token";
-        return 0;
-    }
-    if (req->path_len == 0 || req->path[0] != '/') {
-        *why = "path does not start with '/'";
-        return 0;
-    }
+    if (!is_token(method, method ? strlen(method) : 0))
+        return "method is not an HTTP token";
+    if (path_len == 0 || path[0] != '/')
+        return "path does not start with '/'";
     /* the request target is sent as the script built it: a byte that is not a URI character
      * would be sent raw (RFC 3986 §2: non-ASCII must be percent-encoded) and a '#' would cut the
      * path at a fragment the upstream never sees (§3.5) */
-    for (size_t i = 0; i < req->path_len; i++) {
-        unsigned char ch = (unsigned char)req->path[i];
-        if (ch <= ' ' || ch == 0x7f) {
-            *why = "path contains a space or a control character (CR, LF, NUL, ...)";
-            return 0;
-        }
-        if (ch >= 0x80) {
-            *why = "path contains a byte that is not ASCII (percent-encode it: agg.escape)";
-            return 0;
-        }
-        if (ch == '#') {
-            *why = "path contains '#', which would start a fragment (percent-encode it: agg.escape)";
-            return 0;
-        }
+    for (size_t i = 0; i < path_len; i++) {
+        unsigned char ch = (unsigned char)path[i];
+        if (ch <= ' ' || ch == 0x7f)
+            return "path contains a space or a control character (CR, LF, NUL, ...)";
+        if (ch >= 0x80)
+            return "path contains a byte that is not ASCII (percent-encode it: agg.escape)";
+        if (ch == '#')
+            return "path contains '#', which would start a fragment (percent-encode it: agg.escape)";
     }
-    size_t n = mlen + 1 + strlen(base_path(conf)) + req->path_len +
-               strlen(" HTTP/1.1\r\nHost: ") + strlen(conf->host_header) + 2;
-    for (size_t i = 0; i < req->num_headers; i++) {
-        const agw_header_t *h = &req->headers[i];
-        if (!is_token(h->name, h->name_len)) {
-            *why = "header name is empty or not an HTTP token";
-            return 0;
-        }
+    for (size_t i = 0; i < num_headers; i++) {
+        const agw_header_t *h = &headers[i];
+        if (!is_token(h->name, h->name_len))
+            return "header name is empty or not an HTTP token";
         /* field values are visible characters, spaces and HTABs (RFC 9110 §5.5): CR, LF and NUL
          * would split or cut the request, the other controls (VT, FF, ESC, DEL …) are refused too */
         for (size_t k = 0; k < h->value_len; k++) {
             unsigned char ch = (unsigned char)h->value[k];
-            if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
-                *why = "header value contains a control character (only HTAB is allowed)";
-                return 0;
-            }
+            if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+                return "header value contains a control character (only HTAB is allowed)";
         }
+    }
+    return NULL;
+}
+
+size_t agw_h1_request_size(const agw_upstream_conf_t *conf, const agw_call_req_t *req,
+                           const char **why)
+{
+    if ((*why = agw_h1_request_invalid(req->method, req->path, req->path_len, req->headers, req->num_headers)))
+        return 0;
+    size_t mlen = strlen(req->method);
+    size_t n = mlen + 1 + strlen(base_path(conf)) + req->path_len +
+               strlen(" HTTP/1.1\r\nHost: ") + strlen(conf->host_header) + 2;
+    for (size_t i = 0; i < req->num_headers; i++) {
+        const agw_header_t *h = &req->headers[i];
         if (!is_framing_header(h))
             n += h->name_len + 2 + h->value_len + 2;
     }

@@ -270,20 +270,27 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   local p, q = split_path(path)
   local c = { id = id, upstream = up.name, method = method, path = path, route_path = p, query = decode_query(q),
               headers = h, body = body or nil, started_ms = self.clock, timeout_ms = timeout_ms }
-  self.call_log[#self.call_log + 1] = c
   self.by_id[id] = c
+  local function finish(at, outcome, status, rheaders, rbody, data, detail)
+    c.event = schedule(self, at, function()
+      c.ended_ms, c.outcome, c.http_status = self.clock, outcome, status
+      rt.on_call(id, outcome, status or 0, rheaders, rbody, data, self.clock - c.started_ms, detail)
+    end)
+  end
+  -- what the upstream client would refuse to send (a '#' or a raw byte in the path, a control
+  -- character in a header value) fails as in serve, and is not a call the upstream saw
+  local invalid = sys.call_invalid(method, path, headers)
+  if invalid then
+    finish(self.clock, "bad_request", nil, nil, nil, nil, up.name .. ": bad request, nothing sent: " .. invalid)
+    return id
+  end
+  self.call_log[#self.call_log + 1] = c
   local stub
   for _, s in ipairs(self.stubs) do
     if s.upstream == up.name and (s.method == "*" or s.method == method) and match_pattern(s.pattern, path) then
       stub = s
       break
     end
-  end
-  local function finish(at, outcome, status, rheaders, rbody, data, detail)
-    c.event = schedule(self, at, function()
-      c.ended_ms, c.outcome, c.http_status = self.clock, outcome, status
-      rt.on_call(id, outcome, status or 0, rheaders, rbody, data, self.clock - c.started_ms, detail)
-    end)
   end
   if not stub then
     c.unstubbed = true
