@@ -140,8 +140,7 @@ agw_route_pattern_t *agw_route_pattern_compile(const char *src, size_t len, char
             if (negate)
                 i++;
             int items = 0;
-            uint8_t set[32] = {0};
-            atom_t tmp = {.min = 0};
+            atom_t listed = {.min = 0}; /* the bytes the class lists; a's set is them or the rest */
             while (i < len && src[i] != ']') {
                 unsigned char lo = (unsigned char)src[i];
                 if (lo == '\\') {
@@ -161,7 +160,7 @@ agw_route_pattern_t *agw_route_pattern_compile(const char *src, size_t len, char
                         return fail(p, err, errlen, src, len, "a range in [...] goes backwards (write [a-z], not [z-a])");
                 }
                 for (unsigned k = lo; k <= hi; k++)
-                    set_add(&tmp, (unsigned char)k);
+                    set_add(&listed, (unsigned char)k);
                 items++;
             }
             if (i == len)
@@ -169,9 +168,8 @@ agw_route_pattern_t *agw_route_pattern_compile(const char *src, size_t len, char
             if (items == 0)
                 return fail(p, err, errlen, src, len, "an empty class []");
             i++; /* ']' */
-            memcpy(set, tmp.set, sizeof(set));
             for (unsigned k = 0; k < 256; k++)
-                if ((negate ? !((set[k >> 3] >> (k & 7)) & 1) : ((set[k >> 3] >> (k & 7)) & 1)))
+                if (set_has(&listed, (unsigned char)k) != negate)
                     set_add(a, (unsigned char)k);
         } else if (c == '.') {
             i++;
