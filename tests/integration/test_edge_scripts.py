@@ -10,7 +10,8 @@ import sys
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import GatewayTestCase, endpoint, free_port, main, repo_scripts, route, run_aggway  # noqa: E402
+from harness import (GatewayTestCase, endpoint, free_port, main, repo_scripts, route, run_aggway,  # noqa: E402
+                     wait_until)
 
 SCRIPTS = dict(repo_scripts(), **{
     "popen.lua": endpoint("GET /popen", """
@@ -25,6 +26,8 @@ SCRIPTS = dict(repo_scripts(), **{
     "header.lua": endpoint("GET /header/{which}", """
     local values = { vt = "a\\vb", ff = "a\\fb", esc = "a\\27[31mb", del = "a\\127b", nul = "a\\0b", lf = "a\\nb" }
     return agg.page(agg.fetch_all { stock = { "inventory", "/stock/1", headers = { ["x-note"] = values[req.params.which] } } })"""),
+    "oddkey.lua": endpoint("GET /odd-key", """
+    return agg.page(agg.fetch_all { ["a\\nb\\127c\\27d"] = { "inventory", "/stock/1" } })"""),
     "hash.lua": endpoint("GET /hash", """
     return agg.page(agg.fetch_all { stock = { "inventory", "/stock/7#x" } })"""),
 })
@@ -158,6 +161,21 @@ class Logs(GatewayTestCase):
         self.assertIn("no product for sku x\\n2026-12-01T00:00:00.000Z error forged-line\\r\\x0b\\x0c\\x1b\\x7f",
                       hits[0])
         self.assertFalse(any(l.startswith(forged) for l in lines))
+
+    def test_a_section_name_with_control_characters_is_one_access_log_line_with_them_escaped(self):
+        path = os.path.join(self.workdir, "access.log")
+        self.start(services=SERVICES, scripts=SCRIPTS, gateway_extra={"access_log": path})
+        self.assertEqual(self.get("/odd-key").status, 200)
+
+        def logged():
+            with open(path, "rb") as f:
+                return [l for l in f.read().split(b"\n") if b"/odd-key" in l]
+        self.assertTrue(wait_until(lambda: logged(), 10), "the access log has no line for /odd-key")
+        raw = logged()[0]
+        self.assertNotIn(b"\x7f", raw)
+        self.assertNotIn(b"\x1b", raw)
+        self.assertIn(b"a\\nb\\u007fc\\u001bd", raw)
+        self.assertEqual(json.loads(raw)["sections"][0]["name"], "a\nb\x7fc\x1bd")
 
     def test_header_values_with_any_control_character_are_never_sent(self):
         self.start(services=SERVICES, scripts=SCRIPTS)
