@@ -98,15 +98,14 @@ const char *agw_h1_request_invalid(const char *method, const char *path, size_t 
     /* the request target is sent as the script built it: a byte that is not a URI character
      * would be sent raw (RFC 3986 §2: non-ASCII must be percent-encoded) and a '#' would cut the
      * path at a fragment the upstream never sees (§3.5) */
-    for (size_t i = 0; i < path_len; i++) {
-        unsigned char ch = (unsigned char)path[i];
-        if (ch <= ' ' || ch == 0x7f)
-            return "path contains a space or a control character (CR, LF, NUL, ...)";
-        if (ch >= 0x80)
-            return "path contains a byte that is not ASCII (percent-encode it: agg.escape)";
-        if (ch == '#')
-            return "path contains '#', which would start a fragment (percent-encode it: agg.escape)";
-    }
+    static const unsigned char BAD[256] = {[0 ... ' '] = 1, [0x7f] = 1, [0x80 ... 0xff] = 2, ['#'] = 3};
+    static const char *const why[] = {
+        NULL, "path contains a space or a control character (CR, LF, NUL, ...)",
+        "path contains a byte that is not ASCII (percent-encode it: agg.escape)",
+        "path contains '#', which would start a fragment (percent-encode it: agg.escape)"};
+    for (size_t i = 0; i < path_len; i++)
+        if (BAD[(unsigned char)path[i]])
+            return why[BAD[(unsigned char)path[i]]];
     for (size_t i = 0; i < num_headers; i++) {
         const agw_header_t *h = &headers[i];
         if (!is_token(h->name, h->name_len))
