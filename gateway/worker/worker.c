@@ -18,6 +18,7 @@
  */
 #include "worker/worker_internal.h"
 
+#include "multi/multi.h"
 #include "script/script.h"
 #include "worker/watchdog.h"
 
@@ -437,12 +438,35 @@ static const char *bad_framing(const h2o_req_t *req)
     return NULL;
 }
 
+static void record_batch(void *data, h2o_req_t *req, int status, size_t bytes)
+{
+    agw_worker_record_c_response(data, req, 0, status, bytes);
+}
+
+/* The batch endpoint (multi/multi.h): its entries come back here, each as a request of its own. */
+static int on_batch(agw_worker_t *w, h2o_req_t *req)
+{
+    const agw_config_t *conf = w->cur->conf;
+    if (agw_multi_is_entry(req)) {
+        agw_worker_send_problem(w, req, NULL, 0, 400, "nested-batch", "a batch may not contain a batch", NULL);
+        return 0;
+    }
+    agw_multi_conf_t mc = {.max_requests = conf->batch_max_requests, .deadline_ms = conf->batch_deadline_ms,
+                           .loop = w->loop, .record = record_batch, .record_data = w};
+    agw_multi_start(req, &mc);
+    return 0;
+}
+
 int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     (void)self;
     agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
     wgen_t *g = w->cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    const char *bpath = g->conf->batch_path;
+    if (bpath && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) &&
+        h2o_memis(req->path.base, path_len, bpath, strlen(bpath)))
+        return on_batch(w, req);
     int endpoint = 0;
     agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
     size_t num_params = 0;
