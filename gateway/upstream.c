@@ -104,6 +104,8 @@ struct agw_pool {
     unsigned max_conns;          /* conf->max_connections, 0 read as no limit */
     unsigned open, nidle, pending;
     conn_t *idle;                /* most recently idle first */
+    conn_t *orphans;             /* connections still connecting whose call was cancelled before its
+                                    request went out: idle once connected (idle_next/idle_prev) */
     agw_call_t *calls;           /* every live call */
     agw_call_t *qhead, *qtail;   /* wait queue, FIFO */
     agw_pool_stats_t stats;      /* counters only; open/idle/pending filled on demand */
@@ -254,6 +256,27 @@ static void calls_remove(agw_pool_t *pool, agw_call_t *call)
         call->next->prev = call->prev;
 }
 
+/* The orphans list (agw_pool.orphans) shares the idle list's links: a connection is on at most
+ * one of the two. */
+static void orphan_push(agw_pool_t *pool, conn_t *c)
+{
+    c->idle_prev = NULL;
+    c->idle_next = pool->orphans;
+    if (pool->orphans)
+        pool->orphans->idle_prev = c;
+    pool->orphans = c;
+}
+
+static void orphan_remove(agw_pool_t *pool, conn_t *c)
+{
+    if (c->idle_prev)
+        c->idle_prev->idle_next = c->idle_next;
+    else
+        pool->orphans = c->idle_next;
+    if (c->idle_next)
+        c->idle_next->idle_prev = c->idle_prev;
+}
+
 /* ---- connections ---------------------------------------------------------------------- */
 
 static void conn_watch(conn_t *c, int events)
@@ -288,6 +311,8 @@ static void conn_close(conn_t *c)
     close(c->fd);
     if (c->state == CONN_IDLE)
         idle_remove(pool, c);
+    else if (c->state == CONN_CONNECTING && c->call == NULL)
+        orphan_remove(pool, c);
     if (c->call)
         c->call->conn = NULL;
     agw_h1_response_free(&c->resp);
@@ -402,13 +427,44 @@ static void call_fail(agw_call_t *call, agw_call_outcome_t o, const char *fmt, .
     ev_timer_start(pool->loop, &call->timer);
 }
 
+static void conn_make_idle(conn_t *c);
+
+/* Unbinds the connection of a cancelled call whose request has not gone out: a kept-alive one
+ * waiting for agw_batch_flush goes back to the idle list; a new plain one still connecting stays
+ * open with no call (an orphan) and becomes idle once connected (on_conn_io). The upstream saw
+ * nothing of the call, so there is nothing to stop by closing; closing would cost a connection per
+ * cancelled call (an HTTP/2 client resetting streams as fast as it opens them). Returns 0 when
+ * the connection must be closed instead (some of the request went out, TLS, a pool being freed). */
+static int conn_give_back(conn_t *c)
+{
+    agw_pool_t *pool = c->pool;
+    agw_call_t *call = c->call;
+    if (pool->dying || call->sent != 0)
+        return 0;
+    if (c->batched && c->state == CONN_SENDING && c->rq == RQ_NONE) {
+        batch_remove(pool->batch, c);
+        c->call = NULL;
+        call->conn = NULL;
+        pool->stats.reused--; /* it carried no request */
+        conn_make_idle(c);
+        return 1;
+    }
+    if (c->state == CONN_CONNECTING && c->ssl == NULL && !pool->conf->tls) {
+        c->call = NULL;
+        call->conn = NULL;
+        orphan_push(pool, c);
+        return 1;
+    }
+    return 0;
+}
+
 /* Frees a call without a callback (cancel, destroy). */
 static void call_discard(agw_call_t *call)
 {
     agw_pool_t *pool = call->pool;
     if (call->state == CALL_QUEUED)
         queue_remove(pool, call);
-    if (call->conn)
+    if (call->conn && !conn_give_back(call->conn))
         conn_close(call->conn);
     ev_timer_stop(pool->loop, &call->timer);
     calls_remove(pool, call);
@@ -559,15 +615,23 @@ static void conn_send(conn_t *c)
     conn_watch(c, EV_READ);
 }
 
-/* Whether idle connection c has an event the loop saw but on_conn_io has not handled yet: bytes
- * or EOF that came while it was idle, found by this iteration's poll, while a watcher that ran
- * before the pool's is looking for a connection. Bytes sent before our request are no answer to
- * it: c must not carry one. Over TLS they may be a record without data (a session ticket, a key
+/* Whether idle connection c has unread bytes or EOF: an event the loop saw but on_conn_io has not
+ * handled yet (found by this iteration's poll, while a watcher that ran before the pool's is
+ * looking for a connection), or bytes that came after the poll (a peek: one system call per
+ * reuse). Bytes sent before our request are no answer to it: c must not carry one. Over TLS they may be a record without data (a session ticket, a key
  * update), which is read here, and c stays usable. */
 static int conn_stale(conn_t *c)
 {
-    if (!ev_is_pending(&c->io))
-        return 0;
+    if (!ev_is_pending(&c->io)) {
+        /* nothing the loop saw; bytes may have come since it polled (a second response sent just
+         * after the first, while the worker ran a script): a peek finds them, or EOF */
+        char b;
+        ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n < 0 && errno == EINTR)
+            return 1; /* rare: not worth a second look, a fresh connection is safe */
+    }
     if (c->ssl && conn_tls_idle_record(c)) {
         ev_clear_pending(c->pool->loop, &c->io);
         return 0;
@@ -1052,6 +1116,17 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
         socklen_t len = sizeof(err);
         if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
             err = errno;
+        if (c->call == NULL) { /* an orphan (conn_give_back): idle once connected */
+            if (err) {
+                conn_close(c);
+            } else {
+                orphan_remove(pool, c);
+                ev_timer_stop(loop, &c->timer);
+                conn_watch(c, EV_READ);
+                conn_make_idle(c);
+            }
+            break;
+        }
         if (err) {
             call_fail(c->call, AGW_CALL_REFUSED, "cannot connect to %s (%s): %s",
                       pool->conf->name, pool->conf->url, strerror(err));
@@ -1096,7 +1171,7 @@ static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents)
     agw_pool_t *pool = c->pool;
     (void)loop;
     (void)revents;
-    if (c->state == CONN_IDLE)
+    if (c->state == CONN_IDLE || c->call == NULL) /* idle, or an orphan that did not connect in time */
         conn_close(c);
     else
         call_fail(c->call, AGW_CALL_CONNECT_TIMEOUT, "%s: no connection to %s within %llu ms%s",
@@ -1185,6 +1260,8 @@ void agw_pool_destroy(agw_pool_t *pool)
         call_discard(pool->calls);
     while (pool->idle)
         conn_close(pool->idle);
+    while (pool->orphans)
+        conn_close(pool->orphans);
     /* inside a callback the pool is freed when the callback returns */
     pool_free_if_dying(pool);
 }
