@@ -135,6 +135,7 @@ static const char *const outcome_names[] = {
     [AGW_CALL_OVERLOAD] = "overload",
     [AGW_CALL_BAD_REQUEST] = "bad_request",
     [AGW_CALL_TLS] = "tls",
+    [AGW_CALL_LOCAL] = "local",
 };
 
 const char *agw_call_outcome_name(agw_call_outcome_t o)
@@ -489,6 +490,14 @@ static void pool_after_callback(agw_pool_t *pool)
 static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents);
 static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents);
 
+/* Whether a socket() or connect() error is the gateway's own (descriptors, local ports, kernel
+ * memory) rather than the upstream's: such a failure says nothing about the upstream. */
+static int local_error(int err)
+{
+    return err == EMFILE || err == ENFILE || err == EADDRNOTAVAIL || err == ENOBUFS || err == ENOMEM ||
+           err == EAGAIN;
+}
+
 /* Opens a new connection for call; failures are delivered from the loop. */
 static void call_connect(agw_call_t *call)
 {
@@ -498,8 +507,9 @@ static void call_connect(agw_call_t *call)
     call->reused = 0;
     int fd = socket(conf->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        call_fail(call, AGW_CALL_REFUSED, "cannot open a socket for %s: %s", conf->name,
-                  strerror(errno));
+        int err = errno;
+        call_fail(call, local_error(err) ? AGW_CALL_LOCAL : AGW_CALL_REFUSED,
+                  "cannot open a socket for %s: %s", conf->name, strerror(err));
         return;
     }
     if (conf->addr.ss_family == AF_INET || conf->addr.ss_family == AF_INET6) {
@@ -510,8 +520,8 @@ static void call_connect(agw_call_t *call)
         errno != EINPROGRESS) {
         int err = errno;
         close(fd);
-        call_fail(call, AGW_CALL_REFUSED, "cannot connect to %s (%s): %s", conf->name, conf->url,
-                  strerror(err));
+        call_fail(call, local_error(err) ? AGW_CALL_LOCAL : AGW_CALL_REFUSED, "cannot connect to %s (%s): %s",
+                  conf->name, conf->url, strerror(err));
         return;
     }
     conn_t *c = calloc(1, sizeof(*c));
@@ -1128,7 +1138,7 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
             break;
         }
         if (err) {
-            call_fail(c->call, AGW_CALL_REFUSED, "cannot connect to %s (%s): %s",
+            call_fail(c->call, local_error(err) ? AGW_CALL_LOCAL : AGW_CALL_REFUSED, "cannot connect to %s (%s): %s",
                       pool->conf->name, pool->conf->url, strerror(err));
             break;
         }

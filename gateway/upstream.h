@@ -127,6 +127,10 @@ typedef enum agw_call_outcome {
     AGW_CALL_TLS,             /* https:// upstream: the TLS handshake failed (certificate not
                                  trusted, wrong name, expired, no common protocol, not TLS at
                                  all); nothing was sent */
+    AGW_CALL_LOCAL,           /* the gateway's own side could not open or connect a socket (out of
+                                 descriptors: EMFILE, ENFILE; no local port: EADDRNOTAVAIL; no
+                                 kernel memory: ENOBUFS, ENOMEM); nothing was sent, and the
+                                 upstream is not to blame (its breaker does not count it) */
 } agw_call_outcome_t;
 
 /* Short stable name of an outcome ("ok", "refused", "timeout", …), for logs and metrics. */

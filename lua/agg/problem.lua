@@ -40,6 +40,8 @@ local OUTCOMES = {
   bad_request     = { "invalid-call", "%s: the call to upstream %s has invalid characters in its path or headers", 502 },
   bad_json        = { "upstream-bad-json", "%s: upstream %s sent a body that is not valid JSON", 502 },
   cancelled       = { "call-cancelled", "%s: the call to upstream %s was cancelled", 504 },
+  -- the gateway's own side (out of descriptors or local ports): not the upstream's failure
+  ["local"]       = { "gateway-overloaded", "%s: the gateway had no free socket to call upstream %s", 503 },
 }
 
 --- Problem for a call that failed in transport (outcome name from the upstream client).
