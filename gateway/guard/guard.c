@@ -248,11 +248,17 @@ int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsi
     h2_conn_t *h2 = (h2_conn_t *)req->conn;
     c->goaway = 1;
     c->h2 = req->conn;
-    /* no new stream from now on, even among the frames h2o has read and not parsed yet (the rest
-     * of this read); the frame itself waits for agw_guard_h2_flush: h2o may be inside its own
-     * teardown of the connection here, and a write it does not expect would outlive it */
-    if (h2->state == H2_OPEN)
-        h2->state = H2_HALF_CLOSED;
+    if (h2->state != H2_OPEN)
+        return 1; /* closing already */
+    /* the GOAWAY goes into the write buffer now, so that it is the first the client gets (h2o
+     * answers the frames of the streams it ignores from now on with a GOAWAY of its own, a
+     * PROTOCOL_ERROR, and closes); no new stream from now on, even among the frames h2o has read
+     * and not parsed yet. The write itself is asked for by agw_guard_h2_flush: h2o may be inside
+     * its own teardown of the connection here, and a write it does not expect would outlive it
+     * (the buffer alone is disposed with the connection) */
+    h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open, H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
+                                  h2o_iovec_init(H2O_STRLIT("too many streams cancelled")));
+    h2->state = H2_HALF_CLOSED;
     h2o_linklist_insert(&g->due, &c->due);
     return 1;
 }
@@ -281,11 +287,9 @@ size_t agw_guard_h2_flush(agw_guard_t *g)
         h2_conn_t *h2 = live_h2(g, c);
         if (h2 == NULL || h2->state == H2_IS_CLOSING)
             continue; /* closed meanwhile */
-        /* as h2o's own GOAWAY on a protocol error: the last stream it took, then the connection
-         * closes once its open streams are done (do_emit_writereq in HALF_CLOSED) */
-        h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open, H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
-                                      h2o_iovec_init(H2O_STRLIT("too many streams cancelled")));
-        h2->state = H2_HALF_CLOSED;
+        /* as h2o's own GOAWAY on a protocol error: the frame is in the buffer
+         * (agw_guard_h2_cancelled); once written, the connection closes when its open streams
+         * are done (do_emit_writereq in HALF_CLOSED) */
         h2o_http2_conn_request_write((struct st_h2o_http2_conn_t *)h2);
         n++;
     }

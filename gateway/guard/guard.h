@@ -91,11 +91,11 @@ agw_guard_conn_t *agw_guard_conn_of(agw_guard_t *g, h2o_req_t *req);
 
 /* An HTTP/2 stream of req's connection ended before the gateway answered it (the client reset
  * it, or left). Counts it in the connection's window of window_ms; past max_cancelled in one
- * window the connection stops taking new streams at once (h2o ignores HEADERS from then on) and
- * its GOAWAY (ENHANCE_YOUR_CALM, RFC 9113 §5.4.1) is due: agw_guard_h2_flush sends it. Runs in
- * h2o's dispose callback of the request, where h2o may be tearing the connection down: it
- * touches nothing but the connection's state. now_ms: the loop's clock. Returns 1 when this
- * stream made the GOAWAY due. */
+ * window the connection stops taking new streams at once (h2o ignores HEADERS from then on), its
+ * GOAWAY (ENHANCE_YOUR_CALM, RFC 9113 §5.4.1) is put in its write buffer, and the write is due:
+ * agw_guard_h2_flush asks for it. Runs in h2o's dispose callback of the request, where h2o may be
+ * tearing the connection down: it touches nothing but the connection's state and write buffer.
+ * now_ms: the loop's clock. Returns 1 when this stream made the GOAWAY due. */
 int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsigned max_cancelled,
                            uint64_t window_ms);
 
