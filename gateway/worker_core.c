@@ -33,6 +33,7 @@ const char *agw_worker_reason_phrase(int status)
     case 413: return "Payload Too Large";
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";

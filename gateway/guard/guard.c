@@ -5,8 +5,9 @@
 #include <h2o/http2_scheduler.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
 #include <strings.h>
+
+#include "log.h"
 
 /* ---- request headers ------------------------------------------------------------------------ */
 
@@ -177,8 +178,8 @@ static int h2_check(agw_guard_t *g, h2o_req_t *req)
              h2_listed(g->ctx, h2);
     g->layout = ok ? 1 : -1;
     if (!ok)
-        fprintf(stderr, "aggway: the HTTP/2 connection layout of this libh2o is not 2.2.5's: streams cancelled "
-                        "in bulk (rapid reset) are not limited\n");
+        agw_log(AGW_LOG_ERROR, "the HTTP/2 connection layout of this libh2o is not 2.2.5's: streams cancelled in "
+                "bulk (rapid reset) are not limited (clients.max_cancelled_streams is off)");
     return ok;
 }
 
