@@ -1,5 +1,5 @@
 /* guard.c: the limits a hostile client meets at the front (see guard.h). */
-#include "guard.h"
+#include "guard/guard.h"
 
 #include <h2o/http2.h>
 #include <h2o/http2_scheduler.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "log.h"
+#include "base/log.h"
 
 /* ---- request headers ------------------------------------------------------------------------ */
 
