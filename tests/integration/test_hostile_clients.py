@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from h2_client import (END_HEADERS, END_STREAM, GOAWAY, HEADERS, PING, RST_STREAM, SETTINGS,  # noqa: E402
                        ACK, H2Client, _hpack_int, _literal)
-from harness import GatewayTestCase, demo_services, endpoint, main, repo_scripts, wait_until  # noqa: E402
+from harness import SLOW, GatewayTestCase, demo_services, endpoint, main, repo_scripts, wait_until  # noqa: E402
 
 ENHANCE_YOUR_CALM = 0xB
 CANCEL = 0x8
@@ -246,7 +246,9 @@ class HeaderBombs(GatewayTestCase):
         # 42, 47, 47, …, 63, 63 MB); what the gateway adds is bounded by the cap, and nothing
         # accumulates round after round (before the cap: 6 -> 205 MB after one round, the worker
         # copying every header twice)
-        self.assertLess((max(rounds) - rss0) / 1024.0, 100, (rss0, rounds))
+        # (AddressSanitizer's allocator keeps freed memory in quarantine: RSS is no measure there)
+        if not SLOW:
+            self.assertLess((max(rounds) - rss0) / 1024.0, 100, (rss0, rounds))
         r = page["r"]
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.headers.get("x-aggregation-completed"), "true", r)
