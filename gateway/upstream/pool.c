@@ -152,13 +152,22 @@ void agw_pool_after_callback(agw_pool_t *pool)
 
 
 
-/* Gives call a connection: the most recently idle one that is not stale, or a new one. */
+/* Gives call a connection: the most recently idle one that is not stale, else one still
+ * connecting that a cancelled call left (an orphan: the call's request goes out once it is
+ * connected), else a new one. */
 void agw_call_assign(agw_call_t *call)
 {
     agw_pool_t *pool = call->pool;
     agw_conn_t *c;
     while ((c = pool->idle) != NULL && agw_conn_stale(c))
         agw_conn_close(c); /* what it got is handled as on_conn_io would: the connection goes */
+    if (c == NULL && (c = pool->orphans) != NULL) {
+        agw_pool_orphan_remove(pool, c);
+        call->state = AGW_CALL_ACTIVE;
+        call->reused = 0;
+        agw_conn_bind(c, call); /* its connect timer runs on: connect_timeout_ms from its connect() */
+        return;
+    }
     if (c == NULL) {
         agw_conn_open(call);
         return;
@@ -184,7 +193,7 @@ void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch)
 /* Serves the wait queue while connections are free. */
 void agw_pool_pump(agw_pool_t *pool)
 {
-    while (pool->qhead && (pool->idle || pool->open < pool->max_conns)) {
+    while (pool->qhead && (pool->idle || pool->orphans || pool->open < pool->max_conns)) {
         agw_call_t *call = pool->qhead;
         /* a call whose time ran out in the queue, or that has less left than it takes to
          * connect, gets no connection: it did not get one in time, so it fails as overload (the
@@ -332,7 +341,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
         return call;
     }
     ev_timer_start(pool->loop, &call->timer);
-    if (pool->qhead == NULL && (pool->idle || pool->open < pool->max_conns))
+    if (pool->qhead == NULL && (pool->idle || pool->orphans || pool->open < pool->max_conns))
         agw_call_assign(call);
     else if (pool->pending < pool->conf->max_pending)
         queue_push(pool, call);

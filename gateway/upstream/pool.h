@@ -15,9 +15,9 @@
  *    connect() itself, not from the start of the loop iteration that made the call;
  *  - a call the caller cancels once any of its request went out, or that fails in any way,
  *    closes its connection: it never goes back to the pool; a call cancelled before any byte of
- *    its request went out gives its connection back (a kept-alive one to the idle list, a new
- *    plain one once it has connected), so cancelling cannot make the pool open connection after
- *    connection;
+ *    its request went out gives its connection back (a kept-alive one to the idle list; a new
+ *    plain one to the next call, which sends once it is connected, or to the idle list once it
+ *    has connected), so cancelling cannot make the pool open connection after connection;
  *  - a connection goes back to the pool only when nothing follows its response: bytes after it
  *    (in the same read, left in the socket by a read that filled the buffer, in a further TLS
  *    record, seen by the loop while it was idle, or found by a peek when it is taken from the

@@ -144,8 +144,10 @@ class RapidReset(GatewayTestCase):
         self.assertLess(last_stream, 2 * 2000, goaway)
         after = self.mock.stats()
         opened = sum(after[s]["connections_total"] - before[s]["connections_total"] for s in after)
-        # each page calls 3 upstreams; max_connections is 64 per upstream per worker
-        self.assertLessEqual(opened, 3 * 64, (opened, after))
+        # each page calls 3 upstreams: a cancelled call gives its connection (kept alive, or still
+        # connecting) to the next call, so a handful per upstream, not one per stream (measured:
+        # 3; before: 3 per stream, 60,000 for this test)
+        self.assertLessEqual(opened, 3 * 8, (opened, after))
         print("rapid reset: GOAWAY last_stream=%d after %.2f s, %d bytes sent of %d, %d upstream connections"
               % (last_stream, elapsed, sent[0], len(payload), opened))
         # and the gateway serves on

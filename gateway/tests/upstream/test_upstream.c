@@ -1208,6 +1208,16 @@ static void cancel_while_connecting_keeps_the_connection(void)
     CHECK(wait_for(&second.done, 1, 3.0));
     CHECK(second.outcome == AGW_CALL_OK && second.reused == 1);
     CHECK(srv.accepted == 1 && srv.requests == 1);
+    /* the next call takes a connection still connecting that a cancelled call left */
+    rec_t third = {0};
+    agw_pool_t *fresh = agw_pool_create(loop, &conf);
+    for (int i = 0; i < 100; i++) /* as a client resetting stream after stream would */
+        agw_call_cancel(agw_call_start(fresh, &req, on_done, NULL));
+    agw_call_start(fresh, &req, on_done, &third);
+    CHECK(stats(fresh).open == 1);
+    CHECK(wait_for(&third.done, 1, 3.0));
+    CHECK(third.outcome == AGW_CALL_OK && srv.accepted == 2 && srv.requests == 2);
+    agw_pool_destroy(fresh);
     /* an orphan still connecting when the pool goes is closed with it */
     c = agw_call_start(pool, &req, on_done, NULL);
     agw_call_t *c2 = agw_call_start(pool, &req, on_done, NULL);
