@@ -165,7 +165,16 @@ void agw_call_assign(agw_call_t *call)
         agw_pool_orphan_remove(pool, c);
         call->state = AGW_CALL_ACTIVE;
         call->reused = 0;
-        agw_conn_bind(c, call); /* its connect timer runs on: connect_timeout_ms from its connect() */
+        agw_conn_bind(c, call);
+        if (pool->conf->connect_timeout_ms) {
+            /* the call gets the whole connect timeout, as with a connection of its own: the loop
+             * may not have looked at this one since its connect() (a long iteration), and a
+             * timeout it did not wait for would count against the upstream */
+            ev_now_update(pool->loop);
+            ev_timer_stop(pool->loop, &c->timer);
+            ev_timer_set(&c->timer, (double)pool->conf->connect_timeout_ms / 1000.0, 0.);
+            ev_timer_start(pool->loop, &c->timer);
+        }
         return;
     }
     if (c == NULL) {
