@@ -76,12 +76,13 @@ class LateSecondResponseUpstream:
 
 
 SCRIPT = endpoint("GET /late", """
-    local a = agg.fetch({ "late", "/first", timeout_ms = 2000 })
+    local a = agg.fetch({ "late", "/first", timeout_ms = 10000 })
     local t = os.clock()
     while os.clock() - t < 0.2 do end  -- the worker computes: no poll, the late bytes arrive
-    local b = agg.fetch({ "late", "/second", timeout_ms = 2000 })
-    return { status = 200, json = { a = a.data, b = b.data, b_status = b.status } }
-""", deadline_ms=5000)
+    local b = agg.fetch({ "late", "/second", timeout_ms = 10000 })
+    return { status = 200, json = { a = a.data or agg.null, b = b.data or agg.null, b_status = b.status,
+                                    b_error = b.error or agg.null } }
+""", deadline_ms=30000)
 
 
 class UpstreamReuse(GatewayTestCase):
@@ -89,7 +90,7 @@ class UpstreamReuse(GatewayTestCase):
         up = LateSecondResponseUpstream()
         self.addCleanup(up.stop)
         self.start(services={}, scripts={"late.lua": SCRIPT},
-                   upstream_options={"late": {"url": "http://127.0.0.1:%d" % up.port, "timeout_ms": 2000}},
+                   upstream_options={"late": {"url": "http://127.0.0.1:%d" % up.port, "timeout_ms": 10000}},
                    gateway_extra={"script_time_limit_ms": 20000})  # the spin is CPU time: slower on a busy machine
         for i in range(3):
             r = self.get("/late")
