@@ -279,6 +279,136 @@ static h2_conn_t *live_h2(agw_guard_t *g, agw_guard_conn_t *c)
     return NULL;
 }
 
+/* ---- HTTP/2 header bombs -------------------------------------------------------------------- */
+
+/* An HPACK integer with an n-bit prefix at *p (RFC 7541 §5.1); advances *p. -1 when cut off. */
+static long hpack_int(const uint8_t **p, const uint8_t *end, int n)
+{
+    if (*p >= end)
+        return -1;
+    long mask = (1L << n) - 1, v = **p & mask;
+    (*p)++;
+    if (v < mask)
+        return v;
+    for (int shift = 0; *p < end && shift < 28; shift += 7) {
+        uint8_t b = *(*p)++;
+        v += (long)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return v;
+    }
+    return -1;
+}
+
+/* Skips an HPACK string literal (§5.2). 0, or -1 when cut off. */
+static int hpack_skip_string(const uint8_t **p, const uint8_t *end)
+{
+    long n = hpack_int(p, end, 7);
+    if (n < 0 || n > end - *p)
+        return -1;
+    *p += n;
+    return 0;
+}
+
+unsigned agw_guard_hpack_fields(const uint8_t *block, size_t len, unsigned stop)
+{
+    const uint8_t *p = block, *end = block + len;
+    unsigned fields = 0;
+    while (p < end && fields <= stop) {
+        uint8_t b = *p;
+        if (b & 0x80) { /* indexed field (§6.1) */
+            if (hpack_int(&p, end, 7) < 0)
+                break;
+        } else if ((b & 0xe0) == 0x20) { /* dynamic table size update (§6.3): no field */
+            if (hpack_int(&p, end, 5) < 0)
+                break;
+            continue;
+        } else { /* a literal (§6.2): with indexing (6-bit index), without or never indexed (4-bit) */
+            long idx = hpack_int(&p, end, (b & 0x40) ? 6 : 4);
+            if (idx < 0 || (idx == 0 && hpack_skip_string(&p, end) < 0) || hpack_skip_string(&p, end) < 0)
+                break;
+        }
+        fields++;
+    }
+    return fields;
+}
+
+static __thread agw_guard_t *thread_guard; /* the guard of the worker whose thread this is */
+
+/* Counts the HEADERS frames in the unparsed input of c's connection from off on; the first with
+ * too many fields gets the connection GOAWAY (see agw_guard_h2_watch). */
+static void scan_headers(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock, size_t off)
+{
+    if (c->goaway)
+        return;
+    const uint8_t *buf = (const uint8_t *)sock->input->bytes;
+    size_t size = sock->input->size;
+    while (off + 9 <= size) {
+        size_t flen = (size_t)buf[off] << 16 | (size_t)buf[off + 1] << 8 | buf[off + 2];
+        uint8_t type = buf[off + 3], flags = buf[off + 4];
+        if (off + 9 + flen > size)
+            break; /* not all here: h2o waits for it too, and this runs again then */
+        const uint8_t *p = buf + off + 9, *end = p + flen;
+        if (type == 1 /* HEADERS */ && (flags & 0x8 /* PADDED */) && p < end) {
+            size_t pad = *p++;
+            end = pad <= (size_t)(end - p) ? end - pad : p; /* a bad pad length: h2o refuses the frame */
+        }
+        if (type == 1 && (flags & 0x20 /* PRIORITY */))
+            p = end - p >= 5 ? p + 5 : end;
+        if (type == 1 && p < end) {
+            if (agw_guard_hpack_fields(p, (size_t)(end - p), c->max_fields) > c->max_fields) {
+                h2_conn_t *h2 = (h2_conn_t *)sock->data;
+                c->goaway = 1;
+                c->h2 = &h2->super;
+                if (h2->state == H2_OPEN) { /* as agw_guard_h2_cancelled */
+                    h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open,
+                                                  H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
+                                                  h2o_iovec_init(H2O_STRLIT("too many header fields")));
+                    h2->state = H2_HALF_CLOSED;
+                    h2o_linklist_insert(&g->due, &c->due);
+                }
+                return;
+            }
+        }
+        off += 9 + flen;
+    }
+}
+
+/* The connection's read callback while the guard reads ahead of h2o: the unparsed input starts at
+ * a frame (h2o consumes whole frames), so it is scanned from its start, then h2o parses it. */
+static void on_h2_read(h2o_socket_t *sock, const char *err)
+{
+    agw_guard_t *g = thread_guard;
+    int fd = h2o_socket_get_fd(sock);
+    agw_guard_conn_t *c = g && fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
+    if (c == NULL || c->h2o_read == NULL)
+        return; /* cannot happen: the callback is only set with both */
+    if (err == NULL)
+        scan_headers(g, c, sock, 0);
+    c->h2o_read(sock, err);
+}
+
+void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields)
+{
+    agw_guard_conn_t *c = agw_guard_conn_of(g, req);
+    if (c == NULL || c->h2o_read != NULL || !h2_check(g, req))
+        return;
+    h2_conn_t *h2 = (h2_conn_t *)req->conn;
+    h2o_socket_t *sock = h2->sock;
+    if (sock->_cb.read == NULL || sock->data != h2)
+        return; /* not reading (closing): nothing to read ahead of */
+    thread_guard = g;
+    c->max_fields = max_fields;
+    c->h2o_read = sock->_cb.read;
+    sock->_cb.read = on_h2_read; /* h2o sets it once per HTTP/2 connection (h2o_http2_accept) */
+    /* h2o is parsing req's HEADERS frame, the first in its input (it consumes it once the handler
+     * returns): the frames behind it in this read are counted now */
+    const uint8_t *buf = (const uint8_t *)sock->input->bytes;
+    if (sock->input->size >= 9 && buf[3] == 1) {
+        size_t flen = (size_t)buf[0] << 16 | (size_t)buf[1] << 8 | buf[2];
+        scan_headers(g, c, sock, 9 + flen);
+    }
+}
+
 size_t agw_guard_h2_flush(agw_guard_t *g)
 {
     size_t n = 0;

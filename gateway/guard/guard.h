@@ -61,6 +61,9 @@ typedef struct agw_guard_conn {
     int fd;                          /* ro: the connection's socket */
     h2o_conn_t *h2;                  /* private: h2o's connection, set when a GOAWAY is due */
     h2o_linklist_t due;              /* private: on the guard's list while a GOAWAY is due */
+    h2o_socket_cb h2o_read;          /* private: h2o's read callback, when the guard's runs first
+                                        (agw_guard_h2_watch); NULL before */
+    unsigned max_fields;             /* private: header fields per HEADERS frame before GOAWAY */
     unsigned goaway : 1;             /* ro: GOAWAY sent (or due): the connection is closing */
 } agw_guard_conn_t;
 
@@ -98,6 +101,22 @@ agw_guard_conn_t *agw_guard_conn_of(agw_guard_t *g, h2o_req_t *req);
  * now_ms: the loop's clock. Returns 1 when this stream made the GOAWAY due. */
 int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsigned max_cancelled,
                            uint64_t window_ms);
+
+/* Counts the header fields of an HPACK header block (RFC 7541 §6) without decoding it (no
+ * dynamic table needed: every representation says its own length). A representation cut off at
+ * len is not counted. Returns the count, stopping early once it passes stop. */
+unsigned agw_guard_hpack_fields(const uint8_t *block, size_t len, unsigned stop);
+
+/* HTTP/2 request req is on a connection the guard should read ahead of h2o: from now on, each
+ * HEADERS frame that h2o has received but not parsed yet is counted (agw_guard_hpack_fields)
+ * first, and one with more than max_fields header fields (a header bomb: HPACK references that
+ * h2o would decode into megabytes before the gateway sees one) gets the connection GOAWAY
+ * (ENHANCE_YOUR_CALM) before h2o decodes it; h2o ignores every HEADERS frame after it. Frames
+ * already in the buffer behind req's are counted now. A header block continued in CONTINUATION
+ * frames is counted in its HEADERS frame only (h2o 2.2.5 takes up to H2O_MAX_REQLEN, 408 KB, of
+ * continued block, which it decodes; the 431 cap then answers). Call on each HTTP/2 request
+ * (only the first per connection does anything). */
+void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields);
 
 /* Sends the due GOAWAYs, on connections h2o still has open (the last open streams finish, then
  * h2o closes the connection). Call from the loop outside h2o's callbacks (the worker's prepare

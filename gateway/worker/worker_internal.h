@@ -183,6 +183,11 @@ struct agw_worker {
     double accept_warned;                  /* ev_now() of the last accept-failure warning */
 };
 
+/* Header fields in one HTTP/2 HEADERS frame past which the connection gets GOAWAY before h2o
+ * decodes the frame (guard.h, agw_guard_h2_watch): four times clients.max_headers, so that a
+ * block somewhat over the cap is still decoded and answered 431, and a bomb never is. */
+#define AGW_WORKER_MAX_FIELDS(cc) ((cc)->max_headers * 4 + 16)
+
 /* Queues the response of rr's request, whose status and headers are set, with body (copied into
  * the request's memory; len bytes): on_prepare sends it with the others of this loop iteration,
  * after the iteration's upstream requests went out (agw_worker_flush_responses). Sending them

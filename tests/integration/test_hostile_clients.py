@@ -182,7 +182,8 @@ class HeaderBombs(GatewayTestCase):
     def bomb(self):
         """One connection: stream 1 puts a 4 KB header into the HPACK dynamic table (a literal with
         incremental indexing), then 50 HEADERS frames of 16,000 one-byte references to it (index
-        62), ~64 MB of decoded headers each. Returns ({stream: status}, {reset streams})."""
+        62), ~64 MB of decoded headers each. Returns ({stream: status}, {reset streams}, [GOAWAY
+        error codes], whether the server closed the connection)."""
         c = H2Client(self.port, timeout=20).start_plain()
         big = "v" * 4000
         seed = (request_block("/echo-headers") + b"\x40" + _hpack_int(len("x-big"), 7) + b"x-big" +
@@ -191,7 +192,7 @@ class HeaderBombs(GatewayTestCase):
         refs = b"\xbe" * 16000
         c.raw.sendall(b"".join(frame(HEADERS, END_STREAM | END_HEADERS, 3 + 2 * i, request_block("/echo-headers") + refs)
                                for i in range(50)))
-        statuses, resets = {}, set()
+        statuses, resets, goaways, closed = {}, set(), [], False
         deadline = time.monotonic() + 30
         c.raw.settimeout(0.5)
         buf = b""
@@ -200,7 +201,11 @@ class HeaderBombs(GatewayTestCase):
                 d = c.raw.recv(65536)
             except socket.timeout:
                 continue
+            except ConnectionResetError:
+                closed = True
+                break
             if not d:
+                closed = True
                 break
             buf += d
             while len(buf) >= 9:
@@ -213,14 +218,12 @@ class HeaderBombs(GatewayTestCase):
                     statuses[sid] = response_status(p)
                 elif ftype == RST_STREAM:
                     resets.add(sid)
-                elif ftype == SETTINGS and not flags & ACK:
-                    c.raw.sendall(frame(SETTINGS, ACK, 0, b""))
-                elif ftype == PING and not flags & ACK:
-                    c.raw.sendall(frame(PING, ACK, 0, p))
+                elif ftype == GOAWAY:
+                    goaways.append(struct.unpack(">I", p[4:8])[0])
         c.close()
-        return statuses, resets
+        return statuses, resets, goaways, closed
 
-    def test_hpack_indexed_references_get_431_and_rss_stays_bounded(self):
+    def test_hpack_indexed_reference_bombs_get_goaway_and_rss_stays_flat(self):
         pid = self.gw.proc.pid
         for _ in range(3):  # warm up: the first pages grow the heap to its working size
             self.assertEqual(self.get("/product-page/1").status, 200)
@@ -233,24 +236,29 @@ class HeaderBombs(GatewayTestCase):
         t = threading.Thread(target=concurrent_page)
         t.start()
         rounds = []
+        round_s = []
         for _ in range(8):
-            statuses, resets = self.bomb()
-            self.assertEqual(statuses.get(1), 200, statuses)
-            bombed = {sid: st for sid, st in statuses.items() if sid != 1}
-            self.assertEqual(len(bombed) + len(resets), 50, (statuses, resets))
-            self.assertTrue(all(st == 431 for st in bombed.values()), bombed)
+            t0 = time.monotonic()
+            statuses, resets, goaways, closed = self.bomb()
+            round_s.append(time.monotonic() - t0)
+            # the first bomb frame gets the connection GOAWAY before h2o decodes it (the guard
+            # counts the fields of each HEADERS frame first): no stream after it is taken; a
+            # bomb stream taken before (none here) would have been answered 431
+            self.assertEqual(goaways[:1], [ENHANCE_YOUR_CALM], (statuses, resets, goaways))
+            self.assertTrue(closed, "the connection stayed open")
+            self.assertIn(statuses.get(1), (200, None), statuses)
+            self.assertTrue(all(st == 431 for sid, st in statuses.items() if sid != 1), statuses)
             rounds.append(rss_kb(pid))
         t.join(30)
-        print("header bomb: RSS %d kB before, %s kB after each round of 50 frames (~3.2 GB of decoded headers each)"
-              % (rss0, rounds))
-        # h2o decodes each frame's references into its request pool (one entry per reference) before
-        # the gateway sees them, and the allocator keeps some of that (in steps: 16 rounds measured
-        # 42, 47, 47, …, 63, 63 MB); what the gateway adds is bounded by the cap, and nothing
-        # accumulates round after round (before the cap: 6 -> 205 MB after one round, the worker
-        # copying every header twice)
+        print("header bomb: RSS %d kB before, %s kB after each round of 50 frames (~3.2 GB of decoded headers each); "
+              "rounds took %s s; the concurrent page %d in %.0f ms"
+              % (rss0, rounds, ["%.2f" % x for x in round_s], page["r"].status, page["r"].ms))
+        # nothing of the bombs is decoded: RSS stays where it was (before: 6 -> 205 MB after one
+        # round; with the 431 cap alone, h2o still decoded every frame: 63 MB, and a concurrent page
+        # could miss its 200 ms deadline while it did)
         # (AddressSanitizer's allocator keeps freed memory in quarantine: RSS is no measure there)
         if not SLOW:
-            self.assertLess((max(rounds) - rss0) / 1024.0, 100, (rss0, rounds))
+            self.assertLess((max(rounds) - rss0) / 1024.0, 16, (rss0, rounds))
         r = page["r"]
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.headers.get("x-aggregation-completed"), "true", r)

@@ -43,6 +43,24 @@ static void plain_requests_and_what_follows_the_head_pass(void)
     CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Enc") == NULL);
 }
 
+static void hpack_fields_are_counted_without_a_table(void)
+{
+    /* :method GET (indexed 2), :path literal with indexing (name index 4), a new-name literal
+     * without indexing, a table size update (no field), a never-indexed literal, index 62 */
+    static const uint8_t block[] = {0x82, 0x44, 0x03, '/', 'a', 'b', 0x00, 0x01, 'x', 0x01, 'y',
+                                    0x3f, 0xe1, 0x1f, 0x10, 0x01, 'k', 0x01, 'v', 0xbe};
+    CHECK(agw_guard_hpack_fields(block, sizeof(block), 100) == 5);
+    CHECK(agw_guard_hpack_fields(block, 6, 100) == 2);  /* cut after the literal: 2 whole fields */
+    CHECK(agw_guard_hpack_fields(block, 5, 100) == 1);  /* the literal is cut off: not counted */
+    uint8_t bomb[16000];
+    memset(bomb, 0xbe, sizeof(bomb));
+    CHECK(agw_guard_hpack_fields(bomb, sizeof(bomb), 416) == 417); /* stops once past the limit */
+    CHECK(agw_guard_hpack_fields(bomb, sizeof(bomb), 100000) == 16000);
+    /* a multi-byte index (§5.1): 0xff 0x80 0x01 is 127 + 128 */
+    static const uint8_t big[] = {0xff, 0x80, 0x01, 0x82};
+    CHECK(agw_guard_hpack_fields(big, sizeof(big), 100) == 2);
+}
+
 static h2o_iovec_t names[4] = {{"a", 1}, {"bb", 2}, {"ccc", 3}, {"dddd", 4}};
 
 static void header_caps_count_then_bytes(void)
@@ -66,5 +84,6 @@ int main(void)
     RUN(transfer_encoding_twice_is_refused);
     RUN(plain_requests_and_what_follows_the_head_pass);
     RUN(header_caps_count_then_bytes);
+    RUN(hpack_fields_are_counted_without_a_table);
     return CHECK_DONE();
 }
