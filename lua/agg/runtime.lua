@@ -21,6 +21,7 @@
 local json = require "agg.json"
 local problem = require "agg.problem"
 local callspec = require "agg.callspec"
+local cache = require "agg.cache"
 
 local M = {}
 
@@ -99,6 +100,7 @@ local result_mt = {
 function M.init(transport, ups, eps)
   core, upstreams, endpoints = transport, ups, eps
   contexts, calls = {}, {}
+  cache.init(transport)
   -- pages allocate many short-lived tables and keep little. The default pause (a cycle when the
   -- heap doubles) with a fast collector (stepmul 1000) keeps the heap at a few MB under load; a
   -- longer pause lets garbage allocated during a cycle count as live, and the heap runs away
@@ -388,6 +390,7 @@ end
 finish_exchange = function(x, r)
   if x.done then return end
   x.done = true
+  if x.cache_key then r = cache.on_result(x, r) end -- stored, or the stale copy when it failed
   local ctx = x.ctx
   clear_timer(x.retry_timer)
   clear_timer(x.hedge_timer)
@@ -592,9 +595,9 @@ attempt = function(x, hedge)
   if hedge then x.a2 = rec else x.a1 = rec end
 end
 
--- Starts the call of section key of group g (see deliver). The result may be delivered before
--- this returns (deadline passed, breaker open).
-local function start_call(ctx, key, spec, g, chain)
+-- Starts the call of section key of group g (see deliver), past the cache. The result may be
+-- delivered before this returns (deadline passed, breaker open).
+local function start_upstream(ctx, key, spec, g, chain)
   local u = upstream_state(spec.upstream)
   spec.section = key
   -- the normalized spec is the exchange (its fields are all there, see agg.callspec), and the
@@ -625,6 +628,42 @@ local function start_call(ctx, key, spec, g, chain)
     end
   end
 end
+
+-- A copy of a normalized spec whose exchange has not started (a background refresh, the info of
+-- a stale result).
+local function copy_spec(s)
+  local c = {}
+  for k, v in pairs(s) do c[k] = v end
+  c.ctx, c.key, c.group, c.chain, c.u, c.x, c.next_x = false, false, false, false, false, false, false
+  c.a1, c.a2, c.attempts, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
+  c.ref, c.body_ref, c.raw_headers = false, false, false
+  c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer = nil, nil, nil, nil, nil
+  return c
+end
+
+-- Starts the call of section key of group g (see deliver): through the cache when the call has a
+-- cache policy (agg.cache), else (or on a miss) upstream.
+local function start_call(ctx, key, spec, g, chain)
+  if spec.cache and cache.lookup(ctx, key, spec, g, chain) then return end
+  return start_upstream(ctx, key, spec, g, chain)
+end
+
+cache.bind({
+  parse = json.parse,
+  make_result = make_result,
+  start = start_upstream,
+  copy_spec = copy_spec,
+  -- a section served from the cache: its Server-Timing entry, then the section
+  deliver_now = function(ctx, key, g, chain, r)
+    local timings = ctx.timings
+    timings[#timings + 1] = key
+    timings[#timings + 1] = r.ms or 0
+    deliver(g, key, chain, r)
+  end,
+})
+
+--- Transport: the Redis lookup id answered (agg.cache).
+M.on_redis = cache.on_redis
 
 --- Transport completion of call id (see the header comment for the arguments).
 -- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
@@ -1034,10 +1073,14 @@ local DUR_TENTH = { [0] = ".0", ".1", ".2", ".3", ".4", ".5", ".6", ".7", ".8", 
 local function server_timing(ctx)
   local t = ctx.timings
   local parts = new_tab(#t / 2, 0)
+  local desc = ctx.cache_desc -- cache outcomes by section (agg.cache), or nil
   for i = 1, #t, 2 do
     local name = timing_names[t[i]]
     local tenths = math.floor(t[i + 1] * 10 + 0.5)
-    parts[#parts + 1] = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
+    local s = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
+    local d = desc and desc[t[i]]
+    if d then s = s .. ';desc="' .. d .. '"' end
+    parts[#parts + 1] = s
   end
   return table.concat(parts, ", ")
 end
