@@ -593,6 +593,7 @@ static void *worker_main(void *arg)
     agw_worker_t *w = arg;
     this_worker = w;
     ev_run(w->loop, 0);
+    agw_worker_cache_close(w);
     if (w->access_fd >= 0)
         agw_worker_alog_flush(w);
     while (w->free_traces) {
