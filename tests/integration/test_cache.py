@@ -1,0 +1,184 @@
+"""Per-section caching with a real Redis (issue 16): the cache's promises as a client and the
+upstream see them. Each test starts its own redis-server on a free loopback port (no persistence)
+and stops it; the gateways and the mock are the harness's."""
+import concurrent.futures
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (Gateway, GatewayTestCase, SLOW, curl, free_port, gateway_lua, route, tcp_connects,  # noqa: E402
+                     wait_until, write_scripts)
+
+PAGE = """
+local agg = require "agg"
+return {
+  route = "GET /p/{id}",
+  handler = function(req)
+    return agg.page(agg.fetch_all {
+      product = { "product", "/products/" .. req.params.id },
+      stock   = { "inventory", "/stock/" .. req.params.id },
+    })
+  end,
+}
+"""
+
+SERVICES = {
+    "product": [route("/products/{id}", latency_ms=5, json={"id": "{id}", "name": "Sneaker"})],
+    "inventory": [route("/stock/{id}", latency_ms=2, json={"inStock": 12})],
+}
+
+
+class Redis:
+    def __init__(self, workdir):
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", self.workdir],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_until(lambda: tcp_connects(self.port), 10):
+            raise AssertionError("redis-server did not start")
+        return self
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def timing(resp, name):
+    m = re.search(name + r';dur=[\d.]+;desc="(\w+)"', resp.headers.get("server-timing", ""))
+    return m.group(1) if m else None
+
+
+@unittest.skipUnless(shutil.which("redis-server"), "redis-server is not installed (tools/bootstrap installs it)")
+class CacheWithRedis(GatewayTestCase):
+    def setUp(self):
+        super().setUp()
+        self.redis = Redis(self.workdir).start()
+        self.addCleanup(self.redis.stop)
+
+    def extra(self, **over):
+        e = {"redis": {"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 20},
+             "cache": {"memory_bytes": 4 * 1024 * 1024, "redis": True},
+             "admin": {"port": free_port()}}
+        e.update(over)
+        return e
+
+    def start_cached(self, workers=1, **extra):
+        ex = self.extra(**extra)
+        self.admin_port = ex["admin"]["port"]
+        return self.start(services=SERVICES, scripts={"p.lua": PAGE}, workers=workers,
+                          upstream_options={"product": {"cache": {"ttl_s": 60, "swr_s": 30, "stale_if_error_s": 300}}},
+                          gateway_extra=ex)
+
+    def metric(self, name):
+        r = curl("http://127.0.0.1:%d/metrics" % self.admin_port)
+        m = re.search(r"^" + re.escape(name) + r" (\d+)", r.body.decode(), re.M)
+        return int(m.group(1)) if m else None
+
+    def product_hits(self):
+        return self.mock.hits()["product"].get("GET /products/{id}", 0)
+
+    def test_pages_within_the_ttl_make_one_upstream_call(self):
+        self.start_cached()
+        first = self.get("/p/1")
+        self.assertEqual(first.status, 200)
+        self.assertEqual(timing(first, "product"), "miss")
+        for _ in range(20):
+            r = self.get("/p/1")
+            self.assertEqual(r.status, 200)
+            self.assertEqual(r.json()["product"]["data"]["name"], "Sneaker")
+            self.assertEqual(timing(r, "product"), "hit")
+        self.assertEqual(self.product_hits(), 1)
+        self.assertTrue(wait_until(lambda: self.metric('aggway_cache_lookups_total{outcome="hit"}') == 20, 5))
+
+    def test_a_second_gateway_gets_a_warm_hit_from_redis(self):
+        self.start_cached()
+        self.get("/p/9")
+        self.assertEqual(self.product_hits(), 1)
+        # a second process on the same scripts and the same Redis
+        sdir = os.path.join(self.workdir, "second")
+        port2 = free_port()
+        with open(os.path.join(self.scripts_dir, "gateway.lua")) as f:
+            src = f.read()
+        src = src.replace("port = %d" % self.port, "port = %d" % port2)
+        src = re.sub(r"admin = \{[^}]*\}", "admin = { port = %d }" % free_port(), src)
+        write_scripts(sdir, {"p.lua": PAGE}, src)
+        gw2 = Gateway(sdir, port2)
+        self.addCleanup(gw2.stop)
+        self.assertTrue(gw2.start(), gw2.log())
+        self.assertTrue(wait_until(lambda: "connected again" in gw2.log() or
+                                   curl("http://127.0.0.1:%d/p/0" % port2).status == 200, 5))
+        # the connection is ready within a few ms of the start; ask until Redis is used
+        def warm():
+            r = curl("http://127.0.0.1:%d/p/9" % port2)
+            return timing(r, "product") == "hit"
+        self.assertTrue(wait_until(warm, 5))
+        self.assertEqual(self.product_hits(), 2)  # the first gateway's call and /p/0 of the second
+
+    def test_redis_killed_under_load_fails_no_page_and_the_client_reconnects(self):
+        self.start_cached(workers=2)
+        self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 10))
+        stop = time.monotonic() + (6 if SLOW else 3)
+        statuses = []
+
+        def load(i):
+            n = 0
+            while time.monotonic() < stop:
+                statuses.append(self.get("/p/%d" % (i * 1000 + n % 50)).status)
+                n += 1
+
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            futs = [ex.submit(load, i) for i in range(4)]
+            time.sleep(1)
+            self.redis.stop()
+            for f in futs:
+                f.result()
+        self.assertGreater(len(statuses), 20)
+        self.assertEqual([s for s in statuses if s != 200], [])
+        self.assertEqual(self.metric("aggway_redis_connected"), 0)
+        self.redis.start()  # the same port
+        self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 15))
+        self.assertIn("connected again", self.gw.log())
+
+    def test_a_hanging_redis_costs_a_page_its_timeout_not_its_deadline(self):
+        self.start_cached()
+        self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 1, 10))
+        self.redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            for i in range(10):
+                r = self.get("/p/%d" % (500 + i))
+                self.assertEqual(r.status, 200)
+                self.assertEqual(r.json()["product"]["status"], "ok")
+                self.assertLess(r.time_total, 0.9)  # the page's deadline is 1 s; Redis' timeout 20 ms
+        finally:
+            self.redis.proc.send_signal(signal.SIGCONT)
+        self.assertGreaterEqual(self.metric("aggway_redis_timeouts_total"), 1)
+
+    def test_missing_keys_reach_the_upstream_once_each(self):
+        self.start(
+            services={"product": [route("/products/{id}", status=404, json={"error": "no such product"})],
+                      "inventory": SERVICES["inventory"]},
+            scripts={"p.lua": PAGE}, upstream_options={"product": {"cache": {"ttl_s": 60}}},
+            gateway_extra=self.extra())
+        # 3 rounds of 30 missing keys: one call per key, the rest are negative entries
+        for _ in range(3):
+            for i in range(30):
+                r = self.get("/p/x%d" % i)
+                self.assertEqual(r.status, 200)
+                self.assertEqual(r.json()["product"]["error"]["status"], 404)
+        self.assertEqual(self.product_hits(), 30)
+
+
+if __name__ == "__main__":
+    unittest.main()
