@@ -143,6 +143,39 @@ describe("the cache", function()
   end)
 end)
 
+describe("a page made of cached sections", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("product", "/products/*", { json = { name = "Sneaker" } })
+    gw:stub("product", "/me", { json = { user = "alice" } })
+    gw:stub("stock", "/stock/*", { json = { n = 3 } })
+  end)
+
+  it("gets max-age = the smallest freshness left of its sections when all are shared entries", function()
+    gw:stub("cc", "/items/1", { json = { v = 1 }, headers = { ["cache-control"] = "max-age=100" } })
+    local first = gw:get("/cc/1")
+    local age = tonumber(first.headers["cache-control"]:match("^max%-age=(%d+)$"))
+    assert.is_true(age >= 90 and age <= 100) -- 100 s less the jitter (up to 10 %)
+    gw:advance(30000)
+    local later = gw:get("/cc/1")
+    assert.equal("hit", timing(later, "item"))
+    assert.equal("max-age=" .. (age - 30), later.headers["cache-control"])
+  end)
+
+  it("gets no max-age when a section is volatile, personal or stale", function()
+    assert.is_nil(gw:get("/p/1").headers["cache-control"])              -- stock is not cached
+    assert.is_nil(gw:get("/me", { headers = { authorization = "Bearer a" } }).headers["cache-control"])
+    gw:stub("cc", "/items/2", { json = { v = 2 },
+                                headers = { ["cache-control"] = "max-age=10, stale-while-revalidate=60" } })
+    assert.is_truthy(gw:get("/cc/2").headers["cache-control"])
+    gw:advance(20000)
+    local stale = gw:get("/cc/2")
+    assert.equal("refresh", timing(stale, "item"))
+    assert.is_nil(stale.headers["cache-control"])
+  end)
+end)
+
 describe("the cache's shared tier", function()
   it("gives a second gateway a warm hit from what the first stored", function()
     local redis = testing.redis()

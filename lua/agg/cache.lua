@@ -31,6 +31,9 @@ local use_redis = false
 local pending = {}               -- redis command id -> lookup waiting on it
 local refreshing = {}            -- cache key -> true while its background refresh runs
 local logged_user = {}           -- upstream -> true once the shared->user scope switch was logged
+-- result -> when its data stops being fresh (ms), for results that are shared cache entries
+-- served fresh or just stored (agg.page's max-age)
+local fresh_until_of = setmetatable({}, { __mode = "k" })
 M.stats = { hits = 0, misses = 0, stale = 0, stale_if_error = 0, refreshes = 0, stores = 0, negative = 0,
             bloom_hits = 0, redis_hits = 0, redis_misses = 0, redis_errors = 0, corrupt = 0 }
 
@@ -263,6 +266,7 @@ function M.key(ctx, spec, p)
       end
     end
   end
+  spec.cache_user = scope == "user"
   if scope == "user" then
     if not cred then
       -- the page's own credentials identify the user when the call carries none
@@ -284,6 +288,15 @@ end
 ---------------------------------------------------------------------------------------------------
 -- The path of a call
 ---------------------------------------------------------------------------------------------------
+
+--- How long the data of result r stays fresh (ms from now), when r is a shared cache entry served
+-- fresh or just stored; nil for anything else (a user's entry, a stale copy, an uncached call).
+function M.fresh_left_ms(r)
+  local t = fresh_until_of[r]
+  if not t then return nil end
+  local left = t - core.now()
+  return left > 0 and left or nil
+end
 
 --- The scheduler's functions the cache calls (agg.runtime, once at load).
 function M.bind(runtime_api) api = runtime_api end
@@ -317,6 +330,7 @@ local function result_of(ctx, sec, spec, e)
   return r
 end
 
+-- Stores result r of exchange x; returns when its data stops being fresh (ms), or nil.
 local function store(x, r, now)
   local p = x.cache
   local ck = x.cache_key
@@ -348,6 +362,7 @@ local function store(x, r, now)
   M.stats.stores = M.stats.stores + 1
   core.cache_set(ck, v, keep)
   if use_redis then core.redis_set(ck, v, keep - now) end
+  return fresh_until
 end
 
 -- A result r ended exchange x of a cached call: store it, or serve the stale copy when it failed.
@@ -358,7 +373,8 @@ function M.on_result(x, r)
   local now = core.now()
   local ctx, sec = x.ctx, x.key
   if r.status == "ok" and r.ok then
-    store(x, r, now)
+    local fresh_until = store(x, r, now)
+    if fresh_until and not x.cache_user then fresh_until_of[r] = fresh_until end
     if ctx then outcome(ctx, sec, x.cache_refresh and "refresh" or "miss") end
     r.cache = "miss"
     return r
@@ -415,6 +431,7 @@ local function serve(ctx, sec, spec, g, chain, e, now)
       M.stats.hits = M.stats.hits + 1
     end
     r.cache = what == "hit" and "hit" or "stale"
+    if what == "hit" and not spec.cache_user and e.status < 300 then fresh_until_of[r] = e.fresh end
     outcome(ctx, sec, what)
     api.deliver_now(ctx, sec, g, chain, r)
     return true

@@ -111,7 +111,7 @@ function M.normalize(spec, upstreams, level)
     done = false, next_x = false,
     -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
     -- whether this exchange is a background refresh
-    cache = false, cache_key = false, cache_stale = false, cache_refresh = false,
+    cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false,
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
