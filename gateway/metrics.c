@@ -147,6 +147,7 @@ agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels)
     if (m->routes == NULL || m->upstreams == NULL)
         abort();
     m->waterfall = agw_waterfall_new();
+    agw_cache_inbox_init(&m->purge);
     return m;
 }
 
@@ -159,6 +160,7 @@ void agw_metrics_free(agw_metrics_t *m)
     free(m->routes);
     free(m->upstreams);
     agw_waterfall_free(m->waterfall);
+    agw_cache_inbox_free(&m->purge);
     free(m);
 }
 

@@ -31,6 +31,7 @@
 
 #include "buf.h"
 #include "cache/lru.h"
+#include "cache/purge.h"
 #include "redis/redis.h"
 
 struct agw_config;
@@ -137,6 +138,7 @@ typedef struct agw_metrics {
     uint64_t cache[AGW_M_CACHE_OUTCOMES];
     agw_lru_stats_t lru;
     agw_redis_stats_t redis;
+    agw_cache_inbox_t purge;          /* POST /cache/purge: prefixes for this worker's tier 1 (purge.h) */
     struct agw_waterfall *waterfall;
     struct agw_otlp_queue *trace_queue;
     const struct agw_otlp *exporter;

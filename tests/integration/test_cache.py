@@ -165,6 +165,73 @@ class CacheWithRedis(GatewayTestCase):
             self.redis.proc.send_signal(signal.SIGCONT)
         self.assertGreaterEqual(self.metric("aggway_redis_timeouts_total"), 1)
 
+    def test_purge_by_prefix_empties_both_tiers(self):
+        self.start_cached()
+        self.get("/p/1")
+        self.get("/p/2")
+        self.assertEqual(self.product_hits(), 2)
+        r = curl("http://127.0.0.1:%d/cache/purge?prefix=agw:%%7Bproduct%%7D" % self.admin_port, "-X", "POST")
+        self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(r.json()["redis_deleted"], 2)
+        self.assertEqual(r.json()["workers"], 1)
+        # tier 1 applies it on the worker's next tick (within about a second)
+        self.assertTrue(wait_until(lambda: timing(self.get("/p/1"), "product") == "miss", 5))
+        bad = curl("http://127.0.0.1:%d/cache/purge?prefix=user:1" % self.admin_port, "-X", "POST")
+        self.assertEqual(bad.status, 400)
+        self.assertEqual(curl("http://127.0.0.1:%d/cache/purge?prefix=agw:" % self.admin_port).status, 405)
+
+    def test_stale_if_error_serves_the_cached_copy_while_the_upstream_is_down(self):
+        self.start(services=SERVICES, scripts={"p.lua": PAGE},
+                   upstream_options={"product": {"cache": {"ttl_s": 1, "stale_if_error_s": 300}}},
+                   gateway_extra=self.extra())
+        self.get("/p/1")
+        self.mock.refuse("product")
+        time.sleep(1.2)  # past the TTL
+        r = self.get("/p/1")
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.json()["product"]["status"], "stale")
+        self.assertEqual(r.json()["product"]["data"]["name"], "Sneaker")
+        self.assertIn("type", r.json()["product"]["error"])
+        self.assertEqual(r.headers.get("x-aggregation-completed"), "false")
+        self.assertEqual(timing(r, "product"), "stale")
+
+    def test_stale_while_revalidate_refreshes_once(self):
+        self.start(services=SERVICES, scripts={"p.lua": PAGE},
+                   upstream_options={"product": {"cache": {"ttl_s": 1, "swr_s": 30, "stale_if_error_s": 300}}},
+                   gateway_extra=self.extra())
+        self.get("/p/1")
+        time.sleep(1.2)  # past the TTL (at most 1 s), within swr_s
+        outcomes = [timing(self.get("/p/1"), "product") for _ in range(5)]
+        self.assertEqual(outcomes[0], "refresh")
+        self.assertTrue(wait_until(lambda: self.product_hits() == 2, 5))
+        time.sleep(0.3)
+        self.assertEqual(self.product_hits(), 2, outcomes)  # one background refresh, not five
+        # the next pages are served the old copy while the refresh runs, then the new one
+        self.assertTrue(all(o in ("stale", "hit") for o in outcomes[1:]), outcomes)
+
+    def test_user_a_never_gets_user_b_section(self):
+        me = """
+local agg = require "agg"
+return { route = "GET /me/{id}", handler = function(req)
+  return agg.page(agg.fetch_all {
+    me = { "product", "/products/" .. req.params.id, headers = { authorization = req.headers.authorization } } })
+end }
+"""
+        self.start(services={"product": [route("/products/{id}", json={"id": "{id}"})],
+                             "inventory": SERVICES["inventory"]},
+                   scripts={"me.lua": me}, upstream_options={"product": {"cache": {"ttl_s": 60}}},
+                   gateway_extra=self.extra())
+        a = self.get("/me/1", "-H", "Authorization: Bearer A")
+        b = self.get("/me/1", "-H", "Authorization: Bearer B")
+        a2 = self.get("/me/1", "-H", "Authorization: Bearer A")
+        b2 = self.get("/me/1", "-H", "Authorization: Bearer B")
+        self.assertEqual(timing(a, "me"), "miss")
+        self.assertEqual(timing(b, "me"), "miss")
+        self.assertEqual(timing(a2, "me"), "hit")
+        self.assertEqual(timing(b2, "me"), "hit")
+        self.assertEqual(self.product_hits(), 2)
+        self.assertIn("cached per user, never shared", self.gw.log())
+
     def test_missing_keys_reach_the_upstream_once_each(self):
         self.start(
             services={"product": [route("/products/{id}", status=404, json={"error": "no such product"})],
