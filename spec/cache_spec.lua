@@ -143,6 +143,25 @@ describe("the cache", function()
   end)
 end)
 
+describe("a call's cache option", function()
+  it("names the mistake at the script's line", function()
+    local gw = testing.gateway { dir = DIR }
+    local want = {
+      field = "call to 'product': cache.ttl unknown option; cache knows key, negative_ttl_s, scope, stale_if_error_s, swr_s, ttl_s, vary",
+      type = "call to 'product': option 'cache' must be false or a table like { ttl_s = 60 }",
+      post = "call to 'product': option 'cache' is for GET and HEAD calls only",
+      scope = "call to 'product': cache.scope must be \"shared\" or \"user\"",
+    }
+    for kind, msg in pairs(want) do
+      assert.equal(500, gw:get("/bad/" .. kind).status)
+      local logs = table.concat(gw:logs(), "\n")
+      assert.matches(msg, logs, 1, true)
+      -- the fetch_all of /bad/{kind} (spec/fixtures/cache/pages.lua)
+      assert.matches("pages.lua:43: " .. msg, logs, 1, true)
+    end
+  end)
+end)
+
 describe("a page made of cached sections", function()
   local gw
   before_each(function()

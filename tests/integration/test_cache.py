@@ -12,8 +12,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import (Gateway, GatewayTestCase, SLOW, curl, free_port, gateway_lua, route, tcp_connects,  # noqa: E402
-                     wait_until, write_scripts)
+from harness import (Gateway, GatewayTestCase, SLOW, curl, free_port, gateway_lua, route, run_aggway,  # noqa: E402
+                     tcp_connects, wait_until, write_scripts)
 
 PAGE = """
 local agg = require "agg"
@@ -245,6 +245,72 @@ end }
                 self.assertEqual(r.status, 200)
                 self.assertEqual(r.json()["product"]["error"]["status"], 404)
         self.assertEqual(self.product_hits(), 30)
+
+
+class CacheConfigChecks(unittest.TestCase):
+    """aggway check on the redis and cache blocks: every mistake names gateway.lua, its line and the option."""
+
+    def setUp(self):
+        import tempfile
+        self.workdir = tempfile.mkdtemp(prefix="aggway-cache-check-")
+        self.addCleanup(shutil.rmtree, self.workdir, True)
+
+    def check(self, body):
+        src = ('return {\n'
+               '  listen = { { port = %d } },\n'
+               '%s'
+               '  upstreams = { product = { url = "http://127.0.0.1:9001" },\n'
+               '                inventory = { url = "http://127.0.0.1:9003" } },\n'
+               '}\n') % (free_port(), body)
+        d = os.path.join(self.workdir, "s%d" % len(os.listdir(self.workdir)))
+        write_scripts(d, {"p.lua": PAGE}, src)
+        p = run_aggway("check", "-c", d)
+        return p.returncode, p.stderr.decode(errors="replace"), d
+
+    def assertInvalid(self, body, line, *words):
+        rc, err, d = self.check(body)
+        self.assertEqual(rc, 1, err)
+        self.assertIn(os.path.join(d, "gateway.lua") + ":%d:" % line, err)
+        for w in words:
+            self.assertIn(w, err)
+
+    def test_valid_blocks_pass(self):
+        rc, err, _ = self.check('  redis = { url = "redis://127.0.0.1:6379/1", timeout_ms = 5 },\n'
+                                '  cache = { memory_bytes = 1048576, redis = true },\n')
+        self.assertEqual(rc, 0, err)
+
+    def test_misspelt_options_are_named_with_a_suggestion(self):
+        self.assertInvalid('  redis = { url = "redis://127.0.0.1:6379/1",\n    timeut_ms = 5 },\n', 4,
+                           "redis.timeut_ms", "did you mean 'timeout_ms'")
+        self.assertInvalid('  cache = { memory_byte = 1048576 },\n', 3, "cache.memory_byte", "did you mean 'memory_bytes'")
+
+    def test_wrong_types_and_values_are_named(self):
+        self.assertInvalid('  redis = { url = "http://127.0.0.1:6379" },\n', 3, "redis.url", "redis://")
+        self.assertInvalid('  redis = { url = "redis://127.0.0.1:99999/0" },\n', 3, "redis.url", "port")
+        self.assertInvalid('  redis = { url = "redis://127.0.0.1/x" },\n', 3, "redis.url", "database")
+        self.assertInvalid('  redis = { url = "redis://127.0.0.1", timeout_ms = 0 },\n', 3, "redis.timeout_ms")
+        self.assertInvalid('  cache = { memory_bytes = 10 },\n', 3, "cache.memory_bytes")
+        self.assertInvalid('  cache = { redis = "yes" },\n', 3, "cache.redis", "true or false")
+        self.assertInvalid('  cache = { redis = true },\n', 3, "cache.redis", "no redis")
+
+    def test_an_upstream_cache_block_is_checked(self):
+        bad = ('return {\n  listen = { { port = %d } },\n  upstreams = {\n'
+               '    product = { url = "http://127.0.0.1:9001",\n'
+               '                cache = { ttl_s = 60, sw_s = 30 } },\n'
+               '    inventory = { url = "http://127.0.0.1:9003" },\n  },\n}\n') % free_port()
+        d = os.path.join(self.workdir, "up")
+        write_scripts(d, {"p.lua": PAGE}, bad)
+        p = run_aggway("check", "-c", d)
+        err = p.stderr.decode(errors="replace")
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn(os.path.join(d, "gateway.lua") + ":5:", err)
+        self.assertIn("upstreams.product.cache.sw_s", err)
+        bad2 = bad.replace("sw_s = 30", 'scope = "everyone"')
+        d2 = os.path.join(self.workdir, "up2")
+        write_scripts(d2, {"p.lua": PAGE}, bad2)
+        p = run_aggway("check", "-c", d2)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn('upstreams.product.cache.scope: must be "shared" or "user"', p.stderr.decode())
 
 
 if __name__ == "__main__":
