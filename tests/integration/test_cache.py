@@ -165,6 +165,25 @@ class CacheWithRedis(GatewayTestCase):
             self.redis.proc.send_signal(signal.SIGCONT)
         self.assertGreaterEqual(self.metric("aggway_redis_timeouts_total"), 1)
 
+    def test_a_reload_keeps_tier1_for_upstreams_whose_cache_settings_did_not_change(self):
+        self.start_cached(cache={"memory_bytes": 4 * 1024 * 1024, "redis": False})
+        self.get("/p/1")
+        path = os.path.join(self.scripts_dir, "gateway.lua")
+
+        def reload(expect_gen):
+            self.gw.proc.send_signal(signal.SIGHUP)
+            self.assertTrue(wait_until(lambda: self.metric("aggway_generation") == expect_gen, 10), self.gw.log())
+
+        reload(2)
+        self.assertEqual(timing(self.get("/p/1"), "product"), "hit")
+        with open(path) as f:
+            src = f.read()
+        with open(path, "w") as f:
+            f.write(src.replace("ttl_s = 60", "ttl_s = 120"))
+        reload(3)
+        self.assertEqual(timing(self.get("/p/1"), "product"), "miss")
+        self.assertEqual(self.product_hits(), 2)
+
     def test_purge_by_prefix_empties_both_tiers(self):
         self.start_cached()
         self.get("/p/1")
