@@ -143,6 +143,34 @@ describe("the cache", function()
   end)
 end)
 
+describe("cache entries", function()
+  local cache = require "agg.cache"
+  it("read back what was written, and nothing else", function()
+    local v = cache.encode(1000, 2000, 3000, 200, "content-type\0application/json\0", '{"a":1}')
+    local e = cache.decode(v)
+    assert.same({ 1000, 2000, 3000, 200, "content-type\0application/json\0", '{"a":1}' },
+                { e.fresh, e.stale, e.error_until, e.status, e.headers, e.body })
+    for _, bad in ipairs({ "", "garbage", v:sub(1, -2), v .. "x", v:gsub("^AGWC1", "AGWC2"),
+                           "AGWC1 1 2 3 200 0 -1\n", "AGWC1 1 2 3 200 0 1e1\n0123456789",
+                           "AGWC1 +1 2 3 200 0 0\n", "AGWC1 1 2 3 200 0x1 0\nx", ("AGWC1 1 2 3 200 0 %d\n"):format(2 ^ 40) }) do
+      assert.is_nil(cache.decode(bad), bad)
+    end
+    assert.is_nil(cache.decode(cache.encode(1, 2, 3, 200, "", ("x"):rep(cache.MAX_ENTRY))))
+  end)
+
+  it("take their lifetimes from the policy, else from Cache-Control", function()
+    local shared = { scope = "shared" }
+    assert.same({ 60, 0, 0 }, { cache.lifetimes({ ttl_s = 60, scope = "shared" }, { ["cache-control"] = "no-store" }) })
+    assert.same({ 20, 5, 7 }, { cache.lifetimes(shared, { ["cache-control"] =
+      "max-age=10, s-maxage=20, stale-while-revalidate=5, stale-if-error=7" }) })
+    assert.is_nil(cache.lifetimes(shared, { ["cache-control"] = "no-cache, max-age=10" }))
+    assert.is_nil(cache.lifetimes(shared, { ["cache-control"] = "private, max-age=10" }))
+    assert.same({ 10, 0, 0 }, { cache.lifetimes({ scope = "user" }, { ["cache-control"] = "private, max-age=10" }) })
+    assert.is_nil(cache.lifetimes(shared, {}))
+    assert.is_nil(cache.lifetimes(shared, { ["cache-control"] = "max-age=0" }))
+  end)
+end)
+
 describe("a call's cache option", function()
   it("names the mistake at the script's line", function()
     local gw = testing.gateway { dir = DIR }

@@ -133,15 +133,34 @@ function M.encode(fresh, stale, err_until, status, headers, body)
   return ("%s %d %d %d %d %d %d\n"):format(FORMAT, fresh, stale, err_until, status, #headers, #body) .. headers .. body
 end
 
+-- The whole number at v[i..] up to the byte `stop` (plain finds and tonumber: a page's hit path
+-- stays in compiled code, where string.match would not); nil when it is not digits only.
+local function field(v, i, stop)
+  local j = v:find(stop, i, true)
+  if not j or j == i or j - i > 15 then return nil end
+  local n = tonumber(v:sub(i, j - 1))
+  if not n or n < 0 or n % 1 ~= 0 or v:byte(i) == 43 then return nil end -- digits only ("+1", "1e3" and "0x1" fail below)
+  for k = i, j - 1 do
+    local b = v:byte(k)
+    if b < 48 or b > 57 then return nil end
+  end
+  return n, j + 1
+end
+
 --- Decodes an entry, or nil when it is not one (corrupt, other format, lengths that disagree).
 function M.decode(v)
-  if type(v) ~= "string" or #v > M.MAX_ENTRY then return nil end
-  local fresh, stale, eu, st, hl, bl, pos = v:match("^AGWC1 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)\n()")
-  if not fresh then return nil end
-  hl, bl = tonumber(hl), tonumber(bl)
-  if pos + hl + bl - 1 ~= #v then return nil end
-  return { fresh = tonumber(fresh), stale = tonumber(stale), error_until = tonumber(eu), status = tonumber(st),
-           headers = v:sub(pos, pos + hl - 1), body = v:sub(pos + hl), raw = v }
+  if type(v) ~= "string" or #v > M.MAX_ENTRY or v:sub(1, 6) ~= "AGWC1 " then return nil end
+  local fresh, stale, eu, st, hl, bl
+  local i = 7
+  fresh, i = field(v, i, " ")
+  if fresh then stale, i = field(v, i, " ") end
+  if stale then eu, i = field(v, i, " ") end
+  if eu then st, i = field(v, i, " ") end
+  if st then hl, i = field(v, i, " ") end
+  if hl then bl, i = field(v, i, "\n") end
+  if not bl or i + hl + bl - 1 ~= #v then return nil end
+  return { fresh = fresh, stale = stale, error_until = eu, status = st,
+           headers = v:sub(i, i + hl - 1), body = v:sub(i + hl), raw = v }
 end
 
 -- Cache-Control directives (RFC 9111 §5.2.2; RFC 5861 §3, §4) of an upstream response.

@@ -2,6 +2,7 @@
 upstream see them. Each test starts its own redis-server on a free loopback port (no persistence)
 and stops it; the gateways and the mock are the harness's."""
 import concurrent.futures
+import json
 import os
 import re
 import shutil
@@ -101,6 +102,22 @@ class CacheWithRedis(GatewayTestCase):
             self.assertEqual(timing(r, "product"), "hit")
         self.assertEqual(self.product_hits(), 1)
         self.assertTrue(wait_until(lambda: self.metric('aggway_cache_lookups_total{outcome="hit"}') == 20, 5))
+
+    def test_the_access_log_says_each_sections_cache_outcome(self):
+        log = os.path.join(self.workdir, "access.log")
+        self.start_cached(access_log=log)
+        self.get("/p/1")
+        self.get("/p/1")
+
+        def lines():
+            if not os.path.exists(log):
+                return []
+            with open(log) as f:
+                return [e for e in (json.loads(line) for line in f if line.strip()) if e["path"] == "/p/1"]
+
+        self.assertTrue(wait_until(lambda: len(lines()) == 2, 5))
+        got = [{s["name"]: s.get("cache") for s in entry["sections"]} for entry in lines()]
+        self.assertEqual(got, [{"product": "miss", "stock": None}, {"product": "hit", "stock": None}])
 
     def test_a_second_gateway_gets_a_warm_hit_from_redis(self):
         self.start_cached()
