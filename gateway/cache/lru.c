@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "metrics.h"
+#include "ops/metrics.h"
 
 typedef struct entry {
     struct entry *hnext;              /* bucket chain */

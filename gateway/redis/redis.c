@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "metrics.h"
+#include "base/log.h"
+#include "ops/metrics.h"
 
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 5000
