@@ -160,14 +160,22 @@ describe("cache entries", function()
 
   it("take their lifetimes from the policy, else from Cache-Control", function()
     local shared = { scope = "shared" }
-    assert.same({ 60, 0, 0 }, { cache.lifetimes({ ttl_s = 60, scope = "shared" }, { ["cache-control"] = "no-store" }) })
-    assert.same({ 20, 5, 7 }, { cache.lifetimes(shared, { ["cache-control"] =
-      "max-age=10, s-maxage=20, stale-while-revalidate=5, stale-if-error=7" }) })
-    assert.is_nil(cache.lifetimes(shared, { ["cache-control"] = "no-cache, max-age=10" }))
-    assert.is_nil(cache.lifetimes(shared, { ["cache-control"] = "private, max-age=10" }))
-    assert.same({ 10, 0, 0 }, { cache.lifetimes({ scope = "user" }, { ["cache-control"] = "private, max-age=10" }) })
-    assert.is_nil(cache.lifetimes(shared, {}))
-    assert.is_nil(cache.lifetimes(shared, { ["cache-control"] = "max-age=0" }))
+    assert.same({ 60, 0, 0 }, { cache.lifetimes({ ttl_s = 60, scope = "shared" }, "no-store") })
+    assert.same({ 20, 5, 7 }, { cache.lifetimes(shared,
+      "max-age=10, s-maxage=20, stale-while-revalidate=5, stale-if-error=7") })
+    assert.is_nil(cache.lifetimes(shared, "no-cache, max-age=10"))
+    assert.is_nil(cache.lifetimes(shared, "private, max-age=10"))
+    assert.same({ 10, 0, 0 }, { cache.lifetimes({ scope = "user" }, "Private, Max-Age=10") })
+    assert.is_nil(cache.lifetimes(shared, nil))
+    assert.is_nil(cache.lifetimes(shared, "max-age=0"))
+  end)
+
+  it("read a header out of a header block, repeated names joined", function()
+    local b = "content-type\0application/json\0x-authorization\0no\0cache-control\0max-age=5\0cache-control\0public\0"
+    assert.equal("max-age=5, public", cache.block_get(b, "cache-control"))
+    assert.equal("application/json", cache.block_get(b, "content-type"))
+    assert.is_nil(cache.block_get(b, "authorization"))
+    assert.is_nil(cache.block_get("broken", "broken"))
   end)
 end)
 

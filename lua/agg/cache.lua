@@ -19,6 +19,7 @@
 -- Entries are text: "AGWC1 fresh stale error status hlen blen\n" .. headers .. body; a value
 -- that does not parse, or is over MAX_ENTRY bytes, is a miss.
 local bit = require "bit"
+local json = require "agg.json"
 
 local M = {}
 
@@ -163,9 +164,30 @@ function M.decode(v)
            headers = v:sub(i, i + hl - 1), body = v:sub(i + hl), raw = v }
 end
 
--- Cache-Control directives (RFC 9111 §5.2.2; RFC 5861 §3, §4) of an upstream response.
-local function cache_control(h)
-  local cc = h and h["cache-control"]
+-- The value of header name (lowercase) in a header block "name\0value\0…" (names lowercased, as
+-- the transport gives them), or nil; repeated names are joined with ", " (RFC 9110 §5.3).
+local function block_get(block, name)
+  local out
+  local pos = 1
+  local n = #block
+  while pos <= n do
+    local z1 = block:find("\0", pos, true)
+    if not z1 then break end
+    local z2 = block:find("\0", z1 + 1, true)
+    if not z2 then break end
+    if z1 - pos == #name and block:sub(pos, z1 - 1) == name then
+      local v = block:sub(z1 + 1, z2 - 1)
+      out = out and (out .. ", " .. v) or v
+    end
+    pos = z2 + 1
+  end
+  return out
+end
+M.block_get = block_get
+
+-- Cache-Control directives (RFC 9111 §5.2.2; RFC 5861 §3, §4) of an upstream response (cc: the
+-- header's value or nil).
+local function cache_control(cc)
   if type(cc) ~= "string" then return nil end
   local d = {}
   for item in cc:lower():gmatch("[^,]+") do
@@ -176,9 +198,10 @@ local function cache_control(h)
 end
 M.cache_control = cache_control
 
---- Lifetimes (s) of an answer: fresh, swr, stale_if_error; nil when it must not be stored.
-function M.lifetimes(p, headers)
-  local cc = cache_control(headers)
+--- Lifetimes (s) of an answer whose Cache-Control value is cc (nil: none): fresh, swr,
+-- stale_if_error; nil when it must not be stored.
+function M.lifetimes(p, cc_value)
+  local cc = cache_control(cc_value)
   local ttl, swr, sie = p.ttl_s, p.swr_s, p.stale_if_error_s
   if ttl == nil then
     if not cc or cc["no-store"] or cc["no-cache"] then return nil end
@@ -272,6 +295,10 @@ function M.key(ctx, spec, p)
       core.log("warn", ("cache: calls to %s carry Authorization or Cookie: cached per user, never shared"):format(spec.upstream))
     end
   end
+  if scope ~= "user" and not p.key and not p.vary then
+    -- the common key in one concatenation (no table)
+    return "agw:{" .. spec.upstream .. "}:" .. (p.version or "0") .. ":" .. spec.method .. " " .. spec.path
+  end
   local parts = { "agw:{", spec.upstream, "}:", p.version or "0", ":" }
   if p.key then
     parts[#parts + 1] = p.key
@@ -291,8 +318,7 @@ function M.key(ctx, spec, p)
       -- the page's own credentials identify the user when the call carries none
       local rh = ctx.req_headers
       if type(rh) == "string" then
-        cred = rh:match("%zauthorization%z([^%z]*)%z") or rh:match("^authorization%z([^%z]*)%z")
-            or rh:match("%zcookie%z([^%z]*)%z") or rh:match("^cookie%z([^%z]*)%z")
+        cred = block_get(rh, "authorization") or block_get(rh, "cookie")
       elseif type(rh) == "table" then
         cred = rh.authorization or rh.cookie
       end
@@ -354,7 +380,19 @@ local function store(x, r, now)
   local p = x.cache
   local ck = x.cache_key
   local status = r.http_status or 0
-  local headers = r.headers
+  -- the answer's header block as the transport gave it (no table made), or, when the script has
+  -- read result.headers already, made again from that table
+  local block = x.raw_headers
+  if block and type(block) ~= "string" then block = json.raw_extra(block) or "" end
+  if not block then
+    local h = rawget(r, "headers")
+    local hb = {}
+    if type(h) == "table" then
+      for k, v in pairs(h) do hb[#hb + 1] = k .. "\0" .. v .. "\0" end
+      table.sort(hb)
+    end
+    block = table.concat(hb)
+  end
   local fresh, swr, sie
   if status == 404 then
     fresh, swr, sie = p.negative_ttl_s, 0, 0
@@ -362,20 +400,15 @@ local function store(x, r, now)
     M.stats.negative = M.stats.negative + 1
     M.bloom_add(ck, now, fresh * 1000 / 2) -- a key stays in the pair for at most negative_ttl_s
   else
-    fresh, swr, sie = M.lifetimes(p, headers)
+    fresh, swr, sie = M.lifetimes(p, p.ttl_s == nil and block_get(block, "cache-control") or nil)
     if not fresh or fresh <= 0 then return end
   end
   fresh = fresh * 1000 * (1 - JITTER * core.random())
   local fresh_until = math.floor(now + fresh)
   local stale_until = math.floor(fresh_until + swr * 1000)
   local err_until = math.floor(fresh_until + sie * 1000)
-  local hb = {}
-  if type(headers) == "table" then
-    for k, v in pairs(headers) do hb[#hb + 1] = k .. "\0" .. v .. "\0" end
-    table.sort(hb)
-  end
   local body = status == 404 and "" or (r.body or "")
-  local v = M.encode(fresh_until, stale_until, err_until, status, table.concat(hb), body)
+  local v = M.encode(fresh_until, stale_until, err_until, status, block, body)
   if #v > M.MAX_ENTRY then return end
   local keep = math.max(stale_until, err_until)
   M.stats.stores = M.stats.stores + 1

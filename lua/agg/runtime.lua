@@ -128,6 +128,13 @@ local dur_whole = setmetatable({}, { __index = function(t, k)
 end })
 local DUR_TENTH = { [0] = ".0", ".1", ".2", ".3", ".4", ".5", ".6", ".7", ".8", ".9" }
 
+-- ';desc="hit"' and the other cache outcomes (agg.cache), made once
+local DESC = setmetatable({}, { __index = function(t, k)
+  local s = ';desc="' .. k .. '"'
+  t[k] = s
+  return s
+end })
+
 local function server_timing(ctx)
   local t = ctx.timings
   local parts = new_tab(#t / 2, 0)
@@ -137,7 +144,7 @@ local function server_timing(ctx)
     local tenths = math.floor(t[i + 1] * 10 + 0.5)
     local s = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
     local d = desc and desc[t[i]]
-    if d then s = s .. ';desc="' .. d .. '"' end
+    if d then s = s .. DESC[d] end
     parts[#parts + 1] = s
   end
   return table.concat(parts, ", ")
