@@ -9,6 +9,7 @@
  *   core.redis_set(key, value, ttl_ms)          SET key value PX ttl_ms (answer ignored, errors counted)
  *   core.digest(s) -> hex                        32 hex digits of SHA-256("aggway-cache-user\0" .. s)
  *   core.cache_counters(stats)                  the runtime's totals (agg.cache.stats) into the metrics
+ *   core.cache_span(rid, index, section, outcome, http_status)   a cached section's span (trace, waterfall)
  * core.redis_get and core.redis_set exist only in a generation whose gateway.lua configures redis
  * with cache.redis on (agw_worker_cache_fn_wanted).
  */
@@ -155,6 +156,28 @@ static int l_digest(lua_State *L)
     return 1;
 }
 
+/* core.cache_span(rid, upstream_index, section, outcome, http_status): a span of no duration for
+ * a section served from the cache (outcome "hit", or "stale"/"refresh": a stale copy), so the
+ * trace, the waterfall and the exported spans show it (ops/trace.h AGW_SPAN_CACHE_*). */
+static int l_cache_span(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    agw_worker_t *w = g->w;
+    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    int index = (int)luaL_checkinteger(L, 2);
+    if (rr == NULL || rr->trace == NULL || index < 1 || (size_t)index > g->conf->num_upstreams)
+        return 0;
+    size_t slen = 0;
+    const char *section = luaL_checklstring(L, 3, &slen);
+    const char *outcome = luaL_checkstring(L, 4);
+    unsigned flags = strcmp(outcome, "hit") == 0 ? AGW_SPAN_CACHE_HIT : AGW_SPAN_CACHE_STALE;
+    uint64_t now = agw_worker_now_us(w);
+    int i = agw_trace_add_span(rr->trace, &w->trace_rng, g->gen->upstream_slot[index - 1], section, slen, flags, 1, now);
+    if (i >= 0)
+        agw_trace_end_span(rr->trace, i, AGW_CALL_OK, (int)luaL_optinteger(L, 5, 0), now);
+    return 0;
+}
+
 /* core.cache_counters(stats): stats is agg.cache.stats (totals of this generation's VM); the
  * growth since the last report goes into this worker's counters. */
 static int l_cache_counters(lua_State *L)
@@ -178,7 +201,7 @@ static int l_cache_counters(lua_State *L)
 
 const luaL_Reg agw_worker_cache_fns[] = {
     {"cache_get", l_cache_get}, {"cache_set", l_cache_set}, {"redis_get", l_redis_get}, {"redis_set", l_redis_set},
-    {"digest", l_digest},       {"cache_counters", l_cache_counters}, {NULL, NULL}};
+    {"digest", l_digest},       {"cache_counters", l_cache_counters}, {"cache_span", l_cache_span}, {NULL, NULL}};
 
 int agw_worker_cache_fn_wanted(const agw_config_t *conf, const char *name)
 {

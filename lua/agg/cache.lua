@@ -446,6 +446,7 @@ function M.on_result(x, r)
       s.ok, s.status, s.error, s.cache = false, "stale", r.error, "stale"
       s.ms = r.ms
       outcome(ctx, sec, "stale")
+      if core.cache_span then core.cache_span(ctx.rid, api.upstream_index(x.upstream), sec, "stale", e.status) end
       return s
     end
   end
@@ -485,6 +486,7 @@ local function serve(ctx, sec, spec, g, chain, e, now)
     r.cache = what == "hit" and "hit" or "stale"
     if what == "hit" and not spec.cache_user and e.status < 300 then fresh_until_of[r] = e.fresh end
     outcome(ctx, sec, what)
+    if core.cache_span then core.cache_span(ctx.rid, api.upstream_index(spec.upstream), sec, what, e.status) end
     api.deliver_now(ctx, sec, g, chain, r)
     return true
   end
@@ -512,6 +514,7 @@ function M.lookup(ctx, sec, spec, g, chain)
     local r = result_of(ctx, sec, spec, { status = 404, headers = "", body = "" })
     r.cache = "hit"
     outcome(ctx, sec, "hit")
+    if core.cache_span then core.cache_span(ctx.rid, api.upstream_index(spec.upstream), sec, "hit", 404) end
     api.deliver_now(ctx, sec, g, chain, r)
     return true
   end

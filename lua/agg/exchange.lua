@@ -456,6 +456,7 @@ cache.bind({
   make_result = make_result,
   start = start_upstream,
   copy_spec = copy_spec,
+  upstream_index = function(name) return upstreams[name].index end,
   -- a section served from the cache: its Server-Timing entry, then the section
   deliver_now = function(ctx, key, g, chain, r)
     local timings = ctx.timings

@@ -78,9 +78,15 @@ class CacheWithRedis(GatewayTestCase):
     def start_cached(self, workers=1, **extra):
         ex = self.extra(**extra)
         self.admin_port = ex["admin"]["port"]
-        return self.start(services=SERVICES, scripts={"p.lua": PAGE}, workers=workers,
-                          upstream_options={"product": {"cache": {"ttl_s": 60, "swr_s": 30, "stale_if_error_s": 300}}},
+        return self.start(services=SERVICES, scripts={"p.lua": PAGE}, workers=workers, deadline_ms=5000,
+                          upstream_options=self.options({"ttl_s": 60, "swr_s": 30, "stale_if_error_s": 300}),
                           gateway_extra=ex)
+
+    @staticmethod
+    def options(cache):
+        # call timeouts far above the calls' latencies: these tests are about the cache, and must
+        # not fail on a machine slow enough for the harness's 100-150 ms defaults
+        return {"product": {"timeout_ms": 2000, "cache": cache}, "inventory": {"timeout_ms": 2000}}
 
     def metric(self, name):
         r = curl("http://127.0.0.1:%d/metrics" % self.admin_port)
@@ -119,6 +125,23 @@ class CacheWithRedis(GatewayTestCase):
         got = [{s["name"]: s.get("cache") for s in entry["sections"]} for entry in lines()]
         self.assertEqual(got, [{"product": "miss", "stock": None}, {"product": "hit", "stock": None}])
 
+    def test_the_waterfall_shows_a_cached_section_as_such(self):
+        self.start_cached()
+        self.get("/p/1")
+        hit = self.get("/p/1")
+        self.assertEqual(timing(hit, "product"), "hit")
+
+        def cached_calls():
+            r = curl("http://127.0.0.1:%d/waterfall.json" % self.admin_port)
+            reqs = r.json()["requests"]
+            return [sorted((c["section"], c["cache"] or "-") for c in q["calls"])
+                    for q in reqs if q.get("request", "").endswith("/p/1")]
+
+        self.assertTrue(wait_until(lambda: len(cached_calls()) == 2, 5), cached_calls())
+        self.assertEqual(sorted(cached_calls()), [[("product", "-"), ("stock", "-")], [("product", "hit"), ("stock", "-")]])
+        html = curl("http://127.0.0.1:%d/waterfall" % self.admin_port).body.decode()
+        self.assertIn("cache hit", html)
+
     def test_a_second_gateway_gets_a_warm_hit_from_redis(self):
         self.start_cached()
         self.get("/p/9")
@@ -129,19 +152,19 @@ class CacheWithRedis(GatewayTestCase):
         with open(os.path.join(self.scripts_dir, "gateway.lua")) as f:
             src = f.read()
         src = src.replace("port = %d" % self.port, "port = %d" % port2)
-        src = re.sub(r"admin = \{[^}]*\}", "admin = { port = %d }" % free_port(), src)
+        admin2 = free_port()
+        src = re.sub(r"admin = \{[^}]*\}", "admin = { port = %d }" % admin2, src)
         write_scripts(sdir, {"p.lua": PAGE}, src)
         gw2 = Gateway(sdir, port2)
         self.addCleanup(gw2.stop)
         self.assertTrue(gw2.start(), gw2.log())
-        self.assertTrue(wait_until(lambda: "connected again" in gw2.log() or
-                                   curl("http://127.0.0.1:%d/p/0" % port2).status == 200, 5))
-        # the connection is ready within a few ms of the start; ask until Redis is used
-        def warm():
-            r = curl("http://127.0.0.1:%d/p/9" % port2)
-            return timing(r, "product") == "hit"
-        self.assertTrue(wait_until(warm, 5))
-        self.assertEqual(self.product_hits(), 2)  # the first gateway's call and /p/0 of the second
+        first_admin, self.admin_port = self.admin_port, admin2
+        self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 1, 10), gw2.log())
+        self.admin_port = first_admin
+        r = curl("http://127.0.0.1:%d/p/9" % port2)
+        self.assertEqual(r.json()["product"]["data"]["name"], "Sneaker")
+        self.assertEqual(timing(r, "product"), "hit")
+        self.assertEqual(self.product_hits(), 1)  # the second gateway's first page made no call
 
     def test_redis_killed_under_load_fails_no_page_and_the_client_reconnects(self):
         self.start_cached(workers=2)
@@ -217,7 +240,7 @@ class CacheWithRedis(GatewayTestCase):
 
     def test_stale_if_error_serves_the_cached_copy_while_the_upstream_is_down(self):
         self.start(services=SERVICES, scripts={"p.lua": PAGE},
-                   upstream_options={"product": {"cache": {"ttl_s": 1, "stale_if_error_s": 300}}},
+                   upstream_options=self.options({"ttl_s": 1, "stale_if_error_s": 300}), deadline_ms=5000,
                    gateway_extra=self.extra())
         self.get("/p/1")
         self.mock.refuse("product")
@@ -232,7 +255,7 @@ class CacheWithRedis(GatewayTestCase):
 
     def test_stale_while_revalidate_refreshes_once(self):
         self.start(services=SERVICES, scripts={"p.lua": PAGE},
-                   upstream_options={"product": {"cache": {"ttl_s": 1, "swr_s": 30, "stale_if_error_s": 300}}},
+                   upstream_options=self.options({"ttl_s": 1, "swr_s": 30, "stale_if_error_s": 300}), deadline_ms=5000,
                    gateway_extra=self.extra())
         self.get("/p/1")
         time.sleep(1.2)  # past the TTL (at most 1 s), within swr_s
@@ -258,7 +281,7 @@ end }
 """
         self.start(services={"product": [route("/products/{id}", json={"id": "{id}"})],
                              "inventory": SERVICES["inventory"]},
-                   scripts={"me.lua": me}, upstream_options={"product": {"cache": {"ttl_s": 60}}},
+                   scripts={"me.lua": me}, upstream_options=self.options({"ttl_s": 60}), deadline_ms=5000,
                    gateway_extra=self.extra())
         a = self.get("/me/1", "-H", "Authorization: Bearer A")
         b = self.get("/me/1", "-H", "Authorization: Bearer B")
@@ -275,7 +298,7 @@ end }
         self.start(
             services={"product": [route("/products/{id}", status=404, json={"error": "no such product"})],
                       "inventory": SERVICES["inventory"]},
-            scripts={"p.lua": PAGE}, upstream_options={"product": {"cache": {"ttl_s": 60, "negative_ttl_s": 600}}},
+            scripts={"p.lua": PAGE}, upstream_options=self.options({"ttl_s": 60, "negative_ttl_s": 600}), deadline_ms=5000,
             gateway_extra=self.extra())
         # 3 rounds of 30 missing keys: one call per key, the rest are negative entries (kept 600 s:
         # longer than any run of this test, however slow the machine)
