@@ -103,8 +103,9 @@ static int can_connect(int port)
     return ok;
 }
 
-/* redis-server on 127.0.0.1:port, no persistence; waits (bounded) until it accepts. */
-static pid_t redis_start(int port)
+/* redis-server on 127.0.0.1:port, no persistence, requiring password when not NULL; waits
+ * (bounded) until it accepts. */
+static pid_t redis_start_auth(int port, const char *password)
 {
     char ports[16];
     snprintf(ports, sizeof(ports), "%d", port);
@@ -112,13 +113,22 @@ static pid_t redis_start(int port)
     if (pid == 0) {
         int devnull = open("/dev/null", 1);
         dup2(devnull, 1);
-        execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--databases", "16", (char *)NULL);
+        if (password)
+            execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--requirepass", password, (char *)NULL);
+        else
+            execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--databases", "16", (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 500 && !can_connect(port); i++)
         usleep(10000);
     return pid;
+}
+
+static pid_t redis_start(int port)
+{
+    return redis_start_auth(port, NULL);
 }
 
 static void redis_stop(pid_t pid)
@@ -358,7 +368,7 @@ static void redis_stopped_mid_run_fails_fast_and_client_reconnects(void)
     if (sent == 0) {
         CHECK(wait_until(rec_done, &a, 2.0));
         CHECK(a.type == -1);
-        CHECK(a.at - t0 < 1.0);
+        CHECK(a.at - t0 < 2.0);
     }
     run_for(0.05);
     CHECK(!agw_redis_ready(r));
@@ -394,7 +404,7 @@ static void hanging_redis_times_out_and_a_late_reply_answers_nothing(void)
     CHECK(wait_until(rec_done, &a, 5.0));
     CHECK(a.type == -1 && strstr(a.err, "timeout") != NULL);
     CHECK(a.at - t0 >= 0.045); /* not before its timeout */
-    CHECK(a.at - t0 < 1.0);    /* and soon after it, though the server never answers */
+    CHECK(a.at - t0 < 2.0);    /* and soon after it, though the server never answers */
     CHECK(st.timeouts == 1);
     CHECK(!agw_redis_ready(r)); /* the connection was dropped */
     kill(pid, SIGCONT);
@@ -407,6 +417,31 @@ static void hanging_redis_times_out_and_a_late_reply_answers_nothing(void)
     CHECK(a.done == 1 && b.done == 1);
     agw_redis_free(r);
     agw_redis_conf_clear(&c);
+    redis_stop(pid);
+}
+
+static void password_in_the_url_is_sent_with_auth(void)
+{
+    int port = free_port();
+    pid_t pid = redis_start_auth(port, "s3cret");
+    char url[96], err[128];
+    agw_redis_conf_t good, bad;
+    snprintf(url, sizeof(url), "redis://:s3cret@127.0.0.1:%d/0", port);
+    CHECK(agw_redis_parse_url(url, 200, &good, err, sizeof(err)) == 0);
+    snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d/0", port);
+    CHECK(agw_redis_parse_url(url, 200, &bad, err, sizeof(err)) == 0);
+    agw_redis_t *r = agw_redis_new(loop, &good, NULL), *rb = agw_redis_new(loop, &bad, NULL);
+    CHECK(wait_until(is_ready, r, 5.0));
+    rec_t a;
+    CHECK(cmd(r, &a, "PING", NULL, NULL) == 0);
+    CHECK(wait_until(rec_done, &a, 5.0) && a.type == REDIS_REPLY_STATUS);
+    run_for(0.2);
+    CHECK(!agw_redis_ready(rb)); /* AUTH refused: never ready, callers refused at once */
+    CHECK(cmd(rb, &a, "PING", NULL, NULL) == -1);
+    agw_redis_free(r);
+    agw_redis_free(rb);
+    agw_redis_conf_clear(&good);
+    agw_redis_conf_clear(&bad);
     redis_stop(pid);
 }
 
@@ -531,6 +566,7 @@ int main(void)
     RUN(set_then_get_in_the_selected_database);
     RUN(redis_stopped_mid_run_fails_fast_and_client_reconnects);
     RUN(hanging_redis_times_out_and_a_late_reply_answers_nothing);
+    RUN(password_in_the_url_is_sent_with_auth);
     RUN(commands_in_flight_get_client_closed_on_free);
     RUN(silent_server_never_becomes_ready);
     RUN(garbage_answers_drop_the_connection);
