@@ -174,7 +174,7 @@ static int l_cache_span(lua_State *L)
     uint64_t now = agw_worker_now_us(w);
     int i = agw_trace_add_span(rr->trace, &w->trace_rng, g->gen->upstream_slot[index - 1], section, slen, flags, 1, now);
     if (i >= 0)
-        agw_trace_end_span(rr->trace, i, AGW_CALL_OK, (int)luaL_optinteger(L, 5, 0), now);
+        agw_trace_end_span(rr->trace, i, AGW_CALL_OK, (int)luaL_optinteger(L, 5, 0), NULL, now);
     return 0;
 }
 
