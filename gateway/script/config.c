@@ -204,6 +204,32 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
     conf->access_log = log;
 }
 
+/* redis = { url, timeout_ms, line } and cache = { memory_bytes, redis } as agg.config normalized
+ * them: the URL parsed and its host resolved here (redis/redis.h). */
+static int load_redis_cache(lua_State *L, int cfg, agw_config_t *conf, const char *dir, agw_buf_t *errors)
+{
+    int rc = 0;
+    lua_getfield(L, cfg, "redis");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        char *url = field_str(L, t, "url");
+        char err[256];
+        if (url && agw_redis_parse_url(url, (uint64_t)field_num(L, t, "timeout_ms", 5), &conf->redis, err,
+                                       sizeof(err)) != 0) {
+            agw_buf_printf(errors, "%s/gateway.lua:%d: redis.url: %s\n", dir, (int)field_num(L, t, "line", 1), err);
+            rc = -1;
+        }
+        free(url);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, cfg, "cache");
+    conf->cache_memory_bytes = (size_t)field_num(L, lua_gettop(L), "memory_bytes", 64.0 * 1024 * 1024);
+    lua_getfield(L, -1, "redis");
+    conf->cache_redis = lua_toboolean(L, -1) && conf->redis.host != NULL;
+    lua_pop(L, 2);
+    return rc;
+}
+
 /* tracing = { otlp_http, service_name, timeout_ms } as agg.config normalized it (absent: no export). */
 static int load_tracing(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *errors)
 {
@@ -338,6 +364,8 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
         rc = -1;
     if (load_tracing(L, cfg, conf, errors) != 0)
         rc = -1;
+    if (load_redis_cache(L, cfg, conf, dir, errors) != 0)
+        rc = -1;
     resolve_tls_paths(conf);
     if (load_listen_tls(conf, errors) != 0)
         rc = -1;
@@ -349,6 +377,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 
 void agw_config_free(agw_config_t *conf)
 {
+    agw_redis_conf_clear(&conf->redis);
     for (size_t i = 0; i < conf->num_listen; i++) {
         free(conf->listen[i].host);
         free(conf->listen[i].cert_file);

@@ -10,6 +10,7 @@
 
 #include "upstream/breaker.h"
 #include "base/buf.h"
+#include "redis/redis.h"
 #include "script/router.h"
 #include "upstream/conf.h"
 
@@ -80,6 +81,11 @@ typedef struct agw_config {
     socklen_t otlp_addrlen;
     char *otlp_service_name;            /* resource attribute service.name ("aggway") */
     uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
+    /* redis = { url, timeout_ms } (redis/redis.h): host NULL when gateway.lua has no redis block */
+    agw_redis_conf_t redis;
+    /* cache = { memory_bytes, redis } (cache/lru.h, lua/agg/cache.lua) */
+    size_t cache_memory_bytes;          /* tier 1 of the whole process, bytes (split evenly over the workers) */
+    int cache_redis;                    /* 1: tier 2 in Redis (needs redis.host) */
 } agw_config_t;
 
 /* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM, resolves upstream

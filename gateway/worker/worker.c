@@ -673,11 +673,19 @@ static void on_accept(uv_stream_t *server, int status)
 /* ---- thread --------------------------------------------------------------------------------- */
 
 /* Once a second: the runtime's retry/hedge/single-flight totals of every live generation and the
- * current generation's pool gauges. */
+ * current generation's pool gauges; the cache purges the admin listener posted. */
+static void purge_tier1(void *arg, const char *prefix, size_t len)
+{
+    agw_worker_t *w = arg;
+    if (w->lru)
+        agw_lru_purge_prefix(w->lru, prefix, len);
+}
+
 static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
 {
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
+    agw_cache_inbox_take(&w->m->purge, purge_tier1, w); /* POST /cache/purge (cache/purge.h) */
     for (size_t i = 0; i < w->cur->conf->num_upstreams; i++)
         agw_worker_publish_pool(w->cur, i);
     for (wgen_t *g = w->gens; g;) {
@@ -699,6 +707,7 @@ static void *worker_main(void *arg)
     this_worker = w;
     ev_run(w->loop, 0);
     agw_guard_dispose(&w->guard);
+    agw_worker_cache_close(w);
     if (w->access_fd >= 0)
         agw_worker_alog_flush(w);
     while (w->free_traces) {
