@@ -3,16 +3,17 @@
 -- Mistakes are programming errors: they raise error() at the script's line.
 local json = require "agg.json"
 local merge = require "agg.merge"
+local cache = require "agg.cache"
 
 local M = {}
 
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
-  retry = true, hedge = true, collapse = "boolean", batch = "table",
+  retry = true, hedge = true, collapse = "boolean", cache = true, batch = "table",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
-local NOT_YET = { cache = true, forward_auth = true }
+local NOT_YET = { forward_auth = true }
 local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
 -- request headers that carry a user's credentials: a call with one is never shared (single-flight)
 local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
@@ -109,6 +110,9 @@ function M.normalize(spec, upstreams, level)
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
     a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
+    -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
+    -- whether this exchange is a background refresh
+    cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false,
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
@@ -187,6 +191,18 @@ function M.normalize(spec, upstreams, level)
     end
     n.hedge_after = after
   end
+  -- caching: the upstream's default policy, field by field overridden by the call's; GET/HEAD only
+  if spec.cache ~= nil and spec.cache ~= false and type(spec.cache) ~= "table" then
+    error(("call to '%s': option 'cache' must be false or a table like { ttl_s = 60 }"):format(name), level)
+  end
+  local cp = cache.merge(up.cache, spec.cache, level, name)
+  if cp and n.method ~= "GET" and n.method ~= "HEAD" then
+    if type(spec.cache) == "table" then
+      error(("call to '%s': option 'cache' is for GET and HEAD calls only"):format(name), level)
+    end
+    cp = false
+  end
+  n.cache = cp
   -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off
   if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") then
     local shared = true
@@ -210,8 +226,12 @@ function M.normalize(spec, upstreams, level)
       error(("call to '%s': a merged call (batch) is tried once: remove retry and hedge"):format(name), level)
     end
     if n.body then error(("call to '%s': a merged call (batch) has no body"):format(name), level) end
+    if spec.cache then
+      error(("call to '%s': a merged call (batch) is not cached: remove cache (cache the page's items another way)"):format(name), level)
+    end
     n.batch = merge.normalize(spec.batch, name, n.method, n.path, headers, level)
-    n.retry, n.hedge_after, n.collapse = false, false, false
+    -- the upstream's cache policy would key every item by the merged route's one path
+    n.retry, n.hedge_after, n.collapse, n.cache = false, false, false, false
   end
   return n
 end
