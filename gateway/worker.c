@@ -18,6 +18,7 @@
  */
 #include "worker_internal.h"
 
+#include "edge/edge.h"
 #include "script.h"
 #include "watchdog.h"
 
@@ -463,6 +464,15 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         agw_worker_send_problem(w, req, NULL, endpoint, 400, "bad-request", "the request is malformed", framing);
         return 0;
     }
+    /* the edge (DESIGN §9): authentication before any Lua (the authenticator's lock and fetch
+     * request are its only parts a check writes: the generation's config is otherwise read-only) */
+    agw_auth_result_t user;
+    agw_edge_refusal_t refusal;
+    if (agw_edge_authenticate((agw_auth_t *)&g->conf->auth, &g->conf->auth_policies[endpoint - 1], &w->auth_cache, req,
+                              &user, &refusal) != 0) {
+        agw_worker_send_problem(w, req, NULL, endpoint, refusal.status, refusal.kind, refusal.title, NULL);
+        return 0;
+    }
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
     __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED);
     if (w->draining)
@@ -514,9 +524,10 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
         lua_pushnil(L);
+    agw_edge_push_user(L, &user);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+    if (agw_worker_call_runtime(g, 10) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);
@@ -595,6 +606,7 @@ static void *worker_main(void *arg)
     ev_run(w->loop, 0);
     if (w->access_fd >= 0)
         agw_worker_alog_flush(w);
+    agw_auth_cache_free(&w->auth_cache);
     while (w->free_traces) {
         agw_trace_t *tr = w->free_traces;
         w->free_traces = tr->next;

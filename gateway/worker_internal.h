@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "edge/auth.h"
 #include "generation.h"
 #include "metrics.h"
 #include "resp_headers.h"
@@ -171,6 +172,7 @@ struct agw_worker {
     agw_trace_t *free_traces;              /* trace records to reuse */
     int waterfall_on;                      /* an admin listener shows the waterfall (restart-only):
                                               without one, no request is recorded for it */
+    agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
     struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
                                               in arrival order (see watch_client) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */

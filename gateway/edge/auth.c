@@ -91,13 +91,14 @@ static uint64_t fetch_once(agw_auth_t *a)
 static void *fetcher_main(void *arg)
 {
     agw_auth_t *a = arg;
-    uint64_t next_at = 0, last_at = 0; /* monotonic s: next scheduled fetch, last fetch */
-    int fetched = 0;
+    uint64_t next_at = 0, kid_fetch_at = 0; /* monotonic s: next scheduled fetch, last unknown-kid fetch */
+    int kid_fetched = 0;
     pthread_mutex_lock(&a->lock);
     while (!a->stopping) {
         uint64_t now = mono_s();
-        uint64_t kid_at = last_at + a->cooldown_s; /* an unknown kid may refetch from then on */
-        int due = now >= next_at || (a->want_fetch && (!fetched || now >= kid_at));
+        uint64_t kid_at = kid_fetch_at + a->cooldown_s; /* an unknown kid may refetch from then on */
+        int for_kid = a->want_fetch && (!kid_fetched || now >= kid_at);
+        int due = now >= next_at || for_kid;
         if (!due) {
             uint64_t until = next_at;
             if (a->want_fetch && kid_at < until)
@@ -110,9 +111,11 @@ static void *fetcher_main(void *arg)
         pthread_mutex_unlock(&a->lock);
         uint64_t wait = fetch_once(a);
         pthread_mutex_lock(&a->lock);
-        fetched = 1;
-        last_at = mono_s();
-        next_at = last_at + wait;
+        if (for_kid) {
+            kid_fetched = 1;
+            kid_fetch_at = now;
+        }
+        next_at = mono_s() + wait;
         a->want_fetch = 0; /* asked during the fetch: that fetch answered it */
     }
     pthread_mutex_unlock(&a->lock);

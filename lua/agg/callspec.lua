@@ -69,9 +69,9 @@ function M.normalize(spec, upstreams, level)
     error("a call spec starts with the upstream name, like { \"product\", \"/products/1\" }", level)
   end
   local up = upstreams[name]
-  if not up then
+  if not up or up.internal then
     local names = {}
-    for n in pairs(upstreams) do names[#names + 1] = n end
+    for n, u in pairs(upstreams) do if not u.internal then names[#names + 1] = n end end
     table.sort(names)
     error(("unknown upstream '%s' (gateway.lua declares: %s)"):format(name, table.concat(names, ", ")), level)
   end

@@ -21,6 +21,7 @@
 local json = require "agg.json"
 local problem = require "agg.problem"
 local callspec = require "agg.callspec"
+local identity = require "agg.identity"
 
 local M = {}
 
@@ -96,9 +97,15 @@ local result_mt = {
 --- Installs the transport and the endpoints (from agg.loader) and the upstream table.
 -- Any requests and calls of a previous init are forgotten (the spec harness starts a fresh
 -- gateway per spec this way).
-function M.init(transport, ups, eps)
+function M.init(transport, ups, eps, token_exchange)
   core, upstreams, endpoints = transport, ups, eps
   contexts, calls = {}, {}
+  identity.init(transport, token_exchange, {
+    set_timer = function(ms, fn) return M.set_timer(ms, fn) end,
+    clear_timer = function(id) return M.clear_timer(id) end,
+    -- an internal call (the token endpoint): its answer goes to fn, not to a section
+    register_call = function(id, fn) calls[id] = { on_answer = fn } end,
+  })
   -- pages allocate many short-lived tables and keep little. The default pause (a cycle when the
   -- heap doubles) with a fast collector (stepmul 1000) keeps the heap at a few MB under load; a
   -- longer pause lets garbage allocated during a cycle count as live, and the heap runs away
@@ -226,6 +233,7 @@ local function now_remaining(ctx)
 end
 
 local settle
+local readonly_user
 
 -- What to do with a call's result: settle section `key` of group g, or, when `chain` is given,
 -- run that fetch_then continuation with it.
@@ -285,6 +293,7 @@ local function clear_timer(id)
     core.cancel_timer(id)
   end
 end
+M.set_timer, M.clear_timer = set_timer, clear_timer -- (for agg.identity)
 
 --- Transport: timer id is due.
 function M.on_timer(id)
@@ -443,6 +452,13 @@ local function after_failure(x, r, outcome, http_status)
     return
   end
   local spec, u = x, x.u
+  local up = upstreams[spec.upstream]
+  if outcome == "ok" and http_status == 401 and up.identity == "exchange" and not x.reexchanged then
+    -- the service refused the exchanged token (revoked, or its keys rotated): once, a fresh one
+    x.reexchanged = true
+    identity.forget(x.ctx, up)
+    return identity.prepare(x.ctx, x, up, x.go)
+  end
   local retry = spec.retry
   local retryable = retry and x.attempts < retry.attempts and
     (outcome == "refused" or outcome == "connect_timeout" or outcome == "tls" or
@@ -594,6 +610,23 @@ end
 
 -- Starts the call of section key of group g (see deliver). The result may be delivered before
 -- this returns (deadline passed, breaker open).
+local function launch(x)
+  local u = x.u
+  attempt(x, false)
+  local after = x.hedge_after
+  if after and not x.done then
+    if after == "p95" then after = p95(u) end
+    if after then
+      x.hedge_timer = set_timer(after, function()
+        x.hedge_timer = nil
+        if x.done or u.tokens < 1 or not active_any(x) then return end
+        u.tokens = u.tokens - 1
+        attempt(x, true)
+      end)
+    end
+  end
+end
+
 local function start_call(ctx, key, spec, g, chain)
   local u = upstream_state(spec.upstream)
   spec.section = key
@@ -611,19 +644,22 @@ local function start_call(ctx, key, spec, g, chain)
   local hedge_policy = upstreams[spec.upstream].hedge
   local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0
   u.tokens = math.min(10, u.tokens + pct / 100)
-  attempt(x, false)
-  local after = spec.hedge_after
-  if after and not x.done then
-    if after == "p95" then after = p95(u) end
-    if after then
-      x.hedge_timer = set_timer(after, function()
-        x.hedge_timer = nil
-        if x.done or u.tokens < 1 or not active_any(x) then return end
-        u.tokens = u.tokens - 1
-        attempt(x, true)
-      end)
+  local up = upstreams[spec.upstream]
+  if up.identity then
+    -- the user's identity first (agg.identity): a forwarded or exchanged token, or a problem
+    x.go = function(p)
+      if x.done then return end
+      if p == nil then
+        if x.reexchanged and x.attempts > 0 then return attempt(x, false) end
+        return launch(x)
+      end
+      local r = new_result(x.key, x)
+      r.ms = 0
+      finish_exchange(x, fail(ctx, r, p, x))
     end
+    return identity.prepare(ctx, x, up, x.go)
   end
+  launch(x)
 end
 
 --- Transport completion of call id (see the header comment for the arguments).
@@ -632,6 +668,7 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   local rec = calls[id]
   if rec == nil then return end
   calls[id] = nil
+  if rec.on_answer then return rec.on_answer(outcome, http_status, headers, body, data, ms, detail) end
   answer(rec, outcome, http_status, headers, body, data, ms, detail)
 end
 
@@ -1126,6 +1163,14 @@ end
 -- never read most of them.
 local req_lazy = setmetatable({}, { __mode = "k" })   -- req -> its ctx (which keeps query, req_headers)
 
+-- req.user: the authenticated user (nil on an open endpoint), read-only to scripts
+local user_mt_newindex = function(_, k)
+  error("req.user is read-only (tried to set '" .. tostring(k) .. "')", 2)
+end
+readonly_user = function(u)
+  return setmetatable({}, { __index = u, __newindex = user_mt_newindex, __metatable = "req.user" })
+end
+
 local function parse_headers_table(h)
   if type(h) == "string" then return parse_headers(h) end
   return h or {}
@@ -1161,15 +1206,17 @@ local req_mt = {
 --- Starts request rid for endpoint index idx. Called by the transport.
 -- params: table of route parameters; query: the raw query string or nil; headers: lowercased
 -- name -> value, or the same as one string "name\0value\0…"; body: string or nil.
-function M.start(rid, idx, method, path, query, params, headers, body)
+function M.start(rid, idx, method, path, query, params, headers, body, user, token)
   local ep = endpoints[idx]
   local now = core.now()
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)
+  -- user, token: who the edge authenticated (gateway/edge/edge.h), for agg.identity
   local ctx = { rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
                 exchanges = false, timings = new_tab(8, 0), done = false, co = false,
-                query = query, req_headers = headers }
+                query = query, req_headers = headers, user = user or false, token = token or false }
   contexts[rid] = ctx
-  local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
+  local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route,
+                             user = user and readonly_user(user) }, req_mt)
   req_lazy[req] = ctx
   local co
   if pool_n > 0 then

@@ -188,7 +188,7 @@ function Gateway:install()
     gw.open = gw.open - 1
     return true
   end
-  rt.init(core, self.gen.upstreams, self.gen.endpoints)
+  rt.init(core, self.gen.upstreams, self.gen.endpoints, self.gen.token_exchange)
   M.current = self
 end
 
