@@ -91,13 +91,12 @@ static uint64_t fetch_once(agw_auth_t *a)
 static void *fetcher_main(void *arg)
 {
     agw_auth_t *a = arg;
-    uint64_t next_at = 0, kid_fetch_at = 0; /* monotonic s: next scheduled fetch, last unknown-kid fetch */
-    int kid_fetched = 0;
+    uint64_t next_at = 0; /* monotonic s: next scheduled fetch */
     pthread_mutex_lock(&a->lock);
     while (!a->stopping) {
         uint64_t now = mono_s();
-        uint64_t kid_at = kid_fetch_at + a->cooldown_s; /* an unknown kid may refetch from then on */
-        int for_kid = a->want_fetch && (!kid_fetched || now >= kid_at);
+        uint64_t kid_at = a->kid_fetch_at + a->cooldown_s; /* an unknown kid may refetch from then on */
+        int for_kid = a->want_fetch && (!a->kid_fetched || now >= kid_at);
         int due = now >= next_at || for_kid;
         if (!due) {
             uint64_t until = next_at;
@@ -112,9 +111,10 @@ static void *fetcher_main(void *arg)
         uint64_t wait = fetch_once(a);
         pthread_mutex_lock(&a->lock);
         if (for_kid) {
-            kid_fetched = 1;
-            kid_fetch_at = now;
+            a->kid_fetched = 1;
+            a->kid_fetch_at = now;
         }
+        __atomic_add_fetch(&a->fetches_done, 1, __ATOMIC_RELEASE);
         next_at = mono_s() + wait;
         a->want_fetch = 0; /* asked during the fetch: that fetch answered it */
     }
@@ -169,17 +169,25 @@ void agw_auth_policy_clear(agw_auth_policy_t *p)
     memset(p, 0, sizeof(*p));
 }
 
-/* An unknown kid: ask the fetcher for a refetch (it applies the cooldown). */
-static void ask_refetch(agw_auth_t *a)
+uint64_t agw_auth_fetches_done(const agw_auth_t *a)
+{
+    return __atomic_load_n(&a->fetches_done, __ATOMIC_ACQUIRE);
+}
+
+/* An unknown kid (or no keys yet): ask the fetcher for a refetch (it applies the cooldown).
+ * Returns 1 when a fetch is coming soon (the cooldown does not hold it back). */
+static int ask_refetch(agw_auth_t *a)
 {
     if (!a->thread_on)
-        return;
+        return 0;
     pthread_mutex_lock(&a->lock);
     if (!a->want_fetch) {
         a->want_fetch = 1;
         pthread_cond_signal(&a->wake);
     }
+    int coming = !a->kid_fetched || mono_s() >= a->kid_fetch_at + a->cooldown_s;
     pthread_mutex_unlock(&a->lock);
+    return coming;
 }
 
 /* ---- the verified-token cache ----------------------------------------------------------------- */
@@ -328,12 +336,15 @@ static void check_jwt(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_
             return;
         }
         uint64_t exp = 0;
+        uint64_t done = agw_auth_fetches_done(a); /* before the keys were read */
         agw_jwt_status_t st =
             agw_jwt_verify(ks, a->secret, &a->rules, tok, len, now_s, &claims, &exp, r->why, sizeof(r->why));
         agw_jwks_unref(ks);
         if (st != AGW_JWT_OK) {
-            if (st == AGW_JWT_UNKNOWN_KID)
-                ask_refetch(a);
+            if (st == AGW_JWT_UNKNOWN_KID && ask_refetch(a)) {
+                r->refetching = 1;
+                r->fetches_done = done;
+            }
             fail(r, 401, "invalid_token", "the access token is not valid");
             return;
         }

@@ -65,6 +65,10 @@ typedef struct agw_auth {
     int thread_on;
     pthread_t thread;
     uint64_t fetches, fetch_failures; /* (atomic) */
+    uint64_t fetches_done;          /* fetches finished, failed ones included (atomic): a request
+                                       waiting for a refetch goes on when it changes */
+    uint64_t kid_fetch_at;          /* monotonic s of the last unknown-kid fetch (lock) */
+    int kid_fetched;                /* there was one (lock) */
     /* ---- API keys (apikeys_on) ---- */
     int apikeys_on;
     agw_apikeys_t apikeys;
@@ -120,6 +124,9 @@ typedef struct agw_auth_result {
     const agw_apikey_t *key;  /* API key ok: its entry (valid while a lives) */
     const char *token;        /* JWT ok: the token in the request's header (valid with it) */
     size_t token_len;
+    int refetching;           /* 401 for an unknown kid, and a refetch of the JWKS is coming (not
+                                 held back by the cooldown): the request may wait for it */
+    uint64_t fetches_done;    /* with refetching: agw_auth_fetches_done() when it was asked */
 } agw_auth_result_t;
 
 /* Checks a request against policy p of authenticator a. authorization: the Authorization header
@@ -129,6 +136,10 @@ typedef struct agw_auth_result {
 void agw_auth_check(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_t *cache, const char *authorization,
                     size_t authorization_len, size_t num_authorization, const char *apikey, size_t apikey_len,
                     uint64_t now_s, agw_auth_result_t *r);
+
+/* How many JWKS fetches have finished (thread-safe): a request refused for an unknown kid
+ * while a refetch was coming may be checked again once this passes r->fetches_done. */
+uint64_t agw_auth_fetches_done(const agw_auth_t *a);
 
 /* The scopes of claims ("scope": space-separated, or "scp": a list; DESIGN §9.1) as a new JSON
  * list (one reference for the caller). */

@@ -41,7 +41,7 @@ static void set_challenge(h2o_req_t *req, const agw_auth_policy_t *p, const agw_
 }
 
 int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_t *cache, h2o_req_t *req,
-                          agw_auth_result_t *r, agw_edge_refusal_t *out)
+                          int may_wait, agw_auth_result_t *r, agw_edge_refusal_t *out)
 {
     if (p->kind == AGW_AUTH_NONE) {
         memset(r, 0, sizeof(*r));
@@ -66,6 +66,8 @@ int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_ca
     agw_auth_check(a, p, cache, authz, authz_len, num_authz, key, key_len, (uint64_t)time(NULL), r);
     if (r->status == 0)
         return 0;
+    if (may_wait && r->refetching)
+        return AGW_EDGE_WAIT;
     out->status = r->status;
     out->title = r->title;
     out->kind = r->status == 400   ? "invalid-request"

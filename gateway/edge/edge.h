@@ -22,9 +22,13 @@ typedef struct agw_edge_refusal {
  * when the request may go on (r holds its user: claims or API key, to be pushed or dropped with
  * agw_edge_push_user), or the HTTP status of the refusal: then the response headers of req
  * already hold the challenge (WWW-Authenticate per RFC 6750 §3; Retry-After on 503), *out says
- * what problem to send, and the reason is logged. Worker thread. */
+ * what problem to send, and the reason is logged. With may_wait, a token whose kid no key has
+ * while a JWKS refetch is coming returns AGW_EDGE_WAIT instead (nothing set or logged): the caller
+ * checks the request again once agw_auth_fetches_done(a) passes r->fetches_done (key rotation:
+ * the new key's first token is accepted, not refused). Worker thread. */
+#define AGW_EDGE_WAIT (-1)
 int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_t *cache, h2o_req_t *req,
-                          agw_auth_result_t *r, agw_edge_refusal_t *out);
+                          int may_wait, agw_auth_result_t *r, agw_edge_refusal_t *out);
 
 /* Pushes two values for the runtime: the user (nil when the endpoint asked for nothing, else a
  * table { via = "jwt" | "api_key", sub, scopes = { … }, claims = { … } } or { via = "api_key",
