@@ -8,7 +8,7 @@ local M = {}
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
-  retry = true, hedge = true, collapse = "boolean",
+  retry = true, hedge = true, collapse = "boolean", identity = "boolean",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
 local NOT_YET = { cache = true, forward_auth = true }
@@ -82,7 +82,10 @@ function M.normalize(spec, upstreams, level)
     if k ~= 1 and k ~= 2 then
       local want = OPTIONS[k]
       if want == nil then
-        if NOT_YET[k] then
+        if k == "forward_auth" then
+          error(("call to '%s': option 'forward_auth' is not supported; the user's token goes to an upstream " ..
+                 "whose gateway.lua entry says identity = \"forward\" or \"exchange\""):format(name), level)
+        elseif NOT_YET[k] then
           error(("call to '%s': option '%s' is not supported by this version of aggway"):format(name, k), level)
         end
         error(("call to '%s': unknown option '%s'"):format(name, tostring(k)), level)
@@ -108,6 +111,7 @@ function M.normalize(spec, upstreams, level)
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
     a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
+    identity = spec.identity ~= false, -- false: this call goes without the user's identity
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)

@@ -453,7 +453,7 @@ local function after_failure(x, r, outcome, http_status)
   end
   local spec, u = x, x.u
   local up = upstreams[spec.upstream]
-  if outcome == "ok" and http_status == 401 and up.identity == "exchange" and not x.reexchanged then
+  if outcome == "ok" and http_status == 401 and up.identity == "exchange" and x.identity and not x.reexchanged then
     -- the service refused the exchanged token (revoked, or its keys rotated): once, a fresh one
     x.reexchanged = true
     identity.forget(x.ctx, up)
@@ -645,7 +645,7 @@ local function start_call(ctx, key, spec, g, chain)
   local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0
   u.tokens = math.min(10, u.tokens + pct / 100)
   local up = upstreams[spec.upstream]
-  if up.identity then
+  if up.identity and x.identity then
     -- the user's identity first (agg.identity): a forwarded or exchanged token, or a problem
     x.go = function(p)
       if x.done then return end

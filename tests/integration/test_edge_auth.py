@@ -46,6 +46,7 @@ return {
       fwd_other = { "fwd_other", "/svc/billing/1" },
       xchg = { "xchg", "/svc/inventory/1" },
       plain = { "plain", "/svc/plain/1", headers = { ["x-note"] = "no identity" } },
+      fwd_off = { "fwd", "/svc/orders/2", identity = false },
     }
     return agg.page(res)
   end,
@@ -262,6 +263,7 @@ class EdgeAuth(GatewayTestCase):
         self.assertEqual(self.auth.exchanges, [(t, "inventory")])
         # an upstream without identity never sees the inbound Authorization
         self.assertIsNone(page["plain"]["data"]["authorization"])
+        self.assertIsNone(page["fwd_off"]["data"]["authorization"])  # a call that opted out
         self.assertEqual(r.headers.get("x-aggregation-completed"), "false")
 
     def test_exchanged_tokens_are_cached_per_user_and_never_shared(self):
