@@ -192,10 +192,12 @@ static int ask_refetch(agw_auth_t *a)
 
 /* ---- the verified-token cache ----------------------------------------------------------------- */
 
+/* The slot of a token: FNV-1a over its length and last 32 bytes (of the signature, which differs
+ * from token to token). A token that collides only takes the slot over; a hit compares every byte. */
 static uint64_t hash_token(const char *t, size_t len)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < len; i++)
+    uint64_t h = (1469598103934665603ull ^ len) * 1099511628211ull;
+    for (size_t i = len > 32 ? len - 32 : 0; i < len; i++)
         h = (h ^ (unsigned char)t[i]) * 1099511628211ull;
     return h;
 }
@@ -263,6 +265,18 @@ static void fail(agw_auth_result_t *r, int status, const char *error, const char
     r->title = title;
 }
 
+/* b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"=" (RFC 6750 §2.1): 1 for
+ * the characters of the first part, 2 for '=' */
+static const unsigned char B64TOKEN[256] = {
+    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1, ['I'] = 1, ['J'] = 1,
+    ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1,
+    ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1, ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1,
+    ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1, ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1,
+    ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
+    ['y'] = 1, ['z'] = 1, ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1,
+    ['8'] = 1, ['9'] = 1, ['-'] = 1, ['.'] = 1, ['_'] = 1, ['~'] = 1, ['+'] = 1, ['/'] = 1, ['='] = 2,
+};
+
 /* The token of "Bearer <token>" (RFC 6750 §2.1: b64token, the scheme case-insensitive). Returns 1
  * and the token, 0 when the scheme is not Bearer, -1 when it is but the rest is malformed. */
 static int bearer(const char *h, size_t len, const char **tok, size_t *tok_len)
@@ -273,12 +287,12 @@ static int bearer(const char *h, size_t len, const char **tok, size_t *tok_len)
     while (i < len && h[i] == ' ')
         i++;
     size_t start = i;
-    for (; i < len; i++) {
-        unsigned char c = (unsigned char)h[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-              c == '_' || c == '~' || c == '+' || c == '/' || c == '='))
-            break;
-    }
+    while (i < len && B64TOKEN[(unsigned char)h[i]] == 1)
+        i++;
+    if (i == start)
+        return -1;
+    while (i < len && h[i] == '=')
+        i++;
     size_t end = i;
     while (i < len && (h[i] == ' ' || h[i] == '\t'))
         i++;

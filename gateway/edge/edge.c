@@ -85,7 +85,8 @@ int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_ca
 void agw_edge_push_user(lua_State *L, agw_auth_result_t *r)
 {
     if (r->claims) {
-        lua_createtable(L, 0, 4);
+        /* the claims as a json ref: Lua tables only if a script or an identity reads them */
+        lua_createtable(L, 0, 3);
         lua_pushliteral(L, "jwt");
         lua_setfield(L, -2, "via");
         json_t *sub = json_object_get(r->claims, "sub");
@@ -93,12 +94,8 @@ void agw_edge_push_user(lua_State *L, agw_auth_result_t *r)
             lua_pushstring(L, json_string_value(sub));
             lua_setfield(L, -2, "sub");
         }
-        json_t *scopes = agw_auth_scopes(r->claims);
-        agw_json_push(L, scopes);
-        json_decref(scopes);
-        lua_setfield(L, -2, "scopes");
-        agw_json_push(L, r->claims);
-        lua_setfield(L, -2, "claims");
+        agw_json_push_ref(L, r->claims);
+        lua_setfield(L, -2, "claims_ref");
         json_decref(r->claims);
         r->claims = NULL;
         lua_pushlstring(L, r->token, r->token_len);

@@ -31,8 +31,8 @@ int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_ca
                           int may_wait, agw_auth_result_t *r, agw_edge_refusal_t *out);
 
 /* Pushes two values for the runtime: the user (nil when the endpoint asked for nothing, else a
- * table { via = "jwt" | "api_key", sub, scopes = { … }, claims = { … } } or { via = "api_key",
- * app, plan }) and the bearer token (a string, nil without a JWT; the runtime keeps it for the
+ * table { via = "jwt", sub, claims_ref = the claims as a json ref (json.h: Lua tables are made
+ * only when read) } or { via = "api_key", app, plan }) and the bearer token (a string, nil without a JWT; the runtime keeps it for the
  * upstreams' identity and never shows it to scripts). Drops r's claims reference. */
 void agw_edge_push_user(lua_State *L, agw_auth_result_t *r);
 

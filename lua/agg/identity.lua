@@ -33,6 +33,35 @@ function M.init(transport, token_exchange, h)
   M.stats = { exchanges = 0, hits = 0, failures = 0, shared = 0 }
 end
 
+--- The claims of user u (the edge's table, gateway/edge/edge.h): made from its json ref on
+-- first read, then kept.
+function M.claims(u)
+  local c = rawget(u, "claims")
+  if c == nil and u.claims_ref then
+    c = json.materialize(u.claims_ref)
+    u.claims, u.claims_ref = c, nil
+  end
+  return c
+end
+
+--- The scopes of user u: the "scope" claim split on spaces, or the "scp" list (DESIGN §9.1).
+function M.scopes(u)
+  local s = rawget(u, "scopes")
+  if s == nil then
+    s = {}
+    local c = M.claims(u) or {}
+    if type(c.scope) == "string" then
+      for w in c.scope:gmatch("%S+") do s[#s + 1] = w end
+    elseif type(c.scp) == "table" then
+      for _, v in ipairs(c.scp) do if type(v) == "string" then s[#s + 1] = v end end
+    elseif type(c.scp) == "string" then
+      s[1] = c.scp
+    end
+    u.scopes = s
+  end
+  return s
+end
+
 local function unavailable(x, up, detail, status)
   return problem.new("identity-unavailable", x.key .. ": the call to " .. up.name .. " cannot carry the user's identity",
                      status or 503, detail)
@@ -147,7 +176,7 @@ function M.prepare(ctx, x, up, go)
     return go(unavailable(x, up, "the request carries no user token: the endpoint's auth must be jwt"))
   end
   if up.identity == "forward" then
-    local claims = ctx.user and ctx.user.claims
+    local claims = ctx.user and M.claims(ctx.user)
     if aud_has(claims and claims.aud, up.audience) then
       authorize(x, token)
       return go(nil)

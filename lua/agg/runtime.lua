@@ -1163,12 +1163,21 @@ end
 -- never read most of them.
 local req_lazy = setmetatable({}, { __mode = "k" })   -- req -> its ctx (which keeps query, req_headers)
 
--- req.user: the authenticated user (nil on an open endpoint), read-only to scripts
+-- req.user: the authenticated user (nil on an open endpoint), read-only to scripts; its claims
+-- and scopes are made when first read (agg.identity)
 local user_mt_newindex = function(_, k)
   error("req.user is read-only (tried to set '" .. tostring(k) .. "')", 2)
 end
+local function user_index(u)
+  return function(_, k)
+    if k == "claims" then return identity.claims(u) end
+    if k == "scopes" then return identity.scopes(u) end
+    if k == "claims_ref" then return nil end
+    return u[k]
+  end
+end
 readonly_user = function(u)
-  return setmetatable({}, { __index = u, __newindex = user_mt_newindex, __metatable = "req.user" })
+  return setmetatable({}, { __index = user_index(u), __newindex = user_mt_newindex, __metatable = "req.user" })
 end
 
 local function parse_headers_table(h)
@@ -1187,6 +1196,8 @@ local req_mt = {
       v = parse_query(lazy and lazy.query)
     elseif k == "headers" then
       v = parse_headers_table(lazy and lazy.req_headers)
+    elseif k == "user" then
+      v = lazy and lazy.user and readonly_user(lazy.user) or nil
     elseif k == "trace_id" then
       v = lazy and core.trace_id and core.trace_id(lazy.rid)
     elseif k == "remaining_ms" then
@@ -1215,8 +1226,8 @@ function M.start(rid, idx, method, path, query, params, headers, body, user, tok
                 exchanges = false, timings = new_tab(8, 0), done = false, co = false,
                 query = query, req_headers = headers, user = user or false, token = token or false }
   contexts[rid] = ctx
-  local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route,
-                             user = user and readonly_user(user) }, req_mt)
+  local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route },
+                          req_mt)
   req_lazy[req] = ctx
   local co
   if pool_n > 0 then

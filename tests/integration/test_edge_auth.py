@@ -165,7 +165,7 @@ class EdgeAuth(GatewayTestCase):
             "wrong audience": self.auth.token(aud=("billing",)),
             "wrong issuer": jose.token(k, dict(claims, iss="https://evil.test")),
             "oversized": self.auth.token(pad="x" * 9000),
-            "malformed base64": head + ".e30+/=." + sig,   # b64token characters, not base64url
+            "malformed base64": head + ".e30+/." + sig,   # b64token characters, not base64url
             "payload not JSON": head + "." + jose.b64url("not json") + "." + sig,
             "unknown kid": self.auth.token(key=jose.Key(self.workdir, "stranger")),
         }
