@@ -12,15 +12,64 @@
 #define JWKS_MIN_REFRESH_S 10        /* Cache-Control max-age below this is taken as this */
 #define JWKS_RETRY_S 5               /* after a failed fetch, next try (or refresh_s if shorter) */
 
+/* The key source (auth.h: agw_auth_t.src). The fetcher's settings are copies, so the thread
+ * needs nothing of the authenticator. */
+typedef struct agw_keysrc {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int refs;                       /* the authenticator, the fetcher thread (lock) */
+    agw_jwks_t *keys;               /* current JWKS (lock), or NULL */
+    int want_fetch;                 /* an unknown kid asked for a refetch (lock) */
+    int stopping;                   /* agw_auth_free (lock) */
+    int thread_on;                  /* a fetcher runs (set before it starts, never cleared) */
+    uint64_t kid_fetch_at;          /* monotonic s of the last unknown-kid fetch (lock) */
+    int kid_fetched;                /* there was one (lock) */
+    uint64_t fetches, fetch_failures; /* (atomic) */
+    uint64_t fetches_done;          /* fetches finished, failed ones included (atomic) */
+    agw_fetch_url_t url;            /* copies of the authenticator's settings */
+    char *jwks_url;
+    unsigned algs;
+    uint64_t refresh_s, cooldown_s, fetch_timeout_ms;
+} keysrc_t;
+
+static void src_unref(keysrc_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+    int last = --a->refs == 0;
+    pthread_mutex_unlock(&a->lock);
+    if (!last)
+        return;
+    agw_jwks_unref(a->keys);
+    agw_fetch_url_free(&a->url);
+    free(a->jwks_url);
+    pthread_mutex_destroy(&a->lock);
+    pthread_cond_destroy(&a->wake);
+    free(a);
+}
+
+static void src_set_keys(keysrc_t *a, agw_jwks_t *ks)
+{
+    pthread_mutex_lock(&a->lock);
+    agw_jwks_t *old = a->keys;
+    a->keys = ks;
+    pthread_mutex_unlock(&a->lock);
+    agw_jwks_unref(old);
+}
+
 void agw_auth_init(agw_auth_t *a)
 {
     memset(a, 0, sizeof(*a));
-    pthread_mutex_init(&a->lock, NULL);
+    keysrc_t *src = calloc(1, sizeof(*src));
+    if (src == NULL)
+        abort();
+    pthread_mutex_init(&src->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&a->wake, &ca);
+    pthread_cond_init(&src->wake, &ca);
     pthread_condattr_destroy(&ca);
+    src->refs = 1;
+    a->src = src;
     static uint64_t serials;
     a->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     a->rules.leeway_s = 60;
@@ -32,18 +81,15 @@ void agw_auth_init(agw_auth_t *a)
 
 void agw_auth_set_keys(agw_auth_t *a, agw_jwks_t *ks)
 {
-    pthread_mutex_lock(&a->lock);
-    agw_jwks_t *old = a->keys;
-    a->keys = ks;
-    pthread_mutex_unlock(&a->lock);
-    agw_jwks_unref(old);
+    src_set_keys(a->src, ks);
 }
 
 static agw_jwks_t *current_keys(agw_auth_t *a)
 {
-    pthread_mutex_lock(&a->lock);
-    agw_jwks_t *ks = agw_jwks_ref(a->keys);
-    pthread_mutex_unlock(&a->lock);
+    keysrc_t *src = a->src;
+    pthread_mutex_lock(&src->lock);
+    agw_jwks_t *ks = agw_jwks_ref(src->keys);
+    pthread_mutex_unlock(&src->lock);
     return ks;
 }
 
@@ -57,25 +103,26 @@ static uint64_t mono_s(void)
 /* ---- the JWKS fetcher ----------------------------------------------------------------------- */
 
 /* One fetch of jwks_url. Returns the time until the next scheduled one, s. */
-static uint64_t fetch_once(agw_auth_t *a)
+static uint64_t fetch_once(keysrc_t *a)
 {
     agw_buf_t body = {0};
     uint64_t max_age = 0;
     char why[256] = "";
     __atomic_add_fetch(&a->fetches, 1, __ATOMIC_RELAXED);
     uint64_t next = a->refresh_s < JWKS_RETRY_S ? a->refresh_s : JWKS_RETRY_S;
+    int had = __atomic_load_n(&a->keys, __ATOMIC_RELAXED) != NULL; /* (only this thread sets it now) */
     if (agw_fetch_get(&a->url, a->fetch_timeout_ms, JWKS_MAX_BYTES, &body, &max_age, why, sizeof(why)) != 0) {
         agw_log(AGW_LOG_WARN, "auth.jwt.jwks_url %s: fetch failed: %s; %s", a->jwks_url, why,
-                a->keys ? "the keys fetched before stay in use" : "tokens cannot be verified until a fetch succeeds");
+                had ? "the keys fetched before stay in use" : "tokens cannot be verified until a fetch succeeds");
     } else {
         agw_jwks_t *ks = agw_jwks_parse(body.base, body.len, a->algs, why, sizeof(why));
         if (ks == NULL) {
             agw_log(AGW_LOG_WARN, "auth.jwt.jwks_url %s: the answer is not a usable JWKS: %s; %s", a->jwks_url, why,
-                    a->keys ? "the keys fetched before stay in use" : "tokens cannot be verified yet");
+                    had ? "the keys fetched before stay in use" : "tokens cannot be verified yet");
         } else {
             if (why[0])
                 agw_log(AGW_LOG_WARN, "auth.jwt.jwks_url %s: %s", a->jwks_url, why);
-            agw_auth_set_keys(a, ks);
+            src_set_keys(a, ks);
             next = a->refresh_s;
             if (max_age && max_age < next)
                 next = max_age < JWKS_MIN_REFRESH_S ? JWKS_MIN_REFRESH_S : max_age;
@@ -90,7 +137,7 @@ static uint64_t fetch_once(agw_auth_t *a)
 
 static void *fetcher_main(void *arg)
 {
-    agw_auth_t *a = arg;
+    keysrc_t *a = arg;
     uint64_t next_at = 0; /* monotonic s: next scheduled fetch */
     pthread_mutex_lock(&a->lock);
     while (!a->stopping) {
@@ -119,18 +166,37 @@ static void *fetcher_main(void *arg)
         a->want_fetch = 0; /* asked during the fetch: that fetch answered it */
     }
     pthread_mutex_unlock(&a->lock);
+    src_unref(a);
     return NULL;
 }
 
 void agw_auth_start(agw_auth_t *a)
 {
-    if (!a->jwt_on || a->jwks_url == NULL || a->thread_on)
+    keysrc_t *src = a->src;
+    if (!a->jwt_on || a->jwks_url == NULL || src->thread_on)
         return;
-    if (pthread_create(&a->thread, NULL, fetcher_main, a) != 0) {
+    src->jwks_url = strdup(a->jwks_url);
+    src->url = a->url;
+    src->url.host = strdup(a->url.host);
+    src->url.path = strdup(a->url.path);
+    src->algs = a->algs;
+    src->refresh_s = a->refresh_s;
+    src->cooldown_s = a->cooldown_s;
+    src->fetch_timeout_ms = a->fetch_timeout_ms;
+    if (src->jwks_url == NULL || src->url.host == NULL || src->url.path == NULL)
+        abort();
+    src->refs++; /* the thread's (before it runs: no lock needed yet) */
+    src->thread_on = 1;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, fetcher_main, src) != 0) {
         agw_log(AGW_LOG_ERROR, "auth.jwt.jwks_url: cannot start the fetcher thread");
-        return;
+        src->refs--;
+        src->thread_on = 0;
     }
-    a->thread_on = 1;
+    pthread_attr_destroy(&attr);
 }
 
 static void free_strings(char **v, size_t n)
@@ -142,14 +208,14 @@ static void free_strings(char **v, size_t n)
 
 void agw_auth_free(agw_auth_t *a)
 {
-    if (a->thread_on) {
-        pthread_mutex_lock(&a->lock);
-        a->stopping = 1;
-        pthread_cond_signal(&a->wake);
-        pthread_mutex_unlock(&a->lock);
-        pthread_join(a->thread, NULL);
+    keysrc_t *src = a->src;
+    if (src) {
+        pthread_mutex_lock(&src->lock);
+        src->stopping = 1;
+        pthread_cond_signal(&src->wake);
+        pthread_mutex_unlock(&src->lock);
+        src_unref(src); /* the fetcher drops its own reference when it ends */
     }
-    agw_jwks_unref(a->keys);
     agw_jwks_unref(a->secret);
     free((char *)a->rules.issuer);
     free_strings((char **)a->rules.audiences, a->rules.num_audiences);
@@ -158,8 +224,6 @@ void agw_auth_free(agw_auth_t *a)
     agw_fetch_url_free(&a->url);
     agw_apikeys_free(&a->apikeys);
     free(a->apikey_header);
-    pthread_mutex_destroy(&a->lock);
-    pthread_cond_destroy(&a->wake);
     memset(a, 0, sizeof(*a));
 }
 
@@ -171,22 +235,23 @@ void agw_auth_policy_clear(agw_auth_policy_t *p)
 
 uint64_t agw_auth_fetches_done(const agw_auth_t *a)
 {
-    return __atomic_load_n(&a->fetches_done, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&a->src->fetches_done, __ATOMIC_ACQUIRE);
 }
 
 /* An unknown kid (or no keys yet): ask the fetcher for a refetch (it applies the cooldown).
  * Returns 1 when a fetch is coming soon (the cooldown does not hold it back). */
 static int ask_refetch(agw_auth_t *a)
 {
-    if (!a->thread_on)
+    keysrc_t *src = a->src;
+    if (!src->thread_on)
         return 0;
-    pthread_mutex_lock(&a->lock);
-    if (!a->want_fetch) {
-        a->want_fetch = 1;
-        pthread_cond_signal(&a->wake);
+    pthread_mutex_lock(&src->lock);
+    if (!src->want_fetch) {
+        src->want_fetch = 1;
+        pthread_cond_signal(&src->wake);
     }
-    int coming = !a->kid_fetched || mono_s() >= a->kid_fetch_at + a->cooldown_s;
-    pthread_mutex_unlock(&a->lock);
+    int coming = !src->kid_fetched || mono_s() >= src->kid_fetch_at + src->cooldown_s;
+    pthread_mutex_unlock(&src->lock);
     return coming;
 }
 

@@ -56,19 +56,10 @@ typedef struct agw_auth {
     uint64_t refresh_s;             /* jwks_url: refetch interval, s */
     uint64_t cooldown_s;            /* jwks_url: least time between two unknown-kid refetches, s */
     uint64_t fetch_timeout_ms;      /* jwks_url: one fetch's connect/read bound, ms */
-    /* private: the current key set and the fetcher */
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
-    agw_jwks_t *keys;               /* current JWKS (lock), or NULL */
-    int want_fetch;                 /* an unknown kid asked for a refetch (lock) */
-    int stopping;                   /* agw_auth_free (lock) */
-    int thread_on;
-    pthread_t thread;
-    uint64_t fetches, fetch_failures; /* (atomic) */
-    uint64_t fetches_done;          /* fetches finished, failed ones included (atomic): a request
-                                       waiting for a refetch goes on when it changes */
-    uint64_t kid_fetch_at;          /* monotonic s of the last unknown-kid fetch (lock) */
-    int kid_fetched;                /* there was one (lock) */
+    struct agw_keysrc *src;         /* private: the current key set and the fetcher's state, shared
+                                       with the fetcher thread (each holds a reference): freeing the
+                                       authenticator (a reload, on a worker thread) never waits for a
+                                       fetch in flight */
     /* ---- API keys (apikeys_on) ---- */
     int apikeys_on;
     agw_apikeys_t apikeys;
@@ -82,7 +73,8 @@ void agw_auth_init(agw_auth_t *a);
  * without it). Its first fetch begins at once. */
 void agw_auth_start(agw_auth_t *a);
 
-/* Stops the fetcher (waits for it: at most one fetch timeout) and frees everything of a. */
+/* Tells the fetcher to stop (it ends after its fetch in flight, if any, without being waited
+ * for) and frees everything else of a. */
 void agw_auth_free(agw_auth_t *a);
 
 /* Frees a policy's scopes. */

@@ -8,8 +8,8 @@ One HTTP/1.1 server (loopback, a free port) plays three parts:
                           audience; answers { access_token, issued_token_type, token_type, expires_in }
   GET  /svc/NAME/...      a service that answers with the Authorization it received (to see what
                           identity a call carried)
-Failures are set on the object (or by the admin endpoints of the command line): jwks_down,
-token_down, token_delay_s, invalid_targets, expires_in. Counters: jwks_fetches, exchanges.
+Failures are set on the object (or by POST /admin/state with a JSON object of them): jwks_down,
+jwks_delay_s, token_down, token_delay_s, invalid_targets, expires_in. Counters: jwks_fetches, exchanges.
 
 As a library (tests): MockAuth(workdir).start() ... .stop(). As a program (the demo):
   mock_auth.py --port 9500 --client-id aggway --client-secret s3cret --write-token-to FILE
@@ -40,6 +40,7 @@ class MockAuth:
         self.keys = [jose.Key(workdir, "k1")]
         self.published = list(self.keys)     # keys in the JWKS
         self.jwks_down = False
+        self.jwks_delay_s = 0.0
         self.jwks_max_age = None
         self.token_down = False
         self.token_delay_s = 0.0
@@ -92,6 +93,8 @@ class MockAuth:
 
             def do_GET(self):
                 if self.path == "/jwks":
+                    if outer.jwks_delay_s:
+                        time.sleep(outer.jwks_delay_s)
                     with outer.lock:
                         outer.jwks_fetches += 1
                         down, doc = outer.jwks_down, jose.jwks(*outer.published)
@@ -147,7 +150,7 @@ class MockAuth:
 
     def admin(self, handler, path, raw):
         doc = json.loads(raw or "{}")
-        for k in ("jwks_down", "token_down", "token_delay_s", "expires_in"):
+        for k in ("jwks_down", "jwks_delay_s", "token_down", "token_delay_s", "expires_in"):
             if k in doc:
                 setattr(self, k, doc[k])
         if "invalid_targets" in doc:
