@@ -5,8 +5,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "clock.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 #define JWKS_MAX_BYTES (1024 * 1024) /* a JWKS larger than this is not a key set */
 #define JWKS_MIN_REFRESH_S 10        /* Cache-Control max-age below this is taken as this */

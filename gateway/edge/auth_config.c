@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "file.h"
+#include "base/file.h"
 
 static char *str_field(lua_State *L, int idx, const char *name)
 {

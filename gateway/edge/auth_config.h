@@ -5,7 +5,7 @@
 
 #include <lua.h>
 
-#include "buf.h"
+#include "base/buf.h"
 #include "edge/auth.h"
 
 /* Fills a (initialized by the caller with agw_auth_init) from the normalized `auth` block at

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "json.h"
-#include "log.h"
+#include "json/json.h"
+#include "base/log.h"
 
 /* h2o keeps the pointers it is given: the value is copied into the request's memory (name is
  * a literal). */

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
+#include "base/buf.h"
 
 typedef struct agw_fetch_url {
     char *host;       /* "id.example" */
