@@ -387,26 +387,32 @@ static void check_jwt(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_
         snprintf(r->why, sizeof(r->why), "%zu Authorization headers", num_authorization);
         return;
     }
-    const char *tok;
-    size_t len;
-    int b = bearer(authorization, authorization_len, &tok, &len);
-    if (b == 0) {
+    if (authorization_len < 6 || strncasecmp(authorization, "bearer", 6) != 0 ||
+        (authorization_len > 6 && authorization[6] != ' ')) {
         fail(r, 401, NULL, "a bearer token is required");
         snprintf(r->why, sizeof(r->why), "the Authorization header is not of the Bearer scheme");
         return;
     }
-    if (b < 0) {
-        fail(r, 400, "invalid_request", "the Authorization header is malformed");
-        snprintf(r->why, sizeof(r->why), "Authorization: Bearer without a well-formed token");
-        return;
-    }
+    /* a cached token was checked to be a b64token when it was verified: the same bytes need no
+     * second scan (the span: after the spaces that follow the scheme, up to trailing blanks) */
+    const char *tok = authorization + 6;
+    size_t len = authorization_len - 6;
+    while (len && *tok == ' ')
+        tok++, len--;
+    while (len && (tok[len - 1] == ' ' || tok[len - 1] == '\t'))
+        len--;
     json_t *claims = NULL;
-    agw_auth_cache_entry_t *e = cache ? cache_slot(cache, tok, len) : NULL;
+    agw_auth_cache_entry_t *e = cache && len ? cache_slot(cache, tok, len) : NULL;
     if (e && e->serial == a->serial && e->len == len && memcmp(e->token, tok, len) == 0 &&
         now_s < e->exp_s + a->rules.leeway_s) {
         claims = json_incref(e->claims);
         cache->hits++;
     } else {
+        if (bearer(authorization, authorization_len, &tok, &len) <= 0) {
+            fail(r, 400, "invalid_request", "the Authorization header is malformed");
+            snprintf(r->why, sizeof(r->why), "Authorization: Bearer without a well-formed token");
+            return;
+        }
         agw_jwks_t *ks = current_keys(a);
         if (ks == NULL && a->secret == NULL) {
             fail(r, 503, NULL, "authentication is not available yet");
