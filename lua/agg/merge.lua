@@ -134,10 +134,26 @@ local function add_waiter(p, x, rec, t, clamped, now)
   x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t))
 end
 
+-- request headers that carry a user's credentials: calls merge only with the same ones
+local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
+
+-- The batch group of x: its option's, narrowed by the credentials the call carries now (the
+-- user's identity is added after the option was read, agg.identity): one user's token never
+-- goes out with another user's items.
+local function group_of(x)
+  local g, h = x.batch.group, x.headers
+  if h then
+    for i = 1, #h, 2 do
+      if CREDENTIALS[h[i]] then g = g .. "\2" .. h[i] .. ":" .. h[i + 1] end
+    end
+  end
+  return g
+end
+
 --- Exchange x asks for its item (t: its timeout in ms, clamped: t was cut by the deadline).
 function M.join(x, t, clamped, now)
   local b = x.batch
-  local g, k = b.group, b.key
+  local g, k = group_of(x), b.key
   local sent = inflight[g] and inflight[g][k]
   if sent then
     -- the key is already asked for: wait for that merged call's answer
