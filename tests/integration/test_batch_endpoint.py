@@ -2,6 +2,7 @@
 requests in one envelope; each runs through the gateway's own request path (router, limits,
 authentication, metrics, access log) as if it had come alone, all in parallel under the batch's
 deadline, and one JSON answer carries an entry per request."""
+import hashlib
 import http.client
 import json
 import os
@@ -86,6 +87,39 @@ class BatchEndpoint(BatchCase):
         # the hanging call was cancelled with its entry: the gateway serves on
         status, _, doc, _ = self.post({"requests": [{"path": "/p/1"}]})
         self.assertEqual(doc["responses"][0]["status"], 200)
+
+    def test_twenty_entries_of_mixed_routes_one_timing_out_one_unauthorized_each_answered(self):
+        keys = os.path.join(self.workdir, "api-keys.json")
+        with open(keys, "w") as f:
+            json.dump([{"sha256": hashlib.sha256(b"k-good-123").hexdigest(), "app": "mobile", "plan": "gold"}], f)
+        self.start_batch(auth={"api_keys": {"file": keys, "header": "X-Client-Key"}})
+        key = {"X-Client-Key": "k-good-123"}
+        reqs = [{"path": "/p/%d" % i, "headers": key} for i in range(15)]
+        reqs.append({"method": "POST", "path": "/echo", "headers": dict(key, **{"X-Who": "bo"}), "body": {"a": 1}})
+        reqs.append({"path": "/slow", "headers": key})                          # times out
+        reqs.append({"path": "/p/99"})                                          # no key: unauthorized
+        reqs.append({"path": "/p/98", "headers": {"X-Client-Key": "k-forged"}})  # unknown key
+        reqs.append({"path": "/text", "headers": key})
+        status, _, doc, ms = self.post({"requests": reqs})
+        self.assertEqual(status, 200, doc)
+        out = doc["responses"]
+        self.assertEqual(len(out), 20)
+        for i in range(15):
+            self.assertEqual(out[i]["status"], 200, out[i])
+            self.assertEqual(out[i]["body"]["product"]["data"]["id"], i)
+        self.assertEqual(out[15]["status"], 201)
+        self.assertEqual(out[15]["body"]["who"], "bo")
+        self.assertEqual(out[16]["status"], 504)
+        self.assertTrue(out[16]["body"]["type"].endswith("deadline-exceeded"), out[16])
+        for e in (out[17], out[18]):
+            self.assertEqual(e["status"], 401, e)
+            self.assertTrue(e["headers"]["www-authenticate"].startswith("APIKey"), e)
+            self.assertEqual(e["headers"]["content-type"], "application/problem+json")
+        self.assertEqual(out[19]["body"], "plain words")
+        # the unauthorized entries never reached a script or an upstream
+        hits = self.mock.hits()["product"]
+        self.assertEqual(hits.get("GET /products/{id}"), 15)
+        self.assertLess(ms, 4500)
 
     def test_entries_run_in_parallel(self):
         self.start_batch()
