@@ -129,9 +129,12 @@ local function add_waiter(p, x, rec, t, clamped, now)
   end
   list[#list + 1] = rec
   p.nwait = p.nwait + 1
+  rec.ends, rec.t = now + t, t
   if now + t > p.ends then p.ends, p.clamped = now + t, clamped end
   x.a1 = rec
-  x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t))
+  -- a caller that may run out before the batch leaves waits with a timer of its own; the others
+  -- get one when the batch is sent, if the merged call's timeout is longer than theirs (flush)
+  if t <= x.batch.window_ms + 1 then x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t)) end
 end
 
 -- request headers that carry a user's credentials: calls merge only with the same ones
@@ -162,7 +165,8 @@ function M.join(x, t, clamped, now)
     list[#list + 1] = rec
     sent.nwait = sent.nwait + 1
     x.a1 = rec
-    x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t))
+    -- the merged call ends by its own timeout: a caller with less time needs a timer of its own
+    if now + t < sent.ends then x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t)) end
     local s = M.stats(x.upstream)
     s.merged_joined = s.merged_joined + 1
     if core.join then core.join(x.ctx.rid, sent.id, x.key) end
@@ -248,11 +252,16 @@ flush = function(p)
   hooks.register(id, p)
   local fl = inflight[p.group]
   if not fl then fl = {} inflight[p.group] = fl end
+  p.ends = now + math.floor(t + 0.5)
   for _, k in ipairs(keys) do
     fl[k] = p
     for _, rec in ipairs(p.waiters[k]) do
       rec.id = id
       if rec ~= first and core.join then core.join(rec.x.ctx.rid, id, rec.x.key) end
+      local x = rec.x
+      if not x.own_timer and rec.ends < p.ends then
+        x.own_timer = hooks.set_timer(rec.ends - now, own_timeout(x, rec, rec.t))
+      end
     end
   end
   local s = M.stats(p.upstream)
@@ -346,7 +355,13 @@ function M.answer(p, outcome, http_status, headers, body, data, ms, detail)
     end
     return
   end
-  local refs = {} -- one parsed copy per item: every caller materializes its own tables from it
+  local refs = {} -- key -> the parsed copy that callers after the first share
+  local texts = {} -- key -> the item's JSON text, made before the first caller can change it
+  local count = {}
+  for _, rec in ipairs(recs) do
+    local k = rec.x.batch.key
+    count[k] = (count[k] or 0) + 1
+  end
   for _, rec in ipairs(recs) do
     local x = rec.x
     if not x.done and x.a1 == rec then
@@ -355,11 +370,15 @@ function M.answer(p, outcome, http_status, headers, body, data, ms, detail)
       if item == nil or item == json.null then
         hooks.missing(x, rec, ms)
       else
+        -- the first caller of a key gets the item as materialized (no one else holds it); each
+        -- later one its own copy, parsed from the item's JSON text (made once per key)
         local ref = refs[k]
         if ref == nil then
-          local text, e = json.encode(item)
-          ref = text and json.parse(text) or ("the item cannot be encoded: " .. tostring(e))
-          refs[k] = ref
+          ref = item
+          if count[k] > 1 then
+            local text, e = json.encode(item)
+            refs[k] = text and json.parse(text) or ("the item cannot be encoded: " .. tostring(e))
+          end
         end
         hooks.done(x, rec, "ok", http_status, nil, nil, ref, ms, nil)
       end
