@@ -8,7 +8,7 @@ local M = {}
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
-  retry = true, hedge = true, collapse = "boolean",
+  retry = true, hedge = true, collapse = "boolean", hash_key = "string",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
 local NOT_YET = { cache = true, forward_auth = true }
@@ -109,6 +109,7 @@ function M.normalize(spec, upstreams, level)
     a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
   }
+  if spec.hash_key then n.hash_key = spec.hash_key end -- (balance = "hash" upstreams, agg.group)
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
   end

@@ -6,6 +6,7 @@
 -- deliver function it registers).
 local problem = require "agg.problem"
 local result = require "agg.result"
+local group = require "agg.group"
 
 local M = {}
 
@@ -15,12 +16,14 @@ local core                                             -- transport and clock
 local upstreams = {}                                   -- name -> { index, timeout_ms }
 local calls = {}                                       -- call id -> in-flight call record
 local deliver                                          -- function(g, key, chain, r): agg.fanout's
+local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats, budget, group }
 
 --- Binds the transport and the upstream table (agg.runtime.init); calls of a previous binding are
 -- forgotten.
 function M.bind(transport, ups)
   core, upstreams = transport, ups
-  calls = {}
+  calls, ustate = {}, {}
+  group.bind(transport, ups)
 end
 
 --- Sets where results go: deliver(g, key, chain, r) (agg.fanout).
@@ -40,14 +43,46 @@ end
 
 ---------------------------------------------------------------------------------------------------
 
-local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats }
 local flights = {}    -- collapse key -> flight { id, waiters = { exchange = true }, n }
 local timers = {}     -- timer id -> function
+
+-- A count over a sliding window of len ms, approximated by the current and the previous interval
+-- (the previous one weighted by how much of it is still inside the window).
+local function window(len) return { len = len, start = 0, cur = 0, prev = 0 } end
+
+local function window_count(w, now)
+  local d = now - w.start
+  if d >= w.len then
+    if d >= 2 * w.len then w.prev, w.start = 0, now else w.prev, w.start = w.cur, w.start + w.len end
+    w.cur = 0
+    d = now - w.start
+  end
+  return w.cur + w.prev * (1 - d / w.len)
+end
+
+-- The retry budget of the Gateway API (XBackendTrafficPolicy retryConstraint): retries may be
+-- at most budget.percent of the upstream's requests over budget.interval_s, every retry of a
+-- request counting; min_retry_rate.count retries per min_retry_rate.interval_s are allowed
+-- whatever the share.
+local function new_budget(policy)
+  local b, m = policy and policy.budget or {}, policy and policy.min_retry_rate or {}
+  return { percent = b.percent or 20, requests = window((b.interval_s or 10) * 1000),
+           retries = window((b.interval_s or 10) * 1000), min_count = m.count or 10,
+           min_retries = window((m.interval_s or 1) * 1000) }
+end
+
+local function budget_allows(b, now)
+  return window_count(b.retries, now) + 1 <= b.percent / 100 * window_count(b.requests, now) or
+         window_count(b.min_retries, now) + 1 <= b.min_count
+end
 
 local function upstream_state(name)
   local u = ustate[name]
   if not u then
+    local up = upstreams[name]
     u = { active = 0, retries_active = 0, tokens = 1, lat = {}, n = 0, p95 = nil, p95_n = 0,
+          budget = new_budget(up and up.retry),
+          group = up and up.endpoints and #up.endpoints > 1 and group.group_of(name) or false,
           stats = { calls = 0, attempts = 0, retries = 0, retries_denied = 0, hedges = 0, hedges_won = 0,
                     collapsed = 0, breaker_denied = 0, breaker_opened = 0 } }
     ustate[name] = u
@@ -221,12 +256,15 @@ local function abandon_one(x, rec)
       calls[f.id] = nil
       core.cancel(f.id)
       if f.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
+      if f.ep and x.u.group then group.release(x.u.group, f.ep) end
     end
+    return
   else
     calls[id] = nil
     core.cancel(id)
     if rec.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
   end
+  if rec.ep and x.u.group then group.release(x.u.group, rec.ep) end
 end
 
 function M.abandon_attempts(x)
@@ -249,13 +287,20 @@ local function after_failure(x, r, outcome, http_status)
      (outcome == "reset" and (http_status or 0) == 0) or
      (outcome == "ok" and retry.on[http_status]))
   if retryable then
-    -- the retry budget: retries may add at most budget_percent of the upstream's active calls
-    local policy = upstreams[spec.upstream].retry or {}
-    local allowed = math.max(policy.min_retries or 3, (policy.budget_percent or 20) / 100 * u.active)
-    if not x.retrying and u.retries_active + 1 > allowed then
+    local now = core.now()
+    local b = u.budget
+    if not budget_allows(b, now) then
+      -- beyond the budget the retry is not sent and the call fails with 503 (Gateway API
+      -- retryConstraint: "MUST return a 503")
       u.stats.retries_denied = u.stats.retries_denied + 1
-      return finish_exchange(x, r)
+      local d = new_result(x.key, spec)
+      d.ms, d.headers, d.body, d.http_status = r.ms, r.headers, r.body, r.http_status
+      local cause = r.error and r.error.title or "the call failed"
+      return finish_exchange(x, fail(x.ctx, d, problem.new("retry-budget-exhausted",
+        ("%s: upstream %s failed and its retry budget is spent"):format(x.key, spec.upstream), 503, cause), spec))
     end
+    b.retries.cur = b.retries.cur + 1
+    b.min_retries.cur = b.min_retries.cur + 1
     local base = retry.backoff_ms * 2 ^ (x.attempts - 1)
     local backoff = base / 2 + core.random() * base / 2 -- jittered: between half and all of base
     local _, remaining = now_remaining(x.ctx)
@@ -292,10 +337,16 @@ end
 -- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
 local function answer(rec, outcome, http_status, headers, body, data, ms, detail)
   local spec = rec.x -- the exchange is its own normalized spec
+  local verdict = breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string")
+  local grp = spec.u.group
+  local ep = rec.flight and rec.flight.ep or rec.ep
+  if grp and ep then
+    group.release(grp, ep)
+    verdict = group.report(grp, ep, verdict) -- one endpoint failing is not the upstream failing
+  end
   local b = breaker_of(spec)
   if b then
-    local changed = b:report(breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string"),
-                             rec.probe, core.now())
+    local changed = b:report(verdict, rec.probe, core.now())
     if changed then
       core.log("warn", ("circuit breaker of upstream %s is now %s"):format(spec.upstream, changed))
       if changed == "open" then
@@ -371,20 +422,27 @@ attempt = function(x, hedge)
   x.attempts = x.attempts + 1
   u.stats.attempts = u.stats.attempts + 1
   if hedge then u.stats.hedges = u.stats.hedges + 1 end
+  -- the endpoint: a retry or a hedge goes to another one than the attempt it follows
+  local grp, ep = u.group, nil
+  if grp then
+    ep = group.pick(grp, x, x.ep or nil)
+    group.hold(grp, ep)
+  end
   -- (section, attempt number, hedge: the attempt's span; the transport adds its traceparent)
   local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge)
+                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge, ep)
   -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
   -- less per call); a hedge, which runs beside it, gets a table of its own
   local rec
   if hedge then
-    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true }
+    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true, ep = ep }
   else
     rec = x
     x.id, x.probe, x.clamped, x.flight = id, probe, clamped, nil
+    if grp then x.ep = ep end
   end
   if key then
-    f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe }
+    f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe, ep = ep }
     flights[key] = f
     rec.flight = f
   end
@@ -407,6 +465,9 @@ function M.start_call(ctx, key, spec, g, chain)
   ctx.exchanges = x
   u.active = u.active + 1
   u.stats.calls = u.stats.calls + 1
+  local requests = u.budget.requests
+  window_count(requests, core.now())
+  requests.cur = requests.cur + 1
   -- hedges may add about max_percent of the calls: each call earns a fraction of a token
   local hedge_policy = upstreams[spec.upstream].hedge
   local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0
@@ -435,6 +496,17 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   answer(rec, outcome, http_status, headers, body, data, ms, detail)
 end
 
+-- Stops exchange x (not done): its timers and attempts; it delivers nothing.
+local function stop_exchange(x)
+  x.done = true
+  clear_timer(x.retry_timer)
+  clear_timer(x.hedge_timer)
+  clear_timer(x.own_timer)
+  M.abandon_attempts(x)
+  x.u.active = x.u.active - 1
+  if x.retrying then x.u.retries_active = x.u.retries_active - 1 end
+end
+
 -- Stops every exchange of a request that ended or was abandoned.
 function M.abandon_exchanges(ctx)
   local x = ctx.exchanges
@@ -443,17 +515,30 @@ function M.abandon_exchanges(ctx)
     local next_x = x.next_x
     x.next_x = false
     if not x.done then
-      x.done = true
-      clear_timer(x.retry_timer)
-      clear_timer(x.hedge_timer)
-      clear_timer(x.own_timer)
-      M.abandon_attempts(x)
-      x.u.active = x.u.active - 1
-      if x.retrying then x.u.retries_active = x.u.retries_active - 1 end
+      stop_exchange(x)
       -- as in finish_exchange: an earlier failed result keeps x as its info (no way back to it)
       x.ctx, x.group, x.chain, x.last = false, false, false, false
     end
     x = next_x
+  end
+end
+
+--- Cancels the exchanges of request ctx still in flight for which pred(x) is true (fail fast,
+-- agg.fanout): their calls are cancelled (counted as cancelled, never as the upstream's failure),
+-- then after(x) runs for each, with x.group and x.key still set. They stay linked to ctx.
+function M.cancel_where(ctx, pred, after)
+  local x = ctx.exchanges
+  local stopped = {}
+  while x do
+    if not x.done and pred(x) then
+      stop_exchange(x)
+      stopped[#stopped + 1] = x
+    end
+    x = x.next_x
+  end
+  for _, s in ipairs(stopped) do
+    after(s)
+    s.ctx, s.group, s.chain, s.last = false, false, false, false
   end
 end
 

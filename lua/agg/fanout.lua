@@ -15,6 +15,7 @@ local new_tab = require "table.new"
 
 local new_result, fail, log_error = result.new, result.fail, result.log_error
 local start_call = exchange.start_call
+local group_of_co = setmetatable({}, { __mode = "k" }) -- continuation coroutine -> the group it settles
 
 local upstreams = {}                                   -- name -> { index, timeout_ms }
 local then_info = setmetatable({}, { __mode = "k" })   -- fetch_then marker -> { dep, fn, opts }
@@ -43,12 +44,50 @@ exchange.set_deliver(deliver)
 
 local is_then
 
+-- True when group g descends from group anc (is anc, or a fan-out a continuation of anc started).
+local function descends(g, anc)
+  while g do
+    if g == anc then return true end
+    g = g.parent
+  end
+  return false
+end
+
+-- Fail fast (the page is lost once a required section failed with no fallback): every section of
+-- g not settled yet is settled as cancelled, its calls cancelled (agg.exchange.cancel: counted as
+-- cancelled, never as the upstream's failure), and so are the fan-outs its continuations started.
+local function cancel_rest(g, failed_key)
+  local ctx = g.ctx
+  local function cancelled(key, opts)
+    local r = new_result(key, opts)
+    r.ms = 0
+    fail(ctx, r, problem.new("call-cancelled", tostring(key) .. " was cancelled: required section " ..
+                             tostring(failed_key) .. " failed", 504), opts)
+    result.info[r].cancelled = true
+    return r
+  end
+  g.cancelling = true
+  for _, t in ipairs(g.thens) do
+    if not t.started then t.started = true settle(g, t.key, cancelled(t.key, t.info.opts)) end
+  end
+  exchange.cancel_where(ctx, function(x) return descends(x.group, g) end, function(x)
+    if x.group == g then settle(g, x.key, cancelled(x.key, x)) end
+  end)
+  for key in pairs(g.members) do
+    if g.results[key] == nil then settle(g, key, cancelled(key, nil)) end
+  end
+end
+
 -- A group is one fan-out: the calls of one fetch_all, or the specs a continuation returned.
 -- It completes when every member has settled; then it resumes its coroutine or calls on_complete.
 settle = function(g, key, r)
   if g.results[key] ~= nil then return end
   g.results[key] = r
   g.pending = g.pending - 1
+  if g.pending > 0 and not g.cancelling and not r.ok and r.status == "unavailable" and result.is_required(r) then
+    cancel_rest(g, key)
+    return
+  end
   local thens = g.thens
   for i = 1, #thens do
     local t = thens[i]
@@ -142,7 +181,8 @@ end
 local NO_THENS = {}
 
 local function start_group(ctx, tbl, level)
-  local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false }
+  local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false,
+              parent = group_of_co[coroutine.running() or false] or false, members = tbl, cancelling = false }
   -- calls to start, in key order (a chain's spec carries it in spec.chain):
   -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table)
   local keys = sorted_keys(tbl, 8)
@@ -253,12 +293,15 @@ function M.run_then(g, key, info, args)
       local depname = callspec.is_spec(info.dep) and info.dep[1] or tostring(deps[i])
       local r = new_result(key, info.opts)
       r.ms = 0
+      -- a chain whose required dependency failed fails the page as the dependency would
+      if result.is_required(d) then result.info[r].required = true end
       settle(g, key, fail(ctx, r, problem.dependency_failed(tostring(key), depname, d.error), info.opts))
       return
     end
   end
   local co = coroutine.create(info.fn)
   ctx_of[co] = ctx
+  group_of_co[co] = g
   finishers[co] = function(ok, v)
     if ctx.done then return end
     if not ok then
@@ -295,6 +338,7 @@ function M.settle_value(g, key, v, opts)
     local info = is_then(v)
     if info then
       local sub = start_group(ctx, { [key] = v }, 2)
+      sub.parent = g
       sub.on_complete = function(res) settle(g, key, res[key]) end
       if sub.pending == 0 then sub.on_complete(sub.results) end
       return
@@ -307,6 +351,7 @@ function M.settle_value(g, key, v, opts)
       if all then
         local list = #v > 0
         local sub = start_group(ctx, v, 2)
+        sub.parent = g
         sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
         if sub.pending == 0 then sub.on_complete(sub.results) end
         return

@@ -261,7 +261,8 @@ local function load_folder(dir)
   if cfg then
     for i, u in ipairs(cfg.upstreams) do
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
-                      breaker = u.breaker }
+                      breaker = u.breaker, endpoints = u.endpoints, balance = u.balance, hash_key = u.hash_key,
+                      outlier = u.outlier }
     end
   end
   local endpoints, shapes = {}, {}

@@ -48,7 +48,7 @@ end
 local function page_status(failed)
   local p = failed.error or {}
   local kind = problem.kind(p)
-  if kind == "circuit-open" then return 503 end
+  if kind == "circuit-open" or kind == "retry-budget-exhausted" then return 503 end
   if p.status == 504 then return 504 end
   if p.status == 404 or p.status == 410 then return p.status end
   return 502
