@@ -72,8 +72,13 @@ static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int 
 
 void agw_worker_publish_pool(wgen_t *g, size_t up)
 {
-    agw_pool_stats_t st;
-    agw_pool_stats(g->pools[up]->pool, &st);
+    agw_pool_stats_t st, one;
+    const size_t *first = g->conf->ep_first;
+    agw_pool_stats(g->pools[first[up]]->pool, &st);
+    for (size_t e = first[up] + 1; e < first[up + 1]; e++) {
+        agw_pool_stats(g->pools[e]->pool, &one);
+        st.open += one.open, st.idle += one.idle, st.pending += one.pending;
+    }
     agw_upstream_metrics_t *u = &g->w->m->upstreams[g->gen->upstream_slot[up]];
     AGW_M_SET(u->pool_open, st.open);
     AGW_M_SET(u->pool_idle, st.idle);
@@ -241,8 +246,9 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
 }
 
 /* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode, section, attempt,
- *           hedge) -> id
- *   section, attempt (1 for the first) and hedge (boolean) describe the attempt's span. */
+ *           hedge, endpoint|nil) -> id
+ *   section, attempt (1 for the first) and hedge (boolean) describe the attempt's span; endpoint
+ *   is the upstream's endpoint to call (1-based, agg.group chose it; nil: the first). */
 static int l_call(lua_State *L)
 {
     wgen_t *g = upg(L);
@@ -250,6 +256,13 @@ static int l_call(lua_State *L)
     int index = (int)luaL_checkinteger(L, 2);
     if (index < 1 || (size_t)index > g->conf->num_upstreams)
         return luaL_error(L, "core.call: no upstream #%d", index);
+    size_t ep = g->conf->ep_first[index - 1];
+    if (!lua_isnoneornil(L, 12)) {
+        lua_Integer e = lua_tointeger(L, 12);
+        if (e < 1 || (size_t)e > g->conf->ep_first[index] - ep)
+            return luaL_error(L, "core.call: upstream #%d has no endpoint #%d", index, (int)e);
+        ep += (size_t)e - 1;
+    }
     agw_call_req_t req = {0};
     req.method = luaL_checkstring(L, 3);
     req.path = luaL_checklstring(L, 4, &req.path_len);
@@ -288,7 +301,7 @@ static int l_call(lua_State *L)
     c->joiners = NULL;
     req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
     c->id = agw_slots_put(&w->calls, c);
-    c->call = agw_call_start(g->pools[index - 1]->pool, &req, on_call_done, c);
+    c->call = agw_call_start(g->pools[ep]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
         /* out of memory: the span recorded above ends here, cancelled (nothing was sent) */
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0);

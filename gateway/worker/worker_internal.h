@@ -45,7 +45,8 @@ typedef struct agw_worker_gen {
     lua_State *L;
     int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
-    wpool_t **pools;            /* one per upstream, same index as conf->upstreams; NULL until installed */
+    wpool_t **pools;            /* one per endpoint, same index as conf->eps (upstream i's from
+                                   conf->ep_first[i]); NULL until installed */
     uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
     struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
@@ -307,7 +308,7 @@ static inline void agw_worker_append_header(agw_buf_t *b, const char *name, size
     b->base[b->len++] = '\0';
 }
 
-/* The pool gauges of generation g's upstream up (0-based). */
+/* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools. */
 void agw_worker_publish_pool(wgen_t *g, size_t up);
 
 /* The reason phrase of an HTTP status ("Status" for one not listed): a static string. */
