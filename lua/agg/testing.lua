@@ -543,6 +543,11 @@ function Gateway:calls(upstream)
   return out
 end
 
+--- The endpoints of upstream name as this gateway's balancer sees them (agg.group.endpoints): a
+-- list of { url, state = "healthy" | "ejected", in_flight, calls, failures, ejections, ejected_ms,
+-- until_ms }; nil for an upstream with one endpoint.
+function Gateway:endpoints(name) return require("agg.group").endpoints(name) end
+
 --- Forgets the calls recorded so far (stubs stay).
 function Gateway:clear_calls() self.call_log = {} end
 
