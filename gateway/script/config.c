@@ -140,7 +140,6 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
     conf->num_upstreams = n;
     int rc = 0;
     size_t total = 0;
-    int ups_index = ups;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, ups, (int)i + 1);
         int t = lua_gettop(L);
@@ -180,9 +179,9 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         total += ne ? ne : 1;
         lua_pop(L, 1);
     }
-    lua_pop(L, 1);
-    if (rc == 0 && load_endpoints(L, ups_index, conf, total, file, errors) != 0)
+    if (rc == 0 && load_endpoints(L, ups, conf, total, file, errors) != 0)
         rc = -1;
+    lua_pop(L, 1);
     return rc;
 }
 
