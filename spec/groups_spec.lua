@@ -209,3 +209,80 @@ describe("a required section fails fast", function()
     assert.is_true(gw:calls("reviews")[1].cancelled)
   end)
 end)
+
+describe("session persistence", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("sticky", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+    gw:stub("pinned", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+  end)
+
+  local function cookie_of(page)
+    local sc = page.headers["set-cookie"]
+    return sc and sc:match("^agw%-sticky=([^;]+)"), sc
+  end
+
+  it("a page without a session gets one; calls with it go to the same endpoint", function()
+    local page = gw:get("/sticky/1")
+    local tok, sc = cookie_of(page)
+    assert.is_truthy(tok, "no session cookie")
+    assert.is_truthy(sc:find("HttpOnly", 1, true) and sc:find("Max-Age=3600", 1, true), sc)
+    local first = gw:calls("sticky")[1].endpoint
+    gw:clear_calls()
+    for i = 1, 30 do
+      local p = gw:get("/sticky/" .. i, { headers = { cookie = "other=1; agw-sticky=" .. tok } })
+      assert.is_nil(p.headers["set-cookie"]) -- the session stays where it is: nothing to set
+    end
+    assert.same({ [first] = 30 }, by_endpoint(gw:calls("sticky")))
+  end)
+
+  it("moves when its endpoint is ejected, and the page sets the new cookie", function()
+    local tok = cookie_of(gw:get("/sticky/1"))
+    local first = gw:calls("sticky")[1].endpoint
+    gw:stub("sticky#" .. first, "/p/*", { fault = "refuse" })
+    gw:clear_calls()
+    local page = gw:get("/sticky/2", { headers = { cookie = "agw-sticky=" .. tok } })
+    assert.equal(200, page.status) -- the failed call was retried elsewhere
+    local moved = cookie_of(page)
+    assert.is_truthy(moved, "the page that moved sets the new cookie")
+    assert.are_not.equal(tok, moved)
+    local calls = gw:calls("sticky")
+    assert.equal(first, calls[1].endpoint)
+    local second = calls[2].endpoint
+    assert.are_not.equal(first, second)
+    assert.equal("ejected", gw:endpoints("sticky")[first].state)
+    gw:clear_calls()
+    for i = 1, 10 do gw:get("/sticky/" .. i, { headers = { cookie = "agw-sticky=" .. moved } }) end
+    assert.same({ [second] = 10 }, by_endpoint(gw:calls("sticky")))
+  end)
+
+  it("an expired or forged session starts a new one", function()
+    local tok = cookie_of(gw:get("/sticky/1"))
+    gw:advance(3600 * 1000)
+    assert.is_truthy(cookie_of(gw:get("/sticky/2", { headers = { cookie = "agw-sticky=" .. tok } })))
+    for _, forged in ipairs({ "zz.1.1", "00000000.1.1", "", "a.b.c", ("9"):rep(400) }) do
+      local page = gw:get("/sticky/3", { headers = { cookie = "agw-sticky=" .. forged } })
+      assert.equal(200, page.status)
+      assert.is_truthy(cookie_of(page))
+    end
+  end)
+
+  it("a header session: the response carries it, refreshed while idle_timeout_s allows", function()
+    local page = gw:get("/pinned/1")
+    local tok = page.headers["x-session"]
+    assert.is_truthy(tok)
+    local first = gw:calls("pinned")[1].endpoint
+    gw:advance(30000)
+    gw:clear_calls()
+    local again = gw:get("/pinned/2", { headers = { ["x-session"] = tok } })
+    assert.equal(first, gw:calls("pinned")[1].endpoint)
+    assert.are_not.equal(tok, again.headers["x-session"]) -- last use refreshed
+    gw:advance(60000)
+    gw:clear_calls()
+    local late = gw:get("/pinned/3", { headers = { ["x-session"] = again.headers["x-session"] } })
+    -- idle for 60 s: a new session (created now), wherever the balancer puts it
+    assert.equal(tostring(math.floor(gw:now() / 1000)), late.headers["x-session"]:match("^%x+%.(%d+)%."))
+    assert.equal(tostring(0), tok:match("^%x+%.(%d+)%."))
+  end)
+end)

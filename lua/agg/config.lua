@@ -14,7 +14,6 @@ local UPSTREAM_DEFAULTS = {
 local NOT_YET = {
   cache = "caching",
   health = "active health checking",
-  session = "session persistence",
 }
 local BALANCES = { p2c = true, round_robin = true, hash = true }
 
@@ -366,17 +365,17 @@ function M.check(cfg, src, file)
           err(kline, where .. "." .. k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
         elseif BLOCKS[k] then
           -- checked below
-        elseif k == "url" or k == "tls" or k == "endpoints" or k == "balance" or k == "hash_key" then
+        elseif k == "url" or k == "tls" or k == "endpoints" or k == "balance" or k == "hash_key" or k == "session" then
           -- checked below
         elseif UPSTREAM_DEFAULTS[k] then
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
           local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, endpoints = true,
-                          balance = true, hash_key = true, outlier = true }
+                          balance = true, hash_key = true, outlier = true, session = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, breaker, retry, hedge, endpoints, balance, hash_key, outlier")
+              "max_body_bytes, breaker, retry, hedge, endpoints, balance, hash_key, outlier, session")
         end
       end
       -- a block's fields (and its sub-blocks, like retry.budget) checked into a table of values
@@ -503,6 +502,45 @@ function M.check(cfg, src, file)
             (type(bal) == "string" and suggest(bal, BALANCES) or ""))
       end
       e.balance = BALANCES[bal] and bal or "p2c"
+      -- session = { type = "cookie" | "header", name, absolute_timeout_s, idle_timeout_s }
+      local sess = u.session
+      if sess ~= nil then
+        local sline = find_line(lines, "session", nline) or nline
+        local swhere = where .. ".session"
+        local SESSION = { type = true, name = true, absolute_timeout_s = true, idle_timeout_s = true }
+        if type(sess) ~= "table" then
+          err(sline, swhere, "must be a table like { type = \"cookie\", name = \"agw-" .. name .. "\" }")
+        else
+          local ok = true
+          for k in pairs(sess) do
+            if not SESSION[k] then
+              ok = false
+              err(find_line(lines, k, sline) or sline, swhere .. "." .. tostring(k), "unknown option" ..
+                  suggest(tostring(k), SESSION) .. "; session knows type, name, absolute_timeout_s, idle_timeout_s")
+            end
+          end
+          if sess.type ~= nil and sess.type ~= "cookie" and sess.type ~= "header" then
+            ok = false
+            err(find_line(lines, "type", sline) or sline, swhere .. ".type", "must be \"cookie\" or \"header\"")
+          end
+          if type(sess.name) ~= "string" or not sess.name:match("^[%w!#$%%&'*+%-.^_`|~]+$") then
+            ok = false
+            err(find_line(lines, "name", sline) or sline, swhere .. ".name",
+                "is required: the cookie's or header's name, like name = \"agw-" .. name .. "\"")
+          end
+          for _, f in ipairs({ "absolute_timeout_s", "idle_timeout_s" }) do
+            local v = sess[f]
+            if v ~= nil and not (type(v) == "number" and v >= 1 and v % 1 == 0) then
+              ok = false
+              err(find_line(lines, f, sline) or sline, swhere .. "." .. f, "must be a whole number of seconds >= 1")
+            end
+          end
+          if ok then
+            e.session = { type = sess.type or "cookie", name = sess.name, absolute_timeout_s = sess.absolute_timeout_s,
+                          idle_timeout_s = sess.idle_timeout_s }
+          end
+        end
+      end
       local hk = u.hash_key
       if hk ~= nil then
         local hline = find_line(lines, "hash_key", nline) or nline

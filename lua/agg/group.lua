@@ -77,12 +77,41 @@ local function group_of(name)
                  calls = 0, failures = 0 }
   end
   if g.balance == "hash" then build_ring(g) end
+  local sess = up.session
+  if sess and not sess.off then
+    g.session = { cookie = sess.type ~= "header", name = sess.type == "header" and sess.name:lower() or sess.name,
+                  absolute_ms = (sess.absolute_timeout_s or 0) * 1000, idle_ms = (sess.idle_timeout_s or 0) * 1000,
+                  by_id = {} }
+    for i, e in ipairs(g.eps) do
+      e.id = ("%08x"):format(M.hash(e.url))
+      g.session.by_id[e.id] = i
+    end
+  end
   groups[name] = g
   return g
 end
 M.group_of = group_of
 
 local function usable(e, now) return e.until_ms <= now end
+
+-- The page request's header name (lowercase), or with cookie set, the value of its cookie name;
+-- nil when it has none. ctx.req_headers becomes a table on first use (as req.headers makes it).
+local function from_request(ctx, name, cookie)
+  local h = ctx and ctx.req_headers
+  if type(h) == "string" then -- "name\0value\0…", names lowercase (the transport's form)
+    local t = {}
+    for k, v in h:gmatch("([^%z]*)%z([^%z]*)%z") do t[k] = t[k] and (t[k] .. ", " .. v) or v end
+    ctx.req_headers, h = t, t
+  end
+  if type(h) ~= "table" then return nil end
+  if not cookie then return h[name] end
+  local c = h.cookie
+  if not c then return nil end
+  for k, v in c:gmatch("([^=;%s]+)=([^;]*)") do
+    if k == name then return v end
+  end
+  return nil
+end
 
 -- The key a hash-balanced call hashes: the call's own hash_key, or the page request's header or
 -- cookie that the upstream's hash_key names ("header:NAME", "cookie:NAME"); nil when there is none.
@@ -91,20 +120,8 @@ local function hash_key_of(g, x)
   local hk = g.hash_key
   if not hk then return nil end
   local kind, name = hk:match("^(%a+):(.+)$")
-  local h = x.ctx and x.ctx.req_headers
-  if type(h) == "string" then -- "name\0value\0…", names lowercase (the transport's form)
-    local t = {}
-    for k, v in h:gmatch("([^%z]*)%z([^%z]*)%z") do t[k] = t[k] and (t[k] .. ", " .. v) or v end
-    x.ctx.req_headers, h = t, t
-  end
-  if type(h) ~= "table" then return nil end
-  if kind == "header" then return h[name:lower()] end
-  local cookie = h.cookie
-  if not cookie then return nil end
-  for k, v in cookie:gmatch("([^=;%s]+)=([^;]*)") do
-    if k == name then return v end
-  end
-  return nil
+  if kind == "header" then return from_request(x.ctx, name:lower(), false) end
+  return from_request(x.ctx, name, true)
 end
 
 -- Consistent hashing with bounded load: the first endpoint clockwise from the key's point that is
@@ -130,11 +147,63 @@ local function ring_pick(g, key, avoid, now)
   return first
 end
 
+-- Session persistence (Gateway API sessionPersistence): a session token is
+-- "<endpoint id>.<created s>.<last used s>", the endpoint id a hash of its URL (the same in every
+-- worker and across reloads). Returns the endpoint the request's session pins, or nil when it has
+-- none, it expired (absolute_timeout_s since created, idle_timeout_s since last used), or its
+-- endpoint is ejected or `avoid`; and the session's creation time (s) when it is still valid.
+local function session_endpoint(g, s, ctx, avoid, now)
+  local tok = from_request(ctx, s.name, s.cookie)
+  if not tok then return nil end
+  local id, created, seen = tok:match("^(%x+)%.(%d+)%.(%d+)$")
+  local i = id and s.by_id[id]
+  if not i then return nil end
+  created, seen = tonumber(created), tonumber(seen)
+  if (s.absolute_ms > 0 and now - created * 1000 >= s.absolute_ms) or
+     (s.idle_ms > 0 and now - seen * 1000 >= s.idle_ms) then
+    return nil
+  end
+  if i == avoid or not usable(g.eps[i], now) then return nil, created end
+  return i, created
+end
+
+-- The page response sets the session of group g to endpoint i (a new session, one that moved, or,
+-- with idle_timeout_s, one whose last use is refreshed): ctx.sessions[name] = { cookie, header
+-- name, token, max age s }; agg.runtime adds it to the response.
+local function set_session(g, s, ctx, i, created, now)
+  local sessions = ctx.sessions
+  if not sessions then sessions = {} ctx.sessions = sessions end
+  local now_s = math.floor(now / 1000)
+  local max_age
+  if s.absolute_ms > 0 then max_age = math.max(0, math.floor((created * 1000 + s.absolute_ms - now) / 1000)) end
+  if s.idle_ms > 0 then max_age = math.min(max_age or math.huge, math.floor(s.idle_ms / 1000)) end
+  sessions[g.name] = { cookie = s.cookie, name = s.name, token = g.eps[i].id .. "." .. created .. "." .. now_s,
+                       max_age = max_age }
+end
+
 --- The endpoint (1-based) for an attempt of exchange x on group g; avoid: the endpoint of the
 -- attempt it replaces (a retry, a hedge), taken only when nothing else is usable. Ejected
--- endpoints are taken only when every endpoint is ejected (never happens: see eject).
+-- endpoints are taken only when every endpoint is ejected (never happens: see eject). With a
+-- session, the request's session endpoint while it is usable; else the choice below, and the
+-- page sets the session to it.
 function M.pick(g, x, avoid)
   local now = core.now()
+  local s = g.session
+  if s and x.ctx then
+    local i, created = session_endpoint(g, s, x.ctx, avoid, now)
+    if i then
+      if s.idle_ms > 0 then set_session(g, s, x.ctx, i, created, now) end
+      return i
+    end
+    local c = M.choose(g, x, avoid, now)
+    set_session(g, s, x.ctx, c, created or math.floor(now / 1000), now)
+    return c
+  end
+  return M.choose(g, x, avoid, now)
+end
+
+--- The balancer's choice for an attempt of exchange x on group g (M.pick without sessions).
+function M.choose(g, x, avoid, now)
   local eps, n = g.eps, g.n
   local chosen
   if g.balance == "hash" then

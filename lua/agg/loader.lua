@@ -262,7 +262,7 @@ local function load_folder(dir)
     for i, u in ipairs(cfg.upstreams) do
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
                       breaker = u.breaker, endpoints = u.endpoints, balance = u.balance, hash_key = u.hash_key,
-                      outlier = u.outlier }
+                      outlier = u.outlier, session = u.session }
     end
   end
   local endpoints, shapes = {}, {}

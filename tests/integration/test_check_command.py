@@ -183,7 +183,8 @@ class CheckCommand(unittest.TestCase):
             '      balance = "hash", hash_key = "header:x-user",\n'
             '      outlier = { failures = 3, eject_s = 5, max_percent = 34, failure_percent = 50, min_requests = 20 },\n'
             '      retry = { attempts = 2, budget = { percent = 20, interval_s = 10 },\n'
-            '                min_retry_rate = { count = 10, interval_s = 1 } },')
+            '                min_retry_rate = { count = 10, interval_s = 1 } },\n'
+            '      session = { type = "header", name = "x-session", absolute_timeout_s = 3600, idle_timeout_s = 600 },')
         rc, out, err = self.check(self.folder(src))
         self.assertEqual(rc, 0, out + err)
 
@@ -214,6 +215,12 @@ class CheckCommand(unittest.TestCase):
              ["upstreams.product.retry.budget.percent", "percentage"]),
             ('      url = "http://127.0.0.1:9001",\n      retry = { min_retry_rate = { coutn = 1 } },', 6,
              ["upstreams.product.retry.min_retry_rate.coutn", "did you mean 'count'"]),
+            ('      url = "http://127.0.0.1:9001",\n      session = { type = "jar", name = "s" },', 6,
+             ["upstreams.product.session.type", '"cookie" or "header"']),
+            ('      url = "http://127.0.0.1:9001",\n      session = { type = "cookie" },', 6,
+             ["upstreams.product.session.name", "is required"]),
+            ('      url = "http://127.0.0.1:9001",\n      session = { name = "s", idle_timeout = 5 },', 6,
+             ["upstreams.product.session.idle_timeout", "did you mean 'idle_timeout_s'"]),
             ('      url = "http://127.0.0.1:9001",\n      health = { path = "/healthz" },', 6,
              ["upstreams.product.health", "not available in this version"]),
         ]

@@ -160,6 +160,36 @@ class UpstreamGroups(GatewayTestCase):
             self.assertEqual(after[name]["connections_total"], before[name]["connections_total"],
                              "the pool of unchanged endpoint %s was not kept across the reload" % name)
 
+    def page_with_headers(self, path, headers=None):
+        req = urllib.request.Request(self.url(path), headers=headers or {})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.headers, json.loads(resp.read())
+
+    def test_session_cookie_pins_and_moves_on_ejection(self):
+        self.start_group(services(), {"session": {"type": "cookie", "name": "agw-product"},
+                                      "outlier": {"failures": 1, "eject_s": 30},
+                                      "retry": {"attempts": 2, "backoff_ms": 1}})
+        status, headers, body = self.page_with_headers("/p/1")
+        self.assertEqual(status, 200, body)
+        cookie = headers.get("set-cookie", "")
+        self.assertTrue(cookie.startswith("agw-product="), headers)
+        tok = cookie.split(";")[0]
+        first = body["product"]["data"]["from"]
+        for i in range(20):
+            status, headers, body = self.page_with_headers("/p/%d" % i, {"cookie": tok})
+            self.assertEqual(body["product"]["data"]["from"], first, "the session did not pin its endpoint")
+            self.assertIsNone(headers.get("set-cookie"))
+        self.mock.refuse({"a": "product", "b": "product_b", "c": "product_c"}[first])
+        status, headers, body = self.page_with_headers("/p/99", {"cookie": tok})
+        self.assertEqual(status, 200, body)
+        moved_to = body["product"]["data"]["from"]
+        self.assertNotEqual(moved_to, first)
+        new = headers.get("set-cookie", "").split(";")[0]
+        self.assertTrue(new.startswith("agw-product=") and new != tok, headers)
+        for i in range(10):
+            status, headers, body = self.page_with_headers("/p/%d" % i, {"cookie": new})
+            self.assertEqual(body["product"]["data"]["from"], moved_to)
+
     def test_retries_stay_within_the_budget_and_the_rest_get_503(self):
         failing = [route("/products/{id}", status=503, json={"e": 1})]
         self.start_group(services(failing, failing, failing),
