@@ -300,6 +300,11 @@ static int l_call(lua_State *L)
     c->span = -1;
     c->joiners = NULL;
     req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
+    if (c->span >= 0) { /* a group's endpoint on the span (0: an upstream with one endpoint) */
+        size_t first = g->conf->ep_first[index - 1];
+        reqref_t *rr = agw_slots_get(&w->reqs, c->rid);
+        rr->trace->spans[c->span].endpoint = g->conf->ep_first[index] - first > 1 ? (uint8_t)(ep - first + 1) : 0;
+    }
     c->id = agw_slots_put(&w->calls, c);
     c->call = agw_call_start(g->pools[ep]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
@@ -587,6 +592,29 @@ static int l_trace_id(lua_State *L)
     return 1;
 }
 
+/* core.endpoint_state(index, endpoint, calls, failures, ejections, sessions, in_flight,
+ *                     ejected_until_ms, last_ejected_ms): agg.group's view of endpoint (1-based) of
+ * upstream index in this worker, published on the generation's board (group/board.h) for the
+ * admin page and the metrics (runtime.report_stats, about once a second). */
+static int l_endpoint_state(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    lua_Integer index = luaL_checkinteger(L, 1), ep = luaL_checkinteger(L, 2);
+    const agw_config_t *conf = g->conf;
+    if (index < 1 || (size_t)index > conf->num_upstreams || ep < 1 ||
+        (size_t)ep > conf->ep_first[index] - conf->ep_first[index - 1])
+        return 0;
+    uint64_t v[7];
+    for (int k = 0; k < 7; k++) {
+        lua_Number n = luaL_optnumber(L, 3 + k, 0);
+        v[k] = n > 0 ? (uint64_t)n : 0;
+    }
+    agw_endpoint_row_t row = {.calls = v[0], .failures = v[1], .ejections = v[2], .sessions = v[3],
+                              .in_flight = v[4], .ejected_until_ms = v[5], .last_ejected_ms = v[6]};
+    agw_endpoint_board_publish(g->gen->board, (size_t)g->w->id, conf->ep_first[index - 1] + (size_t)ep - 1, &row);
+    return 0;
+}
+
 /* core.log(level, message) */
 static int l_log(lua_State *L)
 {
@@ -625,6 +653,7 @@ static int l_upstream_counters(lua_State *L)
 const luaL_Reg agw_worker_core_fns[] = {
     {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
-    {"upstream_counters", l_upstream_counters}, {"join", l_join}, {"trace_id", l_trace_id},
+    {"upstream_counters", l_upstream_counters}, {"endpoint_state", l_endpoint_state}, {"join", l_join},
+    {"trace_id", l_trace_id},
     {NULL, NULL},
 };

@@ -447,6 +447,8 @@ function M.check(cfg, src, file)
         urlline = find_line(lines, "endpoints", nline) or nline
         if type(u.endpoints) ~= "table" or #u.endpoints == 0 then
           err(urlline, where .. ".endpoints", "must be a list of URLs like { \"http://10.0.0.1:9001\", \"http://10.0.0.2:9001\" }")
+        elseif #u.endpoints > 255 then
+          err(urlline, where .. ".endpoints", "has " .. #u.endpoints .. " URLs; an upstream has at most 255 endpoints")
         else
           urls = {}
           for i, v in ipairs(u.endpoints) do

@@ -97,6 +97,7 @@ function M.upstream_stats(name) return upstream_state(name).stats end
 -- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
 -- publishes them as metrics; nothing is counted twice: the values are totals).
 function M.report_stats()
+  group.report_stats()
   local report = core and core.upstream_counters
   if not report then return end
   for name, u in pairs(ustate) do

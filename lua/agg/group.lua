@@ -74,7 +74,7 @@ local function group_of(name)
   for i, url in ipairs(up.endpoints) do
     g.eps[i] = { url = url, inflight = 0, consec = 0, failing = false, until_ms = 0, ejections = 0,
                  ejected_ms = false, restored_ms = 0, win_start = 0, win_total = 0, win_fail = 0,
-                 calls = 0, failures = 0 }
+                 calls = 0, failures = 0, sessions = 0 }
   end
   if g.balance == "hash" then build_ring(g) end
   local sess = up.session
@@ -170,7 +170,8 @@ end
 -- The page response sets the session of group g to endpoint i (a new session, one that moved, or,
 -- with idle_timeout_s, one whose last use is refreshed): ctx.sessions[name] = { cookie, header
 -- name, token, max age s }; agg.runtime adds it to the response.
-local function set_session(g, s, ctx, i, created, now)
+local function set_session(g, s, ctx, i, created, now, counted)
+  if not counted then g.eps[i].sessions = g.eps[i].sessions + 1 end
   local sessions = ctx.sessions
   if not sessions then sessions = {} ctx.sessions = sessions end
   local now_s = math.floor(now / 1000)
@@ -192,7 +193,7 @@ function M.pick(g, x, avoid)
   if s and x.ctx then
     local i, created = session_endpoint(g, s, x.ctx, avoid, now)
     if i then
-      if s.idle_ms > 0 then set_session(g, s, x.ctx, i, created, now) end
+      if s.idle_ms > 0 then set_session(g, s, x.ctx, i, created, now, true) end
       return i
     end
     local c = M.choose(g, x, avoid, now)
@@ -310,6 +311,22 @@ function M.report(g, i, verdict)
     e.restored_ms = now
   end
   return "success"
+end
+
+--- Hands every group's endpoints to core.endpoint_state(index, endpoint, calls, failures,
+-- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms) when the transport has it
+-- (group/board.h: the admin page /upstreams and the endpoint metrics; agg.exchange.report_stats).
+function M.report_stats()
+  local publish = core and core.endpoint_state
+  if not publish then return end
+  local now = core.now()
+  for name, g in pairs(groups) do
+    local index = policies[name].index
+    for i, e in ipairs(g.eps) do
+      publish(index, i, e.calls, e.failures, e.ejections, e.sessions, e.inflight,
+              usable(e, now) and 0 or e.until_ms, e.ejected_ms or 0)
+    end
+  end
 end
 
 --- The state of every endpoint of upstream name, for specs and the admin page: a list of

@@ -100,6 +100,46 @@ class UpstreamGroups(GatewayTestCase):
             self.assertEqual(self.page("/p/%d" % i)[0], 200)
         self.assertGreater(self.hits("product_b"), 0, "the endpoint was not tried again after its ejection")
 
+    def admin(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin_port, path), timeout=10) as resp:
+            return resp.read().decode()
+
+    def test_admin_page_metrics_and_waterfall_show_the_endpoints(self):
+        self.start_group(services(), {"outlier": {"failures": 2, "eject_s": 60}, "retry": {"attempts": 2, "backoff_ms": 1},
+                                      "session": {"type": "cookie", "name": "agw-product"}})
+        self.mock.refuse("product_c")
+        for i in range(20):
+            self.assertEqual(self.page("/p/%d" % i)[0], 200)
+        url_c = self.mock.url("product_c")
+
+        def state():
+            doc = json.loads(self.admin("/upstreams"))
+            ups = {u["name"]: u for u in doc["upstreams"]}
+            return {e["url"]: e for e in ups["product"]["endpoints"]}, ups
+        # published by the worker about once a second
+        self.assertTrue(wait_until(lambda: state()[0][url_c]["state"] == "ejected", WAIT), self.admin("/upstreams"))
+        eps, ups = state()
+        self.assertTrue(ups["product"]["group"])
+        self.assertFalse(ups["reviews"]["group"])
+        self.assertEqual([e["endpoint"] for e in ups["product"]["endpoints"]], [1, 2, 3])
+        c = eps[url_c]
+        self.assertEqual((c["ejections"], c["failures"], c["ejected_workers"]), (1, 2, 1), c)
+        self.assertIsNotNone(c["last_ejection"])
+        self.assertGreater(c["ejected_until"], c["last_ejection"])
+        others = [e for u, e in eps.items() if u != url_c]
+        self.assertEqual(sum(e["calls"] for e in others), 20)
+        self.assertTrue(all(e["state"] == "healthy" for e in others))
+        self.assertGreaterEqual(sum(e["sessions"] for e in eps.values()), 20)  # no cookie sent: a new session each
+        metrics = self.admin("/metrics")
+        self.assertIn('aggway_endpoint_ejections_total{upstream="product",endpoint="%s"} 1' % url_c, metrics)
+        self.assertIn('aggway_endpoint_ejected{upstream="product",endpoint="%s"} 1' % url_c, metrics)
+        self.assertIn('aggway_endpoint_in_flight{upstream="product",endpoint="%s"} 0' % url_c, metrics)
+        self.assertNotIn('endpoint_calls_total{upstream="reviews"', metrics)
+        wf = json.loads(self.admin("/waterfall.json"))
+        calls = [c for r in wf["requests"] for c in r["calls"]]
+        self.assertTrue(calls and all(c.get("endpoint") in (1, 2, 3) for c in calls), calls[:3])
+        self.assertIn("endpoint #", self.admin("/waterfall"))
+
     def test_power_of_two_choices_sends_a_slow_endpoint_clearly_fewer_calls(self):
         self.start_group(services(c=[route("/products/{id}", latency_ms=200, json={"from": "c"})]),
                          {"outlier": False})
