@@ -197,7 +197,7 @@ describe("a required section fails fast", function()
     local page = gw:get("/chain/1")
     assert.equal(502, page.status)
     assert.equal(0, page.elapsed_ms)
-    assert.equal("urn:aggway:problem:call-cancelled", page.json.sections.related.error.type)
+    assert.equal("urn:aggway:problem:dependency-failed", page.json.sections.related.error.type)
     assert.equal(1, #gw:calls("reviews")) -- /r/1 only, cancelled
   end)
 

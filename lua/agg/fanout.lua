@@ -67,8 +67,21 @@ local function cancel_rest(g, failed_key)
     return r
   end
   g.cancelling = true
+  local failed = g.results[failed_key]
   for _, t in ipairs(g.thens) do
-    if not t.started then t.started = true settle(g, t.key, cancelled(t.key, t.info.opts)) end
+    if not t.started then
+      t.started = true
+      local on_failed = false
+      for _, d in ipairs(t.deps) do if d == failed_key then on_failed = true end end
+      if on_failed then -- it would never run anyway: its dependency failed
+        local r = new_result(t.key, t.info.opts)
+        r.ms = 0
+        settle(g, t.key, fail(ctx, r, problem.dependency_failed(tostring(t.key), tostring(failed_key), failed.error),
+                              t.info.opts))
+      else
+        settle(g, t.key, cancelled(t.key, t.info.opts))
+      end
+    end
   end
   exchange.cancel_where(ctx, function(x) return descends(x.group, g) end, function(x)
     if x.group == g then settle(g, x.key, cancelled(x.key, x)) end
