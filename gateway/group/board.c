@@ -37,6 +37,8 @@ void agw_endpoint_board_publish(agw_endpoint_board_t *b, size_t worker, size_t e
     __atomic_store_n(&r->in_flight, row->in_flight, __ATOMIC_RELAXED);
     __atomic_store_n(&r->ejected_until_ms, row->ejected_until_ms, __ATOMIC_RELAXED);
     __atomic_store_n(&r->last_ejected_ms, row->last_ejected_ms, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->answered, row->answered, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->latency_ms, row->latency_ms, __ATOMIC_RELAXED);
 }
 
 /* Endpoint ep summed over the workers; *ejected: workers that have it ejected at now_ms; until and
@@ -54,6 +56,8 @@ static void sum(const agw_endpoint_board_t *b, size_t ep, uint64_t now_ms, agw_e
         out->ejections += __atomic_load_n(&r->ejections, __ATOMIC_RELAXED);
         out->sessions += __atomic_load_n(&r->sessions, __ATOMIC_RELAXED);
         out->in_flight += __atomic_load_n(&r->in_flight, __ATOMIC_RELAXED);
+        out->answered += __atomic_load_n(&r->answered, __ATOMIC_RELAXED);
+        out->latency_ms += __atomic_load_n(&r->latency_ms, __ATOMIC_RELAXED);
         uint64_t until = __atomic_load_n(&r->ejected_until_ms, __ATOMIC_RELAXED);
         uint64_t last = __atomic_load_n(&r->last_ejected_ms, __ATOMIC_RELAXED);
         if (until > now_ms) {
@@ -106,6 +110,11 @@ void agw_endpoint_board_json(const agw_endpoint_board_t *b, const agw_config_t *
             agw_buf_printf(out, ",\"in_flight\":%llu,\"calls\":%llu,\"failures\":%llu,\"ejections\":%llu,\"sessions\":%llu}",
                            (unsigned long long)s.in_flight, (unsigned long long)s.calls, (unsigned long long)s.failures,
                            (unsigned long long)s.ejections, (unsigned long long)s.sessions);
+            out->len--; /* the closing brace: one more member */
+            if (s.answered)
+                agw_buf_printf(out, ",\"mean_ms\":%.1f}", (double)s.latency_ms / (double)s.answered);
+            else
+                agw_buf_puts(out, ",\"mean_ms\":null}");
         }
         agw_buf_append(out, "]}", 2);
     }
@@ -122,6 +131,8 @@ void agw_endpoint_board_metrics(const agw_endpoint_board_t *b, const agw_config_
         {"aggway_endpoint_failures_total", "counter", "Attempts on an endpoint that failed as the breaker counts failures."},
         {"aggway_endpoint_ejections_total", "counter", "Outlier ejections of an endpoint."},
         {"aggway_endpoint_sessions_total", "counter", "Sessions pinned to an endpoint (new, or moved to it)."},
+        {"aggway_endpoint_answered_total", "counter", "Attempts on an endpoint that ended (answered or failed; not cancelled)."},
+        {"aggway_endpoint_latency_seconds_total", "counter", "Durations of the attempts counted in aggway_endpoint_answered_total, added up."},
         {"aggway_endpoint_in_flight", "gauge", "Attempts in flight on an endpoint."},
         {"aggway_endpoint_ejected", "gauge", "Workers that have the endpoint ejected now."},
     };
@@ -140,10 +151,11 @@ void agw_endpoint_board_metrics(const agw_endpoint_board_t *b, const agw_config_
                 agw_endpoint_row_t s;
                 unsigned ejected;
                 sum(b, e, now_ms, &s, &ejected);
-                uint64_t v[] = {s.calls, s.failures, s.ejections, s.sessions, s.in_flight, ejected};
+                double v[] = {(double)s.calls, (double)s.failures, (double)s.ejections, (double)s.sessions,
+                              (double)s.answered, (double)s.latency_ms / 1000.0, (double)s.in_flight, ejected};
                 agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", conf->upstreams[u].name),
                                          AGW_PROM_LABEL("endpoint", conf->eps[e].url)};
-                agw_prom_sample_u64(out, fam[f].name, l, 2, v[f]);
+                agw_prom_sample(out, fam[f].name, l, 2, v[f]);
             }
         }
     }

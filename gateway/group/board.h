@@ -27,6 +27,8 @@ typedef struct agw_endpoint_row {
     uint64_t in_flight;        /* attempts in flight now */
     uint64_t ejected_until_ms; /* wall clock ms since the Unix epoch until which it is ejected; 0: not */
     uint64_t last_ejected_ms;  /* wall clock ms of its last ejection; 0: never */
+    uint64_t answered;         /* attempts that ended with an answer or a failure (not cancelled) */
+    uint64_t latency_ms;       /* their durations added up, ms (mean latency: latency_ms / answered) */
 } agw_endpoint_row_t;
 
 typedef struct agw_endpoint_board {
@@ -46,15 +48,15 @@ void agw_endpoint_board_publish(agw_endpoint_board_t *b, size_t worker, size_t e
 
 /* The admin page /upstreams: {"upstreams":[{"name":…,"group":bool,"endpoints":[{"endpoint":1,
  * "url":…,"state":"healthy"|"ejected","ejected_workers":N,"ejected_until":s|null,"last_ejection":s|null,
- * "in_flight":N,"calls":N,"failures":N,"ejections":N,"sessions":N},…]},…]} (times in seconds since the
+ * "in_flight":N,"calls":N,"failures":N,"ejections":N,"sessions":N,"mean_ms":ms|null},…]},…]} (times in seconds since the
  * Unix epoch; an endpoint is "ejected" while any worker has it ejected). now_ms: wall clock ms. An
  * upstream with one endpoint has group false and zero counts (no balancer runs for it). */
 void agw_endpoint_board_json(const agw_endpoint_board_t *b, const agw_config_t *conf, uint64_t now_ms, agw_buf_t *out);
 
 /* The Prometheus families aggway_endpoint_calls_total, _failures_total, _ejections_total,
- * _sessions_total (counters), aggway_endpoint_in_flight and aggway_endpoint_ejected (gauges: calls in
- * flight; workers that have it ejected), labels upstream and endpoint (its URL), for the upstreams
- * with more than one endpoint. */
+ * _sessions_total, _answered_total, _latency_seconds_total (counters), aggway_endpoint_in_flight and
+ * aggway_endpoint_ejected (gauges: calls in flight; workers that have it ejected), labels upstream
+ * and endpoint (its URL), for the upstreams with more than one endpoint. */
 void agw_endpoint_board_metrics(const agw_endpoint_board_t *b, const agw_config_t *conf, uint64_t now_ms,
                                 agw_buf_t *out);
 

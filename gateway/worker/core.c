@@ -593,7 +593,7 @@ static int l_trace_id(lua_State *L)
 }
 
 /* core.endpoint_state(index, endpoint, calls, failures, ejections, sessions, in_flight,
- *                     ejected_until_ms, last_ejected_ms): agg.group's view of endpoint (1-based) of
+ *                     ejected_until_ms, last_ejected_ms, answered, latency_ms): agg.group's view of endpoint (1-based) of
  * upstream index in this worker, published on the generation's board (group/board.h) for the
  * admin page and the metrics (runtime.report_stats, about once a second). */
 static int l_endpoint_state(lua_State *L)
@@ -604,13 +604,14 @@ static int l_endpoint_state(lua_State *L)
     if (index < 1 || (size_t)index > conf->num_upstreams || ep < 1 ||
         (size_t)ep > conf->ep_first[index] - conf->ep_first[index - 1])
         return 0;
-    uint64_t v[7];
-    for (int k = 0; k < 7; k++) {
+    uint64_t v[9];
+    for (int k = 0; k < 9; k++) {
         lua_Number n = luaL_optnumber(L, 3 + k, 0);
         v[k] = n > 0 ? (uint64_t)n : 0;
     }
     agw_endpoint_row_t row = {.calls = v[0], .failures = v[1], .ejections = v[2], .sessions = v[3],
-                              .in_flight = v[4], .ejected_until_ms = v[5], .last_ejected_ms = v[6]};
+                              .in_flight = v[4], .ejected_until_ms = v[5], .last_ejected_ms = v[6],
+                              .answered = v[7], .latency_ms = v[8]};
     agw_endpoint_board_publish(g->gen->board, (size_t)g->w->id, conf->ep_first[index - 1] + (size_t)ep - 1, &row);
     return 0;
 }

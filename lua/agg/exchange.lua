@@ -343,7 +343,7 @@ local function answer(rec, outcome, http_status, headers, body, data, ms, detail
   local ep = rec.flight and rec.flight.ep or rec.ep
   if grp and ep then
     group.release(grp, ep)
-    verdict = group.report(grp, ep, verdict) -- one endpoint failing is not the upstream failing
+    verdict = group.report(grp, ep, verdict, ms) -- one endpoint failing is not the upstream failing
   end
   local b = breaker_of(spec)
   if b then
@@ -421,6 +421,11 @@ attempt = function(x, hedge)
     probe = decision == "probe"
   end
   x.attempts = x.attempts + 1
+  if x.attempts == 1 then -- a request, for the retry budget (its window rolled only when due)
+    local rq = u.budget.requests
+    if now - rq.start >= rq.len then window_count(rq, now) end
+    rq.cur = rq.cur + 1
+  end
   u.stats.attempts = u.stats.attempts + 1
   if hedge then u.stats.hedges = u.stats.hedges + 1 end
   -- the endpoint: a retry or a hedge goes to another one than the attempt it follows
@@ -466,9 +471,6 @@ function M.start_call(ctx, key, spec, g, chain)
   ctx.exchanges = x
   u.active = u.active + 1
   u.stats.calls = u.stats.calls + 1
-  local requests = u.budget.requests
-  window_count(requests, core.now())
-  requests.cur = requests.cur + 1
   -- hedges may add about max_percent of the calls: each call earns a fraction of a token
   local hedge_policy = upstreams[spec.upstream].hedge
   local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0

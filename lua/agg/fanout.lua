@@ -193,9 +193,11 @@ end
 
 local NO_THENS = {}
 
-local function start_group(ctx, tbl, level)
+-- parent: the group whose continuation started this one (fail fast cancels it with its parent),
+-- or false
+local function start_group(ctx, tbl, level, parent)
   local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false,
-              parent = group_of_co[coroutine.running() or false] or false, members = tbl, cancelling = false }
+              parent = parent or false, members = tbl, cancelling = false }
   -- calls to start, in key order (a chain's spec carries it in spec.chain):
   -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table)
   local keys = sorted_keys(tbl, 8)
@@ -271,7 +273,7 @@ end
 local function fetch_all_at(tbl, fname, level)
   local ctx, co = current_ctx(fname, level + 1)
   if type(tbl) ~= "table" then error(fname .. " expects a table of call specs", level + 1) end
-  local g = start_group(ctx, tbl, level + 2)
+  local g = start_group(ctx, tbl, level + 2, group_of_co[co])
   g.co = co
   while g.pending > 0 do
     g.waiting = true
@@ -350,8 +352,7 @@ function M.settle_value(g, key, v, opts)
     end
     local info = is_then(v)
     if info then
-      local sub = start_group(ctx, { [key] = v }, 2)
-      sub.parent = g
+      local sub = start_group(ctx, { [key] = v }, 2, g)
       sub.on_complete = function(res) settle(g, key, res[key]) end
       if sub.pending == 0 then sub.on_complete(sub.results) end
       return
@@ -363,8 +364,7 @@ function M.settle_value(g, key, v, opts)
       end
       if all then
         local list = #v > 0
-        local sub = start_group(ctx, v, 2)
-        sub.parent = g
+        local sub = start_group(ctx, v, 2, g)
         sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
         if sub.pending == 0 then sub.on_complete(sub.results) end
         return

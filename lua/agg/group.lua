@@ -74,7 +74,7 @@ local function group_of(name)
   for i, url in ipairs(up.endpoints) do
     g.eps[i] = { url = url, inflight = 0, consec = 0, failing = false, until_ms = 0, ejections = 0,
                  ejected_ms = false, restored_ms = 0, win_start = 0, win_total = 0, win_fail = 0,
-                 calls = 0, failures = 0, sessions = 0 }
+                 calls = 0, failures = 0, sessions = 0, answered = 0, latency_ms = 0 }
   end
   if g.balance == "hash" then build_ring(g) end
   local sess = up.session
@@ -277,11 +277,13 @@ local function eject(g, e, now, why)
 end
 
 --- How an attempt on endpoint i of g ended, as the breaker sees it ("success", "failure",
--- "ignore"); returns what the upstream's breaker should count: a failure only when every endpoint
--- of the group is failing (its last answer was a failure), so one sick endpoint is ejected, not
--- the whole upstream paused.
-function M.report(g, i, verdict)
+-- "ignore"), after ms; returns what the upstream's breaker should count: a failure only when every
+-- endpoint of the group is failing (its last answer was a failure), so one sick endpoint is
+-- ejected, not the whole upstream paused.
+function M.report(g, i, verdict, ms)
   local e = g.eps[i]
+  e.answered = e.answered + 1
+  e.latency_ms = e.latency_ms + (ms or 0)
   if verdict == "ignore" then return "ignore" end
   local now = core.now()
   if g.failure_percent > 0 then
@@ -314,7 +316,8 @@ function M.report(g, i, verdict)
 end
 
 --- Hands every group's endpoints to core.endpoint_state(index, endpoint, calls, failures,
--- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms) when the transport has it
+-- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms, answered, latency_ms) when the
+-- transport has it
 -- (group/board.h: the admin page /upstreams and the endpoint metrics; agg.exchange.report_stats).
 function M.report_stats()
   local publish = core and core.endpoint_state
@@ -324,7 +327,7 @@ function M.report_stats()
     local index = policies[name].index
     for i, e in ipairs(g.eps) do
       publish(index, i, e.calls, e.failures, e.ejections, e.sessions, e.inflight,
-              usable(e, now) and 0 or e.until_ms, e.ejected_ms or 0)
+              usable(e, now) and 0 or e.until_ms, e.ejected_ms or 0, e.answered, e.latency_ms)
     end
   end
 end

@@ -134,6 +134,8 @@ class UpstreamGroups(GatewayTestCase):
         self.assertIn('aggway_endpoint_ejections_total{upstream="product",endpoint="%s"} 1' % url_c, metrics)
         self.assertIn('aggway_endpoint_ejected{upstream="product",endpoint="%s"} 1' % url_c, metrics)
         self.assertIn('aggway_endpoint_in_flight{upstream="product",endpoint="%s"} 0' % url_c, metrics)
+        self.assertIn('aggway_endpoint_answered_total{upstream="product",endpoint="%s"} 2' % url_c, metrics)
+        self.assertTrue(all(e["mean_ms"] is not None and e["mean_ms"] >= 0 for e in eps.values()), eps)
         self.assertNotIn('endpoint_calls_total{upstream="reviews"', metrics)
         wf = json.loads(self.admin("/waterfall.json"))
         calls = [c for r in wf["requests"] for c in r["calls"]]
