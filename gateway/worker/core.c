@@ -300,10 +300,10 @@ static int l_call(lua_State *L)
     c->span = -1;
     c->joiners = NULL;
     req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
-    if (c->span >= 0) { /* a group's endpoint on the span (0: an upstream with one endpoint) */
-        size_t first = g->conf->ep_first[index - 1];
+    size_t first = g->conf->ep_first[index - 1];
+    if (c->span >= 0 && g->conf->ep_first[index] - first > 1) { /* a group's endpoint on the span */
         reqref_t *rr = agw_slots_get(&w->reqs, c->rid);
-        rr->trace->spans[c->span].endpoint = g->conf->ep_first[index] - first > 1 ? (uint8_t)(ep - first + 1) : 0;
+        rr->trace->spans[c->span].endpoint = (uint8_t)(ep - first + 1);
     }
     c->id = agw_slots_put(&w->calls, c);
     c->call = agw_call_start(g->pools[ep]->pool, &req, on_call_done, c);

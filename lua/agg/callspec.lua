@@ -109,7 +109,12 @@ function M.normalize(spec, upstreams, level)
     a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
   }
-  if spec.hash_key then n.hash_key = spec.hash_key end -- (balance = "hash" upstreams, agg.group)
+  if spec.hash_key then -- (agg.group)
+    if up.balance ~= "hash" then
+      error(("call to '%s': option 'hash_key' is for upstreams with balance = \"hash\" in gateway.lua"):format(name), level)
+    end
+    n.hash_key = spec.hash_key
+  end
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
   end

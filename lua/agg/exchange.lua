@@ -340,10 +340,12 @@ local function answer(rec, outcome, http_status, headers, body, data, ms, detail
   local spec = rec.x -- the exchange is its own normalized spec
   local verdict = breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string")
   local grp = spec.u.group
-  local ep = rec.flight and rec.flight.ep or rec.ep
-  if grp and ep then
-    group.release(grp, ep)
-    verdict = group.report(grp, ep, verdict, ms) -- one endpoint failing is not the upstream failing
+  if grp then
+    local ep = rec.flight and rec.flight.ep or rec.ep
+    if ep then
+      group.release(grp, ep)
+      verdict = group.report(grp, ep, verdict, ms) -- one endpoint failing is not the upstream failing
+    end
   end
   local b = breaker_of(spec)
   if b then
