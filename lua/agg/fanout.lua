@@ -48,7 +48,7 @@ local is_then
 local function descends(g, anc)
   while g do
     if g == anc then return true end
-    g = g.parent
+    g = g[2]
   end
   return false
 end
@@ -86,7 +86,7 @@ local function cancel_rest(g, failed_key)
   exchange.cancel_where(ctx, function(x) return descends(x.group, g) end, function(x)
     if x.group == g then settle(g, x.key, cancelled(x.key, x)) end
   end)
-  for key in pairs(g.members) do
+  for key in pairs(g[1]) do
     if g.results[key] == nil then settle(g, key, cancelled(key, nil)) end
   end
 end
@@ -194,10 +194,11 @@ end
 local NO_THENS = {}
 
 -- parent: the group whose continuation started this one (fail fast cancels it with its parent),
--- or false
+-- or false. g[1] is the table of calls, g[2] the parent (in the array part: the hash part keeps
+-- its size, which the page's path measures); g.cancelling is set only while failing fast.
 local function start_group(ctx, tbl, level, parent)
-  local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false,
-              parent = parent or false, members = tbl, cancelling = false }
+  local g = { tbl, parent or false, ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS,
+              waiting = false }
   -- calls to start, in key order (a chain's spec carries it in spec.chain):
   -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table)
   local keys = sorted_keys(tbl, 8)
