@@ -61,8 +61,7 @@ local function cancel_rest(g, failed_key)
   local function cancelled(key, opts)
     local r = new_result(key, opts)
     r.ms = 0
-    fail(ctx, r, problem.new("call-cancelled", tostring(key) .. " was cancelled: required section " ..
-                             tostring(failed_key) .. " failed", 504), opts)
+    fail(ctx, r, problem.cancelled_by(key, failed_key), opts)
     result.info[r].cancelled = true
     return r
   end
@@ -396,6 +395,8 @@ local then_mt = {
     end
     return r[k]
   end,
+  -- shared by every script's chains: getmetatable gives a name, never the table
+  __metatable = "agg.fetch_then",
 }
 
 is_then = function(v)
