@@ -71,6 +71,19 @@ describe("a protected endpoint in a spec", function()
     assert.equal(0, #gw:calls("inventory"))
   end)
 
+  it("never serves one user's cached section to another when the upstream gets the user's identity", function()
+    local ERIN = { sub = "erin", scopes = { "orders:read" }, aud = { "aggway", "orders" } }
+    assert.equal(200, gw:get("/cached-orders/1", { user = ALICE }).status)
+    assert.equal(200, gw:get("/cached-orders/1", { user = ERIN }).status)
+    local calls = gw:calls("orders")
+    assert.equal(2, #calls)                          -- erin's page did not get alice's entry
+    assert.equal("Bearer spec-token-alice", calls[1].headers.authorization)
+    assert.equal("Bearer spec-token-erin", calls[2].headers.authorization)
+    gw:get("/cached-orders/1", { user = ALICE })
+    gw:get("/cached-orders/1", { user = ERIN })
+    assert.equal(2, #gw:calls("orders"))             -- each user's own entry is a hit
+  end)
+
   it("waits for the exchange within the request's deadline", function()
     gw:stub("@token_exchange", "POST", "/token", { fault = "hang" })
     local page = gw:get("/orders/1", { user = ALICE })

@@ -316,8 +316,10 @@ function M.key(ctx, spec, p)
   end
   spec.cache_user = scope == "user"
   if scope == "user" then
+    -- the token the edge verified for the page identifies the user when the call carries no
+    -- credentials of its own; else the page request's Authorization or Cookie
+    if not cred then cred = ctx.token or nil end
     if not cred then
-      -- the page's own credentials identify the user when the call carries none
       local rh = ctx.req_headers
       if type(rh) == "string" then
         cred = block_get(rh, "authorization") or block_get(rh, "cookie")

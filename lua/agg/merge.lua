@@ -178,6 +178,7 @@ function M.join(x, t, clamped, now)
           keys = {}, n = 0, waiters = {}, nwait = 0, ends = 0, clamped = false, timer = false,
           id = false, sent = false, done = false, probe = false, x = false }
     p.x, p.merged = p, p -- what agg.exchange reads of a call record: its upstream, and that it is merged
+    p.u, p.ep = x.u, false -- (and its upstream's state: an endpoint group's balancer)
     pending[g] = p
     p.timer = hooks.set_timer(b.window_ms, function() p.timer = false flush(p) end)
   end
@@ -246,8 +247,9 @@ flush = function(p)
   p.probe = decision == "probe"
   p.keys = keys
   local x1 = first.x
+  p.ep = hooks.pick(p, x1) or false -- an upstream with several endpoints: which one (balancer)
   local id = core.call(x1.ctx.rid, upstreams[p.upstream].index, p.method, path, p.headers, false,
-                       math.floor(t + 0.5), true, x1.key, 1, false)
+                       math.floor(t + 0.5), true, x1.key, 1, false, p.ep or nil)
   p.id = id
   hooks.register(id, p)
   local fl = inflight[p.group]
