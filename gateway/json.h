@@ -88,7 +88,8 @@ typedef struct {
 /* Parses len bytes of JSON (any top-level value, "\u0000" allowed in strings). On success stores a
  * new reference in *out (caller json_decref()s it) and returns 0. On failure returns -1 and writes
  * a one-line reason to err: invalid JSON (with line/column), invalid UTF-8, nesting deeper than
- * max_depth, integer beyond int64. */
+ * max_depth, integer beyond int64, a NUL byte anywhere (jansson alone would stop at one after a
+ * value, "[1\0]" read as [1]; the validator's message then). */
 int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out, char *err, size_t errlen);
 
 /* Checks that len bytes are exactly one JSON text that agw_json_parse(buf, len, max_depth, ...)

@@ -274,6 +274,10 @@ void agw_h1_response_start(agw_h1_response_t *r, int head, size_t max_body)
     r->parser.data = r;
     r->max_body = max_body;
     r->bytes = 0;
+    /* no bytes of an earlier response (the buffers swapped in may hold one) until the first byte
+     * of this one (on_message_begin resets them again after a 1xx) */
+    agw_buf_reset(&r->body);
+    agw_buf_reset(&r->hstore);
     r->nhdrs = r->nheaders = 0;
     r->expect_len = UINT64_MAX;
     r->head = head != 0;

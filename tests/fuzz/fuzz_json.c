@@ -3,9 +3,10 @@
  *
  * The input is an upstream body. agw_json_validate must accept exactly what jansson's json_loadb
  * accepts with the settings agw_json_parse uses (JSON_DECODE_ANY | JSON_ALLOW_NUL: any top-level
- * value, "\u0000" in strings), with one deliberate difference: nesting deeper than
- * AGW_JSON_MAX_DEPTH (256) is refused, where jansson goes to 2048. agw_json_parse must agree with
- * the validator. For an accepted text, each path the gateway has to the page must give JSON that
+ * value, "\u0000" in strings), with two deliberate differences: nesting deeper than
+ * AGW_JSON_MAX_DEPTH (256) is refused, where jansson goes to 2048; and a NUL byte is refused
+ * anywhere, where jansson stops reading at one after a value ("[1\0]" loads as [1]; RFC 8259 has
+ * no NUL outside a string's \u escape). agw_json_parse must agree with the validator. For an accepted text, each path the gateway has to the page must give JSON that
  * jansson reads back equal to the input (json_equal: same types, integers exact, reals the same
  * double, same members, same elements):
  *   Lua values   agw_json_push_text (what a script sees) then agw_json_encode;
@@ -163,8 +164,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     if (!ok) {
-        /* the deliberate difference: deeper than AGW_JSON_MAX_DEPTH */
-        if (depth_of(j) <= AGW_JSON_MAX_DEPTH)
+        /* the deliberate differences: deeper than AGW_JSON_MAX_DEPTH, or a NUL byte */
+        if (depth_of(j) <= AGW_JSON_MAX_DEPTH && memchr(text.base, '\0', size) == NULL)
             fail("validator refuses what jansson accepts", err);
         json_decref(j);
         return 0;
