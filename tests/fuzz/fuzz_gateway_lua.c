@@ -51,9 +51,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FILE *f = fopen(file, "wb");
     if (f == NULL || fwrite(data, 1, size, f) != size || fclose(f) != 0)
         abort();
+    /* lines as Lua counts them (its messages' numbers): LF, CR, CR LF and LF CR each end one */
     size_t lines = 1;
     for (size_t i = 0; i < size; i++)
-        lines += data[i] == '\n';
+        if (data[i] == '\n' || data[i] == '\r') {
+            lines++;
+            if (i + 1 < size && (data[i + 1] == '\n' || data[i + 1] == '\r') && data[i + 1] != data[i])
+                i++;
+        }
 
     agw_config_t conf;
     agw_buf_t errors = AGW_BUF_INIT;

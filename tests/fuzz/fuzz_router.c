@@ -5,13 +5,14 @@
  * ("GET /product-page/{id}"); each goes through agg.loader's parse_route in the runtime's Lua VM
  * and, when accepted, into a route table through agw_config_add_route, as a generation's routes do
  * (endpoint = its line). The lines after "--" are requests, "METHOD /path". Checked:
- *   - an accepted route's segments rebuild its path, literals hold no '/', '{', '}', '?', '#' or
- *     '%', parameter names are identifiers and differ;
+ *   - an accepted route's segments rebuild its path, literals hold RFC 3986 path characters only
+ *     (pchar without percent-encoding), parameter names are identifiers and differ;
  *   - every request's result equals a reference matcher written here (path split at '/', table
  *     order, HEAD served by GET): the same endpoint on a match, 405 with exactly the other methods
  *     that match the path in Allow (plus HEAD after GET), 404 otherwise;
  *   - captured parameters are the route's names in order, and slices of the path that are
  *     neither empty nor "." nor ".." and hold no '/'. */
+#include <ctype.h>
 #include <lauxlib.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,8 +176,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     for (size_t k = 0; k < j; k++)
                         if (r->is_param[k] && strcmp(r->segs[k], seg) == 0)
                             fail("a parameter twice", s, len);
-                } else if (strpbrk(seg, "/{}?#%") != NULL || strlen(seg) != sl) {
-                    fail("a literal segment with a reserved character", s, len);
+                } else {
+                    /* RFC 3986 pchar without pct-encoded */
+                    for (size_t k = 0; k < sl; k++)
+                        if (!isalnum((unsigned char)seg[k]) && strchr("-._~!$&'()*+,;=:@", seg[k]) == NULL)
+                            fail("a literal segment with a byte that is no path character", s, len);
                 }
                 lua_pop(L, is_param ? 2 : 1);
             }
