@@ -780,6 +780,27 @@ static void nul_after_a_value_is_rejected_though_jansson_skips_it(void)
     json_decref(v);
 }
 
+/* jansson refuses "\u0000" in an object key (not in a value): so does the validator, or a body it
+ * accepted would fail once a script read it (found by tests/fuzz/fuzz_json.c) */
+static void nul_escape_in_a_key_is_refused_as_jansson_does(void)
+{
+    static const char *refused[] = {"{\"\\u0000b\":3}", "{\"a\":{\"x\\u0000\":1}}", "[{\"\\u0000\":null}]"};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        json_t *v = NULL;
+        CHECK(agw_json_validate(refused[i], strlen(refused[i]), 8, NULL, err, sizeof(err)) == -1);
+        CHECK(strstr(err, "\\u0000 in an object key") != NULL);
+        CHECK(agw_json_parse(refused[i], strlen(refused[i]), 8, &v, err, sizeof(err)) == -1);
+        CHECK(v == NULL);
+    }
+    static const char *accepted[] = {"{\"a\":\"\\u0000\"}", "[\"\\u0000\"]", "{\"\\u0001\":\"x\\u0000y\"}"};
+    for (size_t i = 0; i < sizeof(accepted) / sizeof(accepted[0]); i++) {
+        json_t *v = NULL;
+        CHECK(agw_json_validate(accepted[i], strlen(accepted[i]), 8, NULL, err, sizeof(err)) == 0);
+        CHECK(agw_json_parse(accepted[i], strlen(accepted[i]), 8, &v, err, sizeof(err)) == 0);
+        json_decref(v);
+    }
+}
+
 static void validator_reports_compact_text(void)
 {
     static const struct {
@@ -1001,6 +1022,7 @@ int main(void)
     RUN(validator_limits_nesting_depth);
     RUN(validator_agrees_with_jansson);
     RUN(nul_after_a_value_is_rejected_though_jansson_skips_it);
+    RUN(nul_escape_in_a_key_is_refused_as_jansson_does);
     RUN(validator_reports_compact_text);
     RUN(raw_ref_encodes_verbatim_when_compact);
     RUN(raw_ref_with_whitespace_encodes_without_it);

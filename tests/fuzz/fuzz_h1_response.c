@@ -118,8 +118,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (ra.failed == AGW_CALL_OK) {
         if (ra.used != rb.used || ra.keep_alive != rb.keep_alive || ra.status != rb.status ||
             ra.nheaders != rb.nheaders || ra.nhdrs != rb.nhdrs || ra.body.len != rb.body.len ||
-            ra.hdrs.len != rb.hdrs.len || memcmp(ra.body.base, rb.body.base, ra.body.len) != 0 ||
-            memcmp(ra.hdrs.base, rb.hdrs.base, ra.hdrs.len) != 0)
+            ra.hdrs.len != rb.hdrs.len || (ra.body.len && memcmp(ra.body.base, rb.body.base, ra.body.len) != 0) ||
+            (ra.hdrs.len && memcmp(ra.hdrs.base, rb.hdrs.base, ra.hdrs.len) != 0))
             abort();
     }
     /* a response reused for the next call starts clean */
