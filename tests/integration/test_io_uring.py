@@ -14,25 +14,11 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import AGGWAY_BIN, GatewayTestCase, curl, endpoint, free_port, h2load, main  # noqa: E402
+from harness import (AGGWAY_BIN, UNHURRIED_DEADLINE_MS, UNHURRIED_PAGE, UNHURRIED_UPSTREAMS, GatewayTestCase,  # noqa: E402
+                     curl, free_port, h2load, main)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# The demo page with time to spare: these tests compare the bytes two I/O paths serve, so a call
-# must never fail for being slow. The demo's own page gives Reviews 100 ms against the mock's
-# 80 ms, and with two busy loops beside the load a call now and then took longer: its breaker
-# opened and the page after the load had Reviews unavailable, which says nothing about batching.
-# Here every call may take 10 s (the gateway's deadline too), far beyond any pause of a busy
-# machine; a broken I/O path still shows, as a failed section, a wrong byte or no answer.
-PAGE = {"product-page.lua": endpoint("GET /product-page/{id}", """
-    local id = req.params.id
-    local res = agg.fetch_all {
-      product   = { "product", "/products/" .. id, required = true },
-      reviews   = { "reviews", "/reviews/" .. id },
-      inventory = { "inventory", "/stock/" .. id },
-    }
-    return agg.page(res)""")}
-UNHURRIED = {name: {"timeout_ms": 10000, "connect_timeout_ms": 10000} for name in ("product", "reviews", "inventory")}
 
 BATCHED = "upstream I/O: batched per loop iteration (io_uring)"
 UNAVAILABLE = "upstream I/O: one system call per operation: "
@@ -47,7 +33,8 @@ class IoUring(GatewayTestCase):
         else:
             os.environ["AGGWAY_IO_URING"] = value
         try:
-            self.start(scripts=PAGE, upstream_options=UNHURRIED, deadline_ms=10000, workers=2)
+            self.start(scripts=UNHURRIED_PAGE, upstream_options=UNHURRIED_UPSTREAMS, deadline_ms=UNHURRIED_DEADLINE_MS,
+                       workers=2)
             if value != "off" and UNAVAILABLE in self.gw.log():
                 self.skipTest("the kernel gives no io_uring here: " + self.gw.log().split(UNAVAILABLE)[1].split("\n")[0])
         finally:
@@ -119,7 +106,7 @@ class IoUring(GatewayTestCase):
         os.environ["ASAN_OPTIONS"] = (saved["ASAN_OPTIONS"] or "detect_leaks=0") + ":verify_asan_link_order=0"
         os.environ.pop("AGGWAY_IO_URING", None)
         try:
-            self.start(scripts=PAGE, upstream_options=UNHURRIED, deadline_ms=10000, workers=1)
+            self.start(scripts=UNHURRIED_PAGE, upstream_options=UNHURRIED_UPSTREAMS, deadline_ms=UNHURRIED_DEADLINE_MS, workers=1)
         finally:
             for k, v in saved.items():
                 if v is None:
