@@ -8,6 +8,9 @@
 
 enum { LAST_NONE, LAST_FIELD, LAST_VALUE };
 
+/* Most body bytes reserved from a Content-Length before they arrive. */
+#define PRESIZE_MAX (1024 * 1024)
+
 /* ---- request -------------------------------------------------------------------------- */
 
 /* RFC 9110 §5.6.2 token characters, as a table: header names are checked on every call */
@@ -219,8 +222,11 @@ static int on_headers_complete(http_parser *p)
             r->too_large = 1;
             return -1;
         }
+        /* sized ahead from Content-Length up to PRESIZE_MAX; beyond, the buffer grows with the
+         * bytes that arrive, so a length that lies (or a large max_body_bytes) reserves nothing
+         * an upstream does not send (a length of 10^12 with no limit aborted on malloc) */
         if (p->content_length)
-            agw_buf_reserve(&r->body, (size_t)p->content_length);
+            agw_buf_reserve(&r->body, p->content_length < PRESIZE_MAX ? (size_t)p->content_length : PRESIZE_MAX);
     }
     return 0;
 }

@@ -48,8 +48,33 @@ static void one_byte_reads_give_the_same_response(void)
     agw_h1_response_free(&b);
 }
 
+/* A Content-Length no upstream sends, with no body limit: memory follows the bytes that arrive
+ * (the fuzz harness found an abort: the whole length was reserved up front). */
+static void a_lying_content_length_reserves_no_more_than_a_mebibyte(void)
+{
+    agw_h1_response_t r = {0};
+    agw_h1_response_start(&r, 0, 0);
+    const char *head = "HTTP/1.1 200 OK\r\nContent-Length: 1000000000000\r\n\r\n0123";
+    CHECK(feed_str(&r, head) == strlen(head));
+    CHECK(!r.done && agw_h1_response_failed(&r) == AGW_CALL_OK);
+    CHECK(r.expect_len == 1000000000000ull && r.body.len == 4);
+    CHECK(r.body.cap <= 2 * 1024 * 1024 + 1);
+    agw_h1_response_free(&r);
+    /* within a limit, the whole body is still taken in one buffer */
+    agw_h1_response_start(&r, 0, 8 * 1024 * 1024);
+    const char *big = "HTTP/1.1 200 OK\r\nContent-Length: 3000000\r\n\r\n";
+    CHECK(feed_str(&r, big) == strlen(big));
+    char *body = malloc(3000000);
+    memset(body, 'x', 3000000);
+    CHECK(agw_h1_response_feed(&r, body, 3000000) == 3000000);
+    CHECK(r.done && r.body.len == 3000000);
+    free(body);
+    agw_h1_response_free(&r);
+}
+
 int main(void)
 {
+    RUN(a_lying_content_length_reserves_no_more_than_a_mebibyte);
     RUN(start_forgets_the_previous_response);
     RUN(one_byte_reads_give_the_same_response);
     return CHECK_DONE();

@@ -86,10 +86,12 @@ static int has_outer_space(const char *s, size_t n)
 static int same_tree(json_t *a, json_t *b, int lua_numbers)
 {
     if (lua_numbers && json_is_number(a) && json_is_number(b) && (json_is_real(a) || json_is_real(b))) {
-        json_t *i = json_is_integer(a) ? a : json_is_integer(b) ? b : NULL;
-        if (i && (json_integer_value(i) > (1LL << 53) || json_integer_value(i) < -(1LL << 53)))
-            return 0;
-        return json_number_value(a) == json_number_value(b);
+        json_t *i = json_is_integer(a) ? a : json_is_integer(b) ? b : NULL, *r = i == a ? b : a;
+        if (i == NULL)
+            return json_real_value(a) == json_real_value(b);
+        /* exactly the real's value (14590901234567889.0 is the double 14590901234567888) */
+        double d = json_real_value(r);
+        return d >= -9223372036854775808.0 && d < 9223372036854775808.0 && (json_int_t)d == json_integer_value(i);
     }
     if (json_typeof(a) != json_typeof(b))
         return 0;
