@@ -30,7 +30,13 @@ class ParallelFanOut(GatewayTestCase):
     def test_fan_out_40_80_30_answers_in_about_80ms_not_150(self):
         self.start(services=demo_services(product_ms=40, reviews_ms=80, inventory_ms=30))
         self.get("/product-page/42")                       # warm the upstream pools
-        r = self.fastest_of(3, "/product-page/42")
+        # the fastest complete page of a few: the demo gives Reviews (80 ms) 100 ms, which a busy
+        # machine now and then runs out (a degraded page, the section's own behaviour); the timing
+        # claim is about a page whose three calls answered
+        runs = [self.get("/product-page/42") for _ in range(5)]
+        complete = [x for x in runs if x.status == 200 and x.headers.get("x-aggregation-completed") == "true"]
+        self.assertTrue(complete, runs)
+        r = min(complete, key=lambda x: x.time_total)
         self.assertEqual(r.status, 200, r)
         self.assertGreaterEqual(r.ms, 80, "the page cannot come before the slowest call (Reviews, 80 ms)")
         # sequential calls would take at least the sum of what each took in this run (150 ms on a
