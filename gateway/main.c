@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "log.h"
-#include "script.h"
-#include "server.h"
+#include "script/config.h"
+#include "base/log.h"
+#include "script/script.h"
+#include "front/server.h"
 
 static int usage(void)
 {

@@ -266,7 +266,7 @@ describe("fallbacks", function()
   end)
 end)
 
-describe("the breaker handle (gateway/breaker.c)", function()
+describe("the breaker handle (upstream/breaker.c)", function()
   it("answers its methods and refuses anything that is not a breaker as self", function()
     local breaker = require "agg.breaker"
     local b = breaker.new(1, 1000, 1)

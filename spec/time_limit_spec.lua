@@ -1,4 +1,4 @@
--- The script time limit (gateway/watchdog.h) in the spec harness: a script that computes without
+-- The script time limit (worker/watchdog.h) in the spec harness: a script that computes without
 -- waiting for a call is stopped after script_time_limit_ms of real time, as serve stops it.
 -- Fixture scripts: spec/fixtures/timelimit (limit 50 ms).
 local testing = require "agg.testing"

@@ -327,7 +327,7 @@ function M.check(cfg, src, file)
     end
   end
   -- how long a script may run without waiting for a call before the gateway stops it
-  -- (gateway/watchdog.h): from 10 ms to 10 minutes
+  -- (worker/watchdog.h): from 10 ms to 10 minutes
   whole_ms("script_time_limit_ms", 10, 600000)
   whole_ms("shutdown_grace_ms", 0, 3600000)
   -- upstreams

@@ -53,7 +53,7 @@ SHARED.os = readonly(setmetatable({
   end,
 }, { __index = os }), "os")
 
--- debug.sethook would take the hook the script time limit stops scripts with (gateway/watchdog.h,
+-- debug.sethook would take the hook the script time limit stops scripts with (worker/watchdog.h,
 -- and agg.testing's in `aggway test`)
 SHARED.debug = readonly(setmetatable({
   sethook = function()
@@ -61,10 +61,10 @@ SHARED.debug = readonly(setmetatable({
   end,
 }, { __index = debug }), "debug")
 
--- xpcall for scripts: the script time limit's stop (gateway/watchdog.h) does not run the script's
+-- xpcall for scripts: the script time limit's stop (worker/watchdog.h) does not run the script's
 -- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
 -- that looped (or ran long) could not be stopped and would hold its worker for good.
---- The text of the script time limit's stop, after "file:line: " (gateway/worker.c raises it in
+--- The text of the script time limit's stop, after "file:line: " (worker/worker.c raises it in
 -- serve, agg.testing in `aggway test`): "stopped: the script ran for more than N ms …".
 M.STOP_TEXT = "stopped: the script ran for more than "
 local raw_xpcall = xpcall
@@ -150,7 +150,7 @@ local function run_chunk(chunk, file)
 end
 
 -- The scripts' own functions run in LuaJIT's interpreter: compiled code does not run hooks, and
--- the script time limit (gateway/watchdog.h) stops a runaway script with one. The agg library
+-- the script time limit (worker/watchdog.h) stops a runaway script with one. The agg library
 -- stays compiled. A script may compile a hot function of its own with jit.on(f, true), and the
 -- limit cannot stop a loop inside that function.
 local function interpreted(chunk)
@@ -183,7 +183,7 @@ local RUNTIME_PATH = LUA_DIR and (LUA_DIR .. "/?.lua;" .. LUA_DIR .. "/?/init.lu
 local RUNTIME_PREFIX = LUA_DIR and ("@" .. LUA_DIR .. "/")
 
 --- Whether source (a debug.getinfo source, "@path") is a file of the runtime's Lua half (lua/agg),
--- as gateway/worker.c's runtime_source tells: where the script time limit never raises its stop.
+-- as worker/worker.c's runtime_source tells: where the script time limit never raises its stop.
 function M.runtime_source(source)
   return RUNTIME_PREFIX ~= nil and type(source) == "string" and source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX
 end

@@ -63,7 +63,7 @@ end
 --        anything else), body application/problem+json with a `sections` member
 --   502 (504 if every failure was a timeout)  no section has any data
 -- opts (optional): { headers = { name = value } } extra response headers, names in any case; they
--- pass the transport's rules as a plain response's do (gateway/resp_headers.h: one spelling per
+-- pass the transport's rules as a plain response's do (script/resp_headers.h: one spelling per
 -- name, the one that sorts first bytewise wins; a list value gives one field per element), and the headers the page contract sets
 -- (x-aggregation-completed, cache-control: no-store of a partial or failed page, content-type of a
 -- failed page) replace every spelling of theirs.

@@ -175,7 +175,7 @@ function Gateway:install()
       if not s then return nil, err end
       body = s
     end
-    -- the C transport's own reader (gateway/resp_headers.h): lowercased names, one spelling per
+    -- the C transport's own reader (script/resp_headers.h): lowercased names, one spelling per
     -- name (the one that sorts first bytewise wins; a list value is several fields), invalid,
     -- framing and date headers dropped; its warnings go to gw:logs() as the gateway's go to its log
     local h, warnings = resp_headers.apply(headers)
@@ -193,7 +193,7 @@ function Gateway:install()
 end
 
 
--- The script time limit, as serve applies it (gateway/watchdog.h): one entry into the runtime (a
+-- The script time limit, as serve applies it (worker/watchdog.h): one entry into the runtime (a
 -- request arriving, an answer, a timer) that runs longer than the folder's script_time_limit_ms of
 -- real time is stopped at the line it was at, and the request gets the 500 problem (or the
 -- continuation's section fails) that serve gives. The stop is raised at every instruction of the

@@ -1,6 +1,6 @@
 /* fuzz_gateway_lua.c: loading gateway.lua (agw_config_load: lua/agg/loader.lua and
- * lua/agg/config.lua, then the C half of config.c), as `aggway check`, start-up and every reload
- * do.
+ * lua/agg/config.lua, then the C half of gateway/script/config.c), as `aggway check`, start-up
+ * and every reload do.
  *
  * Input: the text of gateway.lua, in a scripts folder of its own with no endpoint scripts. A load
  * must end (the loader's time budget stops endless code) with either a configuration whose values
@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "script/config.h"
 
 /* No DNS from a fuzz input: numeric hosts as given, "localhost" as 127.0.0.1, anything else fails
  * as an unknown name would. */

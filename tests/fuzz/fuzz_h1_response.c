@@ -1,4 +1,4 @@
-/* fuzz_h1_response.c: upstream response framing (gateway/upstream_http1.h).
+/* fuzz_h1_response.c: upstream response framing (gateway/upstream/http1.h).
  *
  * Input: byte 0 holds options (bit 0: the request was HEAD; bits 1-2: the body limit, none, 16,
  * 1,000 or 64 KiB; bit 3: the upstream closes the connection after the bytes), byte 1 a seed for
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "upstream_http1.h"
+#include "upstream/http1.h"
 
 typedef struct {
     size_t used;

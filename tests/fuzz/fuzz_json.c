@@ -1,4 +1,4 @@
-/* fuzz_json.c: JSON from an upstream to the page (gateway/json.h, DESIGN §2.3), differential
+/* fuzz_json.c: JSON from an upstream to the page (gateway/json/json.h, DESIGN §2.3), differential
  * against jansson.
  *
  * The input is an upstream body. agw_json_validate must accept exactly what jansson's json_loadb
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "json/json.h"
 
 static lua_State *L;
 static agw_buf_t text, lua_out, raw_out, tree_out;

@@ -1,5 +1,5 @@
 /* fuzz_router.c: route patterns and matching (agg.loader.parse_route, agw_config_add_route,
- * gateway/router.h).
+ * gateway/script/router.h).
  *
  * Input: lines (LF). Lines up to one that reads "--" are routes as a script writes them
  * ("GET /product-page/{id}"); each goes through agg.loader's parse_route in the runtime's Lua VM
@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "router.h"
-#include "script.h"
+#include "script/config.h"
+#include "script/router.h"
+#include "script/script.h"
 
 #define MAX_ROUTES 64
 

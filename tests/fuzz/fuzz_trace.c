@@ -1,4 +1,4 @@
-/* fuzz_trace.c: W3C Trace Context parsing (gateway/trace.h).
+/* fuzz_trace.c: W3C Trace Context parsing (gateway/ops/trace.h).
  *
  * Input: lines (LF). Line 1 is a traceparent value, line 2 a tracestate value, line 3 a request
  * method and line 4 its path, the lines after that section names of upstream spans. Both parsers
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace.h"
+#include "ops/trace.h"
 
 static int lchex(unsigned char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 static int lcalpha(unsigned char c) { return c >= 'a' && c <= 'z'; }

@@ -1,4 +1,4 @@
-"""Batched upstream system calls (io_uring, gateway/upstream.h "Batched system calls").
+"""Batched upstream system calls (io_uring, upstream/batch.h "Batched system calls").
 
 The gateway batches each loop iteration's upstream writes and reads through io_uring when the
 kernel allows it, and says so at start-up; AGGWAY_IO_URING=off makes one system call per

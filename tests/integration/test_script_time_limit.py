@@ -1,4 +1,4 @@
-"""The script time limit (gateway/watchdog.h): a handler or continuation that computes without
+"""The script time limit (worker/watchdog.h): a handler or continuation that computes without
 waiting for a call (an endless loop) is stopped after script_time_limit_ms; the request gets a 500
 problem (or the continuation's section fails), the log names the script's file:line, and the worker
 serves the next request. A pcall in the script cannot catch the stop and carry on.

@@ -1,0 +1,407 @@
+/* admin.c: the admin listener (see admin.h). */
+#include "front/admin.h"
+
+#include <errno.h>
+#include <ev.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "json/json.h"
+#include "base/log.h"
+#include "front/server.h"
+#include "ops/waterfall.h"
+
+#define ADMIN_MAX_CONNS 64
+#define ADMIN_MAX_REQUEST 8192
+#define ADMIN_TIMEOUT_S 10.0
+
+typedef struct aconn aconn_t;
+
+struct agw_admin {
+    agw_reload_state_t *gens;  /* the generation serving and the reload record */
+    const agw_metric_labels_t *labels;
+    agw_metrics_t *const *metrics;
+    size_t num_workers;
+    int ready;                 /* read and written with atomics */
+    double start_time;
+    int fd;
+    pthread_t thread;
+    struct ev_loop *loop;
+    ev_io accept_io;
+    ev_async stop_async;
+    aconn_t *conns;            /* open connections */
+    unsigned num_conns;
+};
+
+struct aconn {
+    agw_admin_t *a;
+    aconn_t *next, *prev;
+    int fd;
+    ev_io io;
+    ev_timer timer;
+    char in[ADMIN_MAX_REQUEST];
+    size_t inlen;
+    agw_buf_t out;
+    size_t outoff;
+};
+
+static void conn_close(aconn_t *c)
+{
+    agw_admin_t *a = c->a;
+    ev_io_stop(a->loop, &c->io);
+    ev_timer_stop(a->loop, &c->timer);
+    close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        a->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    a->num_conns--;
+    agw_buf_free(&c->out);
+    free(c);
+}
+
+static void respond(agw_buf_t *out, int status, const char *reason, const char *type, const char *body, size_t len,
+                    int head, const char *extra_headers)
+{
+    agw_buf_printf(out,
+                   "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
+                   "Connection: close\r\n%s\r\n",
+                   status, reason, type, len, extra_headers ? extra_headers : "");
+    if (!head)
+        agw_buf_append(out, body, len);
+}
+
+static void routes_json(const agw_generation_t *gen, agw_buf_t *b)
+{
+    static const agw_config_t none;
+    const agw_config_t *conf = gen ? &gen->conf : &none;
+    agw_buf_putc(b, '[');
+    for (size_t i = 0; i < conf->num_endpoints; i++) {
+        const agw_endpoint_info_t *e = &conf->endpoints[i];
+        if (i)
+            agw_buf_putc(b, ',');
+        agw_buf_puts(b, "\n  {\"route\":");
+        const char *vals[3] = {e->route, e->method, e->file};
+        const char *names[3] = {"route", "method", "script"};
+        for (int k = 0; k < 3; k++) {
+            if (k)
+                agw_buf_printf(b, ",\"%s\":", names[k]);
+            const char *v = vals[k] ? vals[k] : "";
+            size_t mark = b->len;
+            if (agw_json_encode_string(b, v, strlen(v)) != 0) {
+                b->len = mark;
+                agw_buf_puts(b, "null");
+            }
+        }
+        agw_buf_printf(b, ",\"generation\":%llu}", (unsigned long long)gen->number);
+    }
+    agw_buf_puts(b, conf->num_endpoints ? "\n]\n" : "]\n");
+}
+
+/* Finds name=value in a query string; returns the value (*len set) or NULL. */
+static const char *query_param(const char *q, size_t qlen, const char *name, size_t *len)
+{
+    size_t nl = strlen(name);
+    const char *p = q, *end = q + qlen;
+    while (p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *pend = amp ? amp : end;
+        if ((size_t)(pend - p) > nl && memcmp(p, name, nl) == 0 && p[nl] == '=') {
+            *len = (size_t)(pend - p - nl - 1);
+            return p + nl + 1;
+        }
+        p = amp ? amp + 1 : end;
+    }
+    return NULL;
+}
+
+/* GET /waterfall[.json][?trace=<32 hex>&limit=N] (waterfall.h). */
+static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int head, agw_buf_t *out)
+{
+    size_t limit = AGW_WF_DEFAULT_LIMIT, vl = 0;
+    size_t max = a->num_workers * AGW_WF_RING;
+    const char *v = q ? query_param(q, qlen, "limit", &vl) : NULL;
+    if (v) {
+        /* a whole number of requests, at least 1; more than are kept is as many as are kept */
+        size_t n = 0;
+        int ok = vl > 0;
+        for (size_t i = 0; ok && i < vl; i++) {
+            ok = v[i] >= '0' && v[i] <= '9';
+            if (n <= max) /* beyond what is kept, the value no longer matters (and cannot overflow) */
+                n = n * 10 + (size_t)(v[i] - '0');
+        }
+        if (!ok || n == 0) {
+            static const char body[] = "limit must be a whole number of requests, 1 or more\n";
+            respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
+            return;
+        }
+        limit = n;
+    }
+    if (limit > max)
+        limit = max;
+    char trace[33];
+    const char *trace_id = NULL;
+    v = q ? query_param(q, qlen, "trace", &vl) : NULL;
+    if (v) {
+        int ok = vl == 32;
+        for (size_t i = 0; ok && i < 32; i++)
+            ok = (v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f');
+        if (!ok) {
+            static const char body[] = "trace must be a trace id: 32 lowercase hex digits\n";
+            respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
+            return;
+        }
+        memcpy(trace, v, 32);
+        trace[32] = '\0';
+        trace_id = trace;
+    }
+    agw_waterfall_t **rings = calloc(a->num_workers ? a->num_workers : 1, sizeof(*rings));
+    agw_wf_entry_t *entries = malloc((limit ? limit : 1) * sizeof(*entries));
+    if (rings == NULL || entries == NULL)
+        abort();
+    for (size_t i = 0; i < a->num_workers; i++)
+        rings[i] = a->metrics[i]->waterfall;
+    size_t n = agw_waterfall_snapshot(rings, a->num_workers, trace_id, entries, limit);
+    agw_buf_t body = AGW_BUF_INIT;
+    if (json) {
+        agw_waterfall_json(&body, a->labels, entries, n);
+        respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
+    } else {
+        agw_waterfall_html(&body, a->labels, entries, n);
+        respond(out, 200, "OK", "text/html; charset=utf-8", body.base, body.len, head, NULL);
+    }
+    agw_buf_free(&body);
+    free(entries);
+    free(rings);
+}
+
+void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const char *target, size_t tlen,
+                       agw_buf_t *out)
+{
+    int head = mlen == 4 && memcmp(method, "HEAD", 4) == 0;
+    const char *q = memchr(target, '?', tlen);
+    size_t plen = q ? (size_t)(q - target) : tlen;
+#define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(target, s, plen) == 0)
+    int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes") ||
+                PATH_IS("/reload") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json");
+    if (!known) {
+        static const char body[] =
+            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /waterfall or /waterfall.json\n";
+        respond(out, 404, "Not Found", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
+        return;
+    }
+    if (!(head || (mlen == 3 && memcmp(method, "GET", 3) == 0))) {
+        static const char body[] = "method not allowed\n";
+        respond(out, 405, "Method Not Allowed", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0,
+                "Allow: GET, HEAD\r\n");
+        return;
+    }
+    if (PATH_IS("/healthz")) {
+        respond(out, 200, "OK", "text/plain; charset=utf-8", "ok\n", 3, head, NULL);
+    } else if (PATH_IS("/readyz")) {
+        if (__atomic_load_n(&a->ready, __ATOMIC_ACQUIRE))
+            respond(out, 200, "OK", "text/plain; charset=utf-8", "ready\n", 6, head, NULL);
+        else
+            respond(out, 503, "Service Unavailable", "text/plain; charset=utf-8", "not ready\n", 10, head, NULL);
+    } else if (PATH_IS("/metrics")) {
+        agw_buf_t body = AGW_BUF_INIT;
+        agw_metrics_process_t proc = {0};
+        proc.ready = __atomic_load_n(&a->ready, __ATOMIC_ACQUIRE);
+        proc.start_time = a->start_time;
+        agw_reload_state_metrics(a->gens, &proc);
+        agw_generation_t *gen = agw_reload_state_current(a->gens); /* held while its breakers are read */
+        agw_metrics_render(&body, a->labels, gen ? &gen->conf : NULL, a->metrics, a->num_workers, &proc);
+        agw_generation_unref(gen);
+        respond(out, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body.base ? body.base : "", body.len, head,
+                NULL);
+        agw_buf_free(&body);
+    } else if (PATH_IS("/reload")) {
+        agw_buf_t body = AGW_BUF_INIT;
+        agw_reload_state_json(a->gens, &body);
+        respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
+        agw_buf_free(&body);
+    } else if (PATH_IS("/waterfall") || PATH_IS("/waterfall.json")) {
+        waterfall(a, PATH_IS("/waterfall.json"), q ? q + 1 : NULL, q ? tlen - plen - 1 : 0, head, out);
+    } else {
+        agw_buf_t body = AGW_BUF_INIT;
+        agw_generation_t *gen = agw_reload_state_current(a->gens);
+        routes_json(gen, &body);
+        agw_generation_unref(gen);
+        respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
+        agw_buf_free(&body);
+    }
+#undef PATH_IS
+}
+
+static void on_conn_timeout(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    conn_close(t->data);
+}
+
+static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)revents;
+    aconn_t *c = io->data;
+    if (c->out.len == 0) {
+        ssize_t n = recv(c->fd, c->in + c->inlen, sizeof(c->in) - c->inlen, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return;
+        if (n <= 0) {
+            conn_close(c);
+            return;
+        }
+        c->inlen += (size_t)n;
+        char *end = memmem(c->in, c->inlen, "\r\n\r\n", 4);
+        if (end == NULL) {
+            end = memmem(c->in, c->inlen, "\n\n", 2); /* bare LF line ends (RFC 9112 §2.2 allows them) */
+        }
+        if (end == NULL) {
+            if (c->inlen == sizeof(c->in)) {
+                static const char body[] = "request headers too large\n";
+                respond(&c->out, 431, "Request Header Fields Too Large", "text/plain; charset=utf-8", body,
+                        sizeof(body) - 1, 0, NULL);
+            } else {
+                return;
+            }
+        } else {
+            /* request line: METHOD SP target SP HTTP/1.x */
+            char *eol = memchr(c->in, '\n', c->inlen);
+            size_t llen = (size_t)(eol - c->in);
+            if (llen && c->in[llen - 1] == '\r')
+                llen--;
+            char *sp1 = memchr(c->in, ' ', llen);
+            char *sp2 = sp1 ? memchr(sp1 + 1, ' ', llen - (size_t)(sp1 + 1 - c->in)) : NULL;
+            if (sp1 == NULL || sp2 == NULL || sp1 == c->in || sp2 == sp1 + 1 || sp1[1] != '/' ||
+                (size_t)(c->in + llen - (sp2 + 1)) < 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0) {
+                static const char body[] = "bad request\n";
+                respond(&c->out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
+            } else {
+                agw_admin_respond(c->a, c->in, (size_t)(sp1 - c->in), sp1 + 1, (size_t)(sp2 - sp1 - 1), &c->out);
+            }
+        }
+        ev_io_stop(loop, &c->io);
+        ev_io_set(&c->io, c->fd, EV_WRITE);
+        ev_io_start(loop, &c->io);
+    }
+    while (c->outoff < c->out.len) {
+        ssize_t n = send(c->fd, c->out.base + c->outoff, c->out.len - c->outoff, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0)
+            break;
+        c->outoff += (size_t)n;
+    }
+    conn_close(c);
+}
+
+static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)revents;
+    agw_admin_t *a = io->data;
+    for (int i = 0; i < 16; i++) {
+        int fd = accept4(a->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        if (a->num_conns >= ADMIN_MAX_CONNS) {
+            close(fd);
+            continue;
+        }
+        aconn_t *c = calloc(1, sizeof(*c));
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        c->a = a;
+        c->fd = fd;
+        c->next = a->conns;
+        if (a->conns)
+            a->conns->prev = c;
+        a->conns = c;
+        a->num_conns++;
+        ev_io_init(&c->io, on_conn_io, fd, EV_READ);
+        c->io.data = c;
+        ev_io_start(loop, &c->io);
+        ev_timer_init(&c->timer, on_conn_timeout, ADMIN_TIMEOUT_S, 0.);
+        c->timer.data = c;
+        ev_timer_start(loop, &c->timer);
+    }
+}
+
+static void on_stop(struct ev_loop *loop, ev_async *w, int revents)
+{
+    (void)w, (void)revents;
+    ev_break(loop, EVBREAK_ALL);
+}
+
+static void *admin_main(void *arg)
+{
+    agw_admin_t *a = arg;
+    ev_run(a->loop, 0);
+    return NULL;
+}
+
+agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens, const agw_metric_labels_t *labels,
+                             agw_metrics_t *const *metrics, size_t num_workers)
+{
+    int fd = agw_listen_socket("admin", conf->admin_host, conf->admin_port, 0, 128);
+    if (fd < 0)
+        return NULL;
+    agw_admin_t *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        abort();
+    a->gens = gens;
+    a->labels = labels;
+    a->metrics = metrics;
+    a->num_workers = num_workers;
+    a->fd = fd;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    a->start_time = (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
+    a->loop = ev_loop_new(EVFLAG_AUTO);
+    ev_io_init(&a->accept_io, on_accept, fd, EV_READ);
+    a->accept_io.data = a;
+    ev_io_start(a->loop, &a->accept_io);
+    ev_async_init(&a->stop_async, on_stop);
+    ev_async_start(a->loop, &a->stop_async);
+    if (pthread_create(&a->thread, NULL, admin_main, a) != 0) {
+        agw_log(AGW_LOG_ERROR, "cannot start the admin thread");
+        ev_loop_destroy(a->loop);
+        close(fd);
+        free(a);
+        return NULL;
+    }
+    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (/healthz /readyz /metrics /routes /reload /waterfall)",
+            conf->admin_host, conf->admin_port);
+    return a;
+}
+
+void agw_admin_set_ready(agw_admin_t *a, int ready)
+{
+    if (a)
+        __atomic_store_n(&a->ready, ready, __ATOMIC_RELEASE);
+}
+
+void agw_admin_stop(agw_admin_t *a)
+{
+    if (a == NULL)
+        return;
+    ev_async_send(a->loop, &a->stop_async);
+    pthread_join(a->thread, NULL);
+    while (a->conns)
+        conn_close(a->conns);
+    ev_io_stop(a->loop, &a->accept_io);
+    ev_async_stop(a->loop, &a->stop_async);
+    ev_loop_destroy(a->loop);
+    close(a->fd);
+    free(a);
+}

@@ -1,0 +1,46 @@
+/* admin.h: the admin listener (DESIGN §2.4 `admin`, §3 "main thread: … admin listener").
+ *
+ * Its own thread with its own libev loop and a minimal HTTP/1.1 server (one request per
+ * connection, answered with Connection: close), so nothing the workers do (load, a script stuck in
+ * a loop) can slow it down; it reads the workers' counters without locks (metrics.h).
+ *
+ *   GET /healthz   200 "ok" while the process runs
+ *   GET /readyz    200 "ready" once every worker serves; 503 "not ready" while starting or stopping
+ *   GET /metrics   Prometheus text format 0.0.4 (metrics.h lists what is in it)
+ *   GET /routes    JSON list of the routes of the generation serving new requests:
+ *                  [{ "route", "method", "script", "generation" }]
+ *   GET /reload    JSON record of reloads: the generation serving, generations still alive,
+ *                  reloads and failed reloads, and the last reload's result with its error
+ *                  messages ("file:line: message")
+ *   GET /waterfall, /waterfall.json   the last requests of each worker as a waterfall (waterfall.h)
+ * HEAD works as GET; other methods get 405, other paths 404. Requests are limited to 8 KiB of
+ * headers and 10 s; at most 64 connections at once (more are closed at once).
+ */
+#ifndef AGW_ADMIN_H
+#define AGW_ADMIN_H
+
+#include "script/config.h"
+#include "worker/generation.h"
+#include "ops/metrics.h"
+
+typedef struct agw_admin agw_admin_t;
+
+/* Binds conf->admin_host:admin_port and starts the admin thread, reporting not ready. gens (the
+ * generation serving and the reload record), labels (metric label slots) and metrics (num_workers
+ * pointers) must stay valid until agw_admin_stop; conf is read only here. Returns NULL (logged)
+ * when the port cannot be bound. */
+agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens, const agw_metric_labels_t *labels,
+                             agw_metrics_t *const *metrics, size_t num_workers);
+
+/* What /readyz and aggway_ready say from now on (thread-safe). */
+void agw_admin_set_ready(agw_admin_t *a, int ready);
+
+/* Stops the thread, closes every connection and the listener, frees a. */
+void agw_admin_stop(agw_admin_t *a);
+
+/* Renders the response to one request (method, target) into out: status line, headers and body;
+ * what the admin thread sends. Exposed for tests. */
+void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const char *target, size_t tlen,
+                       agw_buf_t *out);
+
+#endif

@@ -1,0 +1,467 @@
+/* server.c: the serving process (see server.h). */
+#include "front/server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "front/admin.h"
+#include "worker/generation.h"
+#include "script/listen_tls.h"
+#include "ops/otlp.h"
+#include "base/log.h"
+#include "ops/metrics.h"
+#include "worker/watchdog.h"
+#include "worker/worker.h"
+
+int agw_listen_socket(const char *what, const char *host, int port, int reuse, int backlog)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    int rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0) {
+        agw_log(AGW_LOG_ERROR, "%s %s:%d: not an IP address: %s", what, host, port, gai_strerror(rc));
+        return -1;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int on = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
+        (reuse && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) != 0) ||
+        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, backlog) != 0) {
+        agw_log(AGW_LOG_ERROR, "%s %s:%d: %s (is another process using the port?)", what, host, port, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+/* The Server header of the gateway's responses (RFC 9110 §10.2.4). */
+#define SERVER_NAME "aggway"
+
+/* Adds the gateway's Server header to a response that has none: a script's own `server`
+ * (resp_headers.h) replaces the gateway's. h2o 2.2.5 writes globalconf.server_name on every
+ * response beside whatever Server header the response carries, with no switch per response, so
+ * that name is left empty (as h2o's own "send-server-name: preserve" does) and this filter, run
+ * as each response starts, adds the gateway's. It covers the answers h2o makes itself (a request
+ * body too large, broken chunked framing) as well as the gateway's. */
+static void on_setup_server_header(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+{
+    (void)self;
+    if (h2o_find_header(&req->res.headers, H2O_TOKEN_SERVER, -1) == -1)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_SERVER, "Server", H2O_STRLIT(SERVER_NAME));
+    h2o_setup_next_ostream(req, slot);
+}
+
+/* SO_REUSEPORT would let this process share a port that another gateway already serves: bind it
+ * once without that option first, so a port in use is an error at start-up. */
+static int port_is_free(const agw_listen_conf_t *l)
+{
+    int fd = agw_listen_socket("listen", l->host, l->port, 0, 1024);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    return 1;
+}
+
+static int open_listener(const agw_listen_conf_t *l)
+{
+    return agw_listen_socket("listen", l->host, l->port, 1, 1024);
+}
+
+/* Logs the certificate each TLS listener of conf serves to new connections (start-up, reload). */
+static void log_certificates(const char *what, const agw_config_t *conf)
+{
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        const agw_listen_conf_t *l = &conf->listen[i];
+        if (l->ssl_ctx == NULL)
+            continue;
+        char desc[512];
+        agw_listen_tls_describe(l->ssl_ctx, desc, sizeof(desc));
+        /* served all the same (an operator may have nothing better at hand), but said loudly */
+        X509 *x = SSL_CTX_get0_certificate(l->ssl_ctx);
+        const char *state = x == NULL ? ""
+                          : X509_cmp_current_time(X509_get0_notAfter(x)) < 0 ? "; it has EXPIRED: clients that check "
+                                                                                "certificates refuse it"
+                          : X509_cmp_current_time(X509_get0_notBefore(x)) > 0 ? "; it is NOT VALID YET: clients that "
+                                                                                 "check certificates refuse it"
+                          : "";
+        agw_log(*state ? AGW_LOG_WARN : AGW_LOG_INFO, "%s: new TLS connections on %s:%d get the certificate %s (%s)%s",
+                what, l->host, l->port, l->cert_file, desc, state);
+    }
+}
+
+/* Opens the access log for appending: the file, or stderr; -1 (logged) when it cannot be opened. */
+static int open_access_log(const char *path)
+{
+    if (strcmp(path, "stderr") == 0)
+        return dup(2);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        agw_log(AGW_LOG_ERROR, "gateway.lua: access_log: cannot open %s for appending: %s", path, strerror(errno));
+    return fd;
+}
+
+/* SIGUSR1 (log rotation): the access log file is opened again and put in place of the old one
+ * with dup2(), which swaps the file under the same descriptor at once: workers keep writing to
+ * their descriptor and never see a closed one. */
+static void reopen_access_log(const char *access_log, int fd)
+{
+    if (fd < 0 || access_log == NULL || strcmp(access_log, "stderr") == 0)
+        return;
+    int nfd = open_access_log(access_log);
+    if (nfd < 0)
+        return; /* logged; keep writing to the old file */
+    if (dup3(nfd, fd, O_CLOEXEC) < 0)
+        agw_log(AGW_LOG_ERROR, "access_log: cannot reopen %s: %s", access_log, strerror(errno));
+    else
+        agw_log(AGW_LOG_INFO, "SIGUSR1: reopened the access log %s", access_log);
+    close(nfd);
+}
+
+static int total_inflight(agw_worker_t *const *workers, unsigned n)
+{
+    int total = 0;
+    for (unsigned wi = 0; wi < n; wi++)
+        total += agw_worker_inflight(workers[wi]);
+    return total;
+}
+
+/* What the main thread keeps while serving. */
+typedef struct server {
+    const char *dir;               /* the scripts folder */
+    unsigned workers;              /* worker threads (a restart-only setting) */
+    char *access_log;              /* its path, "stderr" or NULL (a restart-only setting) */
+    int access_fd;
+    agw_worker_t **w;
+    agw_metric_labels_t *labels;
+    agw_reload_state_t gens;       /* the generation serving and the reload record */
+    agw_config_t tracing;          /* the exporter's copy of the tracing block (otlp_* only) */
+} server_t;
+
+static char *dup_opt(const char *s)
+{
+    char *d = s ? strdup(s) : NULL;
+    if (s && d == NULL)
+        abort();
+    return d;
+}
+
+/* Copies the tracing block (otlp_*) of from into to, an otherwise empty configuration that
+ * agw_config_free frees. */
+static void tracing_settings(const agw_config_t *from, agw_config_t *to)
+{
+    memset(to, 0, sizeof(*to));
+    to->otlp_url = dup_opt(from->otlp_url);
+    to->otlp_host_header = dup_opt(from->otlp_host_header);
+    to->otlp_path = dup_opt(from->otlp_path);
+    to->otlp_service_name = dup_opt(from->otlp_service_name);
+    to->otlp_addr = from->otlp_addr;
+    to->otlp_addrlen = from->otlp_addrlen;
+    to->otlp_timeout_ms = from->otlp_timeout_ms;
+}
+
+/* After the drain, how long a worker may take to stop before the process exits without it, ms */
+#define AGW_WORKER_STOP_WAIT_MS 5000
+
+/* Graceful shutdown: every worker stops accepting, then requests in flight have up to
+ * shutdown_grace_ms (the serving generation's) to finish. A second SIGTERM/SIGINT ends the wait
+ * at once; SIGUSR1 still reopens the access log; SIGHUP is ignored (logged). */
+static void drain(server_t *srv, const sigset_t *set)
+{
+    agw_generation_t *gen = agw_reload_state_current(&srv->gens);
+    uint64_t grace_ms = gen->conf.shutdown_grace_ms;
+    agw_generation_unref(gen);
+    for (unsigned wi = 0; wi < srv->workers; wi++)
+        agw_worker_drain(srv->w[wi]);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    int n = total_inflight(srv->w, srv->workers);
+    agw_log(AGW_LOG_INFO, "stopping: no new connections; %d request%s in flight, up to %llu ms to finish", n,
+            n == 1 ? "" : "s", (unsigned long long)grace_ms);
+    for (;;) {
+        if ((n = total_inflight(srv->w, srv->workers)) == 0) {
+            agw_log(AGW_LOG_INFO, "stopping: every request finished");
+            return;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        uint64_t elapsed = (uint64_t)(now.tv_sec - start.tv_sec) * 1000 +
+                           (uint64_t)((now.tv_nsec - start.tv_nsec) / 1000000);
+        if (elapsed >= grace_ms) {
+            agw_log(AGW_LOG_WARN, "stopping: grace period of %llu ms over, cutting %d request%s in flight",
+                    (unsigned long long)grace_ms, n, n == 1 ? "" : "s");
+            return;
+        }
+        uint64_t left = grace_ms - elapsed;
+        uint64_t step = left < 10 ? left : 10;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)step * 1000000};
+        int sig = sigtimedwait(set, NULL, &ts);
+        if (sig == SIGUSR1) {
+            reopen_access_log(srv->access_log, srv->access_fd);
+        } else if (sig == SIGTERM || sig == SIGINT) {
+            agw_log(AGW_LOG_WARN, "signal %d again: stopping now, cutting %d request%s in flight", sig,
+                    n, n == 1 ? "" : "s");
+            return;
+        } else if (sig == SIGHUP) {
+            agw_log(AGW_LOG_WARN, "SIGHUP while stopping: not reloaded (the gateway is draining; the running "
+                                  "generation finishes the requests in flight)");
+        }
+    }
+}
+
+/* Logs each line of errors as its own error line, after what. */
+static void log_lines(const char *what, const char *errors)
+{
+    const char *p = errors ? errors : "";
+    while (*p) {
+        const char *eol = strchr(p, '\n');
+        int len = (int)(eol ? eol - p : (long)strlen(p));
+        if (len > 0)
+            agw_log(AGW_LOG_ERROR, "%s: %.*s", what, len, p);
+        p += len + (eol ? 1 : 0);
+    }
+}
+
+/* Waits until every worker gives new requests to generation number (each switches on its own
+ * loop, within a loop pass), so that once the admin listener says a generation serves, every new
+ * request gets it. A worker busy for more than 10 s (a script stuck in a loop) is not waited for. */
+static void wait_switched(server_t *srv, uint64_t number)
+{
+    for (int ms = 0; ms < 10000; ms++) {
+        unsigned behind = 0;
+        for (unsigned wi = 0; wi < srv->workers; wi++)
+            behind += agw_worker_generation(srv->w[wi]) < number;
+        if (behind == 0)
+            return;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+    }
+    agw_log(AGW_LOG_WARN, "reload: a worker has not switched to generation %llu after 10 s (busy?); it will when its "
+            "loop runs again", (unsigned long long)number);
+}
+
+/* SIGHUP: loads the scripts folder as the next generation, checks it (the C configuration on this
+ * thread, then one VM per worker), and only when everything loaded hands each worker its VM. On any
+ * failure the serving generation goes on untouched, and the reasons are logged, counted and kept
+ * for the admin /reload page. */
+static void reload(server_t *srv)
+{
+    /* Loading a folder takes CPU the workers would rather have: this thread only loads, drains and
+     * waits for signals, so it runs at a lower priority from its first reload on (the workers were
+     * started before and keep theirs). */
+    static int niced;
+    if (!niced) {
+        niced = 1;
+        if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10) != 0)
+            agw_log(AGW_LOG_WARN, "reload: cannot lower the main thread's priority: %s", strerror(errno));
+    }
+    agw_generation_t *cur = agw_reload_state_current(&srv->gens);
+    agw_log(AGW_LOG_INFO, "SIGHUP: reloading %s (generation %llu serving)", srv->dir, (unsigned long long)cur->number);
+    agw_buf_t errors = AGW_BUF_INIT;
+    agw_generation_t *next = agw_generation_load(srv->dir, cur->number + 1, cur, srv->labels, &errors);
+    agw_worker_gen_t **prepared = calloc(srv->workers, sizeof(*prepared));
+    if (prepared == NULL)
+        abort();
+    int ok = next != NULL;
+    for (unsigned wi = 0; ok && wi < srv->workers; wi++)
+        ok = (prepared[wi] = agw_worker_prepare(srv->w[wi], next, &errors)) != NULL;
+    if (!ok) {
+        for (unsigned wi = 0; wi < srv->workers; wi++)
+            agw_worker_discard(prepared[wi]);
+        char what[96];
+        snprintf(what, sizeof(what), "reload failed, generation %llu keeps serving", (unsigned long long)cur->number);
+        if (errors.len == 0)
+            agw_buf_printf(&errors, "%s/gateway.lua:1: the scripts folder did not load\n", srv->dir);
+        log_lines(what, errors.base);
+        agw_reload_state_failed(&srv->gens, errors.base);
+    } else {
+        for (unsigned wi = 0; wi < srv->workers; wi++)
+            agw_worker_install(srv->w[wi], prepared[wi]);
+        wait_switched(srv, next->number);
+        agw_reload_state_serving(&srv->gens, next, 1);
+        agw_log(AGW_LOG_INFO, "reload: generation %llu serves new requests: %zu route%s, %zu upstream%s "
+                "(requests in flight finish on the generation they started on)", (unsigned long long)next->number,
+                next->conf.router.num_routes, next->conf.router.num_routes == 1 ? "" : "s", next->conf.num_upstreams,
+                next->conf.num_upstreams == 1 ? "" : "s");
+        log_certificates("reload", &next->conf);
+    }
+    free(prepared);
+    agw_buf_free(&errors);
+    agw_generation_unref(next);
+    agw_generation_unref(cur);
+}
+
+int agw_server_run(const char *dir)
+{
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGUSR1);
+    /* workers inherit the mask; only this thread takes the signals */
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+    server_t srv = {.dir = dir, .access_fd = -1};
+    agw_reload_state_init(&srv.gens);
+    srv.labels = agw_metric_labels_new(AGW_M_ROUTE_SLOTS, AGW_M_UPSTREAM_SLOTS);
+    agw_buf_t errors = AGW_BUF_INIT;
+    agw_generation_t *gen = agw_generation_load(dir, 1, NULL, srv.labels, &errors);
+    if (gen == NULL) {
+        fprintf(stderr, "%s", errors.base ? errors.base : "");
+        agw_log(AGW_LOG_ERROR, "%s is not valid; not starting", dir);
+        agw_buf_free(&errors);
+        return 1;
+    }
+    agw_buf_free(&errors);
+    const agw_config_t *conf = &gen->conf; /* start-up settings: the same in every later generation */
+    srv.workers = conf->workers;
+    srv.access_log = conf->access_log ? strdup(conf->access_log) : NULL;
+
+    static h2o_globalconf_t globalconf;
+    h2o_config_init(&globalconf);
+    globalconf.server_name = h2o_iovec_init(H2O_STRLIT("")); /* on_setup_server_header adds it */
+    globalconf.max_request_entity_size = conf->max_request_body_bytes;
+    h2o_hostconf_t *host = h2o_config_register_host(&globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+    h2o_handler_t *handler = h2o_create_handler(path, sizeof(*handler));
+    handler->on_req = agw_worker_on_req;
+    h2o_create_filter(path, sizeof(h2o_filter_t))->on_setup_ostream = on_setup_server_header;
+    h2o_create_filter(&host->fallback_path, sizeof(h2o_filter_t))->on_setup_ostream = on_setup_server_header;
+
+    for (size_t i = 0; i < conf->num_listen; i++)
+        if (!port_is_free(&conf->listen[i]))
+            return 1;
+    if (srv.access_log && (srv.access_fd = open_access_log(srv.access_log)) < 0)
+        return 1;
+    agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        metrics[wi] = agw_metrics_new(srv.labels);
+    /* spans leave through the exporter thread; without a collector nothing is queued. The exporter
+     * keeps its own copy of the tracing settings (a restart-only block): generation 1 does not
+     * live as long as the process. */
+    agw_otlp_t *exporter = NULL;
+    tracing_settings(conf, &srv.tracing);
+    if (srv.tracing.otlp_url && (exporter = agw_otlp_start(&srv.tracing, srv.labels, conf->workers)) == NULL)
+        return 1;
+    for (unsigned wi = 0; exporter && wi < conf->workers; wi++) {
+        metrics[wi]->trace_queue = agw_otlp_queue(exporter, wi);
+        metrics[wi]->exporter = exporter;
+    }
+    if (agw_worker_ring_wanted(&errors) < 0) {
+        agw_log(AGW_LOG_ERROR, "cannot start: %s", errors.base);
+        agw_buf_free(&errors);
+        return 1;
+    }
+    /* the admin listener answers (not ready) while the workers load their scripts */
+    agw_admin_t *admin = NULL;
+    if (conf->admin_port && (admin = agw_admin_start(conf, &srv.gens, srv.labels, metrics, conf->workers)) == NULL)
+        return 1;
+    srv.w = calloc(conf->workers, sizeof(*srv.w));
+    agw_listener_fd_t *fds = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*fds));
+    for (unsigned wi = 0; wi < conf->workers; wi++) {
+        for (size_t i = 0; i < conf->num_listen; i++) {
+            if ((fds[i].fd = open_listener(&conf->listen[i])) < 0)
+                return 1;
+        }
+        srv.w[wi] = agw_worker_start((int)wi, gen, &globalconf, fds, conf->num_listen, metrics[wi], srv.access_fd,
+                                     &errors);
+        if (srv.w[wi] == NULL) {
+            agw_log(AGW_LOG_ERROR, "worker %u did not start:\n%s", wi, errors.base ? errors.base : "");
+            agw_buf_free(&errors);
+            agw_admin_stop(admin);
+            return 1;
+        }
+        agw_buf_free(&errors);
+    }
+    for (size_t i = 0; i < conf->num_listen; i++)
+        agw_log(AGW_LOG_INFO, "listening on %s:%d (%s)", conf->listen[i].host, conf->listen[i].port,
+                conf->listen[i].ssl_ctx ? "HTTP/1.1 and HTTP/2 over TLS" : "HTTP/1.1 and h2c");
+    log_certificates("start-up", conf);
+    agw_log(AGW_LOG_INFO, "aggway serving %s with %u worker%s, %zu route%s, %zu upstream%s (generation 1)", conf->dir,
+            conf->workers, conf->workers == 1 ? "" : "s", conf->router.num_routes,
+            conf->router.num_routes == 1 ? "" : "s", conf->num_upstreams, conf->num_upstreams == 1 ? "" : "s");
+    /* the script time limit (watchdog.h) */
+    agw_watchdog_t *watchdog = agw_watchdog_start(srv.w, conf->workers);
+    if (watchdog == NULL)
+        agw_log(AGW_LOG_WARN, "cannot start the watchdog thread: scripts run without a time limit");
+    agw_reload_state_serving(&srv.gens, gen, 0);
+    agw_generation_unref(gen); /* the workers and the record hold it now */
+    conf = NULL;
+    agw_admin_set_ready(admin, 1);
+    int deferred = 0; /* a SIGHUP waits for old generations to finish (AGW_GENERATIONS_MAX) */
+    for (;;) {
+        if (deferred && agw_generation_live() < AGW_GENERATIONS_MAX) {
+            deferred = 0;
+            reload(&srv);
+            continue;
+        }
+        int sig = 0;
+        if (deferred) {
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = 50 * 1000000};
+            if ((sig = sigtimedwait(&set, NULL, &ts)) < 0)
+                continue;
+        } else if (sigwait(&set, &sig) != 0) {
+            continue;
+        }
+        if (sig == SIGHUP) {
+            if (agw_generation_live() >= AGW_GENERATIONS_MAX) {
+                if (!deferred)
+                    agw_log(AGW_LOG_WARN, "SIGHUP: %llu generations are still finishing requests (at most %d at "
+                            "once); the reload waits until one is done",
+                            (unsigned long long)agw_generation_live(), AGW_GENERATIONS_MAX);
+                deferred = 1;
+                continue;
+            }
+            reload(&srv);
+            continue;
+        }
+        if (sig == SIGUSR1) {
+            reopen_access_log(srv.access_log, srv.access_fd);
+            continue;
+        }
+        agw_log(AGW_LOG_INFO, "signal %d: stopping gracefully", sig);
+        break;
+    }
+    agw_admin_set_ready(admin, 0);
+    drain(&srv, &set);
+    /* the watchdog goes on stopping runaway scripts while the workers stop */
+    for (unsigned wi = 0; wi < srv.workers; wi++) {
+        if (agw_worker_stop(srv.w[wi], AGW_WORKER_STOP_WAIT_MS) != 0) {
+            agw_log(AGW_LOG_ERROR, "stopping: worker %u did not stop within %d ms (a script stuck where the "
+                    "script time limit cannot reach it: a long C call, a compiled loop, a finalizer); exiting "
+                    "without it", wi, AGW_WORKER_STOP_WAIT_MS);
+            _exit(1);
+        }
+    }
+    agw_watchdog_stop(watchdog);
+    agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */
+    agw_otlp_stop(exporter); /* last: sends what the workers queued */
+    for (unsigned wi = 0; wi < srv.workers; wi++)
+        agw_metrics_free(metrics[wi]);
+    free(metrics);
+    if (srv.access_fd >= 0)
+        close(srv.access_fd);
+    free(srv.w);
+    free(fds);
+    free(srv.access_log);
+    agw_reload_state_destroy(&srv.gens);
+    agw_metric_labels_free(srv.labels); /* nothing reads the metrics or the traces any more */
+    agw_config_free(&srv.tracing);
+    /* the workers' VMs are not freed (the process ends), so neither are the generations they hold */
+    return 0;
+}

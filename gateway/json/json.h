@@ -1,0 +1,199 @@
+/* json.h: JSON between upstreams, Lua scripts and the page, with the fidelity rules of
+ * DESIGN §2.3. Parsing is jansson's; encoding is ours (jansson's real formatting is not the
+ * shortest round-trip form).
+ *
+ * How JSON looks in Lua (the "agg.json" module, also re-exported by agg):
+ *   null      agg.null, a light userdata (NULL); `v == agg.null` tests it
+ *   array     a table whose metatable is the array metatable (agg.array() makes one); decoded
+ *             arrays always carry it, so [] stays [] and {} stays {}
+ *   object    a plain table; the key order of a decoded object is remembered (a weak side table)
+ *             and the encoder writes remembered keys first, in that order, skipping removed ones,
+ *             then any other string keys sorted bytewise: the same input gives the same bytes
+ *   integer   a Lua number when |n| <= 2^53; beyond that an int64 box (agg.int64("…")) that keeps
+ *             every digit and compares/prints like the number; integers beyond int64 fail to parse
+ *   real      a Lua number, encoded in the shortest form that reads back to the same double
+ *   string    a Lua string; may hold "\0"; must be valid UTF-8 to be encoded
+ *
+ * Encoding a Lua value: a table without the array metatable is an array when its keys are exactly
+ * 1..n (n >= 1), an object when all keys are strings, `{}` when empty; any other table (sparse,
+ * mixed keys) is an error naming the path. NaN and ±Inf encode as null. Functions, threads, other
+ * userdata, invalid UTF-8 and nesting deeper than AGW_JSON_ENCODE_MAX_DEPTH (this also catches
+ * cycles) are errors naming the path ("$.product.data.tags[3]"). Paths use JSON conventions: "$" is the
+ * encoded value, ".name" an object member (["name"] when the name is not identifier-like), "[i]"
+ * an array element counted from 0 (Lua index i+1).
+ *
+ * A "json ref" is a userdata holding JSON that has not been turned into Lua tables, so sections a
+ * script never touches cost no Lua work. It comes in two kinds:
+ *   tree ref  holds a parsed json_t (a counted reference, released by __gc); the encoder writes it
+ *             straight from the json_t.
+ *   raw ref   holds a copy of JSON text that agw_json_validate accepted, inline in the userdata (no
+ *             malloc, no __gc: its metatable has none, so the GC frees it like a string). The
+ *             encoder copies a compact text verbatim and re-encodes any other through jansson;
+ *             materialize parses it with jansson when (if ever) a script reads it.
+ * materialize and the encoder accept both kinds; agw_json_check_ref returns a tree ref's json_t
+ * and agw_json_check_raw_ref a raw ref's text.
+ */
+#ifndef AGW_JSON_H
+#define AGW_JSON_H
+
+#include <jansson.h>
+#include <lua.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/buf.h"
+
+/* Deepest nesting accepted when parsing an upstream body (or a request body, or json.decode). */
+#define AGW_JSON_MAX_DEPTH 256
+
+/* Deepest nesting the encoder accepts: room for data parsed at AGW_JSON_MAX_DEPTH inside what a
+ * script builds around it (a page puts a section's data two levels down), so what was accepted
+ * from an upstream can always be sent on; deeper is an error (this also catches cycles). */
+#define AGW_JSON_ENCODE_MAX_DEPTH (AGW_JSON_MAX_DEPTH + 64)
+
+/* Registry fields (one set per lua_State, created by agw_json_open or the first agw_json_push and
+ * reused afterwards): the metatables of arrays, int64 boxes and json refs, and the weak-keyed side
+ * table order[tbl] = {k1, k2, ...} of remembered object key orders. An int64 box is a full userdata
+ * holding one int64_t; a json ref is a full userdata holding one json_t * (a counted reference). */
+#define AGW_JSON_ARRAY_MT "agw.json.array"
+#define AGW_JSON_INT64_MT "agw.json.int64"
+#define AGW_JSON_REF_MT "agw.json.ref"
+#define AGW_JSON_RAW_MT "agw.json.raw"
+#define AGW_JSON_ORDER "agw.json.order"
+
+/* The same registry entries are also stored under light userdata keys, which are faster to look
+ * up (no string hashing). Internal to json*.c: agw_json_regget(L, AGW_JSON_K_RAW) pushes
+ * registry[AGW_JSON_RAW_MT] (nil before the module's first use in L). */
+enum { AGW_JSON_K_ORDER, AGW_JSON_K_ARRAY, AGW_JSON_K_INT64, AGW_JSON_K_REF, AGW_JSON_K_RAW, AGW_JSON_NKEYS };
+extern const char agw_json_regkey[AGW_JSON_NKEYS];
+/* Key (light userdata) of an ordered metatable's key list (json.ordered): a table whose metatable
+ * holds a list under it encodes its members in that order. */
+extern const char agw_json_order_mark;
+static inline void agw_json_regget(lua_State *L, int k)
+{
+    lua_pushlightuserdata(L, (void *)&agw_json_regkey[k]);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+}
+
+/* The body of a raw ref userdata (lua_newuserdata of sizeof(agw_json_raw_t) + len + 1 +
+ * extra_len). */
+typedef struct {
+    size_t len;
+    size_t extra_len; /* bytes the owner keeps after the text's NUL (an upstream response's
+                         header block, see agw_json_push_raw_ref); 0 when none */
+    int compact;      /* no whitespace outside strings: the text is its own compact encoding */
+    char text[];      /* len bytes of validated JSON, then a NUL, then extra_len bytes */
+} agw_json_raw_t;
+
+/* Parses len bytes of JSON (any top-level value, "\u0000" allowed in strings). On success stores a
+ * new reference in *out (caller json_decref()s it) and returns 0. On failure returns -1 and writes
+ * a one-line reason to err: invalid JSON (with line/column), invalid UTF-8, nesting deeper than
+ * max_depth, integer beyond int64, a NUL byte anywhere (jansson alone would stop at one after a
+ * value, "[1\0]" read as [1]; the validator's message then). */
+int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out, char *err, size_t errlen);
+
+/* Checks that len bytes are exactly one JSON text that agw_json_parse(buf, len, max_depth, ...)
+ * would accept, in one pass over the bytes with no allocation: RFC 8259 grammar, any top-level
+ * value with optional surrounding whitespace (space, tab, CR, LF); valid UTF-8 (no overlongs, no
+ * UTF-8-encoded surrogates, nothing beyond U+10FFFF); no raw control characters (< 0x20) in
+ * strings; \u escapes with 4 hex digits where a high surrogate escape must be followed by a low
+ * one and a low one must not stand alone ("\u0000" is allowed in values, not in object keys, as
+ * in jansson); integers (no fraction or
+ * exponent) within int64; reals that do not overflow a double (underflow is fine, as in jansson);
+ * at most max_depth nested arrays/objects (values above 2048, jansson's own limit, act as 2048).
+ * Returns 0 and sets *compact (if compact is not NULL) to 1 when there is no whitespace outside
+ * strings, so the text is already its compact encoding, else 0. Returns -1 with *compact = 0 and a
+ * one-line reason in err (if err is not NULL) on failure; N is the 0-based offset of the offending
+ * byte (or of the number's first byte):
+ *   "invalid JSON at byte N: expected ..." (or "unterminated string", "leading zero in a number",
+ *   "control character in string", "invalid escape", "lone surrogate in \u escape",
+ *   "\u0000 in an object key", ...),
+ *   "invalid UTF-8 at byte N", "nesting deeper than D levels", "integer beyond int64 at byte N",
+ *   "number out of range at byte N". */
+int agw_json_validate(const char *buf, size_t len, unsigned max_depth, int *compact, char *err, size_t errlen);
+
+/* Pushes an int64 box holding n (agg.int64). */
+void agw_json_push_int64(lua_State *L, int64_t n);
+
+/* If the value at idx is an int64 box, stores its value in *out and returns 1, else returns 0. */
+int agw_json_check_int64(lua_State *L, int idx, int64_t *out);
+
+/* Pushes v as Lua values (tables, numbers, strings, agg.null, int64 boxes), recording object key
+ * order. Does not steal the reference. Raises a Lua error only when the Lua stack or memory runs
+ * out (v from agw_json_parse is at most AGW_JSON_MAX_DEPTH deep). */
+void agw_json_push(lua_State *L, json_t *v);
+
+/* Pushes a json ref userdata for v; takes its own reference (released by __gc). */
+void agw_json_push_ref(lua_State *L, json_t *v);
+
+/* If the value at idx is a tree ref, returns its json_t (borrowed), else NULL (raw refs included). */
+json_t *agw_json_check_ref(lua_State *L, int idx);
+
+/* Pushes a raw ref holding a copy of len bytes of JSON text that agw_json_validate accepted with a
+ * max_depth of at most AGW_JSON_MAX_DEPTH; compact is the flag it returned (pass 0 when unsure:
+ * the text is then re-encoded rather than copied). extra (extra_len bytes, may be NULL when 0)
+ * is copied after the text and read back with json.raw_extra(ref): an upstream response's header
+ * block rides in the same allocation as its body, so a call whose headers no script reads costs
+ * no Lua string for them. One lua_newuserdata, nothing else allocated. Raises a Lua error only
+ * when memory runs out (or the size exceeds LuaJIT's userdata limit, 2 GB). */
+void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact, const char *extra,
+                           size_t extra_len);
+
+/* Pushes the Lua values of text, which must be NUL-terminated JSON that agw_json_validate accepted
+ * with max_depth <= AGW_JSON_MAX_DEPTH (nothing is checked again). The values are those
+ * agw_json_push gives for jansson's tree of the same text. Needs the module opened in L. */
+void agw_json_push_text(lua_State *L, const char *text);
+
+/* If the value at idx is a raw ref, returns its body (borrowed: valid while the ref is alive; text
+ * is NUL-terminated), else NULL. */
+const agw_json_raw_t *agw_json_check_raw_ref(lua_State *L, int idx);
+
+/* Returns 1 if the value at idx is a json ref of either kind, else 0. */
+int agw_json_is_ref(lua_State *L, int idx);
+
+/* Appends the compact JSON encoding of the Lua value at idx (json refs included) to out. Returns 0,
+ * or -1 with a message naming the path of the offending value in err; out may then hold a
+ * partial encoding that the caller discards. Uses the Lua stack (left as found) and raw table
+ * access only, so no metamethod runs and no Lua error is raised. A table with the array metatable
+ * encodes elements 1..#t (holes as null, other keys ignored). A raw ref is appended verbatim when
+ * compact, else parsed with jansson and encoded like a tree ref (an invalid text, which
+ * agw_json_push_raw_ref's contract rules out, is an error naming its path). Allocates nothing but
+ * out's growth, plus a key array when one object has more than 64 keys not in a remembered order
+ * and the json_t of a raw ref that is not compact. */
+int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t errlen);
+
+/* Appends the compact JSON encoding of v (shortest reals, escaped "\u0000"). Reals always keep a
+ * fraction or exponent ("1.0", not "1"), so an upstream real stays a real; integers print all
+ * their digits. Strings are assumed valid UTF-8 (jansson checks them on load and in json_string());
+ * one that is not (made with a _nocheck constructor) is written as null. */
+void agw_json_encode_value(const json_t *v, agw_buf_t *out);
+
+/* Appends s (len bytes) as a JSON string literal with quotes. Returns -1 (having appended
+ * nothing useful) if s is not valid UTF-8. */
+int agw_json_encode_string(agw_buf_t *out, const char *s, size_t len);
+
+/* Appends the shortest decimal form of d that reads back to d ("4.6", "1e+300", "0.1"). Integral
+ * values below 2^53 print without a fraction ("89"). Negative zero prints as "-0.0": "-0" would
+ * read back as the integer 0 in jansson and many other parsers, losing the sign. NaN and
+ * infinities append "null". Assumes the C locale for LC_NUMERIC (the gateway never changes it). */
+void agw_json_encode_number(agw_buf_t *out, double d);
+
+/* Opens the "agg.json" Lua module and leaves its table on the stack:
+ *   null, array([t]), is_array(t), int64(string|number), is_int64(v), setorder(t, keys) -> t,
+ *   decode(s) -> value | nil, err, encode(v) -> string | nil, err, materialize(ref) -> value,
+ *   parse(s) -> raw ref | nil, err (validates with AGW_JSON_MAX_DEPTH, parses nothing),
+ *   raw(ref) -> string (the text of a raw ref; raises for anything else), is_ref(v) -> boolean.
+ *   array(t) sets the array metatable on t and returns it; array() returns a new empty array.
+ *   int64 takes a decimal string ("-42", no spaces or sign '+') or an integral number in int64
+ *   range and raises an error otherwise; boxes compare (== < <=) only with other boxes, as Lua 5.1
+ *   comparisons between different types do. setorder records a copy of keys (strings; duplicates
+ *   dropped; raises on a non-string) as t's key order; setorder(t, nil) forgets it. decode uses
+ *   AGW_JSON_MAX_DEPTH. materialize returns any value that is not a json ref unchanged; on a raw
+ *   ref it parses the text with jansson each time it is called (raising a Lua error if that
+ *   fails, which validated text cannot do).
+ * Opening it again in the same lua_State reuses the state's metatables and order table, so values
+ * made through either module table are interchangeable. Usable as a lua_CFunction for
+ * package.preload. */
+int agw_json_open(lua_State *L);
+
+#endif

@@ -1,0 +1,525 @@
+/* metrics.c: per-worker counters and their Prometheus rendering (see metrics.h). */
+#include "ops/metrics.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "script/config.h"
+#include "ops/otlp.h"
+#include "ops/prom.h"
+#include "ops/waterfall.h"
+
+static const double CALL_BOUNDS_MS[AGW_M_CALL_BOUNDS] = {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
+static const double REQ_BOUNDS_MS[AGW_M_REQ_BOUNDS] = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000};
+static const double SIZE_BOUNDS[AGW_M_SIZE_BOUNDS] = {256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                                                      16777216};
+
+static const char *const outcome_names[AGW_OUT_N] = {
+    [AGW_OUT_OK] = "ok",
+    [AGW_OUT_4XX] = "4xx",
+    [AGW_OUT_5XX] = "5xx",
+    [AGW_OUT_TIMEOUT] = "timeout",
+    [AGW_OUT_REFUSED] = "refused",
+    [AGW_OUT_RESET] = "reset",
+    [AGW_OUT_BAD_RESPONSE] = "bad_response",
+    [AGW_OUT_OVERLOAD] = "overload",
+    [AGW_OUT_CANCELLED] = "cancelled",
+    [AGW_OUT_INVALID_REQUEST] = "invalid_request",
+    [AGW_OUT_TLS] = "tls",
+};
+
+const char *agw_metric_outcome_name(agw_metric_outcome_t o)
+{
+    return o < AGW_OUT_N ? outcome_names[o] : "?";
+}
+
+agw_metric_labels_t *agw_metric_labels_new(uint32_t route_cap, uint32_t upstream_cap)
+{
+    agw_metric_labels_t *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        abort();
+    l->route_cap = route_cap + 1;
+    l->upstream_cap = upstream_cap ? upstream_cap : 1;
+    l->routes = calloc(l->route_cap, sizeof(*l->routes));
+    l->upstreams = calloc(l->upstream_cap, sizeof(*l->upstreams));
+    if (l->routes == NULL || l->upstreams == NULL || (l->routes[0] = strdup("unmatched")) == NULL)
+        abort();
+    l->num_routes = 1;
+    return l;
+}
+
+void agw_metric_labels_free(agw_metric_labels_t *l)
+{
+    if (l == NULL)
+        return;
+    for (uint32_t i = 0; i < l->num_routes; i++)
+        free(l->routes[i]);
+    for (uint32_t i = 0; i < l->num_upstreams; i++)
+        free(l->upstreams[i]);
+    free(l->routes);
+    free(l->upstreams);
+    free(l);
+}
+
+/* Slot of name among names[from..n), or n when it has none yet. */
+static uint32_t find_slot(char *const *names, uint32_t from, uint32_t n, const char *name)
+{
+    for (uint32_t i = from; i < n; i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    return n;
+}
+
+/* Maps every name to its slot in names (n in use, cap at most), appending new names. Returns
+ * the new count, or cap + 1 (nothing appended) when they do not fit. */
+static uint32_t map_names(char **names, uint32_t from, uint32_t n, uint32_t cap, const char *const *want,
+                          size_t num_want, uint32_t *slot)
+{
+    uint32_t fresh = 0;
+    for (size_t i = 0; i < num_want; i++) {
+        uint32_t s = find_slot(names, from, n, want[i]);
+        if (s == n) { /* new here: a name may still repeat inside want (two generations' worth) */
+            int dup = 0;
+            for (size_t j = 0; j < i && !dup; j++)
+                dup = strcmp(want[j], want[i]) == 0;
+            fresh += !dup;
+        }
+    }
+    if (n + fresh > cap)
+        return cap + 1;
+    for (size_t i = 0; i < num_want; i++) {
+        uint32_t s = find_slot(names, from, n, want[i]);
+        if (s == n) {
+            if ((names[n] = strdup(want[i])) == NULL)
+                abort();
+            n++;
+        }
+        slot[i] = s;
+    }
+    return n;
+}
+
+int agw_metric_labels_map(agw_metric_labels_t *l, const agw_config_t *conf, uint32_t *route_slot,
+                          uint32_t *upstream_slot, agw_buf_t *errors)
+{
+    size_t ne = conf->num_endpoints, nu = conf->num_upstreams;
+    const char **want = calloc((ne > nu ? ne : nu) + 1, sizeof(*want));
+    if (want == NULL)
+        abort();
+    for (size_t e = 0; e < ne; e++)
+        want[e] = conf->endpoints[e].route ? conf->endpoints[e].route : "";
+    uint32_t nr = map_names(l->routes, 1, l->num_routes, l->route_cap, want, ne, route_slot + 1);
+    for (size_t u = 0; u < nu; u++)
+        want[u] = conf->upstreams[u].name ? conf->upstreams[u].name : "";
+    uint32_t nup = nr > l->route_cap ? 0 : map_names(l->upstreams, 0, l->num_upstreams, l->upstream_cap, want, nu,
+                                                    upstream_slot);
+    free(want);
+    if (nr > l->route_cap) {
+        agw_buf_printf(errors, "%s/gateway.lua:1: metrics: more than %u distinct routes since the gateway started; "
+                       "restart it to load this many routes\n", conf->dir, l->route_cap - 1);
+        return -1;
+    }
+    if (nup > l->upstream_cap) {
+        /* the routes of this generation are in the registry already: harmless, they read 0 */
+        agw_buf_printf(errors, "%s/gateway.lua:1: metrics: more than %u distinct upstream names since the gateway "
+                       "started; restart it to load this many upstreams\n", conf->dir, l->upstream_cap);
+        __atomic_store_n(&l->num_routes, nr, __ATOMIC_RELEASE);
+        return -1;
+    }
+    route_slot[0] = 0;
+    __atomic_store_n(&l->num_routes, nr, __ATOMIC_RELEASE);
+    __atomic_store_n(&l->num_upstreams, nup, __ATOMIC_RELEASE);
+    return 0;
+}
+
+agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels)
+{
+    agw_metrics_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        abort();
+    m->num_routes = labels->route_cap;
+    m->num_upstreams = labels->upstream_cap;
+    m->routes = calloc(m->num_routes, sizeof(*m->routes));
+    m->upstreams = calloc(m->num_upstreams, sizeof(*m->upstreams));
+    if (m->routes == NULL || m->upstreams == NULL)
+        abort();
+    m->waterfall = agw_waterfall_new();
+    return m;
+}
+
+void agw_metrics_free(agw_metrics_t *m)
+{
+    if (m == NULL)
+        return;
+    for (uint32_t i = 0; i < m->num_partials; i++)
+        free(m->partials[i].section);
+    free(m->routes);
+    free(m->upstreams);
+    agw_waterfall_free(m->waterfall);
+    free(m);
+}
+
+/* Index of the first bound >= v (the +Inf bucket when v is above every bound). */
+static inline size_t bucket(const double *bounds, size_t n, double v)
+{
+    size_t i = 0;
+    while (i < n && v > bounds[i])
+        i++;
+    return i;
+}
+
+void agw_metrics_request(agw_metrics_t *m, int route, int status, double ms, size_t bytes)
+{
+    if (route < 0 || (size_t)route >= m->num_routes)
+        route = 0;
+    agw_route_metrics_t *r = &m->routes[route];
+    AGW_M_ADD(r->codes[status >= 0 && status < AGW_M_CODES ? status : 0], 1);
+    if (ms < 0)
+        ms = 0;
+    AGW_M_ADD(r->duration[bucket(REQ_BOUNDS_MS, AGW_M_REQ_BOUNDS, ms)], 1);
+    AGW_M_ADD(r->duration_sum_us, (uint64_t)(ms * 1000.0));
+    AGW_M_ADD(r->size[bucket(SIZE_BOUNDS, AGW_M_SIZE_BOUNDS, (double)bytes)], 1);
+    AGW_M_ADD(r->size_sum, (uint64_t)bytes);
+}
+
+void agw_metrics_call(agw_metrics_t *m, size_t up, agw_metric_outcome_t o, double ms)
+{
+    if (up >= m->num_upstreams || o >= AGW_OUT_N)
+        return;
+    agw_upstream_metrics_t *u = &m->upstreams[up];
+    AGW_M_ADD(u->outcomes[o], 1);
+    AGW_M_ADD(u->ended, 1);
+    if (o == AGW_OUT_CANCELLED)
+        return; /* a call the gateway gave up on says nothing about the upstream's latency */
+    if (ms < 0)
+        ms = 0;
+    AGW_M_ADD(u->latency[bucket(CALL_BOUNDS_MS, AGW_M_CALL_BOUNDS, ms)], 1);
+    AGW_M_ADD(u->latency_sum_us, (uint64_t)(ms * 1000.0));
+}
+
+void agw_metrics_partial(agw_metrics_t *m, int endpoint, const char *section, size_t len)
+{
+    if (endpoint < 0 || (size_t)endpoint >= m->num_routes)
+        endpoint = 0;
+    uint32_t n = m->num_partials; /* this thread is the only writer */
+    agw_partial_metric_t *other = NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        agw_partial_metric_t *p = &m->partials[i];
+        if (p->route != endpoint)
+            continue;
+        if (strlen(p->section) == len && memcmp(p->section, section, len) == 0) {
+            AGW_M_ADD(p->count, 1);
+            return;
+        }
+        if (strcmp(p->section, "_other") == 0)
+            other = p;
+    }
+    /* keep one slot free for "_other" of a route that has none yet */
+    if (n + 1 >= AGW_M_PARTIAL_MAX) {
+        if (other == NULL && n < AGW_M_PARTIAL_MAX) {
+            section = "_other", len = 6;
+        } else {
+            if (other)
+                AGW_M_ADD(other->count, 1);
+            return;
+        }
+    }
+    agw_partial_metric_t *p = &m->partials[n];
+    p->route = endpoint;
+    p->section = malloc(len + 1);
+    if (p->section == NULL)
+        abort();
+    memcpy(p->section, section, len);
+    p->section[len] = '\0';
+    AGW_M_SET(p->count, 1);
+    __atomic_store_n(&m->num_partials, n + 1, __ATOMIC_RELEASE);
+}
+
+/* ---- rendering ------------------------------------------------------------------------------- */
+
+/* Label of route slot e (slots are published before any worker counts in them). */
+static const char *route_name(const agw_metric_labels_t *l, size_t nr, size_t e)
+{
+    return e < nr ? l->routes[e] : "unmatched";
+}
+
+static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_metrics_t *const *w, size_t nw)
+{
+    size_t nr = __atomic_load_n(&lb->num_routes, __ATOMIC_ACQUIRE);
+    agw_prom_family(b, "aggway_requests_total", "counter",
+                    "Requests answered, by route pattern (\"unmatched\" when no route matched) and HTTP status code "
+                    "(499: the client went away first).");
+    for (size_t e = 0; e < nr; e++) {
+        for (int code = 0; code < AGW_M_CODES; code++) {
+            uint64_t sum = 0;
+            for (size_t i = 0; i < nw; i++)
+                sum += AGW_M_GET(w[i]->routes[e].codes[code]);
+            if (sum == 0)
+                continue;
+            char cs[8];
+            snprintf(cs, sizeof(cs), "%d", code);
+            agw_prom_label_t l[2] = {AGW_PROM_LABEL("route", route_name(lb, nr, e)), AGW_PROM_LABEL("code", cs)};
+            agw_prom_sample_u64(b, "aggway_requests_total", l, 2, sum);
+        }
+    }
+    uint64_t started = 0, ended = 0;
+    for (size_t i = 0; i < nw; i++) {
+        started += AGW_M_GET(w[i]->requests_started);
+        ended += AGW_M_GET(w[i]->requests_ended);
+    }
+    agw_prom_family(b, "aggway_requests_in_flight", "gauge", "Requests being handled by a script right now.");
+    agw_prom_sample_u64(b, "aggway_requests_in_flight", NULL, 0, started > ended ? started - ended : 0);
+
+    agw_prom_family(b, "aggway_request_duration_seconds", "histogram",
+                    "Time from the request's arrival to its response, by route.");
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t counts[AGW_M_REQ_BOUNDS + 1] = {0}, sum_us = 0;
+        for (size_t i = 0; i < nw; i++) {
+            for (size_t k = 0; k <= AGW_M_REQ_BOUNDS; k++)
+                counts[k] += AGW_M_GET(w[i]->routes[e].duration[k]);
+            sum_us += AGW_M_GET(w[i]->routes[e].duration_sum_us);
+        }
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        agw_prom_histogram(b, "aggway_request_duration_seconds", &l, 1, REQ_BOUNDS_MS, AGW_M_REQ_BOUNDS, 1000.0, counts,
+                           (double)sum_us / 1e6);
+    }
+    agw_prom_family(b, "aggway_response_size_bytes", "histogram", "Response body sizes, by route.");
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t counts[AGW_M_SIZE_BOUNDS + 1] = {0}, sum = 0;
+        for (size_t i = 0; i < nw; i++) {
+            for (size_t k = 0; k <= AGW_M_SIZE_BOUNDS; k++)
+                counts[k] += AGW_M_GET(w[i]->routes[e].size[k]);
+            sum += AGW_M_GET(w[i]->routes[e].size_sum);
+        }
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        agw_prom_histogram(b, "aggway_response_size_bytes", &l, 1, SIZE_BOUNDS, AGW_M_SIZE_BOUNDS, 1.0, counts,
+                           (double)sum);
+    }
+}
+
+static void render_partials(agw_buf_t *b, const agw_metric_labels_t *lb, agw_metrics_t *const *w, size_t nw)
+{
+    size_t nr = __atomic_load_n(&lb->num_routes, __ATOMIC_ACQUIRE);
+    agw_prom_family(b, "aggway_partial_pages_total", "counter",
+                    "Pages served with 200 but incomplete (X-Aggregation-Completed: false), by route and by each "
+                    "section that was not ok (fallback, stale or unavailable).");
+    /* merge the workers' (route, section) entries; few and small: quadratic is fine */
+    size_t cap = 0;
+    for (size_t i = 0; i < nw; i++)
+        cap += __atomic_load_n(&w[i]->num_partials, __ATOMIC_ACQUIRE);
+    if (cap == 0)
+        return;
+    struct merged {
+        int route;
+        const char *section;
+        uint64_t count;
+    } *mg = calloc(cap, sizeof(*mg));
+    if (mg == NULL)
+        abort();
+    size_t n = 0;
+    for (size_t i = 0; i < nw; i++) {
+        uint32_t np = __atomic_load_n(&w[i]->num_partials, __ATOMIC_ACQUIRE);
+        for (uint32_t j = 0; j < np; j++) {
+            const agw_partial_metric_t *p = &w[i]->partials[j];
+            size_t k = 0;
+            while (k < n && !(mg[k].route == p->route && strcmp(mg[k].section, p->section) == 0))
+                k++;
+            if (k == n) {
+                mg[n].route = p->route;
+                mg[n].section = p->section;
+                n++;
+            }
+            mg[k].count += AGW_M_GET(((agw_partial_metric_t *)p)->count);
+        }
+    }
+    for (size_t k = 0; k < n; k++) {
+        agw_prom_label_t l[2] = {AGW_PROM_LABEL("route", route_name(lb, nr, (size_t)mg[k].route)),
+                                 AGW_PROM_LABEL("section", mg[k].section)};
+        agw_prom_sample_u64(b, "aggway_partial_pages_total", l, 2, mg[k].count);
+    }
+    free(mg);
+}
+
+/* One per-upstream counter family, summed over the workers (field: offset in agw_upstream_metrics_t). */
+static void render_upstream_counter(agw_buf_t *b, const agw_metric_labels_t *lb, size_t nu, agw_metrics_t *const *w,
+                                    size_t nw, const char *name, const char *type, const char *help, size_t offset)
+{
+    agw_prom_family(b, name, type, help);
+    for (size_t u = 0; u < nu; u++) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < nw; i++)
+            sum += AGW_M_GET(*(uint64_t *)((char *)&w[i]->upstreams[u] + offset));
+        agw_prom_label_t l = AGW_PROM_LABEL("upstream", lb->upstreams[u]);
+        agw_prom_sample_u64(b, name, &l, 1, sum);
+    }
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* the clock of libev's ev_now(), which the breakers are fed */
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The breaker of upstream slot name in conf (the generation serving), or NULL. */
+static agw_breaker_t *breaker_of(const agw_config_t *conf, const char *name)
+{
+    for (size_t i = 0; conf && i < conf->num_upstreams; i++)
+        if (strcmp(conf->upstreams[i].name, name) == 0)
+            return conf->breakers[i];
+    return NULL;
+}
+
+static void render_upstreams(agw_buf_t *b, const agw_metric_labels_t *lb, const agw_config_t *conf,
+                             agw_metrics_t *const *w, size_t nw)
+{
+    size_t nu = __atomic_load_n(&lb->num_upstreams, __ATOMIC_ACQUIRE);
+    struct bstate {
+        int present; /* the upstream is in the generation serving */
+        int state;
+        uint64_t opened, closed, denied;
+    } *bs = calloc(nu ? nu : 1, sizeof(*bs));
+    if (bs == NULL)
+        abort();
+    double now = now_ms();
+    for (size_t u = 0; u < nu; u++) {
+        agw_breaker_t *br = breaker_of(conf, lb->upstreams[u]);
+        if (br == NULL)
+            continue;
+        bs[u].present = 1;
+        pthread_mutex_lock(&br->lock);
+        int st = br->failures == 0 ? AGW_BREAKER_CLOSED : (int)br->state;
+        /* an open breaker turns half-open when the next call asks after open_ms */
+        if (st == AGW_BREAKER_OPEN && now >= (double)(br->opened_at_ms + br->open_ms))
+            st = AGW_BREAKER_HALF_OPEN;
+        bs[u].state = st;
+        bs[u].opened = br->opened;
+        bs[u].closed = br->closed;
+        bs[u].denied = br->denied;
+        pthread_mutex_unlock(&br->lock);
+    }
+
+    agw_prom_family(b, "aggway_upstream_calls_total", "counter",
+                    "Calls to an upstream (each attempt: retries and hedges count) by outcome: ok, 4xx, 5xx, timeout, "
+                    "refused, reset, bad_response, overload, cancelled, invalid_request, and circuit_open (not sent: "
+                    "the breaker was open).");
+    for (size_t u = 0; u < nu; u++) {
+        for (int o = 0; o <= AGW_OUT_N; o++) {
+            uint64_t sum = 0;
+            if (o == AGW_OUT_N) {
+                sum = bs[u].denied;
+            } else {
+                for (size_t i = 0; i < nw; i++)
+                    sum += AGW_M_GET(w[i]->upstreams[u].outcomes[o]);
+            }
+            agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", lb->upstreams[u]),
+                                     AGW_PROM_LABEL("outcome", o == AGW_OUT_N ? "circuit_open" : outcome_names[o])};
+            agw_prom_sample_u64(b, "aggway_upstream_calls_total", l, 2, sum);
+        }
+    }
+    agw_prom_family(b, "aggway_upstream_call_duration_seconds", "histogram",
+                    "Latency of upstream calls that ended (cancelled calls are not observed).");
+    for (size_t u = 0; u < nu; u++) {
+        uint64_t counts[AGW_M_CALL_BOUNDS + 1] = {0}, sum_us = 0;
+        for (size_t i = 0; i < nw; i++) {
+            for (size_t k = 0; k <= AGW_M_CALL_BOUNDS; k++)
+                counts[k] += AGW_M_GET(w[i]->upstreams[u].latency[k]);
+            sum_us += AGW_M_GET(w[i]->upstreams[u].latency_sum_us);
+        }
+        agw_prom_label_t l = AGW_PROM_LABEL("upstream", lb->upstreams[u]);
+        agw_prom_histogram(b, "aggway_upstream_call_duration_seconds", &l, 1, CALL_BOUNDS_MS, AGW_M_CALL_BOUNDS, 1000.0,
+                           counts, (double)sum_us / 1e6);
+    }
+    agw_prom_family(b, "aggway_upstream_calls_in_flight", "gauge", "Upstream calls started and not yet ended.");
+    for (size_t u = 0; u < nu; u++) {
+        uint64_t started = 0, ended = 0;
+        for (size_t i = 0; i < nw; i++) {
+            started += AGW_M_GET(w[i]->upstreams[u].started);
+            ended += AGW_M_GET(w[i]->upstreams[u].ended);
+        }
+        agw_prom_label_t l = AGW_PROM_LABEL("upstream", lb->upstreams[u]);
+        agw_prom_sample_u64(b, "aggway_upstream_calls_in_flight", &l, 1, started > ended ? started - ended : 0);
+    }
+#define UCOUNTER(name, type, help, field) \
+    render_upstream_counter(b, lb, nu, w, nw, name, type, help, offsetof(agw_upstream_metrics_t, field))
+    UCOUNTER("aggway_upstream_pool_connections", "gauge",
+             "Connections open to the upstream (idle, busy and connecting), over every worker's pool.", pool_open);
+    UCOUNTER("aggway_upstream_pool_idle_connections", "gauge", "Idle keep-alive connections in the pools.", pool_idle);
+    UCOUNTER("aggway_upstream_pool_waiting_calls", "gauge", "Calls waiting for a free connection (max_pending bounds them).",
+             pool_pending);
+    UCOUNTER("aggway_upstream_retries_total", "counter", "Retries started (published by each worker once a second).",
+             retries);
+    UCOUNTER("aggway_upstream_retries_denied_total", "counter",
+             "Retries not made because the retry budget was spent (published once a second).", retries_denied);
+    UCOUNTER("aggway_upstream_hedges_total", "counter", "Hedged second attempts started (published once a second).",
+             hedges);
+    UCOUNTER("aggway_upstream_hedges_won_total", "counter",
+             "Hedged attempts whose answer was used (published once a second).", hedges_won);
+    UCOUNTER("aggway_upstream_collapsed_total", "counter",
+             "Calls that shared an identical call in flight instead of making their own (published once a second).",
+             collapsed);
+#undef UCOUNTER
+    agw_prom_family(b, "aggway_upstream_breaker_state", "gauge",
+                    "Circuit breaker of the upstream, shared by every worker: 0 closed, 1 open, 2 half-open.");
+    for (size_t u = 0; u < nu; u++) {
+        if (!bs[u].present)
+            continue;
+        agw_prom_label_t l = AGW_PROM_LABEL("upstream", lb->upstreams[u]);
+        agw_prom_sample_u64(b, "aggway_upstream_breaker_state", &l, 1, (uint64_t)bs[u].state);
+    }
+    agw_prom_family(b, "aggway_upstream_breaker_transitions_total", "counter",
+                    "Times the breaker opened (to=\"open\") and closed again after a successful probe (to=\"closed\").");
+    for (size_t u = 0; u < nu; u++) {
+        if (!bs[u].present)
+            continue;
+        agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", lb->upstreams[u]), AGW_PROM_LABEL("to", "open")};
+        agw_prom_sample_u64(b, "aggway_upstream_breaker_transitions_total", l, 2, bs[u].opened);
+        l[1] = AGW_PROM_LABEL("to", "closed");
+        agw_prom_sample_u64(b, "aggway_upstream_breaker_transitions_total", l, 2, bs[u].closed);
+    }
+    free(bs);
+}
+
+void agw_metrics_render(agw_buf_t *b, const agw_metric_labels_t *labels, const agw_config_t *conf,
+                        agw_metrics_t *const *workers, size_t num_workers, const agw_metrics_process_t *proc)
+{
+    agw_prom_family(b, "aggway_ready", "gauge", "1 while the gateway serves (as /readyz), 0 while it starts or stops.");
+    agw_prom_sample_u64(b, "aggway_ready", NULL, 0, proc->ready ? 1 : 0);
+    agw_prom_family(b, "aggway_workers", "gauge", "Worker threads.");
+    agw_prom_sample_u64(b, "aggway_workers", NULL, 0, num_workers);
+    agw_prom_family(b, "aggway_generation", "gauge",
+                    "Generation of the scripts folder serving new requests (1 as started, +1 per successful reload; "
+                    "0 before the first is loaded).");
+    agw_prom_sample_u64(b, "aggway_generation", NULL, 0, proc->generation);
+    agw_prom_family(b, "aggway_generations_live", "gauge",
+                    "Generations loaded and not yet freed: the one serving plus old ones still finishing requests.");
+    agw_prom_sample_u64(b, "aggway_generations_live", NULL, 0, proc->generations_live);
+    agw_prom_family(b, "aggway_reloads_total", "counter",
+                    "Reloads (SIGHUP) that put a new generation of the scripts folder in service.");
+    agw_prom_sample_u64(b, "aggway_reloads_total", NULL, 0, proc->reloads);
+    agw_prom_family(b, "aggway_reload_failures_total", "counter",
+                    "Reloads that failed (a script or gateway.lua did not load or check); the old generation kept "
+                    "serving. The reasons are in the log and on the admin /reload page.");
+    agw_prom_sample_u64(b, "aggway_reload_failures_total", NULL, 0, proc->reload_failures);
+    agw_prom_family(b, "aggway_reload_last_success", "gauge", "0 when the last reload failed, else 1.");
+    agw_prom_sample_u64(b, "aggway_reload_last_success", NULL, 0, proc->last_reload_ok ? 1 : 0);
+    agw_prom_family(b, "aggway_reload_last_time_seconds", "gauge",
+                    "When the last reload was tried, seconds since the Unix epoch (0: never).");
+    agw_prom_sample(b, "aggway_reload_last_time_seconds", NULL, 0, proc->last_reload_time);
+    agw_prom_family(b, "aggway_start_time_seconds", "gauge", "When the gateway started, seconds since the Unix epoch.");
+    agw_prom_sample(b, "aggway_start_time_seconds", NULL, 0, proc->start_time);
+    render_requests(b, labels, workers, num_workers);
+    render_partials(b, labels, workers, num_workers);
+    render_upstreams(b, labels, conf, workers, num_workers);
+    agw_otlp_render_metrics(b, num_workers ? workers[0]->exporter : NULL);
+    uint64_t skipped = 0;
+    for (size_t i = 0; i < num_workers; i++)
+        if (workers[i]->waterfall)
+            skipped += __atomic_load_n(&workers[i]->waterfall->skipped, __ATOMIC_RELAXED);
+    agw_prom_family(b, "aggway_waterfall_skipped_total", "counter",
+                    "Requests left out of /waterfall because the admin listener was reading the ring at that moment.");
+    agw_prom_sample_u64(b, "aggway_waterfall_skipped_total", NULL, 0, skipped);
+}

@@ -1,0 +1,441 @@
+/* config.c: a scripts folder's generation as C structures (see config.h). */
+#include "script/config.h"
+
+#include <lauxlib.h>
+#include <openssl/ssl.h>
+#include <netdb.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "script/listen_tls.h"
+#include "base/log.h"
+#include "script/script.h"
+#include "upstream/tls.h"
+
+static char *field_str(lua_State *L, int idx, const char *name)
+{
+    lua_getfield(L, idx, name);
+    char *s = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+    lua_pop(L, 1);
+    return s;
+}
+
+static double field_num(lua_State *L, int idx, const char *name, double dflt)
+{
+    lua_getfield(L, idx, name);
+    double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : dflt;
+    lua_pop(L, 1);
+    return v;
+}
+
+/* Resolves host:port into *addr. Returns 0, or -1 with "file:line: where: cannot resolve…" in errors. */
+static int resolve(struct sockaddr_storage *addr, socklen_t *addrlen, const char *where, const char *host, int port,
+                   const char *file, int line, agw_buf_t *errors)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_family = AF_UNSPEC;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    int rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        agw_buf_printf(errors, "%s:%d: %s: cannot resolve host '%s': %s\n", file, line, where, host,
+                       gai_strerror(rc));
+        return -1;
+    }
+    memcpy(addr, res->ai_addr, res->ai_addrlen);
+    *addrlen = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* Reads the checked tls table of an https:// upstream (on the stack at t, or absent for http://)
+ * into u->tls and builds its SSL_CTX. Returns 0 or -1 with "file:line: upstreams.NAME.tls: why". */
+static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const char *file, agw_buf_t *errors)
+{
+    lua_getfield(L, t, "tls");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    int tt = lua_gettop(L);
+    agw_upstream_tls_t *tls = calloc(1, sizeof(*tls));
+    if (tls == NULL)
+        abort();
+    tls->ca_file = field_str(L, tt, "ca_file");
+    tls->server_name = field_str(L, tt, "server_name");
+    lua_getfield(L, tt, "verify");
+    tls->verify = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    int line = (int)field_num(L, tt, "line", field_num(L, t, "line", 1));
+    lua_pop(L, 1);
+    u->tls = tls;
+    char why[256];
+    if (agw_upstream_tls_init(tls, why, sizeof(why)) != 0) {
+        agw_buf_printf(errors, "%s:%d: upstreams.%s.tls: %s\n", file, line, u->name, why);
+        return -1;
+    }
+    if (!tls->verify)
+        agw_log(AGW_LOG_WARN, "%s:%d: upstreams.%s.tls.verify is false: the certificate of %s is not checked, "
+                "anyone on the path can pose as it", file, line, u->name, u->url);
+    return 0;
+}
+
+static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *errors)
+{
+    char file[4096];
+    snprintf(file, sizeof(file), "%s/gateway.lua", conf->dir);
+    lua_getfield(L, cfg, "upstreams");
+    int ups = lua_gettop(L);
+    size_t n = lua_objlen(L, ups);
+    conf->upstreams = calloc(n ? n : 1, sizeof(*conf->upstreams));
+    conf->breakers = calloc(n ? n : 1, sizeof(*conf->breakers));
+    conf->num_upstreams = n;
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, ups, (int)i + 1);
+        int t = lua_gettop(L);
+        agw_upstream_conf_t *u = &conf->upstreams[i];
+        u->name = field_str(L, t, "name");
+        u->url = field_str(L, t, "url");
+        u->host_header = field_str(L, t, "host_header");
+        u->base_path = field_str(L, t, "base_path");
+        u->timeout_ms = (uint64_t)field_num(L, t, "timeout_ms", 1000);
+        u->connect_timeout_ms = (uint64_t)field_num(L, t, "connect_timeout_ms", 100);
+        u->idle_timeout_ms = (uint64_t)field_num(L, t, "idle_timeout_ms", 60000);
+        u->max_connections = (unsigned)field_num(L, t, "max_connections", 64);
+        u->max_pending = (unsigned)field_num(L, t, "max_pending", 256);
+        u->max_body_bytes = (size_t)field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
+        /* the breaker block is always a table after checking: { failures, open_s, half_open_probes, off } */
+        lua_getfield(L, t, "breaker");
+        int bt = lua_gettop(L);
+        lua_getfield(L, bt, "off");
+        int off = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        conf->breakers[i] = agw_breaker_new(off ? 0 : (unsigned)field_num(L, bt, "failures", 5),
+                         (uint64_t)(field_num(L, bt, "open_s", 30) * 1000), (unsigned)field_num(L, bt, "half_open_probes", 1));
+        lua_settop(L, t);
+        char *host = field_str(L, t, "host");
+        int port = (int)field_num(L, t, "port", 80);
+        int line = (int)field_num(L, t, "line", 1);
+        char where[256];
+        snprintf(where, sizeof(where), "upstreams.%s.url", u->name);
+        if (host == NULL || resolve(&u->addr, &u->addrlen, where, host, port, file, line, errors) != 0)
+            rc = -1;
+        if (load_upstream_tls(L, t, u, file, errors) != 0)
+            rc = -1;
+        free(host);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
+int agw_config_add_route(lua_State *L, int e, agw_router_t *router, int endpoint, agw_buf_t *errors)
+{
+    if (e < 0)
+        e = lua_gettop(L) + e + 1;
+    int rc = 0;
+    agw_route_seg_t segs[AGW_ROUTE_MAX_SEGMENTS + 1];
+    lua_getfield(L, e, "segments");
+    size_t ns = lua_objlen(L, -1);
+    char *method = field_str(L, e, "method");
+    char *route = field_str(L, e, "route");
+    if (ns > AGW_ROUTE_MAX_SEGMENTS) {
+        agw_buf_printf(errors, "%s: route '%s' has more than %d segments\n", route, route, AGW_ROUTE_MAX_SEGMENTS);
+        rc = -1;
+    } else {
+        for (size_t j = 0; j < ns; j++) {
+            lua_rawgeti(L, -1, (int)j + 1);
+            if (lua_istable(L, -1)) {
+                lua_getfield(L, -1, "param");
+                segs[j].text = (char *)lua_tolstring(L, -1, &segs[j].len);
+                segs[j].is_param = 1;
+                lua_pop(L, 1);
+            } else {
+                segs[j].text = (char *)lua_tolstring(L, -1, &segs[j].len);
+                segs[j].is_param = 0;
+            }
+            lua_pop(L, 1); /* strings stay alive: referenced by the segments table */
+        }
+        if (agw_router_add(router, method, route, segs, ns, endpoint) != 0) {
+            agw_buf_printf(errors, "route '%s' has more than %d parameters\n", route, AGW_ROUTE_MAX_PARAMS);
+            rc = -1;
+        }
+    }
+    free(method);
+    free(route);
+    lua_pop(L, 1);
+    return rc;
+}
+
+static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *errors)
+{
+    lua_getfield(L, gen, "endpoints");
+    int eps = lua_gettop(L);
+    size_t n = lua_objlen(L, eps);
+    int rc = 0;
+    conf->endpoints = calloc(n ? n : 1, sizeof(*conf->endpoints));
+    conf->num_endpoints = n;
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, eps, (int)i + 1);
+        int e = lua_gettop(L);
+        conf->endpoints[i].route = field_str(L, e, "route");
+        conf->endpoints[i].method = field_str(L, e, "method");
+        conf->endpoints[i].file = field_str(L, e, "file");
+        if (agw_config_add_route(L, e, &conf->router, (int)i + 1, errors) != 0)
+            rc = -1;
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
+static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
+{
+    lua_getfield(L, cfg, "listen");
+    int t = lua_gettop(L);
+    size_t n = lua_objlen(L, t);
+    conf->listen = calloc(n ? n : 1, sizeof(*conf->listen));
+    conf->num_listen = n;
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, t, (int)i + 1);
+        int e = lua_gettop(L);
+        conf->listen[i].host = field_str(L, e, "host");
+        conf->listen[i].port = (int)field_num(L, e, "port", 8080);
+        conf->listen[i].cert_file = field_str(L, e, "cert");
+        conf->listen[i].key_file = field_str(L, e, "key");
+        conf->listen[i].cert_line = (int)field_num(L, e, "cert_line", 1);
+        conf->listen[i].key_line = (int)field_num(L, e, "key_line", 1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return 0;
+}
+
+/* admin = { host, port } (absent: no admin listener) and access_log = "path" | "stderr" (absent: off). */
+static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
+{
+    lua_getfield(L, cfg, "admin");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        conf->admin_host = field_str(L, t, "host");
+        conf->admin_port = (int)field_num(L, t, "port", 9090);
+        if (conf->admin_host == NULL)
+            conf->admin_host = strdup("127.0.0.1");
+    }
+    lua_pop(L, 1);
+    char *log = field_str(L, cfg, "access_log");
+    if (log && strcmp(log, "stderr") != 0 && log[0] != '/') {
+        size_t len = strlen(conf->dir) + strlen(log) + 2;
+        char *full = malloc(len);
+        snprintf(full, len, "%s/%s", conf->dir, log);
+        free(log);
+        log = full;
+    }
+    conf->access_log = log;
+}
+
+/* tracing = { otlp_http, service_name, timeout_ms } as agg.config normalized it (absent: no export). */
+static int load_tracing(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *errors)
+{
+    int rc = 0;
+    lua_getfield(L, cfg, "tracing");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        conf->otlp_url = field_str(L, t, "otlp_http");
+        conf->otlp_host_header = field_str(L, t, "host_header");
+        conf->otlp_path = field_str(L, t, "path");
+        conf->otlp_service_name = field_str(L, t, "service_name");
+        conf->otlp_timeout_ms = (uint64_t)field_num(L, t, "timeout_ms", 2000);
+        char *host = field_str(L, t, "host");
+        char file[4096];
+        snprintf(file, sizeof(file), "%s/gateway.lua", conf->dir);
+        if (conf->otlp_url && host &&
+            resolve(&conf->otlp_addr, &conf->otlp_addrlen, "tracing.otlp_http", host, (int)field_num(L, t, "port", 80),
+                    file, (int)field_num(L, t, "line", 1), errors) != 0)
+            rc = -1;
+        free(host);
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
+/* Resolves a TLS file path relative to the scripts folder. */
+static void resolve_tls_paths(agw_config_t *conf)
+{
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        char **files[2] = {&conf->listen[i].cert_file, &conf->listen[i].key_file};
+        for (int k = 0; k < 2; k++) {
+            char *p = *files[k];
+            if (p == NULL || p[0] == '/')
+                continue;
+            size_t len = strlen(conf->dir) + strlen(p) + 2;
+            char *full = malloc(len);
+            snprintf(full, len, "%s/%s", conf->dir, p);
+            free(p);
+            *files[k] = full;
+        }
+    }
+}
+
+/* Builds the SSL_CTX of every TLS listener from its files (resolved paths). Returns 0, or -1 with
+ * "file:line: listen[N].tls.cert|key: why" for each listener whose files do not load. */
+static int load_listen_tls(agw_config_t *conf, agw_buf_t *errors)
+{
+    int rc = 0;
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        agw_listen_conf_t *l = &conf->listen[i];
+        if (l->cert_file == NULL)
+            continue;
+        agw_listen_tls_file_t bad;
+        char why[1024];
+        if ((l->ssl_ctx = agw_listen_tls_new(l->cert_file, l->key_file, &bad, why, sizeof(why))) == NULL) {
+            int key = bad == AGW_LISTEN_TLS_KEY;
+            agw_buf_printf(errors, "%s/gateway.lua:%d: listen[%zu].tls.%s: %s\n", conf->dir,
+                           key ? l->key_line : l->cert_line, i + 1, key ? "key" : "cert", why);
+            rc = -1;
+        }
+    }
+    return rc;
+}
+
+int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
+{
+    memset(conf, 0, sizeof(*conf));
+    conf->dir = strdup(dir);
+    lua_State *L = agw_vm_new(dir);
+    if (L == NULL) {
+        agw_buf_puts(errors, "out of memory creating a Lua state\n");
+        agw_config_free(conf);
+        return -1;
+    }
+    if (agw_vm_load_generation(L, dir, errors) != 0) {
+        lua_close(L);
+        agw_config_free(conf); /* the folder's name: a reload that fails must leave nothing behind */
+        return -1;
+    }
+    int gen = lua_gettop(L);
+    lua_getfield(L, gen, "config");
+    int cfg = lua_gettop(L);
+    long workers = (long)field_num(L, cfg, "workers", 0);
+    if (workers <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        workers = cores > 0 ? cores : 1;
+    }
+    conf->workers = (unsigned)workers;
+    conf->deadline_ms = (uint64_t)field_num(L, cfg, "deadline_ms", 1000);
+    conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
+    conf->shutdown_grace_ms = (uint64_t)field_num(L, cfg, "shutdown_grace_ms", 10000);
+    conf->script_time_limit_ms = (uint64_t)field_num(L, cfg, "script_time_limit_ms", 1000);
+    int rc = load_listen(L, cfg, conf);
+    load_admin(L, cfg, conf);
+    if (load_upstreams(L, cfg, conf, errors) != 0)
+        rc = -1;
+    if (load_routes(L, gen, conf, errors) != 0)
+        rc = -1;
+    if (load_tracing(L, cfg, conf, errors) != 0)
+        rc = -1;
+    resolve_tls_paths(conf);
+    if (load_listen_tls(conf, errors) != 0)
+        rc = -1;
+    lua_close(L);
+    if (rc != 0)
+        agw_config_free(conf);
+    return rc;
+}
+
+void agw_config_free(agw_config_t *conf)
+{
+    for (size_t i = 0; i < conf->num_listen; i++) {
+        free(conf->listen[i].host);
+        free(conf->listen[i].cert_file);
+        free(conf->listen[i].key_file);
+        SSL_CTX_free(conf->listen[i].ssl_ctx);
+    }
+    free(conf->listen);
+    for (size_t i = 0; conf->upstreams && i < conf->num_upstreams; i++)
+        agw_upstream_conf_clear(&conf->upstreams[i]);
+    free(conf->upstreams);
+    for (size_t i = 0; conf->breakers && i < conf->num_upstreams; i++)
+        agw_breaker_unref(conf->breakers[i]);
+    free(conf->breakers);
+    agw_router_free(&conf->router);
+    for (size_t i = 0; conf->endpoints && i < conf->num_endpoints; i++) {
+        free(conf->endpoints[i].route);
+        free(conf->endpoints[i].method);
+        free(conf->endpoints[i].file);
+    }
+    free(conf->endpoints);
+    free(conf->admin_host);
+    free(conf->access_log);
+    free(conf->otlp_url);
+    free(conf->otlp_host_header);
+    free(conf->otlp_path);
+    free(conf->otlp_service_name);
+    free(conf->dir);
+    memset(conf, 0, sizeof(*conf));
+}
+
+static int same_str(const char *a, const char *b)
+{
+    return (a == NULL && b == NULL) || (a && b && strcmp(a, b) == 0);
+}
+
+static int same_tls(const agw_upstream_tls_t *a, const agw_upstream_tls_t *b)
+{
+    return (a == NULL && b == NULL) || (a && b && same_str(a->ca_file, b->ca_file) &&
+                                        same_str(a->server_name, b->server_name) && a->verify == b->verify);
+}
+
+int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf_t *b)
+{
+    return same_tls(a->tls, b->tls) && same_str(a->name, b->name) && same_str(a->url, b->url) &&
+           same_str(a->host_header, b->host_header) &&
+           same_str(a->base_path, b->base_path) && a->addrlen == b->addrlen &&
+           memcmp(&a->addr, &b->addr, a->addrlen) == 0 && a->connect_timeout_ms == b->connect_timeout_ms &&
+           a->idle_timeout_ms == b->idle_timeout_ms && a->max_connections == b->max_connections &&
+           a->max_pending == b->max_pending && a->max_body_bytes == b->max_body_bytes;
+}
+
+static char *dup_or_null(const char *s)
+{
+    char *d = s ? strdup(s) : NULL;
+    if (s && d == NULL)
+        abort();
+    return d;
+}
+
+void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t *u)
+{
+    *out = *u;
+    out->name = dup_or_null(u->name);
+    out->url = dup_or_null(u->url);
+    out->host_header = dup_or_null(u->host_header);
+    out->base_path = dup_or_null(u->base_path);
+    if (u->tls) { /* the pool may outlive u's generation: its own settings, a reference to the SSL_CTX */
+        if ((out->tls = malloc(sizeof(*out->tls))) == NULL)
+            abort();
+        *out->tls = *u->tls;
+        out->tls->ca_file = dup_or_null(u->tls->ca_file);
+        out->tls->server_name = dup_or_null(u->tls->server_name);
+        if (out->tls->ctx)
+            SSL_CTX_up_ref(out->tls->ctx);
+    }
+}
+
+void agw_upstream_conf_clear(agw_upstream_conf_t *u)
+{
+    free(u->name);
+    free(u->url);
+    free(u->host_header);
+    free(u->base_path);
+    if (u->tls) {
+        agw_upstream_tls_free(u->tls);
+        free((char *)u->tls->ca_file);
+        free((char *)u->tls->server_name);
+        free(u->tls);
+    }
+    memset(u, 0, sizeof(*u));
+}

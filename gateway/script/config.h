@@ -1,0 +1,104 @@
+/* config.h: one loaded generation of a scripts folder, as the C side needs it: listeners,
+ * workers, upstreams (resolved) and the route table (generation.h wraps it for hot reload). Built
+ * by agw_config_load from the same Lua loader (lua/agg/loader.lua) that every worker runs, so
+ * `aggway check` and `serve` agree. */
+#ifndef AGW_CONFIG_H
+#define AGW_CONFIG_H
+
+#include <lua.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "upstream/breaker.h"
+#include "base/buf.h"
+#include "script/router.h"
+#include "upstream/conf.h"
+
+typedef struct agw_listen_conf {
+    char *host;        /* address to bind ("0.0.0.0") */
+    int port;          /* TCP port */
+    char *cert_file;   /* PEM certificate chain when TLS is on, else NULL (resolved against the folder) */
+    char *key_file;    /* PEM private key when TLS is on, else NULL (resolved against the folder) */
+    int cert_line;     /* line of gateway.lua that names cert_file (messages), 0 without TLS */
+    int key_line;      /* line of gateway.lua that names key_file */
+    struct ssl_ctx_st *ssl_ctx; /* TLS on: the server context built from the two files when this
+                                   generation was loaded (listen_tls.h), one reference, freed by
+                                   agw_config_free; workers and connections take their own. NULL
+                                   for cleartext */
+} agw_listen_conf_t;
+
+/* An endpoint as /routes and the metrics name it. */
+typedef struct agw_endpoint_info {
+    char *route;       /* "GET /product-page/{id}" */
+    char *method;      /* "GET" */
+    char *file;        /* the script that defines it */
+} agw_endpoint_info_t;
+
+typedef struct agw_config {
+    char *dir;                          /* scripts folder as given */
+    agw_listen_conf_t *listen;
+    size_t num_listen;
+    unsigned workers;                   /* worker threads (resolved: "auto" = cores) */
+    uint64_t deadline_ms;               /* default request deadline, ms */
+    size_t max_request_body_bytes;      /* request body limit, bytes */
+    uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
+    uint64_t script_time_limit_ms;      /* how long a script may run without waiting before it is
+                                           stopped, ms (watchdog.h) */
+    agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
+    agw_breaker_t **breakers;           /* one per upstream, shared by every worker (and by the next
+                                           generation when the upstream does not change); one
+                                           reference each */
+    size_t num_upstreams;
+    agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
+    agw_endpoint_info_t *endpoints;     /* index e-1 describes endpoint e */
+    size_t num_endpoints;
+    char *admin_host;                   /* admin listener address ("127.0.0.1") */
+    int admin_port;                     /* admin listener port, 0 when there is none */
+    char *access_log;                   /* NULL: off; "stderr"; or a file path (relative ones resolved
+                                           against the scripts folder) */
+    /* tracing = { otlp_http = "http://host:port/path", service_name, timeout_ms } (trace.h, otlp.h) */
+    char *otlp_url;                     /* the collector's URL as configured; NULL: spans are not exported
+                                           (traceparent is propagated all the same) */
+    char *otlp_host_header;             /* "host:port" for the Host header */
+    char *otlp_path;                    /* "/v1/traces" */
+    struct sockaddr_storage otlp_addr;  /* resolved once at load time */
+    socklen_t otlp_addrlen;
+    char *otlp_service_name;            /* resource attribute service.name ("aggway") */
+    uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
+} agw_config_t;
+
+/* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM, resolves upstream
+ * hosts and reads the TLS files: the CA files of https:// upstreams and the certificate chain and
+ * private key of every TLS listener (a new SSL_CTX each, listen_tls.h). Returns 0 and fills *conf
+ * (free with agw_config_free), or -1 with one "file:line: message" per line appended to errors,
+ * e.g. "scripts/gateway.lua:4: listen[2].tls.key: the private key … does not match the
+ * certificate …". Nothing is left allocated on failure. Any thread; used by `aggway check`,
+ * start-up and every reload alike, so the three agree. */
+int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors);
+
+/* Adds one endpoint's route to router as endpoint (1-based): e is the index of a table with the
+ * fields agg.loader gives each endpoint, method ("GET"), route ("GET /product-page/{id}", for
+ * messages) and segments (a list of literal strings and { param = "name" } tables, as
+ * agg.loader.parse_route makes them). Returns 0, or -1 with a line appended to errors when the
+ * route has more than AGW_ROUTE_MAX_SEGMENTS segments or AGW_ROUTE_MAX_PARAMS parameters. Leaves
+ * the Lua stack as it was. */
+int agw_config_add_route(lua_State *L, int e, agw_router_t *router, int endpoint, agw_buf_t *errors);
+
+/* Frees everything agw_config_load allocated (the breakers and the listeners' SSL_CTXs: one
+ * reference each; connections and workers that took their own keep theirs). */
+void agw_config_free(agw_config_t *conf);
+
+/* 1 when a and b describe the same upstream as far as a connection pool is concerned (name,
+ * URL, resolved address, Host header, base path, connect and idle timeouts, max_connections,
+ * max_pending, max_body_bytes, TLS settings), so a pool made for one can serve the other. */
+int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf_t *b);
+
+/* Deep copy of u into *out (strings and TLS settings duplicated, one more reference to the TLS
+ * SSL_CTX); free with agw_upstream_conf_clear. */
+void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t *u);
+
+/* Frees u's strings and TLS settings (one SSL_CTX reference) and zeroes it (the struct itself
+ * belongs to the caller). */
+void agw_upstream_conf_clear(agw_upstream_conf_t *u);
+
+#endif

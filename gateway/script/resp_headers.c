@@ -1,0 +1,290 @@
+/* resp_headers.c: the rules a script's response headers pass (resp_headers.h). */
+#include "script/resp_headers.h"
+
+#include <ctype.h>
+#include <lauxlib.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* A lowercased name is a token (RFC 9110 §5.6.2). */
+static int valid_name(const char *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        /* (c != 0: strchr finds a NUL as the string's own terminator) */
+        if (!(isalnum(c) || (c != 0 && strchr("!#$%&'*+-.^_`|~", c))) || isupper(c))
+            return 0;
+    }
+    return 1;
+}
+
+/* RFC 9110 §5.5: visible characters, obs-text, and spaces or tabs between them; no control
+ * characters (CR, LF and NUL among them) and nothing HTTP/2 clients refuse. */
+static int valid_value(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return 0;
+    }
+    return 1;
+}
+
+/* Writes into out (size outsz) a printable copy of the first bytes of s for a log line: control
+ * characters and non-ASCII bytes as \xNN, so that no header name can split or forge a log line. */
+static const char *printable(const char *s, size_t n, char *out, size_t outsz)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < outsz; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c >= 0x7f || c == '\\' || c == '\'')
+            o += (size_t)snprintf(out + o, outsz - o, "\\x%02x", c);
+        else
+            out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static void warnf(agw_resp_headers_warn_cb warn, void *data, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void warnf(agw_resp_headers_warn_cb warn, void *data, const char *fmt, ...)
+{
+    if (warn == NULL)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    warn(data, msg);
+}
+
+/* The headers a script may not set. Framing and hop-by-hop headers belong to the gateway (RFC 9110
+ * §7.6.1; forbidden in HTTP/2). */
+static const char *const owned[] = {"content-length", "transfer-encoding", "connection", "keep-alive",
+                                    "upgrade", "proxy-connection", "te", "trailer", NULL};
+
+/* A header read from the table, before spellings of one name are settled: offsets into the set's
+ * bytes (which may move while the table is read). */
+typedef struct candidate {
+    size_t orig, name, value; /* the name as the script spelt it, lowercased, the value */
+    size_t name_len, value_len;
+} candidate_t;
+
+/* Checks one entry and appends it to set->bytes as a candidate; returns 0 when it was dropped. */
+static int take(agw_resp_headers_t *set, candidate_t *c, const char *name, size_t nl, const char *value, size_t vl,
+                agw_resp_headers_warn_cb warn, void *data)
+{
+    char lower[AGW_RESP_HEADER_NAME_MAX], shown[80];
+    while (vl > 0 && (value[0] == ' ' || value[0] == '\t'))
+        value++, vl--;
+    while (vl > 0 && (value[vl - 1] == ' ' || value[vl - 1] == '\t'))
+        vl--;
+    if (vl > AGW_RESP_HEADER_VALUE_MAX) {
+        warnf(warn, data, "dropped response header '%s': its value is longer than %d bytes",
+              printable(name, nl, shown, sizeof(shown)), AGW_RESP_HEADER_VALUE_MAX);
+        return 0;
+    }
+    int valid = nl > 0 && nl <= sizeof(lower) && valid_value(value, vl);
+    for (size_t i = 0; valid && i < nl; i++)
+        lower[i] = (char)tolower((unsigned char)name[i]);
+    if (!valid || !valid_name(lower, nl)) {
+        warnf(warn, data, "dropped invalid response header '%s' (a name must be a token, a value must have no "
+              "control characters)", printable(name, nl, shown, sizeof(shown)));
+        return 0;
+    }
+    for (const char *const *o = owned; *o; o++) {
+        if (strlen(*o) == nl && memcmp(*o, lower, nl) == 0) {
+            warnf(warn, data, "dropped response header '%s' set by a script: the gateway frames responses", *o);
+            return 0;
+        }
+    }
+    if (nl == 4 && memcmp(lower, "date", 4) == 0) {
+        warnf(warn, data, "dropped response header 'date' set by a script: the gateway's HTTP server (h2o 2.2.5) "
+              "writes its own Date on every response and cannot leave it out");
+        return 0;
+    }
+    agw_buf_t *b = &set->bytes;
+    c->orig = b->len;
+    agw_buf_append(b, name, nl);
+    c->name = b->len;
+    agw_buf_append(b, lower, nl);
+    c->value = b->len;
+    agw_buf_append(b, value, vl);
+    c->name_len = nl, c->value_len = vl;
+    return 1;
+}
+
+/* Orders candidates by lowercased name, then by spelling (bytewise): the first of a name wins. */
+static int before(const char *base, const candidate_t *a, const candidate_t *b)
+{
+    if (a->name_len != b->name_len) {
+        size_t n = a->name_len < b->name_len ? a->name_len : b->name_len;
+        int d = memcmp(base + a->name, base + b->name, n);
+        return d != 0 ? d < 0 : a->name_len < b->name_len;
+    }
+    int d = memcmp(base + a->name, base + b->name, a->name_len);
+    if (d != 0)
+        return d < 0;
+    return memcmp(base + a->orig, base + b->orig, a->name_len) < 0;
+}
+
+/* Counts one more field; 1 while the count is within AGW_RESP_HEADERS_MAX, else 0 (warning once,
+ * at the first field over it). */
+static int within_cap(size_t *count, agw_resp_headers_warn_cb warn, void *data)
+{
+    if (++*count <= AGW_RESP_HEADERS_MAX)
+        return 1;
+    if (*count == AGW_RESP_HEADERS_MAX + 1)
+        warnf(warn, data, "a script gave more than %d response headers; the rest are dropped", AGW_RESP_HEADERS_MAX);
+    return 0;
+}
+
+void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_resp_headers_warn_cb warn, void *data)
+{
+    candidate_t cand[AGW_RESP_HEADERS_MAX];
+    size_t nc = 0, count = 0;
+    if (idx < 0)
+        idx = lua_gettop(L) + idx + 1;
+    set->n = 0;
+    agw_buf_reset(&set->bytes);
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        size_t nl = 0, vl = 0;
+        int vt = lua_type(L, -1);
+        /* (the key is tested by type, never converted: lua_next needs it as it is) */
+        const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nl) : NULL;
+        const char *value = vt == LUA_TSTRING || vt == LUA_TNUMBER ? lua_tolstring(L, -1, &vl) : NULL;
+        if (name != NULL && vt == LUA_TTABLE) {
+            /* a list of values: one field each, in the list's order (Set-Cookie, RFC 6265 §3) */
+            size_t len = lua_objlen(L, -1);
+            char shown[80];
+            if (len == 0)
+                warnf(warn, data, "dropped response header '%s': its value is an empty list",
+                      printable(name, nl, shown, sizeof(shown)));
+            for (size_t i = 1; i <= len; i++) {
+                lua_rawgeti(L, -1, (int)i);
+                int et = lua_type(L, -1);
+                if (et != LUA_TSTRING && et != LUA_TNUMBER) {
+                    warnf(warn, data, "dropped value %zu of response header '%s': it is a %s (a value must be a "
+                          "string or a number)", i, printable(name, nl, shown, sizeof(shown)), lua_typename(L, et));
+                } else if (!within_cap(&count, warn, data)) {
+                    lua_pop(L, 1);
+                    break;
+                } else {
+                    const char *v = lua_tolstring(L, -1, &vl); /* a copy on the stack: converting it is safe */
+                    nc += (size_t)take(set, &cand[nc], name, nl, v, vl, warn, data);
+                }
+                lua_pop(L, 1);
+            }
+        } else if (name == NULL || value == NULL) {
+            char shown[80];
+            if (name)
+                warnf(warn, data, "dropped response header '%s': its value is a %s (a value must be a string or a "
+                      "number)", printable(name, nl, shown, sizeof(shown)), lua_typename(L, vt));
+            else
+                warnf(warn, data, "dropped a response header whose name is a %s (a name must be a string)",
+                      lua_typename(L, lua_type(L, -2)));
+        } else if (within_cap(&count, warn, data)) {
+            nc += (size_t)take(set, &cand[nc], name, nl, value, vl, warn, data);
+        }
+        lua_pop(L, 1);
+    }
+    const char *base = set->bytes.base;
+    for (size_t i = 1; i < nc; i++) { /* insertion sort: a response has a few headers */
+        candidate_t c = cand[i];
+        size_t j = i;
+        for (; j > 0 && before(base, &c, &cand[j - 1]); j--)
+            cand[j] = cand[j - 1];
+        cand[j] = c;
+    }
+    char shown[80], kept[80];
+    for (size_t i = 0, first = 0; i < nc; i++) {
+        const candidate_t *c = &cand[i];
+        const candidate_t *f = &cand[first];
+        /* another value of the same list keeps the same spelling (a table has each key once) */
+        if (i > 0 && c->name_len == f->name_len && memcmp(base + c->name, base + f->name, c->name_len) == 0 &&
+            memcmp(base + c->orig, base + f->orig, c->name_len) != 0) {
+            warnf(warn, data, "dropped response header '%s': the script also set '%s', whose value is kept (names "
+                  "are case-insensitive: of several spellings, the one that sorts first bytewise wins)",
+                  printable(base + c->orig, c->name_len, shown, sizeof(shown)),
+                  printable(base + f->orig, f->name_len, kept, sizeof(kept)));
+            continue;
+        }
+        first = i;
+        agw_resp_header_t *h = &set->h[set->n++];
+        h->name = base + c->name, h->name_len = c->name_len;
+        h->value = base + c->value, h->value_len = c->value_len;
+    }
+}
+
+const agw_resp_header_t *agw_resp_headers_find(const agw_resp_headers_t *set, const char *name, size_t len)
+{
+    for (size_t i = 0; i < set->n; i++)
+        if (set->h[i].name_len == len && memcmp(set->h[i].name, name, len) == 0)
+            return &set->h[i];
+    return NULL;
+}
+
+void agw_resp_headers_free(agw_resp_headers_t *set)
+{
+    agw_buf_free(&set->bytes);
+    set->n = 0;
+}
+
+/* ---- the "agg.resp_headers" module ---------------------------------------------------------- */
+
+/* Collects warnings into the table at index 2 of L (l_apply's warnings list). */
+static void on_warning(void *data, const char *msg)
+{
+    lua_State *L = data;
+    lua_pushstring(L, msg);
+    lua_rawseti(L, 2, (int)lua_objlen(L, 2) + 1);
+}
+
+/* apply(headers | nil) -> table (lowercased name -> value), list of warnings */
+static int l_apply(lua_State *L)
+{
+    if (!lua_isnoneornil(L, 1))
+        luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+    lua_newtable(L); /* 2: warnings */
+    agw_resp_headers_t set = AGW_RESP_HEADERS_INIT;
+    if (lua_istable(L, 1))
+        agw_resp_headers_read(&set, L, 1, on_warning, L);
+    lua_createtable(L, 0, (int)set.n);
+    for (size_t i = 0; i < set.n;) {
+        size_t j = i + 1; /* set.h[i .. j-1]: the fields of one name (several when its value was a list) */
+        while (j < set.n && set.h[j].name_len == set.h[i].name_len &&
+               memcmp(set.h[j].name, set.h[i].name, set.h[i].name_len) == 0)
+            j++;
+        lua_pushlstring(L, set.h[i].name, set.h[i].name_len);
+        if (j - i == 1) {
+            lua_pushlstring(L, set.h[i].value, set.h[i].value_len);
+        } else {
+            lua_createtable(L, (int)(j - i), 0);
+            for (size_t k = i; k < j; k++) {
+                lua_pushlstring(L, set.h[k].value, set.h[k].value_len);
+                lua_rawseti(L, -2, (int)(k - i + 1));
+            }
+        }
+        lua_rawset(L, -3);
+        i = j;
+    }
+    agw_resp_headers_free(&set);
+    lua_insert(L, 2);
+    return 2;
+}
+
+int agw_resp_headers_open(lua_State *L)
+{
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, l_apply);
+    lua_setfield(L, -2, "apply");
+    return 1;
+}

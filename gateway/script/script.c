@@ -1,0 +1,216 @@
+/* script.c: LuaJIT states and generation loading (see script.h). */
+#include "script/script.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <lauxlib.h>
+#include <lualib.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#include "upstream/breaker.h"
+#include "base/file.h"
+#include "json/json.h"
+#include "script/resp_headers.h"
+
+#ifndef AGW_LUA_DIR
+#define AGW_LUA_DIR "lua"
+#endif
+
+const char *agw_lua_dir(void)
+{
+    const char *env = getenv("AGGWAY_LUA_DIR");
+    return env && *env ? env : AGW_LUA_DIR;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Collects *.lua below base/rel into list (relative paths). */
+static void collect(const char *base, const char *rel, char ***list, size_t *n, size_t *cap, int depth)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s%s%s", base, *rel ? "/" : "", rel);
+    DIR *d = opendir(path);
+    if (d == NULL || depth > 16) {
+        if (d)
+            closedir(d);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sub[4096];
+        snprintf(sub, sizeof(sub), "%s%s%s", rel, *rel ? "/" : "", e->d_name);
+        char full[8192];
+        snprintf(full, sizeof(full), "%s/%s", base, sub);
+        struct stat st;
+        if (stat(full, &st) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            if (depth == 0 && strcmp(e->d_name, "lib") == 0)
+                continue;
+            collect(base, sub, list, n, cap, depth + 1);
+        } else if (S_ISREG(st.st_mode)) {
+            size_t l = strlen(e->d_name);
+            if (l < 5 || strcmp(e->d_name + l - 4, ".lua") != 0)
+                continue;
+            if (depth == 0 && strcmp(e->d_name, "gateway.lua") == 0)
+                continue;
+            if (*n == *cap) {
+                *cap = *cap ? *cap * 2 : 16;
+                *list = realloc(*list, *cap * sizeof(char *));
+                if (*list == NULL)
+                    abort();
+            }
+            (*list)[(*n)++] = strdup(sub);
+        }
+    }
+    closedir(d);
+}
+
+static int l_listdir(lua_State *L)
+{
+    const char *dir = luaL_checkstring(L, 1);
+    char **list = NULL;
+    size_t n = 0, cap = 0;
+    collect(dir, "", &list, &n, &cap, 0);
+    if (n)
+        qsort(list, n, sizeof(char *), cmp_str);
+    lua_createtable(L, (int)n, 0);
+    for (size_t i = 0; i < n; i++) {
+        lua_pushstring(L, list[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+        free(list[i]);
+    }
+    free(list);
+    return 1;
+}
+
+/* monotonic_s() -> seconds on CLOCK_MONOTONIC (a float; for measuring spans, e.g. how long a
+ * script's top level has been running). */
+static int l_monotonic_s(lua_State *L)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec / 1e9);
+    return 1;
+}
+
+/* read_file(path, max) -> the first max bytes of the regular file at path ("" when it is empty),
+ * or nil, why. The file must be a regular file (agw_file_open_regular): a FIFO, a device or a
+ * directory is refused at once, never waited on or read without end. */
+static int l_read_file(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    size_t max = (size_t)luaL_checkinteger(L, 2);
+    const char *why = NULL;
+    int fd = agw_file_open_regular(path, &why);
+    char *buf = why ? NULL : malloc(max ? max : 1);
+    size_t len = 0;
+    if (why == NULL && buf == NULL)
+        why = "out of memory";
+    while (why == NULL && len < max) {
+        ssize_t r = read(fd, buf + len, max - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            why = strerror(errno);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (why) {
+        free(buf);
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        return 2;
+    }
+    lua_pushlstring(L, buf, len);
+    free(buf);
+    return 1;
+}
+
+int agw_sys_open(lua_State *L)
+{
+    lua_createtable(L, 0, 3);
+    lua_pushcfunction(L, l_read_file);
+    lua_setfield(L, -2, "read_file");
+    lua_pushcfunction(L, l_listdir);
+    lua_setfield(L, -2, "listdir");
+    lua_pushcfunction(L, l_monotonic_s);
+    lua_setfield(L, -2, "monotonic_s");
+    return 1;
+}
+
+static void preload(lua_State *L, const char *name, lua_CFunction f)
+{
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "preload");
+    lua_pushcfunction(L, f);
+    lua_setfield(L, -2, name);
+    lua_pop(L, 2);
+}
+
+lua_State *agw_vm_new(const char *scripts_dir)
+{
+    lua_State *L = luaL_newstate();
+    if (L == NULL)
+        return NULL;
+    luaL_openlibs(L);
+    const char *lua_dir = agw_lua_dir();
+    lua_getglobal(L, "package");
+    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s/?.lua;%s/?/init.lua;", lua_dir, lua_dir, scripts_dir ? scripts_dir : ".",
+                    scripts_dir ? scripts_dir : ".");
+    lua_getfield(L, -2, "path");
+    lua_concat(L, 2);
+    lua_setfield(L, -2, "path");
+    lua_pop(L, 1);
+    preload(L, "agg.json", agw_json_open);
+    preload(L, "agg.sys", agw_sys_open);
+    preload(L, "agg.breaker", agw_breaker_open);
+    preload(L, "agg.resp_headers", agw_resp_headers_open);
+    return L;
+}
+
+int agw_vm_load_generation(lua_State *L, const char *dir, agw_buf_t *errors)
+{
+    int top = lua_gettop(L);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "agg.loader");
+    if (lua_pcall(L, 1, 1, 0) != 0) {
+        agw_buf_printf(errors, "%s: cannot load the runtime: %s\n", agw_lua_dir(), lua_tostring(L, -1));
+        lua_settop(L, top);
+        return -1;
+    }
+    lua_getfield(L, -1, "load");
+    lua_pushstring(L, dir);
+    if (lua_pcall(L, 1, 2, 0) != 0) {
+        agw_buf_printf(errors, "%s: loading failed: %s\n", dir, lua_tostring(L, -1));
+        lua_settop(L, top);
+        return -1;
+    }
+    if (lua_isnil(L, -2)) {
+        if (lua_istable(L, -1)) {
+            size_t n = lua_objlen(L, -1);
+            for (size_t i = 1; i <= n; i++) {
+                lua_rawgeti(L, -1, (int)i);
+                agw_buf_printf(errors, "%s\n", lua_tostring(L, -1));
+                lua_pop(L, 1);
+            }
+        }
+        lua_settop(L, top);
+        return -1;
+    }
+    lua_pop(L, 1);      /* nil second value */
+    lua_remove(L, -2);  /* loader module */
+    return 0;
+}

@@ -1,0 +1,28 @@
+/* script.h: LuaJIT states for aggway: the runtime modules (lua/agg), the C modules they use, and
+ * loading a scripts folder as one generation. */
+#ifndef AGW_SCRIPT_H
+#define AGW_SCRIPT_H
+
+#include <lua.h>
+
+#include "base/buf.h"
+
+/* Folder of the Lua half of the runtime: $AGGWAY_LUA_DIR, else the build-time AGW_LUA_DIR. */
+const char *agw_lua_dir(void);
+
+/* Creates a LuaJIT state with the standard libraries, package.path covering the runtime folder and
+ * scripts_dir (for require "lib.x"), and the C modules "agg.json", "agg.sys", "agg.breaker" and
+ * "agg.resp_headers" preloaded.
+ * Returns NULL on allocation failure. Close with lua_close(). */
+lua_State *agw_vm_new(const char *scripts_dir);
+
+/* Runs require("agg.loader").load(dir). On success leaves the generation table
+ * ({ config, upstreams, endpoints }) on the stack and returns 0. On failure appends each
+ * "file:line: message" as a line to errors, leaves the stack as it was and returns -1. */
+int agw_vm_load_generation(lua_State *L, const char *dir, agw_buf_t *errors);
+
+/* Opens the "agg.sys" module: listdir(dir) -> sorted list of the endpoint script paths under dir,
+ * relative to it (every *.lua but gateway.lua, lib/ and hidden entries). */
+int agw_sys_open(lua_State *L);
+
+#endif

@@ -1,0 +1,233 @@
+/* breaker.c: circuit breaker (see breaker.h). */
+#include "upstream/breaker.h"
+
+#include <lauxlib.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HANDLE_MT "agw.breaker"
+
+typedef struct {
+    agw_breaker_t *b;
+    int owned;
+} handle_t;
+
+void agw_breaker_init(agw_breaker_t *b, unsigned failures, uint64_t open_ms, unsigned probes)
+{
+    memset(b, 0, sizeof(*b));
+    pthread_mutex_init(&b->lock, NULL);
+    b->failures = failures;
+    b->open_ms = open_ms;
+    b->probes = probes ? probes : 1;
+    b->state = AGW_BREAKER_CLOSED;
+}
+
+void agw_breaker_destroy(agw_breaker_t *b)
+{
+    pthread_mutex_destroy(&b->lock);
+}
+
+agw_breaker_t *agw_breaker_new(unsigned failures, uint64_t open_ms, unsigned probes)
+{
+    agw_breaker_t *b = malloc(sizeof(*b));
+    if (b == NULL)
+        abort();
+    agw_breaker_init(b, failures, open_ms, probes);
+    b->refs = 1;
+    return b;
+}
+
+agw_breaker_t *agw_breaker_ref(agw_breaker_t *b)
+{
+    __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
+    return b;
+}
+
+void agw_breaker_unref(agw_breaker_t *b)
+{
+    if (b == NULL || __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    agw_breaker_destroy(b);
+    free(b);
+}
+
+const char *agw_breaker_state_name(agw_breaker_state_t s)
+{
+    return s == AGW_BREAKER_OPEN ? "open" : s == AGW_BREAKER_HALF_OPEN ? "half-open" : "closed";
+}
+
+agw_breaker_decision_t agw_breaker_allow(agw_breaker_t *b, uint64_t now_ms, uint64_t *retry_after_ms)
+{
+    if (b->failures == 0)
+        return AGW_BREAKER_ALLOW;
+    agw_breaker_decision_t d = AGW_BREAKER_ALLOW;
+    pthread_mutex_lock(&b->lock);
+    if (b->state == AGW_BREAKER_OPEN && now_ms >= b->opened_at_ms + b->open_ms) {
+        b->state = AGW_BREAKER_HALF_OPEN;
+        b->probes_out = 0;
+    }
+    if (b->state == AGW_BREAKER_OPEN) {
+        d = AGW_BREAKER_DENY;
+        if (retry_after_ms)
+            *retry_after_ms = b->opened_at_ms + b->open_ms - now_ms;
+    } else if (b->state == AGW_BREAKER_HALF_OPEN) {
+        if (b->probes_out < b->probes) {
+            b->probes_out++;
+            d = AGW_BREAKER_PROBE;
+        } else {
+            d = AGW_BREAKER_DENY;
+            if (retry_after_ms)
+                *retry_after_ms = 1000; /* a probe is out: try again soon */
+        }
+    }
+    if (d == AGW_BREAKER_DENY)
+        b->denied++;
+    pthread_mutex_unlock(&b->lock);
+    return d;
+}
+
+int agw_breaker_report(agw_breaker_t *b, agw_breaker_result_t r, int probe, uint64_t now_ms)
+{
+    if (b->failures == 0)
+        return -1;
+    int changed = -1;
+    pthread_mutex_lock(&b->lock);
+    if (probe && b->probes_out > 0)
+        b->probes_out--;
+    if (b->state == AGW_BREAKER_HALF_OPEN && probe) {
+        if (r == AGW_BREAKER_SUCCESS) {
+            b->state = AGW_BREAKER_CLOSED;
+            b->consecutive = 0;
+            b->closed++;
+            changed = AGW_BREAKER_CLOSED;
+        } else if (r == AGW_BREAKER_FAILURE) {
+            b->state = AGW_BREAKER_OPEN;
+            b->opened_at_ms = now_ms;
+            b->opened++;
+            changed = AGW_BREAKER_OPEN;
+        }
+    } else if (b->state == AGW_BREAKER_CLOSED) {
+        if (r == AGW_BREAKER_SUCCESS) {
+            b->consecutive = 0;
+        } else if (r == AGW_BREAKER_FAILURE && ++b->consecutive >= b->failures) {
+            b->state = AGW_BREAKER_OPEN;
+            b->opened_at_ms = now_ms;
+            b->opened++;
+            changed = AGW_BREAKER_OPEN;
+        }
+    }
+    pthread_mutex_unlock(&b->lock);
+    return changed;
+}
+
+/* ---- Lua handles ---- */
+
+/* The handle at index 1 of a method call. Every method has the handles' metatable as upvalue 1
+ * (push_handle): comparing with it saves luaL_checkudata's registry lookup by name, six times a
+ * page. Raises "bad argument #1 … (agw.breaker expected, got …)" for anything else. */
+static agw_breaker_t *check(lua_State *L)
+{
+    handle_t *h = lua_touserdata(L, 1);
+    int ok = h != NULL && lua_getmetatable(L, 1);
+    if (ok) {
+        ok = lua_rawequal(L, -1, lua_upvalueindex(1));
+        lua_pop(L, 1);
+    }
+    if (!ok)
+        luaL_typerror(L, 1, HANDLE_MT);
+    return h->b;
+}
+
+static int l_allow(lua_State *L)
+{
+    agw_breaker_t *b = check(L);
+    lua_Number now = luaL_checknumber(L, 2);
+    uint64_t after = 0;
+    agw_breaker_decision_t d = agw_breaker_allow(b, now > 0 ? (uint64_t)now : 0, &after);
+    lua_pushstring(L, d == AGW_BREAKER_DENY ? "deny" : d == AGW_BREAKER_PROBE ? "probe" : "allow");
+    lua_pushnumber(L, (lua_Number)after);
+    return 2;
+}
+
+static int l_report(lua_State *L)
+{
+    agw_breaker_t *b = check(L);
+    const char *r = luaL_checkstring(L, 2);
+    agw_breaker_result_t res = strcmp(r, "success") == 0   ? AGW_BREAKER_SUCCESS
+                               : strcmp(r, "failure") == 0 ? AGW_BREAKER_FAILURE
+                                                           : AGW_BREAKER_IGNORE;
+    lua_Number now = luaL_checknumber(L, 4);
+    int changed = agw_breaker_report(b, res, lua_toboolean(L, 3), now > 0 ? (uint64_t)now : 0);
+    if (changed < 0)
+        return 0;
+    lua_pushstring(L, agw_breaker_state_name((agw_breaker_state_t)changed));
+    return 1;
+}
+
+static int l_state(lua_State *L)
+{
+    agw_breaker_t *b = check(L);
+    pthread_mutex_lock(&b->lock);
+    agw_breaker_state_t s = b->state;
+    unsigned c = b->consecutive;
+    pthread_mutex_unlock(&b->lock);
+    lua_pushstring(L, agw_breaker_state_name(s));
+    lua_pushinteger(L, (lua_Integer)c);
+    return 2;
+}
+
+static int l_gc(lua_State *L)
+{
+    handle_t *h = luaL_checkudata(L, 1, HANDLE_MT);
+    if (h->owned && h->b) {
+        agw_breaker_destroy(h->b);
+        free(h->b);
+    }
+    h->b = NULL;
+    return 0;
+}
+
+static void push_handle(lua_State *L, agw_breaker_t *b, int owned)
+{
+    handle_t *h = lua_newuserdata(L, sizeof(*h));
+    h->b = b;
+    h->owned = owned;
+    if (luaL_newmetatable(L, HANDLE_MT)) {
+        static const luaL_Reg methods[] = {{"allow", l_allow}, {"report", l_report}, {"state", l_state}, {NULL, NULL}};
+        lua_createtable(L, 0, 3);
+        for (const luaL_Reg *m = methods; m->name; m++) {
+            lua_pushvalue(L, -2); /* the metatable: upvalue 1 (check) */
+            lua_pushcclosure(L, m->func, 1);
+            lua_setfield(L, -2, m->name);
+        }
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+}
+
+void agw_breaker_push(lua_State *L, agw_breaker_t *b)
+{
+    push_handle(L, b, 0);
+}
+
+static int l_new(lua_State *L)
+{
+    lua_Number failures = luaL_checknumber(L, 1), open_ms = luaL_checknumber(L, 2), probes = luaL_optnumber(L, 3, 1);
+    agw_breaker_t *b = malloc(sizeof(*b));
+    if (b == NULL)
+        return luaL_error(L, "out of memory");
+    agw_breaker_init(b, failures > 0 ? (unsigned)failures : 0, open_ms > 0 ? (uint64_t)open_ms : 0,
+                     probes > 0 ? (unsigned)probes : 1);
+    push_handle(L, b, 1);
+    return 1;
+}
+
+int agw_breaker_open(lua_State *L)
+{
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, l_new);
+    lua_setfield(L, -2, "new");
+    return 1;
+}

@@ -1,0 +1,33 @@
+/* conf.h: the static description of one upstream (gateway.lua `upstreams = { name = { url, … } }`),
+ * built by script/config.c at load time and shared read-only by every worker's pool (pool.h). */
+#ifndef AGW_UPSTREAM_CONF_H
+#define AGW_UPSTREAM_CONF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct agw_upstream_tls; /* upstream/tls.h */
+
+/* Static description of one upstream, built from gateway.lua by config.c; shared read-only
+ * by every worker. */
+typedef struct agw_upstream_conf {
+    char *name;                     /* the name scripts use ("product") */
+    char *url;                      /* as configured, for messages */
+    char *host_header;              /* value of the Host header ("127.0.0.1:9001") */
+    char *base_path;                /* path prefix from the URL without trailing '/', "" if none */
+    struct sockaddr_storage addr;   /* resolved once at load time */
+    socklen_t addrlen;
+    uint64_t timeout_ms;            /* default call timeout, ms */
+    uint64_t connect_timeout_ms;    /* connect timeout, ms (0: only the call timeout applies) */
+    uint64_t idle_timeout_ms;       /* keep-alive connection idle time before it is closed, ms
+                                       (0: kept until the upstream closes it) */
+    unsigned max_connections;       /* open connections at most, per worker (0: no limit) */
+    unsigned max_pending;           /* calls waiting for a connection at most, per worker
+                                       (0: no waiting, OVERLOAD when every connection is busy) */
+    size_t max_body_bytes;          /* response body limit, bytes (0: no limit) */
+    struct agw_upstream_tls *tls;   /* https:// upstreams: TLS settings with a built ctx; NULL for
+                                       http:// */
+} agw_upstream_conf_t;
+
+#endif

@@ -1,0 +1,240 @@
+/* upstream_internal.h: what the files of the upstream client share (included by pool.c, conn.c
+ * and batch.c only; nothing outside gateway/upstream/ includes it): the pool's, the call's and
+ * the connection's structs, the intrusive lists that link them, and the functions one of these
+ * files calls in another.
+ *
+ *   pool.c   the pool state machine: calls start, wait in the queue (the bulkhead), get a
+ *            connection, time out, fail and are delivered; the pool's life
+ *   conn.c   a connection's life: connect, TLS handshake, send, read and parse the response,
+ *            keep-alive or close, and the connection's events
+ *   batch.c  write coalescing and the io_uring batch (batch.h)
+ *
+ * Ownership: the pool owns its idle connections and its live calls; a busy or connecting
+ * connection belongs to exactly one call (conn->call, call->conn). Every connection is thus
+ * either in the idle list or reachable from a live call, so destroying the pool finds them all.
+ *
+ * Callbacks are invoked from three places only, each at the top of the loop's owner, never from
+ * inside one another: a response completing (on_conn_io, or agw_batch_flush for a batched write
+ * that found the answer in, and, with a ring, for every answer read), and the call's own timer
+ * (on_call_timer). Every failure detected elsewhere closes the connection at once and arms the
+ * call's timer with a zero delay, which is how "never from inside agw_call_start" holds without a
+ * second queue. Since callbacks never nest, pool->depth is 0 or 1; agw_pool_destroy() from inside
+ * a callback only frees the pool struct once that callback has returned (agw_pool_after_callback).
+ *
+ * With a ring (uring.h), a plain connection waits on the batch's lists for its I/O: a request on
+ * batch->head, an answer to read on rhead, a read done and not yet parsed on lhead; agw_conn_close
+ * takes it off whichever it is on, and no callback runs while an operation is in the kernel.
+ */
+#ifndef AGW_UPSTREAM_INTERNAL_H
+#define AGW_UPSTREAM_INTERNAL_H
+
+#include "upstream/batch.h"
+#include "upstream/http1.h"
+#include "upstream/pool.h"
+
+#include <ev.h>
+#include <openssl/ssl.h>
+#include <sys/types.h>
+
+#define AGW_UPSTREAM_READ_BUF 16384
+
+enum agw_conn_state { AGW_CONN_CONNECTING, AGW_CONN_HANDSHAKING, AGW_CONN_SENDING, AGW_CONN_READING, AGW_CONN_IDLE };
+enum agw_call_state { AGW_CALL_QUEUED, AGW_CALL_ACTIVE, AGW_CALL_FAILING, AGW_CALL_DELIVERING };
+typedef struct agw_conn {
+    agw_pool_t *pool;
+    agw_call_t *call;            /* the call using it; NULL when idle */
+    struct agw_conn *idle_next;      /* idle list (LIFO), doubly linked for removal on EOF */
+    struct agw_conn *idle_prev;
+    int fd;
+    enum agw_conn_state state;
+    int watching;                /* events io is armed for */
+    unsigned completed;          /* responses completed on this connection (0: fresh) */
+    ev_io io;
+    ev_timer timer;              /* connect timeout while connecting and in the TLS handshake, idle
+                                    timeout while idle */
+    SSL *ssl;                    /* https:// upstreams: the TLS connection; NULL for http:// */
+    unsigned tls_failed : 1;     /* a TLS error ended it: its session is not to be resumed */
+    agw_h1_response_t resp;      /* the response being read; buffers reused call after call */
+    struct agw_conn *batch_next;     /* the pool's batch, while its request waits for agw_batch_flush */
+    struct agw_conn *batch_prev;
+    unsigned batched : 1;        /* on the batch list */
+    unsigned rq : 2;             /* RQ_*: on the batch's read lists (ring only) */
+    struct agw_conn *rq_next;        /* the batch's list of reads to make, then of reads made */
+    struct agw_conn *rq_prev;
+    int rres;                    /* AGW_RQ_LANDED: what the read returned (bytes, 0: EOF, -errno) */
+    unsigned rslot;              /* AGW_RQ_LANDED: the batch's buffer it read into */
+} agw_conn_t;
+
+enum { AGW_RQ_NONE, AGW_RQ_WAITING, AGW_RQ_LANDED };
+
+struct agw_call {
+    agw_pool_t *pool;
+    agw_call_t *next, *prev;     /* pool's list of live calls */
+    agw_call_t *qnext, *qprev;   /* wait queue, while AGW_CALL_QUEUED */
+    agw_conn_t *conn;
+    agw_call_cb cb;
+    void *data;
+    ev_timer timer;              /* whole-call timeout; zero delay to deliver a failure */
+    ev_tstamp started;           /* ev_now() at agw_call_start, s */
+    enum agw_call_state state;
+    agw_call_outcome_t outcome;  /* set when AGW_CALL_FAILING */
+    int http_status;             /* status seen before a failure, 0 if none */
+    unsigned idempotent : 1;     /* may be retried (RFC 9110 §9.2.2) */
+    unsigned head : 1;
+    unsigned reused : 1;         /* the current connection was kept alive */
+    unsigned retried : 1;
+    uint64_t timeout_ms;
+    size_t req_len, sent;        /* bytes of req, bytes of req sent on this connection */
+    char detail[192];
+    char req[];                  /* the serialized request */
+};
+
+struct agw_pool {
+    struct ev_loop *loop;
+    const agw_upstream_conf_t *conf;
+    unsigned max_conns;          /* conf->max_connections, 0 read as no limit */
+    unsigned open, nidle, pending;
+    agw_conn_t *idle;                /* most recently idle first */
+    agw_call_t *calls;           /* every live call */
+    agw_call_t *qhead, *qtail;   /* wait queue, FIFO */
+    agw_pool_stats_t stats;      /* counters only; open/idle/pending filled on demand */
+    agw_batch_t *batch;          /* where requests on kept-alive connections wait to be written
+                                    (agw_pool_set_batch); NULL: written when the call starts */
+    SSL_SESSION *session;        /* https:// upstreams: the last session the upstream issued,
+                                    offered by the next new connection (NULL: none yet) */
+    int depth;                   /* 1 while a callback runs */
+    int dying;                   /* agw_pool_destroy() called during a callback */
+    /* The finished response a callback is reading (callbacks never nest): swapped out of the
+     * connection, so the connection can be reused or closed during the callback. */
+    agw_buf_t dbody, dhstore;
+    agw_header_t *dhdrs;
+    size_t dhdrs_cap;
+    char rbuf[AGW_UPSTREAM_READ_BUF];    /* read buffer: every read is parsed before the next one */
+};
+
+static inline void agw_pool_idle_push(agw_pool_t *pool, agw_conn_t *c)
+{
+    c->idle_prev = NULL;
+    c->idle_next = pool->idle;
+    if (pool->idle)
+        pool->idle->idle_prev = c;
+    pool->idle = c;
+    pool->nidle++;
+}
+
+static inline void agw_pool_idle_remove(agw_pool_t *pool, agw_conn_t *c)
+{
+    if (c->idle_prev)
+        c->idle_prev->idle_next = c->idle_next;
+    else
+        pool->idle = c->idle_next;
+    if (c->idle_next)
+        c->idle_next->idle_prev = c->idle_prev;
+    pool->nidle--;
+}
+
+static inline void agw_batch_push(agw_batch_t *b, agw_conn_t *c)
+{
+    c->batch_next = NULL;
+    c->batch_prev = b->tail;
+    if (b->tail)
+        b->tail->batch_next = c;
+    else
+        b->head = c;
+    b->tail = c;
+    c->batched = 1;
+}
+
+static inline void agw_batch_remove(agw_batch_t *b, agw_conn_t *c)
+{
+    if (c->batch_prev)
+        c->batch_prev->batch_next = c->batch_next;
+    else
+        b->head = c->batch_next;
+    if (c->batch_next)
+        c->batch_next->batch_prev = c->batch_prev;
+    else
+        b->tail = c->batch_prev;
+    c->batched = 0;
+}
+
+/* The batch's read lists: AGW_RQ_WAITING on rhead/rtail, AGW_RQ_LANDED on lhead/ltail. */
+static inline void agw_batch_rq_push(agw_batch_t *b, agw_conn_t *c, unsigned rq)
+{
+    agw_conn_t **head = rq == AGW_RQ_WAITING ? &b->rhead : &b->lhead, **tail = rq == AGW_RQ_WAITING ? &b->rtail : &b->ltail;
+    c->rq_next = NULL;
+    c->rq_prev = *tail;
+    if (*tail)
+        (*tail)->rq_next = c;
+    else
+        *head = c;
+    *tail = c;
+    c->rq = rq;
+}
+
+static inline void agw_batch_rq_remove(agw_batch_t *b, agw_conn_t *c)
+{
+    agw_conn_t **head = c->rq == AGW_RQ_WAITING ? &b->rhead : &b->lhead, **tail = c->rq == AGW_RQ_WAITING ? &b->rtail : &b->ltail;
+    if (c->rq_prev)
+        c->rq_prev->rq_next = c->rq_next;
+    else
+        *head = c->rq_next;
+    if (c->rq_next)
+        c->rq_next->rq_prev = c->rq_prev;
+    else
+        *tail = c->rq_prev;
+    c->rq = AGW_RQ_NONE;
+}
+
+/* ---- conn.c --------------------------------------------------------------------------- */
+
+/* Watches c's socket for events (EV_READ, EV_WRITE or both); no system call when unchanged. */
+void agw_conn_watch(agw_conn_t *c, int events);
+
+/* Closes the socket and frees the connection, taking it off every list it is on. Does not serve
+ * the wait queue: callers do, through agw_pool_pump(), once they are done with their own state. */
+void agw_conn_close(agw_conn_t *c);
+
+/* Makes c carry call: a new response is started (buffers reused). */
+void agw_conn_bind(agw_conn_t *c, agw_call_t *call);
+
+/* Opens a new connection for call; failures are delivered from the loop. */
+void agw_conn_open(agw_call_t *call);
+
+/* Sends what is left of c's request, then waits for the response (plain or TLS). */
+void agw_conn_send(agw_conn_t *c);
+
+/* Whether idle connection c has an event the loop saw and did not hand it yet (it is then closed,
+ * not reused). */
+int agw_conn_stale(agw_conn_t *c);
+
+/* Reads and parses what the upstream sent. Returns 1 when the response needs more (c still
+ * serves its call), 0 when the call completed or failed (c may be gone). */
+int agw_conn_read(agw_conn_t *c);
+
+/* Acts on what a plain read of c into buf (cap bytes) returned: n > 0 bytes, 0 at EOF, or -errno.
+ * Returns 2 when the response needs more and the socket may hold more (the read filled buf, or
+ * was interrupted), 1 when it needs more, 0 when the call completed or failed (c may be gone). */
+int agw_conn_took(agw_conn_t *c, const char *buf, ssize_t n, size_t cap);
+
+/* ---- pool.c --------------------------------------------------------------------------- */
+
+/* Invokes the callback with r (a failure when r is NULL) and frees the call. The caller must
+ * check pool->dying afterwards (agw_pool_after_callback). */
+void agw_call_deliver(agw_call_t *call, agw_call_result_t *r);
+
+/* Fails a call: closes its connection now, delivers the callback from the loop. */
+void agw_call_fail(agw_call_t *call, agw_call_outcome_t o, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Gives call a connection: the most recently idle one that is not stale, or a new one. */
+void agw_call_assign(agw_call_t *call);
+
+/* Serves the wait queue while connections are free. */
+void agw_pool_pump(agw_pool_t *pool);
+
+/* After a callback may have run for one of pool's connections: the pool is freed if the callback
+ * destroyed it, else it serves its wait queue (connections may have come free). */
+void agw_pool_after_callback(agw_pool_t *pool);
+
+#endif

@@ -1,0 +1,617 @@
+/* worker/core.c: the "agg.core" transport the runtime (lua/agg/runtime.lua) calls: upstream
+ * calls and their answers, timers, responses, single-flight joins, logging and the runtime's
+ * counters. Each core.* function is a closure over the generation whose VM it serves.
+ */
+#include "worker/worker_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "json/json.h"
+#include "base/log.h"
+
+/* ---- responses ------------------------------------------------------------------------------ */
+
+const char *agw_worker_reason_phrase(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 413: return "Payload Too Large";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Status";
+    }
+}
+
+static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char *value, size_t vlen)
+{
+    char *n = h2o_mem_alloc_pool(&req->pool, nlen + 1);
+    memcpy(n, name, nlen);
+    n[nlen] = '\0';
+    char *v = h2o_mem_alloc_pool(&req->pool, vlen + 1);
+    memcpy(v, value, vlen);
+    v[vlen] = '\0';
+    h2o_add_header_by_str(&req->pool, &req->res.headers, n, nlen, 1, NULL, v, vlen);
+}
+
+/* ---- an upstream call's span and metrics ---------------------------------------------------- */
+
+/* Ends the span of call c and of every request that shared it (on_call_done, core.cancel). */
+static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int http_status)
+{
+    uint64_t t = agw_worker_now_us(w);
+    reqref_t *rr = c->span >= 0 ? agw_slots_get(&w->reqs, c->rid) : NULL;
+    if (rr && rr->trace)
+        agw_trace_end_span(rr->trace, c->span, outcome, http_status, t);
+    while (c->joiners) {
+        sf_joiner_t *j = c->joiners;
+        c->joiners = j->next;
+        reqref_t *jr = agw_slots_get(&w->reqs, j->rid);
+        if (jr && jr->trace)
+            agw_trace_end_span(jr->trace, j->span, outcome, http_status, t);
+        free(j);
+    }
+}
+
+void agw_worker_publish_pool(wgen_t *g, size_t up)
+{
+    agw_pool_stats_t st;
+    agw_pool_stats(g->pools[up]->pool, &st);
+    agw_upstream_metrics_t *u = &g->w->m->upstreams[g->gen->upstream_slot[up]];
+    AGW_M_SET(u->pool_open, st.open);
+    AGW_M_SET(u->pool_idle, st.idle);
+    AGW_M_SET(u->pool_pending, st.pending);
+}
+
+static agw_metric_outcome_t metric_outcome(const agw_call_result_t *res, int bad_json)
+{
+    switch (res->outcome) {
+    case AGW_CALL_OK:
+        if (res->http_status >= 500)
+            return AGW_OUT_5XX;
+        if (res->http_status >= 400)
+            return AGW_OUT_4XX;
+        return bad_json ? AGW_OUT_BAD_RESPONSE : AGW_OUT_OK;
+    case AGW_CALL_REFUSED: return AGW_OUT_REFUSED;
+    case AGW_CALL_CONNECT_TIMEOUT:
+    case AGW_CALL_TIMEOUT: return AGW_OUT_TIMEOUT;
+    case AGW_CALL_RESET: return AGW_OUT_RESET;
+    case AGW_CALL_OVERLOAD: return AGW_OUT_OVERLOAD;
+    case AGW_CALL_BAD_REQUEST: return AGW_OUT_INVALID_REQUEST;
+    case AGW_CALL_TLS: return AGW_OUT_TLS;
+    default: return AGW_OUT_BAD_RESPONSE; /* truncated, bad_response, too_large */
+    }
+}
+
+/* ---- the "agg.core" transport for the runtime ----------------------------------------------- */
+
+/* The generation whose VM runs this core.* function (its upvalue). */
+static wgen_t *upg(lua_State *L)
+{
+    return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+static agw_worker_t *upw(lua_State *L)
+{
+    return upg(L)->w;
+}
+
+static int l_now(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    lua_pushnumber(L, ev_now(w->loop) * 1000.0);
+    return 1;
+}
+
+/* The header block of a response ("name\0value\0…") in w->hdrs. */
+static agw_buf_t *header_block(agw_worker_t *w, const agw_header_t *h, size_t n)
+{
+    agw_buf_t *b = &w->hdrs;
+    agw_buf_reset(b);
+    for (size_t i = 0; i < n; i++)
+        agw_worker_append_header(b, h[i].name, h[i].name_len, h[i].value, h[i].value_len);
+    return b;
+}
+
+static void push_headers(agw_worker_t *w, lua_State *L, const agw_header_t *h, size_t n)
+{
+    agw_buf_t *b = header_block(w, h, n);
+    lua_pushlstring(L, b->base ? b->base : "", b->len);
+}
+
+static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *data)
+{
+    (void)call;
+    wcall_t *c = data;
+    wgen_t *g = c->g; /* the call's reference is dropped once the runtime has seen the answer */
+    agw_worker_t *w = g->w;
+    lua_State *L = g->L;
+    uint64_t id = c->id;
+    int decode = c->decode;
+    unsigned up = c->up;
+    trace_call_ended(w, c, res->outcome, res->http_status);
+    agw_slots_del(&w->calls, id);
+    c->next_free = w->free_calls;
+    w->free_calls = c;
+
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
+    lua_pushnumber(L, (lua_Number)id);
+    lua_pushstring(L, agw_call_outcome_name(res->outcome));
+    lua_pushinteger(L, res->http_status);
+    /* a 2xx JSON body is only validated here (DESIGN §2.3 limits); it becomes Lua tables when a
+     * script reads it, and goes into the page as text when none does. Its raw ref also serves
+     * result.body, so the body is not copied twice. */
+    int json_body = res->outcome == AGW_CALL_OK && decode && res->http_status >= 200 && res->http_status < 300 &&
+                    res->body_len > 0;
+    char err[256];
+    int compact = 0;
+    if (json_body && agw_json_validate(res->body, res->body_len, AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) != 0)
+        json_body = -1; /* not JSON: the failed call carries the body and the reason */
+    agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
+    agw_worker_publish_pool(g, up);
+    if (json_body == 1) {
+        lua_pushboolean(L, 1); /* the headers ride in the body's raw ref (json.raw_extra) */
+        lua_pushnil(L);
+    } else if (res->outcome == AGW_CALL_OK) {
+        push_headers(w, L, res->headers, res->num_headers);
+        lua_pushlstring(L, res->body ? res->body : "", res->body_len);
+    } else {
+        lua_pushnil(L);
+        lua_pushnil(L);
+    }
+    if (json_body == 1) {
+        agw_buf_t *hb = header_block(w, res->headers, res->num_headers);
+        agw_json_push_raw_ref(L, res->body, res->body_len, compact, hb->base, hb->len);
+    } else if (json_body == -1)
+        lua_pushstring(L, err);
+    else
+        lua_pushnil(L);
+    lua_pushnumber(L, res->elapsed_ms);
+    if (res->detail)
+        lua_pushstring(L, res->detail);
+    else
+        lua_pushnil(L);
+    agw_worker_call_runtime(g, 8);
+    agw_worker_gen_release(g);
+}
+
+/* The traceparent of an upstream attempt (trace.h): a new span of the request's trace, child of
+ * the gateway's span, sent in its own traceparent with the request's tracestate. The headers go
+ * after the script's (hdrs has room for two more than n); a script's own traceparent or
+ * tracestate is replaced: the gateway owns them. Returns the new header count. The header is
+ * added here, at send time, so single-flight keys (made in Lua from the call spec) never see it. */
+static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_header_t *hdrs, size_t n,
+                                 char *tp)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) { /* drop the script's traceparent and tracestate */
+        if ((hdrs[i].name_len == 11 && strncasecmp(hdrs[i].name, "traceparent", 11) == 0) ||
+            (hdrs[i].name_len == 10 && strncasecmp(hdrs[i].name, "tracestate", 10) == 0))
+            continue;
+        hdrs[k++] = hdrs[i];
+    }
+    reqref_t *rr = agw_slots_get(&w->reqs, c->rid);
+    agw_trace_t *tr = rr ? rr->trace : NULL;
+    if (tr) {
+        size_t slen = 0;
+        const char *section = lua_tolstring(L, 9, &slen);
+        unsigned attempt = (unsigned)lua_tointeger(L, 10);
+        unsigned flags = lua_toboolean(L, 11) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
+        unsigned slot = c->g->gen->upstream_slot[c->up];
+        c->span = agw_trace_add_span(tr, &w->trace_rng, slot, section, section ? slen : 0, flags, attempt ? attempt : 1,
+                                     agw_worker_now_us(w));
+    }
+    uint8_t span_id[8], trace_id[16];
+    if (c->span >= 0) {
+        agw_trace_traceparent(tr, c->span, tp);
+    } else { /* no record (too many spans, or none): still a traceparent, in the trace if known */
+        agw_trace_random_id(&w->trace_rng, span_id, 8);
+        if (tr)
+            memcpy(trace_id, tr->trace_id, 16);
+        else
+            agw_trace_random_id(&w->trace_rng, trace_id, 16);
+        agw_traceparent_format(tp, trace_id, span_id, tr ? tr->flags : AGW_TRACE_FLAG_SAMPLED);
+    }
+    hdrs[k].name = "traceparent", hdrs[k].name_len = 11;
+    hdrs[k].value = tp, hdrs[k].value_len = AGW_TRACEPARENT_LEN;
+    k++;
+    if (rr && rr->tracestate) {
+        hdrs[k].name = "tracestate", hdrs[k].name_len = 10;
+        hdrs[k].value = rr->tracestate, hdrs[k].value_len = rr->tracestate_len;
+        k++;
+    }
+    return k;
+}
+
+/* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode, section, attempt,
+ *           hedge) -> id
+ *   section, attempt (1 for the first) and hedge (boolean) describe the attempt's span. */
+static int l_call(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    agw_worker_t *w = g->w;
+    int index = (int)luaL_checkinteger(L, 2);
+    if (index < 1 || (size_t)index > g->conf->num_upstreams)
+        return luaL_error(L, "core.call: no upstream #%d", index);
+    agw_call_req_t req = {0};
+    req.method = luaL_checkstring(L, 3);
+    req.path = luaL_checklstring(L, 4, &req.path_len);
+    agw_header_t hdrs[64 + 2];
+    char traceparent[AGW_TRACEPARENT_LEN];
+    if (lua_istable(L, 5)) {
+        size_t n = lua_objlen(L, 5) / 2;
+        if (n > 64)
+            return luaL_error(L, "core.call: more than 64 request headers");
+        for (size_t i = 0; i < n; i++) {
+            lua_rawgeti(L, 5, (int)(2 * i + 1));
+            hdrs[i].name = lua_tolstring(L, -1, &hdrs[i].name_len);
+            lua_rawgeti(L, 5, (int)(2 * i + 2));
+            hdrs[i].value = lua_tolstring(L, -1, &hdrs[i].value_len);
+            lua_pop(L, 2); /* the strings stay referenced by the table */
+            if (hdrs[i].name == NULL || hdrs[i].value == NULL)
+                return luaL_error(L, "core.call: header names and values must be strings");
+        }
+        req.num_headers = n;
+    }
+    req.headers = hdrs;
+    if (lua_isstring(L, 6))
+        req.body = lua_tolstring(L, 6, &req.body_len);
+    lua_Number t = luaL_checknumber(L, 7);
+    req.timeout_ms = t > 0 ? (uint64_t)t : 0;
+    wcall_t *c = w->free_calls;
+    if (c)
+        w->free_calls = c->next_free;
+    else if ((c = malloc(sizeof(*c))) == NULL)
+        return luaL_error(L, "out of memory");
+    c->g = g;
+    c->decode = lua_toboolean(L, 8);
+    c->up = (unsigned)(index - 1);
+    c->rid = (uint64_t)lua_tonumber(L, 1);
+    c->span = -1;
+    c->joiners = NULL;
+    req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
+    c->id = agw_slots_put(&w->calls, c);
+    c->call = agw_call_start(g->pools[index - 1]->pool, &req, on_call_done, c);
+    if (c->call == NULL) {
+        /* out of memory: the span recorded above ends here, cancelled (nothing was sent) */
+        trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0);
+        agw_slots_del(&w->calls, c->id);
+        c->next_free = w->free_calls;
+        w->free_calls = c;
+        return luaL_error(L, "out of memory starting a call");
+    }
+    agw_worker_gen_hold(g);
+    AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
+    agw_worker_publish_pool(g, (size_t)(index - 1));
+    lua_pushnumber(L, (lua_Number)c->id);
+    return 1;
+}
+
+static void on_timer_due(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    wtimer_t *tm = (wtimer_t *)t;
+    wgen_t *g = tm->g;
+    uint64_t id = tm->id;
+    agw_slots_del(&g->w->timers, id);
+    free(tm);
+    lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_on_timer);
+    lua_pushnumber(g->L, (lua_Number)id);
+    agw_worker_call_runtime(g, 1);
+    agw_worker_gen_release(g);
+}
+
+/* core.timer(ms) -> id: runtime.on_timer(id) runs ms from now (a one-shot libev timer). */
+static int l_timer(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    agw_worker_t *w = g->w;
+    lua_Number ms = luaL_checknumber(L, 1);
+    wtimer_t *tm = malloc(sizeof(*tm));
+    if (tm == NULL)
+        return luaL_error(L, "out of memory");
+    tm->g = g;
+    agw_worker_gen_hold(g);
+    tm->id = agw_slots_put(&w->timers, tm);
+    ev_timer_init(&tm->ev, on_timer_due, ms > 0 ? ms / 1000.0 : 0., 0.);
+    ev_timer_start(w->loop, &tm->ev);
+    lua_pushnumber(L, (lua_Number)tm->id);
+    return 1;
+}
+
+/* core.cancel_timer(id) */
+static int l_cancel_timer(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    uint64_t id = (uint64_t)luaL_checknumber(L, 1);
+    wtimer_t *tm = agw_slots_get(&w->timers, id);
+    if (tm) {
+        ev_timer_stop(w->loop, &tm->ev);
+        agw_slots_del(&w->timers, id);
+        wgen_t *g = tm->g;
+        free(tm);
+        agw_worker_gen_release(g); /* inside Lua: never the last reference of the generation running */
+    }
+    return 0;
+}
+
+/* core.random() -> a number in [0, 1) (retry jitter; not for secrets). */
+static int l_random(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    uint64_t x = w->rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    w->rng = x;
+    lua_pushnumber(L, (lua_Number)(x >> 11) / 9007199254740992.0);
+    return 1;
+}
+
+/* core.cancel(id) */
+static int l_cancel(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    uint64_t id = (uint64_t)luaL_checknumber(L, 1);
+    wcall_t *c = agw_slots_get(&w->calls, id);
+    if (c) {
+        wgen_t *g = c->g;
+        trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0);
+        agw_call_cancel(c->call);
+        agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
+        agw_worker_publish_pool(g, c->up);
+        agw_slots_del(&w->calls, id);
+        c->next_free = w->free_calls;
+        w->free_calls = c;
+        agw_worker_gen_release(g);
+    }
+    return 0;
+}
+
+#define AGW_WARN_REPEAT_S 10.0
+
+/* Logs a warning of agw_resp_headers_read about a script's response header (data: the worker).
+ * The same message is written at most once per AGW_WARN_REPEAT_S per worker; the next one after
+ * that says how many were left out, so a script that sets a bad header on every response cannot
+ * flood the log. The 16 most recent distinct messages are remembered (FNV-1a hash); a new message
+ * while all 16 were logged less than AGW_WARN_REPEAT_S ago is left out and counted (many bad
+ * headers per response, or a name that changes with every request, would otherwise evict each
+ * other and all be written every time), so a worker writes at most 16 lines per interval. */
+static void warn_header(void *data, const char *msg)
+{
+    agw_worker_t *w = data;
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    double now = ev_now(w->loop);
+    size_t n = sizeof(w->warned) / sizeof(w->warned[0]), oldest = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (w->warned[i].logged != 0 && w->warned[i].hash == h) {
+            if (now - w->warned[i].logged < AGW_WARN_REPEAT_S) {
+                w->warned[i].repeats++;
+                return;
+            }
+            unsigned r = w->warned[i].repeats;
+            w->warned[i].logged = now, w->warned[i].repeats = 0;
+            if (r)
+                agw_log(AGW_LOG_WARN, "worker %d: %s (%u more times since it was last logged)", w->id, msg, r);
+            else
+                agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
+            return;
+        }
+        if (w->warned[i].logged < w->warned[oldest].logged)
+            oldest = i;
+    }
+    if (w->warned[oldest].logged != 0 && now - w->warned[oldest].logged < AGW_WARN_REPEAT_S) {
+        w->warned_others++;
+        return;
+    }
+    w->warned[oldest].hash = h, w->warned[oldest].logged = now, w->warned[oldest].repeats = 0;
+    unsigned others = w->warned_others;
+    w->warned_others = 0;
+    if (others)
+        agw_log(AGW_LOG_WARN, "worker %d: %s (%u other response header warnings were left out before it: at most "
+                "%zu distinct ones are written per %.0f s)", w->id, msg, others, n, AGW_WARN_REPEAT_S);
+    else
+        agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
+}
+
+/* core.respond(rid, status, headers, body, is_json, default_type, server_timing)
+ *   headers: table name -> value (names in any case; resp_headers.h says which are sent) or nil;
+ *   body: a Lua value to encode as JSON when is_json, else a string; default_type: content-type
+ *   unless headers has one.
+ * -> true | false (client gone) | nil, err (body cannot be encoded; nothing was sent) */
+static int l_respond(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    uint64_t rid = (uint64_t)luaL_checknumber(L, 1);
+    int status = (int)luaL_checkinteger(L, 2);
+    int is_json = lua_toboolean(L, 5);
+    reqref_t *rr = agw_slots_get(&w->reqs, rid);
+    if (rr == NULL) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    h2o_req_t *req = rr->req;
+    agw_buf_t *b = &w->out;
+    const char *body;
+    size_t body_len;
+    if (is_json) {
+        char err[512];
+        agw_buf_reset(b);
+        if (agw_json_encode(L, 4, b, err, sizeof(err)) != 0) {
+            lua_pushnil(L);
+            lua_pushstring(L, err);
+            return 2;
+        }
+        body = b->base;
+        body_len = b->len;
+    } else {
+        body = lua_tolstring(L, 4, &body_len);
+        if (body == NULL)
+            body = "", body_len = 0;
+    }
+    req->res.status = status;
+    req->res.reason = agw_worker_reason_phrase(status);
+    /* the script's headers by the rules of resp_headers.h (the spec harness applies the same) */
+    agw_resp_headers_t *set = &w->resp_headers;
+    set->n = 0;
+    if (lua_istable(L, 3))
+        agw_resp_headers_read(set, L, 3, warn_header, w);
+    for (size_t i = 0; i < set->n; i++)
+        add_header(req, set->h[i].name, set->h[i].name_len, set->h[i].value, set->h[i].value_len);
+    int has_type = agw_resp_headers_find(set, "content-type", 12) != NULL;
+    /* X-Aggregation-Completed (agg.page's marker): 1 true, 0 false, -1 absent */
+    const agw_resp_header_t *marker = agw_resp_headers_find(set, "x-aggregation-completed", 23);
+    int completed = marker ? marker->value_len == 4 && memcmp(marker->value, "true", 4) == 0 : -1;
+    size_t tl;
+    const char *type = lua_tolstring(L, 6, &tl);
+    int no_body = status == 204 || status == 304; /* no body, and no Content-Length to promise one
+                                                      (RFC 9110 §8.6): nothing to type either */
+    if (!has_type && type && !no_body)
+        add_header(req, "content-type", 12, type, tl);
+    size_t sl;
+    const char *timing = lua_tolstring(L, 7, &sl);
+    if (timing)
+        add_header(req, "server-timing", 13, timing, sl);
+    agw_slots_del(&w->reqs, rid);
+    rr->rid = 0;
+    agw_worker_stop_client_watch(rr);
+    if (no_body)
+        body_len = 0;
+    else
+        req->res.content_length = body_len;
+    /* a page's sections: for partial pages (metrics) and the access log; a failed page lists them
+     * under "sections" */
+    section_ref_t secs[ALOG_MAX_SECTIONS];
+    size_t nsecs = 0;
+    int is_page = completed >= 0 && is_json && lua_istable(L, 4);
+    if (is_page && (completed == 0 || rr->logline)) {
+        int top = lua_gettop(L), sidx = 4;
+        if (status != 200) {
+            lua_pushliteral(L, "sections");
+            lua_rawget(L, 4);
+            sidx = lua_istable(L, -1) ? lua_gettop(L) : 0;
+        }
+        if (sidx)
+            nsecs = agw_worker_page_sections(L, sidx, secs, ALOG_MAX_SECTIONS);
+        if (status == 200 && completed == 0) {
+            for (size_t i = 0; i < nsecs; i++)
+                if (strcmp(secs[i].status, "ok") != 0)
+                    agw_metrics_partial(w->m, (int)rr->g->gen->route_slot[rr->endpoint], secs[i].name,
+                                        secs[i].len);
+        }
+        agw_worker_record_request(w, rr, status, body_len, secs, nsecs, timing, timing ? sl : 0);
+        lua_settop(L, top); /* the names and statuses stay referenced by the body until l_respond returns */
+    } else {
+        agw_worker_record_request(w, rr, status, body_len, NULL, 0, timing, timing ? sl : 0);
+    }
+    agw_worker_queue_response(rr, body, body_len);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* core.join(rid, id, section): request rid waits on call id of another exchange (single-flight)
+ * for its section: a span of its own, marked shared and linked to the call's span, ends when the
+ * call does. Nothing else changes for the call. */
+static int l_join(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    wcall_t *c = agw_slots_get(&w->calls, (uint64_t)luaL_checknumber(L, 2));
+    if (rr == NULL || rr->trace == NULL || c == NULL)
+        return 0;
+    size_t slen = 0;
+    const char *section = lua_tolstring(L, 3, &slen);
+    int i = agw_trace_add_span(rr->trace, &w->trace_rng, c->g->gen->upstream_slot[c->up], section,
+                               section ? slen : 0, AGW_SPAN_SF_JOINED, 1, agw_worker_now_us(w));
+    if (i < 0)
+        return 0;
+    reqref_t *leader = c->span >= 0 ? agw_slots_get(&w->reqs, c->rid) : NULL;
+    if (leader && leader->trace) {
+        agw_span_t *ls = &leader->trace->spans[c->span];
+        ls->flags |= AGW_SPAN_SF_LEADER;
+        memcpy(rr->trace->spans[i].link_trace_id, leader->trace->trace_id, 16);
+        memcpy(rr->trace->spans[i].link_span_id, ls->span_id, 8);
+    }
+    sf_joiner_t *j = malloc(sizeof(*j));
+    if (j == NULL)
+        return 0;
+    j->rid = rr->rid;
+    j->span = i;
+    j->next = c->joiners;
+    c->joiners = j;
+    return 0;
+}
+
+/* core.trace_id(rid) -> the request's trace id as 32 lowercase hex digits, or nil (req.trace_id) */
+static int l_trace_id(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    if (rr == NULL || rr->trace == NULL)
+        return 0;
+    char hex[32];
+    agw_trace_hex(hex, rr->trace->trace_id, 16);
+    lua_pushlstring(L, hex, 32);
+    return 1;
+}
+
+/* core.log(level, message) */
+static int l_log(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    const char *level = luaL_checkstring(L, 1);
+    const char *msg = luaL_checkstring(L, 2);
+    agw_log(strcmp(level, "error") == 0 ? AGW_LOG_ERROR : strcmp(level, "warn") == 0 ? AGW_LOG_WARN : AGW_LOG_INFO,
+            "worker %d: %s", w->id, msg);
+    return 0;
+}
+
+/* core.upstream_counters(index, retries, retries_denied, hedges, hedges_won, collapsed): the
+ * runtime's totals for upstream index, published as metrics (runtime.report_stats). Each VM's
+ * totals start at 0, so what is added is the growth since this VM last reported: the counters go
+ * on rising across reloads. */
+static int l_upstream_counters(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    lua_Integer index = luaL_checkinteger(L, 1);
+    if (index < 1 || (size_t)index > g->conf->num_upstreams)
+        return 0;
+    agw_upstream_metrics_t *u = &g->w->m->upstreams[g->gen->upstream_slot[index - 1]];
+    uint64_t *fields[5] = {&u->retries, &u->retries_denied, &u->hedges, &u->hedges_won, &u->collapsed};
+    uint64_t *last = &g->reported[(size_t)(index - 1) * 5];
+    for (int k = 0; k < 5; k++) {
+        lua_Number n = luaL_optnumber(L, 2 + k, 0);
+        uint64_t v = n > 0 ? (uint64_t)n : 0;
+        if (v > last[k]) {
+            AGW_M_ADD(*fields[k], v - last[k]);
+            last[k] = v;
+        }
+    }
+    return 0;
+}
+
+const luaL_Reg agw_worker_core_fns[] = {
+    {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
+    {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
+    {"upstream_counters", l_upstream_counters}, {"join", l_join}, {"trace_id", l_trace_id},
+    {NULL, NULL},
+};

@@ -1,0 +1,258 @@
+/* vm.c: a worker's generations (hot reload, generation.h): the scripts folder loaded
+ * into a VM of the worker's own, made current with the upstream pools it shares with the
+ * previous generation, and freed after its last request, call and timer.
+ */
+#include "worker/worker_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "script/script.h"
+
+/* ---- generations ---------------------------------------------------------------------------- */
+
+static void pool_release(wpool_t *p)
+{
+    if (p == NULL || --p->refs > 0)
+        return;
+    agw_pool_destroy(p->pool);
+    agw_upstream_conf_clear(&p->conf);
+    free(p);
+}
+
+void agw_worker_gen_discard(wgen_t *g)
+{
+    if (g->L)
+        lua_close(g->L);
+    agw_generation_unref(g->gen);
+    free(g->reported);
+    free(g);
+}
+
+void agw_worker_gen_free(wgen_t *g)
+{
+    if (g->ref_report_stats != LUA_NOREF) {
+        lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_report_stats);
+        if (lua_pcall(g->L, 0, 0, 0) != 0)
+            lua_pop(g->L, 1);
+    }
+    for (size_t i = 0; i < g->conf->num_upstreams; i++)
+        pool_release(g->pools[i]);
+    free(g->pools);
+    agw_worker_gen_discard(g);
+}
+
+void agw_worker_free_dead_gens(agw_worker_t *w)
+{
+    while (w->dead) {
+        wgen_t *g = w->dead;
+        w->dead = g->next;
+        agw_worker_gen_free(g);
+    }
+}
+
+/* The listeners accept with conf's TLS contexts from now on: the worker takes a reference to each
+ * and drops the one it held. A connection already accepted holds the context it was accepted
+ * with (worker.c, conn_t), so the old one lives on until the last of those closes. */
+static void adopt_listener_tls(agw_worker_t *w, const agw_config_t *conf)
+{
+    for (size_t i = 0; i < w->num_listeners && i < conf->num_listen; i++) {
+        h2o_accept_ctx_t *ac = &w->listeners[i].accept_ctx;
+        SSL_CTX *ctx = conf->listen[i].ssl_ctx;
+        if (ctx == ac->ssl_ctx)
+            continue;
+        if (ctx)
+            SSL_CTX_up_ref(ctx);
+        SSL_CTX_free(ac->ssl_ctx);
+        ac->ssl_ctx = ctx;
+    }
+}
+
+void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
+{
+    const agw_config_t *conf = g->conf;
+    wgen_t *old = w->cur;
+    g->pools = calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*g->pools));
+    if (g->pools == NULL)
+        abort();
+    for (size_t i = 0; i < conf->num_upstreams; i++) {
+        for (size_t j = 0; old && j < old->conf->num_upstreams; j++) {
+            wpool_t *p = old->pools[j];
+            if (agw_upstream_conf_same(&p->conf, &conf->upstreams[i])) {
+                p->refs++;
+                g->pools[i] = p;
+                break;
+            }
+        }
+        if (g->pools[i] == NULL) {
+            wpool_t *p = calloc(1, sizeof(*p));
+            if (p == NULL)
+                abort();
+            agw_upstream_conf_copy(&p->conf, &conf->upstreams[i]);
+            if ((p->pool = agw_pool_create(w->loop, &p->conf)) == NULL)
+                abort();
+            agw_pool_set_batch(p->pool, &w->batch);
+            p->refs = 1;
+            g->pools[i] = p;
+        }
+    }
+    g->refs = 1; /* current */
+    g->prev = NULL;
+    g->next = w->gens;
+    if (w->gens)
+        w->gens->prev = g;
+    w->gens = g;
+    w->cur = g;
+    adopt_listener_tls(w, conf);
+    __atomic_store_n(&w->serving, g->gen->number, __ATOMIC_RELEASE);
+    if (old)
+        agw_worker_gen_release(old);
+}
+
+void agw_worker_on_reload(struct ev_loop *loop, ev_async *a, int revents)
+{
+    (void)loop, (void)revents;
+    agw_worker_t *w = a->data;
+    pthread_mutex_lock(&w->next_lock);
+    wgen_t *g = w->next;
+    w->next = NULL;
+    pthread_mutex_unlock(&w->next_lock);
+    if (g)
+        agw_worker_gen_activate(w, g);
+}
+
+/* ---- loading a generation into a VM --------------------------------------------------------- */
+
+/* 1 when the generation table a VM loaded (at idx) lists exactly conf's endpoints and upstreams,
+ * in the same order: the router's endpoint indexes and the pools' upstream indexes then name the
+ * same handlers and upstreams in the VM (the folder could change between two loads). */
+static int same_generation(lua_State *L, int idx, const agw_config_t *conf)
+{
+    int top = lua_gettop(L);
+    lua_getfield(L, idx, "endpoints");
+    int same = lua_istable(L, -1) && lua_objlen(L, -1) == conf->num_endpoints;
+    for (size_t i = 0; same && i < conf->num_endpoints; i++) {
+        lua_rawgeti(L, top + 1, (int)i + 1);
+        lua_getfield(L, -1, "route");
+        lua_getfield(L, -2, "file");
+        const char *route = lua_tostring(L, -2), *file = lua_tostring(L, -1);
+        same = route && file && strcmp(route, conf->endpoints[i].route) == 0 &&
+               strcmp(file, conf->endpoints[i].file) == 0;
+        lua_pop(L, 3);
+    }
+    lua_getfield(L, idx, "upstreams"); /* name -> { index = i } */
+    size_t n = 0;
+    if (same && lua_istable(L, -1)) {
+        lua_pushnil(L);
+        while (lua_next(L, -2) != 0) {
+            n++;
+            lua_pop(L, 1);
+        }
+    }
+    same = same && n == conf->num_upstreams;
+    for (size_t i = 0; same && i < conf->num_upstreams; i++) {
+        lua_getfield(L, -1, conf->upstreams[i].name);
+        lua_getfield(L, -1, "index");
+        same = lua_tointeger(L, -1) == (lua_Integer)i + 1;
+        lua_pop(L, 2);
+    }
+    lua_settop(L, top);
+    return same;
+}
+
+/* Loads the runtime and the scripts folder into a new VM for g (any thread: the VM is not used
+ * by the worker until it is installed). */
+static int init_vm(wgen_t *g, agw_buf_t *errors)
+{
+    const agw_config_t *conf = g->conf;
+    lua_State *L = g->L = agw_vm_new(conf->dir);
+    if (L == NULL) {
+        agw_buf_puts(errors, "out of memory creating a Lua state\n");
+        return -1;
+    }
+    if (agw_vm_load_generation(L, conf->dir, errors) != 0)
+        return -1;
+    int gen = lua_gettop(L);
+    if (!same_generation(L, gen, conf)) {
+        agw_buf_printf(errors, "%s/gateway.lua:1: the scripts folder changed while it was being loaded; load it "
+                       "again (SIGHUP, or start the gateway again)\n", conf->dir);
+        return -1;
+    }
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "agg.runtime");
+    if (lua_pcall(L, 1, 1, 0) != 0) {
+        agw_buf_printf(errors, "cannot load agg.runtime: %s\n", lua_tostring(L, -1));
+        return -1;
+    }
+    int rt = lua_gettop(L);
+    lua_getfield(L, rt, "init");
+    lua_createtable(L, 0, 8);
+    for (const luaL_Reg *f = agw_worker_core_fns; f->name; f++) {
+        lua_pushlightuserdata(L, g);
+        lua_pushcclosure(L, f->func, 1);
+        lua_setfield(L, -2, f->name);
+    }
+    lua_createtable(L, (int)conf->num_upstreams, 0); /* core.breakers: shared by every worker */
+    for (size_t i = 0; i < conf->num_upstreams; i++) {
+        agw_breaker_push(L, conf->breakers[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "breakers");
+    lua_getfield(L, gen, "upstreams");
+    lua_getfield(L, gen, "endpoints");
+    if (lua_pcall(L, 3, 0, 0) != 0) {
+        agw_buf_printf(errors, "runtime init failed: %s\n", lua_tostring(L, -1));
+        return -1;
+    }
+    lua_getfield(L, rt, "start");
+    g->ref_start = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "on_call");
+    g->ref_on_call = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "abort");
+    g->ref_abort = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "on_timer");
+    g->ref_on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "report_stats");
+    g->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
+    lua_settop(L, 0);
+    return 0;
+}
+
+/* ---- hot reload: prepare, discard, install -------------------------------------------------- */
+
+agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw_buf_t *errors)
+{
+    wgen_t *g = calloc(1, sizeof(*g));
+    if (g == NULL)
+        abort();
+    g->w = w;
+    g->gen = agw_generation_ref(gen);
+    g->conf = &gen->conf;
+    g->ref_report_stats = LUA_NOREF;
+    g->reported = calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * 5 : 1, sizeof(*g->reported));
+    if (g->reported == NULL)
+        abort();
+    if (init_vm(g, errors) != 0) {
+        agw_worker_gen_discard(g);
+        return NULL;
+    }
+    return g;
+}
+
+void agw_worker_discard(agw_worker_gen_t *g)
+{
+    if (g)
+        agw_worker_gen_discard(g);
+}
+
+void agw_worker_install(agw_worker_t *w, agw_worker_gen_t *g)
+{
+    pthread_mutex_lock(&w->next_lock);
+    wgen_t *replaced = w->next; /* a reload the worker has not taken yet: this one supersedes it */
+    w->next = g;
+    pthread_mutex_unlock(&w->next_lock);
+    if (replaced)
+        agw_worker_gen_discard(replaced);
+    ev_async_send(w->loop, &w->reload_async);
+}

@@ -1,0 +1,737 @@
+/* worker.c: a worker thread: loops, h2o glue (requests, accept) and the worker's life.
+ *
+ * Request path: h2o calls agw_worker_on_req -> route match (C) -> runtime.start(rid, …) in Lua.
+ * The handler's coroutine calls core.call() for each upstream call; completions call
+ * runtime.on_call(); the handler's return value arrives in core.respond(), which encodes the page
+ * and hands it to h2o. A request whose client goes away first is noticed by the dispose callback
+ * of its memory pool (DESIGN §8), which calls runtime.abort() to cancel its calls.
+ *
+ * Generations (hot reload, generation.h): the worker runs each generation of the scripts folder
+ * in a VM of its own (wgen_t). New requests go to the current one; a request, an upstream call
+ * and a runtime timer keep a reference to the generation they started on and finish there. A
+ * generation that is no longer current is freed (its VM closed, the pools only it used closed)
+ * when its last reference goes.
+ *
+ * The rest of the worker: vm.c (its generations), core.c (the Lua transport,
+ * "agg.core", and upstream calls), request_log.c (problems, tracing, metrics, the access log);
+ * worker_internal.h holds what they share.
+ */
+#include "worker/worker_internal.h"
+
+#include "script/script.h"
+#include "worker/watchdog.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+
+/* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
+
+static void run_uv(agw_worker_t *w)
+{
+    uv_run(&w->uvloop, UV_RUN_NOWAIT);
+}
+
+static void on_uv_io(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)loop, (void)revents;
+    run_uv(io->data);
+}
+
+static void on_uv_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    run_uv(t->data);
+}
+
+/* Before libev waits: run what libuv has due now, read the upstream answers that came (with a
+ * ring), write the upstream requests and send the responses this iteration made (agw_batch_flush,
+ * agw_worker_flush_responses: all at once, see upstream/batch.h), then arm a timer for libuv's next
+ * deadline. The flush comes after every run of libuv, whose requests may start calls; an answer
+ * it reads runs its page's script, which may start more calls or respond, so it repeats until
+ * nothing is queued. upstream/batch.h requires a flush before every poll when there is a ring: this
+ * watcher is it. */
+static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
+{
+    (void)revents;
+    agw_worker_t *w = p->data;
+    int timeout, rounds = 0;
+    for (;;) {
+        size_t n;
+        do { /* upstream requests first: their upstreams start on them while responses go out */
+            n = agw_batch_flush(&w->batch);
+            n += agw_worker_flush_responses(w);
+        } while (n > 0);
+        if ((timeout = uv_backend_timeout(&w->uvloop)) != 0 || rounds++ == 4)
+            break;
+        run_uv(w);
+    }
+    ev_timer_stop(loop, &w->uv_timer);
+    if (timeout >= 0) {
+        ev_timer_set(&w->uv_timer, timeout / 1000.0, 0.);
+        ev_timer_start(loop, &w->uv_timer);
+    }
+}
+
+static void on_stop(struct ev_loop *loop, ev_async *a, int revents)
+{
+    (void)a, (void)revents;
+    ev_break(loop, EVBREAK_ALL);
+}
+
+static void on_listener_closed(uv_handle_t *h)
+{
+    (void)h; /* the handle lives in w->listeners, freed with the worker */
+}
+
+/* Graceful shutdown: stop accepting (the listening sockets close, so new connections are refused
+ * once every worker closed its own) and ask h2o to wind the open connections down (HTTP/2 GOAWAY,
+ * no keep-alive for HTTP/1); requests in flight go on. */
+static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
+{
+    (void)loop, (void)revents;
+    agw_worker_t *w = a->data;
+    if (w->draining)
+        return;
+    w->draining = 1;
+    for (size_t i = 0; i < w->num_listeners; i++)
+        if (!uv_is_closing((uv_handle_t *)&w->listeners[i].handle))
+            uv_close((uv_handle_t *)&w->listeners[i].handle, on_listener_closed);
+    h2o_context_request_shutdown(&w->ctx);
+}
+
+/* ---- Lua entry ------------------------------------------------------------------------------ */
+
+static void process_pending_aborts(agw_worker_t *w);
+
+/* ---- the script time limit (watchdog.h) ----------------------------------------------------- */
+
+static __thread agw_worker_t *this_worker; /* the worker whose thread this is */
+
+#define AGW_LONG_ENTRY_MS 10 /* an entry into Lua this long updates the loop's clock, ms */
+
+/* Whether a function's source ("@path") is a file of the runtime's Lua half (agw_lua_dir()):
+ * lua/agg, not a script of the scripts folder, a module it required or a chunk it loaded. */
+static int runtime_source(const char *source)
+{
+    const char *dir = agw_lua_dir();
+    size_t n = strlen(dir);
+    return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
+}
+
+/* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
+static void on_script_too_long(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    agw_worker_t *w = this_worker;
+    uint64_t entry = w ? __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED) : 0;
+    if (w == NULL || w->lua_depth == 0 || __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) != entry ||
+        agw_coarse_ms() < w->lua_since_ms + w->lua_limit_ms) {
+        lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
+        return;
+    }
+    /* level 0: the function running, not the hook */
+    lua_Debug d;
+    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || runtime_source(d.source)) {
+        /* the runtime's own code (lua/agg): an error here could leave it half way through its
+         * bookkeeping (a request never answered). In a coroutine the hook waits for the script's
+         * next instruction. On the runtime's own thread the script's coroutine is gone, or the
+         * pcall around a fallback has its error: the hook removes itself, and the watchdog asks
+         * again a limit later if a script runs on */
+        int main_thread = lua_pushthread(L);
+        lua_pop(L, 1);
+        if (main_thread)
+            lua_sethook(L, NULL, 0, 0);
+        return;
+    }
+    /* the script's own code, in a coroutine or (a fallback) on the runtime's thread: raised again
+     * at each of its instructions, so a pcall in it cannot carry on */
+    if (d.currentline > 0)
+        lua_pushfstring(L, "%s:%d: ", d.short_src, d.currentline);
+    else
+        lua_pushliteral(L, "");
+    lua_pushfstring(L, "stopped: the script ran for more than %d ms without waiting for a call "
+                       "(script_time_limit_ms in gateway.lua)",
+                    (int)__atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED));
+    lua_concat(L, 2);
+    lua_error(L);
+}
+
+void agw_worker_on_watchdog_signal(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    agw_worker_t *w = this_worker;
+    /* inside an entry (lua_L is its VM: agw_worker_call_runtime sets it before lua_depth), and the
+     * one the watchdog asked to stop */
+    if (w != NULL && w->lua_depth > 0 &&
+        __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) == __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED))
+        lua_sethook(w->lua_L, on_script_too_long, LUA_MASKCOUNT, 1);
+    errno = saved;
+}
+
+uint64_t agw_worker_script_limit_ms(const agw_worker_t *w)
+{
+    uint64_t l = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
+    return l ? l : 1000;
+}
+
+void agw_worker_watch_script(agw_worker_t *w, uint64_t now)
+{
+    /* the entry number read before and after its start time: when the two differ, the worker
+     * moved on to another entry meanwhile and since may not be that entry's (the worker writes
+     * the number before the time, agw_worker_call_runtime) */
+    uint64_t entry = __atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE);
+    uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_ACQUIRE);
+    uint64_t limit = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE) != entry || since == 0)
+        return; /* (since == 0: outside Lua; a worker thread that has ended is always there) */
+    /* both times are coarse (agw_coarse_ms): one clock tick more, so as never to stop early. now
+     * may be older than since: the watchdog reads the clock once for every worker */
+    if (now < since + limit + agw_coarse_tick_ms())
+        return;
+    int first = __atomic_load_n(&w->stop_entry, __ATOMIC_RELAXED) != entry;
+    if (!first && now - w->stop_armed_ms < limit)
+        return; /* asked already: again once per limit while the entry lasts */
+    __atomic_store_n(&w->stop_entry, entry, __ATOMIC_RELEASE);
+    w->stop_armed_ms = now;
+    if (first)
+        agw_log(AGW_LOG_WARN, "worker %d: a script has run for %llu ms without waiting for a call "
+                "(script_time_limit_ms %llu); stopping it", w->id, (unsigned long long)(now - since),
+                (unsigned long long)limit);
+    pthread_kill(w->thread, AGW_WATCHDOG_SIGNAL); /* agw_worker_on_watchdog_signal sets the hook */
+}
+
+int agw_worker_call_runtime(wgen_t *g, int nargs)
+{
+    agw_worker_t *w = g->w;
+    lua_State *L = g->L;
+    int rc = 0;
+    int outer = w->lua_depth == 0;
+    if (outer) { /* an entry begins: the watchdog times it */
+        w->lua_L = L;
+        __atomic_store_n(&w->lua_limit_ms, g->conf->script_time_limit_ms, __ATOMIC_RELAXED);
+        __atomic_store_n(&w->lua_entry, w->lua_entry + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&w->lua_since_ms, agw_coarse_ms(), __ATOMIC_RELEASE);
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* lua_L before lua_depth, for the signal handler */
+    w->lua_depth++;
+    if (lua_pcall(L, nargs, 0, 0) != 0) {
+        agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
+        lua_pop(L, 1);
+        rc = -1;
+    }
+    if (outer) {
+        uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_RELAXED);
+        __atomic_store_n(&w->lua_since_ms, 0, __ATOMIC_RELEASE);
+        /* a long entry (a slow script, one the watchdog stopped) leaves the loop's clock behind:
+         * requests read after it in this iteration would start their deadlines and call
+         * timeouts that long ago, and time out at once */
+        if (agw_coarse_ms() - since >= AGW_LONG_ENTRY_MS)
+            ev_now_update(w->loop);
+    }
+    w->lua_depth--;
+    if (w->lua_depth == 0 && w->num_pending_aborts)
+        process_pending_aborts(w);
+    if (w->lua_depth == 0 && w->dead)
+        agw_worker_free_dead_gens(w);
+    return rc;
+}
+
+static void abort_request(wgen_t *g, uint64_t rid)
+{
+    lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_abort);
+    lua_pushnumber(g->L, (lua_Number)rid);
+    agw_worker_call_runtime(g, 1);
+}
+
+static void process_pending_aborts(agw_worker_t *w)
+{
+    while (w->num_pending_aborts) {
+        struct pending_abort pa = w->pending_aborts[--w->num_pending_aborts];
+        abort_request(pa.g, pa.rid);
+        agw_worker_gen_release(pa.g);
+    }
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+/* Forgets request rid of generation g on the runtime side: its calls are cancelled (now, or once
+ * the runtime returns when this runs inside it). */
+static void abandon_request(wgen_t *g, uint64_t rid)
+{
+    agw_worker_t *w = g->w;
+    if (w->lua_depth) {
+        if (w->num_pending_aborts == w->cap_pending_aborts) {
+            w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
+            w->pending_aborts = realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
+            if (w->pending_aborts == NULL)
+                abort();
+        }
+        w->pending_aborts[w->num_pending_aborts].rid = rid;
+        w->pending_aborts[w->num_pending_aborts++].g = g;
+        agw_worker_gen_hold(g);
+        return;
+    }
+    abort_request(g, rid);
+}
+
+/* h2o does not read an HTTP/1 connection while its request is being handled, so a client that
+ * closes it is noticed here: EOF or an error means the client is gone; bytes (a pipelined request)
+ * mean it is still there, and the watch ends. */
+static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)loop, (void)revents;
+    reqref_t *rr = io->data;
+    char c;
+    ssize_t n = recv(io->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    agw_worker_stop_client_watch(rr);
+    if (n > 0 || rr->rid == 0)
+        return;
+    agw_worker_t *w = rr->w;
+    uint64_t rid = rr->rid;
+    agw_slots_del(&w->reqs, rid);
+    rr->rid = 0;
+    agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
+    abandon_request(rr->g, rid);
+    /* finish the h2o request so that it tears the connection down (the write fails) */
+    h2o_req_t *req = rr->req;
+    req->res.status = 499;
+    req->res.reason = "Client Closed Request";
+    req->res.content_length = 0;
+    h2o_send_inline(req, "", 0);
+}
+
+/* How long a request runs before its client's socket is watched (s). Most pages are answered
+ * sooner: watching each of them at once would cost two epoll_ctl calls per request (register the
+ * socket with libev's epoll, then drop it when the next request arrives on it), a tenth of a page's
+ * system calls. A client that leaves earlier is noticed when the watch starts (its socket is then
+ * readable at once), so its calls are cancelled at most this much later. */
+#define CLIENT_WATCH_DELAY 0.025
+
+/* Starts the watches of the queued requests that have run CLIENT_WATCH_DELAY, then waits for
+ * the next one. */
+static void on_watch_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)revents;
+    agw_worker_t *w = t->data;
+    ev_tstamp now = ev_now(loop);
+    reqref_t *rr;
+    while ((rr = w->watch_head) != NULL && rr->started + CLIENT_WATCH_DELAY <= now + 0.0005) {
+        int fd = rr->watch_fd;
+        agw_worker_watch_unqueue(rr);
+        ev_io_init(&rr->client_watch, on_client_readable, fd, EV_READ);
+        rr->client_watch.data = rr;
+        ev_io_start(loop, &rr->client_watch);
+        rr->watching = 1;
+    }
+    if (rr) {
+        t->repeat = rr->started + CLIENT_WATCH_DELAY - now;
+        if (t->repeat < 0.001)
+            t->repeat = 0.001;
+        ev_timer_again(loop, t);
+    } else {
+        ev_timer_stop(loop, t);
+    }
+}
+
+/* HTTP/1: queues the request so that its client's socket is watched once the request has run
+ * CLIENT_WATCH_DELAY (see on_client_readable). */
+static void watch_client(reqref_t *rr, h2o_req_t *req)
+{
+    rr->watching = 0;
+    rr->watch_fd = -1;
+    rr->watch_next = rr->watch_prev = NULL;
+    if (req->version >= 0x200 || req->conn->callbacks->get_socket == NULL)
+        return; /* HTTP/2 reads all the time: a reset stream or a closed connection disposes the request */
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    int fd = sock ? h2o_socket_get_fd(sock) : -1;
+    if (fd < 0)
+        return;
+    agw_worker_t *w = rr->w;
+    rr->watch_fd = fd;
+    rr->watch_prev = w->watch_tail;
+    if (w->watch_tail)
+        w->watch_tail->watch_next = rr;
+    else
+        w->watch_head = rr;
+    w->watch_tail = rr;
+    if (!ev_is_active(&w->watch_timer)) {
+        w->watch_timer.repeat = CLIENT_WATCH_DELAY;
+        ev_timer_again(w->loop, &w->watch_timer);
+    }
+}
+
+void agw_worker_queue_response(reqref_t *rr, const char *body, size_t len)
+{
+    agw_worker_t *w = rr->w;
+    rr->out = h2o_strdup(&rr->req->pool, body, len);
+    h2o_linklist_insert(&w->out_queue, &rr->out_link); /* before the anchor: last */
+}
+
+size_t agw_worker_flush_responses(agw_worker_t *w)
+{
+    static h2o_generator_t generator = {NULL, NULL}; /* the whole body goes in one h2o_send */
+    size_t n = 0;
+    reqref_t *rr;
+    while (!h2o_linklist_is_empty(&w->out_queue)) {
+        rr = H2O_STRUCT_FROM_MEMBER(reqref_t, out_link, w->out_queue.next);
+        h2o_linklist_unlink(&rr->out_link);
+        h2o_req_t *req = rr->req;
+        h2o_start_response(req, &generator);
+        if (h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD")))
+            h2o_send(req, NULL, 0, 1);
+        else
+            h2o_send(req, &rr->out, 1, 1);
+        n++;
+    }
+    return n;
+}
+
+static void on_req_dispose(void *p)
+{
+    reqref_t *rr = p;
+    if (h2o_linklist_is_linked(&rr->out_link))
+        h2o_linklist_unlink(&rr->out_link);
+    __atomic_sub_fetch(&rr->w->inflight, 1, __ATOMIC_RELAXED);
+    agw_worker_stop_client_watch(rr);
+    if (rr->rid == 0) {
+        free(rr->logline); /* NULL unless the request ended without being recorded */
+        agw_worker_gen_release(rr->g);
+        return;
+    }
+    /* the client went away before the response: cancel everything the request started */
+    agw_worker_t *w = rr->w;
+    uint64_t rid = rr->rid;
+    agw_slots_del(&w->reqs, rid);
+    rr->rid = 0;
+    agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
+    abandon_request(rr->g, rid);
+    agw_worker_gen_release(rr->g);
+}
+
+/* Checks request framing that h2o lets through (RFC 9112): a header with an empty name (an
+ * obsolete line folding) and Content-Length headers that disagree. Returns a reason or NULL. */
+static const char *bad_framing(const h2o_req_t *req)
+{
+    const h2o_iovec_t *length = NULL;
+    for (size_t i = 0; i < req->headers.size; i++) {
+        const h2o_header_t *h = &req->headers.entries[i];
+        if (h->name->len == 0)
+            return "a header line starts with whitespace (obsolete line folding)";
+        if (h2o_lcstris(h->name->base, h->name->len, H2O_STRLIT("content-length"))) {
+            if (length && !h2o_memis(length->base, length->len, h->value.base, h->value.len))
+                return "Content-Length headers disagree";
+            length = &h->value;
+        }
+    }
+    return NULL;
+}
+
+int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    (void)self;
+    agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
+    wgen_t *g = w->cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
+    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    int endpoint = 0;
+    agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
+    size_t num_params = 0;
+    char allow[128];
+    agw_route_result_t m = agw_router_match(&g->conf->router, req->method.base, req->method.len, req->path.base,
+                                            path_len, &endpoint, params, &num_params, allow, sizeof(allow));
+    if (m == AGW_ROUTE_NOT_FOUND) {
+        agw_worker_send_problem(w, req, NULL, 0, 404, "route-not-found", "no route matches this path", NULL);
+        return 0;
+    }
+    if (m == AGW_ROUTE_METHOD_NOT_ALLOWED) {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
+        agw_worker_send_problem(w, req, NULL, 0, 405, "method-not-allowed", "this route does not accept this method",
+                                NULL);
+        return 0;
+    }
+    const char *framing = bad_framing(req);
+    if (framing) {
+        req->http1_is_persistent = 0;
+        agw_worker_send_problem(w, req, NULL, endpoint, 400, "bad-request", "the request is malformed", framing);
+        return 0;
+    }
+    reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
+    __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED);
+    if (w->draining)
+        req->http1_is_persistent = 0; /* a keep-alive connection closes after this response */
+    rr->w = w;
+    rr->g = g;
+    agw_worker_gen_hold(g);
+    rr->req = req;
+    rr->rid = agw_slots_put(&w->reqs, rr);
+    rr->endpoint = endpoint;
+    rr->started = ev_now(w->loop);
+    rr->logline = NULL;
+    rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
+    if (w->access_fd >= 0 && (rr->logline = malloc(req->method.len + req->path.len + 2)) != NULL) {
+        memcpy(rr->logline, req->method.base, req->method.len);
+        rr->logline[req->method.len] = '\0';
+        memcpy(rr->logline + req->method.len + 1, req->path.base, req->path.len);
+        rr->logline[req->method.len + 1 + req->path.len] = '\0';
+    }
+    AGW_M_ADD(w->m->requests_started, 1);
+    watch_client(rr, req);
+    rr->trace = NULL;
+    agw_worker_trace_begin(w, rr, req, path_len);
+
+    lua_State *L = g->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
+    lua_pushnumber(L, (lua_Number)rr->rid);
+    lua_pushinteger(L, endpoint);
+    lua_pushlstring(L, req->method.base, req->method.len);
+    lua_pushlstring(L, req->path.base, path_len);
+    if (req->query_at != SIZE_MAX)
+        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
+    else
+        lua_pushnil(L);
+    lua_createtable(L, 0, (int)num_params);
+    for (size_t i = 0; i < num_params; i++) {
+        lua_pushlstring(L, params[i].name, params[i].name_len);
+        lua_pushlstring(L, params[i].value, params[i].value_len);
+        lua_rawset(L, -3);
+    }
+    agw_buf_t *hb = &w->hdrs;
+    agw_buf_reset(hb);
+    for (size_t i = 0; i < req->headers.size; i++) {
+        const h2o_header_t *h = &req->headers.entries[i];
+        agw_worker_append_header(hb, h->name->base, h->name->len, h->value.base, h->value.len);
+    }
+    lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
+    if (req->entity.base != NULL)
+        lua_pushlstring(L, req->entity.base, req->entity.len);
+    else
+        lua_pushnil(L);
+    uint64_t rid = rr->rid;
+    /* the runtime failed (a bug, never a script error): do not leave the client hanging */
+    if (agw_worker_call_runtime(g, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+        agw_slots_del(&w->reqs, rid);
+        rr->rid = 0;
+        agw_worker_stop_client_watch(rr);
+        agw_worker_send_problem(w, req, rr, endpoint, 500, "gateway-error", "the gateway failed to handle the request",
+                                "the error was logged by the gateway");
+    }
+    return 0;
+}
+
+/* ---- accept --------------------------------------------------------------------------------- */
+
+/* An accepted connection: its libuv handle and, on a TLS listener, a reference to the SSL_CTX it
+ * was accepted with, held until the connection closes. h2o 2.2 keeps only a plain pointer to that
+ * SSL_CTX until the client's first bytes arrive (SSL_new, which takes OpenSSL's own reference,
+ * runs then), and a reload may meanwhile give the listener another one and drop this one. */
+typedef struct conn {
+    uv_tcp_t tcp;       /* first: h2o's close callback gets its address */
+    SSL_CTX *ssl_ctx;   /* one reference, or NULL (cleartext) */
+} conn_t;
+
+static void on_conn_close(uv_handle_t *h)
+{
+    conn_t *c = (conn_t *)h;
+    SSL_CTX_free(c->ssl_ctx); /* after h2o's SSL_free: the socket is disposed before its handle closes */
+    free(c);
+}
+
+static void on_accept(uv_stream_t *server, int status)
+{
+    listener_t *l = server->data;
+    if (status != 0)
+        return;
+    conn_t *conn = malloc(sizeof(*conn));
+    if (conn == NULL)
+        return;
+    conn->ssl_ctx = NULL;
+    uv_tcp_init(server->loop, &conn->tcp);
+    if (uv_accept(server, (uv_stream_t *)&conn->tcp) != 0) {
+        uv_close((uv_handle_t *)&conn->tcp, on_conn_close);
+        return;
+    }
+    uv_tcp_nodelay(&conn->tcp, 1);
+    if ((conn->ssl_ctx = l->accept_ctx.ssl_ctx) != NULL)
+        SSL_CTX_up_ref(conn->ssl_ctx);
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&conn->tcp, on_conn_close);
+    h2o_accept(&l->accept_ctx, sock);
+}
+
+/* ---- thread --------------------------------------------------------------------------------- */
+
+/* Once a second: the runtime's retry/hedge/single-flight totals of every live generation and the
+ * current generation's pool gauges. */
+static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    agw_worker_t *w = t->data;
+    for (size_t i = 0; i < w->cur->conf->num_upstreams; i++)
+        agw_worker_publish_pool(w->cur, i);
+    for (wgen_t *g = w->gens; g;) {
+        wgen_t *next = g->next;
+        if (g->ref_report_stats != LUA_NOREF) {
+            agw_worker_gen_hold(g);
+            lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_report_stats);
+            agw_worker_call_runtime(g, 0);
+            next = g->next; /* the list may have changed meanwhile; g is still on it (held) */
+            agw_worker_gen_release(g);
+        }
+        g = next;
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    agw_worker_t *w = arg;
+    this_worker = w;
+    ev_run(w->loop, 0);
+    if (w->access_fd >= 0)
+        agw_worker_alog_flush(w);
+    while (w->free_traces) {
+        agw_trace_t *tr = w->free_traces;
+        w->free_traces = tr->next;
+        free(tr);
+    }
+    return NULL;
+}
+
+int agw_worker_ring_wanted(agw_buf_t *errors)
+{
+    const char *v = getenv("AGGWAY_IO_URING");
+    if (v == NULL || strcmp(v, "on") == 0)
+        return 1;
+    if (strcmp(v, "off") == 0)
+        return 0;
+    agw_buf_printf(errors, "AGGWAY_IO_URING=%s: must be on or off (unset: on)\n", v);
+    return -1;
+}
+
+agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
+                               const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
+                               agw_buf_t *errors)
+{
+    agw_worker_t *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        abort();
+    w->id = id;
+    w->m = metrics;
+    w->waterfall_on = gen->conf.admin_port != 0;
+    w->access_fd = access_fd;
+    w->alog_sec = -1;
+    w->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)time(NULL) << 8) ^ (uint64_t)(id + 1);
+    /* trace ids must not repeat across gateways started in the same second */
+    if (getrandom(&w->trace_rng, sizeof(w->trace_rng), GRND_NONBLOCK) != (ssize_t)sizeof(w->trace_rng))
+        w->trace_rng = w->rng ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)w;
+    if (w->trace_rng == 0)
+        w->trace_rng = w->rng;
+    wgen_t *first = agw_worker_prepare(w, gen, errors);
+    if (first == NULL) {
+        free(w);
+        return NULL;
+    }
+    pthread_mutex_init(&w->next_lock, NULL);
+    w->loop = ev_loop_new(EVFLAG_AUTO);
+    uv_loop_init(&w->uvloop);
+    ev_io_init(&w->uv_io, on_uv_io, uv_backend_fd(&w->uvloop), EV_READ);
+    w->uv_io.data = w;
+    ev_io_start(w->loop, &w->uv_io);
+    ev_init(&w->uv_timer, on_uv_timer);
+    w->uv_timer.data = w;
+    h2o_linklist_init_anchor(&w->out_queue);
+    /* the upstream I/O of each loop iteration in batched system calls (io_uring, upstream/batch.h);
+     * AGGWAY_IO_URING=off makes one system call per operation */
+    if (agw_worker_ring_wanted(errors) == 1) {
+        char why[128];
+        if (agw_batch_ring_init(&w->batch, why, sizeof(why)) != 0)
+            agw_log(AGW_LOG_WARN, "upstream I/O: one system call per operation: %s (worker %d)", why, id);
+    }
+    if (id == 0 && w->batch.ring)
+        agw_log(AGW_LOG_INFO, "upstream I/O: batched per loop iteration (io_uring)");
+    ev_prepare_init(&w->uv_prepare, on_prepare);
+    w->uv_prepare.data = w;
+    ev_prepare_start(w->loop, &w->uv_prepare);
+    ev_async_init(&w->stop_async, on_stop);
+    ev_async_start(w->loop, &w->stop_async);
+    ev_async_init(&w->drain_async, on_drain);
+    w->drain_async.data = w;
+    ev_async_start(w->loop, &w->drain_async);
+    ev_async_init(&w->reload_async, agw_worker_on_reload);
+    w->reload_async.data = w;
+    ev_async_start(w->loop, &w->reload_async);
+    ev_timer_init(&w->stats_timer, on_stats_timer, 1., 1.);
+    w->stats_timer.data = w;
+    ev_timer_start(w->loop, &w->stats_timer);
+    ev_timer_init(&w->alog_timer, agw_worker_on_alog_timer, 0.1, 0.);
+    w->alog_timer.data = w;
+    ev_init(&w->watch_timer, on_watch_timer);
+    w->watch_timer.data = w;
+
+    h2o_context_init(&w->ctx, &w->uvloop, globalconf);
+
+    w->listeners = calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
+    w->num_listeners = num_fds;
+    for (size_t i = 0; i < num_fds; i++) {
+        listener_t *l = &w->listeners[i];
+        l->worker = w;
+        l->accept_ctx.ctx = &w->ctx;
+        l->accept_ctx.hosts = globalconf->hosts;
+        l->accept_ctx.ssl_ctx = NULL; /* the generation's (agw_worker_gen_activate) */
+        uv_tcp_init(&w->uvloop, &l->handle);
+        l->handle.data = l;
+        int rc = uv_tcp_open(&l->handle, fds[i].fd);
+        if (rc == 0)
+            rc = uv_listen((uv_stream_t *)&l->handle, 1024, on_accept);
+        if (rc != 0) {
+            agw_buf_printf(errors, "worker %d: cannot listen: %s\n", id, uv_strerror(rc));
+            return NULL;
+        }
+    }
+    agw_worker_gen_activate(w, first); /* also gives the TLS listeners their SSL_CTX */
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        agw_buf_puts(errors, "cannot start a worker thread\n");
+        return NULL;
+    }
+    return w;
+}
+
+uint64_t agw_worker_generation(const agw_worker_t *w)
+{
+    return __atomic_load_n(&w->serving, __ATOMIC_ACQUIRE);
+}
+
+void agw_worker_drain(agw_worker_t *w)
+{
+    ev_async_send(w->loop, &w->drain_async);
+}
+
+int agw_worker_inflight(const agw_worker_t *w)
+{
+    return __atomic_load_n(&w->inflight, __ATOMIC_RELAXED);
+}
+
+int agw_worker_stop(agw_worker_t *w, uint64_t wait_ms)
+{
+    ev_async_send(w->loop, &w->stop_async);
+    struct timespec until = agw_clock_after_ms(CLOCK_REALTIME, wait_ms); /* pthread_timedjoin_np's clock */
+    if (pthread_timedjoin_np(w->thread, NULL, &until) != 0)
+        return -1; /* still running: leave everything it may touch alone */
+    for (size_t i = 0; i < w->num_listeners; i++) { /* connections still open keep their own */
+        SSL_CTX_free(w->listeners[i].accept_ctx.ssl_ctx);
+        w->listeners[i].accept_ctx.ssl_ctx = NULL;
+    }
+    pthread_mutex_lock(&w->next_lock);
+    wgen_t *pending = w->next;
+    w->next = NULL;
+    pthread_mutex_unlock(&w->next_lock);
+    if (pending)
+        agw_worker_gen_discard(pending);
+    return 0;
+}

@@ -1,0 +1,355 @@
+/* worker_internal.h: what the files of a worker share (not installed; included by worker.c,
+ * vm.c, core.c and request_log.c only): the worker's private types and the
+ * functions one of these files calls in another. Small helpers on the per-request and per-call
+ * path that more than one file calls are static inline here, so that they stay inlinable.
+ */
+#ifndef AGW_WORKER_INTERNAL_H
+#define AGW_WORKER_INTERNAL_H
+
+#include "worker/worker.h"
+
+#include <ctype.h>
+#include <ev.h>
+#include <lauxlib.h>
+#include <string.h>
+
+#include "base/buf.h"
+#include "worker/generation.h"
+#include "ops/metrics.h"
+#include "script/resp_headers.h"
+#include "base/slots.h"
+#include "ops/trace.h"
+#include "upstream/batch.h"
+
+/* A listening socket as the worker's libuv loop accepts on it. */
+typedef struct listener {
+    uv_tcp_t handle;
+    h2o_accept_ctx_t accept_ctx;   /* ssl_ctx: the TLS context of the current generation's listener
+                                      (a reference of this worker's, swapped on the worker's loop
+                                      when a generation becomes current), NULL for cleartext */
+    agw_worker_t *worker;
+} listener_t;
+
+/* An upstream pool of this worker, shared by the generations whose upstream did not change. */
+typedef struct wpool {
+    agw_pool_t *pool;
+    agw_upstream_conf_t conf;   /* the pool's own copy: it may outlive the generation that made it */
+    int refs;                   /* generations of this worker that use it */
+} wpool_t;
+
+/* A generation as this worker runs it. Worker thread only, once installed. */
+typedef struct agw_worker_gen {
+    agw_worker_t *w;
+    agw_generation_t *gen;      /* the shared part: config, routes, metric slots (one reference) */
+    const agw_config_t *conf;   /* &gen->conf */
+    lua_State *L;
+    int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
+    int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
+    wpool_t **pools;            /* one per upstream, same index as conf->upstreams; NULL until installed */
+    uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
+    int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
+    struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
+} wgen_t;
+
+/* The part of a request that lives in its h2o pool; rid is 0 once a response was sent. */
+typedef struct reqref {
+    agw_worker_t *w;
+    wgen_t *g;          /* the generation it runs on (holds a reference) */
+    uint64_t rid;
+    h2o_req_t *req;
+    ev_io client_watch; /* HTTP/1: notices the client closing while the page is being built */
+    int watching;       /* client_watch is started */
+    int watch_fd;       /* HTTP/1: the client's socket, -1 when there is nothing to watch */
+    struct reqref *watch_next, *watch_prev; /* queued for a watch (worker's watch_queue), oldest first */
+    int endpoint;       /* 1-based endpoint index (metrics, access log) */
+    double started;     /* ev_now() when the request arrived */
+    char *logline;      /* access log on: "METHOD\0path" copied at arrival (the request may be gone
+                           by the time a client that left is logged) */
+    agw_trace_t *trace; /* the request's spans (trace.h), until the request is recorded */
+    const char *tracestate; /* the incoming tracestate to pass on (valid, in the request's memory), or NULL */
+    size_t tracestate_len;
+    h2o_iovec_t out;    /* the response body (in the request's memory) while the response is queued */
+    h2o_linklist_t out_link; /* on the worker's out queue (agw_worker_queue_response) while linked */
+} reqref_t;
+
+/* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */
+typedef struct wtimer {
+    ev_timer ev;
+    wgen_t *g;          /* holds a reference */
+    uint64_t id;
+} wtimer_t;
+
+/* One upstream call in flight. */
+typedef struct wcall {
+    wgen_t *g;          /* the generation that made the call (holds a reference) */
+    uint64_t id;
+    agw_call_t *call;
+    int decode;
+    unsigned up;        /* upstream index, 0-based */
+    uint64_t rid;       /* the request that made the call (its span is there while it lasts) */
+    int span;           /* the call's span in that request's trace, -1 when none */
+    struct sf_joiner *joiners; /* requests waiting on this call through single-flight (core.join) */
+    struct wcall *next_free;
+} wcall_t;
+
+/* A request that shares another request's call (single-flight) and has a span waiting on it. */
+typedef struct sf_joiner {
+    uint64_t rid;
+    int span;
+    struct sf_joiner *next;
+} sf_joiner_t;
+
+/* A worker: its thread and loops, the generations it runs, its requests, calls and timers. */
+struct agw_worker {
+    int id;
+    pthread_t thread;
+    struct ev_loop *loop;
+    uv_loop_t uvloop;
+    ev_io uv_io;
+    ev_timer uv_timer;
+    ev_prepare uv_prepare;
+    agw_batch_t batch;                     /* upstream requests of this iteration and, with its ring,
+                                              the answers to read (upstream/batch.h): flushed by on_prepare
+                                              before the loop waits */
+    h2o_linklist_t out_queue;              /* responses of this iteration, oldest first, sent by
+                                              on_prepare (agw_worker_queue_response) */
+    ev_async stop_async;
+    ev_async drain_async;                  /* agw_worker_drain(): close the listeners */
+    int draining;                          /* set by on_drain, read on this thread only */
+    int inflight;                          /* requests handed to the runtime and not yet disposed
+                                              (atomic: the main thread reads it while draining) */
+    h2o_context_t ctx;
+    listener_t *listeners;
+    size_t num_listeners;
+    wgen_t *cur;                           /* the generation new requests go to */
+    wgen_t *gens;                          /* every live generation of this worker (cur included) */
+    wgen_t *dead;                          /* generations to free once no Lua code runs */
+    ev_async reload_async;                 /* agw_worker_install(): take `next` */
+    pthread_mutex_t next_lock;
+    wgen_t *next;                          /* prepared on the main thread, not yet taken (next_lock) */
+    uint64_t serving;                      /* number of cur's generation (atomic: the main thread reads it) */
+    agw_slots_t timers;                    /* timer id -> wtimer_t */
+    uint64_t rng;                          /* xorshift state for core.random() */
+    agw_slots_t reqs;                      /* rid -> reqref_t */
+    agw_slots_t calls;                     /* call id -> wcall_t */
+    wcall_t *free_calls;
+    int lua_depth;                         /* > 0 while C code runs inside Lua */
+    /* The script time limit (watchdog.h). An entry is one outermost agw_worker_call_runtime. This
+     * thread writes the first four; the watchdog thread reads the last three and writes stop_entry
+     * and stop_armed_ms. */
+    lua_State *lua_L;                      /* the VM of the entry (set before lua_depth: the signal
+                                              handler reads it while lua_depth > 0) */
+    uint64_t lua_since_ms;                 /* atomic: coarse monotonic ms when the entry began, 0 outside Lua */
+    uint64_t lua_entry;                    /* atomic: entries so far (the current one while in Lua) */
+    uint64_t lua_limit_ms;                 /* atomic: the entry's generation's script_time_limit_ms */
+    uint64_t stop_entry;                   /* atomic: the entry the watchdog asked to stop, 0 for none */
+    uint64_t stop_armed_ms;                /* watchdog thread only: when it last asked */
+    struct pending_abort {
+        uint64_t rid;
+        wgen_t *g;                         /* holds a reference until the abort ran */
+    } *pending_aborts;                     /* requests whose client left while Lua was running */
+    size_t num_pending_aborts, cap_pending_aborts;
+    agw_buf_t out;                         /* scratch for encoding responses */
+    agw_buf_t hdrs;                        /* scratch for upstream response headers */
+    agw_resp_headers_t resp_headers;       /* scratch for a script's response headers (core.respond) */
+    struct {                               /* header warnings logged lately (warn_header): a script
+                                              that repeats a mistake on every response logs it once
+                                              per AGW_WARN_REPEAT_S, with a count of the repeats */
+        uint64_t hash;
+        double logged;                     /* ev_now() when last written; 0 = free */
+        unsigned repeats;                  /* suppressed since */
+    } warned[16];
+    unsigned warned_others;                /* distinct warnings left out while all 16 were recent */
+    agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
+    ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
+    int access_fd;                         /* access log, -1 when off */
+    agw_buf_t alog;                        /* access log lines not yet written */
+    ev_timer alog_timer;                   /* writes alog out shortly after its first line */
+    long alog_sec;                         /* the second alog_stamp was formatted for */
+    char alog_stamp[96];                   /* {"time":"2026-01-31T12:34:56. */
+    uint64_t trace_rng;                    /* xorshift state for trace and span ids (trace.h) */
+    agw_trace_t *free_traces;              /* trace records to reuse */
+    int waterfall_on;                      /* an admin listener shows the waterfall (restart-only):
+                                              without one, no request is recorded for it */
+    struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
+                                              in arrival order (see watch_client) */
+    ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
+};
+
+/* Queues the response of rr's request, whose status and headers are set, with body (copied into
+ * the request's memory; len bytes): on_prepare sends it with the others of this loop iteration,
+ * after the iteration's upstream requests went out (agw_worker_flush_responses). Sending them
+ * together means one wake-up of a client that waits on several, as for upstreams (upstream/batch.h:
+ * write coalescing). A request that h2o disposes first (its client left) is dropped from the
+ * queue. HEAD responses go without the body. */
+void agw_worker_queue_response(reqref_t *rr, const char *body, size_t len);
+
+/* Sends the queued responses, oldest first. Returns how many. */
+size_t agw_worker_flush_responses(agw_worker_t *w);
+
+/* At most this many sections of a page are counted (partial pages) and logged. */
+#define ALOG_MAX_SECTIONS 64
+
+/* A section of a page, for the access log and the partial-page metrics: name and status point
+ * into the page (Lua strings that live as long as the page table). */
+typedef struct section_ref {
+    const char *name;
+    size_t len;
+    const char *status;
+} section_ref_t;
+
+/* ---- worker.c: Lua entry -------------------------------------------------------------------- */
+
+/* Calls the runtime function of generation g already pushed with nargs arguments after it.
+ * Returns 0, or -1 when the runtime raised (a gateway bug, logged; script errors never get here).
+ * Once no Lua code runs any more, the aborts deferred meanwhile run and the generations released
+ * meanwhile are freed. */
+int agw_worker_call_runtime(wgen_t *g, int nargs);
+
+/* ---- vm.c: generations -------------------------------------------------------------- */
+
+/* Takes a reference to g (see wgen_t.refs); agw_worker_gen_release drops it. */
+static inline void agw_worker_gen_hold(wgen_t *g)
+{
+    g->refs++;
+}
+
+/* Frees an installed generation nobody uses any more (already off the live list): its last
+ * runtime counters are published, its VM closed, the pools it alone used closed. */
+void agw_worker_gen_free(wgen_t *g);
+
+/* Drops a reference; the last one frees g, or queues it to be freed once the Lua code running
+ * now (of any generation) has returned. */
+static inline void agw_worker_gen_release(wgen_t *g)
+{
+    if (--g->refs > 0)
+        return;
+    agw_worker_t *w = g->w;
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        w->gens = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    g->prev = NULL;
+    if (w->lua_depth == 0) {
+        g->next = NULL;
+        agw_worker_gen_free(g);
+        return;
+    }
+    g->next = w->dead;
+    w->dead = g;
+}
+
+/* Frees a generation that was never installed (a reload that failed in another worker, or one
+ * replaced before this worker took it): nothing but its VM and its reference exist. */
+void agw_worker_gen_discard(wgen_t *g);
+
+/* Frees the generations agw_worker_gen_release queued while Lua code was running (none runs now). */
+void agw_worker_free_dead_gens(agw_worker_t *w);
+
+/* Makes g (prepared by agw_worker_prepare) the generation new requests go to: its pools are the
+ * current generation's for upstreams that did not change (keep-alive connections survive), new
+ * ones for the others; the TLS listeners accept new connections with g's SSL_CTXs (the worker
+ * drops its reference to the previous ones; connections accepted before keep theirs). The
+ * previous generation is freed once its requests are done. Worker thread (or before it starts). */
+void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g);
+
+/* agw_worker_install(): the main thread left a prepared generation in w->next (w->reload_async,
+ * a->data is w). */
+void agw_worker_on_reload(struct ev_loop *loop, ev_async *a, int revents);
+
+/* ---- worker.c: requests (inline: core.respond stops the watch of every request it answers) -- */
+
+/* Takes rr off the worker's queue of requests waiting for their client watch (see watch_client). */
+static inline void agw_worker_watch_unqueue(reqref_t *rr)
+{
+    agw_worker_t *w = rr->w;
+    if (rr->watch_prev)
+        rr->watch_prev->watch_next = rr->watch_next;
+    else
+        w->watch_head = rr->watch_next;
+    if (rr->watch_next)
+        rr->watch_next->watch_prev = rr->watch_prev;
+    else
+        w->watch_tail = rr->watch_prev;
+    rr->watch_next = rr->watch_prev = NULL;
+    rr->watch_fd = -1;
+}
+
+/* Ends rr's client watch, started or still queued; nothing when there is none. */
+static inline void agw_worker_stop_client_watch(reqref_t *rr)
+{
+    if (rr->watching) {
+        ev_io_stop(rr->w->loop, &rr->client_watch);
+        rr->watching = 0;
+    } else if (rr->watch_fd >= 0) {
+        agw_worker_watch_unqueue(rr);
+    }
+}
+
+/* ---- core.c: the "agg.core" transport ------------------------------------------------ */
+
+/* The core.* functions, each pushed as a closure over its generation (upvalue 1) by init_vm. */
+extern const luaL_Reg agw_worker_core_fns[];
+
+/* Headers go to Lua as one string "name\0value\0…" with lowercased names; the runtime makes a
+ * table of it only when a script reads req.headers or result.headers. */
+static inline void agw_worker_append_header(agw_buf_t *b, const char *name, size_t name_len, const char *value,
+                                            size_t value_len)
+{
+    agw_buf_reserve(b, name_len + value_len + 2);
+    for (size_t j = 0; j < name_len; j++)
+        b->base[b->len++] = (char)tolower((unsigned char)name[j]);
+    b->base[b->len++] = '\0';
+    memcpy(b->base + b->len, value, value_len);
+    b->len += value_len;
+    b->base[b->len++] = '\0';
+}
+
+/* The pool gauges of generation g's upstream up (0-based). */
+void agw_worker_publish_pool(wgen_t *g, size_t up);
+
+/* The reason phrase of an HTTP status ("Status" for one not listed): a static string. */
+const char *agw_worker_reason_phrase(int status);
+
+/* ---- request_log.c: problems, tracing, metrics and the access log ---------------------------- */
+
+/* Now in microseconds since the epoch (span times). */
+static inline uint64_t agw_worker_now_us(agw_worker_t *w)
+{
+    return (uint64_t)(ev_now(w->loop) * 1e6); /* libev's loop time is the wall clock */
+}
+
+/* Starts rr's trace from the request's traceparent and tracestate headers (W3C Trace Context
+ * §3.2, §3.3): a valid traceparent (exactly one) continues its trace and its tracestate (every
+ * tracestate header, joined with ',') goes on if valid; anything else starts a new trace. Sets
+ * rr->trace (a record from w->free_traces or malloc; left as it is when none can be had) and
+ * rr->tracestate (in req's memory, or NULL). */
+void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_t path_len);
+
+/* Sends an RFC 9457 problem built in C (routing errors, runtime failures) as the response to req,
+ * encoded in w->out. Counts and logs the problem as the response of rr, or (rr NULL) of a request
+ * that never reached the runtime, for endpoint (0: no route matched). */
+void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
+                             const char *kind, const char *title, const char *detail);
+
+/* Request rr ends with status (a response, or 499 when the client left first). It is counted,
+ * logged (bytes: the body's length; secs: the page's nsecs sections, or NULL when the response is
+ * not a page; timing: its Server-Timing value, tlen bytes, or NULL) and its trace recorded;
+ * rr->logline is freed. */
+void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t bytes, const section_ref_t *secs,
+                               size_t nsecs, const char *timing, size_t tlen);
+
+/* The sections of a page table at idx (section name -> { status = … }), sorted by name: at most
+ * max of them into out, their number returned. The names and statuses are the table's strings,
+ * valid while the table is referenced. */
+size_t agw_worker_page_sections(lua_State *L, int idx, section_ref_t *out, size_t max);
+
+/* Writes the access log lines buffered in w->alog to w->access_fd (dropped if the write fails). */
+void agw_worker_alog_flush(agw_worker_t *w);
+
+/* w->alog_timer: flushes the access log shortly after its first buffered line (t->data is w). */
+void agw_worker_on_alog_timer(struct ev_loop *loop, ev_timer *t, int revents);
+
+#endif

@@ -1,0 +1,460 @@
+-- agg.exchange: a section's call. A call is an exchange: one or more attempts (the first,
+-- retries, a hedge) that end in one result. Each attempt passes the upstream's circuit breaker,
+-- and identical GET calls in flight at the same moment share one transport call (single-flight).
+-- Per worker, per upstream: the retry budget, the hedge budget and the latency sample for "p95"
+-- (README "Resilience"). The result goes to whoever started the call (agg.fanout, through the
+-- deliver function it registers).
+local problem = require "agg.problem"
+local result = require "agg.result"
+
+local M = {}
+
+local new_result, fail, result_mt, result_info = result.new, result.fail, result.mt, result.info
+
+local core                                             -- transport and clock
+local upstreams = {}                                   -- name -> { index, timeout_ms }
+local calls = {}                                       -- call id -> in-flight call record
+local deliver                                          -- function(g, key, chain, r): agg.fanout's
+
+--- Binds the transport and the upstream table (agg.runtime.init); calls of a previous binding are
+-- forgotten.
+function M.bind(transport, ups)
+  core, upstreams = transport, ups
+  calls = {}
+end
+
+--- Sets where results go: deliver(g, key, chain, r) (agg.fanout).
+function M.set_deliver(f) deliver = f end
+
+--- Number of calls in flight.
+function M.calls_in_flight()
+  local c = 0
+  for _ in pairs(calls) do c = c + 1 end
+  return c
+end
+
+local function now_remaining(ctx)
+  local now = core.now()
+  return now, ctx.deadline - now
+end
+
+---------------------------------------------------------------------------------------------------
+
+local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats }
+local flights = {}    -- collapse key -> flight { id, waiters = { exchange = true }, n }
+local timers = {}     -- timer id -> function
+
+local function upstream_state(name)
+  local u = ustate[name]
+  if not u then
+    u = { active = 0, retries_active = 0, tokens = 1, lat = {}, n = 0, p95 = nil, p95_n = 0,
+          stats = { calls = 0, attempts = 0, retries = 0, retries_denied = 0, hedges = 0, hedges_won = 0,
+                    collapsed = 0, breaker_denied = 0, breaker_opened = 0 } }
+    ustate[name] = u
+  end
+  return u
+end
+
+--- Counters of upstream name in this worker (for specs and metrics).
+function M.upstream_stats(name) return upstream_state(name).stats end
+
+--- Hands each upstream's counters to core.upstream_counters(index, retries, retries_denied, hedges,
+-- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
+-- publishes them as metrics; nothing is counted twice: the values are totals).
+function M.report_stats()
+  local report = core and core.upstream_counters
+  if not report then return end
+  for name, u in pairs(ustate) do
+    local up = upstreams[name]
+    if up then
+      local s = u.stats
+      report(up.index, s.retries, s.retries_denied, s.hedges, s.hedges_won, s.collapsed)
+    end
+  end
+end
+
+local function set_timer(ms, fn)
+  local id = core.timer(ms)
+  timers[id] = fn
+  return id
+end
+
+local function clear_timer(id)
+  if id and timers[id] then
+    timers[id] = nil
+    core.cancel_timer(id)
+  end
+end
+
+--- Transport: timer id is due.
+function M.on_timer(id)
+  local fn = timers[id]
+  if fn then
+    timers[id] = nil
+    fn()
+  end
+end
+
+-- Records a successful attempt's latency in a ring of the last 200 (cheap: the p95 is computed
+-- only when a hedged call asks for it, see p95()).
+local function sample_latency(u, ms)
+  u.n = u.n + 1
+  u.lat[(u.n - 1) % 200 + 1] = ms
+end
+
+-- The upstream's p95 latency over its last 200 answers, recomputed at most every 20 new samples;
+-- nil before 20 samples (no hedging until there is something to go by).
+local function p95(u)
+  if u.n < 20 then return nil end
+  if not u.p95 or u.n - u.p95_n >= 20 then
+    local copy = {}
+    for i = 1, math.min(u.n, 200) do copy[i] = u.lat[i] end
+    table.sort(copy)
+    u.p95 = copy[math.max(1, math.floor(#copy * 0.95))]
+    u.p95_n = u.n
+  end
+  return u.p95
+end
+-- How an attempt counts for the breaker: the upstream's failures only.
+local BREAKER_FAILURES = { refused = true, connect_timeout = true, reset = true, truncated = true,
+                           bad_response = true, too_large = true, tls = true }
+
+local function breaker_verdict(outcome, http_status, clamped, bad_json)
+  if outcome == "ok" then
+    if http_status >= 500 or bad_json then return "failure" end
+    return "success"
+  end
+  if BREAKER_FAILURES[outcome] then return "failure" end
+  if outcome == "timeout" and not clamped then return "failure" end
+  return "ignore" -- the gateway's own deadline, cancellation, overload of our pool
+end
+
+local function breaker_of(spec)
+  local b = core.breakers
+  return b and b[upstreams[spec.upstream].index] or nil
+end
+
+local finish_exchange, attempt
+
+-- Builds the section's result from an attempt's answer.
+local function make_result(x, outcome, http_status, headers, body, data, ms, detail)
+  local spec, key, ctx = x, x.key, x.ctx
+  if type(headers) == "string" then
+    spec.raw_headers = headers
+    headers = nil
+  elseif headers == true then
+    spec.raw_headers = data -- the body's raw ref keeps them (core.call's answer, above)
+    headers = nil
+  end
+  if outcome == "ok" and http_status >= 200 and http_status < 300 and type(data) ~= "string" then
+    -- the common case, built in one constructor (no table growth)
+    local r = setmetatable({ ok = true, status = "ok", ms = ms, body = body, http_status = http_status,
+                             headers = headers }, result_mt)
+    result_info[r] = spec
+    spec.ref = data
+    if body == nil then spec.body_ref = data end -- the transport sent the text only in the ref
+    return r
+  end
+  local r = new_result(key, spec)
+  r.ms = ms
+  r.headers = headers
+  r.body = body
+  if http_status ~= 0 then r.http_status = http_status end
+  if outcome == "ok" and http_status >= 200 and http_status < 300 then
+    fail(ctx, r, problem.for_outcome("bad_json", key, spec.upstream, data), spec)
+  elseif outcome == "ok" then
+    fail(ctx, r, problem.for_http_status(http_status, key, spec.upstream), spec)
+  else
+    fail(ctx, r, problem.for_outcome(outcome, key, spec.upstream, detail), spec)
+  end
+  return r
+end
+
+-- The attempts of an exchange in flight: at most two at once, the first (or a retry, or its
+-- place in a shared call) in x.a1 and a hedge in x.a2; no table per call.
+local function active_any(x) return x.a1 or x.a2 end
+
+local function active_del(x, id)
+  if x.a1 and x.a1.id == id then x.a1 = false elseif x.a2 and x.a2.id == id then x.a2 = false end
+end
+
+local function active_get(x, id)
+  if x.a1 and x.a1.id == id then return x.a1 end
+  if x.a2 and x.a2.id == id then return x.a2 end
+  return nil
+end
+
+-- Ends exchange x with result r: stops its other attempts and timers, then delivers r.
+finish_exchange = function(x, r)
+  if x.done then return end
+  x.done = true
+  local ctx = x.ctx
+  clear_timer(x.retry_timer)
+  clear_timer(x.hedge_timer)
+  clear_timer(x.own_timer)
+  M.abandon_attempts(x)
+  local u = x.u
+  u.active = u.active - 1
+  if x.retrying then u.retries_active = u.retries_active - 1 x.retrying = false end
+  -- x lives on as the info of its result (result_info, weak-keyed): links that lead back to the
+  -- result (its group, the request, an earlier failed result) would keep both alive forever
+  local g, chain = x.group, x.chain
+  x.ctx, x.group, x.chain, x.last = false, false, false, false
+  if ctx.done then return end
+  local timings = ctx.timings
+  timings[#timings + 1] = x.key
+  timings[#timings + 1] = r.ms or 0
+  deliver(g, x.key, chain, r)
+end
+
+-- Cancels every attempt of x still in flight (leaving shared flights it waits on).
+-- Cancels one attempt of x: closes its call, or leaves the shared call it waits on (closing it
+-- when x was the last one waiting). A half-open probe that is cancelled gives its slot back.
+local function abandon_one(x, rec)
+  local id = rec.id
+  local f = rec.flight
+  if f then
+    f.waiters[x] = nil
+    f.n = f.n - 1
+    if f.n == 0 then
+      flights[f.key] = nil
+      calls[f.id] = nil
+      core.cancel(f.id)
+      if f.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
+    end
+  else
+    calls[id] = nil
+    core.cancel(id)
+    if rec.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
+  end
+end
+
+function M.abandon_attempts(x)
+  local a1, a2 = x.a1, x.a2
+  x.a1, x.a2 = false, false
+  if a1 then abandon_one(x, a1) end
+  if a2 then abandon_one(x, a2) end
+end
+
+-- Decides what follows a failed attempt: wait for another attempt in flight, retry, or fail.
+local function after_failure(x, r, outcome, http_status)
+  if active_any(x) then
+    x.last = r -- a hedge is still out: its answer may yet win
+    return
+  end
+  local spec, u = x, x.u
+  local retry = spec.retry
+  local retryable = retry and x.attempts < retry.attempts and
+    (outcome == "refused" or outcome == "connect_timeout" or outcome == "tls" or
+     (outcome == "reset" and (http_status or 0) == 0) or
+     (outcome == "ok" and retry.on[http_status]))
+  if retryable then
+    -- the retry budget: retries may add at most budget_percent of the upstream's active calls
+    local policy = upstreams[spec.upstream].retry or {}
+    local allowed = math.max(policy.min_retries or 3, (policy.budget_percent or 20) / 100 * u.active)
+    if not x.retrying and u.retries_active + 1 > allowed then
+      u.stats.retries_denied = u.stats.retries_denied + 1
+      return finish_exchange(x, r)
+    end
+    local base = retry.backoff_ms * 2 ^ (x.attempts - 1)
+    local backoff = base / 2 + core.random() * base / 2 -- jittered: between half and all of base
+    local _, remaining = now_remaining(x.ctx)
+    if remaining - backoff >= math.min(spec.timeout_ms, 10) then
+      if not x.retrying then
+        x.retrying = true
+        u.retries_active = u.retries_active + 1
+      end
+      u.stats.retries = u.stats.retries + 1
+      x.last = r
+      x.retry_timer = set_timer(backoff, function()
+        x.retry_timer = nil
+        if not x.done then attempt(x, false) end
+      end)
+      return
+    end
+  end
+  finish_exchange(x, r)
+end
+
+-- An attempt of exchange x ended (rec: what was sent; the rest: the transport's answer).
+local function attempt_done(x, rec, outcome, http_status, headers, body, data, ms, detail)
+  active_del(x, rec.id)
+  if x.done then return end
+  local r = make_result(x, outcome, http_status, headers, body, data, ms, detail)
+  if r.ok then
+    if rec.hedge then x.u.stats.hedges_won = x.u.stats.hedges_won + 1 end
+    sample_latency(x.u, ms)
+    return finish_exchange(x, r)
+  end
+  after_failure(x, r, outcome, http_status)
+end
+
+-- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
+local function answer(rec, outcome, http_status, headers, body, data, ms, detail)
+  local spec = rec.x -- the exchange is its own normalized spec
+  local b = breaker_of(spec)
+  if b then
+    local changed = b:report(breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string"),
+                             rec.probe, core.now())
+    if changed then
+      core.log("warn", ("circuit breaker of upstream %s is now %s"):format(spec.upstream, changed))
+      if changed == "open" then
+        local u = upstream_state(spec.upstream)
+        u.stats.breaker_opened = u.stats.breaker_opened + 1
+      end
+    end
+  end
+  local f = rec.flight
+  if f then
+    flights[f.key] = nil
+    for x in pairs(f.waiters) do
+      attempt_done(x, { id = f.id }, outcome, http_status, headers, body, data, ms, detail)
+    end
+  else
+    attempt_done(rec.x, rec, outcome, http_status, headers, body, data, ms, detail)
+  end
+end
+
+-- Starts an attempt of exchange x (hedge: the second copy of a slow first attempt).
+attempt = function(x, hedge)
+  local ctx, spec, u = x.ctx, x, x.u
+  local now, remaining = now_remaining(ctx)
+  local t = spec.timeout_ms
+  local clamped = false
+  if t > remaining then t, clamped = remaining, true end
+  if t <= 0 then
+    if active_any(x) then return end
+    local r = new_result(x.key, spec)
+    r.ms = 0
+    return finish_exchange(x, x.last or fail(ctx, r, problem.for_outcome("deadline", x.key, spec.upstream), spec))
+  end
+  -- identical calls in flight share one transport call (not for hedges: they exist to go elsewhere)
+  local key = not hedge and spec.collapse
+  local f = key and flights[key]
+  if f then
+    f.waiters[x] = true
+    f.n = f.n + 1
+    x.a1 = { id = f.id, flight = f }
+    u.stats.collapsed = u.stats.collapsed + 1
+    if core.join then core.join(ctx.rid, f.id, x.key) end -- a span that waits on the shared call
+    if t < f.ends - now then
+      -- this caller has less time than the shared call: it stops waiting at its own timeout
+      x.own_timer = set_timer(t, function()
+        x.own_timer = nil
+        local rec = active_get(x, f.id)
+        if rec and not x.done then
+          active_del(x, f.id)
+          f.waiters[x] = nil
+          f.n = f.n - 1
+          attempt_done(x, { id = f.id }, "timeout", 0, nil, nil, nil, t, "no answer within " .. math.floor(t) .. " ms")
+        end
+      end)
+    end
+    return
+  end
+  local b = breaker_of(spec)
+  local probe = false
+  if b then
+    local decision, retry_after = b:allow(now)
+    if decision == "deny" then
+      u.stats.breaker_denied = u.stats.breaker_denied + 1
+      if active_any(x) then return end
+      local r = new_result(x.key, spec)
+      r.ms = 0
+      local p = problem.new("circuit-open", ("%s: upstream %s is failing; calls are paused"):format(x.key, spec.upstream),
+                            503, ("the circuit breaker is open; retry in %d s"):format(math.ceil(retry_after / 1000)))
+      r.retry_after = math.max(1, math.ceil(retry_after / 1000))
+      return finish_exchange(x, fail(ctx, r, p, spec))
+    end
+    probe = decision == "probe"
+  end
+  x.attempts = x.attempts + 1
+  u.stats.attempts = u.stats.attempts + 1
+  if hedge then u.stats.hedges = u.stats.hedges + 1 end
+  -- (section, attempt number, hedge: the attempt's span; the transport adds its traceparent)
+  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
+                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge)
+  -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
+  -- less per call); a hedge, which runs beside it, gets a table of its own
+  local rec
+  if hedge then
+    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true }
+  else
+    rec = x
+    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, nil
+  end
+  if key then
+    f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe }
+    flights[key] = f
+    rec.flight = f
+  end
+  calls[id] = rec
+  if hedge then x.a2 = rec else x.a1 = rec end
+end
+
+-- Starts the call of section key of group g (see deliver). The result may be delivered before
+-- this returns (deadline passed, breaker open).
+function M.start_call(ctx, key, spec, g, chain)
+  local u = upstream_state(spec.upstream)
+  spec.section = key
+  -- the normalized spec is the exchange (its fields are all there, see agg.callspec), and the
+  -- exchange is the record of its own first attempt (see attempt): one table per call
+  local x = spec
+  x.ctx, x.key, x.group, x.chain, x.u, x.x = ctx, key, g, chain or false, u, x
+  -- the request's exchanges, newest first, for abandon_exchanges (finished ones stay linked
+  -- until the request ends: no table per request for them)
+  x.next_x = ctx.exchanges
+  ctx.exchanges = x
+  u.active = u.active + 1
+  u.stats.calls = u.stats.calls + 1
+  -- hedges may add about max_percent of the calls: each call earns a fraction of a token
+  local hedge_policy = upstreams[spec.upstream].hedge
+  local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0
+  u.tokens = math.min(10, u.tokens + pct / 100)
+  attempt(x, false)
+  local after = spec.hedge_after
+  if after and not x.done then
+    if after == "p95" then after = p95(u) end
+    if after then
+      x.hedge_timer = set_timer(after, function()
+        x.hedge_timer = nil
+        if x.done or u.tokens < 1 or not active_any(x) then return end
+        u.tokens = u.tokens - 1
+        attempt(x, true)
+      end)
+    end
+  end
+end
+
+--- Transport completion of call id (see the header comment for the arguments).
+-- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
+function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
+  local rec = calls[id]
+  if rec == nil then return end
+  calls[id] = nil
+  answer(rec, outcome, http_status, headers, body, data, ms, detail)
+end
+
+-- Stops every exchange of a request that ended or was abandoned.
+function M.abandon_exchanges(ctx)
+  local x = ctx.exchanges
+  ctx.exchanges = false
+  while x do
+    local next_x = x.next_x
+    x.next_x = false
+    if not x.done then
+      x.done = true
+      clear_timer(x.retry_timer)
+      clear_timer(x.hedge_timer)
+      clear_timer(x.own_timer)
+      M.abandon_attempts(x)
+      x.u.active = x.u.active - 1
+      if x.retrying then x.u.retries_active = x.u.retries_active - 1 end
+      -- as in finish_exchange: an earlier failed result keeps x as its info (no way back to it)
+      x.ctx, x.group, x.chain, x.last = false, false, false, false
+    end
+    x = next_x
+  end
+end
+
+return M

@@ -1,0 +1,403 @@
+-- agg.fanout: fan-out. agg.fetch_all starts the calls of a table of call specs as one group and
+-- waits until each has settled; agg.fetch_then continuations run in child coroutines of their own
+-- when their dependencies settled, and what they return (nothing, a call spec, another chain, a
+-- table of specs: a nested fan-out, a computed value) settles their section.
+local json = require "agg.json"
+local problem = require "agg.problem"
+local callspec = require "agg.callspec"
+local result = require "agg.result"
+local exchange = require "agg.exchange"
+
+local M = {}
+
+-- table.new(narray, nhash): a table with room for what it will hold, so it never grows
+local new_tab = require "table.new"
+
+local new_result, fail, log_error = result.new, result.fail, result.log_error
+local start_call = exchange.start_call
+
+local upstreams = {}                                   -- name -> { index, timeout_ms }
+local then_info = setmetatable({}, { __mode = "k" })   -- fetch_then marker -> { dep, fn, opts }
+local then_resolved = setmetatable({}, { __mode = "k" })
+-- the request's coroutines (agg.runtime's, see M.bind_requests)
+local ctx_of, finishers, waiting, resume
+
+--- Binds the upstream table (agg.runtime.init).
+function M.bind(ups) upstreams = ups end
+
+--- Binds agg.runtime's coroutine bookkeeping: ctx_of (coroutine -> request context), finishers
+-- (coroutine -> function(ok, value)), waiting (coroutines suspended in agg.fetch_all) and
+-- resume(co, ...).
+function M.bind_requests(co_ctx, co_finishers, co_waiting, co_resume)
+  ctx_of, finishers, waiting, resume = co_ctx, co_finishers, co_waiting, co_resume
+end
+
+local settle
+
+-- What to do with a call's result: settle section `key` of group g, or, when `chain` is given,
+-- run that fetch_then continuation with it.
+local function deliver(g, key, chain, r)
+  if chain then M.run_then(g, key, chain, { r }) else settle(g, key, r) end
+end
+exchange.set_deliver(deliver)
+
+local is_then
+
+-- A group is one fan-out: the calls of one fetch_all, or the specs a continuation returned.
+-- It completes when every member has settled; then it resumes its coroutine or calls on_complete.
+settle = function(g, key, r)
+  if g.results[key] ~= nil then return end
+  g.results[key] = r
+  g.pending = g.pending - 1
+  local thens = g.thens
+  for i = 1, #thens do
+    local t = thens[i]
+    if not t.started then
+      local ready = true
+      for j = 1, #t.deps do
+        if g.results[t.deps[j]] == nil then ready = false break end
+      end
+      if ready then
+        t.started = true
+        local args = {}
+        for j = 1, #t.deps do args[j] = g.results[t.deps[j]] end
+        M.run_then(g, t.key, t.info, args)
+      end
+    end
+  end
+  if g.pending == 0 then
+    if g.waiting then
+      g.waiting = false
+      resume(g.co)
+    elseif g.on_complete then
+      local f = g.on_complete
+      g.on_complete = nil
+      f(g.results)
+    end
+  end
+end
+
+local function key_less(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then return ta < tb end
+  return a < b
+end
+
+--- Sorts keys[1..n] (strings and numbers; numbers first) in place: the fixed order of sections
+-- and calls (agg.page uses it too). Insertion sort for a handful of keys: table.sort with a Lua
+-- comparator costs a C-to-Lua call per comparison that the JIT cannot compile.
+function M.sort_keys(keys, n)
+  if n > 32 then
+    table.sort(keys, key_less)
+    return
+  end
+  for i = 2, n do
+    local k, j = keys[i], i - 1
+    while j > 0 and key_less(k, keys[j]) do
+      keys[j + 1] = keys[j]
+      j = j - 1
+    end
+    keys[j + 1] = k
+  end
+end
+
+-- Keys of t in a fixed order, so the same table always starts its calls in the same order.
+-- room: array slots to make (the caller may keep more than the keys in it)
+local function sorted_keys(t, room)
+  local keys, n = new_tab(room or 4, 0), 0
+  for k in pairs(t) do n = n + 1; keys[n] = k end
+  M.sort_keys(keys, n)
+  return keys
+end
+
+-- Combines the results of a nested fan-out into one section result.
+local function combine(ctx, section, results, list, opts)
+  local r = new_result(section, opts)
+  local data = list and json.array() or {}
+  local first_err
+  local keys = sorted_keys(results)
+  local ms = 0
+  for _, k in ipairs(keys) do
+    local sub = results[k]
+    if sub.status == "skipped" then
+      -- nothing to add
+    elseif sub.ok or sub.status == "fallback" then
+      local d = sub.data
+      if d == nil then d = json.null end
+      data[k] = d
+    else
+      data[k] = json.null
+      first_err = first_err or sub.error
+    end
+    if (sub.ms or 0) > ms then ms = sub.ms end
+  end
+  r.ms = ms
+  if first_err then
+    return fail(ctx, r, first_err, opts)
+  end
+  r.ok, r.status, r.data = true, "ok", data
+  return r
+end
+
+local NO_THENS = {}
+
+local function start_group(ctx, tbl, level)
+  local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false }
+  -- calls to start, in key order (a chain's spec carries it in spec.chain):
+  -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table)
+  local keys = sorted_keys(tbl, 8)
+  local nk, n = #keys, 0
+  for i = 1, nk do
+    local key = keys[i]
+    local v = tbl[key]
+    local info = is_then(v)
+    if info then
+      if type(info.dep) == "string" or (type(info.dep) == "table" and not callspec.is_spec(info.dep)) then
+        local deps = type(info.dep) == "string" and { info.dep } or info.dep
+        for _, d in ipairs(deps) do
+          if tbl[d] == nil then
+            error(("fetch_then for '%s' depends on '%s', which is not a call in this fetch_all"):format(tostring(key), tostring(d)), level)
+          end
+          if d == key then error(("fetch_then for '%s' depends on itself"):format(tostring(key)), level) end
+        end
+        if g.thens == NO_THENS then g.thens = {} end
+        g.thens[#g.thens + 1] = { key = key, deps = deps, info = info, started = false }
+      else
+        -- a chain with a call spec of its own as its dependency
+        n = n + 1
+        local spec = callspec.normalize(info.dep, upstreams, level)
+        spec.chain = info
+        keys[n], keys[nk + n] = key, spec
+      end
+    else
+      n = n + 1
+      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level)
+    end
+    g.pending = g.pending + 1
+  end
+  -- a dependency cycle would never settle: refuse it up front
+  for _, t in ipairs(g.thens) do
+    local seen, stack = {}, { t.key }
+    while #stack > 0 do
+      local k = table.remove(stack)
+      for _, o in ipairs(g.thens) do
+        if o.key == k then
+          for _, d in ipairs(o.deps) do
+            if d == t.key then error(("fetch_then dependency cycle through '%s'"):format(tostring(t.key)), level) end
+            if not seen[d] then seen[d] = true; stack[#stack + 1] = d end
+          end
+        end
+      end
+    end
+  end
+  for i = 1, n do
+    local spec = keys[nk + i]
+    start_call(ctx, keys[i], spec, g, spec.chain or nil)
+  end
+  return g
+end
+
+-- level: the error() level of the script line that called the agg function, counted from the
+-- caller of current_ctx (2 = that caller's caller).
+local function current_ctx(fname, level)
+  level = (level or 2) + 1
+  local co = coroutine.running()
+  local ctx = co and ctx_of[co]
+  if not ctx then
+    error(fname .. " can only be called while a request is being handled (inside a handler)", level)
+  end
+  if not coroutine.isyieldable() then
+    error(fname .. " cannot wait here: it was called from inside a C function that cannot yield " ..
+          "(a table.sort comparator, a string.gsub callback, …); move the call out of it", level)
+  end
+  if ctx.done then error(fname .. ": the request has already ended", level) end
+  return ctx, co
+end
+
+-- fetch_all for the script line `level` levels up from here, as error() counts (2 = the caller).
+local function fetch_all_at(tbl, fname, level)
+  local ctx, co = current_ctx(fname, level + 1)
+  if type(tbl) ~= "table" then error(fname .. " expects a table of call specs", level + 1) end
+  local g = start_group(ctx, tbl, level + 2)
+  g.co = co
+  while g.pending > 0 do
+    g.waiting = true
+    waiting[co] = true
+    coroutine.yield()
+    waiting[co] = nil
+  end
+  return g.results
+end
+
+--- agg.fetch_all (see agg/init.lua for the user documentation).
+function M.fetch_all(tbl)
+  return (fetch_all_at(tbl, "agg.fetch_all", 2))
+end
+
+--- agg.fetch (see agg/init.lua): one call on its own; errors point at the script's line. It has no
+-- section key of its own, so its problems, span and Server-Timing entry are named after the
+-- upstream ("reviews did not answer in time"), not after a placeholder.
+function M.fetch(spec)
+  if type(spec) ~= "table" then error("agg.fetch expects a call spec", 2) end
+  local key = type(spec[1]) == "string" and spec[1] or "result"
+  return fetch_all_at({ [key] = spec }, "agg.fetch", 2)[key]
+end
+
+-- Runs a continuation for section key of group g with the dependency results args.
+function M.run_then(g, key, info, args)
+  local ctx = g.ctx
+  for i = 1, #args do
+    local d = args[i]
+    if not d.ok then
+      local deps = type(info.dep) == "table" and not callspec.is_spec(info.dep) and info.dep or { info.dep }
+      local depname = callspec.is_spec(info.dep) and info.dep[1] or tostring(deps[i])
+      local r = new_result(key, info.opts)
+      r.ms = 0
+      settle(g, key, fail(ctx, r, problem.dependency_failed(tostring(key), depname, d.error), info.opts))
+      return
+    end
+  end
+  local co = coroutine.create(info.fn)
+  ctx_of[co] = ctx
+  finishers[co] = function(ok, v)
+    if ctx.done then return end
+    if not ok then
+      log_error(ctx, "continuation of " .. tostring(key), v, co)
+      settle(g, key, fail(ctx, new_result(key, info.opts), problem.script_error(tostring(key)), info.opts))
+      return
+    end
+    M.settle_value(g, key, v, info.opts)
+  end
+  resume(co, unpack(args, 1, #args))
+end
+
+-- Settles section key of g with what a continuation returned: nil (section skipped), a call spec,
+-- another chain, a table of specs (nested fan-out), or a plain computed value.
+function M.settle_value(g, key, v, opts)
+  local ctx = g.ctx
+  opts = opts or {}
+  if v == nil then
+    local r = new_result(key, opts)
+    r.ok, r.status, r.ms = true, "skipped", 0
+    settle(g, key, r)
+    return
+  end
+  local ok, err = pcall(function()
+    if callspec.is_spec(v) then
+      local spec = callspec.normalize(v, upstreams, 2)
+      if opts.required then spec.required = true end
+      if opts.fallback ~= nil and spec.fallback == nil then
+        spec.fallback = opts.fallback
+      end
+      start_call(ctx, key, spec, g, nil)
+      return
+    end
+    local info = is_then(v)
+    if info then
+      local sub = start_group(ctx, { [key] = v }, 2)
+      sub.on_complete = function(res) settle(g, key, res[key]) end
+      if sub.pending == 0 then sub.on_complete(sub.results) end
+      return
+    end
+    if type(v) == "table" and getmetatable(v) == nil and next(v) ~= nil then
+      local all = true
+      for _, s in pairs(v) do
+        if not (callspec.is_spec(s) or is_then(s)) then all = false break end
+      end
+      if all then
+        local list = #v > 0
+        local sub = start_group(ctx, v, 2)
+        sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
+        if sub.pending == 0 then sub.on_complete(sub.results) end
+        return
+      end
+    end
+    local r = new_result(key, opts)
+    r.ok, r.status, r.data, r.ms = true, "ok", v, 0
+    settle(g, key, r)
+  end)
+  if not ok then
+    log_error(ctx, "continuation of " .. tostring(key), err)
+    settle(g, key, fail(ctx, new_result(key, opts), problem.script_error(tostring(key)), opts))
+  end
+end
+
+-- fetch_then markers: a chain to run inside fetch_all, or, when its dependency is a call spec of
+-- its own, on its own the moment a field of it is read.
+local then_mt = {
+  __index = function(m, k)
+    local r = then_resolved[m]
+    if r == nil then
+      local info = then_info[m]
+      if not callspec.is_spec(info.dep) then
+        error("agg.fetch_then(" .. tostring(info.dep) .. ", …) names sibling calls: use it inside agg.fetch_all", 2)
+      end
+      r = fetch_all_at({ [info.dep[1]] = m }, "agg.fetch_then", 2)[info.dep[1]]
+      then_resolved[m] = r
+    end
+    return r[k]
+  end,
+}
+
+is_then = function(v)
+  if type(v) == "table" then return then_info[v] end
+  return nil
+end
+
+--- For agg.page: runs, together in one fan-out, every standalone fetch_then chain among the
+-- values of results that nothing has read yet (a chain put into the results table directly,
+-- agg.page { r = agg.fetch_then({ "product", "/p/1" }, fn) }), so each stands for its result.
+-- level: error() level of the script line that called agg.page, counted from here.
+function M.resolve_thens(results, level)
+  local pending
+  for k, v in pairs(results) do
+    local info = is_then(v)
+    if info and then_resolved[v] == nil then
+      if not callspec.is_spec(info.dep) then
+        error(("agg.page: section '%s' is an agg.fetch_then that names sibling calls; use it inside agg.fetch_all")
+              :format(tostring(k)), level)
+      end
+      pending = pending or {}
+      pending[k] = v
+    end
+  end
+  if pending then
+    local res = fetch_all_at(pending, "agg.page", level)
+    for k, m in pairs(pending) do then_resolved[m] = res[k] end
+  end
+end
+
+--- The result a standalone fetch_then chain stands for once it ran (see resolve_thens), or v.
+function M.then_result(v)
+  if is_then(v) then return then_resolved[v] end
+  return v
+end
+
+--- agg.fetch_then (see agg/init.lua for the user documentation).
+function M.fetch_then(dep, fn, opts)
+  local td = type(dep)
+  if td ~= "string" and td ~= "table" then
+    error("agg.fetch_then: the dependency must be a sibling key, a list of keys or a call spec", 2)
+  end
+  if td == "table" and not callspec.is_spec(dep) then
+    if #dep == 0 then error("agg.fetch_then: the list of dependencies is empty", 2) end
+    for _, d in ipairs(dep) do
+      if type(d) ~= "string" then error("agg.fetch_then: dependency keys must be strings", 2) end
+    end
+  end
+  if type(fn) ~= "function" then error("agg.fetch_then: the second argument must be a function", 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("agg.fetch_then: options must be a table", 2) end
+  local o = opts or {}
+  for k in pairs(o) do
+    if k ~= "required" and k ~= "fallback" then
+      error("agg.fetch_then: unknown option '" .. tostring(k) .. "' (required, fallback)", 2)
+    end
+  end
+  local m = setmetatable({}, then_mt)
+  then_info[m] = { dep = dep, fn = fn,
+                   opts = { required = o.required == true, fallback = o.fallback,
+                            decode = true } }
+  return m
+end
+
+return M

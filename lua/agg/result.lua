@@ -1,0 +1,144 @@
+-- agg.result: the result of a section's call, as a script sees it ({ ok, status, data, error, ms,
+-- http_status, headers, body }), and the facts the runtime keeps about it out of the script's
+-- sight (section, required, decode, the parsed body's ref): agg.exchange makes results from
+-- answers, agg.fanout from continuations and nested fan-outs, agg.page reads them.
+local json = require "agg.json"
+
+local M = {}
+
+local core                                             -- the transport (agg.runtime binds it)
+local result_info = setmetatable({}, { __mode = "k" }) -- result -> { section, required, raw }
+
+--- Binds the transport (agg.runtime.init).
+function M.bind(transport) core = transport end
+
+-- A result's `data` is materialized from the parsed upstream JSON on first read; a section the
+-- script never reads is encoded straight from the parsed JSON.
+-- Upstream response headers arrive as "name\0value\0…" and become a table on first read;
+-- repeated names are joined with ", " (RFC 9110 §5.3).
+local function parse_headers(s)
+  local h = {}
+  for name, value in s:gmatch("([^%z]*)%z([^%z]*)%z") do
+    local cur = h[name]
+    h[name] = cur and (cur .. ", " .. value) or value
+  end
+  return h
+end
+
+local result_mt = {
+  __index = function(t, k)
+    if k == "headers" then
+      local info = result_info[t]
+      local raw = info and info.raw_headers
+      if raw then
+        info.raw_headers = nil
+        if type(raw) ~= "string" then raw = json.raw_extra(raw) or "" end -- kept in the body's ref
+        local h = parse_headers(raw)
+        rawset(t, "headers", h)
+        return h
+      end
+    elseif k == "body" then
+      -- the text of a JSON body, kept once in its raw ref until someone asks for it
+      local info = result_info[t]
+      local ref = info and info.body_ref
+      if ref then
+        local b = json.raw(ref)
+        rawset(t, "body", b)
+        return b
+      end
+    elseif k == "data" then
+      local info = result_info[t]
+      local ref = info and info.ref
+      if ref then
+        local d = json.materialize(ref)
+        info.ref = nil
+        rawset(t, "data", d)
+        return d
+      end
+    end
+    return nil
+  end,
+  __newindex = function(t, k, v)
+    if k == "data" then
+      local info = result_info[t]
+      if info then info.ref = nil end
+    end
+    rawset(t, k, v)
+  end,
+}
+
+
+M.mt, M.info, M.parse_headers = result_mt, result_info, parse_headers
+
+--- True when r is a call result made by the scheduler.
+function M.is_result(r) return result_info[r] ~= nil end
+
+--- The data of a result as the page encoder wants it: a Lua value, a json ref, or nil.
+function M.section_data(r)
+  local d = rawget(r, "data")
+  if d ~= nil then return d end
+  local info = result_info[r]
+  local ref = info and info.ref
+  if ref then return ref end
+  if info and info.decode == false and r.ok then return r.body end
+  return nil
+end
+
+function M.section_name(r)
+  local info = result_info[r]
+  return info and tostring(info.section) or "?"
+end
+
+function M.is_required(r)
+  local info = result_info[r]
+  return info ~= nil and info.required
+end
+
+--- Logs a script error of request ctx (what: where in the request; co: the coroutine, for its
+-- traceback).
+function M.log_error(ctx, what, err, co)
+  if type(err) ~= "string" then
+    err = ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
+  end
+  local where = ctx and ctx.ep and (ctx.ep.route .. " (" .. ctx.ep.file .. ")") or "?"
+  core.log("error", ("script error in %s%s: %s"):format(where, what and (", " .. what) or "",
+    co and debug.traceback(co, tostring(err)) or tostring(err)))
+end
+
+-- A result's internal facts (section, required, raw) live in result_info. A call's normalized spec
+-- already carries them (its section is set when the call starts), so it serves as the info as is.
+function M.new(section, spec)
+  local r = setmetatable({}, result_mt)
+  if spec and spec.section == section then
+    result_info[r] = spec
+  else
+    result_info[r] = { section = section, required = spec and spec.required or false,
+                       decode = not spec or spec.decode ~= false }
+  end
+  return r
+end
+
+-- Marks r failed with problem p, serving the call's fallback when it has one.
+function M.fail(ctx, r, p, spec)
+  r.ok = false
+  r.error = p
+  if spec and spec.fallback ~= nil then
+    local fb = spec.fallback
+    if type(fb) == "function" then
+      local ok, v = pcall(fb, p)
+      if not ok then
+        M.log_error(ctx, "fallback of " .. result_info[r].section, v)
+        r.status = "unavailable"
+        return r
+      end
+      fb = v
+    end
+    r.status = "fallback"
+    r.data = fb
+  else
+    r.status = "unavailable"
+  end
+  return r
+end
+
+return M
