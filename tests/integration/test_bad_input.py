@@ -460,6 +460,9 @@ RAW_ANSWERS = {
 }
 
 
+HOLD_S = 8  # how long RawUpstream keeps a connection open after its answer: beyond every call's timeout
+
+
 class RawUpstream:
     def __init__(self):
         self.sock = socket.socket()
@@ -491,7 +494,7 @@ class RawUpstream:
                 buf += d
             path = buf.split(b" ", 2)[1].decode().split("?")[0]
             c.sendall(RAW_ANSWERS.get(path, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"))
-            time.sleep(3)     # keep the connection open: the gateway must frame the answer itself
+            time.sleep(HOLD_S)  # keep the connection open: the gateway must frame the answer itself
         except OSError:
             pass
         finally:
@@ -515,7 +518,7 @@ RAW_CHAIN = endpoint("GET /raw-then/{first}/{second}", """
 
 RAW_POST = endpoint("GET /raw-post/{case}", """
     local r = agg.fetch { "raw", "/" .. req.params.case, method = "POST", body = string.rep("x", 8 * 1024 * 1024),
-                          timeout_ms = 2000 }
+                          timeout_ms = 5000 }
     return { status = 200, json = { http_status = r.http_status or agg.null, kind = r.error and r.error.type or agg.null, detail = r.error and r.error.detail } }""")
 
 RAW_READ_PAGE = endpoint("GET /raw-page/{case}", """
@@ -533,7 +536,9 @@ class UpstreamFraming(GatewayTestCase):
         self.start(services=demo_services(), scripts={"raw.lua": RAW_CALL, "raw_chain.lua": RAW_CHAIN,
                                                       "raw_post.lua": RAW_POST, "raw_page.lua": RAW_READ_PAGE},
                    upstream_options={"raw": {"url": "http://127.0.0.1:%d" % self.raw.port, "timeout_ms": 2000}},
-                   deadline_ms=3000)
+                   # the 8 MiB POST: building and copying its body is CPU time before the script
+                   # waits, over 1 s (the default script time limit) beside two busy loops
+                   deadline_ms=6000, gateway_extra={"script_time_limit_ms": 10000})
 
     def test_upstream_204_with_a_content_length_ends_after_the_headers(self):
         # RFC 9112 6.3: a 204 response ends at the empty line after the headers, whatever it says
@@ -567,9 +572,9 @@ class UpstreamFraming(GatewayTestCase):
 
     def test_answer_before_a_large_request_body_is_read_is_the_result(self):
         # The upstream answers 413 after the request's headers and then holds the connection open
-        # without reading (3 s): the 8 MiB body cannot all be sent. The answer must be read while
-        # sending, so it is the result before the upstream closes (a client that reads only after
-        # the send would learn it at the close, or time out at 2 s). The time it takes is the
+        # without reading (HOLD_S): the 8 MiB body cannot all be sent. The answer must be read
+        # while sending, so it is the result before the upstream closes (a client that reads only
+        # after the send would time out at 5 s, or learn it at the close). The time it takes is the
         # gateway copying 8 MiB two or three times into fresh memory, which on a busy machine
         # took over 1 s (page faults): not what this test is about, so no bound on it.
         r = self.get("/raw-post/too-large")
