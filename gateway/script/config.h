@@ -5,7 +5,6 @@
 #ifndef AGW_CONFIG_H
 #define AGW_CONFIG_H
 
-#include <lua.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,14 +74,6 @@ typedef struct agw_config {
  * certificate …". Nothing is left allocated on failure. Any thread; used by `aggway check`,
  * start-up and every reload alike, so the three agree. */
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors);
-
-/* Adds one endpoint's route to router as endpoint (1-based): e is the index of a table with the
- * fields agg.loader gives each endpoint, method ("GET"), route ("GET /product-page/{id}", for
- * messages) and segments (a list of literal strings and { param = "name" } tables, as
- * agg.loader.parse_route makes them). Returns 0, or -1 with a line appended to errors when the
- * route has more than AGW_ROUTE_MAX_SEGMENTS segments or AGW_ROUTE_MAX_PARAMS parameters. Leaves
- * the Lua stack as it was. */
-int agw_config_add_route(lua_State *L, int e, agw_router_t *router, int endpoint, agw_buf_t *errors);
 
 /* Frees everything agw_config_load allocated (the breakers and the listeners' SSL_CTXs: one
  * reference each; connections and workers that took their own keep theirs). */

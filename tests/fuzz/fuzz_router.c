@@ -1,24 +1,27 @@
-/* fuzz_router.c: route patterns and matching (agg.loader.parse_route, agw_config_add_route,
+/* fuzz_router.c: route patterns and matching (agg.loader.parse_route, agw_router_add_lua,
  * gateway/script/router.h).
  *
  * Input: lines (LF). Lines up to one that reads "--" are routes as a script writes them
  * ("GET /product-page/{id}"); each goes through agg.loader's parse_route in the runtime's Lua VM
- * and, when accepted, into a route table through agw_config_add_route, as a generation's routes do
+ * and, when accepted, into a route table through agw_router_add_lua, as a generation's routes do
  * (endpoint = its line). The lines after "--" are requests, "METHOD /path". Checked:
  *   - an accepted route's segments rebuild its path, literals hold RFC 3986 path characters only
  *     (pchar without percent-encoding), parameter names are identifiers and differ;
  *   - every request's result equals a reference matcher written here (path split at '/', table
- *     order, HEAD served by GET): the same endpoint on a match, 405 with exactly the other methods
- *     that match the path in Allow (plus HEAD after GET), 404 otherwise;
+ *     order, HEAD served by GET; a parameter's characters and pattern judged by route_param.h):
+ *     the same endpoint on a match, 400 when no route matches and one would with a parameter
+ *     route_param.h refuses, 405 with exactly the other methods that match the path in Allow
+ *     (plus HEAD after GET), 404 otherwise;
  *   - captured parameters are the route's names in order, and slices of the path that are
  *     neither empty nor "." nor ".." and hold no '/'. */
 #include <ctype.h>
+#include <stdint.h>
 #include <lauxlib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "script/config.h"
+#include "route/route_param.h"
 #include "script/router.h"
 #include "script/script.h"
 
@@ -30,10 +33,20 @@ typedef struct {
     char *segs[AGW_ROUTE_MAX_SEGMENTS];
     size_t lens[AGW_ROUTE_MAX_SEGMENTS];
     int is_param[AGW_ROUTE_MAX_SEGMENTS];
+    agw_route_pattern_t *pattern[AGW_ROUTE_MAX_SEGMENTS];
 } ref_route_t;
 
 static lua_State *L;
 static int parse_ref = LUA_NOREF;
+
+static void free_ref(ref_route_t *r)
+{
+    for (size_t j = 0; j < r->nsegs; j++) {
+        free(r->segs[j]);
+        agw_route_pattern_free(r->pattern[j]);
+    }
+    r->nsegs = 0;
+}
 
 static void fail(const char *what, const char *a, size_t alen)
 {
@@ -41,31 +54,47 @@ static void fail(const char *what, const char *a, size_t alen)
     abort();
 }
 
-/* Reference: whether path matches route r (router.h's rules). */
+/* Reference: 1 when path matches route r, -1 when it would but for a parameter route_param.h
+ * refuses, 0 when not (router.h's rules, segment by segment from the left). */
 static int ref_match(const ref_route_t *r, const char *path, size_t n)
 {
     if (n == 0 || path[0] != '/')
         return 0;
     if (r->nsegs == 0)
         return n == 1;
-    size_t seg = 0, start = 1;
+    const char *segs[AGW_ROUTE_MAX_SEGMENTS];
+    size_t lens[AGW_ROUTE_MAX_SEGMENTS], count = 0, start = 1;
     for (size_t i = 1; i <= n; i++) {
         if (i < n && path[i] != '/')
             continue;
-        if (seg == r->nsegs)
-            return 0;
-        const char *s = path + start;
-        size_t len = i - start;
-        if (r->is_param[seg]) {
-            if (len == 0 || (len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.'))
-                return 0;
-        } else if (len != r->lens[seg] || memcmp(s, r->segs[seg], len) != 0) {
-            return 0;
-        }
-        seg++;
+        if (count == r->nsegs)
+            return 0; /* more segments than the route */
+        segs[count] = path + start;
+        lens[count++] = i - start;
         start = i + 1;
     }
-    return seg == r->nsegs;
+    if (count != r->nsegs)
+        return 0;
+    for (size_t k = 0; k < count; k++) {
+        const char *s = segs[k];
+        size_t len = lens[k];
+        if (!r->is_param[k]) {
+            if (len != r->lens[k] || memcmp(s, r->segs[k], len) != 0)
+                return 0;
+            continue;
+        }
+        if (len == 0 || (len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.'))
+            return 0;
+        if (!agw_route_param_valid(s, len)) {
+            for (size_t j = k + 1; j < count; j++)
+                if (!r->is_param[j] && (lens[j] != r->lens[j] || memcmp(segs[j], r->segs[j], lens[j]) != 0))
+                    return 0;
+            return -1;
+        }
+        if (r->pattern[k] && !agw_route_pattern_match(r->pattern[k], s, len))
+            return 0;
+    }
+    return 1;
 }
 
 static void check_allow(const char *allow, const ref_route_t *routes, size_t nroutes, const char *path, size_t pl)
@@ -74,7 +103,7 @@ static void check_allow(const char *allow, const ref_route_t *routes, size_t nro
     char want[256] = "";
     int get = 0;
     for (size_t i = 0; i < nroutes; i++) {
-        if (!ref_match(&routes[i], path, pl))
+        if (ref_match(&routes[i], path, pl) != 1)
             continue;
         get |= strcmp(routes[i].method, "GET") == 0;
         char item[20];
@@ -114,7 +143,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static ref_route_t routes[MAX_ROUTES];
     size_t nroutes = 0;
     agw_router_t router = {0};
-    agw_buf_t errors = AGW_BUF_INIT;
     const char *p = (const char *)data, *end = p + size;
     int in_routes = 1, line = 0;
     while (p < end) {
@@ -158,8 +186,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (size_t j = 0; ok && j < ns; j++) {
                 lua_rawgeti(L, -1, (int)j + 1);
                 int is_param = lua_istable(L, -1);
-                if (is_param)
+                size_t patl = 0;
+                const char *pat = NULL;
+                r->pattern[j] = NULL;
+                if (is_param) {
+                    lua_getfield(L, -1, "pattern");
+                    pat = lua_tolstring(L, -1, &patl);
+                    if (pat) {
+                        char perr[256];
+                        r->pattern[j] = agw_route_pattern_compile(pat, patl, perr, sizeof(perr));
+                        if (r->pattern[j] == NULL)
+                            fail("parse_route accepted a pattern the router cannot compile", perr, strlen(perr));
+                    }
+                    lua_pop(L, 1);
                     lua_getfield(L, -1, "param");
+                }
                 size_t sl;
                 const char *seg = lua_tolstring(L, -1, &sl);
                 if (seg == NULL)
@@ -169,7 +210,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 r->lens[j] = sl;
                 r->is_param[j] = is_param;
                 params += is_param;
-                agw_buf_printf(&rebuilt, is_param ? "/{%s}" : "/%s", seg);
+                if (is_param && pat)
+                    agw_buf_printf(&rebuilt, "/{%s:%.*s}", seg, (int)patl, pat);
+                else
+                    agw_buf_printf(&rebuilt, is_param ? "/{%s}" : "/%s", seg);
                 if (is_param) {
                     if (sl == 0 || !(seg[0] == '_' || ((seg[0] | 0x20) >= 'a' && (seg[0] | 0x20) <= 'z')))
                         fail("a parameter name that is no identifier", s, len);
@@ -198,17 +242,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 fail("segments do not rebuild the route's path", s, len);
             agw_buf_free(&rebuilt);
             size_t before = router.num_routes;
-            int rc = agw_config_add_route(L, e, &router, line, &errors);
+            char aerr[512];
+            int rc = agw_router_add_lua(&router, L, e, line, aerr, sizeof(aerr));
             if (lua_gettop(L) != e)
-                fail("agw_config_add_route moved the Lua stack", s, len);
+                fail("agw_router_add_lua moved the Lua stack", s, len);
             int want_ok = ok && params <= AGW_ROUTE_MAX_PARAMS;
             if ((rc == 0) != want_ok || router.num_routes != before + (rc == 0))
-                fail("agw_config_add_route's limits", s, len);
+                fail("agw_router_add_lua's limits", s, len);
             if (rc == 0)
                 nroutes++;
             else
-                for (size_t j = 0; j < r->nsegs; j++)
-                    free(r->segs[j]);
+                free_ref(r);
             lua_settop(L, top);
             continue;
         }
@@ -224,9 +268,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char allow[128];
         agw_route_result_t res = agw_router_match(&router, m, ml, path, pl, &endpoint, params, &np, allow, sizeof(allow));
         /* the reference: first matching route with the method (HEAD also takes a GET route) */
-        size_t want = MAX_ROUTES, any = 0;
+        size_t want = MAX_ROUTES, any = 0, bad = 0;
         for (size_t i = 0; i < nroutes && want == MAX_ROUTES; i++) {
-            if (!ref_match(&routes[i], path, pl))
+            int mr = ref_match(&routes[i], path, pl);
+            bad |= mr < 0;
+            if (mr != 1)
                 continue;
             any = 1;
             size_t rl = strlen(routes[i].method);
@@ -252,6 +298,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             if (pi != np)
                 fail("a wrong number of parameters", s, len);
+        } else if (bad) {
+            if (res != AGW_ROUTE_BAD_PARAM)
+                fail("router and reference differ (400)", s, len);
         } else if (any) {
             if (res != AGW_ROUTE_METHOD_NOT_ALLOWED)
                 fail("router and reference differ (405)", s, len);
@@ -261,10 +310,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     for (size_t i = 0; i < nroutes; i++)
-        for (size_t j = 0; j < routes[i].nsegs; j++)
-            free(routes[i].segs[j]);
+        free_ref(&routes[i]);
     agw_router_free(&router);
-    agw_buf_free(&errors);
     if (lua_gc(L, LUA_GCCOUNT, 0) > 32 * 1024)
         lua_gc(L, LUA_GCCOLLECT, 0);
     return 0;

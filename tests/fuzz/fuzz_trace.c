@@ -8,6 +8,7 @@
  * a trace begun with the input's method, path and sections must keep every text cut and
  * NUL-terminated inside its record, and its traceparent headers must parse back to its ids. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,8 +192,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (agw_traceparent_parse(hdr, sizeof(hdr), &back) != 0 ||
                 memcmp(back.parent_id, tr.spans[k].span_id, 8) != 0)
                 abort();
-            if (i % 3 == 0)
-                agw_trace_end_span(&tr, k, (unsigned)sl % 8, (int)sl * 37, 999 + i);
+            if (i % 3 == 0) {
+                /* the section line is the failure's detail too: cut to fit, NUL-terminated */
+                char detail[512];
+                snprintf(detail, sizeof(detail), "%.*s", (int)sl, sec);
+                agw_trace_end_span(&tr, k, (unsigned)sl % 8, (int)sl * 37, i % 2 ? detail : NULL, 999 + i);
+                if (memchr(tr.spans[k].detail, '\0', sizeof(tr.spans[k].detail)) == NULL)
+                    abort();
+            }
         }
         i++;
     }
