@@ -210,9 +210,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 r->lens[j] = sl;
                 r->is_param[j] = is_param;
                 params += is_param;
-                if (is_param && pat)
-                    agw_buf_printf(&rebuilt, "/{%s:%.*s}", seg, (int)patl, pat);
-                else
+                if (is_param && pat) { /* the pattern's bytes as they are (a NUL included) */
+                    agw_buf_printf(&rebuilt, "/{%s:", seg);
+                    agw_buf_append(&rebuilt, pat, patl);
+                    agw_buf_putc(&rebuilt, '}');
+                } else
                     agw_buf_printf(&rebuilt, is_param ? "/{%s}" : "/%s", seg);
                 if (is_param) {
                     if (sl == 0 || !(seg[0] == '_' || ((seg[0] | 0x20) >= 'a' && (seg[0] | 0x20) <= 'z')))
@@ -232,13 +234,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             r->nsegs = ok ? ns : 0;
             if (ns == 0)
                 agw_buf_putc(&rebuilt, '/');
+            size_t rebuilt_len = rebuilt.len;
             agw_buf_putc(&rebuilt, '\0');
             /* the route's path is its last run of non-space bytes */
             size_t k = len;
             while (k > 0 && s[k - 1] != ' ' && s[k - 1] != '\t' && s[k - 1] != '\n' && s[k - 1] != '\r' &&
                    s[k - 1] != '\v' && s[k - 1] != '\f')
                 k--;
-            if (ok && (strlen(rebuilt.base) != len - k || memcmp(rebuilt.base, s + k, len - k) != 0))
+            if (ok && (rebuilt_len != len - k || memcmp(rebuilt.base, s + k, len - k) != 0))
                 fail("segments do not rebuild the route's path", s, len);
             agw_buf_free(&rebuilt);
             size_t before = router.num_routes;
