@@ -2,16 +2,17 @@
 -- into the normalized form the scheduler sends, checking every option (DESIGN §2.1).
 -- Mistakes are programming errors: they raise error() at the script's line.
 local json = require "agg.json"
+local cache = require "agg.cache"
 
 local M = {}
 
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
-  retry = true, hedge = true, collapse = "boolean",
+  retry = true, hedge = true, collapse = "boolean", cache = true, identity = "boolean",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
-local NOT_YET = { cache = true, forward_auth = true }
+local NOT_YET = { forward_auth = true }
 local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
 -- request headers that carry a user's credentials: a call with one is never shared (single-flight)
 local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
@@ -69,9 +70,9 @@ function M.normalize(spec, upstreams, level)
     error("a call spec starts with the upstream name, like { \"product\", \"/products/1\" }", level)
   end
   local up = upstreams[name]
-  if not up then
+  if not up or up.internal then
     local names = {}
-    for n in pairs(upstreams) do names[#names + 1] = n end
+    for n, u in pairs(upstreams) do if not u.internal then names[#names + 1] = n end end
     table.sort(names)
     error(("unknown upstream '%s' (gateway.lua declares: %s)"):format(name, table.concat(names, ", ")), level)
   end
@@ -82,7 +83,10 @@ function M.normalize(spec, upstreams, level)
     if k ~= 1 and k ~= 2 then
       local want = OPTIONS[k]
       if want == nil then
-        if NOT_YET[k] then
+        if k == "forward_auth" then
+          error(("call to '%s': option 'forward_auth' is not supported; the user's token goes to an upstream " ..
+                 "whose gateway.lua entry says identity = \"forward\" or \"exchange\""):format(name), level)
+        elseif NOT_YET[k] then
           error(("call to '%s': option '%s' is not supported by this version of aggway"):format(name, k), level)
         end
         error(("call to '%s': unknown option '%s'"):format(name, tostring(k)), level)
@@ -108,6 +112,10 @@ function M.normalize(spec, upstreams, level)
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
     a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
+    -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
+    -- whether this exchange is a background refresh
+    cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false, personal = false,
+    identity = spec.identity ~= false, -- false: this call goes without the user's identity
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
@@ -186,6 +194,18 @@ function M.normalize(spec, upstreams, level)
     end
     n.hedge_after = after
   end
+  -- caching: the upstream's default policy, field by field overridden by the call's; GET/HEAD only
+  if spec.cache ~= nil and spec.cache ~= false and type(spec.cache) ~= "table" then
+    error(("call to '%s': option 'cache' must be false or a table like { ttl_s = 60 }"):format(name), level)
+  end
+  local cp = cache.merge(up.cache, spec.cache, level, name)
+  if cp and n.method ~= "GET" and n.method ~= "HEAD" then
+    if type(spec.cache) == "table" then
+      error(("call to '%s': option 'cache' is for GET and HEAD calls only"):format(name), level)
+    end
+    cp = false
+  end
+  n.cache = cp
   -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off
   if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") then
     local shared = true
