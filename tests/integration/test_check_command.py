@@ -119,6 +119,10 @@ class CheckCommand(unittest.TestCase):
         rc, out, err = self.check(self.folder(gateway_lua(self.port, UPSTREAMS,
                                                           batch={"route": "POST /batch", "max_requests": 20})))
         self.assertEqual(rc, 0, out + err)
+        # a script route the batch endpoint would hide
+        d = self.folder(gateway_lua(self.port, UPSTREAMS, batch={"route": "POST /v1/batch"}),
+                        scripts={"b.lua": endpoint("POST /v1/batch", "    return { status = 200, body = 'x' }")})
+        self.assertInvalid(d, "b.lua", 3, "route 'POST /v1/batch' is the batch endpoint's")
 
     def test_check_clients_block_valid(self):
         d = self.folder(gateway_lua(self.port, UPSTREAMS, clients={
