@@ -371,6 +371,8 @@ int agw_server_run(const char *dir)
     agw_admin_t *admin = NULL;
     if (conf->admin_port && (admin = agw_admin_start(conf, &srv.gens, srv.labels, metrics, conf->workers)) == NULL)
         return 1;
+    /* rate limit and quota counts: one table for the process, sized once (limits.local_keys) */
+    agw_limit_store_t *limits = agw_limit_store_new(conf->limits.local_keys);
     srv.w = calloc(conf->workers, sizeof(*srv.w));
     agw_listener_fd_t *fds = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*fds));
     for (unsigned wi = 0; wi < conf->workers; wi++) {
@@ -379,7 +381,7 @@ int agw_server_run(const char *dir)
                 return 1;
         }
         srv.w[wi] = agw_worker_start((int)wi, gen, &globalconf, fds, conf->num_listen, metrics[wi], srv.access_fd,
-                                     &errors);
+                                     limits, &errors);
         if (srv.w[wi] == NULL) {
             agw_log(AGW_LOG_ERROR, "worker %u did not start:\n%s", wi, errors.base ? errors.base : "");
             agw_buf_free(&errors);
@@ -454,6 +456,7 @@ int agw_server_run(const char *dir)
     for (unsigned wi = 0; wi < srv.workers; wi++)
         agw_metrics_free(metrics[wi]);
     free(metrics);
+    agw_limit_store_free(limits);
     if (srv.access_fd >= 0)
         close(srv.access_fd);
     free(srv.w);

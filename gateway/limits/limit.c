@@ -272,6 +272,16 @@ static void quota_policy(const agw_limit_rule_t *r, uint64_t now_ms, agw_limit_r
     out->window_s = (end - start) / 1000;
 }
 
+void agw_limits_conf_clear(agw_limits_conf_t *c)
+{
+    for (size_t i = 0; c->rules && i < c->num_rules; i++) {
+        free(c->rules[i].name);
+        free(c->rules[i].header);
+    }
+    free(c->rules);
+    memset(c, 0, sizeof(*c));
+}
+
 /* ---- the public checks ---------------------------------------------------------------------- */
 
 int agw_limit_take(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64_t h, uint64_t now_ms,

@@ -58,6 +58,18 @@ typedef struct agw_limit_rule {
                                    changes on reload starts its counts afresh */
 } agw_limit_rule_t;
 
+/* The `limits` block of a generation (gateway.lua) and max_in_flight. */
+typedef struct agw_limits_conf {
+    agw_limit_rule_t *rules;    /* index i is rule i of limits.rules */
+    size_t num_rules;
+    int headers;                /* limits.headers: RateLimit fields on accepted responses too */
+    size_t local_keys;          /* limits.local_keys: slots of the process's store (read at start-up) */
+    unsigned max_in_flight;     /* pages a worker has in flight before it sheds priority 3 (DESIGN §9.1) */
+} agw_limits_conf_t;
+
+/* Frees the rules' strings and the array (not c itself) and zeroes it. */
+void agw_limits_conf_clear(agw_limits_conf_t *c);
+
 /* One rule's answer for one key at one time. */
 typedef struct agw_limit_result {
     int allowed;                /* 1: within the rule (and counted, unless given back) */

@@ -273,6 +273,27 @@ static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
     agw_prom_family(b, "aggway_requests_in_flight", "gauge", "Requests being handled by a script right now.");
     agw_prom_sample_u64(b, "aggway_requests_in_flight", NULL, 0, started > ended ? started - ended : 0);
 
+    agw_prom_family(b, "aggway_rate_limited_total", "counter",
+                    "Requests refused with 429 by a rate limit or quota (limits in gateway.lua), by route.");
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < nw; i++)
+            sum += AGW_M_GET(w[i]->routes[e].limited);
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        if (sum)
+            agw_prom_sample_u64(b, "aggway_rate_limited_total", &l, 1, sum);
+    }
+    agw_prom_family(b, "aggway_shed_total", "counter",
+                    "Requests shed with 503 because a worker had more than max_in_flight pages in flight, by route.");
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < nw; i++)
+            sum += AGW_M_GET(w[i]->routes[e].shed);
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        if (sum)
+            agw_prom_sample_u64(b, "aggway_shed_total", &l, 1, sum);
+    }
+
     agw_prom_family(b, "aggway_request_duration_seconds", "histogram",
                     "Time from the request's arrival to its response, by route.");
     for (size_t e = 0; e < nr; e++) {

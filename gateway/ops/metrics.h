@@ -74,6 +74,8 @@ typedef struct agw_route_metrics {
     uint64_t duration_sum_us;
     uint64_t size[AGW_M_SIZE_BOUNDS + 1];
     uint64_t size_sum;
+    uint64_t limited;                 /* answered 429 by a rate limit or quota (limits/limit.h) */
+    uint64_t shed;                    /* answered 503: shed by priority (limits/gate.h) */
 } agw_route_metrics_t;
 
 typedef struct agw_upstream_metrics {

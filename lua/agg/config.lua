@@ -4,6 +4,7 @@
 -- message "scripts/gateway.lua:LINE: where: what is wrong; what to do". All errors are collected,
 -- not only the first.
 local sys = require "agg.sys"
+local limits = require "agg.limits"
 
 local M = {}
 
@@ -84,14 +85,14 @@ function M.check(cfg, src, file)
                 shutdown_grace_ms = 10000, script_time_limit_ms = 1000, scripts = { trusted = false } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                scripts = true }
+                scripts = true, limits = true, max_in_flight = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, scripts, access_log, tracing, upstreams")
+          "shutdown_grace_ms, script_time_limit_ms, scripts, access_log, tracing, limits, max_in_flight, upstreams")
     end
   end
   local function show(v)
@@ -351,6 +352,10 @@ function M.check(cfg, src, file)
       end
     end
   end
+  -- limits = { store, headers, rules, default, local_keys } and max_in_flight (agg.limits)
+  local helpers = { lines = lines, err = err, find_line = find_line, suggest = suggest, show = show }
+  out.limits = limits.check(cfg, helpers)
+  out.max_in_flight = limits.check_max_in_flight(cfg, helpers)
   -- upstreams
   local ups = cfg.upstreams
   local uline = find_line(lines, "upstreams")

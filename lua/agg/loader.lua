@@ -12,7 +12,8 @@ local router = require "agg.router"
 local M = {}
 
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
-local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true }
+local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, limits = true, priority = true }
+local limits = require "agg.limits"
 
 local function read(path)
   local f = io.open(path, "rb")
@@ -258,7 +259,7 @@ local function load_folder(dir)
           else
             for k in pairs(ep) do
               if not ENDPOINT_KEYS[k] then
-                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
+                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, limits, priority)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
                 bad = true
               end
             end
@@ -276,6 +277,22 @@ local function load_folder(dir)
               errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file, line_of(fsrc, "deadline_ms"), where)
               bad = true
             end
+            -- limits = { "rule", … } (default: gateway.lua's limits.default), priority = 1 | 2 | 3
+            local lim_names = cfg and cfg.limits and cfg.limits.default or {}
+            if ep.limits ~= nil and cfg then
+              lim_names = limits.check_names(ep.limits, cfg and cfg.limits or { by_name = {} }, function(msg)
+                errors[#errors + 1] = ("%s:%d: %s: limits: %s"):format(file, line_of(fsrc, "limits"), where, msg)
+              end)
+              if not lim_names then bad = true end
+            end
+            local prio = ep.priority
+            if prio == nil then
+              prio = limits.PRIORITY_DEFAULT
+            elseif prio ~= 1 and prio ~= 2 and prio ~= 3 then
+              errors[#errors + 1] = ("%s:%d: %s: priority must be 1 (shed last), 2 or 3 (shed first), got %s"):format(
+                file, line_of(fsrc, "priority"), where, tostring(prio))
+              bad = true
+            end
             if not bad then
               local sh = shape(r)
               if shapes[sh] then
@@ -285,7 +302,7 @@ local function load_folder(dir)
                 for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
                 local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
-                            literals = lit, order = #endpoints + 1 }
+                            limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1 }
                 shapes[sh] = e
                 endpoints[#endpoints + 1] = e
               end
