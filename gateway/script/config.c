@@ -237,6 +237,7 @@ static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
         int e = lua_gettop(L);
         conf->listen[i].host = field_str(L, e, "host");
         conf->listen[i].port = (int)field_num(L, e, "port", 8080);
+        conf->listen[i].reuse_port = (int)field_num(L, e, "reuse_port", 0);
         conf->listen[i].cert_file = field_str(L, e, "cert");
         conf->listen[i].key_file = field_str(L, e, "key");
         conf->listen[i].cert_line = (int)field_num(L, e, "cert_line", 1);

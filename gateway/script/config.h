@@ -17,6 +17,8 @@
 typedef struct agw_listen_conf {
     char *host;        /* address to bind ("0.0.0.0") */
     int port;          /* TCP port */
+    int reuse_port;    /* reuse_port = true: the port may be shared with other processes (of the same
+                          user: SO_REUSEPORT), so a port in use is not an error at start-up */
     char *cert_file;   /* PEM certificate chain when TLS is on, else NULL (resolved against the folder) */
     char *key_file;    /* PEM private key when TLS is on, else NULL (resolved against the folder) */
     int cert_line;     /* line of gateway.lua that names cert_file (messages), 0 without TLS */

@@ -121,6 +121,8 @@ static __thread agw_worker_t *this_worker; /* the worker whose thread this is */
 static int runtime_source(const char *source)
 {
     const char *dir = agw_lua_dir();
+    if (dir == NULL)
+        return 0;
     size_t n = strlen(dir);
     return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
 }

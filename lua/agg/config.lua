@@ -170,12 +170,20 @@ function M.check(cfg, src, file)
         err(lline, where, "must be a table like { port = 8080 }")
       else
         for k in pairs(l) do
-          if k ~= "port" and k ~= "host" and k ~= "tls" then
-            err(find_line(lines, k, lline), where .. "." .. tostring(k), "unknown option (port, host, tls)")
+          if k ~= "port" and k ~= "host" and k ~= "tls" and k ~= "reuse_port" then
+            err(find_line(lines, k, lline), where .. "." .. tostring(k), "unknown option (port, host, tls, reuse_port)")
           end
         end
         if posint(l.port, where .. ".port", find_line(lines, "port", lline), 65535) then
           local e = { port = l.port, host = l.host or "0.0.0.0" }
+          -- reuse_port: other processes (another aggway of the same user) may listen on this port
+          -- too and the kernel spreads the connections (SO_REUSEPORT); off, a port in use stops the start
+          if l.reuse_port ~= nil and type(l.reuse_port) ~= "boolean" then
+            err(find_line(lines, "reuse_port", lline) or lline, where .. ".reuse_port",
+                "must be true or false, got " .. show(l.reuse_port))
+          elseif l.reuse_port then
+            e.reuse_port = 1
+          end
           local h = e.host
           if type(h) ~= "string" or not (h:match("^%d+%.%d+%.%d+%.%d+$") or h:find(":", 1, true)) then
             err(find_line(lines, "host", lline) or lline, where .. ".host",
