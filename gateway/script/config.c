@@ -107,6 +107,7 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         u->max_connections = (unsigned)field_num(L, t, "max_connections", 64);
         u->max_pending = (unsigned)field_num(L, t, "max_pending", 256);
         u->max_body_bytes = (size_t)field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
+        u->max_rps = (uint64_t)field_num(L, t, "max_rps", 0);
         /* the breaker block is always a table after checking: { failures, open_s, half_open_probes, off } */
         lua_getfield(L, t, "breaker");
         int bt = lua_gettop(L);
@@ -441,7 +442,8 @@ int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf
            same_str(a->base_path, b->base_path) && a->addrlen == b->addrlen &&
            memcmp(&a->addr, &b->addr, a->addrlen) == 0 && a->connect_timeout_ms == b->connect_timeout_ms &&
            a->idle_timeout_ms == b->idle_timeout_ms && a->max_connections == b->max_connections &&
-           a->max_pending == b->max_pending && a->max_body_bytes == b->max_body_bytes;
+           a->max_pending == b->max_pending && a->max_body_bytes == b->max_body_bytes &&
+           a->max_rps == b->max_rps;
 }
 
 static char *dup_or_null(const char *s)

@@ -394,14 +394,17 @@ function M.check(cfg, src, file)
           -- checked below
         elseif k == "url" or k == "tls" then
           -- checked below
+        elseif k == "max_rps" then
+          -- calls a second across the process's workers (gateway/upstream/pool.h, agw_pool_set_limits)
+          if posint(v, where .. ".max_rps", kline, 1e9) then e.max_rps = v end
         elseif UPSTREAM_DEFAULTS[k] then
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
-          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true }
+          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, max_rps = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, breaker, retry, hedge")
+              "max_body_bytes, max_rps, breaker, retry, hedge")
         end
       end
       for block, fields in pairs(BLOCKS) do

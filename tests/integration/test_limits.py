@@ -251,6 +251,44 @@ class Shedding(GatewayTestCase):
         self.assertEqual(shed[0].headers.get("retry-after"), "1")
 
 
+FANOUT = """
+    local specs = {}
+    -- distinct paths: single-flight would make one call of eight equal ones
+    for i = 1, 8 do specs["c" .. i] = { "fast", "/fast/" .. i } end
+    local res = agg.fetch_all(specs)
+    local ok, types = 0, {}
+    for k, r in pairs(res) do
+      if r.ok then ok = ok + 1 else types[#types + 1] = r.error and r.error.type or "?" end
+    end
+    return { status = 200, json = { ok = ok, failed = types } }"""
+
+
+class UpstreamMaxRps(GatewayTestCase):
+    def test_calls_beyond_max_rps_fail_at_once_as_upstream_overloaded(self):
+        services = {"fast": [route("/fast/{i}", json={"ok": True})]}
+        self.start(services=services, scripts={"f.lua": script("GET /f", FANOUT)}, workers=2,
+                   upstream_options={"fast": {"max_rps": 5}})
+        r = self.get("/f")
+        self.assertEqual(r.status, 200, r)
+        page = r.json()
+        self.assertEqual(page["ok"], 5, page)
+        self.assertEqual(len(page["failed"]), 3)
+        self.assertTrue(all(t.endswith("upstream-overloaded") for t in page["failed"]), page)
+        # nothing beyond the five reached the upstream
+        self.assertEqual(self.mock.hits()["fast"]["GET /fast/{i}"], 5)
+        # a second later the next five go through again
+        time.sleep(1.1)
+        self.assertEqual(self.get("/f").json()["ok"], 5)
+
+    def test_max_rps_checked(self):
+        sdir = os.path.join(self.workdir, "s")
+        write_scripts(sdir, {"a.lua": script("GET /a", OK)},
+                      gateway_lua(free_port(), {"fast": {"url": "http://127.0.0.1:9", "max_rps": 0}}))
+        p = run_aggway("check", "-c", sdir)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertRegex((p.stdout + p.stderr).decode(), r"gateway\.lua:\d+: upstreams\.fast\.max_rps: must be a positive")
+
+
 class Check(GatewayTestCase):
     def check(self, limits, scripts=None, extra=None):
         sdir = os.path.join(self.workdir, "s%d" % len(os.listdir(self.workdir)))
