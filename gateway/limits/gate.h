@@ -42,4 +42,17 @@ uint64_t agw_gate_retry_after_s(const agw_limit_verdict_t *v);
  * violated-policies, every rule that refused. */
 void agw_gate_problem_429(agw_buf_t *b, const agw_limit_ask_t *asks, const agw_limit_verdict_t *v, size_t num);
 
+/* Opens the "agg.limiter" module for the spec harness (lua/agg/testing.lua), which runs the same
+ * counting and answers on its virtual clock:
+ *   limiter.new([slots]) -> a store (freed with it)
+ *   store:check(asks, now_ms, headers) -> allowed, fields, body
+ *     asks: a list of { rule = <a rule as agg.limits checked it>, key = "bytes" };
+ *     now_ms: ms since the Unix epoch (UTC); headers: limits.headers.
+ *     fields: { ["ratelimit-policy"], ["ratelimit"], ["retry-after"] } (the ones the worker sends;
+ *     empty when accepted without headers); body: the 429 problem when refused, else nil.
+ *   limiter.shed(max_in_flight, priority, inflight) -> boolean (agw_gate_shed)
+ * Errors (a malformed ask) are raised. */
+struct lua_State;
+int agw_limiter_open(struct lua_State *L);
+
 #endif
