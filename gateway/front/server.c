@@ -375,6 +375,10 @@ int agw_server_run(const char *dir)
     agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
     for (unsigned wi = 0; wi < conf->workers; wi++)
         metrics[wi] = agw_metrics_new(srv.labels);
+    /* rate limit and quota counts: one table for the process, sized once (limits.local_keys) */
+    agw_limit_store_t *limits = agw_limit_store_new(conf->limits.local_keys);
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        metrics[wi]->limits = limits;
     /* spans leave through the exporter thread; without a collector nothing is queued. The exporter
      * keeps its own copy of the tracing settings (a restart-only block): generation 1 does not
      * live as long as the process. */
@@ -395,8 +399,6 @@ int agw_server_run(const char *dir)
     agw_admin_t *admin = NULL;
     if (conf->admin_port && (admin = agw_admin_start(conf, &srv.gens, srv.labels, metrics, conf->workers)) == NULL)
         return 1;
-    /* rate limit and quota counts: one table for the process, sized once (limits.local_keys) */
-    agw_limit_store_t *limits = agw_limit_store_new(conf->limits.local_keys);
     srv.w = calloc(conf->workers, sizeof(*srv.w));
     agw_listener_fd_t *fds = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*fds));
     for (unsigned wi = 0; wi < conf->workers; wi++) {

@@ -2,6 +2,7 @@
 #include "limits/limit.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -20,6 +21,9 @@ struct agw_limit_store {
     slot_t *slots;
     size_t mask;
     uint64_t full;  /* checks that found no slot (atomic) */
+    pthread_mutex_t names_lock;                      /* adding a counter */
+    uint32_t num_counts;                             /* published with release order */
+    agw_limit_counts_t counts[AGW_LIMIT_COUNTERS_MAX];
 };
 
 #define QUOTA_COUNT_BITS 40
@@ -83,7 +87,37 @@ agw_limit_store_t *agw_limit_store_new(size_t slots)
     if (s == NULL || (s->slots = calloc(n, sizeof(*s->slots))) == NULL)
         abort();
     s->mask = n - 1;
+    pthread_mutex_init(&s->names_lock, NULL);
     return s;
+}
+
+void agw_limit_count(agw_limit_store_t *s, agw_limit_rule_t *r, int allowed)
+{
+    int c = __atomic_load_n(&r->counter, __ATOMIC_ACQUIRE);
+    if (c == 0) {
+        pthread_mutex_lock(&s->names_lock);
+        uint32_t n = s->num_counts;
+        for (uint32_t i = 0; i < n && c == 0; i++)
+            if (strcmp(s->counts[i].name, r->name) == 0)
+                c = (int)i + 1;
+        if (c == 0 && n < AGW_LIMIT_COUNTERS_MAX) {
+            snprintf(s->counts[n].name, sizeof(s->counts[n].name), "%s", r->name);
+            __atomic_store_n(&s->num_counts, n + 1, __ATOMIC_RELEASE);
+            c = (int)n + 1;
+        }
+        pthread_mutex_unlock(&s->names_lock);
+        if (c == 0)
+            c = -1; /* no room: not counted */
+        __atomic_store_n(&r->counter, c, __ATOMIC_RELEASE);
+    }
+    if (c > 0)
+        __atomic_add_fetch(allowed ? &s->counts[c - 1].allowed : &s->counts[c - 1].limited, 1, __ATOMIC_RELAXED);
+}
+
+size_t agw_limit_counters(const agw_limit_store_t *s, const agw_limit_counts_t **out)
+{
+    *out = s->counts;
+    return __atomic_load_n(&s->num_counts, __ATOMIC_ACQUIRE);
 }
 
 void agw_limit_store_free(agw_limit_store_t *s)
@@ -91,6 +125,7 @@ void agw_limit_store_free(agw_limit_store_t *s)
     if (s == NULL)
         return;
     free(s->slots);
+    pthread_mutex_destroy(&s->names_lock);
     free(s);
 }
 

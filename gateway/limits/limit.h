@@ -56,6 +56,8 @@ typedef struct agw_limit_rule {
     agw_limit_window_t window;  /* quota: its window */
     uint64_t seed;              /* hash seed told apart per rule (name, kind, numbers): a rule that
                                    changes on reload starts its counts afresh */
+    int counter;                /* private: 1 + the store's counter of this rule's name, 0 until
+                                   first used (agw_limit_count; atomic) */
 } agw_limit_rule_t;
 
 /* The `limits` block of a generation (gateway.lua) and max_in_flight. */
@@ -122,6 +124,23 @@ void agw_limit_peek(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64_t h,
 
 /* The start of the window holding now_ms and the next one's, ms since the epoch (UTC). */
 void agw_limit_window_bounds(agw_limit_window_t w, uint64_t now_ms, uint64_t *start_ms, uint64_t *end_ms);
+
+/* Decisions per rule name, for the metrics (the store keeps them across reloads). */
+typedef struct agw_limit_counts {
+    char name[72];              /* the rule's name */
+    uint64_t allowed;           /* requests the rule accepted that went through (atomic) */
+    uint64_t limited;           /* requests the rule refused (atomic) */
+} agw_limit_counts_t;
+
+/* Rule names a store counts at most; more rules are checked but not counted in the metrics. */
+#define AGW_LIMIT_COUNTERS_MAX 256
+
+/* Counts one decision of rule r in s: allowed (1) or limited (0). Thread-safe; the first count of a
+ * name takes a lock once per rule of a generation, the others are one atomic add. */
+void agw_limit_count(agw_limit_store_t *s, agw_limit_rule_t *r, int allowed);
+
+/* The counters of s: *out points at n of them (entries are only added; read with atomics). */
+size_t agw_limit_counters(const agw_limit_store_t *s, const agw_limit_counts_t **out);
 
 /* One rule of a check and the key it counts (the caller extracted it from the request). */
 typedef struct agw_limit_ask {

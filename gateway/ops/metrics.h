@@ -132,6 +132,8 @@ typedef struct agw_metrics {
      * made and freed with the metrics), its ring to the span exporter and the exporter itself
      * (otlp.h; set by the server before the worker starts, both NULL when tracing.otlp_http is not
      * configured). */
+    struct agw_limit_store *limits;   /* the process's limits (the same for every worker; set by the
+                                         server): rendered once, from the first worker's */
     struct agw_waterfall *waterfall;
     struct agw_otlp_queue *trace_queue;
     const struct agw_otlp *exporter;

@@ -517,6 +517,9 @@ static int gate_request(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint
     agw_limit_verdict_t v = {.results = results};
     uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
     int allowed = agw_limit_check(w->limits, asks, n, now_ms, &v);
+    for (size_t i = 0; i < n; i++) /* the rules are the generation's: the counter index is set once */
+        if (allowed || !results[i].allowed)
+            agw_limit_count(w->limits, (agw_limit_rule_t *)asks[i].rule, allowed);
     if (allowed && !lc->headers)
         return 0;
     agw_buf_reset(b);

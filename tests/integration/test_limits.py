@@ -122,6 +122,12 @@ class RateLimits(GatewayTestCase):
         metrics = self.admin_metrics()
         self.assertRegex(metrics, r'aggway_rate_limited_total\{route="GET /a"\} 1\b')
         self.assertRegex(metrics, r'aggway_rate_limited_total\{route="GET /b"\} 1\b')
+        # per rule: tight accepted 1 and refused 1 (/a), loose accepted 3 and refused 1 (/b)
+        self.assertRegex(metrics, r'aggway_limit_decisions_total\{rule="tight",outcome="allowed"\} 1\b')
+        self.assertRegex(metrics, r'aggway_limit_decisions_total\{rule="tight",outcome="limited"\} 1\b')
+        self.assertRegex(metrics, r'aggway_limit_decisions_total\{rule="loose",outcome="allowed"\} 3\b')
+        self.assertRegex(metrics, r'aggway_limit_decisions_total\{rule="loose",outcome="limited"\} 1\b')
+        self.assertRegex(metrics, r'aggway_limit_table_full_total 0\b')
 
     def admin_metrics(self):
         import urllib.request
