@@ -33,6 +33,7 @@ struct agw_admin {
     pthread_t thread;
     struct ev_loop *loop;
     ev_io accept_io;
+    ev_timer accept_pause;     /* accept_io stopped for want of descriptors: restarts it */
     ev_async stop_async;
     aconn_t *conns;            /* open connections */
     unsigned num_conns;
@@ -122,6 +123,70 @@ static const char *query_param(const char *q, size_t qlen, const char *name, siz
     return NULL;
 }
 
+/* s (n bytes) as a JSON string, or null when it is not valid UTF-8. */
+static void json_str(agw_buf_t *b, const char *s, size_t n)
+{
+    size_t mark = b->len;
+    if (agw_json_encode_string(b, s, n) != 0) {
+        b->len = mark;
+        agw_buf_puts(b, "null");
+    }
+}
+
+/* POST /cache/purge?prefix=agw:… : the prefix (percent-decoded) goes to every worker's inbox
+ * (tier 1, applied within a second) and is deleted from Redis when the generation serving has a
+ * redis block with cache.redis on (cache/purge.h). */
+static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *out)
+{
+    size_t vl = 0;
+    const char *v = q ? query_param(q, qlen, "prefix", &vl) : NULL;
+    char prefix[1024];
+    size_t n = 0;
+    for (size_t i = 0; v && i < vl && n < sizeof(prefix) - 1; i++) {
+        if (v[i] == '%' && i + 2 < vl) {
+            char hex[3] = {v[i + 1], v[i + 2], 0};
+            char *end;
+            long c = strtol(hex, &end, 16);
+            if (end != hex + 2)
+                break;
+            prefix[n++] = (char)c;
+            i += 2;
+        } else {
+            prefix[n++] = v[i] == '+' ? ' ' : v[i];
+        }
+    }
+    prefix[n] = '\0';
+    if (n < 4 || memcmp(prefix, "agw:", 4) != 0 || memchr(prefix, '\0', n)) {
+        static const char body[] = "prefix must be a cache key prefix starting with agw: (e.g. prefix=agw:%7Bproduct%7D)\n";
+        respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
+        return;
+    }
+    for (size_t i = 0; i < a->num_workers; i++)
+        agw_cache_inbox_post(&a->metrics[i]->purge, prefix, n);
+    agw_buf_t body = AGW_BUF_INIT;
+    agw_buf_puts(&body, "{\"prefix\":");
+    json_str(&body, prefix, n);
+    agw_buf_printf(&body, ",\"workers\":%zu", a->num_workers);
+    agw_generation_t *gen = agw_reload_state_current(a->gens);
+    int status = 200;
+    if (gen && gen->conf.cache_redis) {
+        uint64_t deleted = 0;
+        char err[256];
+        if (agw_cache_redis_purge(&gen->conf.redis, prefix, n, &deleted, err, sizeof(err)) == 0) {
+            agw_buf_printf(&body, ",\"redis_deleted\":%llu", (unsigned long long)deleted);
+        } else {
+            status = 502;
+            agw_buf_puts(&body, ",\"redis_error\":");
+            json_str(&body, err, strlen(err));
+            agw_log(AGW_LOG_WARN, "POST /cache/purge: %s", err);
+        }
+    }
+    agw_generation_unref(gen);
+    agw_buf_puts(&body, "}\n");
+    respond(out, status, status == 200 ? "OK" : "Bad Gateway", "application/json", body.base, body.len, 0, NULL);
+    agw_buf_free(&body);
+}
+
 /* GET /waterfall[.json][?trace=<32 hex>&limit=N] (waterfall.h). */
 static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int head, agw_buf_t *out)
 {
@@ -190,11 +255,22 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     size_t plen = q ? (size_t)(q - target) : tlen;
 #define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(target, s, plen) == 0)
     int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes") ||
-                PATH_IS("/reload") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json");
+                PATH_IS("/reload") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json") || PATH_IS("/cache/purge");
     if (!known) {
         static const char body[] =
-            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /waterfall or /waterfall.json\n";
+            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /waterfall, /waterfall.json or "
+            "POST /cache/purge\n";
         respond(out, 404, "Not Found", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
+        return;
+    }
+    if (PATH_IS("/cache/purge")) {
+        if (!(mlen == 4 && memcmp(method, "POST", 4) == 0)) {
+            static const char body[] = "method not allowed\n";
+            respond(out, 405, "Method Not Allowed", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0,
+                    "Allow: POST\r\n");
+            return;
+        }
+        cache_purge(a, q ? q + 1 : NULL, q ? tlen - plen - 1 : 0, out);
         return;
     }
     if (!(head || (mlen == 3 && memcmp(method, "GET", 3) == 0))) {
@@ -304,14 +380,32 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
     conn_close(c);
 }
 
+/* How long the listener rests when accept finds no descriptor (or memory) free, s. */
+#define ADMIN_ACCEPT_PAUSE_S 0.1
+
+static void on_accept_resume(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)t, (void)revents;
+    agw_admin_t *a = t->data;
+    ev_io_start(loop, &a->accept_io);
+}
+
 static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
 {
     (void)revents;
     agw_admin_t *a = io->data;
     for (int i = 0; i < 16; i++) {
         int fd = accept4(a->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            /* out of descriptors or memory: the connection stays in the backlog and the socket
+             * stays readable, so a level-triggered watcher would spin; rest, then try again */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                ev_io_stop(loop, &a->accept_io);
+                ev_timer_set(&a->accept_pause, ADMIN_ACCEPT_PAUSE_S, 0.);
+                ev_timer_start(loop, &a->accept_pause);
+            }
             return;
+        }
         if (a->num_conns >= ADMIN_MAX_CONNS) {
             close(fd);
             continue;
@@ -371,6 +465,8 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     ev_io_init(&a->accept_io, on_accept, fd, EV_READ);
     a->accept_io.data = a;
     ev_io_start(a->loop, &a->accept_io);
+    ev_timer_init(&a->accept_pause, on_accept_resume, ADMIN_ACCEPT_PAUSE_S, 0.);
+    a->accept_pause.data = a;
     ev_async_init(&a->stop_async, on_stop);
     ev_async_start(a->loop, &a->stop_async);
     if (pthread_create(&a->thread, NULL, admin_main, a) != 0) {
@@ -400,6 +496,7 @@ void agw_admin_stop(agw_admin_t *a)
     while (a->conns)
         conn_close(a->conns);
     ev_io_stop(a->loop, &a->accept_io);
+    ev_timer_stop(a->loop, &a->accept_pause);
     ev_async_stop(a->loop, &a->stop_async);
     ev_loop_destroy(a->loop);
     close(a->fd);

@@ -327,9 +327,28 @@ static void reload(server_t *srv)
     agw_generation_unref(cur);
 }
 
+/* The open-files limit: the soft limit goes up to the hard one (client connections and upstream
+ * sockets are descriptors; clients.max_connections "auto" is derived from it), and the start-up
+ * log says what it is. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t want = rl.rlim_max;
+        rl.rlim_cur = want;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    agw_log(AGW_LOG_INFO, "open-files limit %llu: up to %u client connections (clients.max_connections \"auto\")",
+            (unsigned long long)rl.rlim_cur, agw_config_auto_max_connections());
+}
+
 int agw_server_run(const char *dir)
 {
     signal(SIGPIPE, SIG_IGN);
+    raise_nofile();
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);

@@ -4,6 +4,7 @@
 #include <lauxlib.h>
 #include <openssl/ssl.h>
 #include <netdb.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -272,6 +273,32 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
     conf->access_log = log;
 }
 
+/* redis = { url, timeout_ms, line } and cache = { memory_bytes, redis } as agg.config normalized
+ * them: the URL parsed and its host resolved here (redis/redis.h). */
+static int load_redis_cache(lua_State *L, int cfg, agw_config_t *conf, const char *dir, agw_buf_t *errors)
+{
+    int rc = 0;
+    lua_getfield(L, cfg, "redis");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        char *url = field_str(L, t, "url");
+        char err[256];
+        if (url && agw_redis_parse_url(url, (uint64_t)field_num(L, t, "timeout_ms", 5), &conf->redis, err,
+                                       sizeof(err)) != 0) {
+            agw_buf_printf(errors, "%s/gateway.lua:%d: redis.url: %s\n", dir, (int)field_num(L, t, "line", 1), err);
+            rc = -1;
+        }
+        free(url);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, cfg, "cache");
+    conf->cache_memory_bytes = (size_t)field_num(L, lua_gettop(L), "memory_bytes", 64.0 * 1024 * 1024);
+    lua_getfield(L, -1, "redis");
+    conf->cache_redis = lua_toboolean(L, -1) && conf->redis.host != NULL;
+    lua_pop(L, 2);
+    return rc;
+}
+
 /* tracing = { otlp_http, service_name, timeout_ms } as agg.config normalized it (absent: no export). */
 static int load_tracing(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *errors)
 {
@@ -336,6 +363,31 @@ static int load_listen_tls(agw_config_t *conf, agw_buf_t *errors)
     return rc;
 }
 
+unsigned agw_config_auto_max_connections(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 2000000)
+        return 1000000;
+    long n = ((long)rl.rlim_cur - 64) / 2;
+    return n < 16 ? 16 : (unsigned)n;
+}
+
+/* clients = { … } as config.lua normalized it (every field present). */
+static void load_clients(lua_State *L, int cfg, agw_config_t *conf)
+{
+    agw_clients_conf_t *c = &conf->clients;
+    lua_getfield(L, cfg, "clients");
+    int t = lua_istable(L, -1) ? lua_gettop(L) : 0;
+    c->max_connections = t ? (unsigned)field_num(L, t, "max_connections", 0) : 0;
+    if (c->max_connections == 0)
+        c->max_connections = agw_config_auto_max_connections();
+    c->max_headers = t ? (unsigned)field_num(L, t, "max_headers", 100) : 100;
+    c->max_header_bytes = t ? (size_t)field_num(L, t, "max_header_bytes", 65536) : 65536;
+    c->max_cancelled_streams = t ? (unsigned)field_num(L, t, "max_cancelled_streams", 100) : 100;
+    c->cancel_window_ms = (uint64_t)(t ? field_num(L, t, "cancel_window_s", 10) : 10) * 1000;
+    lua_pop(L, 1);
+}
+
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 {
     memset(conf, 0, sizeof(*conf));
@@ -364,6 +416,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
     conf->shutdown_grace_ms = (uint64_t)field_num(L, cfg, "shutdown_grace_ms", 10000);
     conf->script_time_limit_ms = (uint64_t)field_num(L, cfg, "script_time_limit_ms", 1000);
+    load_clients(L, cfg, conf);
     /* the operator's opt-out of the sandbox (lua/agg/sandbox.lua) is said at every load: start,
      * check and each reload */
     lua_getfield(L, cfg, "scripts");
@@ -381,6 +434,8 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
         rc = -1;
     if (load_tracing(L, cfg, conf, errors) != 0)
         rc = -1;
+    if (load_redis_cache(L, cfg, conf, dir, errors) != 0)
+        rc = -1;
     resolve_tls_paths(conf);
     if (load_listen_tls(conf, errors) != 0)
         rc = -1;
@@ -392,6 +447,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 
 void agw_config_free(agw_config_t *conf)
 {
+    agw_redis_conf_clear(&conf->redis);
     for (size_t i = 0; i < conf->num_listen; i++) {
         free(conf->listen[i].host);
         free(conf->listen[i].cert_file);

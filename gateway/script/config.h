@@ -10,6 +10,7 @@
 
 #include "upstream/breaker.h"
 #include "base/buf.h"
+#include "redis/redis.h"
 #include "script/router.h"
 #include "upstream/conf.h"
 #include "limits/limit.h"
@@ -28,6 +29,19 @@ typedef struct agw_listen_conf {
                                    agw_config_free; workers and connections take their own. NULL
                                    for cleartext */
 } agw_listen_conf_t;
+
+/* gateway.lua `clients = { … }`: the limits a client meets at the front (guard/guard.h). Read
+ * by the workers from the current generation, so a reload changes them. */
+typedef struct agw_clients_conf {
+    unsigned max_connections;           /* open client connections per gateway, shared evenly between
+                                           the workers ("auto": from RLIMIT_NOFILE, see
+                                           agw_config_auto_max_connections) */
+    unsigned max_headers;               /* request header fields; more: 431 */
+    size_t max_header_bytes;            /* request header names + values, decoded, bytes; more: 431 */
+    unsigned max_cancelled_streams;     /* HTTP/2 streams a connection may cancel before their answer
+                                           within cancel_window_ms; more: GOAWAY and close */
+    uint64_t cancel_window_ms;          /* that window, ms */
+} agw_clients_conf_t;
 
 /* An endpoint as /routes and the metrics name it. */
 typedef struct agw_endpoint_info {
@@ -49,6 +63,7 @@ typedef struct agw_config {
     uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
     uint64_t script_time_limit_ms;      /* how long a script may run without waiting before it is
                                            stopped, ms (watchdog.h) */
+    agw_clients_conf_t clients;         /* limits per client (gateway.lua `clients`) */
     agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
     agw_breaker_t **breakers;           /* one per upstream, shared by every worker (and by the next
                                            generation when the upstream does not change); one
@@ -71,6 +86,11 @@ typedef struct agw_config {
     char *otlp_service_name;            /* resource attribute service.name ("aggway") */
     uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
     agw_limits_conf_t limits;           /* limits = { … } and max_in_flight (limits/limit.h) */
+    /* redis = { url, timeout_ms } (redis/redis.h): host NULL when gateway.lua has no redis block */
+    agw_redis_conf_t redis;
+    /* cache = { memory_bytes, redis } (cache/lru.h, lua/agg/cache.lua) */
+    size_t cache_memory_bytes;          /* tier 1 of the whole process, bytes (split evenly over the workers) */
+    int cache_redis;                    /* 1: tier 2 in Redis (needs redis.host) */
 } agw_config_t;
 
 /* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM, resolves upstream
@@ -81,6 +101,12 @@ typedef struct agw_config {
  * certificate …". Nothing is left allocated on failure. Any thread; used by `aggway check`,
  * start-up and every reload alike, so the three agree. */
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors);
+
+/* The client connection cap `clients.max_connections = "auto"` stands for: half of the descriptors
+ * RLIMIT_NOFILE (soft) allows beyond 64 kept for listeners, files and the like, at least 16; the
+ * other half is left for upstream sockets, so a flood of clients cannot take the descriptors the
+ * gateway needs to answer them. */
+unsigned agw_config_auto_max_connections(void);
 
 /* Frees everything agw_config_load allocated (the breakers and the listeners' SSL_CTXs: one
  * reference each; connections and workers that took their own keep theirs). */

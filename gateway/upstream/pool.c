@@ -31,6 +31,7 @@ static const char *const outcome_names[] = {
     [AGW_CALL_OVERLOAD] = "overload",
     [AGW_CALL_BAD_REQUEST] = "bad_request",
     [AGW_CALL_TLS] = "tls",
+    [AGW_CALL_LOCAL] = "local",
 };
 
 const char *agw_call_outcome_name(agw_call_outcome_t o)
@@ -130,7 +131,7 @@ static void call_discard(agw_call_t *call)
     agw_pool_t *pool = call->pool;
     if (call->state == AGW_CALL_QUEUED)
         queue_remove(pool, call);
-    if (call->conn)
+    if (call->conn && !agw_conn_give_back(call->conn))
         agw_conn_close(call->conn);
     ev_timer_stop(pool->loop, &call->timer);
     calls_remove(pool, call);
@@ -151,13 +152,31 @@ void agw_pool_after_callback(agw_pool_t *pool)
 
 
 
-/* Gives call a connection: the most recently idle one that is not stale, or a new one. */
+/* Gives call a connection: the most recently idle one that is not stale, else one still
+ * connecting that a cancelled call left (an orphan: the call's request goes out once it is
+ * connected), else a new one. */
 void agw_call_assign(agw_call_t *call)
 {
     agw_pool_t *pool = call->pool;
     agw_conn_t *c;
     while ((c = pool->idle) != NULL && agw_conn_stale(c))
         agw_conn_close(c); /* what it got is handled as on_conn_io would: the connection goes */
+    if (c == NULL && (c = pool->orphans) != NULL) {
+        agw_pool_orphan_remove(pool, c);
+        call->state = AGW_CALL_ACTIVE;
+        call->reused = 0;
+        agw_conn_bind(c, call);
+        if (pool->conf->connect_timeout_ms) {
+            /* the call gets the whole connect timeout, as with a connection of its own: the loop
+             * may not have looked at this one since its connect() (a long iteration), and a
+             * timeout it did not wait for would count against the upstream */
+            ev_now_update(pool->loop);
+            ev_timer_stop(pool->loop, &c->timer);
+            ev_timer_set(&c->timer, (double)pool->conf->connect_timeout_ms / 1000.0, 0.);
+            ev_timer_start(pool->loop, &c->timer);
+        }
+        return;
+    }
     if (c == NULL) {
         agw_conn_open(call);
         return;
@@ -183,7 +202,7 @@ void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch)
 /* Serves the wait queue while connections are free. */
 void agw_pool_pump(agw_pool_t *pool)
 {
-    while (pool->qhead && (pool->idle || pool->open < pool->max_conns)) {
+    while (pool->qhead && (pool->idle || pool->orphans || pool->open < pool->max_conns)) {
         agw_call_t *call = pool->qhead;
         /* a call whose time ran out in the queue, or that has less left than it takes to
          * connect, gets no connection: it did not get one in time, so it fails as overload (the
@@ -292,6 +311,8 @@ void agw_pool_destroy(agw_pool_t *pool)
         call_discard(pool->calls);
     while (pool->idle)
         agw_conn_close(pool->idle);
+    while (pool->orphans)
+        agw_conn_close(pool->orphans);
     /* inside a callback the pool is freed when the callback returns */
     pool_free_if_dying(pool);
 }
@@ -348,7 +369,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
         return call;
     }
     ev_timer_start(pool->loop, &call->timer);
-    if (pool->qhead == NULL && (pool->idle || pool->open < pool->max_conns))
+    if (pool->qhead == NULL && (pool->idle || pool->orphans || pool->open < pool->max_conns))
         agw_call_assign(call);
     else if (pool->pending < pool->conf->max_pending)
         queue_push(pool, call);

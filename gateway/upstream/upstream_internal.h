@@ -96,6 +96,8 @@ struct agw_pool {
     unsigned max_conns;          /* conf->max_connections, 0 read as no limit */
     unsigned open, nidle, pending;
     agw_conn_t *idle;                /* most recently idle first */
+    agw_conn_t *orphans;         /* connections still connecting whose call was cancelled before its
+                                    request went out: idle once connected (idle_next/idle_prev) */
     agw_call_t *calls;           /* every live call */
     agw_call_t *qhead, *qtail;   /* wait queue, FIFO */
     agw_pool_stats_t stats;      /* counters only; open/idle/pending filled on demand */
@@ -135,6 +137,27 @@ static inline void agw_pool_idle_remove(agw_pool_t *pool, agw_conn_t *c)
     if (c->idle_next)
         c->idle_next->idle_prev = c->idle_prev;
     pool->nidle--;
+}
+
+/* The orphans list (agw_pool.orphans) shares the idle list's links: a connection is on at most
+ * one of the two. */
+static inline void agw_pool_orphan_push(agw_pool_t *pool, agw_conn_t *c)
+{
+    c->idle_prev = NULL;
+    c->idle_next = pool->orphans;
+    if (pool->orphans)
+        pool->orphans->idle_prev = c;
+    pool->orphans = c;
+}
+
+static inline void agw_pool_orphan_remove(agw_pool_t *pool, agw_conn_t *c)
+{
+    if (c->idle_prev)
+        c->idle_prev->idle_next = c->idle_next;
+    else
+        pool->orphans = c->idle_next;
+    if (c->idle_next)
+        c->idle_next->idle_prev = c->idle_prev;
 }
 
 static inline void agw_batch_push(agw_batch_t *b, agw_conn_t *c)
@@ -208,9 +231,13 @@ void agw_conn_open(agw_call_t *call);
 /* Sends what is left of c's request, then waits for the response (plain or TLS). */
 void agw_conn_send(agw_conn_t *c);
 
-/* Whether idle connection c has an event the loop saw and did not hand it yet (it is then closed,
- * not reused). */
+/* Whether idle connection c has unread bytes or EOF (an event the loop saw and did not hand it
+ * yet, or bytes a peek finds): it is then closed, not reused. */
 int agw_conn_stale(agw_conn_t *c);
+
+/* Unbinds the connection of a call being cancelled when none of its request went out, and keeps
+ * the connection (pool.h's rules). Returns 1 when kept, 0 when the caller must close it. */
+int agw_conn_give_back(agw_conn_t *c);
 
 /* Reads and parses what the upstream sent. Returns 1 when the response needs more (c still
  * serves its call), 0 when the call completed or failed (c may be gone). */

@@ -14,8 +14,11 @@
 #include <string.h>
 
 #include "base/buf.h"
+#include "guard/guard.h"
+#include "cache/lru.h"
 #include "worker/generation.h"
 #include "ops/metrics.h"
+#include "redis/redis.h"
 #include "script/resp_headers.h"
 #include "base/slots.h"
 #include "ops/trace.h"
@@ -25,6 +28,8 @@
 /* A listening socket as the worker's libuv loop accepts on it. */
 typedef struct listener {
     uv_tcp_t handle;
+    int paused;                    /* a connection waits in libuv, not accepted: the worker is at its
+                                      share of clients.max_connections (on_accept) */
     h2o_accept_ctx_t accept_ctx;   /* ssl_ctx: the TLS context of the current generation's listener
                                       (a reference of this worker's, swapped on the worker's loop
                                       when a generation becomes current), NULL for cleartext */
@@ -46,6 +51,8 @@ typedef struct agw_worker_gen {
     lua_State *L;
     int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
+    int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
+    uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
     wpool_t **pools;            /* one per upstream, same index as conf->upstreams; NULL until installed */
     uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
@@ -164,6 +171,11 @@ struct agw_worker {
     agw_limit_store_t *limits;             /* the process's counts of rate limits and quotas (shared by
                                               every worker, limits/limit.h) */
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
+    agw_lru_t *lru;                        /* the cache's tier 1 (cache/lru.h): kept across reloads */
+    agw_redis_t *redis;                    /* the Redis client (redis/redis.h), NULL without redis or
+                                              with cache.redis off */
+    uint64_t redis_next_id;                /* ids of core.redis_get */
+    int cache_closing;                     /* the worker stops: Redis answers no longer run Lua */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     int access_fd;                         /* access log, -1 when off */
     agw_buf_t alog;                        /* access log lines not yet written */
@@ -177,7 +189,16 @@ struct agw_worker {
     struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
                                               in arrival order (see watch_client) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
+    agw_guard_t guard;                     /* client connections and their HTTP/2 cancel windows */
+    unsigned client_conns;                 /* client connections open on this worker */
+    unsigned num_paused;                   /* listeners paused at the connection cap */
+    double accept_warned;                  /* ev_now() of the last accept-failure warning */
 };
+
+/* Header fields in one HTTP/2 HEADERS frame past which the connection gets GOAWAY before h2o
+ * decodes the frame (guard.h, agw_guard_h2_watch): four times clients.max_headers, so that a
+ * block somewhat over the cap is still decoded and answered 431, and a bomb never is. */
+#define AGW_WORKER_MAX_FIELDS(cc) ((cc)->max_headers * 4 + 16)
 
 /* Queues the response of rr's request, whose status and headers are set, with body (copied into
  * the request's memory; len bytes): on_prepare sends it with the others of this loop iteration,
@@ -296,19 +317,29 @@ static inline void agw_worker_stop_client_watch(reqref_t *rr)
 /* The core.* functions, each pushed as a closure over its generation (upvalue 1) by init_vm. */
 extern const luaL_Reg agw_worker_core_fns[];
 
-/* Headers go to Lua as one string "name\0value\0…" with lowercased names; the runtime makes a
- * table of it only when a script reads req.headers or result.headers. */
-static inline void agw_worker_append_header(agw_buf_t *b, const char *name, size_t name_len, const char *value,
-                                            size_t value_len)
-{
-    agw_buf_reserve(b, name_len + value_len + 2);
-    for (size_t j = 0; j < name_len; j++)
-        b->base[b->len++] = (char)tolower((unsigned char)name[j]);
-    b->base[b->len++] = '\0';
-    memcpy(b->base + b->len, value, value_len);
-    b->len += value_len;
-    b->base[b->len++] = '\0';
-}
+/* Headers go to Lua as one string "name\0value\0…" with lowercased names, each name once: the
+ * values of a repeated name are joined with ", " here (RFC 9110 §5.3), in their order, in one
+ * pass over the fields sorted by name (O(n log n): a client or upstream repeating a name many
+ * times cannot make the join quadratic, as concatenating in Lua would). The runtime makes a table
+ * of it only when a script reads req.headers or result.headers. Writes into b (reset first). */
+void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
+
+/* ---- cache.c: the cache's transport --------------------------------------------------------- */
+
+/* core.cache_get, cache_set, redis_get, redis_set, digest, cache_counters (closures as above). */
+extern const luaL_Reg agw_worker_cache_fns[];
+
+/* 1 when the core function name of agw_worker_cache_fns belongs in a VM of conf (redis_* only
+ * when conf has redis with cache.redis on). */
+int agw_worker_cache_fn_wanted(const agw_config_t *conf, const char *name);
+
+/* Makes w's tiers what conf says (when a generation becomes current): tier 1 sized
+ * cache.memory_bytes / workers (made once, resized after), the Redis client made, kept (same
+ * settings) or replaced. Worker thread, or before it starts. */
+void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf);
+
+/* Frees w's Redis client and tier 1 (the worker's loop has stopped; no Lua runs for answers). */
+void agw_worker_cache_close(agw_worker_t *w);
 
 /* The pool gauges of generation g's upstream up (0-based). */
 void agw_worker_publish_pool(wgen_t *g, size_t up);

@@ -2,16 +2,17 @@
 -- into the normalized form the scheduler sends, checking every option (DESIGN §2.1).
 -- Mistakes are programming errors: they raise error() at the script's line.
 local json = require "agg.json"
+local cache = require "agg.cache"
 
 local M = {}
 
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
-  retry = true, hedge = true, collapse = "boolean",
+  retry = true, hedge = true, collapse = "boolean", cache = true,
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
-local NOT_YET = { cache = true, forward_auth = true }
+local NOT_YET = { forward_auth = true }
 local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
 -- request headers that carry a user's credentials: a call with one is never shared (single-flight)
 local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
@@ -108,6 +109,9 @@ function M.normalize(spec, upstreams, level)
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
     a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
+    -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
+    -- whether this exchange is a background refresh
+    cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false,
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
@@ -186,6 +190,18 @@ function M.normalize(spec, upstreams, level)
     end
     n.hedge_after = after
   end
+  -- caching: the upstream's default policy, field by field overridden by the call's; GET/HEAD only
+  if spec.cache ~= nil and spec.cache ~= false and type(spec.cache) ~= "table" then
+    error(("call to '%s': option 'cache' must be false or a table like { ttl_s = 60 }"):format(name), level)
+  end
+  local cp = cache.merge(up.cache, spec.cache, level, name)
+  if cp and n.method ~= "GET" and n.method ~= "HEAD" then
+    if type(spec.cache) == "table" then
+      error(("call to '%s': option 'cache' is for GET and HEAD calls only"):format(name), level)
+    end
+    cp = false
+  end
+  n.cache = cp
   -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off
   if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") then
     local shared = true

@@ -5,6 +5,7 @@
 -- not only the first.
 local sys = require "agg.sys"
 local limits = require "agg.limits"
+local cache = require "agg.cache"
 
 local M = {}
 
@@ -12,9 +13,7 @@ local UPSTREAM_DEFAULTS = {
   timeout_ms = 1000, connect_timeout_ms = 100, idle_timeout_ms = 60000,
   max_connections = 64, max_pending = 256, max_body_bytes = 8 * 1024 * 1024,
 }
-local NOT_YET = {
-  cache = "caching",
-}
+local NOT_YET = {}
 
 -- Resilience blocks of an upstream (issue "resilience"): option -> { kind, default, check }.
 local BLOCKS = {
@@ -82,17 +81,19 @@ function M.check(cfg, src, file)
     return nil, errors
   end
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
-                shutdown_grace_ms = 10000, script_time_limit_ms = 1000, scripts = { trusted = false } }
+                shutdown_grace_ms = 10000, script_time_limit_ms = 1000, scripts = { trusted = false },
+                cache = { memory_bytes = 64 * 1024 * 1024, redis = true } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                scripts = true, limits = true, max_in_flight = true }
+                clients = true, scripts = true, redis = true, cache = true, limits = true, max_in_flight = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, scripts, access_log, tracing, limits, max_in_flight, upstreams")
+          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, limits, " ..
+          "max_in_flight, upstreams")
     end
   end
   local function show(v)
@@ -262,6 +263,32 @@ function M.check(cfg, src, file)
       out.access_log = v
     end
   end
+  -- clients = { max_connections, max_headers, max_header_bytes, max_cancelled_streams, cancel_window_s }:
+  -- the limits a client meets (gateway/guard/); out.clients holds every one, defaults filled in
+  -- (max_connections 0: "auto", resolved from RLIMIT_NOFILE by the C side)
+  out.clients = { max_connections = 0, max_headers = 100, max_header_bytes = 65536, max_cancelled_streams = 100,
+                  cancel_window_s = 10 }
+  if cfg.clients ~= nil then
+    local cline = find_line(lines, "clients")
+    local t = cfg.clients
+    local CLIENTS = { max_connections = 1000000, max_headers = 10000, max_header_bytes = 16777216,
+                      max_cancelled_streams = 1000000, cancel_window_s = 3600 }
+    if type(t) ~= "table" then
+      err(cline, "clients", "must be a table like { max_connections = 4096, max_headers = 100 }")
+    else
+      for k, v in pairs(t) do
+        local kline = find_line(lines, k, cline) or cline
+        if not CLIENTS[k] then
+          err(kline, "clients." .. tostring(k), "unknown option" .. suggest(tostring(k), CLIENTS) ..
+              "; clients knows max_connections, max_headers, max_header_bytes, max_cancelled_streams, cancel_window_s")
+        elseif k == "max_connections" and v == "auto" then
+          out.clients.max_connections = 0
+        elseif posint(v, "clients." .. k, kline, CLIENTS[k]) then
+          out.clients[k] = v
+        end
+      end
+    end
+  end
   -- tracing = { otlp_http = "http://127.0.0.1:4318/v1/traces", service_name = "aggway", timeout_ms = 2000 }
   -- (absent or false: spans are not exported; traceparent is propagated all the same)
   if cfg.tracing ~= nil and cfg.tracing ~= false then
@@ -313,6 +340,69 @@ function M.check(cfg, src, file)
       end
       if ok then out.tracing = e end
     end
+  end
+  -- redis = { url = "redis://host:port/db", timeout_ms = 5 }: one client per worker (gateway/redis/redis.h);
+  -- the URL's parts are checked again, and the host resolved, when the C side loads it
+  if cfg.redis ~= nil then
+    local rline = find_line(lines, "redis")
+    local r = cfg.redis
+    if type(r) ~= "table" then
+      err(rline, "redis", 'must be a table like { url = "redis://127.0.0.1:6379/0", timeout_ms = 5 }')
+    else
+      local e = { timeout_ms = 5, line = rline }
+      local ok = true
+      for k, v in pairs(r) do
+        local kline = find_line(lines, k, rline) or rline
+        if k == "url" then
+          if type(v) ~= "string" or not v:match("^redis://[^/]") then
+            err(kline, "redis.url", 'must be a URL like "redis://127.0.0.1:6379/0", got ' .. show(v)); ok = false
+          else
+            e.url = v
+          end
+        elseif k == "timeout_ms" then
+          if posint(v, "redis.timeout_ms", kline, 10000) then e.timeout_ms = v else ok = false end
+        else
+          err(kline, "redis." .. tostring(k), "unknown option" .. suggest(tostring(k), { url = true, timeout_ms = true }) ..
+              "; redis knows url, timeout_ms")
+          ok = false
+        end
+      end
+      if not e.url and ok then
+        err(rline, "redis.url", 'is required, like url = "redis://127.0.0.1:6379/0"'); ok = false
+      end
+      if ok then out.redis = e end
+    end
+  end
+  -- cache = { memory_bytes = 64 MiB, redis = true }: the tiers (agg.cache)
+  if cfg.cache ~= nil then
+    local cline = find_line(lines, "cache")
+    local c = cfg.cache
+    if type(c) ~= "table" then
+      err(cline, "cache", "must be a table like { memory_bytes = 64 * 1024 * 1024, redis = true }")
+    else
+      for k, v in pairs(c) do
+        local kline = find_line(lines, k, cline) or cline
+        if k == "memory_bytes" then
+          if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v < 65536 or v > 2 ^ 40 then
+            err(kline, "cache.memory_bytes", "must be a whole number of bytes from 65536 up, got " .. show(v))
+          else
+            out.cache.memory_bytes = v
+          end
+        elseif k == "redis" then
+          if type(v) ~= "boolean" then
+            err(kline, "cache.redis", "must be true or false, got " .. show(v))
+          else
+            out.cache.redis = v
+          end
+        else
+          err(kline, "cache." .. tostring(k), "unknown option" .. suggest(tostring(k), { memory_bytes = true, redis = true }) ..
+              "; the cache block of gateway.lua knows memory_bytes, redis (per upstream: ttl_s, swr_s, …)")
+        end
+      end
+    end
+  end
+  if out.cache.redis and cfg.cache and cfg.cache.redis == true and cfg.redis == nil then
+    err(find_line(lines, "cache"), "cache.redis", "is true but gateway.lua has no redis = { url = … } block")
   end
   -- workers
   if cfg.workers ~= nil and cfg.workers ~= "auto" then
@@ -397,14 +487,24 @@ function M.check(cfg, src, file)
         elseif k == "max_rps" then
           -- calls a second across the process's workers (gateway/upstream/pool.h, agw_pool_set_limits)
           if posint(v, where .. ".max_rps", kline, 1e9) then e.max_rps = v end
+        elseif k == "cache" then
+          if v ~= false then
+            local p, field, why = cache.check_block(v, false)
+            if p then
+              p.version = cache.version(p)
+              e.cache = p
+            else
+              err(field and find_line(lines, field, kline) or kline, where .. ".cache" .. (field and ("." .. field) or ""), why)
+            end
+          end
         elseif UPSTREAM_DEFAULTS[k] then
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
-          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, max_rps = true }
+          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, cache = true, max_rps = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, max_rps, breaker, retry, hedge")
+              "max_body_bytes, max_rps, breaker, retry, hedge, cache")
         end
       end
       for block, fields in pairs(BLOCKS) do

@@ -6,6 +6,8 @@
 -- deliver function it registers).
 local problem = require "agg.problem"
 local result = require "agg.result"
+local cache = require "agg.cache"
+local json = require "agg.json"
 
 local M = {}
 
@@ -22,6 +24,7 @@ local deliver                                          -- function(g, key, chain
 function M.bind(transport, ups)
   core, upstreams = transport, ups
   calls = {}
+  cache.init(transport)
 end
 
 --- Sets where results go: deliver(g, key, chain, r) (agg.fanout).
@@ -63,6 +66,7 @@ function M.upstream_stats(name) return upstream_state(name).stats end
 -- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
 -- publishes them as metrics; nothing is counted twice: the values are totals).
 function M.report_stats()
+  if core and core.cache_counters then core.cache_counters(cache.stats) end
   local report = core and core.upstream_counters
   if not report then return end
   for name, u in pairs(ustate) do
@@ -192,6 +196,7 @@ end
 finish_exchange = function(x, r)
   if x.done then return end
   x.done = true
+  if x.cache_key then r = cache.on_result(x, r) end -- stored, or the stale copy when it failed
   local ctx = x.ctx
   clear_timer(x.retry_timer)
   clear_timer(x.hedge_timer)
@@ -397,9 +402,9 @@ attempt = function(x, hedge)
   if hedge then x.a2 = rec else x.a1 = rec end
 end
 
--- Starts the call of section key of group g (see deliver). The result may be delivered before
--- this returns (deadline passed, breaker open).
-function M.start_call(ctx, key, spec, g, chain)
+-- Starts the call of section key of group g (see deliver), past the cache. The result may be
+-- delivered before this returns (deadline passed, breaker open).
+local function start_upstream(ctx, key, spec, g, chain)
   local u = upstream_state(spec.upstream)
   spec.section = key
   -- the normalized spec is the exchange (its fields are all there, see agg.callspec), and the
@@ -430,6 +435,44 @@ function M.start_call(ctx, key, spec, g, chain)
     end
   end
 end
+
+-- A copy of a normalized spec whose exchange has not started (a background refresh, the info of
+-- a stale result).
+local function copy_spec(s)
+  local c = {}
+  for k, v in pairs(s) do c[k] = v end
+  c.ctx, c.key, c.group, c.chain, c.u, c.x, c.next_x = false, false, false, false, false, false, false
+  c.a1, c.a2, c.attempts, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
+  c.ref, c.body_ref, c.raw_headers = false, false, false
+  c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer = nil, nil, nil, nil, nil
+  return c
+end
+
+--- Starts the call of section key of group g (see deliver): through the cache when the call has a
+-- cache policy (agg.cache), else (or on a miss) upstream. The result may be delivered before this
+-- returns (a cache hit, deadline passed, breaker open).
+function M.start_call(ctx, key, spec, g, chain)
+  if spec.cache and cache.lookup(ctx, key, spec, g, chain) then return end
+  return start_upstream(ctx, key, spec, g, chain)
+end
+
+cache.bind({
+  parse = json.parse,
+  make_result = make_result,
+  start = start_upstream,
+  copy_spec = copy_spec,
+  upstream_index = function(name) return upstreams[name].index end,
+  -- a section served from the cache: its Server-Timing entry, then the section
+  deliver_now = function(ctx, key, g, chain, r)
+    local timings = ctx.timings
+    timings[#timings + 1] = key
+    timings[#timings + 1] = r.ms or 0
+    deliver(g, key, chain, r)
+  end,
+})
+
+--- Transport: the Redis lookup id answered (agg.cache).
+M.on_redis = cache.on_redis
 
 --- Transport completion of call id (see the header comment for the arguments).
 -- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.

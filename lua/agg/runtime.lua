@@ -66,7 +66,7 @@ M.fetch_all, M.fetch, M.fetch_then = fanout.fetch_all, fanout.fetch, fanout.fetc
 M.resolve_thens, M.then_result, M.sort_keys = fanout.resolve_thens, fanout.then_result, fanout.sort_keys
 M.is_result, M.section_data, M.section_name, M.is_required =
   result.is_result, result.section_data, result.section_name, result.is_required
-M.on_call, M.on_timer = exchange.on_call, exchange.on_timer
+M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchange.on_redis
 M.upstream_stats, M.report_stats = exchange.upstream_stats, exchange.report_stats
 
 -- Resumes co; when it ends, hands its outcome to its finisher.
@@ -128,13 +128,24 @@ local dur_whole = setmetatable({}, { __index = function(t, k)
 end })
 local DUR_TENTH = { [0] = ".0", ".1", ".2", ".3", ".4", ".5", ".6", ".7", ".8", ".9" }
 
+-- ';desc="hit"' and the other cache outcomes (agg.cache), made once
+local DESC = setmetatable({}, { __index = function(t, k)
+  local s = ';desc="' .. k .. '"'
+  t[k] = s
+  return s
+end })
+
 local function server_timing(ctx)
   local t = ctx.timings
   local parts = new_tab(#t / 2, 0)
+  local desc = ctx.cache_desc -- cache outcomes by section (agg.cache), or nil
   for i = 1, #t, 2 do
     local name = timing_names[t[i]]
     local tenths = math.floor(t[i + 1] * 10 + 0.5)
-    parts[#parts + 1] = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
+    local s = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
+    local d = desc and desc[t[i]]
+    if d then s = s .. DESC[d] end
+    parts[#parts + 1] = s
   end
   return table.concat(parts, ", ")
 end

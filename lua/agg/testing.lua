@@ -63,6 +63,14 @@ local function match_pattern(pattern, path)
   return #a == #b
 end
 
+--- An in-memory tier 2 for the cache (a Redis on the virtual clock) to give testing.gateway as
+-- opts.redis; gateways given the same one share it. Fields a spec may set: down (every command
+-- refused), hang (every lookup times out), corrupt (every value is garbage), latency_ms;
+-- gets counts lookups.
+function M.redis()
+  return { data = {}, gets = 0 }
+end
+
 --- Creates a gateway for the scripts folder opts.dir (default: the folder of `aggway test -c`,
 -- else "scripts"). Errors when the folder does not load, with every "file:line: message".
 function M.gateway(opts)
@@ -72,8 +80,9 @@ function M.gateway(opts)
   if not gen then error("scripts folder " .. dir .. " does not load:\n  " .. table.concat(errs, "\n  "), 2) end
   -- limits count on the UTC calendar: virtual time 0 is opts.utc_ms (ms since the Unix epoch;
   -- default 2026-01-01T00:00:00Z), so that a spec can put a quota's window boundary where it wants
-  local gw = setmetatable({ dir = dir, gen = gen, clock = 0, utc_ms = opts.utc_ms or 1767225600000,
-                            limiter = limiter.new(4096), seq = 0, events = {}, stubs = {}, open = 0,
+  local gw = setmetatable({ dir = dir, gen = gen, clock = opts.clock or 0, redis = opts.redis or false,
+                            utc_ms = opts.utc_ms or 1767225600000, limiter = limiter.new(4096),
+                            seq = 0, events = {}, stubs = {}, open = 0,
                             call_log = {}, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
                             next_call = 1, names = {} }, Gateway)
   gw.seed = 42
@@ -193,6 +202,38 @@ function Gateway:install()
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
     gw.open = gw.open - 1
     return true
+  end
+  -- the cache's two tiers on the virtual clock (agg.cache): tier 1 is this gateway's, tier 2 (an
+  -- in-memory Redis) is opts.redis, a table several gateways of a spec may share
+  -- (testing.redis()), when gateway.lua has a redis block and cache.redis is not false
+  gw.tier1 = gw.tier1 or {}
+  function core.cache_get(key)
+    local e = gw.tier1[key]
+    if e and e.until_ms > gw.clock then return e.value end
+    gw.tier1[key] = nil
+    return nil
+  end
+  function core.cache_set(key, value, until_ms) gw.tier1[key] = { value = value, until_ms = until_ms } end
+  local cfg = self.gen.config
+  if gw.redis and cfg.redis and cfg.cache.redis then
+    local store = gw.redis
+    function core.redis_get(key)
+      if store.down then return nil end
+      store.next_id = (store.next_id or 0) + 1
+      local id = store.next_id
+      store.gets = (store.gets or 0) + 1
+      local e = store.data[key]
+      local v = e and e.until_ms > gw.clock and e.value or nil
+      schedule(gw, gw.clock + (store.latency_ms or 0), function()
+        if store.hang then return rt.on_redis(id, nil, "timeout") end
+        rt.on_redis(id, store.corrupt and "garbage" or v, nil)
+      end)
+      return id
+    end
+    function core.redis_set(key, value, ttl_ms)
+      if store.down then return end
+      store.data[key] = { value = value, until_ms = gw.clock + ttl_ms }
+    end
   end
   rt.init(core, self.gen.upstreams, self.gen.endpoints)
   M.current = self
