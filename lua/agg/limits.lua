@@ -127,11 +127,17 @@ function M.check(cfg, c)
           local v = r[k]
           if k == "per_s" and v == nil then v = 1 end
           if k == "burst" and v == nil then v = r.rate end
-          if not is_whole(v, 1, 1e9) then
-            bad(k, "must be a whole number from 1 to 1000000000, got " .. show(v))
+          local hi = k == "per_s" and 31 * 86400 or 1e9
+          if not is_whole(v, 1, hi) then
+            bad(k, ("must be a whole number from 1 to %d, got %s"):format(hi, show(v)))
           else
             e[k] = v
           end
+        end
+        -- the time a full bucket takes to drain must fit the counter (µs in 64 bits): 10 years
+        if e.rate and e.per_s and e.burst and e.burst * e.per_s / e.rate > 315360000 then
+          bad("burst", ("burst × per_s / rate is %d s, over 10 years; use a quota for long windows")
+              :format(e.burst * e.per_s / e.rate))
         end
       else
         if not is_whole(r.quota, 1, 1e12) then bad("quota", "must be a whole number of requests from 1, got " .. show(r.quota)) end
