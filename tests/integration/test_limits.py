@@ -129,6 +129,35 @@ class RateLimits(GatewayTestCase):
         self.assertRegex(metrics, r'aggway_limit_decisions_total\{rule="loose",outcome="limited"\} 1\b')
         self.assertRegex(metrics, r'aggway_limit_table_full_total 0\b')
 
+    def test_admin_page_shows_a_keys_count_and_reset(self):
+        rules = [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 60, "burst": 3},
+                 {"name": "daily", "key": {"header": "x-client"}, "quota": 5, "window": "day"}]
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["per-ip", "daily"])},
+                   gateway_extra={"limits": limits_block(rules)})
+        for _ in range(2):
+            self.assertEqual(self.get("/a", "-H", "X-Client: team a").status, 200)
+        page = self.admin_json("/limits?rule=per-ip&key=127.0.0.1")
+        self.assertEqual((page["kind"], page["limit"], page["remaining"]), ("rate", 3, 1))
+        self.assertTrue(100000 <= page["reset_ms"] <= 120000, page)   # two minutes' worth of refill
+        page = self.admin_json("/limits?rule=daily&key=team+a")
+        self.assertEqual((page["kind"], page["limit"], page["remaining"], page["window_s"]), ("quota", 5, 3, 86400))
+        self.assertEqual(page["reset_at"] % 86400, 0)                  # the next 00:00 UTC
+        self.assertEqual(self.admin_json("/limits?rule=daily&key=someone")["remaining"], 5)
+        # looking counts nothing
+        self.assertEqual(self.admin_json("/limits?rule=per-ip&key=127.0.0.1")["remaining"], 1)
+        import urllib.error
+        for bad, says in (("/limits?rule=nope&key=x", "rules: per-ip daily"),
+                          ("/limits?rule=per-ip&key=not-an-address", "IPv4 or IPv6")):
+            with self.assertRaises(urllib.error.HTTPError) as e:
+                self.admin_json(bad)
+            self.assertEqual(e.exception.code, 400)
+            self.assertIn(says, e.exception.read().decode())
+
+    def admin_json(self, path):
+        import urllib.request
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin_port, path), timeout=5) as r:
+            return json.loads(r.read().decode())
+
     def admin_metrics(self):
         import urllib.request
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.admin_port, timeout=5) as r:
