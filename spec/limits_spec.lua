@@ -71,6 +71,24 @@ describe("a daily quota", function()
   end)
 end)
 
+describe("keys from the edge", function()
+  it("count an API key's app and a token's subject, each apart", function()
+    local gw = testing.gateway { dir = DIR }
+    local shop, blog = { app = "shop", plan = "gold" }, { app = "blog" }
+    assert.equal(200, gw:get("/by-app", { user = shop }).status)
+    assert.equal(200, gw:get("/by-app", { user = shop }).status)
+    local refused = gw:get("/by-app", { user = shop })
+    assert.equal(429, refused.status)
+    assert.same({ "per-app" }, refused.json["violated-policies"])
+    assert.equal(200, gw:get("/by-app", { user = blog }).status)
+    assert.equal(200, gw:get("/by-user", { user = { sub = "alice" } }).status)
+    assert.equal(429, gw:get("/by-user", { user = { sub = "alice" } }).status)
+    assert.equal(200, gw:get("/by-user", { user = { sub = "bob" } }).status)
+    gw:advance(10000)
+    assert.equal(200, gw:get("/by-user", { user = { sub = "alice" } }).status)
+  end)
+end)
+
 describe("a monthly quota", function()
   it("runs to the first of the next month, 00:00 UTC (February of a leap year: 29 days)", function()
     local gw = testing.gateway { dir = DIR, utc_ms = 1709164800000 } -- 2024-02-29T00:00:00Z

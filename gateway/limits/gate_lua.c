@@ -54,8 +54,11 @@ static void read_rule(lua_State *L, int t, agw_limit_rule_t *r)
     const char *key = str_field(L, t, "key");
     if (r->name == NULL || key == NULL)
         luaL_error(L, "limiter: a rule needs name and key");
-    r->key = strcmp(key, "ip") == 0 ? AGW_LIMIT_KEY_IP : strcmp(key, "route") == 0 ? AGW_LIMIT_KEY_ROUTE
-                                                                                   : AGW_LIMIT_KEY_HEADER;
+    r->key = strcmp(key, "ip") == 0 ? AGW_LIMIT_KEY_IP
+                    : strcmp(key, "route") == 0   ? AGW_LIMIT_KEY_ROUTE
+                    : strcmp(key, "api_key") == 0 ? AGW_LIMIT_KEY_API_KEY
+                    : strcmp(key, "user") == 0    ? AGW_LIMIT_KEY_USER
+                                                  : AGW_LIMIT_KEY_HEADER;
     r->header = (char *)str_field(L, t, "header");
     const char *window = str_field(L, t, "window");
     if (window) {

@@ -35,6 +35,10 @@ typedef enum agw_limit_key {
     AGW_LIMIT_KEY_IP,      /* the client's address (without the port) */
     AGW_LIMIT_KEY_ROUTE,   /* the endpoint's route pattern ("GET /product-page/{id}") */
     AGW_LIMIT_KEY_HEADER,  /* a request header's value (absent: the empty value, one shared count) */
+    AGW_LIMIT_KEY_API_KEY, /* the app of the API key the edge accepted (edge/apikeys.h: every key of
+                              one app shares its count); no API key: the empty value */
+    AGW_LIMIT_KEY_USER,    /* the authenticated user: the token's `sub` claim, or the API key's app;
+                              not authenticated: the empty value */
 } agw_limit_key_t;
 
 /* Fixed UTC windows of a quota. */

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "edge/auth_config.h"
 #include "script/listen_tls.h"
 #include "base/log.h"
 #include "script/script.h"
@@ -143,6 +144,7 @@ static int load_routes(lua_State *L, int gen, int cfg, agw_config_t *conf, agw_b
     size_t n = lua_objlen(L, eps);
     int rc = 0;
     conf->endpoints = calloc(n ? n : 1, sizeof(*conf->endpoints));
+    conf->auth_policies = calloc(n ? n : 1, sizeof(*conf->auth_policies));
     conf->num_endpoints = n;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, eps, (int)i + 1);
@@ -151,6 +153,9 @@ static int load_routes(lua_State *L, int gen, int cfg, agw_config_t *conf, agw_b
         conf->endpoints[i].method = field_str(L, e, "method");
         conf->endpoints[i].file = field_str(L, e, "file");
         load_endpoint_limits(L, e, cfg, &conf->endpoints[i]);
+        lua_getfield(L, e, "auth");
+        agw_auth_policy_load(L, lua_gettop(L), &conf->auth_policies[i]);
+        lua_pop(L, 1);
         char err[512];
         if (agw_router_add_lua(&conf->router, L, e, (int)i + 1, err, sizeof(err)) != 0) {
             agw_buf_printf(errors, "%s: %s\n", conf->endpoints[i].file, err);
@@ -184,8 +189,11 @@ static void load_limits(lua_State *L, int cfg, agw_config_t *conf)
         agw_limit_rule_t *rule = &lc->rules[i];
         rule->name = field_str(L, r, "name");
         char *key = field_str(L, r, "key");
-        rule->key = strcmp(key, "ip") == 0 ? AGW_LIMIT_KEY_IP : strcmp(key, "route") == 0 ? AGW_LIMIT_KEY_ROUTE
-                                                                                           : AGW_LIMIT_KEY_HEADER;
+        rule->key = strcmp(key, "ip") == 0 ? AGW_LIMIT_KEY_IP
+                    : strcmp(key, "route") == 0   ? AGW_LIMIT_KEY_ROUTE
+                    : strcmp(key, "api_key") == 0 ? AGW_LIMIT_KEY_API_KEY
+                    : strcmp(key, "user") == 0    ? AGW_LIMIT_KEY_USER
+                                                  : AGW_LIMIT_KEY_HEADER;
         free(key);
         rule->header = field_str(L, r, "header");
         char *window = field_str(L, r, "window");
@@ -391,6 +399,7 @@ static void load_clients(lua_State *L, int cfg, agw_config_t *conf)
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 {
     memset(conf, 0, sizeof(*conf));
+    agw_auth_init(&conf->auth);
     conf->dir = strdup(dir);
     lua_State *L = agw_vm_new(dir);
     if (L == NULL) {
@@ -436,6 +445,10 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
         rc = -1;
     if (load_redis_cache(L, cfg, conf, dir, errors) != 0)
         rc = -1;
+    char gwfile[4096];
+    snprintf(gwfile, sizeof(gwfile), "%s/gateway.lua", dir);
+    if (agw_auth_config_load(L, cfg, &conf->auth, gwfile, errors) != 0)
+        rc = -1;
     resolve_tls_paths(conf);
     if (load_listen_tls(conf, errors) != 0)
         rc = -1;
@@ -462,6 +475,10 @@ void agw_config_free(agw_config_t *conf)
         agw_breaker_unref(conf->breakers[i]);
     free(conf->breakers);
     agw_router_free(&conf->router);
+    for (size_t i = 0; conf->auth_policies && i < conf->num_endpoints; i++)
+        agw_auth_policy_clear(&conf->auth_policies[i]);
+    free(conf->auth_policies);
+    agw_auth_free(&conf->auth);
     for (size_t i = 0; conf->endpoints && i < conf->num_endpoints; i++) {
         free(conf->endpoints[i].route);
         free(conf->endpoints[i].method);

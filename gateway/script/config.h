@@ -11,6 +11,7 @@
 #include "upstream/breaker.h"
 #include "base/buf.h"
 #include "redis/redis.h"
+#include "edge/auth.h"
 #include "script/router.h"
 #include "upstream/conf.h"
 #include "limits/limit.h"
@@ -72,6 +73,8 @@ typedef struct agw_config {
     agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
     agw_endpoint_info_t *endpoints;     /* index e-1 describes endpoint e */
     size_t num_endpoints;
+    agw_auth_t auth;                    /* the edge's authenticators (gateway.lua's auth; edge/auth.h) */
+    agw_auth_policy_t *auth_policies;   /* index e-1: what endpoint e asks of its callers */
     char *admin_host;                   /* admin listener address ("127.0.0.1") */
     int admin_port;                     /* admin listener port, 0 when there is none */
     char *access_log;                   /* NULL: off; "stderr"; or a file path (relative ones resolved

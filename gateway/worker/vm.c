@@ -210,7 +210,8 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     lua_setfield(L, -2, "breakers");
     lua_getfield(L, gen, "upstreams");
     lua_getfield(L, gen, "endpoints");
-    if (lua_pcall(L, 3, 0, 0) != 0) {
+    lua_getfield(L, gen, "token_exchange");
+    if (lua_pcall(L, 4, 0, 0) != 0) {
         agw_buf_printf(errors, "runtime init failed: %s\n", lua_tostring(L, -1));
         return -1;
     }

@@ -18,6 +18,7 @@
  */
 #include "worker/worker_internal.h"
 
+#include "edge/edge.h"
 #include "script/script.h"
 #include "worker/watchdog.h"
 #include "limits/gate.h"
@@ -448,13 +449,23 @@ static const char *bad_framing(h2o_req_t *req)
 #define LIMITS_MAX 16
 
 /* The bytes rule r counts req by: the client's address (4 or 16 bytes, no port), the route
- * pattern, or the header's value (absent: empty). */
-static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *route, const char **key, size_t *len,
-                      struct sockaddr_storage *ss)
+ * pattern, the header's value, the API key's app or the user (user: what the edge accepted; absent:
+ * empty). */
+static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *route, const agw_auth_result_t *user,
+                      const char **key, size_t *len, struct sockaddr_storage *ss)
 {
     *key = "";
     *len = 0;
-    if (r->key == AGW_LIMIT_KEY_ROUTE) {
+    if (r->key == AGW_LIMIT_KEY_API_KEY || r->key == AGW_LIMIT_KEY_USER) {
+        json_t *sub = r->key == AGW_LIMIT_KEY_USER && user->claims ? json_object_get(user->claims, "sub") : NULL;
+        if (json_is_string(sub)) {
+            *key = json_string_value(sub);
+            *len = json_string_length(sub);
+        } else if (user->key) {
+            *key = user->key->app;
+            *len = strlen(user->key->app);
+        }
+    } else if (r->key == AGW_LIMIT_KEY_ROUTE) {
         *key = route;
         *len = strlen(route);
     } else if (r->key == AGW_LIMIT_KEY_HEADER) {
@@ -488,7 +499,7 @@ static void add_field(h2o_req_t *req, const h2o_token_t *token, const char *name
  * refuses it (429) when a rule of the endpoint does; else counts it against every rule and, with
  * limits.headers, puts the RateLimit fields on its response. Returns 1 when the request was
  * answered here. */
-static int gate_request(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
+static int gate_request(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_auth_result_t *user)
 {
     const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
     const agw_limits_conf_t *lc = &g->conf->limits;
@@ -514,7 +525,7 @@ static int gate_request(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint
         const agw_limit_rule_t *r = &lc->rules[ep->limits[i]];
         const char *key;
         size_t len;
-        limit_key(r, req, ep->route, &key, &len, &ss);
+        limit_key(r, req, ep->route, user, &key, &len, &ss);
         asks[i].rule = r;
         asks[i].hash = agw_limit_hash(r, key, len);
     }
@@ -566,10 +577,75 @@ static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int end
     return 1;
 }
 
+static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait);
+
+/* A request whose token names a kid no key has, waiting for the JWKS refetch that this asked for
+ * (edge.h: AGW_EDGE_WAIT). It lives in the request's memory; h2o disposing of it (the client
+ * left) stops the wait. */
+typedef struct parked {
+    ev_timer timer;     /* polls the fetcher's count of finished fetches */
+    agw_worker_t *w;
+    wgen_t *g;          /* holds a reference: its authenticator is the one fetching */
+    h2o_req_t *req;
+    uint64_t fetches_done;
+    double until;       /* ev_now() beyond which the request is answered whatever came */
+    int active;
+} parked_t;
+
+#define PARK_POLL_S 0.005
+
+static void unpark(parked_t *pk)
+{
+    if (!pk->active)
+        return;
+    pk->active = 0;
+    ev_timer_stop(pk->w->loop, &pk->timer);
+    __atomic_sub_fetch(&pk->w->inflight, 1, __ATOMIC_RELAXED);
+    agw_worker_gen_release(pk->g);
+}
+
+static void on_parked_dispose(void *p)
+{
+    unpark(p);
+}
+
+static void on_park_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)revents;
+    parked_t *pk = t->data;
+    if (agw_auth_fetches_done(&pk->g->conf->auth) == pk->fetches_done && ev_now(loop) < pk->until)
+        return;
+    h2o_req_t *req = pk->req;
+    agw_worker_t *w = pk->w;
+    unpark(pk);
+    handle_req(w, req, 0); /* checked again with the keys the fetch brought (or answered now) */
+}
+
+static void park(agw_worker_t *w, wgen_t *g, h2o_req_t *req, uint64_t fetches_done)
+{
+    parked_t *pk = h2o_mem_alloc_shared(&req->pool, sizeof(*pk), on_parked_dispose);
+    pk->w = w;
+    pk->g = g;
+    agw_worker_gen_hold(g);
+    pk->req = req;
+    pk->fetches_done = fetches_done;
+    pk->until = ev_now(w->loop) + g->conf->auth.fetch_timeout_ms / 1000.0 + 0.5;
+    pk->active = 1;
+    __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED); /* a drain waits for it too */
+    ev_timer_init(&pk->timer, on_park_timer, PARK_POLL_S, PARK_POLL_S);
+    pk->timer.data = pk;
+    ev_timer_start(w->loop, &pk->timer);
+}
+
 int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     (void)self;
-    agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
+    return handle_req(H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx), req, 1);
+}
+
+/* A request from h2o (may_wait: it may wait for a JWKS refetch; 0 when it has waited already). */
+static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
+{
     wgen_t *g = w->cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
     if (req->version >= 0x200) /* header bombs: the guard counts HEADERS frames before h2o decodes them */
         agw_guard_h2_watch(&w->guard, req, AGW_WORKER_MAX_FIELDS(&g->conf->clients));
@@ -603,8 +679,24 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         agw_worker_send_problem(w, req, NULL, endpoint, 400, "bad-request", "the request is malformed", framing);
         return 0;
     }
-    if (gate_request(w, g, req, endpoint))
+    /* the edge (DESIGN §9): authentication before any Lua (the authenticator's lock and fetch
+     * request are its only parts a check writes: the generation's config is otherwise read-only) */
+    agw_auth_result_t user;
+    agw_edge_refusal_t refusal;
+    int refused = agw_edge_authenticate((agw_auth_t *)&g->conf->auth, &g->conf->auth_policies[endpoint - 1],
+                                        &w->auth_cache, req, may_wait, &user, &refusal);
+    if (refused == AGW_EDGE_WAIT) {
+        park(w, g, req, user.fetches_done);
         return 0;
+    }
+    if (refused != 0) {
+        agw_worker_send_problem(w, req, NULL, endpoint, refusal.status, refusal.kind, refusal.title, NULL);
+        return 0;
+    }
+    if (gate_request(w, g, req, endpoint, &user)) {
+        json_decref(user.claims); /* agw_edge_push_user drops it for a request that goes on */
+        return 0;
+    }
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
     __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED);
     if (w->draining)
@@ -665,9 +757,10 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
         lua_pushnil(L);
+    agw_edge_push_user(L, &user);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+    if (agw_worker_call_runtime(g, 10) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);
@@ -815,6 +908,7 @@ static void *worker_main(void *arg)
     agw_worker_cache_close(w);
     if (w->access_fd >= 0)
         agw_worker_alog_flush(w);
+    agw_auth_cache_free(&w->auth_cache);
     while (w->free_traces) {
         agw_trace_t *tr = w->free_traces;
         w->free_traces = tr->next;

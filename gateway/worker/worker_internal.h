@@ -16,6 +16,7 @@
 #include "base/buf.h"
 #include "guard/guard.h"
 #include "cache/lru.h"
+#include "edge/auth.h"
 #include "worker/generation.h"
 #include "ops/metrics.h"
 #include "redis/redis.h"
@@ -186,6 +187,7 @@ struct agw_worker {
     agw_trace_t *free_traces;              /* trace records to reuse */
     int waterfall_on;                      /* an admin listener shows the waterfall (restart-only):
                                               without one, no request is recorded for it */
+    agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
     struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
                                               in arrival order (see watch_client) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */

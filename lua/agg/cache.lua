@@ -288,11 +288,13 @@ function M.key(ctx, spec, p)
   local h = spec.headers
   local scope = p.scope
   local cred = header_of(h, "authorization") or header_of(h, "cookie")
-  if cred and scope == "shared" then
+  -- a call that will carry the user's identity (the upstream's `identity`, agg.identity) is as
+  -- personal as one that carries credentials of its own: the token is added after this lookup
+  if (cred or spec.personal) and scope == "shared" then
     scope = "user"
     if not logged_user[spec.upstream] then
       logged_user[spec.upstream] = true
-      core.log("warn", ("cache: calls to %s carry Authorization or Cookie: cached per user, never shared"):format(spec.upstream))
+      core.log("warn", ("cache: calls to %s carry Authorization or Cookie or the user's identity: cached per user, never shared"):format(spec.upstream))
     end
   end
   if scope ~= "user" and not p.key and not p.vary then
@@ -314,8 +316,10 @@ function M.key(ctx, spec, p)
   end
   spec.cache_user = scope == "user"
   if scope == "user" then
+    -- the token the edge verified for the page identifies the user when the call carries no
+    -- credentials of its own; else the page request's Authorization or Cookie
+    if not cred then cred = ctx.token or nil end
     if not cred then
-      -- the page's own credentials identify the user when the call carries none
       local rh = ctx.req_headers
       if type(rh) == "string" then
         cred = block_get(rh, "authorization") or block_get(rh, "cookie")

@@ -9,7 +9,7 @@ local M = {}
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
-  retry = true, hedge = true, collapse = "boolean", cache = true,
+  retry = true, hedge = true, collapse = "boolean", cache = true, identity = "boolean",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
 local NOT_YET = { forward_auth = true }
@@ -70,9 +70,9 @@ function M.normalize(spec, upstreams, level)
     error("a call spec starts with the upstream name, like { \"product\", \"/products/1\" }", level)
   end
   local up = upstreams[name]
-  if not up then
+  if not up or up.internal then
     local names = {}
-    for n in pairs(upstreams) do names[#names + 1] = n end
+    for n, u in pairs(upstreams) do if not u.internal then names[#names + 1] = n end end
     table.sort(names)
     error(("unknown upstream '%s' (gateway.lua declares: %s)"):format(name, table.concat(names, ", ")), level)
   end
@@ -83,7 +83,10 @@ function M.normalize(spec, upstreams, level)
     if k ~= 1 and k ~= 2 then
       local want = OPTIONS[k]
       if want == nil then
-        if NOT_YET[k] then
+        if k == "forward_auth" then
+          error(("call to '%s': option 'forward_auth' is not supported; the user's token goes to an upstream " ..
+                 "whose gateway.lua entry says identity = \"forward\" or \"exchange\""):format(name), level)
+        elseif NOT_YET[k] then
           error(("call to '%s': option '%s' is not supported by this version of aggway"):format(name, k), level)
         end
         error(("call to '%s': unknown option '%s'"):format(name, tostring(k)), level)
@@ -111,7 +114,8 @@ function M.normalize(spec, upstreams, level)
     done = false, next_x = false,
     -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
     -- whether this exchange is a background refresh
-    cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false,
+    cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false, personal = false,
+    identity = spec.identity ~= false, -- false: this call goes without the user's identity
   }
   if not METHODS[n.method] then
     error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)

@@ -6,6 +6,7 @@
 local sys = require "agg.sys"
 local limits = require "agg.limits"
 local cache = require "agg.cache"
+local edge = require "agg.edge_config"
 
 local M = {}
 
@@ -41,6 +42,7 @@ local function suggest(key, known)
     local d = math.max(#k, #key) - n
     if n >= 3 and (not bestd or d < bestd) then best, bestd = k, d end
   end
+  best = best or edge.closest(key, known) -- a typo inside the word ("isuer")
   return best and (" (did you mean '" .. best .. "'?)") or ""
 end
 
@@ -85,7 +87,8 @@ function M.check(cfg, src, file)
                 cache = { memory_bytes = 64 * 1024 * 1024, redis = true } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                clients = true, scripts = true, redis = true, cache = true, limits = true, max_in_flight = true }
+                clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true,
+                limits = true, max_in_flight = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
@@ -93,7 +96,7 @@ function M.check(cfg, src, file)
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
           "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, limits, " ..
-          "max_in_flight, upstreams")
+          "max_in_flight, upstreams, auth, token_exchange")
     end
   end
   local function show(v)
@@ -482,7 +485,7 @@ function M.check(cfg, src, file)
           err(kline, where .. "." .. k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
         elseif BLOCKS[k] then
           -- checked below
-        elseif k == "url" or k == "tls" then
+        elseif k == "url" or k == "tls" or k == "identity" or k == "audience" then
           -- checked below
         elseif k == "max_rps" then
           -- calls a second across the process's workers (gateway/upstream/pool.h, agw_pool_set_limits)
@@ -500,11 +503,12 @@ function M.check(cfg, src, file)
         elseif UPSTREAM_DEFAULTS[k] then
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
-          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, cache = true, max_rps = true }
+          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
+                          audience = true, cache = true, max_rps = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, max_rps, breaker, retry, hedge, cache")
+              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience")
         end
       end
       for block, fields in pairs(BLOCKS) do
@@ -545,6 +549,26 @@ function M.check(cfg, src, file)
         e[block] = out_b
       end
       if e.retry.attempts < 1 then e.retry.attempts = 1 end
+      -- identity = "forward" | "exchange" | "none" (default), audience = "the service's name in tokens"
+      local id, idline = u.identity, find_line(lines, "identity", nline) or nline
+      if id ~= nil and (type(id) ~= "string" or not edge.IDENTITIES[id]) then
+        err(idline, where .. ".identity", "must be \"forward\", \"exchange\" or \"none\", got " .. show(id) ..
+            (type(id) == "string" and suggest(id, edge.IDENTITIES) or ""))
+      elseif id ~= nil and id ~= "none" then
+        e.identity = id
+        if type(u.audience) ~= "string" or u.audience == "" then
+          err(find_line(lines, "audience", nline) or idline, where .. ".audience",
+              "is required with identity = \"" .. id .. "\": the service's name in tokens' aud, like audience = \"" ..
+              name .. "\"")
+        else
+          e.audience = u.audience
+        end
+        e.identity_line = idline
+      end
+      if u.audience ~= nil and (id == nil or id == "none") then
+        err(find_line(lines, "audience", nline) or nline, where .. ".audience",
+            "only means something with identity = \"forward\" or \"exchange\"")
+      end
       local url = u.url
       local urlline = find_line(lines, "url", nline) or nline
       if type(url) ~= "string" then
@@ -566,6 +590,88 @@ function M.check(cfg, src, file)
         end
       end
       out.upstreams[#out.upstreams + 1] = e
+    end
+  end
+  -- the edge: auth (edge_config.lua), token_exchange, and what upstreams' identity needs
+  local c = { err = err, show = show, suggest = suggest, dir = file:match("^(.*)/[^/]*$") or ".",
+              line_of = function(name, from) return find_line(lines, name, from) end }
+  out.auth = edge.check_auth(c, cfg.auth)
+  local te = cfg.token_exchange
+  local teline = find_line(lines, "token_exchange")
+  if te ~= nil then
+    local TE = { url = true, client_id = true, client_secret_file = true, timeout_ms = true, subject_token_type = true }
+    if type(te) ~= "table" then
+      err(teline, "token_exchange", "must be a table like { url = \"http://127.0.0.1:9500/token\", client_id = \"aggway\", " ..
+          "client_secret_file = \"keys/te\" }")
+    else
+      local ok = true
+      for k in pairs(te) do
+        if not TE[k] then
+          err(find_line(lines, k, teline) or teline, "token_exchange." .. tostring(k), "unknown option" ..
+              suggest(tostring(k), TE) .. "; token_exchange knows url, client_id, client_secret_file, timeout_ms, " ..
+              "subject_token_type")
+          ok = false
+        end
+      end
+      local ul = find_line(lines, "url", teline) or teline
+      local host, port, path, hostport, scheme
+      if type(te.url) ~= "string" then
+        err(ul, "token_exchange.url", "is required, like url = \"https://id.example/token\"")
+        ok = false
+      else
+        host, port, path, hostport, scheme = parse_http_url(te.url, true)
+        if not host then err(ul, "token_exchange.url", port); ok = false end
+      end
+      if type(te.client_id) ~= "string" or te.client_id == "" then
+        err(find_line(lines, "client_id", teline) or teline, "token_exchange.client_id",
+            "is required: the gateway's client id at the token endpoint, got " .. show(te.client_id))
+        ok = false
+      end
+      local secret
+      local sl = find_line(lines, "client_secret_file", teline) or teline
+      if type(te.client_secret_file) ~= "string" then
+        err(sl, "token_exchange.client_secret_file", "is required: a file holding the client secret, got " ..
+            show(te.client_secret_file))
+        ok = false
+      else
+        local spath = te.client_secret_file
+        if spath:sub(1, 1) ~= "/" then spath = c.dir .. "/" .. spath end
+        local text, why = sys.read_file(spath, 4096)
+        secret = text and text:gsub("%s+$", "")
+        if not text then err(sl, "token_exchange.client_secret_file", "cannot read " .. spath .. ": " .. why); ok = false
+        elseif secret == "" then err(sl, "token_exchange.client_secret_file", spath .. " is empty"); ok = false end
+      end
+      local timeout = te.timeout_ms or 1000
+      if not posint(timeout, "token_exchange.timeout_ms", find_line(lines, "timeout_ms", teline) or teline, 60000) then ok = false end
+      local stt = te.subject_token_type or "urn:ietf:params:oauth:token-type:access_token"
+      if type(stt) ~= "string" or not stt:match("^urn:") then
+        err(find_line(lines, "subject_token_type", teline) or teline, "token_exchange.subject_token_type",
+            "must be a token type URN (RFC 8693 §3), got " .. show(stt))
+        ok = false
+      end
+      if ok then
+        local name = "@token_exchange" -- not an identifier: no script can name it in a call
+        local e = { name = name, url = te.url, host = host, port = port, base_path = "", host_header = hostport,
+                    line = ul, internal = true, breaker = { off = true, failures = 0, open_s = 0, half_open_probes = 1 },
+                    retry = { attempts = 1, on = {}, budget_percent = 0, min_retries = 0, backoff_ms = 0 },
+                    hedge = { off = true } }
+        for k, v in pairs(UPSTREAM_DEFAULTS) do e[k] = v end
+        e.timeout_ms, e.max_body_bytes = timeout, 65536
+        if scheme == "https" then e.tls = check_upstream_tls(nil, host, "token_exchange", teline) end
+        out.upstreams[#out.upstreams + 1] = e
+        out.token_exchange = { path = path ~= "" and path or "/", timeout_ms = timeout, subject_token_type = stt,
+                               basic = "Basic " .. edge.base64(edge.form_escape(te.client_id) .. ":" ..
+                                                               edge.form_escape(secret)) }
+      end
+    end
+  end
+  for _, u in ipairs(out.upstreams) do
+    if u.identity == "exchange" and te == nil then
+      err(u.identity_line, "upstreams." .. u.name .. ".identity",
+          "\"exchange\" needs a token_exchange block in gateway.lua (url, client_id, client_secret_file)")
+    elseif u.identity and not (out.auth and out.auth.jwt) then
+      err(u.identity_line, "upstreams." .. u.name .. ".identity",
+          "\"" .. u.identity .. "\" passes on the user's token: gateway.lua needs an auth.jwt block")
     end
   end
   if #errors > 0 then return nil, errors end

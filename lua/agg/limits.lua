@@ -11,11 +11,6 @@ local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true
 local RULE_KEYS = { name = true, key = true, rate = true, per_s = true, burst = true, quota = true, window = true,
                     store = true }
 local WINDOWS = { hour = true, day = true, month = true }
--- keys that need what the gateway cannot do yet: say so, not "unknown"
-local KEYS_NOT_YET = {
-  api_key = "API keys (authentication) are not available in this version of aggway",
-  user = "authenticated users (authentication) are not available in this version of aggway",
-}
 
 M.PRIORITY_DEFAULT = 2
 
@@ -103,17 +98,15 @@ function M.check(cfg, c)
         e.name = r.name
       end
       local key = r.key
-      if key == "ip" or key == "route" then
+      if key == "ip" or key == "route" or key == "api_key" or key == "user" then
         e.key = key
       elseif type(key) == "table" and type(key.header) == "string" and key.header:match("^[%w!#$%%&'*+.^_`|~-]+$")
              and next(key, next(key)) == nil then
         e.key, e.header = "header", key.header:lower()
-      elseif KEYS_NOT_YET[key] then
-        bad("key", KEYS_NOT_YET[key] .. "; use \"ip\", \"route\" or { header = \"x-name\" }")
       elseif type(key) == "function" then
-        bad("key", "a function key is not available in this version of aggway; use \"ip\", \"route\" or { header = \"x-name\" }")
+        bad("key", "a function key is not available in this version of aggway; use \"ip\", \"route\", \"api_key\", \"user\" or { header = \"x-name\" }")
       else
-        bad("key", "must be \"ip\", \"route\" or { header = \"x-name\" }, got " .. show(key) ..
+        bad("key", "must be \"ip\", \"route\", \"api_key\", \"user\" or { header = \"x-name\" }, got " .. show(key) ..
             (type(key) == "string" and suggest(key, { ip = true, route = true, api_key = true, user = true }) or ""))
       end
       store_ok(r.store, where .. ".store", find_line(lines, "store", line) or line)

@@ -5,6 +5,7 @@
 -- Endpoint script: returns { route = "GET /x/{id}", deadline_ms = n, handler = function(req) … end }
 -- or a list of such tables. Files under lib/ are modules for require "lib.x", never endpoints.
 local config = require "agg.config"
+local edge = require "agg.edge_config"
 local sys = require "agg.sys"
 local sandbox = require "agg.sandbox"
 local router = require "agg.router"
@@ -12,7 +13,7 @@ local router = require "agg.router"
 local M = {}
 
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
-local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, limits = true, priority = true }
+local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, auth = true, limits = true, priority = true }
 local limits = require "agg.limits"
 
 local function read(path)
@@ -208,7 +209,8 @@ local function load_folder(dir)
   if cfg then
     for i, u in ipairs(cfg.upstreams) do
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
-                      breaker = u.breaker, cache = u.cache or false }
+                      breaker = u.breaker, cache = u.cache or false, identity = u.identity, audience = u.audience,
+                      internal = u.internal }
     end
   end
   local trusted = cfg and cfg.scripts.trusted
@@ -224,9 +226,9 @@ local function load_folder(dir)
       for line in (fsrc .. "\n"):gmatch("([^\n]*)\n") do
         n = n + 1
         for name in line:gmatch('{%s*"([%w_%-]+)"%s*,%s*"/') do
-          if not ups[name] then
+          if not ups[name] or ups[name].internal then
             local names = {}
-            for k in pairs(ups) do names[#names + 1] = k end
+            for k, u in pairs(ups) do if not u.internal then names[#names + 1] = k end end
             table.sort(names)
             errors[#errors + 1] = ("%s:%d: call to unknown upstream '%s' (gateway.lua declares: %s)"):format(
               file, n, name, table.concat(names, ", "))
@@ -259,7 +261,7 @@ local function load_folder(dir)
           else
             for k in pairs(ep) do
               if not ENDPOINT_KEYS[k] then
-                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, limits, priority)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
+                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth, limits, priority)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
                 bad = true
               end
             end
@@ -293,6 +295,11 @@ local function load_folder(dir)
                 file, line_of(fsrc, "priority"), where, tostring(prio))
               bad = true
             end
+            local policy, perr = edge.check_endpoint(ep.auth, cfg and cfg.auth)
+            if not policy then
+              errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, line_of(fsrc, ep.auth ~= nil and "auth" or "route"), where, perr)
+              bad = true
+            end
             if not bad then
               local sh = shape(r)
               if shapes[sh] then
@@ -302,7 +309,7 @@ local function load_folder(dir)
                 for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
                 local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
-                            limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1 }
+                            limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1, auth = policy }
                 shapes[sh] = e
                 endpoints[#endpoints + 1] = e
               end
@@ -317,7 +324,9 @@ local function load_folder(dir)
     if a.literals ~= b.literals then return a.literals > b.literals end
     return a.order < b.order
   end)
-  return { config = cfg, upstreams = ups, endpoints = endpoints }
+  local te = cfg and cfg.token_exchange
+  if te then te.index = ups["@token_exchange"].index end
+  return { config = cfg, upstreams = ups, endpoints = endpoints, token_exchange = te }
 end
 
 -- Puts "file:line: message" errors in reading order: files as they came, lines ascending within

@@ -235,7 +235,7 @@ function Gateway:install()
       store.data[key] = { value = value, until_ms = gw.clock + ttl_ms }
     end
   end
-  rt.init(core, self.gen.upstreams, self.gen.endpoints)
+  rt.init(core, self.gen.upstreams, self.gen.endpoints, self.gen.token_exchange)
   M.current = self
 end
 
@@ -428,7 +428,9 @@ local function match_route(eps, method, path)
 end
 
 --- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
--- body = "…" | json = value }. Returns { status, headers (lowercased), body, json (decoded when
+-- body = "…" | json = value, user = { sub, scopes, claims, aud } | { app, plan } }: the request
+-- comes from that user, as if the edge had verified its token or API key (without user, an
+-- endpoint whose auth is not "none" answers 401, and a missing scope 403, as the edge does). Returns { status, headers (lowercased), body, json (decoded when
 -- the body is JSON), elapsed_ms (virtual) }. Errors when a call had no stub.
 -- A response's `json` is its body decoded, on first read.
 local response_mt = { __index = function(r, k)
@@ -442,6 +444,46 @@ local response_mt = { __index = function(r, k)
 end }
 
 local function finish_response(r) return r end
+
+-- A spec's user ({ sub, scopes, claims, aud } for a token, { app, plan } for an API key) as the
+-- edge hands it to the runtime (gateway/edge/edge.h): the user table and the token a call with
+-- identity would carry ("spec-token-<sub>", stable per user; nothing is signed: the edge's C
+-- checks are the C and integration tests' business).
+local function spec_user(u, cfg)
+  if type(u) ~= "table" then error("opts.user must be a table like { sub = \"alice\", scopes = { … } }", 3) end
+  if u.app ~= nil then
+    return { via = "api_key", app = u.app, plan = u.plan or "" }, nil
+  end
+  local claims = {}
+  for k, v in pairs(u.claims or {}) do claims[k] = v end
+  claims.sub = claims.sub or u.sub
+  local auds = cfg.auth and cfg.auth.jwt and cfg.auth.jwt.audiences or {}
+  claims.aud = claims.aud or u.aud or (#auds == 1 and auds[1]) or auds
+  claims.scope = claims.scope or (u.scopes and table.concat(u.scopes, " "))
+  local scopes = {}
+  for i, sc in ipairs(u.scopes or {}) do scopes[i] = sc end
+  return { via = "jwt", sub = claims.sub, scopes = scopes, claims = claims },
+         "spec-token-" .. tostring(claims.sub or "anonymous")
+end
+
+-- The edge's refusal of a request to an endpoint with policy (gateway/edge/auth.h), or nil.
+local function spec_refusal(policy, user)
+  local want = policy.kind
+  if want == "none" then return nil end
+  if user == nil or user.via ~= want then
+    return 401, problem.new("unauthorized", want == "jwt" and "a bearer token is required" or "an API key is required", 401),
+           want == "jwt" and 'Bearer realm="aggway"' or 'APIKey realm="aggway"'
+  end
+  for _, sc in ipairs(policy.scopes or {}) do
+    local has = false
+    for _, s in ipairs(user.scopes or {}) do if s == sc then has = true end end
+    if not has then
+      return 403, problem.new("insufficient-scope", "the access token lacks a scope this resource requires", 403),
+             'Bearer realm="aggway", error="insufficient_scope", scope="' .. table.concat(policy.scopes, " ") .. '"'
+    end
+  end
+  return nil
+end
 --- Sends a request without waiting: returns its response record, filled in (status, headers,
 -- body, json, elapsed_ms) once the virtual clock has run far enough (gw:run()). For several
 -- requests in flight at once.
@@ -471,16 +513,24 @@ function Gateway:send(method, path, opts)
     r.headers = { ["content-type"] = "application/problem+json", allow = allow }
     return finish_response(r)
   end
+  local user, token
+  if opts.user ~= nil then user, token = spec_user(opts.user, self.gen.config) end
+  local st, pr, challenge = spec_refusal(self.gen.endpoints[idx].auth or { kind = "none" }, user)
+  if st then
+    r.status, r.body, r.elapsed_ms = st, json.encode(pr), 0
+    r.headers = { ["content-type"] = "application/problem+json", ["www-authenticate"] = challenge }
+    return finish_response(r)
+  end
   local headers = {}
   for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
-  if self:gate(r, self.gen.endpoints[idx], headers, opts) then return finish_response(r) end
+  if self:gate(r, self.gen.endpoints[idx], headers, opts, user) then return finish_response(r) end
   local body = opts.body
   if opts.json ~= nil then
     body = assert(json.encode(opts.json))
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
-  timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
+  timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body, user, token)
   return r
 end
 
@@ -489,7 +539,7 @@ end
 -- counts it and leaves the RateLimit fields (limits.headers) for its response. The client's
 -- address is opts.ip (default "127.0.0.1"); in-flight pages are this gateway's requests not yet
 -- answered.
-function Gateway:gate(r, ep, headers, opts)
+function Gateway:gate(r, ep, headers, opts, user)
   local cfg = self.gen.config
   local function answer(status, fields, body)
     r.status, r.body, r.elapsed_ms = status, body, 0
@@ -512,6 +562,8 @@ function Gateway:gate(r, ep, headers, opts)
     local key = ""
     if rule.key == "ip" then key = opts.ip or "127.0.0.1"
     elseif rule.key == "route" then key = ep.route
+    elseif rule.key == "api_key" then key = user and user.app or ""
+    elseif rule.key == "user" then key = user and (user.sub or user.app) or ""
     else key = headers[rule.header] or "" end
     asks[i] = { rule = rule, key = key }
   end
@@ -559,7 +611,9 @@ function Gateway:run()
 end
 
 --- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
--- body = "…" | json = value }. Returns { status, headers (lowercased), body, json (decoded when
+-- body = "…" | json = value, user = { sub, scopes, claims, aud } | { app, plan } }: the request
+-- comes from that user, as if the edge had verified its token or API key (without user, an
+-- endpoint whose auth is not "none" answers 401, and a missing scope 403, as the edge does). Returns { status, headers (lowercased), body, json (decoded when
 -- the body is JSON), elapsed_ms (virtual), script, route }. Errors when a call had no stub.
 function Gateway:request(method, path, opts)
   self.unstubbed = nil

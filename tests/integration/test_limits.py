@@ -190,6 +190,32 @@ class RateLimits(GatewayTestCase):
         self.assertTrue(r.headers["ratelimit"].startswith('"rate";r=2;'), r.headers)
 
 
+class EdgeKeys(GatewayTestCase):
+    def test_api_key_rule_counts_per_app_and_user_rule_per_subject(self):
+        import hashlib
+        keys = [("k-shop-1", "shop"), ("k-shop-2", "shop"), ("k-blog", "blog")]
+        self.start_mock(SERVICES)
+        kfile = os.path.join(self.workdir, "api-keys.json")
+        with open(kfile, "w") as f:
+            json.dump([{"sha256": hashlib.sha256(k.encode()).hexdigest(), "app": a, "plan": "free"} for k, a in keys], f)
+        rules = [{"name": "per-app", "key": "api_key", "quota": 3, "window": "hour"},
+                 {"name": "per-user", "key": "user", "rate": 1, "per_s": 60, "burst": 5}]
+        src = script("GET /a", OK, limits=["per-app", "per-user"]).replace(
+            "  route =", '  auth = "api_key",\n  route =')
+        self.start(scripts={"a.lua": src},
+                   gateway_extra={"limits": limits_block(rules, headers=True), "auth": {"api_keys": {"file": kfile}}})
+        got = [self.get("/a", "-H", "X-API-Key: " + k).status for k in ("k-shop-1", "k-shop-2", "k-shop-1")]
+        self.assertEqual(got, [200, 200, 200])
+        r = self.get("/a", "-H", "X-API-Key: k-shop-2")     # the app's fourth, by either key
+        p = self.assertProblem(r, 429)
+        self.assertEqual(p["violated-policies"], ["per-app"])
+        r = self.get("/a", "-H", "X-API-Key: k-blog")
+        self.assertEqual(r.status, 200)
+        self.assertTrue(r.headers["ratelimit"].startswith('"per-app";r=2;'), r.headers)
+        # no key: the edge refuses before any limit is counted
+        self.assertEqual(self.get("/a").status, 401)
+
+
 class Accuracy(GatewayTestCase):
     def test_local_rate_within_5_percent_over_any_second_once_burst_spent(self):
         rate = 100
@@ -342,8 +368,8 @@ class Check(GatewayTestCase):
         self.assertRegex(out, r'gateway\.lua:\d+: limits\.rules\[1\]\.window: must be "hour", "day" or "month"')
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "quota": 5, "window": "day"}]})
         self.assertIn("either a rate (rate, per_s, burst) or a quota (quota, window), not both", out)
-        rc, out = self.check({"rules": [{"name": "r", "key": "api_key", "rate": 1}]})
-        self.assertIn("API keys (authentication) are not available", out)
+        rc, out = self.check({"rules": [{"name": "r", "key": "api-key", "rate": 1}]})
+        self.assertIn('limits.rules[1].key: must be "ip", "route", "api_key", "user" or { header = "x-name" }', out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 0}]})
         self.assertIn("limits.rules[1].rate: must be a whole number from 1", out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "per_s": 2678400, "burst": 1000000}]})
