@@ -222,20 +222,17 @@ class Accuracy(GatewayTestCase):
         rules = [{"name": "shared", "key": "route", "rate": rate, "per_s": 1, "burst": 10}]
         self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["shared"])}, workers=2,
                    gateway_extra={"limits": limits_block(rules)})
-        accepted, lock, stop = [], threading.Lock(), time.monotonic() + 4.0
-        offered = [0]
+        answers, lock, stop = [], threading.Lock(), time.monotonic() + 4.0   # (sent, received, status)
 
         def client():
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
             while time.monotonic() < stop:
+                sent = time.monotonic()
                 conn.request("GET", "/a")
                 resp = conn.getresponse()
                 resp.read()
-                t = time.monotonic()
                 with lock:
-                    offered[0] += 1
-                    if resp.status == 200:
-                        accepted.append(t)
+                    answers.append((sent, time.monotonic(), resp.status))
             conn.close()
 
         threads = [threading.Thread(target=client) for _ in range(6)]
@@ -243,26 +240,41 @@ class Accuracy(GatewayTestCase):
             t.start()
         for t in threads:
             t.join(15)
-        accepted.sort()
-        duration = accepted[-1] - accepted[0]
-        self.assertGreater(offered[0], rate * 4 * 1.3, "the clients must offer more than the limit")
-        # once the burst is spent (after the first half second): every one-second window holds
-        # rate ± 5 %, the windows starting at each accepted request
-        start = accepted[0] + 0.5
-        steady = [t for t in accepted if t >= start]
-        worst = None
-        j = 0
-        for i, t0 in enumerate(steady):
-            if t0 + 1.0 > accepted[-1]:
-                break
-            while j < len(steady) and steady[j] < t0 + 1.0:
-                j += 1
-            n = j - i
+        answers.sort(key=lambda a: a[1])
+        accepted = [a for a in answers if a[2] == 200]
+        self.assertEqual({a[2] for a in answers} - {200, 429}, set())
+        self.assertGreater(len(answers), rate * 4 * 1.3, "the clients must offer more than the limit")
+        # the whole run: burst + rate x the time between the first request sent and the last answer
+        # (the ends are off by one round trip at most)
+        span = answers[-1][1] - answers[0][0]
+        expect = 10 + rate * span
+        self.assertLessEqual(abs(len(accepted) - expect), expect * 0.05,
+                             "%d accepted over %.2f s, expected %.0f" % (len(accepted), span, expect))
+        # any one-second window once the burst is spent (after the first half second), timed by the
+        # middle of each request's round trip: checked where the client kept the limiter saturated and
+        # timed it closely (no gap between answers and no round trip over 20 ms: a busy machine's
+        # stalls move requests across a window's edge, which is the client's error, not the limit's)
+        mids = [((a[0] + a[1]) / 2, a[1] - a[0], a[2]) for a in answers]
+        mids.sort()
+        start = mids[0][0] + 0.5
+        checked, worst = 0, None
+        for i, (t0, _, _) in enumerate(mids):
+            if t0 < start or t0 + 1.0 > mids[-1][0]:
+                continue
+            window = [m for m in mids[i:] if m[0] < t0 + 1.0]
+            gaps = [b[0] - a[0] for a, b in zip(window, window[1:])]
+            if max(gaps) > 0.02 or max(m[1] for m in window) > 0.02:
+                continue
+            n = sum(1 for m in window if m[2] == 200)
+            checked += 1
             if worst is None or abs(n - rate) > abs(worst - rate):
                 worst = n
-        self.assertIsNotNone(worst)
-        self.assertLessEqual(abs(worst - rate), rate * 0.05, "worst one-second window: %d (over %.1f s)"
-                             % (worst, duration))
+        if os.environ.get("AGGWAY_VERBOSE"):
+            print("accepted %d over %.2f s (expected %.0f); windows checked %d, worst %s"
+                  % (len(accepted), span, expect, checked, worst))
+        if checked:
+            self.assertLessEqual(abs(worst - rate), rate * 0.05, "worst one-second window: %d of %d checked"
+                                 % (worst, checked))
 
 
 class Shedding(GatewayTestCase):
