@@ -140,6 +140,12 @@ local function script_module_searcher(name)
   return setfenv(interpreted(chunk), sandbox.env(scripts_path)) -- a module is sandboxed as a script is
 end
 
+-- A route or segment for a message: quoted, control characters and non-ASCII bytes as \ddd, so
+-- an error line stays one line of text.
+local function shown(s)
+  return "'" .. s:gsub("[%c\128-\255\\']", function(c) return ("\\%03d"):format(c:byte()) end) .. "'"
+end
+
 --- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } };
 -- a parameter may carry a pattern, "{id:[0-9]+}" -> { param = "id", pattern = "[0-9]+" }, compiled
 -- here by the router's own code (route/route_param.h) so that check refuses what serve
@@ -147,23 +153,26 @@ end
 function M.parse_route(route)
   if type(route) ~= "string" then return nil, "route must be a string like \"GET /product-page/{id}\"" end
   local method, path = route:match("^(%u+)%s+(/%S*)$")
-  if not method then return nil, "route '" .. route .. "' must look like \"GET /product-page/{id}\"" end
-  if not METHODS[method] then return nil, "route '" .. route .. "': unknown method " .. method end
+  if not method then return nil, "route " .. shown(route) .. " must look like \"GET /product-page/{id}\"" end
+  if not METHODS[method] then return nil, "route " .. shown(route) .. ": unknown method " .. method end
   local segs, seen = {}, {}
   if path ~= "/" then
     for seg in (path:sub(2) .. "/"):gmatch("([^/]*)/") do
       local p, pattern = seg:match("^{([%a_][%w_]*)}$"), nil
       if not p then p, pattern = seg:match("^{([%a_][%w_]*):(.*)}$") end
       if p then
-        if seen[p] then return nil, "route '" .. route .. "': parameter {" .. p .. "} appears twice" end
+        if seen[p] then return nil, "route " .. shown(route) .. ": parameter {" .. p .. "} appears twice" end
         seen[p] = true
         if pattern then
           local ok, err = router.compile(pattern)
-          if not ok then return nil, "route '" .. route .. "': parameter {" .. p .. "}: pattern " .. err end
+          if not ok then return nil, "route " .. shown(route) .. ": parameter {" .. p .. "}: pattern " .. err end
         end
         segs[#segs + 1] = { param = p, pattern = pattern }
-      elseif seg:find("[{}?#%%]") then
-        return nil, "route '" .. route .. "': segment '" .. seg .. "' must be literal text or a {name} parameter"
+      elseif seg:find("[^%w%-%._~!%$&'%(%)%*%+,;=:@]") then
+        -- RFC 3986 §3.3 pchar without pct-encoded: a byte no request path can hold as it is (a
+        -- space, a control character, non-ASCII, '%', '{', '?', '#') would make a route that never
+        -- matches, or matches only what a client should not send
+        return nil, ("route %s: segment %s must be literal path characters (letters, digits and -._~!$&'()*+,;=:@) or a {name} parameter"):format(shown(route), shown(seg))
       else
         segs[#segs + 1] = seg
       end
@@ -210,7 +219,8 @@ local function load_folder(dir)
     for i, u in ipairs(cfg.upstreams) do
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
                       breaker = u.breaker, cache = u.cache or false, identity = u.identity, audience = u.audience,
-                      internal = u.internal }
+                      internal = u.internal, endpoints = u.endpoints, balance = u.balance, hash_key = u.hash_key,
+                      outlier = u.outlier, session = u.session }
     end
   end
   local trusted = cfg and cfg.scripts.trusted

@@ -169,8 +169,8 @@ function Gateway:install()
   -- one breaker per upstream, the production C breaker, on the virtual clock
   core.breakers = gw.breakers
   function core.log(level, msg) gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg end
-  function core.call(rid, index, method, path, headers, body, timeout_ms, decode)
-    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
+  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, _, _, _, endpoint)
+    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, endpoint or 1)
   end
   -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
   function core.trace_id(rid) return ("%032x"):format(rid) end
@@ -299,15 +299,26 @@ function Gateway:stub(upstream, a, b, c)
   if type(upstream) ~= "string" or type(pattern) ~= "string" or type(answers) ~= "table" then
     error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table", 2)
   end
+  -- "product" stubs every endpoint of the upstream, "product#2" its second endpoint only
+  local name, ep = upstream:match("^(.-)#(%d+)$")
+  name, ep = name or upstream, tonumber(ep)
   local known = false
-  for _, u in ipairs(self.names) do if u.name == upstream then known = true end end
-  if not known then error("stub: gateway.lua has no upstream '" .. upstream .. "'", 2) end
+  for _, u in ipairs(self.names) do
+    if u.name == name then
+      known = true
+      if ep and (ep < 1 or ep > #u.endpoints) then
+        error(("stub: upstream '%s' has %d endpoint(s), not #%d"):format(name, #u.endpoints, ep), 2)
+      end
+    end
+  end
+  if not known then error("stub: gateway.lua has no upstream '" .. name .. "'", 2) end
   local list = (type(answers[1]) == "table") and answers or { answers }
-  table.insert(self.stubs, 1, { upstream = upstream, method = method, pattern = pattern, answers = list, served = 0 })
+  table.insert(self.stubs, 1, { upstream = name, endpoint = ep, method = method, pattern = pattern, answers = list,
+                                served = 0 })
   return self
 end
 
-function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
+function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms, decode, endpoint)
   local up = self.names[index]
   local id = self.next_call
   self.next_call = id + 1
@@ -315,7 +326,7 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   for i = 1, #(headers or {}), 2 do h[headers[i]] = headers[i + 1] end
   local p, q = split_path(path)
   local c = { id = id, upstream = up.name, method = method, path = path, route_path = p, query = decode_query(q),
-              headers = h, body = body or nil, started_ms = self.clock, timeout_ms = timeout_ms }
+              headers = h, body = body or nil, started_ms = self.clock, timeout_ms = timeout_ms, endpoint = endpoint }
   self.by_id[id] = c
   local function finish(at, outcome, status, rheaders, rbody, data, detail)
     c.event = schedule(self, at, function()
@@ -333,7 +344,8 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   self.call_log[#self.call_log + 1] = c
   local stub
   for _, s in ipairs(self.stubs) do
-    if s.upstream == up.name and (s.method == "*" or s.method == method) and match_pattern(s.pattern, path) then
+    if s.upstream == up.name and (not s.endpoint or s.endpoint == endpoint) and (s.method == "*" or s.method == method)
+       and match_pattern(s.pattern, path) then
       stub = s
       break
     end
@@ -669,6 +681,11 @@ function Gateway:calls(upstream)
   end
   return out
 end
+
+--- The endpoints of upstream name as this gateway's balancer sees them (agg.group.endpoints): a
+-- list of { url, state = "healthy" | "ejected", in_flight, calls, failures, ejections, ejected_ms,
+-- until_ms }; nil for an upstream with one endpoint.
+function Gateway:endpoints(name) return require("agg.group").endpoints(name) end
 
 --- Forgets the calls recorded so far (stubs stay).
 function Gateway:clear_calls() self.call_log = {} end
