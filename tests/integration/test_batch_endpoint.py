@@ -121,6 +121,28 @@ class BatchEndpoint(BatchCase):
         self.assertEqual(hits.get("GET /products/{id}"), 15)
         self.assertLess(ms, 4500)
 
+    def test_limits_count_each_entry_as_a_request_of_the_batchs_client(self):
+        # 3 requests a minute per client address: the first three entries pass, the rest get 429
+        limited = endpoint("GET /lim/{id}", "    return { status = 200, json = { id = req.params.id } }") \
+            .replace("return {\n", 'return {\n  limits = { "per-ip" },\n', 1)
+        scripts = dict(SCRIPTS, **{"lim.lua": limited})
+        self.start(services=SERVICES, scripts=scripts, gateway_extra={
+            "batch": {"route": "POST /batch", "max_requests": 20},
+            "limits": {"rules": [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 60, "burst": 3}],
+                       "headers": True}})
+        status, _, doc, _ = self.post({"requests": [{"path": "/lim/%d" % i} for i in range(5)] + [{"path": "/text"}]})
+        self.assertEqual(status, 200, doc)
+        out = doc["responses"]
+        self.assertEqual(sorted(e["status"] for e in out[:5]), [200, 200, 200, 429, 429], out)
+        for e in out[:5]:
+            self.assertIn("ratelimit-policy", e["headers"], e)
+            if e["status"] == 429:
+                self.assertIn("retry-after", e["headers"], e)
+        self.assertEqual(out[5]["status"], 200)  # a route without limits is not counted
+        # the same client alone afterwards: its bucket is spent by the batch's entries
+        r = self.get("/lim/9")
+        self.assertEqual(r.status, 429, r)
+
     def test_entries_run_in_parallel(self):
         self.start_batch()
         best = min(self.post({"requests": [{"path": "/p/%d" % i} for i in range(10)]})[3] for _ in range(3))
