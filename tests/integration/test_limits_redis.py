@@ -5,11 +5,12 @@ a request's rules all or none, keys that expire, and arguments it refuses."""
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import GatewayTestCase  # noqa: E402
+from harness import AGGWAY_BIN, GatewayTestCase  # noqa: E402
 from test_cache import Redis  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "gateway", "limits", "limit_redis.lua")
@@ -143,6 +144,16 @@ class LimitScript(GatewayTestCase):
                      [1, "agw:rl:{r}:x", 1, "z", 1, 1], [1, "agw:rl:{r}:x", 1, "r", 0, 1]):
             with self.assertRaisesRegex(RedisError, "agw limits"):
                 self.r.call("EVALSHA", self.sha, *args)
+
+    def test_the_gateways_commands_count_as_the_local_store(self):
+        # gateway/tests/limits/test_limit_redis.c, given this Redis: the C side's command and reading
+        # of the reply, step by step against the local store's verdicts.
+        exe = os.path.join(os.path.dirname(AGGWAY_BIN), "test_limit_redis")
+        self.assertTrue(os.path.exists(exe), exe + " is not built")
+        p = subprocess.run([exe, str(self.redis.port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=60, text=True)
+        self.assertEqual(p.returncode, 0, p.stdout)
+        self.assertIn("ok   against_redis", p.stdout)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 /* test_limit_redis.c: the Redis store's command and the reading of its reply (limits/limit_redis.h):
  * the arguments the script takes, a reply read as the verdict the local store would give, and
- * replies that are not the script's (garbage) refused. The script itself runs in a real Redis in
- * tests/integration/test_limits_redis.py. */
+ * replies that are not the script's (garbage) refused. With a port argument (test_limits_redis.py
+ * starts the redis-server and passes it), the commands also run in that Redis: EVALSHA answered
+ * NOSCRIPT, EVAL, then EVALSHA, read back as verdicts. */
 #include "limits/limit_redis.h"
 
 #include <hiredis/hiredis.h>
@@ -108,9 +109,78 @@ static void verdicts(void)
     CHECK(agw_limit_redis_verdict(&s, asks, 2, now, &v) == -1);
 }
 
-int main(void)
+static int redis_port;
+
+/* Sends asks' command at now over c (EVALSHA; EVAL when Redis does not have the script) and reads
+ * the verdict. Returns agw_limit_redis_verdict's answer, or -2 when Redis answered an error. */
+static int run_check(redisContext *c, agw_limit_ask_t *asks, const char **keys, size_t *lens, size_t n, uint64_t now,
+                     agw_limit_verdict_t *v, int *used_eval)
+{
+    agw_limit_redis_cmd_t cmd;
+    agw_buf_t b = {0};
+    *used_eval = 0;
+    agw_limit_redis_command(&cmd, &b, 0, asks, keys, lens, n, now);
+    redisReply *r = redisCommandArgv(c, cmd.argc, cmd.argv, cmd.lens);
+    if (r && r->type == REDIS_REPLY_ERROR && agw_limit_redis_noscript(r->str)) {
+        freeReplyObject(r);
+        *used_eval = 1;
+        agw_limit_redis_command(&cmd, &b, 1, asks, keys, lens, n, now);
+        r = redisCommandArgv(c, cmd.argc, cmd.argv, cmd.lens);
+    }
+    int rc = r == NULL || r->type == REDIS_REPLY_ERROR ? -2 : agw_limit_redis_verdict(r, asks, n, now, v);
+    if (r)
+        freeReplyObject(r);
+    agw_buf_free(&b);
+    return rc;
+}
+
+/* The local store's verdicts, step by step, are the Redis store's. */
+static void against_redis(void)
+{
+    redisContext *c = redisConnect("127.0.0.1", redis_port);
+    CHECK(c != NULL && c->err == 0);
+    if (c == NULL || c->err)
+        return;
+    freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+    agw_limit_rule_t r = rate_rule("burst", 10, 1, 3), q = quota_rule("daily", 5, AGW_LIMIT_DAY);
+    agw_limit_ask_t asks[2] = {{.rule = &r}, {.rule = &q}};
+    const char *keys[2] = {"\x7f\0\0\x01", "\x7f\0\0\x01"};
+    size_t lens[2] = {4, 4};
+    agw_limit_store_t *s = agw_limit_store_new(64);
+    asks[0].hash = agw_limit_hash(&r, keys[0], 4);
+    asks[1].hash = agw_limit_hash(&q, keys[1], 4);
+    agw_limit_result_t lres[2], rres[2];
+    agw_limit_verdict_t lv = {.results = lres}, rv = {.results = rres};
+    uint64_t now = 1764600000000;
+    uint64_t steps[] = {0, 0, 0, 0, 50, 100, 200, 300, 400, 500, 900};
+    int evals = 0;
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        int used_eval;
+        int rc = run_check(c, asks, keys, lens, 2, now + steps[i], &rv, &used_eval);
+        evals += used_eval;
+        agw_limit_check(s, asks, 2, now + steps[i], &lv);
+        CHECK(rc == 0);
+        CHECK(rv.allowed == lv.allowed && rv.decisive == lv.decisive);
+        CHECK(rres[rv.decisive].reset_ms == lres[lv.decisive].reset_ms);
+        CHECK(rres[rv.decisive].remaining == lres[lv.decisive].remaining);
+        if (rv.allowed != lv.allowed)
+            fprintf(stderr, "  step %zu: redis %d, local %d\n", i, rv.allowed, lv.allowed);
+    }
+    CHECK(evals == 1); /* once after the flush, EVALSHA finds it */
+    redisReply *g = redisCommand(c, "GET agw:rl:{daily}:%b", keys[1], (size_t)4);
+    CHECK(g && g->type == REDIS_REPLY_STRING && strcmp(g->str, "1764633600000:5") == 0);
+    freeReplyObject(g);
+    agw_limit_store_free(s);
+    redisFree(c);
+}
+
+int main(int argc, char **argv)
 {
     RUN(command_shape);
     RUN(verdicts);
+    if (argc > 1) {
+        redis_port = atoi(argv[1]);
+        RUN(against_redis);
+    }
     return CHECK_DONE();
 }
