@@ -8,7 +8,9 @@
  * arithmetic of the local store (limit.h: GCRA for rates, fixed UTC windows for quotas). Keys are
  * `agw:rl:{RULE}:KEY` (KEY: the bytes the rule counts by, as the local store hashes them: a client
  * address is its 4 or 16 bytes), set with an expiry (a rate's key when its bucket is full again, a
- * quota's at its window's end, plus 1 s).
+ * quota's at its window's end, plus 1 s). One script call touches every rule's key of a request:
+ * the store is one Redis server (with replicas if wanted), not a Redis Cluster, where keys of
+ * several rules ({RULE} is a hash tag) would sit in different slots (CROSSSLOT).
  *
  * Error bound: the counts are exact across every gateway sharing the Redis as long as their clocks
  * agree (the script takes the caller's time; keep instances on NTP: a skew of d ms moves a rate's
