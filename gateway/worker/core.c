@@ -1,8 +1,12 @@
-/* worker/core.c: the "agg.core" transport the runtime (lua/agg/runtime.lua) calls: upstream
- * calls and their answers, timers, responses, single-flight joins, logging and the runtime's
- * counters. Each core.* function is a closure over the generation whose VM it serves.
+/* core.c: the "agg.core" transport the runtime (lua/agg/runtime.lua) calls: upstream calls and
+ * their answers, timers, responses, single-flight joins, logging and the runtime's counters. Each
+ * core.* function is a closure over the generation whose VM it serves. The contract (arguments,
+ * units, ownership, the fields of the tables that cross) is lua/agg/contract.lua; field names come
+ * from contract.h.
  */
 #include "worker/worker_internal.h"
+
+#include "worker/contract.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -153,8 +157,14 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
 
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
     lua_pushnumber(L, (lua_Number)id);
+    /* the answer (contract.lua): one table per VM, every field written each time */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_answer);
+    int a = lua_gettop(L);
+    const char *const *f = agw_contract_answer;
     lua_pushstring(L, agw_call_outcome_name(res->outcome));
+    lua_setfield(L, a, f[AGW_ANSWER_OUTCOME]);
     lua_pushinteger(L, res->http_status);
+    lua_setfield(L, a, f[AGW_ANSWER_HTTP_STATUS]);
     /* a 2xx JSON body is only validated here (DESIGN §2.3 limits); it becomes Lua tables when a
      * script reads it, and goes into the page as text when none does. Its raw ref also serves
      * result.body, so the body is not copied twice. */
@@ -176,6 +186,8 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
         lua_pushnil(L);
         lua_pushnil(L);
     }
+    lua_setfield(L, a, f[AGW_ANSWER_BODY]);
+    lua_setfield(L, a, f[AGW_ANSWER_HEADERS]);
     if (json_body == 1) {
         agw_buf_t *hb = header_block(w, res->headers, res->num_headers);
         agw_json_push_raw_ref(L, res->body, res->body_len, compact, hb->base, hb->len);
@@ -183,12 +195,15 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
         lua_pushstring(L, err);
     else
         lua_pushnil(L);
+    lua_setfield(L, a, f[AGW_ANSWER_DATA]);
     lua_pushnumber(L, res->elapsed_ms);
+    lua_setfield(L, a, f[AGW_ANSWER_MS]);
     if (res->detail)
         lua_pushstring(L, res->detail);
     else
         lua_pushnil(L);
-    agw_worker_call_runtime(g, 8);
+    lua_setfield(L, a, f[AGW_ANSWER_DETAIL]);
+    agw_worker_call_runtime(g, 2);
     agw_worker_gen_release(g);
 }
 
@@ -211,9 +226,13 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     agw_trace_t *tr = rr ? rr->trace : NULL;
     if (tr) {
         size_t slen = 0;
-        const char *section = lua_tolstring(L, 9, &slen);
-        unsigned attempt = (unsigned)lua_tointeger(L, 10);
-        unsigned flags = lua_toboolean(L, 11) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
+        lua_getfield(L, 4, agw_contract_attempt[AGW_ATTEMPT_SECTION]);
+        lua_getfield(L, 4, agw_contract_attempt[AGW_ATTEMPT_NUMBER]);
+        lua_getfield(L, 4, agw_contract_attempt[AGW_ATTEMPT_HEDGE]);
+        const char *section = lua_tolstring(L, -3, &slen); /* held by the attempt table */
+        unsigned attempt = (unsigned)lua_tointeger(L, -2);
+        unsigned flags = lua_toboolean(L, -1) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
+        lua_pop(L, 3);
         unsigned slot = c->g->gen->upstream_slot[c->up];
         c->span = agw_trace_add_span(tr, &w->trace_rng, slot, section, section ? slen : 0, flags, attempt ? attempt : 1,
                                      agw_worker_now_us(w));
@@ -240,9 +259,10 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     return k;
 }
 
-/* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode, section, attempt,
- *           hedge) -> id
- *   section, attempt (1 for the first) and hedge (boolean) describe the attempt's span. */
+/* core.call(rid, upstream, timeout_ms, attempt) -> id (lua/agg/contract.lua): upstream is the
+ * index (1-based), timeout_ms the whole call's; attempt's method, path, headers ({ name, value, … }
+ * or false), body (or false) and decode say what to send and how to hand the answer over, its
+ * section, attempt and hedge describe the attempt's span. */
 static int l_call(lua_State *L)
 {
     wgen_t *g = upg(L);
@@ -250,19 +270,30 @@ static int l_call(lua_State *L)
     int index = (int)luaL_checkinteger(L, 2);
     if (index < 1 || (size_t)index > g->conf->num_upstreams)
         return luaL_error(L, "core.call: no upstream #%d", index);
+    lua_Number t = luaL_checknumber(L, 3);
+    luaL_checktype(L, 4, LUA_TTABLE);
+    lua_settop(L, 4);
+    const char *const *f = agw_contract_attempt;
+    lua_getfield(L, 4, f[AGW_ATTEMPT_METHOD]);  /* 5 */
+    lua_getfield(L, 4, f[AGW_ATTEMPT_PATH]);    /* 6 */
+    lua_getfield(L, 4, f[AGW_ATTEMPT_HEADERS]); /* 7 */
+    lua_getfield(L, 4, f[AGW_ATTEMPT_BODY]);    /* 8 */
+    lua_getfield(L, 4, f[AGW_ATTEMPT_DECODE]);  /* 9 */
     agw_call_req_t req = {0};
-    req.method = luaL_checkstring(L, 3);
-    req.path = luaL_checklstring(L, 4, &req.path_len);
+    req.method = lua_tostring(L, 5);
+    req.path = lua_tolstring(L, 6, &req.path_len);
+    if (req.method == NULL || req.path == NULL)
+        return luaL_error(L, "core.call: the attempt has no method or path");
     agw_header_t hdrs[64 + 2];
     char traceparent[AGW_TRACEPARENT_LEN];
-    if (lua_istable(L, 5)) {
-        size_t n = lua_objlen(L, 5) / 2;
+    if (lua_istable(L, 7)) {
+        size_t n = lua_objlen(L, 7) / 2;
         if (n > 64)
             return luaL_error(L, "core.call: more than 64 request headers");
         for (size_t i = 0; i < n; i++) {
-            lua_rawgeti(L, 5, (int)(2 * i + 1));
+            lua_rawgeti(L, 7, (int)(2 * i + 1));
             hdrs[i].name = lua_tolstring(L, -1, &hdrs[i].name_len);
-            lua_rawgeti(L, 5, (int)(2 * i + 2));
+            lua_rawgeti(L, 7, (int)(2 * i + 2));
             hdrs[i].value = lua_tolstring(L, -1, &hdrs[i].value_len);
             lua_pop(L, 2); /* the strings stay referenced by the table */
             if (hdrs[i].name == NULL || hdrs[i].value == NULL)
@@ -271,9 +302,8 @@ static int l_call(lua_State *L)
         req.num_headers = n;
     }
     req.headers = hdrs;
-    if (lua_isstring(L, 6))
-        req.body = lua_tolstring(L, 6, &req.body_len);
-    lua_Number t = luaL_checknumber(L, 7);
+    if (lua_isstring(L, 8))
+        req.body = lua_tolstring(L, 8, &req.body_len);
     req.timeout_ms = t > 0 ? (uint64_t)t : 0;
     wcall_t *c = w->free_calls;
     if (c)
@@ -281,7 +311,7 @@ static int l_call(lua_State *L)
     else if ((c = malloc(sizeof(*c))) == NULL)
         return luaL_error(L, "out of memory");
     c->g = g;
-    c->decode = lua_toboolean(L, 8);
+    c->decode = lua_toboolean(L, 9);
     c->up = (unsigned)(index - 1);
     c->rid = (uint64_t)lua_tonumber(L, 1);
     c->span = -1;
@@ -433,17 +463,25 @@ static void warn_header(void *data, const char *msg)
         agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
 }
 
-/* core.respond(rid, status, headers, body, is_json, default_type, server_timing)
- *   headers: table name -> value (names in any case; resp_headers.h says which are sent) or nil;
- *   body: a Lua value to encode as JSON when is_json, else a string; default_type: content-type
- *   unless headers has one.
- * -> true | false (client gone) | nil, err (body cannot be encoded; nothing was sent) */
+/* core.respond(rid, response) -> true | false (client gone) | nil, err (body cannot be encoded;
+ * nothing was sent). response (lua/agg/contract.lua): status; headers, a table name -> value
+ * (names in any case; resp_headers.h says which are sent) or nil; body, a Lua value to encode as
+ * JSON when json is true, else a string; default_type, the content-type unless headers has one;
+ * server_timing; page, agg.page's verdict ("complete", "partial" or nil: not a page) and sections,
+ * the page's sections (name -> { status, … }) for the partial-page metric and the access log. */
 static int l_respond(lua_State *L)
 {
     agw_worker_t *w = upw(L);
     uint64_t rid = (uint64_t)luaL_checknumber(L, 1);
-    int status = (int)luaL_checkinteger(L, 2);
-    int is_json = lua_toboolean(L, 5);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_settop(L, 2);
+    const char *const *f = agw_contract_response;
+    enum { STATUS = 3, HEADERS, BODY, JSON, DEFAULT_TYPE, SERVER_TIMING, PAGE, SECTIONS };
+    for (int i = 0; i < AGW_RESPONSE_FIELDS; i++) /* STATUS.. in the order of contract.h */
+        lua_getfield(L, 2, f[i]);
+    _Static_assert(AGW_RESPONSE_STATUS == 0 && AGW_RESPONSE_SECTIONS == SECTIONS - STATUS, "field order");
+    int status = (int)luaL_checkinteger(L, STATUS);
+    int is_json = lua_toboolean(L, JSON);
     reqref_t *rr = agw_slots_get(&w->reqs, rid);
     if (rr == NULL) {
         lua_pushboolean(L, 0);
@@ -456,7 +494,7 @@ static int l_respond(lua_State *L)
     if (is_json) {
         char err[512];
         agw_buf_reset(b);
-        if (agw_json_encode(L, 4, b, err, sizeof(err)) != 0) {
+        if (agw_json_encode(L, BODY, b, err, sizeof(err)) != 0) {
             lua_pushnil(L);
             lua_pushstring(L, err);
             return 2;
@@ -464,7 +502,7 @@ static int l_respond(lua_State *L)
         body = b->base;
         body_len = b->len;
     } else {
-        body = lua_tolstring(L, 4, &body_len);
+        body = lua_tolstring(L, BODY, &body_len);
         if (body == NULL)
             body = "", body_len = 0;
     }
@@ -473,22 +511,19 @@ static int l_respond(lua_State *L)
     /* the script's headers by the rules of resp_headers.h (the spec harness applies the same) */
     agw_resp_headers_t *set = &w->resp_headers;
     set->n = 0;
-    if (lua_istable(L, 3))
-        agw_resp_headers_read(set, L, 3, warn_header, w);
+    if (lua_istable(L, HEADERS))
+        agw_resp_headers_read(set, L, HEADERS, warn_header, w);
     for (size_t i = 0; i < set->n; i++)
         add_header(req, set->h[i].name, set->h[i].name_len, set->h[i].value, set->h[i].value_len);
     int has_type = agw_resp_headers_find(set, "content-type", 12) != NULL;
-    /* X-Aggregation-Completed (agg.page's marker): 1 true, 0 false, -1 absent */
-    const agw_resp_header_t *marker = agw_resp_headers_find(set, "x-aggregation-completed", 23);
-    int completed = marker ? marker->value_len == 4 && memcmp(marker->value, "true", 4) == 0 : -1;
     size_t tl;
-    const char *type = lua_tolstring(L, 6, &tl);
+    const char *type = lua_tolstring(L, DEFAULT_TYPE, &tl);
     int no_body = status == 204 || status == 304; /* no body, and no Content-Length to promise one
                                                       (RFC 9110 §8.6): nothing to type either */
     if (!has_type && type && !no_body)
         add_header(req, "content-type", 12, type, tl);
     size_t sl;
-    const char *timing = lua_tolstring(L, 7, &sl);
+    const char *timing = lua_tolstring(L, SERVER_TIMING, &sl);
     if (timing)
         add_header(req, "server-timing", 13, timing, sl);
     agw_slots_del(&w->reqs, rid);
@@ -498,28 +533,22 @@ static int l_respond(lua_State *L)
         body_len = 0;
     else
         req->res.content_length = body_len;
-    /* a page's sections: for partial pages (metrics) and the access log; a failed page lists them
-     * under "sections" */
+    /* a page's sections: for partial pages (metrics) and the access log */
     section_ref_t secs[ALOG_MAX_SECTIONS];
     size_t nsecs = 0;
-    int is_page = completed >= 0 && is_json && lua_istable(L, 4);
-    if (is_page && (completed == 0 || rr->logline)) {
-        int top = lua_gettop(L), sidx = 4;
-        if (status != 200) {
-            lua_pushliteral(L, "sections");
-            lua_rawget(L, 4);
-            sidx = lua_istable(L, -1) ? lua_gettop(L) : 0;
-        }
-        if (sidx)
-            nsecs = agw_worker_page_sections(L, sidx, secs, ALOG_MAX_SECTIONS);
-        if (status == 200 && completed == 0) {
+    const char *page = lua_tostring(L, PAGE);
+    int partial = page != NULL && strcmp(page, "partial") == 0;
+    if (page != NULL && (partial || rr->logline)) {
+        if (lua_istable(L, SECTIONS))
+            nsecs = agw_worker_page_sections(L, SECTIONS, secs, ALOG_MAX_SECTIONS);
+        if (status == 200 && partial) {
             for (size_t i = 0; i < nsecs; i++)
                 if (strcmp(secs[i].status, "ok") != 0)
                     agw_metrics_partial(w->m, (int)rr->g->gen->route_slot[rr->endpoint], secs[i].name,
                                         secs[i].len);
         }
+        /* the names and statuses stay referenced by the response until l_respond returns */
         agw_worker_record_request(w, rr, status, body_len, secs, nsecs, timing, timing ? sl : 0);
-        lua_settop(L, top); /* the names and statuses stay referenced by the body until l_respond returns */
     } else {
         agw_worker_record_request(w, rr, status, body_len, NULL, 0, timing, timing ? sl : 0);
     }
@@ -585,21 +614,27 @@ static int l_log(lua_State *L)
     return 0;
 }
 
-/* core.upstream_counters(index, retries, retries_denied, hedges, hedges_won, collapsed): the
- * runtime's totals for upstream index, published as metrics (runtime.report_stats). Each VM's
- * totals start at 0, so what is added is the growth since this VM last reported: the counters go
- * on rising across reloads. */
+/* core.upstream_counters(upstream, counters): the runtime's totals for upstream (an index) in
+ * counters' retries, retries_denied, hedges, hedges_won and collapsed (lua/agg/contract.lua),
+ * published as metrics (runtime.report_stats). Each VM's totals start at 0, so what is added is
+ * the growth since this VM last reported: the counters go on rising across reloads. */
 static int l_upstream_counters(lua_State *L)
 {
     wgen_t *g = upg(L);
     lua_Integer index = luaL_checkinteger(L, 1);
-    if (index < 1 || (size_t)index > g->conf->num_upstreams)
+    if (index < 1 || (size_t)index > g->conf->num_upstreams || !lua_istable(L, 2))
         return 0;
     agw_upstream_metrics_t *u = &g->w->m->upstreams[g->gen->upstream_slot[index - 1]];
-    uint64_t *fields[5] = {&u->retries, &u->retries_denied, &u->hedges, &u->hedges_won, &u->collapsed};
-    uint64_t *last = &g->reported[(size_t)(index - 1) * 5];
-    for (int k = 0; k < 5; k++) {
-        lua_Number n = luaL_optnumber(L, 2 + k, 0);
+    uint64_t *fields[AGW_COUNTERS_FIELDS] = {
+        [AGW_COUNTERS_RETRIES] = &u->retries, [AGW_COUNTERS_RETRIES_DENIED] = &u->retries_denied,
+        [AGW_COUNTERS_HEDGES] = &u->hedges, [AGW_COUNTERS_HEDGES_WON] = &u->hedges_won,
+        [AGW_COUNTERS_COLLAPSED] = &u->collapsed,
+    };
+    uint64_t *last = &g->reported[(size_t)(index - 1) * AGW_COUNTERS_FIELDS];
+    for (int k = 0; k < AGW_COUNTERS_FIELDS; k++) {
+        lua_getfield(L, 2, agw_contract_counters[k]);
+        lua_Number n = lua_tonumber(L, -1);
+        lua_pop(L, 1);
         uint64_t v = n > 0 ? (uint64_t)n : 0;
         if (v > last[k]) {
             AGW_M_ADD(*fields[k], v - last[k]);

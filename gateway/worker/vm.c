@@ -4,6 +4,8 @@
  */
 #include "worker/worker_internal.h"
 
+#include "worker/contract.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +217,11 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     g->ref_on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "report_stats");
     g->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
+    /* runtime.on_call's answer and runtime.start's arrival: one table each, reused (contract.lua) */
+    lua_createtable(L, 0, AGW_ANSWER_FIELDS);
+    g->ref_answer = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_createtable(L, 0, AGW_ARRIVAL_FIELDS);
+    g->ref_arrival = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_settop(L, 0);
     return 0;
 }
@@ -230,7 +237,8 @@ agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw
     g->gen = agw_generation_ref(gen);
     g->conf = &gen->conf;
     g->ref_report_stats = LUA_NOREF;
-    g->reported = calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * 5 : 1, sizeof(*g->reported));
+    g->reported = calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * AGW_COUNTERS_FIELDS : 1,
+                         sizeof(*g->reported));
     if (g->reported == NULL)
         abort();
     if (init_vm(g, errors) != 0) {

@@ -18,6 +18,8 @@
  */
 #include "worker/worker_internal.h"
 
+#include "worker/contract.h"
+
 #include "script/script.h"
 #include "worker/watchdog.h"
 
@@ -491,18 +493,26 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
     lua_pushnumber(L, (lua_Number)rr->rid);
     lua_pushinteger(L, endpoint);
+    /* the arrival (contract.lua): one table per VM, every field written each time */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_arrival);
+    int a = lua_gettop(L);
+    const char *const *f = agw_contract_arrival;
     lua_pushlstring(L, req->method.base, req->method.len);
+    lua_setfield(L, a, f[AGW_ARRIVAL_METHOD]);
     lua_pushlstring(L, req->path.base, path_len);
+    lua_setfield(L, a, f[AGW_ARRIVAL_PATH]);
     if (req->query_at != SIZE_MAX)
         lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
     else
         lua_pushnil(L);
+    lua_setfield(L, a, f[AGW_ARRIVAL_QUERY]);
     lua_createtable(L, 0, (int)num_params);
     for (size_t i = 0; i < num_params; i++) {
         lua_pushlstring(L, params[i].name, params[i].name_len);
         lua_pushlstring(L, params[i].value, params[i].value_len);
         lua_rawset(L, -3);
     }
+    lua_setfield(L, a, f[AGW_ARRIVAL_PARAMS]);
     agw_buf_t *hb = &w->hdrs;
     agw_buf_reset(hb);
     for (size_t i = 0; i < req->headers.size; i++) {
@@ -510,13 +520,15 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         agw_worker_append_header(hb, h->name->base, h->name->len, h->value.base, h->value.len);
     }
     lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
+    lua_setfield(L, a, f[AGW_ARRIVAL_HEADERS]);
     if (req->entity.base != NULL)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
         lua_pushnil(L);
+    lua_setfield(L, a, f[AGW_ARRIVAL_BODY]);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+    if (agw_worker_call_runtime(g, 3) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);

@@ -45,8 +45,11 @@ typedef struct agw_worker_gen {
     lua_State *L;
     int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
+    int ref_answer, ref_arrival; /* the tables runtime.on_call and runtime.start get, reused
+                                    (lua/agg/contract.lua) */
     wpool_t **pools;            /* one per upstream, same index as conf->upstreams; NULL until installed */
-    uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
+    uint64_t *reported;         /* per upstream: the runtime's AGW_COUNTERS_FIELDS totals as last
+                                   published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
     struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
 } wgen_t;

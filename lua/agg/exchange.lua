@@ -58,17 +58,17 @@ end
 --- Counters of upstream name in this worker (for specs and metrics).
 function M.upstream_stats(name) return upstream_state(name).stats end
 
---- Hands each upstream's counters to core.upstream_counters(index, retries, retries_denied, hedges,
--- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
--- publishes them as metrics; nothing is counted twice: the values are totals).
+--- Hands each upstream's counters to core.upstream_counters(index, counters), when the transport
+-- has it (the C worker calls this once a second and publishes them as metrics; nothing is counted
+-- twice: the values are totals). counters: the upstream's stats table, whose retries,
+-- retries_denied, hedges, hedges_won and collapsed agg.contract names.
 function M.report_stats()
   local report = core and core.upstream_counters
   if not report then return end
   for name, u in pairs(ustate) do
     local up = upstreams[name]
     if up then
-      local s = u.stats
-      report(up.index, s.retries, s.retries_denied, s.hedges, s.hedges_won, s.collapsed)
+      report(up.index, u.stats)
     end
   end
 end
@@ -244,7 +244,7 @@ local function after_failure(x, r, outcome, http_status)
   end
   local spec, u = x, x.u
   local retry = spec.retry
-  local retryable = retry and x.attempts < retry.attempts and
+  local retryable = retry and x.attempt < retry.attempts and
     (outcome == "refused" or outcome == "connect_timeout" or outcome == "tls" or
      (outcome == "reset" and (http_status or 0) == 0) or
      (outcome == "ok" and retry.on[http_status]))
@@ -256,7 +256,7 @@ local function after_failure(x, r, outcome, http_status)
       u.stats.retries_denied = u.stats.retries_denied + 1
       return finish_exchange(x, r)
     end
-    local base = retry.backoff_ms * 2 ^ (x.attempts - 1)
+    local base = retry.backoff_ms * 2 ^ (x.attempt - 1)
     local backoff = base / 2 + core.random() * base / 2 -- jittered: between half and all of base
     local _, remaining = now_remaining(x.ctx)
     if remaining - backoff >= math.min(spec.timeout_ms, 10) then
@@ -290,7 +290,7 @@ local function attempt_done(x, rec, outcome, http_status, headers, body, data, m
 end
 
 -- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
-local function answer(rec, outcome, http_status, headers, body, data, ms, detail)
+local function on_answer(rec, outcome, http_status, headers, body, data, ms, detail)
   local spec = rec.x -- the exchange is its own normalized spec
   local b = breaker_of(spec)
   if b then
@@ -368,20 +368,25 @@ attempt = function(x, hedge)
     end
     probe = decision == "probe"
   end
-  x.attempts = x.attempts + 1
+  x.attempt = x.attempt + 1
   u.stats.attempts = u.stats.attempts + 1
   if hedge then u.stats.hedges = u.stats.hedges + 1 end
-  -- (section, attempt number, hedge: the attempt's span; the transport adds its traceparent)
-  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge)
-  -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
-  -- less per call); a hedge, which runs beside it, gets a table of its own
+  -- the record of what was sent, which core.call reads as its attempt (agg.contract): for a
+  -- first attempt or a retry, the exchange itself (one table less per call); a hedge, which runs
+  -- beside it, gets a table of its own
   local rec
   if hedge then
-    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true }
+    rec = { id = false, x = x, probe = probe, clamped = clamped, hedge = true, method = spec.method,
+            path = spec.path, headers = spec.headers, body = spec.body, decode = spec.decode,
+            section = spec.section, attempt = x.attempt, flight = false }
   else
     rec = x
-    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, nil
+  end
+  local id = core.call(ctx.rid, upstreams[spec.upstream].index, math.floor(t + 0.5), rec)
+  if hedge then
+    rec.id = id
+  else
+    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, false
   end
   if key then
     f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe }
@@ -426,13 +431,15 @@ function M.start_call(ctx, key, spec, g, chain)
   end
 end
 
---- Transport completion of call id (see the header comment for the arguments).
--- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
-function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
+--- Transport completion of call id: answer is agg.contract's (valid during this call only: its
+-- fields are read here, once). answer.data is a json ref (parsed body), a string (why the body is
+-- not valid JSON), or nil.
+function M.on_call(id, answer)
   local rec = calls[id]
   if rec == nil then return end
   calls[id] = nil
-  answer(rec, outcome, http_status, headers, body, data, ms, detail)
+  local a = answer
+  on_answer(rec, a.outcome, a.http_status, a.headers, a.body, a.data, a.ms, a.detail)
 end
 
 -- Stops every exchange of a request that ended or was abandoned.

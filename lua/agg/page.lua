@@ -56,7 +56,8 @@ end
 
 --- Builds the response for a results table (from agg.fetch_all, plus any plain values the script
 -- added: a plain value becomes an `ok` section).
--- Returns { status, headers, json } for the handler to return.
+-- Returns { status, headers, json } for the handler to return; its metatable (agg.runtime's
+-- PAGE_COMPLETE or PAGE_PARTIAL) tells the transport it is a page and whether it is complete.
 --   200  every required section has data; X-Aggregation-Completed says whether all are `ok`, and a
 --        partial page carries Cache-Control: no-store
 --   504/503/404/410/502  a required section failed (timeout / breaker open / passed through /
@@ -142,11 +143,11 @@ function M.page(results, opts)
       local after = failed_required and failed_required.retry_after or 1
       headers["retry-after"] = tostring(after)
     end
-    return { status = status, headers = headers, json = p }
+    return setmetatable({ status = status, headers = headers, json = p }, rt.PAGE_PARTIAL)
   end
   set_header(headers, "x-aggregation-completed", complete and "true" or "false", spelt)
   if not complete then set_header(headers, "cache-control", "no-store", spelt) end
-  return { status = 200, headers = headers, json = body }
+  return setmetatable({ status = 200, headers = headers, json = body }, complete and rt.PAGE_COMPLETE or rt.PAGE_PARTIAL)
 end
 
 return M

@@ -155,8 +155,10 @@ function Gateway:install()
   -- one breaker per upstream, the production C breaker, on the virtual clock
   core.breakers = gw.breakers
   function core.log(level, msg) gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg end
-  function core.call(rid, index, method, path, headers, body, timeout_ms, decode)
-    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
+  -- the transport's side of agg.contract, as the C worker keeps it
+  function core.call(rid, index, timeout_ms, attempt)
+    local a = attempt
+    return gw:start_call(rid, index, a.method, a.path, a.headers, a.body, timeout_ms, a.decode)
   end
   -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
   function core.trace_id(rid) return ("%032x"):format(rid) end
@@ -167,7 +169,10 @@ function Gateway:install()
       if c.event then c.event.dead = true end
     end
   end
-  function core.respond(rid, status, headers, body, is_json, default_type, timing)
+  function core.respond(rid, response)
+    local o = response
+    local status, headers, body, is_json, default_type, timing =
+      o.status, o.headers, o.body, o.json, o.default_type, o.server_timing
     local r = gw.responses[rid]
     if not r or r.status then return false end
     if is_json then
@@ -281,7 +286,8 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   local function finish(at, outcome, status, rheaders, rbody, data, detail)
     c.event = schedule(self, at, function()
       c.ended_ms, c.outcome, c.http_status = self.clock, outcome, status
-      rt.on_call(id, outcome, status or 0, rheaders, rbody, data, self.clock - c.started_ms, detail)
+      rt.on_call(id, { outcome = outcome, http_status = status or 0, headers = rheaders, body = rbody, data = data,
+                       ms = self.clock - c.started_ms, detail = detail })
     end)
   end
   if not stub then
@@ -432,7 +438,8 @@ function Gateway:send(method, path, opts)
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
-  timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
+  timed(self, rt.start, rid, idx, { method = method, path = p, query = q ~= "" and q or nil, params = params,
+                                    headers = headers, body = body })
   return r
 end
 

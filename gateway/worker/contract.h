@@ -1,0 +1,53 @@
+/* contract.h: the C side of the seam between the worker and the Lua half of the runtime. The
+ * contract itself (every core.* function and runtime callback with its arguments, units and
+ * ownership, and the fields of each table that crosses) is written once, in lua/agg/contract.lua;
+ * this header names what C reads and writes so that gateway/tests/worker/test_contract.c can
+ * compare the two: a field or function added or renamed on one side only fails that test.
+ *
+ * Field names are indexed by the enums below (agw_contract_answer[AGW_ANSWER_OUTCOME] is
+ * "outcome"). The transport (core.c) and the request path (worker.c) use these arrays, never a
+ * spelling of their own.
+ */
+#ifndef AGW_WORKER_CONTRACT_H
+#define AGW_WORKER_CONTRACT_H
+
+/* core.call's attempt: the request to send and the span to record (read by core.c) */
+enum agw_attempt_field {
+    AGW_ATTEMPT_METHOD, AGW_ATTEMPT_PATH, AGW_ATTEMPT_HEADERS, AGW_ATTEMPT_BODY, AGW_ATTEMPT_DECODE,
+    AGW_ATTEMPT_SECTION, AGW_ATTEMPT_NUMBER, AGW_ATTEMPT_HEDGE, AGW_ATTEMPT_FIELDS
+};
+extern const char *const agw_contract_attempt[AGW_ATTEMPT_FIELDS];
+
+/* runtime.on_call's answer (written by core.c into one table per VM, valid during the call) */
+enum agw_answer_field {
+    AGW_ANSWER_OUTCOME, AGW_ANSWER_HTTP_STATUS, AGW_ANSWER_HEADERS, AGW_ANSWER_BODY, AGW_ANSWER_DATA,
+    AGW_ANSWER_MS, AGW_ANSWER_DETAIL, AGW_ANSWER_FIELDS
+};
+extern const char *const agw_contract_answer[AGW_ANSWER_FIELDS];
+
+/* runtime.start's arrival (written by worker.c into one table per VM, valid during the call) */
+enum agw_arrival_field {
+    AGW_ARRIVAL_METHOD, AGW_ARRIVAL_PATH, AGW_ARRIVAL_QUERY, AGW_ARRIVAL_PARAMS, AGW_ARRIVAL_HEADERS,
+    AGW_ARRIVAL_BODY, AGW_ARRIVAL_FIELDS
+};
+extern const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS];
+
+/* core.respond's response (read by core.c) */
+enum agw_response_field {
+    AGW_RESPONSE_STATUS, AGW_RESPONSE_HEADERS, AGW_RESPONSE_BODY, AGW_RESPONSE_JSON,
+    AGW_RESPONSE_DEFAULT_TYPE, AGW_RESPONSE_SERVER_TIMING, AGW_RESPONSE_PAGE, AGW_RESPONSE_SECTIONS,
+    AGW_RESPONSE_FIELDS
+};
+extern const char *const agw_contract_response[AGW_RESPONSE_FIELDS];
+
+/* core.upstream_counters' counters (read by core.c) */
+enum agw_counters_field {
+    AGW_COUNTERS_RETRIES, AGW_COUNTERS_RETRIES_DENIED, AGW_COUNTERS_HEDGES, AGW_COUNTERS_HEDGES_WON,
+    AGW_COUNTERS_COLLAPSED, AGW_COUNTERS_FIELDS
+};
+extern const char *const agw_contract_counters[AGW_COUNTERS_FIELDS];
+
+/* The runtime functions the worker calls (agg.runtime), NULL-terminated. */
+extern const char *const agw_contract_runtime[];
+
+#endif
