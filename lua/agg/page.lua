@@ -143,11 +143,15 @@ function M.page(results, opts)
       local after = failed_required and failed_required.retry_after or 1
       headers["retry-after"] = tostring(after)
     end
-    return setmetatable({ status = status, headers = headers, json = p }, rt.PAGE_PARTIAL)
+    -- (not a tail call: a trace cannot return through setmetatable to the script's frame)
+    local resp = setmetatable({ status = status, headers = headers, json = p }, rt.PAGE_PARTIAL)
+    return resp
   end
   set_header(headers, "x-aggregation-completed", complete and "true" or "false", spelt)
   if not complete then set_header(headers, "cache-control", "no-store", spelt) end
-  return setmetatable({ status = 200, headers = headers, json = body }, complete and rt.PAGE_COMPLETE or rt.PAGE_PARTIAL)
+  local resp = setmetatable({ status = 200, headers = headers, json = body },
+                            complete and rt.PAGE_COMPLETE or rt.PAGE_PARTIAL)
+  return resp
 end
 
 return M
