@@ -5,6 +5,8 @@
  * runs, so it cannot raise) and builds the error path only when there is an error. */
 #include "json/json.h"
 
+#include "base/mem.h"
+
 #include <lauxlib.h>
 #include <math.h>
 #include <stdio.h>
@@ -322,11 +324,7 @@ static void key_push(enc_t *e, const char *s, size_t len)
 {
     if (e->nkeys == e->capkeys) {
         size_t cap = e->capkeys * 2;
-        skey *k = e->keys == e->inline_keys ? malloc(cap * sizeof(*k)) : realloc(e->keys, cap * sizeof(*k));
-        if (k == NULL) {
-            fputs("aggway: out of memory\n", stderr);
-            abort();
-        }
+        skey *k = e->keys == e->inline_keys ? agw_malloc(cap * sizeof(*k)) : agw_realloc(e->keys, cap * sizeof(*k));
         if (e->keys == e->inline_keys)
             memcpy(k, e->inline_keys, sizeof(e->inline_keys));
         e->keys = k;

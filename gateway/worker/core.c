@@ -6,6 +6,8 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/mem.h"
+
 #include "worker/contract.h"
 
 #include <stdlib.h>
@@ -55,7 +57,26 @@ static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char
     h2o_add_header_by_str(&req->pool, &req->res.headers, n, nlen, 1, NULL, v, vlen);
 }
 
-/* ---- an upstream call's span and metrics ---------------------------------------------------- */
+/* ---- an upstream call's record, span and metrics --------------------------------------------- */
+
+/* A call record for a new call: from the worker's free list, or new. */
+static wcall_t *call_take(agw_worker_t *w)
+{
+    wcall_t *c = w->free_calls;
+    if (c == NULL)
+        return agw_malloc(sizeof(*c));
+    w->free_calls = c->next_free;
+    return c;
+}
+
+/* The call is over (answered, cancelled or never started): its id goes, its record goes back on
+ * the worker's free list. */
+static void call_release(agw_worker_t *w, wcall_t *c)
+{
+    agw_slots_del(&w->calls, c->id);
+    c->next_free = w->free_calls;
+    w->free_calls = c;
+}
 
 /* Ends the span of call c and of every request that shared it (on_call_done, core.cancel). */
 static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int http_status)
@@ -151,9 +172,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     int decode = c->decode;
     unsigned up = c->up;
     trace_call_ended(w, c, res->outcome, res->http_status);
-    agw_slots_del(&w->calls, id);
-    c->next_free = w->free_calls;
-    w->free_calls = c;
+    call_release(w, c);
 
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
     lua_pushnumber(L, (lua_Number)id);
@@ -305,11 +324,7 @@ static int l_call(lua_State *L)
     if (lua_isstring(L, 8))
         req.body = lua_tolstring(L, 8, &req.body_len);
     req.timeout_ms = t > 0 ? (uint64_t)t : 0;
-    wcall_t *c = w->free_calls;
-    if (c)
-        w->free_calls = c->next_free;
-    else if ((c = malloc(sizeof(*c))) == NULL)
-        return luaL_error(L, "out of memory");
+    wcall_t *c = call_take(w);
     c->g = g;
     c->decode = lua_toboolean(L, 9);
     c->up = (unsigned)(index - 1);
@@ -320,12 +335,11 @@ static int l_call(lua_State *L)
     c->id = agw_slots_put(&w->calls, c);
     c->call = agw_call_start(g->pools[index - 1]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
-        /* out of memory: the span recorded above ends here, cancelled (nothing was sent) */
+        /* the pool is being destroyed (agw_call_start's only refusal): the span recorded above
+         * ends here, cancelled (nothing was sent) */
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0);
-        agw_slots_del(&w->calls, c->id);
-        c->next_free = w->free_calls;
-        w->free_calls = c;
-        return luaL_error(L, "out of memory starting a call");
+        call_release(w, c);
+        return luaL_error(L, "core.call: the pool of upstream #%d is closing", index);
     }
     agw_worker_gen_hold(g);
     AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
@@ -354,9 +368,7 @@ static int l_timer(lua_State *L)
     wgen_t *g = upg(L);
     agw_worker_t *w = g->w;
     lua_Number ms = luaL_checknumber(L, 1);
-    wtimer_t *tm = malloc(sizeof(*tm));
-    if (tm == NULL)
-        return luaL_error(L, "out of memory");
+    wtimer_t *tm = agw_malloc(sizeof(*tm));
     tm->g = g;
     agw_worker_gen_hold(g);
     tm->id = agw_slots_put(&w->timers, tm);
@@ -407,9 +419,7 @@ static int l_cancel(lua_State *L)
         agw_call_cancel(c->call);
         agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
         agw_worker_publish_pool(g, c->up);
-        agw_slots_del(&w->calls, id);
-        c->next_free = w->free_calls;
-        w->free_calls = c;
+        call_release(w, c);
         agw_worker_gen_release(g);
     }
     return 0;
@@ -580,9 +590,7 @@ static int l_join(lua_State *L)
         memcpy(rr->trace->spans[i].link_trace_id, leader->trace->trace_id, 16);
         memcpy(rr->trace->spans[i].link_span_id, ls->span_id, 8);
     }
-    sf_joiner_t *j = malloc(sizeof(*j));
-    if (j == NULL)
-        return 0;
+    sf_joiner_t *j = agw_malloc(sizeof(*j));
     j->rid = rr->rid;
     j->span = i;
     j->next = c->joiners;

@@ -3,6 +3,8 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/mem.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -33,8 +35,8 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
     agw_trace_t *tr = w->free_traces;
     if (tr)
         w->free_traces = tr->next;
-    else if ((tr = malloc(sizeof(*tr))) == NULL)
-        return; /* no trace for this request: its calls still get a traceparent of their own */
+    else
+        tr = agw_malloc(sizeof(*tr));
     agw_traceparent_t parent;
     int continued = num_tp == 1 && agw_traceparent_parse(tp->base, tp->len, &parent) == 0;
     agw_trace_begin(tr, &w->trace_rng, continued ? &parent : NULL, agw_worker_now_us(w), req->method.base,

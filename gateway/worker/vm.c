@@ -4,6 +4,8 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/mem.h"
+
 #include "worker/contract.h"
 
 #include <pthread.h>
@@ -75,9 +77,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
 {
     const agw_config_t *conf = g->conf;
     wgen_t *old = w->cur;
-    g->pools = calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*g->pools));
-    if (g->pools == NULL)
-        abort();
+    g->pools = agw_calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*g->pools));
     for (size_t i = 0; i < conf->num_upstreams; i++) {
         for (size_t j = 0; old && j < old->conf->num_upstreams; j++) {
             wpool_t *p = old->pools[j];
@@ -88,12 +88,9 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
             }
         }
         if (g->pools[i] == NULL) {
-            wpool_t *p = calloc(1, sizeof(*p));
-            if (p == NULL)
-                abort();
+            wpool_t *p = agw_calloc(1, sizeof(*p));
             agw_upstream_conf_copy(&p->conf, &conf->upstreams[i]);
-            if ((p->pool = agw_pool_create(w->loop, &p->conf)) == NULL)
-                abort();
+            p->pool = agw_pool_create(w->loop, &p->conf);
             agw_pool_set_batch(p->pool, &w->batch);
             p->refs = 1;
             g->pools[i] = p;
@@ -230,17 +227,13 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
 
 agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw_buf_t *errors)
 {
-    wgen_t *g = calloc(1, sizeof(*g));
-    if (g == NULL)
-        abort();
+    wgen_t *g = agw_calloc(1, sizeof(*g));
     g->w = w;
     g->gen = agw_generation_ref(gen);
     g->conf = &gen->conf;
     g->ref_report_stats = LUA_NOREF;
-    g->reported = calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * AGW_COUNTERS_FIELDS : 1,
+    g->reported = agw_calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * AGW_COUNTERS_FIELDS : 1,
                          sizeof(*g->reported));
-    if (g->reported == NULL)
-        abort();
     if (init_vm(g, errors) != 0) {
         agw_worker_gen_discard(g);
         return NULL;

@@ -18,6 +18,8 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/mem.h"
+
 #include "worker/contract.h"
 
 #include "script/script.h"
@@ -271,9 +273,7 @@ static void abandon_request(wgen_t *g, uint64_t rid)
     if (w->lua_depth) {
         if (w->num_pending_aborts == w->cap_pending_aborts) {
             w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
-            w->pending_aborts = realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
-            if (w->pending_aborts == NULL)
-                abort();
+            w->pending_aborts = agw_realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
         }
         w->pending_aborts[w->num_pending_aborts].rid = rid;
         w->pending_aborts[w->num_pending_aborts++].g = g;
@@ -478,7 +478,8 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     rr->started = ev_now(w->loop);
     rr->logline = NULL;
     rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
-    if (w->access_fd >= 0 && (rr->logline = malloc(req->method.len + req->path.len + 2)) != NULL) {
+    if (w->access_fd >= 0) {
+        rr->logline = agw_malloc(req->method.len + req->path.len + 2);
         memcpy(rr->logline, req->method.base, req->method.len);
         rr->logline[req->method.len] = '\0';
         memcpy(rr->logline + req->method.len + 1, req->path.base, req->path.len);
@@ -561,9 +562,7 @@ static void on_accept(uv_stream_t *server, int status)
     listener_t *l = server->data;
     if (status != 0)
         return;
-    conn_t *conn = malloc(sizeof(*conn));
-    if (conn == NULL)
-        return;
+    conn_t *conn = agw_malloc(sizeof(*conn));
     conn->ssl_ctx = NULL;
     uv_tcp_init(server->loop, &conn->tcp);
     if (uv_accept(server, (uv_stream_t *)&conn->tcp) != 0) {
@@ -630,9 +629,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_buf_t *errors)
 {
-    agw_worker_t *w = calloc(1, sizeof(*w));
-    if (w == NULL)
-        abort();
+    agw_worker_t *w = agw_calloc(1, sizeof(*w));
     w->id = id;
     w->m = metrics;
     w->waterfall_on = gen->conf.admin_port != 0;
@@ -688,7 +685,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
 
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
 
-    w->listeners = calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
+    w->listeners = agw_calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
     w->num_listeners = num_fds;
     for (size_t i = 0; i < num_fds; i++) {
         listener_t *l = &w->listeners[i];
