@@ -26,9 +26,7 @@ function M.is_spec(v)
     and v[2]:byte(1) == 47
 end
 
-local function escape(s)
-  return (tostring(s):gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
-end
+local escape = require("agg.url").escape
 
 --- Encodes a query table ({ sku = "A 1", tag = { "x", "y" } }) as "sku=A%201&tag=x&tag=y", keys
 -- sorted so the same table always gives the same URL.

@@ -17,6 +17,7 @@ local result = require "agg.result"
 local exchange = require "agg.exchange"
 local fanout = require "agg.fanout"
 local json = require "agg.json"
+local url = require "agg.url"
 
 local M = {}
 
@@ -212,20 +213,7 @@ finish_request = function(ctx, ok, resp, co)
   send(ctx, st, headers, body or "", false, body and "text/plain; charset=utf-8" or nil)
 end
 
-local function parse_query(q)
-  local t = {}
-  if q == nil or q == "" then return t end
-  for pair in q:gmatch("[^&]+") do
-    local k, v = pair:match("^([^=]*)=?(.*)$")
-    k = k:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
-    v = v:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
-    local cur = t[k]
-    if cur == nil then t[k] = v
-    elseif type(cur) == "table" then cur[#cur + 1] = v
-    else t[k] = { cur, v } end
-  end
-  return t
-end
+local parse_query = url.parse_query
 
 -- req.query, req.headers, req.json, req.remaining_ms and req.trace_id are built on first read: most pages
 -- never read most of them.

@@ -19,6 +19,7 @@
 local json = require "agg.json"
 local loader = require "agg.loader"
 local rt = require "agg.runtime"
+local url = require "agg.url"
 local problem = require "agg.problem"
 local resp_headers = require "agg.resp_headers"
 local sys = require "agg.sys"
@@ -33,16 +34,7 @@ local function split_path(path)
   return p, q
 end
 
-local function decode_query(q)
-  local t = {}
-  for pair in (q or ""):gmatch("[^&]+") do
-    local k, v = pair:match("^([^=]*)=?(.*)$")
-    local function dec(s) return (s:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)) end
-    k, v = dec(k), dec(v)
-    if t[k] == nil then t[k] = v elseif type(t[k]) == "table" then table.insert(t[k], v) else t[k] = { t[k], v } end
-  end
-  return t
-end
+local decode_query = url.parse_query
 
 -- Matches a path against a stub pattern: literal segments, {name} segments, a trailing "*".
 local function match_pattern(pattern, path)
