@@ -9,6 +9,7 @@
 #include "base/mem.h"
 
 #include "worker/contract.h"
+#include "base/http_status.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,34 +18,6 @@
 #include "base/log.h"
 
 /* ---- responses ------------------------------------------------------------------------------ */
-
-const char *agw_worker_reason_phrase(int status)
-{
-    switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 304: return "Not Modified";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 410: return "Gone";
-    case 413: return "Payload Too Large";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "Status";
-    }
-}
 
 static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char *value, size_t vlen)
 {
@@ -517,7 +490,7 @@ static int l_respond(lua_State *L)
             body = "", body_len = 0;
     }
     req->res.status = status;
-    req->res.reason = agw_worker_reason_phrase(status);
+    req->res.reason = agw_http_reason(status);
     /* the script's headers by the rules of resp_headers.h (the spec harness applies the same) */
     agw_resp_headers_t *set = &w->resp_headers;
     set->n = 0;

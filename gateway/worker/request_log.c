@@ -3,6 +3,8 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/http_status.h"
+
 #include "base/mem.h"
 
 #include <ctype.h>
@@ -414,7 +416,7 @@ void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int 
     }
     agw_buf_putc(b, '}');
     req->res.status = status;
-    req->res.reason = agw_worker_reason_phrase(status);
+    req->res.reason = agw_http_reason(status);
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("application/problem+json"));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
     req->res.content_length = b->len;

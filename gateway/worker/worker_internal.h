@@ -313,9 +313,6 @@ static inline void agw_worker_append_header(agw_buf_t *b, const char *name, size
 /* The pool gauges of generation g's upstream up (0-based). */
 void agw_worker_publish_pool(wgen_t *g, size_t up);
 
-/* The reason phrase of an HTTP status ("Status" for one not listed): a static string. */
-const char *agw_worker_reason_phrase(int status);
-
 /* ---- request_log.c: problems, tracing, metrics and the access log ---------------------------- */
 
 /* Now in microseconds since the epoch (span times). */
