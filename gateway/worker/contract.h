@@ -11,25 +11,17 @@
 #ifndef AGW_WORKER_CONTRACT_H
 #define AGW_WORKER_CONTRACT_H
 
-/* core.call's attempt: the request to send and the span to record (read by core.c) */
-enum agw_attempt_field {
-    AGW_ATTEMPT_METHOD, AGW_ATTEMPT_PATH, AGW_ATTEMPT_HEADERS, AGW_ATTEMPT_BODY, AGW_ATTEMPT_DECODE,
-    AGW_ATTEMPT_SECTION, AGW_ATTEMPT_NUMBER, AGW_ATTEMPT_HEDGE, AGW_ATTEMPT_FIELDS
-};
+/* core.call's attempt: the span to record (read by core.c) */
+enum agw_attempt_field { AGW_ATTEMPT_SECTION, AGW_ATTEMPT_NUMBER, AGW_ATTEMPT_HEDGE, AGW_ATTEMPT_FIELDS };
 extern const char *const agw_contract_attempt[AGW_ATTEMPT_FIELDS];
 
-/* runtime.on_call's answer (written by core.c into one table per VM, valid during the call) */
-enum agw_answer_field {
-    AGW_ANSWER_OUTCOME, AGW_ANSWER_HTTP_STATUS, AGW_ANSWER_HEADERS, AGW_ANSWER_BODY, AGW_ANSWER_DATA,
-    AGW_ANSWER_MS, AGW_ANSWER_DETAIL, AGW_ANSWER_FIELDS
-};
+/* runtime.on_call's answer: the rest of an answer that is not a 2xx JSON body (written by core.c
+ * into one table per VM, valid during the call) */
+enum agw_answer_field { AGW_ANSWER_HEADERS, AGW_ANSWER_BODY, AGW_ANSWER_DETAIL, AGW_ANSWER_FIELDS };
 extern const char *const agw_contract_answer[AGW_ANSWER_FIELDS];
 
 /* runtime.start's arrival (written by worker.c into one table per VM, valid during the call) */
-enum agw_arrival_field {
-    AGW_ARRIVAL_METHOD, AGW_ARRIVAL_PATH, AGW_ARRIVAL_QUERY, AGW_ARRIVAL_PARAMS, AGW_ARRIVAL_HEADERS,
-    AGW_ARRIVAL_BODY, AGW_ARRIVAL_FIELDS
-};
+enum agw_arrival_field { AGW_ARRIVAL_QUERY, AGW_ARRIVAL_HEADERS, AGW_ARRIVAL_BODY, AGW_ARRIVAL_FIELDS };
 extern const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS];
 
 /* core.respond's response (read by core.c) */
@@ -49,5 +41,20 @@ extern const char *const agw_contract_counters[AGW_COUNTERS_FIELDS];
 
 /* The runtime functions the worker calls (agg.runtime), NULL-terminated. */
 extern const char *const agw_contract_runtime[];
+
+/* The field names above as Lua strings made once per VM: a table of them, key AGW_KEY_<TABLE> +
+ * field index, so that C reads and writes a field with a string it already holds (a pointer
+ * lookup) instead of hashing its name each time (lua_getfield). */
+enum {
+    AGW_KEY_ATTEMPT = 1,
+    AGW_KEY_ANSWER = AGW_KEY_ATTEMPT + AGW_ATTEMPT_FIELDS,
+    AGW_KEY_ARRIVAL = AGW_KEY_ANSWER + AGW_ANSWER_FIELDS,
+    AGW_KEY_RESPONSE = AGW_KEY_ARRIVAL + AGW_ARRIVAL_FIELDS,
+    AGW_KEY_COUNT = AGW_KEY_RESPONSE + AGW_RESPONSE_FIELDS - 1
+};
+
+struct lua_State;
+/* Pushes a new table of the keys (index AGW_KEY_* + field -> name). */
+void agw_contract_push_keys(struct lua_State *L);
 
 #endif

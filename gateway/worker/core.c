@@ -111,6 +111,24 @@ static agw_worker_t *upw(lua_State *L)
     return upg(L)->w;
 }
 
+/* The contract's keys (contract.h), upvalue 2 of every core.* function. */
+#define KEYS lua_upvalueindex(2)
+
+/* Pushes field key (AGW_KEY_*) of the table at absolute index t; keys: index of the keys table. */
+static inline void get_key(lua_State *L, int t, int keys, int key)
+{
+    lua_rawgeti(L, keys, key);
+    lua_rawget(L, t);
+}
+
+/* Sets field key (AGW_KEY_*) of the table at absolute index t to the value on top (popped). */
+static inline void set_key(lua_State *L, int t, int keys, int key)
+{
+    lua_rawgeti(L, keys, key);
+    lua_insert(L, -2);
+    lua_rawset(L, t);
+}
+
 static int l_now(lua_State *L)
 {
     agw_worker_t *w = upw(L);
@@ -147,19 +165,11 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     trace_call_ended(w, c, res->outcome, res->http_status);
     call_release(w, c);
 
-    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
-    lua_pushnumber(L, (lua_Number)id);
-    /* the answer (contract.lua): one table per VM, every field written each time */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_answer);
-    int a = lua_gettop(L);
-    const char *const *f = agw_contract_answer;
-    lua_pushstring(L, agw_call_outcome_name(res->outcome));
-    lua_setfield(L, a, f[AGW_ANSWER_OUTCOME]);
-    lua_pushinteger(L, res->http_status);
-    lua_setfield(L, a, f[AGW_ANSWER_HTTP_STATUS]);
-    /* a 2xx JSON body is only validated here (DESIGN §2.3 limits); it becomes Lua tables when a
-     * script reads it, and goes into the page as text when none does. Its raw ref also serves
-     * result.body, so the body is not copied twice. */
+    /* runtime.on_call(id, outcome, http_status, data, ms, answer) (lua/agg/contract.lua): a 2xx JSON
+     * body only validated here (DESIGN §2.3 limits) travels as data, a raw ref that becomes Lua
+     * tables when a script reads it, goes into the page as text when none does, and carries the
+     * headers and the body text (json.raw_extra): answer is then nil. Any other answer has its
+     * headers, body and detail in answer, one table per VM. */
     int json_body = res->outcome == AGW_CALL_OK && decode && res->http_status >= 200 && res->http_status < 300 &&
                     res->body_len > 0;
     char err[256];
@@ -168,18 +178,10 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
         json_body = -1; /* not JSON: the failed call carries the body and the reason */
     agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
     agw_worker_publish_pool(g, up);
-    if (json_body == 1) {
-        lua_pushboolean(L, 1); /* the headers ride in the body's raw ref (json.raw_extra) */
-        lua_pushnil(L);
-    } else if (res->outcome == AGW_CALL_OK) {
-        push_headers(w, L, res->headers, res->num_headers);
-        lua_pushlstring(L, res->body ? res->body : "", res->body_len);
-    } else {
-        lua_pushnil(L);
-        lua_pushnil(L);
-    }
-    lua_setfield(L, a, f[AGW_ANSWER_BODY]);
-    lua_setfield(L, a, f[AGW_ANSWER_HEADERS]);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
+    lua_pushnumber(L, (lua_Number)id);
+    lua_pushstring(L, agw_call_outcome_name(res->outcome));
+    lua_pushinteger(L, res->http_status);
     if (json_body == 1) {
         agw_buf_t *hb = header_block(w, res->headers, res->num_headers);
         agw_json_push_raw_ref(L, res->body, res->body_len, compact, hb->base, hb->len);
@@ -187,15 +189,32 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
         lua_pushstring(L, err);
     else
         lua_pushnil(L);
-    lua_setfield(L, a, f[AGW_ANSWER_DATA]);
     lua_pushnumber(L, res->elapsed_ms);
-    lua_setfield(L, a, f[AGW_ANSWER_MS]);
-    if (res->detail)
-        lua_pushstring(L, res->detail);
-    else
+    if (json_body == 1) {
         lua_pushnil(L);
-    lua_setfield(L, a, f[AGW_ANSWER_DETAIL]);
-    agw_worker_call_runtime(g, 2);
+    } else {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_keys);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_answer);
+        int keys = lua_gettop(L) - 1, a = keys + 1;
+        if (res->outcome == AGW_CALL_OK) {
+            push_headers(w, L, res->headers, res->num_headers);
+            set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_HEADERS);
+            lua_pushlstring(L, res->body ? res->body : "", res->body_len);
+            set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_BODY);
+        } else {
+            lua_pushnil(L);
+            set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_HEADERS);
+            lua_pushnil(L);
+            set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_BODY);
+        }
+        if (res->detail)
+            lua_pushstring(L, res->detail);
+        else
+            lua_pushnil(L);
+        set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_DETAIL);
+        lua_remove(L, keys);
+    }
+    agw_worker_call_runtime(g, 6);
     agw_worker_gen_release(g);
 }
 
@@ -218,9 +237,9 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     agw_trace_t *tr = rr ? rr->trace : NULL;
     if (tr) {
         size_t slen = 0;
-        lua_getfield(L, 4, agw_contract_attempt[AGW_ATTEMPT_SECTION]);
-        lua_getfield(L, 4, agw_contract_attempt[AGW_ATTEMPT_NUMBER]);
-        lua_getfield(L, 4, agw_contract_attempt[AGW_ATTEMPT_HEDGE]);
+        get_key(L, 9, KEYS, AGW_KEY_ATTEMPT + AGW_ATTEMPT_SECTION);
+        get_key(L, 9, KEYS, AGW_KEY_ATTEMPT + AGW_ATTEMPT_NUMBER);
+        get_key(L, 9, KEYS, AGW_KEY_ATTEMPT + AGW_ATTEMPT_HEDGE);
         const char *section = lua_tolstring(L, -3, &slen); /* held by the attempt table */
         unsigned attempt = (unsigned)lua_tointeger(L, -2);
         unsigned flags = lua_toboolean(L, -1) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
@@ -251,10 +270,10 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     return k;
 }
 
-/* core.call(rid, upstream, timeout_ms, attempt) -> id (lua/agg/contract.lua): upstream is the
- * index (1-based), timeout_ms the whole call's; attempt's method, path, headers ({ name, value, … }
- * or false), body (or false) and decode say what to send and how to hand the answer over, its
- * section, attempt and hedge describe the attempt's span. */
+/* core.call(rid, upstream, method, path, headers, body, timeout_ms, decode, attempt) -> id
+ * (lua/agg/contract.lua): upstream is the index (1-based); headers { name, value, … } or
+ * false/nil; body a string or false/nil; timeout_ms the whole call's; decode: hand a 2xx body over
+ * as validated JSON; attempt's section, attempt and hedge describe the attempt's span. */
 static int l_call(lua_State *L)
 {
     wgen_t *g = upg(L);
@@ -262,30 +281,20 @@ static int l_call(lua_State *L)
     int index = (int)luaL_checkinteger(L, 2);
     if (index < 1 || (size_t)index > g->conf->num_upstreams)
         return luaL_error(L, "core.call: no upstream #%d", index);
-    lua_Number t = luaL_checknumber(L, 3);
-    luaL_checktype(L, 4, LUA_TTABLE);
-    lua_settop(L, 4);
-    const char *const *f = agw_contract_attempt;
-    lua_getfield(L, 4, f[AGW_ATTEMPT_METHOD]);  /* 5 */
-    lua_getfield(L, 4, f[AGW_ATTEMPT_PATH]);    /* 6 */
-    lua_getfield(L, 4, f[AGW_ATTEMPT_HEADERS]); /* 7 */
-    lua_getfield(L, 4, f[AGW_ATTEMPT_BODY]);    /* 8 */
-    lua_getfield(L, 4, f[AGW_ATTEMPT_DECODE]);  /* 9 */
+    luaL_checktype(L, 9, LUA_TTABLE);
     agw_call_req_t req = {0};
-    req.method = lua_tostring(L, 5);
-    req.path = lua_tolstring(L, 6, &req.path_len);
-    if (req.method == NULL || req.path == NULL)
-        return luaL_error(L, "core.call: the attempt has no method or path");
+    req.method = luaL_checkstring(L, 3);
+    req.path = luaL_checklstring(L, 4, &req.path_len);
     agw_header_t hdrs[64 + 2];
     char traceparent[AGW_TRACEPARENT_LEN];
-    if (lua_istable(L, 7)) {
-        size_t n = lua_objlen(L, 7) / 2;
+    if (lua_istable(L, 5)) {
+        size_t n = lua_objlen(L, 5) / 2;
         if (n > 64)
             return luaL_error(L, "core.call: more than 64 request headers");
         for (size_t i = 0; i < n; i++) {
-            lua_rawgeti(L, 7, (int)(2 * i + 1));
+            lua_rawgeti(L, 5, (int)(2 * i + 1));
             hdrs[i].name = lua_tolstring(L, -1, &hdrs[i].name_len);
-            lua_rawgeti(L, 7, (int)(2 * i + 2));
+            lua_rawgeti(L, 5, (int)(2 * i + 2));
             hdrs[i].value = lua_tolstring(L, -1, &hdrs[i].value_len);
             lua_pop(L, 2); /* the strings stay referenced by the table */
             if (hdrs[i].name == NULL || hdrs[i].value == NULL)
@@ -294,12 +303,13 @@ static int l_call(lua_State *L)
         req.num_headers = n;
     }
     req.headers = hdrs;
-    if (lua_isstring(L, 8))
-        req.body = lua_tolstring(L, 8, &req.body_len);
+    if (lua_isstring(L, 6))
+        req.body = lua_tolstring(L, 6, &req.body_len);
+    lua_Number t = luaL_checknumber(L, 7);
     req.timeout_ms = t > 0 ? (uint64_t)t : 0;
     wcall_t *c = call_take(w);
     c->g = g;
-    c->decode = lua_toboolean(L, 9);
+    c->decode = lua_toboolean(L, 8);
     c->up = (unsigned)(index - 1);
     c->rid = (uint64_t)lua_tonumber(L, 1);
     c->span = -1;
@@ -458,10 +468,9 @@ static int l_respond(lua_State *L)
     uint64_t rid = (uint64_t)luaL_checknumber(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_settop(L, 2);
-    const char *const *f = agw_contract_response;
     enum { STATUS = 3, HEADERS, BODY, JSON, DEFAULT_TYPE, SERVER_TIMING, PAGE, SECTIONS };
     for (int i = 0; i < AGW_RESPONSE_FIELDS; i++) /* STATUS.. in the order of contract.h */
-        lua_getfield(L, 2, f[i]);
+        get_key(L, 2, KEYS, AGW_KEY_RESPONSE + i);
     _Static_assert(AGW_RESPONSE_STATUS == 0 && AGW_RESPONSE_SECTIONS == SECTIONS - STATUS, "field order");
     int status = (int)luaL_checkinteger(L, STATUS);
     int is_json = lua_toboolean(L, JSON);

@@ -186,10 +186,15 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     }
     int rt = lua_gettop(L);
     lua_getfield(L, rt, "init");
-    lua_createtable(L, 0, 8);
+    agw_contract_push_keys(L); /* upvalue 2 of every core.* function, and g->ref_keys */
+    lua_pushvalue(L, -1);
+    g->ref_keys = luaL_ref(L, LUA_REGISTRYINDEX);
+    int keys = lua_gettop(L);
+    lua_createtable(L, 0, 16);
     for (const luaL_Reg *f = agw_worker_core_fns; f->name; f++) {
         lua_pushlightuserdata(L, g);
-        lua_pushcclosure(L, f->func, 1);
+        lua_pushvalue(L, keys);
+        lua_pushcclosure(L, f->func, 2);
         lua_setfield(L, -2, f->name);
     }
     lua_createtable(L, (int)conf->num_upstreams, 0); /* core.breakers: shared by every worker */
@@ -198,6 +203,7 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
         lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "breakers");
+    lua_remove(L, keys); /* init, core */
     lua_getfield(L, gen, "upstreams");
     lua_getfield(L, gen, "endpoints");
     if (lua_pcall(L, 3, 0, 0) != 0) {

@@ -491,45 +491,48 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     agw_worker_trace_begin(w, rr, req, path_len);
 
     lua_State *L = g->L;
+    /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the
+     * query, the header block and the body in arrival, one table per VM */
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
     lua_pushnumber(L, (lua_Number)rr->rid);
     lua_pushinteger(L, endpoint);
-    /* the arrival (contract.lua): one table per VM, every field written each time */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_arrival);
-    int a = lua_gettop(L);
-    const char *const *f = agw_contract_arrival;
     lua_pushlstring(L, req->method.base, req->method.len);
-    lua_setfield(L, a, f[AGW_ARRIVAL_METHOD]);
     lua_pushlstring(L, req->path.base, path_len);
-    lua_setfield(L, a, f[AGW_ARRIVAL_PATH]);
-    if (req->query_at != SIZE_MAX)
-        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
-    else
-        lua_pushnil(L);
-    lua_setfield(L, a, f[AGW_ARRIVAL_QUERY]);
     lua_createtable(L, 0, (int)num_params);
     for (size_t i = 0; i < num_params; i++) {
         lua_pushlstring(L, params[i].name, params[i].name_len);
         lua_pushlstring(L, params[i].value, params[i].value_len);
         lua_rawset(L, -3);
     }
-    lua_setfield(L, a, f[AGW_ARRIVAL_PARAMS]);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_keys);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_arrival);
+    int keys = lua_gettop(L) - 1, a = keys + 1;
+    if (req->query_at != SIZE_MAX)
+        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
+    else
+        lua_pushnil(L);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_QUERY);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
     agw_buf_t *hb = &w->hdrs;
     agw_buf_reset(hb);
     for (size_t i = 0; i < req->headers.size; i++) {
         const h2o_header_t *h = &req->headers.entries[i];
         agw_worker_append_header(hb, h->name->base, h->name->len, h->value.base, h->value.len);
     }
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_HEADERS);
     lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
-    lua_setfield(L, a, f[AGW_ARRIVAL_HEADERS]);
+    lua_rawset(L, a);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_BODY);
     if (req->entity.base != NULL)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
         lua_pushnil(L);
-    lua_setfield(L, a, f[AGW_ARRIVAL_BODY]);
+    lua_rawset(L, a);
+    lua_remove(L, keys);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 3) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+    if (agw_worker_call_runtime(g, 6) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);

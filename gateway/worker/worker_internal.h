@@ -47,6 +47,7 @@ typedef struct agw_worker_gen {
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
     int ref_answer, ref_arrival; /* the tables runtime.on_call and runtime.start get, reused
                                     (lua/agg/contract.lua) */
+    int ref_keys;               /* the contract's field names (contract.h agw_contract_push_keys) */
     wpool_t **pools;            /* one per upstream, same index as conf->upstreams; NULL until installed */
     uint64_t *reported;         /* per upstream: the runtime's AGW_COUNTERS_FIELDS totals as last
                                    published (metrics) */

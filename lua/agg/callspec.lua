@@ -104,7 +104,7 @@ function M.normalize(spec, upstreams, level)
     -- the exchange (see agg.exchange start_call); the fields only retries, hedges and shared
     -- calls write (retrying, last, the timers) are left out: 32 slots hold the rest
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
-    a1 = false, a2 = false, attempt = 0, hedge = false, flight = false, id = false, probe = false, clamped = false,
+    a1 = false, a2 = false, attempt = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
   }
   if not METHODS[n.method] then

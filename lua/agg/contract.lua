@@ -12,8 +12,8 @@
 --     virtual; docs/ARCHITECTURE.md "Time");
 --   - ids (rid, call id, timer id) are numbers the transport makes; an id of something that ended
 --     is ignored, never an error (C: generation-checked slots, base/slots.h);
---   - hot arguments (what every call or request needs) are positional; the rest travel in one
---     of the tables below, named fields only;
+--   - hot arguments (what every call, answer or request needs) are positional; the cold rest
+--     travel in one of the tables below, named fields only;
 --   - a table the transport passes to the runtime (answer, arrival) is valid only during that
 --     callback, as C's agw_call_result_t: the C transport reuses one per VM, so the runtime copies
 --     the fields it keeps and never keeps the table;
@@ -25,10 +25,15 @@ local M = {}
 -- args: names in order; returns: what comes back. `breakers` is a table, not a function.
 M.core = {
   now          = { args = {}, returns = "ms: the loop's clock (monotonic, milliseconds)" },
-  call         = { args = { "rid", "upstream", "timeout_ms", "attempt" },
-                   returns = "call id; runtime.on_call(id, answer) follows exactly once unless " ..
-                             "core.cancel(id) comes first (upstream: the index in gateway.lua's " ..
-                             "order, 1-based; timeout_ms: whole ms for the whole call)" },
+  call         = { args = { "rid", "upstream", "method", "path", "headers", "body", "timeout_ms",
+                            "decode", "attempt" },
+                   returns = "call id; runtime.on_call follows exactly once unless core.cancel(id) " ..
+                             "comes first. upstream: the index in gateway.lua's order, 1-based; " ..
+                             "method: GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS; path: path and " ..
+                             "query from '/' (the upstream's base path goes first); headers: false " ..
+                             "or { name, value, … } (names lowercase); body: false or a string; " ..
+                             "timeout_ms: whole ms for the whole call; decode: a 2xx body is JSON, " ..
+                             "hand it over validated as on_call's data" },
   cancel       = { args = { "id" }, returns = "nothing; no on_call follows (the connection closes)" },
   join         = { args = { "rid", "id", "section" }, optional = true,
                    returns = "nothing; request rid's section waits on call id (single-flight): a " ..
@@ -51,8 +56,8 @@ M.core = {
 --- runtime.*: what the transport calls (agg.runtime); each runs to its end without waiting.
 M.runtime = {
   init         = { args = { "core", "upstreams", "endpoints" } },
-  start        = { args = { "rid", "endpoint", "arrival" } },
-  on_call      = { args = { "id", "answer" } },
+  start        = { args = { "rid", "endpoint", "method", "path", "params", "arrival" } },
+  on_call      = { args = { "id", "outcome", "http_status", "data", "ms", "answer" } },
   on_timer     = { args = { "id" } },
   abort        = { args = { "rid" } },
   report_stats = { args = {} },
@@ -60,38 +65,32 @@ M.runtime = {
 
 --- The tables that cross, field -> allowed Lua types ("|"-separated; "nil" = may be absent).
 M.tables = {
-  -- core.call's attempt: the request to send and the span to record. The runtime passes the
-  -- call's exchange itself (agg.exchange; a hedge gets a record of its own): fields beyond these
-  -- are the runtime's and the transport never reads them.
+  -- core.call's attempt: the span to record. The runtime passes the call's exchange itself
+  -- (agg.exchange; a hedge gets a record of its own): fields beyond these are the runtime's and
+  -- the transport never reads them.
   attempt = {
-    method  = "string",             -- GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS
-    path    = "string",             -- path and query, from '/'; the upstream's base path goes first
-    headers = "table|boolean",      -- false, or { name, value, name, value, … } (names lowercase)
-    body    = "string|boolean",     -- false, or the request body
-    decode  = "boolean",            -- a 2xx body is JSON: validate it and hand it over as `data`
     section = "string|number",      -- the section the call serves (the span's name)
     attempt = "number",             -- 1 for the first, 2… for retries and a hedge
-    hedge   = "boolean",            -- the second copy of a slow first attempt
+    hedge   = "boolean|nil",        -- true: the second copy of a slow first attempt
   },
-  -- runtime.on_call's answer
+  -- runtime.on_call(id, outcome, http_status, data, ms, answer):
+  --   outcome      ok | refused | connect_timeout | timeout | reset | truncated | bad_response
+  --                | too_large | overload | bad_request | tls
+  --   http_status  0 when no status line arrived
+  --   data         a 2xx body of a call that decodes, validated: a raw ref (agg.json) that also
+  --                carries the headers and the body text (json.raw_extra, json.raw); a string:
+  --                why the body is not JSON; nil otherwise
+  --   ms           from core.call to the answer
+  --   answer       nil when data is a raw ref; otherwise this table:
   answer = {
-    outcome     = "string",         -- ok | refused | connect_timeout | timeout | reset | truncated
-                                    -- | bad_response | too_large | overload | bad_request | tls
-    http_status = "number",         -- 0 when no status line arrived
-    headers     = "string|boolean|nil", -- "name\0value\0…"; true: they ride in data's raw ref
-                                    -- (json.raw_extra); nil on failures
-    body        = "string|nil",     -- the body; nil when it is only in data's raw ref, or failed
-    data        = "userdata|string|nil", -- the validated JSON body (a raw ref, agg.json) of a 2xx
-                                    -- call that decodes; a string: why the body is not JSON
-    ms          = "number",         -- from core.call to the answer
-    detail      = "string|nil",     -- what went wrong, for a failed call
+    headers = "string|nil",         -- "name\0value\0…" of a response that arrived; nil on failures
+    body    = "string|nil",         -- the body of a response that arrived
+    detail  = "string|nil",         -- what went wrong, for a failed call
   },
-  -- runtime.start's arrival: the request as the client sent it
+  -- runtime.start(rid, endpoint, method, path, params, arrival): endpoint is the index of the
+  -- loader's endpoint, path has no query, params are the route parameters (name -> string)
   arrival = {
-    method  = "string",
-    path    = "string",             -- without the query
     query   = "string|nil",         -- the raw query string, without '?'
-    params  = "table",              -- route parameters, name -> string
     headers = "string|table",       -- "name\0value\0…" (lowercase names), or name -> value
     body    = "string|nil",
   },

@@ -376,13 +376,13 @@ attempt = function(x, hedge)
   -- beside it, gets a table of its own
   local rec
   if hedge then
-    rec = { id = false, x = x, probe = probe, clamped = clamped, hedge = true, method = spec.method,
-            path = spec.path, headers = spec.headers, body = spec.body, decode = spec.decode,
-            section = spec.section, attempt = x.attempt, flight = false }
+    rec = { id = false, x = x, probe = probe, clamped = clamped, hedge = true, section = spec.section,
+            attempt = x.attempt, flight = false }
   else
     rec = x
   end
-  local id = core.call(ctx.rid, upstreams[spec.upstream].index, math.floor(t + 0.5), rec)
+  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
+                       math.floor(t + 0.5), spec.decode, rec)
   if hedge then
     rec.id = id
   else
@@ -431,15 +431,19 @@ function M.start_call(ctx, key, spec, g, chain)
   end
 end
 
---- Transport completion of call id: answer is agg.contract's (valid during this call only: its
--- fields are read here, once). answer.data is a json ref (parsed body), a string (why the body is
--- not valid JSON), or nil.
-function M.on_call(id, answer)
+--- Transport completion of call id (agg.contract): data is a json ref (the validated body, which
+-- carries the headers and the body text; answer is then nil), a string (why the body is not
+-- valid JSON), or nil; answer (valid during this call only) has the headers, body and detail of
+-- any other answer.
+function M.on_call(id, outcome, http_status, data, ms, answer)
   local rec = calls[id]
   if rec == nil then return end
   calls[id] = nil
-  local a = answer
-  on_answer(rec, a.outcome, a.http_status, a.headers, a.body, a.data, a.ms, a.detail)
+  if answer == nil then
+    on_answer(rec, outcome, http_status, true, nil, data, ms, nil)
+  else
+    on_answer(rec, outcome, http_status, answer.headers, answer.body, data, ms, answer.detail)
+  end
 end
 
 -- Stops every exchange of a request that ended or was abandoned.

@@ -251,13 +251,12 @@ local req_mt = {
   end,
 }
 
---- Starts request rid for endpoint index idx. Called by the transport. arrival (agg.contract,
--- valid during this call only): method, path, query (the raw query string or nil), params (route
--- parameters), headers (lowercased name -> value, or the same as one string "name\0value\0…"),
--- body (string or nil).
-function M.start(rid, idx, arrival)
-  local a = arrival
-  local method, path, query, params, headers, body = a.method, a.path, a.query, a.params, a.headers, a.body
+--- Starts request rid for endpoint index idx. Called by the transport (agg.contract): params, the
+-- route parameters; arrival (valid during this call only): query (the raw query string or nil),
+-- headers (lowercased name -> value, or the same as one string "name\0value\0…"), body (string or
+-- nil).
+function M.start(rid, idx, method, path, params, arrival)
+  local query, headers, body = arrival.query, arrival.headers, arrival.body
   local ep = endpoints[idx]
   local now = core.now()
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)

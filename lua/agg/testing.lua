@@ -148,9 +148,8 @@ function Gateway:install()
   core.breakers = gw.breakers
   function core.log(level, msg) gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg end
   -- the transport's side of agg.contract, as the C worker keeps it
-  function core.call(rid, index, timeout_ms, attempt)
-    local a = attempt
-    return gw:start_call(rid, index, a.method, a.path, a.headers, a.body, timeout_ms, a.decode)
+  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, attempt) -- luacheck: ignore attempt
+    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
   end
   -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
   function core.trace_id(rid) return ("%032x"):format(rid) end
@@ -278,8 +277,11 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   local function finish(at, outcome, status, rheaders, rbody, data, detail)
     c.event = schedule(self, at, function()
       c.ended_ms, c.outcome, c.http_status = self.clock, outcome, status
-      rt.on_call(id, { outcome = outcome, http_status = status or 0, headers = rheaders, body = rbody, data = data,
-                       ms = self.clock - c.started_ms, detail = detail })
+      -- as the C transport: a validated JSON body alone (its ref carries headers and text), else
+      -- the rest of the answer in a table
+      local more = nil
+      if rheaders ~= true then more = { headers = rheaders, body = rbody, detail = detail } end
+      rt.on_call(id, outcome, status or 0, data, self.clock - c.started_ms, more)
     end)
   end
   if not stub then
@@ -327,17 +329,19 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
     finish(at, "too_large", nil, nil, nil, nil, "body over max_body_bytes") return id
   end
   if rheaders["content-type"] == nil and (ans.json ~= nil or fault) then rheaders["content-type"] = "application/json" end
-  -- as the C transport does: a valid JSON body travels only as its raw ref
-  local data
-  if decode and status >= 200 and status < 300 and #rbody > 0 then
-    local ref, err = json.parse(rbody)
-    data = ref or err
-    if ref then rbody = nil end
-  end
   local hstr = {}
   for k, v in pairs(rheaders) do hstr[#hstr + 1] = k .. "\0" .. v .. "\0" end
   table.sort(hstr)
-  finish(at, "ok", status, table.concat(hstr), rbody, data, nil)
+  hstr = table.concat(hstr)
+  -- as the C transport does: a valid JSON body travels only as its raw ref, which carries the
+  -- headers too (json.raw_extra)
+  local data
+  if decode and status >= 200 and status < 300 and #rbody > 0 then
+    local ref, err = json.parse(rbody, hstr)
+    data = ref or err
+    if ref then rbody, hstr = nil, true end
+  end
+  finish(at, "ok", status, hstr, rbody, data, nil)
   return id
 end
 
@@ -430,8 +434,7 @@ function Gateway:send(method, path, opts)
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
-  timed(self, rt.start, rid, idx, { method = method, path = p, query = q ~= "" and q or nil, params = params,
-                                    headers = headers, body = body })
+  timed(self, rt.start, rid, idx, method, p, params, { query = q ~= "" and q or nil, headers = headers, body = body })
   return r
 end
 
