@@ -96,11 +96,7 @@ static void routes_json(const agw_generation_t *gen, agw_buf_t *b)
             if (k)
                 agw_buf_printf(b, ",\"%s\":", names[k]);
             const char *v = vals[k] ? vals[k] : "";
-            size_t mark = b->len;
-            if (agw_json_encode_string(b, v, strlen(v)) != 0) {
-                b->len = mark;
-                agw_buf_puts(b, "null");
-            }
+            agw_json_encode_string_or(b, v, strlen(v), "null");
         }
         agw_buf_printf(b, ",\"generation\":%llu}", (unsigned long long)gen->number);
     }

@@ -191,6 +191,15 @@ int agw_json_encode_string(agw_buf_t *out, const char *str, size_t len)
     return 0;
 }
 
+void agw_json_encode_string_or(agw_buf_t *out, const char *s, size_t len, const char *fallback)
+{
+    size_t mark = out->len;
+    if (agw_json_encode_string(out, s, len) != 0) {
+        out->len = mark;
+        agw_buf_puts(out, fallback);
+    }
+}
+
 /* ---- json_t ---- */
 
 void agw_json_encode_value(const json_t *v, agw_buf_t *out)

@@ -92,11 +92,7 @@ static void put_hex(agw_buf_t *b, const uint8_t *id, size_t n)
 
 static void put_str(agw_buf_t *b, const char *s)
 {
-    size_t mark = b->len;
-    if (agw_json_encode_string(b, s, strlen(s)) != 0) {
-        b->len = mark;
-        agw_buf_puts(b, "\"\"");
-    }
+    agw_json_encode_string_or(b, s, strlen(s), "\"\"");
 }
 
 static void attr_str(agw_buf_t *b, int *first, const char *key, const char *value)

@@ -100,11 +100,7 @@ size_t agw_waterfall_snapshot(agw_waterfall_t *const *rings, size_t n, const cha
 
 static void put_json_str(agw_buf_t *b, const char *s)
 {
-    size_t mark = b->len;
-    if (agw_json_encode_string(b, s, strlen(s)) != 0) {
-        b->len = mark;
-        agw_buf_puts(b, "null");
-    }
+    agw_json_encode_string_or(b, s, strlen(s), "null");
 }
 
 static const char *upstream_name(const agw_metric_labels_t *names, unsigned up)

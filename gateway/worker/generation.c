@@ -250,11 +250,8 @@ void agw_reload_state_json(agw_reload_state_t *st, agw_buf_t *b)
             if (!first)
                 agw_buf_putc(b, ',');
             agw_buf_puts(b, "\n  ");
-            size_t mark = b->len;
-            if (agw_json_encode_string(b, p, len) != 0) { /* not UTF-8 (a file name): say so rather than fail */
-                b->len = mark;
-                agw_buf_puts(b, "\"(message not valid UTF-8)\"");
-            }
+            /* not UTF-8 (a file name): say so rather than fail */
+            agw_json_encode_string_or(b, p, len, "\"(message not valid UTF-8)\"");
             first = 0;
         }
         p = eol ? eol + 1 : p + len;
