@@ -44,37 +44,25 @@ const char *agw_call_outcome_name(agw_call_outcome_t o)
 static void queue_push(agw_pool_t *pool, agw_call_t *call)
 {
     call->state = AGW_CALL_QUEUED;
-    call->qnext = NULL;
-    call->qprev = pool->qtail;
-    if (pool->qtail)
-        pool->qtail->qnext = call;
-    else
-        pool->qhead = call;
-    pool->qtail = call;
+    h2o_linklist_insert(&pool->queue, &call->qlink); /* at the tail */
     pool->pending++;
 }
 
 static void queue_remove(agw_pool_t *pool, agw_call_t *call)
 {
-    if (call->qprev)
-        call->qprev->qnext = call->qnext;
-    else
-        pool->qhead = call->qnext;
-    if (call->qnext)
-        call->qnext->qprev = call->qprev;
-    else
-        pool->qtail = call->qprev;
+    h2o_linklist_unlink(&call->qlink);
     pool->pending--;
+}
+
+static agw_call_t *queue_first(agw_pool_t *pool)
+{
+    return h2o_linklist_is_empty(&pool->queue) ? NULL : H2O_STRUCT_FROM_MEMBER(agw_call_t, qlink, pool->queue.next);
 }
 
 static void calls_remove(agw_pool_t *pool, agw_call_t *call)
 {
-    if (call->prev)
-        call->prev->next = call->next;
-    else
-        pool->calls = call->next;
-    if (call->next)
-        call->next->prev = call->prev;
+    (void)pool;
+    h2o_linklist_unlink(&call->link);
 }
 
 
@@ -157,7 +145,7 @@ void agw_call_assign(agw_call_t *call)
 {
     agw_pool_t *pool = call->pool;
     agw_conn_t *c;
-    while ((c = pool->idle) != NULL && agw_conn_stale(c))
+    while ((c = agw_pool_idle_first(pool)) != NULL && agw_conn_stale(c))
         agw_conn_close(c); /* what it got is handled as on_conn_io would: the connection goes */
     if (c == NULL) {
         agw_conn_open(call);
@@ -184,13 +172,13 @@ void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch)
 /* Serves the wait queue while connections are free. */
 void agw_pool_pump(agw_pool_t *pool)
 {
-    while (pool->qhead && (pool->idle || pool->open < pool->max_conns)) {
-        agw_call_t *call = pool->qhead;
+    agw_call_t *call;
+    while ((call = queue_first(pool)) != NULL && (pool->nidle || pool->open < pool->max_conns)) {
         /* a call whose time ran out in the queue, or that has less left than it takes to
          * connect, gets no connection: it did not get one in time, so it fails as overload (the
          * bulkhead), not as a slow upstream (which its breaker would count) */
         double left_ms = call->timeout_ms - (ev_now(pool->loop) - call->started) * 1000.0;
-        double need_ms = pool->idle ? 1.0 : (double)(pool->conf->connect_timeout_ms ? pool->conf->connect_timeout_ms : 1);
+        double need_ms = pool->nidle ? 1.0 : (double)(pool->conf->connect_timeout_ms ? pool->conf->connect_timeout_ms : 1);
         if (left_ms < need_ms) {
             agw_call_fail(call, AGW_CALL_OVERLOAD, "%s: no free connection within %llu ms (all %u busy)", pool->conf->name,
                       (unsigned long long)call->timeout_ms, pool->conf->max_connections);
@@ -255,6 +243,9 @@ agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *con
     pool->loop = loop;
     pool->conf = conf;
     pool->max_conns = conf->max_connections ? conf->max_connections : ~0u;
+    h2o_linklist_init_anchor(&pool->idle);
+    h2o_linklist_init_anchor(&pool->calls);
+    h2o_linklist_init_anchor(&pool->queue);
     return pool;
 }
 
@@ -275,10 +266,11 @@ void agw_pool_destroy(agw_pool_t *pool)
     if (pool == NULL || pool->dying)
         return;
     pool->dying = 1;
-    while (pool->calls)
-        call_discard(pool->calls);
-    while (pool->idle)
-        agw_conn_close(pool->idle);
+    while (!h2o_linklist_is_empty(&pool->calls))
+        call_discard(H2O_STRUCT_FROM_MEMBER(agw_call_t, link, pool->calls.next));
+    agw_conn_t *c;
+    while ((c = agw_pool_idle_first(pool)) != NULL)
+        agw_conn_close(c);
     /* inside a callback the pool is freed when the callback returns */
     pool_free_if_dying(pool);
 }
@@ -307,10 +299,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
     call->state = AGW_CALL_ACTIVE;
     ev_timer_init(&call->timer, on_call_timer, (double)req->timeout_ms / 1000.0, 0.);
     call->timer.data = call;
-    call->next = pool->calls;
-    if (pool->calls)
-        pool->calls->prev = call;
-    pool->calls = call;
+    h2o_linklist_insert(pool->calls.next, &call->link);
     pool->stats.calls++;
 
     if (why) {
@@ -326,7 +315,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
         return call;
     }
     ev_timer_start(pool->loop, &call->timer);
-    if (pool->qhead == NULL && (pool->idle || pool->open < pool->max_conns))
+    if (h2o_linklist_is_empty(&pool->queue) && (pool->nidle || pool->open < pool->max_conns))
         agw_call_assign(call);
     else if (pool->pending < pool->conf->max_pending)
         queue_push(pool, call);
