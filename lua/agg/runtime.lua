@@ -134,8 +134,8 @@ end
 -- (agg.contract's response.page), is known here and never read back from a header
 M.PAGE_COMPLETE, M.PAGE_PARTIAL = { page = "complete" }, { page = "partial" }
 
--- core.respond's response (agg.contract): one table, filled for each response and emptied once
--- the transport has read it, so it keeps nothing alive
+-- core.respond's response (agg.contract): one table, filled for each response; what could keep
+-- a page alive (headers, body, sections) is dropped once the transport has read it
 local out = { status = 0, headers = false, body = false, json = false, default_type = false,
               server_timing = false, page = false, sections = false }
 
@@ -148,7 +148,7 @@ local function send(ctx, status, headers, body, is_json, default_type, page, sec
   o.server_timing = #ctx.timings > 0 and server_timing(ctx) or nil
   o.page, o.sections = page, sections
   local sent, err = core.respond(ctx.rid, o)
-  o.headers, o.body, o.default_type, o.server_timing, o.page, o.sections = nil, nil, nil, nil, nil, nil
+  o.headers, o.body, o.sections = nil, nil, nil
   return sent, err
 end
 
