@@ -52,7 +52,7 @@ describe("GET /product-detail/{id}", function()
     local page = gw:get("/product-detail/7")
     local ok, err = pcall(testing.expect_section, page, "reviews", "ok")
     assert.is_false(ok)
-    assert.matches('scripts/product-detail.lua (GET /product-detail/7): section reviews: expected status "ok", got "fallback" (urn:aggway:problem:upstream-timeout: reviews did not answer in time)', err, 1, true)
+    assert.matches('scripts/product-detail.lua (GET /product-detail/7): section reviews: expected status "ok", got "fallback" (urn:aggway:problem:upstream-timeout: the upstream did not answer in time)', err, 1, true)
   end)
 
   it("does not call reviews when product fails, and fails the page", function()

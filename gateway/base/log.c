@@ -7,22 +7,69 @@
 #include <time.h>
 #include <unistd.h>
 
-void agw_log(agw_log_level_t level, const char *fmt, ...)
+#define LINE_MAX_BYTES 8192
+
+size_t agw_log_escape(char *out, size_t cap, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc = c == '\n' ? 'n' : c == '\r' ? 'r' : 0;
+        size_t need = esc ? 2 : (c < 0x20 && c != '\t') || c == 0x7f ? 4 : 1;
+        if (n + need >= cap)
+            break;
+        if (esc) {
+            out[n++] = '\\';
+            out[n++] = esc;
+        } else if (need == 4) {
+            out[n++] = '\\';
+            out[n++] = 'x';
+            out[n++] = hex[c >> 4];
+            out[n++] = hex[c & 15];
+        } else {
+            out[n++] = (char)c;
+        }
+    }
+    if (cap)
+        out[n] = '\0';
+    return n;
+}
+
+/* Writes "time level " + prefix + text (len bytes, escaped) + "\n" in one write(2). */
+static void write_line(agw_log_level_t level, const char *prefix, size_t plen, const char *text, size_t len)
 {
     static const char *names[] = {"info", "warn", "error"};
-    char line[8192];
+    char line[LINE_MAX_BYTES + 16];
     struct timeval tv;
     struct tm tm;
     gettimeofday(&tv, NULL);
     gmtime_r(&tv.tv_sec, &tm);
-    int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %s ", tm.tm_year + 1900, tm.tm_mon + 1,
+    int h = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %s ", tm.tm_year + 1900, tm.tm_mon + 1,
                      tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(tv.tv_usec / 1000), names[level]);
+    size_t n = h < 0 ? 0 : (size_t)h;
+    n += agw_log_escape(line + n, LINE_MAX_BYTES - n, prefix, plen);
+    n += agw_log_escape(line + n, LINE_MAX_BYTES - n, text, len);
+    line[n++] = '\n';
+    ssize_t wr = write(2, line, n);
+    (void)wr;
+}
+
+void agw_log(agw_log_level_t level, const char *fmt, ...)
+{
+    char msg[LINE_MAX_BYTES];
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    size_t len = (size_t)n + (m < 0 ? 0 : ((size_t)m < sizeof(line) - (size_t)n - 1 ? (size_t)m : sizeof(line) - (size_t)n - 2));
-    line[len++] = '\n';
-    ssize_t wr = write(2, line, len);
-    (void)wr;
+    size_t len = m < 0 ? 0 : (size_t)m < sizeof(msg) ? (size_t)m : sizeof(msg) - 1;
+    write_line(level, "", 0, msg, len);
+}
+
+void agw_log_text(agw_log_level_t level, const char *prefix, const char *text, size_t len)
+{
+    size_t plen = 0;
+    while (prefix[plen])
+        plen++;
+    write_line(level, prefix, plen, text, len);
 }

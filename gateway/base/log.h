@@ -1,11 +1,26 @@
 /* log.h: the error log: one line per event on stderr, "2026-11-29T22:57:21.123Z level message".
- * Thread-safe (one write(2) per line). */
+ * Thread-safe (one write(2) per line).
+ *
+ * One event is one line, whatever its text carries: a message may hold a client's path, a script's
+ * error (with a decoded %0A from a query) or an upstream's words, so every control character in it
+ * is escaped (LF as \n, CR as \r, other C0 bytes, NUL and DEL as \xHH; TAB is kept). A line can
+ * then never be forged by what the gateway was sent. */
 #ifndef AGW_LOG_H
 #define AGW_LOG_H
 
+#include <stddef.h>
+
 typedef enum agw_log_level { AGW_LOG_INFO, AGW_LOG_WARN, AGW_LOG_ERROR } agw_log_level_t;
 
-/* Writes one line; the message is truncated at 8 KiB. */
+/* Writes one line; the message is escaped as above and cut at 8 KiB. */
 void agw_log(agw_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Writes one line of prefix (a NUL-terminated string) and text (len bytes, NULs included, e.g. a
+ * Lua string), escaped as above and cut at 8 KiB. */
+void agw_log_text(agw_log_level_t level, const char *prefix, const char *text, size_t len);
+
+/* Copies s (len bytes) into out (cap bytes, NUL-terminated when cap > 0) with control characters
+ * escaped as above, stopping before an escape that does not fit. Returns the bytes written. */
+size_t agw_log_escape(char *out, size_t cap, const char *s, size_t len);
 
 #endif

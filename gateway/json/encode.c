@@ -89,9 +89,7 @@ static void encode_real(agw_buf_t *out, double d)
 
 /* ---- strings ---- */
 
-/* Returns the length of the valid UTF-8 sequence starting at s (n bytes left), or 0 when it is
- * invalid: overlong, a surrogate, beyond U+10FFFF or truncated (RFC 3629 §4). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
+size_t agw_utf8_seq(const unsigned char *s, size_t n)
 {
     unsigned char c = s[0];
     size_t len;
@@ -140,7 +138,7 @@ static const char *escape_of(unsigned char c, char tmp[8])
 }
 
 /* Bytes that a JSON string cannot hold as they are: control characters, '"', '\\', and every
- * byte of a multi-byte UTF-8 sequence (checked by utf8_seq). */
+ * byte of a multi-byte UTF-8 sequence (checked by agw_utf8_seq). */
 static const unsigned char NOT_PLAIN[256] = {
     [0x00 ... 0x1F] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xFF] = 1,
 };
@@ -167,7 +165,7 @@ int agw_json_encode_string(agw_buf_t *out, const char *str, size_t len)
     while (i < len) {
         unsigned char c = s[i];
         if (c >= 0x80) {
-            size_t n = utf8_seq(s + i, len - i);
+            size_t n = agw_utf8_seq(s + i, len - i);
             if (n == 0) {
                 out->len = start_len;
                 if (out->base)

@@ -171,6 +171,10 @@ static void ensure_state(lua_State *L)
     lua_newtable(L);
     lua_pushliteral(L, "agg.array");
     lua_setfield(L, -2, "__name");
+    /* shared by every array of every script: protected like json.ordered's (getmetatable gives
+     * the name, setmetatable raises), so no script changes how another one's arrays behave */
+    lua_pushliteral(L, "agg.array");
+    lua_setfield(L, -2, "__metatable");
     set_reg(L, AGW_JSON_ARRAY_MT, AGW_JSON_K_ARRAY);
 
     static const luaL_Reg int64_mt[] = {
@@ -180,6 +184,8 @@ static void ensure_state(lua_State *L)
     luaL_register(L, NULL, int64_mt);
     lua_pushliteral(L, "agg.int64");
     lua_setfield(L, -2, "__name");
+    lua_pushliteral(L, "agg.int64");
+    lua_setfield(L, -2, "__metatable");
     set_reg(L, AGW_JSON_INT64_MT, AGW_JSON_K_INT64);
 
     static const luaL_Reg ref_mt[] = {{"__gc", ref_gc}, {"__tostring", ref_tostring}, {NULL, NULL}};

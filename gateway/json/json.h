@@ -165,6 +165,10 @@ int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t err
  * one that is not (made with a _nocheck constructor) is written as null. */
 void agw_json_encode_value(const json_t *v, agw_buf_t *out);
 
+/* Returns the length of the valid UTF-8 sequence starting at s (n >= 1 bytes left), or 0 when it
+ * is invalid: overlong, a surrogate, beyond U+10FFFF or truncated (RFC 3629 §4). */
+size_t agw_utf8_seq(const unsigned char *s, size_t n);
+
 /* Appends s (len bytes) as a JSON string literal with quotes. Returns -1 (having appended
  * nothing useful) if s is not valid UTF-8. */
 int agw_json_encode_string(agw_buf_t *out, const char *s, size_t len);

@@ -204,8 +204,10 @@ static void encode_client_span(agw_buf_t *b, const agw_metric_labels_t *names, c
     int error = s->outcome != AGW_SPAN_CANCELLED && (s->outcome != AGW_CALL_OK || s->http_status >= 400);
     if (error) {
         agw_buf_puts(b, ",\"status\":{\"code\":2,\"message\":");
-        char msg[64];
-        if (s->outcome == AGW_CALL_OK)
+        char msg[AGW_SPAN_DETAIL_MAX];
+        if (s->detail[0])
+            snprintf(msg, sizeof(msg), "%s", s->detail);
+        else if (s->outcome == AGW_CALL_OK)
             snprintf(msg, sizeof(msg), "HTTP %u", s->http_status);
         else
             snprintf(msg, sizeof(msg), "%s", agw_span_outcome_name(s->outcome));

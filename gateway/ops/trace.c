@@ -1,6 +1,7 @@
 /* trace.c: W3C Trace Context parsing and formatting, span records (see trace.h). */
 #include "ops/trace.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "upstream/pool.h"
@@ -252,10 +253,12 @@ int agw_trace_add_span(agw_trace_t *tr, uint64_t *rng, unsigned up, const char *
     if (slen)
         memcpy(s->section, section, slen);
     s->section[slen] = '\0';
+    s->detail[0] = '\0';
     return (int)tr->num_spans++;
 }
 
-void agw_trace_end_span(agw_trace_t *tr, int i, unsigned outcome, int http_status, uint64_t now_us)
+void agw_trace_end_span(agw_trace_t *tr, int i, unsigned outcome, int http_status, const char *detail,
+                        uint64_t now_us)
 {
     if (i < 0 || (size_t)i >= tr->num_spans)
         return;
@@ -266,6 +269,8 @@ void agw_trace_end_span(agw_trace_t *tr, int i, unsigned outcome, int http_statu
     s->end_us = now_us > s->start_us ? now_us : s->start_us;
     s->outcome = (uint8_t)outcome;
     s->http_status = (uint16_t)(http_status > 0 && http_status < 1000 ? http_status : 0);
+    if (detail)
+        snprintf(s->detail, sizeof(s->detail), "%s", detail);
 }
 
 void agw_trace_finish(agw_trace_t *tr, int status, uint64_t now_us)
@@ -273,7 +278,7 @@ void agw_trace_finish(agw_trace_t *tr, int status, uint64_t now_us)
     tr->status = status;
     tr->end_us = now_us > tr->start_us ? now_us : tr->start_us;
     for (size_t i = 0; i < tr->num_spans; i++)
-        agw_trace_end_span(tr, (int)i, AGW_SPAN_CANCELLED, 0, tr->end_us);
+        agw_trace_end_span(tr, (int)i, AGW_SPAN_CANCELLED, 0, NULL, tr->end_us);
 }
 
 const char *agw_span_outcome_name(unsigned outcome)

@@ -24,6 +24,7 @@
 #define AGW_TRACE_MAX_SPANS 48       /* upstream spans kept per request; more are counted, not kept */
 #define AGW_SPAN_SECTION_MAX 40      /* section names are cut to this many bytes (NUL included) */
 #define AGW_TRACE_TARGET_MAX 128     /* request method + path kept for the span name and the waterfall */
+#define AGW_SPAN_DETAIL_MAX 128      /* a failed attempt's cause is cut to this many bytes (NUL included) */
 
 /* A parsed traceparent header (§3.2). */
 typedef struct agw_traceparent {
@@ -56,6 +57,9 @@ typedef struct agw_span {
     uint8_t flags;                   /* AGW_SPAN_* */
     uint8_t attempt;                 /* 1 for the first attempt of an exchange, 2 for the next, … */
     char section[AGW_SPAN_SECTION_MAX]; /* the page section the call serves (NUL-terminated) */
+    char detail[AGW_SPAN_DETAIL_MAX];   /* why the attempt failed, as the upstream client said it (its URL,
+                                           address, errno text, TLS reason); "" when it did not fail.
+                                           Internal: the span, the waterfall and the log, never a client */
 } agw_span_t;
 
 /* The trace of one request: the gateway's span and its children. */
@@ -119,9 +123,11 @@ void agw_trace_traceparent(const agw_trace_t *tr, int i, char *out);
 int agw_trace_add_span(agw_trace_t *tr, uint64_t *rng, unsigned up, const char *section, size_t slen, unsigned flags,
                        unsigned attempt, uint64_t now_us);
 
-/* Ends span i of tr at now_us with the transport outcome and HTTP status (ignored when the span
- * already ended or i is out of range). */
-void agw_trace_end_span(agw_trace_t *tr, int i, unsigned outcome, int http_status, uint64_t now_us);
+/* Ends span i of tr at now_us with the transport outcome, HTTP status and detail (the failure's
+ * cause, NULL when none; copied, cut to fit) (ignored when the span already ended or i is out of
+ * range). */
+void agw_trace_end_span(agw_trace_t *tr, int i, unsigned outcome, int http_status, const char *detail,
+                        uint64_t now_us);
 
 /* Ends the request's trace at now_us with status: spans still open end now as cancelled (the
  * gateway stops waiting for them when the response goes). */

@@ -55,6 +55,7 @@ void agw_waterfall_record(agw_waterfall_t *wf, const agw_trace_t *tr)
         const agw_span_t *s = &tr->spans[i];
         agw_wf_call_t *c = &e->calls[i];
         memcpy(c->section, s->section, sizeof(c->section));
+        memcpy(c->detail, s->detail, sizeof(c->detail));
         c->upstream = s->upstream;
         c->http_status = s->http_status;
         c->outcome = s->outcome;
@@ -154,7 +155,12 @@ void agw_waterfall_json(agw_buf_t *b, const agw_metric_labels_t *names, const ag
                            c->start_us / 1000, c->start_us % 1000, dur / 1000, dur % 1000, c->attempt,
                            c->flags & AGW_SPAN_RETRY ? "true" : "false", c->flags & AGW_SPAN_HEDGE ? "true" : "false");
             const char *sf = single_flight(c->flags);
-            agw_buf_printf(b, ",\"single_flight\":%s%s%s}", sf ? "\"" : "", sf ? sf : "null", sf ? "\"" : "");
+            agw_buf_printf(b, ",\"single_flight\":%s%s%s", sf ? "\"" : "", sf ? sf : "null", sf ? "\"" : "");
+            if (c->detail[0]) { /* the admin listener's: internal detail is for operators */
+                agw_buf_puts(b, ",\"detail\":");
+                put_json_str(b, c->detail);
+            }
+            agw_buf_puts(b, "}");
         }
         agw_buf_puts(b, "]}");
     }
@@ -289,6 +295,10 @@ static void render_request(agw_buf_t *b, const agw_metric_labels_t *names, const
             agw_buf_puts(b, " &middot; shared call");
         if (c->outcome == AGW_SPAN_CANCELLED)
             agw_buf_puts(b, " &middot; cancelled");
+        if (c->detail[0]) {
+            agw_buf_puts(b, " &middot; ");
+            put_html(b, c->detail);
+        }
         agw_buf_puts(b, "</text>\n");
     }
     agw_buf_puts(b, "</svg></section>\n");

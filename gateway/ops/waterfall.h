@@ -38,6 +38,7 @@ typedef struct agw_wf_call {
     uint8_t flags;              /* AGW_SPAN_* */
     uint8_t attempt;
     uint32_t start_us, end_us;  /* µs after the request started */
+    char detail[AGW_SPAN_DETAIL_MAX]; /* as agw_span_t.detail: why it failed, "" when it did not */
 } agw_wf_call_t;
 
 /* One finished request. */

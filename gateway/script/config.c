@@ -146,36 +146,12 @@ static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *err
         conf->endpoints[i].route = field_str(L, e, "route");
         conf->endpoints[i].method = field_str(L, e, "method");
         conf->endpoints[i].file = field_str(L, e, "file");
-        agw_route_seg_t segs[AGW_ROUTE_MAX_SEGMENTS + 1];
-        lua_getfield(L, e, "segments");
-        size_t ns = lua_objlen(L, -1);
-        char *method = field_str(L, e, "method");
-        char *route = field_str(L, e, "route");
-        if (ns > AGW_ROUTE_MAX_SEGMENTS) {
-            agw_buf_printf(errors, "%s: route '%s' has more than %d segments\n", route, route, AGW_ROUTE_MAX_SEGMENTS);
+        char err[512];
+        if (agw_router_add_lua(&conf->router, L, e, (int)i + 1, err, sizeof(err)) != 0) {
+            agw_buf_printf(errors, "%s: %s\n", conf->endpoints[i].file, err);
             rc = -1;
-        } else {
-            for (size_t j = 0; j < ns; j++) {
-                lua_rawgeti(L, -1, (int)j + 1);
-                if (lua_istable(L, -1)) {
-                    lua_getfield(L, -1, "param");
-                    segs[j].text = (char *)lua_tolstring(L, -1, &segs[j].len);
-                    segs[j].is_param = 1;
-                    lua_pop(L, 1);
-                } else {
-                    segs[j].text = (char *)lua_tolstring(L, -1, &segs[j].len);
-                    segs[j].is_param = 0;
-                }
-                lua_pop(L, 1); /* strings stay alive: referenced by the segments table */
-            }
-            if (agw_router_add(&conf->router, method, route, segs, ns, (int)i + 1) != 0) {
-                agw_buf_printf(errors, "route '%s' has more than %d parameters\n", route, AGW_ROUTE_MAX_PARAMS);
-                rc = -1;
-            }
         }
-        free(method);
-        free(route);
-        lua_pop(L, 2);
+        lua_pop(L, 1);
     }
     lua_pop(L, 1);
     return rc;
@@ -318,6 +294,14 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
     conf->shutdown_grace_ms = (uint64_t)field_num(L, cfg, "shutdown_grace_ms", 10000);
     conf->script_time_limit_ms = (uint64_t)field_num(L, cfg, "script_time_limit_ms", 1000);
+    /* the operator's opt-out of the sandbox (lua/agg/sandbox.lua) is said at every load: start,
+     * check and each reload */
+    lua_getfield(L, cfg, "scripts");
+    lua_getfield(L, -1, "trusted");
+    if (lua_toboolean(L, -1))
+        agw_log(AGW_LOG_WARN, "%s/gateway.lua: scripts = { trusted = true }: the scripts of %s run without the "
+                "sandbox (io, ffi, os.execute and every other library are open to them)", dir, dir);
+    lua_pop(L, 2);
     int rc = load_listen(L, cfg, conf);
     load_admin(L, cfg, conf);
     if (load_upstreams(L, cfg, conf, errors) != 0)

@@ -8,6 +8,10 @@
 
 #include <stddef.h>
 
+#include "route/route_param.h"
+
+struct lua_State;
+
 #define AGW_ROUTE_MAX_SEGMENTS 32
 #define AGW_ROUTE_MAX_PARAMS 16
 
@@ -15,6 +19,9 @@ typedef struct agw_route_seg {
     char *text;        /* literal text, or the parameter name when is_param */
     size_t len;
     int is_param;
+    const char *pattern;          /* agw_router_add's input: the parameter's pattern source, or NULL */
+    size_t pattern_len;
+    agw_route_pattern_t *compiled; /* in the table: the compiled pattern, or NULL (any valid segment) */
 } agw_route_seg_t;
 
 typedef struct agw_route {
@@ -32,7 +39,8 @@ typedef struct agw_router {
 
 /* One captured parameter: name from the route, value is a slice of the request path, still
  * percent-encoded as the client sent it (so "%2F" cannot become a '/' in an upstream path). A
- * parameter never matches an empty segment, "." or "..". */
+ * parameter never matches an empty segment, "." or "..", nor a segment its pattern refuses; its
+ * value holds only what route_param.h allows. */
 typedef struct agw_route_param {
     const char *name;
     size_t name_len;
@@ -44,11 +52,26 @@ typedef enum agw_route_result {
     AGW_ROUTE_FOUND = 0,
     AGW_ROUTE_NOT_FOUND,          /* no pattern matches the path: 404 */
     AGW_ROUTE_METHOD_NOT_ALLOWED, /* a pattern matches with another method: 405 */
+    AGW_ROUTE_BAD_PARAM,          /* no route matches, and a route's parameter would hold characters
+                                     route_param.h refuses: 400 */
 } agw_route_result_t;
 
-/* Appends a route; segs/texts are copied. Returns 0, or -1 when there are too many segments. */
+/* Appends a route; segs/texts are copied, parameter patterns compiled. Returns 0, or -1 with a
+ * message in err (errlen bytes) when there are too many segments or parameters, or a pattern
+ * does not compile. */
 int agw_router_add(agw_router_t *r, const char *method, const char *pattern, const agw_route_seg_t *segs,
-                   size_t num_segs, int endpoint);
+                   size_t num_segs, int endpoint, char *err, size_t errlen);
+
+/* Appends the route of the endpoint table at index idx of L's stack (agg.loader's shape: method,
+ * route, segments = { "literal" | { param = name, pattern = src | nil } … }) as endpoint. Same
+ * returns as agw_router_add. Used by the configuration and by agg.router (the spec harness). */
+int agw_router_add_lua(agw_router_t *r, struct lua_State *L, int idx, int endpoint, char *err, size_t errlen);
+
+/* The "agg.router" Lua module, for the loader and the spec harness, so that both route with this
+ * code: compile(src) -> true | nil, message (a parameter pattern, route_param.h);
+ * new(endpoints) -> router; router:match(method, path) -> "found", index, params |
+ * "not_found" | "method_not_allowed", allow | "bad_param". */
+int agw_router_open(struct lua_State *L);
 
 /* Matches method + path (no query string). On AGW_ROUTE_FOUND sets *endpoint and fills params
  * (at most AGW_ROUTE_MAX_PARAMS) with *num_params. On AGW_ROUTE_METHOD_NOT_ALLOWED writes the

@@ -14,9 +14,11 @@
 #include <sys/stat.h>
 
 #include "upstream/breaker.h"
+#include "upstream/http1.h"
 #include "base/file.h"
 #include "json/json.h"
 #include "script/resp_headers.h"
+#include "script/router.h"
 
 #ifndef AGW_LUA_DIR
 #define AGW_LUA_DIR "lua"
@@ -141,9 +143,39 @@ static int l_read_file(lua_State *L)
     return 1;
 }
 
+/* call_invalid(method, path, headers) -> nil, or why the upstream client would refuse to send the
+ * call (upstream/http1.h); headers is the runtime's flat list { name, value, … } or false. */
+static int l_call_invalid(lua_State *L)
+{
+    const char *method = luaL_checkstring(L, 1);
+    size_t path_len;
+    const char *path = luaL_checklstring(L, 2, &path_len);
+    agw_header_t hdrs[64];
+    size_t n = 0;
+    if (lua_istable(L, 3)) {
+        size_t len = lua_objlen(L, 3);
+        for (size_t i = 1; i + 1 <= len && n < sizeof(hdrs) / sizeof(hdrs[0]); i += 2, n++) {
+            lua_rawgeti(L, 3, (int)i);
+            lua_rawgeti(L, 3, (int)i + 1);
+            hdrs[n].name = lua_tolstring(L, -2, &hdrs[n].name_len);
+            hdrs[n].value = lua_tolstring(L, -1, &hdrs[n].value_len);
+            lua_pop(L, 2); /* the strings stay alive: the table holds them */
+            if (hdrs[n].name == NULL || hdrs[n].value == NULL)
+                return luaL_error(L, "call_invalid: header names and values must be strings");
+        }
+    }
+    const char *why = agw_h1_request_invalid(method, path, path_len, hdrs, n);
+    if (why == NULL)
+        return 0;
+    lua_pushstring(L, why);
+    return 1;
+}
+
 int agw_sys_open(lua_State *L)
 {
-    lua_createtable(L, 0, 3);
+    lua_createtable(L, 0, 4);
+    lua_pushcfunction(L, l_call_invalid);
+    lua_setfield(L, -2, "call_invalid");
     lua_pushcfunction(L, l_read_file);
     lua_setfield(L, -2, "read_file");
     lua_pushcfunction(L, l_listdir);
@@ -180,6 +212,7 @@ lua_State *agw_vm_new(const char *scripts_dir)
     preload(L, "agg.sys", agw_sys_open);
     preload(L, "agg.breaker", agw_breaker_open);
     preload(L, "agg.resp_headers", agw_resp_headers_open);
+    preload(L, "agg.router", agw_router_open);
     return L;
 }
 

@@ -68,38 +68,68 @@ int agw_h1_method_idempotent(const char *m)
     return 0;
 }
 
+/* Whether v (len bytes) holds a control character other than HTAB (C0 or DEL). Eight bytes at a
+ * time (a word with a byte below 0x20 or equal to 0x7f is looked at byte by byte): a call's header
+ * values, traceparent included, are checked on every call. */
+static int has_control(const char *v, size_t len)
+{
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t x, del;
+        memcpy(&x, v + i, 8);
+        del = x ^ (ones * 0x7f);
+        if ((((x - ones * 0x20) & ~x) | ((del - ones) & ~del)) & highs)
+            break;
+    }
+    for (; i < len; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+            return 1;
+    }
+    return 0;
+}
+
+const char *agw_h1_request_invalid(const char *method, const char *path, size_t path_len,
+                                   const agw_header_t *headers, size_t num_headers)
+{
+    if (!is_token(method, method ? strlen(method) : 0))
+        return "method is not an HTTP token";
+    if (path_len == 0 || path[0] != '/')
+        return "path does not start with '/'";
+    /* the request target is sent as the script built it: a byte that is not a URI character
+     * would be sent raw (RFC 3986 §2: non-ASCII must be percent-encoded) and a '#' would cut the
+     * path at a fragment the upstream never sees (§3.5) */
+    static const unsigned char BAD[256] = {[0 ... ' '] = 1, [0x7f] = 1, [0x80 ... 0xff] = 2, ['#'] = 3};
+    static const char *const why[] = {
+        NULL, "path contains a space or a control character (CR, LF, NUL, ...)",
+        "path contains a byte that is not ASCII (percent-encode it: agg.escape)",
+        "path contains '#', which would start a fragment (percent-encode it: agg.escape)"};
+    for (size_t i = 0; i < path_len; i++)
+        if (BAD[(unsigned char)path[i]])
+            return why[BAD[(unsigned char)path[i]]];
+    for (size_t i = 0; i < num_headers; i++) {
+        const agw_header_t *h = &headers[i];
+        if (!is_token(h->name, h->name_len))
+            return "header name is empty or not an HTTP token";
+        /* field values are visible characters, spaces and HTABs (RFC 9110 §5.5): CR, LF and NUL
+         * would split or cut the request, the other controls (VT, FF, ESC, DEL …) are refused too */
+        if (has_control(h->value, h->value_len))
+            return "header value contains a control character (only HTAB is allowed)";
+    }
+    return NULL;
+}
+
 size_t agw_h1_request_size(const agw_upstream_conf_t *conf, const agw_call_req_t *req,
                            const char **why)
 {
-    size_t mlen = req->method ? strlen(req->method) : 0;
-    if (!is_token(req->method, mlen)) {
-        *why = "method is not an HTTP token";
+    if ((*why = agw_h1_request_invalid(req->method, req->path, req->path_len, req->headers, req->num_headers)))
         return 0;
-    }
-    if (req->path_len == 0 || req->path[0] != '/') {
-        *why = "path does not start with '/'";
-        return 0;
-    }
-    for (size_t i = 0; i < req->path_len; i++) {
-        unsigned char ch = (unsigned char)req->path[i];
-        if (ch <= ' ' || ch == 0x7f) {
-            *why = "path contains a space or a control character (CR, LF, NUL, ...)";
-            return 0;
-        }
-    }
+    size_t mlen = strlen(req->method);
     size_t n = mlen + 1 + strlen(base_path(conf)) + req->path_len +
                strlen(" HTTP/1.1\r\nHost: ") + strlen(conf->host_header) + 2;
     for (size_t i = 0; i < req->num_headers; i++) {
         const agw_header_t *h = &req->headers[i];
-        if (!is_token(h->name, h->name_len)) {
-            *why = "header name is empty or not an HTTP token";
-            return 0;
-        }
-        if (memchr(h->value, '\r', h->value_len) || memchr(h->value, '\n', h->value_len) ||
-            memchr(h->value, '\0', h->value_len)) {
-            *why = "header value contains CR, LF or NUL";
-            return 0;
-        }
         if (!is_framing_header(h))
             n += h->name_len + 2 + h->value_len + 2;
     }

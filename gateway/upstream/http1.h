@@ -16,10 +16,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Why a request must not be sent, as a static string, or NULL when it may: the method is not a
+ * token, the path does not start with '/' or holds a space, a control character (CR, LF, NUL
+ * included), a byte that is not ASCII or a '#' (RFC 3986 §2, §3.5), a header name is empty or not
+ * a token, or a header value holds a control character other than HTAB (RFC 9110 §5.1, §5.5).
+ * Also what agg.sys.call_invalid tells the spec harness, so specs refuse what serve refuses. */
+const char *agw_h1_request_invalid(const char *method, const char *path, size_t path_len,
+                                   const agw_header_t *headers, size_t num_headers);
+
 /* Size in bytes of the request agw_h1_request_write() will produce for req, or 0 with *why set
- * to a static reason when the request must not be sent: the method is not a token, the path does
- * not start with '/' or holds a space or control character (CR, LF, NUL included), a header name
- * is empty or not a token, or a header value holds CR, LF or NUL (RFC 9110 §5.1, §5.5). */
+ * to agw_h1_request_invalid()'s reason when the request must not be sent. */
 size_t agw_h1_request_size(const agw_upstream_conf_t *conf, const agw_call_req_t *req,
                            const char **why);
 

@@ -52,18 +52,18 @@ static void call_release(agw_worker_t *w, wcall_t *c)
 }
 
 /* Ends the span of call c and of every request that shared it (on_call_done, core.cancel). */
-static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int http_status)
+static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int http_status, const char *detail)
 {
     uint64_t t = agw_worker_now_us(w);
     reqref_t *rr = c->span >= 0 ? agw_slots_get(&w->reqs, c->rid) : NULL;
     if (rr && rr->trace)
-        agw_trace_end_span(rr->trace, c->span, outcome, http_status, t);
+        agw_trace_end_span(rr->trace, c->span, outcome, http_status, detail, t);
     while (c->joiners) {
         sf_joiner_t *j = c->joiners;
         c->joiners = j->next;
         reqref_t *jr = agw_slots_get(&w->reqs, j->rid);
         if (jr && jr->trace)
-            agw_trace_end_span(jr->trace, j->span, outcome, http_status, t);
+            agw_trace_end_span(jr->trace, j->span, outcome, http_status, detail, t);
         free(j);
     }
 }
@@ -162,7 +162,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     uint64_t id = c->id;
     int decode = c->decode;
     unsigned up = c->up;
-    trace_call_ended(w, c, res->outcome, res->http_status);
+    trace_call_ended(w, c, res->outcome, res->http_status, res->detail);
     call_release(w, c);
 
     /* runtime.on_call(id, outcome, http_status, data, ms, answer) (lua/agg/contract.lua): a 2xx JSON
@@ -320,7 +320,7 @@ static int l_call(lua_State *L)
     if (c->call == NULL) {
         /* the pool is being destroyed (agw_call_start's only refusal): the span recorded above
          * ends here, cancelled (nothing was sent) */
-        trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0);
+        trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
         call_release(w, c);
         return luaL_error(L, "core.call: the pool of upstream #%d is closing", index);
     }
@@ -398,7 +398,7 @@ static int l_cancel(lua_State *L)
     wcall_t *c = agw_slots_get(&w->calls, id);
     if (c) {
         wgen_t *g = c->g;
-        trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0);
+        trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
         agw_call_cancel(c->call);
         agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
         agw_worker_publish_pool(g, c->up);
@@ -598,9 +598,13 @@ static int l_log(lua_State *L)
 {
     agw_worker_t *w = upw(L);
     const char *level = luaL_checkstring(L, 1);
-    const char *msg = luaL_checkstring(L, 2);
-    agw_log(strcmp(level, "error") == 0 ? AGW_LOG_ERROR : strcmp(level, "warn") == 0 ? AGW_LOG_WARN : AGW_LOG_INFO,
-            "worker %d: %s", w->id, msg);
+    size_t len;
+    const char *msg = luaL_checklstring(L, 2, &len);
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "worker %d: ", w->id);
+    /* the text may carry a client's, a script's or an upstream's bytes: log.h escapes them all */
+    agw_log_text(strcmp(level, "error") == 0 ? AGW_LOG_ERROR : strcmp(level, "warn") == 0 ? AGW_LOG_WARN : AGW_LOG_INFO,
+                 prefix, msg, len);
     return 0;
 }
 

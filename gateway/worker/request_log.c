@@ -123,8 +123,34 @@ void agw_worker_on_alog_timer(struct ev_loop *loop, ev_timer *t, int revents)
     agw_worker_alog_flush(t->data);
 }
 
+/* Replaces each DEL byte appended to b since mark (inside a JSON string the encoder wrote: it
+ * never writes DEL but for a DEL of the text) by \u007f. JSON allows a raw DEL; a log line has
+ * every control character escaped (log.h). */
+static void escape_del(agw_buf_t *b, size_t mark)
+{
+    size_t dels = 0;
+    for (size_t i = mark; i < b->len; i++)
+        dels += b->base[i] == 0x7f;
+    if (dels == 0)
+        return;
+    size_t old_len = b->len;
+    agw_buf_reserve(b, dels * 5 + 1);
+    size_t o = old_len + dels * 5; /* from the end, so each byte moves once */
+    b->len = o;
+    b->base[o] = '\0';
+    for (size_t i = old_len; i-- > mark;) {
+        if (b->base[i] == 0x7f) {
+            o -= 6;
+            memcpy(b->base + o, "\\u007f", 6);
+        } else {
+            b->base[--o] = b->base[i];
+        }
+    }
+}
+
 /* Appends s as a JSON string: plain printable ASCII is copied as is; anything else goes through the
- * JSON encoder, and bytes that are not UTF-8 are written as \u00XX. */
+ * JSON encoder, and bytes that are not UTF-8 are written as \u00XX. No control character (DEL
+ * included) is written raw. */
 static void alog_str(agw_buf_t *b, const char *s, size_t len)
 {
     size_t i = 0;
@@ -144,8 +170,10 @@ static void alog_str(agw_buf_t *b, const char *s, size_t len)
         return;
     }
     size_t mark = b->len;
-    if (agw_json_encode_string(b, s, len) == 0)
+    if (agw_json_encode_string(b, s, len) == 0) {
+        escape_del(b, mark);
         return;
+    }
     b->len = mark;
     agw_buf_putc(b, '"');
     for (i = 0; i < len; i++) {

@@ -453,6 +453,11 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         agw_worker_send_problem(w, req, NULL, 0, 404, "route-not-found", "no route matches this path", NULL);
         return 0;
     }
+    if (m == AGW_ROUTE_BAD_PARAM) { /* route_param.h: nothing reaches a script or an upstream */
+        agw_worker_send_problem(w, req, NULL, 0, 400, "bad-route-parameter",
+                                "a path segment holds characters a route parameter may not", NULL);
+        return 0;
+    }
     if (m == AGW_ROUTE_METHOD_NOT_ALLOWED) {
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
         agw_worker_send_problem(w, req, NULL, 0, 405, "method-not-allowed", "this route does not accept this method",

@@ -81,16 +81,17 @@ function M.check(cfg, src, file)
     return nil, errors
   end
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
-                shutdown_grace_ms = 10000, script_time_limit_ms = 1000 }
+                shutdown_grace_ms = 10000, script_time_limit_ms = 1000, scripts = { trusted = false } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
-                admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true }
+                admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
+                scripts = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, access_log, tracing, upstreams")
+          "shutdown_grace_ms, script_time_limit_ms, scripts, access_log, tracing, upstreams")
     end
   end
   local function show(v)
@@ -330,6 +331,26 @@ function M.check(cfg, src, file)
   -- (worker/watchdog.h): from 10 ms to 10 minutes
   whole_ms("script_time_limit_ms", 10, 600000)
   whole_ms("shutdown_grace_ms", 0, 3600000)
+  -- scripts = { trusted = true }: the folder's scripts run without the sandbox (agg.sandbox)
+  if cfg.scripts ~= nil then
+    local sline = find_line(lines, "scripts")
+    local sc = cfg.scripts
+    if type(sc) ~= "table" then
+      err(sline, "scripts", "must be a table like { trusted = true }, got " .. show(sc))
+    else
+      for k in pairs(sc) do
+        if k ~= "trusted" then
+          err(find_line(lines, k, sline) or sline, "scripts." .. tostring(k), "unknown option" ..
+              suggest(tostring(k), { trusted = true }) .. " (trusted)")
+        end
+      end
+      if sc.trusted ~= nil and type(sc.trusted) ~= "boolean" then
+        err(find_line(lines, "trusted", sline) or sline, "scripts.trusted", "must be true or false, got " .. show(sc.trusted))
+      else
+        out.scripts.trusted = sc.trusted == true
+      end
+    end
+  end
   -- upstreams
   local ups = cfg.upstreams
   local uline = find_line(lines, "upstreams")

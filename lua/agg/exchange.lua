@@ -10,6 +10,7 @@ local result = require "agg.result"
 local M = {}
 
 local new_result, fail, result_mt, result_info = result.new, result.fail, result.mt, result.info
+local log_call_failure = result.log_call_failure
 
 local core                                             -- transport and clock
 local upstreams = {}                                   -- name -> { index, timeout_ms }
@@ -161,11 +162,14 @@ local function make_result(x, outcome, http_status, headers, body, data, ms, det
   r.body = body
   if http_status ~= 0 then r.http_status = http_status end
   if outcome == "ok" and http_status >= 200 and http_status < 300 then
-    fail(ctx, r, problem.for_outcome("bad_json", key, spec.upstream, data), spec)
+    log_call_failure(ctx, key, spec.upstream, "the body is not valid JSON: " .. tostring(data))
+    fail(ctx, r, problem.for_outcome("bad_json", key, spec.upstream), spec)
   elseif outcome == "ok" then
     fail(ctx, r, problem.for_http_status(http_status, key, spec.upstream), spec)
   else
-    fail(ctx, r, problem.for_outcome(outcome, key, spec.upstream, detail), spec)
+    -- what the transport said (address, errno text, TLS reason) is for the log only (agg.problem)
+    if outcome ~= "cancelled" then log_call_failure(ctx, key, spec.upstream, detail or outcome) end
+    fail(ctx, r, problem.for_outcome(outcome, key, spec.upstream), spec)
   end
   return r
 end
@@ -361,8 +365,9 @@ attempt = function(x, hedge)
       if active_any(x) then return end
       local r = new_result(x.key, spec)
       r.ms = 0
-      local p = problem.new("circuit-open", ("%s: upstream %s is failing; calls are paused"):format(x.key, spec.upstream),
-                            503, ("the circuit breaker is open; retry in %d s"):format(math.ceil(retry_after / 1000)))
+      local p = problem.new("circuit-open", problem.CIRCUIT_OPEN_TITLE, 503,
+                            ("section %s, upstream %s: the circuit breaker is open; retry in %d s"):format(
+                              tostring(x.key), spec.upstream, math.ceil(retry_after / 1000)))
       r.retry_after = math.max(1, math.ceil(retry_after / 1000))
       return finish_exchange(x, fail(ctx, r, p, spec))
     end

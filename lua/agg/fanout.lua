@@ -337,6 +337,8 @@ local then_mt = {
     end
     return r[k]
   end,
+  -- shared by every script's chains: getmetatable gives a name, never the table
+  __metatable = "agg.fetch_then",
 }
 
 is_then = function(v)

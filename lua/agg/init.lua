@@ -44,12 +44,13 @@ local rt = require "agg.runtime"
 local url = require "agg.url"
 local page = require "agg.page"
 local problem = require "agg.problem"
+local readonly = require "agg.readonly"
 
 local agg = {
   null = json.null,
   array = json.array,
   int64 = json.int64,
-  json = json,
+  json = readonly.view(json, "agg.json"),
   problem = problem.new,
   fetch_all = rt.fetch_all,
   fetch_then = rt.fetch_then,
@@ -68,8 +69,4 @@ agg.unescape = url.unescape
 
 -- Every script of a worker shares this module: it is read-only, so one script cannot break the
 -- others (agg.fetch_all = nil raises at that script's line instead).
-return setmetatable({}, {
-  __index = agg,
-  __newindex = function(_, k) error("the agg module is read-only (tried to set agg." .. tostring(k) .. ")", 2) end,
-  __metatable = "agg",
-})
+return readonly.view(agg, "agg")

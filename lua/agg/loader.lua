@@ -6,6 +6,8 @@
 -- or a list of such tables. Files under lib/ are modules for require "lib.x", never endpoints.
 local config = require "agg.config"
 local sys = require "agg.sys"
+local sandbox = require "agg.sandbox"
+local router = require "agg.router"
 
 local M = {}
 
@@ -29,58 +31,11 @@ local function line_of(src, needle)
   return 1
 end
 
--- Each endpoint file runs in an environment of its own: its globals stay its own, and the
--- standard libraries every script shares are read-only views, so one script cannot break another
--- (string.format = nil raises at that script's line).
-local function readonly(t, name)
-  return setmetatable({}, {
-    __index = t,
-    __newindex = function(_, k)
-      error(name .. " is shared by every script and read-only (tried to set " .. name .. "." .. tostring(k) .. ")", 2)
-    end,
-    __metatable = name,
-  })
-end
-
-local SHARED = {}
-for _, name in ipairs { "string", "table", "math", "os", "io", "coroutine", "bit", "jit" } do
-  if _G[name] then SHARED[name] = readonly(_G[name], name) end
-end
--- os.exit would stop the whole gateway (at load: on a reload, the generation that is serving)
-SHARED.os = readonly(setmetatable({
-  exit = function()
-    error("os.exit is not available to scripts: it would stop the gateway (raise an error instead)", 2)
-  end,
-}, { __index = os }), "os")
-
--- debug.sethook would take the hook the script time limit stops scripts with (worker/watchdog.h,
--- and agg.testing's in `aggway test`)
-SHARED.debug = readonly(setmetatable({
-  sethook = function()
-    error("debug.sethook is not available to scripts: the gateway's script time limit uses the hook", 2)
-  end,
-}, { __index = debug }), "debug")
-
--- xpcall for scripts: the script time limit's stop (worker/watchdog.h) does not run the script's
--- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
--- that looped (or ran long) could not be stopped and would hold its worker for good.
---- The text of the script time limit's stop, after "file:line: " (worker/worker.c raises it in
--- serve, agg.testing in `aggway test`): "stopped: the script ran for more than N ms …".
-M.STOP_TEXT = "stopped: the script ran for more than "
-local raw_xpcall = xpcall
-SHARED.xpcall = function(f, handler, ...)
-  return raw_xpcall(f, function(e)
-    if type(e) == "string" and e:find(M.STOP_TEXT, 1, true) then return e end
-    return handler(e)
-  end, ...)
-end
-
-local function script_env()
-  local env = {}
-  for k, v in pairs(SHARED) do env[k] = v end
-  env._G = env
-  return setmetatable(env, { __index = _G })
-end
+-- Each endpoint file runs in an environment of its own, the sandbox (agg.sandbox): its globals
+-- stay its own, and what every script shares is read-only, so one script cannot break another.
+-- A folder whose gateway.lua says scripts = { trusted = true } runs without it.
+--- The text of the script time limit's stop (agg.sandbox.STOP_TEXT).
+M.STOP_TEXT = sandbox.STOP_TEXT
 
 -- Runs a loaded chunk. An error value that is not a string (error({…})) carries no position:
 -- the message then names the file and the line where it was raised, taken from the traceback.
@@ -109,7 +64,8 @@ local function run_chunk(chunk, file)
   local budget_hit = false
   local hook
   hook = function()
-    if budget_hit and debug.getinfo(2, "S").source == LOADER_SOURCE then return end -- back here
+    -- back here, or in the runtime's code on the way (agg.sandbox's require)
+    if budget_hit and M.runtime_source(debug.getinfo(2, "S").source) then return end
     if budget_hit or sys.monotonic_s() > deadline then
       -- from now on at every instruction: a script that catches the error (pcall in a loop) is
       -- stopped again as soon as it runs anything outside the pcall
@@ -153,28 +109,11 @@ end
 -- the script time limit (worker/watchdog.h) stops a runaway script with one. The agg library
 -- stays compiled. A script may compile a hot function of its own with jit.on(f, true), and the
 -- limit cannot stop a loop inside that function.
-local function interpreted(chunk)
-  if jit then jit.off(chunk, true) end -- the chunk and every function defined in it
-  return chunk
-end
+local interpreted = sandbox.interpreted
 
--- Functions a script makes from source (loadstring, load, loadfile, dofile) run interpreted too.
-local function interpreting(load_fn)
-  return function(...)
-    local chunk, err = load_fn(...)
-    if chunk then interpreted(chunk) end
-    return chunk, err
-  end
-end
-SHARED.loadstring, SHARED.load, SHARED.loadfile = interpreting(loadstring), interpreting(load), interpreting(loadfile)
-SHARED.dofile = function(file)
-  local chunk, err = SHARED.loadfile(file)
-  if not chunk then error(err, 2) end
-  return chunk()
-end
-
--- Modules the scripts require from the scripts folder (lib/x.lua for require "lib.x") load
--- interpreted too: a searcher placed before Lua's own file searcher, for that folder only.
+-- Modules the scripts of a trusted folder (and specs) require from the scripts folder (lib/x.lua
+-- for require "lib.x") load interpreted too: a searcher placed before Lua's own file searcher, for
+-- that folder only. (A sandboxed script's require is agg.sandbox's.)
 local scripts_path -- "dir/?.lua;dir/?/init.lua" of the folder being loaded
 -- the runtime's own modules (agg, agg.json …) come first, as they did on package.path: a file of
 -- the scripts folder cannot stand in for one
@@ -196,11 +135,13 @@ local function script_module_searcher(name)
   if not chunk then
     error(("error loading module '%s' from file '%s':\n\t%s"):format(name, file, err), 0)
   end
-  return setfenv(interpreted(chunk), script_env()) -- a module is sandboxed as a script is
+  return setfenv(interpreted(chunk), sandbox.env(scripts_path)) -- a module is sandboxed as a script is
 end
 
---- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } }.
--- Returns nil, message on a malformed route.
+--- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } };
+-- a parameter may carry a pattern, "{id:[0-9]+}" -> { param = "id", pattern = "[0-9]+" }, compiled
+-- here by the router's own code (route/route_param.h) so that check refuses what serve
+-- could not run. Returns nil, message on a malformed route.
 function M.parse_route(route)
   if type(route) ~= "string" then return nil, "route must be a string like \"GET /product-page/{id}\"" end
   local method, path = route:match("^(%u+)%s+(/%S*)$")
@@ -209,11 +150,16 @@ function M.parse_route(route)
   local segs, seen = {}, {}
   if path ~= "/" then
     for seg in (path:sub(2) .. "/"):gmatch("([^/]*)/") do
-      local p = seg:match("^{([%a_][%w_]*)}$")
+      local p, pattern = seg:match("^{([%a_][%w_]*)}$"), nil
+      if not p then p, pattern = seg:match("^{([%a_][%w_]*):(.*)}$") end
       if p then
         if seen[p] then return nil, "route '" .. route .. "': parameter {" .. p .. "} appears twice" end
         seen[p] = true
-        segs[#segs + 1] = { param = p }
+        if pattern then
+          local ok, err = router.compile(pattern)
+          if not ok then return nil, "route '" .. route .. "': parameter {" .. p .. "}: pattern " .. err end
+        end
+        segs[#segs + 1] = { param = p, pattern = pattern }
       elseif seg:find("[{}?#%%]") then
         return nil, "route '" .. route .. "': segment '" .. seg .. "' must be literal text or a {name} parameter"
       else
@@ -264,6 +210,7 @@ local function load_folder(dir)
                       breaker = u.breaker }
     end
   end
+  local trusted = cfg and cfg.scripts.trusted
   local endpoints, shapes = {}, {}
   local files = sys.listdir(dir)
   for _, rel in ipairs(files) do
@@ -287,7 +234,7 @@ local function load_folder(dir)
       end
     end
     local chunk, err = loadfile(file)
-    if chunk then setfenv(interpreted(chunk), script_env()) end
+    if chunk then setfenv(interpreted(chunk), trusted and sandbox.trusted_env() or sandbox.env(scripts_path)) end
     if not chunk then
       errors[#errors + 1] = err
     else

@@ -24,56 +24,68 @@ function M.kind(p)
   return type(t) == "string" and t:sub(#PREFIX + 1) or nil
 end
 
--- How each transport outcome of a call is described. `timeout` outcomes map to 504 so that a
--- required section that timed out fails the page with 504 (DESIGN §2.2).
+-- How each transport outcome of a call is described to the client: a type and a title per kind
+-- of failure that never change from one occurrence to the next (RFC 9457 §3.1.3), and a detail
+-- that names the section and the upstream by their names in the scripts. What the transport said
+-- (the upstream's URL and address, errno text, the TLS library's reason) is internal: it goes to
+-- the gateway's log, the call's span and the waterfall, never to the client. `timeout` outcomes
+-- map to 504 so that a required section that timed out fails the page with 504 (DESIGN §2.2).
 local OUTCOMES = {
-  refused         = { "upstream-unreachable", "%s: could not connect to upstream %s", 502 },
-  connect_timeout = { "upstream-timeout", "%s: connecting to upstream %s timed out", 504 },
-  timeout         = { "upstream-timeout", "%s did not answer in time", 504 },
-  deadline        = { "deadline-exceeded", "%s was not called: the request deadline had passed", 504 },
-  reset           = { "upstream-bad-response", "%s: upstream %s reset the connection", 502 },
-  truncated       = { "upstream-bad-response", "%s: upstream %s sent an incomplete response", 502 },
-  bad_response    = { "upstream-bad-response", "%s: upstream %s sent an invalid HTTP response", 502 },
-  too_large       = { "upstream-bad-response", "%s: upstream %s sent a body over its size limit", 502 },
-  tls             = { "upstream-tls", "%s: the TLS handshake with upstream %s failed", 502 },
-  overload        = { "upstream-overloaded", "%s: upstream %s has no free connection", 503 },
-  bad_request     = { "invalid-call", "%s: the call to upstream %s has invalid characters in its path or headers", 502 },
-  bad_json        = { "upstream-bad-json", "%s: upstream %s sent a body that is not valid JSON", 502 },
-  cancelled       = { "call-cancelled", "%s: the call to upstream %s was cancelled", 504 },
+  refused         = { "upstream-unreachable", "the upstream could not be reached", 502 },
+  connect_timeout = { "upstream-timeout", "the upstream did not accept a connection in time", 504 },
+  timeout         = { "upstream-timeout", "the upstream did not answer in time", 504 },
+  deadline        = { "deadline-exceeded", "the request deadline had passed before the call", 504 },
+  reset           = { "upstream-bad-response", "the upstream closed the connection before answering", 502 },
+  truncated       = { "upstream-bad-response", "the upstream's answer was incomplete", 502 },
+  bad_response    = { "upstream-bad-response", "the upstream sent an invalid HTTP response", 502 },
+  too_large       = { "upstream-too-large", "the upstream's answer was over its size limit", 502 },
+  tls             = { "upstream-tls", "the secure connection to the upstream failed", 502 },
+  overload        = { "upstream-overloaded", "the upstream has no free connection", 503 },
+  bad_request     = { "invalid-call", "the call was not sent: its path or headers are invalid", 502 },
+  bad_json        = { "upstream-bad-json", "the upstream's answer is not valid JSON", 502 },
+  cancelled       = { "call-cancelled", "the call was cancelled", 504 },
 }
 
---- Problem for a call that failed in transport (outcome name from the upstream client).
-function M.for_outcome(outcome, section, upstream, detail)
+--- The title of a kind of failure (for agg.runtime's circuit-open and specs): see OUTCOMES.
+M.CIRCUIT_OPEN_TITLE = "the upstream is failing; calls to it are paused"
+
+-- "section product, upstream product" (the names the script uses)
+local function names(section, upstream)
+  return ("section %s, upstream %s"):format(tostring(section), tostring(upstream))
+end
+
+--- Problem for a call that failed in transport (outcome name from the upstream client). The
+-- transport's own text is not taken: the caller logs it (agg.runtime) and the span keeps it.
+function M.for_outcome(outcome, section, upstream)
   local o = OUTCOMES[outcome] or OUTCOMES.bad_response
-  return M.new(o[1], o[2]:format(section, upstream), o[3], detail)
+  return M.new(o[1], o[2], o[3], names(section, upstream))
 end
 
 --- Problem for a call whose upstream answered with a non-2xx HTTP status. 404 and 410 keep their
 -- status so that a required section passes them through (DESIGN §2.2); other statuses are 502.
 function M.for_http_status(code, section, upstream)
   if code == 404 then
-    return M.new("upstream-not-found", section .. ": upstream " .. upstream .. " answered 404 Not Found", 404)
+    return M.new("upstream-not-found", "the upstream answered 404 Not Found", 404, names(section, upstream))
   elseif code == 410 then
-    return M.new("upstream-gone", section .. ": upstream " .. upstream .. " answered 410 Gone", 410)
+    return M.new("upstream-gone", "the upstream answered 410 Gone", 410, names(section, upstream))
   end
-  return M.new("upstream-error", section .. ": upstream " .. upstream .. " answered HTTP " .. code, 502,
-               "upstream status " .. code)
+  return M.new("upstream-error", "the upstream answered with an error status", 502,
+               names(section, upstream) .. ": HTTP status " .. code)
 end
 
---- Problem for a dependent call whose dependency failed; carries the cause (DESIGN §2.1).
+--- Problem for a dependent call whose dependency failed; carries the cause's kind and title
+-- (DESIGN §2.1).
 function M.dependency_failed(section, dep, cause)
   local why = tostring(cause and (cause.title or cause.type) or "failed")
-  -- the cause's title usually names its section already ("product: upstream product timed out")
-  if why:sub(1, #dep + 2) ~= dep .. ": " then why = dep .. ": " .. why end
-  return M.new("dependency-failed", section .. " was not called: " .. dep .. " failed",
-               cause and cause.status or 502, why)
+  return M.new("dependency-failed", "a section this one depends on failed", cause and cause.status or 502,
+               ("section %s was not called: %s failed: %s"):format(tostring(section), tostring(dep), why))
 end
 
 --- Problem for a script error inside a section's continuation. The detail never carries the
 -- Lua message (it is logged with file:line instead).
 function M.script_error(section)
-  return M.new("script-error", (section and (section .. ": ") or "") .. "the page script failed", 500,
-               "the error was logged by the gateway")
+  return M.new("script-error", "the page script failed", 500,
+               (section and ("section " .. section .. ": ") or "") .. "the error was logged by the gateway")
 end
 
 return M

@@ -65,6 +65,8 @@ local result_mt = {
     end
     rawset(t, k, v)
   end,
+  -- shared by every script's results: getmetatable gives a name, never the table
+  __metatable = "agg.result",
 }
 
 
@@ -96,13 +98,23 @@ end
 
 --- Logs a script error of request ctx (what: where in the request; co: the coroutine, for its
 -- traceback).
+local function where_of(ctx)
+  return ctx and ctx.ep and (ctx.ep.route .. " (" .. ctx.ep.file .. ")") or "?"
+end
+
 function M.log_error(ctx, what, err, co)
   if type(err) ~= "string" then
     err = ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
   end
-  local where = ctx and ctx.ep and (ctx.ep.route .. " (" .. ctx.ep.file .. ")") or "?"
-  core.log("error", ("script error in %s%s: %s"):format(where, what and (", " .. what) or "",
+  core.log("error", ("script error in %s%s: %s"):format(where_of(ctx), what and (", " .. what) or "",
     co and debug.traceback(co, tostring(err)) or tostring(err)))
+end
+
+--- Logs why a call of request ctx failed, with the transport's own text (why: the upstream's URL
+-- and address, errno text, TLS reason …). The client's problem has none of it (agg.problem).
+function M.log_call_failure(ctx, section, upstream, why)
+  core.log("warn", ("call failed in %s, section %s, upstream %s: %s"):format(where_of(ctx), tostring(section),
+    tostring(upstream), tostring(why)))
 end
 
 -- A result's internal facts (section, required, raw) live in result_info. A call's normalized spec

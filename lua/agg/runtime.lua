@@ -249,6 +249,8 @@ local req_mt = {
     rawset(r, k, v)
     return v
   end,
+  -- shared by every script's objects: getmetatable gives a name, never the table
+  __metatable = "agg.request",
 }
 
 --- Starts request rid for endpoint index idx. Called by the transport (agg.contract): params, the

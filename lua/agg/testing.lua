@@ -18,6 +18,7 @@
 -- A list of answers is served in order, the last one repeating.
 local json = require "agg.json"
 local loader = require "agg.loader"
+local router = require "agg.router"
 local rt = require "agg.runtime"
 local url = require "agg.url"
 local problem = require "agg.problem"
@@ -265,15 +266,7 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   local p, q = split_path(path)
   local c = { id = id, upstream = up.name, method = method, path = path, route_path = p, query = decode_query(q),
               headers = h, body = body or nil, started_ms = self.clock, timeout_ms = timeout_ms }
-  self.call_log[#self.call_log + 1] = c
   self.by_id[id] = c
-  local stub
-  for _, s in ipairs(self.stubs) do
-    if s.upstream == up.name and (s.method == "*" or s.method == method) and match_pattern(s.pattern, path) then
-      stub = s
-      break
-    end
-  end
   local function finish(at, outcome, status, rheaders, rbody, data, detail)
     c.event = schedule(self, at, function()
       c.ended_ms, c.outcome, c.http_status = self.clock, outcome, status
@@ -283,6 +276,21 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
       if rheaders ~= true then more = { headers = rheaders, body = rbody, detail = detail } end
       rt.on_call(id, outcome, status or 0, data, self.clock - c.started_ms, more)
     end)
+  end
+  -- what the upstream client would refuse to send (a '#' or a raw byte in the path, a control
+  -- character in a header value) fails as in serve, and is not a call the upstream saw
+  local invalid = sys.call_invalid(method, path, headers)
+  if invalid then
+    finish(self.clock, "bad_request", nil, nil, nil, nil, up.name .. ": bad request, nothing sent: " .. invalid)
+    return id
+  end
+  self.call_log[#self.call_log + 1] = c
+  local stub
+  for _, s in ipairs(self.stubs) do
+    if s.upstream == up.name and (s.method == "*" or s.method == method) and match_pattern(s.pattern, path) then
+      stub = s
+      break
+    end
   end
   if not stub then
     c.unstubbed = true
@@ -345,27 +353,15 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   return id
 end
 
+-- Routes as serve does: the gateway's own router (gateway/router.h), built once per endpoint list.
+local routers = setmetatable({}, { __mode = "k" })
+
 local function match_route_uncached(eps, method, path)
-  local other = {}
-  for i, ep in ipairs(eps) do
-    local segs = {}
-    for s in path:gmatch("[^/]+") do segs[#segs + 1] = s end
-    local ok, params = #segs == #ep.segments, {}
-    if ok then
-      for j, s in ipairs(ep.segments) do
-        if type(s) == "table" then
-          -- as the C router: raw (still percent-encoded), never "." or ".."
-          if segs[j] == "." or segs[j] == ".." then ok = false break end
-          params[s.param] = segs[j]
-        elseif s ~= segs[j] then ok = false break end
-      end
-    end
-    if ok then
-      if ep.method == method or (method == "HEAD" and ep.method == "GET") then return i, params end
-      other[#other + 1] = ep.method
-    end
-  end
-  return nil, other
+  local r = routers[eps]
+  if not r then r = router.new(eps) routers[eps] = r end
+  local what, a, b = r:match(method, path)
+  if what == "found" then return a, b end
+  return nil, what, a
 end
 
 -- Route matches of a gateway, remembered by method and path (specs send the same paths often).
@@ -377,10 +373,10 @@ local function match_route(eps, method, path)
   local key = method .. " " .. path
   local hit = c[key]
   if not hit then
-    local idx, params = match_route_uncached(eps, method, path)
-    hit = { idx, params }
+    hit = { match_route_uncached(eps, method, path) }
     c[key] = hit
   end
+  if not hit[1] then return nil, hit[2], hit[3] end
   -- each request gets its own params table: a script may change it
   local params = {}
   for k, v in pairs(hit[2]) do params[k] = v end
@@ -415,15 +411,20 @@ function Gateway:send(method, path, opts)
   self.pending_responses = self.pending_responses or {}
   self.pending_responses[#self.pending_responses + 1] = r
   local p, q = split_path(path)
-  local idx, params = match_route(self.gen.endpoints, method, p)
+  local idx, params, allow = match_route(self.gen.endpoints, method, p)
   r.request = method .. " " .. path
   if idx then r.script, r.route = self.gen.endpoints[idx].file, self.gen.endpoints[idx].route end
-  if not idx then
-    local st = #params > 0 and 405 or 404
-    local pr = st == 404 and problem.new("route-not-found", "no route matches this path", 404)
-                          or problem.new("method-not-allowed", "this route does not accept this method", 405)
-    r.status, r.body, r.elapsed_ms = st, json.encode(pr), 0
-    r.headers = { ["content-type"] = "application/problem+json", allow = #params > 0 and table.concat(params, ", ") or nil }
+  if not idx then -- as worker/worker.c answers
+    local pr
+    if params == "method_not_allowed" then
+      pr = problem.new("method-not-allowed", "this route does not accept this method", 405)
+    elseif params == "bad_param" then
+      pr = problem.new("bad-route-parameter", "a path segment holds characters a route parameter may not", 400)
+    else
+      pr = problem.new("route-not-found", "no route matches this path", 404)
+    end
+    r.status, r.body, r.elapsed_ms = pr.status, json.encode(pr), 0
+    r.headers = { ["content-type"] = "application/problem+json", allow = allow }
     return finish_response(r)
   end
   local headers = {}

@@ -116,7 +116,7 @@ BAD_RESPONSES = 'local agg = require "agg"\nreturn {\n' + ",\n".join(
         ("/counter-bad/{n}", '{ status = 200, headers = { ["x bad " .. req.params.n] = "v", ["x-ok"] = "1" }, '
                              'body = "x" }'),
         ("/odd-types", '{ status = 200, headers = setmetatable({ [1] = "one", [true] = "t", [{}] = "tab", '
-                       '["x-num"] = 5, ["x-bool"] = true, ["x-tab"] = {}, ["x-fn"] = print, ["x-ok"] = "1", '
+                       '["x-num"] = 5, ["x-bool"] = true, ["x-tab"] = {}, ["x-fn"] = tostring, ["x-ok"] = "1", '
                        '["x-\226\130\172"] = "euro" }, { __index = function() error("index") end, '
                        '__pairs = function() error("pairs") end, __len = function() error("len") end, '
                        '__newindex = function() error("newindex") end }), body = "x" }'),

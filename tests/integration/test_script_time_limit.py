@@ -78,23 +78,24 @@ SCRIPTS = dict(repo_scripts(), **{
     # a finalizer that runs longer than the limit on the runtime's own thread (a finalizer cannot
     # be stopped): once it returns, the runtime's code must go on undisturbed
     "lib/gcstate.lua": "return { main = 0 }\n",
-    "plant.lua": endpoint("GET /plant", """
-    local st = require "lib.gcstate"
-    local function plant()
-      getmetatable(newproxy(true)).__gc = function()
-        if st.main == 0 and coroutine.running() == nil then
-          st.main = 1
-          local t = os.clock() + 0.4
-          while os.clock() < t do end
-        elseif st.main == 0 then
-          plant()
-        end
-      end
+    # /plant and /gcstate in one file: each script has its own instance of a lib module
+    "plant.lua": """local st = require "lib.gcstate"
+local function plant()
+  getmetatable(newproxy(true)).__gc = function()
+    if st.main == 0 and coroutine.running() == nil then
+      st.main = 1
+      local t = os.clock() + 0.4
+      while os.clock() < t do end
+    elseif st.main == 0 then
+      plant()
     end
-    plant()
-    return { status = 200, json = st }"""),
-    "gcstate.lua": endpoint("GET /gcstate", """
-    return { status = 200, json = require "lib.gcstate" }"""),
+  end
+end
+return {
+  { route = "GET /plant", handler = function() plant() return { status = 200, json = st } end },
+  { route = "GET /gcstate", handler = function() return { status = 200, json = st } end },
+}
+""",
     # (timeouts well above the 0.4 s the finalizer holds the worker: a call in flight meanwhile
     # must not time out on a loaded machine, the test is about the runtime's state)
     "fan.lua": endpoint("GET /fan", """

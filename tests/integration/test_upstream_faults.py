@@ -138,11 +138,11 @@ class InvalidUtf8(ReviewsFault):
 
 
 class HugeBody(ReviewsFault):
-    def test_reviews_body_over_max_body_bytes_gives_unavailable_bad_response_fast(self):
+    def test_reviews_body_over_max_body_bytes_gives_unavailable_too_large_fast(self):
         self.start_with_reviews(fault="huge", huge_bytes=4 * 1024 * 1024,
                                 upstream_options={"reviews": {"max_body_bytes": 64 * 1024}})
         r, s = self.page()
-        self.assertUnavailable(s, ["upstream-bad-response"])
+        self.assertUnavailable(s, ["upstream-too-large"])
         self.assertPrompt(r)
 
     def test_reviews_body_under_max_body_bytes_is_ok(self):

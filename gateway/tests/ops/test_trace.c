@@ -195,9 +195,9 @@ static void test_spans(void)
     int b = agw_trace_add_span(tr, &rng, 1, "reviews", 7, AGW_SPAN_RETRY, 2, 1000100);
     CHECK(a == 0 && b == 1);
     CHECK(memcmp(tr->spans[0].span_id, tr->spans[1].span_id, 8) != 0);
-    agw_trace_end_span(tr, a, 0, 200, 1040000);
-    agw_trace_end_span(tr, a, 3, 0, 1090000); /* a second end is ignored */
-    agw_trace_end_span(tr, 99, 0, 200, 1); /* out of range: ignored */
+    agw_trace_end_span(tr, a, 0, 200, NULL, 1040000);
+    agw_trace_end_span(tr, a, 3, 0, NULL, 1090000); /* a second end is ignored */
+    agw_trace_end_span(tr, 99, 0, 200, NULL, 1); /* out of range: ignored */
     agw_trace_finish(tr, 200, 1080000);
     CHECK(tr->spans[0].end_us == 1040000 && tr->spans[0].http_status == 200 && tr->spans[0].outcome == 0);
     CHECK(tr->spans[1].outcome == AGW_SPAN_CANCELLED && tr->spans[1].end_us == 1080000);
@@ -259,9 +259,9 @@ static agw_trace_t *sample_trace(uint64_t *rng)
     int c = agw_trace_add_span(tr, rng, 1, "shared", 6, AGW_SPAN_SF_JOINED, 1, 1700000000010000ull);
     memset(tr->spans[c].link_trace_id, 0xab, 16);
     memset(tr->spans[c].link_span_id, 0xcd, 8);
-    agw_trace_end_span(tr, a, 0, 200, 1700000000040000ull);
-    agw_trace_end_span(tr, b, 3, 0, 1700000000050000ull);
-    agw_trace_end_span(tr, c, 0, 503, 1700000000050000ull);
+    agw_trace_end_span(tr, a, 0, 200, NULL, 1700000000040000ull);
+    agw_trace_end_span(tr, b, 3, 0, NULL, 1700000000050000ull);
+    agw_trace_end_span(tr, c, 0, 503, NULL, 1700000000050000ull);
     agw_trace_finish(tr, 200, 1700000000081500ull);
     return tr;
 }

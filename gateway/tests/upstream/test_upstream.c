@@ -2,8 +2,39 @@
  * upstream of upstream_srv.h on the same libev loop ("given an upstream that answers like this,
  * the call ends like that"). Every wait is bounded. The same client over TLS: test_upstream_tls.c. */
 #include "tests/upstream/upstream_srv.h"
+#include "upstream/http1.h"
 
 /* ---- tests ---------------------------------------------------------------------------- */
+
+/* A header value with any control character but HTAB is refused, wherever it sits in a value of
+ * any length (the check reads eight bytes at a time); tabs, spaces, visible ASCII and UTF-8 pass. */
+static void header_values_with_control_characters_are_never_sent(void)
+{
+    static const unsigned char controls[] = {0x00, 0x01, 0x08, 0x0a, 0x0b, 0x0c, 0x0d, 0x1b, 0x1f, 0x7f};
+    char v[40];
+    for (size_t n = 1; n <= 2 * sizeof(v); n++) { /* without tabs (the word-wise path), then with */
+        size_t len = n <= sizeof(v) ? n : n - sizeof(v);
+        int tabs = n > sizeof(v);
+        for (size_t i = 0; i < len; i++)
+            v[i] = (char)(tabs && i % 3 == 0 ? '\t' : i % 3 == 1 ? 'a' : i % 3 == 2 ? '\xc3' : '~');
+        agw_header_t h = {.name = "x-note", .name_len = 6, .value = v, .value_len = len};
+        CHECK(agw_h1_request_invalid("GET", "/a", 2, &h, 1) == NULL);
+        for (size_t at = 0; at < len; at++) {
+            for (size_t k = 0; k < sizeof(controls); k++) {
+                char saved = v[at];
+                v[at] = (char)controls[k];
+                const char *why = agw_h1_request_invalid("GET", "/a", 2, &h, 1);
+                CHECK(why != NULL && strstr(why, "control character") != NULL);
+                v[at] = saved;
+            }
+        }
+    }
+    /* and the path: '#', a raw byte, a space */
+    CHECK(agw_h1_request_invalid("GET", "/a#b", 4, NULL, 0) != NULL);
+    CHECK(agw_h1_request_invalid("GET", "/a\xff" "b", 4, NULL, 0) != NULL);
+    CHECK(agw_h1_request_invalid("GET", "/a b", 4, NULL, 0) != NULL);
+    CHECK(agw_h1_request_invalid("GET", "/a%23b?c=%20", 12, NULL, 0) == NULL);
+}
 
 static void outcome_names_are_stable(void)
 {
@@ -1195,6 +1226,7 @@ int main(int argc, char **argv)
     ev_timer_start(loop, &guard);
 
     RUN(outcome_names_are_stable);
+    RUN(header_values_with_control_characters_are_never_sent);
     RUN(content_length_response_gives_status_headers_body);
     RUN(request_has_method_base_path_host_headers_and_body);
     RUN(keep_alive_reuses_one_connection);

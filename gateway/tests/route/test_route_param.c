@@ -1,0 +1,194 @@
+/* Route parameters (route/route_param.h), the router's 400 for a bad one (router.h), and the
+ * error log's escaping (log.h). */
+#include <stdlib.h>
+#include <time.h>
+
+#include "tests/check.h"
+#include "base/log.h"
+#include "route/route_param.h"
+#include "script/router.h"
+
+static int valid(const char *s)
+{
+    return agw_route_param_valid(s, strlen(s));
+}
+
+static void test_only_path_characters_reach_a_script(void)
+{
+    const char *ok[] = {"42", "Zo%C3%AB", "a-b.c_d~e", "!$&'()*+,;=", "a:b@c", "%20", "%e2%82%ac", "%F0%9F%98%80"};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+        CHECK(valid(ok[i]));
+    const char *bad[] = {
+        "7#",       /* a fragment: the upstream path would end at 7 */
+        "7\xff",    /* a raw byte that is not a URI character */
+        "7%ff",     /* decodes to a byte that is not UTF-8 */
+        "%C3",      /* half a character */
+        "%C3x",     /* half a character, then a literal */
+        "%c0%af",   /* an overlong '/' */
+        "%ed%a0%80", /* a surrogate */
+        "a%2Fb",    /* decodes to '/' */
+        "a%3fb",    /* '?' */
+        "a%23b",    /* '#' */
+        "a%0Ab",    /* LF */
+        "a%7F",     /* DEL */
+        "a%00",     /* NUL */
+        "%",        /* not %XX */
+        "%4",       /* not %XX */
+        "%zz",      /* not hex */
+        "a b",      /* space */
+        "a\"b", "a<b", "a>b", "a\\b", "a^b", "a`b", "a{b", "a|b", "a}b", "a[b", "a]b", "a?b",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (valid(bad[i]))
+            fprintf(stderr, "accepted: %s\n", bad[i]);
+        CHECK(!valid(bad[i]));
+    }
+    CHECK(!agw_route_param_valid("a\0b", 3));
+    /* a long run of escapes: whole characters pass, a broken one anywhere fails */
+    char longv[3 * 200 + 1] = "";
+    for (int i = 0; i < 100; i++)
+        strcat(longv, "%C3%AB");
+    CHECK(valid(longv));
+    longv[3 * 150 + 1] = '4'; /* %C3 %4B…: breaks one character */
+    CHECK(!valid(longv));
+}
+
+static agw_route_pattern_t *compile(const char *src, char *err, size_t errlen)
+{
+    return agw_route_pattern_compile(src, strlen(src), err, errlen);
+}
+
+static int matches(const char *pattern, const char *value)
+{
+    char err[256];
+    agw_route_pattern_t *p = compile(pattern, err, sizeof(err));
+    if (p == NULL) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    int m = agw_route_pattern_match(p, value, strlen(value));
+    agw_route_pattern_free(p);
+    return m;
+}
+
+static void test_patterns_match_the_whole_segment(void)
+{
+    CHECK(matches("[0-9]+", "42") == 1);
+    CHECK(matches("[0-9]+", "") == 0);
+    CHECK(matches("[0-9]+", "42a") == 0);
+    CHECK(matches("[0-9]+", "a42") == 0);
+    CHECK(matches("[0-9]{2,4}", "1") == 0);
+    CHECK(matches("[0-9]{2,4}", "12") == 1);
+    CHECK(matches("[0-9]{2,4}", "1234") == 1);
+    CHECK(matches("[0-9]{2,4}", "12345") == 0);
+    CHECK(matches("[0-9]{3}", "123") == 1);
+    CHECK(matches("[0-9]{3}", "12") == 0);
+    CHECK(matches("[a-z]{2,}", "abcdef") == 1);
+    CHECK(matches("sku-[A-Z0-9]+", "sku-AB12") == 1);
+    CHECK(matches("sku-[A-Z0-9]+", "SKU-AB12") == 0);
+    CHECK(matches("v[0-9]?", "v") == 1);
+    CHECK(matches("v[0-9]?", "v12") == 0);
+    CHECK(matches("[^.]+", "abc") == 1);
+    CHECK(matches("[^.]+", "a.c") == 0);
+    CHECK(matches("a.c", "abc") == 1);
+    CHECK(matches("a\\.c", "abc") == 0);
+    CHECK(matches("a\\.c", "a.c") == 1);
+    CHECK(matches("[a\\-z]+", "-az") == 1);
+    CHECK(matches("[a\\-z]+", "b") == 0);
+    CHECK(matches("[0-9]*x[0-9]*", "x") == 1);
+    CHECK(matches("[0-9]*x[0-9]*", "12x34") == 1);
+}
+
+static void test_pattern_mistakes_say_what_is_wrong(void)
+{
+    struct {
+        const char *src, *says;
+    } cases[] = {
+        {"[0-9+", "is not closed"},     {"", "empty"},       {"[]", "empty class"},  {"[z-a]", "backwards"},
+        {"(a|b)", "not supported"},     {"a|b", "not supported"}, {"+a", "not supported"}, {"a{2", "a count"},
+        {"a{3,2}", "n <= m"},           {"a{300}", "a count"}, {"a\\", "ends the pattern"}, {"^a", "not supported"},
+        {"[0-9]+$", "not supported"},   {"a\xc3\xa9", "printable ASCII"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char err[256] = "";
+        agw_route_pattern_t *p = compile(cases[i].src, err, sizeof(err));
+        CHECK(p == NULL);
+        if (p == NULL && strstr(err, cases[i].says) == NULL)
+            fprintf(stderr, "'%s' said: %s (wanted %s)\n", cases[i].src, err, cases[i].says);
+        CHECK(p == NULL && strstr(err, cases[i].says) != NULL);
+        agw_route_pattern_free(p);
+    }
+    char err[256];
+    char many[2 * 40 + 1] = "";
+    for (int i = 0; i < 40; i++)
+        strcat(many, "a?");
+    CHECK(compile(many, err, sizeof(err)) == NULL && strstr(err, "more than 32") != NULL);
+}
+
+/* What backtracking matchers take exponential or polynomial time on: linear here. */
+static void test_matching_is_linear(void)
+{
+    size_t n = 200000;
+    char *v = malloc(n + 1);
+    memset(v, 'a', n);
+    v[n] = '\0';
+    clock_t t0 = clock();
+    CHECK(matches("a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b", v) == 0);
+    CHECK(matches(".*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*", v) == 1);
+    double cpu_s = (double)(clock() - t0) / CLOCKS_PER_SEC;
+    /* 2 x 17 atoms x 200,000 bytes: a few ms; a backtracking matcher would not finish. The bound is
+     * CPU time, so a busy machine does not move it. */
+    CHECK(cpu_s < 2.0);
+    free(v);
+}
+
+static void test_router_answers_400_for_a_bad_parameter_of_a_routes_shape(void)
+{
+    agw_router_t r = {0};
+    char err[256];
+    agw_route_seg_t pub[] = {{.text = "pub", .len = 3}, {.text = "id", .len = 2, .is_param = 1}};
+    agw_route_seg_t num[] = {{.text = "n", .len = 1},
+                             {.text = "id", .len = 2, .is_param = 1, .pattern = "[0-9]+", .pattern_len = 6}};
+    CHECK(agw_router_add(&r, "GET", "GET /pub/{id}", pub, 2, 1, err, sizeof(err)) == 0);
+    CHECK(agw_router_add(&r, "GET", "GET /n/{id:[0-9]+}", num, 2, 2, err, sizeof(err)) == 0);
+    agw_route_seg_t broken[] = {{.text = "id", .len = 2, .is_param = 1, .pattern = "[0-9", .pattern_len = 4}};
+    CHECK(agw_router_add(&r, "GET", "GET /{id:[0-9}", broken, 1, 3, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "is not closed") != NULL);
+    agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
+    size_t np = 0;
+    int ep = 0;
+    char allow[64];
+#define MATCH(path) agw_router_match(&r, "GET", 3, path, strlen(path), &ep, params, &np, allow, sizeof(allow))
+    CHECK(MATCH("/pub/7") == AGW_ROUTE_FOUND && ep == 1 && np == 1 && params[0].value_len == 1);
+    CHECK(MATCH("/pub/7#") == AGW_ROUTE_BAD_PARAM);
+    CHECK(MATCH("/pub/7\xff") == AGW_ROUTE_BAD_PARAM);
+    CHECK(MATCH("/pub/7%0A") == AGW_ROUTE_BAD_PARAM);
+    CHECK(MATCH("/other/7#") == AGW_ROUTE_NOT_FOUND); /* no route of that shape */
+    CHECK(MATCH("/n/42") == AGW_ROUTE_FOUND && ep == 2);
+    CHECK(MATCH("/n/4x") == AGW_ROUTE_NOT_FOUND); /* the pattern narrows the route: 404 */
+#undef MATCH
+    agw_router_free(&r);
+}
+
+static void test_log_escapes_control_characters(void)
+{
+    char out[128];
+    const char in[] = "a\nb\rc\td\x0b" "e\x0c" "f\x1b[31mg\x7fh\0i";
+    size_t n = agw_log_escape(out, sizeof(out), in, sizeof(in) - 1);
+    CHECK_STR(out, "a\\nb\\rc\td\\x0be\\x0cf\\x1b[31mg\\x7fh\\x00i");
+    CHECK(n == strlen(out));
+    /* cut before an escape that does not fit, never in the middle of one */
+    n = agw_log_escape(out, 4, "ab\ncd", 5);
+    CHECK_STR(out, "ab");
+}
+
+int main(void)
+{
+    RUN(test_only_path_characters_reach_a_script);
+    RUN(test_patterns_match_the_whole_segment);
+    RUN(test_pattern_mistakes_say_what_is_wrong);
+    RUN(test_matching_is_linear);
+    RUN(test_router_answers_400_for_a_bad_parameter_of_a_routes_shape);
+    RUN(test_log_escapes_control_characters);
+    return CHECK_DONE();
+}

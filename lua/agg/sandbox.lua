@@ -1,0 +1,302 @@
+-- agg.sandbox: the environment endpoint scripts and the lib/ modules they require run in
+-- (README "What a script can and cannot do").
+--
+-- It is built from an allow-list, never from _G minus a few names: the base functions that touch
+-- nothing outside the script, read-only views of string, table, math, coroutine, bit, the clock
+-- part of os, debug.traceback, the on/off switches of jit, and the agg API. require reaches those,
+-- the runtime's agg and agg.json, and the modules of the scripts folder (each script gets its own
+-- instances, so a module's tables are never shared between two scripts). load and loadstring take
+-- source text only and give the chunk the caller's environment; getfenv and setfenv reach only
+-- the script's own environments. Not there: io, ffi, package, os.execute/exit/remove/rename/
+-- getenv/tmpname, debug beyond traceback, string.dump, loadfile/dofile, print; a name that is
+-- refused says so when it is used ("io.popen is not available to scripts …").
+--
+-- An operator who trusts the folder opts out with scripts = { trusted = true } in gateway.lua
+-- (agg.loader logs it at every load): scripts then see the whole of _G, as Lua code does.
+local readonly = require "agg.readonly"
+local agg = require "agg"
+
+local M = {}
+
+local raw_getfenv, raw_setfenv, raw_rawset, raw_load, raw_loadstring, raw_loadfile =
+  getfenv, setfenv, rawset, load, loadstring, loadfile
+local raw_xpcall, raw_collectgarbage = xpcall, collectgarbage
+
+--- The text of the script time limit's stop, after "file:line: " (worker/worker.c raises it in
+-- serve, agg.testing in `aggway test`): "stopped: the script ran for more than N ms …".
+M.STOP_TEXT = "stopped: the script ran for more than "
+
+--- Makes chunk and every function defined in it run in LuaJIT's interpreter: compiled code does
+-- not run hooks, and the script time limit (worker/watchdog.h) stops a runaway script with one.
+-- Returns chunk.
+function M.interpreted(chunk)
+  if jit then jit.off(chunk, true) end
+  return chunk
+end
+
+-- A function that raises "NAME is not available to scripts: why" at the caller's line.
+local function refused(name, why)
+  return function()
+    error(name .. " is not available to scripts: " .. why, 2)
+  end
+end
+
+-- A read-only view of the allowed fields of lib, with the refused ones raising when called.
+local function lib_view(name, lib, allowed, why_refused)
+  local t = {}
+  for _, k in ipairs(allowed) do t[k] = lib[k] end
+  for k, why in pairs(why_refused) do t[k] = refused(name .. "." .. k, why) end
+  return readonly.view(t, name), t
+end
+
+local function all_but(lib, except)
+  local names = {}
+  for k in pairs(lib) do if not except[k] then names[#names + 1] = k end end
+  return names
+end
+
+local NO_BYTECODE = "it turns functions into bytecode, which the sandbox does not load"
+local SANDBOX = "the scripts' sandbox keeps them away from the machine (see README, 'What a script can do')"
+
+-- string without dump. Strings' methods ("x"):dump() come from the string metatable, so it reads
+-- through the same table, and its metatable is protected: getmetatable("") gives "string", never a
+-- table a script could change the string library of every script through.
+local string_view, string_methods = lib_view("string", string, all_but(string, { dump = true }), { dump = NO_BYTECODE })
+do
+  local mt = debug.getmetatable("") -- (debug's: once protected, getmetatable("") is "string")
+  mt.__index = string_methods
+  mt.__metatable = "string"
+end
+
+local os_refused = {}
+for _, k in ipairs { "execute", "remove", "rename", "getenv", "tmpname", "setlocale" } do os_refused[k] = SANDBOX end
+os_refused.exit = "it would stop the gateway (raise an error instead)"
+
+local debug_refused = {}
+for k in pairs(debug) do if k ~= "traceback" then debug_refused[k] = SANDBOX end end
+-- debug.sethook would take the hook the script time limit stops scripts with
+debug_refused.sethook = "the gateway's script time limit uses the hook"
+
+-- jit's switches read jit.on/jit.off when called: the loader wraps them while a top level runs
+-- (a script's own jit.off() at its top level is kept once it has loaded)
+local jit_lib = jit and {
+  on = function(...) return jit.on(...) end,
+  off = function(...) return jit.off(...) end,
+  flush = jit.flush, status = jit.status, version = jit.version, version_num = jit.version_num,
+  os = jit.os, arch = jit.arch,
+}
+
+-- Modules require gives a script (besides those of its scripts folder): the same objects for
+-- every script, all read-only.
+local MODULES = {
+  string = string_view,
+  table = lib_view("table", table, all_but(table, {}), {}),
+  math = lib_view("math", math, all_but(math, {}), {}),
+  coroutine = lib_view("coroutine", coroutine, all_but(coroutine, {}), {}),
+  os = lib_view("os", os, { "time", "clock", "date", "difftime" }, os_refused),
+  debug = lib_view("debug", debug, { "traceback" }, debug_refused),
+  bit = bit and lib_view("bit", bit, all_but(bit, {}), {}),
+  jit = jit_lib and lib_view("jit", jit_lib, all_but(jit_lib, {}), {}),
+  agg = agg,
+  ["agg.json"] = agg.json,
+  ["table.new"] = (pcall(require, "table.new")) and require "table.new" or nil,
+  ["table.clear"] = (pcall(require, "table.clear")) and require "table.clear" or nil,
+}
+local REFUSED_MODULES = {
+  io = SANDBOX, ffi = SANDBOX, package = SANDBOX,
+  ["jit.util"] = SANDBOX, ["jit.profile"] = SANDBOX, ["string.buffer"] = NO_BYTECODE,
+}
+
+-- Globals that are refused: reading one raises at once (a nil would fail later, less clearly).
+local REFUSED_GLOBALS = {
+  io = SANDBOX, package = SANDBOX, ffi = SANDBOX, loadfile = SANDBOX, dofile = SANDBOX,
+  module = "a script returns its module table", print = "use error() or the page to say something",
+}
+
+local BASE = { "assert", "error", "ipairs", "next", "pairs", "pcall", "select", "tonumber", "tostring", "type",
+               "unpack", "rawequal", "rawget", "getmetatable", "setmetatable", "newproxy", "gcinfo", "_VERSION" }
+
+-- xpcall for scripts: the script time limit's stop (worker/watchdog.h) does not run the script's
+-- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
+-- that looped (or ran long) could not be stopped and would hold its worker for good.
+local function script_xpcall(f, handler, ...)
+  return raw_xpcall(f, function(e)
+    if type(e) == "string" and e:find(M.STOP_TEXT, 1, true) then return e end
+    return handler(e)
+  end, ...)
+end
+
+-- rawset would write into a shared read-only view (the view's own slot shadows the library's)
+local function script_rawset(t, k, v)
+  if readonly.is_view(t) then
+    error("rawset: " .. tostring(getmetatable(t)) .. " is shared by every script and read-only", 2)
+  end
+  return raw_rawset(t, k, v)
+end
+
+-- collectgarbage: the collector is the worker's, shared by every script. "count", "collect" and
+-- "step" only look or do work now; "stop", "setpause", "setstepmul" … would change it for all.
+local GC_OPTIONS = { count = true, collect = true, step = true }
+local function script_collectgarbage(opt, ...)
+  if opt == nil or GC_OPTIONS[opt] then return raw_collectgarbage(opt, ...) end
+  error(("collectgarbage('%s') is not available to scripts: the garbage collector is shared by every " ..
+         "script of the worker (count, collect and step are)"):format(tostring(opt)), 2)
+end
+
+local BYTECODE = "binary chunks are not loaded: scripts load source text only"
+
+local function is_bytecode(s)
+  return type(s) == "string" and s:byte(1) == 27
+end
+
+-- What the sandbox shares with the modules a script requires: the script's module instances and
+-- the folder they come from.
+--   box = { loaded = { name -> value }, path = "dir/?.lua;dir/?/init.lua" }
+local new_env
+
+local LOADING = {} -- marks a module whose top level is running (a require loop)
+
+local function script_require(box, name)
+  if type(name) ~= "string" then error("require: the module name must be a string", 3) end
+  local m = box.loaded[name]
+  if m == LOADING then
+    error(("require: module '%s' requires itself (through a loop of requires)"):format(name), 3)
+  end
+  if m ~= nil then return m end
+  m = MODULES[name]
+  if m ~= nil then return m end
+  if REFUSED_MODULES[name] then
+    error(("module '%s' is not available to scripts: %s"):format(name, REFUSED_MODULES[name]), 3)
+  end
+  local file = box.path and package.searchpath(name, box.path)
+  if not file then
+    error(("module '%s' not found: scripts require agg, agg.json, string, table, math, coroutine, os, bit, " ..
+           "jit, debug, and the modules of the scripts folder (require \"lib.x\" for lib/x.lua)"):format(name), 3)
+  end
+  local chunk, err = raw_loadfile(file)
+  if not chunk then
+    error(("error loading module '%s' from file '%s':\n\t%s"):format(name, file, err), 3)
+  end
+  raw_setfenv(M.interpreted(chunk), new_env(box))
+  box.loaded[name] = LOADING
+  local ok, v = pcall(chunk, name)
+  if not ok then
+    box.loaded[name] = nil
+    error(v, 0)
+  end
+  if v == nil then v = true end
+  box.loaded[name] = v
+  return v
+end
+
+-- A sandboxed environment: the allow-list, plus the functions that must know whose it is.
+new_env = function(box)
+  local env = {}
+  local mine = setmetatable({ [env] = true }, { __mode = "k" }) -- the environments it may reach
+  for _, k in ipairs(BASE) do env[k] = _G[k] end
+  for _, k in ipairs { "string", "table", "math", "coroutine", "os", "debug", "bit", "jit" } do env[k] = MODULES[k] end
+  env._G = env
+  env.xpcall = script_xpcall
+  env.rawset = script_rawset
+  env.collectgarbage = script_collectgarbage
+  env.require = function(name)
+    local m = script_require(box, name) -- (not a tail call: its errors point at the caller's line)
+    return m
+  end
+
+  -- chunks made from source run interpreted, in this script's environment (or the one given)
+  local function adopt(f, e)
+    if e ~= nil then
+      if type(e) ~= "table" then error("load: the environment must be a table", 3) end
+      mine[e] = true
+    end
+    return raw_setfenv(M.interpreted(f), e or env)
+  end
+  env.loadstring = function(s, chunkname)
+    if is_bytecode(s) then return nil, BYTECODE end
+    local f, err = raw_loadstring(s, chunkname, "t")
+    if not f then return nil, err end
+    f = adopt(f)
+    return f
+  end
+  env.load = function(chunk, chunkname, mode, e)
+    if is_bytecode(chunk) then return nil, BYTECODE end
+    local f, err = raw_load(chunk, chunkname, "t") -- (mode "t" whatever the script asked: a reader's bytes too)
+    if not f then return nil, err end
+    f = adopt(f, e)
+    return f
+  end
+
+  -- getfenv(level | f): the environment, if it is one of this script's; the runtime's globals or
+  -- another script's are never handed out
+  env.getfenv = function(f)
+    if f == nil then f = 1 end
+    if f == 0 then return env end
+    local e
+    if type(f) == "number" then e = raw_getfenv(f + 1) else e = raw_getfenv(f) end
+    if not mine[e] then
+      error("getfenv: that function's environment is not this script's (a script reaches only its own)", 2)
+    end
+    return e
+  end
+  env.setfenv = function(f, e)
+    if type(e) ~= "table" then error("setfenv: the environment must be a table", 2) end
+    if f == 0 then error("setfenv(0, …) is not available to scripts: it would change the worker's globals", 2) end
+    local cur
+    if type(f) == "number" then cur = raw_getfenv(f + 1) else cur = raw_getfenv(f) end
+    if not mine[cur] then
+      error("setfenv: only functions of this script can be given another environment", 2)
+    end
+    mine[e] = true
+    if type(f) == "number" then
+      raw_setfenv(f + 1, e)
+      return nil
+    end
+    return raw_setfenv(f, e)
+  end
+
+  return setmetatable(env, {
+    __index = function(_, k)
+      local why = REFUSED_GLOBALS[k]
+      if why then error(tostring(k) .. " is not available to scripts: " .. why, 2) end
+      return nil
+    end,
+  })
+end
+
+--- A sandboxed environment for one endpoint file. scripts_path ("dir/?.lua;dir/?/init.lua") is
+-- where its require finds the folder's modules; each file gets its own instances of them.
+function M.env(scripts_path)
+  return new_env({ loaded = {}, path = scripts_path })
+end
+
+--- An environment for a trusted folder (scripts = { trusted = true }): its globals are its own,
+-- everything else is _G's. Chunks it makes from source still run interpreted (the time limit).
+function M.trusted_env()
+  local env = {}
+  env._G = env
+  env.xpcall = script_xpcall
+  env.loadstring = function(...)
+    local f, err = raw_loadstring(...)
+    if f then M.interpreted(f) end
+    return f, err
+  end
+  env.load = function(...)
+    local f, err = raw_load(...)
+    if f then M.interpreted(f) end
+    return f, err
+  end
+  env.loadfile = function(...)
+    local f, err = raw_loadfile(...)
+    if f then M.interpreted(f) end
+    return f, err
+  end
+  env.dofile = function(file)
+    local f, err = env.loadfile(file)
+    if not f then error(err, 2) end
+    return f()
+  end
+  return setmetatable(env, { __index = _G })
+end
+
+return M

@@ -1,0 +1,182 @@
+-- agg.sandbox: what an endpoint script (or a lib/ module) can reach. One case per way out that a
+-- script could take to the machine, to the runtime or to another script. Each runs source text in
+-- a sandboxed environment exactly as agg.loader runs a script file.
+local sandbox = require "agg.sandbox"
+local loader = require "agg.loader"
+local testing = require "agg.testing"
+
+local DIR = "spec/fixtures/sandbox/"
+
+-- Runs src as a script's chunk in env (a fresh sandbox unless given); returns pcall's results.
+local function run(src, env)
+  local chunk = assert(loadstring(src, "=script"))
+  setfenv(sandbox.interpreted(chunk), env or sandbox.env(DIR .. "two/?.lua"))
+  return pcall(chunk)
+end
+
+local function refused(src, message)
+  local ok, err = run(src)
+  assert.is_false(ok, src .. " was allowed")
+  assert.matches(message, tostring(err), 1, true)
+end
+
+describe("the sandbox keeps a script away from the machine:", function()
+  it("io.popen", function()
+    refused([[return io.popen("id"):read("*a")]], "io is not available to scripts")
+  end)
+
+  it("require 'io' and require 'ffi'", function()
+    refused([[return require "io"]], "module 'io' is not available to scripts")
+    refused([[return require "ffi"]], "module 'ffi' is not available to scripts")
+  end)
+
+  it("require('os').execute and the other os functions that reach the system", function()
+    refused([[return require("os").execute("id")]], "os.execute is not available to scripts")
+    for _, f in ipairs { "getenv('HOME')", "remove('/tmp/x')", "rename('/tmp/x', '/tmp/y')", "tmpname()" } do
+      refused("return os." .. f, "os." .. f:match("^%a+") .. " is not available to scripts")
+    end
+    refused([[os.exit(3)]], "os.exit is not available to scripts: it would stop the gateway")
+  end)
+
+  it("package.loadlib and package.cpath", function()
+    refused([[return package.loadlib("libc.so.6", "system")]], "package is not available to scripts")
+    refused([[return require("package").cpath]], "module 'package' is not available to scripts")
+  end)
+
+  it("loadfile and dofile (they read any file)", function()
+    refused([[return loadfile("/etc/passwd")]], "loadfile is not available to scripts")
+    refused([[return dofile("/etc/passwd")]], "dofile is not available to scripts")
+  end)
+
+  it("the runtime's own modules (agg.sys reads files, agg.runtime holds every request)", function()
+    for _, m in ipairs { "agg.sys", "agg.runtime", "agg.loader", "agg.sandbox", "jit.util" } do
+      refused(("return require %q"):format(m), "'" .. m .. "'")
+    end
+  end)
+end)
+
+describe("the sandbox loads no bytecode:", function()
+  local bytecode = string.dump(function() return "ran" end) -- (the spec may; a script may not)
+
+  it("load, loadstring and a load reader refuse a binary chunk", function()
+    local env = sandbox.env()
+    local f, err = env.load(bytecode)
+    assert.is_nil(f)
+    assert.matches("binary chunks are not loaded", err, 1, true)
+    f, err = env.loadstring(bytecode)
+    assert.is_nil(f)
+    assert.matches("binary chunks are not loaded", err, 1, true)
+    local sent = false
+    f, err = env.load(function() if not sent then sent = true return bytecode end end)
+    assert.is_nil(f)
+    assert.matches("wrong mode", err, 1, true)
+  end)
+
+  it("string.dump, as a library function or a string method", function()
+    refused([[return string.dump(function() end)]], "string.dump is not available to scripts")
+    refused([[return ("x").dump(function() end)]], "string.dump is not available to scripts")
+  end)
+
+  it("a chunk loaded from source runs in the script's environment, not the runtime's", function()
+    local env = sandbox.env()
+    local f = env.loadstring("return io")
+    assert.equal(env, getfenv(f))
+    local ok, err = pcall(f)
+    assert.is_false(ok)
+    assert.matches("io is not available to scripts", err, 1, true)
+  end)
+end)
+
+describe("the sandbox keeps a script away from the runtime:", function()
+  it("getfenv(0), getfenv of a runtime function, getfenv(level) of the runtime's caller", function()
+    local ok, env = run([[return getfenv(0)]])
+    assert.is_true(ok)
+    assert.is_nil(rawget(env, "io")) -- its own, not _G
+    refused([[return getfenv(require("agg").page)]], "not this script's")
+    refused([[return getfenv(string.format)]], "not this script's")
+    -- the function that called the script's (here: pcall, then the spec) is not the script's
+    refused([[return getfenv(3)]], "not this script's")
+  end)
+
+  it("setfenv on a runtime function or level 0", function()
+    refused([[setfenv(require("agg").page, {})]], "only functions of this script")
+    refused([[setfenv(0, {})]], "setfenv(0, …) is not available")
+    local ok, v = run([[local function f() return x end setfenv(f, { x = 5 }) return f() + #getfenv(1)._VERSION]])
+    assert.is_true(ok, v)
+  end)
+
+  it("debug.getregistry, getupvalue, getinfo's functions, sethook", function()
+    refused([[return debug.getregistry()]], "debug.getregistry is not available to scripts")
+    refused([[return debug.getupvalue(require("agg").page, 1)]], "debug.getupvalue is not available")
+    refused([[return debug.getmetatable("")]], "debug.getmetatable is not available")
+    refused([[debug.sethook()]], "debug.sethook is not available to scripts: the gateway's script time limit")
+    local ok, tb = run([[return debug.traceback("here")]])
+    assert.is_true(ok)
+    assert.matches("^here\nstack traceback", tb)
+  end)
+
+  it("collectgarbage('stop') and the collector's tuning (the worker's, shared)", function()
+    refused([[collectgarbage("stop")]], "collectgarbage('stop') is not available to scripts")
+    refused([[collectgarbage("setpause", 1000)]], "collectgarbage('setpause') is not available")
+    local ok, kb = run([[return collectgarbage("count")]])
+    assert.is_true(ok)
+    assert.is_number(kb)
+  end)
+
+  it("print (stdout is the gateway's)", function()
+    refused([[print("x")]], "print is not available to scripts")
+  end)
+
+  it("the string metatable: getmetatable('') is a name, and strings still have their methods", function()
+    local ok, mt = run([[return getmetatable("")]])
+    assert.is_true(ok)
+    assert.equal("string", mt)
+    refused([[getmetatable("").__index.format = nil]], "attempt to index")
+    local ok2, s = run([[return ("%d-%s"):format(7, ("ab"):upper())]])
+    assert.is_true(ok2)
+    assert.equal("7-AB", s)
+  end)
+end)
+
+describe("one script cannot change what another sees", function()
+  it("by assignment, rawset, the string metatable, agg.json, array metatables, setfenv or a lib module", function()
+    local gw = testing.gateway { dir = DIR .. "two" }
+    local tried = gw:get("/break").json
+    for what, msg in pairs {
+      assign = "table is shared by every script and read-only",
+      rawset = "rawset: table is shared by every script and read-only",
+      global_rawset = "rawset: table is shared by every script and read-only",
+      string_mt = "attempt to index",
+      agg_json = "agg.json is shared by every script and read-only",
+      agg_json_rawset = "rawset: agg.json is shared by every script and read-only",
+      array_mt = "attempt to index",
+      setfenv_agg = "only functions of this script",
+    } do
+      assert.matches(msg, tried[what], 1, true)
+    end
+    assert.equal("changed", tried.lib) -- its own instance of the module
+    local seen = gw:get("/victim").json
+    assert.same({ concat = "a,b", format = "7", encode = "[1]", lib = "original" }, seen)
+  end)
+end)
+
+describe("a trusted folder (scripts = { trusted = true } in gateway.lua)", function()
+  it("runs its scripts without the sandbox", function()
+    local gw = testing.gateway { dir = DIR .. "trusted" }
+    assert.same({ io = "table", ffi = "table", getenv = "string" }, gw:get("/open").json)
+  end)
+
+  it("is checked like every option of gateway.lua", function()
+    local config = require "agg.config"
+    local src = "return {\n  upstreams = {},\n  scripts = { trustd = true },\n}\n"
+    local c, errs = config.check({ upstreams = {}, scripts = { trustd = true } }, src, "gateway.lua")
+    assert.is_nil(c)
+    assert.matches("gateway.lua:3: scripts.trustd: unknown option (did you mean 'trusted'?)", errs[1], 1, true)
+    src = "return {\n  scripts = { trusted = \"yes\" },\n}\n"
+    c, errs = config.check({ scripts = { trusted = "yes" } }, src, "gateway.lua")
+    assert.is_nil(c)
+    assert.matches("gateway.lua:2: scripts.trusted: must be true or false, got string \"yes\"", errs[1], 1, true)
+    c = config.check({}, "return {}", "gateway.lua")
+    assert.is_false(c.scripts.trusted)
+  end)
+end)

@@ -1,0 +1,193 @@
+"""The gateway facing a hostile client, a hostile script and a failing upstream, on a real gateway:
+the script sandbox holds in serve, route parameters that would confuse an upstream path are
+refused (and move no breaker), problems to clients carry no internal detail while the log and the
+waterfall do, a log line cannot be forged, and a header value with a control character is never
+sent."""
+import json
+import os
+import socket
+import sys
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (GatewayTestCase, endpoint, free_port, main, repo_scripts, route, run_aggway,  # noqa: E402
+                     wait_until)
+
+SCRIPTS = dict(repo_scripts(), **{
+    "popen.lua": endpoint("GET /popen", """
+    return { status = 200, body = io.popen("id"):read("*a") }"""),
+    "ffi.lua": endpoint("GET /ffi", """
+    local ffi = require "ffi"
+    return { status = 200, body = "loaded" }"""),
+    "pub.lua": endpoint("GET /pub/{id}", """
+    return agg.page(agg.fetch_all { stock = { "inventory", "/stock/" .. req.params.id .. "/public" } })"""),
+    "boom.lua": endpoint("GET /boom", """
+    error("no product for sku " .. req.query.sku)"""),
+    "header.lua": endpoint("GET /header/{which}", """
+    local values = { vt = "a\\vb", ff = "a\\fb", esc = "a\\27[31mb", del = "a\\127b", nul = "a\\0b", lf = "a\\nb" }
+    return agg.page(agg.fetch_all { stock = { "inventory", "/stock/1", headers = { ["x-note"] = values[req.params.which] } } })"""),
+    "oddkey.lua": endpoint("GET /odd-key", """
+    return agg.page(agg.fetch_all { ["a\\nb\\127c\\27d"] = { "inventory", "/stock/1" } })"""),
+    "hash.lua": endpoint("GET /hash", """
+    return agg.page(agg.fetch_all { stock = { "inventory", "/stock/7#x" } })"""),
+})
+
+SERVICES = {
+    "product": [route("/products/{id}", json={"id": "{id}", "name": "Sneaker", "sku": "SNK-{id}"})],
+    "reviews": [route("/reviews", json={"rating": 4.6})],
+    "inventory": [route("/stock/{id}/public", json={"inStock": 12}), route("/stock/{id}", json={"inStock": 12})],
+}
+
+BREAKER = {"inventory": {"breaker": {"failures": 5, "open_s": 30}}}
+
+
+def raw_request(port, target):
+    """Sends one HTTP/1.1 request with target as raw bytes (curl would strip a '#'); returns the
+    status and the body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), head.decode("latin-1"), body
+
+
+class Sandbox(GatewayTestCase):
+    def test_io_popen_in_a_handler_answers_500_and_runs_nothing(self):
+        self.start(services=SERVICES, scripts=SCRIPTS)
+        r = self.get("/popen")
+        p = self.assertProblem(r, 500)
+        self.assertNotIn("uid=", r.body.decode(errors="replace"))
+        self.assertEqual(p["type"], "urn:aggway:problem:script-error")
+        self.assertIn("popen.lua:6: io is not available to scripts", self.gw.log())
+        r = self.get("/ffi")
+        self.assertProblem(r, 500)
+        self.assertIn("module 'ffi' is not available to scripts", self.gw.log())
+
+    def test_a_trusted_folder_runs_without_the_sandbox_and_says_so_at_every_load(self):
+        self.start(services=SERVICES, scripts=SCRIPTS, gateway_extra={"scripts": {"trusted": True}})
+        r = self.get("/popen")
+        self.assertEqual(r.status, 200, r)
+        self.assertIn("uid=", r.body.decode())
+        self.assertIn("scripts = { trusted = true }: the scripts of", self.gw.log())
+        check = run_aggway("check", "-c", self.scripts_dir)
+        self.assertEqual(check.returncode, 0, check.stderr)
+        self.assertIn(b"run without the sandbox", check.stderr)
+
+
+class RouteParameters(GatewayTestCase):
+    def test_fragment_and_raw_byte_in_a_parameter_are_400_reach_no_upstream_and_move_no_breaker(self):
+        self.start(services=SERVICES, scripts=SCRIPTS, upstream_options=BREAKER)
+        before = self.mock.stats()["inventory"]["requests"]
+        for target in (b"/pub/7#", b"/pub/7\xff", b"/pub/7%FF", b"/pub/7%2Fpublic", b"/pub/7%0A"):
+            for _ in range(6):  # more than the breaker's 5 failures
+                status, head, body = raw_request(self.port, target)
+                self.assertEqual(status, 400, (target, head, body))
+                self.assertIn("content-type: application/problem+json", head.lower())
+                self.assertEqual(json.loads(body)["type"], "urn:aggway:problem:bad-route-parameter")
+        self.assertEqual(self.mock.stats()["inventory"]["requests"], before, "nothing reached the upstream")
+        # the breaker did not move: a good request is served by the upstream
+        r = self.get("/pub/7")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["stock"]["status"], "ok", r)
+        self.assertEqual(self.mock.hits()["inventory"]["GET /stock/{id}/public"], 1)
+
+    def test_a_path_with_a_hash_from_a_script_fails_the_call_before_sending(self):
+        self.start(services=SERVICES, scripts=SCRIPTS)
+        before = self.mock.stats()["inventory"]["requests"]
+        r = self.get("/hash")
+        self.assertEqual(r.status, 502, r)
+        self.assertEqual(r.json()["sections"]["stock"]["error"]["type"], "urn:aggway:problem:invalid-call", r)
+        self.assertEqual(self.mock.stats()["inventory"]["requests"], before)
+        self.assertIn("path contains '#'", self.gw.log())
+
+
+class NoInternalDetail(GatewayTestCase):
+    def start_with_inventory(self, url):
+        self.admin_port = free_port()
+        self.start(services=SERVICES, scripts=SCRIPTS, upstream_options={"inventory": {"url": url}},
+                   gateway_extra={"admin": {"port": self.admin_port}})
+
+    def waterfall_details(self):
+        with urllib.request.urlopen("http://127.0.0.1:%d/waterfall.json" % self.admin_port, timeout=10) as r:
+            data = json.loads(r.read())
+        return [c.get("detail", "") for req in data["requests"] for c in req["calls"]]
+
+    def assertNoDetail(self, body, *words):
+        text = body.decode(errors="replace")
+        for w in words:
+            self.assertNotIn(w, text)
+
+    def test_refused_upstream_page_names_no_address_port_or_errno_but_the_log_and_waterfall_do(self):
+        port = free_port()  # nothing listens there
+        self.start_with_inventory("http://127.0.0.1:%d" % port)
+        r = self.get("/product-page/42")
+        self.assertEqual(r.status, 200, r)
+        err = r.json()["inventory"]["error"]
+        self.assertEqual(err["type"], "urn:aggway:problem:upstream-unreachable")
+        self.assertEqual(err["title"], "the upstream could not be reached")
+        self.assertNoDetail(r.body, "127.0.0.1", str(port), "Connection refused", "http://")
+        self.assertIn("Connection refused", self.gw.log())
+        self.assertIn("127.0.0.1:%d" % port, self.gw.log())
+        self.assertTrue(any("Connection refused" in d for d in self.waterfall_details()), self.waterfall_details())
+
+    def test_tls_failure_page_names_no_address_port_or_tls_reason_but_the_log_and_waterfall_do(self):
+        self.start_mock(SERVICES)
+        port = self.mock.ports["inventory"]  # speaks plain HTTP: the handshake fails
+        self.start_with_inventory("https://127.0.0.1:%d" % port)
+        r = self.get("/product-page/42")
+        self.assertEqual(r.status, 200, r)
+        err = r.json()["inventory"]["error"]
+        self.assertEqual(err["type"], "urn:aggway:problem:upstream-tls")
+        self.assertNoDetail(r.body, "127.0.0.1", str(port), "TLS handshake with", "SSL", "ssl", "wrong version")
+        self.assertIn("TLS handshake with upstream inventory failed", self.gw.log())
+        self.assertTrue(any("TLS handshake" in d for d in self.waterfall_details()), self.waterfall_details())
+
+
+class Logs(GatewayTestCase):
+    def test_a_script_error_with_a_decoded_newline_from_the_query_is_one_log_line(self):
+        self.start(services=SERVICES, scripts=SCRIPTS)
+        forged = "2026-12-01T00:00:00.000Z error forged-line"
+        r = self.get("/boom?sku=x%0A" + forged.replace(" ", "%20") + "%0D%0B%0C%1B%7F")
+        self.assertProblem(r, 500)
+        lines = self.gw.log().splitlines()
+        hits = [l for l in lines if "forged-line" in l]
+        self.assertEqual(len(hits), 1, hits)
+        self.assertIn("script error in GET /boom", hits[0])
+        self.assertIn("no product for sku x\\n2026-12-01T00:00:00.000Z error forged-line\\r\\x0b\\x0c\\x1b\\x7f",
+                      hits[0])
+        self.assertFalse(any(l.startswith(forged) for l in lines))
+
+    def test_a_section_name_with_control_characters_is_one_access_log_line_with_them_escaped(self):
+        path = os.path.join(self.workdir, "access.log")
+        self.start(services=SERVICES, scripts=SCRIPTS, gateway_extra={"access_log": path})
+        self.assertEqual(self.get("/odd-key").status, 200)
+
+        def logged():
+            with open(path, "rb") as f:
+                return [l for l in f.read().split(b"\n") if b"/odd-key" in l]
+        self.assertTrue(wait_until(lambda: logged(), 10), "the access log has no line for /odd-key")
+        raw = logged()[0]
+        self.assertNotIn(b"\x7f", raw)
+        self.assertNotIn(b"\x1b", raw)
+        self.assertIn(b"a\\nb\\u007fc\\u001bd", raw)
+        self.assertEqual(json.loads(raw)["sections"][0]["name"], "a\nb\x7fc\x1bd")
+
+    def test_header_values_with_any_control_character_are_never_sent(self):
+        self.start(services=SERVICES, scripts=SCRIPTS)
+        before = self.mock.stats()["inventory"]["requests"]
+        for which in ("vt", "ff", "esc", "del", "nul", "lf"):
+            r = self.get("/header/" + which)
+            self.assertEqual(r.status, 502, (which, r))
+            self.assertEqual(r.json()["sections"]["stock"]["error"]["type"], "urn:aggway:problem:invalid-call",
+                             (which, r))
+        self.assertEqual(self.mock.stats()["inventory"]["requests"], before, "nothing was sent")
+        self.assertIn("header value contains a control character (only HTAB is allowed)", self.gw.log())
+
+
+if __name__ == "__main__":
+    main()
