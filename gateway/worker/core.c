@@ -111,13 +111,13 @@ static agw_worker_t *upw(lua_State *L)
     return upg(L)->w;
 }
 
-/* The contract's keys (contract.h), upvalue 2 of every core.* function. */
-#define KEYS lua_upvalueindex(2)
+/* The contract's keys (contract.h): the table is upvalue 2 of every core.* function, and each key
+ * is an upvalue of its own after it (upvalue 2 + AGW_KEY_*), the cheapest value to push. */
 
-/* Pushes field key (AGW_KEY_*) of the table at absolute index t; keys: index of the keys table. */
-static inline void get_key(lua_State *L, int t, int keys, int key)
+/* Pushes field key (AGW_KEY_*) of the table at absolute index t, inside a core.* function. */
+static inline void get_upkey(lua_State *L, int t, int key)
 {
-    lua_rawgeti(L, keys, key);
+    lua_pushvalue(L, lua_upvalueindex(2 + key));
     lua_rawget(L, t);
 }
 
@@ -237,9 +237,9 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     agw_trace_t *tr = rr ? rr->trace : NULL;
     if (tr) {
         size_t slen = 0;
-        get_key(L, 9, KEYS, AGW_KEY_ATTEMPT + AGW_ATTEMPT_SECTION);
-        get_key(L, 9, KEYS, AGW_KEY_ATTEMPT + AGW_ATTEMPT_NUMBER);
-        get_key(L, 9, KEYS, AGW_KEY_ATTEMPT + AGW_ATTEMPT_HEDGE);
+        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_SECTION);
+        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_NUMBER);
+        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_HEDGE);
         const char *section = lua_tolstring(L, -3, &slen); /* held by the attempt table */
         unsigned attempt = (unsigned)lua_tointeger(L, -2);
         unsigned flags = lua_toboolean(L, -1) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
@@ -470,7 +470,7 @@ static int l_respond(lua_State *L)
     lua_settop(L, 2);
     enum { STATUS = 3, HEADERS, BODY, JSON, DEFAULT_TYPE, SERVER_TIMING, PAGE, SECTIONS };
     for (int i = 0; i < AGW_RESPONSE_FIELDS; i++) /* STATUS.. in the order of contract.h */
-        get_key(L, 2, KEYS, AGW_KEY_RESPONSE + i);
+        get_upkey(L, 2, AGW_KEY_RESPONSE + i);
     _Static_assert(AGW_RESPONSE_STATUS == 0 && AGW_RESPONSE_SECTIONS == SECTIONS - STATUS, "field order");
     int status = (int)luaL_checkinteger(L, STATUS);
     int is_json = lua_toboolean(L, JSON);

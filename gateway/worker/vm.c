@@ -194,7 +194,9 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     for (const luaL_Reg *f = agw_worker_core_fns; f->name; f++) {
         lua_pushlightuserdata(L, g);
         lua_pushvalue(L, keys);
-        lua_pushcclosure(L, f->func, 2);
+        for (int k = 1; k <= AGW_KEY_COUNT; k++)
+            lua_rawgeti(L, keys, k);
+        lua_pushcclosure(L, f->func, 2 + AGW_KEY_COUNT);
         lua_setfield(L, -2, f->name);
     }
     lua_createtable(L, (int)conf->num_upstreams, 0); /* core.breakers: shared by every worker */
