@@ -5,6 +5,8 @@
  *                                    valid, 1 with "file:line: message" lines on stderr when not
  *   aggway test  [-c DIR] [ARGS…]    run busted specs inside the aggway runtime; ARGS are busted's
  *                                    own (paths, --filter, -o TAP, …), default: spec
+ *   aggway version                   the version and where the Lua runtime is read from
+ *   aggway help | --help | -h        every command, option, signal and environment variable
  */
 #include <lauxlib.h>
 #include <malloc.h>
@@ -15,16 +17,60 @@
 
 #include "script/config.h"
 #include "base/log.h"
+#include "deploy/runtime_dir.h"
 #include "script/script.h"
 #include "front/server.h"
 
+#ifndef AGW_VERSION
+#define AGW_VERSION "0.0.0"
+#endif
+
+/* The whole command line, for `aggway help` (stdout, exit 0) and after a mistake (stderr, exit 2).
+ * The README's "Command line" section and the man page say the same. */
+static const char help_text[] =
+    "usage: aggway COMMAND [-c DIR] [ARGS...]\n"
+    "\n"
+    "commands:\n"
+    "  serve [-c DIR]          serve the scripts folder DIR until SIGTERM/SIGINT\n"
+    "  check [-c DIR]          load and check DIR's gateway.lua and every script as serve would\n"
+    "                          (like nginx -t): exit 0 when valid, 1 with file:line messages\n"
+    "  test [-c DIR] [ARGS...] run busted specs inside the aggway runtime; ARGS are busted's own\n"
+    "                          (spec paths, --filter=PATTERN, -o TAP, ...), default: spec\n"
+    "  version                 print the version and where the Lua runtime is read from\n"
+    "  help                    print this text (also --help, -h)\n"
+    "\n"
+    "options:\n"
+    "  -c DIR                  the scripts folder: gateway.lua, endpoint scripts, lib/ (default: scripts)\n"
+    "\n"
+    "signals (serve):\n"
+    "  SIGHUP                  reload the scripts folder as a new generation (the old one keeps\n"
+    "                          serving when the new one does not load)\n"
+    "  SIGTERM, SIGINT         stop accepting, let requests in flight finish (shutdown_grace_ms);\n"
+    "                          a second one stops at once\n"
+    "  SIGUSR1                 reopen the access log (log rotation)\n"
+    "\n"
+    "environment:\n"
+    "  AGGWAY_LUA_DIR          the folder of the Lua runtime (agg/); default: ../share/aggway/lua\n"
+    "                          beside the binary, or the source tree's lua/ for a binary in its build tree\n"
+    "  AGGWAY_IO_URING=off     upstream I/O with one system call per operation instead of io_uring batches\n"
+    "  NOTIFY_SOCKET           set by systemd (Type=notify): READY=1 once the first generation serves,\n"
+    "                          RELOADING=1/READY=1 around reloads, STOPPING=1 on SIGTERM\n"
+    "\n"
+    "the admin listener (gateway.lua admin = { port = 9090 }): /healthz /readyz /metrics /routes\n"
+    "/reload /waterfall; see the README or man aggway.\n";
+
 static int usage(void)
 {
-    fputs("usage: aggway serve [-c DIR]     serve the scripts folder (default: scripts)\n"
-          "       aggway check [-c DIR]     check gateway.lua and every script, like nginx -t\n"
-          "       aggway test [-c DIR] [busted options and spec paths…]\n",
-          stderr);
+    fputs(help_text, stderr);
     return 2;
+}
+
+static int cmd_version(void)
+{
+    const char *dir = agw_runtime_dir();
+    printf("aggway %s\nlua runtime: %s (%s)\n", AGW_VERSION, dir ? dir : agw_runtime_dir_problem(),
+           dir ? agw_runtime_dir_source() : "not found");
+    return dir ? 0 : 1;
 }
 
 static int cmd_check(const char *dir, int quiet)
@@ -93,6 +139,13 @@ int main(int argc, char **argv)
     if (argc < 2)
         return usage();
     const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        fputs(help_text, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)
+        return cmd_version();
+
     const char *dir = "scripts";
     int i = 2;
     if (i + 1 < argc + 1 && i < argc && strcmp(argv[i], "-c") == 0) {
@@ -100,6 +153,11 @@ int main(int argc, char **argv)
             return usage();
         dir = argv[i + 1];
         i += 2;
+    }
+    int known = (strcmp(cmd, "serve") == 0 || strcmp(cmd, "check") == 0) ? i == argc : strcmp(cmd, "test") == 0;
+    if (known && agw_runtime_dir() == NULL) {
+        fprintf(stderr, "aggway: %s\n", agw_runtime_dir_problem());
+        return 1;
     }
     if (strcmp(cmd, "serve") == 0 && i == argc)
         return cmd_serve(dir);

@@ -1,6 +1,7 @@
 -- The demo gateway: three upstream services run by tools/demo (aggway-mock with tools/mock/demo.json).
 return {
   listen = { { port = 8080 } },
+  admin = { port = 9090 },            -- 127.0.0.1:9090: /waterfall /metrics /routes /readyz (tools/demo prints the links)
   workers = "auto",
   deadline_ms = 1000,
   upstreams = {

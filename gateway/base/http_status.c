@@ -22,6 +22,7 @@ const char *agw_http_reason(int status)
     case 413: return "Content Too Large";
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
     case 502: return "Bad Gateway";

@@ -1,5 +1,7 @@
 /* log.h: the error log: one line per event on stderr, "2026-11-29T22:57:21.123Z level message".
- * Thread-safe (one write(2) per line).
+ * Thread-safe (one write(2) per line). Under systemd, when stderr is the journal ($JOURNAL_STREAM
+ * names it), each line starts with its syslog priority, "<6>" info, "<4>" warn, "<3>" error, which
+ * journald takes off and keeps as the entry's priority.
  *
  * One event is one line, whatever its text carries: a message may hold a client's path, a script's
  * error (with a decoded %0A from a query) or an upstream's words, so every control character in it

@@ -35,6 +35,7 @@ struct agw_admin {
     pthread_t thread;
     struct ev_loop *loop;
     ev_io accept_io;
+    ev_timer accept_pause;     /* accept_io stopped for want of descriptors: restarts it */
     ev_async stop_async;
     aconn_t *conns;            /* open connections */
     unsigned num_conns;
@@ -300,14 +301,32 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
     conn_close(c);
 }
 
+/* How long the listener rests when accept finds no descriptor (or memory) free, s. */
+#define ADMIN_ACCEPT_PAUSE_S 0.1
+
+static void on_accept_resume(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)t, (void)revents;
+    agw_admin_t *a = t->data;
+    ev_io_start(loop, &a->accept_io);
+}
+
 static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
 {
     (void)revents;
     agw_admin_t *a = io->data;
     for (int i = 0; i < 16; i++) {
         int fd = accept4(a->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            /* out of descriptors or memory: the connection stays in the backlog and the socket
+             * stays readable, so a level-triggered watcher would spin; rest, then try again */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                ev_io_stop(loop, &a->accept_io);
+                ev_timer_set(&a->accept_pause, ADMIN_ACCEPT_PAUSE_S, 0.);
+                ev_timer_start(loop, &a->accept_pause);
+            }
             return;
+        }
         if (a->num_conns >= ADMIN_MAX_CONNS) {
             close(fd);
             continue;
@@ -361,6 +380,8 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     ev_io_init(&a->accept_io, on_accept, fd, EV_READ);
     a->accept_io.data = a;
     ev_io_start(a->loop, &a->accept_io);
+    ev_timer_init(&a->accept_pause, on_accept_resume, ADMIN_ACCEPT_PAUSE_S, 0.);
+    a->accept_pause.data = a;
     ev_async_init(&a->stop_async, on_stop);
     ev_async_start(a->loop, &a->stop_async);
     if (pthread_create(&a->thread, NULL, admin_main, a) != 0) {
@@ -390,6 +411,7 @@ void agw_admin_stop(agw_admin_t *a)
     while (a->conns)
         conn_close(a->conns);
     ev_io_stop(a->loop, &a->accept_io);
+    ev_timer_stop(a->loop, &a->accept_pause);
     ev_async_stop(a->loop, &a->stop_async);
     ev_loop_destroy(a->loop);
     close(a->fd);

@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "front/admin.h"
+#include "deploy/nofile.h"
+#include "deploy/sd_notify.h"
 #include "worker/generation.h"
 #include "script/listen_tls.h"
 #include "ops/otlp.h"
@@ -69,7 +71,8 @@ static void on_setup_server_header(h2o_filter_t *self, h2o_req_t *req, h2o_ostre
 }
 
 /* SO_REUSEPORT would let this process share a port that another gateway already serves: bind it
- * once without that option first, so a port in use is an error at start-up. */
+ * once without that option first, so a port in use is an error at start-up (unless the listener
+ * asks for sharing with reuse_port = true). */
 static int port_is_free(const agw_listen_conf_t *l)
 {
     int fd = agw_listen_socket("listen", l->host, l->port, 0, 1024);
@@ -140,6 +143,19 @@ static int total_inflight(agw_worker_t *const *workers, unsigned n)
     for (unsigned wi = 0; wi < n; wi++)
         total += agw_worker_inflight(workers[wi]);
     return total;
+}
+
+/* How many upstream connections the pools may hold at once (workers × Σ max_connections), for
+ * the open-file limit; 0 when an upstream has no limit. */
+static uint64_t upstream_fds(const agw_config_t *conf)
+{
+    uint64_t per_worker = 0;
+    for (size_t i = 0; i < conf->num_upstreams; i++) {
+        if (conf->upstreams[i].max_connections == 0)
+            return 0;
+        per_worker += conf->upstreams[i].max_connections;
+    }
+    return per_worker * conf->workers;
 }
 
 /* What the main thread keeps while serving. */
@@ -265,6 +281,10 @@ static void reload(server_t *srv)
     }
     agw_generation_t *cur = agw_reload_state_current(&srv->gens);
     agw_log(AGW_LOG_INFO, "SIGHUP: reloading %s (generation %llu serving)", srv->dir, (unsigned long long)cur->number);
+    struct timespec mono;
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    agw_sd_notifyf("RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading %s", (unsigned long long)mono.tv_sec * 1000000ULL +
+                   (unsigned long long)mono.tv_nsec / 1000, srv->dir);
     agw_buf_t errors = AGW_BUF_INIT;
     agw_generation_t *next = agw_generation_load(srv->dir, cur->number + 1, cur, srv->labels, &errors);
     agw_worker_gen_t **prepared = agw_calloc(srv->workers, sizeof(*prepared));
@@ -280,6 +300,7 @@ static void reload(server_t *srv)
             agw_buf_printf(&errors, "%s/gateway.lua:1: the scripts folder did not load\n", srv->dir);
         log_lines(what, errors.base);
         agw_reload_state_failed(&srv->gens, errors.base);
+        agw_sd_notifyf("READY=1\nSTATUS=%s (see the journal or the admin /reload page)", what);
     } else {
         for (unsigned wi = 0; wi < srv->workers; wi++)
             agw_worker_install(srv->w[wi], prepared[wi]);
@@ -290,6 +311,8 @@ static void reload(server_t *srv)
                 next->conf.router.num_routes, next->conf.router.num_routes == 1 ? "" : "s", next->conf.num_upstreams,
                 next->conf.num_upstreams == 1 ? "" : "s");
         log_certificates("reload", &next->conf);
+        agw_sd_notifyf("READY=1\nSTATUS=serving %s: generation %llu, %zu routes, %zu upstreams", srv->dir,
+                       (unsigned long long)next->number, next->conf.router.num_routes, next->conf.num_upstreams);
     }
     free(prepared);
     agw_buf_free(&errors);
@@ -297,9 +320,28 @@ static void reload(server_t *srv)
     agw_generation_unref(cur);
 }
 
+/* The open-files limit: the soft limit goes up to the hard one (client connections and upstream
+ * sockets are descriptors; clients.max_connections "auto" is derived from it), and the start-up
+ * log says what it is. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t want = rl.rlim_max;
+        rl.rlim_cur = want;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    agw_log(AGW_LOG_INFO, "open-files limit %llu: up to %u client connections (clients.max_connections \"auto\")",
+            (unsigned long long)rl.rlim_cur, agw_config_auto_max_connections());
+}
+
 int agw_server_run(const char *dir)
 {
     signal(SIGPIPE, SIG_IGN);
+    raise_nofile();
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -337,8 +379,9 @@ int agw_server_run(const char *dir)
     h2o_create_filter(&host->fallback_path, sizeof(h2o_filter_t))->on_setup_ostream = on_setup_server_header;
 
     for (size_t i = 0; i < conf->num_listen; i++)
-        if (!port_is_free(&conf->listen[i]))
+        if (!conf->listen[i].reuse_port && !port_is_free(&conf->listen[i]))
             return 1;
+    agw_nofile_raise(upstream_fds(conf));
     if (srv.access_log && (srv.access_fd = open_access_log(srv.access_log)) < 0)
         return 1;
     agw_metrics_t **metrics = agw_calloc(conf->workers, sizeof(*metrics));
@@ -392,10 +435,13 @@ int agw_server_run(const char *dir)
     agw_watchdog_t *watchdog = agw_watchdog_start(srv.w, conf->workers);
     if (watchdog == NULL)
         agw_log(AGW_LOG_WARN, "cannot start the watchdog thread: scripts run without a time limit");
+    size_t num_routes = conf->router.num_routes, num_upstreams = conf->num_upstreams;
     agw_reload_state_serving(&srv.gens, gen, 0);
     agw_generation_unref(gen); /* the workers and the record hold it now */
     conf = NULL;
     agw_admin_set_ready(admin, 1);
+    agw_sd_notifyf("READY=1\nSTATUS=serving %s: generation 1, %zu routes, %zu upstreams", srv.dir, num_routes,
+                   num_upstreams);
     int deferred = 0; /* a SIGHUP waits for old generations to finish (AGW_GENERATIONS_MAX) */
     for (;;) {
         if (deferred && agw_generation_live() < AGW_GENERATIONS_MAX) {
@@ -431,6 +477,7 @@ int agw_server_run(const char *dir)
         break;
     }
     agw_admin_set_ready(admin, 0);
+    agw_sd_notify("STOPPING=1\nSTATUS=stopping: draining requests in flight");
     drain(&srv, &set);
     /* the watchdog goes on stopping runaway scripts while the workers stop */
     for (unsigned wi = 0; wi < srv.workers; wi++) {

@@ -31,6 +31,7 @@ static const char *const outcome_names[AGW_OUT_N] = {
     [AGW_OUT_CANCELLED] = "cancelled",
     [AGW_OUT_INVALID_REQUEST] = "invalid_request",
     [AGW_OUT_TLS] = "tls",
+    [AGW_OUT_LOCAL] = "local",
 };
 
 const char *agw_metric_outcome_name(agw_metric_outcome_t o)
@@ -390,7 +391,8 @@ static void render_upstreams(agw_buf_t *b, const agw_metric_labels_t *lb, const 
 
     agw_prom_family(b, "aggway_upstream_calls_total", "counter",
                     "Calls to an upstream (each attempt: retries and hedges count) by outcome: ok, 4xx, 5xx, timeout, "
-                    "refused, reset, bad_response, overload, cancelled, invalid_request, and circuit_open (not sent: "
+                    "refused, reset, bad_response, overload, cancelled, invalid_request, tls, local (the gateway had no "
+                    "socket: not the upstream's fault), and circuit_open (not sent: "
                     "the breaker was open).");
     for (size_t u = 0; u < nu; u++) {
         for (int o = 0; o <= AGW_OUT_N; o++) {

@@ -54,6 +54,7 @@ typedef enum agw_metric_outcome {
     AGW_OUT_CANCELLED,       /* the gateway stopped waiting (deadline, client gone, hedge won) */
     AGW_OUT_INVALID_REQUEST, /* CR/LF/NUL in the call's path or headers: nothing was sent */
     AGW_OUT_TLS,             /* https:// upstream: TLS handshake or certificate verification failed */
+    AGW_OUT_LOCAL,           /* the gateway could not open a socket (descriptors, local ports): not the upstream's fault */
     AGW_OUT_N
 } agw_metric_outcome_t;
 

@@ -6,6 +6,7 @@
 #include <lauxlib.h>
 #include <openssl/ssl.h>
 #include <netdb.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -169,6 +170,7 @@ static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
         int e = lua_gettop(L);
         conf->listen[i].host = field_str(L, e, "host");
         conf->listen[i].port = (int)field_num(L, e, "port", 8080);
+        conf->listen[i].reuse_port = (int)field_num(L, e, "reuse_port", 0);
         conf->listen[i].cert_file = field_str(L, e, "cert");
         conf->listen[i].key_file = field_str(L, e, "key");
         conf->listen[i].cert_line = (int)field_num(L, e, "cert_line", 1);
@@ -266,6 +268,31 @@ static int load_listen_tls(agw_config_t *conf, agw_buf_t *errors)
     return rc;
 }
 
+unsigned agw_config_auto_max_connections(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 2000000)
+        return 1000000;
+    long n = ((long)rl.rlim_cur - 64) / 2;
+    return n < 16 ? 16 : (unsigned)n;
+}
+
+/* clients = { … } as config.lua normalized it (every field present). */
+static void load_clients(lua_State *L, int cfg, agw_config_t *conf)
+{
+    agw_clients_conf_t *c = &conf->clients;
+    lua_getfield(L, cfg, "clients");
+    int t = lua_istable(L, -1) ? lua_gettop(L) : 0;
+    c->max_connections = t ? (unsigned)field_num(L, t, "max_connections", 0) : 0;
+    if (c->max_connections == 0)
+        c->max_connections = agw_config_auto_max_connections();
+    c->max_headers = t ? (unsigned)field_num(L, t, "max_headers", 100) : 100;
+    c->max_header_bytes = t ? (size_t)field_num(L, t, "max_header_bytes", 65536) : 65536;
+    c->max_cancelled_streams = t ? (unsigned)field_num(L, t, "max_cancelled_streams", 100) : 100;
+    c->cancel_window_ms = (uint64_t)(t ? field_num(L, t, "cancel_window_s", 10) : 10) * 1000;
+    lua_pop(L, 1);
+}
+
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 {
     memset(conf, 0, sizeof(*conf));
@@ -294,6 +321,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
     conf->shutdown_grace_ms = (uint64_t)field_num(L, cfg, "shutdown_grace_ms", 10000);
     conf->script_time_limit_ms = (uint64_t)field_num(L, cfg, "script_time_limit_ms", 1000);
+    load_clients(L, cfg, conf);
     /* the operator's opt-out of the sandbox (lua/agg/sandbox.lua) is said at every load: start,
      * check and each reload */
     lua_getfield(L, cfg, "scripts");

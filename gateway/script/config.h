@@ -16,6 +16,8 @@
 typedef struct agw_listen_conf {
     char *host;        /* address to bind ("0.0.0.0") */
     int port;          /* TCP port */
+    int reuse_port;    /* reuse_port = true: the port may be shared with other processes (of the same
+                          user: SO_REUSEPORT), so a port in use is not an error at start-up */
     char *cert_file;   /* PEM certificate chain when TLS is on, else NULL (resolved against the folder) */
     char *key_file;    /* PEM private key when TLS is on, else NULL (resolved against the folder) */
     int cert_line;     /* line of gateway.lua that names cert_file (messages), 0 without TLS */
@@ -25,6 +27,19 @@ typedef struct agw_listen_conf {
                                    agw_config_free; workers and connections take their own. NULL
                                    for cleartext */
 } agw_listen_conf_t;
+
+/* gateway.lua `clients = { … }`: the limits a client meets at the front (guard/guard.h). Read
+ * by the workers from the current generation, so a reload changes them. */
+typedef struct agw_clients_conf {
+    unsigned max_connections;           /* open client connections per gateway, shared evenly between
+                                           the workers ("auto": from RLIMIT_NOFILE, see
+                                           agw_config_auto_max_connections) */
+    unsigned max_headers;               /* request header fields; more: 431 */
+    size_t max_header_bytes;            /* request header names + values, decoded, bytes; more: 431 */
+    unsigned max_cancelled_streams;     /* HTTP/2 streams a connection may cancel before their answer
+                                           within cancel_window_ms; more: GOAWAY and close */
+    uint64_t cancel_window_ms;          /* that window, ms */
+} agw_clients_conf_t;
 
 /* An endpoint as /routes and the metrics name it. */
 typedef struct agw_endpoint_info {
@@ -43,6 +58,7 @@ typedef struct agw_config {
     uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
     uint64_t script_time_limit_ms;      /* how long a script may run without waiting before it is
                                            stopped, ms (watchdog.h) */
+    agw_clients_conf_t clients;         /* limits per client (gateway.lua `clients`) */
     agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
     agw_breaker_t **breakers;           /* one per upstream, shared by every worker (and by the next
                                            generation when the upstream does not change); one
@@ -74,6 +90,12 @@ typedef struct agw_config {
  * certificate …". Nothing is left allocated on failure. Any thread; used by `aggway check`,
  * start-up and every reload alike, so the three agree. */
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors);
+
+/* The client connection cap `clients.max_connections = "auto"` stands for: half of the descriptors
+ * RLIMIT_NOFILE (soft) allows beyond 64 kept for listeners, files and the like, at least 16; the
+ * other half is left for upstream sockets, so a flood of clients cannot take the descriptors the
+ * gateway needs to answer them. */
+unsigned agw_config_auto_max_connections(void);
 
 /* Frees everything agw_config_load allocated (the breakers and the listeners' SSL_CTXs: one
  * reference each; connections and workers that took their own keep theirs). */

@@ -73,6 +73,12 @@ SSL_CTX *agw_listen_tls_new(const char *cert_file, const char *key_file, agw_lis
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    /* TLS 1.2: AEAD suites with forward secrecy only (no CBC: LUCKY13 and its kin); TLS 1.3's
+     * suites are all AEAD and keep OpenSSL's defaults */
+    if (SSL_CTX_set_cipher_list(ctx, AGW_LISTEN_TLS12_CIPHERS) != 1) {
+        snprintf(why, cap, "cannot set the TLS 1.2 cipher suites: %s", queued_reason("none available"));
+        goto fail;
+    }
     if (!readable("certificate chain", cert_file, why, cap))
         goto fail;
     if (SSL_CTX_use_certificate_chain_file(ctx, cert_file) != 1) {

@@ -20,8 +20,16 @@ typedef enum agw_listen_tls_file {
     AGW_LISTEN_TLS_KEY,  /* the private key: unreadable, not PEM, encrypted, or not the certificate's */
 } agw_listen_tls_file_t;
 
+/* The TLS 1.2 cipher suites a listener accepts: Mozilla's "intermediate" server profile (v5.7)
+ * without its DHE suites (no DH parameters are configured, so OpenSSL would not offer them
+ * anyway): ECDHE key exchange, AEAD encryption only (AES-GCM, ChaCha20-Poly1305). No CBC suite,
+ * so no LUCKY13-style padding oracle; TLS 1.3 keeps OpenSSL's defaults, all AEAD. */
+#define AGW_LISTEN_TLS12_CIPHERS                                                                                      \
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"                        \
+    "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+
 /* Builds the server SSL_CTX of a TLS listener: TLS 1.2 at least, no compression, the server's
- * cipher preference, ALPN h2 then http/1.1 (h2o's list), the PEM certificate chain of cert_file
+ * cipher preference among AGW_LISTEN_TLS12_CIPHERS (TLS 1.2) and OpenSSL's TLS 1.3 suites, ALPN h2 then http/1.1 (h2o's list), the PEM certificate chain of cert_file
  * (the leaf first) and the PEM private key of key_file, which must be the certificate's. The
  * files are read now (paths as given: relative ones to the current directory). A key protected
  * by a passphrase is refused (nothing is asked on the terminal). Returns the SSL_CTX with one

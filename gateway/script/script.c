@@ -16,18 +16,14 @@
 #include "upstream/breaker.h"
 #include "upstream/http1.h"
 #include "base/file.h"
+#include "deploy/runtime_dir.h"
 #include "json/json.h"
 #include "script/resp_headers.h"
 #include "script/router.h"
 
-#ifndef AGW_LUA_DIR
-#define AGW_LUA_DIR "lua"
-#endif
-
 const char *agw_lua_dir(void)
 {
-    const char *env = getenv("AGGWAY_LUA_DIR");
-    return env && *env ? env : AGW_LUA_DIR;
+    return agw_runtime_dir();
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -201,9 +197,12 @@ lua_State *agw_vm_new(const char *scripts_dir)
         return NULL;
     luaL_openlibs(L);
     const char *lua_dir = agw_lua_dir();
+    const char *sdir = scripts_dir ? scripts_dir : ".";
     lua_getglobal(L, "package");
-    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s/?.lua;%s/?/init.lua;", lua_dir, lua_dir, scripts_dir ? scripts_dir : ".",
-                    scripts_dir ? scripts_dir : ".");
+    if (lua_dir)
+        lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s/?.lua;%s/?/init.lua;", lua_dir, lua_dir, sdir, sdir);
+    else /* no runtime: require "agg.loader" fails, and agw_vm_load_generation says where it looked */
+        lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;", sdir, sdir);
     lua_getfield(L, -2, "path");
     lua_concat(L, 2);
     lua_setfield(L, -2, "path");
@@ -221,6 +220,11 @@ int agw_vm_load_generation(lua_State *L, const char *dir, agw_buf_t *errors)
     int top = lua_gettop(L);
     lua_getglobal(L, "require");
     lua_pushliteral(L, "agg.loader");
+    if (agw_lua_dir() == NULL) {
+        agw_buf_printf(errors, "%s\n", agw_runtime_dir_problem());
+        lua_settop(L, top);
+        return -1;
+    }
     if (lua_pcall(L, 1, 1, 0) != 0) {
         agw_buf_printf(errors, "%s: cannot load the runtime: %s\n", agw_lua_dir(), lua_tostring(L, -1));
         lua_settop(L, top);

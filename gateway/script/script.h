@@ -7,7 +7,9 @@
 
 #include "base/buf.h"
 
-/* Folder of the Lua half of the runtime: $AGGWAY_LUA_DIR, else the build-time AGW_LUA_DIR. */
+/* Folder of the Lua half of the runtime, absolute: $AGGWAY_LUA_DIR, else the one installed beside
+ * the binary, else (a binary in its build tree) the source tree's lua/; NULL when none holds it
+ * (deploy/runtime_dir.h gives the order and the message). */
 const char *agw_lua_dir(void);
 
 /* Creates a LuaJIT state with the standard libraries, package.path covering the runtime folder and

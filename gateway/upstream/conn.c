@@ -67,6 +67,8 @@ void agw_conn_close(agw_conn_t *c)
     close(c->fd);
     if (c->state == AGW_CONN_IDLE)
         agw_pool_idle_remove(pool, c);
+    else if (c->state == AGW_CONN_CONNECTING && c->call == NULL)
+        agw_pool_orphan_remove(pool, c);
     if (c->call)
         c->call->conn = NULL;
     agw_h1_response_free(&c->resp);
@@ -85,6 +87,34 @@ static void conn_make_idle(agw_conn_t *c)
         ev_timer_set(&c->timer, (double)pool->conf->idle_timeout_ms / 1000.0, 0.);
         ev_timer_start(pool->loop, &c->timer);
     }
+}
+
+int agw_conn_give_back(agw_conn_t *c)
+{
+    /* the upstream saw nothing of the call, so there is nothing to stop by closing; closing would
+     * cost a connection per cancelled call (an HTTP/2 client resetting streams as fast as it opens
+     * them) */
+    agw_pool_t *pool = c->pool;
+    agw_call_t *call = c->call;
+    if (pool->dying || call->sent != 0)
+        return 0;
+    if (c->batched && c->state == AGW_CONN_SENDING && c->rq == AGW_RQ_NONE) {
+        /* a kept-alive connection whose request waits for agw_batch_flush: back to the idle list */
+        agw_batch_remove(pool->batch, c);
+        c->call = NULL;
+        call->conn = NULL;
+        pool->stats.reused--; /* it carried no request */
+        conn_make_idle(c);
+        return 1;
+    }
+    if (c->state == AGW_CONN_CONNECTING && c->ssl == NULL && !pool->conf->tls) {
+        /* a new plain one still connecting: an orphan, idle once connected (on_conn_io) */
+        c->call = NULL;
+        call->conn = NULL;
+        agw_pool_orphan_push(pool, c);
+        return 1;
+    }
+    return 0;
 }
 
 void agw_conn_bind(agw_conn_t *c, agw_call_t *call)
@@ -133,6 +163,14 @@ static void take_response(agw_pool_t *pool, agw_conn_t *c, agw_call_result_t *r)
 
 
 
+/* Whether a socket() or connect() error is the gateway's own (descriptors, local ports, kernel
+ * memory) rather than the upstream's: such a failure says nothing about the upstream. */
+static int local_error(int err)
+{
+    return err == EMFILE || err == ENFILE || err == EADDRNOTAVAIL || err == ENOBUFS || err == ENOMEM ||
+           err == EAGAIN;
+}
+
 /* Opens a new connection for call; failures are delivered from the loop. */
 void agw_conn_open(agw_call_t *call)
 {
@@ -142,8 +180,9 @@ void agw_conn_open(agw_call_t *call)
     call->reused = 0;
     int fd = socket(conf->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        agw_call_fail(call, AGW_CALL_REFUSED, "cannot open a socket for %s: %s", conf->name,
-                  strerror(errno));
+        int err = errno;
+        agw_call_fail(call, local_error(err) ? AGW_CALL_LOCAL : AGW_CALL_REFUSED, "cannot open a socket for %s: %s",
+                      conf->name, strerror(err));
         return;
     }
     if (conf->addr.ss_family == AF_INET || conf->addr.ss_family == AF_INET6) {
@@ -154,8 +193,8 @@ void agw_conn_open(agw_call_t *call)
         errno != EINPROGRESS) {
         int err = errno;
         close(fd);
-        agw_call_fail(call, AGW_CALL_REFUSED, "cannot connect to %s (%s): %s", conf->name, conf->url,
-                  strerror(err));
+        agw_call_fail(call, local_error(err) ? AGW_CALL_LOCAL : AGW_CALL_REFUSED, "cannot connect to %s (%s): %s",
+                      conf->name, conf->url, strerror(err));
         return;
     }
     agw_conn_t *c = agw_calloc(1, sizeof(*c));
@@ -252,15 +291,24 @@ void agw_conn_send(agw_conn_t *c)
     agw_conn_watch(c, EV_READ);
 }
 
-/* Whether idle connection c has an event the loop saw but on_conn_io has not handled yet: bytes
- * or EOF that came while it was idle, found by this iteration's poll, while a watcher that ran
- * before the pool's is looking for a connection. Bytes sent before our request are no answer to
- * it: c must not carry one. Over TLS they may be a record without data (a session ticket, a key
- * update), which is read here, and c stays usable. */
+/* Whether idle connection c has unread bytes or EOF: an event the loop saw but on_conn_io has not
+ * handled yet (found by this iteration's poll, while a watcher that ran before the pool's is
+ * looking for a connection), or bytes that came after the poll (a peek: one system call per
+ * reuse). Bytes sent before our request are no answer to it: c must not carry one. Over TLS they
+ * may be a record without data (a session ticket, a key update), which is read here, and c stays
+ * usable. */
 int agw_conn_stale(agw_conn_t *c)
 {
-    if (!ev_is_pending(&c->io))
-        return 0;
+    if (!ev_is_pending(&c->io)) {
+        /* nothing the loop saw; bytes may have come since it polled (a second response sent just
+         * after the first, while the worker ran a script): a peek finds them, or EOF */
+        char b;
+        ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n < 0 && errno == EINTR)
+            return 1; /* rare: not worth a second look, a fresh connection is safe */
+    }
     if (c->ssl && conn_tls_idle_record(c)) {
         ev_clear_pending(c->pool->loop, &c->io);
         return 0;
@@ -561,9 +609,20 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
         socklen_t len = sizeof(err);
         if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
             err = errno;
+        if (c->call == NULL) { /* an orphan (agw_conn_give_back): idle once connected */
+            if (err) {
+                agw_conn_close(c);
+            } else {
+                agw_pool_orphan_remove(pool, c);
+                ev_timer_stop(loop, &c->timer);
+                agw_conn_watch(c, EV_READ);
+                conn_make_idle(c);
+            }
+            break;
+        }
         if (err) {
-            agw_call_fail(c->call, AGW_CALL_REFUSED, "cannot connect to %s (%s): %s",
-                      pool->conf->name, pool->conf->url, strerror(err));
+            agw_call_fail(c->call, local_error(err) ? AGW_CALL_LOCAL : AGW_CALL_REFUSED, "cannot connect to %s (%s): %s",
+                          pool->conf->name, pool->conf->url, strerror(err));
             break;
         }
         if (pool->conf->tls) {
@@ -605,7 +664,7 @@ static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents)
     agw_pool_t *pool = c->pool;
     (void)loop;
     (void)revents;
-    if (c->state == AGW_CONN_IDLE)
+    if (c->state == AGW_CONN_IDLE || c->call == NULL) /* idle, or an orphan that did not connect in time */
         agw_conn_close(c);
     else
         agw_call_fail(c->call, AGW_CALL_CONNECT_TIMEOUT, "%s: no connection to %s within %llu ms%s",

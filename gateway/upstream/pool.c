@@ -32,6 +32,7 @@ static const char *const outcome_names[] = {
     [AGW_CALL_OVERLOAD] = "overload",
     [AGW_CALL_BAD_REQUEST] = "bad_request",
     [AGW_CALL_TLS] = "tls",
+    [AGW_CALL_LOCAL] = "local",
 };
 
 const char *agw_call_outcome_name(agw_call_outcome_t o)
@@ -44,25 +45,37 @@ const char *agw_call_outcome_name(agw_call_outcome_t o)
 static void queue_push(agw_pool_t *pool, agw_call_t *call)
 {
     call->state = AGW_CALL_QUEUED;
-    h2o_linklist_insert(&pool->queue, &call->qlink); /* at the tail */
+    call->qnext = NULL;
+    call->qprev = pool->qtail;
+    if (pool->qtail)
+        pool->qtail->qnext = call;
+    else
+        pool->qhead = call;
+    pool->qtail = call;
     pool->pending++;
 }
 
 static void queue_remove(agw_pool_t *pool, agw_call_t *call)
 {
-    h2o_linklist_unlink(&call->qlink);
+    if (call->qprev)
+        call->qprev->qnext = call->qnext;
+    else
+        pool->qhead = call->qnext;
+    if (call->qnext)
+        call->qnext->qprev = call->qprev;
+    else
+        pool->qtail = call->qprev;
     pool->pending--;
-}
-
-static agw_call_t *queue_first(agw_pool_t *pool)
-{
-    return h2o_linklist_is_empty(&pool->queue) ? NULL : H2O_STRUCT_FROM_MEMBER(agw_call_t, qlink, pool->queue.next);
 }
 
 static void calls_remove(agw_pool_t *pool, agw_call_t *call)
 {
-    (void)pool;
-    h2o_linklist_unlink(&call->link);
+    if (call->prev)
+        call->prev->next = call->next;
+    else
+        pool->calls = call->next;
+    if (call->next)
+        call->next->prev = call->prev;
 }
 
 
@@ -119,7 +132,7 @@ static void call_discard(agw_call_t *call)
     agw_pool_t *pool = call->pool;
     if (call->state == AGW_CALL_QUEUED)
         queue_remove(pool, call);
-    if (call->conn)
+    if (call->conn && !agw_conn_give_back(call->conn))
         agw_conn_close(call->conn);
     ev_timer_stop(pool->loop, &call->timer);
     calls_remove(pool, call);
@@ -140,13 +153,31 @@ void agw_pool_after_callback(agw_pool_t *pool)
 
 
 
-/* Gives call a connection: the most recently idle one that is not stale, or a new one. */
+/* Gives call a connection: the most recently idle one that is not stale, else one still
+ * connecting that a cancelled call left (an orphan: the call's request goes out once it is
+ * connected), else a new one. */
 void agw_call_assign(agw_call_t *call)
 {
     agw_pool_t *pool = call->pool;
     agw_conn_t *c;
-    while ((c = agw_pool_idle_first(pool)) != NULL && agw_conn_stale(c))
+    while ((c = pool->idle) != NULL && agw_conn_stale(c))
         agw_conn_close(c); /* what it got is handled as on_conn_io would: the connection goes */
+    if (c == NULL && (c = pool->orphans) != NULL) {
+        agw_pool_orphan_remove(pool, c);
+        call->state = AGW_CALL_ACTIVE;
+        call->reused = 0;
+        agw_conn_bind(c, call);
+        if (pool->conf->connect_timeout_ms) {
+            /* the call gets the whole connect timeout, as with a connection of its own: the loop
+             * may not have looked at this one since its connect() (a long iteration), and a
+             * timeout it did not wait for would count against the upstream */
+            ev_now_update(pool->loop);
+            ev_timer_stop(pool->loop, &c->timer);
+            ev_timer_set(&c->timer, (double)pool->conf->connect_timeout_ms / 1000.0, 0.);
+            ev_timer_start(pool->loop, &c->timer);
+        }
+        return;
+    }
     if (c == NULL) {
         agw_conn_open(call);
         return;
@@ -172,13 +203,13 @@ void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch)
 /* Serves the wait queue while connections are free. */
 void agw_pool_pump(agw_pool_t *pool)
 {
-    agw_call_t *call;
-    while ((call = queue_first(pool)) != NULL && (pool->nidle || pool->open < pool->max_conns)) {
+    while (pool->qhead && (pool->idle || pool->orphans || pool->open < pool->max_conns)) {
+        agw_call_t *call = pool->qhead;
         /* a call whose time ran out in the queue, or that has less left than it takes to
          * connect, gets no connection: it did not get one in time, so it fails as overload (the
          * bulkhead), not as a slow upstream (which its breaker would count) */
         double left_ms = call->timeout_ms - (ev_now(pool->loop) - call->started) * 1000.0;
-        double need_ms = pool->nidle ? 1.0 : (double)(pool->conf->connect_timeout_ms ? pool->conf->connect_timeout_ms : 1);
+        double need_ms = pool->idle ? 1.0 : (double)(pool->conf->connect_timeout_ms ? pool->conf->connect_timeout_ms : 1);
         if (left_ms < need_ms) {
             agw_call_fail(call, AGW_CALL_OVERLOAD, "%s: no free connection within %llu ms (all %u busy)", pool->conf->name,
                       (unsigned long long)call->timeout_ms, pool->conf->max_connections);
@@ -243,9 +274,6 @@ agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *con
     pool->loop = loop;
     pool->conf = conf;
     pool->max_conns = conf->max_connections ? conf->max_connections : ~0u;
-    h2o_linklist_init_anchor(&pool->idle);
-    h2o_linklist_init_anchor(&pool->calls);
-    h2o_linklist_init_anchor(&pool->queue);
     return pool;
 }
 
@@ -266,11 +294,12 @@ void agw_pool_destroy(agw_pool_t *pool)
     if (pool == NULL || pool->dying)
         return;
     pool->dying = 1;
-    while (!h2o_linklist_is_empty(&pool->calls))
-        call_discard(H2O_STRUCT_FROM_MEMBER(agw_call_t, link, pool->calls.next));
-    agw_conn_t *c;
-    while ((c = agw_pool_idle_first(pool)) != NULL)
-        agw_conn_close(c);
+    while (pool->calls)
+        call_discard(pool->calls);
+    while (pool->idle)
+        agw_conn_close(pool->idle);
+    while (pool->orphans)
+        agw_conn_close(pool->orphans);
     /* inside a callback the pool is freed when the callback returns */
     pool_free_if_dying(pool);
 }
@@ -299,7 +328,10 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
     call->state = AGW_CALL_ACTIVE;
     ev_timer_init(&call->timer, on_call_timer, (double)req->timeout_ms / 1000.0, 0.);
     call->timer.data = call;
-    h2o_linklist_insert(pool->calls.next, &call->link);
+    call->next = pool->calls;
+    if (pool->calls)
+        pool->calls->prev = call;
+    pool->calls = call;
     pool->stats.calls++;
 
     if (why) {
@@ -315,7 +347,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
         return call;
     }
     ev_timer_start(pool->loop, &call->timer);
-    if (h2o_linklist_is_empty(&pool->queue) && (pool->nidle || pool->open < pool->max_conns))
+    if (pool->qhead == NULL && (pool->idle || pool->orphans || pool->open < pool->max_conns))
         agw_call_assign(call);
     else if (pool->pending < pool->conf->max_pending)
         queue_push(pool, call);

@@ -13,12 +13,16 @@
  *    response; the caller passes min(call timeout, time left in the request deadline);
  *  - connecting has its own connect_timeout_ms (bounded by the call timeout), counted from the
  *    connect() itself, not from the start of the loop iteration that made the call;
- *  - a call the caller cancels, or that fails in any way, closes its connection: it never goes
- *    back to the pool;
+ *  - a call the caller cancels once any of its request went out, or that fails in any way,
+ *    closes its connection: it never goes back to the pool; a call cancelled before any byte of
+ *    its request went out gives its connection back (a kept-alive one to the idle list; a new
+ *    plain one to the next call, which sends once it is connected, or to the idle list once it
+ *    has connected), so cancelling cannot make the pool open connection after connection;
  *  - a connection goes back to the pool only when nothing follows its response: bytes after it
  *    (in the same read, left in the socket by a read that filled the buffer, in a further TLS
- *    record, or seen by the loop while it was idle) answer no request of ours, so it is closed
- *    instead of handing them to the next call as its answer;
+ *    record, seen by the loop while it was idle, or found by a peek when it is taken from the
+ *    idle list) answer no request of ours, so it is closed instead of handing them to the next
+ *    call as its answer;
  *  - a reused keep-alive connection that fails before the first response byte (reset, EOF) is
  *    retried once on a new connection, for idempotent methods only (RFC 9110 §9.2.2);
  *  - a body shorter than its Content-Length, a reset, unparsable bytes, or a body over
@@ -74,6 +78,10 @@ typedef enum agw_call_outcome {
     AGW_CALL_TLS,             /* https:// upstream: the TLS handshake failed (certificate not
                                  trusted, wrong name, expired, no common protocol, not TLS at
                                  all); nothing was sent */
+    AGW_CALL_LOCAL,           /* the gateway's own side could not open or connect a socket (out of
+                                 descriptors: EMFILE, ENFILE; no local port: EADDRNOTAVAIL; no
+                                 kernel memory: ENOBUFS, ENOMEM); nothing was sent, and the
+                                 upstream is not to blame (its breaker does not count it) */
 } agw_call_outcome_t;
 
 /* Short stable name of an outcome ("ok", "refused", "timeout", …), for logs and metrics. */
@@ -151,7 +159,8 @@ void agw_pool_stats(const agw_pool_t *pool, agw_pool_stats_t *out);
 agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call_cb cb, void *data);
 
 /* Cancels a call that has not completed: closes its connection (the upstream stops working on an
- * answer no one will read), or removes it from the wait queue. The callback is not called. */
+ * answer no one will read), gives the connection back when none of the request went out (see the
+ * rules above), or removes the call from the wait queue. The callback is not called. */
 void agw_call_cancel(agw_call_t *call);
 
 #endif

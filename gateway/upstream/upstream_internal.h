@@ -33,8 +33,6 @@
 #include "upstream/pool.h"
 
 #include <ev.h>
-#include <h2o/linklist.h>
-#include <h2o/memory.h>
 #include <openssl/ssl.h>
 #include <sys/types.h>
 
@@ -45,7 +43,8 @@ enum agw_call_state { AGW_CALL_QUEUED, AGW_CALL_ACTIVE, AGW_CALL_FAILING, AGW_CA
 typedef struct agw_conn {
     agw_pool_t *pool;
     agw_call_t *call;            /* the call using it; NULL when idle */
-    h2o_linklist_t idle_link;    /* on pool->idle while AGW_CONN_IDLE */
+    struct agw_conn *idle_next;      /* idle list (LIFO), doubly linked for removal on EOF */
+    struct agw_conn *idle_prev;
     int fd;
     enum agw_conn_state state;
     int watching;                /* events io is armed for */
@@ -70,8 +69,8 @@ enum { AGW_RQ_NONE, AGW_RQ_WAITING, AGW_RQ_LANDED };
 
 struct agw_call {
     agw_pool_t *pool;
-    h2o_linklist_t link;         /* on pool->calls: every live call */
-    h2o_linklist_t qlink;        /* on pool->queue while AGW_CALL_QUEUED */
+    agw_call_t *next, *prev;     /* pool's list of live calls */
+    agw_call_t *qnext, *qprev;   /* wait queue, while AGW_CALL_QUEUED */
     agw_conn_t *conn;
     agw_call_cb cb;
     void *data;
@@ -95,9 +94,11 @@ struct agw_pool {
     const agw_upstream_conf_t *conf;
     unsigned max_conns;          /* conf->max_connections, 0 read as no limit */
     unsigned open, nidle, pending;
-    h2o_linklist_t idle;         /* idle connections (idle_link), most recently idle first */
-    h2o_linklist_t calls;        /* every live call (link) */
-    h2o_linklist_t queue;        /* calls waiting for a connection (qlink), oldest first */
+    agw_conn_t *idle;                /* most recently idle first */
+    agw_conn_t *orphans;         /* connections still connecting whose call was cancelled before its
+                                    request went out: idle once connected (idle_next/idle_prev) */
+    agw_call_t *calls;           /* every live call */
+    agw_call_t *qhead, *qtail;   /* wait queue, FIFO */
     agw_pool_stats_t stats;      /* counters only; open/idle/pending filled on demand */
     agw_batch_t *batch;          /* where requests on kept-alive connections wait to be written
                                     (agw_pool_set_batch); NULL: written when the call starts */
@@ -113,22 +114,46 @@ struct agw_pool {
     char rbuf[AGW_UPSTREAM_READ_BUF];    /* read buffer: every read is parsed before the next one */
 };
 
-/* The pool's lists are h2o's (h2o/linklist.h); these name what is on them. */
-static inline agw_conn_t *agw_pool_idle_first(agw_pool_t *pool)
-{
-    return h2o_linklist_is_empty(&pool->idle) ? NULL : H2O_STRUCT_FROM_MEMBER(agw_conn_t, idle_link, pool->idle.next);
-}
-
 static inline void agw_pool_idle_push(agw_pool_t *pool, agw_conn_t *c)
 {
-    h2o_linklist_insert(pool->idle.next, &c->idle_link);
+    c->idle_prev = NULL;
+    c->idle_next = pool->idle;
+    if (pool->idle)
+        pool->idle->idle_prev = c;
+    pool->idle = c;
     pool->nidle++;
 }
 
 static inline void agw_pool_idle_remove(agw_pool_t *pool, agw_conn_t *c)
 {
-    h2o_linklist_unlink(&c->idle_link);
+    if (c->idle_prev)
+        c->idle_prev->idle_next = c->idle_next;
+    else
+        pool->idle = c->idle_next;
+    if (c->idle_next)
+        c->idle_next->idle_prev = c->idle_prev;
     pool->nidle--;
+}
+
+/* The orphans list (agw_pool.orphans) shares the idle list's links: a connection is on at most
+ * one of the two. */
+static inline void agw_pool_orphan_push(agw_pool_t *pool, agw_conn_t *c)
+{
+    c->idle_prev = NULL;
+    c->idle_next = pool->orphans;
+    if (pool->orphans)
+        pool->orphans->idle_prev = c;
+    pool->orphans = c;
+}
+
+static inline void agw_pool_orphan_remove(agw_pool_t *pool, agw_conn_t *c)
+{
+    if (c->idle_prev)
+        c->idle_prev->idle_next = c->idle_next;
+    else
+        pool->orphans = c->idle_next;
+    if (c->idle_next)
+        c->idle_next->idle_prev = c->idle_prev;
 }
 
 static inline void agw_batch_push(agw_batch_t *b, agw_conn_t *c)
@@ -202,9 +227,13 @@ void agw_conn_open(agw_call_t *call);
 /* Sends what is left of c's request, then waits for the response (plain or TLS). */
 void agw_conn_send(agw_conn_t *c);
 
-/* Whether idle connection c has an event the loop saw and did not hand it yet (it is then closed,
- * not reused). */
+/* Whether idle connection c has unread bytes or EOF (an event the loop saw and did not hand it
+ * yet, or bytes a peek finds): it is then closed, not reused. */
 int agw_conn_stale(agw_conn_t *c);
+
+/* Unbinds the connection of a call being cancelled when none of its request went out, and keeps
+ * the connection (pool.h's rules). Returns 1 when kept, 0 when the caller must close it. */
+int agw_conn_give_back(agw_conn_t *c);
 
 /* Reads and parses what the upstream sent. Returns 1 when the response needs more (c still
  * serves its call), 0 when the call completed or failed (c may be gone). */

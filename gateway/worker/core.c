@@ -13,6 +13,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "json/json.h"
 #include "base/log.h"
@@ -94,6 +95,7 @@ static agw_metric_outcome_t metric_outcome(const agw_call_result_t *res, int bad
     case AGW_CALL_OVERLOAD: return AGW_OUT_OVERLOAD;
     case AGW_CALL_BAD_REQUEST: return AGW_OUT_INVALID_REQUEST;
     case AGW_CALL_TLS: return AGW_OUT_TLS;
+    case AGW_CALL_LOCAL: return AGW_OUT_LOCAL;
     default: return AGW_OUT_BAD_RESPONSE; /* truncated, bad_response, too_large */
     }
 }
@@ -136,14 +138,61 @@ static int l_now(lua_State *L)
     return 1;
 }
 
+/* A field and its place, for sorting by name (then place: repeated values keep their order). */
+typedef struct field_ref {
+    const agw_header_t *h;
+    size_t at;
+} field_ref_t;
+
+static int field_cmp(const void *pa, const void *pb)
+{
+    const field_ref_t *a = pa, *b = pb;
+    size_t n = a->h->name_len < b->h->name_len ? a->h->name_len : b->h->name_len;
+    for (size_t k = 0; k < n; k++) {
+        int d = tolower((unsigned char)a->h->name[k]) - tolower((unsigned char)b->h->name[k]);
+        if (d)
+            return d;
+    }
+    if (a->h->name_len != b->h->name_len)
+        return a->h->name_len < b->h->name_len ? -1 : 1;
+    return a->at < b->at ? -1 : a->at > b->at;
+}
+
+void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
+{
+    field_ref_t small[64], *f = n <= 64 ? small : agw_malloc(n * sizeof(*f));
+    for (size_t i = 0; i < n; i++)
+        f[i] = (field_ref_t){&h[i], i};
+    qsort(f, n, sizeof(*f), field_cmp);
+    agw_buf_reset(b);
+    for (size_t i = 0; i < n; i++) {
+        const agw_header_t *x = f[i].h;
+        int same = i > 0 && x->name_len == f[i - 1].h->name_len &&
+                   strncasecmp(x->name, f[i - 1].h->name, x->name_len) == 0;
+        if (same) { /* b ends with the previous value's NUL: ", value" goes before it */
+            agw_buf_reserve(b, x->value_len + 2);
+            b->len--;
+            b->base[b->len++] = ',';
+            b->base[b->len++] = ' ';
+        } else {
+            agw_buf_reserve(b, x->name_len + x->value_len + 2);
+            for (size_t j = 0; j < x->name_len; j++)
+                b->base[b->len++] = (char)tolower((unsigned char)x->name[j]);
+            b->base[b->len++] = '\0';
+        }
+        memcpy(b->base + b->len, x->value, x->value_len);
+        b->len += x->value_len;
+        b->base[b->len++] = '\0';
+    }
+    if (f != small)
+        free(f);
+}
+
 /* The header block of a response ("name\0value\0…") in w->hdrs. */
 static agw_buf_t *header_block(agw_worker_t *w, const agw_header_t *h, size_t n)
 {
-    agw_buf_t *b = &w->hdrs;
-    agw_buf_reset(b);
-    for (size_t i = 0; i < n; i++)
-        agw_worker_append_header(b, h[i].name, h[i].name_len, h[i].value, h[i].value_len);
-    return b;
+    agw_worker_header_block(&w->hdrs, h, n);
+    return &w->hdrs;
 }
 
 static void push_headers(agw_worker_t *w, lua_State *L, const agw_header_t *h, size_t n)

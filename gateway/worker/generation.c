@@ -51,7 +51,8 @@ static int same_listeners(const agw_config_t *a, const agw_config_t *b)
         return 0;
     for (size_t i = 0; i < a->num_listen; i++) {
         const agw_listen_conf_t *x = &a->listen[i], *y = &b->listen[i];
-        if (x->port != y->port || !same_str(x->host, y->host) || (x->cert_file == NULL) != (y->cert_file == NULL))
+        if (x->port != y->port || !same_str(x->host, y->host) || (x->cert_file == NULL) != (y->cert_file == NULL) ||
+            x->reuse_port != y->reuse_port)
             return 0;
     }
     return 1;
@@ -72,7 +73,7 @@ static int check_restart_only(const agw_config_t *prev, const agw_config_t *next
         rc = -1;                                                                                                 \
     } while (0)
     if (!same_listeners(prev, next))
-        CHANGED("listen", "the listeners (ports, hosts, or TLS turned on or off)");
+        CHANGED("listen", "the listeners (ports, hosts, reuse_port, or TLS turned on or off)");
     if (prev->workers != next->workers)
         CHANGED("workers", "the number of worker threads");
     if (prev->admin_port != next->admin_port || !same_str(prev->admin_host, next->admin_host))

@@ -70,6 +70,7 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
         do { /* upstream requests first: their upstreams start on them while responses go out */
             n = agw_batch_flush(&w->batch);
             n += agw_worker_flush_responses(w);
+            n += agw_guard_h2_flush(&w->guard); /* GOAWAYs to clients that cancel too much */
         } while (n > 0);
         if ((timeout = uv_backend_timeout(&w->uvloop)) != 0 || rounds++ == 4)
             break;
@@ -124,6 +125,8 @@ static __thread agw_worker_t *this_worker; /* the worker whose thread this is */
 static int runtime_source(const char *source)
 {
     const char *dir = agw_lua_dir();
+    if (dir == NULL)
+        return 0;
     size_t n = strlen(dir);
     return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
 }
@@ -412,6 +415,11 @@ static void on_req_dispose(void *p)
     /* the client went away before the response: cancel everything the request started */
     agw_worker_t *w = rr->w;
     uint64_t rid = rr->rid;
+    if (rr->req->version >= 0x200) { /* a stream reset (or its connection gone): rapid reset? */
+        const agw_clients_conf_t *cc = &rr->g->conf->clients;
+        agw_guard_h2_cancelled(&w->guard, rr->req, (uint64_t)(ev_now(w->loop) * 1000.0), cc->max_cancelled_streams,
+                               cc->cancel_window_ms);
+    }
     agw_slots_del(&w->reqs, rid);
     rr->rid = 0;
     agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
@@ -420,21 +428,41 @@ static void on_req_dispose(void *p)
 }
 
 /* Checks request framing that h2o lets through (RFC 9112): a header with an empty name (an
- * obsolete line folding) and Content-Length headers that disagree. Returns a reason or NULL. */
-static const char *bad_framing(const h2o_req_t *req)
+ * obsolete line folding); for HTTP/1, in the raw request head (h2o keeps neither field in
+ * req->headers), Content-Length with Transfer-Encoding or Content-Length fields that disagree
+ * (guard.h). Returns a reason or NULL. */
+static const char *bad_framing(h2o_req_t *req)
 {
-    const h2o_iovec_t *length = NULL;
-    for (size_t i = 0; i < req->headers.size; i++) {
-        const h2o_header_t *h = &req->headers.entries[i];
-        if (h->name->len == 0)
+    for (size_t i = 0; i < req->headers.size; i++)
+        if (req->headers.entries[i].name->len == 0)
             return "a header line starts with whitespace (obsolete line folding)";
-        if (h2o_lcstris(h->name->base, h->name->len, H2O_STRLIT("content-length"))) {
-            if (length && !h2o_memis(length->base, length->len, h->value.base, h->value.len))
-                return "Content-Length headers disagree";
-            length = &h->value;
-        }
-    }
+    const char *head;
+    size_t len;
+    if (agw_guard_http1_head(req, &head, &len) == 0)
+        return agw_guard_http1_framing(head, len);
     return NULL;
+}
+
+/* Answers 431 when the request's decoded headers pass the clients limits (guard.h): before
+ * anything of them is copied for the script. Returns 1 when it answered. */
+static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
+{
+    const agw_clients_conf_t *cc = &g->conf->clients;
+    size_t count, bytes;
+    const char *why = agw_guard_headers_fit(&req->headers, cc->max_headers, cc->max_header_bytes, &count, &bytes);
+    if (why == NULL)
+        return 0;
+    char detail[160];
+    if (count > cc->max_headers)
+        snprintf(detail, sizeof(detail), "%s: %zu, the gateway takes %u (clients.max_headers)", why, count,
+                 cc->max_headers);
+    else
+        snprintf(detail, sizeof(detail), "%s: over %zu bytes of names and values (clients.max_header_bytes)", why,
+                 cc->max_header_bytes);
+    req->http1_is_persistent = 0;
+    agw_worker_send_problem(w, req, NULL, endpoint, 431, "request-header-fields-too-large",
+                            "the request header fields are too large", detail);
+    return 1;
 }
 
 int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
@@ -442,6 +470,10 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     (void)self;
     agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
     wgen_t *g = w->cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
+    if (req->version >= 0x200) /* header bombs: the guard counts HEADERS frames before h2o decodes them */
+        agw_guard_h2_watch(&w->guard, req, AGW_WORKER_MAX_FIELDS(&g->conf->clients));
+    if (headers_too_large(w, g, req, 0))
+        return 0;
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     int endpoint = 0;
     agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
@@ -520,10 +552,17 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     lua_insert(L, -2);
     lua_rawset(L, a);
     agw_buf_t *hb = &w->hdrs;
-    agw_buf_reset(hb);
-    for (size_t i = 0; i < req->headers.size; i++) {
-        const h2o_header_t *h = &req->headers.entries[i];
-        agw_worker_append_header(hb, h->name->base, h->name->len, h->value.base, h->value.len);
+    { /* at most clients.max_headers fields (headers_too_large) */
+        size_t n = req->headers.size;
+        agw_header_t small[128], *f = n <= 128 ? small : agw_malloc(n * sizeof(*f));
+        for (size_t i = 0; i < n; i++) {
+            const h2o_header_t *h = &req->headers.entries[i];
+            f[i] = (agw_header_t){.name = h->name->base, .name_len = h->name->len, .value = h->value.base,
+                                  .value_len = h->value.len};
+        }
+        agw_worker_header_block(hb, f, n);
+        if (f != small)
+            free(f);
     }
     lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_HEADERS);
     lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
@@ -556,32 +595,91 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 typedef struct conn {
     uv_tcp_t tcp;       /* first: h2o's close callback gets its address */
     SSL_CTX *ssl_ctx;   /* one reference, or NULL (cleartext) */
+    agw_worker_t *w;
+    agw_guard_conn_t guard; /* its HTTP/2 cancel window (guard.h) */
 } conn_t;
+
+static void accept_one(listener_t *l);
+
+/* This worker's share of clients.max_connections (at least 1). */
+static unsigned conn_share(agw_worker_t *w)
+{
+    const agw_config_t *conf = w->cur->conf;
+    unsigned workers = conf->workers ? conf->workers : 1;
+    unsigned share = (conf->clients.max_connections + workers - 1) / workers;
+    return share ? share : 1;
+}
 
 static void on_conn_close(uv_handle_t *h)
 {
     conn_t *c = (conn_t *)h;
+    agw_worker_t *w = c->w;
     SSL_CTX_free(c->ssl_ctx); /* after h2o's SSL_free: the socket is disposed before its handle closes */
+    agw_guard_conn_close(&w->guard, &c->guard);
     free(c);
+    w->client_conns--;
+    /* a slot came free: a listener paused at the cap takes the connection libuv holds for it */
+    for (size_t i = 0; i < w->num_listeners && w->num_paused && w->client_conns < conn_share(w); i++) {
+        listener_t *l = &w->listeners[i];
+        if (l->paused && !uv_is_closing((uv_handle_t *)&l->handle)) {
+            l->paused = 0;
+            w->num_paused--;
+            accept_one(l);
+        }
+    }
 }
 
-static void on_accept(uv_stream_t *server, int status)
+/* Takes the connection libuv has accepted on l's socket and hands it to h2o. */
+static void accept_one(listener_t *l)
 {
-    listener_t *l = server->data;
-    if (status != 0)
-        return;
-    conn_t *conn = agw_malloc(sizeof(*conn));
-    conn->ssl_ctx = NULL;
-    uv_tcp_init(server->loop, &conn->tcp);
-    if (uv_accept(server, (uv_stream_t *)&conn->tcp) != 0) {
+    agw_worker_t *w = l->worker;
+    conn_t *conn = agw_calloc(1, sizeof(*conn));
+    conn->w = w;
+    conn->guard.fd = -1;
+    uv_tcp_init(&w->uvloop, &conn->tcp);
+    w->client_conns++; /* on_conn_close counts it down, whatever happens next */
+    if (uv_accept((uv_stream_t *)&l->handle, (uv_stream_t *)&conn->tcp) != 0) {
         uv_close((uv_handle_t *)&conn->tcp, on_conn_close);
         return;
     }
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&conn->tcp, &fd) == 0)
+        agw_guard_conn_open(&w->guard, &conn->guard, fd);
     uv_tcp_nodelay(&conn->tcp, 1);
     if ((conn->ssl_ctx = l->accept_ctx.ssl_ctx) != NULL)
         SSL_CTX_up_ref(conn->ssl_ctx);
     h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&conn->tcp, on_conn_close);
     h2o_accept(&l->accept_ctx, sock);
+}
+
+/* A client connection is ready on l. At the worker's share of clients.max_connections the
+ * listener pauses: libuv keeps the connection it accepted and stops polling the listening socket
+ * until on_conn_close takes it (uv_accept restarts the polling), so further clients wait in the
+ * kernel's backlog instead of costing descriptors. When accept itself fails for want of
+ * descriptors (EMFILE, ENFILE), libuv drops the pending connections with a descriptor it keeps
+ * for that (no busy loop); the log says so at most once per 10 s. */
+static void on_accept(uv_stream_t *server, int status)
+{
+    listener_t *l = server->data;
+    agw_worker_t *w = l->worker;
+    if (status != 0) {
+        double now = ev_now(w->loop);
+        if (now - w->accept_warned >= 10.0) {
+            w->accept_warned = now;
+            agw_log(AGW_LOG_WARN, "worker %d: cannot accept client connections: %s; they are closed until "
+                    "descriptors come free (raise the open-files limit or lower clients.max_connections)",
+                    w->id, uv_strerror(status));
+        }
+        return;
+    }
+    if (w->client_conns >= conn_share(w)) {
+        if (!l->paused) {
+            l->paused = 1;
+            w->num_paused++;
+        }
+        return;
+    }
+    accept_one(l);
 }
 
 /* ---- thread --------------------------------------------------------------------------------- */
@@ -612,6 +710,7 @@ static void *worker_main(void *arg)
     agw_worker_t *w = arg;
     this_worker = w;
     ev_run(w->loop, 0);
+    agw_guard_dispose(&w->guard);
     if (w->access_fd >= 0)
         agw_worker_alog_flush(w);
     while (w->free_traces) {
@@ -692,6 +791,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     w->watch_timer.data = w;
 
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
+    agw_guard_init(&w->guard, &w->ctx);
 
     w->listeners = agw_calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
     w->num_listeners = num_fds;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/buf.h"
+#include "guard/guard.h"
 #include "worker/generation.h"
 #include "ops/metrics.h"
 #include "script/resp_headers.h"
@@ -24,6 +25,8 @@
 /* A listening socket as the worker's libuv loop accepts on it. */
 typedef struct listener {
     uv_tcp_t handle;
+    int paused;                    /* a connection waits in libuv, not accepted: the worker is at its
+                                      share of clients.max_connections (on_accept) */
     h2o_accept_ctx_t accept_ctx;   /* ssl_ctx: the TLS context of the current generation's listener
                                       (a reference of this worker's, swapped on the worker's loop
                                       when a generation becomes current), NULL for cleartext */
@@ -178,7 +181,16 @@ struct agw_worker {
     struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
                                               in arrival order (see watch_client) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
+    agw_guard_t guard;                     /* client connections and their HTTP/2 cancel windows */
+    unsigned client_conns;                 /* client connections open on this worker */
+    unsigned num_paused;                   /* listeners paused at the connection cap */
+    double accept_warned;                  /* ev_now() of the last accept-failure warning */
 };
+
+/* Header fields in one HTTP/2 HEADERS frame past which the connection gets GOAWAY before h2o
+ * decodes the frame (guard.h, agw_guard_h2_watch): four times clients.max_headers, so that a
+ * block somewhat over the cap is still decoded and answered 431, and a bomb never is. */
+#define AGW_WORKER_MAX_FIELDS(cc) ((cc)->max_headers * 4 + 16)
 
 /* Queues the response of rr's request, whose status and headers are set, with body (copied into
  * the request's memory; len bytes): on_prepare sends it with the others of this loop iteration,
@@ -297,19 +309,12 @@ static inline void agw_worker_stop_client_watch(reqref_t *rr)
 /* The core.* functions, each pushed as a closure over its generation (upvalue 1) by init_vm. */
 extern const luaL_Reg agw_worker_core_fns[];
 
-/* Headers go to Lua as one string "name\0value\0…" with lowercased names; the runtime makes a
- * table of it only when a script reads req.headers or result.headers. */
-static inline void agw_worker_append_header(agw_buf_t *b, const char *name, size_t name_len, const char *value,
-                                            size_t value_len)
-{
-    agw_buf_reserve(b, name_len + value_len + 2);
-    for (size_t j = 0; j < name_len; j++)
-        b->base[b->len++] = (char)tolower((unsigned char)name[j]);
-    b->base[b->len++] = '\0';
-    memcpy(b->base + b->len, value, value_len);
-    b->len += value_len;
-    b->base[b->len++] = '\0';
-}
+/* Headers go to Lua as one string "name\0value\0…" with lowercased names, each name once: the
+ * values of a repeated name are joined with ", " here (RFC 9110 §5.3), in their order, in one
+ * pass over the fields sorted by name (O(n log n): a client or upstream repeating a name many
+ * times cannot make the join quadratic, as concatenating in Lua would). The runtime makes a table
+ * of it only when a script reads req.headers or result.headers. Writes into b (reset first). */
+void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
 
 /* The pool gauges of generation g's upstream up (0-based). */
 void agw_worker_publish_pool(wgen_t *g, size_t up);

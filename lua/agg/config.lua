@@ -84,14 +84,14 @@ function M.check(cfg, src, file)
                 shutdown_grace_ms = 10000, script_time_limit_ms = 1000, scripts = { trusted = false } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                scripts = true }
+                clients = true, scripts = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, scripts, access_log, tracing, upstreams")
+          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, upstreams")
     end
   end
   local function show(v)
@@ -169,12 +169,20 @@ function M.check(cfg, src, file)
         err(lline, where, "must be a table like { port = 8080 }")
       else
         for k in pairs(l) do
-          if k ~= "port" and k ~= "host" and k ~= "tls" then
-            err(find_line(lines, k, lline), where .. "." .. tostring(k), "unknown option (port, host, tls)")
+          if k ~= "port" and k ~= "host" and k ~= "tls" and k ~= "reuse_port" then
+            err(find_line(lines, k, lline), where .. "." .. tostring(k), "unknown option (port, host, tls, reuse_port)")
           end
         end
         if posint(l.port, where .. ".port", find_line(lines, "port", lline), 65535) then
           local e = { port = l.port, host = l.host or "0.0.0.0" }
+          -- reuse_port: other processes (another aggway of the same user) may listen on this port
+          -- too and the kernel spreads the connections (SO_REUSEPORT); off, a port in use stops the start
+          if l.reuse_port ~= nil and type(l.reuse_port) ~= "boolean" then
+            err(find_line(lines, "reuse_port", lline) or lline, where .. ".reuse_port",
+                "must be true or false, got " .. show(l.reuse_port))
+          elseif l.reuse_port then
+            e.reuse_port = 1
+          end
           local h = e.host
           if type(h) ~= "string" or not (h:match("^%d+%.%d+%.%d+%.%d+$") or h:find(":", 1, true)) then
             err(find_line(lines, "host", lline) or lline, where .. ".host",
@@ -251,6 +259,32 @@ function M.check(cfg, src, file)
           "must be a file path, \"stderr\", or false, got " .. show(v))
     else
       out.access_log = v
+    end
+  end
+  -- clients = { max_connections, max_headers, max_header_bytes, max_cancelled_streams, cancel_window_s }:
+  -- the limits a client meets (gateway/guard/); out.clients holds every one, defaults filled in
+  -- (max_connections 0: "auto", resolved from RLIMIT_NOFILE by the C side)
+  out.clients = { max_connections = 0, max_headers = 100, max_header_bytes = 65536, max_cancelled_streams = 100,
+                  cancel_window_s = 10 }
+  if cfg.clients ~= nil then
+    local cline = find_line(lines, "clients")
+    local t = cfg.clients
+    local CLIENTS = { max_connections = 1000000, max_headers = 10000, max_header_bytes = 16777216,
+                      max_cancelled_streams = 1000000, cancel_window_s = 3600 }
+    if type(t) ~= "table" then
+      err(cline, "clients", "must be a table like { max_connections = 4096, max_headers = 100 }")
+    else
+      for k, v in pairs(t) do
+        local kline = find_line(lines, k, cline) or cline
+        if not CLIENTS[k] then
+          err(kline, "clients." .. tostring(k), "unknown option" .. suggest(tostring(k), CLIENTS) ..
+              "; clients knows max_connections, max_headers, max_header_bytes, max_cancelled_streams, cancel_window_s")
+        elseif k == "max_connections" and v == "auto" then
+          out.clients.max_connections = 0
+        elseif posint(v, "clients." .. k, kline, CLIENTS[k]) then
+          out.clients[k] = v
+        end
+      end
     end
   end
   -- tracing = { otlp_http = "http://127.0.0.1:4318/v1/traces", service_name = "aggway", timeout_ms = 2000 }

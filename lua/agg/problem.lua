@@ -44,6 +44,8 @@ local OUTCOMES = {
   bad_request     = { "invalid-call", "the call was not sent: its path or headers are invalid", 502 },
   bad_json        = { "upstream-bad-json", "the upstream's answer is not valid JSON", 502 },
   cancelled       = { "call-cancelled", "the call was cancelled", 504 },
+  -- the gateway's own side (out of descriptors or local ports): not the upstream's failure
+  ["local"]       = { "gateway-overloaded", "the gateway had no free socket for the call", 503 },
 }
 
 --- The title of a kind of failure (for agg.runtime's circuit-open and specs): see OUTCOMES.

@@ -72,11 +72,17 @@ class H2Client:
         self.tls.sendall(PREFACE + self._frame(SETTINGS, 0, 0, b""))
         return self
 
+    def start_plain(self):
+        """h2c with prior knowledge on a cleartext port: the preface and our (empty) SETTINGS."""
+        self.tls = self.raw  # the frames go over the TCP connection as they are
+        self.raw.sendall(PREFACE + self._frame(SETTINGS, 0, 0, b""))
+        return self
+
     def peer_cert_der(self):
         return self.tls.getpeercert(binary_form=True)
 
     def close(self):
-        for s in (self.tls, self.raw):
+        for s in ((self.tls, self.raw) if self.tls is not self.raw else (self.raw,)):
             try:
                 if s is not None:
                     s.close()

@@ -18,6 +18,7 @@ harness falls back to build/ in the source tree.
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -275,17 +276,20 @@ def make_self_signed_cert(workdir, prefix=""):
 class Gateway:
     """One `aggway serve -c DIR` process; its stderr (the log) goes to a file."""
 
-    def __init__(self, scripts_dir, port, tls_port=None):
+    def __init__(self, scripts_dir, port, tls_port=None, nofile=None):
         self.dir = scripts_dir
         self.port = port
         self.tls_port = tls_port
+        self.nofile = nofile          # RLIMIT_NOFILE (soft and hard) for the gateway, or None
         self.proc = None
         self.log_path = os.path.join(os.path.dirname(scripts_dir), "gateway.log")
 
     def start(self):
         log = open(self.log_path, "ab")
+        nofile = self.nofile
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
         self.proc = subprocess.Popen([AGGWAY_BIN, "serve", "-c", self.dir], stdout=log, stderr=log,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, preexec_fn=limit)
         log.close()
         end = time.monotonic() + START_TIMEOUT
         while time.monotonic() < end:
@@ -487,10 +491,11 @@ class GatewayTestCase(unittest.TestCase):
         return self.mock
 
     def start(self, services=None, scripts=None, upstream_options=None, workers=1, deadline_ms=1000,
-              tls=False, gateway_extra=None, check_ok=True):
+              tls=False, gateway_extra=None, check_ok=True, nofile=None):
         """Starts the mock (services: name -> routes) and the gateway on scripts (name -> source;
         default: the repository's scripts). upstream_options: name -> extra options for that
-        upstream in gateway.lua. tls: also listen with TLS on self.tls_port."""
+        upstream in gateway.lua. tls: also listen with TLS on self.tls_port. nofile: the gateway's
+        RLIMIT_NOFILE (soft and hard)."""
         if services is None:
             services = demo_services()
         if scripts is None:
@@ -518,7 +523,7 @@ class GatewayTestCase(unittest.TestCase):
             write_scripts(sdir, scripts, gateway_lua(self.port, ups, workers=workers, deadline_ms=deadline_ms,
                                                      extra_listen=extra_listen, **(gateway_extra or {})))
             self.scripts_dir = sdir
-            self.gw = Gateway(sdir, self.port, self.tls_port)
+            self.gw = Gateway(sdir, self.port, self.tls_port, nofile=nofile)
             if self.gw.start():
                 if tls and not wait_until(lambda: tcp_connects(self.tls_port), START_TIMEOUT):
                     raise AssertionError("gateway does not listen on its TLS port:\n" + self.gw.log())

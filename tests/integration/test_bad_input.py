@@ -383,10 +383,8 @@ class ClientRequestFraming(GatewayTestCase):
         names = json.loads(rs[0][2])["header_names"]
         self.assertNotIn("", names, "req.headers has a header with an empty name: %r" % names)
 
-    # Known limitation, kept visible: libh2o 2.2.5's HTTP/1 parser consumes Content-Length itself and
-    # hands the handler neither header, so the gateway cannot see that two disagree. If a newer h2o
-    # rejects it, this reports an unexpected success and the marker goes.
-    @unittest.expectedFailure
+    # libh2o 2.2.5's HTTP/1 parser consumes Content-Length itself and hands the handler neither
+    # header: the gateway reads the raw request head again (gateway/guard/guard.h)
     def test_conflicting_content_length_values_are_rejected_with_400(self):
         # RFC 9112 6.3: differing Content-Length values are an unrecoverable framing error
         rs = split_responses(raw_exchange(
@@ -394,10 +392,9 @@ class ClientRequestFraming(GatewayTestCase):
         self.assertTrue(rs, "no answer")
         self.assertEqual(rs[0][0], 400, rs)
 
-    # Known limitation, kept visible (same cause as above): libh2o 2.2.5 frames a request that has
-    # both Content-Length and Transfer-Encoding by the chunked body and keeps the connection open,
-    # so bytes a front proxy framed by Content-Length are read as a second request here.
-    @unittest.expectedFailure
+    # libh2o 2.2.5 frames a request that has both Content-Length and Transfer-Encoding by the
+    # chunked body and would keep the connection open, so bytes a front proxy framed by
+    # Content-Length would be read as a second request: the gateway refuses it and closes
     def test_content_length_with_transfer_encoding_closes_the_connection(self):
         # RFC 9112 6.1: process it by Transfer-Encoding, then close the connection
         rs = split_responses(raw_exchange(

@@ -76,6 +76,34 @@ class CheckCommand(unittest.TestCase):
         line = [i for i, l in enumerate(src.splitlines(), 1) if 'timeout_ms = "150"' in l][0]
         self.assertInvalid(self.folder(src), "gateway.lua", line, "timeout_ms")
 
+    def test_check_clients_block_typo_and_wrong_types_name_file_line_and_option(self):
+        src = ('return {\n'
+               '  listen = { { port = %d } },\n'
+               '  clients = {\n'
+               '    max_header = 50,\n'
+               '    max_connections = "lots",\n'
+               '    cancel_window_s = 0,\n'
+               '  },\n'
+               '  upstreams = { product = { url = "http://127.0.0.1:9001" } },\n'
+               '}\n') % self.port
+        d = self.folder(src, scripts={})
+        err = self.assertInvalid(d, "gateway.lua", 4, "clients.max_header", "unknown option",
+                                 "did you mean 'max_headers'")
+        self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":5: clients\.max_connections: must be a "
+                         r"positive whole number")
+        self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":6: clients\.cancel_window_s: must be a "
+                         r"positive whole number up to 3600, got 0")
+        src = gateway_lua(self.port, UPSTREAMS, clients="many")
+        line = src.splitlines().index('  clients = "many"') + 1
+        self.assertInvalid(self.folder(src), "gateway.lua", line, "clients: must be a table")
+
+    def test_check_clients_block_valid(self):
+        d = self.folder(gateway_lua(self.port, UPSTREAMS, clients={
+            "max_connections": "auto", "max_headers": 50, "max_header_bytes": 32768, "max_cancelled_streams": 200,
+            "cancel_window_s": 30}))
+        rc, out, err = self.check(d)
+        self.assertEqual(rc, 0, out + err)
+
     def test_check_syntax_error_in_a_script_names_file_and_line(self):
         bad = 'local agg = require "agg"\nreturn {\n  route = "GET /x",\n  handler = function(req)\n    return {\n  end,\n}\n'
         scripts = dict(repo_scripts(), **{"broken.lua": bad})

@@ -183,7 +183,7 @@ class CertificateReload(ReloadCase):
         failures += 1
         rec = self.reload_fails(failures)
         self.assertRegex("\n".join(rec["last_reload"]["errors"]),
-                         r"gateway\.lua:\d+: listen: the listeners \(ports, hosts, or TLS turned on or off\) changed; "
+                         r"gateway\.lua:\d+: listen: the listeners \(ports, hosts, reuse_port, or TLS turned on or off\) changed; "
                          r".*needs a restart")
         self.assertServes(cert_b, n=2, what="after TLS off was refused")
         self.write("gateway.lua", gw)

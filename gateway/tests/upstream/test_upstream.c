@@ -572,7 +572,7 @@ static void on_first_then_reuse(agw_call_t *call, const agw_call_result_t *r, vo
     CHECK(agw_call_start(t->pool, &next, on_done, t->second) != NULL);
 }
 
-static void reused_connection_closed_by_upstream(const char *method, rec_t *second,
+static void reused_connection_closed_by_upstream(const char *method, const char *first_path, rec_t *second,
                                                  agw_pool_stats_t *st, srv_t *srv)
 {
     agw_upstream_conf_t conf;
@@ -581,7 +581,7 @@ static void reused_connection_closed_by_upstream(const char *method, rec_t *seco
     memset(second, 0, sizeof(*second));
     reuse_chain_t t = {.method = method, .second = second};
     t.pool = agw_pool_create(loop, &conf);
-    agw_call_req_t req = get("/close-after");
+    agw_call_req_t req = get(first_path);
     agw_call_start(t.pool, &req, on_first_then_reuse, &t);
     CHECK(wait_for(&second->done, 1, 3.0));
     CHECK(t.first.outcome == AGW_CALL_OK);
@@ -593,9 +593,10 @@ static void reused_connection_closed_by_upstream(const char *method, rec_t *seco
 }
 
 /* The same race when the next call comes from a later loop iteration, before the loop has read
- * the EOF (the loop polled, saw only the answer). Without a ring only: with one, the answer is
- * parsed just before the poll that sees the EOF, so no later iteration finds the EOF unread. */
-static void get_retried_once_when_a_later_call_picks_the_closed_connection(void)
+ * the EOF (the loop polled, saw only the answer): the peek finds it too. Without a ring only:
+ * with one, the answer is parsed just before the poll that sees the EOF, so no later iteration
+ * finds the EOF unread. */
+static void later_call_finds_the_closed_connection_by_a_peek(void)
 {
     if (ring_batch.ring) {
         fprintf(stderr, "skip (ring mode: no iteration sees the answer without the EOF)\n");
@@ -618,17 +619,45 @@ static void get_retried_once_when_a_later_call_picks_the_closed_connection(void)
     CHECK(second.outcome == AGW_CALL_OK && second.reused == 0);
     CHECK_STR(second.body, "hello");
     agw_pool_stats_t st = stats(pool);
-    CHECK(st.retried == 1 && st.reused == 1 && srv.accepted == 2);
+    CHECK(st.retried == 0 && st.reused == 0 && srv.accepted == 2 && srv.requests == 2);
     agw_pool_destroy(pool);
     srv_stop(&srv);
 }
 
+/* The upstream closed the connection before the next call picks it: the peek on taking it from
+ * the idle list finds the EOF, and the call opens a new connection at once, whatever its method
+ * (nothing was sent; no retry is spent). */
+static void closed_connection_found_by_a_peek_takes_a_new_one(const char *method)
+{
+    srv_t srv;
+    rec_t rec;
+    agw_pool_stats_t st;
+    reused_connection_closed_by_upstream(method, "/close-after", &rec, &st, &srv);
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "hello");
+    CHECK(rec.reused == 0);
+    CHECK(st.retried == 0 && st.reused == 0);
+    CHECK(srv.accepted == 2 && srv.requests == 2);
+}
+
+static void get_closed_connection_found_by_a_peek_takes_a_new_one(void)
+{
+    closed_connection_found_by_a_peek_takes_a_new_one("GET");
+}
+
+static void post_closed_connection_found_by_a_peek_takes_a_new_one(void)
+{
+    closed_connection_found_by_a_peek_takes_a_new_one("POST");
+}
+
+/* The upstream closes the kept-alive connection only when the next request arrives (after the
+ * peek): an idempotent call is retried once on a new connection. */
 static void get_retried_once_when_reused_connection_was_closed(void)
 {
     srv_t srv;
     rec_t rec;
     agw_pool_stats_t st;
-    reused_connection_closed_by_upstream("GET", &rec, &st, &srv);
+    reused_connection_closed_by_upstream("GET", "/drop-next", &rec, &st, &srv);
     CHECK(rec.outcome == AGW_CALL_OK);
     CHECK_STR(rec.body, "hello");
     CHECK(rec.reused == 0);
@@ -641,7 +670,7 @@ static void post_not_retried_when_reused_connection_was_closed(void)
     srv_t srv;
     rec_t rec;
     agw_pool_stats_t st;
-    reused_connection_closed_by_upstream("POST", &rec, &st, &srv);
+    reused_connection_closed_by_upstream("POST", "/drop-next", &rec, &st, &srv);
     CHECK(rec.outcome == AGW_CALL_RESET);
     CHECK(strstr(rec.detail, "before any response byte") != NULL);
     CHECK(st.retried == 0 && st.open == 0);
@@ -1155,8 +1184,83 @@ static void ring_write_that_fails_goes_on_through_the_plain_path(void)
     srv_stop(&srv);
 }
 
+/* A call cancelled while its request waits on the batch (nothing sent) gives its kept-alive
+ * connection back: the next call reuses it, and the upstream saw one connection, no cancelled
+ * request. */
+static void cancel_before_the_flush_gives_the_connection_back(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t first = {0}, third = {0};
+    agw_batch_t batch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &first);
+    CHECK(wait_for(&first.done, 1, 3.0));
+    for (int i = 0; i < 100; i++) { /* as a client resetting stream after stream would */
+        agw_call_t *c = agw_call_start(pool, &req, on_done, NULL);
+        CHECK(stats(pool).idle == 0);
+        agw_call_cancel(c);
+        CHECK(stats(pool).idle == 1 && stats(pool).open == 1);
+    }
+    CHECK(agw_batch_flush(&batch) == 0);
+    agw_call_start(pool, &req, on_done, &third);
+    CHECK(agw_batch_flush(&batch) == 1);
+    CHECK(wait_for(&third.done, 1, 3.0));
+    CHECK(third.outcome == AGW_CALL_OK && third.reused == 1);
+    CHECK(srv.accepted == 1 && srv.requests == 2);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.cancelled == 100 && st.reused == 1);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+/* A call cancelled while its new connection is still connecting leaves the connection to finish
+ * connecting; it then waits idle for the next call. */
+static void cancel_while_connecting_keeps_the_connection(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t second = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    agw_call_t *c = agw_call_start(pool, &req, on_done, NULL);
+    agw_call_cancel(c);
+    CHECK(stats(pool).open == 1 && stats(pool).idle == 0);
+    for (int i = 0; i < 50 && stats(pool).idle == 0; i++)
+        run_for(0.01);
+    CHECK(stats(pool).idle == 1 && stats(pool).open == 1);
+    agw_call_start(pool, &req, on_done, &second);
+    CHECK(wait_for(&second.done, 1, 3.0));
+    CHECK(second.outcome == AGW_CALL_OK && second.reused == 1);
+    CHECK(srv.accepted == 1 && srv.requests == 1);
+    /* the next call takes a connection still connecting that a cancelled call left */
+    rec_t third = {0};
+    agw_pool_t *fresh = agw_pool_create(loop, &conf);
+    for (int i = 0; i < 100; i++) /* as a client resetting stream after stream would */
+        agw_call_cancel(agw_call_start(fresh, &req, on_done, NULL));
+    agw_call_start(fresh, &req, on_done, &third);
+    CHECK(stats(fresh).open == 1);
+    CHECK(wait_for(&third.done, 1, 3.0));
+    CHECK(third.outcome == AGW_CALL_OK && srv.accepted == 2 && srv.requests == 2);
+    agw_pool_destroy(fresh);
+    /* an orphan still connecting when the pool goes is closed with it */
+    c = agw_call_start(pool, &req, on_done, NULL);
+    agw_call_t *c2 = agw_call_start(pool, &req, on_done, NULL);
+    agw_call_cancel(c);
+    agw_call_cancel(c2);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 /* The callback reuses its own connection for a new call and cancels it, which closes that
- * connection, before it reads the result: the result must still be intact. */
+ * connection (or, with a batch, where the request has not gone out yet, puts it back on the idle
+ * list), before it reads the result: the result must still be intact. */
 static void on_reuse_then_cancel(agw_call_t *call, const agw_call_result_t *r, void *data)
 {
     agw_pool_t *pool = data;
@@ -1165,7 +1269,7 @@ static void on_reuse_then_cancel(agw_call_t *call, const agw_call_result_t *r, v
     agw_call_t *next = agw_call_start(pool, &req, on_done, NULL);
     CHECK(stats(pool).idle == 0); /* it took the connection that just finished */
     agw_call_cancel(next);
-    CHECK(stats(pool).open == 0);
+    CHECK(ring_batch.ring ? stats(pool).idle == 1 : stats(pool).open == 0);
     CHECK(r->body_len == 5 && memcmp(r->body, "hello", 5) == 0);
     CHECK(r->num_headers == 2 && r->headers[1].value_len == 3 &&
           memcmp(r->headers[1].value, "yes", 3) == 0);
@@ -1251,7 +1355,9 @@ int main(int argc, char **argv)
     RUN(cancel_queued_call_leaves_queue_without_callback);
     RUN(crlf_nul_in_path_or_header_rejected_before_sending);
     RUN(get_retried_once_when_reused_connection_was_closed);
-    RUN(get_retried_once_when_a_later_call_picks_the_closed_connection);
+    RUN(later_call_finds_the_closed_connection_by_a_peek);
+    RUN(get_closed_connection_found_by_a_peek_takes_a_new_one);
+    RUN(post_closed_connection_found_by_a_peek_takes_a_new_one);
     RUN(post_not_retried_when_reused_connection_was_closed);
     RUN(answer_before_a_large_body_is_read_ends_the_call);
     RUN(answer_then_close_before_a_large_body_is_read_ends_the_call);
@@ -1265,6 +1371,8 @@ int main(int argc, char **argv)
     RUN(garbage_is_bad_response);
     RUN(callback_may_start_next_call_on_same_connection_and_destroy_pool);
     RUN(result_stays_valid_when_callback_closes_its_connection);
+    RUN(cancel_before_the_flush_gives_the_connection_back);
+    RUN(cancel_while_connecting_keeps_the_connection);
     RUN(bytes_after_a_response_that_filled_the_read_buffer_are_no_answer);
     RUN(idle_connection_with_unread_bytes_is_not_reused);
     RUN(destroy_cancels_everything_without_callbacks);

@@ -98,6 +98,7 @@ typedef struct sconn {
     SSL *ssl;                 /* TLS upstream: the server side of the connection */
     int handshaken;           /* the TLS handshake completed */
     int key_update;           /* after the answer, send a TLS 1.3 KeyUpdate (no data) */
+    int drop_next;            /* /drop-next: close on the next request, answering nothing */
 } sconn_t;
 
 struct srv {
@@ -300,6 +301,9 @@ static int srv_respond(sconn_t *sc, const char *path)
     } else if (IS("/stream")) {
         srv_send(sc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
         sc->stream = 1;
+    } else if (IS("/drop-next")) { /* kept alive, but closed when the next request comes */
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst");
+        sc->drop_next = 1;
     } else if (IS("/close-after")) {
         srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst");
         sc->after = CLOSE;
@@ -416,6 +420,13 @@ again:;
         memmove(sc->in, sc->in + len, sc->inlen - len);
         sc->inlen -= len;
         const char *path = strchr(srv->last_req, ' ');
+        if (sc->drop_next) { /* the keep-alive connection dies just as a request comes */
+            if (sc->ssl)
+                SSL_shutdown(sc->ssl); /* close_notify: a clean close, the session stays resumable */
+            srv->eofs++;
+            sconn_close(sc);
+            return;
+        }
         if (!srv_respond(sc, path ? path + 1 : "/"))
             return;
     }

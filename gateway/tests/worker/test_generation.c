@@ -223,7 +223,7 @@ static void test_each_generation_reads_the_tls_files_again(void)
     /* TLS off on a listener is a listener change */
     write_tls_gateway(NULL, NULL);
     CHECK(load(4, g3, labels, &errors) == NULL);
-    CHECK(errors.base && strstr(errors.base, "listen: the listeners (ports, hosts, or TLS turned on or off) changed")
+    CHECK(errors.base && strstr(errors.base, "listen: the listeners (ports, hosts, reuse_port, or TLS turned on or off) changed")
           != NULL);
     CHECK(agw_generation_live() == 3);
     agw_generation_unref(g1);

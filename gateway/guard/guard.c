@@ -1,0 +1,428 @@
+/* guard.c: the limits a hostile client meets at the front (see guard.h). */
+#include "guard/guard.h"
+
+#include "base/mem.h"
+
+#include <h2o/http2.h>
+#include <h2o/http2_scheduler.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "base/log.h"
+
+/* ---- request headers ------------------------------------------------------------------------ */
+
+const char *agw_guard_headers_fit(const h2o_headers_t *headers, size_t max_headers, size_t max_header_bytes,
+                                  size_t *count, size_t *bytes)
+{
+    *count = headers->size;
+    *bytes = 0;
+    if (headers->size > max_headers)
+        return "too many header fields";
+    size_t total = 0;
+    for (size_t i = 0; i < headers->size; i++) {
+        total += headers->entries[i].name->len + headers->entries[i].value.len;
+        if (total > max_header_bytes) {
+            *bytes = total;
+            return "header fields too large";
+        }
+    }
+    *bytes = total;
+    return NULL;
+}
+
+/* ---- HTTP/1.1 framing ----------------------------------------------------------------------- */
+
+/* Whether the field name [p, p+n) is name (lowercase), in any case. */
+static int name_is(const char *p, size_t n, const char *name)
+{
+    return n == strlen(name) && strncasecmp(p, name, n) == 0;
+}
+
+const char *agw_guard_http1_framing(const char *head, size_t len)
+{
+    const char *p = head, *end = head + len;
+    const char *cl = NULL; /* the first Content-Length value */
+    size_t cl_len = 0;
+    int num_te = 0, num_cl = 0;
+    while (p < end && (*p == '\r' || *p == '\n')) /* empty lines before the request line */
+        p++;
+    const char *nl = memchr(p, '\n', (size_t)(end - p)); /* the request line */
+    if (nl == NULL)
+        return NULL;
+    for (p = nl + 1; p < end; p = nl + 1) {
+        nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl == NULL)
+            return NULL; /* the head is not complete here: nothing to say */
+        const char *eol = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
+        if (eol == p)
+            break; /* the empty line: the end of the head */
+        const char *colon = memchr(p, ':', (size_t)(eol - p));
+        if (colon == NULL)
+            continue; /* h2o refused such a line already; not framing */
+        const char *v = colon + 1, *ve = eol;
+        while (v < ve && (*v == ' ' || *v == '\t'))
+            v++;
+        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+            ve--;
+        if (name_is(p, (size_t)(colon - p), "content-length")) {
+            if (num_cl++ == 0) {
+                cl = v;
+                cl_len = (size_t)(ve - v);
+            } else if ((size_t)(ve - v) != cl_len || memcmp(v, cl, cl_len) != 0) {
+                return "Content-Length fields disagree";
+            }
+        } else if (name_is(p, (size_t)(colon - p), "transfer-encoding")) {
+            num_te++;
+        }
+    }
+    if (num_cl && num_te)
+        return "both Content-Length and Transfer-Encoding";
+    if (num_te > 1)
+        return "Transfer-Encoding given more than once";
+    return NULL;
+}
+
+int agw_guard_http1_head(h2o_req_t *req, const char **head, size_t *len)
+{
+    if (req->version >= 0x200 || req->conn->callbacks->get_socket == NULL)
+        return -1;
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    if (sock == NULL || sock->input == NULL || sock->input->size == 0)
+        return -1;
+    const char *b = sock->input->bytes, *e = b + sock->input->size;
+    while (b < e && (*b == '\r' || *b == '\n'))
+        b++;
+    if ((size_t)(e - b) < req->input.method.len || memcmp(b, req->input.method.base, req->input.method.len) != 0)
+        return -1;
+    *head = b;
+    *len = (size_t)(e - b);
+    return 0;
+}
+
+/* ---- HTTP/2 rapid reset --------------------------------------------------------------------- */
+
+/* h2o 2.2.5 has no call to send GOAWAY on one connection: its own is static (enqueue_goaway in
+ * lib/http2/connection.c), which encodes the frame into the connection's write buffer, asks for
+ * a write and sets the state to HALF_CLOSED. Its connection struct is in
+ * include/h2o/http2_internal.h, which Debian ships but which cannot be included (it needs klib's
+ * khash.h, not shipped). So here is its layout up to the fields used (state, _conns, _write.buf),
+ * as Debian's libh2o-dev 2.2.5 declares it; h2_check() verifies it against a live connection
+ * before it is trusted (the socket h2o's get_socket callback returns, a state in range, the
+ * connection on the context's list), and the guard turns itself off with an error in the log if
+ * it does not match. */
+enum { H2_OPEN, H2_HALF_CLOSED, H2_IS_CLOSING }; /* h2o_http2_conn_state_t */
+
+typedef struct h2_conn {
+    h2o_conn_t super;
+    h2o_socket_t *sock;
+    h2o_http2_settings_t peer_settings;
+    void *streams; /* khash_t(h2o_http2_stream_t) * */
+    struct {
+        uint32_t max_open;
+        uint32_t max_processed;
+    } pull_stream_ids;
+    struct {
+        uint32_t max_open;
+    } push_stream_ids;
+    struct {
+        struct {
+            uint32_t open, half_closed, send_body;
+        } priority, pull, push;
+    } num_streams;
+    h2o_http2_scheduler_node_t scheduler;
+    int state; /* h2o_http2_conn_state_t */
+    h2o_linklist_t _conns;
+    ssize_t (*_read_expect)(void *conn, const uint8_t *src, size_t len, const char **err_desc);
+    h2o_buffer_t *_http1_req_input;
+    struct {
+        void *entries;
+        size_t num_entries, entry_capacity, entry_start_index, hpack_size, hpack_capacity, hpack_max_capacity;
+    } _input_header_table;
+    struct {
+        ssize_t _avail;
+    } _input_window;
+    struct {
+        void *entries;
+        size_t num_entries, entry_capacity, entry_start_index, hpack_size, hpack_capacity, hpack_max_capacity;
+    } _output_header_table;
+    h2o_linklist_t _pending_reqs;
+    h2o_timeout_entry_t _timeout_entry;
+    h2o_buffer_t *_headers_unparsed;
+    struct {
+        h2o_buffer_t *buf;
+    } _write; /* (more fields follow in h2o; none used here) */
+} h2_conn_t;
+
+/* libh2o's own, declared in http2_internal.h */
+void h2o_http2_encode_goaway_frame(h2o_buffer_t **buf, uint32_t last_stream_id, int errnum, h2o_iovec_t additional_data);
+struct st_h2o_http2_conn_t;
+void h2o_http2_conn_request_write(struct st_h2o_http2_conn_t *conn);
+
+/* Whether h2 is on ctx's list of HTTP/2 connections. */
+static int h2_listed(h2o_context_t *ctx, const h2_conn_t *h2)
+{
+    for (h2o_linklist_t *n = ctx->http2._conns.next; n != &ctx->http2._conns; n = n->next)
+        if (n == &h2->_conns)
+            return 1;
+    return 0;
+}
+
+/* Checks the layout above once, on the first HTTP/2 request that needs it. 1: trusted. */
+static int h2_check(agw_guard_t *g, h2o_req_t *req)
+{
+    if (g->layout != 0)
+        return g->layout > 0;
+    const h2_conn_t *h2 = (const h2_conn_t *)req->conn;
+    h2o_socket_t *sock = req->conn->callbacks->get_socket ? req->conn->callbacks->get_socket(req->conn) : NULL;
+    int ok = sock != NULL && h2->sock == sock && h2->state >= H2_OPEN && h2->state <= H2_IS_CLOSING &&
+             h2_listed(g->ctx, h2);
+    g->layout = ok ? 1 : -1;
+    if (!ok)
+        agw_log(AGW_LOG_ERROR, "the HTTP/2 connection layout of this libh2o is not 2.2.5's: streams cancelled in "
+                "bulk (rapid reset) are not limited (clients.max_cancelled_streams is off)");
+    return ok;
+}
+
+void agw_guard_init(agw_guard_t *g, h2o_context_t *ctx)
+{
+    memset(g, 0, sizeof(*g));
+    h2o_linklist_init_anchor(&g->due);
+    g->ctx = ctx;
+}
+
+void agw_guard_dispose(agw_guard_t *g)
+{
+    free(g->by_fd);
+    g->by_fd = NULL;
+    g->by_fd_cap = 0;
+}
+
+void agw_guard_conn_open(agw_guard_t *g, agw_guard_conn_t *c, int fd)
+{
+    c->fd = fd;
+    if (fd < 0)
+        return;
+    if ((size_t)fd >= g->by_fd_cap) {
+        size_t cap = g->by_fd_cap ? g->by_fd_cap : 256;
+        while (cap <= (size_t)fd)
+            cap *= 2;
+        agw_guard_conn_t **t = agw_realloc(g->by_fd, cap * sizeof(*t));
+        memset(t + g->by_fd_cap, 0, (cap - g->by_fd_cap) * sizeof(*t));
+        g->by_fd = t;
+        g->by_fd_cap = cap;
+    }
+    g->by_fd[fd] = c; /* a descriptor number is reused only once its socket has closed */
+}
+
+void agw_guard_conn_close(agw_guard_t *g, agw_guard_conn_t *c)
+{
+    if (h2o_linklist_is_linked(&c->due))
+        h2o_linklist_unlink(&c->due);
+    /* the number may already belong to a connection accepted after this one's socket closed */
+    if (c->fd >= 0 && (size_t)c->fd < g->by_fd_cap && g->by_fd[c->fd] == c)
+        g->by_fd[c->fd] = NULL;
+}
+
+agw_guard_conn_t *agw_guard_conn_of(agw_guard_t *g, h2o_req_t *req)
+{
+    if (req->version < 0x200 || req->conn->callbacks->get_socket == NULL)
+        return NULL;
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    int fd = sock ? h2o_socket_get_fd(sock) : -1;
+    return fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
+}
+
+int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsigned max_cancelled,
+                           uint64_t window_ms)
+{
+    agw_guard_conn_t *c = agw_guard_conn_of(g, req);
+    if (c == NULL || c->goaway || !h2_check(g, req))
+        return 0;
+    if (now_ms - c->window_start_ms >= window_ms) {
+        c->window_start_ms = now_ms;
+        c->cancelled = 0;
+    }
+    if (++c->cancelled <= max_cancelled)
+        return 0;
+    h2_conn_t *h2 = (h2_conn_t *)req->conn;
+    c->goaway = 1;
+    c->h2 = req->conn;
+    if (h2->state != H2_OPEN)
+        return 1; /* closing already */
+    /* the GOAWAY goes into the write buffer now, so that it is the first the client gets (h2o
+     * answers the frames of the streams it ignores from now on with a GOAWAY of its own, a
+     * PROTOCOL_ERROR, and closes); no new stream from now on, even among the frames h2o has read
+     * and not parsed yet. The write itself is asked for by agw_guard_h2_flush: h2o may be inside
+     * its own teardown of the connection here, and a write it does not expect would outlive it
+     * (the buffer alone is disposed with the connection) */
+    h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open, H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
+                                  h2o_iovec_init(H2O_STRLIT("too many streams cancelled")));
+    h2->state = H2_HALF_CLOSED;
+    h2o_linklist_insert(&g->due, &c->due);
+    return 1;
+}
+
+/* Whether h2o still has c's connection open: it is on the context's list of HTTP/2 connections,
+ * on c's socket, and c is still the connection of that socket. */
+static h2_conn_t *live_h2(agw_guard_t *g, agw_guard_conn_t *c)
+{
+    for (h2o_linklist_t *n = g->ctx->http2._conns.next; n != &g->ctx->http2._conns; n = n->next) {
+        h2_conn_t *h2 = H2O_STRUCT_FROM_MEMBER(h2_conn_t, _conns, n);
+        if ((h2o_conn_t *)h2 == c->h2)
+            return h2->sock && h2o_socket_get_fd(h2->sock) == c->fd && (size_t)c->fd < g->by_fd_cap &&
+                           g->by_fd[c->fd] == c
+                       ? h2
+                       : NULL;
+    }
+    return NULL;
+}
+
+/* ---- HTTP/2 header bombs -------------------------------------------------------------------- */
+
+/* An HPACK integer with an n-bit prefix at *p (RFC 7541 §5.1); advances *p. -1 when cut off. */
+static long hpack_int(const uint8_t **p, const uint8_t *end, int n)
+{
+    if (*p >= end)
+        return -1;
+    long mask = (1L << n) - 1, v = **p & mask;
+    (*p)++;
+    if (v < mask)
+        return v;
+    for (int shift = 0; *p < end && shift < 28; shift += 7) {
+        uint8_t b = *(*p)++;
+        v += (long)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return v;
+    }
+    return -1;
+}
+
+/* Skips an HPACK string literal (§5.2). 0, or -1 when cut off. */
+static int hpack_skip_string(const uint8_t **p, const uint8_t *end)
+{
+    long n = hpack_int(p, end, 7);
+    if (n < 0 || n > end - *p)
+        return -1;
+    *p += n;
+    return 0;
+}
+
+unsigned agw_guard_hpack_fields(const uint8_t *block, size_t len, unsigned stop)
+{
+    const uint8_t *p = block, *end = block + len;
+    unsigned fields = 0;
+    while (p < end && fields <= stop) {
+        uint8_t b = *p;
+        if (b & 0x80) { /* indexed field (§6.1) */
+            if (hpack_int(&p, end, 7) < 0)
+                break;
+        } else if ((b & 0xe0) == 0x20) { /* dynamic table size update (§6.3): no field */
+            if (hpack_int(&p, end, 5) < 0)
+                break;
+            continue;
+        } else { /* a literal (§6.2): with indexing (6-bit index), without or never indexed (4-bit) */
+            long idx = hpack_int(&p, end, (b & 0x40) ? 6 : 4);
+            if (idx < 0 || (idx == 0 && hpack_skip_string(&p, end) < 0) || hpack_skip_string(&p, end) < 0)
+                break;
+        }
+        fields++;
+    }
+    return fields;
+}
+
+static __thread agw_guard_t *thread_guard; /* the guard of the worker whose thread this is */
+
+/* Counts the HEADERS frames in the unparsed input of c's connection from off on; the first with
+ * too many fields gets the connection GOAWAY (see agw_guard_h2_watch). */
+static void scan_headers(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock, size_t off)
+{
+    if (c->goaway)
+        return;
+    const uint8_t *buf = (const uint8_t *)sock->input->bytes;
+    size_t size = sock->input->size;
+    while (off + 9 <= size) {
+        size_t flen = (size_t)buf[off] << 16 | (size_t)buf[off + 1] << 8 | buf[off + 2];
+        uint8_t type = buf[off + 3], flags = buf[off + 4];
+        if (off + 9 + flen > size)
+            break; /* not all here: h2o waits for it too, and this runs again then */
+        const uint8_t *p = buf + off + 9, *end = p + flen;
+        if (type == 1 /* HEADERS */ && (flags & 0x8 /* PADDED */) && p < end) {
+            size_t pad = *p++;
+            end = pad <= (size_t)(end - p) ? end - pad : p; /* a bad pad length: h2o refuses the frame */
+        }
+        if (type == 1 && (flags & 0x20 /* PRIORITY */))
+            p = end - p >= 5 ? p + 5 : end;
+        if (type == 1 && p < end) {
+            if (agw_guard_hpack_fields(p, (size_t)(end - p), c->max_fields) > c->max_fields) {
+                h2_conn_t *h2 = (h2_conn_t *)sock->data;
+                c->goaway = 1;
+                c->h2 = &h2->super;
+                if (h2->state == H2_OPEN) { /* as agw_guard_h2_cancelled */
+                    h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open,
+                                                  H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
+                                                  h2o_iovec_init(H2O_STRLIT("too many header fields")));
+                    h2->state = H2_HALF_CLOSED;
+                    h2o_linklist_insert(&g->due, &c->due);
+                }
+                return;
+            }
+        }
+        off += 9 + flen;
+    }
+}
+
+/* The connection's read callback while the guard reads ahead of h2o: the unparsed input starts at
+ * a frame (h2o consumes whole frames), so it is scanned from its start, then h2o parses it. */
+static void on_h2_read(h2o_socket_t *sock, const char *err)
+{
+    agw_guard_t *g = thread_guard;
+    int fd = h2o_socket_get_fd(sock);
+    agw_guard_conn_t *c = g && fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
+    if (c == NULL || c->h2o_read == NULL)
+        return; /* cannot happen: the callback is only set with both */
+    if (err == NULL)
+        scan_headers(g, c, sock, 0);
+    c->h2o_read(sock, err);
+}
+
+void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields)
+{
+    agw_guard_conn_t *c = agw_guard_conn_of(g, req);
+    if (c == NULL || c->h2o_read != NULL || !h2_check(g, req))
+        return;
+    h2_conn_t *h2 = (h2_conn_t *)req->conn;
+    h2o_socket_t *sock = h2->sock;
+    if (sock->_cb.read == NULL || sock->data != h2)
+        return; /* not reading (closing): nothing to read ahead of */
+    thread_guard = g;
+    c->max_fields = max_fields;
+    c->h2o_read = sock->_cb.read;
+    sock->_cb.read = on_h2_read; /* h2o sets it once per HTTP/2 connection (h2o_http2_accept) */
+    /* h2o is parsing req's HEADERS frame, the first in its input (it consumes it once the handler
+     * returns): the frames behind it in this read are counted now */
+    const uint8_t *buf = (const uint8_t *)sock->input->bytes;
+    if (sock->input->size >= 9 && buf[3] == 1) {
+        size_t flen = (size_t)buf[0] << 16 | (size_t)buf[1] << 8 | buf[2];
+        scan_headers(g, c, sock, 9 + flen);
+    }
+}
+
+size_t agw_guard_h2_flush(agw_guard_t *g)
+{
+    size_t n = 0;
+    while (!h2o_linklist_is_empty(&g->due)) {
+        agw_guard_conn_t *c = H2O_STRUCT_FROM_MEMBER(agw_guard_conn_t, due, g->due.next);
+        h2o_linklist_unlink(&c->due);
+        h2_conn_t *h2 = live_h2(g, c);
+        if (h2 == NULL || h2->state == H2_IS_CLOSING)
+            continue; /* closed meanwhile */
+        /* as h2o's own GOAWAY on a protocol error: the frame is in the buffer
+         * (agw_guard_h2_cancelled); once written, the connection closes when its open streams
+         * are done (do_emit_writereq in HALF_CLOSED) */
+        h2o_http2_conn_request_write((struct st_h2o_http2_conn_t *)h2);
+        n++;
+    }
+    return n;
+}

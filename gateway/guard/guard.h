@@ -1,0 +1,126 @@
+/* guard.h: the limits a hostile client meets at the front, before any script runs.
+ *
+ * The front is h2o 2.2.5 (Debian's libh2o), which leaves some of what an edge server must refuse
+ * to its user. These functions are what the worker checks on each request and connection:
+ *
+ *  - request headers: a cap on their number and on their decoded size (HPACK lets a 16 KB
+ *    HEADERS frame decode to megabytes of repeated references), checked on h2o's decoded list
+ *    before anything is copied for the script (agw_guard_headers_fit);
+ *  - HTTP/1.1 request framing: two Content-Length fields that disagree, or Content-Length with
+ *    Transfer-Encoding. h2o takes the first Content-Length and frames by Transfer-Encoding
+ *    without closing, and keeps neither field in req->headers, so the raw request head is read
+ *    again here (agw_guard_http1_framing) and the worker answers 400 and closes the connection
+ *    (RFC 9112 §6.1, §6.3): no request pipelined behind it is ever read;
+ *  - HTTP/2 rapid reset (CVE-2023-44487): a connection that cancels more than a bounded number of
+ *    streams before they are answered, within a window, gets GOAWAY (ENHANCE_YOUR_CALM) and is
+ *    closed (agw_guard_h2_cancelled, agw_guard_h2_flush).
+ *
+ * gateway.lua's `clients` block sets the limits (config.h, agw_clients_conf_t).
+ */
+#ifndef AGW_GUARD_H
+#define AGW_GUARD_H
+
+#include <h2o.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- request headers ------------------------------------------------------------------------ */
+
+/* Whether the decoded request headers fit: at most max_headers fields and max_header_bytes of
+ * names and values together (h2o's list: for HTTP/2 the fields after HPACK decoding, pseudo-headers
+ * not included; for HTTP/1 the fields h2o keeps). O(fields), stops at the first limit passed.
+ * Returns NULL when they fit, else why, a static string ("too many header fields", "header fields
+ * too large"); the counts go to *count and *bytes (up to where the check stopped). */
+const char *agw_guard_headers_fit(const h2o_headers_t *headers, size_t max_headers, size_t max_header_bytes,
+                                  size_t *count, size_t *bytes);
+
+/* ---- HTTP/1.1 framing ----------------------------------------------------------------------- */
+
+/* Checks the raw head of an HTTP/1.x request (head: the bytes from the request line on, len of
+ * them available; the head ends at its first empty line, CRLF or bare LF as picohttpparser
+ * reads it) for framing h2o lets through: Content-Length with Transfer-Encoding (RFC 9112 §6.1:
+ * a smuggling vector), Content-Length fields whose values differ (§6.3: unrecoverable), a
+ * Transfer-Encoding given twice. Identical repeated Content-Length values are accepted (§6.3
+ * allows it). Returns NULL when the framing is unambiguous (or the head is not complete within
+ * len: h2o parsed it, so that does not happen), else a static reason for the problem's detail. */
+const char *agw_guard_http1_framing(const char *head, size_t len);
+
+/* The head of HTTP/1 request req as h2o received it: the socket's input buffer, which holds the
+ * current request from its first byte until h2o has answered it. Returns 0 with *head and *len
+ * set, or -1 when req is not HTTP/1 or the buffer does not start with req's method (nothing to
+ * check against). */
+int agw_guard_http1_head(h2o_req_t *req, const char **head, size_t *len);
+
+/* ---- HTTP/2 rapid reset --------------------------------------------------------------------- */
+
+/* What the guard keeps per client connection; embedded by the caller (the worker's connection),
+ * zeroed at accept. */
+typedef struct agw_guard_conn {
+    uint64_t window_start_ms;        /* private: start of the current cancel window */
+    unsigned cancelled;              /* private: streams cancelled before their answer in it */
+    int fd;                          /* ro: the connection's socket */
+    h2o_conn_t *h2;                  /* private: h2o's connection, set when a GOAWAY is due */
+    h2o_linklist_t due;              /* private: on the guard's list while a GOAWAY is due */
+    h2o_socket_cb h2o_read;          /* private: h2o's read callback, when the guard's runs first
+                                        (agw_guard_h2_watch); NULL before */
+    unsigned max_fields;             /* private: header fields per HEADERS frame before GOAWAY */
+    unsigned goaway : 1;             /* ro: GOAWAY sent (or due): the connection is closing */
+} agw_guard_conn_t;
+
+/* The per-worker side of the rapid-reset guard: connections whose GOAWAY is due. */
+typedef struct agw_guard {
+    h2o_linklist_t due;              /* agw_guard_conn_t.due, oldest first */
+    h2o_context_t *ctx;              /* the worker's h2o context (its list of HTTP/2 connections) */
+    agw_guard_conn_t **by_fd;        /* live connections by socket; NULL where none */
+    size_t by_fd_cap;
+    int layout;                      /* h2o's HTTP/2 connection layout: 0 unchecked, 1 as expected,
+                                        -1 not (the rapid-reset guard is off; guard.c) */
+} agw_guard_t;
+
+/* Sets up g for the worker whose h2o context is ctx. */
+void agw_guard_init(agw_guard_t *g, h2o_context_t *ctx);
+
+/* Frees what g holds (not the connections). */
+void agw_guard_dispose(agw_guard_t *g);
+
+/* Registers c, a connection just accepted on socket fd (c zeroed by the caller). */
+void agw_guard_conn_open(agw_guard_t *g, agw_guard_conn_t *c, int fd);
+
+/* Forgets c (its socket has closed; c is about to be freed). */
+void agw_guard_conn_close(agw_guard_t *g, agw_guard_conn_t *c);
+
+/* The connection of HTTP/2 request req's socket, or NULL (not HTTP/2, unknown socket). */
+agw_guard_conn_t *agw_guard_conn_of(agw_guard_t *g, h2o_req_t *req);
+
+/* An HTTP/2 stream of req's connection ended before the gateway answered it (the client reset
+ * it, or left). Counts it in the connection's window of window_ms; past max_cancelled in one
+ * window the connection stops taking new streams at once (h2o ignores HEADERS from then on), its
+ * GOAWAY (ENHANCE_YOUR_CALM, RFC 9113 §5.4.1) is put in its write buffer, and the write is due:
+ * agw_guard_h2_flush asks for it. Runs in h2o's dispose callback of the request, where h2o may be
+ * tearing the connection down: it touches nothing but the connection's state and write buffer.
+ * now_ms: the loop's clock. Returns 1 when this stream made the GOAWAY due. */
+int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsigned max_cancelled,
+                           uint64_t window_ms);
+
+/* Counts the header fields of an HPACK header block (RFC 7541 §6) without decoding it (no
+ * dynamic table needed: every representation says its own length). A representation cut off at
+ * len is not counted. Returns the count, stopping early once it passes stop. */
+unsigned agw_guard_hpack_fields(const uint8_t *block, size_t len, unsigned stop);
+
+/* HTTP/2 request req is on a connection the guard should read ahead of h2o: from now on, each
+ * HEADERS frame that h2o has received but not parsed yet is counted (agw_guard_hpack_fields)
+ * first, and one with more than max_fields header fields (a header bomb: HPACK references that
+ * h2o would decode into megabytes before the gateway sees one) gets the connection GOAWAY
+ * (ENHANCE_YOUR_CALM) before h2o decodes it; h2o ignores every HEADERS frame after it. Frames
+ * already in the buffer behind req's are counted now. A header block continued in CONTINUATION
+ * frames is counted in its HEADERS frame only (h2o 2.2.5 takes up to H2O_MAX_REQLEN, 408 KB, of
+ * continued block, which it decodes; the 431 cap then answers). Call on each HTTP/2 request
+ * (only the first per connection does anything). */
+void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields);
+
+/* Sends the due GOAWAYs, on connections h2o still has open (the last open streams finish, then
+ * h2o closes the connection). Call from the loop outside h2o's callbacks (the worker's prepare
+ * watcher). Returns how many were sent. */
+size_t agw_guard_h2_flush(agw_guard_t *g);
+
+#endif

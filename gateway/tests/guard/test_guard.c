@@ -1,0 +1,89 @@
+/* Unit tests of the front guard's pure parts (guard/guard.h): HTTP/1.1 framing read from a raw
+ * request head, and the request header caps. */
+#include "guard/guard.h"
+
+#include "tests/check.h"
+
+#define FRAMING(s) agw_guard_http1_framing(s, sizeof(s) - 1)
+
+static void content_length_with_transfer_encoding_is_refused(void)
+{
+    CHECK_STR(FRAMING("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"),
+              "both Content-Length and Transfer-Encoding");
+    /* any case, either order, bare LF line ends, spaces around the value */
+    CHECK_STR(FRAMING("POST / HTTP/1.1\ntransfer-encoding:chunked\nCONTENT-LENGTH:  5 \n\n"),
+              "both Content-Length and Transfer-Encoding");
+}
+
+static void content_lengths_that_disagree_are_refused_identical_ones_accepted(void)
+{
+    CHECK_STR(FRAMING("POST / HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 37\r\n\r\n"),
+              "Content-Length fields disagree");
+    CHECK_STR(FRAMING("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 05\r\n\r\n"),
+              "Content-Length fields disagree");
+    CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length: 5\r\nX-A: b\r\ncontent-length: 5 \r\n\r\n") == NULL);
+}
+
+static void transfer_encoding_twice_is_refused(void)
+{
+    CHECK_STR(FRAMING("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"),
+              "Transfer-Encoding given more than once");
+}
+
+static void plain_requests_and_what_follows_the_head_pass(void)
+{
+    CHECK(FRAMING("GET / HTTP/1.1\r\nHost: x\r\n\r\n") == NULL);
+    CHECK(FRAMING("\r\nPOST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n") == NULL);
+    /* only the head counts: a pipelined request's fields are its own */
+    CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\nok"
+                  "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == NULL);
+    /* a name that only starts like one of them is another field */
+    CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length-X: 1\r\nTransfer-Encoding: chunked\r\n\r\n") == NULL);
+    /* a head that does not end within the bytes given: nothing to say */
+    CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Enc") == NULL);
+}
+
+static void hpack_fields_are_counted_without_a_table(void)
+{
+    /* :method GET (indexed 2), :path literal with indexing (name index 4), a new-name literal
+     * without indexing, a table size update (no field), a never-indexed literal, index 62 */
+    static const uint8_t block[] = {0x82, 0x44, 0x03, '/', 'a', 'b', 0x00, 0x01, 'x', 0x01, 'y',
+                                    0x3f, 0xe1, 0x1f, 0x10, 0x01, 'k', 0x01, 'v', 0xbe};
+    CHECK(agw_guard_hpack_fields(block, sizeof(block), 100) == 5);
+    CHECK(agw_guard_hpack_fields(block, 6, 100) == 2);  /* cut after the literal: 2 whole fields */
+    CHECK(agw_guard_hpack_fields(block, 5, 100) == 1);  /* the literal is cut off: not counted */
+    uint8_t bomb[16000];
+    memset(bomb, 0xbe, sizeof(bomb));
+    CHECK(agw_guard_hpack_fields(bomb, sizeof(bomb), 416) == 417); /* stops once past the limit */
+    CHECK(agw_guard_hpack_fields(bomb, sizeof(bomb), 100000) == 16000);
+    /* a multi-byte index (§5.1): 0xff 0x80 0x01 is 127 + 128 */
+    static const uint8_t big[] = {0xff, 0x80, 0x01, 0x82};
+    CHECK(agw_guard_hpack_fields(big, sizeof(big), 100) == 2);
+}
+
+static h2o_iovec_t names[4] = {{"a", 1}, {"bb", 2}, {"ccc", 3}, {"dddd", 4}};
+
+static void header_caps_count_then_bytes(void)
+{
+    h2o_header_t e[4];
+    for (int i = 0; i < 4; i++)
+        e[i] = (h2o_header_t){.name = &names[i], .value = {"0123456789", 10}};
+    h2o_headers_t hs = {e, 4, 4};
+    size_t count, bytes;
+    CHECK(agw_guard_headers_fit(&hs, 4, 50, &count, &bytes) == NULL && count == 4 && bytes == 50);
+    CHECK_STR(agw_guard_headers_fit(&hs, 3, 1000, &count, &bytes), "too many header fields");
+    CHECK(count == 4);
+    CHECK_STR(agw_guard_headers_fit(&hs, 4, 49, &count, &bytes), "header fields too large");
+    CHECK(bytes == 50);
+}
+
+int main(void)
+{
+    RUN(content_length_with_transfer_encoding_is_refused);
+    RUN(content_lengths_that_disagree_are_refused_identical_ones_accepted);
+    RUN(transfer_encoding_twice_is_refused);
+    RUN(plain_requests_and_what_follows_the_head_pass);
+    RUN(header_caps_count_then_bytes);
+    RUN(hpack_fields_are_counted_without_a_table);
+    return CHECK_DONE();
+}

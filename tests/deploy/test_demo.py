@@ -1,0 +1,73 @@
+"""tools/demo turns on the admin listener and prints the links to the waterfall page and /metrics
+and a line per route the gateway serves. The demo's ports are fixed (8080, 9090, 9001-9003, 9100),
+so the test runs it in a network namespace of its own: nothing on the machine is in its way."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import harness  # noqa: E402
+
+SRC = harness.SOURCE_DIR
+
+
+class Demo(unittest.TestCase):
+    def test_demo_prints_the_admin_links_and_a_line_per_route_and_they_answer(self):
+        if os.environ.get("AGGWAY_TEST_NETNS") != "1":
+            script = "ip link set lo up && exec python3 %s" % os.path.abspath(__file__)
+            p = subprocess.run(["unshare", "--net", "sh", "-c", script], env=dict(os.environ, AGGWAY_TEST_NETNS="1"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+            out = p.stdout.decode(errors="replace")
+            self.assertEqual(p.returncode, 0, out)
+            self.assertIn("Ran 1 test", out)
+            return
+        log = tempfile.TemporaryFile()
+        self.addCleanup(log.close)
+        demo = subprocess.Popen([os.path.join(SRC, "tools", "demo")], cwd=SRC, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+        def stop():
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGTERM)
+                try:
+                    demo.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(demo.pid, signal.SIGKILL)
+                    demo.wait(timeout=30)
+        self.addCleanup(stop)
+
+        def text():
+            log.seek(0)
+            return log.read().decode(errors="replace")
+        end = time.monotonic() + 500
+        while "Press Ctrl-C to stop." not in text() and demo.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        out = text()
+        self.assertIn("Press Ctrl-C to stop.", out)
+        self.assertIn("http://127.0.0.1:9090/waterfall", out)
+        self.assertIn("http://127.0.0.1:9090/metrics", out)
+        routes = re.findall(r"(?m)^  (GET \S+)\s+(\S+\.lua)\s+curl -i (http://localhost:8080\S+)$", out)
+        want = set()
+        for name, src in harness.repo_scripts().items():
+            for r in re.findall(r'route = "([^"]+)"', src):
+                want.add((r, os.path.basename(name)))
+        self.assertEqual({(r, f) for r, f, _ in routes}, want, out)
+        for _route, _file, url in routes:
+            r = harness.curl(url)
+            self.assertEqual(r.status, 200, r)
+        page = harness.curl("http://127.0.0.1:9090/waterfall")
+        self.assertEqual(page.status, 200)
+        self.assertIn(b"/product-page/42", page.body)       # the demo's first pages are on it
+        metrics = harness.curl("http://127.0.0.1:9090/metrics")
+        self.assertIn(b'aggway_requests_total{route="GET /product-page/{id}",code="200"}', metrics.body)
+        stop()
+        self.assertFalse(harness.tcp_connects(8080))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,163 @@
+"""Running out of descriptors, with the gateway under a low RLIMIT_NOFILE.
+
+- A cap on client connections (clients.max_connections, "auto" from RLIMIT_NOFILE) keeps
+  descriptors for upstream sockets: hundreds of idle clients never take the gateway to its limit,
+  a client already connected gets complete pages meanwhile, the connections beyond the cap wait
+  (they are served once slots free up, not dropped), and the descriptors come back afterwards.
+- Without the cap's room (max_connections above the limit), the gateway does run out: upstream
+  calls then fail as the gateway's own problem (outcome `local`, `gateway-overloaded`), never as
+  the upstream's, so its breaker stays closed and the first page after the flood is complete; the
+  admin listener, whose accept fails meanwhile, rests instead of spinning at 100 % CPU.
+"""
+import http.client
+import json
+import os
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import SLOW, GatewayTestCase, demo_services, free_port, main, repo_scripts, wait_until  # noqa: E402
+
+
+def fd_count(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process (all its threads), s."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def flood(port, n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))  # completes in the kernel's backlog whether accepted or not
+        socks.append(s)
+    return socks
+
+
+def close_all(socks):
+    for s in socks:
+        try:
+            s.close()
+        except OSError:
+            pass
+
+
+class KeptClient:
+    """An HTTP/1.1 keep-alive connection opened before the flood."""
+
+    def __init__(self, port):
+        self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def get(self, path):
+        self.c.request("GET", path)
+        r = self.c.getresponse()
+        return r.status, dict((k.lower(), v) for k, v in r.getheaders()), r.read()
+
+    def close(self):
+        self.c.close()
+
+
+class ConnectionCap(GatewayTestCase):
+    NOFILE = 256   # "auto": (256 - 64) / 2 = 96 client connections
+
+    def test_idle_clients_beyond_the_cap_wait_and_pages_stay_complete(self):
+        self.start(services=demo_services(5, 5, 5), scripts=repo_scripts("product-page.lua"), nofile=self.NOFILE)
+        pid = self.gw.proc.pid
+        kept = KeptClient(self.port)
+        self.addCleanup(kept.close)
+        self.assertEqual(kept.get("/product-page/1")[0], 200)
+        base = fd_count(pid)
+        socks = flood(self.port, 300)
+        self.addCleanup(close_all, socks)
+        self.assertTrue(wait_until(lambda: fd_count(pid) >= base + 90, 10), (base, fd_count(pid)))
+        time.sleep(0.2)
+        held = fd_count(pid)
+        print("connection cap: %d descriptors before, %d with 300 idle clients (limit %d)" % (base, held, self.NOFILE))
+        self.assertLessEqual(held - base, 96 + 2, "more client connections than the cap")
+        for i in range(5):
+            status, headers, body = kept.get("/product-page/%d" % (10 + i))
+            self.assertEqual(status, 200, body)
+            self.assertEqual(headers.get("x-aggregation-completed"), "true", body)
+        # a client beyond the cap waits (in the kernel's backlog, in order), and is served once slots
+        # free up: the 120th of the flood, with 50 slots freed
+        late = socks[119]
+        late.sendall(b"GET /product-page/7 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        close_all(socks[:50])
+        late.settimeout(10)
+        data = b""
+        while True:
+            d = late.recv(65536)
+            if not d:
+                break
+            data += d
+        self.assertTrue(data.startswith(b"HTTP/1.1 200 "), data[:200])
+        close_all(socks)
+        self.assertTrue(wait_until(lambda: fd_count(pid) <= base + 2, 15), (base, fd_count(pid)))
+        self.assertEqual(self.get("/product-page/2").status, 200)
+        self.assertEqual(self.log_errors(), [])
+
+
+class OutOfDescriptors(GatewayTestCase):
+    NOFILE = 72
+
+    def metric(self, name, **labels):
+        body = self.admin_get("/metrics")
+        total = 0.0
+        for line in body.splitlines():
+            if line.startswith(name + "{") and all('%s="%s"' % kv in line for kv in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def admin_get(self, path):
+        c = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=10)
+        c.request("GET", path)
+        return c.getresponse().read().decode()
+
+    def test_local_socket_errors_do_not_move_the_breaker_and_admin_does_not_spin(self):
+        self.admin_port = free_port()
+        self.start(services=demo_services(5, 5, 5), scripts=repo_scripts("product-page.lua"), nofile=self.NOFILE,
+                   gateway_extra={"clients": {"max_connections": 1000},
+                                  "admin": {"port": self.admin_port, "host": "127.0.0.1"}},
+                   upstream_options={"product": {"breaker": {"failures": 3, "open_s": 30}}})
+        pid = self.gw.proc.pid
+        kept = KeptClient(self.port)
+        self.addCleanup(kept.close)
+        self.assertEqual(kept.get("/no-such-route")[0], 404)  # no upstream connection yet
+        socks = flood(self.port, 150)
+        self.addCleanup(close_all, socks)
+        # libuv accepts until EMFILE, then closes what waits with a descriptor it keeps for that
+        self.assertTrue(wait_until(lambda: fd_count(pid) >= self.NOFILE - 1, 10), fd_count(pid))
+        # the admin listener meets EMFILE too: a connection waits in its backlog
+        admin = socket.create_connection(("127.0.0.1", self.admin_port), timeout=5)
+        self.addCleanup(admin.close)
+        time.sleep(0.3)
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(1.5)
+        cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+        print("out of descriptors: gateway CPU %.0f %% of a core while the admin accept fails" % (cpu * 100))
+        self.assertLess(cpu, 0.2, "the gateway spins while it has no descriptor")
+        for i in range(5):  # more than the breaker's 3 failures
+            status, headers, body = kept.get("/product-page/%d" % i)
+            self.assertNotEqual(status, 200, body)
+            self.assertIn(b"gateway-overloaded", body, body)
+        close_all(socks)
+        admin.close()
+        self.assertTrue(wait_until(lambda: fd_count(pid) < self.NOFILE - 20, 15), fd_count(pid))
+        status, headers, body = kept.get("/product-page/42")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(headers.get("x-aggregation-completed"), "true", body)
+        self.assertGreaterEqual(self.metric("aggway_upstream_calls_total", upstream="product", outcome="local"), 5)
+        self.assertEqual(self.metric("aggway_upstream_calls_total", upstream="product", outcome="circuit_open"), 0)
+        self.assertEqual(self.metric("aggway_upstream_calls_total", upstream="product", outcome="refused"), 0)
+
+
+if __name__ == "__main__":
+    main()
