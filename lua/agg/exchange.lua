@@ -414,7 +414,7 @@ attempt = function(x, hedge)
   end
   if spec.batch then
     -- a merged call: the item waits in its batch (agg.merge), which passes the breaker once
-    x.attempts = x.attempts + 1
+    x.attempt = x.attempt + 1
     u.stats.attempts = u.stats.attempts + 1
     return merge.join(x, t, clamped, now)
   end
