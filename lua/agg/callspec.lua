@@ -2,6 +2,7 @@
 -- into the normalized form the scheduler sends, checking every option (DESIGN §2.1).
 -- Mistakes are programming errors: they raise error() at the script's line.
 local json = require "agg.json"
+local config = require "agg.config"
 
 local M = {}
 
@@ -12,6 +13,7 @@ local OPTIONS = {
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
 local NOT_YET = { cache = true, forward_auth = true }
+M.OPTIONS, M.NOT_YET = OPTIONS, NOT_YET   -- (agg.lint checks the specs it sees in the source)
 local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
 -- request headers that carry a user's credentials: a call with one is never shared (single-flight)
 local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
@@ -73,7 +75,8 @@ function M.normalize(spec, upstreams, level)
     local names = {}
     for n in pairs(upstreams) do names[#names + 1] = n end
     table.sort(names)
-    error(("unknown upstream '%s' (gateway.lua declares: %s)"):format(name, table.concat(names, ", ")), level)
+    error(("unknown upstream '%s'%s (gateway.lua declares: %s)"):format(name, config.suggest(name, upstreams),
+      table.concat(names, ", ")), level)
   end
   if type(path) ~= "string" or path:byte(1) ~= 47 then
     error(("call to '%s': the path must be a string starting with '/'"):format(name), level)
@@ -85,7 +88,7 @@ function M.normalize(spec, upstreams, level)
         if NOT_YET[k] then
           error(("call to '%s': option '%s' is not supported by this version of aggway"):format(name, k), level)
         end
-        error(("call to '%s': unknown option '%s'"):format(name, tostring(k)), level)
+        error(("call to '%s': unknown option '%s'%s"):format(name, tostring(k), config.suggest(k, OPTIONS)), level)
       end
       if want ~= true and type(v) ~= want then
         error(("call to '%s': option '%s' must be a %s, got %s"):format(name, k, want, type(v)), level)

@@ -32,17 +32,50 @@ local function find_line(lines, name, from)
   return nil
 end
 
-local function suggest(key, known)
+-- Edit distance between a and b (insertions, deletions, substitutions), stopping at limit + 1.
+local function distance(a, b, limit)
+  if math.abs(#a - #b) > limit then return limit + 1 end
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur, best = { [0] = i }, i
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      if cur[j] < best then best = cur[j] end
+    end
+    if best > limit then return limit + 1 end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+--- " (did you mean 'k'?)" for the key of `known` (a set: name -> anything) closest to `key`, or
+-- "" when none is close: two edits at most, or a shared prefix of three letters or more.
+-- agg.lint and agg.callspec use it too, so every misspelling gets the same help.
+function M.suggest(key, known)
+  key = tostring(key)
   local best, bestd
   for k in pairs(known) do
-    -- cheap similarity: shared prefix length and length difference
-    local n = 0
-    while n < #k and n < #key and k:byte(n + 1) == key:byte(n + 1) do n = n + 1 end
-    local d = math.max(#k, #key) - n
-    if n >= 3 and (not bestd or d < bestd) then best, bestd = k, d end
+    if type(k) == "string" then
+      local d = distance(key, k, 2)
+      if d <= 2 and (not bestd or d < bestd or (d == bestd and k < best)) then best, bestd = k, d end
+    end
+  end
+  if not best then
+    for k in pairs(known) do
+      if type(k) == "string" then
+        -- shared prefix length and length difference
+        local n = 0
+        while n < #k and n < #key and k:byte(n + 1) == key:byte(n + 1) do n = n + 1 end
+        local d = 100 + math.max(#k, #key) - n
+        if n >= 3 and (not bestd or d < bestd or (d == bestd and k < best)) then best, bestd = k, d end
+      end
+    end
   end
   return best and (" (did you mean '" .. best .. "'?)") or ""
 end
+local suggest = M.suggest
 
 -- Splits "http://host:port/path" (upstream URLs, the OTLP collector). Returns host, port, path
 -- (without trailing '/'), "host:port" as written; or nil and what is wrong with it.

@@ -6,6 +6,7 @@
 -- or a list of such tables. Files under lib/ are modules for require "lib.x", never endpoints.
 local config = require "agg.config"
 local sys = require "agg.sys"
+local lint = require "agg.lint"
 local sandbox = require "agg.sandbox"
 local router = require "agg.router"
 
@@ -216,22 +217,10 @@ local function load_folder(dir)
   for _, rel in ipairs(files) do
     local file = dir .. "/" .. rel
     local fsrc = read(file) or ""
-    -- call specs run only when a request comes, but a call to an upstream gateway.lua does not
-    -- declare is worth catching now: look for { "name", "/path" … } literals in the source
+    -- call specs run only when a request comes, but what the source shows of them (upstream,
+    -- options and their types, fetch_then keys) is worth checking now (agg.lint)
     if cfg then
-      local n = 0
-      for line in (fsrc .. "\n"):gmatch("([^\n]*)\n") do
-        n = n + 1
-        for name in line:gmatch('{%s*"([%w_%-]+)"%s*,%s*"/') do
-          if not ups[name] then
-            local names = {}
-            for k in pairs(ups) do names[#names + 1] = k end
-            table.sort(names)
-            errors[#errors + 1] = ("%s:%d: call to unknown upstream '%s' (gateway.lua declares: %s)"):format(
-              file, n, name, table.concat(names, ", "))
-          end
-        end
-      end
+      for _, e in ipairs(lint.check(fsrc, file, ups)) do errors[#errors + 1] = e end
     end
     local chunk, err = loadfile(file)
     if chunk then setfenv(interpreted(chunk), trusted and sandbox.trusted_env() or sandbox.env(scripts_path)) end

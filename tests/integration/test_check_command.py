@@ -139,7 +139,21 @@ class CheckCommand(unittest.TestCase):
         scripts = dict(repo_scripts(), **{"typo.lua": typo})
         rc, out, err = self.check(self.folder(scripts=scripts))
         self.assertEqual(rc, 1, out + err)
-        self.assertRegex(err, r"typo\.lua:\d+: call to unknown upstream 'review' \(gateway.lua declares: inventory, product, reviews\)", err)
+        self.assertRegex(err, r"typo\.lua:\d+: call to unknown upstream 'review' \(did you mean 'reviews'\?\) \(gateway.lua declares: inventory, product, reviews\)", err)
+
+    def test_check_misspelt_call_option_inside_a_handler_names_line_and_suggests(self):
+        typo = endpoint("GET /typo", '    return agg.page(agg.fetch_all {\n'
+                        '      r = { "reviews", "/reviews/1",\n'
+                        '            requird = true, timeout_ms = "100" },\n'
+                        '      s = agg.fetch_then("rr", function(r) return nil end),\n'
+                        '    })')
+        scripts = dict(repo_scripts(), **{"typo.lua": typo})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        line = [i for i, l in enumerate(typo.splitlines(), 1) if "requird" in l][0]
+        self.assertRegex(err, r"typo\.lua:%d: call to 'reviews': unknown option 'requird' \(did you mean 'required'\?\)" % line, err)
+        self.assertRegex(err, r"typo\.lua:%d: call to 'reviews': option 'timeout_ms' must be a number, got string" % line, err)
+        self.assertRegex(err, r"typo\.lua:%d: fetch_then for 's' depends on 'rr', which is not a key of this table" % (line + 1), err)
 
     def test_check_unknown_upstream_port_out_of_range(self):
         ups = dict(UPSTREAMS, reviews={"url": "http://127.0.0.1:99999"})
