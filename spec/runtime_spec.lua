@@ -252,6 +252,25 @@ describe("script errors", function()
     assert.matches("option 'cache' is not supported", logs, 1, true)
   end)
 
+  it("name the line where a faulty call spec was written, not only the fetch_all's line", function()
+    local typo, call
+    local n = 0
+    for l in io.lines(DIR .. "/errors.lua") do
+      n = n + 1
+      if l:find("HELPER-TYPO", 1, true) then typo = n end
+      if l:find("HELPER-CALL", 1, true) then call = n end
+    end
+    assert.equal(500, gw:get("/err/helper-spec").status)
+    assert.matches(("errors.lua:%d: call to 'a': unknown option 'requird' (did you mean 'required'?) (called at line %d)"):format(typo, call),
+      table.concat(gw:logs(), "\n"), 1, true)
+  end)
+
+  it("name a fetch_then key missing from the table with a did-you-mean", function()
+    assert.equal(500, gw:get("/err/then-typo").status)
+    assert.matches("fetch_then for 'b' depends on 'aa', which is not a call in this fetch_all (did you mean 'a'?)",
+      table.concat(gw:logs(), "\n"), 1, true)
+  end)
+
   it("give a clean error when an agg call is made where LuaJIT cannot yield", function()
     local page = gw:get("/err/sort")
     assert.equal(500, page.status)

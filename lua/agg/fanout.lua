@@ -5,6 +5,8 @@
 local json = require "agg.json"
 local problem = require "agg.problem"
 local callspec = require "agg.callspec"
+local config = require "agg.config"
+local where = require "agg.where"
 local result = require "agg.result"
 local exchange = require "agg.exchange"
 
@@ -156,9 +158,10 @@ local function start_group(ctx, tbl, level)
         local deps = type(info.dep) == "string" and { info.dep } or info.dep
         for _, d in ipairs(deps) do
           if tbl[d] == nil then
-            error(("fetch_then for '%s' depends on '%s', which is not a call in this fetch_all"):format(tostring(key), tostring(d)), level)
+            where.raise(("fetch_then for '%s' depends on '%s', which is not a call in this fetch_all%s"):format(
+              tostring(key), tostring(d), config.suggest(d, tbl)), level, where.quoted(d))
           end
-          if d == key then error(("fetch_then for '%s' depends on itself"):format(tostring(key)), level) end
+          if d == key then where.raise(("fetch_then for '%s' depends on itself"):format(tostring(key)), level, where.quoted(d)) end
         end
         if g.thens == NO_THENS then g.thens = {} end
         g.thens[#g.thens + 1] = { key = key, deps = deps, info = info, started = false }

@@ -7,6 +7,7 @@
 local config = require "agg.config"
 local sys = require "agg.sys"
 local lint = require "agg.lint"
+local where = require "agg.where"
 local sandbox = require "agg.sandbox"
 local router = require "agg.router"
 
@@ -217,6 +218,7 @@ local function load_folder(dir)
   for _, rel in ipairs(files) do
     local file = dir .. "/" .. rel
     local fsrc = read(file) or ""
+    where.remember(file, fsrc)
     -- call specs run only when a request comes, but what the source shows of them (upstream,
     -- options and their types, fetch_then keys) is worth checking now (agg.lint)
     if cfg then
