@@ -96,7 +96,7 @@ static int cmd_serve(const char *dir)
     return agw_server_run(dir);
 }
 
-/* Runs busted inside a runtime VM (DESIGN §3 "Specs"); the scripts folder is in package.path and
+/* Runs the specs (lua/agg/test_cli.lua: busted) inside a runtime VM (DESIGN §3 "Specs"); the scripts folder is in package.path and
  * available to the specs as AGGWAY_SCRIPTS. */
 static int cmd_test(const char *dir, int argc, char **argv)
 {
@@ -118,7 +118,8 @@ static int cmd_test(const char *dir, int argc, char **argv)
         lua_rawseti(L, -2, ++n);
     }
     lua_setglobal(L, "arg");
-    int rc = luaL_dostring(L, "require 'busted.runner'({ standalone = false })");
+    /* agg.test_cli: --help, --watch, then busted with script errors beside failed assertions */
+    int rc = luaL_dostring(L, "require 'agg.test_cli'.main()");
     if (rc != 0) {
         fprintf(stderr, "aggway test: %s\n", lua_tostring(L, -1));
         lua_close(L);

@@ -23,8 +23,14 @@ local rt = require "agg.runtime"
 local problem = require "agg.problem"
 local resp_headers = require "agg.resp_headers"
 local sys = require "agg.sys"
+local config = require "agg.config"
 
 local M = {}
+
+-- Errors the scripts logged since the current test started, in every gateway of the spec:
+-- `aggway test` prints them beside a failed assertion (agg.test_cli).
+M.script_errors = {}
+function M.clear_script_errors() M.script_errors = {} end
 
 local Gateway = {}
 Gateway.__index = Gateway
@@ -62,10 +68,74 @@ local function match_pattern(pattern, path)
   return #a == #b
 end
 
+-- What the harness accepts, checked like the mock's config (tools/mock): an unknown option, a
+-- value of the wrong type or an unknown fault is an error naming it, never silently ignored
+-- (a stub's `latncy_ms = 500` would otherwise answer at 0 ms).
+local GATEWAY_OPTIONS = { dir = "string" }
+local REQUEST_OPTIONS = { headers = "table", body = "string", json = true }
+local ANSWER_OPTIONS = { status = "number", headers = "table", json = true, body = "string", latency_ms = "number",
+                         fault = "string" }
+local FAULTS = { hang = true, drip = true, refuse = true, tls = true, reset = true, short = true, non_json = true,
+                 invalid_utf8 = true, huge = true }
+
+local function sorted_names(set)
+  local out = {}
+  for k in pairs(set) do out[#out + 1] = k end
+  table.sort(out)
+  return table.concat(out, ", ")
+end
+
+-- Raises msg at the line of the spec that called the harness (the first frame outside this file).
+local function raise(msg)
+  local l = 2
+  while true do
+    local info = debug.getinfo(l, "Sl")
+    if not info then break end
+    if not info.source:find("agg/testing%.lua$") and info.currentline > 0 then
+      error(("%s:%d: %s"):format(info.short_src, info.currentline, msg), 0)
+    end
+    l = l + 1
+  end
+  error(msg, 0)
+end
+
+-- Errors (at the spec's line) when opts has a key known does not list, or a value of the
+-- wrong type. where names the function, like "gw:stub".
+local function check_options(where, opts, known)
+  if type(opts) ~= "table" then raise(("%s: options must be a table, got %s"):format(where, type(opts))) end
+  for k, v in pairs(opts) do
+    local want = known[k]
+    if want == nil then
+      raise(("%s: unknown option '%s'%s (%s)"):format(where, tostring(k), config.suggest(k, known), sorted_names(known)))
+    end
+    if want ~= true and type(v) ~= want then
+      raise(("%s: option '%s' must be a %s, got %s"):format(where, k, want, type(v)))
+    end
+  end
+end
+
+-- Checks one stub answer.
+local function check_answer(where, ans)
+  check_options(where, ans, ANSWER_OPTIONS)
+  if ans.fault ~= nil and not FAULTS[ans.fault] then
+    raise(("%s: unknown fault '%s'%s (%s)"):format(where, ans.fault, config.suggest(ans.fault, FAULTS), sorted_names(FAULTS)))
+  end
+  if ans.latency_ms ~= nil and (ans.latency_ms < 0 or ans.latency_ms ~= ans.latency_ms) then
+    raise(("%s: latency_ms must be a number of milliseconds >= 0"):format(where))
+  end
+  if ans.status ~= nil and (ans.status < 100 or ans.status > 599 or ans.status % 1 ~= 0) then
+    raise(("%s: status must be an HTTP status code (100-599), got %s"):format(where, tostring(ans.status)))
+  end
+  if ans.json ~= nil and ans.body ~= nil then
+    raise(("%s: give either json or body, not both"):format(where))
+  end
+end
+
 --- Creates a gateway for the scripts folder opts.dir (default: the folder of `aggway test -c`,
 -- else "scripts"). Errors when the folder does not load, with every "file:line: message".
 function M.gateway(opts)
   opts = opts or {}
+  check_options("testing.gateway", opts, GATEWAY_OPTIONS)
   local dir = opts.dir or AGGWAY_SCRIPTS or "scripts"
   local gen, errs = loader.load(dir)
   if not gen then error("scripts folder " .. dir .. " does not load:\n  " .. table.concat(errs, "\n  "), 2) end
@@ -155,7 +225,10 @@ function Gateway:install()
   end
   -- one breaker per upstream, the production C breaker, on the virtual clock
   core.breakers = gw.breakers
-  function core.log(level, msg) gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg end
+  function core.log(level, msg)
+    gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg
+    if level == "error" then M.script_errors[#M.script_errors + 1] = msg end
+  end
   function core.call(rid, index, method, path, headers, body, timeout_ms, decode)
     return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
   end
@@ -253,10 +326,16 @@ function Gateway:stub(upstream, a, b, c)
   if type(upstream) ~= "string" or type(pattern) ~= "string" or type(answers) ~= "table" then
     error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table", 2)
   end
-  local known = false
-  for _, u in ipairs(self.names) do if u.name == upstream then known = true end end
-  if not known then error("stub: gateway.lua has no upstream '" .. upstream .. "'", 2) end
+  local known = {}
+  for _, u in ipairs(self.names) do known[u.name] = true end
+  if not known[upstream] then
+    error(("gw:stub: gateway.lua has no upstream '%s'%s (%s)"):format(upstream, config.suggest(upstream, known),
+      sorted_names(known)), 2)
+  end
   local list = (type(answers[1]) == "table") and answers or { answers }
+  for i, ans in ipairs(list) do
+    check_answer(#list > 1 and ("gw:stub answer " .. i) or "gw:stub", ans)
+  end
   table.insert(self.stubs, 1, { upstream = upstream, method = method, pattern = pattern, answers = list, served = 0 })
   return self
 end
@@ -401,6 +480,7 @@ local function finish_response(r) return r end
 -- requests in flight at once.
 function Gateway:send(method, path, opts)
   opts = opts or {}
+  check_options("gw:" .. method:lower(), opts, REQUEST_OPTIONS)
   if M.current ~= self then self:install() end
   local rid = self.next_rid
   self.next_rid = rid + 1
