@@ -121,7 +121,9 @@ static int cmd_test(const char *dir, int argc, char **argv)
     /* agg.test_cli: --help, --watch, then busted with script errors beside failed assertions */
     int rc = luaL_dostring(L, "require 'agg.test_cli'.main()");
     if (rc != 0) {
-        fprintf(stderr, "aggway test: %s\n", lua_tostring(L, -1));
+        /* busted's own exit after failed specs raises no message: nothing to add then */
+        if (lua_isstring(L, -1))
+            fprintf(stderr, "aggway test: %s\n", lua_tostring(L, -1));
         lua_close(L);
         return 1;
     }
