@@ -5,6 +5,7 @@
 local json = require "agg.json"
 local config = require "agg.config"
 local where = require "agg.where"
+local result = require "agg.result"
 
 local M = {}
 
@@ -63,7 +64,10 @@ end
 -- name, value, …) or false, body or false, timeout_ms, decode, required, fallback, retry,
 -- hedge_after, collapse, … } plus the scheduler's per-call fields, all false until it starts
 -- the call.
-function M.normalize(spec, upstreams, level)
+-- req_headers (optional): the client request's headers (name -> value, or "name\0value\0…" as the
+-- transport gives them); the upstream's forward_headers (gateway.lua) are copied from them into
+-- the call, unless the spec sets that header itself.
+function M.normalize(spec, upstreams, level, req_headers)
   level = level + 1
   if type(spec) ~= "table" then
     error("a call spec must be a table like { \"upstream\", \"/path\" }, got " .. type(spec), level)
@@ -133,6 +137,24 @@ function M.normalize(spec, upstreams, level)
       end
       headers[#headers + 1] = k:lower()
       headers[#headers + 1] = tostring(v)
+    end
+  end
+  local fwd = up.forward_headers
+  if fwd and req_headers then
+    local h = type(req_headers) == "string" and result.parse_headers(req_headers) or req_headers
+    for _, hname in ipairs(fwd) do
+      local v = h[hname]
+      if v ~= nil then
+        local set = false
+        if headers then
+          for i = 1, #headers, 2 do if headers[i] == hname then set = true end end
+        end
+        if not set then
+          headers = headers or {}
+          headers[#headers + 1] = hname
+          headers[#headers + 1] = tostring(v)
+        end
+      end
     end
   end
   if spec.json ~= nil then

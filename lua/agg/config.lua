@@ -100,6 +100,37 @@ local function parse_http_url(url, allow_https)
   return host, port, path, hostport, scheme
 end
 
+-- Headers a gateway must never copy from the client to an upstream: they frame or route this hop
+-- only (RFC 9110 §7.6.1 connection options, §7.2 Host, §8.6 Content-Length; RFC 9112 §6.1).
+local HOP_BY_HOP = { connection = true, ["keep-alive"] = true, ["proxy-connection"] = true, te = true,
+                     trailer = true, ["transfer-encoding"] = true, upgrade = true, host = true,
+                     ["content-length"] = true, expect = true }
+
+-- upstreams.X.forward_headers = { "accept-language", … }: the client request headers every call to
+-- the upstream carries (a call's own headers win). Returns the list lowercased, or nil after err().
+local function check_forward_headers(v, where, line, err)
+  if type(v) ~= "table" or (next(v) ~= nil and #v == 0) then
+    err(line, where, "must be a list of header names, like { \"accept-language\", \"authorization\" }")
+    return nil
+  end
+  local out, seen = {}, {}
+  for i, name in pairs(v) do
+    if type(i) ~= "number" or type(name) ~= "string" or not name:find("^[!#$%%&'*+%-.^_`|~%w]+$") then
+      err(line, where, ("item %s must be a header name (letters, digits and !#$%%&'*+-.^_`|~), got %s"):format(
+        tostring(i), type(name) == "string" and ("'" .. name .. "'") or type(name)))
+    else
+      local lname = name:lower()
+      if HOP_BY_HOP[lname] then
+        err(line, where, ("'%s' belongs to this connection only and is never forwarded; remove it"):format(name))
+      elseif not seen[lname] then
+        seen[lname] = true
+        out[#out + 1] = lname
+      end
+    end
+  end
+  return out
+end
+
 --- Checks the table `cfg` that gateway.lua returned. src is the file's text (for line numbers),
 -- file its display path. Returns the normalized config, or nil and a list of error strings.
 function M.check(cfg, src, file)
@@ -448,14 +479,16 @@ function M.check(cfg, src, file)
           -- checked below
         elseif k == "url" or k == "tls" then
           -- checked below
+        elseif k == "forward_headers" then
+          e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err)
         elseif UPSTREAM_DEFAULTS[k] then
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
-          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true }
+          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, forward_headers = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, breaker, retry, hedge")
+              "max_body_bytes, breaker, retry, hedge, forward_headers")
         end
       end
       for block, fields in pairs(BLOCKS) do

@@ -209,7 +209,7 @@ local function load_folder(dir)
   if cfg then
     for i, u in ipairs(cfg.upstreams) do
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
-                      breaker = u.breaker }
+                      breaker = u.breaker, forward_headers = u.forward_headers }
     end
   end
   local trusted = cfg and cfg.scripts.trusted
