@@ -262,7 +262,7 @@ describe("script errors", function()
     gw:get("/err/not-yet")
     local logs = table.concat(gw:logs(), "\n")
     assert.matches("unknown option 'retries'", logs, 1, true)
-    assert.matches("option 'cache' is not supported", logs, 1, true)
+    assert.matches("option 'forward_auth' is not supported", logs, 1, true)
   end)
 
   it("name the line where a faulty call spec was written, not only the fetch_all's line", function()

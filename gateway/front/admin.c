@@ -123,6 +123,70 @@ static const char *query_param(const char *q, size_t qlen, const char *name, siz
     return NULL;
 }
 
+/* s (n bytes) as a JSON string, or null when it is not valid UTF-8. */
+static void json_str(agw_buf_t *b, const char *s, size_t n)
+{
+    size_t mark = b->len;
+    if (agw_json_encode_string(b, s, n) != 0) {
+        b->len = mark;
+        agw_buf_puts(b, "null");
+    }
+}
+
+/* POST /cache/purge?prefix=agw:… : the prefix (percent-decoded) goes to every worker's inbox
+ * (tier 1, applied within a second) and is deleted from Redis when the generation serving has a
+ * redis block with cache.redis on (cache/purge.h). */
+static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *out)
+{
+    size_t vl = 0;
+    const char *v = q ? query_param(q, qlen, "prefix", &vl) : NULL;
+    char prefix[1024];
+    size_t n = 0;
+    for (size_t i = 0; v && i < vl && n < sizeof(prefix) - 1; i++) {
+        if (v[i] == '%' && i + 2 < vl) {
+            char hex[3] = {v[i + 1], v[i + 2], 0};
+            char *end;
+            long c = strtol(hex, &end, 16);
+            if (end != hex + 2)
+                break;
+            prefix[n++] = (char)c;
+            i += 2;
+        } else {
+            prefix[n++] = v[i] == '+' ? ' ' : v[i];
+        }
+    }
+    prefix[n] = '\0';
+    if (n < 4 || memcmp(prefix, "agw:", 4) != 0 || memchr(prefix, '\0', n)) {
+        static const char body[] = "prefix must be a cache key prefix starting with agw: (e.g. prefix=agw:%7Bproduct%7D)\n";
+        respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
+        return;
+    }
+    for (size_t i = 0; i < a->num_workers; i++)
+        agw_cache_inbox_post(&a->metrics[i]->purge, prefix, n);
+    agw_buf_t body = AGW_BUF_INIT;
+    agw_buf_puts(&body, "{\"prefix\":");
+    json_str(&body, prefix, n);
+    agw_buf_printf(&body, ",\"workers\":%zu", a->num_workers);
+    agw_generation_t *gen = agw_reload_state_current(a->gens);
+    int status = 200;
+    if (gen && gen->conf.cache_redis) {
+        uint64_t deleted = 0;
+        char err[256];
+        if (agw_cache_redis_purge(&gen->conf.redis, prefix, n, &deleted, err, sizeof(err)) == 0) {
+            agw_buf_printf(&body, ",\"redis_deleted\":%llu", (unsigned long long)deleted);
+        } else {
+            status = 502;
+            agw_buf_puts(&body, ",\"redis_error\":");
+            json_str(&body, err, strlen(err));
+            agw_log(AGW_LOG_WARN, "POST /cache/purge: %s", err);
+        }
+    }
+    agw_generation_unref(gen);
+    agw_buf_puts(&body, "}\n");
+    respond(out, status, status == 200 ? "OK" : "Bad Gateway", "application/json", body.base, body.len, 0, NULL);
+    agw_buf_free(&body);
+}
+
 /* GET /waterfall[.json][?trace=<32 hex>&limit=N] (waterfall.h). */
 static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int head, agw_buf_t *out)
 {
@@ -191,11 +255,22 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     size_t plen = q ? (size_t)(q - target) : tlen;
 #define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(target, s, plen) == 0)
     int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes") ||
-                PATH_IS("/reload") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json");
+                PATH_IS("/reload") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json") || PATH_IS("/cache/purge");
     if (!known) {
         static const char body[] =
-            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /waterfall or /waterfall.json\n";
+            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /waterfall, /waterfall.json or "
+            "POST /cache/purge\n";
         respond(out, 404, "Not Found", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
+        return;
+    }
+    if (PATH_IS("/cache/purge")) {
+        if (!(mlen == 4 && memcmp(method, "POST", 4) == 0)) {
+            static const char body[] = "method not allowed\n";
+            respond(out, 405, "Method Not Allowed", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0,
+                    "Allow: POST\r\n");
+            return;
+        }
+        cache_purge(a, q ? q + 1 : NULL, q ? tlen - plen - 1 : 0, out);
         return;
     }
     if (!(head || (mlen == 3 && memcmp(method, "GET", 3) == 0))) {

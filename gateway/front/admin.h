@@ -13,7 +13,12 @@
  *                  reloads and failed reloads, and the last reload's result with its error
  *                  messages ("file:line: message")
  *   GET /waterfall, /waterfall.json   the last requests of each worker as a waterfall (waterfall.h)
- * HEAD works as GET; other methods get 405, other paths 404. Requests are limited to 8 KiB of
+ *   POST /cache/purge?prefix=agw:…   drops the cache entries whose key starts with the prefix
+ *                  (percent-decoded; must start with agw:): from every worker's tier 1 within about a
+ *                  second, and from Redis at once when the cache uses it; answers JSON
+ *                  { "prefix", "workers", "redis_deleted" } (502 with "redis_error" when Redis
+ *                  could not be purged) (cache/purge.h)
+ * HEAD works as GET; /cache/purge takes POST only; other methods get 405, other paths 404. Requests are limited to 8 KiB of
  * headers and 10 s; at most 64 connections at once (more are closed at once).
  */
 #ifndef AGW_ADMIN_H

@@ -148,6 +148,7 @@ agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels)
     if (m->routes == NULL || m->upstreams == NULL)
         abort();
     m->waterfall = agw_waterfall_new();
+    agw_cache_inbox_init(&m->purge);
     return m;
 }
 
@@ -160,6 +161,7 @@ void agw_metrics_free(agw_metrics_t *m)
     free(m->routes);
     free(m->upstreams);
     agw_waterfall_free(m->waterfall);
+    agw_cache_inbox_free(&m->purge);
     free(m);
 }
 
@@ -485,6 +487,63 @@ static void render_upstreams(agw_buf_t *b, const agw_metric_labels_t *lb, const 
     free(bs);
 }
 
+const char *agw_metrics_cache_outcome(size_t i)
+{
+    static const char *names[AGW_M_CACHE_OUTCOMES] = {"hit", "miss", "stale", "stale_if_error", "refresh", "negative"};
+    return i < AGW_M_CACHE_OUTCOMES ? names[i] : "?";
+}
+
+/* The cache's lookups by outcome, tier 1's size, and the Redis clients (summed over the workers). */
+static void render_cache(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
+{
+    agw_prom_family(b, "aggway_cache_lookups_total", "counter",
+                    "Cached calls by outcome: hit (fresh), miss (went upstream), stale (served within swr_s), "
+                    "stale_if_error (served stale because the call failed), refresh (background refreshes started), "
+                    "negative (404 answers kept).");
+    for (size_t k = 0; k < AGW_M_CACHE_OUTCOMES; k++) {
+        uint64_t n = 0;
+        for (size_t i = 0; i < nw; i++)
+            n += AGW_M_GET(w[i]->cache[k]);
+        agw_prom_label_t l = AGW_PROM_LABEL("outcome", agw_metrics_cache_outcome(k));
+        agw_prom_sample_u64(b, "aggway_cache_lookups_total", &l, 1, n);
+    }
+    uint64_t bytes = 0, entries = 0, evictions = 0;
+    agw_redis_stats_t r = {0};
+    uint64_t lat[8] = {0};
+    for (size_t i = 0; i < nw; i++) {
+        bytes += AGW_M_GET(w[i]->lru.bytes);
+        entries += AGW_M_GET(w[i]->lru.entries);
+        evictions += AGW_M_GET(w[i]->lru.evictions);
+        r.commands += AGW_M_GET(w[i]->redis.commands);
+        r.errors += AGW_M_GET(w[i]->redis.errors);
+        r.timeouts += AGW_M_GET(w[i]->redis.timeouts);
+        r.replies += AGW_M_GET(w[i]->redis.replies);
+        r.latency_us_sum += AGW_M_GET(w[i]->redis.latency_us_sum);
+        r.up += AGW_M_GET(w[i]->redis.up);
+        for (size_t k = 0; k < 8; k++)
+            lat[k] += AGW_M_GET(w[i]->redis.latency[k]);
+    }
+    agw_prom_family(b, "aggway_cache_memory_bytes", "gauge", "Bytes held by the in-process cache tier (all workers).");
+    agw_prom_sample_u64(b, "aggway_cache_memory_bytes", NULL, 0, bytes);
+    agw_prom_family(b, "aggway_cache_entries", "gauge", "Entries in the in-process cache tier (all workers).");
+    agw_prom_sample_u64(b, "aggway_cache_entries", NULL, 0, entries);
+    agw_prom_family(b, "aggway_cache_evictions_total", "counter",
+                    "Entries dropped from the in-process tier to make room (least recently used first).");
+    agw_prom_sample_u64(b, "aggway_cache_evictions_total", NULL, 0, evictions);
+    agw_prom_family(b, "aggway_redis_commands_total", "counter", "Redis commands asked for (sent or refused).");
+    agw_prom_sample_u64(b, "aggway_redis_commands_total", NULL, 0, r.commands);
+    agw_prom_family(b, "aggway_redis_errors_total", "counter",
+                    "Redis commands that failed: error reply, timeout, connection lost or not connected.");
+    agw_prom_sample_u64(b, "aggway_redis_errors_total", NULL, 0, r.errors);
+    agw_prom_family(b, "aggway_redis_timeouts_total", "counter", "Redis commands that got no answer within redis.timeout_ms.");
+    agw_prom_sample_u64(b, "aggway_redis_timeouts_total", NULL, 0, r.timeouts);
+    agw_prom_family(b, "aggway_redis_connected", "gauge", "Workers whose Redis connection is ready.");
+    agw_prom_sample_u64(b, "aggway_redis_connected", NULL, 0, r.up);
+    static const double bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01};
+    agw_prom_family(b, "aggway_redis_latency_seconds", "histogram", "Time from sending a Redis command to its answer.");
+    agw_prom_histogram(b, "aggway_redis_latency_seconds", NULL, 0, bounds, 7, 1.0, lat, (double)r.latency_us_sum / 1e6);
+}
+
 void agw_metrics_render(agw_buf_t *b, const agw_metric_labels_t *labels, const agw_config_t *conf,
                         agw_metrics_t *const *workers, size_t num_workers, const agw_metrics_process_t *proc)
 {
@@ -516,6 +575,7 @@ void agw_metrics_render(agw_buf_t *b, const agw_metric_labels_t *labels, const a
     render_requests(b, labels, workers, num_workers);
     render_partials(b, labels, workers, num_workers);
     render_upstreams(b, labels, conf, workers, num_workers);
+    render_cache(b, workers, num_workers);
     agw_otlp_render_metrics(b, num_workers ? workers[0]->exporter : NULL);
     uint64_t skipped = 0;
     for (size_t i = 0; i < num_workers; i++)

@@ -30,6 +30,9 @@
 #include <stdint.h>
 
 #include "base/buf.h"
+#include "cache/lru.h"
+#include "cache/purge.h"
+#include "redis/redis.h"
 
 struct agw_config;
 struct agw_waterfall;
@@ -131,6 +134,12 @@ typedef struct agw_metrics {
      * made and freed with the metrics), its ring to the span exporter and the exporter itself
      * (otlp.h; set by the server before the worker starts, both NULL when tracing.otlp_http is not
      * configured). */
+    /* The cache (lua/agg/cache.lua, cache/lru.h) and the worker's Redis client (redis/redis.h). */
+#define AGW_M_CACHE_OUTCOMES 6          /* hit, miss, stale, stale_if_error, refresh, negative (see agw_metrics_cache_outcome) */
+    uint64_t cache[AGW_M_CACHE_OUTCOMES];
+    agw_lru_stats_t lru;
+    agw_redis_stats_t redis;
+    agw_cache_inbox_t purge;          /* POST /cache/purge: prefixes for this worker's tier 1 (purge.h) */
     struct agw_waterfall *waterfall;
     struct agw_otlp_queue *trace_queue;
     const struct agw_otlp *exporter;
@@ -139,6 +148,9 @@ typedef struct agw_metrics {
 /* A zeroed set of counters with a slot for every slot labels can hold, with an empty waterfall
  * ring (aborts on allocation failure; the pages of slots never used are never touched). */
 agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels);
+
+/* The name of cache outcome i (0 .. AGW_M_CACHE_OUTCOMES-1) as the metric's label says it. */
+const char *agw_metrics_cache_outcome(size_t i);
 
 /* Frees a worker's counters and its waterfall ring (NULL is ignored). */
 void agw_metrics_free(agw_metrics_t *m);

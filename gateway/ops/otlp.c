@@ -191,6 +191,8 @@ static void encode_client_span(agw_buf_t *b, const agw_metric_labels_t *names, c
     attr_int(b, &first, "aggway.attempt", s->attempt);
     attr_bool(b, &first, "aggway.retry", s->flags & AGW_SPAN_RETRY);
     attr_bool(b, &first, "aggway.hedge", s->flags & AGW_SPAN_HEDGE);
+    if (s->flags & (AGW_SPAN_CACHE_HIT | AGW_SPAN_CACHE_STALE))
+        attr_str(b, &first, "aggway.cache", s->flags & AGW_SPAN_CACHE_HIT ? "hit" : "stale");
     if (s->flags & AGW_SPAN_SF_JOINED)
         attr_str(b, &first, "aggway.single_flight", "joined");
     else if (s->flags & AGW_SPAN_SF_LEADER)

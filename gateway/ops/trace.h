@@ -40,6 +40,9 @@ enum {
     AGW_SPAN_SF_LEADER = 4,          /* a single-flight call other identical calls may share */
     AGW_SPAN_SF_JOINED = 8,          /* no call of its own: waited on another request's call */
     AGW_SPAN_OPEN = 16,              /* not ended yet */
+    AGW_SPAN_CACHE_HIT = 32,         /* no call: the section was a fresh cache entry (lua/agg/cache.lua) */
+    AGW_SPAN_CACHE_STALE = 64,       /* no call: a stale cache entry was served (within swr_s, or
+                                        because the call failed within stale_if_error_s) */
 };
 
 /* Outcome of a span beyond the transport's (agw_call_outcome_t values come first). */

@@ -126,6 +126,12 @@ static const char *single_flight(unsigned flags)
     return flags & AGW_SPAN_SF_JOINED ? "joined" : flags & AGW_SPAN_SF_LEADER ? "leader" : NULL;
 }
 
+/* "hit" or "stale" for a section served from the cache, else NULL. */
+static const char *cache_outcome(unsigned flags)
+{
+    return flags & AGW_SPAN_CACHE_HIT ? "hit" : flags & AGW_SPAN_CACHE_STALE ? "stale" : NULL;
+}
+
 void agw_waterfall_json(agw_buf_t *b, const agw_metric_labels_t *names, const agw_wf_entry_t *entries, size_t n)
 {
     agw_buf_puts(b, "{\"requests\":[");
@@ -162,6 +168,8 @@ void agw_waterfall_json(agw_buf_t *b, const agw_metric_labels_t *names, const ag
                            c->flags & AGW_SPAN_RETRY ? "true" : "false", c->flags & AGW_SPAN_HEDGE ? "true" : "false");
             const char *sf = single_flight(c->flags);
             agw_buf_printf(b, ",\"single_flight\":%s%s%s", sf ? "\"" : "", sf ? sf : "null", sf ? "\"" : "");
+            const char *co = cache_outcome(c->flags);
+            agw_buf_printf(b, ",\"cache\":%s%s%s", co ? "\"" : "", co ? co : "null", co ? "\"" : "");
             if (c->detail[0]) { /* the admin listener's: internal detail is for operators */
                 agw_buf_puts(b, ",\"detail\":");
                 put_json_str(b, c->detail);
@@ -207,9 +215,12 @@ static void put_html(agw_buf_t *b, const char *s)
 #define WF_COLOR_ERROR "#d62728"   /* 4xx/5xx or a transport failure */
 #define WF_COLOR_CANCEL "#c7c7c7"  /* the gateway stopped waiting */
 #define WF_COLOR_SHARED "#9467bd"  /* waited on another request's single-flight call */
+#define WF_COLOR_CACHED "#17becf"  /* served from the cache, no call */
 
 static const char *bar_color(const agw_wf_call_t *c)
 {
+    if (c->flags & (AGW_SPAN_CACHE_HIT | AGW_SPAN_CACHE_STALE))
+        return WF_COLOR_CACHED;
     if (c->flags & AGW_SPAN_SF_JOINED)
         return c->outcome == 0 && c->http_status < 400 ? WF_COLOR_SHARED : WF_COLOR_ERROR;
     if (c->outcome == AGW_SPAN_CANCELLED)
@@ -299,6 +310,10 @@ static void render_request(agw_buf_t *b, const agw_metric_labels_t *names, const
             agw_buf_puts(b, " &middot; single-flight");
         if (c->flags & AGW_SPAN_SF_JOINED)
             agw_buf_puts(b, " &middot; shared call");
+        if (c->flags & AGW_SPAN_CACHE_HIT)
+            agw_buf_puts(b, " &middot; cache hit");
+        if (c->flags & AGW_SPAN_CACHE_STALE)
+            agw_buf_puts(b, " &middot; stale cache copy");
         if (c->outcome == AGW_SPAN_CANCELLED)
             agw_buf_puts(b, " &middot; cancelled");
         if (c->detail[0]) {

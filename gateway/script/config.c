@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "edge/auth_config.h"
 #include "script/listen_tls.h"
 #include "base/log.h"
 #include "script/script.h"
@@ -140,6 +141,7 @@ static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *err
     size_t n = lua_objlen(L, eps);
     int rc = 0;
     conf->endpoints = calloc(n ? n : 1, sizeof(*conf->endpoints));
+    conf->auth_policies = calloc(n ? n : 1, sizeof(*conf->auth_policies));
     conf->num_endpoints = n;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, eps, (int)i + 1);
@@ -147,6 +149,9 @@ static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *err
         conf->endpoints[i].route = field_str(L, e, "route");
         conf->endpoints[i].method = field_str(L, e, "method");
         conf->endpoints[i].file = field_str(L, e, "file");
+        lua_getfield(L, e, "auth");
+        agw_auth_policy_load(L, lua_gettop(L), &conf->auth_policies[i]);
+        lua_pop(L, 1);
         char err[512];
         if (agw_router_add_lua(&conf->router, L, e, (int)i + 1, err, sizeof(err)) != 0) {
             agw_buf_printf(errors, "%s: %s\n", conf->endpoints[i].file, err);
@@ -202,6 +207,32 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
         log = full;
     }
     conf->access_log = log;
+}
+
+/* redis = { url, timeout_ms, line } and cache = { memory_bytes, redis } as agg.config normalized
+ * them: the URL parsed and its host resolved here (redis/redis.h). */
+static int load_redis_cache(lua_State *L, int cfg, agw_config_t *conf, const char *dir, agw_buf_t *errors)
+{
+    int rc = 0;
+    lua_getfield(L, cfg, "redis");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        char *url = field_str(L, t, "url");
+        char err[256];
+        if (url && agw_redis_parse_url(url, (uint64_t)field_num(L, t, "timeout_ms", 5), &conf->redis, err,
+                                       sizeof(err)) != 0) {
+            agw_buf_printf(errors, "%s/gateway.lua:%d: redis.url: %s\n", dir, (int)field_num(L, t, "line", 1), err);
+            rc = -1;
+        }
+        free(url);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, cfg, "cache");
+    conf->cache_memory_bytes = (size_t)field_num(L, lua_gettop(L), "memory_bytes", 64.0 * 1024 * 1024);
+    lua_getfield(L, -1, "redis");
+    conf->cache_redis = lua_toboolean(L, -1) && conf->redis.host != NULL;
+    lua_pop(L, 2);
+    return rc;
 }
 
 /* tracing = { otlp_http, service_name, timeout_ms } as agg.config normalized it (absent: no export). */
@@ -296,6 +327,7 @@ static void load_clients(lua_State *L, int cfg, agw_config_t *conf)
 int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 {
     memset(conf, 0, sizeof(*conf));
+    agw_auth_init(&conf->auth);
     conf->dir = strdup(dir);
     lua_State *L = agw_vm_new(dir);
     if (L == NULL) {
@@ -338,6 +370,12 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
         rc = -1;
     if (load_tracing(L, cfg, conf, errors) != 0)
         rc = -1;
+    if (load_redis_cache(L, cfg, conf, dir, errors) != 0)
+        rc = -1;
+    char gwfile[4096];
+    snprintf(gwfile, sizeof(gwfile), "%s/gateway.lua", dir);
+    if (agw_auth_config_load(L, cfg, &conf->auth, gwfile, errors) != 0)
+        rc = -1;
     resolve_tls_paths(conf);
     if (load_listen_tls(conf, errors) != 0)
         rc = -1;
@@ -349,6 +387,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 
 void agw_config_free(agw_config_t *conf)
 {
+    agw_redis_conf_clear(&conf->redis);
     for (size_t i = 0; i < conf->num_listen; i++) {
         free(conf->listen[i].host);
         free(conf->listen[i].cert_file);
@@ -363,6 +402,10 @@ void agw_config_free(agw_config_t *conf)
         agw_breaker_unref(conf->breakers[i]);
     free(conf->breakers);
     agw_router_free(&conf->router);
+    for (size_t i = 0; conf->auth_policies && i < conf->num_endpoints; i++)
+        agw_auth_policy_clear(&conf->auth_policies[i]);
+    free(conf->auth_policies);
+    agw_auth_free(&conf->auth);
     for (size_t i = 0; conf->endpoints && i < conf->num_endpoints; i++) {
         free(conf->endpoints[i].route);
         free(conf->endpoints[i].method);

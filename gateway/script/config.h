@@ -10,6 +10,8 @@
 
 #include "upstream/breaker.h"
 #include "base/buf.h"
+#include "redis/redis.h"
+#include "edge/auth.h"
 #include "script/router.h"
 #include "upstream/conf.h"
 
@@ -67,6 +69,8 @@ typedef struct agw_config {
     agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
     agw_endpoint_info_t *endpoints;     /* index e-1 describes endpoint e */
     size_t num_endpoints;
+    agw_auth_t auth;                    /* the edge's authenticators (gateway.lua's auth; edge/auth.h) */
+    agw_auth_policy_t *auth_policies;   /* index e-1: what endpoint e asks of its callers */
     char *admin_host;                   /* admin listener address ("127.0.0.1") */
     int admin_port;                     /* admin listener port, 0 when there is none */
     char *access_log;                   /* NULL: off; "stderr"; or a file path (relative ones resolved
@@ -80,6 +84,11 @@ typedef struct agw_config {
     socklen_t otlp_addrlen;
     char *otlp_service_name;            /* resource attribute service.name ("aggway") */
     uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
+    /* redis = { url, timeout_ms } (redis/redis.h): host NULL when gateway.lua has no redis block */
+    agw_redis_conf_t redis;
+    /* cache = { memory_bytes, redis } (cache/lru.h, lua/agg/cache.lua) */
+    size_t cache_memory_bytes;          /* tier 1 of the whole process, bytes (split evenly over the workers) */
+    int cache_redis;                    /* 1: tier 2 in Redis (needs redis.host) */
 } agw_config_t;
 
 /* Loads and checks dir (gateway.lua, every endpoint script) in a fresh Lua VM, resolves upstream

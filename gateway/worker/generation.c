@@ -117,6 +117,7 @@ agw_generation_t *agw_generation_load(const char *dir, uint64_t number, const ag
         free(g);
         return NULL;
     }
+    agw_auth_start(&g->conf.auth); /* a jwks_url's first fetch, off the request path */
     g->number = number;
     g->refs = 1;
     g->route_slot = calloc(g->conf.num_endpoints + 1, sizeof(*g->route_slot));

@@ -214,11 +214,12 @@ static void alog_ms(agw_buf_t *b, double ms)
     alog_lit(b, frac, 2);
 }
 
-/* One entry of a Server-Timing value ("a;dur=1.5, b;dur=2.0"): its name and the digits of its
- * duration (dur NULL when it has no ";dur="). */
+/* One entry of a Server-Timing value ("a;dur=1.5, b;dur=2.0;desc=\"hit\""): its name, the digits
+ * of its duration (dur NULL when it has no ";dur=") and its description without the quotes (the
+ * cache outcome, lua/agg/cache.lua; desc NULL when it has none). */
 typedef struct {
-    const char *name, *dur;
-    size_t nlen, dlen;
+    const char *name, *dur, *desc;
+    size_t nlen, dlen, desclen;
 } timing_entry_t;
 
 /* Reads the entry at *p (before end) into e and moves *p past it and the ", " after it.
@@ -233,8 +234,21 @@ static int timing_next(const char **p, const char *end, timing_entry_t *e)
     const char *vend = next ? next : end;
     e->name = s;
     e->nlen = (size_t)(semi - s);
-    e->dur = vend - semi > 5 && memcmp(semi, ";dur=", 5) == 0 ? semi + 5 : NULL;
-    e->dlen = e->dur ? (size_t)(vend - e->dur) : 0;
+    e->dur = e->desc = NULL;
+    e->dlen = e->desclen = 0;
+    for (const char *q = semi; q && q < vend;) { /* ";param=value" … up to vend */
+        const char *pend = memchr(q + 1, ';', (size_t)(vend - q - 1));
+        if (!pend)
+            pend = vend;
+        if (pend - q > 5 && memcmp(q, ";dur=", 5) == 0) {
+            e->dur = q + 5;
+            e->dlen = (size_t)(pend - e->dur);
+        } else if (pend - q > 8 && memcmp(q, ";desc=\"", 7) == 0 && pend[-1] == '"') {
+            e->desc = q + 7;
+            e->desclen = (size_t)(pend - 1 - e->desc);
+        }
+        q = pend;
+    }
     s = next ? next + 1 : end;
     while (s < end && *s == ' ')
         s++;
@@ -242,12 +256,15 @@ static int timing_next(const char **p, const char *end, timing_entry_t *e)
     return 1;
 }
 
-/* Finds section name's duration in a Server-Timing value, whose names are the section names with
+/* Finds section name's entry in a Server-Timing value, whose names are the section names with
  * characters other than [A-Za-z0-9_-] replaced by '_', and whose durations are JSON numbers
- * already. Returns the digits of the last entry for name (*len set), or NULL. */
-static const char *timing_ms(const char *t, size_t tlen, const char *name, size_t nlen, size_t *len)
+ * already. Returns the digits of the last entry for name (*len set), or NULL; *desc (desclen) is
+ * that entry's description (a cache outcome: letters only), or NULL. */
+static const char *timing_ms(const char *t, size_t tlen, const char *name, size_t nlen, size_t *len,
+                             const char **desc, size_t *desclen)
 {
     const char *found = NULL, *p = t;
+    *desc = NULL;
     timing_entry_t e;
     while (timing_next(&p, t + tlen, &e)) {
         int same = e.nlen == nlen;
@@ -259,6 +276,8 @@ static const char *timing_ms(const char *t, size_t tlen, const char *name, size_
         if (same && e.dur) {
             found = e.dur;
             *len = e.dlen;
+            *desc = e.desc;
+            *desclen = e.desclen;
         }
     }
     return found;
@@ -346,13 +365,18 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
             alog_str(b, secs[i].name, secs[i].len);
             ALOG_LIT(b, ",\"status\":");
             alog_str(b, secs[i].status, strlen(secs[i].status));
-            size_t dl = 0;
-            const char *d = timing ? timing_ms(timing, tlen, secs[i].name, secs[i].len, &dl) : NULL;
+            size_t dl = 0, cl = 0;
+            const char *c = NULL;
+            const char *d = timing ? timing_ms(timing, tlen, secs[i].name, secs[i].len, &dl, &c, &cl) : NULL;
             ALOG_LIT(b, ",\"ms\":");
             if (d)
                 alog_lit(b, d, dl);
             else
                 ALOG_LIT(b, "null");
+            if (c) { /* the section's cache outcome (hit, miss, stale, refresh) */
+                ALOG_LIT(b, ",\"cache\":");
+                alog_str(b, c, cl);
+            }
             agw_buf_putc(b, '}');
         }
     } else if (timing) {

@@ -73,6 +73,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
 {
     const agw_config_t *conf = g->conf;
     wgen_t *old = w->cur;
+    agw_worker_cache_configure(w, conf);
     g->pools = calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*g->pools));
     if (g->pools == NULL)
         abort();
@@ -193,6 +194,13 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
         lua_pushcclosure(L, f->func, 1);
         lua_setfield(L, -2, f->name);
     }
+    for (const luaL_Reg *f = agw_worker_cache_fns; f->name; f++) {
+        if (!agw_worker_cache_fn_wanted(conf, f->name))
+            continue;
+        lua_pushlightuserdata(L, g);
+        lua_pushcclosure(L, f->func, 1);
+        lua_setfield(L, -2, f->name);
+    }
     lua_createtable(L, (int)conf->num_upstreams, 0); /* core.breakers: shared by every worker */
     for (size_t i = 0; i < conf->num_upstreams; i++) {
         agw_breaker_push(L, conf->breakers[i]);
@@ -201,7 +209,8 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     lua_setfield(L, -2, "breakers");
     lua_getfield(L, gen, "upstreams");
     lua_getfield(L, gen, "endpoints");
-    if (lua_pcall(L, 3, 0, 0) != 0) {
+    lua_getfield(L, gen, "token_exchange");
+    if (lua_pcall(L, 4, 0, 0) != 0) {
         agw_buf_printf(errors, "runtime init failed: %s\n", lua_tostring(L, -1));
         return -1;
     }
@@ -213,6 +222,8 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     g->ref_abort = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "on_timer");
     g->ref_on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, rt, "on_redis");
+    g->ref_on_redis = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
     lua_getfield(L, rt, "report_stats");
     g->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
     lua_settop(L, 0);
@@ -230,6 +241,7 @@ agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw
     g->gen = agw_generation_ref(gen);
     g->conf = &gen->conf;
     g->ref_report_stats = LUA_NOREF;
+    g->ref_on_redis = LUA_NOREF;
     g->reported = calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * 5 : 1, sizeof(*g->reported));
     if (g->reported == NULL)
         abort();

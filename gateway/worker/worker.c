@@ -18,6 +18,7 @@
  */
 #include "worker/worker_internal.h"
 
+#include "edge/edge.h"
 #include "script/script.h"
 #include "worker/watchdog.h"
 
@@ -463,10 +464,75 @@ static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int end
     return 1;
 }
 
+static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait);
+
+/* A request whose token names a kid no key has, waiting for the JWKS refetch that this asked for
+ * (edge.h: AGW_EDGE_WAIT). It lives in the request's memory; h2o disposing of it (the client
+ * left) stops the wait. */
+typedef struct parked {
+    ev_timer timer;     /* polls the fetcher's count of finished fetches */
+    agw_worker_t *w;
+    wgen_t *g;          /* holds a reference: its authenticator is the one fetching */
+    h2o_req_t *req;
+    uint64_t fetches_done;
+    double until;       /* ev_now() beyond which the request is answered whatever came */
+    int active;
+} parked_t;
+
+#define PARK_POLL_S 0.005
+
+static void unpark(parked_t *pk)
+{
+    if (!pk->active)
+        return;
+    pk->active = 0;
+    ev_timer_stop(pk->w->loop, &pk->timer);
+    __atomic_sub_fetch(&pk->w->inflight, 1, __ATOMIC_RELAXED);
+    agw_worker_gen_release(pk->g);
+}
+
+static void on_parked_dispose(void *p)
+{
+    unpark(p);
+}
+
+static void on_park_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)revents;
+    parked_t *pk = t->data;
+    if (agw_auth_fetches_done(&pk->g->conf->auth) == pk->fetches_done && ev_now(loop) < pk->until)
+        return;
+    h2o_req_t *req = pk->req;
+    agw_worker_t *w = pk->w;
+    unpark(pk);
+    handle_req(w, req, 0); /* checked again with the keys the fetch brought (or answered now) */
+}
+
+static void park(agw_worker_t *w, wgen_t *g, h2o_req_t *req, uint64_t fetches_done)
+{
+    parked_t *pk = h2o_mem_alloc_shared(&req->pool, sizeof(*pk), on_parked_dispose);
+    pk->w = w;
+    pk->g = g;
+    agw_worker_gen_hold(g);
+    pk->req = req;
+    pk->fetches_done = fetches_done;
+    pk->until = ev_now(w->loop) + g->conf->auth.fetch_timeout_ms / 1000.0 + 0.5;
+    pk->active = 1;
+    __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED); /* a drain waits for it too */
+    ev_timer_init(&pk->timer, on_park_timer, PARK_POLL_S, PARK_POLL_S);
+    pk->timer.data = pk;
+    ev_timer_start(w->loop, &pk->timer);
+}
+
 int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     (void)self;
-    agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
+    return handle_req(H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx), req, 1);
+}
+
+/* A request from h2o (may_wait: it may wait for a JWKS refetch; 0 when it has waited already). */
+static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
+{
     wgen_t *g = w->cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
     if (req->version >= 0x200) /* header bombs: the guard counts HEADERS frames before h2o decodes them */
         agw_guard_h2_watch(&w->guard, req, AGW_WORKER_MAX_FIELDS(&g->conf->clients));
@@ -498,6 +564,20 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
     if (framing) {
         req->http1_is_persistent = 0;
         agw_worker_send_problem(w, req, NULL, endpoint, 400, "bad-request", "the request is malformed", framing);
+        return 0;
+    }
+    /* the edge (DESIGN §9): authentication before any Lua (the authenticator's lock and fetch
+     * request are its only parts a check writes: the generation's config is otherwise read-only) */
+    agw_auth_result_t user;
+    agw_edge_refusal_t refusal;
+    int refused = agw_edge_authenticate((agw_auth_t *)&g->conf->auth, &g->conf->auth_policies[endpoint - 1],
+                                        &w->auth_cache, req, may_wait, &user, &refusal);
+    if (refused == AGW_EDGE_WAIT) {
+        park(w, g, req, user.fetches_done);
+        return 0;
+    }
+    if (refused != 0) {
+        agw_worker_send_problem(w, req, NULL, endpoint, refusal.status, refusal.kind, refusal.title, NULL);
         return 0;
     }
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
@@ -560,9 +640,10 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
         lua_pushnil(L);
+    agw_edge_push_user(L, &user);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 8) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+    if (agw_worker_call_runtime(g, 10) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);
@@ -673,11 +754,19 @@ static void on_accept(uv_stream_t *server, int status)
 /* ---- thread --------------------------------------------------------------------------------- */
 
 /* Once a second: the runtime's retry/hedge/single-flight totals of every live generation and the
- * current generation's pool gauges. */
+ * current generation's pool gauges; the cache purges the admin listener posted. */
+static void purge_tier1(void *arg, const char *prefix, size_t len)
+{
+    agw_worker_t *w = arg;
+    if (w->lru)
+        agw_lru_purge_prefix(w->lru, prefix, len);
+}
+
 static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
 {
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
+    agw_cache_inbox_take(&w->m->purge, purge_tier1, w); /* POST /cache/purge (cache/purge.h) */
     for (size_t i = 0; i < w->cur->conf->num_upstreams; i++)
         agw_worker_publish_pool(w->cur, i);
     for (wgen_t *g = w->gens; g;) {
@@ -699,8 +788,10 @@ static void *worker_main(void *arg)
     this_worker = w;
     ev_run(w->loop, 0);
     agw_guard_dispose(&w->guard);
+    agw_worker_cache_close(w);
     if (w->access_fd >= 0)
         agw_worker_alog_flush(w);
+    agw_auth_cache_free(&w->auth_cache);
     while (w->free_traces) {
         agw_trace_t *tr = w->free_traces;
         w->free_traces = tr->next;

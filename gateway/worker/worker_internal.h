@@ -15,8 +15,11 @@
 
 #include "base/buf.h"
 #include "guard/guard.h"
+#include "cache/lru.h"
+#include "edge/auth.h"
 #include "worker/generation.h"
 #include "ops/metrics.h"
+#include "redis/redis.h"
 #include "script/resp_headers.h"
 #include "base/slots.h"
 #include "ops/trace.h"
@@ -48,6 +51,8 @@ typedef struct agw_worker_gen {
     lua_State *L;
     int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
+    int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
+    uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
     wpool_t **pools;            /* one per upstream, same index as conf->upstreams; NULL until installed */
     uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
@@ -164,6 +169,11 @@ struct agw_worker {
     } warned[16];
     unsigned warned_others;                /* distinct warnings left out while all 16 were recent */
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
+    agw_lru_t *lru;                        /* the cache's tier 1 (cache/lru.h): kept across reloads */
+    agw_redis_t *redis;                    /* the Redis client (redis/redis.h), NULL without redis or
+                                              with cache.redis off */
+    uint64_t redis_next_id;                /* ids of core.redis_get */
+    int cache_closing;                     /* the worker stops: Redis answers no longer run Lua */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     int access_fd;                         /* access log, -1 when off */
     agw_buf_t alog;                        /* access log lines not yet written */
@@ -174,6 +184,7 @@ struct agw_worker {
     agw_trace_t *free_traces;              /* trace records to reuse */
     int waterfall_on;                      /* an admin listener shows the waterfall (restart-only):
                                               without one, no request is recorded for it */
+    agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
     struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
                                               in arrival order (see watch_client) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
@@ -311,6 +322,23 @@ extern const luaL_Reg agw_worker_core_fns[];
  * times cannot make the join quadratic, as concatenating in Lua would). The runtime makes a table
  * of it only when a script reads req.headers or result.headers. Writes into b (reset first). */
 void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
+
+/* ---- cache.c: the cache's transport --------------------------------------------------------- */
+
+/* core.cache_get, cache_set, redis_get, redis_set, digest, cache_counters (closures as above). */
+extern const luaL_Reg agw_worker_cache_fns[];
+
+/* 1 when the core function name of agw_worker_cache_fns belongs in a VM of conf (redis_* only
+ * when conf has redis with cache.redis on). */
+int agw_worker_cache_fn_wanted(const agw_config_t *conf, const char *name);
+
+/* Makes w's tiers what conf says (when a generation becomes current): tier 1 sized
+ * cache.memory_bytes / workers (made once, resized after), the Redis client made, kept (same
+ * settings) or replaced. Worker thread, or before it starts. */
+void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf);
+
+/* Frees w's Redis client and tier 1 (the worker's loop has stopped; no Lua runs for answers). */
+void agw_worker_cache_close(agw_worker_t *w);
 
 /* The pool gauges of generation g's upstream up (0-based). */
 void agw_worker_publish_pool(wgen_t *g, size_t up);

@@ -6,17 +6,20 @@ local json = require "agg.json"
 local config = require "agg.config"
 local where = require "agg.where"
 local result = require "agg.result"
+local cache = require "agg.cache"
 
 local M = {}
 
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
-  retry = true, hedge = true, collapse = "boolean",
+  retry = true, hedge = true, collapse = "boolean", cache = true, identity = "boolean",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
-local NOT_YET = { cache = true, forward_auth = true }
+local NOT_YET = { forward_auth = true }
 M.OPTIONS, M.NOT_YET = OPTIONS, NOT_YET   -- (agg.lint checks the specs it sees in the source)
+M.FORWARD_AUTH_TEXT = "option 'forward_auth' is not supported; the user's token goes to an upstream " ..
+  "whose gateway.lua entry says identity = \"forward\" or \"exchange\""
 local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
 -- request headers that carry a user's credentials: a call with one is never shared (single-flight)
 local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
@@ -77,11 +80,13 @@ function M.normalize(spec, upstreams, level, req_headers)
     error("a call spec starts with the upstream name, like { \"product\", \"/products/1\" }", level)
   end
   local up = upstreams[name]
-  if not up then
+  if not up or up.internal then
     local names = {}
-    for n in pairs(upstreams) do names[#names + 1] = n end
+    for n, u in pairs(upstreams) do if not u.internal then names[#names + 1] = n end end
     table.sort(names)
-    where.raise(("unknown upstream '%s'%s (gateway.lua declares: %s)"):format(name, config.suggest(name, upstreams),
+    local declared = {}
+    for _, n in ipairs(names) do declared[n] = true end
+    where.raise(("unknown upstream '%s'%s (gateway.lua declares: %s)"):format(name, config.suggest(name, declared),
       table.concat(names, ", ")), level, where.quoted(name))
   end
   if type(path) ~= "string" or path:byte(1) ~= 47 then
@@ -91,7 +96,9 @@ function M.normalize(spec, upstreams, level, req_headers)
     if k ~= 1 and k ~= 2 then
       local want = OPTIONS[k]
       if want == nil then
-        if NOT_YET[k] then
+        if k == "forward_auth" then
+          where.raise(("call to '%s': " .. M.FORWARD_AUTH_TEXT):format(name), level, where.option(k))
+        elseif NOT_YET[k] then
           where.raise(("call to '%s': option '%s' is not supported by this version of aggway"):format(name, k), level, where.option(k))
         end
         where.raise(("call to '%s': unknown option '%s'%s"):format(name, tostring(k), config.suggest(k, OPTIONS)), level, where.option(k))
@@ -117,6 +124,10 @@ function M.normalize(spec, upstreams, level, req_headers)
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
     a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
+    -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
+    -- whether this exchange is a background refresh
+    cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false, personal = false,
+    identity = spec.identity ~= false, -- false: this call goes without the user's identity
   }
   if not METHODS[n.method] then
     where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level, where.option("method"))
@@ -213,6 +224,18 @@ function M.normalize(spec, upstreams, level, req_headers)
     end
     n.hedge_after = after
   end
+  -- caching: the upstream's default policy, field by field overridden by the call's; GET/HEAD only
+  if spec.cache ~= nil and spec.cache ~= false and type(spec.cache) ~= "table" then
+    error(("call to '%s': option 'cache' must be false or a table like { ttl_s = 60 }"):format(name), level)
+  end
+  local cp = cache.merge(up.cache, spec.cache, level, name)
+  if cp and n.method ~= "GET" and n.method ~= "HEAD" then
+    if type(spec.cache) == "table" then
+      error(("call to '%s': option 'cache' is for GET and HEAD calls only"):format(name), level)
+    end
+    cp = false
+  end
+  n.cache = cp
   -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off
   if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") then
     local shared = true

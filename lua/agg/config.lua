@@ -4,6 +4,8 @@
 -- message "scripts/gateway.lua:LINE: where: what is wrong; what to do". All errors are collected,
 -- not only the first.
 local sys = require "agg.sys"
+local cache = require "agg.cache"
+local edge = require "agg.edge_config"
 
 local M = {}
 
@@ -11,9 +13,7 @@ local UPSTREAM_DEFAULTS = {
   timeout_ms = 1000, connect_timeout_ms = 100, idle_timeout_ms = 60000,
   max_connections = 64, max_pending = 256, max_body_bytes = 8 * 1024 * 1024,
 }
-local NOT_YET = {
-  cache = "caching",
-}
+local NOT_YET = {}
 
 -- Resilience blocks of an upstream (issue "resilience"): option -> { kind, default, check }.
 local BLOCKS = {
@@ -73,6 +73,7 @@ function M.suggest(key, known)
       end
     end
   end
+  best = best or edge.closest(key, known) -- a typo inside the word ("isuer")
   return best and (" (did you mean '" .. best .. "'?)") or ""
 end
 local suggest = M.suggest
@@ -145,17 +146,18 @@ function M.check(cfg, src, file)
     return nil, errors
   end
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
-                shutdown_grace_ms = 10000, script_time_limit_ms = 1000, scripts = { trusted = false } }
+                shutdown_grace_ms = 10000, script_time_limit_ms = 1000, scripts = { trusted = false },
+                cache = { memory_bytes = 64 * 1024 * 1024, redis = true } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                clients = true, scripts = true }
+                clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, upstreams")
+          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, upstreams, auth, token_exchange")
     end
   end
   local function show(v)
@@ -403,6 +405,69 @@ function M.check(cfg, src, file)
       if ok then out.tracing = e end
     end
   end
+  -- redis = { url = "redis://host:port/db", timeout_ms = 5 }: one client per worker (gateway/redis/redis.h);
+  -- the URL's parts are checked again, and the host resolved, when the C side loads it
+  if cfg.redis ~= nil then
+    local rline = find_line(lines, "redis")
+    local r = cfg.redis
+    if type(r) ~= "table" then
+      err(rline, "redis", 'must be a table like { url = "redis://127.0.0.1:6379/0", timeout_ms = 5 }')
+    else
+      local e = { timeout_ms = 5, line = rline }
+      local ok = true
+      for k, v in pairs(r) do
+        local kline = find_line(lines, k, rline) or rline
+        if k == "url" then
+          if type(v) ~= "string" or not v:match("^redis://[^/]") then
+            err(kline, "redis.url", 'must be a URL like "redis://127.0.0.1:6379/0", got ' .. show(v)); ok = false
+          else
+            e.url = v
+          end
+        elseif k == "timeout_ms" then
+          if posint(v, "redis.timeout_ms", kline, 10000) then e.timeout_ms = v else ok = false end
+        else
+          err(kline, "redis." .. tostring(k), "unknown option" .. suggest(tostring(k), { url = true, timeout_ms = true }) ..
+              "; redis knows url, timeout_ms")
+          ok = false
+        end
+      end
+      if not e.url and ok then
+        err(rline, "redis.url", 'is required, like url = "redis://127.0.0.1:6379/0"'); ok = false
+      end
+      if ok then out.redis = e end
+    end
+  end
+  -- cache = { memory_bytes = 64 MiB, redis = true }: the tiers (agg.cache)
+  if cfg.cache ~= nil then
+    local cline = find_line(lines, "cache")
+    local c = cfg.cache
+    if type(c) ~= "table" then
+      err(cline, "cache", "must be a table like { memory_bytes = 64 * 1024 * 1024, redis = true }")
+    else
+      for k, v in pairs(c) do
+        local kline = find_line(lines, k, cline) or cline
+        if k == "memory_bytes" then
+          if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v < 65536 or v > 2 ^ 40 then
+            err(kline, "cache.memory_bytes", "must be a whole number of bytes from 65536 up, got " .. show(v))
+          else
+            out.cache.memory_bytes = v
+          end
+        elseif k == "redis" then
+          if type(v) ~= "boolean" then
+            err(kline, "cache.redis", "must be true or false, got " .. show(v))
+          else
+            out.cache.redis = v
+          end
+        else
+          err(kline, "cache." .. tostring(k), "unknown option" .. suggest(tostring(k), { memory_bytes = true, redis = true }) ..
+              "; the cache block of gateway.lua knows memory_bytes, redis (per upstream: ttl_s, swr_s, …)")
+        end
+      end
+    end
+  end
+  if out.cache.redis and cfg.cache and cfg.cache.redis == true and cfg.redis == nil then
+    err(find_line(lines, "cache"), "cache.redis", "is true but gateway.lua has no redis = { url = … } block")
+  end
   -- workers
   if cfg.workers ~= nil and cfg.workers ~= "auto" then
     if posint(cfg.workers, "workers", find_line(lines, "workers"), 256) then out.workers = cfg.workers end
@@ -477,18 +542,29 @@ function M.check(cfg, src, file)
           err(kline, where .. "." .. k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
         elseif BLOCKS[k] then
           -- checked below
-        elseif k == "url" or k == "tls" then
+        elseif k == "url" or k == "tls" or k == "identity" or k == "audience" then
           -- checked below
         elseif k == "forward_headers" then
           e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err)
+        elseif k == "cache" then
+          if v ~= false then
+            local p, field, why = cache.check_block(v, false)
+            if p then
+              p.version = cache.version(p)
+              e.cache = p
+            else
+              err(field and find_line(lines, field, kline) or kline, where .. ".cache" .. (field and ("." .. field) or ""), why)
+            end
+          end
         elseif UPSTREAM_DEFAULTS[k] then
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
-          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, forward_headers = true }
+          local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
+                          audience = true, cache = true, forward_headers = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, breaker, retry, hedge, forward_headers")
+              "max_body_bytes, breaker, retry, hedge, cache, identity, audience, forward_headers")
         end
       end
       for block, fields in pairs(BLOCKS) do
@@ -529,6 +605,26 @@ function M.check(cfg, src, file)
         e[block] = out_b
       end
       if e.retry.attempts < 1 then e.retry.attempts = 1 end
+      -- identity = "forward" | "exchange" | "none" (default), audience = "the service's name in tokens"
+      local id, idline = u.identity, find_line(lines, "identity", nline) or nline
+      if id ~= nil and (type(id) ~= "string" or not edge.IDENTITIES[id]) then
+        err(idline, where .. ".identity", "must be \"forward\", \"exchange\" or \"none\", got " .. show(id) ..
+            (type(id) == "string" and suggest(id, edge.IDENTITIES) or ""))
+      elseif id ~= nil and id ~= "none" then
+        e.identity = id
+        if type(u.audience) ~= "string" or u.audience == "" then
+          err(find_line(lines, "audience", nline) or idline, where .. ".audience",
+              "is required with identity = \"" .. id .. "\": the service's name in tokens' aud, like audience = \"" ..
+              name .. "\"")
+        else
+          e.audience = u.audience
+        end
+        e.identity_line = idline
+      end
+      if u.audience ~= nil and (id == nil or id == "none") then
+        err(find_line(lines, "audience", nline) or nline, where .. ".audience",
+            "only means something with identity = \"forward\" or \"exchange\"")
+      end
       local url = u.url
       local urlline = find_line(lines, "url", nline) or nline
       if type(url) ~= "string" then
@@ -550,6 +646,88 @@ function M.check(cfg, src, file)
         end
       end
       out.upstreams[#out.upstreams + 1] = e
+    end
+  end
+  -- the edge: auth (edge_config.lua), token_exchange, and what upstreams' identity needs
+  local c = { err = err, show = show, suggest = suggest, dir = file:match("^(.*)/[^/]*$") or ".",
+              line_of = function(name, from) return find_line(lines, name, from) end }
+  out.auth = edge.check_auth(c, cfg.auth)
+  local te = cfg.token_exchange
+  local teline = find_line(lines, "token_exchange")
+  if te ~= nil then
+    local TE = { url = true, client_id = true, client_secret_file = true, timeout_ms = true, subject_token_type = true }
+    if type(te) ~= "table" then
+      err(teline, "token_exchange", "must be a table like { url = \"http://127.0.0.1:9500/token\", client_id = \"aggway\", " ..
+          "client_secret_file = \"keys/te\" }")
+    else
+      local ok = true
+      for k in pairs(te) do
+        if not TE[k] then
+          err(find_line(lines, k, teline) or teline, "token_exchange." .. tostring(k), "unknown option" ..
+              suggest(tostring(k), TE) .. "; token_exchange knows url, client_id, client_secret_file, timeout_ms, " ..
+              "subject_token_type")
+          ok = false
+        end
+      end
+      local ul = find_line(lines, "url", teline) or teline
+      local host, port, path, hostport, scheme
+      if type(te.url) ~= "string" then
+        err(ul, "token_exchange.url", "is required, like url = \"https://id.example/token\"")
+        ok = false
+      else
+        host, port, path, hostport, scheme = parse_http_url(te.url, true)
+        if not host then err(ul, "token_exchange.url", port); ok = false end
+      end
+      if type(te.client_id) ~= "string" or te.client_id == "" then
+        err(find_line(lines, "client_id", teline) or teline, "token_exchange.client_id",
+            "is required: the gateway's client id at the token endpoint, got " .. show(te.client_id))
+        ok = false
+      end
+      local secret
+      local sl = find_line(lines, "client_secret_file", teline) or teline
+      if type(te.client_secret_file) ~= "string" then
+        err(sl, "token_exchange.client_secret_file", "is required: a file holding the client secret, got " ..
+            show(te.client_secret_file))
+        ok = false
+      else
+        local spath = te.client_secret_file
+        if spath:sub(1, 1) ~= "/" then spath = c.dir .. "/" .. spath end
+        local text, why = sys.read_file(spath, 4096)
+        secret = text and text:gsub("%s+$", "")
+        if not text then err(sl, "token_exchange.client_secret_file", "cannot read " .. spath .. ": " .. why); ok = false
+        elseif secret == "" then err(sl, "token_exchange.client_secret_file", spath .. " is empty"); ok = false end
+      end
+      local timeout = te.timeout_ms or 1000
+      if not posint(timeout, "token_exchange.timeout_ms", find_line(lines, "timeout_ms", teline) or teline, 60000) then ok = false end
+      local stt = te.subject_token_type or "urn:ietf:params:oauth:token-type:access_token"
+      if type(stt) ~= "string" or not stt:match("^urn:") then
+        err(find_line(lines, "subject_token_type", teline) or teline, "token_exchange.subject_token_type",
+            "must be a token type URN (RFC 8693 §3), got " .. show(stt))
+        ok = false
+      end
+      if ok then
+        local name = "@token_exchange" -- not an identifier: no script can name it in a call
+        local e = { name = name, url = te.url, host = host, port = port, base_path = "", host_header = hostport,
+                    line = ul, internal = true, breaker = { off = true, failures = 0, open_s = 0, half_open_probes = 1 },
+                    retry = { attempts = 1, on = {}, budget_percent = 0, min_retries = 0, backoff_ms = 0 },
+                    hedge = { off = true } }
+        for k, v in pairs(UPSTREAM_DEFAULTS) do e[k] = v end
+        e.timeout_ms, e.max_body_bytes = timeout, 65536
+        if scheme == "https" then e.tls = check_upstream_tls(nil, host, "token_exchange", teline) end
+        out.upstreams[#out.upstreams + 1] = e
+        out.token_exchange = { path = path ~= "" and path or "/", timeout_ms = timeout, subject_token_type = stt,
+                               basic = "Basic " .. edge.base64(edge.form_escape(te.client_id) .. ":" ..
+                                                               edge.form_escape(secret)) }
+      end
+    end
+  end
+  for _, u in ipairs(out.upstreams) do
+    if u.identity == "exchange" and te == nil then
+      err(u.identity_line, "upstreams." .. u.name .. ".identity",
+          "\"exchange\" needs a token_exchange block in gateway.lua (url, client_id, client_secret_file)")
+    elseif u.identity and not (out.auth and out.auth.jwt) then
+      err(u.identity_line, "upstreams." .. u.name .. ".identity",
+          "\"" .. u.identity .. "\" passes on the user's token: gateway.lua needs an auth.jwt block")
     end
   end
   if #errors > 0 then return nil, errors end

@@ -6,6 +6,9 @@
 -- deliver function it registers).
 local problem = require "agg.problem"
 local result = require "agg.result"
+local cache = require "agg.cache"
+local json = require "agg.json"
+local identity = require "agg.identity"
 
 local M = {}
 
@@ -19,9 +22,16 @@ local deliver                                          -- function(g, key, chain
 
 --- Binds the transport and the upstream table (agg.runtime.init); calls of a previous binding are
 -- forgotten.
-function M.bind(transport, ups)
+function M.bind(transport, ups, token_exchange)
   core, upstreams = transport, ups
   calls = {}
+  cache.init(transport)
+  identity.init(transport, token_exchange, {
+    set_timer = function(ms, fn) return M.set_timer(ms, fn) end,
+    clear_timer = function(id) return M.clear_timer(id) end,
+    -- an internal call (the token endpoint): its answer goes to fn, not to a section
+    register_call = function(id, fn) calls[id] = { on_answer = fn } end,
+  })
 end
 
 --- Sets where results go: deliver(g, key, chain, r) (agg.fanout).
@@ -63,6 +73,7 @@ function M.upstream_stats(name) return upstream_state(name).stats end
 -- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
 -- publishes them as metrics; nothing is counted twice: the values are totals).
 function M.report_stats()
+  if core and core.cache_counters then core.cache_counters(cache.stats) end
   local report = core and core.upstream_counters
   if not report then return end
   for name, u in pairs(ustate) do
@@ -86,6 +97,7 @@ local function clear_timer(id)
     core.cancel_timer(id)
   end
 end
+M.set_timer, M.clear_timer = set_timer, clear_timer -- (for agg.identity)
 
 --- Transport: timer id is due.
 function M.on_timer(id)
@@ -192,6 +204,7 @@ end
 finish_exchange = function(x, r)
   if x.done then return end
   x.done = true
+  if x.cache_key then r = cache.on_result(x, r) end -- stored, or the stale copy when it failed
   local ctx = x.ctx
   clear_timer(x.retry_timer)
   clear_timer(x.hedge_timer)
@@ -247,6 +260,13 @@ local function after_failure(x, r, outcome, http_status)
     return
   end
   local spec, u = x, x.u
+  local up = upstreams[spec.upstream]
+  if outcome == "ok" and http_status == 401 and up.identity == "exchange" and x.identity and not x.reexchanged then
+    -- the service refused the exchanged token (revoked, or its keys rotated): once, a fresh one
+    x.reexchanged = true
+    identity.forget(x.ctx, up)
+    return identity.prepare(x.ctx, x, up, x.go)
+  end
   local retry = spec.retry
   local retryable = retry and x.attempts < retry.attempts and
     (outcome == "refused" or outcome == "connect_timeout" or outcome == "tls" or
@@ -397,9 +417,27 @@ attempt = function(x, hedge)
   if hedge then x.a2 = rec else x.a1 = rec end
 end
 
--- Starts the call of section key of group g (see deliver). The result may be delivered before
--- this returns (deadline passed, breaker open).
-function M.start_call(ctx, key, spec, g, chain)
+-- Sends exchange x's first attempt and arms its hedge.
+local function launch(x)
+  local u = x.u
+  attempt(x, false)
+  local after = x.hedge_after
+  if after and not x.done then
+    if after == "p95" then after = p95(u) end
+    if after then
+      x.hedge_timer = set_timer(after, function()
+        x.hedge_timer = nil
+        if x.done or u.tokens < 1 or not active_any(x) then return end
+        u.tokens = u.tokens - 1
+        attempt(x, true)
+      end)
+    end
+  end
+end
+
+-- Starts the call of section key of group g (see deliver), past the cache. The result may be
+-- delivered before this returns (deadline passed, breaker open).
+local function start_upstream(ctx, key, spec, g, chain)
   local u = upstream_state(spec.upstream)
   spec.section = key
   -- the normalized spec is the exchange (its fields are all there, see agg.callspec), and the
@@ -416,20 +454,64 @@ function M.start_call(ctx, key, spec, g, chain)
   local hedge_policy = upstreams[spec.upstream].hedge
   local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0
   u.tokens = math.min(10, u.tokens + pct / 100)
-  attempt(x, false)
-  local after = spec.hedge_after
-  if after and not x.done then
-    if after == "p95" then after = p95(u) end
-    if after then
-      x.hedge_timer = set_timer(after, function()
-        x.hedge_timer = nil
-        if x.done or u.tokens < 1 or not active_any(x) then return end
-        u.tokens = u.tokens - 1
-        attempt(x, true)
-      end)
+  local up = upstreams[spec.upstream]
+  if up.identity and x.identity then
+    -- the user's identity first (agg.identity): a forwarded or exchanged token, or a problem
+    x.go = function(p)
+      if x.done then return end
+      if p == nil then
+        if x.reexchanged and x.attempts > 0 then return attempt(x, false) end
+        return launch(x)
+      end
+      local r = new_result(x.key, x)
+      r.ms = 0
+      finish_exchange(x, fail(ctx, r, p, x))
     end
+    return identity.prepare(ctx, x, up, x.go)
   end
+  launch(x)
 end
+
+-- A copy of a normalized spec whose exchange has not started (a background refresh, the info of
+-- a stale result).
+local function copy_spec(s)
+  local c = {}
+  for k, v in pairs(s) do c[k] = v end
+  c.ctx, c.key, c.group, c.chain, c.u, c.x, c.next_x = false, false, false, false, false, false, false
+  c.a1, c.a2, c.attempts, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
+  c.ref, c.body_ref, c.raw_headers = false, false, false
+  c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer = nil, nil, nil, nil, nil
+  return c
+end
+
+--- Starts the call of section key of group g (see deliver): through the cache when the call has a
+-- cache policy (agg.cache), else (or on a miss) upstream. The result may be delivered before this
+-- returns (a cache hit, deadline passed, breaker open).
+function M.start_call(ctx, key, spec, g, chain)
+  if spec.cache then
+    spec.personal = upstreams[spec.upstream].identity and spec.identity or false
+    if cache.lookup(ctx, key, spec, g, chain) then return end
+  end
+  return start_upstream(ctx, key, spec, g, chain)
+end
+
+cache.bind({
+  parse = json.parse,
+  make_result = make_result,
+  start = start_upstream,
+  copy_spec = copy_spec,
+  upstream_index = function(name) return upstreams[name].index end,
+  -- a section served from the cache: its Server-Timing entry, then the section
+  deliver_now = function(ctx, key, g, chain, r)
+    local timings = ctx.timings
+    timings[#timings + 1] = key
+    timings[#timings + 1] = r.ms or 0
+    deliver(g, key, chain, r)
+  end,
+})
+
+--- Transport: the Redis lookup id answered (agg.cache).
+M.on_redis = cache.on_redis
 
 --- Transport completion of call id (see the header comment for the arguments).
 -- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
@@ -437,6 +519,7 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   local rec = calls[id]
   if rec == nil then return end
   calls[id] = nil
+  if rec.on_answer then return rec.on_answer(outcome, http_status, headers, body, data, ms, detail) end
   answer(rec, outcome, http_status, headers, body, data, ms, detail)
 end
 

@@ -229,7 +229,9 @@ function M.check(src, file, upstreams)
           if f.key then
             local want = options[f.key]
             if want == nil then
-              if callspec.NOT_YET[f.key] then
+              if f.key == "forward_auth" then
+                err(f.key_tok.line, ("call to '%s': " .. callspec.FORWARD_AUTH_TEXT):format(name))
+              elseif callspec.NOT_YET[f.key] then
                 err(f.key_tok.line, ("call to '%s': option '%s' is not supported by this version of aggway"):format(name, f.key))
               else
                 err(f.key_tok.line, ("call to '%s': unknown option '%s'%s"):format(name, f.key, config.suggest(f.key, options)))

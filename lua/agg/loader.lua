@@ -5,6 +5,7 @@
 -- Endpoint script: returns { route = "GET /x/{id}", deadline_ms = n, handler = function(req) … end }
 -- or a list of such tables. Files under lib/ are modules for require "lib.x", never endpoints.
 local config = require "agg.config"
+local edge = require "agg.edge_config"
 local sys = require "agg.sys"
 local lint = require "agg.lint"
 local where = require "agg.where"
@@ -14,7 +15,7 @@ local router = require "agg.router"
 local M = {}
 
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
-local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true }
+local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, auth = true }
 
 local function read(path)
   local f = io.open(path, "rb")
@@ -209,7 +210,8 @@ local function load_folder(dir)
   if cfg then
     for i, u in ipairs(cfg.upstreams) do
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
-                      breaker = u.breaker, forward_headers = u.forward_headers }
+                      breaker = u.breaker, cache = u.cache or false, identity = u.identity, audience = u.audience,
+                      internal = u.internal, forward_headers = u.forward_headers }
     end
   end
   local trusted = cfg and cfg.scripts.trusted
@@ -222,7 +224,9 @@ local function load_folder(dir)
     -- call specs run only when a request comes, but what the source shows of them (upstream,
     -- options and their types, fetch_then keys) is worth checking now (agg.lint)
     if cfg then
-      for _, e in ipairs(lint.check(fsrc, file, ups)) do errors[#errors + 1] = e end
+      local declared = {}
+      for name, u in pairs(ups) do if not u.internal then declared[name] = true end end
+      for _, e in ipairs(lint.check(fsrc, file, declared)) do errors[#errors + 1] = e end
     end
     local chunk, err = loadfile(file)
     if chunk then setfenv(interpreted(chunk), trusted and sandbox.trusted_env() or sandbox.env(scripts_path)) end
@@ -249,7 +253,7 @@ local function load_folder(dir)
           else
             for k in pairs(ep) do
               if not ENDPOINT_KEYS[k] then
-                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
+                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
                 bad = true
               end
             end
@@ -267,6 +271,11 @@ local function load_folder(dir)
               errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file, line_of(fsrc, "deadline_ms"), where)
               bad = true
             end
+            local policy, perr = edge.check_endpoint(ep.auth, cfg and cfg.auth)
+            if not policy then
+              errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, line_of(fsrc, ep.auth ~= nil and "auth" or "route"), where, perr)
+              bad = true
+            end
             if not bad then
               local sh = shape(r)
               if shapes[sh] then
@@ -276,7 +285,7 @@ local function load_folder(dir)
                 for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
                 local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
-                            literals = lit, order = #endpoints + 1 }
+                            literals = lit, order = #endpoints + 1, auth = policy }
                 shapes[sh] = e
                 endpoints[#endpoints + 1] = e
               end
@@ -291,7 +300,9 @@ local function load_folder(dir)
     if a.literals ~= b.literals then return a.literals > b.literals end
     return a.order < b.order
   end)
-  return { config = cfg, upstreams = ups, endpoints = endpoints }
+  local te = cfg and cfg.token_exchange
+  if te then te.index = ups["@token_exchange"].index end
+  return { config = cfg, upstreams = ups, endpoints = endpoints, token_exchange = te }
 end
 
 -- Puts "file:line: message" errors in reading order: files as they came, lines ascending within

@@ -10,6 +10,7 @@
 local json = require "agg.json"
 local problem = require "agg.problem"
 local rt = require "agg.runtime"
+local cache = require "agg.cache"
 local new_tab = require "table.new"
 
 local M = {}
@@ -48,7 +49,8 @@ end
 local function page_status(failed)
   local p = failed.error or {}
   local kind = problem.kind(p)
-  if kind == "circuit-open" then return 503 end
+  -- 503: the breaker is open, or the user's identity for the service could not be had
+  if kind == "circuit-open" or kind == "identity-unavailable" then return 503 end
   if p.status == 504 then return 504 end
   if p.status == 404 or p.status == 410 then return p.status end
   return 502
@@ -80,6 +82,7 @@ function M.page(results, opts)
   rt.sort_keys(keys, n) -- so the first failed required section decides the status: the same one every time
   local body = new_tab(0, 4) -- sections encode in sorted key order: a plain table's keys are written sorted
   local complete, any_data, all_timeouts, counted = true, false, true, 0
+  local max_age -- the smallest freshness left of the sections, while every one is a shared cache entry
   local failed_required, failed_key
   for _, k in ipairs(keys) do
     local r = rt.then_result(results[k])
@@ -97,11 +100,16 @@ function M.page(results, opts)
         end
         sec = setmetatable({ status = r.status, data = data, error = r.error }, SECTION_MT)
         if r.status ~= "ok" then complete = false end
+        if max_age ~= false then
+          local left = cache.fresh_left_ms(r)
+          if left and (not max_age or left < max_age) then max_age = left elseif not left then max_age = false end
+        end
         if r.error and r.error.status ~= 504 then all_timeouts = false end
       end
     else
       counted = counted + 1
       any_data = true
+      max_age = false -- a value the script computed: nothing says how long it stays true
       sec = setmetatable({ status = "ok", data = r }, SECTION_MT)
     end
     if sec then body[k] = sec end
@@ -146,7 +154,13 @@ function M.page(results, opts)
     return { status = status, headers = headers, json = p }
   end
   set_header(headers, "x-aggregation-completed", complete and "true" or "false", spelt)
-  if not complete then set_header(headers, "cache-control", "no-store", spelt) end
+  if not complete then
+    set_header(headers, "cache-control", "no-store", spelt)
+  elseif max_age and max_age >= 1000 and not has_header(headers, "cache-control", spelt) then
+    -- every section is a shared cache entry: the page may be cached as long as the first of them
+    -- stays fresh (issue 16, "The page"); the script's own cache-control wins
+    headers["cache-control"] = "max-age=" .. math.floor(max_age / 1000)
+  end
   return { status = 200, headers = headers, json = body }
 end
 

@@ -26,6 +26,7 @@ local problem = require "agg.problem"
 local result = require "agg.result"
 local exchange = require "agg.exchange"
 local fanout = require "agg.fanout"
+local identity = require "agg.identity"
 local json = require "agg.json"
 
 local M = {}
@@ -45,11 +46,11 @@ local finishers = setmetatable({}, { __mode = "k" })   -- coroutine -> function(
 --- Installs the transport and the endpoints (from agg.loader) and the upstream table.
 -- Any requests and calls of a previous init are forgotten (the spec harness starts a fresh
 -- gateway per spec this way).
-function M.init(transport, ups, eps)
+function M.init(transport, ups, eps, token_exchange)
   core, endpoints = transport, eps
   contexts = {}
   result.bind(transport)
-  exchange.bind(transport, ups)
+  exchange.bind(transport, ups, token_exchange)
   fanout.bind(ups)
   -- pages allocate many short-lived tables and keep little. The default pause (a cycle when the
   -- heap doubles) with a fast collector (stepmul 1000) keeps the heap at a few MB under load; a
@@ -66,7 +67,7 @@ M.fetch_all, M.fetch, M.fetch_then = fanout.fetch_all, fanout.fetch, fanout.fetc
 M.resolve_thens, M.then_result, M.sort_keys = fanout.resolve_thens, fanout.then_result, fanout.sort_keys
 M.is_result, M.section_data, M.section_name, M.is_required =
   result.is_result, result.section_data, result.section_name, result.is_required
-M.on_call, M.on_timer = exchange.on_call, exchange.on_timer
+M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchange.on_redis
 M.upstream_stats, M.report_stats = exchange.upstream_stats, exchange.report_stats
 
 -- Resumes co; when it ends, hands its outcome to its finisher.
@@ -128,13 +129,24 @@ local dur_whole = setmetatable({}, { __index = function(t, k)
 end })
 local DUR_TENTH = { [0] = ".0", ".1", ".2", ".3", ".4", ".5", ".6", ".7", ".8", ".9" }
 
+-- ';desc="hit"' and the other cache outcomes (agg.cache), made once
+local DESC = setmetatable({}, { __index = function(t, k)
+  local s = ';desc="' .. k .. '"'
+  t[k] = s
+  return s
+end })
+
 local function server_timing(ctx)
   local t = ctx.timings
   local parts = new_tab(#t / 2, 0)
+  local desc = ctx.cache_desc -- cache outcomes by section (agg.cache), or nil
   for i = 1, #t, 2 do
     local name = timing_names[t[i]]
     local tenths = math.floor(t[i + 1] * 10 + 0.5)
-    parts[#parts + 1] = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
+    local s = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
+    local d = desc and desc[t[i]]
+    if d then s = s .. DESC[d] end
+    parts[#parts + 1] = s
   end
   return table.concat(parts, ", ")
 end
@@ -228,6 +240,24 @@ local function parse_headers_table(h)
   return h or {}
 end
 
+-- req.user: the authenticated user (nil on an open endpoint), read-only to scripts; its claims
+-- and scopes are made when first read (agg.identity)
+local function user_newindex(_, k)
+  error("req.user is read-only (tried to set '" .. tostring(k) .. "')", 2)
+end
+local function readonly_user(u)
+  return setmetatable({}, {
+    __index = function(_, k)
+      if k == "claims" then return identity.claims(u) end
+      if k == "scopes" then return identity.scopes(u) end
+      if k == "claims_ref" then return nil end
+      return u[k]
+    end,
+    __newindex = user_newindex,
+    __metatable = "req.user",
+  })
+end
+
 local req_mt = {
   __index = function(r, k)
     local lazy = req_lazy[r] -- the request's ctx
@@ -239,6 +269,8 @@ local req_mt = {
       v = parse_query(lazy and lazy.query)
     elseif k == "headers" then
       v = parse_headers_table(lazy and lazy.req_headers)
+    elseif k == "user" then
+      v = lazy and lazy.user and readonly_user(lazy.user) or nil
     elseif k == "trace_id" then
       v = lazy and core.trace_id and core.trace_id(lazy.rid)
     elseif k == "remaining_ms" then
@@ -260,13 +292,14 @@ local req_mt = {
 --- Starts request rid for endpoint index idx. Called by the transport.
 -- params: table of route parameters; query: the raw query string or nil; headers: lowercased
 -- name -> value, or the same as one string "name\0value\0…"; body: string or nil.
-function M.start(rid, idx, method, path, query, params, headers, body)
+function M.start(rid, idx, method, path, query, params, headers, body, user, token)
   local ep = endpoints[idx]
   local now = core.now()
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)
+  -- user, token: who the edge authenticated (gateway/edge/edge.h), for req.user and agg.identity
   local ctx = { rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
                 exchanges = false, timings = new_tab(8, 0), done = false, co = false,
-                query = query, req_headers = headers }
+                query = query, req_headers = headers, user = user or false, token = token or false }
   contexts[rid] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
   req_lazy[req] = ctx

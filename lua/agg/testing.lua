@@ -71,8 +71,8 @@ end
 -- What the harness accepts, checked like the mock's config (tools/mock): an unknown option, a
 -- value of the wrong type or an unknown fault is an error naming it, never silently ignored
 -- (a stub's `latncy_ms = 500` would otherwise answer at 0 ms).
-local GATEWAY_OPTIONS = { dir = "string" }
-local REQUEST_OPTIONS = { headers = "table", body = "string", json = true }
+local GATEWAY_OPTIONS = { dir = "string", clock = "number", redis = "table" }
+local REQUEST_OPTIONS = { headers = "table", body = "string", json = true, user = "table" }
 local ANSWER_OPTIONS = { status = "number", headers = "table", json = true, body = "string", latency_ms = "number",
                          fault = "string" }
 local FAULTS = { hang = true, drip = true, refuse = true, tls = true, reset = true, short = true, non_json = true,
@@ -131,6 +131,14 @@ local function check_answer(where, ans)
   end
 end
 
+--- An in-memory tier 2 for the cache (a Redis on the virtual clock) to give testing.gateway as
+-- opts.redis; gateways given the same one share it. Fields a spec may set: down (every command
+-- refused), hang (every lookup times out), corrupt (every value is garbage), latency_ms;
+-- gets counts lookups.
+function M.redis()
+  return { data = {}, gets = 0 }
+end
+
 --- Creates a gateway for the scripts folder opts.dir (default: the folder of `aggway test -c`,
 -- else "scripts"). Errors when the folder does not load, with every "file:line: message".
 function M.gateway(opts)
@@ -139,7 +147,7 @@ function M.gateway(opts)
   local dir = opts.dir or AGGWAY_SCRIPTS or "scripts"
   local gen, errs = loader.load(dir)
   if not gen then error("scripts folder " .. dir .. " does not load:\n  " .. table.concat(errs, "\n  "), 2) end
-  local gw = setmetatable({ dir = dir, gen = gen, clock = 0, seq = 0, events = {}, stubs = {}, open = 0,
+  local gw = setmetatable({ dir = dir, gen = gen, clock = opts.clock or 0, redis = opts.redis or false, seq = 0, events = {}, stubs = {}, open = 0,
                             call_log = {}, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
                             next_call = 1, names = {} }, Gateway)
   gw.seed = 42
@@ -262,7 +270,39 @@ function Gateway:install()
     gw.open = gw.open - 1
     return true
   end
-  rt.init(core, self.gen.upstreams, self.gen.endpoints)
+  -- the cache's two tiers on the virtual clock (agg.cache): tier 1 is this gateway's, tier 2 (an
+  -- in-memory Redis) is opts.redis, a table several gateways of a spec may share
+  -- (testing.redis()), when gateway.lua has a redis block and cache.redis is not false
+  gw.tier1 = gw.tier1 or {}
+  function core.cache_get(key)
+    local e = gw.tier1[key]
+    if e and e.until_ms > gw.clock then return e.value end
+    gw.tier1[key] = nil
+    return nil
+  end
+  function core.cache_set(key, value, until_ms) gw.tier1[key] = { value = value, until_ms = until_ms } end
+  local cfg = self.gen.config
+  if gw.redis and cfg.redis and cfg.cache.redis then
+    local store = gw.redis
+    function core.redis_get(key)
+      if store.down then return nil end
+      store.next_id = (store.next_id or 0) + 1
+      local id = store.next_id
+      store.gets = (store.gets or 0) + 1
+      local e = store.data[key]
+      local v = e and e.until_ms > gw.clock and e.value or nil
+      schedule(gw, gw.clock + (store.latency_ms or 0), function()
+        if store.hang then return rt.on_redis(id, nil, "timeout") end
+        rt.on_redis(id, store.corrupt and "garbage" or v, nil)
+      end)
+      return id
+    end
+    function core.redis_set(key, value, ttl_ms)
+      if store.down then return end
+      store.data[key] = { value = value, until_ms = gw.clock + ttl_ms }
+    end
+  end
+  rt.init(core, self.gen.upstreams, self.gen.endpoints, self.gen.token_exchange)
   M.current = self
 end
 
@@ -461,7 +501,9 @@ local function match_route(eps, method, path)
 end
 
 --- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
--- body = "…" | json = value }. Returns { status, headers (lowercased), body, json (decoded when
+-- body = "…" | json = value, user = { sub, scopes, claims, aud } | { app, plan } }: the request
+-- comes from that user, as if the edge had verified its token or API key (without user, an
+-- endpoint whose auth is not "none" answers 401, and a missing scope 403, as the edge does). Returns { status, headers (lowercased), body, json (decoded when
 -- the body is JSON), elapsed_ms (virtual) }. Errors when a call had no stub.
 -- A response's `json` is its body decoded, on first read.
 local response_mt = { __index = function(r, k)
@@ -475,6 +517,46 @@ local response_mt = { __index = function(r, k)
 end }
 
 local function finish_response(r) return r end
+
+-- A spec's user ({ sub, scopes, claims, aud } for a token, { app, plan } for an API key) as the
+-- edge hands it to the runtime (gateway/edge/edge.h): the user table and the token a call with
+-- identity would carry ("spec-token-<sub>", stable per user; nothing is signed: the edge's C
+-- checks are the C and integration tests' business).
+local function spec_user(u, cfg)
+  if type(u) ~= "table" then error("opts.user must be a table like { sub = \"alice\", scopes = { … } }", 3) end
+  if u.app ~= nil then
+    return { via = "api_key", app = u.app, plan = u.plan or "" }, nil
+  end
+  local claims = {}
+  for k, v in pairs(u.claims or {}) do claims[k] = v end
+  claims.sub = claims.sub or u.sub
+  local auds = cfg.auth and cfg.auth.jwt and cfg.auth.jwt.audiences or {}
+  claims.aud = claims.aud or u.aud or (#auds == 1 and auds[1]) or auds
+  claims.scope = claims.scope or (u.scopes and table.concat(u.scopes, " "))
+  local scopes = {}
+  for i, sc in ipairs(u.scopes or {}) do scopes[i] = sc end
+  return { via = "jwt", sub = claims.sub, scopes = scopes, claims = claims },
+         "spec-token-" .. tostring(claims.sub or "anonymous")
+end
+
+-- The edge's refusal of a request to an endpoint with policy (gateway/edge/auth.h), or nil.
+local function spec_refusal(policy, user)
+  local want = policy.kind
+  if want == "none" then return nil end
+  if user == nil or user.via ~= want then
+    return 401, problem.new("unauthorized", want == "jwt" and "a bearer token is required" or "an API key is required", 401),
+           want == "jwt" and 'Bearer realm="aggway"' or 'APIKey realm="aggway"'
+  end
+  for _, sc in ipairs(policy.scopes or {}) do
+    local has = false
+    for _, s in ipairs(user.scopes or {}) do if s == sc then has = true end end
+    if not has then
+      return 403, problem.new("insufficient-scope", "the access token lacks a scope this resource requires", 403),
+             'Bearer realm="aggway", error="insufficient_scope", scope="' .. table.concat(policy.scopes, " ") .. '"'
+    end
+  end
+  return nil
+end
 --- Sends a request without waiting: returns its response record, filled in (status, headers,
 -- body, json, elapsed_ms) once the virtual clock has run far enough (gw:run()). For several
 -- requests in flight at once.
@@ -505,6 +587,14 @@ function Gateway:send(method, path, opts)
     r.headers = { ["content-type"] = "application/problem+json", allow = allow }
     return finish_response(r)
   end
+  local user, token
+  if opts.user ~= nil then user, token = spec_user(opts.user, self.gen.config) end
+  local st, pr, challenge = spec_refusal(self.gen.endpoints[idx].auth or { kind = "none" }, user)
+  if st then
+    r.status, r.body, r.elapsed_ms = st, json.encode(pr), 0
+    r.headers = { ["content-type"] = "application/problem+json", ["www-authenticate"] = challenge }
+    return finish_response(r)
+  end
   local headers = {}
   for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
   local body = opts.body
@@ -513,7 +603,7 @@ function Gateway:send(method, path, opts)
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
-  timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body)
+  timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body, user, token)
   return r
 end
 
@@ -555,7 +645,9 @@ function Gateway:run()
 end
 
 --- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
--- body = "…" | json = value }. Returns { status, headers (lowercased), body, json (decoded when
+-- body = "…" | json = value, user = { sub, scopes, claims, aud } | { app, plan } }: the request
+-- comes from that user, as if the edge had verified its token or API key (without user, an
+-- endpoint whose auth is not "none" answers 401, and a missing scope 403, as the edge does). Returns { status, headers (lowercased), body, json (decoded when
 -- the body is JSON), elapsed_ms (virtual), script, route }. Errors when a call had no stub.
 function Gateway:request(method, path, opts)
   self.unstubbed = nil

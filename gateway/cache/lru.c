@@ -1,0 +1,235 @@
+/* lru.c: the first cache tier (lru.h): chained hash table plus a doubly linked recency list. */
+#include "cache/lru.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/metrics.h"
+
+typedef struct entry {
+    struct entry *hnext;              /* bucket chain */
+    struct entry *newer, *older;      /* recency list */
+    uint64_t hash;
+    uint64_t expire_ms;
+    size_t klen, vlen;
+    char bytes[];                     /* key, then value */
+} entry_t;
+
+struct agw_lru {
+    entry_t **buckets;
+    size_t nbuckets;                  /* power of two */
+    size_t count;
+    size_t bytes, max_bytes;
+    entry_t *newest, *oldest;
+    agw_lru_stats_t *stats;
+    agw_lru_stats_t own;
+};
+
+static uint64_t hash_key(const char *k, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, then a final mix */
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)k[i];
+        h *= 1099511628211ull;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+static size_t cost(const entry_t *e)
+{
+    return e->klen + e->vlen + AGW_LRU_OVERHEAD;
+}
+
+static void publish(agw_lru_t *c)
+{
+    AGW_M_SET(c->stats->bytes, c->bytes);
+    AGW_M_SET(c->stats->entries, c->count);
+}
+
+agw_lru_t *agw_lru_new(size_t max_bytes, agw_lru_stats_t *stats)
+{
+    agw_lru_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        abort();
+    c->nbuckets = 1024;
+    c->buckets = calloc(c->nbuckets, sizeof(*c->buckets));
+    if (!c->buckets)
+        abort();
+    c->max_bytes = max_bytes;
+    c->stats = stats ? stats : &c->own;
+    return c;
+}
+
+static void list_unlink(agw_lru_t *c, entry_t *e)
+{
+    if (e->newer)
+        e->newer->older = e->older;
+    else
+        c->newest = e->older;
+    if (e->older)
+        e->older->newer = e->newer;
+    else
+        c->oldest = e->newer;
+    e->newer = e->older = NULL;
+}
+
+static void list_push_newest(agw_lru_t *c, entry_t *e)
+{
+    e->older = c->newest;
+    e->newer = NULL;
+    if (c->newest)
+        c->newest->newer = e;
+    c->newest = e;
+    if (!c->oldest)
+        c->oldest = e;
+}
+
+static entry_t **find_slot(agw_lru_t *c, const char *key, size_t klen, uint64_t h)
+{
+    entry_t **p = &c->buckets[h & (c->nbuckets - 1)];
+    while (*p && !((*p)->hash == h && (*p)->klen == klen && memcmp((*p)->bytes, key, klen) == 0))
+        p = &(*p)->hnext;
+    return p;
+}
+
+static void remove_entry(agw_lru_t *c, entry_t *e)
+{
+    entry_t **p = find_slot(c, e->bytes, e->klen, e->hash);
+    *p = e->hnext;
+    list_unlink(c, e);
+    c->bytes -= cost(e);
+    c->count--;
+    free(e);
+}
+
+static void grow(agw_lru_t *c)
+{
+    size_t n = c->nbuckets * 2;
+    entry_t **b = calloc(n, sizeof(*b));
+    if (!b)
+        abort();
+    for (size_t i = 0; i < c->nbuckets; i++) {
+        entry_t *e = c->buckets[i];
+        while (e) {
+            entry_t *next = e->hnext;
+            e->hnext = b[e->hash & (n - 1)];
+            b[e->hash & (n - 1)] = e;
+            e = next;
+        }
+    }
+    free(c->buckets);
+    c->buckets = b;
+    c->nbuckets = n;
+}
+
+static void evict_to(agw_lru_t *c, size_t limit)
+{
+    while (c->bytes > limit && c->oldest) {
+        remove_entry(c, c->oldest);
+        AGW_M_ADD(c->stats->evictions, 1);
+    }
+}
+
+void agw_lru_free(agw_lru_t *c)
+{
+    if (!c)
+        return;
+    entry_t *e = c->newest;
+    while (e) {
+        entry_t *o = e->older;
+        free(e);
+        e = o;
+    }
+    c->bytes = c->count = 0;
+    publish(c);
+    free(c->buckets);
+    free(c);
+}
+
+const char *agw_lru_get(agw_lru_t *c, const char *key, size_t klen, size_t *vlen, uint64_t now_ms)
+{
+    uint64_t h = hash_key(key, klen);
+    entry_t *e = *find_slot(c, key, klen, h);
+    if (!e)
+        return NULL;
+    if (e->expire_ms <= now_ms) {
+        remove_entry(c, e);
+        publish(c);
+        return NULL;
+    }
+    if (c->newest != e) {
+        list_unlink(c, e);
+        list_push_newest(c, e);
+    }
+    *vlen = e->vlen;
+    return e->bytes + e->klen;
+}
+
+int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, size_t vlen, uint64_t expire_ms)
+{
+    uint64_t h = hash_key(key, klen);
+    entry_t **p = find_slot(c, key, klen, h);
+    if (*p)
+        remove_entry(c, *p);
+    size_t need = klen + vlen + AGW_LRU_OVERHEAD;
+    if (need > c->max_bytes / 4) {
+        publish(c);
+        return -1;
+    }
+    evict_to(c, c->max_bytes - need);
+    entry_t *e = malloc(sizeof(*e) + klen + vlen);
+    if (!e)
+        abort();
+    e->hash = h;
+    e->expire_ms = expire_ms;
+    e->klen = klen;
+    e->vlen = vlen;
+    memcpy(e->bytes, key, klen);
+    memcpy(e->bytes + klen, value, vlen);
+    if (c->count + 1 > c->nbuckets)
+        grow(c);
+    p = &c->buckets[h & (c->nbuckets - 1)];
+    e->hnext = *p;
+    *p = e;
+    list_push_newest(c, e);
+    c->bytes += need;
+    c->count++;
+    publish(c);
+    return 0;
+}
+
+int agw_lru_del(agw_lru_t *c, const char *key, size_t klen)
+{
+    entry_t *e = *find_slot(c, key, klen, hash_key(key, klen));
+    if (!e)
+        return 0;
+    remove_entry(c, e);
+    publish(c);
+    return 1;
+}
+
+size_t agw_lru_purge_prefix(agw_lru_t *c, const char *prefix, size_t plen)
+{
+    size_t n = 0;
+    entry_t *e = c->newest;
+    while (e) {
+        entry_t *o = e->older;
+        if (e->klen >= plen && memcmp(e->bytes, prefix, plen) == 0) {
+            remove_entry(c, e);
+            n++;
+        }
+        e = o;
+    }
+    publish(c);
+    return n;
+}
+
+void agw_lru_resize(agw_lru_t *c, size_t max_bytes)
+{
+    c->max_bytes = max_bytes;
+    evict_to(c, max_bytes);
+    publish(c);
+}

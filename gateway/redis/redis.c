@@ -1,0 +1,572 @@
+/* redis.c: the Redis client (redis.h): hiredis's asynchronous API on libev, with a timer per
+ * command, readiness after AUTH/SELECT, and reconnection with backoff. */
+#include "redis/redis.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ev.h>
+#include <hiredis/adapters/libev.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "ops/metrics.h"
+
+#define BACKOFF_FIRST_MS 50
+#define BACKOFF_MAX_MS 5000
+
+typedef enum state { DOWN, CONNECTING, HANDSHAKE, READY } state_t;
+
+/* A command in flight. hiredis holds it as the reply callback's privdata until it calls back (with
+ * the reply, or NULL when the connection goes), so it is freed there; the caller's callback may
+ * have run before that (timeout), which `answered` records. */
+typedef struct cmd {
+    agw_redis_t *r;
+    agw_redis_cb cb;
+    void *data;
+    ev_timer timer;
+    ev_tstamp started;
+    int answered;                   /* the caller's callback ran */
+    int internal;                   /* AUTH/SELECT of the handshake: no caller, not counted */
+    struct cmd *next, *prev;        /* r->cmds */
+} cmd_t;
+
+struct agw_redis {
+    struct ev_loop *loop;
+    agw_redis_conf_t conf;
+    agw_redis_stats_t *stats;
+    agw_redis_stats_t own_stats;    /* when the caller gave none */
+    redisAsyncContext *ac;          /* the current connection, NULL while DOWN */
+    state_t state;
+    int handshake_left;             /* AUTH/SELECT replies still awaited */
+    ev_timer retry;                 /* DOWN: the next connection attempt */
+    ev_timer connect_timer;         /* CONNECTING/HANDSHAKE: the attempt's limit */
+    uint64_t backoff_ms;            /* the next wait before reconnecting */
+    uint64_t rng;                   /* xorshift state (jitter) */
+    int was_up;                     /* a connection was ready since the last "lost" line */
+    int logged_down;                /* the outage is logged */
+    cmd_t *cmds;                    /* commands whose caller has not been answered yet */
+    char addr[300];                 /* "host:port/db" for messages */
+    char why[160];                  /* why the client last dropped a connection itself */
+};
+
+static void connect_now(agw_redis_t *r);
+
+/* ---- configuration -------------------------------------------------------------------------- */
+
+static char *dup_n(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (!d)
+        abort();
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+/* %XX decoding of the URL's user info (RFC 3986 §2.1); -1 on a bad escape. */
+static char *pct_decode(const char *s, size_t n)
+{
+    char *d = dup_n(s, n);
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '%') {
+            unsigned v;
+            if (i + 2 >= n) {
+                free(d);
+                return NULL;
+            }
+            char hex[3] = {s[i + 1], s[i + 2], 0};
+            char *end;
+            v = (unsigned)strtoul(hex, &end, 16);
+            if (end != hex + 2) {
+                free(d);
+                return NULL;
+            }
+            d[j++] = (char)v;
+            i += 2;
+        } else {
+            d[j++] = s[i];
+        }
+    }
+    d[j] = '\0';
+    return d;
+}
+
+int agw_redis_parse_url(const char *url, uint64_t timeout_ms, agw_redis_conf_t *out, char *err, size_t errlen)
+{
+    agw_redis_conf_t c = {.port = 6379, .timeout_ms = timeout_ms};
+    const char *p = url;
+    if (strncmp(p, "redis://", 8) != 0) {
+        snprintf(err, errlen, "must start with redis:// (rediss:// and unix sockets are not supported)");
+        return -1;
+    }
+    p += 8;
+    const char *end = p + strcspn(p, "/?#");
+    const char *at = memchr(p, '@', (size_t)(end - p));
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (!colon) {
+            snprintf(err, errlen, "the user info before @ must be [user]:password");
+            return -1;
+        }
+        c.user = colon > p ? pct_decode(p, (size_t)(colon - p)) : NULL;
+        c.password = pct_decode(colon + 1, (size_t)(at - colon - 1));
+        if ((colon > p && !c.user) || !c.password) {
+            agw_redis_conf_clear(&c);
+            snprintf(err, errlen, "a bad %%-escape in the user info");
+            return -1;
+        }
+        p = at + 1;
+    }
+    const char *host_end;
+    const char *port_at = NULL;
+    if (*p == '[') {
+        const char *rb = memchr(p, ']', (size_t)(end - p));
+        if (!rb) {
+            agw_redis_conf_clear(&c);
+            snprintf(err, errlen, "an IPv6 address needs its closing ]");
+            return -1;
+        }
+        c.host = dup_n(p + 1, (size_t)(rb - p - 1));
+        host_end = rb + 1;
+        if (host_end < end && *host_end == ':')
+            port_at = host_end + 1;
+        else if (host_end != end) {
+            agw_redis_conf_clear(&c);
+            snprintf(err, errlen, "unexpected text after the IPv6 address");
+            return -1;
+        }
+    } else {
+        const char *colon = memchr(p, ':', (size_t)(end - p));
+        host_end = colon ? colon : end;
+        c.host = dup_n(p, (size_t)(host_end - p));
+        if (colon)
+            port_at = colon + 1;
+    }
+    if (c.host[0] == '\0') {
+        agw_redis_conf_clear(&c);
+        snprintf(err, errlen, "the host is missing");
+        return -1;
+    }
+    if (port_at) {
+        char *pe;
+        long port = strtol(port_at, &pe, 10);
+        if (pe != end || port_at == end || port < 1 || port > 65535) {
+            agw_redis_conf_clear(&c);
+            snprintf(err, errlen, "the port must be a number from 1 to 65535");
+            return -1;
+        }
+        c.port = (int)port;
+    }
+    if (*end == '/' && end[1] != '\0') {
+        char *de;
+        long db = strtol(end + 1, &de, 10);
+        if (*de != '\0' || db < 0 || db > 1000000 || end[1] == '-' || end[1] == '+') {
+            agw_redis_conf_clear(&c);
+            snprintf(err, errlen, "the database after / must be a number (0, 1, …)");
+            return -1;
+        }
+        c.db = (int)db;
+    } else if (*end == '?' || *end == '#') {
+        agw_redis_conf_clear(&c);
+        snprintf(err, errlen, "query and fragment parts are not supported");
+        return -1;
+    }
+    /* hiredis resolves names with a blocking getaddrinfo: resolve here, at load time, instead */
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai;
+    int rc = getaddrinfo(c.host, NULL, &hints, &ai);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot resolve %s: %s", c.host, gai_strerror(rc));
+        agw_redis_conf_clear(&c);
+        return -1;
+    }
+    char num[INET6_ADDRSTRLEN];
+    const void *a = ai->ai_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr
+                                              : (const void *)&((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+    inet_ntop(ai->ai_family, a, num, sizeof(num));
+    freeaddrinfo(ai);
+    free(c.host);
+    c.host = dup_n(num, strlen(num));
+    c.connect_timeout_ms = timeout_ms * 20 > 100 ? timeout_ms * 20 : 100;
+    *out = c;
+    return 0;
+}
+
+void agw_redis_conf_clear(agw_redis_conf_t *c)
+{
+    free(c->host);
+    free(c->user);
+    free(c->password);
+    memset(c, 0, sizeof(*c));
+}
+
+static int str_same(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+int agw_redis_conf_same(const agw_redis_conf_t *a, const agw_redis_conf_t *b)
+{
+    return str_same(a->host, b->host) && a->port == b->port && a->db == b->db && str_same(a->user, b->user) &&
+           str_same(a->password, b->password) && a->timeout_ms == b->timeout_ms &&
+           a->connect_timeout_ms == b->connect_timeout_ms;
+}
+
+static void conf_copy(agw_redis_conf_t *d, const agw_redis_conf_t *s)
+{
+    *d = *s;
+    d->host = s->host ? dup_n(s->host, strlen(s->host)) : NULL;
+    d->user = s->user ? dup_n(s->user, strlen(s->user)) : NULL;
+    d->password = s->password ? dup_n(s->password, strlen(s->password)) : NULL;
+}
+
+/* ---- commands ------------------------------------------------------------------------------- */
+
+static void unlink_cmd(agw_redis_t *r, cmd_t *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else if (r->cmds == c)
+        r->cmds = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->next = c->prev = NULL;
+}
+
+/* Answers c's caller once: stops its timer, counts, calls back. */
+static void answer(cmd_t *c, const redisReply *reply, const char *err)
+{
+    if (c->answered)
+        return;
+    c->answered = 1;
+    agw_redis_t *r = c->r;
+    ev_timer_stop(r->loop, &c->timer);
+    unlink_cmd(r, c);
+    if (c->internal)
+        return;
+    if (err) {
+        AGW_M_ADD(r->stats->errors, 1);
+    } else {
+        static const uint64_t bounds[] = AGW_REDIS_LATENCY_BOUNDS;
+        uint64_t us = (uint64_t)((ev_now(r->loop) - c->started) * 1e6);
+        size_t b = 0;
+        while (b < sizeof(bounds) / sizeof(bounds[0]) && us > bounds[b])
+            b++;
+        AGW_M_ADD(r->stats->replies, 1);
+        AGW_M_ADD(r->stats->latency_us_sum, us);
+        AGW_M_ADD(r->stats->latency[b], 1);
+    }
+    c->cb(c->data, reply, err);
+}
+
+static void lost(agw_redis_t *r, const char *why);
+
+/* hiredis's reply callback: the reply, or NULL when the connection is going. Last use of c. */
+static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
+{
+    cmd_t *c = privdata;
+    agw_redis_t *r = c->r;
+    redisReply *rep = reply;
+    if (!c->answered) {
+        if (!rep) {
+            char msg[200];
+            snprintf(msg, sizeof(msg), "connection lost: %s", ac->err ? ac->errstr : r->why);
+            answer(c, NULL, msg);
+        } else if (rep->type == REDIS_REPLY_ERROR) {
+            if (c->internal) {
+                char msg[200];
+                snprintf(msg, sizeof(msg), "AUTH/SELECT refused: %.*s", (int)rep->len,
+                         rep->str ? rep->str : "");
+                answer(c, NULL, msg);
+                if (r->ac == ac)
+                    lost(r, msg);
+            } else {
+                char msg[256];
+                snprintf(msg, sizeof(msg), "%.*s", (int)(rep->len < 200 ? rep->len : 200), rep->str ? rep->str : "");
+                answer(c, NULL, msg);
+            }
+        } else {
+            int internal = c->internal;
+            answer(c, rep, NULL);
+            if (internal && r->ac == ac && --r->handshake_left == 0) {
+                ev_timer_stop(r->loop, &r->connect_timer);
+                r->state = READY;
+                r->backoff_ms = BACKOFF_FIRST_MS;
+                AGW_M_ADD(r->stats->connects, 1);
+                AGW_M_SET(r->stats->up, 1);
+                if (r->logged_down)
+                    agw_log(AGW_LOG_INFO, "redis %s: connected again", r->addr);
+                r->logged_down = 0;
+                r->was_up = 1;
+            }
+        }
+    }
+    free(c);
+}
+
+static void on_cmd_timeout(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop;
+    (void)revents;
+    cmd_t *c = t->data;
+    agw_redis_t *r = c->r;
+    if (!c->internal) {
+        AGW_M_ADD(r->stats->timeouts, 1);
+    }
+    char msg[64];
+    snprintf(msg, sizeof(msg), "timeout (no answer within %llu ms)", (unsigned long long)r->conf.timeout_ms);
+    answer(c, NULL, msg);
+    /* the late reply must never answer another command: drop the connection (c is freed by
+     * on_reply when hiredis lets go of it) */
+    lost(r, "a command timed out");
+}
+
+/* Queues a command on the current connection. Returns the command, or NULL when hiredis refused. */
+static cmd_t *send_cmd(agw_redis_t *r, agw_redis_cb cb, void *data, int internal, int argc, const char **argv,
+                       const size_t *argvlen)
+{
+    cmd_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        abort();
+    c->r = r;
+    c->cb = cb;
+    c->data = data;
+    c->internal = internal;
+    if (redisAsyncCommandArgv(r->ac, on_reply, c, argc, argv, argvlen) != REDIS_OK) {
+        free(c);
+        return NULL;
+    }
+    /* the loop's time may be as old as the script that ran before this: time the command from now */
+    ev_now_update(r->loop);
+    c->started = ev_now(r->loop);
+    ev_timer_init(&c->timer, on_cmd_timeout, (double)r->conf.timeout_ms / 1000.0, 0.);
+    /* a reply and the timeout due in the same loop iteration: the reply (default priority) wins */
+    ev_set_priority(&c->timer, EV_MINPRI);
+    c->timer.data = c;
+    if (!internal)
+        ev_timer_start(r->loop, &c->timer);
+    c->next = r->cmds;
+    if (r->cmds)
+        r->cmds->prev = c;
+    r->cmds = c;
+    return c;
+}
+
+int agw_redis_command(agw_redis_t *r, agw_redis_cb cb, void *data, int argc, const char **argv,
+                      const size_t *argvlen)
+{
+    AGW_M_ADD(r->stats->commands, 1);
+    if (r->state != READY || !send_cmd(r, cb, data, 0, argc, argv, argvlen)) {
+        AGW_M_ADD(r->stats->errors, 1);
+        return -1;
+    }
+    return 0;
+}
+
+static void noop_cb(void *data, const struct redisReply *reply, const char *err)
+{
+    (void)data;
+    (void)reply;
+    (void)err;
+}
+
+/* ---- connection ----------------------------------------------------------------------------- */
+
+static uint64_t next_rand(agw_redis_t *r)
+{
+    r->rng ^= r->rng << 13;
+    r->rng ^= r->rng >> 7;
+    r->rng ^= r->rng << 17;
+    return r->rng;
+}
+
+static void schedule_retry(agw_redis_t *r)
+{
+    uint64_t wait = r->backoff_ms;
+    wait = wait * 3 / 4 + next_rand(r) % (wait / 4 + 1); /* 75 % .. 100 % */
+    r->backoff_ms = r->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : r->backoff_ms * 2;
+    ev_timer_stop(r->loop, &r->retry);
+    ev_timer_set(&r->retry, (double)wait / 1000.0, 0.);
+    ev_timer_start(r->loop, &r->retry);
+}
+
+/* The connection is gone or unusable: forget it (hiredis fails its commands), log the change once,
+ * and connect again after the backoff. */
+static void lost(agw_redis_t *r, const char *why)
+{
+    redisAsyncContext *ac = r->ac;
+    snprintf(r->why, sizeof(r->why), "%s", why);
+    if (r->state == READY) {
+        AGW_M_ADD(r->stats->disconnects, 1);
+        AGW_M_SET(r->stats->up, 0);
+    }
+    if (!r->logged_down) {
+        agw_log(AGW_LOG_WARN, "redis %s: %s (%s); callers get errors until it is back, retrying with backoff",
+                r->addr, r->was_up ? "connection lost" : "cannot connect", why);
+        r->logged_down = 1;
+    }
+    r->ac = NULL;
+    r->state = DOWN;
+    ev_timer_stop(r->loop, &r->connect_timer);
+    if (ac) {
+        ac->data = NULL;
+        redisAsyncFree(ac); /* runs on_reply(NULL) for every command on it (later when inside a callback) */
+    }
+    schedule_retry(r);
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    agw_redis_t *r = ac->data;
+    if (!r || r->ac != ac)
+        return;
+    if (status != REDIS_OK) {
+        char why[200];
+        snprintf(why, sizeof(why), "%s", ac->errstr[0] ? ac->errstr : "connect failed");
+        /* hiredis frees ac after this callback */
+        r->ac = NULL;
+        ((redisAsyncContext *)ac)->data = NULL;
+        if (r->state == READY) {
+            AGW_M_ADD(r->stats->disconnects, 1);
+            AGW_M_SET(r->stats->up, 0);
+        }
+        r->state = DOWN;
+        ev_timer_stop(r->loop, &r->connect_timer);
+        if (!r->logged_down) {
+            agw_log(AGW_LOG_WARN, "redis %s: cannot connect (%s); callers get errors until it is back, retrying with backoff",
+                    r->addr, why);
+            r->logged_down = 1;
+        }
+        schedule_retry(r);
+        return;
+    }
+    r->state = HANDSHAKE;
+    r->handshake_left = 0;
+    char dbs[16];
+    snprintf(dbs, sizeof(dbs), "%d", r->conf.db);
+    if (r->conf.password) {
+        const char *argv[3] = {"AUTH", r->conf.user ? r->conf.user : r->conf.password, r->conf.password};
+        if (!send_cmd(r, noop_cb, NULL, 1, r->conf.user ? 3 : 2, argv, NULL))
+            return lost(r, "AUTH could not be sent");
+        r->handshake_left++;
+    }
+    /* SELECT even for db 0: the first answer proves the server speaks RESP before callers use it */
+    const char *argv[2] = {"SELECT", dbs};
+    if (!send_cmd(r, noop_cb, NULL, 1, 2, argv, NULL))
+        return lost(r, "SELECT could not be sent");
+    r->handshake_left++;
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+    agw_redis_t *r = ac->data;
+    if (!r || r->ac != ac)
+        return; /* a connection we dropped ourselves */
+    char why[200];
+    snprintf(why, sizeof(why), "%s", status == REDIS_OK ? "closed" : (ac->errstr[0] ? ac->errstr : "error"));
+    r->ac = NULL; /* hiredis frees it after this callback */
+    ((redisAsyncContext *)ac)->data = NULL;
+    lost(r, why);
+}
+
+static void on_connect_timeout(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop;
+    (void)revents;
+    agw_redis_t *r = t->data;
+    if (r->state == CONNECTING || r->state == HANDSHAKE)
+        lost(r, "no connection within the connect timeout");
+}
+
+static void on_retry(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop;
+    (void)revents;
+    connect_now(t->data);
+}
+
+static void connect_now(agw_redis_t *r)
+{
+    redisAsyncContext *ac = redisAsyncConnect(r->conf.host, r->conf.port);
+    if (!ac)
+        abort();
+    if (ac->err) {
+        char why[200];
+        snprintf(why, sizeof(why), "%s", ac->errstr);
+        redisAsyncFree(ac);
+        r->ac = NULL;
+        r->state = DOWN;
+        if (!r->logged_down) {
+            agw_log(AGW_LOG_WARN, "redis %s: cannot connect (%s); retrying with backoff", r->addr, why);
+            r->logged_down = 1;
+        }
+        schedule_retry(r);
+        return;
+    }
+    ac->data = r;
+    r->ac = ac;
+    r->state = CONNECTING;
+    redisLibevAttach(r->loop, ac);
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    ev_timer_set(&r->connect_timer, (double)r->conf.connect_timeout_ms / 1000.0, 0.);
+    ev_timer_start(r->loop, &r->connect_timer);
+}
+
+agw_redis_t *agw_redis_new(struct ev_loop *loop, const agw_redis_conf_t *conf, agw_redis_stats_t *stats)
+{
+    agw_redis_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        abort();
+    r->loop = loop;
+    conf_copy(&r->conf, conf);
+    r->stats = stats ? stats : &r->own_stats;
+    r->backoff_ms = BACKOFF_FIRST_MS;
+    r->rng = (uint64_t)(uintptr_t)r ^ (uint64_t)(ev_now(loop) * 1e6) ^ 0x9e3779b97f4a7c15ull;
+    if (!r->rng)
+        r->rng = 1;
+    snprintf(r->addr, sizeof(r->addr), strchr(conf->host, ':') ? "[%s]:%d/%d" : "%s:%d/%d", conf->host, conf->port,
+             conf->db);
+    ev_timer_init(&r->retry, on_retry, 0., 0.);
+    r->retry.data = r;
+    ev_timer_init(&r->connect_timer, on_connect_timeout, 0., 0.);
+    r->connect_timer.data = r;
+    connect_now(r);
+    return r;
+}
+
+void agw_redis_free(agw_redis_t *r)
+{
+    if (!r)
+        return;
+    ev_timer_stop(r->loop, &r->retry);
+    ev_timer_stop(r->loop, &r->connect_timer);
+    /* answer the callers first, so that they see "client closed" rather than a connection error */
+    while (r->cmds)
+        answer(r->cmds, NULL, "client closed");
+    if (r->ac) {
+        redisAsyncContext *ac = r->ac;
+        r->ac = NULL;
+        ac->data = NULL;
+        redisAsyncFree(ac);
+    }
+    if (r->state == READY)
+        AGW_M_SET(r->stats->up, 0);
+    agw_redis_conf_clear(&r->conf);
+    free(r);
+}
+
+int agw_redis_ready(const agw_redis_t *r)
+{
+    return r->state == READY;
+}
+
+const agw_redis_conf_t *agw_redis_conf(const agw_redis_t *r)
+{
+    return &r->conf;
+}

@@ -1,0 +1,106 @@
+/* test_lru.c: the first cache tier (cache/lru.h): bounded by bytes, least recently used out first,
+ * expiry, prefix purge. */
+#include <stdlib.h>
+
+#include "cache/lru.h"
+#include "tests/check.h"
+
+static const char *get(agw_lru_t *c, const char *k, uint64_t now)
+{
+    size_t n;
+    const char *v = agw_lru_get(c, k, strlen(k), &n, now);
+    static char out[256];
+    if (!v)
+        return NULL;
+    memcpy(out, v, n);
+    out[n] = '\0';
+    return out;
+}
+
+static void set(agw_lru_t *c, const char *k, const char *v, uint64_t exp)
+{
+    agw_lru_set(c, k, strlen(k), v, strlen(v), exp);
+}
+
+static void stores_and_replaces(void)
+{
+    agw_lru_stats_t st = {0};
+    agw_lru_t *c = agw_lru_new(1 << 20, &st);
+    set(c, "a", "one", 100);
+    CHECK_STR(get(c, "a", 0), "one");
+    set(c, "a", "two", 100);
+    CHECK_STR(get(c, "a", 0), "two");
+    CHECK(st.entries == 1 && st.bytes == 1 + 3 + AGW_LRU_OVERHEAD);
+    CHECK(get(c, "b", 0) == NULL);
+    CHECK(agw_lru_del(c, "a", 1) == 1 && get(c, "a", 0) == NULL && st.entries == 0 && st.bytes == 0);
+    agw_lru_free(c);
+}
+
+static void expired_entries_miss_and_go(void)
+{
+    agw_lru_stats_t st = {0};
+    agw_lru_t *c = agw_lru_new(1 << 20, &st);
+    set(c, "a", "one", 100);
+    CHECK_STR(get(c, "a", 99), "one");
+    CHECK(get(c, "a", 100) == NULL);
+    CHECK(st.entries == 0 && st.evictions == 0);
+    agw_lru_free(c);
+}
+
+static void least_recently_used_goes_first_and_bytes_stay_bounded(void)
+{
+    agw_lru_stats_t st = {0};
+    size_t max = 10 * (AGW_LRU_OVERHEAD + 2 + 10);
+    agw_lru_t *c = agw_lru_new(max, &st);
+    char k[8];
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        set(c, k, "0123456789", 1000);
+    }
+    CHECK(st.entries == 10 && st.bytes == max);
+    CHECK(get(c, "k0", 0) != NULL); /* k0 is now the most recent: k1 goes first */
+    set(c, "kX", "0123456789", 1000);
+    CHECK(get(c, "k1", 0) == NULL && get(c, "k0", 0) != NULL && get(c, "kX", 0) != NULL);
+    CHECK(st.evictions == 1 && st.bytes <= max);
+    for (int i = 0; i < 10000; i++) {
+        snprintf(k, sizeof(k), "m%d", i);
+        set(c, k, "0123456789", 1000);
+        CHECK(st.bytes <= max);
+    }
+    agw_lru_resize(c, max / 2);
+    CHECK(st.bytes <= max / 2 && st.entries == (max / 2) / (AGW_LRU_OVERHEAD + 5 + 10));
+    agw_lru_free(c);
+}
+
+static void oversized_values_are_refused(void)
+{
+    agw_lru_t *c = agw_lru_new(4096, NULL);
+    char big[2000];
+    memset(big, 'x', sizeof(big));
+    set(c, "a", "small", 10);
+    CHECK(agw_lru_set(c, "a", 1, big, sizeof(big), 10) == -1);
+    CHECK(get(c, "a", 0) == NULL); /* the old value does not survive a refused replacement */
+    agw_lru_free(c);
+}
+
+static void purge_by_prefix(void)
+{
+    agw_lru_t *c = agw_lru_new(1 << 20, NULL);
+    set(c, "product:1", "a", 10);
+    set(c, "product:2", "b", 10);
+    set(c, "reviews:1", "c", 10);
+    CHECK(agw_lru_purge_prefix(c, "product:", 8) == 2);
+    CHECK(get(c, "product:1", 0) == NULL && get(c, "reviews:1", 0) != NULL);
+    CHECK(agw_lru_purge_prefix(c, "", 0) == 1);
+    agw_lru_free(c);
+}
+
+int main(void)
+{
+    RUN(stores_and_replaces);
+    RUN(expired_entries_miss_and_go);
+    RUN(least_recently_used_goes_first_and_bytes_stay_bounded);
+    RUN(oversized_values_are_refused);
+    RUN(purge_by_prefix);
+    return CHECK_DONE();
+}

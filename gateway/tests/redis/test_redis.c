@@ -1,0 +1,579 @@
+/* test_redis.c: the Redis client (redis/redis.h) against a real redis-server started on a free
+ * loopback port, and against fake servers in a thread of this process that hang, answer garbage,
+ * refuse the handshake or answer with the wrong types. "Given a Redis that does this, a command
+ * ends like that, within its timeout, and the client recovers when Redis does." Every wait is
+ * bounded; every process and thread started here is stopped here. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ev.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/check.h"
+#include "redis/redis.h"
+
+static struct ev_loop *loop;
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+typedef struct rec {
+    int done;
+    int type;            /* reply type, -1 for an error */
+    long long integer;
+    char str[256];
+    size_t len;
+    char err[256];
+    double at;           /* ev_time() of the callback */
+} rec_t;
+
+static void on_rec(void *data, const struct redisReply *reply, const char *err)
+{
+    rec_t *r = data;
+    r->done++;
+    r->at = ev_time();
+    if (err) {
+        r->type = -1;
+        snprintf(r->err, sizeof(r->err), "%s", err);
+        return;
+    }
+    r->type = reply->type;
+    r->integer = reply->integer;
+    r->len = reply->str ? reply->len : 0;
+    if (reply->str)
+        memcpy(r->str, reply->str, reply->len < sizeof(r->str) ? reply->len : sizeof(r->str) - 1);
+}
+
+static void on_tick(struct ev_loop *l, ev_timer *t, int revents)
+{
+    (void)l;
+    (void)t;
+    (void)revents;
+}
+
+static int wait_until(int (*cond)(void *), void *arg, double max_s)
+{
+    double end = ev_time() + max_s;
+    while (!cond(arg) && ev_time() < end)
+        ev_run(loop, EVRUN_ONCE);
+    return cond(arg);
+}
+
+static int rec_done(void *a)
+{
+    return ((rec_t *)a)->done > 0;
+}
+
+static int is_ready(void *a)
+{
+    return agw_redis_ready(a);
+}
+
+static void run_for(double s)
+{
+    double end = ev_time() + s;
+    while (ev_time() < end)
+        ev_run(loop, EVRUN_ONCE);
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bind(fd, (struct sockaddr *)&a, sizeof(a));
+    socklen_t al = sizeof(a);
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static int can_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* redis-server on 127.0.0.1:port, no persistence, requiring password when not NULL; waits
+ * (bounded) until it accepts. */
+static pid_t redis_start_auth(int port, const char *password)
+{
+    char ports[16];
+    snprintf(ports, sizeof(ports), "%d", port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", 1);
+        dup2(devnull, 1);
+        if (password)
+            execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--requirepass", password, (char *)NULL);
+        else
+            execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--databases", "16", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 500 && !can_connect(port); i++)
+        usleep(10000);
+    return pid;
+}
+
+static pid_t redis_start(int port)
+{
+    return redis_start_auth(port, NULL);
+}
+
+static void redis_stop(pid_t pid)
+{
+    kill(pid, SIGCONT);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static agw_redis_conf_t conf_for(int port, int db, uint64_t timeout_ms)
+{
+    char url[64], err[128];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/%d", port, db);
+    agw_redis_conf_t c;
+    if (agw_redis_parse_url(url, timeout_ms, &c, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        abort();
+    }
+    return c;
+}
+
+static int cmd(agw_redis_t *r, rec_t *rec, const char *a0, const char *a1, const char *a2)
+{
+    memset(rec, 0, sizeof(*rec));
+    const char *argv[3] = {a0, a1, a2};
+    return agw_redis_command(r, on_rec, rec, a2 ? 3 : (a1 ? 2 : 1), argv, NULL);
+}
+
+/* ---- fake servers --------------------------------------------------------------------------- */
+
+typedef enum fake_mode {
+    FAKE_SILENT,        /* accepts, reads, never answers */
+    FAKE_GARBAGE,       /* answers anything with bytes that are not RESP */
+    FAKE_REFUSE_SELECT, /* answers SELECT with an error */
+    FAKE_WRONG_TYPES,   /* +OK to SELECT, then :42 to every command */
+    FAKE_CLOSE_AFTER,   /* +OK to SELECT, then closes on the next command */
+} fake_mode_t;
+
+typedef struct fake {
+    fake_mode_t mode;
+    int lfd, port;
+    pthread_t thread;
+    int stop;
+} fake_t;
+
+/* Complete RESP commands at the start of buf (n bytes). */
+static int count_commands(const char *buf, size_t n)
+{
+    int cmds = 0;
+    size_t i = 0;
+    while (i < n && buf[i] == '*') {
+        long argc = strtol(buf + i + 1, NULL, 10);
+        const char *nl = memchr(buf + i, '\n', n - i);
+        if (!nl)
+            break;
+        i = (size_t)(nl - buf) + 1;
+        for (long a = 0; a < argc; a++) {
+            if (i >= n || buf[i] != '$')
+                return cmds;
+            long len = strtol(buf + i + 1, NULL, 10);
+            nl = memchr(buf + i, '\n', n - i);
+            if (!nl)
+                return cmds;
+            i = (size_t)(nl - buf) + 1 + (size_t)len + 2;
+            if (i > n)
+                return cmds;
+        }
+        cmds++;
+    }
+    return cmds;
+}
+
+static void *fake_main(void *arg)
+{
+    fake_t *f = arg;
+    while (!__atomic_load_n(&f->stop, __ATOMIC_RELAXED)) {
+        struct timeval tv = {0, 20000};
+        fd_set rs;
+        FD_ZERO(&rs);
+        FD_SET(f->lfd, &rs);
+        if (select(f->lfd + 1, &rs, NULL, NULL, &tv) <= 0)
+            continue;
+        int c = accept(f->lfd, NULL, NULL);
+        if (c < 0)
+            continue;
+        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        char buf[4096];
+        size_t have = 0;
+        int answered = 0;
+        while (!__atomic_load_n(&f->stop, __ATOMIC_RELAXED)) {
+            ssize_t n = read(c, buf + have, sizeof(buf) - have);
+            if (n == 0)
+                break;
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EINTR)
+                    continue;
+                break;
+            }
+            have += (size_t)n;
+            int cmds = count_commands(buf, have);
+            for (; answered < cmds; answered++) {
+                const char *out = NULL;
+                switch (f->mode) {
+                case FAKE_SILENT: break;
+                case FAKE_GARBAGE: out = "HTTP/1.1 400 Bad Request\r\n\r\n"; break;
+                case FAKE_REFUSE_SELECT: out = "-ERR DB index is out of range\r\n"; break;
+                case FAKE_WRONG_TYPES: out = answered == 0 ? "+OK\r\n" : ":42\r\n"; break;
+                case FAKE_CLOSE_AFTER:
+                    if (answered > 0)
+                        goto close_conn;
+                    out = "+OK\r\n";
+                    break;
+                }
+                if (out && write(c, out, strlen(out)) < 0)
+                    goto close_conn;
+            }
+            if (have == sizeof(buf))
+                have = 0;
+        }
+    close_conn:
+        close(c);
+    }
+    return NULL;
+}
+
+static void fake_start(fake_t *f, fake_mode_t mode)
+{
+    memset(f, 0, sizeof(*f));
+    f->mode = mode;
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(f->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bind(f->lfd, (struct sockaddr *)&a, sizeof(a));
+    listen(f->lfd, 16);
+    socklen_t al = sizeof(a);
+    getsockname(f->lfd, (struct sockaddr *)&a, &al);
+    f->port = ntohs(a.sin_port);
+    pthread_create(&f->thread, NULL, fake_main, f);
+}
+
+static void fake_stop(fake_t *f)
+{
+    __atomic_store_n(&f->stop, 1, __ATOMIC_RELAXED);
+    pthread_join(f->thread, NULL);
+    close(f->lfd);
+}
+
+/* ---- tests: configuration ------------------------------------------------------------------- */
+
+static void url_parts_are_parsed(void)
+{
+    agw_redis_conf_t c;
+    char err[160];
+    CHECK(agw_redis_parse_url("redis://127.0.0.1:6380/3", 5, &c, err, sizeof(err)) == 0);
+    CHECK_STR(c.host, "127.0.0.1");
+    CHECK(c.port == 6380 && c.db == 3 && c.timeout_ms == 5 && c.connect_timeout_ms == 100);
+    CHECK(c.user == NULL && c.password == NULL);
+    agw_redis_conf_clear(&c);
+    CHECK(agw_redis_parse_url("redis://localhost", 50, &c, err, sizeof(err)) == 0);
+    CHECK(c.port == 6379 && c.db == 0 && c.connect_timeout_ms == 1000);
+    CHECK(strcmp(c.host, "127.0.0.1") == 0 || strcmp(c.host, "::1") == 0); /* resolved at load */
+    agw_redis_conf_clear(&c);
+    CHECK(agw_redis_parse_url("redis://app:s%40cret@[::1]:7000/0", 5, &c, err, sizeof(err)) == 0);
+    CHECK_STR(c.host, "::1");
+    CHECK_STR(c.user, "app");
+    CHECK_STR(c.password, "s@cret");
+    CHECK(c.port == 7000);
+    agw_redis_conf_clear(&c);
+    CHECK(agw_redis_parse_url("redis://:pw@h.invalid.:1/0", 5, &c, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "cannot resolve") != NULL);
+    CHECK(agw_redis_parse_url("http://127.0.0.1", 5, &c, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "redis://") != NULL);
+    CHECK(agw_redis_parse_url("redis://127.0.0.1:0", 5, &c, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "port") != NULL);
+    CHECK(agw_redis_parse_url("redis://127.0.0.1:6379/x", 5, &c, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "database") != NULL);
+    CHECK(agw_redis_parse_url("redis:///0", 5, &c, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "host") != NULL);
+    CHECK(agw_redis_parse_url("redis://u@127.0.0.1", 5, &c, err, sizeof(err)) == -1);
+    CHECK(agw_redis_parse_url("redis://:%zz@127.0.0.1", 5, &c, err, sizeof(err)) == -1);
+}
+
+/* ---- tests: a real Redis -------------------------------------------------------------------- */
+
+static void set_then_get_in_the_selected_database(void)
+{
+    int port = free_port();
+    pid_t pid = redis_start(port);
+    agw_redis_conf_t c3 = conf_for(port, 3, 200), c0 = conf_for(port, 0, 200);
+    agw_redis_stats_t st = {0};
+    agw_redis_t *r3 = agw_redis_new(loop, &c3, &st), *r0 = agw_redis_new(loop, &c0, NULL);
+    CHECK(wait_until(is_ready, r3, 5.0));
+    CHECK(wait_until(is_ready, r0, 5.0));
+    rec_t a, b;
+    /* binary-safe values */
+    const char *argv[3] = {"SET", "k", "v\0x"};
+    size_t lens[3] = {3, 1, 3};
+    memset(&a, 0, sizeof(a));
+    CHECK(agw_redis_command(r3, on_rec, &a, 3, argv, lens) == 0);
+    CHECK(wait_until(rec_done, &a, 5.0));
+    CHECK(a.type == REDIS_REPLY_STATUS);
+    CHECK(cmd(r3, &a, "GET", "k", NULL) == 0);
+    CHECK(cmd(r0, &b, "GET", "k", NULL) == 0);
+    CHECK(wait_until(rec_done, &a, 5.0) && wait_until(rec_done, &b, 5.0));
+    CHECK(a.type == REDIS_REPLY_STRING && a.len == 3 && memcmp(a.str, "v\0x", 3) == 0);
+    CHECK(b.type == REDIS_REPLY_NIL); /* db 0 does not see db 3's key: SELECT happened */
+    CHECK(a.done == 1 && b.done == 1);
+    /* an error reply is an error */
+    CHECK(cmd(r3, &a, "INCR", "k", NULL) == 0);
+    CHECK(wait_until(rec_done, &a, 5.0));
+    CHECK(a.type == -1 && strstr(a.err, "not an integer") != NULL);
+    CHECK(st.commands == 3 && st.errors == 1 && st.replies == 2 && st.connects == 1 && st.up == 1);
+    agw_redis_free(r3);
+    agw_redis_free(r0);
+    CHECK(st.up == 0);
+    agw_redis_conf_clear(&c3);
+    agw_redis_conf_clear(&c0);
+    redis_stop(pid);
+}
+
+static void redis_stopped_mid_run_fails_fast_and_client_reconnects(void)
+{
+    int port = free_port();
+    pid_t pid = redis_start(port);
+    agw_redis_conf_t c = conf_for(port, 0, 100);
+    agw_redis_stats_t st = {0};
+    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    CHECK(wait_until(is_ready, r, 5.0));
+    rec_t a;
+    CHECK(cmd(r, &a, "SET", "k", "1") == 0);
+    CHECK(wait_until(rec_done, &a, 5.0) && a.type == REDIS_REPLY_STATUS);
+    redis_stop(pid);
+    /* the close is seen by the loop: the command in flight or the next one fails, never hangs */
+    double t0 = ev_time();
+    int sent = cmd(r, &a, "GET", "k", NULL);
+    if (sent == 0) {
+        CHECK(wait_until(rec_done, &a, 2.0));
+        CHECK(a.type == -1);
+        CHECK(a.at - t0 < 2.0);
+    }
+    run_for(0.05);
+    CHECK(!agw_redis_ready(r));
+    CHECK(cmd(r, &a, "GET", "k", NULL) == -1); /* not ready: refused at once, no callback */
+    run_for(0.05);
+    CHECK(a.done == 0);
+    CHECK(st.disconnects == 1 && st.up == 0);
+    pid = redis_start(port);
+    CHECK(wait_until(is_ready, r, 10.0)); /* backoff is at most 5 s */
+    CHECK(cmd(r, &a, "PING", NULL, NULL) == 0);
+    CHECK(wait_until(rec_done, &a, 5.0) && a.type == REDIS_REPLY_STATUS);
+    CHECK(st.connects == 2 && st.up == 1);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    redis_stop(pid);
+}
+
+static void hanging_redis_times_out_and_a_late_reply_answers_nothing(void)
+{
+    int port = free_port();
+    pid_t pid = redis_start(port);
+    agw_redis_conf_t c = conf_for(port, 0, 50);
+    agw_redis_stats_t st = {0};
+    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    CHECK(wait_until(is_ready, r, 5.0));
+    rec_t a, b;
+    CHECK(cmd(r, &a, "SET", "k1", "one") == 0);
+    CHECK(cmd(r, &b, "SET", "k2", "two") == 0);
+    CHECK(wait_until(rec_done, &a, 5.0) && wait_until(rec_done, &b, 5.0));
+    kill(pid, SIGSTOP);
+    double t0 = ev_time();
+    CHECK(cmd(r, &a, "GET", "k1", NULL) == 0);
+    CHECK(wait_until(rec_done, &a, 5.0));
+    CHECK(a.type == -1 && strstr(a.err, "timeout") != NULL);
+    CHECK(a.at - t0 >= 0.045); /* not before its timeout */
+    CHECK(a.at - t0 < 2.0);    /* and soon after it, though the server never answers */
+    CHECK(st.timeouts == 1);
+    CHECK(!agw_redis_ready(r)); /* the connection was dropped */
+    kill(pid, SIGCONT);
+    CHECK(wait_until(is_ready, r, 10.0));
+    /* the stopped server now answers the old GET k1 on the old connection: nobody reads it as
+     * the answer of GET k2 on the new one */
+    CHECK(cmd(r, &b, "GET", "k2", NULL) == 0);
+    CHECK(wait_until(rec_done, &b, 5.0));
+    CHECK(b.type == REDIS_REPLY_STRING && b.len == 3 && memcmp(b.str, "two", 3) == 0);
+    CHECK(a.done == 1 && b.done == 1);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    redis_stop(pid);
+}
+
+static void password_in_the_url_is_sent_with_auth(void)
+{
+    int port = free_port();
+    pid_t pid = redis_start_auth(port, "s3cret");
+    char url[96], err[128];
+    agw_redis_conf_t good, bad;
+    snprintf(url, sizeof(url), "redis://:s3cret@127.0.0.1:%d/0", port);
+    CHECK(agw_redis_parse_url(url, 200, &good, err, sizeof(err)) == 0);
+    snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d/0", port);
+    CHECK(agw_redis_parse_url(url, 200, &bad, err, sizeof(err)) == 0);
+    agw_redis_t *r = agw_redis_new(loop, &good, NULL), *rb = agw_redis_new(loop, &bad, NULL);
+    CHECK(wait_until(is_ready, r, 5.0));
+    rec_t a;
+    CHECK(cmd(r, &a, "PING", NULL, NULL) == 0);
+    CHECK(wait_until(rec_done, &a, 5.0) && a.type == REDIS_REPLY_STATUS);
+    run_for(0.2);
+    CHECK(!agw_redis_ready(rb)); /* AUTH refused: never ready, callers refused at once */
+    CHECK(cmd(rb, &a, "PING", NULL, NULL) == -1);
+    agw_redis_free(r);
+    agw_redis_free(rb);
+    agw_redis_conf_clear(&good);
+    agw_redis_conf_clear(&bad);
+    redis_stop(pid);
+}
+
+static void commands_in_flight_get_client_closed_on_free(void)
+{
+    int port = free_port();
+    pid_t pid = redis_start(port);
+    agw_redis_conf_t c = conf_for(port, 0, 1000);
+    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    CHECK(wait_until(is_ready, r, 5.0));
+    kill(pid, SIGSTOP);
+    rec_t a;
+    CHECK(cmd(r, &a, "GET", "k", NULL) == 0);
+    agw_redis_free(r);
+    CHECK(a.done == 1 && a.type == -1);
+    CHECK_STR(a.err, "client closed");
+    run_for(0.05); /* nothing of the freed client runs afterwards (ASan would say) */
+    agw_redis_conf_clear(&c);
+    redis_stop(pid);
+}
+
+/* ---- tests: fake servers -------------------------------------------------------------------- */
+
+static void silent_server_never_becomes_ready(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_SILENT);
+    agw_redis_conf_t c = conf_for(f.port, 0, 5);
+    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    run_for(0.3); /* the handshake's limit is 100 ms; it reconnects with backoff */
+    CHECK(!agw_redis_ready(r));
+    rec_t a;
+    CHECK(cmd(r, &a, "GET", "k", NULL) == -1);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
+static void garbage_answers_drop_the_connection(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_GARBAGE);
+    agw_redis_conf_t c = conf_for(f.port, 0, 5);
+    agw_redis_stats_t st = {0};
+    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    run_for(0.3);
+    CHECK(!agw_redis_ready(r));
+    CHECK(st.connects == 0);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
+static void refused_select_keeps_the_client_down(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_REFUSE_SELECT);
+    agw_redis_conf_t c = conf_for(f.port, 99, 5);
+    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    run_for(0.3);
+    CHECK(!agw_redis_ready(r));
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
+static void wrong_reply_types_reach_the_caller_as_they_are(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_WRONG_TYPES);
+    agw_redis_conf_t c = conf_for(f.port, 0, 200);
+    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    CHECK(wait_until(is_ready, r, 5.0));
+    rec_t a;
+    CHECK(cmd(r, &a, "GET", "k", NULL) == 0);
+    CHECK(wait_until(rec_done, &a, 5.0));
+    CHECK(a.type == REDIS_REPLY_INTEGER && a.integer == 42);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
+static void server_closing_mid_command_is_an_error(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_CLOSE_AFTER);
+    agw_redis_conf_t c = conf_for(f.port, 0, 5000);
+    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    CHECK(wait_until(is_ready, r, 5.0));
+    rec_t a;
+    double t0 = ev_time();
+    CHECK(cmd(r, &a, "GET", "k", NULL) == 0);
+    CHECK(wait_until(rec_done, &a, 10.0));
+    /* the close, not the 5 s timeout, ended it */
+    CHECK(a.type == -1 && strstr(a.err, "connection lost") != NULL);
+    CHECK(a.at - t0 < 4.0);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
+static void nothing_listening_refuses_commands_at_once(void)
+{
+    int port = free_port();
+    agw_redis_conf_t c = conf_for(port, 0, 5);
+    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    run_for(0.1);
+    CHECK(!agw_redis_ready(r));
+    rec_t a;
+    CHECK(cmd(r, &a, "GET", "k", NULL) == -1);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    loop = ev_default_loop(0);
+    ev_timer tick;
+    ev_timer_init(&tick, on_tick, 0.01, 0.01);
+    ev_timer_start(loop, &tick);
+    RUN(url_parts_are_parsed);
+    RUN(set_then_get_in_the_selected_database);
+    RUN(redis_stopped_mid_run_fails_fast_and_client_reconnects);
+    RUN(hanging_redis_times_out_and_a_late_reply_answers_nothing);
+    RUN(password_in_the_url_is_sent_with_auth);
+    RUN(commands_in_flight_get_client_closed_on_free);
+    RUN(silent_server_never_becomes_ready);
+    RUN(garbage_answers_drop_the_connection);
+    RUN(refused_select_keeps_the_client_down);
+    RUN(wrong_reply_types_reach_the_caller_as_they_are);
+    RUN(server_closing_mid_command_is_an_error);
+    RUN(nothing_listening_refuses_commands_at_once);
+    return CHECK_DONE();
+}

@@ -1,0 +1,237 @@
+/* worker/cache.c: the cache's transport functions for the runtime (lua/agg/cache.lua): tier 1 in
+ * this worker's LRU (cache/lru.h), tier 2 in Redis through this worker's client (redis/redis.h),
+ * the credential digest of per-user keys, and the cache counters for /metrics.
+ *
+ *   core.cache_get(key) -> value | nil          tier 1 (expired entries miss)
+ *   core.cache_set(key, value, until_ms)        tier 1, kept until until_ms (core.now()'s clock)
+ *   core.redis_get(key) -> id | nil             GET key; later runtime.on_redis(id, value|nil, err|nil);
+ *                                               nil: not connected (nothing follows)
+ *   core.redis_set(key, value, ttl_ms)          SET key value PX ttl_ms (answer ignored, errors counted)
+ *   core.digest(s) -> hex                        32 hex digits of SHA-256("aggway-cache-user\0" .. s)
+ *   core.cache_counters(stats)                  the runtime's totals (agg.cache.stats) into the metrics
+ *   core.cache_span(rid, index, section, outcome, http_status)   a cached section's span (trace, waterfall)
+ * core.redis_get and core.redis_set exist only in a generation whose gateway.lua configures redis
+ * with cache.redis on (agw_worker_cache_fn_wanted).
+ */
+#include "worker/worker_internal.h"
+
+#include <hiredis/hiredis.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
+
+#include "base/log.h"
+
+static wgen_t *upg(lua_State *L)
+{
+    return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+static uint64_t now_ms(agw_worker_t *w)
+{
+    return (uint64_t)(ev_now(w->loop) * 1000.0);
+}
+
+static int l_cache_get(lua_State *L)
+{
+    agw_worker_t *w = upg(L)->w;
+    size_t klen, vlen;
+    const char *key = luaL_checklstring(L, 1, &klen);
+    const char *v = w->lru ? agw_lru_get(w->lru, key, klen, &vlen, now_ms(w)) : NULL;
+    if (!v)
+        return 0;
+    lua_pushlstring(L, v, vlen);
+    return 1;
+}
+
+static int l_cache_set(lua_State *L)
+{
+    agw_worker_t *w = upg(L)->w;
+    size_t klen, vlen;
+    const char *key = luaL_checklstring(L, 1, &klen);
+    const char *v = luaL_checklstring(L, 2, &vlen);
+    lua_Number until = luaL_checknumber(L, 3);
+    if (w->lru && until > 0)
+        agw_lru_set(w->lru, key, klen, v, vlen, (uint64_t)until);
+    return 0;
+}
+
+/* A GET waiting for its answer: the generation to answer (one reference) and the runtime's id. */
+typedef struct redis_get {
+    wgen_t *g;
+    uint64_t id;
+} redis_get_t;
+
+static void on_redis_get(void *data, const struct redisReply *reply, const char *err)
+{
+    redis_get_t *q = data;
+    wgen_t *g = q->g;
+    agw_worker_t *w = g->w;
+    if (!w->cache_closing && g->ref_on_redis != LUA_NOREF) {
+        lua_State *L = g->L;
+        lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_redis);
+        lua_pushnumber(L, (lua_Number)q->id);
+        if (err) {
+            lua_pushnil(L);
+            lua_pushstring(L, err);
+        } else if (reply->type == REDIS_REPLY_STRING) {
+            lua_pushlstring(L, reply->str, reply->len);
+            lua_pushnil(L);
+        } else if (reply->type == REDIS_REPLY_NIL) {
+            lua_pushnil(L);
+            lua_pushnil(L);
+        } else {
+            lua_pushnil(L);
+            lua_pushstring(L, "Redis answered GET with a value that is not a string");
+        }
+        agw_worker_call_runtime(g, 3);
+    }
+    agw_worker_gen_release(g);
+    free(q);
+}
+
+static int l_redis_get(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    agw_worker_t *w = g->w;
+    size_t klen;
+    const char *key = luaL_checklstring(L, 1, &klen);
+    if (!w->redis)
+        return 0;
+    redis_get_t *q = malloc(sizeof(*q));
+    if (!q)
+        abort();
+    q->g = g;
+    q->id = ++w->redis_next_id;
+    const char *argv[2] = {"GET", key};
+    size_t lens[2] = {3, klen};
+    if (agw_redis_command(w->redis, on_redis_get, q, 2, argv, lens) != 0) {
+        free(q);
+        return 0;
+    }
+    agw_worker_gen_hold(g);
+    lua_pushnumber(L, (lua_Number)q->id);
+    return 1;
+}
+
+static void on_redis_set(void *data, const struct redisReply *reply, const char *err)
+{
+    (void)data, (void)reply, (void)err; /* counted by the client; a failed SET only costs a later miss */
+}
+
+static int l_redis_set(lua_State *L)
+{
+    agw_worker_t *w = upg(L)->w;
+    size_t klen, vlen;
+    const char *key = luaL_checklstring(L, 1, &klen);
+    const char *v = luaL_checklstring(L, 2, &vlen);
+    lua_Number ttl = luaL_checknumber(L, 3);
+    if (!w->redis || ttl < 1)
+        return 0;
+    char px[32];
+    int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
+    const char *argv[5] = {"SET", key, v, "PX", px};
+    size_t lens[5] = {3, klen, vlen, 2, (size_t)pl};
+    agw_redis_command(w->redis, on_redis_set, NULL, 5, argv, lens);
+    return 0;
+}
+
+static int l_digest(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx)
+        abort();
+    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    EVP_DigestUpdate(ctx, "aggway-cache-user", 18); /* the NUL included: a domain of its own */
+    EVP_DigestUpdate(ctx, s, len);
+    EVP_DigestFinal_ex(ctx, md, &mdlen);
+    EVP_MD_CTX_free(ctx);
+    char hex[33];
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    lua_pushlstring(L, hex, 32);
+    return 1;
+}
+
+/* core.cache_span(rid, upstream_index, section, outcome, http_status): a span of no duration for
+ * a section served from the cache (outcome "hit", or "stale"/"refresh": a stale copy), so the
+ * trace, the waterfall and the exported spans show it (ops/trace.h AGW_SPAN_CACHE_*). */
+static int l_cache_span(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    agw_worker_t *w = g->w;
+    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    int index = (int)luaL_checkinteger(L, 2);
+    if (rr == NULL || rr->trace == NULL || index < 1 || (size_t)index > g->conf->num_upstreams)
+        return 0;
+    size_t slen = 0;
+    const char *section = luaL_checklstring(L, 3, &slen);
+    const char *outcome = luaL_checkstring(L, 4);
+    unsigned flags = strcmp(outcome, "hit") == 0 ? AGW_SPAN_CACHE_HIT : AGW_SPAN_CACHE_STALE;
+    uint64_t now = agw_worker_now_us(w);
+    int i = agw_trace_add_span(rr->trace, &w->trace_rng, g->gen->upstream_slot[index - 1], section, slen, flags, 1, now);
+    if (i >= 0)
+        agw_trace_end_span(rr->trace, i, AGW_CALL_OK, (int)luaL_optinteger(L, 5, 0), NULL, now);
+    return 0;
+}
+
+/* core.cache_counters(stats): stats is agg.cache.stats (totals of this generation's VM); the
+ * growth since the last report goes into this worker's counters. */
+static int l_cache_counters(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    agw_worker_t *w = g->w;
+    luaL_checktype(L, 1, LUA_TTABLE);
+    static const char *fields[AGW_M_CACHE_OUTCOMES] = {"hits", "misses", "stale", "stale_if_error", "refreshes",
+                                                       "negative"};
+    for (size_t i = 0; i < AGW_M_CACHE_OUTCOMES; i++) {
+        lua_getfield(L, 1, fields[i]);
+        uint64_t v = lua_isnumber(L, -1) && lua_tonumber(L, -1) > 0 ? (uint64_t)lua_tonumber(L, -1) : 0;
+        lua_pop(L, 1);
+        if (v > g->cache_reported[i]) {
+            AGW_M_ADD(w->m->cache[i], v - g->cache_reported[i]);
+            g->cache_reported[i] = v;
+        }
+    }
+    return 0;
+}
+
+const luaL_Reg agw_worker_cache_fns[] = {
+    {"cache_get", l_cache_get}, {"cache_set", l_cache_set}, {"redis_get", l_redis_get}, {"redis_set", l_redis_set},
+    {"digest", l_digest},       {"cache_counters", l_cache_counters}, {"cache_span", l_cache_span}, {NULL, NULL}};
+
+int agw_worker_cache_fn_wanted(const agw_config_t *conf, const char *name)
+{
+    if (strncmp(name, "redis_", 6) == 0)
+        return conf->cache_redis;
+    return 1;
+}
+
+void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf)
+{
+    size_t per = conf->cache_memory_bytes / (conf->workers ? conf->workers : 1);
+    if (!w->lru)
+        w->lru = agw_lru_new(per, &w->m->lru);
+    else
+        agw_lru_resize(w->lru, per);
+    int want = conf->cache_redis && conf->redis.host;
+    if (w->redis && (!want || !agw_redis_conf_same(agw_redis_conf(w->redis), &conf->redis))) {
+        agw_redis_t *old = w->redis;
+        w->redis = NULL;
+        agw_redis_free(old); /* its GETs answer "client closed": those calls go upstream */
+    }
+    if (want && !w->redis)
+        w->redis = agw_redis_new(w->loop, &conf->redis, &w->m->redis);
+}
+
+void agw_worker_cache_close(agw_worker_t *w)
+{
+    w->cache_closing = 1;
+    agw_redis_free(w->redis);
+    w->redis = NULL;
+    agw_lru_free(w->lru);
+    w->lru = NULL;
+}

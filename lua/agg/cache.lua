@@ -1,0 +1,565 @@
+-- agg.cache: per-section caching (issue 16; DESIGN §9, §9.1): cache-aside in front of a call.
+--
+-- A call with a `cache` policy (its own, or its upstream's default in gateway.lua) is looked up
+-- before it starts, beside the page's other calls (every call of a fetch_all starts at once):
+--   tier 1  core.cache_get/cache_set: this worker's in-process LRU bounded by bytes (gateway/cache/lru.h)
+--   tier 2  core.redis_get/redis_set: the shared Redis (gateway/redis/redis.h), when configured;
+--           its answer comes back through M.on_redis; an error or a timeout is a miss
+-- A miss goes upstream through the scheduler's single-flight, so a cold key costs one call.
+--   fresh (now < fresh_until)                  served, status ok, outcome "hit"
+--   within swr_s after expiry                  served, status ok, outcome "stale"; one refresh of
+--                                              the key in the background at a time ("refresh" on
+--                                              the page that started it)
+--   call failed within stale_if_error_s        served, status "stale" with the call's problem
+--   404                                        kept negative_ttl_s (default 10) and served as the 404
+-- Never stored: a failed answer, a fallback, a stale copy, a 2xx body that is not JSON, a
+-- response with Cache-Control no-store/no-cache (when the script sets no TTL), or private
+-- (scope shared). A call that carries Authorization or Cookie is keyed by user (scope "user",
+-- logged once per upstream), never shared.
+-- Entries are text: "AGWC1 fresh stale error status hlen blen\n" .. headers .. body; a value
+-- that does not parse, or is over MAX_ENTRY bytes, is a miss.
+local bit = require "bit"
+local json = require "agg.json"
+
+local M = {}
+
+local FORMAT = "AGWC1"
+M.MAX_ENTRY = 4 * 1024 * 1024
+local JITTER = 0.1               -- TTLs are shortened by up to 10 % so a crowd of keys does not expire at once
+
+local core, api
+local use_redis = false
+local pending = {}               -- redis command id -> lookup waiting on it
+local refreshing = {}            -- cache key -> true while its background refresh runs
+local logged_user = {}           -- upstream -> true once the shared->user scope switch was logged
+-- result -> when its data stops being fresh (ms), for results that are shared cache entries
+-- served fresh or just stored (agg.page's max-age)
+local fresh_until_of = setmetatable({}, { __mode = "k" })
+M.stats = { hits = 0, misses = 0, stale = 0, stale_if_error = 0, refreshes = 0, stores = 0, negative = 0,
+            bloom_hits = 0, redis_hits = 0, redis_misses = 0, redis_errors = 0, corrupt = 0 }
+
+---------------------------------------------------------------------------------------------------
+-- Policy: the `cache` block of an upstream (gateway.lua) or of a call.
+---------------------------------------------------------------------------------------------------
+
+local FIELDS = { ttl_s = "secs", swr_s = "secs", stale_if_error_s = "secs", negative_ttl_s = "secs",
+                 scope = "scope", vary = "list", key = "key" }
+M.FIELDS = FIELDS
+
+--- Checks a cache block. Returns the normalized policy, or nil, the field and what is wrong.
+-- allow_key: a call may give its own key; an upstream may not.
+function M.check_block(t, allow_key)
+  if type(t) ~= "table" then
+    return nil, nil, "must be a table like { ttl_s = 60, swr_s = 30 } (or false)"
+  end
+  local p = { scope = "shared", negative_ttl_s = 10, vary = false }
+  for k, v in pairs(t) do
+    local kind = FIELDS[k]
+    if not kind or (k == "key" and not allow_key) then
+      local names = {}
+      for n in pairs(FIELDS) do if n ~= "key" or allow_key then names[#names + 1] = n end end
+      table.sort(names)
+      return nil, tostring(k), "unknown option; cache knows " .. table.concat(names, ", ")
+    elseif kind == "secs" then
+      if type(v) ~= "number" or v ~= v or v < 0 or v > 31536000 then
+        return nil, k, "must be a number of seconds from 0 to 31536000"
+      end
+      p[k] = v
+    elseif kind == "scope" then
+      if v ~= "shared" and v ~= "user" then return nil, k, 'must be "shared" or "user"' end
+      p.scope = v
+    elseif kind == "list" then
+      if type(v) ~= "table" then return nil, k, 'must be a list of request header names like { "accept-language" }' end
+      local l = {}
+      for i, h in ipairs(v) do
+        if type(h) ~= "string" or not h:match("^[%w!#$%%&'*+.^_`|~-]+$") then
+          return nil, k, "item " .. i .. " must be a header name"
+        end
+        l[#l + 1] = h:lower()
+      end
+      table.sort(l)
+      p.vary = l
+    elseif kind == "key" then
+      if type(v) ~= "string" or v == "" or #v > 512 then return nil, k, "must be a string of 1 to 512 bytes" end
+      p.key = v
+    end
+  end
+  return p
+end
+
+-- A short digest of a policy: part of the key, so entries made under other settings are not served
+-- after a reload that changed them (tier 1 survives reloads, gateway/cache/lru.h).
+local function fnv(s, h)
+  h = h or 2166136261
+  for i = 1, #s do
+    h = bit.bxor(h, s:byte(i))
+    h = bit.tobit(h * 16777619)
+  end
+  return h
+end
+M.fnv = fnv
+
+function M.version(p)
+  local parts = {}
+  for _, k in ipairs({ "ttl_s", "swr_s", "stale_if_error_s", "negative_ttl_s", "scope" }) do
+    parts[#parts + 1] = tostring(p[k])
+  end
+  parts[#parts + 1] = p.vary and table.concat(p.vary, ",") or ""
+  return bit.tohex(fnv(table.concat(parts, "|")), 6)
+end
+
+--- The policy of a call: the upstream's default overridden field by field by the call's block
+-- (call false: off). Returns the policy, or false.
+function M.merge(up_policy, call_block, level, name)
+  if call_block == false then return false end
+  if call_block == nil then return up_policy or false end
+  local p, field, why = M.check_block(call_block, true)
+  if not p then
+    error(("call to '%s': cache%s %s"):format(name, field and ("." .. field) or "", why), level + 1)
+  end
+  if up_policy then
+    for k, v in pairs(up_policy) do
+      if call_block[k] == nil and k ~= "version" then p[k] = v end
+    end
+  end
+  p.version = M.version(p)
+  return p
+end
+
+---------------------------------------------------------------------------------------------------
+-- Entries
+---------------------------------------------------------------------------------------------------
+
+function M.encode(fresh, stale, err_until, status, headers, body)
+  return ("%s %d %d %d %d %d %d\n"):format(FORMAT, fresh, stale, err_until, status, #headers, #body) .. headers .. body
+end
+
+-- The whole number at v[i..] up to the byte `stop` (plain finds and tonumber: a page's hit path
+-- stays in compiled code, where string.match would not); nil when it is not digits only.
+local function field(v, i, stop)
+  local j = v:find(stop, i, true)
+  if not j or j == i or j - i > 15 then return nil end
+  local n = tonumber(v:sub(i, j - 1))
+  if not n or n < 0 or n % 1 ~= 0 or v:byte(i) == 43 then return nil end -- digits only ("+1", "1e3" and "0x1" fail below)
+  for k = i, j - 1 do
+    local b = v:byte(k)
+    if b < 48 or b > 57 then return nil end
+  end
+  return n, j + 1
+end
+
+--- Decodes an entry, or nil when it is not one (corrupt, other format, lengths that disagree).
+function M.decode(v)
+  if type(v) ~= "string" or #v > M.MAX_ENTRY or v:sub(1, 6) ~= "AGWC1 " then return nil end
+  local fresh, stale, eu, st, hl, bl
+  local i = 7
+  fresh, i = field(v, i, " ")
+  if fresh then stale, i = field(v, i, " ") end
+  if stale then eu, i = field(v, i, " ") end
+  if eu then st, i = field(v, i, " ") end
+  if st then hl, i = field(v, i, " ") end
+  if hl then bl, i = field(v, i, "\n") end
+  if not bl or i + hl + bl - 1 ~= #v then return nil end
+  return { fresh = fresh, stale = stale, error_until = eu, status = st,
+           headers = v:sub(i, i + hl - 1), body = v:sub(i + hl), raw = v }
+end
+
+-- The value of header name (lowercase) in a header block "name\0value\0…" (names lowercased, as
+-- the transport gives them), or nil; repeated names are joined with ", " (RFC 9110 §5.3).
+local function block_get(block, name)
+  local out
+  local pos = 1
+  local n = #block
+  while pos <= n do
+    local z1 = block:find("\0", pos, true)
+    if not z1 then break end
+    local z2 = block:find("\0", z1 + 1, true)
+    if not z2 then break end
+    if z1 - pos == #name and block:sub(pos, z1 - 1) == name then
+      local v = block:sub(z1 + 1, z2 - 1)
+      out = out and (out .. ", " .. v) or v
+    end
+    pos = z2 + 1
+  end
+  return out
+end
+M.block_get = block_get
+
+-- Cache-Control directives (RFC 9111 §5.2.2; RFC 5861 §3, §4) of an upstream response (cc: the
+-- header's value or nil).
+local function cache_control(cc)
+  if type(cc) ~= "string" then return nil end
+  local d = {}
+  for item in cc:lower():gmatch("[^,]+") do
+    local name, val = item:match("^%s*([%w%-]+)%s*=?%s*\"?([^\"]*)\"?%s*$")
+    if name then d[name] = tonumber(val) or true end
+  end
+  return d
+end
+M.cache_control = cache_control
+
+--- Lifetimes (s) of an answer whose Cache-Control value is cc (nil: none): fresh, swr,
+-- stale_if_error; nil when it must not be stored.
+function M.lifetimes(p, cc_value)
+  local cc = cache_control(cc_value)
+  local ttl, swr, sie = p.ttl_s, p.swr_s, p.stale_if_error_s
+  if ttl == nil then
+    if not cc or cc["no-store"] or cc["no-cache"] then return nil end
+    if cc["private"] and p.scope == "shared" then return nil end
+    local age = type(cc["s-maxage"]) == "number" and cc["s-maxage"] or cc["max-age"] -- s-maxage for shared caches (§5.2.2.10)
+    if type(age) ~= "number" or age <= 0 then return nil end
+    ttl = age
+  end
+  if swr == nil then swr = cc and type(cc["stale-while-revalidate"]) == "number" and cc["stale-while-revalidate"] or 0 end
+  if sie == nil then sie = cc and type(cc["stale-if-error"]) == "number" and cc["stale-if-error"] or 0 end
+  return ttl, swr, sie
+end
+
+---------------------------------------------------------------------------------------------------
+-- Bloom filter of keys known missing (404): a rotating pair, each filter current for half of
+-- negative_ttl_s, so a key is known missing for at most negative_ttl_s; a key in either is
+-- answered 404 without Redis or the upstream (a false positive, about 0.01 % at 100,000 keys,
+-- answers 404 for at most negative_ttl_s).
+---------------------------------------------------------------------------------------------------
+
+local BLOOM_BITS = 2 ^ 21        -- 256 KiB per filter, 7 probes: about 0.01 % false positives at 100,000 keys
+local bloom = { cur = {}, old = {}, n = 0, since = nil, every = 10000 }
+
+local function bloom_idx(key)
+  local h1 = fnv(key)
+  local h2 = fnv(key, 0x811c9dc5 + 7) -- a second seed
+  return h1, h2
+end
+
+local function bloom_has(f, h1, h2)
+  for i = 0, 6 do
+    local b = (h1 + i * h2) % BLOOM_BITS
+    local w = f[math.floor(b / 32)]
+    if not w or bit.band(w, bit.lshift(1, b % 32)) == 0 then return false end
+  end
+  return true
+end
+
+local function bloom_rotate(now)
+  if not bloom.since then bloom.since = now end
+  local elapsed = now - bloom.since
+  if elapsed >= 2 * bloom.every then
+    bloom.old, bloom.cur, bloom.since = {}, {}, now
+  elseif elapsed >= bloom.every then
+    bloom.old, bloom.cur, bloom.since = bloom.cur, {}, now
+  end
+end
+
+function M.bloom_add(key, now, every_ms)
+  bloom.every = every_ms
+  bloom_rotate(now)
+  local h1, h2 = bloom_idx(key)
+  local f = bloom.cur
+  for i = 0, 6 do
+    local b = (h1 + i * h2) % BLOOM_BITS
+    local wi = math.floor(b / 32)
+    f[wi] = bit.bor(f[wi] or 0, bit.lshift(1, b % 32))
+  end
+end
+
+function M.bloom_check(key, now)
+  bloom_rotate(now)
+  local h1, h2 = bloom_idx(key)
+  return bloom_has(bloom.cur, h1, h2) or bloom_has(bloom.old, h1, h2)
+end
+
+---------------------------------------------------------------------------------------------------
+-- Keys
+---------------------------------------------------------------------------------------------------
+
+local CREDENTIALS = { authorization = true, cookie = true }
+
+-- The call's request header (lowercased name) or nil; headers is the flat list name, value, ….
+local function header_of(headers, name)
+  if not headers then return nil end
+  for i = 1, #headers, 2 do if headers[i] == name then return headers[i + 1] end end
+  return nil
+end
+
+--- The cache key of a call, or nil when it cannot be cached (scope user with no user to key by).
+-- "agw:{upstream}:version:" .. (the script's key, or "METHOD path" and the vary headers) ..
+-- ("|u:" .. digest of the credentials for scope user). The braces are a Redis Cluster hash tag.
+function M.key(ctx, spec, p)
+  local h = spec.headers
+  local scope = p.scope
+  local cred = header_of(h, "authorization") or header_of(h, "cookie")
+  -- a call that will carry the user's identity (the upstream's `identity`, agg.identity) is as
+  -- personal as one that carries credentials of its own: the token is added after this lookup
+  if (cred or spec.personal) and scope == "shared" then
+    scope = "user"
+    if not logged_user[spec.upstream] then
+      logged_user[spec.upstream] = true
+      core.log("warn", ("cache: calls to %s carry Authorization or Cookie or the user's identity: cached per user, never shared"):format(spec.upstream))
+    end
+  end
+  if scope ~= "user" and not p.key and not p.vary then
+    -- the common key in one concatenation (no table)
+    return "agw:{" .. spec.upstream .. "}:" .. (p.version or "0") .. ":" .. spec.method .. " " .. spec.path
+  end
+  local parts = { "agw:{", spec.upstream, "}:", p.version or "0", ":" }
+  if p.key then
+    parts[#parts + 1] = p.key
+  else
+    parts[#parts + 1] = spec.method
+    parts[#parts + 1] = " "
+    parts[#parts + 1] = spec.path
+    if p.vary then
+      for _, name in ipairs(p.vary) do
+        parts[#parts + 1] = "|" .. name .. "=" .. (header_of(h, name) or "")
+      end
+    end
+  end
+  spec.cache_user = scope == "user"
+  if scope == "user" then
+    -- the token the edge verified for the page identifies the user when the call carries no
+    -- credentials of its own; else the page request's Authorization or Cookie
+    if not cred then cred = ctx.token or nil end
+    if not cred then
+      local rh = ctx.req_headers
+      if type(rh) == "string" then
+        cred = block_get(rh, "authorization") or block_get(rh, "cookie")
+      elseif type(rh) == "table" then
+        cred = rh.authorization or rh.cookie
+      end
+    end
+    if not cred then return nil end
+    parts[#parts + 1] = "|u:"
+    parts[#parts + 1] = core.digest and core.digest(cred) or bit.tohex(fnv(cred)) .. bit.tohex(fnv(cred, 99991))
+  end
+  return table.concat(parts)
+end
+
+---------------------------------------------------------------------------------------------------
+-- The path of a call
+---------------------------------------------------------------------------------------------------
+
+--- How long the data of result r stays fresh (ms from now), when r is a shared cache entry served
+-- fresh or just stored; nil for anything else (a user's entry, a stale copy, an uncached call).
+function M.fresh_left_ms(r)
+  local t = fresh_until_of[r]
+  if not t then return nil end
+  local left = t - core.now()
+  return left > 0 and left or nil
+end
+
+--- The scheduler's functions the cache calls (agg.runtime, once at load).
+function M.bind(runtime_api) api = runtime_api end
+
+--- A fresh start with transport core (agg.runtime.init): tier 2 is used when the transport has
+-- core.redis_get (the C worker has it when gateway.lua configures redis and cache.redis).
+function M.init(transport)
+  core = transport
+  use_redis = core.redis_get ~= nil
+  pending, refreshing = {}, {}
+  bloom.cur, bloom.old, bloom.since = {}, {}, nil
+  for k in pairs(M.stats) do M.stats[k] = 0 end
+end
+
+local function outcome(ctx, sec, what)
+  local d = ctx.cache_desc
+  if not d then d = {} ctx.cache_desc = d end
+  d[sec] = what
+end
+
+-- The result of entry e for exchange spec (section sec of ctx), or nil when its body is not JSON.
+local function result_of(ctx, sec, spec, e)
+  local data
+  if spec.decode and e.status >= 200 and e.status < 300 and e.body ~= "" then
+    data = api.parse(e.body)
+    if not data then return nil end
+  end
+  spec.section, spec.ctx, spec.key = sec, ctx, sec
+  local r = api.make_result(spec, "ok", e.status, e.headers, spec.decode and e.status < 300 and nil or e.body, data, 0)
+  spec.ctx = false -- the result's info must not lead back to the request (see runtime's finish_exchange)
+  return r
+end
+
+-- Stores result r of exchange x; returns when its data stops being fresh (ms), or nil.
+local function store(x, r, now)
+  local p = x.cache
+  local ck = x.cache_key
+  local status = r.http_status or 0
+  -- the answer's header block as the transport gave it (no table made), or, when the script has
+  -- read result.headers already, made again from that table
+  local block = x.raw_headers
+  if block and type(block) ~= "string" then block = json.raw_extra(block) or "" end
+  if not block then
+    local h = rawget(r, "headers")
+    local hb = {}
+    if type(h) == "table" then
+      for k, v in pairs(h) do hb[#hb + 1] = k .. "\0" .. v .. "\0" end
+      table.sort(hb)
+    end
+    block = table.concat(hb)
+  end
+  local fresh, swr, sie
+  if status == 404 then
+    fresh, swr, sie = p.negative_ttl_s, 0, 0
+    if fresh <= 0 then return end
+    M.stats.negative = M.stats.negative + 1
+    M.bloom_add(ck, now, fresh * 1000 / 2) -- a key stays in the pair for at most negative_ttl_s
+  else
+    fresh, swr, sie = M.lifetimes(p, p.ttl_s == nil and block_get(block, "cache-control") or nil)
+    if not fresh or fresh <= 0 then return end
+  end
+  fresh = fresh * 1000 * (1 - JITTER * core.random())
+  local fresh_until = math.floor(now + fresh)
+  local stale_until = math.floor(fresh_until + swr * 1000)
+  local err_until = math.floor(fresh_until + sie * 1000)
+  local body = status == 404 and "" or (r.body or "")
+  local v = M.encode(fresh_until, stale_until, err_until, status, block, body)
+  if #v > M.MAX_ENTRY then return end
+  local keep = math.max(stale_until, err_until)
+  M.stats.stores = M.stats.stores + 1
+  core.cache_set(ck, v, keep)
+  if use_redis then core.redis_set(ck, v, keep - now) end
+  return fresh_until
+end
+
+-- A result r ended exchange x of a cached call: store it, or serve the stale copy when it failed.
+-- Returns the result to deliver.
+function M.on_result(x, r)
+  local ck = x.cache_key
+  if not ck then return r end
+  local now = core.now()
+  local ctx, sec = x.ctx, x.key
+  if r.status == "ok" and r.ok then
+    local fresh_until = store(x, r, now)
+    if fresh_until and not x.cache_user then fresh_until_of[r] = fresh_until end
+    if ctx then outcome(ctx, sec, x.cache_refresh and "refresh" or "miss") end
+    r.cache = "miss"
+    return r
+  end
+  if r.http_status == 404 then
+    store(x, r, now)
+    r.cache = "miss"
+    if ctx then outcome(ctx, sec, "miss") end
+    return r
+  end
+  local e = x.cache_stale
+  if e and now < e.error_until and ctx and not x.cache_refresh then
+    local copy = api.copy_spec(x)
+    local s = result_of(ctx, sec, copy, e)
+    if s then
+      M.stats.stale_if_error = M.stats.stale_if_error + 1
+      s.ok, s.status, s.error, s.cache = false, "stale", r.error, "stale"
+      s.ms = r.ms
+      outcome(ctx, sec, "stale")
+      if core.cache_span then core.cache_span(ctx.rid, api.upstream_index(x.upstream), sec, "stale", e.status) end
+      return s
+    end
+  end
+  if ctx then outcome(ctx, sec, "miss") end
+  r.cache = "miss"
+  return r
+end
+
+-- Starts the background refresh of key ck for the call spec (at most one per key at a time).
+local function refresh(spec, sec, ck)
+  if refreshing[ck] then return false end
+  refreshing[ck] = true
+  M.stats.refreshes = M.stats.refreshes + 1
+  local now = core.now()
+  local rctx = { rid = 0, ep = false, started = now, deadline = now + spec.timeout_ms, exchanges = false,
+                 timings = {}, done = false, co = false }
+  local g = { results = {}, pending = 1, thens = {}, waiting = false,
+              on_complete = function() refreshing[ck] = nil end }
+  local x = api.copy_spec(spec)
+  x.cache_key, x.cache_refresh, x.cache_stale = ck, true, false
+  api.start(rctx, sec, x, g, false)
+  return true
+end
+
+-- Serves entry e for the call if it is fresh or within swr; returns true when it did.
+local function serve(ctx, sec, spec, g, chain, e, now)
+  if now < e.fresh or now < e.stale then
+    local r = result_of(ctx, sec, spec, e)
+    if not r then M.stats.corrupt = M.stats.corrupt + 1 return false end
+    local what = "hit"
+    if now >= e.fresh then
+      what = refresh(spec, sec, spec.cache_key) and "refresh" or "stale"
+      M.stats.stale = M.stats.stale + 1
+    else
+      M.stats.hits = M.stats.hits + 1
+    end
+    r.cache = what == "hit" and "hit" or "stale"
+    if what == "hit" and not spec.cache_user and e.status < 300 then fresh_until_of[r] = e.fresh end
+    outcome(ctx, sec, what)
+    if core.cache_span then core.cache_span(ctx.rid, api.upstream_index(spec.upstream), sec, what, e.status) end
+    api.deliver_now(ctx, sec, g, chain, r)
+    return true
+  end
+  if now < e.error_until then spec.cache_stale = e end
+  return false
+end
+
+--- Looks call spec (section sec of ctx, group g, chain) up. Returns true when the cache took the
+-- call (served it, or waits for Redis and will serve it or start it); false: start it now.
+function M.lookup(ctx, sec, spec, g, chain)
+  local p = spec.cache
+  local ck = M.key(ctx, spec, p)
+  if not ck then return false end
+  spec.cache_key = ck
+  local now = core.now()
+  local v = core.cache_get(ck)
+  if v then
+    local e = M.decode(v)
+    if e and serve(ctx, sec, spec, g, chain, e, now) then return true end
+    if not e then M.stats.corrupt = M.stats.corrupt + 1 end
+  end
+  if p.negative_ttl_s > 0 and M.bloom_check(ck, now) then
+    -- known missing: the 404 without Redis or the upstream
+    M.stats.bloom_hits = M.stats.bloom_hits + 1
+    local r = result_of(ctx, sec, spec, { status = 404, headers = "", body = "" })
+    r.cache = "hit"
+    outcome(ctx, sec, "hit")
+    if core.cache_span then core.cache_span(ctx.rid, api.upstream_index(spec.upstream), sec, "hit", 404) end
+    api.deliver_now(ctx, sec, g, chain, r)
+    return true
+  end
+  M.stats.misses = M.stats.misses + 1
+  if use_redis then
+    local id = core.redis_get(ck)
+    if id then
+      pending[id] = { ctx = ctx, sec = sec, spec = spec, g = g, chain = chain }
+      return true
+    end
+    M.stats.redis_errors = M.stats.redis_errors + 1
+  end
+  return false
+end
+
+--- Transport: the Redis GET id answered (value: string or nil for none; err: why it failed).
+function M.on_redis(id, value, err)
+  local w = pending[id]
+  if not w then return end
+  pending[id] = nil
+  local ctx = w.ctx
+  if ctx.done then return end
+  local now = core.now()
+  if err then
+    M.stats.redis_errors = M.stats.redis_errors + 1
+  elseif value then
+    local e = M.decode(value)
+    if e then
+      M.stats.redis_hits = M.stats.redis_hits + 1
+      core.cache_set(w.spec.cache_key, value, math.max(e.stale, e.error_until))
+      if serve(ctx, w.sec, w.spec, w.g, w.chain, e, now) then
+        M.stats.misses = M.stats.misses - 1 -- a miss of tier 1 only: serve counted the hit
+        return
+      end
+    else
+      M.stats.corrupt = M.stats.corrupt + 1
+    end
+  else
+    M.stats.redis_misses = M.stats.redis_misses + 1
+  end
+  api.start(ctx, w.sec, w.spec, w.g, w.chain)
+end
+
+return M

@@ -1,0 +1,231 @@
+-- agg.identity: calling services with the user's identity (DESIGN §9; issue "edge"). Each
+-- upstream says in gateway.lua how a call to it carries the user:
+--   identity = "none"      nothing (the default): the inbound Authorization never reaches it
+--   identity = "forward"   the user's own token, only when its aud names the upstream's audience
+--   identity = "exchange"  a token for that audience from the token endpoint (OAuth 2.0 Token
+--                          Exchange, RFC 8693 §2), cached per (subject token, audience) until
+--                          shortly before it expires; concurrent exchanges of the same pair share
+--                          one request (single-flight); invalid_target is cached briefly.
+-- A call that cannot carry the identity is never sent without it: its section fails with an
+-- identity-unavailable problem (503; a required section fails the page with it).
+--
+-- The token endpoint is called through the gateway's own upstream client: gateway.lua's
+-- token_exchange becomes an internal upstream ("@token_exchange") that no script can name.
+local json = require "agg.json"
+local problem = require "agg.problem"
+local edge = require "agg.edge_config"
+
+local M = {}
+
+local core, te, hooks
+local cache, cache_n = {}, 0   -- subject token .. "\0" .. audience -> { token, expires } | { p, expires }
+local pending = {}             -- same key -> { waiters = { … } } while an exchange is in flight
+M.CACHE_MAX = 10000            -- entries per worker; beyond, expired ones go, then all
+M.EARLY_MS = 30000             -- renew an exchanged token this long before it expires (half its life at most)
+M.INVALID_TARGET_MS = 30000    -- how long the token endpoint's invalid_target answer is remembered
+M.stats = { exchanges = 0, hits = 0, failures = 0, shared = 0 }
+
+--- Called by agg.runtime.init. transport: core; token_exchange: the loader's gen.token_exchange
+-- (nil when gateway.lua has none); h: { set_timer, clear_timer, register_call(id, fn) }.
+function M.init(transport, token_exchange, h)
+  core, te, hooks = transport, token_exchange, h
+  cache, cache_n, pending = {}, 0, {}
+  M.stats = { exchanges = 0, hits = 0, failures = 0, shared = 0 }
+end
+
+--- The claims of user u (the edge's table, gateway/edge/edge.h): made from its json ref on
+-- first read, then kept.
+function M.claims(u)
+  local c = rawget(u, "claims")
+  if c == nil and u.claims_ref then
+    c = json.materialize(u.claims_ref)
+    u.claims, u.claims_ref = c, nil
+  end
+  return c
+end
+
+--- The scopes of user u: the "scope" claim split on spaces, or the "scp" list (DESIGN §9.1).
+function M.scopes(u)
+  local s = rawget(u, "scopes")
+  if s == nil then
+    s = {}
+    local c = M.claims(u) or {}
+    if type(c.scope) == "string" then
+      for w in c.scope:gmatch("%S+") do s[#s + 1] = w end
+    elseif type(c.scp) == "table" then
+      for _, v in ipairs(c.scp) do if type(v) == "string" then s[#s + 1] = v end end
+    elseif type(c.scp) == "string" then
+      s[1] = c.scp
+    end
+    u.scopes = s
+  end
+  return s
+end
+
+local function unavailable(x, up, detail, status)
+  return problem.new("identity-unavailable", x.key .. ": the call to " .. up.name .. " cannot carry the user's identity",
+                     status or 503, detail)
+end
+
+-- Sets the call's Authorization (replacing one the script set) and keeps it out of single-flight.
+local function authorize(x, token)
+  local h, out = x.headers, {}
+  if h then
+    for i = 1, #h, 2 do
+      if h[i] ~= "authorization" then out[#out + 1] = h[i]; out[#out + 1] = h[i + 1] end
+    end
+  end
+  out[#out + 1] = "authorization"
+  out[#out + 1] = "Bearer " .. token
+  x.headers = out
+  x.collapse = false -- credentials are never shared
+end
+
+local function aud_has(aud, want)
+  if type(aud) == "string" then return aud == want end
+  if type(aud) == "table" then
+    for _, a in ipairs(aud) do if a == want then return true end end
+  end
+  return false
+end
+
+local function remember(key, entry)
+  if cache[key] == nil then
+    if cache_n >= M.CACHE_MAX then
+      local now = core.now()
+      for k, e in pairs(cache) do
+        if e.expires <= now then cache[k] = nil; cache_n = cache_n - 1 end
+      end
+      if cache_n >= M.CACHE_MAX then cache, cache_n = {}, 0 end
+    end
+    cache_n = cache_n + 1
+  end
+  cache[key] = entry
+end
+
+-- The token endpoint's answer (RFC 8693 §2.2): the token and how long to keep it, or a problem
+-- and how long to remember it (0: not at all).
+local function read_answer(x, up, outcome, http_status, body, detail)
+  if outcome ~= "ok" then
+    return nil, unavailable(x, up, "the token endpoint did not answer (" .. outcome ..
+                            (detail and (": " .. detail) or "") .. ")"), 0
+  end
+  local ok, doc = pcall(json.decode, body or "")
+  if not ok or type(doc) ~= "table" then doc = nil end
+  if http_status == 200 then
+    local tok, ttype, exp = doc and doc.access_token, doc and doc.token_type, doc and doc.expires_in
+    if type(tok) ~= "string" or tok == "" or not tok:match("^[%w%-%._~%+/]+=*$") then
+      return nil, unavailable(x, up, "the token endpoint's answer has no usable access_token"), 0
+    end
+    if type(ttype) == "string" and ttype:lower() ~= "bearer" then
+      return nil, unavailable(x, up, "the token endpoint issued a token of type " .. ttype .. ", not Bearer"), 0
+    end
+    local life = (type(exp) == "number" and exp > 0) and exp * 1000 or 60000
+    return tok, nil, life - math.min(M.EARLY_MS, life / 2)
+  end
+  local code = doc and type(doc.error) == "string" and doc.error or nil
+  local p = unavailable(x, up, "the token endpoint refused the exchange for audience " .. up.audience ..
+                        " (HTTP " .. http_status .. (code and (", " .. code) or "") .. ")")
+  return nil, p, code == "invalid_target" and M.INVALID_TARGET_MS or 0
+end
+
+local function start_exchange(ctx, x, up, key, pend)
+  local body = "grant_type=" .. edge.form_escape("urn:ietf:params:oauth:grant-type:token-exchange") ..
+               "&subject_token=" .. edge.form_escape(ctx.token) ..
+               "&subject_token_type=" .. edge.form_escape(te.subject_token_type) ..
+               "&requested_token_type=" .. edge.form_escape("urn:ietf:params:oauth:token-type:access_token") ..
+               "&audience=" .. edge.form_escape(up.audience)
+  local headers = { "content-type", "application/x-www-form-urlencoded", "accept", "application/json",
+                    "authorization", te.basic }
+  local remaining = ctx.deadline - core.now()
+  local t = math.min(te.timeout_ms, remaining)
+  M.stats.exchanges = M.stats.exchanges + 1
+  local id = core.call(ctx.rid, te.index, "POST", te.path, headers, body, math.max(1, math.floor(t + 0.5)), false,
+                       "token-exchange", 1, false)
+  hooks.register_call(id, function(outcome, http_status, _, rbody, _, _, detail)
+    pending[key] = nil
+    local tok, p, keep_ms = read_answer(x, up, outcome, http_status, rbody, detail)
+    if tok then
+      remember(key, { token = tok, expires = core.now() + keep_ms })
+    else
+      M.stats.failures = M.stats.failures + 1
+      core.log("warn", "token exchange for upstream " .. up.name .. " failed: " .. tostring(p.detail))
+      if keep_ms > 0 then remember(key, { p = p, expires = core.now() + keep_ms }) end
+    end
+    for _, w in ipairs(pend.waiters) do
+      if not w.done then
+        w.done = true
+        if w.timer then hooks.clear_timer(w.timer) end
+        if tok then
+          authorize(w.x, tok)
+          w.go(nil)
+        else
+          -- the problem names the waiter's own section
+          w.go(unavailable(w.x, up, p.detail))
+        end
+      end
+    end
+  end)
+end
+
+--- Readies call x (its normalized spec, section x.key) of request ctx for upstream up's identity,
+-- then calls go(nil) to send it, or go(problem) to fail it; go may run before this returns.
+function M.prepare(ctx, x, up, go)
+  local token = ctx.token
+  if not token then
+    return go(unavailable(x, up, "the request carries no user token: the endpoint's auth must be jwt"))
+  end
+  if up.identity == "forward" then
+    local claims = ctx.user and M.claims(ctx.user)
+    if aud_has(claims and claims.aud, up.audience) then
+      authorize(x, token)
+      return go(nil)
+    end
+    return go(unavailable(x, up, "the user's token is not meant for " .. up.audience ..
+                          " (its aud does not name it); use identity = \"exchange\""))
+  end
+  if not te then return go(unavailable(x, up, "gateway.lua has no token_exchange")) end
+  local key = token .. "\0" .. up.audience -- the whole subject token: never another user's
+  local c = cache[key]
+  if c then
+    if c.expires > core.now() then
+      M.stats.hits = M.stats.hits + 1
+      if c.token then
+        authorize(x, c.token)
+        return go(nil)
+      end
+      return go(unavailable(x, up, c.p.detail))
+    end
+    cache[key] = nil
+    cache_n = cache_n - 1
+  end
+  local w = { x = x, go = go, done = false, timer = false }
+  -- waiting for the exchange counts against the request's deadline
+  local remaining = ctx.deadline - core.now()
+  w.timer = hooks.set_timer(math.max(0, remaining), function()
+    w.timer = false
+    if w.done then return end
+    w.done = true
+    go(problem.for_outcome("deadline", x.key, up.name, "the token exchange did not finish in time"))
+  end)
+  local pend = pending[key]
+  if pend then
+    M.stats.shared = M.stats.shared + 1
+    pend.waiters[#pend.waiters + 1] = w
+    return
+  end
+  pend = { waiters = { w } }
+  pending[key] = pend
+  start_exchange(ctx, x, up, key, pend)
+end
+
+--- The upstream answered 401 to a call with an exchanged token: forget that token, so that the
+-- next prepare exchanges again.
+function M.forget(ctx, up)
+  if ctx.token and up.audience then
+    local key = ctx.token .. "\0" .. up.audience
+    if cache[key] then cache[key] = nil; cache_n = cache_n - 1 end
+  end
+end
+
+return M

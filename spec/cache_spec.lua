@@ -1,0 +1,264 @@
+-- Per-section caching (issue 16): cache-aside on the virtual clock, with an in-memory tier 2.
+-- Fixture scripts: spec/fixtures/cache.
+local testing = require "agg.testing"
+
+local DIR = "spec/fixtures/cache"
+
+local function timing(page, name)
+  return (page.headers["server-timing"] or ""):match(name .. ";dur=[%d.]+;desc=\"(%a+)\"")
+end
+
+describe("the cache", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("product", "/products/*", { json = { name = "Sneaker" }, latency_ms = 30 })
+    gw:stub("stock", "/stock/*", { json = { n = 3 }, latency_ms = 10 })
+  end)
+
+  it("serves the second page within the TTL without calling the upstream", function()
+    local first = gw:get("/p/1")
+    assert.equal("miss", timing(first, "product"))
+    for _ = 1, 9 do
+      gw:advance(5000)
+      local page = gw:get("/p/1")
+      assert.equal(200, page.status)
+      assert.equal("ok", page.json.product.status)
+      assert.equal("Sneaker", page.json.product.data.name)
+      assert.equal("hit", timing(page, "product"))
+    end
+    assert.equal(1, #gw:calls("product"))
+    assert.equal(10, #gw:calls("stock")) -- the volatile section is fetched every time
+  end)
+
+  it("makes one upstream call for a cold key that many pages ask for at once", function()
+    local pages = {}
+    for i = 1, 20 do pages[i] = gw:send("GET", "/p/7") end
+    gw:run()
+    for _, p in ipairs(pages) do assert.equal("ok", p.json.product.status) end
+    assert.equal(1, #gw:calls("product"))
+  end)
+
+  it("keeps entries apart by path, vary header and the call's own cache = false", function()
+    gw:get("/p/1")
+    gw:get("/p/2")
+    assert.equal(2, #gw:calls("product"))
+    gw:get("/lang/1", { headers = { ["accept-language"] = "de" } })
+    gw:get("/lang/1", { headers = { ["accept-language"] = "fr" } })
+    gw:get("/lang/1", { headers = { ["accept-language"] = "de" } })
+    assert.equal(4, #gw:calls("product"))
+    gw:get("/nocache/1")
+    gw:get("/nocache/1")
+    assert.equal(6, #gw:calls("product"))
+  end)
+
+  it("serves a stale entry within swr_s with status ok and refreshes it once in the background", function()
+    gw:get("/p/1")
+    gw:advance(61000) -- past the TTL (at most 60 s, jittered shorter), within swr_s
+    gw:stub("product", "/products/*", { json = { name = "Sneaker v2" }, latency_ms = 30 })
+    local pages = {}
+    for i = 1, 5 do pages[i] = gw:send("GET", "/p/1") end
+    gw:run()
+    for i, p in ipairs(pages) do
+      assert.equal("ok", p.json.product.status)
+      assert.equal("Sneaker", p.json.product.data.name)
+      assert.equal(i == 1 and "refresh" or "stale", timing(p, "product"))
+      assert.equal("true", p.headers["x-aggregation-completed"])
+    end
+    assert.equal(2, #gw:calls("product")) -- the first call and one refresh
+    local after = gw:get("/p/1")
+    assert.equal("Sneaker v2", after.json.product.data.name)
+    assert.equal("hit", timing(after, "product"))
+  end)
+
+  it("serves the stale copy with status stale and the problem when the upstream fails", function()
+    gw:get("/p/1")
+    gw:advance(200000) -- past TTL and swr, within stale_if_error_s
+    gw:stub("product", "/products/*", { status = 503, json = { error = "down" } })
+    local page = gw:get("/p/1")
+    assert.equal(200, page.status)
+    testing.expect_section(page, "product", "stale", "upstream-error")
+    assert.equal("Sneaker", page.json.product.data.name)
+    assert.equal("false", page.headers["x-aggregation-completed"])
+    assert.equal("no-store", page.headers["cache-control"])
+    assert.equal("stale", timing(page, "product"))
+    gw:advance(200000) -- past stale_if_error_s: nothing to serve any more
+    local gone = gw:get("/p/1")
+    testing.expect_section(gone, "product", "unavailable", "upstream-error")
+  end)
+
+  it("never stores a failed answer", function()
+    gw:stub("product", "/products/*", { status = 500, json = { error = "x" } })
+    testing.expect_section(gw:get("/p/1"), "product", "unavailable")
+    gw:stub("product", "/products/*", { json = { name = "ok now" } })
+    assert.equal("ok now", gw:get("/p/1").json.product.data.name)
+    assert.equal(2, #gw:calls("product"))
+  end)
+
+  it("keeps a 404 for negative_ttl_s and answers it without the upstream", function()
+    gw:stub("product", "/products/*", { status = 404, json = { error = "no such product" } })
+    for _ = 1, 50 do
+      local page = gw:get("/p/404")
+      testing.expect_section(page, "product", "unavailable")
+      assert.equal(404, page.json.product.error.status)
+    end
+    assert.equal(1, #gw:calls("product"))
+    gw:advance(11000)
+    gw:get("/p/404")
+    assert.equal(2, #gw:calls("product"))
+  end)
+
+  it("never serves one user's section to another", function()
+    gw:stub("product", "/me", { json = { user = "?" } })
+    local seen = {}
+    gw:stub("product", "/me", { json = { user = "alice" } })
+    seen.a1 = gw:get("/me", { headers = { authorization = "Bearer alice" } })
+    gw:stub("product", "/me", { json = { user = "bob" } })
+    seen.b1 = gw:get("/me", { headers = { authorization = "Bearer bob" } })
+    seen.a2 = gw:get("/me", { headers = { authorization = "Bearer alice" } })
+    seen.b2 = gw:get("/me", { headers = { authorization = "Bearer bob" } })
+    assert.equal("alice", seen.a1.json.me.data.user)
+    assert.equal("bob", seen.b1.json.me.data.user)
+    assert.equal("alice", seen.a2.json.me.data.user)
+    assert.equal("bob", seen.b2.json.me.data.user)
+    assert.equal(2, #gw:calls("product")) -- each user's second page is that user's hit
+    local warned = 0
+    for _, l in ipairs(gw:logs()) do if l:find("cached per user, never shared", 1, true) then warned = warned + 1 end end
+    assert.equal(1, warned)
+  end)
+
+  it("lets the upstream's Cache-Control decide when the script sets no TTL", function()
+    gw:stub("cc", "/items/1", { json = { v = 1 }, headers = { ["cache-control"] = "public, max-age=10, s-maxage=20" } })
+    gw:stub("cc", "/items/2", { json = { v = 2 }, headers = { ["cache-control"] = "no-store" } })
+    gw:stub("cc", "/items/3", { json = { v = 3 }, headers = { ["cache-control"] = "private, max-age=60" } })
+    gw:stub("cc", "/items/4", { json = { v = 4 } })
+    for i = 1, 4 do gw:get("/cc/" .. i) gw:get("/cc/" .. i) end
+    local n = {}
+    for _, c in ipairs(gw:calls("cc")) do n[c.path] = (n[c.path] or 0) + 1 end
+    assert.same({ ["/items/1"] = 1, ["/items/2"] = 2, ["/items/3"] = 2, ["/items/4"] = 2 }, n)
+    gw:advance(15000) -- s-maxage (20 s) rules a shared cache, not max-age (10 s)
+    gw:get("/cc/1")
+    assert.equal(1, n["/items/1"])
+    assert.equal(1, #(function() local l = {} for _, c in ipairs(gw:calls("cc")) do if c.path == "/items/1" then l[#l + 1] = c end end return l end)())
+  end)
+end)
+
+describe("cache entries", function()
+  local cache = require "agg.cache"
+  it("read back what was written, and nothing else", function()
+    local v = cache.encode(1000, 2000, 3000, 200, "content-type\0application/json\0", '{"a":1}')
+    local e = cache.decode(v)
+    assert.same({ 1000, 2000, 3000, 200, "content-type\0application/json\0", '{"a":1}' },
+                { e.fresh, e.stale, e.error_until, e.status, e.headers, e.body })
+    for _, bad in ipairs({ "", "garbage", v:sub(1, -2), v .. "x", v:gsub("^AGWC1", "AGWC2"),
+                           "AGWC1 1 2 3 200 0 -1\n", "AGWC1 1 2 3 200 0 1e1\n0123456789",
+                           "AGWC1 +1 2 3 200 0 0\n", "AGWC1 1 2 3 200 0x1 0\nx", ("AGWC1 1 2 3 200 0 %d\n"):format(2 ^ 40) }) do
+      assert.is_nil(cache.decode(bad), bad)
+    end
+    assert.is_nil(cache.decode(cache.encode(1, 2, 3, 200, "", ("x"):rep(cache.MAX_ENTRY))))
+  end)
+
+  it("take their lifetimes from the policy, else from Cache-Control", function()
+    local shared = { scope = "shared" }
+    assert.same({ 60, 0, 0 }, { cache.lifetimes({ ttl_s = 60, scope = "shared" }, "no-store") })
+    assert.same({ 20, 5, 7 }, { cache.lifetimes(shared,
+      "max-age=10, s-maxage=20, stale-while-revalidate=5, stale-if-error=7") })
+    assert.is_nil(cache.lifetimes(shared, "no-cache, max-age=10"))
+    assert.is_nil(cache.lifetimes(shared, "private, max-age=10"))
+    assert.same({ 10, 0, 0 }, { cache.lifetimes({ scope = "user" }, "Private, Max-Age=10") })
+    assert.is_nil(cache.lifetimes(shared, nil))
+    assert.is_nil(cache.lifetimes(shared, "max-age=0"))
+  end)
+
+  it("read a header out of a header block, repeated names joined", function()
+    local b = "content-type\0application/json\0x-authorization\0no\0cache-control\0max-age=5\0cache-control\0public\0"
+    assert.equal("max-age=5, public", cache.block_get(b, "cache-control"))
+    assert.equal("application/json", cache.block_get(b, "content-type"))
+    assert.is_nil(cache.block_get(b, "authorization"))
+    assert.is_nil(cache.block_get("broken", "broken"))
+  end)
+end)
+
+describe("a call's cache option", function()
+  it("names the mistake at the script's line", function()
+    local gw = testing.gateway { dir = DIR }
+    local want = {
+      field = "call to 'product': cache.ttl unknown option; cache knows key, negative_ttl_s, scope, stale_if_error_s, swr_s, ttl_s, vary",
+      type = "call to 'product': option 'cache' must be false or a table like { ttl_s = 60 }",
+      post = "call to 'product': option 'cache' is for GET and HEAD calls only",
+      scope = "call to 'product': cache.scope must be \"shared\" or \"user\"",
+    }
+    for kind, msg in pairs(want) do
+      assert.equal(500, gw:get("/bad/" .. kind).status)
+      local logs = table.concat(gw:logs(), "\n")
+      assert.matches(msg, logs, 1, true)
+      -- the fetch_all of /bad/{kind} (spec/fixtures/cache/pages.lua)
+      assert.matches("pages.lua:43: " .. msg, logs, 1, true)
+    end
+  end)
+end)
+
+describe("a page made of cached sections", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("product", "/products/*", { json = { name = "Sneaker" } })
+    gw:stub("product", "/me", { json = { user = "alice" } })
+    gw:stub("stock", "/stock/*", { json = { n = 3 } })
+  end)
+
+  it("gets max-age = the smallest freshness left of its sections when all are shared entries", function()
+    gw:stub("cc", "/items/1", { json = { v = 1 }, headers = { ["cache-control"] = "max-age=100" } })
+    local first = gw:get("/cc/1")
+    local age = tonumber(first.headers["cache-control"]:match("^max%-age=(%d+)$"))
+    assert.is_true(age >= 90 and age <= 100) -- 100 s less the jitter (up to 10 %)
+    gw:advance(30000)
+    local later = gw:get("/cc/1")
+    assert.equal("hit", timing(later, "item"))
+    assert.equal("max-age=" .. (age - 30), later.headers["cache-control"])
+  end)
+
+  it("gets no max-age when a section is volatile, personal or stale", function()
+    assert.is_nil(gw:get("/p/1").headers["cache-control"])              -- stock is not cached
+    assert.is_nil(gw:get("/me", { headers = { authorization = "Bearer a" } }).headers["cache-control"])
+    gw:stub("cc", "/items/2", { json = { v = 2 },
+                                headers = { ["cache-control"] = "max-age=10, stale-while-revalidate=60" } })
+    assert.is_truthy(gw:get("/cc/2").headers["cache-control"])
+    gw:advance(20000)
+    local stale = gw:get("/cc/2")
+    assert.equal("refresh", timing(stale, "item"))
+    assert.is_nil(stale.headers["cache-control"])
+  end)
+end)
+
+describe("the cache's shared tier", function()
+  it("gives a second gateway a warm hit from what the first stored", function()
+    local redis = testing.redis()
+    local a = testing.gateway { dir = DIR, redis = redis }
+    a:stub("product", "/products/*", { json = { name = "Sneaker" } })
+    a:stub("stock", "/stock/*", { json = { n = 1 } })
+    a:get("/p/1")
+    local b = testing.gateway { dir = DIR, redis = redis, clock = a:now() }
+    b:stub("product", "/products/*", { json = { name = "other" } })
+    b:stub("stock", "/stock/*", { json = { n = 1 } })
+    local page = b:get("/p/1")
+    assert.equal("Sneaker", page.json.product.data.name)
+    assert.equal("hit", timing(page, "product"))
+    assert.equal(0, #b:calls("product"))
+  end)
+
+  it("is a miss, never a failed page, when Redis hangs, is down or answers garbage", function()
+    for _, fault in ipairs({ "hang", "down", "corrupt" }) do
+      local redis = testing.redis()
+      redis[fault] = true
+      local gw = testing.gateway { dir = DIR, redis = redis }
+      gw:stub("product", "/products/*", { json = { name = "Sneaker" } })
+      gw:stub("stock", "/stock/*", { json = { n = 1 } })
+      local page = gw:get("/p/1")
+      assert.equal(200, page.status)
+      assert.equal("ok", page.json.product.status)
+      assert.equal(1, #gw:calls("product"))
+      assert.equal("hit", timing(gw:get("/p/1"), "product")) -- tier 1 still works
+    end
+  end)
+end)

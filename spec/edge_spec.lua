@@ -1,0 +1,93 @@
+-- The edge in specs (issue "edge"): requests as a user, the endpoint's auth, and the identity each
+-- upstream gets (forwarded token, RFC 8693 exchange cached on the virtual clock). Fixture:
+-- spec/fixtures/edge.
+local testing = require "agg.testing"
+
+local DIR = "spec/fixtures/edge"
+local ALICE = { sub = "alice", scopes = { "orders:read" }, aud = { "aggway", "orders" } }
+
+describe("a protected endpoint in a spec", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("orders", "/orders/*", { json = { id = 1 } })
+    gw:stub("inventory", "/stock/*", { json = { inStock = 3 } })
+    gw:stub("catalog", "/items/*", { json = { name = "Sneaker" } })
+    gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-1", token_type = "Bearer",
+                                                             expires_in = 120 } })
+  end)
+
+  it("answers 401 without a user and 403 without the scope, as the edge does", function()
+    local r = gw:get("/orders/1")
+    assert.equal(401, r.status)
+    assert.equal('Bearer realm="aggway"', r.headers["www-authenticate"])
+    r = gw:get("/orders/1", { user = { sub = "bob", scopes = { "profile" } } })
+    assert.equal(403, r.status)
+    assert.equal(0, #gw:calls())
+    assert.equal(200, gw:get("/health").status)
+  end)
+
+  it("gives the script req.user and each upstream the identity gateway.lua says", function()
+    local page = gw:get("/orders/1", { user = ALICE })
+    assert.equal(200, page.status)
+    assert.equal("alice", page.json.who.data)
+    local order, stock, info = gw:calls("orders")[1], gw:calls("inventory")[1], gw:calls("catalog")[1]
+    assert.equal("Bearer spec-token-alice", order.headers.authorization)
+    assert.equal("Bearer xt-1", stock.headers.authorization)
+    assert.is_nil(info.headers.authorization)
+    local x = gw:calls("@token_exchange")[1]
+    assert.matches("grant_type=urn%%3Aietf%%3Aparams%%3Aoauth%%3Agrant%-type%%3Atoken%-exchange", x.body)
+    assert.matches("subject_token=spec%-token%-alice", x.body)
+    assert.matches("audience=inventory", x.body)
+    assert.equal("Basic YWdnd2F5OnNwZWMtY2xpZW50LXNlY3JldA==", x.headers.authorization)
+  end)
+
+  it("forwards no token whose aud does not name the upstream", function()
+    local page = gw:get("/orders/1", { user = { sub = "carol", scopes = { "orders:read" } } })
+    testing.expect_section(page, "order", "unavailable", "identity-unavailable")
+    assert.equal(0, #gw:calls("orders"))
+  end)
+
+  it("reuses an exchanged token until shortly before it expires, per user", function()
+    gw:get("/orders/1", { user = ALICE })
+    gw:get("/orders/2", { user = ALICE })
+    assert.equal(1, #gw:calls("@token_exchange"))
+    gw:get("/orders/3", { user = { sub = "dave", scopes = { "orders:read" } } })
+    assert.equal(2, #gw:calls("@token_exchange"))  -- dave never gets alice's token
+    gw:advance(89000)                               -- expires_in 120 s, renewed 30 s early
+    gw:get("/orders/4", { user = ALICE })
+    assert.equal(2, #gw:calls("@token_exchange"))
+    gw:advance(2000)
+    gw:get("/orders/5", { user = ALICE })
+    assert.equal(3, #gw:calls("@token_exchange"))
+  end)
+
+  it("fails the section when the token endpoint is down, and a required one fails the page with 503", function()
+    gw:stub("@token_exchange", "POST", "/token", { status = 503, json = { error = "temporarily_unavailable" } })
+    local page = gw:get("/orders/1", { user = ALICE })
+    testing.expect_section(page, "stock", "unavailable", "identity-unavailable")
+    local r = gw:get("/stock/1", { user = ALICE })
+    assert.equal(503, r.status)
+    assert.equal(0, #gw:calls("inventory"))
+  end)
+
+  it("never serves one user's cached section to another when the upstream gets the user's identity", function()
+    local ERIN = { sub = "erin", scopes = { "orders:read" }, aud = { "aggway", "orders" } }
+    assert.equal(200, gw:get("/cached-orders/1", { user = ALICE }).status)
+    assert.equal(200, gw:get("/cached-orders/1", { user = ERIN }).status)
+    local calls = gw:calls("orders")
+    assert.equal(2, #calls)                          -- erin's page did not get alice's entry
+    assert.equal("Bearer spec-token-alice", calls[1].headers.authorization)
+    assert.equal("Bearer spec-token-erin", calls[2].headers.authorization)
+    gw:get("/cached-orders/1", { user = ALICE })
+    gw:get("/cached-orders/1", { user = ERIN })
+    assert.equal(2, #gw:calls("orders"))             -- each user's own entry is a hit
+  end)
+
+  it("waits for the exchange within the request's deadline", function()
+    gw:stub("@token_exchange", "POST", "/token", { fault = "hang" })
+    local page = gw:get("/orders/1", { user = ALICE })
+    testing.expect_section(page, "stock", "unavailable", "identity-unavailable")
+    assert.equal(300, page.elapsed_ms)               -- token_exchange.timeout_ms
+  end)
+end)

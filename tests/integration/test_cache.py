@@ -1,0 +1,387 @@
+"""Per-section caching with a real Redis (issue 16): the cache's promises as a client and the
+upstream see them. Each test starts its own redis-server on a free loopback port (no persistence)
+and stops it; the gateways and the mock are the harness's."""
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (Gateway, GatewayTestCase, SLOW, curl, free_port, gateway_lua, route, run_aggway,  # noqa: E402
+                     tcp_connects, wait_until, write_scripts)
+
+PAGE = """
+local agg = require "agg"
+return {
+  route = "GET /p/{id}",
+  handler = function(req)
+    return agg.page(agg.fetch_all {
+      product = { "product", "/products/" .. req.params.id },
+      stock   = { "inventory", "/stock/" .. req.params.id },
+    })
+  end,
+}
+"""
+
+SERVICES = {
+    "product": [route("/products/{id}", latency_ms=5, json={"id": "{id}", "name": "Sneaker"})],
+    "inventory": [route("/stock/{id}", latency_ms=2, json={"inStock": 12})],
+}
+
+
+class Redis:
+    def __init__(self, workdir):
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", self.workdir],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_until(lambda: tcp_connects(self.port), 10):
+            raise AssertionError("redis-server did not start")
+        return self
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def timing(resp, name):
+    m = re.search(name + r';dur=[\d.]+;desc="(\w+)"', resp.headers.get("server-timing", ""))
+    return m.group(1) if m else None
+
+
+@unittest.skipUnless(shutil.which("redis-server"), "redis-server is not installed (tools/bootstrap installs it)")
+class CacheWithRedis(GatewayTestCase):
+    def setUp(self):
+        super().setUp()
+        self.redis = Redis(self.workdir).start()
+        self.addCleanup(self.redis.stop)
+
+    def extra(self, **over):
+        e = {"redis": {"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 20},
+             "cache": {"memory_bytes": 4 * 1024 * 1024, "redis": True},
+             "admin": {"port": free_port()}}
+        e.update(over)
+        return e
+
+    def start_cached(self, workers=1, **extra):
+        ex = self.extra(**extra)
+        self.admin_port = ex["admin"]["port"]
+        return self.start(services=SERVICES, scripts={"p.lua": PAGE}, workers=workers, deadline_ms=5000,
+                          upstream_options=self.options({"ttl_s": 60, "swr_s": 30, "stale_if_error_s": 300}),
+                          gateway_extra=ex)
+
+    @staticmethod
+    def options(cache):
+        # call timeouts far above the calls' latencies: these tests are about the cache, and must
+        # not fail on a machine slow enough for the harness's 100-150 ms defaults
+        return {"product": {"timeout_ms": 2000, "cache": cache}, "inventory": {"timeout_ms": 2000}}
+
+    def metric(self, name):
+        r = curl("http://127.0.0.1:%d/metrics" % self.admin_port)
+        m = re.search(r"^" + re.escape(name) + r" (\d+)", r.body.decode(), re.M)
+        return int(m.group(1)) if m else None
+
+    def product_hits(self):
+        return self.mock.hits()["product"].get("GET /products/{id}", 0)
+
+    def test_pages_within_the_ttl_make_one_upstream_call(self):
+        self.start_cached()
+        first = self.get("/p/1")
+        self.assertEqual(first.status, 200)
+        self.assertEqual(timing(first, "product"), "miss")
+        for _ in range(20):
+            r = self.get("/p/1")
+            self.assertEqual(r.status, 200)
+            self.assertEqual(r.json()["product"]["data"]["name"], "Sneaker")
+            self.assertEqual(timing(r, "product"), "hit")
+        self.assertEqual(self.product_hits(), 1)
+        self.assertTrue(wait_until(lambda: self.metric('aggway_cache_lookups_total{outcome="hit"}') == 20, 20))
+
+    def test_the_access_log_says_each_sections_cache_outcome(self):
+        log = os.path.join(self.workdir, "access.log")
+        self.start_cached(access_log=log)
+        self.get("/p/1")
+        self.get("/p/1")
+
+        def lines():
+            if not os.path.exists(log):
+                return []
+            with open(log) as f:
+                return [e for e in (json.loads(line) for line in f if line.strip()) if e["path"] == "/p/1"]
+
+        self.assertTrue(wait_until(lambda: len(lines()) == 2, 20))
+        got = [{s["name"]: s.get("cache") for s in entry["sections"]} for entry in lines()]
+        self.assertEqual(got, [{"product": "miss", "stock": None}, {"product": "hit", "stock": None}])
+
+    def test_the_waterfall_shows_a_cached_section_as_such(self):
+        self.start_cached()
+        self.get("/p/1")
+        hit = self.get("/p/1")
+        self.assertEqual(timing(hit, "product"), "hit")
+
+        def cached_calls():
+            r = curl("http://127.0.0.1:%d/waterfall.json" % self.admin_port)
+            reqs = r.json()["requests"]
+            return [sorted((c["section"], c["cache"] or "-") for c in q["calls"])
+                    for q in reqs if q.get("request", "").endswith("/p/1")]
+
+        self.assertTrue(wait_until(lambda: len(cached_calls()) == 2, 20), cached_calls())
+        self.assertEqual(sorted(cached_calls()), [[("product", "-"), ("stock", "-")], [("product", "hit"), ("stock", "-")]])
+        html = curl("http://127.0.0.1:%d/waterfall" % self.admin_port).body.decode()
+        self.assertIn("cache hit", html)
+
+    def test_a_second_gateway_gets_a_warm_hit_from_redis(self):
+        self.start_cached()
+        self.get("/p/9")
+        self.assertEqual(self.product_hits(), 1)
+        # a second process on the same scripts and the same Redis
+        sdir = os.path.join(self.workdir, "second")
+        port2 = free_port()
+        with open(os.path.join(self.scripts_dir, "gateway.lua")) as f:
+            src = f.read()
+        src = src.replace("port = %d" % self.port, "port = %d" % port2)
+        admin2 = free_port()
+        src = re.sub(r"admin = \{[^}]*\}", "admin = { port = %d }" % admin2, src)
+        write_scripts(sdir, {"p.lua": PAGE}, src)
+        gw2 = Gateway(sdir, port2)
+        self.addCleanup(gw2.stop)
+        self.assertTrue(gw2.start(), gw2.log())
+        first_admin, self.admin_port = self.admin_port, admin2
+        self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 1, 10), gw2.log())
+        self.admin_port = first_admin
+        r = curl("http://127.0.0.1:%d/p/9" % port2)
+        self.assertEqual(r.json()["product"]["data"]["name"], "Sneaker")
+        self.assertEqual(timing(r, "product"), "hit")
+        self.assertEqual(self.product_hits(), 1)  # the second gateway's first page made no call
+
+    def test_redis_killed_under_load_fails_no_page_and_the_client_reconnects(self):
+        self.start_cached(workers=2)
+        self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 10))
+        done = threading.Event()
+        statuses = []
+
+        def load(i):
+            n = 0
+            while not done.is_set():
+                statuses.append(self.get("/p/%d" % (i * 1000 + n % 50)).status)
+                n += 1
+
+        # 4 clients in a loop; Redis is killed once 20 pages were served, and the load goes on for
+        # 40 pages more (counted, not timed: the machine may be slow)
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            futs = [ex.submit(load, i) for i in range(4)]
+            try:
+                self.assertTrue(wait_until(lambda: len(statuses) >= 20, 60))
+                self.redis.stop()
+                killed_at = len(statuses)
+                self.assertTrue(wait_until(lambda: len(statuses) >= killed_at + 40, 120))
+            finally:
+                done.set()
+                for f in futs:
+                    f.result()
+        self.assertEqual([s for s in statuses if s != 200], [])
+        self.assertEqual(self.metric("aggway_redis_connected"), 0)
+        self.redis.start()  # the same port
+        self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 15))
+        self.assertIn("connected again", self.gw.log())
+
+    def test_a_hanging_redis_fails_no_page(self):
+        self.start_cached()
+        self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 1, 10))
+        self.redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            for i in range(10):
+                r = self.get("/p/%d" % (500 + i))
+                self.assertEqual(r.status, 200)
+                self.assertEqual(r.json()["product"]["status"], "ok")
+        finally:
+            self.redis.proc.send_signal(signal.SIGCONT)
+        self.assertGreaterEqual(self.metric("aggway_redis_timeouts_total"), 1)
+
+    def test_a_reload_keeps_tier1_for_upstreams_whose_cache_settings_did_not_change(self):
+        self.start_cached(cache={"memory_bytes": 4 * 1024 * 1024, "redis": False})
+        self.get("/p/1")
+        path = os.path.join(self.scripts_dir, "gateway.lua")
+
+        def reload(expect_gen):
+            self.gw.proc.send_signal(signal.SIGHUP)
+            self.assertTrue(wait_until(lambda: self.metric("aggway_generation") == expect_gen, 10), self.gw.log())
+
+        reload(2)
+        self.assertEqual(timing(self.get("/p/1"), "product"), "hit")
+        with open(path) as f:
+            src = f.read()
+        with open(path, "w") as f:
+            f.write(src.replace("ttl_s = 60", "ttl_s = 120"))
+        reload(3)
+        self.assertEqual(timing(self.get("/p/1"), "product"), "miss")
+        self.assertEqual(self.product_hits(), 2)
+
+    def test_purge_by_prefix_empties_both_tiers(self):
+        self.start_cached()
+        self.get("/p/1")
+        self.get("/p/2")
+        self.assertEqual(self.product_hits(), 2)
+        r = curl("http://127.0.0.1:%d/cache/purge?prefix=agw:%%7Bproduct%%7D" % self.admin_port, "-X", "POST")
+        self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(r.json()["redis_deleted"], 2)
+        self.assertEqual(r.json()["workers"], 1)
+        # tier 1 applies it on the worker's next tick (within about a second)
+        self.assertTrue(wait_until(lambda: timing(self.get("/p/1"), "product") == "miss", 20))
+        bad = curl("http://127.0.0.1:%d/cache/purge?prefix=user:1" % self.admin_port, "-X", "POST")
+        self.assertEqual(bad.status, 400)
+        self.assertEqual(curl("http://127.0.0.1:%d/cache/purge?prefix=agw:" % self.admin_port).status, 405)
+
+    def test_stale_if_error_serves_the_cached_copy_while_the_upstream_is_down(self):
+        self.start(services=SERVICES, scripts={"p.lua": PAGE},
+                   upstream_options=self.options({"ttl_s": 1, "stale_if_error_s": 300}), deadline_ms=5000,
+                   gateway_extra=self.extra())
+        self.get("/p/1")
+        self.mock.refuse("product")
+        time.sleep(1.2)  # past the TTL
+        r = self.get("/p/1")
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.json()["product"]["status"], "stale")
+        self.assertEqual(r.json()["product"]["data"]["name"], "Sneaker")
+        self.assertIn("type", r.json()["product"]["error"])
+        self.assertEqual(r.headers.get("x-aggregation-completed"), "false")
+        self.assertEqual(timing(r, "product"), "stale")
+
+    def test_stale_while_revalidate_refreshes_once(self):
+        self.start(services=SERVICES, scripts={"p.lua": PAGE},
+                   upstream_options=self.options({"ttl_s": 1, "swr_s": 30, "stale_if_error_s": 300}), deadline_ms=5000,
+                   gateway_extra=self.extra())
+        self.get("/p/1")
+        time.sleep(1.2)  # past the TTL (at most 1 s), within swr_s
+        outcomes = [timing(self.get("/p/1"), "product") for _ in range(5)]
+        self.assertEqual(outcomes[0], "refresh")
+        # every page was served from the cache (none waited for the upstream), and the upstream saw
+        # the first call plus one call per page that started a refresh; the next pages are served
+        # the old copy while the refresh runs, then the new one (on a machine slow enough for the
+        # new copy's 1 s to pass meanwhile, a page may start the next refresh: it says so)
+        self.assertTrue(all(o in ("refresh", "stale", "hit") for o in outcomes), outcomes)
+        self.assertTrue(wait_until(lambda: self.product_hits() == 1 + outcomes.count("refresh"), 20),
+                        (outcomes, self.product_hits()))
+        time.sleep(0.3)
+        self.assertEqual(self.product_hits(), 1 + outcomes.count("refresh"), outcomes)
+
+    def test_user_a_never_gets_user_b_section(self):
+        me = """
+local agg = require "agg"
+return { route = "GET /me/{id}", handler = function(req)
+  return agg.page(agg.fetch_all {
+    me = { "product", "/products/" .. req.params.id, headers = { authorization = req.headers.authorization } } })
+end }
+"""
+        self.start(services={"product": [route("/products/{id}", json={"id": "{id}"})],
+                             "inventory": SERVICES["inventory"]},
+                   scripts={"me.lua": me}, upstream_options=self.options({"ttl_s": 60}), deadline_ms=5000,
+                   gateway_extra=self.extra())
+        a = self.get("/me/1", "-H", "Authorization: Bearer A")
+        b = self.get("/me/1", "-H", "Authorization: Bearer B")
+        a2 = self.get("/me/1", "-H", "Authorization: Bearer A")
+        b2 = self.get("/me/1", "-H", "Authorization: Bearer B")
+        self.assertEqual(timing(a, "me"), "miss")
+        self.assertEqual(timing(b, "me"), "miss")
+        self.assertEqual(timing(a2, "me"), "hit")
+        self.assertEqual(timing(b2, "me"), "hit")
+        self.assertEqual(self.product_hits(), 2)
+        self.assertIn("cached per user, never shared", self.gw.log())
+
+    def test_missing_keys_reach_the_upstream_once_each(self):
+        self.start(
+            services={"product": [route("/products/{id}", status=404, json={"error": "no such product"})],
+                      "inventory": SERVICES["inventory"]},
+            scripts={"p.lua": PAGE}, upstream_options=self.options({"ttl_s": 60, "negative_ttl_s": 600}), deadline_ms=5000,
+            gateway_extra=self.extra())
+        # 3 rounds of 30 missing keys: one call per key, the rest are negative entries (kept 600 s:
+        # longer than any run of this test, however slow the machine)
+        for _ in range(3):
+            for i in range(30):
+                r = self.get("/p/x%d" % i)
+                self.assertEqual(r.status, 200)
+                self.assertEqual(r.json()["product"]["error"]["status"], 404)
+        self.assertEqual(self.product_hits(), 30)
+
+
+class CacheConfigChecks(unittest.TestCase):
+    """aggway check on the redis and cache blocks: every mistake names gateway.lua, its line and the option."""
+
+    def setUp(self):
+        import tempfile
+        self.workdir = tempfile.mkdtemp(prefix="aggway-cache-check-")
+        self.addCleanup(shutil.rmtree, self.workdir, True)
+
+    def check(self, body):
+        src = ('return {\n'
+               '  listen = { { port = %d } },\n'
+               '%s'
+               '  upstreams = { product = { url = "http://127.0.0.1:9001" },\n'
+               '                inventory = { url = "http://127.0.0.1:9003" } },\n'
+               '}\n') % (free_port(), body)
+        d = os.path.join(self.workdir, "s%d" % len(os.listdir(self.workdir)))
+        write_scripts(d, {"p.lua": PAGE}, src)
+        p = run_aggway("check", "-c", d)
+        return p.returncode, p.stderr.decode(errors="replace"), d
+
+    def assertInvalid(self, body, line, *words):
+        rc, err, d = self.check(body)
+        self.assertEqual(rc, 1, err)
+        self.assertIn(os.path.join(d, "gateway.lua") + ":%d:" % line, err)
+        for w in words:
+            self.assertIn(w, err)
+
+    def test_valid_blocks_pass(self):
+        rc, err, _ = self.check('  redis = { url = "redis://127.0.0.1:6379/1", timeout_ms = 5 },\n'
+                                '  cache = { memory_bytes = 1048576, redis = true },\n')
+        self.assertEqual(rc, 0, err)
+
+    def test_misspelt_options_are_named_with_a_suggestion(self):
+        self.assertInvalid('  redis = { url = "redis://127.0.0.1:6379/1",\n    timeut_ms = 5 },\n', 4,
+                           "redis.timeut_ms", "did you mean 'timeout_ms'")
+        self.assertInvalid('  cache = { memory_byte = 1048576 },\n', 3, "cache.memory_byte", "did you mean 'memory_bytes'")
+
+    def test_wrong_types_and_values_are_named(self):
+        self.assertInvalid('  redis = { url = "http://127.0.0.1:6379" },\n', 3, "redis.url", "redis://")
+        self.assertInvalid('  redis = { url = "redis://127.0.0.1:99999/0" },\n', 3, "redis.url", "port")
+        self.assertInvalid('  redis = { url = "redis://127.0.0.1/x" },\n', 3, "redis.url", "database")
+        self.assertInvalid('  redis = { url = "redis://127.0.0.1", timeout_ms = 0 },\n', 3, "redis.timeout_ms")
+        self.assertInvalid('  cache = { memory_bytes = 10 },\n', 3, "cache.memory_bytes")
+        self.assertInvalid('  cache = { redis = "yes" },\n', 3, "cache.redis", "true or false")
+        self.assertInvalid('  cache = { redis = true },\n', 3, "cache.redis", "no redis")
+
+    def test_an_upstream_cache_block_is_checked(self):
+        bad = ('return {\n  listen = { { port = %d } },\n  upstreams = {\n'
+               '    product = { url = "http://127.0.0.1:9001",\n'
+               '                cache = { ttl_s = 60, sw_s = 30 } },\n'
+               '    inventory = { url = "http://127.0.0.1:9003" },\n  },\n}\n') % free_port()
+        d = os.path.join(self.workdir, "up")
+        write_scripts(d, {"p.lua": PAGE}, bad)
+        p = run_aggway("check", "-c", d)
+        err = p.stderr.decode(errors="replace")
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn(os.path.join(d, "gateway.lua") + ":5:", err)
+        self.assertIn("upstreams.product.cache.sw_s", err)
+        bad2 = bad.replace("sw_s = 30", 'scope = "everyone"')
+        d2 = os.path.join(self.workdir, "up2")
+        write_scripts(d2, {"p.lua": PAGE}, bad2)
+        p = run_aggway("check", "-c", d2)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn('upstreams.product.cache.scope: must be "shared" or "user"', p.stderr.decode())
+
+
+if __name__ == "__main__":
+    unittest.main()
