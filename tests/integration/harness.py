@@ -209,6 +209,12 @@ class Mock:
     def reset(self):
         return self._admin("POST", "/reset")
 
+    def requests(self, service=None):
+        """The requests the mock received (method, path, headers): per service, or one service's."""
+        if service is None:
+            return self._admin("GET", "/requests")
+        return self._admin("GET", "/services/%s/requests" % service)
+
     def url(self, service):
         return "http://127.0.0.1:%d" % self.ports[service]
 
