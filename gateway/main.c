@@ -73,6 +73,35 @@ static int cmd_version(void)
     return dir ? 0 : 1;
 }
 
+/* Runs every endpoint of dir once on the spec harness against generated stubs (lua/agg/dryrun.lua)
+ * and prints the call spec mistakes it finds, "file:line: message" each. Returns their number, or
+ * 1 when the runtime cannot be started (said on stderr). */
+static int dry_run(const char *dir)
+{
+    lua_State *L = agw_vm_new(dir);
+    if (L == NULL)
+        return 1;
+    lua_pushstring(L, dir);
+    lua_setglobal(L, "AGGWAY_SCRIPTS");
+    int found = 0;
+    if (luaL_dostring(L, "return require 'agg.dryrun'.run(AGGWAY_SCRIPTS)") != 0) {
+        const char *msg = lua_tostring(L, -1);
+        fprintf(stderr, "aggway: the dry run of %s failed: %s\n", dir, msg ? msg : "(no message)");
+        found = 1;
+    } else if (lua_istable(L, -1)) {
+        size_t n = lua_objlen(L, -1);
+        for (size_t i = 1; i <= n; i++) {
+            lua_rawgeti(L, -1, (int)i);
+            const char *msg = lua_tostring(L, -1);
+            fprintf(stderr, "%s\n", msg ? msg : "?");
+            lua_pop(L, 1);
+        }
+        found = (int)n;
+    }
+    lua_close(L);
+    return found;
+}
+
 static int cmd_check(const char *dir, int quiet)
 {
     agw_config_t conf;
@@ -80,6 +109,12 @@ static int cmd_check(const char *dir, int quiet)
     if (agw_config_load(dir, &conf, &errors) != 0) {
         fprintf(stderr, "%s", errors.base ? errors.base : "configuration failed to load\n");
         fprintf(stderr, "aggway: %s is not valid (see the errors above)\n", dir);
+        agw_buf_free(&errors);
+        return 1;
+    }
+    if (dry_run(dir) != 0) {
+        fprintf(stderr, "aggway: %s is not valid (see the errors above)\n", dir);
+        agw_config_free(&conf);
         agw_buf_free(&errors);
         return 1;
     }
