@@ -8,7 +8,8 @@
 -- upstream or option, an option of the wrong type, a fetch_then key missing from the table —
 -- with the file:line of the spec (agg.where); any other script error (indexing the made-up data)
 -- says nothing about the script and is left to its specs. A handler that errors before reaching
--- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches.
+-- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches. A folder with
+-- scripts = { trusted = true } is not run (its handlers may have effects outside the gateway).
 local testing = require "agg.testing"
 
 local M = {}
