@@ -102,7 +102,11 @@ describe("GET /product-page/{id}", function()
       assert.equal("application/problem+json", page.headers["content-type"])
       assert.equal("urn:aggway:problem:required-section-failed", page.json.type)
       assert.equal("unavailable", page.json.sections.product.status)
-      assert.equal("ok", page.json.sections.reviews.status)
+      -- fail fast: the page is answered when product refuses, and the other calls are cancelled
+      assert.equal(0, page.elapsed_ms)
+      assert.equal("unavailable", page.json.sections.reviews.status)
+      assert.equal("urn:aggway:problem:call-cancelled", page.json.sections.reviews.error.type)
+      for _, c in ipairs(gw:calls("reviews")) do assert.is_true(c.cancelled) end
       assert.is_nil(page.json.product)
     end)
 

@@ -106,6 +106,14 @@ static void routes_json(const agw_generation_t *gen, agw_buf_t *b)
     agw_buf_puts(b, conf->num_endpoints ? "\n]\n" : "]\n");
 }
 
+/* The wall clock in ms since the Unix epoch (the workers' ev_now is the same clock). */
+static uint64_t now_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
 /* Finds name=value in a query string; returns the value (*len set) or NULL. */
 static const char *query_param(const char *q, size_t qlen, const char *name, size_t *len)
 {
@@ -255,10 +263,11 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     size_t plen = q ? (size_t)(q - target) : tlen;
 #define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(target, s, plen) == 0)
     int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes") ||
-                PATH_IS("/reload") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json") || PATH_IS("/cache/purge");
+                PATH_IS("/reload") || PATH_IS("/upstreams") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json") ||
+                PATH_IS("/cache/purge");
     if (!known) {
         static const char body[] =
-            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /waterfall, /waterfall.json or "
+            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /upstreams, /waterfall, /waterfall.json or "
             "POST /cache/purge\n";
         respond(out, 404, "Not Found", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
         return;
@@ -294,6 +303,8 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
         agw_reload_state_metrics(a->gens, &proc);
         agw_generation_t *gen = agw_reload_state_current(a->gens); /* held while its breakers are read */
         agw_metrics_render(&body, a->labels, gen ? &gen->conf : NULL, a->metrics, a->num_workers, &proc);
+        if (gen)
+            agw_endpoint_board_metrics(gen->board, &gen->conf, now_ms(), &body);
         agw_generation_unref(gen);
         respond(out, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body.base ? body.base : "", body.len, head,
                 NULL);
@@ -301,6 +312,13 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     } else if (PATH_IS("/reload")) {
         agw_buf_t body = AGW_BUF_INIT;
         agw_reload_state_json(a->gens, &body);
+        respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
+        agw_buf_free(&body);
+    } else if (PATH_IS("/upstreams")) {
+        agw_buf_t body = AGW_BUF_INIT;
+        agw_generation_t *gen = agw_reload_state_current(a->gens);
+        agw_endpoint_board_json(gen ? gen->board : NULL, gen ? &gen->conf : NULL, now_ms(), &body);
+        agw_generation_unref(gen);
         respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
         agw_buf_free(&body);
     } else if (PATH_IS("/waterfall") || PATH_IS("/waterfall.json")) {
@@ -476,7 +494,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
         free(a);
         return NULL;
     }
-    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (/healthz /readyz /metrics /routes /reload /waterfall)",
+    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (/healthz /readyz /metrics /routes /reload /upstreams /waterfall)",
             conf->admin_host, conf->admin_port);
     return a;
 }

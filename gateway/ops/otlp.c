@@ -189,6 +189,8 @@ static void encode_client_span(agw_buf_t *b, const agw_metric_labels_t *names, c
     if (s->http_status)
         attr_int(b, &first, "http.response.status_code", s->http_status);
     attr_int(b, &first, "aggway.attempt", s->attempt);
+    if (s->endpoint)
+        attr_int(b, &first, "aggway.endpoint", s->endpoint);
     attr_bool(b, &first, "aggway.retry", s->flags & AGW_SPAN_RETRY);
     attr_bool(b, &first, "aggway.hedge", s->flags & AGW_SPAN_HEDGE);
     if (s->flags & (AGW_SPAN_CACHE_HIT | AGW_SPAN_CACHE_STALE))

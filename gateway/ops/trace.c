@@ -248,6 +248,7 @@ int agw_trace_add_span(agw_trace_t *tr, uint64_t *rng, unsigned up, const char *
     s->outcome = AGW_SPAN_CANCELLED;
     s->flags = (uint8_t)(flags | AGW_SPAN_OPEN);
     s->attempt = (uint8_t)(attempt > 255 ? 255 : attempt);
+    s->endpoint = 0;
     if (slen > AGW_SPAN_SECTION_MAX - 1)
         slen = AGW_SPAN_SECTION_MAX - 1;
     if (slen)

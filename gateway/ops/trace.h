@@ -59,6 +59,9 @@ typedef struct agw_span {
     uint8_t outcome;                 /* agw_call_outcome_t, or AGW_SPAN_CANCELLED */
     uint8_t flags;                   /* AGW_SPAN_* */
     uint8_t attempt;                 /* 1 for the first attempt of an exchange, 2 for the next, … */
+    uint8_t endpoint;                /* the endpoint of an upstream group it went to (1-based, as
+                                        gateway.lua lists them; the admin /upstreams page names it);
+                                        0 for an upstream with one endpoint */
     char section[AGW_SPAN_SECTION_MAX]; /* the page section the call serves (NUL-terminated) */
     char detail[AGW_SPAN_DETAIL_MAX];   /* why the attempt failed, as the upstream client said it (its URL,
                                            address, errno text, TLS reason); "" when it did not fail.

@@ -61,6 +61,7 @@ void agw_waterfall_record(agw_waterfall_t *wf, const agw_trace_t *tr)
         c->outcome = s->outcome;
         c->flags = s->flags;
         c->attempt = s->attempt;
+        c->endpoint = s->endpoint;
         c->start_us = rel_us(s->start_us, tr->start_us);
         c->end_us = rel_us(s->end_us, tr->start_us);
     }
@@ -166,6 +167,8 @@ void agw_waterfall_json(agw_buf_t *b, const agw_metric_labels_t *names, const ag
             agw_buf_printf(b, ",\"start_ms\":%u.%03u,\"duration_ms\":%u.%03u,\"attempt\":%u,\"retry\":%s,\"hedge\":%s",
                            c->start_us / 1000, c->start_us % 1000, dur / 1000, dur % 1000, c->attempt,
                            c->flags & AGW_SPAN_RETRY ? "true" : "false", c->flags & AGW_SPAN_HEDGE ? "true" : "false");
+            if (c->endpoint)
+                agw_buf_printf(b, ",\"endpoint\":%u", c->endpoint);
             const char *sf = single_flight(c->flags);
             agw_buf_printf(b, ",\"single_flight\":%s%s%s", sf ? "\"" : "", sf ? sf : "null", sf ? "\"" : "");
             const char *co = cache_outcome(c->flags);
@@ -302,6 +305,8 @@ static void render_request(agw_buf_t *b, const agw_metric_labels_t *names, const
         else
             agw_buf_puts(b, agw_span_outcome_name(c->outcome));
         agw_buf_printf(b, " &middot; %u.%01u ms", dur / 1000, dur % 1000 / 100);
+        if (c->endpoint)
+            agw_buf_printf(b, " &middot; endpoint #%u", c->endpoint);
         if (c->flags & AGW_SPAN_RETRY)
             agw_buf_printf(b, " &middot; retry (attempt %u)", c->attempt);
         if (c->flags & AGW_SPAN_HEDGE)

@@ -37,6 +37,7 @@ typedef struct agw_wf_call {
     uint8_t outcome;            /* as agw_span_t.outcome */
     uint8_t flags;              /* AGW_SPAN_* */
     uint8_t attempt;
+    uint8_t endpoint;       /* of an upstream group, 1-based; 0 for an upstream with one endpoint */
     uint32_t start_us, end_us;  /* µs after the request started */
     char detail[AGW_SPAN_DETAIL_MAX]; /* as agw_span_t.detail: why it failed, "" when it did not */
 } agw_wf_call_t;

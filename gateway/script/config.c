@@ -84,6 +84,52 @@ static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const 
     return 0;
 }
 
+/* The endpoints of every upstream (conf->eps, conf->ep_first), once conf->upstreams is loaded: each
+ * a copy of its upstream's description with the endpoint's URL, Host header, base path and
+ * address (the first endpoint is the upstream's own). ups: index of gateway.lua's checked
+ * upstreams list on L's stack. Returns 0, or -1 with "file:line: upstreams.NAME.endpoints[i]:
+ * cannot resolve…" in errors. */
+static int load_endpoints(lua_State *L, int ups, agw_config_t *conf, size_t total, const char *file,
+                          agw_buf_t *errors)
+{
+    conf->eps = calloc(total ? total : 1, sizeof(*conf->eps));
+    conf->ep_first = calloc(conf->num_upstreams + 1, sizeof(*conf->ep_first));
+    if (conf->eps == NULL || conf->ep_first == NULL)
+        abort();
+    int rc = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < conf->num_upstreams; i++) {
+        const agw_upstream_conf_t *u = &conf->upstreams[i];
+        conf->ep_first[i] = k;
+        lua_rawgeti(L, ups, (int)i + 1);
+        int line = (int)field_num(L, lua_gettop(L), "line", 1);
+        lua_getfield(L, -1, "endpoint_list");
+        size_t ne = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
+        agw_upstream_conf_copy(&conf->eps[k++], u);
+        for (size_t e = 1; e < ne; e++) { /* endpoint 1 is the upstream's own description */
+            agw_upstream_conf_t *ep = &conf->eps[k++];
+            agw_upstream_conf_copy(ep, u);
+            lua_rawgeti(L, -1, (int)e + 1);
+            int et = lua_gettop(L);
+            free(ep->url), free(ep->host_header), free(ep->base_path);
+            ep->url = field_str(L, et, "url");
+            ep->host_header = field_str(L, et, "host_header");
+            ep->base_path = field_str(L, et, "base_path");
+            char *host = field_str(L, et, "host");
+            char where[256];
+            snprintf(where, sizeof(where), "upstreams.%s.endpoints[%zu]", u->name, e + 1);
+            if (host == NULL ||
+                resolve(&ep->addr, &ep->addrlen, where, host, (int)field_num(L, et, "port", 80), file, line, errors) != 0)
+                rc = -1;
+            free(host);
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 2);
+    }
+    conf->ep_first[conf->num_upstreams] = k;
+    return rc;
+}
+
 static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *errors)
 {
     char file[4096];
@@ -95,6 +141,7 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
     conf->breakers = calloc(n ? n : 1, sizeof(*conf->breakers));
     conf->num_upstreams = n;
     int rc = 0;
+    size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, ups, (int)i + 1);
         int t = lua_gettop(L);
@@ -128,8 +175,14 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         if (load_upstream_tls(L, t, u, file, errors) != 0)
             rc = -1;
         free(host);
+        lua_getfield(L, t, "endpoint_list");
+        size_t ne = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
+        lua_pop(L, 1);
+        total += ne ? ne : 1;
         lua_pop(L, 1);
     }
+    if (rc == 0 && load_endpoints(L, ups, conf, total, file, errors) != 0)
+        rc = -1;
     lua_pop(L, 1);
     return rc;
 }
@@ -398,6 +451,10 @@ void agw_config_free(agw_config_t *conf)
     for (size_t i = 0; conf->upstreams && i < conf->num_upstreams; i++)
         agw_upstream_conf_clear(&conf->upstreams[i]);
     free(conf->upstreams);
+    for (size_t i = 0; conf->eps && conf->ep_first && i < conf->ep_first[conf->num_upstreams]; i++)
+        agw_upstream_conf_clear(&conf->eps[i]);
+    free(conf->eps);
+    free(conf->ep_first);
     for (size_t i = 0; conf->breakers && i < conf->num_upstreams; i++)
         agw_breaker_unref(conf->breakers[i]);
     free(conf->breakers);

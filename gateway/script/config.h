@@ -66,6 +66,11 @@ typedef struct agw_config {
                                            generation when the upstream does not change); one
                                            reference each */
     size_t num_upstreams;
+    agw_upstream_conf_t *eps;           /* every upstream's endpoints, one pool each (gateway.lua `url` or
+                                           `endpoints`): upstream i's are eps[ep_first[i]] up to
+                                           eps[ep_first[i + 1]], in the order configured (Lua's
+                                           endpoint numbers, 1-based, count from ep_first[i]) */
+    size_t *ep_first;                   /* num_upstreams + 1 entries */
     agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
     agw_endpoint_info_t *endpoints;     /* index e-1 describes endpoint e */
     size_t num_endpoints;

@@ -74,8 +74,13 @@ static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int 
 
 void agw_worker_publish_pool(wgen_t *g, size_t up)
 {
-    agw_pool_stats_t st;
-    agw_pool_stats(g->pools[up]->pool, &st);
+    agw_pool_stats_t st, one;
+    const size_t *first = g->conf->ep_first;
+    agw_pool_stats(g->pools[first[up]]->pool, &st);
+    for (size_t e = first[up] + 1; e < first[up + 1]; e++) {
+        agw_pool_stats(g->pools[e]->pool, &one);
+        st.open += one.open, st.idle += one.idle, st.pending += one.pending;
+    }
     agw_upstream_metrics_t *u = &g->w->m->upstreams[g->gen->upstream_slot[up]];
     AGW_M_SET(u->pool_open, st.open);
     AGW_M_SET(u->pool_idle, st.idle);
@@ -293,8 +298,9 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
 }
 
 /* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode, section, attempt,
- *           hedge) -> id
- *   section, attempt (1 for the first) and hedge (boolean) describe the attempt's span. */
+ *           hedge, endpoint|nil) -> id
+ *   section, attempt (1 for the first) and hedge (boolean) describe the attempt's span; endpoint
+ *   is the upstream's endpoint to call (1-based, agg.group chose it; nil: the first). */
 static int l_call(lua_State *L)
 {
     wgen_t *g = upg(L);
@@ -302,6 +308,13 @@ static int l_call(lua_State *L)
     int index = (int)luaL_checkinteger(L, 2);
     if (index < 1 || (size_t)index > g->conf->num_upstreams)
         return luaL_error(L, "core.call: no upstream #%d", index);
+    size_t ep = g->conf->ep_first[index - 1];
+    if (!lua_isnoneornil(L, 12)) {
+        lua_Integer e = lua_tointeger(L, 12);
+        if (e < 1 || (size_t)e > g->conf->ep_first[index] - ep)
+            return luaL_error(L, "core.call: upstream #%d has no endpoint #%d", index, (int)e);
+        ep += (size_t)e - 1;
+    }
     agw_call_req_t req = {0};
     req.method = luaL_checkstring(L, 3);
     req.path = luaL_checklstring(L, 4, &req.path_len);
@@ -339,8 +352,13 @@ static int l_call(lua_State *L)
     c->span = -1;
     c->joiners = NULL;
     req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
+    size_t first = g->conf->ep_first[index - 1];
+    if (c->span >= 0 && g->conf->ep_first[index] - first > 1) { /* a group's endpoint on the span */
+        reqref_t *rr = agw_slots_get(&w->reqs, c->rid);
+        rr->trace->spans[c->span].endpoint = (uint8_t)(ep - first + 1);
+    }
     c->id = agw_slots_put(&w->calls, c);
-    c->call = agw_call_start(g->pools[index - 1]->pool, &req, on_call_done, c);
+    c->call = agw_call_start(g->pools[ep]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
         /* out of memory: the span recorded above ends here, cancelled (nothing was sent) */
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
@@ -626,6 +644,30 @@ static int l_trace_id(lua_State *L)
     return 1;
 }
 
+/* core.endpoint_state(index, endpoint, calls, failures, ejections, sessions, in_flight,
+ *                     ejected_until_ms, last_ejected_ms, answered, latency_ms): agg.group's view of endpoint (1-based) of
+ * upstream index in this worker, published on the generation's board (group/board.h) for the
+ * admin page and the metrics (runtime.report_stats, about once a second). */
+static int l_endpoint_state(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    lua_Integer index = luaL_checkinteger(L, 1), ep = luaL_checkinteger(L, 2);
+    const agw_config_t *conf = g->conf;
+    if (index < 1 || (size_t)index > conf->num_upstreams || ep < 1 ||
+        (size_t)ep > conf->ep_first[index] - conf->ep_first[index - 1])
+        return 0;
+    uint64_t v[9];
+    for (int k = 0; k < 9; k++) {
+        lua_Number n = luaL_optnumber(L, 3 + k, 0);
+        v[k] = n > 0 ? (uint64_t)n : 0;
+    }
+    agw_endpoint_row_t row = {.calls = v[0], .failures = v[1], .ejections = v[2], .sessions = v[3],
+                              .in_flight = v[4], .ejected_until_ms = v[5], .last_ejected_ms = v[6],
+                              .answered = v[7], .latency_ms = v[8]};
+    agw_endpoint_board_publish(g->gen->board, (size_t)g->w->id, conf->ep_first[index - 1] + (size_t)ep - 1, &row);
+    return 0;
+}
+
 /* core.log(level, message) */
 static int l_log(lua_State *L)
 {
@@ -668,6 +710,7 @@ static int l_upstream_counters(lua_State *L)
 const luaL_Reg agw_worker_core_fns[] = {
     {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
-    {"upstream_counters", l_upstream_counters}, {"join", l_join}, {"trace_id", l_trace_id},
+    {"upstream_counters", l_upstream_counters}, {"endpoint_state", l_endpoint_state}, {"join", l_join},
+    {"trace_id", l_trace_id},
     {NULL, NULL},
 };

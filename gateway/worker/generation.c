@@ -124,6 +124,7 @@ agw_generation_t *agw_generation_load(const char *dir, uint64_t number, const ag
     g->upstream_slot = calloc(g->conf.num_upstreams ? g->conf.num_upstreams : 1, sizeof(*g->upstream_slot));
     if (g->route_slot == NULL || g->upstream_slot == NULL)
         abort();
+    g->board = agw_endpoint_board_new(g->conf.workers, g->conf.ep_first[g->conf.num_upstreams]);
     __atomic_add_fetch(&live_generations, 1, __ATOMIC_RELAXED);
     if ((prev && check_restart_only(&prev->conf, &g->conf, errors) != 0) ||
         agw_metric_labels_map(labels, &g->conf, g->route_slot, g->upstream_slot, errors) != 0) {
@@ -146,6 +147,7 @@ void agw_generation_unref(agw_generation_t *g)
     if (g == NULL || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     agw_config_free(&g->conf);
+    agw_endpoint_board_free(g->board);
     free(g->route_slot);
     free(g->upstream_slot);
     free(g);

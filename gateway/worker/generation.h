@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "base/buf.h"
+#include "group/board.h"
 #include "script/config.h"
 #include "ops/metrics.h"
 
@@ -40,6 +41,7 @@ typedef struct agw_generation {
     uint32_t *route_slot;      /* endpoint e (1-based) -> metric route slot; [0] = 0 ("unmatched") */
     uint32_t *upstream_slot;   /* upstream index (0-based) -> metric upstream slot */
     int refs;                  /* owners (atomic): the serving record, each worker's VM of it */
+    agw_endpoint_board_t *board; /* the endpoints as each worker's balancer sees them (group/board.h) */
 } agw_generation_t;
 
 /* Loads dir as generation number (one reference, for the caller). prev: the generation serving,

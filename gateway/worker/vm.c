@@ -37,7 +37,7 @@ void agw_worker_gen_free(wgen_t *g)
         if (lua_pcall(g->L, 0, 0, 0) != 0)
             lua_pop(g->L, 1);
     }
-    for (size_t i = 0; i < g->conf->num_upstreams; i++)
+    for (size_t i = 0; i < g->conf->ep_first[g->conf->num_upstreams]; i++)
         pool_release(g->pools[i]);
     free(g->pools);
     agw_worker_gen_discard(g);
@@ -74,13 +74,16 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
     const agw_config_t *conf = g->conf;
     wgen_t *old = w->cur;
     agw_worker_cache_configure(w, conf);
-    g->pools = calloc(conf->num_upstreams ? conf->num_upstreams : 1, sizeof(*g->pools));
+    /* one pool per endpoint: an endpoint that did not change keeps its pool (and its keep-alive
+     * connections) across a reload, whatever happened to the other endpoints of its upstream */
+    size_t n = conf->ep_first[conf->num_upstreams], nold = old ? old->conf->ep_first[old->conf->num_upstreams] : 0;
+    g->pools = calloc(n ? n : 1, sizeof(*g->pools));
     if (g->pools == NULL)
         abort();
-    for (size_t i = 0; i < conf->num_upstreams; i++) {
-        for (size_t j = 0; old && j < old->conf->num_upstreams; j++) {
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < nold; j++) {
             wpool_t *p = old->pools[j];
-            if (agw_upstream_conf_same(&p->conf, &conf->upstreams[i])) {
+            if (agw_upstream_conf_same(&p->conf, &conf->eps[i])) {
                 p->refs++;
                 g->pools[i] = p;
                 break;
@@ -90,7 +93,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
             wpool_t *p = calloc(1, sizeof(*p));
             if (p == NULL)
                 abort();
-            agw_upstream_conf_copy(&p->conf, &conf->upstreams[i]);
+            agw_upstream_conf_copy(&p->conf, &conf->eps[i]);
             if ((p->pool = agw_pool_create(w->loop, &p->conf)) == NULL)
                 abort();
             agw_pool_set_batch(p->pool, &w->batch);

@@ -53,7 +53,8 @@ typedef struct agw_worker_gen {
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
     uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
-    wpool_t **pools;            /* one per upstream, same index as conf->upstreams; NULL until installed */
+    wpool_t **pools;            /* one per endpoint, same index as conf->eps (upstream i's from
+                                   conf->ep_first[i]); NULL until installed */
     uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
     struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
@@ -340,7 +341,7 @@ void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf);
 /* Frees w's Redis client and tier 1 (the worker's loop has stopped; no Lua runs for answers). */
 void agw_worker_cache_close(agw_worker_t *w);
 
-/* The pool gauges of generation g's upstream up (0-based). */
+/* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools. */
 void agw_worker_publish_pool(wgen_t *g, size_t up);
 
 /* The reason phrase of an HTTP status ("Status" for one not listed): a static string. */

@@ -13,7 +13,7 @@ local M = {}
 local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
-  retry = true, hedge = true, collapse = "boolean", cache = true, identity = "boolean",
+  retry = true, hedge = true, collapse = "boolean", cache = true, identity = "boolean", hash_key = "string",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
 local NOT_YET = { forward_auth = true }
@@ -129,6 +129,12 @@ function M.normalize(spec, upstreams, level, req_headers)
     cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false, personal = false,
     identity = spec.identity ~= false, -- false: this call goes without the user's identity
   }
+  if spec.hash_key then -- (agg.group)
+    if up.balance ~= "hash" then
+      error(("call to '%s': option 'hash_key' is for upstreams with balance = \"hash\" in gateway.lua"):format(name), level)
+    end
+    n.hash_key = spec.hash_key
+  end
   if not METHODS[n.method] then
     where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level, where.option("method"))
   end

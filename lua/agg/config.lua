@@ -13,13 +13,21 @@ local UPSTREAM_DEFAULTS = {
   timeout_ms = 1000, connect_timeout_ms = 100, idle_timeout_ms = 60000,
   max_connections = 64, max_pending = 256, max_body_bytes = 8 * 1024 * 1024,
 }
-local NOT_YET = {}
+local NOT_YET = {
+  health = "active health checking",
+}
+local BALANCES = { p2c = true, round_robin = true, hash = true }
 
 -- Resilience blocks of an upstream (issue "resilience"): option -> { kind, default, check }.
 local BLOCKS = {
   breaker = { failures = { "count", 5 }, open_s = { "number", 30 }, half_open_probes = { "count", 1 } },
-  retry = { attempts = { "count", 1 }, on = { "statuses", { 502, 503, 504 } }, budget_percent = { "percent", 20 },
-            min_retries = { "count", 3 }, backoff_ms = { "number", 25 } },
+  retry = { attempts = { "count", 1 }, on = { "statuses", { 502, 503, 504 } }, backoff_ms = { "number", 25 },
+            budget = { { percent = { "percent", 20 }, interval_s = { "positive", 10 } } },
+            min_retry_rate = { { count = { "count", 10 }, interval_s = { "positive", 1 } } } },
+  -- outlier ejection of one endpoint of a group (agg.group)
+  outlier = { failures = { "count", 5 }, eject_s = { "positive", 10 }, max_eject_s = { "positive", 300 },
+              max_percent = { "percent", 50 }, failure_percent = { "percent", 0 }, min_requests = { "count", 10 },
+              interval_s = { "positive", 10 } },
   hedge = { after = { "after", "p95" }, max_percent = { "percent", 5 } },
 }
 
@@ -542,7 +550,8 @@ function M.check(cfg, src, file)
           err(kline, where .. "." .. k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
         elseif BLOCKS[k] then
           -- checked below
-        elseif k == "url" or k == "tls" or k == "identity" or k == "audience" then
+        elseif k == "url" or k == "tls" or k == "identity" or k == "audience" or k == "endpoints" or k == "balance" or
+               k == "hash_key" or k == "session" then
           -- checked below
         elseif k == "forward_headers" then
           e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err)
@@ -560,49 +569,72 @@ function M.check(cfg, src, file)
           if posint(v, where .. "." .. k, kline) then e[k] = v end
         else
           local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
-                          audience = true, cache = true, forward_headers = true }
+                          audience = true, cache = true, endpoints = true, balance = true, hash_key = true,
+                          outlier = true, session = true, forward_headers = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, breaker, retry, hedge, cache, identity, audience, forward_headers")
+              "max_body_bytes, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, session, forward_headers")
         end
+      end
+      -- a block's fields (and its sub-blocks, like retry.budget) checked into a table of values
+      local function check_block(v, fields, where_b, bline, block)
+        local out_b = {}
+        for f, d in pairs(fields) do
+          if type(d[1]) == "table" then out_b[f] = check_block(nil, d[1], where_b .. "." .. f, bline, f)
+          else out_b[f] = d[2] end
+        end
+        if v == nil then return out_b end
+        for f, fv in pairs(v) do
+          local d = fields[f]
+          local fwhere = where_b .. "." .. tostring(f)
+          local fline = find_line(lines, f, bline) or bline
+          if not d then
+            local names = {}
+            for n in pairs(fields) do names[#names + 1] = n end
+            table.sort(names)
+            err(fline, fwhere, "unknown option" .. suggest(tostring(f), fields) ..
+                "; " .. block .. " knows " .. table.concat(names, ", "))
+          elseif type(d[1]) == "table" then
+            if type(fv) ~= "table" then
+              local example = {}
+              for n, nd in pairs(d[1]) do example[#example + 1] = n .. " = " .. tostring(nd[2]) end
+              table.sort(example)
+              err(fline, fwhere, "must be a table like { " .. table.concat(example, ", ") .. " }")
+            else
+              out_b[f] = check_block(fv, d[1], fwhere, fline, f)
+            end
+          elseif d[1] == "count" and not (type(fv) == "number" and fv % 1 == 0 and fv >= 0) then
+            err(fline, fwhere, "must be a whole number >= 0")
+          elseif d[1] == "number" and not (type(fv) == "number" and fv >= 0 and fv == fv) then
+            err(fline, fwhere, "must be a number >= 0")
+          elseif d[1] == "positive" and not (type(fv) == "number" and fv > 0 and fv < math.huge) then
+            err(fline, fwhere, "must be a number of seconds > 0")
+          elseif d[1] == "percent" and not (type(fv) == "number" and fv >= 0 and fv <= 100) then
+            err(fline, fwhere, "must be a percentage between 0 and 100")
+          elseif d[1] == "statuses" and not (type(fv) == "table" and #fv > 0) then
+            err(fline, fwhere, "must be a list of HTTP statuses like { 502, 503, 504 }")
+          elseif d[1] == "after" and not (fv == "p95" or (type(fv) == "number" and fv > 0)) then
+            err(fline, fwhere, "must be \"p95\" or a number of milliseconds")
+          else
+            out_b[f] = fv
+          end
+        end
+        return out_b
       end
       for block, fields in pairs(BLOCKS) do
         local v = u[block]
         local bline = find_line(lines, block, nline) or nline
         local where_b = where .. "." .. block
-        local out_b = {}
-        for f, d in pairs(fields) do out_b[f] = d[2] end
         if v == false then
-          out_b.off = true
+          e[block] = check_block(nil, fields, where_b, bline, block)
+          e[block].off = true
         elseif v ~= nil and type(v) ~= "table" then
           err(bline, where_b, "must be a table (or false to turn it off)")
-        elseif v ~= nil then
-          for f, fv in pairs(v) do
-            local d = fields[f]
-            local fwhere = where_b .. "." .. tostring(f)
-            if not d then
-              local names = {}
-              for n in pairs(fields) do names[#names + 1] = n end
-              table.sort(names)
-              err(find_line(lines, f, bline) or bline, fwhere, "unknown option" .. suggest(tostring(f), fields) ..
-                  "; " .. block .. " knows " .. table.concat(names, ", "))
-            elseif d[1] == "count" and not (type(fv) == "number" and fv % 1 == 0 and fv >= 0) then
-              err(find_line(lines, f, bline) or bline, fwhere, "must be a whole number >= 0")
-            elseif d[1] == "number" and not (type(fv) == "number" and fv >= 0 and fv == fv) then
-              err(find_line(lines, f, bline) or bline, fwhere, "must be a number >= 0")
-            elseif d[1] == "percent" and not (type(fv) == "number" and fv >= 0 and fv <= 100) then
-              err(find_line(lines, f, bline) or bline, fwhere, "must be a percentage between 0 and 100")
-            elseif d[1] == "statuses" and not (type(fv) == "table" and #fv > 0) then
-              err(find_line(lines, f, bline) or bline, fwhere, "must be a list of HTTP statuses like { 502, 503, 504 }")
-            elseif d[1] == "after" and not (fv == "p95" or (type(fv) == "number" and fv > 0)) then
-              err(find_line(lines, f, bline) or bline, fwhere, "must be \"p95\" or a number of milliseconds")
-            else
-              out_b[f] = fv
-            end
-          end
+          e[block] = check_block(nil, fields, where_b, bline, block)
+        else
+          e[block] = check_block(v, fields, where_b, bline, block)
         end
-        e[block] = out_b
       end
       if e.retry.attempts < 1 then e.retry.attempts = 1 end
       -- identity = "forward" | "exchange" | "none" (default), audience = "the service's name in tokens"
@@ -625,24 +657,120 @@ function M.check(cfg, src, file)
         err(find_line(lines, "audience", nline) or nline, where .. ".audience",
             "only means something with identity = \"forward\" or \"exchange\"")
       end
-      local url = u.url
-      local urlline = find_line(lines, "url", nline) or nline
-      if type(url) ~= "string" then
-        err(urlline, where .. ".url", "is required, like url = \"http://127.0.0.1:9001\"")
-      else
-        local host, port, path, hostport, scheme = parse_http_url(url, true)
-        if not host then
-          err(urlline, where .. ".url", port)
+      -- url = "…" (one endpoint) or endpoints = { "…", … } (a group): same scheme, and so the
+      -- same TLS settings, for all; e.url, e.host, e.port, … are the first endpoint's
+      local urls, urlline = nil, find_line(lines, "url", nline) or nline
+      if u.url ~= nil and u.endpoints ~= nil then
+        err(urlline, where, "give either url or endpoints, not both")
+      elseif u.endpoints ~= nil then
+        urlline = find_line(lines, "endpoints", nline) or nline
+        if type(u.endpoints) ~= "table" or #u.endpoints == 0 then
+          err(urlline, where .. ".endpoints", "must be a list of URLs like { \"http://10.0.0.1:9001\", \"http://10.0.0.2:9001\" }")
+        elseif #u.endpoints > 255 then
+          err(urlline, where .. ".endpoints", "has " .. #u.endpoints .. " URLs; an upstream has at most 255 endpoints")
         else
-          e.url, e.host, e.port, e.base_path = url, host, port, path
-          e.host_header = hostport
+          urls = {}
+          for i, v in ipairs(u.endpoints) do
+            if type(v) ~= "string" then
+              err(urlline, where .. ".endpoints[" .. i .. "]", "must be a URL string like \"http://10.0.0.1:9001\"")
+              urls = nil
+              break
+            end
+            urls[i] = v
+          end
+        end
+      elseif type(u.url) ~= "string" then
+        err(urlline, where .. ".url", "is required, like url = \"http://127.0.0.1:9001\" (or endpoints = { … })")
+      else
+        urls = { u.url }
+      end
+      if urls then
+        local eps, seen, first_scheme = {}, {}, nil
+        for i, url in ipairs(urls) do
+          local ewhere = u.endpoints and (where .. ".endpoints[" .. i .. "]") or (where .. ".url")
+          local host, port, path, hostport, scheme = parse_http_url(url, true)
+          if not host then
+            err(urlline, ewhere, port)
+          elseif first_scheme and scheme ~= first_scheme then
+            err(urlline, ewhere, "'" .. url .. "': every endpoint of an upstream uses the same scheme (" ..
+                first_scheme .. "://), as they share one TLS setting")
+          elseif seen[url] then
+            err(urlline, ewhere, "'" .. url .. "' is listed twice")
+          else
+            first_scheme, seen[url] = scheme, true
+            eps[#eps + 1] = { url = url, host = host, port = port, base_path = path, host_header = hostport }
+          end
+        end
+        if #eps == #urls then
+          local f = eps[1]
+          e.url, e.host, e.port, e.base_path, e.host_header = f.url, f.host, f.port, f.base_path, f.host_header
           e.line = urlline
-          if scheme == "https" then
-            e.tls = check_upstream_tls(u.tls, host, where, nline)
+          e.endpoints = {}
+          for i, ep in ipairs(eps) do e.endpoints[i] = ep.url end
+          e.endpoint_list = eps
+          if first_scheme == "https" then
+            e.tls = check_upstream_tls(u.tls, f.host, where, nline)
           elseif u.tls ~= nil then
             err(find_line(lines, "tls", nline) or nline, where .. ".tls",
                 "is only for https:// upstreams; use url = \"https://…\" or remove tls")
           end
+        end
+      end
+      local bal = u.balance
+      if bal ~= nil and not BALANCES[bal] then
+        err(find_line(lines, "balance", nline) or nline, where .. ".balance",
+            "must be \"p2c\" (power of two choices, the default), \"round_robin\" or \"hash\"" ..
+            (type(bal) == "string" and suggest(bal, BALANCES) or ""))
+      end
+      e.balance = BALANCES[bal] and bal or "p2c"
+      -- session = { type = "cookie" | "header", name, absolute_timeout_s, idle_timeout_s }
+      local sess = u.session
+      if sess ~= nil then
+        local sline = find_line(lines, "session", nline) or nline
+        local swhere = where .. ".session"
+        local SESSION = { type = true, name = true, absolute_timeout_s = true, idle_timeout_s = true }
+        if type(sess) ~= "table" then
+          err(sline, swhere, "must be a table like { type = \"cookie\", name = \"agw-" .. name .. "\" }")
+        else
+          local ok = true
+          for k in pairs(sess) do
+            if not SESSION[k] then
+              ok = false
+              err(find_line(lines, k, sline) or sline, swhere .. "." .. tostring(k), "unknown option" ..
+                  suggest(tostring(k), SESSION) .. "; session knows type, name, absolute_timeout_s, idle_timeout_s")
+            end
+          end
+          if sess.type ~= nil and sess.type ~= "cookie" and sess.type ~= "header" then
+            ok = false
+            err(find_line(lines, "type", sline) or sline, swhere .. ".type", "must be \"cookie\" or \"header\"")
+          end
+          if type(sess.name) ~= "string" or not sess.name:match("^[%w!#$%%&'*+%-.^_`|~]+$") then
+            ok = false
+            err(find_line(lines, "name", sline) or sline, swhere .. ".name",
+                "is required: the cookie's or header's name, like name = \"agw-" .. name .. "\"")
+          end
+          for _, f in ipairs({ "absolute_timeout_s", "idle_timeout_s" }) do
+            local v = sess[f]
+            if v ~= nil and not (type(v) == "number" and v >= 1 and v % 1 == 0) then
+              ok = false
+              err(find_line(lines, f, sline) or sline, swhere .. "." .. f, "must be a whole number of seconds >= 1")
+            end
+          end
+          if ok then
+            e.session = { type = sess.type or "cookie", name = sess.name, absolute_timeout_s = sess.absolute_timeout_s,
+                          idle_timeout_s = sess.idle_timeout_s }
+          end
+        end
+      end
+      local hk = u.hash_key
+      if hk ~= nil then
+        local hline = find_line(lines, "hash_key", nline) or nline
+        if type(hk) ~= "string" or not (hk:match("^header:[%w%-_]+$") or hk:match("^cookie:[%w%-_.]+$")) then
+          err(hline, where .. ".hash_key", "must be \"header:NAME\" or \"cookie:NAME\" (the page request's header or cookie)")
+        elseif e.balance ~= "hash" then
+          err(hline, where .. ".hash_key", "is only for balance = \"hash\"")
+        else
+          e.hash_key = hk
         end
       end
       out.upstreams[#out.upstreams + 1] = e

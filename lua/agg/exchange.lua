@@ -9,6 +9,7 @@ local result = require "agg.result"
 local cache = require "agg.cache"
 local json = require "agg.json"
 local identity = require "agg.identity"
+local group = require "agg.group"
 
 local M = {}
 
@@ -19,12 +20,14 @@ local core                                             -- transport and clock
 local upstreams = {}                                   -- name -> { index, timeout_ms }
 local calls = {}                                       -- call id -> in-flight call record
 local deliver                                          -- function(g, key, chain, r): agg.fanout's
+local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats, budget, group }
 
 --- Binds the transport and the upstream table (agg.runtime.init); calls of a previous binding are
 -- forgotten.
 function M.bind(transport, ups, token_exchange)
   core, upstreams = transport, ups
-  calls = {}
+  calls, ustate = {}, {}
+  group.bind(transport, ups)
   cache.init(transport)
   identity.init(transport, token_exchange, {
     set_timer = function(ms, fn) return M.set_timer(ms, fn) end,
@@ -51,14 +54,46 @@ end
 
 ---------------------------------------------------------------------------------------------------
 
-local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats }
 local flights = {}    -- collapse key -> flight { id, waiters = { exchange = true }, n }
 local timers = {}     -- timer id -> function
+
+-- A count over a sliding window of len ms, approximated by the current and the previous interval
+-- (the previous one weighted by how much of it is still inside the window).
+local function window(len) return { len = len, start = 0, cur = 0, prev = 0 } end
+
+local function window_count(w, now)
+  local d = now - w.start
+  if d >= w.len then
+    if d >= 2 * w.len then w.prev, w.start = 0, now else w.prev, w.start = w.cur, w.start + w.len end
+    w.cur = 0
+    d = now - w.start
+  end
+  return w.cur + w.prev * (1 - d / w.len)
+end
+
+-- The retry budget of the Gateway API (XBackendTrafficPolicy retryConstraint): retries may be
+-- at most budget.percent of the upstream's requests over budget.interval_s, every retry of a
+-- request counting; min_retry_rate.count retries per min_retry_rate.interval_s are allowed
+-- whatever the share.
+local function new_budget(policy)
+  local b, m = policy and policy.budget or {}, policy and policy.min_retry_rate or {}
+  return { percent = b.percent or 20, requests = window((b.interval_s or 10) * 1000),
+           retries = window((b.interval_s or 10) * 1000), min_count = m.count or 10,
+           min_retries = window((m.interval_s or 1) * 1000) }
+end
+
+local function budget_allows(b, now)
+  return window_count(b.retries, now) + 1 <= b.percent / 100 * window_count(b.requests, now) or
+         window_count(b.min_retries, now) + 1 <= b.min_count
+end
 
 local function upstream_state(name)
   local u = ustate[name]
   if not u then
+    local up = upstreams[name]
     u = { active = 0, retries_active = 0, tokens = 1, lat = {}, n = 0, p95 = nil, p95_n = 0,
+          budget = new_budget(up and up.retry),
+          group = up and up.endpoints and #up.endpoints > 1 and group.group_of(name) or false,
           stats = { calls = 0, attempts = 0, retries = 0, retries_denied = 0, hedges = 0, hedges_won = 0,
                     collapsed = 0, breaker_denied = 0, breaker_opened = 0 } }
     ustate[name] = u
@@ -73,6 +108,7 @@ function M.upstream_stats(name) return upstream_state(name).stats end
 -- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
 -- publishes them as metrics; nothing is counted twice: the values are totals).
 function M.report_stats()
+  group.report_stats()
   if core and core.cache_counters then core.cache_counters(cache.stats) end
   local report = core and core.upstream_counters
   if not report then return end
@@ -238,12 +274,15 @@ local function abandon_one(x, rec)
       calls[f.id] = nil
       core.cancel(f.id)
       if f.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
+      if f.ep and x.u.group then group.release(x.u.group, f.ep) end
     end
+    return
   else
     calls[id] = nil
     core.cancel(id)
     if rec.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
   end
+  if rec.ep and x.u.group then group.release(x.u.group, rec.ep) end
 end
 
 function M.abandon_attempts(x)
@@ -273,13 +312,18 @@ local function after_failure(x, r, outcome, http_status)
      (outcome == "reset" and (http_status or 0) == 0) or
      (outcome == "ok" and retry.on[http_status]))
   if retryable then
-    -- the retry budget: retries may add at most budget_percent of the upstream's active calls
-    local policy = upstreams[spec.upstream].retry or {}
-    local allowed = math.max(policy.min_retries or 3, (policy.budget_percent or 20) / 100 * u.active)
-    if not x.retrying and u.retries_active + 1 > allowed then
+    local now = core.now()
+    local b = u.budget
+    if not budget_allows(b, now) then
+      -- beyond the budget the retry is not sent and the call fails with 503 (Gateway API
+      -- retryConstraint: "MUST return a 503")
       u.stats.retries_denied = u.stats.retries_denied + 1
-      return finish_exchange(x, r)
+      local d = new_result(x.key, spec)
+      d.ms, d.headers, d.body, d.http_status = r.ms, r.headers, r.body, r.http_status
+      return finish_exchange(x, fail(x.ctx, d, problem.retry_budget_exhausted(x.key, spec.upstream, r.error), spec))
     end
+    b.retries.cur = b.retries.cur + 1
+    b.min_retries.cur = b.min_retries.cur + 1
     local base = retry.backoff_ms * 2 ^ (x.attempts - 1)
     local backoff = base / 2 + core.random() * base / 2 -- jittered: between half and all of base
     local _, remaining = now_remaining(x.ctx)
@@ -316,10 +360,18 @@ end
 -- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
 local function answer(rec, outcome, http_status, headers, body, data, ms, detail)
   local spec = rec.x -- the exchange is its own normalized spec
+  local verdict = breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string")
+  local grp = spec.u.group
+  if grp then
+    local ep = rec.flight and rec.flight.ep or rec.ep
+    if ep then
+      group.release(grp, ep)
+      verdict = group.report(grp, ep, verdict, ms) -- one endpoint failing is not the upstream failing
+    end
+  end
   local b = breaker_of(spec)
   if b then
-    local changed = b:report(breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string"),
-                             rec.probe, core.now())
+    local changed = b:report(verdict, rec.probe, core.now())
     if changed then
       core.log("warn", ("circuit breaker of upstream %s is now %s"):format(spec.upstream, changed))
       if changed == "open" then
@@ -394,22 +446,34 @@ attempt = function(x, hedge)
     probe = decision == "probe"
   end
   x.attempts = x.attempts + 1
+  if x.attempts == 1 then -- a request, for the retry budget (its window rolled only when due)
+    local rq = u.budget.requests
+    if now - rq.start >= rq.len then window_count(rq, now) end
+    rq.cur = rq.cur + 1
+  end
   u.stats.attempts = u.stats.attempts + 1
   if hedge then u.stats.hedges = u.stats.hedges + 1 end
+  -- the endpoint: a retry or a hedge goes to another one than the attempt it follows
+  local grp, ep = u.group, nil
+  if grp then
+    ep = group.pick(grp, x, x.ep or nil)
+    group.hold(grp, ep)
+  end
   -- (section, attempt number, hedge: the attempt's span; the transport adds its traceparent)
   local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge)
+                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge, ep)
   -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
   -- less per call); a hedge, which runs beside it, gets a table of its own
   local rec
   if hedge then
-    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true }
+    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true, ep = ep }
   else
     rec = x
     x.id, x.probe, x.clamped, x.flight = id, probe, clamped, nil
+    if grp then x.ep = ep end
   end
   if key then
-    f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe }
+    f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe, ep = ep }
     flights[key] = f
     rec.flight = f
   end
@@ -523,6 +587,17 @@ function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
   answer(rec, outcome, http_status, headers, body, data, ms, detail)
 end
 
+-- Stops exchange x (not done): its timers and attempts; it delivers nothing.
+local function stop_exchange(x)
+  x.done = true
+  clear_timer(x.retry_timer)
+  clear_timer(x.hedge_timer)
+  clear_timer(x.own_timer)
+  M.abandon_attempts(x)
+  x.u.active = x.u.active - 1
+  if x.retrying then x.u.retries_active = x.u.retries_active - 1 end
+end
+
 -- Stops every exchange of a request that ended or was abandoned.
 function M.abandon_exchanges(ctx)
   local x = ctx.exchanges
@@ -531,17 +606,30 @@ function M.abandon_exchanges(ctx)
     local next_x = x.next_x
     x.next_x = false
     if not x.done then
-      x.done = true
-      clear_timer(x.retry_timer)
-      clear_timer(x.hedge_timer)
-      clear_timer(x.own_timer)
-      M.abandon_attempts(x)
-      x.u.active = x.u.active - 1
-      if x.retrying then x.u.retries_active = x.u.retries_active - 1 end
+      stop_exchange(x)
       -- as in finish_exchange: an earlier failed result keeps x as its info (no way back to it)
       x.ctx, x.group, x.chain, x.last = false, false, false, false
     end
     x = next_x
+  end
+end
+
+--- Cancels the exchanges of request ctx still in flight for which pred(x) is true (fail fast,
+-- agg.fanout): their calls are cancelled (counted as cancelled, never as the upstream's failure),
+-- then after(x) runs for each, with x.group and x.key still set. They stay linked to ctx.
+function M.cancel_where(ctx, pred, after)
+  local x = ctx.exchanges
+  local stopped = {}
+  while x do
+    if not x.done and pred(x) then
+      stop_exchange(x)
+      stopped[#stopped + 1] = x
+    end
+    x = x.next_x
+  end
+  for _, s in ipairs(stopped) do
+    after(s)
+    s.ctx, s.group, s.chain, s.last = false, false, false, false
   end
 end
 

@@ -17,6 +17,7 @@ local new_tab = require "table.new"
 
 local new_result, fail, log_error = result.new, result.fail, result.log_error
 local start_call = exchange.start_call
+local group_of_co = setmetatable({}, { __mode = "k" }) -- continuation coroutine -> the group it settles
 
 local upstreams = {}                                   -- name -> { index, timeout_ms }
 local then_info = setmetatable({}, { __mode = "k" })   -- fetch_then marker -> { dep, fn, opts }
@@ -45,12 +46,62 @@ exchange.set_deliver(deliver)
 
 local is_then
 
+-- True when group g descends from group anc (is anc, or a fan-out a continuation of anc started).
+local function descends(g, anc)
+  while g do
+    if g == anc then return true end
+    g = g[2]
+  end
+  return false
+end
+
+-- Fail fast (the page is lost once a required section failed with no fallback): every section of
+-- g not settled yet is settled as cancelled, its calls cancelled (agg.exchange.cancel: counted as
+-- cancelled, never as the upstream's failure), and so are the fan-outs its continuations started.
+local function cancel_rest(g, failed_key)
+  local ctx = g.ctx
+  local function cancelled(key, opts)
+    local r = new_result(key, opts)
+    r.ms = 0
+    fail(ctx, r, problem.cancelled_by(key, failed_key), opts)
+    result.info[r].cancelled = true
+    return r
+  end
+  g.cancelling = true
+  local failed = g.results[failed_key]
+  for _, t in ipairs(g.thens) do
+    if not t.started then
+      t.started = true
+      local on_failed = false
+      for _, d in ipairs(t.deps) do if d == failed_key then on_failed = true end end
+      if on_failed then -- it would never run anyway: its dependency failed
+        local r = new_result(t.key, t.info.opts)
+        r.ms = 0
+        settle(g, t.key, fail(ctx, r, problem.dependency_failed(tostring(t.key), tostring(failed_key), failed.error),
+                              t.info.opts))
+      else
+        settle(g, t.key, cancelled(t.key, t.info.opts))
+      end
+    end
+  end
+  exchange.cancel_where(ctx, function(x) return descends(x.group, g) end, function(x)
+    if x.group == g then settle(g, x.key, cancelled(x.key, x)) end
+  end)
+  for key in pairs(g[1]) do
+    if g.results[key] == nil then settle(g, key, cancelled(key, nil)) end
+  end
+end
+
 -- A group is one fan-out: the calls of one fetch_all, or the specs a continuation returned.
 -- It completes when every member has settled; then it resumes its coroutine or calls on_complete.
 settle = function(g, key, r)
   if g.results[key] ~= nil then return end
   g.results[key] = r
   g.pending = g.pending - 1
+  if g.pending > 0 and not g.cancelling and not r.ok and r.status == "unavailable" and result.is_required(r) then
+    cancel_rest(g, key)
+    return
+  end
   local thens = g.thens
   for i = 1, #thens do
     local t = thens[i]
@@ -143,8 +194,12 @@ end
 
 local NO_THENS = {}
 
-local function start_group(ctx, tbl, level)
-  local g = { ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS, waiting = false }
+-- parent: the group whose continuation started this one (fail fast cancels it with its parent),
+-- or false. g[1] is the table of calls, g[2] the parent (in the array part: the hash part keeps
+-- its size, which the page's path measures); g.cancelling is set only while failing fast.
+local function start_group(ctx, tbl, level, parent)
+  local g = { tbl, parent or false, ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS,
+              waiting = false }
   -- calls to start, in key order (a chain's spec carries it in spec.chain):
   -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table)
   local keys = sorted_keys(tbl, 8)
@@ -221,7 +276,7 @@ end
 local function fetch_all_at(tbl, fname, level)
   local ctx, co = current_ctx(fname, level + 1)
   if type(tbl) ~= "table" then error(fname .. " expects a table of call specs", level + 1) end
-  local g = start_group(ctx, tbl, level + 2)
+  local g = start_group(ctx, tbl, level + 2, group_of_co[co])
   g.co = co
   while g.pending > 0 do
     g.waiting = true
@@ -256,12 +311,15 @@ function M.run_then(g, key, info, args)
       local depname = callspec.is_spec(info.dep) and info.dep[1] or tostring(deps[i])
       local r = new_result(key, info.opts)
       r.ms = 0
+      -- a chain whose required dependency failed fails the page as the dependency would
+      if result.is_required(d) then result.info[r].required = true end
       settle(g, key, fail(ctx, r, problem.dependency_failed(tostring(key), depname, d.error), info.opts))
       return
     end
   end
   local co = coroutine.create(info.fn)
   ctx_of[co] = ctx
+  group_of_co[co] = g
   finishers[co] = function(ok, v)
     if ctx.done then return end
     if not ok then
@@ -297,7 +355,7 @@ function M.settle_value(g, key, v, opts)
     end
     local info = is_then(v)
     if info then
-      local sub = start_group(ctx, { [key] = v }, 2)
+      local sub = start_group(ctx, { [key] = v }, 2, g)
       sub.on_complete = function(res) settle(g, key, res[key]) end
       if sub.pending == 0 then sub.on_complete(sub.results) end
       return
@@ -309,7 +367,7 @@ function M.settle_value(g, key, v, opts)
       end
       if all then
         local list = #v > 0
-        local sub = start_group(ctx, v, 2)
+        local sub = start_group(ctx, v, 2, g)
         sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
         if sub.pending == 0 then sub.on_complete(sub.results) end
         return

@@ -211,7 +211,9 @@ local function load_folder(dir)
     for i, u in ipairs(cfg.upstreams) do
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
                       breaker = u.breaker, cache = u.cache or false, identity = u.identity, audience = u.audience,
-                      internal = u.internal, forward_headers = u.forward_headers }
+                      internal = u.internal, endpoints = u.endpoints, balance = u.balance, hash_key = u.hash_key,
+                      outlier = u.outlier, session = u.session,
+                      forward_headers = u.forward_headers }
     end
   end
   local trusted = cfg and cfg.scripts.trusted

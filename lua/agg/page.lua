@@ -49,8 +49,9 @@ end
 local function page_status(failed)
   local p = failed.error or {}
   local kind = problem.kind(p)
-  -- 503: the breaker is open, or the user's identity for the service could not be had
-  if kind == "circuit-open" or kind == "identity-unavailable" then return 503 end
+  -- 503: the breaker is open, the retry budget is spent, or the user's identity for the service
+  -- could not be had
+  if kind == "circuit-open" or kind == "retry-budget-exhausted" or kind == "identity-unavailable" then return 503 end
   if p.status == 504 then return 504 end
   if p.status == 404 or p.status == 410 then return p.status end
   return 502

@@ -83,6 +83,19 @@ function M.dependency_failed(section, dep, cause)
                ("section %s was not called: %s failed: %s"):format(tostring(section), tostring(dep), why))
 end
 
+--- Problem for a call whose retry was not sent because the upstream's retry budget is spent
+-- (Gateway API retryConstraint: 503); cause: the failure it would have retried.
+function M.retry_budget_exhausted(section, upstream, cause)
+  return M.new("retry-budget-exhausted", "the upstream failed and its retry budget is spent", 503,
+               names(section, upstream) .. ": " .. tostring(cause and (cause.title or cause.type) or "failed"))
+end
+
+--- Problem for a section cancelled because required section `failed` failed (fail fast).
+function M.cancelled_by(section, failed)
+  return M.new("call-cancelled", "the call was cancelled", 504,
+               ("section %s was cancelled: required section %s failed"):format(tostring(section), tostring(failed)))
+end
+
 --- Problem for a script error inside a section's continuation. The detail never carries the
 -- Lua message (it is logged with file:line instead).
 function M.script_error(section)

@@ -93,7 +93,8 @@ end
 
 function M.is_required(r)
   local info = result_info[r]
-  return info ~= nil and info.required
+  -- a section cancelled because another required one failed (fail fast) does not decide the page
+  return info ~= nil and info.required and not info.cancelled
 end
 
 --- Logs a script error of request ctx (what: where in the request; co: the coroutine, for its

@@ -153,7 +153,30 @@ end
 
 -- headers: name -> value in any case (the transport lowercases names, drops invalid ones, and adds
 -- default_type as content-type unless one is there).
+-- The session cookies and headers of upstream groups (agg.group) that this page sets: a copy of
+-- headers (the script's table may be shared) with them added.
+local function with_sessions(headers, sessions)
+  local h = {}
+  if headers then for k, v in pairs(headers) do h[k] = v end end
+  for _, s in pairs(sessions) do
+    if s.cookie then
+      local c = s.name .. "=" .. s.token .. "; Path=/; HttpOnly; SameSite=Lax" ..
+                (s.max_age and ("; Max-Age=" .. s.max_age) or "")
+      local key = "set-cookie" -- the script's own spelling, if it sets cookies too
+      for k in pairs(h) do if type(k) == "string" and k:lower() == key then key = k end end
+      local cur = h[key]
+      if cur == nil then h[key] = c
+      elseif type(cur) == "table" then cur = { unpack(cur) } cur[#cur + 1] = c h[key] = cur
+      else h[key] = { cur, c } end
+    else
+      h[s.name] = s.token
+    end
+  end
+  return h
+end
+
 local function send(ctx, status, headers, body, is_json, default_type)
+  if ctx.sessions then headers = with_sessions(headers, ctx.sessions) end
   local timing = #ctx.timings > 0 and server_timing(ctx) or nil
   return core.respond(ctx.rid, status, headers, body, is_json, default_type, timing)
 end

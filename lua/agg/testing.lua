@@ -237,8 +237,8 @@ function Gateway:install()
     gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg
     if level == "error" then M.script_errors[#M.script_errors + 1] = msg end
   end
-  function core.call(rid, index, method, path, headers, body, timeout_ms, decode)
-    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
+  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, _, _, _, endpoint)
+    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, endpoint or 1)
   end
   -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
   function core.trace_id(rid) return ("%032x"):format(rid) end
@@ -366,21 +366,31 @@ function Gateway:stub(upstream, a, b, c)
   if type(upstream) ~= "string" or type(pattern) ~= "string" or type(answers) ~= "table" then
     error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table", 2)
   end
-  local known = {}
-  for _, u in ipairs(self.names) do known[u.name] = true end
-  if not known[upstream] then
-    error(("gw:stub: gateway.lua has no upstream '%s'%s (%s)"):format(upstream, config.suggest(upstream, known),
+  -- "product" stubs every endpoint of the upstream, "product#2" its second endpoint only
+  local name, ep = upstream:match("^(.-)#(%d+)$")
+  name, ep = name or upstream, tonumber(ep)
+  local known, found = {}, nil
+  for _, u in ipairs(self.names) do
+    known[u.name] = true
+    if u.name == name then found = u end
+  end
+  if not found then
+    error(("gw:stub: gateway.lua has no upstream '%s'%s (%s)"):format(name, config.suggest(name, known),
       sorted_names(known)), 2)
+  end
+  if ep and (ep < 1 or ep > #found.endpoints) then
+    error(("gw:stub: upstream '%s' has %d endpoint(s), not #%d"):format(name, #found.endpoints, ep), 2)
   end
   local list = (type(answers[1]) == "table") and answers or { answers }
   for i, ans in ipairs(list) do
     check_answer(#list > 1 and ("gw:stub answer " .. i) or "gw:stub", ans)
   end
-  table.insert(self.stubs, 1, { upstream = upstream, method = method, pattern = pattern, answers = list, served = 0 })
+  table.insert(self.stubs, 1, { upstream = name, endpoint = ep, method = method, pattern = pattern, answers = list,
+                                served = 0 })
   return self
 end
 
-function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms, decode)
+function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms, decode, endpoint)
   local up = self.names[index]
   local id = self.next_call
   self.next_call = id + 1
@@ -388,7 +398,7 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   for i = 1, #(headers or {}), 2 do h[headers[i]] = headers[i + 1] end
   local p, q = split_path(path)
   local c = { id = id, upstream = up.name, method = method, path = path, route_path = p, query = decode_query(q),
-              headers = h, body = body or nil, started_ms = self.clock, timeout_ms = timeout_ms }
+              headers = h, body = body or nil, started_ms = self.clock, timeout_ms = timeout_ms, endpoint = endpoint }
   self.by_id[id] = c
   local function finish(at, outcome, status, rheaders, rbody, data, detail)
     c.event = schedule(self, at, function()
@@ -406,7 +416,8 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   self.call_log[#self.call_log + 1] = c
   local stub
   for _, s in ipairs(self.stubs) do
-    if s.upstream == up.name and (s.method == "*" or s.method == method) and match_pattern(s.pattern, path) then
+    if s.upstream == up.name and (not s.endpoint or s.endpoint == endpoint) and (s.method == "*" or s.method == method)
+       and match_pattern(s.pattern, path) then
       stub = s
       break
     end
@@ -703,6 +714,11 @@ function Gateway:calls(upstream)
   end
   return out
 end
+
+--- The endpoints of upstream name as this gateway's balancer sees them (agg.group.endpoints): a
+-- list of { url, state = "healthy" | "ejected", in_flight, calls, failures, ejections, ejected_ms,
+-- until_ms }; nil for an upstream with one endpoint.
+function Gateway:endpoints(name) return require("agg.group").endpoints(name) end
 
 --- Forgets the calls recorded so far (stubs stay).
 function Gateway:clear_calls() self.call_log = {} end

@@ -519,6 +519,8 @@ class GatewayTestCase(unittest.TestCase):
             for name in self.mock.ports:
                 u = {"url": self.mock.url(name)}
                 u.update(upstream_options.get(name, {}))
+                if "endpoints" in u:                      # an upstream group: its endpoints instead
+                    del u["url"]
                 ups[name] = u
             for name, opts in upstream_options.items():
                 if name not in ups and "url" in opts:     # an upstream the mock does not play

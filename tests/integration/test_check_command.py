@@ -227,6 +227,73 @@ class CheckCommand(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertIn(os.path.join(d, "gateway.lua") + ":1:", err, err)
 
+    def group_source(self, product):
+        return ('return {\n'
+                '  listen = { { port = %d } },\n'
+                '  upstreams = {\n'
+                '    product = {\n'
+                '%s\n'
+                '    },\n'
+                '    reviews = { url = "http://127.0.0.1:9002" },\n'
+                '    inventory = { url = "http://127.0.0.1:9003" },\n'
+                '  },\n'
+                '}\n') % (self.port, product)
+
+    def test_check_accepts_an_upstream_group(self):
+        src = self.group_source(
+            '      endpoints = { "http://127.0.0.1:9001", "http://127.0.0.1:9011", "http://localhost:9021" },\n'
+            '      balance = "hash", hash_key = "header:x-user",\n'
+            '      outlier = { failures = 3, eject_s = 5, max_percent = 34, failure_percent = 50, min_requests = 20 },\n'
+            '      retry = { attempts = 2, budget = { percent = 20, interval_s = 10 },\n'
+            '                min_retry_rate = { count = 10, interval_s = 1 } },\n'
+            '      session = { type = "header", name = "x-session", absolute_timeout_s = 3600, idle_timeout_s = 600 },')
+        rc, out, err = self.check(self.folder(src))
+        self.assertEqual(rc, 0, out + err)
+
+    def test_check_upstream_group_mistakes_name_file_line_and_option(self):
+        cases = [
+            ('      endpoints = { "http://127.0.0.1:9001", "https://127.0.0.1:9011" },', 5,
+             ["upstreams.product.endpoints[2]", "same scheme"]),
+            ('      endpoints = { "http://127.0.0.1:9001", "http://127.0.0.1:9001" },', 5,
+             ["endpoints[2]", "listed twice"]),
+            ('      endpoints = {},', 5, ["upstreams.product.endpoints", "list of URLs"]),
+            ('      url = "http://127.0.0.1:9001", endpoints = { "http://127.0.0.1:9002" },', 5,
+             ["either url or endpoints"]),
+            ('      url = "http://127.0.0.1:9001", balance = "round-robin",', 5,
+             ["upstreams.product.balance", "did you mean 'round_robin'"]),
+            ('      url = "http://127.0.0.1:9001", hash_key = "header:x-user",', 5,
+             ["upstreams.product.hash_key", 'only for balance = "hash"']),
+            ('      url = "http://127.0.0.1:9001", balance = "hash", hash_key = "query:id",', 5,
+             ["upstreams.product.hash_key", "header:NAME"]),
+            ('      url = "http://127.0.0.1:9001",\n      outlier = { failure = 3 },', 6,
+             ["upstreams.product.outlier.failure", "did you mean 'failures'"]),
+            ('      url = "http://127.0.0.1:9001",\n      outlier = { eject_s = 0 },', 6,
+             ["upstreams.product.outlier.eject_s", "> 0"]),
+            ('      url = "http://127.0.0.1:9001",\n      retry = { budget_percent = 20 },', 6,
+             ["upstreams.product.retry.budget_percent", "did you mean 'budget'"]),
+            ('      url = "http://127.0.0.1:9001",\n      retry = { budget = 20 },', 6,
+             ["upstreams.product.retry.budget", "must be a table like { interval_s = 10, percent = 20 }"]),
+            ('      url = "http://127.0.0.1:9001",\n      retry = { budget = { percent = 120 } },', 6,
+             ["upstreams.product.retry.budget.percent", "percentage"]),
+            ('      url = "http://127.0.0.1:9001",\n      retry = { min_retry_rate = { coutn = 1 } },', 6,
+             ["upstreams.product.retry.min_retry_rate.coutn", "did you mean 'count'"]),
+            ('      url = "http://127.0.0.1:9001",\n      session = { type = "jar", name = "s" },', 6,
+             ["upstreams.product.session.type", '"cookie" or "header"']),
+            ('      url = "http://127.0.0.1:9001",\n      session = { type = "cookie" },', 6,
+             ["upstreams.product.session.name", "is required"]),
+            ('      url = "http://127.0.0.1:9001",\n      session = { name = "s", idle_timeout = 5 },', 6,
+             ["upstreams.product.session.idle_timeout", "did you mean 'idle_timeout_s'"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = { path = "/healthz" },', 6,
+             ["upstreams.product.health", "not available in this version"]),
+        ]
+        for product, line, words in cases:
+            with self.subTest(product=product):
+                self.assertInvalid(self.folder(self.group_source(product)), "gateway.lua", line, *words)
+
+    def test_check_endpoint_host_that_does_not_resolve_names_the_endpoint(self):
+        src = self.group_source('      endpoints = { "http://127.0.0.1:9001", "http://no-such-host.invalid:9001" },')
+        self.assertInvalid(self.folder(src), "gateway.lua", 5, "upstreams.product.endpoints[2]")
+
     def test_serve_on_invalid_folder_exits_nonzero_without_serving(self):
         src = gateway_lua(self.port, UPSTREAMS).replace("timeout_ms = 150", "timout_ms = 150")
         d = self.folder(src)

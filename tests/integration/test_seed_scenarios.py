@@ -133,17 +133,20 @@ class RequiredSectionFails(GatewayTestCase):
     """Row 4: Product refuses connections / times out -> 502 / 504 problem+json."""
 
     def test_product_refusing_connections_gives_502_problem_with_sections(self):
-        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0))
+        # fail fast: the demo's Reviews (80 ms) and Inventory (30 ms) are cancelled when Product
+        # refuses, and the 502 comes at once, not after Reviews (the issue measured 82 ms before)
+        self.start(services=demo_services(product_ms=0, reviews_ms=80, inventory_ms=30))
         self.mock.refuse("product")
         r = self.fastest_of(3, "/product-page/42")
         p = self.assertProblem(r, 502)
         self.assertIn("sections", p)
         self.assertEqual(p["sections"]["product"]["status"], "unavailable", p)
         self.assertTrue(p["sections"]["product"]["error"]["type"].endswith("upstream-unreachable"), p)
-        self.assertEqual(p["sections"]["reviews"]["status"], "ok", p)
-        self.assertEqual(p["sections"]["inventory"]["status"], "ok", p)
+        for s in ("reviews", "inventory"):
+            self.assertEqual(p["sections"][s]["status"], "unavailable", p)
+            self.assertTrue(p["sections"][s]["error"]["type"].endswith("call-cancelled"), p)
         self.assertEqual(r.headers.get("cache-control"), "no-store", r)
-        self.assertLess(r.ms, 140, "a refused connection fails at once, not at Product's 150 ms cap")
+        self.assertLess(r.ms, 30, "a refused connection fails the page at once, before the other calls end")
 
     def test_product_refusing_then_accepting_recovers(self):
         self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0))

@@ -1,0 +1,162 @@
+/* board.c: the endpoints' state for the admin thread (see board.h). */
+#include "group/board.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "json/json.h"
+#include "ops/prom.h"
+
+agw_endpoint_board_t *agw_endpoint_board_new(size_t workers, size_t endpoints)
+{
+    agw_endpoint_board_t *b = calloc(1, sizeof(*b));
+    if (b == NULL || (b->rows = calloc(workers * endpoints > 0 ? workers * endpoints : 1, sizeof(*b->rows))) == NULL)
+        abort();
+    b->num_workers = workers;
+    b->num_endpoints = endpoints;
+    return b;
+}
+
+void agw_endpoint_board_free(agw_endpoint_board_t *b)
+{
+    if (b == NULL)
+        return;
+    free(b->rows);
+    free(b);
+}
+
+void agw_endpoint_board_publish(agw_endpoint_board_t *b, size_t worker, size_t ep, const agw_endpoint_row_t *row)
+{
+    if (b == NULL || worker >= b->num_workers || ep >= b->num_endpoints)
+        return;
+    agw_endpoint_row_t *r = &b->rows[worker * b->num_endpoints + ep];
+    __atomic_store_n(&r->calls, row->calls, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->failures, row->failures, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->ejections, row->ejections, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->sessions, row->sessions, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->in_flight, row->in_flight, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->ejected_until_ms, row->ejected_until_ms, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->last_ejected_ms, row->last_ejected_ms, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->answered, row->answered, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->latency_ms, row->latency_ms, __ATOMIC_RELAXED);
+}
+
+/* Endpoint ep summed over the workers; *ejected: workers that have it ejected at now_ms; until and
+ * last: the latest of the workers' ejection end and last ejection (ms, 0 for none). */
+static void sum(const agw_endpoint_board_t *b, size_t ep, uint64_t now_ms, agw_endpoint_row_t *out, unsigned *ejected)
+{
+    *out = (agw_endpoint_row_t){0};
+    *ejected = 0;
+    if (b == NULL)
+        return;
+    for (size_t w = 0; w < b->num_workers; w++) {
+        const agw_endpoint_row_t *r = &b->rows[w * b->num_endpoints + ep];
+        out->calls += __atomic_load_n(&r->calls, __ATOMIC_RELAXED);
+        out->failures += __atomic_load_n(&r->failures, __ATOMIC_RELAXED);
+        out->ejections += __atomic_load_n(&r->ejections, __ATOMIC_RELAXED);
+        out->sessions += __atomic_load_n(&r->sessions, __ATOMIC_RELAXED);
+        out->in_flight += __atomic_load_n(&r->in_flight, __ATOMIC_RELAXED);
+        out->answered += __atomic_load_n(&r->answered, __ATOMIC_RELAXED);
+        out->latency_ms += __atomic_load_n(&r->latency_ms, __ATOMIC_RELAXED);
+        uint64_t until = __atomic_load_n(&r->ejected_until_ms, __ATOMIC_RELAXED);
+        uint64_t last = __atomic_load_n(&r->last_ejected_ms, __ATOMIC_RELAXED);
+        if (until > now_ms) {
+            (*ejected)++;
+            if (until > out->ejected_until_ms)
+                out->ejected_until_ms = until;
+        }
+        if (last > out->last_ejected_ms)
+            out->last_ejected_ms = last;
+    }
+}
+
+/* A JSON string of s (null if it is not valid UTF-8). */
+static void str(agw_buf_t *out, const char *s)
+{
+    size_t mark = out->len;
+    if (agw_json_encode_string(out, s, strlen(s)) != 0) {
+        out->len = mark;
+        agw_buf_puts(out, "null");
+    }
+}
+
+static void seconds_or_null(agw_buf_t *out, uint64_t ms)
+{
+    if (ms == 0)
+        agw_buf_append(out, "null", 4);
+    else
+        agw_buf_printf(out, "%llu.%03u", (unsigned long long)(ms / 1000), (unsigned)(ms % 1000));
+}
+
+void agw_endpoint_board_json(const agw_endpoint_board_t *b, const agw_config_t *conf, uint64_t now_ms, agw_buf_t *out)
+{
+    agw_buf_append(out, "{\"upstreams\":[", 14);
+    for (size_t u = 0; conf && u < conf->num_upstreams; u++) {
+        size_t first = conf->ep_first[u], last = conf->ep_first[u + 1];
+        agw_buf_append(out, u ? ",{\"name\":" : "{\"name\":", u ? 9 : 8);
+        str(out, conf->upstreams[u].name);
+        agw_buf_printf(out, ",\"group\":%s,\"endpoints\":[", last - first > 1 ? "true" : "false");
+        for (size_t e = first; e < last; e++) {
+            agw_endpoint_row_t s;
+            unsigned ejected;
+            sum(b, e, now_ms, &s, &ejected);
+            agw_buf_printf(out, "%s{\"endpoint\":%zu,\"url\":", e > first ? "," : "", e - first + 1);
+            str(out, conf->eps[e].url);
+            agw_buf_printf(out, ",\"state\":\"%s\",\"ejected_workers\":%u,\"ejected_until\":", ejected ? "ejected" : "healthy",
+                           ejected);
+            seconds_or_null(out, s.ejected_until_ms);
+            agw_buf_append(out, ",\"last_ejection\":", 17);
+            seconds_or_null(out, s.last_ejected_ms);
+            agw_buf_printf(out, ",\"in_flight\":%llu,\"calls\":%llu,\"failures\":%llu,\"ejections\":%llu,\"sessions\":%llu}",
+                           (unsigned long long)s.in_flight, (unsigned long long)s.calls, (unsigned long long)s.failures,
+                           (unsigned long long)s.ejections, (unsigned long long)s.sessions);
+            out->len--; /* the closing brace: one more member */
+            if (s.answered)
+                agw_buf_printf(out, ",\"mean_ms\":%.1f}", (double)s.latency_ms / (double)s.answered);
+            else
+                agw_buf_puts(out, ",\"mean_ms\":null}");
+        }
+        agw_buf_append(out, "]}", 2);
+    }
+    agw_buf_append(out, "]}\n", 3);
+}
+
+void agw_endpoint_board_metrics(const agw_endpoint_board_t *b, const agw_config_t *conf, uint64_t now_ms,
+                                agw_buf_t *out)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"aggway_endpoint_calls_total", "counter", "Attempts sent to an endpoint of an upstream group (since the last reload)."},
+        {"aggway_endpoint_failures_total", "counter", "Attempts on an endpoint that failed as the breaker counts failures."},
+        {"aggway_endpoint_ejections_total", "counter", "Outlier ejections of an endpoint."},
+        {"aggway_endpoint_sessions_total", "counter", "Sessions pinned to an endpoint (new, or moved to it)."},
+        {"aggway_endpoint_answered_total", "counter", "Attempts on an endpoint that ended (answered or failed; not cancelled)."},
+        {"aggway_endpoint_latency_seconds_total", "counter", "Durations of the attempts counted in aggway_endpoint_answered_total, added up."},
+        {"aggway_endpoint_in_flight", "gauge", "Attempts in flight on an endpoint."},
+        {"aggway_endpoint_ejected", "gauge", "Workers that have the endpoint ejected now."},
+    };
+    if (b == NULL || conf == NULL)
+        return;
+    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
+        int any = 0;
+        for (size_t u = 0; u < conf->num_upstreams; u++) {
+            size_t first = conf->ep_first[u], last = conf->ep_first[u + 1];
+            if (last - first < 2)
+                continue;
+            if (!any)
+                agw_prom_family(out, fam[f].name, fam[f].type, fam[f].help);
+            any = 1;
+            for (size_t e = first; e < last; e++) {
+                agw_endpoint_row_t s;
+                unsigned ejected;
+                sum(b, e, now_ms, &s, &ejected);
+                double v[] = {(double)s.calls, (double)s.failures, (double)s.ejections, (double)s.sessions,
+                              (double)s.answered, (double)s.latency_ms / 1000.0, (double)s.in_flight, ejected};
+                agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", conf->upstreams[u].name),
+                                         AGW_PROM_LABEL("endpoint", conf->eps[e].url)};
+                agw_prom_sample(out, fam[f].name, l, 2, v[f]);
+            }
+        }
+    }
+}

@@ -1,0 +1,352 @@
+-- agg.group: an upstream's endpoints as one worker sees them (DESIGN §9, §9.1; README "Upstream
+-- groups"). It chooses the endpoint of each attempt (power of two choices on calls in flight, round
+-- robin, or consistent hashing with bounded load), ejects an endpoint that fails (outlier
+-- ejection) for a time that grows with repeats, and tells the circuit breaker whether a failure is
+-- the group's or one endpoint's. State is per worker and per generation, on the runtime's clock
+-- (core.now), so the spec harness runs it on its virtual clock.
+--
+-- An upstream with one endpoint never comes here (agg.exchange checks `endpoints`): its calls
+-- cost nothing more than before groups existed.
+local bit = require "bit"
+
+local M = {}
+
+local core
+local groups = {}   -- upstream name -> group (made on first use)
+local policies = {} -- upstream name -> the loader's upstream entry (endpoints, balance, outlier, …)
+
+local band, bxor, rshift, tobit = bit.band, bit.bxor, bit.rshift, bit.tobit
+
+--- Binds the transport and the upstream table (agg.runtime.init); state of a previous binding is
+-- forgotten.
+function M.bind(transport, ups)
+  core, policies, groups = transport, ups, {}
+end
+
+-- 32-bit multiply modulo 2^32 without losing bits to doubles (both factors unsigned < 2^32).
+local function mul32(a, b)
+  local lo = b % 65536
+  local hi = (b - lo) / 65536
+  return (a * lo + (a * hi % 65536) * 65536) % 4294967296
+end
+
+--- FNV-1a over s, finished with MurmurHash3's fmix32 so that similar strings ("url#1", "url#2")
+-- spread over the ring. Returns an unsigned 32-bit number.
+function M.hash(s)
+  local h = 2166136261
+  for i = 1, #s do
+    h = mul32(bxor(h, s:byte(i)) % 4294967296, 16777619)
+  end
+  h = bxor(h, rshift(h, 16)) % 4294967296
+  h = mul32(h, 0x85ebca6b)
+  h = bxor(h, rshift(h, 13)) % 4294967296
+  h = mul32(h, 0xc2b2ae35)
+  return bxor(h, rshift(h, 16)) % 4294967296
+end
+
+local VNODES = 160      -- points per endpoint on the hash ring
+local HASH_LOAD = 1.25  -- bounded load: at most 1.25 x the mean calls in flight per endpoint
+
+-- The ring of a hash-balanced group: points sorted, each owned by an endpoint. An endpoint's points
+-- depend on its URL only, so adding a fourth endpoint moves about a quarter of the keys.
+local function build_ring(g)
+  local pts = {}
+  for i, e in ipairs(g.eps) do
+    for v = 1, VNODES do pts[#pts + 1] = { M.hash(e.url .. "#" .. v), i } end
+  end
+  table.sort(pts, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  local at, owner = {}, {}
+  for k, p in ipairs(pts) do at[k], owner[k] = p[1], p[2] end
+  g.ring_at, g.ring_owner = at, owner
+end
+
+local function group_of(name)
+  local g = groups[name]
+  if g then return g end
+  local up = policies[name]
+  local o = up.outlier or {}
+  g = { name = name, n = #up.endpoints, eps = {}, rr = 0, inflight = 0, nfailing = 0,
+        balance = up.balance or "p2c", hash_key = up.hash_key,
+        failures = o.off and 0 or (o.failures or 5), eject_ms = (o.eject_s or 10) * 1000,
+        max_eject_ms = (o.max_eject_s or 300) * 1000, max_percent = o.max_percent or 50,
+        failure_percent = o.off and 0 or (o.failure_percent or 0), min_requests = o.min_requests or 10,
+        interval_ms = (o.interval_s or 10) * 1000, cand = {} }
+  for i, url in ipairs(up.endpoints) do
+    g.eps[i] = { url = url, inflight = 0, consec = 0, failing = false, until_ms = 0, ejections = 0,
+                 ejected_ms = false, restored_ms = 0, win_start = 0, win_total = 0, win_fail = 0,
+                 calls = 0, failures = 0, sessions = 0, answered = 0, latency_ms = 0 }
+  end
+  if g.balance == "hash" then build_ring(g) end
+  local sess = up.session
+  if sess and not sess.off then
+    g.session = { cookie = sess.type ~= "header", name = sess.type == "header" and sess.name:lower() or sess.name,
+                  absolute_ms = (sess.absolute_timeout_s or 0) * 1000, idle_ms = (sess.idle_timeout_s or 0) * 1000,
+                  by_id = {} }
+    for i, e in ipairs(g.eps) do
+      e.id = ("%08x"):format(M.hash(e.url))
+      g.session.by_id[e.id] = i
+    end
+  end
+  groups[name] = g
+  return g
+end
+M.group_of = group_of
+
+local function usable(e, now) return e.until_ms <= now end
+
+-- The page request's header name (lowercase), or with cookie set, the value of its cookie name;
+-- nil when it has none. ctx.req_headers becomes a table on first use (as req.headers makes it).
+local function from_request(ctx, name, cookie)
+  local h = ctx and ctx.req_headers
+  if type(h) == "string" then -- "name\0value\0…", names lowercase (the transport's form)
+    local t = {}
+    for k, v in h:gmatch("([^%z]*)%z([^%z]*)%z") do t[k] = t[k] and (t[k] .. ", " .. v) or v end
+    ctx.req_headers, h = t, t
+  end
+  if type(h) ~= "table" then return nil end
+  if not cookie then return h[name] end
+  local c = h.cookie
+  if not c then return nil end
+  for k, v in c:gmatch("([^=;%s]+)=([^;]*)") do
+    if k == name then return v end
+  end
+  return nil
+end
+
+-- The key a hash-balanced call hashes: the call's own hash_key, or the page request's header or
+-- cookie that the upstream's hash_key names ("header:NAME", "cookie:NAME"); nil when there is none.
+local function hash_key_of(g, x)
+  if x.hash_key then return x.hash_key end
+  local hk = g.hash_key
+  if not hk then return nil end
+  local kind, name = hk:match("^(%a+):(.+)$")
+  if kind == "header" then return from_request(x.ctx, name:lower(), false) end
+  return from_request(x.ctx, name, true)
+end
+
+-- Consistent hashing with bounded load: the first endpoint clockwise from the key's point that is
+-- not ejected, not `avoid`, and has fewer calls in flight than HASH_LOAD x the mean (plus one).
+local function ring_pick(g, key, avoid, now)
+  local at, owner = g.ring_at, g.ring_owner
+  local h, lo, hi = M.hash(key), 1, #at
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if at[mid] < h then lo = mid + 1 else hi = mid end
+  end
+  if at[lo] < h then lo = 1 end
+  local bound = math.ceil(HASH_LOAD * (g.inflight + 1) / g.n)
+  local first
+  for k = 0, #at - 1 do
+    local i = owner[(lo - 1 + k) % #at + 1]
+    local e = g.eps[i]
+    if i ~= avoid and usable(e, now) then
+      first = first or i
+      if e.inflight < bound then return i end
+    end
+  end
+  return first
+end
+
+-- Session persistence (Gateway API sessionPersistence): a session token is
+-- "<endpoint id>.<created s>.<last used s>", the endpoint id a hash of its URL (the same in every
+-- worker and across reloads). Returns the endpoint the request's session pins, or nil when it has
+-- none, it expired (absolute_timeout_s since created, idle_timeout_s since last used), or its
+-- endpoint is ejected or `avoid`; and the session's creation time (s) when it is still valid.
+local function session_endpoint(g, s, ctx, avoid, now)
+  local tok = from_request(ctx, s.name, s.cookie)
+  if not tok then return nil end
+  local id, created, seen = tok:match("^(%x+)%.(%d+)%.(%d+)$")
+  local i = id and s.by_id[id]
+  if not i then return nil end
+  created, seen = tonumber(created), tonumber(seen)
+  if (s.absolute_ms > 0 and now - created * 1000 >= s.absolute_ms) or
+     (s.idle_ms > 0 and now - seen * 1000 >= s.idle_ms) then
+    return nil
+  end
+  if i == avoid or not usable(g.eps[i], now) then return nil, created end
+  return i, created
+end
+
+-- The page response sets the session of group g to endpoint i (a new session, one that moved, or,
+-- with idle_timeout_s, one whose last use is refreshed): ctx.sessions[name] = { cookie, header
+-- name, token, max age s }; agg.runtime adds it to the response.
+local function set_session(g, s, ctx, i, created, now, counted)
+  if not counted then g.eps[i].sessions = g.eps[i].sessions + 1 end
+  local sessions = ctx.sessions
+  if not sessions then sessions = {} ctx.sessions = sessions end
+  local now_s = math.floor(now / 1000)
+  local max_age
+  if s.absolute_ms > 0 then max_age = math.max(0, math.floor((created * 1000 + s.absolute_ms - now) / 1000)) end
+  if s.idle_ms > 0 then max_age = math.min(max_age or math.huge, math.floor(s.idle_ms / 1000)) end
+  sessions[g.name] = { cookie = s.cookie, name = s.name, token = g.eps[i].id .. "." .. created .. "." .. now_s,
+                       max_age = max_age }
+end
+
+--- The endpoint (1-based) for an attempt of exchange x on group g; avoid: the endpoint of the
+-- attempt it replaces (a retry, a hedge), taken only when nothing else is usable. Ejected
+-- endpoints are taken only when every endpoint is ejected (never happens: see eject). With a
+-- session, the request's session endpoint while it is usable; else the choice below, and the
+-- page sets the session to it.
+function M.pick(g, x, avoid)
+  local now = core.now()
+  local s = g.session
+  if s and x.ctx then
+    local i, created = session_endpoint(g, s, x.ctx, avoid, now)
+    if i then
+      if s.idle_ms > 0 then set_session(g, s, x.ctx, i, created, now, true) end
+      return i
+    end
+    local c = M.choose(g, x, avoid, now)
+    set_session(g, s, x.ctx, c, created or math.floor(now / 1000), now)
+    return c
+  end
+  return M.choose(g, x, avoid, now)
+end
+
+--- The balancer's choice for an attempt of exchange x on group g (M.pick without sessions).
+function M.choose(g, x, avoid, now)
+  local eps, n = g.eps, g.n
+  local chosen
+  if g.balance == "hash" then
+    local key = hash_key_of(g, x)
+    if key then chosen = ring_pick(g, key, avoid, now) end
+  end
+  if not chosen and g.balance == "round_robin" then
+    for _ = 1, n do
+      g.rr = g.rr % n + 1
+      if g.rr ~= avoid and usable(eps[g.rr], now) then chosen = g.rr break end
+    end
+  elseif not chosen then
+    -- power of two choices: two distinct usable endpoints at random, the one with fewer in flight
+    local cand, m = g.cand, 0
+    for i = 1, n do
+      if i ~= avoid and usable(eps[i], now) then m = m + 1 cand[m] = i end
+    end
+    if m == 1 then
+      chosen = cand[1]
+    elseif m > 1 then
+      local a = math.floor(core.random() * m) + 1
+      local b = math.floor(core.random() * (m - 1)) + 1
+      if b >= a then b = b + 1 end
+      a, b = cand[a], cand[b]
+      chosen = eps[b].inflight < eps[a].inflight and b or a
+    end
+  end
+  if not chosen then
+    -- nothing usable but `avoid`: go back to it; else the endpoint whose ejection ends first
+    if avoid and usable(eps[avoid], now) then return avoid end
+    chosen = 1
+    for i = 2, n do if eps[i].until_ms < eps[chosen].until_ms then chosen = i end end
+  end
+  return chosen
+end
+
+--- An attempt went to endpoint i of g (it is in flight until M.release).
+function M.hold(g, i)
+  local e = g.eps[i]
+  e.inflight = e.inflight + 1
+  e.calls = e.calls + 1
+  g.inflight = g.inflight + 1
+end
+
+--- The attempt on endpoint i of g ended (answered or cancelled).
+function M.release(g, i)
+  local e = g.eps[i]
+  e.inflight = e.inflight - 1
+  g.inflight = g.inflight - 1
+end
+
+--- Ejects endpoint e of g for its backoff (eject_s x its ejections, at most max_eject_s), unless
+-- that would eject more than max_percent of the group (at least one may always be) or every
+-- endpoint. Returns true when it was ejected.
+local function eject(g, e, now, why)
+  if not usable(e, now) then return false end
+  local ejected = 0
+  for _, o in ipairs(g.eps) do if not usable(o, now) then ejected = ejected + 1 end end
+  local allowed = math.max(1, math.floor(g.n * g.max_percent / 100))
+  if ejected >= allowed or ejected + 1 >= g.n then return false end
+  e.ejections = e.ejections + 1
+  local ms = math.min(g.eject_ms * e.ejections, math.max(g.eject_ms, g.max_eject_ms))
+  e.until_ms, e.ejected_ms, e.consec = now + ms, now, 0
+  e.restored_ms = now + ms
+  if core.log then
+    core.log("warn", ("upstream %s: endpoint %s ejected for %d s (%s)"):format(g.name, e.url,
+             math.floor(ms / 1000 + 0.5), why))
+  end
+  return true
+end
+
+--- How an attempt on endpoint i of g ended, as the breaker sees it ("success", "failure",
+-- "ignore"), after ms; returns what the upstream's breaker should count: a failure only when every
+-- endpoint of the group is failing (its last answer was a failure), so one sick endpoint is
+-- ejected, not the whole upstream paused.
+function M.report(g, i, verdict, ms)
+  local e = g.eps[i]
+  e.answered = e.answered + 1
+  e.latency_ms = e.latency_ms + (ms or 0)
+  if verdict == "ignore" then return "ignore" end
+  local now = core.now()
+  if g.failure_percent > 0 then
+    if now - e.win_start >= g.interval_ms then
+      if e.win_total >= g.min_requests and e.win_fail * 100 >= g.failure_percent * e.win_total then
+        eject(g, e, now, ("%d of %d calls failed in %d s"):format(e.win_fail, e.win_total, g.interval_ms / 1000))
+      end
+      e.win_start, e.win_total, e.win_fail = now, 0, 0
+    end
+    e.win_total = e.win_total + 1
+  end
+  if verdict == "failure" then
+    e.failures = e.failures + 1
+    e.consec = e.consec + 1
+    if g.failure_percent > 0 then e.win_fail = e.win_fail + 1 end
+    if not e.failing then e.failing = true g.nfailing = g.nfailing + 1 end
+    if g.failures > 0 and e.consec >= g.failures then
+      eject(g, e, now, e.consec .. " consecutive failures")
+    end
+    return g.nfailing >= g.n and "failure" or "ignore"
+  end
+  e.consec = 0
+  if e.failing then e.failing = false g.nfailing = g.nfailing - 1 end
+  -- healthy for a whole backoff since it came back: the next ejection starts short again
+  if e.ejections > 0 and now - e.restored_ms >= g.eject_ms then
+    e.ejections = e.ejections - 1
+    e.restored_ms = now
+  end
+  return "success"
+end
+
+--- Hands every group's endpoints to core.endpoint_state(index, endpoint, calls, failures,
+-- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms, answered, latency_ms) when the
+-- transport has it
+-- (group/board.h: the admin page /upstreams and the endpoint metrics; agg.exchange.report_stats).
+function M.report_stats()
+  local publish = core and core.endpoint_state
+  if not publish then return end
+  local now = core.now()
+  for name, g in pairs(groups) do
+    local index = policies[name].index
+    for i, e in ipairs(g.eps) do
+      publish(index, i, e.calls, e.failures, e.ejections, e.sessions, e.inflight,
+              usable(e, now) and 0 or e.until_ms, e.ejected_ms or 0, e.answered, e.latency_ms)
+    end
+  end
+end
+
+--- The state of every endpoint of upstream name, for specs and the admin page: a list of
+-- { url, state = "healthy" | "ejected", in_flight, calls, failures, ejections, ejected_ms,
+-- until_ms }. Nil for an upstream with one endpoint or none used yet.
+function M.endpoints(name)
+  local up = policies[name]
+  if not up or not up.endpoints or #up.endpoints < 2 then return nil end
+  local g = group_of(name)
+  local now = core.now()
+  local out = {}
+  for i, e in ipairs(g.eps) do
+    out[i] = { url = e.url, state = usable(e, now) and "healthy" or "ejected", in_flight = e.inflight,
+               calls = e.calls, failures = e.failures, ejections = e.ejections, ejected_ms = e.ejected_ms or nil,
+               until_ms = not usable(e, now) and e.until_ms or nil }
+  end
+  return out
+end
+
+return M

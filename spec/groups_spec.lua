@@ -1,0 +1,300 @@
+-- Upstream groups (DESIGN §9, §9.1; README "Upstream groups"): several endpoints per upstream,
+-- load balancing, outlier ejection, the group's circuit breaker, the Gateway API retry budget,
+-- and required sections failing fast. Fixture: spec/fixtures/groups. Everything runs on the
+-- harness's virtual clock; "product#2" stubs the second endpoint of product only.
+local testing = require "agg.testing"
+local rt = require "agg.runtime"
+
+local DIR = "spec/fixtures/groups"
+
+local function by_endpoint(calls)
+  local n = {}
+  for _, c in ipairs(calls) do n[c.endpoint] = (n[c.endpoint] or 0) + 1 end
+  return n
+end
+
+describe("outlier ejection", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("product", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+    gw:stub("product#2", "/p/*", { fault = "refuse" })
+  end)
+
+  it("one refusing endpoint: every page is ok, and it gets no calls while ejected", function()
+    for i = 1, 40 do assert.equal(200, gw:get("/product/" .. i).status) end
+    local refused = by_endpoint(gw:calls("product"))[2]
+    assert.equal(3, refused) -- outlier.failures = 3, then ejected for 10 s
+    assert.equal("ejected", gw:endpoints("product")[2].state)
+    -- every refused attempt was retried on another endpoint
+    local calls = gw:calls("product")
+    for k, c in ipairs(calls) do
+      if c.endpoint == 2 then assert.are_not.equal(2, calls[k + 1].endpoint) end
+    end
+    -- tried again once the ejection is over: it still refuses, so it goes out again, for longer
+    gw:advance(10000)
+    gw:clear_calls()
+    for i = 1, 40 do assert.equal(200, gw:get("/product/" .. i).status) end
+    assert.equal(3, by_endpoint(gw:calls("product"))[2])
+    local ep = gw:endpoints("product")[2]
+    assert.equal(2, ep.ejections)
+    assert.equal(20000, ep.until_ms - ep.ejected_ms) -- the second ejection lasts 2 x eject_s
+  end)
+
+  it("an endpoint back in health gets calls again after its ejection", function()
+    for i = 1, 20 do gw:get("/product/" .. i) end
+    gw:stub("product#2", "/p/*", { json = { id = 2 }, latency_ms = 5 })
+    local back = gw:endpoints("product")[2].until_ms
+    gw:advance(back - gw:now() - 100)
+    gw:clear_calls()
+    for i = 1, 10 do gw:get("/product/" .. i) end -- 50 ms of pages, all before it comes back
+    assert.is_nil(by_endpoint(gw:calls("product"))[2])
+    gw:advance(back - gw:now())
+    gw:clear_calls()
+    for i = 1, 30 do gw:get("/product/" .. i) end
+    assert.is_true((by_endpoint(gw:calls("product"))[2] or 0) >= 5)
+    assert.equal("healthy", gw:endpoints("product")[2].state)
+  end)
+
+  it("never ejects more than max_percent of the group, nor all of it", function()
+    gw:stub("product", "/p/*", { fault = "refuse" })
+    for i = 1, 30 do gw:get("/product/" .. i) end
+    local ejected = 0
+    for _, e in ipairs(gw:endpoints("product")) do if e.state == "ejected" then ejected = ejected + 1 end end
+    assert.equal(1, ejected) -- 50 % of 3 endpoints rounds down to 1
+  end)
+end)
+
+describe("the circuit breaker of a group", function()
+  it("stays closed while one endpoint fails and another answers, and opens when all fail", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("sick", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+    gw:stub("sick#1", "/p/*", { status = 503, latency_ms = 5 })
+    for i = 1, 30 do
+      local page = gw:get("/sick/" .. i)
+      assert.are_not.equal("urn:aggway:problem:circuit-open", (page.json.p or page.json.sections.p).error and
+                           (page.json.p or page.json.sections.p).error.type)
+    end
+    gw:stub("sick#2", "/p/*", { status = 503, latency_ms = 5 })
+    local opened = false
+    for i = 1, 10 do
+      local page = gw:get("/sick/" .. i)
+      local sec = page.json.sections and page.json.sections.p or page.json.p
+      if sec.error and sec.error.type == "urn:aggway:problem:circuit-open" then opened = true end
+    end
+    assert.is_true(opened)
+  end)
+end)
+
+describe("balancing", function()
+  local gw
+  before_each(function() gw = testing.gateway { dir = DIR } end)
+
+  it("power of two choices sends a slow endpoint clearly fewer calls", function()
+    gw:stub("product", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+    gw:stub("product#3", "/p/*", { json = { id = 3 }, latency_ms = 150 })
+    for i = 1, 300 do gw:at(i * 2, function() gw:send("GET", "/product/" .. i) end) end
+    gw:run()
+    local n = by_endpoint(gw:calls("product"))
+    assert.equal(300, n[1] + n[2] + n[3])
+    assert.is_true(n[3] < 30, "slow endpoint got " .. n[3] .. " of 300")
+    assert.is_true(n[1] > 100 and n[2] > 100)
+  end)
+
+  it("round robin takes the endpoints in turn", function()
+    gw:stub("rr", "/p/*", { json = { id = 1 } })
+    for i = 1, 9 do gw:get("/rr/" .. i) end
+    local seq = {}
+    for _, c in ipairs(gw:calls("rr")) do seq[#seq + 1] = c.endpoint end
+    assert.same({ 1, 2, 3, 1, 2, 3, 1, 2, 3 }, seq)
+  end)
+
+  it("consistent hashing sends a key to the same endpoint every time", function()
+    gw:stub("cart", "/p/*", { json = { id = 1 } })
+    gw:stub("cart4", "/p/*", { json = { id = 1 } })
+    local where, seen = {}, {}
+    for round = 1, 3 do
+      for u = 1, 200 do
+        gw:clear_calls()
+        gw:get("/cart/" .. u, { headers = { ["x-user"] = "user-" .. u } })
+        local ep = gw:calls("cart")[1].endpoint
+        if round == 1 then where[u] = ep else assert.equal(where[u], ep) end
+        seen[ep] = true
+      end
+    end
+    assert.is_true(seen[1] and seen[2] and seen[3])
+    -- a fourth endpoint takes about a quarter of the keys, and only keys move to it
+    local moved = 0
+    for u = 1, 200 do
+      gw:clear_calls()
+      gw:get("/cart4/" .. u, { headers = { ["x-user"] = "user-" .. u } })
+      local ep = gw:calls("cart4")[1].endpoint
+      if ep ~= where[u] then
+        moved = moved + 1
+        assert.equal(4, ep)
+      end
+    end
+    assert.is_true(moved >= 30 and moved <= 80, moved .. " of 200 keys moved")
+  end)
+
+  it("consistent hashing on the call's hash_key; a hot key spills over (bounded load)", function()
+    gw:stub("cart", "/p/*", { json = { id = 1 }, latency_ms = 100 })
+    for i = 1, 30 do gw:send("GET", "/cart-keyed/7") end
+    gw:run()
+    local n = by_endpoint(gw:calls("cart"))
+    local most = math.max(n[1] or 0, n[2] or 0, n[3] or 0)
+    assert.is_true(most < 30 and most <= 13, "the hot key's endpoint took " .. most .. " of 30")
+  end)
+end)
+
+describe("the retry budget (Gateway API retryConstraint)", function()
+  it("retries stay within the budget per interval; the rest fail with 503 retry-budget-exhausted", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("budget", "/p/*", { status = 503, latency_ms = 5 })
+    local pages = {}
+    for i = 1, 40 do gw:at(i * 20, function() pages[#pages + 1] = gw:send("GET", "/budget/" .. i) end) end
+    gw:run()
+    local calls = #gw:calls("budget")
+    local retries = calls - 40
+    -- over 0.8 s: 20 % of 40 requests = 8, or min_retry_rate 2 per second
+    assert.is_true(retries <= 8, retries .. " retries")
+    assert.is_true(retries >= 2)
+    local exhausted = 0
+    for _, p in ipairs(pages) do
+      local e = p.json.sections.p.error
+      if e.type == "urn:aggway:problem:retry-budget-exhausted" then
+        exhausted = exhausted + 1
+        assert.equal(503, e.status)
+      end
+    end
+    assert.is_true(exhausted >= 30)
+    assert.equal(exhausted, rt.upstream_stats("budget").retries_denied)
+  end)
+end)
+
+describe("a required section fails fast", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("product", "/p/*", { fault = "refuse" })
+    gw:stub("reviews", "/r/*", { json = { n = 1 }, latency_ms = 80 })
+    gw:stub("reviews", "/related/*", { json = { n = 1 }, latency_ms = 80 })
+    gw:stub("reviews", "/d/*", { json = { n = 1 }, latency_ms = 80 })
+  end)
+
+  it("the page is answered when the required call fails; the other calls are cancelled", function()
+    local page = gw:get("/page/1")
+    assert.equal(502, page.status)
+    assert.equal(0, page.elapsed_ms)
+    assert.equal("urn:aggway:problem:required-section-failed", page.json.type)
+    assert.equal("urn:aggway:problem:call-cancelled", page.json.sections.reviews.error.type)
+    local reviews = gw:calls("reviews")
+    assert.equal(1, #reviews)
+    assert.is_true(reviews[1].cancelled)
+  end)
+
+  it("a continuation of the failed section never runs", function()
+    local page = gw:get("/chain/1")
+    assert.equal(502, page.status)
+    assert.equal(0, page.elapsed_ms)
+    assert.equal("urn:aggway:problem:dependency-failed", page.json.sections.related.error.type)
+    assert.equal(1, #gw:calls("reviews")) -- /r/1 only, cancelled
+  end)
+
+  it("a fetch_then chain whose dependency is required fails the page at once", function()
+    local page = gw:get("/chain-dep/1")
+    assert.equal(502, page.status)
+    assert.equal(0, page.elapsed_ms)
+    assert.equal("urn:aggway:problem:call-cancelled", page.json.sections.reviews.error.type)
+    assert.is_true(gw:calls("reviews")[1].cancelled)
+  end)
+end)
+
+describe("session persistence", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("sticky", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+    gw:stub("pinned", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+  end)
+
+  local function cookie_of(page)
+    local sc = page.headers["set-cookie"]
+    return sc and sc:match("^agw%-sticky=([^;]+)"), sc
+  end
+
+  it("a page without a session gets one; calls with it go to the same endpoint", function()
+    local page = gw:get("/sticky/1")
+    local tok, sc = cookie_of(page)
+    assert.is_truthy(tok, "no session cookie")
+    assert.is_truthy(sc:find("HttpOnly", 1, true) and sc:find("Max-Age=3600", 1, true), sc)
+    local first = gw:calls("sticky")[1].endpoint
+    gw:clear_calls()
+    for i = 1, 30 do
+      local p = gw:get("/sticky/" .. i, { headers = { cookie = "other=1; agw-sticky=" .. tok } })
+      assert.is_nil(p.headers["set-cookie"]) -- the session stays where it is: nothing to set
+    end
+    assert.same({ [first] = 30 }, by_endpoint(gw:calls("sticky")))
+  end)
+
+  it("moves when its endpoint is ejected, and the page sets the new cookie", function()
+    local tok = cookie_of(gw:get("/sticky/1"))
+    local first = gw:calls("sticky")[1].endpoint
+    gw:stub("sticky#" .. first, "/p/*", { fault = "refuse" })
+    gw:clear_calls()
+    local page = gw:get("/sticky/2", { headers = { cookie = "agw-sticky=" .. tok } })
+    assert.equal(200, page.status) -- the failed call was retried elsewhere
+    local moved = cookie_of(page)
+    assert.is_truthy(moved, "the page that moved sets the new cookie")
+    assert.are_not.equal(tok, moved)
+    local calls = gw:calls("sticky")
+    assert.equal(first, calls[1].endpoint)
+    local second = calls[2].endpoint
+    assert.are_not.equal(first, second)
+    assert.equal("ejected", gw:endpoints("sticky")[first].state)
+    gw:clear_calls()
+    for i = 1, 10 do gw:get("/sticky/" .. i, { headers = { cookie = "agw-sticky=" .. moved } }) end
+    assert.same({ [second] = 10 }, by_endpoint(gw:calls("sticky")))
+  end)
+
+  it("an expired or forged session starts a new one", function()
+    local tok = cookie_of(gw:get("/sticky/1"))
+    gw:advance(3600 * 1000)
+    assert.is_truthy(cookie_of(gw:get("/sticky/2", { headers = { cookie = "agw-sticky=" .. tok } })))
+    for _, forged in ipairs({ "zz.1.1", "00000000.1.1", "", "a.b.c", ("9"):rep(400) }) do
+      local page = gw:get("/sticky/3", { headers = { cookie = "agw-sticky=" .. forged } })
+      assert.equal(200, page.status)
+      assert.is_truthy(cookie_of(page))
+    end
+  end)
+
+  it("a header session: the response carries it, refreshed while idle_timeout_s allows", function()
+    local page = gw:get("/pinned/1")
+    local tok = page.headers["x-session"]
+    assert.is_truthy(tok)
+    local first = gw:calls("pinned")[1].endpoint
+    gw:advance(30000)
+    gw:clear_calls()
+    local again = gw:get("/pinned/2", { headers = { ["x-session"] = tok } })
+    assert.equal(first, gw:calls("pinned")[1].endpoint)
+    assert.are_not.equal(tok, again.headers["x-session"]) -- last use refreshed
+    gw:advance(60000)
+    gw:clear_calls()
+    local late = gw:get("/pinned/3", { headers = { ["x-session"] = again.headers["x-session"] } })
+    -- idle for 60 s: a new session (created now), wherever the balancer puts it
+    assert.equal(tostring(math.floor(gw:now() / 1000)), late.headers["x-session"]:match("^%x+%.(%d+)%."))
+    assert.equal(tostring(0), tok:match("^%x+%.(%d+)%."))
+  end)
+end)
+
+describe("call options of groups", function()
+  it("hash_key on an upstream that does not hash is a mistake at the script's line", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("rr", "/p/*", { json = { id = 1 } })
+    local ok, err = pcall(function()
+      require("agg.callspec").normalize({ "rr", "/p/1", hash_key = "k" }, gw.gen.upstreams, 1)
+    end)
+    assert.is_false(ok)
+    assert.matches("hash_key", err)
+  end)
+end)

@@ -1,0 +1,274 @@
+"""Upstream groups (issue 15; README "Upstream groups"): one upstream, three mock endpoints.
+
+- One endpoint refusing: every page is 200; once ejected it gets no calls, and after its ejection
+  it is tried again.
+- One endpoint slow: power of two choices sends it clearly fewer calls than its third.
+- Consistent hashing: a key always reaches the same endpoint; a reload that adds a fourth
+  endpoint moves about a quarter of the keys, all to the new one, and keeps the pools (open
+  connections) of the three unchanged endpoints.
+- A failing upstream under retries: retries stay within the budget per interval, the rest get
+  503 retry-budget-exhausted.
+- A required section that fails answers the page at once; the other call is cancelled (the mock
+  sees its connection closed).
+"""
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (GatewayTestCase, endpoint, free_port, gateway_lua, route, wait_until,  # noqa: E402
+                     write_scripts, main)
+
+SLOW = os.environ.get("AGGWAY_SLOW") == "1"
+WAIT = 30.0 if SLOW else 15.0   # bound on what the gateway does on its own (a reload, a log line)
+
+
+def services(a=None, b=None, c=None, extra=None):
+    """Three endpoints of one product service, each saying which it is."""
+    def one(name, r):
+        return r if r is not None else [route("/products/{id}", json={"id": "{id}", "from": name})]
+    out = {"product": one("a", a), "product_b": one("b", b), "product_c": one("c", c),
+           "reviews": [route("/reviews/{id}", latency_ms=400, json={"n": 1})]}
+    out.update(extra or {})
+    return out
+
+
+PAGE = endpoint("GET /p/{id}", '''
+    return agg.page(agg.fetch_all {
+      product = { "product", "/products/" .. req.params.id, required = true },
+    })''')
+
+REQUIRED_PAGE = endpoint("GET /r/{id}", '''
+    return agg.page(agg.fetch_all {
+      product = { "product", "/products/" .. req.params.id, required = true, retry = false },
+      reviews = { "reviews", "/reviews/" .. req.params.id },
+    })''')
+
+
+class UpstreamGroups(GatewayTestCase):
+
+    def start_group(self, mock_services, product_options, scripts=None, extra=None):
+        self.start_mock(mock_services)
+        eps = [self.mock.url("product"), self.mock.url("product_b"), self.mock.url("product_c")]
+        opts = {"product": dict({"endpoints": eps, "timeout_ms": 1000, "connect_timeout_ms": 500}, **product_options),
+                "reviews": {"timeout_ms": 2000}}
+        self.admin_port = free_port()
+        self.start(scripts=scripts or {"p.lua": PAGE, "r.lua": REQUIRED_PAGE}, upstream_options=opts,
+                   deadline_ms=5000, gateway_extra=dict({"admin": {"port": self.admin_port}}, **(extra or {})))
+        return eps
+
+    def page(self, path, headers=None):
+        req = urllib.request.Request(self.url(path), headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def hits(self, service):
+        return sum(v for k, v in self.mock.hits().get(service, {}).items() if k != "unmatched")
+
+    def test_refusing_endpoint_is_ejected_every_page_ok_and_tried_again_after(self):
+        eject_s = 4
+        self.start_group(services(extra={}), {"outlier": {"failures": 3, "eject_s": eject_s},
+                                              "retry": {"attempts": 2, "backoff_ms": 1}})
+        self.mock.refuse("product_b")
+        started = time.monotonic()
+        for i in range(30):
+            status, body = self.page("/p/%d" % i)
+            self.assertEqual(status, 200, body)
+            if "ejected" in self.gw.log():
+                break
+        self.assertIn("endpoint %s ejected for %d s" % (self.mock.url("product_b"), eject_s), self.gw.log())
+        # the ejection began after `started`: until started + eject_s, product_b gets nothing,
+        # though it now accepts
+        self.mock.accept("product_b")
+        n = 0
+        while time.monotonic() < started + eject_s - 1.0 and n < 40:
+            status, body = self.page("/p/%d" % n)
+            self.assertEqual(status, 200, body)
+            n += 1
+        if time.monotonic() < started + eject_s:
+            self.assertEqual(self.hits("product_b"), 0, "an ejected endpoint was called")
+        time.sleep(max(0.0, started + eject_s + (3.0 if SLOW else 1.0) - time.monotonic()))
+        # the ejection is over: product_b gets its share again (p2c: about a third of 60 pages)
+        for i in range(60):
+            self.assertEqual(self.page("/p/%d" % i)[0], 200)
+        self.assertGreater(self.hits("product_b"), 0, "the endpoint was not tried again after its ejection")
+
+    def admin(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin_port, path), timeout=10) as resp:
+            return resp.read().decode()
+
+    def test_admin_page_metrics_and_waterfall_show_the_endpoints(self):
+        self.start_group(services(), {"outlier": {"failures": 2, "eject_s": 60}, "retry": {"attempts": 2, "backoff_ms": 1},
+                                      "session": {"type": "cookie", "name": "agw-product"}})
+        self.mock.refuse("product_c")
+        for i in range(20):
+            self.assertEqual(self.page("/p/%d" % i)[0], 200)
+        url_c = self.mock.url("product_c")
+
+        def state():
+            doc = json.loads(self.admin("/upstreams"))
+            ups = {u["name"]: u for u in doc["upstreams"]}
+            return {e["url"]: e for e in ups["product"]["endpoints"]}, ups
+        # published by the worker about once a second
+        self.assertTrue(wait_until(lambda: state()[0][url_c]["state"] == "ejected", WAIT), self.admin("/upstreams"))
+        eps, ups = state()
+        self.assertTrue(ups["product"]["group"])
+        self.assertFalse(ups["reviews"]["group"])
+        self.assertEqual([e["endpoint"] for e in ups["product"]["endpoints"]], [1, 2, 3])
+        c = eps[url_c]
+        self.assertEqual((c["ejections"], c["failures"], c["ejected_workers"]), (1, 2, 1), c)
+        self.assertIsNotNone(c["last_ejection"])
+        self.assertGreater(c["ejected_until"], c["last_ejection"])
+        others = [e for u, e in eps.items() if u != url_c]
+        self.assertEqual(sum(e["calls"] for e in others), 20)
+        self.assertTrue(all(e["state"] == "healthy" for e in others))
+        self.assertGreaterEqual(sum(e["sessions"] for e in eps.values()), 20)  # no cookie sent: a new session each
+        metrics = self.admin("/metrics")
+        self.assertIn('aggway_endpoint_ejections_total{upstream="product",endpoint="%s"} 1' % url_c, metrics)
+        self.assertIn('aggway_endpoint_ejected{upstream="product",endpoint="%s"} 1' % url_c, metrics)
+        self.assertIn('aggway_endpoint_in_flight{upstream="product",endpoint="%s"} 0' % url_c, metrics)
+        self.assertIn('aggway_endpoint_answered_total{upstream="product",endpoint="%s"} 2' % url_c, metrics)
+        self.assertTrue(all(e["mean_ms"] is not None and e["mean_ms"] >= 0 for e in eps.values()), eps)
+        self.assertNotIn('endpoint_calls_total{upstream="reviews"', metrics)
+        wf = json.loads(self.admin("/waterfall.json"))
+        calls = [c for r in wf["requests"] for c in r["calls"]]
+        self.assertTrue(calls and all(c.get("endpoint") in (1, 2, 3) for c in calls), calls[:3])
+        self.assertIn("endpoint #", self.admin("/waterfall"))
+
+    def test_power_of_two_choices_sends_a_slow_endpoint_clearly_fewer_calls(self):
+        self.start_group(services(c=[route("/products/{id}", latency_ms=200, json={"from": "c"})]),
+                         {"outlier": False})
+        errors = []
+
+        def client(k):
+            for i in range(25):
+                status, _ = self.page("/p/%d" % (k * 100 + i))
+                if status != 200:
+                    errors.append(status)
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(errors, [])
+        a, b, c = self.hits("product"), self.hits("product_b"), self.hits("product_c")
+        self.assertEqual(a + b + c, 200)
+        # a third each if the balancer ignored load; p2c on calls in flight gives the slow one far less
+        self.assertLess(c, 200 * 0.15, (a, b, c))
+
+    def test_consistent_hashing_keeps_keys_and_a_fourth_endpoint_takes_a_quarter(self):
+        eps = self.start_group(services(extra={"product_d": [route("/products/{id}", json={"from": "d"})]}),
+                               {"balance": "hash", "hash_key": "header:x-user", "outlier": False})
+        where = {}
+        for rnd in range(2):
+            for u in range(60):
+                status, body = self.page("/p/1", {"x-user": "user-%d" % u})
+                self.assertEqual(status, 200, body)
+                got = body["product"]["data"]["from"]
+                if rnd == 0:
+                    where[u] = got
+                else:
+                    self.assertEqual(where[u], got, "key user-%d moved without a change" % u)
+        self.assertEqual(set(where.values()), {"a", "b", "c"})
+        before = self.mock.stats()
+        # reload with a fourth endpoint
+        gl = os.path.join(self.scripts_dir, "gateway.lua")
+        with open(gl) as f:
+            src = f.read()
+        src = src.replace('"%s" }' % eps[2], '"%s", "%s" }' % (eps[2], self.mock.url("product_d")))
+        self.assertIn(self.mock.url("product_d"), src)
+        with open(gl + ".tmp~", "w") as f:
+            f.write(src)
+        os.replace(gl + ".tmp~", gl)
+        self.gw.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(wait_until(lambda: "generation 2" in self.gw.log(), WAIT), self.gw.log()[-2000:])
+        moved = 0
+        for u in range(60):
+            status, body = self.page("/p/1", {"x-user": "user-%d" % u})
+            got = body["product"]["data"]["from"]
+            if got != where[u]:
+                moved += 1
+                self.assertEqual(got, "d", "a key moved between unchanged endpoints")
+        self.assertTrue(5 <= moved <= 28, "%d of 60 keys moved to the fourth endpoint" % moved)
+        after = self.mock.stats()
+        for name in ("product", "product_b", "product_c"):
+            self.assertEqual(after[name]["connections_total"], before[name]["connections_total"],
+                             "the pool of unchanged endpoint %s was not kept across the reload" % name)
+
+    def page_with_headers(self, path, headers=None):
+        req = urllib.request.Request(self.url(path), headers=headers or {})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.headers, json.loads(resp.read())
+
+    def test_session_cookie_pins_and_moves_on_ejection(self):
+        self.start_group(services(), {"session": {"type": "cookie", "name": "agw-product"},
+                                      "outlier": {"failures": 1, "eject_s": 30},
+                                      "retry": {"attempts": 2, "backoff_ms": 1}})
+        status, headers, body = self.page_with_headers("/p/1")
+        self.assertEqual(status, 200, body)
+        cookie = headers.get("set-cookie", "")
+        self.assertTrue(cookie.startswith("agw-product="), headers)
+        tok = cookie.split(";")[0]
+        first = body["product"]["data"]["from"]
+        for i in range(20):
+            status, headers, body = self.page_with_headers("/p/%d" % i, {"cookie": tok})
+            self.assertEqual(body["product"]["data"]["from"], first, "the session did not pin its endpoint")
+            self.assertIsNone(headers.get("set-cookie"))
+        self.mock.refuse({"a": "product", "b": "product_b", "c": "product_c"}[first])
+        status, headers, body = self.page_with_headers("/p/99", {"cookie": tok})
+        self.assertEqual(status, 200, body)
+        moved_to = body["product"]["data"]["from"]
+        self.assertNotEqual(moved_to, first)
+        new = headers.get("set-cookie", "").split(";")[0]
+        self.assertTrue(new.startswith("agw-product=") and new != tok, headers)
+        for i in range(10):
+            status, headers, body = self.page_with_headers("/p/%d" % i, {"cookie": new})
+            self.assertEqual(body["product"]["data"]["from"], moved_to)
+
+    def test_retries_stay_within_the_budget_and_the_rest_get_503(self):
+        failing = [route("/products/{id}", status=503, json={"e": 1})]
+        self.start_group(services(failing, failing, failing),
+                         {"outlier": False, "breaker": False,
+                          "retry": {"attempts": 3, "backoff_ms": 1, "budget": {"percent": 20, "interval_s": 10},
+                                    "min_retry_rate": {"count": 2, "interval_s": 1}}})
+        started = time.monotonic()
+        statuses, kinds = [], []
+        for i in range(50):
+            status, body = self.page("/p/%d" % i)
+            statuses.append(status)
+            kinds.append(body.get("sections", {}).get("product", {}).get("error", {}).get("type"))
+        elapsed = time.monotonic() - started
+        calls = self.hits("product") + self.hits("product_b") + self.hits("product_c")
+        retries = calls - 50
+        # at most 20 % of the 50 requests, or 2 a second over the run
+        self.assertLessEqual(retries, max(10, 2 * (int(elapsed) + 1)), (retries, elapsed))
+        exhausted = [s for s, k in zip(statuses, kinds) if k == "urn:aggway:problem:retry-budget-exhausted"]
+        self.assertGreaterEqual(len(exhausted), 50 - retries)
+        self.assertEqual(set(exhausted), {503})
+
+    def test_required_section_fails_fast_and_the_other_call_is_cancelled(self):
+        self.start_group(services(), {"outlier": False})
+        for name in ("product", "product_b", "product_c"):
+            self.mock.refuse(name)
+        t0 = time.monotonic()
+        status, body = self.page("/r/1")
+        took = time.monotonic() - t0
+        self.assertEqual(status, 502, body)
+        self.assertEqual(body["sections"]["reviews"]["error"]["type"], "urn:aggway:problem:call-cancelled")
+        # reviews takes 400 ms; the page came when product refused, not after reviews
+        self.assertLess(took, 0.35, took)
+        # the reviews call was written and is cancelled: its connection is closed, not kept
+        self.assertTrue(wait_until(lambda: self.mock.stats()["reviews"]["connections_open"] == 0, WAIT),
+                        self.mock.stats())
+        self.assertLessEqual(self.hits("reviews"), 1)
+
+
+if __name__ == "__main__":
+    main()
