@@ -1,10 +1,11 @@
 /* main.c: the aggway command line.
  *
  *   aggway serve [-c DIR]            serve the scripts folder DIR (default: scripts)
- *   aggway check [-c DIR]            load and check DIR like serve would, then exit: 0 when it is
- *                                    valid, 1 with "file:line: message" lines on stderr when not
- *   aggway test  [-c DIR] [ARGS…]    run busted specs inside the aggway runtime; ARGS are busted's
- *                                    own (paths, --filter, -o TAP, …), default: spec
+ *   aggway check [-c DIR]            load and check DIR like serve would, and run each endpoint
+ *                                    once against generated stubs, then exit: 0 when it is valid,
+ *                                    1 with "file:line: message" lines on stderr when not
+ *   aggway test  [-c DIR] [ARGS…]    run busted specs inside the aggway runtime; ARGS are --watch,
+ *                                    --help or busted's own (paths, --filter, -o TAP, …), default: spec
  *   aggway version                   the version and where the Lua runtime is read from
  *   aggway help | --help | -h        every command, option, signal and environment variable
  */
@@ -33,9 +34,11 @@ static const char help_text[] =
     "commands:\n"
     "  serve [-c DIR]          serve the scripts folder DIR until SIGTERM/SIGINT\n"
     "  check [-c DIR]          load and check DIR's gateway.lua and every script as serve would\n"
-    "                          (like nginx -t): exit 0 when valid, 1 with file:line messages\n"
-    "  test [-c DIR] [ARGS...] run busted specs inside the aggway runtime; ARGS are busted's own\n"
-    "                          (spec paths, --filter=PATTERN, -o TAP, ...), default: spec\n"
+    "                          (like nginx -t), call specs included (each endpoint runs once\n"
+    "                          against generated stubs): exit 0 when valid, 1 with file:line messages\n"
+    "  test [-c DIR] [ARGS...] run busted specs inside the aggway runtime; ARGS: --watch (rerun on\n"
+    "                          changes), --help (the harness's options) or busted's own (spec paths,\n"
+    "                          --filter=PATTERN, -o TAP, ...), default: spec\n"
     "  version                 print the version and where the Lua runtime is read from\n"
     "  help                    print this text (also --help, -h)\n"
     "\n"
