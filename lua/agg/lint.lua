@@ -204,9 +204,26 @@ local function names_of(set)
   return table.concat(out, ", ")
 end
 
+-- Results by file, text and upstream names: the spec harness loads the same folder for every test,
+-- and a reload mostly the same files (kept bounded: cleared when it holds 256 entries).
+local memo, memo_n = {}, 0
+
 --- Checks the call specs in src (the text of file). upstreams: set of declared upstream names
 -- (name -> anything). Returns a list of "file:line: message" strings (empty when all is well).
 function M.check(src, file, upstreams)
+  local names = {}
+  for k in pairs(upstreams or {}) do names[#names + 1] = k end
+  table.sort(names)
+  local key = file .. "\0" .. table.concat(names, ",") .. "\0" .. src
+  local hit = memo[key]
+  if hit then return hit end
+  local errors = M.check_uncached(src, file, upstreams)
+  if memo_n >= 256 then memo, memo_n = {}, 0 end
+  memo[key], memo_n = errors, memo_n + 1
+  return errors
+end
+
+function M.check_uncached(src, file, upstreams)
   local toks = M.tokenize(src)
   fix_elseif(toks)
   local errors = {}

@@ -228,7 +228,7 @@ local function load_folder(dir)
     if cfg then
       local declared = {}
       for name, u in pairs(ups) do if not u.internal then declared[name] = true end end
-      for _, e in ipairs(lint.check(fsrc, file, declared)) do errors[#errors + 1] = e end
+      for _, e in ipairs(lint.check(fsrc, file, declared)) do errors[#errors + 1] = e end -- (a shared list: copied)
     end
     local chunk, err = loadfile(file)
     if chunk then setfenv(interpreted(chunk), trusted and sandbox.trusted_env() or sandbox.env(scripts_path)) end

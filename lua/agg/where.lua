@@ -16,6 +16,7 @@ local M = {}
 -- file path (as in debug.getinfo's source, without '@') -> its lines, set by agg.loader for each
 -- script it loads; a file that is not there is read on first use.
 M.sources = {}
+M.texts = {} -- path -> the text its lines were made from
 
 local function lines_of(path)
   local lines = M.sources[path]
@@ -30,6 +31,8 @@ end
 
 --- Keeps src (the text of the script at path) for the errors of its call specs.
 function M.remember(path, src)
+  if M.texts[path] == src then return end
+  M.texts[path] = src
   local lines = {}
   for l in (src .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
   M.sources[path] = lines
