@@ -14,12 +14,18 @@ local testing = require "agg.testing"
 
 local M = {}
 
--- Messages of agg.callspec and agg.fanout: the call spec mistakes the dry run reports.
+-- Messages of agg.callspec and agg.fanout: the call spec mistakes the dry run reports. Only
+-- mistakes no made-up answer can cause: a path or an upstream name read from the answers is nil in
+-- a dry run ("the path must be a string …", "a call spec starts with the upstream name"), so those
+-- are left to the specs.
 local SPEC_ERRORS = {
-  "call to '", "unknown upstream '", "fetch_then for '", "fetch_then dependency cycle", "a call spec ",
+  "unknown upstream '", ": unknown option '", "is not supported", "retry option '",
+  "fetch_then for '", "fetch_then dependency cycle",
 }
+local TYPE_ERROR = "call to '[^']*': option '[^']*' must be a "
 
 local function is_spec_error(msg)
+  if msg:find(TYPE_ERROR) then return true end
   for _, p in ipairs(SPEC_ERRORS) do
     if msg:find(p, 1, true) then return true end
   end

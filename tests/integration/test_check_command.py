@@ -168,7 +168,10 @@ class CheckCommand(unittest.TestCase):
         self.assertNotIn("valid:", out)
 
     def test_check_dry_run_ignores_errors_from_the_made_up_answers(self):
-        src = endpoint("GET /deep/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
+        src = endpoint("GET /deep/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" },\n'
+                                         '      -- a path and an upstream read from the answer: nil in the dry run\n'
+                                         '      q = agg.fetch_then("p", function(p) return { "reviews", p.data.link } end),\n'
+                                         '      r = agg.fetch_then("p", function(p) return { p.data.service, "/x" } end) }\n'
                                          '    local n = res.p.data.items[1].name -- {} in the dry run: an error there\n'
                                          '    return agg.page(res)')
         scripts = dict(repo_scripts(), **{"deep.lua": src})
