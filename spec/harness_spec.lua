@@ -50,6 +50,11 @@ describe("the spec harness", function()
       fails(function() testing.gateway { dri = "scripts" } end), 1, true)
   end)
 
+  it("refuses a clock move that is not a number of ms", function()
+    assert.matches("harness_spec.lua:%d+: gw:advance: the time must be a number of virtual ms >= 0", fails(function() gw:advance("10") end))
+    assert.matches("gw:at: the second argument must be a function", fails(function() gw:at(5, "x") end), 1, true)
+  end)
+
   it("keeps the script errors of the current test for the failure message", function()
     testing.clear_script_errors()
     gw:stub("product", "/products/1", { json = {} })

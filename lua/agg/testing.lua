@@ -630,6 +630,8 @@ end
 
 --- Runs something at virtual time ms (absolute), e.g. to send requests spread over time.
 function Gateway:at(ms, fn)
+  if type(ms) ~= "number" or ms ~= ms or ms < 0 then raise("gw:at: the time must be a number of virtual ms >= 0") end
+  if type(fn) ~= "function" then raise("gw:at: the second argument must be a function") end
   schedule(self, ms, fn)
 end
 
@@ -728,6 +730,7 @@ function Gateway:now() return self.clock end
 
 --- Moves the virtual clock forward by ms, running whatever falls due.
 function Gateway:advance(ms)
+  if type(ms) ~= "number" or ms ~= ms or ms < 0 then raise("gw:advance: the time must be a number of virtual ms >= 0") end
   local target = self.clock + ms
   while true do
     local ev = peek(self)
