@@ -100,3 +100,24 @@ describe("modules of the scripts folder", function()
     assert.is_nil(package.loaded["lib.probe"]) -- the script's own instance, not the runtime's
   end)
 end)
+
+describe("route patterns", function()
+  it("take RFC 3986 path characters as literal text", function()
+    local r = assert(loader.parse_route("GET /a-b.c_d~e!$&'()*+,;=:@/{id}/x"))
+    assert.same({ "a-b.c_d~e!$&'()*+,;=:@", { param = "id" }, "x" }, r.segments)
+  end)
+
+  -- found by tests/fuzz/fuzz_router.c: "GET /a\1\0" was a route with a literal no request path holds
+  it("refuse any other byte in a literal segment, naming it on one line", function()
+    for _, route in ipairs { "GET /a\1", "GET /a\0b", "GET /caf\195\169", "GET /a%20b", "GET /a{b", "GET /a?b",
+                             "GET /a#b", "GET /a\127", "GET /a\"b", "GET /a<b>", "GET /a|b", "GET /a^b", "GET /a`b" } do
+      local r, err = loader.parse_route(route)
+      assert.is_nil(r, route)
+      assert.matches("must be literal path characters", err)
+      assert.is_nil(err:find("[%z\1-\31\127-\255]"), err)
+    end
+    local _, err = loader.parse_route("GET /a\1")
+    assert.equal("route 'GET /a\\001': segment 'a\\001' must be literal path characters "
+      .. "(letters, digits and -._~!$&'()*+,;=:@) or a {name} parameter", err)
+  end)
+end)

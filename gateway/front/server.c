@@ -394,6 +394,10 @@ int agw_server_run(const char *dir)
     agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
     for (unsigned wi = 0; wi < conf->workers; wi++)
         metrics[wi] = agw_metrics_new(srv.labels);
+    /* rate limit and quota counts: one table for the process, sized once (limits.local_keys) */
+    agw_limit_store_t *limits = agw_limit_store_new(conf->limits.local_keys);
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        metrics[wi]->limits = limits;
     /* spans leave through the exporter thread; without a collector nothing is queued. The exporter
      * keeps its own copy of the tracing settings (a restart-only block): generation 1 does not
      * live as long as the process. */
@@ -422,7 +426,7 @@ int agw_server_run(const char *dir)
                 return 1;
         }
         srv.w[wi] = agw_worker_start((int)wi, gen, &globalconf, fds, conf->num_listen, metrics[wi], srv.access_fd,
-                                     &errors);
+                                     limits, &errors);
         if (srv.w[wi] == NULL) {
             agw_log(AGW_LOG_ERROR, "worker %u did not start:\n%s", wi, errors.base ? errors.base : "");
             agw_buf_free(&errors);
@@ -501,6 +505,7 @@ int agw_server_run(const char *dir)
     for (unsigned wi = 0; wi < srv.workers; wi++)
         agw_metrics_free(metrics[wi]);
     free(metrics);
+    agw_limit_store_free(limits);
     if (srv.access_fd >= 0)
         close(srv.access_fd);
     free(srv.w);

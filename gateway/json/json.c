@@ -68,6 +68,13 @@ int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out
         snprintf(err, errlen, "nesting deeper than %u levels", max_depth);
         return -1;
     }
+    /* a NUL byte is never JSON (raw in a string it is a control character), but jansson stops at
+     * one after a value ("[1\0]" loads as [1]): refuse it as the validator does, with its words */
+    if (memchr(buf, '\0', len) != NULL) {
+        if (agw_json_validate(buf, len, max_depth, NULL, err, errlen) == 0)
+            snprintf(err, errlen, "invalid JSON: NUL byte");
+        return -1;
+    }
     json_error_t je;
     json_t *v = json_loadb(buf, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (v == NULL) {

@@ -88,7 +88,8 @@ typedef struct {
 /* Parses len bytes of JSON (any top-level value, "\u0000" allowed in strings). On success stores a
  * new reference in *out (caller json_decref()s it) and returns 0. On failure returns -1 and writes
  * a one-line reason to err: invalid JSON (with line/column), invalid UTF-8, nesting deeper than
- * max_depth, integer beyond int64. */
+ * max_depth, integer beyond int64, a NUL byte anywhere (jansson alone would stop at one after a
+ * value, "[1\0]" read as [1]; the validator's message then). */
 int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out, char *err, size_t errlen);
 
 /* Checks that len bytes are exactly one JSON text that agw_json_parse(buf, len, max_depth, ...)
@@ -96,7 +97,8 @@ int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out
  * value with optional surrounding whitespace (space, tab, CR, LF); valid UTF-8 (no overlongs, no
  * UTF-8-encoded surrogates, nothing beyond U+10FFFF); no raw control characters (< 0x20) in
  * strings; \u escapes with 4 hex digits where a high surrogate escape must be followed by a low
- * one and a low one must not stand alone ("\u0000" is allowed); integers (no fraction or
+ * one and a low one must not stand alone ("\u0000" is allowed in values, not in object keys, as
+ * in jansson); integers (no fraction or
  * exponent) within int64; reals that do not overflow a double (underflow is fine, as in jansson);
  * at most max_depth nested arrays/objects (values above 2048, jansson's own limit, act as 2048).
  * Returns 0 and sets *compact (if compact is not NULL) to 1 when there is no whitespace outside
@@ -104,7 +106,8 @@ int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out
  * one-line reason in err (if err is not NULL) on failure; N is the 0-based offset of the offending
  * byte (or of the number's first byte):
  *   "invalid JSON at byte N: expected ..." (or "unterminated string", "leading zero in a number",
- *   "control character in string", "invalid escape", "lone surrogate in \u escape", ...),
+ *   "control character in string", "invalid escape", "lone surrogate in \u escape",
+ *   "\u0000 in an object key", ...),
  *   "invalid UTF-8 at byte N", "nesting deeper than D levels", "integer beyond int64 at byte N",
  *   "number out of range at byte N". */
 int agw_json_validate(const char *buf, size_t len, unsigned max_depth, int *compact, char *err, size_t errlen);

@@ -331,6 +331,9 @@ string: /* p is just past the opening quote */
                     p += 12;
                 } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
                     SYNTAX(p, "lone surrogate in \\u escape");
+                } else if (cp == 0 && is_key) {
+                    /* a value may hold "\u0000" (JSON_ALLOW_NUL), a key not: jansson refuses it */
+                    SYNTAX(p, "\\u0000 in an object key");
                 } else {
                     p += 6;
                 }

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "script/config.h"
+#include "limits/limit.h"
 #include "ops/otlp.h"
 #include "ops/prom.h"
 #include "ops/waterfall.h"
@@ -275,6 +276,44 @@ static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
     }
     agw_prom_family(b, "aggway_requests_in_flight", "gauge", "Requests being handled by a script right now.");
     agw_prom_sample_u64(b, "aggway_requests_in_flight", NULL, 0, started > ended ? started - ended : 0);
+
+    agw_prom_family(b, "aggway_rate_limited_total", "counter",
+                    "Requests refused with 429 by a rate limit or quota (limits in gateway.lua), by route.");
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < nw; i++)
+            sum += AGW_M_GET(w[i]->routes[e].limited);
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        if (sum)
+            agw_prom_sample_u64(b, "aggway_rate_limited_total", &l, 1, sum);
+    }
+    if (nw > 0 && w[0]->limits) {
+        const agw_limit_counts_t *lc;
+        size_t nl = agw_limit_counters(w[0]->limits, &lc);
+        agw_prom_family(b, "aggway_limit_decisions_total", "counter",
+                        "Requests checked against a rate limit or quota rule, by rule name and outcome (allowed: "
+                        "the rule accepted a request that went through; limited: the rule refused it).");
+        for (size_t i = 0; i < nl; i++) {
+            agw_prom_label_t l[2] = {AGW_PROM_LABEL("rule", lc[i].name), AGW_PROM_LABEL("outcome", "allowed")};
+            agw_prom_sample_u64(b, "aggway_limit_decisions_total", l, 2, __atomic_load_n(&lc[i].allowed, __ATOMIC_RELAXED));
+            l[1] = AGW_PROM_LABEL("outcome", "limited");
+            agw_prom_sample_u64(b, "aggway_limit_decisions_total", l, 2, __atomic_load_n(&lc[i].limited, __ATOMIC_RELAXED));
+        }
+        agw_prom_family(b, "aggway_limit_table_full_total", "counter",
+                        "Checks let through uncounted because the table of counts was full where the key would go "
+                        "(raise limits.local_keys).");
+        agw_prom_sample_u64(b, "aggway_limit_table_full_total", NULL, 0, agw_limit_store_full(w[0]->limits));
+    }
+    agw_prom_family(b, "aggway_shed_total", "counter",
+                    "Requests shed with 503 because a worker had more than max_in_flight pages in flight, by route.");
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < nw; i++)
+            sum += AGW_M_GET(w[i]->routes[e].shed);
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        if (sum)
+            agw_prom_sample_u64(b, "aggway_shed_total", &l, 1, sum);
+    }
 
     agw_prom_family(b, "aggway_request_duration_seconds", "histogram",
                     "Time from the request's arrival to its response, by route.");

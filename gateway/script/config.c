@@ -156,6 +156,7 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         u->max_connections = (unsigned)field_num(L, t, "max_connections", 64);
         u->max_pending = (unsigned)field_num(L, t, "max_pending", 256);
         u->max_body_bytes = (size_t)field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
+        u->max_rps = (uint64_t)field_num(L, t, "max_rps", 0);
         /* the breaker block is always a table after checking: { failures, open_s, half_open_probes, off } */
         lua_getfield(L, t, "breaker");
         int bt = lua_gettop(L);
@@ -187,7 +188,9 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
     return rc;
 }
 
-static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *errors)
+static void load_endpoint_limits(lua_State *L, int e, int cfg, agw_endpoint_info_t *ep);
+
+static int load_routes(lua_State *L, int gen, int cfg, agw_config_t *conf, agw_buf_t *errors)
 {
     lua_getfield(L, gen, "endpoints");
     int eps = lua_gettop(L);
@@ -202,6 +205,7 @@ static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *err
         conf->endpoints[i].route = field_str(L, e, "route");
         conf->endpoints[i].method = field_str(L, e, "method");
         conf->endpoints[i].file = field_str(L, e, "file");
+        load_endpoint_limits(L, e, cfg, &conf->endpoints[i]);
         lua_getfield(L, e, "auth");
         agw_auth_policy_load(L, lua_gettop(L), &conf->auth_policies[i]);
         lua_pop(L, 1);
@@ -214,6 +218,74 @@ static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *err
     }
     lua_pop(L, 1);
     return rc;
+}
+
+/* limits = { headers, local_keys, rules } as agg.limits checked it, and max_in_flight. */
+static void load_limits(lua_State *L, int cfg, agw_config_t *conf)
+{
+    agw_limits_conf_t *lc = &conf->limits;
+    lc->max_in_flight = (unsigned)field_num(L, cfg, "max_in_flight", 4096);
+    lua_getfield(L, cfg, "limits");
+    int t = lua_gettop(L);
+    lua_getfield(L, t, "headers");
+    lc->headers = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    lc->local_keys = (size_t)field_num(L, t, "local_keys", 65536);
+    lua_getfield(L, t, "rules");
+    int rs = lua_gettop(L);
+    size_t n = lua_istable(L, rs) ? lua_objlen(L, rs) : 0;
+    lc->rules = calloc(n ? n : 1, sizeof(*lc->rules));
+    lc->num_rules = n;
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, rs, (int)i + 1);
+        int r = lua_gettop(L);
+        agw_limit_rule_t *rule = &lc->rules[i];
+        rule->name = field_str(L, r, "name");
+        char *key = field_str(L, r, "key");
+        rule->key = strcmp(key, "ip") == 0 ? AGW_LIMIT_KEY_IP
+                    : strcmp(key, "route") == 0   ? AGW_LIMIT_KEY_ROUTE
+                    : strcmp(key, "api_key") == 0 ? AGW_LIMIT_KEY_API_KEY
+                    : strcmp(key, "user") == 0    ? AGW_LIMIT_KEY_USER
+                                                  : AGW_LIMIT_KEY_HEADER;
+        free(key);
+        rule->header = field_str(L, r, "header");
+        char *window = field_str(L, r, "window");
+        if (window) {
+            rule->is_quota = 1;
+            rule->quota = (uint64_t)field_num(L, r, "quota", 1);
+            rule->window = strcmp(window, "hour") == 0 ? AGW_LIMIT_HOUR : strcmp(window, "day") == 0 ? AGW_LIMIT_DAY
+                                                                                                      : AGW_LIMIT_MONTH;
+            free(window);
+        } else {
+            rule->rate = (uint64_t)field_num(L, r, "rate", 1);
+            rule->per_s = (uint64_t)field_num(L, r, "per_s", 1);
+            rule->burst = (uint64_t)field_num(L, r, "burst", (double)rule->rate);
+        }
+        agw_limit_rule_seal(rule);
+        lua_pop(L, 1);
+    }
+    lua_settop(L, t - 1);
+}
+
+/* An endpoint's rule indexes (0-based, from limits.by_name) and priority. */
+static void load_endpoint_limits(lua_State *L, int e, int cfg, agw_endpoint_info_t *ep)
+{
+    ep->priority = (int)field_num(L, e, "priority", 2);
+    lua_getfield(L, e, "limits");
+    int names = lua_gettop(L);
+    lua_getfield(L, cfg, "limits");
+    lua_getfield(L, -1, "by_name");
+    int by_name = lua_gettop(L);
+    size_t n = lua_istable(L, names) ? lua_objlen(L, names) : 0;
+    ep->limits = calloc(n ? n : 1, sizeof(*ep->limits));
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, names, (int)i + 1);
+        lua_rawget(L, by_name);
+        if (lua_isnumber(L, -1))
+            ep->limits[ep->num_limits++] = (uint32_t)lua_tointeger(L, -1) - 1;
+        lua_pop(L, 1);
+    }
+    lua_settop(L, names - 1);
 }
 
 static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
@@ -419,7 +491,8 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     load_admin(L, cfg, conf);
     if (load_upstreams(L, cfg, conf, errors) != 0)
         rc = -1;
-    if (load_routes(L, gen, conf, errors) != 0)
+    load_limits(L, cfg, conf);
+    if (load_routes(L, gen, cfg, conf, errors) != 0)
         rc = -1;
     if (load_tracing(L, cfg, conf, errors) != 0)
         rc = -1;
@@ -467,6 +540,7 @@ void agw_config_free(agw_config_t *conf)
         free(conf->endpoints[i].route);
         free(conf->endpoints[i].method);
         free(conf->endpoints[i].file);
+        free(conf->endpoints[i].limits);
     }
     free(conf->endpoints);
     free(conf->admin_host);
@@ -475,6 +549,7 @@ void agw_config_free(agw_config_t *conf)
     free(conf->otlp_host_header);
     free(conf->otlp_path);
     free(conf->otlp_service_name);
+    agw_limits_conf_clear(&conf->limits);
     free(conf->dir);
     memset(conf, 0, sizeof(*conf));
 }
@@ -497,7 +572,8 @@ int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf
            same_str(a->base_path, b->base_path) && a->addrlen == b->addrlen &&
            memcmp(&a->addr, &b->addr, a->addrlen) == 0 && a->connect_timeout_ms == b->connect_timeout_ms &&
            a->idle_timeout_ms == b->idle_timeout_ms && a->max_connections == b->max_connections &&
-           a->max_pending == b->max_pending && a->max_body_bytes == b->max_body_bytes;
+           a->max_pending == b->max_pending && a->max_body_bytes == b->max_body_bytes &&
+           a->max_rps == b->max_rps;
 }
 
 static char *dup_or_null(const char *s)

@@ -14,6 +14,7 @@
 #include "edge/auth.h"
 #include "script/router.h"
 #include "upstream/conf.h"
+#include "limits/limit.h"
 
 typedef struct agw_listen_conf {
     char *host;        /* address to bind ("0.0.0.0") */
@@ -48,6 +49,9 @@ typedef struct agw_endpoint_info {
     char *route;       /* "GET /product-page/{id}" */
     char *method;      /* "GET" */
     char *file;        /* the script that defines it */
+    uint32_t *limits;  /* indexes in agw_config_t.limits.rules of the rules it is checked against */
+    size_t num_limits;
+    int priority;      /* 1 (shed last) to 3 (shed first) */
 } agw_endpoint_info_t;
 
 typedef struct agw_config {
@@ -89,6 +93,7 @@ typedef struct agw_config {
     socklen_t otlp_addrlen;
     char *otlp_service_name;            /* resource attribute service.name ("aggway") */
     uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
+    agw_limits_conf_t limits;           /* limits = { … } and max_in_flight (limits/limit.h) */
     /* redis = { url, timeout_ms } (redis/redis.h): host NULL when gateway.lua has no redis block */
     agw_redis_conf_t redis;
     /* cache = { memory_bytes, redis } (cache/lru.h, lua/agg/cache.lua) */

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "upstream/breaker.h"
+#include "limits/gate.h"
 #include "upstream/http1.h"
 #include "base/file.h"
 #include "deploy/runtime_dir.h"
@@ -210,6 +211,7 @@ lua_State *agw_vm_new(const char *scripts_dir)
     preload(L, "agg.breaker", agw_breaker_open);
     preload(L, "agg.resp_headers", agw_resp_headers_open);
     preload(L, "agg.router", agw_router_open);
+    preload(L, "agg.limiter", agw_limiter_open);
     return L;
 }
 

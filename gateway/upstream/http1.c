@@ -8,6 +8,9 @@
 
 enum { LAST_NONE, LAST_FIELD, LAST_VALUE };
 
+/* Most body bytes reserved from a Content-Length before they arrive. */
+#define PRESIZE_MAX (1024 * 1024)
+
 /* ---- request -------------------------------------------------------------------------- */
 
 /* RFC 9110 §5.6.2 token characters, as a table: header names are checked on every call */
@@ -249,8 +252,11 @@ static int on_headers_complete(http_parser *p)
             r->too_large = 1;
             return -1;
         }
+        /* sized ahead from Content-Length up to PRESIZE_MAX; beyond, the buffer grows with the
+         * bytes that arrive, so a length that lies (or a large max_body_bytes) reserves nothing
+         * an upstream does not send (a length of 10^12 with no limit aborted on malloc) */
         if (p->content_length)
-            agw_buf_reserve(&r->body, (size_t)p->content_length);
+            agw_buf_reserve(&r->body, p->content_length < PRESIZE_MAX ? (size_t)p->content_length : PRESIZE_MAX);
     }
     return 0;
 }
@@ -304,6 +310,10 @@ void agw_h1_response_start(agw_h1_response_t *r, int head, size_t max_body)
     r->parser.data = r;
     r->max_body = max_body;
     r->bytes = 0;
+    /* no bytes of an earlier response (the buffers swapped in may hold one) until the first byte
+     * of this one (on_message_begin resets them again after a 1xx) */
+    agw_buf_reset(&r->body);
+    agw_buf_reset(&r->hstore);
     r->nhdrs = r->nheaders = 0;
     r->expect_len = UINT64_MAX;
     r->head = head != 0;

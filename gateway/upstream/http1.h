@@ -4,7 +4,8 @@
  * checks that keep a caller from injecting headers), and parsing a response with libhttp-parser
  * into a reusable agw_h1_response_t (status, headers, decoded body, trailers; 1xx interim
  * responses skipped, always without a body, except 101, which is a bad response; body limit
- * enforced as soon as it is known: at Content-Length, at each chunk size, at each body byte).
+ * enforced as soon as it is known: at Content-Length, at each chunk size, at each body byte; the
+ * body buffer is sized from Content-Length at most 1 MiB ahead of the bytes received).
  */
 #ifndef AGW_UPSTREAM_HTTP1_H
 #define AGW_UPSTREAM_HTTP1_H

@@ -135,6 +135,15 @@ typedef struct agw_call_req {
  * failure. */
 agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *conf);
 
+struct agw_limit_store;
+
+/* Gives the pool the process's store of limits (limits/limit.h; it must outlive the pool): with
+ * conf->max_rps set, every call started takes one from a rate of max_rps a second (burst: one
+ * second's worth) counted for the upstream's name across every worker's pool of it; a call beyond
+ * fails at once with AGW_CALL_OVERLOAD (problem upstream-overloaded) and nothing is sent. Without
+ * a store (or max_rps 0) calls are not counted. */
+void agw_pool_set_limits(agw_pool_t *pool, struct agw_limit_store *store);
+
 /* Closes every connection and frees the pool. Calls still in flight or queued are cancelled
  * without callbacks; the owner must not use their handles afterwards. */
 void agw_pool_destroy(agw_pool_t *pool);

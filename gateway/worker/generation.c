@@ -83,6 +83,8 @@ static int check_restart_only(const agw_config_t *prev, const agw_config_t *next
     if (!same_str(prev->otlp_url, next->otlp_url) || !same_str(prev->otlp_service_name, next->otlp_service_name) ||
         prev->otlp_timeout_ms != next->otlp_timeout_ms)
         CHANGED("tracing", "the trace exporter (otlp_http, service_name, timeout_ms)");
+    if (prev->limits.local_keys != next->limits.local_keys)
+        CHANGED("limits", "limits.local_keys (the size of the process's table of counts)");
 #undef CHANGED
     return rc;
 }

@@ -463,14 +463,20 @@ void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int 
         agw_json_encode_string(b, detail, strlen(detail));
     }
     agw_buf_putc(b, '}');
+    agw_worker_send_problem_body(w, req, rr, endpoint, status, b->base, b->len);
+}
+
+void agw_worker_send_problem_body(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
+                                  const char *body, size_t len)
+{
     req->res.status = status;
     req->res.reason = agw_worker_reason_phrase(status);
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("application/problem+json"));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
-    req->res.content_length = b->len;
+    req->res.content_length = len;
     if (rr)
-        agw_worker_record_request(w, rr, status, b->len, NULL, 0, NULL, 0);
+        agw_worker_record_request(w, rr, status, len, NULL, 0, NULL, 0);
     else
-        record_c_response(w, req, endpoint, status, b->len);
-    h2o_send_inline(req, b->base, b->len);
+        record_c_response(w, req, endpoint, status, len);
+    h2o_send_inline(req, body, len);
 }

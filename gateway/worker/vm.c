@@ -97,6 +97,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
             if ((p->pool = agw_pool_create(w->loop, &p->conf)) == NULL)
                 abort();
             agw_pool_set_batch(p->pool, &w->batch);
+            agw_pool_set_limits(p->pool, w->limits);
             p->refs = 1;
             g->pools[i] = p;
         }

@@ -21,6 +21,7 @@
 #include "edge/edge.h"
 #include "script/script.h"
 #include "worker/watchdog.h"
+#include "limits/gate.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -442,6 +443,118 @@ static const char *bad_framing(h2o_req_t *req)
     return NULL;
 }
 
+/* ---- limits and priority shedding (limits/limit.h, limits/gate.h): in C, before any Lua ------ */
+
+/* Rules one request is checked against, at most (more in one endpoint's list are not checked). */
+#define LIMITS_MAX 16
+
+/* The bytes rule r counts req by: the client's address (4 or 16 bytes, no port), the route
+ * pattern, the header's value, the API key's app or the user (user: what the edge accepted; absent:
+ * empty). */
+static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *route, const agw_auth_result_t *user,
+                      const char **key, size_t *len, struct sockaddr_storage *ss)
+{
+    *key = "";
+    *len = 0;
+    if (r->key == AGW_LIMIT_KEY_API_KEY || r->key == AGW_LIMIT_KEY_USER) {
+        json_t *sub = r->key == AGW_LIMIT_KEY_USER && user->claims ? json_object_get(user->claims, "sub") : NULL;
+        if (json_is_string(sub)) {
+            *key = json_string_value(sub);
+            *len = json_string_length(sub);
+        } else if (user->key) {
+            *key = user->key->app;
+            *len = strlen(user->key->app);
+        }
+    } else if (r->key == AGW_LIMIT_KEY_ROUTE) {
+        *key = route;
+        *len = strlen(route);
+    } else if (r->key == AGW_LIMIT_KEY_HEADER) {
+        ssize_t i = h2o_find_header_by_str(&req->headers, r->header, strlen(r->header), -1);
+        if (i >= 0) {
+            *key = req->headers.entries[i].value.base;
+            *len = req->headers.entries[i].value.len;
+        }
+    } else if (req->conn->callbacks->get_peername && req->conn->callbacks->get_peername(req->conn, (void *)ss) > 0) {
+        if (ss->ss_family == AF_INET) {
+            *key = (const char *)&((struct sockaddr_in *)ss)->sin_addr;
+            *len = 4;
+        } else if (ss->ss_family == AF_INET6) {
+            *key = (const char *)&((struct sockaddr_in6 *)ss)->sin6_addr;
+            *len = 16;
+        }
+    }
+}
+
+/* Adds one header whose value is in b (copied into the request's memory). */
+static void add_field(h2o_req_t *req, const h2o_token_t *token, const char *name, const agw_buf_t *b)
+{
+    h2o_iovec_t v = h2o_strdup(&req->pool, b->base, b->len);
+    if (token)
+        h2o_add_header(&req->pool, &req->res.headers, token, NULL, v.base, v.len);
+    else
+        h2o_add_header_by_str(&req->pool, &req->res.headers, name, strlen(name), 0, NULL, v.base, v.len);
+}
+
+/* Sheds the request (503) when the worker is over its bound for the endpoint's priority group, or
+ * refuses it (429) when a rule of the endpoint does; else counts it against every rule and, with
+ * limits.headers, puts the RateLimit fields on its response. Returns 1 when the request was
+ * answered here. */
+static int gate_request(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_auth_result_t *user)
+{
+    const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
+    const agw_limits_conf_t *lc = &g->conf->limits;
+    agw_buf_t *b = &w->out;
+    if (agw_gate_shed(lc->max_in_flight, ep->priority, __atomic_load_n(&w->inflight, __ATOMIC_RELAXED))) {
+        AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].shed, 1);
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
+        agw_buf_reset(b);
+        agw_buf_printf(b, "{\"type\":\"" AGW_PROBLEM_REDUCED_CAPACITY "\",\"title\":\"The gateway is overloaded\","
+                          "\"status\":503,\"detail\":\"requests of priority %d are shed while a worker has more than "
+                          "%lu pages in flight; retry in 1 s\"}",
+                       ep->priority, (unsigned long)lc->max_in_flight * (unsigned long)(5 - ep->priority) / 2);
+        agw_worker_send_problem_body(w, req, NULL, endpoint, 503, b->base, b->len);
+        return 1;
+    }
+    size_t n = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX;
+    if (n == 0)
+        return 0;
+    agw_limit_ask_t asks[LIMITS_MAX];
+    agw_limit_result_t results[LIMITS_MAX];
+    struct sockaddr_storage ss;
+    for (size_t i = 0; i < n; i++) {
+        const agw_limit_rule_t *r = &lc->rules[ep->limits[i]];
+        const char *key;
+        size_t len;
+        limit_key(r, req, ep->route, user, &key, &len, &ss);
+        asks[i].rule = r;
+        asks[i].hash = agw_limit_hash(r, key, len);
+    }
+    agw_limit_verdict_t v = {.results = results};
+    uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
+    int allowed = agw_limit_check(w->limits, asks, n, now_ms, &v);
+    for (size_t i = 0; i < n; i++) /* the rules are the generation's: the counter index is set once */
+        if (allowed || !results[i].allowed)
+            agw_limit_count(w->limits, (agw_limit_rule_t *)asks[i].rule, allowed);
+    if (allowed && !lc->headers)
+        return 0;
+    agw_buf_reset(b);
+    agw_gate_policy_field(b, asks, results, n);
+    add_field(req, NULL, "ratelimit-policy", b);
+    agw_buf_reset(b);
+    agw_gate_ratelimit_field(b, asks, &v);
+    add_field(req, NULL, "ratelimit", b);
+    if (allowed)
+        return 0;
+    AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].limited, 1);
+    agw_buf_reset(b);
+    agw_buf_printf(b, "%llu", (unsigned long long)agw_gate_retry_after_s(&v));
+    add_field(req, H2O_TOKEN_RETRY_AFTER, NULL, b);
+    agw_buf_reset(b);
+    agw_gate_problem_429(b, asks, &v, n);
+    agw_worker_send_problem_body(w, req, NULL, endpoint, 429, b->base, b->len);
+    return 1;
+}
+
 /* Answers 431 when the request's decoded headers pass the clients limits (guard.h): before
  * anything of them is copied for the script. Returns 1 when it answered. */
 static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
@@ -578,6 +691,10 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     }
     if (refused != 0) {
         agw_worker_send_problem(w, req, NULL, endpoint, refusal.status, refusal.kind, refusal.title, NULL);
+        return 0;
+    }
+    if (gate_request(w, g, req, endpoint, &user)) {
+        json_decref(user.claims); /* agw_edge_push_user drops it for a request that goes on */
         return 0;
     }
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
@@ -813,13 +930,14 @@ int agw_worker_ring_wanted(agw_buf_t *errors)
 
 agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
-                               agw_buf_t *errors)
+                               agw_limit_store_t *limits, agw_buf_t *errors)
 {
     agw_worker_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
         abort();
     w->id = id;
     w->m = metrics;
+    w->limits = limits;
     w->waterfall_on = gen->conf.admin_port != 0;
     w->access_fd = access_fd;
     w->alog_sec = -1;

@@ -24,6 +24,7 @@
 #include "base/slots.h"
 #include "ops/trace.h"
 #include "upstream/batch.h"
+#include "limits/limit.h"
 
 /* A listening socket as the worker's libuv loop accepts on it. */
 typedef struct listener {
@@ -169,6 +170,8 @@ struct agw_worker {
         unsigned repeats;                  /* suppressed since */
     } warned[16];
     unsigned warned_others;                /* distinct warnings left out while all 16 were recent */
+    agw_limit_store_t *limits;             /* the process's counts of rate limits and quotas (shared by
+                                              every worker, limits/limit.h) */
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
     agw_lru_t *lru;                        /* the cache's tier 1 (cache/lru.h): kept across reloads */
     agw_redis_t *redis;                    /* the Redis client (redis/redis.h), NULL without redis or
@@ -367,6 +370,11 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
  * that never reached the runtime, for endpoint (0: no route matched). */
 void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
                              const char *kind, const char *title, const char *detail);
+
+/* Sends body (len bytes of application/problem+json, copied) with status as the response to req,
+ * counted and logged as agw_worker_send_problem says. */
+void agw_worker_send_problem_body(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
+                                  const char *body, size_t len);
 
 /* Request rr ends with status (a response, or 499 when the client left first). It is counted,
  * logged (bytes: the body's length; secs: the page's nsecs sections, or NULL when the response is

@@ -4,6 +4,7 @@
 -- message "scripts/gateway.lua:LINE: where: what is wrong; what to do". All errors are collected,
 -- not only the first.
 local sys = require "agg.sys"
+local limits = require "agg.limits"
 local cache = require "agg.cache"
 local edge = require "agg.edge_config"
 
@@ -158,14 +159,16 @@ function M.check(cfg, src, file)
                 cache = { memory_bytes = 64 * 1024 * 1024, redis = true } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true }
+                clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true,
+                limits = true, max_in_flight = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, upstreams, auth, token_exchange")
+          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, limits, " ..
+          "max_in_flight, upstreams, auth, token_exchange")
     end
   end
   local function show(v)
@@ -522,6 +525,10 @@ function M.check(cfg, src, file)
       end
     end
   end
+  -- limits = { store, headers, rules, default, local_keys } and max_in_flight (agg.limits)
+  local helpers = { lines = lines, err = err, find_line = find_line, suggest = suggest, show = show }
+  out.limits = limits.check(cfg, helpers)
+  out.max_in_flight = limits.check_max_in_flight(cfg, helpers)
   -- upstreams
   local ups = cfg.upstreams
   local uline = find_line(lines, "upstreams")
@@ -555,6 +562,9 @@ function M.check(cfg, src, file)
           -- checked below
         elseif k == "forward_headers" then
           e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err)
+        elseif k == "max_rps" then
+          -- calls a second across the process's workers (gateway/upstream/pool.h, agw_pool_set_limits)
+          if posint(v, where .. ".max_rps", kline, 1e9) then e.max_rps = v end
         elseif k == "cache" then
           if v ~= false then
             local p, field, why = cache.check_block(v, false)
@@ -570,11 +580,11 @@ function M.check(cfg, src, file)
         else
           local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
                           audience = true, cache = true, endpoints = true, balance = true, hash_key = true,
-                          outlier = true, session = true, forward_headers = true }
+                          outlier = true, session = true, max_rps = true, forward_headers = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, session, forward_headers")
+              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, session, forward_headers")
         end
       end
       -- a block's fields (and its sub-blocks, like retry.budget) checked into a table of values

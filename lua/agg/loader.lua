@@ -15,7 +15,8 @@ local router = require "agg.router"
 local M = {}
 
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
-local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, auth = true }
+local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, auth = true, limits = true, priority = true }
+local limits = require "agg.limits"
 
 local function read(path)
   local f = io.open(path, "rb")
@@ -141,6 +142,12 @@ local function script_module_searcher(name)
   return setfenv(interpreted(chunk), sandbox.env(scripts_path)) -- a module is sandboxed as a script is
 end
 
+-- A route or segment for a message: quoted, control characters and non-ASCII bytes as \ddd, so
+-- an error line stays one line of text.
+local function shown(s)
+  return "'" .. s:gsub("[%c\128-\255\\']", function(c) return ("\\%03d"):format(c:byte()) end) .. "'"
+end
+
 --- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } };
 -- a parameter may carry a pattern, "{id:[0-9]+}" -> { param = "id", pattern = "[0-9]+" }, compiled
 -- here by the router's own code (route/route_param.h) so that check refuses what serve
@@ -148,23 +155,26 @@ end
 function M.parse_route(route)
   if type(route) ~= "string" then return nil, "route must be a string like \"GET /product-page/{id}\"" end
   local method, path = route:match("^(%u+)%s+(/%S*)$")
-  if not method then return nil, "route '" .. route .. "' must look like \"GET /product-page/{id}\"" end
-  if not METHODS[method] then return nil, "route '" .. route .. "': unknown method " .. method end
+  if not method then return nil, "route " .. shown(route) .. " must look like \"GET /product-page/{id}\"" end
+  if not METHODS[method] then return nil, "route " .. shown(route) .. ": unknown method " .. method end
   local segs, seen = {}, {}
   if path ~= "/" then
     for seg in (path:sub(2) .. "/"):gmatch("([^/]*)/") do
       local p, pattern = seg:match("^{([%a_][%w_]*)}$"), nil
       if not p then p, pattern = seg:match("^{([%a_][%w_]*):(.*)}$") end
       if p then
-        if seen[p] then return nil, "route '" .. route .. "': parameter {" .. p .. "} appears twice" end
+        if seen[p] then return nil, "route " .. shown(route) .. ": parameter {" .. p .. "} appears twice" end
         seen[p] = true
         if pattern then
           local ok, err = router.compile(pattern)
-          if not ok then return nil, "route '" .. route .. "': parameter {" .. p .. "}: pattern " .. err end
+          if not ok then return nil, "route " .. shown(route) .. ": parameter {" .. p .. "}: pattern " .. err end
         end
         segs[#segs + 1] = { param = p, pattern = pattern }
-      elseif seg:find("[{}?#%%]") then
-        return nil, "route '" .. route .. "': segment '" .. seg .. "' must be literal text or a {name} parameter"
+      elseif seg:find("[^%w%-%._~!%$&'%(%)%*%+,;=:@]") then
+        -- RFC 3986 §3.3 pchar without pct-encoded: a byte no request path can hold as it is (a
+        -- space, a control character, non-ASCII, '%', '{', '?', '#') would make a route that never
+        -- matches, or matches only what a client should not send
+        return nil, ("route %s: segment %s must be literal path characters (letters, digits and -._~!$&'()*+,;=:@) or a {name} parameter"):format(shown(route), shown(seg))
       else
         segs[#segs + 1] = seg
       end
@@ -255,7 +265,7 @@ local function load_folder(dir)
           else
             for k in pairs(ep) do
               if not ENDPOINT_KEYS[k] then
-                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
+                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth, limits, priority)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
                 bad = true
               end
             end
@@ -273,6 +283,22 @@ local function load_folder(dir)
               errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file, line_of(fsrc, "deadline_ms"), where)
               bad = true
             end
+            -- limits = { "rule", … } (default: gateway.lua's limits.default), priority = 1 | 2 | 3
+            local lim_names = cfg and cfg.limits and cfg.limits.default or {}
+            if ep.limits ~= nil and cfg then
+              lim_names = limits.check_names(ep.limits, cfg and cfg.limits or { by_name = {} }, function(msg)
+                errors[#errors + 1] = ("%s:%d: %s: limits: %s"):format(file, line_of(fsrc, "limits"), where, msg)
+              end)
+              if not lim_names then bad = true end
+            end
+            local prio = ep.priority
+            if prio == nil then
+              prio = limits.PRIORITY_DEFAULT
+            elseif prio ~= 1 and prio ~= 2 and prio ~= 3 then
+              errors[#errors + 1] = ("%s:%d: %s: priority must be 1 (shed last), 2 or 3 (shed first), got %s"):format(
+                file, line_of(fsrc, "priority"), where, tostring(prio))
+              bad = true
+            end
             local policy, perr = edge.check_endpoint(ep.auth, cfg and cfg.auth)
             if not policy then
               errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, line_of(fsrc, ep.auth ~= nil and "auth" or "route"), where, perr)
@@ -287,7 +313,7 @@ local function load_folder(dir)
                 for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
                 local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
-                            literals = lit, order = #endpoints + 1, auth = policy }
+                            limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1, auth = policy }
                 shapes[sh] = e
                 endpoints[#endpoints + 1] = e
               end

@@ -24,6 +24,7 @@ local problem = require "agg.problem"
 local resp_headers = require "agg.resp_headers"
 local sys = require "agg.sys"
 local config = require "agg.config"
+local limiter = require "agg.limiter"
 
 local M = {}
 
@@ -71,8 +72,8 @@ end
 -- What the harness accepts, checked like the mock's config (tools/mock): an unknown option, a
 -- value of the wrong type or an unknown fault is an error naming it, never silently ignored
 -- (a stub's `latncy_ms = 500` would otherwise answer at 0 ms).
-local GATEWAY_OPTIONS = { dir = "string", clock = "number", redis = "table" }
-local REQUEST_OPTIONS = { headers = "table", body = "string", json = true, user = "table" }
+local GATEWAY_OPTIONS = { dir = "string", clock = "number", redis = "table", utc_ms = "number" }
+local REQUEST_OPTIONS = { headers = "table", body = "string", json = true, user = "table", ip = "string" }
 local ANSWER_OPTIONS = { status = "number", headers = "table", json = true, body = "string", latency_ms = "number",
                          fault = "string" }
 local FAULTS = { hang = true, drip = true, refuse = true, tls = true, reset = true, short = true, non_json = true,
@@ -147,7 +148,11 @@ function M.gateway(opts)
   local dir = opts.dir or AGGWAY_SCRIPTS or "scripts"
   local gen, errs = loader.load(dir)
   if not gen then error("scripts folder " .. dir .. " does not load:\n  " .. table.concat(errs, "\n  "), 2) end
-  local gw = setmetatable({ dir = dir, gen = gen, clock = opts.clock or 0, redis = opts.redis or false, seq = 0, events = {}, stubs = {}, open = 0,
+  -- limits count on the UTC calendar: virtual time 0 is opts.utc_ms (ms since the Unix epoch;
+  -- default 2026-01-01T00:00:00Z), so that a spec can put a quota's window boundary where it wants
+  local gw = setmetatable({ dir = dir, gen = gen, clock = opts.clock or 0, redis = opts.redis or false,
+                            utc_ms = opts.utc_ms or 1767225600000, limiter = limiter.new(4096),
+                            seq = 0, events = {}, stubs = {}, open = 0,
                             call_log = {}, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
                             next_call = 1, names = {} }, Gateway)
   gw.seed = 42
@@ -266,6 +271,7 @@ function Gateway:install()
     if no_body then body = "" end
     if default_type and not h["content-type"] and not no_body then h["content-type"] = default_type end
     if timing then h["server-timing"] = timing end
+    for k, v in pairs(r.limit_fields or {}) do h[k] = v end -- limits.headers = true (as worker.c)
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
     gw.open = gw.open - 1
     return true
@@ -608,6 +614,7 @@ function Gateway:send(method, path, opts)
   end
   local headers = {}
   for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
+  if self:gate(r, self.gen.endpoints[idx], headers, opts, user) then return finish_response(r) end
   local body = opts.body
   if opts.json ~= nil then
     body = assert(json.encode(opts.json))
@@ -616,6 +623,45 @@ function Gateway:send(method, path, opts)
   self.open = self.open + 1
   timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body, user, token)
   return r
+end
+
+-- Priority shedding and limits, as worker/worker.c does them before any Lua (limits/gate.h, the
+-- same C): answers r and returns true when the request is shed (503) or refused (429); else
+-- counts it and leaves the RateLimit fields (limits.headers) for its response. The client's
+-- address is opts.ip (default "127.0.0.1"); in-flight pages are this gateway's requests not yet
+-- answered.
+function Gateway:gate(r, ep, headers, opts, user)
+  local cfg = self.gen.config
+  local function answer(status, fields, body)
+    r.status, r.body, r.elapsed_ms = status, body, 0
+    r.headers = { ["content-type"] = "application/problem+json", ["cache-control"] = "no-store" }
+    for k, v in pairs(fields) do r.headers[k] = v end
+    return true
+  end
+  if limiter.shed(cfg.max_in_flight, ep.priority, self.open) then
+    local bound = math.floor(cfg.max_in_flight * (5 - ep.priority) / 2)
+    return answer(503, { ["retry-after"] = "1" }, json.encode {
+      type = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+      title = "The gateway is overloaded", status = 503,
+      detail = ("requests of priority %d are shed while a worker has more than %d pages in flight; retry in 1 s")
+               :format(ep.priority, bound) })
+  end
+  if not ep.limits or #ep.limits == 0 then return false end
+  local lim, asks = cfg.limits, {}
+  for i, name in ipairs(ep.limits) do
+    local rule = lim.rules[lim.by_name[name]]
+    local key = ""
+    if rule.key == "ip" then key = opts.ip or "127.0.0.1"
+    elseif rule.key == "route" then key = ep.route
+    elseif rule.key == "api_key" then key = user and user.app or ""
+    elseif rule.key == "user" then key = user and (user.sub or user.app) or ""
+    else key = headers[rule.header] or "" end
+    asks[i] = { rule = rule, key = key }
+  end
+  local ok, fields, body = self.limiter:check(asks, self.utc_ms + self.clock, lim.headers)
+  if not ok then return answer(429, fields, body) end
+  r.limit_fields = fields
+  return false
 end
 
 --- The client of a request sent with gw:send goes away (as a closed connection does in serve).

@@ -149,6 +149,16 @@ POST = endpoint("POST /post", """
     return { status = 200, json = { len = req.body and #req.body or 0 } }""")
 
 
+WARN_REPEAT_S = 10.0   # a worker writes one header warning at most once per 10 s (worker_core.c)
+
+
+def warning_intervals(t0):
+    """How many times one warning may be written since t0 (time.monotonic()): once per started
+    interval. 30 requests take well under 10 s on a quiet machine, over 10 s beside two busy loops;
+    without the limit they would write 30 lines."""
+    return 1 + int((time.monotonic() - t0) // WARN_REPEAT_S)
+
+
 class ScriptResponseFraming(GatewayTestCase):
     """A handler's status and headers must never produce a response that clients mis-frame:
     no body (and no Content-Length) on 204/304, no 1xx as a final status, and no framing or
@@ -258,29 +268,35 @@ class ScriptResponseFraming(GatewayTestCase):
         self.assertIn("dropped response header 'content-type': the script also set 'CONTENT-TYPE'", log)
 
     def test_a_header_warning_repeated_on_every_response_is_logged_once_per_interval(self):
-        # a script that repeats a mistake on every response must not flood the log (one worker here)
+        # a script that repeats a mistake on every response must not flood the log (one worker
+        # here): once per interval
+        t0 = time.monotonic()
         for _ in range(30):
             self.assertEqual(self.get("/spellings").status, 200)
+        most = warning_intervals(t0)
         log = self.gw.log()
-        self.assertEqual(log.count("dropped response header 'Content-Type': the script also set 'CONTENT-TYPE'"), 1,
-                         log)
-        self.assertEqual(log.count("dropped response header 'content-type': the script also set 'CONTENT-TYPE'"), 1,
-                         log)
+        for msg in ("dropped response header 'Content-Type': the script also set 'CONTENT-TYPE'",
+                    "dropped response header 'content-type': the script also set 'CONTENT-TYPE'"):
+            self.assertGreaterEqual(log.count(msg), 1, log)
+            self.assertLessEqual(log.count(msg), most, log)
 
     def test_many_distinct_header_warnings_cannot_flood_the_log(self):
         # more distinct warnings than the 16 a worker remembers, on every response (20 bad names),
         # or a bad name that changes with every request: at most 16 lines per 10 s (one worker)
+        t0 = time.monotonic()
         for i in range(10):
             self.assertEqual(self.get("/many-bad").status, 200)
         for i in range(30):
             r = self.get("/counter-bad/%d" % i)
             self.assertEqual((r.status, r.headers.get("x-ok")), (200, "1"))
+        most = warning_intervals(t0)
         log = self.gw.log()
-        self.assertLessEqual(log.count("dropped invalid response header"), 16, log[-3000:])
+        self.assertLessEqual(log.count("dropped invalid response header"), 16 * most, log[-3000:])
         self.assertGreaterEqual(log.count("dropped invalid response header"), 1, log[-3000:])
         # which 16 of the 20 names are written depends on Lua's table order; none is written twice
+        # in one interval
         for i in range(1, 21):
-            self.assertLessEqual(log.count("dropped invalid response header 'x bad %d'" % i), 1, log[-3000:])
+            self.assertLessEqual(log.count("dropped invalid response header 'x bad %d'" % i), most, log[-3000:])
 
     def test_header_values_and_keys_of_other_types_and_metatables_on_the_headers_table(self):
         # numbers are sent as text; other types and non-string keys are left out; the headers
@@ -441,6 +457,9 @@ RAW_ANSWERS = {
 }
 
 
+HOLD_S = 8  # how long RawUpstream keeps a connection open after its answer: beyond every call's timeout
+
+
 class RawUpstream:
     def __init__(self):
         self.sock = socket.socket()
@@ -449,6 +468,7 @@ class RawUpstream:
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         self.stopped = False
+        self.closed = {}  # path -> time.monotonic() when this side closed the connection it came on
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -462,6 +482,7 @@ class RawUpstream:
     def _serve(self, c):
         c.settimeout(5)
         buf = b""
+        path = None
         try:
             while b"\r\n\r\n" not in buf:
                 d = c.recv(65536)
@@ -470,11 +491,13 @@ class RawUpstream:
                 buf += d
             path = buf.split(b" ", 2)[1].decode().split("?")[0]
             c.sendall(RAW_ANSWERS.get(path, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"))
-            time.sleep(3)     # keep the connection open: the gateway must frame the answer itself
+            time.sleep(HOLD_S)  # keep the connection open: the gateway must frame the answer itself
         except OSError:
             pass
         finally:
             c.close()
+            if path is not None:
+                self.closed[path] = time.monotonic()
 
     def stop(self):
         self.stopped = True
@@ -492,7 +515,7 @@ RAW_CHAIN = endpoint("GET /raw-then/{first}/{second}", """
 
 RAW_POST = endpoint("GET /raw-post/{case}", """
     local r = agg.fetch { "raw", "/" .. req.params.case, method = "POST", body = string.rep("x", 8 * 1024 * 1024),
-                          timeout_ms = 2000 }
+                          timeout_ms = 5000 }
     return { status = 200, json = { http_status = r.http_status or agg.null, kind = r.error and r.error.type or agg.null, detail = r.error and r.error.detail } }""")
 
 RAW_READ_PAGE = endpoint("GET /raw-page/{case}", """
@@ -510,7 +533,9 @@ class UpstreamFraming(GatewayTestCase):
         self.start(services=demo_services(), scripts={"raw.lua": RAW_CALL, "raw_chain.lua": RAW_CHAIN,
                                                       "raw_post.lua": RAW_POST, "raw_page.lua": RAW_READ_PAGE},
                    upstream_options={"raw": {"url": "http://127.0.0.1:%d" % self.raw.port, "timeout_ms": 2000}},
-                   deadline_ms=3000)
+                   # the 8 MiB POST: building and copying its body is CPU time before the script
+                   # waits, over 1 s (the default script time limit) beside two busy loops
+                   deadline_ms=6000, gateway_extra={"script_time_limit_ms": 10000})
 
     def test_upstream_204_with_a_content_length_ends_after_the_headers(self):
         # RFC 9112 6.3: a 204 response ends at the empty line after the headers, whatever it says
@@ -543,10 +568,17 @@ class UpstreamFraming(GatewayTestCase):
                          "the dependent call read bytes sent before its request as its answer: %r" % r)
 
     def test_answer_before_a_large_request_body_is_read_is_the_result(self):
+        # The upstream answers 413 after the request's headers and then holds the connection open
+        # without reading (HOLD_S): the 8 MiB body cannot all be sent. The answer must be read
+        # while sending, so it is the result before the upstream closes (a client that reads only
+        # after the send would time out at 5 s, or learn it at the close). The time it takes is the
+        # gateway copying 8 MiB two or three times into fresh memory, which on a busy machine
+        # took over 1 s (page faults): not what this test is about, so no bound on it.
         r = self.get("/raw-post/too-large")
         p = r.json()
         self.assertEqual((p["http_status"], p["kind"]), (413, "urn:aggway:problem:upstream-error"), (r, p))
-        self.assertLess(r.ms, 1000, "the 413 sent before the body was read waited for the timeout: %r" % r)
+        self.assertNotIn("/too-large", self.raw.closed,
+                         "the 413 sent before the body was read was only read at the upstream's close: %r" % r)
 
     def test_upstream_json_at_the_depth_limit_read_by_a_script_still_encodes(self):
         r = self.get("/raw-page/deep-256")

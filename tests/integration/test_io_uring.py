@@ -14,9 +14,11 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import AGGWAY_BIN, GatewayTestCase, curl, free_port, h2load, main  # noqa: E402
+from harness import (AGGWAY_BIN, UNHURRIED_DEADLINE_MS, UNHURRIED_PAGE, UNHURRIED_UPSTREAMS, GatewayTestCase,  # noqa: E402
+                     curl, free_port, h2load, main)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
 
 BATCHED = "upstream I/O: batched per loop iteration (io_uring)"
 UNAVAILABLE = "upstream I/O: one system call per operation: "
@@ -31,7 +33,8 @@ class IoUring(GatewayTestCase):
         else:
             os.environ["AGGWAY_IO_URING"] = value
         try:
-            self.start(workers=2)
+            self.start(scripts=UNHURRIED_PAGE, upstream_options=UNHURRIED_UPSTREAMS, deadline_ms=UNHURRIED_DEADLINE_MS,
+                       workers=2)
             if value != "off" and UNAVAILABLE in self.gw.log():
                 self.skipTest("the kernel gives no io_uring here: " + self.gw.log().split(UNAVAILABLE)[1].split("\n")[0])
         finally:
@@ -45,6 +48,8 @@ class IoUring(GatewayTestCase):
         connections; returns the single page's body."""
         one = curl(self.url("/product-page/42"), workdir=self.workdir)
         self.assertEqual(one.status, 200, one)
+        for section in ("product", "reviews", "inventory"):
+            self.assertEqual(one.json()[section]["status"], "ok", one)
         for args in (["--h1", "-n", "2000", "-c", "16"], ["-n", "2000", "-c", "8", "-m", "10"]):
             r = h2load(self.url("/product-page/42"), *args)
             self.assertEqual(r.get("2xx"), 2000, r["output"])
@@ -101,7 +106,7 @@ class IoUring(GatewayTestCase):
         os.environ["ASAN_OPTIONS"] = (saved["ASAN_OPTIONS"] or "detect_leaks=0") + ":verify_asan_link_order=0"
         os.environ.pop("AGGWAY_IO_URING", None)
         try:
-            self.start(workers=1)
+            self.start(scripts=UNHURRIED_PAGE, upstream_options=UNHURRIED_UPSTREAMS, deadline_ms=UNHURRIED_DEADLINE_MS, workers=1)
         finally:
             for k, v in saved.items():
                 if v is None:

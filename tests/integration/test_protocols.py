@@ -6,14 +6,17 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import GatewayTestCase, demo_services, nghttp, main  # noqa: E402
+from harness import (UNHURRIED_DEADLINE_MS, UNHURRIED_PAGE, UNHURRIED_UPSTREAMS, GatewayTestCase,  # noqa: E402
+                     demo_services, nghttp, main)
 
 
 class Protocols(GatewayTestCase):
 
     def setUp(self):
         super().setUp()
-        self.start(services=demo_services(product_ms=5, reviews_ms=10, inventory_ms=2), tls=True)
+        # the page with time to spare (harness.py): what is compared is the bytes over each protocol
+        self.start(services=demo_services(product_ms=5, reviews_ms=10, inventory_ms=2), scripts=UNHURRIED_PAGE,
+                   upstream_options=UNHURRIED_UPSTREAMS, deadline_ms=UNHURRIED_DEADLINE_MS, tls=True)
         self.reference = self.get("/product-page/42")
         self.assertEqual(self.reference.status, 200, self.reference)
 

@@ -14,7 +14,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import GatewayTestCase, demo_services, endpoint, repo_scripts, run_aggway, write_scripts, gateway_lua, main  # noqa: E402
+from harness import (GatewayTestCase, demo_services, endpoint, repo_scripts, run_aggway, write_scripts, gateway_lua, main,  # noqa: E402
+                     wait_until)
 
 LIMIT_MS = 200
 
@@ -228,12 +229,15 @@ class ScriptTimeLimit(GatewayTestCase):
         self.assertNotIn("runtime error", self.gw.log())
 
 
+# Each calls Product first: its hit on the mock tells the test the request is in its script.
 SHUTDOWN_SCRIPTS = {
     "spin.lua": endpoint("GET /spin", """
+    agg.fetch { "product", "/products/1" }
     while true do end"""),
     # a loop the script compiled itself: LuaJIT runs no hooks in compiled code, so the limit
     # cannot stop it (README, "Script time limit")
     "compiled.lua": endpoint("GET /compiled", """
+    agg.fetch { "product", "/products/1" }
     local function f()
       local x = 0
       while true do x = x + 1 end
@@ -256,7 +260,10 @@ class ShutdownWithARunawayScript(GatewayTestCase):
         out = {}
         t = threading.Thread(target=lambda: out.setdefault("r", self.get(path, timeout=30)))
         t.start()
-        time.sleep(0.1)  # the request is in its script (the limit is 200 ms)
+        # the request is in its script once its call reached the mock (a fixed 0.1 s was shorter
+        # than curl's start beside two busy loops: the signal came before the request)
+        self.assertTrue(wait_until(lambda: self.mock.hits().get("product", {}).get("GET /products/{id}", 0) >= 1, 20),
+                        self.gw.log())
         self.gw.proc.send_signal(signal.SIGTERM)
         rc = self.gw.proc.wait(timeout=30)
         t.join(30)
@@ -266,7 +273,7 @@ class ShutdownWithARunawayScript(GatewayTestCase):
         rc, r = self.sigterm_during("/spin")
         self.assertEqual(rc, 0, self.gw.log())
         self.assertEqual(r.status, 500, r)
-        self.assertIn("spin.lua:6: stopped: the script ran for more than", self.gw.log())
+        self.assertIn("spin.lua:7: stopped: the script ran for more than", self.gw.log())
 
     def test_unstoppable_script_makes_the_process_exit_1_after_the_wait(self):
         start = time.monotonic()

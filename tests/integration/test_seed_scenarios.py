@@ -30,10 +30,19 @@ class ParallelFanOut(GatewayTestCase):
     def test_fan_out_40_80_30_answers_in_about_80ms_not_150(self):
         self.start(services=demo_services(product_ms=40, reviews_ms=80, inventory_ms=30))
         self.get("/product-page/42")                       # warm the upstream pools
-        r = self.fastest_of(3, "/product-page/42")
+        # the fastest complete page of a few: the demo gives Reviews (80 ms) 100 ms, which a busy
+        # machine now and then runs out (a degraded page, the section's own behaviour); the timing
+        # claim is about a page whose three calls answered
+        runs = [self.get("/product-page/42") for _ in range(5)]
+        complete = [x for x in runs if x.status == 200 and x.headers.get("x-aggregation-completed") == "true"]
+        self.assertTrue(complete, runs)
+        r = min(complete, key=lambda x: x.time_total)
         self.assertEqual(r.status, 200, r)
         self.assertGreaterEqual(r.ms, 80, "the page cannot come before the slowest call (Reviews, 80 ms)")
-        self.assertLess(r.ms, 140, "the calls must run in parallel (sequential would be 150 ms)")
+        # sequential calls would take at least the sum of what each took in this run (150 ms on a
+        # quiet machine; each call's own time, from Server-Timing, grows as a busy machine slows it)
+        took = server_timing(r)
+        self.assertLess(r.ms, sum(took.values()), "the calls must run in parallel: %r" % r)
         page = r.json()
         self.assertEqual([page[k]["status"] for k in ("product", "reviews", "inventory")], ["ok"] * 3)
         self.assertEqual(r.headers.get("x-aggregation-completed"), "true")
@@ -54,7 +63,10 @@ class DependentChain(GatewayTestCase):
         r = self.fastest_of(3, "/product-detail/42")
         self.assertEqual(r.status, 200, r)
         self.assertGreaterEqual(r.ms, 130, "Reviews cannot start before Product answered (45 + 85 ms)")
-        self.assertLess(r.ms, 200, r)
+        # about the chain's time: Inventory (30 ms) adds nothing, so the page comes before the
+        # three calls' own times in this run (Server-Timing) would end one after the other
+        took = server_timing(r)
+        self.assertLess(r.ms, sum(took.values()), r)
         page = r.json()
         self.assertEqual(page["reviews"]["status"], "ok", r)
         self.assertEqual(page["reviews"]["data"]["sku"], "SNK-42", "Reviews was called with Product's SKU")
@@ -80,7 +92,10 @@ class DependentChain(GatewayTestCase):
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["inventory"]["status"], "ok", r)
         self.assertGreaterEqual(r.ms, 130, r)
-        self.assertLess(r.ms, 172, "Inventory must start at once, beside Product, not after it")
+        # started after Product, Inventory would end at Product's time plus its own, as each took
+        # in this run (Server-Timing; 175 ms on a quiet machine, more on a busy one)
+        took = server_timing(r)
+        self.assertLess(r.ms, took["product"] + took["inventory"], "Inventory must start at once, beside Product, not after it: %r" % r)
 
     def test_chain_with_product_failing_gives_dependency_failed_reviews_and_no_reviews_call(self):
         self.start(services=demo_services(product_ms=[route("/products/{id}", status=500, json={"e": 1})],
