@@ -4,12 +4,13 @@ debugging a page; and the gateway sends an upstream the client headers its forwa
 import json
 import os
 import socket
+import subprocess
 import sys
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import GatewayTestCase, main, route  # noqa: E402
+from harness import MOCK_BIN, GatewayTestCase, Mock, main, route  # noqa: E402
 
 SERVICES = {
     "product": [route("/products/{id}", json={"id": "{id}", "name": "Sneaker", "sku": "SNK-{id}"})],
@@ -48,7 +49,7 @@ class MockRequestLog(GatewayTestCase):
         self.assertEqual((second["method"], second["path"]), ("POST", "/nothing"))  # unmatched too
         self.assertEqual(mock.requests()["product"]["total"], 0)
         mock.reset()
-        self.assertEqual(mock.requests("reviews"), {"total": 0, "dropped": 0, "requests": []})
+        self.assertEqual(mock.requests("reviews"), {"recording": True, "total": 0, "dropped": 0, "requests": []})
 
     def test_keeps_the_last_requests_and_counts_the_dropped_ones(self):
         mock = self.start_mock(SERVICES)
@@ -61,6 +62,20 @@ class MockRequestLog(GatewayTestCase):
         self.assertEqual(got["dropped"], n - 256)
         self.assertEqual(got["requests"][0]["path"], "/stock/%d" % (n - 256))
         self.assertEqual(got["requests"][-1]["path"], "/stock/last")
+
+    def test_record_requests_false_keeps_none_for_benchmarks(self):
+        self.mock = Mock(self.workdir, SERVICES, config_extra={"record_requests": False}).start()
+        send_raw(self.mock.ports["reviews"], b"GET /reviews/1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        self.assertEqual(self.mock.stats()["reviews"]["requests"], 1)
+        self.assertEqual(self.mock.requests("reviews"), {"recording": False, "total": 0, "dropped": 0, "requests": []})
+
+    def test_record_requests_must_be_a_boolean(self):
+        path = os.path.join(self.workdir, "bad.json")
+        with open(path, "w") as f:
+            json.dump({"admin": 1, "record_requests": "yes", "services": {}}, f)
+        p = subprocess.run([MOCK_BIN, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(b"record_requests: must be true or false", p.stderr)
 
     def test_admin_refuses_unknown_services_and_methods(self):
         mock = self.start_mock(SERVICES)

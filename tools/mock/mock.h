@@ -157,6 +157,8 @@ typedef struct mock_server {
     mock_service *services;  /* array of nservices */
     size_t nservices;
     mock_service *admin;     /* the admin port, served by mock_admin.c */
+    bool record_requests;    /* keep each service's last requests for GET /requests (config
+                                "record_requests", default true; false for benchmarks) */
 } mock_server;
 
 /* Parses one route spec (a JSON object) into r. On error returns -1 and writes a message that

@@ -97,8 +97,9 @@ json_t *mock_service_received(const mock_service *svc)
     uint64_t n = svc->received_total < MOCK_RECEIVED_MAX ? svc->received_total : MOCK_RECEIVED_MAX;
     for (uint64_t i = svc->received_total - n; i < svc->received_total; i++)
         json_array_append(list, svc->received[i % MOCK_RECEIVED_MAX]);
-    return json_pack("{s:I, s:I, s:o}", "total", (json_int_t)svc->received_total, "dropped",
-                     (json_int_t)(svc->received_total - n), "requests", list);
+    return json_pack("{s:b, s:I, s:I, s:o}", "recording", svc->srv->record_requests, "total",
+                     (json_int_t)svc->received_total, "dropped", (json_int_t)(svc->received_total - n),
+                     "requests", list);
 }
 
 void mock_service_reset(mock_service *svc)
@@ -181,7 +182,8 @@ void mock_service_handle(mock_conn *c, const mock_request *req)
 {
     mock_service *svc = mock_conn_service(c);
     svc->requests++;
-    mock_service_record(svc, req);
+    if (svc->srv->record_requests)
+        mock_service_record(svc, req);
     mock_params params;
     params.n = 0;
     params.query = NULL;
