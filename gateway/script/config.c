@@ -476,6 +476,16 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->workers = (unsigned)workers;
     conf->deadline_ms = (uint64_t)field_num(L, cfg, "deadline_ms", 1000);
     conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
+    lua_getfield(L, cfg, "batch"); /* agg.config checked it: { path, max_requests, deadline_ms | false } */
+    if (lua_istable(L, -1)) {
+        int bt = lua_gettop(L);
+        conf->batch_path = field_str(L, bt, "path");
+        conf->batch_max_requests = (size_t)field_num(L, bt, "max_requests", 20);
+        lua_getfield(L, bt, "deadline_ms");
+        conf->batch_deadline_ms = lua_isnumber(L, -1) ? (uint64_t)lua_tonumber(L, -1) : conf->deadline_ms;
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
     conf->shutdown_grace_ms = (uint64_t)field_num(L, cfg, "shutdown_grace_ms", 10000);
     conf->script_time_limit_ms = (uint64_t)field_num(L, cfg, "script_time_limit_ms", 1000);
     load_clients(L, cfg, conf);
@@ -545,6 +555,7 @@ void agw_config_free(agw_config_t *conf)
     free(conf->endpoints);
     free(conf->admin_host);
     free(conf->access_log);
+    free(conf->batch_path);
     free(conf->otlp_url);
     free(conf->otlp_host_header);
     free(conf->otlp_path);

@@ -60,6 +60,10 @@ typedef struct agw_config {
     size_t num_listen;
     unsigned workers;                   /* worker threads (resolved: "auto" = cores) */
     uint64_t deadline_ms;               /* default request deadline, ms */
+    char *batch_path;                   /* batch = { route = "POST /path" }: the batch endpoint's path
+                                           (multi/multi.h), NULL when there is none */
+    size_t batch_max_requests;          /* batch.max_requests: entries one batch may carry */
+    uint64_t batch_deadline_ms;         /* batch.deadline_ms (default: deadline_ms), ms */
     size_t max_request_body_bytes;      /* request body limit, bytes */
     uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
     uint64_t script_time_limit_ms;      /* how long a script may run without waiting before it is

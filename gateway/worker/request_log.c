@@ -421,7 +421,7 @@ static const char *route_of(const wgen_t *g, int endpoint)
 
 /* A response produced in C before the request reached the runtime (no route, bad framing) is
  * counted and logged; it was routed by the current generation. */
-static void record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes)
+void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes)
 {
     const wgen_t *g = w->cur;
     agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, 0, bytes);
@@ -477,6 +477,6 @@ void agw_worker_send_problem_body(agw_worker_t *w, h2o_req_t *req, reqref_t *rr,
     if (rr)
         agw_worker_record_request(w, rr, status, len, NULL, 0, NULL, 0);
     else
-        record_c_response(w, req, endpoint, status, len);
+        agw_worker_record_c_response(w, req, endpoint, status, len);
     h2o_send_inline(req, body, len);
 }

@@ -19,6 +19,7 @@
 #include "worker/worker_internal.h"
 
 #include "edge/edge.h"
+#include "multi/multi.h"
 #include "script/script.h"
 #include "worker/watchdog.h"
 #include "limits/gate.h"
@@ -443,6 +444,25 @@ static const char *bad_framing(h2o_req_t *req)
     return NULL;
 }
 
+static void record_batch(void *data, h2o_req_t *req, int status, size_t bytes)
+{
+    agw_worker_record_c_response(data, req, 0, status, bytes);
+}
+
+/* The batch endpoint (multi/multi.h): its entries come back here, each as a request of its own. */
+static int on_batch(agw_worker_t *w, h2o_req_t *req)
+{
+    const agw_config_t *conf = w->cur->conf;
+    if (agw_multi_is_entry(req)) {
+        agw_worker_send_problem(w, req, NULL, 0, 400, "nested-batch", "a batch may not contain a batch", NULL);
+        return 0;
+    }
+    agw_multi_conf_t mc = {.max_requests = conf->batch_max_requests, .deadline_ms = conf->batch_deadline_ms,
+                           .loop = w->loop, .record = record_batch, .record_data = w};
+    agw_multi_start(req, &mc);
+    return 0;
+}
+
 /* ---- limits and priority shedding (limits/limit.h, limits/gate.h): in C, before any Lua ------ */
 
 /* Rules one request is checked against, at most (more in one endpoint's list are not checked). */
@@ -652,6 +672,10 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     if (headers_too_large(w, g, req, 0))
         return 0;
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    const char *bpath = g->conf->batch_path;
+    if (bpath && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) &&
+        h2o_memis(req->path.base, path_len, bpath, strlen(bpath)))
+        return on_batch(w, req);
     int endpoint = 0;
     agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
     size_t num_params = 0;

@@ -368,6 +368,10 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
 /* Sends an RFC 9457 problem built in C (routing errors, runtime failures) as the response to req,
  * encoded in w->out. Counts and logs the problem as the response of rr, or (rr NULL) of a request
  * that never reached the runtime, for endpoint (0: no route matched). */
+/* Counts and logs a response made in C without the runtime (no route, bad framing, the batch
+ * endpoint's envelope); endpoint 0: no route. */
+void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes);
+
 void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
                              const char *kind, const char *title, const char *detail);
 

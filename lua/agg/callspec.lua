@@ -6,6 +6,7 @@ local json = require "agg.json"
 local config = require "agg.config"
 local where = require "agg.where"
 local result = require "agg.result"
+local merge = require "agg.merge"
 local cache = require "agg.cache"
 
 local M = {}
@@ -14,6 +15,7 @@ local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
   retry = true, hedge = true, collapse = "boolean", cache = true, identity = "boolean", hash_key = "string",
+  batch = "table",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
 local NOT_YET = { forward_auth = true }
@@ -118,7 +120,7 @@ function M.normalize(spec, upstreams, level, req_headers)
     required = spec.required == true, fallback = spec.fallback,
     headers = false, body = false, section = false,
     ref = false, body_ref = false, raw_headers = false,
-    retry = false, hedge_after = false, collapse = false,
+    retry = false, hedge_after = false, collapse = false, batch = false,
     -- the exchange (see agg.runtime start_call); the fields only retries, hedges and shared
     -- calls write (retrying, last, the timers) are left out: 32 slots hold the rest
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
@@ -258,6 +260,19 @@ function M.normalize(spec, upstreams, level, req_headers)
       end
       n.collapse = key
     end
+  end
+  -- a merged call (agg.merge): tried once, shared by key instead of by path
+  if spec.batch then
+    if spec.retry or spec.hedge then
+      error(("call to '%s': a merged call (batch) is tried once: remove retry and hedge"):format(name), level)
+    end
+    if n.body then error(("call to '%s': a merged call (batch) has no body"):format(name), level) end
+    if spec.cache then
+      error(("call to '%s': a merged call (batch) is not cached: remove cache (cache the page's items another way)"):format(name), level)
+    end
+    n.batch = merge.normalize(spec.batch, name, n.method, n.path, headers, level)
+    -- the upstream's cache policy would key every item by the merged route's one path
+    n.retry, n.hedge_after, n.collapse, n.cache = false, false, false, false
   end
   return n
 end

@@ -160,7 +160,7 @@ function M.check(cfg, src, file)
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
                 clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true,
-                limits = true, max_in_flight = true }
+                limits = true, max_in_flight = true, batch = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
@@ -168,7 +168,7 @@ function M.check(cfg, src, file)
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
           "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, limits, " ..
-          "max_in_flight, upstreams, auth, token_exchange")
+          "max_in_flight, upstreams, auth, token_exchange, batch")
     end
   end
   local function show(v)
@@ -326,6 +326,37 @@ function M.check(cfg, src, file)
         end
       end
       if ok then out.admin = { port = port, host = h } end
+    end
+  end
+  -- batch = { route = "POST /batch", max_requests = 20, deadline_ms = … } (absent or false: no batch endpoint)
+  if cfg.batch ~= nil and cfg.batch ~= false then
+    local bline = find_line(lines, "batch")
+    local b = cfg.batch
+    local KNOWN = { route = true, max_requests = true, deadline_ms = true }
+    if type(b) ~= "table" then
+      err(bline, "batch", "must be a table like { route = \"POST /batch\", max_requests = 20 } (or false)")
+    else
+      local ok = true
+      for k in pairs(b) do
+        if not KNOWN[k] then
+          err(find_line(lines, tostring(k), bline) or bline, "batch." .. tostring(k),
+              "unknown option" .. suggest(tostring(k), KNOWN) .. " (route, max_requests, deadline_ms)")
+          ok = false
+        end
+      end
+      local route = b.route == nil and "POST /batch" or b.route
+      local method, path
+      if type(route) == "string" then method, path = route:match("^(POST) (/[%w%-%._~/]*)$") end
+      if not method then
+        err(find_line(lines, "route", bline) or bline, "batch.route",
+            "must be \"POST /path\" with a literal path (no parameters), got " .. show(route))
+        ok = false
+      end
+      local max = b.max_requests == nil and 20 or b.max_requests
+      if not posint(max, "batch.max_requests", find_line(lines, "max_requests", bline) or bline, 1000) then ok = false end
+      local dl = b.deadline_ms
+      if dl ~= nil and not posint(dl, "batch.deadline_ms", find_line(lines, "deadline_ms", bline) or bline) then ok = false end
+      if ok then out.batch = { method = method, path = path, route = route, max_requests = max, deadline_ms = dl or false } end
     end
   end
   -- access_log = "path" | "stderr" | false (default: off)

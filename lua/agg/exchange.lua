@@ -6,6 +6,7 @@
 -- deliver function it registers).
 local problem = require "agg.problem"
 local result = require "agg.result"
+local merge = require "agg.merge"
 local cache = require "agg.cache"
 local json = require "agg.json"
 local identity = require "agg.identity"
@@ -22,6 +23,8 @@ local calls = {}                                       -- call id -> in-flight c
 local deliver                                          -- function(g, key, chain, r): agg.fanout's
 local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats, budget, group }
 
+local merge_hooks -- agg.merge's way back into the exchange (below)
+
 --- Binds the transport and the upstream table (agg.runtime.init); calls of a previous binding are
 -- forgotten.
 function M.bind(transport, ups, token_exchange)
@@ -35,6 +38,7 @@ function M.bind(transport, ups, token_exchange)
     -- an internal call (the token endpoint): its answer goes to fn, not to a section
     register_call = function(id, fn) calls[id] = { on_answer = fn } end,
   })
+  merge.bind(transport, ups, merge_hooks)
 end
 
 --- Sets where results go: deliver(g, key, chain, r) (agg.fanout).
@@ -266,7 +270,9 @@ end
 local function abandon_one(x, rec)
   local id = rec.id
   local f = rec.flight
-  if f then
+  if rec.merged then
+    merge.leave(x, rec)
+  elseif f then
     f.waiters[x] = nil
     f.n = f.n - 1
     if f.n == 0 then
@@ -381,7 +387,9 @@ local function answer(rec, outcome, http_status, headers, body, data, ms, detail
     end
   end
   local f = rec.flight
-  if f then
+  if rec.merged then
+    merge.answer(rec, outcome, http_status, headers, body, data, ms, detail)
+  elseif f then
     flights[f.key] = nil
     for x in pairs(f.waiters) do
       attempt_done(x, { id = f.id }, outcome, http_status, headers, body, data, ms, detail)
@@ -403,6 +411,12 @@ attempt = function(x, hedge)
     local r = new_result(x.key, spec)
     r.ms = 0
     return finish_exchange(x, x.last or fail(ctx, r, problem.for_outcome("deadline", x.key, spec.upstream), spec))
+  end
+  if spec.batch then
+    -- a merged call: the item waits in its batch (agg.merge), which passes the breaker once
+    x.attempts = x.attempts + 1
+    u.stats.attempts = u.stats.attempts + 1
+    return merge.join(x, t, clamped, now)
   end
   -- identical calls in flight share one transport call (not for hedges: they exist to go elsewhere)
   local key = not hedge and spec.collapse
@@ -480,6 +494,70 @@ attempt = function(x, hedge)
   calls[id] = rec
   if hedge then x.a2 = rec else x.a1 = rec end
 end
+
+-- The exchange's part of merged calls (agg.merge): answers, breaker, timers, the calls table.
+local function circuit_open(x, retry_after)
+  local r = new_result(x.key, x)
+  r.ms = 0
+  local p = problem.new("circuit-open", problem.CIRCUIT_OPEN_TITLE, 503,
+                        ("section %s, upstream %s: the circuit breaker is open; retry in %d s"):format(
+                          tostring(x.key), x.upstream, math.ceil(retry_after / 1000)))
+  r.retry_after = math.max(1, math.ceil(retry_after / 1000))
+  return finish_exchange(x, fail(x.ctx, r, p, x))
+end
+
+merge_hooks = {
+  done = function(x, rec, ...) return attempt_done(x, rec, ...) end,
+  missing = function(x, rec, ms)
+    active_del(x, rec.id)
+    local r = new_result(x.key, x)
+    r.ms = ms
+    r.http_status = 404
+    local p = problem.new("upstream-not-found", "the upstream's merged answer has no such item", 404,
+                          ("section %s, upstream %s: item %s is not in the merged answer"):format(
+                            tostring(x.key), x.upstream, x.batch.key))
+    return finish_exchange(x, fail(x.ctx, r, p, x))
+  end,
+  deny = function(x, rec, retry_after)
+    active_del(x, rec.id)
+    local u = x.u
+    u.stats.breaker_denied = u.stats.breaker_denied + 1
+    return circuit_open(x, retry_after)
+  end,
+  script_error = function(x, what, err, recs)
+    result.log_error(x.ctx, what, err)
+    for _, rec in ipairs(recs) do
+      local y = rec.x
+      if not y.done and y.a1 == rec then
+        active_del(y, rec.id)
+        local r = new_result(y.key, y)
+        r.ms = 0
+        finish_exchange(y, fail(y.ctx, r, problem.script_error(y.key), y))
+      end
+    end
+  end,
+  allow = function(p, now)
+    local b = breaker_of(p)
+    if not b then return "allow" end
+    return b:allow(now)
+  end,
+  pick = function(p, x)
+    local grp = p.u.group
+    if not grp then return nil end
+    local ep = group.pick(grp, x, nil)
+    group.hold(grp, ep)
+    return ep
+  end,
+  cancel = function(p)
+    calls[p.id] = nil
+    core.cancel(p.id)
+    if p.ep and p.u.group then group.release(p.u.group, p.ep) end
+    if p.probe then local b = breaker_of(p) if b then b:report("ignore", true, core.now()) end end
+  end,
+  register = function(id, p) calls[id] = p end,
+  set_timer = function(ms, fn) return set_timer(ms, fn) end,
+  clear_timer = function(id) return clear_timer(id) end,
+}
 
 -- Sends exchange x's first attempt and arms its hedge.
 local function launch(x)

@@ -313,6 +313,7 @@ local function load_folder(dir)
                 for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
                 local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
+                            route_line = line_of(fsrc, "route"),
                             limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1, auth = policy }
                 shapes[sh] = e
                 endpoints[#endpoints + 1] = e
@@ -320,6 +321,21 @@ local function load_folder(dir)
             end
           end
         end
+      end
+    end
+  end
+  -- the batch endpoint is matched before the scripts' routes: a script route of the same method
+  -- and literal path would never be reached
+  local batch = cfg and cfg.batch
+  if batch then
+    local want = {}
+    for seg in batch.path:gmatch("[^/]+") do want[#want + 1] = seg end
+    for _, e in ipairs(endpoints) do
+      local same = e.method == "POST" and #e.segments == #want
+      for i = 1, same and #want or 0 do if e.segments[i] ~= want[i] then same = false end end
+      if same then
+        errors[#errors + 1] = ("%s:%d: route '%s' is the batch endpoint's (gateway.lua batch.route): it would never be reached; rename one of them")
+          :format(e.file, e.route_line or e.line or 1, e.route)
       end
     end
   end

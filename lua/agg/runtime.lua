@@ -69,6 +69,7 @@ M.is_result, M.section_data, M.section_name, M.is_required =
   result.is_result, result.section_data, result.section_name, result.is_required
 M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchange.on_redis
 M.upstream_stats, M.report_stats = exchange.upstream_stats, exchange.report_stats
+M.merge_stats = require("agg.merge").stats
 
 -- Resumes co; when it ends, hands its outcome to its finisher.
 local finish_request

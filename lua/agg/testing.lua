@@ -363,14 +363,16 @@ local function step(gw)
   timed(gw, ev.fn)
   return true
 end
---- Stubs upstream calls: stub(upstream, [method,] path_pattern, answer | { answer, answer, … }).
--- The pattern is an exact path (with its query to match the query too), or has {name} segments or a
--- trailing "*". Later stubs win over earlier ones.
+--- Stubs upstream calls: stub(upstream, [method,] path_pattern, answer | { answer, answer, … } |
+-- function(call) return answer end). The pattern is an exact path (with its query to match the
+-- query too), or has {name} segments or a trailing "*". Later stubs win over earlier ones. A
+-- function answers from what was sent: call.path, call.route_path, call.query (decoded, e.g. the
+-- ids of a merged call: call.query.ids == "1,2,3"), call.headers, call.body.
 function Gateway:stub(upstream, a, b, c)
   local method, pattern, answers = "*", a, b
   if c ~= nil then method, pattern, answers = a, b, c end
-  if type(upstream) ~= "string" or type(pattern) ~= "string" or type(answers) ~= "table" then
-    error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table", 2)
+  if type(upstream) ~= "string" or type(pattern) ~= "string" or (type(answers) ~= "table" and type(answers) ~= "function") then
+    error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table or a function", 2)
   end
   -- "product" stubs every endpoint of the upstream, "product#2" its second endpoint only
   local name, ep = upstream:match("^(.-)#(%d+)$")
@@ -387,9 +389,10 @@ function Gateway:stub(upstream, a, b, c)
   if ep and (ep < 1 or ep > #found.endpoints) then
     error(("gw:stub: upstream '%s' has %d endpoint(s), not #%d"):format(name, #found.endpoints, ep), 2)
   end
-  local list = (type(answers[1]) == "table") and answers or { answers }
+  local list = (type(answers) == "table" and type(answers[1]) == "table") and answers or { answers }
   for i, ans in ipairs(list) do
-    check_answer(#list > 1 and ("gw:stub answer " .. i) or "gw:stub", ans)
+    -- (a function's answers are checked when it gives them)
+    if type(ans) == "table" then check_answer(#list > 1 and ("gw:stub answer " .. i) or "gw:stub", ans) end
   end
   table.insert(self.stubs, 1, { upstream = name, endpoint = ep, method = method, pattern = pattern, answers = list,
                                 served = 0 })
@@ -437,6 +440,11 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   end
   stub.served = stub.served + 1
   local ans = stub.answers[math.min(stub.served, #stub.answers)]
+  if type(ans) == "function" then
+    ans = ans(c)
+    if type(ans) ~= "table" then error("stub function for " .. up.name .. " " .. path .. " must return an answer table") end
+    check_answer("gw:stub function for " .. up.name .. " " .. path, ans)
+  end
   local latency = ans.latency_ms or 0
   local fault = ans.fault
   local deadline = self.clock + timeout_ms

@@ -108,6 +108,10 @@ void mock_template_free(mock_template *t);
 /* Appends the rendered template to out. Names the request does not offer render as the literal
  * text "{name}". */
 void mock_template_render(const mock_template *t, const mock_params *p, mock_buf *out);
+/* The value of name (nlen bytes) in p: a path capture, else a query parameter (raw). True when
+ * found; *val points into the request. */
+bool mock_params_get(const mock_params *p, const char *name, size_t nlen, const char **val,
+                     size_t *vlen);
 
 /* ---- mock_config.c --------------------------------------------------------------------- */
 
@@ -145,6 +149,9 @@ typedef struct mock_route {
     uint64_t seen;        /* requests this route matched since it was installed */
     size_t hit_slot;      /* index into the service's hit table */
     json_t *spec;         /* the route as given, for GET /config (owned reference) */
+    char *each;           /* query parameter whose comma-separated values each get a copy of the
+                             body in a JSON array ({each} = the value), or NULL */
+    json_t *each_missing; /* values of `each` left out of that array (borrowed from spec) */
 } mock_route;
 
 typedef struct mock_service mock_service;

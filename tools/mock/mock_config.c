@@ -28,7 +28,7 @@ static const struct {
 static const char *const route_fields[] = {
     "method",     "path",       "status",     "headers",       "json",      "body",
     "content_type", "latency_ms", "fault",    "fault_every",   "slow_every", "slow_ms",
-    "huge_bytes", "drip_ms",    "idle_close_ms", NULL,
+    "huge_bytes", "drip_ms",    "idle_close_ms", "each", "each_missing", NULL,
 };
 
 /* Fails on the first key of obj that is not in allowed. */
@@ -167,6 +167,28 @@ int mock_route_parse(json_t *spec, mock_route *r, char *err, size_t errlen)
         if (!ctype)
             ctype = "text/plain";
     }
+    const char *each;
+    if (get_str(spec, "each", NULL, &each, err, errlen) < 0)
+        return -1;
+    if (each) {
+        if (!jbody || !*each) {
+            snprintf(err, errlen, "each: a query parameter name, with a json body to repeat per value");
+            return -1;
+        }
+        r->each = mock_xstrdup(each);
+    }
+    json_t *missing = json_object_get(spec, "each_missing");
+    if (missing) {
+        size_t k;
+        json_t *m;
+        bool ok = each && json_is_array(missing);
+        json_array_foreach(missing, k, m) ok = ok && json_is_string(m);
+        if (!ok) {
+            snprintf(err, errlen, "each_missing: a list of strings, with each");
+            return -1;
+        }
+        r->each_missing = missing;
+    }
     json_t *headers = json_object_get(spec, "headers");
     if (headers && !json_is_object(headers)) {
         snprintf(err, errlen, "headers: must be an object of header name to string value");
@@ -183,6 +205,7 @@ void mock_route_free(mock_route *r)
     free(r->head);
     free(r->head_json);
     mock_template_free(&r->body);
+    free(r->each);
     json_decref(r->spec);
     memset(r, 0, sizeof *r);
 }

@@ -156,6 +156,53 @@ static void append_chunked(mock_buf *b)
     mock_buf_printf(b, "0\r\nX-Checksum: %08x\r\n\r\n", fnv1a(scratch.data, scratch.len));
 }
 
+static bool each_missing(const mock_route *r, const char *v, size_t n)
+{
+    size_t k;
+    json_t *m;
+    json_array_foreach(r->each_missing, k, m) {
+        if (json_string_length(m) == n && memcmp(json_string_value(m), v, n) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Appends the route's body for request params p: the template, or with `each` a JSON array of
+ * one rendered copy per comma-separated value of that query parameter ({each} = the value). */
+static void render_body(const mock_route *r, const mock_params *p, mock_buf *out)
+{
+    if (!r->each) {
+        mock_template_render(&r->body, p, out);
+        return;
+    }
+    const char *v = NULL;
+    size_t vlen = 0;
+    mock_buf_puts(out, "[");
+    bool first = true;
+    if (mock_params_get(p, r->each, strlen(r->each), &v, &vlen) && p->n < MOCK_MAX_PARAMS) {
+        const char *end = v + vlen;
+        while (v < end) {
+            const char *comma = memchr(v, ',', (size_t)(end - v));
+            const char *vend = comma ? comma : end;
+            size_t n = (size_t)(vend - v);
+            if (n > 0 && !each_missing(r, v, n)) {
+                mock_params q = *p;
+                q.v[q.n].name = "each";
+                q.v[q.n].name_len = 4;
+                q.v[q.n].val = v;
+                q.v[q.n].val_len = n;
+                q.n++;
+                if (!first)
+                    mock_buf_puts(out, ",");
+                first = false;
+                mock_template_render(&r->body, &q, out);
+            }
+            v = comma ? comma + 1 : end;
+        }
+    }
+    mock_buf_puts(out, "]");
+}
+
 void mock_response_route(mock_conn *c, const mock_request *req, const mock_route *r,
                          const mock_params *p, mock_fault fault, ev_tstamp delay_s)
 {
@@ -184,7 +231,7 @@ void mock_response_route(mock_conn *c, const mock_request *req, const mock_route
         break;
     case MOCK_FAULT_CHUNKED:
         scratch.len = 0;
-        mock_template_render(&r->body, p, &scratch);
+        render_body(r, p, &scratch);
         mock_buf_printf(b, "%sTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n%s\r\n",
                         r->head, connection_header(req));
         if (!req->head)
@@ -197,7 +244,7 @@ void mock_response_route(mock_conn *c, const mock_request *req, const mock_route
             head = r->head_json;
             mock_buf_append(&scratch, html, sizeof html - 1);
         } else {
-            mock_template_render(&r->body, p, &scratch);
+            render_body(r, p, &scratch);
             if (fault == MOCK_FAULT_INVALID_UTF8) {
                 head = r->head_json;
                 inject_invalid_utf8();

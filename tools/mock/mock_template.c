@@ -282,6 +282,15 @@ void mock_template_free(mock_template *t)
     memset(t, 0, sizeof *t);
 }
 
+static bool lookup(const mock_params *p, const char *name, size_t nlen, const char **val,
+                   size_t *vlen);
+
+bool mock_params_get(const mock_params *p, const char *name, size_t nlen, const char **val,
+                     size_t *vlen)
+{
+    return lookup(p, name, nlen, val, vlen);
+}
+
 /* Finds the value of name: path captures first, then the query string (raw, not decoded). */
 static bool lookup(const mock_params *p, const char *name, size_t nlen, const char **val,
                    size_t *vlen)
