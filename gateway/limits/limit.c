@@ -317,6 +317,34 @@ void agw_limits_conf_clear(agw_limits_conf_t *c)
     memset(c, 0, sizeof(*c));
 }
 
+void agw_limit_policy(const agw_limit_rule_t *r, uint64_t now_ms, agw_limit_result_t *out)
+{
+    if (r->is_quota)
+        quota_policy(r, now_ms, out);
+    else
+        rate_policy(r, out);
+}
+
+int agw_limit_decide(agw_limit_verdict_t *v, size_t num)
+{
+    v->allowed = 1;
+    v->decisive = -1;
+    for (size_t i = 0; i < num; i++)
+        if (!v->results[i].allowed)
+            v->allowed = 0;
+    for (size_t i = 0; i < num; i++) {
+        const agw_limit_result_t *r = &v->results[i], *d = v->decisive >= 0 ? &v->results[v->decisive] : NULL;
+        if (!v->allowed) {
+            if (!r->allowed && (d == NULL || r->reset_ms > d->reset_ms))
+                v->decisive = (int)i;
+        } else if (d == NULL || r->remaining < d->remaining ||
+                   (r->remaining == d->remaining && r->reset_ms < d->reset_ms)) {
+            v->decisive = (int)i;
+        }
+    }
+    return v->allowed;
+}
+
 /* ---- the public checks ---------------------------------------------------------------------- */
 
 int agw_limit_take(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64_t h, uint64_t now_ms,

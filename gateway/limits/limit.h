@@ -167,6 +167,15 @@ typedef struct agw_limit_verdict {
 int agw_limit_check(agw_limit_store_t *s, const agw_limit_ask_t *asks, size_t num, uint64_t now_ms,
                     agw_limit_verdict_t *v);
 
+/* Fills out->limit and out->window_s, rule r's policy at now_ms (a month's window is the current
+ * month's length). */
+void agw_limit_policy(const agw_limit_rule_t *r, uint64_t now_ms, agw_limit_result_t *out);
+
+/* Sets v->allowed and v->decisive from the num results of v: refused when any result is, the
+ * decisive rule being the refusing one with the longest reset_ms; accepted, the one with the fewest
+ * remaining (then the shortest reset_ms); -1 with no rules. Returns v->allowed. */
+int agw_limit_decide(agw_limit_verdict_t *v, size_t num);
+
 /* Seconds to say in Retry-After / the t parameter for a wait of ms: rounded up, so that a client
  * that waits that long is never early (at least 1 for a refusal). */
 static inline uint64_t agw_limit_seconds_up(uint64_t ms)
