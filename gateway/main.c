@@ -60,7 +60,7 @@ static const char help_text[] =
     "                          RELOADING=1/READY=1 around reloads, STOPPING=1 on SIGTERM\n"
     "\n"
     "the admin listener (gateway.lua admin = { port = 9090 }): /healthz /readyz /metrics /routes\n"
-    "/reload /waterfall; see the README or man aggway.\n";
+    "/reload /waterfall; see docs/operations.md or man aggway.\n";
 
 static int usage(void)
 {

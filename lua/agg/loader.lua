@@ -198,7 +198,7 @@ local function load_folder(dir)
   local src = read(gfile)
   local cfg
   if not src then
-    errors[#errors + 1] = gfile .. ":1: cannot read the gateway configuration; create it (see README, 'gateway.lua')"
+    errors[#errors + 1] = gfile .. ":1: cannot read the gateway configuration; create it (see docs/operations.md, 'gateway.lua')"
   else
     local chunk, err = loadstring(src, "@" .. gfile)
     if not chunk then
