@@ -2,6 +2,9 @@
 #include "front/admin.h"
 
 #include <arpa/inet.h>
+
+#include "base/mem.h"
+
 #include <errno.h>
 #include <ev.h>
 #include <netdb.h>
@@ -98,11 +101,7 @@ static void routes_json(const agw_generation_t *gen, agw_buf_t *b)
             if (k)
                 agw_buf_printf(b, ",\"%s\":", names[k]);
             const char *v = vals[k] ? vals[k] : "";
-            size_t mark = b->len;
-            if (agw_json_encode_string(b, v, strlen(v)) != 0) {
-                b->len = mark;
-                agw_buf_puts(b, "null");
-            }
+            agw_json_encode_string_or(b, v, strlen(v), "null");
         }
         agw_buf_printf(b, ",\"generation\":%llu}", (unsigned long long)gen->number);
     }
@@ -304,10 +303,8 @@ static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int 
         trace[32] = '\0';
         trace_id = trace;
     }
-    agw_waterfall_t **rings = calloc(a->num_workers ? a->num_workers : 1, sizeof(*rings));
-    agw_wf_entry_t *entries = malloc((limit ? limit : 1) * sizeof(*entries));
-    if (rings == NULL || entries == NULL)
-        abort();
+    agw_waterfall_t **rings = agw_calloc(a->num_workers ? a->num_workers : 1, sizeof(*rings));
+    agw_wf_entry_t *entries = agw_malloc((limit ? limit : 1) * sizeof(*entries));
     for (size_t i = 0; i < a->num_workers; i++)
         rings[i] = a->metrics[i]->waterfall;
     size_t n = agw_waterfall_snapshot(rings, a->num_workers, trace_id, entries, limit);
@@ -499,11 +496,7 @@ static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
             close(fd);
             continue;
         }
-        aconn_t *c = calloc(1, sizeof(*c));
-        if (c == NULL) {
-            close(fd);
-            continue;
-        }
+        aconn_t *c = agw_calloc(1, sizeof(*c));
         c->a = a;
         c->fd = fd;
         c->next = a->conns;
@@ -539,9 +532,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     int fd = agw_listen_socket("admin", conf->admin_host, conf->admin_port, 0, 128);
     if (fd < 0)
         return NULL;
-    agw_admin_t *a = calloc(1, sizeof(*a));
-    if (a == NULL)
-        abort();
+    agw_admin_t *a = agw_calloc(1, sizeof(*a));
     a->gens = gens;
     a->labels = labels;
     a->metrics = metrics;

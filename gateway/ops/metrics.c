@@ -1,6 +1,8 @@
 /* metrics.c: per-worker counters and their Prometheus rendering (see metrics.h). */
 #include "ops/metrics.h"
 
+#include "base/mem.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,15 +42,12 @@ const char *agw_metric_outcome_name(agw_metric_outcome_t o)
 
 agw_metric_labels_t *agw_metric_labels_new(uint32_t route_cap, uint32_t upstream_cap)
 {
-    agw_metric_labels_t *l = calloc(1, sizeof(*l));
-    if (l == NULL)
-        abort();
+    agw_metric_labels_t *l = agw_calloc(1, sizeof(*l));
     l->route_cap = route_cap + 1;
     l->upstream_cap = upstream_cap ? upstream_cap : 1;
-    l->routes = calloc(l->route_cap, sizeof(*l->routes));
-    l->upstreams = calloc(l->upstream_cap, sizeof(*l->upstreams));
-    if (l->routes == NULL || l->upstreams == NULL || (l->routes[0] = strdup("unmatched")) == NULL)
-        abort();
+    l->routes = agw_calloc(l->route_cap, sizeof(*l->routes));
+    l->upstreams = agw_calloc(l->upstream_cap, sizeof(*l->upstreams));
+    l->routes[0] = agw_strdup("unmatched");
     l->num_routes = 1;
     return l;
 }
@@ -95,8 +94,7 @@ static uint32_t map_names(char **names, uint32_t from, uint32_t n, uint32_t cap,
     for (size_t i = 0; i < num_want; i++) {
         uint32_t s = find_slot(names, from, n, want[i]);
         if (s == n) {
-            if ((names[n] = strdup(want[i])) == NULL)
-                abort();
+            names[n] = agw_strdup(want[i]);
             n++;
         }
         slot[i] = s;
@@ -108,9 +106,7 @@ int agw_metric_labels_map(agw_metric_labels_t *l, const agw_config_t *conf, uint
                           uint32_t *upstream_slot, agw_buf_t *errors)
 {
     size_t ne = conf->num_endpoints, nu = conf->num_upstreams;
-    const char **want = calloc((ne > nu ? ne : nu) + 1, sizeof(*want));
-    if (want == NULL)
-        abort();
+    const char **want = agw_calloc((ne > nu ? ne : nu) + 1, sizeof(*want));
     for (size_t e = 0; e < ne; e++)
         want[e] = conf->endpoints[e].route ? conf->endpoints[e].route : "";
     uint32_t nr = map_names(l->routes, 1, l->num_routes, l->route_cap, want, ne, route_slot + 1);
@@ -139,15 +135,11 @@ int agw_metric_labels_map(agw_metric_labels_t *l, const agw_config_t *conf, uint
 
 agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels)
 {
-    agw_metrics_t *m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        abort();
+    agw_metrics_t *m = agw_calloc(1, sizeof(*m));
     m->num_routes = labels->route_cap;
     m->num_upstreams = labels->upstream_cap;
-    m->routes = calloc(m->num_routes, sizeof(*m->routes));
-    m->upstreams = calloc(m->num_upstreams, sizeof(*m->upstreams));
-    if (m->routes == NULL || m->upstreams == NULL)
-        abort();
+    m->routes = agw_calloc(m->num_routes, sizeof(*m->routes));
+    m->upstreams = agw_calloc(m->num_upstreams, sizeof(*m->upstreams));
     m->waterfall = agw_waterfall_new();
     agw_cache_inbox_init(&m->purge);
     return m;
@@ -233,9 +225,7 @@ void agw_metrics_partial(agw_metrics_t *m, int endpoint, const char *section, si
     }
     agw_partial_metric_t *p = &m->partials[n];
     p->route = endpoint;
-    p->section = malloc(len + 1);
-    if (p->section == NULL)
-        abort();
+    p->section = agw_malloc(len + 1);
     memcpy(p->section, section, len);
     p->section[len] = '\0';
     AGW_M_SET(p->count, 1);
@@ -358,9 +348,7 @@ static void render_partials(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
         int route;
         const char *section;
         uint64_t count;
-    } *mg = calloc(cap, sizeof(*mg));
-    if (mg == NULL)
-        abort();
+    } *mg = agw_calloc(cap, sizeof(*mg));
     size_t n = 0;
     for (size_t i = 0; i < nw; i++) {
         uint32_t np = __atomic_load_n(&w[i]->num_partials, __ATOMIC_ACQUIRE);
@@ -423,9 +411,7 @@ static void render_upstreams(agw_buf_t *b, const agw_metric_labels_t *lb, const 
         int present; /* the upstream is in the generation serving */
         int state;
         uint64_t opened, closed, denied;
-    } *bs = calloc(nu ? nu : 1, sizeof(*bs));
-    if (bs == NULL)
-        abort();
+    } *bs = agw_calloc(nu ? nu : 1, sizeof(*bs));
     double now = now_ms();
     for (size_t u = 0; u < nu; u++) {
         agw_breaker_t *br = breaker_of(conf, lb->upstreams[u]);

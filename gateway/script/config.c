@@ -1,6 +1,8 @@
 /* config.c: a scripts folder's generation as C structures (see config.h). */
 #include "script/config.h"
 
+#include "base/mem.h"
+
 #include <lauxlib.h>
 #include <openssl/ssl.h>
 #include <netdb.h>
@@ -18,7 +20,7 @@
 static char *field_str(lua_State *L, int idx, const char *name)
 {
     lua_getfield(L, idx, name);
-    char *s = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+    char *s = lua_isstring(L, -1) ? agw_strdup(lua_tostring(L, -1)) : NULL;
     lua_pop(L, 1);
     return s;
 }
@@ -62,9 +64,7 @@ static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const 
         return 0;
     }
     int tt = lua_gettop(L);
-    agw_upstream_tls_t *tls = calloc(1, sizeof(*tls));
-    if (tls == NULL)
-        abort();
+    agw_upstream_tls_t *tls = agw_calloc(1, sizeof(*tls));
     tls->ca_file = field_str(L, tt, "ca_file");
     tls->server_name = field_str(L, tt, "server_name");
     lua_getfield(L, tt, "verify");
@@ -137,8 +137,8 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
     lua_getfield(L, cfg, "upstreams");
     int ups = lua_gettop(L);
     size_t n = lua_objlen(L, ups);
-    conf->upstreams = calloc(n ? n : 1, sizeof(*conf->upstreams));
-    conf->breakers = calloc(n ? n : 1, sizeof(*conf->breakers));
+    conf->upstreams = agw_calloc(n ? n : 1, sizeof(*conf->upstreams));
+    conf->breakers = agw_calloc(n ? n : 1, sizeof(*conf->breakers));
     conf->num_upstreams = n;
     int rc = 0;
     size_t total = 0;
@@ -196,8 +196,8 @@ static int load_routes(lua_State *L, int gen, int cfg, agw_config_t *conf, agw_b
     int eps = lua_gettop(L);
     size_t n = lua_objlen(L, eps);
     int rc = 0;
-    conf->endpoints = calloc(n ? n : 1, sizeof(*conf->endpoints));
-    conf->auth_policies = calloc(n ? n : 1, sizeof(*conf->auth_policies));
+    conf->endpoints = agw_calloc(n ? n : 1, sizeof(*conf->endpoints));
+    conf->auth_policies = agw_calloc(n ? n : 1, sizeof(*conf->auth_policies));
     conf->num_endpoints = n;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, eps, (int)i + 1);
@@ -293,7 +293,7 @@ static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
     lua_getfield(L, cfg, "listen");
     int t = lua_gettop(L);
     size_t n = lua_objlen(L, t);
-    conf->listen = calloc(n ? n : 1, sizeof(*conf->listen));
+    conf->listen = agw_calloc(n ? n : 1, sizeof(*conf->listen));
     conf->num_listen = n;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, t, (int)i + 1);
@@ -320,13 +320,13 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
         conf->admin_host = field_str(L, t, "host");
         conf->admin_port = (int)field_num(L, t, "port", 9090);
         if (conf->admin_host == NULL)
-            conf->admin_host = strdup("127.0.0.1");
+            conf->admin_host = agw_strdup("127.0.0.1");
     }
     lua_pop(L, 1);
     char *log = field_str(L, cfg, "access_log");
     if (log && strcmp(log, "stderr") != 0 && log[0] != '/') {
         size_t len = strlen(conf->dir) + strlen(log) + 2;
-        char *full = malloc(len);
+        char *full = agw_malloc(len);
         snprintf(full, len, "%s/%s", conf->dir, log);
         free(log);
         log = full;
@@ -395,7 +395,7 @@ static void resolve_tls_paths(agw_config_t *conf)
             if (p == NULL || p[0] == '/')
                 continue;
             size_t len = strlen(conf->dir) + strlen(p) + 2;
-            char *full = malloc(len);
+            char *full = agw_malloc(len);
             snprintf(full, len, "%s/%s", conf->dir, p);
             free(p);
             *files[k] = full;
@@ -453,7 +453,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 {
     memset(conf, 0, sizeof(*conf));
     agw_auth_init(&conf->auth);
-    conf->dir = strdup(dir);
+    conf->dir = agw_strdup(dir);
     lua_State *L = agw_vm_new(dir);
     if (L == NULL) {
         agw_buf_puts(errors, "out of memory creating a Lua state\n");
@@ -587,27 +587,19 @@ int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf
            a->max_rps == b->max_rps;
 }
 
-static char *dup_or_null(const char *s)
-{
-    char *d = s ? strdup(s) : NULL;
-    if (s && d == NULL)
-        abort();
-    return d;
-}
 
 void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t *u)
 {
     *out = *u;
-    out->name = dup_or_null(u->name);
-    out->url = dup_or_null(u->url);
-    out->host_header = dup_or_null(u->host_header);
-    out->base_path = dup_or_null(u->base_path);
+    out->name = agw_strdup_opt(u->name);
+    out->url = agw_strdup_opt(u->url);
+    out->host_header = agw_strdup_opt(u->host_header);
+    out->base_path = agw_strdup_opt(u->base_path);
     if (u->tls) { /* the pool may outlive u's generation: its own settings, a reference to the SSL_CTX */
-        if ((out->tls = malloc(sizeof(*out->tls))) == NULL)
-            abort();
+        out->tls = agw_malloc(sizeof(*out->tls));
         *out->tls = *u->tls;
-        out->tls->ca_file = dup_or_null(u->tls->ca_file);
-        out->tls->server_name = dup_or_null(u->tls->server_name);
+        out->tls->ca_file = agw_strdup_opt(u->tls->ca_file);
+        out->tls->server_name = agw_strdup_opt(u->tls->server_name);
         if (out->tls->ctx)
             SSL_CTX_up_ref(out->tls->ctx);
     }

@@ -12,6 +12,7 @@
 #include "upstream/upstream_internal.h"
 
 #include "base/buf.h"
+#include "base/mem.h"
 
 #include <ev.h>
 #include <stdarg.h>
@@ -269,9 +270,7 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
 
 agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *conf)
 {
-    agw_pool_t *pool = calloc(1, sizeof(*pool));
-    if (pool == NULL)
-        return NULL;
+    agw_pool_t *pool = agw_calloc(1, sizeof(*pool));
     pool->loop = loop;
     pool->conf = conf;
     pool->max_conns = conf->max_connections ? conf->max_connections : ~0u;
@@ -331,9 +330,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
     if (pool->dying)
         return NULL; /* started from a callback after agw_pool_destroy(): a caller bug */
     size_t len = agw_h1_request_size(pool->conf, req, &why);
-    agw_call_t *call = malloc(sizeof(*call) + len + 1);
-    if (call == NULL)
-        return NULL;
+    agw_call_t *call = agw_malloc(sizeof(*call) + len + 1);
     memset(call, 0, sizeof(*call));
     call->pool = pool;
     call->cb = cb;

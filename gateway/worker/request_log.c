@@ -3,6 +3,10 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/http_status.h"
+
+#include "base/mem.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -33,8 +37,8 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
     agw_trace_t *tr = w->free_traces;
     if (tr)
         w->free_traces = tr->next;
-    else if ((tr = malloc(sizeof(*tr))) == NULL)
-        return; /* no trace for this request: its calls still get a traceparent of their own */
+    else
+        tr = agw_malloc(sizeof(*tr));
     agw_traceparent_t parent;
     int continued = num_tp == 1 && agw_traceparent_parse(tp->base, tp->len, &parent) == 0;
     agw_trace_begin(tr, &w->trace_rng, continued ? &parent : NULL, agw_worker_now_us(w), req->method.base,
@@ -470,7 +474,7 @@ void agw_worker_send_problem_body(agw_worker_t *w, h2o_req_t *req, reqref_t *rr,
                                   const char *body, size_t len)
 {
     req->res.status = status;
-    req->res.reason = agw_worker_reason_phrase(status);
+    req->res.reason = agw_http_reason(status);
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("application/problem+json"));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
     req->res.content_length = len;

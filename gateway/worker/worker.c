@@ -18,8 +18,12 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/mem.h"
 #include "edge/edge.h"
 #include "multi/multi.h"
+
+#include "worker/contract.h"
+
 #include "script/script.h"
 #include "worker/watchdog.h"
 #include "limits/gate.h"
@@ -275,9 +279,7 @@ static void abandon_request(wgen_t *g, uint64_t rid)
     if (w->lua_depth) {
         if (w->num_pending_aborts == w->cap_pending_aborts) {
             w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
-            w->pending_aborts = realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
-            if (w->pending_aborts == NULL)
-                abort();
+            w->pending_aborts = agw_realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
         }
         w->pending_aborts[w->num_pending_aborts].rid = rid;
         w->pending_aborts[w->num_pending_aborts++].g = g;
@@ -734,7 +736,8 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     rr->started = ev_now(w->loop);
     rr->logline = NULL;
     rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
-    if (w->access_fd >= 0 && (rr->logline = malloc(req->method.len + req->path.len + 2)) != NULL) {
+    if (w->access_fd >= 0) {
+        rr->logline = agw_malloc(req->method.len + req->path.len + 2);
         memcpy(rr->logline, req->method.base, req->method.len);
         rr->logline[req->method.len] = '\0';
         memcpy(rr->logline + req->method.len + 1, req->path.base, req->path.len);
@@ -746,27 +749,34 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     agw_worker_trace_begin(w, rr, req, path_len);
 
     lua_State *L = g->L;
+    /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the
+     * query, the header block, the body and the edge's user and token in arrival, one table per
+     * VM whose every field is set on each request (nil when absent) */
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
     lua_pushnumber(L, (lua_Number)rr->rid);
     lua_pushinteger(L, endpoint);
     lua_pushlstring(L, req->method.base, req->method.len);
     lua_pushlstring(L, req->path.base, path_len);
-    if (req->query_at != SIZE_MAX)
-        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
-    else
-        lua_pushnil(L);
     lua_createtable(L, 0, (int)num_params);
     for (size_t i = 0; i < num_params; i++) {
         lua_pushlstring(L, params[i].name, params[i].name_len);
         lua_pushlstring(L, params[i].value, params[i].value_len);
         lua_rawset(L, -3);
     }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_keys);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_arrival);
+    int keys = lua_gettop(L) - 1, a = keys + 1;
+    if (req->query_at != SIZE_MAX)
+        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
+    else
+        lua_pushnil(L);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_QUERY);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
     agw_buf_t *hb = &w->hdrs;
     { /* at most clients.max_headers fields (headers_too_large) */
         size_t n = req->headers.size;
-        agw_header_t small[128], *f = n <= 128 ? small : malloc(n * sizeof(*f));
-        if (f == NULL)
-            abort();
+        agw_header_t small[128], *f = n <= 128 ? small : agw_malloc(n * sizeof(*f));
         for (size_t i = 0; i < n; i++) {
             const h2o_header_t *h = &req->headers.entries[i];
             f[i] = (agw_header_t){.name = h->name->base, .name_len = h->name->len, .value = h->value.base,
@@ -776,15 +786,28 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         if (f != small)
             free(f);
     }
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_HEADERS);
     lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
+    lua_rawset(L, a);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_BODY);
     if (req->entity.base != NULL)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
         lua_pushnil(L);
+    lua_rawset(L, a);
+    /* the edge's verdict: user (a table, or nil when the endpoint has no auth) and the verified
+     * bearer token (a JWT's, else nil) */
     agw_edge_push_user(L, &user);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_TOKEN);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_USER);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
+    lua_remove(L, keys);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 10) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+    if (agw_worker_call_runtime(g, 6) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);
@@ -841,9 +864,7 @@ static void on_conn_close(uv_handle_t *h)
 static void accept_one(listener_t *l)
 {
     agw_worker_t *w = l->worker;
-    conn_t *conn = calloc(1, sizeof(*conn));
-    if (conn == NULL)
-        abort();
+    conn_t *conn = agw_calloc(1, sizeof(*conn));
     conn->w = w;
     conn->guard.fd = -1;
     uv_tcp_init(&w->uvloop, &conn->tcp);
@@ -956,9 +977,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
                                agw_limit_store_t *limits, agw_buf_t *errors)
 {
-    agw_worker_t *w = calloc(1, sizeof(*w));
-    if (w == NULL)
-        abort();
+    agw_worker_t *w = agw_calloc(1, sizeof(*w));
     w->id = id;
     w->m = metrics;
     w->limits = limits;
@@ -1016,7 +1035,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
     agw_guard_init(&w->guard, &w->ctx);
 
-    w->listeners = calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
+    w->listeners = agw_calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
     w->num_listeners = num_fds;
     for (size_t i = 0; i < num_fds; i++) {
         listener_t *l = &w->listeners[i];

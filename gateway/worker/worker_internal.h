@@ -54,9 +54,13 @@ typedef struct agw_worker_gen {
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
     uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
+    int ref_answer, ref_arrival; /* the tables runtime.on_call and runtime.start get, reused
+                                    (lua/agg/contract.lua) */
+    int ref_keys;               /* the contract's field names (contract.h agw_contract_push_keys) */
     wpool_t **pools;            /* one per endpoint, same index as conf->eps (upstream i's from
                                    conf->ep_first[i]); NULL until installed */
-    uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
+    uint64_t *reported;         /* per upstream: the runtime's AGW_COUNTERS_FIELDS totals as last
+                                   published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
     struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
 } wgen_t;
@@ -346,9 +350,6 @@ void agw_worker_cache_close(agw_worker_t *w);
 
 /* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools. */
 void agw_worker_publish_pool(wgen_t *g, size_t up);
-
-/* The reason phrase of an HTTP status ("Status" for one not listed): a static string. */
-const char *agw_worker_reason_phrase(int status);
 
 /* ---- request_log.c: problems, tracing, metrics and the access log ---------------------------- */
 

@@ -36,9 +36,7 @@ function M.is_spec(v)
     and v[2]:byte(1) == 47
 end
 
-local function escape(s)
-  return (tostring(s):gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
-end
+local escape = require("agg.url").escape
 
 --- Encodes a query table ({ sku = "A 1", tag = { "x", "y" } }) as "sku=A%201&tag=x&tag=y", keys
 -- sorted so the same table always gives the same URL.
@@ -111,7 +109,7 @@ function M.normalize(spec, upstreams, level, req_headers)
     end
   end
   -- The scheduler keeps its per-call state in this table too: it is the call's exchange
-  -- (agg.runtime: ctx … own_timer) and the info of its result (section … raw_headers). Every
+  -- (agg.exchange: ctx … own_timer) and the info of its result (section … raw_headers). Every
   -- field is present from the start, so the table never grows, and one table per call serves
   -- all three.
   local n = {
@@ -121,10 +119,10 @@ function M.normalize(spec, upstreams, level, req_headers)
     headers = false, body = false, section = false,
     ref = false, body_ref = false, raw_headers = false,
     retry = false, hedge_after = false, collapse = false, batch = false,
-    -- the exchange (see agg.runtime start_call); the fields only retries, hedges and shared
+    -- the exchange (see agg.exchange start_call); the fields only retries, hedges and shared
     -- calls write (retrying, last, the timers) are left out: 32 slots hold the rest
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
-    a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
+    a1 = false, a2 = false, attempt = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
     -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
     -- whether this exchange is a background refresh

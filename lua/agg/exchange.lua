@@ -108,9 +108,10 @@ end
 --- Counters of upstream name in this worker (for specs and metrics).
 function M.upstream_stats(name) return upstream_state(name).stats end
 
---- Hands each upstream's counters to core.upstream_counters(index, retries, retries_denied, hedges,
--- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
--- publishes them as metrics; nothing is counted twice: the values are totals).
+--- Hands each upstream's counters to core.upstream_counters(index, counters), when the transport
+-- has it (the C worker calls this once a second and publishes them as metrics; nothing is counted
+-- twice: the values are totals). counters: the upstream's stats table, whose retries,
+-- retries_denied, hedges, hedges_won and collapsed agg.contract names.
 function M.report_stats()
   group.report_stats()
   if core and core.cache_counters then core.cache_counters(cache.stats) end
@@ -119,8 +120,7 @@ function M.report_stats()
   for name, u in pairs(ustate) do
     local up = upstreams[name]
     if up then
-      local s = u.stats
-      report(up.index, s.retries, s.retries_denied, s.hedges, s.hedges_won, s.collapsed)
+      report(up.index, u.stats)
     end
   end
 end
@@ -288,7 +288,7 @@ local function abandon_one(x, rec)
     core.cancel(id)
     if rec.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
   end
-  if rec.ep and x.u.group then group.release(x.u.group, rec.ep) end
+  if rec.endpoint and x.u.group then group.release(x.u.group, rec.endpoint) end
 end
 
 function M.abandon_attempts(x)
@@ -313,7 +313,7 @@ local function after_failure(x, r, outcome, http_status)
     return identity.prepare(x.ctx, x, up, x.go)
   end
   local retry = spec.retry
-  local retryable = retry and x.attempts < retry.attempts and
+  local retryable = retry and x.attempt < retry.attempts and
     (outcome == "refused" or outcome == "connect_timeout" or outcome == "tls" or
      (outcome == "reset" and (http_status or 0) == 0) or
      (outcome == "ok" and retry.on[http_status]))
@@ -330,7 +330,7 @@ local function after_failure(x, r, outcome, http_status)
     end
     b.retries.cur = b.retries.cur + 1
     b.min_retries.cur = b.min_retries.cur + 1
-    local base = retry.backoff_ms * 2 ^ (x.attempts - 1)
+    local base = retry.backoff_ms * 2 ^ (x.attempt - 1)
     local backoff = base / 2 + core.random() * base / 2 -- jittered: between half and all of base
     local _, remaining = now_remaining(x.ctx)
     if remaining - backoff >= math.min(spec.timeout_ms, 10) then
@@ -364,12 +364,12 @@ local function attempt_done(x, rec, outcome, http_status, headers, body, data, m
 end
 
 -- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
-local function answer(rec, outcome, http_status, headers, body, data, ms, detail)
+local function on_answer(rec, outcome, http_status, headers, body, data, ms, detail)
   local spec = rec.x -- the exchange is its own normalized spec
   local verdict = breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string")
   local grp = spec.u.group
   if grp then
-    local ep = rec.flight and rec.flight.ep or rec.ep
+    local ep = rec.flight and rec.flight.ep or rec.endpoint
     if ep then
       group.release(grp, ep)
       verdict = group.report(grp, ep, verdict, ms) -- one endpoint failing is not the upstream failing
@@ -414,7 +414,7 @@ attempt = function(x, hedge)
   end
   if spec.batch then
     -- a merged call: the item waits in its batch (agg.merge), which passes the breaker once
-    x.attempts = x.attempts + 1
+    x.attempt = x.attempt + 1
     u.stats.attempts = u.stats.attempts + 1
     return merge.join(x, t, clamped, now)
   end
@@ -459,8 +459,8 @@ attempt = function(x, hedge)
     end
     probe = decision == "probe"
   end
-  x.attempts = x.attempts + 1
-  if x.attempts == 1 then -- a request, for the retry budget (its window rolled only when due)
+  x.attempt = x.attempt + 1
+  if x.attempt == 1 then -- a request, for the retry budget (its window rolled only when due)
     local rq = u.budget.requests
     if now - rq.start >= rq.len then window_count(rq, now) end
     rq.cur = rq.cur + 1
@@ -470,21 +470,26 @@ attempt = function(x, hedge)
   -- the endpoint: a retry or a hedge goes to another one than the attempt it follows
   local grp, ep = u.group, nil
   if grp then
-    ep = group.pick(grp, x, x.ep or nil)
+    ep = group.pick(grp, x, x.endpoint)
     group.hold(grp, ep)
   end
-  -- (section, attempt number, hedge: the attempt's span; the transport adds its traceparent)
-  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge, ep)
-  -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
-  -- less per call); a hedge, which runs beside it, gets a table of its own
+  -- the record of what was sent, which core.call reads as its attempt (agg.contract: section,
+  -- attempt number, hedge, and a group's endpoint): for a first attempt or a retry, the exchange
+  -- itself (one table less per call); a hedge, which runs beside it, gets a table of its own
   local rec
   if hedge then
-    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true, ep = ep }
+    rec = { id = false, x = x, probe = probe, clamped = clamped, hedge = true, section = spec.section,
+            attempt = x.attempt, flight = false, endpoint = ep }
   else
     rec = x
-    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, nil
-    if grp then x.ep = ep end
+    if grp then x.endpoint = ep end
+  end
+  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
+                       math.floor(t + 0.5), spec.decode, rec)
+  if hedge then
+    rec.id = id
+  else
+    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, false
   end
   if key then
     f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe, ep = ep }
@@ -602,7 +607,7 @@ local function start_upstream(ctx, key, spec, g, chain)
     x.go = function(p)
       if x.done then return end
       if p == nil then
-        if x.reexchanged and x.attempts > 0 then return attempt(x, false) end
+        if x.reexchanged and x.attempt > 0 then return attempt(x, false) end
         return launch(x)
       end
       local r = new_result(x.key, x)
@@ -620,9 +625,9 @@ local function copy_spec(s)
   local c = {}
   for k, v in pairs(s) do c[k] = v end
   c.ctx, c.key, c.group, c.chain, c.u, c.x, c.next_x = false, false, false, false, false, false, false
-  c.a1, c.a2, c.attempts, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
+  c.a1, c.a2, c.attempt, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
   c.ref, c.body_ref, c.raw_headers = false, false, false
-  c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer = nil, nil, nil, nil, nil
+  c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer, c.endpoint = nil, nil, nil, nil, nil, nil
   return c
 end
 
@@ -655,14 +660,18 @@ cache.bind({
 --- Transport: the Redis lookup id answered (agg.cache).
 M.on_redis = cache.on_redis
 
---- Transport completion of call id (see the header comment for the arguments).
--- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
-function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
+--- Transport completion of call id (agg.contract): data is a json ref (the validated body, which
+-- carries the headers and the body text; answer is then nil), a string (why the body is not
+-- valid JSON), or nil; answer (valid during this call only) has the headers, body and detail of
+-- any other answer.
+function M.on_call(id, outcome, http_status, data, ms, answer)
   local rec = calls[id]
   if rec == nil then return end
   calls[id] = nil
+  local headers, body, detail = true, nil, nil
+  if answer ~= nil then headers, body, detail = answer.headers, answer.body, answer.detail end
   if rec.on_answer then return rec.on_answer(outcome, http_status, headers, body, data, ms, detail) end
-  answer(rec, outcome, http_status, headers, body, data, ms, detail)
+  on_answer(rec, outcome, http_status, headers, body, data, ms, detail)
 end
 
 -- Stops exchange x (not done): its timers and attempts; it delivers nothing.

@@ -20,6 +20,7 @@ local json = require "agg.json"
 local loader = require "agg.loader"
 local router = require "agg.router"
 local rt = require "agg.runtime"
+local url = require "agg.url"
 local problem = require "agg.problem"
 local resp_headers = require "agg.resp_headers"
 local sys = require "agg.sys"
@@ -41,16 +42,7 @@ local function split_path(path)
   return p, q
 end
 
-local function decode_query(q)
-  local t = {}
-  for pair in (q or ""):gmatch("[^&]+") do
-    local k, v = pair:match("^([^=]*)=?(.*)$")
-    local function dec(s) return (s:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)) end
-    k, v = dec(k), dec(v)
-    if t[k] == nil then t[k] = v elseif type(t[k]) == "table" then table.insert(t[k], v) else t[k] = { t[k], v } end
-  end
-  return t
-end
+local decode_query = url.parse_query
 
 -- Matches a path against a stub pattern: literal segments, {name} segments, a trailing "*".
 local function match_pattern(pattern, path)
@@ -242,8 +234,10 @@ function Gateway:install()
     gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg
     if level == "error" then M.script_errors[#M.script_errors + 1] = msg end
   end
-  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, _, _, _, endpoint)
-    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, endpoint or 1)
+  -- the transport's side of agg.contract, as the C worker keeps it: a group's endpoint from the
+  -- attempt (1-based; nil: the first)
+  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, attempt)
+    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, attempt.endpoint or 1)
   end
   -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
   function core.trace_id(rid) return ("%032x"):format(rid) end
@@ -254,7 +248,10 @@ function Gateway:install()
       if c.event then c.event.dead = true end
     end
   end
-  function core.respond(rid, status, headers, body, is_json, default_type, timing)
+  function core.respond(rid, response)
+    local o = response
+    local status, headers, body, is_json, default_type, timing =
+      o.status, o.headers, o.body, o.json, o.default_type, o.server_timing
     local r = gw.responses[rid]
     if not r or r.status then return false end
     if is_json then
@@ -412,7 +409,11 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   local function finish(at, outcome, status, rheaders, rbody, data, detail)
     c.event = schedule(self, at, function()
       c.ended_ms, c.outcome, c.http_status = self.clock, outcome, status
-      rt.on_call(id, outcome, status or 0, rheaders, rbody, data, self.clock - c.started_ms, detail)
+      -- as the C transport: a validated JSON body alone (its ref carries headers and text), else
+      -- the rest of the answer in a table
+      local more = nil
+      if rheaders ~= true then more = { headers = rheaders, body = rbody, detail = detail } end
+      rt.on_call(id, outcome, status or 0, data, self.clock - c.started_ms, more)
     end)
   end
   -- what the upstream client would refuse to send (a '#' or a raw byte in the path, a control
@@ -481,17 +482,19 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
     finish(at, "too_large", nil, nil, nil, nil, "body over max_body_bytes") return id
   end
   if rheaders["content-type"] == nil and (ans.json ~= nil or fault) then rheaders["content-type"] = "application/json" end
-  -- as the C transport does: a valid JSON body travels only as its raw ref
-  local data
-  if decode and status >= 200 and status < 300 and #rbody > 0 then
-    local ref, err = json.parse(rbody)
-    data = ref or err
-    if ref then rbody = nil end
-  end
   local hstr = {}
   for k, v in pairs(rheaders) do hstr[#hstr + 1] = k .. "\0" .. v .. "\0" end
   table.sort(hstr)
-  finish(at, "ok", status, table.concat(hstr), rbody, data, nil)
+  hstr = table.concat(hstr)
+  -- as the C transport does: a valid JSON body travels only as its raw ref, which carries the
+  -- headers too (json.raw_extra)
+  local data
+  if decode and status >= 200 and status < 300 and #rbody > 0 then
+    local ref, err = json.parse(rbody, hstr)
+    data = ref or err
+    if ref then rbody, hstr = nil, true end
+  end
+  finish(at, "ok", status, hstr, rbody, data, nil)
   return id
 end
 
@@ -629,7 +632,8 @@ function Gateway:send(method, path, opts)
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
-  timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body, user, token)
+  timed(self, rt.start, rid, idx, method, p, params,
+        { query = q ~= "" and q or nil, headers = headers, body = body, user = user, token = token })
   return r
 end
 

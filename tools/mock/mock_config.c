@@ -107,14 +107,14 @@ int mock_route_parse(json_t *spec, mock_route *r, char *err, size_t errlen)
         snprintf(err, errlen, "method: must be an upper-case HTTP method or \"*\"");
         return -1;
     }
-    r->method = mock_xstrdup(method);
+    r->method = agw_strdup(method);
     char perr[200];
     if (mock_pattern_compile(&r->pattern, path, perr, sizeof perr) < 0) {
         snprintf(err, errlen, "path: %s", perr);
         return -1;
     }
     size_t klen = strlen(method) + strlen(path) + 2;
-    r->key = mock_xmalloc(klen);
+    r->key = agw_malloc(klen);
     snprintf(r->key, klen, "%s %s", method, path);
 
     size_t i = 0;
@@ -175,7 +175,7 @@ int mock_route_parse(json_t *spec, mock_route *r, char *err, size_t errlen)
             snprintf(err, errlen, "each: a query parameter name, with a json body to repeat per value");
             return -1;
         }
-        r->each = mock_xstrdup(each);
+        r->each = agw_strdup(each);
     }
     json_t *missing = json_object_get(spec, "each_missing");
     if (missing) {
@@ -219,7 +219,7 @@ int mock_routes_parse(json_t *arr, mock_route **out, size_t *n, char *err, size_
         return -1;
     }
     size_t count = json_array_size(arr);
-    mock_route *routes = mock_xmalloc((count ? count : 1) * sizeof *routes);
+    mock_route *routes = agw_malloc((count ? count : 1) * sizeof *routes);
     for (size_t i = 0; i < count; i++) {
         char rerr[400];
         if (mock_route_parse(json_array_get(arr, i), &routes[i], rerr, sizeof rerr) < 0) {
@@ -242,9 +242,9 @@ void mock_routes_free(mock_route *routes, size_t n)
 
 static mock_service *add_service(mock_server *srv, const char *name, int port)
 {
-    mock_service *svc = mock_xmalloc(sizeof *svc);
+    mock_service *svc = agw_malloc(sizeof *svc);
     memset(svc, 0, sizeof *svc);
-    svc->name = mock_xstrdup(name);
+    svc->name = agw_strdup(name);
     svc->port = port;
     svc->srv = srv;
     svc->lfd = -1;
@@ -299,7 +299,7 @@ static int load_service(mock_server *srv, const char *name, json_t *spec, char *
     mock_service *svc = add_service(srv, name, (int)port);
     svc->refused = json_is_true(refuse);
     mock_service_set_routes(svc, routes, n);
-    srv->services = mock_xrealloc(srv->services, (srv->nservices + 1) * sizeof *srv->services);
+    srv->services = agw_realloc(srv->services, (srv->nservices + 1) * sizeof *srv->services);
     srv->services[srv->nservices++] = *svc; /* the array owns the service from here */
     free(svc);
     return 0;
@@ -344,7 +344,7 @@ int mock_config_load(mock_server *srv, const char *path, char *err, size_t errle
         goto out;
     }
     srv->record_requests = !record || json_is_true(record);
-    srv->host = mock_xstrdup(host);
+    srv->host = agw_strdup(host);
     srv->admin = add_service(srv, "admin", (int)admin);
     srv->admin->is_admin = true;
     const char *name;

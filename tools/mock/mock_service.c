@@ -23,8 +23,8 @@ static size_t hit_slot(mock_service *svc, const char *key)
     for (size_t i = 0; i < svc->nhits; i++)
         if (strcmp(svc->hits[i].key, key) == 0)
             return i;
-    svc->hits = mock_xrealloc(svc->hits, (svc->nhits + 1) * sizeof *svc->hits);
-    svc->hits[svc->nhits].key = mock_xstrdup(key);
+    svc->hits = agw_realloc(svc->hits, (svc->nhits + 1) * sizeof *svc->hits);
+    svc->hits[svc->nhits].key = agw_strdup(key);
     svc->hits[svc->nhits].n = 0;
     return svc->nhits++;
 }
@@ -51,9 +51,7 @@ static void forget_received(mock_service *svc)
 void mock_service_record(mock_service *svc, const mock_request *req)
 {
     if (!svc->received)
-        svc->received = calloc(MOCK_RECEIVED_MAX, sizeof *svc->received);
-    if (!svc->received)
-        abort(); /* as mock_buf: out of memory is fatal */
+        svc->received = agw_calloc(MOCK_RECEIVED_MAX, sizeof *svc->received);
     json_t *headers = json_object();
     const char *p = req->headers, *end = req->headers + req->headers_len;
     while (p && p < end) {
@@ -71,10 +69,10 @@ void mock_service_record(mock_service *svc, const mock_request *req)
         json_t *prev = json_object_get(headers, name);
         json_t *v;
         if (prev) {
-            mock_buf joined = {0};
-            mock_buf_printf(&joined, "%s, %.*s", json_string_value(prev), (int)(nl - nul - 1), nul + 1);
-            v = json_stringn(joined.data, joined.len);
-            mock_buf_free(&joined);
+            agw_buf_t joined = AGW_BUF_INIT;
+            agw_buf_printf(&joined, "%s, %.*s", json_string_value(prev), (int)(nl - nul - 1), nul + 1);
+            v = json_stringn(joined.base, joined.len);
+            agw_buf_free(&joined);
         } else {
             v = json_stringn(nul + 1, (size_t)(nl - nul - 1));
         }
