@@ -1,4 +1,4 @@
-# Install layout, packaging and the deploy/ files (README "Deploying").
+# Install layout, packaging and the deploy/ files (docs/operations.md "Deploying").
 #
 #   cmake --install build [--prefix P]  (or DESTDIR=stage cmake --install build) lays out:
 #     P/bin/aggway                            the binary
@@ -29,6 +29,8 @@ install(FILES ${CMAKE_SOURCE_DIR}/deploy/grafana/aggway-dashboard.json
   DESTINATION ${CMAKE_INSTALL_DATADIR}/aggway/monitoring)
 install(FILES ${CMAKE_SOURCE_DIR}/deploy/aggway.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(FILES ${CMAKE_SOURCE_DIR}/docs/guide.md ${CMAKE_SOURCE_DIR}/docs/api.md ${CMAKE_SOURCE_DIR}/docs/operations.md
+              ${CMAKE_SOURCE_DIR}/docs/performance.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
 # etc/, the unit and logrotate: paths decided at install time (--prefix, CPack), see InstallEtc.cmake
 install(CODE "set(AGW_SOURCE_DIR \"${CMAKE_SOURCE_DIR}\")
   set(AGW_BINARY_DIR \"${CMAKE_BINARY_DIR}\")

@@ -1,10 +1,11 @@
 /* main.c: the aggway command line.
  *
  *   aggway serve [-c DIR]            serve the scripts folder DIR (default: scripts)
- *   aggway check [-c DIR]            load and check DIR like serve would, then exit: 0 when it is
- *                                    valid, 1 with "file:line: message" lines on stderr when not
- *   aggway test  [-c DIR] [ARGS…]    run busted specs inside the aggway runtime; ARGS are busted's
- *                                    own (paths, --filter, -o TAP, …), default: spec
+ *   aggway check [-c DIR]            load and check DIR like serve would, and run each endpoint
+ *                                    once against generated stubs, then exit: 0 when it is valid,
+ *                                    1 with "file:line: message" lines on stderr when not
+ *   aggway test  [-c DIR] [ARGS…]    run busted specs inside the aggway runtime; ARGS are --watch,
+ *                                    --help or busted's own (paths, --filter, -o TAP, …), default: spec
  *   aggway version                   the version and where the Lua runtime is read from
  *   aggway help | --help | -h        every command, option, signal and environment variable
  */
@@ -33,9 +34,11 @@ static const char help_text[] =
     "commands:\n"
     "  serve [-c DIR]          serve the scripts folder DIR until SIGTERM/SIGINT\n"
     "  check [-c DIR]          load and check DIR's gateway.lua and every script as serve would\n"
-    "                          (like nginx -t): exit 0 when valid, 1 with file:line messages\n"
-    "  test [-c DIR] [ARGS...] run busted specs inside the aggway runtime; ARGS are busted's own\n"
-    "                          (spec paths, --filter=PATTERN, -o TAP, ...), default: spec\n"
+    "                          (like nginx -t), call specs included (each endpoint runs once\n"
+    "                          against generated stubs): exit 0 when valid, 1 with file:line messages\n"
+    "  test [-c DIR] [ARGS...] run busted specs inside the aggway runtime; ARGS: --watch (rerun on\n"
+    "                          changes), --help (the harness's options) or busted's own (spec paths,\n"
+    "                          --filter=PATTERN, -o TAP, ...), default: spec\n"
     "  version                 print the version and where the Lua runtime is read from\n"
     "  help                    print this text (also --help, -h)\n"
     "\n"
@@ -57,7 +60,7 @@ static const char help_text[] =
     "                          RELOADING=1/READY=1 around reloads, STOPPING=1 on SIGTERM\n"
     "\n"
     "the admin listener (gateway.lua admin = { port = 9090 }): /healthz /readyz /metrics /routes\n"
-    "/reload /waterfall; see the README or man aggway.\n";
+    "/reload /waterfall; see docs/operations.md or man aggway.\n";
 
 static int usage(void)
 {
@@ -73,6 +76,35 @@ static int cmd_version(void)
     return dir ? 0 : 1;
 }
 
+/* Runs every endpoint of dir once on the spec harness against generated stubs (lua/agg/dryrun.lua)
+ * and prints the call spec mistakes it finds, "file:line: message" each. Returns their number, or
+ * 1 when the runtime cannot be started (said on stderr). */
+static int dry_run(const char *dir)
+{
+    lua_State *L = agw_vm_new(dir);
+    if (L == NULL)
+        return 1;
+    lua_pushstring(L, dir);
+    lua_setglobal(L, "AGGWAY_SCRIPTS");
+    int found = 0;
+    if (luaL_dostring(L, "return require 'agg.dryrun'.run(AGGWAY_SCRIPTS)") != 0) {
+        const char *msg = lua_tostring(L, -1);
+        fprintf(stderr, "aggway: the dry run of %s failed: %s\n", dir, msg ? msg : "(no message)");
+        found = 1;
+    } else if (lua_istable(L, -1)) {
+        size_t n = lua_objlen(L, -1);
+        for (size_t i = 1; i <= n; i++) {
+            lua_rawgeti(L, -1, (int)i);
+            const char *msg = lua_tostring(L, -1);
+            fprintf(stderr, "%s\n", msg ? msg : "?");
+            lua_pop(L, 1);
+        }
+        found = (int)n;
+    }
+    lua_close(L);
+    return found;
+}
+
 static int cmd_check(const char *dir, int quiet)
 {
     agw_config_t conf;
@@ -80,6 +112,12 @@ static int cmd_check(const char *dir, int quiet)
     if (agw_config_load(dir, &conf, &errors) != 0) {
         fprintf(stderr, "%s", errors.base ? errors.base : "configuration failed to load\n");
         fprintf(stderr, "aggway: %s is not valid (see the errors above)\n", dir);
+        agw_buf_free(&errors);
+        return 1;
+    }
+    if (dry_run(dir) != 0) {
+        fprintf(stderr, "aggway: %s is not valid (see the errors above)\n", dir);
+        agw_config_free(&conf);
         agw_buf_free(&errors);
         return 1;
     }
@@ -96,7 +134,7 @@ static int cmd_serve(const char *dir)
     return agw_server_run(dir);
 }
 
-/* Runs busted inside a runtime VM (DESIGN §3 "Specs"); the scripts folder is in package.path and
+/* Runs the specs (lua/agg/test_cli.lua: busted) inside a runtime VM (DESIGN §3 "Specs"); the scripts folder is in package.path and
  * available to the specs as AGGWAY_SCRIPTS. */
 static int cmd_test(const char *dir, int argc, char **argv)
 {
@@ -118,9 +156,12 @@ static int cmd_test(const char *dir, int argc, char **argv)
         lua_rawseti(L, -2, ++n);
     }
     lua_setglobal(L, "arg");
-    int rc = luaL_dostring(L, "require 'busted.runner'({ standalone = false })");
+    /* agg.test_cli: --help, --watch, then busted with script errors beside failed assertions */
+    int rc = luaL_dostring(L, "require 'agg.test_cli'.main()");
     if (rc != 0) {
-        fprintf(stderr, "aggway test: %s\n", lua_tostring(L, -1));
+        /* busted's own exit after failed specs raises no message: nothing to add then */
+        if (lua_isstring(L, -1))
+            fprintf(stderr, "aggway test: %s\n", lua_tostring(L, -1));
         lua_close(L);
         return 1;
     }

@@ -1,4 +1,4 @@
--- Upstream groups (DESIGN §9, §9.1; README "Upstream groups"): several endpoints per upstream,
+-- Upstream groups (DESIGN §9, §9.1; docs/operations.md "Upstream groups"): several endpoints per upstream,
 -- load balancing, outlier ejection, the group's circuit breaker, the Gateway API retry budget,
 -- and required sections failing fast. Fixture: spec/fixtures/groups. Everything runs on the
 -- harness's virtual clock; "product#2" stubs the second endpoint of product only.

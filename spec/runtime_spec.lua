@@ -180,6 +180,19 @@ describe("the page contract", function()
     gw:stub("a", "/x", { fault = "hang" })
     assert.equal(504, gw:get("/all-fail").status)
   end)
+
+  it("names a failed required section by the key the page puts it under", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { fault = "refuse" })
+    local page = gw:get("/renamed")
+    assert.equal(502, page.status)
+    assert.equal("required section event is unavailable", page.json.title)
+    assert.equal("unavailable", page.json.sections.event.status)
+    gw:stub("a", "/x", { json = { n = 1, secret = "x" } })
+    page = gw:get("/renamed")
+    assert.equal(200, page.status)
+    assert.same({ status = "ok", data = { n = 1 } }, page.json.event)
+  end)
 end)
 
 describe("JSON fidelity through a page", function()
@@ -250,6 +263,25 @@ describe("script errors", function()
     local logs = table.concat(gw:logs(), "\n")
     assert.matches("unknown option 'retries'", logs, 1, true)
     assert.matches("option 'forward_auth' is not supported", logs, 1, true)
+  end)
+
+  it("name the line where a faulty call spec was written, not only the fetch_all's line", function()
+    local typo, call
+    local n = 0
+    for l in io.lines(DIR .. "/errors.lua") do
+      n = n + 1
+      if l:find("HELPER-TYPO", 1, true) then typo = n end
+      if l:find("HELPER-CALL", 1, true) then call = n end
+    end
+    assert.equal(500, gw:get("/err/helper-spec").status)
+    assert.matches(("errors.lua:%d: call to 'a': unknown option 'requird' (did you mean 'required'?) (called at line %d)"):format(typo, call),
+      table.concat(gw:logs(), "\n"), 1, true)
+  end)
+
+  it("name a fetch_then key missing from the table with a did-you-mean", function()
+    assert.equal(500, gw:get("/err/then-typo").status)
+    assert.matches("fetch_then for 'b' depends on 'aa', which is not a call in this fetch_all (did you mean 'a'?)",
+      table.concat(gw:logs(), "\n"), 1, true)
   end)
 
   it("give a clean error when an agg call is made where LuaJIT cannot yield", function()

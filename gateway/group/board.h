@@ -1,6 +1,6 @@
 /* board.h: the endpoints of every upstream as the workers' balancers see them (lua/agg/group.lua:
  * load balancing, outlier ejection, sessions), for the admin page /upstreams and the per-endpoint
- * metrics (README "Upstream groups").
+ * metrics (docs/operations.md "Upstream groups").
  *
  * Each worker's VM keeps its own endpoint state (ejection is per worker, as the breaker's is per
  * instance in DESIGN §9) and publishes it here about once a second (runtime.report_stats ->

@@ -182,7 +182,7 @@ agw_route_pattern_t *agw_route_pattern_compile(const char *src, size_t len, char
             i += 2;
         } else if (strchr("+*?{}()|^$]", c) != NULL) {
             char what[96];
-            snprintf(what, sizeof(what), "'%c' at position %zu is not supported here (see README, route patterns)", c,
+            snprintf(what, sizeof(what), "'%c' at position %zu is not supported here (see docs/guide.md, route patterns)", c,
                      i + 1);
             return fail(p, err, errlen, src, len, what);
         } else if (c < 0x21 || c >= 0x7f) {

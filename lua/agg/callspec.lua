@@ -1,7 +1,11 @@
 -- agg.callspec: turns the call spec a script writes ({ "reviews", "/reviews", timeout_ms = 100 })
 -- into the normalized form the scheduler sends, checking every option (DESIGN §2.1).
--- Mistakes are programming errors: they raise error() at the script's line.
+-- Mistakes are programming errors: they raise error() at the script's line, the line where the
+-- spec's faulty part was written when the source shows it (agg.where).
 local json = require "agg.json"
+local config = require "agg.config"
+local where = require "agg.where"
+local result = require "agg.result"
 local merge = require "agg.merge"
 local cache = require "agg.cache"
 
@@ -15,6 +19,9 @@ local OPTIONS = {
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
 local NOT_YET = { forward_auth = true }
+M.OPTIONS, M.NOT_YET = OPTIONS, NOT_YET   -- (agg.lint checks the specs it sees in the source)
+M.FORWARD_AUTH_TEXT = "option 'forward_auth' is not supported; the user's token goes to an upstream " ..
+  "whose gateway.lua entry says identity = \"forward\" or \"exchange\""
 local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
 -- request headers that carry a user's credentials: a call with one is never shared (single-flight)
 local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
@@ -36,7 +43,7 @@ local escape = require("agg.url").escape
 function M.encode_query(q, level)
   local keys = {}
   for k in pairs(q) do
-    if type(k) ~= "string" then error("call option 'query': keys must be strings", level) end
+    if type(k) ~= "string" then where.raise("call option 'query': keys must be strings", level, where.option("query")) end
     keys[#keys + 1] = k
   end
   table.sort(keys)
@@ -47,7 +54,7 @@ function M.encode_query(q, level)
     for _, item in ipairs(list) do
       local t = type(item)
       if t ~= "string" and t ~= "number" and t ~= "boolean" then
-        error("call option 'query': value of '" .. k .. "' must be a string, number, boolean or list of them", level)
+        where.raise("call option 'query': value of '" .. k .. "' must be a string, number, boolean or list of them", level, where.option("query"))
       end
       out[#out + 1] = escape(k) .. "=" .. escape(item)
     end
@@ -60,7 +67,10 @@ end
 -- name, value, …) or false, body or false, timeout_ms, decode, required, fallback, retry,
 -- hedge_after, collapse, … } plus the scheduler's per-call fields, all false until it starts
 -- the call.
-function M.normalize(spec, upstreams, level)
+-- req_headers (optional): the client request's headers (name -> value, or "name\0value\0…" as the
+-- transport gives them); the upstream's forward_headers (gateway.lua) are copied from them into
+-- the call, unless the spec sets that header itself.
+function M.normalize(spec, upstreams, level, req_headers)
   level = level + 1
   if type(spec) ~= "table" then
     error("a call spec must be a table like { \"upstream\", \"/path\" }, got " .. type(spec), level)
@@ -74,25 +84,27 @@ function M.normalize(spec, upstreams, level)
     local names = {}
     for n, u in pairs(upstreams) do if not u.internal then names[#names + 1] = n end end
     table.sort(names)
-    error(("unknown upstream '%s' (gateway.lua declares: %s)"):format(name, table.concat(names, ", ")), level)
+    local declared = {}
+    for _, n in ipairs(names) do declared[n] = true end
+    where.raise(("unknown upstream '%s'%s (gateway.lua declares: %s)"):format(name, config.suggest(name, declared),
+      table.concat(names, ", ")), level, where.quoted(name))
   end
   if type(path) ~= "string" or path:byte(1) ~= 47 then
-    error(("call to '%s': the path must be a string starting with '/'"):format(name), level)
+    where.raise(("call to '%s': the path must be a string starting with '/'"):format(name), level, where.quoted(name))
   end
   for k, v in pairs(spec) do
     if k ~= 1 and k ~= 2 then
       local want = OPTIONS[k]
       if want == nil then
         if k == "forward_auth" then
-          error(("call to '%s': option 'forward_auth' is not supported; the user's token goes to an upstream " ..
-                 "whose gateway.lua entry says identity = \"forward\" or \"exchange\""):format(name), level)
+          where.raise(("call to '%s': " .. M.FORWARD_AUTH_TEXT):format(name), level, where.option(k))
         elseif NOT_YET[k] then
-          error(("call to '%s': option '%s' is not supported by this version of aggway"):format(name, k), level)
+          where.raise(("call to '%s': option '%s' is not supported by this version of aggway"):format(name, k), level, where.option(k))
         end
-        error(("call to '%s': unknown option '%s'"):format(name, tostring(k)), level)
+        where.raise(("call to '%s': unknown option '%s'%s"):format(name, tostring(k), config.suggest(k, OPTIONS)), level, where.option(k))
       end
       if want ~= true and type(v) ~= want then
-        error(("call to '%s': option '%s' must be a %s, got %s"):format(name, k, want, type(v)), level)
+        where.raise(("call to '%s': option '%s' must be a %s, got %s"):format(name, k, want, type(v)), level, where.option(k))
       end
     end
   end
@@ -124,10 +136,10 @@ function M.normalize(spec, upstreams, level)
     n.hash_key = spec.hash_key
   end
   if not METHODS[n.method] then
-    error(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level)
+    where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level, where.option("method"))
   end
   if n.timeout_ms <= 0 or n.timeout_ms ~= n.timeout_ms then
-    error(("call to '%s': timeout_ms must be a positive number of milliseconds"):format(name), level)
+    where.raise(("call to '%s': timeout_ms must be a positive number of milliseconds"):format(name), level, where.option("timeout_ms"))
   end
   if spec.query then
     local q = M.encode_query(spec.query, level)
@@ -138,16 +150,34 @@ function M.normalize(spec, upstreams, level)
     headers = {}
     for k, v in pairs(spec.headers) do
       if type(k) ~= "string" or (type(v) ~= "string" and type(v) ~= "number") then
-        error(("call to '%s': headers must map names to string values"):format(name), level)
+        where.raise(("call to '%s': headers must map names to string values"):format(name), level, where.option("headers"))
       end
       headers[#headers + 1] = k:lower()
       headers[#headers + 1] = tostring(v)
     end
   end
+  local fwd = up.forward_headers
+  if fwd and req_headers then
+    local h = type(req_headers) == "string" and result.parse_headers(req_headers) or req_headers
+    for _, hname in ipairs(fwd) do
+      local v = h[hname]
+      if v ~= nil then
+        local set = false
+        if headers then
+          for i = 1, #headers, 2 do if headers[i] == hname then set = true end end
+        end
+        if not set then
+          headers = headers or {}
+          headers[#headers + 1] = hname
+          headers[#headers + 1] = tostring(v)
+        end
+      end
+    end
+  end
   if spec.json ~= nil then
-    if spec.body then error(("call to '%s': give either json or body, not both"):format(name), level) end
+    if spec.body then where.raise(("call to '%s': give either json or body, not both"):format(name), level, where.option("body")) end
     local s, err = json.encode(spec.json)
-    if not s then error(("call to '%s': option 'json' cannot be encoded: %s"):format(name, err), level) end
+    if not s then where.raise(("call to '%s': option 'json' cannot be encoded: %s"):format(name, err), level, where.option("json")) end
     n.body = s
     headers = headers or {}
     local has_ct = false
@@ -164,18 +194,18 @@ function M.normalize(spec, upstreams, level)
   -- says it is safe (retry = { attempts = n, safe = true })
   local r = spec.retry
   if r ~= nil and r ~= false and type(r) ~= "table" then
-    error(("call to '%s': option 'retry' must be false or a table like { attempts = 2 }"):format(name), level)
+    where.raise(("call to '%s': option 'retry' must be false or a table like { attempts = 2 }"):format(name), level, where.option("retry"))
   end
   local policy = up.retry or {}
   local attempts = policy.off and 1 or (policy.attempts or 1)
   if type(r) == "table" then
     for k in pairs(r) do
       if k ~= "attempts" and k ~= "on" and k ~= "backoff_ms" and k ~= "safe" then
-        error(("call to '%s': retry option '%s' is unknown (attempts, on, backoff_ms, safe)"):format(name, tostring(k)), level)
+        where.raise(("call to '%s': retry option '%s' is unknown (attempts, on, backoff_ms, safe)"):format(name, tostring(k)), level, where.option(k))
       end
     end
     if r.attempts ~= nil and (type(r.attempts) ~= "number" or r.attempts < 1 or r.attempts % 1 ~= 0) then
-      error(("call to '%s': retry.attempts must be a whole number >= 1"):format(name), level)
+      where.raise(("call to '%s': retry.attempts must be a whole number >= 1"):format(name), level, where.option("attempts"))
     end
     attempts = r.attempts or (attempts > 1 and attempts or 2)
   elseif r == false then
@@ -191,12 +221,12 @@ function M.normalize(spec, upstreams, level)
   -- hedging: opt-in per call, idempotent methods only
   local h = spec.hedge
   if h ~= nil and type(h) ~= "boolean" and type(h) ~= "table" then
-    error(("call to '%s': option 'hedge' must be true, false or { after_ms = n }"):format(name), level)
+    where.raise(("call to '%s': option 'hedge' must be true, false or { after_ms = n }"):format(name), level, where.option("hedge"))
   end
   if h and IDEMPOTENT[n.method] then
     local after = type(h) == "table" and h.after_ms or (up.hedge and up.hedge.after) or "p95"
     if after ~= "p95" and (type(after) ~= "number" or after <= 0) then
-      error(("call to '%s': hedge.after_ms must be a positive number of milliseconds"):format(name), level)
+      where.raise(("call to '%s': hedge.after_ms must be a positive number of milliseconds"):format(name), level, where.option("after_ms"))
     end
     n.hedge_after = after
   end

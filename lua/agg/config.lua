@@ -41,18 +41,51 @@ local function find_line(lines, name, from)
   return nil
 end
 
-local function suggest(key, known)
+-- Edit distance between a and b (insertions, deletions, substitutions), stopping at limit + 1.
+local function distance(a, b, limit)
+  if math.abs(#a - #b) > limit then return limit + 1 end
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur, best = { [0] = i }, i
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      if cur[j] < best then best = cur[j] end
+    end
+    if best > limit then return limit + 1 end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+--- " (did you mean 'k'?)" for the key of `known` (a set: name -> anything) closest to `key`, or
+-- "" when none is close: two edits at most, or a shared prefix of three letters or more.
+-- agg.lint and agg.callspec use it too, so every misspelling gets the same help.
+function M.suggest(key, known)
+  key = tostring(key)
   local best, bestd
   for k in pairs(known) do
-    -- cheap similarity: shared prefix length and length difference
-    local n = 0
-    while n < #k and n < #key and k:byte(n + 1) == key:byte(n + 1) do n = n + 1 end
-    local d = math.max(#k, #key) - n
-    if n >= 3 and (not bestd or d < bestd) then best, bestd = k, d end
+    if type(k) == "string" then
+      local d = distance(key, k, 2)
+      if d <= 2 and (not bestd or d < bestd or (d == bestd and k < best)) then best, bestd = k, d end
+    end
+  end
+  if not best then
+    for k in pairs(known) do
+      if type(k) == "string" then
+        -- shared prefix length and length difference
+        local n = 0
+        while n < #k and n < #key and k:byte(n + 1) == key:byte(n + 1) do n = n + 1 end
+        local d = 100 + math.max(#k, #key) - n
+        if n >= 3 and (not bestd or d < bestd or (d == bestd and k < best)) then best, bestd = k, d end
+      end
+    end
   end
   best = best or edge.closest(key, known) -- a typo inside the word ("isuer")
   return best and (" (did you mean '" .. best .. "'?)") or ""
 end
+local suggest = M.suggest
 
 -- Splits "http://host:port/path" (upstream URLs, the OTLP collector). Returns host, port, path
 -- (without trailing '/'), "host:port" as written; or nil and what is wrong with it.
@@ -75,6 +108,37 @@ local function parse_http_url(url, allow_https)
   path = path:gsub("/+$", "")
   if path:find("[?#]") then return nil, "'" .. url .. "' must not contain a query or fragment" end
   return host, port, path, hostport, scheme
+end
+
+-- Headers a gateway must never copy from the client to an upstream: they frame or route this hop
+-- only (RFC 9110 §7.6.1 connection options, §7.2 Host, §8.6 Content-Length; RFC 9112 §6.1).
+local HOP_BY_HOP = { connection = true, ["keep-alive"] = true, ["proxy-connection"] = true, te = true,
+                     trailer = true, ["transfer-encoding"] = true, upgrade = true, host = true,
+                     ["content-length"] = true, expect = true }
+
+-- upstreams.X.forward_headers = { "accept-language", … }: the client request headers every call to
+-- the upstream carries (a call's own headers win). Returns the list lowercased, or nil after err().
+local function check_forward_headers(v, where, line, err)
+  if type(v) ~= "table" or (next(v) ~= nil and #v == 0) then
+    err(line, where, "must be a list of header names, like { \"accept-language\", \"authorization\" }")
+    return nil
+  end
+  local out, seen = {}, {}
+  for i, name in pairs(v) do
+    if type(i) ~= "number" or type(name) ~= "string" or not name:find("^[!#$%%&'*+%-.^_`|~%w]+$") then
+      err(line, where, ("item %s must be a header name (letters, digits and !#$%%&'*+-.^_`|~), got %s"):format(
+        tostring(i), type(name) == "string" and ("'" .. name .. "'") or type(name)))
+    else
+      local lname = name:lower()
+      if HOP_BY_HOP[lname] then
+        err(line, where, ("'%s' belongs to this connection only and is never forwarded; remove it"):format(name))
+      elseif not seen[lname] then
+        seen[lname] = true
+        out[#out + 1] = lname
+      end
+    end
+  end
+  return out
 end
 
 --- Checks the table `cfg` that gateway.lua returned. src is the file's text (for line numbers),
@@ -527,6 +591,8 @@ function M.check(cfg, src, file)
         elseif k == "url" or k == "tls" or k == "identity" or k == "audience" or k == "endpoints" or k == "balance" or
                k == "hash_key" or k == "session" then
           -- checked below
+        elseif k == "forward_headers" then
+          e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err)
         elseif k == "max_rps" then
           -- calls a second across the process's workers (gateway/upstream/pool.h, agw_pool_set_limits)
           if posint(v, where .. ".max_rps", kline, 1e9) then e.max_rps = v end
@@ -545,11 +611,11 @@ function M.check(cfg, src, file)
         else
           local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
                           audience = true, cache = true, endpoints = true, balance = true, hash_key = true,
-                          outlier = true, session = true, max_rps = true }
+                          outlier = true, session = true, max_rps = true, forward_headers = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, session")
+              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, session, forward_headers")
         end
       end
       -- a block's fields (and its sub-blocks, like retry.budget) checked into a table of values

@@ -2,7 +2,7 @@
 -- retries, a hedge) that end in one result. Each attempt passes the upstream's circuit breaker,
 -- and identical GET calls in flight at the same moment share one transport call (single-flight).
 -- Per worker, per upstream: the retry budget, the hedge budget and the latency sample for "p95"
--- (README "Resilience"). The result goes to whoever started the call (agg.fanout, through the
+-- (docs/operations.md "Resilience"). The result goes to whoever started the call (agg.fanout, through the
 -- deliver function it registers).
 local problem = require "agg.problem"
 local result = require "agg.result"

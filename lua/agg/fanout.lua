@@ -5,6 +5,8 @@
 local json = require "agg.json"
 local problem = require "agg.problem"
 local callspec = require "agg.callspec"
+local config = require "agg.config"
+local where = require "agg.where"
 local result = require "agg.result"
 local exchange = require "agg.exchange"
 
@@ -211,22 +213,23 @@ local function start_group(ctx, tbl, level, parent)
         local deps = type(info.dep) == "string" and { info.dep } or info.dep
         for _, d in ipairs(deps) do
           if tbl[d] == nil then
-            error(("fetch_then for '%s' depends on '%s', which is not a call in this fetch_all"):format(tostring(key), tostring(d)), level)
+            where.raise(("fetch_then for '%s' depends on '%s', which is not a call in this fetch_all%s"):format(
+              tostring(key), tostring(d), config.suggest(d, tbl)), level, where.quoted(d))
           end
-          if d == key then error(("fetch_then for '%s' depends on itself"):format(tostring(key)), level) end
+          if d == key then where.raise(("fetch_then for '%s' depends on itself"):format(tostring(key)), level, where.quoted(d)) end
         end
         if g.thens == NO_THENS then g.thens = {} end
         g.thens[#g.thens + 1] = { key = key, deps = deps, info = info, started = false }
       else
         -- a chain with a call spec of its own as its dependency
         n = n + 1
-        local spec = callspec.normalize(info.dep, upstreams, level)
+        local spec = callspec.normalize(info.dep, upstreams, level, ctx.req_headers)
         spec.chain = info
         keys[n], keys[nk + n] = key, spec
       end
     else
       n = n + 1
-      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level)
+      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level, ctx.req_headers)
     end
     g.pending = g.pending + 1
   end
@@ -342,7 +345,7 @@ function M.settle_value(g, key, v, opts)
   end
   local ok, err = pcall(function()
     if callspec.is_spec(v) then
-      local spec = callspec.normalize(v, upstreams, 2)
+      local spec = callspec.normalize(v, upstreams, 2, ctx.req_headers)
       if opts.required then spec.required = true end
       if opts.fallback ~= nil and spec.fallback == nil then
         spec.fallback = opts.fallback

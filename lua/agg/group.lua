@@ -1,4 +1,4 @@
--- agg.group: an upstream's endpoints as one worker sees them (DESIGN §9, §9.1; README "Upstream
+-- agg.group: an upstream's endpoints as one worker sees them (DESIGN §9, §9.1; docs/operations.md "Upstream
 -- groups"). It chooses the endpoint of each attempt (power of two choices on calls in flight, round
 -- robin, or consistent hashing with bounded load), ejects an endpoint that fails (outlier
 -- ejection) for a time that grows with repeats, and tells the circuit breaker whether a failure is

@@ -37,6 +37,9 @@
 -- Result:    { ok, status ("ok" | "fallback" | "unavailable"), data, body, http_status, headers,
 --              error (RFC 9457 problem), ms }
 --
+-- Shaping (agg/shape.lua): agg.pick(t, keys), agg.omit(t, keys), agg.rename(t, { old = "new" }),
+-- agg.map(list, fn), agg.limit(list, n), agg.shape(result, fn) (reshape a section, keep its status).
+--
 -- JSON values: agg.null (JSON null), agg.array([t]) (a table that encodes as an array even when
 -- empty), agg.int64("9007199254740993") (an integer beyond 2^53), agg.json.encode / decode.
 local json = require "agg.json"
@@ -45,6 +48,7 @@ local url = require "agg.url"
 local page = require "agg.page"
 local problem = require "agg.problem"
 local readonly = require "agg.readonly"
+local shape = require "agg.shape"
 
 local agg = {
   null = json.null,
@@ -56,6 +60,9 @@ local agg = {
   fetch_then = rt.fetch_then,
   fetch = rt.fetch,
   page = page.page,
+  -- response shaping (agg/shape.lua)
+  pick = shape.pick, omit = shape.omit, rename = shape.rename, map = shape.map, limit = shape.limit,
+  shape = shape.shape,
 }
 
 --- agg.escape(s) -> s percent-encoded for a URL path segment or query value (RFC 3986: every

@@ -7,6 +7,8 @@
 local config = require "agg.config"
 local edge = require "agg.edge_config"
 local sys = require "agg.sys"
+local lint = require "agg.lint"
+local where = require "agg.where"
 local sandbox = require "agg.sandbox"
 local router = require "agg.router"
 
@@ -196,7 +198,7 @@ local function load_folder(dir)
   local src = read(gfile)
   local cfg
   if not src then
-    errors[#errors + 1] = gfile .. ":1: cannot read the gateway configuration; create it (see README, 'gateway.lua')"
+    errors[#errors + 1] = gfile .. ":1: cannot read the gateway configuration; create it (see docs/operations.md, 'gateway.lua')"
   else
     local chunk, err = loadstring(src, "@" .. gfile)
     if not chunk then
@@ -220,7 +222,8 @@ local function load_folder(dir)
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
                       breaker = u.breaker, cache = u.cache or false, identity = u.identity, audience = u.audience,
                       internal = u.internal, endpoints = u.endpoints, balance = u.balance, hash_key = u.hash_key,
-                      outlier = u.outlier, session = u.session }
+                      outlier = u.outlier, session = u.session,
+                      forward_headers = u.forward_headers }
     end
   end
   local trusted = cfg and cfg.scripts.trusted
@@ -229,22 +232,13 @@ local function load_folder(dir)
   for _, rel in ipairs(files) do
     local file = dir .. "/" .. rel
     local fsrc = read(file) or ""
-    -- call specs run only when a request comes, but a call to an upstream gateway.lua does not
-    -- declare is worth catching now: look for { "name", "/path" … } literals in the source
+    where.remember(file, fsrc)
+    -- call specs run only when a request comes, but what the source shows of them (upstream,
+    -- options and their types, fetch_then keys) is worth checking now (agg.lint)
     if cfg then
-      local n = 0
-      for line in (fsrc .. "\n"):gmatch("([^\n]*)\n") do
-        n = n + 1
-        for name in line:gmatch('{%s*"([%w_%-]+)"%s*,%s*"/') do
-          if not ups[name] or ups[name].internal then
-            local names = {}
-            for k, u in pairs(ups) do if not u.internal then names[#names + 1] = k end end
-            table.sort(names)
-            errors[#errors + 1] = ("%s:%d: call to unknown upstream '%s' (gateway.lua declares: %s)"):format(
-              file, n, name, table.concat(names, ", "))
-          end
-        end
-      end
+      local declared = {}
+      for name, u in pairs(ups) do if not u.internal then declared[name] = true end end
+      for _, e in ipairs(lint.check(fsrc, file, declared)) do errors[#errors + 1] = e end -- (a shared list: copied)
     end
     local chunk, err = loadfile(file)
     if chunk then setfenv(interpreted(chunk), trusted and sandbox.trusted_env() or sandbox.env(scripts_path)) end

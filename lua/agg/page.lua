@@ -85,7 +85,7 @@ function M.page(results, opts)
   local body = new_tab(0, 4) -- sections encode in sorted key order: a plain table's keys are written sorted
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local max_age -- the smallest freshness left of the sections, while every one is a shared cache entry
-  local failed_required
+  local failed_required, failed_key
   for _, k in ipairs(keys) do
     local r = rt.then_result(results[k])
     local sec
@@ -98,7 +98,7 @@ function M.page(results, opts)
           if data == nil then data = json.null end
           any_data = true
         elseif rt.is_required(r) and not failed_required then
-          failed_required = r
+          failed_required, failed_key = r, k
         end
         sec = setmetatable({ status = r.status, data = data, error = r.error }, SECTION_MT)
         if r.status ~= "ok" then complete = false end
@@ -133,8 +133,9 @@ function M.page(results, opts)
     local p
     if failed_required then
       local e = failed_required.error or {}
-      local name = rt.section_name(failed_required)
-      p = problem.new("required-section-failed", "required section " .. name .. " is unavailable", status,
+      -- the key the page puts it under (a result renamed into the page, { event = res.concert },
+      -- is the page's section event: that is what `sections` lists)
+      p = problem.new("required-section-failed", "required section " .. failed_key .. " is unavailable", status,
                       e.title)
     else
       p = problem.new("no-section-available", "no section of the page could be served", status)

@@ -1,5 +1,5 @@
 -- agg.sandbox: the environment endpoint scripts and the lib/ modules they require run in
--- (README "What a script can and cannot do").
+-- (docs/guide.md "What a script can and cannot do").
 --
 -- It is built from an allow-list, never from _G minus a few names: the base functions that touch
 -- nothing outside the script, read-only views of string, table, math, coroutine, bit, the clock
@@ -56,7 +56,7 @@ local function all_but(lib, except)
 end
 
 local NO_BYTECODE = "it turns functions into bytecode, which the sandbox does not load"
-local SANDBOX = "the scripts' sandbox keeps them away from the machine (see README, 'What a script can do')"
+local SANDBOX = "the scripts' sandbox keeps them away from the machine (see docs/guide.md, 'What a script can and cannot do')"
 
 -- string without dump. Strings' methods ("x"):dump() come from the string metatable, so it reads
 -- through the same table, and its metatable is protected: getmetatable("") gives "string", never a

@@ -24,9 +24,15 @@ local url = require "agg.url"
 local problem = require "agg.problem"
 local resp_headers = require "agg.resp_headers"
 local sys = require "agg.sys"
+local config = require "agg.config"
 local limiter = require "agg.limiter"
 
 local M = {}
+
+-- Errors the scripts logged since the current test started, in every gateway of the spec:
+-- `aggway test` prints them beside a failed assertion (agg.test_cli).
+M.script_errors = {}
+function M.clear_script_errors() M.script_errors = {} end
 
 local Gateway = {}
 Gateway.__index = Gateway
@@ -55,6 +61,69 @@ local function match_pattern(pattern, path)
   return #a == #b
 end
 
+-- What the harness accepts, checked like the mock's config (tools/mock): an unknown option, a
+-- value of the wrong type or an unknown fault is an error naming it, never silently ignored
+-- (a stub's `latncy_ms = 500` would otherwise answer at 0 ms).
+local GATEWAY_OPTIONS = { dir = "string", clock = "number", redis = "table", utc_ms = "number" }
+local REQUEST_OPTIONS = { headers = "table", body = "string", json = true, user = "table", ip = "string" }
+local ANSWER_OPTIONS = { status = "number", headers = "table", json = true, body = "string", latency_ms = "number",
+                         fault = "string" }
+local FAULTS = { hang = true, drip = true, refuse = true, tls = true, reset = true, short = true, non_json = true,
+                 invalid_utf8 = true, huge = true }
+
+local function sorted_names(set)
+  local out = {}
+  for k in pairs(set) do out[#out + 1] = k end
+  table.sort(out)
+  return table.concat(out, ", ")
+end
+
+-- Raises msg at the line of the spec that called the harness (the first frame outside this file).
+local function raise(msg)
+  local l = 2
+  while true do
+    local info = debug.getinfo(l, "Sl")
+    if not info then break end
+    if not info.source:find("agg/testing%.lua$") and info.currentline > 0 then
+      error(("%s:%d: %s"):format(info.short_src, info.currentline, msg), 0)
+    end
+    l = l + 1
+  end
+  error(msg, 0)
+end
+
+-- Errors (at the spec's line) when opts has a key known does not list, or a value of the
+-- wrong type. where names the function, like "gw:stub".
+local function check_options(where, opts, known)
+  if type(opts) ~= "table" then raise(("%s: options must be a table, got %s"):format(where, type(opts))) end
+  for k, v in pairs(opts) do
+    local want = known[k]
+    if want == nil then
+      raise(("%s: unknown option '%s'%s (%s)"):format(where, tostring(k), config.suggest(k, known), sorted_names(known)))
+    end
+    if want ~= true and type(v) ~= want then
+      raise(("%s: option '%s' must be a %s, got %s"):format(where, k, want, type(v)))
+    end
+  end
+end
+
+-- Checks one stub answer.
+local function check_answer(where, ans)
+  check_options(where, ans, ANSWER_OPTIONS)
+  if ans.fault ~= nil and not FAULTS[ans.fault] then
+    raise(("%s: unknown fault '%s'%s (%s)"):format(where, ans.fault, config.suggest(ans.fault, FAULTS), sorted_names(FAULTS)))
+  end
+  if ans.latency_ms ~= nil and (ans.latency_ms < 0 or ans.latency_ms ~= ans.latency_ms) then
+    raise(("%s: latency_ms must be a number of milliseconds >= 0"):format(where))
+  end
+  if ans.status ~= nil and (ans.status < 100 or ans.status > 599 or ans.status % 1 ~= 0) then
+    raise(("%s: status must be an HTTP status code (100-599), got %s"):format(where, tostring(ans.status)))
+  end
+  if ans.json ~= nil and ans.body ~= nil then
+    raise(("%s: give either json or body, not both"):format(where))
+  end
+end
+
 --- An in-memory tier 2 for the cache (a Redis on the virtual clock) to give testing.gateway as
 -- opts.redis; gateways given the same one share it. Fields a spec may set: down (every command
 -- refused), hang (every lookup times out), corrupt (every value is garbage), latency_ms;
@@ -67,6 +136,7 @@ end
 -- else "scripts"). Errors when the folder does not load, with every "file:line: message".
 function M.gateway(opts)
   opts = opts or {}
+  check_options("testing.gateway", opts, GATEWAY_OPTIONS)
   local dir = opts.dir or AGGWAY_SCRIPTS or "scripts"
   local gen, errs = loader.load(dir)
   if not gen then error("scripts folder " .. dir .. " does not load:\n  " .. table.concat(errs, "\n  "), 2) end
@@ -160,7 +230,10 @@ function Gateway:install()
   end
   -- one breaker per upstream, the production C breaker, on the virtual clock
   core.breakers = gw.breakers
-  function core.log(level, msg) gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg end
+  function core.log(level, msg)
+    gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg
+    if level == "error" then M.script_errors[#M.script_errors + 1] = msg end
+  end
   -- the transport's side of agg.contract, as the C worker keeps it: a group's endpoint from the
   -- attempt (1-based; nil: the first)
   function core.call(rid, index, method, path, headers, body, timeout_ms, decode, attempt)
@@ -301,17 +374,23 @@ function Gateway:stub(upstream, a, b, c)
   -- "product" stubs every endpoint of the upstream, "product#2" its second endpoint only
   local name, ep = upstream:match("^(.-)#(%d+)$")
   name, ep = name or upstream, tonumber(ep)
-  local known = false
+  local known, found = {}, nil
   for _, u in ipairs(self.names) do
-    if u.name == name then
-      known = true
-      if ep and (ep < 1 or ep > #u.endpoints) then
-        error(("stub: upstream '%s' has %d endpoint(s), not #%d"):format(name, #u.endpoints, ep), 2)
-      end
-    end
+    known[u.name] = true
+    if u.name == name then found = u end
   end
-  if not known then error("stub: gateway.lua has no upstream '" .. name .. "'", 2) end
+  if not found then
+    error(("gw:stub: gateway.lua has no upstream '%s'%s (%s)"):format(name, config.suggest(name, known),
+      sorted_names(known)), 2)
+  end
+  if ep and (ep < 1 or ep > #found.endpoints) then
+    error(("gw:stub: upstream '%s' has %d endpoint(s), not #%d"):format(name, #found.endpoints, ep), 2)
+  end
   local list = (type(answers) == "table" and type(answers[1]) == "table") and answers or { answers }
+  for i, ans in ipairs(list) do
+    -- (a function's answers are checked when it gives them)
+    if type(ans) == "table" then check_answer(#list > 1 and ("gw:stub answer " .. i) or "gw:stub", ans) end
+  end
   table.insert(self.stubs, 1, { upstream = name, endpoint = ep, method = method, pattern = pattern, answers = list,
                                 served = 0 })
   return self
@@ -365,6 +444,7 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   if type(ans) == "function" then
     ans = ans(c)
     if type(ans) ~= "table" then error("stub function for " .. up.name .. " " .. path .. " must return an answer table") end
+    check_answer("gw:stub function for " .. up.name .. " " .. path, ans)
   end
   local latency = ans.latency_ms or 0
   local fault = ans.fault
@@ -510,6 +590,7 @@ end
 -- requests in flight at once.
 function Gateway:send(method, path, opts)
   opts = opts or {}
+  check_options("gw:" .. method:lower(), opts, REQUEST_OPTIONS)
   if M.current ~= self then self:install() end
   local rid = self.next_rid
   self.next_rid = rid + 1
@@ -607,6 +688,8 @@ end
 
 --- Runs something at virtual time ms (absolute), e.g. to send requests spread over time.
 function Gateway:at(ms, fn)
+  if type(ms) ~= "number" or ms ~= ms or ms < 0 then raise("gw:at: the time must be a number of virtual ms >= 0") end
+  if type(fn) ~= "function" then raise("gw:at: the second argument must be a function") end
   schedule(self, ms, fn)
 end
 
@@ -705,6 +788,7 @@ function Gateway:now() return self.clock end
 
 --- Moves the virtual clock forward by ms, running whatever falls due.
 function Gateway:advance(ms)
+  if type(ms) ~= "number" or ms ~= ms or ms < 0 then raise("gw:advance: the time must be a number of virtual ms >= 0") end
   local target = self.clock + ms
   while true do
     local ev = peek(self)

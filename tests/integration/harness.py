@@ -125,9 +125,10 @@ class Mock:
     """One aggway-mock process. services: name -> list of routes (or a dict with routes and
     refuse). Ports are allocated here; self.ports[name] gives each service's port."""
 
-    def __init__(self, workdir, services):
+    def __init__(self, workdir, services, config_extra=None):
         self.workdir = workdir
         self.services = services
+        self.config_extra = config_extra or {}
         self.proc = None
         self.ports = {}
         self.admin = None
@@ -138,7 +139,7 @@ class Mock:
         for _attempt in range(5):
             self.ports = {name: free_port() for name in self.services}
             self.admin = free_port()
-            cfg = {"admin": self.admin, "services": {}}
+            cfg = dict(self.config_extra, admin=self.admin, services={})
             for name, spec in self.services.items():
                 svc = {"port": self.ports[name]}
                 if isinstance(spec, dict):
@@ -208,6 +209,12 @@ class Mock:
 
     def reset(self):
         return self._admin("POST", "/reset")
+
+    def requests(self, service=None):
+        """The requests the mock received (method, path, headers): per service, or one service's."""
+        if service is None:
+            return self._admin("GET", "/requests")
+        return self._admin("GET", "/services/%s/requests" % service)
 
     def url(self, service):
         return "http://127.0.0.1:%d" % self.ports[service]

@@ -166,7 +166,44 @@ class CheckCommand(unittest.TestCase):
         scripts = dict(repo_scripts(), **{"typo.lua": typo})
         rc, out, err = self.check(self.folder(scripts=scripts))
         self.assertEqual(rc, 1, out + err)
-        self.assertRegex(err, r"typo\.lua:\d+: call to unknown upstream 'review' \(gateway.lua declares: inventory, product, reviews\)", err)
+        self.assertRegex(err, r"typo\.lua:\d+: call to unknown upstream 'review' \(did you mean 'reviews'\?\) \(gateway.lua declares: inventory, product, reviews\)", err)
+
+    def test_check_misspelt_call_option_inside_a_handler_names_line_and_suggests(self):
+        typo = endpoint("GET /typo", '    return agg.page(agg.fetch_all {\n'
+                        '      r = { "reviews", "/reviews/1",\n'
+                        '            requird = true, timeout_ms = "100" },\n'
+                        '      s = agg.fetch_then("rr", function(r) return nil end),\n'
+                        '    })')
+        scripts = dict(repo_scripts(), **{"typo.lua": typo})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        line = [i for i, l in enumerate(typo.splitlines(), 1) if "requird" in l][0]
+        self.assertRegex(err, r"typo\.lua:%d: call to 'reviews': unknown option 'requird' \(did you mean 'required'\?\)" % line, err)
+        self.assertRegex(err, r"typo\.lua:%d: call to 'reviews': option 'timeout_ms' must be a number, got string" % line, err)
+        self.assertRegex(err, r"typo\.lua:%d: fetch_then for 's' depends on 'rr', which is not a key of this table" % (line + 1), err)
+
+    def test_check_dry_run_finds_a_call_spec_built_at_run_time_and_names_where_it_was_written(self):
+        src = endpoint("GET /rt/{id}", '    local spec = { "reviews", "/reviews/" .. req.params.id }\n'
+                                       '    for k, v in pairs(OPTS) do spec[k] = v end\n'
+                                       '    return agg.page(agg.fetch_all { r = spec })')
+        src = src.replace('local agg = require "agg"\n', 'local agg = require "agg"\nlocal OPTS = { requird = true }\n')
+        scripts = dict(repo_scripts(), **{"rt.lua": src})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        self.assertRegex(err, r"rt\.lua:2: call to 'reviews': unknown option 'requird' \(did you mean 'required'\?\) "
+                              r"\(called at line \d+\) \(found by a dry run of GET /rt/\{id\}\)", err)
+        self.assertNotIn("valid:", out)
+
+    def test_check_dry_run_ignores_errors_from_the_made_up_answers(self):
+        src = endpoint("GET /deep/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" },\n'
+                                         '      -- a path and an upstream read from the answer: nil in the dry run\n'
+                                         '      q = agg.fetch_then("p", function(p) return { "reviews", p.data.link } end),\n'
+                                         '      r = agg.fetch_then("p", function(p) return { p.data.service, "/x" } end) }\n'
+                                         '    local n = res.p.data.items[1].name -- {} in the dry run: an error there\n'
+                                         '    return agg.page(res)')
+        scripts = dict(repo_scripts(), **{"deep.lua": src})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 0, out + err)
 
     def test_check_unknown_upstream_port_out_of_range(self):
         ups = dict(UPSTREAMS, reviews={"url": "http://127.0.0.1:99999"})

@@ -95,7 +95,7 @@ class IoUring(GatewayTestCase):
         """io_uring_queue_init succeeds but the ring cannot run IORING_OP_SEND/RECV (Linux 5.1-5.5,
         where they do not exist yet, or a sandbox that filters io_uring operations; emulated by
         ring_without_send_recv.c): the gateway must not claim batching and fail every answer
-        ("read failed (...)"), it must warn and serve as with AGGWAY_IO_URING=off (README,
+        ("read failed (...)"), it must warn and serve as with AGGWAY_IO_URING=off (docs/operations.md,
         "Upstream client behaviour": older than 5.6 -> one system call per operation)."""
         shim = os.path.join(self.workdir, "ring_without_send_recv.so")
         subprocess.run(["cc", "-shared", "-fPIC", "-o", shim, os.path.join(HERE, "ring_without_send_recv.c"),

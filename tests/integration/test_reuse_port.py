@@ -54,7 +54,7 @@ class ReusePort(GatewayTestCase):
     def test_an_instance_is_replaced_without_a_refused_connection(self):
         # Connections the kernel already queued at the old instance's listener when it closes are
         # reset unless net.ipv4.tcp_migrate_req = 1 (Linux 5.14+) hands them to the other listeners
-        # of the port: README "Deploying" asks for it. The test sets it in a network namespace of
+        # of the port: docs/operations.md "Deploying" asks for it. The test sets it in a network namespace of
         # its own (the machine's setting is left alone).
         if os.environ.get("AGGWAY_TEST_NETNS") != "1":
             if open("/proc/sys/net/ipv4/tcp_migrate_req").read().strip() == "1":

@@ -235,7 +235,7 @@ SHUTDOWN_SCRIPTS = {
     agg.fetch { "product", "/products/1" }
     while true do end"""),
     # a loop the script compiled itself: LuaJIT runs no hooks in compiled code, so the limit
-    # cannot stop it (README, "Script time limit")
+    # cannot stop it (docs/operations.md, "Script time limit")
     "compiled.lua": endpoint("GET /compiled", """
     agg.fetch { "product", "/products/1" }
     local function f()

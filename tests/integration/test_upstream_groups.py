@@ -1,4 +1,4 @@
-"""Upstream groups (issue 15; README "Upstream groups"): one upstream, three mock endpoints.
+"""Upstream groups (issue 15; docs/operations.md "Upstream groups"): one upstream, three mock endpoints.
 
 - One endpoint refusing: every page is 200; once ejected it gets no calls, and after its ejection
   it is tried again.

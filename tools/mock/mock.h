@@ -153,6 +153,8 @@ typedef struct mock_server {
     mock_service *services;  /* array of nservices */
     size_t nservices;
     mock_service *admin;     /* the admin port, served by mock_admin.c */
+    bool record_requests;    /* keep each service's last requests for GET /requests (config
+                                "record_requests", default true; false for benchmarks) */
 } mock_server;
 
 /* Parses one route spec (a JSON object) into r. On error returns -1 and writes a message that
@@ -184,6 +186,9 @@ struct mock_service {
     } *hits;
     size_t nhits;
     uint64_t unmatched;    /* requests no route matched (answered 404) */
+    json_t **received;     /* the last MOCK_RECEIVED_MAX requests, a ring: { seq, method, path,
+                              headers } each (GET /requests), oldest at received_total % MAX */
+    uint64_t received_total; /* requests recorded since start or reset (seq of the next one - 1) */
     uint64_t conns_open, conns_total, requests, in_flight;
     int lfd;               /* listening socket, -1 when not listening */
     ev_io accept_w;
@@ -195,6 +200,8 @@ typedef struct mock_request {
     const char *method;  /* "GET", ... */
     const char *url;     /* request target as sent, not NUL-terminated */
     size_t url_len;
+    const char *headers; /* header fields as "name\0value\n" each, names as sent (service ports) */
+    size_t headers_len;
     const char *body;    /* only collected on the admin port */
     size_t body_len;
     bool keep_alive;     /* false: answer with Connection: close and close afterwards */
@@ -202,9 +209,20 @@ typedef struct mock_request {
     bool head;           /* HEAD: send headers only */
 } mock_request;
 
+/* Requests a service remembers for GET /requests: older ones are dropped (and counted). */
+#define MOCK_RECEIVED_MAX 256
+
+/* Records req (method, path with query, headers; names lowercased, repeats joined with ", " as
+ * RFC 9110 §5.3 allows) in svc's ring of received requests. */
+void mock_service_record(mock_service *svc, const mock_request *req);
+/* The requests svc received, oldest first: { "total": n, "dropped": n, "requests": [ … ] }
+ * (new reference). */
+json_t *mock_service_received(const mock_service *svc);
+
 /* Installs routes on svc (taking ownership), freeing the previous ones. */
 void mock_service_set_routes(mock_service *svc, mock_route *routes, size_t n);
-/* Zeroes hit counters (keeping only current routes), requests and connections_total. */
+/* Zeroes hit counters (keeping only current routes), requests, connections_total and forgets
+ * the received requests. */
 void mock_service_reset(mock_service *svc);
 /* Opens the listening socket. Returns 0, or -1 with a message. */
 int mock_service_listen(mock_service *svc, char *err, size_t errlen);

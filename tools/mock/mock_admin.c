@@ -2,6 +2,8 @@
  * mock_admin.c -- the admin HTTP API of aggway-mock (JSON in, JSON out).
  *
  *   GET  /hits                      route hit counts per service (+ "unmatched")
+ *   GET  /requests                  the last requests each service received (method, path, headers)
+ *   GET  /services/NAME/requests    the same for one service
  *   GET  /stats                     connections_open, connections_total, requests, in_flight
  *   POST /reset                     zero hits, requests and connections_total
  *   PUT  /services/NAME/routes      replace NAME's routes (body: JSON array of routes)
@@ -51,6 +53,14 @@ static json_t *stats_json(const mock_server *srv)
     return all;
 }
 
+static json_t *received_json(const mock_server *srv)
+{
+    json_t *all = json_object();
+    for (size_t i = 0; i < srv->nservices; i++)
+        json_object_set_new(all, srv->services[i].name, mock_service_received(&srv->services[i]));
+    return all;
+}
+
 static mock_service *find_service(mock_server *srv, const char *name, size_t len)
 {
     for (size_t i = 0; i < srv->nservices; i++)
@@ -96,7 +106,13 @@ static void service_action(mock_conn *c, const mock_request *req, const char *re
     const char *action = slash + 1;
     size_t alen = len - (size_t)(action - rest);
     bool is_post = !strcmp(req->method, "POST");
-    if (alen == 6 && !memcmp(action, "routes", 6)) {
+    if (alen == 8 && !memcmp(action, "requests", 8)) {
+        if (strcmp(req->method, "GET") != 0) {
+            reply_error(c, req, 405, "use GET");
+            return;
+        }
+        mock_response_json(c, req, 200, mock_service_received(svc));
+    } else if (alen == 6 && !memcmp(action, "routes", 6)) {
         if (strcmp(req->method, "PUT") != 0) {
             reply_error(c, req, 405, "use PUT with a JSON array of routes");
             return;
@@ -123,7 +139,7 @@ static void service_action(mock_conn *c, const mock_request *req, const char *re
         mock_response_json(c, req, 200, json_pack("{s:s, s:b}", "service", svc->name,
                                                   "listening", 1));
     } else {
-        reply_error(c, req, 404, "unknown action (routes, refuse or accept)");
+        reply_error(c, req, 404, "unknown action (routes, refuse, accept or requests)");
     }
 }
 
@@ -140,6 +156,8 @@ void mock_admin_handle(mock_conn *c, const mock_request *req)
 #define IS(p) (len == sizeof(p) - 1 && !memcmp(path, p, len))
     if (IS("/hits") && get) {
         mock_response_json(c, req, 200, hits_json(srv));
+    } else if (IS("/requests") && get) {
+        mock_response_json(c, req, 200, received_json(srv));
     } else if (IS("/stats") && get) {
         mock_response_json(c, req, 200, stats_json(srv));
     } else if (IS("/config") && get) {
@@ -148,14 +166,15 @@ void mock_admin_handle(mock_conn *c, const mock_request *req)
         for (size_t i = 0; i < srv->nservices; i++)
             mock_service_reset(&srv->services[i]);
         mock_response_json(c, req, 200, json_pack("{s:b}", "reset", 1));
-    } else if (IS("/hits") || IS("/stats") || IS("/config") || IS("/reset")) {
+    } else if (IS("/hits") || IS("/stats") || IS("/config") || IS("/reset") || IS("/requests")) {
         reply_error(c, req, 405, IS("/reset") ? "use POST" : "use GET");
     } else if (len > 10 && !memcmp(path, "/services/", 10)) {
         service_action(c, req, path + 10, len - 10);
     } else {
         reply_error(c, req, 404,
-                    "unknown admin endpoint (GET /hits, GET /stats, POST /reset, GET /config, "
-                    "PUT /services/NAME/routes, POST /services/NAME/refuse|accept)");
+                    "unknown admin endpoint (GET /hits, GET /stats, GET /requests, POST /reset, "
+                    "GET /config, PUT /services/NAME/routes, POST /services/NAME/refuse|accept, "
+                    "GET /services/NAME/requests)");
     }
 #undef IS
 }

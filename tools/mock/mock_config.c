@@ -261,7 +261,7 @@ static bool port_taken(const mock_server *srv, int port)
     return false;
 }
 
-static const char *const top_fields[] = {"admin", "host", "services", NULL};
+static const char *const top_fields[] = {"admin", "host", "services", "record_requests", NULL};
 static const char *const service_fields[] = {"port", "routes", "refuse", NULL};
 
 /* Validates and installs one service; messages are prefixed by the caller. */
@@ -338,6 +338,12 @@ int mock_config_load(mock_server *srv, const char *path, char *err, size_t errle
         snprintf(e, sizeof e, "services: required, an object of service name to service");
         goto out;
     }
+    json_t *record = json_object_get(root, "record_requests");
+    if (record && !json_is_boolean(record)) {
+        snprintf(e, sizeof e, "record_requests: must be true or false");
+        goto out;
+    }
+    srv->record_requests = !record || json_is_true(record);
     srv->host = agw_strdup(host);
     srv->admin = add_service(srv, "admin", (int)admin);
     srv->admin->is_admin = true;
@@ -374,6 +380,6 @@ json_t *mock_config_dump(const mock_server *srv)
                             json_pack("{s:i, s:b, s:o}", "port", svc->port, "refuse",
                                       svc->refused, "routes", routes));
     }
-    return json_pack("{s:s, s:i, s:o}", "host", srv->host, "admin", srv->admin->port,
-                     "services", services);
+    return json_pack("{s:s, s:i, s:b, s:o}", "host", srv->host, "admin", srv->admin->port,
+                     "record_requests", srv->record_requests, "services", services);
 }

@@ -52,6 +52,8 @@ struct mock_conn {
     mock_conn *prev, *next; /* in svc->conns */
     http_parser parser;
     agw_buf_t url, body;     /* current request (body only kept on the admin port) */
+    agw_buf_t headers;       /* its header fields, "name\0value\n" each (service ports only) */
+    bool in_value;           /* the last header callback was a value */
     size_t req_bytes;       /* bytes of the current request so far */
     bool too_big;           /* the current request passed MOCK_MAX_REQUEST_BYTES */
     bool read_done;         /* no more requests will be read (close requested, EOF, error) */
@@ -128,6 +130,7 @@ void mock_conn_close(mock_conn *c)
         c->next->prev = c->prev;
     agw_buf_free(&c->url);
     agw_buf_free(&c->body);
+    agw_buf_free(&c->headers);
     agw_buf_free(&c->out);
     free(c);
 }
@@ -288,6 +291,8 @@ static int on_message_begin(http_parser *p)
     c->req_bytes = 0;
     c->url.len = 0;
     c->body.len = 0;
+    c->headers.len = 0;
+    c->in_value = false;
     return 0;
 }
 
@@ -298,10 +303,30 @@ static int on_url(http_parser *p, const char *at, size_t n)
     return count(c, n);
 }
 
-static int on_header(http_parser *p, const char *at, size_t n)
+/* Header names and values (each may come in pieces) go to c->headers on service ports, for the
+ * request log (GET /requests on the admin port). */
+static int on_header_field(http_parser *p, const char *at, size_t n)
 {
-    (void)at;
-    return count(p->data, n);
+    mock_conn *c = p->data;
+    if (!c->svc->is_admin) {
+        if (c->in_value)
+            agw_buf_append(&c->headers, "\n", 1);
+        agw_buf_append(&c->headers, at, n);
+        c->in_value = false;
+    }
+    return count(c, n);
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t n)
+{
+    mock_conn *c = p->data;
+    if (!c->svc->is_admin) {
+        if (!c->in_value)
+            agw_buf_append(&c->headers, "\0", 1);
+        agw_buf_append(&c->headers, at, n);
+        c->in_value = true;
+    }
+    return count(c, n);
 }
 
 static int on_body(http_parser *p, const char *at, size_t n)
@@ -319,6 +344,8 @@ static int on_message_complete(http_parser *p)
         .method = http_method_str(p->method),
         .url = c->url.base ? c->url.base : "/",
         .url_len = c->url.base ? c->url.len : 1,
+        .headers = c->headers.base ? c->headers.base : "",
+        .headers_len = c->headers.len,
         .body = c->body.base ? c->body.base : "",
         .body_len = c->body.len,
         .keep_alive = http_should_keep_alive(p) != 0,
@@ -343,8 +370,8 @@ static int on_message_complete(http_parser *p)
 static const http_parser_settings parser_settings = {
     .on_message_begin = on_message_begin,
     .on_url = on_url,
-    .on_header_field = on_header,
-    .on_header_value = on_header,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
     .on_body = on_body,
     .on_message_complete = on_message_complete,
 };

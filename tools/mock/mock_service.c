@@ -38,8 +38,71 @@ void mock_service_set_routes(mock_service *svc, mock_route *routes, size_t n)
         routes[i].hit_slot = hit_slot(svc, routes[i].key);
 }
 
+static void forget_received(mock_service *svc)
+{
+    if (svc->received)
+        for (size_t i = 0; i < MOCK_RECEIVED_MAX; i++) {
+            json_decref(svc->received[i]);
+            svc->received[i] = NULL;
+        }
+    svc->received_total = 0;
+}
+
+void mock_service_record(mock_service *svc, const mock_request *req)
+{
+    if (!svc->received)
+        svc->received = agw_calloc(MOCK_RECEIVED_MAX, sizeof *svc->received);
+    json_t *headers = json_object();
+    const char *p = req->headers, *end = req->headers + req->headers_len;
+    while (p && p < end) {
+        const char *nul = memchr(p, '\0', (size_t)(end - p));
+        if (!nul)
+            break;
+        const char *nl = memchr(nul + 1, '\n', (size_t)(end - nul - 1));
+        if (!nl)
+            nl = end;
+        char name[256];
+        size_t nlen = (size_t)(nul - p) < sizeof name - 1 ? (size_t)(nul - p) : sizeof name - 1;
+        for (size_t i = 0; i < nlen; i++)
+            name[i] = (char)((p[i] >= 'A' && p[i] <= 'Z') ? p[i] + 32 : p[i]);
+        name[nlen] = '\0';
+        json_t *prev = json_object_get(headers, name);
+        json_t *v;
+        if (prev) {
+            agw_buf_t joined = AGW_BUF_INIT;
+            agw_buf_printf(&joined, "%s, %.*s", json_string_value(prev), (int)(nl - nul - 1), nul + 1);
+            v = json_stringn(joined.base, joined.len);
+            agw_buf_free(&joined);
+        } else {
+            v = json_stringn(nul + 1, (size_t)(nl - nul - 1));
+        }
+        if (v) /* (NULL: not UTF-8; the request log shows what it can) */
+            json_object_set_new(headers, name, v);
+        p = nl + 1;
+    }
+    size_t slot = svc->received_total % MOCK_RECEIVED_MAX;
+    json_decref(svc->received[slot]);
+    svc->received_total++;
+    json_t *path = json_stringn(req->url, req->url_len);
+    svc->received[slot] = json_pack("{s:I, s:s, s:o, s:o}", "seq", (json_int_t)svc->received_total, "method",
+                                    req->method, "path", path ? path : json_string("(not UTF-8)"),
+                                    "headers", headers);
+}
+
+json_t *mock_service_received(const mock_service *svc)
+{
+    json_t *list = json_array();
+    uint64_t n = svc->received_total < MOCK_RECEIVED_MAX ? svc->received_total : MOCK_RECEIVED_MAX;
+    for (uint64_t i = svc->received_total - n; i < svc->received_total; i++)
+        json_array_append(list, svc->received[i % MOCK_RECEIVED_MAX]);
+    return json_pack("{s:b, s:I, s:I, s:o}", "recording", svc->srv->record_requests, "total",
+                     (json_int_t)svc->received_total, "dropped", (json_int_t)(svc->received_total - n),
+                     "requests", list);
+}
+
 void mock_service_reset(mock_service *svc)
 {
+    forget_received(svc);
     for (size_t i = 0; i < svc->nhits; i++)
         free(svc->hits[i].key);
     free(svc->hits);
@@ -117,6 +180,8 @@ void mock_service_handle(mock_conn *c, const mock_request *req)
 {
     mock_service *svc = mock_conn_service(c);
     svc->requests++;
+    if (svc->srv->record_requests)
+        mock_service_record(svc, req);
     mock_params params;
     params.n = 0;
     params.query = NULL;
@@ -158,5 +223,7 @@ void mock_service_free(mock_service *svc)
     for (size_t i = 0; i < svc->nhits; i++)
         free(svc->hits[i].key);
     free(svc->hits);
+    forget_received(svc);
+    free(svc->received);
     free(svc->name);
 }

@@ -1,0 +1,83 @@
+-- agg.dryrun: `aggway check` runs every endpoint once on the spec harness (issue 20), to catch the
+-- call spec mistakes that only running shows: a spec built at run time, in a helper, from a table
+-- the source does not show (agg.lint reads only what is written as a table constructor).
+--
+-- Each endpoint gets one request on the virtual clock: its route with every parameter "1", the
+-- user its auth policy needs, and every upstream stubbed with `{}` (a 200 JSON object) after 1 ms.
+-- The stubs are made up, so only the errors that name a call spec are reported — an unknown
+-- upstream or option, an option of the wrong type, a fetch_then key missing from the table —
+-- with the file:line of the spec (agg.where); any other script error (indexing the made-up data)
+-- says nothing about the script and is left to its specs. A handler that errors before reaching
+-- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches. A folder with
+-- scripts = { trusted = true } is not run (its handlers may have effects outside the gateway).
+local testing = require "agg.testing"
+
+local M = {}
+
+-- Messages of agg.callspec and agg.fanout: the call spec mistakes the dry run reports. Only
+-- mistakes no made-up answer can cause: a path or an upstream name read from the answers is nil in
+-- a dry run ("the path must be a string …", "a call spec starts with the upstream name"), so those
+-- are left to the specs.
+local SPEC_ERRORS = {
+  "unknown upstream '", ": unknown option '", "is not supported", "retry option '",
+  "fetch_then for '", "fetch_then dependency cycle",
+}
+local TYPE_ERROR = "call to '[^']*': option '[^']*' must be a "
+
+local function is_spec_error(msg)
+  if msg:find(TYPE_ERROR) then return true end
+  for _, p in ipairs(SPEC_ERRORS) do
+    if msg:find(p, 1, true) then return true end
+  end
+  return false
+end
+
+-- The path of a route with every parameter "1": "GET /items/{id}/x" -> "/items/1/x".
+local function sample_path(ep)
+  local parts = {}
+  for _, s in ipairs(ep.segments) do parts[#parts + 1] = type(s) == "string" and s or "1" end
+  return "/" .. table.concat(parts, "/")
+end
+
+--- Runs each endpoint of the scripts folder dir once against generated stubs. Returns a list of
+-- "file:line: message" strings (empty when nothing was found). The folder must load (run
+-- agg.loader first: this returns its errors as they are otherwise).
+function M.run(dir)
+  local ok, gw = pcall(testing.gateway, { dir = dir })
+  if not ok then return { tostring(gw) } end
+  -- a trusted folder's handlers may do anything (io, os.execute): check does not run them
+  if gw.gen.config.scripts.trusted then return {} end
+  for _, u in ipairs(gw.gen.config.upstreams) do
+    if u.name == "@token_exchange" then
+      gw:stub(u.name, "POST", "/*", { json = { access_token = "dry-run", token_type = "Bearer", expires_in = 60 } })
+    else
+      gw:stub(u.name, "/*", { json = {}, latency_ms = 1 })
+    end
+  end
+  local found, seen = {}, {}
+  for _, ep in ipairs(gw.gen.endpoints) do
+    local policy = ep.auth or { kind = "none" }
+    local user
+    if policy.kind == "jwt" then
+      user = { sub = "aggway-check", scopes = policy.scopes }
+    elseif policy.kind == "api_key" then
+      user = { app = "aggway-check" }
+    end
+    testing.clear_script_errors()
+    -- a request that never settles or a call without a stub (a path the "/*" stub cannot match)
+    -- is the harness's error, not the script's: the dry run goes on with the next endpoint
+    pcall(gw.request, gw, ep.method == "*" and "GET" or ep.method, sample_path(ep), { user = user })
+    for _, e in ipairs(testing.script_errors) do
+      -- "script error in GET /x (file), section s: file:24: call to … (called at line 79)\nstack…"
+      local msg = e:gsub("\n.*$", "")
+      local inner = msg:match("^script error in .-%): (.*)$") or msg:match("^script error in .-: (.*)$") or msg
+      if is_spec_error(inner) and not seen[inner] then
+        seen[inner] = true
+        found[#found + 1] = inner .. " (found by a dry run of " .. ep.route .. ")"
+      end
+    end
+  end
+  return found
+end
+
+return M

@@ -1,0 +1,163 @@
+-- agg.test_cli: `aggway test` — runs the specs with busted inside a runtime VM (DESIGN §3 "Specs").
+--
+--   aggway test [-c DIR] [--watch] [BUSTED OPTIONS] [SPEC FILES OR FOLDERS]
+--
+-- What it adds to busted:
+--   * `--help` prints the harness's own usage (busted's options follow it);
+--   * a failure or an error in a test during which a script raised an error prints that error,
+--     with its file:line, beside the assertion: `Expected 200, Passed in 500` then
+--     `script errors in this test: scripts/page.lua:24: call to 'reviews': unknown option …`;
+--   * `--watch` runs the specs, then again each time a .lua file under the scripts folder or the
+--     spec folders changes (polled every WATCH_POLL_S; each run is a fresh process, so a changed
+--     script is loaded anew). `--watch-runs N` stops after N runs (for scripts and tests).
+local M = {}
+
+M.WATCH_POLL_S = 0.5
+
+M.USAGE = [==[
+usage: aggway test [-c DIR] [--watch [--watch-runs N]] [BUSTED OPTIONS] [SPEC ...]
+
+Runs the page specs (default: the folder spec/) against the scripts folder DIR (default:
+scripts) on the spec harness: stubbed upstreams, a virtual clock, the production runtime.
+
+  -c DIR            the scripts folder the specs load (testing.gateway() with no dir)
+  --watch           run the specs, then again each time a .lua file in DIR or the spec
+                    folders changes (Ctrl-C stops)
+  --watch-runs N    with --watch: stop after N runs
+  -h, --help        this text
+  SPEC ...          spec files or folders (default: spec)
+
+Every busted option works too (busted --help lists them), e.g.
+  aggway test --filter "reviews time out"      only the tests whose name matches
+  aggway test -o TAP spec/product-page_spec.lua
+
+A spec in three lines (see docs/guide.md, "Test it"):
+  local gw = require("agg.testing").gateway()
+  gw:stub("product", "/products/42", { json = { id = 42 }, latency_ms = 40 })
+  assert.equal(200, gw:get("/product-page/42").status)
+]==]
+
+-- The part of a logged script error a reader needs: "file:line: message" without the traceback.
+local function short(line)
+  local msg = line:gsub("^error: ", "")
+  msg = msg:gsub("\n?stack traceback:.*$", "")
+  -- "script error in GET /x (scripts/x.lua): scripts/x.lua:3: boom" -> the part from file:line
+  local inner = msg:match("^script error in [^:]-%): (.*)$")
+  return inner or msg
+end
+
+-- Makes the busted instance the runner creates print the script errors of a failed test beside
+-- its assertion (busted.rewriteMessage makes every failure's message).
+local function hook_busted()
+  local testing = require "agg.testing"
+  local make = require "busted.core"
+  package.loaded["busted.core"] = function(...)
+    local busted = make(...)
+    local rewrite = busted.rewriteMessage
+    busted.rewriteMessage = function(element, message, trace)
+      local msg = rewrite(element, message, trace)
+      local errs = testing.script_errors
+      if element and element.descriptor == "it" and #errs > 0 then
+        local seen, out = {}, {}
+        for _, e in ipairs(errs) do
+          local s = short(e)
+          if not seen[s] then seen[s] = true out[#out + 1] = "  " .. s end
+        end
+        msg = msg .. "\nscript errors in this test:\n" .. table.concat(out, "\n")
+      end
+      return msg
+    end
+    busted.subscribe({ "test", "start" }, function()
+      testing.clear_script_errors()
+      return nil, true
+    end)
+    return busted
+  end
+end
+
+local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- "path mtime" of every .lua file under the folders, sorted: a change anywhere changes the text.
+local function snapshot(dirs)
+  local q = {}
+  for _, d in ipairs(dirs) do q[#q + 1] = quote(d) end
+  local p = io.popen("find " .. table.concat(q, " ") .. " -name '*.lua' -printf '%p %T@\\n' 2>/dev/null | sort")
+  local s = p:read("*a")
+  p:close()
+  return s
+end
+
+local function watch(args, runs)
+  -- this aggway binary: the parent of the shell io.popen starts
+  local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
+  local self = (p:read("*l") or ""):gsub("%s+$", "")
+  p:close()
+  if self == "" then self = "aggway" end
+  local dir = AGGWAY_SCRIPTS or "scripts"
+  local cmd = { quote(self), "test", "-c", quote(dir) }
+  local roots = { dir }
+  local any_root = false
+  for _, a in ipairs(args) do
+    cmd[#cmd + 1] = quote(a)
+    if a:sub(1, 1) ~= "-" then
+      any_root = true
+      roots[#roots + 1] = a
+    end
+  end
+  if not any_root then roots[#roots + 1] = "spec" end
+  local line = table.concat(cmd, " ")
+  local n = 0
+  while true do
+    local before = snapshot(roots)
+    n = n + 1
+    io.stdout:write(("aggway test --watch: run %d (%s)\n"):format(n, os.date("!%H:%M:%S")))
+    io.stdout:flush()
+    os.execute(line)
+    if runs and n >= runs then return 0 end
+    io.stdout:write("aggway test --watch: waiting for a change in " .. table.concat(roots, ", ") .. "\n")
+    io.stdout:flush()
+    while snapshot(roots) == before do
+      -- os.execute returns non-zero when the sleep was interrupted (Ctrl-C): stop then
+      local ok = os.execute("sleep " .. M.WATCH_POLL_S)
+      if ok ~= 0 and ok ~= true then return 0 end
+    end
+  end
+end
+
+--- Runs `aggway test` with the global `arg` (arg[1..n]: what followed `test` and `-c DIR`).
+function M.main()
+  local args, rest = {}, {}
+  local watching, runs = false, nil
+  local i = 1
+  while arg[i] ~= nil do
+    local a = arg[i]
+    if a == "-h" or a == "--help" then
+      io.stdout:write(M.USAGE)
+      os.exit(0)
+    elseif a == "--watch" then
+      watching = true
+    elseif a == "--watch-runs" then
+      runs = tonumber(arg[i + 1])
+      if not runs or runs < 1 or runs % 1 ~= 0 then
+        io.stderr:write("aggway test: --watch-runs takes a whole number of runs >= 1\n")
+        os.exit(2)
+      end
+      i = i + 1
+    else
+      args[#args + 1] = a
+    end
+    i = i + 1
+  end
+  if runs and not watching then
+    io.stderr:write("aggway test: --watch-runs goes with --watch\n")
+    os.exit(2)
+  end
+  if watching then os.exit(watch(args, runs)) end
+  for k = #arg, 1, -1 do arg[k] = nil end
+  for k, a in ipairs(args) do arg[k] = a end
+  if #args == 0 then arg[1] = "spec" end
+  hook_busted()
+  require "busted.runner" ({ standalone = false })
+end
+
+return M

@@ -1,0 +1,100 @@
+"""`aggway test`: a failed assertion in a test during which a script raised an error prints that
+error with its file:line beside the assertion; `--help` prints the harness's own usage; `--watch`
+runs the specs again when a script changes."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import AGGWAY_BIN, SOURCE_DIR, endpoint, run_aggway, stop_process, main  # noqa: E402
+
+BROKEN = endpoint("GET /broken/{id}",
+                  "    local spec = { \"product\", \"/products/\" .. req.params.id }\n"
+                  "    spec.requird = true\n"
+                  "    return agg.page(agg.fetch_all { product = spec })")
+
+SPEC = """local testing = require "agg.testing"
+describe("the broken page", function()
+  it("answers 200", function()
+    local gw = testing.gateway()
+    gw:stub("product", "/products/1", { json = { id = 1 } })
+    assert.equal(200, gw:get("/broken/1").status)
+  end)
+end)
+"""
+
+
+class SpecRunner(unittest.TestCase):
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="aggway-spec-runner-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.scripts = os.path.join(self.dir, "scripts")
+        os.makedirs(self.scripts)
+        shutil.copy(os.path.join(SOURCE_DIR, "scripts", "gateway.lua"), self.scripts)
+        with open(os.path.join(self.scripts, "broken.lua"), "w") as f:
+            f.write(BROKEN)
+        self.spec = os.path.join(self.dir, "broken_spec.lua")
+        with open(self.spec, "w") as f:
+            f.write(SPEC)
+
+    def test_failed_assertion_prints_the_script_error_with_file_and_line(self):
+        p = run_aggway("test", "-c", self.scripts, self.spec)
+        out = p.stdout.decode(errors="replace") + p.stderr.decode(errors="replace")
+        self.assertNotEqual(p.returncode, 0, out)
+        self.assertIn("Expected objects to be equal", out)
+        self.assertIn("script errors in this test:", out)
+        # the line of `spec.requird = true` (the endpoint helper puts the handler body at line 5)
+        self.assertRegex(out, r"broken\.lua:6: call to 'product': unknown option 'requird' "
+                              r"\(did you mean 'required'\?\)", out)
+        self.assertNotIn("stack traceback", out.split("script errors in this test:")[1].split("\n\n")[0])
+
+    def test_a_passing_spec_prints_no_script_errors(self):
+        ok_spec = os.path.join(self.dir, "ok_spec.lua")
+        with open(ok_spec, "w") as f:
+            f.write(SPEC.replace("assert.equal(200", "assert.equal(500"))
+        p = run_aggway("test", "-c", self.scripts, ok_spec)
+        out = p.stdout.decode(errors="replace")
+        self.assertEqual(p.returncode, 0, out)
+        self.assertNotIn("script errors", out)
+
+    def test_help_prints_the_harness_usage(self):
+        p = run_aggway("test", "--help")
+        out = p.stdout.decode()
+        self.assertEqual(p.returncode, 0, out + p.stderr.decode())
+        self.assertTrue(out.startswith("usage: aggway test [-c DIR] [--watch"), out)
+        self.assertIn("--watch", out)
+        self.assertNotIn("busted: error", out + p.stderr.decode())
+
+    def test_watch_reruns_when_a_script_changes_and_stops_after_the_runs_asked(self):
+        ok_spec = os.path.join(self.dir, "ok_spec.lua")
+        with open(ok_spec, "w") as f:
+            f.write(SPEC.replace("assert.equal(200", "assert.equal(500"))
+        proc = subprocess.Popen([AGGWAY_BIN, "test", "-c", self.scripts, "--watch", "--watch-runs", "2", ok_spec],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.addCleanup(stop_process, proc)
+        seen = b""
+        deadline = time.monotonic() + 60
+        while b"waiting for a change" not in seen and time.monotonic() < deadline:
+            seen += os.read(proc.stdout.fileno(), 4096) or b""
+            if proc.poll() is not None:
+                break
+        self.assertIn(b"waiting for a change", seen, seen)
+        self.assertIsNone(proc.poll(), seen)
+        # mtimes have a fine grain, but make sure the new one differs from the first
+        time.sleep(0.05)
+        with open(os.path.join(self.scripts, "broken.lua"), "a") as f:
+            f.write("-- changed\n")
+        rest, _ = proc.communicate(timeout=60)
+        seen += rest
+        self.assertEqual(proc.returncode, 0, seen)
+        self.assertIn(b"run 2", seen, seen)
+        self.assertEqual(seen.count(b"1 success"), 2, seen)
+
+
+if __name__ == "__main__":
+    main()
