@@ -242,8 +242,7 @@ class CacheWithRedis(GatewayTestCase):
             return out.stdout.splitlines()
         # tier 2 is written after the page answers (Redis timeout 20 ms here): beside two busy
         # loops a write may still be on its way, or given up at that timeout (the page never waits
-        # for it; 1 of 2 was seen). The purge
-        # deletes what Redis holds, and leaves none.
+        # for it; 1 of 2 was seen). The purge deletes what Redis holds, and leaves none.
         wait_until(lambda: len(held()) == 2, 5)
         before = held()
         self.assertGreater(len(before), 0, "no page was stored in Redis")
