@@ -1,6 +1,8 @@
 /* buf.c: growable byte buffer (see buf.h). */
 #include "base/buf.h"
 
+#include "base/mem.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,11 +16,7 @@ void agw_buf_reserve(agw_buf_t *b, size_t extra)
     size_t cap = b->cap ? b->cap : 256;
     while (cap < need)
         cap *= 2;
-    char *p = realloc(b->base, cap);
-    if (p == NULL) {
-        fputs("aggway: out of memory\n", stderr);
-        abort();
-    }
+    char *p = agw_realloc(b->base, cap);
     b->base = p;
     b->cap = cap;
 }

@@ -1,6 +1,8 @@
 /* slots.c: generation-checked id table (see slots.h). */
 #include "base/slots.h"
 
+#include "base/mem.h"
+
 #include <stdlib.h>
 
 #define IDX_BITS 24
@@ -11,9 +13,7 @@ uint64_t agw_slots_put(agw_slots_t *s, void *ptr)
         uint32_t cap = s->cap ? s->cap * 2 : 64;
         if (cap > (1u << IDX_BITS))
             abort();
-        agw_slot_t *v = realloc(s->v, cap * sizeof(*v));
-        if (v == NULL)
-            abort();
+        agw_slot_t *v = agw_realloc(s->v, cap * sizeof(*v));
         for (uint32_t i = s->cap; i < cap; i++) {
             v[i].ptr = NULL;
             v[i].gen = 1;

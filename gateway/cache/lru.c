@@ -1,5 +1,6 @@
 /* lru.c: the first cache tier (lru.h): chained hash table plus a doubly linked recency list. */
 #include "cache/lru.h"
+#include "base/mem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -51,13 +52,9 @@ static void publish(agw_lru_t *c)
 
 agw_lru_t *agw_lru_new(size_t max_bytes, agw_lru_stats_t *stats)
 {
-    agw_lru_t *c = calloc(1, sizeof(*c));
-    if (!c)
-        abort();
+    agw_lru_t *c = agw_calloc(1, sizeof(*c));
     c->nbuckets = 1024;
-    c->buckets = calloc(c->nbuckets, sizeof(*c->buckets));
-    if (!c->buckets)
-        abort();
+    c->buckets = agw_calloc(c->nbuckets, sizeof(*c->buckets));
     c->max_bytes = max_bytes;
     c->stats = stats ? stats : &c->own;
     return c;
@@ -108,9 +105,7 @@ static void remove_entry(agw_lru_t *c, entry_t *e)
 static void grow(agw_lru_t *c)
 {
     size_t n = c->nbuckets * 2;
-    entry_t **b = calloc(n, sizeof(*b));
-    if (!b)
-        abort();
+    entry_t **b = agw_calloc(n, sizeof(*b));
     for (size_t i = 0; i < c->nbuckets; i++) {
         entry_t *e = c->buckets[i];
         while (e) {
@@ -180,9 +175,7 @@ int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, s
         return -1;
     }
     evict_to(c, c->max_bytes - need);
-    entry_t *e = malloc(sizeof(*e) + klen + vlen);
-    if (!e)
-        abort();
+    entry_t *e = agw_malloc(sizeof(*e) + klen + vlen);
     e->hash = h;
     e->expire_ms = expire_ms;
     e->klen = klen;

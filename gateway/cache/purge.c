@@ -1,5 +1,6 @@
 /* purge.c: purging by key prefix (purge.h). */
 #include "cache/purge.h"
+#include "base/mem.h"
 
 #include <hiredis/hiredis.h>
 #include <stdio.h>
@@ -24,20 +25,14 @@ void agw_cache_inbox_free(agw_cache_inbox_t *in)
 
 void agw_cache_inbox_post(agw_cache_inbox_t *in, const char *prefix, size_t len)
 {
-    char *copy = malloc(len + 1);
-    if (!copy)
-        abort();
+    char *copy = agw_malloc(len + 1);
     memcpy(copy, prefix, len);
     copy[len] = '\0';
     pthread_mutex_lock(&in->lock);
     if (in->n == in->cap) {
         size_t cap = in->cap ? in->cap * 2 : 4;
-        char **p = realloc(in->prefixes, cap * sizeof(*p));
-        size_t *l = realloc(in->lens, cap * sizeof(*l));
-        if (!p || !l)
-            abort();
-        in->prefixes = p;
-        in->lens = l;
+        in->prefixes = agw_realloc(in->prefixes, cap * sizeof(*in->prefixes));
+        in->lens = agw_realloc(in->lens, cap * sizeof(*in->lens));
         in->cap = cap;
     }
     in->prefixes[in->n] = copy;
@@ -67,9 +62,7 @@ size_t agw_cache_inbox_take(agw_cache_inbox_t *in, void (*apply)(void *arg, cons
 /* The prefix with glob characters escaped, then '*' (SCAN MATCH). */
 static char *match_pattern(const char *prefix, size_t len, size_t *out_len)
 {
-    char *m = malloc(2 * len + 2);
-    if (!m)
-        abort();
+    char *m = agw_malloc(2 * len + 2);
     size_t j = 0;
     for (size_t i = 0; i < len; i++) {
         if (strchr("*?[]\\^", prefix[i]) && prefix[i] != '\0')
@@ -131,10 +124,8 @@ int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size
         snprintf(cursor, sizeof(cursor), "%.*s", (int)r->element[0]->len, r->element[0]->str);
         redisReply *keys = r->element[1];
         if (keys->elements > 0) {
-            const char **argv = malloc((keys->elements + 1) * sizeof(*argv));
-            size_t *lens = malloc((keys->elements + 1) * sizeof(*lens));
-            if (!argv || !lens)
-                abort();
+            const char **argv = agw_malloc((keys->elements + 1) * sizeof(*argv));
+            size_t *lens = agw_malloc((keys->elements + 1) * sizeof(*lens));
             argv[0] = "UNLINK";
             lens[0] = 6;
             size_t n = 1;

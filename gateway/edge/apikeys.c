@@ -1,5 +1,6 @@
 /* apikeys.c: API keys by their SHA-256 (see apikeys.h). */
 #include "apikeys.h"
+#include "base/mem.h"
 
 #include <jansson.h>
 #include <openssl/crypto.h>
@@ -47,9 +48,7 @@ int agw_apikeys_parse(const char *json, size_t len, agw_apikeys_t *out, char *wh
         json_decref(doc);
         return -1;
     }
-    out->keys = calloc(json_array_size(doc) ? json_array_size(doc) : 1, sizeof(*out->keys));
-    if (out->keys == NULL)
-        abort();
+    out->keys = agw_calloc(json_array_size(doc) ? json_array_size(doc) : 1, sizeof(*out->keys));
     size_t i;
     json_t *e;
     json_array_foreach(doc, i, e) {
@@ -79,8 +78,8 @@ int agw_apikeys_parse(const char *json, size_t len, agw_apikeys_t *out, char *wh
                 snprintf(why, whylen, "entry %zu: the same key as entry %zu", i + 1, j + 1);
                 goto bad;
             }
-        key->app = strdup(json_string_value(app));
-        key->plan = strdup(plan ? json_string_value(plan) : "");
+        key->app = agw_strdup(json_string_value(app));
+        key->plan = agw_strdup(plan ? json_string_value(plan) : "");
         out->num++;
     }
     json_decref(doc);

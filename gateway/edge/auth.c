@@ -1,5 +1,6 @@
 /* auth.c: the edge's authenticators (see auth.h). */
 #include "edge/auth.h"
+#include "base/mem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -59,9 +60,7 @@ static void src_set_keys(keysrc_t *a, agw_jwks_t *ks)
 void agw_auth_init(agw_auth_t *a)
 {
     memset(a, 0, sizeof(*a));
-    keysrc_t *src = calloc(1, sizeof(*src));
-    if (src == NULL)
-        abort();
+    keysrc_t *src = agw_calloc(1, sizeof(*src));
     pthread_mutex_init(&src->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -175,10 +174,10 @@ void agw_auth_start(agw_auth_t *a)
     keysrc_t *src = a->src;
     if (!a->jwt_on || a->jwks_url == NULL || src->thread_on)
         return;
-    src->jwks_url = strdup(a->jwks_url);
+    src->jwks_url = agw_strdup(a->jwks_url);
     src->url = a->url;
-    src->url.host = strdup(a->url.host);
-    src->url.path = strdup(a->url.path);
+    src->url.host = agw_strdup(a->url.host);
+    src->url.path = agw_strdup(a->url.path);
     src->algs = a->algs;
     src->refresh_s = a->refresh_s;
     src->cooldown_s = a->cooldown_s;
@@ -284,8 +283,8 @@ void agw_auth_cache_free(agw_auth_cache_t *c)
 
 static agw_auth_cache_entry_t *cache_slot(agw_auth_cache_t *c, const char *t, size_t len)
 {
-    if (c->slots == NULL && (c->slots = calloc(AGW_AUTH_CACHE_SIZE, sizeof(*c->slots))) == NULL)
-        abort();
+    if (c->slots == NULL)
+        c->slots = agw_calloc(AGW_AUTH_CACHE_SIZE, sizeof(*c->slots));
     return &c->slots[hash_token(t, len) % AGW_AUTH_CACHE_SIZE];
 }
 
@@ -436,13 +435,12 @@ static void check_jwt(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_
         if (cache) {
             cache->misses++;
             entry_clear(e);
-            if ((e->token = malloc(len)) != NULL) {
-                memcpy(e->token, tok, len);
-                e->len = len;
-                e->serial = a->serial;
-                e->exp_s = exp;
-                e->claims = json_incref(claims);
-            }
+            e->token = agw_malloc(len);
+            memcpy(e->token, tok, len);
+            e->len = len;
+            e->serial = a->serial;
+            e->exp_s = exp;
+            e->claims = json_incref(claims);
         }
     }
     if (p->num_scopes) {

@@ -1,5 +1,6 @@
 /* auth_config.c: the auth block of gateway.lua as C structures (see auth_config.h). */
 #include "edge/auth_config.h"
+#include "base/mem.h"
 
 #include <lauxlib.h>
 #include <stdlib.h>
@@ -11,7 +12,7 @@
 static char *str_field(lua_State *L, int idx, const char *name)
 {
     lua_getfield(L, idx, name);
-    char *s = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+    char *s = lua_isstring(L, -1) ? agw_strdup(lua_tostring(L, -1)) : NULL;
     lua_pop(L, 1);
     return s;
 }
@@ -29,12 +30,10 @@ static char **str_list(lua_State *L, int idx, const char *name, size_t *n)
 {
     lua_getfield(L, idx, name);
     *n = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
-    char **v = calloc(*n ? *n : 1, sizeof(char *));
-    if (v == NULL)
-        abort();
+    char **v = agw_calloc(*n ? *n : 1, sizeof(char *));
     for (size_t i = 0; i < *n; i++) {
         lua_rawgeti(L, -1, (int)i + 1);
-        v[i] = strdup(lua_tostring(L, -1));
+        v[i] = agw_strdup(lua_tostring(L, -1));
         lua_pop(L, 1);
     }
     lua_pop(L, 1);

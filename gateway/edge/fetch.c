@@ -1,5 +1,6 @@
 /* fetch.c: a blocking HTTP/1.1 GET (see fetch.h). */
 #include "fetch.h"
+#include "base/mem.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -48,10 +49,10 @@ int agw_fetch_url_parse(const char *url, agw_fetch_url_t *out, char *why, size_t
         }
         out->port = (int)p;
     }
-    out->host = strndup(rest, hlen);
-    out->path = strdup(slash ? slash : "/");
-    if (out->host == NULL || out->path == NULL)
-        abort();
+    out->host = agw_malloc(hlen + 1);
+    memcpy(out->host, rest, hlen);
+    out->host[hlen] = '\0';
+    out->path = agw_strdup(slash ? slash : "/");
     return 0;
 }
 

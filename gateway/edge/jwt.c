@@ -1,5 +1,6 @@
 /* jwt.c: JWT verification with libcjose (see jwt.h for the rules). */
 #include "jwt.h"
+#include "base/mem.h"
 
 #include <cjose/cjose.h>
 #include <stdarg.h>
@@ -56,9 +57,8 @@ static void say(char *why, size_t whylen, const char *fmt, ...)
 
 static agw_jwks_t *jwks_new(size_t cap)
 {
-    agw_jwks_t *ks = calloc(1, sizeof(*ks));
-    if (ks == NULL || (ks->keys = calloc(cap ? cap : 1, sizeof(jwk_t))) == NULL)
-        abort();
+    agw_jwks_t *ks = agw_calloc(1, sizeof(*ks));
+    ks->keys = agw_calloc(cap ? cap : 1, sizeof(jwk_t));
     ks->refs = 1;
     return ks;
 }
@@ -152,7 +152,7 @@ agw_jwks_t *agw_jwks_parse(const char *json, size_t len, unsigned algs, char *wh
         jwk_t *e = &ks->keys[ks->num++];
         e->key = key;
         e->algs = kalgs;
-        e->kid = json_is_string(kid) ? strdup(json_string_value(kid)) : NULL;
+        e->kid = json_is_string(kid) ? agw_strdup(json_string_value(kid)) : NULL;
     }
     json_decref(doc);
     if (ks->num == 0) {

@@ -1,6 +1,10 @@
 /* admin.c: the admin listener (see admin.h). */
 #include "front/admin.h"
 
+#include <arpa/inet.h>
+
+#include "base/mem.h"
+
 #include <errno.h>
 #include <ev.h>
 #include <netdb.h>
@@ -9,12 +13,14 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "json/json.h"
 #include "base/log.h"
 #include "front/server.h"
 #include "ops/waterfall.h"
+#include "limits/limit.h"
 
 #define ADMIN_MAX_CONNS 64
 #define ADMIN_MAX_REQUEST 8192
@@ -95,11 +101,7 @@ static void routes_json(const agw_generation_t *gen, agw_buf_t *b)
             if (k)
                 agw_buf_printf(b, ",\"%s\":", names[k]);
             const char *v = vals[k] ? vals[k] : "";
-            size_t mark = b->len;
-            if (agw_json_encode_string(b, v, strlen(v)) != 0) {
-                b->len = mark;
-                agw_buf_puts(b, "null");
-            }
+            agw_json_encode_string_or(b, v, strlen(v), "null");
         }
         agw_buf_printf(b, ",\"generation\":%llu}", (unsigned long long)gen->number);
     }
@@ -144,26 +146,35 @@ static void json_str(agw_buf_t *b, const char *s, size_t n)
 /* POST /cache/purge?prefix=agw:… : the prefix (percent-decoded) goes to every worker's inbox
  * (tier 1, applied within a second) and is deleted from Redis when the generation serving has a
  * redis block with cache.redis on (cache/purge.h). */
-static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *out)
+/* The query parameter name of q, percent-decoded ('+' is a space) into out (cap bytes, NUL
+ * terminated; a value longer than cap - 1 is cut, a bad escape ends it). Returns its length (0 when
+ * absent). */
+static size_t query_param_decoded(const char *q, size_t qlen, const char *name, char *out, size_t cap)
 {
     size_t vl = 0;
-    const char *v = q ? query_param(q, qlen, "prefix", &vl) : NULL;
-    char prefix[1024];
+    const char *v = q ? query_param(q, qlen, name, &vl) : NULL;
     size_t n = 0;
-    for (size_t i = 0; v && i < vl && n < sizeof(prefix) - 1; i++) {
+    for (size_t i = 0; v && i < vl && n < cap - 1; i++) {
         if (v[i] == '%' && i + 2 < vl) {
             char hex[3] = {v[i + 1], v[i + 2], 0};
             char *end;
             long c = strtol(hex, &end, 16);
             if (end != hex + 2)
                 break;
-            prefix[n++] = (char)c;
+            out[n++] = (char)c;
             i += 2;
         } else {
-            prefix[n++] = v[i] == '+' ? ' ' : v[i];
+            out[n++] = v[i] == '+' ? ' ' : v[i];
         }
     }
-    prefix[n] = '\0';
+    out[n] = '\0';
+    return n;
+}
+
+static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *out)
+{
+    char prefix[1024];
+    size_t n = query_param_decoded(q, qlen, "prefix", prefix, sizeof(prefix));
     if (n < 4 || memcmp(prefix, "agw:", 4) != 0 || memchr(prefix, '\0', n)) {
         static const char body[] = "prefix must be a cache key prefix starting with agw: (e.g. prefix=agw:%7Bproduct%7D)\n";
         respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
@@ -192,6 +203,63 @@ static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *o
     agw_generation_unref(gen);
     agw_buf_puts(&body, "}\n");
     respond(out, status, status == 200 ? "OK" : "Bad Gateway", "application/json", body.base, body.len, 0, NULL);
+    agw_buf_free(&body);
+}
+
+/* GET /limits?rule=NAME&key=VALUE: what the rule of the generation serving says of that key now
+ * (limits/limit.h, agw_limit_peek; nothing is counted). key: the client's address for "ip" rules,
+ * the route pattern for "route" rules, the header's value for header rules. 400 names the rules. */
+static void limits_page(agw_admin_t *a, const char *q, size_t qlen, int head, agw_buf_t *out)
+{
+    char name[128], key[1024];
+    query_param_decoded(q, qlen, "rule", name, sizeof(name));
+    size_t klen = query_param_decoded(q, qlen, "key", key, sizeof(key));
+    agw_generation_t *gen = agw_reload_state_current(a->gens);
+    const agw_limits_conf_t *lc = gen ? &gen->conf.limits : NULL;
+    agw_limit_rule_t *r = NULL;
+    for (size_t i = 0; lc && i < lc->num_rules; i++)
+        if (strcmp(lc->rules[i].name, name) == 0)
+            r = &lc->rules[i];
+    agw_buf_t body = AGW_BUF_INIT;
+    const char *bad = NULL;
+    unsigned char addr[16];
+    const char *kb = key;
+    size_t kl = klen;
+    if (r == NULL) {
+        bad = "rule must name a rule of gateway.lua's limits.rules";
+    } else if (r->key == AGW_LIMIT_KEY_IP) { /* the worker counts the address's bytes */
+        if (inet_pton(AF_INET, key, addr) == 1)
+            kl = 4;
+        else if (inet_pton(AF_INET6, key, addr) == 1)
+            kl = 16;
+        else
+            bad = "key must be an IPv4 or IPv6 address for a rule keyed by ip";
+        kb = (const char *)addr;
+    }
+    if (bad || a->metrics == NULL || a->num_workers == 0 || a->metrics[0]->limits == NULL) {
+        agw_buf_printf(&body, "%s; rules:", bad ? bad : "limits are not counted in this process");
+        for (size_t i = 0; lc && i < lc->num_rules; i++)
+            agw_buf_printf(&body, " %s", lc->rules[i].name);
+        agw_buf_puts(&body, "\n");
+        respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body.base, body.len, head, NULL);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t now_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+        agw_limit_result_t res;
+        agw_limit_peek(a->metrics[0]->limits, r, agw_limit_hash(r, kb, kl), now_ms, &res);
+        agw_buf_puts(&body, "{\"rule\":");
+        json_str(&body, r->name, strlen(r->name));
+        agw_buf_puts(&body, ",\"key\":");
+        json_str(&body, key, klen);
+        agw_buf_printf(&body, ",\"kind\":\"%s\",\"limit\":%llu,\"window_s\":%llu,\"remaining\":%llu,"
+                              "\"reset_ms\":%llu,\"reset_at\":%llu}\n",
+                       r->is_quota ? "quota" : "rate", (unsigned long long)res.limit,
+                       (unsigned long long)res.window_s, (unsigned long long)res.remaining,
+                       (unsigned long long)res.reset_ms, (unsigned long long)((now_ms + res.reset_ms + 999) / 1000));
+        respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
+    }
+    agw_generation_unref(gen);
     agw_buf_free(&body);
 }
 
@@ -235,10 +303,8 @@ static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int 
         trace[32] = '\0';
         trace_id = trace;
     }
-    agw_waterfall_t **rings = calloc(a->num_workers ? a->num_workers : 1, sizeof(*rings));
-    agw_wf_entry_t *entries = malloc((limit ? limit : 1) * sizeof(*entries));
-    if (rings == NULL || entries == NULL)
-        abort();
+    agw_waterfall_t **rings = agw_calloc(a->num_workers ? a->num_workers : 1, sizeof(*rings));
+    agw_wf_entry_t *entries = agw_malloc((limit ? limit : 1) * sizeof(*entries));
     for (size_t i = 0; i < a->num_workers; i++)
         rings[i] = a->metrics[i]->waterfall;
     size_t n = agw_waterfall_snapshot(rings, a->num_workers, trace_id, entries, limit);
@@ -264,10 +330,10 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
 #define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(target, s, plen) == 0)
     int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes") ||
                 PATH_IS("/reload") || PATH_IS("/upstreams") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json") ||
-                PATH_IS("/cache/purge");
+                PATH_IS("/cache/purge") || PATH_IS("/limits");
     if (!known) {
         static const char body[] =
-            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /upstreams, /waterfall, /waterfall.json or "
+            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /upstreams, /waterfall, /waterfall.json, /limits or "
             "POST /cache/purge\n";
         respond(out, 404, "Not Found", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
         return;
@@ -314,6 +380,8 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
         agw_reload_state_json(a->gens, &body);
         respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
         agw_buf_free(&body);
+    } else if (PATH_IS("/limits")) {
+        limits_page(a, q ? q + 1 : NULL, q ? tlen - plen - 1 : 0, head, out);
     } else if (PATH_IS("/upstreams")) {
         agw_buf_t body = AGW_BUF_INIT;
         agw_generation_t *gen = agw_reload_state_current(a->gens);
@@ -428,11 +496,7 @@ static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
             close(fd);
             continue;
         }
-        aconn_t *c = calloc(1, sizeof(*c));
-        if (c == NULL) {
-            close(fd);
-            continue;
-        }
+        aconn_t *c = agw_calloc(1, sizeof(*c));
         c->a = a;
         c->fd = fd;
         c->next = a->conns;
@@ -468,9 +532,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     int fd = agw_listen_socket("admin", conf->admin_host, conf->admin_port, 0, 128);
     if (fd < 0)
         return NULL;
-    agw_admin_t *a = calloc(1, sizeof(*a));
-    if (a == NULL)
-        abort();
+    agw_admin_t *a = agw_calloc(1, sizeof(*a));
     a->gens = gens;
     a->labels = labels;
     a->metrics = metrics;

@@ -1,6 +1,8 @@
 /* server.c: the serving process (see server.h). */
 #include "front/server.h"
 
+#include "base/mem.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -168,23 +170,16 @@ typedef struct server {
     agw_config_t tracing;          /* the exporter's copy of the tracing block (otlp_* only) */
 } server_t;
 
-static char *dup_opt(const char *s)
-{
-    char *d = s ? strdup(s) : NULL;
-    if (s && d == NULL)
-        abort();
-    return d;
-}
 
 /* Copies the tracing block (otlp_*) of from into to, an otherwise empty configuration that
  * agw_config_free frees. */
 static void tracing_settings(const agw_config_t *from, agw_config_t *to)
 {
     memset(to, 0, sizeof(*to));
-    to->otlp_url = dup_opt(from->otlp_url);
-    to->otlp_host_header = dup_opt(from->otlp_host_header);
-    to->otlp_path = dup_opt(from->otlp_path);
-    to->otlp_service_name = dup_opt(from->otlp_service_name);
+    to->otlp_url = agw_strdup_opt(from->otlp_url);
+    to->otlp_host_header = agw_strdup_opt(from->otlp_host_header);
+    to->otlp_path = agw_strdup_opt(from->otlp_path);
+    to->otlp_service_name = agw_strdup_opt(from->otlp_service_name);
     to->otlp_addr = from->otlp_addr;
     to->otlp_addrlen = from->otlp_addrlen;
     to->otlp_timeout_ms = from->otlp_timeout_ms;
@@ -292,9 +287,7 @@ static void reload(server_t *srv)
                    (unsigned long long)mono.tv_nsec / 1000, srv->dir);
     agw_buf_t errors = AGW_BUF_INIT;
     agw_generation_t *next = agw_generation_load(srv->dir, cur->number + 1, cur, srv->labels, &errors);
-    agw_worker_gen_t **prepared = calloc(srv->workers, sizeof(*prepared));
-    if (prepared == NULL)
-        abort();
+    agw_worker_gen_t **prepared = agw_calloc(srv->workers, sizeof(*prepared));
     int ok = next != NULL;
     for (unsigned wi = 0; ok && wi < srv->workers; wi++)
         ok = (prepared[wi] = agw_worker_prepare(srv->w[wi], next, &errors)) != NULL;
@@ -372,7 +365,7 @@ int agw_server_run(const char *dir)
     agw_buf_free(&errors);
     const agw_config_t *conf = &gen->conf; /* start-up settings: the same in every later generation */
     srv.workers = conf->workers;
-    srv.access_log = conf->access_log ? strdup(conf->access_log) : NULL;
+    srv.access_log = agw_strdup_opt(conf->access_log);
 
     static h2o_globalconf_t globalconf;
     h2o_config_init(&globalconf);
@@ -391,9 +384,13 @@ int agw_server_run(const char *dir)
     agw_nofile_raise(upstream_fds(conf));
     if (srv.access_log && (srv.access_fd = open_access_log(srv.access_log)) < 0)
         return 1;
-    agw_metrics_t **metrics = calloc(conf->workers, sizeof(*metrics));
+    agw_metrics_t **metrics = agw_calloc(conf->workers, sizeof(*metrics));
     for (unsigned wi = 0; wi < conf->workers; wi++)
         metrics[wi] = agw_metrics_new(srv.labels);
+    /* rate limit and quota counts: one table for the process, sized once (limits.local_keys) */
+    agw_limit_store_t *limits = agw_limit_store_new(conf->limits.local_keys);
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        metrics[wi]->limits = limits;
     /* spans leave through the exporter thread; without a collector nothing is queued. The exporter
      * keeps its own copy of the tracing settings (a restart-only block): generation 1 does not
      * live as long as the process. */
@@ -414,15 +411,15 @@ int agw_server_run(const char *dir)
     agw_admin_t *admin = NULL;
     if (conf->admin_port && (admin = agw_admin_start(conf, &srv.gens, srv.labels, metrics, conf->workers)) == NULL)
         return 1;
-    srv.w = calloc(conf->workers, sizeof(*srv.w));
-    agw_listener_fd_t *fds = calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*fds));
+    srv.w = agw_calloc(conf->workers, sizeof(*srv.w));
+    agw_listener_fd_t *fds = agw_calloc(conf->num_listen ? conf->num_listen : 1, sizeof(*fds));
     for (unsigned wi = 0; wi < conf->workers; wi++) {
         for (size_t i = 0; i < conf->num_listen; i++) {
             if ((fds[i].fd = open_listener(&conf->listen[i])) < 0)
                 return 1;
         }
         srv.w[wi] = agw_worker_start((int)wi, gen, &globalconf, fds, conf->num_listen, metrics[wi], srv.access_fd,
-                                     &errors);
+                                     limits, &errors);
         if (srv.w[wi] == NULL) {
             agw_log(AGW_LOG_ERROR, "worker %u did not start:\n%s", wi, errors.base ? errors.base : "");
             agw_buf_free(&errors);
@@ -501,6 +498,7 @@ int agw_server_run(const char *dir)
     for (unsigned wi = 0; wi < srv.workers; wi++)
         agw_metrics_free(metrics[wi]);
     free(metrics);
+    agw_limit_store_free(limits);
     if (srv.access_fd >= 0)
         close(srv.access_fd);
     free(srv.w);

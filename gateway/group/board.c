@@ -1,5 +1,6 @@
 /* board.c: the endpoints' state for the admin thread (see board.h). */
 #include "group/board.h"
+#include "base/mem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -9,9 +10,8 @@
 
 agw_endpoint_board_t *agw_endpoint_board_new(size_t workers, size_t endpoints)
 {
-    agw_endpoint_board_t *b = calloc(1, sizeof(*b));
-    if (b == NULL || (b->rows = calloc(workers * endpoints > 0 ? workers * endpoints : 1, sizeof(*b->rows))) == NULL)
-        abort();
+    agw_endpoint_board_t *b = agw_calloc(1, sizeof(*b));
+    b->rows = agw_calloc(workers * endpoints > 0 ? workers * endpoints : 1, sizeof(*b->rows));
     b->num_workers = workers;
     b->num_endpoints = endpoints;
     return b;

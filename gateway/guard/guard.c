@@ -1,6 +1,8 @@
 /* guard.c: the limits a hostile client meets at the front (see guard.h). */
 #include "guard/guard.h"
 
+#include "base/mem.h"
+
 #include <h2o/http2.h>
 #include <h2o/http2_scheduler.h>
 #include <stdlib.h>
@@ -206,9 +208,7 @@ void agw_guard_conn_open(agw_guard_t *g, agw_guard_conn_t *c, int fd)
         size_t cap = g->by_fd_cap ? g->by_fd_cap : 256;
         while (cap <= (size_t)fd)
             cap *= 2;
-        agw_guard_conn_t **t = realloc(g->by_fd, cap * sizeof(*t));
-        if (t == NULL)
-            abort();
+        agw_guard_conn_t **t = agw_realloc(g->by_fd, cap * sizeof(*t));
         memset(t + g->by_fd_cap, 0, (cap - g->by_fd_cap) * sizeof(*t));
         g->by_fd = t;
         g->by_fd_cap = cap;

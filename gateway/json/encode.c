@@ -5,6 +5,8 @@
  * runs, so it cannot raise) and builds the error path only when there is an error. */
 #include "json/json.h"
 
+#include "base/mem.h"
+
 #include <lauxlib.h>
 #include <math.h>
 #include <stdio.h>
@@ -187,6 +189,15 @@ int agw_json_encode_string(agw_buf_t *out, const char *str, size_t len)
     return 0;
 }
 
+void agw_json_encode_string_or(agw_buf_t *out, const char *s, size_t len, const char *fallback)
+{
+    size_t mark = out->len;
+    if (agw_json_encode_string(out, s, len) != 0) {
+        out->len = mark;
+        agw_buf_puts(out, fallback);
+    }
+}
+
 /* ---- json_t ---- */
 
 void agw_json_encode_value(const json_t *v, agw_buf_t *out)
@@ -320,11 +331,7 @@ static void key_push(enc_t *e, const char *s, size_t len)
 {
     if (e->nkeys == e->capkeys) {
         size_t cap = e->capkeys * 2;
-        skey *k = e->keys == e->inline_keys ? malloc(cap * sizeof(*k)) : realloc(e->keys, cap * sizeof(*k));
-        if (k == NULL) {
-            fputs("aggway: out of memory\n", stderr);
-            abort();
-        }
+        skey *k = e->keys == e->inline_keys ? agw_malloc(cap * sizeof(*k)) : agw_realloc(e->keys, cap * sizeof(*k));
         if (e->keys == e->inline_keys)
             memcpy(k, e->inline_keys, sizeof(e->inline_keys));
         e->keys = k;

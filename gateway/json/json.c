@@ -605,12 +605,15 @@ static int l_decode(lua_State *L)
     return 1;
 }
 
-/* parse(s) -> raw ref | nil, err: validates like an upstream body is validated (the same
- * limits), without parsing it; the spec harness gives stubbed answers to the runtime this way. */
+/* parse(s [, extra]) -> raw ref | nil, err: validates like an upstream body is validated (the same
+ * limits), without parsing it; extra (bytes, optional) is kept with it for raw_extra, as the
+ * transport keeps a response's header block. The spec harness gives stubbed answers to the
+ * runtime this way. */
 static int l_parse(lua_State *L)
 {
-    size_t len;
+    size_t len, elen = 0;
     const char *s = luaL_checklstring(L, 1, &len);
+    const char *extra = luaL_optlstring(L, 2, NULL, &elen);
     char err[160];
     int compact;
     if (agw_json_validate(s, len, AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) != 0) {
@@ -618,7 +621,7 @@ static int l_parse(lua_State *L)
         lua_pushstring(L, err);
         return 2;
     }
-    agw_json_push_raw_ref(L, s, len, compact, NULL, 0);
+    agw_json_push_raw_ref(L, s, len, compact, extra, elen);
     return 1;
 }
 

@@ -176,6 +176,11 @@ size_t agw_utf8_seq(const unsigned char *s, size_t n);
  * nothing useful) if s is not valid UTF-8. */
 int agw_json_encode_string(agw_buf_t *out, const char *s, size_t len);
 
+/* Appends s (len bytes) as a JSON string literal or, when s is not valid UTF-8, the JSON text
+ * fallback as it is ("null", "\"\"", "\"(not valid UTF-8)\""): for text the gateway did not make
+ * (names, messages, file names) in a document that must stay valid JSON. */
+void agw_json_encode_string_or(agw_buf_t *out, const char *s, size_t len, const char *fallback);
+
 /* Appends the shortest decimal form of d that reads back to d ("4.6", "1e+300", "0.1"). Integral
  * values below 2^53 print without a fraction ("89"). Negative zero prints as "-0.0": "-0" would
  * read back as the integer 0 in jansson and many other parsers, losing the sign. NaN and

@@ -1,6 +1,8 @@
 /* metrics.c: per-worker counters and their Prometheus rendering (see metrics.h). */
 #include "ops/metrics.h"
 
+#include "base/mem.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +10,7 @@
 #include <time.h>
 
 #include "script/config.h"
+#include "limits/limit.h"
 #include "ops/otlp.h"
 #include "ops/prom.h"
 #include "ops/waterfall.h"
@@ -39,15 +42,12 @@ const char *agw_metric_outcome_name(agw_metric_outcome_t o)
 
 agw_metric_labels_t *agw_metric_labels_new(uint32_t route_cap, uint32_t upstream_cap)
 {
-    agw_metric_labels_t *l = calloc(1, sizeof(*l));
-    if (l == NULL)
-        abort();
+    agw_metric_labels_t *l = agw_calloc(1, sizeof(*l));
     l->route_cap = route_cap + 1;
     l->upstream_cap = upstream_cap ? upstream_cap : 1;
-    l->routes = calloc(l->route_cap, sizeof(*l->routes));
-    l->upstreams = calloc(l->upstream_cap, sizeof(*l->upstreams));
-    if (l->routes == NULL || l->upstreams == NULL || (l->routes[0] = strdup("unmatched")) == NULL)
-        abort();
+    l->routes = agw_calloc(l->route_cap, sizeof(*l->routes));
+    l->upstreams = agw_calloc(l->upstream_cap, sizeof(*l->upstreams));
+    l->routes[0] = agw_strdup("unmatched");
     l->num_routes = 1;
     return l;
 }
@@ -94,8 +94,7 @@ static uint32_t map_names(char **names, uint32_t from, uint32_t n, uint32_t cap,
     for (size_t i = 0; i < num_want; i++) {
         uint32_t s = find_slot(names, from, n, want[i]);
         if (s == n) {
-            if ((names[n] = strdup(want[i])) == NULL)
-                abort();
+            names[n] = agw_strdup(want[i]);
             n++;
         }
         slot[i] = s;
@@ -107,9 +106,7 @@ int agw_metric_labels_map(agw_metric_labels_t *l, const agw_config_t *conf, uint
                           uint32_t *upstream_slot, agw_buf_t *errors)
 {
     size_t ne = conf->num_endpoints, nu = conf->num_upstreams;
-    const char **want = calloc((ne > nu ? ne : nu) + 1, sizeof(*want));
-    if (want == NULL)
-        abort();
+    const char **want = agw_calloc((ne > nu ? ne : nu) + 1, sizeof(*want));
     for (size_t e = 0; e < ne; e++)
         want[e] = conf->endpoints[e].route ? conf->endpoints[e].route : "";
     uint32_t nr = map_names(l->routes, 1, l->num_routes, l->route_cap, want, ne, route_slot + 1);
@@ -138,15 +135,11 @@ int agw_metric_labels_map(agw_metric_labels_t *l, const agw_config_t *conf, uint
 
 agw_metrics_t *agw_metrics_new(const agw_metric_labels_t *labels)
 {
-    agw_metrics_t *m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        abort();
+    agw_metrics_t *m = agw_calloc(1, sizeof(*m));
     m->num_routes = labels->route_cap;
     m->num_upstreams = labels->upstream_cap;
-    m->routes = calloc(m->num_routes, sizeof(*m->routes));
-    m->upstreams = calloc(m->num_upstreams, sizeof(*m->upstreams));
-    if (m->routes == NULL || m->upstreams == NULL)
-        abort();
+    m->routes = agw_calloc(m->num_routes, sizeof(*m->routes));
+    m->upstreams = agw_calloc(m->num_upstreams, sizeof(*m->upstreams));
     m->waterfall = agw_waterfall_new();
     agw_cache_inbox_init(&m->purge);
     return m;
@@ -232,9 +225,7 @@ void agw_metrics_partial(agw_metrics_t *m, int endpoint, const char *section, si
     }
     agw_partial_metric_t *p = &m->partials[n];
     p->route = endpoint;
-    p->section = malloc(len + 1);
-    if (p->section == NULL)
-        abort();
+    p->section = agw_malloc(len + 1);
     memcpy(p->section, section, len);
     p->section[len] = '\0';
     AGW_M_SET(p->count, 1);
@@ -275,6 +266,44 @@ static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
     }
     agw_prom_family(b, "aggway_requests_in_flight", "gauge", "Requests being handled by a script right now.");
     agw_prom_sample_u64(b, "aggway_requests_in_flight", NULL, 0, started > ended ? started - ended : 0);
+
+    agw_prom_family(b, "aggway_rate_limited_total", "counter",
+                    "Requests refused with 429 by a rate limit or quota (limits in gateway.lua), by route.");
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < nw; i++)
+            sum += AGW_M_GET(w[i]->routes[e].limited);
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        if (sum)
+            agw_prom_sample_u64(b, "aggway_rate_limited_total", &l, 1, sum);
+    }
+    if (nw > 0 && w[0]->limits) {
+        const agw_limit_counts_t *lc;
+        size_t nl = agw_limit_counters(w[0]->limits, &lc);
+        agw_prom_family(b, "aggway_limit_decisions_total", "counter",
+                        "Requests checked against a rate limit or quota rule, by rule name and outcome (allowed: "
+                        "the rule accepted a request that went through; limited: the rule refused it).");
+        for (size_t i = 0; i < nl; i++) {
+            agw_prom_label_t l[2] = {AGW_PROM_LABEL("rule", lc[i].name), AGW_PROM_LABEL("outcome", "allowed")};
+            agw_prom_sample_u64(b, "aggway_limit_decisions_total", l, 2, __atomic_load_n(&lc[i].allowed, __ATOMIC_RELAXED));
+            l[1] = AGW_PROM_LABEL("outcome", "limited");
+            agw_prom_sample_u64(b, "aggway_limit_decisions_total", l, 2, __atomic_load_n(&lc[i].limited, __ATOMIC_RELAXED));
+        }
+        agw_prom_family(b, "aggway_limit_table_full_total", "counter",
+                        "Checks let through uncounted because the table of counts was full where the key would go "
+                        "(raise limits.local_keys).");
+        agw_prom_sample_u64(b, "aggway_limit_table_full_total", NULL, 0, agw_limit_store_full(w[0]->limits));
+    }
+    agw_prom_family(b, "aggway_shed_total", "counter",
+                    "Requests shed with 503 because a worker had more than max_in_flight pages in flight, by route.");
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < nw; i++)
+            sum += AGW_M_GET(w[i]->routes[e].shed);
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        if (sum)
+            agw_prom_sample_u64(b, "aggway_shed_total", &l, 1, sum);
+    }
 
     agw_prom_family(b, "aggway_request_duration_seconds", "histogram",
                     "Time from the request's arrival to its response, by route.");
@@ -319,9 +348,7 @@ static void render_partials(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
         int route;
         const char *section;
         uint64_t count;
-    } *mg = calloc(cap, sizeof(*mg));
-    if (mg == NULL)
-        abort();
+    } *mg = agw_calloc(cap, sizeof(*mg));
     size_t n = 0;
     for (size_t i = 0; i < nw; i++) {
         uint32_t np = __atomic_load_n(&w[i]->num_partials, __ATOMIC_ACQUIRE);
@@ -384,9 +411,7 @@ static void render_upstreams(agw_buf_t *b, const agw_metric_labels_t *lb, const 
         int present; /* the upstream is in the generation serving */
         int state;
         uint64_t opened, closed, denied;
-    } *bs = calloc(nu ? nu : 1, sizeof(*bs));
-    if (bs == NULL)
-        abort();
+    } *bs = agw_calloc(nu ? nu : 1, sizeof(*bs));
     double now = now_ms();
     for (size_t u = 0; u < nu; u++) {
         agw_breaker_t *br = breaker_of(conf, lb->upstreams[u]);

@@ -78,6 +78,8 @@ typedef struct agw_route_metrics {
     uint64_t duration_sum_us;
     uint64_t size[AGW_M_SIZE_BOUNDS + 1];
     uint64_t size_sum;
+    uint64_t limited;                 /* answered 429 by a rate limit or quota (limits/limit.h) */
+    uint64_t shed;                    /* answered 503: shed by priority (limits/gate.h) */
 } agw_route_metrics_t;
 
 typedef struct agw_upstream_metrics {
@@ -134,6 +136,8 @@ typedef struct agw_metrics {
      * made and freed with the metrics), its ring to the span exporter and the exporter itself
      * (otlp.h; set by the server before the worker starts, both NULL when tracing.otlp_http is not
      * configured). */
+    struct agw_limit_store *limits;   /* the process's limits (the same for every worker; set by the
+                                         server): rendered once, from the first worker's */
     /* The cache (lua/agg/cache.lua, cache/lru.h) and the worker's Redis client (redis/redis.h). */
 #define AGW_M_CACHE_OUTCOMES 6          /* hit, miss, stale, stale_if_error, refresh, negative (see agw_metrics_cache_outcome) */
     uint64_t cache[AGW_M_CACHE_OUTCOMES];

@@ -1,6 +1,8 @@
 /* otlp.c: the OTLP/HTTP JSON span exporter (see otlp.h). */
 #include "ops/otlp.h"
 
+#include "base/mem.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -90,11 +92,7 @@ static void put_hex(agw_buf_t *b, const uint8_t *id, size_t n)
 
 static void put_str(agw_buf_t *b, const char *s)
 {
-    size_t mark = b->len;
-    if (agw_json_encode_string(b, s, strlen(s)) != 0) {
-        b->len = mark;
-        agw_buf_puts(b, "\"\"");
-    }
+    agw_json_encode_string_or(b, s, strlen(s), "\"\"");
 }
 
 static void attr_str(agw_buf_t *b, int *first, const char *key, const char *value)
@@ -419,14 +417,12 @@ static void *exporter_main(void *arg)
 
 agw_otlp_t *agw_otlp_start(const agw_config_t *conf, const agw_metric_labels_t *names, size_t num_workers)
 {
-    agw_otlp_t *e = calloc(1, sizeof(*e));
-    if (e == NULL)
-        abort();
+    agw_otlp_t *e = agw_calloc(1, sizeof(*e));
     e->conf = conf;
     e->names = names;
     e->num_queues = num_workers;
     if (posix_memalign((void **)&e->queues, 64, (num_workers ? num_workers : 1) * sizeof(*e->queues)) != 0)
-        abort();
+        agw_oom((num_workers ? num_workers : 1) * sizeof(*e->queues));
     memset(e->queues, 0, (num_workers ? num_workers : 1) * sizeof(*e->queues));
     if (pipe2(e->wake, O_NONBLOCK | O_CLOEXEC) != 0)
         abort();

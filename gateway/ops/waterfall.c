@@ -1,6 +1,8 @@
 /* waterfall.c: recent requests per worker and their waterfall page (see waterfall.h). */
 #include "ops/waterfall.h"
 
+#include "base/mem.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,9 +11,7 @@
 
 agw_waterfall_t *agw_waterfall_new(void)
 {
-    agw_waterfall_t *wf = calloc(1, sizeof(*wf));
-    if (wf == NULL)
-        abort();
+    agw_waterfall_t *wf = agw_calloc(1, sizeof(*wf));
     pthread_mutex_init(&wf->lock, NULL);
     return wf;
 }
@@ -80,9 +80,7 @@ size_t agw_waterfall_snapshot(agw_waterfall_t *const *rings, size_t n, const cha
                               size_t max)
 {
     size_t total = n * AGW_WF_RING;
-    agw_wf_entry_t *all = malloc((total ? total : 1) * sizeof(*all));
-    if (all == NULL)
-        return 0;
+    agw_wf_entry_t *all = agw_malloc((total ? total : 1) * sizeof(*all));
     size_t got = 0;
     for (size_t i = 0; i < n; i++) {
         pthread_mutex_lock(&rings[i]->lock);
@@ -104,11 +102,7 @@ size_t agw_waterfall_snapshot(agw_waterfall_t *const *rings, size_t n, const cha
 
 static void put_json_str(agw_buf_t *b, const char *s)
 {
-    size_t mark = b->len;
-    if (agw_json_encode_string(b, s, strlen(s)) != 0) {
-        b->len = mark;
-        agw_buf_puts(b, "null");
-    }
+    agw_json_encode_string_or(b, s, strlen(s), "null");
 }
 
 static const char *upstream_name(const agw_metric_labels_t *names, unsigned up)

@@ -1,6 +1,7 @@
 /* redis.c: the Redis client (redis.h): hiredis's asynchronous API on libev, with a timer per
  * command, readiness after AUTH/SELECT, and reconnection with backoff. */
 #include "redis/redis.h"
+#include "base/mem.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -60,9 +61,7 @@ static void connect_now(agw_redis_t *r);
 
 static char *dup_n(const char *s, size_t n)
 {
-    char *d = malloc(n + 1);
-    if (!d)
-        abort();
+    char *d = agw_malloc(n + 1);
     memcpy(d, s, n);
     d[n] = '\0';
     return d;
@@ -330,9 +329,7 @@ static void on_cmd_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 static cmd_t *send_cmd(agw_redis_t *r, agw_redis_cb cb, void *data, int internal, int argc, const char **argv,
                        const size_t *argvlen)
 {
-    cmd_t *c = calloc(1, sizeof(*c));
-    if (!c)
-        abort();
+    cmd_t *c = agw_calloc(1, sizeof(*c));
     c->r = r;
     c->cb = cb;
     c->data = data;

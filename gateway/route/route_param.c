@@ -1,6 +1,8 @@
 /* route_param.c: route parameter rules and patterns (see route_param.h). */
 #include "route/route_param.h"
 
+#include "base/mem.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,9 +125,7 @@ static int read_count(const char *src, size_t len, size_t *i)
 
 agw_route_pattern_t *agw_route_pattern_compile(const char *src, size_t len, char *err, size_t errlen)
 {
-    agw_route_pattern_t *p = calloc(1, sizeof(*p));
-    if (p == NULL)
-        abort();
+    agw_route_pattern_t *p = agw_calloc(1, sizeof(*p));
     if (len == 0)
         return fail(p, err, errlen, src, len, "the pattern is empty (write {name} for any segment)");
     size_t i = 0;
@@ -227,10 +227,8 @@ agw_route_pattern_t *agw_route_pattern_compile(const char *src, size_t len, char
 int agw_route_pattern_match(const agw_route_pattern_t *p, const char *value, size_t len)
 {
     unsigned char small[2 * 257];
-    unsigned char *reach = len < 257 ? small : malloc(2 * (len + 1));
-    size_t *count = malloc((len + 2) * sizeof(size_t));
-    if (reach == NULL || count == NULL)
-        abort();
+    unsigned char *reach = len < 257 ? small : agw_malloc(2 * (len + 1));
+    size_t *count = agw_malloc((len + 2) * sizeof(size_t));
     unsigned char *next = reach + len + 1;
     memset(reach, 0, len + 1);
     reach[0] = 1;

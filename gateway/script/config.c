@@ -1,6 +1,8 @@
 /* config.c: a scripts folder's generation as C structures (see config.h). */
 #include "script/config.h"
 
+#include "base/mem.h"
+
 #include <lauxlib.h>
 #include <openssl/ssl.h>
 #include <netdb.h>
@@ -18,7 +20,7 @@
 static char *field_str(lua_State *L, int idx, const char *name)
 {
     lua_getfield(L, idx, name);
-    char *s = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+    char *s = lua_isstring(L, -1) ? agw_strdup(lua_tostring(L, -1)) : NULL;
     lua_pop(L, 1);
     return s;
 }
@@ -62,9 +64,7 @@ static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const 
         return 0;
     }
     int tt = lua_gettop(L);
-    agw_upstream_tls_t *tls = calloc(1, sizeof(*tls));
-    if (tls == NULL)
-        abort();
+    agw_upstream_tls_t *tls = agw_calloc(1, sizeof(*tls));
     tls->ca_file = field_str(L, tt, "ca_file");
     tls->server_name = field_str(L, tt, "server_name");
     lua_getfield(L, tt, "verify");
@@ -137,8 +137,8 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
     lua_getfield(L, cfg, "upstreams");
     int ups = lua_gettop(L);
     size_t n = lua_objlen(L, ups);
-    conf->upstreams = calloc(n ? n : 1, sizeof(*conf->upstreams));
-    conf->breakers = calloc(n ? n : 1, sizeof(*conf->breakers));
+    conf->upstreams = agw_calloc(n ? n : 1, sizeof(*conf->upstreams));
+    conf->breakers = agw_calloc(n ? n : 1, sizeof(*conf->breakers));
     conf->num_upstreams = n;
     int rc = 0;
     size_t total = 0;
@@ -156,6 +156,7 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         u->max_connections = (unsigned)field_num(L, t, "max_connections", 64);
         u->max_pending = (unsigned)field_num(L, t, "max_pending", 256);
         u->max_body_bytes = (size_t)field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
+        u->max_rps = (uint64_t)field_num(L, t, "max_rps", 0);
         /* the breaker block is always a table after checking: { failures, open_s, half_open_probes, off } */
         lua_getfield(L, t, "breaker");
         int bt = lua_gettop(L);
@@ -187,14 +188,16 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
     return rc;
 }
 
-static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *errors)
+static void load_endpoint_limits(lua_State *L, int e, int cfg, agw_endpoint_info_t *ep);
+
+static int load_routes(lua_State *L, int gen, int cfg, agw_config_t *conf, agw_buf_t *errors)
 {
     lua_getfield(L, gen, "endpoints");
     int eps = lua_gettop(L);
     size_t n = lua_objlen(L, eps);
     int rc = 0;
-    conf->endpoints = calloc(n ? n : 1, sizeof(*conf->endpoints));
-    conf->auth_policies = calloc(n ? n : 1, sizeof(*conf->auth_policies));
+    conf->endpoints = agw_calloc(n ? n : 1, sizeof(*conf->endpoints));
+    conf->auth_policies = agw_calloc(n ? n : 1, sizeof(*conf->auth_policies));
     conf->num_endpoints = n;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, eps, (int)i + 1);
@@ -202,6 +205,7 @@ static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *err
         conf->endpoints[i].route = field_str(L, e, "route");
         conf->endpoints[i].method = field_str(L, e, "method");
         conf->endpoints[i].file = field_str(L, e, "file");
+        load_endpoint_limits(L, e, cfg, &conf->endpoints[i]);
         lua_getfield(L, e, "auth");
         agw_auth_policy_load(L, lua_gettop(L), &conf->auth_policies[i]);
         lua_pop(L, 1);
@@ -216,12 +220,80 @@ static int load_routes(lua_State *L, int gen, agw_config_t *conf, agw_buf_t *err
     return rc;
 }
 
+/* limits = { headers, local_keys, rules } as agg.limits checked it, and max_in_flight. */
+static void load_limits(lua_State *L, int cfg, agw_config_t *conf)
+{
+    agw_limits_conf_t *lc = &conf->limits;
+    lc->max_in_flight = (unsigned)field_num(L, cfg, "max_in_flight", 4096);
+    lua_getfield(L, cfg, "limits");
+    int t = lua_gettop(L);
+    lua_getfield(L, t, "headers");
+    lc->headers = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    lc->local_keys = (size_t)field_num(L, t, "local_keys", 65536);
+    lua_getfield(L, t, "rules");
+    int rs = lua_gettop(L);
+    size_t n = lua_istable(L, rs) ? lua_objlen(L, rs) : 0;
+    lc->rules = calloc(n ? n : 1, sizeof(*lc->rules));
+    lc->num_rules = n;
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, rs, (int)i + 1);
+        int r = lua_gettop(L);
+        agw_limit_rule_t *rule = &lc->rules[i];
+        rule->name = field_str(L, r, "name");
+        char *key = field_str(L, r, "key");
+        rule->key = strcmp(key, "ip") == 0 ? AGW_LIMIT_KEY_IP
+                    : strcmp(key, "route") == 0   ? AGW_LIMIT_KEY_ROUTE
+                    : strcmp(key, "api_key") == 0 ? AGW_LIMIT_KEY_API_KEY
+                    : strcmp(key, "user") == 0    ? AGW_LIMIT_KEY_USER
+                                                  : AGW_LIMIT_KEY_HEADER;
+        free(key);
+        rule->header = field_str(L, r, "header");
+        char *window = field_str(L, r, "window");
+        if (window) {
+            rule->is_quota = 1;
+            rule->quota = (uint64_t)field_num(L, r, "quota", 1);
+            rule->window = strcmp(window, "hour") == 0 ? AGW_LIMIT_HOUR : strcmp(window, "day") == 0 ? AGW_LIMIT_DAY
+                                                                                                      : AGW_LIMIT_MONTH;
+            free(window);
+        } else {
+            rule->rate = (uint64_t)field_num(L, r, "rate", 1);
+            rule->per_s = (uint64_t)field_num(L, r, "per_s", 1);
+            rule->burst = (uint64_t)field_num(L, r, "burst", (double)rule->rate);
+        }
+        agw_limit_rule_seal(rule);
+        lua_pop(L, 1);
+    }
+    lua_settop(L, t - 1);
+}
+
+/* An endpoint's rule indexes (0-based, from limits.by_name) and priority. */
+static void load_endpoint_limits(lua_State *L, int e, int cfg, agw_endpoint_info_t *ep)
+{
+    ep->priority = (int)field_num(L, e, "priority", 2);
+    lua_getfield(L, e, "limits");
+    int names = lua_gettop(L);
+    lua_getfield(L, cfg, "limits");
+    lua_getfield(L, -1, "by_name");
+    int by_name = lua_gettop(L);
+    size_t n = lua_istable(L, names) ? lua_objlen(L, names) : 0;
+    ep->limits = calloc(n ? n : 1, sizeof(*ep->limits));
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, names, (int)i + 1);
+        lua_rawget(L, by_name);
+        if (lua_isnumber(L, -1))
+            ep->limits[ep->num_limits++] = (uint32_t)lua_tointeger(L, -1) - 1;
+        lua_pop(L, 1);
+    }
+    lua_settop(L, names - 1);
+}
+
 static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
 {
     lua_getfield(L, cfg, "listen");
     int t = lua_gettop(L);
     size_t n = lua_objlen(L, t);
-    conf->listen = calloc(n ? n : 1, sizeof(*conf->listen));
+    conf->listen = agw_calloc(n ? n : 1, sizeof(*conf->listen));
     conf->num_listen = n;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, t, (int)i + 1);
@@ -248,13 +320,13 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
         conf->admin_host = field_str(L, t, "host");
         conf->admin_port = (int)field_num(L, t, "port", 9090);
         if (conf->admin_host == NULL)
-            conf->admin_host = strdup("127.0.0.1");
+            conf->admin_host = agw_strdup("127.0.0.1");
     }
     lua_pop(L, 1);
     char *log = field_str(L, cfg, "access_log");
     if (log && strcmp(log, "stderr") != 0 && log[0] != '/') {
         size_t len = strlen(conf->dir) + strlen(log) + 2;
-        char *full = malloc(len);
+        char *full = agw_malloc(len);
         snprintf(full, len, "%s/%s", conf->dir, log);
         free(log);
         log = full;
@@ -323,7 +395,7 @@ static void resolve_tls_paths(agw_config_t *conf)
             if (p == NULL || p[0] == '/')
                 continue;
             size_t len = strlen(conf->dir) + strlen(p) + 2;
-            char *full = malloc(len);
+            char *full = agw_malloc(len);
             snprintf(full, len, "%s/%s", conf->dir, p);
             free(p);
             *files[k] = full;
@@ -381,7 +453,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
 {
     memset(conf, 0, sizeof(*conf));
     agw_auth_init(&conf->auth);
-    conf->dir = strdup(dir);
+    conf->dir = agw_strdup(dir);
     lua_State *L = agw_vm_new(dir);
     if (L == NULL) {
         agw_buf_puts(errors, "out of memory creating a Lua state\n");
@@ -404,6 +476,16 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->workers = (unsigned)workers;
     conf->deadline_ms = (uint64_t)field_num(L, cfg, "deadline_ms", 1000);
     conf->max_request_body_bytes = (size_t)field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
+    lua_getfield(L, cfg, "batch"); /* agg.config checked it: { path, max_requests, deadline_ms | false } */
+    if (lua_istable(L, -1)) {
+        int bt = lua_gettop(L);
+        conf->batch_path = field_str(L, bt, "path");
+        conf->batch_max_requests = (size_t)field_num(L, bt, "max_requests", 20);
+        lua_getfield(L, bt, "deadline_ms");
+        conf->batch_deadline_ms = lua_isnumber(L, -1) ? (uint64_t)lua_tonumber(L, -1) : conf->deadline_ms;
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
     conf->shutdown_grace_ms = (uint64_t)field_num(L, cfg, "shutdown_grace_ms", 10000);
     conf->script_time_limit_ms = (uint64_t)field_num(L, cfg, "script_time_limit_ms", 1000);
     load_clients(L, cfg, conf);
@@ -419,7 +501,8 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     load_admin(L, cfg, conf);
     if (load_upstreams(L, cfg, conf, errors) != 0)
         rc = -1;
-    if (load_routes(L, gen, conf, errors) != 0)
+    load_limits(L, cfg, conf);
+    if (load_routes(L, gen, cfg, conf, errors) != 0)
         rc = -1;
     if (load_tracing(L, cfg, conf, errors) != 0)
         rc = -1;
@@ -467,14 +550,17 @@ void agw_config_free(agw_config_t *conf)
         free(conf->endpoints[i].route);
         free(conf->endpoints[i].method);
         free(conf->endpoints[i].file);
+        free(conf->endpoints[i].limits);
     }
     free(conf->endpoints);
     free(conf->admin_host);
     free(conf->access_log);
+    free(conf->batch_path);
     free(conf->otlp_url);
     free(conf->otlp_host_header);
     free(conf->otlp_path);
     free(conf->otlp_service_name);
+    agw_limits_conf_clear(&conf->limits);
     free(conf->dir);
     memset(conf, 0, sizeof(*conf));
 }
@@ -497,30 +583,23 @@ int agw_upstream_conf_same(const agw_upstream_conf_t *a, const agw_upstream_conf
            same_str(a->base_path, b->base_path) && a->addrlen == b->addrlen &&
            memcmp(&a->addr, &b->addr, a->addrlen) == 0 && a->connect_timeout_ms == b->connect_timeout_ms &&
            a->idle_timeout_ms == b->idle_timeout_ms && a->max_connections == b->max_connections &&
-           a->max_pending == b->max_pending && a->max_body_bytes == b->max_body_bytes;
+           a->max_pending == b->max_pending && a->max_body_bytes == b->max_body_bytes &&
+           a->max_rps == b->max_rps;
 }
 
-static char *dup_or_null(const char *s)
-{
-    char *d = s ? strdup(s) : NULL;
-    if (s && d == NULL)
-        abort();
-    return d;
-}
 
 void agw_upstream_conf_copy(agw_upstream_conf_t *out, const agw_upstream_conf_t *u)
 {
     *out = *u;
-    out->name = dup_or_null(u->name);
-    out->url = dup_or_null(u->url);
-    out->host_header = dup_or_null(u->host_header);
-    out->base_path = dup_or_null(u->base_path);
+    out->name = agw_strdup_opt(u->name);
+    out->url = agw_strdup_opt(u->url);
+    out->host_header = agw_strdup_opt(u->host_header);
+    out->base_path = agw_strdup_opt(u->base_path);
     if (u->tls) { /* the pool may outlive u's generation: its own settings, a reference to the SSL_CTX */
-        if ((out->tls = malloc(sizeof(*out->tls))) == NULL)
-            abort();
+        out->tls = agw_malloc(sizeof(*out->tls));
         *out->tls = *u->tls;
-        out->tls->ca_file = dup_or_null(u->tls->ca_file);
-        out->tls->server_name = dup_or_null(u->tls->server_name);
+        out->tls->ca_file = agw_strdup_opt(u->tls->ca_file);
+        out->tls->server_name = agw_strdup_opt(u->tls->server_name);
         if (out->tls->ctx)
             SSL_CTX_up_ref(out->tls->ctx);
     }

@@ -14,6 +14,7 @@
 #include "edge/auth.h"
 #include "script/router.h"
 #include "upstream/conf.h"
+#include "limits/limit.h"
 
 typedef struct agw_listen_conf {
     char *host;        /* address to bind ("0.0.0.0") */
@@ -48,6 +49,9 @@ typedef struct agw_endpoint_info {
     char *route;       /* "GET /product-page/{id}" */
     char *method;      /* "GET" */
     char *file;        /* the script that defines it */
+    uint32_t *limits;  /* indexes in agw_config_t.limits.rules of the rules it is checked against */
+    size_t num_limits;
+    int priority;      /* 1 (shed last) to 3 (shed first) */
 } agw_endpoint_info_t;
 
 typedef struct agw_config {
@@ -56,6 +60,10 @@ typedef struct agw_config {
     size_t num_listen;
     unsigned workers;                   /* worker threads (resolved: "auto" = cores) */
     uint64_t deadline_ms;               /* default request deadline, ms */
+    char *batch_path;                   /* batch = { route = "POST /path" }: the batch endpoint's path
+                                           (multi/multi.h), NULL when there is none */
+    size_t batch_max_requests;          /* batch.max_requests: entries one batch may carry */
+    uint64_t batch_deadline_ms;         /* batch.deadline_ms (default: deadline_ms), ms */
     size_t max_request_body_bytes;      /* request body limit, bytes */
     uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
     uint64_t script_time_limit_ms;      /* how long a script may run without waiting before it is
@@ -89,6 +97,7 @@ typedef struct agw_config {
     socklen_t otlp_addrlen;
     char *otlp_service_name;            /* resource attribute service.name ("aggway") */
     uint64_t otlp_timeout_ms;           /* one export (connect, send, status line) at most, ms */
+    agw_limits_conf_t limits;           /* limits = { … } and max_in_flight (limits/limit.h) */
     /* redis = { url, timeout_ms } (redis/redis.h): host NULL when gateway.lua has no redis block */
     agw_redis_conf_t redis;
     /* cache = { memory_bytes, redis } (cache/lru.h, lua/agg/cache.lua) */

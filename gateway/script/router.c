@@ -1,6 +1,8 @@
 /* router.c: route table (see router.h). */
 #include "script/router.h"
 
+#include "base/mem.h"
+
 #include <lauxlib.h>
 #include <lua.h>
 #include <stdio.h>
@@ -9,9 +11,7 @@
 
 static char *dup_n(const char *s, size_t n)
 {
-    char *p = malloc(n + 1);
-    if (p == NULL)
-        abort();
+    char *p = agw_malloc(n + 1);
     memcpy(p, s, n);
     p[n] = '\0';
     return p;
@@ -44,18 +44,14 @@ int agw_router_add(agw_router_t *r, const char *method, const char *pattern, con
             return -1;
         }
     }
-    agw_route_t *n = realloc(r->routes, (r->num_routes + 1) * sizeof(*n));
-    if (n == NULL)
-        abort();
+    agw_route_t *n = agw_realloc(r->routes, (r->num_routes + 1) * sizeof(*n));
     r->routes = n;
     agw_route_t *rt = &r->routes[r->num_routes++];
-    rt->method = strdup(method);
-    rt->pattern = strdup(pattern);
+    rt->method = agw_strdup(method);
+    rt->pattern = agw_strdup(pattern);
     rt->endpoint = endpoint;
     rt->num_segs = num_segs;
-    rt->segs = calloc(num_segs ? num_segs : 1, sizeof(*rt->segs));
-    if (rt->method == NULL || rt->pattern == NULL || rt->segs == NULL)
-        abort();
+    rt->segs = agw_calloc(num_segs ? num_segs : 1, sizeof(*rt->segs));
     for (size_t i = 0; i < num_segs; i++) {
         rt->segs[i].text = dup_n(segs[i].text, segs[i].len);
         rt->segs[i].len = segs[i].len;
@@ -195,10 +191,8 @@ static char *lua_strdup_field(lua_State *L, int idx, const char *name)
 {
     lua_getfield(L, idx, name);
     const char *s = lua_tostring(L, -1);
-    char *out = strdup(s ? s : "");
+    char *out = agw_strdup(s ? s : "");
     lua_pop(L, 1);
-    if (out == NULL)
-        abort();
     return out;
 }
 

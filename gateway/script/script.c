@@ -1,6 +1,8 @@
 /* script.c: LuaJIT states and generation loading (see script.h). */
 #include "script/script.h"
 
+#include "base/mem.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <lauxlib.h>
@@ -12,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "upstream/breaker.h"
+#include "limits/gate.h"
 #include "upstream/http1.h"
 #include "base/file.h"
 #include "deploy/runtime_dir.h"
@@ -63,11 +66,9 @@ static void collect(const char *base, const char *rel, char ***list, size_t *n, 
                 continue;
             if (*n == *cap) {
                 *cap = *cap ? *cap * 2 : 16;
-                *list = realloc(*list, *cap * sizeof(char *));
-                if (*list == NULL)
-                    abort();
+                *list = agw_realloc(*list, *cap * sizeof(char *));
             }
-            (*list)[(*n)++] = strdup(sub);
+            (*list)[(*n)++] = agw_strdup(sub);
         }
     }
     closedir(d);
@@ -110,6 +111,8 @@ static int l_read_file(lua_State *L)
     size_t max = (size_t)luaL_checkinteger(L, 2);
     const char *why = NULL;
     int fd = agw_file_open_regular(path, &why);
+    /* max is the caller's limit, not a size the gateway needs: a buffer that cannot be had is an
+     * answer to this call (nil, why), the one exception to base/mem.h's rule */
     char *buf = why ? NULL : malloc(max ? max : 1);
     size_t len = 0;
     if (why == NULL && buf == NULL)
@@ -210,6 +213,7 @@ lua_State *agw_vm_new(const char *scripts_dir)
     preload(L, "agg.breaker", agw_breaker_open);
     preload(L, "agg.resp_headers", agw_resp_headers_open);
     preload(L, "agg.router", agw_router_open);
+    preload(L, "agg.limiter", agw_limiter_open);
     return L;
 }
 

@@ -1,6 +1,8 @@
 /* batch.c: write coalescing and the io_uring batch of the upstream client (see batch.h). */
 #include "upstream/upstream_internal.h"
 
+#include "base/mem.h"
+
 #include "upstream/uring.h"
 
 #include <errno.h>
@@ -15,14 +17,10 @@ _Static_assert(AGW_BATCH_READS <= RING_ENTRIES, "a submission of reads fits on t
 
 int agw_batch_ring_init(agw_batch_t *batch, char *err, size_t errcap)
 {
-    char *slots = malloc((size_t)AGW_BATCH_READS * SLOT_SIZE);
-    agw_uring_t *ring = slots ? agw_uring_open(RING_ENTRIES, err, errcap) : NULL;
-    if (ring == NULL) {
-        if (slots == NULL)
-            snprintf(err, errcap, "out of memory");
-        free(slots);
+    agw_uring_t *ring = agw_uring_open(RING_ENTRIES, err, errcap);
+    if (ring == NULL)
         return -1;
-    }
+    char *slots = agw_malloc((size_t)AGW_BATCH_READS * SLOT_SIZE);
     batch->ring = ring;
     batch->slots = slots;
     return 0;

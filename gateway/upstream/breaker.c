@@ -1,6 +1,8 @@
 /* breaker.c: circuit breaker (see breaker.h). */
 #include "upstream/breaker.h"
 
+#include "base/mem.h"
+
 #include <lauxlib.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +31,7 @@ void agw_breaker_destroy(agw_breaker_t *b)
 
 agw_breaker_t *agw_breaker_new(unsigned failures, uint64_t open_ms, unsigned probes)
 {
-    agw_breaker_t *b = malloc(sizeof(*b));
-    if (b == NULL)
-        abort();
+    agw_breaker_t *b = agw_malloc(sizeof(*b));
     agw_breaker_init(b, failures, open_ms, probes);
     b->refs = 1;
     return b;
@@ -215,9 +215,7 @@ void agw_breaker_push(lua_State *L, agw_breaker_t *b)
 static int l_new(lua_State *L)
 {
     lua_Number failures = luaL_checknumber(L, 1), open_ms = luaL_checknumber(L, 2), probes = luaL_optnumber(L, 3, 1);
-    agw_breaker_t *b = malloc(sizeof(*b));
-    if (b == NULL)
-        return luaL_error(L, "out of memory");
+    agw_breaker_t *b = agw_malloc(sizeof(*b));
     agw_breaker_init(b, failures > 0 ? (unsigned)failures : 0, open_ms > 0 ? (uint64_t)open_ms : 0,
                      probes > 0 ? (unsigned)probes : 1);
     push_handle(L, b, 1);

@@ -26,6 +26,9 @@ typedef struct agw_upstream_conf {
     unsigned max_pending;           /* calls waiting for a connection at most, per worker
                                        (0: no waiting, OVERLOAD when every connection is busy) */
     size_t max_body_bytes;          /* response body limit, bytes (0: no limit) */
+    uint64_t max_rps;               /* calls started per second at most, across the process's
+                                       workers (0: no limit); beyond, a call fails at once with
+                                       OVERLOAD and nothing is sent (agw_pool_set_limits) */
     struct agw_upstream_tls *tls;   /* https:// upstreams: TLS settings with a built ctx; NULL for
                                        http:// */
 } agw_upstream_conf_t;

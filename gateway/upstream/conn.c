@@ -9,6 +9,8 @@
  */
 #include "upstream/upstream_internal.h"
 
+#include "base/mem.h"
+
 #include "upstream/tls.h"
 
 #include <errno.h>
@@ -132,9 +134,7 @@ static void take_response(agw_pool_t *pool, agw_conn_t *c, agw_call_result_t *r)
     agw_h1_response_swap(resp, &pool->dbody, &pool->dhstore);
     if (resp->nhdrs > pool->dhdrs_cap) {
         size_t cap = resp->nhdrs < 16 ? 16 : resp->nhdrs;
-        agw_header_t *h = realloc(pool->dhdrs, cap * sizeof(*h));
-        if (h == NULL)
-            abort();
+        agw_header_t *h = agw_realloc(pool->dhdrs, cap * sizeof(*h));
         pool->dhdrs = h;
         pool->dhdrs_cap = cap;
     }
@@ -197,9 +197,7 @@ void agw_conn_open(agw_call_t *call)
                       conf->name, conf->url, strerror(err));
         return;
     }
-    agw_conn_t *c = calloc(1, sizeof(*c));
-    if (c == NULL)
-        abort();
+    agw_conn_t *c = agw_calloc(1, sizeof(*c));
     c->pool = pool;
     c->fd = fd;
     c->state = AGW_CONN_CONNECTING;

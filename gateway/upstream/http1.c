@@ -1,6 +1,8 @@
 /* upstream/http1.c: HTTP/1.1 request encoding and response framing (see upstream/http1.h). */
 #include "upstream/http1.h"
 
+#include "base/mem.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,9 +198,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
     if (r->last != LAST_FIELD) {
         if (r->nhdrs == r->hdrs_cap) {
             size_t cap = r->hdrs_cap ? r->hdrs_cap * 2 : 16;
-            agw_h1_hdr_t *hdrs = realloc(r->hdrs, cap * sizeof(*hdrs));
-            if (hdrs == NULL)
-                abort();
+            agw_h1_hdr_t *hdrs = agw_realloc(r->hdrs, cap * sizeof(*hdrs));
             r->hdrs = hdrs;
             r->hdrs_cap = cap;
         }

@@ -12,6 +12,7 @@
 #include "upstream/upstream_internal.h"
 
 #include "base/buf.h"
+#include "base/mem.h"
 
 #include <ev.h>
 #include <stdarg.h>
@@ -270,13 +271,23 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
 
 agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *conf)
 {
-    agw_pool_t *pool = calloc(1, sizeof(*pool));
-    if (pool == NULL)
-        return NULL;
+    agw_pool_t *pool = agw_calloc(1, sizeof(*pool));
     pool->loop = loop;
     pool->conf = conf;
     pool->max_conns = conf->max_connections ? conf->max_connections : ~0u;
     return pool;
+}
+
+void agw_pool_set_limits(agw_pool_t *pool, struct agw_limit_store *store)
+{
+    const agw_upstream_conf_t *c = pool->conf;
+    pool->limits = store;
+    pool->max_rps = (agw_limit_rule_t){.name = c->name, .key = AGW_LIMIT_KEY_ROUTE, .rate = c->max_rps, .per_s = 1,
+                                       .burst = c->max_rps};
+    if (c->max_rps) {
+        agw_limit_rule_seal(&pool->max_rps);
+        pool->max_rps_hash = agw_limit_hash(&pool->max_rps, "upstream", 8);
+    }
 }
 
 static void pool_free_if_dying(agw_pool_t *pool)
@@ -320,9 +331,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
     if (pool->dying)
         return NULL; /* started from a callback after agw_pool_destroy(): a caller bug */
     size_t len = agw_h1_request_size(pool->conf, req, &why);
-    agw_call_t *call = malloc(sizeof(*call) + len + 1);
-    if (call == NULL)
-        return NULL;
+    agw_call_t *call = agw_malloc(sizeof(*call) + len + 1);
     memset(call, 0, sizeof(*call));
     call->pool = pool;
     call->cb = cb;
@@ -348,6 +357,13 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
     call->idempotent = agw_h1_method_idempotent(req->method);
     if (req->timeout_ms == 0) {
         agw_call_fail(call, AGW_CALL_TIMEOUT, "%s: timeout_ms is 0, nothing sent", pool->conf->name);
+        return call;
+    }
+    agw_limit_result_t lr;
+    if (pool->limits && pool->conf->max_rps &&
+        !agw_limit_take(pool->limits, &pool->max_rps, pool->max_rps_hash, (uint64_t)(ev_now(pool->loop) * 1000.0), &lr)) {
+        agw_call_fail(call, AGW_CALL_OVERLOAD, "%s: over max_rps (%llu calls a second across the workers), nothing sent",
+                      pool->conf->name, (unsigned long long)pool->conf->max_rps);
         return call;
     }
     ev_timer_start(pool->loop, &call->timer);

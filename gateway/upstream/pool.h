@@ -131,9 +131,17 @@ typedef struct agw_call_req {
     uint64_t timeout_ms;            /* whole-call timeout, ms (0 fails at once with TIMEOUT) */
 } agw_call_req_t;
 
-/* Creates a pool for conf on loop. conf must outlive the pool. Returns NULL on allocation
- * failure. */
+/* Creates a pool for conf on loop. conf must outlive the pool. Never NULL (base/mem.h). */
 agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *conf);
+
+struct agw_limit_store;
+
+/* Gives the pool the process's store of limits (limits/limit.h; it must outlive the pool): with
+ * conf->max_rps set, every call started takes one from a rate of max_rps a second (burst: one
+ * second's worth) counted for the upstream's name across every worker's pool of it; a call beyond
+ * fails at once with AGW_CALL_OVERLOAD (problem upstream-overloaded) and nothing is sent. Without
+ * a store (or max_rps 0) calls are not counted. */
+void agw_pool_set_limits(agw_pool_t *pool, struct agw_limit_store *store);
 
 /* Closes every connection and frees the pool. Calls still in flight or queued are cancelled
  * without callbacks; the owner must not use their handles afterwards. */
@@ -154,8 +162,9 @@ typedef struct agw_pool_stats {
 
 void agw_pool_stats(const agw_pool_t *pool, agw_pool_stats_t *out);
 
-/* Starts a call. Returns the call handle, or NULL only on allocation failure. cb is called
- * exactly once later unless agw_call_cancel() is called first. */
+/* Starts a call. Returns the call handle, or NULL only when the pool is being destroyed (a call
+ * started from a callback after agw_pool_destroy: a caller's bug). cb is called exactly once
+ * later unless agw_call_cancel() is called first. */
 agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call_cb cb, void *data);
 
 /* Cancels a call that has not completed: closes its connection (the upstream stops working on an

@@ -28,6 +28,7 @@
 #ifndef AGW_UPSTREAM_INTERNAL_H
 #define AGW_UPSTREAM_INTERNAL_H
 
+#include "limits/limit.h"
 #include "upstream/batch.h"
 #include "upstream/http1.h"
 #include "upstream/pool.h"
@@ -106,6 +107,9 @@ struct agw_pool {
                                     (agw_pool_set_batch); NULL: written when the call starts */
     SSL_SESSION *session;        /* https:// upstreams: the last session the upstream issued,
                                     offered by the next new connection (NULL: none yet) */
+    struct agw_limit_store *limits; /* the process's limits (agw_pool_set_limits), or NULL */
+    agw_limit_rule_t max_rps;    /* conf->max_rps as a rate rule named after the upstream */
+    uint64_t max_rps_hash;       /* the upstream's key in limits */
     int depth;                   /* 1 while a callback runs */
     int dying;                   /* agw_pool_destroy() called during a callback */
     /* The finished response a callback is reading (callbacks never nest): swapped out of the

@@ -1,6 +1,8 @@
 /* uring.c: batched socket sends and receives on io_uring (see uring.h). */
 #include "upstream/uring.h"
 
+#include "base/mem.h"
+
 #include <errno.h>
 #include <liburing.h>
 #include <stdio.h>
@@ -76,11 +78,7 @@ static int works_on_sockets(struct io_uring *ring, char *err, size_t errcap)
 
 agw_uring_t *agw_uring_open(unsigned entries, char *err, size_t errcap)
 {
-    agw_uring_t *r = calloc(1, sizeof(*r));
-    if (r == NULL) {
-        snprintf(err, errcap, "io_uring: out of memory");
-        return NULL;
-    }
+    agw_uring_t *r = agw_calloc(1, sizeof(*r));
     int e = io_uring_queue_init(entries, &r->ring, 0);
     if (e < 0) {
         snprintf(err, errcap, "io_uring is not available (%s)", strerror(-e));

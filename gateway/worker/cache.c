@@ -15,6 +15,8 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/mem.h"
+
 #include <hiredis/hiredis.h>
 #include <openssl/evp.h>
 #include <stdlib.h>
@@ -97,9 +99,7 @@ static int l_redis_get(lua_State *L)
     const char *key = luaL_checklstring(L, 1, &klen);
     if (!w->redis)
         return 0;
-    redis_get_t *q = malloc(sizeof(*q));
-    if (!q)
-        abort();
+    redis_get_t *q = agw_malloc(sizeof(*q));
     q->g = g;
     q->id = ++w->redis_next_id;
     const char *argv[2] = {"GET", key};

@@ -1,8 +1,15 @@
-/* worker/core.c: the "agg.core" transport the runtime (lua/agg/runtime.lua) calls: upstream
- * calls and their answers, timers, responses, single-flight joins, logging and the runtime's
- * counters. Each core.* function is a closure over the generation whose VM it serves.
+/* core.c: the "agg.core" transport the runtime (lua/agg/runtime.lua) calls: upstream calls and
+ * their answers, timers, responses, single-flight joins, logging and the runtime's counters. Each
+ * core.* function is a closure over the generation whose VM it serves. The contract (arguments,
+ * units, ownership, the fields of the tables that cross) is lua/agg/contract.lua; field names come
+ * from contract.h.
  */
 #include "worker/worker_internal.h"
+
+#include "base/mem.h"
+
+#include "worker/contract.h"
+#include "base/http_status.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,35 +19,6 @@
 #include "base/log.h"
 
 /* ---- responses ------------------------------------------------------------------------------ */
-
-const char *agw_worker_reason_phrase(int status)
-{
-    switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 304: return "Not Modified";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 410: return "Gone";
-    case 413: return "Payload Too Large";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "Status";
-    }
-}
 
 static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char *value, size_t vlen)
 {
@@ -53,7 +31,26 @@ static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char
     h2o_add_header_by_str(&req->pool, &req->res.headers, n, nlen, 1, NULL, v, vlen);
 }
 
-/* ---- an upstream call's span and metrics ---------------------------------------------------- */
+/* ---- an upstream call's record, span and metrics --------------------------------------------- */
+
+/* A call record for a new call: from the worker's free list, or new. */
+static wcall_t *call_take(agw_worker_t *w)
+{
+    wcall_t *c = w->free_calls;
+    if (c == NULL)
+        return agw_malloc(sizeof(*c));
+    w->free_calls = c->next_free;
+    return c;
+}
+
+/* The call is over (answered, cancelled or never started): its id goes, its record goes back on
+ * the worker's free list. */
+static void call_release(agw_worker_t *w, wcall_t *c)
+{
+    agw_slots_del(&w->calls, c->id);
+    c->next_free = w->free_calls;
+    w->free_calls = c;
+}
 
 /* Ends the span of call c and of every request that shared it (on_call_done, core.cancel). */
 static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int http_status, const char *detail)
@@ -121,6 +118,24 @@ static agw_worker_t *upw(lua_State *L)
     return upg(L)->w;
 }
 
+/* The contract's keys (contract.h): the table is upvalue 2 of every core.* function, and each key
+ * is an upvalue of its own after it (upvalue 2 + AGW_KEY_*), the cheapest value to push. */
+
+/* Pushes field key (AGW_KEY_*) of the table at absolute index t, inside a core.* function. */
+static inline void get_upkey(lua_State *L, int t, int key)
+{
+    lua_pushvalue(L, lua_upvalueindex(2 + key));
+    lua_rawget(L, t);
+}
+
+/* Sets field key (AGW_KEY_*) of the table at absolute index t to the value on top (popped). */
+static inline void set_key(lua_State *L, int t, int keys, int key)
+{
+    lua_rawgeti(L, keys, key);
+    lua_insert(L, -2);
+    lua_rawset(L, t);
+}
+
 static int l_now(lua_State *L)
 {
     agw_worker_t *w = upw(L);
@@ -150,9 +165,7 @@ static int field_cmp(const void *pa, const void *pb)
 
 void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
 {
-    field_ref_t small[64], *f = n <= 64 ? small : malloc(n * sizeof(*f));
-    if (f == NULL)
-        abort();
+    field_ref_t small[64], *f = n <= 64 ? small : agw_malloc(n * sizeof(*f));
     for (size_t i = 0; i < n; i++)
         f[i] = (field_ref_t){&h[i], i};
     qsort(f, n, sizeof(*f), field_cmp);
@@ -204,17 +217,13 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     int decode = c->decode;
     unsigned up = c->up;
     trace_call_ended(w, c, res->outcome, res->http_status, res->detail);
-    agw_slots_del(&w->calls, id);
-    c->next_free = w->free_calls;
-    w->free_calls = c;
+    call_release(w, c);
 
-    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
-    lua_pushnumber(L, (lua_Number)id);
-    lua_pushstring(L, agw_call_outcome_name(res->outcome));
-    lua_pushinteger(L, res->http_status);
-    /* a 2xx JSON body is only validated here (DESIGN §2.3 limits); it becomes Lua tables when a
-     * script reads it, and goes into the page as text when none does. Its raw ref also serves
-     * result.body, so the body is not copied twice. */
+    /* runtime.on_call(id, outcome, http_status, data, ms, answer) (lua/agg/contract.lua): a 2xx JSON
+     * body only validated here (DESIGN §2.3 limits) travels as data, a raw ref that becomes Lua
+     * tables when a script reads it, goes into the page as text when none does, and carries the
+     * headers and the body text (json.raw_extra): answer is then nil. Any other answer has its
+     * headers, body and detail in answer, one table per VM. */
     int json_body = res->outcome == AGW_CALL_OK && decode && res->http_status >= 200 && res->http_status < 300 &&
                     res->body_len > 0;
     char err[256];
@@ -223,16 +232,10 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
         json_body = -1; /* not JSON: the failed call carries the body and the reason */
     agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
     agw_worker_publish_pool(g, up);
-    if (json_body == 1) {
-        lua_pushboolean(L, 1); /* the headers ride in the body's raw ref (json.raw_extra) */
-        lua_pushnil(L);
-    } else if (res->outcome == AGW_CALL_OK) {
-        push_headers(w, L, res->headers, res->num_headers);
-        lua_pushlstring(L, res->body ? res->body : "", res->body_len);
-    } else {
-        lua_pushnil(L);
-        lua_pushnil(L);
-    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
+    lua_pushnumber(L, (lua_Number)id);
+    lua_pushstring(L, agw_call_outcome_name(res->outcome));
+    lua_pushinteger(L, res->http_status);
     if (json_body == 1) {
         agw_buf_t *hb = header_block(w, res->headers, res->num_headers);
         agw_json_push_raw_ref(L, res->body, res->body_len, compact, hb->base, hb->len);
@@ -241,11 +244,31 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     else
         lua_pushnil(L);
     lua_pushnumber(L, res->elapsed_ms);
-    if (res->detail)
-        lua_pushstring(L, res->detail);
-    else
+    if (json_body == 1) {
         lua_pushnil(L);
-    agw_worker_call_runtime(g, 8);
+    } else {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_keys);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_answer);
+        int keys = lua_gettop(L) - 1, a = keys + 1;
+        if (res->outcome == AGW_CALL_OK) {
+            push_headers(w, L, res->headers, res->num_headers);
+            set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_HEADERS);
+            lua_pushlstring(L, res->body ? res->body : "", res->body_len);
+            set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_BODY);
+        } else {
+            lua_pushnil(L);
+            set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_HEADERS);
+            lua_pushnil(L);
+            set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_BODY);
+        }
+        if (res->detail)
+            lua_pushstring(L, res->detail);
+        else
+            lua_pushnil(L);
+        set_key(L, a, keys, AGW_KEY_ANSWER + AGW_ANSWER_DETAIL);
+        lua_remove(L, keys);
+    }
+    agw_worker_call_runtime(g, 6);
     agw_worker_gen_release(g);
 }
 
@@ -268,9 +291,13 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     agw_trace_t *tr = rr ? rr->trace : NULL;
     if (tr) {
         size_t slen = 0;
-        const char *section = lua_tolstring(L, 9, &slen);
-        unsigned attempt = (unsigned)lua_tointeger(L, 10);
-        unsigned flags = lua_toboolean(L, 11) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
+        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_SECTION);
+        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_NUMBER);
+        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_HEDGE);
+        const char *section = lua_tolstring(L, -3, &slen); /* held by the attempt table */
+        unsigned attempt = (unsigned)lua_tointeger(L, -2);
+        unsigned flags = lua_toboolean(L, -1) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
+        lua_pop(L, 3);
         unsigned slot = c->g->gen->upstream_slot[c->up];
         c->span = agw_trace_add_span(tr, &w->trace_rng, slot, section, section ? slen : 0, flags, attempt ? attempt : 1,
                                      agw_worker_now_us(w));
@@ -297,10 +324,12 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     return k;
 }
 
-/* core.call(rid, index, method, path, headers|nil, body|nil, timeout_ms, decode, section, attempt,
- *           hedge, endpoint|nil) -> id
- *   section, attempt (1 for the first) and hedge (boolean) describe the attempt's span; endpoint
- *   is the upstream's endpoint to call (1-based, agg.group chose it; nil: the first). */
+/* core.call(rid, upstream, method, path, headers, body, timeout_ms, decode, attempt) -> id
+ * (lua/agg/contract.lua): upstream is the index (1-based); headers { name, value, … } or
+ * false/nil; body a string or false/nil; timeout_ms the whole call's; decode: hand a 2xx body over
+ * as validated JSON; attempt's section, attempt and hedge describe the attempt's span, its
+ * endpoint the upstream's endpoint to call (1-based, agg.group chose it), read only for an
+ * upstream of more than one endpoint (the others' is always the first). */
 static int l_call(lua_State *L)
 {
     wgen_t *g = upg(L);
@@ -308,10 +337,13 @@ static int l_call(lua_State *L)
     int index = (int)luaL_checkinteger(L, 2);
     if (index < 1 || (size_t)index > g->conf->num_upstreams)
         return luaL_error(L, "core.call: no upstream #%d", index);
-    size_t ep = g->conf->ep_first[index - 1];
-    if (!lua_isnoneornil(L, 12)) {
-        lua_Integer e = lua_tointeger(L, 12);
-        if (e < 1 || (size_t)e > g->conf->ep_first[index] - ep)
+    luaL_checktype(L, 9, LUA_TTABLE);
+    size_t first = g->conf->ep_first[index - 1], ep = first;
+    if (g->conf->ep_first[index] - first > 1) { /* a group: the endpoint agg.group chose */
+        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_ENDPOINT);
+        lua_Integer e = lua_isnil(L, -1) ? 1 : lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        if (e < 1 || (size_t)e > g->conf->ep_first[index] - first)
             return luaL_error(L, "core.call: upstream #%d has no endpoint #%d", index, (int)e);
         ep += (size_t)e - 1;
     }
@@ -340,11 +372,7 @@ static int l_call(lua_State *L)
         req.body = lua_tolstring(L, 6, &req.body_len);
     lua_Number t = luaL_checknumber(L, 7);
     req.timeout_ms = t > 0 ? (uint64_t)t : 0;
-    wcall_t *c = w->free_calls;
-    if (c)
-        w->free_calls = c->next_free;
-    else if ((c = malloc(sizeof(*c))) == NULL)
-        return luaL_error(L, "out of memory");
+    wcall_t *c = call_take(w);
     c->g = g;
     c->decode = lua_toboolean(L, 8);
     c->up = (unsigned)(index - 1);
@@ -352,7 +380,6 @@ static int l_call(lua_State *L)
     c->span = -1;
     c->joiners = NULL;
     req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
-    size_t first = g->conf->ep_first[index - 1];
     if (c->span >= 0 && g->conf->ep_first[index] - first > 1) { /* a group's endpoint on the span */
         reqref_t *rr = agw_slots_get(&w->reqs, c->rid);
         rr->trace->spans[c->span].endpoint = (uint8_t)(ep - first + 1);
@@ -360,12 +387,11 @@ static int l_call(lua_State *L)
     c->id = agw_slots_put(&w->calls, c);
     c->call = agw_call_start(g->pools[ep]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
-        /* out of memory: the span recorded above ends here, cancelled (nothing was sent) */
+        /* the pool is being destroyed (agw_call_start's only refusal): the span recorded above
+         * ends here, cancelled (nothing was sent) */
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
-        agw_slots_del(&w->calls, c->id);
-        c->next_free = w->free_calls;
-        w->free_calls = c;
-        return luaL_error(L, "out of memory starting a call");
+        call_release(w, c);
+        return luaL_error(L, "core.call: the pool of upstream #%d is closing", index);
     }
     agw_worker_gen_hold(g);
     AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
@@ -394,9 +420,7 @@ static int l_timer(lua_State *L)
     wgen_t *g = upg(L);
     agw_worker_t *w = g->w;
     lua_Number ms = luaL_checknumber(L, 1);
-    wtimer_t *tm = malloc(sizeof(*tm));
-    if (tm == NULL)
-        return luaL_error(L, "out of memory");
+    wtimer_t *tm = agw_malloc(sizeof(*tm));
     tm->g = g;
     agw_worker_gen_hold(g);
     tm->id = agw_slots_put(&w->timers, tm);
@@ -447,9 +471,7 @@ static int l_cancel(lua_State *L)
         agw_call_cancel(c->call);
         agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
         agw_worker_publish_pool(g, c->up);
-        agw_slots_del(&w->calls, id);
-        c->next_free = w->free_calls;
-        w->free_calls = c;
+        call_release(w, c);
         agw_worker_gen_release(g);
     }
     return 0;
@@ -503,17 +525,24 @@ static void warn_header(void *data, const char *msg)
         agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
 }
 
-/* core.respond(rid, status, headers, body, is_json, default_type, server_timing)
- *   headers: table name -> value (names in any case; resp_headers.h says which are sent) or nil;
- *   body: a Lua value to encode as JSON when is_json, else a string; default_type: content-type
- *   unless headers has one.
- * -> true | false (client gone) | nil, err (body cannot be encoded; nothing was sent) */
+/* core.respond(rid, response) -> true | false (client gone) | nil, err (body cannot be encoded;
+ * nothing was sent). response (lua/agg/contract.lua): status; headers, a table name -> value
+ * (names in any case; resp_headers.h says which are sent) or nil; body, a Lua value to encode as
+ * JSON when json is true, else a string; default_type, the content-type unless headers has one;
+ * server_timing; page, agg.page's verdict ("complete", "partial" or nil: not a page) and sections,
+ * the page's sections (name -> { status, … }) for the partial-page metric and the access log. */
 static int l_respond(lua_State *L)
 {
     agw_worker_t *w = upw(L);
     uint64_t rid = (uint64_t)luaL_checknumber(L, 1);
-    int status = (int)luaL_checkinteger(L, 2);
-    int is_json = lua_toboolean(L, 5);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_settop(L, 2);
+    enum { STATUS = 3, HEADERS, BODY, JSON, DEFAULT_TYPE, SERVER_TIMING, PAGE, SECTIONS };
+    for (int i = 0; i < AGW_RESPONSE_FIELDS; i++) /* STATUS.. in the order of contract.h */
+        get_upkey(L, 2, AGW_KEY_RESPONSE + i);
+    _Static_assert(AGW_RESPONSE_STATUS == 0 && AGW_RESPONSE_SECTIONS == SECTIONS - STATUS, "field order");
+    int status = (int)luaL_checkinteger(L, STATUS);
+    int is_json = lua_toboolean(L, JSON);
     reqref_t *rr = agw_slots_get(&w->reqs, rid);
     if (rr == NULL) {
         lua_pushboolean(L, 0);
@@ -526,7 +555,7 @@ static int l_respond(lua_State *L)
     if (is_json) {
         char err[512];
         agw_buf_reset(b);
-        if (agw_json_encode(L, 4, b, err, sizeof(err)) != 0) {
+        if (agw_json_encode(L, BODY, b, err, sizeof(err)) != 0) {
             lua_pushnil(L);
             lua_pushstring(L, err);
             return 2;
@@ -534,31 +563,28 @@ static int l_respond(lua_State *L)
         body = b->base;
         body_len = b->len;
     } else {
-        body = lua_tolstring(L, 4, &body_len);
+        body = lua_tolstring(L, BODY, &body_len);
         if (body == NULL)
             body = "", body_len = 0;
     }
     req->res.status = status;
-    req->res.reason = agw_worker_reason_phrase(status);
+    req->res.reason = agw_http_reason(status);
     /* the script's headers by the rules of resp_headers.h (the spec harness applies the same) */
     agw_resp_headers_t *set = &w->resp_headers;
     set->n = 0;
-    if (lua_istable(L, 3))
-        agw_resp_headers_read(set, L, 3, warn_header, w);
+    if (lua_istable(L, HEADERS))
+        agw_resp_headers_read(set, L, HEADERS, warn_header, w);
     for (size_t i = 0; i < set->n; i++)
         add_header(req, set->h[i].name, set->h[i].name_len, set->h[i].value, set->h[i].value_len);
     int has_type = agw_resp_headers_find(set, "content-type", 12) != NULL;
-    /* X-Aggregation-Completed (agg.page's marker): 1 true, 0 false, -1 absent */
-    const agw_resp_header_t *marker = agw_resp_headers_find(set, "x-aggregation-completed", 23);
-    int completed = marker ? marker->value_len == 4 && memcmp(marker->value, "true", 4) == 0 : -1;
     size_t tl;
-    const char *type = lua_tolstring(L, 6, &tl);
+    const char *type = lua_tolstring(L, DEFAULT_TYPE, &tl);
     int no_body = status == 204 || status == 304; /* no body, and no Content-Length to promise one
                                                       (RFC 9110 §8.6): nothing to type either */
     if (!has_type && type && !no_body)
         add_header(req, "content-type", 12, type, tl);
     size_t sl;
-    const char *timing = lua_tolstring(L, 7, &sl);
+    const char *timing = lua_tolstring(L, SERVER_TIMING, &sl);
     if (timing)
         add_header(req, "server-timing", 13, timing, sl);
     agw_slots_del(&w->reqs, rid);
@@ -568,28 +594,22 @@ static int l_respond(lua_State *L)
         body_len = 0;
     else
         req->res.content_length = body_len;
-    /* a page's sections: for partial pages (metrics) and the access log; a failed page lists them
-     * under "sections" */
+    /* a page's sections: for partial pages (metrics) and the access log */
     section_ref_t secs[ALOG_MAX_SECTIONS];
     size_t nsecs = 0;
-    int is_page = completed >= 0 && is_json && lua_istable(L, 4);
-    if (is_page && (completed == 0 || rr->logline)) {
-        int top = lua_gettop(L), sidx = 4;
-        if (status != 200) {
-            lua_pushliteral(L, "sections");
-            lua_rawget(L, 4);
-            sidx = lua_istable(L, -1) ? lua_gettop(L) : 0;
-        }
-        if (sidx)
-            nsecs = agw_worker_page_sections(L, sidx, secs, ALOG_MAX_SECTIONS);
-        if (status == 200 && completed == 0) {
+    const char *page = lua_tostring(L, PAGE);
+    int partial = page != NULL && strcmp(page, "partial") == 0;
+    if (page != NULL && (partial || rr->logline)) {
+        if (lua_istable(L, SECTIONS))
+            nsecs = agw_worker_page_sections(L, SECTIONS, secs, ALOG_MAX_SECTIONS);
+        if (status == 200 && partial) {
             for (size_t i = 0; i < nsecs; i++)
                 if (strcmp(secs[i].status, "ok") != 0)
                     agw_metrics_partial(w->m, (int)rr->g->gen->route_slot[rr->endpoint], secs[i].name,
                                         secs[i].len);
         }
+        /* the names and statuses stay referenced by the response until l_respond returns */
         agw_worker_record_request(w, rr, status, body_len, secs, nsecs, timing, timing ? sl : 0);
-        lua_settop(L, top); /* the names and statuses stay referenced by the body until l_respond returns */
     } else {
         agw_worker_record_request(w, rr, status, body_len, NULL, 0, timing, timing ? sl : 0);
     }
@@ -621,9 +641,7 @@ static int l_join(lua_State *L)
         memcpy(rr->trace->spans[i].link_trace_id, leader->trace->trace_id, 16);
         memcpy(rr->trace->spans[i].link_span_id, ls->span_id, 8);
     }
-    sf_joiner_t *j = malloc(sizeof(*j));
-    if (j == NULL)
-        return 0;
+    sf_joiner_t *j = agw_malloc(sizeof(*j));
     j->rid = rr->rid;
     j->span = i;
     j->next = c->joiners;
@@ -683,21 +701,27 @@ static int l_log(lua_State *L)
     return 0;
 }
 
-/* core.upstream_counters(index, retries, retries_denied, hedges, hedges_won, collapsed): the
- * runtime's totals for upstream index, published as metrics (runtime.report_stats). Each VM's
- * totals start at 0, so what is added is the growth since this VM last reported: the counters go
- * on rising across reloads. */
+/* core.upstream_counters(upstream, counters): the runtime's totals for upstream (an index) in
+ * counters' retries, retries_denied, hedges, hedges_won and collapsed (lua/agg/contract.lua),
+ * published as metrics (runtime.report_stats). Each VM's totals start at 0, so what is added is
+ * the growth since this VM last reported: the counters go on rising across reloads. */
 static int l_upstream_counters(lua_State *L)
 {
     wgen_t *g = upg(L);
     lua_Integer index = luaL_checkinteger(L, 1);
-    if (index < 1 || (size_t)index > g->conf->num_upstreams)
+    if (index < 1 || (size_t)index > g->conf->num_upstreams || !lua_istable(L, 2))
         return 0;
     agw_upstream_metrics_t *u = &g->w->m->upstreams[g->gen->upstream_slot[index - 1]];
-    uint64_t *fields[5] = {&u->retries, &u->retries_denied, &u->hedges, &u->hedges_won, &u->collapsed};
-    uint64_t *last = &g->reported[(size_t)(index - 1) * 5];
-    for (int k = 0; k < 5; k++) {
-        lua_Number n = luaL_optnumber(L, 2 + k, 0);
+    uint64_t *fields[AGW_COUNTERS_FIELDS] = {
+        [AGW_COUNTERS_RETRIES] = &u->retries, [AGW_COUNTERS_RETRIES_DENIED] = &u->retries_denied,
+        [AGW_COUNTERS_HEDGES] = &u->hedges, [AGW_COUNTERS_HEDGES_WON] = &u->hedges_won,
+        [AGW_COUNTERS_COLLAPSED] = &u->collapsed,
+    };
+    uint64_t *last = &g->reported[(size_t)(index - 1) * AGW_COUNTERS_FIELDS];
+    for (int k = 0; k < AGW_COUNTERS_FIELDS; k++) {
+        lua_getfield(L, 2, agw_contract_counters[k]);
+        lua_Number n = lua_tonumber(L, -1);
+        lua_pop(L, 1);
         uint64_t v = n > 0 ? (uint64_t)n : 0;
         if (v > last[k]) {
             AGW_M_ADD(*fields[k], v - last[k]);

@@ -1,6 +1,8 @@
 /* generation.c: generations of the scripts folder and the reload record (see generation.h). */
 #include "worker/generation.h"
 
+#include "base/mem.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +85,8 @@ static int check_restart_only(const agw_config_t *prev, const agw_config_t *next
     if (!same_str(prev->otlp_url, next->otlp_url) || !same_str(prev->otlp_service_name, next->otlp_service_name) ||
         prev->otlp_timeout_ms != next->otlp_timeout_ms)
         CHANGED("tracing", "the trace exporter (otlp_http, service_name, timeout_ms)");
+    if (prev->limits.local_keys != next->limits.local_keys)
+        CHANGED("limits", "limits.local_keys (the size of the process's table of counts)");
 #undef CHANGED
     return rc;
 }
@@ -110,9 +114,7 @@ static void adopt_breakers(const agw_config_t *prev, agw_config_t *next)
 agw_generation_t *agw_generation_load(const char *dir, uint64_t number, const agw_generation_t *prev,
                                       agw_metric_labels_t *labels, agw_buf_t *errors)
 {
-    agw_generation_t *g = calloc(1, sizeof(*g));
-    if (g == NULL)
-        abort();
+    agw_generation_t *g = agw_calloc(1, sizeof(*g));
     if (agw_config_load(dir, &g->conf, errors) != 0) {
         free(g);
         return NULL;
@@ -120,10 +122,8 @@ agw_generation_t *agw_generation_load(const char *dir, uint64_t number, const ag
     agw_auth_start(&g->conf.auth); /* a jwks_url's first fetch, off the request path */
     g->number = number;
     g->refs = 1;
-    g->route_slot = calloc(g->conf.num_endpoints + 1, sizeof(*g->route_slot));
-    g->upstream_slot = calloc(g->conf.num_upstreams ? g->conf.num_upstreams : 1, sizeof(*g->upstream_slot));
-    if (g->route_slot == NULL || g->upstream_slot == NULL)
-        abort();
+    g->route_slot = agw_calloc(g->conf.num_endpoints + 1, sizeof(*g->route_slot));
+    g->upstream_slot = agw_calloc(g->conf.num_upstreams ? g->conf.num_upstreams : 1, sizeof(*g->upstream_slot));
     g->board = agw_endpoint_board_new(g->conf.workers, g->conf.ep_first[g->conf.num_upstreams]);
     __atomic_add_fetch(&live_generations, 1, __ATOMIC_RELAXED);
     if ((prev && check_restart_only(&prev->conf, &g->conf, errors) != 0) ||
@@ -210,7 +210,7 @@ void agw_reload_state_serving(agw_reload_state_t *st, agw_generation_t *gen, int
 
 void agw_reload_state_failed(agw_reload_state_t *st, const char *errors)
 {
-    char *copy = strdup(errors ? errors : "");
+    char *copy = agw_strdup(errors ? errors : "");
     pthread_mutex_lock(&st->lock);
     st->failures++;
     st->last_ok = 0;
@@ -256,11 +256,8 @@ void agw_reload_state_json(agw_reload_state_t *st, agw_buf_t *b)
             if (!first)
                 agw_buf_putc(b, ',');
             agw_buf_puts(b, "\n  ");
-            size_t mark = b->len;
-            if (agw_json_encode_string(b, p, len) != 0) { /* not UTF-8 (a file name): say so rather than fail */
-                b->len = mark;
-                agw_buf_puts(b, "\"(message not valid UTF-8)\"");
-            }
+            /* not UTF-8 (a file name): say so rather than fail */
+            agw_json_encode_string_or(b, p, len, "\"(message not valid UTF-8)\"");
             first = 0;
         }
         p = eol ? eol + 1 : p + len;

@@ -3,6 +3,10 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/http_status.h"
+
+#include "base/mem.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -33,8 +37,8 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
     agw_trace_t *tr = w->free_traces;
     if (tr)
         w->free_traces = tr->next;
-    else if ((tr = malloc(sizeof(*tr))) == NULL)
-        return; /* no trace for this request: its calls still get a traceparent of their own */
+    else
+        tr = agw_malloc(sizeof(*tr));
     agw_traceparent_t parent;
     int continued = num_tp == 1 && agw_traceparent_parse(tp->base, tp->len, &parent) == 0;
     agw_trace_begin(tr, &w->trace_rng, continued ? &parent : NULL, agw_worker_now_us(w), req->method.base,
@@ -421,7 +425,7 @@ static const char *route_of(const wgen_t *g, int endpoint)
 
 /* A response produced in C before the request reached the runtime (no route, bad framing) is
  * counted and logged; it was routed by the current generation. */
-static void record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes)
+void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes)
 {
     const wgen_t *g = w->cur;
     agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, 0, bytes);
@@ -463,14 +467,20 @@ void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int 
         agw_json_encode_string(b, detail, strlen(detail));
     }
     agw_buf_putc(b, '}');
+    agw_worker_send_problem_body(w, req, rr, endpoint, status, b->base, b->len);
+}
+
+void agw_worker_send_problem_body(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
+                                  const char *body, size_t len)
+{
     req->res.status = status;
-    req->res.reason = agw_worker_reason_phrase(status);
+    req->res.reason = agw_http_reason(status);
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, H2O_STRLIT("application/problem+json"));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
-    req->res.content_length = b->len;
+    req->res.content_length = len;
     if (rr)
-        agw_worker_record_request(w, rr, status, b->len, NULL, 0, NULL, 0);
+        agw_worker_record_request(w, rr, status, len, NULL, 0, NULL, 0);
     else
-        record_c_response(w, req, endpoint, status, b->len);
-    h2o_send_inline(req, b->base, b->len);
+        agw_worker_record_c_response(w, req, endpoint, status, len);
+    h2o_send_inline(req, body, len);
 }

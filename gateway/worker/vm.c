@@ -4,6 +4,10 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/mem.h"
+
+#include "worker/contract.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,9 +81,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
     /* one pool per endpoint: an endpoint that did not change keeps its pool (and its keep-alive
      * connections) across a reload, whatever happened to the other endpoints of its upstream */
     size_t n = conf->ep_first[conf->num_upstreams], nold = old ? old->conf->ep_first[old->conf->num_upstreams] : 0;
-    g->pools = calloc(n ? n : 1, sizeof(*g->pools));
-    if (g->pools == NULL)
-        abort();
+    g->pools = agw_calloc(n ? n : 1, sizeof(*g->pools));
     for (size_t i = 0; i < n; i++) {
         for (size_t j = 0; j < nold; j++) {
             wpool_t *p = old->pools[j];
@@ -90,13 +92,11 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
             }
         }
         if (g->pools[i] == NULL) {
-            wpool_t *p = calloc(1, sizeof(*p));
-            if (p == NULL)
-                abort();
+            wpool_t *p = agw_calloc(1, sizeof(*p));
             agw_upstream_conf_copy(&p->conf, &conf->eps[i]);
-            if ((p->pool = agw_pool_create(w->loop, &p->conf)) == NULL)
-                abort();
+            p->pool = agw_pool_create(w->loop, &p->conf);
             agw_pool_set_batch(p->pool, &w->batch);
+            agw_pool_set_limits(p->pool, w->limits);
             p->refs = 1;
             g->pools[i] = p;
         }
@@ -191,10 +191,17 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     }
     int rt = lua_gettop(L);
     lua_getfield(L, rt, "init");
-    lua_createtable(L, 0, 8);
+    agw_contract_push_keys(L); /* upvalue 2 of every core.* function, and g->ref_keys */
+    lua_pushvalue(L, -1);
+    g->ref_keys = luaL_ref(L, LUA_REGISTRYINDEX);
+    int keys = lua_gettop(L);
+    lua_createtable(L, 0, 16);
     for (const luaL_Reg *f = agw_worker_core_fns; f->name; f++) {
         lua_pushlightuserdata(L, g);
-        lua_pushcclosure(L, f->func, 1);
+        lua_pushvalue(L, keys);
+        for (int k = 1; k <= AGW_KEY_COUNT; k++)
+            lua_rawgeti(L, keys, k);
+        lua_pushcclosure(L, f->func, 2 + AGW_KEY_COUNT);
         lua_setfield(L, -2, f->name);
     }
     for (const luaL_Reg *f = agw_worker_cache_fns; f->name; f++) {
@@ -210,6 +217,7 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
         lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "breakers");
+    lua_remove(L, keys); /* init, core */
     lua_getfield(L, gen, "upstreams");
     lua_getfield(L, gen, "endpoints");
     lua_getfield(L, gen, "token_exchange");
@@ -229,6 +237,11 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     g->ref_on_redis = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
     lua_getfield(L, rt, "report_stats");
     g->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
+    /* runtime.on_call's answer and runtime.start's arrival: one table each, reused (contract.lua) */
+    lua_createtable(L, 0, AGW_ANSWER_FIELDS);
+    g->ref_answer = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_createtable(L, 0, AGW_ARRIVAL_FIELDS);
+    g->ref_arrival = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_settop(L, 0);
     return 0;
 }
@@ -237,17 +250,14 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
 
 agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw_buf_t *errors)
 {
-    wgen_t *g = calloc(1, sizeof(*g));
-    if (g == NULL)
-        abort();
+    wgen_t *g = agw_calloc(1, sizeof(*g));
     g->w = w;
     g->gen = agw_generation_ref(gen);
     g->conf = &gen->conf;
     g->ref_report_stats = LUA_NOREF;
     g->ref_on_redis = LUA_NOREF;
-    g->reported = calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * 5 : 1, sizeof(*g->reported));
-    if (g->reported == NULL)
-        abort();
+    g->reported = agw_calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * AGW_COUNTERS_FIELDS : 1,
+                         sizeof(*g->reported));
     if (init_vm(g, errors) != 0) {
         agw_worker_gen_discard(g);
         return NULL;

@@ -1,6 +1,8 @@
 /* watchdog.c: the thread that enforces the script time limit (watchdog.h). */
 #include "worker/watchdog.h"
 
+#include "base/mem.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,9 +73,7 @@ agw_watchdog_t *agw_watchdog_start(struct agw_worker **workers, unsigned n)
     sigemptyset(&sa.sa_mask);
     if (sigaction(AGW_WATCHDOG_SIGNAL, &sa, NULL) != 0)
         return NULL;
-    agw_watchdog_t *wd = calloc(1, sizeof(*wd));
-    if (wd == NULL)
-        return NULL;
+    agw_watchdog_t *wd = agw_calloc(1, sizeof(*wd));
     wd->workers = workers;
     wd->n = n;
     pthread_mutex_init(&wd->lock, NULL);

@@ -18,9 +18,15 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/mem.h"
 #include "edge/edge.h"
+#include "multi/multi.h"
+
+#include "worker/contract.h"
+
 #include "script/script.h"
 #include "worker/watchdog.h"
+#include "limits/gate.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -273,9 +279,7 @@ static void abandon_request(wgen_t *g, uint64_t rid)
     if (w->lua_depth) {
         if (w->num_pending_aborts == w->cap_pending_aborts) {
             w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
-            w->pending_aborts = realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
-            if (w->pending_aborts == NULL)
-                abort();
+            w->pending_aborts = agw_realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
         }
         w->pending_aborts[w->num_pending_aborts].rid = rid;
         w->pending_aborts[w->num_pending_aborts++].g = g;
@@ -442,6 +446,137 @@ static const char *bad_framing(h2o_req_t *req)
     return NULL;
 }
 
+static void record_batch(void *data, h2o_req_t *req, int status, size_t bytes)
+{
+    agw_worker_record_c_response(data, req, 0, status, bytes);
+}
+
+/* The batch endpoint (multi/multi.h): its entries come back here, each as a request of its own. */
+static int on_batch(agw_worker_t *w, h2o_req_t *req)
+{
+    const agw_config_t *conf = w->cur->conf;
+    if (agw_multi_is_entry(req)) {
+        agw_worker_send_problem(w, req, NULL, 0, 400, "nested-batch", "a batch may not contain a batch", NULL);
+        return 0;
+    }
+    agw_multi_conf_t mc = {.max_requests = conf->batch_max_requests, .deadline_ms = conf->batch_deadline_ms,
+                           .loop = w->loop, .record = record_batch, .record_data = w};
+    agw_multi_start(req, &mc);
+    return 0;
+}
+
+/* ---- limits and priority shedding (limits/limit.h, limits/gate.h): in C, before any Lua ------ */
+
+/* Rules one request is checked against, at most (more in one endpoint's list are not checked). */
+#define LIMITS_MAX 16
+
+/* The bytes rule r counts req by: the client's address (4 or 16 bytes, no port), the route
+ * pattern, the header's value, the API key's app or the user (user: what the edge accepted; absent:
+ * empty). */
+static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *route, const agw_auth_result_t *user,
+                      const char **key, size_t *len, struct sockaddr_storage *ss)
+{
+    *key = "";
+    *len = 0;
+    if (r->key == AGW_LIMIT_KEY_API_KEY || r->key == AGW_LIMIT_KEY_USER) {
+        json_t *sub = r->key == AGW_LIMIT_KEY_USER && user->claims ? json_object_get(user->claims, "sub") : NULL;
+        if (json_is_string(sub)) {
+            *key = json_string_value(sub);
+            *len = json_string_length(sub);
+        } else if (user->key) {
+            *key = user->key->app;
+            *len = strlen(user->key->app);
+        }
+    } else if (r->key == AGW_LIMIT_KEY_ROUTE) {
+        *key = route;
+        *len = strlen(route);
+    } else if (r->key == AGW_LIMIT_KEY_HEADER) {
+        ssize_t i = h2o_find_header_by_str(&req->headers, r->header, strlen(r->header), -1);
+        if (i >= 0) {
+            *key = req->headers.entries[i].value.base;
+            *len = req->headers.entries[i].value.len;
+        }
+    } else if (req->conn->callbacks->get_peername && req->conn->callbacks->get_peername(req->conn, (void *)ss) > 0) {
+        if (ss->ss_family == AF_INET) {
+            *key = (const char *)&((struct sockaddr_in *)ss)->sin_addr;
+            *len = 4;
+        } else if (ss->ss_family == AF_INET6) {
+            *key = (const char *)&((struct sockaddr_in6 *)ss)->sin6_addr;
+            *len = 16;
+        }
+    }
+}
+
+/* Adds one header whose value is in b (copied into the request's memory). */
+static void add_field(h2o_req_t *req, const h2o_token_t *token, const char *name, const agw_buf_t *b)
+{
+    h2o_iovec_t v = h2o_strdup(&req->pool, b->base, b->len);
+    if (token)
+        h2o_add_header(&req->pool, &req->res.headers, token, NULL, v.base, v.len);
+    else
+        h2o_add_header_by_str(&req->pool, &req->res.headers, name, strlen(name), 0, NULL, v.base, v.len);
+}
+
+/* Sheds the request (503) when the worker is over its bound for the endpoint's priority group, or
+ * refuses it (429) when a rule of the endpoint does; else counts it against every rule and, with
+ * limits.headers, puts the RateLimit fields on its response. Returns 1 when the request was
+ * answered here. */
+static int gate_request(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_auth_result_t *user)
+{
+    const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
+    const agw_limits_conf_t *lc = &g->conf->limits;
+    agw_buf_t *b = &w->out;
+    if (agw_gate_shed(lc->max_in_flight, ep->priority, __atomic_load_n(&w->inflight, __ATOMIC_RELAXED))) {
+        AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].shed, 1);
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
+        agw_buf_reset(b);
+        agw_buf_printf(b, "{\"type\":\"" AGW_PROBLEM_REDUCED_CAPACITY "\",\"title\":\"The gateway is overloaded\","
+                          "\"status\":503,\"detail\":\"requests of priority %d are shed while a worker has more than "
+                          "%lu pages in flight; retry in 1 s\"}",
+                       ep->priority, (unsigned long)lc->max_in_flight * (unsigned long)(5 - ep->priority) / 2);
+        agw_worker_send_problem_body(w, req, NULL, endpoint, 503, b->base, b->len);
+        return 1;
+    }
+    size_t n = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX;
+    if (n == 0)
+        return 0;
+    agw_limit_ask_t asks[LIMITS_MAX];
+    agw_limit_result_t results[LIMITS_MAX];
+    struct sockaddr_storage ss;
+    for (size_t i = 0; i < n; i++) {
+        const agw_limit_rule_t *r = &lc->rules[ep->limits[i]];
+        const char *key;
+        size_t len;
+        limit_key(r, req, ep->route, user, &key, &len, &ss);
+        asks[i].rule = r;
+        asks[i].hash = agw_limit_hash(r, key, len);
+    }
+    agw_limit_verdict_t v = {.results = results};
+    uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
+    int allowed = agw_limit_check(w->limits, asks, n, now_ms, &v);
+    for (size_t i = 0; i < n; i++) /* the rules are the generation's: the counter index is set once */
+        if (allowed || !results[i].allowed)
+            agw_limit_count(w->limits, (agw_limit_rule_t *)asks[i].rule, allowed);
+    if (allowed && !lc->headers)
+        return 0;
+    agw_buf_reset(b);
+    agw_gate_policy_field(b, asks, results, n);
+    add_field(req, NULL, "ratelimit-policy", b);
+    agw_buf_reset(b);
+    agw_gate_ratelimit_field(b, asks, &v);
+    add_field(req, NULL, "ratelimit", b);
+    if (allowed)
+        return 0;
+    AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].limited, 1);
+    agw_buf_reset(b);
+    agw_buf_printf(b, "%llu", (unsigned long long)agw_gate_retry_after_s(&v));
+    add_field(req, H2O_TOKEN_RETRY_AFTER, NULL, b);
+    agw_buf_reset(b);
+    agw_gate_problem_429(b, asks, &v, n);
+    agw_worker_send_problem_body(w, req, NULL, endpoint, 429, b->base, b->len);
+    return 1;
+}
+
 /* Answers 431 when the request's decoded headers pass the clients limits (guard.h): before
  * anything of them is copied for the script. Returns 1 when it answered. */
 static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
@@ -539,6 +674,10 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     if (headers_too_large(w, g, req, 0))
         return 0;
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    const char *bpath = g->conf->batch_path;
+    if (bpath && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) &&
+        h2o_memis(req->path.base, path_len, bpath, strlen(bpath)))
+        return on_batch(w, req);
     int endpoint = 0;
     agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
     size_t num_params = 0;
@@ -580,6 +719,10 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         agw_worker_send_problem(w, req, NULL, endpoint, refusal.status, refusal.kind, refusal.title, NULL);
         return 0;
     }
+    if (gate_request(w, g, req, endpoint, &user)) {
+        json_decref(user.claims); /* agw_edge_push_user drops it for a request that goes on */
+        return 0;
+    }
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
     __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED);
     if (w->draining)
@@ -593,7 +736,8 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     rr->started = ev_now(w->loop);
     rr->logline = NULL;
     rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
-    if (w->access_fd >= 0 && (rr->logline = malloc(req->method.len + req->path.len + 2)) != NULL) {
+    if (w->access_fd >= 0) {
+        rr->logline = agw_malloc(req->method.len + req->path.len + 2);
         memcpy(rr->logline, req->method.base, req->method.len);
         rr->logline[req->method.len] = '\0';
         memcpy(rr->logline + req->method.len + 1, req->path.base, req->path.len);
@@ -605,27 +749,34 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     agw_worker_trace_begin(w, rr, req, path_len);
 
     lua_State *L = g->L;
+    /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the
+     * query, the header block, the body and the edge's user and token in arrival, one table per
+     * VM whose every field is set on each request (nil when absent) */
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
     lua_pushnumber(L, (lua_Number)rr->rid);
     lua_pushinteger(L, endpoint);
     lua_pushlstring(L, req->method.base, req->method.len);
     lua_pushlstring(L, req->path.base, path_len);
-    if (req->query_at != SIZE_MAX)
-        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
-    else
-        lua_pushnil(L);
     lua_createtable(L, 0, (int)num_params);
     for (size_t i = 0; i < num_params; i++) {
         lua_pushlstring(L, params[i].name, params[i].name_len);
         lua_pushlstring(L, params[i].value, params[i].value_len);
         lua_rawset(L, -3);
     }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_keys);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_arrival);
+    int keys = lua_gettop(L) - 1, a = keys + 1;
+    if (req->query_at != SIZE_MAX)
+        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
+    else
+        lua_pushnil(L);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_QUERY);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
     agw_buf_t *hb = &w->hdrs;
     { /* at most clients.max_headers fields (headers_too_large) */
         size_t n = req->headers.size;
-        agw_header_t small[128], *f = n <= 128 ? small : malloc(n * sizeof(*f));
-        if (f == NULL)
-            abort();
+        agw_header_t small[128], *f = n <= 128 ? small : agw_malloc(n * sizeof(*f));
         for (size_t i = 0; i < n; i++) {
             const h2o_header_t *h = &req->headers.entries[i];
             f[i] = (agw_header_t){.name = h->name->base, .name_len = h->name->len, .value = h->value.base,
@@ -635,15 +786,28 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         if (f != small)
             free(f);
     }
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_HEADERS);
     lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
+    lua_rawset(L, a);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_BODY);
     if (req->entity.base != NULL)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
         lua_pushnil(L);
+    lua_rawset(L, a);
+    /* the edge's verdict: user (a table, or nil when the endpoint has no auth) and the verified
+     * bearer token (a JWT's, else nil) */
     agw_edge_push_user(L, &user);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_TOKEN);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_USER);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
+    lua_remove(L, keys);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 10) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
+    if (agw_worker_call_runtime(g, 6) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
         agw_slots_del(&w->reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);
@@ -700,9 +864,7 @@ static void on_conn_close(uv_handle_t *h)
 static void accept_one(listener_t *l)
 {
     agw_worker_t *w = l->worker;
-    conn_t *conn = calloc(1, sizeof(*conn));
-    if (conn == NULL)
-        abort();
+    conn_t *conn = agw_calloc(1, sizeof(*conn));
     conn->w = w;
     conn->guard.fd = -1;
     uv_tcp_init(&w->uvloop, &conn->tcp);
@@ -813,13 +975,12 @@ int agw_worker_ring_wanted(agw_buf_t *errors)
 
 agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
-                               agw_buf_t *errors)
+                               agw_limit_store_t *limits, agw_buf_t *errors)
 {
-    agw_worker_t *w = calloc(1, sizeof(*w));
-    if (w == NULL)
-        abort();
+    agw_worker_t *w = agw_calloc(1, sizeof(*w));
     w->id = id;
     w->m = metrics;
+    w->limits = limits;
     w->waterfall_on = gen->conf.admin_port != 0;
     w->access_fd = access_fd;
     w->alog_sec = -1;
@@ -874,7 +1035,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
     agw_guard_init(&w->guard, &w->ctx);
 
-    w->listeners = calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
+    w->listeners = agw_calloc(num_fds ? num_fds : 1, sizeof(*w->listeners));
     w->num_listeners = num_fds;
     for (size_t i = 0; i < num_fds; i++) {
         listener_t *l = &w->listeners[i];

@@ -13,6 +13,7 @@
 #include "script/config.h"
 #include "worker/generation.h"
 #include "ops/metrics.h"
+#include "limits/limit.h"
 
 /* A listening socket prepared by the server for one worker. Listener i of a worker is listener i
  * of every generation's configuration (agw_config_t.listen): TLS or cleartext (HTTP/1.1 and h2c)
@@ -32,12 +33,13 @@ typedef struct agw_worker_gen agw_worker_gen_t;
  * worker loads the scripts folder into its own VM before serving. Returns NULL and appends a
  * message to errors when the VM cannot load the generation. globalconf is shared read-only. The
  * worker is the only writer of metrics (which must outlive it; the admin thread reads them).
+ * limits: the process's store of rate limit and quota counts, shared by every worker (outlives them).
  * access_fd: where the access log goes (one JSON line per request, buffered and written from the
  * loop), -1 for none. When listening or the thread fails after the VM loaded, the half-built
  * worker is not freed: the caller reports the error and the process exits. */
 agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
-                               agw_buf_t *errors);
+                               agw_limit_store_t *limits, agw_buf_t *errors);
 
 /* Whether workers batch their upstream socket I/O through io_uring (upstream/batch.h, "Batched system
  * calls"): the environment's AGGWAY_IO_URING, "on" (or unset) or "off". Returns 1 or 0, or -1

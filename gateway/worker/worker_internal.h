@@ -24,6 +24,7 @@
 #include "base/slots.h"
 #include "ops/trace.h"
 #include "upstream/batch.h"
+#include "limits/limit.h"
 
 /* A listening socket as the worker's libuv loop accepts on it. */
 typedef struct listener {
@@ -53,9 +54,13 @@ typedef struct agw_worker_gen {
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
     uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
+    int ref_answer, ref_arrival; /* the tables runtime.on_call and runtime.start get, reused
+                                    (lua/agg/contract.lua) */
+    int ref_keys;               /* the contract's field names (contract.h agw_contract_push_keys) */
     wpool_t **pools;            /* one per endpoint, same index as conf->eps (upstream i's from
                                    conf->ep_first[i]); NULL until installed */
-    uint64_t *reported;         /* per upstream: the runtime's 5 totals as last published (metrics) */
+    uint64_t *reported;         /* per upstream: the runtime's AGW_COUNTERS_FIELDS totals as last
+                                   published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
     struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
 } wgen_t;
@@ -169,6 +174,8 @@ struct agw_worker {
         unsigned repeats;                  /* suppressed since */
     } warned[16];
     unsigned warned_others;                /* distinct warnings left out while all 16 were recent */
+    agw_limit_store_t *limits;             /* the process's counts of rate limits and quotas (shared by
+                                              every worker, limits/limit.h) */
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
     agw_lru_t *lru;                        /* the cache's tier 1 (cache/lru.h): kept across reloads */
     agw_redis_t *redis;                    /* the Redis client (redis/redis.h), NULL without redis or
@@ -344,9 +351,6 @@ void agw_worker_cache_close(agw_worker_t *w);
 /* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools. */
 void agw_worker_publish_pool(wgen_t *g, size_t up);
 
-/* The reason phrase of an HTTP status ("Status" for one not listed): a static string. */
-const char *agw_worker_reason_phrase(int status);
-
 /* ---- request_log.c: problems, tracing, metrics and the access log ---------------------------- */
 
 /* Now in microseconds since the epoch (span times). */
@@ -365,8 +369,17 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
 /* Sends an RFC 9457 problem built in C (routing errors, runtime failures) as the response to req,
  * encoded in w->out. Counts and logs the problem as the response of rr, or (rr NULL) of a request
  * that never reached the runtime, for endpoint (0: no route matched). */
+/* Counts and logs a response made in C without the runtime (no route, bad framing, the batch
+ * endpoint's envelope); endpoint 0: no route. */
+void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes);
+
 void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
                              const char *kind, const char *title, const char *detail);
+
+/* Sends body (len bytes of application/problem+json, copied) with status as the response to req,
+ * counted and logged as agw_worker_send_problem says. */
+void agw_worker_send_problem_body(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
+                                  const char *body, size_t len);
 
 /* Request rr ends with status (a response, or 499 when the client left first). It is counted,
  * logged (bytes: the body's length; secs: the page's nsecs sections, or NULL when the response is

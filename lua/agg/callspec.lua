@@ -2,6 +2,7 @@
 -- into the normalized form the scheduler sends, checking every option (DESIGN §2.1).
 -- Mistakes are programming errors: they raise error() at the script's line.
 local json = require "agg.json"
+local merge = require "agg.merge"
 local cache = require "agg.cache"
 
 local M = {}
@@ -10,6 +11,7 @@ local OPTIONS = {
   timeout_ms = "number", required = "boolean", method = "string", query = "table",
   headers = "table", body = "string", decode = "boolean", fallback = true, json = true,
   retry = true, hedge = true, collapse = "boolean", cache = true, identity = "boolean", hash_key = "string",
+  batch = "table",
 }
 -- Options of the design that this version does not implement yet: refused by name, never ignored.
 local NOT_YET = { forward_auth = true }
@@ -27,9 +29,7 @@ function M.is_spec(v)
     and v[2]:byte(1) == 47
 end
 
-local function escape(s)
-  return (tostring(s):gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
-end
+local escape = require("agg.url").escape
 
 --- Encodes a query table ({ sku = "A 1", tag = { "x", "y" } }) as "sku=A%201&tag=x&tag=y", keys
 -- sorted so the same table always gives the same URL.
@@ -97,7 +97,7 @@ function M.normalize(spec, upstreams, level)
     end
   end
   -- The scheduler keeps its per-call state in this table too: it is the call's exchange
-  -- (agg.runtime: ctx … own_timer) and the info of its result (section … raw_headers). Every
+  -- (agg.exchange: ctx … own_timer) and the info of its result (section … raw_headers). Every
   -- field is present from the start, so the table never grows, and one table per call serves
   -- all three.
   local n = {
@@ -106,11 +106,11 @@ function M.normalize(spec, upstreams, level)
     required = spec.required == true, fallback = spec.fallback,
     headers = false, body = false, section = false,
     ref = false, body_ref = false, raw_headers = false,
-    retry = false, hedge_after = false, collapse = false,
-    -- the exchange (see agg.runtime start_call); the fields only retries, hedges and shared
+    retry = false, hedge_after = false, collapse = false, batch = false,
+    -- the exchange (see agg.exchange start_call); the fields only retries, hedges and shared
     -- calls write (retrying, last, the timers) are left out: 32 slots hold the rest
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
-    a1 = false, a2 = false, attempts = 0, flight = false, id = false, probe = false, clamped = false,
+    a1 = false, a2 = false, attempt = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
     -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
     -- whether this exchange is a background refresh
@@ -228,6 +228,19 @@ function M.normalize(spec, upstreams, level)
       end
       n.collapse = key
     end
+  end
+  -- a merged call (agg.merge): tried once, shared by key instead of by path
+  if spec.batch then
+    if spec.retry or spec.hedge then
+      error(("call to '%s': a merged call (batch) is tried once: remove retry and hedge"):format(name), level)
+    end
+    if n.body then error(("call to '%s': a merged call (batch) has no body"):format(name), level) end
+    if spec.cache then
+      error(("call to '%s': a merged call (batch) is not cached: remove cache (cache the page's items another way)"):format(name), level)
+    end
+    n.batch = merge.normalize(spec.batch, name, n.method, n.path, headers, level)
+    -- the upstream's cache policy would key every item by the merged route's one path
+    n.retry, n.hedge_after, n.collapse, n.cache = false, false, false, false
   end
   return n
 end

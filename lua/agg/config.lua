@@ -4,6 +4,7 @@
 -- message "scripts/gateway.lua:LINE: where: what is wrong; what to do". All errors are collected,
 -- not only the first.
 local sys = require "agg.sys"
+local limits = require "agg.limits"
 local cache = require "agg.cache"
 local edge = require "agg.edge_config"
 
@@ -94,14 +95,16 @@ function M.check(cfg, src, file)
                 cache = { memory_bytes = 64 * 1024 * 1024, redis = true } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true }
+                clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true,
+                limits = true, max_in_flight = true, batch = true }
   for k in pairs(cfg) do
     if NOT_YET[k] then
       err(find_line(lines, k), k, NOT_YET[k] .. " is not available in this version of aggway; remove '" .. k .. "'")
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, upstreams, auth, token_exchange")
+          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, limits, " ..
+          "max_in_flight, upstreams, auth, token_exchange, batch")
     end
   end
   local function show(v)
@@ -259,6 +262,37 @@ function M.check(cfg, src, file)
         end
       end
       if ok then out.admin = { port = port, host = h } end
+    end
+  end
+  -- batch = { route = "POST /batch", max_requests = 20, deadline_ms = … } (absent or false: no batch endpoint)
+  if cfg.batch ~= nil and cfg.batch ~= false then
+    local bline = find_line(lines, "batch")
+    local b = cfg.batch
+    local KNOWN = { route = true, max_requests = true, deadline_ms = true }
+    if type(b) ~= "table" then
+      err(bline, "batch", "must be a table like { route = \"POST /batch\", max_requests = 20 } (or false)")
+    else
+      local ok = true
+      for k in pairs(b) do
+        if not KNOWN[k] then
+          err(find_line(lines, tostring(k), bline) or bline, "batch." .. tostring(k),
+              "unknown option" .. suggest(tostring(k), KNOWN) .. " (route, max_requests, deadline_ms)")
+          ok = false
+        end
+      end
+      local route = b.route == nil and "POST /batch" or b.route
+      local method, path
+      if type(route) == "string" then method, path = route:match("^(POST) (/[%w%-%._~/]*)$") end
+      if not method then
+        err(find_line(lines, "route", bline) or bline, "batch.route",
+            "must be \"POST /path\" with a literal path (no parameters), got " .. show(route))
+        ok = false
+      end
+      local max = b.max_requests == nil and 20 or b.max_requests
+      if not posint(max, "batch.max_requests", find_line(lines, "max_requests", bline) or bline, 1000) then ok = false end
+      local dl = b.deadline_ms
+      if dl ~= nil and not posint(dl, "batch.deadline_ms", find_line(lines, "deadline_ms", bline) or bline) then ok = false end
+      if ok then out.batch = { method = method, path = path, route = route, max_requests = max, deadline_ms = dl or false } end
     end
   end
   -- access_log = "path" | "stderr" | false (default: off)
@@ -458,6 +492,10 @@ function M.check(cfg, src, file)
       end
     end
   end
+  -- limits = { store, headers, rules, default, local_keys } and max_in_flight (agg.limits)
+  local helpers = { lines = lines, err = err, find_line = find_line, suggest = suggest, show = show }
+  out.limits = limits.check(cfg, helpers)
+  out.max_in_flight = limits.check_max_in_flight(cfg, helpers)
   -- upstreams
   local ups = cfg.upstreams
   local uline = find_line(lines, "upstreams")
@@ -489,6 +527,9 @@ function M.check(cfg, src, file)
         elseif k == "url" or k == "tls" or k == "identity" or k == "audience" or k == "endpoints" or k == "balance" or
                k == "hash_key" or k == "session" then
           -- checked below
+        elseif k == "max_rps" then
+          -- calls a second across the process's workers (gateway/upstream/pool.h, agw_pool_set_limits)
+          if posint(v, where .. ".max_rps", kline, 1e9) then e.max_rps = v end
         elseif k == "cache" then
           if v ~= false then
             local p, field, why = cache.check_block(v, false)
@@ -504,11 +545,11 @@ function M.check(cfg, src, file)
         else
           local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
                           audience = true, cache = true, endpoints = true, balance = true, hash_key = true,
-                          outlier = true, session = true }
+                          outlier = true, session = true, max_rps = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, session")
+              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, session")
         end
       end
       -- a block's fields (and its sub-blocks, like retry.budget) checked into a table of values

@@ -6,6 +6,7 @@
 -- deliver function it registers).
 local problem = require "agg.problem"
 local result = require "agg.result"
+local merge = require "agg.merge"
 local cache = require "agg.cache"
 local json = require "agg.json"
 local identity = require "agg.identity"
@@ -22,6 +23,8 @@ local calls = {}                                       -- call id -> in-flight c
 local deliver                                          -- function(g, key, chain, r): agg.fanout's
 local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats, budget, group }
 
+local merge_hooks -- agg.merge's way back into the exchange (below)
+
 --- Binds the transport and the upstream table (agg.runtime.init); calls of a previous binding are
 -- forgotten.
 function M.bind(transport, ups, token_exchange)
@@ -35,6 +38,7 @@ function M.bind(transport, ups, token_exchange)
     -- an internal call (the token endpoint): its answer goes to fn, not to a section
     register_call = function(id, fn) calls[id] = { on_answer = fn } end,
   })
+  merge.bind(transport, ups, merge_hooks)
 end
 
 --- Sets where results go: deliver(g, key, chain, r) (agg.fanout).
@@ -104,9 +108,10 @@ end
 --- Counters of upstream name in this worker (for specs and metrics).
 function M.upstream_stats(name) return upstream_state(name).stats end
 
---- Hands each upstream's counters to core.upstream_counters(index, retries, retries_denied, hedges,
--- hedges_won, collapsed), when the transport has it (the C worker calls this once a second and
--- publishes them as metrics; nothing is counted twice: the values are totals).
+--- Hands each upstream's counters to core.upstream_counters(index, counters), when the transport
+-- has it (the C worker calls this once a second and publishes them as metrics; nothing is counted
+-- twice: the values are totals). counters: the upstream's stats table, whose retries,
+-- retries_denied, hedges, hedges_won and collapsed agg.contract names.
 function M.report_stats()
   group.report_stats()
   if core and core.cache_counters then core.cache_counters(cache.stats) end
@@ -115,8 +120,7 @@ function M.report_stats()
   for name, u in pairs(ustate) do
     local up = upstreams[name]
     if up then
-      local s = u.stats
-      report(up.index, s.retries, s.retries_denied, s.hedges, s.hedges_won, s.collapsed)
+      report(up.index, u.stats)
     end
   end
 end
@@ -266,7 +270,9 @@ end
 local function abandon_one(x, rec)
   local id = rec.id
   local f = rec.flight
-  if f then
+  if rec.merged then
+    merge.leave(x, rec)
+  elseif f then
     f.waiters[x] = nil
     f.n = f.n - 1
     if f.n == 0 then
@@ -282,7 +288,7 @@ local function abandon_one(x, rec)
     core.cancel(id)
     if rec.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
   end
-  if rec.ep and x.u.group then group.release(x.u.group, rec.ep) end
+  if rec.endpoint and x.u.group then group.release(x.u.group, rec.endpoint) end
 end
 
 function M.abandon_attempts(x)
@@ -307,7 +313,7 @@ local function after_failure(x, r, outcome, http_status)
     return identity.prepare(x.ctx, x, up, x.go)
   end
   local retry = spec.retry
-  local retryable = retry and x.attempts < retry.attempts and
+  local retryable = retry and x.attempt < retry.attempts and
     (outcome == "refused" or outcome == "connect_timeout" or outcome == "tls" or
      (outcome == "reset" and (http_status or 0) == 0) or
      (outcome == "ok" and retry.on[http_status]))
@@ -324,7 +330,7 @@ local function after_failure(x, r, outcome, http_status)
     end
     b.retries.cur = b.retries.cur + 1
     b.min_retries.cur = b.min_retries.cur + 1
-    local base = retry.backoff_ms * 2 ^ (x.attempts - 1)
+    local base = retry.backoff_ms * 2 ^ (x.attempt - 1)
     local backoff = base / 2 + core.random() * base / 2 -- jittered: between half and all of base
     local _, remaining = now_remaining(x.ctx)
     if remaining - backoff >= math.min(spec.timeout_ms, 10) then
@@ -358,12 +364,12 @@ local function attempt_done(x, rec, outcome, http_status, headers, body, data, m
 end
 
 -- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
-local function answer(rec, outcome, http_status, headers, body, data, ms, detail)
+local function on_answer(rec, outcome, http_status, headers, body, data, ms, detail)
   local spec = rec.x -- the exchange is its own normalized spec
   local verdict = breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string")
   local grp = spec.u.group
   if grp then
-    local ep = rec.flight and rec.flight.ep or rec.ep
+    local ep = rec.flight and rec.flight.ep or rec.endpoint
     if ep then
       group.release(grp, ep)
       verdict = group.report(grp, ep, verdict, ms) -- one endpoint failing is not the upstream failing
@@ -381,7 +387,9 @@ local function answer(rec, outcome, http_status, headers, body, data, ms, detail
     end
   end
   local f = rec.flight
-  if f then
+  if rec.merged then
+    merge.answer(rec, outcome, http_status, headers, body, data, ms, detail)
+  elseif f then
     flights[f.key] = nil
     for x in pairs(f.waiters) do
       attempt_done(x, { id = f.id }, outcome, http_status, headers, body, data, ms, detail)
@@ -403,6 +411,12 @@ attempt = function(x, hedge)
     local r = new_result(x.key, spec)
     r.ms = 0
     return finish_exchange(x, x.last or fail(ctx, r, problem.for_outcome("deadline", x.key, spec.upstream), spec))
+  end
+  if spec.batch then
+    -- a merged call: the item waits in its batch (agg.merge), which passes the breaker once
+    x.attempt = x.attempt + 1
+    u.stats.attempts = u.stats.attempts + 1
+    return merge.join(x, t, clamped, now)
   end
   -- identical calls in flight share one transport call (not for hedges: they exist to go elsewhere)
   local key = not hedge and spec.collapse
@@ -445,8 +459,8 @@ attempt = function(x, hedge)
     end
     probe = decision == "probe"
   end
-  x.attempts = x.attempts + 1
-  if x.attempts == 1 then -- a request, for the retry budget (its window rolled only when due)
+  x.attempt = x.attempt + 1
+  if x.attempt == 1 then -- a request, for the retry budget (its window rolled only when due)
     local rq = u.budget.requests
     if now - rq.start >= rq.len then window_count(rq, now) end
     rq.cur = rq.cur + 1
@@ -456,21 +470,26 @@ attempt = function(x, hedge)
   -- the endpoint: a retry or a hedge goes to another one than the attempt it follows
   local grp, ep = u.group, nil
   if grp then
-    ep = group.pick(grp, x, x.ep or nil)
+    ep = group.pick(grp, x, x.endpoint)
     group.hold(grp, ep)
   end
-  -- (section, attempt number, hedge: the attempt's span; the transport adds its traceparent)
-  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode, x.key, x.attempts, hedge, ep)
-  -- the record of what was sent: for a first attempt or a retry, the exchange itself (one table
-  -- less per call); a hedge, which runs beside it, gets a table of its own
+  -- the record of what was sent, which core.call reads as its attempt (agg.contract: section,
+  -- attempt number, hedge, and a group's endpoint): for a first attempt or a retry, the exchange
+  -- itself (one table less per call); a hedge, which runs beside it, gets a table of its own
   local rec
   if hedge then
-    rec = { id = id, x = x, probe = probe, clamped = clamped, hedge = true, ep = ep }
+    rec = { id = false, x = x, probe = probe, clamped = clamped, hedge = true, section = spec.section,
+            attempt = x.attempt, flight = false, endpoint = ep }
   else
     rec = x
-    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, nil
-    if grp then x.ep = ep end
+    if grp then x.endpoint = ep end
+  end
+  local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
+                       math.floor(t + 0.5), spec.decode, rec)
+  if hedge then
+    rec.id = id
+  else
+    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, false
   end
   if key then
     f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe, ep = ep }
@@ -480,6 +499,70 @@ attempt = function(x, hedge)
   calls[id] = rec
   if hedge then x.a2 = rec else x.a1 = rec end
 end
+
+-- The exchange's part of merged calls (agg.merge): answers, breaker, timers, the calls table.
+local function circuit_open(x, retry_after)
+  local r = new_result(x.key, x)
+  r.ms = 0
+  local p = problem.new("circuit-open", problem.CIRCUIT_OPEN_TITLE, 503,
+                        ("section %s, upstream %s: the circuit breaker is open; retry in %d s"):format(
+                          tostring(x.key), x.upstream, math.ceil(retry_after / 1000)))
+  r.retry_after = math.max(1, math.ceil(retry_after / 1000))
+  return finish_exchange(x, fail(x.ctx, r, p, x))
+end
+
+merge_hooks = {
+  done = function(x, rec, ...) return attempt_done(x, rec, ...) end,
+  missing = function(x, rec, ms)
+    active_del(x, rec.id)
+    local r = new_result(x.key, x)
+    r.ms = ms
+    r.http_status = 404
+    local p = problem.new("upstream-not-found", "the upstream's merged answer has no such item", 404,
+                          ("section %s, upstream %s: item %s is not in the merged answer"):format(
+                            tostring(x.key), x.upstream, x.batch.key))
+    return finish_exchange(x, fail(x.ctx, r, p, x))
+  end,
+  deny = function(x, rec, retry_after)
+    active_del(x, rec.id)
+    local u = x.u
+    u.stats.breaker_denied = u.stats.breaker_denied + 1
+    return circuit_open(x, retry_after)
+  end,
+  script_error = function(x, what, err, recs)
+    result.log_error(x.ctx, what, err)
+    for _, rec in ipairs(recs) do
+      local y = rec.x
+      if not y.done and y.a1 == rec then
+        active_del(y, rec.id)
+        local r = new_result(y.key, y)
+        r.ms = 0
+        finish_exchange(y, fail(y.ctx, r, problem.script_error(y.key), y))
+      end
+    end
+  end,
+  allow = function(p, now)
+    local b = breaker_of(p)
+    if not b then return "allow" end
+    return b:allow(now)
+  end,
+  pick = function(p, x)
+    local grp = p.u.group
+    if not grp then return nil end
+    local ep = group.pick(grp, x, nil)
+    group.hold(grp, ep)
+    return ep
+  end,
+  cancel = function(p)
+    calls[p.id] = nil
+    core.cancel(p.id)
+    if p.ep and p.u.group then group.release(p.u.group, p.ep) end
+    if p.probe then local b = breaker_of(p) if b then b:report("ignore", true, core.now()) end end
+  end,
+  register = function(id, p) calls[id] = p end,
+  set_timer = function(ms, fn) return set_timer(ms, fn) end,
+  clear_timer = function(id) return clear_timer(id) end,
+}
 
 -- Sends exchange x's first attempt and arms its hedge.
 local function launch(x)
@@ -524,7 +607,7 @@ local function start_upstream(ctx, key, spec, g, chain)
     x.go = function(p)
       if x.done then return end
       if p == nil then
-        if x.reexchanged and x.attempts > 0 then return attempt(x, false) end
+        if x.reexchanged and x.attempt > 0 then return attempt(x, false) end
         return launch(x)
       end
       local r = new_result(x.key, x)
@@ -542,9 +625,9 @@ local function copy_spec(s)
   local c = {}
   for k, v in pairs(s) do c[k] = v end
   c.ctx, c.key, c.group, c.chain, c.u, c.x, c.next_x = false, false, false, false, false, false, false
-  c.a1, c.a2, c.attempts, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
+  c.a1, c.a2, c.attempt, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
   c.ref, c.body_ref, c.raw_headers = false, false, false
-  c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer = nil, nil, nil, nil, nil
+  c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer, c.endpoint = nil, nil, nil, nil, nil, nil
   return c
 end
 
@@ -577,14 +660,18 @@ cache.bind({
 --- Transport: the Redis lookup id answered (agg.cache).
 M.on_redis = cache.on_redis
 
---- Transport completion of call id (see the header comment for the arguments).
--- data is a json ref (parsed body), a string (why the body is not valid JSON), or nil.
-function M.on_call(id, outcome, http_status, headers, body, data, ms, detail)
+--- Transport completion of call id (agg.contract): data is a json ref (the validated body, which
+-- carries the headers and the body text; answer is then nil), a string (why the body is not
+-- valid JSON), or nil; answer (valid during this call only) has the headers, body and detail of
+-- any other answer.
+function M.on_call(id, outcome, http_status, data, ms, answer)
   local rec = calls[id]
   if rec == nil then return end
   calls[id] = nil
+  local headers, body, detail = true, nil, nil
+  if answer ~= nil then headers, body, detail = answer.headers, answer.body, answer.detail end
   if rec.on_answer then return rec.on_answer(outcome, http_status, headers, body, data, ms, detail) end
-  answer(rec, outcome, http_status, headers, body, data, ms, detail)
+  on_answer(rec, outcome, http_status, headers, body, data, ms, detail)
 end
 
 -- Stops exchange x (not done): its timers and attempts; it delivers nothing.

@@ -129,6 +129,9 @@ local function read_answer(x, up, outcome, http_status, body, detail)
   return nil, p, code == "invalid_target" and M.INVALID_TARGET_MS or 0
 end
 
+-- core.call's attempt for a token exchange (agg.contract): its span, one attempt, never hedged
+local TOKEN_EXCHANGE_ATTEMPT = { section = "token-exchange", attempt = 1, hedge = false }
+
 local function start_exchange(ctx, x, up, key, pend)
   local body = "grant_type=" .. edge.form_escape("urn:ietf:params:oauth:grant-type:token-exchange") ..
                "&subject_token=" .. edge.form_escape(ctx.token) ..
@@ -141,7 +144,7 @@ local function start_exchange(ctx, x, up, key, pend)
   local t = math.min(te.timeout_ms, remaining)
   M.stats.exchanges = M.stats.exchanges + 1
   local id = core.call(ctx.rid, te.index, "POST", te.path, headers, body, math.max(1, math.floor(t + 0.5)), false,
-                       "token-exchange", 1, false)
+                       TOKEN_EXCHANGE_ATTEMPT)
   hooks.register_call(id, function(outcome, http_status, _, rbody, _, _, detail)
     pending[key] = nil
     local tok, p, keep_ms = read_answer(x, up, outcome, http_status, rbody, detail)

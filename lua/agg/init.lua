@@ -41,6 +41,7 @@
 -- empty), agg.int64("9007199254740993") (an integer beyond 2^53), agg.json.encode / decode.
 local json = require "agg.json"
 local rt = require "agg.runtime"
+local url = require "agg.url"
 local page = require "agg.page"
 local problem = require "agg.problem"
 local readonly = require "agg.readonly"
@@ -60,15 +61,11 @@ local agg = {
 --- agg.escape(s) -> s percent-encoded for a URL path segment or query value (RFC 3986: every
 -- byte but A-Z a-z 0-9 - . _ ~). req.params values arrive still encoded as the client sent them,
 -- so "/items/" .. req.params.id is safe as it is; escape values that come from anywhere else.
-function agg.escape(s)
-  return (tostring(s):gsub("[^%w%-%._~]", function(c) return ("%%%02X"):format(c:byte()) end))
-end
+agg.escape = url.escape
 
 --- agg.unescape(s) -> s with %XX sequences decoded (to use a route parameter's value itself, e.g.
 -- to compare it or show it; escape it again before it goes into a path).
-function agg.unescape(s)
-  return (tostring(s):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
-end
+agg.unescape = url.unescape
 
 -- Every script of a worker shares this module: it is read-only, so one script cannot break the
 -- others (agg.fetch_all = nil raises at that script's line instead).

@@ -13,7 +13,8 @@ local router = require "agg.router"
 local M = {}
 
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
-local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, auth = true }
+local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, auth = true, limits = true, priority = true }
+local limits = require "agg.limits"
 
 local function read(path)
   local f = io.open(path, "rb")
@@ -270,7 +271,7 @@ local function load_folder(dir)
           else
             for k in pairs(ep) do
               if not ENDPOINT_KEYS[k] then
-                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
+                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth, limits, priority)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
                 bad = true
               end
             end
@@ -288,6 +289,22 @@ local function load_folder(dir)
               errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file, line_of(fsrc, "deadline_ms"), where)
               bad = true
             end
+            -- limits = { "rule", … } (default: gateway.lua's limits.default), priority = 1 | 2 | 3
+            local lim_names = cfg and cfg.limits and cfg.limits.default or {}
+            if ep.limits ~= nil and cfg then
+              lim_names = limits.check_names(ep.limits, cfg and cfg.limits or { by_name = {} }, function(msg)
+                errors[#errors + 1] = ("%s:%d: %s: limits: %s"):format(file, line_of(fsrc, "limits"), where, msg)
+              end)
+              if not lim_names then bad = true end
+            end
+            local prio = ep.priority
+            if prio == nil then
+              prio = limits.PRIORITY_DEFAULT
+            elseif prio ~= 1 and prio ~= 2 and prio ~= 3 then
+              errors[#errors + 1] = ("%s:%d: %s: priority must be 1 (shed last), 2 or 3 (shed first), got %s"):format(
+                file, line_of(fsrc, "priority"), where, tostring(prio))
+              bad = true
+            end
             local policy, perr = edge.check_endpoint(ep.auth, cfg and cfg.auth)
             if not policy then
               errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, line_of(fsrc, ep.auth ~= nil and "auth" or "route"), where, perr)
@@ -302,13 +319,29 @@ local function load_folder(dir)
                 for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
                 local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
-                            literals = lit, order = #endpoints + 1, auth = policy }
+                            route_line = line_of(fsrc, "route"),
+                            limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1, auth = policy }
                 shapes[sh] = e
                 endpoints[#endpoints + 1] = e
               end
             end
           end
         end
+      end
+    end
+  end
+  -- the batch endpoint is matched before the scripts' routes: a script route of the same method
+  -- and literal path would never be reached
+  local batch = cfg and cfg.batch
+  if batch then
+    local want = {}
+    for seg in batch.path:gmatch("[^/]+") do want[#want + 1] = seg end
+    for _, e in ipairs(endpoints) do
+      local same = e.method == "POST" and #e.segments == #want
+      for i = 1, same and #want or 0 do if e.segments[i] ~= want[i] then same = false end end
+      if same then
+        errors[#errors + 1] = ("%s:%d: route '%s' is the batch endpoint's (gateway.lua batch.route): it would never be reached; rename one of them")
+          :format(e.file, e.route_line or e.line or 1, e.route)
       end
     end
   end

@@ -59,7 +59,8 @@ end
 
 --- Builds the response for a results table (from agg.fetch_all, plus any plain values the script
 -- added: a plain value becomes an `ok` section).
--- Returns { status, headers, json } for the handler to return.
+-- Returns { status, headers, json } for the handler to return; its metatable (agg.runtime's
+-- PAGE_COMPLETE or PAGE_PARTIAL) tells the transport it is a page and whether it is complete.
 --   200  every required section has data; X-Aggregation-Completed says whether all are `ok`, and a
 --        partial page carries Cache-Control: no-store
 --   504/503/404/410/502  a required section failed (timeout / breaker open / passed through /
@@ -151,7 +152,9 @@ function M.page(results, opts)
       local after = failed_required and failed_required.retry_after or 1
       headers["retry-after"] = tostring(after)
     end
-    return { status = status, headers = headers, json = p }
+    -- (not a tail call: a trace cannot return through setmetatable to the script's frame)
+    local resp = setmetatable({ status = status, headers = headers, json = p }, rt.PAGE_PARTIAL)
+    return resp
   end
   set_header(headers, "x-aggregation-completed", complete and "true" or "false", spelt)
   if not complete then
@@ -161,7 +164,9 @@ function M.page(results, opts)
     -- stays fresh (issue 16, "The page"); the script's own cache-control wins
     headers["cache-control"] = "max-age=" .. math.floor(max_age / 1000)
   end
-  return { status = 200, headers = headers, json = body }
+  local resp = setmetatable({ status = 200, headers = headers, json = body },
+                            complete and rt.PAGE_COMPLETE or rt.PAGE_PARTIAL)
+  return resp
 end
 
 return M

@@ -6,18 +6,8 @@
 -- and clock read goes through `core`, so the spec harness can give the same code a virtual clock
 -- and stub upstreams.
 --
--- The transport `core` provides:
---   core.now() -> ms                              monotonic clock, milliseconds
---   core.call(rid, index, method, path, headers, body, timeout_ms, decode, section, attempt, hedge)
---                                                 -> call id (the last three describe the span)
---   core.join(rid, id, section)                   (optional) rid's section waits on call id (single-flight)
---   core.trace_id(rid) -> hex | nil               (optional) the request's trace id (req.trace_id)
---        later delivers M.on_call(id, outcome, http_status, headers, body, data, ms, detail);
---        headers: "name\0value\0…", or true when they ride in data's raw ref (json.raw_extra)
---   core.cancel(id)                               no on_call follows
---   core.respond(rid, status, headers, body, is_json, default_type, server_timing) -> true | nil, err
---        headers: name -> value (nil or a table; names in any case)
---   core.log(level, message)
+-- The transport `core` and the callbacks it makes (M.start, M.on_call, M.on_timer, M.abort,
+-- M.report_stats) are written down once, with units and ownership, in agg.contract.
 --
 -- The runtime's Lua half is four files: this one (a request's life: its coroutine, its context,
 -- its response), agg.fanout (fetch_all, fetch_then), agg.exchange (a section's call: breaker,
@@ -28,6 +18,7 @@ local exchange = require "agg.exchange"
 local fanout = require "agg.fanout"
 local identity = require "agg.identity"
 local json = require "agg.json"
+local url = require "agg.url"
 
 local M = {}
 
@@ -69,6 +60,7 @@ M.is_result, M.section_data, M.section_name, M.is_required =
   result.is_result, result.section_data, result.section_name, result.is_required
 M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchange.on_redis
 M.upstream_stats, M.report_stats = exchange.upstream_stats, exchange.report_stats
+M.merge_stats = require("agg.merge").stats
 
 -- Resumes co; when it ends, hands its outcome to its finisher.
 local finish_request
@@ -151,6 +143,15 @@ local function server_timing(ctx)
   return table.concat(parts, ", ")
 end
 
+-- agg.page's responses carry one of these metatables: its verdict, which the transport needs
+-- (agg.contract's response.page), is known here and never read back from a header
+M.PAGE_COMPLETE, M.PAGE_PARTIAL = { page = "complete" }, { page = "partial" }
+
+-- core.respond's response (agg.contract): one table, filled for each response; what could keep
+-- a page alive (headers, body, sections) is dropped once the transport has read it
+local out = { status = 0, headers = false, body = false, json = false, default_type = false,
+              server_timing = false, page = false, sections = false }
+
 -- headers: name -> value in any case (the transport lowercases names, drops invalid ones, and adds
 -- default_type as content-type unless one is there).
 -- The session cookies and headers of upstream groups (agg.group) that this page sets: a copy of
@@ -175,10 +176,16 @@ local function with_sessions(headers, sessions)
   return h
 end
 
-local function send(ctx, status, headers, body, is_json, default_type)
+-- page: "complete", "partial" or nil; sections: a page's sections.
+local function send(ctx, status, headers, body, is_json, default_type, page, sections)
   if ctx.sessions then headers = with_sessions(headers, ctx.sessions) end
-  local timing = #ctx.timings > 0 and server_timing(ctx) or nil
-  return core.respond(ctx.rid, status, headers, body, is_json, default_type, timing)
+  local o = out
+  o.status, o.headers, o.body, o.json, o.default_type = status, headers, body, is_json, default_type
+  o.server_timing = #ctx.timings > 0 and server_timing(ctx) or nil
+  o.page, o.sections = page, sections
+  local sent, err = core.respond(ctx.rid, o)
+  o.headers, o.body, o.sections = nil, nil, nil
+  return sent, err
 end
 
 local PROBLEM_HEADERS = { ["cache-control"] = "no-store" }
@@ -224,7 +231,10 @@ finish_request = function(ctx, ok, resp, co)
     return send_problem(ctx, problem.script_error(nil))
   end
   if rjson ~= nil then
-    local sent, err = send(ctx, st, headers, rjson, true, "application/json")
+    local mt = getmetatable(resp)
+    local page = (mt == M.PAGE_COMPLETE or mt == M.PAGE_PARTIAL) and mt.page or nil
+    local sections = page and type(rjson) == "table" and (st == 200 and rjson or rawget(rjson, "sections")) or nil
+    local sent, err = send(ctx, st, headers, rjson, true, "application/json", page, sections)
     if sent == nil and err then
       log_error(ctx, nil, "the response cannot be encoded as JSON: " .. tostring(err))
       return send_problem(ctx, problem.new("response-encoding", "the page could not be encoded as JSON", 500,
@@ -239,20 +249,7 @@ finish_request = function(ctx, ok, resp, co)
   send(ctx, st, headers, body or "", false, body and "text/plain; charset=utf-8" or nil)
 end
 
-local function parse_query(q)
-  local t = {}
-  if q == nil or q == "" then return t end
-  for pair in q:gmatch("[^&]+") do
-    local k, v = pair:match("^([^=]*)=?(.*)$")
-    k = k:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
-    v = v:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
-    local cur = t[k]
-    if cur == nil then t[k] = v
-    elseif type(cur) == "table" then cur[#cur + 1] = v
-    else t[k] = { cur, v } end
-  end
-  return t
-end
+local parse_query = url.parse_query
 
 -- req.query, req.headers, req.json, req.remaining_ms and req.trace_id are built on first read: most pages
 -- never read most of them.
@@ -312,10 +309,13 @@ local req_mt = {
   __metatable = "agg.request",
 }
 
---- Starts request rid for endpoint index idx. Called by the transport.
--- params: table of route parameters; query: the raw query string or nil; headers: lowercased
--- name -> value, or the same as one string "name\0value\0…"; body: string or nil.
-function M.start(rid, idx, method, path, query, params, headers, body, user, token)
+--- Starts request rid for endpoint index idx. Called by the transport (agg.contract): params, the
+-- route parameters; arrival (valid during this call only): query (the raw query string or nil),
+-- headers (lowercased name -> value, or the same as one string "name\0value\0…"), body (string or
+-- nil), user (the edge's verified user, a table, or nil) and token (the verified bearer token, or
+-- nil).
+function M.start(rid, idx, method, path, params, arrival)
+  local query, headers, body, user, token = arrival.query, arrival.headers, arrival.body, arrival.user, arrival.token
   local ep = endpoints[idx]
   local now = core.now()
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)

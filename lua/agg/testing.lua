@@ -20,9 +20,11 @@ local json = require "agg.json"
 local loader = require "agg.loader"
 local router = require "agg.router"
 local rt = require "agg.runtime"
+local url = require "agg.url"
 local problem = require "agg.problem"
 local resp_headers = require "agg.resp_headers"
 local sys = require "agg.sys"
+local limiter = require "agg.limiter"
 
 local M = {}
 
@@ -34,16 +36,7 @@ local function split_path(path)
   return p, q
 end
 
-local function decode_query(q)
-  local t = {}
-  for pair in (q or ""):gmatch("[^&]+") do
-    local k, v = pair:match("^([^=]*)=?(.*)$")
-    local function dec(s) return (s:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)) end
-    k, v = dec(k), dec(v)
-    if t[k] == nil then t[k] = v elseif type(t[k]) == "table" then table.insert(t[k], v) else t[k] = { t[k], v } end
-  end
-  return t
-end
+local decode_query = url.parse_query
 
 -- Matches a path against a stub pattern: literal segments, {name} segments, a trailing "*".
 local function match_pattern(pattern, path)
@@ -77,7 +70,11 @@ function M.gateway(opts)
   local dir = opts.dir or AGGWAY_SCRIPTS or "scripts"
   local gen, errs = loader.load(dir)
   if not gen then error("scripts folder " .. dir .. " does not load:\n  " .. table.concat(errs, "\n  "), 2) end
-  local gw = setmetatable({ dir = dir, gen = gen, clock = opts.clock or 0, redis = opts.redis or false, seq = 0, events = {}, stubs = {}, open = 0,
+  -- limits count on the UTC calendar: virtual time 0 is opts.utc_ms (ms since the Unix epoch;
+  -- default 2026-01-01T00:00:00Z), so that a spec can put a quota's window boundary where it wants
+  local gw = setmetatable({ dir = dir, gen = gen, clock = opts.clock or 0, redis = opts.redis or false,
+                            utc_ms = opts.utc_ms or 1767225600000, limiter = limiter.new(4096),
+                            seq = 0, events = {}, stubs = {}, open = 0,
                             call_log = {}, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
                             next_call = 1, names = {} }, Gateway)
   gw.seed = 42
@@ -164,8 +161,10 @@ function Gateway:install()
   -- one breaker per upstream, the production C breaker, on the virtual clock
   core.breakers = gw.breakers
   function core.log(level, msg) gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg end
-  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, _, _, _, endpoint)
-    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, endpoint or 1)
+  -- the transport's side of agg.contract, as the C worker keeps it: a group's endpoint from the
+  -- attempt (1-based; nil: the first)
+  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, attempt)
+    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, attempt.endpoint or 1)
   end
   -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
   function core.trace_id(rid) return ("%032x"):format(rid) end
@@ -176,7 +175,10 @@ function Gateway:install()
       if c.event then c.event.dead = true end
     end
   end
-  function core.respond(rid, status, headers, body, is_json, default_type, timing)
+  function core.respond(rid, response)
+    local o = response
+    local status, headers, body, is_json, default_type, timing =
+      o.status, o.headers, o.body, o.json, o.default_type, o.server_timing
     local r = gw.responses[rid]
     if not r or r.status then return false end
     if is_json then
@@ -193,6 +195,7 @@ function Gateway:install()
     if no_body then body = "" end
     if default_type and not h["content-type"] and not no_body then h["content-type"] = default_type end
     if timing then h["server-timing"] = timing end
+    for k, v in pairs(r.limit_fields or {}) do h[k] = v end -- limits.headers = true (as worker.c)
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
     gw.open = gw.open - 1
     return true
@@ -284,14 +287,16 @@ local function step(gw)
   timed(gw, ev.fn)
   return true
 end
---- Stubs upstream calls: stub(upstream, [method,] path_pattern, answer | { answer, answer, … }).
--- The pattern is an exact path (with its query to match the query too), or has {name} segments or a
--- trailing "*". Later stubs win over earlier ones.
+--- Stubs upstream calls: stub(upstream, [method,] path_pattern, answer | { answer, answer, … } |
+-- function(call) return answer end). The pattern is an exact path (with its query to match the
+-- query too), or has {name} segments or a trailing "*". Later stubs win over earlier ones. A
+-- function answers from what was sent: call.path, call.route_path, call.query (decoded, e.g. the
+-- ids of a merged call: call.query.ids == "1,2,3"), call.headers, call.body.
 function Gateway:stub(upstream, a, b, c)
   local method, pattern, answers = "*", a, b
   if c ~= nil then method, pattern, answers = a, b, c end
-  if type(upstream) ~= "string" or type(pattern) ~= "string" or type(answers) ~= "table" then
-    error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table", 2)
+  if type(upstream) ~= "string" or type(pattern) ~= "string" or (type(answers) ~= "table" and type(answers) ~= "function") then
+    error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table or a function", 2)
   end
   -- "product" stubs every endpoint of the upstream, "product#2" its second endpoint only
   local name, ep = upstream:match("^(.-)#(%d+)$")
@@ -306,7 +311,7 @@ function Gateway:stub(upstream, a, b, c)
     end
   end
   if not known then error("stub: gateway.lua has no upstream '" .. name .. "'", 2) end
-  local list = (type(answers[1]) == "table") and answers or { answers }
+  local list = (type(answers) == "table" and type(answers[1]) == "table") and answers or { answers }
   table.insert(self.stubs, 1, { upstream = name, endpoint = ep, method = method, pattern = pattern, answers = list,
                                 served = 0 })
   return self
@@ -325,7 +330,11 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   local function finish(at, outcome, status, rheaders, rbody, data, detail)
     c.event = schedule(self, at, function()
       c.ended_ms, c.outcome, c.http_status = self.clock, outcome, status
-      rt.on_call(id, outcome, status or 0, rheaders, rbody, data, self.clock - c.started_ms, detail)
+      -- as the C transport: a validated JSON body alone (its ref carries headers and text), else
+      -- the rest of the answer in a table
+      local more = nil
+      if rheaders ~= true then more = { headers = rheaders, body = rbody, detail = detail } end
+      rt.on_call(id, outcome, status or 0, data, self.clock - c.started_ms, more)
     end)
   end
   -- what the upstream client would refuse to send (a '#' or a raw byte in the path, a control
@@ -353,6 +362,10 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
   end
   stub.served = stub.served + 1
   local ans = stub.answers[math.min(stub.served, #stub.answers)]
+  if type(ans) == "function" then
+    ans = ans(c)
+    if type(ans) ~= "table" then error("stub function for " .. up.name .. " " .. path .. " must return an answer table") end
+  end
   local latency = ans.latency_ms or 0
   local fault = ans.fault
   local deadline = self.clock + timeout_ms
@@ -389,17 +402,19 @@ function Gateway:start_call(rid, index, method, path, headers, body, timeout_ms,
     finish(at, "too_large", nil, nil, nil, nil, "body over max_body_bytes") return id
   end
   if rheaders["content-type"] == nil and (ans.json ~= nil or fault) then rheaders["content-type"] = "application/json" end
-  -- as the C transport does: a valid JSON body travels only as its raw ref
-  local data
-  if decode and status >= 200 and status < 300 and #rbody > 0 then
-    local ref, err = json.parse(rbody)
-    data = ref or err
-    if ref then rbody = nil end
-  end
   local hstr = {}
   for k, v in pairs(rheaders) do hstr[#hstr + 1] = k .. "\0" .. v .. "\0" end
   table.sort(hstr)
-  finish(at, "ok", status, table.concat(hstr), rbody, data, nil)
+  hstr = table.concat(hstr)
+  -- as the C transport does: a valid JSON body travels only as its raw ref, which carries the
+  -- headers too (json.raw_extra)
+  local data
+  if decode and status >= 200 and status < 300 and #rbody > 0 then
+    local ref, err = json.parse(rbody, hstr)
+    data = ref or err
+    if ref then rbody, hstr = nil, true end
+  end
+  finish(at, "ok", status, hstr, rbody, data, nil)
   return id
 end
 
@@ -529,14 +544,55 @@ function Gateway:send(method, path, opts)
   end
   local headers = {}
   for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
+  if self:gate(r, self.gen.endpoints[idx], headers, opts, user) then return finish_response(r) end
   local body = opts.body
   if opts.json ~= nil then
     body = assert(json.encode(opts.json))
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
-  timed(self, rt.start, rid, idx, method, p, q ~= "" and q or nil, params, headers, body, user, token)
+  timed(self, rt.start, rid, idx, method, p, params,
+        { query = q ~= "" and q or nil, headers = headers, body = body, user = user, token = token })
   return r
+end
+
+-- Priority shedding and limits, as worker/worker.c does them before any Lua (limits/gate.h, the
+-- same C): answers r and returns true when the request is shed (503) or refused (429); else
+-- counts it and leaves the RateLimit fields (limits.headers) for its response. The client's
+-- address is opts.ip (default "127.0.0.1"); in-flight pages are this gateway's requests not yet
+-- answered.
+function Gateway:gate(r, ep, headers, opts, user)
+  local cfg = self.gen.config
+  local function answer(status, fields, body)
+    r.status, r.body, r.elapsed_ms = status, body, 0
+    r.headers = { ["content-type"] = "application/problem+json", ["cache-control"] = "no-store" }
+    for k, v in pairs(fields) do r.headers[k] = v end
+    return true
+  end
+  if limiter.shed(cfg.max_in_flight, ep.priority, self.open) then
+    local bound = math.floor(cfg.max_in_flight * (5 - ep.priority) / 2)
+    return answer(503, { ["retry-after"] = "1" }, json.encode {
+      type = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+      title = "The gateway is overloaded", status = 503,
+      detail = ("requests of priority %d are shed while a worker has more than %d pages in flight; retry in 1 s")
+               :format(ep.priority, bound) })
+  end
+  if not ep.limits or #ep.limits == 0 then return false end
+  local lim, asks = cfg.limits, {}
+  for i, name in ipairs(ep.limits) do
+    local rule = lim.rules[lim.by_name[name]]
+    local key = ""
+    if rule.key == "ip" then key = opts.ip or "127.0.0.1"
+    elseif rule.key == "route" then key = ep.route
+    elseif rule.key == "api_key" then key = user and user.app or ""
+    elseif rule.key == "user" then key = user and (user.sub or user.app) or ""
+    else key = headers[rule.header] or "" end
+    asks[i] = { rule = rule, key = key }
+  end
+  local ok, fields, body = self.limiter:check(asks, self.utc_ms + self.clock, lim.headers)
+  if not ok then return answer(429, fields, body) end
+  r.limit_fields = fields
+  return false
 end
 
 --- The client of a request sent with gw:send goes away (as a closed connection does in serve).

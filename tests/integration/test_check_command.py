@@ -97,6 +97,33 @@ class CheckCommand(unittest.TestCase):
         line = src.splitlines().index('  clients = "many"') + 1
         self.assertInvalid(self.folder(src), "gateway.lua", line, "clients: must be a table")
 
+    def test_check_batch_block_typo_and_wrong_values_name_file_line_and_option(self):
+        src = ('return {\n'
+               '  listen = { { port = %d } },\n'
+               '  batch = {\n'
+               '    max_request = 20,\n'
+               '    route = "GET /batch/{id}",\n'
+               '    deadline_ms = -1,\n'
+               '  },\n'
+               '  upstreams = { product = { url = "http://127.0.0.1:9001" } },\n'
+               '}\n') % self.port
+        d = self.folder(src, scripts={})
+        err = self.assertInvalid(d, "gateway.lua", 4, "batch.max_request", "unknown option",
+                                 "did you mean 'max_requests'")
+        self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":5: batch\.route: must be \"POST /path\"")
+        self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":6: batch\.deadline_ms: must be a "
+                         r"positive whole number")
+        src = gateway_lua(self.port, UPSTREAMS, batch={"route": "POST /batch", "max_requests": 5000})
+        line = [i for i, l in enumerate(src.splitlines(), 1) if "max_requests" in l][0]
+        self.assertInvalid(self.folder(src), "gateway.lua", line, "batch.max_requests", "up to 1000")
+        rc, out, err = self.check(self.folder(gateway_lua(self.port, UPSTREAMS,
+                                                          batch={"route": "POST /batch", "max_requests": 20})))
+        self.assertEqual(rc, 0, out + err)
+        # a script route the batch endpoint would hide
+        d = self.folder(gateway_lua(self.port, UPSTREAMS, batch={"route": "POST /v1/batch"}),
+                        scripts={"b.lua": endpoint("POST /v1/batch", "    return { status = 200, body = 'x' }")})
+        self.assertInvalid(d, "b.lua", 3, "route 'POST /v1/batch' is the batch endpoint's")
+
     def test_check_clients_block_valid(self):
         d = self.folder(gateway_lua(self.port, UPSTREAMS, clients={
             "max_connections": "auto", "max_headers": 50, "max_header_bytes": 32768, "max_cancelled_streams": 200,

@@ -5,7 +5,8 @@
  * an admin port. Each service answers from a list of routes (path pattern -> canned answer,
  * latency, fault). The modules:
  *
- *   mock_buf.c       growable byte buffer and allocation helpers (abort on out-of-memory)
+ *   (buffers, allocation and reason phrases are the gateway's: gateway/base/buf.h, mem.h,
+ *   http_status.h)
  *   mock_template.c  path patterns ("/products/{id}", "/static/" + "*") and body templates
  *   mock_config.c    reading and validating the JSON config and route specs
  *   mock_response.c  turning a matched route (and its fault) into bytes on the wire
@@ -27,28 +28,16 @@
 #include <http_parser.h>
 #include <jansson.h>
 
+#include "base/buf.h"
+#include "base/http_status.h"
+#include "base/mem.h"
+
 /* Requests (request line, headers and body) larger than this close the connection. */
 #define MOCK_MAX_REQUEST_BYTES (1024 * 1024)
 /* Most path captures one route may have. */
 #define MOCK_MAX_PARAMS 16
 
-/* ---- mock_buf.c ------------------------------------------------------------------------ */
-
-/* A growable byte buffer. data is NUL-terminated whenever len < cap (always after appends). */
-typedef struct mock_buf {
-    char *data;  /* heap bytes, NULL until the first append */
-    size_t len;  /* bytes in use */
-    size_t cap;  /* bytes allocated */
-} mock_buf;
-
-void *mock_xmalloc(size_t n);          /* malloc that aborts with a message on failure */
-void *mock_xrealloc(void *p, size_t n);
-char *mock_xstrdup(const char *s);
-void mock_buf_reserve(mock_buf *b, size_t extra);  /* room for extra more bytes (+ NUL) */
-void mock_buf_append(mock_buf *b, const void *p, size_t n);
-void mock_buf_puts(mock_buf *b, const char *s);
-void mock_buf_printf(mock_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void mock_buf_free(mock_buf *b);
+/* ---- buffers and allocation: the gateway's own (gateway/base/buf.h, mem.h) ------------ */
 
 /* ---- mock_template.c ------------------------------------------------------------------- */
 
@@ -107,7 +96,11 @@ void mock_template_json(mock_template *t, json_t *v);
 void mock_template_free(mock_template *t);
 /* Appends the rendered template to out. Names the request does not offer render as the literal
  * text "{name}". */
-void mock_template_render(const mock_template *t, const mock_params *p, mock_buf *out);
+void mock_template_render(const mock_template *t, const mock_params *p, agw_buf_t *out);
+/* The value of name (nlen bytes) in p: a path capture, else a query parameter (raw). True when
+ * found; *val points into the request. */
+bool mock_params_get(const mock_params *p, const char *name, size_t nlen, const char **val,
+                     size_t *vlen);
 
 /* ---- mock_config.c --------------------------------------------------------------------- */
 
@@ -145,6 +138,9 @@ typedef struct mock_route {
     uint64_t seen;        /* requests this route matched since it was installed */
     size_t hit_slot;      /* index into the service's hit table */
     json_t *spec;         /* the route as given, for GET /config (owned reference) */
+    char *each;           /* query parameter whose comma-separated values each get a copy of the
+                             body in a JSON array ({each} = the value), or NULL */
+    json_t *each_missing; /* values of `each` left out of that array (borrowed from spec) */
 } mock_route;
 
 typedef struct mock_service mock_service;
@@ -236,13 +232,11 @@ void mock_conn_close(mock_conn *c);
 mock_service *mock_conn_service(const mock_conn *c);
 /* Starts a reply: returns the buffer to append its wire bytes to (in request order). Must be
  * followed by mock_conn_reply_end. cut > 0 sends only the first cut bytes (reset, short). */
-mock_buf *mock_conn_reply_begin(mock_conn *c, const mock_reply *rp);
+agw_buf_t *mock_conn_reply_begin(mock_conn *c, const mock_reply *rp);
 void mock_conn_reply_end(mock_conn *c, size_t cut);
 
 /* ---- mock_response.c ------------------------------------------------------------------- */
 
-/* The reason phrase for status ("OK", "Service Unavailable", ... or "Unknown"). */
-const char *mock_reason(int status);
 /* Builds r's head strings (status line, content type, extra headers). 0 or -1 with message. */
 int mock_response_prepare(mock_route *r, const char *content_type, json_t *headers, char *err,
                           size_t errlen);
@@ -256,7 +250,7 @@ void mock_response_simple(mock_conn *c, const mock_request *req, int status,
  * sends a 500. */
 void mock_response_json(mock_conn *c, const mock_request *req, int status, json_t *json);
 /* Appends n bytes at offset off of a valid JSON document that is total bytes long. */
-void mock_response_huge_fill(mock_buf *out, uint64_t total, uint64_t off, size_t n);
+void mock_response_huge_fill(agw_buf_t *out, uint64_t total, uint64_t off, size_t n);
 
 /* ---- mock_admin.c ---------------------------------------------------------------------- */
 

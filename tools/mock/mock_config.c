@@ -28,7 +28,7 @@ static const struct {
 static const char *const route_fields[] = {
     "method",     "path",       "status",     "headers",       "json",      "body",
     "content_type", "latency_ms", "fault",    "fault_every",   "slow_every", "slow_ms",
-    "huge_bytes", "drip_ms",    "idle_close_ms", NULL,
+    "huge_bytes", "drip_ms",    "idle_close_ms", "each", "each_missing", NULL,
 };
 
 /* Fails on the first key of obj that is not in allowed. */
@@ -107,14 +107,14 @@ int mock_route_parse(json_t *spec, mock_route *r, char *err, size_t errlen)
         snprintf(err, errlen, "method: must be an upper-case HTTP method or \"*\"");
         return -1;
     }
-    r->method = mock_xstrdup(method);
+    r->method = agw_strdup(method);
     char perr[200];
     if (mock_pattern_compile(&r->pattern, path, perr, sizeof perr) < 0) {
         snprintf(err, errlen, "path: %s", perr);
         return -1;
     }
     size_t klen = strlen(method) + strlen(path) + 2;
-    r->key = mock_xmalloc(klen);
+    r->key = agw_malloc(klen);
     snprintf(r->key, klen, "%s %s", method, path);
 
     size_t i = 0;
@@ -167,6 +167,28 @@ int mock_route_parse(json_t *spec, mock_route *r, char *err, size_t errlen)
         if (!ctype)
             ctype = "text/plain";
     }
+    const char *each;
+    if (get_str(spec, "each", NULL, &each, err, errlen) < 0)
+        return -1;
+    if (each) {
+        if (!jbody || !*each) {
+            snprintf(err, errlen, "each: a query parameter name, with a json body to repeat per value");
+            return -1;
+        }
+        r->each = agw_strdup(each);
+    }
+    json_t *missing = json_object_get(spec, "each_missing");
+    if (missing) {
+        size_t k;
+        json_t *m;
+        bool ok = each && json_is_array(missing);
+        json_array_foreach(missing, k, m) ok = ok && json_is_string(m);
+        if (!ok) {
+            snprintf(err, errlen, "each_missing: a list of strings, with each");
+            return -1;
+        }
+        r->each_missing = missing;
+    }
     json_t *headers = json_object_get(spec, "headers");
     if (headers && !json_is_object(headers)) {
         snprintf(err, errlen, "headers: must be an object of header name to string value");
@@ -183,6 +205,7 @@ void mock_route_free(mock_route *r)
     free(r->head);
     free(r->head_json);
     mock_template_free(&r->body);
+    free(r->each);
     json_decref(r->spec);
     memset(r, 0, sizeof *r);
 }
@@ -196,7 +219,7 @@ int mock_routes_parse(json_t *arr, mock_route **out, size_t *n, char *err, size_
         return -1;
     }
     size_t count = json_array_size(arr);
-    mock_route *routes = mock_xmalloc((count ? count : 1) * sizeof *routes);
+    mock_route *routes = agw_malloc((count ? count : 1) * sizeof *routes);
     for (size_t i = 0; i < count; i++) {
         char rerr[400];
         if (mock_route_parse(json_array_get(arr, i), &routes[i], rerr, sizeof rerr) < 0) {
@@ -219,9 +242,9 @@ void mock_routes_free(mock_route *routes, size_t n)
 
 static mock_service *add_service(mock_server *srv, const char *name, int port)
 {
-    mock_service *svc = mock_xmalloc(sizeof *svc);
+    mock_service *svc = agw_malloc(sizeof *svc);
     memset(svc, 0, sizeof *svc);
-    svc->name = mock_xstrdup(name);
+    svc->name = agw_strdup(name);
     svc->port = port;
     svc->srv = srv;
     svc->lfd = -1;
@@ -276,7 +299,7 @@ static int load_service(mock_server *srv, const char *name, json_t *spec, char *
     mock_service *svc = add_service(srv, name, (int)port);
     svc->refused = json_is_true(refuse);
     mock_service_set_routes(svc, routes, n);
-    srv->services = mock_xrealloc(srv->services, (srv->nservices + 1) * sizeof *srv->services);
+    srv->services = agw_realloc(srv->services, (srv->nservices + 1) * sizeof *srv->services);
     srv->services[srv->nservices++] = *svc; /* the array owns the service from here */
     free(svc);
     return 0;
@@ -315,7 +338,7 @@ int mock_config_load(mock_server *srv, const char *path, char *err, size_t errle
         snprintf(e, sizeof e, "services: required, an object of service name to service");
         goto out;
     }
-    srv->host = mock_xstrdup(host);
+    srv->host = agw_strdup(host);
     srv->admin = add_service(srv, "admin", (int)admin);
     srv->admin->is_admin = true;
     const char *name;

@@ -37,7 +37,7 @@ typedef struct mock_resp {
     struct mock_resp *next;
     mock_reply rp;
     ev_tstamp ready_at;  /* earliest time the first byte may leave */
-    mock_buf data;       /* wire bytes (for huge: the head only) */
+    agw_buf_t data;       /* wire bytes (for huge: the head only) */
     size_t cut;          /* > 0: send only this many bytes, then close */
     size_t sent;         /* drip: bytes handed out so far */
     uint64_t huge_off;   /* huge: body bytes generated so far */
@@ -51,7 +51,7 @@ struct mock_conn {
     mock_service *svc;
     mock_conn *prev, *next; /* in svc->conns */
     http_parser parser;
-    mock_buf url, body;     /* current request (body only kept on the admin port) */
+    agw_buf_t url, body;     /* current request (body only kept on the admin port) */
     size_t req_bytes;       /* bytes of the current request so far */
     bool too_big;           /* the current request passed MOCK_MAX_REQUEST_BYTES */
     bool read_done;         /* no more requests will be read (close requested, EOF, error) */
@@ -60,7 +60,7 @@ struct mock_conn {
     bool rst;               /* ... with SO_LINGER 0, so the peer gets RST */
     bool idle_close;        /* close once idle for idle_close_s (close_idle fault) */
     ev_tstamp idle_close_s;
-    mock_buf out;           /* bytes to write, from out_off on */
+    agw_buf_t out;           /* bytes to write, from out_off on */
     size_t out_off;
     uint64_t unflushed;     /* replies whose last byte is in out but not yet written */
     mock_resp *head, *tail; /* queued replies, in request order */
@@ -96,7 +96,7 @@ static void finish_head(mock_conn *c)
     c->queued--;
     c->unflushed++;
     ev_timer_stop(loop_of(c), &c->timer); /* whatever it waited for is over */
-    mock_buf_free(&r->data);
+    agw_buf_free(&r->data);
     free(r);
 }
 
@@ -115,7 +115,7 @@ void mock_conn_close(mock_conn *c)
     while (c->head) {
         mock_resp *r = c->head;
         c->head = r->next;
-        mock_buf_free(&r->data);
+        agw_buf_free(&r->data);
         free(r);
     }
     svc->in_flight -= c->queued + c->unflushed;
@@ -126,13 +126,13 @@ void mock_conn_close(mock_conn *c)
         svc->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    mock_buf_free(&c->url);
-    mock_buf_free(&c->body);
-    mock_buf_free(&c->out);
+    agw_buf_free(&c->url);
+    agw_buf_free(&c->body);
+    agw_buf_free(&c->out);
     free(c);
 }
 
-mock_buf *mock_conn_reply_begin(mock_conn *c, const mock_reply *rp)
+agw_buf_t *mock_conn_reply_begin(mock_conn *c, const mock_reply *rp)
 {
     c->svc->in_flight++;
     if (!c->head && !c->closing && rp->fault == MOCK_FAULT_NONE && rp->delay_s <= 0) {
@@ -140,7 +140,7 @@ mock_buf *mock_conn_reply_begin(mock_conn *c, const mock_reply *rp)
             c->closing = true;
         return &c->out; /* hot path: straight into the output buffer */
     }
-    mock_resp *r = mock_xmalloc(sizeof *r);
+    mock_resp *r = agw_malloc(sizeof *r);
     memset(r, 0, sizeof *r);
     r->rp = *rp;
     r->ready_at = ev_now(loop_of(c)) + rp->delay_s;
@@ -181,7 +181,7 @@ static bool fill(mock_conn *c)
             if (pending > 0)
                 return true; /* let earlier bytes go first so the pace is real */
             if (r->sent < r->data.len) {
-                mock_buf_append(&c->out, r->data.data + r->sent++, 1);
+                agw_buf_append(&c->out, r->data.base + r->sent++, 1);
                 r->ready_at = now + r->rp.drip_s;
                 if (r->sent < r->data.len) {
                     arm_timer(c, r->rp.drip_s);
@@ -191,7 +191,7 @@ static bool fill(mock_conn *c)
             break;
         case MOCK_FAULT_HUGE:
             if (!r->started) {
-                mock_buf_append(&c->out, r->data.data, r->data.len);
+                agw_buf_append(&c->out, r->data.base, r->data.len);
                 r->started = true;
             }
             while (r->huge_off < r->rp.huge_bytes && c->out.len - c->out_off < HUGE_LOW_WATER) {
@@ -204,7 +204,7 @@ static bool fill(mock_conn *c)
                 return true;
             break;
         default:
-            mock_buf_append(&c->out, r->data.data, r->cut ? r->cut : r->data.len);
+            agw_buf_append(&c->out, r->data.base, r->cut ? r->cut : r->data.len);
             if (r->rp.fault == MOCK_FAULT_RESET)
                 c->rst = true;
             if (r->cut)
@@ -239,7 +239,7 @@ static void run(mock_conn *c)
     for (;;) {
         bool again = fill(c);
         if (c->out_off < c->out.len) {
-            ssize_t n = write(c->fd, c->out.data + c->out_off, c->out.len - c->out_off);
+            ssize_t n = write(c->fd, c->out.base + c->out_off, c->out.len - c->out_off);
             if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                 mock_conn_close(c);
                 return;
@@ -294,7 +294,7 @@ static int on_message_begin(http_parser *p)
 static int on_url(http_parser *p, const char *at, size_t n)
 {
     mock_conn *c = p->data;
-    mock_buf_append(&c->url, at, n);
+    agw_buf_append(&c->url, at, n);
     return count(c, n);
 }
 
@@ -308,7 +308,7 @@ static int on_body(http_parser *p, const char *at, size_t n)
 {
     mock_conn *c = p->data;
     if (c->svc->is_admin)
-        mock_buf_append(&c->body, at, n);
+        agw_buf_append(&c->body, at, n);
     return count(c, n);
 }
 
@@ -317,9 +317,9 @@ static int on_message_complete(http_parser *p)
     mock_conn *c = p->data;
     mock_request req = {
         .method = http_method_str(p->method),
-        .url = c->url.data ? c->url.data : "/",
-        .url_len = c->url.data ? c->url.len : 1,
-        .body = c->body.data ? c->body.data : "",
+        .url = c->url.base ? c->url.base : "/",
+        .url_len = c->url.base ? c->url.len : 1,
+        .body = c->body.base ? c->body.base : "",
         .body_len = c->body.len,
         .keep_alive = http_should_keep_alive(p) != 0,
         .http10 = p->http_major == 1 && p->http_minor == 0,
@@ -416,7 +416,7 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
 
 void mock_conn_accept(mock_service *svc, int fd)
 {
-    mock_conn *c = mock_xmalloc(sizeof *c);
+    mock_conn *c = agw_malloc(sizeof *c);
     memset(c, 0, sizeof *c);
     c->fd = fd;
     c->svc = svc;

@@ -14,36 +14,7 @@
 #include <strings.h>
 
 /* Scratch space for rendering a body before its length is known; single-threaded process. */
-static mock_buf scratch;
-
-const char *mock_reason(int status)
-{
-    switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 304: return "Not Modified";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Content Too Large";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "Unknown";
-    }
-}
+static agw_buf_t scratch;
 
 static bool valid_header_name(const char *s)
 {
@@ -58,7 +29,7 @@ static bool valid_header_name(const char *s)
 int mock_response_prepare(mock_route *r, const char *content_type, json_t *headers, char *err,
                           size_t errlen)
 {
-    mock_buf extra = {0}, extra_no_ct = {0}, head = {0}, head_json = {0};
+    agw_buf_t extra = {0}, extra_no_ct = {0}, head = {0}, head_json = {0};
     const char *user_ct = NULL;
     const char *name;
     json_t *val;
@@ -78,27 +49,27 @@ int mock_response_prepare(mock_route *r, const char *content_type, json_t *heade
                                   "broken framing)", name);
             goto fail;
         }
-        mock_buf_printf(&extra, "%s: %s\r\n", name, v);
+        agw_buf_printf(&extra, "%s: %s\r\n", name, v);
         if (!strcasecmp(name, "Content-Type"))
             user_ct = v;
         else
-            mock_buf_printf(&extra_no_ct, "%s: %s\r\n", name, v);
+            agw_buf_printf(&extra_no_ct, "%s: %s\r\n", name, v);
     }
-    mock_buf_printf(&head, "HTTP/1.1 %d %s\r\n", r->status, mock_reason(r->status));
-    mock_buf_append(&head_json, head.data, head.len);
+    agw_buf_printf(&head, "HTTP/1.1 %d %s\r\n", r->status, agw_http_reason(r->status));
+    agw_buf_append(&head_json, head.base, head.len);
     if (content_type && !user_ct)
-        mock_buf_printf(&head, "Content-Type: %s\r\n", content_type);
-    mock_buf_append(&head, extra.data, extra.len);
-    mock_buf_puts(&head_json, "Content-Type: application/json\r\n");
-    mock_buf_append(&head_json, extra_no_ct.data, extra_no_ct.len);
-    r->head = head.data;
-    r->head_json = head_json.data;
-    mock_buf_free(&extra);
-    mock_buf_free(&extra_no_ct);
+        agw_buf_printf(&head, "Content-Type: %s\r\n", content_type);
+    agw_buf_append(&head, extra.base, extra.len);
+    agw_buf_puts(&head_json, "Content-Type: application/json\r\n");
+    agw_buf_append(&head_json, extra_no_ct.base, extra_no_ct.len);
+    r->head = head.base;
+    r->head_json = head_json.base;
+    agw_buf_free(&extra);
+    agw_buf_free(&extra_no_ct);
     return 0;
 fail:
-    mock_buf_free(&extra);
-    mock_buf_free(&extra_no_ct);
+    agw_buf_free(&extra);
+    agw_buf_free(&extra_no_ct);
     return -1;
 }
 
@@ -122,38 +93,85 @@ static uint32_t fnv1a(const char *p, size_t n)
 static void inject_invalid_utf8(void)
 {
     static const char bad[] = "\"bad \xff\xfe bytes\"";
-    mock_buf out = {0};
-    char first = scratch.len ? scratch.data[0] : 0;
+    agw_buf_t out = {0};
+    char first = scratch.len ? scratch.base[0] : 0;
     if (first == '{' && scratch.len > 2) {
-        mock_buf_puts(&out, "{\"invalid\":");
-        mock_buf_puts(&out, bad);
-        mock_buf_puts(&out, ",");
-        mock_buf_append(&out, scratch.data + 1, scratch.len - 1);
+        agw_buf_puts(&out, "{\"invalid\":");
+        agw_buf_puts(&out, bad);
+        agw_buf_puts(&out, ",");
+        agw_buf_append(&out, scratch.base + 1, scratch.len - 1);
     } else if (first == '[' && scratch.len > 2) {
-        mock_buf_puts(&out, "[");
-        mock_buf_puts(&out, bad);
-        mock_buf_puts(&out, ",");
-        mock_buf_append(&out, scratch.data + 1, scratch.len - 1);
+        agw_buf_puts(&out, "[");
+        agw_buf_puts(&out, bad);
+        agw_buf_puts(&out, ",");
+        agw_buf_append(&out, scratch.base + 1, scratch.len - 1);
     } else {
-        mock_buf_puts(&out, "{\"invalid\":");
-        mock_buf_puts(&out, bad);
-        mock_buf_puts(&out, "}");
+        agw_buf_puts(&out, "{\"invalid\":");
+        agw_buf_puts(&out, bad);
+        agw_buf_puts(&out, "}");
     }
-    mock_buf_free(&scratch);
+    agw_buf_free(&scratch);
     scratch = out;
 }
 
 /* Appends scratch as a chunked body: up to four chunks, then the X-Checksum trailer. */
-static void append_chunked(mock_buf *b)
+static void append_chunked(agw_buf_t *b)
 {
     size_t step = (scratch.len + 3) / 4;
     for (size_t off = 0; off < scratch.len; off += step) {
         size_t n = scratch.len - off < step ? scratch.len - off : step;
-        mock_buf_printf(b, "%zx\r\n", n);
-        mock_buf_append(b, scratch.data + off, n);
-        mock_buf_puts(b, "\r\n");
+        agw_buf_printf(b, "%zx\r\n", n);
+        agw_buf_append(b, scratch.base + off, n);
+        agw_buf_puts(b, "\r\n");
     }
-    mock_buf_printf(b, "0\r\nX-Checksum: %08x\r\n\r\n", fnv1a(scratch.data, scratch.len));
+    agw_buf_printf(b, "0\r\nX-Checksum: %08x\r\n\r\n", fnv1a(scratch.base, scratch.len));
+}
+
+static bool each_missing(const mock_route *r, const char *v, size_t n)
+{
+    size_t k;
+    json_t *m;
+    json_array_foreach(r->each_missing, k, m) {
+        if (json_string_length(m) == n && memcmp(json_string_value(m), v, n) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Appends the route's body for request params p: the template, or with `each` a JSON array of
+ * one rendered copy per comma-separated value of that query parameter ({each} = the value). */
+static void render_body(const mock_route *r, const mock_params *p, agw_buf_t *out)
+{
+    if (!r->each) {
+        mock_template_render(&r->body, p, out);
+        return;
+    }
+    const char *v = NULL;
+    size_t vlen = 0;
+    agw_buf_puts(out, "[");
+    bool first = true;
+    if (mock_params_get(p, r->each, strlen(r->each), &v, &vlen) && p->n < MOCK_MAX_PARAMS) {
+        const char *end = v + vlen;
+        while (v < end) {
+            const char *comma = memchr(v, ',', (size_t)(end - v));
+            const char *vend = comma ? comma : end;
+            size_t n = (size_t)(vend - v);
+            if (n > 0 && !each_missing(r, v, n)) {
+                mock_params q = *p;
+                q.v[q.n].name = "each";
+                q.v[q.n].name_len = 4;
+                q.v[q.n].val = v;
+                q.v[q.n].val_len = n;
+                q.n++;
+                if (!first)
+                    agw_buf_puts(out, ",");
+                first = false;
+                mock_template_render(&r->body, &q, out);
+            }
+            v = comma ? comma + 1 : end;
+        }
+    }
+    agw_buf_puts(out, "]");
 }
 
 void mock_response_route(mock_conn *c, const mock_request *req, const mock_route *r,
@@ -170,22 +188,22 @@ void mock_response_route(mock_conn *c, const mock_request *req, const mock_route
         .idle_close_s = r->idle_close_s,
         .close = !req->keep_alive || fault == MOCK_FAULT_GARBAGE,
     };
-    mock_buf *b = mock_conn_reply_begin(c, &rp);
+    agw_buf_t *b = mock_conn_reply_begin(c, &rp);
     size_t start = b->len, cut = 0;
     switch (fault) {
     case MOCK_FAULT_HANG:
         break;
     case MOCK_FAULT_GARBAGE:
-        mock_buf_append(b, garbage, sizeof garbage - 1);
+        agw_buf_append(b, garbage, sizeof garbage - 1);
         break;
     case MOCK_FAULT_HUGE:
-        mock_buf_printf(b, "%sContent-Length: %llu\r\n%s\r\n", r->head_json,
+        agw_buf_printf(b, "%sContent-Length: %llu\r\n%s\r\n", r->head_json,
                         (unsigned long long)r->huge_bytes, connection_header(req));
         break;
     case MOCK_FAULT_CHUNKED:
         scratch.len = 0;
-        mock_template_render(&r->body, p, &scratch);
-        mock_buf_printf(b, "%sTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n%s\r\n",
+        render_body(r, p, &scratch);
+        agw_buf_printf(b, "%sTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n%s\r\n",
                         r->head, connection_header(req));
         if (!req->head)
             append_chunked(b);
@@ -195,19 +213,19 @@ void mock_response_route(mock_conn *c, const mock_request *req, const mock_route
         scratch.len = 0;
         if (fault == MOCK_FAULT_NON_JSON) {
             head = r->head_json;
-            mock_buf_append(&scratch, html, sizeof html - 1);
+            agw_buf_append(&scratch, html, sizeof html - 1);
         } else {
-            mock_template_render(&r->body, p, &scratch);
+            render_body(r, p, &scratch);
             if (fault == MOCK_FAULT_INVALID_UTF8) {
                 head = r->head_json;
                 inject_invalid_utf8();
             }
         }
-        mock_buf_printf(b, "%sContent-Length: %zu\r\n%s\r\n", head, scratch.len,
+        agw_buf_printf(b, "%sContent-Length: %zu\r\n%s\r\n", head, scratch.len,
                         connection_header(req));
         cut = b->len - start + scratch.len / 2;
         if (!req->head)
-            mock_buf_append(b, scratch.data, scratch.len);
+            agw_buf_append(b, scratch.base, scratch.len);
         break;
     }
     }
@@ -219,11 +237,11 @@ void mock_response_simple(mock_conn *c, const mock_request *req, int status,
                           const char *content_type, const char *body, size_t len)
 {
     mock_reply rp = {.fault = MOCK_FAULT_NONE, .close = !req->keep_alive};
-    mock_buf *b = mock_conn_reply_begin(c, &rp);
-    mock_buf_printf(b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
-                    status, mock_reason(status), content_type, len, connection_header(req));
+    agw_buf_t *b = mock_conn_reply_begin(c, &rp);
+    agw_buf_printf(b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
+                    status, agw_http_reason(status), content_type, len, connection_header(req));
     if (!req->head)
-        mock_buf_append(b, body, len);
+        agw_buf_append(b, body, len);
     mock_conn_reply_end(c, 0);
 }
 
@@ -243,12 +261,12 @@ void mock_response_json(mock_conn *c, const mock_request *req, int status, json_
 /* The huge body is {"items":[0,0,...,0]}, padded with one space after '[' when needed so that
  * it is exactly total bytes (total >= 16). Any byte can be computed from its offset, so the
  * body is streamed without ever being held in memory. */
-void mock_response_huge_fill(mock_buf *out, uint64_t total, uint64_t off, size_t n)
+void mock_response_huge_fill(agw_buf_t *out, uint64_t total, uint64_t off, size_t n)
 {
     static const char prefix[] = "{\"items\":[";
     const uint64_t plen = sizeof prefix - 1, middle = total - plen - 2;
-    mock_buf_reserve(out, n);
-    char *dst = out->data + out->len;
+    agw_buf_reserve(out, n);
+    char *dst = out->base + out->len;
     for (size_t k = 0; k < n; k++) {
         uint64_t i = off + k;
         char ch;
@@ -270,5 +288,5 @@ void mock_response_huge_fill(mock_buf *out, uint64_t total, uint64_t off, size_t
         dst[k] = ch;
     }
     out->len += n;
-    out->data[out->len] = '\0';
+    out->base[out->len] = '\0';
 }

@@ -23,8 +23,8 @@ static size_t hit_slot(mock_service *svc, const char *key)
     for (size_t i = 0; i < svc->nhits; i++)
         if (strcmp(svc->hits[i].key, key) == 0)
             return i;
-    svc->hits = mock_xrealloc(svc->hits, (svc->nhits + 1) * sizeof *svc->hits);
-    svc->hits[svc->nhits].key = mock_xstrdup(key);
+    svc->hits = agw_realloc(svc->hits, (svc->nhits + 1) * sizeof *svc->hits);
+    svc->hits[svc->nhits].key = agw_strdup(key);
     svc->hits[svc->nhits].n = 0;
     return svc->nhits++;
 }

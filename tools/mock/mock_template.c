@@ -60,7 +60,7 @@ int mock_pattern_compile(mock_pattern *pt, const char *path, char *err, size_t e
         if (!q)
             q = end;
         size_t n = (size_t)(q - p);
-        pt->segs = mock_xrealloc(pt->segs, (pt->n + 1) * sizeof *pt->segs);
+        pt->segs = agw_realloc(pt->segs, (pt->n + 1) * sizeof *pt->segs);
         bool param = n > 0 && p[0] == '{' && ref_len(p, n) == n;
         if (!param && (memchr(p, '{', n) || memchr(p, '}', n))) {
             snprintf(err, errlen, "segment \"%.*s\" must be literal or a whole {name}", (int)n, p);
@@ -72,7 +72,7 @@ int mock_pattern_compile(mock_pattern *pt, const char *path, char *err, size_t e
         }
         const char *text = param ? p + 1 : p;
         size_t tlen = param ? n - 2 : n;
-        pt->segs[pt->n].text = mock_xmalloc(tlen + 1);
+        pt->segs[pt->n].text = agw_malloc(tlen + 1);
         memcpy(pt->segs[pt->n].text, text, tlen);
         pt->segs[pt->n].text[tlen] = '\0';
         pt->segs[pt->n].len = tlen;
@@ -134,16 +134,16 @@ static void add_seg(mock_template *t, mock_seg_kind kind, const char *text, size
             return;
         if (t->n > 0 && t->segs[t->n - 1].kind == MOCK_SEG_LITERAL) { /* merge literals */
             size_t old = t->segs[t->n - 1].len;
-            t->segs[t->n - 1].text = mock_xrealloc(t->segs[t->n - 1].text, old + len + 1);
+            t->segs[t->n - 1].text = agw_realloc(t->segs[t->n - 1].text, old + len + 1);
             memcpy(t->segs[t->n - 1].text + old, text, len);
             t->segs[t->n - 1].text[old + len] = '\0';
             t->segs[t->n - 1].len = old + len;
             return;
         }
     }
-    t->segs = mock_xrealloc(t->segs, (t->n + 1) * sizeof *t->segs);
+    t->segs = agw_realloc(t->segs, (t->n + 1) * sizeof *t->segs);
     t->segs[t->n].kind = kind;
-    t->segs[t->n].text = mock_xmalloc(len + 1);
+    t->segs[t->n].text = agw_malloc(len + 1);
     memcpy(t->segs[t->n].text, text, len);
     t->segs[t->n].text[len] = '\0';
     t->segs[t->n].len = len;
@@ -282,6 +282,15 @@ void mock_template_free(mock_template *t)
     memset(t, 0, sizeof *t);
 }
 
+static bool lookup(const mock_params *p, const char *name, size_t nlen, const char **val,
+                   size_t *vlen);
+
+bool mock_params_get(const mock_params *p, const char *name, size_t nlen, const char **val,
+                     size_t *vlen)
+{
+    return lookup(p, name, nlen, val, vlen);
+}
+
 /* Finds the value of name: path captures first, then the query string (raw, not decoded). */
 static bool lookup(const mock_params *p, const char *name, size_t nlen, const char **val,
                    size_t *vlen)
@@ -321,58 +330,58 @@ static bool is_json_int(const char *s, size_t n)
     return true;
 }
 
-static void append_json_escaped(mock_buf *out, const char *s, size_t n)
+static void append_json_escaped(agw_buf_t *out, const char *s, size_t n)
 {
     size_t start = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         if (ch >= 0x20 && ch != '"' && ch != '\\')
             continue;
-        mock_buf_append(out, s + start, i - start);
+        agw_buf_append(out, s + start, i - start);
         if (ch == '"' || ch == '\\') {
             char e[2] = {'\\', (char)ch};
-            mock_buf_append(out, e, 2);
+            agw_buf_append(out, e, 2);
         } else {
-            mock_buf_printf(out, "\\u%04x", ch);
+            agw_buf_printf(out, "\\u%04x", ch);
         }
         start = i + 1;
     }
-    mock_buf_append(out, s + start, n - start);
+    agw_buf_append(out, s + start, n - start);
 }
 
-void mock_template_render(const mock_template *t, const mock_params *p, mock_buf *out)
+void mock_template_render(const mock_template *t, const mock_params *p, agw_buf_t *out)
 {
     for (size_t i = 0; i < t->n; i++) {
         const char *val;
         size_t vlen;
         if (t->segs[i].kind == MOCK_SEG_LITERAL) {
-            mock_buf_append(out, t->segs[i].text, t->segs[i].len);
+            agw_buf_append(out, t->segs[i].text, t->segs[i].len);
             continue;
         }
         bool found = lookup(p, t->segs[i].text, t->segs[i].len, &val, &vlen);
         switch (t->segs[i].kind) {
         case MOCK_SEG_RAW:
             if (found)
-                mock_buf_append(out, val, vlen);
+                agw_buf_append(out, val, vlen);
             else
-                mock_buf_printf(out, "{%s}", t->segs[i].text);
+                agw_buf_printf(out, "{%s}", t->segs[i].text);
             break;
         case MOCK_SEG_JSON_STR:
             if (found)
                 append_json_escaped(out, val, vlen);
             else
-                mock_buf_printf(out, "{%s}", t->segs[i].text);
+                agw_buf_printf(out, "{%s}", t->segs[i].text);
             break;
         case MOCK_SEG_JSON_VALUE:
             if (found && is_json_int(val, vlen)) {
-                mock_buf_append(out, val, vlen);
+                agw_buf_append(out, val, vlen);
             } else {
-                mock_buf_append(out, "\"", 1);
+                agw_buf_append(out, "\"", 1);
                 if (found)
                     append_json_escaped(out, val, vlen);
                 else
-                    mock_buf_printf(out, "{%s}", t->segs[i].text);
-                mock_buf_append(out, "\"", 1);
+                    agw_buf_printf(out, "{%s}", t->segs[i].text);
+                agw_buf_append(out, "\"", 1);
             }
             break;
         case MOCK_SEG_LITERAL:

@@ -375,6 +375,19 @@ static void invalid_utf8_in_lua_string_is_an_error(void)
     lua_close(L);
 }
 
+/* Text the gateway did not make goes into its JSON documents as a string, or as the fallback the
+ * caller names when it is not UTF-8: the document stays valid JSON either way. */
+static void a_string_or_its_fallback(void)
+{
+    agw_buf_reset(&out);
+    agw_buf_puts(&out, "[");
+    agw_json_encode_string_or(&out, "a\"b", 3, "null");
+    agw_buf_puts(&out, ",");
+    agw_json_encode_string_or(&out, "\xc0\xaf", 2, "null");
+    agw_buf_puts(&out, "]");
+    CHECK_STR(out.base, "[\"a\\\"b\",null]");
+}
+
 static void agg_array_empty_encodes_as_array(void)
 {
     lua_State *L = new_state();
@@ -1008,6 +1021,7 @@ int main(void)
     RUN(data_at_the_parse_limit_encodes_inside_a_page);
     RUN(function_value_is_an_error);
     RUN(invalid_utf8_in_lua_string_is_an_error);
+    RUN(a_string_or_its_fallback);
     RUN(agg_array_empty_encodes_as_array);
     RUN(empty_plain_table_encodes_as_object);
     RUN(int64_box_compares_and_prints);

@@ -82,7 +82,7 @@ static void test_render_sums_workers(void)
 {
     agw_config_t conf;
     memset(&conf, 0, sizeof(conf));
-    agw_endpoint_info_t eps[1] = {{"GET /p/{id}", "GET", "scripts/p.lua"}};
+    agw_endpoint_info_t eps[1] = {{.route = "GET /p/{id}", .method = "GET", .file = "scripts/p.lua"}};
     conf.endpoints = eps;
     conf.num_endpoints = 1;
     agw_upstream_conf_t ups[1];
@@ -169,8 +169,8 @@ static void test_label_slots_survive_reloads(void)
     memset(&a, 0, sizeof(a));
     memset(&b, 0, sizeof(b));
     a.dir = b.dir = "scripts";
-    agw_endpoint_info_t ea[2] = {{"GET /a", "GET", "a.lua"}, {"GET /b", "GET", "b.lua"}};
-    agw_endpoint_info_t eb[2] = {{"GET /c", "GET", "c.lua"}, {"GET /a", "GET", "a.lua"}};
+    agw_endpoint_info_t ea[2] = {{.route = "GET /a", .method = "GET", .file = "a.lua"}, {.route = "GET /b", .method = "GET", .file = "b.lua"}};
+    agw_endpoint_info_t eb[2] = {{.route = "GET /c", .method = "GET", .file = "c.lua"}, {.route = "GET /a", .method = "GET", .file = "a.lua"}};
     agw_upstream_conf_t ua[1], ub[2];
     memset(ua, 0, sizeof(ua));
     memset(ub, 0, sizeof(ub));
@@ -203,7 +203,7 @@ static void test_partial_overflow(void)
 {
     agw_config_t conf;
     memset(&conf, 0, sizeof(conf));
-    agw_endpoint_info_t eps[1] = {{"GET /p", "GET", "p.lua"}};
+    agw_endpoint_info_t eps[1] = {{.route = "GET /p", .method = "GET", .file = "p.lua"}};
     conf.endpoints = eps;
     conf.num_endpoints = 1;
     agw_metric_labels_t *labels = agw_metric_labels_new(4, 4);

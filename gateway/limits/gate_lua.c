@@ -1,0 +1,162 @@
+/* gate_lua.c: the "agg.limiter" module, the spec harness's way to the limiter (see gate.h). */
+#include "limits/gate.h"
+
+#include <lauxlib.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STORE_MT "agg.limiter.store"
+#define ASKS_MAX 16
+
+typedef struct {
+    agw_limit_store_t *s;
+} handle_t;
+
+static int l_new(lua_State *L)
+{
+    lua_Number slots = luaL_optnumber(L, 1, 4096);
+    handle_t *h = lua_newuserdata(L, sizeof(*h));
+    h->s = agw_limit_store_new(slots > 0 ? (size_t)slots : 64);
+    luaL_getmetatable(L, STORE_MT);
+    lua_setmetatable(L, -2);
+    return 1;
+}
+
+static int l_gc(lua_State *L)
+{
+    handle_t *h = luaL_checkudata(L, 1, STORE_MT);
+    agw_limit_store_free(h->s);
+    h->s = NULL;
+    return 0;
+}
+
+static const char *str_field(lua_State *L, int t, const char *name)
+{
+    lua_getfield(L, t, name);
+    const char *s = lua_tostring(L, -1); /* the rule table keeps the string alive */
+    lua_pop(L, 1);
+    return s;
+}
+
+static uint64_t num_field(lua_State *L, int t, const char *name, uint64_t dflt)
+{
+    lua_getfield(L, t, name);
+    uint64_t v = lua_isnumber(L, -1) ? (uint64_t)lua_tonumber(L, -1) : dflt;
+    lua_pop(L, 1);
+    return v;
+}
+
+/* A rule table as agg.limits normalized it -> r (strings borrowed from the table). */
+static void read_rule(lua_State *L, int t, agw_limit_rule_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->name = (char *)str_field(L, t, "name");
+    const char *key = str_field(L, t, "key");
+    if (r->name == NULL || key == NULL)
+        luaL_error(L, "limiter: a rule needs name and key");
+    r->key = strcmp(key, "ip") == 0 ? AGW_LIMIT_KEY_IP
+                    : strcmp(key, "route") == 0   ? AGW_LIMIT_KEY_ROUTE
+                    : strcmp(key, "api_key") == 0 ? AGW_LIMIT_KEY_API_KEY
+                    : strcmp(key, "user") == 0    ? AGW_LIMIT_KEY_USER
+                                                  : AGW_LIMIT_KEY_HEADER;
+    r->header = (char *)str_field(L, t, "header");
+    const char *window = str_field(L, t, "window");
+    if (window) {
+        r->is_quota = 1;
+        r->quota = num_field(L, t, "quota", 1);
+        r->window = strcmp(window, "hour") == 0 ? AGW_LIMIT_HOUR : strcmp(window, "day") == 0 ? AGW_LIMIT_DAY
+                                                                                              : AGW_LIMIT_MONTH;
+    } else {
+        r->rate = num_field(L, t, "rate", 1);
+        r->per_s = num_field(L, t, "per_s", 1);
+        r->burst = num_field(L, t, "burst", r->rate);
+        if (r->rate == 0 || r->per_s == 0 || r->burst == 0)
+            luaL_error(L, "limiter: rule '%s': rate, per_s and burst must be positive", r->name);
+    }
+    agw_limit_rule_seal(r);
+}
+
+static void set_field(lua_State *L, const char *name, const agw_buf_t *b)
+{
+    lua_pushlstring(L, b->base ? b->base : "", b->len);
+    lua_setfield(L, -2, name);
+}
+
+static int l_check(lua_State *L)
+{
+    handle_t *h = luaL_checkudata(L, 1, STORE_MT);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    uint64_t now_ms = (uint64_t)luaL_checknumber(L, 3);
+    int headers = lua_toboolean(L, 4);
+    size_t n = lua_objlen(L, 2);
+    if (n > ASKS_MAX)
+        n = ASKS_MAX; /* as the worker: the first 16 */
+    agw_limit_rule_t rules[ASKS_MAX];
+    agw_limit_ask_t asks[ASKS_MAX];
+    agw_limit_result_t results[ASKS_MAX];
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, (int)i + 1);
+        int a = lua_gettop(L);
+        luaL_checktype(L, a, LUA_TTABLE);
+        lua_getfield(L, a, "rule");
+        luaL_checktype(L, -1, LUA_TTABLE);
+        read_rule(L, lua_gettop(L), &rules[i]);
+        lua_pop(L, 1);
+        lua_getfield(L, a, "key");
+        size_t len = 0;
+        const char *key = lua_tolstring(L, -1, &len);
+        asks[i].rule = &rules[i];
+        asks[i].hash = agw_limit_hash(&rules[i], key ? key : "", key ? len : 0);
+        lua_pop(L, 2);
+    }
+    agw_limit_verdict_t v = {.results = results};
+    int allowed = agw_limit_check(h->s, asks, n, now_ms, &v);
+    lua_pushboolean(L, allowed);
+    lua_newtable(L);
+    agw_buf_t b = {0};
+    if (n > 0 && (!allowed || headers)) {
+        agw_gate_policy_field(&b, asks, results, n);
+        set_field(L, "ratelimit-policy", &b);
+        agw_buf_reset(&b);
+        agw_gate_ratelimit_field(&b, asks, &v);
+        set_field(L, "ratelimit", &b);
+    }
+    if (!allowed) {
+        agw_buf_reset(&b);
+        agw_buf_printf(&b, "%llu", (unsigned long long)agw_gate_retry_after_s(&v));
+        set_field(L, "retry-after", &b);
+        agw_buf_reset(&b);
+        agw_gate_problem_429(&b, asks, &v, n);
+        lua_pushlstring(L, b.base, b.len);
+    } else {
+        lua_pushnil(L);
+    }
+    agw_buf_free(&b);
+    return 3;
+}
+
+static int l_shed(lua_State *L)
+{
+    lua_Number max = luaL_checknumber(L, 1), prio = luaL_checknumber(L, 2), inflight = luaL_checknumber(L, 3);
+    lua_pushboolean(L, agw_gate_shed(max > 0 ? (unsigned)max : 0, (int)prio, (int)inflight));
+    return 1;
+}
+
+int agw_limiter_open(lua_State *L)
+{
+    if (luaL_newmetatable(L, STORE_MT)) {
+        lua_createtable(L, 0, 1);
+        lua_pushcfunction(L, l_check);
+        lua_setfield(L, -2, "check");
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 2);
+    lua_pushcfunction(L, l_new);
+    lua_setfield(L, -2, "new");
+    lua_pushcfunction(L, l_shed);
+    lua_setfield(L, -2, "shed");
+    return 1;
+}

@@ -1,0 +1,152 @@
+/* test_limit.c: the limiter's arithmetic on an explicit clock (limits/limit.h). */
+#include "limits/limit.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "../check.h"
+
+static agw_limit_rule_t rate_rule(const char *name, uint64_t rate, uint64_t per_s, uint64_t burst)
+{
+    agw_limit_rule_t r = {.name = (char *)name, .key = AGW_LIMIT_KEY_IP, .rate = rate, .per_s = per_s, .burst = burst};
+    agw_limit_rule_seal(&r);
+    return r;
+}
+
+static agw_limit_rule_t quota_rule(const char *name, uint64_t quota, agw_limit_window_t w)
+{
+    agw_limit_rule_t r = {.name = (char *)name, .key = AGW_LIMIT_KEY_IP, .is_quota = 1, .quota = quota, .window = w};
+    agw_limit_rule_seal(&r);
+    return r;
+}
+
+/* 10 a second, burst 5: five at once, the sixth refused with a wait of 100 ms, one more after it */
+static void rate_burst_then_steady(void)
+{
+    agw_limit_store_t *s = agw_limit_store_new(64);
+    agw_limit_rule_t r = rate_rule("r", 10, 1, 5);
+    uint64_t h = agw_limit_hash(&r, "1.2.3.4", 7), now = 1700000000000;
+    agw_limit_result_t res;
+    for (int i = 0; i < 5; i++) {
+        CHECK(agw_limit_take(s, &r, h, now, &res) == 1);
+        CHECK(res.remaining == (uint64_t)(4 - i));
+        CHECK(res.limit == 5 && res.window_s == 1);
+    }
+    CHECK(agw_limit_take(s, &r, h, now, &res) == 0);
+    CHECK(res.remaining == 0 && res.reset_ms == 100);
+    CHECK(agw_limit_take(s, &r, h, now + 99, &res) == 0);
+    CHECK(agw_limit_take(s, &r, h, now + 100, &res) == 1 && res.remaining == 0);
+    /* over 10 s once the burst is spent: exactly 10 a second */
+    int ok = 0;
+    for (uint64_t t = now + 101; t < now + 10101; t++)
+        ok += agw_limit_take(s, &r, h, t, &res);
+    CHECK(ok == 100);
+    /* another key has its own bucket */
+    CHECK(agw_limit_take(s, &r, agw_limit_hash(&r, "5.6.7.8", 7), now + 10101, &res) == 1 && res.remaining == 4);
+    agw_limit_store_free(s);
+}
+
+/* a daily quota resets at 00:00 UTC; a month's at the first of the next month */
+static void quota_windows_reset_at_utc_boundaries(void)
+{
+    agw_limit_store_t *s = agw_limit_store_new(64);
+    agw_limit_rule_t r = quota_rule("daily", 3, AGW_LIMIT_DAY);
+    uint64_t h = agw_limit_hash(&r, "k", 1);
+    uint64_t before_midnight = UINT64_C(1764633599000); /* 2025-12-01T23:59:59Z */
+    agw_limit_result_t res;
+    for (int i = 0; i < 3; i++)
+        CHECK(agw_limit_take(s, &r, h, before_midnight, &res) == 1);
+    CHECK(agw_limit_take(s, &r, h, before_midnight + 999, &res) == 0);
+    CHECK(res.reset_ms == 1 && res.window_s == 86400);
+    CHECK(agw_limit_take(s, &r, h, before_midnight + 1000, &res) == 1 && res.remaining == 2);
+    CHECK(res.reset_ms == 86400000);
+    uint64_t a, b;
+    agw_limit_window_bounds(AGW_LIMIT_MONTH, UINT64_C(1709164800000), &a, &b); /* 2024-02-29T00:00Z */
+    CHECK(a == UINT64_C(1706745600000) && b == UINT64_C(1709251200000));  /* Feb 1 .. Mar 1 2024 */
+    agw_limit_window_bounds(AGW_LIMIT_MONTH, UINT64_C(1767225599000), &a, &b); /* 2025-12-31T23:59:59Z */
+    CHECK(a == UINT64_C(1764547200000) && b == UINT64_C(1767225600000));
+    agw_limit_window_bounds(AGW_LIMIT_HOUR, UINT64_C(1764633599000), &a, &b);
+    CHECK(a == UINT64_C(1764630000000) && b == UINT64_C(1764633600000));
+    agw_limit_store_free(s);
+}
+
+/* two rules: the second refuses, the first's take is given back; the refusing rule decides */
+static void refused_request_is_not_counted(void)
+{
+    agw_limit_store_t *s = agw_limit_store_new(64);
+    agw_limit_rule_t rate = rate_rule("per-ip", 100, 1, 10), quota = quota_rule("daily", 2, AGW_LIMIT_DAY);
+    agw_limit_ask_t asks[2] = {{&rate, agw_limit_hash(&rate, "a", 1)}, {&quota, agw_limit_hash(&quota, "a", 1)}};
+    agw_limit_result_t res[2];
+    agw_limit_verdict_t v = {.results = res};
+    uint64_t now = UINT64_C(1764590400000); /* noon */
+    CHECK(agw_limit_check(s, asks, 2, now, &v) == 1 && v.decisive == 1 && res[1].remaining == 1);
+    CHECK(agw_limit_check(s, asks, 2, now, &v) == 1 && v.decisive == 1);
+    for (int i = 0; i < 5; i++) {
+        CHECK(agw_limit_check(s, asks, 2, now, &v) == 0);
+        CHECK(v.decisive == 1 && res[1].reset_ms == 12 * 3600000);
+    }
+    agw_limit_result_t peek;
+    agw_limit_peek(s, &rate, asks[0].hash, now, &peek);
+    CHECK(peek.remaining == 8); /* two accepted, five refused: two counted */
+    /* the most restrictive accepted rule is the one with the fewest left */
+    agw_limit_rule_t tight = rate_rule("tight", 1, 1, 1);
+    agw_limit_ask_t two[2] = {{&rate, asks[0].hash}, {&tight, agw_limit_hash(&tight, "a", 1)}};
+    CHECK(agw_limit_check(s, two, 2, now, &v) == 1 && v.decisive == 1);
+    CHECK(agw_limit_check(s, two, 2, now, &v) == 0 && v.decisive == 1 && res[1].reset_ms == 1000);
+    agw_limit_store_free(s);
+}
+
+/* a full table lets through uncounted and says so; expired slots are taken over */
+static void full_table_and_takeover(void)
+{
+    agw_limit_store_t *s = agw_limit_store_new(64);
+    agw_limit_rule_t r = rate_rule("r", 1, 1, 1);
+    agw_limit_result_t res;
+    uint64_t now = 1000000;
+    for (unsigned i = 0; i < 64; i++) /* every slot live for a second */
+        CHECK(agw_limit_take(s, &r, (uint64_t)i + 1, now, &res) == 1);
+    CHECK(agw_limit_store_full(s) == 0);
+    CHECK(agw_limit_take(s, &r, 1000, now, &res) == 1 && agw_limit_store_full(s) == 1);
+    CHECK(agw_limit_take(s, &r, 1000, now + 1000, &res) == 1 && agw_limit_store_full(s) == 1);
+    CHECK(agw_limit_take(s, &r, 1000, now + 1000, &res) == 0); /* now counted in a taken-over slot */
+    agw_limit_store_free(s);
+}
+
+/* workers at once on one key: exactly burst accepted */
+struct race { agw_limit_store_t *s; agw_limit_rule_t *r; uint64_t h; int ok; };
+static void *racer(void *p)
+{
+    struct race *x = p;
+    agw_limit_result_t res;
+    for (int i = 0; i < 20000; i++)
+        x->ok += agw_limit_take(x->s, x->r, x->h, 5000, &res);
+    return NULL;
+}
+static void concurrent_takes_are_exact(void)
+{
+    agw_limit_store_t *s = agw_limit_store_new(1024);
+    agw_limit_rule_t r = rate_rule("r", 1, 3600, 1000);
+    struct race x[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
+        x[i] = (struct race){s, &r, agw_limit_hash(&r, "same", 4), 0};
+        pthread_create(&t[i], NULL, racer, &x[i]);
+    }
+    int total = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        total += x[i].ok;
+    }
+    CHECK(total == 1000);
+    agw_limit_store_free(s);
+}
+
+int main(void)
+{
+    RUN(rate_burst_then_steady);
+    RUN(quota_windows_reset_at_utc_boundaries);
+    RUN(refused_request_is_not_counted);
+    RUN(full_table_and_takeover);
+    RUN(concurrent_takes_are_exact);
+    return CHECK_DONE();
+}

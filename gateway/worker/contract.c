@@ -1,0 +1,58 @@
+/* contract.c: the names of the Lua↔C seam as C spells them (contract.h; lua/agg/contract.lua). */
+#include "worker/contract.h"
+
+#include <lua.h>
+#include <stddef.h>
+
+const char *const agw_contract_attempt[AGW_ATTEMPT_FIELDS] = {
+    [AGW_ATTEMPT_SECTION] = "section", [AGW_ATTEMPT_NUMBER] = "attempt", [AGW_ATTEMPT_HEDGE] = "hedge",
+    [AGW_ATTEMPT_ENDPOINT] = "endpoint",
+};
+
+const char *const agw_contract_answer[AGW_ANSWER_FIELDS] = {
+    [AGW_ANSWER_HEADERS] = "headers", [AGW_ANSWER_BODY] = "body", [AGW_ANSWER_DETAIL] = "detail",
+};
+
+const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS] = {
+    [AGW_ARRIVAL_QUERY] = "query", [AGW_ARRIVAL_HEADERS] = "headers", [AGW_ARRIVAL_BODY] = "body",
+    [AGW_ARRIVAL_USER] = "user",        [AGW_ARRIVAL_TOKEN] = "token",
+};
+
+const char *const agw_contract_response[AGW_RESPONSE_FIELDS] = {
+    [AGW_RESPONSE_STATUS] = "status",
+    [AGW_RESPONSE_HEADERS] = "headers",
+    [AGW_RESPONSE_BODY] = "body",
+    [AGW_RESPONSE_JSON] = "json",
+    [AGW_RESPONSE_DEFAULT_TYPE] = "default_type",
+    [AGW_RESPONSE_SERVER_TIMING] = "server_timing",
+    [AGW_RESPONSE_PAGE] = "page",
+    [AGW_RESPONSE_SECTIONS] = "sections",
+};
+
+const char *const agw_contract_counters[AGW_COUNTERS_FIELDS] = {
+    [AGW_COUNTERS_RETRIES] = "retries",       [AGW_COUNTERS_RETRIES_DENIED] = "retries_denied",
+    [AGW_COUNTERS_HEDGES] = "hedges",         [AGW_COUNTERS_HEDGES_WON] = "hedges_won",
+    [AGW_COUNTERS_COLLAPSED] = "collapsed",
+};
+
+const char *const agw_contract_runtime[] = {"init", "start", "on_call", "on_timer", "abort", "report_stats", "on_redis", NULL};
+
+void agw_contract_push_keys(lua_State *L)
+{
+    static const struct {
+        int base;
+        const char *const *names;
+        int n;
+    } tables[] = {
+        {AGW_KEY_ATTEMPT, agw_contract_attempt, AGW_ATTEMPT_FIELDS},
+        {AGW_KEY_ANSWER, agw_contract_answer, AGW_ANSWER_FIELDS},
+        {AGW_KEY_ARRIVAL, agw_contract_arrival, AGW_ARRIVAL_FIELDS},
+        {AGW_KEY_RESPONSE, agw_contract_response, AGW_RESPONSE_FIELDS},
+    };
+    lua_createtable(L, AGW_KEY_COUNT, 0);
+    for (size_t t = 0; t < sizeof(tables) / sizeof(tables[0]); t++)
+        for (int i = 0; i < tables[t].n; i++) {
+            lua_pushstring(L, tables[t].names[i]);
+            lua_rawseti(L, -2, tables[t].base + i);
+        }
+}

@@ -1,0 +1,191 @@
+-- agg.contract: the seam between the Lua half of the runtime (agg.runtime and its parts) and its
+-- transport, written once. The transport is `core`: in `aggway serve` the C worker
+-- (gateway/worker/core.c), in `aggway test` the spec harness's fake (agg.testing) with a virtual
+-- clock and stubbed upstreams. Both are checked against this file: the C unit test
+-- gateway/tests/worker/test_contract.c compares C's function and field names with it, and
+-- spec/contract_spec.lua runs the fake through every kind of answer with M.check on each table
+-- that crosses. A field added on one side only fails one of them.
+--
+-- Rules for every entry:
+--   - times are milliseconds (numbers, fractions allowed) on the transport's monotonic clock:
+--     core.now() in both directions, never os.time or os.clock (the spec harness's clock is
+--     virtual; docs/ARCHITECTURE.md "Time");
+--   - ids (rid, call id, timer id) are numbers the transport makes; an id of something that ended
+--     is ignored, never an error (C: generation-checked slots, base/slots.h);
+--   - hot arguments (what every call, answer or request needs) are positional; the cold rest
+--     travel in one of the tables below, named fields only;
+--   - a table the transport passes to the runtime (answer, arrival) is valid only during that
+--     callback, as C's agw_call_result_t: the C transport reuses one per VM, so the runtime copies
+--     the fields it keeps and never keeps the table;
+--   - a table the runtime passes to the transport (attempt, response, counters) is read before
+--     the function returns and never kept; strings in it stay the runtime's.
+local M = {}
+
+--- core.*: what the transport gives the runtime (agg.runtime.init(core, upstreams, endpoints,
+-- token_exchange)).
+-- args: names in order; returns: what comes back. `breakers` is a table, not a function.
+M.core = {
+  now          = { args = {}, returns = "ms: the loop's clock (monotonic, milliseconds)" },
+  call         = { args = { "rid", "upstream", "method", "path", "headers", "body", "timeout_ms",
+                            "decode", "attempt" },
+                   returns = "call id; runtime.on_call follows exactly once unless core.cancel(id) " ..
+                             "comes first. upstream: the index in gateway.lua's order, 1-based; " ..
+                             "method: GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS; path: path and " ..
+                             "query from '/' (the upstream's base path goes first); headers: false " ..
+                             "or { name, value, … } (names lowercase); body: false or a string; " ..
+                             "timeout_ms: whole ms for the whole call; decode: a 2xx body is JSON, " ..
+                             "hand it over validated as on_call's data; attempt: the span, and the " ..
+                             "endpoint of an upstream group (tables.attempt)" },
+  cancel       = { args = { "id" }, returns = "nothing; no on_call follows (the connection closes)" },
+  join         = { args = { "rid", "id", "section" }, optional = true,
+                   returns = "nothing; request rid's section waits on call id (single-flight): a " ..
+                             "span of its own, linked to the call's" },
+  timer        = { args = { "ms" }, returns = "timer id; runtime.on_timer(id) runs ms from now" },
+  cancel_timer = { args = { "id" }, returns = "nothing; no on_timer follows" },
+  random       = { args = {}, returns = "a number in [0, 1) (retry jitter; not for secrets)" },
+  respond      = { args = { "rid", "response" },
+                   returns = "true; false when the client is gone; nil, err when the body cannot " ..
+                             "be encoded as JSON (nothing was sent)" },
+  log          = { args = { "level", "message" }, returns = "nothing (level: error, warn, info)" },
+  trace_id     = { args = { "rid" }, optional = true,
+                   returns = "the request's trace id, 32 lowercase hex digits, or nil" },
+  upstream_counters = { args = { "upstream", "counters" }, optional = true,
+                        returns = "nothing; the runtime's totals for upstream (an index), " ..
+                                  "published as metrics" },
+  endpoint_state = { args = { "upstream", "endpoint", "calls", "failures", "ejections", "sessions",
+                              "in_flight", "ejected_until_ms", "last_ejected_ms", "answered",
+                              "latency_ms" }, optional = true,
+                     returns = "nothing; agg.group's view of an endpoint (1-based) of an upstream " ..
+                               "group in this worker, for /upstreams and the metrics (about once a " ..
+                               "second, from runtime.report_stats: cold, but positional as the " ..
+                               "numbers it publishes)" },
+  -- the cache's transport (agg.cache); the C worker installs them when gateway.lua has a cache
+  cache_get    = { args = { "key" }, optional = true,
+                   returns = "the value (a string) of this worker's tier 1 (cache/lru.h), or nil" },
+  cache_set    = { args = { "key", "value", "until_ms" }, optional = true,
+                   returns = "nothing; value kept in tier 1 until until_ms (core.now's clock)" },
+  redis_get    = { args = { "key" }, optional = true,
+                   returns = "a lookup id, runtime.on_redis(id, value, err) follows; nil without " ..
+                             "Redis (only when gateway.lua configures redis with cache.redis)" },
+  redis_set    = { args = { "key", "value", "ttl_ms" }, optional = true,
+                   returns = "nothing; a failed SET only costs a later miss" },
+  digest       = { args = { "s" }, optional = true,
+                   returns = "SHA-256 of s in lowercase hex (a credential in a cache key)" },
+  cache_counters = { args = { "stats" }, optional = true,
+                     returns = "nothing; agg.cache.stats (totals), published as metrics" },
+  cache_span   = { args = { "rid", "upstream", "section", "outcome", "http_status" }, optional = true,
+                   returns = "nothing; a span of no duration for a section the cache served " ..
+                             "(outcome hit, stale or refresh)" },
+  breakers     = { value = "table: upstream index -> breaker handle (upstream/breaker.h), or nil" },
+}
+
+--- runtime.*: what the transport calls (agg.runtime); each runs to its end without waiting.
+M.runtime = {
+  init         = { args = { "core", "upstreams", "endpoints", "token_exchange" } },
+  start        = { args = { "rid", "endpoint", "method", "path", "params", "arrival" } },
+  on_call      = { args = { "id", "outcome", "http_status", "data", "ms", "answer" } },
+  on_timer     = { args = { "id" } },
+  abort        = { args = { "rid" } },
+  report_stats = { args = {} },
+  on_redis     = { args = { "id", "value", "err" } },  -- core.redis_get's answer: value nil on a miss
+}
+
+--- The tables that cross, field -> allowed Lua types ("|"-separated; "nil" = may be absent).
+M.tables = {
+  -- core.call's attempt: the span to record. The runtime passes the call's exchange itself
+  -- (agg.exchange; a hedge gets a record of its own): fields beyond these are the runtime's and
+  -- the transport never reads them.
+  attempt = {
+    section = "string|number",      -- the section the call serves (the span's name)
+    attempt = "number",             -- 1 for the first, 2… for retries and a hedge
+    hedge   = "boolean|nil",        -- true: the second copy of a slow first attempt
+    -- the endpoint (1-based) agg.group chose, for an upstream of more than one endpoint; the
+    -- transport reads it only for those (a one-endpoint upstream's is its first), so it costs the
+    -- common call nothing, and it travels here, not positionally, because only groups have it
+    endpoint = "number|nil",
+  },
+  -- runtime.on_call(id, outcome, http_status, data, ms, answer):
+  --   outcome      ok | refused | connect_timeout | timeout | reset | truncated | bad_response
+  --                | too_large | overload | bad_request | tls
+  --   http_status  0 when no status line arrived
+  --   data         a 2xx body of a call that decodes, validated: a raw ref (agg.json) that also
+  --                carries the headers and the body text (json.raw_extra, json.raw); a string:
+  --                why the body is not JSON; nil otherwise
+  --   ms           from core.call to the answer
+  --   answer       nil when data is a raw ref; otherwise this table:
+  answer = {
+    headers = "string|nil",         -- "name\0value\0…" of a response that arrived; nil on failures
+    body    = "string|nil",         -- the body of a response that arrived
+    detail  = "string|nil",         -- what went wrong, for a failed call
+  },
+  -- runtime.start(rid, endpoint, method, path, params, arrival): endpoint is the index of the
+  -- loader's endpoint, path has no query, params are the route parameters (name -> string)
+  arrival = {
+    query   = "string|nil",         -- the raw query string, without '?'
+    headers = "string|table",       -- "name\0value\0…" (lowercase names), or name -> value
+    body    = "string|nil",
+    -- the edge's verdict (edge/edge.h), set on every arrival (nil when the endpoint has no auth):
+    -- cold, most endpoints have none, so they travel here rather than positionally
+    user    = "table|nil",          -- { via = "jwt", sub, claims_ref } or { via = "api_key", app, plan }
+    token   = "string|nil",         -- the verified bearer token (a JWT's), for identity forwarding
+  },
+  -- core.respond's response
+  response = {
+    status        = "number",       -- 200..599
+    headers       = "table|nil",    -- name -> value (names in any case; script/resp_headers.h)
+    body          = "any",          -- a string; with json, a Lua value to encode as JSON
+    json          = "boolean",      -- encode body as JSON
+    default_type  = "string|nil",   -- content-type unless headers has one
+    server_timing = "string|nil",   -- the Server-Timing value
+    page          = "string|nil",   -- agg.page's verdict: "complete" or "partial"; nil: not a page
+    sections      = "table|nil",    -- a page's sections, name -> { status, … } (for metrics and
+                                    -- the access log)
+  },
+  -- core.upstream_counters' counters: totals since the VM started
+  counters = {
+    retries = "number", retries_denied = "number", hedges = "number", hedges_won = "number",
+    collapsed = "number",
+  },
+}
+
+local function type_ok(allowed, v)
+  if allowed == "any" then return true end
+  local t = type(v)
+  for a in allowed:gmatch("[^|]+") do
+    if a == t then return true end
+  end
+  return false
+end
+
+--- Checks table t against M.tables[kind]: every field it carries is declared with its type, and
+-- every declared field that may not be absent is there. With `only_declared` false, fields the
+-- contract does not name are allowed (the exchange passed as an attempt carries the runtime's own).
+-- Returns true, or false and what is wrong ("answer: field 'detial' is not in the contract").
+function M.check(kind, t, only_declared)
+  local decl = M.tables[kind]
+  if not decl then return false, "no table '" .. tostring(kind) .. "' in the contract" end
+  if type(t) ~= "table" then return false, kind .. ": a table expected, got " .. type(t) end
+  if only_declared ~= false then
+    for k in pairs(t) do
+      if decl[k] == nil then
+        return false, ("%s: field '%s' is not in the contract"):format(kind, tostring(k))
+      end
+    end
+  end
+  for k, allowed in pairs(decl) do
+    if not type_ok(allowed, t[k]) then
+      return false, ("%s: field '%s' is %s, the contract says %s"):format(kind, k, type(t[k]), allowed)
+    end
+  end
+  return true
+end
+
+--- The declared field names of M.tables[kind], sorted (for the C unit test).
+function M.fields(kind)
+  local out = {}
+  for k in pairs(M.tables[kind]) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+
+return M

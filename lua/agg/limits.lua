@@ -1,0 +1,193 @@
+-- agg.limits: checks gateway.lua's `limits` block and an endpoint's `limits` and `priority`
+-- (README "Rate limits and quotas"; the counting itself is C, gateway/limits/limit.h, before any
+-- Lua runs).
+--
+--   limits = { store = "local", headers = true, local_keys = 65536, default = { "per-ip" },
+--              rules = { { name = "per-ip", key = "ip", rate = 100, per_s = 1, burst = 50 },
+--                        { name = "daily", key = { header = "x-client" }, quota = 100000, window = "day" } } }
+local M = {}
+
+local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true, local_keys = true }
+local RULE_KEYS = { name = true, key = true, rate = true, per_s = true, burst = true, quota = true, window = true,
+                    store = true }
+local WINDOWS = { hour = true, day = true, month = true }
+
+M.PRIORITY_DEFAULT = 2
+
+local function is_whole(v, lo, hi)
+  return type(v) == "number" and v == v and v % 1 == 0 and v >= lo and v <= hi
+end
+
+--- Checks cfg.limits and cfg.max_in_flight. c: the checker's helpers { lines, err(line, where,
+-- msg), find_line(lines, name, from), suggest(key, known), show(v) }. Returns the normalized
+-- block for the C side: { headers, local_keys, rules = { {name, key, header, rate, per_s, burst,
+-- quota, window} … }, default = { names }, by_name = { name = index } }.
+function M.check(cfg, c)
+  local lines, err, find_line, suggest, show = c.lines, c.err, c.find_line, c.suggest, c.show
+  local out = { headers = false, local_keys = 65536, rules = {}, default = {}, by_name = {} }
+  local l = cfg.limits
+  if l == nil or l == false then return out end
+  local lline = find_line(lines, "limits")
+  if type(l) ~= "table" then
+    err(lline, "limits", "must be a table like { rules = { { name = \"per-ip\", key = \"ip\", rate = 10, per_s = 1, burst = 20 } } }, got " .. show(l))
+    return out
+  end
+  for k in pairs(l) do
+    if not LIMITS_KEYS[k] then
+      err(find_line(lines, k, lline) or lline, "limits." .. tostring(k), "unknown option" ..
+          suggest(tostring(k), LIMITS_KEYS) .. "; limits knows store, headers, rules, default, local_keys")
+    end
+  end
+  local function store_ok(v, where, line)
+    if v == nil or v == "local" then return true end
+    if v == "redis" then
+      err(line, where, "store = \"redis\" is not available in this version of aggway; use \"local\"")
+    else
+      err(line, where, "must be \"local\" or \"redis\", got " .. show(v))
+    end
+    return false
+  end
+  store_ok(l.store, "limits.store", find_line(lines, "store", lline) or lline)
+  if l.headers ~= nil then
+    if type(l.headers) ~= "boolean" then
+      err(find_line(lines, "headers", lline) or lline, "limits.headers", "must be true or false, got " .. show(l.headers))
+    else
+      out.headers = l.headers
+    end
+  end
+  if l.local_keys ~= nil then
+    if not is_whole(l.local_keys, 64, 67108864) then
+      err(find_line(lines, "local_keys", lline) or lline, "limits.local_keys",
+          "must be a whole number of keys from 64 to 67108864, got " .. show(l.local_keys))
+    else
+      out.local_keys = l.local_keys
+    end
+  end
+  local rules = l.rules
+  local rline = find_line(lines, "rules", lline) or lline
+  if rules == nil then rules = {} end
+  if type(rules) ~= "table" then
+    err(rline, "limits.rules", "must be a list of rules like { name = \"per-ip\", key = \"ip\", rate = 10, per_s = 1, burst = 20 }")
+    rules = {}
+  end
+  local from = rline
+  for i, r in ipairs(rules) do
+    local where = "limits.rules[" .. i .. "]"
+    local line = find_line(lines, "name", from) or from
+    from = line + 1
+    if type(r) ~= "table" then
+      err(line, where, "must be a table like { name = \"per-ip\", key = \"ip\", rate = 10, per_s = 1, burst = 20 }")
+    else
+      local ok = true
+      local function bad(k, msg)
+        err(find_line(lines, k, line) or line, where .. "." .. k, msg)
+        ok = false
+      end
+      for k in pairs(r) do
+        if not RULE_KEYS[k] then
+          bad(tostring(k), "unknown option" .. suggest(tostring(k), RULE_KEYS) ..
+              "; a rule knows name, key, rate, per_s, burst (a rate) or quota, window (a quota), store")
+        end
+      end
+      local e = {}
+      if type(r.name) ~= "string" or not r.name:match("^[%w_.%-]+$") or #r.name > 64 then
+        bad("name", "must be a name of letters, digits, '_', '.' or '-' (up to 64), got " .. show(r.name))
+      elseif out.by_name[r.name] then
+        bad("name", "rule '" .. r.name .. "' is defined twice")
+      else
+        e.name = r.name
+      end
+      local key = r.key
+      if key == "ip" or key == "route" or key == "api_key" or key == "user" then
+        e.key = key
+      elseif type(key) == "table" and type(key.header) == "string" and key.header:match("^[%w!#$%%&'*+.^_`|~-]+$")
+             and next(key, next(key)) == nil then
+        e.key, e.header = "header", key.header:lower()
+      elseif type(key) == "function" then
+        bad("key", "a function key is not available in this version of aggway; use \"ip\", \"route\", \"api_key\", \"user\" or { header = \"x-name\" }")
+      else
+        bad("key", "must be \"ip\", \"route\", \"api_key\", \"user\" or { header = \"x-name\" }, got " .. show(key) ..
+            (type(key) == "string" and suggest(key, { ip = true, route = true, api_key = true, user = true }) or ""))
+      end
+      store_ok(r.store, where .. ".store", find_line(lines, "store", line) or line)
+      local is_rate = r.rate ~= nil or r.per_s ~= nil or r.burst ~= nil
+      local is_quota = r.quota ~= nil or r.window ~= nil
+      if is_rate == is_quota then
+        bad("rate", "a rule is either a rate (rate, per_s, burst) or a quota (quota, window), " ..
+            (is_rate and "not both" or "and this one has neither"))
+      elseif is_rate then
+        for _, k in ipairs { "rate", "per_s", "burst" } do
+          local v = r[k]
+          if k == "per_s" and v == nil then v = 1 end
+          if k == "burst" and v == nil then v = r.rate end
+          local hi = k == "per_s" and 31 * 86400 or 1e9
+          if not is_whole(v, 1, hi) then
+            bad(k, ("must be a whole number from 1 to %d, got %s"):format(hi, show(v)))
+          else
+            e[k] = v
+          end
+        end
+        -- the time a full bucket takes to drain must fit the counter (µs in 64 bits): 10 years
+        if e.rate and e.per_s and e.burst and e.burst * e.per_s / e.rate > 315360000 then
+          bad("burst", ("burst × per_s / rate is %d s, over 10 years; use a quota for long windows")
+              :format(e.burst * e.per_s / e.rate))
+        end
+      else
+        if not is_whole(r.quota, 1, 1e12) then bad("quota", "must be a whole number of requests from 1, got " .. show(r.quota)) end
+        if not WINDOWS[r.window] then
+          bad("window", "must be \"hour\", \"day\" or \"month\" (UTC), got " .. show(r.window) ..
+              (type(r.window) == "string" and suggest(r.window, WINDOWS) or ""))
+        end
+        e.quota, e.window = r.quota, r.window
+      end
+      if ok then
+        out.rules[#out.rules + 1] = e
+        out.by_name[e.name] = #out.rules
+      end
+    end
+  end
+  if l.default ~= nil then
+    local dline = find_line(lines, "default", lline) or lline
+    local names = M.check_names(l.default, out, function(msg) err(dline, "limits.default", msg) end)
+    if names then out.default = names end
+  end
+  return out
+end
+
+--- Checks a list of rule names (an endpoint's `limits`, limits.default) against the checked
+-- block lim. Returns the list, or nil after calling fail(message).
+function M.check_names(v, lim, fail)
+  if type(v) ~= "table" then
+    fail("must be a list of rule names like { \"per-ip\" }, got " .. type(v))
+    return nil
+  end
+  local seen = {}
+  for i, n in pairs(v) do
+    if type(i) ~= "number" then fail("must be a list of rule names, not a table with key '" .. tostring(i) .. "'"); return nil end
+    if not lim.by_name[n] then
+      local known = {}
+      for name in pairs(lim.by_name) do known[#known + 1] = name end
+      table.sort(known)
+      fail(("no rule named '%s' in gateway.lua's limits.rules (%s)"):format(tostring(n),
+           #known > 0 and ("rules: " .. table.concat(known, ", ")) or "it defines none"))
+      return nil
+    end
+    if seen[n] then fail("rule '" .. n .. "' is listed twice"); return nil end
+    seen[n] = true
+  end
+  return v
+end
+
+--- Checks cfg.max_in_flight (pages a worker has in flight before it sheds: DESIGN §9.1).
+function M.check_max_in_flight(cfg, c)
+  local v = cfg.max_in_flight
+  if v == nil then return 4096 end
+  if not is_whole(v, 1, 1e7) then
+    c.err(c.find_line(c.lines, "max_in_flight"), "max_in_flight",
+          "must be a whole number of pages from 1 to 10000000, got " .. c.show(v))
+    return 4096
+  end
+  return v
+end
+
+return M

@@ -1,0 +1,394 @@
+-- agg.merge: merged calls. A call with the option `batch = { key = id, … }` asks for one item of
+-- an upstream route that answers many items at once (`/products?ids=1,2,3`). Calls of one worker
+-- that name the same merged route (the same upstream, method, path, headers and batch options),
+-- from one page or from concurrent pages, are collected for `window_ms` (or until `max` distinct
+-- keys) and go out as one upstream call; the answer is split by key and each caller gets its own
+-- item as its result (README "Batching").
+--
+-- Per caller: its deadline holds (a caller whose timeout comes first stops waiting, the others
+-- keep the merged call); an item missing from the answer is an upstream-not-found problem (404)
+-- for that caller only; a failed merged call fails each of its callers with its problem. A key
+-- already in a merged call in flight joins it (the single-flight of merged calls). The merged
+-- call passes the upstream's breaker once and counts once; it is tried once (no retry, no hedge).
+--
+-- agg.exchange owns the callers' exchanges: it calls M.join from an attempt, M.leave when an
+-- exchange stops waiting, M.answer with the transport's answer of a merged call; M.bind gives
+-- this module the exchange's hooks (done: an attempt's answer; deny: breaker said no).
+local json = require "agg.json"
+local problem = require "agg.problem"
+
+local M = {}
+
+local core, upstreams, hooks
+local pending = {}    -- group -> batch being collected
+local inflight = {}   -- group -> { key -> batch in flight that carries it }
+local stats = {}      -- upstream name -> { merged_calls, merged_items, merged_joined }
+
+function M.bind(transport, ups, h)
+  core, upstreams, hooks = transport, ups, h
+  pending, inflight, stats = {}, {}, {}
+end
+
+--- Counters of merged calls of upstream name in this worker: calls sent, callers served by them
+-- (items), callers that joined a merged call already in flight.
+function M.stats(name)
+  local s = stats[name]
+  if not s then
+    s = { merged_calls = 0, merged_items = 0, merged_joined = 0 }
+    stats[name] = s
+  end
+  return s
+end
+
+---------------------------------------------------------------------------------------------------
+-- The option (agg.callspec)
+
+local OPTIONS = { key = true, max = "number", window_ms = "number", param = "string", sep = "string",
+                  request = "function", split = "function", match = "string", items = "string" }
+
+local function escape(s)
+  return (tostring(s):gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+-- where a function was written: calls merge only when their functions come from the same place
+local function place(f)
+  if not f then return "" end
+  local info = debug.getinfo(f, "S")
+  return info.source .. ":" .. info.linedefined
+end
+
+--- Checks and normalizes the batch option b of a call to upstream name (path: the call's path,
+-- headers: its flat header list or nil). level points error() at the script line. Returns
+-- { key, max, window_ms, param, sep, request, split, match, items, group }.
+function M.normalize(b, name, method, path, headers, level)
+  level = level + 1
+  local function bad(msg) error(("call to '%s': batch: %s"):format(name, msg), level + 1) end
+  for k, v in pairs(b) do
+    local want = OPTIONS[k]
+    if want == nil then
+      local names = {}
+      for o in pairs(OPTIONS) do names[#names + 1] = o end
+      table.sort(names)
+      bad(("unknown option '%s' (%s)"):format(tostring(k), table.concat(names, ", ")))
+    end
+    if want ~= true and type(v) ~= want then bad(("option '%s' must be a %s, got %s"):format(k, want, type(v))) end
+  end
+  local key = b.key
+  if type(key) ~= "string" and type(key) ~= "number" then
+    bad("'key' (this call's item, like key = id) must be a string or a number, got " .. type(key))
+  end
+  local max = b.max or 50
+  if max < 1 or max % 1 ~= 0 then bad("'max' must be a whole number >= 1") end
+  local window = b.window_ms or 2
+  if window < 0 or window ~= window then bad("'window_ms' must be a number of milliseconds >= 0") end
+  local forms = (b.param and 1 or 0) + (b.request and 1 or 0) + (path:find("{keys}", 1, true) and 1 or 0)
+  if forms ~= 1 then
+    bad("say how the merged request is built: exactly one of param = \"ids\" (…?ids=1,2,3), a path "
+        .. "with {keys} (\"/products/{keys}\") or request = function(keys) return path end")
+  end
+  if b.split and (b.match or b.items) then bad("give either split or match/items, not both") end
+  local sep = b.sep or ","
+  local hs = ""
+  if headers then
+    local t = {}
+    for i = 1, #headers, 2 do t[#t + 1] = headers[i] .. ":" .. headers[i + 1] end
+    table.sort(t)
+    hs = table.concat(t, "\0")
+  end
+  return {
+    key = tostring(key), max = max, window_ms = window, param = b.param or false, sep = sep,
+    request = b.request or false, split = b.split or false, match = b.match or "id", items = b.items or false,
+    group = table.concat({ name, method, path, hs, b.param or "", sep, place(b.request), place(b.split),
+                           b.match or "id", b.items or "", tostring(max), tostring(window) }, "\1"),
+  }
+end
+
+---------------------------------------------------------------------------------------------------
+-- Collecting and sending
+
+local flush
+
+-- A caller's timer: its own timeout came before the merged call's answer.
+local function own_timeout(x, rec, t)
+  return function()
+    x.own_timer = nil
+    if x.done or x.a1 ~= rec then return end
+    M.leave(x, rec)
+    hooks.done(x, rec, "timeout", 0, nil, nil, nil, t, "no answer within " .. math.floor(t) .. " ms (merged call)")
+  end
+end
+
+local function add_waiter(p, x, rec, t, clamped, now)
+  local k = x.batch.key
+  local list = p.waiters[k]
+  if not list then
+    list = {}
+    p.waiters[k] = list
+    p.n = p.n + 1
+    p.keys[p.n] = k
+  end
+  list[#list + 1] = rec
+  p.nwait = p.nwait + 1
+  rec.ends, rec.t = now + t, t
+  if now + t > p.ends then p.ends, p.clamped = now + t, clamped end
+  x.a1 = rec
+  -- a caller that may run out before the batch leaves waits with a timer of its own; the others
+  -- get one when the batch is sent, if the merged call's timeout is longer than theirs (flush)
+  if t <= x.batch.window_ms + 1 then x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t)) end
+end
+
+-- request headers that carry a user's credentials: calls merge only with the same ones
+local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
+
+-- The batch group of x: its option's, narrowed by the credentials the call carries now (the
+-- user's identity is added after the option was read, agg.identity): one user's token never
+-- goes out with another user's items.
+local function group_of(x)
+  local g, h = x.batch.group, x.headers
+  if h then
+    for i = 1, #h, 2 do
+      if CREDENTIALS[h[i]] then g = g .. "\2" .. h[i] .. ":" .. h[i + 1] end
+    end
+  end
+  return g
+end
+
+--- Exchange x asks for its item (t: its timeout in ms, clamped: t was cut by the deadline).
+function M.join(x, t, clamped, now)
+  local b = x.batch
+  local g, k = group_of(x), b.key
+  local sent = inflight[g] and inflight[g][k]
+  if sent then
+    -- the key is already asked for: wait for that merged call's answer
+    local rec = { id = sent.id, merged = sent, x = x }
+    local list = sent.waiters[k]
+    list[#list + 1] = rec
+    sent.nwait = sent.nwait + 1
+    x.a1 = rec
+    -- the merged call ends by its own timeout: a caller with less time needs a timer of its own
+    if now + t < sent.ends then x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t)) end
+    local s = M.stats(x.upstream)
+    s.merged_joined = s.merged_joined + 1
+    if core.join then core.join(x.ctx.rid, sent.id, x.key) end
+    return
+  end
+  local p = pending[g]
+  if not p then
+    p = { group = g, upstream = x.upstream, method = x.method, path = x.path, headers = x.headers, opts = b,
+          keys = {}, n = 0, waiters = {}, nwait = 0, ends = 0, clamped = false, timer = false,
+          id = false, sent = false, done = false, probe = false, x = false }
+    p.x, p.merged = p, p -- what agg.exchange reads of a call record: its upstream, and that it is merged
+    p.u, p.ep = x.u, false -- (and its upstream's state: an endpoint group's balancer)
+    pending[g] = p
+    p.timer = hooks.set_timer(b.window_ms, function() p.timer = false flush(p) end)
+  end
+  add_waiter(p, x, { id = p, merged = p, x = x }, t, clamped, now)
+  if p.n >= b.max then flush(p) end
+end
+
+-- Each waiter of batch p, once, and p forgotten (its waiters' answers may start new calls).
+local function take_waiters(p)
+  p.done = true
+  local recs = {}
+  for _, k in ipairs(p.keys) do
+    local list = p.waiters[k]
+    if list then for _, rec in ipairs(list) do recs[#recs + 1] = rec end end
+  end
+  p.waiters, p.nwait = {}, 0
+  return recs
+end
+
+-- the merged request's path for keys (nil, err when the script's request function failed)
+local function merged_path(p, keys)
+  local o = p.opts
+  if o.request then
+    local ok, path = pcall(o.request, keys)
+    if not ok then return nil, path end
+    if type(path) ~= "string" or path:byte(1) ~= 47 then
+      return nil, "batch.request must return a path starting with '/', got " .. type(path)
+    end
+    return path
+  end
+  local esc = {}
+  for i = 1, #keys do esc[i] = escape(keys[i]) end
+  local list = table.concat(esc, o.sep)
+  if o.param then
+    return p.path .. (p.path:find("?", 1, true) and "&" or "?") .. escape(o.param) .. "=" .. list
+  end
+  return (p.path:gsub("{keys}", function() return list end))
+end
+
+flush = function(p)
+  if p.sent or p.done then return end
+  p.sent = true
+  if pending[p.group] == p then pending[p.group] = nil end
+  if p.timer then hooks.clear_timer(p.timer) p.timer = false end
+  local keys = {}
+  for _, k in ipairs(p.keys) do if p.waiters[k] then keys[#keys + 1] = k end end
+  if #keys == 0 then p.done = true return end
+  local now = core.now()
+  local t = p.ends - now
+  if t <= 0 then return end -- every waiter's own timer is due now: they answer themselves
+  local decision, retry_after = hooks.allow(p, now)
+  if decision == "deny" then
+    for _, rec in ipairs(take_waiters(p)) do
+      if not rec.x.done and rec.x.a1 == rec then hooks.deny(rec.x, rec, retry_after) end
+    end
+    return
+  end
+  local path, err = merged_path(p, keys)
+  local first = nil
+  for _, k in ipairs(keys) do first = first or p.waiters[k][1] end
+  if not path then
+    local recs = take_waiters(p)
+    hooks.script_error(first.x, "batch.request of upstream " .. p.upstream, err, recs)
+    return
+  end
+  p.probe = decision == "probe"
+  p.keys = keys
+  local x1 = first.x
+  p.ep = hooks.pick(p, x1) or false -- an upstream with several endpoints: which one (balancer)
+  -- core.call's attempt (agg.contract): the merged call's span is named after the first caller's
+  -- section; one attempt, never hedged, on the endpoint the balancer chose
+  local id = core.call(x1.ctx.rid, upstreams[p.upstream].index, p.method, path, p.headers, false,
+                       math.floor(t + 0.5), true,
+                       { section = x1.key, attempt = 1, hedge = false, endpoint = p.ep or nil })
+  p.id = id
+  hooks.register(id, p)
+  local fl = inflight[p.group]
+  if not fl then fl = {} inflight[p.group] = fl end
+  p.ends = now + math.floor(t + 0.5)
+  for _, k in ipairs(keys) do
+    fl[k] = p
+    for _, rec in ipairs(p.waiters[k]) do
+      rec.id = id
+      if rec ~= first and core.join then core.join(rec.x.ctx.rid, id, rec.x.key) end
+      local x = rec.x
+      if not x.own_timer and rec.ends < p.ends then
+        x.own_timer = hooks.set_timer(rec.ends - now, own_timeout(x, rec, rec.t))
+      end
+    end
+  end
+  local s = M.stats(p.upstream)
+  s.merged_calls = s.merged_calls + 1
+end
+
+--- Exchange x stops waiting (its timeout, its request ended): it leaves its batch; a batch no one
+-- waits for any more is not sent, or its call is cancelled.
+function M.leave(x, rec)
+  local p = rec.merged
+  if p.done then return end
+  local k = x.batch.key
+  local list = p.waiters[k]
+  if not list then return end
+  for i = 1, #list do
+    if list[i] == rec then table.remove(list, i) break end
+  end
+  if #list == 0 then
+    p.waiters[k] = nil
+    if p.sent and inflight[p.group] and inflight[p.group][k] == p then inflight[p.group][k] = nil end
+  end
+  p.nwait = p.nwait - 1
+  if p.nwait > 0 then return end
+  p.done = true
+  if not p.sent then
+    if pending[p.group] == p then pending[p.group] = nil end
+    if p.timer then hooks.clear_timer(p.timer) p.timer = false end
+  else
+    local fl = inflight[p.group]
+    if fl then for _, key in ipairs(p.keys) do if fl[key] == p then fl[key] = nil end end end
+    hooks.cancel(p)
+  end
+end
+
+---------------------------------------------------------------------------------------------------
+-- The answer
+
+-- key -> item of a merged answer d (a Lua value), by the call's split function or its match/items
+local function split(p, d)
+  local o = p.opts
+  local by = {}
+  if o.split then
+    local t = o.split(d, p.keys)
+    if type(t) ~= "table" then error("batch.split must return a table key -> item, got " .. type(t)) end
+    for k, v in pairs(t) do by[tostring(k)] = v end
+    return by
+  end
+  local list = d
+  if o.items then
+    list = type(d) == "table" and d[o.items]
+    if type(list) ~= "table" then
+      error(("the merged answer has no list '%s'"):format(o.items))
+    end
+  end
+  if type(list) ~= "table" then error("the merged answer is not a list or an object of items") end
+  if json.is_array(list) or list[1] ~= nil then
+    local m = o.match
+    for _, item in ipairs(list) do
+      local k = type(item) == "table" and item[m]
+      if k ~= nil and k ~= json.null then by[tostring(k)] = item end
+    end
+  else
+    for k, v in pairs(list) do by[tostring(k)] = v end
+  end
+  return by
+end
+
+--- The transport's answer of merged call p (the breaker has counted it).
+function M.answer(p, outcome, http_status, headers, body, data, ms, detail)
+  local fl = inflight[p.group]
+  if fl then for _, key in ipairs(p.keys) do if fl[key] == p then fl[key] = nil end end end
+  local recs = take_waiters(p)
+  local s = M.stats(p.upstream)
+  s.merged_items = s.merged_items + #recs
+  local ok2xx = outcome == "ok" and http_status >= 200 and http_status < 300 and data ~= nil and type(data) ~= "string"
+  local by, err
+  if ok2xx then
+    local ok, v = pcall(function() return split(p, json.materialize(data)) end)
+    if ok then by = v else err = v end
+  end
+  if not by then
+    if ok2xx then
+      -- the answer does not split: every caller fails as for an answer that is not what was asked
+      core.log("warn", ("merged call to upstream %s: %s"):format(p.upstream, tostring(err)))
+      outcome, data = "ok", tostring(err)
+    end
+    for _, rec in ipairs(recs) do
+      if not rec.x.done and rec.x.a1 == rec then
+        hooks.done(rec.x, rec, outcome, http_status, headers, body, data, ms, detail)
+      end
+    end
+    return
+  end
+  local refs = {} -- key -> the parsed copy that callers after the first share
+  local texts = {} -- key -> the item's JSON text, made before the first caller can change it
+  local count = {}
+  for _, rec in ipairs(recs) do
+    local k = rec.x.batch.key
+    count[k] = (count[k] or 0) + 1
+  end
+  for _, rec in ipairs(recs) do
+    local x = rec.x
+    if not x.done and x.a1 == rec then
+      local k = x.batch.key
+      local item = by[k]
+      if item == nil or item == json.null then
+        hooks.missing(x, rec, ms)
+      else
+        -- the first caller of a key gets the item as materialized (no one else holds it); each
+        -- later one its own copy, parsed from the item's JSON text (made once per key)
+        local ref = refs[k]
+        if ref == nil then
+          ref = item
+          if count[k] > 1 then
+            local text, e = json.encode(item)
+            refs[k] = text and json.parse(text) or ("the item cannot be encoded: " .. tostring(e))
+          end
+        end
+        hooks.done(x, rec, "ok", http_status, nil, nil, ref, ms, nil)
+      end
+    end
+  end
+end
+
+return M

@@ -1,0 +1,118 @@
+-- Rate limits, quotas and priority shedding (issue 18) on the virtual clock: the same C limiter
+-- and answers as serve (gateway/limits), before any script runs. Fixture: spec/fixtures/limits.
+local testing = require "agg.testing"
+
+local DIR = "spec/fixtures/limits"
+local QUOTA_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+describe("a rate with a burst", function()
+  it("accepts the burst at once, then one every 100 ms, with RateLimit fields on every answer", function()
+    local gw = testing.gateway { dir = DIR }
+    for left = 4, 0, -1 do
+      local page = gw:get("/rate")
+      assert.equal(200, page.status)
+      assert.equal('"per-ip";q=5;w=1', page.headers["ratelimit-policy"])
+      assert.equal(('"per-ip";r=%d;t=1'):format(left), page.headers["ratelimit"])
+    end
+    local refused = gw:get("/rate")
+    assert.equal(429, refused.status)
+    assert.equal(QUOTA_TYPE, refused.json.type)
+    assert.same({ "per-ip" }, refused.json["violated-policies"])
+    assert.equal("1", refused.headers["retry-after"])   -- 100 ms, rounded up: never early
+    gw:advance(99)
+    assert.equal(429, gw:get("/rate").status)
+    gw:advance(1)
+    assert.equal(200, gw:get("/rate").status)
+    -- over five virtual seconds once the burst is spent: exactly ten a second
+    local ok = 0
+    for _ = 1, 500 do
+      gw:advance(10)
+      if gw:get("/rate").status == 200 then ok = ok + 1 end
+    end
+    assert.equal(50, ok)
+  end)
+
+  it("counts each client address apart", function()
+    local gw = testing.gateway { dir = DIR }
+    for _ = 1, 5 do gw:get("/rate", { ip = "10.0.0.1" }) end
+    assert.equal(429, gw:get("/rate", { ip = "10.0.0.1" }).status)
+    assert.equal(200, gw:get("/rate", { ip = "10.0.0.2" }).status)
+  end)
+end)
+
+describe("a daily quota", function()
+  it("resets at 00:00 UTC and says when", function()
+    -- 2026-03-10T23:59:00Z
+    local gw = testing.gateway { dir = DIR, utc_ms = 1773187140000 }
+    for left = 2, 0, -1 do
+      local page = gw:get("/quota", { headers = { ["X-Client"] = "alice" } })
+      assert.equal(200, page.status)
+      assert.equal(('"daily";r=%d;t=60'):format(left), page.headers["ratelimit"])
+    end
+    local refused = gw:get("/quota", { headers = { ["X-Client"] = "alice" } })
+    assert.equal(429, refused.status)
+    assert.equal("60", refused.headers["retry-after"])
+    assert.equal('"daily";q=3;w=86400', refused.headers["ratelimit-policy"])
+    assert.equal(200, gw:get("/quota", { headers = { ["X-Client"] = "bob" } }).status)
+    gw:advance(59999)
+    assert.equal(429, gw:get("/quota", { headers = { ["X-Client"] = "alice" } }).status)
+    gw:advance(1) -- 00:00:00Z: a new day
+    local page = gw:get("/quota", { headers = { ["X-Client"] = "alice" } })
+    assert.equal(200, page.status)
+    assert.equal('"daily";r=2;t=86400', page.headers["ratelimit"])
+  end)
+
+  it("does not count refused requests", function()
+    local gw = testing.gateway { dir = DIR }
+    for _ = 1, 3 do gw:get("/quota") end
+    for _ = 1, 10 do assert.equal(429, gw:get("/quota").status) end
+    gw:advance(24 * 3600 * 1000)
+    for _ = 1, 3 do assert.equal(200, gw:get("/quota").status) end
+  end)
+end)
+
+describe("keys from the edge", function()
+  it("count an API key's app and a token's subject, each apart", function()
+    local gw = testing.gateway { dir = DIR }
+    local shop, blog = { app = "shop", plan = "gold" }, { app = "blog" }
+    assert.equal(200, gw:get("/by-app", { user = shop }).status)
+    assert.equal(200, gw:get("/by-app", { user = shop }).status)
+    local refused = gw:get("/by-app", { user = shop })
+    assert.equal(429, refused.status)
+    assert.same({ "per-app" }, refused.json["violated-policies"])
+    assert.equal(200, gw:get("/by-app", { user = blog }).status)
+    assert.equal(200, gw:get("/by-user", { user = { sub = "alice" } }).status)
+    assert.equal(429, gw:get("/by-user", { user = { sub = "alice" } }).status)
+    assert.equal(200, gw:get("/by-user", { user = { sub = "bob" } }).status)
+    gw:advance(10000)
+    assert.equal(200, gw:get("/by-user", { user = { sub = "alice" } }).status)
+  end)
+end)
+
+describe("a monthly quota", function()
+  it("runs to the first of the next month, 00:00 UTC (February of a leap year: 29 days)", function()
+    local gw = testing.gateway { dir = DIR, utc_ms = 1709164800000 } -- 2024-02-29T00:00:00Z
+    local page = gw:get("/month")
+    assert.equal('"monthly";q=4;w=2505600', page.headers["ratelimit-policy"]) -- 29 days
+    assert.equal('"monthly";r=3;t=86400', page.headers["ratelimit"])
+  end)
+end)
+
+describe("priority groups", function()
+  it("shed priority 3 beyond max_in_flight, priority 1 only beyond twice that", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("slow", "/s", { json = { ok = true }, latency_ms = 100 })
+    local sent = {}
+    -- max_in_flight = 2: priority 1 is shed with more than 4 pages in flight, priority 3 with more than 2
+    for i = 1, 6 do sent[i] = gw:send("GET", "/core") end
+    local bulk = gw:send("GET", "/bulk")
+    gw:run()
+    for i = 1, 5 do assert.equal(200, sent[i].status) end
+    assert.equal(503, sent[6].status)                          -- it found 5 in flight
+    assert.equal(503, bulk.status)
+    assert.equal("1", bulk.headers["retry-after"])
+    assert.equal("https://iana.org/assignments/http-problem-types#temporary-reduced-capacity", bulk.json.type)
+    -- with the worker quiet again, bulk goes through
+    assert.equal(200, gw:get("/bulk").status)
+  end)
+end)

@@ -1,0 +1,235 @@
+-- Merged calls (call option batch): items asked for one by one go out as one upstream call per
+-- batch. Fixture scripts: spec/fixtures/merge. README "Batching".
+local testing = require "agg.testing"
+local rt = require "agg.runtime"
+
+local DIR = "spec/fixtures/merge"
+
+local function split_ids(s)
+  local t = {}
+  for id in s:gmatch("[^,]+") do t[#t + 1] = id end
+  return t
+end
+
+-- /products?ids=…: every id asked for, except those in missing, as { id = n, name = "p<n>" }
+local function products(missing, latency)
+  return function(call)
+    local items = {}
+    for _, id in ipairs(split_ids(call.query.ids)) do
+      if not (missing and missing[id]) then items[#items + 1] = { id = tonumber(id), name = "p" .. id } end
+    end
+    return { json = items, latency_ms = latency or 10 }
+  end
+end
+
+describe("merged calls", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("catalog", "/products", products())
+  end)
+
+  it("sends the 50 items of one page as one upstream call that carries every id", function()
+    local page = gw:get("/cart/1/50")
+    assert.equal(200, page.status)
+    local calls = gw:calls("catalog")
+    assert.equal(1, #calls)
+    local ids = split_ids(calls[1].query.ids)
+    assert.equal(50, #ids)
+    for i = 1, 50 do
+      assert.equal("ok", page.json["item" .. i].status)
+      assert.same({ id = i, name = "p" .. i }, page.json["item" .. i].data)
+    end
+    -- the 50th id fills the batch (max = 50): it goes out at once, without waiting for the window
+    assert.equal(10, page.elapsed_ms)
+    -- fewer than max wait for the window (2 ms), then the upstream (10 ms)
+    assert.equal(12, gw:get("/cart/1/3").elapsed_ms)
+  end)
+
+  it("splits at max: 60 items make two calls of 50 and 10 ids", function()
+    local page = gw:get("/cart/1/60")
+    assert.equal(200, page.status)
+    local calls = gw:calls("catalog")
+    assert.equal(2, #calls)
+    assert.equal(50, #split_ids(calls[1].query.ids))
+    assert.equal(10, #split_ids(calls[2].query.ids))
+    for i = 1, 60 do assert.equal(i, page.json["item" .. i].data.id) end
+  end)
+
+  it("merges the items of concurrent pages, asking for each id once", function()
+    local pages = {}
+    for i = 1, 20 do pages[i] = gw:send("GET", "/cart/" .. i .. "/10") end -- ids 1 .. 29, overlapping
+    gw:run()
+    local calls = gw:calls("catalog")
+    assert.equal(1, #calls)
+    assert.equal(29, #split_ids(calls[1].query.ids))
+    for i, p in ipairs(pages) do
+      assert.equal(200, p.status)
+      for id = i, i + 9 do assert.equal("p" .. id, p.json["item" .. id].data.name) end
+    end
+    local s = rt.merge_stats("catalog")
+    assert.equal(1, s.merged_calls)
+    assert.equal(200, s.merged_items)
+  end)
+
+  it("lets a page whose ids are already in flight join that call", function()
+    gw:stub("catalog", "/products", products(nil, 50))
+    local a = gw:send("GET", "/cart/1/5")
+    gw:advance(20)
+    local b = gw:send("GET", "/cart/3/5")   -- ids 3..5 in flight, 6..7 new
+    gw:run()
+    local calls = gw:calls("catalog")
+    assert.equal(2, #calls)
+    assert.equal("6,7", calls[2].query.ids)
+    assert.equal(200, a.status)
+    assert.equal(200, b.status)
+    assert.equal("p3", b.json.item3.data.name)
+    assert.equal(3, rt.merge_stats("catalog").merged_joined)
+  end)
+
+  it("sends a merged call to one endpoint of an upstream group, and balances the next", function()
+    gw:stub("grouped", "/products", products())
+    local a = gw:get("/gcart/5")
+    assert.equal(200, a.status)
+    assert.equal("p5", a.json.item5.data.name)
+    gw:get("/gcart/5")
+    local calls = gw:calls("grouped")
+    assert.equal(2, #calls)
+    assert.truthy(calls[1].endpoint)
+  end)
+
+  it("gives each caller its own copy of a shared item", function()
+    local a = gw:send("GET", "/rename/4")
+    local b = gw:send("GET", "/cart/4/1")
+    local c = gw:send("GET", "/rename/4")
+    gw:run()
+    assert.equal(1, #gw:calls("catalog"))
+    assert.equal("renamed", a.json.item.data.name)
+    assert.equal("p4", b.json.item4.data.name)
+    assert.equal("renamed", c.json.item.data.name)
+  end)
+
+  it("fails only the caller whose item is missing, with a not-found problem", function()
+    gw:stub("catalog", "/products", products({ ["3"] = true }))
+    local page = gw:get("/cart/1/5")
+    assert.equal(200, page.status)
+    testing.expect_section(page, "item3", "unavailable", "upstream-not-found")
+    assert.equal(404, page.json.item3.error.status)
+    for _, i in ipairs { 1, 2, 4, 5 } do assert.equal("ok", page.json["item" .. i].status) end
+    assert.equal("false", page.headers["x-aggregation-completed"])
+    -- a required item that is missing fails its page with 404
+    local lone = gw:get("/item/3")
+    assert.equal(404, lone.status)
+  end)
+
+  it("fails each caller with the merged call's problem when it fails", function()
+    gw:stub("catalog", "/products", { status = 503, json = { error = "down" } })
+    local page = gw:get("/cart/1/3")
+    assert.equal(502, page.status)
+    for i = 1, 3 do testing.expect_section(page, "item" .. i, "unavailable", "upstream-error") end
+    gw:stub("catalog", "/products", { fault = "hang" })
+    page = gw:get("/item/1")
+    assert.equal(504, page.status)
+  end)
+
+  it("keeps each caller's deadline: a caller with less time stops waiting, the others get their item", function()
+    gw:stub("catalog", "/products", products(nil, 100))
+    local slow = gw:send("GET", "/cart/1/2")
+    local hurry = gw:send("GET", "/hurry/1")
+    gw:run()
+    assert.equal(200, slow.status)
+    assert.equal("ok", slow.json.item1.status)
+    assert.equal(102, slow.elapsed_ms)
+    testing.expect_section(hurry, "item", "unavailable", "upstream-timeout")
+    assert.equal(50, hurry.elapsed_ms)
+    assert.equal(1, #gw:calls("catalog"))
+  end)
+
+  it("cancels the merged call when every caller has gone", function()
+    gw:stub("catalog", "/products", { fault = "hang" })
+    local a = gw:send("GET", "/cart/1/3")
+    local b = gw:send("GET", "/cart/2/3")
+    gw:advance(20)
+    assert.equal(1, #gw:calls("catalog"))
+    gw:disconnect(a)
+    assert.is_nil(gw:calls("catalog")[1].cancelled) -- b still waits for items 2 and 3
+    gw:disconnect(b)
+    assert.is_true(gw:calls("catalog")[1].cancelled)
+    local reqs, in_flight = rt.stats()
+    assert.equal(0, reqs)
+    assert.equal(0, in_flight)
+  end)
+
+  it("times out with the longest caller's timeout, each shorter caller at its own", function()
+    gw:stub("catalog", "/products", { fault = "hang" })
+    local hurry = gw:send("GET", "/hurry/1")
+    local slow = gw:send("GET", "/cart/1/1")
+    gw:run()
+    assert.equal(50, hurry.elapsed_ms)
+    assert.equal(300, slow.elapsed_ms) -- the upstream's timeout_ms: the merged call's own timeout
+    assert.equal("timeout", gw:calls("catalog")[1].outcome)
+    testing.expect_section(slow, "item1", "unavailable", "upstream-timeout")
+  end)
+
+  it("passes the breaker once per merged call and counts it once", function()
+    gw:stub("catalog", "/products", { fault = "refuse" })
+    for i = 1, 3 do gw:get("/cart/" .. (i * 10) .. "/5") end
+    assert.equal(3, #gw:calls("catalog"))
+    local page = gw:get("/cart/100/5")
+    testing.expect_section(page, "item100", "unavailable", "circuit-open")
+    assert.equal(3, #gw:calls("catalog"))
+  end)
+
+  it("builds the merged request and splits the answer with the script's functions", function()
+    gw:stub("prices", "/prices/lookup", function(call)
+      local out = {}
+      for sku in call.query.skus:gmatch("[^ ]+") do out[sku] = { sku = sku, eur = #sku } end
+      return { json = { prices = out } }
+    end)
+    local page = gw:get("/prices/ab/xyz")
+    assert.equal(200, page.status)
+    assert.equal("/prices/lookup?skus=ab+xyz", gw:calls("prices")[1].path)
+    assert.equal(3, page.json.b.data.eur)
+    assert.equal(2, page.json.a.data.eur)
+  end)
+
+  it("fills a path template and finds items by another field of a list under a member", function()
+    gw:stub("catalog", "/by-sku/{list}", function(call)
+      local items = {}
+      for s in call.route_path:match("/by%-sku/(.*)"):gmatch("[^;]+") do items[#items + 1] = { sku = s } end
+      return { json = { items = items } }
+    end)
+    local page = gw:get("/skus/A-1/B-2")
+    assert.equal(200, page.status)
+    assert.equal("/by-sku/A-1;B-2", gw:calls("catalog")[1].path)
+    assert.equal("B-2", page.json.b.data.sku)
+  end)
+
+  it("keeps the answer's JSON as it came: big integers, empty arrays, key order", function()
+    gw:stub("catalog", "/products", { body = '[{"id":1,"big":9007199254740993,"tags":[],"z":1,"a":2}]',
+                                      headers = { ["content-type"] = "application/json" } })
+    local page = gw:get("/cart/1/1")
+    assert.truthy(page.body:find('"data":{"id":1,"big":9007199254740993,"tags":[],"z":1,"a":2}', 1, true))
+  end)
+end)
+
+describe("the batch option", function()
+  local agg_rt = rt
+  local callspec = require "agg.callspec"
+  local ups = { catalog = { index = 1, timeout_ms = 100 } }
+  local function norm(spec) return callspec.normalize(spec, ups, 1) end
+
+  it("refuses an unknown option, a missing key, no way to build the request, and retry", function()
+    assert.has_error(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", maxx = 3 } } end)
+    assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", maxx = 3 } } end,
+                         "unknown option 'maxx'")
+    assert.error_matches(function() norm { "catalog", "/p", batch = { param = "ids" } } end, "'key'")
+    assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1 } } end, "exactly one of")
+    assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", max = 0 } } end, "'max'")
+    assert.error_matches(function() norm { "catalog", "/p", retry = { attempts = 2 }, batch = { key = 1, param = "ids" } } end,
+                         "tried once")
+    assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", window_ms = "2" } } end,
+                         "must be a number")
+    assert.is_table(agg_rt)
+  end)
+end)

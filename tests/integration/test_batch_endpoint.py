@@ -1,0 +1,215 @@
+"""The batch endpoint (issue 19) with the real gateway and aggway-mock: a client posts several
+requests in one envelope; each runs through the gateway's own request path (router, limits,
+authentication, metrics, access log) as if it had come alone, all in parallel under the batch's
+deadline, and one JSON answer carries an entry per request."""
+import hashlib
+import http.client
+import json
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import GatewayTestCase, endpoint, route, wait_until, main  # noqa: E402
+
+SERVICES = {
+    "product": [route("/products/{id}", latency_ms=20, json={"id": "{id}", "name": "Sneaker"}),
+                route("/hang", fault="hang")],
+}
+
+SCRIPTS = {
+    "product.lua": endpoint("GET /p/{id}", """
+    return agg.page(agg.fetch_all { product = { "product", "/products/" .. req.params.id, required = true } })
+"""),
+    "slow.lua": endpoint("GET /slow", """
+    return agg.page(agg.fetch_all { h = { "product", "/hang", timeout_ms = 5000, required = true } })
+""", deadline_ms=5000),
+    "echo.lua": endpoint("POST /echo", """
+    return { status = 201, json = { got = req.json, ct = req.headers["content-type"], who = req.headers["x-who"] } }
+"""),
+    "text.lua": endpoint("GET /text", """
+    return { status = 200, body = "plain words" }
+"""),
+}
+
+
+class BatchCase(GatewayTestCase):
+    def start_batch(self, batch=None, **extra):
+        gw_extra = {"batch": batch or {"route": "POST /batch", "max_requests": 20, "deadline_ms": 1500}}
+        gw_extra.update(extra)
+        self.start(services=SERVICES, scripts=SCRIPTS, gateway_extra=gw_extra,
+                   upstream_options={"product": {"timeout_ms": 5000, "connect_timeout_ms": 2000}})
+
+    def post(self, doc, path="/batch", raw=None, timeout=20.0):
+        body = raw if raw is not None else json.dumps(doc).encode()
+        t = time.monotonic()
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request("POST", path, body=body, headers={"content-type": "application/json"})
+            r = c.getresponse()
+            data = r.read()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(data), (time.monotonic() - t) * 1000
+        finally:
+            c.close()
+
+
+class BatchEndpoint(BatchCase):
+    def test_entries_of_mixed_routes_each_get_their_own_answer(self):
+        self.start_batch()
+        reqs = []
+        for i in range(16):
+            reqs.append({"method": "GET", "path": "/p/%d" % i})
+        reqs.append({"method": "POST", "path": "/echo", "headers": {"X-Who": "ann"}, "body": {"n": [1, 2]}})
+        reqs.append({"path": "/slow"})
+        reqs.append({"path": "/nowhere"})
+        reqs.append({"path": "/text"})
+        status, headers, doc, ms = self.post({"requests": reqs})
+        self.assertEqual(status, 200, doc)
+        self.assertEqual(headers["content-type"], "application/json")
+        out = doc["responses"]
+        self.assertEqual(len(out), 20)
+        for i in range(16):
+            self.assertEqual(out[i]["status"], 200, out[i])
+            self.assertEqual(out[i]["body"]["product"]["data"], {"id": i, "name": "Sneaker"})
+            self.assertEqual(out[i]["headers"]["x-aggregation-completed"], "true")
+        self.assertEqual(out[16]["status"], 201)
+        self.assertEqual(out[16]["body"], {"got": {"n": [1, 2]}, "ct": "application/json", "who": "ann"})
+        # the entry that hangs is answered at the batch's deadline; the others did not wait for it
+        self.assertEqual(out[17]["status"], 504)
+        self.assertTrue(out[17]["body"]["type"].endswith("deadline-exceeded"), out[17])
+        self.assertGreaterEqual(ms, 1500)
+        self.assertLess(ms, 4500)  # far below the entry's own 5 s
+        self.assertEqual(out[18]["status"], 404)
+        self.assertTrue(out[18]["body"]["type"].endswith("route-not-found"))
+        self.assertEqual(out[19], {"status": 200, "headers": {"content-type": "text/plain; charset=utf-8"},
+                                   "body": "plain words"})
+        # the hanging call was cancelled with its entry: the gateway serves on
+        status, _, doc, _ = self.post({"requests": [{"path": "/p/1"}]})
+        self.assertEqual(doc["responses"][0]["status"], 200)
+
+    def test_twenty_entries_of_mixed_routes_one_timing_out_one_unauthorized_each_answered(self):
+        keys = os.path.join(self.workdir, "api-keys.json")
+        with open(keys, "w") as f:
+            json.dump([{"sha256": hashlib.sha256(b"k-good-123").hexdigest(), "app": "mobile", "plan": "gold"}], f)
+        self.start_batch(auth={"api_keys": {"file": keys, "header": "X-Client-Key"}})
+        key = {"X-Client-Key": "k-good-123"}
+        reqs = [{"path": "/p/%d" % i, "headers": key} for i in range(15)]
+        reqs.append({"method": "POST", "path": "/echo", "headers": dict(key, **{"X-Who": "bo"}), "body": {"a": 1}})
+        reqs.append({"path": "/slow", "headers": key})                          # times out
+        reqs.append({"path": "/p/99"})                                          # no key: unauthorized
+        reqs.append({"path": "/p/98", "headers": {"X-Client-Key": "k-forged"}})  # unknown key
+        reqs.append({"path": "/text", "headers": key})
+        status, _, doc, ms = self.post({"requests": reqs})
+        self.assertEqual(status, 200, doc)
+        out = doc["responses"]
+        self.assertEqual(len(out), 20)
+        for i in range(15):
+            self.assertEqual(out[i]["status"], 200, out[i])
+            self.assertEqual(out[i]["body"]["product"]["data"]["id"], i)
+        self.assertEqual(out[15]["status"], 201)
+        self.assertEqual(out[15]["body"]["who"], "bo")
+        self.assertEqual(out[16]["status"], 504)
+        self.assertTrue(out[16]["body"]["type"].endswith("deadline-exceeded"), out[16])
+        for e in (out[17], out[18]):
+            self.assertEqual(e["status"], 401, e)
+            self.assertTrue(e["headers"]["www-authenticate"].startswith("APIKey"), e)
+            self.assertEqual(e["headers"]["content-type"], "application/problem+json")
+        self.assertEqual(out[19]["body"], "plain words")
+        # the unauthorized entries never reached a script or an upstream
+        hits = self.mock.hits()["product"]
+        self.assertEqual(hits.get("GET /products/{id}"), 15)
+        self.assertLess(ms, 4500)
+
+    def test_limits_count_each_entry_as_a_request_of_the_batchs_client(self):
+        # 3 requests a minute per client address: the first three entries pass, the rest get 429
+        limited = endpoint("GET /lim/{id}", "    return { status = 200, json = { id = req.params.id } }") \
+            .replace("return {\n", 'return {\n  limits = { "per-ip" },\n', 1)
+        scripts = dict(SCRIPTS, **{"lim.lua": limited})
+        self.start(services=SERVICES, scripts=scripts, gateway_extra={
+            "batch": {"route": "POST /batch", "max_requests": 20},
+            "limits": {"rules": [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 60, "burst": 3}],
+                       "headers": True}})
+        status, _, doc, _ = self.post({"requests": [{"path": "/lim/%d" % i} for i in range(5)] + [{"path": "/text"}]})
+        self.assertEqual(status, 200, doc)
+        out = doc["responses"]
+        self.assertEqual(sorted(e["status"] for e in out[:5]), [200, 200, 200, 429, 429], out)
+        for e in out[:5]:
+            self.assertIn("ratelimit-policy", e["headers"], e)
+            if e["status"] == 429:
+                self.assertIn("retry-after", e["headers"], e)
+        self.assertEqual(out[5]["status"], 200)  # a route without limits is not counted
+        # the same client alone afterwards: its bucket is spent by the batch's entries
+        r = self.get("/lim/9")
+        self.assertEqual(r.status, 429, r)
+
+    def test_entries_run_in_parallel(self):
+        self.start_batch()
+        best = min(self.post({"requests": [{"path": "/p/%d" % i} for i in range(10)]})[3] for _ in range(3))
+        self.assertLess(best, 10 * 20)  # ten 20 ms pages one after the other would take 200 ms
+
+    def test_nested_batches_are_refused(self):
+        self.start_batch()
+        status, _, doc, _ = self.post({"requests": [{"path": "/p/1"}, {"method": "POST", "path": "/batch",
+                                                                      "body": {"requests": [{"path": "/p/2"}]}}]})
+        self.assertEqual(status, 200)
+        self.assertEqual(doc["responses"][0]["status"], 200)
+        self.assertEqual(doc["responses"][1]["status"], 400)
+        self.assertTrue(doc["responses"][1]["body"]["type"].endswith("nested-batch"))
+        self.assertEqual(self.mock.hits()["product"].get("GET /products/{id}"), 1)
+
+    def test_a_malformed_envelope_is_a_400_problem_naming_the_entry(self):
+        self.start_batch()
+        cases = [
+            (b"not json", "must be JSON"),
+            (json.dumps({"requests": []}).encode(), "non-empty"),
+            (json.dumps({"requests": [{"path": "/p/1"}] * 21}).encode(), "more than max_requests (20)"),
+            (json.dumps({"requests": [{"path": "/p/1"}, {"path": "p/2"}]}).encode(), "requests[1].path"),
+            (json.dumps({"requests": [{"path": "/p/1", "methd": "GET"}]}).encode(), "requests[0].methd"),
+            (json.dumps({"requests": [{"path": "/p/1", "headers": {"Host": "x"}}]}).encode(), "requests[0].headers.Host"),
+            (json.dumps({"requests": [{"path": "/p/1", "headers": {"a": "b\r\nc: d"}}]}).encode(), "requests[0].headers.a"),
+            (json.dumps({"requests": [{"method": "get", "path": "/p/1"}]}).encode(), "requests[0].method"),
+            (json.dumps({"requests": [7]}).encode(), "requests[0]: must be an object"),
+        ]
+        for raw, detail in cases:
+            status, headers, doc, _ = self.post(None, raw=raw)
+            self.assertEqual(status, 400, (raw, doc))
+            self.assertEqual(headers["content-type"], "application/problem+json")
+            self.assertTrue(doc["type"].endswith("bad-batch"), doc)
+            self.assertIn(detail, doc["detail"], raw)
+        self.assertEqual(self.mock.hits()["product"].get("GET /products/{id}", 0), 0)
+
+    def test_metrics_and_access_log_count_each_entry(self):
+        log = os.path.join(self.workdir, "access.log")
+        self.start_batch(access_log=log)
+        status, _, doc, _ = self.post({"requests": [{"path": "/p/1"}, {"path": "/p/2"}, {"path": "/nowhere"}]})
+        self.assertEqual(status, 200)
+
+        def lines():
+            if not os.path.exists(log):
+                return None
+            with open(log) as f:
+                got = [json.loads(l) for l in f.read().splitlines()]
+            got = [l for l in got if l["path"] != "/__harness_probe__"]
+            return got if len(got) >= 4 else None
+        got = wait_until(lines, 5)
+        self.assertIsNotNone(got)
+        paths = sorted((l["method"], l["path"], l["status"]) for l in got)
+        self.assertEqual(paths, [("GET", "/nowhere", 404), ("GET", "/p/1", 200), ("GET", "/p/2", 200),
+                                 ("POST", "/batch", 200)])
+
+    def test_a_client_that_leaves_cancels_its_entries(self):
+        self.start_batch(batch={"route": "POST /batch", "max_requests": 5, "deadline_ms": 3000})
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        c.request("POST", "/batch", body=json.dumps({"requests": [{"path": "/slow"}] * 3}).encode(),
+                  headers={"content-type": "application/json"})
+        time.sleep(0.3)
+        c.close()
+        # the gateway goes on serving, and answers a new batch
+        status, _, doc, _ = self.post({"requests": [{"path": "/p/3"}]})
+        self.assertEqual(doc["responses"][0]["status"], 200)
+        self.assertLogClean()
+
+
+if __name__ == "__main__":
+    main()
