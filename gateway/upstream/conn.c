@@ -662,8 +662,20 @@ static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     agw_conn_t *c = w->data;
     agw_pool_t *pool = c->pool;
-    (void)loop;
     (void)revents;
+    if ((c->state == AGW_CONN_CONNECTING || c->state == AGW_CONN_HANDSHAKING) && ev_is_pending(&c->io) &&
+        !c->timer_deferred) {
+        /* the connect (or a handshake step) completed in the poll that made this timer due: the
+         * loop was busy past connect_timeout_ms (a loaded machine, many pages in one iteration)
+         * and libev runs the timer first (it was queued last). The socket's event is handled
+         * first: the timer fires again after it, once, and then only counts what is still not
+         * done (without this, 50 pages at once beside two busy loops turned connects that had
+         * completed into 504s) */
+        c->timer_deferred = 1;
+        ev_timer_set(&c->timer, 0., 0.);
+        ev_timer_start(loop, &c->timer);
+        return;
+    }
     if (c->state == AGW_CONN_IDLE || c->call == NULL) /* idle, or an orphan that did not connect in time */
         agw_conn_close(c);
     else

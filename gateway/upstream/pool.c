@@ -172,6 +172,7 @@ void agw_call_assign(agw_call_t *call)
              * may not have looked at this one since its connect() (a long iteration), and a
              * timeout it did not wait for would count against the upstream */
             ev_now_update(pool->loop);
+            c->timer_deferred = 0;
             ev_timer_stop(pool->loop, &c->timer);
             ev_timer_set(&c->timer, (double)pool->conf->connect_timeout_ms / 1000.0, 0.);
             ev_timer_start(pool->loop, &c->timer);

@@ -55,6 +55,8 @@ typedef struct agw_conn {
                                     timeout while idle */
     SSL *ssl;                    /* https:// upstreams: the TLS connection; NULL for http:// */
     unsigned tls_failed : 1;     /* a TLS error ended it: its session is not to be resumed */
+    unsigned timer_deferred : 1; /* the connect timer fired with an event of the socket waiting
+                                    and gave it one loop pass (on_conn_timer) */
     agw_h1_response_t resp;      /* the response being read; buffers reused call after call */
     struct agw_conn *batch_next;     /* the pool's batch, while its request waits for agw_batch_flush */
     struct agw_conn *batch_prev;

@@ -381,6 +381,28 @@ static void connect_timeout_counts_from_the_connect_not_from_the_loop_iteration(
     srv_stop(&srv);
 }
 
+/* The connect completes while the loop is busy past connect_timeout_ms (50 pages in one
+ * iteration on a loaded machine): the completion and the due timer come in the same poll, and
+ * libev would run the timer first. The connection that is up is used, not a connect timeout. */
+static void connect_done_when_the_connect_timer_fires_is_a_connection(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t rec = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.connect_timeout_ms = 50;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &rec);
+    usleep(120000); /* the iteration that connected works on past the connect timeout */
+    CHECK(wait_for(&rec.done, 1, 3.0));
+    CHECK(rec.outcome == AGW_CALL_OK);
+    CHECK_STR(rec.body, "hello");
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 static void call_times_out_on_hanging_upstream(void)
 {
     srv_t srv;
@@ -1351,6 +1373,7 @@ int main(int argc, char **argv)
     RUN(connect_refused_on_closed_port);
     RUN(connect_times_out_when_backlog_is_full);
     RUN(connect_timeout_counts_from_the_connect_not_from_the_loop_iteration);
+    RUN(connect_done_when_the_connect_timer_fires_is_a_connection);
     RUN(call_times_out_on_hanging_upstream);
     RUN(zero_timeout_fails_from_the_loop);
     RUN(answer_in_hand_when_the_timeout_fires_is_the_result);
