@@ -41,23 +41,8 @@ local function find_line(lines, name, from)
   return nil
 end
 
--- Edit distance between a and b (insertions, deletions, substitutions), stopping at limit + 1.
-local function distance(a, b, limit)
-  if math.abs(#a - #b) > limit then return limit + 1 end
-  local prev = {}
-  for j = 0, #b do prev[j] = j end
-  for i = 1, #a do
-    local cur, best = { [0] = i }, i
-    for j = 1, #b do
-      local cost = a:byte(i) == b:byte(j) and 0 or 1
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-      if cur[j] < best then best = cur[j] end
-    end
-    if best > limit then return limit + 1 end
-    prev = cur
-  end
-  return prev[#b]
-end
+-- Edit distance between a and b, stopping at limit + 1 (agg.edge_config's).
+local distance = edge.distance
 
 --- " (did you mean 'k'?)" for the key of `known` (a set: name -> anything) closest to `key`, or
 -- "" when none is close: two edits at most, or a shared prefix of three letters or more.

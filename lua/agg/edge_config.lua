@@ -17,7 +17,8 @@ local APIKEY_KEYS = { file = true, header = true }
 M.KINDS = { jwt = true, api_key = true, none = true }
 M.IDENTITIES = { forward = true, exchange = true, none = true }
 
--- Levenshtein distance of a and b, stopping early past max (typos are a letter or two).
+-- Levenshtein distance of a and b, stopping early past max (typos are a letter or two); also
+-- agg.config's suggestions (one edit distance for every "did you mean").
 local function distance(a, b, max)
   if math.abs(#a - #b) > max then return max + 1 end
   local prev = {}
@@ -34,6 +35,8 @@ local function distance(a, b, max)
   end
   return prev[#b]
 end
+
+M.distance = distance
 
 --- The known name closest to word within two edits (a typo), or nil.
 function M.closest(word, known)
