@@ -4,7 +4,7 @@
 #include "base/mem.h"
 
 #include <h2o/http2.h>
-#include <h2o/http2_scheduler.h>
+#include <h2o/http2_internal.h> /* with h2o_internal/khash.h */
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -105,60 +105,16 @@ int agw_guard_http1_head(h2o_req_t *req, const char **head, size_t *len)
 
 /* h2o 2.2.5 has no call to send GOAWAY on one connection: its own is static (enqueue_goaway in
  * lib/http2/connection.c), which encodes the frame into the connection's write buffer, asks for
- * a write and sets the state to HALF_CLOSED. Its connection struct is in
- * include/h2o/http2_internal.h, which Debian ships but which cannot be included (it needs klib's
- * khash.h, not shipped). So here is its layout up to the fields used (state, _conns, _write.buf),
- * as Debian's libh2o-dev 2.2.5 declares it; h2_check() verifies it against a live connection
- * before it is trusted (the socket h2o's get_socket callback returns, a state in range, the
- * connection on the context's list), and the guard turns itself off with an error in the log if
- * it does not match. */
-enum { H2_OPEN, H2_HALF_CLOSED, H2_IS_CLOSING }; /* h2o_http2_conn_state_t */
-
-typedef struct h2_conn {
-    h2o_conn_t super;
-    h2o_socket_t *sock;
-    h2o_http2_settings_t peer_settings;
-    void *streams; /* khash_t(h2o_http2_stream_t) * */
-    struct {
-        uint32_t max_open;
-        uint32_t max_processed;
-    } pull_stream_ids;
-    struct {
-        uint32_t max_open;
-    } push_stream_ids;
-    struct {
-        struct {
-            uint32_t open, half_closed, send_body;
-        } priority, pull, push;
-    } num_streams;
-    h2o_http2_scheduler_node_t scheduler;
-    int state; /* h2o_http2_conn_state_t */
-    h2o_linklist_t _conns;
-    ssize_t (*_read_expect)(void *conn, const uint8_t *src, size_t len, const char **err_desc);
-    h2o_buffer_t *_http1_req_input;
-    struct {
-        void *entries;
-        size_t num_entries, entry_capacity, entry_start_index, hpack_size, hpack_capacity, hpack_max_capacity;
-    } _input_header_table;
-    struct {
-        ssize_t _avail;
-    } _input_window;
-    struct {
-        void *entries;
-        size_t num_entries, entry_capacity, entry_start_index, hpack_size, hpack_capacity, hpack_max_capacity;
-    } _output_header_table;
-    h2o_linklist_t _pending_reqs;
-    h2o_timeout_entry_t _timeout_entry;
-    h2o_buffer_t *_headers_unparsed;
-    struct {
-        h2o_buffer_t *buf;
-    } _write; /* (more fields follow in h2o; none used here) */
-} h2_conn_t;
-
-/* libh2o's own, declared in http2_internal.h */
-void h2o_http2_encode_goaway_frame(h2o_buffer_t **buf, uint32_t last_stream_id, int errnum, h2o_iovec_t additional_data);
-struct st_h2o_http2_conn_t;
-void h2o_http2_conn_request_write(struct st_h2o_http2_conn_t *conn);
+ * a write and sets the state to HALF_CLOSED; nor a hook on the frames it reads. So the guard does
+ * the same on h2o's connection (state, _conns, _read_expect, _headers_unparsed, _write.buf),
+ * declared in <h2o/http2_internal.h>, which Debian's libh2o-dev ships without the klib header it
+ * includes (h2o_internal/khash.h stands in for it): the compiler lays the fields out as the
+ * installed libh2o's header says, and a libh2o whose header drops or renames one fails the
+ * build. A library that does not match its own header (a libh2o0.13 built from other sources)
+ * is caught at run time: h2_check() verifies a live connection before the guard trusts it (the
+ * socket h2o's get_socket callback returns, a state in range, the connection on the context's
+ * list), and the guard turns itself off with an error in the log if it does not match. */
+typedef h2o_http2_conn_t h2_conn_t;
 
 /* Whether h2 is on ctx's list of HTTP/2 connections. */
 static int h2_listed(h2o_context_t *ctx, const h2_conn_t *h2)
@@ -176,13 +132,50 @@ static int h2_check(agw_guard_t *g, h2o_req_t *req)
         return g->layout > 0;
     const h2_conn_t *h2 = (const h2_conn_t *)req->conn;
     h2o_socket_t *sock = req->conn->callbacks->get_socket ? req->conn->callbacks->get_socket(req->conn) : NULL;
-    int ok = sock != NULL && h2->sock == sock && h2->state >= H2_OPEN && h2->state <= H2_IS_CLOSING &&
+    int ok = sock != NULL && h2->sock == sock && h2->state >= H2O_HTTP2_CONN_STATE_OPEN && h2->state <= H2O_HTTP2_CONN_STATE_IS_CLOSING &&
              h2_listed(g->ctx, h2);
     g->layout = ok ? 1 : -1;
     if (!ok)
         agw_log(AGW_LOG_ERROR, "the HTTP/2 connection layout of this libh2o is not 2.2.5's: streams cancelled in "
                 "bulk (rapid reset) are not limited (clients.max_cancelled_streams is off)");
     return ok;
+}
+
+/* Sends connection h2 (c's) GOAWAY with ENHANCE_YOUR_CALM and reason (RFC 9113 §5.4.1): the
+ * frame goes into the write buffer now, so that it is the first the client gets (h2o answers the
+ * frames of the streams it ignores from now on with a GOAWAY of its own, a PROTOCOL_ERROR, and
+ * closes); no new stream from now on, even among the frames h2o has read and not parsed yet. The
+ * write itself is asked for by agw_guard_h2_flush: h2o may be inside its own teardown of the
+ * connection here, and a write it does not expect would outlive it (the buffer alone is disposed
+ * with the connection).
+ * h2o 2.2.5 in HALF_CLOSED while it waits for the CONTINUATION of a header block consumes
+ * nothing of that frame and parses it again, forever (expect_continuation_of_headers returns 0),
+ * so a connection in the middle of a block is also put back to reading frames by default (h2o's
+ * reader seen outside a block, g->expect_default): the CONTINUATION is then a protocol error
+ * (RFC 9113 §6.10), and h2o closes the connection without decoding the block. Until that reader
+ * has been seen, next_frame_type (the type byte of the next frame in h2o's input, NULL when
+ * there is none) is overwritten instead, with the same effect; with neither, the connection is
+ * left open (its GOAWAY is sent all the same). */
+static void refuse(agw_guard_t *g, agw_guard_conn_t *c, h2_conn_t *h2, const char *reason, int mid_block,
+                   uint8_t *next_frame_type)
+{
+    c->goaway = 1;
+    c->h2 = &h2->super;
+    if (h2->state != H2O_HTTP2_CONN_STATE_OPEN)
+        return; /* closing already */
+    h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open, H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
+                                  h2o_iovec_init(reason, strlen(reason)));
+    if (mid_block) {
+        if (g->expect_default != NULL)
+            h2->_read_expect = g->expect_default;
+        else if (next_frame_type != NULL)
+            *next_frame_type = 0xff; /* not CONTINUATION: h2o answers PROTOCOL_ERROR and closes */
+        else
+            goto due;
+    }
+    h2->state = H2O_HTTP2_CONN_STATE_HALF_CLOSED;
+due:
+    h2o_linklist_insert(&g->due, &c->due);
 }
 
 void agw_guard_init(agw_guard_t *g, h2o_context_t *ctx)
@@ -194,6 +187,7 @@ void agw_guard_init(agw_guard_t *g, h2o_context_t *ctx)
 
 void agw_guard_dispose(agw_guard_t *g)
 {
+    agw_buf_free(&g->block);
     free(g->by_fd);
     g->by_fd = NULL;
     g->by_fd_cap = 0;
@@ -247,20 +241,7 @@ int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsi
     if (++c->cancelled <= max_cancelled)
         return 0;
     h2_conn_t *h2 = (h2_conn_t *)req->conn;
-    c->goaway = 1;
-    c->h2 = req->conn;
-    if (h2->state != H2_OPEN)
-        return 1; /* closing already */
-    /* the GOAWAY goes into the write buffer now, so that it is the first the client gets (h2o
-     * answers the frames of the streams it ignores from now on with a GOAWAY of its own, a
-     * PROTOCOL_ERROR, and closes); no new stream from now on, even among the frames h2o has read
-     * and not parsed yet. The write itself is asked for by agw_guard_h2_flush: h2o may be inside
-     * its own teardown of the connection here, and a write it does not expect would outlive it
-     * (the buffer alone is disposed with the connection) */
-    h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open, H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
-                                  h2o_iovec_init(H2O_STRLIT("too many streams cancelled")));
-    h2->state = H2_HALF_CLOSED;
-    h2o_linklist_insert(&g->due, &c->due);
+    refuse(g, c, h2, "too many streams cancelled", h2->_headers_unparsed != NULL, NULL);
     return 1;
 }
 
@@ -334,42 +315,65 @@ unsigned agw_guard_hpack_fields(const uint8_t *block, size_t len, unsigned stop)
 
 static __thread agw_guard_t *thread_guard; /* the guard of the worker whose thread this is */
 
-/* Counts the HEADERS frames in the unparsed input of c's connection from off on; the first with
- * too many fields gets the connection GOAWAY (see agw_guard_h2_watch). */
-static void scan_headers(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock, size_t off)
+/* Whether the header block in g->block (a HEADERS frame's fragment and the CONTINUATIONs after
+ * it so far) is a bomb: more fields than c->max_fields, or more bytes than c->max_block_bytes. */
+static int block_too_large(agw_guard_t *g, const agw_guard_conn_t *c)
+{
+    return g->block.len > c->max_block_bytes ||
+           agw_guard_hpack_fields((const uint8_t *)g->block.base, g->block.len, c->max_fields) > c->max_fields;
+}
+
+/* Counts the header blocks in the unparsed input of c's connection from off on (whole frames:
+ * h2o consumes them whole, so a block's fragments consumed already are in h2o's
+ * _headers_unparsed, and the input from off starts at a frame). The first block with too many
+ * fields, in its HEADERS frame or once continued, gets the connection GOAWAY (see
+ * agw_guard_h2_watch, refuse) before h2o decodes it. mid_block: the frames from off on may
+ * continue the block h2o holds in _headers_unparsed. */
+static void scan_headers(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock, size_t off, int mid_block)
 {
     if (c->goaway)
         return;
+    h2_conn_t *h2 = (h2_conn_t *)sock->data;
     const uint8_t *buf = (const uint8_t *)sock->input->bytes;
     size_t size = sock->input->size;
+    agw_buf_reset(&g->block);
+    const size_t start = off;
+    if (h2->_headers_unparsed == NULL && g->expect_default == NULL)
+        g->expect_default = h2->_read_expect; /* past the preface (a request was seen), outside a block */
+    int in_block = mid_block && h2->_headers_unparsed != NULL; /* g->block holds a block's start */
+    if (in_block)
+        agw_buf_append(&g->block, h2->_headers_unparsed->bytes, h2->_headers_unparsed->size);
     while (off + 9 <= size) {
         size_t flen = (size_t)buf[off] << 16 | (size_t)buf[off + 1] << 8 | buf[off + 2];
         uint8_t type = buf[off + 3], flags = buf[off + 4];
         if (off + 9 + flen > size)
             break; /* not all here: h2o waits for it too, and this runs again then */
         const uint8_t *p = buf + off + 9, *end = p + flen;
-        if (type == 1 /* HEADERS */ && (flags & 0x8 /* PADDED */) && p < end) {
-            size_t pad = *p++;
-            end = pad <= (size_t)(end - p) ? end - pad : p; /* a bad pad length: h2o refuses the frame */
-        }
-        if (type == 1 && (flags & 0x20 /* PRIORITY */))
-            p = end - p >= 5 ? p + 5 : end;
-        if (type == 1 && p < end) {
-            if (agw_guard_hpack_fields(p, (size_t)(end - p), c->max_fields) > c->max_fields) {
-                h2_conn_t *h2 = (h2_conn_t *)sock->data;
-                c->goaway = 1;
-                c->h2 = &h2->super;
-                if (h2->state == H2_OPEN) { /* as agw_guard_h2_cancelled */
-                    h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open,
-                                                  H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
-                                                  h2o_iovec_init(H2O_STRLIT("too many header fields")));
-                    h2->state = H2_HALF_CLOSED;
-                    h2o_linklist_insert(&g->due, &c->due);
-                }
-                return;
-            }
-        }
         off += 9 + flen;
+        if (type == 1 /* HEADERS */) {
+            if ((flags & 0x8 /* PADDED */) && p < end) {
+                size_t pad = *p++;
+                end = pad <= (size_t)(end - p) ? end - pad : p; /* a bad pad length: h2o refuses the frame */
+            }
+            if (flags & 0x20 /* PRIORITY */)
+                p = end - p >= 5 ? p + 5 : end;
+            agw_buf_reset(&g->block);
+            agw_buf_append(&g->block, p, (size_t)(end - p));
+            in_block = !(flags & 0x4 /* END_HEADERS */);
+        } else if (type == 9 /* CONTINUATION */ && in_block) {
+            agw_buf_append(&g->block, p, flen);
+            in_block = !(flags & 0x4);
+        } else {
+            in_block = 0; /* any other frame ends a block, as a protocol error that h2o answers */
+            continue;
+        }
+        if (block_too_large(g, c)) {
+            /* h2o parses from start on: when it is in the middle of a block, start is the
+             * block's next CONTINUATION */
+            int held = mid_block && h2->_headers_unparsed != NULL;
+            refuse(g, c, h2, "header block too large", held, held ? (uint8_t *)&buf[start + 3] : NULL);
+            return;
+        }
     }
 }
 
@@ -383,11 +387,11 @@ static void on_h2_read(h2o_socket_t *sock, const char *err)
     if (c == NULL || c->h2o_read == NULL)
         return; /* cannot happen: the callback is only set with both */
     if (err == NULL)
-        scan_headers(g, c, sock, 0);
+        scan_headers(g, c, sock, 0, 1);
     c->h2o_read(sock, err);
 }
 
-void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields)
+void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields, size_t max_block_bytes)
 {
     agw_guard_conn_t *c = agw_guard_conn_of(g, req);
     if (c == NULL || c->h2o_read != NULL || !h2_check(g, req))
@@ -398,14 +402,16 @@ void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields)
         return; /* not reading (closing): nothing to read ahead of */
     thread_guard = g;
     c->max_fields = max_fields;
+    c->max_block_bytes = max_block_bytes;
     c->h2o_read = sock->_cb.read;
     sock->_cb.read = on_h2_read; /* h2o sets it once per HTTP/2 connection (h2o_http2_accept) */
     /* h2o is parsing req's HEADERS frame, the first in its input (it consumes it once the handler
      * returns): the frames behind it in this read are counted now */
     const uint8_t *buf = (const uint8_t *)sock->input->bytes;
-    if (sock->input->size >= 9 && buf[3] == 1) {
+    if (sock->input->size >= 9 && (buf[3] == 1 || buf[3] == 9)) {
+        /* req's block ends in this frame (HEADERS, or the CONTINUATION with END_HEADERS) */
         size_t flen = (size_t)buf[0] << 16 | (size_t)buf[1] << 8 | buf[2];
-        scan_headers(g, c, sock, 9 + flen);
+        scan_headers(g, c, sock, 9 + flen, 0);
     }
 }
 
@@ -416,12 +422,12 @@ size_t agw_guard_h2_flush(agw_guard_t *g)
         agw_guard_conn_t *c = H2O_STRUCT_FROM_MEMBER(agw_guard_conn_t, due, g->due.next);
         h2o_linklist_unlink(&c->due);
         h2_conn_t *h2 = live_h2(g, c);
-        if (h2 == NULL || h2->state == H2_IS_CLOSING)
+        if (h2 == NULL || h2->state == H2O_HTTP2_CONN_STATE_IS_CLOSING)
             continue; /* closed meanwhile */
         /* as h2o's own GOAWAY on a protocol error: the frame is in the buffer
          * (agw_guard_h2_cancelled); once written, the connection closes when its open streams
          * are done (do_emit_writereq in HALF_CLOSED) */
-        h2o_http2_conn_request_write((struct st_h2o_http2_conn_t *)h2);
+        h2o_http2_conn_request_write(h2);
         n++;
     }
     return n;

@@ -23,6 +23,11 @@
 #include <h2o.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+
+#include "base/buf.h"
+
+struct st_h2o_http2_conn_t; /* h2o's HTTP/2 connection (<h2o/http2_internal.h>) */
 
 /* ---- request headers ------------------------------------------------------------------------ */
 
@@ -63,7 +68,8 @@ typedef struct agw_guard_conn {
     h2o_linklist_t due;              /* private: on the guard's list while a GOAWAY is due */
     h2o_socket_cb h2o_read;          /* private: h2o's read callback, when the guard's runs first
                                         (agw_guard_h2_watch); NULL before */
-    unsigned max_fields;             /* private: header fields per HEADERS frame before GOAWAY */
+    unsigned max_fields;             /* private: header fields per header block before GOAWAY */
+    size_t max_block_bytes;          /* private: encoded bytes per header block before GOAWAY */
     unsigned goaway : 1;             /* ro: GOAWAY sent (or due): the connection is closing */
 } agw_guard_conn_t;
 
@@ -75,6 +81,10 @@ typedef struct agw_guard {
     size_t by_fd_cap;
     int layout;                      /* h2o's HTTP/2 connection layout: 0 unchecked, 1 as expected,
                                         -1 not (the rapid-reset guard is off; guard.c) */
+    ssize_t (*expect_default)(struct st_h2o_http2_conn_t *conn, const uint8_t *src, size_t len,
+                              const char **err_desc); /* h2o's frame reader outside a header block
+                                        (its _read_expect then), NULL until seen (guard.c) */
+    agw_buf_t block;                 /* scratch: the header block being counted */
 } agw_guard_t;
 
 /* Sets up g for the worker whose h2o context is ctx. */
@@ -108,15 +118,17 @@ int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsi
 unsigned agw_guard_hpack_fields(const uint8_t *block, size_t len, unsigned stop);
 
 /* HTTP/2 request req is on a connection the guard should read ahead of h2o: from now on, each
- * HEADERS frame that h2o has received but not parsed yet is counted (agw_guard_hpack_fields)
- * first, and one with more than max_fields header fields (a header bomb: HPACK references that
- * h2o would decode into megabytes before the gateway sees one) gets the connection GOAWAY
- * (ENHANCE_YOUR_CALM) before h2o decodes it; h2o ignores every HEADERS frame after it. Frames
- * already in the buffer behind req's are counted now. A header block continued in CONTINUATION
- * frames is counted in its HEADERS frame only (h2o 2.2.5 takes up to H2O_MAX_REQLEN, 408 KB, of
- * continued block, which it decodes; the 431 cap then answers). Call on each HTTP/2 request
- * (only the first per connection does anything). */
-void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields);
+ * request header block (a HEADERS frame and the CONTINUATION frames that continue it, RFC 9113
+ * §4.3) that h2o has received but not decoded yet is counted first (agw_guard_hpack_fields), and
+ * one with more than max_fields header fields (a header bomb: HPACK references that h2o would
+ * decode into megabytes before the gateway sees one) or more than max_block_bytes encoded bytes
+ * gets the connection GOAWAY (ENHANCE_YOUR_CALM) before h2o decodes it; h2o takes no stream after
+ * it. A continued block is counted as a whole, the part h2o holds already included, each time a
+ * CONTINUATION arrives (h2o 2.2.5 alone takes up to H2O_MAX_REQLEN, 408 KB, of continued block
+ * and decodes all of it). Frames already in the buffer behind req's are counted now. Call on each
+ * HTTP/2 request (only the first per connection does anything): the first block of a connection
+ * is decoded by h2o before the gateway sees its request, so it is bounded by h2o's limit only. */
+void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields, size_t max_block_bytes);
 
 /* Sends the due GOAWAYs, on connections h2o still has open (the last open streams finish, then
  * h2o closes the connection). Call from the loop outside h2o's callbacks (the worker's prepare

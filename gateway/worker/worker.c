@@ -669,8 +669,9 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
 {
     wgen_t *g = w->cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
-    if (req->version >= 0x200) /* header bombs: the guard counts HEADERS frames before h2o decodes them */
-        agw_guard_h2_watch(&w->guard, req, AGW_WORKER_MAX_FIELDS(&g->conf->clients));
+    if (req->version >= 0x200) /* header bombs: the guard counts header blocks before h2o decodes them */
+        agw_guard_h2_watch(&w->guard, req, AGW_WORKER_MAX_FIELDS(&g->conf->clients),
+                           AGW_WORKER_MAX_BLOCK_BYTES(&g->conf->clients));
     if (headers_too_large(w, g, req, 0))
         return 0;
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;

@@ -202,10 +202,13 @@ struct agw_worker {
     double accept_warned;                  /* ev_now() of the last accept-failure warning */
 };
 
-/* Header fields in one HTTP/2 HEADERS frame past which the connection gets GOAWAY before h2o
- * decodes the frame (guard.h, agw_guard_h2_watch): four times clients.max_headers, so that a
- * block somewhat over the cap is still decoded and answered 431, and a bomb never is. */
+/* Header fields and encoded bytes of one HTTP/2 request header block (HEADERS and its
+ * CONTINUATIONs) past which the connection gets GOAWAY before h2o decodes the block (guard.h,
+ * agw_guard_h2_watch): four times clients.max_headers and twice clients.max_header_bytes (plus
+ * room for the pseudo-header fields and the literals' length prefixes), so that a block somewhat
+ * over the caps is still decoded and answered 431, and a bomb never is. */
 #define AGW_WORKER_MAX_FIELDS(cc) ((cc)->max_headers * 4 + 16)
+#define AGW_WORKER_MAX_BLOCK_BYTES(cc) ((cc)->max_header_bytes * 2 + (size_t)(cc)->max_headers * 8 + 16384)
 
 /* Queues the response of rr's request, whose status and headers are set, with body (copied into
  * the request's memory; len bytes): on_prepare sends it with the others of this loop iteration,
