@@ -117,138 +117,27 @@ static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
 
 static void process_pending_aborts(agw_worker_t *w);
 
-/* ---- the script time limit (watchdog.h) ----------------------------------------------------- */
-
-static __thread agw_worker_t *this_worker; /* the worker whose thread this is */
-
 #define AGW_LONG_ENTRY_MS 10 /* an entry into Lua this long updates the loop's clock, ms */
-
-/* Whether a function's source ("@path") is a file of the runtime's Lua half (agw_lua_dir()):
- * lua/agg, not a script of the scripts folder, a module it required or a chunk it loaded. */
-static int runtime_source(const char *source)
-{
-    const char *dir = agw_lua_dir();
-    if (dir == NULL)
-        return 0;
-    size_t n = strlen(dir);
-    return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
-}
-
-/* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
-static void on_script_too_long(lua_State *L, lua_Debug *ar)
-{
-    (void)ar;
-    agw_worker_t *w = this_worker;
-    uint64_t entry = w ? __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED) : 0;
-    if (w == NULL || w->lua_depth == 0 || __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) != entry ||
-        agw_coarse_ms() < w->lua_since_ms + w->lua_limit_ms) {
-        lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
-        return;
-    }
-    /* level 0: the function running, not the hook */
-    lua_Debug d;
-    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || runtime_source(d.source)) {
-        /* the runtime's own code (lua/agg): an error here could leave it half way through its
-         * bookkeeping (a request never answered). In a coroutine the hook waits for the script's
-         * next instruction. On the runtime's own thread the script's coroutine is gone, or the
-         * pcall around a fallback has its error: the hook removes itself, and the watchdog asks
-         * again a limit later if a script runs on */
-        int main_thread = lua_pushthread(L);
-        lua_pop(L, 1);
-        if (main_thread)
-            lua_sethook(L, NULL, 0, 0);
-        return;
-    }
-    /* the script's own code, in a coroutine or (a fallback) on the runtime's thread: raised again
-     * at each of its instructions, so a pcall in it cannot carry on */
-    if (d.currentline > 0)
-        lua_pushfstring(L, "%s:%d: ", d.short_src, d.currentline);
-    else
-        lua_pushliteral(L, "");
-    lua_pushfstring(L, "stopped: the script ran for more than %d ms without waiting for a call "
-                       "(script_time_limit_ms in gateway.lua)",
-                    (int)__atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED));
-    lua_concat(L, 2);
-    lua_error(L);
-}
-
-void agw_worker_on_watchdog_signal(int sig)
-{
-    (void)sig;
-    int saved = errno;
-    agw_worker_t *w = this_worker;
-    /* inside an entry (lua_L is its VM: agw_worker_call_runtime sets it before lua_depth), and the
-     * one the watchdog asked to stop */
-    if (w != NULL && w->lua_depth > 0 &&
-        __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) == __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED))
-        lua_sethook(w->lua_L, on_script_too_long, LUA_MASKCOUNT, 1);
-    errno = saved;
-}
-
-uint64_t agw_worker_script_limit_ms(const agw_worker_t *w)
-{
-    uint64_t l = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
-    return l ? l : 1000;
-}
-
-void agw_worker_watch_script(agw_worker_t *w, uint64_t now)
-{
-    /* the entry number read before and after its start time: when the two differ, the worker
-     * moved on to another entry meanwhile and since may not be that entry's (the worker writes
-     * the number before the time, agw_worker_call_runtime) */
-    uint64_t entry = __atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE);
-    uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_ACQUIRE);
-    uint64_t limit = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
-    if (__atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE) != entry || since == 0)
-        return; /* (since == 0: outside Lua; a worker thread that has ended is always there) */
-    /* both times are coarse (agw_coarse_ms): one clock tick more, so as never to stop early. now
-     * may be older than since: the watchdog reads the clock once for every worker */
-    if (now < since + limit + agw_coarse_tick_ms())
-        return;
-    int first = __atomic_load_n(&w->stop_entry, __ATOMIC_RELAXED) != entry;
-    if (!first && now - w->stop_armed_ms < limit)
-        return; /* asked already: again once per limit while the entry lasts */
-    __atomic_store_n(&w->stop_entry, entry, __ATOMIC_RELEASE);
-    w->stop_armed_ms = now;
-    if (first)
-        agw_log(AGW_LOG_WARN, "worker %d: a script has run for %llu ms without waiting for a call "
-                "(script_time_limit_ms %llu); stopping it", w->id, (unsigned long long)(now - since),
-                (unsigned long long)limit);
-    pthread_kill(w->thread, AGW_WATCHDOG_SIGNAL); /* agw_worker_on_watchdog_signal sets the hook */
-}
 
 int agw_worker_call_runtime(wgen_t *g, int nargs)
 {
     agw_worker_t *w = g->w;
     lua_State *L = g->L;
     int rc = 0;
-    int outer = w->lua_depth == 0;
-    if (outer) { /* an entry begins: the watchdog times it */
-        w->lua_L = L;
-        __atomic_store_n(&w->lua_limit_ms, g->conf->script_time_limit_ms, __ATOMIC_RELAXED);
-        __atomic_store_n(&w->lua_entry, w->lua_entry + 1, __ATOMIC_RELEASE);
-        __atomic_store_n(&w->lua_since_ms, agw_coarse_ms(), __ATOMIC_RELEASE);
-    }
-    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* lua_L before lua_depth, for the signal handler */
-    w->lua_depth++;
+    agw_watchdog_enter(&w->script, L, g->conf->script_time_limit_ms); /* an outermost one is timed */
     if (lua_pcall(L, nargs, 0, 0) != 0) {
         agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
         lua_pop(L, 1);
         rc = -1;
     }
-    if (outer) {
-        uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_RELAXED);
-        __atomic_store_n(&w->lua_since_ms, 0, __ATOMIC_RELEASE);
-        /* a long entry (a slow script, one the watchdog stopped) leaves the loop's clock behind:
-         * requests read after it in this iteration would start their deadlines and call
-         * timeouts that long ago, and time out at once */
-        if (agw_coarse_ms() - since >= AGW_LONG_ENTRY_MS)
-            ev_now_update(w->loop);
-    }
-    w->lua_depth--;
-    if (w->lua_depth == 0 && w->num_pending_aborts)
+    /* a long entry (a slow script, one the watchdog stopped) leaves the loop's clock behind:
+     * requests read after it in this iteration would start their deadlines and call timeouts
+     * that long ago, and time out at once */
+    if (agw_watchdog_leave(&w->script) >= AGW_LONG_ENTRY_MS)
+        ev_now_update(w->loop);
+    if (w->script.depth == 0 && w->num_pending_aborts)
         process_pending_aborts(w);
-    if (w->lua_depth == 0 && w->dead)
+    if (w->script.depth == 0 && w->dead)
         agw_worker_free_dead_gens(w);
     return rc;
 }
@@ -276,7 +165,7 @@ static void process_pending_aborts(agw_worker_t *w)
 static void abandon_request(wgen_t *g, uint64_t rid)
 {
     agw_worker_t *w = g->w;
-    if (w->lua_depth) {
+    if (w->script.depth) {
         if (w->num_pending_aborts == w->cap_pending_aborts) {
             w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
             w->pending_aborts = agw_realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
@@ -947,7 +836,7 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
 static void *worker_main(void *arg)
 {
     agw_worker_t *w = arg;
-    this_worker = w;
+    agw_watchdog_attach(&w->script);
     ev_run(w->loop, 0);
     agw_guard_dispose(&w->guard);
     agw_worker_cache_close(w);
@@ -979,6 +868,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
 {
     agw_worker_t *w = agw_calloc(1, sizeof(*w));
     w->id = id;
+    w->script.id = id;
     w->m = metrics;
     w->limits = limits;
     w->waterfall_on = gen->conf.admin_port != 0;
@@ -1058,6 +948,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         agw_buf_puts(errors, "cannot start a worker thread\n");
         return NULL;
     }
+    w->script.thread = w->thread; /* before the watchdog starts (server.c) */
     return w;
 }
 
@@ -1069,6 +960,11 @@ uint64_t agw_worker_generation(const agw_worker_t *w)
 void agw_worker_drain(agw_worker_t *w)
 {
     ev_async_send(w->loop, &w->drain_async);
+}
+
+agw_watchdog_target_t *agw_worker_watchdog_target(agw_worker_t *w)
+{
+    return &w->script;
 }
 
 int agw_worker_inflight(const agw_worker_t *w)

@@ -18,6 +18,7 @@
 #include "cache/lru.h"
 #include "edge/auth.h"
 #include "worker/generation.h"
+#include "worker/watchdog.h"
 #include "ops/metrics.h"
 #include "redis/redis.h"
 #include "script/resp_headers.h"
@@ -147,17 +148,8 @@ struct agw_worker {
     agw_slots_t reqs;                      /* rid -> reqref_t */
     agw_slots_t calls;                     /* call id -> wcall_t */
     wcall_t *free_calls;
-    int lua_depth;                         /* > 0 while C code runs inside Lua */
-    /* The script time limit (watchdog.h). An entry is one outermost agw_worker_call_runtime. This
-     * thread writes the first four; the watchdog thread reads the last three and writes stop_entry
-     * and stop_armed_ms. */
-    lua_State *lua_L;                      /* the VM of the entry (set before lua_depth: the signal
-                                              handler reads it while lua_depth > 0) */
-    uint64_t lua_since_ms;                 /* atomic: coarse monotonic ms when the entry began, 0 outside Lua */
-    uint64_t lua_entry;                    /* atomic: entries so far (the current one while in Lua) */
-    uint64_t lua_limit_ms;                 /* atomic: the entry's generation's script_time_limit_ms */
-    uint64_t stop_entry;                   /* atomic: the entry the watchdog asked to stop, 0 for none */
-    uint64_t stop_armed_ms;                /* watchdog thread only: when it last asked */
+    agw_watchdog_target_t script;          /* its entries into Lua, as the script time limit sees
+                                              them (watchdog.h): depth > 0 while C code runs inside Lua */
     struct pending_abort {
         uint64_t rid;
         wgen_t *g;                         /* holds a reference until the abort ran */
@@ -263,7 +255,7 @@ static inline void agw_worker_gen_release(wgen_t *g)
     if (g->next)
         g->next->prev = g->prev;
     g->prev = NULL;
-    if (w->lua_depth == 0) {
+    if (w->script.depth == 0) {
         g->next = NULL;
         agw_worker_gen_free(g);
         return;
