@@ -1,5 +1,6 @@
 -- agg.loader: a script whose top level runs too long is stopped (not waited for), whatever it
--- does to escape, and a script's own jit.on()/jit.off() is kept. Fixtures: spec/fixtures/loading.
+-- does to escape, and a trusted script's own jit.on()/jit.off() is kept (a sandboxed script may
+-- not switch the worker's JIT: sandbox_spec). Fixtures: spec/fixtures/loading.
 local loader = require "agg.loader"
 
 local DIR = "spec/fixtures/loading/"
@@ -37,7 +38,7 @@ describe("the load budget", function()
     fails_at("coroutine", "3") -- (coroutine.wrap puts the line of f() in front)
   end)
 
-  it("stops a loop after the script turned the JIT on", function()
+  it("stops a loop after a trusted script turned the JIT on", function()
     fails_at("jiton", "4")
     assert.is_true((jit.status()))
   end)
@@ -72,7 +73,7 @@ describe("the load budget", function()
     assert.is_true((jit.status()))
   end)
 
-  it("keeps a script's own jit.off()", function()
+  it("keeps a trusted script's own jit.off()", function()
     loader.LOAD_BUDGET_S = saved
     local gen = loader.load(DIR .. "jitoff")
     assert.is_table(gen)

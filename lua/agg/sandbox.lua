@@ -3,12 +3,15 @@
 --
 -- It is built from an allow-list, never from _G minus a few names: the base functions that touch
 -- nothing outside the script, read-only views of string, table, math, coroutine, bit, the clock
--- part of os, debug.traceback, the on/off switches of jit, and the agg API. require reaches those,
--- the runtime's agg and agg.json, and the modules of the scripts folder (each script gets its own
--- instances, so a module's tables are never shared between two scripts). load and loadstring take
+-- part of os, debug.traceback, the on/off switches of jit for the script's own functions, and
+-- the agg API. require reaches those, the runtime's agg and agg.json, and the modules of the
+-- scripts folder (each script gets its own instances, so a module's tables are never shared
+-- between two scripts). load and loadstring take
 -- source text only and give the chunk the caller's environment; getfenv and setfenv reach only
 -- the script's own environments. Not there: io, ffi, package, os.execute/exit/remove/rename/
--- getenv/tmpname, debug beyond traceback, string.dump, loadfile/dofile, print; a name that is
+-- getenv/tmpname, debug beyond traceback, string.dump, loadfile/dofile, print, and what would
+-- change the worker's shared state for every script (math.randomseed, the JIT's switch for the
+-- whole worker: jit.on()/jit.off()/jit.flush() without a function); a name that is
 -- refused says so when it is used ("io.popen is not available to scripts …").
 --
 -- An operator who trusts the folder opts out with scripts = { trusted = true } in gateway.lua
@@ -77,21 +80,51 @@ for k in pairs(debug) do if k ~= "traceback" then debug_refused[k] = SANDBOX end
 -- debug.sethook would take the hook the script time limit stops scripts with
 debug_refused.sethook = "the gateway's script time limit uses the hook"
 
--- jit's switches read jit.on/jit.off when called: the loader wraps them while a top level runs
--- (a script's own jit.off() at its top level is kept once it has loaded)
+-- The runtime's files ("@<lua dir>/agg/…"): their functions are every script's.
+local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
+
+-- Whether f is a Lua function of a script (not C, not the runtime's).
+local function scripts_own(f)
+  if type(f) ~= "function" then return false end
+  local src = debug.getinfo(f, "S").source
+  return src ~= "=[C]" and not (RUNTIME_PREFIX and src:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)
+end
+
+local JIT_SHARED = "the JIT is the worker's, shared by every script: give a function of the script, " ..
+                   "as in jit.%s(f, true)"
+
+-- jit.on/off/flush for one of the script's own functions (and the functions defined in it); the
+-- worker's switch (no argument), a trace number or another's function would change every script
+-- of the worker. jit.on/jit.off are read when called (the loader wraps them while a top level runs).
+local function jit_switch(name)
+  return function(f, ...)
+    if not scripts_own(f) then error("jit." .. name .. "(" .. (f == nil and "" or type(f)) ..
+                                     ") is not available to scripts: " .. JIT_SHARED:format(name), 2) end
+    return jit[name](f, ...)
+  end
+end
 local jit_lib = jit and {
-  on = function(...) return jit.on(...) end,
-  off = function(...) return jit.off(...) end,
-  flush = jit.flush, status = jit.status, version = jit.version, version_num = jit.version_num,
-  os = jit.os, arch = jit.arch,
+  on = jit_switch("on"), off = jit_switch("off"), flush = jit_switch("flush"),
+  status = jit.status, version = jit.version, version_num = jit.version_num, os = jit.os, arch = jit.arch,
 }
+
+-- math.random's generator is the worker's too: seeded once here, per VM, and not by scripts
+-- (a script's seed would set the sequence every other script of the worker draws from)
+do
+  local f = io.open("/dev/urandom", "rb")
+  local b = f and f:read(4)
+  if f then f:close() end
+  math.randomseed(b and #b == 4 and ((b:byte(1) * 256 + b:byte(2)) * 256 + b:byte(3)) * 256 + b:byte(4) or os.time())
+end
+local math_refused = { randomseed = "math.random's generator is the worker's, shared by every script " ..
+                                    "(the gateway seeds it at start)" }
 
 -- Modules require gives a script (besides those of its scripts folder): the same objects for
 -- every script, all read-only.
 local MODULES = {
   string = string_view,
   table = lib_view("table", table, all_but(table, {}), {}),
-  math = lib_view("math", math, all_but(math, {}), {}),
+  math = lib_view("math", math, all_but(math, math_refused), math_refused),
   coroutine = lib_view("coroutine", coroutine, all_but(coroutine, {}), {}),
   os = lib_view("os", os, { "time", "clock", "date", "difftime" }, os_refused),
   debug = lib_view("debug", debug, { "traceback" }, debug_refused),
