@@ -94,3 +94,65 @@ void agw_log_text(agw_log_level_t level, const char *prefix, const char *text, s
         plen++;
     write_line(level, prefix, plen, text, len);
 }
+
+/* ---- stdio's stderr ------------------------------------------------------------------------- */
+
+/* What was written to the captured stderr since its last newline, and the lines of the current
+ * second. stdio calls the stream's write function with the stream locked, so one writer at a time
+ * touches them. */
+static char pending[LINE_MAX_BYTES];
+static size_t pending_len;
+static time_t window_s;        /* the second (CLOCK_MONOTONIC) the count is of */
+static unsigned window_lines;  /* lines logged in it */
+static unsigned long dropped;  /* lines left out since the last one logged */
+
+/* One line of the libraries, unless more than AGW_LOG_LIBRARY_LINES_PER_S came this second: libh2o
+ * writes a line for each HTTP/2 frame of an unknown type ("skipping frame (type:32)"), so a client
+ * could otherwise write the log at the rate it sends 9-byte frames. */
+static void library_line(const char *text, size_t len)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec != window_s) {
+        window_s = now.tv_sec;
+        window_lines = 0;
+    }
+    if (window_lines >= AGW_LOG_LIBRARY_LINES_PER_S) {
+        dropped++;
+        return;
+    }
+    window_lines++;
+    if (dropped) {
+        agw_log(AGW_LOG_WARN, "library: %lu lines left out (more than %d a second)", dropped,
+                AGW_LOG_LIBRARY_LINES_PER_S);
+        dropped = 0;
+    }
+    agw_log_text(AGW_LOG_WARN, "library: ", text, len);
+}
+
+static ssize_t on_stderr_write(void *cookie, const char *buf, size_t size)
+{
+    (void)cookie;
+    for (size_t i = 0; i < size; i++) {
+        if (buf[i] == '\n' || pending_len == sizeof(pending)) {
+            library_line(pending, pending_len);
+            pending_len = 0;
+            if (buf[i] == '\n')
+                continue;
+        }
+        pending[pending_len++] = buf[i];
+    }
+    return (ssize_t)size;
+}
+
+int agw_log_capture_stdio_stderr(void)
+{
+    cookie_io_functions_t io = {.write = on_stderr_write};
+    FILE *f = fopencookie(NULL, "w", io);
+    if (f == NULL)
+        return -1;
+    setvbuf(f, NULL, _IOLBF, 0); /* a line at a time, as it is written */
+    fflush(stderr);
+    stderr = f;
+    return 0;
+}

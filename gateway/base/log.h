@@ -25,4 +25,19 @@ void agw_log_text(agw_log_level_t level, const char *prefix, const char *text, s
  * escaped as above, stopping before an escape that does not fit. Returns the bytes written. */
 size_t agw_log_escape(char *out, size_t cap, const char *s, size_t len);
 
+/* Lines of the libraries' stderr logged per second at most (agw_log_capture_stdio_stderr). */
+#define AGW_LOG_LIBRARY_LINES_PER_S 10
+
+/* Sends what the libraries the gateway links write to stdio's stderr (libh2o 2.2.5 prints some
+ * events there itself: "skipping frame (type:N)" for each HTTP/2 frame of an unknown type a
+ * client sends, "failed to normalize path: `<the client's path>` …") through the error log: from
+ * now on each line written to stderr becomes one warn line "library: <text>", escaped as above (a
+ * client's bytes in it can no longer forge a line), cut at 8 KiB; past
+ * AGW_LOG_LIBRARY_LINES_PER_S lines in a second the rest of that second's are counted, not
+ * logged, and the next line logged says how many were left out. Replaces the
+ * process's stderr FILE (glibc's fopencookie); the descriptor 2 itself is unchanged, so the
+ * sanitizers' reports and the gateway's own lines still go straight to it. Call once, before the
+ * threads start. Returns 0, or -1 when the stream cannot be made (stderr is left as it was). */
+int agw_log_capture_stdio_stderr(void);
+
 #endif

@@ -363,6 +363,9 @@ int agw_server_run(const char *dir)
         return 1;
     }
     agw_buf_free(&errors);
+    /* libh2o prints some events to stderr itself, a client's path among them: through the log */
+    if (agw_log_capture_stdio_stderr() != 0)
+        agw_log(AGW_LOG_WARN, "cannot send the libraries' stderr through the log: their lines go unescaped");
     const agw_config_t *conf = &gen->conf; /* start-up settings: the same in every later generation */
     srv.workers = conf->workers;
     srv.access_log = agw_strdup_opt(conf->access_log);
