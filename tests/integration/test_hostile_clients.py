@@ -12,6 +12,9 @@
   otherwise parse the next CONTINUATION forever); an honest block continued over CONTINUATION
   frames is served. Over HTTP/1.1, more header fields than
   clients.max_headers get 431. Repeated request header names reach the script joined in order.
+- libh2o's own log lines: 20,000 HTTP/2 frames of an unknown type (h2o writes a line to stderr for
+  each), their payloads holding newlines and a forged log line, make at most 10 log lines a second
+  plus a count of those left out, each a "warn library:" line of the gateway's log.
 - Request smuggling: HTTP/1.1 requests with Content-Length and Transfer-Encoding, with
   Content-Length fields that disagree, or with Transfer-Encoding twice are refused with 400 and
   the connection is closed: the request pipelined behind never reaches a script or an upstream,
@@ -393,6 +396,42 @@ class HeaderCountCap(GatewayTestCase):
         r = self.get_h2c("/echo-headers", *args)
         self.assertProblem(r, 431)
         self.assertEqual(self.get("/echo-headers", "-H", "X-R: a").status, 200)
+
+
+class LibraryLog(GatewayTestCase):
+    LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (info|warn|error) ")
+
+    def test_unknown_frames_do_not_flood_or_forge_the_log(self):
+        self.start(services=demo_services(5, 5, 5), scripts=repo_scripts("product-page.lua"))
+        c = H2Client(self.port, timeout=10).start_plain()
+        forged = b"\n2026-12-01T00:00:00.000Z error forged\x1b[31m\n"
+        t0 = time.monotonic()
+        c.raw.sendall(frame(0x20, 0, 0, forged) * 20000)  # 1 MB of frames h2o skips
+        c.raw.sendall(frame(PING, 0, 0, b"12345678"))
+        acked = []
+        deadline = time.monotonic() + 20
+        while not acked and time.monotonic() < deadline:  # the PING's answer: h2o read every frame
+            if read_frames(c.raw, min(deadline, time.monotonic() + 0.5),
+                           lambda ftype, flags, sid, p: acked.append(p) if ftype == PING and flags & ACK else None):
+                break
+        c.close()
+        self.assertEqual(acked, [b"12345678"])
+        elapsed = time.monotonic() - t0
+        self.assertEqual(self.get("/product-page/1").status, 200)
+        time.sleep(1.1)  # a line of the next second says how many were left out
+        c = H2Client(self.port, timeout=10).start_plain()
+        c.raw.sendall(frame(0x20, 0, 0, b""))
+        c.close()
+        wait_until(lambda: "lines left out" in self.gw.log() or None, 5)
+        lines = self.gw.log().splitlines()
+        skipped = [l for l in lines if " warn library: skipping frame (type:32)" in l]
+        print("20,000 unknown frames in %.2f s: %d log lines of them" % (elapsed, len(skipped)))
+        # before: one line each, 20,000 lines
+        self.assertGreater(len(skipped), 0)
+        self.assertLessEqual(len(skipped), 10 * (int(elapsed) + 2), skipped[:3])
+        self.assertTrue(any("lines left out (more than 10 a second)" in l for l in lines), lines[-5:])
+        self.assertEqual([l for l in lines if not self.LOG_LINE.match(l)], [])
+        self.assertFalse(any("forged" in l for l in lines))
 
 
 def raw_exchange(port, data, tls=False, timeout=5.0):
