@@ -5,6 +5,7 @@
 
 #include <h2o/http2.h>
 #include <h2o/http2_internal.h> /* with h2o_internal/khash.h */
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -125,20 +126,27 @@ static int h2_listed(h2o_context_t *ctx, const h2_conn_t *h2)
     return 0;
 }
 
-/* Checks the layout above once, on the first HTTP/2 request that needs it. 1: trusted. */
-static int h2_check(agw_guard_t *g, h2o_req_t *req)
+/* Checks the fields above once, on the first HTTP/2 connection that needs them: h2, which h2o
+ * says is the connection on socket sock. 1: trusted. */
+static int h2_check_conn(agw_guard_t *g, const h2_conn_t *h2, const h2o_socket_t *sock)
 {
     if (g->layout != 0)
         return g->layout > 0;
-    const h2_conn_t *h2 = (const h2_conn_t *)req->conn;
-    h2o_socket_t *sock = req->conn->callbacks->get_socket ? req->conn->callbacks->get_socket(req->conn) : NULL;
-    int ok = sock != NULL && h2->sock == sock && h2->state >= H2O_HTTP2_CONN_STATE_OPEN && h2->state <= H2O_HTTP2_CONN_STATE_IS_CLOSING &&
-             h2_listed(g->ctx, h2);
+    int ok = sock != NULL && h2->sock == sock && h2->state >= H2O_HTTP2_CONN_STATE_OPEN &&
+             h2->state <= H2O_HTTP2_CONN_STATE_IS_CLOSING && h2_listed(g->ctx, h2);
     g->layout = ok ? 1 : -1;
     if (!ok)
-        agw_log(AGW_LOG_ERROR, "the HTTP/2 connection layout of this libh2o is not 2.2.5's: streams cancelled in "
-                "bulk (rapid reset) are not limited (clients.max_cancelled_streams is off)");
+        agw_log(AGW_LOG_ERROR, "the HTTP/2 connection of this libh2o does not match its header: streams cancelled in "
+                "bulk (rapid reset) are not limited (clients.max_cancelled_streams is off), header blocks are not "
+                "counted before h2o decodes them");
     return ok;
+}
+
+/* h2_check_conn for the connection of HTTP/2 request req. */
+static int h2_check(agw_guard_t *g, h2o_req_t *req)
+{
+    h2o_socket_t *sock = req->conn->callbacks->get_socket ? req->conn->callbacks->get_socket(req->conn) : NULL;
+    return h2_check_conn(g, (const h2_conn_t *)req->conn, sock);
 }
 
 /* Sends connection h2 (c's) GOAWAY with ENHANCE_YOUR_CALM and reason (RFC 9113 §5.4.1): the
@@ -193,9 +201,14 @@ void agw_guard_dispose(agw_guard_t *g)
     g->by_fd_cap = 0;
 }
 
-void agw_guard_conn_open(agw_guard_t *g, agw_guard_conn_t *c, int fd)
+static __thread agw_guard_t *thread_guard; /* the guard of the worker whose thread this is */
+
+void agw_guard_conn_open(agw_guard_t *g, agw_guard_conn_t *c, int fd, unsigned max_fields, size_t max_block_bytes)
 {
+    thread_guard = g;
     c->fd = fd;
+    c->max_fields = max_fields;
+    c->max_block_bytes = max_block_bytes;
     if (fd < 0)
         return;
     if ((size_t)fd >= g->by_fd_cap) {
@@ -313,8 +326,6 @@ unsigned agw_guard_hpack_fields(const uint8_t *block, size_t len, unsigned stop)
     return fields;
 }
 
-static __thread agw_guard_t *thread_guard; /* the guard of the worker whose thread this is */
-
 /* Whether the header block in g->block (a HEADERS frame's fragment and the CONTINUATIONs after
  * it so far) is a bomb: more fields than c->max_fields, or more bytes than c->max_block_bytes. */
 static int block_too_large(agw_guard_t *g, const agw_guard_conn_t *c)
@@ -323,32 +334,24 @@ static int block_too_large(agw_guard_t *g, const agw_guard_conn_t *c)
            agw_guard_hpack_fields((const uint8_t *)g->block.base, g->block.len, c->max_fields) > c->max_fields;
 }
 
-/* Counts the header blocks in the unparsed input of c's connection from off on (whole frames:
- * h2o consumes them whole, so a block's fragments consumed already are in h2o's
- * _headers_unparsed, and the input from off starts at a frame). The first block with too many
- * fields, in its HEADERS frame or once continued, gets the connection GOAWAY (see
- * agw_guard_h2_watch, refuse) before h2o decodes it. mid_block: the frames from off on may
- * continue the block h2o holds in _headers_unparsed. */
-static void scan_headers(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock, size_t off, int mid_block)
+/* Walks the whole frames of buf (size bytes) from off on, counting each header block (a HEADERS
+ * frame's fragment and the CONTINUATIONs after it; held, held_len: the start of a block that the
+ * frames from off on may continue, NULL when none). Returns the offset of the first frame with
+ * which a block passes c's limits, or SIZE_MAX. */
+static size_t find_bomb(agw_guard_t *g, const agw_guard_conn_t *c, const uint8_t *buf, size_t size, size_t off,
+                        const char *held, size_t held_len)
 {
-    if (c->goaway)
-        return;
-    h2_conn_t *h2 = (h2_conn_t *)sock->data;
-    const uint8_t *buf = (const uint8_t *)sock->input->bytes;
-    size_t size = sock->input->size;
     agw_buf_reset(&g->block);
-    const size_t start = off;
-    if (h2->_headers_unparsed == NULL && g->expect_default == NULL)
-        g->expect_default = h2->_read_expect; /* past the preface (a request was seen), outside a block */
-    int in_block = mid_block && h2->_headers_unparsed != NULL; /* g->block holds a block's start */
-    if (in_block)
-        agw_buf_append(&g->block, h2->_headers_unparsed->bytes, h2->_headers_unparsed->size);
+    int in_block = held != NULL; /* g->block holds a block's start */
+    if (held)
+        agw_buf_append(&g->block, held, held_len);
     while (off + 9 <= size) {
         size_t flen = (size_t)buf[off] << 16 | (size_t)buf[off + 1] << 8 | buf[off + 2];
         uint8_t type = buf[off + 3], flags = buf[off + 4];
         if (off + 9 + flen > size)
             break; /* not all here: h2o waits for it too, and this runs again then */
         const uint8_t *p = buf + off + 9, *end = p + flen;
+        size_t at = off;
         off += 9 + flen;
         if (type == 1 /* HEADERS */) {
             if ((flags & 0x8 /* PADDED */) && p < end) {
@@ -367,14 +370,34 @@ static void scan_headers(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock
             in_block = 0; /* any other frame ends a block, as a protocol error that h2o answers */
             continue;
         }
-        if (block_too_large(g, c)) {
-            /* h2o parses from start on: when it is in the middle of a block, start is the
-             * block's next CONTINUATION */
-            int held = mid_block && h2->_headers_unparsed != NULL;
-            refuse(g, c, h2, "header block too large", held, held ? (uint8_t *)&buf[start + 3] : NULL);
-            return;
-        }
+        if (block_too_large(g, c))
+            return at;
     }
+    return SIZE_MAX;
+}
+
+/* Counts the header blocks in the unparsed input of c's connection from off on (whole frames:
+ * h2o consumes them whole, so a block's fragments consumed already are in h2o's
+ * _headers_unparsed, and the input from off starts at a frame). The first block with too many
+ * fields or bytes, in its HEADERS frame or once continued, gets the connection GOAWAY (refuse)
+ * before h2o decodes it. mid_block: the frames from off on may continue the block h2o holds in
+ * _headers_unparsed. */
+static void scan_headers(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock, size_t off, int mid_block)
+{
+    if (c->goaway)
+        return;
+    h2_conn_t *h2 = (h2_conn_t *)sock->data;
+    const uint8_t *buf = (const uint8_t *)sock->input->bytes;
+    /* h2o's reader outside a block (a stream was opened: the preface is behind) */
+    if (h2->_headers_unparsed == NULL && h2->pull_stream_ids.max_open > 0 && g->expect_default == NULL)
+        g->expect_default = h2->_read_expect;
+    int held = mid_block && h2->_headers_unparsed != NULL;
+    if (find_bomb(g, c, buf, sock->input->size, off, held ? h2->_headers_unparsed->bytes : NULL,
+                  held ? h2->_headers_unparsed->size : 0) == SIZE_MAX)
+        return;
+    /* when h2o is in the middle of a block, it parses from off on: off is the block's next
+     * CONTINUATION */
+    refuse(g, c, h2, "header block too large", held, held ? (uint8_t *)&buf[off + 3] : NULL);
 }
 
 /* The connection's read callback while the guard reads ahead of h2o: the unparsed input starts at
@@ -391,28 +414,80 @@ static void on_h2_read(h2o_socket_t *sock, const char *err)
     c->h2o_read(sock, err);
 }
 
-void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields, size_t max_block_bytes)
+/* Reads ahead of h2o on c's connection h2 from now on (agw_guard_h2_watch). 0, or -1 when h2o
+ * is not reading it (closing). */
+static int watch(agw_guard_t *g, agw_guard_conn_t *c, h2_conn_t *h2)
+{
+    h2o_socket_t *sock = h2->sock;
+    if (sock->_cb.read == NULL || sock->data != h2)
+        return -1; /* not reading (closing): nothing to read ahead of */
+    thread_guard = g;
+    c->h2o_read = sock->_cb.read;
+    sock->_cb.read = on_h2_read; /* h2o sets it once per HTTP/2 connection (h2o_http2_accept) */
+    return 0;
+}
+
+void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req)
 {
     agw_guard_conn_t *c = agw_guard_conn_of(g, req);
     if (c == NULL || c->h2o_read != NULL || !h2_check(g, req))
         return;
     h2_conn_t *h2 = (h2_conn_t *)req->conn;
-    h2o_socket_t *sock = h2->sock;
-    if (sock->_cb.read == NULL || sock->data != h2)
-        return; /* not reading (closing): nothing to read ahead of */
-    thread_guard = g;
-    c->max_fields = max_fields;
-    c->max_block_bytes = max_block_bytes;
-    c->h2o_read = sock->_cb.read;
-    sock->_cb.read = on_h2_read; /* h2o sets it once per HTTP/2 connection (h2o_http2_accept) */
+    if (watch(g, c, h2) != 0)
+        return;
     /* h2o is parsing req's HEADERS frame, the first in its input (it consumes it once the handler
      * returns): the frames behind it in this read are counted now */
+    h2o_socket_t *sock = h2->sock;
     const uint8_t *buf = (const uint8_t *)sock->input->bytes;
     if (sock->input->size >= 9 && (buf[3] == 1 || buf[3] == 9)) {
         /* req's block ends in this frame (HEADERS, or the CONTINUATION with END_HEADERS) */
         size_t flen = (size_t)buf[0] << 16 | (size_t)buf[1] << 8 | buf[2];
         scan_headers(g, c, sock, 9 + flen, 0);
     }
+}
+
+/* ---- HTTP/2 connections from their first frame ---------------------------------------------- */
+
+/* libh2o's own, found past this definition (dlsym RTLD_NEXT) */
+typedef void (*http2_accept_fn)(h2o_accept_ctx_t *ctx, h2o_socket_t *sock, struct timeval connected_at);
+
+/* h2o_http2_accept stands in for libh2o's: h2o starts every HTTP/2 connection with it (after
+ * the TLS handshake chose h2, or when a cleartext connection starts with the HTTP/2 preface), and
+ * calls it through its PLT (libh2o 2.2.5 is not linked -Bsymbolic), so the definition of the
+ * executable is the one called. Before libh2o's parses what the client sent with the preface,
+ * the header blocks in it are counted (find_bomb): a bomb's frame is changed into one h2o
+ * refuses at once (a HEADERS into a CONTINUATION outside a block, a CONTINUATION into a HEADERS
+ * inside one: PROTOCOL_ERROR, RFC 9113 §6.10), so it is never decoded; then the guard reads ahead
+ * of h2o on the connection from its first read on (watch), not only from its first request. */
+void h2o_http2_accept(h2o_accept_ctx_t *ctx, h2o_socket_t *sock, struct timeval connected_at)
+{
+    static http2_accept_fn real;
+    if (real == NULL)
+        real = (http2_accept_fn)dlsym(RTLD_NEXT, "h2o_http2_accept");
+    agw_guard_t *g = thread_guard;
+    int fd = h2o_socket_get_fd(sock);
+    agw_guard_conn_t *c = g && g->ctx == ctx->ctx && fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
+    if (c != NULL && c->max_fields > 0 && sock->input != NULL) {
+        static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        uint8_t *buf = (uint8_t *)sock->input->bytes;
+        size_t size = sock->input->size, off = sizeof(preface) - 1;
+        if (size >= off && memcmp(buf, preface, off) == 0) {
+            size_t at = find_bomb(g, c, buf, size, off, NULL, 0);
+            if (at != SIZE_MAX) {
+                buf[at + 3] = buf[at + 3] == 1 ? 9 : 1;
+                agw_log(AGW_LOG_WARN, "client connection %d: a header block too large in its first frames (over %u "
+                        "fields or %zu bytes): refused before it was decoded", fd, c->max_fields, c->max_block_bytes);
+            }
+        }
+    }
+    h2o_linklist_t *last = ctx->ctx->http2._conns.prev;
+    real(ctx, sock, connected_at);
+    /* the connection h2o made, unless it is closed already */
+    if (c == NULL || ctx->ctx->http2._conns.prev == last || ctx->ctx->http2._conns.prev == &ctx->ctx->http2._conns)
+        return;
+    h2_conn_t *h2 = H2O_STRUCT_FROM_MEMBER(h2_conn_t, _conns, ctx->ctx->http2._conns.prev);
+    if (h2->sock == sock && c->h2o_read == NULL && h2_check_conn(g, h2, sock))
+        watch(g, c, h2);
 }
 
 size_t agw_guard_h2_flush(agw_guard_t *g)

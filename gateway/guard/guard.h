@@ -68,8 +68,8 @@ typedef struct agw_guard_conn {
     h2o_linklist_t due;              /* private: on the guard's list while a GOAWAY is due */
     h2o_socket_cb h2o_read;          /* private: h2o's read callback, when the guard's runs first
                                         (agw_guard_h2_watch); NULL before */
-    unsigned max_fields;             /* private: header fields per header block before GOAWAY */
-    size_t max_block_bytes;          /* private: encoded bytes per header block before GOAWAY */
+    unsigned max_fields;             /* ro: header fields per header block before GOAWAY */
+    size_t max_block_bytes;          /* ro: encoded bytes per header block before GOAWAY */
     unsigned goaway : 1;             /* ro: GOAWAY sent (or due): the connection is closing */
 } agw_guard_conn_t;
 
@@ -93,8 +93,13 @@ void agw_guard_init(agw_guard_t *g, h2o_context_t *ctx);
 /* Frees what g holds (not the connections). */
 void agw_guard_dispose(agw_guard_t *g);
 
-/* Registers c, a connection just accepted on socket fd (c zeroed by the caller). */
-void agw_guard_conn_open(agw_guard_t *g, agw_guard_conn_t *c, int fd);
+/* Registers c, a connection just accepted on socket fd (c zeroed by the caller), on the worker's
+ * thread. max_fields, max_block_bytes: the most header fields and encoded bytes of one HTTP/2
+ * request header block (HEADERS and its CONTINUATION frames) that h2o may decode on it; past
+ * either the connection gets GOAWAY (agw_guard_h2_watch). If the connection turns out to be
+ * HTTP/2, the guard counts its header blocks from its first frame on: the guard defines
+ * h2o_http2_accept, which libh2o calls for every new HTTP/2 connection (guard.c). */
+void agw_guard_conn_open(agw_guard_t *g, agw_guard_conn_t *c, int fd, unsigned max_fields, size_t max_block_bytes);
 
 /* Forgets c (its socket has closed; c is about to be freed). */
 void agw_guard_conn_close(agw_guard_t *g, agw_guard_conn_t *c);
@@ -117,18 +122,19 @@ int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsi
  * len is not counted. Returns the count, stopping early once it passes stop. */
 unsigned agw_guard_hpack_fields(const uint8_t *block, size_t len, unsigned stop);
 
-/* HTTP/2 request req is on a connection the guard should read ahead of h2o: from now on, each
- * request header block (a HEADERS frame and the CONTINUATION frames that continue it, RFC 9113
- * §4.3) that h2o has received but not decoded yet is counted first (agw_guard_hpack_fields), and
- * one with more than max_fields header fields (a header bomb: HPACK references that h2o would
- * decode into megabytes before the gateway sees one) or more than max_block_bytes encoded bytes
- * gets the connection GOAWAY (ENHANCE_YOUR_CALM) before h2o decodes it; h2o takes no stream after
- * it. A continued block is counted as a whole, the part h2o holds already included, each time a
- * CONTINUATION arrives (h2o 2.2.5 alone takes up to H2O_MAX_REQLEN, 408 KB, of continued block
- * and decodes all of it). Frames already in the buffer behind req's are counted now. Call on each
- * HTTP/2 request (only the first per connection does anything): the first block of a connection
- * is decoded by h2o before the gateway sees its request, so it is bounded by h2o's limit only. */
-void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req, unsigned max_fields, size_t max_block_bytes);
+/* HTTP/2 request req is on a connection the guard should read ahead of h2o (when it does not
+ * already: connections h2o_http2_accept saw are watched from their first frame): from now on,
+ * each request header block (a HEADERS frame and the CONTINUATION frames that continue it, RFC
+ * 9113 §4.3) that h2o has received but not decoded yet is counted first
+ * (agw_guard_hpack_fields), and one with more header fields or encoded bytes than the
+ * connection's limits (agw_guard_conn_open; a header bomb: HPACK references that h2o would decode
+ * into megabytes before the gateway sees one) gets the connection GOAWAY (ENHANCE_YOUR_CALM)
+ * before h2o decodes it; h2o takes no stream after it. A continued block is counted as a whole,
+ * the part h2o holds already included, each time a CONTINUATION arrives (h2o 2.2.5 alone takes up
+ * to H2O_MAX_REQLEN, 408 KB, of continued block and decodes all of it). Frames already in the
+ * buffer behind req's are counted now. Call on each HTTP/2 request (only the first per
+ * connection does anything). */
+void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req);
 
 /* Sends the due GOAWAYs, on connections h2o still has open (the last open streams finish, then
  * h2o closes the connection). Call from the loop outside h2o's callbacks (the worker's prepare

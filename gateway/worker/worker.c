@@ -559,8 +559,7 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
 {
     wgen_t *g = w->gens.cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
     if (req->version >= 0x200) /* header bombs: the guard counts header blocks before h2o decodes them */
-        agw_guard_h2_watch(&w->guard, req, AGW_WORKER_MAX_FIELDS(&g->conf->clients),
-                           AGW_WORKER_MAX_BLOCK_BYTES(&g->conf->clients));
+        agw_guard_h2_watch(&w->guard, req);
     if (headers_too_large(w, g, req, 0))
         return 0;
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
@@ -765,7 +764,8 @@ static void accept_one(listener_t *l)
     }
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t *)&conn->tcp, &fd) == 0)
-        agw_guard_conn_open(&w->guard, &conn->guard, fd);
+        agw_guard_conn_open(&w->guard, &conn->guard, fd, AGW_WORKER_MAX_FIELDS(&w->gens.cur->conf->clients),
+                            AGW_WORKER_MAX_BLOCK_BYTES(&w->gens.cur->conf->clients));
     uv_tcp_nodelay(&conn->tcp, 1);
     if ((conn->ssl_ctx = l->accept_ctx.ssl_ctx) != NULL)
         SSL_CTX_up_ref(conn->ssl_ctx);

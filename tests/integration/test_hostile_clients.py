@@ -36,6 +36,7 @@ from h2_client import (END_HEADERS, END_STREAM, GOAWAY, HEADERS, PING, RST_STREA
 from harness import SLOW, GatewayTestCase, demo_services, endpoint, main, repo_scripts, wait_until  # noqa: E402
 
 ENHANCE_YOUR_CALM = 0xB
+PROTOCOL_ERROR = 0x1
 CANCEL = 0x8
 
 
@@ -284,24 +285,27 @@ class HeaderBombs(GatewayTestCase):
         closed = read_frames(c.raw, time.monotonic() + deadline_s, on_frame)
         return statuses, goaways, closed
 
-    def continued_bomb(self, blocks, split_reads):
+    def continued_bomb(self, blocks, split_reads, first=False):
         """One h2c connection whose flow-control window is 0 (h2o cannot send a body, so each
         stream it takes keeps its decoded headers): stream 1 puts a 4 KB header into the dynamic
         table, then each of `blocks` streams sends one header block of 400 KB, a HEADERS frame of
         100 references to it and 25 CONTINUATION frames of 16,000 (~1.6 GB once decoded, in h2o's
         limit of 408 KB per block). split_reads: the HEADERS frame and the first CONTINUATION go
-        alone, so that h2o holds the block's start when the rest arrives. Returns what
-        exchange_until_closed does."""
+        alone, so that h2o holds the block's start when the rest arrives. first: no stream 1, the
+        first block puts the header into the table itself (the connection's first request is the
+        bomb, sent with the preface). Returns what exchange_until_closed does."""
         c = H2Client(self.port, timeout=20)
         c.raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 0)))
         big = "v" * 4000
         seed = (request_block("/echo-headers") + b"\x40" + _hpack_int(len("x-big"), 7) + b"x-big" +
                 _hpack_int(len(big), 7) + big.encode())
-        c.raw.sendall(frame(HEADERS, END_STREAM | END_HEADERS, 1, seed))
+        if not first:
+            c.raw.sendall(frame(HEADERS, END_STREAM | END_HEADERS, 1, seed))
         try:
             for i in range(blocks):
                 sid = 3 + 2 * i
-                head = frame(HEADERS, END_STREAM, sid, request_block("/echo-headers") + b"\xbe" * 100)
+                head = frame(HEADERS, END_STREAM, sid, (seed if first and i == 0 else request_block("/echo-headers")) +
+                             b"\xbe" * 100)
                 rest = [frame(CONTINUATION, END_HEADERS if k == 24 else 0, sid, b"\xbe" * 16000) for k in range(25)]
                 if split_reads:
                     c.raw.sendall(head + rest[0])
@@ -320,20 +324,42 @@ class HeaderBombs(GatewayTestCase):
         for _ in range(3):
             self.assertEqual(self.get("/product-page/1").status, 200)
         rss0 = rss_kb(pid)
-        for split in (False, True):
+        for split, first in ((False, False), (True, False), (False, True), (True, True)):
             t0 = time.monotonic()
-            statuses, goaways, closed = self.continued_bomb(20, split)
+            statuses, goaways, closed = self.continued_bomb(20, split, first)
             # before: each block was decoded (20 blocks: RSS +346 MB, kept; a page asked meanwhile
-            # took 9.4 s); split: h2o would have parsed the next CONTINUATION forever
-            self.assertEqual(goaways[:1], [ENHANCE_YOUR_CALM], (split, statuses, goaways))
+            # took 9.4 s); split: h2o would have parsed the next CONTINUATION forever; first: the
+            # connection's first block was decoded before the gateway saw a request (+27 MB)
+            # (the first block, refused inside h2o_http2_accept, gets h2o's own PROTOCOL_ERROR)
+            self.assertIn(goaways[:1], ([ENHANCE_YOUR_CALM], [PROTOCOL_ERROR] if first else []), (split, statuses, goaways))
             self.assertTrue(closed, "the connection stayed open")
             self.assertEqual(set(statuses) - {1}, set(), statuses)  # no bomb stream was taken
             page = self.get("/product-page/2")
             self.assertEqual(page.status, 200, page)
-            print("CONTINUATION bomb (split reads: %s): GOAWAY, closed in %.2f s, RSS %d -> %d kB; a page then %.0f ms"
-                  % (split, time.monotonic() - t0, rss0, rss_kb(pid), page.ms))
+            print("CONTINUATION bomb (split reads: %s, first block: %s): GOAWAY %s, closed in %.2f s, RSS %d -> %d kB; "
+                  "a page then %.0f ms" % (split, first, goaways[:1], time.monotonic() - t0, rss0, rss_kb(pid), page.ms))
         if not SLOW:
             self.assertLess((rss_kb(pid) - rss0) / 1024.0, 16, (rss0, rss_kb(pid)))
+
+    def test_a_bomb_sent_with_the_preface_is_refused_before_h2o_decodes_it(self):
+        # the connection's first request is the bomb, in the same packet as the preface: h2o
+        # parses it inside h2o_http2_accept, before any request reaches the gateway (before: it
+        # was decoded, 2,000 fields of 1 KB, and answered 431). 3 KB in all: h2o's first read holds
+        # all of it (a bigger first block is caught in the next read, as the others)
+        big = "v" * 1000
+        bomb = (request_block("/echo-headers") + b"\x40" + _hpack_int(len("x-big"), 7) + b"x-big" +
+                _hpack_int(len(big), 7) + big.encode() + b"\xbe" * 2000)
+        for _ in range(3):
+            c = H2Client(self.port, timeout=20)
+            c.raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(SETTINGS, 0, 0, b"") +
+                          frame(HEADERS, END_STREAM | END_HEADERS, 1, bomb))
+            statuses, goaways, closed = self.exchange_until_closed(c)
+            c.close()
+            self.assertEqual(statuses, {})
+            self.assertTrue(closed)
+            self.assertIn(goaways[:1], ([PROTOCOL_ERROR], [ENHANCE_YOUR_CALM]), goaways)
+        self.assertIn("a header block too large in its first frames", self.gw.log())
+        self.assertEqual(self.get("/product-page/1").status, 200)
 
     def test_an_honest_header_block_continued_over_continuation_frames_is_served(self):
         c = H2Client(self.port, timeout=20).start_plain()
