@@ -13,7 +13,15 @@
  *    (RFC 9112 §6.1, §6.3): no request pipelined behind it is ever read;
  *  - HTTP/2 rapid reset (CVE-2023-44487): a connection that cancels more than a bounded number of
  *    streams before they are answered, within a window, gets GOAWAY (ENHANCE_YOUR_CALM) and is
- *    closed (agw_guard_h2_cancelled, agw_guard_h2_flush).
+ *    closed (agw_guard_h2_cancelled, agw_guard_h2_flush);
+ *  - HTTP/2 header bombs: each request header block, a HEADERS frame and its CONTINUATIONs, is
+ *    counted (fields and encoded bytes) before h2o decodes it, from the connection's first frame
+ *    on (agw_guard_conn_open, agw_guard_h2_watch).
+ *
+ * h2o 2.2.5 has no public call for either: guard.c uses fields of h2o's HTTP/2 connection as the
+ * installed <h2o/http2_internal.h> declares them (a changed header fails the build; a library that
+ * does not match its header turns the guard off with an error in the log), and defines
+ * h2o_http2_accept, which libh2o calls through its PLT for every new HTTP/2 connection.
  *
  * gateway.lua's `clients` block sets the limits (config.h, agw_clients_conf_t).
  */
