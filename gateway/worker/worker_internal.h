@@ -179,9 +179,13 @@ struct agw_worker {
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
     agw_lru_t *lru;                        /* the cache's tier 1 (cache/lru.h): kept across reloads */
     agw_redis_t *redis;                    /* the Redis client (redis/redis.h), NULL without redis or
-                                              with cache.redis off */
+                                              with neither cache.redis nor a Redis limits rule */
     uint64_t redis_next_id;                /* ids of core.redis_get */
     int cache_closing;                     /* the worker stops: Redis answers no longer run Lua */
+    int limits_redis_down;                 /* Redis failed the last limits check (limits.c): an
+                                              outage is logged when it starts and when it ends */
+    double limits_redis_since;             /* ev_now() when the outage began */
+    uint64_t limits_redis_fallbacks;       /* checks decided by on_redis_error during it */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     int access_fd;                         /* access log, -1 when off */
     agw_buf_t alog;                        /* access log lines not yet written */
@@ -350,6 +354,76 @@ void agw_worker_cache_close(agw_worker_t *w);
 
 /* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools. */
 void agw_worker_publish_pool(wgen_t *g, size_t up);
+
+/* ---- park.c: a request parked on an asynchronous decision ---------------------------------- */
+
+/* A request held before its script starts while something it needs is decided elsewhere: the
+ * edge's JWKS refetch (edge.h, AGW_EDGE_WAIT), a limits check in Redis (worker/limits.c). The
+ * park lives in the request's memory (h2o_mem_alloc_shared: the caller's state follows it in the
+ * same block), holds its generation and counts in w->inflight (a drain waits for it). Exactly one
+ * of these ends it:
+ *  - the decision: agw_park_wake() (on the loop's thread); ops->resume(pk, 0) runs from the loop
+ *    on its next pass, never inside the caller of agw_park_wake;
+ *  - ops->poll (when set), called every poll_s, returns 1: ops->resume(pk, 0) (for a decision
+ *    made on another thread, which cannot wake the loop);
+ *  - the deadline, timeout_s after parking: ops->resume(pk, 1);
+ *  - the client leaves (h2o disposes of the request): ops->cancel(pk) when set, never resume.
+ * resume runs with the generation still held; it answers the request or starts its script, and
+ * must not touch pk after that (an answer may free the request's memory at once). */
+typedef struct agw_park agw_park_t;
+
+typedef struct agw_park_ops {
+    int (*poll)(agw_park_t *pk);                /* NULL, or 1 when the decision is in */
+    void (*resume)(agw_park_t *pk, int timed_out);
+    void (*cancel)(agw_park_t *pk);             /* NULL, or releases what the caller's state holds */
+} agw_park_ops_t;
+
+struct agw_park {
+    ev_timer timer;                             /* private: poll, wake-up and deadline */
+    agw_worker_t *w;                            /* ro */
+    wgen_t *g;                                  /* ro: held while parked */
+    h2o_req_t *req;                             /* ro */
+    const agw_park_ops_t *ops;                  /* ro */
+    double until;                               /* private: ev_now() of the deadline */
+    double poll_s;                              /* private: 0 without ops->poll */
+    int state;                                  /* private: 0 ended, 1 waiting, 2 woken */
+};
+
+/* Parks req on generation g for at most timeout_s. size: bytes of the caller's struct, whose first
+ * member is the agw_park_t (zeroed beyond it). Returns the park (the caller's struct). */
+void *agw_park_new(agw_worker_t *w, wgen_t *g, h2o_req_t *req, size_t size, double timeout_s, double poll_s,
+                   const agw_park_ops_t *ops);
+
+/* The decision is in: resume pk on the loop's next pass. Nothing when pk has ended already. */
+void agw_park_wake(agw_park_t *pk);
+
+/* 1 while pk waits (neither resumed nor cancelled). */
+static inline int agw_park_waiting(const agw_park_t *pk)
+{
+    return pk->state != 0;
+}
+
+/* ---- limits.c: limits and priority shedding before any Lua (limits/limit.h, limits/gate.h) ---- */
+
+/* What agw_worker_gate did with a request. */
+#define AGW_GATE_PASS 0     /* accepted: the caller starts the script */
+#define AGW_GATE_ANSWERED 1 /* answered here (429, 503) */
+#define AGW_GATE_PARKED 2   /* waiting for Redis: the gate starts the script itself (start) or answers */
+
+/* The script's start of a request the gate let through after a wait: params (n of them) point
+ * into the request's memory; user is the edge's verdict (its claims reference is the callee's). */
+typedef void (*agw_gate_start_fn)(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint,
+                                  const agw_route_param_t *params, size_t n, agw_auth_result_t *user);
+
+/* Sheds req (503) when the worker is over its bound for the endpoint's priority group; checks it
+ * against every rule of the endpoint: local rules in the process's store at once, Redis rules
+ * (store = "redis") in one script call while the request is parked (at most the Redis timeout;
+ * on an error, each rule's on_redis_error decides). Counts it when every rule accepts, puts the
+ * RateLimit fields on the response (refused, or limits.headers) and notes the decision for the
+ * access log. On AGW_GATE_PARKED the gate owns user's claims reference and calls start (or
+ * answers) when Redis has answered; otherwise the caller keeps it. */
+int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
+                    size_t num_params, agw_auth_result_t *user, agw_gate_start_fn start);
 
 /* ---- request_log.c: problems, tracing, metrics and the access log ---------------------------- */
 

@@ -7,9 +7,12 @@
 --                        { name = "daily", key = { header = "x-client" }, quota = 100000, window = "day" } } }
 local M = {}
 
-local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true, local_keys = true }
+local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true, local_keys = true,
+                      on_redis_error = true }
 local RULE_KEYS = { name = true, key = true, rate = true, per_s = true, burst = true, quota = true, window = true,
-                    store = true }
+                    store = true, on_redis_error = true }
+local STORES = { ["local"] = true, redis = true }
+local ON_REDIS_ERROR = { ["local"] = true, allow = true, deny = true }
 local WINDOWS = { hour = true, day = true, month = true }
 
 M.PRIORITY_DEFAULT = 2
@@ -35,19 +38,29 @@ function M.check(cfg, c)
   for k in pairs(l) do
     if not LIMITS_KEYS[k] then
       err(find_line(lines, k, lline) or lline, "limits." .. tostring(k), "unknown option" ..
-          suggest(tostring(k), LIMITS_KEYS) .. "; limits knows store, headers, rules, default, local_keys")
+          suggest(tostring(k), LIMITS_KEYS) .. "; limits knows store, on_redis_error, headers, rules, default, local_keys")
     end
   end
-  local function store_ok(v, where, line)
-    if v == nil or v == "local" then return true end
-    if v == "redis" then
-      err(line, where, "store = \"redis\" is not available in this version of aggway; use \"local\"")
-    else
-      err(line, where, "must be \"local\" or \"redis\", got " .. show(v))
+  -- store = "local" | "redis" and on_redis_error = "local" | "allow" | "deny": on the block (the
+  -- rules' default) or per rule; "redis" needs gateway.lua's redis = { url = … } block
+  local function choice(v, where, line, known, dflt)
+    if v == nil then return dflt end
+    if type(v) == "string" and known[v] then
+      if known == STORES and v == "redis" and cfg.redis == nil then
+        err(line, where, "is \"redis\" but gateway.lua has no redis = { url = \"redis://127.0.0.1:6379/0\", timeout_ms = 5 } block")
+      end
+      return v
     end
-    return false
+    local names = {}
+    for k in pairs(known) do names[#names + 1] = '"' .. k .. '"' end
+    table.sort(names)
+    err(line, where, "must be " .. table.concat(names, " or ") .. ", got " .. show(v) ..
+        (type(v) == "string" and suggest(v, known) or ""))
+    return dflt
   end
-  store_ok(l.store, "limits.store", find_line(lines, "store", lline) or lline)
+  local store = choice(l.store, "limits.store", find_line(lines, "store", lline) or lline, STORES, "local")
+  local on_error = choice(l.on_redis_error, "limits.on_redis_error", find_line(lines, "on_redis_error", lline) or lline,
+                          ON_REDIS_ERROR, "local")
   if l.headers ~= nil then
     if type(l.headers) ~= "boolean" then
       err(find_line(lines, "headers", lline) or lline, "limits.headers", "must be true or false, got " .. show(l.headers))
@@ -86,7 +99,7 @@ function M.check(cfg, c)
       for k in pairs(r) do
         if not RULE_KEYS[k] then
           bad(tostring(k), "unknown option" .. suggest(tostring(k), RULE_KEYS) ..
-              "; a rule knows name, key, rate, per_s, burst (a rate) or quota, window (a quota), store")
+              "; a rule knows name, key, rate, per_s, burst (a rate) or quota, window (a quota), store, on_redis_error")
         end
       end
       local e = {}
@@ -109,7 +122,9 @@ function M.check(cfg, c)
         bad("key", "must be \"ip\", \"route\", \"api_key\", \"user\" or { header = \"x-name\" }, got " .. show(key) ..
             (type(key) == "string" and suggest(key, { ip = true, route = true, api_key = true, user = true }) or ""))
       end
-      store_ok(r.store, where .. ".store", find_line(lines, "store", line) or line)
+      e.store = choice(r.store, where .. ".store", find_line(lines, "store", line) or line, STORES, store)
+      e.on_redis_error = choice(r.on_redis_error, where .. ".on_redis_error",
+                                find_line(lines, "on_redis_error", line) or line, ON_REDIS_ERROR, on_error)
       local is_rate = r.rate ~= nil or r.per_s ~= nil or r.burst ~= nil
       local is_quota = r.quota ~= nil or r.window ~= nil
       if is_rate == is_quota then
