@@ -388,8 +388,23 @@ class Check(GatewayTestCase):
         self.assertIn("burst × per_s / rate is 2678400000000 s, over 10 years", out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "per_s": 2678401}]})
         self.assertIn("limits.rules[1].per_s: must be a whole number from 1 to 2678400", out)
+        # store = "redis" needs the redis block; misspelt stores and on_redis_error modes name the choices
         rc, out = self.check({"store": "redis", "rules": []})
-        self.assertIn('store = "redis" is not available', out)
+        self.assertRegex(out, r'gateway\.lua:\d+: limits\.store: is "redis" but gateway\.lua has no redis = \{ url')
+        redis = {"redis": {"url": "redis://127.0.0.1:6379/0", "timeout_ms": 5}}
+        rc, out = self.check({"store": "redis", "on_redis_error": "deny",
+                              "rules": [{"name": "r", "key": "ip", "rate": 1, "on_redis_error": "local"}]}, extra=redis)
+        self.assertEqual(rc, 0, out)
+        rc, out = self.check({"store": "rediss", "rules": []}, extra=redis)
+        self.assertIn('limits.store: must be "local" or "redis", got string "rediss" (did you mean \'redis\'?)', out)
+        rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "store": "redis",
+                                         "on_redis_error": "alow"}]}, extra=redis)
+        self.assertRegex(out, r'gateway\.lua:\d+: limits\.rules\[1\]\.on_redis_error: must be "allow" or "deny" or '
+                              r'"local", got string "alow" \(did you mean \'allow\'\?\)')
+        rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "stroe": "redis"}]}, extra=redis)
+        self.assertIn("limits.rules[1].stroe: unknown option (did you mean 'store'?)", out)
+        rc, out = self.check({"on_redis_eror": "deny", "rules": []}, extra=redis)
+        self.assertIn("limits.on_redis_eror: unknown option (did you mean 'on_redis_error'?)", out)
         rc, out = self.check({"headres": True})
         self.assertIn("limits.headres: unknown option (did you mean 'headers'?)", out)
         rc, out = self.check({"rules": []}, extra={"max_in_flight": -3})
