@@ -98,6 +98,32 @@ describe("a monthly quota", function()
   end)
 end)
 
+describe("a function key", function()
+  it("counts what the function returns, and nil leaves the rule out", function()
+    local gw = testing.gateway { dir = DIR }
+    local acme = { headers = { ["X-Tenant"] = "acme" } }
+    assert.equal(200, gw:get("/tenant/a", acme).status)
+    assert.equal(200, gw:get("/tenant/b", acme).status)
+    local refused = gw:get("/tenant/c", acme)
+    assert.equal(429, refused.status)
+    assert.same({ "per-tenant" }, refused.json["violated-policies"])
+    assert.equal(200, gw:get("/tenant/a", { headers = { ["X-Tenant"] = "umbrella" } }).status)
+    for _ = 1, 5 do assert.equal(200, gw:get("/tenant/public", acme).status) end -- nil: not applied
+    assert.is_nil(gw:get("/tenant/public", acme).headers["ratelimit"])
+  end)
+
+  it("that errors or returns a non-string is logged and not applied; the other rules still count", function()
+    local gw = testing.gateway { dir = DIR }
+    for _ = 1, 3 do assert.equal(200, gw:get("/broken").status) end
+    -- broken-key (burst 1) would have refused the second: it was left out; daily (3) still counts
+    assert.equal(429, gw:get("/broken").status)
+    assert.equal(429, gw:get("/broken?number").status) -- daily's count is spent; the number is logged
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("limits: rule 'broken%-key': its key function failed: [^\n]*gateway%.lua:%d+: no tenant here", logs)
+    assert.matches("limits: rule 'broken%-key': its key function returned a number, not a string", logs)
+  end)
+end)
+
 describe("priority groups", function()
   it("shed priority 3 beyond max_in_flight, priority 1 only beyond twice that", function()
     local gw = testing.gateway { dir = DIR }

@@ -7,6 +7,7 @@
 
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 
 #include "base/log.h"
@@ -91,6 +92,101 @@ static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *rou
             *len = 16;
         }
     }
+}
+
+/* Pushes the table a key function gets (agg.limits, "function keys"): method, path, route, query,
+ * headers (lower-case names; a repeated header's last value), ip, user. */
+static void push_key_req(lua_State *L, h2o_req_t *req, const char *route, const agw_auth_result_t *user)
+{
+    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    lua_createtable(L, 0, 7);
+    lua_pushlstring(L, req->method.base, req->method.len);
+    lua_setfield(L, -2, "method");
+    lua_pushlstring(L, req->path.base, path_len);
+    lua_setfield(L, -2, "path");
+    lua_pushstring(L, route);
+    lua_setfield(L, -2, "route");
+    if (req->query_at != SIZE_MAX) {
+        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
+        lua_setfield(L, -2, "query");
+    }
+    lua_createtable(L, 0, (int)req->headers.size);
+    for (size_t i = 0; i < req->headers.size; i++) {
+        const h2o_header_t *h = &req->headers.entries[i];
+        lua_pushlstring(L, h->name->base, h->name->len);
+        lua_pushlstring(L, h->value.base, h->value.len);
+        lua_rawset(L, -3);
+    }
+    lua_setfield(L, -2, "headers");
+    struct sockaddr_storage ss;
+    char ip[INET6_ADDRSTRLEN] = "";
+    if (req->conn->callbacks->get_peername && req->conn->callbacks->get_peername(req->conn, (void *)&ss) > 0) {
+        if (ss.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, ip, sizeof(ip));
+        else if (ss.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, ip, sizeof(ip));
+    }
+    lua_pushstring(L, ip);
+    lua_setfield(L, -2, "ip");
+    json_t *sub = user->claims ? json_object_get(user->claims, "sub") : NULL;
+    if (user->claims || user->key) {
+        lua_createtable(L, 0, 3);
+        lua_pushstring(L, user->key ? "api_key" : "jwt");
+        lua_setfield(L, -2, "via");
+        if (json_is_string(sub)) {
+            lua_pushlstring(L, json_string_value(sub), json_string_length(sub));
+            lua_setfield(L, -2, "sub");
+        }
+        if (user->key) {
+            lua_pushstring(L, user->key->app);
+            lua_setfield(L, -2, "app");
+            lua_pushstring(L, user->key->plan);
+            lua_setfield(L, -2, "plan");
+        }
+        lua_setfield(L, -2, "user");
+    }
+}
+
+/* The key of rule r (index in limits.rules) from its key function, run in g's VM under the script
+ * time limit: 1 with *key and *len (the string stays on the Lua stack: the caller restores the stack's
+ * top once it copied or hashed it), 0 when the function returned nil (the rule does not apply), -1
+ * when it failed (logged at most once per 10 s per message, counted; the rule does not apply).
+ * *reqt: the stack index of the request's table, pushed on first use (0 before). */
+static int function_key(agw_worker_t *w, wgen_t *g, const agw_limit_rule_t *r, uint32_t index, h2o_req_t *req,
+                        const char *route, const agw_auth_result_t *user, int *reqt, const char **key, size_t *len)
+{
+    lua_State *L = g->L;
+    if (g->ref_limit_key == LUA_NOREF || !lua_checkstack(L, 8))
+        return -1;
+    if (*reqt == 0) {
+        push_key_req(L, req, route, user);
+        *reqt = lua_gettop(L);
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_limit_key);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_limit_out);
+    lua_pushinteger(L, (lua_Integer)index + 1);
+    lua_pushvalue(L, *reqt);
+    if (agw_worker_call_runtime(g, 3) != 0) { /* logged there */
+        agw_limit_count_error(w->limits, (agw_limit_rule_t *)r, 0);
+        return -1;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_limit_out);
+    lua_getfield(L, -1, "err");
+    if (lua_isstring(L, -1)) {
+        agw_worker_warn(w, lua_tostring(L, -1));
+        agw_limit_count_error(w->limits, (agw_limit_rule_t *)r, 0);
+        lua_pop(L, 2);
+        return -1;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, -1, "key");
+    lua_remove(L, -2);
+    if (lua_type(L, -1) != LUA_TSTRING) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    *key = lua_tolstring(L, -1, len);
+    return 1;
 }
 
 /* ---- the answer ----------------------------------------------------------------------------- */
@@ -340,22 +436,28 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
         agw_worker_send_problem_body(w, req, NULL, endpoint, 503, b->base, b->len);
         return AGW_GATE_ANSWERED;
     }
-    size_t n = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX;
-    if (n == 0)
+    size_t num = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX, n = 0;
+    if (num == 0)
         return AGW_GATE_PASS;
     gate_check_t c;
-    c.n = n;
     c.now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
     redis_ask_t *a = NULL;
     agw_limit_ask_t local[LIMITS_MAX];
     agw_limit_result_t local_results[LIMITS_MAX];
     size_t nl = 0;
     struct sockaddr_storage ss;
-    for (size_t i = 0; i < n; i++) {
-        const agw_limit_rule_t *r = &lc->rules[ep->limits[i]];
+    int top = lua_gettop(g->L), reqt = 0; /* function keys: the request's table, their keys */
+    for (size_t j = 0; j < num; j++) {
+        const agw_limit_rule_t *r = &lc->rules[ep->limits[j]];
         const char *key;
         size_t len;
-        limit_key(r, req, ep->route, user, &key, &len, &ss);
+        if (r->key == AGW_LIMIT_KEY_FUNCTION) {
+            if (function_key(w, g, r, ep->limits[j], req, ep->route, user, &reqt, &key, &len) != 1)
+                continue; /* the rule does not apply to this request */
+        } else {
+            limit_key(r, req, ep->route, user, &key, &len, &ss);
+        }
+        size_t i = n++;
         c.asks[i].rule = r;
         c.asks[i].hash = agw_limit_hash(r, key, len);
         if (!r->redis) {
@@ -373,6 +475,10 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
         agw_buf_append(&a->keys, len ? key : "", len);
         a->n++;
     }
+    lua_settop(g->L, top);
+    c.n = n;
+    if (n == 0)
+        return AGW_GATE_PASS;
     /* the local rules first: a request they refuse never costs a Redis command */
     agw_limit_verdict_t lv = {.results = local_results};
     int local_ok = nl == 0 || agw_limit_check(w->limits, local, nl, c.now_ms, &lv);

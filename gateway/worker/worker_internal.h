@@ -53,6 +53,8 @@ typedef struct agw_worker_gen {
     int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
+    int ref_limit_key;          /* agg.limits.key_into (rules with a key function), or LUA_NOREF */
+    int ref_limit_out;          /* the table key_into fills, reused */
     uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
     int ref_answer, ref_arrival; /* the tables runtime.on_call and runtime.start get, reused
                                     (lua/agg/contract.lua) */
@@ -334,6 +336,10 @@ extern const luaL_Reg agw_worker_core_fns[];
  * times cannot make the join quadratic, as concatenating in Lua would). The runtime makes a table
  * of it only when a script reads req.headers or result.headers. Writes into b (reset first). */
 void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
+
+/* Logs a warning (a script's mistake met while serving) at most once per 10 s per distinct
+ * message per worker, with the count of repeats left out meanwhile (core.c). */
+void agw_worker_warn(agw_worker_t *w, const char *msg);
 
 /* ---- cache.c: the cache's transport --------------------------------------------------------- */
 

@@ -26,6 +26,7 @@ local resp_headers = require "agg.resp_headers"
 local sys = require "agg.sys"
 local config = require "agg.config"
 local limiter = require "agg.limiter"
+local limits = require "agg.limits"
 
 local M = {}
 
@@ -659,17 +660,29 @@ function Gateway:gate(r, ep, headers, opts, user)
                :format(ep.priority, bound) })
   end
   if not ep.limits or #ep.limits == 0 then return false end
-  local lim, asks = cfg.limits, {}
-  for i, name in ipairs(ep.limits) do
+  local lim, asks, freq = cfg.limits, {}, nil
+  for _, name in ipairs(ep.limits) do
     local rule = lim.rules[lim.by_name[name]]
     local key = ""
     if rule.key == "ip" then key = opts.ip or "127.0.0.1"
     elseif rule.key == "route" then key = ep.route
     elseif rule.key == "api_key" then key = user and user.app or ""
     elseif rule.key == "user" then key = user and (user.sub or user.app) or ""
+    elseif rule.key == "function" then -- as worker/limits.c: the same req fields, the same errors
+      if not freq then
+        local u = user and (user.via == "api_key" and { via = "api_key", app = user.app, plan = user.plan }
+                            or { via = "jwt", sub = user.sub }) or nil
+        local method, path, query = r.request:match("^(%S+) ([^?]*)%??(.*)$")
+        freq = { method = method, path = path, route = ep.route, query = query ~= "" and query or nil,
+                 headers = headers, ip = opts.ip or "127.0.0.1", user = u }
+      end
+      local err
+      key, err = limits.key_of(rule, freq)
+      if err then self.log_lines[#self.log_lines + 1] = "warn: " .. err end
     else key = headers[rule.header] or "" end
-    asks[i] = { rule = rule, key = key }
+    if key then asks[#asks + 1] = { rule = rule, key = key } end
   end
+  if #asks == 0 then return false end
   local ok, fields, body = self.limiter:check(asks, self.utc_ms + self.clock, lim.headers)
   if not ok then return answer(429, fields, body) end
   r.limit_fields = fields
