@@ -223,8 +223,14 @@ class Mock:
 # ---------------------------------------------------------------------------------------------
 # the gateway
 
+class LuaCode(str):
+    """Lua source written as it is into gateway.lua (a function, an expression)."""
+
+
 def lua_value(v, indent=""):
     """Python value -> Lua source (for gateway.lua)."""
+    if isinstance(v, LuaCode):
+        return str(v)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

@@ -12,8 +12,8 @@ import re
 import threading
 import time
 
-from harness import (SLOW, GatewayTestCase, curl, h2load, main, route, run_aggway, write_scripts, gateway_lua,
-                     free_port)
+from harness import (SLOW, GatewayTestCase, LuaCode, curl, h2load, main, route, run_aggway, write_scripts,
+                     gateway_lua, free_port)
 
 
 def script(route_, body, limits=None, priority=None):
@@ -360,6 +360,54 @@ class UpstreamMaxRps(GatewayTestCase):
         p = run_aggway("check", "-c", sdir)
         self.assertNotEqual(p.returncode, 0)
         self.assertRegex((p.stdout + p.stderr).decode(), r"gateway\.lua:\d+: upstreams\.fast\.max_rps: must be a positive")
+
+
+class FunctionKeys(GatewayTestCase):
+    """A rule's key computed by a Lua function of the request, in the worker before any script."""
+
+    def test_function_key_counts_its_string_and_nil_leaves_the_rule_out(self):
+        tenant = LuaCode('function(req) if req.path == "/open" then return nil end\n'
+                         '      return (req.headers["x-tenant"] or "?") .. "|" .. req.method .. "|" .. req.ip end')
+        rules = [{"name": "tenant", "key": tenant, "quota": 2, "window": "day"}]
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["tenant"]),
+                                               "o.lua": script("GET /open", OK, limits=["tenant"])},
+                   gateway_extra={"limits": limits_block(rules, headers=True)})
+        acme = ("-H", "X-Tenant: acme")
+        self.assertEqual([self.get("/a", *acme).status for _ in range(3)], [200, 200, 429])
+        self.assertEqual(self.get("/a", "-H", "X-Tenant: umbrella").status, 200)
+        r = self.get("/open", *acme)
+        self.assertEqual(r.status, 200)
+        self.assertNotIn("ratelimit", r.headers)
+        self.assertLogClean()
+
+    def test_key_function_that_fails_is_logged_once_and_leaves_the_rule_out(self):
+        broken = LuaCode('function(req) if req.query == "n=1" then return 7 end error("no tenant in " .. req.path) end')
+        rules = [{"name": "broken", "key": broken, "rate": 1, "per_s": 60, "burst": 1},
+                 {"name": "route-cap", "key": "route", "rate": 1, "per_s": 60, "burst": 4}]
+        self.admin_port = free_port()
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["broken", "route-cap"])},
+                   gateway_extra={"limits": limits_block(rules), "admin": {"port": self.admin_port}})
+        # broken (burst 1) is left out; route-cap (4) still counts
+        self.assertEqual([self.get("/a").status for _ in range(3)] + [self.get("/a?n=1").status for _ in range(2)],
+                         [200, 200, 200, 200, 429])
+        log = self.gw.log()
+        self.assertRegex(log, r"limits: rule 'broken': its key function failed: [^\n]*gateway\.lua:\d+: no tenant in /a; "
+                              r"the rule is not applied to this request")
+        self.assertEqual(log.count("its key function failed"), 1, log)  # once per 10 s, not per request
+        self.assertIn("limits: rule 'broken': its key function returned a number, not a string", log)
+        metrics = curl("http://127.0.0.1:%d/metrics" % self.admin_port).body.decode()
+        self.assertRegex(metrics, r'aggway_limit_errors_total\{rule="broken",cause="key"\} 5\b')
+
+    def test_check_refuses_a_key_function_returning_a_non_string(self):
+        sdir = os.path.join(self.workdir, "s")
+        rules = [{"name": "t", "key": LuaCode("function(req) return { req.ip } end"), "quota": 2, "window": "day"}]
+        write_scripts(sdir, {"a.lua": script("GET /a", OK)},
+                      gateway_lua(free_port(), {"slow": {"url": "http://127.0.0.1:9"}}, limits=limits_block(rules)))
+        p = run_aggway("check", "-c", sdir)
+        out = (p.stdout + p.stderr).decode()
+        self.assertNotEqual(p.returncode, 0)
+        self.assertRegex(out, r"gateway\.lua:\d+: limits\.rules\[1\]\.key: the key function returned a table for a "
+                              r"sample request")
 
 
 class Check(GatewayTestCase):
