@@ -36,6 +36,7 @@ typedef struct gate_wait {
     int redis_ok;               /* Redis's verdict is in c.results (its rules') */
     char why[128];              /* else: why not, for the outage log */
     int endpoint;
+    double parked_at;           /* ev_now() when it parked */
     agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
     size_t num_params;
     agw_auth_result_t user;     /* the edge's verdict (its claims reference is the wait's) */
@@ -201,14 +202,23 @@ static void add_field(h2o_req_t *req, const h2o_token_t *token, const char *name
         h2o_add_header_by_str(&req->pool, &req->res.headers, name, strlen(name), 0, NULL, v.base, v.len);
 }
 
-/* Counts the decision of c in the metrics, puts the RateLimit fields on the response (refused, or
- * limits.headers) and answers a refused request: 429 quota-exceeded, or 503 when only rules whose
- * Redis could not answer and whose on_redis_error is "deny" refused (deny: marks those). Returns 1
- * when it answered. */
-static int conclude(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, gate_check_t *c, const int *deny)
+/* Counts the decision of c in the metrics, notes it for the access log and the waterfall (store:
+ * AGW_TRACE_LIMIT_*; waited_s: the time parked), puts the RateLimit fields on the response
+ * (refused, or limits.headers) and answers a refused request: 429 quota-exceeded, or 503 when only
+ * rules whose Redis could not answer and whose on_redis_error is "deny" refused (deny: marks
+ * those). Returns 1 when it answered. c->n > 0. */
+static int conclude(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, gate_check_t *c, const int *deny,
+                    uint8_t store, double waited_s)
 {
     agw_limit_verdict_t v = {.results = c->results};
     int allowed = agw_limit_decide(&v, c->n);
+    agw_trace_limit_t *note = &w->gate_note; /* for the access log and the waterfall */
+    snprintf(note->rule, sizeof(note->rule), "%s", c->asks[v.decisive].rule->name);
+    note->remaining = c->results[v.decisive].remaining;
+    note->allowed = (uint8_t)allowed;
+    note->store = store;
+    note->wait_us = waited_s > 0 ? (uint32_t)(waited_s * 1e6) : 0;
+    w->has_gate_note = 1;
     for (size_t i = 0; i < c->n; i++) /* the rules are the generation's: the counter index is set once */
         if (allowed || !c->results[i].allowed)
             agw_limit_count(w->limits, (agw_limit_rule_t *)c->asks[i].rule, allowed);
@@ -391,7 +401,9 @@ static void on_wait_resume(agw_park_t *pk, int timed_out)
         give_back_local(w, &wt->c, !wt->redis_ok);
     h2o_req_t *req = pk->req;
     wgen_t *g = pk->g;
-    if (conclude(w, g, req, wt->endpoint, &wt->c, deny)) {
+    double waited = ev_now(w->loop) - wt->parked_at;
+    if (conclude(w, g, req, wt->endpoint, &wt->c, deny, wt->redis_ok ? AGW_TRACE_LIMIT_REDIS : AGW_TRACE_LIMIT_FALLBACK,
+                 waited)) {
         json_decref(wt->user.claims);
         return;
     }
@@ -424,6 +436,7 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
 {
     const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
     const agw_limits_conf_t *lc = &g->conf->limits;
+    w->has_gate_note = 0;
     if (agw_gate_shed(lc->max_in_flight, ep->priority, __atomic_load_n(&w->inflight, __ATOMIC_RELAXED))) {
         AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].shed, 1);
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
@@ -495,7 +508,7 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
                 c.results[k++] = c.results[i];
             }
         c.n = k;
-        return conclude(w, g, req, endpoint, &c, NULL) ? AGW_GATE_ANSWERED : AGW_GATE_PASS;
+        return conclude(w, g, req, endpoint, &c, NULL, AGW_TRACE_LIMIT_LOCAL, 0) ? AGW_GATE_ANSWERED : AGW_GATE_PASS;
     }
     if (send_ask(w, a) != 0) { /* no connection ready: decided at once by on_redis_error */
         free_ask(a);
@@ -504,7 +517,8 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
         agw_limit_verdict_t v = {.results = c.results};
         if (!agw_limit_decide(&v, n))
             give_back_local(w, &c, 1);
-        return conclude(w, g, req, endpoint, &c, deny) ? AGW_GATE_ANSWERED : AGW_GATE_PASS;
+        return conclude(w, g, req, endpoint, &c, deny, AGW_TRACE_LIMIT_FALLBACK, 0) ? AGW_GATE_ANSWERED
+                                                                                    : AGW_GATE_PASS;
     }
     double timeout_s = (double)agw_redis_conf(w->redis)->timeout_ms / 1000.0 + 0.002;
     gate_wait_t *wt = agw_park_new(w, g, req, sizeof(*wt), timeout_s, 0, &wait_ops);
@@ -512,6 +526,7 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
     a->wait = wt;
     wt->c = c;
     wt->endpoint = endpoint;
+    wt->parked_at = ev_now(w->loop);
     wt->num_params = num_params < AGW_ROUTE_MAX_PARAMS ? num_params : AGW_ROUTE_MAX_PARAMS;
     memcpy(wt->params, params, wt->num_params * sizeof(*params));
     wt->user = *user; /* the claims reference is the wait's now */

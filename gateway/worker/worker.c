@@ -613,6 +613,12 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
     watch_client(rr, req);
     rr->trace = NULL;
     agw_worker_trace_begin(w, rr, req, path_len);
+    if (w->has_gate_note) { /* the limits decision; a wait for Redis counts in the request's time */
+        rr->trace->limit = w->gate_note;
+        rr->started -= w->gate_note.wait_us / 1e6;
+        rr->trace->start_us -= w->gate_note.wait_us;
+        w->has_gate_note = 0;
+    }
 
     lua_State *L = g->L;
     /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the

@@ -188,6 +188,10 @@ struct agw_worker {
                                               outage is logged when it starts and when it ends */
     double limits_redis_since;             /* ev_now() when the outage began */
     uint64_t limits_redis_fallbacks;       /* checks decided by on_redis_error during it */
+    agw_trace_limit_t gate_note;           /* the limits decision of the request being answered or
+                                              started right now (limits.c writes it; the access log
+                                              of a C answer and start_script take it) */
+    int has_gate_note;
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     int access_fd;                         /* access log, -1 when off */
     agw_buf_t alog;                        /* access log lines not yet written */

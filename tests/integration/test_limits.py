@@ -429,7 +429,7 @@ class Check(GatewayTestCase):
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "quota": 5, "window": "day"}]})
         self.assertIn("either a rate (rate, per_s, burst) or a quota (quota, window), not both", out)
         rc, out = self.check({"rules": [{"name": "r", "key": "api-key", "rate": 1}]})
-        self.assertIn('limits.rules[1].key: must be "ip", "route", "api_key", "user" or { header = "x-name" }', out)
+        self.assertIn('limits.rules[1].key: must be "ip", "route", "api_key", "user", { header = "x-name" } or a function(req)', out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 0}]})
         self.assertIn("limits.rules[1].rate: must be a whole number from 1", out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "per_s": 2678400, "burst": 1000000}]})

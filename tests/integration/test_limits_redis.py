@@ -409,6 +409,40 @@ class RedisStore(GatewayTestCase):
     def test_redis_answering_remaining_over_the_limit_is_an_error(self):
         self.garbage(b"*4\r\n:1\r\n:99\r\n:5\r\n:0\r\n", "deny", 503)
 
+    def test_decisions_in_the_access_log_and_the_waterfall(self):
+        log_path = os.path.join(self.workdir, "access.log")
+        rules = redis_rules(burst=2) + [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 600, "burst": 50}]
+        ex = self.extra(rules)
+        ex["access_log"] = log_path
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["shared", "per-ip"])},
+                   gateway_extra=ex)
+        self.assertEqual([self.get("/a").status for _ in range(3)], [200, 200, 429])
+
+        def lines():
+            if not os.path.exists(log_path):
+                return None
+            with open(log_path) as f:
+                got = [json.loads(l) for l in f if '"/a"' in l]
+            return got if len(got) >= 3 else None
+        got = wait_until(lines, 10)
+        self.assertIsNotNone(got)
+        first, second, refused = got[:3]
+        self.assertEqual(first["limit"]["rule"], "shared")   # the most restrictive: 1 left of 2
+        self.assertEqual((first["limit"]["outcome"], first["limit"]["remaining"], first["limit"]["store"]),
+                         ("allowed", 1, "redis"))
+        self.assertEqual(second["limit"]["remaining"], 0)
+        self.assertEqual((refused["status"], refused["limit"]["outcome"], refused["limit"]["rule"]),
+                         (429, "limited", "shared"))
+        self.assertIsInstance(first["limit"]["wait_ms"], float)
+        # the waterfall of an accepted request says which rule decided, and what is left
+        wf = json.loads(curl("http://127.0.0.1:%d/waterfall.json" % self.admin_port).body)
+        mine = [r for r in wf["requests"] if r["request"] == "GET /a"]
+        self.assertEqual(len(mine), 2, wf)
+        self.assertEqual(sorted(r["limit"]["remaining"] for r in mine), [0, 1])
+        self.assertTrue(all(r["limit"]["rule"] == "shared" and r["limit"]["store"] == "redis" for r in mine))
+        html = curl("http://127.0.0.1:%d/waterfall" % self.admin_port).body.decode()
+        self.assertIn("limit shared: 0 left (redis", html)
+
     def test_client_leaving_while_parked_costs_nothing(self):
         # a Redis that hangs long enough for clients to give up first (HTTP/1.1 and HTTP/2 resets)
         self.start_limited(redis_rules("allow", burst=1000), timeout_ms=1500, workers=2)
