@@ -243,10 +243,7 @@ static int conclude(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, ga
     agw_buf_reset(b);
     if (only_denied) {
         AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].shed, 1);
-        agw_buf_printf(b, "{\"type\":\"" AGW_PROBLEM_REDUCED_CAPACITY "\",\"title\":\"The gateway cannot check its "
-                          "limits\",\"status\":503,\"detail\":\"rule '%s' is counted in Redis, which did not answer, "
-                          "and refuses requests meanwhile (on_redis_error = \\\"deny\\\"); retry in %" PRIu64 " s\"}",
-                       c->asks[v.decisive].rule->name, agw_gate_retry_after_s(&v));
+        agw_gate_problem_redis_deny(b, c->asks[v.decisive].rule->name, agw_gate_retry_after_s(&v));
         agw_worker_send_problem_body(w, req, NULL, endpoint, 503, b->base, b->len);
         return 1;
     }
