@@ -212,19 +212,19 @@ static int conclude(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, ga
 {
     agw_limit_verdict_t v = {.results = c->results};
     int allowed = agw_limit_decide(&v, c->n);
-    agw_trace_limit_t *note = &w->gate_note; /* for the access log and the waterfall */
+    agw_trace_limit_t *note = &w->lim.note; /* for the access log and the waterfall */
     snprintf(note->rule, sizeof(note->rule), "%s", c->asks[v.decisive].rule->name);
     note->remaining = c->results[v.decisive].remaining;
     note->allowed = (uint8_t)allowed;
     note->store = store;
     note->wait_us = waited_s > 0 ? (uint32_t)(waited_s * 1e6) : 0;
-    w->has_gate_note = 1;
+    w->lim.has_note = 1;
     for (size_t i = 0; i < c->n; i++) /* the rules are the generation's: the counter index is set once */
         if (allowed || !c->results[i].allowed)
             agw_limit_count(w->limits, (agw_limit_rule_t *)c->asks[i].rule, allowed);
     if (allowed && !g->conf->limits.headers)
         return 0;
-    agw_buf_t *b = &w->out;
+    agw_buf_t *b = &w->scratch.out;
     agw_buf_reset(b);
     agw_gate_policy_field(b, c->asks, c->results, c->n);
     add_field(req, NULL, "ratelimit-policy", b);
@@ -261,22 +261,22 @@ static void note_redis(agw_worker_t *w, int ok, const char *why)
 {
     double now = ev_now(w->loop);
     if (ok) {
-        if (w->limits_redis_down) {
+        if (w->lim.redis_down) {
             agw_log(AGW_LOG_INFO, "limits: Redis answers checks again after %.1f s; %" PRIu64
                     " checks were decided by their rules' on_redis_error meanwhile (worker %d)",
-                    now - w->limits_redis_since, w->limits_redis_fallbacks, w->id);
-            w->limits_redis_down = 0;
+                    now - w->lim.redis_since, w->lim.fallbacks, w->id);
+            w->lim.redis_down = 0;
         }
         return;
     }
-    if (!w->limits_redis_down) {
+    if (!w->lim.redis_down) {
         agw_log(AGW_LOG_WARN, "limits: Redis did not answer a check (%s); Redis rules follow their on_redis_error "
                 "until it answers again (worker %d)", why, w->id);
-        w->limits_redis_down = 1;
-        w->limits_redis_since = now;
-        w->limits_redis_fallbacks = 0;
+        w->lim.redis_down = 1;
+        w->lim.redis_since = now;
+        w->lim.fallbacks = 0;
     }
-    w->limits_redis_fallbacks++;
+    w->lim.fallbacks++;
 }
 
 /* Decides c's Redis rules that Redis did not answer by their on_redis_error: "local" counts them in
@@ -330,11 +330,11 @@ static int send_ask(agw_worker_t *w, redis_ask_t *a)
     agw_limit_redis_cmd_t cmd;
     for (size_t i = 0; i < a->n; i++)
         keys[i] = a->keys.base + a->key_off[i];
-    if (w->redis == NULL)
+    if (w->cache.redis == NULL)
         return -1;
     agw_buf_t b = {0}; /* hiredis formats the command before agw_redis_command returns */
     agw_limit_redis_command(&cmd, &b, a->eval, a->asks, keys, a->key_len, a->n, a->now_ms);
-    int rc = agw_redis_command(w->redis, on_redis_reply, a, cmd.argc, cmd.argv, cmd.lens);
+    int rc = agw_redis_command(w->cache.redis, on_redis_reply, a, cmd.argc, cmd.argv, cmd.lens);
     agw_buf_free(&b);
     return rc;
 }
@@ -433,11 +433,11 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
 {
     const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
     const agw_limits_conf_t *lc = &g->conf->limits;
-    w->has_gate_note = 0;
+    w->lim.has_note = 0;
     if (agw_gate_shed(lc->max_in_flight, ep->priority, __atomic_load_n(&w->inflight, __ATOMIC_RELAXED))) {
         AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].shed, 1);
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
-        agw_buf_t *b = &w->out;
+        agw_buf_t *b = &w->scratch.out;
         agw_buf_reset(b);
         agw_buf_printf(b, "{\"type\":\"" AGW_PROBLEM_REDUCED_CAPACITY "\",\"title\":\"The gateway is overloaded\","
                           "\"status\":503,\"detail\":\"requests of priority %d are shed while a worker has more than "
@@ -510,14 +510,14 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
     if (send_ask(w, a) != 0) { /* no connection ready: decided at once by on_redis_error */
         free_ask(a);
         int deny[LIMITS_MAX] = {0};
-        fall_back(w, &c, w->redis ? "not connected" : "no Redis client", deny);
+        fall_back(w, &c, w->cache.redis ? "not connected" : "no Redis client", deny);
         agw_limit_verdict_t v = {.results = c.results};
         if (!agw_limit_decide(&v, n))
             give_back_local(w, &c, 1);
         return conclude(w, g, req, endpoint, &c, deny, AGW_TRACE_LIMIT_FALLBACK, 0) ? AGW_GATE_ANSWERED
                                                                                     : AGW_GATE_PASS;
     }
-    double timeout_s = (double)agw_redis_conf(w->redis)->timeout_ms / 1000.0 + 0.002;
+    double timeout_s = (double)agw_redis_conf(w->cache.redis)->timeout_ms / 1000.0 + 0.002;
     gate_wait_t *wt = agw_park_new(w, g, req, sizeof(*wt), timeout_s, 0, &wait_ops);
     wt->ask = a;
     a->wait = wt;
