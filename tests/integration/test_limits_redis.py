@@ -4,6 +4,7 @@ the script counts as the local store does (GCRA rates, fixed-window quotas), onl
 a request's rules all or none, keys that expire, and arguments it refuses; then the gateway's
 `store = "redis"` rules: two gateways sharing one limit, a quota's reset, Redis killed, hung
 (SIGSTOP) or lying for each on_redis_error, and clients that leave while their request waits."""
+import http.client
 import json
 import os
 import re
@@ -308,6 +309,41 @@ class RedisStore(GatewayTestCase):
         self.assertGreaterEqual(int(r.headers["retry-after"]), 590)
         self.assertEqual(self.redis_errors(), 0)
         self.assertNotIn("did not answer", self.gw.log())
+
+    def test_two_gateways_under_load_accept_the_rate_within_5_percent(self):
+        rate = 50
+        self.start_limited(redis_rules(rate=rate, per_s=1, burst=10))
+        second = self.second_gateway()
+        answers, lock, stop = [], threading.Lock(), time.monotonic() + 3.0   # (sent, received, status)
+
+        def client(port):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            while time.monotonic() < stop:
+                sent = time.monotonic()
+                conn.request("GET", "/a")
+                resp = conn.getresponse()
+                resp.read()
+                with lock:
+                    answers.append((sent, time.monotonic(), resp.status))
+            conn.close()
+
+        threads = [threading.Thread(target=client, args=(p,)) for p in (self.port, second.port) * 3]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        answers.sort(key=lambda a: a[1])
+        self.assertEqual({a[2] for a in answers} - {200, 429}, set())
+        self.assertGreater(len(answers), rate * 3 * 1.3, "the clients must offer more than the limit")
+        # burst + rate x the time from the first request sent to the last answer, for both gateways
+        # together (two gateways each counting alone would accept about twice that)
+        span = answers[-1][1] - answers[0][0]
+        expect = 10 + rate * span
+        accepted = sum(1 for a in answers if a[2] == 200)
+        if os.environ.get("AGGWAY_VERBOSE"):
+            print("accepted %d of %d over %.2f s, expected %.0f" % (accepted, len(answers), span, expect))
+        self.assertLessEqual(abs(accepted - expect), expect * 0.05,
+                             "%d accepted over %.2f s, expected %.0f" % (accepted, span, expect))
 
     def test_quota_in_redis_resets_at_utc_midnight_as_the_headers_say(self):
         self.start_limited([{"name": "daily", "key": {"header": "x-client"}, "quota": 3, "window": "day",
