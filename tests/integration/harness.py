@@ -195,6 +195,10 @@ class Mock:
     def set_routes(self, service, routes):
         return self._admin("PUT", "/services/%s/routes" % service, routes)
 
+    def patch_route(self, service, fields):
+        """Changes one route (named by fields' path and method) and keeps the others."""
+        return self._admin("PATCH", "/services/%s/routes" % service, fields)
+
     def refuse(self, service):
         return self._admin("POST", "/services/%s/refuse" % service)
 
