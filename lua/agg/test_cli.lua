@@ -31,7 +31,7 @@ Every busted option works too (busted --help lists them), e.g.
   aggway test --filter "reviews time out"      only the tests whose name matches
   aggway test -o TAP spec/product-page_spec.lua
 
-A spec in three lines (see docs/guide.md, "Test it"):
+A spec in three lines (see docs/guide.md, "Testing your page"):
   local gw = require("agg.testing").gateway()
   gw:stub("product", "/products/42", { json = { id = 42 }, latency_ms = 40 })
   assert.equal(200, gw:get("/product-page/42").status)
