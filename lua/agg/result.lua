@@ -113,6 +113,12 @@ function M.traceback_line(co)
   return table.concat(frames, " | ")
 end
 
+--- A logged script error without its traceback (what a spec failure or `aggway check` shows).
+function M.without_traceback(msg)
+  local at = msg:find(" | stack traceback:", 1, true)
+  return at and msg:sub(1, at - 1) or msg
+end
+
 function M.log_error(ctx, what, err, co)
   if type(err) ~= "string" then
     err = ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))

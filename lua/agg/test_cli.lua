@@ -40,7 +40,7 @@ A spec in three lines (see docs/guide.md, "Testing your page"):
 -- The part of a logged script error a reader needs: "file:line: message" without the traceback.
 local function short(line)
   local msg = line:gsub("^error: ", "")
-  msg = msg:gsub(" | stack traceback:.*$", "")
+  msg = require("agg.result").without_traceback(msg)
   -- "script error in GET /x (scripts/x.lua): scripts/x.lua:3: boom" -> the part from file:line
   local inner = msg:match("^script error in [^:]-%): (.*)$")
   return inner or msg
