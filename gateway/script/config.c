@@ -246,8 +246,18 @@ static void load_limits(lua_State *L, int cfg, agw_config_t *conf)
                     : strcmp(key, "route") == 0   ? AGW_LIMIT_KEY_ROUTE
                     : strcmp(key, "api_key") == 0 ? AGW_LIMIT_KEY_API_KEY
                     : strcmp(key, "user") == 0    ? AGW_LIMIT_KEY_USER
+                    : strcmp(key, "function") == 0 ? AGW_LIMIT_KEY_FUNCTION
                                                   : AGW_LIMIT_KEY_HEADER;
         free(key);
+        char *store = field_str(L, r, "store");
+        rule->redis = store && strcmp(store, "redis") == 0;
+        free(store);
+        lc->num_redis += (size_t)rule->redis;
+        char *on_err = field_str(L, r, "on_redis_error");
+        rule->on_redis_error = on_err && strcmp(on_err, "allow") == 0  ? AGW_LIMIT_FALLBACK_ALLOW
+                               : on_err && strcmp(on_err, "deny") == 0 ? AGW_LIMIT_FALLBACK_DENY
+                                                                       : AGW_LIMIT_FALLBACK_LOCAL;
+        free(on_err);
         rule->header = field_str(L, r, "header");
         char *window = field_str(L, r, "window");
         if (window) {

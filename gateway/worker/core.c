@@ -525,6 +525,11 @@ static void warn_header(void *data, const char *msg)
         agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
 }
 
+void agw_worker_warn(agw_worker_t *w, const char *msg)
+{
+    warn_header(w, msg);
+}
+
 /* core.respond(rid, response) -> true | false (client gone) | nil, err (body cannot be encoded;
  * nothing was sent). response (lua/agg/contract.lua): status; headers, a table name -> value
  * (names in any case; resp_headers.h says which are sent) or nil; body, a Lua value to encode as

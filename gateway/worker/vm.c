@@ -241,6 +241,30 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
         agw_buf_printf(errors, "runtime init failed: %s\n", lua_tostring(L, -1));
         return -1;
     }
+    int fn_keys = 0;
+    for (size_t i = 0; i < conf->limits.num_rules; i++)
+        fn_keys |= conf->limits.rules[i].key == AGW_LIMIT_KEY_FUNCTION;
+    if (fn_keys) { /* agg.limits.key_into with this generation's rules (worker/limits.c) */
+        lua_getglobal(L, "require");
+        lua_pushliteral(L, "agg.limits");
+        if (lua_pcall(L, 1, 1, 0) != 0) {
+            agw_buf_printf(errors, "cannot load agg.limits: %s\n", lua_tostring(L, -1));
+            return -1;
+        }
+        lua_getfield(L, -1, "bind");
+        lua_getfield(L, gen, "config");
+        lua_getfield(L, -1, "limits");
+        lua_remove(L, -2);
+        if (lua_pcall(L, 1, 0, 0) != 0) {
+            agw_buf_printf(errors, "agg.limits.bind failed: %s\n", lua_tostring(L, -1));
+            return -1;
+        }
+        lua_getfield(L, -1, "key_into");
+        g->ref_limit_key = luaL_ref(L, LUA_REGISTRYINDEX);
+        lua_createtable(L, 0, 2);
+        g->ref_limit_out = luaL_ref(L, LUA_REGISTRYINDEX);
+        lua_pop(L, 1);
+    }
     lua_getfield(L, rt, "start");
     g->ref_start = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "on_call");
@@ -272,6 +296,7 @@ agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw
     g->conf = &gen->conf;
     g->ref_report_stats = LUA_NOREF;
     g->ref_on_redis = LUA_NOREF;
+    g->ref_limit_key = g->ref_limit_out = LUA_NOREF;
     g->reported = agw_calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * AGW_COUNTERS_FIELDS : 1,
                          sizeof(*g->reported));
     if (init_vm(g, errors) != 0) {

@@ -195,6 +195,10 @@ class Mock:
     def set_routes(self, service, routes):
         return self._admin("PUT", "/services/%s/routes" % service, routes)
 
+    def patch_route(self, service, fields):
+        """Changes one route (named by fields' path and method) and keeps the others."""
+        return self._admin("PATCH", "/services/%s/routes" % service, fields)
+
     def refuse(self, service):
         return self._admin("POST", "/services/%s/refuse" % service)
 
@@ -223,8 +227,14 @@ class Mock:
 # ---------------------------------------------------------------------------------------------
 # the gateway
 
+class LuaCode(str):
+    """Lua source written as it is into gateway.lua (a function, an expression)."""
+
+
 def lua_value(v, indent=""):
     """Python value -> Lua source (for gateway.lua)."""
+    if isinstance(v, LuaCode):
+        return str(v)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -596,10 +606,11 @@ def write_scripts(sdir, scripts, gateway_source):
             f.write(src)
 
 
-def run_aggway(*args, timeout=30):
-    """Runs the aggway binary (check, serve …) to completion; returns CompletedProcess."""
+def run_aggway(*args, timeout=30, cwd=None):
+    """Runs the aggway binary (check, serve …) to completion, in folder cwd (default: this one);
+    returns CompletedProcess."""
     return subprocess.run([AGGWAY_BIN] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=timeout)
+                          timeout=timeout, cwd=cwd)
 
 
 def endpoint(route, body, deadline_ms=None):
