@@ -168,7 +168,8 @@ class CacheWithRedis(GatewayTestCase):
         self.assertEqual(self.product_hits(), 1)  # the second gateway's first page made no call
 
     def test_redis_killed_under_load_fails_no_page_and_the_client_reconnects(self):
-        self.start_cached(workers=2)
+        # a command timeout far above a busy machine's delays: the only outage is the kill
+        self.start_cached(workers=2, redis={"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 1000})
         self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 10))
         done = threading.Event()
         statuses = []
@@ -194,9 +195,21 @@ class CacheWithRedis(GatewayTestCase):
                     f.result()
         self.assertEqual([s for s in statuses if s != 200], [])
         self.assertEqual(self.metric("aggway_redis_connected"), 0)
+        # the outage lasted past several reconnection attempts (backoff from 50 ms): still one start
+        # line per worker, and nothing per attempt
+        failed_attempts = self.metric("aggway_redis_errors_total")
+        time.sleep(1.0)
         self.redis.start()  # the same port
         self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 15))
-        self.assertIn("connected again", self.gw.log())
+        log = self.gw.log()
+        self.assertEqual(len(re.findall(r"redis \S+: connection lost", log)), 2, log)  # one per worker
+        self.assertNotIn("cannot connect", log)  # the failed reconnections are not logged one by one
+        ends = re.findall(r"redis \S+: connected again after ([\d.]+) s down; (\d+) commands failed meanwhile", log)
+        self.assertEqual(len(ends), 2, log)
+        for secs, failed in ends:
+            self.assertGreaterEqual(float(secs), 1.0)  # from the kill to the restart, at least the sleep
+        # the cache's lookups and stores during the outage failed at once and were counted
+        self.assertEqual(sum(int(f) for _, f in ends), failed_attempts)
 
     def test_a_hanging_redis_fails_no_page(self):
         self.start_cached()
