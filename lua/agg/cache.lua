@@ -347,6 +347,15 @@ function M.fresh_left_ms(r)
   return left > 0 and left or nil
 end
 
+--- True when the data of the call behind result info x (agg.result's info: the call's spec) is one
+-- user's: the call carried Authorization or Cookie or the user's identity, or was cached per user.
+function M.personal(x)
+  if not x then return false end
+  if x.personal or x.cache_user then return true end
+  local h = x.headers
+  return (header_of(h, "authorization") or header_of(h, "cookie")) ~= nil
+end
+
 --- The scheduler's functions the cache calls (agg.runtime, once at load).
 function M.bind(runtime_api) api = runtime_api end
 
