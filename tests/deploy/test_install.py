@@ -51,7 +51,7 @@ class Install(harness.GatewayTestCase):
                 os.path.join(p, "share/doc/aggway/README.md")}
         for f in glob.glob(os.path.join(SRC, "lua", "agg", "*.lua")):
             want.add(os.path.join(p, "share/aggway/lua/agg", os.path.basename(f)))
-        for f in harness.repo_scripts():
+        for f in harness.repo_scripts(protected=True):
             want.add(os.path.join(self.etc, f))
         want.add(os.path.join(self.etc, "gateway.lua"))
         self.assertEqual(sorted(want - set(self.files)), [], "missing from the install")
