@@ -244,6 +244,9 @@ describe("a page with a personal section", function()
     local again = gw:get("/me", { headers = { authorization = "Bearer a" } })
     assert.equal("hit", timing(again, "me"))                            -- the user's own entry
     assert.equal("private", again.headers["cache-control"])             -- never a shared max-age
+    local live = gw:get("/me-live", { headers = { authorization = "Bearer a" } })
+    assert.is_nil(timing(live, "me"))                                   -- not cached at all
+    assert.equal("private", live.headers["cache-control"])
   end)
 end)
 
