@@ -42,16 +42,25 @@ static uint64_t now_ms(agw_worker_t *w)
     return (uint64_t)(ev_now(w->loop) * 1000.0);
 }
 
+/* What the tier-1 entry's mark (cache/lru.h) remembers of its body, so that validating it as JSON
+ * happens once per stored value, not once per hit. */
+enum {
+    MARK_JSON_CHECKED = 1, /* validated: the verdict is in the two bits below */
+    MARK_JSON_OK = 2,      /* the body is one JSON text (agw_json_validate accepted it) */
+    MARK_COMPACT = 4,      /* ... with no whitespace outside strings */
+};
+
 /* A hit in one call: the entry is read in C (cache/entry.h) and its body becomes the section's
- * raw JSON ref directly, validated as an upstream body is (an entry may have come from Redis);
- * no Lua string of the whole entry, no second call to parse it. */
+ * raw JSON ref directly, validated as an upstream body is (an entry may have come from Redis) on
+ * its first hit only; no Lua string of the whole entry, no second call to parse it. */
 static int l_cache_entry(lua_State *L)
 {
     agw_worker_t *w = upg(L)->w;
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
     int decode = lua_toboolean(L, 2);
-    const char *v = w->cache.lru ? agw_lru_get(w->cache.lru, key, klen, &vlen, now_ms(w)) : NULL;
+    uint32_t *mark;
+    const char *v = w->cache.lru ? agw_lru_get_mark(w->cache.lru, key, klen, &vlen, now_ms(w), &mark) : NULL;
     if (!v)
         return 0;
     agw_cache_entry_t e;
@@ -59,9 +68,16 @@ static int l_cache_entry(lua_State *L)
     if (agw_cache_entry_parse(v, vlen, &e) != 0)
         goto corrupt;
     json = decode && e.status >= 200 && e.status < 300 && e.blen > 0;
-    /* the body's last byte is the entry's last: validate needs no NUL after it */
-    if (json && agw_json_validate(e.body, e.blen, AGW_JSON_MAX_DEPTH, &compact, NULL, 0) != 0)
-        goto corrupt;
+    if (json) {
+        if (!(*mark & MARK_JSON_CHECKED)) {
+            /* the body's last byte is the entry's last: validate needs no NUL after it */
+            int ok = agw_json_validate(e.body, e.blen, AGW_JSON_MAX_DEPTH, &compact, NULL, 0) == 0;
+            *mark |= MARK_JSON_CHECKED | (ok ? MARK_JSON_OK : 0) | (ok && compact ? MARK_COMPACT : 0);
+        }
+        if (!(*mark & MARK_JSON_OK))
+            goto corrupt;
+        compact = (*mark & MARK_COMPACT) != 0;
+    }
     lua_pushnumber(L, (lua_Number)e.fresh_ms);
     lua_pushnumber(L, (lua_Number)e.stale_ms);
     lua_pushnumber(L, (lua_Number)e.error_until_ms);

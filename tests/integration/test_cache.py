@@ -244,6 +244,28 @@ class CacheWithRedis(GatewayTestCase):
         self.assertEqual(timing(self.get("/p/1"), "product"), "miss")
         self.assertEqual(self.product_hits(), 2)
 
+    def test_an_entry_whose_body_is_not_json_is_never_served(self):
+        # a value in Redis with the right format but a body that is not JSON (a bug elsewhere, or
+        # someone writing to the cache's keys): it reaches tier 1, and each hit there refuses it
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 1000})
+        self.get("/p/1")
+
+        def redis(*args):
+            return subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2"] + list(args),
+                                  stdout=subprocess.PIPE, timeout=10, check=True).stdout.decode().strip()
+        self.assertTrue(wait_until(lambda: redis("--scan", "--pattern", "agw:{product}*") != "", 10))
+        key = redis("--scan", "--pattern", "agw:{product}*").splitlines()[0].replace("/products/1", "/products/77")
+        far = int(time.time() * 1000) + 3600 * 1000
+        body = "not json {"
+        redis("SET", key, "AGWC1 %d %d %d 200 0 %d\n%s" % (far, far, far, len(body), body))
+        self.mock.refuse("product")  # the upstream cannot replace the junk
+        for _ in range(3):
+            r = self.get("/p/77")
+            self.assertEqual(r.status, 200, r)
+            page = r.json()  # the page is JSON: the junk never went into it
+            self.assertEqual(page["product"]["status"], "unavailable", page)
+        self.assertNotIn("not json", self.get("/p/77").body.decode())
+
     def test_purge_by_prefix_empties_both_tiers(self):
         self.start_cached()
         self.get("/p/1")
