@@ -157,6 +157,9 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         u->max_pending = (unsigned)field_num(L, t, "max_pending", 256);
         u->max_body_bytes = (size_t)field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
         u->max_rps = (uint64_t)field_num(L, t, "max_rps", 0);
+        lua_getfield(L, t, "health");
+        u->health_checked = lua_istable(L, -1);
+        lua_pop(L, 1);
         /* the breaker block is always a table after checking: { failures, open_s, half_open_probes, off } */
         lua_getfield(L, t, "breaker");
         int bt = lua_gettop(L);

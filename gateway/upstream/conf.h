@@ -31,6 +31,8 @@ typedef struct agw_upstream_conf {
                                        OVERLOAD and nothing is sent (agw_pool_set_limits) */
     struct agw_upstream_tls *tls;   /* https:// upstreams: TLS settings with a built ctx; NULL for
                                        http:// */
+    int health_checked;             /* 1: gateway.lua has health = { … } for it (its endpoints are
+                                       probed by lua/agg/health.lua); for /upstreams and the metrics */
 } agw_upstream_conf_t;
 
 #endif

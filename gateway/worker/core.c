@@ -216,6 +216,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     uint64_t id = c->id;
     int decode = c->decode;
     unsigned up = c->up;
+    int probe = c->rid == 0; /* a health probe (agg.health): the runtime's own call, not counted */
     trace_call_ended(w, c, res->outcome, res->http_status, res->detail);
     call_release(w, c);
 
@@ -230,7 +231,8 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     int compact = 0;
     if (json_body && agw_json_validate(res->body, res->body_len, AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) != 0)
         json_body = -1; /* not JSON: the failed call carries the body and the reason */
-    agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
+    if (!probe)
+        agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
     agw_worker_publish_pool(g, up);
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
     lua_pushnumber(L, (lua_Number)id);
@@ -325,7 +327,8 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
 }
 
 /* core.call(rid, upstream, method, path, headers, body, timeout_ms, decode, attempt) -> id
- * (lua/agg/contract.lua): upstream is the index (1-based); headers { name, value, … } or
+ * (lua/agg/contract.lua): rid 0 is the runtime's own call (a health probe, agg.health: no span,
+ * not in the upstream's call metrics); upstream is the index (1-based); headers { name, value, … } or
  * false/nil; body a string or false/nil; timeout_ms the whole call's; decode: hand a 2xx body over
  * as validated JSON; attempt's section, attempt and hedge describe the attempt's span, its
  * endpoint the upstream's endpoint to call (1-based, agg.group chose it), read only for an
@@ -394,7 +397,8 @@ static int l_call(lua_State *L)
         return luaL_error(L, "core.call: the pool of upstream #%d is closing", index);
     }
     agw_worker_gen_hold(g);
-    AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
+    if (c->rid != 0) /* rid 0: a health probe (agg.health), not one of the upstream's calls */
+        AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
     agw_worker_publish_pool(g, (size_t)(index - 1));
     lua_pushnumber(L, (lua_Number)c->id);
     return 1;
@@ -469,7 +473,8 @@ static int l_cancel(lua_State *L)
         wgen_t *g = c->g;
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
         agw_call_cancel(c->call);
-        agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
+        if (c->rid != 0)
+            agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
         agw_worker_publish_pool(g, c->up);
         call_release(w, c);
         agw_worker_gen_release(g);
@@ -663,7 +668,8 @@ static int l_trace_id(lua_State *L)
 }
 
 /* core.endpoint_state(index, endpoint, calls, failures, ejections, sessions, in_flight,
- *                     ejected_until_ms, last_ejected_ms, answered, latency_ms): agg.group's view of endpoint (1-based) of
+ *                     ejected_until_ms, last_ejected_ms, answered, latency_ms, health, down, probes,
+ *                     probe_failures): agg.group's view of endpoint (1-based) of
  * upstream index in this worker, published on the generation's board (group/board.h) for the
  * admin page and the metrics (runtime.report_stats, about once a second). */
 static int l_endpoint_state(lua_State *L)
@@ -674,14 +680,15 @@ static int l_endpoint_state(lua_State *L)
     if (index < 1 || (size_t)index > conf->num_upstreams || ep < 1 ||
         (size_t)ep > conf->ep_first[index] - conf->ep_first[index - 1])
         return 0;
-    uint64_t v[9];
-    for (int k = 0; k < 9; k++) {
+    uint64_t v[13];
+    for (int k = 0; k < 13; k++) {
         lua_Number n = luaL_optnumber(L, 3 + k, 0);
         v[k] = n > 0 ? (uint64_t)n : 0;
     }
     agw_endpoint_row_t row = {.calls = v[0], .failures = v[1], .ejections = v[2], .sessions = v[3],
                               .in_flight = v[4], .ejected_until_ms = v[5], .last_ejected_ms = v[6],
-                              .answered = v[7], .latency_ms = v[8]};
+                              .answered = v[7], .latency_ms = v[8], .health = v[9], .down = v[10],
+                              .probes = v[11], .probe_failures = v[12]};
     agw_endpoint_board_publish(g->gen->board, (size_t)g->w->id, conf->ep_first[index - 1] + (size_t)ep - 1, &row);
     return 0;
 }

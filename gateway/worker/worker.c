@@ -936,7 +936,8 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
         if (g->ref_report_stats != LUA_NOREF) {
             agw_worker_gen_hold(g);
             lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_report_stats);
-            agw_worker_call_runtime(g, 0);
+            lua_pushboolean(g->L, g == w->cur); /* current: only it health checks (agg.health) */
+            agw_worker_call_runtime(g, 1);
             next = g->next; /* the list may have changed meanwhile; g is still on it (held) */
             agw_worker_gen_release(g);
         }

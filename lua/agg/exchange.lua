@@ -11,6 +11,7 @@ local cache = require "agg.cache"
 local json = require "agg.json"
 local identity = require "agg.identity"
 local group = require "agg.group"
+local health = require "agg.health"
 
 local M = {}
 
@@ -31,6 +32,8 @@ function M.bind(transport, ups, token_exchange)
   core, upstreams = transport, ups
   calls, ustate = {}, {}
   group.bind(transport, ups)
+  -- a health probe is an internal call: its answer goes to the prober, not to a section
+  health.bind(transport, ups, { register_call = function(id, fn) calls[id] = { on_answer = fn } end })
   cache.init(transport)
   identity.init(transport, token_exchange, {
     set_timer = function(ms, fn) return M.set_timer(ms, fn) end,
@@ -111,8 +114,11 @@ function M.upstream_stats(name) return upstream_state(name).stats end
 --- Hands each upstream's counters to core.upstream_counters(index, counters), when the transport
 -- has it (the C worker calls this once a second and publishes them as metrics; nothing is counted
 -- twice: the values are totals). counters: the upstream's stats table, whose retries,
--- retries_denied, hedges, hedges_won and collapsed agg.contract names.
-function M.report_stats()
+-- retries_denied, hedges, hedges_won and collapsed agg.contract names. current: true when this
+-- VM's generation is the one new requests go to; only then are endpoints health checked
+-- (agg.health), so a retired generation stops probing.
+function M.report_stats(current)
+  if current then health.tick() end
   group.report_stats()
   if core and core.cache_counters then core.cache_counters(cache.stats) end
   local report = core and core.upstream_counters

@@ -5,8 +5,9 @@
 -- the group's or one endpoint's. State is per worker and per generation, on the runtime's clock
 -- (core.now), so the spec harness runs it on its virtual clock.
 --
--- An upstream with one endpoint never comes here (agg.exchange checks `endpoints`): its calls
--- cost nothing more than before groups existed.
+-- An upstream with one endpoint never comes here for its calls (agg.exchange checks `endpoints`):
+-- they cost nothing more than before groups existed. It has a group only when it is health
+-- checked (agg.health), for the probes' state on /upstreams; one endpoint is never taken out.
 local bit = require "bit"
 
 local M = {}
@@ -72,9 +73,11 @@ local function group_of(name)
         failure_percent = o.off and 0 or (o.failure_percent or 0), min_requests = o.min_requests or 10,
         interval_ms = (o.interval_s or 10) * 1000, cand = {} }
   for i, url in ipairs(up.endpoints) do
+    -- down: out of service by its health checks (agg.health); health: their verdict, nil unchecked
     g.eps[i] = { url = url, inflight = 0, consec = 0, failing = false, until_ms = 0, ejections = 0,
                  ejected_ms = false, restored_ms = 0, win_start = 0, win_total = 0, win_fail = 0,
-                 calls = 0, failures = 0, sessions = 0, answered = 0, latency_ms = 0 }
+                 calls = 0, failures = 0, sessions = 0, answered = 0, latency_ms = 0,
+                 down = false, health = nil, probes = 0, probe_failures = 0 }
   end
   if g.balance == "hash" then build_ring(g) end
   local sess = up.session
@@ -92,7 +95,16 @@ local function group_of(name)
 end
 M.group_of = group_of
 
-local function usable(e, now) return e.until_ms <= now end
+local function usable(e, now) return e.until_ms <= now and not e.down end
+
+-- True when one more endpoint of g may be out of service (ejected, or down by its health checks):
+-- at most max_percent of the group (at least one may always be), and never every endpoint.
+local function may_take_out(g, now)
+  local out = 0
+  for _, o in ipairs(g.eps) do if not usable(o, now) then out = out + 1 end end
+  local allowed = math.max(1, math.floor(g.n * g.max_percent / 100))
+  return out < allowed and out + 1 < g.n
+end
 
 -- The page request's header name (lowercase), or with cookie set, the value of its cookie name;
 -- nil when it has none. ctx.req_headers becomes a table on first use (as req.headers makes it).
@@ -260,11 +272,7 @@ end
 -- that would eject more than max_percent of the group (at least one may always be) or every
 -- endpoint. Returns true when it was ejected.
 local function eject(g, e, now, why)
-  if not usable(e, now) then return false end
-  local ejected = 0
-  for _, o in ipairs(g.eps) do if not usable(o, now) then ejected = ejected + 1 end end
-  local allowed = math.max(1, math.floor(g.n * g.max_percent / 100))
-  if ejected >= allowed or ejected + 1 >= g.n then return false end
+  if not usable(e, now) or not may_take_out(g, now) then return false end
   e.ejections = e.ejections + 1
   local ms = math.min(g.eject_ms * e.ejections, math.max(g.eject_ms, g.max_eject_ms))
   e.until_ms, e.ejected_ms, e.consec = now + ms, now, 0
@@ -274,6 +282,32 @@ local function eject(g, e, now, why)
              math.floor(ms / 1000 + 0.5), why))
   end
   return true
+end
+
+--- Endpoint i of g passed (healthy true) or failed its health checks as many times in a row as
+-- the upstream's health block asks (agg.health). Failing takes it out of service, within the
+-- limits of ejection (max_percent, never every endpoint: else it stays in, and is taken out at a
+-- later failed probe once there is room); passing puts it back, and also ends an outlier
+-- ejection that began before those passing probes (as Envoy's
+-- successful_active_health_check_uneject_host). since_ms: when the run of passing probes began;
+-- why: what the last failed probe saw (for the log).
+function M.set_health(g, i, healthy, since_ms, why)
+  local e, now = g.eps[i], core.now()
+  e.health = healthy and "passing" or "failing"
+  if not healthy then
+    if not e.down and (not usable(e, now) or may_take_out(g, now)) then
+      e.down = true
+      if core.log then core.log("warn", ("upstream %s: endpoint %s failed its health checks (%s); out of service"):format(
+        g.name, e.url, why or "failed")) end
+    end
+    return
+  end
+  local back = e.down
+  e.down = false
+  if e.until_ms > now and e.ejected_ms and since_ms >= e.ejected_ms then e.until_ms, back = now, true end
+  if back and core.log then
+    core.log("info", ("upstream %s: endpoint %s passes its health checks; back in service"):format(g.name, e.url))
+  end
 end
 
 --- How an attempt on endpoint i of g ended, as the breaker sees it ("success", "failure",
@@ -315,10 +349,13 @@ function M.report(g, i, verdict, ms)
   return "success"
 end
 
+local HEALTH_CODE = { passing = 1, failing = 2 }
+
 --- Hands every group's endpoints to core.endpoint_state(index, endpoint, calls, failures,
--- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms, answered, latency_ms) when the
--- transport has it
--- (group/board.h: the admin page /upstreams and the endpoint metrics; agg.exchange.report_stats).
+-- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms, answered, latency_ms, health,
+-- down, probes, probe_failures) when the transport has it (group/board.h: the admin page
+-- /upstreams and the endpoint metrics; agg.exchange.report_stats). health: 0 unchecked, 1
+-- passing, 2 failing; down: 1 while its health checks keep it out of service.
 function M.report_stats()
   local publish = core and core.endpoint_state
   if not publish then return end
@@ -327,24 +364,28 @@ function M.report_stats()
     local index = policies[name].index
     for i, e in ipairs(g.eps) do
       publish(index, i, e.calls, e.failures, e.ejections, e.sessions, e.inflight,
-              usable(e, now) and 0 or e.until_ms, e.ejected_ms or 0, e.answered, e.latency_ms)
+              e.until_ms > now and e.until_ms or 0, e.ejected_ms or 0, e.answered, e.latency_ms,
+              HEALTH_CODE[e.health] or 0, e.down and 1 or 0, e.probes, e.probe_failures)
     end
   end
 end
 
 --- The state of every endpoint of upstream name, for specs and the admin page: a list of
--- { url, state = "healthy" | "ejected", in_flight, calls, failures, ejections, ejected_ms,
--- until_ms }. Nil for an upstream with one endpoint or none used yet.
+-- { url, state = "healthy" | "ejected" | "unhealthy" (out of service by its health checks),
+-- health = "passing" | "failing" | nil (unchecked), in_flight, calls, failures, ejections,
+-- ejected_ms, until_ms, probes, probe_failures }. Nil for an upstream with one endpoint that is
+-- not health checked.
 function M.endpoints(name)
   local up = policies[name]
-  if not up or not up.endpoints or #up.endpoints < 2 then return nil end
+  if not up or not up.endpoints or (#up.endpoints < 2 and not up.health) then return nil end
   local g = group_of(name)
   local now = core.now()
   local out = {}
   for i, e in ipairs(g.eps) do
-    out[i] = { url = e.url, state = usable(e, now) and "healthy" or "ejected", in_flight = e.inflight,
-               calls = e.calls, failures = e.failures, ejections = e.ejections, ejected_ms = e.ejected_ms or nil,
-               until_ms = not usable(e, now) and e.until_ms or nil }
+    out[i] = { url = e.url, state = e.down and "unhealthy" or usable(e, now) and "healthy" or "ejected",
+               health = e.health, in_flight = e.inflight, calls = e.calls, failures = e.failures,
+               ejections = e.ejections, ejected_ms = e.ejected_ms or nil,
+               until_ms = e.until_ms > now and e.until_ms or nil, probes = e.probes, probe_failures = e.probe_failures }
   end
   return out
 end
