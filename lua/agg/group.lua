@@ -287,26 +287,36 @@ end
 --- Endpoint i of g passed (healthy true) or failed its health checks as many times in a row as
 -- the upstream's health block asks (agg.health). Failing takes it out of service, within the
 -- limits of ejection (max_percent, never every endpoint: else it stays in, and is taken out at a
--- later failed probe once there is room); passing puts it back, and also ends an outlier
--- ejection that began before those passing probes (as Envoy's
--- successful_active_health_check_uneject_host). since_ms: when the run of passing probes began;
--- why: what the last failed probe saw (for the log).
-function M.set_health(g, i, healthy, since_ms, why)
+-- later failed probe once there is room); passing puts it back. why: what the last failed probe
+-- saw (for the log).
+function M.set_health(g, i, healthy, why)
   local e, now = g.eps[i], core.now()
   e.health = healthy and "passing" or "failing"
   if not healthy then
     if not e.down and (not usable(e, now) or may_take_out(g, now)) then
       e.down = true
-      if core.log then core.log("warn", ("upstream %s: endpoint %s failed its health checks (%s); out of service"):format(
-        g.name, e.url, why or "failed")) end
+      if core.log then
+        core.log("warn", ("upstream %s: endpoint %s failed its health checks (%s); out of service"):format(
+          g.name, e.url, why or "failed"))
+      end
     end
-    return
+  elseif e.down then
+    e.down = false
+    if core.log then
+      core.log("info", ("upstream %s: endpoint %s passes its health checks; back in service"):format(g.name, e.url))
+    end
   end
-  local back = e.down
-  e.down = false
-  if e.until_ms > now and e.ejected_ms and since_ms >= e.ejected_ms then e.until_ms, back = now, true end
-  if back and core.log then
-    core.log("info", ("upstream %s: endpoint %s passes its health checks; back in service"):format(g.name, e.url))
+end
+
+--- Ends the outlier ejection of endpoint i of g now (its health checks passed since it began, as
+-- Envoy's successful_active_health_check_uneject_host); its ejection count stays, so the next
+-- ejection is as long as it would have been.
+function M.end_ejection(g, i)
+  local e, now = g.eps[i], core.now()
+  if e.until_ms <= now then return end
+  e.until_ms, e.restored_ms = now, now
+  if core.log then
+    core.log("info", ("upstream %s: endpoint %s passes its health checks; its ejection ends early"):format(g.name, e.url))
   end
 end
 

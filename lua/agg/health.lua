@@ -7,7 +7,8 @@
 -- health endpoint that hangs, resets or answers a huge body costs one failed probe, never a
 -- blocked worker. `unhealthy_after` failed probes in a row take the endpoint out of service,
 -- `healthy_after` passing ones put it back (agg.group.set_health: the group's ejection limits
--- hold for both kinds of ejection).
+-- hold for both kinds of ejection), and `healthy_after` passing probes since an outlier ejection
+-- began end it early (agg.group.end_ejection).
 --
 -- Probes are started from runtime.report_stats(true), which the worker calls once a second on
 -- its current generation only: a generation that is no longer current stops probing, and no timer
@@ -51,16 +52,21 @@ local function on_probe(c, i, st, outcome, http_status, detail)
   local now = core.now()
   if passed(c.policy, outcome, http_status) then
     st.bad = 0
-    if st.ok == 0 then st.since = now end
     st.ok = st.ok + 1
-    if st.ok >= c.policy.healthy_after then group.set_health(g, i, true, st.since) end
+    if st.ok >= c.policy.healthy_after then group.set_health(g, i, true) end
+    -- an outlier ejection ends once healthy_after probes passed since it began
+    if e.until_ms > now and e.ejected_ms then
+      if st.ejected_ms ~= e.ejected_ms then st.ejected_ms, st.after = e.ejected_ms, 0 end
+      st.after = st.after + 1
+      if st.after >= c.policy.healthy_after then group.end_ejection(g, i) end
+    end
   else
     e.probe_failures = e.probe_failures + 1
     st.ok = 0
     st.bad = st.bad + 1
     if st.bad >= c.policy.unhealthy_after then
       local why = outcome == "ok" and ("status " .. http_status) or (outcome .. (detail and (": " .. detail) or ""))
-      group.set_health(g, i, false, now, why)
+      group.set_health(g, i, false, why)
     end
   end
 end
@@ -87,7 +93,7 @@ function M.tick()
     if not c.eps then
       c.eps = {}
       for i = 1, #group.group_of(c.name).eps do
-        c.eps[i] = { busy = false, ok = 0, bad = 0, since = 0, next_ms = now + math.floor(core.random() * c.every_ms),
+        c.eps[i] = { busy = false, ok = 0, bad = 0, ejected_ms = false, after = 0, next_ms = now + math.floor(core.random() * c.every_ms),
                      attempt = { section = "health", attempt = 1, hedge = false, endpoint = i } }
       end
     end

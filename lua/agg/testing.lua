@@ -786,14 +786,24 @@ function Gateway:clear_calls() self.call_log = {} end
 --- Virtual time, ms.
 function Gateway:now() return self.clock end
 
---- Moves the virtual clock forward by ms, running whatever falls due.
+--- Moves the virtual clock forward by ms, running whatever falls due, and, as the worker's
+-- once-a-second timer does, runtime.report_stats(true) at every whole virtual second it passes
+-- (active health probes start there, agg.health).
 function Gateway:advance(ms)
   if type(ms) ~= "number" or ms ~= ms or ms < 0 then raise("gw:advance: the time must be a number of virtual ms >= 0") end
   local target = self.clock + ms
   while true do
     local ev = peek(self)
-    if not ev or ev.at > target then break end
-    step(self)
+    local tick = (math.floor(self.clock / 1000) + 1) * 1000
+    if tick <= target and (not ev or tick < ev.at) then
+      self.clock = tick
+      if M.current ~= self then self:install() end
+      timed(self, rt.report_stats, true)
+    elseif ev and ev.at <= target then
+      step(self)
+    else
+      break
+    end
   end
   self.clock = target
 end
