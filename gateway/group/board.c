@@ -122,6 +122,26 @@ static void from_upstream_metrics(const agw_endpoint_board_src_t *src, size_t u,
     s->in_flight = started > ended ? started - ended : 0;
 }
 
+/* Slot e's address now (dir, else as loaded) into text; returns its length (0: out of service). */
+static socklen_t address_of(const agw_config_t *conf, agw_endpoint_dir_t *dir, size_t e, char *text, size_t len)
+{
+    struct sockaddr_storage addr = conf->eps[e].addr;
+    socklen_t alen = conf->eps[e].addrlen;
+    if (dir)
+        agw_endpoint_dir_read(dir, e, &addr, &alen);
+    agw_endpoint_address(&addr, alen, text, len);
+    return alen;
+}
+
+/* 1 when slot e shares its URL with another slot (the addresses of one host name). */
+static int shares_url(const agw_config_t *conf, size_t u, size_t e)
+{
+    for (size_t o = conf->ep_first[u]; o < conf->ep_first[u + 1]; o++)
+        if (o != e && strcmp(conf->eps[o].url, conf->eps[e].url) == 0)
+            return 1;
+    return 0;
+}
+
 static const char *const health_names[] = {[AGW_HEALTH_UNCHECKED] = "null", [AGW_HEALTH_PASSING] = "\"passing\"",
                                            [AGW_HEALTH_FAILING] = "\"failing\""};
 
@@ -134,14 +154,20 @@ void agw_endpoint_board_json(const agw_endpoint_board_t *b, const agw_config_t *
         agw_buf_append(out, u ? ",{\"name\":" : "{\"name\":", u ? 9 : 8);
         str(out, conf->upstreams[u].name);
         agw_buf_printf(out, ",\"group\":%s,\"endpoints\":[", last - first > 1 ? "true" : "false");
+        int listed = 0;
         for (size_t e = first; e < last; e++) {
             agw_endpoint_row_t s;
             unsigned ejected;
             sum(b, e, now_ms, &s, &ejected);
             if (last - first == 1)
                 from_upstream_metrics(src, u, &s);
-            agw_buf_printf(out, "%s{\"endpoint\":%zu,\"url\":", e > first ? "," : "", e - first + 1);
+            char addr[64];
+            if (address_of(conf, src ? src->dir : NULL, e, addr, sizeof(addr)) == 0 && s.in_flight == 0)
+                continue;
+            agw_buf_printf(out, "%s{\"endpoint\":%zu,\"url\":", listed++ ? "," : "", e - first + 1);
             str(out, conf->eps[e].url);
+            agw_buf_append(out, ",\"address\":", 11);
+            str(out, addr);
             agw_buf_printf(out, ",\"state\":\"%s\",\"ejected_workers\":%u,\"unhealthy_workers\":%llu,\"ejected_until\":",
                            s.down ? "unhealthy" : ejected ? "ejected" : "healthy", ejected, (unsigned long long)s.down);
             seconds_or_null(out, s.ejected_until_ms);
@@ -163,8 +189,8 @@ void agw_endpoint_board_json(const agw_endpoint_board_t *b, const agw_config_t *
     agw_buf_append(out, "]}\n", 3);
 }
 
-void agw_endpoint_board_metrics(const agw_endpoint_board_t *b, const agw_config_t *conf, uint64_t now_ms,
-                                agw_buf_t *out)
+void agw_endpoint_board_metrics(const agw_endpoint_board_t *b, const agw_config_t *conf, agw_endpoint_dir_t *dir,
+                                uint64_t now_ms, agw_buf_t *out)
 {
     /* groups: every family; a health-checked one-endpoint upstream: the health families only */
     static const struct {
@@ -199,14 +225,40 @@ void agw_endpoint_board_metrics(const agw_endpoint_board_t *b, const agw_config_
                 agw_endpoint_row_t s;
                 unsigned ejected;
                 sum(b, e, now_ms, &s, &ejected);
+                char addr[64], label[1024];
+                if (address_of(conf, dir, e, addr, sizeof(addr)) == 0 && s.in_flight == 0)
+                    continue;
+                if (shares_url(conf, u, e))
+                    snprintf(label, sizeof(label), "%s@%s", conf->eps[e].url, addr);
+                else
+                    snprintf(label, sizeof(label), "%s", conf->eps[e].url);
                 double v[] = {(double)s.calls, (double)s.failures, (double)s.ejections, (double)s.sessions,
                               (double)s.answered, (double)s.latency_ms / 1000.0, (double)s.in_flight, ejected,
                               (double)s.probes, (double)s.probe_failures, (double)s.down,
                               s.health == AGW_HEALTH_FAILING ? 1.0 : 0.0};
                 agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", conf->upstreams[u].name),
-                                         AGW_PROM_LABEL("endpoint", conf->eps[e].url)};
+                                         AGW_PROM_LABEL("endpoint", label)};
                 agw_prom_sample(out, fam[f].name, l, 2, v[f]);
             }
+        }
+    }
+    if (dir == NULL || dir->num_names == 0)
+        return;
+    agw_prom_family(out, "aggway_resolve_failures_total", "counter",
+                    "Re-resolutions of an endpoint host name that failed (its last addresses were kept).");
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            agw_prom_family(out, "aggway_resolve_failing", "gauge",
+                            "1 while the last re-resolution of an endpoint host name failed.");
+        for (size_t k = 0; k < dir->num_names; k++) {
+            const agw_ep_name_t *nm = &dir->names[k];
+            size_t u = 0;
+            while (u + 1 < conf->num_upstreams && conf->ep_first[u + 1] <= nm->first)
+                u++;
+            agw_prom_label_t l[2] = {AGW_PROM_LABEL("upstream", conf->upstreams[u].name), AGW_PROM_LABEL("host", nm->host)};
+            double v = pass == 0 ? (double)__atomic_load_n(&dir->failures[k], __ATOMIC_RELAXED)
+                                 : (double)__atomic_load_n(&dir->failing[k], __ATOMIC_RELAXED);
+            agw_prom_sample(out, pass == 0 ? "aggway_resolve_failures_total" : "aggway_resolve_failing", l, 2, v);
         }
     }
 }

@@ -71,10 +71,11 @@ static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int 
 
 void agw_worker_publish_pool(wgen_t *g, size_t up)
 {
-    agw_pool_stats_t st, one;
+    agw_pool_stats_t st = {0}, one;
     const size_t *first = g->conf->ep_first;
-    agw_pool_stats(g->pools[first[up]]->pool, &st);
-    for (size_t e = first[up] + 1; e < first[up + 1]; e++) {
+    for (size_t e = first[up]; e < first[up + 1]; e++) {
+        if (g->pools[e] == NULL) /* a slot out of service (group/directory.h) */
+            continue;
         agw_pool_stats(g->pools[e]->pool, &one);
         st.open += one.open, st.idle += one.idle, st.pending += one.pending;
     }
@@ -388,13 +389,14 @@ static int l_call(lua_State *L)
         rr->trace->spans[c->span].endpoint = (uint8_t)(ep - first + 1);
     }
     c->id = agw_slots_put(&w->calls, c);
-    c->call = agw_call_start(g->pools[ep]->pool, &req, on_call_done, c);
+    c->call = g->pools[ep] ? agw_call_start(g->pools[ep]->pool, &req, on_call_done, c) : NULL;
     if (c->call == NULL) {
         /* the pool is being destroyed (agw_call_start's only refusal): the span recorded above
          * ends here, cancelled (nothing was sent) */
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
         call_release(w, c);
-        return luaL_error(L, "core.call: the pool of upstream #%d is closing", index);
+        return luaL_error(L, "core.call: the pool of upstream #%d is closing or its endpoint #%d is out of service",
+                          index, (int)(ep - first + 1));
     }
     agw_worker_gen_hold(g);
     if (c->rid != 0) /* rid 0: a health probe (agg.health), not one of the upstream's calls */
@@ -693,6 +695,51 @@ static int l_endpoint_state(lua_State *L)
     return 0;
 }
 
+/* core.endpoint_slots(index, seen) -> version[, slots]: the endpoint slots of upstream index as
+ * the directory has them now (group/directory.h). When the directory's version is seen, only the
+ * version; else this worker's pools of the upstream follow it first (a changed address gets a new
+ * pool, the old one drains: agw_worker_set_endpoint_addr), and slots is a list, one per slot, of
+ * { url = the configured URL, address = "10.0.0.1:9001" or false when out of service }. Called
+ * by agg.group on the current generation's once-a-second tick (and when a group is made). */
+static int l_endpoint_slots(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    lua_Integer index = luaL_checkinteger(L, 1);
+    lua_Number seen = luaL_optnumber(L, 2, -1);
+    const agw_config_t *conf = g->conf;
+    if (index < 1 || (size_t)index > conf->num_upstreams)
+        return 0;
+    agw_endpoint_dir_t *d = g->gen->dir;
+    uint64_t v = agw_endpoint_dir_version(d);
+    lua_pushnumber(L, (lua_Number)v);
+    if (seen >= 0 && (uint64_t)seen == v)
+        return 1;
+    size_t first = conf->ep_first[index - 1], last = conf->ep_first[index];
+    lua_createtable(L, (int)(last - first), 0);
+    for (size_t e = first; e < last; e++) {
+        struct sockaddr_storage addr;
+        socklen_t len;
+        agw_endpoint_dir_read(d, e, &addr, &len);
+        const wpool_t *p = g->pools ? g->pools[e] : NULL;
+        int differs = p ? (p->conf.addrlen != len || memcmp(&p->conf.addr, &addr, len) != 0) : len > 0;
+        if (differs && g->pools && g == g->w->cur)
+            agw_worker_set_endpoint_addr(g, e, &addr, len);
+        lua_createtable(L, 0, 2);
+        lua_pushstring(L, conf->eps[e].url);
+        lua_setfield(L, -2, "url");
+        if (len > 0) {
+            char text[64];
+            agw_endpoint_address(&addr, len, text, sizeof(text));
+            lua_pushstring(L, text);
+        } else {
+            lua_pushboolean(L, 0);
+        }
+        lua_setfield(L, -2, "address");
+        lua_rawseti(L, -2, (int)(e - first + 1));
+    }
+    return 2;
+}
+
 /* core.log(level, message) */
 static int l_log(lua_State *L)
 {
@@ -742,6 +789,6 @@ const luaL_Reg agw_worker_core_fns[] = {
     {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
     {"upstream_counters", l_upstream_counters}, {"endpoint_state", l_endpoint_state}, {"join", l_join},
-    {"trace_id", l_trace_id},
+    {"trace_id", l_trace_id}, {"endpoint_slots", l_endpoint_slots},
     {NULL, NULL},
 };

@@ -929,6 +929,7 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
     agw_cache_inbox_take(&w->m->purge, purge_tier1, w); /* POST /cache/purge (cache/purge.h) */
+    agw_worker_reap_pools(w); /* pools of endpoint addresses that went away (group/directory.h) */
     for (size_t i = 0; i < w->cur->conf->num_upstreams; i++)
         agw_worker_publish_pool(w->cur, i);
     for (wgen_t *g = w->gens; g;) {

@@ -638,6 +638,14 @@ function M.check(cfg, src, file)
           -- checked below
         elseif k == "forward_headers" then
           e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err)
+        elseif k == "resolve_every_s" then
+          -- how often the endpoints' host names are resolved again (group/directory.h); 0: at load only
+          if not (type(v) == "number" and v % 1 == 0 and v >= 0 and v <= 86400) then
+            err(kline, where .. ".resolve_every_s", "must be a whole number of seconds from 0 (resolve at load only) " ..
+                "to 86400, got " .. show(v))
+          else
+            e.resolve_every_s = v
+          end
         elseif k == "max_rps" then
           -- calls a second across the process's workers (gateway/upstream/pool.h, agw_pool_set_limits)
           if posint(v, where .. ".max_rps", kline, 1e9) then e.max_rps = v end
@@ -656,12 +664,13 @@ function M.check(cfg, src, file)
         else
           local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
                           audience = true, cache = true, endpoints = true, balance = true, hash_key = true,
-                          outlier = true, session = true, health = true, max_rps = true, forward_headers = true }
+                          outlier = true, session = true, health = true, max_rps = true, forward_headers = true,
+                          resolve_every_s = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, " ..
-              "session, health, forward_headers")
+              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, resolve_every_s, balance, " ..
+              "hash_key, outlier, session, health, forward_headers")
         end
       end
       -- a block's fields (and its sub-blocks, like retry.budget) checked into a table of values

@@ -100,7 +100,7 @@ local function upstream_state(name)
     local up = upstreams[name]
     u = { active = 0, retries_active = 0, tokens = 1, lat = {}, n = 0, p95 = nil, p95_n = 0,
           budget = new_budget(up and up.retry),
-          group = up and up.endpoints and #up.endpoints > 1 and group.group_of(name) or false,
+          group = up and group.balanced(name) or false,
           stats = { calls = 0, attempts = 0, retries = 0, retries_denied = 0, hedges = 0, hedges_won = 0,
                     collapsed = 0, breaker_denied = 0, breaker_opened = 0 } }
     ustate[name] = u
@@ -115,10 +115,14 @@ function M.upstream_stats(name) return upstream_state(name).stats end
 -- has it (the C worker calls this once a second and publishes them as metrics; nothing is counted
 -- twice: the values are totals). counters: the upstream's stats table, whose retries,
 -- retries_denied, hedges, hedges_won and collapsed agg.contract names. current: true when this
--- VM's generation is the one new requests go to; only then are endpoints health checked
--- (agg.health), so a retired generation stops probing.
+-- VM's generation is the one new requests go to; only then do groups follow the re-resolved
+-- addresses (agg.group.sync) and are endpoints health checked (agg.health), so a retired
+-- generation stops probing.
 function M.report_stats(current)
-  if current then health.tick() end
+  if current then
+    group.sync()
+    health.tick()
+  end
   group.report_stats()
   if core and core.cache_counters then core.cache_counters(cache.stats) end
   local report = core and core.upstream_counters

@@ -48,6 +48,7 @@ local function on_probe(c, i, st, outcome, http_status, detail)
   st.busy = false
   local g = group.group_of(c.name)
   local e = g.eps[i]
+  if st.e ~= e then return end -- the slot has another address now: this answer is about the old one
   e.probes = e.probes + 1
   local now = core.now()
   if passed(c.policy, outcome, http_status) then
@@ -93,12 +94,18 @@ function M.tick()
     if not c.eps then
       c.eps = {}
       for i = 1, #group.group_of(c.name).eps do
-        c.eps[i] = { busy = false, ok = 0, bad = 0, ejected_ms = false, after = 0, next_ms = now + math.floor(core.random() * c.every_ms),
+        c.eps[i] = { e = false, busy = false, ok = 0, bad = 0, ejected_ms = false, after = 0,
+                     next_ms = now + math.floor(core.random() * c.every_ms),
                      attempt = { section = "health", attempt = 1, hedge = false, endpoint = i } }
       end
     end
+    local eps = group.group_of(c.name).eps
     for i, st in ipairs(c.eps) do
-      if not st.busy and now >= st.next_ms then probe(c, i, st, now) end
+      local e = eps[i]
+      if st.e ~= e then -- a new address in this slot (agg.group.sync): its checks start afresh
+        st.e, st.ok, st.bad, st.ejected_ms, st.after = e, 0, 0, false, 0
+      end
+      if not st.busy and not e.gone and now >= st.next_ms then probe(c, i, st, now) end
     end
   end
 end
