@@ -34,24 +34,16 @@ static double field_num(lua_State *L, int idx, const char *name, double dflt)
     return v;
 }
 
-/* Resolves host:port into *addr. Returns 0, or -1 with "file:line: where: cannot resolve…" in errors. */
+/* Resolves host:port into *addr (its first address as upstream/resolve.h orders them). Returns 0,
+ * or -1 with "file:line: where: cannot resolve…" in errors. */
 static int resolve(struct sockaddr_storage *addr, socklen_t *addrlen, const char *where, const char *host, int port,
                    const char *file, int line, agw_buf_t *errors)
 {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_family = AF_UNSPEC;
-    char portstr[16];
-    snprintf(portstr, sizeof(portstr), "%d", port);
-    int rc = getaddrinfo(host, portstr, &hints, &res);
-    if (rc != 0 || res == NULL) {
-        agw_buf_printf(errors, "%s:%d: %s: cannot resolve host '%s': %s\n", file, line, where, host,
-                       gai_strerror(rc));
+    char why[256];
+    if (agw_resolve_host(host, port, addr, addrlen, 1, why, sizeof(why)) < 0) {
+        agw_buf_printf(errors, "%s:%d: %s: cannot resolve host '%s': %s\n", file, line, where, host, why);
         return -1;
     }
-    memcpy(addr, res->ai_addr, res->ai_addrlen);
-    *addrlen = res->ai_addrlen;
-    freeaddrinfo(res);
     return 0;
 }
 

@@ -36,16 +36,17 @@ static size_t add(struct sockaddr_storage *out, size_t n, const struct sockaddr 
     return n + 1;
 }
 
-/* The addresses AGGWAY_HOSTS_FILE gives host: their count (0: the file does not list it or there
- * is no file). */
-static size_t from_hosts_file(const char *host, int port, struct sockaddr_storage *all)
+/* The addresses AGGWAY_HOSTS_FILE gives host: their count (0: the file does not list it, or there
+ * is no such variable); -1 when the variable names a file that cannot be read (the tests' "DNS is
+ * down"). */
+static int from_hosts_file(const char *host, int port, struct sockaddr_storage *all)
 {
     const char *path = getenv("AGGWAY_HOSTS_FILE");
     if (path == NULL || *path == '\0')
         return 0;
     FILE *f = fopen(path, "re");
     if (f == NULL)
-        return 0;
+        return -1;
     char line[1024];
     size_t n = 0;
     while (fgets(line, sizeof(line), f)) {
@@ -67,14 +68,19 @@ static size_t from_hosts_file(const char *host, int port, struct sockaddr_storag
         }
     }
     fclose(f);
-    return n;
+    return (int)n;
 }
 
 int agw_resolve_host(const char *host, int port, struct sockaddr_storage *out, socklen_t *len, size_t max, char *err,
                      size_t errlen)
 {
     struct sockaddr_storage all[AGW_RESOLVE_COLLECT];
-    size_t n = from_hosts_file(host, port, all);
+    int listed = from_hosts_file(host, port, all);
+    if (listed < 0) {
+        snprintf(err, errlen, "AGGWAY_HOSTS_FILE cannot be read");
+        return -1;
+    }
+    size_t n = (size_t)listed;
     if (n == 0) {
         struct addrinfo hints = {0}, *res = NULL;
         hints.ai_socktype = SOCK_STREAM;

@@ -7,8 +7,9 @@
  * Test seam: when the environment variable AGGWAY_HOSTS_FILE names a file in hosts(5) form
  * ("127.0.0.2 product.test", '#' comments), a name listed there resolves to its addresses in that
  * file, read at each resolution, and never reaches DNS; a name it does not list goes to
- * getaddrinfo. The integration tests rewrite it to move a name's addresses. Not a production
- * option (it is not in gateway.lua nor in docs/operations.md).
+ * getaddrinfo; while the file cannot be read, every name fails to resolve (the DNS is down). The
+ * integration tests rewrite it to move a name's addresses. Not a production option (it is not in
+ * gateway.lua nor in docs/operations.md).
  */
 #ifndef AGW_UPSTREAM_RESOLVE_H
 #define AGW_UPSTREAM_RESOLVE_H
