@@ -272,7 +272,7 @@ class CheckCommand(unittest.TestCase):
     def test_check_accepts_an_upstream_group(self):
         src = self.group_source(
             '      endpoints = { "http://127.0.0.1:9001", "http://127.0.0.1:9011", "http://localhost:9021" },\n'
-            '      balance = "hash", hash_key = "header:x-user",\n'
+            '      balance = "hash", hash_key = "header:x-user", resolve_every_s = 10,\n'
             '      outlier = { failures = 3, eject_s = 5, max_percent = 34, failure_percent = 50, min_requests = 20 },\n'
             '      retry = { attempts = 2, budget = { percent = 20, interval_s = 10 },\n'
             '                min_retry_rate = { count = 10, interval_s = 1 } },\n'
@@ -333,6 +333,12 @@ class CheckCommand(unittest.TestCase):
              ["upstreams.product.health", "must be a table like"]),
             ('      url = "http://127.0.0.1:9001",\n      helth = { path = "/h" },', 6,
              ["upstreams.product.helth", "did you mean 'health'"]),
+            ('      url = "http://127.0.0.1:9001",\n      resolve_every = 10,', 6,
+             ["upstreams.product.resolve_every", "did you mean 'resolve_every_s'"]),
+            ('      url = "http://127.0.0.1:9001",\n      resolve_every_s = -1,', 6,
+             ["upstreams.product.resolve_every_s", "whole number of seconds from 0"]),
+            ('      url = "http://127.0.0.1:9001",\n      resolve_every_s = "30s",', 6,
+             ["upstreams.product.resolve_every_s", "whole number of seconds from 0"]),
         ]
         for product, line, words in cases:
             with self.subTest(product=product):
