@@ -59,6 +59,11 @@ M.core = {
                                "group in this worker, for /upstreams and the metrics (about once a " ..
                                "second, from runtime.report_stats: cold, but positional as the " ..
                                "numbers it publishes)" },
+  endpoint_slots = { args = { "upstream", "seen" }, optional = true,
+                     returns = "the endpoint directory's version, and unless it is seen, the list of " ..
+                               "the upstream's endpoint slots { url, address | false } after this " ..
+                               "worker's pools followed it (group/directory.h; agg.group, once a " ..
+                               "second and when a group is made)" },
   -- the cache's transport (agg.cache); the C worker installs them when gateway.lua has a cache
   cache_get    = { args = { "key" }, optional = true,
                    returns = "the value (a string) of this worker's tier 1 (cache/lru.h), or nil" },
