@@ -176,11 +176,7 @@ function M.sync()
           local ne = new_endpoint(sl.url, sl.address, shared[sl.url])
           ne.inflight = e.inflight
           if e.failing then g.nfailing = g.nfailing - 1 end
-          g.eps[i], changed = ne, true
-          if core.log then
-            core.log("info", ("upstream %s: endpoint #%d %s"):format(g.name, i, sl.address and
-                     ("is now " .. sl.url .. " at " .. sl.address) or ("(" .. sl.url .. ") left: no address")))
-          end
+          g.eps[i], changed = ne, true -- (the resolver thread logged the change, once for the process)
         end
       end
       if changed then index_endpoints(g) end
