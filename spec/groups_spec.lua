@@ -387,6 +387,54 @@ describe("active health checks", function()
   end)
 end)
 
+describe("endpoint host names", function()
+  it("each address is an endpoint; a change keeps the state of the addresses that stay", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101" })
+    gw:stub("named", "/p/*", { json = { id = 1 } })
+    gw:stub("named#2", "/p/*", { fault = "refuse" })
+    for i = 1, 20 do assert.equal(200, gw:get("/named/" .. i).status) end
+    local eps = gw:endpoints("named")
+    assert.equal(8, #eps)
+    assert.equal("10.0.0.1:9101", eps[1].address)
+    assert.equal("ejected", eps[2].state) -- outlier.failures = 2
+    assert.equal("gone", eps[3].state)
+    local calls_1 = eps[1].calls
+    assert.is_true(calls_1 >= 18)
+    -- 10.0.0.1 leaves and 10.0.0.3 comes: it takes the free slot 1, afresh; slot 2 stays ejected
+    gw:addresses("named", { "10.0.0.2:9101", "10.0.0.3:9101" })
+    gw:advance(1000)
+    eps = gw:endpoints("named")
+    assert.equal("10.0.0.3:9101", eps[1].address)
+    assert.equal(0, eps[1].calls)
+    assert.equal("healthy", eps[1].state)
+    assert.equal("10.0.0.2:9101", eps[2].address)
+    assert.equal("ejected", eps[2].state)
+    gw:clear_calls()
+    for i = 1, 10 do assert.equal(200, gw:get("/named/" .. i).status) end
+    for _, c in ipairs(gw:calls("named")) do assert.equal(1, c.endpoint) end
+    -- a single address left: every call goes there, and it is never ejected (never every endpoint)
+    gw:addresses("named", { "10.0.0.3:9101" })
+    gw:stub("named#1", "/p/*", { fault = "refuse" })
+    gw:advance(1000)
+    for i = 1, 5 do gw:get("/named/" .. i) end
+    eps = gw:endpoints("named")
+    assert.equal("healthy", eps[1].state)
+    assert.equal("gone", eps[2].state)
+  end)
+
+  it("sessions and hash keys name an address (URL@address), so a name's addresses are told apart", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
+    local g = require("agg.group")
+    gw:stub("named", "/p/*", { json = { id = 1 } })
+    gw:get("/named/1")
+    local grp = g.group_of("named")
+    assert.are_not.equal(grp.eps[1].key, grp.eps[2].key)
+    assert.equal("http://named.test:9101@10.0.0.1:9101", grp.eps[1].key)
+  end)
+end)
+
 describe("call options of groups", function()
   it("hash_key on an upstream that does not hash is a mistake at the script's line", function()
     local gw = testing.gateway { dir = DIR }

@@ -464,12 +464,13 @@ end
 -- { url, address, state = "healthy" | "ejected" | "unhealthy" (out of service by its health
 -- checks) | "gone" (a slot of a host name without an address now),
 -- health = "passing" | "failing" | nil (unchecked), in_flight, calls, failures, ejections,
--- ejected_ms, until_ms, probes, probe_failures }. Nil for an upstream with one endpoint that is
--- not health checked.
+-- ejected_ms, until_ms, probes, probe_failures }, one per endpoint slot. Nil for an upstream with
+-- one endpoint that is not health checked.
 function M.endpoints(name)
   local up = policies[name]
-  if not up or not up.endpoints or (#up.endpoints < 2 and not up.health) then return nil end
-  local g = group_of(name)
+  if not up or not up.endpoints then return nil end
+  local g = groups[name] or M.balanced(name) or (up.health and group_of(name))
+  if not g then return nil end
   local now = core.now()
   local out = {}
   for i, e in ipairs(g.eps) do
