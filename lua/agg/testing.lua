@@ -394,7 +394,7 @@ function Gateway:stub(upstream, a, b, c)
     error(("gw:stub: gateway.lua has no upstream '%s'%s (%s)"):format(name, config.suggest(name, known),
       sorted_names(known)), 2)
   end
-  local neps = self:slot_count(found)
+  local neps = ep and self:slot_count(found)
   if ep and (ep < 1 or ep > neps) then
     error(("gw:stub: upstream '%s' has %d endpoint(s), not #%d"):format(name, neps, ep), 2)
   end
@@ -797,7 +797,7 @@ function Gateway:slot_count(u)
   for i, v in ipairs(self.names) do
     if v == u and self.dirs and self.dirs[i] then return SLOTS_PER_NAME end
   end
-  return #u.endpoints
+  return #(u.endpoints or {})
 end
 
 --- Gives upstream name (one URL, whose host stands for a name) the addresses of list
