@@ -697,9 +697,10 @@ static int l_endpoint_state(lua_State *L)
 
 /* core.endpoint_slots(index, seen) -> version[, slots]: the endpoint slots of upstream index as
  * the directory has them now (group/directory.h). When the directory's version is seen, only the
- * version; else this worker's pools of the upstream follow it first (a changed address gets a new
- * pool, the old one drains: agw_worker_set_endpoint_addr), and slots is a list, one per slot, of
- * { url = the configured URL, address = "10.0.0.1:9001" or false when out of service }. Called
+ * version; else, on the current generation, this worker's pools of the upstream follow it first (a
+ * changed address gets a new pool, the old one drains: agw_worker_set_endpoint_addr), and slots is
+ * a list, one per slot, of { url = the configured URL, address = "10.0.0.1:9001" or false when
+ * out of service } (on a generation no longer current: the addresses of the pools it has). Called
  * by agg.group on the current generation's once-a-second tick (and when a group is made). */
 static int l_endpoint_slots(lua_State *L)
 {
@@ -722,8 +723,13 @@ static int l_endpoint_slots(lua_State *L)
         agw_endpoint_dir_read(d, e, &addr, &len);
         const wpool_t *p = g->pools ? g->pools[e] : NULL;
         int differs = p ? (p->conf.addrlen != len || memcmp(&p->conf.addr, &addr, len) != 0) : len > 0;
-        if (differs && g->pools && g == g->w->gens.cur)
+        if (differs && g->pools && g == g->w->gens.cur) {
             agw_worker_set_endpoint_addr(g, e, &addr, len);
+        } else if (g->pools) { /* a generation that is no longer current keeps the pools it has */
+            len = p ? p->conf.addrlen : 0;
+            if (p)
+                addr = p->conf.addr;
+        }
         lua_createtable(L, 0, 2);
         lua_pushstring(L, conf->eps[e].url);
         lua_setfield(L, -2, "url");
