@@ -136,6 +136,9 @@ class EndpointResolution(GatewayTestCase):
             left = self.hits("127.0.0.1")
             time.sleep(1.5)
             self.assertEqual(self.hits("127.0.0.1"), left, "a removed address was still called")
+            # its pools drained and closed: the mock sees no connection left open
+            self.assertTrue(wait_until(lambda: self.mocks["127.0.0.1"].stats()["product"]["connections_open"] == 0,
+                                       WAIT), self.mocks["127.0.0.1"].stats())
             # the unchanged address kept its pool: no new connections beyond a few
             self.assertLessEqual(self.connections("127.0.0.2") - conns_2, 2)
         finally:
