@@ -334,7 +334,7 @@ class UpstreamGroups(GatewayTestCase):
             t0 = time.monotonic()
             status, body = self.page("/p/1")
             self.assertEqual(status, 200, body)
-            self.assertLess(time.monotonic() - t0, 2.0)
+            self.assertLess(time.monotonic() - t0, 6.0 if SLOW else 2.0)  # a probe never holds the worker
             eps = self.endpoint_state()
             if all(e["health"] == "failing" and e["probe_failures"] >= 2 for e in eps.values()):
                 break
