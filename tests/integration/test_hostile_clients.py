@@ -10,7 +10,8 @@
   frames (one header block of 400 KB, which h2o 2.2.5 would decode whole) gets GOAWAY before it is
   decoded, also when the connection is in the middle of the block as the guard decides (h2o would
   otherwise parse the next CONTINUATION forever); an honest block continued over CONTINUATION
-  frames is served. Over HTTP/1.1, more header fields than
+  frames is served. A bomb that is a connection's first request, sent with the preface (h2c) or
+  right after the TLS handshake, is never decoded either. Over HTTP/1.1, more header fields than
   clients.max_headers get 431. Repeated request header names reach the script joined in order.
 - libh2o's own log lines: 20,000 HTTP/2 frames of an unknown type (h2o writes a line to stderr for
   each), their payloads holding newlines and a forged log line, make at most 10 log lines a second
@@ -408,6 +409,37 @@ class HeaderBombs(GatewayTestCase):
         r = self.get("/echo-headers", *args, "-H", "X-N: one")
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json(), {"r": ", ".join("v%d" % i for i in range(90)), "n": "one"})
+
+
+class HeaderBombsOverTLS(GatewayTestCase):
+    def test_a_bomb_as_the_first_request_over_tls_is_never_decoded(self):
+        scripts = repo_scripts("product-page.lua")
+        scripts["echo.lua"] = ECHO_HEADERS
+        self.start(services=demo_services(5, 5, 5), scripts=scripts, tls=True,
+                   gateway_extra={"clients": {"max_headers": 100, "max_header_bytes": 65536}})
+        big = "v" * 1000
+        bomb = (request_block("/echo-headers") + b"\x40" + _hpack_int(len("x-big"), 7) + b"x-big" +
+                _hpack_int(len(big), 7) + big.encode() + b"\xbe" * 2000)
+        for first_block in (bomb, bomb[:len(bomb) // 2]):  # one HEADERS frame; a HEADERS + CONTINUATION
+            c = H2Client(self.tls_port, timeout=20).start_tls()
+            if first_block is bomb:
+                c.tls.sendall(frame(HEADERS, END_STREAM | END_HEADERS, 1, bomb))
+            else:
+                c.tls.sendall(frame(HEADERS, END_STREAM, 1, first_block) +
+                              frame(CONTINUATION, END_HEADERS, 1, bomb[len(first_block):]))
+            statuses, goaways = {}, []
+
+            def on_frame(ftype, flags, sid, p):
+                if ftype == HEADERS:
+                    statuses[sid] = response_status(p)
+                elif ftype == GOAWAY:
+                    goaways.append(struct.unpack(">I", p[4:8])[0])
+            closed = read_frames(c.tls, time.monotonic() + 20, on_frame)
+            c.close()
+            self.assertEqual(statuses, {})  # before: decoded, and answered 431
+            self.assertTrue(closed)
+            self.assertIn(goaways[:1], ([PROTOCOL_ERROR], [ENHANCE_YOUR_CALM]), goaways)
+        self.assertEqual(self.get_tls("/product-page/1").status, 200)
 
 
 class HeaderCountCap(GatewayTestCase):
