@@ -400,6 +400,36 @@ static void scan_headers(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock
     refuse(g, c, h2, "header block too large", held, held ? (uint8_t *)&buf[off + 3] : NULL);
 }
 
+/* The length of the HTTP/2 connection preface (RFC 9113 §3.4) when sock's unparsed input starts
+ * with it (h2o has not read it yet: the first read of a connection watched from its start), else 0.
+ * No frame can start with those bytes: their length field would be 5 MB. */
+static size_t preface_len(h2o_socket_t *sock)
+{
+    static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    return sock->input->size >= sizeof(preface) - 1 && memcmp(sock->input->bytes, preface, sizeof(preface) - 1) == 0
+               ? sizeof(preface) - 1
+               : 0;
+}
+
+/* Counts the header blocks that came with the preface in sock's input, before h2o reads the
+ * preface (and sends its own SETTINGS, which must be its first frame: RFC 9113 §3.4): a bomb's
+ * frame is changed into one h2o refuses at once (a HEADERS into a CONTINUATION outside a block, a
+ * CONTINUATION into a HEADERS inside one: PROTOCOL_ERROR, §6.10), so h2o never decodes it. */
+static void check_first_frames(agw_guard_t *g, agw_guard_conn_t *c, h2o_socket_t *sock)
+{
+    size_t off = preface_len(sock);
+    if (off == 0)
+        return;
+    uint8_t *buf = (uint8_t *)sock->input->bytes;
+    size_t at = find_bomb(g, c, buf, sock->input->size, off, NULL, 0);
+    if (at == SIZE_MAX)
+        return;
+    buf[at + 3] = buf[at + 3] == 1 ? 9 : 1;
+    c->goaway = 1;
+    agw_log(AGW_LOG_WARN, "client connection %d: a header block too large in its first frames (over %u fields or %zu "
+            "bytes): refused before it was decoded", c->fd, c->max_fields, c->max_block_bytes);
+}
+
 /* The connection's read callback while the guard reads ahead of h2o: the unparsed input starts at
  * a frame (h2o consumes whole frames), so it is scanned from its start, then h2o parses it. */
 static void on_h2_read(h2o_socket_t *sock, const char *err)
@@ -409,7 +439,9 @@ static void on_h2_read(h2o_socket_t *sock, const char *err)
     agw_guard_conn_t *c = g && fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
     if (c == NULL || c->h2o_read == NULL)
         return; /* cannot happen: the callback is only set with both */
-    if (err == NULL)
+    if (err == NULL && preface_len(sock) > 0)
+        check_first_frames(g, c, sock); /* the first read of a connection watched from its start */
+    else if (err == NULL)
         scan_headers(g, c, sock, 0, 1);
     c->h2o_read(sock, err);
 }
@@ -467,19 +499,8 @@ void h2o_http2_accept(h2o_accept_ctx_t *ctx, h2o_socket_t *sock, struct timeval 
     agw_guard_t *g = thread_guard;
     int fd = h2o_socket_get_fd(sock);
     agw_guard_conn_t *c = g && g->ctx == ctx->ctx && fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
-    if (c != NULL && c->max_fields > 0 && sock->input != NULL) {
-        static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-        uint8_t *buf = (uint8_t *)sock->input->bytes;
-        size_t size = sock->input->size, off = sizeof(preface) - 1;
-        if (size >= off && memcmp(buf, preface, off) == 0) {
-            size_t at = find_bomb(g, c, buf, size, off, NULL, 0);
-            if (at != SIZE_MAX) {
-                buf[at + 3] = buf[at + 3] == 1 ? 9 : 1;
-                agw_log(AGW_LOG_WARN, "client connection %d: a header block too large in its first frames (over %u "
-                        "fields or %zu bytes): refused before it was decoded", fd, c->max_fields, c->max_block_bytes);
-            }
-        }
-    }
+    if (c != NULL && c->max_fields > 0 && sock->input != NULL)
+        check_first_frames(g, c, sock);
     h2o_linklist_t *last = ctx->ctx->http2._conns.prev;
     real(ctx, sock, connected_at);
     /* the connection h2o made, unless it is closed already */
