@@ -17,6 +17,7 @@
 #include "guard/guard.h"
 #include "cache/lru.h"
 #include "edge/auth.h"
+#include "worker/gc.h"
 #include "worker/generation.h"
 #include "ops/metrics.h"
 #include "redis/redis.h"
@@ -62,6 +63,7 @@ typedef struct agw_worker_gen {
     uint64_t *reported;         /* per upstream: the runtime's AGW_COUNTERS_FIELDS totals as last
                                    published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
+    agw_gc_t gc;                /* its collector's pacing (gc.h) */
     struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
 } wgen_t;
 
@@ -183,6 +185,8 @@ struct agw_worker {
     uint64_t redis_next_id;                /* ids of core.redis_get */
     int cache_closing;                     /* the worker stops: Redis answers no longer run Lua */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
+    uint64_t idle_started;                 /* requests_started at the last tick (gc.h's idle collection) */
+    int idle_ticks;                        /* ticks since a request last started, while none is in flight */
     int access_fd;                         /* access log, -1 when off */
     agw_buf_t alog;                        /* access log lines not yet written */
     ev_timer alog_timer;                   /* writes alog out shortly after its first line */
