@@ -21,7 +21,7 @@ void agw_breaker_init(agw_breaker_t *b, unsigned failures, uint64_t open_ms, uns
     b->failures = failures;
     b->open_ms = open_ms;
     b->probes = probes ? probes : 1;
-    b->state = AGW_BREAKER_CLOSED;
+    __atomic_store_n(&b->state, AGW_BREAKER_CLOSED, __ATOMIC_RELEASE);
 }
 
 void agw_breaker_destroy(agw_breaker_t *b)
@@ -58,12 +58,15 @@ const char *agw_breaker_state_name(agw_breaker_state_t s)
 
 agw_breaker_decision_t agw_breaker_allow(agw_breaker_t *b, uint64_t now_ms, uint64_t *retry_after_ms)
 {
-    if (b->failures == 0)
+    /* closed lets every call through and changes nothing: read without the lock, so workers do
+     * not take turns on the breaker's cache line for the common case (state and consecutive are
+     * written with atomic stores, under the lock) */
+    if (b->failures == 0 || __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == AGW_BREAKER_CLOSED)
         return AGW_BREAKER_ALLOW;
     agw_breaker_decision_t d = AGW_BREAKER_ALLOW;
     pthread_mutex_lock(&b->lock);
     if (b->state == AGW_BREAKER_OPEN && now_ms >= b->opened_at_ms + b->open_ms) {
-        b->state = AGW_BREAKER_HALF_OPEN;
+        __atomic_store_n(&b->state, AGW_BREAKER_HALF_OPEN, __ATOMIC_RELEASE);
         b->probes_out = 0;
     }
     if (b->state == AGW_BREAKER_OPEN) {
@@ -90,27 +93,32 @@ int agw_breaker_report(agw_breaker_t *b, agw_breaker_result_t r, int probe, uint
 {
     if (b->failures == 0)
         return -1;
+    /* a success (or an ignored outcome) while closed with no failure counted changes nothing */
+    if (r != AGW_BREAKER_FAILURE && !probe && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == AGW_BREAKER_CLOSED &&
+        __atomic_load_n(&b->consecutive, __ATOMIC_RELAXED) == 0)
+        return -1;
     int changed = -1;
     pthread_mutex_lock(&b->lock);
     if (probe && b->probes_out > 0)
         b->probes_out--;
     if (b->state == AGW_BREAKER_HALF_OPEN && probe) {
         if (r == AGW_BREAKER_SUCCESS) {
-            b->state = AGW_BREAKER_CLOSED;
-            b->consecutive = 0;
+            __atomic_store_n(&b->state, AGW_BREAKER_CLOSED, __ATOMIC_RELEASE);
+            __atomic_store_n(&b->consecutive, 0, __ATOMIC_RELAXED);
             b->closed++;
             changed = AGW_BREAKER_CLOSED;
         } else if (r == AGW_BREAKER_FAILURE) {
-            b->state = AGW_BREAKER_OPEN;
+            __atomic_store_n(&b->state, AGW_BREAKER_OPEN, __ATOMIC_RELEASE);
             b->opened_at_ms = now_ms;
             b->opened++;
             changed = AGW_BREAKER_OPEN;
         }
     } else if (b->state == AGW_BREAKER_CLOSED) {
         if (r == AGW_BREAKER_SUCCESS) {
-            b->consecutive = 0;
-        } else if (r == AGW_BREAKER_FAILURE && ++b->consecutive >= b->failures) {
-            b->state = AGW_BREAKER_OPEN;
+            __atomic_store_n(&b->consecutive, 0, __ATOMIC_RELAXED);
+        } else if (r == AGW_BREAKER_FAILURE &&
+                   __atomic_add_fetch(&b->consecutive, 1, __ATOMIC_RELAXED) >= b->failures) {
+            __atomic_store_n(&b->state, AGW_BREAKER_OPEN, __ATOMIC_RELEASE);
             b->opened_at_ms = now_ms;
             b->opened++;
             changed = AGW_BREAKER_OPEN;

@@ -9,17 +9,18 @@
  * Here the worker takes the pacing over: automatic collection is stopped (LUA_GCSTOP only moves
  * the heap's threshold out of reach; a cycle's state is kept), and at the end of each loop
  * iteration (after the iteration's responses and upstream requests went out, worker.c
- * on_prepare) agw_gc_pace runs the steps the heap's growth calls for, as LuaJIT would have
- * (one step, LUA_GCSTEP with 0, per KB allocated since the last pacing, each step's work set by
- * the runtime's setstepmul), within a time budget per iteration. Every step and every
- * iteration's batch of steps is timed with CLOCK_MONOTONIC and counted into the worker's metrics
- * (agw_lua_gc_stats_t, ops/metrics.h): the pause a worker's requests see from the collector is
- * the batch, printed by tools/bench/memory and exported as aggway_lua_gc_pause_seconds.
+ * on_prepare) agw_gc_pace runs the steps the heap's growth calls for, as LuaJIT would have (one
+ * step, LUA_GCSTEP with 0, per KB allocated since the last pacing, each step's work set by the
+ * runtime's setstepmul): the same work, done between requests instead of inside them. Each step
+ * and each iteration's batch of steps is timed in the worker thread's CPU time and counted into
+ * the worker's metrics (agw_lua_gc_stats_t, ops/metrics.h; aggway_lua_gc_*, printed by
+ * tools/bench/memory). A step is the collector's indivisible unit: its longest is the longest
+ * pause the collector can impose (the atomic phase, which re-marks every coroutine's stack, is
+ * one step). A batch is proportional to what the iteration's scripts allocated, as LuaJIT's own
+ * steps inside those scripts would have been.
  *
  * A cycle starts when the heap reaches twice what the last finished cycle left live (the
- * runtime's setpause 200), and at least AGW_GC_MIN_HEAP. When the budget cuts a batch short the
- * rest of the debt is carried to the next iteration; a heap four times the live size ignores the
- * budget until the cycle ends, so a burst of garbage cannot outrun the collector.
+ * runtime's setpause 200), and at least AGW_GC_MIN_HEAP.
  *
  * Garbage made inside one entry into Lua is collected after the entry returns (a single entry is
  * bounded by the script time limit, watchdog.h). A script's collectgarbage("collect"/"step")
@@ -29,7 +30,9 @@
  * When a worker goes idle (no request started for AGW_GC_IDLE_S seconds and none in flight),
  * agw_gc_idle runs two full collections of each VM (what a finalizer reaches is freed by the
  * cycle after the one that runs it) and gives the C heap's free memory back to the
- * kernel (malloc_trim), so the RSS a burst of load raised comes back down; timed and counted
+ * kernel (malloc_trim), so the RSS a burst of load raised comes back down (again every
+ * AGW_GC_TRIM_S s while idle: idle keep-alive upstream connections close later, after their
+ * idle_timeout_ms); timed and counted
  * separately (aggway_lua_gc_idle_collections_total), since no request waits on it.
  */
 #ifndef AGW_WORKER_GC_H
@@ -42,8 +45,8 @@
 #include "ops/metrics.h"
 
 #define AGW_GC_MIN_HEAP (2u << 20)  /* bytes: no cycle starts below this heap */
-#define AGW_GC_BUDGET_US 300        /* µs of steps per loop iteration (a batch), unless far behind */
 #define AGW_GC_IDLE_S 2             /* seconds without a new request before the idle collection */
+#define AGW_GC_TRIM_S 10            /* then the C heap is trimmed again every this many seconds */
 
 /* The pacing state of one VM. Zeroed, then agw_gc_take. */
 typedef struct agw_gc {
@@ -56,8 +59,8 @@ typedef struct agw_gc {
  * live). Call once, after the VM is loaded, on the thread that will run it. */
 void agw_gc_take(lua_State *L, agw_gc_t *gc);
 
-/* Runs the steps L's heap growth since the last call calls for (none when no cycle is due),
- * within AGW_GC_BUDGET_US; counts them into st. Never call inside an entry into L. */
+/* Runs the steps L's heap growth since the last call calls for (none when no cycle is due);
+ * counts them into st. Never call inside an entry into L. */
 void agw_gc_pace(lua_State *L, agw_gc_t *gc, agw_lua_gc_stats_t *st);
 
 /* A full collection of L (the worker went idle); counts it into st. The caller gives freed C

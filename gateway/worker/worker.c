@@ -927,9 +927,10 @@ static void purge_tier1(void *arg, const char *prefix, size_t len)
         agw_lru_purge_prefix(w->lru, prefix, len);
 }
 
-/* Once a second: when no request started for AGW_GC_IDLE_S ticks and none is in flight, one full
- * collection of every VM and the C heap's free memory back to the kernel, once per idle spell
- * (gc.h); and the VMs' heap size for the metrics. */
+/* Once a second: when no request started for AGW_GC_IDLE_S ticks and none is in flight, full
+ * collections of every VM and the C heap's free memory back to the kernel, once per idle spell,
+ * then the C heap's trim again every AGW_GC_TRIM_S s while it stays idle (gc.h); and the VMs'
+ * heap size for the metrics. */
 static void worker_idle_tick(agw_worker_t *w)
 {
     uint64_t started = AGW_M_GET(w->m->requests_started);
@@ -941,6 +942,8 @@ static void worker_idle_tick(agw_worker_t *w)
         for (wgen_t *g = w->gens; g; g = g->next)
             agw_gc_idle(g->L, &g->gc, &w->m->lua_gc);
         agw_gc_trim();
+    } else if (w->idle_ticks % AGW_GC_TRIM_S == 0) {
+        agw_gc_trim(); /* what idle upstream connections closing since then freed */
     }
     for (wgen_t *g = w->gens; g; g = g->next)
         heap += (size_t)lua_gc(g->L, LUA_GCCOUNT, 0) * 1024u;
