@@ -7,17 +7,18 @@
  * clears the weak tables, and it lands in the middle of some page's entry.
  *
  * Here the worker takes the pacing over: automatic collection is stopped (LUA_GCSTOP only moves
- * the heap's threshold out of reach; a cycle's state is kept), and at the end of each loop
- * iteration (after the iteration's responses and upstream requests went out, worker.c
- * on_prepare) agw_gc_pace runs the steps the heap's growth calls for, as LuaJIT would have (one
- * step, LUA_GCSTEP with 0, per KB allocated since the last pacing, each step's work set by the
- * runtime's setstepmul): the same work, done between requests instead of inside them. Each step
- * and each iteration's batch of steps is timed in the worker thread's CPU time and counted into
- * the worker's metrics (agw_lua_gc_stats_t, ops/metrics.h; aggway_lua_gc_*, printed by
- * tools/bench/memory). A step is the collector's indivisible unit: its longest is the longest
- * pause the collector can impose (the atomic phase, which re-marks every coroutine's stack, is
- * one step). A batch is proportional to what the iteration's scripts allocated, as LuaJIT's own
- * steps inside those scripts would have been.
+ * the heap's threshold out of reach; a cycle's state is kept), and when an outermost entry into
+ * Lua returns (worker.c agw_worker_call_runtime: a request's start, an upstream answer, a timer)
+ * agw_gc_pace runs the steps the heap's growth calls for, as LuaJIT would have (one step,
+ * LUA_GCSTEP with 0, per KB allocated since the last pacing, each step's work set by the
+ * runtime's setstepmul): the same work, done between two entries instead of inside them. Each
+ * step and each entry's batch of steps is timed (CLOCK_MONOTONIC) and counted into the worker's
+ * metrics (agw_lua_gc_stats_t, ops/metrics.h; aggway_lua_gc_*, printed by tools/bench/memory).
+ * A step is the collector's indivisible unit: its longest is the longest pause the collector
+ * can impose (the atomic phase, which re-marks every coroutine's stack, is one step). A batch is
+ * proportional to what the entry allocated, as LuaJIT's own steps inside it would have been.
+ * (Pacing once per loop iteration instead was measured worse: an iteration that accepts
+ * thousands of requests grows the heap by tens of MB before any step runs.)
  *
  * A cycle starts when the heap reaches twice what the last finished cycle left live (the
  * runtime's setpause 200), and at least AGW_GC_MIN_HEAP.

@@ -79,9 +79,6 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
             break;
         run_uv(w);
     }
-    /* the Lua collector's steps for what this iteration allocated, before the loop waits (gc.h) */
-    for (wgen_t *g = w->gens.live; g; g = g->next)
-        agw_gc_pace(g->L, &g->gc, &w->m->lua_gc);
     ev_timer_stop(loop, &w->uv_timer);
     if (timeout >= 0) {
         ev_timer_set(&w->uv_timer, timeout / 1000.0, 0.);
@@ -138,6 +135,8 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
      * that long ago, and time out at once */
     if (agw_watchdog_leave(&w->script) >= AGW_LONG_ENTRY_MS)
         ev_now_update(w->loop);
+    if (w->script.depth == 0) /* the collector's steps for what the entry allocated (gc.h) */
+        agw_gc_pace(L, &g->gc, &w->m->lua_gc);
     if (w->script.depth == 0 && w->tables.num_pending_aborts)
         process_pending_aborts(w);
     if (w->script.depth == 0 && w->gens.dead)
