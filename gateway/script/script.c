@@ -1,8 +1,6 @@
 /* script.c: LuaJIT states and generation loading (see script.h). */
 #include "script/script.h"
 
-#include "base/log.h"
-
 #include "base/mem.h"
 
 #include <dirent.h>
@@ -193,38 +191,9 @@ static void preload(lua_State *L, const char *name, lua_CFunction f)
     lua_pop(L, 2);
 }
 
-/* A VM's memory comes from the C heap (glibc malloc) rather than LuaJIT's own allocator, which
- * keeps every page of an mmap'd segment that is not wholly free: after a burst of 5,000 pages in
- * flight the collector had freed all but 3 MB, yet the process stayed 130 MB above its idle size.
- * glibc's free memory goes back to the kernel when the worker is idle (malloc_trim, worker/gc.h).
- * A failed realloc is LuaJIT's "not enough memory" error (the rule for libraries' allocations,
- * docs/ARCHITECTURE.md §7). */
-static void *vm_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
-{
-    (void)ud, (void)osize;
-    if (nsize == 0) {
-        free(ptr);
-        return NULL;
-    }
-    return realloc(ptr, nsize);
-}
-
-/* An error outside any protected call (as luaL_newstate's own panic function, which a state made
- * with lua_newstate lacks): say what it was, then LuaJIT aborts. */
-static int vm_panic(lua_State *L)
-{
-    const char *msg = lua_tostring(L, -1);
-    agw_log(AGW_LOG_ERROR, "unprotected error in call to Lua API (%s)", msg ? msg : "?");
-    return 0;
-}
-
 lua_State *agw_vm_new(const char *scripts_dir)
 {
-    lua_State *L = lua_newstate(vm_alloc, NULL);
-    if (L != NULL)
-        lua_atpanic(L, vm_panic);
-    else /* a LuaJIT built without custom allocators (x86-64 without GC64) */
-        L = luaL_newstate();
+    lua_State *L = luaL_newstate();
     if (L == NULL)
         return NULL;
     luaL_openlibs(L);
