@@ -436,7 +436,10 @@ int agw_server_run(const char *dir)
             conf->workers, conf->workers == 1 ? "" : "s", conf->router.num_routes,
             conf->router.num_routes == 1 ? "" : "s", conf->num_upstreams, conf->num_upstreams == 1 ? "" : "s");
     /* the script time limit (watchdog.h) */
-    agw_watchdog_t *watchdog = agw_watchdog_start(srv.w, conf->workers);
+    agw_watchdog_target_t **targets = agw_calloc(conf->workers, sizeof(*targets));
+    for (unsigned wi = 0; wi < conf->workers; wi++)
+        targets[wi] = agw_worker_watchdog_target(srv.w[wi]);
+    agw_watchdog_t *watchdog = agw_watchdog_start(targets, conf->workers);
     if (watchdog == NULL)
         agw_log(AGW_LOG_WARN, "cannot start the watchdog thread: scripts run without a time limit");
     size_t num_routes = conf->router.num_routes, num_upstreams = conf->num_upstreams;
@@ -501,6 +504,7 @@ int agw_server_run(const char *dir)
     agw_limit_store_free(limits);
     if (srv.access_fd >= 0)
         close(srv.access_fd);
+    free(targets);
     free(srv.w);
     free(fds);
     free(srv.access_log);

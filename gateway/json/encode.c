@@ -3,7 +3,7 @@
  * It runs for every page, so it allocates nothing but the output buffer (and a key array only
  * when an object has more keys than fit on the C stack), uses raw table access only (no Lua code
  * runs, so it cannot raise) and builds the error path only when there is an error. */
-#include "json/json.h"
+#include "json/json_internal.h"
 
 #include "base/mem.h"
 

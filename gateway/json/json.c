@@ -1,6 +1,6 @@
 /* json.c: parsing upstream JSON, turning it into Lua values and the "agg.json" Lua module
  * (see json.h). The encoder lives in json/encode.c. */
-#include "json/json.h"
+#include "json/json_internal.h"
 
 #include <errno.h>
 #include <lauxlib.h>

@@ -1,6 +1,15 @@
 /* json.h: JSON between upstreams, Lua scripts and the page, with the fidelity rules of
- * DESIGN §2.3. Parsing is jansson's; encoding is ours (jansson's real formatting is not the
- * shortest round-trip form).
+ * DESIGN §2.3.
+ *
+ * Which parser does what. On a request's path no JSON is parsed by jansson: an upstream body (and
+ * a batch entry's) is checked by agw_json_validate (validate.c, one pass, no allocation) and kept
+ * as a raw ref; when a script reads it, or calls json.decode, agw_json_push_text (push.c) turns the
+ * validated text into Lua values in one pass, without a tree. The page is encoded by our encoder
+ * (encode.c; jansson's real formatting is not the shortest round-trip form). jansson parses only
+ * what is not on that path: the batch endpoint's request envelope (multi/), JWKS documents, token
+ * claims (edge/jwt.c; claims reach Lua as a tree ref) and the API key file (edge/apikeys.c); and it
+ * is the reference: agw_json_parse is what agw_json_validate must accept and agw_json_push_text must
+ * equal (test_json checks both).
  *
  * How JSON looks in Lua (the "agg.json" module, also re-exported by agg):
  *   null      agg.null, a light userdata (NULL); `v == agg.null` tests it
@@ -28,8 +37,9 @@
  *             straight from the json_t.
  *   raw ref   holds a copy of JSON text that agw_json_validate accepted, inline in the userdata (no
  *             malloc, no __gc: its metatable has none, so the GC frees it like a string). The
- *             encoder copies a compact text verbatim and re-encodes any other through jansson;
- *             materialize parses it with jansson when (if ever) a script reads it.
+ *             encoder copies a compact text verbatim and any other with the whitespace outside
+ *             strings left out; materialize makes Lua values of it with agw_json_push_text
+ *             when (if ever) a script reads it.
  * materialize and the encoder accept both kinds; agw_json_check_ref returns a tree ref's json_t
  * and agw_json_check_raw_ref a raw ref's text.
  */
@@ -51,30 +61,6 @@
  * from an upstream can always be sent on; deeper is an error (this also catches cycles). */
 #define AGW_JSON_ENCODE_MAX_DEPTH (AGW_JSON_MAX_DEPTH + 64)
 
-/* Registry fields (one set per lua_State, created by agw_json_open or the first agw_json_push and
- * reused afterwards): the metatables of arrays, int64 boxes and json refs, and the weak-keyed side
- * table order[tbl] = {k1, k2, ...} of remembered object key orders. An int64 box is a full userdata
- * holding one int64_t; a json ref is a full userdata holding one json_t * (a counted reference). */
-#define AGW_JSON_ARRAY_MT "agw.json.array"
-#define AGW_JSON_INT64_MT "agw.json.int64"
-#define AGW_JSON_REF_MT "agw.json.ref"
-#define AGW_JSON_RAW_MT "agw.json.raw"
-#define AGW_JSON_ORDER "agw.json.order"
-
-/* The same registry entries are also stored under light userdata keys, which are faster to look
- * up (no string hashing). Internal to json*.c: agw_json_regget(L, AGW_JSON_K_RAW) pushes
- * registry[AGW_JSON_RAW_MT] (nil before the module's first use in L). */
-enum { AGW_JSON_K_ORDER, AGW_JSON_K_ARRAY, AGW_JSON_K_INT64, AGW_JSON_K_REF, AGW_JSON_K_RAW, AGW_JSON_NKEYS };
-extern const char agw_json_regkey[AGW_JSON_NKEYS];
-/* Key (light userdata) of an ordered metatable's key list (json.ordered): a table whose metatable
- * holds a list under it encodes its members in that order. */
-extern const char agw_json_order_mark;
-static inline void agw_json_regget(lua_State *L, int k)
-{
-    lua_pushlightuserdata(L, (void *)&agw_json_regkey[k]);
-    lua_rawget(L, LUA_REGISTRYINDEX);
-}
-
 /* The body of a raw ref userdata (lua_newuserdata of sizeof(agw_json_raw_t) + len + 1 +
  * extra_len). */
 typedef struct {
@@ -85,7 +71,8 @@ typedef struct {
     char text[];      /* len bytes of validated JSON, then a NUL, then extra_len bytes */
 } agw_json_raw_t;
 
-/* Parses len bytes of JSON (any top-level value, "\u0000" allowed in strings). On success stores a
+/* The reference parser (jansson; not on a request's path, see the top): parses len bytes of JSON
+ * (any top-level value, "\u0000" allowed in strings). On success stores a
  * new reference in *out (caller json_decref()s it) and returns 0. On failure returns -1 and writes
  * a one-line reason to err: invalid JSON (with line/column), invalid UTF-8, nesting deeper than
  * max_depth, integer beyond int64, a NUL byte anywhere (jansson alone would stop at one after a
@@ -197,9 +184,9 @@ void agw_json_encode_number(agw_buf_t *out, double d);
  *   range and raises an error otherwise; boxes compare (== < <=) only with other boxes, as Lua 5.1
  *   comparisons between different types do. setorder records a copy of keys (strings; duplicates
  *   dropped; raises on a non-string) as t's key order; setorder(t, nil) forgets it. decode uses
- *   AGW_JSON_MAX_DEPTH. materialize returns any value that is not a json ref unchanged; on a raw
- *   ref it parses the text with jansson each time it is called (raising a Lua error if that
- *   fails, which validated text cannot do).
+ *   AGW_JSON_MAX_DEPTH. decode validates with agw_json_validate and makes the values with agw_json_push_text (no
+ *   jansson). materialize returns any value that is not a json ref unchanged; on a raw ref it
+ *   makes new Lua values of the text with agw_json_push_text each time it is called.
  * Opening it again in the same lua_State reuses the state's metatables and order table, so values
  * made through either module table are interchangeable. Usable as a lua_CFunction for
  * package.preload. */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json/json.h"
+#include "json/json_internal.h"
 
 #define EXACT_INT_MAX 9007199254740992LL /* 2^53 */
 

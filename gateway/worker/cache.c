@@ -38,7 +38,7 @@ static int l_cache_get(lua_State *L)
     agw_worker_t *w = upg(L)->w;
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
-    const char *v = w->lru ? agw_lru_get(w->lru, key, klen, &vlen, now_ms(w)) : NULL;
+    const char *v = w->cache.lru ? agw_lru_get(w->cache.lru, key, klen, &vlen, now_ms(w)) : NULL;
     if (!v)
         return 0;
     lua_pushlstring(L, v, vlen);
@@ -52,8 +52,8 @@ static int l_cache_set(lua_State *L)
     const char *key = luaL_checklstring(L, 1, &klen);
     const char *v = luaL_checklstring(L, 2, &vlen);
     lua_Number until = luaL_checknumber(L, 3);
-    if (w->lru && until > 0)
-        agw_lru_set(w->lru, key, klen, v, vlen, (uint64_t)until);
+    if (w->cache.lru && until > 0)
+        agw_lru_set(w->cache.lru, key, klen, v, vlen, (uint64_t)until);
     return 0;
 }
 
@@ -68,7 +68,7 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
     redis_get_t *q = data;
     wgen_t *g = q->g;
     agw_worker_t *w = g->w;
-    if (!w->cache_closing && g->ref_on_redis != LUA_NOREF) {
+    if (!w->cache.closing && g->ref_on_redis != LUA_NOREF) {
         lua_State *L = g->L;
         lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_redis);
         lua_pushnumber(L, (lua_Number)q->id);
@@ -97,14 +97,14 @@ static int l_redis_get(lua_State *L)
     agw_worker_t *w = g->w;
     size_t klen;
     const char *key = luaL_checklstring(L, 1, &klen);
-    if (!w->redis)
+    if (!w->cache.redis)
         return 0;
     redis_get_t *q = agw_malloc(sizeof(*q));
     q->g = g;
-    q->id = ++w->redis_next_id;
+    q->id = ++w->cache.redis_next_id;
     const char *argv[2] = {"GET", key};
     size_t lens[2] = {3, klen};
-    if (agw_redis_command(w->redis, on_redis_get, q, 2, argv, lens) != 0) {
+    if (agw_redis_command(w->cache.redis, on_redis_get, q, 2, argv, lens) != 0) {
         free(q);
         return 0;
     }
@@ -125,13 +125,13 @@ static int l_redis_set(lua_State *L)
     const char *key = luaL_checklstring(L, 1, &klen);
     const char *v = luaL_checklstring(L, 2, &vlen);
     lua_Number ttl = luaL_checknumber(L, 3);
-    if (!w->redis || ttl < 1)
+    if (!w->cache.redis || ttl < 1)
         return 0;
     char px[32];
     int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
     const char *argv[5] = {"SET", key, v, "PX", px};
     size_t lens[5] = {3, klen, vlen, 2, (size_t)pl};
-    agw_redis_command(w->redis, on_redis_set, NULL, 5, argv, lens);
+    agw_redis_command(w->cache.redis, on_redis_set, NULL, 5, argv, lens);
     return 0;
 }
 
@@ -163,7 +163,7 @@ static int l_cache_span(lua_State *L)
 {
     wgen_t *g = upg(L);
     agw_worker_t *w = g->w;
-    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    reqref_t *rr = agw_slots_get(&w->tables.reqs, (uint64_t)luaL_checknumber(L, 1));
     int index = (int)luaL_checkinteger(L, 2);
     if (rr == NULL || rr->trace == NULL || index < 1 || (size_t)index > g->conf->num_upstreams)
         return 0;
@@ -172,7 +172,7 @@ static int l_cache_span(lua_State *L)
     const char *outcome = luaL_checkstring(L, 4);
     unsigned flags = strcmp(outcome, "hit") == 0 ? AGW_SPAN_CACHE_HIT : AGW_SPAN_CACHE_STALE;
     uint64_t now = agw_worker_now_us(w);
-    int i = agw_trace_add_span(rr->trace, &w->trace_rng, g->gen->upstream_slot[index - 1], section, slen, flags, 1, now);
+    int i = agw_trace_add_span(rr->trace, &w->log.trace_rng, g->gen->upstream_slot[index - 1], section, slen, flags, 1, now);
     if (i >= 0)
         agw_trace_end_span(rr->trace, i, AGW_CALL_OK, (int)luaL_optinteger(L, 5, 0), NULL, now);
     return 0;
@@ -213,25 +213,25 @@ int agw_worker_cache_fn_wanted(const agw_config_t *conf, const char *name)
 void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf)
 {
     size_t per = conf->cache_memory_bytes / (conf->workers ? conf->workers : 1);
-    if (!w->lru)
-        w->lru = agw_lru_new(per, &w->m->lru);
+    if (!w->cache.lru)
+        w->cache.lru = agw_lru_new(per, &w->m->lru);
     else
-        agw_lru_resize(w->lru, per);
+        agw_lru_resize(w->cache.lru, per);
     int want = conf->cache_redis && conf->redis.host;
-    if (w->redis && (!want || !agw_redis_conf_same(agw_redis_conf(w->redis), &conf->redis))) {
-        agw_redis_t *old = w->redis;
-        w->redis = NULL;
+    if (w->cache.redis && (!want || !agw_redis_conf_same(agw_redis_conf(w->cache.redis), &conf->redis))) {
+        agw_redis_t *old = w->cache.redis;
+        w->cache.redis = NULL;
         agw_redis_free(old); /* its GETs answer "client closed": those calls go upstream */
     }
-    if (want && !w->redis)
-        w->redis = agw_redis_new(w->loop, &conf->redis, &w->m->redis);
+    if (want && !w->cache.redis)
+        w->cache.redis = agw_redis_new(w->loop, &conf->redis, &w->m->redis);
 }
 
 void agw_worker_cache_close(agw_worker_t *w)
 {
-    w->cache_closing = 1;
-    agw_redis_free(w->redis);
-    w->redis = NULL;
-    agw_lru_free(w->lru);
-    w->lru = NULL;
+    w->cache.closing = 1;
+    agw_redis_free(w->cache.redis);
+    w->cache.redis = NULL;
+    agw_lru_free(w->cache.lru);
+    w->cache.lru = NULL;
 }

@@ -36,10 +36,10 @@ static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char
 /* A call record for a new call: from the worker's free list, or new. */
 static wcall_t *call_take(agw_worker_t *w)
 {
-    wcall_t *c = w->free_calls;
+    wcall_t *c = w->tables.free_calls;
     if (c == NULL)
         return agw_malloc(sizeof(*c));
-    w->free_calls = c->next_free;
+    w->tables.free_calls = c->next_free;
     return c;
 }
 
@@ -47,22 +47,22 @@ static wcall_t *call_take(agw_worker_t *w)
  * the worker's free list. */
 static void call_release(agw_worker_t *w, wcall_t *c)
 {
-    agw_slots_del(&w->calls, c->id);
-    c->next_free = w->free_calls;
-    w->free_calls = c;
+    agw_slots_del(&w->tables.calls, c->id);
+    c->next_free = w->tables.free_calls;
+    w->tables.free_calls = c;
 }
 
 /* Ends the span of call c and of every request that shared it (on_call_done, core.cancel). */
 static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int http_status, const char *detail)
 {
     uint64_t t = agw_worker_now_us(w);
-    reqref_t *rr = c->span >= 0 ? agw_slots_get(&w->reqs, c->rid) : NULL;
+    reqref_t *rr = c->span >= 0 ? agw_slots_get(&w->tables.reqs, c->rid) : NULL;
     if (rr && rr->trace)
         agw_trace_end_span(rr->trace, c->span, outcome, http_status, detail, t);
     while (c->joiners) {
         sf_joiner_t *j = c->joiners;
         c->joiners = j->next;
-        reqref_t *jr = agw_slots_get(&w->reqs, j->rid);
+        reqref_t *jr = agw_slots_get(&w->tables.reqs, j->rid);
         if (jr && jr->trace)
             agw_trace_end_span(jr->trace, j->span, outcome, http_status, detail, t);
         free(j);
@@ -210,11 +210,11 @@ void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
         free(f);
 }
 
-/* The header block of a response ("name\0value\0…") in w->hdrs. */
+/* The header block of a response ("name\0value\0…") in w->scratch.hdrs. */
 static agw_buf_t *header_block(agw_worker_t *w, const agw_header_t *h, size_t n)
 {
-    agw_worker_header_block(&w->hdrs, h, n);
-    return &w->hdrs;
+    agw_worker_header_block(&w->scratch.hdrs, h, n);
+    return &w->scratch.hdrs;
 }
 
 static void push_headers(agw_worker_t *w, lua_State *L, const agw_header_t *h, size_t n)
@@ -304,7 +304,7 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
             continue;
         hdrs[k++] = hdrs[i];
     }
-    reqref_t *rr = agw_slots_get(&w->reqs, c->rid);
+    reqref_t *rr = agw_slots_get(&w->tables.reqs, c->rid);
     agw_trace_t *tr = rr ? rr->trace : NULL;
     if (tr) {
         size_t slen = 0;
@@ -316,18 +316,18 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
         unsigned flags = lua_toboolean(L, -1) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
         lua_pop(L, 3);
         unsigned slot = c->g->gen->upstream_slot[c->up];
-        c->span = agw_trace_add_span(tr, &w->trace_rng, slot, section, section ? slen : 0, flags, attempt ? attempt : 1,
+        c->span = agw_trace_add_span(tr, &w->log.trace_rng, slot, section, section ? slen : 0, flags, attempt ? attempt : 1,
                                      agw_worker_now_us(w));
     }
     uint8_t span_id[8], trace_id[16];
     if (c->span >= 0) {
         agw_trace_traceparent(tr, c->span, tp);
     } else { /* no record (too many spans, or none): still a traceparent, in the trace if known */
-        agw_trace_random_id(&w->trace_rng, span_id, 8);
+        agw_trace_random_id(&w->log.trace_rng, span_id, 8);
         if (tr)
             memcpy(trace_id, tr->trace_id, 16);
         else
-            agw_trace_random_id(&w->trace_rng, trace_id, 16);
+            agw_trace_random_id(&w->log.trace_rng, trace_id, 16);
         agw_traceparent_format(tp, trace_id, span_id, tr ? tr->flags : AGW_TRACE_FLAG_SAMPLED);
     }
     hdrs[k].name = "traceparent", hdrs[k].name_len = 11;
@@ -398,10 +398,10 @@ static int l_call(lua_State *L)
     c->joiners = NULL;
     req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
     if (c->span >= 0 && g->conf->ep_first[index] - first > 1) { /* a group's endpoint on the span */
-        reqref_t *rr = agw_slots_get(&w->reqs, c->rid);
+        reqref_t *rr = agw_slots_get(&w->tables.reqs, c->rid);
         rr->trace->spans[c->span].endpoint = (uint8_t)(ep - first + 1);
     }
-    c->id = agw_slots_put(&w->calls, c);
+    c->id = agw_slots_put(&w->tables.calls, c);
     c->call = agw_call_start(g->pools[ep]->pool, &req, on_call_done, c);
     if (c->call == NULL) {
         /* the pool is being destroyed (agw_call_start's only refusal): the span recorded above
@@ -423,7 +423,7 @@ static void on_timer_due(struct ev_loop *loop, ev_timer *t, int revents)
     wtimer_t *tm = (wtimer_t *)t;
     wgen_t *g = tm->g;
     uint64_t id = tm->id;
-    agw_slots_del(&g->w->timers, id);
+    agw_slots_del(&g->w->tables.timers, id);
     free(tm);
     lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_on_timer);
     lua_pushnumber(g->L, (lua_Number)id);
@@ -440,7 +440,7 @@ static int l_timer(lua_State *L)
     wtimer_t *tm = agw_malloc(sizeof(*tm));
     tm->g = g;
     agw_worker_gen_hold(g);
-    tm->id = agw_slots_put(&w->timers, tm);
+    tm->id = agw_slots_put(&w->tables.timers, tm);
     ev_timer_init(&tm->ev, on_timer_due, ms > 0 ? ms / 1000.0 : 0., 0.);
     ev_timer_start(w->loop, &tm->ev);
     lua_pushnumber(L, (lua_Number)tm->id);
@@ -452,10 +452,10 @@ static int l_cancel_timer(lua_State *L)
 {
     agw_worker_t *w = upw(L);
     uint64_t id = (uint64_t)luaL_checknumber(L, 1);
-    wtimer_t *tm = agw_slots_get(&w->timers, id);
+    wtimer_t *tm = agw_slots_get(&w->tables.timers, id);
     if (tm) {
         ev_timer_stop(w->loop, &tm->ev);
-        agw_slots_del(&w->timers, id);
+        agw_slots_del(&w->tables.timers, id);
         wgen_t *g = tm->g;
         free(tm);
         agw_worker_gen_release(g); /* inside Lua: never the last reference of the generation running */
@@ -481,7 +481,7 @@ static int l_cancel(lua_State *L)
 {
     agw_worker_t *w = upw(L);
     uint64_t id = (uint64_t)luaL_checknumber(L, 1);
-    wcall_t *c = agw_slots_get(&w->calls, id);
+    wcall_t *c = agw_slots_get(&w->tables.calls, id);
     if (c) {
         wgen_t *g = c->g;
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
@@ -510,31 +510,31 @@ static void warn_header(void *data, const char *msg)
     for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
         h = (h ^ *p) * 1099511628211ull;
     double now = ev_now(w->loop);
-    size_t n = sizeof(w->warned) / sizeof(w->warned[0]), oldest = 0;
+    size_t n = sizeof(w->log.warned) / sizeof(w->log.warned[0]), oldest = 0;
     for (size_t i = 0; i < n; i++) {
-        if (w->warned[i].logged != 0 && w->warned[i].hash == h) {
-            if (now - w->warned[i].logged < AGW_WARN_REPEAT_S) {
-                w->warned[i].repeats++;
+        if (w->log.warned[i].logged != 0 && w->log.warned[i].hash == h) {
+            if (now - w->log.warned[i].logged < AGW_WARN_REPEAT_S) {
+                w->log.warned[i].repeats++;
                 return;
             }
-            unsigned r = w->warned[i].repeats;
-            w->warned[i].logged = now, w->warned[i].repeats = 0;
+            unsigned r = w->log.warned[i].repeats;
+            w->log.warned[i].logged = now, w->log.warned[i].repeats = 0;
             if (r)
                 agw_log(AGW_LOG_WARN, "worker %d: %s (%u more times since it was last logged)", w->id, msg, r);
             else
                 agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
             return;
         }
-        if (w->warned[i].logged < w->warned[oldest].logged)
+        if (w->log.warned[i].logged < w->log.warned[oldest].logged)
             oldest = i;
     }
-    if (w->warned[oldest].logged != 0 && now - w->warned[oldest].logged < AGW_WARN_REPEAT_S) {
-        w->warned_others++;
+    if (w->log.warned[oldest].logged != 0 && now - w->log.warned[oldest].logged < AGW_WARN_REPEAT_S) {
+        w->log.warned_others++;
         return;
     }
-    w->warned[oldest].hash = h, w->warned[oldest].logged = now, w->warned[oldest].repeats = 0;
-    unsigned others = w->warned_others;
-    w->warned_others = 0;
+    w->log.warned[oldest].hash = h, w->log.warned[oldest].logged = now, w->log.warned[oldest].repeats = 0;
+    unsigned others = w->log.warned_others;
+    w->log.warned_others = 0;
     if (others)
         agw_log(AGW_LOG_WARN, "worker %d: %s (%u other response header warnings were left out before it: at most "
                 "%zu distinct ones are written per %.0f s)", w->id, msg, others, n, AGW_WARN_REPEAT_S);
@@ -560,13 +560,13 @@ static int l_respond(lua_State *L)
     _Static_assert(AGW_RESPONSE_STATUS == 0 && AGW_RESPONSE_SECTIONS == SECTIONS - STATUS, "field order");
     int status = (int)luaL_checkinteger(L, STATUS);
     int is_json = lua_toboolean(L, JSON);
-    reqref_t *rr = agw_slots_get(&w->reqs, rid);
+    reqref_t *rr = agw_slots_get(&w->tables.reqs, rid);
     if (rr == NULL) {
         lua_pushboolean(L, 0);
         return 1;
     }
     h2o_req_t *req = rr->req;
-    agw_buf_t *b = &w->out;
+    agw_buf_t *b = &w->scratch.out;
     const char *body;
     size_t body_len;
     if (is_json) {
@@ -587,7 +587,7 @@ static int l_respond(lua_State *L)
     req->res.status = status;
     req->res.reason = agw_http_reason(status);
     /* the script's headers by the rules of resp_headers.h (the spec harness applies the same) */
-    agw_resp_headers_t *set = &w->resp_headers;
+    agw_resp_headers_t *set = &w->scratch.resp_headers;
     set->n = 0;
     if (lua_istable(L, HEADERS))
         agw_resp_headers_read(set, L, HEADERS, warn_header, w);
@@ -604,7 +604,7 @@ static int l_respond(lua_State *L)
     const char *timing = lua_tolstring(L, SERVER_TIMING, &sl);
     if (timing)
         add_header(req, "server-timing", 13, timing, sl);
-    agw_slots_del(&w->reqs, rid);
+    agw_slots_del(&w->tables.reqs, rid);
     rr->rid = 0;
     agw_worker_stop_client_watch(rr);
     if (no_body)
@@ -641,17 +641,17 @@ static int l_respond(lua_State *L)
 static int l_join(lua_State *L)
 {
     agw_worker_t *w = upw(L);
-    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
-    wcall_t *c = agw_slots_get(&w->calls, (uint64_t)luaL_checknumber(L, 2));
+    reqref_t *rr = agw_slots_get(&w->tables.reqs, (uint64_t)luaL_checknumber(L, 1));
+    wcall_t *c = agw_slots_get(&w->tables.calls, (uint64_t)luaL_checknumber(L, 2));
     if (rr == NULL || rr->trace == NULL || c == NULL)
         return 0;
     size_t slen = 0;
     const char *section = lua_tolstring(L, 3, &slen);
-    int i = agw_trace_add_span(rr->trace, &w->trace_rng, c->g->gen->upstream_slot[c->up], section,
+    int i = agw_trace_add_span(rr->trace, &w->log.trace_rng, c->g->gen->upstream_slot[c->up], section,
                                section ? slen : 0, AGW_SPAN_SF_JOINED, 1, agw_worker_now_us(w));
     if (i < 0)
         return 0;
-    reqref_t *leader = c->span >= 0 ? agw_slots_get(&w->reqs, c->rid) : NULL;
+    reqref_t *leader = c->span >= 0 ? agw_slots_get(&w->tables.reqs, c->rid) : NULL;
     if (leader && leader->trace) {
         agw_span_t *ls = &leader->trace->spans[c->span];
         ls->flags |= AGW_SPAN_SF_LEADER;
@@ -670,7 +670,7 @@ static int l_join(lua_State *L)
 static int l_trace_id(lua_State *L)
 {
     agw_worker_t *w = upw(L);
-    reqref_t *rr = agw_slots_get(&w->reqs, (uint64_t)luaL_checknumber(L, 1));
+    reqref_t *rr = agw_slots_get(&w->tables.reqs, (uint64_t)luaL_checknumber(L, 1));
     if (rr == NULL || rr->trace == NULL)
         return 0;
     char hex[32];

@@ -34,14 +34,14 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
     }
     rr->tracestate = NULL;
     rr->tracestate_len = 0;
-    agw_trace_t *tr = w->free_traces;
+    agw_trace_t *tr = w->log.free_traces;
     if (tr)
-        w->free_traces = tr->next;
+        w->log.free_traces = tr->next;
     else
         tr = agw_malloc(sizeof(*tr));
     agw_traceparent_t parent;
     int continued = num_tp == 1 && agw_traceparent_parse(tp->base, tp->len, &parent) == 0;
-    agw_trace_begin(tr, &w->trace_rng, continued ? &parent : NULL, agw_worker_now_us(w), req->method.base,
+    agw_trace_begin(tr, &w->log.trace_rng, continued ? &parent : NULL, agw_worker_now_us(w), req->method.base,
                     req->method.len, req->path.base, path_len);
     tr->endpoint = (int)rr->g->gen->route_slot[rr->endpoint]; /* names that outlive the generation */
     tr->worker = w->id;
@@ -90,12 +90,12 @@ static void trace_request_ended(agw_worker_t *w, reqref_t *rr, int status)
     agw_trace_t *tr = rr->trace;
     rr->trace = NULL;
     agw_trace_finish(tr, status, agw_worker_now_us(w));
-    if (w->waterfall_on)
+    if (w->log.waterfall_on)
         agw_waterfall_record(w->m->waterfall, tr);
     if (w->m->trace_queue && (tr->flags & AGW_TRACE_FLAG_SAMPLED) && agw_otlp_submit(w->m->trace_queue, tr) == 0)
         return;
-    tr->next = w->free_traces;
-    w->free_traces = tr;
+    tr->next = w->log.free_traces;
+    w->log.free_traces = tr;
 }
 
 /* ---- metrics and the access log ------------------------------------------------------------ */
@@ -105,16 +105,36 @@ static void trace_request_ended(agw_worker_t *w, reqref_t *rr, int status)
 void agw_worker_alog_flush(agw_worker_t *w)
 {
     size_t off = 0;
-    while (off < w->alog.len) {
-        ssize_t n = write(w->access_fd, w->alog.base + off, w->alog.len - off);
+    while (off < w->log.alog.len) {
+        ssize_t n = write(w->log.access_fd, w->log.alog.base + off, w->log.alog.len - off);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
             break; /* the disk is full or the pipe closed: drop these lines rather than wait */
         off += (size_t)n;
     }
-    agw_buf_reset(&w->alog);
-    ev_timer_stop(w->loop, &w->alog_timer);
+    agw_buf_reset(&w->log.alog);
+    ev_timer_stop(w->loop, &w->log.alog_timer);
+}
+
+void agw_worker_log_init(agw_worker_log_t *l, int access_fd, int waterfall_on, void *data)
+{
+    l->waterfall_on = waterfall_on;
+    l->access_fd = access_fd;
+    l->alog_sec = -1;
+    ev_timer_init(&l->alog_timer, agw_worker_on_alog_timer, 0.1, 0.);
+    l->alog_timer.data = data;
+}
+
+void agw_worker_log_close(agw_worker_t *w)
+{
+    if (w->log.access_fd >= 0)
+        agw_worker_alog_flush(w);
+    while (w->log.free_traces) {
+        agw_trace_t *tr = w->log.free_traces;
+        w->log.free_traces = tr->next;
+        free(tr);
+    }
 }
 
 void agw_worker_on_alog_timer(struct ev_loop *loop, ev_timer *t, int revents)
@@ -327,18 +347,18 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
                        const char *route, int status, double ms, size_t bytes, const section_ref_t *secs, size_t nsecs,
                        const char *timing, size_t tlen, const agw_trace_t *trace)
 {
-    agw_buf_t *b = &w->alog;
+    agw_buf_t *b = &w->log.alog;
     double now = ev_now(w->loop); /* libev's loop time is the wall clock */
     time_t sec = (time_t)now;
-    if (sec != w->alog_sec) {
+    if (sec != w->log.alog_sec) {
         struct tm tm;
         gmtime_r(&sec, &tm);
-        snprintf(w->alog_stamp, sizeof(w->alog_stamp), "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.", tm.tm_year + 1900,
+        snprintf(w->log.alog_stamp, sizeof(w->log.alog_stamp), "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.", tm.tm_year + 1900,
                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
-        w->alog_sec = sec;
+        w->log.alog_sec = sec;
     }
     int was_empty = b->len == 0;
-    agw_buf_puts(b, w->alog_stamp);
+    agw_buf_puts(b, w->log.alog_stamp);
     int msec = (int)((now - (double)sec) * 1000.0);
     if (msec < 0 || msec > 999)
         msec = msec < 0 ? 0 : 999;
@@ -412,7 +432,7 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
     if (b->len >= ALOG_FLUSH_BYTES)
         agw_worker_alog_flush(w);
     else if (was_empty)
-        ev_timer_start(w->loop, &w->alog_timer);
+        ev_timer_start(w->loop, &w->log.alog_timer);
 }
 
 /* Route pattern of endpoint (1-based) in generation g, NULL for 0 (no route matched). */
@@ -427,9 +447,9 @@ static const char *route_of(const wgen_t *g, int endpoint)
  * counted and logged; it was routed by the current generation. */
 void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes)
 {
-    const wgen_t *g = w->cur;
+    const wgen_t *g = w->gens.cur;
     agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, 0, bytes);
-    if (w->access_fd >= 0)
+    if (w->log.access_fd >= 0)
         alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, route_of(g, endpoint), status,
                    0, bytes, NULL, 0, NULL, 0, NULL);
 }
@@ -457,7 +477,7 @@ void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t
 void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
                              const char *kind, const char *title, const char *detail)
 {
-    agw_buf_t *b = &w->out;
+    agw_buf_t *b = &w->scratch.out;
     agw_buf_reset(b);
     agw_buf_printf(b, "{\"type\":\"urn:aggway:problem:%s\",\"title\":", kind);
     agw_json_encode_string(b, title, strlen(title));

@@ -49,9 +49,9 @@ void agw_worker_gen_free(wgen_t *g)
 
 void agw_worker_free_dead_gens(agw_worker_t *w)
 {
-    while (w->dead) {
-        wgen_t *g = w->dead;
-        w->dead = g->next;
+    while (w->gens.dead) {
+        wgen_t *g = w->gens.dead;
+        w->gens.dead = g->next;
         agw_worker_gen_free(g);
     }
 }
@@ -76,7 +76,7 @@ static void adopt_listener_tls(agw_worker_t *w, const agw_config_t *conf)
 void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
 {
     const agw_config_t *conf = g->conf;
-    wgen_t *old = w->cur;
+    wgen_t *old = w->gens.cur;
     agw_worker_cache_configure(w, conf);
     /* one pool per endpoint: an endpoint that did not change keeps its pool (and its keep-alive
      * connections) across a reload, whatever happened to the other endpoints of its upstream */
@@ -103,25 +103,41 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
     }
     g->refs = 1; /* current */
     g->prev = NULL;
-    g->next = w->gens;
-    if (w->gens)
-        w->gens->prev = g;
-    w->gens = g;
-    w->cur = g;
+    g->next = w->gens.live;
+    if (w->gens.live)
+        w->gens.live->prev = g;
+    w->gens.live = g;
+    w->gens.cur = g;
     adopt_listener_tls(w, conf);
-    __atomic_store_n(&w->serving, g->gen->number, __ATOMIC_RELEASE);
+    __atomic_store_n(&w->gens.serving, g->gen->number, __ATOMIC_RELEASE);
     if (old)
         agw_worker_gen_release(old);
+}
+
+void agw_worker_gens_init(agw_worker_gens_t *gs)
+{
+    pthread_mutex_init(&gs->next_lock, NULL);
+}
+
+wgen_t *agw_worker_gens_offer(agw_worker_gens_t *gs, wgen_t *g)
+{
+    pthread_mutex_lock(&gs->next_lock);
+    wgen_t *replaced = gs->next;
+    gs->next = g;
+    pthread_mutex_unlock(&gs->next_lock);
+    return replaced;
+}
+
+wgen_t *agw_worker_gens_take(agw_worker_gens_t *gs)
+{
+    return agw_worker_gens_offer(gs, NULL);
 }
 
 void agw_worker_on_reload(struct ev_loop *loop, ev_async *a, int revents)
 {
     (void)loop, (void)revents;
     agw_worker_t *w = a->data;
-    pthread_mutex_lock(&w->next_lock);
-    wgen_t *g = w->next;
-    w->next = NULL;
-    pthread_mutex_unlock(&w->next_lock);
+    wgen_t *g = agw_worker_gens_take(&w->gens);
     if (g)
         agw_worker_gen_activate(w, g);
 }
@@ -273,11 +289,8 @@ void agw_worker_discard(agw_worker_gen_t *g)
 
 void agw_worker_install(agw_worker_t *w, agw_worker_gen_t *g)
 {
-    pthread_mutex_lock(&w->next_lock);
-    wgen_t *replaced = w->next; /* a reload the worker has not taken yet: this one supersedes it */
-    w->next = g;
-    pthread_mutex_unlock(&w->next_lock);
+    wgen_t *replaced = agw_worker_gens_offer(&w->gens, g); /* not taken yet: g supersedes it */
     if (replaced)
         agw_worker_gen_discard(replaced);
-    ev_async_send(w->loop, &w->reload_async);
+    ev_async_send(w->loop, &w->gens.reload_async);
 }

@@ -30,12 +30,12 @@
 #ifndef AGW_WATCHDOG_H
 #define AGW_WATCHDOG_H
 
+#include <lua.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 
 #include "base/clock.h"
-
-struct agw_worker;
 
 /* The resolution of agw_coarse_ms, ms (clock_getres; read once, 1 when it cannot be read). */
 uint64_t agw_coarse_tick_ms(void);
@@ -44,12 +44,75 @@ uint64_t agw_coarse_tick_ms(void);
  * signal: nothing else in the process uses it; its handler is installed by agw_watchdog_start). */
 #define AGW_WATCHDOG_SIGNAL (SIGRTMIN + 3)
 
+/* What the watchdog sees of one worker: its entries into Lua. This is the whole interface between
+ * the two (the watchdog knows nothing else of a worker). An entry is one outermost
+ * agw_worker_call_runtime, begun with agw_watchdog_enter and ended with agw_watchdog_leave. The
+ * worker's thread writes depth, L, since_ms, entry and limit_ms; the watchdog thread reads the
+ * last three and writes stop_entry and stop_armed_ms; the signal handler and the hook (on the
+ * worker's thread) read them. Zeroed memory is a worker outside Lua. */
+typedef struct agw_watchdog_target {
+    int id;                 /* the worker's number (the log line) */
+    pthread_t thread;       /* the worker's thread: AGW_WATCHDOG_SIGNAL goes there (set before the
+                               watchdog starts) */
+    int depth;              /* > 0 while C code runs inside Lua (entries and nested calls) */
+    lua_State *L;           /* the VM of the entry (set before depth: the signal handler reads it
+                               while depth > 0) */
+    uint64_t since_ms;      /* atomic: coarse monotonic ms when the entry began, 0 outside Lua */
+    uint64_t entry;         /* atomic: entries so far (the current one while in Lua) */
+    uint64_t limit_ms;      /* atomic: the entry's generation's script_time_limit_ms */
+    uint64_t stop_entry;    /* atomic: the entry the watchdog asked to stop, 0 for none */
+    uint64_t stop_armed_ms; /* watchdog thread only: when it last asked */
+} agw_watchdog_target_t;
+
+/* Makes t the target of the calling thread (a worker's, once, before its loop runs): the signal
+ * handler and the hook find it there. */
+void agw_watchdog_attach(agw_watchdog_target_t *t);
+
+/* A worker goes into Lua (VM L): an outermost call (depth 0) begins an entry the watchdog times
+ * against limit_ms. Every call, nested or not, is matched by agw_watchdog_leave. Inline: this is
+ * on the path of every request and upstream answer. */
+static inline void agw_watchdog_enter(agw_watchdog_target_t *t, lua_State *L, uint64_t limit_ms)
+{
+    if (t->depth == 0) {
+        t->L = L;
+        __atomic_store_n(&t->limit_ms, limit_ms, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->entry, t->entry + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&t->since_ms, agw_coarse_ms(), __ATOMIC_RELEASE);
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* L before depth, for the signal handler */
+    t->depth++;
+}
+
+/* The call agw_watchdog_enter began has returned. Returns how long the entry lasted (ms, coarse)
+ * when this ends an entry, 0 for a nested call. */
+static inline uint64_t agw_watchdog_leave(agw_watchdog_target_t *t)
+{
+    uint64_t took = 0;
+    if (t->depth == 1) {
+        uint64_t since = __atomic_load_n(&t->since_ms, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->since_ms, 0, __ATOMIC_RELEASE);
+        took = agw_coarse_ms() - since;
+    }
+    t->depth--;
+    return took;
+}
+
+/* The script time limit of t's last entry, ms (thread-safe; the watchdog paces itself by it).
+ * 1000 before the first entry. */
+uint64_t agw_watchdog_limit_ms(const agw_watchdog_target_t *t);
+
+/* The watchdog thread's check of t, with now = agw_coarse_ms() (read once for every worker, so it
+ * may be a little older than an entry's start): when t has been inside one entry for longer than
+ * its limit plus a clock tick, sends its thread AGW_WATCHDOG_SIGNAL (once per limit while the
+ * entry lasts) and logs, the first time, which worker and for how long. Thread-safe. */
+void agw_watchdog_check(agw_watchdog_target_t *t, uint64_t now);
+
 typedef struct agw_watchdog agw_watchdog_t;
 
-/* Installs the handler of AGW_WATCHDOG_SIGNAL (agw_worker_on_watchdog_signal) and starts the
- * watchdog thread over workers[0 .. n-1] (the array and the workers must outlive it). Returns NULL
- * when either fails (the gateway serves on without a time limit; the caller logs it). */
-agw_watchdog_t *agw_watchdog_start(struct agw_worker **workers, unsigned n);
+/* Installs the handler of AGW_WATCHDOG_SIGNAL and starts the watchdog thread over targets[0 .. n-1]
+ * (the array and the targets must outlive it). Returns NULL when either fails (the gateway serves
+ * on without a time limit; the caller logs it). */
+agw_watchdog_t *agw_watchdog_start(agw_watchdog_target_t *const *targets, unsigned n);
 
 /* Stops the thread and frees the watchdog; NULL is a no-op. Call after the workers have stopped:
  * it goes on stopping runaway scripts while they stop (server.c). */

@@ -117,138 +117,27 @@ static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
 
 static void process_pending_aborts(agw_worker_t *w);
 
-/* ---- the script time limit (watchdog.h) ----------------------------------------------------- */
-
-static __thread agw_worker_t *this_worker; /* the worker whose thread this is */
-
 #define AGW_LONG_ENTRY_MS 10 /* an entry into Lua this long updates the loop's clock, ms */
-
-/* Whether a function's source ("@path") is a file of the runtime's Lua half (agw_lua_dir()):
- * lua/agg, not a script of the scripts folder, a module it required or a chunk it loaded. */
-static int runtime_source(const char *source)
-{
-    const char *dir = agw_lua_dir();
-    if (dir == NULL)
-        return 0;
-    size_t n = strlen(dir);
-    return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
-}
-
-/* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
-static void on_script_too_long(lua_State *L, lua_Debug *ar)
-{
-    (void)ar;
-    agw_worker_t *w = this_worker;
-    uint64_t entry = w ? __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED) : 0;
-    if (w == NULL || w->lua_depth == 0 || __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) != entry ||
-        agw_coarse_ms() < w->lua_since_ms + w->lua_limit_ms) {
-        lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
-        return;
-    }
-    /* level 0: the function running, not the hook */
-    lua_Debug d;
-    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || runtime_source(d.source)) {
-        /* the runtime's own code (lua/agg): an error here could leave it half way through its
-         * bookkeeping (a request never answered). In a coroutine the hook waits for the script's
-         * next instruction. On the runtime's own thread the script's coroutine is gone, or the
-         * pcall around a fallback has its error: the hook removes itself, and the watchdog asks
-         * again a limit later if a script runs on */
-        int main_thread = lua_pushthread(L);
-        lua_pop(L, 1);
-        if (main_thread)
-            lua_sethook(L, NULL, 0, 0);
-        return;
-    }
-    /* the script's own code, in a coroutine or (a fallback) on the runtime's thread: raised again
-     * at each of its instructions, so a pcall in it cannot carry on */
-    if (d.currentline > 0)
-        lua_pushfstring(L, "%s:%d: ", d.short_src, d.currentline);
-    else
-        lua_pushliteral(L, "");
-    lua_pushfstring(L, "stopped: the script ran for more than %d ms without waiting for a call "
-                       "(script_time_limit_ms in gateway.lua)",
-                    (int)__atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED));
-    lua_concat(L, 2);
-    lua_error(L);
-}
-
-void agw_worker_on_watchdog_signal(int sig)
-{
-    (void)sig;
-    int saved = errno;
-    agw_worker_t *w = this_worker;
-    /* inside an entry (lua_L is its VM: agw_worker_call_runtime sets it before lua_depth), and the
-     * one the watchdog asked to stop */
-    if (w != NULL && w->lua_depth > 0 &&
-        __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) == __atomic_load_n(&w->lua_entry, __ATOMIC_RELAXED))
-        lua_sethook(w->lua_L, on_script_too_long, LUA_MASKCOUNT, 1);
-    errno = saved;
-}
-
-uint64_t agw_worker_script_limit_ms(const agw_worker_t *w)
-{
-    uint64_t l = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
-    return l ? l : 1000;
-}
-
-void agw_worker_watch_script(agw_worker_t *w, uint64_t now)
-{
-    /* the entry number read before and after its start time: when the two differ, the worker
-     * moved on to another entry meanwhile and since may not be that entry's (the worker writes
-     * the number before the time, agw_worker_call_runtime) */
-    uint64_t entry = __atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE);
-    uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_ACQUIRE);
-    uint64_t limit = __atomic_load_n(&w->lua_limit_ms, __ATOMIC_RELAXED);
-    if (__atomic_load_n(&w->lua_entry, __ATOMIC_ACQUIRE) != entry || since == 0)
-        return; /* (since == 0: outside Lua; a worker thread that has ended is always there) */
-    /* both times are coarse (agw_coarse_ms): one clock tick more, so as never to stop early. now
-     * may be older than since: the watchdog reads the clock once for every worker */
-    if (now < since + limit + agw_coarse_tick_ms())
-        return;
-    int first = __atomic_load_n(&w->stop_entry, __ATOMIC_RELAXED) != entry;
-    if (!first && now - w->stop_armed_ms < limit)
-        return; /* asked already: again once per limit while the entry lasts */
-    __atomic_store_n(&w->stop_entry, entry, __ATOMIC_RELEASE);
-    w->stop_armed_ms = now;
-    if (first)
-        agw_log(AGW_LOG_WARN, "worker %d: a script has run for %llu ms without waiting for a call "
-                "(script_time_limit_ms %llu); stopping it", w->id, (unsigned long long)(now - since),
-                (unsigned long long)limit);
-    pthread_kill(w->thread, AGW_WATCHDOG_SIGNAL); /* agw_worker_on_watchdog_signal sets the hook */
-}
 
 int agw_worker_call_runtime(wgen_t *g, int nargs)
 {
     agw_worker_t *w = g->w;
     lua_State *L = g->L;
     int rc = 0;
-    int outer = w->lua_depth == 0;
-    if (outer) { /* an entry begins: the watchdog times it */
-        w->lua_L = L;
-        __atomic_store_n(&w->lua_limit_ms, g->conf->script_time_limit_ms, __ATOMIC_RELAXED);
-        __atomic_store_n(&w->lua_entry, w->lua_entry + 1, __ATOMIC_RELEASE);
-        __atomic_store_n(&w->lua_since_ms, agw_coarse_ms(), __ATOMIC_RELEASE);
-    }
-    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* lua_L before lua_depth, for the signal handler */
-    w->lua_depth++;
+    agw_watchdog_enter(&w->script, L, g->conf->script_time_limit_ms); /* an outermost one is timed */
     if (lua_pcall(L, nargs, 0, 0) != 0) {
         agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
         lua_pop(L, 1);
         rc = -1;
     }
-    if (outer) {
-        uint64_t since = __atomic_load_n(&w->lua_since_ms, __ATOMIC_RELAXED);
-        __atomic_store_n(&w->lua_since_ms, 0, __ATOMIC_RELEASE);
-        /* a long entry (a slow script, one the watchdog stopped) leaves the loop's clock behind:
-         * requests read after it in this iteration would start their deadlines and call
-         * timeouts that long ago, and time out at once */
-        if (agw_coarse_ms() - since >= AGW_LONG_ENTRY_MS)
-            ev_now_update(w->loop);
-    }
-    w->lua_depth--;
-    if (w->lua_depth == 0 && w->num_pending_aborts)
+    /* a long entry (a slow script, one the watchdog stopped) leaves the loop's clock behind:
+     * requests read after it in this iteration would start their deadlines and call timeouts
+     * that long ago, and time out at once */
+    if (agw_watchdog_leave(&w->script) >= AGW_LONG_ENTRY_MS)
+        ev_now_update(w->loop);
+    if (w->script.depth == 0 && w->tables.num_pending_aborts)
         process_pending_aborts(w);
-    if (w->lua_depth == 0 && w->dead)
+    if (w->script.depth == 0 && w->gens.dead)
         agw_worker_free_dead_gens(w);
     return rc;
 }
@@ -262,8 +151,8 @@ static void abort_request(wgen_t *g, uint64_t rid)
 
 static void process_pending_aborts(agw_worker_t *w)
 {
-    while (w->num_pending_aborts) {
-        struct pending_abort pa = w->pending_aborts[--w->num_pending_aborts];
+    while (w->tables.num_pending_aborts) {
+        agw_pending_abort_t pa = w->tables.pending_aborts[--w->tables.num_pending_aborts];
         abort_request(pa.g, pa.rid);
         agw_worker_gen_release(pa.g);
     }
@@ -276,13 +165,13 @@ static void process_pending_aborts(agw_worker_t *w)
 static void abandon_request(wgen_t *g, uint64_t rid)
 {
     agw_worker_t *w = g->w;
-    if (w->lua_depth) {
-        if (w->num_pending_aborts == w->cap_pending_aborts) {
-            w->cap_pending_aborts = w->cap_pending_aborts ? w->cap_pending_aborts * 2 : 16;
-            w->pending_aborts = agw_realloc(w->pending_aborts, w->cap_pending_aborts * sizeof(*w->pending_aborts));
+    if (w->script.depth) {
+        if (w->tables.num_pending_aborts == w->tables.cap_pending_aborts) {
+            w->tables.cap_pending_aborts = w->tables.cap_pending_aborts ? w->tables.cap_pending_aborts * 2 : 16;
+            w->tables.pending_aborts = agw_realloc(w->tables.pending_aborts, w->tables.cap_pending_aborts * sizeof(*w->tables.pending_aborts));
         }
-        w->pending_aborts[w->num_pending_aborts].rid = rid;
-        w->pending_aborts[w->num_pending_aborts++].g = g;
+        w->tables.pending_aborts[w->tables.num_pending_aborts].rid = rid;
+        w->tables.pending_aborts[w->tables.num_pending_aborts++].g = g;
         agw_worker_gen_hold(g);
         return;
     }
@@ -305,7 +194,7 @@ static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
         return;
     agw_worker_t *w = rr->w;
     uint64_t rid = rr->rid;
-    agw_slots_del(&w->reqs, rid);
+    agw_slots_del(&w->tables.reqs, rid);
     rr->rid = 0;
     agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
     abandon_request(rr->g, rid);
@@ -423,7 +312,7 @@ static void on_req_dispose(void *p)
         agw_guard_h2_cancelled(&w->guard, rr->req, (uint64_t)(ev_now(w->loop) * 1000.0), cc->max_cancelled_streams,
                                cc->cancel_window_ms);
     }
-    agw_slots_del(&w->reqs, rid);
+    agw_slots_del(&w->tables.reqs, rid);
     rr->rid = 0;
     agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
     abandon_request(rr->g, rid);
@@ -454,7 +343,7 @@ static void record_batch(void *data, h2o_req_t *req, int status, size_t bytes)
 /* The batch endpoint (multi/multi.h): its entries come back here, each as a request of its own. */
 static int on_batch(agw_worker_t *w, h2o_req_t *req)
 {
-    const agw_config_t *conf = w->cur->conf;
+    const agw_config_t *conf = w->gens.cur->conf;
     if (agw_multi_is_entry(req)) {
         agw_worker_send_problem(w, req, NULL, 0, 400, "nested-batch", "a batch may not contain a batch", NULL);
         return 0;
@@ -525,7 +414,7 @@ static int gate_request(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint
 {
     const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
     const agw_limits_conf_t *lc = &g->conf->limits;
-    agw_buf_t *b = &w->out;
+    agw_buf_t *b = &w->scratch.out;
     if (agw_gate_shed(lc->max_in_flight, ep->priority, __atomic_load_n(&w->inflight, __ATOMIC_RELAXED))) {
         AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].shed, 1);
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
@@ -668,7 +557,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 /* A request from h2o (may_wait: it may wait for a JWKS refetch; 0 when it has waited already). */
 static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
 {
-    wgen_t *g = w->cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
+    wgen_t *g = w->gens.cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
     if (req->version >= 0x200) /* header bombs: the guard counts HEADERS frames before h2o decodes them */
         agw_guard_h2_watch(&w->guard, req, AGW_WORKER_MAX_FIELDS(&g->conf->clients));
     if (headers_too_large(w, g, req, 0))
@@ -731,12 +620,12 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     rr->g = g;
     agw_worker_gen_hold(g);
     rr->req = req;
-    rr->rid = agw_slots_put(&w->reqs, rr);
+    rr->rid = agw_slots_put(&w->tables.reqs, rr);
     rr->endpoint = endpoint;
     rr->started = ev_now(w->loop);
     rr->logline = NULL;
     rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
-    if (w->access_fd >= 0) {
+    if (w->log.access_fd >= 0) {
         rr->logline = agw_malloc(req->method.len + req->path.len + 2);
         memcpy(rr->logline, req->method.base, req->method.len);
         rr->logline[req->method.len] = '\0';
@@ -773,7 +662,7 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_QUERY);
     lua_insert(L, -2);
     lua_rawset(L, a);
-    agw_buf_t *hb = &w->hdrs;
+    agw_buf_t *hb = &w->scratch.hdrs;
     { /* at most clients.max_headers fields (headers_too_large) */
         size_t n = req->headers.size;
         agw_header_t small[128], *f = n <= 128 ? small : agw_malloc(n * sizeof(*f));
@@ -807,8 +696,8 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     lua_remove(L, keys);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 6) != 0 && agw_slots_get(&w->reqs, rid) == rr) {
-        agw_slots_del(&w->reqs, rid);
+    if (agw_worker_call_runtime(g, 6) != 0 && agw_slots_get(&w->tables.reqs, rid) == rr) {
+        agw_slots_del(&w->tables.reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);
         agw_worker_send_problem(w, req, rr, endpoint, 500, "gateway-error", "the gateway failed to handle the request",
@@ -835,7 +724,7 @@ static void accept_one(listener_t *l);
 /* This worker's share of clients.max_connections (at least 1). */
 static unsigned conn_share(agw_worker_t *w)
 {
-    const agw_config_t *conf = w->cur->conf;
+    const agw_config_t *conf = w->gens.cur->conf;
     unsigned workers = conf->workers ? conf->workers : 1;
     unsigned share = (conf->clients.max_connections + workers - 1) / workers;
     return share ? share : 1;
@@ -920,8 +809,8 @@ static void on_accept(uv_stream_t *server, int status)
 static void purge_tier1(void *arg, const char *prefix, size_t len)
 {
     agw_worker_t *w = arg;
-    if (w->lru)
-        agw_lru_purge_prefix(w->lru, prefix, len);
+    if (w->cache.lru)
+        agw_lru_purge_prefix(w->cache.lru, prefix, len);
 }
 
 static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
@@ -929,9 +818,9 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
     agw_cache_inbox_take(&w->m->purge, purge_tier1, w); /* POST /cache/purge (cache/purge.h) */
-    for (size_t i = 0; i < w->cur->conf->num_upstreams; i++)
-        agw_worker_publish_pool(w->cur, i);
-    for (wgen_t *g = w->gens; g;) {
+    for (size_t i = 0; i < w->gens.cur->conf->num_upstreams; i++)
+        agw_worker_publish_pool(w->gens.cur, i);
+    for (wgen_t *g = w->gens.live; g;) {
         wgen_t *next = g->next;
         if (g->ref_report_stats != LUA_NOREF) {
             agw_worker_gen_hold(g);
@@ -947,18 +836,12 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
 static void *worker_main(void *arg)
 {
     agw_worker_t *w = arg;
-    this_worker = w;
+    agw_watchdog_attach(&w->script);
     ev_run(w->loop, 0);
     agw_guard_dispose(&w->guard);
     agw_worker_cache_close(w);
-    if (w->access_fd >= 0)
-        agw_worker_alog_flush(w);
     agw_auth_cache_free(&w->auth_cache);
-    while (w->free_traces) {
-        agw_trace_t *tr = w->free_traces;
-        w->free_traces = tr->next;
-        free(tr);
-    }
+    agw_worker_log_close(w);
     return NULL;
 }
 
@@ -979,23 +862,22 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
 {
     agw_worker_t *w = agw_calloc(1, sizeof(*w));
     w->id = id;
+    w->script.id = id;
     w->m = metrics;
     w->limits = limits;
-    w->waterfall_on = gen->conf.admin_port != 0;
-    w->access_fd = access_fd;
-    w->alog_sec = -1;
+    agw_worker_log_init(&w->log, access_fd, gen->conf.admin_port != 0, w);
     w->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)time(NULL) << 8) ^ (uint64_t)(id + 1);
     /* trace ids must not repeat across gateways started in the same second */
-    if (getrandom(&w->trace_rng, sizeof(w->trace_rng), GRND_NONBLOCK) != (ssize_t)sizeof(w->trace_rng))
-        w->trace_rng = w->rng ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)w;
-    if (w->trace_rng == 0)
-        w->trace_rng = w->rng;
+    if (getrandom(&w->log.trace_rng, sizeof(w->log.trace_rng), GRND_NONBLOCK) != (ssize_t)sizeof(w->log.trace_rng))
+        w->log.trace_rng = w->rng ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)w;
+    if (w->log.trace_rng == 0)
+        w->log.trace_rng = w->rng;
     wgen_t *first = agw_worker_prepare(w, gen, errors);
     if (first == NULL) {
         free(w);
         return NULL;
     }
-    pthread_mutex_init(&w->next_lock, NULL);
+    agw_worker_gens_init(&w->gens);
     w->loop = ev_loop_new(EVFLAG_AUTO);
     uv_loop_init(&w->uvloop);
     ev_io_init(&w->uv_io, on_uv_io, uv_backend_fd(&w->uvloop), EV_READ);
@@ -1021,14 +903,12 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     ev_async_init(&w->drain_async, on_drain);
     w->drain_async.data = w;
     ev_async_start(w->loop, &w->drain_async);
-    ev_async_init(&w->reload_async, agw_worker_on_reload);
-    w->reload_async.data = w;
-    ev_async_start(w->loop, &w->reload_async);
+    ev_async_init(&w->gens.reload_async, agw_worker_on_reload);
+    w->gens.reload_async.data = w;
+    ev_async_start(w->loop, &w->gens.reload_async);
     ev_timer_init(&w->stats_timer, on_stats_timer, 1., 1.);
     w->stats_timer.data = w;
     ev_timer_start(w->loop, &w->stats_timer);
-    ev_timer_init(&w->alog_timer, agw_worker_on_alog_timer, 0.1, 0.);
-    w->alog_timer.data = w;
     ev_init(&w->watch_timer, on_watch_timer);
     w->watch_timer.data = w;
 
@@ -1058,17 +938,23 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         agw_buf_puts(errors, "cannot start a worker thread\n");
         return NULL;
     }
+    w->script.thread = w->thread; /* before the watchdog starts (server.c) */
     return w;
 }
 
 uint64_t agw_worker_generation(const agw_worker_t *w)
 {
-    return __atomic_load_n(&w->serving, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&w->gens.serving, __ATOMIC_ACQUIRE);
 }
 
 void agw_worker_drain(agw_worker_t *w)
 {
     ev_async_send(w->loop, &w->drain_async);
+}
+
+agw_watchdog_target_t *agw_worker_watchdog_target(agw_worker_t *w)
+{
+    return &w->script;
 }
 
 int agw_worker_inflight(const agw_worker_t *w)
@@ -1086,10 +972,7 @@ int agw_worker_stop(agw_worker_t *w, uint64_t wait_ms)
         SSL_CTX_free(w->listeners[i].accept_ctx.ssl_ctx);
         w->listeners[i].accept_ctx.ssl_ctx = NULL;
     }
-    pthread_mutex_lock(&w->next_lock);
-    wgen_t *pending = w->next;
-    w->next = NULL;
-    pthread_mutex_unlock(&w->next_lock);
+    wgen_t *pending = agw_worker_gens_take(&w->gens);
     if (pending)
         agw_worker_gen_discard(pending);
     return 0;

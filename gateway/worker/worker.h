@@ -12,6 +12,7 @@
 
 #include "script/config.h"
 #include "worker/generation.h"
+#include "worker/watchdog.h"
 #include "ops/metrics.h"
 #include "limits/limit.h"
 
@@ -75,21 +76,9 @@ void agw_worker_drain(agw_worker_t *w);
 /* Requests the worker is handling (thread-safe): arrived at the runtime and not yet disposed. */
 int agw_worker_inflight(const agw_worker_t *w);
 
-/* The script time limit of the generation the worker last ran a script on, ms (thread-safe; the
- * watchdog paces itself by it). 1000 before the first script ran. */
-uint64_t agw_worker_script_limit_ms(const agw_worker_t *w);
-
-/* Called by the watchdog thread (watchdog.h) with now = agw_coarse_ms() (read once for every
- * worker, so it may be a little older than an entry's start): when w has been inside one entry
- * into Lua for longer than its limit plus a clock tick, sends its thread AGW_WATCHDOG_SIGNAL (once
- * per limit while the entry lasts) and logs, the first time, which worker and for how long.
- * Thread-safe. */
-void agw_worker_watch_script(agw_worker_t *w, uint64_t now);
-
-/* The handler of AGW_WATCHDOG_SIGNAL (async-signal-safe; installed by agw_watchdog_start): on a
- * worker thread inside the entry the watchdog asked to stop, sets the hook that stops the script
- * (lua_sethook, the call Lua allows from a signal handler); anywhere else, nothing. */
-void agw_worker_on_watchdog_signal(int sig);
+/* What the script time limit's watchdog watches of w (watchdog.h): the watchdog knows workers
+ * by this alone. Valid as long as w. */
+agw_watchdog_target_t *agw_worker_watchdog_target(agw_worker_t *w);
 
 /* Asks the worker to stop (thread-safe), waits up to wait_ms for its thread, drops its references
  * to the listeners' SSL_CTXs and frees the generation handed to it and not yet taken. Returns 0,

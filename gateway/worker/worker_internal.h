@@ -1,5 +1,5 @@
 /* worker_internal.h: what the files of a worker share (not installed; included by worker.c,
- * vm.c, core.c and request_log.c only): the worker's private types and the
+ * vm.c, core.c, cache.c and request_log.c only): the worker's private types and the
  * functions one of these files calls in another. Small helpers on the per-request and per-call
  * path that more than one file calls are static inline here, so that they stay inlinable.
  */
@@ -18,6 +18,12 @@
 #include "cache/lru.h"
 #include "edge/auth.h"
 #include "worker/generation.h"
+#include "worker/gens.h"
+#include "worker/request_log.h"
+#include "worker/scratch.h"
+#include "worker/tables.h"
+#include "worker/watchdog.h"
+#include "worker/wcache.h"
 #include "ops/metrics.h"
 #include "redis/redis.h"
 #include "script/resp_headers.h"
@@ -113,10 +119,15 @@ typedef struct sf_joiner {
     struct sf_joiner *next;
 } sf_joiner_t;
 
-/* A worker: its thread and loops, the generations it runs, its requests, calls and timers. */
+/* A worker: its thread and loops, the generations it runs, its requests, calls and timers. The
+ * fields here are the loop and its queues, the front (listeners, connections) and the stores
+ * shared with other threads (worker.c); each other concern is a part with a header of its own,
+ * saying which file owns it: gens (gens.h, vm.c), tables (tables.h), script (watchdog.h), scratch
+ * (scratch.h), cache (wcache.h, cache.c), log (request_log.h, request_log.c). */
 struct agw_worker {
     int id;
     pthread_t thread;
+    /* the loop and its queues (worker.c) */
     struct ev_loop *loop;
     uv_loop_t uvloop;
     ev_io uv_io;
@@ -132,67 +143,12 @@ struct agw_worker {
     int draining;                          /* set by on_drain, read on this thread only */
     int inflight;                          /* requests handed to the runtime and not yet disposed
                                               (atomic: the main thread reads it while draining) */
+    uint64_t rng;                          /* xorshift state for core.random() */
+    ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
+    /* the front: listeners and client connections (worker.c) */
     h2o_context_t ctx;
     listener_t *listeners;
     size_t num_listeners;
-    wgen_t *cur;                           /* the generation new requests go to */
-    wgen_t *gens;                          /* every live generation of this worker (cur included) */
-    wgen_t *dead;                          /* generations to free once no Lua code runs */
-    ev_async reload_async;                 /* agw_worker_install(): take `next` */
-    pthread_mutex_t next_lock;
-    wgen_t *next;                          /* prepared on the main thread, not yet taken (next_lock) */
-    uint64_t serving;                      /* number of cur's generation (atomic: the main thread reads it) */
-    agw_slots_t timers;                    /* timer id -> wtimer_t */
-    uint64_t rng;                          /* xorshift state for core.random() */
-    agw_slots_t reqs;                      /* rid -> reqref_t */
-    agw_slots_t calls;                     /* call id -> wcall_t */
-    wcall_t *free_calls;
-    int lua_depth;                         /* > 0 while C code runs inside Lua */
-    /* The script time limit (watchdog.h). An entry is one outermost agw_worker_call_runtime. This
-     * thread writes the first four; the watchdog thread reads the last three and writes stop_entry
-     * and stop_armed_ms. */
-    lua_State *lua_L;                      /* the VM of the entry (set before lua_depth: the signal
-                                              handler reads it while lua_depth > 0) */
-    uint64_t lua_since_ms;                 /* atomic: coarse monotonic ms when the entry began, 0 outside Lua */
-    uint64_t lua_entry;                    /* atomic: entries so far (the current one while in Lua) */
-    uint64_t lua_limit_ms;                 /* atomic: the entry's generation's script_time_limit_ms */
-    uint64_t stop_entry;                   /* atomic: the entry the watchdog asked to stop, 0 for none */
-    uint64_t stop_armed_ms;                /* watchdog thread only: when it last asked */
-    struct pending_abort {
-        uint64_t rid;
-        wgen_t *g;                         /* holds a reference until the abort ran */
-    } *pending_aborts;                     /* requests whose client left while Lua was running */
-    size_t num_pending_aborts, cap_pending_aborts;
-    agw_buf_t out;                         /* scratch for encoding responses */
-    agw_buf_t hdrs;                        /* scratch for upstream response headers */
-    agw_resp_headers_t resp_headers;       /* scratch for a script's response headers (core.respond) */
-    struct {                               /* header warnings logged lately (warn_header): a script
-                                              that repeats a mistake on every response logs it once
-                                              per AGW_WARN_REPEAT_S, with a count of the repeats */
-        uint64_t hash;
-        double logged;                     /* ev_now() when last written; 0 = free */
-        unsigned repeats;                  /* suppressed since */
-    } warned[16];
-    unsigned warned_others;                /* distinct warnings left out while all 16 were recent */
-    agw_limit_store_t *limits;             /* the process's counts of rate limits and quotas (shared by
-                                              every worker, limits/limit.h) */
-    agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
-    agw_lru_t *lru;                        /* the cache's tier 1 (cache/lru.h): kept across reloads */
-    agw_redis_t *redis;                    /* the Redis client (redis/redis.h), NULL without redis or
-                                              with cache.redis off */
-    uint64_t redis_next_id;                /* ids of core.redis_get */
-    int cache_closing;                     /* the worker stops: Redis answers no longer run Lua */
-    ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
-    int access_fd;                         /* access log, -1 when off */
-    agw_buf_t alog;                        /* access log lines not yet written */
-    ev_timer alog_timer;                   /* writes alog out shortly after its first line */
-    long alog_sec;                         /* the second alog_stamp was formatted for */
-    char alog_stamp[96];                   /* {"time":"2026-01-31T12:34:56. */
-    uint64_t trace_rng;                    /* xorshift state for trace and span ids (trace.h) */
-    agw_trace_t *free_traces;              /* trace records to reuse */
-    int waterfall_on;                      /* an admin listener shows the waterfall (restart-only):
-                                              without one, no request is recorded for it */
-    agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
     struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
                                               in arrival order (see watch_client) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
@@ -200,6 +156,19 @@ struct agw_worker {
     unsigned client_conns;                 /* client connections open on this worker */
     unsigned num_paused;                   /* listeners paused at the connection cap */
     double accept_warned;                  /* ev_now() of the last accept-failure warning */
+    agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
+    /* stores shared with other threads */
+    agw_limit_store_t *limits;             /* the process's counts of rate limits and quotas (shared by
+                                              every worker, limits/limit.h) */
+    agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
+    /* the parts */
+    agw_worker_gens_t gens;                /* the generations it runs (gens.h) */
+    agw_worker_tables_t tables;            /* requests, calls and timers in flight by id (tables.h) */
+    agw_watchdog_target_t script;          /* its entries into Lua, as the script time limit sees
+                                              them (watchdog.h): depth > 0 while C code runs inside Lua */
+    agw_worker_scratch_t scratch;          /* buffers reused by every response (scratch.h) */
+    agw_worker_cache_t cache;              /* the response cache's tiers (wcache.h) */
+    agw_worker_log_t log;                  /* access log, traces, header warnings (request_log.h) */
 };
 
 /* Header fields in one HTTP/2 HEADERS frame past which the connection gets GOAWAY before h2o
@@ -259,17 +228,17 @@ static inline void agw_worker_gen_release(wgen_t *g)
     if (g->prev)
         g->prev->next = g->next;
     else
-        w->gens = g->next;
+        w->gens.live = g->next;
     if (g->next)
         g->next->prev = g->prev;
     g->prev = NULL;
-    if (w->lua_depth == 0) {
+    if (w->script.depth == 0) {
         g->next = NULL;
         agw_worker_gen_free(g);
         return;
     }
-    g->next = w->dead;
-    w->dead = g;
+    g->next = w->gens.dead;
+    w->gens.dead = g;
 }
 
 /* Frees a generation that was never installed (a reload that failed in another worker, or one
@@ -286,7 +255,7 @@ void agw_worker_free_dead_gens(agw_worker_t *w);
  * previous generation is freed once its requests are done. Worker thread (or before it starts). */
 void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g);
 
-/* agw_worker_install(): the main thread left a prepared generation in w->next (w->reload_async,
+/* agw_worker_install(): the main thread left a prepared generation in w->gens.next (w->gens.reload_async,
  * a->data is w). */
 void agw_worker_on_reload(struct ev_loop *loop, ev_async *a, int revents);
 
@@ -362,12 +331,12 @@ static inline uint64_t agw_worker_now_us(agw_worker_t *w)
 /* Starts rr's trace from the request's traceparent and tracestate headers (W3C Trace Context
  * §3.2, §3.3): a valid traceparent (exactly one) continues its trace and its tracestate (every
  * tracestate header, joined with ',') goes on if valid; anything else starts a new trace. Sets
- * rr->trace (a record from w->free_traces or malloc; left as it is when none can be had) and
+ * rr->trace (a record from w->log.free_traces or malloc; left as it is when none can be had) and
  * rr->tracestate (in req's memory, or NULL). */
 void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_t path_len);
 
 /* Sends an RFC 9457 problem built in C (routing errors, runtime failures) as the response to req,
- * encoded in w->out. Counts and logs the problem as the response of rr, or (rr NULL) of a request
+ * encoded in w->scratch.out. Counts and logs the problem as the response of rr, or (rr NULL) of a request
  * that never reached the runtime, for endpoint (0: no route matched). */
 /* Counts and logs a response made in C without the runtime (no route, bad framing, the batch
  * endpoint's envelope); endpoint 0: no route. */
@@ -393,10 +362,10 @@ void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t
  * valid while the table is referenced. */
 size_t agw_worker_page_sections(lua_State *L, int idx, section_ref_t *out, size_t max);
 
-/* Writes the access log lines buffered in w->alog to w->access_fd (dropped if the write fails). */
+/* Writes the access log lines buffered in w->log.alog to w->log.access_fd (dropped if the write fails). */
 void agw_worker_alog_flush(agw_worker_t *w);
 
-/* w->alog_timer: flushes the access log shortly after its first buffered line (t->data is w). */
+/* w->log.alog_timer: flushes the access log shortly after its first buffered line (t->data is w). */
 void agw_worker_on_alog_timer(struct ev_loop *loop, ev_timer *t, int revents);
 
 #endif
