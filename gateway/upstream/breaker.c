@@ -144,7 +144,9 @@ static int l_allow(lua_State *L)
     lua_Number now = luaL_checknumber(L, 2);
     uint64_t after = 0;
     agw_breaker_decision_t d = agw_breaker_allow(b, now > 0 ? (uint64_t)now : 0, &after);
-    lua_pushstring(L, d == AGW_BREAKER_DENY ? "deny" : d == AGW_BREAKER_PROBE ? "probe" : "allow");
+    /* the decision's string, made once per metatable (upvalues 2-4, push_handle): no interning
+     * of "allow" three times a page */
+    lua_pushvalue(L, lua_upvalueindex(d == AGW_BREAKER_DENY ? 4 : d == AGW_BREAKER_PROBE ? 3 : 2));
     lua_pushnumber(L, (lua_Number)after);
     return 2;
 }
@@ -197,7 +199,14 @@ static void push_handle(lua_State *L, agw_breaker_t *b, int owned)
         lua_createtable(L, 0, 3);
         for (const luaL_Reg *m = methods; m->name; m++) {
             lua_pushvalue(L, -2); /* the metatable: upvalue 1 (check) */
-            lua_pushcclosure(L, m->func, 1);
+            int nup = 1;
+            if (m->func == l_allow) { /* allow's answers: upvalues 2, 3, 4 */
+                lua_pushliteral(L, "allow");
+                lua_pushliteral(L, "probe");
+                lua_pushliteral(L, "deny");
+                nup = 4;
+            }
+            lua_pushcclosure(L, m->func, nup);
             lua_setfield(L, -2, m->name);
         }
         lua_setfield(L, -2, "__index");

@@ -150,12 +150,19 @@ typedef struct field_ref {
     size_t at;
 } field_ref_t;
 
+/* ASCII lowercase: field names are tokens (RFC 9110 §5.1), and tolower() is a call through the
+ * locale's table for every byte */
+static inline int fold(unsigned char c)
+{
+    return c >= 'A' && c <= 'Z' ? c | 0x20 : c;
+}
+
 static int field_cmp(const void *pa, const void *pb)
 {
     const field_ref_t *a = pa, *b = pb;
     size_t n = a->h->name_len < b->h->name_len ? a->h->name_len : b->h->name_len;
     for (size_t k = 0; k < n; k++) {
-        int d = tolower((unsigned char)a->h->name[k]) - tolower((unsigned char)b->h->name[k]);
+        int d = fold((unsigned char)a->h->name[k]) - fold((unsigned char)b->h->name[k]);
         if (d)
             return d;
     }
@@ -169,12 +176,22 @@ void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
     field_ref_t small[64], *f = n <= 64 ? small : agw_malloc(n * sizeof(*f));
     for (size_t i = 0; i < n; i++)
         f[i] = (field_ref_t){&h[i], i};
-    qsort(f, n, sizeof(*f), field_cmp);
+    if (n <= 16) { /* an upstream's few fields: insertion sort, no call per comparison */
+        for (size_t i = 1; i < n; i++) {
+            field_ref_t x = f[i];
+            size_t j = i;
+            for (; j > 0 && field_cmp(&x, &f[j - 1]) < 0; j--)
+                f[j] = f[j - 1];
+            f[j] = x;
+        }
+    } else {
+        qsort(f, n, sizeof(*f), field_cmp);
+    }
     agw_buf_reset(b);
     for (size_t i = 0; i < n; i++) {
         const agw_header_t *x = f[i].h;
         int same = i > 0 && x->name_len == f[i - 1].h->name_len &&
-                   strncasecmp(x->name, f[i - 1].h->name, x->name_len) == 0;
+                   field_cmp(&(field_ref_t){x, 0}, &(field_ref_t){f[i - 1].h, 0}) == 0;
         if (same) { /* b ends with the previous value's NUL: ", value" goes before it */
             agw_buf_reserve(b, x->value_len + 2);
             b->len--;
@@ -183,7 +200,7 @@ void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
         } else {
             agw_buf_reserve(b, x->name_len + x->value_len + 2);
             for (size_t j = 0; j < x->name_len; j++)
-                b->base[b->len++] = (char)tolower((unsigned char)x->name[j]);
+                b->base[b->len++] = (char)fold((unsigned char)x->name[j]);
             b->base[b->len++] = '\0';
         }
         memcpy(b->base + b->len, x->value, x->value_len);
