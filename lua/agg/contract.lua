@@ -52,13 +52,10 @@ M.core = {
   upstream_counters = { args = { "upstream", "counters" }, optional = true,
                         returns = "nothing; the runtime's totals for upstream (an index), " ..
                                   "published as metrics" },
-  endpoint_state = { args = { "upstream", "endpoint", "calls", "failures", "ejections", "sessions",
-                              "in_flight", "ejected_until_ms", "last_ejected_ms", "answered",
-                              "latency_ms" }, optional = true,
+  endpoint_state = { args = { "upstream", "endpoint", "state" }, optional = true,
                      returns = "nothing; agg.group's view of an endpoint (1-based) of an upstream " ..
-                               "group in this worker, for /upstreams and the metrics (about once a " ..
-                               "second, from runtime.report_stats: cold, but positional as the " ..
-                               "numbers it publishes)" },
+                               "group in this worker (tables.endpoint_state), for /upstreams and " ..
+                               "the metrics (about once a second, from runtime.report_stats)" },
   -- the cache's transport (agg.cache); the C worker installs them when gateway.lua has a cache
   cache_get    = { args = { "key" }, optional = true,
                    returns = "the value (a string) of this worker's tier 1 (cache/lru.h), or nil" },
@@ -140,6 +137,16 @@ M.tables = {
     page          = "string|nil",   -- agg.page's verdict: "complete" or "partial"; nil: not a page
     sections      = "table|nil",    -- a page's sections, name -> { status, … } (for metrics and
                                     -- the access log)
+  },
+  -- core.endpoint_state's state: agg.group's view of one endpoint (counts are totals since the VM
+  -- started; times on core.now's clock, 0 for none)
+  endpoint_state = {
+    calls = "number", failures = "number", ejections = "number", sessions = "number",
+    in_flight = "number",
+    ejected_until_ms = "number",    -- when its ejection ends; 0 while it is usable
+    last_ejected_ms = "number",     -- when it was last ejected; 0 for never
+    answered = "number",            -- calls it answered (latency_ms is over these)
+    latency_ms = "number",          -- the moving average of its answers' latency
   },
   -- core.upstream_counters' counters: totals since the VM started
   counters = {

@@ -315,19 +315,23 @@ function M.report(g, i, verdict, ms)
   return "success"
 end
 
---- Hands every group's endpoints to core.endpoint_state(index, endpoint, calls, failures,
--- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms, answered, latency_ms) when the
--- transport has it
--- (group/board.h: the admin page /upstreams and the endpoint metrics; agg.exchange.report_stats).
+--- Hands every group's endpoints to core.endpoint_state(index, endpoint, state) when the transport
+-- has it (state: agg.contract's tables.endpoint_state, one table reused for all, read before the
+-- call returns; group/board.h: the admin page /upstreams and the endpoint metrics;
+-- agg.exchange.report_stats).
 function M.report_stats()
   local publish = core and core.endpoint_state
   if not publish then return end
   local now = core.now()
+  local st = {}
   for name, g in pairs(groups) do
     local index = policies[name].index
     for i, e in ipairs(g.eps) do
-      publish(index, i, e.calls, e.failures, e.ejections, e.sessions, e.inflight,
-              usable(e, now) and 0 or e.until_ms, e.ejected_ms or 0, e.answered, e.latency_ms)
+      st.calls, st.failures, st.ejections, st.sessions = e.calls, e.failures, e.ejections, e.sessions
+      st.in_flight, st.answered, st.latency_ms = e.inflight, e.answered, e.latency_ms
+      st.ejected_until_ms = usable(e, now) and 0 or e.until_ms
+      st.last_ejected_ms = e.ejected_ms or 0
+      publish(index, i, st)
     end
   end
 end
