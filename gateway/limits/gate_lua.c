@@ -7,6 +7,7 @@
 
 #define STORE_MT "agg.limiter.store"
 #define ASKS_MAX 16
+#define SLOTS_MAX (1u << 24) /* the largest store new() makes (a spec's; the gateway's is in limit.h) */
 
 typedef struct {
     agw_limit_store_t *s;
@@ -15,6 +16,7 @@ typedef struct {
 static int l_new(lua_State *L)
 {
     lua_Number slots = luaL_optnumber(L, 1, 4096);
+    luaL_argcheck(L, slots <= SLOTS_MAX, 1, "at most 16777216 slots");
     handle_t *h = lua_newuserdata(L, sizeof(*h));
     h->s = agw_limit_store_new(slots > 0 ? (size_t)slots : 64);
     luaL_getmetatable(L, STORE_MT);
@@ -85,6 +87,8 @@ static void set_field(lua_State *L, const char *name, const agw_buf_t *b)
 static int l_check(lua_State *L)
 {
     handle_t *h = luaL_checkudata(L, 1, STORE_MT);
+    if (h->s == NULL) /* unreachable through the module (its metatable is guarded), kept as a check */
+        return luaL_error(L, "limiter: the store is closed");
     luaL_checktype(L, 2, LUA_TTABLE);
     uint64_t now_ms = (uint64_t)luaL_checknumber(L, 3);
     int headers = lua_toboolean(L, 4);
@@ -151,6 +155,10 @@ int agw_limiter_open(lua_State *L)
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_gc);
         lua_setfield(L, -2, "__gc");
+        /* getmetatable(store) gives this string, setmetatable raises: Lua code cannot call __gc
+         * itself (and then check on a freed store) or swap the methods */
+        lua_pushliteral(L, STORE_MT);
+        lua_setfield(L, -2, "__metatable");
     }
     lua_pop(L, 1);
     lua_createtable(L, 0, 2);

@@ -135,6 +135,8 @@ static agw_breaker_t *check(lua_State *L)
     }
     if (!ok)
         luaL_typerror(L, 1, HANDLE_MT);
+    if (h->b == NULL) /* unreachable through the module (its metatable is guarded), kept as a check */
+        luaL_error(L, "breaker: the handle is closed");
     return h->b;
 }
 
@@ -203,6 +205,10 @@ static void push_handle(lua_State *L, agw_breaker_t *b, int owned)
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_gc);
         lua_setfield(L, -2, "__gc");
+        /* getmetatable(handle) gives this string, setmetatable raises: Lua code cannot call __gc
+         * itself (and then use a freed breaker) or swap the methods */
+        lua_pushliteral(L, HANDLE_MT);
+        lua_setfield(L, -2, "__metatable");
     }
     lua_setmetatable(L, -2);
 }
