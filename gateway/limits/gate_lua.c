@@ -2,6 +2,8 @@
 #include "limits/gate.h"
 
 #include <lauxlib.h>
+
+#include "base/luamod.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,23 +150,10 @@ static int l_shed(lua_State *L)
 
 int agw_limiter_open(lua_State *L)
 {
-    if (luaL_newmetatable(L, STORE_MT)) {
-        lua_createtable(L, 0, 1);
-        lua_pushcfunction(L, l_check);
-        lua_setfield(L, -2, "check");
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
-        /* getmetatable(store) gives this string, setmetatable raises: Lua code cannot call __gc
-         * itself (and then check on a freed store) or swap the methods */
-        lua_pushliteral(L, STORE_MT);
-        lua_setfield(L, -2, "__metatable");
-    }
+    static const luaL_Reg methods[] = {{"check", l_check}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"new", l_new}, {"shed", l_shed}, {NULL, NULL}};
+    agw_luamod_class(L, STORE_MT, methods, l_gc); /* guarded: no __gc by hand, then check on freed memory */
     lua_pop(L, 1);
-    lua_createtable(L, 0, 2);
-    lua_pushcfunction(L, l_new);
-    lua_setfield(L, -2, "new");
-    lua_pushcfunction(L, l_shed);
-    lua_setfield(L, -2, "shed");
+    luaL_newlib(L, fns);
     return 1;
 }

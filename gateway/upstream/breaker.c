@@ -1,6 +1,7 @@
 /* breaker.c: circuit breaker (see breaker.h). */
 #include "upstream/breaker.h"
 
+#include "base/luamod.h"
 #include "base/mem.h"
 
 #include <lauxlib.h>
@@ -194,22 +195,8 @@ static void push_handle(lua_State *L, agw_breaker_t *b, int owned)
     handle_t *h = lua_newuserdata(L, sizeof(*h));
     h->b = b;
     h->owned = owned;
-    if (luaL_newmetatable(L, HANDLE_MT)) {
-        static const luaL_Reg methods[] = {{"allow", l_allow}, {"report", l_report}, {"state", l_state}, {NULL, NULL}};
-        lua_createtable(L, 0, 3);
-        for (const luaL_Reg *m = methods; m->name; m++) {
-            lua_pushvalue(L, -2); /* the metatable: upvalue 1 (check) */
-            lua_pushcclosure(L, m->func, 1);
-            lua_setfield(L, -2, m->name);
-        }
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
-        /* getmetatable(handle) gives this string, setmetatable raises: Lua code cannot call __gc
-         * itself (and then use a freed breaker) or swap the methods */
-        lua_pushliteral(L, HANDLE_MT);
-        lua_setfield(L, -2, "__metatable");
-    }
+    static const luaL_Reg methods[] = {{"allow", l_allow}, {"report", l_report}, {"state", l_state}, {NULL, NULL}};
+    agw_luamod_class(L, HANDLE_MT, methods, l_gc); /* the metatable is each method's upvalue 1 (check) */
     lua_setmetatable(L, -2);
 }
 
@@ -230,8 +217,7 @@ static int l_new(lua_State *L)
 
 int agw_breaker_open(lua_State *L)
 {
-    lua_createtable(L, 0, 1);
-    lua_pushcfunction(L, l_new);
-    lua_setfield(L, -2, "new");
+    static const luaL_Reg fns[] = {{"new", l_new}, {NULL, NULL}};
+    luaL_newlib(L, fns);
     return 1;
 }
