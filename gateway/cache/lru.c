@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/metrics.h"
+#include "base/counter.h"
 
 typedef struct entry {
     struct entry *hnext;              /* bucket chain */

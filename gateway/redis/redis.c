@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "ops/metrics.h"
+#include "base/counter.h"
 
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 5000
