@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "deploy/runtime_dir.h"
 #include "script/script.h"
+#include "front/admin.h"
 #include "front/server.h"
 
 #ifndef AGW_VERSION
@@ -59,12 +60,20 @@ static const char help_text[] =
     "  NOTIFY_SOCKET           set by systemd (Type=notify): READY=1 once the first generation serves,\n"
     "                          RELOADING=1/READY=1 around reloads, STOPPING=1 on SIGTERM\n"
     "\n"
-    "the admin listener (gateway.lua admin = { port = 9090 }): /healthz /readyz /metrics /routes\n"
-    "/reload /waterfall; see docs/operations.md or man aggway.\n";
+    "admin listener (gateway.lua admin = { port = 9090 }; HEAD works as GET; docs/operations.md):\n";
+
+/* help_text, then every admin endpoint from the admin router's own table (front/admin.h), so the
+ * help lists exactly what the listener serves. */
+static void print_help(FILE *f)
+{
+    fputs(help_text, f);
+    for (const agw_admin_endpoint_t *e = agw_admin_endpoints; e->path; e++)
+        fprintf(f, "  %-4s %-16s %s\n", e->method, e->path, e->what);
+}
 
 static int usage(void)
 {
-    fputs(help_text, stderr);
+    print_help(stderr);
     return 2;
 }
 
@@ -181,7 +190,7 @@ int main(int argc, char **argv)
         return usage();
     const char *cmd = argv[1];
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
-        fputs(help_text, stdout);
+        print_help(stdout);
         return 0;
     }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)

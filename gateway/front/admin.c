@@ -319,6 +319,32 @@ static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int 
     free(rings);
 }
 
+const agw_admin_endpoint_t agw_admin_endpoints[] = {
+    {"GET", "/healthz", "200 ok while the process runs"},
+    {"GET", "/readyz", "200 once every worker serves, 503 while starting or draining"},
+    {"GET", "/metrics", "Prometheus metrics"},
+    {"GET", "/routes", "JSON: the routes being served and their scripts"},
+    {"GET", "/reload", "JSON: the generation serving and the last reload's errors"},
+    {"GET", "/upstreams", "JSON: each upstream's endpoints, their state and counts"},
+    {"GET", "/limits", "JSON: what a rate limit or quota rule says of a key (?rule=NAME&key=VALUE)"},
+    {"GET", "/waterfall", "HTML: the last requests' calls on a time axis (?trace=ID&limit=N)"},
+    {"GET", "/waterfall.json", "the same as JSON"},
+    {"POST", "/cache/purge", "drop cache entries whose key starts with ?prefix=agw:..."},
+    {NULL, NULL, NULL},
+};
+
+/* 404 for a path the admin listener does not serve: the body lists the ones it does. */
+static void not_found(int head, agw_buf_t *out)
+{
+    agw_buf_t body = AGW_BUF_INIT;
+    agw_buf_puts(&body, "not found: the admin endpoints are");
+    for (const agw_admin_endpoint_t *e = agw_admin_endpoints; e->path; e++)
+        agw_buf_printf(&body, "%s %s %s", e == agw_admin_endpoints ? "" : ",", e->method, e->path);
+    agw_buf_puts(&body, "\n");
+    respond(out, 404, "Not Found", "text/plain; charset=utf-8", body.base, body.len, head, NULL);
+    agw_buf_free(&body);
+}
+
 void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const char *target, size_t tlen,
                        agw_buf_t *out)
 {
@@ -326,17 +352,14 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     const char *q = memchr(target, '?', tlen);
     size_t plen = q ? (size_t)(q - target) : tlen;
 #define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(target, s, plen) == 0)
-    int known = PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") || PATH_IS("/routes") ||
-                PATH_IS("/reload") || PATH_IS("/upstreams") || PATH_IS("/waterfall") || PATH_IS("/waterfall.json") ||
-                PATH_IS("/cache/purge") || PATH_IS("/limits");
-    if (!known) {
-        static const char body[] =
-            "not found: try /healthz, /readyz, /metrics, /routes, /reload, /upstreams, /waterfall, /waterfall.json, /limits or "
-            "POST /cache/purge\n";
-        respond(out, 404, "Not Found", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
+    const agw_admin_endpoint_t *ep = agw_admin_endpoints;
+    while (ep->path && !(plen == strlen(ep->path) && memcmp(target, ep->path, plen) == 0))
+        ep++;
+    if (!ep->path) {
+        not_found(head, out);
         return;
     }
-    if (PATH_IS("/cache/purge")) {
+    if (strcmp(ep->method, "POST") == 0) {
         if (!(mlen == 4 && memcmp(method, "POST", 4) == 0)) {
             static const char body[] = "method not allowed\n";
             respond(out, 405, "Method Not Allowed", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0,
@@ -389,13 +412,16 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
         agw_buf_free(&body);
     } else if (PATH_IS("/waterfall") || PATH_IS("/waterfall.json")) {
         waterfall(a, PATH_IS("/waterfall.json"), q ? q + 1 : NULL, q ? tlen - plen - 1 : 0, head, out);
-    } else {
+    } else if (PATH_IS("/routes")) {
         agw_buf_t body = AGW_BUF_INIT;
         agw_generation_t *gen = agw_reload_state_current(a->gens);
         routes_json(gen, &body);
         agw_generation_unref(gen);
         respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
         agw_buf_free(&body);
+    } else { /* listed in agw_admin_endpoints but not dispatched here: a bug, said plainly */
+        static const char body[] = "admin endpoint listed but not served\n";
+        respond(out, 500, "Internal Server Error", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
     }
 #undef PATH_IS
 }
@@ -552,8 +578,8 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
         free(a);
         return NULL;
     }
-    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (/healthz /readyz /metrics /routes /reload /upstreams /waterfall)",
-            conf->admin_host, conf->admin_port);
+    agw_log(AGW_LOG_INFO, "admin listener on %s:%d (`aggway help` lists its endpoints)", conf->admin_host,
+            conf->admin_port);
     return a;
 }
 

@@ -12,6 +12,8 @@
  *   GET /reload    JSON record of reloads: the generation serving, generations still alive,
  *                  reloads and failed reloads, and the last reload's result with its error
  *                  messages ("file:line: message")
+ *   GET /upstreams JSON state of every upstream: its breaker and each group member's endpoints
+ *   GET /limits?rule=NAME&key=VALUE   what a rate limit or quota rule says of a key now
  *   GET /waterfall, /waterfall.json   the last requests of each worker as a waterfall (waterfall.h)
  *   POST /cache/purge?prefix=agw:…   drops the cache entries whose key starts with the prefix
  *                  (percent-decoded; must start with agw:): from every worker's tier 1 within about a
@@ -29,6 +31,18 @@
 #include "ops/metrics.h"
 
 typedef struct agw_admin agw_admin_t;
+
+/* One endpoint of the admin listener. The router serves exactly the paths of agw_admin_endpoints
+ * (any other is a 404 whose body lists them), and `aggway help` prints the same table, so the two
+ * cannot disagree. */
+typedef struct agw_admin_endpoint {
+    const char *method; /* "GET" (HEAD answers too) or "POST" (the only method taken) */
+    const char *path;   /* "/metrics": the path without its query */
+    const char *what;   /* one line saying what it answers, for `aggway help` */
+} agw_admin_endpoint_t;
+
+/* Every admin endpoint, in the order help lists them; the last entry is { NULL, NULL, NULL }. */
+extern const agw_admin_endpoint_t agw_admin_endpoints[];
 
 /* Binds conf->admin_host:admin_port and starts the admin thread, reporting not ready. gens (the
  * generation serving and the reload record), labels (metric label slots) and metrics (num_workers

@@ -11,6 +11,7 @@
 -- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches. A folder with
 -- scripts = { trusted = true } is not run (its handlers may have effects outside the gateway).
 local testing = require "agg.testing"
+local result = require "agg.result"
 
 local M = {}
 
@@ -68,8 +69,8 @@ function M.run(dir)
     -- is the harness's error, not the script's: the dry run goes on with the next endpoint
     pcall(gw.request, gw, ep.method == "*" and "GET" or ep.method, sample_path(ep), { user = user })
     for _, e in ipairs(testing.script_errors) do
-      -- "script error in GET /x (file), section s: file:24: call to … (called at line 79)\nstack…"
-      local msg = e:gsub("\n.*$", "")
+      -- "script error in GET /x (file), section s: file:24: call to … (called at line 79) | stack…"
+      local msg = result.without_traceback(e)
       local inner = msg:match("^script error in .-%): (.*)$") or msg:match("^script error in .-: (.*)$") or msg
       if is_spec_error(inner) and not seen[inner] then
         seen[inner] = true

@@ -103,12 +103,28 @@ local function where_of(ctx)
   return ctx and ctx.ep and (ctx.ep.route .. " (" .. ctx.ep.file .. ")") or "?"
 end
 
+-- The traceback's frames are joined with " | " on the error's one log line ("… boom | stack
+-- traceback: | scripts/x.lua:3: in function 'handler' | …"): one record per event, readable as is,
+-- while a newline in the message itself (a client's decoded %0A) is still escaped by the log.
+function M.traceback_line(co)
+  local tb = debug.traceback(co, "", 0):gsub("^\n", "")
+  local frames = {}
+  for frame in tb:gmatch("[^\n]+") do frames[#frames + 1] = (frame:gsub("^%s+", "")) end
+  return table.concat(frames, " | ")
+end
+
+--- A logged script error without its traceback (what a spec failure or `aggway check` shows).
+function M.without_traceback(msg)
+  local at = msg:find(" | stack traceback:", 1, true)
+  return at and msg:sub(1, at - 1) or msg
+end
+
 function M.log_error(ctx, what, err, co)
   if type(err) ~= "string" then
     err = ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
   end
-  core.log("error", ("script error in %s%s: %s"):format(where_of(ctx), what and (", " .. what) or "",
-    co and debug.traceback(co, tostring(err)) or tostring(err)))
+  core.log("error", ("script error in %s%s: %s%s"):format(where_of(ctx), what and (", " .. what) or "",
+    err, co and (" | " .. M.traceback_line(co)) or ""))
 end
 
 --- Logs why a call of request ctx failed, with the transport's own text (why: the upstream's URL

@@ -1,5 +1,5 @@
 -- agg.sandbox: the environment endpoint scripts and the lib/ modules they require run in
--- (docs/guide.md "What a script can and cannot do").
+-- (docs/api.md "The sandbox: what a script can and cannot do").
 --
 -- It is built from an allow-list, never from _G minus a few names: the base functions that touch
 -- nothing outside the script, read-only views of string, table, math, coroutine, bit, the clock

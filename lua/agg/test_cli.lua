@@ -31,7 +31,7 @@ Every busted option works too (busted --help lists them), e.g.
   aggway test --filter "reviews time out"      only the tests whose name matches
   aggway test -o TAP spec/product-page_spec.lua
 
-A spec in three lines (see docs/guide.md, "Test it"):
+A spec in three lines (see docs/guide.md, "Testing your page"):
   local gw = require("agg.testing").gateway()
   gw:stub("product", "/products/42", { json = { id = 42 }, latency_ms = 40 })
   assert.equal(200, gw:get("/product-page/42").status)
@@ -40,7 +40,7 @@ A spec in three lines (see docs/guide.md, "Test it"):
 -- The part of a logged script error a reader needs: "file:line: message" without the traceback.
 local function short(line)
   local msg = line:gsub("^error: ", "")
-  msg = msg:gsub("\n?stack traceback:.*$", "")
+  msg = require("agg.result").without_traceback(msg)
   -- "script error in GET /x (scripts/x.lua): scripts/x.lua:3: boom" -> the part from file:line
   local inner = msg:match("^script error in [^:]-%): (.*)$")
   return inner or msg

@@ -1,5 +1,6 @@
-"""tools/demo turns on the admin listener and prints the links to the waterfall page and /metrics
-and a line per route the gateway serves. The demo's ports are fixed (8080, 9090, 9001-9003, 9100),
+"""tools/demo says each step while it builds and starts, turns on the admin listener and prints the
+links to the waterfall page and /metrics, a line per route the gateway serves, and commands that
+work as printed (making one route of Reviews hang and bringing it back). The demo's ports are fixed (8080, 9090, 9001-9003, 9100),
 so the test runs it in a network namespace of its own: nothing on the machine is in its way."""
 import os
 import re
@@ -49,6 +50,10 @@ class Demo(unittest.TestCase):
             time.sleep(0.2)
         out = text()
         self.assertIn("Press Ctrl-C to stop.", out)
+        # it says what it does while it works, the build's progress included
+        steps = re.findall(r"(?m)^tools/demo: ([1-5])/5 ", out)
+        self.assertEqual(steps, ["1", "2", "3", "4", "5"], out)
+        self.assertRegex(out, r"(?m)^tools/demo:     built 100%$")
         self.assertIn("http://127.0.0.1:9090/waterfall", out)
         self.assertIn("http://127.0.0.1:9090/metrics", out)
         routes = re.findall(r"(?m)^  (GET \S+)\s+(\S+\.lua)\s+curl -i (http://localhost:8080\S+)$", out)
@@ -60,6 +65,19 @@ class Demo(unittest.TestCase):
         for _route, _file, url in routes:
             r = harness.curl(url)
             self.assertEqual(r.status, 200, r)
+        # the printed way to make Reviews hang hangs the product page's reviews only: the
+        # dependent chain's /reviews?sku= route keeps answering; the printed way back restores it
+        hang, back = re.findall(r"(?m)^  (curl -s -X PATCH http://localhost:9100/services/reviews/routes -d '[^']*')",
+                                out)
+        subprocess.run(hang, shell=True, check=True, timeout=30, stdout=subprocess.DEVNULL)
+        page = harness.curl("http://localhost:8080/product-page/42")
+        self.assertEqual(page.status, 200, page)
+        self.assertEqual(page.json()["reviews"]["status"], "unavailable", page.body)
+        chain = harness.curl("http://localhost:8080/product-detail/42")
+        self.assertEqual(chain.json()["reviews"]["status"], "ok", chain.body)
+        subprocess.run(back, shell=True, check=True, timeout=30, stdout=subprocess.DEVNULL)
+        page = harness.curl("http://localhost:8080/product-page/42")
+        self.assertEqual(page.json()["reviews"]["status"], "ok", page.body)
         page = harness.curl("http://127.0.0.1:9090/waterfall")
         self.assertEqual(page.status, 200)
         self.assertIn(b"/product-page/42", page.body)       # the demo's first pages are on it

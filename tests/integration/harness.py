@@ -195,6 +195,10 @@ class Mock:
     def set_routes(self, service, routes):
         return self._admin("PUT", "/services/%s/routes" % service, routes)
 
+    def patch_route(self, service, fields):
+        """Changes one route (named by fields' path and method) and keeps the others."""
+        return self._admin("PATCH", "/services/%s/routes" % service, fields)
+
     def refuse(self, service):
         return self._admin("POST", "/services/%s/refuse" % service)
 
@@ -596,10 +600,11 @@ def write_scripts(sdir, scripts, gateway_source):
             f.write(src)
 
 
-def run_aggway(*args, timeout=30):
-    """Runs the aggway binary (check, serve …) to completion; returns CompletedProcess."""
+def run_aggway(*args, timeout=30, cwd=None):
+    """Runs the aggway binary (check, serve …) to completion, in folder cwd (default: this one);
+    returns CompletedProcess."""
     return subprocess.run([AGGWAY_BIN] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=timeout)
+                          timeout=timeout, cwd=cwd)
 
 
 def endpoint(route, body, deadline_ms=None):

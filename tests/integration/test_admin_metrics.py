@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
-from harness import (AGGWAY_BIN, START_TIMEOUT, Gateway, GatewayTestCase, endpoint, free_port, main,
+from harness import (AGGWAY_BIN, SOURCE_DIR, START_TIMEOUT, Gateway, GatewayTestCase, endpoint, free_port, main,
                      route, run_aggway, wait_until, write_scripts, gateway_lua)
 
 
@@ -248,6 +248,30 @@ class HealthReadyRoutes(AdminCase):
         self.assertEqual(self.admin("/healthz")[0], 200)
         # the main port does not serve the admin paths
         self.assertEqual(self.get("/metrics").status, 404)
+
+    def test_help_lists_every_admin_endpoint_the_listener_serves_and_the_docs_too(self):
+        """`aggway help`, the listener's 404 body and docs/operations.md's admin table list the same
+        endpoints, and every one of them is served (not 404) with the method help gives."""
+        self.start_admin()
+        out = subprocess.run([AGGWAY_BIN, "help"], capture_output=True, text=True, timeout=30).stdout
+        section = out.split("\nadmin listener")[1]
+        listed = re.findall(r"^  (GET|POST) +(/\S+)", section, re.M)
+        # the pages a reader missed in an earlier help are there, and the rest of the set
+        self.assertEqual(sorted(p for _, p in listed),
+                         sorted(["/healthz", "/readyz", "/metrics", "/routes", "/reload", "/upstreams",
+                                 "/limits", "/waterfall", "/waterfall.json", "/cache/purge"]), section)
+        for method, path in listed:
+            status, _, body, _ = self.admin(path, method=method)
+            self.assertNotIn(status, (0, 404, 405, 500), (method, path, status, body))
+            if method == "GET":
+                self.assertNotIn(self.admin(path, method="HEAD")[0], (0, 404, 405, 500), path)
+        status, _, body, _ = self.admin("/nope")
+        self.assertEqual(status, 404)
+        self.assertEqual(re.findall(r"(GET|POST) (/[^\s,]+)", body.decode()), listed, body)
+        with open(os.path.join(SOURCE_DIR, "docs", "operations.md")) as f:
+            ops = f.read()
+        documented = re.findall(r"^\| `(GET|POST) (/[^?` ]+)", ops, re.M)
+        self.assertEqual(sorted(documented), sorted(listed), "docs/operations.md's admin table")
 
     def test_readyz_is_503_while_the_workers_load(self):
         # a script that takes a while to load: the admin listener answers "not ready" meanwhile.

@@ -88,6 +88,36 @@ class MockRequestLog(GatewayTestCase):
             self.assertEqual(cm.exception.code, status, path)
             self.assertIn("error", json.loads(cm.exception.read()))
 
+    def test_patch_changes_one_route_and_keeps_the_others(self):
+        mock = self.start_mock({"reviews": [route("/reviews", json={"list": True}),
+                                            route("/reviews/{id}", json={"rating": 4.6})]})
+        port = mock.ports["reviews"]
+
+        def get(path, timeout=5):
+            return urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=timeout).read()
+
+        got = mock.patch_route("reviews", {"path": "/reviews/{id}", "fault": "hang"})
+        self.assertEqual(got["route"]["fault"], "hang")
+        self.assertEqual(got["route"]["json"], {"rating": 4.6})      # the fields not given are kept
+        with self.assertRaises(OSError):                              # that route hangs …
+            get("/reviews/7", timeout=0.5)
+        self.assertEqual(json.loads(get("/reviews")), {"list": True})  # … the other one answers
+        mock.patch_route("reviews", {"path": "/reviews/{id}", "fault": None})  # null removes a field
+        self.assertEqual(json.loads(get("/reviews/7")), {"rating": 4.6})
+        self.assertEqual(len(mock._admin("GET", "/config")["services"]["reviews"]["routes"]), 2)
+        for body, status, says in (({"path": "/nope", "fault": "hang"}, 404, "no GET /nope route"),
+                                   ({"path": "/reviews", "method": "POST"}, 404, "no POST /reviews route"),
+                                   ({"path": "/reviews", "falt": "hang"}, 400, "falt: unknown field"),
+                                   ({"path": "/reviews", "fault": "timeout"}, 400, "fault"),
+                                   ({"fault": "hang"}, 400, "path"), ([1], 400, "path")):
+            req = urllib.request.Request("http://127.0.0.1:%d/services/reviews/routes" % mock.admin,
+                                         data=json.dumps(body).encode(), method="PATCH")
+            with self.assertRaises(urllib.error.HTTPError) as cm:
+                urllib.request.urlopen(req, timeout=5)
+            self.assertEqual(cm.exception.code, status, body)
+            self.assertIn(says, json.loads(cm.exception.read())["error"], body)
+        self.assertEqual(json.loads(get("/reviews")), {"list": True})  # a refused patch changed nothing
+
     def test_gateway_forwards_only_the_client_headers_forward_headers_names(self):
         self.start(SERVICES, upstream_options={"reviews": {"forward_headers": ["accept-language", "x-device"]}})
         r = self.get("/product-page/5", "-H", "Accept-Language: th-TH", "-H", "X-Secret: s")

@@ -32,6 +32,9 @@ SCRIPTS = dict(repo_scripts(), **{
     "unknown-upstream.lua": endpoint("GET /unknown-upstream", """
     local res = agg.fetch_all { x = { ("nosuch" .. "service"), "/x" } }
     return agg.page(res)"""),
+    # the error's text is the client's: a decoded %0A in it must not start a log line
+    "echo-error.lua": endpoint("GET /echo-error", """
+    error("bad word: " .. agg.unescape(req.query.w or ""))"""),
     "bad-return.lua": endpoint("GET /bad-return", """
     return 42"""),
     "continuation.lua": endpoint("GET /continuation-error", """
@@ -95,6 +98,24 @@ class ScriptErrors(GatewayTestCase):
         log = self.gw.log()
         self.assertRegex(log, r"boom\.lua:6: " + SECRET, log)
         self.assertTrue(any("GET /boom" in l for l in self.log_errors()), log)
+
+    def test_script_error_traceback_is_one_readable_log_line(self):
+        self.get("/boom")
+        lines = [l for l in self.log_errors() if "script error in GET /boom" in l]
+        self.assertEqual(len(lines), 1, self.gw.log())        # one record per event
+        line = lines[0]
+        # the frames follow the message on the same line, " | " between them, no literal "\n"
+        self.assertRegex(line, SECRET + r" \| stack traceback: \| .*boom\.lua:6: in function", line)
+        self.assertNotIn("\\n", line)
+        self.assertNotIn("\t", line)
+
+    def test_a_newline_the_client_sent_stays_escaped_in_the_traceback_line(self):
+        self.get("/echo-error?w=x%0Aerror%20forged")
+        log = self.gw.log()
+        self.assertNotRegex(log, r"(?m)^error forged", log)
+        lines = [l for l in self.log_errors() if "script error in GET /echo-error" in l]
+        self.assertEqual(len(lines), 1, log)
+        self.assertIn("bad word: x\\nerror forged | stack traceback: | ", lines[0])
 
     def test_nil_index_error_gives_500_and_is_logged_with_line(self):
         r = self.get("/nil-index")

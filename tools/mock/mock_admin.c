@@ -7,6 +7,9 @@
  *   GET  /stats                     connections_open, connections_total, requests, in_flight
  *   POST /reset                     zero hits, requests and connections_total
  *   PUT  /services/NAME/routes      replace NAME's routes (body: JSON array of routes)
+ *   PATCH /services/NAME/routes     change one route, the others kept (body: a JSON object whose
+ *                                   "path" and optional "method", default GET, name the route;
+ *                                   its other members replace those fields, null removes one)
  *   POST /services/NAME/refuse      close NAME's listener and connections (connection refused)
  *   POST /services/NAME/accept      listen again
  *   GET  /config                    the current config
@@ -93,6 +96,73 @@ static void put_routes(mock_conn *c, const mock_request *req, mock_service *svc)
                                               (json_int_t)n));
 }
 
+/* PATCH /services/NAME/routes: the route whose path (and method, default GET) the body names
+ * gets the body's other members (null removes the field); every other route, and its request
+ * count for fault_every and slow_every, is kept. The result is parsed as a PUT would be, so a
+ * mistake is a 400 naming the field and nothing changes. */
+static void patch_route(mock_conn *c, const mock_request *req, mock_service *svc)
+{
+    json_error_t jerr;
+    json_t *patch = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    char err[600];
+    if (!patch || !json_is_object(patch) || !json_is_string(json_object_get(patch, "path"))) {
+        if (patch)
+            snprintf(err, sizeof err, "body: must be an object with \"path\" naming the route "
+                                      "(and \"method\" when it is not GET)");
+        else
+            snprintf(err, sizeof err, "body: invalid JSON at line %d column %d: %s", jerr.line,
+                     jerr.column, jerr.text);
+        json_decref(patch);
+        reply_error(c, req, 400, err);
+        return;
+    }
+    const char *path = json_string_value(json_object_get(patch, "path"));
+    json_t *jm = json_object_get(patch, "method");
+    const char *method = json_is_string(jm) ? json_string_value(jm) : "GET";
+    size_t at = svc->nroutes;
+    for (size_t i = 0; i < svc->nroutes && at == svc->nroutes; i++) {
+        json_t *rp = json_object_get(svc->routes[i].spec, "path");
+        if (json_is_string(rp) && !strcmp(json_string_value(rp), path) &&
+            !strcmp(svc->routes[i].method, method))
+            at = i;
+    }
+    if (at == svc->nroutes) {
+        snprintf(err, sizeof err, "no %s %s route in service %s (see GET /config)", method, path,
+                 svc->name);
+        json_decref(patch);
+        reply_error(c, req, 404, err);
+        return;
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < svc->nroutes; i++)
+        json_array_append_new(arr, json_deep_copy(svc->routes[i].spec));
+    json_t *changed = json_array_get(arr, at);
+    const char *k;
+    json_t *v;
+    json_object_foreach(patch, k, v) {
+        if (json_is_null(v))
+            json_object_del(changed, k);
+        else
+            json_object_set(changed, k, v);
+    }
+    json_decref(patch);
+    mock_route *routes;
+    size_t n;
+    int rc = mock_routes_parse(arr, &routes, &n, err, sizeof err);
+    if (rc < 0) {
+        json_decref(arr);
+        reply_error(c, req, 400, err);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (i != at)
+            routes[i].seen = svc->routes[i].seen;
+    json_t *result = json_incref(routes[at].spec);
+    json_decref(arr);
+    mock_service_set_routes(svc, routes, n);
+    mock_response_json(c, req, 200, json_pack("{s:s, s:o}", "service", svc->name, "route", result));
+}
+
 /* Handles /services/NAME/ACTION. */
 static void service_action(mock_conn *c, const mock_request *req, const char *rest, size_t len)
 {
@@ -113,8 +183,13 @@ static void service_action(mock_conn *c, const mock_request *req, const char *re
         }
         mock_response_json(c, req, 200, mock_service_received(svc));
     } else if (alen == 6 && !memcmp(action, "routes", 6)) {
+        if (!strcmp(req->method, "PATCH")) {
+            patch_route(c, req, svc);
+            return;
+        }
         if (strcmp(req->method, "PUT") != 0) {
-            reply_error(c, req, 405, "use PUT with a JSON array of routes");
+            reply_error(c, req, 405, "use PUT with a JSON array of routes, or PATCH with one route's "
+                                     "path and the fields to change");
             return;
         }
         put_routes(c, req, svc);
@@ -173,7 +248,7 @@ void mock_admin_handle(mock_conn *c, const mock_request *req)
     } else {
         reply_error(c, req, 404,
                     "unknown admin endpoint (GET /hits, GET /stats, GET /requests, POST /reset, "
-                    "GET /config, PUT /services/NAME/routes, POST /services/NAME/refuse|accept, "
+                    "GET /config, PUT|PATCH /services/NAME/routes, POST /services/NAME/refuse|accept, "
                     "GET /services/NAME/requests)");
     }
 #undef IS
