@@ -174,6 +174,7 @@ int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, s
     e->expire_ms = expire_ms;
     e->klen = klen;
     e->vlen = vlen;
+    e->link = (h2o_linklist_t){NULL, NULL}; /* not on the list yet (h2o_linklist_insert checks) */
     memcpy(e->bytes, key, klen);
     memcpy(e->bytes + klen, value, vlen);
     if (c->count + 1 > c->nbuckets)
