@@ -98,6 +98,76 @@ describe("a monthly quota", function()
   end)
 end)
 
+describe("a function key", function()
+  it("counts what the function returns, and nil leaves the rule out", function()
+    local gw = testing.gateway { dir = DIR }
+    local acme = { headers = { ["X-Tenant"] = "acme" } }
+    assert.equal(200, gw:get("/tenant/a", acme).status)
+    assert.equal(200, gw:get("/tenant/b", acme).status)
+    local refused = gw:get("/tenant/c", acme)
+    assert.equal(429, refused.status)
+    assert.same({ "per-tenant" }, refused.json["violated-policies"])
+    assert.equal(200, gw:get("/tenant/a", { headers = { ["X-Tenant"] = "umbrella" } }).status)
+    for _ = 1, 5 do assert.equal(200, gw:get("/tenant/public", acme).status) end -- nil: not applied
+    assert.is_nil(gw:get("/tenant/public", acme).headers["ratelimit"])
+  end)
+
+  it("that errors or returns a non-string is logged and not applied; the other rules still count", function()
+    local gw = testing.gateway { dir = DIR }
+    for _ = 1, 3 do assert.equal(200, gw:get("/broken").status) end
+    -- broken-key (burst 1) would have refused the second: it was left out; daily (3) still counts
+    assert.equal(429, gw:get("/broken").status)
+    assert.equal(429, gw:get("/broken?number").status) -- daily's count is spent; the number is logged
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("limits: rule 'broken%-key': its key function failed: [^\n]*gateway%.lua:%d+: no tenant here", logs)
+    assert.matches("limits: rule 'broken%-key': its key function returned a number, not a string", logs)
+  end)
+end)
+
+describe("rules counted in Redis", function()
+  local function statuses(gw, path, n)
+    local out = {}
+    for i = 1, n do out[i] = gw:get(path).status end
+    return out
+  end
+
+  it("share one count between gateways that use the same Redis", function()
+    local redis = testing.redis()
+    local a = testing.gateway { dir = DIR, redis = redis }
+    local b = testing.gateway { dir = DIR, redis = redis }
+    assert.equal(200, a:get("/cluster/local").status)
+    assert.equal(200, b:get("/cluster/local").status)
+    assert.equal(429, a:get("/cluster/local").status)
+    local refused = b:get("/cluster/local")
+    assert.equal(429, refused.status)
+    assert.equal('"cluster-local";r=0;t=60', refused.headers["ratelimit"])
+  end)
+
+  it("follow on_redis_error while Redis is down, and count in Redis again when it is back", function()
+    local redis = testing.redis()
+    redis.down = true
+    local gw = testing.gateway { dir = DIR, redis = redis }
+    assert.same({ 200, 200, 429 }, statuses(gw, "/cluster/local", 3))  -- counted in the process
+    assert.same({ 200, 200, 200, 200 }, statuses(gw, "/cluster/allow", 4))
+    local denied = gw:get("/cluster/deny")
+    assert.equal(503, denied.status)
+    assert.equal("https://iana.org/assignments/http-problem-types#temporary-reduced-capacity", denied.json.type)
+    assert.equal("1", denied.headers["retry-after"])
+    local logs = table.concat(gw:logs(), "\n")
+    local _, outages = logs:gsub("Redis did not answer a check", "")
+    assert.equal(1, outages)                                             -- once, not per request
+    redis.down = false
+    assert.same({ 200, 200, 429 }, statuses(gw, "/cluster/local", 3))  -- Redis's own count
+    assert.matches("Redis answers checks again", table.concat(gw:logs(), "\n"))
+  end)
+
+  it("a hung Redis is a Redis error too", function()
+    local gw = testing.gateway { dir = DIR, redis = (function() local r = testing.redis(); r.hang = true; return r end)() }
+    assert.equal(503, gw:get("/cluster/deny").status)
+    assert.matches("timeout", table.concat(gw:logs(), "\n"))
+  end)
+end)
+
 describe("priority groups", function()
   it("shed priority 3 beyond max_in_flight, priority 1 only beyond twice that", function()
     local gw = testing.gateway { dir = DIR }

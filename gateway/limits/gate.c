@@ -40,3 +40,11 @@ void agw_gate_problem_429(agw_buf_t *b, const agw_limit_ask_t *asks, const agw_l
         }
     agw_buf_puts(b, "]}");
 }
+
+void agw_gate_problem_redis_deny(agw_buf_t *b, const char *rule, uint64_t retry_s)
+{
+    agw_buf_printf(b, "{\"type\":\"" AGW_PROBLEM_REDUCED_CAPACITY "\",\"title\":\"The gateway cannot check its "
+                      "limits\",\"status\":503,\"detail\":\"rule '%s' is counted in Redis, which did not answer, "
+                      "and refuses requests meanwhile (on_redis_error = \\\"deny\\\"); retry in %" PRIu64 " s\"}",
+                   rule, retry_s);
+}

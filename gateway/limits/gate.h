@@ -42,14 +42,25 @@ uint64_t agw_gate_retry_after_s(const agw_limit_verdict_t *v);
  * violated-policies, every rule that refused. */
 void agw_gate_problem_429(agw_buf_t *b, const agw_limit_ask_t *asks, const agw_limit_verdict_t *v, size_t num);
 
+/* Appends the 503 problem of a request refused by a Redis rule whose Redis could not answer and
+ * whose on_redis_error is "deny": type temporary-reduced-capacity, a detail naming rule and the
+ * wait (retry_s, the Retry-After). */
+void agw_gate_problem_redis_deny(agw_buf_t *b, const char *rule, uint64_t retry_s);
+
 /* Opens the "agg.limiter" module for the spec harness (lua/agg/testing.lua), which runs the same
  * counting and answers on its virtual clock:
  *   limiter.new([slots]) -> a store (freed with it)
- *   store:check(asks, now_ms, headers) -> allowed, fields, body
- *     asks: a list of { rule = <a rule as agg.limits checked it>, key = "bytes" };
+ *   store:check(asks, now_ms, headers[, remote]) -> allowed, fields, body, status
+ *     asks: a list of { rule = <a rule as agg.limits checked it>, key = "bytes", redis = true |
+ *     nil, outcome = "allow" | "deny" | nil }: as worker/limits.c, the asks without redis or
+ *     outcome are counted in store first (refused: the answer names only them); then the redis
+ *     asks, all or none, in remote (another store: Redis shared by several gateways; nil: store);
+ *     an outcome is a Redis rule's on_redis_error while Redis is down (allow: accepted uncounted;
+ *     deny: refused, 503 when only such rules refuse). A refusal gives back what store took.
  *     now_ms: ms since the Unix epoch (UTC); headers: limits.headers.
  *     fields: { ["ratelimit-policy"], ["ratelimit"], ["retry-after"] } (the ones the worker sends;
- *     empty when accepted without headers); body: the 429 problem when refused, else nil.
+ *     empty when accepted without headers); body: the problem when refused, else nil; status: 200,
+ *     429 or 503.
  *   limiter.shed(max_in_flight, priority, inflight) -> boolean (agw_gate_shed)
  * Errors (a malformed ask) are raised. */
 struct lua_State;

@@ -86,6 +86,30 @@ static void set_field(lua_State *L, const char *name, const agw_buf_t *b)
     lua_setfield(L, -2, name);
 }
 
+/* The kinds of an ask (see gate.h, store:check). */
+enum { ASK_LOCAL, ASK_REMOTE, ASK_ALLOW, ASK_DENY };
+
+/* Checks the asks of kind kind among n in s (agw_limit_check: all or none), their results into
+ * results at their own indexes. Returns 1 when all accepted (or there were none). */
+static int check_kind(agw_limit_store_t *s, const agw_limit_ask_t *asks, const int *kinds, size_t n, int kind,
+                      uint64_t now_ms, agw_limit_result_t *results)
+{
+    agw_limit_ask_t sub[ASKS_MAX];
+    agw_limit_result_t sub_results[ASKS_MAX];
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (kinds[i] == kind)
+            sub[m++] = asks[i];
+    if (m == 0)
+        return 1;
+    agw_limit_verdict_t v = {.results = sub_results};
+    int ok = agw_limit_check(s, sub, m, now_ms, &v);
+    for (size_t i = 0, j = 0; i < n; i++)
+        if (kinds[i] == kind)
+            results[i] = sub_results[j++];
+    return ok;
+}
+
 static int l_check(lua_State *L)
 {
     handle_t *h = luaL_checkudata(L, 1, STORE_MT);
@@ -94,12 +118,14 @@ static int l_check(lua_State *L)
     luaL_checktype(L, 2, LUA_TTABLE);
     uint64_t now_ms = (uint64_t)luaL_checknumber(L, 3);
     int headers = lua_toboolean(L, 4);
+    handle_t *remote = lua_isnoneornil(L, 5) ? h : luaL_checkudata(L, 5, STORE_MT);
     size_t n = lua_objlen(L, 2);
     if (n > ASKS_MAX)
         n = ASKS_MAX; /* as the worker: the first 16 */
     agw_limit_rule_t rules[ASKS_MAX];
     agw_limit_ask_t asks[ASKS_MAX];
     agw_limit_result_t results[ASKS_MAX];
+    int kinds[ASKS_MAX] = {0};
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, 2, (int)i + 1);
         int a = lua_gettop(L);
@@ -113,10 +139,48 @@ static int l_check(lua_State *L)
         const char *key = lua_tolstring(L, -1, &len);
         asks[i].rule = &rules[i];
         asks[i].hash = agw_limit_hash(&rules[i], key ? key : "", key ? len : 0);
+        lua_pop(L, 1);
+        const char *outcome = str_field(L, a, "outcome");
+        lua_getfield(L, a, "redis");
+        kinds[i] = outcome && strcmp(outcome, "allow") == 0  ? ASK_ALLOW
+                   : outcome && strcmp(outcome, "deny") == 0 ? ASK_DENY
+                   : lua_toboolean(L, -1)                    ? ASK_REMOTE
+                                                             : ASK_LOCAL;
         lua_pop(L, 2);
     }
+    /* as worker/limits.c: the local rules first; a refusal there answers with them only */
     agw_limit_verdict_t v = {.results = results};
-    int allowed = agw_limit_check(h->s, asks, n, now_ms, &v);
+    int allowed, only_denied = 0;
+    if (!check_kind(h->s, asks, kinds, n, ASK_LOCAL, now_ms, results)) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (kinds[i] == ASK_LOCAL) {
+                asks[k] = asks[i];
+                results[k++] = results[i];
+            }
+        n = k;
+        allowed = agw_limit_decide(&v, n);
+    } else {
+        check_kind(remote->s, asks, kinds, n, ASK_REMOTE, now_ms, results);
+        for (size_t i = 0; i < n; i++) {
+            if (kinds[i] != ASK_ALLOW && kinds[i] != ASK_DENY)
+                continue;
+            agw_limit_policy(asks[i].rule, now_ms, &results[i]);
+            results[i].allowed = kinds[i] == ASK_ALLOW;
+            results[i].remaining = kinds[i] == ASK_ALLOW ? results[i].limit : 0;
+            results[i].reset_ms = kinds[i] == ASK_ALLOW ? 0 : 1000;
+        }
+        allowed = agw_limit_decide(&v, n);
+        if (!allowed) {
+            only_denied = 1;
+            for (size_t i = 0; i < n; i++) {
+                if (kinds[i] == ASK_LOCAL)
+                    agw_limit_give_back(h->s, asks[i].rule, asks[i].hash, now_ms);
+                if (!results[i].allowed && kinds[i] != ASK_DENY)
+                    only_denied = 0;
+            }
+        }
+    }
     lua_pushboolean(L, allowed);
     lua_newtable(L);
     agw_buf_t b = {0};
@@ -132,13 +196,17 @@ static int l_check(lua_State *L)
         agw_buf_printf(&b, "%llu", (unsigned long long)agw_gate_retry_after_s(&v));
         set_field(L, "retry-after", &b);
         agw_buf_reset(&b);
-        agw_gate_problem_429(&b, asks, &v, n);
+        if (only_denied)
+            agw_gate_problem_redis_deny(&b, asks[v.decisive].rule->name, agw_gate_retry_after_s(&v));
+        else
+            agw_gate_problem_429(&b, asks, &v, n);
         lua_pushlstring(L, b.base, b.len);
     } else {
         lua_pushnil(L);
     }
     agw_buf_free(&b);
-    return 3;
+    lua_pushinteger(L, allowed ? 200 : only_denied ? 503 : 429);
+    return 4;
 }
 
 static int l_shed(lua_State *L)

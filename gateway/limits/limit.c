@@ -91,7 +91,8 @@ agw_limit_store_t *agw_limit_store_new(size_t slots)
     return s;
 }
 
-void agw_limit_count(agw_limit_store_t *s, agw_limit_rule_t *r, int allowed)
+/* The counter index + 1 of r's name (taken once per rule), or -1 when there is no room. */
+static int counter_of(agw_limit_store_t *s, agw_limit_rule_t *r)
 {
     int c = __atomic_load_n(&r->counter, __ATOMIC_ACQUIRE);
     if (c == 0) {
@@ -110,8 +111,21 @@ void agw_limit_count(agw_limit_store_t *s, agw_limit_rule_t *r, int allowed)
             c = -1; /* no room: not counted */
         __atomic_store_n(&r->counter, c, __ATOMIC_RELEASE);
     }
+    return c;
+}
+
+void agw_limit_count(agw_limit_store_t *s, agw_limit_rule_t *r, int allowed)
+{
+    int c = counter_of(s, r);
     if (c > 0)
         __atomic_add_fetch(allowed ? &s->counts[c - 1].allowed : &s->counts[c - 1].limited, 1, __ATOMIC_RELAXED);
+}
+
+void agw_limit_count_error(agw_limit_store_t *s, agw_limit_rule_t *r, int redis)
+{
+    int c = counter_of(s, r);
+    if (c > 0)
+        __atomic_add_fetch(redis ? &s->counts[c - 1].redis_errors : &s->counts[c - 1].key_errors, 1, __ATOMIC_RELAXED);
 }
 
 size_t agw_limit_counters(const agw_limit_store_t *s, const agw_limit_counts_t **out)

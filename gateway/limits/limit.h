@@ -39,6 +39,8 @@ typedef enum agw_limit_key {
                               one app shares its count); no API key: the empty value */
     AGW_LIMIT_KEY_USER,    /* the authenticated user: the token's `sub` claim, or the API key's app;
                               not authenticated: the empty value */
+    AGW_LIMIT_KEY_FUNCTION,/* what a Lua function of the request returns (the generation's VM keeps
+                              it: worker/limits.c calls it, agg.limits.key_of) */
 } agw_limit_key_t;
 
 /* Fixed UTC windows of a quota. */
@@ -47,6 +49,15 @@ typedef enum agw_limit_window {
     AGW_LIMIT_DAY,
     AGW_LIMIT_MONTH,       /* calendar month (28 to 31 days) */
 } agw_limit_window_t;
+
+/* What a Redis rule does when Redis cannot answer (down, slower than redis.timeout_ms, or an
+ * answer that is not the script's): gateway.lua `on_redis_error`. */
+typedef enum agw_limit_on_error {
+    AGW_LIMIT_FALLBACK_LOCAL, /* "local" (the default): the process's store counts the rule meanwhile
+                                 (each instance then allows the whole limit on its own) */
+    AGW_LIMIT_FALLBACK_ALLOW, /* "allow": the rule accepts, uncounted */
+    AGW_LIMIT_FALLBACK_DENY,  /* "deny": the rule refuses (503, Retry-After 1) */
+} agw_limit_on_error_t;
 
 typedef struct agw_limit_rule {
     char *name;                 /* as in gateway.lua ("per-key"); also the policy name in headers */
@@ -58,6 +69,8 @@ typedef struct agw_limit_rule {
     uint64_t burst;             /* rate: the most requests accepted at once (> 0) */
     uint64_t quota;             /* quota: requests per window (> 0) */
     agw_limit_window_t window;  /* quota: its window */
+    int redis;                  /* store = "redis": counted in Redis (limit_redis.h), else locally */
+    agw_limit_on_error_t on_redis_error; /* a Redis rule's answer when Redis cannot give one */
     uint64_t seed;              /* hash seed told apart per rule (name, kind, numbers): a rule that
                                    changes on reload starts its counts afresh */
     int counter;                /* private: 1 + the store's counter of this rule's name, 0 until
@@ -69,6 +82,7 @@ typedef struct agw_limits_conf {
     agw_limit_rule_t *rules;    /* index i is rule i of limits.rules */
     size_t num_rules;
     int headers;                /* limits.headers: RateLimit fields on accepted responses too */
+    size_t num_redis;           /* rules with store = "redis" */
     size_t local_keys;          /* limits.local_keys: slots of the process's store (read at start-up) */
     unsigned max_in_flight;     /* pages a worker has in flight before it sheds priority 3 (DESIGN §9.1) */
 } agw_limits_conf_t;
@@ -134,6 +148,9 @@ typedef struct agw_limit_counts {
     char name[72];              /* the rule's name */
     uint64_t allowed;           /* requests the rule accepted that went through (atomic) */
     uint64_t limited;           /* requests the rule refused (atomic) */
+    uint64_t redis_errors;      /* checks of a Redis rule that Redis did not answer (down, timeout,
+                                   garbage): decided by its on_redis_error instead (atomic) */
+    uint64_t key_errors;        /* requests whose key function failed (atomic) */
 } agw_limit_counts_t;
 
 /* Rule names a store counts at most; more rules are checked but not counted in the metrics. */
@@ -142,6 +159,9 @@ typedef struct agw_limit_counts {
 /* Counts one decision of rule r in s: allowed (1) or limited (0). Thread-safe; the first count of a
  * name takes a lock once per rule of a generation, the others are one atomic add. */
 void agw_limit_count(agw_limit_store_t *s, agw_limit_rule_t *r, int allowed);
+
+/* Counts one Redis error (redis: 1) or key-function error (0) of rule r in s. Thread-safe. */
+void agw_limit_count_error(agw_limit_store_t *s, agw_limit_rule_t *r, int redis);
 
 /* The counters of s: *out points at n of them (entries are only added; read with atomics). */
 size_t agw_limit_counters(const agw_limit_store_t *s, const agw_limit_counts_t **out);

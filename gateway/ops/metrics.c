@@ -289,6 +289,16 @@ static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
             l[1] = AGW_PROM_LABEL("outcome", "limited");
             agw_prom_sample_u64(b, "aggway_limit_decisions_total", l, 2, __atomic_load_n(&lc[i].limited, __ATOMIC_RELAXED));
         }
+        agw_prom_family(b, "aggway_limit_errors_total", "counter",
+                        "Checks of a rule that could not be made as configured, by rule name and cause (redis: a "
+                        "store = \"redis\" rule whose Redis did not answer in redis.timeout_ms, was down or answered "
+                        "garbage, decided by its on_redis_error instead; key: a key function that failed).");
+        for (size_t i = 0; i < nl; i++) {
+            agw_prom_label_t l[2] = {AGW_PROM_LABEL("rule", lc[i].name), AGW_PROM_LABEL("cause", "redis")};
+            agw_prom_sample_u64(b, "aggway_limit_errors_total", l, 2, __atomic_load_n(&lc[i].redis_errors, __ATOMIC_RELAXED));
+            l[1] = AGW_PROM_LABEL("cause", "key");
+            agw_prom_sample_u64(b, "aggway_limit_errors_total", l, 2, __atomic_load_n(&lc[i].key_errors, __ATOMIC_RELAXED));
+        }
         agw_prom_family(b, "aggway_limit_table_full_total", "counter",
                         "Checks let through uncounted because the table of counts was full where the key would go "
                         "(raise limits.local_keys).");

@@ -213,6 +213,7 @@ void agw_trace_begin(agw_trace_t *tr, uint64_t *rng, const agw_traceparent_t *pa
     tr->end_us = 0;
     tr->num_spans = 0;
     tr->spans_dropped = 0;
+    memset(&tr->limit, 0, sizeof(tr->limit));
     size_t n = 0;
     if (mlen > AGW_TRACE_TARGET_MAX / 4)
         mlen = AGW_TRACE_TARGET_MAX / 4;
@@ -287,4 +288,9 @@ const char *agw_span_outcome_name(unsigned outcome)
     if (outcome == AGW_SPAN_CANCELLED)
         return "cancelled";
     return agw_call_outcome_name((agw_call_outcome_t)outcome);
+}
+
+const char *agw_trace_limit_store_name(uint8_t store)
+{
+    return store == AGW_TRACE_LIMIT_REDIS ? "redis" : store == AGW_TRACE_LIMIT_FALLBACK ? "fallback" : "local";
 }

@@ -68,6 +68,22 @@ typedef struct agw_span {
                                            Internal: the span, the waterfall and the log, never a client */
 } agw_span_t;
 
+/* The limits decision of a request (worker/limits.c), shown in the waterfall and the access log. */
+typedef struct agw_trace_limit {
+    char rule[AGW_SPAN_SECTION_MAX]; /* the decisive rule's name (cut); "" when no rule was checked */
+    uint64_t remaining;              /* requests that rule accepts from now on (0 when refused) */
+    uint32_t wait_us;                /* time the request waited for Redis (0: it did not) */
+    uint8_t allowed;                 /* 1: accepted; 0: refused (429, or 503 by on_redis_error) */
+    uint8_t store;                   /* AGW_TRACE_LIMIT_LOCAL, _REDIS or _FALLBACK */
+} agw_trace_limit_t;
+
+#define AGW_TRACE_LIMIT_LOCAL 0      /* only rules of the process's store */
+#define AGW_TRACE_LIMIT_REDIS 1      /* Redis answered for the Redis rules */
+#define AGW_TRACE_LIMIT_FALLBACK 2   /* Redis did not: the rules' on_redis_error decided */
+
+/* "local", "redis" or "fallback" for an agw_trace_limit_t store. */
+const char *agw_trace_limit_store_name(uint8_t store);
+
 /* The trace of one request: the gateway's span and its children. */
 typedef struct agw_trace {
     struct agw_trace *next;          /* free list of the worker that owns it */
@@ -83,6 +99,7 @@ typedef struct agw_trace {
     char target[AGW_TRACE_TARGET_MAX]; /* "GET /product-page/42" (cut, NUL-terminated) */
     char traceparent[AGW_TRACEPARENT_LEN]; /* "00-<trace_id>-<span_id>-<flags>" of the gateway's span:
                                            a call's header is this with its own span id */
+    agw_trace_limit_t limit;         /* the limits decision (agw_trace_begin clears it) */
     size_t num_spans;
     uint32_t spans_dropped;          /* spans beyond AGW_TRACE_MAX_SPANS */
     agw_span_t spans[AGW_TRACE_MAX_SPANS];

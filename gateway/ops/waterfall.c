@@ -47,6 +47,7 @@ void agw_waterfall_record(agw_waterfall_t *wf, const agw_trace_t *tr)
     agw_trace_hex(e->trace_id, tr->trace_id, 16);
     e->trace_id[32] = '\0';
     memcpy(e->target, tr->target, sizeof(e->target));
+    e->limit = tr->limit;
     size_t n = tr->num_spans < AGW_WF_CALLS ? tr->num_spans : AGW_WF_CALLS;
     e->num_calls = (uint8_t)n;
     size_t dropped = tr->num_spans - n + tr->spans_dropped;
@@ -145,6 +146,13 @@ void agw_waterfall_json(agw_buf_t *b, const agw_metric_labels_t *names, const ag
         agw_buf_printf(b, ",\"status\":%d,\"worker\":%d,\"start_unix_ms\":%llu.%03u,\"duration_ms\":%u.%03u", e->status,
                        e->worker, (unsigned long long)(e->start_us / 1000), (unsigned)(e->start_us % 1000),
                        e->duration_us / 1000, e->duration_us % 1000);
+        if (e->limit.rule[0]) {
+            agw_buf_puts(b, ",\"limit\":{\"rule\":");
+            put_json_str(b, e->limit.rule);
+            agw_buf_printf(b, ",\"remaining\":%llu,\"store\":\"%s\",\"wait_ms\":%u.%03u}",
+                           (unsigned long long)e->limit.remaining, agw_trace_limit_store_name(e->limit.store),
+                           e->limit.wait_us / 1000, e->limit.wait_us % 1000);
+        }
         agw_buf_printf(b, ",\"calls_dropped\":%u,\"calls\":[", e->calls_dropped);
         for (size_t k = 0; k < e->num_calls; k++) {
             const agw_wf_call_t *c = &e->calls[k];
@@ -249,6 +257,14 @@ static void render_request(agw_buf_t *b, const agw_metric_labels_t *names, const
         agw_buf_puts(b, " &middot; ");
     }
     agw_buf_printf(b, "trace <code>%s</code> &middot; worker %d", e->trace_id, e->worker);
+    if (e->limit.rule[0]) {
+        agw_buf_puts(b, " &middot; limit ");
+        put_html(b, e->limit.rule);
+        agw_buf_printf(b, ": %llu left (%s", (unsigned long long)e->limit.remaining, agw_trace_limit_store_name(e->limit.store));
+        if (e->limit.wait_us)
+            agw_buf_printf(b, ", waited %u.%01u ms", e->limit.wait_us / 1000, e->limit.wait_us % 1000 / 100);
+        agw_buf_puts(b, ")");
+    }
     if (e->calls_dropped)
         agw_buf_printf(b, " &middot; %u more calls not shown", e->calls_dropped);
     agw_buf_puts(b, "</p>\n");

@@ -52,6 +52,7 @@ typedef struct agw_wf_entry {
     int worker;
     char trace_id[33];          /* lowercase hex, NUL-terminated */
     char target[AGW_TRACE_TARGET_MAX];
+    agw_trace_limit_t limit;    /* the limits decision ("" rule: none) */
     uint8_t num_calls;
     uint16_t calls_dropped;
     agw_wf_call_t calls[AGW_WF_CALLS];

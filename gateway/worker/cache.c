@@ -217,11 +217,12 @@ void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf)
         w->cache.lru = agw_lru_new(per, &w->m->lru);
     else
         agw_lru_resize(w->cache.lru, per);
-    int want = conf->cache_redis && conf->redis.host;
+    int want = (conf->cache_redis || conf->limits.num_redis > 0) && conf->redis.host; /* one client serves both */
     if (w->cache.redis && (!want || !agw_redis_conf_same(agw_redis_conf(w->cache.redis), &conf->redis))) {
         agw_redis_t *old = w->cache.redis;
         w->cache.redis = NULL;
-        agw_redis_free(old); /* its GETs answer "client closed": those calls go upstream */
+        agw_redis_free(old); /* its GETs answer "client closed": those calls go upstream; parked
+                                limits checks take their rules' on_redis_error */
     }
     if (want && !w->cache.redis)
         w->cache.redis = agw_redis_new(w->loop, &conf->redis, &w->m->redis);

@@ -45,6 +45,10 @@ const char *const agw_contract_endpoint_state[AGW_EPSTATE_FIELDS] = {
     [AGW_EPSTATE_LAST_EJECTED_MS] = "last_ejected_ms",
     [AGW_EPSTATE_ANSWERED] = "answered",
     [AGW_EPSTATE_LATENCY_MS] = "latency_ms",
+    [AGW_EPSTATE_HEALTH] = "health",
+    [AGW_EPSTATE_DOWN] = "down",
+    [AGW_EPSTATE_PROBES] = "probes",
+    [AGW_EPSTATE_PROBE_FAILURES] = "probe_failures",
 };
 
 const char *const agw_contract_runtime[] = {"init", "start", "on_call", "on_timer", "abort", "report_stats", "on_redis", NULL};

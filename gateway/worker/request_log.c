@@ -345,7 +345,7 @@ size_t agw_worker_page_sections(lua_State *L, int idx, section_ref_t *out, size_
  * the sections are then the Server-Timing entries, without a status). */
 static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const char *path, size_t plen,
                        const char *route, int status, double ms, size_t bytes, const section_ref_t *secs, size_t nsecs,
-                       const char *timing, size_t tlen, const agw_trace_t *trace)
+                       const char *timing, size_t tlen, const agw_trace_t *trace, const agw_trace_limit_t *limit)
 {
     agw_buf_t *b = &w->log.alog;
     double now = ev_now(w->loop); /* libev's loop time is the wall clock */
@@ -420,14 +420,32 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
             agw_buf_putc(b, '}');
         }
     }
+    agw_buf_putc(b, ']');
+    if (limit && limit->rule[0]) { /* the limits decision (worker/limits.c) */
+        ALOG_LIT(b, ",\"limit\":{\"rule\":");
+        alog_str(b, limit->rule, strlen(limit->rule));
+        ALOG_LIT(b, ",\"outcome\":");
+        if (limit->allowed)
+            ALOG_LIT(b, "\"allowed\"");
+        else
+            ALOG_LIT(b, "\"limited\"");
+        ALOG_LIT(b, ",\"remaining\":");
+        alog_uint(b, limit->remaining);
+        ALOG_LIT(b, ",\"store\":\"");
+        const char *st = agw_trace_limit_store_name(limit->store);
+        alog_lit(b, st, strlen(st));
+        ALOG_LIT(b, "\",\"wait_ms\":");
+        alog_ms(b, limit->wait_us / 1000.0);
+        agw_buf_putc(b, '}');
+    }
     if (trace) {
         char tid[32];
         agw_trace_hex(tid, trace->trace_id, 16);
-        ALOG_LIT(b, "],\"trace_id\":\"");
+        ALOG_LIT(b, ",\"trace_id\":\"");
         alog_lit(b, tid, 32);
         ALOG_LIT(b, "\"}\n");
     } else {
-        ALOG_LIT(b, "],\"trace_id\":null}\n");
+        ALOG_LIT(b, ",\"trace_id\":null}\n");
     }
     if (b->len >= ALOG_FLUSH_BYTES)
         agw_worker_alog_flush(w);
@@ -449,9 +467,11 @@ void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint,
 {
     const wgen_t *g = w->gens.cur;
     agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, 0, bytes);
+    const agw_trace_limit_t *limit = w->lim.has_note ? &w->lim.note : NULL; /* a 429 or 503 of the limits */
+    w->lim.has_note = 0;
     if (w->log.access_fd >= 0)
         alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, route_of(g, endpoint), status,
-                   0, bytes, NULL, 0, NULL, 0, NULL);
+                   limit ? limit->wait_us / 1000.0 : 0, bytes, NULL, 0, NULL, 0, NULL, limit);
 }
 
 void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t bytes, const section_ref_t *secs,
@@ -464,7 +484,7 @@ void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t
         size_t mlen = strlen(rr->logline);
         const char *path = rr->logline + mlen + 1;
         alog_write(w, rr->logline, mlen, path, strlen(path), route_of(rr->g, rr->endpoint), status, ms, bytes, secs,
-                   nsecs, timing, tlen, rr->trace);
+                   nsecs, timing, tlen, rr->trace, rr->trace ? &rr->trace->limit : NULL);
         free(rr->logline);
         rr->logline = NULL;
     }

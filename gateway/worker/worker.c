@@ -353,118 +353,6 @@ static int on_batch(agw_worker_t *w, h2o_req_t *req)
     return 0;
 }
 
-/* ---- limits and priority shedding (limits/limit.h, limits/gate.h): in C, before any Lua ------ */
-
-/* Rules one request is checked against, at most (more in one endpoint's list are not checked). */
-#define LIMITS_MAX 16
-
-/* The bytes rule r counts req by: the client's address (4 or 16 bytes, no port), the route
- * pattern, the header's value, the API key's app or the user (user: what the edge accepted; absent:
- * empty). */
-static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *route, const agw_auth_result_t *user,
-                      const char **key, size_t *len, struct sockaddr_storage *ss)
-{
-    *key = "";
-    *len = 0;
-    if (r->key == AGW_LIMIT_KEY_API_KEY || r->key == AGW_LIMIT_KEY_USER) {
-        json_t *sub = r->key == AGW_LIMIT_KEY_USER && user->claims ? json_object_get(user->claims, "sub") : NULL;
-        if (json_is_string(sub)) {
-            *key = json_string_value(sub);
-            *len = json_string_length(sub);
-        } else if (user->key) {
-            *key = user->key->app;
-            *len = strlen(user->key->app);
-        }
-    } else if (r->key == AGW_LIMIT_KEY_ROUTE) {
-        *key = route;
-        *len = strlen(route);
-    } else if (r->key == AGW_LIMIT_KEY_HEADER) {
-        ssize_t i = h2o_find_header_by_str(&req->headers, r->header, strlen(r->header), -1);
-        if (i >= 0) {
-            *key = req->headers.entries[i].value.base;
-            *len = req->headers.entries[i].value.len;
-        }
-    } else if (req->conn->callbacks->get_peername && req->conn->callbacks->get_peername(req->conn, (void *)ss) > 0) {
-        if (ss->ss_family == AF_INET) {
-            *key = (const char *)&((struct sockaddr_in *)ss)->sin_addr;
-            *len = 4;
-        } else if (ss->ss_family == AF_INET6) {
-            *key = (const char *)&((struct sockaddr_in6 *)ss)->sin6_addr;
-            *len = 16;
-        }
-    }
-}
-
-/* Adds one header whose value is in b (copied into the request's memory). */
-static void add_field(h2o_req_t *req, const h2o_token_t *token, const char *name, const agw_buf_t *b)
-{
-    h2o_iovec_t v = h2o_strdup(&req->pool, b->base, b->len);
-    if (token)
-        h2o_add_header(&req->pool, &req->res.headers, token, NULL, v.base, v.len);
-    else
-        h2o_add_header_by_str(&req->pool, &req->res.headers, name, strlen(name), 0, NULL, v.base, v.len);
-}
-
-/* Sheds the request (503) when the worker is over its bound for the endpoint's priority group, or
- * refuses it (429) when a rule of the endpoint does; else counts it against every rule and, with
- * limits.headers, puts the RateLimit fields on its response. Returns 1 when the request was
- * answered here. */
-static int gate_request(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_auth_result_t *user)
-{
-    const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
-    const agw_limits_conf_t *lc = &g->conf->limits;
-    agw_buf_t *b = &w->scratch.out;
-    if (agw_gate_shed(lc->max_in_flight, ep->priority, __atomic_load_n(&w->inflight, __ATOMIC_RELAXED))) {
-        AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].shed, 1);
-        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
-        agw_buf_reset(b);
-        agw_buf_printf(b, "{\"type\":\"" AGW_PROBLEM_REDUCED_CAPACITY "\",\"title\":\"The gateway is overloaded\","
-                          "\"status\":503,\"detail\":\"requests of priority %d are shed while a worker has more than "
-                          "%lu pages in flight; retry in 1 s\"}",
-                       ep->priority, (unsigned long)lc->max_in_flight * (unsigned long)(5 - ep->priority) / 2);
-        agw_worker_send_problem_body(w, req, NULL, endpoint, 503, b->base, b->len);
-        return 1;
-    }
-    size_t n = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX;
-    if (n == 0)
-        return 0;
-    agw_limit_ask_t asks[LIMITS_MAX];
-    agw_limit_result_t results[LIMITS_MAX];
-    struct sockaddr_storage ss;
-    for (size_t i = 0; i < n; i++) {
-        const agw_limit_rule_t *r = &lc->rules[ep->limits[i]];
-        const char *key;
-        size_t len;
-        limit_key(r, req, ep->route, user, &key, &len, &ss);
-        asks[i].rule = r;
-        asks[i].hash = agw_limit_hash(r, key, len);
-    }
-    agw_limit_verdict_t v = {.results = results};
-    uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
-    int allowed = agw_limit_check(w->limits, asks, n, now_ms, &v);
-    for (size_t i = 0; i < n; i++) /* the rules are the generation's: the counter index is set once */
-        if (allowed || !results[i].allowed)
-            agw_limit_count(w->limits, (agw_limit_rule_t *)asks[i].rule, allowed);
-    if (allowed && !lc->headers)
-        return 0;
-    agw_buf_reset(b);
-    agw_gate_policy_field(b, asks, results, n);
-    add_field(req, NULL, "ratelimit-policy", b);
-    agw_buf_reset(b);
-    agw_gate_ratelimit_field(b, asks, &v);
-    add_field(req, NULL, "ratelimit", b);
-    if (allowed)
-        return 0;
-    AGW_M_ADD(w->m->routes[g->gen->route_slot[endpoint]].limited, 1);
-    agw_buf_reset(b);
-    agw_buf_printf(b, "%llu", (unsigned long long)agw_gate_retry_after_s(&v));
-    add_field(req, H2O_TOKEN_RETRY_AFTER, NULL, b);
-    agw_buf_reset(b);
-    agw_gate_problem_429(b, asks, &v, n);
-    agw_worker_send_problem_body(w, req, NULL, endpoint, 429, b->base, b->len);
-    return 1;
-}
-
 /* Answers 431 when the request's decoded headers pass the clients limits (guard.h): before
  * anything of them is copied for the script. Returns 1 when it answered. */
 static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
@@ -488,64 +376,31 @@ static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int end
 }
 
 static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait);
+static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
+                         size_t num_params, agw_auth_result_t *user);
 
 /* A request whose token names a kid no key has, waiting for the JWKS refetch that this asked for
- * (edge.h: AGW_EDGE_WAIT). It lives in the request's memory; h2o disposing of it (the client
- * left) stops the wait. */
-typedef struct parked {
-    ev_timer timer;     /* polls the fetcher's count of finished fetches */
-    agw_worker_t *w;
-    wgen_t *g;          /* holds a reference: its authenticator is the one fetching */
-    h2o_req_t *req;
+ * (edge.h: AGW_EDGE_WAIT; park.c). The fetch runs on another thread: the park polls its count of
+ * finished fetches. */
+typedef struct auth_wait {
+    agw_park_t park;    /* first */
     uint64_t fetches_done;
-    double until;       /* ev_now() beyond which the request is answered whatever came */
-    int active;
-} parked_t;
+} auth_wait_t;
 
-#define PARK_POLL_S 0.005
+#define AUTH_POLL_S 0.005
 
-static void unpark(parked_t *pk)
+static int on_auth_poll(agw_park_t *pk)
 {
-    if (!pk->active)
-        return;
-    pk->active = 0;
-    ev_timer_stop(pk->w->loop, &pk->timer);
-    __atomic_sub_fetch(&pk->w->inflight, 1, __ATOMIC_RELAXED);
-    agw_worker_gen_release(pk->g);
+    return agw_auth_fetches_done(&pk->g->conf->auth) != ((auth_wait_t *)pk)->fetches_done;
 }
 
-static void on_parked_dispose(void *p)
+static void on_auth_resume(agw_park_t *pk, int timed_out)
 {
-    unpark(p);
+    (void)timed_out;
+    handle_req(pk->w, pk->req, 0); /* checked again with the keys the fetch brought (or answered now) */
 }
 
-static void on_park_timer(struct ev_loop *loop, ev_timer *t, int revents)
-{
-    (void)revents;
-    parked_t *pk = t->data;
-    if (agw_auth_fetches_done(&pk->g->conf->auth) == pk->fetches_done && ev_now(loop) < pk->until)
-        return;
-    h2o_req_t *req = pk->req;
-    agw_worker_t *w = pk->w;
-    unpark(pk);
-    handle_req(w, req, 0); /* checked again with the keys the fetch brought (or answered now) */
-}
-
-static void park(agw_worker_t *w, wgen_t *g, h2o_req_t *req, uint64_t fetches_done)
-{
-    parked_t *pk = h2o_mem_alloc_shared(&req->pool, sizeof(*pk), on_parked_dispose);
-    pk->w = w;
-    pk->g = g;
-    agw_worker_gen_hold(g);
-    pk->req = req;
-    pk->fetches_done = fetches_done;
-    pk->until = ev_now(w->loop) + g->conf->auth.fetch_timeout_ms / 1000.0 + 0.5;
-    pk->active = 1;
-    __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED); /* a drain waits for it too */
-    ev_timer_init(&pk->timer, on_park_timer, PARK_POLL_S, PARK_POLL_S);
-    pk->timer.data = pk;
-    ev_timer_start(w->loop, &pk->timer);
-}
+static const agw_park_ops_t auth_wait_ops = {on_auth_poll, on_auth_resume, NULL};
 
 int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
@@ -600,17 +455,28 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     int refused = agw_edge_authenticate((agw_auth_t *)&g->conf->auth, &g->conf->auth_policies[endpoint - 1],
                                         &w->auth_cache, req, may_wait, &user, &refusal);
     if (refused == AGW_EDGE_WAIT) {
-        park(w, g, req, user.fetches_done);
+        auth_wait_t *aw = agw_park_new(w, g, req, sizeof(*aw), g->conf->auth.fetch_timeout_ms / 1000.0 + 0.5,
+                                       AUTH_POLL_S, &auth_wait_ops);
+        aw->fetches_done = user.fetches_done;
         return 0;
     }
     if (refused != 0) {
         agw_worker_send_problem(w, req, NULL, endpoint, refusal.status, refusal.kind, refusal.title, NULL);
         return 0;
     }
-    if (gate_request(w, g, req, endpoint, &user)) {
+    int gate = agw_worker_gate(w, g, req, endpoint, params, num_params, &user, start_script);
+    if (gate == AGW_GATE_ANSWERED)
         json_decref(user.claims); /* agw_edge_push_user drops it for a request that goes on */
-        return 0;
-    }
+    if (gate == AGW_GATE_PASS)
+        start_script(w, g, req, endpoint, params, num_params, &user);
+    return 0;
+}
+
+/* Hands a request that passed the edge and the limits to the runtime (runtime.start). */
+static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
+                         size_t num_params, agw_auth_result_t *user)
+{
+    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
     __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED);
     if (w->draining)
@@ -635,6 +501,12 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     watch_client(rr, req);
     rr->trace = NULL;
     agw_worker_trace_begin(w, rr, req, path_len);
+    if (w->lim.has_note) { /* the limits decision; a wait for Redis counts in the request's time */
+        rr->trace->limit = w->lim.note;
+        rr->started -= w->lim.note.wait_us / 1e6;
+        rr->trace->start_us -= w->lim.note.wait_us;
+        w->lim.has_note = 0;
+    }
 
     lua_State *L = g->L;
     /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the
@@ -685,7 +557,7 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     lua_rawset(L, a);
     /* the edge's verdict: user (a table, or nil when the endpoint has no auth) and the verified
      * bearer token (a JWT's, else nil) */
-    agw_edge_push_user(L, &user);
+    agw_edge_push_user(L, user);
     lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_TOKEN);
     lua_insert(L, -2);
     lua_rawset(L, a);
@@ -702,7 +574,6 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         agw_worker_send_problem(w, req, rr, endpoint, 500, "gateway-error", "the gateway failed to handle the request",
                                 "the error was logged by the gateway");
     }
-    return 0;
 }
 
 /* ---- accept --------------------------------------------------------------------------------- */
@@ -817,6 +688,7 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
     agw_cache_inbox_take(&w->m->purge, purge_tier1, w); /* POST /cache/purge (cache/purge.h) */
+    agw_worker_reap_pools(w); /* pools of endpoint addresses that went away (group/directory.h) */
     for (size_t i = 0; i < w->gens.cur->conf->num_upstreams; i++)
         agw_worker_publish_pool(w->gens.cur, i);
     for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live;) {
@@ -825,7 +697,8 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
         if (g->ref_report_stats != LUA_NOREF) {
             agw_worker_gen_hold(g);
             lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_report_stats);
-            agw_worker_call_runtime(g, 0);
+            lua_pushboolean(g->L, g == w->gens.cur); /* current: only it health checks (agg.health) */
+            agw_worker_call_runtime(g, 1);
             next = l->next; /* the list may have changed meanwhile; g is still on it (held) */
             agw_worker_gen_release(g);
         }

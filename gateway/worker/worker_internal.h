@@ -24,6 +24,7 @@
 #include "worker/tables.h"
 #include "worker/watchdog.h"
 #include "worker/wcache.h"
+#include "worker/wlimits.h"
 #include "ops/metrics.h"
 #include "redis/redis.h"
 #include "script/resp_headers.h"
@@ -48,6 +49,7 @@ typedef struct wpool {
     agw_pool_t *pool;
     agw_upstream_conf_t conf;   /* the pool's own copy: it may outlive the generation that made it */
     int refs;                   /* generations of this worker that use it */
+    struct wpool *next_draining; /* on the worker's draining list (its address left the directory) */
 } wpool_t;
 
 /* A generation as this worker runs it. Worker thread only, once installed. */
@@ -59,6 +61,8 @@ typedef struct agw_worker_gen {
     int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
+    int ref_limit_key;          /* agg.limits.key_into (rules with a key function), or LUA_NOREF */
+    int ref_limit_out;          /* the table key_into fills, reused */
     uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
     int ref_answer, ref_arrival; /* the tables runtime.on_call and runtime.start get, reused
                                     (lua/agg/contract.lua) */
@@ -169,6 +173,8 @@ struct agw_worker {
     agw_worker_scratch_t scratch;          /* buffers reused by every response (scratch.h) */
     agw_worker_cache_t cache;              /* the response cache's tiers (wcache.h) */
     agw_worker_log_t log;                  /* access log, traces, header warnings (request_log.h) */
+    agw_worker_limits_t lim;               /* limits' Redis outage and the decision being logged
+                                              (wlimits.h, limits.c) */
 };
 
 /* Header fields in one HTTP/2 HEADERS frame past which the connection gets GOAWAY before h2o
@@ -240,6 +246,15 @@ void agw_worker_gen_discard(wgen_t *g);
 /* Frees the generations agw_worker_gen_release queued while Lua code was running (none runs now). */
 void agw_worker_free_dead_gens(agw_worker_t *w);
 
+/* Gives slot (an index of conf->eps) of the current generation g the address addr (len 0: the
+ * slot goes out of service): a new pool for it, made from the slot's settings; the old pool, when
+ * no other generation uses it, drains: its calls in flight finish, then agw_worker_reap_pools
+ * closes it. Worker thread. */
+void agw_worker_set_endpoint_addr(wgen_t *g, size_t slot, const struct sockaddr_storage *addr, socklen_t len);
+
+/* Closes the draining pools whose calls have all ended (the once-a-second tick). */
+void agw_worker_reap_pools(agw_worker_t *w);
+
 /* Makes g (prepared by agw_worker_prepare) the generation new requests go to: its pools are the
  * current generation's for upstreams that did not change (keep-alive connections survive), new
  * ones for the others; the TLS listeners accept new connections with g's SSL_CTXs (the worker
@@ -283,6 +298,10 @@ extern const luaL_Reg agw_worker_core_fns[];
  * of it only when a script reads req.headers or result.headers. Writes into b (reset first). */
 void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
 
+/* Logs a warning (a script's mistake met while serving) at most once per 10 s per distinct
+ * message per worker, with the count of repeats left out meanwhile (core.c). */
+void agw_worker_warn(agw_worker_t *w, const char *msg);
+
 /* ---- cache.c: the cache's transport --------------------------------------------------------- */
 
 /* core.cache_get, cache_set, redis_get, redis_set, digest, cache_counters (closures as above). */
@@ -302,6 +321,76 @@ void agw_worker_cache_close(agw_worker_t *w);
 
 /* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools. */
 void agw_worker_publish_pool(wgen_t *g, size_t up);
+
+/* ---- park.c: a request parked on an asynchronous decision ---------------------------------- */
+
+/* A request held before its script starts while something it needs is decided elsewhere: the
+ * edge's JWKS refetch (edge.h, AGW_EDGE_WAIT), a limits check in Redis (worker/limits.c). The
+ * park lives in the request's memory (h2o_mem_alloc_shared: the caller's state follows it in the
+ * same block), holds its generation and counts in w->inflight (a drain waits for it). Exactly one
+ * of these ends it:
+ *  - the decision: agw_park_wake() (on the loop's thread); ops->resume(pk, 0) runs from the loop
+ *    on its next pass, never inside the caller of agw_park_wake;
+ *  - ops->poll (when set), called every poll_s, returns 1: ops->resume(pk, 0) (for a decision
+ *    made on another thread, which cannot wake the loop);
+ *  - the deadline, timeout_s after parking: ops->resume(pk, 1);
+ *  - the client leaves (h2o disposes of the request): ops->cancel(pk) when set, never resume.
+ * resume runs with the generation still held; it answers the request or starts its script, and
+ * must not touch pk after that (an answer may free the request's memory at once). */
+typedef struct agw_park agw_park_t;
+
+typedef struct agw_park_ops {
+    int (*poll)(agw_park_t *pk);                /* NULL, or 1 when the decision is in */
+    void (*resume)(agw_park_t *pk, int timed_out);
+    void (*cancel)(agw_park_t *pk);             /* NULL, or releases what the caller's state holds */
+} agw_park_ops_t;
+
+struct agw_park {
+    ev_timer timer;                             /* private: poll, wake-up and deadline */
+    agw_worker_t *w;                            /* ro */
+    wgen_t *g;                                  /* ro: held while parked */
+    h2o_req_t *req;                             /* ro */
+    const agw_park_ops_t *ops;                  /* ro */
+    double until;                               /* private: ev_now() of the deadline */
+    double poll_s;                              /* private: 0 without ops->poll */
+    int state;                                  /* private: 0 ended, 1 waiting, 2 woken */
+};
+
+/* Parks req on generation g for at most timeout_s. size: bytes of the caller's struct, whose first
+ * member is the agw_park_t (zeroed beyond it). Returns the park (the caller's struct). */
+void *agw_park_new(agw_worker_t *w, wgen_t *g, h2o_req_t *req, size_t size, double timeout_s, double poll_s,
+                   const agw_park_ops_t *ops);
+
+/* The decision is in: resume pk on the loop's next pass. Nothing when pk has ended already. */
+void agw_park_wake(agw_park_t *pk);
+
+/* 1 while pk waits (neither resumed nor cancelled). */
+static inline int agw_park_waiting(const agw_park_t *pk)
+{
+    return pk->state != 0;
+}
+
+/* ---- limits.c: limits and priority shedding before any Lua (limits/limit.h, limits/gate.h) ---- */
+
+/* What agw_worker_gate did with a request. */
+#define AGW_GATE_PASS 0     /* accepted: the caller starts the script */
+#define AGW_GATE_ANSWERED 1 /* answered here (429, 503) */
+#define AGW_GATE_PARKED 2   /* waiting for Redis: the gate starts the script itself (start) or answers */
+
+/* The script's start of a request the gate let through after a wait: params (n of them) point
+ * into the request's memory; user is the edge's verdict (its claims reference is the callee's). */
+typedef void (*agw_gate_start_fn)(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint,
+                                  const agw_route_param_t *params, size_t n, agw_auth_result_t *user);
+
+/* Sheds req (503) when the worker is over its bound for the endpoint's priority group; checks it
+ * against every rule of the endpoint: local rules in the process's store at once, Redis rules
+ * (store = "redis") in one script call while the request is parked (at most the Redis timeout;
+ * on an error, each rule's on_redis_error decides). Counts it when every rule accepts, puts the
+ * RateLimit fields on the response (refused, or limits.headers) and notes the decision for the
+ * access log. On AGW_GATE_PARKED the gate owns user's claims reference and calls start (or
+ * answers) when Redis has answered; otherwise the caller keeps it. */
+int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
+                    size_t num_params, agw_auth_result_t *user, agw_gate_start_fn start);
 
 /* ---- request_log.c: problems, tracing, metrics and the access log ---------------------------- */
 

@@ -56,6 +56,11 @@ M.core = {
                      returns = "nothing; agg.group's view of an endpoint (1-based) of an upstream " ..
                                "group in this worker (tables.endpoint_state), for /upstreams and " ..
                                "the metrics (about once a second, from runtime.report_stats)" },
+  endpoint_slots = { args = { "upstream", "seen" }, optional = true,
+                     returns = "the endpoint directory's version, and unless it is seen, the list of " ..
+                               "the upstream's endpoint slots { url, address | false } after this " ..
+                               "worker's pools followed it (group/directory.h; agg.group, once a " ..
+                               "second and when a group is made)" },
   -- the cache's transport (agg.cache); the C worker installs them when gateway.lua has a cache
   cache_get    = { args = { "key" }, optional = true,
                    returns = "the value (a string) of this worker's tier 1 (cache/lru.h), or nil" },
@@ -83,7 +88,7 @@ M.runtime = {
   on_call      = { args = { "id", "outcome", "http_status", "data", "ms", "answer" } },
   on_timer     = { args = { "id" } },
   abort        = { args = { "rid" } },
-  report_stats = { args = {} },
+  report_stats = { args = { "current" } },  -- current: true for the worker's current generation (once a second)
   on_redis     = { args = { "id", "value", "err" } },  -- core.redis_get's answer: value nil on a miss
 }
 
@@ -147,6 +152,10 @@ M.tables = {
     last_ejected_ms = "number",     -- when it was last ejected; 0 for never
     answered = "number",            -- calls it answered (latency_ms is over these)
     latency_ms = "number",          -- the moving average of its answers' latency
+    health = "number",              -- its active health checks: 0 unchecked, 1 passing, 2 failing
+    down = "number",                -- 1 while its health checks keep it out of service, else 0
+    probes = "number",              -- health probes sent
+    probe_failures = "number",      -- health probes that failed
   },
   -- core.upstream_counters' counters: totals since the VM started
   counters = {

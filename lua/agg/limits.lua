@@ -7,9 +7,12 @@
 --                        { name = "daily", key = { header = "x-client" }, quota = 100000, window = "day" } } }
 local M = {}
 
-local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true, local_keys = true }
+local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true, local_keys = true,
+                      on_redis_error = true }
 local RULE_KEYS = { name = true, key = true, rate = true, per_s = true, burst = true, quota = true, window = true,
-                    store = true }
+                    store = true, on_redis_error = true }
+local STORES = { ["local"] = true, redis = true }
+local ON_REDIS_ERROR = { ["local"] = true, allow = true, deny = true }
 local WINDOWS = { hour = true, day = true, month = true }
 
 M.PRIORITY_DEFAULT = 2
@@ -20,8 +23,9 @@ end
 
 --- Checks cfg.limits and cfg.max_in_flight. c: the checker's helpers { lines, err(line, where,
 -- msg), find_line(lines, name, from), suggest(key, known), show(v) }. Returns the normalized
--- block for the C side: { headers, local_keys, rules = { {name, key, header, rate, per_s, burst,
--- quota, window} … }, default = { names }, by_name = { name = index } }.
+-- block for the C side: { headers, local_keys, rules = { {name, key, header, fn, rate, per_s, burst,
+-- quota, window, store, on_redis_error} … }, default = { names }, by_name = { name = index } }
+-- (key = "function": fn is the key function).
 function M.check(cfg, c)
   local lines, err, find_line, suggest, show = c.lines, c.err, c.find_line, c.suggest, c.show
   local out = { headers = false, local_keys = 65536, rules = {}, default = {}, by_name = {} }
@@ -35,19 +39,29 @@ function M.check(cfg, c)
   for k in pairs(l) do
     if not LIMITS_KEYS[k] then
       err(find_line(lines, k, lline) or lline, "limits." .. tostring(k), "unknown option" ..
-          suggest(tostring(k), LIMITS_KEYS) .. "; limits knows store, headers, rules, default, local_keys")
+          suggest(tostring(k), LIMITS_KEYS) .. "; limits knows store, on_redis_error, headers, rules, default, local_keys")
     end
   end
-  local function store_ok(v, where, line)
-    if v == nil or v == "local" then return true end
-    if v == "redis" then
-      err(line, where, "store = \"redis\" is not available in this version of aggway; use \"local\"")
-    else
-      err(line, where, "must be \"local\" or \"redis\", got " .. show(v))
+  -- store = "local" | "redis" and on_redis_error = "local" | "allow" | "deny": on the block (the
+  -- rules' default) or per rule; "redis" needs gateway.lua's redis = { url = … } block
+  local function choice(v, where, line, known, dflt)
+    if v == nil then return dflt end
+    if type(v) == "string" and known[v] then
+      if known == STORES and v == "redis" and cfg.redis == nil then
+        err(line, where, "is \"redis\" but gateway.lua has no redis = { url = \"redis://127.0.0.1:6379/0\", timeout_ms = 5 } block")
+      end
+      return v
     end
-    return false
+    local names = {}
+    for k in pairs(known) do names[#names + 1] = '"' .. k .. '"' end
+    table.sort(names)
+    err(line, where, "must be " .. table.concat(names, " or ") .. ", got " .. show(v) ..
+        (type(v) == "string" and suggest(v, known) or ""))
+    return dflt
   end
-  store_ok(l.store, "limits.store", find_line(lines, "store", lline) or lline)
+  local store = choice(l.store, "limits.store", find_line(lines, "store", lline) or lline, STORES, "local")
+  local on_error = choice(l.on_redis_error, "limits.on_redis_error", find_line(lines, "on_redis_error", lline) or lline,
+                          ON_REDIS_ERROR, "local")
   if l.headers ~= nil then
     if type(l.headers) ~= "boolean" then
       err(find_line(lines, "headers", lline) or lline, "limits.headers", "must be true or false, got " .. show(l.headers))
@@ -86,7 +100,7 @@ function M.check(cfg, c)
       for k in pairs(r) do
         if not RULE_KEYS[k] then
           bad(tostring(k), "unknown option" .. suggest(tostring(k), RULE_KEYS) ..
-              "; a rule knows name, key, rate, per_s, burst (a rate) or quota, window (a quota), store")
+              "; a rule knows name, key, rate, per_s, burst (a rate) or quota, window (a quota), store, on_redis_error")
         end
       end
       local e = {}
@@ -104,12 +118,21 @@ function M.check(cfg, c)
              and next(key, next(key)) == nil then
         e.key, e.header = "header", key.header:lower()
       elseif type(key) == "function" then
-        bad("key", "a function key is not available in this version of aggway; use \"ip\", \"route\", \"api_key\", \"user\" or { header = \"x-name\" }")
+        e.key, e.fn = "function", key
+        -- tried once on a sample request: a function that returns neither a string nor nil is a
+        -- mistake whatever the request (an error may depend on the request: not reported here)
+        local tried, v = pcall(key, { method = "GET", path = "/", route = "GET /", headers = {}, ip = "127.0.0.1" })
+        if tried and v ~= nil and type(v) ~= "string" then
+          bad("key", "the key function returned a " .. type(v) .. " for a sample request (GET / from 127.0.0.1, " ..
+              "no headers); it must return a string, or nil when the rule does not apply")
+        end
       else
-        bad("key", "must be \"ip\", \"route\", \"api_key\", \"user\" or { header = \"x-name\" }, got " .. show(key) ..
+        bad("key", "must be \"ip\", \"route\", \"api_key\", \"user\", { header = \"x-name\" } or a function(req), got " .. show(key) ..
             (type(key) == "string" and suggest(key, { ip = true, route = true, api_key = true, user = true }) or ""))
       end
-      store_ok(r.store, where .. ".store", find_line(lines, "store", line) or line)
+      e.store = choice(r.store, where .. ".store", find_line(lines, "store", line) or line, STORES, store)
+      e.on_redis_error = choice(r.on_redis_error, where .. ".on_redis_error",
+                                find_line(lines, "on_redis_error", line) or line, ON_REDIS_ERROR, on_error)
       local is_rate = r.rate ~= nil or r.per_s ~= nil or r.burst ~= nil
       local is_quota = r.quota ~= nil or r.window ~= nil
       if is_rate == is_quota then
@@ -152,6 +175,42 @@ function M.check(cfg, c)
     if names then out.default = names end
   end
   return out
+end
+
+-- ---- function keys ----------------------------------------------------------------------------
+-- A rule's key may be a function of the request (rules computed by scripts, swapped by a reload):
+--   key = function(req) return req.headers["x-tenant"] end
+-- req = { method, path (without the query), route (the endpoint's pattern), query (the raw query
+-- string or nil), headers (lower-case name -> value), ip (the client's address as text), user
+-- (nil, or { via = "jwt", sub } | { via = "api_key", app, plan }) }. It runs before the script,
+-- in C's gate (worker/limits.c) and in the spec harness alike, under the script time limit.
+-- It returns the key (a string): a string counts that key; nil means the rule does not apply to
+-- this request. An error or any other value is a mistake: it is logged, counted
+-- (aggway_limit_errors_total{cause="key"}) and the rule does not apply to that request (a broken
+-- key function never refuses traffic).
+
+--- The key of rule (a normalized rule with fn) for req: key | nil (the rule does not apply) |
+-- nil, message (the function failed: the message names the rule and the error's file:line).
+function M.key_of(rule, req)
+  local ok, v = pcall(rule.fn, req)
+  if not ok then
+    return nil, ("limits: rule '%s': its key function failed: %s; the rule is not applied to this request")
+                :format(rule.name, tostring(v))
+  end
+  if v == nil or type(v) == "string" then return v end
+  return nil, ("limits: rule '%s': its key function returned a %s, not a string (or nil when the rule does not " ..
+               "apply); the rule is not applied to this request"):format(rule.name, type(v))
+end
+
+local bound_rules
+--- Binds this VM's generation's normalized limits block (the worker's VM: worker/vm.c).
+function M.bind(lim) bound_rules = lim and lim.rules or {} end
+
+--- For the worker (worker/limits.c; its Lua entries return nothing): out.key, out.err =
+-- key_of(rule i of the bound block, req).
+function M.key_into(out, i, req)
+  out.key, out.err = nil, nil
+  out.key, out.err = M.key_of(bound_rules[i], req)
 end
 
 --- Checks a list of rule names (an endpoint's `limits`, limits.default) against the checked

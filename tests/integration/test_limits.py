@@ -12,8 +12,8 @@ import re
 import threading
 import time
 
-from harness import (SLOW, GatewayTestCase, curl, h2load, main, route, run_aggway, write_scripts, gateway_lua,
-                     free_port)
+from harness import (SLOW, GatewayTestCase, LuaCode, curl, h2load, main, route, run_aggway, write_scripts,
+                     gateway_lua, free_port)
 
 
 def script(route_, body, limits=None, priority=None):
@@ -362,6 +362,54 @@ class UpstreamMaxRps(GatewayTestCase):
         self.assertRegex((p.stdout + p.stderr).decode(), r"gateway\.lua:\d+: upstreams\.fast\.max_rps: must be a positive")
 
 
+class FunctionKeys(GatewayTestCase):
+    """A rule's key computed by a Lua function of the request, in the worker before any script."""
+
+    def test_function_key_counts_its_string_and_nil_leaves_the_rule_out(self):
+        tenant = LuaCode('function(req) if req.path == "/open" then return nil end\n'
+                         '      return (req.headers["x-tenant"] or "?") .. "|" .. req.method .. "|" .. req.ip end')
+        rules = [{"name": "tenant", "key": tenant, "quota": 2, "window": "day"}]
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["tenant"]),
+                                               "o.lua": script("GET /open", OK, limits=["tenant"])},
+                   gateway_extra={"limits": limits_block(rules, headers=True)})
+        acme = ("-H", "X-Tenant: acme")
+        self.assertEqual([self.get("/a", *acme).status for _ in range(3)], [200, 200, 429])
+        self.assertEqual(self.get("/a", "-H", "X-Tenant: umbrella").status, 200)
+        r = self.get("/open", *acme)
+        self.assertEqual(r.status, 200)
+        self.assertNotIn("ratelimit", r.headers)
+        self.assertLogClean()
+
+    def test_key_function_that_fails_is_logged_once_and_leaves_the_rule_out(self):
+        broken = LuaCode('function(req) if req.query == "n=1" then return 7 end error("no tenant in " .. req.path) end')
+        rules = [{"name": "broken", "key": broken, "rate": 1, "per_s": 60, "burst": 1},
+                 {"name": "route-cap", "key": "route", "rate": 1, "per_s": 60, "burst": 4}]
+        self.admin_port = free_port()
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["broken", "route-cap"])},
+                   gateway_extra={"limits": limits_block(rules), "admin": {"port": self.admin_port}})
+        # broken (burst 1) is left out; route-cap (4) still counts
+        self.assertEqual([self.get("/a").status for _ in range(3)] + [self.get("/a?n=1").status for _ in range(2)],
+                         [200, 200, 200, 200, 429])
+        log = self.gw.log()
+        self.assertRegex(log, r"limits: rule 'broken': its key function failed: [^\n]*gateway\.lua:\d+: no tenant in /a; "
+                              r"the rule is not applied to this request")
+        self.assertEqual(log.count("its key function failed"), 1, log)  # once per 10 s, not per request
+        self.assertIn("limits: rule 'broken': its key function returned a number, not a string", log)
+        metrics = curl("http://127.0.0.1:%d/metrics" % self.admin_port).body.decode()
+        self.assertRegex(metrics, r'aggway_limit_errors_total\{rule="broken",cause="key"\} 5\b')
+
+    def test_check_refuses_a_key_function_returning_a_non_string(self):
+        sdir = os.path.join(self.workdir, "s")
+        rules = [{"name": "t", "key": LuaCode("function(req) return { req.ip } end"), "quota": 2, "window": "day"}]
+        write_scripts(sdir, {"a.lua": script("GET /a", OK)},
+                      gateway_lua(free_port(), {"slow": {"url": "http://127.0.0.1:9"}}, limits=limits_block(rules)))
+        p = run_aggway("check", "-c", sdir)
+        out = (p.stdout + p.stderr).decode()
+        self.assertNotEqual(p.returncode, 0)
+        self.assertRegex(out, r"gateway\.lua:\d+: limits\.rules\[1\]\.key: the key function returned a table for a "
+                              r"sample request")
+
+
 class Check(GatewayTestCase):
     def check(self, limits, scripts=None, extra=None):
         sdir = os.path.join(self.workdir, "s%d" % len(os.listdir(self.workdir)))
@@ -381,15 +429,30 @@ class Check(GatewayTestCase):
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "quota": 5, "window": "day"}]})
         self.assertIn("either a rate (rate, per_s, burst) or a quota (quota, window), not both", out)
         rc, out = self.check({"rules": [{"name": "r", "key": "api-key", "rate": 1}]})
-        self.assertIn('limits.rules[1].key: must be "ip", "route", "api_key", "user" or { header = "x-name" }', out)
+        self.assertIn('limits.rules[1].key: must be "ip", "route", "api_key", "user", { header = "x-name" } or a function(req)', out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 0}]})
         self.assertIn("limits.rules[1].rate: must be a whole number from 1", out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "per_s": 2678400, "burst": 1000000}]})
         self.assertIn("burst × per_s / rate is 2678400000000 s, over 10 years", out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "per_s": 2678401}]})
         self.assertIn("limits.rules[1].per_s: must be a whole number from 1 to 2678400", out)
+        # store = "redis" needs the redis block; misspelt stores and on_redis_error modes name the choices
         rc, out = self.check({"store": "redis", "rules": []})
-        self.assertIn('store = "redis" is not available', out)
+        self.assertRegex(out, r'gateway\.lua:\d+: limits\.store: is "redis" but gateway\.lua has no redis = \{ url')
+        redis = {"redis": {"url": "redis://127.0.0.1:6379/0", "timeout_ms": 5}}
+        rc, out = self.check({"store": "redis", "on_redis_error": "deny",
+                              "rules": [{"name": "r", "key": "ip", "rate": 1, "on_redis_error": "local"}]}, extra=redis)
+        self.assertEqual(rc, 0, out)
+        rc, out = self.check({"store": "rediss", "rules": []}, extra=redis)
+        self.assertIn('limits.store: must be "local" or "redis", got string "rediss" (did you mean \'redis\'?)', out)
+        rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "store": "redis",
+                                         "on_redis_error": "alow"}]}, extra=redis)
+        self.assertRegex(out, r'gateway\.lua:\d+: limits\.rules\[1\]\.on_redis_error: must be "allow" or "deny" or '
+                              r'"local", got string "alow" \(did you mean \'allow\'\?\)')
+        rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "stroe": "redis"}]}, extra=redis)
+        self.assertIn("limits.rules[1].stroe: unknown option (did you mean 'store'?)", out)
+        rc, out = self.check({"on_redis_eror": "deny", "rules": []}, extra=redis)
+        self.assertIn("limits.on_redis_eror: unknown option (did you mean 'on_redis_error'?)", out)
         rc, out = self.check({"headres": True})
         self.assertIn("limits.headres: unknown option (did you mean 'headers'?)", out)
         rc, out = self.check({"rules": []}, extra={"max_in_flight": -3})

@@ -1,17 +1,27 @@
 """Cluster-wide limits through Redis (issue 18): the store's script (gateway/limits/limit_redis.lua)
 run by a real redis-server on a free loopback port, started and stopped by each test. Checks that
 the script counts as the local store does (GCRA rates, fixed-window quotas), only accepted requests,
-a request's rules all or none, keys that expire, and arguments it refuses."""
+a request's rules all or none, keys that expire, and arguments it refuses; then the gateway's
+`store = "redis"` rules: two gateways sharing one limit, a quota's reset, Redis killed, hung
+(SIGSTOP) or lying for each on_redis_error, and clients that leave while their request waits."""
+import http.client
+import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import AGGWAY_BIN, GatewayTestCase  # noqa: E402
+from harness import (AGGWAY_BIN, Gateway, GatewayTestCase, curl, free_port, gateway_lua, wait_until,  # noqa: E402
+                     write_scripts)
 from test_cache import Redis  # noqa: E402
+from test_limits import OK, RATELIMIT_ITEM, SERVICES, script  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "gateway", "limits", "limit_redis.lua")
 
@@ -154,6 +164,338 @@ class LimitScript(GatewayTestCase):
                            timeout=60, text=True)
         self.assertEqual(p.returncode, 0, p.stdout)
         self.assertIn("ok   against_redis", p.stdout)
+
+
+class FakeRedis:
+    """A TCP server on a free port that answers every RESP command with the same reply (reply
+    bytes), so that the gateway's client becomes ready (SELECT gets +OK) and then reads garbage."""
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.stopped = False
+        self.conns = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while not self.stopped:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self.answer, args=(c,), daemon=True).start()
+
+    def answer(self, c):
+        buf = b""
+        try:
+            while True:
+                data = c.recv(65536)
+                if not data:
+                    return
+                buf += data
+                # one reply per complete command (an array header "*N" starts each)
+                while True:
+                    n = count_command(buf)
+                    if n == 0:
+                        break
+                    cmd, buf = buf[:n], buf[n:]
+                    c.sendall(b"+OK\r\n" if b"SELECT" in cmd else self.reply)
+        except OSError:
+            return
+
+    def stop(self):
+        self.stopped = True
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+def count_command(buf):
+    """Bytes of the first complete RESP array command in buf, or 0."""
+    if not buf.startswith(b"*"):
+        return 0
+    end = buf.find(b"\r\n")
+    if end < 0:
+        return 0
+    n, pos = int(buf[1:end]), end + 2
+    for _ in range(n):
+        e = buf.find(b"\r\n", pos)
+        if e < 0 or buf[pos:pos + 1] != b"$":
+            return 0
+        ln = int(buf[pos + 1:e])
+        pos = e + 2 + ln + 2
+        if pos > len(buf):
+            return 0
+    return pos
+
+
+def redis_rules(on_error="local", **rule):
+    r = {"name": "shared", "key": "route", "rate": 1, "per_s": 600, "burst": 5, "store": "redis",
+         "on_redis_error": on_error}
+    r.update(rule)
+    return [r]
+
+
+@unittest.skipUnless(shutil.which("redis-server"), "redis-server is not installed (tools/bootstrap installs it)")
+class RedisStore(GatewayTestCase):
+    """Rules with store = "redis" on the real gateway."""
+
+    def setUp(self):
+        super().setUp()
+        self.redis = Redis(self.workdir).start()
+        self.addCleanup(self.redis.stop)
+        self.admin_port = None
+
+    def extra(self, rules, port=None, timeout_ms=200, headers=True):
+        self.admin_port = free_port()
+        return {"redis": {"url": "redis://127.0.0.1:%d/3" % (port or self.redis.port), "timeout_ms": timeout_ms},
+                "limits": {"rules": rules, "headers": headers},
+                "admin": {"port": self.admin_port}}
+
+    def start_limited(self, rules, port=None, timeout_ms=200, workers=1):
+        return self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=[r["name"] for r in rules])},
+                          workers=workers, gateway_extra=self.extra(rules, port, timeout_ms))
+
+    def second_gateway(self):
+        """Another gateway process on the same scripts folder's settings (and the same Redis)."""
+        d = os.path.join(self.workdir, "second")
+        os.makedirs(d)
+        sdir = os.path.join(d, "scripts")
+        os.makedirs(sdir)
+        for name in os.listdir(self.scripts_dir):
+            with open(os.path.join(self.scripts_dir, name)) as f:
+                src = f.read()
+            if name == "gateway.lua":
+                port = free_port()
+                src = re.sub(r"port = %d" % self.port, "port = %d" % port, src, count=1)
+                src = re.sub(r"port = %d" % self.admin_port, "port = %d" % free_port(), src)
+            with open(os.path.join(sdir, name), "w") as f:
+                f.write(src)
+        gw = Gateway(sdir, port)
+        self.addCleanup(gw.stop)
+        self.assertTrue(gw.start(), gw.log())
+        return gw
+
+    def metrics(self):
+        return curl("http://127.0.0.1:%d/metrics" % self.admin_port).body.decode()
+
+    def redis_errors(self, rule="shared"):
+        m = re.search(r'^aggway_limit_errors_total\{rule="%s",cause="redis"\} (\d+)' % rule, self.metrics(), re.M)
+        return int(m.group(1)) if m else None
+
+    def test_two_gateways_share_one_limit_n_in_total_not_2n(self):
+        self.start_limited(redis_rules(burst=10))
+        second = self.second_gateway()
+        statuses = []
+        for i in range(30):
+            port = self.port if i % 2 == 0 else second.port
+            statuses.append(curl("http://127.0.0.1:%d/a" % port).status)
+        self.assertEqual(statuses.count(200), 10, statuses)
+        self.assertEqual(statuses.count(429), 20, statuses)
+        self.assertEqual(statuses[:10], [200] * 10)
+        # the answers are Redis's: the remaining count went down across both gateways
+        r = curl("http://127.0.0.1:%d/a" % second.port)
+        self.assertEqual(r.status, 429)
+        self.assertEqual(r.headers["ratelimit-policy"], '"shared";q=10;w=6000')
+        m = RATELIMIT_ITEM.match(r.headers["ratelimit"])
+        self.assertEqual(int(m.group(2)), 0)
+        self.assertGreaterEqual(int(r.headers["retry-after"]), 590)
+        self.assertEqual(self.redis_errors(), 0)
+        self.assertNotIn("did not answer", self.gw.log())
+
+    def test_two_gateways_under_load_accept_the_rate_within_5_percent(self):
+        rate = 50
+        self.start_limited(redis_rules(rate=rate, per_s=1, burst=10))
+        second = self.second_gateway()
+        answers, lock, stop = [], threading.Lock(), time.monotonic() + 3.0   # (sent, received, status)
+
+        def client(port):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            while time.monotonic() < stop:
+                sent = time.monotonic()
+                conn.request("GET", "/a")
+                resp = conn.getresponse()
+                resp.read()
+                with lock:
+                    answers.append((sent, time.monotonic(), resp.status))
+            conn.close()
+
+        threads = [threading.Thread(target=client, args=(p,)) for p in (self.port, second.port) * 3]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        answers.sort(key=lambda a: a[1])
+        self.assertEqual({a[2] for a in answers} - {200, 429}, set())
+        self.assertGreater(len(answers), rate * 3 * 1.3, "the clients must offer more than the limit")
+        # burst + rate x the time from the first request sent to the last answer, for both gateways
+        # together (two gateways each counting alone would accept about twice that)
+        span = answers[-1][1] - answers[0][0]
+        expect = 10 + rate * span
+        accepted = sum(1 for a in answers if a[2] == 200)
+        if os.environ.get("AGGWAY_VERBOSE"):
+            print("accepted %d of %d over %.2f s, expected %.0f" % (accepted, len(answers), span, expect))
+        self.assertLessEqual(abs(accepted - expect), expect * 0.05,
+                             "%d accepted over %.2f s, expected %.0f" % (accepted, span, expect))
+
+    def test_quota_in_redis_resets_at_utc_midnight_as_the_headers_say(self):
+        self.start_limited([{"name": "daily", "key": {"header": "x-client"}, "quota": 3, "window": "day",
+                             "store": "redis"}])
+        for left in (2, 1, 0):
+            r = self.get("/a", "-H", "X-Client: alice")
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.headers["ratelimit-policy"], '"daily";q=3;w=86400')
+            self.assertEqual(int(RATELIMIT_ITEM.match(r.headers["ratelimit"]).group(2)), left)
+        before = time.time()
+        r = self.get("/a", "-H", "X-Client: alice")
+        after = time.time()
+        p = self.assertProblem(r, 429)
+        self.assertEqual(p["violated-policies"], ["daily"])
+        midnight = (int(before) // 86400 + 1) * 86400
+        retry = int(r.headers["retry-after"])
+        self.assertGreaterEqual(retry, midnight - after)
+        self.assertLessEqual(retry, midnight - before + 1)
+        self.assertEqual(int(RATELIMIT_ITEM.match(r.headers["ratelimit"]).group(3)), retry)
+        self.assertEqual(self.get("/a", "-H", "X-Client: bob").status, 200)
+        # the count is Redis's, under the documented key, expiring at the window's end
+        key = "agw:rl:{daily}:alice"
+        out = subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "3", "GET", key],
+                             stdout=subprocess.PIPE, text=True, timeout=10).stdout.strip()
+        self.assertEqual(out, "%d:3" % (midnight * 1000))
+
+    def kill_mid_run(self, on_error):
+        self.start_limited(redis_rules(on_error, burst=3))
+        self.assertEqual([self.get("/a").status for _ in range(2)], [200, 200])
+        self.redis.stop()
+        statuses = [self.get("/a").status for _ in range(5)]
+        log = self.gw.log()
+        self.assertEqual(log.count("limits: Redis did not answer a check"), 1, log)
+        self.assertEqual(self.redis_errors(), 5)
+        return statuses
+
+    def test_redis_killed_mid_run_local_counts_in_the_process(self):
+        statuses = self.kill_mid_run("local")
+        # the process's store counts the rule from nothing: its burst of 3, then 429
+        self.assertEqual(statuses, [200, 200, 200, 429, 429])
+        # Redis back on the same port: checks go to it again (its count: 2 taken, one left)
+        self.redis.proc = subprocess.Popen(["redis-server", "--port", str(self.redis.port), "--bind", "127.0.0.1",
+                                            "--save", "", "--appendonly", "no", "--dir", self.workdir],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200, 30))
+        self.assertTrue(wait_until(lambda: "limits: Redis answers checks again" in self.gw.log(), 10), self.gw.log())
+        self.assertEqual([self.get("/a").status for _ in range(3)], [200, 200, 429])  # a fresh Redis: 3 again, 1 taken
+
+    def test_redis_killed_mid_run_allow_lets_everything_through(self):
+        self.assertEqual(self.kill_mid_run("allow"), [200] * 5)
+
+    def test_redis_killed_mid_run_deny_answers_503(self):
+        statuses = self.kill_mid_run("deny")
+        self.assertEqual(statuses, [503] * 5)
+        r = self.get("/a")
+        p = self.assertProblem(r, 503)
+        self.assertEqual(p["type"], "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity")
+        self.assertIn("on_redis_error", p["detail"])
+        self.assertEqual(r.headers["retry-after"], "1")
+
+    def hung(self, mode, want):
+        self.start_limited(redis_rules(mode, burst=100), timeout_ms=100)
+        self.assertEqual(self.get("/a").status, 200)
+        self.redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(3):
+                t0 = time.monotonic()
+                r = self.get("/a")
+                took = time.monotonic() - t0
+                self.assertEqual(r.status, want, r)
+                # a 100 ms command timeout, not curl's: generous for a busy machine
+                self.assertLess(took, 3.0)
+        finally:
+            self.redis.proc.send_signal(signal.SIGCONT)
+        self.assertGreaterEqual(self.redis_errors(), 3)
+        self.assertIn("timeout", self.gw.log())
+
+    def test_hung_redis_deny_costs_at_most_the_command_timeout(self):
+        self.hung("deny", 503)
+
+    def test_hung_redis_allow_costs_at_most_the_command_timeout(self):
+        self.hung("allow", 200)
+
+    def garbage(self, reply, mode, want):
+        fake = FakeRedis(reply)
+        self.addCleanup(fake.stop)
+        self.start_limited(redis_rules(mode, burst=2), port=fake.port)
+        self.assertTrue(wait_until(lambda: self.get("/a").status == want, 10), self.gw.log())
+        self.assertEqual(self.get("/a").status, want)
+        self.assertIn("an answer that is not the limits script's", self.gw.log())
+        self.assertGreaterEqual(self.redis_errors(), 2)
+
+    def test_redis_answering_ok_to_the_script_is_an_error_not_a_verdict(self):
+        self.garbage(b"+OK\r\n", "deny", 503)
+
+    def test_redis_answering_an_integer_falls_back_to_the_local_store(self):
+        self.garbage(b":7\r\n", "local", 200)
+
+    def test_redis_answering_remaining_over_the_limit_is_an_error(self):
+        self.garbage(b"*4\r\n:1\r\n:99\r\n:5\r\n:0\r\n", "deny", 503)
+
+    def test_decisions_in_the_access_log_and_the_waterfall(self):
+        log_path = os.path.join(self.workdir, "access.log")
+        rules = redis_rules(burst=2) + [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 600, "burst": 50}]
+        ex = self.extra(rules)
+        ex["access_log"] = log_path
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["shared", "per-ip"])},
+                   gateway_extra=ex)
+        self.assertEqual([self.get("/a").status for _ in range(3)], [200, 200, 429])
+
+        def lines():
+            if not os.path.exists(log_path):
+                return None
+            with open(log_path) as f:
+                got = [json.loads(l) for l in f if '"/a"' in l]
+            return got if len(got) >= 3 else None
+        got = wait_until(lines, 10)
+        self.assertIsNotNone(got)
+        first, second, refused = got[:3]
+        self.assertEqual(first["limit"]["rule"], "shared")   # the most restrictive: 1 left of 2
+        self.assertEqual((first["limit"]["outcome"], first["limit"]["remaining"], first["limit"]["store"]),
+                         ("allowed", 1, "redis"))
+        self.assertEqual(second["limit"]["remaining"], 0)
+        self.assertEqual((refused["status"], refused["limit"]["outcome"], refused["limit"]["rule"]),
+                         (429, "limited", "shared"))
+        self.assertIsInstance(first["limit"]["wait_ms"], float)
+        # the waterfall of an accepted request says which rule decided, and what is left
+        wf = json.loads(curl("http://127.0.0.1:%d/waterfall.json" % self.admin_port).body)
+        mine = [r for r in wf["requests"] if r["request"] == "GET /a"]
+        self.assertEqual(len(mine), 2, wf)
+        self.assertEqual(sorted(r["limit"]["remaining"] for r in mine), [0, 1])
+        self.assertTrue(all(r["limit"]["rule"] == "shared" and r["limit"]["store"] == "redis" for r in mine))
+        html = curl("http://127.0.0.1:%d/waterfall" % self.admin_port).body.decode()
+        self.assertIn("limit shared: 0 left (redis", html)
+
+    def test_client_leaving_while_parked_costs_nothing(self):
+        # a Redis that hangs long enough for clients to give up first (HTTP/1.1 and HTTP/2 resets)
+        self.start_limited(redis_rules("allow", burst=1000), timeout_ms=1500, workers=2)
+        self.assertEqual(self.get("/a").status, 200)
+        self.redis.proc.send_signal(signal.SIGSTOP)
+        for i in range(20):
+            args = ["--max-time", "0.2"] + (["--http2-prior-knowledge"] if i % 2 else [])
+            curl(self.url("/a"), *args)
+        self.redis.proc.send_signal(signal.SIGCONT)
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200, 10))
+        # nothing left waiting: the gateway drains at once on SIGTERM
+        t0 = time.monotonic()
+        self.gw.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.gw.proc.wait(timeout=30), 0, self.gw.log())
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertNotIn("AddressSanitizer", self.gw.log())
+        self.assertNotIn("runtime error", self.gw.log())
 
 
 if __name__ == "__main__":
