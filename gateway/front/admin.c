@@ -5,6 +5,9 @@
 
 #include "base/mem.h"
 
+#include <h2o/linklist.h>
+#include <h2o/memory.h>
+
 #include <errno.h>
 #include <ev.h>
 #include <netdb.h>
@@ -41,13 +44,13 @@ struct agw_admin {
     ev_io accept_io;
     ev_timer accept_pause;     /* accept_io stopped for want of descriptors: restarts it */
     ev_async stop_async;
-    aconn_t *conns;            /* open connections */
+    h2o_linklist_t conns;      /* open connections (aconn_t.link), newest first */
     unsigned num_conns;
 };
 
 struct aconn {
     agw_admin_t *a;
-    aconn_t *next, *prev;
+    h2o_linklist_t link;       /* on a->conns */
     int fd;
     ev_io io;
     ev_timer timer;
@@ -63,12 +66,7 @@ static void conn_close(aconn_t *c)
     ev_io_stop(a->loop, &c->io);
     ev_timer_stop(a->loop, &c->timer);
     close(c->fd);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        a->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    h2o_linklist_unlink(&c->link);
     a->num_conns--;
     agw_buf_free(&c->out);
     free(c);
@@ -526,10 +524,7 @@ static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
         aconn_t *c = agw_calloc(1, sizeof(*c));
         c->a = a;
         c->fd = fd;
-        c->next = a->conns;
-        if (a->conns)
-            a->conns->prev = c;
-        a->conns = c;
+        h2o_linklist_insert(a->conns.next, &c->link); /* first */
         a->num_conns++;
         ev_io_init(&c->io, on_conn_io, fd, EV_READ);
         c->io.data = c;
@@ -560,6 +555,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     if (fd < 0)
         return NULL;
     agw_admin_t *a = agw_calloc(1, sizeof(*a));
+    h2o_linklist_init_anchor(&a->conns);
     a->gens = gens;
     a->labels = labels;
     a->metrics = metrics;
@@ -600,8 +596,8 @@ void agw_admin_stop(agw_admin_t *a)
         return;
     ev_async_send(a->loop, &a->stop_async);
     pthread_join(a->thread, NULL);
-    while (a->conns)
-        conn_close(a->conns);
+    while (!h2o_linklist_is_empty(&a->conns))
+        conn_close(H2O_STRUCT_FROM_MEMBER(aconn_t, link, a->conns.next));
     ev_io_stop(a->loop, &a->accept_io);
     ev_timer_stop(a->loop, &a->accept_pause);
     ev_async_stop(a->loop, &a->stop_async);

@@ -691,28 +691,34 @@ static int l_trace_id(lua_State *L)
     return 1;
 }
 
-/* core.endpoint_state(index, endpoint, calls, failures, ejections, sessions, in_flight,
- *                     ejected_until_ms, last_ejected_ms, answered, latency_ms, health, down, probes,
- *                     probe_failures): agg.group's view of endpoint (1-based) of
- * upstream index in this worker, published on the generation's board (group/board.h) for the
- * admin page and the metrics (runtime.report_stats, about once a second). */
+/* core.endpoint_state(index, endpoint, state): agg.group's view of endpoint (1-based) of upstream
+ * index in this worker (state: contract.h's endpoint_state fields; a missing or negative one is
+ * 0), published on the generation's board (group/board.h) for the admin page and the metrics
+ * (runtime.report_stats, about once a second: cold, so the fields are read by name). */
 static int l_endpoint_state(lua_State *L)
 {
     wgen_t *g = upg(L);
     lua_Integer index = luaL_checkinteger(L, 1), ep = luaL_checkinteger(L, 2);
     const agw_config_t *conf = g->conf;
+    luaL_checktype(L, 3, LUA_TTABLE);
     if (index < 1 || (size_t)index > conf->num_upstreams || ep < 1 ||
         (size_t)ep > conf->ep_first[index] - conf->ep_first[index - 1])
         return 0;
-    uint64_t v[13];
-    for (int k = 0; k < 13; k++) {
-        lua_Number n = luaL_optnumber(L, 3 + k, 0);
+    uint64_t v[AGW_EPSTATE_FIELDS];
+    for (int k = 0; k < AGW_EPSTATE_FIELDS; k++) {
+        lua_getfield(L, 3, agw_contract_endpoint_state[k]);
+        lua_Number n = lua_tonumber(L, -1);
+        lua_pop(L, 1);
         v[k] = n > 0 ? (uint64_t)n : 0;
     }
-    agw_endpoint_row_t row = {.calls = v[0], .failures = v[1], .ejections = v[2], .sessions = v[3],
-                              .in_flight = v[4], .ejected_until_ms = v[5], .last_ejected_ms = v[6],
-                              .answered = v[7], .latency_ms = v[8], .health = v[9], .down = v[10],
-                              .probes = v[11], .probe_failures = v[12]};
+    agw_endpoint_row_t row = {.calls = v[AGW_EPSTATE_CALLS], .failures = v[AGW_EPSTATE_FAILURES],
+                              .ejections = v[AGW_EPSTATE_EJECTIONS], .sessions = v[AGW_EPSTATE_SESSIONS],
+                              .in_flight = v[AGW_EPSTATE_IN_FLIGHT],
+                              .ejected_until_ms = v[AGW_EPSTATE_EJECTED_UNTIL_MS],
+                              .last_ejected_ms = v[AGW_EPSTATE_LAST_EJECTED_MS],
+                              .answered = v[AGW_EPSTATE_ANSWERED], .latency_ms = v[AGW_EPSTATE_LATENCY_MS],
+                              .health = v[AGW_EPSTATE_HEALTH], .down = v[AGW_EPSTATE_DOWN],
+                              .probes = v[AGW_EPSTATE_PROBES], .probe_failures = v[AGW_EPSTATE_PROBE_FAILURES]};
     agw_endpoint_board_publish(g->gen->board, (size_t)g->w->id, conf->ep_first[index - 1] + (size_t)ep - 1, &row);
     return 0;
 }
