@@ -385,12 +385,87 @@ class RedisStore(GatewayTestCase):
         # the process's store counts the rule from nothing: its burst of 3, then 429
         self.assertEqual(statuses, [200, 200, 200, 429, 429])
         # Redis back on the same port: checks go to it again (its count: 2 taken, one left)
-        self.redis.proc = subprocess.Popen(["redis-server", "--port", str(self.redis.port), "--bind", "127.0.0.1",
-                                            "--save", "", "--appendonly", "no", "--dir", self.workdir],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.restart_redis()
         self.assertTrue(wait_until(lambda: self.get("/a").status == 200, 30))
         self.assertTrue(wait_until(lambda: "limits: Redis answers checks again" in self.gw.log(), 10), self.gw.log())
         self.assertEqual([self.get("/a").status for _ in range(3)], [200, 200, 429])  # a fresh Redis: 3 again, 1 taken
+
+    def admin(self, path):
+        return json.loads(curl("http://127.0.0.1:%d%s" % (self.admin_port, path)).body)
+
+    def restart_redis(self):
+        self.redis.proc = subprocess.Popen(["redis-server", "--port", str(self.redis.port), "--bind", "127.0.0.1",
+                                            "--save", "", "--appendonly", "no", "--dir", self.workdir],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def test_admin_page_shows_redis_answers_and_health_never_a_local_count(self):
+        self.start_limited(redis_rules(burst=5))
+        page = self.admin("/limits?rule=shared&key=GET+/a")
+        self.assertEqual((page["store"], page["kind"], page["limit"], page["on_redis_error"]), ("redis", "rate", 5, "local"))
+        self.assertIsNone(page["last_answer"])                  # nothing asked of Redis for the key yet
+        self.assertNotIn("remaining", page)                     # no count of this process's
+        self.assertEqual(self.get("/a").status, 200)
+        self.assertEqual(self.get("/a").status, 200)
+        page = self.admin("/limits?rule=shared&key=GET+/a")
+        last = page["last_answer"]
+        self.assertEqual((last["allowed"], last["remaining"]), (True, 3))
+        self.assertLessEqual(last["at_ms"], time.time() * 1000 + 1)
+        self.assertGreater(last["reset_at_ms"], last["at_ms"])
+        self.assertEqual(page["redis"], {"answering": True, "workers_connected": 1, "workers": 1, "workers_failing": 0,
+                                         "outage_since_ms": None, "outage_fallbacks": 0, "fallbacks_total": 0,
+                                         "outages": 0})
+        self.assertNotIn("process_fallback_count", page)
+        # another gateway counts in the same Redis: this page keeps what Redis last told this process,
+        # and says when; the next answer shows the cluster's count
+        second = self.second_gateway()
+        self.assertEqual(curl("http://127.0.0.1:%d/a" % second.port).status, 200)
+        self.assertEqual(self.admin("/limits?rule=shared&key=GET+/a")["last_answer"]["remaining"], 3)
+        self.assertEqual(self.get("/a").status, 200)
+        self.assertEqual(self.admin("/limits?rule=shared&key=GET+/a")["last_answer"]["remaining"], 1)
+        self.assertIsNone(self.admin("/limits?rule=shared&key=GET+/b")["last_answer"])
+        # Redis killed: the page says so, since when, what fell back, and the process's own count
+        # during the outage under its own name
+        before = time.time() * 1000
+        self.redis.stop()
+        self.assertEqual(self.get("/a").status, 200)
+        page = self.admin("/limits?rule=shared&key=GET+/a")
+        self.assertFalse(page["redis"]["answering"])
+        self.assertEqual((page["redis"]["workers_failing"], page["redis"]["outage_fallbacks"],
+                          page["redis"]["fallbacks_total"], page["redis"]["outages"]), (1, 1, 1, 1))
+        self.assertGreaterEqual(page["redis"]["outage_since_ms"], before - 1000)
+        self.assertEqual(page["redis"]["workers_connected"], 0)
+        self.assertEqual(page["process_fallback_count"]["remaining"], 4)
+        self.assertEqual(page["last_answer"]["remaining"], 1)   # still Redis's last word, not the fallback's
+        self.restart_redis()
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200 and
+                                   self.admin("/limits?rule=shared&key=GET+/a")["redis"]["answering"], 30))
+        page = self.admin("/limits?rule=shared&key=GET+/a")
+        self.assertEqual((page["redis"]["outage_since_ms"], page["redis"]["outages"]), (None, 1))
+        self.assertNotIn("process_fallback_count", page)
+        self.assertEqual(page["last_answer"]["remaining"], 4)  # a fresh Redis: 5, one taken
+
+    def test_outage_is_logged_once_per_process_with_two_workers(self):
+        self.start_limited(redis_rules("allow", burst=1000), workers=2)
+        self.assertEqual(self.get("/a").status, 200)
+        self.redis.stop()
+        # until both workers failed a check (new connections spread over the workers)
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200 and
+                                   self.admin("/limits?rule=shared&key=x")["redis"]["workers_failing"] == 2, 60),
+                        self.admin("/limits?rule=shared&key=x"))
+        self.restart_redis()
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200 and
+                                   self.admin("/limits?rule=shared&key=x")["redis"]["answering"], 60),
+                        self.admin("/limits?rule=shared&key=x"))
+        for _ in range(10):
+            self.assertEqual(self.get("/a").status, 200)
+        log = self.gw.log()
+        self.assertEqual(log.count("limits: Redis did not answer a check"), 1, log)
+        self.assertEqual(log.count("limits: Redis answers checks again"), 1, log)
+        page = self.admin("/limits?rule=shared&key=x")
+        self.assertEqual((page["redis"]["outages"], page["redis"]["workers_failing"]), (1, 0))
+        m = re.search(r"again after [\d.]+ s; (\d+) checks were decided", log)
+        self.assertEqual(int(m.group(1)), page["redis"]["fallbacks_total"])
+        self.assertGreaterEqual(int(m.group(1)), 2)
 
     def test_redis_killed_mid_run_allow_lets_everything_through(self):
         self.assertEqual(self.kill_mid_run("allow"), [200] * 5)
