@@ -166,6 +166,59 @@ class LimitScript(GatewayTestCase):
         self.assertIn("ok   against_redis", p.stdout)
 
 
+class Monitor:
+    """Redis's MONITOR record, read on a thread: every command in the order Redis ran it, the
+    commands a script ran ("lua") included."""
+
+    LINE = re.compile(r'^\+(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$')
+    ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, port):
+        self.conn = Resp(port)
+        self.conn.sock.settimeout(None)
+        if self.conn.call("MONITOR") != "OK":
+            raise AssertionError("MONITOR refused")
+        self.lines, self.lock = [], threading.Lock()
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        try:
+            while True:
+                line = self.conn.f.readline()
+                if not line:
+                    return
+                with self.lock:
+                    self.lines.append(line.decode("utf-8", "replace").rstrip("\r\n"))
+        except (OSError, ValueError):
+            return
+
+    def close(self):
+        try:
+            self.conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.conn.close()
+
+    def checks(self, key, want):
+        """[(gateway time ms, TAT the check's SET wrote or None: refused)] of the limits script's
+        calls on key, in Redis's order; None while fewer than want were seen."""
+        with self.lock:
+            lines = list(self.lines)
+        out = []
+        for line in lines:
+            m = self.LINE.match(line)
+            if not m:
+                continue
+            args = self.ARG.findall(m.group(3))
+            if m.group(2) == "lua":
+                if args[:2] == ["SET", key] and out:
+                    out[-1] = (out[-1][0], int(args[2]))
+            elif args and args[0].upper() in ("EVALSHA", "EVAL") and args[3:4] == [key]:
+                out.append((int(args[4]), None))
+        return out if len(out) >= want else None
+
+
 class FakeRedis:
     """A TCP server on a free port that answers every RESP command with the same reply (reply
     bytes), so that the gateway's client becomes ready (SELECT gets +OK) and then reads garbage."""
@@ -344,6 +397,87 @@ class RedisStore(GatewayTestCase):
             print("accepted %d of %d over %.2f s, expected %.0f" % (accepted, len(answers), span, expect))
         self.assertLessEqual(abs(accepted - expect), expect * 0.05,
                              "%d accepted over %.2f s, expected %.0f" % (accepted, span, expect))
+
+    def test_two_gateways_under_load_each_second_between_refusals_within_the_bound(self):
+        # Windows are measured by Redis's own record of the checks (MONITOR: each script call with
+        # the gateway's time, in Redis's order, and the SET of the key that an accepted check makes),
+        # not by the clients' clocks: a busy machine delays answers but cannot move that record.
+        rate, burst = 50, 10
+        t_ms = 1000 / rate
+        r = Resp(self.redis.port)
+        with open(SCRIPT) as f:
+            r.call("SCRIPT", "LOAD", f.read())                 # no NOSCRIPT round in the record
+        r.close()
+        monitor = Monitor(self.redis.port)
+        self.addCleanup(monitor.close)
+        self.start_limited(redis_rules(rate=rate, per_s=1, burst=burst), timeout_ms=3000)
+        second = self.second_gateway()
+        statuses, lock, stop = [], threading.Lock(), time.monotonic() + 4.0
+
+        def client(port):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            while time.monotonic() < stop:
+                conn.request("GET", "/a")
+                resp = conn.getresponse()
+                resp.read()
+                with lock:
+                    statuses.append(resp.status)
+            conn.close()
+
+        threads = [threading.Thread(target=client, args=(p,)) for p in (self.port, second.port) * 3]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(set(statuses) - {200, 429}, set())
+        key = "agw:rl:{shared}:GET /a"
+        events = wait_until(lambda: monitor.checks(key, len(statuses)), 10)
+        self.assertIsNotNone(events, "MONITOR saw %d checks of %d" % (len(monitor.checks(key, 0)), len(statuses)))
+        # Redis's record is what the clients got: one check per request, one SET per 200
+        self.assertEqual(len(events), len(statuses))
+        self.assertEqual(sum(1 for e in events if e[1] is not None), statuses.count(200))
+        self.assertGreater(len(statuses), rate * 4 * 1.3, "the clients must offer more than the limit")
+        # Every one-second window of the gateways' time, whatever the load: at most burst + rate.
+        accepted_at = sorted(e[0] for e in events if e[1] is not None)
+        for i, a in enumerate(accepted_at):
+            n = sum(1 for b in accepted_at[i:] if b < a + 1000)
+            self.assertLessEqual(n, burst + rate, "%d accepted in the second from %d" % (n, a))
+        # From one refusal (the bucket empty) to the first refusal at least a second later, with the
+        # key's TAT advancing by exactly one interval per acceptance in between (the bucket never
+        # filled: the offered load stayed over the limit; else the window is not judged), the count
+        # is rate x the time between them within 1, plus rate x the lag of a refusal's timestamp
+        # behind the latest one Redis had seen before it (two gateways' loop clocks).
+        latest, lag = 0, []
+        for now, _ in events:
+            lag.append(max(0, latest - now))
+            latest = max(latest, now)
+        refusals = [i for i, e in enumerate(events) if e[1] is None]
+        sets = [e[1] for e in events if e[1] is not None]
+        before = [0]                                          # SETs among events[:i]
+        for e in events:
+            before.append(before[-1] + (e[1] is not None))
+        jumps = [0, 0]                                        # TATs not one interval past the last, among sets[:k]
+        for a, b in zip(sets, sets[1:]):
+            jumps.append(jumps[-1] + (b - a != t_ms * 1000))
+        judged, worst = 0, 0.0
+        for k, i in enumerate(refusals):
+            j = next((j for j in refusals[k + 1:] if events[j][0] - events[i][0] >= 1000), None)
+            if j is None:
+                break
+            first, last = before[i], before[j]                # sets[first:last]: accepted between them
+            if first == 0 or jumps[last] != jumps[first]:
+                continue
+            n = last - first
+            expect = (events[j][0] - events[i][0]) / t_ms
+            bound = 1 + max(lag[i], lag[j]) / t_ms
+            judged += 1
+            worst = max(worst, abs(n - expect) / expect)
+            self.assertLess(abs(n - expect), bound, "%d accepted between refusals %d ms apart, expected %.1f +- %.2f"
+                            % (n, events[j][0] - events[i][0], expect, bound))
+        if os.environ.get("AGGWAY_VERBOSE"):
+            print("checks %d, accepted %d, windows judged %d, worst %.1f %%, largest lag %d ms"
+                  % (len(events), statuses.count(200), judged, worst * 100, max(lag)))
+        self.assertGreater(judged, 0, "no second of the run kept the limit saturated")
 
     def test_quota_in_redis_resets_at_utc_midnight_as_the_headers_say(self):
         self.start_limited([{"name": "daily", "key": {"header": "x-client"}, "quota": 3, "window": "day",
