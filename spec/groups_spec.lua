@@ -287,6 +287,154 @@ describe("session persistence", function()
   end)
 end)
 
+describe("active health checks", function()
+  -- checked: every_s = 2, timeout_ms = 300, healthy_after = 2, unhealthy_after = 3, max_percent 50
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("checked", "/p/*", { json = { id = 1 } })
+    gw:stub("checked", "/healthz", { status = 200, body = "ok" })
+    gw:stub("lone", "/p/*", { json = { id = 1 } })
+    gw:stub("lone", "/ready", { status = 204 })
+  end)
+
+  local function page_calls(name)
+    local n = {}
+    for _, c in ipairs(gw:calls(name)) do
+      if c.path:match("^/p/") then n[c.endpoint] = (n[c.endpoint] or 0) + 1 end
+    end
+    return n
+  end
+
+  it("an endpoint failing its health path is taken out after unhealthy_after probes and back after healthy_after", function()
+    gw:advance(6000) -- the first probe comes within the first every_s, at random
+    for i = 1, 3 do assert.equal("passing", gw:endpoints("checked")[i].health) end
+    gw:stub("checked#2", "/healthz", { status = 503, body = "draining" })
+    gw:advance(4000) -- two failed probes: still in service
+    assert.equal("healthy", gw:endpoints("checked")[2].state)
+    gw:advance(2000) -- the third
+    local ep = gw:endpoints("checked")[2]
+    assert.equal("unhealthy", ep.state)
+    assert.equal("failing", ep.health)
+    assert.is_true(ep.probe_failures >= 3)
+    gw:clear_calls()
+    for i = 1, 30 do assert.equal(200, gw:get("/checked/" .. i).status) end
+    assert.is_nil(page_calls("checked")[2])
+    gw:stub("checked#2", "/healthz", { status = 200, body = "ok" })
+    gw:advance(2000)
+    assert.equal("unhealthy", gw:endpoints("checked")[2].state) -- one pass is not enough
+    gw:advance(2000)
+    assert.equal("healthy", gw:endpoints("checked")[2].state)
+    assert.equal("passing", gw:endpoints("checked")[2].health)
+    gw:clear_calls()
+    for i = 1, 30 do assert.equal(200, gw:get("/checked/" .. i).status) end
+    assert.is_true((page_calls("checked")[2] or 0) >= 5)
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("endpoint http://127.0.0.1:82 failed its health checks %(status 503%); out of service", logs)
+    assert.matches("endpoint http://127.0.0.1:82 passes its health checks; back in service", logs)
+  end)
+
+  it("probes that hang or reset fail within timeout_ms; the ejection limit holds, never all", function()
+    gw:stub("checked#1", "/healthz", { fault = "hang" })
+    gw:stub("checked#2", "/healthz", { fault = "reset" })
+    gw:advance(10000)
+    local eps = gw:endpoints("checked")
+    assert.equal("failing", eps[1].health)
+    assert.equal("failing", eps[2].health)
+    local out = 0
+    for i = 1, 3 do if eps[i].state ~= "healthy" then out = out + 1 end end
+    assert.equal(1, out) -- max_percent = 50 of 3: one at a time
+    for _, c in ipairs(gw:calls("checked")) do
+      if c.path == "/healthz" and c.ended_ms then assert.is_true(c.ended_ms - c.started_ms <= 300) end
+    end
+    for i = 1, 10 do assert.equal(200, gw:get("/checked/" .. i).status) end
+  end)
+
+  it("passing health checks end an outlier ejection early", function()
+    gw:advance(6000)
+    gw:stub("checked#3", "/p/*", { fault = "refuse" })
+    for i = 1, 30 do gw:get("/checked/" .. i) end
+    local ep = gw:endpoints("checked")[3]
+    assert.equal("ejected", ep.state)
+    assert.equal(60000, ep.until_ms - ep.ejected_ms)
+    gw:stub("checked#3", "/p/*", { json = { id = 3 } })
+    gw:advance(6000) -- two passing probes after the ejection, well before its 60 s
+    assert.equal("healthy", gw:endpoints("checked")[3].state)
+  end)
+
+  it("a one-endpoint upstream is probed, judged by expect_status, and never taken out", function()
+    gw:advance(3000) -- lone: every_s = 1, healthy_after = 2 (the default)
+    assert.equal("passing", gw:endpoints("lone")[1].health)
+    gw:stub("lone", "/ready", { status = 200, body = "ok" }) -- expect_status = { 204 }, unhealthy_after = 1
+    gw:advance(1000)
+    local ep = gw:endpoints("lone")[1]
+    assert.equal("failing", ep.health)
+    assert.equal("healthy", ep.state)
+    assert.equal(200, gw:get("/lone/1").status)
+  end)
+
+  it("probes are not sections: pages without calls see none, and the probe carries no page's headers", function()
+    gw:advance(3000)
+    local probes = 0
+    for _, c in ipairs(gw:calls("checked")) do
+      if c.path == "/healthz" then
+        probes = probes + 1
+        assert.equal("GET", c.method)
+        assert.equal("aggway-health-check", c.headers["user-agent"])
+      end
+    end
+    assert.is_true(probes >= 3)
+  end)
+end)
+
+describe("endpoint host names", function()
+  it("each address is an endpoint; a change keeps the state of the addresses that stay", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101" })
+    gw:stub("named", "/p/*", { json = { id = 1 } })
+    gw:stub("named#2", "/p/*", { fault = "refuse" })
+    for i = 1, 20 do assert.equal(200, gw:get("/named/" .. i).status) end
+    local eps = gw:endpoints("named")
+    assert.equal(8, #eps)
+    assert.equal("10.0.0.1:9101", eps[1].address)
+    assert.equal("ejected", eps[2].state) -- outlier.failures = 2
+    assert.equal("gone", eps[3].state)
+    local calls_1 = eps[1].calls
+    assert.is_true(calls_1 >= 18)
+    -- 10.0.0.1 leaves and 10.0.0.3 comes: it takes the free slot 1, afresh; slot 2 stays ejected
+    gw:addresses("named", { "10.0.0.2:9101", "10.0.0.3:9101" })
+    gw:advance(1000)
+    eps = gw:endpoints("named")
+    assert.equal("10.0.0.3:9101", eps[1].address)
+    assert.equal(0, eps[1].calls)
+    assert.equal("healthy", eps[1].state)
+    assert.equal("10.0.0.2:9101", eps[2].address)
+    assert.equal("ejected", eps[2].state)
+    gw:clear_calls()
+    for i = 1, 10 do assert.equal(200, gw:get("/named/" .. i).status) end
+    for _, c in ipairs(gw:calls("named")) do assert.equal(1, c.endpoint) end
+    -- a single address left: every call goes there, and it is never ejected (never every endpoint)
+    gw:addresses("named", { "10.0.0.3:9101" })
+    gw:stub("named#1", "/p/*", { fault = "refuse" })
+    gw:advance(1000)
+    for i = 1, 5 do gw:get("/named/" .. i) end
+    eps = gw:endpoints("named")
+    assert.equal("healthy", eps[1].state)
+    assert.equal("gone", eps[2].state)
+  end)
+
+  it("sessions and hash keys name an address (URL@address), so a name's addresses are told apart", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
+    local g = require("agg.group")
+    gw:stub("named", "/p/*", { json = { id = 1 } })
+    gw:get("/named/1")
+    local grp = g.group_of("named")
+    assert.are_not.equal(grp.eps[1].key, grp.eps[2].key)
+    assert.equal("http://named.test:9101@10.0.0.1:9101", grp.eps[1].key)
+  end)
+end)
+
 describe("call options of groups", function()
   it("hash_key on an upstream that does not hash is a mistake at the script's line", function()
     local gw = testing.gateway { dir = DIR }

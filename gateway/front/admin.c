@@ -448,7 +448,7 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
         agw_generation_t *gen = agw_reload_state_current(a->gens); /* held while its breakers are read */
         agw_metrics_render(&body, a->labels, gen ? &gen->conf : NULL, a->metrics, a->num_workers, &proc);
         if (gen)
-            agw_endpoint_board_metrics(gen->board, &gen->conf, now_ms(), &body);
+            agw_endpoint_board_metrics(gen->board, &gen->conf, gen->dir, now_ms(), &body);
         agw_generation_unref(gen);
         respond(out, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body.base ? body.base : "", body.len, head,
                 NULL);
@@ -463,7 +463,8 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     } else if (PATH_IS("/upstreams")) {
         agw_buf_t body = AGW_BUF_INIT;
         agw_generation_t *gen = agw_reload_state_current(a->gens);
-        agw_endpoint_board_json(gen ? gen->board : NULL, gen ? &gen->conf : NULL, now_ms(), &body);
+        agw_endpoint_board_src_t src = {a->metrics, a->num_workers, gen ? gen->upstream_slot : NULL, gen ? gen->dir : NULL};
+        agw_endpoint_board_json(gen ? gen->board : NULL, gen ? &gen->conf : NULL, &src, now_ms(), &body);
         agw_generation_unref(gen);
         respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
         agw_buf_free(&body);

@@ -1,5 +1,6 @@
 /* server.c: the serving process (see server.h). */
 #include "front/server.h"
+#include "front/resolver.h"
 
 #include "base/mem.h"
 
@@ -445,6 +446,7 @@ int agw_server_run(const char *dir)
     size_t num_routes = conf->router.num_routes, num_upstreams = conf->num_upstreams;
     agw_reload_state_serving(&srv.gens, gen, 0);
     agw_generation_unref(gen); /* the workers and the record hold it now */
+    agw_resolver_t *resolver = agw_resolver_start(&srv.gens); /* endpoint host names (group/directory.h) */
     conf = NULL;
     agw_admin_set_ready(admin, 1);
     agw_sd_notifyf("READY=1\nSTATUS=serving %s: generation 1, %zu routes, %zu upstreams", srv.dir, num_routes,
@@ -496,6 +498,7 @@ int agw_server_run(const char *dir)
         }
     }
     agw_watchdog_stop(watchdog);
+    agw_resolver_stop(resolver);
     agw_admin_stop(admin); /* after the workers: nothing writes the metrics any more */
     agw_otlp_stop(exporter); /* last: sends what the workers queued */
     for (unsigned wi = 0; wi < srv.workers; wi++)

@@ -1,5 +1,6 @@
 /* config.c: a scripts folder's generation as C structures (see config.h). */
 #include "script/config.h"
+#include "upstream/resolve.h"
 
 #include "base/mem.h"
 
@@ -33,24 +34,16 @@ static double field_num(lua_State *L, int idx, const char *name, double dflt)
     return v;
 }
 
-/* Resolves host:port into *addr. Returns 0, or -1 with "file:line: where: cannot resolve…" in errors. */
+/* Resolves host:port into *addr (its first address as upstream/resolve.h orders them). Returns 0,
+ * or -1 with "file:line: where: cannot resolve…" in errors. */
 static int resolve(struct sockaddr_storage *addr, socklen_t *addrlen, const char *where, const char *host, int port,
                    const char *file, int line, agw_buf_t *errors)
 {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_family = AF_UNSPEC;
-    char portstr[16];
-    snprintf(portstr, sizeof(portstr), "%d", port);
-    int rc = getaddrinfo(host, portstr, &hints, &res);
-    if (rc != 0 || res == NULL) {
-        agw_buf_printf(errors, "%s:%d: %s: cannot resolve host '%s': %s\n", file, line, where, host,
-                       gai_strerror(rc));
+    char why[256];
+    if (agw_resolve_host(host, port, addr, addrlen, 1, why, sizeof(why)) < 0) {
+        agw_buf_printf(errors, "%s:%d: %s: cannot resolve host '%s': %s\n", file, line, where, host, why);
         return -1;
     }
-    memcpy(addr, res->ai_addr, res->ai_addrlen);
-    *addrlen = res->ai_addrlen;
-    freeaddrinfo(res);
     return 0;
 }
 
@@ -84,45 +77,116 @@ static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const 
     return 0;
 }
 
-/* The endpoints of every upstream (conf->eps, conf->ep_first), once conf->upstreams is loaded: each
- * a copy of its upstream's description with the endpoint's URL, Host header, base path and
- * address (the first endpoint is the upstream's own). ups: index of gateway.lua's checked
- * upstreams list on L's stack. Returns 0, or -1 with "file:line: upstreams.NAME.endpoints[i]:
- * cannot resolve…" in errors. */
-static int load_endpoints(lua_State *L, int ups, agw_config_t *conf, size_t total, const char *file,
-                          agw_buf_t *errors)
+/* The slots endpoint e (0-based) of upstream table t (on L's stack) takes: 1 for an address,
+ * AGW_ADDRS_PER_NAME for a host name (group/directory.h). */
+static size_t endpoint_slots(lua_State *L, int t, size_t e)
 {
-    conf->eps = calloc(total ? total : 1, sizeof(*conf->eps));
-    conf->ep_first = calloc(conf->num_upstreams + 1, sizeof(*conf->ep_first));
-    if (conf->eps == NULL || conf->ep_first == NULL)
-        abort();
+    lua_getfield(L, t, "endpoint_list");
+    lua_rawgeti(L, -1, (int)e + 1);
+    char *host = lua_istable(L, -1) ? field_str(L, lua_gettop(L), "host") : field_str(L, t, "host");
+    lua_pop(L, 2);
+    size_t n = host && !agw_host_is_address(host) ? AGW_ADDRS_PER_NAME : 1;
+    free(host);
+    return n;
+}
+
+/* The endpoints of every upstream (conf->eps, conf->ep_first, conf->names), once conf->upstreams
+ * is loaded: each a copy of its upstream's description with the endpoint's URL, Host header, base
+ * path and address. An endpoint URL with an address is one slot; one with a host name is
+ * AGW_ADDRS_PER_NAME slots, one per address it resolves to now (the rest out of service: address
+ * length 0), re-resolved every resolve_every_s (group/directory.h). ups: index of gateway.lua's
+ * checked upstreams list on L's stack. Returns 0, or -1 with "file:line:
+ * upstreams.NAME.endpoints[i]: cannot resolve…" in errors. */
+static int load_endpoints(lua_State *L, int ups, agw_config_t *conf, const char *file, agw_buf_t *errors)
+{
+    size_t total = 0, names = 0;
+    for (size_t i = 0; i < conf->num_upstreams; i++) {
+        lua_rawgeti(L, ups, (int)i + 1);
+        int t = lua_gettop(L);
+        lua_getfield(L, t, "endpoint_list");
+        size_t ne = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
+        lua_pop(L, 1);
+        for (size_t e = 0; e < (ne ? ne : 1); e++) {
+            size_t n = endpoint_slots(L, t, e);
+            total += n;
+            names += n > 1;
+        }
+        lua_pop(L, 1);
+    }
+    conf->eps = agw_calloc(total ? total : 1, sizeof(*conf->eps));
+    conf->ep_first = agw_calloc(conf->num_upstreams + 1, sizeof(*conf->ep_first));
+    conf->names = agw_calloc(names ? names : 1, sizeof(*conf->names));
     int rc = 0;
     size_t k = 0;
     for (size_t i = 0; i < conf->num_upstreams; i++) {
         const agw_upstream_conf_t *u = &conf->upstreams[i];
         conf->ep_first[i] = k;
         lua_rawgeti(L, ups, (int)i + 1);
-        int line = (int)field_num(L, lua_gettop(L), "line", 1);
-        lua_getfield(L, -1, "endpoint_list");
-        size_t ne = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
-        agw_upstream_conf_copy(&conf->eps[k++], u);
-        for (size_t e = 1; e < ne; e++) { /* endpoint 1 is the upstream's own description */
-            agw_upstream_conf_t *ep = &conf->eps[k++];
-            agw_upstream_conf_copy(ep, u);
-            lua_rawgeti(L, -1, (int)e + 1);
-            int et = lua_gettop(L);
-            free(ep->url), free(ep->host_header), free(ep->base_path);
-            ep->url = field_str(L, et, "url");
-            ep->host_header = field_str(L, et, "host_header");
-            ep->base_path = field_str(L, et, "base_path");
-            char *host = field_str(L, et, "host");
-            char where[256];
-            snprintf(where, sizeof(where), "upstreams.%s.endpoints[%zu]", u->name, e + 1);
-            if (host == NULL ||
-                resolve(&ep->addr, &ep->addrlen, where, host, (int)field_num(L, et, "port", 80), file, line, errors) != 0)
+        int t = lua_gettop(L);
+        int line = (int)field_num(L, t, "line", 1);
+        uint64_t every_ms = (uint64_t)(field_num(L, t, "resolve_every_s", 30) * 1000);
+        lua_getfield(L, t, "endpoint_list");
+        int list = lua_gettop(L);
+        size_t ne = lua_istable(L, list) ? lua_objlen(L, list) : 0;
+        for (size_t e = 0; e < (ne ? ne : 1); e++) {
+            size_t nslots = endpoint_slots(L, t, e);
+            if (k - conf->ep_first[i] + nslots > 255) {
+                agw_buf_printf(errors, "%s:%d: upstreams.%s: more than 255 endpoints (a URL with a host name counts as %d, "
+                               "one per address it may resolve to); list fewer URLs\n", file, line, u->name,
+                               AGW_ADDRS_PER_NAME);
                 rc = -1;
+                break;
+            }
+            int et = t;
+            if (ne) {
+                lua_rawgeti(L, list, (int)e + 1);
+                et = lua_gettop(L);
+            }
+            char *host = field_str(L, et, "host");
+            int port = (int)field_num(L, et, "port", 80);
+            char where[256];
+            if (ne > 1)
+                snprintf(where, sizeof(where), "upstreams.%s.endpoints[%zu]", u->name, e + 1);
+            else
+                snprintf(where, sizeof(where), "upstreams.%s.url", u->name);
+            for (size_t j = 0; j < nslots; j++) {
+                agw_upstream_conf_t *ep = &conf->eps[k + j];
+                agw_upstream_conf_copy(ep, u);
+                free(ep->url), free(ep->host_header), free(ep->base_path);
+                ep->url = field_str(L, et, "url");
+                ep->host_header = field_str(L, et, "host_header");
+                ep->base_path = field_str(L, et, "base_path");
+                ep->addrlen = 0;
+            }
+            if (host == NULL) {
+                rc = -1;
+            } else if (nslots == 1) {
+                if (resolve(&conf->eps[k].addr, &conf->eps[k].addrlen, where, host, port, file, line, errors) != 0)
+                    rc = -1;
+            } else {
+                struct sockaddr_storage addr[AGW_ADDRS_PER_NAME];
+                socklen_t len[AGW_ADDRS_PER_NAME];
+                char why[256];
+                int n = agw_resolve_host(host, port, addr, len, AGW_ADDRS_PER_NAME, why, sizeof(why));
+                if (n < 0) {
+                    agw_buf_printf(errors, "%s:%d: %s: cannot resolve host '%s': %s\n", file, line, where, host, why);
+                    rc = -1;
+                }
+                for (int j = 0; j < n; j++) {
+                    conf->eps[k + (size_t)j].addr = addr[j];
+                    conf->eps[k + (size_t)j].addrlen = len[j];
+                }
+                agw_ep_name_t *nm = &conf->names[conf->num_names++];
+                nm->host = agw_strdup(host);
+                nm->port = port;
+                nm->where = agw_strdup(where);
+                nm->first = k;
+                nm->every_ms = every_ms;
+            }
             free(host);
-            lua_pop(L, 1);
+            if (ne)
+                lua_pop(L, 1);
+            k += nslots;
         }
         lua_pop(L, 2);
     }
@@ -141,7 +205,6 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
     conf->breakers = agw_calloc(n ? n : 1, sizeof(*conf->breakers));
     conf->num_upstreams = n;
     int rc = 0;
-    size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, ups, (int)i + 1);
         int t = lua_gettop(L);
@@ -157,6 +220,9 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         u->max_pending = (unsigned)field_num(L, t, "max_pending", 256);
         u->max_body_bytes = (size_t)field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
         u->max_rps = (uint64_t)field_num(L, t, "max_rps", 0);
+        lua_getfield(L, t, "health");
+        u->health_checked = lua_istable(L, -1);
+        lua_pop(L, 1);
         /* the breaker block is always a table after checking: { failures, open_s, half_open_probes, off } */
         lua_getfield(L, t, "breaker");
         int bt = lua_gettop(L);
@@ -176,13 +242,9 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         if (load_upstream_tls(L, t, u, file, errors) != 0)
             rc = -1;
         free(host);
-        lua_getfield(L, t, "endpoint_list");
-        size_t ne = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
-        lua_pop(L, 1);
-        total += ne ? ne : 1;
         lua_pop(L, 1);
     }
-    if (rc == 0 && load_endpoints(L, ups, conf, total, file, errors) != 0)
+    if (rc == 0 && load_endpoints(L, ups, conf, file, errors) != 0)
         rc = -1;
     lua_pop(L, 1);
     return rc;
@@ -548,6 +610,9 @@ void agw_config_free(agw_config_t *conf)
         agw_upstream_conf_clear(&conf->eps[i]);
     free(conf->eps);
     free(conf->ep_first);
+    for (size_t i = 0; conf->names && i < conf->num_names; i++)
+        free(conf->names[i].host), free(conf->names[i].where);
+    free(conf->names);
     for (size_t i = 0; conf->breakers && i < conf->num_upstreams; i++)
         agw_breaker_unref(conf->breakers[i]);
     free(conf->breakers);

@@ -74,11 +74,16 @@ typedef struct agw_config {
                                            generation when the upstream does not change); one
                                            reference each */
     size_t num_upstreams;
-    agw_upstream_conf_t *eps;           /* every upstream's endpoints, one pool each (gateway.lua `url` or
-                                           `endpoints`): upstream i's are eps[ep_first[i]] up to
+    agw_upstream_conf_t *eps;           /* every upstream's endpoint slots, one pool each (gateway.lua `url` or
+                                           `endpoints`; a URL with a host name takes AGW_ADDRS_PER_NAME
+                                           slots, see names): upstream i's are eps[ep_first[i]] up to
                                            eps[ep_first[i + 1]], in the order configured (Lua's
                                            endpoint numbers, 1-based, count from ep_first[i]) */
     size_t *ep_first;                   /* num_upstreams + 1 entries */
+    agw_ep_name_t *names;               /* the endpoint URLs whose host is a name: their slots in eps
+                                           are re-resolved (group/directory.h); AGW_ADDRS_PER_NAME
+                                           slots each, those it does not fill have addrlen 0 */
+    size_t num_names;
     agw_router_t router;                /* route table, endpoint indexes are 1-based as in Lua */
     agw_endpoint_info_t *endpoints;     /* index e-1 describes endpoint e */
     size_t num_endpoints;

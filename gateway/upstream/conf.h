@@ -31,6 +31,20 @@ typedef struct agw_upstream_conf {
                                        OVERLOAD and nothing is sent (agw_pool_set_limits) */
     struct agw_upstream_tls *tls;   /* https:// upstreams: TLS settings with a built ctx; NULL for
                                        http:// */
+    int health_checked;             /* 1: gateway.lua has health = { … } for it (its endpoints are
+                                       probed by lua/agg/health.lua); for /upstreams and the metrics */
 } agw_upstream_conf_t;
+
+#define AGW_ADDRS_PER_NAME 8 /* endpoint slots of a URL whose host is a name: its addresses used at most */
+
+/* One endpoint URL whose host is a name, not an address (script/config.h agw_config_t.names): its
+ * addresses are endpoints of their own, in AGW_ADDRS_PER_NAME slots (group/directory.h). */
+typedef struct agw_ep_name {
+    char *host;             /* the name as configured ("product.internal") */
+    int port;               /* the URL's port */
+    char *where;            /* "upstreams.product.endpoints[2]" (messages) */
+    size_t first;           /* its slots are conf->eps[first .. first + AGW_ADDRS_PER_NAME) */
+    uint64_t every_ms;      /* resolve_every_s in ms; 0: resolved when the folder loads only */
+} agw_ep_name_t;
 
 #endif

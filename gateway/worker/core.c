@@ -71,10 +71,11 @@ static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int 
 
 void agw_worker_publish_pool(wgen_t *g, size_t up)
 {
-    agw_pool_stats_t st, one;
+    agw_pool_stats_t st = {0}, one;
     const size_t *first = g->conf->ep_first;
-    agw_pool_stats(g->pools[first[up]]->pool, &st);
-    for (size_t e = first[up] + 1; e < first[up + 1]; e++) {
+    for (size_t e = first[up]; e < first[up + 1]; e++) {
+        if (g->pools[e] == NULL) /* a slot out of service (group/directory.h) */
+            continue;
         agw_pool_stats(g->pools[e]->pool, &one);
         st.open += one.open, st.idle += one.idle, st.pending += one.pending;
     }
@@ -216,6 +217,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     uint64_t id = c->id;
     int decode = c->decode;
     unsigned up = c->up;
+    int probe = c->rid == 0; /* a health probe (agg.health): the runtime's own call, not counted */
     trace_call_ended(w, c, res->outcome, res->http_status, res->detail);
     call_release(w, c);
 
@@ -230,7 +232,8 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     int compact = 0;
     if (json_body && agw_json_validate(res->body, res->body_len, AGW_JSON_MAX_DEPTH, &compact, err, sizeof(err)) != 0)
         json_body = -1; /* not JSON: the failed call carries the body and the reason */
-    agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
+    if (!probe)
+        agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
     agw_worker_publish_pool(g, up);
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
     lua_pushnumber(L, (lua_Number)id);
@@ -325,7 +328,8 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
 }
 
 /* core.call(rid, upstream, method, path, headers, body, timeout_ms, decode, attempt) -> id
- * (lua/agg/contract.lua): upstream is the index (1-based); headers { name, value, … } or
+ * (lua/agg/contract.lua): rid 0 is the runtime's own call (a health probe, agg.health: no span,
+ * not in the upstream's call metrics); upstream is the index (1-based); headers { name, value, … } or
  * false/nil; body a string or false/nil; timeout_ms the whole call's; decode: hand a 2xx body over
  * as validated JSON; attempt's section, attempt and hedge describe the attempt's span, its
  * endpoint the upstream's endpoint to call (1-based, agg.group chose it), read only for an
@@ -385,16 +389,18 @@ static int l_call(lua_State *L)
         rr->trace->spans[c->span].endpoint = (uint8_t)(ep - first + 1);
     }
     c->id = agw_slots_put(&w->tables.calls, c);
-    c->call = agw_call_start(g->pools[ep]->pool, &req, on_call_done, c);
+    c->call = g->pools[ep] ? agw_call_start(g->pools[ep]->pool, &req, on_call_done, c) : NULL;
     if (c->call == NULL) {
         /* the pool is being destroyed (agw_call_start's only refusal): the span recorded above
          * ends here, cancelled (nothing was sent) */
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
         call_release(w, c);
-        return luaL_error(L, "core.call: the pool of upstream #%d is closing", index);
+        return luaL_error(L, "core.call: the pool of upstream #%d is closing or its endpoint #%d is out of service",
+                          index, (int)(ep - first + 1));
     }
     agw_worker_gen_hold(g);
-    AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
+    if (c->rid != 0) /* rid 0: a health probe (agg.health), not one of the upstream's calls */
+        AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
     agw_worker_publish_pool(g, (size_t)(index - 1));
     lua_pushnumber(L, (lua_Number)c->id);
     return 1;
@@ -469,7 +475,8 @@ static int l_cancel(lua_State *L)
         wgen_t *g = c->g;
         trace_call_ended(w, c, AGW_SPAN_CANCELLED, 0, NULL);
         agw_call_cancel(c->call);
-        agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
+        if (c->rid != 0)
+            agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
         agw_worker_publish_pool(g, c->up);
         call_release(w, c);
         agw_worker_gen_release(g);
@@ -668,7 +675,8 @@ static int l_trace_id(lua_State *L)
 }
 
 /* core.endpoint_state(index, endpoint, calls, failures, ejections, sessions, in_flight,
- *                     ejected_until_ms, last_ejected_ms, answered, latency_ms): agg.group's view of endpoint (1-based) of
+ *                     ejected_until_ms, last_ejected_ms, answered, latency_ms, health, down, probes,
+ *                     probe_failures): agg.group's view of endpoint (1-based) of
  * upstream index in this worker, published on the generation's board (group/board.h) for the
  * admin page and the metrics (runtime.report_stats, about once a second). */
 static int l_endpoint_state(lua_State *L)
@@ -679,16 +687,68 @@ static int l_endpoint_state(lua_State *L)
     if (index < 1 || (size_t)index > conf->num_upstreams || ep < 1 ||
         (size_t)ep > conf->ep_first[index] - conf->ep_first[index - 1])
         return 0;
-    uint64_t v[9];
-    for (int k = 0; k < 9; k++) {
+    uint64_t v[13];
+    for (int k = 0; k < 13; k++) {
         lua_Number n = luaL_optnumber(L, 3 + k, 0);
         v[k] = n > 0 ? (uint64_t)n : 0;
     }
     agw_endpoint_row_t row = {.calls = v[0], .failures = v[1], .ejections = v[2], .sessions = v[3],
                               .in_flight = v[4], .ejected_until_ms = v[5], .last_ejected_ms = v[6],
-                              .answered = v[7], .latency_ms = v[8]};
+                              .answered = v[7], .latency_ms = v[8], .health = v[9], .down = v[10],
+                              .probes = v[11], .probe_failures = v[12]};
     agw_endpoint_board_publish(g->gen->board, (size_t)g->w->id, conf->ep_first[index - 1] + (size_t)ep - 1, &row);
     return 0;
+}
+
+/* core.endpoint_slots(index, seen) -> version[, slots]: the endpoint slots of upstream index as
+ * the directory has them now (group/directory.h). When the directory's version is seen, only the
+ * version; else, on the current generation, this worker's pools of the upstream follow it first (a
+ * changed address gets a new pool, the old one drains: agw_worker_set_endpoint_addr), and slots is
+ * a list, one per slot, of { url = the configured URL, address = "10.0.0.1:9001" or false when
+ * out of service } (on a generation no longer current: the addresses of the pools it has). Called
+ * by agg.group on the current generation's once-a-second tick (and when a group is made). */
+static int l_endpoint_slots(lua_State *L)
+{
+    wgen_t *g = upg(L);
+    lua_Integer index = luaL_checkinteger(L, 1);
+    lua_Number seen = luaL_optnumber(L, 2, -1);
+    const agw_config_t *conf = g->conf;
+    if (index < 1 || (size_t)index > conf->num_upstreams)
+        return 0;
+    agw_endpoint_dir_t *d = g->gen->dir;
+    uint64_t v = agw_endpoint_dir_version(d);
+    lua_pushnumber(L, (lua_Number)v);
+    if (seen >= 0 && (uint64_t)seen == v)
+        return 1;
+    size_t first = conf->ep_first[index - 1], last = conf->ep_first[index];
+    lua_createtable(L, (int)(last - first), 0);
+    for (size_t e = first; e < last; e++) {
+        struct sockaddr_storage addr;
+        socklen_t len;
+        agw_endpoint_dir_read(d, e, &addr, &len);
+        const wpool_t *p = g->pools ? g->pools[e] : NULL;
+        int differs = p ? (p->conf.addrlen != len || memcmp(&p->conf.addr, &addr, len) != 0) : len > 0;
+        if (differs && g->pools && g == g->w->gens.cur) {
+            agw_worker_set_endpoint_addr(g, e, &addr, len);
+        } else if (g->pools) { /* a generation that is no longer current keeps the pools it has */
+            len = p ? p->conf.addrlen : 0;
+            if (p)
+                addr = p->conf.addr;
+        }
+        lua_createtable(L, 0, 2);
+        lua_pushstring(L, conf->eps[e].url);
+        lua_setfield(L, -2, "url");
+        if (len > 0) {
+            char text[64];
+            agw_endpoint_address(&addr, len, text, sizeof(text));
+            lua_pushstring(L, text);
+        } else {
+            lua_pushboolean(L, 0);
+        }
+        lua_setfield(L, -2, "address");
+        lua_rawseti(L, -2, (int)(e - first + 1));
+    }
+    return 2;
 }
 
 /* core.log(level, message) */
@@ -740,6 +800,6 @@ const luaL_Reg agw_worker_core_fns[] = {
     {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
     {"upstream_counters", l_upstream_counters}, {"endpoint_state", l_endpoint_state}, {"join", l_join},
-    {"trace_id", l_trace_id},
+    {"trace_id", l_trace_id}, {"endpoint_slots", l_endpoint_slots},
     {NULL, NULL},
 };

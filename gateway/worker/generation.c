@@ -125,6 +125,7 @@ agw_generation_t *agw_generation_load(const char *dir, uint64_t number, const ag
     g->route_slot = agw_calloc(g->conf.num_endpoints + 1, sizeof(*g->route_slot));
     g->upstream_slot = agw_calloc(g->conf.num_upstreams ? g->conf.num_upstreams : 1, sizeof(*g->upstream_slot));
     g->board = agw_endpoint_board_new(g->conf.workers, g->conf.ep_first[g->conf.num_upstreams]);
+    g->dir = agw_endpoint_dir_new(g->conf.eps, g->conf.ep_first[g->conf.num_upstreams], g->conf.names, g->conf.num_names);
     __atomic_add_fetch(&live_generations, 1, __ATOMIC_RELAXED);
     if ((prev && check_restart_only(&prev->conf, &g->conf, errors) != 0) ||
         agw_metric_labels_map(labels, &g->conf, g->route_slot, g->upstream_slot, errors) != 0) {
@@ -148,6 +149,7 @@ void agw_generation_unref(agw_generation_t *g)
         return;
     agw_config_free(&g->conf);
     agw_endpoint_board_free(g->board);
+    agw_endpoint_dir_free(g->dir);
     free(g->route_slot);
     free(g->upstream_slot);
     free(g);

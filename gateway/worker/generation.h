@@ -27,6 +27,7 @@
 
 #include "base/buf.h"
 #include "group/board.h"
+#include "group/directory.h"
 #include "script/config.h"
 #include "ops/metrics.h"
 
@@ -42,6 +43,7 @@ typedef struct agw_generation {
     uint32_t *upstream_slot;   /* upstream index (0-based) -> metric upstream slot */
     int refs;                  /* owners (atomic): the serving record, each worker's VM of it */
     agw_endpoint_board_t *board; /* the endpoints as each worker's balancer sees them (group/board.h) */
+    agw_endpoint_dir_t *dir;   /* the endpoint slots' live addresses (group/directory.h) */
 } agw_generation_t;
 
 /* Loads dir as generation number (one reference, for the caller). prev: the generation serving,

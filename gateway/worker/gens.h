@@ -24,6 +24,8 @@ typedef struct agw_worker_gens {
     pthread_mutex_t next_lock;
     struct agw_worker_gen *next; /* prepared on the main thread, not yet taken (next_lock) */
     uint64_t serving;            /* number of cur's generation (atomic: the main thread reads it) */
+    struct wpool *old_pools;     /* pools whose endpoint address went away (group/directory.h):
+                                    closed once their calls in flight have ended (vm.c) */
 } agw_worker_gens_t;
 
 /* Initializes the lock of gs (the rest is zeroed memory). Before the worker's thread starts. */

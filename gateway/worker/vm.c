@@ -25,6 +25,51 @@ static void pool_release(wpool_t *p)
     free(p);
 }
 
+/* A new pool of this worker for the settings u (copied). */
+static wpool_t *pool_new(agw_worker_t *w, const agw_upstream_conf_t *u)
+{
+    wpool_t *p = agw_calloc(1, sizeof(*p));
+    agw_upstream_conf_copy(&p->conf, u);
+    p->pool = agw_pool_create(w->loop, &p->conf);
+    agw_pool_set_batch(p->pool, &w->batch);
+    agw_pool_set_limits(p->pool, w->limits);
+    p->refs = 1;
+    return p;
+}
+
+void agw_worker_set_endpoint_addr(wgen_t *g, size_t slot, const struct sockaddr_storage *addr, socklen_t len)
+{
+    agw_worker_t *w = g->w;
+    wpool_t *old = g->pools[slot];
+    g->pools[slot] = NULL;
+    if (len > 0) {
+        agw_upstream_conf_t u = g->conf->eps[slot]; /* shallow: pool_new copies it */
+        u.addr = *addr;
+        u.addrlen = len;
+        g->pools[slot] = pool_new(w, &u);
+    }
+    if (old && --old->refs == 0) {
+        old->next_draining = w->gens.old_pools;
+        w->gens.old_pools = old;
+    }
+}
+
+void agw_worker_reap_pools(agw_worker_t *w)
+{
+    for (wpool_t **pp = &w->gens.old_pools; *pp;) {
+        wpool_t *p = *pp;
+        agw_pool_stats_t st;
+        agw_pool_stats(p->pool, &st);
+        if (st.pending == 0 && st.open == st.idle) { /* no call left: idle connections only */
+            *pp = p->next_draining;
+            p->refs = 1;
+            pool_release(p);
+        } else {
+            pp = &p->next_draining;
+        }
+    }
+}
+
 void agw_worker_gen_discard(wgen_t *g)
 {
     if (g->L)
@@ -83,23 +128,18 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
     size_t n = conf->ep_first[conf->num_upstreams], nold = old ? old->conf->ep_first[old->conf->num_upstreams] : 0;
     g->pools = agw_calloc(n ? n : 1, sizeof(*g->pools));
     for (size_t i = 0; i < n; i++) {
+        if (conf->eps[i].addrlen == 0) /* a slot of a host name that it does not fill (group/directory.h) */
+            continue;
         for (size_t j = 0; j < nold; j++) {
             wpool_t *p = old->pools[j];
-            if (agw_upstream_conf_same(&p->conf, &conf->eps[i])) {
+            if (p && agw_upstream_conf_same(&p->conf, &conf->eps[i])) {
                 p->refs++;
                 g->pools[i] = p;
                 break;
             }
         }
-        if (g->pools[i] == NULL) {
-            wpool_t *p = agw_calloc(1, sizeof(*p));
-            agw_upstream_conf_copy(&p->conf, &conf->eps[i]);
-            p->pool = agw_pool_create(w->loop, &p->conf);
-            agw_pool_set_batch(p->pool, &w->batch);
-            agw_pool_set_limits(p->pool, w->limits);
-            p->refs = 1;
-            g->pools[i] = p;
-        }
+        if (g->pools[i] == NULL)
+            g->pools[i] = pool_new(w, &conf->eps[i]);
     }
     g->refs = 1; /* current */
     g->prev = NULL;

@@ -689,6 +689,7 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
     agw_cache_inbox_take(&w->m->purge, purge_tier1, w); /* POST /cache/purge (cache/purge.h) */
+    agw_worker_reap_pools(w); /* pools of endpoint addresses that went away (group/directory.h) */
     for (size_t i = 0; i < w->gens.cur->conf->num_upstreams; i++)
         agw_worker_publish_pool(w->gens.cur, i);
     for (wgen_t *g = w->gens.live; g;) {
@@ -696,7 +697,8 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
         if (g->ref_report_stats != LUA_NOREF) {
             agw_worker_gen_hold(g);
             lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_report_stats);
-            agw_worker_call_runtime(g, 0);
+            lua_pushboolean(g->L, g == w->gens.cur); /* current: only it health checks (agg.health) */
+            agw_worker_call_runtime(g, 1);
             next = g->next; /* the list may have changed meanwhile; g is still on it (held) */
             agw_worker_gen_release(g);
         }

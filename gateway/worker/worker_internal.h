@@ -49,6 +49,7 @@ typedef struct wpool {
     agw_pool_t *pool;
     agw_upstream_conf_t conf;   /* the pool's own copy: it may outlive the generation that made it */
     int refs;                   /* generations of this worker that use it */
+    struct wpool *next_draining; /* on the worker's draining list (its address left the directory) */
 } wpool_t;
 
 /* A generation as this worker runs it. Worker thread only, once installed. */
@@ -252,6 +253,15 @@ void agw_worker_gen_discard(wgen_t *g);
 
 /* Frees the generations agw_worker_gen_release queued while Lua code was running (none runs now). */
 void agw_worker_free_dead_gens(agw_worker_t *w);
+
+/* Gives slot (an index of conf->eps) of the current generation g the address addr (len 0: the
+ * slot goes out of service): a new pool for it, made from the slot's settings; the old pool, when
+ * no other generation uses it, drains: its calls in flight finish, then agw_worker_reap_pools
+ * closes it. Worker thread. */
+void agw_worker_set_endpoint_addr(wgen_t *g, size_t slot, const struct sockaddr_storage *addr, socklen_t len);
+
+/* Closes the draining pools whose calls have all ended (the once-a-second tick). */
+void agw_worker_reap_pools(agw_worker_t *w);
 
 /* Makes g (prepared by agw_worker_prepare) the generation new requests go to: its pools are the
  * current generation's for upstreams that did not change (keep-alive connections survive), new

@@ -14,9 +14,7 @@ local UPSTREAM_DEFAULTS = {
   timeout_ms = 1000, connect_timeout_ms = 100, idle_timeout_ms = 60000,
   max_connections = 64, max_pending = 256, max_body_bytes = 8 * 1024 * 1024,
 }
-local NOT_YET = {
-  health = "active health checking",
-}
+local NOT_YET = {}
 local BALANCES = { p2c = true, round_robin = true, hash = true }
 
 -- Resilience blocks of an upstream (issue "resilience"): option -> { kind, default, check }.
@@ -128,6 +126,68 @@ end
 
 --- Checks the table `cfg` that gateway.lua returned. src is the file's text (for line numbers),
 -- file its display path. Returns the normalized config, or nil and a list of error strings.
+-- health = { path, every_s, timeout_ms, healthy_after, unhealthy_after, expect_status } (active
+-- health checks of an upstream's endpoints, agg.health): returns the checked block with its
+-- defaults, or nil after reporting every mistake through err(line, where, message).
+local HEALTH = { path = true, every_s = true, timeout_ms = true, healthy_after = true, unhealthy_after = true,
+                 expect_status = true }
+local function check_health(h, where, line, line_of, err, call_timeout_ms)
+  if type(h) ~= "table" then
+    err(line, where, "must be a table like { path = \"/healthz\", every_s = 5, timeout_ms = 200 } (or false)")
+    return nil
+  end
+  local ok = true
+  local function bad(f, msg)
+    ok = false
+    err(line_of(f, line) or line, where .. "." .. f, msg)
+  end
+  for k in pairs(h) do
+    if not HEALTH[k] then
+      bad(tostring(k), "unknown option" .. M.suggest(tostring(k), HEALTH) ..
+          "; health knows path, every_s, timeout_ms, healthy_after, unhealthy_after, expect_status")
+    end
+  end
+  local out = { path = h.path, every_s = h.every_s or 5, timeout_ms = h.timeout_ms or math.min(1000, call_timeout_ms),
+                healthy_after = h.healthy_after or 2, unhealthy_after = h.unhealthy_after or 3 }
+  if type(h.path) ~= "string" or h.path:sub(1, 1) ~= "/" or h.path:find("[%s%c]") then
+    bad("path", "is required: the path each endpoint is probed on, starting with '/', like path = \"/healthz\"")
+  end
+  local function whole(f, lo, hi, unit)
+    local v = out[f]
+    if not (type(v) == "number" and v % 1 == 0 and v >= lo and v <= hi) then
+      bad(f, ("must be a whole number of %s from %d to %d, got %s"):format(unit, lo, hi, tostring(v)))
+    end
+  end
+  whole("every_s", 1, 3600, "seconds")
+  whole("timeout_ms", 1, 60000, "ms")
+  whole("healthy_after", 1, 100, "probes")
+  whole("unhealthy_after", 1, 100, "probes")
+  if ok and out.timeout_ms >= out.every_s * 1000 then
+    bad("timeout_ms", ("(%d ms) must be shorter than every_s (%d s): one probe per endpoint at a time"):format(
+        out.timeout_ms, out.every_s))
+  end
+  -- expect_status: a status or a list of them; default any 2xx
+  local es = h.expect_status
+  if es ~= nil then
+    local list = type(es) == "table" and es or { es }
+    local set, n = {}, 0
+    for _, s in pairs(list) do
+      if type(s) ~= "number" or s % 1 ~= 0 or s < 100 or s > 599 then
+        set = nil
+        break
+      end
+      set[s], n = true, n + 1
+    end
+    if not set or n == 0 then
+      bad("expect_status", "must be an HTTP status or a list of them, like expect_status = { 200, 204 } " ..
+          "(default: any 2xx)")
+    else
+      out.expect_status = set
+    end
+  end
+  return ok and out or nil
+end
+
 function M.check(cfg, src, file)
   local lines = {}
   for l in (src .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
@@ -574,10 +634,18 @@ function M.check(cfg, src, file)
         elseif BLOCKS[k] then
           -- checked below
         elseif k == "url" or k == "tls" or k == "identity" or k == "audience" or k == "endpoints" or k == "balance" or
-               k == "hash_key" or k == "session" then
+               k == "hash_key" or k == "session" or k == "health" then
           -- checked below
         elseif k == "forward_headers" then
           e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err)
+        elseif k == "resolve_every_s" then
+          -- how often the endpoints' host names are resolved again (group/directory.h); 0: at load only
+          if not (type(v) == "number" and v % 1 == 0 and v >= 0 and v <= 86400) then
+            err(kline, where .. ".resolve_every_s", "must be a whole number of seconds from 0 (resolve at load only) " ..
+                "to 86400, got " .. show(v))
+          else
+            e.resolve_every_s = v
+          end
         elseif k == "max_rps" then
           -- calls a second across the process's workers (gateway/upstream/pool.h, agw_pool_set_limits)
           if posint(v, where .. ".max_rps", kline, 1e9) then e.max_rps = v end
@@ -596,11 +664,13 @@ function M.check(cfg, src, file)
         else
           local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
                           audience = true, cache = true, endpoints = true, balance = true, hash_key = true,
-                          outlier = true, session = true, max_rps = true, forward_headers = true }
+                          outlier = true, session = true, health = true, max_rps = true, forward_headers = true,
+                          resolve_every_s = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
-              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, balance, hash_key, outlier, session, forward_headers")
+              "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, resolve_every_s, balance, " ..
+              "hash_key, outlier, session, health, forward_headers")
         end
       end
       -- a block's fields (and its sub-blocks, like retry.budget) checked into a table of values
@@ -787,6 +857,10 @@ function M.check(cfg, src, file)
                           idle_timeout_s = sess.idle_timeout_s }
           end
         end
+      end
+      if u.health ~= nil and u.health ~= false then
+        e.health = check_health(u.health, where .. ".health", find_line(lines, "health", nline) or nline,
+                                function(f, from) return find_line(lines, f, from) end, err, e.timeout_ms)
       end
       local hk = u.hash_key
       if hk ~= nil then

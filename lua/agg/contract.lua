@@ -54,11 +54,16 @@ M.core = {
                                   "published as metrics" },
   endpoint_state = { args = { "upstream", "endpoint", "calls", "failures", "ejections", "sessions",
                               "in_flight", "ejected_until_ms", "last_ejected_ms", "answered",
-                              "latency_ms" }, optional = true,
+                              "latency_ms", "health", "down", "probes", "probe_failures" }, optional = true,
                      returns = "nothing; agg.group's view of an endpoint (1-based) of an upstream " ..
                                "group in this worker, for /upstreams and the metrics (about once a " ..
                                "second, from runtime.report_stats: cold, but positional as the " ..
                                "numbers it publishes)" },
+  endpoint_slots = { args = { "upstream", "seen" }, optional = true,
+                     returns = "the endpoint directory's version, and unless it is seen, the list of " ..
+                               "the upstream's endpoint slots { url, address | false } after this " ..
+                               "worker's pools followed it (group/directory.h; agg.group, once a " ..
+                               "second and when a group is made)" },
   -- the cache's transport (agg.cache); the C worker installs them when gateway.lua has a cache
   cache_get    = { args = { "key" }, optional = true,
                    returns = "the value (a string) of this worker's tier 1 (cache/lru.h), or nil" },
@@ -86,7 +91,7 @@ M.runtime = {
   on_call      = { args = { "id", "outcome", "http_status", "data", "ms", "answer" } },
   on_timer     = { args = { "id" } },
   abort        = { args = { "rid" } },
-  report_stats = { args = {} },
+  report_stats = { args = { "current" } },  -- current: true for the worker's current generation (once a second)
   on_redis     = { args = { "id", "value", "err" } },  -- core.redis_get's answer: value nil on a miss
 }
 

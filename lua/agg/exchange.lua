@@ -11,6 +11,7 @@ local cache = require "agg.cache"
 local json = require "agg.json"
 local identity = require "agg.identity"
 local group = require "agg.group"
+local health = require "agg.health"
 
 local M = {}
 
@@ -31,6 +32,8 @@ function M.bind(transport, ups, token_exchange)
   core, upstreams = transport, ups
   calls, ustate = {}, {}
   group.bind(transport, ups)
+  -- a health probe is an internal call: its answer goes to the prober, not to a section
+  health.bind(transport, ups, { register_call = function(id, fn) calls[id] = { on_answer = fn } end })
   cache.init(transport)
   identity.init(transport, token_exchange, {
     set_timer = function(ms, fn) return M.set_timer(ms, fn) end,
@@ -97,7 +100,7 @@ local function upstream_state(name)
     local up = upstreams[name]
     u = { active = 0, retries_active = 0, tokens = 1, lat = {}, n = 0, p95 = nil, p95_n = 0,
           budget = new_budget(up and up.retry),
-          group = up and up.endpoints and #up.endpoints > 1 and group.group_of(name) or false,
+          group = up and group.balanced(name) or false,
           stats = { calls = 0, attempts = 0, retries = 0, retries_denied = 0, hedges = 0, hedges_won = 0,
                     collapsed = 0, breaker_denied = 0, breaker_opened = 0 } }
     ustate[name] = u
@@ -111,8 +114,15 @@ function M.upstream_stats(name) return upstream_state(name).stats end
 --- Hands each upstream's counters to core.upstream_counters(index, counters), when the transport
 -- has it (the C worker calls this once a second and publishes them as metrics; nothing is counted
 -- twice: the values are totals). counters: the upstream's stats table, whose retries,
--- retries_denied, hedges, hedges_won and collapsed agg.contract names.
-function M.report_stats()
+-- retries_denied, hedges, hedges_won and collapsed agg.contract names. current: true when this
+-- VM's generation is the one new requests go to; only then do groups follow the re-resolved
+-- addresses (agg.group.sync) and are endpoints health checked (agg.health), so a retired
+-- generation stops probing.
+function M.report_stats(current)
+  if current then
+    group.sync()
+    health.tick()
+  end
   group.report_stats()
   if core and core.cache_counters then core.cache_counters(cache.stats) end
   local report = core and core.upstream_counters

@@ -5,8 +5,9 @@
 -- the group's or one endpoint's. State is per worker and per generation, on the runtime's clock
 -- (core.now), so the spec harness runs it on its virtual clock.
 --
--- An upstream with one endpoint never comes here (agg.exchange checks `endpoints`): its calls
--- cost nothing more than before groups existed.
+-- An upstream with one endpoint never comes here for its calls (agg.exchange checks `endpoints`):
+-- they cost nothing more than before groups existed. It has a group only when it is health
+-- checked (agg.health), for the probes' state on /upstreams; one endpoint is never taken out.
 local bit = require "bit"
 
 local M = {}
@@ -47,12 +48,15 @@ end
 local VNODES = 160      -- points per endpoint on the hash ring
 local HASH_LOAD = 1.25  -- bounded load: at most 1.25 x the mean calls in flight per endpoint
 
--- The ring of a hash-balanced group: points sorted, each owned by an endpoint. An endpoint's points
--- depend on its URL only, so adding a fourth endpoint moves about a quarter of the keys.
+-- The ring of a hash-balanced group: points sorted, each owned by an endpoint in service. An
+-- endpoint's points depend on its key only (its URL; for the addresses of a host name, URL and
+-- address), so adding a fourth endpoint moves about a quarter of the keys.
 local function build_ring(g)
   local pts = {}
   for i, e in ipairs(g.eps) do
-    for v = 1, VNODES do pts[#pts + 1] = { M.hash(e.url .. "#" .. v), i } end
+    if not e.gone then
+      for v = 1, VNODES do pts[#pts + 1] = { M.hash(e.key .. "#" .. v), i } end
+    end
   end
   table.sort(pts, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
   local at, owner = {}, {}
@@ -60,39 +64,125 @@ local function build_ring(g)
   g.ring_at, g.ring_owner = at, owner
 end
 
+-- A new endpoint's state (slot i of g: url, address or false when out of service). Its key names
+-- it for the ring and for session tokens: the URL, or URL@address for the addresses of one URL.
+local function new_endpoint(url, address, shared)
+  -- down: out of service by its health checks (agg.health); health: their verdict, nil unchecked;
+  -- gone: a slot of a host name that holds no address now (group/directory.h)
+  return { url = url, address = address, key = shared and address and (url .. "@" .. address) or url,
+           gone = address == false, inflight = 0, consec = 0, failing = false, until_ms = 0, ejections = 0,
+           ejected_ms = false, restored_ms = 0, win_start = 0, win_total = 0, win_fail = 0,
+           calls = 0, failures = 0, sessions = 0, answered = 0, latency_ms = 0,
+           down = false, health = nil, probes = 0, probe_failures = 0 }
+end
+
+-- What depends on the set of endpoints in service: their count, the ring, the session ids.
+local function index_endpoints(g)
+  local live = 0
+  for _, e in ipairs(g.eps) do if not e.gone then live = live + 1 end end
+  g.live = live
+  if g.balance == "hash" then build_ring(g) end
+  if g.session then
+    g.session.by_id = {}
+    for i, e in ipairs(g.eps) do
+      e.id = ("%08x"):format(M.hash(e.key))
+      if not e.gone then g.session.by_id[e.id] = i end
+    end
+  end
+end
+
+-- The endpoint slots of upstream up: the transport's (core.endpoint_slots: the addresses of host
+-- names, group/directory.h) or, without it (the spec harness), one per configured URL. Returns the
+-- list of { url, address } and the directory's version (nil without it).
+local function slots_of(up)
+  if core and core.endpoint_slots then
+    local v, slots = core.endpoint_slots(up.index, -1)
+    if slots then return slots, v end
+  end
+  local slots = {}
+  for i, url in ipairs(up.endpoints or {}) do slots[i] = { url = url, address = url } end
+  return slots, nil
+end
+
+local function shared_urls(slots)
+  local count, shared = {}, {}
+  for _, sl in ipairs(slots) do count[sl.url] = (count[sl.url] or 0) + 1 end
+  for url, n in pairs(count) do shared[url] = n > 1 end
+  return shared
+end
+
 local function group_of(name)
   local g = groups[name]
   if g then return g end
   local up = policies[name]
   local o = up.outlier or {}
-  g = { name = name, n = #up.endpoints, eps = {}, rr = 0, inflight = 0, nfailing = 0,
-        balance = up.balance or "p2c", hash_key = up.hash_key,
+  local slots, version = slots_of(up)
+  g = { name = name, index = up.index, n = #slots, eps = {}, rr = 0, inflight = 0, nfailing = 0,
+        balance = up.balance or "p2c", hash_key = up.hash_key, version = version,
         failures = o.off and 0 or (o.failures or 5), eject_ms = (o.eject_s or 10) * 1000,
         max_eject_ms = (o.max_eject_s or 300) * 1000, max_percent = o.max_percent or 50,
         failure_percent = o.off and 0 or (o.failure_percent or 0), min_requests = o.min_requests or 10,
         interval_ms = (o.interval_s or 10) * 1000, cand = {} }
-  for i, url in ipairs(up.endpoints) do
-    g.eps[i] = { url = url, inflight = 0, consec = 0, failing = false, until_ms = 0, ejections = 0,
-                 ejected_ms = false, restored_ms = 0, win_start = 0, win_total = 0, win_fail = 0,
-                 calls = 0, failures = 0, sessions = 0, answered = 0, latency_ms = 0 }
-  end
-  if g.balance == "hash" then build_ring(g) end
+  local shared = shared_urls(slots)
+  for i, sl in ipairs(slots) do g.eps[i] = new_endpoint(sl.url, sl.address, shared[sl.url]) end
   local sess = up.session
   if sess and not sess.off then
     g.session = { cookie = sess.type ~= "header", name = sess.type == "header" and sess.name:lower() or sess.name,
                   absolute_ms = (sess.absolute_timeout_s or 0) * 1000, idle_ms = (sess.idle_timeout_s or 0) * 1000,
                   by_id = {} }
-    for i, e in ipairs(g.eps) do
-      e.id = ("%08x"):format(M.hash(e.url))
-      g.session.by_id[e.id] = i
-    end
   end
+  index_endpoints(g)
   groups[name] = g
   return g
 end
 M.group_of = group_of
 
-local function usable(e, now) return e.until_ms <= now end
+local function usable(e, now) return e.until_ms <= now and not e.down and not e.gone end
+
+-- True when one more endpoint of g may be out of service (ejected, or down by its health checks):
+-- at most max_percent of the group (at least one may always be), and never every endpoint.
+local function may_take_out(g, now)
+  local out = 0
+  for _, o in ipairs(g.eps) do if not o.gone and not usable(o, now) then out = out + 1 end end
+  local allowed = math.max(1, math.floor(g.live * g.max_percent / 100))
+  return out < allowed and out + 1 < g.live
+end
+
+--- The group of upstream name when its calls are balanced (more than one endpoint slot: several
+-- URLs, or a URL with a host name, whose addresses are endpoints of their own), else false.
+function M.balanced(name)
+  local up = policies[name]
+  if not up or not up.endpoints then return false end
+  if #up.endpoints > 1 or groups[name] then return group_of(name).n > 1 and group_of(name) end
+  local slots = slots_of(up)
+  return #slots > 1 and group_of(name) or false
+end
+
+--- The worker's once-a-second tick on its current generation: each group's endpoint slots follow
+-- the directory (core.endpoint_slots; the transport moved its pools first). An endpoint whose
+-- address stays keeps its state; a slot whose address changed starts afresh (its calls in flight
+-- still count until they end); a slot that lost its address is gone (no calls, not counted for
+-- the ejection limits).
+function M.sync()
+  if not (core and core.endpoint_slots) then return end
+  for _, g in pairs(groups) do
+    local v, slots = core.endpoint_slots(g.index, g.version or -1)
+    g.version = v
+    if slots then
+      local shared, changed = shared_urls(slots), false
+      for i, sl in ipairs(slots) do
+        local e = g.eps[i]
+        if e.address ~= sl.address then
+          local ne = new_endpoint(sl.url, sl.address, shared[sl.url])
+          ne.inflight = e.inflight
+          if e.failing then g.nfailing = g.nfailing - 1 end
+          g.eps[i], changed = ne, true -- (the resolver thread logged the change, once for the process)
+        end
+      end
+      if changed then index_endpoints(g) end
+    end
+  end
+end
 
 -- The page request's header name (lowercase), or with cookie set, the value of its cookie name;
 -- nil when it has none. ctx.req_headers becomes a table on first use (as req.headers makes it).
@@ -134,7 +224,7 @@ local function ring_pick(g, key, avoid, now)
     if at[mid] < h then lo = mid + 1 else hi = mid end
   end
   if at[lo] < h then lo = 1 end
-  local bound = math.ceil(HASH_LOAD * (g.inflight + 1) / g.n)
+  local bound = math.ceil(HASH_LOAD * (g.inflight + 1) / g.live)
   local first
   for k = 0, #at - 1 do
     local i = owner[(lo - 1 + k) % #at + 1]
@@ -235,8 +325,10 @@ function M.choose(g, x, avoid, now)
   if not chosen then
     -- nothing usable but `avoid`: go back to it; else the endpoint whose ejection ends first
     if avoid and usable(eps[avoid], now) then return avoid end
-    chosen = 1
-    for i = 2, n do if eps[i].until_ms < eps[chosen].until_ms then chosen = i end end
+    for i = 1, n do
+      local e = eps[i]
+      if not e.gone and (not chosen or e.until_ms < eps[chosen].until_ms) then chosen = i end
+    end
   end
   return chosen
 end
@@ -260,11 +352,7 @@ end
 -- that would eject more than max_percent of the group (at least one may always be) or every
 -- endpoint. Returns true when it was ejected.
 local function eject(g, e, now, why)
-  if not usable(e, now) then return false end
-  local ejected = 0
-  for _, o in ipairs(g.eps) do if not usable(o, now) then ejected = ejected + 1 end end
-  local allowed = math.max(1, math.floor(g.n * g.max_percent / 100))
-  if ejected >= allowed or ejected + 1 >= g.n then return false end
+  if not usable(e, now) or not may_take_out(g, now) then return false end
   e.ejections = e.ejections + 1
   local ms = math.min(g.eject_ms * e.ejections, math.max(g.eject_ms, g.max_eject_ms))
   e.until_ms, e.ejected_ms, e.consec = now + ms, now, 0
@@ -274,6 +362,42 @@ local function eject(g, e, now, why)
              math.floor(ms / 1000 + 0.5), why))
   end
   return true
+end
+
+--- Endpoint i of g passed (healthy true) or failed its health checks as many times in a row as
+-- the upstream's health block asks (agg.health). Failing takes it out of service, within the
+-- limits of ejection (max_percent, never every endpoint: else it stays in, and is taken out at a
+-- later failed probe once there is room); passing puts it back. why: what the last failed probe
+-- saw (for the log).
+function M.set_health(g, i, healthy, why)
+  local e, now = g.eps[i], core.now()
+  e.health = healthy and "passing" or "failing"
+  if not healthy then
+    if not e.down and (not usable(e, now) or may_take_out(g, now)) then
+      e.down = true
+      if core.log then
+        core.log("warn", ("upstream %s: endpoint %s failed its health checks (%s); out of service"):format(
+          g.name, e.url, why or "failed"))
+      end
+    end
+  elseif e.down then
+    e.down = false
+    if core.log then
+      core.log("info", ("upstream %s: endpoint %s passes its health checks; back in service"):format(g.name, e.url))
+    end
+  end
+end
+
+--- Ends the outlier ejection of endpoint i of g now (its health checks passed since it began, as
+-- Envoy's successful_active_health_check_uneject_host); its ejection count stays, so the next
+-- ejection is as long as it would have been.
+function M.end_ejection(g, i)
+  local e, now = g.eps[i], core.now()
+  if e.until_ms <= now then return end
+  e.until_ms, e.restored_ms = now, now
+  if core.log then
+    core.log("info", ("upstream %s: endpoint %s passes its health checks; its ejection ends early"):format(g.name, e.url))
+  end
 end
 
 --- How an attempt on endpoint i of g ended, as the breaker sees it ("success", "failure",
@@ -303,7 +427,7 @@ function M.report(g, i, verdict, ms)
     if g.failures > 0 and e.consec >= g.failures then
       eject(g, e, now, e.consec .. " consecutive failures")
     end
-    return g.nfailing >= g.n and "failure" or "ignore"
+    return g.nfailing >= g.live and "failure" or "ignore"
   end
   e.consec = 0
   if e.failing then e.failing = false g.nfailing = g.nfailing - 1 end
@@ -315,10 +439,13 @@ function M.report(g, i, verdict, ms)
   return "success"
 end
 
+local HEALTH_CODE = { passing = 1, failing = 2 }
+
 --- Hands every group's endpoints to core.endpoint_state(index, endpoint, calls, failures,
--- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms, answered, latency_ms) when the
--- transport has it
--- (group/board.h: the admin page /upstreams and the endpoint metrics; agg.exchange.report_stats).
+-- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms, answered, latency_ms, health,
+-- down, probes, probe_failures) when the transport has it (group/board.h: the admin page
+-- /upstreams and the endpoint metrics; agg.exchange.report_stats). health: 0 unchecked, 1
+-- passing, 2 failing; down: 1 while its health checks keep it out of service.
 function M.report_stats()
   local publish = core and core.endpoint_state
   if not publish then return end
@@ -327,24 +454,31 @@ function M.report_stats()
     local index = policies[name].index
     for i, e in ipairs(g.eps) do
       publish(index, i, e.calls, e.failures, e.ejections, e.sessions, e.inflight,
-              usable(e, now) and 0 or e.until_ms, e.ejected_ms or 0, e.answered, e.latency_ms)
+              e.until_ms > now and e.until_ms or 0, e.ejected_ms or 0, e.answered, e.latency_ms,
+              HEALTH_CODE[e.health] or 0, e.down and 1 or 0, e.probes, e.probe_failures)
     end
   end
 end
 
 --- The state of every endpoint of upstream name, for specs and the admin page: a list of
--- { url, state = "healthy" | "ejected", in_flight, calls, failures, ejections, ejected_ms,
--- until_ms }. Nil for an upstream with one endpoint or none used yet.
+-- { url, address, state = "healthy" | "ejected" | "unhealthy" (out of service by its health
+-- checks) | "gone" (a slot of a host name without an address now),
+-- health = "passing" | "failing" | nil (unchecked), in_flight, calls, failures, ejections,
+-- ejected_ms, until_ms, probes, probe_failures }, one per endpoint slot. Nil for an upstream with
+-- one endpoint that is not health checked.
 function M.endpoints(name)
   local up = policies[name]
-  if not up or not up.endpoints or #up.endpoints < 2 then return nil end
-  local g = group_of(name)
+  if not up or not up.endpoints then return nil end
+  local g = groups[name] or M.balanced(name) or (up.health and group_of(name))
+  if not g then return nil end
   local now = core.now()
   local out = {}
   for i, e in ipairs(g.eps) do
-    out[i] = { url = e.url, state = usable(e, now) and "healthy" or "ejected", in_flight = e.inflight,
-               calls = e.calls, failures = e.failures, ejections = e.ejections, ejected_ms = e.ejected_ms or nil,
-               until_ms = not usable(e, now) and e.until_ms or nil }
+    out[i] = { url = e.url, address = e.address,
+               state = e.gone and "gone" or e.down and "unhealthy" or usable(e, now) and "healthy" or "ejected",
+               health = e.health, in_flight = e.inflight, calls = e.calls, failures = e.failures,
+               ejections = e.ejections, ejected_ms = e.ejected_ms or nil,
+               until_ms = e.until_ms > now and e.until_ms or nil, probes = e.probes, probe_failures = e.probe_failures }
   end
   return out
 end

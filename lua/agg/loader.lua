@@ -222,7 +222,7 @@ local function load_folder(dir)
       ups[u.name] = { index = i, name = u.name, timeout_ms = u.timeout_ms, retry = u.retry, hedge = u.hedge,
                       breaker = u.breaker, cache = u.cache or false, identity = u.identity, audience = u.audience,
                       internal = u.internal, endpoints = u.endpoints, balance = u.balance, hash_key = u.hash_key,
-                      outlier = u.outlier, session = u.session,
+                      outlier = u.outlier, session = u.session, health = u.health,
                       forward_headers = u.forward_headers }
     end
   end

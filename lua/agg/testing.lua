@@ -204,6 +204,8 @@ local function peek(gw)
   return h[1]
 end
 
+local SLOTS_PER_NAME = 8 -- AGW_ADDRS_PER_NAME (gateway/upstream/conf.h)
+
 -- Makes this gateway's transport the runtime's (a spec may hold several gateways; the one used last wins).
 function Gateway:install()
   local gw = self
@@ -239,6 +241,15 @@ function Gateway:install()
   -- attempt (1-based; nil: the first)
   function core.call(rid, index, method, path, headers, body, timeout_ms, decode, attempt)
     return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, attempt.endpoint or 1)
+  end
+  -- endpoint host names (gateway/group/directory.h): the addresses gw:addresses gave an upstream
+  function core.endpoint_slots(index, seen)
+    local d = gw.dirs and gw.dirs[index]
+    if not d then return nil end
+    if seen == d.version then return d.version end
+    local out = {}
+    for i = 1, SLOTS_PER_NAME do out[i] = { url = d.url, address = d.slots[i] or false } end
+    return d.version, out
   end
   -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
   function core.trace_id(rid) return ("%032x"):format(rid) end
@@ -384,8 +395,9 @@ function Gateway:stub(upstream, a, b, c)
     error(("gw:stub: gateway.lua has no upstream '%s'%s (%s)"):format(name, config.suggest(name, known),
       sorted_names(known)), 2)
   end
-  if ep and (ep < 1 or ep > #found.endpoints) then
-    error(("gw:stub: upstream '%s' has %d endpoint(s), not #%d"):format(name, #found.endpoints, ep), 2)
+  local neps = ep and self:slot_count(found)
+  if ep and (ep < 1 or ep > neps) then
+    error(("gw:stub: upstream '%s' has %d endpoint(s), not #%d"):format(name, neps, ep), 2)
   end
   local list = (type(answers) == "table" and type(answers[1]) == "table") and answers or { answers }
   for i, ans in ipairs(list) do
@@ -818,20 +830,71 @@ end
 -- until_ms }; nil for an upstream with one endpoint.
 function Gateway:endpoints(name) return require("agg.group").endpoints(name) end
 
+-- The endpoint slots of upstream entry u: 8 once gw:addresses gave it addresses, else its URLs.
+function Gateway:slot_count(u)
+  for i, v in ipairs(self.names) do
+    if v == u and self.dirs and self.dirs[i] then return SLOTS_PER_NAME end
+  end
+  return #(u.endpoints or {})
+end
+
+--- Gives upstream name (one URL, whose host stands for a name) the addresses of list
+-- ({ "10.0.0.1:9001", … }) in its 8 endpoint slots, placed as gateway/group/directory.h places
+-- them: an address that stays keeps its slot (and its balancer state), a gone one frees its slot,
+-- a new one takes the first free slot. The balancer follows at the next whole virtual second that
+-- gw:advance passes, as a worker follows on its tick; at once when the upstream has had no call.
+function Gateway:addresses(name, list)
+  local index
+  for i, u in ipairs(self.names) do if u.name == name then index = i end end
+  if not index then raise("gw:addresses: gateway.lua has no upstream '" .. tostring(name) .. "'") end
+  if type(list) ~= "table" or #list == 0 or #list > SLOTS_PER_NAME then
+    raise("gw:addresses: give a list of 1 to 8 addresses like { \"10.0.0.1:9001\" }")
+  end
+  self.dirs = self.dirs or {}
+  local d = self.dirs[index]
+  if not d then
+    d = { url = self.names[index].url, version = 0, slots = {} }
+    self.dirs[index] = d
+  end
+  local want, have = {}, {}
+  for _, a in ipairs(list) do want[a] = true end
+  for i = 1, SLOTS_PER_NAME do
+    if d.slots[i] and not want[d.slots[i]] then d.slots[i] = nil end
+    if d.slots[i] then have[d.slots[i]] = true end
+  end
+  for _, a in ipairs(list) do
+    for i = 1, SLOTS_PER_NAME do
+      if have[a] then break end
+      if not d.slots[i] then d.slots[i], have[a] = a, true end
+    end
+  end
+  d.version = d.version + 1
+end
+
 --- Forgets the calls recorded so far (stubs stay).
 function Gateway:clear_calls() self.call_log = {} end
 
 --- Virtual time, ms.
 function Gateway:now() return self.clock end
 
---- Moves the virtual clock forward by ms, running whatever falls due.
+--- Moves the virtual clock forward by ms, running whatever falls due, and, as the worker's
+-- once-a-second timer does, runtime.report_stats(true) at every whole virtual second it passes
+-- (active health probes start there, agg.health).
 function Gateway:advance(ms)
   if type(ms) ~= "number" or ms ~= ms or ms < 0 then raise("gw:advance: the time must be a number of virtual ms >= 0") end
   local target = self.clock + ms
   while true do
     local ev = peek(self)
-    if not ev or ev.at > target then break end
-    step(self)
+    local tick = (math.floor(self.clock / 1000) + 1) * 1000
+    if tick <= target and (not ev or tick < ev.at) then
+      self.clock = tick
+      if M.current ~= self then self:install() end
+      timed(self, rt.report_stats, true)
+    elseif ev and ev.at <= target then
+      step(self)
+    else
+      break
+    end
   end
   self.clock = target
 end

@@ -125,10 +125,11 @@ class Mock:
     """One aggway-mock process. services: name -> list of routes (or a dict with routes and
     refuse). Ports are allocated here; self.ports[name] gives each service's port."""
 
-    def __init__(self, workdir, services, config_extra=None):
+    def __init__(self, workdir, services, config_extra=None, ports=None):
         self.workdir = workdir
         self.services = services
         self.config_extra = config_extra or {}
+        self.fixed_ports = ports  # name -> port: the same port on several hosts (config_extra's host)
         self.proc = None
         self.ports = {}
         self.admin = None
@@ -137,7 +138,7 @@ class Mock:
     def start(self):
         last = None
         for _attempt in range(5):
-            self.ports = {name: free_port() for name in self.services}
+            self.ports = dict(self.fixed_ports) if self.fixed_ports else {name: free_port() for name in self.services}
             self.admin = free_port()
             cfg = dict(self.config_extra, admin=self.admin, services={})
             for name, spec in self.services.items():
@@ -160,7 +161,7 @@ class Mock:
             self.stop()
             with open(self.log_path, "rb") as f:
                 last = f.read().decode(errors="replace")
-            if "in use" not in last:
+            if "in use" not in last or self.fixed_ports:
                 break
         raise RuntimeError("aggway-mock did not start: " + (last or ""))
 
@@ -185,7 +186,8 @@ class Mock:
     # admin API -------------------------------------------------------------------------------
     def _admin(self, method, path, body=None):
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.admin, path), data=data, method=method)
+        host = self.config_extra.get("host", "127.0.0.1")   # the mock binds every port, admin too, there
+        req = urllib.request.Request("http://%s:%d%s" % (host, self.admin, path), data=data, method=method)
         try:
             with urllib.request.urlopen(req, timeout=5) as resp:
                 return json.loads(resp.read() or b"null")
@@ -221,7 +223,7 @@ class Mock:
         return self._admin("GET", "/services/%s/requests" % service)
 
     def url(self, service):
-        return "http://127.0.0.1:%d" % self.ports[service]
+        return "http://%s:%d" % (self.config_extra.get("host", "127.0.0.1"), self.ports[service])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -272,11 +272,13 @@ class CheckCommand(unittest.TestCase):
     def test_check_accepts_an_upstream_group(self):
         src = self.group_source(
             '      endpoints = { "http://127.0.0.1:9001", "http://127.0.0.1:9011", "http://localhost:9021" },\n'
-            '      balance = "hash", hash_key = "header:x-user",\n'
+            '      balance = "hash", hash_key = "header:x-user", resolve_every_s = 10,\n'
             '      outlier = { failures = 3, eject_s = 5, max_percent = 34, failure_percent = 50, min_requests = 20 },\n'
             '      retry = { attempts = 2, budget = { percent = 20, interval_s = 10 },\n'
             '                min_retry_rate = { count = 10, interval_s = 1 } },\n'
-            '      session = { type = "header", name = "x-session", absolute_timeout_s = 3600, idle_timeout_s = 600 },')
+            '      session = { type = "header", name = "x-session", absolute_timeout_s = 3600, idle_timeout_s = 600 },\n'
+            '      health = { path = "/healthz", every_s = 5, timeout_ms = 200, healthy_after = 2, unhealthy_after = 3,\n'
+            '                 expect_status = { 200, 204 } },')
         rc, out, err = self.check(self.folder(src))
         self.assertEqual(rc, 0, out + err)
 
@@ -313,8 +315,30 @@ class CheckCommand(unittest.TestCase):
              ["upstreams.product.session.name", "is required"]),
             ('      url = "http://127.0.0.1:9001",\n      session = { name = "s", idle_timeout = 5 },', 6,
              ["upstreams.product.session.idle_timeout", "did you mean 'idle_timeout_s'"]),
-            ('      url = "http://127.0.0.1:9001",\n      health = { path = "/healthz" },', 6,
-             ["upstreams.product.health", "not available in this version"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = { path = "/healthz", healty_after = 2 },', 6,
+             ["upstreams.product.health.healty_after", "did you mean 'healthy_after'"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = { every_s = 5 },', 6,
+             ["upstreams.product.health.path", "is required"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = { path = "healthz" },', 6,
+             ["upstreams.product.health.path", "starting with '/'"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = { path = "/h", every_s = 0.5 },', 6,
+             ["upstreams.product.health.every_s", "whole number of seconds"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = { path = "/h", every_s = 1, timeout_ms = 1000 },', 6,
+             ["upstreams.product.health.timeout_ms", "shorter than every_s"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = { path = "/h", unhealthy_after = 0 },', 6,
+             ["upstreams.product.health.unhealthy_after", "from 1 to 100"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = { path = "/h", expect_status = "200" },', 6,
+             ["upstreams.product.health.expect_status", "HTTP status or a list"]),
+            ('      url = "http://127.0.0.1:9001",\n      health = "/healthz",', 6,
+             ["upstreams.product.health", "must be a table like"]),
+            ('      url = "http://127.0.0.1:9001",\n      helth = { path = "/h" },', 6,
+             ["upstreams.product.helth", "did you mean 'health'"]),
+            ('      url = "http://127.0.0.1:9001",\n      resolve_every = 10,', 6,
+             ["upstreams.product.resolve_every", "did you mean 'resolve_every_s'"]),
+            ('      url = "http://127.0.0.1:9001",\n      resolve_every_s = -1,', 6,
+             ["upstreams.product.resolve_every_s", "whole number of seconds from 0"]),
+            ('      url = "http://127.0.0.1:9001",\n      resolve_every_s = "30s",', 6,
+             ["upstreams.product.resolve_every_s", "whole number of seconds from 0"]),
         ]
         for product, line, words in cases:
             with self.subTest(product=product):

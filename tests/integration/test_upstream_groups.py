@@ -269,6 +269,86 @@ class UpstreamGroups(GatewayTestCase):
                         self.mock.stats())
         self.assertLessEqual(self.hits("reviews"), 1)
 
+    # -- active health checks ------------------------------------------------------------------
+
+    HEALTH = {"path": "/healthz", "every_s": 1, "timeout_ms": 300, "healthy_after": 2, "unhealthy_after": 2}
+
+    def product_hits(self, service):
+        return self.mock.hits().get(service, {}).get("GET /products/{id}", 0)
+
+    def endpoint_state(self, upstream="product"):
+        doc = json.loads(self.admin("/upstreams"))
+        ups = {u["name"]: u for u in doc["upstreams"]}
+        return {e["url"]: e for e in ups[upstream]["endpoints"]}
+
+    def test_endpoint_failing_its_health_path_is_taken_out_and_comes_back(self):
+        healthz = route("/healthz", body="ok")
+        product = route("/products/{id}", json={"id": "{id}", "from": "b"})
+        self.start_group(services(a=[healthz, route("/products/{id}", json={"id": "{id}", "from": "a"})],
+                                  b=[healthz, product],
+                                  c=[healthz, route("/products/{id}", json={"id": "{id}", "from": "c"})]),
+                         {"health": self.HEALTH, "outlier": False})
+        url_b = self.mock.url("product_b")
+        self.assertTrue(wait_until(lambda: all(e["health"] == "passing" for e in self.endpoint_state().values()), WAIT),
+                        self.admin("/upstreams"))
+        # product_b's health path starts failing; its product route still answers (so only the
+        # health checks can take it out)
+        self.mock.set_routes("product_b", [route("/healthz", status=503, body="draining"), product])
+        self.assertTrue(wait_until(lambda: self.endpoint_state()[url_b]["state"] == "unhealthy", WAIT),
+                        self.admin("/upstreams"))
+        self.assertIn("endpoint %s failed its health checks (status 503); out of service" % url_b, self.gw.log())
+        b = self.endpoint_state()[url_b]
+        self.assertEqual((b["health"], b["unhealthy_workers"]), ("failing", 1), b)
+        self.assertGreaterEqual(b["probe_failures"], 2)
+        metrics = self.admin("/metrics")
+        self.assertIn('aggway_endpoint_unhealthy{upstream="product",endpoint="%s"} 1' % url_b, metrics)
+        self.assertIn('aggway_endpoint_health_failing{upstream="product",endpoint="%s"} 1' % url_b, metrics)
+        before = self.product_hits("product_b")
+        for i in range(30):
+            status, body = self.page("/p/%d" % i)
+            self.assertEqual(status, 200, body)
+            self.assertNotEqual(body["product"]["data"]["from"], "b")
+        self.assertEqual(self.product_hits("product_b"), before, "an endpoint out of service was called")
+        # probes are not the upstream's calls
+        self.assertNotIn("/healthz", json.dumps(json.loads(self.admin("/waterfall.json"))))
+        # back: two passing probes in a row put it in service again, and it gets its share
+        self.mock.set_routes("product_b", [healthz, product])
+        self.assertTrue(wait_until(lambda: self.endpoint_state()[url_b]["state"] == "healthy", WAIT),
+                        self.admin("/upstreams"))
+        self.assertIn("endpoint %s passes its health checks; back in service" % url_b, self.gw.log())
+        for i in range(60):
+            self.assertEqual(self.page("/p/%d" % i)[0], 200)
+        self.assertGreater(self.product_hits("product_b"), before, "the endpoint did not come back")
+        self.assertLogClean()
+
+    def test_hostile_health_endpoints_cannot_block_or_crash_the_gateway(self):
+        product = lambda name: route("/products/{id}", json={"id": "{id}", "from": name})  # noqa: E731
+        self.start_group(services(a=[route("/healthz", fault="hang"), product("a")],
+                                  b=[route("/healthz", fault="reset", body="x" * 4096), product("b")],
+                                  c=[route("/healthz", fault="huge", huge_bytes=64 * 1024 * 1024), product("c")]),
+                         {"health": dict(self.HEALTH, unhealthy_after=1), "outlier": False,
+                          "max_body_bytes": 1024 * 1024})
+        # every probe fails its own way, and pages go on meanwhile, fast
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            status, body = self.page("/p/1")
+            self.assertEqual(status, 200, body)
+            self.assertLess(time.monotonic() - t0, 6.0 if SLOW else 2.0)  # a probe never holds the worker
+            eps = self.endpoint_state()
+            if all(e["health"] == "failing" and e["probe_failures"] >= 2 for e in eps.values()):
+                break
+            time.sleep(0.1)
+        eps = self.endpoint_state()
+        self.assertTrue(all(e["health"] == "failing" for e in eps.values()), eps)
+        # max_percent (50 of 3): one out of service at a time, never all
+        self.assertEqual(sum(1 for e in eps.values() if e["state"] != "healthy"), 1, eps)
+        for i in range(20):
+            self.assertEqual(self.page("/p/%d" % i)[0], 200)
+        self.assertEqual(self.gw.proc.poll(), None)
+        # the hanging probe never held a worker: it ended at timeout_ms, then the next one began
+        self.assertGreaterEqual(eps[self.mock.url("product")]["probes"], 2)
+
 
 if __name__ == "__main__":
     main()
