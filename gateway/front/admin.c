@@ -256,8 +256,9 @@ static void redis_rule_page(agw_admin_t *a, const agw_limit_rule_t *r, uint64_t 
 }
 
 /* GET /limits?rule=NAME&key=VALUE: what the rule of the generation serving says of that key now
- * (limits/limit.h, agw_limit_peek; nothing is counted). key: the client's address for "ip" rules,
- * the route pattern for "route" rules, the header's value for header rules. 400 names the rules. */
+ * (a local rule: limits/limit.h, agw_limit_peek; a Redis rule: redis_rule_page; nothing is counted).
+ * key: the client's address for "ip" rules, the route pattern for "route" rules, the header's value
+ * for header rules. 400 names the rules. */
 static void limits_page(agw_admin_t *a, const char *q, size_t qlen, int head, agw_buf_t *out)
 {
     char name[128], key[1024];
