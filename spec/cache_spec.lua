@@ -218,9 +218,8 @@ describe("a page made of cached sections", function()
     assert.equal("max-age=" .. (age - 30), later.headers["cache-control"])
   end)
 
-  it("gets no max-age when a section is volatile, personal or stale", function()
+  it("gets no max-age when a section is volatile or stale", function()
     assert.is_nil(gw:get("/p/1").headers["cache-control"])              -- stock is not cached
-    assert.is_nil(gw:get("/me", { headers = { authorization = "Bearer a" } }).headers["cache-control"])
     gw:stub("cc", "/items/2", { json = { v = 2 },
                                 headers = { ["cache-control"] = "max-age=10, stale-while-revalidate=60" } })
     assert.is_truthy(gw:get("/cc/2").headers["cache-control"])
@@ -228,6 +227,26 @@ describe("a page made of cached sections", function()
     local stale = gw:get("/cc/2")
     assert.equal("refresh", timing(stale, "item"))
     assert.is_nil(stale.headers["cache-control"])
+  end)
+end)
+
+describe("a page with a personal section", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("product", "/me", { json = { user = "alice" } })
+  end)
+
+  it("is private whether its section was fetched or served from the user's entry", function()
+    local first = gw:get("/me", { headers = { authorization = "Bearer a" } })
+    assert.equal("miss", timing(first, "me"))
+    assert.equal("private", first.headers["cache-control"])
+    local again = gw:get("/me", { headers = { authorization = "Bearer a" } })
+    assert.equal("hit", timing(again, "me"))                            -- the user's own entry
+    assert.equal("private", again.headers["cache-control"])             -- never a shared max-age
+    local live = gw:get("/me-live", { headers = { authorization = "Bearer a" } })
+    assert.is_nil(timing(live, "me"))                                   -- not cached at all
+    assert.equal("private", live.headers["cache-control"])
   end)
 end)
 

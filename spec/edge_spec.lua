@@ -84,6 +84,17 @@ describe("a protected endpoint in a spec", function()
     assert.equal(2, #gw:calls("orders"))             -- each user's own entry is a hit
   end)
 
+  it("marks a page private when a section carries the user's identity or the request was authenticated", function()
+    assert.equal("private", gw:get("/orders/1", { user = ALICE }).headers["cache-control"])
+    -- one shared cache entry only, but the edge let the request in: a shared cache must not keep
+    -- it and serve it to a caller without a token
+    gw:get("/items/1", { user = ALICE })
+    local page = gw:get("/items/1", { user = ALICE })
+    assert.matches("^private, max%-age=%d+$", page.headers["cache-control"])
+    local age = tonumber(page.headers["cache-control"]:match("%d+$"))
+    assert.is_true(age >= 50 and age <= 60)                             -- 60 s less the jitter (up to 10 %)
+  end)
+
   it("waits for the exchange within the request's deadline", function()
     gw:stub("@token_exchange", "POST", "/token", { fault = "hang" })
     local page = gw:get("/orders/1", { user = ALICE })

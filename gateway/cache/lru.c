@@ -13,6 +13,7 @@ typedef struct entry {
     uint64_t hash;
     uint64_t expire_ms;
     size_t klen, vlen;
+    uint32_t mark;                    /* the caller's, 0 when stored (agw_lru_get_mark) */
     char bytes[];                     /* key, then value */
 } entry_t;
 
@@ -146,6 +147,13 @@ void agw_lru_free(agw_lru_t *c)
 
 const char *agw_lru_get(agw_lru_t *c, const char *key, size_t klen, size_t *vlen, uint64_t now_ms)
 {
+    uint32_t *mark;
+    return agw_lru_get_mark(c, key, klen, vlen, now_ms, &mark);
+}
+
+const char *agw_lru_get_mark(agw_lru_t *c, const char *key, size_t klen, size_t *vlen, uint64_t now_ms,
+                             uint32_t **mark)
+{
     uint64_t h = hash_key(key, klen);
     entry_t *e = *find_slot(c, key, klen, h);
     if (!e)
@@ -160,6 +168,7 @@ const char *agw_lru_get(agw_lru_t *c, const char *key, size_t klen, size_t *vlen
         list_push_newest(c, e);
     }
     *vlen = e->vlen;
+    *mark = &e->mark;
     return e->bytes + e->klen;
 }
 
@@ -180,6 +189,7 @@ int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, s
     e->expire_ms = expire_ms;
     e->klen = klen;
     e->vlen = vlen;
+    e->mark = 0;
     memcpy(e->bytes, key, klen);
     memcpy(e->bytes + klen, value, vlen);
     if (c->count + 1 > c->nbuckets)

@@ -40,6 +40,13 @@ void agw_lru_free(agw_lru_t *c);
  * until the next agw_lru_set, agw_lru_del or agw_lru_purge_prefix on c. */
 const char *agw_lru_get(agw_lru_t *c, const char *key, size_t klen, size_t *vlen, uint64_t now_ms);
 
+/* As agw_lru_get, and *mark points to the entry's mark: a word the caller owns, 0 when the value
+ * was stored and gone with it, where the caller remembers what it learnt about these bytes so
+ * that the next hit skips the work (worker/cache.c: the body was validated as JSON). Valid as
+ * long as the returned bytes are. */
+const char *agw_lru_get_mark(agw_lru_t *c, const char *key, size_t klen, size_t *vlen, uint64_t now_ms,
+                             uint32_t **mark);
+
 /* Stores a copy of value (vlen bytes) under key until expire_ms, replacing any previous value and
  * evicting the least recently used entries until it fits. Returns 0, or -1 when the entry alone
  * costs more than a quarter of the bound (nothing stored; a previous value is dropped). */

@@ -49,7 +49,9 @@ struct agw_redis {
     uint64_t backoff_ms;            /* the next wait before reconnecting */
     uint64_t rng;                   /* xorshift state (jitter) */
     int was_up;                     /* a connection was ready since the last "lost" line */
-    int logged_down;                /* the outage is logged */
+    int logged_down;                /* an outage is under way and its start is logged */
+    ev_tstamp down_since;           /* when the outage began (loop time, s) */
+    uint64_t down_failed;           /* callers' commands failed since the outage began */
     cmd_t *cmds;                    /* commands whose caller has not been answered yet */
     char addr[300];                 /* "host:port/db" for messages */
     char why[160];                  /* why the client last dropped a connection itself */
@@ -250,6 +252,8 @@ static void answer(cmd_t *c, const redisReply *reply, const char *err)
         return;
     if (err) {
         AGW_M_ADD(r->stats->errors, 1);
+        if (r->logged_down)
+            r->down_failed++;
     } else {
         static const uint64_t bounds[] = AGW_REDIS_LATENCY_BOUNDS;
         uint64_t us = (uint64_t)((ev_now(r->loop) - c->started) * 1e6);
@@ -264,6 +268,8 @@ static void answer(cmd_t *c, const redisReply *reply, const char *err)
 }
 
 static void lost(agw_redis_t *r, const char *why);
+static void outage_begin(agw_redis_t *r, const char *what, const char *why);
+static void outage_end(agw_redis_t *r);
 
 /* hiredis's reply callback: the reply, or NULL when the connection is going. Last use of c. */
 static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
@@ -275,6 +281,10 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
         if (!rep) {
             char msg[200];
             snprintf(msg, sizeof(msg), "connection lost: %s", ac->err ? ac->errstr : r->why);
+            /* hiredis fails the pending commands before it calls on_disconnect: the outage starts
+             * here, so that they count as its failures */
+            if (!c->internal)
+                outage_begin(r, "connection lost", ac->err ? ac->errstr : r->why);
             answer(c, NULL, msg);
         } else if (rep->type == REDIS_REPLY_ERROR) {
             if (c->internal) {
@@ -298,9 +308,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
                 r->backoff_ms = BACKOFF_FIRST_MS;
                 AGW_M_ADD(r->stats->connects, 1);
                 AGW_M_SET(r->stats->up, 1);
-                if (r->logged_down)
-                    agw_log(AGW_LOG_INFO, "redis %s: connected again", r->addr);
-                r->logged_down = 0;
+                outage_end(r);
                 r->was_up = 1;
             }
         }
@@ -319,6 +327,8 @@ static void on_cmd_timeout(struct ev_loop *loop, ev_timer *t, int revents)
     }
     char msg[64];
     snprintf(msg, sizeof(msg), "timeout (no answer within %llu ms)", (unsigned long long)r->conf.timeout_ms);
+    if (!c->internal)
+        outage_begin(r, "connection dropped", "a command timed out"); /* this command is the outage's first failure */
     answer(c, NULL, msg);
     /* the late reply must never answer another command: drop the connection (c is freed by
      * on_reply when hiredis lets go of it) */
@@ -360,6 +370,8 @@ int agw_redis_command(agw_redis_t *r, agw_redis_cb cb, void *data, int argc, con
     AGW_M_ADD(r->stats->commands, 1);
     if (r->state != READY || !send_cmd(r, cb, data, 0, argc, argv, argvlen)) {
         AGW_M_ADD(r->stats->errors, 1);
+        if (r->logged_down)
+            r->down_failed++;
         return -1;
     }
     return 0;
@@ -392,6 +404,31 @@ static void schedule_retry(agw_redis_t *r)
     ev_timer_start(r->loop, &r->retry);
 }
 
+/* An outage begins: logged once, with its cause; outage_end logs its end. One start line and one end
+ * line per outage (never a line per failed command or per interval), so a long outage does not
+ * flood the log and its length and cost are read from the end line. */
+static void outage_begin(agw_redis_t *r, const char *what, const char *why)
+{
+    if (r->logged_down)
+        return;
+    agw_log(AGW_LOG_WARN, "redis %s: %s (%s); callers get errors until it is back, retrying with backoff", r->addr,
+            what, why);
+    r->logged_down = 1;
+    r->down_since = ev_now(r->loop);
+    r->down_failed = 0;
+}
+
+/* The outage begun by outage_begin ended: a connection is ready again. */
+static void outage_end(agw_redis_t *r)
+{
+    if (!r->logged_down)
+        return;
+    ev_now_update(r->loop);
+    agw_log(AGW_LOG_INFO, "redis %s: connected again after %.1f s down; %llu commands failed meanwhile", r->addr,
+            ev_now(r->loop) - r->down_since, (unsigned long long)r->down_failed);
+    r->logged_down = 0;
+}
+
 /* The connection is gone or unusable: forget it (hiredis fails its commands), log the change once,
  * and connect again after the backoff. */
 static void lost(agw_redis_t *r, const char *why)
@@ -402,11 +439,7 @@ static void lost(agw_redis_t *r, const char *why)
         AGW_M_ADD(r->stats->disconnects, 1);
         AGW_M_SET(r->stats->up, 0);
     }
-    if (!r->logged_down) {
-        agw_log(AGW_LOG_WARN, "redis %s: %s (%s); callers get errors until it is back, retrying with backoff",
-                r->addr, r->was_up ? "connection lost" : "cannot connect", why);
-        r->logged_down = 1;
-    }
+    outage_begin(r, r->was_up ? "connection lost" : "cannot connect", why);
     r->ac = NULL;
     r->state = DOWN;
     ev_timer_stop(r->loop, &r->connect_timer);
@@ -434,11 +467,7 @@ static void on_connect(const redisAsyncContext *ac, int status)
         }
         r->state = DOWN;
         ev_timer_stop(r->loop, &r->connect_timer);
-        if (!r->logged_down) {
-            agw_log(AGW_LOG_WARN, "redis %s: cannot connect (%s); callers get errors until it is back, retrying with backoff",
-                    r->addr, why);
-            r->logged_down = 1;
-        }
+        outage_begin(r, "cannot connect", why);
         schedule_retry(r);
         return;
     }
@@ -498,10 +527,7 @@ static void connect_now(agw_redis_t *r)
         redisAsyncFree(ac);
         r->ac = NULL;
         r->state = DOWN;
-        if (!r->logged_down) {
-            agw_log(AGW_LOG_WARN, "redis %s: cannot connect (%s); retrying with backoff", r->addr, why);
-            r->logged_down = 1;
-        }
+        outage_begin(r, "cannot connect", why);
         schedule_retry(r);
         return;
     }

@@ -19,8 +19,10 @@
  * connection like a reset. Reply types are the caller's to check: a Redis that answers a GET with
  * an integer is answered as such.
  *
- * Logging: a connection lost and a connection back are logged once each (one line per change of
- * state, not per failed attempt), with the address and the reason.
+ * Logging: an outage is two lines, whatever its length: its start (warn: the address and the
+ * reason: connection lost, cannot connect, a command timed out) and its end (info: "connected
+ * again after S s down; N commands failed meanwhile", N counting the callers' commands that
+ * failed from the start line on). Never a line per failed attempt, command or interval.
  */
 #ifndef AGW_REDIS_H
 #define AGW_REDIS_H

@@ -2,7 +2,14 @@
  * this worker's LRU (cache/lru.h), tier 2 in Redis through this worker's client (redis/redis.h),
  * the credential digest of per-user keys, and the cache counters for /metrics.
  *
- *   core.cache_get(key) -> value | nil          tier 1 (expired entries miss)
+ *   core.cache_entry(key, decode) -> fresh, stale, error_until, status, payload, headers
+ *                                               tier 1 (expired entries miss: nothing returned;
+ *                                               an entry that does not parse: false). payload is a
+ *                                               raw JSON ref holding the body with the header block
+ *                                               as its extra (headers = true) when decode is true, the
+ *                                               status 2xx and the body valid JSON; else the body
+ *                                               string (headers: the header block string). A 2xx
+ *                                               body that is not JSON, when decode: false.
  *   core.cache_set(key, value, until_ms)        tier 1, kept until until_ms (core.now()'s clock)
  *   core.redis_get(key) -> id | nil             GET key; later runtime.on_redis(id, value|nil, err|nil);
  *                                               nil: not connected (nothing follows)
@@ -16,6 +23,8 @@
 #include "worker/worker_internal.h"
 
 #include "base/mem.h"
+#include "cache/entry.h"
+#include "json/json.h"
 
 #include <hiredis/hiredis.h>
 #include <openssl/evp.h>
@@ -33,15 +42,56 @@ static uint64_t now_ms(agw_worker_t *w)
     return (uint64_t)(ev_now(w->loop) * 1000.0);
 }
 
-static int l_cache_get(lua_State *L)
+/* What the tier-1 entry's mark (cache/lru.h) remembers of its body, so that validating it as JSON
+ * happens once per stored value, not once per hit. */
+enum {
+    MARK_JSON_CHECKED = 1, /* validated: the verdict is in the two bits below */
+    MARK_JSON_OK = 2,      /* the body is one JSON text (agw_json_validate accepted it) */
+    MARK_COMPACT = 4,      /* ... with no whitespace outside strings */
+};
+
+/* A hit in one call: the entry is read in C (cache/entry.h) and its body becomes the section's
+ * raw JSON ref directly, validated as an upstream body is (an entry may have come from Redis) on
+ * its first hit only; no Lua string of the whole entry, no second call to parse it. */
+static int l_cache_entry(lua_State *L)
 {
     agw_worker_t *w = upg(L)->w;
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
-    const char *v = w->cache.lru ? agw_lru_get(w->cache.lru, key, klen, &vlen, now_ms(w)) : NULL;
+    int decode = lua_toboolean(L, 2);
+    uint32_t *mark;
+    const char *v = w->cache.lru ? agw_lru_get_mark(w->cache.lru, key, klen, &vlen, now_ms(w), &mark) : NULL;
     if (!v)
         return 0;
-    lua_pushlstring(L, v, vlen);
+    agw_cache_entry_t e;
+    int compact = 0, json;
+    if (agw_cache_entry_parse(v, vlen, &e) != 0)
+        goto corrupt;
+    json = decode && e.status >= 200 && e.status < 300 && e.blen > 0;
+    if (json) {
+        if (!(*mark & MARK_JSON_CHECKED)) {
+            /* the body's last byte is the entry's last: validate needs no NUL after it */
+            int ok = agw_json_validate(e.body, e.blen, AGW_JSON_MAX_DEPTH, &compact, NULL, 0) == 0;
+            *mark |= MARK_JSON_CHECKED | (ok ? MARK_JSON_OK : 0) | (ok && compact ? MARK_COMPACT : 0);
+        }
+        if (!(*mark & MARK_JSON_OK))
+            goto corrupt;
+        compact = (*mark & MARK_COMPACT) != 0;
+    }
+    lua_pushnumber(L, (lua_Number)e.fresh_ms);
+    lua_pushnumber(L, (lua_Number)e.stale_ms);
+    lua_pushnumber(L, (lua_Number)e.error_until_ms);
+    lua_pushnumber(L, (lua_Number)e.status);
+    if (json) {
+        agw_json_push_raw_ref(L, e.body, e.blen, compact, e.headers, e.hlen);
+        lua_pushboolean(L, 1);
+    } else {
+        lua_pushlstring(L, e.body, e.blen);
+        lua_pushlstring(L, e.headers, e.hlen);
+    }
+    return 6;
+corrupt:
+    lua_pushboolean(L, 0);
     return 1;
 }
 
@@ -200,7 +250,7 @@ static int l_cache_counters(lua_State *L)
 }
 
 const luaL_Reg agw_worker_cache_fns[] = {
-    {"cache_get", l_cache_get}, {"cache_set", l_cache_set}, {"redis_get", l_redis_get}, {"redis_set", l_redis_set},
+    {"cache_entry", l_cache_entry}, {"cache_set", l_cache_set}, {"redis_get", l_redis_get}, {"redis_set", l_redis_set},
     {"digest", l_digest},       {"cache_counters", l_cache_counters}, {"cache_span", l_cache_span}, {NULL, NULL}};
 
 int agw_worker_cache_fn_wanted(const agw_config_t *conf, const char *name)

@@ -2,7 +2,8 @@
 --
 -- A call with a `cache` policy (its own, or its upstream's default in gateway.lua) is looked up
 -- before it starts, beside the page's other calls (every call of a fetch_all starts at once):
---   tier 1  core.cache_get/cache_set: this worker's in-process LRU bounded by bytes (gateway/cache/lru.h)
+--   tier 1  core.cache_entry/cache_set: this worker's in-process LRU bounded by bytes (gateway/cache/lru.h);
+--           a hit comes back read (cache/entry.h), its JSON body already the section's raw ref
 --   tier 2  core.redis_get/redis_set: the shared Redis (gateway/redis/redis.h), when configured;
 --           its answer comes back through M.on_redis; an error or a timeout is a miss
 -- A miss goes upstream through the scheduler's single-flight, so a cold key costs one call.
@@ -146,6 +147,20 @@ local function field(v, i, stop)
     if b < 48 or b > 57 then return nil end
   end
   return n, j + 1
+end
+
+--- The answer of core.cache_entry for entry text v (nil: a miss): what the C worker computes in one
+-- call, made here from M.decode and json.parse (the spec harness's tier 1, and agg.testing).
+function M.entry_fields(v, decode)
+  if v == nil then return nil end
+  local e = M.decode(v)
+  if not e then return false end
+  if decode and e.status >= 200 and e.status < 300 and e.body ~= "" then
+    local ref = json.parse(e.body)
+    if not ref then return false end
+    return e.fresh, e.stale, e.error_until, e.status, ref, e.headers
+  end
+  return e.fresh, e.stale, e.error_until, e.status, e.body, e.headers
 end
 
 --- Decodes an entry, or nil when it is not one (corrupt, other format, lengths that disagree).
@@ -347,6 +362,15 @@ function M.fresh_left_ms(r)
   return left > 0 and left or nil
 end
 
+--- True when the data of the call behind result info x (agg.result's info: the call's spec) is one
+-- user's: the call carried Authorization or Cookie or the user's identity, or was cached per user.
+function M.personal(x)
+  if not x then return false end
+  if x.personal or x.cache_user then return true end
+  local h = x.headers
+  return (header_of(h, "authorization") or header_of(h, "cookie")) ~= nil
+end
+
 --- The scheduler's functions the cache calls (agg.runtime, once at load).
 function M.bind(runtime_api) api = runtime_api end
 
@@ -367,9 +391,11 @@ local function outcome(ctx, sec, what)
 end
 
 -- The result of entry e for exchange spec (section sec of ctx), or nil when its body is not JSON.
+-- e.ref: the body as a raw JSON ref already (a tier-1 hit, core.cache_entry), the header block
+-- inside it when e.headers is true.
 local function result_of(ctx, sec, spec, e)
-  local data
-  if spec.decode and e.status >= 200 and e.status < 300 and e.body ~= "" then
+  local data = e.ref
+  if not data and spec.decode and e.status >= 200 and e.status < 300 and e.body ~= "" then
     data = api.parse(e.body)
     if not data then return nil end
   end
@@ -506,11 +532,13 @@ function M.lookup(ctx, sec, spec, g, chain)
   if not ck then return false end
   spec.cache_key = ck
   local now = core.now()
-  local v = core.cache_get(ck)
-  if v then
-    local e = M.decode(v)
-    if e and serve(ctx, sec, spec, g, chain, e, now) then return true end
-    if not e then M.stats.corrupt = M.stats.corrupt + 1 end
+  local fresh, stale, err_until, status, payload, headers = core.cache_entry(ck, spec.decode)
+  if fresh then
+    local e = { fresh = fresh, stale = stale, error_until = err_until, status = status, headers = headers }
+    if type(payload) == "string" then e.body = payload else e.ref = payload end
+    if serve(ctx, sec, spec, g, chain, e, now) then return true end
+  elseif fresh == false then
+    M.stats.corrupt = M.stats.corrupt + 1
   end
   if p.negative_ttl_s > 0 and M.bloom_check(ck, now) then
     -- known missing: the 404 without Redis or the upstream

@@ -65,8 +65,12 @@ M.core = {
                                "worker's pools followed it (group/directory.h; agg.group, once a " ..
                                "second and when a group is made)" },
   -- the cache's transport (agg.cache); the C worker installs them when gateway.lua has a cache
-  cache_get    = { args = { "key" }, optional = true,
-                   returns = "the value (a string) of this worker's tier 1 (cache/lru.h), or nil" },
+  cache_entry  = { args = { "key", "decode" }, optional = true,
+                   returns = "fresh, stale, error_until, status, payload, headers of the entry in " ..
+                             "this worker's tier 1 (cache/lru.h, cache/entry.h); nothing on a miss, " ..
+                             "false for a corrupt entry; payload a raw JSON ref with the header " ..
+                             "block inside (headers = true) for a JSON 2xx body when decode, else " ..
+                             "the body string (headers: the header block string)" },
   cache_set    = { args = { "key", "value", "until_ms" }, optional = true,
                    returns = "nothing; value kept in tier 1 until until_ms (core.now's clock)" },
   redis_get    = { args = { "key" }, optional = true,

@@ -645,8 +645,10 @@ end
 -- cache policy (agg.cache), else (or on a miss) upstream. The result may be delivered before this
 -- returns (a cache hit, deadline passed, breaker open).
 function M.start_call(ctx, key, spec, g, chain)
+  -- a call that will carry the user's identity (the upstream's `identity`, added after a cache
+  -- lookup) answers for that user only: agg.cache keys it by user, agg.page marks the page private
+  spec.personal = upstreams[spec.upstream].identity and spec.identity or false
   if spec.cache then
-    spec.personal = upstreams[spec.upstream].identity and spec.identity or false
     if cache.lookup(ctx, key, spec, g, chain) then return end
   end
   return start_upstream(ctx, key, spec, g, chain)

@@ -11,6 +11,7 @@ local json = require "agg.json"
 local problem = require "agg.problem"
 local rt = require "agg.runtime"
 local cache = require "agg.cache"
+local result_info = require("agg.result").info
 local new_tab = require "table.new"
 
 local M = {}
@@ -85,6 +86,7 @@ function M.page(results, opts)
   local body = new_tab(0, 4) -- sections encode in sorted key order: a plain table's keys are written sorted
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local max_age -- the smallest freshness left of the sections, while every one is a shared cache entry
+  local personal = false -- a section's data is one user's (see "Cache-Control of a page" below)
   local failed_required, failed_key
   for _, k in ipairs(keys) do
     local r = rt.then_result(results[k])
@@ -102,6 +104,7 @@ function M.page(results, opts)
         end
         sec = setmetatable({ status = r.status, data = data, error = r.error }, SECTION_MT)
         if r.status ~= "ok" then complete = false end
+        if not personal and cache.personal(result_info[r]) then personal = true end
         if max_age ~= false then
           local left = cache.fresh_left_ms(r)
           if left and (not max_age or left < max_age) then max_age = left elseif not left then max_age = false end
@@ -158,12 +161,27 @@ function M.page(results, opts)
     return resp
   end
   set_header(headers, "x-aggregation-completed", complete and "true" or "false", spelt)
+  -- Cache-Control of a page (RFC 9111; docs/operations.md, "Caching"). A partial page: no-store.
+  -- A complete page (the script's own cache-control wins):
+  --   a section is one user's, or the edge authenticated the request   private
+  --     (a shared cache must not keep it, §5.2.2.7: with an API key in X-API-Key a shared cache
+  --     would otherwise store the page and serve it without the key)
+  --   and every section is a shared cache entry still fresh             private, max-age=N
+  --   every section is a shared cache entry still fresh                 max-age=N
+  --     N = the smallest freshness left of the sections (s): the page is no fresher than its most
+  --     volatile section. Never `public`: without it a shared cache still keeps no answer to a
+  --     request that carried Authorization (§3.5)
+  --   anything else (a section fetched uncached, or served stale)      no header
   if not complete then
     set_header(headers, "cache-control", "no-store", spelt)
-  elseif max_age and max_age >= 1000 and not has_header(headers, "cache-control", spelt) then
-    -- every section is a shared cache entry: the page may be cached as long as the first of them
-    -- stays fresh (issue 16, "The page"); the script's own cache-control wins
-    headers["cache-control"] = "max-age=" .. math.floor(max_age / 1000)
+  elseif not has_header(headers, "cache-control", spelt) then
+    local cacheable = max_age and max_age >= 1000
+    if personal or rt.authenticated() then
+      -- (a personal section is never a shared entry, so max_age is false then)
+      headers["cache-control"] = cacheable and ("private, max-age=" .. math.floor(max_age / 1000)) or "private"
+    elseif cacheable then
+      headers["cache-control"] = "max-age=" .. math.floor(max_age / 1000)
+    end
   end
   local resp = setmetatable({ status = 200, headers = headers, json = body },
                             complete and rt.PAGE_COMPLETE or rt.PAGE_PARTIAL)

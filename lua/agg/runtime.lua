@@ -62,6 +62,14 @@ M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchang
 M.upstream_stats, M.report_stats = exchange.upstream_stats, exchange.report_stats
 M.merge_stats = require("agg.merge").stats
 
+--- True when the request whose handler is running was authenticated by the edge (a JWT or an API
+-- key: req.user is set); false outside a handler.
+function M.authenticated()
+  local co = coroutine.running()
+  local ctx = co and ctx_of[co]
+  return ctx and ctx.user and true or false
+end
+
 -- Resumes co; when it ends, hands its outcome to its finisher.
 local finish_request
 

@@ -16,6 +16,7 @@
 -- Stub answers: { status = 200, headers = { … }, json = value | body = "bytes", latency_ms = 0,
 --   fault = nil | "hang" | "refuse" | "tls" | "reset" | "short" | "non_json" | "invalid_utf8" | "huge" }.
 -- A list of answers is served in order, the last one repeating.
+local cache = require "agg.cache"
 local json = require "agg.json"
 local loader = require "agg.loader"
 local router = require "agg.router"
@@ -289,9 +290,9 @@ function Gateway:install()
   -- in-memory Redis) is opts.redis, a table several gateways of a spec may share
   -- (testing.redis()), when gateway.lua has a redis block and cache.redis is not false
   gw.tier1 = gw.tier1 or {}
-  function core.cache_get(key)
+  function core.cache_entry(key, decode)
     local e = gw.tier1[key]
-    if e and e.until_ms > gw.clock then return e.value end
+    if e and e.until_ms > gw.clock then return cache.entry_fields(e.value, decode) end
     gw.tier1[key] = nil
     return nil
   end

@@ -56,15 +56,38 @@ class Demo(unittest.TestCase):
         self.assertRegex(out, r"(?m)^tools/demo:     built 100%$")
         self.assertIn("http://127.0.0.1:9090/waterfall", out)
         self.assertIn("http://127.0.0.1:9090/metrics", out)
-        routes = re.findall(r"(?m)^  (GET \S+)\s+(\S+\.lua)\s+curl -i (http://localhost:8080\S+)$", out)
+        routes = re.findall(r'(?m)^  (GET \S+)\s+(\S+\.lua)\s+curl -i (?:-H "Authorization: Bearer \$\(cat (\S+)\)" )?'
+                            r'(http://localhost:8080\S+)$', out)
         want = set()
-        for name, src in harness.repo_scripts().items():
+        for name, src in harness.repo_scripts(protected=True).items():
             for r in re.findall(r'route = "([^"]+)"', src):
                 want.add((r, os.path.basename(name)))
-        self.assertEqual({(r, f) for r, f, _ in routes}, want, out)
-        for _route, _file, url in routes:
-            r = harness.curl(url)
+        self.assertEqual({(r, f) for r, f, _, _ in routes}, want, out)
+        protected = [(url, token_file) for _r, _f, token_file, url in routes if token_file]
+        self.assertEqual([url for url, _ in protected], ["http://localhost:8080/account/42"], out)
+        for _route, _file, token_file, url in routes:
+            args = ("-H", "Authorization: Bearer " + open(token_file).read().strip()) if token_file else ()
+            r = harness.curl(url, *args)
             self.assertEqual(r.status, 200, r)
+        # the protected page as the printed commands show it: 401 with an RFC 6750 challenge and a
+        # problem body without a token, and with a forged signature; 200 as the demo's user with it
+        url, token_file = protected[0]
+        token = open(token_file).read().strip()
+        self.assertIn("curl -i http://localhost:8080/account/42", out)
+        self.assertIn("TOKEN=$(cat %s)" % token_file, out)
+        r = harness.curl(url)
+        self.assertEqual(r.status, 401, r)
+        self.assertTrue(r.headers["www-authenticate"].startswith("Bearer"), r)
+        self.assertEqual(r.headers["content-type"], "application/problem+json", r)
+        self.assertEqual(r.json()["status"], 401)
+        forged = token.rsplit(".", 1)[0] + ".Zm9yZ2Vk"
+        r = harness.curl(url, "-H", "Authorization: Bearer " + forged)
+        self.assertEqual(r.status, 401, r)
+        self.assertIn('error="invalid_token"', r.headers["www-authenticate"])
+        r = harness.curl(url, "-H", "Authorization: Bearer " + token)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["customer"]["data"]["sub"], "alice")
+        self.assertEqual(r.headers["cache-control"], "private")
         # the printed way to make Reviews hang hangs the product page's reviews only: the
         # dependent chain's /reviews?sku= route keeps answering; the printed way back restores it
         hang, back = re.findall(r"(?m)^  (curl -s -X PATCH http://localhost:9100/services/reviews/routes -d '[^']*')",

@@ -51,7 +51,7 @@ class Install(harness.GatewayTestCase):
                 os.path.join(p, "share/doc/aggway/README.md")}
         for f in glob.glob(os.path.join(SRC, "lua", "agg", "*.lua")):
             want.add(os.path.join(p, "share/aggway/lua/agg", os.path.basename(f)))
-        for f in harness.repo_scripts():
+        for f in harness.repo_scripts(protected=True):
             want.add(os.path.join(self.etc, f))
         want.add(os.path.join(self.etc, "gateway.lua"))
         self.assertEqual(sorted(want - set(self.files)), [], "missing from the install")
@@ -161,13 +161,14 @@ class Install(harness.GatewayTestCase):
         self._configure_installed_example()
         r = run([self.bin, "check", "-c", self.etc])
         self.assertEqual(r.returncode, 0, r)
-        self.assertIn(b"valid: 2 routes, 3 upstreams", r.stdout)
+        routes = len(harness.repo_scripts(protected=True))  # one route per example script
+        self.assertIn(b"valid: %d routes, 3 upstreams" % routes, r.stdout)
         sock, path = self._notify_socket()
         self._serve({"NOTIFY_SOCKET": path})
         msg = self._next_notification(sock, harness.START_TIMEOUT)
         self.assertIsNotNone(msg, "no READY=1 from the gateway:\n" + self._log())
         self.assertIn("READY=1", msg.splitlines())
-        self.assertIn("STATUS=serving %s: generation 1, 2 routes, 3 upstreams" % self.etc, msg.splitlines())
+        self.assertIn("STATUS=serving %s: generation 1, %d routes, 3 upstreams" % (self.etc, routes), msg.splitlines())
         # READY=1 comes once every worker serves: /readyz and the pages answer at once
         ready = harness.curl("http://127.0.0.1:%d/readyz" % self.admin)
         self.assertEqual(ready.status, 200, ready)
@@ -175,6 +176,9 @@ class Install(harness.GatewayTestCase):
             r = harness.curl("http://127.0.0.1:%d%s" % (self.port, path_))
             self.assertEqual(r.status, 200, r)
             self.assertEqual(r.headers.get("x-aggregation-completed"), "true", r)
+        # the protected example asks for a token before anything else
+        r = harness.curl("http://127.0.0.1:%d/account/42" % self.port)
+        self.assertEqual(r.status, 401, r)
         page = harness.curl("http://127.0.0.1:%d/product-page/42" % self.port).json()
         self.assertEqual({k: v["status"] for k, v in page.items()},
                          {"product": "ok", "reviews": "ok", "inventory": "ok"})

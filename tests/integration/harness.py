@@ -265,8 +265,10 @@ def gateway_lua(port, upstreams, workers=1, deadline_ms=1000, tls=None, extra_li
     return "-- written by tests/integration/harness.py\nreturn " + lua_value(cfg) + "\n"
 
 
-def repo_scripts(*names):
-    """Endpoint scripts of the repository's scripts/ folder: name -> source (all when no names)."""
+def repo_scripts(*names, protected=False):
+    """Endpoint scripts of the repository's scripts/ folder: name -> source (all when no names).
+    A script that asks for authentication (`auth = "jwt"`) needs the demo gateway.lua's `auth`
+    block, which a test's own gateway.lua does not have: it is left out unless protected is true."""
     d = os.path.join(SOURCE_DIR, "scripts")
     out = {}
     for root, _dirs, files in os.walk(d):
@@ -277,7 +279,10 @@ def repo_scripts(*names):
             if names and rel not in names:
                 continue
             with open(os.path.join(root, f)) as fh:
-                out[rel] = fh.read()
+                src = fh.read()
+            if not protected and re.search(r'(?m)^\s*auth\s*=\s*"(jwt|api_key)"', src):
+                continue
+            out[rel] = src
     return out
 
 

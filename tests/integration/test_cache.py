@@ -144,7 +144,8 @@ class CacheWithRedis(GatewayTestCase):
         self.assertIn("cache hit", html)
 
     def test_a_second_gateway_gets_a_warm_hit_from_redis(self):
-        self.start_cached()
+        # a GET that times out is a miss: the timeout is far above a busy machine's delays here
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 1000})
         self.get("/p/9")
         self.assertEqual(self.product_hits(), 1)
         # a second process on the same scripts and the same Redis
@@ -168,7 +169,8 @@ class CacheWithRedis(GatewayTestCase):
         self.assertEqual(self.product_hits(), 1)  # the second gateway's first page made no call
 
     def test_redis_killed_under_load_fails_no_page_and_the_client_reconnects(self):
-        self.start_cached(workers=2)
+        # a command timeout far above a busy machine's delays: the only outage is the kill
+        self.start_cached(workers=2, redis={"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 1000})
         self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 10))
         done = threading.Event()
         statuses = []
@@ -194,9 +196,21 @@ class CacheWithRedis(GatewayTestCase):
                     f.result()
         self.assertEqual([s for s in statuses if s != 200], [])
         self.assertEqual(self.metric("aggway_redis_connected"), 0)
+        # the outage lasted past several reconnection attempts (backoff from 50 ms): still one start
+        # line per worker, and nothing per attempt
+        failed_attempts = self.metric("aggway_redis_errors_total")
+        time.sleep(1.0)
         self.redis.start()  # the same port
         self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 15))
-        self.assertIn("connected again", self.gw.log())
+        log = self.gw.log()
+        self.assertEqual(len(re.findall(r"redis \S+: connection lost", log)), 2, log)  # one per worker
+        self.assertNotIn("cannot connect", log)  # the failed reconnections are not logged one by one
+        ends = re.findall(r"redis \S+: connected again after ([\d.]+) s down; (\d+) commands failed meanwhile", log)
+        self.assertEqual(len(ends), 2, log)
+        for secs, failed in ends:
+            self.assertGreaterEqual(float(secs), 1.0)  # from the kill to the restart, at least the sleep
+        # the cache's lookups and stores during the outage failed at once and were counted
+        self.assertEqual(sum(int(f) for _, f in ends), failed_attempts)
 
     def test_a_hanging_redis_fails_no_page(self):
         self.start_cached()
@@ -229,6 +243,28 @@ class CacheWithRedis(GatewayTestCase):
         reload(3)
         self.assertEqual(timing(self.get("/p/1"), "product"), "miss")
         self.assertEqual(self.product_hits(), 2)
+
+    def test_an_entry_whose_body_is_not_json_is_never_served(self):
+        # a value in Redis with the right format but a body that is not JSON (a bug elsewhere, or
+        # someone writing to the cache's keys): it reaches tier 1, and each hit there refuses it
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 1000})
+        self.get("/p/1")
+
+        def redis(*args):
+            return subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2"] + list(args),
+                                  stdout=subprocess.PIPE, timeout=10, check=True).stdout.decode().strip()
+        self.assertTrue(wait_until(lambda: redis("--scan", "--pattern", "agw:{product}*") != "", 10))
+        key = redis("--scan", "--pattern", "agw:{product}*").splitlines()[0].replace("/products/1", "/products/77")
+        far = int(time.time() * 1000) + 3600 * 1000
+        body = "not json {"
+        redis("SET", key, "AGWC1 %d %d %d 200 0 %d\n%s" % (far, far, far, len(body), body))
+        self.mock.refuse("product")  # the upstream cannot replace the junk
+        for _ in range(3):
+            r = self.get("/p/77")
+            self.assertEqual(r.status, 200, r)
+            page = r.json()  # the page is JSON: the junk never went into it
+            self.assertEqual(page["product"]["status"], "unavailable", page)
+        self.assertNotIn("not json", self.get("/p/77").body.decode())
 
     def test_purge_by_prefix_empties_both_tiers(self):
         self.start_cached()

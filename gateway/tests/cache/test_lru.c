@@ -95,8 +95,24 @@ static void purge_by_prefix(void)
     agw_lru_free(c);
 }
 
+static void a_mark_is_the_callers_until_the_value_is_replaced(void)
+{
+    agw_lru_t *c = agw_lru_new(1 << 20, NULL);
+    size_t n;
+    uint32_t *mark;
+    set(c, "k", "v1", 100);
+    CHECK(agw_lru_get_mark(c, "k", 1, &n, 0, &mark) != NULL && *mark == 0);
+    *mark = 7;
+    CHECK(agw_lru_get_mark(c, "k", 1, &n, 0, &mark) != NULL && *mark == 7); /* kept between hits */
+    set(c, "k", "v2", 100);
+    CHECK(agw_lru_get_mark(c, "k", 1, &n, 0, &mark) != NULL && *mark == 0); /* new bytes, new mark */
+    CHECK(agw_lru_get_mark(c, "k", 1, &n, 200, &mark) == NULL);             /* expired */
+    agw_lru_free(c);
+}
+
 int main(void)
 {
+    RUN(a_mark_is_the_callers_until_the_value_is_replaced);
     RUN(stores_and_replaces);
     RUN(expired_entries_miss_and_go);
     RUN(least_recently_used_goes_first_and_bytes_stay_bounded);

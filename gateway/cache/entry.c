@@ -1,0 +1,43 @@
+/* entry.c: see entry.h. */
+#include "cache/entry.h"
+
+#include <string.h>
+
+/* The whole number at *p up to the byte stop (1 to 15 digits only); advances *p past stop. */
+static int field(const char **p, const char *end, char stop, uint64_t *out)
+{
+    const char *s = *p;
+    uint64_t n = 0;
+    size_t digits = 0;
+    while (s < end && *s >= '0' && *s <= '9') {
+        if (++digits > 15)
+            return -1;
+        n = n * 10 + (uint64_t)(*s - '0');
+        s++;
+    }
+    if (digits == 0 || s >= end || *s != stop)
+        return -1;
+    *out = n;
+    *p = s + 1;
+    return 0;
+}
+
+int agw_cache_entry_parse(const char *v, size_t len, agw_cache_entry_t *e)
+{
+    if (len > AGW_CACHE_ENTRY_MAX || len < 6 || memcmp(v, "AGWC1 ", 6) != 0)
+        return -1;
+    const char *p = v + 6, *end = v + len;
+    uint64_t hlen, blen;
+    if (field(&p, end, ' ', &e->fresh_ms) || field(&p, end, ' ', &e->stale_ms) ||
+        field(&p, end, ' ', &e->error_until_ms) || field(&p, end, ' ', &e->status) || field(&p, end, ' ', &hlen) ||
+        field(&p, end, '\n', &blen))
+        return -1;
+    size_t left = (size_t)(end - p);
+    if (hlen > left || blen != left - hlen)
+        return -1;
+    e->headers = p;
+    e->hlen = (size_t)hlen;
+    e->body = p + hlen;
+    e->blen = (size_t)blen;
+    return 0;
+}

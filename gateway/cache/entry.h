@@ -1,0 +1,35 @@
+/* entry.h: reading a cache entry in C, so a tier-1 hit costs one Lua->C call and no Lua string of
+ * the whole entry (issue 16, "Cost").
+ *
+ * The format is lua/agg/cache.lua's (M.encode writes it, for both tiers):
+ *   "AGWC1 <fresh_ms> <stale_ms> <error_until_ms> <status> <hlen> <blen>\n" <headers> <body>
+ * six whole numbers of 1 to 15 decimal digits, one space between them, a newline after the last;
+ * then hlen bytes of header block ("name\0value\0…") and blen bytes of body, and nothing after.
+ * agw_cache_entry_parse accepts exactly what M.decode accepts (the same rules, the same bound).
+ */
+#ifndef AGW_CACHE_ENTRY_H
+#define AGW_CACHE_ENTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define AGW_CACHE_ENTRY_MAX ((size_t)4 * 1024 * 1024) /* bytes; agg.cache's MAX_ENTRY */
+
+/* The fields of an entry; headers and body point into the parsed bytes (borrowed). */
+typedef struct agw_cache_entry {
+    uint64_t fresh_ms;       /* fresh until (core.now's clock, ms) */
+    uint64_t stale_ms;       /* served stale (stale-while-revalidate) until */
+    uint64_t error_until_ms; /* served on error (stale-if-error) until */
+    uint64_t status;         /* the upstream's HTTP status */
+    const char *headers;     /* header block, hlen bytes */
+    size_t hlen;
+    const char *body;        /* body, blen bytes */
+    size_t blen;
+} agw_cache_entry_t;
+
+/* Parses the len bytes at v into *e. Returns 0, or -1 when they are not an entry (other format,
+ * a field that is not digits only, lengths that disagree with len, more than
+ * AGW_CACHE_ENTRY_MAX bytes): the caller counts it as corrupt and misses. */
+int agw_cache_entry_parse(const char *v, size_t len, agw_cache_entry_t *e);
+
+#endif

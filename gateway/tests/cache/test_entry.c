@@ -1,0 +1,53 @@
+/* test_entry.c: reading a cache entry in C (cache/entry.h) accepts what lua/agg/cache.lua's
+ * M.encode writes and refuses what M.decode refuses. */
+#include <stdlib.h>
+
+#include "cache/entry.h"
+#include "tests/check.h"
+
+static int parse(const char *s, agw_cache_entry_t *e)
+{
+    return agw_cache_entry_parse(s, strlen(s), e);
+}
+
+static void reads_the_fields_and_points_into_the_bytes(void)
+{
+    const char *v = "AGWC1 1000 2000 3000 200 15 9\ncontent-type\0x\0{\"a\":1}xx";
+    agw_cache_entry_t e;
+    CHECK(agw_cache_entry_parse(v, 30 + 15 + 9, &e) == 0);
+    CHECK(e.fresh_ms == 1000 && e.stale_ms == 2000 && e.error_until_ms == 3000 && e.status == 200);
+    CHECK(e.hlen == 15 && e.headers == v + 30 && memcmp(e.headers, "content-type\0x\0", 15) == 0);
+    CHECK(e.blen == 9 && memcmp(e.body, "{\"a\":1}xx", 9) == 0);
+    CHECK(parse("AGWC1 1 2 3 404 0 0\n", &e) == 0 && e.status == 404 && e.hlen == 0 && e.blen == 0);
+}
+
+static void refuses_what_is_not_an_entry(void)
+{
+    agw_cache_entry_t e;
+    CHECK(parse("", &e) == -1);
+    CHECK(parse("AGWC2 1 2 3 200 0 2\n{}", &e) == -1);            /* another format */
+    CHECK(parse("AGWC1 1 2 3 200 0 3\n{}", &e) == -1);            /* body shorter than said */
+    CHECK(parse("AGWC1 1 2 3 200 0 1\n{}", &e) == -1);            /* bytes after the body */
+    CHECK(parse("AGWC1 1 2 3 200 5 0\n{}", &e) == -1);            /* headers past the end */
+    CHECK(parse("AGWC1 +1 2 3 200 0 2\n{}", &e) == -1);           /* digits only */
+    CHECK(parse("AGWC1 1e3 2 3 200 0 2\n{}", &e) == -1);
+    CHECK(parse("AGWC1 1  2 3 200 0 2\n{}", &e) == -1);           /* an empty field */
+    CHECK(parse("AGWC1 1 2 3 200 0 2 {}", &e) == -1);             /* no newline */
+    CHECK(parse("AGWC1 1234567890123456 2 3 200 0 2\n{}", &e) == -1); /* 16 digits */
+    CHECK(parse("AGWC1 123456789012345 2 3 200 0 2\n{}", &e) == 0);   /* 15 are fine */
+    CHECK(parse("AGWC1 1 2 3 200 0 18446744073709551615\n", &e) == -1);
+    /* over AGW_CACHE_ENTRY_MAX bytes */
+    size_t n = AGW_CACHE_ENTRY_MAX + 1;
+    char *big = malloc(n);
+    memset(big, ' ', n);
+    memcpy(big, "AGWC1 1 2 3 200 0 ", 18);
+    CHECK(agw_cache_entry_parse(big, n, &e) == -1);
+    free(big);
+}
+
+int main(void)
+{
+    RUN(reads_the_fields_and_points_into_the_bytes);
+    RUN(refuses_what_is_not_an_entry);
+    return CHECK_DONE();
+}
