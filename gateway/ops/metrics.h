@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "base/buf.h"
+#include "base/counter.h"
 #include "cache/lru.h"
 #include "cache/purge.h"
 #include "redis/redis.h"
@@ -39,10 +40,7 @@ struct agw_waterfall;
 struct agw_otlp;
 struct agw_otlp_queue;
 
-#define AGW_M_GET(f) __atomic_load_n(&(f), __ATOMIC_RELAXED)
-#define AGW_M_SET(f, v) __atomic_store_n(&(f), (v), __ATOMIC_RELAXED)
-/* single writer: no read-modify-write instruction needed */
-#define AGW_M_ADD(f, v) AGW_M_SET(f, AGW_M_GET(f) + (v))
+/* AGW_M_GET, AGW_M_SET, AGW_M_ADD: base/counter.h */
 
 /* Outcomes of an upstream call, as the metric's `outcome` label says them. */
 typedef enum agw_metric_outcome {
