@@ -240,43 +240,19 @@ static const char *route_name(const agw_metric_labels_t *l, size_t nr, size_t e)
     return e < nr ? l->routes[e] : "unmatched";
 }
 
-/* The Lua collector of the workers' VMs (worker/gc.h): its pauses summed over the workers, the
- * longest ones of any worker. */
+/* The Lua collector of the workers' VMs (worker/gc.h): idle collections summed over the workers,
+ * the longest of any worker, the heaps' sizes. */
 static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
 {
-    static const double bounds[AGW_M_GC_BOUNDS] = {10, 25, 50, 100, 250, 500, 1000, 2500, 10000};
-    uint64_t counts[AGW_M_GC_BOUNDS + 1] = {0}, sum = 0, pmax = 0, smax = 0, steps = 0, cycles = 0, idle = 0,
-             imax = 0, heap = 0;
+    uint64_t idle = 0, imax = 0, heap = 0;
     for (size_t i = 0; i < nw; i++) {
         const agw_lua_gc_stats_t *st = &w[i]->lua_gc;
-        for (size_t k = 0; k <= AGW_M_GC_BOUNDS; k++)
-            counts[k] += AGW_M_GET(st->pause[k]);
-        sum += AGW_M_GET(st->pause_us_sum);
-        steps += AGW_M_GET(st->steps);
-        cycles += AGW_M_GET(st->cycles);
         idle += AGW_M_GET(st->idle_collections);
         heap += AGW_M_GET(st->heap_bytes);
         uint64_t v;
-        if ((v = AGW_M_GET(st->pause_us_max)) > pmax)
-            pmax = v;
-        if ((v = AGW_M_GET(st->step_us_max)) > smax)
-            smax = v;
         if ((v = AGW_M_GET(st->idle_us_max)) > imax)
             imax = v;
     }
-    agw_prom_family(b, "aggway_lua_gc_pause_seconds", "histogram",
-                    "Pauses of a worker for the Lua garbage collector: the steps run together between two "
-                    "loop iterations (each request waits for at most one such batch).");
-    agw_prom_histogram(b, "aggway_lua_gc_pause_seconds", NULL, 0, bounds, AGW_M_GC_BOUNDS, 1e6, counts, (double)sum / 1e6);
-    agw_prom_family(b, "aggway_lua_gc_pause_max_seconds", "gauge", "The longest of those pauses since start, any worker.");
-    agw_prom_sample(b, "aggway_lua_gc_pause_max_seconds", NULL, 0, (double)pmax / 1e6);
-    agw_prom_family(b, "aggway_lua_gc_step_max_seconds", "gauge",
-                    "The longest single step of the Lua garbage collector since start, any worker.");
-    agw_prom_sample(b, "aggway_lua_gc_step_max_seconds", NULL, 0, (double)smax / 1e6);
-    agw_prom_family(b, "aggway_lua_gc_steps_total", "counter", "Steps of the Lua garbage collector.");
-    agw_prom_sample_u64(b, "aggway_lua_gc_steps_total", NULL, 0, steps);
-    agw_prom_family(b, "aggway_lua_gc_cycles_total", "counter", "Cycles of the Lua garbage collector finished.");
-    agw_prom_sample_u64(b, "aggway_lua_gc_cycles_total", NULL, 0, cycles);
     agw_prom_family(b, "aggway_lua_gc_idle_collections_total", "counter",
                     "Full collections run when a worker went idle (no request for 2 s), each followed by "
                     "free memory given back to the kernel.");

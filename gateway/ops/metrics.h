@@ -122,17 +122,11 @@ void agw_metric_labels_free(agw_metric_labels_t *l);
 int agw_metric_labels_map(agw_metric_labels_t *l, const struct agw_config *conf, uint32_t *route_slot,
                           uint32_t *upstream_slot, agw_buf_t *errors);
 
-/* The Lua garbage collector of a worker's VMs, paced between requests (worker/gc.h). */
-#define AGW_M_GC_BOUNDS 9        /* collector pause buckets, µs: 10 25 50 100 250 500 1000 2500 10000 */
+/* The Lua garbage collector of a worker's VMs: the idle collections (worker/gc.h) and the heap. */
 typedef struct agw_lua_gc_stats {
-    uint64_t pause[AGW_M_GC_BOUNDS + 1]; /* loop iterations' batches of steps, by duration */
-    uint64_t pause_us_sum;            /* µs, over every batch */
-    uint64_t pause_us_max;            /* the longest batch, µs */
-    uint64_t step_us_max;             /* the longest single step, µs */
-    uint64_t steps, cycles;           /* steps run, cycles finished */
     uint64_t idle_collections;        /* full collections when the worker went idle */
     uint64_t idle_us_max;             /* the longest of those, µs */
-    uint64_t heap_bytes;              /* the worker's VMs' heaps after the last pacing, bytes */
+    uint64_t heap_bytes;              /* the worker's VMs' heaps, bytes (once a second) */
 } agw_lua_gc_stats_t;
 
 typedef struct agw_metrics {

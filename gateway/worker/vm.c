@@ -341,7 +341,6 @@ agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw
         agw_worker_gen_discard(g);
         return NULL;
     }
-    agw_gc_take(g->L, &g->gc); /* stepped between requests from now on (gc.h) */
     return g;
 }
 

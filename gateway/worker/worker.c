@@ -135,8 +135,6 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
      * that long ago, and time out at once */
     if (agw_watchdog_leave(&w->script) >= AGW_LONG_ENTRY_MS)
         ev_now_update(w->loop);
-    if (w->script.depth == 0) /* the collector's steps for what the entry allocated (gc.h) */
-        agw_gc_pace(L, &g->gc, &w->m->lua_gc);
     if (w->script.depth == 0 && w->tables.num_pending_aborts)
         process_pending_aborts(w);
     if (w->script.depth == 0 && !h2o_linklist_is_empty(&w->gens.dead))
@@ -699,7 +697,7 @@ static void worker_idle_tick(agw_worker_t *w)
     } else if (++w->idle_ticks == AGW_GC_IDLE_S) {
         for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next) {
             wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
-            agw_gc_idle(g->L, &g->gc, &w->m->lua_gc);
+            agw_gc_idle(g->L, &w->m->lua_gc);
         }
         agw_gc_trim();
     } else if (w->idle_ticks % AGW_GC_TRIM_S == 0) {

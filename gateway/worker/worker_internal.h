@@ -73,7 +73,6 @@ typedef struct agw_worker_gen {
     uint64_t *reported;         /* per upstream: the runtime's AGW_COUNTERS_FIELDS totals as last
                                    published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
-    agw_gc_t gc;                /* its collector's pacing (gc.h) */
     h2o_linklist_t link;        /* on the worker's live generations, or its dead ones (gens.h) */
 } wgen_t;
 
