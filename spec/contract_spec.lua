@@ -44,6 +44,7 @@ describe("the spec harness's transport keeps agg.contract", function()
             if name == "call" then record("attempt", (select(9, ...)), false) end
             if name == "respond" then record("response", (select(2, ...))) end
             if name == "upstream_counters" then record("counters", (select(2, ...)), false) end
+            if name == "endpoint_state" then record("endpoint_state", (select(3, ...))) end
             return f(...)
           end
         end
@@ -124,6 +125,13 @@ describe("the spec harness's transport keeps agg.contract", function()
     for i = 1, 6 do assert.equal(200, gw:get("/product/" .. i).status) end
     for _, c in ipairs(gw:calls("product")) do endpoints[c.endpoint] = true end
     assert.is_true(endpoints[1] and endpoints[2], "both endpoints of the group were called")
+    local published = gw:report_stats()                     -- core.endpoint_state, once a second
+    assert.is_true((seen.endpoint_state or 0) > 0, "endpoint_state never crossed")
+    local calls = 0
+    for _, eps in pairs(published.endpoints) do
+      for _, st in pairs(eps) do calls = calls + st.calls end
+    end
+    assert.is_true(calls >= 6, "the endpoints' calls were published: " .. calls)
     local edge = testing.gateway { dir = "spec/fixtures/edge" }
     edge:stub("orders", "/orders/*", { json = { id = 1 } })
     edge:stub("inventory", "/stock/*", { json = { inStock = 3 } })

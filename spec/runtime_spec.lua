@@ -404,3 +404,25 @@ describe("response headers", function()
     assert.equal("false", page.headers["x-aggregation-completed"])
   end)
 end)
+
+describe("a call's table", function()
+  local callspec = require "agg.callspec"
+  local ups = { catalog = { index = 1, timeout_ms = 100 } }
+  local function keys(t)
+    local n = 0
+    for _ in pairs(t) do n = n + 1 end
+    return n
+  end
+
+  -- 33 keys would make LuaJIT give it a hash part of 64 slots: 1.5 KB to allocate, copy, mark and
+  -- sweep for every call (docs/performance.md "Where a page's instructions go")
+  it("holds at most 32 keys for a plain call, the fields only some calls write left out", function()
+    local n = callspec.normalize({ "catalog", "/p/1" }, ups, 1)
+    assert.is_true(keys(n) <= 32, "keys: " .. keys(n))
+    assert.is_nil(rawget(n, "fallback"))
+    assert.is_nil(rawget(n, "cache_key"))
+    local f = callspec.normalize({ "catalog", "/p/1", fallback = { none = true } }, ups, 1)
+    assert.same({ none = true }, f.fallback)
+    assert.equal(keys(n) + 1, keys(f))
+  end)
+end)

@@ -53,6 +53,28 @@ describe("the sandbox keeps a script away from the machine:", function()
       refused(("return require %q"):format(m), "'" .. m .. "'")
     end
   end)
+
+  it("the C modules whose objects own C memory (a limits store, a breaker), and their metatables", function()
+    for _, m in ipairs { "agg.limiter", "agg.breaker", "agg.router", "agg.resp_headers", "agg.testing" } do
+      refused(("return require %q"):format(m), "module '" .. m .. "' not found")
+    end
+    -- what a script does get (agg, its json values) leads to no store or breaker either: the
+    -- runtime that holds the breakers (core.breakers) and the harness that holds a store are
+    -- refused above. And were one reached (a trusted folder, a spec), its metatable is guarded:
+    -- no __gc to call by hand before using the object, no methods to swap
+    local store = require("agg.limiter").new(64)
+    assert.equal("agg.limiter.store", getmetatable(store))
+    assert.has_error(function() setmetatable(store, {}) end)
+    local ok = store:check({}, 0, false)
+    assert.is_true(ok)
+    -- the json refs a script does get (json.parse) have guarded metatables too
+    local ok2, mt = run([[return getmetatable(require("agg.json").parse("[1]"))]])
+    assert.is_true(ok2)
+    assert.equal("agg.json.raw", mt)
+    local b = require("agg.breaker").new(3, 1000, 1)
+    assert.equal("agw.breaker", getmetatable(b))
+    assert.has_error(function() setmetatable(b, {}) end)
+  end)
 end)
 
 describe("the sandbox loads no bytecode:", function()

@@ -2,14 +2,16 @@
 #include "cache/lru.h"
 #include "base/mem.h"
 
+#include <h2o/linklist.h>
+#include <h2o/memory.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/metrics.h"
+#include "base/counter.h"
 
 typedef struct entry {
     struct entry *hnext;              /* bucket chain */
-    struct entry *newer, *older;      /* recency list */
+    h2o_linklist_t link;              /* on the recency list */
     uint64_t hash;
     uint64_t expire_ms;
     size_t klen, vlen;
@@ -22,7 +24,7 @@ struct agw_lru {
     size_t nbuckets;                  /* power of two */
     size_t count;
     size_t bytes, max_bytes;
-    entry_t *newest, *oldest;
+    h2o_linklist_t recency;           /* entries, oldest first (entry_t.link) */
     agw_lru_stats_t *stats;
     agw_lru_stats_t own;
 };
@@ -54,6 +56,7 @@ static void publish(agw_lru_t *c)
 agw_lru_t *agw_lru_new(size_t max_bytes, agw_lru_stats_t *stats)
 {
     agw_lru_t *c = agw_calloc(1, sizeof(*c));
+    h2o_linklist_init_anchor(&c->recency);
     c->nbuckets = 1024;
     c->buckets = agw_calloc(c->nbuckets, sizeof(*c->buckets));
     c->max_bytes = max_bytes;
@@ -61,28 +64,20 @@ agw_lru_t *agw_lru_new(size_t max_bytes, agw_lru_stats_t *stats)
     return c;
 }
 
+static entry_t *entry_of(h2o_linklist_t *l)
+{
+    return H2O_STRUCT_FROM_MEMBER(entry_t, link, l);
+}
+
 static void list_unlink(agw_lru_t *c, entry_t *e)
 {
-    if (e->newer)
-        e->newer->older = e->older;
-    else
-        c->newest = e->older;
-    if (e->older)
-        e->older->newer = e->newer;
-    else
-        c->oldest = e->newer;
-    e->newer = e->older = NULL;
+    (void)c;
+    h2o_linklist_unlink(&e->link);
 }
 
 static void list_push_newest(agw_lru_t *c, entry_t *e)
 {
-    e->older = c->newest;
-    e->newer = NULL;
-    if (c->newest)
-        c->newest->newer = e;
-    c->newest = e;
-    if (!c->oldest)
-        c->oldest = e;
+    h2o_linklist_insert(&c->recency, &e->link); /* last */
 }
 
 static entry_t **find_slot(agw_lru_t *c, const char *key, size_t klen, uint64_t h)
@@ -123,8 +118,8 @@ static void grow(agw_lru_t *c)
 
 static void evict_to(agw_lru_t *c, size_t limit)
 {
-    while (c->bytes > limit && c->oldest) {
-        remove_entry(c, c->oldest);
+    while (c->bytes > limit && !h2o_linklist_is_empty(&c->recency)) {
+        remove_entry(c, entry_of(c->recency.next));
         AGW_M_ADD(c->stats->evictions, 1);
     }
 }
@@ -133,11 +128,10 @@ void agw_lru_free(agw_lru_t *c)
 {
     if (!c)
         return;
-    entry_t *e = c->newest;
-    while (e) {
-        entry_t *o = e->older;
-        free(e);
-        e = o;
+    for (h2o_linklist_t *l = c->recency.prev; l != &c->recency;) {
+        h2o_linklist_t *older = l->prev;
+        free(entry_of(l));
+        l = older;
     }
     c->bytes = c->count = 0;
     publish(c);
@@ -163,7 +157,7 @@ const char *agw_lru_get_mark(agw_lru_t *c, const char *key, size_t klen, size_t 
         publish(c);
         return NULL;
     }
-    if (c->newest != e) {
+    if (c->recency.prev != &e->link) {
         list_unlink(c, e);
         list_push_newest(c, e);
     }
@@ -189,6 +183,7 @@ int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, s
     e->expire_ms = expire_ms;
     e->klen = klen;
     e->vlen = vlen;
+    e->link = (h2o_linklist_t){NULL, NULL}; /* not on the list yet (h2o_linklist_insert checks) */
     e->mark = 0;
     memcpy(e->bytes, key, klen);
     memcpy(e->bytes + klen, value, vlen);
@@ -217,14 +212,14 @@ int agw_lru_del(agw_lru_t *c, const char *key, size_t klen)
 size_t agw_lru_purge_prefix(agw_lru_t *c, const char *prefix, size_t plen)
 {
     size_t n = 0;
-    entry_t *e = c->newest;
-    while (e) {
-        entry_t *o = e->older;
+    for (h2o_linklist_t *l = c->recency.prev; l != &c->recency;) {
+        h2o_linklist_t *older = l->prev;
+        entry_t *e = entry_of(l);
         if (e->klen >= plen && memcmp(e->bytes, prefix, plen) == 0) {
             remove_entry(c, e);
             n++;
         }
-        e = o;
+        l = older;
     }
     publish(c);
     return n;

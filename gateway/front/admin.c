@@ -5,6 +5,9 @@
 
 #include "base/mem.h"
 
+#include <h2o/linklist.h>
+#include <h2o/memory.h>
+
 #include <errno.h>
 #include <ev.h>
 #include <netdb.h>
@@ -21,6 +24,7 @@
 #include "front/server.h"
 #include "ops/waterfall.h"
 #include "limits/limit.h"
+#include "limits/limit_seen.h"
 
 #define ADMIN_MAX_CONNS 64
 #define ADMIN_MAX_REQUEST 8192
@@ -41,13 +45,13 @@ struct agw_admin {
     ev_io accept_io;
     ev_timer accept_pause;     /* accept_io stopped for want of descriptors: restarts it */
     ev_async stop_async;
-    aconn_t *conns;            /* open connections */
+    h2o_linklist_t conns;      /* open connections (aconn_t.link), newest first */
     unsigned num_conns;
 };
 
 struct aconn {
     agw_admin_t *a;
-    aconn_t *next, *prev;
+    h2o_linklist_t link;       /* on a->conns */
     int fd;
     ev_io io;
     ev_timer timer;
@@ -63,12 +67,7 @@ static void conn_close(aconn_t *c)
     ev_io_stop(a->loop, &c->io);
     ev_timer_stop(a->loop, &c->timer);
     close(c->fd);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        a->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    h2o_linklist_unlink(&c->link);
     a->num_conns--;
     agw_buf_free(&c->out);
     free(c);
@@ -206,9 +205,58 @@ static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *o
     agw_buf_free(&body);
 }
 
+/* The body of /limits for a Redis rule after its "rule" and "key": what this process knows of the key
+ * (limits/limit_seen.h), never a count of its own presented as the cluster's: the last answer Redis
+ * gave it for the key (null when none is kept), Redis's state for the limits checks, and only during
+ * an outage, for on_redis_error = "local", the process's own count, named as such. */
+static void redis_rule_page(agw_admin_t *a, const agw_limit_rule_t *r, uint64_t h, uint64_t now_ms, agw_buf_t *body)
+{
+    agw_limit_store_t *store = a->metrics[0]->limits;
+    agw_limit_seen_t *seen = agw_limit_store_seen(store);
+    static const char *const fallbacks[] = {"local", "allow", "deny"};
+    agw_limit_result_t pol;
+    agw_limit_policy(r, now_ms, &pol);
+    agw_buf_printf(body, ",\"kind\":\"%s\",\"store\":\"redis\",\"limit\":%llu,\"window_s\":%llu,"
+                         "\"on_redis_error\":\"%s\",\"last_answer\":",
+                   r->is_quota ? "quota" : "rate", (unsigned long long)pol.limit, (unsigned long long)pol.window_s,
+                   fallbacks[r->on_redis_error]);
+    agw_limit_seen_answer_t ans;
+    if (agw_limit_seen_get(seen, h, &ans)) {
+        agw_buf_printf(body, "{\"allowed\":%s,\"remaining\":%llu,\"reset_at_ms\":%llu,\"at_ms\":%llu,\"age_ms\":%llu}",
+                       ans.allowed ? "true" : "false", (unsigned long long)ans.remaining,
+                       (unsigned long long)ans.reset_at_ms, (unsigned long long)ans.at_ms,
+                       (unsigned long long)(now_ms > ans.at_ms ? now_ms - ans.at_ms : 0));
+    } else {
+        agw_buf_puts(body, "null");
+    }
+    agw_limit_outage_t o;
+    agw_limit_seen_outage(seen, &o);
+    uint64_t connected = 0;
+    for (size_t i = 0; i < a->num_workers; i++)
+        connected += __atomic_load_n(&a->metrics[i]->redis.up, __ATOMIC_RELAXED);
+    agw_buf_printf(body, ",\"redis\":{\"answering\":%s,\"workers_connected\":%llu,\"workers\":%zu,"
+                         "\"workers_failing\":%u,\"outage_since_ms\":",
+                   o.down ? "false" : "true", (unsigned long long)connected, a->num_workers, o.failing);
+    if (o.down)
+        agw_buf_printf(body, "%llu", (unsigned long long)o.since_ms);
+    else
+        agw_buf_puts(body, "null");
+    agw_buf_printf(body, ",\"outage_fallbacks\":%llu,\"fallbacks_total\":%llu,\"outages\":%llu}",
+                   (unsigned long long)o.fallbacks, (unsigned long long)o.fallbacks_total,
+                   (unsigned long long)o.outages);
+    if (o.down && r->on_redis_error == AGW_LIMIT_FALLBACK_LOCAL) {
+        agw_limit_result_t res;
+        agw_limit_peek(store, r, h, now_ms, &res);
+        agw_buf_printf(body, ",\"process_fallback_count\":{\"remaining\":%llu,\"reset_ms\":%llu}",
+                       (unsigned long long)res.remaining, (unsigned long long)res.reset_ms);
+    }
+    agw_buf_puts(body, "}\n");
+}
+
 /* GET /limits?rule=NAME&key=VALUE: what the rule of the generation serving says of that key now
- * (limits/limit.h, agw_limit_peek; nothing is counted). key: the client's address for "ip" rules,
- * the route pattern for "route" rules, the header's value for header rules. 400 names the rules. */
+ * (a local rule: limits/limit.h, agw_limit_peek; a Redis rule: redis_rule_page; nothing is counted).
+ * key: the client's address for "ip" rules, the route pattern for "route" rules, the header's value
+ * for header rules. 400 names the rules. */
 static void limits_page(agw_admin_t *a, const char *q, size_t qlen, int head, agw_buf_t *out)
 {
     char name[128], key[1024];
@@ -246,17 +294,23 @@ static void limits_page(agw_admin_t *a, const char *q, size_t qlen, int head, ag
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t now_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+        agw_limit_store_t *store = a->metrics[0]->limits;
+        uint64_t h = agw_limit_hash(r, kb, kl);
         agw_limit_result_t res;
-        agw_limit_peek(a->metrics[0]->limits, r, agw_limit_hash(r, kb, kl), now_ms, &res);
         agw_buf_puts(&body, "{\"rule\":");
         json_str(&body, r->name, strlen(r->name));
         agw_buf_puts(&body, ",\"key\":");
         json_str(&body, key, klen);
-        agw_buf_printf(&body, ",\"kind\":\"%s\",\"limit\":%llu,\"window_s\":%llu,\"remaining\":%llu,"
-                              "\"reset_ms\":%llu,\"reset_at\":%llu}\n",
-                       r->is_quota ? "quota" : "rate", (unsigned long long)res.limit,
-                       (unsigned long long)res.window_s, (unsigned long long)res.remaining,
-                       (unsigned long long)res.reset_ms, (unsigned long long)((now_ms + res.reset_ms + 999) / 1000));
+        if (!r->redis) {
+            agw_limit_peek(store, r, h, now_ms, &res);
+            agw_buf_printf(&body, ",\"kind\":\"%s\",\"store\":\"local\",\"limit\":%llu,\"window_s\":%llu,"
+                                  "\"remaining\":%llu,\"reset_ms\":%llu,\"reset_at\":%llu}\n",
+                           r->is_quota ? "quota" : "rate", (unsigned long long)res.limit,
+                           (unsigned long long)res.window_s, (unsigned long long)res.remaining,
+                           (unsigned long long)res.reset_ms, (unsigned long long)((now_ms + res.reset_ms + 999) / 1000));
+        } else {
+            redis_rule_page(a, r, h, now_ms, &body);
+        }
         respond(out, 200, "OK", "application/json", body.base, body.len, head, NULL);
     }
     agw_generation_unref(gen);
@@ -526,10 +580,7 @@ static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
         aconn_t *c = agw_calloc(1, sizeof(*c));
         c->a = a;
         c->fd = fd;
-        c->next = a->conns;
-        if (a->conns)
-            a->conns->prev = c;
-        a->conns = c;
+        h2o_linklist_insert(a->conns.next, &c->link); /* first */
         a->num_conns++;
         ev_io_init(&c->io, on_conn_io, fd, EV_READ);
         c->io.data = c;
@@ -560,6 +611,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     if (fd < 0)
         return NULL;
     agw_admin_t *a = agw_calloc(1, sizeof(*a));
+    h2o_linklist_init_anchor(&a->conns);
     a->gens = gens;
     a->labels = labels;
     a->metrics = metrics;
@@ -600,8 +652,8 @@ void agw_admin_stop(agw_admin_t *a)
         return;
     ev_async_send(a->loop, &a->stop_async);
     pthread_join(a->thread, NULL);
-    while (a->conns)
-        conn_close(a->conns);
+    while (!h2o_linklist_is_empty(&a->conns))
+        conn_close(H2O_STRUCT_FROM_MEMBER(aconn_t, link, a->conns.next));
     ev_io_stop(a->loop, &a->accept_io);
     ev_timer_stop(a->loop, &a->accept_pause);
     ev_async_stop(a->loop, &a->stop_async);

@@ -13,7 +13,9 @@
  *                  reloads and failed reloads, and the last reload's result with its error
  *                  messages ("file:line: message")
  *   GET /upstreams JSON state of every upstream: its breaker and each group member's endpoints
- *   GET /limits?rule=NAME&key=VALUE   what a rate limit or quota rule says of a key now
+ *   GET /limits?rule=NAME&key=VALUE   what a rate limit or quota rule says of a key now: a local
+ *                  rule's count; for a Redis rule Redis's last answer to this process and Redis's
+ *                  state (limits/limit_seen.h), never a count of the process's as the cluster's
  *   GET /waterfall, /waterfall.json   the last requests of each worker as a waterfall (waterfall.h)
  *   POST /cache/purge?prefix=agw:…   drops the cache entries whose key starts with the prefix
  *                  (percent-decoded; must start with agw:): from every worker's tier 1 within about a

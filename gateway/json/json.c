@@ -198,12 +198,19 @@ static void ensure_state(lua_State *L)
     static const luaL_Reg ref_mt[] = {{"__gc", ref_gc}, {"__tostring", ref_tostring}, {NULL, NULL}};
     lua_newtable(L);
     luaL_register(L, NULL, ref_mt);
+    /* guarded like the others: Lua code cannot call __gc by hand (the ref would then hold NULL) */
+    lua_pushliteral(L, "agg.json.ref");
+    lua_setfield(L, -2, "__metatable");
     set_reg(L, AGW_JSON_REF_MT, AGW_JSON_K_REF);
 
     /* no __gc: a raw ref holds its bytes inline, so the GC frees it without a finalizer */
     lua_newtable(L);
     lua_pushcfunction(L, raw_tostring);
     lua_setfield(L, -2, "__tostring");
+    /* shared by every script's raw refs (json.parse gives them one): guarded, so that no script
+     * adds a __gc or an __index that another script's refs would run */
+    lua_pushliteral(L, "agg.json.raw");
+    lua_setfield(L, -2, "__metatable");
     set_reg(L, AGW_JSON_RAW_MT, AGW_JSON_K_RAW);
 
     lua_newtable(L); /* order side table, weak keys so it never keeps an object alive */
@@ -699,8 +706,7 @@ int agw_json_open(lua_State *L)
         {"raw_extra", l_raw_extra}, {"is_ref", l_is_ref},         {NULL, NULL},
     };
     ensure_state(L);
-    lua_createtable(L, 0, 16);
-    luaL_register(L, NULL, funcs);
+    luaL_newlib(L, funcs);
     lua_pushlightuserdata(L, NULL);
     lua_setfield(L, -2, "null");
     return 1;

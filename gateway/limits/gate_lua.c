@@ -2,11 +2,14 @@
 #include "limits/gate.h"
 
 #include <lauxlib.h>
+
+#include "base/luamod.h"
 #include <stdlib.h>
 #include <string.h>
 
 #define STORE_MT "agg.limiter.store"
 #define ASKS_MAX 16
+#define SLOTS_MAX (1u << 24) /* the largest store new() makes (a spec's; the gateway's is in limit.h) */
 
 typedef struct {
     agw_limit_store_t *s;
@@ -15,6 +18,7 @@ typedef struct {
 static int l_new(lua_State *L)
 {
     lua_Number slots = luaL_optnumber(L, 1, 4096);
+    luaL_argcheck(L, slots <= SLOTS_MAX, 1, "at most 16777216 slots");
     handle_t *h = lua_newuserdata(L, sizeof(*h));
     h->s = agw_limit_store_new(slots > 0 ? (size_t)slots : 64);
     luaL_getmetatable(L, STORE_MT);
@@ -109,6 +113,8 @@ static int check_kind(agw_limit_store_t *s, const agw_limit_ask_t *asks, const i
 static int l_check(lua_State *L)
 {
     handle_t *h = luaL_checkudata(L, 1, STORE_MT);
+    if (h->s == NULL) /* unreachable through the module (its metatable is guarded), kept as a check */
+        return luaL_error(L, "limiter: the store is closed");
     luaL_checktype(L, 2, LUA_TTABLE);
     uint64_t now_ms = (uint64_t)luaL_checknumber(L, 3);
     int headers = lua_toboolean(L, 4);
@@ -212,19 +218,10 @@ static int l_shed(lua_State *L)
 
 int agw_limiter_open(lua_State *L)
 {
-    if (luaL_newmetatable(L, STORE_MT)) {
-        lua_createtable(L, 0, 1);
-        lua_pushcfunction(L, l_check);
-        lua_setfield(L, -2, "check");
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
-    }
+    static const luaL_Reg methods[] = {{"check", l_check}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"new", l_new}, {"shed", l_shed}, {NULL, NULL}};
+    agw_luamod_class(L, STORE_MT, methods, l_gc); /* guarded: no __gc by hand, then check on freed memory */
     lua_pop(L, 1);
-    lua_createtable(L, 0, 2);
-    lua_pushcfunction(L, l_new);
-    lua_setfield(L, -2, "new");
-    lua_pushcfunction(L, l_shed);
-    lua_setfield(L, -2, "shed");
+    luaL_newlib(L, fns);
     return 1;
 }

@@ -1,5 +1,6 @@
 /* limit.c: GCRA rates and fixed-window quotas in a lock-free table (see limit.h). */
 #include "limits/limit.h"
+#include "limits/limit_seen.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@ struct agw_limit_store {
     pthread_mutex_t names_lock;                      /* adding a counter */
     uint32_t num_counts;                             /* published with release order */
     agw_limit_counts_t counts[AGW_LIMIT_COUNTERS_MAX];
+    agw_limit_seen_t *seen;                          /* the Redis rules' side (limit_seen.h) */
 };
 
 #define QUOTA_COUNT_BITS 40
@@ -87,6 +89,7 @@ agw_limit_store_t *agw_limit_store_new(size_t slots)
     if (s == NULL || (s->slots = calloc(n, sizeof(*s->slots))) == NULL)
         abort();
     s->mask = n - 1;
+    s->seen = agw_limit_seen_new();
     pthread_mutex_init(&s->names_lock, NULL);
     return s;
 }
@@ -139,8 +142,14 @@ void agw_limit_store_free(agw_limit_store_t *s)
     if (s == NULL)
         return;
     free(s->slots);
+    agw_limit_seen_free(s->seen);
     pthread_mutex_destroy(&s->names_lock);
     free(s);
+}
+
+agw_limit_seen_t *agw_limit_store_seen(agw_limit_store_t *s)
+{
+    return s->seen;
 }
 
 size_t agw_limit_store_slots(const agw_limit_store_t *s)

@@ -114,6 +114,12 @@ agw_limit_store_t *agw_limit_store_new(size_t slots);
 
 void agw_limit_store_free(agw_limit_store_t *s);
 
+struct agw_limit_seen;
+
+/* What the process knows of its Redis rules (limits/limit_seen.h): made and freed with s, the same
+ * for every worker and the admin page. */
+struct agw_limit_seen *agw_limit_store_seen(agw_limit_store_t *s);
+
 /* Slots of s (the rounded size). */
 size_t agw_limit_store_slots(const agw_limit_store_t *s);
 

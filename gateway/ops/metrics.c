@@ -240,6 +240,29 @@ static const char *route_name(const agw_metric_labels_t *l, size_t nr, size_t e)
     return e < nr ? l->routes[e] : "unmatched";
 }
 
+/* The Lua collector of the workers' VMs (worker/gc.h): idle collections summed over the workers,
+ * the longest of any worker, the heaps' sizes. */
+static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
+{
+    uint64_t idle = 0, imax = 0, heap = 0;
+    for (size_t i = 0; i < nw; i++) {
+        const agw_lua_gc_stats_t *st = &w[i]->lua_gc;
+        idle += AGW_M_GET(st->idle_collections);
+        heap += AGW_M_GET(st->heap_bytes);
+        uint64_t v;
+        if ((v = AGW_M_GET(st->idle_us_max)) > imax)
+            imax = v;
+    }
+    agw_prom_family(b, "aggway_lua_gc_idle_collections_total", "counter",
+                    "Full collections run when a worker went idle (no request for 2 s), each followed by "
+                    "free memory given back to the kernel.");
+    agw_prom_sample_u64(b, "aggway_lua_gc_idle_collections_total", NULL, 0, idle);
+    agw_prom_family(b, "aggway_lua_gc_idle_collection_max_seconds", "gauge", "The longest of those full collections.");
+    agw_prom_sample(b, "aggway_lua_gc_idle_collection_max_seconds", NULL, 0, (double)imax / 1e6);
+    agw_prom_family(b, "aggway_lua_heap_bytes", "gauge", "Bytes in use by the workers' Lua VMs (updated once a second).");
+    agw_prom_sample_u64(b, "aggway_lua_heap_bytes", NULL, 0, heap);
+}
+
 static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_metrics_t *const *w, size_t nw)
 {
     size_t nr = __atomic_load_n(&lb->num_routes, __ATOMIC_ACQUIRE);
@@ -266,6 +289,8 @@ static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
     }
     agw_prom_family(b, "aggway_requests_in_flight", "gauge", "Requests being handled by a script right now.");
     agw_prom_sample_u64(b, "aggway_requests_in_flight", NULL, 0, started > ended ? started - ended : 0);
+
+    render_lua_gc(b, w, nw);
 
     agw_prom_family(b, "aggway_rate_limited_total", "counter",
                     "Requests refused with 429 by a rate limit or quota (limits in gateway.lua), by route.");

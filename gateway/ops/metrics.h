@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "base/buf.h"
+#include "base/counter.h"
 #include "cache/lru.h"
 #include "cache/purge.h"
 #include "redis/redis.h"
@@ -39,10 +40,7 @@ struct agw_waterfall;
 struct agw_otlp;
 struct agw_otlp_queue;
 
-#define AGW_M_GET(f) __atomic_load_n(&(f), __ATOMIC_RELAXED)
-#define AGW_M_SET(f, v) __atomic_store_n(&(f), (v), __ATOMIC_RELAXED)
-/* single writer: no read-modify-write instruction needed */
-#define AGW_M_ADD(f, v) AGW_M_SET(f, AGW_M_GET(f) + (v))
+/* AGW_M_GET, AGW_M_SET, AGW_M_ADD: base/counter.h */
 
 /* Outcomes of an upstream call, as the metric's `outcome` label says them. */
 typedef enum agw_metric_outcome {
@@ -124,6 +122,13 @@ void agw_metric_labels_free(agw_metric_labels_t *l);
 int agw_metric_labels_map(agw_metric_labels_t *l, const struct agw_config *conf, uint32_t *route_slot,
                           uint32_t *upstream_slot, agw_buf_t *errors);
 
+/* The Lua garbage collector of a worker's VMs: the idle collections (worker/gc.h) and the heap. */
+typedef struct agw_lua_gc_stats {
+    uint64_t idle_collections;        /* full collections when the worker went idle */
+    uint64_t idle_us_max;             /* the longest of those, µs */
+    uint64_t heap_bytes;              /* the worker's VMs' heaps, bytes (once a second) */
+} agw_lua_gc_stats_t;
+
 typedef struct agw_metrics {
     size_t num_routes;                /* route slots (the registry's capacity); routes[0] is "no route matched" */
     size_t num_upstreams;             /* upstream slots (the registry's capacity) */
@@ -144,6 +149,7 @@ typedef struct agw_metrics {
     agw_lru_stats_t lru;
     agw_redis_stats_t redis;
     agw_cache_inbox_t purge;          /* POST /cache/purge: prefixes for this worker's tier 1 (purge.h) */
+    agw_lua_gc_stats_t lua_gc;
     struct agw_waterfall *waterfall;
     struct agw_otlp_queue *trace_queue;
     const struct agw_otlp *exporter;

@@ -9,13 +9,15 @@
 #include <hiredis/adapters/libev.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <h2o/linklist.h>
+#include <h2o/memory.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
-#include "ops/metrics.h"
+#include "base/counter.h"
 
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 5000
@@ -33,7 +35,7 @@ typedef struct cmd {
     ev_tstamp started;
     int answered;                   /* the caller's callback ran */
     int internal;                   /* AUTH/SELECT of the handshake: no caller, not counted */
-    struct cmd *next, *prev;        /* r->cmds */
+    h2o_linklist_t link;            /* on r->cmds while linked */
 } cmd_t;
 
 struct agw_redis {
@@ -52,7 +54,8 @@ struct agw_redis {
     int logged_down;                /* an outage is under way and its start is logged */
     ev_tstamp down_since;           /* when the outage began (loop time, s) */
     uint64_t down_failed;           /* callers' commands failed since the outage began */
-    cmd_t *cmds;                    /* commands whose caller has not been answered yet */
+    h2o_linklist_t cmds;            /* commands whose caller has not been answered yet, newest first
+                                       (cmd_t.link) */
     char addr[300];                 /* "host:port/db" for messages */
     char why[160];                  /* why the client last dropped a connection itself */
 };
@@ -230,13 +233,9 @@ static void conf_copy(agw_redis_conf_t *d, const agw_redis_conf_t *s)
 
 static void unlink_cmd(agw_redis_t *r, cmd_t *c)
 {
-    if (c->prev)
-        c->prev->next = c->next;
-    else if (r->cmds == c)
-        r->cmds = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->next = c->prev = NULL;
+    (void)r;
+    if (h2o_linklist_is_linked(&c->link))
+        h2o_linklist_unlink(&c->link);
 }
 
 /* Answers c's caller once: stops its timer, counts, calls back. */
@@ -357,10 +356,7 @@ static cmd_t *send_cmd(agw_redis_t *r, agw_redis_cb cb, void *data, int internal
     c->timer.data = c;
     if (!internal)
         ev_timer_start(r->loop, &c->timer);
-    c->next = r->cmds;
-    if (r->cmds)
-        r->cmds->prev = c;
-    r->cmds = c;
+    h2o_linklist_insert(r->cmds.next, &c->link); /* first */
     return c;
 }
 
@@ -543,9 +539,8 @@ static void connect_now(agw_redis_t *r)
 
 agw_redis_t *agw_redis_new(struct ev_loop *loop, const agw_redis_conf_t *conf, agw_redis_stats_t *stats)
 {
-    agw_redis_t *r = calloc(1, sizeof(*r));
-    if (!r)
-        abort();
+    agw_redis_t *r = agw_calloc(1, sizeof(*r));
+    h2o_linklist_init_anchor(&r->cmds);
     r->loop = loop;
     conf_copy(&r->conf, conf);
     r->stats = stats ? stats : &r->own_stats;
@@ -570,8 +565,8 @@ void agw_redis_free(agw_redis_t *r)
     ev_timer_stop(r->loop, &r->retry);
     ev_timer_stop(r->loop, &r->connect_timer);
     /* answer the callers first, so that they see "client closed" rather than a connection error */
-    while (r->cmds)
-        answer(r->cmds, NULL, "client closed");
+    while (!h2o_linklist_is_empty(&r->cmds))
+        answer(H2O_STRUCT_FROM_MEMBER(cmd_t, link, r->cmds.next), NULL, "client closed");
     if (r->ac) {
         redisAsyncContext *ac = r->ac;
         r->ac = NULL;

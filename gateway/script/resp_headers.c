@@ -283,8 +283,7 @@ static int l_apply(lua_State *L)
 
 int agw_resp_headers_open(lua_State *L)
 {
-    lua_createtable(L, 0, 1);
-    lua_pushcfunction(L, l_apply);
-    lua_setfield(L, -2, "apply");
+    static const luaL_Reg fns[] = {{"apply", l_apply}, {NULL, NULL}};
+    luaL_newlib(L, fns);
     return 1;
 }

@@ -1,6 +1,7 @@
 /* router.c: route table (see router.h). */
 #include "script/router.h"
 
+#include "base/luamod.h"
 #include "base/mem.h"
 
 #include <lauxlib.h>
@@ -312,21 +313,10 @@ static int l_gc(lua_State *L)
 
 int agw_router_open(lua_State *L)
 {
-    if (luaL_newmetatable(L, ROUTER_MT)) {
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_createtable(L, 0, 1);
-        lua_pushcfunction(L, l_match);
-        lua_setfield(L, -2, "match");
-        lua_setfield(L, -2, "__index");
-        lua_pushliteral(L, ROUTER_MT);
-        lua_setfield(L, -2, "__metatable");
-    }
+    static const luaL_Reg methods[] = {{"match", l_match}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"compile", l_compile}, {"new", l_new}, {NULL, NULL}};
+    agw_luamod_class(L, ROUTER_MT, methods, l_gc);
     lua_pop(L, 1);
-    lua_createtable(L, 0, 2);
-    lua_pushcfunction(L, l_compile);
-    lua_setfield(L, -2, "compile");
-    lua_pushcfunction(L, l_new);
-    lua_setfield(L, -2, "new");
+    luaL_newlib(L, fns);
     return 1;
 }

@@ -170,15 +170,10 @@ static int l_call_invalid(lua_State *L)
 
 int agw_sys_open(lua_State *L)
 {
-    lua_createtable(L, 0, 4);
-    lua_pushcfunction(L, l_call_invalid);
-    lua_setfield(L, -2, "call_invalid");
-    lua_pushcfunction(L, l_read_file);
-    lua_setfield(L, -2, "read_file");
-    lua_pushcfunction(L, l_listdir);
-    lua_setfield(L, -2, "listdir");
-    lua_pushcfunction(L, l_monotonic_s);
-    lua_setfield(L, -2, "monotonic_s");
+    static const luaL_Reg fns[] = {{"call_invalid", l_call_invalid}, {"read_file", l_read_file},
+                                   {"listdir", l_listdir},           {"monotonic_s", l_monotonic_s},
+                                   {NULL, NULL}};
+    luaL_newlib(L, fns);
     return 1;
 }
 

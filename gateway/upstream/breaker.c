@@ -1,6 +1,7 @@
 /* breaker.c: circuit breaker (see breaker.h). */
 #include "upstream/breaker.h"
 
+#include "base/luamod.h"
 #include "base/mem.h"
 
 #include <lauxlib.h>
@@ -21,7 +22,7 @@ void agw_breaker_init(agw_breaker_t *b, unsigned failures, uint64_t open_ms, uns
     b->failures = failures;
     b->open_ms = open_ms;
     b->probes = probes ? probes : 1;
-    b->state = AGW_BREAKER_CLOSED;
+    __atomic_store_n(&b->state, AGW_BREAKER_CLOSED, __ATOMIC_RELEASE);
 }
 
 void agw_breaker_destroy(agw_breaker_t *b)
@@ -58,12 +59,15 @@ const char *agw_breaker_state_name(agw_breaker_state_t s)
 
 agw_breaker_decision_t agw_breaker_allow(agw_breaker_t *b, uint64_t now_ms, uint64_t *retry_after_ms)
 {
-    if (b->failures == 0)
+    /* closed lets every call through and changes nothing: read without the lock, so workers do
+     * not take turns on the breaker's cache line for the common case (state and consecutive are
+     * written with atomic stores, under the lock) */
+    if (b->failures == 0 || __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == AGW_BREAKER_CLOSED)
         return AGW_BREAKER_ALLOW;
     agw_breaker_decision_t d = AGW_BREAKER_ALLOW;
     pthread_mutex_lock(&b->lock);
     if (b->state == AGW_BREAKER_OPEN && now_ms >= b->opened_at_ms + b->open_ms) {
-        b->state = AGW_BREAKER_HALF_OPEN;
+        __atomic_store_n(&b->state, AGW_BREAKER_HALF_OPEN, __ATOMIC_RELEASE);
         b->probes_out = 0;
     }
     if (b->state == AGW_BREAKER_OPEN) {
@@ -90,27 +94,32 @@ int agw_breaker_report(agw_breaker_t *b, agw_breaker_result_t r, int probe, uint
 {
     if (b->failures == 0)
         return -1;
+    /* a success (or an ignored outcome) while closed with no failure counted changes nothing */
+    if (r != AGW_BREAKER_FAILURE && !probe && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == AGW_BREAKER_CLOSED &&
+        __atomic_load_n(&b->consecutive, __ATOMIC_RELAXED) == 0)
+        return -1;
     int changed = -1;
     pthread_mutex_lock(&b->lock);
     if (probe && b->probes_out > 0)
         b->probes_out--;
     if (b->state == AGW_BREAKER_HALF_OPEN && probe) {
         if (r == AGW_BREAKER_SUCCESS) {
-            b->state = AGW_BREAKER_CLOSED;
-            b->consecutive = 0;
+            __atomic_store_n(&b->state, AGW_BREAKER_CLOSED, __ATOMIC_RELEASE);
+            __atomic_store_n(&b->consecutive, 0, __ATOMIC_RELAXED);
             b->closed++;
             changed = AGW_BREAKER_CLOSED;
         } else if (r == AGW_BREAKER_FAILURE) {
-            b->state = AGW_BREAKER_OPEN;
+            __atomic_store_n(&b->state, AGW_BREAKER_OPEN, __ATOMIC_RELEASE);
             b->opened_at_ms = now_ms;
             b->opened++;
             changed = AGW_BREAKER_OPEN;
         }
     } else if (b->state == AGW_BREAKER_CLOSED) {
         if (r == AGW_BREAKER_SUCCESS) {
-            b->consecutive = 0;
-        } else if (r == AGW_BREAKER_FAILURE && ++b->consecutive >= b->failures) {
-            b->state = AGW_BREAKER_OPEN;
+            __atomic_store_n(&b->consecutive, 0, __ATOMIC_RELAXED);
+        } else if (r == AGW_BREAKER_FAILURE &&
+                   __atomic_add_fetch(&b->consecutive, 1, __ATOMIC_RELAXED) >= b->failures) {
+            __atomic_store_n(&b->state, AGW_BREAKER_OPEN, __ATOMIC_RELEASE);
             b->opened_at_ms = now_ms;
             b->opened++;
             changed = AGW_BREAKER_OPEN;
@@ -135,6 +144,8 @@ static agw_breaker_t *check(lua_State *L)
     }
     if (!ok)
         luaL_typerror(L, 1, HANDLE_MT);
+    if (h->b == NULL) /* unreachable through the module (its metatable is guarded), kept as a check */
+        luaL_error(L, "breaker: the handle is closed");
     return h->b;
 }
 
@@ -144,7 +155,9 @@ static int l_allow(lua_State *L)
     lua_Number now = luaL_checknumber(L, 2);
     uint64_t after = 0;
     agw_breaker_decision_t d = agw_breaker_allow(b, now > 0 ? (uint64_t)now : 0, &after);
-    lua_pushstring(L, d == AGW_BREAKER_DENY ? "deny" : d == AGW_BREAKER_PROBE ? "probe" : "allow");
+    /* the decision's string, made once per metatable (upvalues 2-4, push_handle): no interning
+     * of "allow" three times a page */
+    lua_pushvalue(L, lua_upvalueindex(d == AGW_BREAKER_DENY ? 4 : d == AGW_BREAKER_PROBE ? 3 : 2));
     lua_pushnumber(L, (lua_Number)after);
     return 2;
 }
@@ -192,17 +205,17 @@ static void push_handle(lua_State *L, agw_breaker_t *b, int owned)
     handle_t *h = lua_newuserdata(L, sizeof(*h));
     h->b = b;
     h->owned = owned;
-    if (luaL_newmetatable(L, HANDLE_MT)) {
-        static const luaL_Reg methods[] = {{"allow", l_allow}, {"report", l_report}, {"state", l_state}, {NULL, NULL}};
-        lua_createtable(L, 0, 3);
-        for (const luaL_Reg *m = methods; m->name; m++) {
-            lua_pushvalue(L, -2); /* the metatable: upvalue 1 (check) */
-            lua_pushcclosure(L, m->func, 1);
-            lua_setfield(L, -2, m->name);
-        }
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
+    static const luaL_Reg methods[] = {{"allow", l_allow}, {"report", l_report}, {"state", l_state}, {NULL, NULL}};
+    if (agw_luamod_class(L, HANDLE_MT, methods, l_gc)) { /* the metatable is each method's upvalue 1 */
+        /* allow's answers, made once per metatable: upvalues 2, 3, 4 (l_allow) */
+        lua_getfield(L, -1, "__index");
+        lua_pushvalue(L, -2);
+        lua_pushliteral(L, "allow");
+        lua_pushliteral(L, "probe");
+        lua_pushliteral(L, "deny");
+        lua_pushcclosure(L, l_allow, 4);
+        lua_setfield(L, -2, "allow");
+        lua_pop(L, 1);
     }
     lua_setmetatable(L, -2);
 }
@@ -224,8 +237,7 @@ static int l_new(lua_State *L)
 
 int agw_breaker_open(lua_State *L)
 {
-    lua_createtable(L, 0, 1);
-    lua_pushcfunction(L, l_new);
-    lua_setfield(L, -2, "new");
+    static const luaL_Reg fns[] = {{"new", l_new}, {NULL, NULL}};
+    luaL_newlib(L, fns);
     return 1;
 }

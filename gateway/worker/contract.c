@@ -35,6 +35,22 @@ const char *const agw_contract_counters[AGW_COUNTERS_FIELDS] = {
     [AGW_COUNTERS_COLLAPSED] = "collapsed",
 };
 
+const char *const agw_contract_endpoint_state[AGW_EPSTATE_FIELDS] = {
+    [AGW_EPSTATE_CALLS] = "calls",
+    [AGW_EPSTATE_FAILURES] = "failures",
+    [AGW_EPSTATE_EJECTIONS] = "ejections",
+    [AGW_EPSTATE_SESSIONS] = "sessions",
+    [AGW_EPSTATE_IN_FLIGHT] = "in_flight",
+    [AGW_EPSTATE_EJECTED_UNTIL_MS] = "ejected_until_ms",
+    [AGW_EPSTATE_LAST_EJECTED_MS] = "last_ejected_ms",
+    [AGW_EPSTATE_ANSWERED] = "answered",
+    [AGW_EPSTATE_LATENCY_MS] = "latency_ms",
+    [AGW_EPSTATE_HEALTH] = "health",
+    [AGW_EPSTATE_DOWN] = "down",
+    [AGW_EPSTATE_PROBES] = "probes",
+    [AGW_EPSTATE_PROBE_FAILURES] = "probe_failures",
+};
+
 const char *const agw_contract_runtime[] = {"init", "start", "on_call", "on_timer", "abort", "report_stats", "on_redis", NULL};
 
 void agw_contract_push_keys(lua_State *L)

@@ -44,6 +44,14 @@ enum agw_counters_field {
 };
 extern const char *const agw_contract_counters[AGW_COUNTERS_FIELDS];
 
+/* core.endpoint_state's state (read by core.c) */
+enum agw_endpoint_state_field {
+    AGW_EPSTATE_CALLS, AGW_EPSTATE_FAILURES, AGW_EPSTATE_EJECTIONS, AGW_EPSTATE_SESSIONS, AGW_EPSTATE_IN_FLIGHT,
+    AGW_EPSTATE_EJECTED_UNTIL_MS, AGW_EPSTATE_LAST_EJECTED_MS, AGW_EPSTATE_ANSWERED, AGW_EPSTATE_LATENCY_MS,
+    AGW_EPSTATE_HEALTH, AGW_EPSTATE_DOWN, AGW_EPSTATE_PROBES, AGW_EPSTATE_PROBE_FAILURES, AGW_EPSTATE_FIELDS
+};
+extern const char *const agw_contract_endpoint_state[AGW_EPSTATE_FIELDS];
+
 /* The runtime functions the worker calls (agg.runtime), NULL-terminated. */
 extern const char *const agw_contract_runtime[];
 

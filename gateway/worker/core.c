@@ -150,12 +150,19 @@ typedef struct field_ref {
     size_t at;
 } field_ref_t;
 
+/* ASCII lowercase: field names are tokens (RFC 9110 §5.1), and tolower() is a call through the
+ * locale's table for every byte */
+static inline int fold(unsigned char c)
+{
+    return c >= 'A' && c <= 'Z' ? c | 0x20 : c;
+}
+
 static int field_cmp(const void *pa, const void *pb)
 {
     const field_ref_t *a = pa, *b = pb;
     size_t n = a->h->name_len < b->h->name_len ? a->h->name_len : b->h->name_len;
     for (size_t k = 0; k < n; k++) {
-        int d = tolower((unsigned char)a->h->name[k]) - tolower((unsigned char)b->h->name[k]);
+        int d = fold((unsigned char)a->h->name[k]) - fold((unsigned char)b->h->name[k]);
         if (d)
             return d;
     }
@@ -169,12 +176,22 @@ void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
     field_ref_t small[64], *f = n <= 64 ? small : agw_malloc(n * sizeof(*f));
     for (size_t i = 0; i < n; i++)
         f[i] = (field_ref_t){&h[i], i};
-    qsort(f, n, sizeof(*f), field_cmp);
+    if (n <= 16) { /* an upstream's few fields: insertion sort, no call per comparison */
+        for (size_t i = 1; i < n; i++) {
+            field_ref_t x = f[i];
+            size_t j = i;
+            for (; j > 0 && field_cmp(&x, &f[j - 1]) < 0; j--)
+                f[j] = f[j - 1];
+            f[j] = x;
+        }
+    } else {
+        qsort(f, n, sizeof(*f), field_cmp);
+    }
     agw_buf_reset(b);
     for (size_t i = 0; i < n; i++) {
         const agw_header_t *x = f[i].h;
         int same = i > 0 && x->name_len == f[i - 1].h->name_len &&
-                   strncasecmp(x->name, f[i - 1].h->name, x->name_len) == 0;
+                   field_cmp(&(field_ref_t){x, 0}, &(field_ref_t){f[i - 1].h, 0}) == 0;
         if (same) { /* b ends with the previous value's NUL: ", value" goes before it */
             agw_buf_reserve(b, x->value_len + 2);
             b->len--;
@@ -183,7 +200,7 @@ void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
         } else {
             agw_buf_reserve(b, x->name_len + x->value_len + 2);
             for (size_t j = 0; j < x->name_len; j++)
-                b->base[b->len++] = (char)tolower((unsigned char)x->name[j]);
+                b->base[b->len++] = (char)fold((unsigned char)x->name[j]);
             b->base[b->len++] = '\0';
         }
         memcpy(b->base + b->len, x->value, x->value_len);
@@ -674,28 +691,34 @@ static int l_trace_id(lua_State *L)
     return 1;
 }
 
-/* core.endpoint_state(index, endpoint, calls, failures, ejections, sessions, in_flight,
- *                     ejected_until_ms, last_ejected_ms, answered, latency_ms, health, down, probes,
- *                     probe_failures): agg.group's view of endpoint (1-based) of
- * upstream index in this worker, published on the generation's board (group/board.h) for the
- * admin page and the metrics (runtime.report_stats, about once a second). */
+/* core.endpoint_state(index, endpoint, state): agg.group's view of endpoint (1-based) of upstream
+ * index in this worker (state: contract.h's endpoint_state fields; a missing or negative one is
+ * 0), published on the generation's board (group/board.h) for the admin page and the metrics
+ * (runtime.report_stats, about once a second: cold, so the fields are read by name). */
 static int l_endpoint_state(lua_State *L)
 {
     wgen_t *g = upg(L);
     lua_Integer index = luaL_checkinteger(L, 1), ep = luaL_checkinteger(L, 2);
     const agw_config_t *conf = g->conf;
+    luaL_checktype(L, 3, LUA_TTABLE);
     if (index < 1 || (size_t)index > conf->num_upstreams || ep < 1 ||
         (size_t)ep > conf->ep_first[index] - conf->ep_first[index - 1])
         return 0;
-    uint64_t v[13];
-    for (int k = 0; k < 13; k++) {
-        lua_Number n = luaL_optnumber(L, 3 + k, 0);
+    uint64_t v[AGW_EPSTATE_FIELDS];
+    for (int k = 0; k < AGW_EPSTATE_FIELDS; k++) {
+        lua_getfield(L, 3, agw_contract_endpoint_state[k]);
+        lua_Number n = lua_tonumber(L, -1);
+        lua_pop(L, 1);
         v[k] = n > 0 ? (uint64_t)n : 0;
     }
-    agw_endpoint_row_t row = {.calls = v[0], .failures = v[1], .ejections = v[2], .sessions = v[3],
-                              .in_flight = v[4], .ejected_until_ms = v[5], .last_ejected_ms = v[6],
-                              .answered = v[7], .latency_ms = v[8], .health = v[9], .down = v[10],
-                              .probes = v[11], .probe_failures = v[12]};
+    agw_endpoint_row_t row = {.calls = v[AGW_EPSTATE_CALLS], .failures = v[AGW_EPSTATE_FAILURES],
+                              .ejections = v[AGW_EPSTATE_EJECTIONS], .sessions = v[AGW_EPSTATE_SESSIONS],
+                              .in_flight = v[AGW_EPSTATE_IN_FLIGHT],
+                              .ejected_until_ms = v[AGW_EPSTATE_EJECTED_UNTIL_MS],
+                              .last_ejected_ms = v[AGW_EPSTATE_LAST_EJECTED_MS],
+                              .answered = v[AGW_EPSTATE_ANSWERED], .latency_ms = v[AGW_EPSTATE_LATENCY_MS],
+                              .health = v[AGW_EPSTATE_HEALTH], .down = v[AGW_EPSTATE_DOWN],
+                              .probes = v[AGW_EPSTATE_PROBES], .probe_failures = v[AGW_EPSTATE_PROBE_FAILURES]};
     agw_endpoint_board_publish(g->gen->board, (size_t)g->w->id, conf->ep_first[index - 1] + (size_t)ep - 1, &row);
     return 0;
 }

@@ -10,6 +10,7 @@
 #define AGW_WORKER_GENS_H
 
 #include <ev.h>
+#include <h2o/linklist.h>
 #include <pthread.h>
 #include <stdint.h>
 
@@ -17,9 +18,9 @@ struct agw_worker_gen;
 
 typedef struct agw_worker_gens {
     struct agw_worker_gen *cur;  /* the generation new requests go to */
-    struct agw_worker_gen *live; /* every live generation of this worker (cur included), linked by
-                                    their next/prev */
-    struct agw_worker_gen *dead; /* generations to free once no Lua code runs */
+    h2o_linklist_t live;         /* every live generation of this worker (cur included), newest
+                                    first (agw_worker_gen.link) */
+    h2o_linklist_t dead;         /* generations to free once no Lua code runs (the same link) */
     ev_async reload_async;       /* agw_worker_install(): take `next` */
     pthread_mutex_t next_lock;
     struct agw_worker_gen *next; /* prepared on the main thread, not yet taken (next_lock) */
@@ -28,7 +29,7 @@ typedef struct agw_worker_gens {
                                     closed once their calls in flight have ended (vm.c) */
 } agw_worker_gens_t;
 
-/* Initializes the lock of gs (the rest is zeroed memory). Before the worker's thread starts. */
+/* Initializes the lists and the lock of gs (the rest is zeroed memory). Before the worker's thread starts. */
 void agw_worker_gens_init(agw_worker_gens_t *gs);
 
 /* Leaves g as the next generation for the worker to take (thread-safe). Returns the one left

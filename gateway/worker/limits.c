@@ -14,6 +14,7 @@
 #include "base/mem.h"
 #include "limits/gate.h"
 #include "limits/limit_redis.h"
+#include "limits/limit_seen.h"
 
 /* Rules one request is checked against, at most (more in one endpoint's list are not checked). */
 #define LIMITS_MAX AGW_LIMIT_REDIS_MAX
@@ -255,35 +256,43 @@ static int conclude(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, ga
 
 /* ---- Redis ---------------------------------------------------------------------------------- */
 
-/* Redis answered a check (ok) or failed one (why): an outage is logged when it starts and when it
- * ends, with what it cost, never per request. */
-static void note_redis(agw_worker_t *w, int ok, const char *why)
+/* Redis answered a check (ok) or failed one (why; fallback: the check was decided by its rules'
+ * on_redis_error): an outage is logged when it starts and when it ends for the process, whichever
+ * worker sees it first and last (limit_seen.h), with what it cost, never per request. */
+static void note_redis(agw_worker_t *w, int ok, const char *why, int fallback)
 {
-    double now = ev_now(w->loop);
+    agw_limit_seen_t *seen = agw_limit_store_seen(w->limits);
     if (ok) {
-        if (w->lim.redis_down) {
+        agw_limit_outage_t o;
+        if (agw_limit_seen_answered(seen, (unsigned)w->id, &o)) {
+            double now_ms = ev_now(w->loop) * 1000.0;
             agw_log(AGW_LOG_INFO, "limits: Redis answers checks again after %.1f s; %" PRIu64
-                    " checks were decided by their rules' on_redis_error meanwhile (worker %d)",
-                    now - w->lim.redis_since, w->lim.fallbacks, w->id);
-            w->lim.redis_down = 0;
+                    " checks were decided by their rules' on_redis_error meanwhile",
+                    now_ms > (double)o.since_ms ? (now_ms - (double)o.since_ms) / 1000.0 : 0.0, o.fallbacks);
         }
         return;
     }
-    if (!w->lim.redis_down) {
+    if (agw_limit_seen_failed(seen, (unsigned)w->id, (uint64_t)(ev_now(w->loop) * 1000.0), fallback))
         agw_log(AGW_LOG_WARN, "limits: Redis did not answer a check (%s); Redis rules follow their on_redis_error "
-                "until it answers again (worker %d)", why, w->id);
-        w->lim.redis_down = 1;
-        w->lim.redis_since = now;
-        w->lim.fallbacks = 0;
+                "until it answers again", why);
+}
+
+/* Keeps what Redis answered for each rule of a for the admin page (limit_seen.h). */
+static void keep_answers(agw_worker_t *w, const redis_ask_t *a, const agw_limit_result_t *results)
+{
+    agw_limit_seen_t *seen = agw_limit_store_seen(w->limits);
+    for (size_t i = 0; i < a->n; i++) {
+        agw_limit_seen_answer_t ans = {results[i].allowed, results[i].remaining, a->now_ms + results[i].reset_ms,
+                                       a->now_ms};
+        agw_limit_seen_note(seen, a->asks[i].hash, &ans);
     }
-    w->lim.fallbacks++;
 }
 
 /* Decides c's Redis rules that Redis did not answer by their on_redis_error: "local" counts them in
  * the process's store, "allow" accepts uncounted, "deny" refuses (deny[i] = 1). */
 static void fall_back(agw_worker_t *w, gate_check_t *c, const char *why, int *deny)
 {
-    note_redis(w, 0, why);
+    note_redis(w, 0, why, 1);
     for (size_t i = 0; i < c->n; i++) {
         const agw_limit_rule_t *r = c->asks[i].rule;
         if (!r->redis)
@@ -360,11 +369,13 @@ static void on_redis_reply(void *data, const struct redisReply *reply, const cha
     const char *why = err;
     if (why == NULL && agw_limit_redis_verdict(reply, a->asks, a->n, a->now_ms, &v) != 0)
         why = "an answer that is not the limits script's";
-    if (why == NULL)
-        note_redis(w, 1, NULL);
+    if (why == NULL) {
+        note_redis(w, 1, NULL, 0);
+        keep_answers(w, a, results);
+    }
     if (wt == NULL) { /* the request stopped waiting (client gone, deadline): only the outage log */
         if (why)
-            note_redis(w, 0, why);
+            note_redis(w, 0, why, 0);
         free_ask(a);
         return;
     }

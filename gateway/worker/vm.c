@@ -94,9 +94,9 @@ void agw_worker_gen_free(wgen_t *g)
 
 void agw_worker_free_dead_gens(agw_worker_t *w)
 {
-    while (w->gens.dead) {
-        wgen_t *g = w->gens.dead;
-        w->gens.dead = g->next;
+    while (!h2o_linklist_is_empty(&w->gens.dead)) {
+        wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, w->gens.dead.next);
+        h2o_linklist_unlink(&g->link);
         agw_worker_gen_free(g);
     }
 }
@@ -142,11 +142,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
             g->pools[i] = pool_new(w, &conf->eps[i]);
     }
     g->refs = 1; /* current */
-    g->prev = NULL;
-    g->next = w->gens.live;
-    if (w->gens.live)
-        w->gens.live->prev = g;
-    w->gens.live = g;
+    h2o_linklist_insert(w->gens.live.next, &g->link); /* first */
     w->gens.cur = g;
     adopt_listener_tls(w, conf);
     __atomic_store_n(&w->gens.serving, g->gen->number, __ATOMIC_RELEASE);
@@ -156,6 +152,8 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
 
 void agw_worker_gens_init(agw_worker_gens_t *gs)
 {
+    h2o_linklist_init_anchor(&gs->live);
+    h2o_linklist_init_anchor(&gs->dead);
     pthread_mutex_init(&gs->next_lock, NULL);
 }
 

@@ -17,6 +17,7 @@
 #include "guard/guard.h"
 #include "cache/lru.h"
 #include "edge/auth.h"
+#include "worker/gc.h"
 #include "worker/generation.h"
 #include "worker/gens.h"
 #include "worker/request_log.h"
@@ -72,7 +73,7 @@ typedef struct agw_worker_gen {
     uint64_t *reported;         /* per upstream: the runtime's AGW_COUNTERS_FIELDS totals as last
                                    published (metrics) */
     int refs;                   /* requests, calls, timers, deferred aborts, +1 while current */
-    struct agw_worker_gen *next, *prev; /* the worker's live generations (or its list of dead ones) */
+    h2o_linklist_t link;        /* on the worker's live generations, or its dead ones (gens.h) */
 } wgen_t;
 
 /* The part of a request that lives in its h2o pool; rid is 0 once a response was sent. */
@@ -84,7 +85,7 @@ typedef struct reqref {
     ev_io client_watch; /* HTTP/1: notices the client closing while the page is being built */
     int watching;       /* client_watch is started */
     int watch_fd;       /* HTTP/1: the client's socket, -1 when there is nothing to watch */
-    struct reqref *watch_next, *watch_prev; /* queued for a watch (worker's watch_queue), oldest first */
+    h2o_linklist_t watch_link; /* on the worker's watch_queue while queued for a watch */
     int endpoint;       /* 1-based endpoint index (metrics, access log) */
     double started;     /* ev_now() when the request arrived */
     char *logline;      /* access log on: "METHOD\0path" copied at arrival (the request may be gone
@@ -149,12 +150,14 @@ struct agw_worker {
                                               (atomic: the main thread reads it while draining) */
     uint64_t rng;                          /* xorshift state for core.random() */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
+    uint64_t idle_started;                 /* requests_started at the last tick (gc.h's idle collection) */
+    int idle_ticks;                        /* ticks since a request last started, while none is in flight */
     /* the front: listeners and client connections (worker.c) */
     h2o_context_t ctx;
     listener_t *listeners;
     size_t num_listeners;
-    struct reqref *watch_head, *watch_tail; /* HTTP/1 requests not yet watched for the client leaving,
-                                              in arrival order (see watch_client) */
+    h2o_linklist_t watch_queue;            /* HTTP/1 requests not yet watched for the client leaving,
+                                              in arrival order (reqref_t.watch_link; see watch_client) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
     agw_guard_t guard;                     /* client connections and their HTTP/2 cancel windows */
     unsigned client_conns;                 /* client connections open on this worker */
@@ -234,20 +237,12 @@ static inline void agw_worker_gen_release(wgen_t *g)
     if (--g->refs > 0)
         return;
     agw_worker_t *w = g->w;
-    if (g->prev)
-        g->prev->next = g->next;
-    else
-        w->gens.live = g->next;
-    if (g->next)
-        g->next->prev = g->prev;
-    g->prev = NULL;
+    h2o_linklist_unlink(&g->link);
     if (w->script.depth == 0) {
-        g->next = NULL;
         agw_worker_gen_free(g);
         return;
     }
-    g->next = w->gens.dead;
-    w->gens.dead = g;
+    h2o_linklist_insert(w->gens.dead.next, &g->link); /* first */
 }
 
 /* Frees a generation that was never installed (a reload that failed in another worker, or one
@@ -282,16 +277,7 @@ void agw_worker_on_reload(struct ev_loop *loop, ev_async *a, int revents);
 /* Takes rr off the worker's queue of requests waiting for their client watch (see watch_client). */
 static inline void agw_worker_watch_unqueue(reqref_t *rr)
 {
-    agw_worker_t *w = rr->w;
-    if (rr->watch_prev)
-        rr->watch_prev->watch_next = rr->watch_next;
-    else
-        w->watch_head = rr->watch_next;
-    if (rr->watch_next)
-        rr->watch_next->watch_prev = rr->watch_prev;
-    else
-        w->watch_tail = rr->watch_prev;
-    rr->watch_next = rr->watch_prev = NULL;
+    h2o_linklist_unlink(&rr->watch_link);
     rr->watch_fd = -1;
 }
 
@@ -314,7 +300,9 @@ extern const luaL_Reg agw_worker_core_fns[];
 /* Headers go to Lua as one string "name\0value\0…" with lowercased names, each name once: the
  * values of a repeated name are joined with ", " here (RFC 9110 §5.3), in their order, in one
  * pass over the fields sorted by name (O(n log n): a client or upstream repeating a name many
- * times cannot make the join quadratic, as concatenating in Lua would). The runtime makes a table
+ * times cannot make the join quadratic, as concatenating in Lua would; up to 16 fields, the
+ * common case, are sorted by insertion). Names are lowercased in ASCII (field names are tokens,
+ * RFC 9110 §5.1), whatever the locale. The runtime makes a table
  * of it only when a script reads req.headers or result.headers. Writes into b (reset first). */
 void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
 

@@ -110,25 +110,27 @@ function M.normalize(spec, upstreams, level, req_headers)
   end
   -- The scheduler keeps its per-call state in this table too: it is the call's exchange
   -- (agg.exchange: ctx … own_timer) and the info of its result (section … raw_headers). Every
-  -- field is present from the start, so the table never grows, and one table per call serves
-  -- all three.
+  -- field a plain call writes is present from the start, so its table never grows, and one table
+  -- per call serves all three. The constructor's keys are 32 at most: a table of 33 keys has a
+  -- hash part of 64 slots (1.5 KB to allocate, copy, mark and sweep for every call; 32 keys take
+  -- half). The fields only some calls write are left out and added when they are: a fallback
+  -- (below), a merged call's batch, the cache's key, stale entry, refresh and user flags and
+  -- personal (agg.cache), retrying, last and the timers (retries, hedges, shared calls).
   local n = {
     upstream = name, path = path, method = spec.method or "GET",
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
-    required = spec.required == true, fallback = spec.fallback,
+    required = spec.required == true,
     headers = false, body = false, section = false,
     ref = false, body_ref = false, raw_headers = false,
-    retry = false, hedge_after = false, collapse = false, batch = false,
-    -- the exchange (see agg.exchange start_call); the fields only retries, hedges and shared
-    -- calls write (retrying, last, the timers) are left out: 32 slots hold the rest
+    retry = false, hedge_after = false, collapse = false,
+    -- the exchange (see agg.exchange start_call)
     ctx = false, key = false, group = false, chain = false, u = false, x = false,
     a1 = false, a2 = false, attempt = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
-    -- per-call caching (agg.cache): the policy, the key, a stale entry for stale-if-error, and
-    -- whether this exchange is a background refresh
-    cache = false, cache_key = false, cache_stale = false, cache_refresh = false, cache_user = false, personal = false,
+    cache = false, -- the call's cache policy (agg.cache)
     identity = spec.identity ~= false, -- false: this call goes without the user's identity
   }
+  if spec.fallback ~= nil then n.fallback = spec.fallback end
   if spec.hash_key then -- (agg.group)
     if up.balance ~= "hash" then
       error(("call to '%s': option 'hash_key' is for upstreams with balance = \"hash\" in gateway.lua"):format(name), level)

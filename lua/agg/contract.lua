@@ -52,13 +52,10 @@ M.core = {
   upstream_counters = { args = { "upstream", "counters" }, optional = true,
                         returns = "nothing; the runtime's totals for upstream (an index), " ..
                                   "published as metrics" },
-  endpoint_state = { args = { "upstream", "endpoint", "calls", "failures", "ejections", "sessions",
-                              "in_flight", "ejected_until_ms", "last_ejected_ms", "answered",
-                              "latency_ms", "health", "down", "probes", "probe_failures" }, optional = true,
+  endpoint_state = { args = { "upstream", "endpoint", "state" }, optional = true,
                      returns = "nothing; agg.group's view of an endpoint (1-based) of an upstream " ..
-                               "group in this worker, for /upstreams and the metrics (about once a " ..
-                               "second, from runtime.report_stats: cold, but positional as the " ..
-                               "numbers it publishes)" },
+                               "group in this worker (tables.endpoint_state), for /upstreams and " ..
+                               "the metrics (about once a second, from runtime.report_stats)" },
   endpoint_slots = { args = { "upstream", "seen" }, optional = true,
                      returns = "the endpoint directory's version, and unless it is seen, the list of " ..
                                "the upstream's endpoint slots { url, address | false } after this " ..
@@ -149,6 +146,20 @@ M.tables = {
     page          = "string|nil",   -- agg.page's verdict: "complete" or "partial"; nil: not a page
     sections      = "table|nil",    -- a page's sections, name -> { status, … } (for metrics and
                                     -- the access log)
+  },
+  -- core.endpoint_state's state: agg.group's view of one endpoint (counts are totals since the VM
+  -- started; times on core.now's clock, 0 for none)
+  endpoint_state = {
+    calls = "number", failures = "number", ejections = "number", sessions = "number",
+    in_flight = "number",
+    ejected_until_ms = "number",    -- when its ejection ends; 0 while it is usable
+    last_ejected_ms = "number",     -- when it was last ejected; 0 for never
+    answered = "number",            -- calls it answered (latency_ms is over these)
+    latency_ms = "number",          -- the moving average of its answers' latency
+    health = "number",              -- its active health checks: 0 unchecked, 1 passing, 2 failing
+    down = "number",                -- 1 while its health checks keep it out of service, else 0
+    probes = "number",              -- health probes sent
+    probe_failures = "number",      -- health probes that failed
   },
   -- core.upstream_counters' counters: totals since the VM started
   counters = {

@@ -266,7 +266,9 @@ finish_exchange = function(x, r)
   -- x lives on as the info of its result (result_info, weak-keyed): links that lead back to the
   -- result (its group, the request, an earlier failed result) would keep both alive forever
   local g, chain = x.group, x.chain
-  x.ctx, x.group, x.chain, x.last = false, false, false, false
+  -- (last only when it was set: a plain call's table has no slot for it, see agg.callspec)
+  x.ctx, x.group, x.chain = false, false, false
+  if x.last then x.last = false end
   if ctx.done then return end
   local timings = ctx.timings
   timings[#timings + 1] = x.key
@@ -707,7 +709,8 @@ function M.abandon_exchanges(ctx)
     if not x.done then
       stop_exchange(x)
       -- as in finish_exchange: an earlier failed result keeps x as its info (no way back to it)
-      x.ctx, x.group, x.chain, x.last = false, false, false, false
+      x.ctx, x.group, x.chain = false, false, false
+      if x.last then x.last = false end
     end
     x = next_x
   end
@@ -728,7 +731,8 @@ function M.cancel_where(ctx, pred, after)
   end
   for _, s in ipairs(stopped) do
     after(s)
-    s.ctx, s.group, s.chain, s.last = false, false, false, false
+    s.ctx, s.group, s.chain = false, false, false
+    if s.last then s.last = false end
   end
 end
 

@@ -441,21 +441,26 @@ end
 
 local HEALTH_CODE = { passing = 1, failing = 2 }
 
---- Hands every group's endpoints to core.endpoint_state(index, endpoint, calls, failures,
--- ejections, sessions, in_flight, ejected_until_ms, last_ejected_ms, answered, latency_ms, health,
--- down, probes, probe_failures) when the transport has it (group/board.h: the admin page
--- /upstreams and the endpoint metrics; agg.exchange.report_stats). health: 0 unchecked, 1
--- passing, 2 failing; down: 1 while its health checks keep it out of service.
+--- Hands every group's endpoints to core.endpoint_state(index, endpoint, state) when the transport
+-- has it (state: agg.contract's tables.endpoint_state, one table reused for all, read before the
+-- call returns; group/board.h: the admin page /upstreams and the endpoint metrics;
+-- agg.exchange.report_stats). health: 0 unchecked, 1 passing, 2 failing; down: 1 while its health
+-- checks keep it out of service.
 function M.report_stats()
   local publish = core and core.endpoint_state
   if not publish then return end
   local now = core.now()
+  local st = {}
   for name, g in pairs(groups) do
     local index = policies[name].index
     for i, e in ipairs(g.eps) do
-      publish(index, i, e.calls, e.failures, e.ejections, e.sessions, e.inflight,
-              e.until_ms > now and e.until_ms or 0, e.ejected_ms or 0, e.answered, e.latency_ms,
-              HEALTH_CODE[e.health] or 0, e.down and 1 or 0, e.probes, e.probe_failures)
+      st.calls, st.failures, st.ejections, st.sessions = e.calls, e.failures, e.ejections, e.sessions
+      st.in_flight, st.answered, st.latency_ms = e.inflight, e.answered, e.latency_ms
+      st.ejected_until_ms = e.until_ms > now and e.until_ms or 0
+      st.last_ejected_ms = e.ejected_ms or 0
+      st.health, st.down = HEALTH_CODE[e.health] or 0, e.down and 1 or 0
+      st.probes, st.probe_failures = e.probes, e.probe_failures
+      publish(index, i, st)
     end
   end
 end

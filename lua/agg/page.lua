@@ -171,7 +171,9 @@ function M.page(results, opts)
   --     N = the smallest freshness left of the sections (s): the page is no fresher than its most
   --     volatile section. Never `public`: without it a shared cache still keeps no answer to a
   --     request that carried Authorization (§3.5)
-  --   anything else (a section fetched uncached, or served stale)      no header
+  --   anything else (a section fetched uncached, served stale, or     no-store
+  --     fresh for less than a second): the page is no fresher than that section, and without a
+  --     header a shared cache could keep a 200 on heuristic freshness (§4.2.2)
   if not complete then
     set_header(headers, "cache-control", "no-store", spelt)
   elseif not has_header(headers, "cache-control", spelt) then
@@ -181,6 +183,8 @@ function M.page(results, opts)
       headers["cache-control"] = cacheable and ("private, max-age=" .. math.floor(max_age / 1000)) or "private"
     elseif cacheable then
       headers["cache-control"] = "max-age=" .. math.floor(max_age / 1000)
+    else
+      headers["cache-control"] = "no-store"
     end
   end
   local resp = setmetatable({ status = 200, headers = headers, json = body },

@@ -147,7 +147,7 @@ function M.gateway(opts)
   local gw = setmetatable({ dir = dir, gen = gen, clock = opts.clock or 0, redis = opts.redis or false,
                             utc_ms = opts.utc_ms or 1767225600000, limiter = limiter.new(4096),
                             seq = 0, events = {}, stubs = {}, open = 0,
-                            call_log = {}, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
+                            call_log = {}, published = { counters = {}, endpoints = {} }, by_id = {}, log_lines = {}, responses = {}, next_rid = 1,
                             next_call = 1, names = {} }, Gateway)
   gw.seed = 42
   gw.breakers = {}
@@ -317,6 +317,19 @@ function Gateway:install()
       if store.down then return end
       store.data[key] = { value = value, until_ms = gw.clock + ttl_ms }
     end
+  end
+  -- what runtime.report_stats publishes (the C worker: metrics and /upstreams): the last values,
+  -- copied, since the runtime reuses its tables (gw:report_stats())
+  function core.upstream_counters(index, counters)
+    local c = {}
+    for k, v in pairs(counters) do c[k] = v end
+    gw.published.counters[index] = c
+  end
+  function core.endpoint_state(index, endpoint, state)
+    local s = {}
+    for k, v in pairs(state) do s[k] = v end
+    gw.published.endpoints[index] = gw.published.endpoints[index] or {}
+    gw.published.endpoints[index][endpoint] = s
   end
   rt.init(core, self.gen.upstreams, self.gen.endpoints, self.gen.token_exchange)
   M.current = self
@@ -830,6 +843,17 @@ end
 -- list of { url, state = "healthy" | "ejected", in_flight, calls, failures, ejections, ejected_ms,
 -- until_ms }; nil for an upstream with one endpoint.
 function Gateway:endpoints(name) return require("agg.group").endpoints(name) end
+
+--- Runs runtime.report_stats, as the worker does once a second, and returns what it published:
+-- { counters = { [upstream index] = core.upstream_counters' counters },
+--   endpoints = { [upstream index] = { [endpoint] = core.endpoint_state's state } } }
+-- (the last values; indexes in gateway.lua's order).
+function Gateway:report_stats()
+  if M.current ~= self then self:install() end
+  self.published = { counters = {}, endpoints = {} }
+  rt.report_stats()
+  return self.published
+end
 
 -- The endpoint slots of upstream entry u: 8 once gw:addresses gave it addresses, else its URLs.
 function Gateway:slot_count(u)

@@ -357,6 +357,25 @@ class MetricsMove(AdminCase):
         self.assertEqual(m.get("aggway_partial_pages_total", route="GET /mp/{id}", section="inventory"), 6)
         self.assertEqual(m.get("aggway_requests_total", route="GET /mp/{id}", code="200"), 6)
 
+    def test_lua_collector_is_measured_and_an_idle_worker_collects(self):
+        self.start_admin()
+        m0 = self.metrics()
+        for fam, typ in [("aggway_lua_gc_idle_collections_total", "counter"),
+                         ("aggway_lua_gc_idle_collection_max_seconds", "gauge"), ("aggway_lua_heap_bytes", "gauge")]:
+            self.assertEqual(m0.types.get(fam), typ, fam)
+        self.assertEqual(self.get("/mp/42").status, 200)
+        idle0 = self.metrics().value("aggway_lua_gc_idle_collections_total")
+        # no request for 2 s: the worker collects its VMs in full (and trims the C heap) once, and the
+        # heap gauge (once a second) shows the VM's heap; a busy machine may delay the ticks, not skip them
+        self.assertTrue(wait_until(lambda: self.metrics().value("aggway_lua_gc_idle_collections_total") > idle0, 30),
+                        self.gw.log())
+        m = self.metrics()
+        self.assertGreater(m.get("aggway_lua_heap_bytes"), 100 * 1024)
+        self.assertGreaterEqual(m.get("aggway_lua_gc_idle_collection_max_seconds"), 0)
+        n = m.get("aggway_lua_gc_idle_collections_total")
+        time.sleep(3.5)  # still idle: no second collection in the same idle spell
+        self.assertEqual(self.metrics().get("aggway_lua_gc_idle_collections_total"), n)
+
     def test_retries_and_5xx_across_workers(self):
         # two workers: the counters of both are summed; the runtime's retry counter is published
         # by each worker once a second

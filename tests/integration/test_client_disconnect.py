@@ -48,8 +48,15 @@ class ClientDisconnect(GatewayTestCase):
     def reviews_stats(self):
         return self.mock.stats()["reviews"]
 
-    def assertReviewsConnectionsClosed(self):
-        closed = wait_until(lambda: self.reviews_stats()["connections_open"] == 0, CLOSE_WAIT_S)
+    def requests_connections_open(self):
+        """Reviews connections open that carried a request. A connection whose call was cancelled
+        while it was still connecting (before its request went out) may stay as an idle spare of
+        the pool (upstream/upstream_internal.h, orphans): the upstream was asked nothing on it."""
+        s = self.reviews_stats()
+        return s["connections_open"] - s["connections_unused"]
+
+    def assertReviewsConnectionsClosed(self, within_s=CLOSE_WAIT_S):
+        closed = wait_until(lambda: self.requests_connections_open() == 0, within_s)
         self.assertTrue(closed, "the gateway must close the calls of a client that left: %s" % self.reviews_stats())
 
     def test_http1_client_disconnect_closes_the_upstream_connections_of_its_calls(self):
@@ -64,7 +71,7 @@ class ClientDisconnect(GatewayTestCase):
 
     def test_client_disconnect_logs_no_error(self):
         self.hang_up_after_50ms(CLIENTS)
-        wait_until(lambda: self.reviews_stats()["connections_open"] == 0, 4.0 + CLOSE_WAIT_S + 1)
+        wait_until(lambda: self.requests_connections_open() == 0, 4.0 + CLOSE_WAIT_S + 1)
         time.sleep(0.1)
         self.assertEqual(self.log_errors(), [])
 
@@ -82,8 +89,7 @@ class ClientDisconnect(GatewayTestCase):
         # Whatever the cancel path does, the abandoned calls end by Reviews' 4 s timeout at the
         # latest; after that the 2 Reviews connections must all be usable again.
         self.hang_up_after_50ms(CLIENTS)
-        closed = wait_until(lambda: self.reviews_stats()["connections_open"] == 0, 4.0 + CLOSE_WAIT_S + 1)
-        self.assertTrue(closed, self.reviews_stats())
+        self.assertReviewsConnectionsClosed(4.0 + CLOSE_WAIT_S + 1)
         self.mock.set_routes("reviews", [route("/reviews/{id}", json={"rating": 4.6})])
         for i in range(4):
             r = self.get("/slow-page/%d" % i, timeout=5)

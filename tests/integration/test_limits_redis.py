@@ -166,6 +166,59 @@ class LimitScript(GatewayTestCase):
         self.assertIn("ok   against_redis", p.stdout)
 
 
+class Monitor:
+    """Redis's MONITOR record, read on a thread: every command in the order Redis ran it, the
+    commands a script ran ("lua") included."""
+
+    LINE = re.compile(r'^\+(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$')
+    ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, port):
+        self.conn = Resp(port)
+        self.conn.sock.settimeout(None)
+        if self.conn.call("MONITOR") != "OK":
+            raise AssertionError("MONITOR refused")
+        self.lines, self.lock = [], threading.Lock()
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        try:
+            while True:
+                line = self.conn.f.readline()
+                if not line:
+                    return
+                with self.lock:
+                    self.lines.append(line.decode("utf-8", "replace").rstrip("\r\n"))
+        except (OSError, ValueError):
+            return
+
+    def close(self):
+        try:
+            self.conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.conn.close()
+
+    def checks(self, key, want):
+        """[(gateway time ms, TAT the check's SET wrote or None: refused)] of the limits script's
+        calls on key, in Redis's order; None while fewer than want were seen."""
+        with self.lock:
+            lines = list(self.lines)
+        out = []
+        for line in lines:
+            m = self.LINE.match(line)
+            if not m:
+                continue
+            args = self.ARG.findall(m.group(3))
+            if m.group(2) == "lua":
+                if args[:2] == ["SET", key] and out:
+                    out[-1] = (out[-1][0], int(args[2]))
+            elif args and args[0].upper() in ("EVALSHA", "EVAL") and args[3:4] == [key]:
+                out.append((int(args[4]), None))
+        return out if len(out) >= want else None
+
+
 class FakeRedis:
     """A TCP server on a free port that answers every RESP command with the same reply (reply
     bytes), so that the gateway's client becomes ready (SELECT gets +OK) and then reads garbage."""
@@ -345,6 +398,87 @@ class RedisStore(GatewayTestCase):
         self.assertLessEqual(abs(accepted - expect), expect * 0.05,
                              "%d accepted over %.2f s, expected %.0f" % (accepted, span, expect))
 
+    def test_two_gateways_under_load_each_second_between_refusals_within_the_bound(self):
+        # Windows are measured by Redis's own record of the checks (MONITOR: each script call with
+        # the gateway's time, in Redis's order, and the SET of the key that an accepted check makes),
+        # not by the clients' clocks: a busy machine delays answers but cannot move that record.
+        rate, burst = 50, 10
+        t_ms = 1000 / rate
+        r = Resp(self.redis.port)
+        with open(SCRIPT) as f:
+            r.call("SCRIPT", "LOAD", f.read())                 # no NOSCRIPT round in the record
+        r.close()
+        monitor = Monitor(self.redis.port)
+        self.addCleanup(monitor.close)
+        self.start_limited(redis_rules(rate=rate, per_s=1, burst=burst), timeout_ms=3000)
+        second = self.second_gateway()
+        statuses, lock, stop = [], threading.Lock(), time.monotonic() + 4.0
+
+        def client(port):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            while time.monotonic() < stop:
+                conn.request("GET", "/a")
+                resp = conn.getresponse()
+                resp.read()
+                with lock:
+                    statuses.append(resp.status)
+            conn.close()
+
+        threads = [threading.Thread(target=client, args=(p,)) for p in (self.port, second.port) * 3]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(set(statuses) - {200, 429}, set())
+        key = "agw:rl:{shared}:GET /a"
+        events = wait_until(lambda: monitor.checks(key, len(statuses)), 10)
+        self.assertIsNotNone(events, "MONITOR saw %d checks of %d" % (len(monitor.checks(key, 0)), len(statuses)))
+        # Redis's record is what the clients got: one check per request, one SET per 200
+        self.assertEqual(len(events), len(statuses))
+        self.assertEqual(sum(1 for e in events if e[1] is not None), statuses.count(200))
+        self.assertGreater(len(statuses), rate * 4 * 1.3, "the clients must offer more than the limit")
+        # Every one-second window of the gateways' time, whatever the load: at most burst + rate.
+        accepted_at = sorted(e[0] for e in events if e[1] is not None)
+        for i, a in enumerate(accepted_at):
+            n = sum(1 for b in accepted_at[i:] if b < a + 1000)
+            self.assertLessEqual(n, burst + rate, "%d accepted in the second from %d" % (n, a))
+        # From one refusal (the bucket empty) to the first refusal at least a second later, with the
+        # key's TAT advancing by exactly one interval per acceptance in between (the bucket never
+        # filled: the offered load stayed over the limit; else the window is not judged), the count
+        # is rate x the time between them within 1, plus rate x the lag of a refusal's timestamp
+        # behind the latest one Redis had seen before it (two gateways' loop clocks).
+        latest, lag = 0, []
+        for now, _ in events:
+            lag.append(max(0, latest - now))
+            latest = max(latest, now)
+        refusals = [i for i, e in enumerate(events) if e[1] is None]
+        sets = [e[1] for e in events if e[1] is not None]
+        before = [0]                                          # SETs among events[:i]
+        for e in events:
+            before.append(before[-1] + (e[1] is not None))
+        jumps = [0, 0]                                        # TATs not one interval past the last, among sets[:k]
+        for a, b in zip(sets, sets[1:]):
+            jumps.append(jumps[-1] + (b - a != t_ms * 1000))
+        judged, worst = 0, 0.0
+        for k, i in enumerate(refusals):
+            j = next((j for j in refusals[k + 1:] if events[j][0] - events[i][0] >= 1000), None)
+            if j is None:
+                break
+            first, last = before[i], before[j]                # sets[first:last]: accepted between them
+            if first == 0 or jumps[last] != jumps[first]:
+                continue
+            n = last - first
+            expect = (events[j][0] - events[i][0]) / t_ms
+            bound = 1 + max(lag[i], lag[j]) / t_ms
+            judged += 1
+            worst = max(worst, abs(n - expect) / expect)
+            self.assertLess(abs(n - expect), bound, "%d accepted between refusals %d ms apart, expected %.1f +- %.2f"
+                            % (n, events[j][0] - events[i][0], expect, bound))
+        if os.environ.get("AGGWAY_VERBOSE"):
+            print("checks %d, accepted %d, windows judged %d, worst %.1f %%, largest lag %d ms"
+                  % (len(events), statuses.count(200), judged, worst * 100, max(lag)))
+        self.assertGreater(judged, 0, "no second of the run kept the limit saturated")
+
     def test_quota_in_redis_resets_at_utc_midnight_as_the_headers_say(self):
         self.start_limited([{"name": "daily", "key": {"header": "x-client"}, "quota": 3, "window": "day",
                              "store": "redis"}])
@@ -385,12 +519,87 @@ class RedisStore(GatewayTestCase):
         # the process's store counts the rule from nothing: its burst of 3, then 429
         self.assertEqual(statuses, [200, 200, 200, 429, 429])
         # Redis back on the same port: checks go to it again (its count: 2 taken, one left)
-        self.redis.proc = subprocess.Popen(["redis-server", "--port", str(self.redis.port), "--bind", "127.0.0.1",
-                                            "--save", "", "--appendonly", "no", "--dir", self.workdir],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.restart_redis()
         self.assertTrue(wait_until(lambda: self.get("/a").status == 200, 30))
         self.assertTrue(wait_until(lambda: "limits: Redis answers checks again" in self.gw.log(), 10), self.gw.log())
         self.assertEqual([self.get("/a").status for _ in range(3)], [200, 200, 429])  # a fresh Redis: 3 again, 1 taken
+
+    def admin(self, path):
+        return json.loads(curl("http://127.0.0.1:%d%s" % (self.admin_port, path)).body)
+
+    def restart_redis(self):
+        self.redis.proc = subprocess.Popen(["redis-server", "--port", str(self.redis.port), "--bind", "127.0.0.1",
+                                            "--save", "", "--appendonly", "no", "--dir", self.workdir],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def test_admin_page_shows_redis_answers_and_health_never_a_local_count(self):
+        self.start_limited(redis_rules(burst=5))
+        page = self.admin("/limits?rule=shared&key=GET+/a")
+        self.assertEqual((page["store"], page["kind"], page["limit"], page["on_redis_error"]), ("redis", "rate", 5, "local"))
+        self.assertIsNone(page["last_answer"])                  # nothing asked of Redis for the key yet
+        self.assertNotIn("remaining", page)                     # no count of this process's
+        self.assertEqual(self.get("/a").status, 200)
+        self.assertEqual(self.get("/a").status, 200)
+        page = self.admin("/limits?rule=shared&key=GET+/a")
+        last = page["last_answer"]
+        self.assertEqual((last["allowed"], last["remaining"]), (True, 3))
+        self.assertLessEqual(last["at_ms"], time.time() * 1000 + 1)
+        self.assertGreater(last["reset_at_ms"], last["at_ms"])
+        self.assertEqual(page["redis"], {"answering": True, "workers_connected": 1, "workers": 1, "workers_failing": 0,
+                                         "outage_since_ms": None, "outage_fallbacks": 0, "fallbacks_total": 0,
+                                         "outages": 0})
+        self.assertNotIn("process_fallback_count", page)
+        # another gateway counts in the same Redis: this page keeps what Redis last told this process,
+        # and says when; the next answer shows the cluster's count
+        second = self.second_gateway()
+        self.assertEqual(curl("http://127.0.0.1:%d/a" % second.port).status, 200)
+        self.assertEqual(self.admin("/limits?rule=shared&key=GET+/a")["last_answer"]["remaining"], 3)
+        self.assertEqual(self.get("/a").status, 200)
+        self.assertEqual(self.admin("/limits?rule=shared&key=GET+/a")["last_answer"]["remaining"], 1)
+        self.assertIsNone(self.admin("/limits?rule=shared&key=GET+/b")["last_answer"])
+        # Redis killed: the page says so, since when, what fell back, and the process's own count
+        # during the outage under its own name
+        before = time.time() * 1000
+        self.redis.stop()
+        self.assertEqual(self.get("/a").status, 200)
+        page = self.admin("/limits?rule=shared&key=GET+/a")
+        self.assertFalse(page["redis"]["answering"])
+        self.assertEqual((page["redis"]["workers_failing"], page["redis"]["outage_fallbacks"],
+                          page["redis"]["fallbacks_total"], page["redis"]["outages"]), (1, 1, 1, 1))
+        self.assertGreaterEqual(page["redis"]["outage_since_ms"], before - 1000)
+        self.assertEqual(page["redis"]["workers_connected"], 0)
+        self.assertEqual(page["process_fallback_count"]["remaining"], 4)
+        self.assertEqual(page["last_answer"]["remaining"], 1)   # still Redis's last word, not the fallback's
+        self.restart_redis()
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200 and
+                                   self.admin("/limits?rule=shared&key=GET+/a")["redis"]["answering"], 30))
+        page = self.admin("/limits?rule=shared&key=GET+/a")
+        self.assertEqual((page["redis"]["outage_since_ms"], page["redis"]["outages"]), (None, 1))
+        self.assertNotIn("process_fallback_count", page)
+        self.assertEqual(page["last_answer"]["remaining"], 4)  # a fresh Redis: 5, one taken
+
+    def test_outage_is_logged_once_per_process_with_two_workers(self):
+        self.start_limited(redis_rules("allow", burst=1000), workers=2)
+        self.assertEqual(self.get("/a").status, 200)
+        self.redis.stop()
+        # until both workers failed a check (new connections spread over the workers)
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200 and
+                                   self.admin("/limits?rule=shared&key=x")["redis"]["workers_failing"] == 2, 60),
+                        self.admin("/limits?rule=shared&key=x"))
+        self.restart_redis()
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200 and
+                                   self.admin("/limits?rule=shared&key=x")["redis"]["answering"], 60),
+                        self.admin("/limits?rule=shared&key=x"))
+        for _ in range(10):
+            self.assertEqual(self.get("/a").status, 200)
+        log = self.gw.log()
+        self.assertEqual(log.count("limits: Redis did not answer a check"), 1, log)
+        self.assertEqual(log.count("limits: Redis answers checks again"), 1, log)
+        page = self.admin("/limits?rule=shared&key=x")
+        self.assertEqual((page["redis"]["outages"], page["redis"]["workers_failing"]), (1, 0))
+        m = re.search(r"again after [\d.]+ s; (\d+) checks were decided", log)
+        self.assertEqual(int(m.group(1)), page["redis"]["fallbacks_total"])
+        self.assertGreaterEqual(int(m.group(1)), 2)
 
     def test_redis_killed_mid_run_allow_lets_everything_through(self):
         self.assertEqual(self.kill_mid_run("allow"), [200] * 5)

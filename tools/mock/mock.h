@@ -190,6 +190,7 @@ struct mock_service {
                               headers } each (GET /requests), oldest at received_total % MAX */
     uint64_t received_total; /* requests recorded since start or reset (seq of the next one - 1) */
     uint64_t conns_open, conns_total, requests, in_flight;
+    uint64_t conns_unused; /* open connections that have not begun a request (a client's idle spare) */
     int lfd;               /* listening socket, -1 when not listening */
     ev_io accept_w;
     mock_conn *conns;      /* open connections (doubly linked through mock_conn) */

@@ -4,7 +4,8 @@
  *   GET  /hits                      route hit counts per service (+ "unmatched")
  *   GET  /requests                  the last requests each service received (method, path, headers)
  *   GET  /services/NAME/requests    the same for one service
- *   GET  /stats                     connections_open, connections_total, requests, in_flight
+ *   GET  /stats                     connections_open, connections_unused, connections_total, requests,
+ *                                   in_flight
  *   POST /reset                     zero hits, requests and connections_total
  *   PUT  /services/NAME/routes      replace NAME's routes (body: JSON array of routes)
  *   PATCH /services/NAME/routes     change one route, the others kept (body: a JSON object whose
@@ -47,8 +48,9 @@ static json_t *stats_json(const mock_server *srv)
     for (size_t i = 0; i < srv->nservices; i++) {
         const mock_service *svc = &srv->services[i];
         json_object_set_new(all, svc->name,
-                            json_pack("{s:I, s:I, s:I, s:I, s:b}", "connections_open",
-                                      (json_int_t)svc->conns_open, "connections_total",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "connections_open",
+                                      (json_int_t)svc->conns_open, "connections_unused",
+                                      (json_int_t)svc->conns_unused, "connections_total",
                                       (json_int_t)svc->conns_total, "requests",
                                       (json_int_t)svc->requests, "in_flight",
                                       (json_int_t)svc->in_flight, "listening", svc->lfd >= 0));

@@ -61,6 +61,7 @@ struct mock_conn {
     bool closing;           /* close once the output buffer is flushed */
     bool rst;               /* ... with SO_LINGER 0, so the peer gets RST */
     bool idle_close;        /* close once idle for idle_close_s (close_idle fault) */
+    bool used;              /* a request began on it (svc->conns_unused counts the others) */
     ev_tstamp idle_close_s;
     agw_buf_t out;           /* bytes to write, from out_off on */
     size_t out_off;
@@ -122,6 +123,8 @@ void mock_conn_close(mock_conn *c)
     }
     svc->in_flight -= c->queued + c->unflushed;
     svc->conns_open--;
+    if (!c->used)
+        svc->conns_unused--;
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -288,6 +291,10 @@ static int count(mock_conn *c, size_t n)
 static int on_message_begin(http_parser *p)
 {
     mock_conn *c = p->data;
+    if (!c->used) {
+        c->used = true;
+        c->svc->conns_unused--;
+    }
     c->req_bytes = 0;
     c->url.len = 0;
     c->body.len = 0;
@@ -460,6 +467,7 @@ void mock_conn_accept(mock_service *svc, int fd)
         c->next->prev = c;
     svc->conns = c;
     svc->conns_open++;
+    svc->conns_unused++;
     svc->conns_total++;
     ev_io_start(svc->srv->loop, &c->rw);
 }

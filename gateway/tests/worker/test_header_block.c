@@ -33,6 +33,24 @@ static void repeated_names_are_joined_in_order_once_per_name(void)
     agw_buf_free(&b);
 }
 
+/* Up to 16 fields are sorted by insertion, more by qsort: both give the same block (the same
+ * fields in another order and spelling, once 16 and once 17 of them). */
+static void both_sorts_give_the_same_block(void)
+{
+    agw_header_t h[17] = {
+        {"X-B", 3, "1", 1}, {"a-z", 3, "2", 1}, {"x-b", 3, "3", 1}, {"Accept", 6, "4", 1}, {"zz", 2, "5", 1},
+        {"X-A", 3, "6", 1}, {"k", 1, "7", 1},   {"K", 1, "8", 1},   {"b", 1, "9", 1},      {"c", 1, "10", 2},
+        {"d", 1, "11", 2},  {"e", 1, "12", 2},  {"f", 1, "13", 2},  {"g", 1, "14", 2},     {"h", 1, "15", 2},
+        {"i", 1, "16", 2},  {"X-b", 3, "17", 2},
+    };
+    agw_buf_t b = AGW_BUF_INIT;
+    agw_worker_header_block(&b, h, 16);
+    CHECK_STR(show(&b), "a-z=2;accept=4;b=9;c=10;d=11;e=12;f=13;g=14;h=15;i=16;k=7, 8;x-a=6;x-b=1, 3;zz=5;");
+    agw_worker_header_block(&b, h, 17);
+    CHECK_STR(show(&b), "a-z=2;accept=4;b=9;c=10;d=11;e=12;f=13;g=14;h=15;i=16;k=7, 8;x-a=6;x-b=1, 3, 17;zz=5;");
+    agw_buf_free(&b);
+}
+
 static void many_repeats_make_one_field(void)
 {
     enum { N = 20000 };
@@ -51,6 +69,7 @@ static void many_repeats_make_one_field(void)
 int main(void)
 {
     RUN(repeated_names_are_joined_in_order_once_per_name);
+    RUN(both_sorts_give_the_same_block);
     RUN(many_repeats_make_one_field);
     return CHECK_DONE();
 }

@@ -1,0 +1,24 @@
+/* luamod.h: how a C Lua module of the gateway builds its tables (agg.json, agg.sys, agg.router,
+ * agg.breaker, agg.resp_headers, agg.limiter): from luaL_Reg lists, never field by field.
+ *
+ * A module's table is luaL_newlib(L, fns) (LuaJIT 2.1's lauxlib, Lua 5.2's API); a metatable of
+ * metamethods alone is luaL_register(L, NULL, mt) into a new table (agg.json's). A module whose
+ * userdata own C memory (a router, a breaker, a limits store) gets their metatable from
+ * agw_luamod_class, which also guards it: a script that reached such an object could otherwise
+ * call its __gc by hand and then use the freed memory, or swap its methods.
+ */
+#ifndef AGW_BASE_LUAMOD_H
+#define AGW_BASE_LUAMOD_H
+
+#include <lauxlib.h>
+#include <lua.h>
+
+/* Pushes the metatable registered as name (luaL_newmetatable), making it the first time in this
+ * lua_State: methods ({NULL, NULL}-terminated) in its __index table, each a closure over the
+ * metatable (upvalue 1, so that a method can check its argument's metatable with lua_rawequal
+ * and no registry lookup); gc (NULL for none) as __gc; and __metatable = name, so getmetatable
+ * gives the name and setmetatable raises. Returns 1 when the metatable was made now, 0 when it
+ * existed. */
+int agw_luamod_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc);
+
+#endif
