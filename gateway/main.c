@@ -57,6 +57,8 @@ static const char help_text[] =
     "  AGGWAY_LUA_DIR          the folder of the Lua runtime (agg/); default: ../share/aggway/lua\n"
     "                          beside the binary, or the source tree's lua/ for a binary in its build tree\n"
     "  AGGWAY_IO_URING=off     upstream I/O with one system call per operation instead of io_uring batches\n"
+    "  AGGWAY_HOSTS_FILE       for tests: a hosts(5)-format file answers for upstream host names instead\n"
+    "                          of DNS (upstream/resolve.h); unreadable: resolution fails\n"
     "  NOTIFY_SOCKET           set by systemd (Type=notify): READY=1 once the first generation serves,\n"
     "                          RELOADING=1/READY=1 around reloads, STOPPING=1 on SIGTERM\n"
     "\n"

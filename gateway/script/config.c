@@ -81,8 +81,11 @@ static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const 
  * AGW_ADDRS_PER_NAME for a host name (group/directory.h). */
 static size_t endpoint_slots(lua_State *L, int t, size_t e)
 {
-    lua_getfield(L, t, "endpoint_list");
-    lua_rawgeti(L, -1, (int)e + 1);
+    lua_getfield(L, t, "endpoint_list"); /* nil for an upstream the gateway adds itself (edge) */
+    if (lua_istable(L, -1))
+        lua_rawgeti(L, -1, (int)e + 1);
+    else
+        lua_pushnil(L);
     char *host = lua_istable(L, -1) ? field_str(L, lua_gettop(L), "host") : field_str(L, t, "host");
     lua_pop(L, 2);
     size_t n = host && !agw_host_is_address(host) ? AGW_ADDRS_PER_NAME : 1;
