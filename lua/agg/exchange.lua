@@ -649,7 +649,8 @@ end
 function M.start_call(ctx, key, spec, g, chain)
   -- a call that will carry the user's identity (the upstream's `identity`, added after a cache
   -- lookup) answers for that user only: agg.cache keys it by user, agg.page marks the page private
-  spec.personal = upstreams[spec.upstream].identity and spec.identity or false
+  -- (written only when true: a plain call's table has no slot for it, see agg.callspec)
+  if upstreams[spec.upstream].identity and spec.identity then spec.personal = true end
   if spec.cache then
     if cache.lookup(ctx, key, spec, g, chain) then return end
   end
