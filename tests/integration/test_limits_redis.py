@@ -326,15 +326,25 @@ class RedisStore(GatewayTestCase):
             with open(os.path.join(self.scripts_dir, name)) as f:
                 src = f.read()
             if name == "gateway.lua":
-                port = free_port()
+                port, admin_port = free_port(), free_port()
                 src = re.sub(r"port = %d" % self.port, "port = %d" % port, src, count=1)
-                src = re.sub(r"port = %d" % self.admin_port, "port = %d" % free_port(), src)
+                src = re.sub(r"port = %d" % self.admin_port, "port = %d" % admin_port, src)
             with open(os.path.join(sdir, name), "w") as f:
                 f.write(src)
         gw = Gateway(sdir, port)
+        gw.admin_port = admin_port
         self.addCleanup(gw.stop)
         self.assertTrue(gw.start(), gw.log())
         return gw
+
+    def wait_redis_connected(self, *admin_ports, rule="shared"):
+        """Waits until every worker of each gateway has its Redis connection ready (/limits): a
+        check made before that is decided by on_redis_error (no connection yet), never by Redis."""
+        def ready(port):
+            page = json.loads(curl("http://127.0.0.1:%d/limits?rule=%s&key=x" % (port, rule)).body)
+            return page["redis"]["workers_connected"] == page["redis"]["workers"]
+        for port in admin_ports:
+            self.assertTrue(wait_until(lambda: ready(port), 30), "Redis not connected on admin port %d" % port)
 
     def metrics(self):
         return curl("http://127.0.0.1:%d/metrics" % self.admin_port).body.decode()
@@ -346,6 +356,7 @@ class RedisStore(GatewayTestCase):
     def test_two_gateways_share_one_limit_n_in_total_not_2n(self):
         self.start_limited(redis_rules(burst=10))
         second = self.second_gateway()
+        self.wait_redis_connected(self.admin_port, second.admin_port)
         statuses = []
         for i in range(30):
             port = self.port if i % 2 == 0 else second.port
@@ -367,6 +378,7 @@ class RedisStore(GatewayTestCase):
         rate = 50
         self.start_limited(redis_rules(rate=rate, per_s=1, burst=10))
         second = self.second_gateway()
+        self.wait_redis_connected(self.admin_port, second.admin_port)
         answers, lock, stop = [], threading.Lock(), time.monotonic() + 3.0   # (sent, received, status)
 
         def client(port):
@@ -412,6 +424,7 @@ class RedisStore(GatewayTestCase):
         self.addCleanup(monitor.close)
         self.start_limited(redis_rules(rate=rate, per_s=1, burst=burst), timeout_ms=3000)
         second = self.second_gateway()
+        self.wait_redis_connected(self.admin_port, second.admin_port)
         statuses, lock, stop = [], threading.Lock(), time.monotonic() + 4.0
 
         def client(port):
@@ -552,6 +565,7 @@ class RedisStore(GatewayTestCase):
         # another gateway counts in the same Redis: this page keeps what Redis last told this process,
         # and says when; the next answer shows the cluster's count
         second = self.second_gateway()
+        self.wait_redis_connected(second.admin_port)
         self.assertEqual(curl("http://127.0.0.1:%d/a" % second.port).status, 200)
         self.assertEqual(self.admin("/limits?rule=shared&key=GET+/a")["last_answer"]["remaining"], 3)
         self.assertEqual(self.get("/a").status, 200)
