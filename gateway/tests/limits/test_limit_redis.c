@@ -9,20 +9,7 @@
 #include <stdlib.h>
 
 #include "../check.h"
-
-static agw_limit_rule_t rate_rule(const char *name, uint64_t rate, uint64_t per_s, uint64_t burst)
-{
-    agw_limit_rule_t r = {.name = (char *)name, .key = AGW_LIMIT_KEY_IP, .rate = rate, .per_s = per_s, .burst = burst};
-    agw_limit_rule_seal(&r);
-    return r;
-}
-
-static agw_limit_rule_t quota_rule(const char *name, uint64_t quota, agw_limit_window_t w)
-{
-    agw_limit_rule_t r = {.name = (char *)name, .key = AGW_LIMIT_KEY_IP, .is_quota = 1, .quota = quota, .window = w};
-    agw_limit_rule_seal(&r);
-    return r;
-}
+#include "rules.h"
 
 static int arg_is(const agw_limit_redis_cmd_t *c, int i, const char *want)
 {
