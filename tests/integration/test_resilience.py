@@ -282,7 +282,13 @@ class Retries(GatewayTestCase):
         self.start(services={"other": [route("/x", json={})]}, scripts={"flaky.lua": FLAKY_PAGE},
                    upstream_options={"flaky": {"url": "http://127.0.0.1:%d" % up.port, "timeout_ms": 1000,
                                                "breaker": False,
-                                               "retry": {"attempts": 2, "backoff_ms": 10}}})
+                                               # every page retries once: retries are 100 % of the
+                                               # requests, above the default budget (20 % plus 10
+                                               # a second), which the budget's own test covers; here
+                                               # the budget admits them all, however fast the pages
+                                               "retry": {"attempts": 2, "backoff_ms": 10,
+                                                         "budget": {"percent": 100, "interval_s": 10},
+                                                         "min_retry_rate": {"count": 40, "interval_s": 1}}}})
         for i in range(20):
             r = self.get("/flaky/%d" % i)
             self.assertEqual(r.status, 200, r)
