@@ -700,6 +700,8 @@ static void worker_idle_tick(agw_worker_t *w)
             wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
             agw_gc_idle(g->L, &w->m->lua_gc);
         }
+        agw_worker_log_release_spares(w); /* the records of the requests and calls of the burst */
+        agw_worker_calls_release_spares(w);
         agw_gc_trim();
     } else if (w->idle_ticks % AGW_GC_TRIM_S == 0) {
         agw_gc_trim(); /* what idle upstream connections closing since then freed */
@@ -747,6 +749,7 @@ static void *worker_main(void *arg)
     agw_worker_cache_close(w);
     agw_auth_cache_free(&w->auth_cache);
     agw_worker_log_close(w);
+    agw_worker_calls_release_spares(w);
     return NULL;
 }
 

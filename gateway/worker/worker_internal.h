@@ -297,6 +297,10 @@ static inline void agw_worker_stop_client_watch(reqref_t *rr)
 /* The core.* functions, each pushed as a closure over its generation (upvalue 1) by init_vm. */
 extern const luaL_Reg agw_worker_core_fns[];
 
+/* Frees the spare call records of w (w->tables.free_calls: one per call that was in flight at
+ * once). When the worker goes idle (worker/gc.h) and when its loop has ended. */
+void agw_worker_calls_release_spares(agw_worker_t *w);
+
 /* Headers go to Lua as one string "name\0value\0…" with lowercased names, each name once: the
  * values of a repeated name are joined with ", " here (RFC 9110 §5.3), in their order, in one
  * pass over the fields sorted by name (O(n log n): a client or upstream repeating a name many
