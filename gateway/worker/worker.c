@@ -133,8 +133,12 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
     /* a long entry (a slow script, one the watchdog stopped) leaves the loop's clock behind:
      * requests read after it in this iteration would start their deadlines and call timeouts
      * that long ago, and time out at once */
-    if (agw_watchdog_leave(&w->script) >= AGW_LONG_ENTRY_MS)
-        ev_now_update(w->loop);
+    uint64_t took_us = agw_watchdog_leave(&w->script);
+    if (w->script.depth == 0) {
+        agw_metrics_lua_entry(&w->m->lua_gc, took_us); /* the worker's pauses in Lua (gc.h) */
+        if (took_us >= AGW_LONG_ENTRY_MS * 1000u)
+            ev_now_update(w->loop);
+    }
     if (w->script.depth == 0 && w->tables.num_pending_aborts)
         process_pending_aborts(w);
     if (w->script.depth == 0 && !h2o_linklist_is_empty(&w->gens.dead))
