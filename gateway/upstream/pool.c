@@ -296,6 +296,11 @@ static void pool_free_if_dying(agw_pool_t *pool)
         agw_buf_free(&pool->dbody);
         agw_buf_free(&pool->dhstore);
         free(pool->dhdrs);
+        for (unsigned i = 0; i < pool->nspare; i++) {
+            agw_buf_free(&pool->spare[i].body);
+            agw_buf_free(&pool->spare[i].hstore);
+            free(pool->spare[i].hdrs);
+        }
         if (pool->session)
             SSL_SESSION_free(pool->session);
         free(pool);
