@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "script/config.h"
 #include "limits/limit.h"
@@ -277,6 +280,17 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
     agw_prom_family(b, "aggway_lua_entry_max_seconds", "gauge",
                     "The longest entry into Lua of any worker since the start (0 while none took over 100 us).");
     agw_prom_sample(b, "aggway_lua_entry_max_seconds", NULL, 0, (double)emax / 1e6);
+#ifdef __GLIBC__
+    /* the C heap (glibc's arenas, every thread's): with the Lua heaps and the RSS, where a
+     * process's memory is (docs/performance.md); read at each scrape, never by a worker */
+    struct mallinfo2 mi = mallinfo2();
+    agw_prom_family(b, "aggway_c_heap_bytes", "gauge",
+                    "The C heap (malloc) of the whole process: bytes allocated (in_use), and bytes free in its "
+                    "arenas (free: resident until an idle worker's malloc_trim gives their pages back).");
+    agw_prom_label_t in_use = AGW_PROM_LABEL("state", "in_use"), held = AGW_PROM_LABEL("state", "free");
+    agw_prom_sample_u64(b, "aggway_c_heap_bytes", &in_use, 1, (uint64_t)(mi.uordblks + mi.hblkhd));
+    agw_prom_sample_u64(b, "aggway_c_heap_bytes", &held, 1, (uint64_t)mi.fordblks);
+#endif
 }
 
 static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_metrics_t *const *w, size_t nw)
