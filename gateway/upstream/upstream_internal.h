@@ -38,6 +38,7 @@
 #include <sys/types.h>
 
 #define AGW_UPSTREAM_READ_BUF 16384
+#define AGW_CALL_DETAIL_MAX 192    /* a failed call's detail, NUL included */
 #define AGW_POOL_SPARE_BUFS 8      /* response buffer sets a pool keeps for its connections' next answers */
 
 /* The buffers a connection parses a response into (agw_h1_response_t's), while they wait in the
@@ -98,7 +99,8 @@ struct agw_call {
     unsigned retried : 1;
     uint64_t timeout_ms;
     size_t req_len, sent;        /* bytes of req, bytes of req sent on this connection */
-    char detail[192];
+    char *detail;                /* why it failed (AGW_CALL_DETAIL_MAX bytes, allocated by
+                                    agw_call_fail: a call that succeeds carries none) */
     char req[];                  /* the serialized request */
 };
 

@@ -126,9 +126,8 @@ void agw_watchdog_check(agw_watchdog_target_t *w, uint64_t now)
     uint64_t limit = __atomic_load_n(&w->limit_ms, __ATOMIC_RELAXED);
     if (__atomic_load_n(&w->entry, __ATOMIC_ACQUIRE) != entry || since == 0)
         return; /* (since == 0: outside Lua; a worker thread that has ended is always there) */
-    /* now is coarse (agw_coarse_ms), since up to a tick ahead of that clock (agw_mono_us): one
-     * clock tick more, so as never to stop early. now may be older than since: the watchdog reads
-     * the clock once for every worker */
+    /* both times are coarse (agw_coarse_ms): one clock tick more, so as never to stop early. now
+     * may be older than since: the watchdog reads the clock once for every worker */
     if (now < since + limit + agw_coarse_tick_ms())
         return;
     int first = __atomic_load_n(&w->stop_entry, __ATOMIC_RELAXED) != entry;

@@ -57,10 +57,7 @@ typedef struct agw_watchdog_target {
     int depth;              /* > 0 while C code runs inside Lua (entries and nested calls) */
     lua_State *L;           /* the VM of the entry (set before depth: the signal handler reads it
                                while depth > 0) */
-    uint64_t since_ms;      /* atomic: monotonic ms when the entry began (since_us / 1000: the
-                               coarse clock of the watchdog's checks may be up to a tick behind
-                               it), 0 outside Lua */
-    uint64_t since_us;      /* worker's thread only: CLOCK_MONOTONIC µs when the entry began */
+    uint64_t since_ms;      /* atomic: coarse monotonic ms when the entry began, 0 outside Lua */
     uint64_t entry;         /* atomic: entries so far (the current one while in Lua) */
     uint64_t limit_ms;      /* atomic: the entry's generation's script_time_limit_ms */
     uint64_t stop_entry;    /* atomic: the entry the watchdog asked to stop, 0 for none */
@@ -78,24 +75,23 @@ static inline void agw_watchdog_enter(agw_watchdog_target_t *t, lua_State *L, ui
 {
     if (t->depth == 0) {
         t->L = L;
-        t->since_us = agw_mono_us();
         __atomic_store_n(&t->limit_ms, limit_ms, __ATOMIC_RELAXED);
         __atomic_store_n(&t->entry, t->entry + 1, __ATOMIC_RELEASE);
-        __atomic_store_n(&t->since_ms, t->since_us / 1000u, __ATOMIC_RELEASE);
+        __atomic_store_n(&t->since_ms, agw_coarse_ms(), __ATOMIC_RELEASE);
     }
     __atomic_signal_fence(__ATOMIC_SEQ_CST); /* L before depth, for the signal handler */
     t->depth++;
 }
 
-/* The call agw_watchdog_enter began has returned. Returns how long the entry lasted (µs, on
- * CLOCK_MONOTONIC: the worker's pauses in Lua, script and collector steps, are measured by it,
- * worker/gc.h) when this ends an entry, 0 for a nested call. */
+/* The call agw_watchdog_enter began has returned. Returns how long the entry lasted (ms, coarse)
+ * when this ends an entry, 0 for a nested call. */
 static inline uint64_t agw_watchdog_leave(agw_watchdog_target_t *t)
 {
     uint64_t took = 0;
     if (t->depth == 1) {
+        uint64_t since = __atomic_load_n(&t->since_ms, __ATOMIC_RELAXED);
         __atomic_store_n(&t->since_ms, 0, __ATOMIC_RELEASE);
-        took = agw_mono_us() - t->since_us;
+        took = agw_coarse_ms() - since;
     }
     t->depth--;
     return took;

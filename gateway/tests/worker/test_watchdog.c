@@ -91,13 +91,6 @@ static void nested_calls_belong_to_their_entry(void)
     agw_watchdog_enter(w, L, 250);
     CHECK(w->entry == 2);
     agw_watchdog_leave(w);
-    /* an entry's length comes back in µs, from the precise clock */
-    agw_watchdog_enter(w, L, 250);
-    uint64_t t0 = agw_mono_us();
-    while (agw_mono_us() - t0 < 1500)
-        ;
-    uint64_t took = agw_watchdog_leave(w);
-    CHECK(took >= 1500 && took < 60u * 1000000u);
     free(w);
 }
 
