@@ -15,16 +15,6 @@ static inline uint64_t agw_coarse_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Microseconds on CLOCK_MONOTONIC (the clock agw_coarse_ms reads a tick at a time: a reading of
- * this one is never behind agw_coarse_ms's, and at most one tick ahead; a vDSO read, no system
- * call). */
-static inline uint64_t agw_mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* The time ms milliseconds from now on clock, as the absolute timespec that
  * pthread_cond_timedwait (on a condition of that clock) and pthread_timedjoin_np
  * (CLOCK_REALTIME) take. */

@@ -124,6 +124,8 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
     agw_worker_t *w = g->w;
     lua_State *L = g->L;
     int rc = 0;
+    if (w->script.depth == 0)
+        agw_gc_entry_begin(&w->gc_timer);
     agw_watchdog_enter(&w->script, L, g->conf->script_time_limit_ms); /* an outermost one is timed */
     if (lua_pcall(L, nargs, 0, 0) != 0) {
         agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
@@ -133,12 +135,10 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
     /* a long entry (a slow script, one the watchdog stopped) leaves the loop's clock behind:
      * requests read after it in this iteration would start their deadlines and call timeouts
      * that long ago, and time out at once */
-    uint64_t took_us = agw_watchdog_leave(&w->script);
-    if (w->script.depth == 0) {
-        agw_metrics_lua_entry(&w->m->lua_gc, took_us); /* the worker's pauses in Lua (gc.h) */
-        if (took_us >= AGW_LONG_ENTRY_MS * 1000u)
-            ev_now_update(w->loop);
-    }
+    if (agw_watchdog_leave(&w->script) >= AGW_LONG_ENTRY_MS)
+        ev_now_update(w->loop);
+    if (w->script.depth == 0) /* the worker's pauses in Lua (gc.h) */
+        agw_metrics_lua_entry(&w->m->lua_gc, agw_gc_entry_us(&w->gc_timer));
     if (w->script.depth == 0 && w->tables.num_pending_aborts)
         process_pending_aborts(w);
     if (w->script.depth == 0 && !h2o_linklist_is_empty(&w->gens.dead))
@@ -710,6 +710,7 @@ static void worker_idle_tick(agw_worker_t *w)
     } else if (w->idle_ticks % AGW_GC_TRIM_S == 0) {
         agw_gc_trim(); /* what idle upstream connections closing since then freed */
     }
+    agw_gc_timer_calibrate(&w->gc_timer);
     for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next)
         heap += (size_t)lua_gc(H2O_STRUCT_FROM_MEMBER(wgen_t, link, l)->L, LUA_GCCOUNT, 0) * 1024u;
     AGW_M_SET(w->m->lua_gc.heap_bytes, heap);
@@ -743,6 +744,7 @@ static void *worker_main(void *arg)
 {
     agw_worker_t *w = arg;
     agw_watchdog_attach(&w->script);
+    agw_gc_timer_init(&w->gc_timer);
     /* A client connection's input buffer: 4 KB (h2o's default is 8 KB, per thread). libuv's read
      * asks h2o for 4 KB free at every read, so this is the least a read gets; a request bigger
      * than that grows its buffer as before. Half the default is 4 KB less per open connection

@@ -152,6 +152,7 @@ struct agw_worker {
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     uint64_t idle_started;                 /* requests_started at the last tick (gc.h's idle collection) */
     int idle_ticks;                        /* ticks since a request last started, while none is in flight */
+    agw_gc_timer_t gc_timer;               /* times the entries into Lua (gc.h) */
     /* the front: listeners and client connections (worker.c) */
     h2o_context_t ctx;
     listener_t *listeners;
