@@ -11,6 +11,16 @@
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#define AGW_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AGW_SANITIZED 1
+#endif
+#endif
+#ifndef AGW_SANITIZED
+#define AGW_SANITIZED 0
+#endif
 
 #include "script/config.h"
 #include "limits/limit.h"
@@ -280,9 +290,10 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
     agw_prom_family(b, "aggway_lua_entry_max_seconds", "gauge",
                     "The longest entry into Lua of any worker since the start (0 while none took over 100 us).");
     agw_prom_sample(b, "aggway_lua_entry_max_seconds", NULL, 0, (double)emax / 1e6);
-#ifdef __GLIBC__
+#if defined(__GLIBC__) && !AGW_SANITIZED
     /* the C heap (glibc's arenas, every thread's): with the Lua heaps and the RSS, where a
-     * process's memory is (docs/performance.md); read at each scrape, never by a worker */
+     * process's memory is (docs/performance.md); read at each scrape, never by a worker. Not in a
+     * sanitized build, whose malloc is the sanitizer's (mallinfo2 reads 0) */
     struct mallinfo2 mi = mallinfo2();
     agw_prom_family(b, "aggway_c_heap_bytes", "gauge",
                     "The C heap (malloc) of the whole process: bytes allocated (in_use), and bytes free in its "
