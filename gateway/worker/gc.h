@@ -53,7 +53,8 @@ static inline uint64_t agw_gc_cycles(void)
 #endif
 }
 
-/* Measures the counter's rate over 1 ms (a busy wait: once, on the worker's thread as it starts). */
+/* Measures the counter's rate over 1 ms (a busy wait: once, as the worker is made, before any
+ * entry into Lua). */
 void agw_gc_timer_init(agw_gc_timer_t *t);
 
 /* Measures the rate again over the whole time since agw_gc_timer_init (more precise as it grows:

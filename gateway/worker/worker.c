@@ -744,7 +744,6 @@ static void *worker_main(void *arg)
 {
     agw_worker_t *w = arg;
     agw_watchdog_attach(&w->script);
-    agw_gc_timer_init(&w->gc_timer);
     /* A client connection's input buffer: 4 KB (h2o's default is 8 KB, per thread). libuv's read
      * asks h2o for 4 KB free at every read, so this is the least a read gets; a request bigger
      * than that grows its buffer as before. Half the default is 4 KB less per open connection
@@ -775,6 +774,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
                                agw_limit_store_t *limits, agw_buf_t *errors)
 {
     agw_worker_t *w = agw_calloc(1, sizeof(*w));
+    agw_gc_timer_init(&w->gc_timer); /* before any entry into Lua */
     w->id = id;
     w->script.id = id;
     w->m = metrics;
