@@ -585,12 +585,13 @@ static int encode_userdata(enc_t *e, int idx, int depth)
     return 0;
 }
 
-static int encode_value(enc_t *e, int idx, int depth)
+/* The value at idx, whose lua_type is type. */
+static int encode_typed(enc_t *e, int idx, int type, int depth)
 {
     lua_State *L = e->L;
     size_t len;
     const char *s;
-    switch (lua_type(L, idx)) {
+    switch (type) {
     case LUA_TNIL:
         agw_buf_puts(e->out, "null");
         return 0;
@@ -627,12 +628,20 @@ static int encode_value(enc_t *e, int idx, int depth)
     }
 }
 
+static int encode_value(enc_t *e, int idx, int depth)
+{
+    return encode_typed(e, idx, lua_type(e->L, idx), depth);
+}
+
 /* Sets up e for L (the registry tables' slots above the stack's top, see enc_t) and returns 0, or
  * -1 with the error recorded when the stack cannot grow. */
 static int enc_begin(enc_t *e, lua_State *L, agw_buf_t *out, char *err, size_t errlen)
 {
-    *e = (enc_t){.L = L, .out = out, .err = err, .errlen = errlen, .capkeys = 64};
-    e->keys = e->inline_keys;
+    /* field by field: the path and the key scratch (6 KB) are written before they are read, and
+     * zeroing them cost more than encoding a page of raw refs */
+    e->L = L, e->out = out, e->err = err, e->errlen = errlen;
+    e->failed = 0, e->have = 0;
+    e->keys = e->inline_keys, e->nkeys = 0, e->capkeys = sizeof(e->inline_keys) / sizeof(e->inline_keys[0]);
     if (!lua_checkstack(L, 13))
         return fail(e, 0, "out of Lua stack");
     e->regs = lua_gettop(L) + 1;
@@ -678,6 +687,15 @@ int agw_json_encode_rows(lua_State *L, int idx, const char *const *members, int 
     row_t small[32], *rows = small;
     size_t n = 0, cap = sizeof(small) / sizeof(small[0]);
     int width = 1 + nmembers, rc = enc_begin(e, L, out, err, errlen);
+    size_t mlen[AGW_JSON_ROW_MEMBERS];
+    if (rc == 0 && (nmembers < 0 || nmembers > AGW_JSON_ROW_MEMBERS || !lua_checkstack(L, nmembers + 2)))
+        rc = fail(e, 0, "too many members");
+    for (int m = 0; rc == 0 && m < nmembers; m++) { /* written as they are: names that need no escape */
+        mlen[m] = strlen(members[m]);
+        for (size_t j = 0; j < mlen[m]; j++)
+            if (NOT_PLAIN[(unsigned char)members[m][j]])
+                rc = fail(e, 0, "a member name needs an escape");
+    }
     /* the keys, sorted bytewise as a plain table's (insertion: a page's rows come sorted) */
     while (rc == 0) {
         lua_rawgeti(L, idx, (int)n * width + 1);
@@ -720,24 +738,28 @@ int agw_json_encode_rows(lua_State *L, int idx, const char *const *members, int 
         }
         agw_buf_putc(out, ':');
         agw_buf_putc(out, '{');
-        int written = 0;
-        for (int m = 0; rc == 0 && m < nmembers; m++) {
+        int row = lua_gettop(L), written = 0;
+        for (int m = 0; m < nmembers; m++)
             lua_rawgeti(L, idx, r->at * width + 2 + m);
-            if (lua_isnil(L, -1)) {
-                lua_pop(L, 1);
+        for (int m = 0; rc == 0 && m < nmembers; m++) {
+            int type = lua_type(L, row + 1 + m);
+            if (type == LUA_TNIL)
                 continue;
-            }
-            e->path[2] = (step_t){members[m], strlen(members[m])};
+            e->path[2] = (step_t){members[m], mlen[m]};
+            agw_buf_reserve(out, mlen[m] + 4); /* [,]"name": */
+            char *o = out->base + out->len;
             if (written++)
-                agw_buf_putc(out, ',');
-            if (agw_json_encode_string(out, members[m], e->path[2].len) != 0)
-                rc = fail(e, 2, "invalid UTF-8 in key");
-            else {
-                agw_buf_putc(out, ':');
-                rc = encode_value(e, lua_gettop(L), 2);
-            }
-            lua_pop(L, 1);
+                *o++ = ',';
+            *o++ = '"';
+            memcpy(o, members[m], mlen[m]);
+            o += mlen[m];
+            *o++ = '"';
+            *o++ = ':';
+            *o = '\0';
+            out->len = (size_t)(o - out->base);
+            rc = encode_typed(e, row + 1 + m, type, 2);
         }
+        lua_settop(L, row);
         agw_buf_putc(out, '}');
     }
     if (rc == 0)

@@ -683,10 +683,10 @@ static int l_encode_rows(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checktype(L, 2, LUA_TTABLE);
-    const char *members[16];
+    const char *members[AGW_JSON_ROW_MEMBERS];
     int n = (int)lua_objlen(L, 2);
-    if (n > 16)
-        return luaL_error(L, "encode_rows: at most 16 members");
+    if (n > AGW_JSON_ROW_MEMBERS)
+        return luaL_error(L, "encode_rows: at most %d members", AGW_JSON_ROW_MEMBERS);
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, 2, i + 1);
         if (lua_type(L, -1) != LUA_TSTRING)

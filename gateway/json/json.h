@@ -159,8 +159,11 @@ int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t err
  * whose data is a raw ref costs a few table reads, not a walk. Returns 0, or -1 with a message in
  * err: a key that is not a string ("row key not a string at $[i]", i the key's 0-based place in
  * the list), a key twice ("duplicate key at $.key"), or any error of agw_json_encode; out may then
- * hold a partial encoding. Raw table access only (no Lua error, no metamethod); allocates nothing
- * but out's growth, plus a row array beyond 32 rows. */
+ * hold a partial encoding. members: at most AGW_JSON_ROW_MEMBERS names of printable ASCII
+ * without '"' or '\\' (written as they are; else the error "too many members" or "a member name
+ * needs an escape"). Raw table access only (no Lua error, no metamethod); allocates nothing but
+ * out's growth, plus a row array beyond 32 rows. */
+#define AGW_JSON_ROW_MEMBERS 16
 int agw_json_encode_rows(lua_State *L, int idx, const char *const *members, int nmembers, agw_buf_t *out, char *err,
                          size_t errlen);
 
@@ -194,7 +197,7 @@ void agw_json_encode_number(agw_buf_t *out, double d);
  *   decode(s) -> value | nil, err, encode(v) -> string | nil, err, materialize(ref) -> value,
  *   parse(s) -> raw ref | nil, err (validates with AGW_JSON_MAX_DEPTH, parses nothing),
  *   encode_rows(rows, members) -> string | nil, err (agw_json_encode_rows; members a list of
- *   at most 16 strings),
+ *   at most AGW_JSON_ROW_MEMBERS strings),
  *   raw(ref) -> string (the text of a raw ref; raises for anything else), is_ref(v) -> boolean.
  *   array(t) sets the array metatable on t and returns it; array() returns a new empty array.
  *   int64 takes a decimal string ("-42", no spaces or sign '+') or an integral number in int64

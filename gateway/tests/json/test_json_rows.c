@@ -116,6 +116,8 @@ static void errors_name_their_path(void)
     check_lua(L, "local t = {} t.t = t\n"
                  "local a, e = json.encode_rows({ 's', t }, { 'v' })\n"
                  "return a == nil and e:find('nesting deeper than', 1, true) == 1, e");
+    check_lua(L, "local a, e = json.encode_rows({ 's', 1 }, { 'we\"ird' })\n"
+                 "return a == nil and e == 'a member name needs an escape at $', e");
     check_lua(L, "return not pcall(json.encode_rows, {}, { 1 }) and not pcall(json.encode_rows, 'x', {})\n"
                  "  and not pcall(json.encode_rows, {}, { 'a','b','c','d','e','f','g','h','i','j','k','l','m','n','o','p','q' })");
     lua_close(L);
