@@ -387,6 +387,23 @@ describe("response headers", function()
     assert.matches("dropped response header 'x-empty': its value is an empty list", logs, 1, true)
   end)
 
+  it("are lowercased tokens, and the framing and hop-by-hop ones are the gateway's", function()
+    local rh = require "agg.resp_headers"
+    local owned = { "Content-Length", "TRANSFER-ENCODING", "connection", "Keep-Alive", "upgrade", "Proxy-Connection",
+                    "TE", "Trailer" }
+    local set = { ["X-A!#$%&'*+-.^_`|~09Z"] = "kept", ["x y"] = "1", ["x\0"] = "2", ["x\195\169"] = "3", [""] = "4",
+                  ["x:"] = "5", ["x@"] = "6", ["te-x"] = "7", ["Trailers"] = "8" }
+    for _, name in ipairs(owned) do set[name] = "0" end
+    local h, warnings = rh.apply(set)
+    assert.same({ ["x-a!#$%&'*+-.^_`|~09z"] = "kept", ["te-x"] = "7", trailers = "8" }, h)
+    local logs = table.concat(warnings, "\n")
+    for _, name in ipairs(owned) do
+      assert.matches("dropped response header '" .. name:lower() .. "' set by a script: the gateway frames responses",
+                     logs, 1, true)
+    end
+    assert.equal(#owned + 6, #warnings)
+  end)
+
   it("give a 204 no content-type of the gateway's", function()
     local page = gw:get("/headers/no-content")
     assert.equal(204, page.status)
