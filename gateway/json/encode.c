@@ -699,9 +699,12 @@ int agw_json_encode_rows(lua_State *L, int idx, const char *const *members, int 
     /* the keys, sorted bytewise as a plain table's (insertion: a page's rows come sorted) */
     while (rc == 0) {
         lua_rawgeti(L, idx, (int)n * width + 1);
-        if (lua_isnil(L, -1))
+        int kt = lua_type(L, -1);
+        if (kt == LUA_TNIL) {
+            lua_pop(L, 1);
             break;
-        if (lua_type(L, -1) != LUA_TSTRING) {
+        }
+        if (kt != LUA_TSTRING) {
             e->path[1] = (step_t){NULL, n * (size_t)width};
             rc = fail(e, 1, "row key not a string");
             break;
