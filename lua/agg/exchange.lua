@@ -270,9 +270,9 @@ finish_exchange = function(x, r)
   x.ctx, x.group, x.chain = false, false, false
   if x.last then x.last = false end
   if ctx.done then return end
-  local timings = ctx.timings
-  timings[#timings + 1] = x.key
-  timings[#timings + 1] = r.ms or 0
+  local nt = #ctx -- the request's Server-Timing entries (agg.runtime start)
+  ctx[nt + 1] = x.key
+  ctx[nt + 2] = r.ms or 0
   deliver(g, x.key, chain, r)
 end
 
@@ -665,9 +665,9 @@ cache.bind({
   upstream_index = function(name) return upstreams[name].index end,
   -- a section served from the cache: its Server-Timing entry, then the section
   deliver_now = function(ctx, key, g, chain, r)
-    local timings = ctx.timings
-    timings[#timings + 1] = key
-    timings[#timings + 1] = r.ms or 0
+    local nt = #ctx
+    ctx[nt + 1] = key
+    ctx[nt + 2] = r.ms or 0
     deliver(g, key, chain, r)
   end,
 })
