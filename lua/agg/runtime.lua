@@ -22,6 +22,9 @@ local url = require "agg.url"
 
 local M = {}
 
+-- table.new(narray, nhash): a table with room for what it will hold, so it never grows
+local new_tab = require "table.new"
+
 local log_error, parse_headers = result.log_error, result.parse_headers
 local abandon_exchanges = exchange.abandon_exchanges
 
