@@ -279,7 +279,8 @@ class UpstreamGroups(GatewayTestCase):
     def endpoint_state(self, upstream="product"):
         doc = json.loads(self.admin("/upstreams"))
         ups = {u["name"]: u for u in doc["upstreams"]}
-        return {e["url"]: e for e in ups[upstream]["endpoints"]}
+        # {} until the worker has published the upstream (about once a second after its start)
+        return {e["url"]: e for e in ups.get(upstream, {}).get("endpoints", [])}
 
     def test_endpoint_failing_its_health_path_is_taken_out_and_comes_back(self):
         healthz = route("/healthz", body="ok")
@@ -289,7 +290,7 @@ class UpstreamGroups(GatewayTestCase):
                                   c=[healthz, route("/products/{id}", json={"id": "{id}", "from": "c"})]),
                          {"health": self.HEALTH, "outlier": False})
         url_b = self.mock.url("product_b")
-        self.assertTrue(wait_until(lambda: all(e["health"] == "passing" for e in self.endpoint_state().values()), WAIT),
+        self.assertTrue(wait_until(lambda: [e["health"] for e in self.endpoint_state().values()] == ["passing"] * 3, WAIT),
                         self.admin("/upstreams"))
         # product_b's health path starts failing; its product route still answers (so only the
         # health checks can take it out)
@@ -336,10 +337,11 @@ class UpstreamGroups(GatewayTestCase):
             self.assertEqual(status, 200, body)
             self.assertLess(time.monotonic() - t0, 6.0 if SLOW else 2.0)  # a probe never holds the worker
             eps = self.endpoint_state()
-            if all(e["health"] == "failing" and e["probe_failures"] >= 2 for e in eps.values()):
+            if len(eps) == 3 and all(e["health"] == "failing" and e["probe_failures"] >= 2 for e in eps.values()):
                 break
             time.sleep(0.1)
         eps = self.endpoint_state()
+        self.assertEqual(len(eps), 3, eps)
         self.assertTrue(all(e["health"] == "failing" for e in eps.values()), eps)
         # max_percent (50 of 3): one out of service at a time, never all
         self.assertEqual(sum(1 for e in eps.values() if e["state"] != "healthy"), 1, eps)
