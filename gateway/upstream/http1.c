@@ -206,14 +206,31 @@ static void truncate_buf(agw_buf_t *b, size_t len)
         b->base[len] = '\0';
 }
 
-/* Reads "HTTP/1.<digit> <3 digits>[ <reason>]" (line: len bytes up to and with its LF; the
- * reason is not looked at, RFC 9112 §4). Returns 0, or -1 with r->error set. */
+/* The status line "HTTP/1.<digit> <3 digits>[ <reason>]" (RFC 9112 §4), byte by byte: what each
+ * of its first 12 bytes may be ('d': a digit). */
+static const char STATUS_FORM[] = "HTTP/1.d ddd";
+
+/* Whether the n bytes at line could start a status line (so that bytes that are no HTTP, a TLS
+ * alert or another protocol's greeting, fail at once instead of when a line end comes). */
+static int status_prefix(const char *line, size_t n)
+{
+    for (size_t i = 0; i < n && i < sizeof(STATUS_FORM) - 1; i++)
+        if (STATUS_FORM[i] == 'd' ? (line[i] < '0' || line[i] > '9') : line[i] != STATUS_FORM[i])
+            return 0;
+    /* after the status code: the reason's space or the line's end */
+    return n <= 12 || line[12] == ' ' || line[12] == '\r' || line[12] == '\n';
+}
+
+/* Reads the status line (line: len bytes up to and with its LF; the reason phrase is not kept,
+ * RFC 9112 §4, but may hold no control character but HTAB, a bare CR included, §2.2). Returns 0,
+ * or -1 with r->error set. */
 static int status_line(agw_h1_response_t *r, const char *line, size_t len)
 {
     len -= len >= 2 && line[len - 2] == '\r' ? 2 : 1;
-    if (len < 12 || memcmp(line, "HTTP/1.", 7) != 0 || line[7] < '0' || line[7] > '9' || line[8] != ' ' ||
-        line[9] < '0' || line[9] > '9' || line[10] < '0' || line[10] > '9' || line[11] < '0' || line[11] > '9' ||
-        (len > 12 && line[12] != ' ')) {
+    int ok = len >= 12 && status_prefix(line, 12) && (len == 12 || line[12] == ' ');
+    for (size_t i = 13; ok && i < len; i++)
+        ok = ((unsigned char)line[i] >= 0x20 && line[i] != 0x7f) || line[i] == '\t';
+    if (!ok) {
         fail(r, "no status line \"HTTP/1.x NNN reason\"");
         return -1;
     }
@@ -423,11 +440,24 @@ static size_t read_section(agw_h1_response_t *r, const char *p, size_t n, int tr
         len = prev + take;
     }
     size_t skip = 0; /* the status line */
+    if (!trailers && !prev && (*p == '\r' || *p == '\n')) {
+        /* empty lines before a status line (after a body that an upstream ended with one CRLF
+         * too many) are skipped, as RFC 9112 §2.2 asks of servers before a request line */
+        size_t k = 0;
+        while (k < n && (p[k] == '\r' || p[k] == '\n'))
+            k++;
+        return k;
+    }
     if (!trailers) {
         if (!r->line_len) {
             const char *lf = memchr(buf + r->seen, '\n', len - r->seen);
-            if (lf == NULL)
+            if (lf == NULL) {
+                if (r->seen <= sizeof(STATUS_FORM) - 1 && !status_prefix(buf, len)) {
+                    fail(r, "no status line \"HTTP/1.x NNN reason\"");
+                    return 0;
+                }
                 goto incomplete;
+            }
             if (status_line(r, buf, (size_t)(lf - buf) + 1) < 0)
                 return 0;
             r->line_len = r->seen = (size_t)(lf - buf) + 1;
