@@ -470,6 +470,10 @@ static size_t read_section(agw_h1_response_t *r, const char *p, size_t n, int tr
     struct phr_header stack[STACK_FIELDS], *ph;
     size_t num;
     int ret = parse_fields(buf + skip, len - skip, stack, STACK_FIELDS, &ph, &num);
+    /* a malformed field is told once the section's end has come, as it is when the section is
+     * gathered: the same bytes fail the same way however reads cut them */
+    if (ret == -1 && !prev && !has_end(buf + skip, len - skip, 0))
+        ret = -2;
     if (ret == -2) {
         if (ph != stack)
             free(ph);
