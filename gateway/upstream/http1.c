@@ -206,6 +206,8 @@ static void truncate_buf(agw_buf_t *b, size_t len)
         b->base[len] = '\0';
 }
 
+#define DIGIT(c) ((unsigned char)((c) - '0') <= 9)
+
 /* The status line "HTTP/1.<digit> <3 digits>[ <reason>]" (RFC 9112 §4), byte by byte: what each
  * of its first 12 bytes may be ('d': a digit). */
 static const char STATUS_FORM[] = "HTTP/1.d ddd";
@@ -215,7 +217,7 @@ static const char STATUS_FORM[] = "HTTP/1.d ddd";
 static int status_prefix(const char *line, size_t n)
 {
     for (size_t i = 0; i < n && i < sizeof(STATUS_FORM) - 1; i++)
-        if (STATUS_FORM[i] == 'd' ? (line[i] < '0' || line[i] > '9') : line[i] != STATUS_FORM[i])
+        if (STATUS_FORM[i] == 'd' ? !DIGIT(line[i]) : line[i] != STATUS_FORM[i])
             return 0;
     /* after the status code: the reason's space or the line's end */
     return n <= 12 || line[12] == ' ' || line[12] == '\r' || line[12] == '\n';
@@ -227,7 +229,8 @@ static int status_prefix(const char *line, size_t n)
 static int status_line(agw_h1_response_t *r, const char *line, size_t len)
 {
     len -= len >= 2 && line[len - 2] == '\r' ? 2 : 1;
-    int ok = len >= 12 && status_prefix(line, 12) && (len == 12 || line[12] == ' ');
+    int ok = len >= 12 && memcmp(line, "HTTP/1.", 7) == 0 && DIGIT(line[7]) && line[8] == ' ' && DIGIT(line[9]) &&
+             DIGIT(line[10]) && DIGIT(line[11]) && (len == 12 || line[12] == ' ');
     for (size_t i = 13; ok && i < len; i++)
         ok = ((unsigned char)line[i] >= 0x20 && line[i] != 0x7f) || line[i] == '\t';
     if (!ok) {
