@@ -296,24 +296,22 @@ static int token_is(const char *s, size_t len, const char *lower, size_t lower_l
 static int next_token(const char **p, const char *end, const char **tok, size_t *len)
 {
     const char *q = *p;
-    for (;;) {
-        while (q < end && (*q == ' ' || *q == '\t' || *q == ','))
-            q++;
-        if (q == end) {
-            *p = q;
-            return 0;
-        }
-        const char *start = q;
-        while (q < end && *q != ',')
-            q++;
-        const char *stop = q;
-        while (stop > start && (stop[-1] == ' ' || stop[-1] == '\t'))
-            stop--;
-        *tok = start;
-        *len = (size_t)(stop - start);
+    while (q < end && (*q == ' ' || *q == '\t' || *q == ','))
+        q++;
+    if (q == end) {
         *p = q;
-        return 1;
+        return 0;
     }
+    const char *start = q;
+    while (q < end && *q != ',')
+        q++;
+    const char *stop = q;
+    while (stop > start && (stop[-1] == ' ' || stop[-1] == '\t'))
+        stop--;
+    *tok = start;
+    *len = (size_t)(stop - start);
+    *p = q;
+    return 1;
 }
 
 /* Content-Length's value (RFC 9110 §8.6: 1*DIGIT; the spaces around it are allowed): 0 with
