@@ -326,11 +326,11 @@ static int parse_length(const char *v, size_t len, uint64_t *out)
     for (size_t i = 0; i < len; i++) {
         if (v[i] < '0' || v[i] > '9')
             return -1;
-        unsigned d = (unsigned)(v[i] - '0');
-        if (n > (UINT64_MAX - 1 - d) / 10)
+        if (__builtin_mul_overflow(n, 10, &n) || __builtin_add_overflow(n, (unsigned)(v[i] - '0'), &n))
             return -1;
-        n = n * 10 + d;
     }
+    if (n == UINT64_MAX)
+        return -1;
     *out = n;
     return 0;
 }

@@ -257,6 +257,14 @@ static void framing_of_each_kind_of_body(void)
     /* a value's spaces around it are not part of it; an empty value is one */
     read_whole("HTTP/1.1 200 OK\r\nX-A:   spaced\r\nX-Empty:\r\nContent-Length:  0  \r\n\r\n", 0, 0, 0, &s);
     CHECK(s.done && strstr(s.fields, "X-A: spaced\n") != NULL && strstr(s.fields, "X-Empty: \n") != NULL);
+
+    /* the largest Content-Length (one below UINT64_MAX, which means "none") is a length */
+    agw_h1_response_t r = {0};
+    agw_h1_response_start(&r, 0, 0);
+    const char *big = "HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551614\r\n\r\nab";
+    CHECK(feed_str(&r, big) == strlen(big));
+    CHECK(agw_h1_response_failed(&r) == AGW_CALL_OK && r.expect_len == UINT64_MAX - 1 && r.body.len == 2);
+    agw_h1_response_free(&r);
 }
 
 /* Each malformed message is a bad response (or too large), and says why. */
