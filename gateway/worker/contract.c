@@ -4,11 +4,6 @@
 #include <lua.h>
 #include <stddef.h>
 
-const char *const agw_contract_attempt[AGW_ATTEMPT_FIELDS] = {
-    [AGW_ATTEMPT_SECTION] = "section", [AGW_ATTEMPT_NUMBER] = "attempt", [AGW_ATTEMPT_HEDGE] = "hedge",
-    [AGW_ATTEMPT_ENDPOINT] = "endpoint",
-};
-
 const char *const agw_contract_answer[AGW_ANSWER_FIELDS] = {
     [AGW_ANSWER_HEADERS] = "headers", [AGW_ANSWER_BODY] = "body", [AGW_ANSWER_DETAIL] = "detail",
 };
@@ -27,6 +22,11 @@ const char *const agw_contract_response[AGW_RESPONSE_FIELDS] = {
     [AGW_RESPONSE_SERVER_TIMING] = "server_timing",
     [AGW_RESPONSE_PAGE] = "page",
     [AGW_RESPONSE_SECTIONS] = "sections",
+    [AGW_RESPONSE_ROWS] = "rows",
+};
+
+const char *const agw_contract_section[AGW_SECTION_FIELDS] = {
+    [AGW_SECTION_STATUS] = "status", [AGW_SECTION_DATA] = "data", [AGW_SECTION_ERROR] = "error",
 };
 
 const char *const agw_contract_counters[AGW_COUNTERS_FIELDS] = {
@@ -60,7 +60,6 @@ void agw_contract_push_keys(lua_State *L)
         const char *const *names;
         int n;
     } tables[] = {
-        {AGW_KEY_ATTEMPT, agw_contract_attempt, AGW_ATTEMPT_FIELDS},
         {AGW_KEY_ANSWER, agw_contract_answer, AGW_ANSWER_FIELDS},
         {AGW_KEY_ARRIVAL, agw_contract_arrival, AGW_ARRIVAL_FIELDS},
         {AGW_KEY_RESPONSE, agw_contract_response, AGW_RESPONSE_FIELDS},

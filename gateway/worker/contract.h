@@ -5,17 +5,11 @@
  * compare the two: a field or function added or renamed on one side only fails that test.
  *
  * Field names are indexed by the enums below (agw_contract_answer[AGW_ANSWER_OUTCOME] is
- * "outcome"). The transport (core.c) and the request path (worker.c) use these arrays, never a
+ * "outcome"). The transport (core.c, respond.c) and the request path (worker.c) use these arrays, never a
  * spelling of their own.
  */
 #ifndef AGW_WORKER_CONTRACT_H
 #define AGW_WORKER_CONTRACT_H
-
-/* core.call's attempt: the span to record, and the endpoint of an upstream group (read by core.c) */
-enum agw_attempt_field {
-    AGW_ATTEMPT_SECTION, AGW_ATTEMPT_NUMBER, AGW_ATTEMPT_HEDGE, AGW_ATTEMPT_ENDPOINT, AGW_ATTEMPT_FIELDS
-};
-extern const char *const agw_contract_attempt[AGW_ATTEMPT_FIELDS];
 
 /* runtime.on_call's answer: the rest of an answer that is not a 2xx JSON body (written by core.c
  * into one table per VM, valid during the call) */
@@ -29,13 +23,17 @@ enum agw_arrival_field {
 };
 extern const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS];
 
-/* core.respond's response (read by core.c) */
+/* core.respond's response (read by respond.c) */
 enum agw_response_field {
     AGW_RESPONSE_STATUS, AGW_RESPONSE_HEADERS, AGW_RESPONSE_BODY, AGW_RESPONSE_JSON,
     AGW_RESPONSE_DEFAULT_TYPE, AGW_RESPONSE_SERVER_TIMING, AGW_RESPONSE_PAGE, AGW_RESPONSE_SECTIONS,
-    AGW_RESPONSE_FIELDS
+    AGW_RESPONSE_ROWS, AGW_RESPONSE_FIELDS
 };
 extern const char *const agw_contract_response[AGW_RESPONSE_FIELDS];
+
+/* a page's section, the members of a row of the response's rows in this order (read by respond.c) */
+enum agw_section_field { AGW_SECTION_STATUS, AGW_SECTION_DATA, AGW_SECTION_ERROR, AGW_SECTION_FIELDS };
+extern const char *const agw_contract_section[AGW_SECTION_FIELDS];
 
 /* core.upstream_counters' counters (read by core.c) */
 enum agw_counters_field {
@@ -59,8 +57,7 @@ extern const char *const agw_contract_runtime[];
  * field index, so that C reads and writes a field with a string it already holds (a pointer
  * lookup) instead of hashing its name each time (lua_getfield). */
 enum {
-    AGW_KEY_ATTEMPT = 1,
-    AGW_KEY_ANSWER = AGW_KEY_ATTEMPT + AGW_ATTEMPT_FIELDS,
+    AGW_KEY_ANSWER = 1,
     AGW_KEY_ARRIVAL = AGW_KEY_ANSWER + AGW_ANSWER_FIELDS,
     AGW_KEY_RESPONSE = AGW_KEY_ARRIVAL + AGW_ARRIVAL_FIELDS,
     AGW_KEY_COUNT = AGW_KEY_RESPONSE + AGW_RESPONSE_FIELDS - 1

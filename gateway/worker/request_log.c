@@ -2,6 +2,7 @@
  * its metrics and its line in the JSON access log.
  */
 #include "worker/worker_internal.h"
+#include "worker/contract.h"
 
 #include "base/http_status.h"
 
@@ -336,6 +337,33 @@ size_t agw_worker_page_sections(lua_State *L, int idx, section_ref_t *out, size_
             lua_pop(L, 1);
         }
         lua_pop(L, 1);
+    }
+    return n;
+}
+
+size_t agw_worker_row_sections(lua_State *L, int idx, section_ref_t *out, size_t max)
+{
+    const int width = 1 + AGW_SECTION_FIELDS;
+    size_t n = 0;
+    for (int i = 0; n < max; i++) {
+        lua_rawgeti(L, idx, i * width + 1);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            break;
+        }
+        lua_rawgeti(L, idx, i * width + 2 + AGW_SECTION_STATUS);
+        if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TSTRING) {
+            section_ref_t s;
+            s.name = lua_tolstring(L, -2, &s.len);
+            s.status = lua_tostring(L, -1); /* interned, and held by the rows */
+            size_t j = n++;                 /* rows come sorted: the insertion sort only checks */
+            while (j > 0 && section_less(&s, &out[j - 1])) {
+                out[j] = out[j - 1];
+                j--;
+            }
+            out[j] = s;
+        }
+        lua_pop(L, 2);
     }
     return n;
 }

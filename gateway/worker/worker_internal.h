@@ -1,5 +1,5 @@
 /* worker_internal.h: what the files of a worker share (not installed; included by worker.c,
- * vm.c, core.c, cache.c and request_log.c only): the worker's private types and the
+ * vm.c, core.c, respond.c, cache.c and request_log.c only): the worker's private types and the
  * functions one of these files calls in another. Small helpers on the per-request and per-call
  * path that more than one file calls are static inline here, so that they stay inlinable.
  */
@@ -297,6 +297,26 @@ static inline void agw_worker_stop_client_watch(reqref_t *rr)
 /* The core.* functions, each pushed as a closure over its generation (upvalue 1) by init_vm. */
 extern const luaL_Reg agw_worker_core_fns[];
 
+/* Inside a core.* function: the generation whose VM runs it (its upvalue 1). */
+static inline wgen_t *agw_worker_upg(lua_State *L)
+{
+    return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* Inside a core.* function of agw_worker_core_fns: pushes field key (AGW_KEY_*, contract.h) of
+ * the table at absolute index t. The contract's keys table is upvalue 2, and each key is an
+ * upvalue of its own after it (upvalue 2 + AGW_KEY_*), the cheapest value to push. */
+static inline void agw_worker_get_key(lua_State *L, int t, int key)
+{
+    lua_pushvalue(L, lua_upvalueindex(2 + key));
+    lua_rawget(L, t);
+}
+
+/* ---- respond.c: core.respond ---------------------------------------------------------------- */
+
+/* core.respond(rid, response) (respond.c; lua/agg/contract.lua). */
+int agw_worker_respond(lua_State *L);
+
 /* Headers go to Lua as one string "name\0value\0…" with lowercased names, each name once: the
  * values of a repeated name are joined with ", " here (RFC 9110 §5.3), in their order, in one
  * pass over the fields sorted by name (O(n log n): a client or upstream repeating a name many
@@ -307,7 +327,7 @@ extern const luaL_Reg agw_worker_core_fns[];
 void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
 
 /* Logs a warning (a script's mistake met while serving) at most once per 10 s per distinct
- * message per worker, with the count of repeats left out meanwhile (core.c). */
+ * message per worker, with the count of repeats left out meanwhile (respond.c). */
 void agw_worker_warn(agw_worker_t *w, const char *msg);
 
 /* ---- cache.c: the cache's transport --------------------------------------------------------- */
@@ -441,6 +461,11 @@ void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t
  * max of them into out, their number returned. The names and statuses are the table's strings,
  * valid while the table is referenced. */
 size_t agw_worker_page_sections(lua_State *L, int idx, section_ref_t *out, size_t max);
+
+/* The same for a page's rows at idx (core.respond's response.rows: { name, status, data, error,
+ * … }, contract.h's section order), read up to the first nil name; a row whose name or status is
+ * not a string is left out. */
+size_t agw_worker_row_sections(lua_State *L, int idx, section_ref_t *out, size_t max);
 
 /* Writes the access log lines buffered in w->log.alog to w->log.access_fd (dropped if the write fails). */
 void agw_worker_alog_flush(agw_worker_t *w);

@@ -238,10 +238,10 @@ function Gateway:install()
     gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg
     if level == "error" then M.script_errors[#M.script_errors + 1] = msg end
   end
-  -- the transport's side of agg.contract, as the C worker keeps it: a group's endpoint from the
-  -- attempt (1-based; nil: the first)
-  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, attempt)
-    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, attempt.endpoint or 1)
+  -- the transport's side of agg.contract, as the C worker keeps it: a group's endpoint (1-based;
+  -- nil: the first). section, attempt and hedge name the C worker's span; the fake keeps none.
+  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, section, attempt, hedge, endpoint)
+    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, endpoint or 1)
   end
   -- endpoint host names (gateway/group/directory.h): the addresses gw:addresses gave an upstream
   function core.endpoint_slots(index, seen)
@@ -268,7 +268,9 @@ function Gateway:install()
     local r = gw.responses[rid]
     if not r or r.status then return false end
     if is_json then
-      local s, err = json.encode(body)
+      -- a page's rows: the transport's own encoder (json/json.h agw_json_encode_rows)
+      local s, err
+      if o.rows then s, err = json.encode_rows(o.rows, rt.SECTION_MEMBERS) else s, err = json.encode(body) end
       if not s then return nil, err end
       body = s
     end
