@@ -39,6 +39,15 @@ static void call_release(agw_worker_t *w, wcall_t *c)
     w->tables.free_calls = c;
 }
 
+void agw_worker_calls_release_spares(agw_worker_t *w)
+{
+    while (w->tables.free_calls) {
+        wcall_t *c = w->tables.free_calls;
+        w->tables.free_calls = c->next_free;
+        free(c);
+    }
+}
+
 /* Ends the span of call c and of every request that shared it (on_call_done, core.cancel). */
 static void trace_call_ended(agw_worker_t *w, wcall_t *c, unsigned outcome, int http_status, const char *detail)
 {

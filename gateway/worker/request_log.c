@@ -39,7 +39,7 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
     if (tr)
         w->log.free_traces = tr->next;
     else
-        tr = agw_malloc(sizeof(*tr));
+        tr = agw_trace_new();
     agw_traceparent_t parent;
     int continued = num_tp == 1 && agw_traceparent_parse(tp->base, tp->len, &parent) == 0;
     agw_trace_begin(tr, &w->log.trace_rng, continued ? &parent : NULL, agw_worker_now_us(w), req->method.base,
@@ -131,10 +131,15 @@ void agw_worker_log_close(agw_worker_t *w)
 {
     if (w->log.access_fd >= 0)
         agw_worker_alog_flush(w);
+    agw_worker_log_release_spares(w);
+}
+
+void agw_worker_log_release_spares(agw_worker_t *w)
+{
     while (w->log.free_traces) {
         agw_trace_t *tr = w->log.free_traces;
         w->log.free_traces = tr->next;
-        free(tr);
+        agw_trace_free(tr);
     }
 }
 

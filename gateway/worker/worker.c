@@ -124,6 +124,8 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
     agw_worker_t *w = g->w;
     lua_State *L = g->L;
     int rc = 0;
+    if (w->script.depth == 0)
+        agw_gc_entry_begin(&w->gc_timer);
     agw_watchdog_enter(&w->script, L, g->conf->script_time_limit_ms); /* an outermost one is timed */
     if (lua_pcall(L, nargs, 0, 0) != 0) {
         agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
@@ -135,6 +137,8 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
      * that long ago, and time out at once */
     if (agw_watchdog_leave(&w->script) >= AGW_LONG_ENTRY_MS)
         ev_now_update(w->loop);
+    if (w->script.depth == 0) /* the worker's pauses in Lua (gc.h) */
+        agw_metrics_lua_entry(&w->m->lua_gc, agw_gc_entry_us(&w->gc_timer));
     if (w->script.depth == 0 && w->tables.num_pending_aborts)
         process_pending_aborts(w);
     if (w->script.depth == 0 && !h2o_linklist_is_empty(&w->gens.dead))
@@ -700,10 +704,13 @@ static void worker_idle_tick(agw_worker_t *w)
             wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
             agw_gc_idle(g->L, &w->m->lua_gc);
         }
+        agw_worker_log_release_spares(w); /* the records of the requests and calls of the burst */
+        agw_worker_calls_release_spares(w);
         agw_gc_trim();
     } else if (w->idle_ticks % AGW_GC_TRIM_S == 0) {
         agw_gc_trim(); /* what idle upstream connections closing since then freed */
     }
+    agw_gc_timer_calibrate(&w->gc_timer);
     for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next)
         heap += (size_t)lua_gc(H2O_STRUCT_FROM_MEMBER(wgen_t, link, l)->L, LUA_GCCOUNT, 0) * 1024u;
     AGW_M_SET(w->m->lua_gc.heap_bytes, heap);
@@ -747,6 +754,7 @@ static void *worker_main(void *arg)
     agw_worker_cache_close(w);
     agw_auth_cache_free(&w->auth_cache);
     agw_worker_log_close(w);
+    agw_worker_calls_release_spares(w);
     return NULL;
 }
 
@@ -766,6 +774,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
                                agw_limit_store_t *limits, agw_buf_t *errors)
 {
     agw_worker_t *w = agw_calloc(1, sizeof(*w));
+    agw_gc_timer_init(&w->gc_timer); /* before any entry into Lua */
     w->id = id;
     w->script.id = id;
     w->m = metrics;

@@ -152,6 +152,7 @@ struct agw_worker {
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     uint64_t idle_started;                 /* requests_started at the last tick (gc.h's idle collection) */
     int idle_ticks;                        /* ticks since a request last started, while none is in flight */
+    agw_gc_timer_t gc_timer;               /* times the entries into Lua (gc.h) */
     /* the front: listeners and client connections (worker.c) */
     h2o_context_t ctx;
     listener_t *listeners;
@@ -296,6 +297,10 @@ static inline void agw_worker_stop_client_watch(reqref_t *rr)
 
 /* The core.* functions, each pushed as a closure over its generation (upvalue 1) by init_vm. */
 extern const luaL_Reg agw_worker_core_fns[];
+
+/* Frees the spare call records of w (w->tables.free_calls: one per call that was in flight at
+ * once). When the worker goes idle (worker/gc.h) and when its loop has ended. */
+void agw_worker_calls_release_spares(agw_worker_t *w);
 
 /* Inside a core.* function: the generation whose VM runs it (its upvalue 1). */
 static inline wgen_t *agw_worker_upg(lua_State *L)
