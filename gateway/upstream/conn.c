@@ -181,7 +181,7 @@ static void take_response(agw_pool_t *pool, agw_conn_t *c, agw_call_result_t *r)
         pool->dhdrs[i].value_len = e->value_len;
     }
     r->outcome = AGW_CALL_OK;
-    r->http_status = resp->parser.status_code;
+    r->http_status = resp->status;
     if (resp->nhdrs) {
         r->headers = pool->dhdrs;
         r->num_headers = resp->nheaders;

@@ -118,7 +118,7 @@ void agw_call_fail(agw_call_t *call, agw_call_outcome_t o, const char *fmt, ...)
     call->outcome = o;
     if (call->conn) {
         if (call->conn->resp.final_headers)
-            call->http_status = call->conn->resp.parser.status_code;
+            call->http_status = call->conn->resp.status;
         agw_conn_close(call->conn);
     }
     if (call->state == AGW_CALL_QUEUED)

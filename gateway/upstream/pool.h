@@ -5,8 +5,8 @@
  * on the worker's libev loop; nothing here is thread-safe and nothing blocks.
  *
  * Response framing (status line, headers, Content-Length, chunked with trailers, close-delimited
- * bodies, 1xx interim responses) is parsed by libhttp-parser. A 101 (a protocol switch no request
- * of ours asks for) is a bad response.
+ * bodies, 1xx interim responses) is read by upstream/http1.h, with libh2o's picohttpparser. A 101
+ * (a protocol switch no request of ours asks for) is a bad response.
  *
  * Rules (DESIGN §3, issue "core gateway"):
  *  - a call has one timeout (ms) covering the wait for a connection, connect, send and the whole

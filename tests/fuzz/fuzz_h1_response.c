@@ -28,7 +28,7 @@ static void snapshot(const agw_h1_response_t *r, size_t used, result_t *out)
     out->done = r->done;
     out->keep_alive = r->done && r->keep_alive;
     out->failed = agw_h1_response_failed(r);
-    out->status = r->final_headers ? r->parser.status_code : 0;
+    out->status = r->final_headers ? r->status : 0;
     out->nheaders = r->final_headers ? r->nheaders : 0;
     out->nhdrs = r->done ? r->nhdrs : out->nheaders;
     agw_buf_reset(&out->body);
@@ -75,7 +75,7 @@ static void check_promises(const agw_h1_response_t *r)
         abort(); /* body over the limit */
     if (!r->done)
         return;
-    unsigned st = r->parser.status_code;
+    unsigned st = r->status;
     if (st < 200 || st > 999)
         abort(); /* a final response is no 1xx */
     if (r->head || st == 204 || st == 304) {
