@@ -72,6 +72,15 @@ function M.suggest(key, known)
 end
 local suggest = M.suggest
 
+--- The names of a set (name -> anything), sorted and joined with ", ": the list of what is known
+-- that a message about a misspelt name ends with. agg.lint and the spec harness use it too.
+function M.names(set)
+  local out = {}
+  for k in pairs(set) do out[#out + 1] = k end
+  table.sort(out)
+  return table.concat(out, ", ")
+end
+
 -- Splits "http[s]://host[:port][/base]" (upstream URLs, the OTLP collector, the token endpoint)
 -- -> host, port, base path (no trailing '/'), "host[:port]", scheme; or nil and a message.
 -- https is accepted only when allow_https is true.

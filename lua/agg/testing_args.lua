@@ -15,12 +15,7 @@ local ANSWER_OPTIONS = { status = "number", headers = "table", json = true, body
 local FAULTS = { hang = true, drip = true, refuse = true, tls = true, reset = true, short = true, non_json = true,
                  invalid_utf8 = true, huge = true }
 
-local function sorted_names(set)
-  local out = {}
-  for k in pairs(set) do out[#out + 1] = k end
-  table.sort(out)
-  return table.concat(out, ", ")
-end
+local sorted_names = config.names
 
 -- Raises msg at the line of the spec that called the harness (the first frame outside the
 -- harness's files, lua/agg/testing*.lua).
