@@ -613,9 +613,10 @@ def write_scripts(sdir, scripts, gateway_source):
             f.write(src)
 
 
-def run_aggway(*args, timeout=30, cwd=None):
+def run_aggway(*args, timeout=120, cwd=None):
     """Runs the aggway binary (check, serve …) to completion, in folder cwd (default: this one);
-    returns CompletedProcess."""
+    returns CompletedProcess. timeout (s) only guards against a hang: the commands need a few
+    seconds of CPU, and a machine shared by several builds gives a process a fraction of a core."""
     return subprocess.run([AGGWAY_BIN] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           timeout=timeout, cwd=cwd)
 
