@@ -41,7 +41,11 @@ describe("the spec harness's transport keeps agg.contract", function()
         else
           wrapped[name] = function(...)
             check_args("core." .. name, decl, select("#", ...))
-            if name == "call" then record("attempt", (select(9, ...)), false) end
+            if name == "call" then
+              local args = {}
+              for i, arg in ipairs(decl.args) do args[arg] = (select(i, ...)) end
+              record("call_args", args)
+            end
             if name == "respond" then record("response", (select(2, ...))) end
             if name == "upstream_counters" then record("counters", (select(2, ...)), false) end
             if name == "endpoint_state" then record("endpoint_state", (select(3, ...))) end
@@ -112,12 +116,12 @@ describe("the spec harness's transport keeps agg.contract", function()
     gw:get("/must-recs/1")                                 -- a failed page (problem details)
     gw:get("/nowhere")                                     -- no route: no crossing at all
     assert.same({}, problems)
-    for _, kind in ipairs { "attempt", "answer", "arrival", "response" } do
+    for _, kind in ipairs { "call_args", "answer", "arrival", "response" } do
       assert.is_true((seen[kind] or 0) > 0, kind .. " never crossed")
     end
   end)
 
-  it("keeps it with upstream groups (the attempt's endpoint) and the edge (the arrival's user and token)", function()
+  it("keeps it with upstream groups (the call's endpoint) and the edge (the arrival's user and token)", function()
     local endpoints = {}
     local gw = testing.gateway { dir = "spec/fixtures/groups" }
     gw:stub("product", "/p/*", { json = { id = 1 } })
@@ -152,7 +156,10 @@ describe("the spec harness's transport keeps agg.contract", function()
     assert.is_true((contract.check("arrival", { headers = "" })))
     assert.is_true((contract.check("arrival", { headers = "", user = { sub = "a" }, token = "t" })))
     assert.is_false((contract.check("arrival", { headers = "", user = "alice" })))
-    assert.is_true((contract.check("attempt", { section = "s", attempt = 1, endpoint = 2 })))
-    assert.is_false((contract.check("attempt", { section = "s", attempt = 1, endpoint = "2" })))
+    local call = { rid = 1, upstream = 1, method = "GET", path = "/", headers = false, body = false,
+                   timeout_ms = 100, decode = true, section = "s", attempt = 1, endpoint = 2 }
+    assert.is_true((contract.check("call_args", call)))
+    call.endpoint = "2"
+    assert.is_false((contract.check("call_args", call)))
   end)
 end)

@@ -425,4 +425,37 @@ describe("a call's table", function()
     assert.same({ none = true }, f.fallback)
     assert.equal(keys(n) + 1, keys(f))
   end)
+
+  -- the same table after its call ran: the exchange and the result's info write into it, and a
+  -- field one of them adds to every call would be the 33rd (a page's instructions grow by about
+  -- 20 % then: tools/bench/callgrind)
+  local result = require "agg.result"
+  local function calls_made(run)
+    local before = {}
+    for r in pairs(result.info) do before[r] = true end
+    run()
+    local out = {}
+    for r, x in pairs(result.info) do
+      if not before[r] and x.upstream == "a" then out[#out + 1] = x end
+    end
+    return out
+  end
+
+  it("still holds at most 32 keys once its call ran, answered, read or failed", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { json = { n = 2, b = 1 } })
+    gw:stub("c", "/raw", { body = "plain" })
+    gw:stub("b", "/y", { json = { n = 3 } })
+    local seen = calls_made(function()
+      assert.equal(200, gw:get("/fidelity").status)  -- answered, the data never read
+      assert.equal(200, gw:get("/touch").status)     -- answered, the data read and changed
+    end)
+    gw:stub("a", "/x", { status = 503, json = { error = "down" } })
+    for _, x in ipairs(calls_made(function() gw:get("/all-fail") end)) do seen[#seen + 1] = x end
+    assert.equal(3, #seen)
+    for _, x in ipairs(seen) do
+      assert.is_true(x.done, "the call ended")
+      assert.is_true(keys(x) <= 32, ("keys of a call to /x after it ran: %d"):format(keys(x)))
+    end
+  end)
 end)

@@ -4,11 +4,6 @@
 #include <lua.h>
 #include <stddef.h>
 
-const char *const agw_contract_attempt[AGW_ATTEMPT_FIELDS] = {
-    [AGW_ATTEMPT_SECTION] = "section", [AGW_ATTEMPT_NUMBER] = "attempt", [AGW_ATTEMPT_HEDGE] = "hedge",
-    [AGW_ATTEMPT_ENDPOINT] = "endpoint",
-};
-
 const char *const agw_contract_answer[AGW_ANSWER_FIELDS] = {
     [AGW_ANSWER_HEADERS] = "headers", [AGW_ANSWER_BODY] = "body", [AGW_ANSWER_DETAIL] = "detail",
 };
@@ -60,7 +55,6 @@ void agw_contract_push_keys(lua_State *L)
         const char *const *names;
         int n;
     } tables[] = {
-        {AGW_KEY_ATTEMPT, agw_contract_attempt, AGW_ATTEMPT_FIELDS},
         {AGW_KEY_ANSWER, agw_contract_answer, AGW_ANSWER_FIELDS},
         {AGW_KEY_ARRIVAL, agw_contract_arrival, AGW_ARRIVAL_FIELDS},
         {AGW_KEY_RESPONSE, agw_contract_response, AGW_RESPONSE_FIELDS},

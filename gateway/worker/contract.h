@@ -11,12 +11,6 @@
 #ifndef AGW_WORKER_CONTRACT_H
 #define AGW_WORKER_CONTRACT_H
 
-/* core.call's attempt: the span to record, and the endpoint of an upstream group (read by core.c) */
-enum agw_attempt_field {
-    AGW_ATTEMPT_SECTION, AGW_ATTEMPT_NUMBER, AGW_ATTEMPT_HEDGE, AGW_ATTEMPT_ENDPOINT, AGW_ATTEMPT_FIELDS
-};
-extern const char *const agw_contract_attempt[AGW_ATTEMPT_FIELDS];
-
 /* runtime.on_call's answer: the rest of an answer that is not a 2xx JSON body (written by core.c
  * into one table per VM, valid during the call) */
 enum agw_answer_field { AGW_ANSWER_HEADERS, AGW_ANSWER_BODY, AGW_ANSWER_DETAIL, AGW_ANSWER_FIELDS };
@@ -59,8 +53,7 @@ extern const char *const agw_contract_runtime[];
  * field index, so that C reads and writes a field with a string it already holds (a pointer
  * lookup) instead of hashing its name each time (lua_getfield). */
 enum {
-    AGW_KEY_ATTEMPT = 1,
-    AGW_KEY_ANSWER = AGW_KEY_ATTEMPT + AGW_ATTEMPT_FIELDS,
+    AGW_KEY_ANSWER = 1,
     AGW_KEY_ARRIVAL = AGW_KEY_ANSWER + AGW_ANSWER_FIELDS,
     AGW_KEY_RESPONSE = AGW_KEY_ARRIVAL + AGW_ARRIVAL_FIELDS,
     AGW_KEY_COUNT = AGW_KEY_RESPONSE + AGW_RESPONSE_FIELDS - 1

@@ -300,6 +300,7 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
 static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_header_t *hdrs, size_t n,
                                  char *tp)
 {
+    /* core.call's section (9), attempt (10) and hedge (11) name the span */
     size_t k = 0;
     for (size_t i = 0; i < n; i++) { /* drop the script's traceparent and tracestate */
         if ((hdrs[i].name_len == 11 && strncasecmp(hdrs[i].name, "traceparent", 11) == 0) ||
@@ -311,13 +312,9 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     agw_trace_t *tr = rr ? rr->trace : NULL;
     if (tr) {
         size_t slen = 0;
-        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_SECTION);
-        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_NUMBER);
-        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_HEDGE);
-        const char *section = lua_tolstring(L, -3, &slen); /* held by the attempt table */
-        unsigned attempt = (unsigned)lua_tointeger(L, -2);
-        unsigned flags = lua_toboolean(L, -1) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
-        lua_pop(L, 3);
+        const char *section = lua_tolstring(L, 9, &slen); /* copied by agw_trace_add_span */
+        unsigned attempt = (unsigned)lua_tointeger(L, 10);
+        unsigned flags = lua_toboolean(L, 11) ? AGW_SPAN_HEDGE : attempt > 1 ? AGW_SPAN_RETRY : 0;
         unsigned slot = c->g->gen->upstream_slot[c->up];
         c->span = agw_trace_add_span(tr, &w->log.trace_rng, slot, section, section ? slen : 0, flags, attempt ? attempt : 1,
                                      agw_worker_now_us(w));
@@ -344,13 +341,15 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
     return k;
 }
 
-/* core.call(rid, upstream, method, path, headers, body, timeout_ms, decode, attempt) -> id
- * (lua/agg/contract.lua): rid 0 is the runtime's own call (a health probe, agg.health: no span,
- * not in the upstream's call metrics); upstream is the index (1-based); headers { name, value, … } or
- * false/nil; body a string or false/nil; timeout_ms the whole call's; decode: hand a 2xx body over
- * as validated JSON; attempt's section, attempt and hedge describe the attempt's span, its
- * endpoint the upstream's endpoint to call (1-based, agg.group chose it), read only for an
- * upstream of more than one endpoint (the others' is always the first). */
+/* core.call(rid, upstream, method, path, headers, body, timeout_ms, decode, section, attempt, hedge,
+ * endpoint) -> id (lua/agg/contract.lua): rid 0 is the runtime's own call (a health probe,
+ * agg.health: no span, not in the upstream's call metrics); upstream is the index (1-based);
+ * headers { name, value, … } or false/nil; body a string or false/nil; timeout_ms the whole call's;
+ * decode: hand a 2xx body over as validated JSON; section, attempt and hedge describe the attempt's
+ * span; endpoint is the upstream's endpoint to call (1-based, agg.group chose it), read only for an
+ * upstream of more than one endpoint (the others' is always the first). Every argument is
+ * positional: a field read from a table costs two API calls more than an argument (a push of the
+ * key and the lookup), three times a call. */
 static int l_call(lua_State *L)
 {
     wgen_t *g = upg(L);
@@ -358,12 +357,9 @@ static int l_call(lua_State *L)
     int index = (int)luaL_checkinteger(L, 2);
     if (index < 1 || (size_t)index > g->conf->num_upstreams)
         return luaL_error(L, "core.call: no upstream #%d", index);
-    luaL_checktype(L, 9, LUA_TTABLE);
     size_t first = g->conf->ep_first[index - 1], ep = first;
     if (g->conf->ep_first[index] - first > 1) { /* a group: the endpoint agg.group chose */
-        get_upkey(L, 9, AGW_KEY_ATTEMPT + AGW_ATTEMPT_ENDPOINT);
-        lua_Integer e = lua_isnil(L, -1) ? 1 : lua_tointeger(L, -1);
-        lua_pop(L, 1);
+        lua_Integer e = lua_isnoneornil(L, 12) ? 1 : lua_tointeger(L, 12);
         if (e < 1 || (size_t)e > g->conf->ep_first[index] - first)
             return luaL_error(L, "core.call: upstream #%d has no endpoint #%d", index, (int)e);
         ep += (size_t)e - 1;

@@ -492,7 +492,7 @@ local function refresh(spec, sec, ck)
   M.stats.refreshes = M.stats.refreshes + 1
   local now = core.now()
   local rctx = { rid = 0, ep = false, started = now, deadline = now + spec.timeout_ms, exchanges = false,
-                 timings = {}, done = false, co = false }
+                 done = false, co = false }
   local g = { results = {}, pending = 1, thens = {}, waiting = false,
               on_complete = function() refreshing[ck] = nil end }
   local x = api.copy_spec(spec)

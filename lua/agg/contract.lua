@@ -27,15 +27,15 @@ local M = {}
 M.core = {
   now          = { args = {}, returns = "ms: the loop's clock (monotonic, milliseconds)" },
   call         = { args = { "rid", "upstream", "method", "path", "headers", "body", "timeout_ms",
-                            "decode", "attempt" },
+                            "decode", "section", "attempt", "hedge", "endpoint" },
                    returns = "call id; runtime.on_call follows exactly once unless core.cancel(id) " ..
                              "comes first. upstream: the index in gateway.lua's order, 1-based; " ..
                              "method: GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS; path: path and " ..
                              "query from '/' (the upstream's base path goes first); headers: false " ..
                              "or { name, value, … } (names lowercase); body: false or a string; " ..
                              "timeout_ms: whole ms for the whole call; decode: a 2xx body is JSON, " ..
-                             "hand it over validated as on_call's data; attempt: the span, and the " ..
-                             "endpoint of an upstream group (tables.attempt)" },
+                             "hand it over validated as on_call's data; section, attempt, hedge: the " ..
+                             "span; endpoint: the endpoint of an upstream group (tables.call_args)" },
   cancel       = { args = { "id" }, returns = "nothing; no on_call follows (the connection closes)" },
   join         = { args = { "rid", "id", "section" }, optional = true,
                    returns = "nothing; request rid's section waits on call id (single-flight): a " ..
@@ -98,17 +98,24 @@ M.runtime = {
 
 --- The tables that cross, field -> allowed Lua types ("|"-separated; "nil" = may be absent).
 M.tables = {
-  -- core.call's attempt: the span to record. The runtime passes the call's exchange itself
-  -- (agg.exchange; a hedge gets a record of its own): fields beyond these are the runtime's and
-  -- the transport never reads them.
-  attempt = {
-    section = "string|number",      -- the section the call serves (the span's name)
-    attempt = "number",             -- 1 for the first, 2… for retries and a hedge
-    hedge   = "boolean|nil",        -- true: the second copy of a slow first attempt
+  -- core.call's arguments (M.core.call.args), by name: not a table that crosses (every one is
+  -- positional: a field the transport reads from a table costs it two C API calls more than an
+  -- argument, and every call sends one span), but checked the same way by spec/contract_spec.lua
+  call_args = {
+    rid        = "number",          -- the request's; 0 for the runtime's own call (a health probe)
+    upstream   = "number",
+    method     = "string",
+    path       = "string",
+    headers    = "table|boolean|nil",  -- false/nil, or { name, value, … }
+    body       = "string|boolean|nil", -- false/nil, or the body
+    timeout_ms = "number",
+    decode     = "boolean",
+    section    = "string|number",   -- the section the call serves (the span's name)
+    attempt    = "number",          -- 1 for the first, 2… for retries and a hedge
+    hedge      = "boolean|nil",     -- true: the second copy of a slow first attempt
     -- the endpoint (1-based) agg.group chose, for an upstream of more than one endpoint; the
-    -- transport reads it only for those (a one-endpoint upstream's is its first), so it costs the
-    -- common call nothing, and it travels here, not positionally, because only groups have it
-    endpoint = "number|nil",
+    -- transport reads it only for those (a one-endpoint upstream's is its first)
+    endpoint   = "number|nil",
   },
   -- runtime.on_call(id, outcome, http_status, data, ms, answer):
   --   outcome      ok | refused | connect_timeout | timeout | reset | truncated | bad_response

@@ -270,9 +270,9 @@ finish_exchange = function(x, r)
   x.ctx, x.group, x.chain = false, false, false
   if x.last then x.last = false end
   if ctx.done then return end
-  local timings = ctx.timings
-  timings[#timings + 1] = x.key
-  timings[#timings + 1] = r.ms or 0
+  local nt = #ctx -- the request's Server-Timing entries (agg.runtime start)
+  ctx[nt + 1] = x.key
+  ctx[nt + 2] = r.ms or 0
   deliver(g, x.key, chain, r)
 end
 
@@ -485,19 +485,18 @@ attempt = function(x, hedge)
     ep = group.pick(grp, x, x.endpoint)
     group.hold(grp, ep)
   end
-  -- the record of what was sent, which core.call reads as its attempt (agg.contract: section,
-  -- attempt number, hedge, and a group's endpoint): for a first attempt or a retry, the exchange
-  -- itself (one table less per call); a hedge, which runs beside it, gets a table of its own
+  -- the record of the attempt in flight: for a first attempt or a retry, the exchange itself (one
+  -- table less per call); a hedge, which runs beside it, gets a table of its own
   local rec
   if hedge then
-    rec = { id = false, x = x, probe = probe, clamped = clamped, hedge = true, section = spec.section,
-            attempt = x.attempt, flight = false, endpoint = ep }
+    rec = { id = false, x = x, probe = probe, clamped = clamped, hedge = true, flight = false, endpoint = ep }
   else
     rec = x
     if grp then x.endpoint = ep end
   end
+  -- the span's section, attempt number and hedge flag, and a group's endpoint (agg.contract)
   local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode, rec)
+                       math.floor(t + 0.5), spec.decode, spec.section, x.attempt, hedge, ep)
   if hedge then
     rec.id = id
   else
@@ -665,9 +664,9 @@ cache.bind({
   upstream_index = function(name) return upstreams[name].index end,
   -- a section served from the cache: its Server-Timing entry, then the section
   deliver_now = function(ctx, key, g, chain, r)
-    local timings = ctx.timings
-    timings[#timings + 1] = key
-    timings[#timings + 1] = r.ms or 0
+    local nt = #ctx
+    ctx[nt + 1] = key
+    ctx[nt + 2] = r.ms or 0
     deliver(g, key, chain, r)
   end,
 })

@@ -155,12 +155,34 @@ function M.sort_keys(keys, n)
 end
 
 -- Keys of t in a fixed order, so the same table always starts its calls in the same order.
--- room: array slots to make (the caller may keep more than the keys in it)
-local function sorted_keys(t, room)
-  local keys, n = new_tab(room or 4, 0), 0
+-- keys: the empty table to fill, or nil for a new one
+local function sorted_keys(t, keys)
+  keys = keys or new_tab(4, 0)
+  local n = 0
   for k in pairs(t) do n = n + 1; keys[n] = k end
   M.sort_keys(keys, n)
   return keys
+end
+
+-- start_group's lists of keys and specs, used again from one fan-out to the next. Starting a
+-- call may start another fan-out before the first is done with its list (a continuation that
+-- runs at once), so each fan-out takes a list of its own here and gives it back empty.
+local spare_lists, spare_n = {}, 0
+
+local function take_list()
+  if spare_n == 0 then return new_tab(8, 0) end
+  local l = spare_lists[spare_n]
+  spare_lists[spare_n] = nil
+  spare_n = spare_n - 1
+  return l
+end
+
+local function give_list(l, n)
+  for i = 1, n do l[i] = nil end
+  if spare_n < 8 then
+    spare_n = spare_n + 1
+    spare_lists[spare_n] = l
+  end
 end
 
 -- Combines the results of a nested fan-out into one section result.
@@ -201,8 +223,10 @@ local function start_group(ctx, tbl, level, parent)
   local g = { tbl, parent or false, ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS,
               waiting = false }
   -- calls to start, in key order (a chain's spec carries it in spec.chain):
-  -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table)
-  local keys = sorted_keys(tbl, 8)
+  -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table, a
+  -- spare list given back once the calls started; when a mistake raises below, the collector
+  -- takes it)
+  local keys = sorted_keys(tbl, take_list())
   local nk, n = #keys, 0
   for i = 1, nk do
     local key = keys[i]
@@ -252,6 +276,7 @@ local function start_group(ctx, tbl, level, parent)
     local spec = keys[nk + i]
     start_call(ctx, keys[i], spec, g, spec.chain or nil)
   end
+  give_list(keys, nk + n)
   return g
 end
 

@@ -76,7 +76,7 @@ end
 local function probe(c, i, st, now)
   st.next_ms = now + c.every_ms
   local ok, id = pcall(core.call, 0, c.index, "GET", c.policy.path, HEADERS, nil, c.policy.timeout_ms, false,
-                       st.attempt)
+                       "health", 1, false, i)
   if not ok then return end -- the pool is closing (a reload under way): the next tick tries again
   st.busy = true
   hooks.register_call(id, function(outcome, http_status, _, _, _, _, detail)
@@ -95,8 +95,7 @@ function M.tick()
       c.eps = {}
       for i = 1, #group.group_of(c.name).eps do
         c.eps[i] = { e = false, busy = false, ok = 0, bad = 0, ejected_ms = false, after = 0,
-                     next_ms = now + math.floor(core.random() * c.every_ms),
-                     attempt = { section = "health", attempt = 1, hedge = false, endpoint = i } }
+                     next_ms = now + math.floor(core.random() * c.every_ms) }
       end
     end
     local eps = group.group_of(c.name).eps

@@ -129,9 +129,6 @@ local function read_answer(x, up, outcome, http_status, body, detail)
   return nil, p, code == "invalid_target" and M.INVALID_TARGET_MS or 0
 end
 
--- core.call's attempt for a token exchange (agg.contract): its span, one attempt, never hedged
-local TOKEN_EXCHANGE_ATTEMPT = { section = "token-exchange", attempt = 1, hedge = false }
-
 local function start_exchange(ctx, x, up, key, pend)
   local body = "grant_type=" .. edge.form_escape("urn:ietf:params:oauth:grant-type:token-exchange") ..
                "&subject_token=" .. edge.form_escape(ctx.token) ..
@@ -143,8 +140,9 @@ local function start_exchange(ctx, x, up, key, pend)
   local remaining = ctx.deadline - core.now()
   local t = math.min(te.timeout_ms, remaining)
   M.stats.exchanges = M.stats.exchanges + 1
+  -- the span (agg.contract): section "token-exchange", one attempt, never hedged
   local id = core.call(ctx.rid, te.index, "POST", te.path, headers, body, math.max(1, math.floor(t + 0.5)), false,
-                       TOKEN_EXCHANGE_ATTEMPT)
+                       "token-exchange", 1, false, nil)
   hooks.register_call(id, function(outcome, http_status, _, rbody, _, _, detail)
     pending[key] = nil
     local tok, p, keep_ms = read_answer(x, up, outcome, http_status, rbody, detail)

@@ -248,11 +248,10 @@ flush = function(p)
   p.keys = keys
   local x1 = first.x
   p.ep = hooks.pick(p, x1) or false -- an upstream with several endpoints: which one (balancer)
-  -- core.call's attempt (agg.contract): the merged call's span is named after the first caller's
-  -- section; one attempt, never hedged, on the endpoint the balancer chose
+  -- core.call's span and endpoint (agg.contract): the merged call's span is named after the first
+  -- caller's section; one attempt, never hedged, on the endpoint the balancer chose
   local id = core.call(x1.ctx.rid, upstreams[p.upstream].index, p.method, path, p.headers, false,
-                       math.floor(t + 0.5), true,
-                       { section = x1.key, attempt = 1, hedge = false, endpoint = p.ep or nil })
+                       math.floor(t + 0.5), true, x1.key, 1, false, p.ep or nil)
   p.id = id
   hooks.register(id, p)
   local fl = inflight[p.group]

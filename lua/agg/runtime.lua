@@ -22,9 +22,6 @@ local url = require "agg.url"
 
 local M = {}
 
--- table.new(narray, nhash): a table with room for what it will hold, so it never grows
-local new_tab = require "table.new"
-
 local log_error, parse_headers = result.log_error, result.parse_headers
 local abandon_exchanges = exchange.abandon_exchanges
 
@@ -136,19 +133,26 @@ local DESC = setmetatable({}, { __index = function(t, k)
   return s
 end })
 
-local function server_timing(ctx)
-  local t = ctx.timings
-  local parts = new_tab(#t / 2, 0)
+-- the entries of one header, joined: one table for every response (server_timing runs to its
+-- end without calling out, so it is never entered twice at once)
+local parts = {}
+
+-- ctx[1..n]: the timings (section key, ms, section key, ms, …; see agg.exchange finish_exchange)
+local function server_timing(ctx, n)
   local desc = ctx.cache_desc -- cache outcomes by section (agg.cache), or nil
-  for i = 1, #t, 2 do
-    local name = timing_names[t[i]]
-    local tenths = math.floor(t[i + 1] * 10 + 0.5)
+  local np = 0
+  for i = 1, n, 2 do
+    local name = timing_names[ctx[i]]
+    local tenths = math.floor(ctx[i + 1] * 10 + 0.5)
     local s = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
-    local d = desc and desc[t[i]]
+    local d = desc and desc[ctx[i]]
     if d then s = s .. DESC[d] end
-    parts[#parts + 1] = s
+    np = np + 1
+    parts[np] = s
   end
-  return table.concat(parts, ", ")
+  local v = table.concat(parts, ", ", 1, np)
+  for i = 1, np do parts[i] = nil end
+  return v
 end
 
 -- agg.page's responses carry one of these metatables: its verdict, which the transport needs
@@ -189,7 +193,8 @@ local function send(ctx, status, headers, body, is_json, default_type, page, sec
   if ctx.sessions then headers = with_sessions(headers, ctx.sessions) end
   local o = out
   o.status, o.headers, o.body, o.json, o.default_type = status, headers, body, is_json, default_type
-  o.server_timing = #ctx.timings > 0 and server_timing(ctx) or nil
+  local nt = #ctx
+  o.server_timing = nt > 0 and server_timing(ctx, nt) or nil
   o.page, o.sections = page, sections
   local sent, err = core.respond(ctx.rid, o)
   o.headers, o.body, o.sections = nil, nil, nil
@@ -328,8 +333,10 @@ function M.start(rid, idx, method, path, params, arrival)
   local now = core.now()
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)
   -- user, token: who the edge authenticated (gateway/edge/edge.h), for req.user and agg.identity
-  local ctx = { rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
-                exchanges = false, timings = new_tab(8, 0), done = false, co = false,
+  -- ctx[1..]: the Server-Timing entries (section key, ms, …; agg.exchange finish_exchange), in
+  -- the array part the constructor makes room for (three calls): no table of their own
+  local ctx = { nil, nil, nil, nil, nil, nil, rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
+                exchanges = false, done = false, co = false,
                 query = query, req_headers = headers, user = user or false, token = token or false }
   contexts[rid] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)

@@ -79,10 +79,10 @@ function T.install(gw)
     gw.log_lines[#gw.log_lines + 1] = level .. ": " .. msg
     if level == "error" then local errs = harness().script_errors errs[#errs + 1] = msg end
   end
-  -- the transport's side of agg.contract, as the C worker keeps it: a group's endpoint from the
-  -- attempt (1-based; nil: the first)
-  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, attempt)
-    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, attempt.endpoint or 1)
+  -- the transport's side of agg.contract, as the C worker keeps it: a group's endpoint (1-based;
+  -- nil: the first). section, attempt and hedge name the C worker's span; the fake keeps none.
+  function core.call(rid, index, method, path, headers, body, timeout_ms, decode, section, attempt, hedge, endpoint)
+    return gw:start_call(rid, index, method, path, headers, body, timeout_ms, decode, endpoint or 1)
   end
   -- endpoint host names (gateway/group/directory.h): the addresses gw:addresses gave an upstream
   function core.endpoint_slots(index, seen)

@@ -92,7 +92,6 @@ static void table(const char *kind, const char *const *names, size_t n)
 
 static void every_table_has_the_declared_fields(void)
 {
-    table("attempt", agw_contract_attempt, AGW_ATTEMPT_FIELDS);
     table("answer", agw_contract_answer, AGW_ANSWER_FIELDS);
     table("arrival", agw_contract_arrival, AGW_ARRIVAL_FIELDS);
     table("response", agw_contract_response, AGW_RESPONSE_FIELDS);
