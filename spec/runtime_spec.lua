@@ -195,6 +195,48 @@ describe("the page contract", function()
   end)
 end)
 
+describe("agg.page's response", function()
+  local function gateway(b_fault)
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { body = ' { "z" : 1 , "a" : [ 1.0 ] } ', headers = { ["content-type"] = "application/json" } })
+    if b_fault then gw:stub("b", "/y", { fault = b_fault }) else gw:stub("b", "/y", { json = { n = 3 } }) end
+    gw:stub("c", "/n/1", { json = { n = 7 } })
+    return gw
+  end
+
+  it("gives the same bytes whether the script read the page's body or not", function()
+    for _, fault in ipairs({ false, "refuse" }) do
+      local gw = gateway(fault)
+      local unread, read = gw:get("/pages/unread"), gw:get("/pages/read")
+      assert.equal(200, unread.status)
+      assert.equal(unread.body, read.body)
+      assert.equal(unread.headers["x-aggregation-completed"], read.headers["x-aggregation-completed"])
+      assert.equal(fault and "false" or "true", unread.headers["x-aggregation-completed"])
+      local b = fault and '"b":{"status":"unavailable","error":' or '"b":{"status":"ok","data":{"n":3}}'
+      assert.is_truthy(unread.body:find('{"a":{"status":"ok","data":{"z":1,"a":[1.0]}},' .. b, 1, true))
+      assert.is_truthy(unread.body:find(',"plain":{"status":"ok","data":{"computed":true}}}', 1, true))
+    end
+  end)
+
+  it("is encoded from the script's tables once it edits or replaces the body", function()
+    local gw = gateway()
+    local page = gw:get("/pages/edited")
+    assert.equal('{"a":{"status":"ok","data":{"replaced":1}},"c":{"status":"ok","data":{"n":7}},' ..
+                 '"extra":{"data":[],"status":"ok"}}', page.body) -- (a plain table: keys sorted)
+    assert.equal("true", page.headers["x-aggregation-completed"])
+    assert.equal('{"only":true}', gw:get("/pages/replaced").body)
+    page = gw:get("/pages/dropped")
+    assert.equal("plain", page.body)
+    assert.equal("text/plain; charset=utf-8", page.headers["content-type"])
+  end)
+
+  it("shows json once read, and its metatable is protected", function()
+    local page = gateway():get("/pages/shape")
+    assert.same({ mt = "agg.page", protected = true, before = "headers,status", after = "headers,json,status",
+                  json = "table", same = true, a = "ok" }, page.json)
+  end)
+end)
+
 describe("JSON fidelity through a page", function()
   local BODY = '{"z":1,"a":[],"o":{},"n":null,"big":9007199254740993,"r":4.6,"s":"a\\u0000b","f":1.0,"neg":-0.0}'
 
@@ -343,6 +385,23 @@ describe("response headers", function()
     local logs = table.concat(gw:logs(), "\n")
     assert.matches("dropped value 3 of response header 'Set-Cookie': it is a boolean", logs, 1, true)
     assert.matches("dropped response header 'x-empty': its value is an empty list", logs, 1, true)
+  end)
+
+  it("are lowercased tokens, and the framing and hop-by-hop ones are the gateway's", function()
+    local rh = require "agg.resp_headers"
+    local owned = { "Content-Length", "TRANSFER-ENCODING", "connection", "Keep-Alive", "upgrade", "Proxy-Connection",
+                    "TE", "Trailer" }
+    local set = { ["X-A!#$%&'*+-.^_`|~09Z"] = "kept", ["x y"] = "1", ["x\0"] = "2", ["x\195\169"] = "3", [""] = "4",
+                  ["x:"] = "5", ["x@"] = "6", ["te-x"] = "7", ["Trailers"] = "8" }
+    for _, name in ipairs(owned) do set[name] = "0" end
+    local h, warnings = rh.apply(set)
+    assert.same({ ["x-a!#$%&'*+-.^_`|~09z"] = "kept", ["te-x"] = "7", trailers = "8" }, h)
+    local logs = table.concat(warnings, "\n")
+    for _, name in ipairs(owned) do
+      assert.matches("dropped response header '" .. name:lower() .. "' set by a script: the gateway frames responses",
+                     logs, 1, true)
+    end
+    assert.equal(#owned + 6, #warnings)
   end)
 
   it("give a 204 no content-type of the gateway's", function()

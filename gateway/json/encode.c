@@ -269,7 +269,9 @@ typedef struct {
     agw_buf_t *out;
     char *err;
     size_t errlen;
-    int order, array, int64, ref, raw; /* absolute stack slots of the registry tables (json.h) */
+    int regs;  /* absolute stack slot of the first of the registry tables (json_internal.h), one per
+                  AGW_JSON_K_*, each fetched on first use (reg()): a page of raw refs needs one */
+    unsigned have; /* bit k: slot regs + k holds its table */
     int failed;
     skey *keys; /* scratch for sorting keys, used as a stack by nested objects */
     size_t nkeys, capkeys;
@@ -278,6 +280,23 @@ typedef struct {
 } enc_t;
 
 static int encode_value(enc_t *e, int idx, int depth);
+
+/* The stack slot of registry table k (AGW_JSON_K_*), fetched on its first use; the key-order
+ * table is an empty one when the module was never opened in this state (no orders to honour). */
+static int reg(enc_t *e, int k)
+{
+    int slot = e->regs + k;
+    if (!(e->have & (1u << k))) {
+        agw_json_regget(e->L, k);
+        if (k == AGW_JSON_K_ORDER && lua_isnil(e->L, -1)) {
+            lua_pop(e->L, 1);
+            lua_newtable(e->L);
+        }
+        lua_replace(e->L, slot);
+        e->have |= 1u << k;
+    }
+    return slot;
+}
 
 /* Returns 1 when key can follow a '.' in a path: [A-Za-z_][A-Za-z0-9_]*. */
 static int is_ident(const char *key, size_t len)
@@ -494,7 +513,7 @@ static int encode_table(enc_t *e, int t, int depth)
     if (!lua_checkstack(L, 8))
         return fail(e, depth, "out of Lua stack");
     if (lua_getmetatable(L, t)) {
-        if (lua_rawequal(L, -1, e->array)) {
+        if (lua_rawequal(L, -1, reg(e, AGW_JSON_K_ARRAY))) {
             lua_pop(L, 1);
             return encode_array(e, t, lua_objlen(L, t), depth);
         }
@@ -507,7 +526,7 @@ static int encode_table(enc_t *e, int t, int depth)
         lua_pop(L, 2);
     }
     lua_pushvalue(L, t);
-    lua_rawget(L, e->order);
+    lua_rawget(L, reg(e, AGW_JSON_K_ORDER));
     return lua_isnil(L, -1) ? encode_plain(e, t, depth) : encode_ordered(e, t, depth);
 }
 
@@ -549,10 +568,10 @@ static int encode_userdata(enc_t *e, int idx, int depth)
     lua_State *L = e->L;
     if (!lua_getmetatable(L, idx))
         return fail(e, depth, "cannot encode userdata");
-    int is_raw = lua_rawequal(L, -1, e->raw), is_int64 = 0, is_ref = 0;
+    int is_raw = lua_rawequal(L, -1, reg(e, AGW_JSON_K_RAW)), is_int64 = 0, is_ref = 0;
     if (!is_raw) {
-        is_int64 = lua_rawequal(L, -1, e->int64);
-        is_ref = lua_rawequal(L, -1, e->ref);
+        is_int64 = lua_rawequal(L, -1, reg(e, AGW_JSON_K_INT64));
+        is_ref = lua_rawequal(L, -1, reg(e, AGW_JSON_K_REF));
     }
     lua_pop(L, 1);
     if (is_raw)
@@ -566,12 +585,13 @@ static int encode_userdata(enc_t *e, int idx, int depth)
     return 0;
 }
 
-static int encode_value(enc_t *e, int idx, int depth)
+/* The value at idx, whose lua_type is type. */
+static int encode_typed(enc_t *e, int idx, int type, int depth)
 {
     lua_State *L = e->L;
     size_t len;
     const char *s;
-    switch (lua_type(L, idx)) {
+    switch (type) {
     case LUA_TNIL:
         agw_buf_puts(e->out, "null");
         return 0;
@@ -608,31 +628,147 @@ static int encode_value(enc_t *e, int idx, int depth)
     }
 }
 
+static int encode_value(enc_t *e, int idx, int depth)
+{
+    return encode_typed(e, idx, lua_type(e->L, idx), depth);
+}
+
+/* Sets up e for L (the registry tables' slots above the stack's top, see enc_t) and returns 0, or
+ * -1 with the error recorded when the stack cannot grow. */
+static int enc_begin(enc_t *e, lua_State *L, agw_buf_t *out, char *err, size_t errlen)
+{
+    /* field by field: the path and the key scratch (6 KB) are written before they are read, and
+     * zeroing them cost more than encoding a page of raw refs */
+    e->L = L, e->out = out, e->err = err, e->errlen = errlen;
+    e->failed = 0, e->have = 0;
+    e->keys = e->inline_keys, e->nkeys = 0, e->capkeys = sizeof(e->inline_keys) / sizeof(e->inline_keys[0]);
+    if (!lua_checkstack(L, 13))
+        return fail(e, 0, "out of Lua stack");
+    e->regs = lua_gettop(L) + 1;
+    lua_settop(L, e->regs + AGW_JSON_NKEYS - 1); /* the slots, nil until reg() fills them */
+    return 0;
+}
+
+static void enc_end(enc_t *e, int top)
+{
+    lua_settop(e->L, top);
+    if (e->keys != e->inline_keys)
+        free(e->keys);
+}
+
 int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t errlen)
 {
     if (idx < 0 && idx > LUA_REGISTRYINDEX)
         idx = lua_gettop(L) + idx + 1;
     int top = lua_gettop(L);
-    enc_t enc = {.L = L, .out = out, .err = err, .errlen = errlen, .capkeys = 64}, *e = &enc;
-    e->keys = e->inline_keys;
-    int rc;
-    if (!lua_checkstack(L, 13)) {
-        rc = fail(e, 0, "out of Lua stack");
-    } else {
-        agw_json_regget(L, AGW_JSON_K_ORDER);
-        agw_json_regget(L, AGW_JSON_K_ARRAY);
-        agw_json_regget(L, AGW_JSON_K_INT64);
-        agw_json_regget(L, AGW_JSON_K_REF);
-        agw_json_regget(L, AGW_JSON_K_RAW);
-        e->order = top + 1, e->array = top + 2, e->int64 = top + 3, e->ref = top + 4, e->raw = top + 5;
-        if (lua_isnil(L, e->order)) { /* module never opened here: no order lists to honour */
-            lua_newtable(L);
-            lua_replace(L, e->order);
-        }
+    enc_t enc, *e = &enc;
+    int rc = enc_begin(e, L, out, err, errlen);
+    if (rc == 0)
         rc = encode_value(e, idx, 0);
+    enc_end(e, top);
+    return rc;
+}
+
+/* ---- rows ---- */
+
+/* A row of agw_json_encode_rows: its key (held by the rows table) and its 0-based place. */
+typedef struct {
+    skey k;
+    int at;
+} row_t;
+
+int agw_json_encode_rows(lua_State *L, int idx, const char *const *members, int nmembers, agw_buf_t *out, char *err,
+                         size_t errlen)
+{
+    if (idx < 0 && idx > LUA_REGISTRYINDEX)
+        idx = lua_gettop(L) + idx + 1;
+    int top = lua_gettop(L);
+    enc_t enc, *e = &enc;
+    row_t small[32], *rows = small;
+    size_t n = 0, cap = sizeof(small) / sizeof(small[0]);
+    int width = 1 + nmembers, rc = enc_begin(e, L, out, err, errlen);
+    size_t mlen[AGW_JSON_ROW_MEMBERS];
+    if (rc == 0 && (nmembers < 0 || nmembers > AGW_JSON_ROW_MEMBERS || !lua_checkstack(L, nmembers + 2)))
+        rc = fail(e, 0, "too many members");
+    for (int m = 0; rc == 0 && m < nmembers; m++) { /* written as they are: names that need no escape */
+        mlen[m] = strlen(members[m]);
+        for (size_t j = 0; j < mlen[m]; j++)
+            if (NOT_PLAIN[(unsigned char)members[m][j]])
+                rc = fail(e, 0, "a member name needs an escape");
     }
-    lua_settop(L, top);
-    if (e->keys != e->inline_keys)
-        free(e->keys);
+    /* the keys, sorted bytewise as a plain table's (insertion: a page's rows come sorted) */
+    while (rc == 0) {
+        lua_rawgeti(L, idx, (int)n * width + 1);
+        int kt = lua_type(L, -1);
+        if (kt == LUA_TNIL) {
+            lua_pop(L, 1);
+            break;
+        }
+        if (kt != LUA_TSTRING) {
+            e->path[1] = (step_t){NULL, n * (size_t)width};
+            rc = fail(e, 1, "row key not a string");
+            break;
+        }
+        if (n == cap) {
+            cap *= 2;
+            row_t *r = rows == small ? agw_malloc(cap * sizeof(*r)) : agw_realloc(rows, cap * sizeof(*r));
+            if (rows == small)
+                memcpy(r, small, sizeof(small));
+            rows = r;
+        }
+        row_t x = {.at = (int)n};
+        x.k.s = lua_tolstring(L, -1, &x.k.len); /* the rows table keeps the string alive */
+        lua_pop(L, 1);
+        size_t j = n++;
+        for (; j > 0 && key_cmp(&x.k, &rows[j - 1].k) < 0; j--)
+            rows[j] = rows[j - 1];
+        rows[j] = x;
+        if (j > 0 && key_cmp(&x.k, &rows[j - 1].k) == 0) {
+            e->path[1] = (step_t){x.k.s, x.k.len};
+            rc = fail(e, 1, "duplicate key");
+        }
+    }
+    if (rc == 0)
+        agw_buf_putc(out, '{');
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const row_t *r = &rows[i];
+        e->path[1] = (step_t){r->k.s, r->k.len};
+        if (i)
+            agw_buf_putc(out, ',');
+        if (agw_json_encode_string(out, r->k.s, r->k.len) != 0) {
+            rc = fail(e, 1, "invalid UTF-8 in key");
+            break;
+        }
+        agw_buf_putc(out, ':');
+        agw_buf_putc(out, '{');
+        int row = lua_gettop(L), written = 0;
+        for (int m = 0; m < nmembers; m++)
+            lua_rawgeti(L, idx, r->at * width + 2 + m);
+        for (int m = 0; rc == 0 && m < nmembers; m++) {
+            int type = lua_type(L, row + 1 + m);
+            if (type == LUA_TNIL)
+                continue;
+            e->path[2] = (step_t){members[m], mlen[m]};
+            agw_buf_reserve(out, mlen[m] + 4); /* [,]"name": */
+            char *o = out->base + out->len;
+            if (written++)
+                *o++ = ',';
+            *o++ = '"';
+            memcpy(o, members[m], mlen[m]);
+            o += mlen[m];
+            *o++ = '"';
+            *o++ = ':';
+            *o = '\0';
+            out->len = (size_t)(o - out->base);
+            rc = encode_typed(e, row + 1 + m, type, 2);
+        }
+        lua_settop(L, row);
+        agw_buf_putc(out, '}');
+    }
+    if (rc == 0)
+        agw_buf_putc(out, '}');
+    if (rows != small)
+        free(rows);
+    enc_end(e, top);
     return rc;
 }

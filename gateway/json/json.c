@@ -678,6 +678,36 @@ static int l_encode(lua_State *L)
     return 1;
 }
 
+/* encode_rows(rows, members) -> string | nil, err (agw_json_encode_rows) */
+static int l_encode_rows(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const char *members[AGW_JSON_ROW_MEMBERS];
+    int n = (int)lua_objlen(L, 2);
+    if (n > AGW_JSON_ROW_MEMBERS)
+        return luaL_error(L, "encode_rows: at most %d members", AGW_JSON_ROW_MEMBERS);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, i + 1);
+        if (lua_type(L, -1) != LUA_TSTRING)
+            return luaL_error(L, "encode_rows: member names must be strings");
+        members[i] = lua_tostring(L, -1); /* held by the members table */
+        lua_pop(L, 1);
+    }
+    agw_buf_t b = AGW_BUF_INIT;
+    char err[256];
+    int rc = agw_json_encode_rows(L, 1, members, n, &b, err, sizeof(err));
+    if (rc == 0)
+        lua_pushlstring(L, b.base, b.len); /* may raise only on out of memory */
+    agw_buf_free(&b);
+    if (rc != 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    return 1;
+}
+
 /* materialize(ref) -> the ref's JSON as Lua values; any other value is returned unchanged. */
 static int l_materialize(lua_State *L)
 {
@@ -703,7 +733,8 @@ int agw_json_open(lua_State *L)
         {"is_int64", l_is_int64}, {"setorder", l_setorder},       {"decode", l_decode},
         {"encode", l_encode},     {"materialize", l_materialize}, {"parse", l_parse},
         {"keys", l_keys},         {"ordered", l_ordered},         {"raw", l_raw},
-        {"raw_extra", l_raw_extra}, {"is_ref", l_is_ref},         {NULL, NULL},
+        {"raw_extra", l_raw_extra}, {"is_ref", l_is_ref},         {"encode_rows", l_encode_rows},
+        {NULL, NULL},
     };
     ensure_state(L);
     luaL_newlib(L, funcs);

@@ -149,6 +149,24 @@ int agw_json_is_ref(lua_State *L, int idx);
  * and the json_t of a raw ref that is not compact. */
 int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t errlen);
 
+/* Appends the compact JSON encoding of an object given as rows, the Lua table at idx: a list
+ * { key1, v1_1, …, v1_m, key2, v2_1, … } of rows of 1 + nmembers values (m = nmembers), read up to
+ * the first nil key. It encodes as { "key1": { "members[0]": v1_1, …, "members[m-1]": v1_m }, … }:
+ * the same bytes agw_json_encode gives for the table { key1 = setmetatable({ [members[0]] = v1_1,
+ * … }, json.ordered(members)), … }, that is keys sorted bytewise, members in their order, nil
+ * members left out, values encoded as agw_json_encode does (paths "$.key1.member…" in errors).
+ * For a page (agg.page): the object is written without the tables of its members, so a section
+ * whose data is a raw ref costs a few table reads, not a walk. Returns 0, or -1 with a message in
+ * err: a key that is not a string ("row key not a string at $[i]", i the key's 0-based place in
+ * the list), a key twice ("duplicate key at $.key"), or any error of agw_json_encode; out may then
+ * hold a partial encoding. members: at most AGW_JSON_ROW_MEMBERS names of printable ASCII
+ * without '"' or '\\' (written as they are; else the error "too many members" or "a member name
+ * needs an escape"). Raw table access only (no Lua error, no metamethod); allocates nothing but
+ * out's growth, plus a row array beyond 32 rows. */
+#define AGW_JSON_ROW_MEMBERS 16
+int agw_json_encode_rows(lua_State *L, int idx, const char *const *members, int nmembers, agw_buf_t *out, char *err,
+                         size_t errlen);
+
 /* Appends the compact JSON encoding of v (shortest reals, escaped "\u0000"). Reals always keep a
  * fraction or exponent ("1.0", not "1"), so an upstream real stays a real; integers print all
  * their digits. Strings are assumed valid UTF-8 (jansson checks them on load and in json_string());
@@ -178,6 +196,8 @@ void agw_json_encode_number(agw_buf_t *out, double d);
  *   null, array([t]), is_array(t), int64(string|number), is_int64(v), setorder(t, keys) -> t,
  *   decode(s) -> value | nil, err, encode(v) -> string | nil, err, materialize(ref) -> value,
  *   parse(s) -> raw ref | nil, err (validates with AGW_JSON_MAX_DEPTH, parses nothing),
+ *   encode_rows(rows, members) -> string | nil, err (agw_json_encode_rows; members a list of
+ *   at most AGW_JSON_ROW_MEMBERS strings),
  *   raw(ref) -> string (the text of a raw ref; raises for anything else), is_ref(v) -> boolean.
  *   array(t) sets the array metatable on t and returns it; array() returns a new empty array.
  *   int64 takes a decimal string ("-42", no spaces or sign '+') or an integral number in int64

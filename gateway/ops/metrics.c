@@ -9,6 +9,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define AGW_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AGW_SANITIZED 1
+#endif
+#endif
+#ifndef AGW_SANITIZED
+#define AGW_SANITIZED 0
+#endif
 
 #include "script/config.h"
 #include "limits/limit.h"
@@ -245,7 +258,7 @@ static const char *route_name(const agw_metric_labels_t *l, size_t nr, size_t e)
  * the longest of any worker, the heaps' sizes. */
 static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
 {
-    uint64_t idle = 0, imax = 0, heap = 0;
+    uint64_t idle = 0, imax = 0, heap = 0, entries[AGW_M_ENTRY_BOUNDS + 1] = {0}, esum = 0, emax = 0;
     for (size_t i = 0; i < nw; i++) {
         const agw_lua_gc_stats_t *st = &w[i]->lua_gc;
         idle += AGW_M_GET(st->idle_collections);
@@ -253,6 +266,11 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
         uint64_t v;
         if ((v = AGW_M_GET(st->idle_us_max)) > imax)
             imax = v;
+        for (size_t k = 0; k <= AGW_M_ENTRY_BOUNDS; k++)
+            entries[k] += AGW_M_GET(st->entries[k]);
+        esum += AGW_M_GET(st->entry_us_sum);
+        if ((v = AGW_M_GET(st->entry_us_max)) > emax)
+            emax = v;
     }
     agw_prom_family(b, "aggway_lua_gc_idle_collections_total", "counter",
                     "Full collections run when a worker went idle (no request for 2 s), each followed by "
@@ -262,6 +280,29 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
     agw_prom_sample(b, "aggway_lua_gc_idle_collection_max_seconds", NULL, 0, (double)imax / 1e6);
     agw_prom_family(b, "aggway_lua_heap_bytes", "gauge", "Bytes in use by the workers' Lua VMs (updated once a second).");
     agw_prom_sample_u64(b, "aggway_lua_heap_bytes", NULL, 0, heap);
+    /* the bounds of agw_metrics_lua_entry, µs */
+    static const double entry_bounds[AGW_M_ENTRY_BOUNDS] = {100, 250, 500, 1000, 2000, 5000, 10000, 50000};
+    agw_prom_family(b, "aggway_lua_entry_duration_seconds", "histogram",
+                    "How long each entry of a worker into Lua lasted (a request's handler, an upstream answer's "
+                    "continuation, ...): the script and the garbage collector's steps it ran. The worker serves "
+                    "nothing else meanwhile.");
+    agw_prom_histogram(b, "aggway_lua_entry_duration_seconds", NULL, 0, entry_bounds, AGW_M_ENTRY_BOUNDS, 1e6, entries,
+                       (double)esum / 1e6);
+    agw_prom_family(b, "aggway_lua_entry_max_seconds", "gauge",
+                    "The longest entry into Lua of any worker since the start (0 while none took over 100 us).");
+    agw_prom_sample(b, "aggway_lua_entry_max_seconds", NULL, 0, (double)emax / 1e6);
+#if defined(__GLIBC__) && !AGW_SANITIZED
+    /* the C heap (glibc's arenas, every thread's): with the Lua heaps and the RSS, where a
+     * process's memory is (docs/performance.md); read at each scrape, never by a worker. Not in a
+     * sanitized build, whose malloc is the sanitizer's (mallinfo2 reads 0) */
+    struct mallinfo2 mi = mallinfo2();
+    agw_prom_family(b, "aggway_c_heap_bytes", "gauge",
+                    "The C heap (malloc) of the whole process: bytes allocated (in_use), and bytes free in its "
+                    "arenas (free: resident until an idle worker's malloc_trim gives their pages back).");
+    agw_prom_label_t in_use = AGW_PROM_LABEL("state", "in_use"), held = AGW_PROM_LABEL("state", "free");
+    agw_prom_sample_u64(b, "aggway_c_heap_bytes", &in_use, 1, (uint64_t)(mi.uordblks + mi.hblkhd));
+    agw_prom_sample_u64(b, "aggway_c_heap_bytes", &held, 1, (uint64_t)mi.fordblks);
+#endif
 }
 
 /* A counter family by route: the sum over the nw workers of each of the nr routes' uint64_t field at

@@ -122,12 +122,35 @@ void agw_metric_labels_free(agw_metric_labels_t *l);
 int agw_metric_labels_map(agw_metric_labels_t *l, const struct agw_config *conf, uint32_t *route_slot,
                           uint32_t *upstream_slot, agw_buf_t *errors);
 
-/* The Lua garbage collector of a worker's VMs: the idle collections (worker/gc.h) and the heap. */
+#define AGW_M_ENTRY_BOUNDS 8    /* Lua entry duration buckets, µs: 100 250 500 1000 2000 5000 10000 50000 */
+
+/* The Lua garbage collector of a worker's VMs: the idle collections (worker/gc.h), the heap, and
+ * how long the worker's entries into Lua last (the script and the collector's steps it ran: the
+ * worker's pauses in Lua). */
 typedef struct agw_lua_gc_stats {
     uint64_t idle_collections;        /* full collections when the worker went idle */
     uint64_t idle_us_max;             /* the longest of those, µs */
     uint64_t heap_bytes;              /* the worker's VMs' heaps, bytes (once a second) */
+    uint64_t entries[AGW_M_ENTRY_BOUNDS + 1]; /* outermost entries into Lua by duration bucket */
+    uint64_t entry_us_sum;            /* their total duration, µs */
+    uint64_t entry_us_max;            /* the longest, µs (of those over 100 µs: 0 when none was) */
 } agw_lua_gc_stats_t;
+
+/* Counts an outermost entry into Lua that lasted us µs into st (the worker's thread only). Inline:
+ * on the path of every request and upstream answer. */
+static inline void agw_metrics_lua_entry(agw_lua_gc_stats_t *st, uint64_t us)
+{
+    static const uint32_t bounds[AGW_M_ENTRY_BOUNDS] = {100, 250, 500, 1000, 2000, 5000, 10000, 50000};
+    size_t i = 0;
+    if (us > bounds[0]) { /* nearly every entry is in the first bucket */
+        while (i < AGW_M_ENTRY_BOUNDS && us > bounds[i])
+            i++;
+        if (us > AGW_M_GET(st->entry_us_max))
+            AGW_M_SET(st->entry_us_max, us);
+    }
+    AGW_M_ADD(st->entries[i], 1);
+    AGW_M_ADD(st->entry_us_sum, us);
+}
 
 typedef struct agw_metrics {
     size_t num_routes;                /* route slots (the registry's capacity); routes[0] is "no route matched" */

@@ -365,7 +365,7 @@ static void export_batch(agw_otlp_t *e, agw_trace_t **traces, size_t n, size_t n
             agw_log(AGW_LOG_WARN, "trace export to %s: %s; %zu spans dropped", conf->otlp_url, why, nspans);
     }
     for (size_t i = 0; i < n; i++)
-        free(traces[i]);
+        agw_trace_free(traces[i]);
 }
 
 /* Takes everything queued and exports it in batches. */
@@ -463,7 +463,7 @@ void agw_otlp_stop(agw_otlp_t *e)
     for (size_t qi = 0; qi < e->num_queues; qi++) {
         agw_otlp_queue_t *q = &e->queues[qi];
         for (uint64_t t = q->tail; t < q->head; t++)
-            free(q->slots[t & QMASK]);
+            agw_trace_free(q->slots[t & QMASK]);
     }
     pthread_cond_destroy(&e->cond);
     pthread_mutex_destroy(&e->lock);

@@ -2,7 +2,10 @@
 #include "ops/trace.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "base/mem.h"
 
 #include "upstream/pool.h"
 
@@ -192,6 +195,51 @@ void agw_trace_random_id(uint64_t *rng, uint8_t *id, size_t n)
     } while (all_zero(id, n));
 }
 
+void agw_trace_init(agw_trace_t *tr)
+{
+    tr->num_spans = 0;
+    tr->spans_dropped = 0;
+    tr->spans = tr->inline_spans;
+    tr->spans_cap = AGW_TRACE_INLINE_SPANS;
+}
+
+agw_trace_t *agw_trace_new(void)
+{
+    agw_trace_t *tr = agw_malloc(sizeof(*tr));
+    agw_trace_init(tr);
+    return tr;
+}
+
+void agw_trace_dispose(agw_trace_t *tr)
+{
+    if (tr->spans != tr->inline_spans)
+        free(tr->spans);
+    agw_trace_init(tr);
+}
+
+void agw_trace_free(agw_trace_t *tr)
+{
+    if (!tr)
+        return;
+    if (tr->spans != tr->inline_spans)
+        free(tr->spans);
+    free(tr);
+}
+
+/* Room for one more span past spans_cap (< AGW_TRACE_MAX_SPANS): the array doubles, capped. */
+static void grow_spans(agw_trace_t *tr)
+{
+    uint32_t cap = tr->spans_cap * 2 < AGW_TRACE_MAX_SPANS ? tr->spans_cap * 2 : AGW_TRACE_MAX_SPANS;
+    if (tr->spans == tr->inline_spans) {
+        agw_span_t *a = agw_malloc(cap * sizeof(*a));
+        memcpy(a, tr->inline_spans, tr->num_spans * sizeof(*a));
+        tr->spans = a;
+    } else {
+        tr->spans = agw_realloc(tr->spans, cap * sizeof(*tr->spans));
+    }
+    tr->spans_cap = cap;
+}
+
 void agw_trace_begin(agw_trace_t *tr, uint64_t *rng, const agw_traceparent_t *parent, uint64_t now_us,
                      const char *method, size_t mlen, const char *path, size_t plen)
 {
@@ -240,6 +288,8 @@ int agw_trace_add_span(agw_trace_t *tr, uint64_t *rng, unsigned up, const char *
         tr->spans_dropped++;
         return -1;
     }
+    if (tr->num_spans == tr->spans_cap)
+        grow_spans(tr);
     agw_span_t *s = &tr->spans[tr->num_spans];
     agw_trace_random_id(rng, s->span_id, 8);
     s->start_us = now_us;

@@ -22,6 +22,8 @@
 #define AGW_TRACE_FLAG_SAMPLED 0x01  /* §3.2.2.5.1 */
 
 #define AGW_TRACE_MAX_SPANS 48       /* upstream spans kept per request; more are counted, not kept */
+#define AGW_TRACE_INLINE_SPANS 4     /* spans held in the record itself; a request making more attempts
+                                        moves them to an array on the heap, grown up to the maximum */
 #define AGW_SPAN_SECTION_MAX 40      /* section names are cut to this many bytes (NUL included) */
 #define AGW_TRACE_TARGET_MAX 128     /* request method + path kept for the span name and the waterfall */
 #define AGW_SPAN_DETAIL_MAX 128      /* a failed attempt's cause is cut to this many bytes (NUL included) */
@@ -84,7 +86,11 @@ typedef struct agw_trace_limit {
 /* "local", "redis" or "fallback" for an agw_trace_limit_t store. */
 const char *agw_trace_limit_store_name(uint8_t store);
 
-/* The trace of one request: the gateway's span and its children. */
+/* The trace of one request: the gateway's span and its children. A record comes from agw_trace_new
+ * (or agw_trace_init for one on the stack) and goes with agw_trace_free (agw_trace_dispose): its
+ * spans are held inline up to AGW_TRACE_INLINE_SPANS (a page's three calls cost 1.2 KB of record,
+ * not the 11 KB that room for AGW_TRACE_MAX_SPANS inline took: one record per page in flight,
+ * docs/performance.md), then in a heap array the record owns. */
 typedef struct agw_trace {
     struct agw_trace *next;          /* free list of the worker that owns it */
     uint8_t trace_id[16];
@@ -102,8 +108,24 @@ typedef struct agw_trace {
     agw_trace_limit_t limit;         /* the limits decision (agw_trace_begin clears it) */
     size_t num_spans;
     uint32_t spans_dropped;          /* spans beyond AGW_TRACE_MAX_SPANS */
-    agw_span_t spans[AGW_TRACE_MAX_SPANS];
+    uint32_t spans_cap;              /* room in spans */
+    agw_span_t *spans;               /* inline_spans, or a heap array of spans_cap (kept when the record
+                                        is reused) */
+    agw_span_t inline_spans[AGW_TRACE_INLINE_SPANS];
 } agw_trace_t;
+
+/* A new record, ready for agw_trace_begin, its spans inline (never NULL: base/mem.h). */
+agw_trace_t *agw_trace_new(void);
+
+/* Readies a record not from agw_trace_new (one on the stack) for agw_trace_begin. */
+void agw_trace_init(agw_trace_t *tr);
+
+/* Frees what a record owns besides itself (its heap span array; the record is then as after
+ * agw_trace_init). For a record of agw_trace_init. */
+void agw_trace_dispose(agw_trace_t *tr);
+
+/* Frees a record of agw_trace_new and its span array (NULL: nothing). Any thread. */
+void agw_trace_free(agw_trace_t *tr);
 
 /* Parses a traceparent value (s, len bytes, no surrounding whitespace expected: OWS is trimmed).
  * Version 00 must be exactly 55 characters; a higher version is parsed by its first 55 characters,
@@ -130,7 +152,7 @@ void agw_trace_hex(char *out, const uint8_t *id, size_t n);
  * an all-zero trace-id or parent-id is invalid). Not for secrets: ids must be unique, not secret. */
 void agw_trace_random_id(uint64_t *rng, uint8_t *id, size_t n);
 
-/* Starts trace tr (already zeroed or reused) for a request: with the parsed incoming parent (NULL
+/* Starts trace tr (from agw_trace_new or agw_trace_init, new or reused) for a request: with the parsed incoming parent (NULL
  * when there is none or it was invalid: a new trace-id, sampled), a new span id, the start time
  * now_us, and target (method and path, cut to fit). */
 void agw_trace_begin(agw_trace_t *tr, uint64_t *rng, const agw_traceparent_t *parent, uint64_t now_us,
@@ -142,7 +164,8 @@ void agw_trace_traceparent(const agw_trace_t *tr, int i, char *out);
 
 /* Adds an open span for an attempt to upstream up serving section (cut to fit) with flags and the
  * attempt number; its id is random. Returns the span's index, or -1 when the trace already holds
- * AGW_TRACE_MAX_SPANS spans (counted in spans_dropped). */
+ * AGW_TRACE_MAX_SPANS spans (counted in spans_dropped). The spans may move (past the inline ones):
+ * a pointer to a span is good until the next agw_trace_add_span; its index stays. */
 int agw_trace_add_span(agw_trace_t *tr, uint64_t *rng, unsigned up, const char *section, size_t slen, unsigned flags,
                        unsigned attempt, uint64_t now_us);
 

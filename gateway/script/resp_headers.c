@@ -1,23 +1,26 @@
 /* resp_headers.c: the rules a script's response headers pass (resp_headers.h). */
 #include "script/resp_headers.h"
 
-#include <ctype.h>
 #include <lauxlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+/* tchar (RFC 9110 §5.6.2) in lower case: what a lowercased field name is made of. A table, not
+ * isalnum() and strchr() per byte: every response's every header passes here. */
+static const unsigned char LOWER_TCHAR[256] = {
+    ['0' ... '9'] = 1, ['a' ... 'z'] = 1, ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1,
+    ['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
+};
 
 /* A lowercased name is a token (RFC 9110 §5.6.2). */
 static int valid_name(const char *s, size_t n)
 {
     if (n == 0)
         return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        /* (c != 0: strchr finds a NUL as the string's own terminator) */
-        if (!(isalnum(c) || (c != 0 && strchr("!#$%&'*+-.^_`|~", c))) || isupper(c))
+    for (size_t i = 0; i < n; i++)
+        if (!LOWER_TCHAR[(unsigned char)s[i]])
             return 0;
-    }
     return 1;
 }
 
@@ -65,9 +68,13 @@ static void warnf(agw_resp_headers_warn_cb warn, void *data, const char *fmt, ..
 }
 
 /* The headers a script may not set. Framing and hop-by-hop headers belong to the gateway (RFC 9110
- * §7.6.1; forbidden in HTTP/2). */
-static const char *const owned[] = {"content-length", "transfer-encoding", "connection", "keep-alive",
-                                    "upgrade", "proxy-connection", "te", "trailer", NULL};
+ * §7.6.1; forbidden in HTTP/2). With their lengths: most names are compared by length only. */
+static const struct {
+    const char *name;
+    size_t len;
+} owned[] = {{"content-length", 14}, {"transfer-encoding", 17}, {"connection", 10}, {"keep-alive", 10},
+             {"upgrade", 7},         {"proxy-connection", 16},  {"te", 2},          {"trailer", 7},
+             {NULL, 0}};
 
 /* A header read from the table, before spellings of one name are settled: offsets into the set's
  * bytes (which may move while the table is read). */
@@ -91,16 +98,19 @@ static int take(agw_resp_headers_t *set, candidate_t *c, const char *name, size_
         return 0;
     }
     int valid = nl > 0 && nl <= sizeof(lower) && valid_value(value, vl);
-    for (size_t i = 0; valid && i < nl; i++)
-        lower[i] = (char)tolower((unsigned char)name[i]);
+    for (size_t i = 0; valid && i < nl; i++) { /* ASCII: a token has no other letters */
+        unsigned char c = (unsigned char)name[i];
+        lower[i] = (char)(c >= 'A' && c <= 'Z' ? c | 0x20 : c);
+    }
     if (!valid || !valid_name(lower, nl)) {
         warnf(warn, data, "dropped invalid response header '%s' (a name must be a token, a value must have no "
               "control characters)", printable(name, nl, shown, sizeof(shown)));
         return 0;
     }
-    for (const char *const *o = owned; *o; o++) {
-        if (strlen(*o) == nl && memcmp(*o, lower, nl) == 0) {
-            warnf(warn, data, "dropped response header '%s' set by a script: the gateway frames responses", *o);
+    for (size_t o = 0; owned[o].name; o++) {
+        if (owned[o].len == nl && memcmp(owned[o].name, lower, nl) == 0) {
+            warnf(warn, data, "dropped response header '%s' set by a script: the gateway frames responses",
+                  owned[o].name);
             return 0;
         }
     }

@@ -127,7 +127,42 @@ void agw_conn_bind(agw_conn_t *c, agw_call_t *call)
 
 /* ---- call completion ------------------------------------------------------------------ */
 
-/* Moves the finished response of c into the pool's delivery buffers and describes it in r. */
+/* The response buffers of c (which has none) from the pool's spares, when there are any, as its
+ * answer's first bytes come. */
+static inline void conn_bufs_take(agw_pool_t *pool, agw_conn_t *c)
+{
+    agw_h1_response_t *r = &c->resp;
+    if (pool->nspare == 0 || r->hdrs || r->body.base || r->hstore.base)
+        return;
+    agw_resp_bufs_t *s = &pool->spare[--pool->nspare];
+    r->body = s->body;
+    r->hstore = s->hstore;
+    r->hdrs = s->hdrs;
+    r->hdrs_cap = s->hdrs_cap;
+    agw_buf_reset(&r->body);
+    agw_buf_reset(&r->hstore);
+}
+
+/* The response buffers of c back to the pool's spares (freed when they are full): its answer was
+ * handed over. */
+static inline void conn_bufs_give(agw_pool_t *pool, agw_conn_t *c)
+{
+    agw_h1_response_t *r = &c->resp;
+    if (pool->nspare < AGW_POOL_SPARE_BUFS) {
+        pool->spare[pool->nspare++] = (agw_resp_bufs_t){r->body, r->hstore, r->hdrs, r->hdrs_cap};
+    } else {
+        agw_buf_free(&r->body);
+        agw_buf_free(&r->hstore);
+        free(r->hdrs);
+    }
+    r->body = (agw_buf_t)AGW_BUF_INIT;
+    r->hstore = (agw_buf_t)AGW_BUF_INIT;
+    r->hdrs = NULL;
+    r->hdrs_cap = 0;
+}
+
+/* Moves the finished response of c into the pool's delivery buffers and describes it in r; the
+ * buffers c read it into (the delivery buffers of the answer before) go back to the spares. */
 static void take_response(agw_pool_t *pool, agw_conn_t *c, agw_call_result_t *r)
 {
     agw_h1_response_t *resp = &c->resp;
@@ -157,6 +192,7 @@ static void take_response(agw_pool_t *pool, agw_conn_t *c, agw_call_result_t *r)
         r->body = pool->dbody.base;
         r->body_len = pool->dbody.len;
     }
+    conn_bufs_give(pool, c);
 }
 
 /* ---- connect, send -------------------------------------------------------------------- */
@@ -371,6 +407,8 @@ static int conn_drained(agw_conn_t *c, size_t n, size_t cap)
 static inline int conn_got(agw_conn_t *c, const char *buf, size_t n, size_t cap)
 {
     agw_pool_t *pool = c->pool;
+    if (c->resp.bytes == 0)
+        conn_bufs_take(pool, c);
     size_t used = agw_h1_response_feed(&c->resp, buf, n);
     agw_call_outcome_t o = agw_h1_response_failed(&c->resp);
     if (o != AGW_CALL_OK) {

@@ -92,7 +92,7 @@ void agw_call_deliver(agw_call_t *call, agw_call_result_t *r)
         failed.outcome = call->outcome;
         failed.http_status = call->http_status;
         failed.body = "";
-        failed.detail = call->detail;
+        failed.detail = call->detail ? call->detail : agw_call_outcome_name(call->outcome);
         r = &failed;
     }
     r->elapsed_ms = (ev_now(pool->loop) - call->started) * 1000.0;
@@ -101,6 +101,7 @@ void agw_call_deliver(agw_call_t *call, agw_call_result_t *r)
     pool->depth++;
     call->cb(call, r, call->data);
     pool->depth--;
+    free(call->detail);
     free(call);
 }
 
@@ -110,7 +111,9 @@ void agw_call_fail(agw_call_t *call, agw_call_outcome_t o, const char *fmt, ...)
     agw_pool_t *pool = call->pool;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(call->detail, sizeof(call->detail), fmt, ap);
+    if (call->detail == NULL)
+        call->detail = agw_malloc(AGW_CALL_DETAIL_MAX);
+    vsnprintf(call->detail, AGW_CALL_DETAIL_MAX, fmt, ap);
     va_end(ap);
     call->outcome = o;
     if (call->conn) {
@@ -136,6 +139,7 @@ static void call_discard(agw_call_t *call)
         agw_conn_close(call->conn);
     ev_timer_stop(pool->loop, &call->timer);
     calls_remove(pool, call);
+    free(call->detail);
     free(call);
 }
 
@@ -296,6 +300,11 @@ static void pool_free_if_dying(agw_pool_t *pool)
         agw_buf_free(&pool->dbody);
         agw_buf_free(&pool->dhstore);
         free(pool->dhdrs);
+        for (unsigned i = 0; i < pool->nspare; i++) {
+            agw_buf_free(&pool->spare[i].body);
+            agw_buf_free(&pool->spare[i].hstore);
+            free(pool->spare[i].hdrs);
+        }
         if (pool->session)
             SSL_SESSION_free(pool->session);
         free(pool);

@@ -38,6 +38,16 @@
 #include <sys/types.h>
 
 #define AGW_UPSTREAM_READ_BUF 16384
+#define AGW_CALL_DETAIL_MAX 192    /* a failed call's detail, NUL included */
+#define AGW_POOL_SPARE_BUFS 8      /* response buffer sets a pool keeps for its connections' next answers */
+
+/* The buffers a connection parses a response into (agw_h1_response_t's), while they wait in the
+ * pool's spares. */
+typedef struct agw_resp_bufs {
+    agw_buf_t body, hstore;
+    agw_h1_hdr_t *hdrs;
+    size_t hdrs_cap;
+} agw_resp_bufs_t;
 
 enum agw_conn_state { AGW_CONN_CONNECTING, AGW_CONN_HANDSHAKING, AGW_CONN_SENDING, AGW_CONN_READING, AGW_CONN_IDLE };
 enum agw_call_state { AGW_CALL_QUEUED, AGW_CALL_ACTIVE, AGW_CALL_FAILING, AGW_CALL_DELIVERING };
@@ -57,7 +67,8 @@ typedef struct agw_conn {
     unsigned tls_failed : 1;     /* a TLS error ended it: its session is not to be resumed */
     unsigned timer_deferred : 1; /* the connect timer fired with an event of the socket waiting
                                     and gave it one loop pass (on_conn_timer) */
-    agw_h1_response_t resp;      /* the response being read; buffers reused call after call */
+    agw_h1_response_t resp;      /* the response being read; its buffers only from its first byte
+                                    until it is handed over (pool->spare, agw_conn_bufs_take) */
     struct agw_conn *batch_next;     /* the pool's batch, while its request waits for agw_batch_flush */
     struct agw_conn *batch_prev;
     unsigned batched : 1;        /* on the batch list */
@@ -88,7 +99,8 @@ struct agw_call {
     unsigned retried : 1;
     uint64_t timeout_ms;
     size_t req_len, sent;        /* bytes of req, bytes of req sent on this connection */
-    char detail[192];
+    char *detail;                /* why it failed (AGW_CALL_DETAIL_MAX bytes, allocated by
+                                    agw_call_fail: a call that succeeds carries none) */
     char req[];                  /* the serialized request */
 };
 
@@ -117,6 +129,12 @@ struct agw_pool {
     agw_buf_t dbody, dhstore;
     agw_header_t *dhdrs;
     size_t dhdrs_cap;
+    /* Response buffers no connection reads into: a connection takes a set when its answer's first
+     * bytes come and gives it back once the answer was handed over, so the thousands of
+     * connections that wait for slow upstreams hold none (about 1 KB each when they kept theirs;
+     * docs/performance.md). Past AGW_POOL_SPARE_BUFS sets the buffers are freed. */
+    agw_resp_bufs_t spare[AGW_POOL_SPARE_BUFS];
+    unsigned nspare;
     char rbuf[AGW_UPSTREAM_READ_BUF];    /* read buffer: every read is parsed before the next one */
 };
 

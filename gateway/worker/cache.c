@@ -32,11 +32,6 @@
 
 #include "base/log.h"
 
-static wgen_t *upg(lua_State *L)
-{
-    return lua_touserdata(L, lua_upvalueindex(1));
-}
-
 static uint64_t now_ms(agw_worker_t *w)
 {
     return (uint64_t)(ev_now(w->loop) * 1000.0);
@@ -55,7 +50,7 @@ enum {
  * its first hit only; no Lua string of the whole entry, no second call to parse it. */
 static int l_cache_entry(lua_State *L)
 {
-    agw_worker_t *w = upg(L)->w;
+    agw_worker_t *w = agw_worker_upg(L)->w;
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
     int decode = lua_toboolean(L, 2);
@@ -97,7 +92,7 @@ corrupt:
 
 static int l_cache_set(lua_State *L)
 {
-    agw_worker_t *w = upg(L)->w;
+    agw_worker_t *w = agw_worker_upg(L)->w;
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
     const char *v = luaL_checklstring(L, 2, &vlen);
@@ -143,7 +138,7 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
 
 static int l_redis_get(lua_State *L)
 {
-    wgen_t *g = upg(L);
+    wgen_t *g = agw_worker_upg(L);
     agw_worker_t *w = g->w;
     size_t klen;
     const char *key = luaL_checklstring(L, 1, &klen);
@@ -170,7 +165,7 @@ static void on_redis_set(void *data, const struct redisReply *reply, const char 
 
 static int l_redis_set(lua_State *L)
 {
-    agw_worker_t *w = upg(L)->w;
+    agw_worker_t *w = agw_worker_upg(L)->w;
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
     const char *v = luaL_checklstring(L, 2, &vlen);
@@ -211,7 +206,7 @@ static int l_digest(lua_State *L)
  * trace, the waterfall and the exported spans show it (ops/trace.h AGW_SPAN_CACHE_*). */
 static int l_cache_span(lua_State *L)
 {
-    wgen_t *g = upg(L);
+    wgen_t *g = agw_worker_upg(L);
     agw_worker_t *w = g->w;
     reqref_t *rr = agw_slots_get(&w->tables.reqs, (uint64_t)luaL_checknumber(L, 1));
     int index = (int)luaL_checkinteger(L, 2);
@@ -232,7 +227,7 @@ static int l_cache_span(lua_State *L)
  * growth since the last report goes into this worker's counters. */
 static int l_cache_counters(lua_State *L)
 {
-    wgen_t *g = upg(L);
+    wgen_t *g = agw_worker_upg(L);
     agw_worker_t *w = g->w;
     luaL_checktype(L, 1, LUA_TTABLE);
     static const char *fields[AGW_M_CACHE_OUTCOMES] = {"hits", "misses", "stale", "stale_if_error", "refreshes",

@@ -22,6 +22,11 @@ const char *const agw_contract_response[AGW_RESPONSE_FIELDS] = {
     [AGW_RESPONSE_SERVER_TIMING] = "server_timing",
     [AGW_RESPONSE_PAGE] = "page",
     [AGW_RESPONSE_SECTIONS] = "sections",
+    [AGW_RESPONSE_ROWS] = "rows",
+};
+
+const char *const agw_contract_section[AGW_SECTION_FIELDS] = {
+    [AGW_SECTION_STATUS] = "status", [AGW_SECTION_DATA] = "data", [AGW_SECTION_ERROR] = "error",
 };
 
 const char *const agw_contract_counters[AGW_COUNTERS_FIELDS] = {

@@ -5,8 +5,8 @@
  * compare the two: a field or function added or renamed on one side only fails that test.
  *
  * Field names are indexed by the enums below (agw_contract_answer[AGW_ANSWER_OUTCOME] is
- * "outcome"). The transport (core.c) and the request path (request.c) use these arrays, never a
- * spelling of their own.
+ * "outcome"). The transport (core.c, respond.c) and the request path (request.c) use these arrays,
+ * never a spelling of their own.
  */
 #ifndef AGW_WORKER_CONTRACT_H
 #define AGW_WORKER_CONTRACT_H
@@ -23,13 +23,17 @@ enum agw_arrival_field {
 };
 extern const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS];
 
-/* core.respond's response (read by core.c) */
+/* core.respond's response (read by respond.c) */
 enum agw_response_field {
     AGW_RESPONSE_STATUS, AGW_RESPONSE_HEADERS, AGW_RESPONSE_BODY, AGW_RESPONSE_JSON,
     AGW_RESPONSE_DEFAULT_TYPE, AGW_RESPONSE_SERVER_TIMING, AGW_RESPONSE_PAGE, AGW_RESPONSE_SECTIONS,
-    AGW_RESPONSE_FIELDS
+    AGW_RESPONSE_ROWS, AGW_RESPONSE_FIELDS
 };
 extern const char *const agw_contract_response[AGW_RESPONSE_FIELDS];
+
+/* a page's section, the members of a row of the response's rows in this order (read by respond.c) */
+enum agw_section_field { AGW_SECTION_STATUS, AGW_SECTION_DATA, AGW_SECTION_ERROR, AGW_SECTION_FIELDS };
+extern const char *const agw_contract_section[AGW_SECTION_FIELDS];
 
 /* core.upstream_counters' counters (read by core.c) */
 enum agw_counters_field {

@@ -1,5 +1,6 @@
 /* core.c: the "agg.core" transport the runtime (lua/agg/runtime.lua) calls: upstream calls and
- * their answers, timers, responses, single-flight joins, logging and the runtime's counters. Each
+ * their answers, timers, single-flight joins, logging and the runtime's counters (responses,
+ * core.respond: respond.c). Each
  * core.* function is a closure over the generation whose VM it serves. The contract (arguments,
  * units, ownership, the fields of the tables that cross) is lua/agg/contract.lua; field names come
  * from contract.h.
@@ -9,7 +10,6 @@
 #include "base/mem.h"
 
 #include "worker/contract.h"
-#include "base/http_status.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,19 +17,6 @@
 
 #include "json/json.h"
 #include "base/log.h"
-
-/* ---- responses ------------------------------------------------------------------------------ */
-
-static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char *value, size_t vlen)
-{
-    char *n = h2o_mem_alloc_pool(&req->pool, nlen + 1);
-    memcpy(n, name, nlen);
-    n[nlen] = '\0';
-    char *v = h2o_mem_alloc_pool(&req->pool, vlen + 1);
-    memcpy(v, value, vlen);
-    v[vlen] = '\0';
-    h2o_add_header_by_str(&req->pool, &req->res.headers, n, nlen, 1, NULL, v, vlen);
-}
 
 /* ---- an upstream call's record, span and metrics --------------------------------------------- */
 
@@ -50,6 +37,15 @@ static void call_release(agw_worker_t *w, wcall_t *c)
     agw_slots_del(&w->tables.calls, c->id);
     c->next_free = w->tables.free_calls;
     w->tables.free_calls = c;
+}
+
+void agw_worker_calls_release_spares(agw_worker_t *w)
+{
+    while (w->tables.free_calls) {
+        wcall_t *c = w->tables.free_calls;
+        w->tables.free_calls = c->next_free;
+        free(c);
+    }
 }
 
 /* Ends the span of call c and of every request that shared it (on_call_done, core.cancel). */
@@ -108,25 +104,10 @@ static agw_metric_outcome_t metric_outcome(const agw_call_result_t *res, int bad
 
 /* ---- the "agg.core" transport for the runtime ----------------------------------------------- */
 
-/* The generation whose VM runs this core.* function (its upvalue). */
-static wgen_t *upg(lua_State *L)
-{
-    return lua_touserdata(L, lua_upvalueindex(1));
-}
-
+/* The worker of this core.* function (its generation: agw_worker_upg). */
 static agw_worker_t *upw(lua_State *L)
 {
-    return upg(L)->w;
-}
-
-/* The contract's keys (contract.h): the table is upvalue 2 of every core.* function, and each key
- * is an upvalue of its own after it (upvalue 2 + AGW_KEY_*), the cheapest value to push. */
-
-/* Pushes field key (AGW_KEY_*) of the table at absolute index t, inside a core.* function. */
-static inline void get_upkey(lua_State *L, int t, int key)
-{
-    lua_pushvalue(L, lua_upvalueindex(2 + key));
-    lua_rawget(L, t);
+    return agw_worker_upg(L)->w;
 }
 
 /* Sets field key (AGW_KEY_*) of the table at absolute index t to the value on top (popped). */
@@ -352,7 +333,7 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
  * key and the lookup), three times a call. */
 static int l_call(lua_State *L)
 {
-    wgen_t *g = upg(L);
+    wgen_t *g = agw_worker_upg(L);
     agw_worker_t *w = g->w;
     int index = (int)luaL_checkinteger(L, 2);
     if (index < 1 || (size_t)index > g->conf->num_upstreams)
@@ -436,7 +417,7 @@ static void on_timer_due(struct ev_loop *loop, ev_timer *t, int revents)
 /* core.timer(ms) -> id: runtime.on_timer(id) runs ms from now (a one-shot libev timer). */
 static int l_timer(lua_State *L)
 {
-    wgen_t *g = upg(L);
+    wgen_t *g = agw_worker_upg(L);
     agw_worker_t *w = g->w;
     lua_Number ms = luaL_checknumber(L, 1);
     wtimer_t *tm = agw_malloc(sizeof(*tm));
@@ -497,152 +478,6 @@ static int l_cancel(lua_State *L)
     return 0;
 }
 
-#define AGW_WARN_REPEAT_S 10.0
-
-/* Logs a warning of agw_resp_headers_read about a script's response header (data: the worker).
- * The same message is written at most once per AGW_WARN_REPEAT_S per worker; the next one after
- * that says how many were left out, so a script that sets a bad header on every response cannot
- * flood the log. The 16 most recent distinct messages are remembered (FNV-1a hash); a new message
- * while all 16 were logged less than AGW_WARN_REPEAT_S ago is left out and counted (many bad
- * headers per response, or a name that changes with every request, would otherwise evict each
- * other and all be written every time), so a worker writes at most 16 lines per interval. */
-static void warn_header(void *data, const char *msg)
-{
-    agw_worker_t *w = data;
-    uint64_t h = 1469598103934665603ull;
-    for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
-        h = (h ^ *p) * 1099511628211ull;
-    double now = ev_now(w->loop);
-    size_t n = sizeof(w->log.warned) / sizeof(w->log.warned[0]), oldest = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (w->log.warned[i].logged != 0 && w->log.warned[i].hash == h) {
-            if (now - w->log.warned[i].logged < AGW_WARN_REPEAT_S) {
-                w->log.warned[i].repeats++;
-                return;
-            }
-            unsigned r = w->log.warned[i].repeats;
-            w->log.warned[i].logged = now, w->log.warned[i].repeats = 0;
-            if (r)
-                agw_log(AGW_LOG_WARN, "worker %d: %s (%u more times since it was last logged)", w->id, msg, r);
-            else
-                agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
-            return;
-        }
-        if (w->log.warned[i].logged < w->log.warned[oldest].logged)
-            oldest = i;
-    }
-    if (w->log.warned[oldest].logged != 0 && now - w->log.warned[oldest].logged < AGW_WARN_REPEAT_S) {
-        w->log.warned_others++;
-        return;
-    }
-    w->log.warned[oldest].hash = h, w->log.warned[oldest].logged = now, w->log.warned[oldest].repeats = 0;
-    unsigned others = w->log.warned_others;
-    w->log.warned_others = 0;
-    if (others)
-        agw_log(AGW_LOG_WARN, "worker %d: %s (%u other response header warnings were left out before it: at most "
-                "%zu distinct ones are written per %.0f s)", w->id, msg, others, n, AGW_WARN_REPEAT_S);
-    else
-        agw_log(AGW_LOG_WARN, "worker %d: %s", w->id, msg);
-}
-
-void agw_worker_warn(agw_worker_t *w, const char *msg)
-{
-    warn_header(w, msg);
-}
-
-/* core.respond(rid, response) -> true | false (client gone) | nil, err (body cannot be encoded;
- * nothing was sent). response (lua/agg/contract.lua): status; headers, a table name -> value
- * (names in any case; resp_headers.h says which are sent) or nil; body, a Lua value to encode as
- * JSON when json is true, else a string; default_type, the content-type unless headers has one;
- * server_timing; page, agg.page's verdict ("complete", "partial" or nil: not a page) and sections,
- * the page's sections (name -> { status, … }) for the partial-page metric and the access log. */
-static int l_respond(lua_State *L)
-{
-    agw_worker_t *w = upw(L);
-    uint64_t rid = (uint64_t)luaL_checknumber(L, 1);
-    luaL_checktype(L, 2, LUA_TTABLE);
-    lua_settop(L, 2);
-    enum { STATUS = 3, HEADERS, BODY, JSON, DEFAULT_TYPE, SERVER_TIMING, PAGE, SECTIONS };
-    for (int i = 0; i < AGW_RESPONSE_FIELDS; i++) /* STATUS.. in the order of contract.h */
-        get_upkey(L, 2, AGW_KEY_RESPONSE + i);
-    _Static_assert(AGW_RESPONSE_STATUS == 0 && AGW_RESPONSE_SECTIONS == SECTIONS - STATUS, "field order");
-    int status = (int)luaL_checkinteger(L, STATUS);
-    int is_json = lua_toboolean(L, JSON);
-    reqref_t *rr = agw_slots_get(&w->tables.reqs, rid);
-    if (rr == NULL) {
-        lua_pushboolean(L, 0);
-        return 1;
-    }
-    h2o_req_t *req = rr->req;
-    agw_buf_t *b = &w->scratch.out;
-    const char *body;
-    size_t body_len;
-    if (is_json) {
-        char err[512];
-        agw_buf_reset(b);
-        if (agw_json_encode(L, BODY, b, err, sizeof(err)) != 0) {
-            lua_pushnil(L);
-            lua_pushstring(L, err);
-            return 2;
-        }
-        body = b->base;
-        body_len = b->len;
-    } else {
-        body = lua_tolstring(L, BODY, &body_len);
-        if (body == NULL)
-            body = "", body_len = 0;
-    }
-    req->res.status = status;
-    req->res.reason = agw_http_reason(status);
-    /* the script's headers by the rules of resp_headers.h (the spec harness applies the same) */
-    agw_resp_headers_t *set = &w->scratch.resp_headers;
-    set->n = 0;
-    if (lua_istable(L, HEADERS))
-        agw_resp_headers_read(set, L, HEADERS, warn_header, w);
-    for (size_t i = 0; i < set->n; i++)
-        add_header(req, set->h[i].name, set->h[i].name_len, set->h[i].value, set->h[i].value_len);
-    int has_type = agw_resp_headers_find(set, "content-type", 12) != NULL;
-    size_t tl;
-    const char *type = lua_tolstring(L, DEFAULT_TYPE, &tl);
-    int no_body = status == 204 || status == 304; /* no body, and no Content-Length to promise one
-                                                      (RFC 9110 §8.6): nothing to type either */
-    if (!has_type && type && !no_body)
-        add_header(req, "content-type", 12, type, tl);
-    size_t sl;
-    const char *timing = lua_tolstring(L, SERVER_TIMING, &sl);
-    if (timing)
-        add_header(req, "server-timing", 13, timing, sl);
-    agw_slots_del(&w->tables.reqs, rid);
-    rr->rid = 0;
-    agw_worker_stop_client_watch(rr);
-    if (no_body)
-        body_len = 0;
-    else
-        req->res.content_length = body_len;
-    /* a page's sections: for partial pages (metrics) and the access log */
-    section_ref_t secs[ALOG_MAX_SECTIONS];
-    size_t nsecs = 0;
-    const char *page = lua_tostring(L, PAGE);
-    int partial = page != NULL && strcmp(page, "partial") == 0;
-    if (page != NULL && (partial || rr->logline)) {
-        if (lua_istable(L, SECTIONS))
-            nsecs = agw_worker_page_sections(L, SECTIONS, secs, ALOG_MAX_SECTIONS);
-        if (status == 200 && partial) {
-            for (size_t i = 0; i < nsecs; i++)
-                if (strcmp(secs[i].status, "ok") != 0)
-                    agw_metrics_partial(w->m, (int)rr->g->gen->route_slot[rr->endpoint], secs[i].name,
-                                        secs[i].len);
-        }
-        /* the names and statuses stay referenced by the response until l_respond returns */
-        agw_worker_record_request(w, rr, status, body_len, secs, nsecs, timing, timing ? sl : 0);
-    } else {
-        agw_worker_record_request(w, rr, status, body_len, NULL, 0, timing, timing ? sl : 0);
-    }
-    agw_worker_queue_response(rr, body, body_len);
-    lua_pushboolean(L, 1);
-    return 1;
-}
-
 /* core.join(rid, id, section): request rid waits on call id of another exchange (single-flight)
  * for its section: a span of its own, marked shared and linked to the call's span, ends when the
  * call does. Nothing else changes for the call. */
@@ -693,7 +528,7 @@ static int l_trace_id(lua_State *L)
  * (runtime.report_stats, about once a second: cold, so the fields are read by name). */
 static int l_endpoint_state(lua_State *L)
 {
-    wgen_t *g = upg(L);
+    wgen_t *g = agw_worker_upg(L);
     lua_Integer index = luaL_checkinteger(L, 1), ep = luaL_checkinteger(L, 2);
     const agw_config_t *conf = g->conf;
     luaL_checktype(L, 3, LUA_TTABLE);
@@ -728,7 +563,7 @@ static int l_endpoint_state(lua_State *L)
  * by agg.group on the current generation's once-a-second tick (and when a group is made). */
 static int l_endpoint_slots(lua_State *L)
 {
-    wgen_t *g = upg(L);
+    wgen_t *g = agw_worker_upg(L);
     lua_Integer index = luaL_checkinteger(L, 1);
     lua_Number seen = luaL_optnumber(L, 2, -1);
     const agw_config_t *conf = g->conf;
@@ -791,7 +626,7 @@ static int l_log(lua_State *L)
  * the growth since this VM last reported: the counters go on rising across reloads. */
 static int l_upstream_counters(lua_State *L)
 {
-    wgen_t *g = upg(L);
+    wgen_t *g = agw_worker_upg(L);
     lua_Integer index = luaL_checkinteger(L, 1);
     if (index < 1 || (size_t)index > g->conf->num_upstreams || !lua_istable(L, 2))
         return 0;
@@ -816,7 +651,7 @@ static int l_upstream_counters(lua_State *L)
 }
 
 const luaL_Reg agw_worker_core_fns[] = {
-    {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", l_respond},
+    {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", agw_worker_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
     {"upstream_counters", l_upstream_counters}, {"endpoint_state", l_endpoint_state}, {"join", l_join},
     {"trace_id", l_trace_id}, {"endpoint_slots", l_endpoint_slots},

@@ -27,6 +27,24 @@ void agw_gc_idle(lua_State *L, agw_lua_gc_stats_t *st)
         AGW_M_SET(st->idle_us_max, us);
 }
 
+void agw_gc_timer_init(agw_gc_timer_t *t)
+{
+    t->us0 = now_us();
+    t->cyc0 = agw_gc_cycles();
+    while (now_us() - t->us0 < 1000) {
+    }
+    agw_gc_timer_calibrate(t);
+}
+
+void agw_gc_timer_calibrate(agw_gc_timer_t *t)
+{
+    uint64_t us = now_us() - t->us0, cyc = agw_gc_cycles() - t->cyc0;
+    if (us > 0 && cyc > 0)
+        t->cycles_per_us = (double)cyc / (double)us;
+    else if (t->cycles_per_us <= 0)
+        t->cycles_per_us = 1000.0; /* a counter that does not move: µs read as ns, never a division by 0 */
+}
+
 void agw_gc_trim(void)
 {
 #ifdef __GLIBC__

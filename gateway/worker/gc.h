@@ -21,8 +21,59 @@
 #define AGW_WORKER_GC_H
 
 #include <lua.h>
+#include <stdint.h>
+#include <time.h>
 
 #include "ops/metrics.h"
+
+/* The worker's pauses in Lua. LuaJIT offers no hook around its collector's steps, but they run
+ * inside the entries into Lua that allocate: each outermost entry (agw_worker_call_runtime) is
+ * timed, the script's work and the collector's together, into aggway_lua_entry_duration_seconds
+ * (agw_metrics_lua_entry). Timed in processor cycles, two reads of x86-64's time-stamp counter per
+ * entry (a few instructions; two CLOCK_MONOTONIC reads cost about 600 instructions per page,
+ * tools/bench/callgrind), converted to µs with the counter's rate measured against CLOCK_MONOTONIC;
+ * elsewhere than x86-64 the "cycles" are CLOCK_MONOTONIC's nanoseconds. Wall time: a thread
+ * waiting for a core is paused too. */
+typedef struct agw_gc_timer {
+    uint64_t start;              /* agw_gc_cycles() when the current entry began */
+    double cycles_per_us;        /* the counter's rate */
+    uint64_t cyc0, us0;          /* the measurement's origin: the counter and CLOCK_MONOTONIC µs */
+} agw_gc_timer_t;
+
+/* The counter: the time-stamp counter on x86-64 (constant rate, whatever the core's frequency, on
+ * every x86-64 processor Linux runs on with constant_tsc), CLOCK_MONOTONIC ns elsewhere. */
+static inline uint64_t agw_gc_cycles(void)
+{
+#if defined(__x86_64__)
+    return __builtin_ia32_rdtsc();
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+/* Measures the counter's rate over 1 ms (a busy wait: once, as the worker is made, before any
+ * entry into Lua). */
+void agw_gc_timer_init(agw_gc_timer_t *t);
+
+/* Measures the rate again over the whole time since agw_gc_timer_init (more precise as it grows:
+ * the worker's once-a-second tick calls it). */
+void agw_gc_timer_calibrate(agw_gc_timer_t *t);
+
+/* An outermost entry into Lua begins. */
+static inline void agw_gc_entry_begin(agw_gc_timer_t *t)
+{
+    t->start = agw_gc_cycles();
+}
+
+/* How long the entry agw_gc_entry_begin began has lasted, µs (0 when the counter went back: a
+ * thread moved to a core whose counter is behind). */
+static inline uint64_t agw_gc_entry_us(const agw_gc_timer_t *t)
+{
+    int64_t d = (int64_t)(agw_gc_cycles() - t->start);
+    return d > 0 ? (uint64_t)((double)d / t->cycles_per_us) : 0;
+}
 
 #define AGW_GC_IDLE_S 2  /* seconds without a new request before the idle collection */
 #define AGW_GC_TRIM_S 10 /* then the C heap is trimmed again every this many seconds */

@@ -17,6 +17,8 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
     agw_worker_t *w = g->w;
     lua_State *L = g->L;
     int rc = 0;
+    if (w->script.depth == 0)
+        agw_gc_entry_begin(&w->gc_timer);
     agw_watchdog_enter(&w->script, L, g->conf->script_time_limit_ms); /* an outermost one is timed */
     if (lua_pcall(L, nargs, 0, 0) != 0) {
         agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
@@ -28,6 +30,8 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
      * that long ago, and time out at once */
     if (agw_watchdog_leave(&w->script) >= AGW_LONG_ENTRY_MS)
         ev_now_update(w->loop);
+    if (w->script.depth == 0) /* the worker's pauses in Lua (gc.h) */
+        agw_metrics_lua_entry(&w->m->lua_gc, agw_gc_entry_us(&w->gc_timer));
     if (w->script.depth == 0 && w->tables.num_pending_aborts)
         process_pending_aborts(w);
     if (w->script.depth == 0 && !h2o_linklist_is_empty(&w->gens.dead))

@@ -2,6 +2,7 @@
  * its metrics and its line in the JSON access log.
  */
 #include "worker/worker_internal.h"
+#include "worker/contract.h"
 
 #include "base/http_status.h"
 
@@ -38,7 +39,7 @@ void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_
     if (tr)
         w->log.free_traces = tr->next;
     else
-        tr = agw_malloc(sizeof(*tr));
+        tr = agw_trace_new();
     agw_traceparent_t parent;
     int continued = num_tp == 1 && agw_traceparent_parse(tp->base, tp->len, &parent) == 0;
     agw_trace_begin(tr, &w->log.trace_rng, continued ? &parent : NULL, agw_worker_now_us(w), req->method.base,
@@ -130,10 +131,15 @@ void agw_worker_log_close(agw_worker_t *w)
 {
     if (w->log.access_fd >= 0)
         agw_worker_alog_flush(w);
+    agw_worker_log_release_spares(w);
+}
+
+void agw_worker_log_release_spares(agw_worker_t *w)
+{
     while (w->log.free_traces) {
         agw_trace_t *tr = w->log.free_traces;
         w->log.free_traces = tr->next;
-        free(tr);
+        agw_trace_free(tr);
     }
 }
 
@@ -336,6 +342,33 @@ size_t agw_worker_page_sections(lua_State *L, int idx, section_ref_t *out, size_
             lua_pop(L, 1);
         }
         lua_pop(L, 1);
+    }
+    return n;
+}
+
+size_t agw_worker_row_sections(lua_State *L, int idx, section_ref_t *out, size_t max)
+{
+    const int width = 1 + AGW_SECTION_FIELDS;
+    size_t n = 0;
+    for (int i = 0; n < max; i++) {
+        lua_rawgeti(L, idx, i * width + 1);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            break;
+        }
+        lua_rawgeti(L, idx, i * width + 2 + AGW_SECTION_STATUS);
+        if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TSTRING) {
+            section_ref_t s;
+            s.name = lua_tolstring(L, -2, &s.len);
+            s.status = lua_tostring(L, -1); /* interned, and held by the rows */
+            size_t j = n++;                 /* rows come sorted: the insertion sort only checks */
+            while (j > 0 && section_less(&s, &out[j - 1])) {
+                out[j] = out[j - 1];
+                j--;
+            }
+            out[j] = s;
+        }
+        lua_pop(L, 2);
     }
     return n;
 }

@@ -39,4 +39,9 @@ void agw_worker_log_init(agw_worker_log_t *l, int access_fd, int waterfall_on, v
  * the spare trace records. */
 void agw_worker_log_close(struct agw_worker *w);
 
+/* Frees the spare trace records of worker w (one per request that was in flight at once: after a
+ * burst of 5,000 pages, 6 MB). Called when the worker goes idle (worker/gc.h); the next requests
+ * allocate theirs again. */
+void agw_worker_log_release_spares(struct agw_worker *w);
+
 #endif

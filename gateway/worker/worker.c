@@ -162,10 +162,13 @@ static void worker_idle_tick(agw_worker_t *w)
             wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
             agw_gc_idle(g->L, &w->m->lua_gc);
         }
+        agw_worker_log_release_spares(w); /* the records of the requests and calls of the burst */
+        agw_worker_calls_release_spares(w);
         agw_gc_trim();
     } else if (w->idle_ticks % AGW_GC_TRIM_S == 0) {
         agw_gc_trim(); /* what idle upstream connections closing since then freed */
     }
+    agw_gc_timer_calibrate(&w->gc_timer);
     for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next)
         heap += (size_t)lua_gc(H2O_STRUCT_FROM_MEMBER(wgen_t, link, l)->L, LUA_GCCOUNT, 0) * 1024u;
     AGW_M_SET(w->m->lua_gc.heap_bytes, heap);
@@ -209,6 +212,7 @@ static void *worker_main(void *arg)
     agw_worker_cache_close(w);
     agw_auth_cache_free(&w->auth_cache);
     agw_worker_log_close(w);
+    agw_worker_calls_release_spares(w);
     return NULL;
 }
 
@@ -228,6 +232,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
                                agw_limit_store_t *limits, agw_buf_t *errors)
 {
     agw_worker_t *w = agw_calloc(1, sizeof(*w));
+    agw_gc_timer_init(&w->gc_timer); /* before any entry into Lua */
     w->id = id;
     w->script.id = id;
     w->m = metrics;

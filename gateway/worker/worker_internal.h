@@ -152,6 +152,7 @@ struct agw_worker {
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     uint64_t idle_started;                 /* requests_started at the last tick (gc.h's idle collection) */
     int idle_ticks;                        /* ticks since a request last started, while none is in flight */
+    agw_gc_timer_t gc_timer;               /* times the entries into Lua (gc.h) */
     /* the front: listeners and client connections (worker.c, accept.c, client_watch.c) */
     h2o_context_t ctx;
     listener_t *listeners;
@@ -319,6 +320,30 @@ static inline void agw_worker_stop_client_watch(reqref_t *rr)
 /* The core.* functions, each pushed as a closure over its generation (upvalue 1) by init_vm. */
 extern const luaL_Reg agw_worker_core_fns[];
 
+/* Frees the spare call records of w (w->tables.free_calls: one per call that was in flight at
+ * once). When the worker goes idle (worker/gc.h) and when its loop has ended. */
+void agw_worker_calls_release_spares(agw_worker_t *w);
+
+/* Inside a core.* function: the generation whose VM runs it (its upvalue 1). */
+static inline wgen_t *agw_worker_upg(lua_State *L)
+{
+    return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* Inside a core.* function of agw_worker_core_fns: pushes field key (AGW_KEY_*, contract.h) of
+ * the table at absolute index t. The contract's keys table is upvalue 2, and each key is an
+ * upvalue of its own after it (upvalue 2 + AGW_KEY_*), the cheapest value to push. */
+static inline void agw_worker_get_key(lua_State *L, int t, int key)
+{
+    lua_pushvalue(L, lua_upvalueindex(2 + key));
+    lua_rawget(L, t);
+}
+
+/* ---- respond.c: core.respond ---------------------------------------------------------------- */
+
+/* core.respond(rid, response) (respond.c; lua/agg/contract.lua). */
+int agw_worker_respond(lua_State *L);
+
 /* Headers go to Lua as one string "name\0value\0…" with lowercased names, each name once: the
  * values of a repeated name are joined with ", " here (RFC 9110 §5.3), in their order, in one
  * pass over the fields sorted by name (O(n log n): a client or upstream repeating a name many
@@ -329,7 +354,7 @@ extern const luaL_Reg agw_worker_core_fns[];
 void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
 
 /* Logs a warning (a script's mistake met while serving) at most once per 10 s per distinct
- * message per worker, with the count of repeats left out meanwhile (core.c). */
+ * message per worker, with the count of repeats left out meanwhile (respond.c). */
 void agw_worker_warn(agw_worker_t *w, const char *msg);
 
 /* ---- cache.c: the cache's transport --------------------------------------------------------- */
@@ -463,6 +488,11 @@ void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t
  * max of them into out, their number returned. The names and statuses are the table's strings,
  * valid while the table is referenced. */
 size_t agw_worker_page_sections(lua_State *L, int idx, section_ref_t *out, size_t max);
+
+/* The same for a page's rows at idx (core.respond's response.rows: { name, status, data, error,
+ * … }, contract.h's section order), read up to the first nil name; a row whose name or status is
+ * not a string is left out. */
+size_t agw_worker_row_sections(lua_State *L, int idx, section_ref_t *out, size_t max);
 
 /* Writes the access log lines buffered in w->log.alog to w->log.access_fd (dropped if the write fails). */
 void agw_worker_alog_flush(agw_worker_t *w);

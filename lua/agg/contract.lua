@@ -153,6 +153,18 @@ M.tables = {
     page          = "string|nil",   -- agg.page's verdict: "complete" or "partial"; nil: not a page
     sections      = "table|nil",    -- a page's sections, name -> { status, … } (for metrics and
                                     -- the access log)
+    rows          = "table|nil",    -- a 200 page whose body no script read (agg.page): its sections
+                                    -- as rows { name, status, data, error, … } (the section's
+                                    -- fields in tables.section's order; data and error may be nil),
+                                    -- encoded (json is true) as { name: section, … } in place of
+                                    -- body, and read in place of sections
+  },
+  -- a page's section (DESIGN §2.2), the members of each row of response.rows, in this order:
+  -- status, data, error (a nil member is left out of the page)
+  section = {
+    status = "string",              -- ok | fallback | stale | unavailable
+    data   = "any",                 -- the section's data (nil: unavailable)
+    error  = "table|nil",           -- the problem that says why it is not ok
   },
   -- core.endpoint_state's state: agg.group's view of one endpoint (counts are totals since the VM
   -- started; times on core.now's clock, 0 for none)

@@ -16,8 +16,8 @@ local new_tab = require "table.new"
 
 local M = {}
 
--- a section's members in this order (a metatable: nothing recorded per section)
-local SECTION_MT = json.ordered({ "status", "data", "error" }, "agg.page section")
+-- a failed page's summary of each section, members in this order (a metatable: nothing recorded
+-- per section)
 local SUMMARY_MT = json.ordered({ "status", "error" }, "agg.page section")
 
 -- True when key k of a headers table is a spelling of name (lowercase).
@@ -60,8 +60,9 @@ end
 
 --- Builds the response for a results table (from agg.fetch_all, plus any plain values the script
 -- added: a plain value becomes an `ok` section).
--- Returns { status, headers, json } for the handler to return; its metatable (agg.runtime's
--- PAGE_COMPLETE or PAGE_PARTIAL) tells the transport it is a page and whether it is complete.
+-- Returns { status, headers, json } for the handler to return; its metatable tells the transport
+-- it is a page and whether it is complete. A 200 page's json is made only when read (agg.runtime's
+-- page_response): until then the transport writes the sections into the page from their rows.
 --   200  every required section has data; X-Aggregation-Completed says whether all are `ok`, and a
 --        partial page carries Cache-Control: no-store
 --   504/503/404/410/502  a required section failed (timeout / breaker open / passed through /
@@ -83,18 +84,19 @@ function M.page(results, opts)
   end
   rt.resolve_thens(results, 3) -- standalone fetch_then chains put in directly: run them now
   rt.sort_keys(keys, n) -- so the first failed required section decides the status: the same one every time
-  local body = new_tab(0, 4) -- sections encode in sorted key order: a plain table's keys are written sorted
+  -- the sections as rows { name, status, data, error, … } in sorted key order (agg.contract's
+  -- response.rows; the hash part: page_response's four fields)
+  local rows, nrows = new_tab(4 * n, 4), 0
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local max_age -- the smallest freshness left of the sections, while every one is a shared cache entry
   local personal = false -- a section's data is one user's (see "Cache-Control of a page" below)
   local failed_required, failed_key
   for _, k in ipairs(keys) do
     local r = rt.then_result(results[k])
-    local sec
     if rt.is_result(r) then
       if r.status ~= "skipped" then
         counted = counted + 1
-        local data -- (all three fields in one constructor: the table is made at its size)
+        local data
         if r.status ~= "unavailable" then
           data = rt.section_data(r)
           if data == nil then data = json.null end
@@ -102,7 +104,8 @@ function M.page(results, opts)
         elseif rt.is_required(r) and not failed_required then
           failed_required, failed_key = r, k
         end
-        sec = setmetatable({ status = r.status, data = data, error = r.error }, SECTION_MT)
+        rows[nrows + 1], rows[nrows + 2], rows[nrows + 3], rows[nrows + 4] = k, r.status, data, r.error
+        nrows = nrows + 4
         if r.status ~= "ok" then complete = false end
         if not personal and cache.personal(result_info[r]) then personal = true end
         if max_age ~= false then
@@ -115,9 +118,10 @@ function M.page(results, opts)
       counted = counted + 1
       any_data = true
       max_age = false -- a value the script computed: nothing says how long it stays true
-      sec = setmetatable({ status = "ok", data = r }, SECTION_MT)
+      rows[nrows + 1], rows[nrows + 2] = k, "ok"
+      rows[nrows + 3] = r
+      nrows = nrows + 4
     end
-    if sec then body[k] = sec end
   end
   local headers = new_tab(0, 4)
   -- the names and values as the script gave them: the transport settles them as a plain
@@ -144,8 +148,8 @@ function M.page(results, opts)
       p = problem.new("no-section-available", "no section of the page could be served", status)
     end
     local summary = {}
-    for k, sec in pairs(body) do
-      summary[k] = setmetatable({ status = sec.status, error = sec.error }, SUMMARY_MT)
+    for i = 1, nrows, 4 do
+      summary[rows[i]] = setmetatable({ status = rows[i + 1], error = rows[i + 3] }, SUMMARY_MT)
     end
     p.sections = summary
     set_header(headers, "content-type", "application/problem+json", spelt)
@@ -187,8 +191,7 @@ function M.page(results, opts)
       headers["cache-control"] = "no-store"
     end
   end
-  local resp = setmetatable({ status = 200, headers = headers, json = body },
-                            complete and rt.PAGE_COMPLETE or rt.PAGE_PARTIAL)
+  local resp = rt.page_response({ status = 200, headers = headers }, rows, complete and "complete" or "partial")
   return resp
 end
 

@@ -22,6 +22,9 @@ local url = require "agg.url"
 
 local M = {}
 
+-- table.new(narray, nhash): a table with room for what it will hold, so it never grows
+local new_tab = require "table.new"
+
 local log_error, parse_headers = result.log_error, result.parse_headers
 local abandon_exchanges = exchange.abandon_exchanges
 
@@ -159,10 +162,60 @@ end
 -- (agg.contract's response.page), is known here and never read back from a header
 M.PAGE_COMPLETE, M.PAGE_PARTIAL = { page = "complete" }, { page = "partial" }
 
+-- A page's section (DESIGN §2.2): its members in this order (agg.contract's tables.section)
+M.SECTION_MEMBERS = { "status", "data", "error" }
+local SECTION_MT = json.ordered(M.SECTION_MEMBERS, "agg.page section")
+
+-- A 200 page before anyone reads its body (agg.page): { status, headers } whose metatable is the
+-- page's rows { name, status, data, error, … } (sorted by name; agg.contract's response.rows) with
+-- page = its verdict. The transport encodes the rows straight into the page: a section whose data
+-- no script read is the upstream's validated bytes, and no table of the body is made. Reading
+-- response.json makes the body's tables from the rows, those agg.page would otherwise have made
+-- ({ name = setmetatable({ status, data, error }, SECTION_MT) }); from then on, as after
+-- response.json = v, the body is a Lua value like any handler's (pairs(response) shows json only
+-- then). The metatable is protected (getmetatable gives "agg.page").
+local page_json
+local function page_rows(resp)
+  local mt = debug.getmetatable(resp)
+  return mt and rawget(mt, "__index") == page_json and mt or nil
+end
+page_json = function(resp, k)
+  local rows = k == "json" and page_rows(resp)
+  if not rows or rows.replaced then return nil end
+  local body, i = new_tab(0, 4), 1
+  while rows[i] ~= nil do
+    body[rows[i]] = setmetatable({ status = rows[i + 1], data = rows[i + 2], error = rows[i + 3] }, SECTION_MT)
+    i = i + 4
+  end
+  rows.replaced = true
+  rawset(resp, "json", body)
+  return body
+end
+local function page_set(resp, k, v)
+  local rows = k == "json" and page_rows(resp)
+  if rows then rows.replaced = true end
+  rawset(resp, k, v)
+end
+
+--- agg.page's 200 response: resp ({ status, headers }) with rows (see above) as its metatable,
+-- verdict "complete" or "partial".
+function M.page_response(resp, rows, verdict)
+  rows.__index, rows.__newindex, rows.__metatable, rows.page = page_json, page_set, "agg.page", verdict
+  return setmetatable(resp, rows)
+end
+
+-- agg.page's verdict of a response (nil: not a page), and its rows while its body is unread.
+local function page_of(resp)
+  local mt = debug.getmetatable(resp)
+  if mt == M.PAGE_COMPLETE or mt == M.PAGE_PARTIAL then return mt.page end
+  if mt and rawget(mt, "__index") == page_json then return mt.page, not mt.replaced and mt or nil end
+  return nil
+end
+
 -- core.respond's response (agg.contract): one table, filled for each response; what could keep
 -- a page alive (headers, body, sections) is dropped once the transport has read it
 local out = { status = 0, headers = false, body = false, json = false, default_type = false,
-              server_timing = false, page = false, sections = false }
+              server_timing = false, page = false, sections = false, rows = false }
 
 -- headers: name -> value in any case (the transport lowercases names, drops invalid ones, and adds
 -- default_type as content-type unless one is there).
@@ -188,16 +241,17 @@ local function with_sessions(headers, sessions)
   return h
 end
 
--- page: "complete", "partial" or nil; sections: a page's sections.
-local function send(ctx, status, headers, body, is_json, default_type, page, sections)
+-- page: "complete", "partial" or nil; sections: a page's sections; rows: a page's rows, in place
+-- of body and sections.
+local function send(ctx, status, headers, body, is_json, default_type, page, sections, rows)
   if ctx.sessions then headers = with_sessions(headers, ctx.sessions) end
   local o = out
   o.status, o.headers, o.body, o.json, o.default_type = status, headers, body, is_json, default_type
   local nt = #ctx
   o.server_timing = nt > 0 and server_timing(ctx, nt) or nil
-  o.page, o.sections = page, sections
+  o.page, o.sections, o.rows = page, sections, rows
   local sent, err = core.respond(ctx.rid, o)
-  o.headers, o.body, o.sections = nil, nil, nil
+  o.headers, o.body, o.sections, o.rows = nil, nil, nil, nil
   return sent, err
 end
 
@@ -207,11 +261,14 @@ local function send_problem(ctx, p)
   send(ctx, p.status, PROBLEM_HEADERS, p, true, "application/problem+json")
 end
 
--- status, headers, json and (without json) body of a handler's response
+-- status, headers, json and (without json) body of a handler's response, then its page verdict and
+-- rows (a page whose body no one read: json is nil then)
 local function response_fields(resp)
   if type(resp) ~= "table" then return nil end
+  local page, rows = page_of(resp)
+  if rows then return resp.status, resp.headers, nil, nil, page, rows end
   local json_v = resp.json
-  return resp.status, resp.headers, json_v, json_v == nil and resp.body or nil
+  return resp.status, resp.headers, json_v, json_v == nil and resp.body or nil, page
 end
 
 finish_request = function(ctx, ok, resp, co)
@@ -230,7 +287,7 @@ finish_request = function(ctx, ok, resp, co)
   end
   -- the response's fields may run the script's metamethods, here on the runtime's own thread:
   -- an error (or the script time limit's stop) there must not leave the request unanswered
-  local read, st, headers, rjson, body = pcall(response_fields, resp)
+  local read, st, headers, rjson, body, page, rows = pcall(response_fields, resp)
   if not read then
     log_error(ctx, nil, st)
     return send_problem(ctx, problem.script_error(nil))
@@ -243,11 +300,10 @@ finish_request = function(ctx, ok, resp, co)
     log_error(ctx, nil, "response headers must be a table")
     return send_problem(ctx, problem.script_error(nil))
   end
-  if rjson ~= nil then
-    local mt = getmetatable(resp)
-    local page = (mt == M.PAGE_COMPLETE or mt == M.PAGE_PARTIAL) and mt.page or nil
-    local sections = page and type(rjson) == "table" and (st == 200 and rjson or rawget(rjson, "sections")) or nil
-    local sent, err = send(ctx, st, headers, rjson, true, "application/json", page, sections)
+  if rjson ~= nil or rows then
+    local sections = not rows and page and type(rjson) == "table" and
+                     (st == 200 and rjson or rawget(rjson, "sections")) or nil
+    local sent, err = send(ctx, st, headers, rjson, true, "application/json", page, sections, rows)
     if sent == nil and err then
       log_error(ctx, nil, "the response cannot be encoded as JSON: " .. tostring(err))
       return send_problem(ctx, problem.new("response-encoding", "the page could not be encoded as JSON", 500,

@@ -109,7 +109,9 @@ function T.install(gw)
     local r = gw.responses[rid]
     if not r or r.status then return false end
     if is_json then
-      local s, err = json.encode(body)
+      -- a page's rows: the transport's own encoder (json/json.h agw_json_encode_rows)
+      local s, err
+      if o.rows then s, err = json.encode_rows(o.rows, rt.SECTION_MEMBERS) else s, err = json.encode(body) end
       if not s then return nil, err end
       body = s
     end

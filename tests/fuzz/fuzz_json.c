@@ -13,6 +13,8 @@
  *   raw ref      agw_json_push_raw_ref with the validator's compact flag, then agw_json_encode
  *                (a compact text is copied verbatim, so the flag must be right);
  *   tree ref     jansson's tree through agw_json_encode_value;
+ *   page rows    the raw ref and the Lua values as two sections of a page (agw_json_encode_rows),
+ *                each giving the bytes it gave on its own;
  * and the Lua path and the tree path must give the same bytes (same key order, same number forms),
  * so a section reads the same whether or not its script touched it. */
 #include <lauxlib.h>
@@ -191,6 +193,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fail("encoding the raw ref fails", err);
     lua_settop(L, top);
     same_json("raw ref", &raw_out, j, 0);
+
+    /* a page of two sections as rows (worker/respond.c): the raw ref spliced, the Lua values
+     * walked, each the bytes it gave on its own */
+    static const char *const members[] = {"status", "data", "error"};
+    lua_createtable(L, 8, 0);
+    const char *cells[] = {"t", "ok", NULL, NULL, "s", "ok"};
+    for (int i = 0; i < 6; i++)
+        if (cells[i]) {
+            lua_pushstring(L, cells[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+    agw_json_push_text(L, text.base);
+    lua_rawseti(L, -2, 3);
+    agw_json_push_raw_ref(L, text.base, size, compact, NULL, 0);
+    lua_rawseti(L, -2, 7);
+    agw_buf_reset(&tree_out);
+    if (agw_json_encode_rows(L, -1, members, 3, &tree_out, err, sizeof(err)) != 0)
+        fail("encoding a page's rows fails", err);
+    lua_settop(L, top);
+    agw_buf_t want = AGW_BUF_INIT;
+    agw_buf_printf(&want, "{\"s\":{\"status\":\"ok\",\"data\":%s},\"t\":{\"status\":\"ok\",\"data\":%s}}",
+                   raw_out.base, lua_out.base);
+    if (want.len != tree_out.len || memcmp(want.base, tree_out.base, want.len) != 0)
+        fail("a page's rows differ from their sections' encodings", tree_out.base);
+    agw_buf_free(&want);
 
     agw_buf_reset(&tree_out);
     agw_json_encode_value(j, &tree_out);

@@ -170,6 +170,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
 
     uint64_t rng = 0x9e3779b97f4a7c15ull ^ size;
+    if (tr.spans == NULL) /* first input: the record is reused by every later one, heap spans too */
+        agw_trace_init(&tr);
     agw_trace_begin(&tr, &rng, ok ? &parent : NULL, 1000, method, ml, path, pl);
     if (memchr(tr.target, '\0', sizeof(tr.target)) == NULL)
         abort();

@@ -371,10 +371,43 @@ class MetricsMove(AdminCase):
                         self.gw.log())
         m = self.metrics()
         self.assertGreater(m.get("aggway_lua_heap_bytes"), 100 * 1024)
+        # the C heap beside it (glibc's mallinfo2): the process has allocated some; the free part is a
+        # gauge of its own. Not in the sanitized build (build-debug), whose malloc is the sanitizer's
+        if os.path.basename(os.path.dirname(AGGWAY_BIN)).startswith("build-debug"):
+            self.assertIsNone(m.types.get("aggway_c_heap_bytes"))
+        else:
+            self.assertEqual(m.types.get("aggway_c_heap_bytes"), "gauge")
+            self.assertGreater(m.get("aggway_c_heap_bytes", state="in_use"), 100 * 1024)
+            self.assertGreaterEqual(m.get("aggway_c_heap_bytes", state="free"), 0)
         self.assertGreaterEqual(m.get("aggway_lua_gc_idle_collection_max_seconds"), 0)
         n = m.get("aggway_lua_gc_idle_collections_total")
         time.sleep(3.5)  # still idle: no second collection in the same idle spell
         self.assertEqual(self.metrics().get("aggway_lua_gc_idle_collections_total"), n)
+
+    def test_entries_into_lua_are_timed(self):
+        # every entry of the worker into Lua (a handler, an upstream answer's continuation) is timed:
+        # the worker's pauses in Lua, the collector's steps included (docs/performance.md)
+        self.start_admin()
+        m0 = self.metrics()
+        self.assertEqual(m0.types.get("aggway_lua_entry_duration_seconds"), "histogram")
+        self.assertEqual(m0.types.get("aggway_lua_entry_max_seconds"), "gauge")
+        n0 = m0.get("aggway_lua_entry_duration_seconds_count")
+        for _ in range(3):
+            self.assertEqual(self.get("/mp/42").status, 200)
+        m = self.metrics()
+        # a page is at least its handler's entry and one for its calls' answers
+        self.assertGreaterEqual(m.get("aggway_lua_entry_duration_seconds_count") - n0, 6)
+        self.assertEqual(m.get("aggway_lua_entry_duration_seconds_bucket", le="+Inf"),
+                         m.get("aggway_lua_entry_duration_seconds_count"))
+        over_50ms = m.get("aggway_lua_entry_duration_seconds_count") - m.get("aggway_lua_entry_duration_seconds_bucket", le="0.05")
+        # /busy holds the worker 2 to 3 s in one entry: it is the longest, in the top bucket
+        self.assertEqual(self.get("/busy").status, 200)
+        m = self.metrics()
+        self.assertEqual(m.get("aggway_lua_entry_duration_seconds_count") - m.get("aggway_lua_entry_duration_seconds_bucket", le="0.05"),
+                         over_50ms + 1)
+        self.assertGreaterEqual(m.get("aggway_lua_entry_max_seconds"), 1.9)
+        self.assertLess(m.get("aggway_lua_entry_max_seconds"), 60)
+        self.assertGreaterEqual(m.get("aggway_lua_entry_duration_seconds_sum"), 1.9)
 
     def test_retries_and_5xx_across_workers(self):
         # two workers: the counters of both are summed; the runtime's retry counter is published

@@ -92,6 +92,7 @@ static void test_higher_version(void)
     CHECK(parses("fe-" TID "-" PID "-00-")); /* '-' then nothing */
     /* what the gateway sends on is version 00 with only the sampled flag */
     agw_trace_t tr;
+    agw_trace_init(&tr);
     uint64_t rng = 42;
     agw_traceparent_t ff;
     const char *f = "00-" TID "-" PID "-ff";
@@ -130,6 +131,7 @@ static void test_format_roundtrip_and_random_ids(void)
     }
     /* a trace started here: random ids, sampled, no parent */
     agw_trace_t tr;
+    agw_trace_init(&tr);
     agw_trace_begin(&tr, &rng, NULL, 5, "GET", 3, "/p", 2);
     CHECK(!tr.has_parent && tr.flags == AGW_TRACE_FLAG_SAMPLED);
     CHECK_STR(tr.target, "GET /p");
@@ -188,7 +190,7 @@ static void test_tracestate(void)
 
 static void test_spans(void)
 {
-    agw_trace_t *tr = calloc(1, sizeof(*tr));
+    agw_trace_t *tr = agw_trace_new();
     uint64_t rng = 7;
     agw_trace_begin(tr, &rng, NULL, 1000000, "GET", 3, "/p/1", 4);
     int a = agw_trace_add_span(tr, &rng, 0, "product", 7, 0, 1, 1000000);
@@ -208,10 +210,31 @@ static void test_spans(void)
     memset(longname, 's', sizeof(longname));
     int c = agw_trace_add_span(tr, &rng, 0, longname, sizeof(longname), 0, 1, 1);
     CHECK(c == 2 && strlen(tr->spans[2].section) == AGW_SPAN_SECTION_MAX - 1);
+    CHECK(tr->spans == tr->inline_spans); /* a page's few calls stay in the record */
+    uint8_t first_id[8];
+    memcpy(first_id, tr->spans[0].span_id, 8);
     while (agw_trace_add_span(tr, &rng, 0, "x", 1, 0, 1, 1) >= 0)
         ;
+    /* past the inline ones the spans moved to the heap, every one kept, up to the maximum */
+    CHECK(tr->spans != tr->inline_spans && tr->spans_cap == AGW_TRACE_MAX_SPANS);
     CHECK(tr->num_spans == AGW_TRACE_MAX_SPANS && tr->spans_dropped == 1);
-    free(tr);
+    CHECK(memcmp(tr->spans[0].span_id, first_id, 8) == 0 && tr->spans[0].http_status == 200);
+    CHECK(strlen(tr->spans[2].section) == AGW_SPAN_SECTION_MAX - 1 && strcmp(tr->spans[47].section, "x") == 0);
+    /* a reused record keeps its array and starts empty */
+    agw_trace_begin(tr, &rng, NULL, 2000000, "GET", 3, "/p/2", 4);
+    CHECK(tr->num_spans == 0 && tr->spans_dropped == 0);
+    CHECK(agw_trace_add_span(tr, &rng, 0, "a", 1, 0, 1, 2000000) == 0 && strcmp(tr->spans[0].section, "a") == 0);
+    agw_trace_free(tr);
+    agw_trace_free(NULL);
+    /* a record on the stack: its heap array goes with agw_trace_dispose */
+    agw_trace_t st;
+    agw_trace_init(&st);
+    agw_trace_begin(&st, &rng, NULL, 1, "GET", 3, "/", 1);
+    for (int i = 0; i < AGW_TRACE_INLINE_SPANS + 1; i++)
+        CHECK(agw_trace_add_span(&st, &rng, 0, "y", 1, 0, 1, 1) == i);
+    CHECK(st.spans != st.inline_spans && st.spans_cap == 2 * AGW_TRACE_INLINE_SPANS);
+    agw_trace_dispose(&st);
+    CHECK(st.spans == st.inline_spans && st.num_spans == 0);
 }
 
 /* A config with two upstreams and one route, enough for names in the encodings. */
@@ -248,7 +271,7 @@ static const agw_metric_labels_t *fake_names(const agw_config_t *conf)
 
 static agw_trace_t *sample_trace(uint64_t *rng)
 {
-    agw_trace_t *tr = calloc(1, sizeof(*tr));
+    agw_trace_t *tr = agw_trace_new();
     agw_traceparent_t tp;
     const char *s = "00-" TID "-" PID "-01";
     agw_traceparent_parse(s, strlen(s), &tp);
@@ -332,7 +355,7 @@ static void test_otlp_encoding(void)
     CHECK(agw_otlp_trace_spans(tr) == 4);
     json_decref(doc);
     agw_buf_free(&b);
-    free(tr);
+    agw_trace_free(tr);
 }
 
 static void test_waterfall(void)
@@ -390,7 +413,7 @@ static void test_waterfall(void)
     CHECK(strstr(b.base, "http://") == NULL || strstr(b.base, "http://www.w3.org/2000/svg") != NULL);
     CHECK(strstr(b.base, "<script") == NULL && strstr(b.base, "src=") == NULL); /* self-contained */
     agw_buf_free(&b);
-    free(tr);
+    agw_trace_free(tr);
     agw_waterfall_free(wf[0]);
     agw_waterfall_free(wf[1]);
 }

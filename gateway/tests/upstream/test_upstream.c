@@ -119,6 +119,55 @@ static void keep_alive_reuses_one_connection(void)
     srv_stop(&srv);
 }
 
+/* Connections hold response buffers only while they read an answer: more answers at once than
+ * the pool keeps spare buffer sets for (8), of different shapes, twice on the same connections;
+ * each answer is whole and its own (no bytes, headers or trailers of another answer). */
+static void answers_at_once_on_many_connections_each_get_their_own(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    enum { N = 13 };
+    static rec_t recs[2][N];
+    memset(recs, 0, sizeof(recs));
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    const char *paths[3] = {"/chunked", "/ok", "/big"};
+    int reused = 0;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            agw_call_req_t req = get(paths[(i + round) % 3]);
+            agw_call_start(pool, &req, on_done, &recs[round][i]);
+        }
+        int all = 1;
+        for (int i = 0; i < N; i++)
+            all = all && wait_for(&recs[round][i].done, 1, 10.0);
+        CHECK(all);
+        for (int i = 0; i < N; i++) {
+            const rec_t *r = &recs[round][i];
+            const char *path = paths[(i + round) % 3];
+            CHECK(r->outcome == AGW_CALL_OK && r->status == 200);
+            if (strcmp(path, "/chunked") == 0) {
+                CHECK_STR(r->body, "hello world");
+                CHECK(strstr(r->headers, "X-Long-Header-Name-For-Splitting: a-rather-long-value\n") != NULL);
+                CHECK(strstr(r->trailers, "abc123") != NULL);
+            } else if (strcmp(path, "/ok") == 0) {
+                CHECK_STR(r->body, "hello");
+                CHECK_STR(r->headers, "Content-Length: 5\nX-Test: yes\n");
+                CHECK(r->trailers[0] == '\0');
+            } else {
+                CHECK(r->body_len == BIG_BODY && strncmp(r->body, "abcdefghij", 10) == 0);
+                CHECK(strstr(r->headers, "X-Test") == NULL && strstr(r->headers, "X-Long") == NULL);
+                CHECK(r->trailers[0] == '\0');
+            }
+            reused += r->reused;
+        }
+    }
+    CHECK(reused > 0); /* the second round's answers came on connections that had read one before */
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 static void http10_response_is_not_kept_alive(void)
 {
     srv_t srv;
@@ -1364,6 +1413,7 @@ int main(int argc, char **argv)
     RUN(content_length_response_gives_status_headers_body);
     RUN(request_has_method_base_path_host_headers_and_body);
     RUN(keep_alive_reuses_one_connection);
+    RUN(answers_at_once_on_many_connections_each_get_their_own);
     RUN(http10_response_is_not_kept_alive);
     RUN(chunked_body_is_decoded_and_trailers_delivered);
     RUN(response_dripped_byte_by_byte_is_reassembled);

@@ -1,0 +1,74 @@
+/* Unit tests for the timing of the worker's entries into Lua (worker/gc.h, agw_gc_timer_t): the
+ * counter's rate measured against CLOCK_MONOTONIC gives an entry's length in µs, and
+ * agw_metrics_lua_entry puts it in its bucket. No loop or VM runs: the entries are busy waits. */
+#include <string.h>
+#include <time.h>
+
+#include "tests/check.h"
+#include "worker/gc.h"
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void spin_us(uint64_t us)
+{
+    uint64_t t0 = mono_us();
+    while (mono_us() - t0 < us) {
+    }
+}
+
+/* An entry of 3 ms reads as 3 ms (within what a busy machine's preemption adds), one of none as
+ * next to none. */
+static void entries_are_timed_in_us(void)
+{
+    agw_gc_timer_t t;
+    memset(&t, 0, sizeof(t));
+    agw_gc_timer_init(&t);
+    CHECK(t.cycles_per_us > 0);
+    spin_us(20000);
+    agw_gc_timer_calibrate(&t); /* over 21 ms now */
+    uint64_t before = mono_us();
+    agw_gc_entry_begin(&t);
+    spin_us(3000);
+    uint64_t us = agw_gc_entry_us(&t), after = mono_us();
+    /* the rate is measured, not exact (10 %): at least the 3 ms waited, at most the wall clock's
+     * reading around it (which a preemption may lengthen, never shorten) */
+    CHECK(us >= 2700);
+    CHECK(us * 10 <= (after - before) * 11 + 1000);
+    agw_gc_entry_begin(&t);
+    CHECK(agw_gc_entry_us(&t) < 1000);
+}
+
+/* Each entry lands in its bucket (µs: 100 250 500 1000 2000 5000 10000 50000, then the rest); the
+ * longest is kept once over 100 µs; the sum is every entry's. */
+static void entries_land_in_their_buckets(void)
+{
+    agw_lua_gc_stats_t st;
+    memset(&st, 0, sizeof(st));
+    uint64_t us[] = {5, 100, 101, 999, 1000, 1001, 60000, 3000};
+    for (size_t i = 0; i < sizeof(us) / sizeof(us[0]); i++)
+        agw_metrics_lua_entry(&st, us[i]);
+    CHECK(st.entries[0] == 2); /* 5, 100 */
+    CHECK(st.entries[1] == 1); /* 101 */
+    CHECK(st.entries[3] == 2); /* 999, 1000 */
+    CHECK(st.entries[4] == 1); /* 1001 */
+    CHECK(st.entries[5] == 1); /* 3000 */
+    CHECK(st.entries[AGW_M_ENTRY_BOUNDS] == 1); /* 60000 */
+    CHECK(st.entry_us_max == 60000);
+    CHECK(st.entry_us_sum == 5 + 100 + 101 + 999 + 1000 + 1001 + 60000 + 3000);
+    agw_lua_gc_stats_t fast;
+    memset(&fast, 0, sizeof(fast));
+    agw_metrics_lua_entry(&fast, 40);
+    CHECK(fast.entry_us_max == 0 && fast.entries[0] == 1);
+}
+
+int main(void)
+{
+    RUN(entries_are_timed_in_us);
+    RUN(entries_land_in_their_buckets);
+    return CHECK_DONE();
+}
