@@ -1,6 +1,8 @@
 /* luamod.c: the metatables of the gateway's C Lua modules (luamod.h). */
 #include "base/luamod.h"
 
+#include "base/mem.h"
+
 int agw_luamod_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc)
 {
     if (!luaL_newmetatable(L, name))
@@ -22,4 +24,20 @@ int agw_luamod_class(lua_State *L, const char *name, const luaL_Reg *methods, lu
     lua_pushstring(L, name);
     lua_setfield(L, -2, "__metatable");
     return 1;
+}
+
+char *agw_luamod_field_str(lua_State *L, int idx, const char *name)
+{
+    lua_getfield(L, idx, name);
+    char *s = lua_isstring(L, -1) ? agw_strdup(lua_tostring(L, -1)) : NULL;
+    lua_pop(L, 1);
+    return s;
+}
+
+double agw_luamod_field_num(lua_State *L, int idx, const char *name, double dflt)
+{
+    lua_getfield(L, idx, name);
+    double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : dflt;
+    lua_pop(L, 1);
+    return v;
 }

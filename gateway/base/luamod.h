@@ -6,6 +6,9 @@
  * userdata own C memory (a router, a breaker, a limits store) gets their metatable from
  * agw_luamod_class, which also guards it: a script that reached such an object could otherwise
  * call its __gc by hand and then use the freed memory, or swap its methods.
+ *
+ * It also reads the fields of the tables Lua hands to C (the normalized gateway.lua of
+ * script/config.c and edge/auth_config.c).
  */
 #ifndef AGW_BASE_LUAMOD_H
 #define AGW_BASE_LUAMOD_H
@@ -20,5 +23,13 @@
  * gives the name and setmetatable raises. Returns 1 when the metatable was made now, 0 when it
  * existed. */
 int agw_luamod_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc);
+
+/* Field name of the table at idx as a new string (agw_strdup: the caller frees
+ * it), or NULL when it is not a string or a number (lua_isstring). The stack is left as it was. */
+char *agw_luamod_field_str(lua_State *L, int idx, const char *name);
+
+/* Field name of the table at idx as a number, or dflt when it is not a number
+ * (lua_isnumber: a numeric string counts). The stack is left as it was. */
+double agw_luamod_field_num(lua_State *L, int idx, const char *name, double dflt);
 
 #endif

@@ -1,5 +1,6 @@
 /* apikeys.c: API keys by their SHA-256 (see apikeys.h). */
 #include "apikeys.h"
+#include "base/hex.h"
 #include "base/mem.h"
 
 #include <jansson.h>
@@ -9,23 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static int parse_hex32(const char *s, unsigned char out[32])
 {
     if (strlen(s) != 64)
         return -1;
     for (int i = 0; i < 32; i++) {
-        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        int hi = agw_hex_digit((unsigned char)s[2 * i]), lo = agw_hex_digit((unsigned char)s[2 * i + 1]);
         if (hi < 0 || lo < 0)
             return -1;
         out[i] = (unsigned char)(hi << 4 | lo);

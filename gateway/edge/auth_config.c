@@ -1,5 +1,6 @@
 /* auth_config.c: the auth block of gateway.lua as C structures (see auth_config.h). */
 #include "edge/auth_config.h"
+#include "base/luamod.h"
 #include "base/mem.h"
 
 #include <lauxlib.h>
@@ -8,22 +9,6 @@
 #include <unistd.h>
 
 #include "base/file.h"
-
-static char *str_field(lua_State *L, int idx, const char *name)
-{
-    lua_getfield(L, idx, name);
-    char *s = lua_isstring(L, -1) ? agw_strdup(lua_tostring(L, -1)) : NULL;
-    lua_pop(L, 1);
-    return s;
-}
-
-static double num_field(lua_State *L, int idx, const char *name, double dflt)
-{
-    lua_getfield(L, idx, name);
-    double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : dflt;
-    lua_pop(L, 1);
-    return v;
-}
 
 /* The strings of the list field name of the table at idx (a new array, *n of them). */
 static char **str_list(lua_State *L, int idx, const char *name, size_t *n)
@@ -68,13 +53,13 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
 {
     int rc = 0;
     a->jwt_on = 1;
-    a->rules.issuer = str_field(L, t, "issuer");
+    a->rules.issuer = agw_luamod_field_str(L, t, "issuer");
     a->rules.audiences = (const char *const *)str_list(L, t, "audiences", &a->rules.num_audiences);
     a->rules.required = (const char *const *)str_list(L, t, "required_claims", &a->rules.num_required);
-    a->rules.leeway_s = (uint64_t)num_field(L, t, "leeway_s", 60);
-    a->rules.max_token_bytes = (size_t)num_field(L, t, "max_token_bytes", 8192);
-    a->refresh_s = (uint64_t)num_field(L, t, "jwks_refresh_s", 300);
-    a->cooldown_s = (uint64_t)num_field(L, t, "jwks_cooldown_s", 30);
+    a->rules.leeway_s = (uint64_t)agw_luamod_field_num(L, t, "leeway_s", 60);
+    a->rules.max_token_bytes = (size_t)agw_luamod_field_num(L, t, "max_token_bytes", 8192);
+    a->refresh_s = (uint64_t)agw_luamod_field_num(L, t, "jwks_refresh_s", 300);
+    a->cooldown_s = (uint64_t)agw_luamod_field_num(L, t, "jwks_cooldown_s", 30);
     size_t n;
     char **algs = str_list(L, t, "algorithms", &n);
     for (size_t i = 0; i < n; i++) {
@@ -83,7 +68,7 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
     }
     free(algs);
     char why[512];
-    char *path = str_field(L, t, "jwks_file");
+    char *path = agw_luamod_field_str(L, t, "jwks_file");
     if (path) {
         agw_buf_t b = {0};
         const char *ferr;
@@ -93,7 +78,8 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
         else
             ks = agw_jwks_parse(b.base ? b.base : "", b.len, a->algs, why, sizeof(why)); /* NULL: why says it */
         if (ks == NULL) {
-            agw_buf_printf(errors, "%s:%d: auth.jwt.jwks_file: %s: %s\n", file, (int)num_field(L, t, "jwks_file_line", 1),
+            agw_buf_printf(errors, "%s:%d: auth.jwt.jwks_file: %s: %s\n", file,
+                           (int)agw_luamod_field_num(L, t, "jwks_file_line", 1),
                            path, why);
             rc = -1;
         }
@@ -101,12 +87,13 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
         agw_buf_free(&b);
         free(path);
     }
-    a->jwks_url = str_field(L, t, "jwks_url");
+    a->jwks_url = agw_luamod_field_str(L, t, "jwks_url");
     if (a->jwks_url && agw_fetch_url_parse(a->jwks_url, &a->url, why, sizeof(why)) != 0) {
-        agw_buf_printf(errors, "%s:%d: auth.jwt.jwks_url: %s\n", file, (int)num_field(L, t, "jwks_url_line", 1), why);
+        agw_buf_printf(errors, "%s:%d: auth.jwt.jwks_url: %s\n", file,
+                       (int)agw_luamod_field_num(L, t, "jwks_url_line", 1), why);
         rc = -1;
     }
-    if ((path = str_field(L, t, "secret_file")) != NULL) {
+    if ((path = agw_luamod_field_str(L, t, "secret_file")) != NULL) {
         agw_buf_t b = {0};
         const char *ferr;
         if (slurp(path, 4096, &b, &ferr) != 0) {
@@ -117,7 +104,8 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
             a->secret = agw_jwks_secret((const unsigned char *)(b.base ? b.base : ""), b.len, a->algs, why, sizeof(why));
         }
         if (a->secret == NULL) {
-            agw_buf_printf(errors, "%s:%d: auth.jwt.secret_file: %s\n", file, (int)num_field(L, t, "secret_file_line", 1),
+            agw_buf_printf(errors, "%s:%d: auth.jwt.secret_file: %s\n", file,
+                           (int)agw_luamod_field_num(L, t, "secret_file_line", 1),
                            why);
             rc = -1;
         }
@@ -143,17 +131,18 @@ int agw_auth_config_load(lua_State *L, int cfg, agw_auth_t *a, const char *file,
     lua_getfield(L, at, "api_keys");
     if (lua_istable(L, -1)) {
         int kt = lua_gettop(L);
-        a->apikey_header = str_field(L, kt, "header");
-        char *path = str_field(L, kt, "file");
+        a->apikey_header = agw_luamod_field_str(L, kt, "header");
+        char *path = agw_luamod_field_str(L, kt, "file");
         agw_buf_t b = {0};
         const char *ferr;
         char why[512];
         if (path && slurp(path, 16 * 1024 * 1024, &b, &ferr) != 0) {
             agw_buf_printf(errors, "%s:%d: auth.api_keys.file: cannot read %s: %s\n", file,
-                           (int)num_field(L, kt, "file_line", 1), path, ferr);
+                           (int)agw_luamod_field_num(L, kt, "file_line", 1), path, ferr);
             rc = -1;
         } else if (path && agw_apikeys_parse(b.base ? b.base : "", b.len, &a->apikeys, why, sizeof(why)) != 0) {
-            agw_buf_printf(errors, "%s:%d: auth.api_keys.file: %s: %s\n", file, (int)num_field(L, kt, "file_line", 1),
+            agw_buf_printf(errors, "%s:%d: auth.api_keys.file: %s: %s\n", file,
+                           (int)agw_luamod_field_num(L, kt, "file_line", 1),
                            path, why);
             rc = -1;
         } else {

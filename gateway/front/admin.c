@@ -253,6 +253,33 @@ static void redis_rule_page(agw_admin_t *a, const agw_limit_rule_t *r, uint64_t 
     agw_buf_puts(body, "}\n");
 }
 
+/* /readyz's Redis condition: when the generation serving uses Redis (a limits rule with store =
+ * "redis", or the cache's tier 2), every worker's client must have had its connection ready
+ * (redis/redis.h: connected, AUTH and SELECT done) at least once since start-up; a check made
+ * before that never reaches Redis and is decided by on_redis_error. A later outage leaves /readyz
+ * as it is: every gateway shares the Redis, so taking them all out of rotation would turn an
+ * outage the rules' on_redis_error handles into a total one (/limits and the metrics show it).
+ * Returns 1 and writes the reason into why (NULL: none wanted) when not ready. */
+static int redis_not_ready(agw_admin_t *a, agw_buf_t *why)
+{
+    agw_generation_t *gen = agw_reload_state_current(a->gens);
+    const agw_config_t *conf = gen ? &gen->conf : NULL;
+    int limits = conf && conf->redis.host && conf->limits.num_redis > 0;
+    int cache = conf && conf->redis.host && conf->cache_redis;
+    size_t connected = 0;
+    for (size_t i = 0; a->metrics && i < a->num_workers; i++)
+        connected += AGW_M_GET(a->metrics[i]->redis.connects) > 0;
+    int not_ready = (limits || cache) && connected < a->num_workers;
+    if (not_ready && why)
+        agw_buf_printf(why, "not ready: the Redis connection (%s port %d) is ready in %zu of %zu workers; %s%s%s wait "
+                            "for it\n",
+                       conf->redis.host, conf->redis.port, connected, a->num_workers,
+                       limits ? "limits rules with store = \"redis\"" : "", limits && cache ? " and " : "",
+                       cache ? "the cache's tier 2" : "");
+    agw_generation_unref(gen);
+    return not_ready;
+}
+
 /* GET /limits?rule=NAME&key=VALUE: what the rule of the generation serving says of that key now
  * (a local rule: limits/limit.h, agw_limit_peek; a Redis rule: redis_rule_page; nothing is counted).
  * key: the client's address for "ip" rules, the route pattern for "route" rules, the header's value
@@ -377,7 +404,8 @@ static void waterfall(agw_admin_t *a, int json, const char *q, size_t qlen, int 
 
 const agw_admin_endpoint_t agw_admin_endpoints[] = {
     {"GET", "/healthz", "200 ok while the process runs"},
-    {"GET", "/readyz", "200 once every worker serves, 503 while starting or draining"},
+    {"GET", "/readyz", "200 once every worker serves (and, when Redis is used, has connected to it), 503 "
+                       "while starting, waiting for Redis or draining"},
     {"GET", "/metrics", "Prometheus metrics"},
     {"GET", "/routes", "JSON: the routes being served and their scripts"},
     {"GET", "/reload", "JSON: the generation serving and the last reload's errors"},
@@ -434,14 +462,18 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
     if (PATH_IS("/healthz")) {
         respond(out, 200, "OK", "text/plain; charset=utf-8", "ok\n", 3, head, NULL);
     } else if (PATH_IS("/readyz")) {
-        if (__atomic_load_n(&a->ready, __ATOMIC_ACQUIRE))
-            respond(out, 200, "OK", "text/plain; charset=utf-8", "ready\n", 6, head, NULL);
-        else
+        agw_buf_t why = AGW_BUF_INIT;
+        if (!__atomic_load_n(&a->ready, __ATOMIC_ACQUIRE))
             respond(out, 503, "Service Unavailable", "text/plain; charset=utf-8", "not ready\n", 10, head, NULL);
+        else if (redis_not_ready(a, &why))
+            respond(out, 503, "Service Unavailable", "text/plain; charset=utf-8", why.base, why.len, head, NULL);
+        else
+            respond(out, 200, "OK", "text/plain; charset=utf-8", "ready\n", 6, head, NULL);
+        agw_buf_free(&why);
     } else if (PATH_IS("/metrics")) {
         agw_buf_t body = AGW_BUF_INIT;
         agw_metrics_process_t proc = {0};
-        proc.ready = __atomic_load_n(&a->ready, __ATOMIC_ACQUIRE);
+        proc.ready = __atomic_load_n(&a->ready, __ATOMIC_ACQUIRE) && !redis_not_ready(a, NULL); /* as /readyz */
         proc.start_time = a->start_time;
         agw_reload_state_metrics(a->gens, &proc);
         agw_generation_t *gen = agw_reload_state_current(a->gens); /* held while its breakers are read */

@@ -47,7 +47,7 @@ void agw_gate_problem_429(agw_buf_t *b, const agw_limit_ask_t *asks, const agw_l
  * wait (retry_s, the Retry-After). */
 void agw_gate_problem_redis_deny(agw_buf_t *b, const char *rule, uint64_t retry_s);
 
-/* Opens the "agg.limiter" module for the spec harness (lua/agg/testing.lua), which runs the same
+/* Opens the "agg.limiter" module for the spec harness (lua/agg/testing_front.lua), which runs the same
  * counting and answers on its virtual clock:
  *   limiter.new([slots]) -> a store (freed with it)
  *   store:check(asks, now_ms, headers[, remote]) -> allowed, fields, body, status

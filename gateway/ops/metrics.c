@@ -4,6 +4,7 @@
 #include "base/mem.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,38 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
 #endif
 }
 
+/* A counter family by route: the sum over the nw workers of each of the nr routes' uint64_t field at
+ * offset (in agw_route_metrics_t); routes that counted nothing are left out. */
+static void render_route_counter(agw_buf_t *b, const agw_metric_labels_t *lb, size_t nr, agw_metrics_t *const *w,
+                                 size_t nw, const char *name, const char *help, size_t offset)
+{
+    agw_prom_family(b, name, "counter", help);
+    for (size_t e = 0; e < nr; e++) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < nw; i++)
+            sum += AGW_M_GET(*(uint64_t *)((char *)&w[i]->routes[e] + offset));
+        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
+        if (sum)
+            agw_prom_sample_u64(b, name, &l, 1, sum);
+    }
+}
+
+/* A counter family of the limits rules with one more label of two values: for each of the nl rules
+ * of lc, {rule=NAME, label=v0} from the rule's uint64_t field at offset off0 and {rule=NAME,
+ * label=v1} from the one at off1 (read with atomics: the workers count while this runs). */
+static void render_rule_pair(agw_buf_t *b, const char *family, const char *help, const agw_limit_counts_t *lc,
+                             size_t nl, const char *label, const char *v0, size_t off0, const char *v1, size_t off1)
+{
+    agw_prom_family(b, family, "counter", help);
+    for (size_t i = 0; i < nl; i++) {
+        const char *c = (const char *)&lc[i];
+        agw_prom_label_t l[2] = {AGW_PROM_LABEL("rule", lc[i].name), AGW_PROM_LABEL(label, v0)};
+        agw_prom_sample_u64(b, family, l, 2, __atomic_load_n((const uint64_t *)(c + off0), __ATOMIC_RELAXED));
+        l[1] = AGW_PROM_LABEL(label, v1);
+        agw_prom_sample_u64(b, family, l, 2, __atomic_load_n((const uint64_t *)(c + off1), __ATOMIC_RELAXED));
+    }
+}
+
 static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_metrics_t *const *w, size_t nw)
 {
     size_t nr = __atomic_load_n(&lb->num_routes, __ATOMIC_ACQUIRE);
@@ -333,53 +366,31 @@ static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
 
     render_lua_gc(b, w, nw);
 
-    agw_prom_family(b, "aggway_rate_limited_total", "counter",
-                    "Requests refused with 429 by a rate limit or quota (limits in gateway.lua), by route.");
-    for (size_t e = 0; e < nr; e++) {
-        uint64_t sum = 0;
-        for (size_t i = 0; i < nw; i++)
-            sum += AGW_M_GET(w[i]->routes[e].limited);
-        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
-        if (sum)
-            agw_prom_sample_u64(b, "aggway_rate_limited_total", &l, 1, sum);
-    }
+    render_route_counter(b, lb, nr, w, nw, "aggway_rate_limited_total",
+                         "Requests refused with 429 by a rate limit or quota (limits in gateway.lua), by route.",
+                         offsetof(agw_route_metrics_t, limited));
     if (nw > 0 && w[0]->limits) {
         const agw_limit_counts_t *lc;
         size_t nl = agw_limit_counters(w[0]->limits, &lc);
-        agw_prom_family(b, "aggway_limit_decisions_total", "counter",
-                        "Requests checked against a rate limit or quota rule, by rule name and outcome (allowed: "
-                        "the rule accepted a request that went through; limited: the rule refused it).");
-        for (size_t i = 0; i < nl; i++) {
-            agw_prom_label_t l[2] = {AGW_PROM_LABEL("rule", lc[i].name), AGW_PROM_LABEL("outcome", "allowed")};
-            agw_prom_sample_u64(b, "aggway_limit_decisions_total", l, 2, __atomic_load_n(&lc[i].allowed, __ATOMIC_RELAXED));
-            l[1] = AGW_PROM_LABEL("outcome", "limited");
-            agw_prom_sample_u64(b, "aggway_limit_decisions_total", l, 2, __atomic_load_n(&lc[i].limited, __ATOMIC_RELAXED));
-        }
-        agw_prom_family(b, "aggway_limit_errors_total", "counter",
-                        "Checks of a rule that could not be made as configured, by rule name and cause (redis: a "
-                        "store = \"redis\" rule whose Redis did not answer in redis.timeout_ms, was down or answered "
-                        "garbage, decided by its on_redis_error instead; key: a key function that failed).");
-        for (size_t i = 0; i < nl; i++) {
-            agw_prom_label_t l[2] = {AGW_PROM_LABEL("rule", lc[i].name), AGW_PROM_LABEL("cause", "redis")};
-            agw_prom_sample_u64(b, "aggway_limit_errors_total", l, 2, __atomic_load_n(&lc[i].redis_errors, __ATOMIC_RELAXED));
-            l[1] = AGW_PROM_LABEL("cause", "key");
-            agw_prom_sample_u64(b, "aggway_limit_errors_total", l, 2, __atomic_load_n(&lc[i].key_errors, __ATOMIC_RELAXED));
-        }
+        render_rule_pair(b, "aggway_limit_decisions_total",
+                         "Requests checked against a rate limit or quota rule, by rule name and outcome (allowed: "
+                         "the rule accepted a request that went through; limited: the rule refused it).",
+                         lc, nl, "outcome", "allowed", offsetof(agw_limit_counts_t, allowed), "limited",
+                         offsetof(agw_limit_counts_t, limited));
+        render_rule_pair(b, "aggway_limit_errors_total",
+                         "Checks of a rule that could not be made as configured, by rule name and cause (redis: a "
+                         "store = \"redis\" rule whose Redis did not answer in redis.timeout_ms, was down or answered "
+                         "garbage, decided by its on_redis_error instead; key: a key function that failed).",
+                         lc, nl, "cause", "redis", offsetof(agw_limit_counts_t, redis_errors), "key",
+                         offsetof(agw_limit_counts_t, key_errors));
         agw_prom_family(b, "aggway_limit_table_full_total", "counter",
                         "Checks let through uncounted because the table of counts was full where the key would go "
                         "(raise limits.local_keys).");
         agw_prom_sample_u64(b, "aggway_limit_table_full_total", NULL, 0, agw_limit_store_full(w[0]->limits));
     }
-    agw_prom_family(b, "aggway_shed_total", "counter",
-                    "Requests shed with 503 because a worker had more than max_in_flight pages in flight, by route.");
-    for (size_t e = 0; e < nr; e++) {
-        uint64_t sum = 0;
-        for (size_t i = 0; i < nw; i++)
-            sum += AGW_M_GET(w[i]->routes[e].shed);
-        agw_prom_label_t l = AGW_PROM_LABEL("route", route_name(lb, nr, e));
-        if (sum)
-            agw_prom_sample_u64(b, "aggway_shed_total", &l, 1, sum);
-    }
+    render_route_counter(b, lb, nr, w, nw, "aggway_shed_total",
+                         "Requests shed with 503 because a worker had more than max_in_flight pages in flight, by route.",
+                         offsetof(agw_route_metrics_t, shed));
 
     agw_prom_family(b, "aggway_request_duration_seconds", "histogram",
                     "Time from the request's arrival to its response, by route.");

@@ -1,6 +1,7 @@
 /* route_param.c: route parameter rules and patterns (see route_param.h). */
 #include "route/route_param.h"
 
+#include "base/hex.h"
 #include "base/mem.h"
 
 #include <stdint.h>
@@ -17,17 +18,6 @@ static int is_path_char(unsigned char c)
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
         return 1;
     return c != '\0' && strchr("-._~!$&'()*+,;=:@", c) != NULL;
-}
-
-static int hexval(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 int agw_route_param_valid(const char *value, size_t len)
@@ -55,7 +45,7 @@ int agw_route_param_valid(const char *value, size_t len)
                 return 0;
             continue;
         }
-        int h = i + 2 < len ? hexval(s[i + 1]) : -1, l = i + 2 < len ? hexval(s[i + 2]) : -1;
+        int h = i + 2 < len ? agw_hex_digit(s[i + 1]) : -1, l = i + 2 < len ? agw_hex_digit(s[i + 2]) : -1;
         if (h < 0 || l < 0)
             return 0; /* a '%' that does not start %XX */
         unsigned char c = (unsigned char)(h * 16 + l);

@@ -5,7 +5,7 @@
  * (config.h keeps it in the listener's settings, so it belongs to the generation). Workers take
  * their own reference to the SSL_CTX of the generation they serve and give it to h2o for new
  * connections; every connection keeps a reference to the SSL_CTX it was accepted with until it
- * closes (worker.c), so an SSL_CTX is freed only when no listener, generation or connection uses
+ * closes (worker/accept.c), so an SSL_CTX is freed only when no listener, generation or connection uses
  * it. SSL_CTX reference counts are atomic in OpenSSL: no lock is taken on the connection path.
  */
 #ifndef AGW_LISTEN_TLS_H

@@ -1,6 +1,6 @@
 /* resp_headers.h: the rules a script's response headers pass before they reach a client. One
  * reader serves the gateway (core.respond, worker/core.c) and the spec harness (the
- * "agg.resp_headers" module, lua/agg/testing.lua), so a spec sees the headers a client gets.
+ * "agg.resp_headers" module, lua/agg/testing_transport.lua), so a spec sees the headers a client gets.
  *
  * A script gives headers as a Lua table, name -> value, names in any case. The reader
  *   - lowercases names (HTTP/2 needs it) and trims spaces and tabs around values (RFC 9110 §5.5);

@@ -62,17 +62,29 @@ int agw_router_add(agw_router_t *r, const char *method, const char *pattern, con
     return 0;
 }
 
+/* The segment that the '/' at *pos of path starts: *seg and *len (up to the next '/' or the end),
+ * *pos moved past the '/' (the caller adds *len once it took the segment). Returns 0 when there is
+ * no '/' at *pos (the path has no more segments). */
+static inline int next_segment(const char *path, size_t path_len, size_t *pos, const char **seg, size_t *len)
+{
+    if (*pos >= path_len || path[*pos] != '/')
+        return 0;
+    (*pos)++;
+    *seg = path + *pos;
+    const char *end = memchr(*seg, '/', path_len - *pos);
+    *len = end ? (size_t)(end - *seg) : path_len - *pos;
+    return 1;
+}
+
 /* Whether path[pos..) matches the segments of rt from index i on, parameters taking any segment:
  * a bad parameter is a 400 only for a path of a route's shape. */
 static int match_rest_shape(const agw_route_t *rt, size_t i, const char *path, size_t pos, size_t path_len)
 {
     for (; i < rt->num_segs; i++) {
-        if (pos >= path_len || path[pos] != '/')
+        const char *seg;
+        size_t len;
+        if (!next_segment(path, path_len, &pos, &seg, &len))
             return 0;
-        pos++;
-        const char *seg = path + pos;
-        const char *end = memchr(seg, '/', path_len - pos);
-        size_t len = end ? (size_t)(end - seg) : path_len - pos;
         if (!rt->segs[i].is_param && (len != rt->segs[i].len || memcmp(seg, rt->segs[i].text, len) != 0))
             return 0;
         pos += len;
@@ -91,12 +103,10 @@ static int match_path(const agw_route_t *rt, const char *path, size_t path_len, 
     if (rt->num_segs == 0)
         return path_len == 1;
     for (size_t i = 0; i < rt->num_segs; i++) {
-        if (pos >= path_len || path[pos] != '/')
+        const char *seg;
+        size_t len;
+        if (!next_segment(path, path_len, &pos, &seg, &len))
             return 0;
-        pos++;
-        const char *seg = path + pos;
-        const char *end = memchr(seg, '/', path_len - pos);
-        size_t len = end ? (size_t)(end - seg) : path_len - pos;
         const agw_route_seg_t *s = &rt->segs[i];
         if (s->is_param) {
             /* "." and ".." never fill a parameter: a script writing "/items/" .. id must not be

@@ -5,8 +5,8 @@
  * compare the two: a field or function added or renamed on one side only fails that test.
  *
  * Field names are indexed by the enums below (agw_contract_answer[AGW_ANSWER_OUTCOME] is
- * "outcome"). The transport (core.c, respond.c) and the request path (worker.c) use these arrays, never a
- * spelling of their own.
+ * "outcome"). The transport (core.c, respond.c) and the request path (request.c) use these arrays,
+ * never a spelling of their own.
  */
 #ifndef AGW_WORKER_CONTRACT_H
 #define AGW_WORKER_CONTRACT_H
@@ -16,7 +16,7 @@
 enum agw_answer_field { AGW_ANSWER_HEADERS, AGW_ANSWER_BODY, AGW_ANSWER_DETAIL, AGW_ANSWER_FIELDS };
 extern const char *const agw_contract_answer[AGW_ANSWER_FIELDS];
 
-/* runtime.start's arrival (written by worker.c into one table per VM, valid during the call) */
+/* runtime.start's arrival (written by request.c into one table per VM, valid during the call) */
 enum agw_arrival_field {
     AGW_ARRIVAL_QUERY, AGW_ARRIVAL_HEADERS, AGW_ARRIVAL_BODY, AGW_ARRIVAL_USER, AGW_ARRIVAL_TOKEN,
     AGW_ARRIVAL_FIELDS

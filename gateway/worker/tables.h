@@ -1,7 +1,7 @@
 /* tables.h: what a worker has in flight, by id (part of agw_worker): requests, upstream calls
  * and runtime timers, and the aborts deferred while Lua runs. The ids are what the runtime holds
  * (rid, call id, timer id: lua/agg/contract.lua); a slot table (base/slots.h) maps each back to its
- * C record. worker.c owns reqs and the aborts, core.c calls and timers.
+ * C record. request.c owns reqs, lua_entry.c the aborts, core.c calls and timers.
  */
 #ifndef AGW_WORKER_TABLES_H
 #define AGW_WORKER_TABLES_H

@@ -103,7 +103,7 @@ void agw_worker_free_dead_gens(agw_worker_t *w)
 
 /* The listeners accept with conf's TLS contexts from now on: the worker takes a reference to each
  * and drops the one it held. A connection already accepted holds the context it was accepted
- * with (worker.c, conn_t), so the old one lives on until the last of those closes. */
+ * with (accept.c, conn_t), so the old one lives on until the last of those closes. */
 static void adopt_listener_tls(agw_worker_t *w, const agw_config_t *conf)
 {
     for (size_t i = 0; i < w->num_listeners && i < conf->num_listen; i++) {

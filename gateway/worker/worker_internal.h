@@ -1,5 +1,5 @@
-/* worker_internal.h: what the files of a worker share (not installed; included by worker.c,
- * vm.c, core.c, respond.c, cache.c and request_log.c only): the worker's private types and the
+/* worker_internal.h: what the files of a worker share (not installed; included by the files of
+ * gateway/worker/ only): the worker's private types and the
  * functions one of these files calls in another. Small helpers on the per-request and per-call
  * path that more than one file calls are static inline here, so that they stay inlinable.
  */
@@ -153,12 +153,12 @@ struct agw_worker {
     uint64_t idle_started;                 /* requests_started at the last tick (gc.h's idle collection) */
     int idle_ticks;                        /* ticks since a request last started, while none is in flight */
     agw_gc_timer_t gc_timer;               /* times the entries into Lua (gc.h) */
-    /* the front: listeners and client connections (worker.c) */
+    /* the front: listeners and client connections (worker.c, accept.c, client_watch.c) */
     h2o_context_t ctx;
     listener_t *listeners;
     size_t num_listeners;
     h2o_linklist_t watch_queue;            /* HTTP/1 requests not yet watched for the client leaving,
-                                              in arrival order (reqref_t.watch_link; see watch_client) */
+                                              in arrival order (reqref_t.watch_link; client_watch.c) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
     agw_guard_t guard;                     /* client connections and their HTTP/2 cancel windows */
     unsigned client_conns;                 /* client connections open on this worker */
@@ -211,13 +211,25 @@ typedef struct section_ref {
     const char *status;
 } section_ref_t;
 
-/* ---- worker.c: Lua entry -------------------------------------------------------------------- */
+/* ---- lua_entry.c: entering the runtime ----------------------------------------------------- */
 
 /* Calls the runtime function of generation g already pushed with nargs arguments after it.
  * Returns 0, or -1 when the runtime raised (a gateway bug, logged; script errors never get here).
  * Once no Lua code runs any more, the aborts deferred meanwhile run and the generations released
  * meanwhile are freed. */
 int agw_worker_call_runtime(wgen_t *g, int nargs);
+
+/* Forgets request rid of generation g on the runtime side (runtime.abort): its calls are
+ * cancelled, now, or once the outermost entry returns when this runs inside Lua (g is held
+ * until then). */
+void agw_worker_abandon_request(wgen_t *g, uint64_t rid);
+
+/* ---- accept.c: client connections ---------------------------------------------------------- */
+
+/* libuv's connection callback of every listener (server->data is its listener_t): accepts one
+ * connection and hands it to h2o, or pauses the listener at this worker's share of
+ * clients.max_connections. */
+void agw_worker_on_accept(uv_stream_t *server, int status);
 
 /* ---- vm.c: generations -------------------------------------------------------------- */
 
@@ -273,9 +285,19 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g);
  * a->data is w). */
 void agw_worker_on_reload(struct ev_loop *loop, ev_async *a, int revents);
 
-/* ---- worker.c: requests (inline: core.respond stops the watch of every request it answers) -- */
+/* ---- client_watch.c: an HTTP/1 client that leaves (inline: core.respond stops the watch of
+ * every request it answers) ------------------------------------------------------------------ */
 
-/* Takes rr off the worker's queue of requests waiting for their client watch (see watch_client). */
+/* HTTP/1: queues rr's request so that its client's socket is watched once the request has run
+ * CLIENT_WATCH_DELAY; a client that closes it meanwhile gets 499 and its request is abandoned.
+ * Nothing for HTTP/2 (h2o disposes of a reset stream's request). Sets rr's watch fields. */
+void agw_worker_watch_client(reqref_t *rr, h2o_req_t *req);
+
+/* w->watch_timer (t->data is w): starts the watches of the queued requests that have run
+ * CLIENT_WATCH_DELAY, then waits for the next one. */
+void agw_worker_on_watch_timer(struct ev_loop *loop, ev_timer *t, int revents);
+
+/* Takes rr off the worker's queue of requests waiting for their client watch. */
 static inline void agw_worker_watch_unqueue(reqref_t *rr)
 {
     h2o_linklist_unlink(&rr->watch_link);

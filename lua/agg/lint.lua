@@ -196,13 +196,7 @@ local function fix_elseif(toks)
   end
 end
 
--- Sorted names of a set (for messages).
-local function names_of(set)
-  local out = {}
-  for k in pairs(set) do out[#out + 1] = k end
-  table.sort(out)
-  return table.concat(out, ", ")
-end
+local names_of = config.names
 
 -- Results by file, text and upstream names: the spec harness loads the same folder for every test,
 -- and a reload mostly the same files (kept bounded: cleared when it holds 256 entries).

@@ -126,7 +126,7 @@ local RUNTIME_PATH = LUA_DIR and (LUA_DIR .. "/?.lua;" .. LUA_DIR .. "/?/init.lu
 local RUNTIME_PREFIX = LUA_DIR and ("@" .. LUA_DIR .. "/")
 
 --- Whether source (a debug.getinfo source, "@path") is a file of the runtime's Lua half (lua/agg),
--- as worker/worker.c's runtime_source tells: where the script time limit never raises its stop.
+-- as worker/watchdog.c's runtime_source tells: where the script time limit never raises its stop.
 function M.runtime_source(source)
   return RUNTIME_PREFIX ~= nil and type(source) == "string" and source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX
 end

@@ -25,7 +25,7 @@ local raw_getfenv, raw_setfenv, raw_rawset, raw_load, raw_loadstring, raw_loadfi
   getfenv, setfenv, rawset, load, loadstring, loadfile
 local raw_xpcall, raw_collectgarbage = xpcall, collectgarbage
 
---- The text of the script time limit's stop, after "file:line: " (worker/worker.c raises it in
+--- The text of the script time limit's stop, after "file:line: " (worker/watchdog.c raises it in
 -- serve, agg.testing in `aggway test`): "stopped: the script ran for more than N ms …".
 M.STOP_TEXT = "stopped: the script ran for more than "
 

@@ -313,8 +313,27 @@ class RedisStore(GatewayTestCase):
                 "admin": {"port": self.admin_port}}
 
     def start_limited(self, rules, port=None, timeout_ms=200, workers=1):
-        return self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=[r["name"] for r in rules])},
-                          workers=workers, gateway_extra=self.extra(rules, port, timeout_ms))
+        """Starts the gateway; with the test's Redis (port None), waits until /readyz says every worker
+        has its Redis connection: a check made before that is decided by on_redis_error, never by
+        Redis (a fake Redis on port never makes a connection ready: the test waits for what it needs)."""
+        gw = self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=[r["name"] for r in rules])},
+                        workers=workers, gateway_extra=self.extra(rules, port, timeout_ms))
+        if port is None:
+            self.wait_ready()
+        return gw
+
+    def readyz(self):
+        r = curl("http://127.0.0.1:%d/readyz" % self.admin_port)
+        return r.status, r.body.decode()
+
+    def readyz_once_serving(self):
+        """/readyz once the workers serve (before that it says "not ready" whatever Redis does)."""
+        got = wait_until(lambda: (lambda r: r if r[1] != "not ready\n" else None)(self.readyz()), 30)
+        self.assertIsNotNone(got, self.gw.log())
+        return got
+
+    def wait_ready(self):
+        self.assertTrue(wait_until(lambda: self.readyz()[0] == 200, 30), (self.readyz(), self.gw.log()))
 
     def second_gateway(self):
         """Another gateway process on the same scripts folder's settings (and the same Redis)."""
@@ -675,6 +694,7 @@ class RedisStore(GatewayTestCase):
         ex["access_log"] = log_path
         self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["shared", "per-ip"])},
                    gateway_extra=ex)
+        self.wait_ready()
         self.assertEqual([self.get("/a").status for _ in range(3)], [200, 200, 429])
 
         def lines():
@@ -701,6 +721,37 @@ class RedisStore(GatewayTestCase):
         self.assertTrue(all(r["limit"]["rule"] == "shared" and r["limit"]["store"] == "redis" for r in mine))
         html = curl("http://127.0.0.1:%d/waterfall" % self.admin_port).body.decode()
         self.assertIn("limit shared: 0 left (redis", html)
+
+    def test_readyz_is_503_until_every_worker_has_its_redis_connection_then_stays_200(self):
+        self.redis.stop()  # not there yet when the gateway starts
+        self.start_limited(redis_rules("allow", burst=1000), port=self.redis.port, workers=2)
+        status, body = self.readyz_once_serving()
+        self.assertEqual(status, 503, body)
+        self.assertIn("Redis connection (127.0.0.1 port %d) is ready in 0 of 2 workers" % self.redis.port, body)
+        self.assertIn('limits rules with store = "redis" and the cache\'s tier 2 wait for it', body)
+        self.assertEqual(self.get("/a").status, 200)  # served meanwhile: on_redis_error = "allow" decides
+        self.restart_redis()
+        self.wait_ready()
+        self.assertEqual(self.readyz(), (200, "ready\n"))
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200 and
+                                   "limits: Redis answers checks again" in self.gw.log(), 30), self.gw.log())
+        # a later outage leaves it ready: every gateway shares the Redis, on_redis_error decides meanwhile
+        self.redis.stop()
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200 and
+                                   self.gw.log().count("limits: Redis did not answer a check") == 2, 30), self.gw.log())
+        self.assertEqual(self.readyz(), (200, "ready\n"))
+
+    def test_readyz_waits_for_redis_when_the_cache_tier_2_uses_it(self):
+        self.redis.stop()
+        self.admin_port = free_port()
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK)},
+                   gateway_extra={"redis": {"url": "redis://127.0.0.1:%d/3" % self.redis.port},
+                                  "admin": {"port": self.admin_port}})
+        status, body = self.readyz_once_serving()
+        self.assertEqual(status, 503, body)
+        self.assertIn("is ready in 0 of 1 workers; the cache's tier 2 wait for it", body)
+        self.restart_redis()
+        self.wait_ready()
 
     def test_client_leaving_while_parked_costs_nothing(self):
         # a Redis that hangs long enough for clients to give up first (HTTP/1.1 and HTTP/2 resets)

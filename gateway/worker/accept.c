@@ -1,0 +1,105 @@
+/* accept.c: client connections: accepting them on the worker's listeners, this worker's share of
+ * clients.max_connections (a listener pauses at the cap and resumes when a connection closes),
+ * the accept failures' warning, and the TLS context a connection holds until it closes.
+ */
+#include "worker/worker_internal.h"
+
+#include "base/mem.h"
+#include "base/log.h"
+
+#include <stdlib.h>
+
+/* An accepted connection: its libuv handle and, on a TLS listener, a reference to the SSL_CTX it
+ * was accepted with, held until the connection closes. h2o 2.2 keeps only a plain pointer to that
+ * SSL_CTX until the client's first bytes arrive (SSL_new, which takes OpenSSL's own reference,
+ * runs then), and a reload may meanwhile give the listener another one and drop this one. */
+typedef struct conn {
+    uv_tcp_t tcp;       /* first: h2o's close callback gets its address */
+    SSL_CTX *ssl_ctx;   /* one reference, or NULL (cleartext) */
+    agw_worker_t *w;
+    agw_guard_conn_t guard; /* its HTTP/2 cancel window (guard.h) */
+} conn_t;
+
+static void accept_one(listener_t *l);
+
+/* This worker's share of clients.max_connections (at least 1). */
+static unsigned conn_share(agw_worker_t *w)
+{
+    const agw_config_t *conf = w->gens.cur->conf;
+    unsigned workers = conf->workers ? conf->workers : 1;
+    unsigned share = (conf->clients.max_connections + workers - 1) / workers;
+    return share ? share : 1;
+}
+
+static void on_conn_close(uv_handle_t *h)
+{
+    conn_t *c = (conn_t *)h;
+    agw_worker_t *w = c->w;
+    SSL_CTX_free(c->ssl_ctx); /* after h2o's SSL_free: the socket is disposed before its handle closes */
+    agw_guard_conn_close(&w->guard, &c->guard);
+    free(c);
+    w->client_conns--;
+    /* a slot came free: a listener paused at the cap takes the connection libuv holds for it */
+    for (size_t i = 0; i < w->num_listeners && w->num_paused && w->client_conns < conn_share(w); i++) {
+        listener_t *l = &w->listeners[i];
+        if (l->paused && !uv_is_closing((uv_handle_t *)&l->handle)) {
+            l->paused = 0;
+            w->num_paused--;
+            accept_one(l);
+        }
+    }
+}
+
+/* Takes the connection libuv has accepted on l's socket and hands it to h2o. */
+static void accept_one(listener_t *l)
+{
+    agw_worker_t *w = l->worker;
+    conn_t *conn = agw_calloc(1, sizeof(*conn));
+    conn->w = w;
+    conn->guard.fd = -1;
+    uv_tcp_init(&w->uvloop, &conn->tcp);
+    w->client_conns++; /* on_conn_close counts it down, whatever happens next */
+    if (uv_accept((uv_stream_t *)&l->handle, (uv_stream_t *)&conn->tcp) != 0) {
+        uv_close((uv_handle_t *)&conn->tcp, on_conn_close);
+        return;
+    }
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&conn->tcp, &fd) == 0)
+        agw_guard_conn_open(&w->guard, &conn->guard, fd, AGW_WORKER_MAX_FIELDS(&w->gens.cur->conf->clients),
+                            AGW_WORKER_MAX_BLOCK_BYTES(&w->gens.cur->conf->clients));
+    uv_tcp_nodelay(&conn->tcp, 1);
+    if ((conn->ssl_ctx = l->accept_ctx.ssl_ctx) != NULL)
+        SSL_CTX_up_ref(conn->ssl_ctx);
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&conn->tcp, on_conn_close);
+    h2o_accept(&l->accept_ctx, sock);
+}
+
+/* A client connection is ready on l. At the worker's share of clients.max_connections the
+ * listener pauses: libuv keeps the connection it accepted and stops polling the listening socket
+ * until on_conn_close takes it (uv_accept restarts the polling), so further clients wait in the
+ * kernel's backlog instead of costing descriptors. When accept itself fails for want of
+ * descriptors (EMFILE, ENFILE), libuv drops the pending connections with a descriptor it keeps
+ * for that (no busy loop); the log says so at most once per 10 s. */
+void agw_worker_on_accept(uv_stream_t *server, int status)
+{
+    listener_t *l = server->data;
+    agw_worker_t *w = l->worker;
+    if (status != 0) {
+        double now = ev_now(w->loop);
+        if (now - w->accept_warned >= 10.0) {
+            w->accept_warned = now;
+            agw_log(AGW_LOG_WARN, "worker %d: cannot accept client connections: %s; they are closed until "
+                    "descriptors come free (raise the open-files limit or lower clients.max_connections)",
+                    w->id, uv_strerror(status));
+        }
+        return;
+    }
+    if (w->client_conns >= conn_share(w)) {
+        if (!l->paused) {
+            l->paused = 1;
+            w->num_paused++;
+        }
+        return;
+    }
+    accept_one(l);
+}

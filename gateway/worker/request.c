@@ -1,0 +1,301 @@
+/* request.c: a request from h2o until its script starts: the batch endpoint, the header limits,
+ * the route match, request framing, the edge (authentication, parked while a JWKS refetch runs),
+ * the limits gate (limits.c), then runtime.start(rid, endpoint, method, path, params, arrival)
+ * in the current generation's VM (lua/agg/contract.lua). The request's memory pool's dispose
+ * callback ends it: a client that left before the response has its calls cancelled.
+ */
+#include "worker/worker_internal.h"
+
+#include "base/mem.h"
+#include "edge/edge.h"
+#include "multi/multi.h"
+#include "worker/contract.h"
+#include "limits/gate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void on_req_dispose(void *p)
+{
+    reqref_t *rr = p;
+    if (h2o_linklist_is_linked(&rr->out_link))
+        h2o_linklist_unlink(&rr->out_link);
+    __atomic_sub_fetch(&rr->w->inflight, 1, __ATOMIC_RELAXED);
+    agw_worker_stop_client_watch(rr);
+    if (rr->rid == 0) {
+        free(rr->logline); /* NULL unless the request ended without being recorded */
+        agw_worker_gen_release(rr->g);
+        return;
+    }
+    /* the client went away before the response: cancel everything the request started */
+    agw_worker_t *w = rr->w;
+    uint64_t rid = rr->rid;
+    if (rr->req->version >= 0x200) { /* a stream reset (or its connection gone): rapid reset? */
+        const agw_clients_conf_t *cc = &rr->g->conf->clients;
+        agw_guard_h2_cancelled(&w->guard, rr->req, (uint64_t)(ev_now(w->loop) * 1000.0), cc->max_cancelled_streams,
+                               cc->cancel_window_ms);
+    }
+    agw_slots_del(&w->tables.reqs, rid);
+    rr->rid = 0;
+    agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
+    agw_worker_abandon_request(rr->g, rid);
+    agw_worker_gen_release(rr->g);
+}
+
+/* Checks request framing that h2o lets through (RFC 9112): a header with an empty name (an
+ * obsolete line folding); for HTTP/1, in the raw request head (h2o keeps neither field in
+ * req->headers), Content-Length with Transfer-Encoding or Content-Length fields that disagree
+ * (guard.h). Returns a reason or NULL. */
+static const char *bad_framing(h2o_req_t *req)
+{
+    for (size_t i = 0; i < req->headers.size; i++)
+        if (req->headers.entries[i].name->len == 0)
+            return "a header line starts with whitespace (obsolete line folding)";
+    const char *head;
+    size_t len;
+    if (agw_guard_http1_head(req, &head, &len) == 0)
+        return agw_guard_http1_framing(head, len);
+    return NULL;
+}
+
+static void record_batch(void *data, h2o_req_t *req, int status, size_t bytes)
+{
+    agw_worker_record_c_response(data, req, 0, status, bytes);
+}
+
+/* The batch endpoint (multi/multi.h): its entries come back here, each as a request of its own. */
+static int on_batch(agw_worker_t *w, h2o_req_t *req)
+{
+    const agw_config_t *conf = w->gens.cur->conf;
+    if (agw_multi_is_entry(req)) {
+        agw_worker_send_problem(w, req, NULL, 0, 400, "nested-batch", "a batch may not contain a batch", NULL);
+        return 0;
+    }
+    agw_multi_conf_t mc = {.max_requests = conf->batch_max_requests, .deadline_ms = conf->batch_deadline_ms,
+                           .loop = w->loop, .record = record_batch, .record_data = w};
+    agw_multi_start(req, &mc);
+    return 0;
+}
+
+/* Answers 431 when the request's decoded headers pass the clients limits (guard.h): before
+ * anything of them is copied for the script. Returns 1 when it answered. */
+static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
+{
+    const agw_clients_conf_t *cc = &g->conf->clients;
+    size_t count, bytes;
+    const char *why = agw_guard_headers_fit(&req->headers, cc->max_headers, cc->max_header_bytes, &count, &bytes);
+    if (why == NULL)
+        return 0;
+    char detail[160];
+    if (count > cc->max_headers)
+        snprintf(detail, sizeof(detail), "%s: %zu, the gateway takes %u (clients.max_headers)", why, count,
+                 cc->max_headers);
+    else
+        snprintf(detail, sizeof(detail), "%s: over %zu bytes of names and values (clients.max_header_bytes)", why,
+                 cc->max_header_bytes);
+    req->http1_is_persistent = 0;
+    agw_worker_send_problem(w, req, NULL, endpoint, 431, "request-header-fields-too-large",
+                            "the request header fields are too large", detail);
+    return 1;
+}
+
+static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait);
+static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
+                         size_t num_params, agw_auth_result_t *user);
+
+/* A request whose token names a kid no key has, waiting for the JWKS refetch that this asked for
+ * (edge.h: AGW_EDGE_WAIT; park.c). The fetch runs on another thread: the park polls its count of
+ * finished fetches. */
+typedef struct auth_wait {
+    agw_park_t park;    /* first */
+    uint64_t fetches_done;
+} auth_wait_t;
+
+#define AUTH_POLL_S 0.005
+
+static int on_auth_poll(agw_park_t *pk)
+{
+    return agw_auth_fetches_done(&pk->g->conf->auth) != ((auth_wait_t *)pk)->fetches_done;
+}
+
+static void on_auth_resume(agw_park_t *pk, int timed_out)
+{
+    (void)timed_out;
+    handle_req(pk->w, pk->req, 0); /* checked again with the keys the fetch brought (or answered now) */
+}
+
+static const agw_park_ops_t auth_wait_ops = {on_auth_poll, on_auth_resume, NULL};
+
+int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    (void)self;
+    return handle_req(H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx), req, 1);
+}
+
+/* A request from h2o (may_wait: it may wait for a JWKS refetch; 0 when it has waited already). */
+static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
+{
+    wgen_t *g = w->gens.cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
+    if (req->version >= 0x200) /* header bombs: the guard counts header blocks before h2o decodes them */
+        agw_guard_h2_watch(&w->guard, req);
+    if (headers_too_large(w, g, req, 0))
+        return 0;
+    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    const char *bpath = g->conf->batch_path;
+    if (bpath && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) &&
+        h2o_memis(req->path.base, path_len, bpath, strlen(bpath)))
+        return on_batch(w, req);
+    int endpoint = 0;
+    agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
+    size_t num_params = 0;
+    char allow[128];
+    agw_route_result_t m = agw_router_match(&g->conf->router, req->method.base, req->method.len, req->path.base,
+                                            path_len, &endpoint, params, &num_params, allow, sizeof(allow));
+    if (m == AGW_ROUTE_NOT_FOUND) {
+        agw_worker_send_problem(w, req, NULL, 0, 404, "route-not-found", "no route matches this path", NULL);
+        return 0;
+    }
+    if (m == AGW_ROUTE_BAD_PARAM) { /* route_param.h: nothing reaches a script or an upstream */
+        agw_worker_send_problem(w, req, NULL, 0, 400, "bad-route-parameter",
+                                "a path segment holds characters a route parameter may not", NULL);
+        return 0;
+    }
+    if (m == AGW_ROUTE_METHOD_NOT_ALLOWED) {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
+        agw_worker_send_problem(w, req, NULL, 0, 405, "method-not-allowed", "this route does not accept this method",
+                                NULL);
+        return 0;
+    }
+    const char *framing = bad_framing(req);
+    if (framing) {
+        req->http1_is_persistent = 0;
+        agw_worker_send_problem(w, req, NULL, endpoint, 400, "bad-request", "the request is malformed", framing);
+        return 0;
+    }
+    /* the edge (DESIGN §9): authentication before any Lua (the authenticator's lock and fetch
+     * request are its only parts a check writes: the generation's config is otherwise read-only) */
+    agw_auth_result_t user;
+    agw_edge_refusal_t refusal;
+    int refused = agw_edge_authenticate((agw_auth_t *)&g->conf->auth, &g->conf->auth_policies[endpoint - 1],
+                                        &w->auth_cache, req, may_wait, &user, &refusal);
+    if (refused == AGW_EDGE_WAIT) {
+        auth_wait_t *aw = agw_park_new(w, g, req, sizeof(*aw), g->conf->auth.fetch_timeout_ms / 1000.0 + 0.5,
+                                       AUTH_POLL_S, &auth_wait_ops);
+        aw->fetches_done = user.fetches_done;
+        return 0;
+    }
+    if (refused != 0) {
+        agw_worker_send_problem(w, req, NULL, endpoint, refusal.status, refusal.kind, refusal.title, NULL);
+        return 0;
+    }
+    int gate = agw_worker_gate(w, g, req, endpoint, params, num_params, &user, start_script);
+    if (gate == AGW_GATE_ANSWERED)
+        json_decref(user.claims); /* agw_edge_push_user drops it for a request that goes on */
+    if (gate == AGW_GATE_PASS)
+        start_script(w, g, req, endpoint, params, num_params, &user);
+    return 0;
+}
+
+/* Hands a request that passed the edge and the limits to the runtime (runtime.start). */
+static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
+                         size_t num_params, agw_auth_result_t *user)
+{
+    size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    reqref_t *rr = h2o_mem_alloc_shared(&req->pool, sizeof(*rr), on_req_dispose);
+    __atomic_add_fetch(&w->inflight, 1, __ATOMIC_RELAXED);
+    if (w->draining)
+        req->http1_is_persistent = 0; /* a keep-alive connection closes after this response */
+    rr->w = w;
+    rr->g = g;
+    agw_worker_gen_hold(g);
+    rr->req = req;
+    rr->rid = agw_slots_put(&w->tables.reqs, rr);
+    rr->endpoint = endpoint;
+    rr->started = ev_now(w->loop);
+    rr->logline = NULL;
+    rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
+    if (w->log.access_fd >= 0) {
+        rr->logline = agw_malloc(req->method.len + req->path.len + 2);
+        memcpy(rr->logline, req->method.base, req->method.len);
+        rr->logline[req->method.len] = '\0';
+        memcpy(rr->logline + req->method.len + 1, req->path.base, req->path.len);
+        rr->logline[req->method.len + 1 + req->path.len] = '\0';
+    }
+    AGW_M_ADD(w->m->requests_started, 1);
+    agw_worker_watch_client(rr, req);
+    rr->trace = NULL;
+    agw_worker_trace_begin(w, rr, req, path_len);
+    if (w->lim.has_note) { /* the limits decision; a wait for Redis counts in the request's time */
+        rr->trace->limit = w->lim.note;
+        rr->started -= w->lim.note.wait_us / 1e6;
+        rr->trace->start_us -= w->lim.note.wait_us;
+        w->lim.has_note = 0;
+    }
+
+    lua_State *L = g->L;
+    /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the
+     * query, the header block, the body and the edge's user and token in arrival, one table per
+     * VM whose every field is set on each request (nil when absent) */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
+    lua_pushnumber(L, (lua_Number)rr->rid);
+    lua_pushinteger(L, endpoint);
+    lua_pushlstring(L, req->method.base, req->method.len);
+    lua_pushlstring(L, req->path.base, path_len);
+    lua_createtable(L, 0, (int)num_params);
+    for (size_t i = 0; i < num_params; i++) {
+        lua_pushlstring(L, params[i].name, params[i].name_len);
+        lua_pushlstring(L, params[i].value, params[i].value_len);
+        lua_rawset(L, -3);
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_keys);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_arrival);
+    int keys = lua_gettop(L) - 1, a = keys + 1;
+    if (req->query_at != SIZE_MAX)
+        lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
+    else
+        lua_pushnil(L);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_QUERY);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
+    agw_buf_t *hb = &w->scratch.hdrs;
+    { /* at most clients.max_headers fields (headers_too_large) */
+        size_t n = req->headers.size;
+        agw_header_t small[128], *f = n <= 128 ? small : agw_malloc(n * sizeof(*f));
+        for (size_t i = 0; i < n; i++) {
+            const h2o_header_t *h = &req->headers.entries[i];
+            f[i] = (agw_header_t){.name = h->name->base, .name_len = h->name->len, .value = h->value.base,
+                                  .value_len = h->value.len};
+        }
+        agw_worker_header_block(hb, f, n);
+        if (f != small)
+            free(f);
+    }
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_HEADERS);
+    lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
+    lua_rawset(L, a);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_BODY);
+    if (req->entity.base != NULL)
+        lua_pushlstring(L, req->entity.base, req->entity.len);
+    else
+        lua_pushnil(L);
+    lua_rawset(L, a);
+    /* the edge's verdict: user (a table, or nil when the endpoint has no auth) and the verified
+     * bearer token (a JWT's, else nil) */
+    agw_edge_push_user(L, user);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_TOKEN);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_USER);
+    lua_insert(L, -2);
+    lua_rawset(L, a);
+    lua_remove(L, keys);
+    uint64_t rid = rr->rid;
+    /* the runtime failed (a bug, never a script error): do not leave the client hanging */
+    if (agw_worker_call_runtime(g, 6) != 0 && agw_slots_get(&w->tables.reqs, rid) == rr) {
+        agw_slots_del(&w->tables.reqs, rid);
+        rr->rid = 0;
+        agw_worker_stop_client_watch(rr);
+        agw_worker_send_problem(w, req, rr, endpoint, 500, "gateway-error", "the gateway failed to handle the request",
+                                "the error was logged by the gateway");
+    }
+}
