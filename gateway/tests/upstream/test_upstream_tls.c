@@ -605,22 +605,12 @@ static void unreadable_or_empty_ca_file_is_an_init_error(void)
     CHECK(strstr(err, "cannot load CA file") != NULL);
 }
 
-static void wake(struct ev_loop *l, ev_timer *w, int revents)
-{
-    (void)l, (void)w, (void)revents;
-}
-
 int main(int argc, char **argv)
 {
-    signal(SIGPIPE, SIG_IGN);
     make_certificates();
     trusted_ctx = server_ctx("srv.pem", "srv.key");
     untrusted_ctx = server_ctx("self.pem", "self.key");
-    loop = ev_default_loop(0);
-    ring_mode_from_args(argc, argv);
-    ev_timer guard; /* wakes the loop so that every bounded wait notices its deadline */
-    ev_timer_init(&guard, wake, 0.01, 0.01);
-    ev_timer_start(loop, &guard);
+    test_loop_open(argc, argv);
 
     RUN(https_call_gives_status_headers_body);
     RUN(keep_alive_over_tls_needs_one_handshake);
@@ -643,10 +633,8 @@ int main(int argc, char **argv)
     RUN(cancel_during_handshake_closes_without_callback);
     RUN(unreadable_or_empty_ca_file_is_an_init_error);
 
-    ev_timer_stop(loop, &guard);
-    ev_loop_destroy(loop);
     SSL_CTX_free(trusted_ctx);
     SSL_CTX_free(untrusted_ctx);
     sh("rm -rf %s", dir);
-    return CHECK_DONE();
+    return test_loop_close();
 }

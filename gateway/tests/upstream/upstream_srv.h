@@ -1,5 +1,5 @@
 /* upstream_srv.h: the scripted upstream and client helpers the upstream client's unit tests share
- * (test_upstream.c over plain TCP, test_upstream_tls.c over TLS). The upstream runs on the same
+ * (test_upstream_*.c over plain TCP, one concept each, and test_upstream_tls.c over TLS). The upstream runs on the same
  * libev loop as the client and picks its behaviour from the request path (see srv_respond), so
  * each test reads as "given an upstream that answers like this, the call ends like that". Every
  * wait is bounded. Test-only: static definitions, included once per test program. */
@@ -33,7 +33,7 @@
 static struct ev_loop *loop;
 static int done_flag __attribute__((unused)); /* for callbacks with no record of their own */
 
-/* Ring mode (`test_upstream ring`): every pool the tests create is given ring_batch, a batch with
+/* Ring mode (`test_upstream_pool ring`, …): every pool the tests create is given ring_batch, a batch with
  * an io_uring (upstream/batch.h), flushed before the loop waits as the worker does; so each test also
  * checks its rule with the iteration's I/O batched. Tests that set a batch of their own replace
  * it (they flush it themselves). */
@@ -66,6 +66,33 @@ static void ring_mode_from_args(int argc, char **argv)
     ev_prepare_init(&ring_prepare, ring_on_prepare);
     ev_prepare_start(loop, &ring_prepare);
     printf("ring mode: upstream I/O batched through io_uring\n");
+}
+
+static void on_loop_guard(struct ev_loop *l, ev_timer *w, int revents)
+{
+    (void)l, (void)w, (void)revents;
+}
+
+static ev_timer loop_guard;
+
+/* Opens the test program's loop: SIGPIPE ignored, loop the default loop, ring mode when argv[1] is
+ * "ring" (ring_mode_from_args), and a guard timer that wakes the loop every 10 ms so that every
+ * bounded wait notices its deadline. */
+static void test_loop_open(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    loop = ev_default_loop(0);
+    ring_mode_from_args(argc, argv);
+    ev_timer_init(&loop_guard, on_loop_guard, 0.01, 0.01);
+    ev_timer_start(loop, &loop_guard);
+}
+
+/* Stops the guard, destroys the loop; returns the program's exit status (CHECK_DONE). */
+static int test_loop_close(void)
+{
+    ev_timer_stop(loop, &loop_guard);
+    ev_loop_destroy(loop);
+    return CHECK_DONE();
 }
 
 static agw_pool_t *test_pool_create(struct ev_loop *l, const agw_upstream_conf_t *conf)

@@ -1,0 +1,290 @@
+/* test_upstream_batch.c: the upstream client with a batch (upstream/batch.h): requests on
+ * kept-alive connections wait for the flush, a connection closed or a call cancelled before the
+ * flush, and the io_uring ring (answers parsed after a callback cancelled their calls, a ring write
+ * that fails). Against the scripted upstream of upstream_srv.h on the same libev loop; every wait
+ * is bounded. */
+#include "tests/upstream/upstream_srv.h"
+
+/* Write coalescing (upstream/batch.h): with a batch, a request on a kept-alive connection waits for
+ * agw_batch_flush; requests on new connections go out when their connect completes. */
+static void batched_requests_wait_for_the_flush(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0}, c = {0};
+    agw_batch_t batch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a); /* a new connection: not batched */
+    CHECK(wait_for(&a.done, 1, 3.0));
+    CHECK(a.outcome == AGW_CALL_OK && srv.requests == 1);
+    agw_call_start(pool, &req, on_done, &b);
+    agw_call_start(pool, &req, on_done, &c); /* the only idle connection is taken: a new one */
+    CHECK(wait_for(&c.done, 1, 3.0));
+    CHECK(c.outcome == AGW_CALL_OK && c.reused == 0);
+    run_for(0.05);
+    CHECK(b.done == 0 && srv.requests == 2); /* b's request is still queued */
+    CHECK(agw_batch_flush(&batch) == 1);
+    CHECK(agw_batch_flush(&batch) == 0);
+    CHECK(wait_for(&b.done, 1, 3.0));
+    CHECK(b.outcome == AGW_CALL_OK && b.reused == 1);
+    CHECK_STR(b.body, "hello");
+    CHECK(srv.requests == 3 && srv.accepted == 2);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+/* The upstream closes a kept-alive connection while a request waits on it for the flush (the loop
+ * polled first): nothing was sent, so the call takes a new connection, whatever its method. */
+static void batched_connection_closed_before_the_flush_takes_another(const char *method)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t first = {0}, second = {0};
+    agw_batch_t batch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/close-after");
+    agw_call_start(pool, &req, on_done, &first);
+    CHECK(wait_for(&first.done, 1, 3.0));
+    CHECK(first.outcome == AGW_CALL_OK && stats(pool).idle == 1); /* EOF not seen yet */
+    agw_call_req_t next = get("/ok");
+    next.method = method;
+    agw_call_start(pool, &next, on_done, &second);
+    CHECK(wait_for(&second.done, 1, 3.0)); /* the loop sees the EOF, then connects anew */
+    CHECK(second.outcome == AGW_CALL_OK && second.reused == 0);
+    CHECK_STR(second.body, "hello");
+    CHECK(srv.accepted == 2 && srv.requests == 2);
+    CHECK(agw_batch_flush(&batch) == 0);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.open == 1 && st.idle == 1 && st.retried == 0 && st.reused == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+static void batched_get_on_closed_connection_takes_another(void)
+{
+    batched_connection_closed_before_the_flush_takes_another("GET");
+}
+
+static void batched_post_on_closed_connection_takes_another(void)
+{
+    batched_connection_closed_before_the_flush_takes_another("POST");
+}
+
+/* Cancelling a call, or destroying its pool, takes its request off the batch. */
+static void cancel_and_destroy_leave_the_batch(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0}, c = {0};
+    agw_batch_t batch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a);
+    agw_call_start(pool, &req, on_done, &b);
+    CHECK(wait_for(&b.done, 1, 3.0) && wait_for(&a.done, 1, 3.0));
+    CHECK(stats(pool).idle == 2);
+    agw_call_t *cb = agw_call_start(pool, &req, on_done, &b);
+    agw_call_start(pool, &req, on_done, &c);
+    CHECK(batch.head != NULL && batch.head != batch.tail);
+    agw_call_cancel(cb);
+    CHECK(batch.head != NULL && batch.head == batch.tail);
+    agw_pool_destroy(pool);
+    CHECK(batch.head == NULL && batch.tail == NULL);
+    CHECK(agw_batch_flush(&batch) == 0);
+    run_for(0.05);
+    CHECK(b.done == 1 && c.done == 0 && srv.requests == 2);
+    srv_stop(&srv);
+}
+
+/* ---- batched system calls (io_uring) ----------------------------------------------------- */
+
+/* Gives b a ring; without io_uring in the kernel says so and returns 0 (the test is skipped: the
+ * gateway then makes one system call per operation, which the other tests cover). */
+static int ring_or_skip(agw_batch_t *b)
+{
+    char why[128];
+    if (agw_batch_ring_init(b, why, sizeof(why)) == 0)
+        return 1;
+    fprintf(stderr, "skip (%s)\n", why);
+    return 0;
+}
+
+/* Runs the loop like wait_for, flushing batch b after every iteration (as the worker's prepare
+ * watcher does before it waits). */
+static int wait_flushing(agw_batch_t *b, const int *counter, int target, double max_s)
+{
+    double end = ev_time() + max_s;
+    while (*counter < target && ev_time() < end) {
+        while (agw_batch_flush(b) > 0) {
+        }
+        if (*counter >= target)
+            break;
+        ev_run(loop, EVRUN_ONCE);
+    }
+    while (agw_batch_flush(b) > 0) {
+    }
+    return *counter >= target;
+}
+
+/* Four answers land in one ring submission; the first one's callback cancels the three other
+ * calls, whose reads are done but not yet parsed: they get no callback, their connections close,
+ * and nothing reads freed memory (the ASan build checks). */
+typedef struct four {
+    agw_call_t *calls[4];
+    rec_t recs[4];
+    int first_seen;
+} four_t;
+
+static four_t *the_four;
+
+static void on_first_of_four_cancels_the_rest(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    four_t *f = the_four;
+    on_done(call, r, data);
+    f->first_seen++;
+    for (int i = 0; i < 4; i++)
+        if (f->calls[i] != call && f->recs[i].done == 0)
+            agw_call_cancel(f->calls[i]);
+}
+
+static void ring_answers_parsed_after_a_callback_cancelled_them_are_dropped(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t b = {0};
+    if (!ring_or_skip(&b))
+        return;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &b);
+    four_t f;
+    memset(&f, 0, sizeof(f));
+    the_four = &f;
+    agw_call_req_t req = get("/ok");
+    for (int i = 0; i < 4; i++) /* four connections, then idle */
+        CHECK((f.calls[i] = agw_call_start(pool, &req, on_done, &f.recs[i])) != NULL);
+    for (int i = 0; i < 4; i++)
+        CHECK(wait_flushing(&b, &f.recs[i].done, 1, 3.0));
+    CHECK(stats(pool).idle == 4 && srv.accepted == 4);
+    memset(&f, 0, sizeof(f));
+    for (int i = 0; i < 4; i++) /* on the four kept-alive connections: queued on the batch */
+        CHECK((f.calls[i] = agw_call_start(pool, &req, on_first_of_four_cancels_the_rest, &f.recs[i])) != NULL);
+    CHECK(agw_batch_flush(&b) == 4); /* one submission writes the four requests */
+    for (int i = 0; i < 50 && srv.requests < 8; i++)
+        ev_run(loop, EVRUN_NOWAIT); /* the upstream (same loop) reads them and answers */
+    CHECK(srv.requests == 8);
+    usleep(20000); /* the four answers are in the sockets */
+    ev_run(loop, EVRUN_NOWAIT); /* the loop sees them: four reads queued, none parsed */
+    CHECK(f.first_seen == 0);
+    CHECK(agw_batch_flush(&b) >= 1);
+    CHECK(f.first_seen == 1);
+    int done = 0;
+    for (int i = 0; i < 4; i++)
+        done += f.recs[i].done;
+    CHECK(done == 1);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.open == 1 && st.idle == 1); /* the cancelled three closed their connections */
+    CHECK(b.rhead == NULL && b.lhead == NULL && b.head == NULL);
+    run_for(0.02);
+    agw_pool_destroy(pool);
+    agw_batch_ring_free(&b);
+    srv_stop(&srv);
+}
+
+/* A request queued on a kept-alive connection the upstream has since reset: the ring's write
+ * fails, and the plain path of the same flush takes over as without a ring (its write fails too,
+ * its read finds the connection gone): the GET is retried once on a new connection before the
+ * loop polls again. */
+static void ring_write_that_fails_goes_on_through_the_plain_path(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t b = {0};
+    rec_t first = {0}, second = {0};
+    if (!ring_or_skip(&b))
+        return;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &b);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &first);
+    CHECK(wait_flushing(&b, &first.done, 1, 3.0));
+    CHECK(first.outcome == AGW_CALL_OK && stats(pool).idle == 1 && srv.conns != NULL);
+    agw_call_start(pool, &req, on_done, &second); /* queued on the batch */
+    CHECK(b.head != NULL);
+    struct linger lg = {.l_onoff = 1, .l_linger = 0}; /* the upstream resets the connection */
+    CHECK(setsockopt(srv.conns->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
+    sconn_close(srv.conns);
+    usleep(20000);
+    CHECK(agw_batch_flush(&b) >= 1);
+    CHECK(stats(pool).retried == 1 && b.head == NULL); /* in this flush, not after a poll */
+    CHECK(wait_flushing(&b, &second.done, 1, 3.0));
+    CHECK(second.outcome == AGW_CALL_OK && second.reused == 0);
+    CHECK_STR(second.body, "hello");
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.retried == 1 && srv.accepted == 2);
+    agw_pool_destroy(pool);
+    agw_batch_ring_free(&b);
+    srv_stop(&srv);
+}
+
+/* A call cancelled while its request waits on the batch (nothing sent) gives its kept-alive
+ * connection back: the next call reuses it, and the upstream saw one connection, no cancelled
+ * request. */
+static void cancel_before_the_flush_gives_the_connection_back(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t first = {0}, third = {0};
+    agw_batch_t batch = {0};
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &first);
+    CHECK(wait_for(&first.done, 1, 3.0));
+    for (int i = 0; i < 100; i++) { /* as a client resetting stream after stream would */
+        agw_call_t *c = agw_call_start(pool, &req, on_done, NULL);
+        CHECK(stats(pool).idle == 0);
+        agw_call_cancel(c);
+        CHECK(stats(pool).idle == 1 && stats(pool).open == 1);
+    }
+    CHECK(agw_batch_flush(&batch) == 0);
+    agw_call_start(pool, &req, on_done, &third);
+    CHECK(agw_batch_flush(&batch) == 1);
+    CHECK(wait_for(&third.done, 1, 3.0));
+    CHECK(third.outcome == AGW_CALL_OK && third.reused == 1);
+    CHECK(srv.accepted == 1 && srv.requests == 2);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.cancelled == 100 && st.reused == 1);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
+int main(int argc, char **argv)
+{
+    test_loop_open(argc, argv);
+
+    RUN(cancel_before_the_flush_gives_the_connection_back);
+    RUN(batched_requests_wait_for_the_flush);
+    RUN(batched_get_on_closed_connection_takes_another);
+    RUN(batched_post_on_closed_connection_takes_another);
+    RUN(cancel_and_destroy_leave_the_batch);
+    RUN(ring_answers_parsed_after_a_callback_cancelled_them_are_dropped);
+    RUN(ring_write_that_fails_goes_on_through_the_plain_path);
+
+    return test_loop_close();
+}
