@@ -661,21 +661,27 @@ static int l_is_ref(lua_State *L)
     return 1;
 }
 
-static int l_encode(lua_State *L)
+/* The answer of encode and encode_rows: the text in b when rc is 0, else nil and err. Frees b. */
+static int push_encoded(lua_State *L, int rc, agw_buf_t *b, const char *err)
 {
-    luaL_checkany(L, 1);
-    agw_buf_t b = AGW_BUF_INIT;
-    char err[256];
-    int rc = agw_json_encode(L, 1, &b, err, sizeof(err));
     if (rc == 0)
-        lua_pushlstring(L, b.base, b.len); /* may raise only on out of memory */
-    agw_buf_free(&b);
+        lua_pushlstring(L, b->base, b->len); /* may raise only on out of memory */
+    agw_buf_free(b);
     if (rc != 0) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
     }
     return 1;
+}
+
+static int l_encode(lua_State *L)
+{
+    luaL_checkany(L, 1);
+    agw_buf_t b = AGW_BUF_INIT;
+    char err[256];
+    int rc = agw_json_encode(L, 1, &b, err, sizeof(err));
+    return push_encoded(L, rc, &b, err);
 }
 
 /* encode_rows(rows, members) -> string | nil, err (agw_json_encode_rows) */
@@ -697,15 +703,7 @@ static int l_encode_rows(lua_State *L)
     agw_buf_t b = AGW_BUF_INIT;
     char err[256];
     int rc = agw_json_encode_rows(L, 1, members, n, &b, err, sizeof(err));
-    if (rc == 0)
-        lua_pushlstring(L, b.base, b.len); /* may raise only on out of memory */
-    agw_buf_free(&b);
-    if (rc != 0) {
-        lua_pushnil(L);
-        lua_pushstring(L, err);
-        return 2;
-    }
-    return 1;
+    return push_encoded(L, rc, &b, err);
 }
 
 /* materialize(ref) -> the ref's JSON as Lua values; any other value is returned unchanged. */
