@@ -1,10 +1,10 @@
 /* fetch.c: a blocking HTTP/1.1 GET (see fetch.h). */
 #include "fetch.h"
 #include "base/mem.h"
+#include "upstream/http1.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <http_parser.h>
 #include <netdb.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -106,52 +106,15 @@ static int dial(const agw_fetch_url_t *u, uint64_t timeout_ms, char *why, size_t
     return fd;
 }
 
-typedef struct parse_state {
-    agw_buf_t *body;
-    size_t max_bytes;
-    int too_big;
-    int done;
-    int in_cache_control;   /* the header being read is Cache-Control */
-    uint64_t max_age_s;
-} parse_state_t;
-
-static int on_header_field(http_parser *p, const char *at, size_t len)
+/* The max-age of a Cache-Control value (the last one it names), 0 when it names none. */
+static uint64_t max_age_of(const char *value, size_t len)
 {
-    parse_state_t *st = p->data;
-    st->in_cache_control = len == 13 && strncasecmp(at, "cache-control", 13) == 0;
-    return 0;
-}
-
-static int on_header_value(http_parser *p, const char *at, size_t len)
-{
-    parse_state_t *st = p->data;
-    if (!st->in_cache_control)
-        return 0;
     char v[256];
-    snprintf(v, sizeof(v), "%.*s", (int)(len < 255 ? len : 255), at);
+    snprintf(v, sizeof(v), "%.*s", (int)(len < 255 ? len : 255), value);
     for (char *c = v; *c; c++)
         *c = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
     char *m = strstr(v, "max-age=");
-    if (m)
-        st->max_age_s = strtoull(m + 8, NULL, 10);
-    return 0;
-}
-
-static int on_body(http_parser *p, const char *at, size_t len)
-{
-    parse_state_t *st = p->data;
-    if (st->body->len + len > st->max_bytes) {
-        st->too_big = 1;
-        return -1;
-    }
-    agw_buf_append(st->body, at, len);
-    return 0;
-}
-
-static int on_message_complete(http_parser *p)
-{
-    ((parse_state_t *)p->data)->done = 1;
-    return 0;
+    return m ? strtoull(m + 8, NULL, 10) : 0;
 }
 
 int agw_fetch_get(const agw_fetch_url_t *u, uint64_t timeout_ms, size_t max_bytes, agw_buf_t *body,
@@ -163,6 +126,7 @@ int agw_fetch_get(const agw_fetch_url_t *u, uint64_t timeout_ms, size_t max_byte
         return -1;
     SSL_CTX *ctx = NULL;
     SSL *ssl = NULL;
+    agw_h1_response_t resp = {0}; /* (freed at out: whatever path got there) */
     int rc = -1;
     if (u->tls) {
         ctx = SSL_CTX_new(TLS_client_method());
@@ -193,46 +157,49 @@ int agw_fetch_get(const agw_fetch_url_t *u, uint64_t timeout_ms, size_t max_byte
         snprintf(why, whylen, "cannot send the request to %s:%d", u->host, u->port);
         goto out;
     }
-    http_parser parser;
-    http_parser_settings settings;
-    http_parser_settings_init(&settings);
-    settings.on_header_field = on_header_field;
-    settings.on_header_value = on_header_value;
-    settings.on_body = on_body;
-    settings.on_message_complete = on_message_complete;
-    parse_state_t st = {.body = body, .max_bytes = max_bytes};
-    http_parser_init(&parser, HTTP_RESPONSE);
-    parser.data = &st;
+    /* the upstream client's HTTP/1.1 response reader (upstream/http1.h): the same framing rules */
+    agw_h1_response_start(&resp, 0, max_bytes);
     char buf[16384];
-    while (!st.done) {
+    while (!resp.done) {
         ssize_t r = ssl ? SSL_read(ssl, buf, sizeof(buf)) : recv(fd, buf, sizeof(buf), 0);
         if (r < 0) {
             snprintf(why, whylen, "reading from %s:%d: %s", u->host, u->port,
                      errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : "failed");
             goto out;
         }
-        size_t got = r > 0 ? (size_t)r : 0;
-        size_t used = http_parser_execute(&parser, &settings, buf, got);
-        if (st.too_big) {
+        if (r > 0)
+            agw_h1_response_feed(&resp, buf, (size_t)r);
+        else
+            agw_h1_response_eof(&resp);
+        agw_call_outcome_t failed = agw_h1_response_failed(&resp);
+        if (failed == AGW_CALL_TOO_LARGE) {
             snprintf(why, whylen, "the answer is larger than %zu bytes", max_bytes);
             goto out;
         }
-        if (parser.http_errno != HPE_OK || used != got) {
-            snprintf(why, whylen, "malformed answer: %s", http_errno_description(parser.http_errno));
+        if (failed != AGW_CALL_OK) {
+            char cause[160];
+            agw_h1_response_describe(&resp, cause, sizeof(cause));
+            snprintf(why, whylen, "malformed answer: %s", cause);
             goto out;
         }
-        if (r == 0 && !st.done) {
+        if (r == 0 && !resp.done) {
             snprintf(why, whylen, "the connection closed before the answer was complete");
             goto out;
         }
     }
-    if (parser.status_code != 200) {
-        snprintf(why, whylen, "status %u", parser.status_code);
+    if (resp.status != 200) {
+        snprintf(why, whylen, "status %u", resp.status);
         goto out;
     }
-    *max_age_s = st.max_age_s;
+    for (size_t i = 0; i < resp.nheaders; i++) {
+        const agw_h1_hdr_t *h = &resp.hdrs[i];
+        if (h->name_len == 13 && strncasecmp(resp.hstore.base + h->name_off, "cache-control", 13) == 0)
+            *max_age_s = max_age_of(resp.hstore.base + h->value_off, h->value_len);
+    }
+    agw_buf_append(body, resp.body.base, resp.body.len);
     rc = 0;
 out:
+    agw_h1_response_free(&resp);
     if (ssl) {
         SSL_shutdown(ssl);
         SSL_free(ssl);

@@ -1,6 +1,7 @@
 /* fetch.h: one blocking HTTP/1.1 GET over http:// or https://, for a thread of its own (the JWKS
  * fetcher, edge/auth.h): never on a worker's loop. Bounded in time (connect, each read and write)
- * and in size; the response is framed by libhttp-parser (Content-Length, chunked, close). https
+ * and in size; the response is read by the upstream client's HTTP/1.1 reader (upstream/http1.h:
+ * Content-Length, chunked, close; the same framing rules and refusals). https
  * verifies the server's certificate against the system's CA store and its name (OpenSSL). */
 #ifndef AGW_EDGE_FETCH_H
 #define AGW_EDGE_FETCH_H

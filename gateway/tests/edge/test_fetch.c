@@ -1,0 +1,173 @@
+/* test_fetch.c: edge/fetch.h, the JWKS fetcher's blocking GET, against a one-answer server on
+ * loopback: the body and Cache-Control's max-age of a 200 (sized and chunked), and a clear
+ * reason, never a body, for another status, a malformed answer, one over the size limit, a
+ * close before the end and no answer at all. */
+#include "tests/check.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "edge/fetch.h"
+
+typedef struct server {
+    int fd;
+    int port;
+    const char *answer; /* sent whole once the request's header section is in; NULL: none */
+    pthread_t thread;
+} server_t;
+
+static void *serve(void *arg)
+{
+    server_t *s = arg;
+    int c = accept(s->fd, NULL, NULL);
+    if (c < 0)
+        return NULL;
+    char req[4096];
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof(req) - 1 && (n = read(c, req + got, sizeof(req) - 1 - got)) > 0) {
+        got += (size_t)n;
+        req[got] = '\0';
+        if (strstr(req, "\r\n\r\n"))
+            break;
+    }
+    if (s->answer) {
+        ssize_t w = write(c, s->answer, strlen(s->answer));
+        (void)w;
+        close(c);
+    } else {
+        sleep(1); /* no answer: the client's read timeout ends it first */
+        close(c);
+    }
+    return NULL;
+}
+
+static void server_start(server_t *s, const char *answer)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    s->fd = socket(AF_INET, SOCK_STREAM, 0);
+    s->answer = answer;
+    if (bind(s->fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(s->fd, 1) != 0 ||
+        getsockname(s->fd, (struct sockaddr *)&a, &len) != 0) {
+        perror("test server");
+        exit(1);
+    }
+    s->port = ntohs(a.sin_port);
+    pthread_create(&s->thread, NULL, serve, s);
+}
+
+static void server_stop(server_t *s)
+{
+    pthread_join(s->thread, NULL);
+    close(s->fd);
+}
+
+/* GETs /jwks from a server that answers `answer`: returns agw_fetch_get's result; body, max_age
+ * and why are the caller's. */
+static int fetch(const char *answer, size_t max_bytes, uint64_t timeout_ms, agw_buf_t *body, uint64_t *max_age,
+                 char *why, size_t whylen)
+{
+    server_t s;
+    server_start(&s, answer);
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/jwks", s.port);
+    agw_fetch_url_t u;
+    char perr[128];
+    CHECK(agw_fetch_url_parse(url, &u, perr, sizeof(perr)) == 0);
+    int rc = agw_fetch_get(&u, timeout_ms, max_bytes, body, max_age, why, whylen);
+    agw_fetch_url_free(&u);
+    server_stop(&s);
+    return rc;
+}
+
+static void a_sized_200_gives_its_body_and_max_age(void)
+{
+    agw_buf_t body = AGW_BUF_INIT;
+    uint64_t max_age = 7;
+    char why[256] = "";
+    int rc = fetch("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: public, Max-Age=120\r\n"
+                   "Content-Length: 11\r\n\r\n{\"keys\":[]}",
+                   1024, 2000, &body, &max_age, why, sizeof(why));
+    CHECK(rc == 0);
+    CHECK(body.len == 11 && memcmp(body.base, "{\"keys\":[]}", 11) == 0);
+    CHECK(max_age == 120);
+    agw_buf_free(&body);
+}
+
+static void a_chunked_200_without_cache_control_gives_max_age_0(void)
+{
+    agw_buf_t body = AGW_BUF_INIT;
+    uint64_t max_age = 7;
+    char why[256] = "";
+    int rc = fetch("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"key\r\n6\r\ns\":[]}\r\n0\r\n\r\n",
+                   1024, 2000, &body, &max_age, why, sizeof(why));
+    CHECK(rc == 0);
+    CHECK(body.len == 11 && memcmp(body.base, "{\"keys\":[]}", 11) == 0);
+    CHECK(max_age == 0);
+    agw_buf_free(&body);
+}
+
+static void a_close_delimited_200_ends_at_the_close(void)
+{
+    agw_buf_t body = AGW_BUF_INIT;
+    uint64_t max_age = 0;
+    char why[256] = "";
+    int rc = fetch("HTTP/1.0 200 OK\r\n\r\n{\"keys\":[]}", 1024, 2000, &body, &max_age, why, sizeof(why));
+    CHECK(rc == 0);
+    CHECK(body.len == 11);
+    agw_buf_free(&body);
+}
+
+/* each: the answer, and the start of the reason agw_fetch_get must give */
+static void other_answers_fail_with_their_reason(void)
+{
+    static const struct {
+        const char *answer, *why;
+    } cases[] = {
+        {"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno", "status 404"},
+        {"SSH-2.0-OpenSSH_9.2\r\n", "malformed answer: "},
+        {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello", "malformed answer: "},
+        {"HTTP/1.1 200 OK\r\nContent-Length: 4096\r\n\r\n", "the answer is larger than 1024 bytes"},
+        {"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n{\"keys\"", "the connection closed before the answer"},
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed answer: "},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        agw_buf_t body = AGW_BUF_INIT;
+        uint64_t max_age = 0;
+        char why[256] = "";
+        int rc = fetch(cases[i].answer, 1024, 2000, &body, &max_age, why, sizeof(why));
+        CHECK(rc == -1);
+        if (strncmp(why, cases[i].why, strlen(cases[i].why)) != 0) {
+            fprintf(stderr, "case %zu: expected \"%s...\", got \"%s\"\n", i, cases[i].why, why);
+            check_failures++;
+        }
+        agw_buf_free(&body);
+    }
+}
+
+static void no_answer_times_out(void)
+{
+    agw_buf_t body = AGW_BUF_INIT;
+    uint64_t max_age = 0;
+    char why[256] = "";
+    int rc = fetch(NULL, 1024, 100, &body, &max_age, why, sizeof(why));
+    CHECK(rc == -1);
+    CHECK(strstr(why, "timed out") != NULL);
+    agw_buf_free(&body);
+}
+
+int main(void)
+{
+    RUN(a_sized_200_gives_its_body_and_max_age);
+    RUN(a_chunked_200_without_cache_control_gives_max_age_0);
+    RUN(a_close_delimited_200_ends_at_the_close);
+    RUN(other_answers_fail_with_their_reason);
+    RUN(no_answer_times_out);
+    return CHECK_DONE();
+}
