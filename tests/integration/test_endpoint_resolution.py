@@ -15,9 +15,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (GatewayTestCase, Mock, endpoint, free_port, route, wait_until, main)  # noqa: E402
+from harness import (SLOW, GatewayTestCase, Mock, endpoint, free_port, route, wait_until, main)  # noqa: E402
 
-SLOW = os.environ.get("AGGWAY_SLOW") == "1"
 WAIT = 30.0 if SLOW else 15.0   # bound on what the gateway does on its own (a resolution, a tick)
 NAME = "product.test"
 
