@@ -9,6 +9,7 @@ for GET requests with small answers:
     c.start_tls()                # ALPN h2, certificate not verified (the tests make their own)
     c.peer_cert_der()            # the certificate the server sent, DER bytes
     status, body = c.get("/shape/1")
+    [(status, body), ...] = c.get_many(["/a", "/b"])   # streams sent in one write
     c.close()
 
 Header blocks are sent as HPACK literals without Huffman coding (RFC 7541 §6.2.2); of the
@@ -131,14 +132,34 @@ class H2Client:
     def get(self, path, authority="localhost"):
         """GET path on a new stream of this connection; returns (status, body bytes). status is
         None when the server sent it other than by static index."""
-        sid = self.next_stream
-        self.next_stream += 2
-        block = (_literal(":method", "GET") + _literal(":scheme", "https") + _literal(":path", path) +
-                 _literal(":authority", authority))
-        self.tls.sendall(self._frame(HEADERS, END_STREAM | END_HEADERS, sid, block))
+        return self.get_many([path], authority)[0]
+
+    def get_many(self, paths, authority="localhost"):
+        """GETs every path on a stream of its own, all HEADERS frames in one write (so the server
+        reads them together, as one batch); returns [(status, body bytes)] in the order of paths.
+        Raises H2Error on a reset stream, a GOAWAY or no answer within the timeout."""
+        return self.read_answers(self.send_gets(paths, authority))
+
+    def send_gets(self, paths, authority="localhost"):
+        """Sends a GET of every path on a stream of its own, all in one write, without reading
+        anything; returns the stream ids for read_answers."""
+        first = self.next_stream
+        sids = [first + 2 * i for i in range(len(paths))]
+        self.next_stream = first + 2 * len(paths)
+        self.tls.sendall(b"".join(
+            self._frame(HEADERS, END_STREAM | END_HEADERS, sid,
+                        _literal(":method", "GET") + _literal(":scheme", "https") + _literal(":path", path) +
+                        _literal(":authority", authority))
+            for sid, path in zip(sids, paths)))
+        return sids
+
+    def read_answers(self, sids):
+        """Reads until every stream of sids has ended; returns [(status, body bytes)] in their
+        order (see get_many)."""
+        out = {sid: [None, b"", False] for sid in sids}   # status, body, ended
         deadline = time.monotonic() + self.timeout
-        status, body = None, b""
-        while True:
+        left = len(sids)
+        while left:
             ftype, flags, stream, payload = self._read_frame(deadline)
             if ftype == SETTINGS and not flags & ACK:
                 self.tls.sendall(self._frame(SETTINGS, ACK, 0, b""))
@@ -146,21 +167,21 @@ class H2Client:
                 self.tls.sendall(self._frame(PING, ACK, 0, payload))
             elif ftype == GOAWAY:
                 raise H2Error("GOAWAY %r" % payload)
-            elif stream != sid:
+            elif stream not in out or out[stream][2]:
                 continue
             elif ftype == RST_STREAM:
-                raise H2Error("stream %d reset: %r" % (sid, payload))
+                raise H2Error("stream %d reset: %r" % (stream, payload))
             elif ftype in (HEADERS, CONTINUATION):
                 block = self._unpad(flags, payload, ftype)
-                if ftype == HEADERS and status is None and block and block[0] & 0x80:
-                    status = STATIC_STATUS.get(block[0] & 0x7F)
-                if flags & END_STREAM:
-                    return status, body
+                if ftype == HEADERS and out[stream][0] is None and block and block[0] & 0x80:
+                    out[stream][0] = STATIC_STATUS.get(block[0] & 0x7F)
             elif ftype == DATA:
-                body += self._unpad(flags, payload, ftype)
+                out[stream][1] += self._unpad(flags, payload, ftype)
                 if payload:  # give the flow-control windows back (the stream's while it lasts)
                     inc = struct.pack(">I", len(payload))
                     self.tls.sendall(self._frame(WINDOW_UPDATE, 0, 0, inc) +
-                                     (b"" if flags & END_STREAM else self._frame(WINDOW_UPDATE, 0, sid, inc)))
-                if flags & END_STREAM:
-                    return status, body
+                                     (b"" if flags & END_STREAM else self._frame(WINDOW_UPDATE, 0, stream, inc)))
+            if stream in out and ftype in (HEADERS, CONTINUATION, DATA) and flags & END_STREAM:
+                out[stream][2] = True
+                left -= 1
+        return [(out[sid][0], out[sid][1]) for sid in sids]
