@@ -48,6 +48,10 @@ class ReusePort(GatewayTestCase):
         self.start_first()
         b = self.second("b")
         self.assertTrue(b.start(), b.log())
+        # b.start() saw an answer on the port, maybe a's: wait for b's own "serving" line (its
+        # listening sockets are open by then) before counting who answers; a b that never
+        # shares the port still leaves {"a"} after it
+        self.assertTrue(harness.wait_until(lambda: "aggway serving" in b.log(), harness.START_TIMEOUT), b.log())
         seen = {self.who() for _ in range(60)}
         self.assertEqual(seen, {"a", "b"})
 
