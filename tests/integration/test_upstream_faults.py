@@ -1,7 +1,7 @@
 """Every aggway-mock fault on an optional section (tools/mock/README.md, "Faults").
 
 Given a page with a required Product and an optional Reviews section whose call may take up to
-1000 ms, a fault on Reviews gives a 200 page with Product ok and Reviews `unavailable` with a
+2500 ms, a fault on Reviews gives a 200 page with Product ok and Reviews `unavailable` with a
 problem that says what went wrong. Faults that the gateway can see in the bytes (reset, short
 body, garbage, not JSON, invalid UTF-8, body too large) fail the call at once, long before the
 timeout; only silence (hang, slow drip) waits for it."""
@@ -10,18 +10,23 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import GatewayTestCase, SLOW, endpoint, route, main  # noqa: E402
+from harness import GatewayTestCase, endpoint, route, main  # noqa: E402
 
-REVIEWS_TIMEOUT_MS = 1000
-# "Fails fast": well before the timeout, with room for a slow (ASan) gateway.
-PROMPT_MS = 500 if SLOW else 300
+REVIEWS_TIMEOUT_MS = 2500
+# "Fails fast": before the timeout. A call that waited for its timeout takes at least
+# REVIEWS_TIMEOUT_MS - 5 ms; anything sooner failed without waiting, however slow the machine.
+PROMPT_MS = REVIEWS_TIMEOUT_MS - 5
+# A call with a 300 ms timeout (hang, drip) ends at it, plus a busy or sanitized machine's delay;
+# without the timeout the page would wait for its deadline (PAGE_DEADLINE_MS), well above this.
+TIMEOUT_SLACK_MS = 2000
+PAGE_DEADLINE_MS = 5000
 
 PAGE = endpoint("GET /page/{id}", """
     local id = req.params.id
     return agg.page(agg.fetch_all {
       product = { "product", "/products/" .. id, required = true },
       reviews = { "reviews", "/reviews/" .. id },
-    })""", deadline_ms=3000)
+    })""", deadline_ms=PAGE_DEADLINE_MS)
 
 REVIEWS = {"sku": "SNK-{id}", "rating": 4.6, "top": [{"user": "a", "stars": 5, "text": "Great"}] * 40}
 
@@ -83,7 +88,7 @@ class Hang(ReviewsFault):
         r, s = self.page()
         self.assertUnavailable(s, ["upstream-timeout"], status=504)
         self.assertGreaterEqual(r.ms, 300, r)
-        self.assertLess(r.ms, 300 + PROMPT_MS, r)
+        self.assertLess(r.ms, 300 + TIMEOUT_SLACK_MS, r)
 
 
 class ResetMidBody(ReviewsFault):
@@ -169,7 +174,7 @@ class SlowDrip(ReviewsFault):
         r, s = self.page()
         self.assertUnavailable(s, ["upstream-timeout"], status=504)
         self.assertGreaterEqual(r.ms, 300, r)
-        self.assertLess(r.ms, 300 + PROMPT_MS, r)
+        self.assertLess(r.ms, 300 + TIMEOUT_SLACK_MS, r)
 
 
 class IdleKeepAliveClose(ReviewsFault):
