@@ -387,7 +387,9 @@ class Failures(ReloadCase):
         self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] >= 1, WAIT))
         self.write("shape.lua", shape_script("v2"))
         self.gw.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        # the drain has begun (its first line) before the SIGHUP: a SIGHUP that came earlier would
+        # rightly be a reload, which is not what this test is about
+        self.assertTrue(wait_until(lambda: "stopping: no new connections" in self.gw.log(), WAIT), self.gw.log())
         self.sighup()
         t.join(30)
         status, body, err = box["r"]
