@@ -400,11 +400,13 @@ class MetricsMove(AdminCase):
         self.assertEqual(m.get("aggway_lua_entry_duration_seconds_bucket", le="+Inf"),
                          m.get("aggway_lua_entry_duration_seconds_count"))
         over_50ms = m.get("aggway_lua_entry_duration_seconds_count") - m.get("aggway_lua_entry_duration_seconds_bucket", le="0.05")
-        # /busy holds the worker 2 to 3 s in one entry: it is the longest, in the top bucket
+        # /busy holds the worker 2 to 3 s in one entry: it is the longest, in the top bucket (at
+        # least one more entry over 50 ms; a busy machine may stretch another entry past 50 ms
+        # too, so not exactly one: the max below says the long one was counted as such)
         self.assertEqual(self.get("/busy").status, 200)
         m = self.metrics()
-        self.assertEqual(m.get("aggway_lua_entry_duration_seconds_count") - m.get("aggway_lua_entry_duration_seconds_bucket", le="0.05"),
-                         over_50ms + 1)
+        self.assertGreaterEqual(m.get("aggway_lua_entry_duration_seconds_count") -
+                                m.get("aggway_lua_entry_duration_seconds_bucket", le="0.05"), over_50ms + 1)
         self.assertGreaterEqual(m.get("aggway_lua_entry_max_seconds"), 1.9)
         self.assertLess(m.get("aggway_lua_entry_max_seconds"), 60)
         self.assertGreaterEqual(m.get("aggway_lua_entry_duration_seconds_sum"), 1.9)
