@@ -9,19 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define AGW_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AGW_SANITIZED 1
-#endif
-#endif
-#ifndef AGW_SANITIZED
-#define AGW_SANITIZED 0
-#endif
+#include "base/heap.h"
 
 #include "script/config.h"
 #include "limits/limit.h"
@@ -291,18 +279,22 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
     agw_prom_family(b, "aggway_lua_entry_max_seconds", "gauge",
                     "The longest entry into Lua of any worker since the start (0 while none took over 100 us).");
     agw_prom_sample(b, "aggway_lua_entry_max_seconds", NULL, 0, (double)emax / 1e6);
-#if defined(__GLIBC__) && !AGW_SANITIZED
-    /* the C heap (glibc's arenas, every thread's): with the Lua heaps and the RSS, where a
-     * process's memory is (docs/performance.md); read at each scrape, never by a worker. Not in a
-     * sanitized build, whose malloc is the sanitizer's (mallinfo2 reads 0) */
-    struct mallinfo2 mi = mallinfo2();
-    agw_prom_family(b, "aggway_c_heap_bytes", "gauge",
-                    "The C heap (malloc) of the whole process: bytes allocated (in_use), and bytes free in its "
-                    "arenas (free: resident until an idle worker's malloc_trim gives their pages back).");
-    agw_prom_label_t in_use = AGW_PROM_LABEL("state", "in_use"), held = AGW_PROM_LABEL("state", "free");
-    agw_prom_sample_u64(b, "aggway_c_heap_bytes", &in_use, 1, (uint64_t)(mi.uordblks + mi.hblkhd));
-    agw_prom_sample_u64(b, "aggway_c_heap_bytes", &held, 1, (uint64_t)mi.fordblks);
-#endif
+    /* the heap (jemalloc's, every thread's: C and the Lua VMs): with the RSS, where a process's
+     * memory is (docs/performance.md); read at each scrape, never by a worker. Not in a sanitized
+     * build, whose malloc is the sanitizer's (base/heap.h) */
+    agw_heap_stats_t hs;
+    if (agw_heap_stats(&hs) == 0) {
+        agw_prom_family(b, "aggway_heap_bytes", "gauge",
+                        "The process's heap (jemalloc: C and the Lua VMs): bytes allocated, the pages holding "
+                        "them (active), the allocator's resident pages (resident: with free pages not given back "
+                        "yet; an idle worker gives them back), and address space kept unmapped (retained).");
+        static const char *const names[] = {"allocated", "active", "resident", "retained"};
+        const size_t vals[] = {hs.allocated, hs.active, hs.resident, hs.retained};
+        for (size_t i = 0; i < 4; i++) {
+            agw_prom_label_t l = AGW_PROM_LABEL("state", names[i]);
+            agw_prom_sample_u64(b, "aggway_heap_bytes", &l, 1, (uint64_t)vals[i]);
+        }
+    }
 }
 
 /* A counter family by route: the sum over the nw workers of each of the nr routes' uint64_t field at

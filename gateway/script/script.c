@@ -1,6 +1,7 @@
 /* script.c: LuaJIT states and generation loading (see script.h). */
 #include "script/script.h"
 
+#include "base/heap.h"
 #include "base/mem.h"
 
 #include <dirent.h>
@@ -188,7 +189,7 @@ static void preload(lua_State *L, const char *name, lua_CFunction f)
 
 lua_State *agw_vm_new(const char *scripts_dir)
 {
-    lua_State *L = luaL_newstate();
+    lua_State *L = agw_heap_new_lua_state();
     if (L == NULL)
         return NULL;
     luaL_openlibs(L);

@@ -2,9 +2,8 @@
 #include "worker/gc.h"
 
 #include <time.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
+
+#include "base/heap.h"
 
 static uint64_t now_us(void)
 {
@@ -47,7 +46,5 @@ void agw_gc_timer_calibrate(agw_gc_timer_t *t)
 
 void agw_gc_trim(void)
 {
-#ifdef __GLIBC__
-    malloc_trim(0);
-#endif
+    agw_heap_give_back();
 }

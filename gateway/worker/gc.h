@@ -12,7 +12,7 @@
  * After a burst the heap stays at its high-water mark until later cycles: when a worker goes
  * idle (no request started for AGW_GC_IDLE_S seconds and none in flight), agw_gc_idle runs two
  * full collections of each VM (what a finalizer reaches is freed by the cycle after the one that
- * runs it), and agw_gc_trim gives the C heap's free memory back to the kernel (malloc_trim), again
+ * runs it), and agw_gc_trim gives the heap's wholly free pages back to the kernel (base/heap.h), again
  * every AGW_GC_TRIM_S s while idle (idle keep-alive upstream connections close later, after their
  * idle_timeout_ms). Counted and timed (aggway_lua_gc_idle_collections_total and
  * aggway_lua_gc_idle_collection_max_seconds); no request waits on it.
@@ -83,7 +83,8 @@ static inline uint64_t agw_gc_entry_us(const agw_gc_timer_t *t)
  * once every VM was collected. */
 void agw_gc_idle(lua_State *L, agw_lua_gc_stats_t *st);
 
-/* Gives the C heap's free memory back to the kernel (glibc malloc_trim; nothing elsewhere). */
+/* Gives the heap's wholly free pages back to the kernel (agw_heap_give_back: jemalloc's purge, or
+ * glibc's malloc_trim in a sanitized build). */
 void agw_gc_trim(void);
 
 #endif

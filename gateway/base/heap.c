@@ -1,0 +1,133 @@
+/* heap.c: jemalloc for C and the Lua VMs, given back when idle, its figures (heap.h). */
+#include "base/heap.h"
+
+#include <lauxlib.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#if AGW_HEAP_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#elif defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+#if AGW_HEAP_JEMALLOC
+
+void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    (void)ud;
+    if (nsize == 0) {
+        if (ptr != NULL)
+            sdallocx(ptr, osize, 0);
+        return NULL;
+    }
+    if (ptr == NULL)
+        return malloc(nsize);
+    return rallocx(ptr, nsize, 0);
+}
+
+void *agw_heap_lua_alloc_checked(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    if (ptr != NULL && osize != 0) {
+        size_t held = sallocx(ptr, 0), told = nallocx(osize, 0);
+        if (held != told) {
+            fprintf(stderr, "aggway: a Lua block of %zu bytes (size class %zu) was named as %zu bytes "
+                    "(size class %zu)\n", held, held, osize, told);
+            abort();
+        }
+    }
+    return agw_heap_lua_alloc(ud, ptr, osize, nsize);
+}
+
+static int lua_panic(lua_State *L)
+{
+    const char *s = lua_tostring(L, -1);
+    fprintf(stderr, "PANIC: unprotected error in call to Lua API (%s)\n", s ? s : "error object is not a string");
+    fflush(stderr);
+    return 0;
+}
+
+static lua_Alloc lua_alloc_fn = agw_heap_lua_alloc;
+
+void agw_heap_check_lua_blocks(void)
+{
+    lua_alloc_fn = agw_heap_lua_alloc_checked;
+}
+
+lua_State *agw_heap_new_lua_state(void)
+{
+    lua_State *L = lua_newstate(lua_alloc_fn, NULL);
+    if (L != NULL)
+        lua_atpanic(L, lua_panic);
+    return L;
+}
+
+void agw_heap_give_back(void)
+{
+    mallctl("arena." STR(MALLCTL_ARENAS_ALL) ".purge", NULL, NULL, NULL, 0);
+}
+
+static size_t stat_bytes(const char *name)
+{
+    size_t v = 0, sz = sizeof(v);
+    return mallctl(name, &v, &sz, NULL, 0) == 0 ? v : 0;
+}
+
+int agw_heap_stats(agw_heap_stats_t *st)
+{
+    uint64_t epoch = 1;
+    size_t sz = sizeof(epoch);
+    if (mallctl("epoch", &epoch, &sz, &epoch, sz) != 0)
+        return -1;
+    st->allocated = stat_bytes("stats.allocated");
+    st->active = stat_bytes("stats.active");
+    st->resident = stat_bytes("stats.resident");
+    st->retained = stat_bytes("stats.retained");
+    return 0;
+}
+
+#else /* a sanitized build: the sanitizer's malloc, LuaJIT's allocator */
+
+lua_State *agw_heap_new_lua_state(void)
+{
+    return luaL_newstate();
+}
+
+void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    (void)ud;
+    (void)osize;
+    if (nsize == 0) {
+        free(ptr);
+        return NULL;
+    }
+    return realloc(ptr, nsize);
+}
+
+void *agw_heap_lua_alloc_checked(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    return agw_heap_lua_alloc(ud, ptr, osize, nsize);
+}
+
+void agw_heap_check_lua_blocks(void)
+{
+}
+
+void agw_heap_give_back(void)
+{
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
+
+int agw_heap_stats(agw_heap_stats_t *st)
+{
+    (void)st;
+    return -1;
+}
+
+#endif

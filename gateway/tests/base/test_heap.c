@@ -1,0 +1,152 @@
+/* test_heap: the Lua VMs on jemalloc keep LuaJIT's side of the sized-free contract, the heap's
+ * figures add up, and freed memory goes back to the kernel when asked (base/heap.h). */
+#include "base/buf.h"
+#include "base/heap.h"
+#include "script/script.h"
+#include "tests/check.h"
+
+#include <lauxlib.h>
+#include <lualib.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef AGW_SOURCE_DIR
+#error "AGW_SOURCE_DIR: the repository, for its scripts folder"
+#endif
+
+/* Lua code that makes LuaJIT allocate, resize and free blocks of every kind it has: tables whose
+ * array and hash parts grow and shrink, strings short and long (the intern table resizing),
+ * string buffers (concat, rep, format, gsub), closures and upvalues, coroutines whose stacks grow
+ * deep and are collected, userdata, JIT-compiled loops (trace buffers), and full collections in
+ * between. Every block is freed or resized through agw_heap_lua_alloc_checked, which aborts on a
+ * size that is not the block's. */
+static const char workload[] =
+    "local keep = {}\n"
+    "for round = 1, 3 do\n"
+    "  local t = {}\n"
+    "  for i = 1, 20000 do t[i] = i end\n"
+    "  for i = 20000, 1, -1 do t[i] = nil end\n"
+    "  local h = {}\n"
+    "  for i = 1, 5000 do h['k' .. i .. ('x'):rep(i % 70)] = { i, tostring(i) } end\n"
+    "  for k in pairs(h) do h[k] = nil end\n"
+    "  local parts = {}\n"
+    "  for i = 1, 2000 do parts[#parts + 1] = string.format('%d:%s;', i, ('y'):rep(i % 300)) end\n"
+    "  local s = table.concat(parts)\n"
+    "  s = s:gsub('y+', function(m) return #m end)\n"
+    "  keep[#keep + 1] = s:sub(1, 100)\n"
+    "  local function deep(n) if n == 0 then return coroutine.yield(1) end return deep(n - 1) + 1 end\n"
+    "  local cos = {}\n"
+    "  for i = 1, 200 do local co = coroutine.create(deep); coroutine.resume(co, i * 5); cos[i] = co end\n"
+    "  for i = 1, 200, 2 do cos[i] = nil end\n"
+    "  local fs = {}\n"
+    "  for i = 1, 3000 do local v = i; fs[i] = function() v = v + 1; return v end end\n"
+    "  for i = 1, 3000 do fs[i]() end\n"
+    "  for i = 1, 1000 do newproxy(true) end\n"
+    "  local x = 0\n"
+    "  for i = 1, 200000 do x = x + (i % 7) end\n"
+    "  keep[#keep + 1] = x\n"
+    "  collectgarbage()\n"
+    "end\n"
+    "return #keep\n";
+
+static void lua_blocks_are_freed_with_their_size(void)
+{
+    lua_State *L = agw_heap_new_lua_state();
+    CHECK(L != NULL);
+    luaL_openlibs(L);
+    CHECK(luaL_loadstring(L, workload) == 0 && lua_pcall(L, 0, 1, 0) == 0);
+    CHECK(lua_tointeger(L, -1) == 6);
+    lua_close(L);
+}
+
+/* The check itself can fail: a block of 4,096 bytes named as 16 aborts (in a child process). */
+static void a_wrong_size_is_caught(void)
+{
+    if (!AGW_HEAP_JEMALLOC)
+        return; /* the sanitized build's realloc and free take no size */
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        void *p = agw_heap_lua_alloc_checked(NULL, NULL, 0, 4096);
+        agw_heap_lua_alloc_checked(NULL, p, 16, 0);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+}
+
+/* The gateway's own VM: the runtime, the repository's scripts folder and agg.json, on the checked
+ * allocator too. */
+static void the_gateways_vm_is_checked_too(void)
+{
+    lua_State *L = agw_vm_new(AGW_SOURCE_DIR "/scripts");
+    CHECK(L != NULL);
+    agw_buf_t errors = {0};
+    CHECK(agw_vm_load_generation(L, AGW_SOURCE_DIR "/scripts", &errors) == 0);
+    if (errors.len)
+        fprintf(stderr, "%.*s", (int)errors.len, errors.base);
+    agw_buf_free(&errors);
+    static const char code[] =
+        "local json = require 'agg.json'\n"
+        "require 'agg.runtime'\n"
+        "local n = 0\n"
+        "for i = 1, 500 do\n"
+        "  local doc = { id = i, name = ('p'):rep(i % 50), tags = { 'a', 'b', i }, nested = { deep = { i } } }\n"
+        "  local s = json.encode(doc)\n"
+        "  n = n + #s\n"
+        "end\n"
+        "collectgarbage()\n"
+        "return n\n";
+    CHECK(luaL_loadstring(L, code) == 0);
+    if (lua_pcall(L, 0, 1, 0) != 0)
+        fprintf(stderr, "%s\n", lua_tostring(L, -1));
+    CHECK(lua_tointeger(L, -1) > 500 * 40);
+    lua_close(L);
+}
+
+/* allocated counts what is in use, within the active pages, within the resident ones; after a
+ * burst of small blocks is freed, agw_heap_give_back returns their pages (resident falls by most
+ * of the burst). A sanitized build has no figures. */
+static void figures_add_up_and_free_pages_go_back(void)
+{
+    agw_heap_stats_t a, b, c;
+    if (!AGW_HEAP_JEMALLOC) {
+        CHECK(agw_heap_stats(&a) == -1);
+        return;
+    }
+    CHECK(agw_heap_stats(&a) == 0);
+    CHECK(a.allocated > 0 && a.allocated <= a.active && a.active <= a.resident);
+    enum { N = 200000, SIZE = 256 }; /* 51 MB in blocks of one small size class */
+    void **blocks = malloc(N * sizeof(*blocks));
+    for (size_t i = 0; i < N; i++) {
+        blocks[i] = malloc(SIZE);
+        memset(blocks[i], (int)i, SIZE);
+    }
+    CHECK(agw_heap_stats(&b) == 0);
+    CHECK(b.allocated >= a.allocated + (size_t)N * SIZE);
+    CHECK(b.resident >= a.resident + (size_t)N * SIZE / 2);
+    for (size_t i = 0; i < N; i++)
+        free(blocks[i]);
+    free(blocks);
+    agw_heap_give_back();
+    CHECK(agw_heap_stats(&c) == 0);
+    CHECK(c.allocated < b.allocated - (size_t)N * SIZE);
+    CHECK(c.resident < b.resident - (size_t)N * SIZE / 2);
+    fprintf(stderr, "resident: %zu KB before, %zu KB with the blocks, %zu KB after they were given back\n",
+            a.resident / 1024, b.resident / 1024, c.resident / 1024);
+}
+
+int main(void)
+{
+    agw_heap_check_lua_blocks();
+    RUN(lua_blocks_are_freed_with_their_size);
+    RUN(a_wrong_size_is_caught);
+    RUN(the_gateways_vm_is_checked_too);
+    RUN(figures_add_up_and_free_pages_go_back);
+    return CHECK_DONE();
+}
