@@ -19,17 +19,17 @@ static void batched_requests_wait_for_the_flush(void)
     agw_pool_set_batch(pool, &batch);
     agw_call_req_t req = get("/ok");
     agw_call_start(pool, &req, on_done, &a); /* a new connection: not batched */
-    CHECK(wait_for(&a.done, 1, 3.0));
+    CHECK(wait_for(&a.done, 1, WAIT_S));
     CHECK(a.outcome == AGW_CALL_OK && srv.requests == 1);
     agw_call_start(pool, &req, on_done, &b);
     agw_call_start(pool, &req, on_done, &c); /* the only idle connection is taken: a new one */
-    CHECK(wait_for(&c.done, 1, 3.0));
+    CHECK(wait_for(&c.done, 1, WAIT_S));
     CHECK(c.outcome == AGW_CALL_OK && c.reused == 0);
     run_for(0.05);
     CHECK(b.done == 0 && srv.requests == 2); /* b's request is still queued */
     CHECK(agw_batch_flush(&batch) == 1);
     CHECK(agw_batch_flush(&batch) == 0);
-    CHECK(wait_for(&b.done, 1, 3.0));
+    CHECK(wait_for(&b.done, 1, WAIT_S));
     CHECK(b.outcome == AGW_CALL_OK && b.reused == 1);
     CHECK_STR(b.body, "hello");
     CHECK(srv.requests == 3 && srv.accepted == 2);
@@ -51,12 +51,12 @@ static void batched_connection_closed_before_the_flush_takes_another(const char 
     agw_pool_set_batch(pool, &batch);
     agw_call_req_t req = get("/close-after");
     agw_call_start(pool, &req, on_done, &first);
-    CHECK(wait_for(&first.done, 1, 3.0));
+    CHECK(wait_for(&first.done, 1, WAIT_S));
     CHECK(first.outcome == AGW_CALL_OK && stats(pool).idle == 1); /* EOF not seen yet */
     agw_call_req_t next = get("/ok");
     next.method = method;
     agw_call_start(pool, &next, on_done, &second);
-    CHECK(wait_for(&second.done, 1, 3.0)); /* the loop sees the EOF, then connects anew */
+    CHECK(wait_for(&second.done, 1, WAIT_S)); /* the loop sees the EOF, then connects anew */
     CHECK(second.outcome == AGW_CALL_OK && second.reused == 0);
     CHECK_STR(second.body, "hello");
     CHECK(srv.accepted == 2 && srv.requests == 2);
@@ -91,7 +91,7 @@ static void cancel_and_destroy_leave_the_batch(void)
     agw_call_req_t req = get("/ok");
     agw_call_start(pool, &req, on_done, &a);
     agw_call_start(pool, &req, on_done, &b);
-    CHECK(wait_for(&b.done, 1, 3.0) && wait_for(&a.done, 1, 3.0));
+    CHECK(wait_for(&b.done, 1, 3.0) && wait_for(&a.done, 1, WAIT_S));
     CHECK(stats(pool).idle == 2);
     agw_call_t *cb = agw_call_start(pool, &req, on_done, &b);
     agw_call_start(pool, &req, on_done, &c);
@@ -280,9 +280,8 @@ static void cancel_before_the_flush_gives_the_connection_back(void)
     agw_pool_t *pool = agw_pool_create(loop, &conf);
     agw_pool_set_batch(pool, &batch);
     agw_call_req_t req = get("/ok");
-    req.timeout_ms = 20000;
     agw_call_start(pool, &req, on_done, &first);
-    CHECK(wait_for(&first.done, 1, 25.0));
+    CHECK(wait_for(&first.done, 1, WAIT_S));
     CHECK_STR(first.detail, ""); /* the call ended OK (else: how it ended) */
     int first_ok = first.done == 1 && first.outcome == AGW_CALL_OK;
     CHECK(first_ok && stats(pool).idle == 1 && stats(pool).open == 1);
@@ -296,7 +295,7 @@ static void cancel_before_the_flush_gives_the_connection_back(void)
         CHECK(agw_batch_flush(&batch) == 0);
         agw_call_start(pool, &req, on_done, &third);
         CHECK(agw_batch_flush(&batch) == 1);
-        CHECK(wait_for(&third.done, 1, 25.0));
+        CHECK(wait_for(&third.done, 1, WAIT_S));
         CHECK_STR(third.detail, "");
         CHECK(third.outcome == AGW_CALL_OK && third.reused == 1);
         CHECK(srv.accepted == 1 && srv.requests == 2);

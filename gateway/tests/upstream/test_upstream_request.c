@@ -63,14 +63,16 @@ static void request_has_method_base_path_host_headers_and_body(void)
                            {"Content-Length", 14, "999", 3}, /* the client's own wins */
                            {"Accept", 6, "application/json", 16}};
     agw_call_req_t req = {.method = "POST", .path = "/items?x=1", .path_len = 10, .headers = hdrs,
-                          .num_headers = 3, .body = "{\"a\":1}", .body_len = 7, .timeout_ms = 2000};
+                          .num_headers = 3, .body = "{\"a\":1}", .body_len = 7,
+                          .timeout_ms = ANSWER_MS};
     call_once(&srv, &conf, req, &rec);
     CHECK(rec.outcome == AGW_CALL_OK);
     CHECK_STR(srv.last_req, "POST /api/items?x=1 HTTP/1.1\r\nHost: product.internal:9001\r\n"
                             "X-Trace: abc\r\nAccept: application/json\r\nContent-Length: 7\r\n"
                             "\r\n{\"a\":1}");
 
-    agw_call_req_t empty_post = {.method = "POST", .path = "/p", .path_len = 2, .timeout_ms = 2000};
+    agw_call_req_t empty_post = {.method = "POST", .path = "/p", .path_len = 2,
+                                 .timeout_ms = ANSWER_MS};
     call_once(&srv, &conf, empty_post, &rec);
     CHECK(strstr(srv.last_req, "\r\nContent-Length: 0\r\n\r\n") != NULL);
     call_once(&srv, &conf, get("/g"), &rec);
@@ -104,12 +106,12 @@ static void crlf_nul_in_path_or_header_rejected_before_sending(void)
     for (int i = 0; i < 6; i++)
         agw_call_start(pool, &reqs[i], on_done, &r[i]);
     for (int i = 0; i < 6; i++) {
-        CHECK(wait_for(&r[i].done, 1, 1.0));
+        CHECK(wait_for(&r[i].done, 1, WAIT_S));
         CHECK(r[i].outcome == AGW_CALL_BAD_REQUEST);
     }
     rec_t n = {0};
     agw_call_start(pool, &nul_path, on_done, &n);
-    CHECK(wait_for(&n.done, 1, 1.0));
+    CHECK(wait_for(&n.done, 1, WAIT_S));
     CHECK(n.outcome == AGW_CALL_BAD_REQUEST);
     CHECK(srv.accepted == 0);
     CHECK(stats(pool).open == 0);
