@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "tests/check.h"
+#include "tests/loop_gap.h"
 #include "redis/redis.h"
 
 static struct ev_loop *loop;
@@ -55,34 +56,6 @@ static void on_rec(void *data, const struct redisReply *reply, const char *err)
     r->len = reply->str ? reply->len : 0;
     if (reply->str)
         memcpy(r->str, reply->str, reply->len < sizeof(r->str) ? reply->len : sizeof(r->str) - 1);
-}
-
-static double tick_last, tick_gap; /* when the tick last ran; the longest gap since gap_reset() */
-
-static void on_tick(struct ev_loop *l, ev_timer *t, int revents)
-{
-    (void)l;
-    (void)t;
-    (void)revents;
-    double now = ev_time();
-    if (now - tick_last > tick_gap)
-        tick_gap = now - tick_last;
-    tick_last = now;
-}
-
-/* Starts measuring the longest time the loop went without running (gap_reset), and reads it, s,
- * the time since the tick last ran included (loop_gap_s): a stalled process runs no callback, so
- * one is late by at most that. */
-static void gap_reset(void)
-{
-    tick_last = ev_time();
-    tick_gap = 0;
-}
-
-static double loop_gap_s(void)
-{
-    double since = ev_time() - tick_last;
-    return since > tick_gap ? since : tick_gap;
 }
 
 static int wait_until(int (*cond)(void *), void *arg, double max_s)
@@ -392,7 +365,7 @@ static void redis_stopped_mid_run_fails_fast_and_client_reconnects(void)
     redis_stop(pid);
     /* the close is seen by the loop: the command in flight or the next one fails, never hangs */
     double t0 = ev_time();
-    gap_reset();
+    loop_gap_reset();
     int sent = cmd(r, &a, "GET", "k", NULL);
     if (sent == 0) {
         CHECK(wait_until(rec_done, &a, WAIT_S));
@@ -429,7 +402,7 @@ static void hanging_redis_times_out_and_a_late_reply_answers_nothing(void)
     CHECK(wait_until(rec_done, &a, WAIT_S) && wait_until(rec_done, &b, WAIT_S));
     kill(pid, SIGSTOP);
     double t0 = ev_time();
-    gap_reset();
+    loop_gap_reset();
     CHECK(cmd(r, &a, "GET", "k1", NULL) == 0);
     CHECK(wait_until(rec_done, &a, WAIT_S));
     CHECK(a.type == -1 && strstr(a.err, "timeout") != NULL);
@@ -563,7 +536,7 @@ static void server_closing_mid_command_is_an_error(void)
     CHECK(wait_until(is_ready, r, WAIT_S));
     rec_t a;
     double t0 = ev_time();
-    gap_reset();
+    loop_gap_reset();
     CHECK(cmd(r, &a, "GET", "k", NULL) == 0);
     CHECK(wait_until(rec_done, &a, WAIT_S));
     /* the close, not the command's timeout, ended it */
@@ -591,9 +564,7 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     loop = ev_default_loop(0);
-    ev_timer tick;
-    ev_timer_init(&tick, on_tick, 0.01, 0.01);
-    ev_timer_start(loop, &tick);
+    loop_gap_start(loop); /* a timer is late by at most the loop's gap (tests/loop_gap.h) */
     RUN(url_parts_are_parsed);
     RUN(set_then_get_in_the_selected_database);
     RUN(redis_stopped_mid_run_fails_fast_and_client_reconnects);
@@ -606,5 +577,6 @@ int main(void)
     RUN(wrong_reply_types_reach_the_caller_as_they_are);
     RUN(server_closing_mid_command_is_an_error);
     RUN(nothing_listening_refuses_commands_at_once);
+    loop_gap_stop(loop);
     return CHECK_DONE();
 }

@@ -73,7 +73,7 @@ static void queue_wait_counts_toward_timeout(void)
     agw_call_req_t hang = get("/hang");
     agw_call_req_t quick = get("/ok");
     quick.timeout_ms = 100;
-    gap_reset();
+    loop_gap_reset();
     agw_call_start(pool, &hang, on_done, &a);
     agw_call_start(pool, &quick, on_done, &b);
     CHECK(wait_for(&b.done, 1, WAIT_S));

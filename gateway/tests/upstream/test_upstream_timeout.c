@@ -46,7 +46,7 @@ static void connect_times_out_when_backlog_is_full(void)
     conf.connect_timeout_ms = 100;
     agw_pool_t *pool = agw_pool_create(loop, &conf);
     agw_call_req_t req = get("/ok");
-    gap_reset();
+    loop_gap_reset();
     agw_call_start(pool, &req, on_done, &rec);
     CHECK(wait_for(&rec.done, 1, WAIT_S));
     CHECK(rec.outcome == AGW_CALL_CONNECT_TIMEOUT);

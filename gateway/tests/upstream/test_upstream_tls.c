@@ -438,7 +438,7 @@ static void expect_tls_failure(srv_t *srv, agw_upstream_conf_t *conf, rec_t *rec
     agw_pool_t *pool = agw_pool_create(loop, conf);
     agw_call_req_t req = get("/ok");
     memset(rec, 0, sizeof(*rec));
-    gap_reset();
+    loop_gap_reset();
     agw_call_start(pool, &req, on_done, rec);
     CHECK(wait_for(&rec->done, 1, WAIT_S));
     CHECK(rec->outcome == AGW_CALL_TLS);
@@ -540,7 +540,7 @@ static void handshake_that_hangs_is_a_connect_timeout(void)
     conf.connect_timeout_ms = 150;
     agw_pool_t *pool = agw_pool_create(loop, &conf);
     agw_call_req_t req = get("/ok");
-    gap_reset();
+    loop_gap_reset();
     agw_call_start(pool, &req, on_done, &rec);
     CHECK(wait_for(&rec.done, 1, WAIT_S));
     CHECK(rec.outcome == AGW_CALL_CONNECT_TIMEOUT);

@@ -8,6 +8,7 @@
 
 #include "base/buf.h"
 #include "tests/check.h"
+#include "tests/loop_gap.h"
 #include "upstream/batch.h"
 
 #include <arpa/inet.h>
@@ -77,50 +78,27 @@ static void ring_mode_from_args(int argc, char **argv)
     printf("ring mode: upstream I/O batched through io_uring\n");
 }
 
-static ev_timer loop_guard;
-static double guard_last, guard_gap; /* the guard's last run; the longest gap since gap_reset() */
-
-static void on_loop_guard(struct ev_loop *l, ev_timer *w, int revents)
-{
-    (void)l, (void)w, (void)revents;
-    double now = ev_time();
-    if (now - guard_last > guard_gap)
-        guard_gap = now - guard_last;
-    guard_last = now;
-}
-
-/* Starts measuring the longest time the loop went without running (gap_reset), and reads it,
- * ms, the time since the guard last ran included (loop_gap_ms). A timer is late by at most that:
- * a stalled process, a handler working on, runs no timer. */
-static void gap_reset(void)
-{
-    guard_last = ev_time();
-    guard_gap = 0;
-}
-
+/* A timer is late by at most the loop's gap (tests/loop_gap.h), ms. */
 static double loop_gap_ms(void)
 {
-    double since = ev_time() - guard_last;
-    return 1000 * (since > guard_gap ? since : guard_gap);
+    return 1000 * loop_gap_s();
 }
 
 /* Opens the test program's loop: SIGPIPE ignored, loop the default loop, ring mode when argv[1] is
- * "ring" (ring_mode_from_args), and a guard timer that wakes the loop every 10 ms so that every
- * bounded wait notices its deadline. */
+ * "ring" (ring_mode_from_args), and the loop's gap measured (tests/loop_gap.h: its timer also
+ * wakes the loop every 10 ms, so that every bounded wait notices its deadline). */
 static void test_loop_open(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     loop = ev_default_loop(0);
     ring_mode_from_args(argc, argv);
-    ev_timer_init(&loop_guard, on_loop_guard, 0.01, 0.01);
-    ev_timer_start(loop, &loop_guard);
-    gap_reset();
+    loop_gap_start(loop);
 }
 
-/* Stops the guard, destroys the loop; returns the program's exit status (CHECK_DONE). */
+/* Stops the gap's timer, destroys the loop; returns the program's exit status (CHECK_DONE). */
 static int test_loop_close(void)
 {
-    ev_timer_stop(loop, &loop_guard);
+    loop_gap_stop(loop);
     ev_loop_destroy(loop);
     return CHECK_DONE();
 }
@@ -669,7 +647,7 @@ static void on_then(agw_call_t *call, const agw_call_result_t *r, void *data)
  * longest stall of the loop since the call's start. */
 static void call_once(srv_t *srv, agw_upstream_conf_t *conf, agw_call_req_t req, rec_t *rec)
 {
-    gap_reset();
+    loop_gap_reset();
     agw_pool_t *pool = agw_pool_create(loop, conf);
     memset(rec, 0, sizeof(*rec));
     CHECK(agw_call_start(pool, &req, on_done, rec) != NULL);
