@@ -91,43 +91,34 @@ static int fetch(const char *answer, size_t max_bytes, uint64_t timeout_ms, agw_
     return rc;
 }
 
-static void a_sized_200_gives_its_body_and_max_age(void)
+/* The answer is fetched whole: the body {"keys":[]} and want_max_age (0: no freshness given). */
+static void fetches_the_keys(const char *answer, uint64_t want_max_age)
 {
     agw_buf_t body = AGW_BUF_INIT;
     uint64_t max_age = 7;
     char why[256] = "";
-    int rc = fetch("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: public, Max-Age=120\r\n"
-                   "Content-Length: 11\r\n\r\n{\"keys\":[]}",
-                   1024, ANSWER_MS, &body, &max_age, why, sizeof(why));
+    int rc = fetch(answer, 1024, ANSWER_MS, &body, &max_age, why, sizeof(why));
     CHECK(rc == 0);
     CHECK(body.len == 11 && memcmp(body.base, "{\"keys\":[]}", 11) == 0);
-    CHECK(max_age == 120);
+    CHECK(max_age == want_max_age);
     agw_buf_free(&body);
+}
+
+static void a_sized_200_gives_its_body_and_max_age(void)
+{
+    fetches_the_keys("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: public, Max-Age=120\r\n"
+                     "Content-Length: 11\r\n\r\n{\"keys\":[]}",
+                     120);
 }
 
 static void a_chunked_200_without_cache_control_gives_max_age_0(void)
 {
-    agw_buf_t body = AGW_BUF_INIT;
-    uint64_t max_age = 7;
-    char why[256] = "";
-    int rc = fetch("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"key\r\n6\r\ns\":[]}\r\n0\r\n\r\n",
-                   1024, ANSWER_MS, &body, &max_age, why, sizeof(why));
-    CHECK(rc == 0);
-    CHECK(body.len == 11 && memcmp(body.base, "{\"keys\":[]}", 11) == 0);
-    CHECK(max_age == 0);
-    agw_buf_free(&body);
+    fetches_the_keys("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"key\r\n6\r\ns\":[]}\r\n0\r\n\r\n", 0);
 }
 
 static void a_close_delimited_200_ends_at_the_close(void)
 {
-    agw_buf_t body = AGW_BUF_INIT;
-    uint64_t max_age = 0;
-    char why[256] = "";
-    int rc = fetch("HTTP/1.0 200 OK\r\n\r\n{\"keys\":[]}", 1024, ANSWER_MS, &body, &max_age, why,
-                   sizeof(why));
-    CHECK(rc == 0);
-    CHECK(body.len == 11);
-    agw_buf_free(&body);
+    fetches_the_keys("HTTP/1.0 200 OK\r\n\r\n{\"keys\":[]}", 0);
 }
 
 /* each: the answer, and the start of the reason agw_fetch_get must give */
