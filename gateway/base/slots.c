@@ -16,7 +16,7 @@ uint64_t agw_slots_put(agw_slots_t *s, void *ptr)
         agw_slot_t *v = agw_realloc(s->v, cap * sizeof(*v));
         for (uint32_t i = s->cap; i < cap; i++) {
             v[i].ptr = NULL;
-            v[i].gen = 1;
+            v[i].gen = s->gen_floor + 1;
             v[i].next_free = i + 1 < cap ? i + 2 : 0;
         }
         s->free_head = s->cap + 1;
@@ -56,6 +56,22 @@ void agw_slots_del(agw_slots_t *s, uint64_t id)
     sl->next_free = s->free_head;
     s->free_head = idx + 1;
     s->used--;
+}
+
+void agw_slots_compact(agw_slots_t *s)
+{
+    if (s->used != 0 || s->v == NULL)
+        return;
+    uint32_t top = s->gen_floor;
+    for (uint32_t i = 0; i < s->cap; i++)
+        if (s->v[i].gen > top)
+            top = s->v[i].gen;
+    /* generations stay below 2^29 (agw_slots_del); past it they start again from 1, as a slot's
+     * own generation does */
+    s->gen_floor = top + 1 < (1u << 29) - 1 ? top : 0;
+    free(s->v);
+    s->v = NULL;
+    s->cap = s->free_head = 0;
 }
 
 void agw_slots_free(agw_slots_t *s)

@@ -51,7 +51,7 @@ const char *const agw_contract_endpoint_state[AGW_EPSTATE_FIELDS] = {
     [AGW_EPSTATE_PROBE_FAILURES] = "probe_failures",
 };
 
-const char *const agw_contract_runtime[] = {"init", "start", "on_call", "on_timer", "abort", "report_stats", "on_redis", NULL};
+const char *const agw_contract_runtime[] = {"init", "start", "on_call", "on_timer", "abort", "report_stats", "on_redis", "compact", NULL};
 
 void agw_contract_push_keys(lua_State *L)
 {

@@ -12,7 +12,9 @@
  * After a burst the heap stays at its high-water mark until later cycles: when a worker goes
  * idle (no request started for AGW_GC_IDLE_S seconds and none in flight), agw_gc_idle runs two
  * full collections of each VM (what a finalizer reaches is freed by the cycle after the one that
- * runs it), and agw_gc_trim gives the heap's wholly free pages back to the kernel (base/heap.h), again
+ * runs it) with agg.runtime.compact between them (the runtime's tables of requests and calls in
+ * flight, which Lua never shrinks, made again at their present size), the worker's id tables
+ * are freed when empty (base/slots.h agw_slots_compact), and agw_gc_trim gives the heap's wholly free pages back to the kernel (base/heap.h), again
  * every AGW_GC_TRIM_S s while idle (idle keep-alive upstream connections close later, after their
  * idle_timeout_ms). Counted and timed (aggway_lua_gc_idle_collections_total and
  * aggway_lua_gc_idle_collection_max_seconds); no request waits on it.
@@ -78,10 +80,12 @@ static inline uint64_t agw_gc_entry_us(const agw_gc_timer_t *t)
 #define AGW_GC_IDLE_S 2  /* seconds without a new request before the idle collection */
 #define AGW_GC_TRIM_S 10 /* then the C heap is trimmed again every this many seconds */
 
-/* Two full collections of L (the worker went idle), timed and counted into st. Call between
- * entries into L, on its worker's thread. The caller gives freed C memory back with agw_gc_trim
- * once every VM was collected. */
-void agw_gc_idle(lua_State *L, agw_lua_gc_stats_t *st);
+/* Two full collections of L (the worker went idle), timed and counted into st, with between(arg)
+ * run between them when not NULL (the worker's: agg.runtime.compact, which makes the runtime's
+ * empty per-request tables again once the first collection cleared what weak tables held; the
+ * second frees the old ones). Call between entries into L, on its worker's thread. The caller
+ * gives freed C memory back with agw_gc_trim once every VM was collected. */
+void agw_gc_idle(lua_State *L, agw_lua_gc_stats_t *st, void (*between)(void *arg), void *arg);
 
 /* Gives the heap's wholly free pages back to the kernel (agw_heap_give_back: jemalloc's purge, or
  * glibc's malloc_trim in a sanitized build). */

@@ -146,6 +146,14 @@ static void purge_tier1(void *arg, const char *prefix, size_t len)
         agw_lru_purge_prefix(w->cache.lru, prefix, len);
 }
 
+/* agw_gc_idle's hook: agg.runtime.compact in g's VM (an entry like any other: timed, limited). */
+static void compact_vm(void *arg)
+{
+    wgen_t *g = arg;
+    lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_compact);
+    agw_worker_call_runtime(g, 0);
+}
+
 /* Once a second: when no request started for AGW_GC_IDLE_S ticks and none is in flight, full
  * collections of every VM and the C heap's free memory back to the kernel, once per idle spell,
  * then the C heap's trim again every AGW_GC_TRIM_S s while it stays idle (gc.h); and the VMs'
@@ -158,12 +166,17 @@ static void worker_idle_tick(agw_worker_t *w)
         w->idle_started = started;
         w->idle_ticks = 0;
     } else if (++w->idle_ticks == AGW_GC_IDLE_S) {
-        for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next) {
+        for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live;) {
             wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
-            agw_gc_idle(g->L, &w->m->lua_gc);
+            agw_worker_gen_hold(g); /* the compaction is an entry into Lua: as in on_stats_timer */
+            agw_gc_idle(g->L, &w->m->lua_gc, g->ref_compact != LUA_NOREF ? compact_vm : NULL, g);
+            l = l->next;
+            agw_worker_gen_release(g);
         }
         agw_worker_log_release_spares(w); /* the records of the requests and calls of the burst */
         agw_worker_calls_release_spares(w);
+        agw_slots_compact(&w->tables.reqs); /* the id tables the burst grew, when empty */
+        agw_slots_compact(&w->tables.calls);
         agw_gc_trim();
     } else if (w->idle_ticks % AGW_GC_TRIM_S == 0) {
         agw_gc_trim(); /* what idle upstream connections closing since then freed */

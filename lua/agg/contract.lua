@@ -93,6 +93,7 @@ M.runtime = {
   on_timer     = { args = { "id" } },
   abort        = { args = { "rid" } },
   report_stats = { args = { "current" } },  -- current: true for the worker's current generation (once a second)
+  compact      = { args = {} },             -- the worker went idle (between its full collections)
   on_redis     = { args = { "id", "value", "err" } },  -- core.redis_get's answer: value nil on a miss
 }
 

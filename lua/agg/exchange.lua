@@ -15,7 +15,7 @@ local health = require "agg.health"
 
 local M = {}
 
-local new_result, fail, result_mt, result_info = result.new, result.fail, result.mt, result.info
+local new_result, fail, result_mt = result.new, result.fail, result.mt
 local log_call_failure = result.log_call_failure
 
 local core                                             -- transport and clock
@@ -110,6 +110,12 @@ end
 
 --- Counters of upstream name in this worker (for specs and metrics).
 function M.upstream_stats(name) return upstream_state(name).stats end
+
+--- agg.runtime.compact's part: the in-flight calls, timers and single-flight flights tables made
+-- again (fresh(t): t, or a new table like it with its entries, sized for them).
+function M.compact(fresh)
+  calls, timers, flights = fresh(calls), fresh(timers), fresh(flights)
+end
 
 --- Hands each upstream's counters to core.upstream_counters(index, counters), when the transport
 -- has it (the C worker calls this once a second and publishes them as metrics; nothing is counted
@@ -213,7 +219,7 @@ local function make_result(x, outcome, http_status, headers, body, data, ms, det
     -- the common case, built in one constructor (no table growth)
     local r = setmetatable({ ok = true, status = "ok", ms = ms, body = body, http_status = http_status,
                              headers = headers }, result_mt)
-    result_info[r] = spec
+    result.info[r] = spec -- (result.info is made again by result.compact: read it here)
     spec.ref = data
     if body == nil then spec.body_ref = data end -- the transport sent the text only in the ref
     return r

@@ -28,6 +28,12 @@ local ctx_of, finishers, waiting, resume
 --- Binds the upstream table (agg.runtime.init).
 function M.bind(ups) upstreams = ups end
 
+--- agg.runtime.compact's part: the continuation and fetch_then tables made again
+-- (fresh(t): t, or a new table like it with its entries, sized for them).
+function M.compact(fresh)
+  group_of_co, then_info, then_resolved = fresh(group_of_co), fresh(then_info), fresh(then_resolved)
+end
+
 --- Binds agg.runtime's coroutine bookkeeping: ctx_of (coroutine -> request context), finishers
 -- (coroutine -> function(ok, value)), waiting (coroutines suspended in agg.fetch_all) and
 -- resume(co, ...).

@@ -11,7 +11,7 @@ local json = require "agg.json"
 local problem = require "agg.problem"
 local rt = require "agg.runtime"
 local cache = require "agg.cache"
-local result_info = require("agg.result").info
+local result = require "agg.result"
 local new_tab = require "table.new"
 
 local M = {}
@@ -107,7 +107,7 @@ function M.page(results, opts)
         rows[nrows + 1], rows[nrows + 2], rows[nrows + 3], rows[nrows + 4] = k, r.status, data, r.error
         nrows = nrows + 4
         if r.status ~= "ok" then complete = false end
-        if not personal and cache.personal(result_info[r]) then personal = true end
+        if not personal and cache.personal(result.info[r]) then personal = true end
         if max_age ~= false then
           local left = cache.fresh_left_ms(r)
           if left and (not max_age or left < max_age) then max_age = left elseif not left then max_age = false end

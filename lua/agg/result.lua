@@ -12,6 +12,14 @@ local result_info = setmetatable({}, { __mode = "k" }) -- result -> { section, r
 --- Binds the transport (agg.runtime.init).
 function M.bind(transport) core = transport end
 
+--- agg.runtime.compact's part: the results' facts table made again (fresh(t): t, or a
+-- new table like it with its entries, sized for them).
+-- M.info is the same table: modules that use it read M.info each time, never keep it.
+function M.compact(fresh)
+  result_info = fresh(result_info)
+  M.info = result_info
+end
+
 -- A result's `data` is materialized from the parsed upstream JSON on first read; a section the
 -- script never reads is encoded straight from the parsed JSON.
 -- Upstream response headers arrive as "name\0value\0…" and become a table on first read;

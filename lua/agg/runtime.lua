@@ -421,6 +421,35 @@ function M.abort(rid)
   abandon_exchanges(ctx)
 end
 
+-- t made again: a new table with t's metatable (a weak table stays weak) and t's entries, when t
+-- holds at most 64 (an idle worker's tables hold none, or the few a script or a cache keeps
+-- alive); t itself when it holds more (something is in flight: nothing is gained).
+local function fresh(t)
+  local n = 0
+  for _ in pairs(t) do
+    n = n + 1
+    if n > 64 then return t end
+  end
+  local c = setmetatable({}, getmetatable(t))
+  for k, v in pairs(t) do c[k] = v end
+  return c
+end
+
+--- The worker's idle hook (gateway/worker/gc.h: once per idle spell, between its two full
+-- collections). Every table of the runtime that holds one entry per request or call in flight
+-- is made again, sized for what it holds now. Lua does not shrink a table it does not insert
+-- into: after a burst of N requests at once, their tables kept hash parts of about N (and 3N for
+-- calls) slots, 24 bytes each, for as long as the worker stayed idle (measured: 2.2 MB after
+-- 5,000 pages in flight, tools/bench/memory). A table that holds more than 64 entries is kept.
+function M.compact()
+  contexts, ctx_of, finishers, waiting, req_lazy =
+    fresh(contexts), fresh(ctx_of), fresh(finishers), fresh(waiting), fresh(req_lazy)
+  fanout.bind_requests(ctx_of, finishers, waiting, resume)
+  fanout.compact(fresh)
+  exchange.compact(fresh)
+  result.compact(fresh)
+end
+
 --- Number of requests in progress and calls in flight (for tests and metrics).
 function M.stats()
   local r, c = 0, 0

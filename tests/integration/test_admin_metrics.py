@@ -363,7 +363,8 @@ class MetricsMove(AdminCase):
         for fam, typ in [("aggway_lua_gc_idle_collections_total", "counter"),
                          ("aggway_lua_gc_idle_collection_max_seconds", "gauge"), ("aggway_lua_heap_bytes", "gauge")]:
             self.assertEqual(m0.types.get(fam), typ, fam)
-        self.assertEqual(self.get("/mp/42").status, 200)
+        before = self.get("/mp/42")
+        self.assertEqual(before.status, 200)
         idle0 = self.metrics().value("aggway_lua_gc_idle_collections_total")
         # no request for 2 s: the worker collects its VMs in full (and trims the C heap) once, and the
         # heap gauge (once a second) shows the VM's heap; a busy machine may delay the ticks, not skip them
@@ -387,6 +388,11 @@ class MetricsMove(AdminCase):
         n = m.get("aggway_lua_gc_idle_collections_total")
         time.sleep(3.5)  # still idle: no second collection in the same idle spell
         self.assertEqual(self.metrics().get("aggway_lua_gc_idle_collections_total"), n)
+        # the idle collection made the runtime's per-request tables again (agg.runtime.compact):
+        # the same page, the same answer
+        after = self.get("/mp/42")
+        self.assertEqual(after.status, 200, after.body)
+        self.assertEqual(json.loads(after.body), json.loads(before.body))
 
     def test_entries_into_lua_are_timed(self):
         # every entry of the worker into Lua (a handler, an upstream answer's continuation) is timed:
