@@ -1,6 +1,8 @@
 /* Unit tests for the timing of the worker's entries into Lua (worker/gc.h, agw_gc_timer_t): the
  * counter's rate measured against CLOCK_MONOTONIC gives an entry's length in µs, and
- * agw_metrics_lua_entry puts it in its bucket. No loop or VM runs: the entries are busy waits. */
+ * agw_metrics_lua_entry puts it in its bucket. No loop or VM runs: the entries are busy waits.
+ * And the collector's pause following the heap (agw_gc_pace), on a VM of its own. */
+#include <lauxlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -66,9 +68,59 @@ static void entries_land_in_their_buckets(void)
     CHECK(fast.entry_us_max == 0 && fast.entries[0] == 1);
 }
 
+/* The pause a VM has now (LUA_GCSETPAUSE answers the previous one; it is set back). */
+static int pause_of(lua_State *L)
+{
+    int p = lua_gc(L, LUA_GCSETPAUSE, 100);
+    lua_gc(L, LUA_GCSETPAUSE, p);
+    return p;
+}
+
+/* 200 while the heap is small, 120 once it passed AGW_GC_BIG_KB, 200 again under AGW_GC_SMALL_KB
+ * (not in between: no flapping around one size). */
+static void the_pause_follows_the_heap(void)
+{
+    lua_State *L = luaL_newstate();
+    unsigned char big = 0;
+    lua_gc(L, LUA_GCSETPAUSE, AGW_GC_PAUSE);
+    lua_gc(L, LUA_GCSTOP, 0); /* the heap's size is the test's to set */
+    agw_gc_pace(L, &big);
+    CHECK(big == 0 && pause_of(L) == AGW_GC_PAUSE);
+    /* a table of strings past AGW_GC_BIG_KB: 1 KB each */
+    lua_createtable(L, AGW_GC_BIG_KB + 1024, 0);
+    char chunk[1024];
+    for (int i = 0; i < AGW_GC_BIG_KB + 1024; i++) {
+        snprintf(chunk, sizeof(chunk), "%d", i);
+        memset(chunk + strlen(chunk), 'x', sizeof(chunk) - 1 - strlen(chunk));
+        lua_pushlstring(L, chunk, sizeof(chunk) - 1);
+        lua_rawseti(L, -2, i + 1);
+    }
+    CHECK(lua_gc(L, LUA_GCCOUNT, 0) > AGW_GC_BIG_KB);
+    agw_gc_pace(L, &big);
+    CHECK(big == 1 && pause_of(L) == AGW_GC_PAUSE_BIG);
+    /* half of it freed: between the two sizes, the pause stays */
+    for (int i = 0; i < AGW_GC_BIG_KB / 2; i++) {
+        lua_pushnil(L);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_gc(L, LUA_GCCOLLECT, 0);
+    lua_gc(L, LUA_GCSTOP, 0);
+    int kb = lua_gc(L, LUA_GCCOUNT, 0);
+    CHECK(kb > AGW_GC_SMALL_KB && kb < AGW_GC_BIG_KB);
+    agw_gc_pace(L, &big);
+    CHECK(big == 1 && pause_of(L) == AGW_GC_PAUSE_BIG);
+    lua_pop(L, 1); /* all of it */
+    lua_gc(L, LUA_GCCOLLECT, 0);
+    CHECK(lua_gc(L, LUA_GCCOUNT, 0) < AGW_GC_SMALL_KB);
+    agw_gc_pace(L, &big);
+    CHECK(big == 0 && pause_of(L) == AGW_GC_PAUSE);
+    lua_close(L);
+}
+
 int main(void)
 {
     RUN(entries_are_timed_in_us);
     RUN(entries_land_in_their_buckets);
+    RUN(the_pause_follows_the_heap);
     return CHECK_DONE();
 }
