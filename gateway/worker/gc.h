@@ -77,31 +77,37 @@ static inline uint64_t agw_gc_entry_us(const agw_gc_timer_t *t)
     return d > 0 ? (uint64_t)((double)d / t->cycles_per_us) : 0;
 }
 
-/* The collector's pause follows the heap. A cycle starts when the heap reaches pause % of what the
- * last one left live: 200 (agg.runtime's setting) while the VM's heap is small, as it is with a
- * few hundred pages in flight, and 120 once it passed AGW_GC_BIG_KB (thousands of pages in flight:
- * a burst), until it is back under AGW_GC_SMALL_KB. At 5,000 pages in flight the Lua heap's peak
- * is then 7.7 KB per page instead of 15.0, and RSS per page 24.3 KB instead of 30.8
- * (tools/bench/memory); 120 at all times would cost about 21,500 more instructions per page at
- * the bench's 8 connections (129,675 and 131,418 against 108,125 and 107,944,
- * tools/bench/callgrind), the collector's cycles marking the live heap five times as often. */
-#define AGW_GC_PAUSE 200
+/* The collector's pause follows the pages in flight. A cycle starts when the heap reaches pause %
+ * of what the last one left live: agg.runtime's 200 normally, and AGW_GC_PAUSE_BIG (120) while the
+ * worker has more than AGW_GC_BURST requests in flight (a burst), until it is back under
+ * AGW_GC_CALM. At 5,000 pages in flight the Lua heap's peak is then 5.7–7.7 KB per page instead of
+ * 15.0, and RSS per page 24 KB instead of 31 (tools/bench/memory). 120 costs the collector five
+ * times the marking per byte allocated, whatever the heap's size: at all times it would cost about
+ * 21,500 more instructions per page (129,675 and 131,418 against 108,125 and 107,944 at the
+ * bench's 8 connections, tools/bench/callgrind), so it is kept for bursts, where memory is what
+ * runs out. The pages in flight, not the heap's size, decide: a VM whose scripts keep a lot of
+ * data of their own keeps the pause it was given. */
 #define AGW_GC_PAUSE_BIG 120
-#define AGW_GC_BIG_KB (32 * 1024)
-#define AGW_GC_SMALL_KB (16 * 1024)
+#define AGW_GC_BURST 2000
+#define AGW_GC_CALM 1000
 
-/* Sets L's pause by its heap size as above; *big (zero at first) holds which one it has. Cheap
- * (a read of the heap's size): the worker calls it once per loop iteration for each VM. Takes
- * effect from the next cycle on. */
-static inline void agw_gc_pace(lua_State *L, unsigned char *big)
+/* A VM's pause as agw_gc_pace set it (zero-initialized: the VM's own pause). */
+typedef struct agw_gc_pace {
+    unsigned char burst; /* AGW_GC_PAUSE_BIG is set */
+    int pause;           /* the pause it replaced, given back when the burst ends */
+} agw_gc_pace_t;
+
+/* Sets L's pause by the worker's requests in flight as above (p: L's state, in_flight: the
+ * worker's, every generation's). Cheap (a comparison; a lua_gc call when it switches): the worker
+ * calls it once per loop iteration for each VM. Takes effect from the collector's next cycle. */
+static inline void agw_gc_pace(lua_State *L, agw_gc_pace_t *p, size_t in_flight)
 {
-    int kb = lua_gc(L, LUA_GCCOUNT, 0);
-    if (!*big && kb > AGW_GC_BIG_KB) {
-        lua_gc(L, LUA_GCSETPAUSE, AGW_GC_PAUSE_BIG);
-        *big = 1;
-    } else if (*big && kb < AGW_GC_SMALL_KB) {
-        lua_gc(L, LUA_GCSETPAUSE, AGW_GC_PAUSE);
-        *big = 0;
+    if (!p->burst && in_flight > AGW_GC_BURST) {
+        p->pause = lua_gc(L, LUA_GCSETPAUSE, AGW_GC_PAUSE_BIG);
+        p->burst = 1;
+    } else if (p->burst && in_flight < AGW_GC_CALM) {
+        lua_gc(L, LUA_GCSETPAUSE, p->pause);
+        p->burst = 0;
     }
 }
 

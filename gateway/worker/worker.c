@@ -56,7 +56,7 @@ static void on_uv_timer(struct ev_loop *loop, ev_timer *t, int revents)
  * deadline. The flush comes after every run of libuv, whose requests may start calls; an answer
  * it reads runs its page's script, which may start more calls or respond, so it repeats until
  * nothing is queued. upstream/batch.h requires a flush before every poll when there is a ring: this
- * watcher is it. Last, each VM's collector pause is set by its heap's size (gc.h agw_gc_pace). */
+ * watcher is it. Last, each VM's collector pause is set by the requests in flight (gc.h agw_gc_pace). */
 static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
 {
     (void)revents;
@@ -75,7 +75,7 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
     }
     for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next) {
         wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
-        agw_gc_pace(g->L, &g->gc_big); /* the collector's pause by the heap's size (gc.h) */
+        agw_gc_pace(g->L, &g->gc_pace, w->tables.reqs.used); /* the collector's pause in a burst (gc.h) */
     }
     ev_timer_stop(loop, &w->uv_timer);
     if (timeout >= 0) {

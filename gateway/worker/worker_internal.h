@@ -62,7 +62,7 @@ typedef struct agw_worker_gen {
     int ref_start, ref_on_call, ref_abort, ref_on_timer; /* runtime functions in the registry */
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
     int ref_compact;            /* runtime.compact (the idle hook, gc.h), or LUA_NOREF */
-    unsigned char gc_big;       /* the collector's pause is AGW_GC_PAUSE_BIG (gc.h agw_gc_pace) */
+    agw_gc_pace_t gc_pace;      /* the collector's pause in a burst (gc.h agw_gc_pace) */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
     int ref_limit_key;          /* agg.limits.key_into (rules with a key function), or LUA_NOREF */
     int ref_limit_out;          /* the table key_into fills, reused */

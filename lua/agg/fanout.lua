@@ -35,7 +35,7 @@ function M.compact(fresh)
 end
 
 --- Binds agg.runtime's coroutine bookkeeping: ctx_of (coroutine -> request context), finishers
--- (coroutine -> function(ok, value)), waiting (coroutines suspended in agg.fetch_all) and
+-- (coroutine -> function(ok, value, co)), waiting (coroutines suspended in agg.fetch_all) and
 -- resume(co, ...).
 function M.bind_requests(co_ctx, co_finishers, co_waiting, co_resume)
   ctx_of, finishers, waiting, resume = co_ctx, co_finishers, co_waiting, co_resume
@@ -351,10 +351,14 @@ function M.run_then(g, key, info, args)
   local co = coroutine.create(info.fn)
   ctx_of[co] = ctx
   group_of_co[co] = g
-  finishers[co] = function(ok, v)
+  -- the finisher gets its coroutine from the runtime (fin(ok, v, co)) and must not name co
+  -- itself: finishers is weak-keyed, its values are strong, and a value that reaches its key keeps
+  -- the entry, the coroutine and its request alive for good when the coroutine is never resumed
+  -- (a continuation waiting in a fetch_all of its own when the page fails fast)
+  finishers[co] = function(ok, v, fco)
     if ctx.done then return end
     if not ok then
-      log_error(ctx, "continuation of " .. tostring(key), v, co)
+      log_error(ctx, "continuation of " .. tostring(key), v, fco)
       settle(g, key, fail(ctx, new_result(key, info.opts), problem.script_error(tostring(key)), info.opts))
       return
     end

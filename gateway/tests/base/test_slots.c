@@ -77,10 +77,37 @@ static void compact_floor_is_above_every_generation(void)
     agw_slots_free(&s);
 }
 
+/* Generations stay below 2^29 (ids exact in a Lua number): a floor that would reach it starts
+ * again from 1, as one slot's own generation does; ids made afterwards are valid and distinct. */
+static void compact_floor_wraps_below_2_29(void)
+{
+    agw_slots_t s = {0};
+    uint64_t id = agw_slots_put(&s, &objs[0]);
+    agw_slots_del(&s, id);
+    s.v[0].gen = (1u << 29) - 1; /* as after 2^29 - 2 reuses */
+    agw_slots_compact(&s);
+    CHECK(s.gen_floor == 0);
+    uint64_t a = agw_slots_put(&s, &objs[1]), b = agw_slots_put(&s, &objs[2]);
+    CHECK(a != b && a < ((uint64_t)1 << 53) && b < ((uint64_t)1 << 53));
+    CHECK(agw_slots_get(&s, a) == &objs[1] && agw_slots_get(&s, b) == &objs[2]);
+    agw_slots_free(&s);
+    /* just below: the floor is kept, the next generation is the last one below 2^29 */
+    id = agw_slots_put(&s, &objs[0]);
+    agw_slots_del(&s, id);
+    s.v[0].gen = (1u << 29) - 3;
+    agw_slots_compact(&s);
+    CHECK(s.gen_floor == (1u << 29) - 3);
+    a = agw_slots_put(&s, &objs[1]);
+    CHECK(a >> 24 == (1u << 29) - 2);
+    CHECK(agw_slots_get(&s, a) == &objs[1]);
+    agw_slots_free(&s);
+}
+
 int main(void)
 {
     RUN(ids_reach_their_object_until_freed);
     RUN(compact_frees_the_array_and_keeps_ids_unique);
     RUN(compact_floor_is_above_every_generation);
+    RUN(compact_floor_wraps_below_2_29);
     return CHECK_DONE();
 }

@@ -1,7 +1,7 @@
 /* Unit tests for the timing of the worker's entries into Lua (worker/gc.h, agw_gc_timer_t): the
  * counter's rate measured against CLOCK_MONOTONIC gives an entry's length in µs, and
  * agw_metrics_lua_entry puts it in its bucket. No loop or VM runs: the entries are busy waits.
- * And the collector's pause following the heap (agw_gc_pace), on a VM of its own. */
+ * And the collector's pause in a burst (agw_gc_pace), on a VM of its own. */
 #include <lauxlib.h>
 #include <string.h>
 #include <time.h>
@@ -76,44 +76,37 @@ static int pause_of(lua_State *L)
     return p;
 }
 
-/* 200 while the heap is small, 120 once it passed AGW_GC_BIG_KB, 200 again under AGW_GC_SMALL_KB
- * (not in between: no flapping around one size). */
-static void the_pause_follows_the_heap(void)
+/* AGW_GC_PAUSE_BIG past AGW_GC_BURST requests in flight, the VM's own pause again under
+ * AGW_GC_CALM (not in between: no flapping around one count); a VM's own pause, whatever it is,
+ * is what comes back. */
+static void the_pause_follows_a_burst(void)
 {
     lua_State *L = luaL_newstate();
-    unsigned char big = 0;
-    lua_gc(L, LUA_GCSETPAUSE, AGW_GC_PAUSE);
-    lua_gc(L, LUA_GCSTOP, 0); /* the heap's size is the test's to set */
-    agw_gc_pace(L, &big);
-    CHECK(big == 0 && pause_of(L) == AGW_GC_PAUSE);
-    /* a table of strings past AGW_GC_BIG_KB: 1 KB each */
-    lua_createtable(L, AGW_GC_BIG_KB + 1024, 0);
-    char chunk[1024];
-    for (int i = 0; i < AGW_GC_BIG_KB + 1024; i++) {
-        snprintf(chunk, sizeof(chunk), "%d", i);
-        memset(chunk + strlen(chunk), 'x', sizeof(chunk) - 1 - strlen(chunk));
-        lua_pushlstring(L, chunk, sizeof(chunk) - 1);
-        lua_rawseti(L, -2, i + 1);
-    }
-    CHECK(lua_gc(L, LUA_GCCOUNT, 0) > AGW_GC_BIG_KB);
-    agw_gc_pace(L, &big);
-    CHECK(big == 1 && pause_of(L) == AGW_GC_PAUSE_BIG);
-    /* half of it freed: between the two sizes, the pause stays */
-    for (int i = 0; i < AGW_GC_BIG_KB / 2; i++) {
-        lua_pushnil(L);
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_gc(L, LUA_GCCOLLECT, 0);
-    lua_gc(L, LUA_GCSTOP, 0);
-    int kb = lua_gc(L, LUA_GCCOUNT, 0);
-    CHECK(kb > AGW_GC_SMALL_KB && kb < AGW_GC_BIG_KB);
-    agw_gc_pace(L, &big);
-    CHECK(big == 1 && pause_of(L) == AGW_GC_PAUSE_BIG);
-    lua_pop(L, 1); /* all of it */
-    lua_gc(L, LUA_GCCOLLECT, 0);
-    CHECK(lua_gc(L, LUA_GCCOUNT, 0) < AGW_GC_SMALL_KB);
-    agw_gc_pace(L, &big);
-    CHECK(big == 0 && pause_of(L) == AGW_GC_PAUSE);
+    agw_gc_pace_t pace;
+    memset(&pace, 0, sizeof(pace));
+    lua_gc(L, LUA_GCSETPAUSE, 170); /* the VM's own (agg.runtime sets 200) */
+    agw_gc_pace(L, &pace, 0);
+    CHECK(!pace.burst && pause_of(L) == 170);
+    agw_gc_pace(L, &pace, AGW_GC_BURST);
+    CHECK(!pace.burst && pause_of(L) == 170);
+    agw_gc_pace(L, &pace, AGW_GC_BURST + 1);
+    CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
+    agw_gc_pace(L, &pace, AGW_GC_BURST + 5000);
+    CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
+    agw_gc_pace(L, &pace, (AGW_GC_BURST + AGW_GC_CALM) / 2); /* between: it stays */
+    CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
+    agw_gc_pace(L, &pace, AGW_GC_CALM);
+    CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
+    agw_gc_pace(L, &pace, AGW_GC_CALM - 1);
+    CHECK(!pace.burst && pause_of(L) == 170);
+    /* a second burst, and the collector still collects under the burst's pause */
+    agw_gc_pace(L, &pace, AGW_GC_BURST * 2);
+    CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
+    for (int i = 0; i < 100000; i++)
+        lua_newtable(L), lua_pop(L, 1);
+    CHECK(lua_gc(L, LUA_GCCOUNT, 0) < 4096);
+    agw_gc_pace(L, &pace, 0);
+    CHECK(!pace.burst && pause_of(L) == 170);
     lua_close(L);
 }
 
@@ -121,6 +114,6 @@ int main(void)
 {
     RUN(entries_are_timed_in_us);
     RUN(entries_land_in_their_buckets);
-    RUN(the_pause_follows_the_heap);
+    RUN(the_pause_follows_a_burst);
     return CHECK_DONE();
 }
