@@ -14,9 +14,9 @@
  * full collections of each VM (what a finalizer reaches is freed by the cycle after the one that
  * runs it) with agg.runtime.compact between them (the runtime's tables of requests and calls in
  * flight, which Lua never shrinks, made again at their present size), the worker's id tables
- * are freed when empty (base/slots.h agw_slots_compact), and agw_gc_trim gives the heap's wholly free pages back to the kernel (base/heap.h), again
- * every AGW_GC_TRIM_S s while idle (idle keep-alive upstream connections close later, after their
- * idle_timeout_ms). Counted and timed (aggway_lua_gc_idle_collections_total and
+ * are freed when empty (base/slots.h agw_slots_compact), and agw_gc_trim gives the heap's wholly
+ * free pages back to the kernel (base/heap.h), again every AGW_GC_TRIM_S s while idle (idle
+ * keep-alive upstream connections close later, after their idle_timeout_ms). Counted and timed (aggway_lua_gc_idle_collections_total and
  * aggway_lua_gc_idle_collection_max_seconds); no request waits on it.
  */
 #ifndef AGW_WORKER_GC_H
@@ -116,8 +116,8 @@ static inline void agw_gc_pace(lua_State *L, agw_gc_pace_t *p, size_t in_flight)
 
 /* Two full collections of L (the worker went idle), timed and counted into st, with between(arg)
  * run between them when not NULL (the worker's: agg.runtime.compact, which makes the runtime's
- * empty per-request tables again once the first collection cleared what weak tables held; the
- * second frees the old ones). Call between entries into L, on its worker's thread. The caller
+ * per-request tables again at their present size once the first collection cleared what weak
+ * tables held; the second frees the old ones). Call between entries into L, on its worker's thread. The caller
  * gives freed C memory back with agw_gc_trim once every VM was collected. */
 void agw_gc_idle(lua_State *L, agw_lua_gc_stats_t *st, void (*between)(void *arg), void *arg);
 
