@@ -170,6 +170,39 @@ describe("cache entries", function()
     assert.is_nil(cache.lifetimes(shared, "max-age=0"))
   end)
 
+  it("are keyed by a version of the policy that stays the same for the same fields", function()
+    -- the version is part of the keys other instances read in Redis: the digest of the fields
+    -- joined by "|" (tostring of each, the vary names by ","), however often it is asked for
+    local function digest(p)
+      local s = table.concat({ tostring(p.ttl_s), tostring(p.swr_s), tostring(p.stale_if_error_s),
+                               tostring(p.negative_ttl_s), tostring(p.scope),
+                               p.vary and table.concat(p.vary, ",") or "" }, "|")
+      return bit.tohex(cache.fnv(s), 6)
+    end
+    local a = cache.check_block({ ttl_s = 60, swr_s = 30 }, true)
+    assert.equal("32a224", cache.version(a))
+    assert.equal(digest(a), cache.version(a))
+    assert.equal(cache.version(a), cache.version(cache.check_block({ swr_s = 30, ttl_s = 60.0 }, true)))
+    local policies = { a, cache.check_block({ ttl_s = 60 }, true), cache.check_block({ ttl_s = 60, swr_s = 0 }, true),
+                       cache.check_block({ ttl_s = 60, scope = "user" }, true),
+                       cache.check_block({ ttl_s = 60, vary = { "Accept-Language", "accept" } }, true),
+                       cache.check_block({ ttl_s = 60, vary = { "accept" } }, true),
+                       cache.check_block({ ttl_s = 0.5, negative_ttl_s = 0, stale_if_error_s = 600 }, true) }
+    local seen = {}
+    for _, p in ipairs(policies) do
+      local v = cache.version(p)
+      assert.equal(digest(p), v)
+      assert.is_nil(seen[v]) -- each policy its own version
+      seen[v] = true
+    end
+    -- more policies than the versions kept (a ttl computed per call): each still right
+    for i = 1, 2600 do
+      local p = cache.check_block({ ttl_s = i }, true)
+      assert.equal(digest(p), cache.version(p))
+    end
+    assert.equal(digest(a), cache.version(a))
+  end)
+
   it("read a header out of a header block, repeated names joined", function()
     local b = "content-type\0application/json\0x-authorization\0no\0cache-control\0max-age=5\0cache-control\0public\0"
     assert.equal("max-age=5, public", cache.block_get(b, "cache-control"))
