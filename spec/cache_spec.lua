@@ -31,6 +31,31 @@ describe("the cache", function()
     assert.equal(10, #gw:calls("stock")) -- the volatile section is fetched every time
   end)
 
+  it("keeps a cached call's table at 32 keys at most, missed or hit", function()
+    -- a 33rd key makes LuaJIT build the table again at 64 slots (agg.callspec, normalize)
+    local result = require "agg.result"
+    local function product_calls(run)
+      local before = {}
+      for r in pairs(result.info) do before[r] = true end
+      run()
+      local out = {}
+      for r, x in pairs(result.info) do
+        if not before[r] and x.upstream == "product" then out[#out + 1] = x end
+      end
+      return out
+    end
+    local seen = product_calls(function() assert.equal("miss", timing(gw:get("/p/3"), "product")) end)
+    local hit = product_calls(function() assert.equal("hit", timing(gw:get("/p/3"), "product")) end)
+    assert.equal(1, #seen)
+    assert.equal(1, #hit)
+    for _, x in ipairs({ seen[1], hit[1] }) do
+      local n = 0
+      for _ in pairs(x) do n = n + 1 end
+      assert.is_true(n <= 32, "keys: " .. n)
+      assert.is_string(x.cache_key)
+    end
+  end)
+
   it("makes one upstream call for a cold key that many pages ask for at once", function()
     local pages = {}
     for i = 1, 20 do pages[i] = gw:send("GET", "/p/7") end

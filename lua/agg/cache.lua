@@ -21,6 +21,7 @@
 -- that does not parse, or is over MAX_ENTRY bytes, is a miss.
 local bit = require "bit"
 local json = require "agg.json"
+local new_tab = require "table.new" -- table.new(narray, nhash): room for what it will hold
 
 local M = {}
 
@@ -53,7 +54,9 @@ function M.check_block(t, allow_key)
   if type(t) ~= "table" then
     return nil, nil, "must be a table like { ttl_s = 60, swr_s = 30 } (or false)"
   end
-  local p = { scope = "shared", negative_ttl_s = 10, vary = false }
+  -- room for every field (8), so the policy made for each call never grows
+  local p = new_tab(0, 8)
+  p.scope, p.negative_ttl_s, p.vary = "shared", 10, false
   for k, v in pairs(t) do
     local kind = FIELDS[k]
     if not kind or (k == "key" and not allow_key) then

@@ -109,13 +109,16 @@ function M.normalize(spec, upstreams, level, req_headers)
     end
   end
   -- The scheduler keeps its per-call state in this table too: it is the call's exchange
-  -- (agg.exchange: ctx … own_timer) and the info of its result (section … raw_headers). Every
-  -- field a plain call writes is present from the start, so its table never grows, and one table
-  -- per call serves all three. The constructor's keys are 32 at most: a table of 33 keys has a
-  -- hash part of 64 slots (1.5 KB to allocate, copy, mark and sweep for every call; 32 keys take
-  -- half). The fields only some calls write are left out and added when they are: a fallback
-  -- (below), a merged call's batch, the cache's key, stale entry, refresh and user flags and
-  -- personal (agg.cache), retrying, last and the timers (retries, hedges, shared calls).
+  -- (agg.exchange: ctx … own_timer), the record of its first attempt (an attempt's x is its
+  -- exchange: this table has none, it is its own) and the info of its result (section …
+  -- raw_headers). Every field a plain or cached call writes is present from the start, so its
+  -- table never grows, and one table per call serves all three. The constructor's keys are 32 at
+  -- most: a table of 33 keys has a hash part of 64 slots (1.5 KB to allocate, copy, mark and sweep
+  -- for every call; 32 keys take half), and a 33rd key written later makes the table again at 64
+  -- slots (about 2,400 instructions: the cache's key did so on every cached call). The fields
+  -- only some calls write are left out and added when they are: a fallback (below), a merged
+  -- call's batch, the cache's stale entry, refresh and user flags and personal (agg.cache),
+  -- retrying, last and the timers (retries, hedges, shared calls).
   local n = {
     upstream = name, path = path, method = spec.method or "GET",
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
@@ -124,10 +127,10 @@ function M.normalize(spec, upstreams, level, req_headers)
     ref = false, body_ref = false, raw_headers = false,
     retry = false, hedge_after = false, collapse = false,
     -- the exchange (see agg.exchange start_call)
-    ctx = false, key = false, group = false, chain = false, u = false, x = false,
+    ctx = false, key = false, group = false, chain = false, u = false,
     a1 = false, a2 = false, attempt = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
-    cache = false, -- the call's cache policy (agg.cache)
+    cache = false, cache_key = false, -- the call's cache policy and its entry's key (agg.cache)
     identity = spec.identity ~= false, -- false: this call goes without the user's identity
   }
   if spec.fallback ~= nil then n.fallback = spec.fallback end

@@ -383,7 +383,7 @@ end
 
 -- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
 local function on_answer(rec, outcome, http_status, headers, body, data, ms, detail)
-  local spec = rec.x -- the exchange is its own normalized spec
+  local spec = rec.x or rec -- the exchange is its own normalized spec, and its first attempt
   local verdict = breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string")
   local grp = spec.u.group
   if grp then
@@ -413,7 +413,7 @@ local function on_answer(rec, outcome, http_status, headers, body, data, ms, det
       attempt_done(x, { id = f.id }, outcome, http_status, headers, body, data, ms, detail)
     end
   else
-    attempt_done(rec.x, rec, outcome, http_status, headers, body, data, ms, detail)
+    attempt_done(spec, rec, outcome, http_status, headers, body, data, ms, detail)
   end
 end
 
@@ -549,7 +549,7 @@ merge_hooks = {
   script_error = function(x, what, err, recs)
     result.log_error(x.ctx, what, err)
     for _, rec in ipairs(recs) do
-      local y = rec.x
+      local y = rec.x or rec
       if not y.done and y.a1 == rec then
         active_del(y, rec.id)
         local r = new_result(y.key, y)
@@ -607,7 +607,7 @@ local function start_upstream(ctx, key, spec, g, chain)
   -- the normalized spec is the exchange (its fields are all there, see agg.callspec), and the
   -- exchange is the record of its own first attempt (see attempt): one table per call
   local x = spec
-  x.ctx, x.key, x.group, x.chain, x.u, x.x = ctx, key, g, chain or false, u, x
+  x.ctx, x.key, x.group, x.chain, x.u = ctx, key, g, chain or false, u
   -- the request's exchanges, newest first, for abandon_exchanges (finished ones stay linked
   -- until the request ends: no table per request for them)
   x.next_x = ctx.exchanges
@@ -641,7 +641,7 @@ end
 local function copy_spec(s)
   local c = {}
   for k, v in pairs(s) do c[k] = v end
-  c.ctx, c.key, c.group, c.chain, c.u, c.x, c.next_x = false, false, false, false, false, false, false
+  c.ctx, c.key, c.group, c.chain, c.u, c.next_x = false, false, false, false, false, false
   c.a1, c.a2, c.attempt, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
   c.ref, c.body_ref, c.raw_headers = false, false, false
   c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer, c.endpoint = nil, nil, nil, nil, nil, nil

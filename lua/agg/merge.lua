@@ -108,6 +108,10 @@ end
 
 local flush
 
+-- The exchange a call record belongs to: its x, or the record itself when it is the exchange's
+-- first attempt (agg.exchange: the exchange is the record of its own first attempt).
+local function exchange_of(rec) return rec.x or rec end
+
 -- A caller's timer: its own timeout came before the merged call's answer.
 local function own_timeout(x, rec, t)
   return function()
@@ -232,7 +236,8 @@ flush = function(p)
   local decision, retry_after = hooks.allow(p, now)
   if decision == "deny" then
     for _, rec in ipairs(take_waiters(p)) do
-      if not rec.x.done and rec.x.a1 == rec then hooks.deny(rec.x, rec, retry_after) end
+      local x = exchange_of(rec)
+      if not x.done and x.a1 == rec then hooks.deny(x, rec, retry_after) end
     end
     return
   end
@@ -241,12 +246,12 @@ flush = function(p)
   for _, k in ipairs(keys) do first = first or p.waiters[k][1] end
   if not path then
     local recs = take_waiters(p)
-    hooks.script_error(first.x, "batch.request of upstream " .. p.upstream, err, recs)
+    hooks.script_error(exchange_of(first), "batch.request of upstream " .. p.upstream, err, recs)
     return
   end
   p.probe = decision == "probe"
   p.keys = keys
-  local x1 = first.x
+  local x1 = exchange_of(first)
   p.ep = hooks.pick(p, x1) or false -- an upstream with several endpoints: which one (balancer)
   -- core.call's span and endpoint (agg.contract): the merged call's span is named after the first
   -- caller's section; one attempt, never hedged, on the endpoint the balancer chose
@@ -261,8 +266,8 @@ flush = function(p)
     fl[k] = p
     for _, rec in ipairs(p.waiters[k]) do
       rec.id = id
-      if rec ~= first and core.join then core.join(rec.x.ctx.rid, id, rec.x.key) end
-      local x = rec.x
+      local x = exchange_of(rec)
+      if rec ~= first and core.join then core.join(x.ctx.rid, id, x.key) end
       if not x.own_timer and rec.ends < p.ends then
         x.own_timer = hooks.set_timer(rec.ends - now, own_timeout(x, rec, rec.t))
       end
@@ -353,8 +358,9 @@ function M.answer(p, outcome, http_status, headers, body, data, ms, detail)
       outcome, data = "ok", tostring(err)
     end
     for _, rec in ipairs(recs) do
-      if not rec.x.done and rec.x.a1 == rec then
-        hooks.done(rec.x, rec, outcome, http_status, headers, body, data, ms, detail)
+      local x = exchange_of(rec)
+      if not x.done and x.a1 == rec then
+        hooks.done(x, rec, outcome, http_status, headers, body, data, ms, detail)
       end
     end
     return
@@ -363,11 +369,11 @@ function M.answer(p, outcome, http_status, headers, body, data, ms, detail)
   local texts = {} -- key -> the item's JSON text, made before the first caller can change it
   local count = {}
   for _, rec in ipairs(recs) do
-    local k = rec.x.batch.key
+    local k = exchange_of(rec).batch.key
     count[k] = (count[k] or 0) + 1
   end
   for _, rec in ipairs(recs) do
-    local x = rec.x
+    local x = exchange_of(rec)
     if not x.done and x.a1 == rec then
       local k = x.batch.key
       local item = by[k]
