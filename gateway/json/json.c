@@ -2,6 +2,8 @@
  * (see json.h). The encoder lives in json/encode.c. */
 #include "json/json_internal.h"
 
+#include "base/header.h"
+
 #include <errno.h>
 #include <lauxlib.h>
 #include <math.h>
@@ -642,8 +644,10 @@ static int l_raw(lua_State *L)
     return 1;
 }
 
-/* raw_extra(ref) -> string | nil: the bytes kept after a raw ref's text (agw_json_push_raw_ref's
- * extra; for an upstream body, its response headers as "name\0value\0…"), nil when none. */
+/* raw_extra(ref) -> string | nil: the header block (base/header.h: "name\0value\0…", names
+ * lowercased, each once) of the fields kept after a raw ref's text (agw_json_push_raw_ref's extra:
+ * an upstream body's response headers as they came, or a block already), nil when none. The block
+ * is made here, when read, not for every answer. */
 static int l_raw_extra(lua_State *L)
 {
     const agw_json_raw_t *r = agw_json_check_raw_ref(L, 1);
@@ -651,7 +655,10 @@ static int l_raw_extra(lua_State *L)
         return luaL_typerror(L, 1, "agg.json raw ref");
     if (r->extra_len == 0)
         return 0;
-    lua_pushlstring(L, r->text + r->len + 1, r->extra_len);
+    agw_buf_t b = AGW_BUF_INIT;
+    agw_header_block_of_pairs(&b, r->text + r->len + 1, r->extra_len);
+    lua_pushlstring(L, b.base ? b.base : "", b.len);
+    agw_buf_free(&b);
     return 1;
 }
 

@@ -119,9 +119,10 @@ json_t *agw_json_check_ref(lua_State *L, int idx);
 /* Pushes a raw ref holding a copy of len bytes of JSON text that agw_json_validate accepted with a
  * max_depth of at most AGW_JSON_MAX_DEPTH; compact is the flag it returned (pass 0 when unsure:
  * the text is then re-encoded rather than copied). extra (extra_len bytes, may be NULL when 0)
- * is copied after the text and read back with json.raw_extra(ref): an upstream response's header
- * block rides in the same allocation as its body, so a call whose headers no script reads costs
- * no Lua string for them. One lua_newuserdata, nothing else allocated. Raises a Lua error only
+ * is copied after the text and read back with json.raw_extra(ref), which makes the header block
+ * of it (base/header.h): an upstream response's headers ride as they came (a pairs block, or a
+ * header block) in the same allocation as its body, so a call whose headers no script reads costs
+ * neither a Lua string nor the block for them. One lua_newuserdata, nothing else allocated. Raises a Lua error only
  * when memory runs out (or the size exceeds LuaJIT's userdata limit, 2 GB). */
 void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact, const char *extra,
                            size_t extra_len);

@@ -50,15 +50,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/header.h" /* agw_header_t */
+
 struct ev_loop;
 
-/* One header: name and value, not NUL-terminated. */
-typedef struct agw_header {
-    const char *name;
-    size_t name_len;
-    const char *value;
-    size_t value_len;
-} agw_header_t;
 
 /* How a call ended. Everything but AGW_CALL_OK is a failed call. */
 typedef enum agw_call_outcome {

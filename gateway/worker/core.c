@@ -125,77 +125,10 @@ static int l_now(lua_State *L)
     return 1;
 }
 
-/* A field and its place, for sorting by name (then place: repeated values keep their order). */
-typedef struct field_ref {
-    const agw_header_t *h;
-    size_t at;
-} field_ref_t;
-
-/* ASCII lowercase: field names are tokens (RFC 9110 §5.1), and tolower() is a call through the
- * locale's table for every byte */
-static inline int fold(unsigned char c)
-{
-    return c >= 'A' && c <= 'Z' ? c | 0x20 : c;
-}
-
-static int field_cmp(const void *pa, const void *pb)
-{
-    const field_ref_t *a = pa, *b = pb;
-    size_t n = a->h->name_len < b->h->name_len ? a->h->name_len : b->h->name_len;
-    for (size_t k = 0; k < n; k++) {
-        int d = fold((unsigned char)a->h->name[k]) - fold((unsigned char)b->h->name[k]);
-        if (d)
-            return d;
-    }
-    if (a->h->name_len != b->h->name_len)
-        return a->h->name_len < b->h->name_len ? -1 : 1;
-    return a->at < b->at ? -1 : a->at > b->at;
-}
-
-void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
-{
-    field_ref_t small[64], *f = n <= 64 ? small : agw_malloc(n * sizeof(*f));
-    for (size_t i = 0; i < n; i++)
-        f[i] = (field_ref_t){&h[i], i};
-    if (n <= 16) { /* an upstream's few fields: insertion sort, no call per comparison */
-        for (size_t i = 1; i < n; i++) {
-            field_ref_t x = f[i];
-            size_t j = i;
-            for (; j > 0 && field_cmp(&x, &f[j - 1]) < 0; j--)
-                f[j] = f[j - 1];
-            f[j] = x;
-        }
-    } else {
-        qsort(f, n, sizeof(*f), field_cmp);
-    }
-    agw_buf_reset(b);
-    for (size_t i = 0; i < n; i++) {
-        const agw_header_t *x = f[i].h;
-        int same = i > 0 && x->name_len == f[i - 1].h->name_len &&
-                   field_cmp(&(field_ref_t){x, 0}, &(field_ref_t){f[i - 1].h, 0}) == 0;
-        if (same) { /* b ends with the previous value's NUL: ", value" goes before it */
-            agw_buf_reserve(b, x->value_len + 2);
-            b->len--;
-            b->base[b->len++] = ',';
-            b->base[b->len++] = ' ';
-        } else {
-            agw_buf_reserve(b, x->name_len + x->value_len + 2);
-            for (size_t j = 0; j < x->name_len; j++)
-                b->base[b->len++] = (char)fold((unsigned char)x->name[j]);
-            b->base[b->len++] = '\0';
-        }
-        memcpy(b->base + b->len, x->value, x->value_len);
-        b->len += x->value_len;
-        b->base[b->len++] = '\0';
-    }
-    if (f != small)
-        free(f);
-}
-
 /* The header block of a response ("name\0value\0…") in w->scratch.hdrs. */
 static agw_buf_t *header_block(agw_worker_t *w, const agw_header_t *h, size_t n)
 {
-    agw_worker_header_block(&w->scratch.hdrs, h, n);
+    agw_header_block(&w->scratch.hdrs, h, n);
     return &w->scratch.hdrs;
 }
 
@@ -237,8 +170,10 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
     lua_pushnumber(L, (lua_Number)id);
     lua_pushstring(L, agw_call_outcome_name(res->outcome));
     lua_pushinteger(L, res->http_status);
-    if (json_body == 1) {
-        agw_buf_t *hb = header_block(w, res->headers, res->num_headers);
+    if (json_body == 1) { /* the headers kept as they came: json.raw_extra makes the block (base/header.h) */
+        agw_buf_t *hb = &w->scratch.hdrs;
+        agw_buf_reset(hb);
+        agw_header_pairs(hb, res->headers, res->num_headers);
         agw_json_push_raw_ref(L, res->body, res->body_len, compact, hb->base, hb->len);
     } else if (json_body == -1)
         lua_pushstring(L, err);

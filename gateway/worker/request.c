@@ -266,7 +266,7 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
             f[i] = (agw_header_t){.name = h->name->base, .name_len = h->name->len, .value = h->value.base,
                                   .value_len = h->value.len};
         }
-        agw_worker_header_block(hb, f, n);
+        agw_header_block(hb, f, n);
         if (f != small)
             free(f);
     }

@@ -346,15 +346,6 @@ static inline void agw_worker_get_key(lua_State *L, int t, int key)
 /* core.respond(rid, response) (respond.c; lua/agg/contract.lua). */
 int agw_worker_respond(lua_State *L);
 
-/* Headers go to Lua as one string "name\0value\0…" with lowercased names, each name once: the
- * values of a repeated name are joined with ", " here (RFC 9110 §5.3), in their order, in one
- * pass over the fields sorted by name (O(n log n): a client or upstream repeating a name many
- * times cannot make the join quadratic, as concatenating in Lua would; up to 16 fields, the
- * common case, are sorted by insertion). Names are lowercased in ASCII (field names are tokens,
- * RFC 9110 §5.1), whatever the locale. The runtime makes a table
- * of it only when a script reads req.headers or result.headers. Writes into b (reset first). */
-void agw_worker_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
-
 /* Logs a warning (a script's mistake met while serving) at most once per 10 s per distinct
  * message per worker, with the count of repeats left out meanwhile (respond.c). */
 void agw_worker_warn(agw_worker_t *w, const char *msg);

@@ -1,0 +1,116 @@
+/* header.c: header fields into the header block a script sees (header.h). */
+#include "base/header.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/mem.h"
+
+/* A field and its place, for sorting by name (then place: repeated values keep their order). */
+typedef struct field_ref {
+    const agw_header_t *h;
+    size_t at;
+} field_ref_t;
+
+/* ASCII lowercase: field names are tokens (RFC 9110 §5.1), and tolower() is a call through the
+ * locale's table for every byte */
+static inline int fold(unsigned char c)
+{
+    return c >= 'A' && c <= 'Z' ? c | 0x20 : c;
+}
+
+static int field_cmp(const void *pa, const void *pb)
+{
+    const field_ref_t *a = pa, *b = pb;
+    size_t n = a->h->name_len < b->h->name_len ? a->h->name_len : b->h->name_len;
+    for (size_t k = 0; k < n; k++) {
+        int d = fold((unsigned char)a->h->name[k]) - fold((unsigned char)b->h->name[k]);
+        if (d)
+            return d;
+    }
+    if (a->h->name_len != b->h->name_len)
+        return a->h->name_len < b->h->name_len ? -1 : 1;
+    return a->at < b->at ? -1 : a->at > b->at;
+}
+
+void agw_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
+{
+    field_ref_t small[64], *f = n <= 64 ? small : agw_malloc(n * sizeof(*f));
+    for (size_t i = 0; i < n; i++)
+        f[i] = (field_ref_t){&h[i], i};
+    if (n <= 16) { /* an upstream's few fields: insertion sort, no call per comparison */
+        for (size_t i = 1; i < n; i++) {
+            field_ref_t x = f[i];
+            size_t j = i;
+            for (; j > 0 && field_cmp(&x, &f[j - 1]) < 0; j--)
+                f[j] = f[j - 1];
+            f[j] = x;
+        }
+    } else {
+        qsort(f, n, sizeof(*f), field_cmp);
+    }
+    agw_buf_reset(b);
+    for (size_t i = 0; i < n; i++) {
+        const agw_header_t *x = f[i].h;
+        int same = i > 0 && x->name_len == f[i - 1].h->name_len &&
+                   field_cmp(&(field_ref_t){x, 0}, &(field_ref_t){f[i - 1].h, 0}) == 0;
+        if (same) { /* b ends with the previous value's NUL: ", value" goes before it */
+            agw_buf_reserve(b, x->value_len + 2);
+            b->len--;
+            b->base[b->len++] = ',';
+            b->base[b->len++] = ' ';
+        } else {
+            agw_buf_reserve(b, x->name_len + x->value_len + 2);
+            for (size_t j = 0; j < x->name_len; j++)
+                b->base[b->len++] = (char)fold((unsigned char)x->name[j]);
+            b->base[b->len++] = '\0';
+        }
+        memcpy(b->base + b->len, x->value, x->value_len);
+        b->len += x->value_len;
+        b->base[b->len++] = '\0';
+    }
+    if (f != small)
+        free(f);
+}
+
+void agw_header_pairs(agw_buf_t *b, const agw_header_t *h, size_t n)
+{
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++)
+        need += h[i].name_len + h[i].value_len + 2;
+    agw_buf_reserve(b, need);
+    char *p = b->base + b->len;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(p, h[i].name, h[i].name_len);
+        p += h[i].name_len;
+        *p++ = '\0';
+        memcpy(p, h[i].value, h[i].value_len);
+        p += h[i].value_len;
+        *p++ = '\0';
+    }
+    b->len += need;
+    b->base[b->len] = '\0';
+}
+
+void agw_header_block_of_pairs(agw_buf_t *b, const char *p, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += p[i] == '\0';
+    n /= 2;
+    if (n == 0) {
+        agw_buf_reset(b);
+        return;
+    }
+    agw_header_t small[64], *h = n <= 64 ? small : agw_malloc(n * sizeof(*h));
+    size_t k = 0;
+    for (size_t i = 0; k < n;) {
+        const char *name = p + i, *nul = memchr(name, '\0', len - i);
+        const char *value = nul + 1, *vnul = memchr(value, '\0', len - (size_t)(value - p));
+        h[k++] = (agw_header_t){name, (size_t)(nul - name), value, (size_t)(vnul - value)};
+        i = (size_t)(vnul - p) + 1;
+    }
+    agw_header_block(b, h, n);
+    if (h != small)
+        free(h);
+}

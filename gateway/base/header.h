@@ -1,0 +1,46 @@
+/* header.h: header fields and the header block a script sees.
+ *
+ * A header block is every field of a message as "name\0value\0…": each name once, lowercased
+ * (field names are case-insensitive, RFC 9110 §5.1), sorted, the values of a repeated name joined
+ * with ", " in their order (§5.3). agg.result's parse_headers, the cache's entries and the
+ * script's req.headers read it (lua/agg/result.lua).
+ *
+ * A pairs block is the same fields as they came, "name\0value\0…" in arrival order and spelling:
+ * one copy, no sorting. An upstream's JSON answer keeps its headers so (in the body's raw ref,
+ * json/json.h), and the block is made from them only when something reads them (most pages never
+ * do: agw_header_block costs about 800 instructions per answer, tools/bench/callgrind).
+ *
+ * Neither form can hold a NUL in a name or value: the HTTP parsers refuse control characters in
+ * fields (upstream/http1.c, h2o). */
+#ifndef AGW_BASE_HEADER_H
+#define AGW_BASE_HEADER_H
+
+#include <stddef.h>
+
+#include "base/buf.h"
+
+/* One header: name and value, not NUL-terminated. */
+typedef struct agw_header {
+    const char *name;
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+} agw_header_t;
+
+/* The header block of the n fields h (n may be 0) into b, which is emptied first. One pass over
+ * the fields sorted by name (O(n log n): a client or upstream repeating a name many times cannot
+ * make the join quadratic, as concatenating in Lua would); up to 16 fields, the common case, are
+ * sorted by insertion, more with qsort, stable by place either way. Names are lowercased in ASCII
+ * whatever the locale. The runtime makes a table of a block only when a script reads
+ * req.headers or result.headers. */
+void agw_header_block(agw_buf_t *b, const agw_header_t *h, size_t n);
+
+/* The pairs block of the n fields h appended to b (b is not emptied). */
+void agw_header_pairs(agw_buf_t *b, const agw_header_t *h, size_t n);
+
+/* The header block of the pairs block p (len bytes; a header block is a pairs block too, and
+ * gives itself back) into b, which is emptied first. Bytes after the last complete pair are
+ * ignored. */
+void agw_header_block_of_pairs(agw_buf_t *b, const char *p, size_t len);
+
+#endif
