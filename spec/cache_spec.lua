@@ -31,7 +31,7 @@ describe("the cache", function()
     assert.equal(10, #gw:calls("stock")) -- the volatile section is fetched every time
   end)
 
-  it("keeps a cached call's table at 32 keys at most, missed or hit", function()
+  it("keeps a cached call's table at 32 keys at most, missed or hit, keyed by path or by its own key", function()
     -- a 33rd key makes LuaJIT build the table again at 64 slots (agg.callspec, normalize)
     local result = require "agg.result"
     local function product_calls(run)
@@ -46,9 +46,13 @@ describe("the cache", function()
     end
     local seen = product_calls(function() assert.equal("miss", timing(gw:get("/p/3"), "product")) end)
     local hit = product_calls(function() assert.equal("hit", timing(gw:get("/p/3"), "product")) end)
+    local keyed = product_calls(function() assert.equal("miss", timing(gw:get("/keyed/3"), "product")) end)
+    local keyed_hit = product_calls(function() assert.equal("hit", timing(gw:get("/keyed/3"), "product")) end)
     assert.equal(1, #seen)
     assert.equal(1, #hit)
-    for _, x in ipairs({ seen[1], hit[1] }) do
+    assert.equal(1, #keyed)
+    assert.equal(1, #keyed_hit)
+    for _, x in ipairs({ seen[1], hit[1], keyed[1], keyed_hit[1] }) do
       local n = 0
       for _ in pairs(x) do n = n + 1 end
       assert.is_true(n <= 32, "keys: " .. n)

@@ -364,8 +364,9 @@ function M.key(ctx, spec, p)
       end
     end
   end
-  spec.cache_user = scope == "user"
   if scope == "user" then
+    -- (written only when true: the call's table has no slot for it, agg.callspec)
+    spec.cache_user = true
     -- the token the edge verified for the page identifies the user when the call carries no
     -- credentials of its own; else the page request's Authorization or Cookie
     if not cred then cred = ctx.token or nil end
@@ -421,7 +422,7 @@ end
 
 local function outcome(ctx, sec, what)
   local d = ctx.cache_desc
-  if not d then d = {} ctx.cache_desc = d end
+  if not d then d = new_tab(0, 4) ctx.cache_desc = d end -- room for a page's few cached sections
   d[sec] = what
 end
 
