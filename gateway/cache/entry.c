@@ -1,6 +1,7 @@
 /* entry.c: see entry.h. */
 #include "cache/entry.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* The whole number at *p up to the byte stop (1 to 15 digits only); advances *p past stop. */
@@ -40,4 +41,20 @@ int agw_cache_entry_parse(const char *v, size_t len, agw_cache_entry_t *e)
     e->body = p + hlen;
     e->blen = (size_t)blen;
     return 0;
+}
+
+size_t agw_cache_entry_encode(agw_buf_t *b, const agw_cache_entry_t *e)
+{
+    char line[128];
+    int n = snprintf(line, sizeof(line), "AGWC1 %llu %llu %llu %llu %zu %zu\n", (unsigned long long)e->fresh_ms,
+                     (unsigned long long)e->stale_ms, (unsigned long long)e->error_until_ms,
+                     (unsigned long long)e->status, e->hlen, e->blen);
+    agw_buf_reset(b);
+    agw_buf_reserve(b, (size_t)n + e->hlen + e->blen);
+    agw_buf_append(b, line, (size_t)n);
+    if (e->hlen)
+        agw_buf_append(b, e->headers, e->hlen);
+    if (e->blen)
+        agw_buf_append(b, e->body, e->blen);
+    return b->len;
 }

@@ -11,6 +11,14 @@
  *                                               string (headers: the header block string). A 2xx
  *                                               body that is not JSON, when decode: false.
  *   core.cache_set(key, value, until_ms)        tier 1, kept until until_ms (core.now()'s clock)
+ *   core.cache_store(key, fresh, stale, error_until, status, headers, body, until_ms [, redis_ttl_ms])
+ *                                               -> size | false: the entry of these fields
+ *                                               (cache/entry.h) into tier 1 until until_ms and, with
+ *                                               redis_ttl_ms, into Redis (SET PX); headers a header
+ *                                               block or the raw ref that keeps the answer's headers,
+ *                                               body a string or a raw ref; false (nothing stored)
+ *                                               when the entry is over AGW_CACHE_ENTRY_MAX. The
+ *                                               entry is made here, without a Lua string of it.
  *   core.redis_get(key) -> id | nil             GET key; later runtime.on_redis(id, value|nil, err|nil);
  *                                               nil: not connected (nothing follows)
  *   core.redis_set(key, value, ttl_ms)          SET key value PX ttl_ms (answer ignored, errors counted)
@@ -22,6 +30,7 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/header.h"
 #include "base/mem.h"
 #include "cache/entry.h"
 #include "json/json.h"
@@ -163,6 +172,70 @@ static void on_redis_set(void *data, const struct redisReply *reply, const char 
     (void)data, (void)reply, (void)err; /* counted by the client; a failed SET only costs a later miss */
 }
 
+/* A time for an entry (core.now()'s clock, ms): a whole number from 0 to 10^15 - 1 (the entry's
+ * bound); the runtime gives floor'd times, anything else is clamped. */
+static uint64_t entry_ms(lua_State *L, int idx)
+{
+    lua_Number v = luaL_checknumber(L, idx);
+    if (!(v > 0))
+        return 0;
+    return v < 999999999999999.0 ? (uint64_t)v : 999999999999999ull;
+}
+
+/* The bytes of argument idx: a string, or a raw JSON ref's text (extra 0) or its header block
+ * (extra 1, made into block: json/json.h's extra, base/header.h); nil is none. */
+static const char *entry_part(lua_State *L, int idx, int extra, agw_buf_t *block, size_t *len)
+{
+    *len = 0;
+    if (lua_isnoneornil(L, idx))
+        return "";
+    if (lua_type(L, idx) == LUA_TSTRING)
+        return lua_tolstring(L, idx, len);
+    const agw_json_raw_t *r = agw_json_check_raw_ref(L, idx);
+    if (r == NULL)
+        luaL_typerror(L, idx, "string or agg.json raw ref");
+    if (!extra) {
+        *len = r->len;
+        return r->text;
+    }
+    agw_header_block_of_pairs(block, r->text + r->len + 1, r->extra_len);
+    *len = block->len;
+    return block->base ? block->base : "";
+}
+
+static int l_cache_store(lua_State *L)
+{
+    agw_worker_t *w = agw_worker_upg(L)->w;
+    size_t klen;
+    const char *key = luaL_checklstring(L, 1, &klen);
+    agw_cache_entry_t e = {.fresh_ms = entry_ms(L, 2), .stale_ms = entry_ms(L, 3), .error_until_ms = entry_ms(L, 4),
+                           .status = entry_ms(L, 5)};
+    agw_buf_t block = AGW_BUF_INIT, v = AGW_BUF_INIT;
+    e.headers = entry_part(L, 6, 1, &block, &e.hlen);
+    e.body = entry_part(L, 7, 0, NULL, &e.blen);
+    lua_Number until = luaL_checknumber(L, 8);
+    lua_Number ttl = luaL_optnumber(L, 9, 0);
+    size_t n = agw_cache_entry_encode(&v, &e);
+    agw_buf_free(&block);
+    if (n > AGW_CACHE_ENTRY_MAX) {
+        agw_buf_free(&v);
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    if (w->cache.lru && until > 0)
+        agw_lru_set(w->cache.lru, key, klen, v.base, n, (uint64_t)until);
+    if (w->cache.redis && ttl >= 1) {
+        char px[32];
+        int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
+        const char *argv[5] = {"SET", key, v.base, "PX", px};
+        size_t lens[5] = {3, klen, n, 2, (size_t)pl};
+        agw_redis_command(w->cache.redis, on_redis_set, NULL, 5, argv, lens);
+    }
+    agw_buf_free(&v);
+    lua_pushinteger(L, (lua_Integer)n);
+    return 1;
+}
+
 static int l_redis_set(lua_State *L)
 {
     agw_worker_t *w = agw_worker_upg(L)->w;
@@ -245,7 +318,8 @@ static int l_cache_counters(lua_State *L)
 }
 
 const luaL_Reg agw_worker_cache_fns[] = {
-    {"cache_entry", l_cache_entry}, {"cache_set", l_cache_set}, {"redis_get", l_redis_get}, {"redis_set", l_redis_set},
+    {"cache_entry", l_cache_entry}, {"cache_set", l_cache_set}, {"cache_store", l_cache_store},
+    {"redis_get", l_redis_get},     {"redis_set", l_redis_set},
     {"digest", l_digest},       {"cache_counters", l_cache_counters}, {"cache_span", l_cache_span}, {NULL, NULL}};
 
 int agw_worker_cache_fn_wanted(const agw_config_t *conf, const char *name)

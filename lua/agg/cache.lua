@@ -446,18 +446,18 @@ local function store(x, r, now)
   local p = x.cache
   local ck = x.cache_key
   local status = r.http_status or 0
-  -- the answer's header block as the transport gave it (no table made), or, when the script has
-  -- read result.headers already, made again from that table
-  local block = x.raw_headers
-  if block and type(block) ~= "string" then block = json.raw_extra(block) or "" end
-  if not block then
+  -- the answer's headers as the transport gave them: a header block, or the body's raw ref that
+  -- keeps them (core.cache_store makes the block of it, no Lua string); or, when the script has
+  -- read result.headers already, a block made again from that table
+  local hdrs = x.raw_headers
+  if not hdrs then
     local h = rawget(r, "headers")
     local hb = {}
     if type(h) == "table" then
       for k, v in pairs(h) do hb[#hb + 1] = k .. "\0" .. v .. "\0" end
       table.sort(hb)
     end
-    block = table.concat(hb)
+    hdrs = table.concat(hb)
   end
   local fresh, swr, sie
   if status == 404 then
@@ -466,20 +466,27 @@ local function store(x, r, now)
     M.stats.negative = M.stats.negative + 1
     M.bloom_add(ck, now, fresh * 1000 / 2) -- a key stays in the pair for at most negative_ttl_s
   else
-    fresh, swr, sie = M.lifetimes(p, p.ttl_s == nil and block_get(block, "cache-control") or nil)
+    local cc
+    if p.ttl_s == nil then
+      cc = block_get(type(hdrs) == "string" and hdrs or json.raw_extra(hdrs) or "", "cache-control")
+    end
+    fresh, swr, sie = M.lifetimes(p, cc)
     if not fresh or fresh <= 0 then return end
   end
   fresh = fresh * 1000 * (1 - JITTER * core.random())
   local fresh_until = math.floor(now + fresh)
   local stale_until = math.floor(fresh_until + swr * 1000)
   local err_until = math.floor(fresh_until + sie * 1000)
-  local body = status == 404 and "" or (r.body or "")
-  local v = M.encode(fresh_until, stale_until, err_until, status, block, body)
-  if #v > M.MAX_ENTRY then return end
+  -- the body as the upstream sent it: the text (a JSON body's raw ref when the script never made
+  -- a string of it)
+  local body = ""
+  if status ~= 404 then body = rawget(r, "body") or x.body_ref or r.body or "" end
   local keep = math.max(stale_until, err_until)
+  if not core.cache_store(ck, fresh_until, stale_until, err_until, status, hdrs, body, keep,
+                          use_redis and keep - now or nil) then
+    return -- over MAX_ENTRY: not stored
+  end
   M.stats.stores = M.stats.stores + 1
-  core.cache_set(ck, v, keep)
-  if use_redis then core.redis_set(ck, v, keep - now) end
   return fresh_until
 end
 

@@ -70,6 +70,13 @@ M.core = {
                              "the body string (headers: the header block string)" },
   cache_set    = { args = { "key", "value", "until_ms" }, optional = true,
                    returns = "nothing; value kept in tier 1 until until_ms (core.now's clock)" },
+  cache_store  = { args = { "key", "fresh", "stale", "error_until", "status", "headers", "body", "until_ms",
+                            "redis_ttl_ms" }, optional = true,
+                   returns = "the entry's size, or false when it is over agg.cache's MAX_ENTRY (not " ..
+                             "stored); the entry of these fields (cache/entry.h, agg.cache's " ..
+                             "encode) kept in tier 1 until until_ms and, with redis_ttl_ms, SET in " ..
+                             "Redis; headers a header block or the raw ref that keeps the answer's " ..
+                             "headers, body a string or a raw ref" },
   redis_get    = { args = { "key" }, optional = true,
                    returns = "a lookup id, runtime.on_redis(id, value, err) follows; nil without " ..
                              "Redis (only when gateway.lua configures redis with cache.redis)" },

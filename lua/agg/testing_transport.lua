@@ -140,6 +140,16 @@ function T.install(gw)
     return nil
   end
   function core.cache_set(key, value, until_ms) gw.tier1[key] = { value = value, until_ms = until_ms } end
+  -- (the C worker makes the entry without a Lua string of it; the same bytes)
+  function core.cache_store(key, fresh, stale, err_until, status, headers, body, until_ms, redis_ttl_ms)
+    if type(headers) ~= "string" then headers = headers and json.raw_extra(headers) or "" end
+    if type(body) ~= "string" then body = body and json.raw(body) or "" end
+    local v = cache.encode(fresh, stale, err_until, status, headers, body)
+    if #v > cache.MAX_ENTRY then return false end
+    core.cache_set(key, v, until_ms)
+    if redis_ttl_ms and core.redis_set then core.redis_set(key, v, redis_ttl_ms) end
+    return #v
+  end
   local cfg = self.gen.config
   if gw.redis and cfg.redis and cfg.cache.redis then
     local store = gw.redis
