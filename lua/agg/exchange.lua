@@ -316,6 +316,29 @@ function M.abandon_attempts(x)
   if a2 then abandon_one(x, a2) end
 end
 
+-- The timers' closures are made in functions of their own: a function that makes a closure
+-- cannot be compiled by LuaJIT (each of its returns closes upvalues, bytecode UCLO, which the JIT
+-- does not compile), and attempt, launch and start_upstream run for every call (measured:
+-- tools/bench/callgrind, docs/performance.md).
+
+-- Exchange x tries again after backoff ms.
+local function arm_retry(x, backoff)
+  x.retry_timer = set_timer(backoff, function()
+    x.retry_timer = nil
+    if not x.done then attempt(x, false) end
+  end)
+end
+
+-- Exchange x (upstream state u) sends a hedge after after ms, if it has no answer by then.
+local function arm_hedge(x, u, after)
+  x.hedge_timer = set_timer(after, function()
+    x.hedge_timer = nil
+    if x.done or u.tokens < 1 or not active_any(x) then return end
+    u.tokens = u.tokens - 1
+    attempt(x, true)
+  end)
+end
+
 -- Decides what follows a failed attempt: wait for another attempt in flight, retry, or fail.
 local function after_failure(x, r, outcome, http_status)
   if active_any(x) then
@@ -358,10 +381,7 @@ local function after_failure(x, r, outcome, http_status)
       end
       u.stats.retries = u.stats.retries + 1
       x.last = r
-      x.retry_timer = set_timer(backoff, function()
-        x.retry_timer = nil
-        if not x.done then attempt(x, false) end
-      end)
+      arm_retry(x, backoff)
       return
     end
   end
@@ -417,6 +437,20 @@ local function on_answer(rec, outcome, http_status, headers, body, data, ms, det
   end
 end
 
+-- Exchange x, waiting on shared call f, stops waiting at its own timeout t (ms).
+local function arm_own_timeout(x, f, t)
+  x.own_timer = set_timer(t, function()
+    x.own_timer = nil
+    local rec = active_get(x, f.id)
+    if rec and not x.done then
+      active_del(x, f.id)
+      f.waiters[x] = nil
+      f.n = f.n - 1
+      attempt_done(x, { id = f.id }, "timeout", 0, nil, nil, nil, t, "no answer within " .. math.floor(t) .. " ms")
+    end
+  end)
+end
+
 -- Starts an attempt of exchange x (hedge: the second copy of a slow first attempt).
 attempt = function(x, hedge)
   local ctx, spec, u = x.ctx, x, x.u
@@ -445,19 +479,8 @@ attempt = function(x, hedge)
     x.a1 = { id = f.id, flight = f }
     u.stats.collapsed = u.stats.collapsed + 1
     if core.join then core.join(ctx.rid, f.id, x.key) end -- a span that waits on the shared call
-    if t < f.ends - now then
-      -- this caller has less time than the shared call: it stops waiting at its own timeout
-      x.own_timer = set_timer(t, function()
-        x.own_timer = nil
-        local rec = active_get(x, f.id)
-        if rec and not x.done then
-          active_del(x, f.id)
-          f.waiters[x] = nil
-          f.n = f.n - 1
-          attempt_done(x, { id = f.id }, "timeout", 0, nil, nil, nil, t, "no answer within " .. math.floor(t) .. " ms")
-        end
-      end)
-    end
+    -- this caller has less time than the shared call: it stops waiting at its own timeout
+    if t < f.ends - now then arm_own_timeout(x, f, t) end
     return
   end
   local b = breaker_of(spec)
@@ -588,14 +611,21 @@ local function launch(x)
   local after = x.hedge_after
   if after and not x.done then
     if after == "p95" then after = p95(u) end
-    if after then
-      x.hedge_timer = set_timer(after, function()
-        x.hedge_timer = nil
-        if x.done or u.tokens < 1 or not active_any(x) then return end
-        u.tokens = u.tokens - 1
-        attempt(x, true)
-      end)
+    if after then arm_hedge(x, u, after) end
+  end
+end
+
+-- What exchange x of request ctx does once agg.identity has its token (p nil: send) or a problem.
+local function identity_go(ctx, x)
+  return function(p)
+    if x.done then return end
+    if p == nil then
+      if x.reexchanged and x.attempt > 0 then return attempt(x, false) end
+      return launch(x)
     end
+    local r = new_result(x.key, x)
+    r.ms = 0
+    finish_exchange(x, fail(ctx, r, p, x))
   end
 end
 
@@ -621,16 +651,7 @@ local function start_upstream(ctx, key, spec, g, chain)
   local up = upstreams[spec.upstream]
   if up.identity and x.identity then
     -- the user's identity first (agg.identity): a forwarded or exchanged token, or a problem
-    x.go = function(p)
-      if x.done then return end
-      if p == nil then
-        if x.reexchanged and x.attempt > 0 then return attempt(x, false) end
-        return launch(x)
-      end
-      local r = new_result(x.key, x)
-      r.ms = 0
-      finish_exchange(x, fail(ctx, r, p, x))
-    end
+    x.go = identity_go(ctx, x)
     return identity.prepare(ctx, x, up, x.go)
   end
   launch(x)
