@@ -224,12 +224,30 @@ describe("cache entries", function()
       assert.is_nil(seen[v]) -- each policy its own version
       seen[v] = true
     end
+    -- 0 and -0 are one table key but two digests ("0", "-0"), in either order
+    local zero, negzero = cache.check_block({ ttl_s = 0 }, true), cache.check_block({ ttl_s = -0 }, true)
+    assert.equal(digest(negzero), cache.version(negzero))
+    assert.equal(digest(zero), cache.version(zero))
+    assert.equal(digest(negzero), cache.version(negzero))
+    assert.are_not.equal(cache.version(zero), cache.version(negzero))
     -- more policies than the versions kept (a ttl computed per call): each still right
     for i = 1, 2600 do
       local p = cache.check_block({ ttl_s = i }, true)
       assert.equal(digest(p), cache.version(p))
     end
     assert.equal(digest(a), cache.version(a))
+  end)
+
+  it("keep an answer's headers as they came and give them back as a header block", function()
+    -- an upstream's JSON answer keeps its fields in arrival order and spelling (base/header.h);
+    -- json.raw_extra makes the block: names lowercased, sorted, a repeated name joined
+    local json = require "agg.json"
+    local ref = json.parse('{"a":1}', "X-B\0one\0Accept\0*/*\0x-b\0two\0")
+    assert.equal("accept\0*/*\0x-b\0one, two\0", json.raw_extra(ref))
+    local block = "accept\0*/*\0x-b\0one, two\0"
+    assert.equal(block, json.raw_extra(json.parse("{}", block))) -- a block gives itself back
+    assert.equal("a\0b\0", json.raw_extra(json.parse("{}", "A\0b\0trailing")))
+    assert.is_nil(json.raw_extra(json.parse("{}")))
   end)
 
   it("read a header out of a header block, repeated names joined", function()

@@ -655,10 +655,18 @@ static int l_raw_extra(lua_State *L)
         return luaL_typerror(L, 1, "agg.json raw ref");
     if (r->extra_len == 0)
         return 0;
+    /* room on the Lua side first (a block is never longer than the pairs it is made of): the
+     * Lua calls that may raise (out of memory) come before and after the C buffer's life, never
+     * during it */
+    char *room = lua_newuserdata(L, r->extra_len);
     agw_buf_t b = AGW_BUF_INIT;
     agw_header_block_of_pairs(&b, r->text + r->len + 1, r->extra_len);
-    lua_pushlstring(L, b.base ? b.base : "", b.len);
+    size_t n = b.len <= r->extra_len ? b.len : r->extra_len;
+    if (n)
+        memcpy(room, b.base, n);
     agw_buf_free(&b);
+    lua_pushlstring(L, room, n);
+    lua_remove(L, -2);
     return 1;
 }
 

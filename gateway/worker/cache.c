@@ -210,11 +210,19 @@ static int l_cache_store(lua_State *L)
     const char *key = luaL_checklstring(L, 1, &klen);
     agw_cache_entry_t e = {.fresh_ms = entry_ms(L, 2), .stale_ms = entry_ms(L, 3), .error_until_ms = entry_ms(L, 4),
                            .status = entry_ms(L, 5)};
-    agw_buf_t block = AGW_BUF_INIT, v = AGW_BUF_INIT;
-    e.headers = entry_part(L, 6, 1, &block, &e.hlen);
+    /* every argument checked before anything is allocated: a Lua error must not leak it */
     e.body = entry_part(L, 7, 0, NULL, &e.blen);
     lua_Number until = luaL_checknumber(L, 8);
     lua_Number ttl = luaL_optnumber(L, 9, 0);
+    if (lua_type(L, 6) != LUA_TSTRING && !lua_isnoneornil(L, 6) && agw_json_check_raw_ref(L, 6) == NULL)
+        return luaL_typerror(L, 6, "string or agg.json raw ref");
+    agw_buf_t block = AGW_BUF_INIT, v = AGW_BUF_INIT;
+    e.headers = entry_part(L, 6, 1, &block, &e.hlen);
+    if (e.hlen + e.blen > AGW_CACHE_ENTRY_MAX) { /* too big whatever its header line: not copied */
+        agw_buf_free(&block);
+        lua_pushboolean(L, 0);
+        return 1;
+    }
     size_t n = agw_cache_entry_encode(&v, &e);
     agw_buf_free(&block);
     if (n > AGW_CACHE_ENTRY_MAX) {
