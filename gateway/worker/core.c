@@ -457,6 +457,20 @@ static int l_trace_id(lua_State *L)
     return 1;
 }
 
+/* core.request_headers(rid) -> the page request's header block ("name\0value\0…"), or nothing
+ * once the request has ended (lua/agg/contract.lua; built when first asked, not for every
+ * request). */
+static int l_request_headers(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    reqref_t *rr = agw_slots_get(&w->tables.reqs, (uint64_t)luaL_checknumber(L, 1));
+    if (rr == NULL || rr->req == NULL)
+        return 0;
+    agw_worker_request_headers(&w->scratch.hdrs, rr->req);
+    lua_pushlstring(L, w->scratch.hdrs.base ? w->scratch.hdrs.base : "", w->scratch.hdrs.len);
+    return 1;
+}
+
 /* core.endpoint_state(index, endpoint, state): agg.group's view of endpoint (1-based) of upstream
  * index in this worker (state: contract.h's endpoint_state fields; a missing or negative one is
  * 0), published on the generation's board (group/board.h) for the admin page and the metrics
@@ -589,6 +603,6 @@ const luaL_Reg agw_worker_core_fns[] = {
     {"now", l_now},       {"call", l_call},   {"cancel", l_cancel},           {"respond", agw_worker_respond},
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
     {"upstream_counters", l_upstream_counters}, {"endpoint_state", l_endpoint_state}, {"join", l_join},
-    {"trace_id", l_trace_id}, {"endpoint_slots", l_endpoint_slots},
+    {"trace_id", l_trace_id}, {"endpoint_slots", l_endpoint_slots}, {"request_headers", l_request_headers},
     {NULL, NULL},
 };

@@ -99,6 +99,24 @@ static int headers_too_large(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int end
     return 1;
 }
 
+void agw_worker_request_headers(agw_buf_t *b, const h2o_req_t *req)
+{
+    size_t n = req->headers.size; /* at most clients.max_headers fields (headers_too_large) */
+    if (n == 0) {
+        agw_buf_reset(b);
+        return;
+    }
+    agw_header_t small[128], *f = n <= 128 ? small : agw_malloc(n * sizeof(*f));
+    for (size_t i = 0; i < n; i++) {
+        const h2o_header_t *h = &req->headers.entries[i];
+        f[i] = (agw_header_t){.name = h->name->base, .name_len = h->name->len, .value = h->value.base,
+                              .value_len = h->value.len};
+    }
+    agw_header_block(b, f, n);
+    if (f != small)
+        free(f);
+}
+
 static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait);
 static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
                          size_t num_params, agw_auth_result_t *user);
@@ -257,22 +275,8 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
     lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_QUERY);
     lua_insert(L, -2);
     lua_rawset(L, a);
-    agw_buf_t *hb = &w->scratch.hdrs;
-    { /* at most clients.max_headers fields (headers_too_large) */
-        size_t n = req->headers.size;
-        agw_header_t small[128], *f = n <= 128 ? small : agw_malloc(n * sizeof(*f));
-        for (size_t i = 0; i < n; i++) {
-            const h2o_header_t *h = &req->headers.entries[i];
-            f[i] = (agw_header_t){.name = h->name->base, .name_len = h->name->len, .value = h->value.base,
-                                  .value_len = h->value.len};
-        }
-        agw_header_block(hb, f, n);
-        if (f != small)
-            free(f);
-    }
-    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_HEADERS);
-    lua_pushlstring(L, hb->base ? hb->base : "", hb->len);
-    lua_rawset(L, a);
+    /* arrival.headers stays nil: the runtime asks core.request_headers when something needs them
+     * (agw_worker_request_headers; most pages never do) */
     lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_BODY);
     if (req->entity.base != NULL)
         lua_pushlstring(L, req->entity.base, req->entity.len);

@@ -346,6 +346,11 @@ static inline void agw_worker_get_key(lua_State *L, int t, int key)
 /* core.respond(rid, response) (respond.c; lua/agg/contract.lua). */
 int agw_worker_respond(lua_State *L);
 
+/* The header block (base/header.h) of the client request req into b (emptied first): what
+ * core.request_headers hands the runtime when a script, a forwarded header, a cache key or a
+ * group first needs the page request's headers (request.c). */
+void agw_worker_request_headers(agw_buf_t *b, const h2o_req_t *req);
+
 /* Logs a warning (a script's mistake met while serving) at most once per 10 s per distinct
  * message per worker, with the count of repeats left out meanwhile (respond.c). */
 void agw_worker_warn(agw_worker_t *w, const char *msg);

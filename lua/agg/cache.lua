@@ -375,7 +375,7 @@ function M.key(ctx, spec, p)
     -- credentials of its own; else the page request's Authorization or Cookie
     if not cred then cred = ctx.token or nil end
     if not cred then
-      local rh = ctx.req_headers
+      local rh = api.request_headers(ctx)
       if type(rh) == "string" then
         cred = block_get(rh, "authorization") or block_get(rh, "cookie")
       elseif type(rh) == "table" then

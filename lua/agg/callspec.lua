@@ -67,10 +67,10 @@ end
 -- name, value, …) or false, body or false, timeout_ms, decode, required, fallback, retry,
 -- hedge_after, collapse, … } plus the scheduler's per-call fields, all false until it starts
 -- the call.
--- req_headers (optional): the client request's headers (name -> value, or "name\0value\0…" as the
--- transport gives them); the upstream's forward_headers (gateway.lua) are copied from them into
--- the call, unless the spec sets that header itself.
-function M.normalize(spec, upstreams, level, req_headers)
+-- ctx (optional): the page request's context; the upstream's forward_headers (gateway.lua) are
+-- copied from its headers (agg.result.request_headers: asked for only then) into the call, unless
+-- the spec sets that header itself.
+function M.normalize(spec, upstreams, level, ctx)
   level = level + 1
   if type(spec) ~= "table" then
     error("a call spec must be a table like { \"upstream\", \"/path\" }, got " .. type(spec), level)
@@ -162,7 +162,8 @@ function M.normalize(spec, upstreams, level, req_headers)
     end
   end
   local fwd = up.forward_headers
-  if fwd and req_headers then
+  if fwd and ctx then
+    local req_headers = result.request_headers(ctx)
     local h = type(req_headers) == "string" and result.parse_headers(req_headers) or req_headers
     for _, hname in ipairs(fwd) do
       local v = h[hname]

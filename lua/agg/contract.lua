@@ -49,6 +49,11 @@ M.core = {
   log          = { args = { "level", "message" }, returns = "nothing (level: error, warn, info)" },
   trace_id     = { args = { "rid" }, optional = true,
                    returns = "the request's trace id, 32 lowercase hex digits, or nil" },
+  request_headers = { args = { "rid" }, optional = true,
+                      returns = "the page request's header block (\"name\\0value\\0…\", names lowercased, " ..
+                                "a repeated name joined), or nil once the request has ended; asked " ..
+                                "for when a script, a forwarded header, a cache key or a group " ..
+                                "needs them (agg.result.request_headers), not with every request" },
   upstream_counters = { args = { "upstream", "counters" }, optional = true,
                         returns = "nothing; the runtime's totals for upstream (an index), " ..
                                   "published as metrics" },
@@ -143,7 +148,8 @@ M.tables = {
   -- loader's endpoint, path has no query, params are the route parameters (name -> string)
   arrival = {
     query   = "string|nil",         -- the raw query string, without '?'
-    headers = "string|table",       -- "name\0value\0…" (lowercase names), or name -> value
+    headers = "string|table|nil",   -- "name\0value\0…" (lowercase names), or name -> value; nil:
+                                    -- core.request_headers(rid) gives them when first asked
     body    = "string|nil",
     -- the edge's verdict (edge/edge.h), set on every arrival (nil when the endpoint has no auth):
     -- cold, most endpoints have none, so they travel here rather than positionally

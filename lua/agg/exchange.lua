@@ -685,6 +685,7 @@ end
 
 cache.bind({
   parse = json.parse,
+  request_headers = result.request_headers,
   make_result = make_result,
   start = start_upstream,
   copy_spec = copy_spec,

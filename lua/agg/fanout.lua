@@ -253,13 +253,13 @@ local function start_group(ctx, tbl, level, parent)
       else
         -- a chain with a call spec of its own as its dependency
         n = n + 1
-        local spec = callspec.normalize(info.dep, upstreams, level, ctx.req_headers)
+        local spec = callspec.normalize(info.dep, upstreams, level, ctx)
         spec.chain = info
         keys[n], keys[nk + n] = key, spec
       end
     else
       n = n + 1
-      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level, ctx.req_headers)
+      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level, ctx)
     end
     g.pending = g.pending + 1
   end
@@ -380,7 +380,7 @@ function M.settle_value(g, key, v, opts)
   end
   local ok, err = pcall(function()
     if callspec.is_spec(v) then
-      local spec = callspec.normalize(v, upstreams, 2, ctx.req_headers)
+      local spec = callspec.normalize(v, upstreams, 2, ctx)
       if opts.required then spec.required = true end
       if opts.fallback ~= nil and spec.fallback == nil then
         spec.fallback = opts.fallback

@@ -9,6 +9,7 @@
 -- they cost nothing more than before groups existed. It has a group only when it is health
 -- checked (agg.health), for the probes' state on /upstreams; one endpoint is never taken out.
 local bit = require "bit"
+local request_headers = require("agg.result").request_headers
 
 local M = {}
 
@@ -187,7 +188,7 @@ end
 -- The page request's header name (lowercase), or with cookie set, the value of its cookie name;
 -- nil when it has none. ctx.req_headers becomes a table on first use (as req.headers makes it).
 local function from_request(ctx, name, cookie)
-  local h = ctx and ctx.req_headers
+  local h = ctx and request_headers(ctx)
   if type(h) == "string" then -- "name\0value\0…", names lowercase (the transport's form)
     local t = {}
     for k, v in h:gmatch("([^%z]*)%z([^%z]*)%z") do t[k] = t[k] and (t[k] .. ", " .. v) or v end

@@ -12,6 +12,19 @@ local result_info = setmetatable({}, { __mode = "k" }) -- result -> { section, r
 --- Binds the transport (agg.runtime.init).
 function M.bind(transport) core = transport end
 
+--- The page request's headers for request context ctx: "name\0value\0…" (the transport's form;
+-- "" for none), or the table agg.group made of them. The C worker does not hand them over with
+-- every request (arrival.headers is nil, ctx.req_headers false): the first to need them asks
+-- core.request_headers once (agg.contract), and they are kept in ctx.
+function M.request_headers(ctx)
+  local h = ctx.req_headers
+  if h == false then
+    h = core.request_headers and core.request_headers(ctx.rid) or ""
+    ctx.req_headers = h
+  end
+  return h
+end
+
 --- agg.runtime.compact's part: the results' facts table made again (fresh(t): t, or a
 -- new table like it with its entries, sized for them).
 -- M.info is the same table: modules that use it read M.info each time, never keep it.

@@ -357,7 +357,7 @@ local req_mt = {
     elseif k == "query" then
       v = parse_query(lazy and lazy.query)
     elseif k == "headers" then
-      v = parse_headers_table(lazy and lazy.req_headers)
+      v = parse_headers_table(lazy and result.request_headers(lazy))
     elseif k == "user" then
       v = lazy and lazy.user and readonly_user(lazy.user) or nil
     elseif k == "trace_id" then
@@ -393,7 +393,7 @@ function M.start(rid, idx, method, path, params, arrival)
   -- the array part the constructor makes room for (three calls): no table of their own
   local ctx = { nil, nil, nil, nil, nil, nil, rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
                 exchanges = false, done = false, co = false,
-                query = query, req_headers = headers, user = user or false, token = token or false }
+                query = query, req_headers = headers or false, user = user or false, token = token or false }
   contexts[rid] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
   req_lazy[req] = ctx
