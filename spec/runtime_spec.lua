@@ -420,6 +420,21 @@ describe("response headers", function()
   local gw
   before_each(function() gw = testing.gateway { dir = DIR } end)
 
+  -- (the request's own headers reach the script when it first reads them: core.request_headers)
+  it("gives a script its request's headers while it runs, and none to a req kept past its page", function()
+    gw:stub("a", "/x", { json = { n = 1 } })
+    local page = gw:get("/headers/request", { headers = { ["Accept-Language"] = "fr", ["X-Other"] = "1" } })
+    assert.equal(200, page.status)
+    assert.equal("fr", page.json.lang)
+    -- a kept req keeps what its script read while it ran
+    assert.equal("fr", gw:get("/headers/kept", { headers = { ["Accept-Language"] = "de" } }).json.lang)
+    -- a req kept unread: its request has ended, it has no headers to give (never another's)
+    assert.equal(200, gw:get("/headers/keep-unread", { headers = { ["Accept-Language"] = "it" } }).status)
+    local later = gw:get("/headers/kept", { headers = { ["Accept-Language"] = "de" } })
+    assert.equal(200, later.status)
+    assert.equal(json.null, later.json.lang)
+  end)
+
   -- the names a page of /headers/page* carries
   local PAGE_NAMES = { "cache-control", "content-type", "server", "server-timing", "x-aggregation-completed" }
   -- the names a response carries, sorted

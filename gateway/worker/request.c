@@ -252,8 +252,9 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
 
     lua_State *L = g->L;
     /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the
-     * query, the header block, the body and the edge's user and token in arrival, one table per
-     * VM whose every field is set on each request (nil when absent) */
+     * query, the body and the edge's user and token in arrival, one table per VM whose fields are
+     * set on each request (nil when absent); its headers field is never set (core.request_headers
+     * gives the header block when the runtime first needs it) */
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
     lua_pushnumber(L, (lua_Number)rr->rid);
     lua_pushinteger(L, endpoint);

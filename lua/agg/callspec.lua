@@ -164,7 +164,7 @@ function M.normalize(spec, upstreams, level, ctx)
   local fwd = up.forward_headers
   if fwd and ctx then
     local req_headers = result.request_headers(ctx)
-    local h = type(req_headers) == "string" and result.parse_headers(req_headers) or req_headers
+    local h = type(req_headers) == "string" and result.parse_headers(req_headers) or req_headers or {}
     for _, hname in ipairs(fwd) do
       local v = h[hname]
       if v ~= nil then

@@ -380,9 +380,10 @@ local req_mt = {
 
 --- Starts request rid for endpoint index idx. Called by the transport (agg.contract): params, the
 -- route parameters; arrival (valid during this call only): query (the raw query string or nil),
--- headers (lowercased name -> value, or the same as one string "name\0value\0…"), body (string or
--- nil), user (the edge's verified user, a table, or nil) and token (the verified bearer token, or
--- nil).
+-- headers (lowercased name -> value, the same as one string "name\0value\0…", or nil: the
+-- transport gives them on first use, core.request_headers, agg.result.request_headers), body
+-- (string or nil), user (the edge's verified user, a table, or nil) and token (the verified bearer
+-- token, or nil).
 function M.start(rid, idx, method, path, params, arrival)
   local query, headers, body, user, token = arrival.query, arrival.headers, arrival.body, arrival.user, arrival.token
   local ep = endpoints[idx]

@@ -152,8 +152,11 @@ function F:send(method, path, opts)
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
+  -- the headers are not handed over with the request: the runtime asks core.request_headers when
+  -- it first needs them, as it does the C worker (nil once the request is answered or gone)
+  r.req_headers = headers
   timed(self, rt.start, rid, idx, method, p, params,
-        { query = q ~= "" and q or nil, headers = headers, body = body, user = user, token = token })
+        { query = q ~= "" and q or nil, body = body, user = user, token = token })
   return r
 end
 

@@ -95,6 +95,18 @@ function T.install(gw)
   end
   -- req.trace_id in specs: a fixed id per request (32 hex digits), like the gateway's W3C ids
   function core.trace_id(rid) return ("%032x"):format(rid) end
+  -- the request's header block (agg.contract), as the C worker makes it: names lowercased (the
+  -- front's already are), sorted; nil once the request was answered or its client went away
+  function core.request_headers(rid)
+    local r = gw.responses[rid]
+    if not r or r.status or not r.req_headers then return nil end
+    local names = {}
+    for k in pairs(r.req_headers) do names[#names + 1] = k end
+    table.sort(names)
+    local out = {}
+    for i, k in ipairs(names) do out[i] = k .. "\0" .. tostring(r.req_headers[k]) .. "\0" end
+    return table.concat(out)
+  end
   function core.cancel(id)
     local c = gw.by_id[id]
     if c and not c.ended_ms then
