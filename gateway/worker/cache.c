@@ -172,6 +172,19 @@ static void on_redis_set(void *data, const struct redisReply *reply, const char 
     (void)data, (void)reply, (void)err; /* counted by the client; a failed SET only costs a later miss */
 }
 
+/* SET key value PX ttl_ms in the worker's Redis (core.redis_set, core.cache_store); nothing without
+ * Redis or for a ttl under 1 ms. The client copies the command before this returns. */
+static void redis_set(agw_worker_t *w, const char *key, size_t klen, const char *v, size_t vlen, lua_Number ttl)
+{
+    if (!w->cache.redis || !(ttl >= 1))
+        return;
+    char px[32];
+    int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
+    const char *argv[5] = {"SET", key, v, "PX", px};
+    size_t lens[5] = {3, klen, vlen, 2, (size_t)pl};
+    agw_redis_command(w->cache.redis, on_redis_set, NULL, 5, argv, lens);
+}
+
 /* A time for an entry (core.now()'s clock, ms): a whole number from 0 to 10^15 - 1 (the entry's
  * bound); the runtime gives floor'd times, anything else is clamped. */
 static uint64_t entry_ms(lua_State *L, int idx)
@@ -232,13 +245,7 @@ static int l_cache_store(lua_State *L)
     }
     if (w->cache.lru && until > 0)
         agw_lru_set(w->cache.lru, key, klen, v.base, n, (uint64_t)until);
-    if (w->cache.redis && ttl >= 1) {
-        char px[32];
-        int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
-        const char *argv[5] = {"SET", key, v.base, "PX", px};
-        size_t lens[5] = {3, klen, n, 2, (size_t)pl};
-        agw_redis_command(w->cache.redis, on_redis_set, NULL, 5, argv, lens);
-    }
+    redis_set(w, key, klen, v.base, n, ttl);
     agw_buf_free(&v);
     lua_pushinteger(L, (lua_Integer)n);
     return 1;
@@ -250,14 +257,7 @@ static int l_redis_set(lua_State *L)
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
     const char *v = luaL_checklstring(L, 2, &vlen);
-    lua_Number ttl = luaL_checknumber(L, 3);
-    if (!w->cache.redis || ttl < 1)
-        return 0;
-    char px[32];
-    int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
-    const char *argv[5] = {"SET", key, v, "PX", px};
-    size_t lens[5] = {3, klen, vlen, 2, (size_t)pl};
-    agw_redis_command(w->cache.redis, on_redis_set, NULL, 5, argv, lens);
+    redis_set(w, key, klen, v, vlen, luaL_checknumber(L, 3));
     return 0;
 }
 

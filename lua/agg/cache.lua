@@ -472,7 +472,9 @@ local function store(x, r, now)
   else
     local cc
     if p.ttl_s == nil then
-      cc = block_get(type(hdrs) == "string" and hdrs or json.raw_extra(hdrs) or "", "cache-control")
+      -- the block is needed here: made once, and handed to core.cache_store as it is
+      if type(hdrs) ~= "string" then hdrs = json.raw_extra(hdrs) or "" end
+      cc = block_get(hdrs, "cache-control")
     end
     fresh, swr, sie = M.lifetimes(p, cc)
     if not fresh or fresh <= 0 then return end
