@@ -121,7 +121,7 @@ describe("the spec harness's transport keeps agg.contract", function()
     end
   end)
 
-  it("keeps it with upstream groups (the call's endpoint) and the edge (the arrival's user and token)", function()
+  it("keeps it with upstream groups (the call's endpoint) and the edge (the arrival's user, then core.request_user)", function()
     local endpoints = {}
     local gw = testing.gateway { dir = "spec/fixtures/groups" }
     gw:stub("product", "/p/*", { json = { id = 1 } })
@@ -155,8 +155,10 @@ describe("the spec harness's transport keeps agg.contract", function()
     assert.is_true((contract.check("arrival", { query = "a=1" }))) -- headers left to core.request_headers
     assert.is_false((contract.check("arrival", { query = "a=1", headers = 42 })))
     assert.is_true((contract.check("arrival", { headers = "" })))
-    assert.is_true((contract.check("arrival", { headers = "", user = { sub = "a" }, token = "t" })))
+    assert.is_true((contract.check("arrival", { headers = "", user = true }))) -- core.request_user then
     assert.is_false((contract.check("arrival", { headers = "", user = "alice" })))
+    assert.is_false((contract.check("arrival", { headers = "", user = { sub = "a" } })))
+    assert.is_false((contract.check("arrival", { headers = "", user = true, token = "t" })))
     local call = { rid = 1, upstream = 1, method = "GET", path = "/", headers = false, body = false,
                    timeout_ms = 100, decode = true, section = "s", attempt = 1, endpoint = 2 }
     assert.is_true((contract.check("call_args", call)))

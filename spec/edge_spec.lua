@@ -27,6 +27,17 @@ describe("a protected endpoint in a spec", function()
     assert.equal(200, gw:get("/health").status)
   end)
 
+  -- (the edge's verdict reaches the runtime when first needed: core.request_user)
+  it("gives a script its request's user while it runs, and none to a req kept past its page", function()
+    local BOB = { sub = "bob", scopes = { "orders:read" } }
+    assert.same({ sub = "alice", via = "jwt" }, gw:get("/kept-user/read", { user = ALICE }).json)
+    -- a kept req keeps the user its script read while it ran (alice), never the new request's
+    assert.same({ sub = "alice", via = "jwt" }, gw:get("/kept-user/later", { user = BOB }).json)
+    -- a req kept unread: its request has ended, it has no user to give
+    assert.same({ sub = false, via = false }, gw:get("/kept-user/unread", { user = BOB }).json)
+    assert.same({ sub = false, via = false }, gw:get("/kept-user/later", { user = ALICE }).json)
+  end)
+
   it("gives the script req.user and each upstream the identity gateway.lua says", function()
     local page = gw:get("/orders/1", { user = ALICE })
     assert.equal(200, page.status)

@@ -82,34 +82,51 @@ int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_ca
     return r->status;
 }
 
-void agw_edge_push_user(lua_State *L, agw_auth_result_t *r)
+void agw_edge_user_take(agw_edge_user_t *u, agw_auth_result_t *r)
 {
-    if (r->claims) {
+    u->claims = r->claims;
+    u->key = r->claims ? NULL : r->key;
+    u->token = r->claims ? r->token : NULL;
+    u->token_len = r->claims ? r->token_len : 0;
+    r->claims = NULL;
+}
+
+int agw_edge_user_push(lua_State *L, const agw_edge_user_t *u)
+{
+    if (u->claims) {
         /* the claims as a json ref: Lua tables only if a script or an identity reads them */
         lua_createtable(L, 0, 3);
         lua_pushliteral(L, "jwt");
         lua_setfield(L, -2, "via");
-        json_t *sub = json_object_get(r->claims, "sub");
+        json_t *sub = json_object_get(u->claims, "sub");
         if (json_is_string(sub)) {
             lua_pushstring(L, json_string_value(sub));
             lua_setfield(L, -2, "sub");
         }
-        agw_json_push_ref(L, r->claims);
+        agw_json_push_ref(L, u->claims);
         lua_setfield(L, -2, "claims_ref");
-        json_decref(r->claims);
-        r->claims = NULL;
-        lua_pushlstring(L, r->token, r->token_len);
-    } else if (r->key) {
+        lua_pushlstring(L, u->token, u->token_len);
+        return 2;
+    }
+    if (u->key) {
         lua_createtable(L, 0, 3);
         lua_pushliteral(L, "api_key");
         lua_setfield(L, -2, "via");
-        lua_pushstring(L, r->key->app);
+        lua_pushstring(L, u->key->app);
         lua_setfield(L, -2, "app");
-        lua_pushstring(L, r->key->plan);
+        lua_pushstring(L, u->key->plan);
         lua_setfield(L, -2, "plan");
         lua_pushnil(L);
-    } else {
-        lua_pushnil(L);
-        lua_pushnil(L);
+        return 2;
     }
+    return 0;
+}
+
+void agw_edge_user_drop(agw_edge_user_t *u)
+{
+    json_decref(u->claims);
+    u->claims = NULL;
+    u->key = NULL;
+    u->token = NULL;
+    u->token_len = 0;
 }

@@ -471,6 +471,18 @@ static int l_request_headers(lua_State *L)
     return 1;
 }
 
+/* core.request_user(rid) -> the user the edge authenticated the page request as and its bearer token
+ * (edge.h agw_edge_user_push: a table and a string or nil), or nothing when the request had no user
+ * or has ended (lua/agg/contract.lua; asked for when first needed, not with every request). */
+static int l_request_user(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    reqref_t *rr = agw_slots_get(&w->tables.reqs, (uint64_t)luaL_checknumber(L, 1));
+    if (rr == NULL || rr->req == NULL)
+        return 0;
+    return agw_edge_user_push(L, &rr->user);
+}
+
 /* core.endpoint_state(index, endpoint, state): agg.group's view of endpoint (1-based) of upstream
  * index in this worker (state: contract.h's endpoint_state fields; a missing or negative one is
  * 0), published on the generation's board (group/board.h) for the admin page and the metrics
@@ -604,5 +616,6 @@ const luaL_Reg agw_worker_core_fns[] = {
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
     {"upstream_counters", l_upstream_counters}, {"endpoint_state", l_endpoint_state}, {"join", l_join},
     {"trace_id", l_trace_id}, {"endpoint_slots", l_endpoint_slots}, {"request_headers", l_request_headers},
+    {"request_user", l_request_user},
     {NULL, NULL},
 };

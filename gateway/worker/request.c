@@ -18,6 +18,7 @@
 static void on_req_dispose(void *p)
 {
     reqref_t *rr = p;
+    agw_edge_user_drop(&rr->user);
     if (h2o_linklist_is_linked(&rr->out_link))
         h2o_linklist_unlink(&rr->out_link);
     __atomic_sub_fetch(&rr->w->inflight, 1, __ATOMIC_RELAXED);
@@ -232,6 +233,7 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
     rr->started = ev_now(w->loop);
     rr->logline = NULL;
     rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
+    agw_edge_user_take(&rr->user, user);
     if (w->log.access_fd >= 0) {
         rr->logline = agw_malloc(req->method.len + req->path.len + 2);
         memcpy(rr->logline, req->method.base, req->method.len);
@@ -252,9 +254,10 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
 
     lua_State *L = g->L;
     /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the
-     * query, the body and the edge's user and token in arrival, one table per VM whose fields are
-     * set on each request (nil when absent); its headers field is never set (core.request_headers
-     * gives the header block when the runtime first needs it) */
+     * query, the body and whether the edge authenticated the request in arrival, one table per VM
+     * whose fields are set on each request (nil when absent); its headers field is never set
+     * (core.request_headers gives the header block, core.request_user the user and token, when the
+     * runtime first needs them) */
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
     lua_pushnumber(L, (lua_Number)rr->rid);
     lua_pushinteger(L, endpoint);
@@ -284,14 +287,13 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
     else
         lua_pushnil(L);
     lua_rawset(L, a);
-    /* the edge's verdict: user (a table, or nil when the endpoint has no auth) and the verified
-     * bearer token (a JWT's, else nil) */
-    agw_edge_push_user(L, user);
-    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_TOKEN);
-    lua_insert(L, -2);
-    lua_rawset(L, a);
+    /* the edge's verdict: user is true when it authenticated the request (core.request_user
+     * hands the user and the token over when first asked), nil when the endpoint has no auth */
     lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_USER);
-    lua_insert(L, -2);
+    if (agw_edge_user_none(&rr->user))
+        lua_pushnil(L);
+    else
+        lua_pushboolean(L, 1);
     lua_rawset(L, a);
     lua_remove(L, keys);
     uint64_t rid = rr->rid;

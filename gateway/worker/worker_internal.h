@@ -17,6 +17,7 @@
 #include "guard/guard.h"
 #include "cache/lru.h"
 #include "edge/auth.h"
+#include "edge/edge.h"
 #include "worker/gc.h"
 #include "worker/generation.h"
 #include "worker/gens.h"
@@ -97,6 +98,7 @@ typedef struct reqref {
     size_t tracestate_len;
     h2o_iovec_t out;    /* the response body (in the request's memory) while the response is queued */
     h2o_linklist_t out_link; /* on the worker's out queue (agw_worker_queue_response) while linked */
+    agw_edge_user_t user; /* the edge's verdict, until the request's memory goes (core.request_user) */
 } reqref_t;
 
 /* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */

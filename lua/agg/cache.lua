@@ -373,7 +373,7 @@ function M.key(ctx, spec, p)
     spec.cache_user = true
     -- the token the edge verified for the page identifies the user when the call carries no
     -- credentials of its own; else the page request's Authorization or Cookie
-    if not cred then cred = ctx.token or nil end
+    if not cred then cred = select(2, api.request_user(ctx)) end
     if not cred then
       local rh = api.request_headers(ctx)
       if type(rh) == "string" then

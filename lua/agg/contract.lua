@@ -54,6 +54,12 @@ M.core = {
                                 "a repeated name joined), or nil once the request has ended; asked " ..
                                 "for when a script, a forwarded header, a cache key or a group " ..
                                 "needs them (agg.result.request_headers), not with every request" },
+  request_user = { args = { "rid" }, optional = true,
+                   returns = "the user the edge authenticated the page request as ({ via = \"jwt\", sub, " ..
+                             "claims_ref } or { via = \"api_key\", app, plan }) and the verified bearer " ..
+                             "token (a JWT's, else nil), or nothing when the request had no user or has " ..
+                             "ended; asked for when req.user, an identity or a per-user cache key needs " ..
+                             "them (agg.result.request_user), not with every request" },
   upstream_counters = { args = { "upstream", "counters" }, optional = true,
                         returns = "nothing; the runtime's totals for upstream (an index), " ..
                                   "published as metrics" },
@@ -151,10 +157,10 @@ M.tables = {
     headers = "string|table|nil",   -- "name\0value\0…" (lowercase names), or name -> value; nil:
                                     -- core.request_headers(rid) gives them when first asked
     body    = "string|nil",
-    -- the edge's verdict (edge/edge.h), set on every arrival (nil when the endpoint has no auth):
-    -- cold, most endpoints have none, so they travel here rather than positionally
-    user    = "table|nil",          -- { via = "jwt", sub, claims_ref } or { via = "api_key", app, plan }
-    token   = "string|nil",         -- the verified bearer token (a JWT's), for identity forwarding
+    -- the edge's verdict (edge/edge.h), set on every arrival: true when the edge authenticated
+    -- the request (core.request_user(rid) gives the user and the bearer token when first asked),
+    -- nil when the endpoint has no auth
+    user    = "boolean|nil",
   },
   -- core.respond's response
   response = {

@@ -686,6 +686,7 @@ end
 cache.bind({
   parse = json.parse,
   request_headers = result.request_headers,
+  request_user = result.request_user,
   make_result = make_result,
   start = start_upstream,
   copy_spec = copy_spec,

@@ -14,6 +14,7 @@
 local json = require "agg.json"
 local problem = require "agg.problem"
 local edge = require "agg.edge_config"
+local request_user = require("agg.result").request_user
 
 local M = {}
 
@@ -172,12 +173,12 @@ end
 --- Readies call x (its normalized spec, section x.key) of request ctx for upstream up's identity,
 -- then calls go(nil) to send it, or go(problem) to fail it; go may run before this returns.
 function M.prepare(ctx, x, up, go)
-  local token = ctx.token
+  local user, token = request_user(ctx)
   if not token then
     return go(unavailable(x, up, "the request carries no user token: the endpoint's auth must be jwt"))
   end
   if up.identity == "forward" then
-    local claims = ctx.user and M.claims(ctx.user)
+    local claims = user and M.claims(user)
     if aud_has(claims and claims.aud, up.audience) then
       authorize(x, token)
       return go(nil)
@@ -223,8 +224,9 @@ end
 --- The upstream answered 401 to a call with an exchanged token: forget that token, so that the
 -- next prepare exchanges again.
 function M.forget(ctx, up)
-  if ctx.token and up.audience then
-    local key = ctx.token .. "\0" .. up.audience
+  local _, token = request_user(ctx)
+  if token and up.audience then
+    local key = token .. "\0" .. up.audience
     if cache[key] then cache[key] = nil; cache_n = cache_n - 1 end
   end
 end

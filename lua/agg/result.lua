@@ -25,6 +25,23 @@ function M.request_headers(ctx)
   return h
 end
 
+--- The user the edge authenticated request context ctx as, and its verified bearer token: the
+-- user table ({ via = "jwt", sub, claims_ref } or { via = "api_key", app, plan }) or nil, and the
+-- token (a JWT's) or nil. The C worker does not hand them over with every request (ctx.user is
+-- true when there is a user, false when the endpoint has no auth): the first to need them (req.user,
+-- an identity, a per-user cache key) asks core.request_user once, and they are kept in ctx. A
+-- request that has ended gives none.
+function M.request_user(ctx)
+  local u = ctx.user
+  if u == true then
+    local user, token
+    if core.request_user then user, token = core.request_user(ctx.rid) end
+    u = user or false
+    ctx.user, ctx.token = u, token or false
+  end
+  return u or nil, ctx.token or nil
+end
+
 --- agg.runtime.compact's part: the results' facts table made again (fresh(t): t, or a
 -- new table like it with its entries, sized for them).
 -- M.info is the same table: modules that use it read M.info each time, never keep it.

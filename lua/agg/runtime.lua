@@ -359,7 +359,8 @@ local req_mt = {
     elseif k == "headers" then
       v = parse_headers_table(lazy and result.request_headers(lazy))
     elseif k == "user" then
-      v = lazy and lazy.user and readonly_user(lazy.user) or nil
+      local u = lazy and result.request_user(lazy)
+      v = u and readonly_user(u) or nil
     elseif k == "trace_id" then
       v = lazy and core.trace_id and core.trace_id(lazy.rid)
     elseif k == "remaining_ms" then
@@ -382,19 +383,20 @@ local req_mt = {
 -- route parameters; arrival (valid during this call only): query (the raw query string or nil),
 -- headers (lowercased name -> value, the same as one string "name\0value\0…", or nil: the
 -- transport gives them on first use, core.request_headers, agg.result.request_headers), body
--- (string or nil), user (the edge's verified user, a table, or nil) and token (the verified bearer
--- token, or nil).
+-- (string or nil) and user (true when the edge authenticated the request: the transport gives the
+-- user and its bearer token on first use, core.request_user, agg.result.request_user; else nil).
 function M.start(rid, idx, method, path, params, arrival)
-  local query, headers, body, user, token = arrival.query, arrival.headers, arrival.body, arrival.user, arrival.token
+  local query, headers, body, user = arrival.query, arrival.headers, arrival.body, arrival.user
   local ep = endpoints[idx]
   local now = core.now()
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)
-  -- user, token: who the edge authenticated (gateway/edge/edge.h), for req.user and agg.identity
+  -- user, token: who the edge authenticated (gateway/edge/edge.h), for req.user and agg.identity:
+  -- user true and token false until agg.result.request_user asks for them
   -- ctx[1..]: the Server-Timing entries (section key, ms, …; agg.exchange finish_exchange), in
   -- the array part the constructor makes room for (three calls): no table of their own
   local ctx = { nil, nil, nil, nil, nil, nil, rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
                 exchanges = false, done = false, co = false,
-                query = query, req_headers = headers or false, user = user or false, token = token or false }
+                query = query, req_headers = headers or false, user = user or false, token = false }
   contexts[rid] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
   req_lazy[req] = ctx

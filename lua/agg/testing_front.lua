@@ -152,11 +152,12 @@ function F:send(method, path, opts)
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   self.open = self.open + 1
-  -- the headers are not handed over with the request: the runtime asks core.request_headers when
-  -- it first needs them, as it does the C worker (nil once the request is answered or gone)
-  r.req_headers = headers
+  -- the headers and the user are not handed over with the request: the runtime asks
+  -- core.request_headers and core.request_user when it first needs them, as it does the C worker
+  -- (nil once the request is answered or gone)
+  r.req_headers, r.req_user, r.req_token = headers, user, token
   timed(self, rt.start, rid, idx, method, p, params,
-        { query = q ~= "" and q or nil, body = body, user = user, token = token })
+        { query = q ~= "" and q or nil, body = body, user = user ~= nil or nil })
   return r
 end
 

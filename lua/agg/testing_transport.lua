@@ -107,6 +107,13 @@ function T.install(gw)
     for i, k in ipairs(names) do out[i] = k .. "\0" .. tostring(r.req_headers[k]) .. "\0" end
     return table.concat(out)
   end
+  -- the user the spec's request came as, and its token (agg.contract), as the C worker hands them
+  -- over: nothing without a user, or once the request was answered or its client went away
+  function core.request_user(rid)
+    local r = gw.responses[rid]
+    if not r or r.status or not r.req_user then return nil end
+    return r.req_user, r.req_token
+  end
   function core.cancel(id)
     local c = gw.by_id[id]
     if c and not c.ended_ms then
