@@ -38,6 +38,31 @@ describe("a protected endpoint in a spec", function()
     assert.same({ sub = false, via = false }, gw:get("/kept-user/later", { user = ALICE }).json)
   end)
 
+  it("asks for the user only when something reads it, and once per request", function()
+    local rt = require "agg.runtime"
+    local init, asked = rt.init, 0
+    rt.init = function(core, ...) -- count the runtime's asks (core.request_user)
+      local real = core.request_user
+      core.request_user = function(rid) asked = asked + 1; return real(rid) end
+      return init(core, ...)
+    end
+    local ok, err = pcall(function()
+      local g = testing.gateway { dir = DIR }
+      g:stub("orders", "/orders/*", { json = { id = 1 } })
+      g:stub("inventory", "/stock/*", { json = { inStock = 3 } })
+      g:stub("catalog", "/items/*", { json = { name = "Sneaker" } })
+      g:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-1", token_type = "Bearer",
+                                                            expires_in = 120 } })
+      assert.equal(200, g:get("/kept-user/unread", { user = ALICE }).status) -- reads nothing
+      assert.equal(0, asked)
+      -- req.user read, then a forwarded and an exchanged identity: one ask
+      assert.equal("alice", g:get("/orders/1", { user = ALICE }).json.who.data)
+      assert.equal(1, asked)
+    end)
+    rt.init = init
+    assert(ok, err)
+  end)
+
   it("gives the script req.user and each upstream the identity gateway.lua says", function()
     local page = gw:get("/orders/1", { user = ALICE })
     assert.equal(200, page.status)

@@ -45,7 +45,7 @@ typedef struct agw_edge_user {
  * the token's place in the request. u is empty (agw_edge_user_none) for an endpoint without auth. */
 void agw_edge_user_take(agw_edge_user_t *u, agw_auth_result_t *r);
 
-/* Whether u holds a user (a JWT's claims or an API key). */
+/* Whether u holds no user (neither a JWT's claims nor an API key). */
 static inline int agw_edge_user_none(const agw_edge_user_t *u)
 {
     return u->claims == NULL && u->key == NULL;

@@ -209,7 +209,7 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     }
     int gate = agw_worker_gate(w, g, req, endpoint, params, num_params, &user, start_script);
     if (gate == AGW_GATE_ANSWERED)
-        json_decref(user.claims); /* agw_edge_push_user drops it for a request that goes on */
+        json_decref(user.claims); /* a request that goes on keeps it (agw_edge_user_take) */
     if (gate == AGW_GATE_PASS)
         start_script(w, g, req, endpoint, params, num_params, &user);
     return 0;

@@ -54,7 +54,7 @@ M.core = {
                                 "a repeated name joined), or nil once the request has ended; asked " ..
                                 "for when a script, a forwarded header, a cache key or a group " ..
                                 "needs them (agg.result.request_headers), not with every request" },
-  request_user = { args = { "rid" }, optional = true,
+  request_user = { args = { "rid" },
                    returns = "the user the edge authenticated the page request as ({ via = \"jwt\", sub, " ..
                              "claims_ref } or { via = \"api_key\", app, plan }) and the verified bearer " ..
                              "token (a JWT's, else nil), or nothing when the request had no user or has " ..

@@ -130,9 +130,9 @@ local function read_answer(x, up, outcome, http_status, body, detail)
   return nil, p, code == "invalid_target" and M.INVALID_TARGET_MS or 0
 end
 
-local function start_exchange(ctx, x, up, key, pend)
+local function start_exchange(ctx, token, x, up, key, pend)
   local body = "grant_type=" .. edge.form_escape("urn:ietf:params:oauth:grant-type:token-exchange") ..
-               "&subject_token=" .. edge.form_escape(ctx.token) ..
+               "&subject_token=" .. edge.form_escape(token) ..
                "&subject_token_type=" .. edge.form_escape(te.subject_token_type) ..
                "&requested_token_type=" .. edge.form_escape("urn:ietf:params:oauth:token-type:access_token") ..
                "&audience=" .. edge.form_escape(up.audience)
@@ -218,7 +218,7 @@ function M.prepare(ctx, x, up, go)
   end
   pend = { waiters = { w } }
   pending[key] = pend
-  start_exchange(ctx, x, up, key, pend)
+  start_exchange(ctx, token, x, up, key, pend)
 end
 
 --- The upstream answered 401 to a call with an exchanged token: forget that token, so that the

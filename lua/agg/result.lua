@@ -30,12 +30,12 @@ end
 -- token (a JWT's) or nil. The C worker does not hand them over with every request (ctx.user is
 -- true when there is a user, false when the endpoint has no auth): the first to need them (req.user,
 -- an identity, a per-user cache key) asks core.request_user once, and they are kept in ctx. A
--- request that has ended gives none.
+-- request that has ended gives none (ctx.user becomes false: agg.runtime.authenticated, which
+-- reads ctx.user, is asked only while the request runs).
 function M.request_user(ctx)
   local u = ctx.user
   if u == true then
-    local user, token
-    if core.request_user then user, token = core.request_user(ctx.rid) end
+    local user, token = core.request_user(ctx.rid)
     u = user or false
     ctx.user, ctx.token = u, token or false
   end

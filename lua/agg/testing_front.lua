@@ -155,6 +155,8 @@ function F:send(method, path, opts)
   -- the headers and the user are not handed over with the request: the runtime asks
   -- core.request_headers and core.request_user when it first needs them, as it does the C worker
   -- (nil once the request is answered or gone)
+  -- (unlike the edge, the harness gives opts.user to an endpoint without auth as well: specs of
+  -- limits keyed by app or subject use it)
   r.req_headers, r.req_user, r.req_token = headers, user, token
   timed(self, rt.start, rid, idx, method, p, params,
         { query = q ~= "" and q or nil, body = body, user = user ~= nil or nil })
