@@ -25,6 +25,8 @@ describe("a protected endpoint in a spec", function()
     assert.equal(403, r.status)
     assert.equal(0, #gw:calls())
     assert.equal(200, gw:get("/health").status)
+    -- an endpoint without auth authenticates no one, whatever the request carries
+    assert.is_false(gw:get("/open-who", { user = ALICE }).json.user)
   end)
 
   -- (the edge's verdict reaches the runtime when first needed: core.request_user)

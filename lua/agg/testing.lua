@@ -121,7 +121,8 @@ end
 --- Sends a request and runs the virtual clock until the page is answered. opts: { headers = {},
 -- body = "…" | json = value, user = { sub, scopes, claims, aud } | { app, plan } }: the request
 -- comes from that user, as if the edge had verified its token or API key (without user, an
--- endpoint whose auth is not "none" answers 401, and a missing scope 403, as the edge does). Returns { status, headers (lowercased), body, json (decoded when
+-- endpoint whose auth is not "none" answers 401, and a missing scope 403, as the edge does; one
+-- whose auth is "none" ignores it). Returns { status, headers (lowercased), body, json (decoded when
 -- the body is JSON), elapsed_ms (virtual), script, route }. Errors when a call had no stub.
 function Gateway:request(method, path, opts)
   self.unstubbed = nil

@@ -137,12 +137,16 @@ function F:send(method, path, opts)
   end
   local user, token
   if opts.user ~= nil then user, token = spec_user(opts.user, self.gen.config) end
-  local st, pr, challenge = spec_refusal(self.gen.endpoints[idx].auth or { kind = "none" }, user)
+  local policy = self.gen.endpoints[idx].auth or { kind = "none" }
+  local st, pr, challenge = spec_refusal(policy, user)
   if st then
     r.status, r.body, r.elapsed_ms = st, json.encode(pr), 0
     r.headers = { ["content-type"] = "application/problem+json", ["www-authenticate"] = challenge }
     return finish_response(r)
   end
+  -- an endpoint without auth authenticates no one: its script and its limits see no user, whatever
+  -- the spec's request says (as the edge does: gateway/edge/edge.h)
+  if policy.kind == "none" then user, token = nil, nil end
   local headers = {}
   for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
   if self:gate(r, self.gen.endpoints[idx], headers, opts, user) then return finish_response(r) end
@@ -155,8 +159,6 @@ function F:send(method, path, opts)
   -- the headers and the user are not handed over with the request: the runtime asks
   -- core.request_headers and core.request_user when it first needs them, as it does the C worker
   -- (nil once the request is answered or gone)
-  -- (unlike the edge, the harness gives opts.user to an endpoint without auth as well: specs of
-  -- limits keyed by app or subject use it)
   r.req_headers, r.req_user, r.req_token = headers, user, token
   timed(self, rt.start, rid, idx, method, p, params,
         { query = q ~= "" and q or nil, body = body, user = user ~= nil or nil })
