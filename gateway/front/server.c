@@ -189,9 +189,42 @@ static void tracing_settings(const agw_config_t *from, agw_config_t *to)
 /* After the drain, how long a worker may take to stop before the process exits without it, ms */
 #define AGW_WORKER_STOP_WAIT_MS 5000
 
-/* Graceful shutdown: every worker stops accepting, then requests in flight have up to
- * shutdown_grace_ms (the serving generation's) to finish. A second SIGTERM/SIGINT ends the wait
- * at once; SIGUSR1 still reopens the access log; SIGHUP is ignored (logged). */
+/* How long the drain waits, once nothing is in flight, for a request that has not started yet
+ * (ms): a connection a worker accepted just before its listeners closed, whose request is on its
+ * way or not yet read, is served rather than reset when the process exits. */
+#define AGW_DRAIN_SETTLE_MS 100
+
+/* The requests every worker has started (agw_worker_requests_started), summed. */
+static uint64_t total_started(agw_worker_t *const *workers, unsigned n)
+{
+    uint64_t total = 0;
+    for (unsigned wi = 0; wi < n; wi++)
+        total += agw_worker_requests_started(workers[wi]);
+    return total;
+}
+
+/* Whether every worker has closed its listeners (agw_worker_drained). */
+static int all_drained(agw_worker_t *const *workers, unsigned n)
+{
+    for (unsigned wi = 0; wi < n; wi++)
+        if (!agw_worker_drained(workers[wi]))
+            return 0;
+    return 1;
+}
+
+static uint64_t ms_since(const struct timespec *start)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)(now.tv_sec - start->tv_sec) * 1000 + (uint64_t)((now.tv_nsec - start->tv_nsec) / 1000000);
+}
+
+/* Graceful shutdown: every worker stops accepting (the drain waits until each has closed its
+ * listeners, at most AGW_WORKER_STOP_WAIT_MS), then requests in flight have up to
+ * shutdown_grace_ms (the serving generation's) to finish; the process stops once nothing has been
+ * in flight and no request has started for AGW_DRAIN_SETTLE_MS (a request on a connection
+ * accepted just before the listeners closed is served, not reset). A second SIGTERM/SIGINT ends
+ * the wait at once; SIGUSR1 still reopens the access log; SIGHUP is ignored (logged). */
 static void drain(server_t *srv, const sigset_t *set)
 {
     agw_generation_t *gen = agw_reload_state_current(&srv->gens);
@@ -199,31 +232,46 @@ static void drain(server_t *srv, const sigset_t *set)
     agw_generation_unref(gen);
     for (unsigned wi = 0; wi < srv->workers; wi++)
         agw_worker_drain(srv->w[wi]);
-    struct timespec start, now;
+    struct timespec start;
     clock_gettime(CLOCK_MONOTONIC, &start);
-    int n = total_inflight(srv->w, srv->workers);
-    agw_log(AGW_LOG_INFO, "stopping: no new connections; %d request%s in flight, up to %llu ms to finish", n,
-            n == 1 ? "" : "s", (unsigned long long)grace_ms);
+    int accepting = 1, n = 0;
+    uint64_t started = 0, idle_since = 0; /* idle_since: ms (since start) when nothing was last in flight */
     for (;;) {
-        if ((n = total_inflight(srv->w, srv->workers)) == 0) {
-            agw_log(AGW_LOG_INFO, "stopping: every request finished");
-            return;
+        uint64_t elapsed = ms_since(&start);
+        if (accepting && (all_drained(srv->w, srv->workers) || elapsed >= AGW_WORKER_STOP_WAIT_MS ||
+                          elapsed >= grace_ms)) {
+            accepting = 0;
+            n = total_inflight(srv->w, srv->workers);
+            agw_log(AGW_LOG_INFO, "stopping: no new connections; %d request%s in flight, up to %llu ms to finish", n,
+                    n == 1 ? "" : "s", (unsigned long long)grace_ms);
+            started = total_started(srv->w, srv->workers);
+            idle_since = elapsed;
         }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        uint64_t elapsed = (uint64_t)(now.tv_sec - start.tv_sec) * 1000 +
-                           (uint64_t)((now.tv_nsec - start.tv_nsec) / 1000000);
-        if (elapsed >= grace_ms) {
+        if (!accepting) {
+            uint64_t now_started = total_started(srv->w, srv->workers);
+            if ((n = total_inflight(srv->w, srv->workers)) != 0 || now_started != started) {
+                started = now_started;
+                idle_since = elapsed;
+            } else if (elapsed - idle_since >= AGW_DRAIN_SETTLE_MS || elapsed >= grace_ms) {
+                agw_log(AGW_LOG_INFO, "stopping: every request finished");
+                return;
+            }
+        }
+        if (elapsed >= grace_ms && n > 0) {
             agw_log(AGW_LOG_WARN, "stopping: grace period of %llu ms over, cutting %d request%s in flight",
                     (unsigned long long)grace_ms, n, n == 1 ? "" : "s");
             return;
         }
-        uint64_t left = grace_ms - elapsed;
+        uint64_t left = grace_ms > elapsed ? grace_ms - elapsed : 0;
         uint64_t step = left < 10 ? left : 10;
+        if (step == 0)
+            step = 1;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)step * 1000000};
         int sig = sigtimedwait(set, NULL, &ts);
         if (sig == SIGUSR1) {
             reopen_access_log(srv->access_log, srv->access_fd);
         } else if (sig == SIGTERM || sig == SIGINT) {
+            n = total_inflight(srv->w, srv->workers);
             agw_log(AGW_LOG_WARN, "signal %d again: stopping now, cutting %d request%s in flight", sig,
                     n, n == 1 ? "" : "s");
             return;

@@ -109,6 +109,7 @@ static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
         if (!uv_is_closing((uv_handle_t *)&w->listeners[i].handle))
             uv_close((uv_handle_t *)&w->listeners[i].handle, on_listener_closed);
     h2o_context_request_shutdown(&w->ctx);
+    __atomic_store_n(&w->drained, 1, __ATOMIC_RELEASE); /* uv_close closed the sockets: no new connection */
 }
 
 /* ---- the response queue: sent by on_prepare -------------------------------------------------- */
@@ -350,6 +351,16 @@ agw_watchdog_target_t *agw_worker_watchdog_target(agw_worker_t *w)
 int agw_worker_inflight(const agw_worker_t *w)
 {
     return __atomic_load_n(&w->inflight, __ATOMIC_RELAXED);
+}
+
+int agw_worker_drained(const agw_worker_t *w)
+{
+    return __atomic_load_n(&w->drained, __ATOMIC_ACQUIRE);
+}
+
+uint64_t agw_worker_requests_started(const agw_worker_t *w)
+{
+    return AGW_M_GET(w->m->requests_started);
 }
 
 int agw_worker_stop(agw_worker_t *w, uint64_t wait_ms)

@@ -1,8 +1,8 @@
 /* worker.h: one worker thread: a libev loop with h2o's libuv loop embedded in it (DESIGN §3), an
  * h2o context, a LuaJIT VM per generation of the scripts folder running the runtime
  * (lua/agg/runtime.lua), and one upstream pool per upstream. Nothing in a worker is shared with
- * another worker; the cross-thread entries are agw_worker_drain, agw_worker_install,
- * agw_worker_inflight and agw_worker_stop. */
+ * another worker; the cross-thread entries are agw_worker_drain, agw_worker_drained,
+ * agw_worker_install, agw_worker_inflight, agw_worker_requests_started and agw_worker_stop. */
 #ifndef AGW_WORKER_H
 #define AGW_WORKER_H
 
@@ -75,6 +75,15 @@ void agw_worker_drain(agw_worker_t *w);
 
 /* Requests the worker is handling (thread-safe): arrived at the runtime and not yet disposed. */
 int agw_worker_inflight(const agw_worker_t *w);
+
+/* Whether the worker has handled agw_worker_drain (thread-safe): its listening sockets are closed,
+ * so it accepts no new connection (one the kernel had queued on them is reset, or handed to
+ * another listener of the port with net.ipv4.tcp_migrate_req = 1). */
+int agw_worker_drained(const agw_worker_t *w);
+
+/* How many requests the worker has handed to the runtime since it started (thread-safe; its
+ * metric aggway_requests_started_total): the drain tells a request that started while it waited. */
+uint64_t agw_worker_requests_started(const agw_worker_t *w);
 
 /* What the script time limit's watchdog watches of w (watchdog.h): the watchdog knows workers
  * by this alone. Valid as long as w. */

@@ -149,6 +149,7 @@ struct agw_worker {
                                               on_prepare (agw_worker_queue_response) */
     ev_async stop_async;
     ev_async drain_async;                  /* agw_worker_drain(): close the listeners */
+    int drained;                           /* the listeners are closed (atomic: agw_worker_drained) */
     int draining;                          /* set by on_drain, read on this thread only */
     int inflight;                          /* requests handed to the runtime and not yet disposed
                                               (atomic: the main thread reads it while draining) */

@@ -75,11 +75,12 @@ class Lifecycle(GatewayTestCase):
         self.wait_in_flight()
         sent = time.monotonic()
         self.gw.proc.send_signal(signal.SIGTERM)
-        # the listeners close at once, while the request (3 s) is still in flight: wait for
-        # whichever comes first, then the listeners must be closed and the request unfinished (a
-        # gateway that keeps accepting until it has drained fails either way); the admin says
-        # not ready while the request finishes
-        wait_until(lambda: not tcp_connects(self.port) or "r" in box, product_s + SLACK)
+        # the listeners close at once, while the request (3 s) is still in flight: the gateway says
+        # so once every worker has closed its own (until then a connection may still reach a worker
+        # that has not, while one queued at a closing listener is reset); wait for whichever comes
+        # first, then the listeners must be closed and the request unfinished (a gateway that keeps
+        # accepting until it has drained fails either way); the admin says not ready meanwhile
+        wait_until(lambda: "stopping: no new connections" in self.gw.log() or "r" in box, product_s + SLACK)
         self.assertFalse(tcp_connects(self.port), "the gateway still accepts")
         self.assertNotIn("r", box, "the listeners closed only after the request in flight finished")
         self.assertEqual(admin_status(self.admin_port, "/readyz"), 503)
