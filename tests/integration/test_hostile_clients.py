@@ -207,9 +207,14 @@ class HeaderBombs(GatewayTestCase):
                 _hpack_int(len(big), 7) + big.encode())
         c.raw.sendall(frame(HEADERS, END_STREAM | END_HEADERS, 1, seed))
         refs = b"\xbe" * 16000
-        c.raw.sendall(b"".join(frame(HEADERS, END_STREAM | END_HEADERS, 3 + 2 * i, request_block("/echo-headers") + refs)
-                               for i in range(50)))
         statuses, resets, goaways, closed = {}, set(), [], False
+        try:
+            c.raw.sendall(b"".join(frame(HEADERS, END_STREAM | END_HEADERS, 3 + 2 * i,
+                                         request_block("/echo-headers") + refs) for i in range(50)))
+        except (BrokenPipeError, ConnectionResetError):
+            # the gateway answered the first bomb frame with GOAWAY and closed the connection
+            # before the rest was written (on a loaded machine): what it sent is read below
+            closed = True
         deadline = time.monotonic() + 30
         c.raw.settimeout(0.5)
         buf = b""
