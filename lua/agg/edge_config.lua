@@ -235,8 +235,10 @@ function M.check_auth(c, a)
 end
 
 --- Checks an endpoint's auth value v against the normalized auth block (nil when gateway.lua has
--- none). Returns { kind = "jwt"|"api_key"|"none", scopes = {…} } or nil, message.
-function M.check_endpoint(v, auth)
+-- none). unknown: gateway.lua could not be read (its own error is reported), so whether it has a
+-- jwt or api_keys block is not known and is not held against the endpoint. Returns { kind =
+-- "jwt"|"api_key"|"none", scopes = {…} } or nil, message.
+function M.check_endpoint(v, auth, unknown)
   local function suggest(s, known)
     local name = M.closest(s, known or M.KINDS)
     return name and (" (did you mean '" .. name .. "'?)") or ""
@@ -271,6 +273,7 @@ function M.check_endpoint(v, auth)
   else
     return nil, "auth must be \"jwt\", \"api_key\", \"none\" or a table like { jwt = true, scopes = { … } }, got " .. type(v)
   end
+  if unknown then return policy end
   if policy.kind == "jwt" and not (auth and auth.jwt) then
     return nil, "auth: this endpoint asks for a JWT but gateway.lua has no auth.jwt block"
   elseif policy.kind == "api_key" and not (auth and auth.api_keys) then

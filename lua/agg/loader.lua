@@ -26,13 +26,19 @@ local function read(path)
   return s
 end
 
+-- The line of src where key needle is given a value (`needle = …`, outside a comment); else the
+-- first line that mentions it; else 1. (A comment above an endpoint that talks about its auth must
+-- not take the error meant for `auth = …`.)
 local function line_of(src, needle)
-  local n = 1
+  local key = "%f[%w_]" .. needle:gsub("%p", "%%%0") .. "%f[^%w_]%s*=[^=]"
+  local n, first = 1, nil
   for l in (src .. "\n"):gmatch("([^\n]*)\n") do
-    if l:find(needle, 1, true) then return n end
+    local code = l:gsub("%-%-.*$", "")
+    if (code .. " "):find(key) then return n end
+    if not first and l:find(needle, 1, true) then first = n end
     n = n + 1
   end
-  return 1
+  return first or 1
 end
 
 -- Each endpoint file runs in an environment of its own, the sandbox (agg.sandbox): its globals
@@ -233,14 +239,16 @@ local function load_folder(dir)
     local file = dir .. "/" .. rel
     local fsrc = read(file) or ""
     where.remember(file, fsrc)
+    local chunk, err = loadfile(file)
     -- call specs run only when a request comes, but what the source shows of them (upstream,
-    -- options and their types, fetch_then keys) is worth checking now (agg.lint)
-    if cfg then
+    -- options and their types, fetch_then keys) is worth checking now (agg.lint); not in a file
+    -- that does not compile: a missing brace makes the lint read one table as another, and its
+    -- findings would bury the one error that matters
+    if cfg and chunk then
       local declared = {}
       for name, u in pairs(ups) do if not u.internal then declared[name] = true end end
       for _, e in ipairs(lint.check(fsrc, file, declared)) do errors[#errors + 1] = e end -- (a shared list: copied)
     end
-    local chunk, err = loadfile(file)
     if chunk then setfenv(interpreted(chunk), trusted and sandbox.trusted_env() or sandbox.env(scripts_path)) end
     if not chunk then
       errors[#errors + 1] = err
@@ -299,7 +307,9 @@ local function load_folder(dir)
                 file, line_of(fsrc, "priority"), where, tostring(prio))
               bad = true
             end
-            local policy, perr = edge.check_endpoint(ep.auth, cfg and cfg.auth)
+            -- (gateway.lua did not load: its error is reported; the endpoint's auth is checked on its
+            -- own, not against an auth block that may well be there)
+            local policy, perr = edge.check_endpoint(ep.auth, cfg and cfg.auth, cfg == nil)
             if not policy then
               errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, line_of(fsrc, ep.auth ~= nil and "auth" or "route"), where, perr)
               bad = true
