@@ -189,10 +189,19 @@ static void tracing_settings(const agw_config_t *from, agw_config_t *to)
 /* After the drain, how long a worker may take to stop before the process exits without it, ms */
 #define AGW_WORKER_STOP_WAIT_MS 5000
 
-/* How long the drain waits, once nothing is in flight, for a request that has not started yet
- * (ms): a connection a worker accepted just before its listeners closed, whose request is on its
- * way or not yet read, is served rather than reset when the process exits. */
+/* How long the drain waits, once nothing is in flight and no connection is busy, before it stops
+ * (ms): the workers count their busy connections every 10 ms, so a request that has just begun
+ * arriving, or has just started, is seen rather than cut. */
 #define AGW_DRAIN_SETTLE_MS 100
+
+/* The workers' busy client connections (agw_worker_busy), summed. */
+static unsigned total_busy(agw_worker_t *const *workers, unsigned n)
+{
+    unsigned total = 0;
+    for (unsigned wi = 0; wi < n; wi++)
+        total += agw_worker_busy(workers[wi]);
+    return total;
+}
 
 /* The requests every worker has started (agw_worker_requests_started), summed. */
 static uint64_t total_started(agw_worker_t *const *workers, unsigned n)
@@ -220,11 +229,13 @@ static uint64_t ms_since(const struct timespec *start)
 }
 
 /* Graceful shutdown: every worker stops accepting (the drain waits until each has closed its
- * listeners, at most AGW_WORKER_STOP_WAIT_MS), then requests in flight have up to
+ * listeners, at most AGW_WORKER_STOP_WAIT_MS), then requests in flight and busy connections (a
+ * request still arriving, an answer still being written, a connection accepted before the
+ * listeners closed that has not sent its request yet: agw_worker_busy) have up to
  * shutdown_grace_ms (the serving generation's) to finish; the process stops once nothing has been
- * in flight and no request has started for AGW_DRAIN_SETTLE_MS (a request on a connection
- * accepted just before the listeners closed is served, not reset). A second SIGTERM/SIGINT ends
- * the wait at once; SIGUSR1 still reopens the access log; SIGHUP is ignored (logged). */
+ * in flight, no connection busy and no request started for AGW_DRAIN_SETTLE_MS. Connections idle
+ * between requests are not waited for. A second SIGTERM/SIGINT ends the wait at once; SIGUSR1
+ * still reopens the access log; SIGHUP is ignored (logged). */
 static void drain(server_t *srv, const sigset_t *set)
 {
     agw_generation_t *gen = agw_reload_state_current(&srv->gens);
@@ -235,6 +246,7 @@ static void drain(server_t *srv, const sigset_t *set)
     struct timespec start;
     clock_gettime(CLOCK_MONOTONIC, &start);
     int accepting = 1, n = 0;
+    unsigned busy = 0;
     uint64_t started = 0, idle_since = 0; /* idle_since: ms (since start) when nothing was last in flight */
     for (;;) {
         uint64_t elapsed = ms_since(&start);
@@ -249,7 +261,8 @@ static void drain(server_t *srv, const sigset_t *set)
         }
         if (!accepting) {
             uint64_t now_started = total_started(srv->w, srv->workers);
-            if ((n = total_inflight(srv->w, srv->workers)) != 0 || now_started != started) {
+            busy = total_busy(srv->w, srv->workers);
+            if ((n = total_inflight(srv->w, srv->workers)) != 0 || busy != 0 || now_started != started) {
                 started = now_started;
                 idle_since = elapsed;
             } else if (elapsed - idle_since >= AGW_DRAIN_SETTLE_MS || elapsed >= grace_ms) {
@@ -257,9 +270,10 @@ static void drain(server_t *srv, const sigset_t *set)
                 return;
             }
         }
-        if (elapsed >= grace_ms && n > 0) {
-            agw_log(AGW_LOG_WARN, "stopping: grace period of %llu ms over, cutting %d request%s in flight",
-                    (unsigned long long)grace_ms, n, n == 1 ? "" : "s");
+        if (elapsed >= grace_ms && (n > 0 || busy > 0)) {
+            agw_log(AGW_LOG_WARN, "stopping: grace period of %llu ms over, cutting %d request%s in flight and %u "
+                    "connection%s still receiving or sending", (unsigned long long)grace_ms, n, n == 1 ? "" : "s",
+                    busy, busy == 1 ? "" : "s");
             return;
         }
         uint64_t left = grace_ms > elapsed ? grace_ms - elapsed : 0;

@@ -241,6 +241,43 @@ agw_guard_conn_t *agw_guard_conn_of(agw_guard_t *g, h2o_req_t *req)
     return fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
 }
 
+int agw_guard_h2_shutdown(agw_guard_t *g)
+{
+    static const char reason[] = "graceful shutdown";
+    for (h2o_linklist_t *n = g->ctx->http2._conns.next; n != &g->ctx->http2._conns; n = n->next) {
+        h2_conn_t *h2 = H2O_STRUCT_FROM_MEMBER(h2_conn_t, _conns, n);
+        if (h2->sock == NULL)
+            continue;
+        if (!h2_check_conn(g, h2, h2->sock))
+            return -1;
+        if (h2->state != H2O_HTTP2_CONN_STATE_OPEN)
+            continue; /* closing already (a GOAWAY of its own) */
+        h2o_http2_encode_goaway_frame(&h2->_write.buf, INT32_MAX, H2O_HTTP2_ERROR_NONE,
+                                      h2o_iovec_init(reason, sizeof(reason) - 1));
+        h2o_http2_conn_request_write(h2);
+    }
+    return 0;
+}
+
+agw_guard_conn_t *agw_guard_conn_by_fd(agw_guard_t *g, int fd)
+{
+    return fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
+}
+
+void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams), void *arg)
+{
+    for (h2o_linklist_t *n = g->ctx->http2._conns.next; n != &g->ctx->http2._conns; n = n->next) {
+        h2_conn_t *h2 = H2O_STRUCT_FROM_MEMBER(h2_conn_t, _conns, n);
+        if (h2->sock == NULL) /* its socket is gone: the connection is being freed */
+            continue;
+        if (!h2_check_conn(g, h2, h2->sock)) /* (checked once, on the first connection seen) */
+            return;
+        agw_guard_conn_t *c = agw_guard_conn_by_fd(g, h2o_socket_get_fd(h2->sock));
+        if (c != NULL)
+            fn(arg, c, h2->num_streams.pull.open + h2->num_streams.push.open);
+    }
+}
+
 int agw_guard_h2_cancelled(agw_guard_t *g, h2o_req_t *req, uint64_t now_ms, unsigned max_cancelled,
                            uint64_t window_ms)
 {

@@ -115,6 +115,27 @@ void agw_guard_conn_close(agw_guard_t *g, agw_guard_conn_t *c);
 /* The connection of HTTP/2 request req's socket, or NULL (not HTTP/2, unknown socket). */
 agw_guard_conn_t *agw_guard_conn_of(agw_guard_t *g, h2o_req_t *req);
 
+/* The connection registered on socket fd (agw_guard_conn_open), or NULL. */
+agw_guard_conn_t *agw_guard_conn_by_fd(agw_guard_t *g, int fd);
+
+/* For a graceful shutdown: sends each HTTP/2 connection of the worker's h2o context a GOAWAY with
+ * the last stream id 2^31-1 and NO_ERROR (RFC 9113 §6.8: no new streams; those already opened
+ * go on), and leaves the connection open. h2o 2.2.5's own (h2o_context_request_shutdown) sends
+ * a second GOAWAY a second later and then closes each connection whose streams have all been
+ * answered, cutting a request whose body is still arriving (an upload); here the connection
+ * stays until its streams are done or the process ends (agw_guard_h2_streams tells which are
+ * busy). Returns 0, or -1 when h2o's HTTP/2 connection layout is not trusted (see guard.c): the
+ * caller then falls back on h2o's. On the worker's thread, outside h2o's callbacks. */
+int agw_guard_h2_shutdown(agw_guard_t *g);
+
+/* For a graceful shutdown: calls fn(arg, c, streams) for each HTTP/2 connection of the worker's
+ * h2o context that the guard knows (c, registered by agw_guard_conn_open), with streams, how many
+ * of its streams are open (a request being received, handled or answered: h2o's counts of client
+ * and push streams). Reads h2o's HTTP/2 connection as the rapid-reset guard does (see guard.c);
+ * when that layout is not trusted, calls fn for none (the caller then cannot tell an HTTP/2
+ * connection from another). */
+void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams), void *arg);
+
 /* An HTTP/2 stream of req's connection ended before the gateway answered it (the client reset
  * it, or left). Counts it in the connection's window of window_ms; past max_cancelled in one
  * window the connection stops taking new streams at once (h2o ignores HEADERS from then on), its

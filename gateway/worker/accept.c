@@ -18,6 +18,14 @@ typedef struct conn {
     SSL_CTX *ssl_ctx;   /* one reference, or NULL (cleartext) */
     agw_worker_t *w;
     agw_guard_conn_t guard; /* its HTTP/2 cancel window (guard.h) */
+    /* what a graceful shutdown needs to tell an idle connection from a busy one
+     * (agw_worker_busy_conns) */
+    h2o_socket_t *sock;     /* h2o's socket (freed by h2o just before on_conn_close) */
+    h2o_linklist_t link;    /* on w->conns while open */
+    size_t read_at_request; /* HTTP/1: sock->bytes_read when its last request began */
+    unsigned served : 1;    /* a request has begun on it */
+    unsigned h2 : 1;        /* an HTTP/2 connection (agw_guard_h2_streams listed it) */
+    unsigned h2_streams;    /* HTTP/2: its open streams at the last count */
 } conn_t;
 
 static void accept_one(listener_t *l);
@@ -36,6 +44,8 @@ static void on_conn_close(uv_handle_t *h)
     conn_t *c = (conn_t *)h;
     agw_worker_t *w = c->w;
     SSL_CTX_free(c->ssl_ctx); /* after h2o's SSL_free: the socket is disposed before its handle closes */
+    if (h2o_linklist_is_linked(&c->link))
+        h2o_linklist_unlink(&c->link);
     agw_guard_conn_close(&w->guard, &c->guard);
     free(c);
     w->client_conns--;
@@ -71,7 +81,46 @@ static void accept_one(listener_t *l)
     if ((conn->ssl_ctx = l->accept_ctx.ssl_ctx) != NULL)
         SSL_CTX_up_ref(conn->ssl_ctx);
     h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&conn->tcp, on_conn_close);
+    conn->sock = sock;
+    h2o_linklist_insert(&w->conns, &conn->link);
     h2o_accept(&l->accept_ctx, sock);
+}
+
+void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req)
+{
+    h2o_socket_t *sock = req->conn->callbacks->get_socket ? req->conn->callbacks->get_socket(req->conn) : NULL;
+    agw_guard_conn_t *gc = sock ? agw_guard_conn_by_fd(&w->guard, h2o_socket_get_fd(sock)) : NULL;
+    if (gc == NULL)
+        return;
+    conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, guard, gc);
+    c->read_at_request = sock->bytes_read;
+    c->served = 1;
+}
+
+static void count_h2(void *arg, agw_guard_conn_t *gc, unsigned streams)
+{
+    (void)arg;
+    conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, guard, gc);
+    c->h2 = 1;
+    c->h2_streams = streams;
+}
+
+unsigned agw_worker_busy_conns(agw_worker_t *w)
+{
+    agw_guard_h2_streams(&w->guard, count_h2, NULL);
+    int fresh = (ev_now(w->loop) - w->drain_started) * 1000.0 < AGW_DRAIN_FIRST_REQUEST_MS;
+    unsigned busy = ev_is_pending(&w->uv_io) ? 1 : 0; /* bytes libuv has not handed to h2o yet */
+    for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
+        conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, link, l);
+        h2o_socket_t *s = c->sock;
+        if (s->input == NULL) /* h2o has disposed of the socket: it is closing */
+            continue;
+        if (h2o_socket_is_writing(s) || (!c->served && fresh))
+            busy++;
+        else if (c->h2 ? c->h2_streams > 0 : s->input->size > 0 || s->bytes_read != c->read_at_request)
+            busy++;
+    }
+    return busy;
 }
 
 /* A client connection is ready on l. At the worker's share of clients.max_connections the

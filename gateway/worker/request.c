@@ -62,6 +62,7 @@ static const char *bad_framing(h2o_req_t *req)
 static void record_batch(void *data, h2o_req_t *req, int status, size_t bytes)
 {
     agw_worker_record_c_response(data, req, 0, status, bytes);
+    agw_worker_closing(data, req); /* (the envelope's response starts right after) */
 }
 
 /* The batch endpoint (multi/multi.h): its entries come back here, each as a request of its own. */
@@ -155,6 +156,8 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
 {
     wgen_t *g = w->gens.cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
+    if (may_wait) /* (a request back from a JWKS wait has been noted already) */
+        agw_worker_conn_request(w, req); /* what a drain needs to know of its connection */
     if (req->version >= 0x200) /* header bombs: the guard counts header blocks before h2o decodes them */
         agw_guard_h2_watch(&w->guard, req);
     if (headers_too_large(w, g, req, 0))

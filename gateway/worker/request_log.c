@@ -555,5 +555,6 @@ void agw_worker_send_problem_body(agw_worker_t *w, h2o_req_t *req, reqref_t *rr,
         agw_worker_record_request(w, rr, status, len, NULL, 0, NULL, 0);
     else
         agw_worker_record_c_response(w, req, endpoint, status, len);
+    agw_worker_closing(w, req);
     h2o_send_inline(req, body, len);
 }

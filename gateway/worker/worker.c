@@ -95,20 +95,39 @@ static void on_listener_closed(uv_handle_t *h)
     (void)h; /* the handle lives in w->listeners, freed with the worker */
 }
 
-/* Graceful shutdown: stop accepting (the listening sockets close, so new connections are refused
- * once every worker closed its own) and ask h2o to wind the open connections down (HTTP/2 GOAWAY,
- * no keep-alive for HTTP/1); requests in flight go on. */
-static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
+/* While draining, every 10 ms: the connections that must not be cut yet (agw_worker_busy_conns),
+ * for the main thread's drain. */
+static void on_drain_tick(struct ev_loop *loop, ev_timer *t, int revents)
 {
     (void)loop, (void)revents;
+    agw_worker_t *w = t->data;
+    __atomic_store_n(&w->busy_conns, agw_worker_busy_conns(w), __ATOMIC_RELEASE);
+}
+
+/* Graceful shutdown: stop accepting (the listening sockets close, so new connections are refused
+ * once every worker closed its own) and ask h2o to wind the open connections down (HTTP/2 GOAWAY;
+ * HTTP/1 responses from now on close their connection: agw_worker_closing); requests in flight
+ * go on, and the drain waits for the connections that are busy (agw_worker_busy_conns). */
+static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
+{
+    (void)revents;
     agw_worker_t *w = a->data;
     if (w->draining)
         return;
     w->draining = 1;
+    w->drain_started = ev_now(loop);
     for (size_t i = 0; i < w->num_listeners; i++)
         if (!uv_is_closing((uv_handle_t *)&w->listeners[i].handle))
             uv_close((uv_handle_t *)&w->listeners[i].handle, on_listener_closed);
-    h2o_context_request_shutdown(&w->ctx);
+    /* HTTP/2: GOAWAY, the connections stay until their streams are done (guard.h); h2o's own
+     * shutdown would close a connection whose request body is still arriving */
+    w->ctx.shutdown_requested = 1;
+    if (agw_guard_h2_shutdown(&w->guard) != 0)
+        h2o_context_request_shutdown(&w->ctx);
+    __atomic_store_n(&w->busy_conns, agw_worker_busy_conns(w), __ATOMIC_RELEASE);
+    w->drain_timer.data = w;
+    ev_timer_init(&w->drain_timer, on_drain_tick, 0.01, 0.01);
+    ev_timer_start(loop, &w->drain_timer);
     __atomic_store_n(&w->drained, 1, __ATOMIC_RELEASE); /* uv_close closed the sockets: no new connection */
 }
 
@@ -130,6 +149,7 @@ size_t agw_worker_flush_responses(agw_worker_t *w)
         rr = H2O_STRUCT_FROM_MEMBER(reqref_t, out_link, w->out_queue.next);
         h2o_linklist_unlink(&rr->out_link);
         h2o_req_t *req = rr->req;
+        agw_worker_closing(w, req);
         h2o_start_response(req, &generator);
         if (h2o_memis(req->input.method.base, req->input.method.len, H2O_STRLIT("HEAD")))
             h2o_send(req, NULL, 0, 1);
@@ -276,6 +296,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     ev_init(&w->uv_timer, on_uv_timer);
     w->uv_timer.data = w;
     h2o_linklist_init_anchor(&w->out_queue);
+    h2o_linklist_init_anchor(&w->conns);
     h2o_linklist_init_anchor(&w->watch_queue);
     /* the upstream I/O of each loop iteration in batched system calls (io_uring, upstream/batch.h);
      * AGGWAY_IO_URING=off makes one system call per operation */
@@ -356,6 +377,11 @@ int agw_worker_inflight(const agw_worker_t *w)
 int agw_worker_drained(const agw_worker_t *w)
 {
     return __atomic_load_n(&w->drained, __ATOMIC_ACQUIRE);
+}
+
+unsigned agw_worker_busy(const agw_worker_t *w)
+{
+    return __atomic_load_n(&w->drained, __ATOMIC_ACQUIRE) ? __atomic_load_n(&w->busy_conns, __ATOMIC_ACQUIRE) : 0;
 }
 
 uint64_t agw_worker_requests_started(const agw_worker_t *w)

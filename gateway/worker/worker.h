@@ -1,7 +1,7 @@
 /* worker.h: one worker thread: a libev loop with h2o's libuv loop embedded in it (DESIGN §3), an
  * h2o context, a LuaJIT VM per generation of the scripts folder running the runtime
  * (lua/agg/runtime.lua), and one upstream pool per upstream. Nothing in a worker is shared with
- * another worker; the cross-thread entries are agw_worker_drain, agw_worker_drained,
+ * another worker; the cross-thread entries are agw_worker_drain, agw_worker_drained, agw_worker_busy,
  * agw_worker_install, agw_worker_inflight, agw_worker_requests_started and agw_worker_stop. */
 #ifndef AGW_WORKER_H
 #define AGW_WORKER_H
@@ -80,6 +80,12 @@ int agw_worker_inflight(const agw_worker_t *w);
  * so it accepts no new connection (one the kernel had queued on them is reset, or handed to
  * another listener of the port with net.ipv4.tcp_migrate_req = 1). */
 int agw_worker_drained(const agw_worker_t *w);
+
+/* While draining (thread-safe): how many of the worker's client connections must not be cut yet
+ * (a request being received or answered, a response being written, a connection that has not
+ * sent its first request yet: worker_internal.h agw_worker_busy_conns), counted every 10 ms by
+ * the worker; 0 before agw_worker_drained. */
+unsigned agw_worker_busy(const agw_worker_t *w);
 
 /* How many requests the worker has handed to the runtime since it started (thread-safe; its
  * metric aggway_requests_started_total): the drain tells a request that started while it waited. */

@@ -153,6 +153,10 @@ struct agw_worker {
     int draining;                          /* set by on_drain, read on this thread only */
     int inflight;                          /* requests handed to the runtime and not yet disposed
                                               (atomic: the main thread reads it while draining) */
+    double drain_started;                  /* ev_now() when on_drain ran */
+    ev_timer drain_timer;                  /* while draining: busy_conns counted every 10 ms */
+    unsigned busy_conns;                   /* agw_worker_busy_conns at the last count (atomic:
+                                              agw_worker_busy, read by the main thread) */
     uint64_t rng;                          /* xorshift state for core.random() */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
     uint64_t idle_started;                 /* requests_started at the last tick (gc.h's idle collection) */
@@ -167,6 +171,7 @@ struct agw_worker {
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
     agw_guard_t guard;                     /* client connections and their HTTP/2 cancel windows */
     unsigned client_conns;                 /* client connections open on this worker */
+    h2o_linklist_t conns;                  /* the open ones (accept.c's conn_t.link) */
     unsigned num_paused;                   /* listeners paused at the connection cap */
     double accept_warned;                  /* ev_now() of the last accept-failure warning */
     agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
@@ -447,6 +452,35 @@ typedef void (*agw_gate_start_fn)(agw_worker_t *w, wgen_t *g, h2o_req_t *req, in
  * answers) when Redis has answered; otherwise the caller keeps it. */
 int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
                     size_t num_params, agw_auth_result_t *user, agw_gate_start_fn start);
+
+/* ---- accept.c: a graceful shutdown's view of the client connections -------------------------- */
+
+/* How long a drain waits for the first request of a connection accepted before the listeners
+ * closed and that has sent nothing yet (a TLS handshake or a request on its way over a slow
+ * network), ms; the grace (shutdown_grace_ms) bounds it too. */
+#define AGW_DRAIN_FIRST_REQUEST_MS 1000
+
+/* Request req begins on its client connection: notes how many bytes the connection has read so
+ * far (HTTP/1: anything read after this belongs to the next request) and that it has served one. */
+void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req);
+
+/* A response to req is about to start: while the worker drains, it closes its HTTP/1 connection
+ * (Connection: close), also for a request that began before the drain. */
+static inline void agw_worker_closing(agw_worker_t *w, h2o_req_t *req)
+{
+    if (w->draining)
+        req->http1_is_persistent = 0;
+}
+
+/* While draining: how many of w's client connections must not be cut yet. A connection is busy
+ * while h2o is writing to it; an HTTP/2 one while it has open streams (a request being received,
+ * handled or answered); an HTTP/1 one while it holds request bytes not yet answered or has read
+ * any since its last request began (the next request is arriving); one that has sent nothing
+ * yet, for AGW_DRAIN_FIRST_REQUEST_MS after the drain began. Bytes libuv has seen arrive and not
+ * yet handed to h2o count as one more. An HTTP/1 connection idle between requests is not busy:
+ * the process may end with it open (its client sees the connection close, the keep-alive race
+ * every HTTP/1 client handles by retrying on a new one). On w's thread. */
+unsigned agw_worker_busy_conns(agw_worker_t *w);
 
 /* ---- request_log.c: problems, tracing, metrics and the access log ---------------------------- */
 
