@@ -115,7 +115,10 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
         h2o_socket_t *s = c->sock;
         if (s->input == NULL) /* h2o has disposed of the socket: it is closing */
             continue;
-        if (h2o_socket_is_writing(s) || (!c->served && fresh))
+        if (!c->served) /* its first request may be on its way, or arriving (a write here is the TLS
+                           handshake's, which a client that left may hold for good) */
+            busy += fresh || s->input->size > 0 || s->bytes_read > 0;
+        else if (h2o_socket_is_writing(s)) /* a response going out */
             busy++;
         else if (c->h2 ? c->h2_streams > 0 : s->input->size > 0 || s->bytes_read != c->read_at_request)
             busy++;

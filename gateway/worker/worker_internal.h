@@ -472,11 +472,14 @@ static inline void agw_worker_closing(agw_worker_t *w, h2o_req_t *req)
         req->http1_is_persistent = 0;
 }
 
-/* While draining: how many of w's client connections must not be cut yet. A connection is busy
- * while h2o is writing to it; an HTTP/2 one while it has open streams (a request being received,
- * handled or answered); an HTTP/1 one while it holds request bytes not yet answered or has read
- * any since its last request began (the next request is arriving); one that has sent nothing
- * yet, for AGW_DRAIN_FIRST_REQUEST_MS after the drain began. Bytes libuv has seen arrive and not
+/* While draining: how many of w's client connections must not be cut yet. A connection that has
+ * served a request is busy while h2o is writing to it (a response going out); an HTTP/2 one while
+ * it has open streams (a request being received, handled or answered); an HTTP/1 one while it
+ * holds request bytes not yet answered or has read any since its last request began (the next
+ * request is arriving). One that has not served a request yet is busy while it has request bytes
+ * (its first request is arriving) and, when it has none, for AGW_DRAIN_FIRST_REQUEST_MS after the
+ * drain began (a write on it then is the TLS handshake's, which a client that left can hold for
+ * good: it does not count). Bytes libuv has seen arrive and not
  * yet handed to h2o count as one more. An HTTP/1 connection idle between requests is not busy:
  * the process may end with it open (its client sees the connection close, the keep-alive race
  * every HTTP/1 client handles by retrying on a new one). On w's thread. */
