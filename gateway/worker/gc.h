@@ -2,7 +2,7 @@
  *
  * LuaJIT's collector is incremental and runs by itself inside the Lua code that allocates (a step
  * per GCSTEPSIZE, 1 KB, allocated during a cycle; a cycle starts when the heap reaches twice what
- * the last one left live, setpause 200). It stays that way: a script that makes a lot of garbage
+ * the last one left live, setpause 200 in agg.runtime). It stays that way: a script that makes a lot of garbage
  * within one entry is collected as it goes. (Stopping the automatic collector and running its
  * steps between entries instead was measured: no gain in memory per page in flight, about 3,900
  * more instructions per page, and a script making 3 million small tables in one entry peaked at

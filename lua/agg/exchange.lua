@@ -15,7 +15,7 @@ local health = require "agg.health"
 
 local M = {}
 
-local new_result, fail, result_mt = result.new, result.fail, result.mt
+local new_result, fail, result_mt_for = result.new, result.fail, result.mt_for
 local log_call_failure = result.log_call_failure
 
 local core                                             -- transport and clock
@@ -218,8 +218,7 @@ local function make_result(x, outcome, http_status, headers, body, data, ms, det
   if outcome == "ok" and http_status >= 200 and http_status < 300 and type(data) ~= "string" then
     -- the common case, built in one constructor (no table growth)
     local r = setmetatable({ ok = true, status = "ok", ms = ms, body = body, http_status = http_status,
-                             headers = headers }, result_mt)
-    result.info[r] = spec -- (result.info is made again by result.compact: read it here)
+                             headers = headers }, result_mt_for(spec))
     spec.ref = data
     if body == nil then spec.body_ref = data end -- the transport sent the text only in the ref
     return r
@@ -269,8 +268,8 @@ finish_exchange = function(x, r)
   local u = x.u
   u.active = u.active - 1
   if x.retrying then u.retries_active = u.retries_active - 1 x.retrying = false end
-  -- x lives on as the info of its result (result_info, weak-keyed): links that lead back to the
-  -- result (its group, the request, an earlier failed result) would keep both alive forever
+  -- x lives on as the info of its result (its metatable's) for as long as a script keeps the
+  -- result: what it no longer needs (its group, the request, an earlier failed result) goes
   local g, chain = x.group, x.chain
   -- (last only when it was set: a plain call's table has no slot for it, see agg.callspec)
   x.ctx, x.group, x.chain = false, false, false

@@ -70,7 +70,7 @@ local function cancel_rest(g, failed_key)
     local r = new_result(key, opts)
     r.ms = 0
     fail(ctx, r, problem.cancelled_by(key, failed_key), opts)
-    result.info[r].cancelled = true
+    result.info_of(r).cancelled = true
     return r
   end
   g.cancelling = true
@@ -343,7 +343,7 @@ function M.run_then(g, key, info, args)
       local r = new_result(key, info.opts)
       r.ms = 0
       -- a chain whose required dependency failed fails the page as the dependency would
-      if result.is_required(d) then result.info[r].required = true end
+      if result.is_required(d) then result.info_of(r).required = true end
       settle(g, key, fail(ctx, r, problem.dependency_failed(tostring(key), depname, d.error), info.opts))
       return
     end

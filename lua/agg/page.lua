@@ -12,6 +12,7 @@ local problem = require "agg.problem"
 local rt = require "agg.runtime"
 local cache = require "agg.cache"
 local result = require "agg.result"
+local info_of, section_data = result.info_of, result.section_data
 local new_tab = require "table.new"
 
 local M = {}
@@ -93,21 +94,22 @@ function M.page(results, opts)
   local failed_required, failed_key
   for _, k in ipairs(keys) do
     local r = rt.then_result(results[k])
-    if rt.is_result(r) then
+    local info = info_of(r) -- (a result's facts, read once: nil for a value the script computed)
+    if info then
       if r.status ~= "skipped" then
         counted = counted + 1
         local data
         if r.status ~= "unavailable" then
-          data = rt.section_data(r)
+          data = section_data(r, info)
           if data == nil then data = json.null end
           any_data = true
-        elseif rt.is_required(r) and not failed_required then
+        elseif info.required and not info.cancelled and not failed_required then
           failed_required, failed_key = r, k
         end
         rows[nrows + 1], rows[nrows + 2], rows[nrows + 3], rows[nrows + 4] = k, r.status, data, r.error
         nrows = nrows + 4
         if r.status ~= "ok" then complete = false end
-        if not personal and cache.personal(result.info[r]) then personal = true end
+        if not personal and cache.personal(info) then personal = true end
         if max_age ~= false then
           local left = cache.fresh_left_ms(r)
           if left and (not max_age or left < max_age) then max_age = left elseif not left then max_age = false end

@@ -7,7 +7,17 @@ local json = require "agg.json"
 local M = {}
 
 local core                                             -- the transport (agg.runtime binds it)
-local result_info = setmetatable({}, { __mode = "k" }) -- result -> { section, required, raw }
+-- A result's facts ({ section, required, raw, … }: the call's spec, or a table of their own) are
+-- its metatable's `info` (one metatable per result): they live exactly as long as the result. (A
+-- weak-keyed table result -> info marks its values while the key is being found dead, so the
+-- facts, the call's spec and the answer's body outlived every page by a collector cycle.)
+local getmt = debug.getmetatable
+local result_index, result_newindex
+local function info_of(t)
+  local mt = getmt(t)
+  if mt and mt.__index == result_index then return mt.info end
+  return nil
+end
 
 --- Binds the transport (agg.runtime.init).
 function M.bind(transport) core = transport end
@@ -42,14 +52,6 @@ function M.request_user(ctx)
   return u or nil, ctx.token or nil
 end
 
---- agg.runtime.compact's part: the results' facts table made again (fresh(t): t, or a
--- new table like it with its entries, sized for them).
--- M.info is the same table: modules that use it read M.info each time, never keep it.
-function M.compact(fresh)
-  result_info = fresh(result_info)
-  M.info = result_info
-end
-
 -- A result's `data` is materialized from the parsed upstream JSON on first read; a section the
 -- script never reads is encoded straight from the parsed JSON.
 -- Upstream response headers arrive as "name\0value\0…" and become a table on first read;
@@ -63,10 +65,9 @@ local function parse_headers(s)
   return h
 end
 
-local result_mt = {
-  __index = function(t, k)
+result_index = function(t, k)
     if k == "headers" then
-      local info = result_info[t]
+      local info = info_of(t)
       local raw = info and info.raw_headers
       if raw then
         info.raw_headers = nil
@@ -77,7 +78,7 @@ local result_mt = {
       end
     elseif k == "body" then
       -- the text of a JSON body, kept once in its raw ref until someone asks for it
-      local info = result_info[t]
+      local info = info_of(t)
       local ref = info and info.body_ref
       if ref then
         local b = json.raw(ref)
@@ -85,7 +86,7 @@ local result_mt = {
         return b
       end
     elseif k == "data" then
-      local info = result_info[t]
+      local info = info_of(t)
       local ref = info and info.ref
       if ref then
         local d = json.materialize(ref)
@@ -95,29 +96,36 @@ local result_mt = {
       end
     end
     return nil
-  end,
-  __newindex = function(t, k, v)
+end
+result_newindex = function(t, k, v)
     if k == "data" then
-      local info = result_info[t]
+      local info = info_of(t)
       if info then info.ref = nil end
     end
     rawset(t, k, v)
-  end,
-  -- shared by every script's results: getmetatable gives a name, never the table
-  __metatable = "agg.result",
-}
+end
 
+--- The metatable of a new result whose facts are info (getmetatable gives scripts a name, never
+-- the table).
+local function mt_for(info)
+  if M.on_new then M.on_new(info) end
+  return { __index = result_index, __newindex = result_newindex, __metatable = "agg.result", info = info }
+end
 
-M.mt, M.info, M.parse_headers = result_mt, result_info, parse_headers
+M.mt_for, M.info_of, M.parse_headers = mt_for, info_of, parse_headers
+--- M.on_new (nil): a spec's function(info), called with each new result's facts (the harness
+-- looks at call tables with it).
+M.on_new = nil
 
 --- True when r is a call result made by the scheduler.
-function M.is_result(r) return result_info[r] ~= nil end
+function M.is_result(r) return info_of(r) ~= nil end
 
---- The data of a result as the page encoder wants it: a Lua value, a json ref, or nil.
-function M.section_data(r)
+--- The data of a result as the page encoder wants it: a Lua value, a json ref, or nil. info: r's
+-- facts when the caller has them (info_of), else nil.
+function M.section_data(r, info)
   local d = rawget(r, "data")
   if d ~= nil then return d end
-  local info = result_info[r]
+  info = info or info_of(r)
   local ref = info and info.ref
   if ref then return ref end
   if info and info.decode == false and r.ok then return r.body end
@@ -125,12 +133,12 @@ function M.section_data(r)
 end
 
 function M.section_name(r)
-  local info = result_info[r]
+  local info = info_of(r)
   return info and tostring(info.section) or "?"
 end
 
 function M.is_required(r)
-  local info = result_info[r]
+  local info = info_of(r)
   -- a section cancelled because another required one failed (fail fast) does not decide the page
   return info ~= nil and info.required and not info.cancelled
 end
@@ -172,17 +180,15 @@ function M.log_call_failure(ctx, section, upstream, why)
     tostring(upstream), tostring(why)))
 end
 
--- A result's internal facts (section, required, raw) live in result_info. A call's normalized spec
--- already carries them (its section is set when the call starts), so it serves as the info as is.
+-- A result's internal facts (section, required, raw) are its metatable's info. A call's normalized
+-- spec already carries them (its section is set when the call starts), so it serves as the info as
+-- is.
 function M.new(section, spec)
-  local r = setmetatable({}, result_mt)
   if spec and spec.section == section then
-    result_info[r] = spec
-  else
-    result_info[r] = { section = section, required = spec and spec.required or false,
-                       decode = not spec or spec.decode ~= false }
+    return setmetatable({}, mt_for(spec))
   end
-  return r
+  return setmetatable({}, mt_for({ section = section, required = spec and spec.required or false,
+                                    decode = not spec or spec.decode ~= false }))
 end
 
 -- Marks r failed with problem p, serving the call's fallback when it has one.
@@ -194,7 +200,7 @@ function M.fail(ctx, r, p, spec)
     if type(fb) == "function" then
       local ok, v = pcall(fb, p)
       if not ok then
-        M.log_error(ctx, "fallback of " .. result_info[r].section, v)
+        M.log_error(ctx, "fallback of " .. info_of(r).section, v)
         r.status = "unavailable"
         return r
       end

@@ -44,9 +44,11 @@ function M.init(transport, ups, eps, token_exchange)
   exchange.bind(transport, ups, token_exchange)
   fanout.bind(ups)
   -- pages allocate many short-lived tables and keep little. The default pause (a cycle when the
-  -- heap doubles) with a fast collector (stepmul 1000) keeps the heap at a few MB under load; a
-  -- longer pause lets garbage allocated during a cycle count as live, and the heap runs away
-  -- (measured: 285 MB after 60,000 pages at pause 400, 2 MB at pause 200 / stepmul 1000)
+  -- heap doubles) with a fast collector (stepmul 1000) keeps the heap at 1-1.5 MB under the bench
+  -- page's load and 5-8 MB under the demo's. A longer pause marks less per byte allocated but
+  -- keeps more: at 300 the demo's heap grew to 38 MB (docs/performance.md "A fifth pass", where
+  -- a page's garbage outliving it made any pause over 200 run away). In a burst the worker
+  -- shortens the pause (gateway/worker/gc.h).
   collectgarbage("setpause", 200)
   collectgarbage("setstepmul", 1000)
 end
@@ -83,7 +85,7 @@ local function handler_body(fn, req)
   while true do
     local v = fn(req)
     -- a coroutine waiting here (in the pool, or dropped when the pool is full) must not keep the
-    -- request it served: req_lazy's entry for it would never go (see finish_request)
+    -- request it served (and its context, the req's metatable's) alive
     fn, req = nil, nil
     fn, req = coroutine.yield(DONE, v)
   end
@@ -275,9 +277,8 @@ finish_request = function(ctx, ok, resp, co)
   if ctx.done then return end
   ctx.done = true
   ctx_of[ctx.co] = nil -- ctx leads back to its coroutine: a weak-keyed entry would never go
-  -- and ctx must not lead to it any more either: req_lazy[req] = ctx, and a coroutine that is
-  -- not pooled (more requests at once than POOL_MAX) still holds req while it waits; a value
-  -- that reaches its own weak key keeps the entry for ever (Lua 5.1 has no ephemerons)
+  -- and ctx must not lead to it any more either: a coroutine that is not pooled (more requests
+  -- at once than POOL_MAX) still holds req, whose metatable holds ctx, while it waits
   ctx.co = false
   contexts[ctx.rid] = nil
   abandon_exchanges(ctx)
@@ -322,7 +323,9 @@ local parse_query = url.parse_query
 
 -- req.query, req.headers, req.json, req.remaining_ms and req.trace_id are built on first read: most pages
 -- never read most of them.
-local req_lazy = setmetatable({}, { __mode = "k" })   -- req -> its ctx (which keeps query, req_headers)
+-- A request's context is its req's metatable (so the context lives exactly as long as the req a
+-- script may keep; its __index and __metatable are the only keys of its that say so).
+local getmt = debug.getmetatable
 
 local function parse_headers_table(h)
   if type(h) == "string" then return parse_headers(h) end
@@ -347,9 +350,8 @@ local function readonly_user(u)
   })
 end
 
-local req_mt = {
-  __index = function(r, k)
-    local lazy = req_lazy[r] -- the request's ctx
+local req_index = function(r, k)
+    local lazy = getmt(r) -- the request's ctx
     local v
     if k == "json" then
       local body = rawget(r, "body")
@@ -374,10 +376,7 @@ local req_mt = {
     end
     rawset(r, k, v)
     return v
-  end,
-  -- shared by every script's objects: getmetatable gives a name, never the table
-  __metatable = "agg.request",
-}
+end
 
 --- Starts request rid for endpoint index idx. Called by the transport (agg.contract): params, the
 -- route parameters; arrival (valid during this call only): query (the raw query string or nil),
@@ -394,12 +393,13 @@ function M.start(rid, idx, method, path, params, arrival)
   -- user true and token false until agg.result.request_user asks for them
   -- ctx[1..]: the Server-Timing entries (section key, ms, …; agg.exchange finish_exchange), in
   -- the array part the constructor makes room for (three calls): no table of their own
+  -- ctx is also the req's metatable (__index, __metatable: getmetatable(req) gives scripts a name)
   local ctx = { nil, nil, nil, nil, nil, nil, rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
                 exchanges = false, done = false, co = false,
-                query = query, req_headers = headers or false, user = user or false, token = false }
+                query = query, req_headers = headers or false, user = user or false, token = false,
+                __index = req_index, __metatable = "agg.request" }
   contexts[rid] = ctx
-  local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, req_mt)
-  req_lazy[req] = ctx
+  local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, ctx)
   local co
   if pool_n > 0 then
     co = pool[pool_n]
@@ -446,15 +446,14 @@ end
 -- into: after a burst of N requests at once, their tables kept hash parts of about N (and 3N for
 -- calls) slots, 24 bytes each, for as long as the worker stayed idle (measured: 2.2 MB after
 -- 5,000 pages in flight, tools/bench/memory). A table that holds more than 64 entries is kept.
--- Returns how many tables it made again (12 at idle; for specs).
+-- Returns how many tables it made again (10 at idle; for specs).
 function M.compact()
   made_again = 0
-  contexts, ctx_of, finishers, waiting, req_lazy =
-    fresh(contexts), fresh(ctx_of), fresh(finishers), fresh(waiting), fresh(req_lazy)
+  contexts, ctx_of, finishers, waiting =
+    fresh(contexts), fresh(ctx_of), fresh(finishers), fresh(waiting)
   fanout.bind_requests(ctx_of, finishers, waiting, resume)
   fanout.compact(fresh)
   exchange.compact(fresh)
-  result.compact(fresh)
   return made_again
 end
 
