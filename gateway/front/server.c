@@ -270,7 +270,7 @@ static void drain(server_t *srv, const sigset_t *set)
                 return;
             }
         }
-        if (elapsed >= grace_ms && (n > 0 || busy > 0)) {
+        if (!accepting && elapsed >= grace_ms) { /* a hard limit, whatever still comes */
             agw_log(AGW_LOG_WARN, "stopping: grace period of %llu ms over, cutting %d request%s in flight and %u "
                     "connection%s still receiving or sending", (unsigned long long)grace_ms, n, n == 1 ? "" : "s",
                     busy, busy == 1 ? "" : "s");

@@ -241,6 +241,11 @@ agw_guard_conn_t *agw_guard_conn_of(agw_guard_t *g, h2o_req_t *req)
     return fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
 }
 
+agw_guard_conn_t *agw_guard_conn_by_fd(agw_guard_t *g, int fd)
+{
+    return fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
+}
+
 int agw_guard_h2_shutdown(agw_guard_t *g)
 {
     static const char reason[] = "graceful shutdown";
@@ -250,8 +255,10 @@ int agw_guard_h2_shutdown(agw_guard_t *g)
             continue;
         if (!h2_check_conn(g, h2, h2->sock))
             return -1;
-        if (h2->state != H2O_HTTP2_CONN_STATE_OPEN)
-            continue; /* closing already (a GOAWAY of its own) */
+        agw_guard_conn_t *c = agw_guard_conn_by_fd(g, h2o_socket_get_fd(h2->sock));
+        if (h2->state != H2O_HTTP2_CONN_STATE_OPEN || c == NULL || c->shutdown_told)
+            continue; /* closing already (a GOAWAY of its own), or told */
+        c->shutdown_told = 1;
         h2o_http2_encode_goaway_frame(&h2->_write.buf, INT32_MAX, H2O_HTTP2_ERROR_NONE,
                                       h2o_iovec_init(reason, sizeof(reason) - 1));
         h2o_http2_conn_request_write(h2);
@@ -259,10 +266,6 @@ int agw_guard_h2_shutdown(agw_guard_t *g)
     return 0;
 }
 
-agw_guard_conn_t *agw_guard_conn_by_fd(agw_guard_t *g, int fd)
-{
-    return fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
-}
 
 void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams), void *arg)
 {

@@ -79,6 +79,7 @@ typedef struct agw_guard_conn {
     unsigned max_fields;             /* ro: header fields per header block before GOAWAY */
     size_t max_block_bytes;          /* ro: encoded bytes per header block before GOAWAY */
     unsigned goaway : 1;             /* ro: GOAWAY sent (or due): the connection is closing */
+    unsigned shutdown_told : 1;      /* private: the graceful shutdown's GOAWAY sent (agw_guard_h2_shutdown) */
 } agw_guard_conn_t;
 
 /* The per-worker side of the rapid-reset guard: connections whose GOAWAY is due. */
@@ -118,8 +119,9 @@ agw_guard_conn_t *agw_guard_conn_of(agw_guard_t *g, h2o_req_t *req);
 /* The connection registered on socket fd (agw_guard_conn_open), or NULL. */
 agw_guard_conn_t *agw_guard_conn_by_fd(agw_guard_t *g, int fd);
 
-/* For a graceful shutdown: sends each HTTP/2 connection of the worker's h2o context a GOAWAY with
- * the last stream id 2^31-1 and NO_ERROR (RFC 9113 §6.8: no new streams; those already opened
+/* For a graceful shutdown: sends each HTTP/2 connection of the worker's h2o context that has not
+ * had it yet (call it again: a connection may turn HTTP/2 later, after its TLS handshake or an
+ * upgrade) a GOAWAY with the last stream id 2^31-1 and NO_ERROR (RFC 9113 §6.8: no new streams; those already opened
  * go on), and leaves the connection open. h2o 2.2.5's own (h2o_context_request_shutdown) sends
  * a second GOAWAY a second later and then closes each connection whose streams have all been
  * answered, cutting a request whose body is still arriving (an upload); here the connection

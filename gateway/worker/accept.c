@@ -22,7 +22,6 @@ typedef struct conn {
      * (agw_worker_busy_conns) */
     h2o_socket_t *sock;     /* h2o's socket (freed by h2o just before on_conn_close) */
     h2o_linklist_t link;    /* on w->conns while open */
-    size_t read_at_request; /* HTTP/1: sock->bytes_read when its last request began */
     unsigned served : 1;    /* a request has begun on it */
     unsigned h2 : 1;        /* an HTTP/2 connection (agw_guard_h2_streams listed it) */
     unsigned h2_streams;    /* HTTP/2: its open streams at the last count */
@@ -93,7 +92,6 @@ void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req)
     if (gc == NULL)
         return;
     conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, guard, gc);
-    c->read_at_request = sock->bytes_read;
     c->served = 1;
 }
 
@@ -115,12 +113,16 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
         h2o_socket_t *s = c->sock;
         if (s->input == NULL) /* h2o has disposed of the socket: it is closing */
             continue;
-        if (!c->served) /* its first request may be on its way, or arriving (a write here is the TLS
-                           handshake's, which a client that left may hold for good) */
-            busy += fresh || s->input->size > 0 || s->bytes_read > 0;
-        else if (h2o_socket_is_writing(s)) /* a response going out */
+        /* bytes in h2o's input: an HTTP/1 request from its first byte until it has been answered
+         * (h2o 2.2.5 keeps a request's head and body there until then), an HTTP/2 frame not whole
+         * yet. (sock->bytes_read is not a running total in h2o 2.2.5's libuv binding: the size of
+         * the last read.) */
+        if (s->input->size > 0 || (c->h2 && c->h2_streams > 0))
             busy++;
-        else if (c->h2 ? c->h2_streams > 0 : s->input->size > 0 || s->bytes_read != c->read_at_request)
+        else if (!c->served) /* its first request may be on its way (a write here is the TLS
+                                handshake's, which a client that left may hold for good) */
+            busy += fresh;
+        else if (h2o_socket_is_writing(s)) /* a response going out */
             busy++;
     }
     return busy;

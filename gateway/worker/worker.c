@@ -101,6 +101,8 @@ static void on_drain_tick(struct ev_loop *loop, ev_timer *t, int revents)
 {
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
+    if (w->own_goaway) /* a connection that turned HTTP/2 since (a TLS handshake, an upgrade) */
+        agw_guard_h2_shutdown(&w->guard);
     __atomic_store_n(&w->busy_conns, agw_worker_busy_conns(w), __ATOMIC_RELEASE);
 }
 
@@ -122,7 +124,8 @@ static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
     /* HTTP/2: GOAWAY, the connections stay until their streams are done (guard.h); h2o's own
      * shutdown would close a connection whose request body is still arriving */
     w->ctx.shutdown_requested = 1;
-    if (agw_guard_h2_shutdown(&w->guard) != 0)
+    w->own_goaway = agw_guard_h2_shutdown(&w->guard) == 0;
+    if (!w->own_goaway)
         h2o_context_request_shutdown(&w->ctx);
     __atomic_store_n(&w->busy_conns, agw_worker_busy_conns(w), __ATOMIC_RELEASE);
     w->drain_timer.data = w;

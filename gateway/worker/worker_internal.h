@@ -154,6 +154,8 @@ struct agw_worker {
     int inflight;                          /* requests handed to the runtime and not yet disposed
                                               (atomic: the main thread reads it while draining) */
     double drain_started;                  /* ev_now() when on_drain ran */
+    int own_goaway;                        /* the drain's GOAWAYs are the guard's (agw_guard_h2_shutdown),
+                                              not h2o's */
     ev_timer drain_timer;                  /* while draining: busy_conns counted every 10 ms */
     unsigned busy_conns;                   /* agw_worker_busy_conns at the last count (atomic:
                                               agw_worker_busy, read by the main thread) */
@@ -460,8 +462,7 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
  * network), ms; the grace (shutdown_grace_ms) bounds it too. */
 #define AGW_DRAIN_FIRST_REQUEST_MS 1000
 
-/* Request req begins on its client connection: notes how many bytes the connection has read so
- * far (HTTP/1: anything read after this belongs to the next request) and that it has served one. */
+/* Request req begins on its client connection: notes that the connection has served one. */
 void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req);
 
 /* A response to req is about to start: while the worker drains, it closes its HTTP/1 connection
@@ -472,14 +473,13 @@ static inline void agw_worker_closing(agw_worker_t *w, h2o_req_t *req)
         req->http1_is_persistent = 0;
 }
 
-/* While draining: how many of w's client connections must not be cut yet. A connection that has
- * served a request is busy while h2o is writing to it (a response going out); an HTTP/2 one while
- * it has open streams (a request being received, handled or answered); an HTTP/1 one while it
- * holds request bytes not yet answered or has read any since its last request began (the next
- * request is arriving). One that has not served a request yet is busy while it has request bytes
- * (its first request is arriving) and, when it has none, for AGW_DRAIN_FIRST_REQUEST_MS after the
- * drain began (a write on it then is the TLS handshake's, which a client that left can hold for
- * good: it does not count). Bytes libuv has seen arrive and not
+/* While draining: how many of w's client connections must not be cut yet. A connection is busy
+ * while h2o holds bytes it has read and not finished with (an HTTP/1 request from its first byte
+ * until it is answered, an HTTP/2 frame not whole yet) and, for HTTP/2, while it has open streams
+ * (a request being received, handled or answered). One that has served a request is busy while
+ * h2o writes to it (a response going out); one that has not, for AGW_DRAIN_FIRST_REQUEST_MS after
+ * the drain began (its first request may be on its way; a write on it then is the TLS handshake's,
+ * which a client that left can hold for good: it does not count). Bytes libuv has seen arrive and not
  * yet handed to h2o count as one more. An HTTP/1 connection idle between requests is not busy:
  * the process may end with it open (its client sees the connection close, the keep-alive race
  * every HTTP/1 client handles by retrying on a new one). On w's thread. */

@@ -15,7 +15,7 @@ local getmt = debug.getmetatable
 local result_index, result_newindex
 local function info_of(t)
   local mt = getmt(t)
-  if mt and mt.__index == result_index then return mt.info end
+  if mt and rawget(mt, "__index") == result_index then return rawget(mt, "info") end
   return nil
 end
 

@@ -17,7 +17,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (GatewayTestCase, SLOW, curl, demo_services, endpoint, free_port, route,  # noqa: E402
                      tcp_connects, wait_until, main)
-from h2_client import DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, H2Client, _literal  # noqa: E402
+from h2_client import (DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PING, PREFACE, SETTINGS, H2Client,  # noqa: E402
+                       _literal)
 
 PAGE = endpoint("GET /slow/{id}", """
     local id = req.params.id
@@ -279,6 +280,56 @@ class Drain(GatewayTestCase):
             s.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
             status, headers, got = read_http1(s)
         self.assertEqual((status, headers.get("connection")), (200, "close"))
+        self.assertEqual(self.gw.proc.wait(timeout=5), 0, self.gw.log())
+
+    def test_an_http2_connection_that_only_pings_does_not_hold_the_exit(self):
+        self.start_gw()
+        c = H2Client(self.port, timeout=10).start_plain()  # the preface and SETTINGS, no request
+        try:
+            self.assertTrue(wait_until(lambda: accept_queue(self.port) == 0, 5), "not accepted")
+            sent = time.monotonic()
+            self.gw.proc.send_signal(signal.SIGTERM)
+            # frames that are not requests keep coming: they must not count as one arriving
+            while self.gw.proc.poll() is None and time.monotonic() - sent < 8:
+                try:
+                    c.tls.sendall(c._frame(PING, 0, 0, b"12345678"))
+                except OSError:
+                    break
+                time.sleep(0.05)
+            self.assertEqual(self.gw.proc.wait(timeout=10), 0, self.gw.log())
+            # its first request had 1 s to come (docs/operations.md "Shutdown")
+            self.assertLess(time.monotonic() - sent, 1.0 + SLACK, "a pinging HTTP/2 connection held the exit")
+        finally:
+            c.close()
+
+    def test_a_connection_that_turns_http2_after_the_drain_began_gets_goaway_and_its_answer(self):
+        self.start_gw()
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
+            self.assertTrue(wait_until(lambda: accept_queue(self.port) == 0, 5), "not accepted")
+            self.sigterm_and_wait_for_the_drain()
+            block = (_literal(":method", "GET") + _literal(":scheme", "http") + _literal(":path", "/fast") +
+                     _literal(":authority", "localhost"))
+            s.sendall(PREFACE + H2Client._frame(SETTINGS, 0, 0, b"") +
+                      H2Client._frame(HEADERS, END_STREAM | END_HEADERS, 1, block))
+            s.settimeout(5)
+            buf, goaway, status, deadline = b"", None, None, time.monotonic() + 5
+            while time.monotonic() < deadline and (goaway is None or status is None):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while len(buf) >= 9:
+                    n = struct.unpack(">I", b"\0" + buf[:3])[0]
+                    if len(buf) < 9 + n:
+                        break
+                    ftype, sid, payload = buf[3], struct.unpack(">I", buf[5:9])[0] & 0x7FFFFFFF, buf[9:9 + n]
+                    buf = buf[9 + n:]
+                    if ftype == GOAWAY:
+                        goaway = struct.unpack(">II", payload[:8])
+                    elif ftype == HEADERS and sid == 1:
+                        status = payload[0]
+        self.assertEqual(status, 0x88, "no :status 200 on stream 1")
+        self.assertEqual(goaway, (0x7FFFFFFF, 0))
         self.assertEqual(self.gw.proc.wait(timeout=5), 0, self.gw.log())
 
     def test_connections_idle_between_requests_do_not_hold_the_exit(self):
