@@ -13,6 +13,8 @@
 #ifndef AGW_BASE_LUAMOD_H
 #define AGW_BASE_LUAMOD_H
 
+#include <stdint.h>
+
 #include <lauxlib.h>
 #include <lua.h>
 
@@ -31,5 +33,21 @@ char *agw_luamod_field_str(lua_State *L, int idx, const char *name);
 /* Field name of the table at idx as a number, or dflt when it is not a number
  * (lua_isnumber: a numeric string counts). The stack is left as it was. */
 double agw_luamod_field_num(lua_State *L, int idx, const char *name, double dflt);
+
+/* v as a whole number from 0 to 2^53 (the largest a double counts to exactly): NaN and negatives
+ * give 0, larger values and infinity 2^53, fractions are cut. A double outside an integer type's
+ * range converted with a cast is undefined behaviour (C11 6.3.1.4); the Lua side (agg.config)
+ * already bounds every number a configuration gives, and this keeps C defined whatever it misses. */
+uint64_t agw_luamod_to_u64(double v);
+
+/* v as an int: NaN gives 0, values past INT_MIN/INT_MAX those bounds, fractions are cut. */
+int agw_luamod_to_int(double v);
+
+/* agw_luamod_to_u64 of field name of the table at idx (dflt when it is not a number). */
+uint64_t agw_luamod_field_u64(lua_State *L, int idx, const char *name, uint64_t dflt);
+
+/* agw_luamod_to_int of field name of the table at idx (dflt when it is not a number): the line
+ * numbers and ports agg.config hands over. */
+int agw_luamod_field_int(lua_State *L, int idx, const char *name, int dflt);
 
 #endif

@@ -56,10 +56,10 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
     a->rules.issuer = agw_luamod_field_str(L, t, "issuer");
     a->rules.audiences = (const char *const *)str_list(L, t, "audiences", &a->rules.num_audiences);
     a->rules.required = (const char *const *)str_list(L, t, "required_claims", &a->rules.num_required);
-    a->rules.leeway_s = (uint64_t)agw_luamod_field_num(L, t, "leeway_s", 60);
-    a->rules.max_token_bytes = (size_t)agw_luamod_field_num(L, t, "max_token_bytes", 8192);
-    a->refresh_s = (uint64_t)agw_luamod_field_num(L, t, "jwks_refresh_s", 300);
-    a->cooldown_s = (uint64_t)agw_luamod_field_num(L, t, "jwks_cooldown_s", 30);
+    a->rules.leeway_s = agw_luamod_field_u64(L, t, "leeway_s", 60);
+    a->rules.max_token_bytes = (size_t)agw_luamod_field_u64(L, t, "max_token_bytes", 8192);
+    a->refresh_s = agw_luamod_field_u64(L, t, "jwks_refresh_s", 300);
+    a->cooldown_s = agw_luamod_field_u64(L, t, "jwks_cooldown_s", 30);
     size_t n;
     char **algs = str_list(L, t, "algorithms", &n);
     for (size_t i = 0; i < n; i++) {
@@ -79,7 +79,7 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
             ks = agw_jwks_parse(b.base ? b.base : "", b.len, a->algs, why, sizeof(why)); /* NULL: why says it */
         if (ks == NULL) {
             agw_buf_printf(errors, "%s:%d: auth.jwt.jwks_file: %s: %s\n", file,
-                           (int)agw_luamod_field_num(L, t, "jwks_file_line", 1),
+                           agw_luamod_field_int(L, t, "jwks_file_line", 1),
                            path, why);
             rc = -1;
         }
@@ -90,7 +90,7 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
     a->jwks_url = agw_luamod_field_str(L, t, "jwks_url");
     if (a->jwks_url && agw_fetch_url_parse(a->jwks_url, &a->url, why, sizeof(why)) != 0) {
         agw_buf_printf(errors, "%s:%d: auth.jwt.jwks_url: %s\n", file,
-                       (int)agw_luamod_field_num(L, t, "jwks_url_line", 1), why);
+                       agw_luamod_field_int(L, t, "jwks_url_line", 1), why);
         rc = -1;
     }
     if ((path = agw_luamod_field_str(L, t, "secret_file")) != NULL) {
@@ -105,7 +105,7 @@ static int load_jwt(lua_State *L, int t, agw_auth_t *a, const char *file, agw_bu
         }
         if (a->secret == NULL) {
             agw_buf_printf(errors, "%s:%d: auth.jwt.secret_file: %s\n", file,
-                           (int)agw_luamod_field_num(L, t, "secret_file_line", 1),
+                           agw_luamod_field_int(L, t, "secret_file_line", 1),
                            why);
             rc = -1;
         }
@@ -138,11 +138,11 @@ int agw_auth_config_load(lua_State *L, int cfg, agw_auth_t *a, const char *file,
         char why[512];
         if (path && slurp(path, 16 * 1024 * 1024, &b, &ferr) != 0) {
             agw_buf_printf(errors, "%s:%d: auth.api_keys.file: cannot read %s: %s\n", file,
-                           (int)agw_luamod_field_num(L, kt, "file_line", 1), path, ferr);
+                           agw_luamod_field_int(L, kt, "file_line", 1), path, ferr);
             rc = -1;
         } else if (path && agw_apikeys_parse(b.base ? b.base : "", b.len, &a->apikeys, why, sizeof(why)) != 0) {
             agw_buf_printf(errors, "%s:%d: auth.api_keys.file: %s: %s\n", file,
-                           (int)agw_luamod_field_num(L, kt, "file_line", 1),
+                           agw_luamod_field_int(L, kt, "file_line", 1),
                            path, why);
             rc = -1;
         } else {

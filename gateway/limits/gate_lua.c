@@ -42,14 +42,6 @@ static const char *str_field(lua_State *L, int t, const char *name)
     return s;
 }
 
-static uint64_t num_field(lua_State *L, int t, const char *name, uint64_t dflt)
-{
-    lua_getfield(L, t, name);
-    uint64_t v = lua_isnumber(L, -1) ? (uint64_t)lua_tonumber(L, -1) : dflt;
-    lua_pop(L, 1);
-    return v;
-}
-
 /* A rule table as agg.limits normalized it -> r (strings borrowed from the table). */
 static void read_rule(lua_State *L, int t, agw_limit_rule_t *r)
 {
@@ -67,13 +59,13 @@ static void read_rule(lua_State *L, int t, agw_limit_rule_t *r)
     const char *window = str_field(L, t, "window");
     if (window) {
         r->is_quota = 1;
-        r->quota = num_field(L, t, "quota", 1);
+        r->quota = agw_luamod_field_u64(L, t, "quota", 1);
         r->window = strcmp(window, "hour") == 0 ? AGW_LIMIT_HOUR : strcmp(window, "day") == 0 ? AGW_LIMIT_DAY
                                                                                               : AGW_LIMIT_MONTH;
     } else {
-        r->rate = num_field(L, t, "rate", 1);
-        r->per_s = num_field(L, t, "per_s", 1);
-        r->burst = num_field(L, t, "burst", r->rate);
+        r->rate = agw_luamod_field_u64(L, t, "rate", 1);
+        r->per_s = agw_luamod_field_u64(L, t, "per_s", 1);
+        r->burst = agw_luamod_field_u64(L, t, "burst", r->rate);
         if (r->rate == 0 || r->per_s == 0 || r->burst == 0)
             luaL_error(L, "limiter: rule '%s': rate, per_s and burst must be positive", r->name);
     }

@@ -48,7 +48,7 @@ static int load_upstream_tls(lua_State *L, int t, agw_upstream_conf_t *u, const 
     lua_getfield(L, tt, "verify");
     tls->verify = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    int line = (int)agw_luamod_field_num(L, tt, "line", agw_luamod_field_num(L, t, "line", 1));
+    int line = agw_luamod_field_int(L, tt, "line", agw_luamod_field_int(L, t, "line", 1));
     lua_pop(L, 1);
     u->tls = tls;
     char why[256];
@@ -112,8 +112,8 @@ static int load_endpoints(lua_State *L, int ups, agw_config_t *conf, const char 
         conf->ep_first[i] = k;
         lua_rawgeti(L, ups, (int)i + 1);
         int t = lua_gettop(L);
-        int line = (int)agw_luamod_field_num(L, t, "line", 1);
-        uint64_t every_ms = (uint64_t)(agw_luamod_field_num(L, t, "resolve_every_s", 30) * 1000);
+        int line = agw_luamod_field_int(L, t, "line", 1);
+        uint64_t every_ms = agw_luamod_to_u64(agw_luamod_field_num(L, t, "resolve_every_s", 30) * 1000);
         lua_getfield(L, t, "endpoint_list");
         int list = lua_gettop(L);
         size_t ne = lua_istable(L, list) ? lua_objlen(L, list) : 0;
@@ -132,7 +132,7 @@ static int load_endpoints(lua_State *L, int ups, agw_config_t *conf, const char 
                 et = lua_gettop(L);
             }
             char *host = agw_luamod_field_str(L, et, "host");
-            int port = (int)agw_luamod_field_num(L, et, "port", 80);
+            int port = agw_luamod_field_int(L, et, "port", 80);
             char where[256];
             if (ne > 1)
                 snprintf(where, sizeof(where), "upstreams.%s.endpoints[%zu]", u->name, e + 1);
@@ -202,13 +202,13 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         u->url = agw_luamod_field_str(L, t, "url");
         u->host_header = agw_luamod_field_str(L, t, "host_header");
         u->base_path = agw_luamod_field_str(L, t, "base_path");
-        u->timeout_ms = (uint64_t)agw_luamod_field_num(L, t, "timeout_ms", 1000);
-        u->connect_timeout_ms = (uint64_t)agw_luamod_field_num(L, t, "connect_timeout_ms", 100);
-        u->idle_timeout_ms = (uint64_t)agw_luamod_field_num(L, t, "idle_timeout_ms", 60000);
-        u->max_connections = (unsigned)agw_luamod_field_num(L, t, "max_connections", 64);
-        u->max_pending = (unsigned)agw_luamod_field_num(L, t, "max_pending", 256);
-        u->max_body_bytes = (size_t)agw_luamod_field_num(L, t, "max_body_bytes", 8 * 1024 * 1024);
-        u->max_rps = (uint64_t)agw_luamod_field_num(L, t, "max_rps", 0);
+        u->timeout_ms = agw_luamod_field_u64(L, t, "timeout_ms", 1000);
+        u->connect_timeout_ms = agw_luamod_field_u64(L, t, "connect_timeout_ms", 100);
+        u->idle_timeout_ms = agw_luamod_field_u64(L, t, "idle_timeout_ms", 60000);
+        u->max_connections = (unsigned)agw_luamod_field_u64(L, t, "max_connections", 64);
+        u->max_pending = (unsigned)agw_luamod_field_u64(L, t, "max_pending", 256);
+        u->max_body_bytes = (size_t)agw_luamod_field_u64(L, t, "max_body_bytes", 8 * 1024 * 1024);
+        u->max_rps = agw_luamod_field_u64(L, t, "max_rps", 0);
         lua_getfield(L, t, "health");
         u->health_checked = lua_istable(L, -1);
         lua_pop(L, 1);
@@ -218,13 +218,13 @@ static int load_upstreams(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *
         lua_getfield(L, bt, "off");
         int off = lua_toboolean(L, -1);
         lua_pop(L, 1);
-        conf->breakers[i] = agw_breaker_new(off ? 0 : (unsigned)agw_luamod_field_num(L, bt, "failures", 5),
-                         (uint64_t)(agw_luamod_field_num(L, bt, "open_s", 30) * 1000),
-                         (unsigned)agw_luamod_field_num(L, bt, "half_open_probes", 1));
+        conf->breakers[i] = agw_breaker_new(off ? 0 : (unsigned)agw_luamod_field_u64(L, bt, "failures", 5),
+                         agw_luamod_to_u64(agw_luamod_field_num(L, bt, "open_s", 30) * 1000),
+                         (unsigned)agw_luamod_field_u64(L, bt, "half_open_probes", 1));
         lua_settop(L, t);
         char *host = agw_luamod_field_str(L, t, "host");
-        int port = (int)agw_luamod_field_num(L, t, "port", 80);
-        int line = (int)agw_luamod_field_num(L, t, "line", 1);
+        int port = agw_luamod_field_int(L, t, "port", 80);
+        int line = agw_luamod_field_int(L, t, "line", 1);
         char where[256];
         snprintf(where, sizeof(where), "upstreams.%s.url", u->name);
         if (host == NULL || resolve(&u->addr, &u->addrlen, where, host, port, file, line, errors) != 0)
@@ -276,13 +276,13 @@ static int load_routes(lua_State *L, int gen, int cfg, agw_config_t *conf, agw_b
 static void load_limits(lua_State *L, int cfg, agw_config_t *conf)
 {
     agw_limits_conf_t *lc = &conf->limits;
-    lc->max_in_flight = (unsigned)agw_luamod_field_num(L, cfg, "max_in_flight", 4096);
+    lc->max_in_flight = (unsigned)agw_luamod_field_u64(L, cfg, "max_in_flight", 4096);
     lua_getfield(L, cfg, "limits");
     int t = lua_gettop(L);
     lua_getfield(L, t, "headers");
     lc->headers = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    lc->local_keys = (size_t)agw_luamod_field_num(L, t, "local_keys", 65536);
+    lc->local_keys = (size_t)agw_luamod_field_u64(L, t, "local_keys", 65536);
     lua_getfield(L, t, "rules");
     int rs = lua_gettop(L);
     size_t n = lua_istable(L, rs) ? lua_objlen(L, rs) : 0;
@@ -314,14 +314,14 @@ static void load_limits(lua_State *L, int cfg, agw_config_t *conf)
         char *window = agw_luamod_field_str(L, r, "window");
         if (window) {
             rule->is_quota = 1;
-            rule->quota = (uint64_t)agw_luamod_field_num(L, r, "quota", 1);
+            rule->quota = agw_luamod_field_u64(L, r, "quota", 1);
             rule->window = strcmp(window, "hour") == 0 ? AGW_LIMIT_HOUR : strcmp(window, "day") == 0 ? AGW_LIMIT_DAY
                                                                                                       : AGW_LIMIT_MONTH;
             free(window);
         } else {
-            rule->rate = (uint64_t)agw_luamod_field_num(L, r, "rate", 1);
-            rule->per_s = (uint64_t)agw_luamod_field_num(L, r, "per_s", 1);
-            rule->burst = (uint64_t)agw_luamod_field_num(L, r, "burst", (double)rule->rate);
+            rule->rate = agw_luamod_field_u64(L, r, "rate", 1);
+            rule->per_s = agw_luamod_field_u64(L, r, "per_s", 1);
+            rule->burst = agw_luamod_field_u64(L, r, "burst", rule->rate);
         }
         agw_limit_rule_seal(rule);
         lua_pop(L, 1);
@@ -332,7 +332,7 @@ static void load_limits(lua_State *L, int cfg, agw_config_t *conf)
 /* An endpoint's rule indexes (0-based, from limits.by_name) and priority. */
 static void load_endpoint_limits(lua_State *L, int e, int cfg, agw_endpoint_info_t *ep)
 {
-    ep->priority = (int)agw_luamod_field_num(L, e, "priority", 2);
+    ep->priority = agw_luamod_field_int(L, e, "priority", 2);
     lua_getfield(L, e, "limits");
     int names = lua_gettop(L);
     lua_getfield(L, cfg, "limits");
@@ -361,12 +361,12 @@ static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
         lua_rawgeti(L, t, (int)i + 1);
         int e = lua_gettop(L);
         conf->listen[i].host = agw_luamod_field_str(L, e, "host");
-        conf->listen[i].port = (int)agw_luamod_field_num(L, e, "port", 8080);
-        conf->listen[i].reuse_port = (int)agw_luamod_field_num(L, e, "reuse_port", 0);
+        conf->listen[i].port = agw_luamod_field_int(L, e, "port", 8080);
+        conf->listen[i].reuse_port = agw_luamod_field_int(L, e, "reuse_port", 0);
         conf->listen[i].cert_file = agw_luamod_field_str(L, e, "cert");
         conf->listen[i].key_file = agw_luamod_field_str(L, e, "key");
-        conf->listen[i].cert_line = (int)agw_luamod_field_num(L, e, "cert_line", 1);
-        conf->listen[i].key_line = (int)agw_luamod_field_num(L, e, "key_line", 1);
+        conf->listen[i].cert_line = agw_luamod_field_int(L, e, "cert_line", 1);
+        conf->listen[i].key_line = agw_luamod_field_int(L, e, "key_line", 1);
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
@@ -380,7 +380,7 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
     if (lua_istable(L, -1)) {
         int t = lua_gettop(L);
         conf->admin_host = agw_luamod_field_str(L, t, "host");
-        conf->admin_port = (int)agw_luamod_field_num(L, t, "port", 9090);
+        conf->admin_port = agw_luamod_field_int(L, t, "port", 9090);
         if (conf->admin_host == NULL)
             conf->admin_host = agw_strdup("127.0.0.1");
     }
@@ -406,9 +406,9 @@ static int load_redis_cache(lua_State *L, int cfg, agw_config_t *conf, const cha
         int t = lua_gettop(L);
         char *url = agw_luamod_field_str(L, t, "url");
         char err[256];
-        if (url && agw_redis_parse_url(url, (uint64_t)agw_luamod_field_num(L, t, "timeout_ms", 5), &conf->redis, err,
+        if (url && agw_redis_parse_url(url, agw_luamod_field_u64(L, t, "timeout_ms", 5), &conf->redis, err,
                                        sizeof(err)) != 0) {
-            agw_buf_printf(errors, "%s/gateway.lua:%d: redis.url: %s\n", dir, (int)agw_luamod_field_num(L, t, "line", 1),
+            agw_buf_printf(errors, "%s/gateway.lua:%d: redis.url: %s\n", dir, agw_luamod_field_int(L, t, "line", 1),
                            err);
             rc = -1;
         }
@@ -416,7 +416,7 @@ static int load_redis_cache(lua_State *L, int cfg, agw_config_t *conf, const cha
     }
     lua_pop(L, 1);
     lua_getfield(L, cfg, "cache");
-    conf->cache_memory_bytes = (size_t)agw_luamod_field_num(L, lua_gettop(L), "memory_bytes", 64.0 * 1024 * 1024);
+    conf->cache_memory_bytes = (size_t)agw_luamod_field_u64(L, lua_gettop(L), "memory_bytes", 64.0 * 1024 * 1024);
     lua_getfield(L, -1, "redis");
     conf->cache_redis = lua_toboolean(L, -1) && conf->redis.host != NULL;
     lua_pop(L, 2);
@@ -434,14 +434,14 @@ static int load_tracing(lua_State *L, int cfg, agw_config_t *conf, agw_buf_t *er
         conf->otlp_host_header = agw_luamod_field_str(L, t, "host_header");
         conf->otlp_path = agw_luamod_field_str(L, t, "path");
         conf->otlp_service_name = agw_luamod_field_str(L, t, "service_name");
-        conf->otlp_timeout_ms = (uint64_t)agw_luamod_field_num(L, t, "timeout_ms", 2000);
+        conf->otlp_timeout_ms = agw_luamod_field_u64(L, t, "timeout_ms", 2000);
         char *host = agw_luamod_field_str(L, t, "host");
         char file[4096];
         snprintf(file, sizeof(file), "%s/gateway.lua", conf->dir);
         if (conf->otlp_url && host &&
             resolve(&conf->otlp_addr, &conf->otlp_addrlen, "tracing.otlp_http", host,
-                    (int)agw_luamod_field_num(L, t, "port", 80),
-                    file, (int)agw_luamod_field_num(L, t, "line", 1), errors) != 0)
+                    agw_luamod_field_int(L, t, "port", 80),
+                    file, agw_luamod_field_int(L, t, "line", 1), errors) != 0)
             rc = -1;
         free(host);
     }
@@ -503,13 +503,13 @@ static void load_clients(lua_State *L, int cfg, agw_config_t *conf)
     agw_clients_conf_t *c = &conf->clients;
     lua_getfield(L, cfg, "clients");
     int t = lua_istable(L, -1) ? lua_gettop(L) : 0;
-    c->max_connections = t ? (unsigned)agw_luamod_field_num(L, t, "max_connections", 0) : 0;
+    c->max_connections = t ? (unsigned)agw_luamod_field_u64(L, t, "max_connections", 0) : 0;
     if (c->max_connections == 0)
         c->max_connections = agw_config_auto_max_connections();
-    c->max_headers = t ? (unsigned)agw_luamod_field_num(L, t, "max_headers", 100) : 100;
-    c->max_header_bytes = t ? (size_t)agw_luamod_field_num(L, t, "max_header_bytes", 65536) : 65536;
-    c->max_cancelled_streams = t ? (unsigned)agw_luamod_field_num(L, t, "max_cancelled_streams", 100) : 100;
-    c->cancel_window_ms = (uint64_t)(t ? agw_luamod_field_num(L, t, "cancel_window_s", 10) : 10) * 1000;
+    c->max_headers = t ? (unsigned)agw_luamod_field_u64(L, t, "max_headers", 100) : 100;
+    c->max_header_bytes = t ? (size_t)agw_luamod_field_u64(L, t, "max_header_bytes", 65536) : 65536;
+    c->max_cancelled_streams = t ? (unsigned)agw_luamod_field_u64(L, t, "max_cancelled_streams", 100) : 100;
+    c->cancel_window_ms = agw_luamod_to_u64((t ? agw_luamod_field_num(L, t, "cancel_window_s", 10) : 10) * 1000);
     lua_pop(L, 1);
 }
 
@@ -532,26 +532,26 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     int gen = lua_gettop(L);
     lua_getfield(L, gen, "config");
     int cfg = lua_gettop(L);
-    long workers = (long)agw_luamod_field_num(L, cfg, "workers", 0);
+    long workers = (long)agw_luamod_field_u64(L, cfg, "workers", 0);
     if (workers <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         workers = cores > 0 ? cores : 1;
     }
     conf->workers = (unsigned)workers;
-    conf->deadline_ms = (uint64_t)agw_luamod_field_num(L, cfg, "deadline_ms", 1000);
-    conf->max_request_body_bytes = (size_t)agw_luamod_field_num(L, cfg, "max_request_body_bytes", 1024 * 1024);
+    conf->deadline_ms = agw_luamod_field_u64(L, cfg, "deadline_ms", 1000);
+    conf->max_request_body_bytes = (size_t)agw_luamod_field_u64(L, cfg, "max_request_body_bytes", 1024 * 1024);
     lua_getfield(L, cfg, "batch"); /* agg.config checked it: { path, max_requests, deadline_ms | false } */
     if (lua_istable(L, -1)) {
         int bt = lua_gettop(L);
         conf->batch_path = agw_luamod_field_str(L, bt, "path");
-        conf->batch_max_requests = (size_t)agw_luamod_field_num(L, bt, "max_requests", 20);
+        conf->batch_max_requests = (size_t)agw_luamod_field_u64(L, bt, "max_requests", 20);
         lua_getfield(L, bt, "deadline_ms");
-        conf->batch_deadline_ms = lua_isnumber(L, -1) ? (uint64_t)lua_tonumber(L, -1) : conf->deadline_ms;
+        conf->batch_deadline_ms = lua_isnumber(L, -1) ? agw_luamod_to_u64(lua_tonumber(L, -1)) : conf->deadline_ms;
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
-    conf->shutdown_grace_ms = (uint64_t)agw_luamod_field_num(L, cfg, "shutdown_grace_ms", 10000);
-    conf->script_time_limit_ms = (uint64_t)agw_luamod_field_num(L, cfg, "script_time_limit_ms", 1000);
+    conf->shutdown_grace_ms = agw_luamod_field_u64(L, cfg, "shutdown_grace_ms", 10000);
+    conf->script_time_limit_ms = agw_luamod_field_u64(L, cfg, "script_time_limit_ms", 1000);
     load_clients(L, cfg, conf);
     /* the operator's opt-out of the sandbox (lua/agg/sandbox.lua) is said at every load: start,
      * check and each reload */

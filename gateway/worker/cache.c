@@ -31,6 +31,7 @@
 #include "worker/worker_internal.h"
 
 #include "base/header.h"
+#include "base/luamod.h"
 #include "base/mem.h"
 #include "cache/entry.h"
 #include "json/json.h"
@@ -315,7 +316,7 @@ static int l_cache_counters(lua_State *L)
                                                        "negative"};
     for (size_t i = 0; i < AGW_M_CACHE_OUTCOMES; i++) {
         lua_getfield(L, 1, fields[i]);
-        uint64_t v = lua_isnumber(L, -1) && lua_tonumber(L, -1) > 0 ? (uint64_t)lua_tonumber(L, -1) : 0;
+        uint64_t v = lua_isnumber(L, -1) ? agw_luamod_to_u64(lua_tonumber(L, -1)) : 0;
         lua_pop(L, 1);
         if (v > g->cache_reported[i]) {
             AGW_M_ADD(w->m->cache[i], v - g->cache_reported[i]);

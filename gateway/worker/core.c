@@ -7,6 +7,7 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/luamod.h"
 #include "base/mem.h"
 
 #include "worker/contract.h"
@@ -304,12 +305,12 @@ static int l_call(lua_State *L)
     if (lua_isstring(L, 6))
         req.body = lua_tolstring(L, 6, &req.body_len);
     lua_Number t = luaL_checknumber(L, 7);
-    req.timeout_ms = t > 0 ? (uint64_t)t : 0;
+    req.timeout_ms = agw_luamod_to_u64(t); /* a script's timeout: 1e30 must not be undefined behaviour */
     wcall_t *c = call_take(w);
     c->g = g;
     c->decode = lua_toboolean(L, 8);
     c->up = (unsigned)(index - 1);
-    c->rid = (uint64_t)lua_tonumber(L, 1);
+    c->rid = agw_luamod_to_u64(lua_tonumber(L, 1));
     c->span = -1;
     c->joiners = NULL;
     req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);

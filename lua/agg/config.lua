@@ -18,7 +18,7 @@
 -- A part is a function (cfg, out, c): it reads cfg, writes its part of out (the normalized
 -- config) and reports each mistake through c.err(line, where, message). The context c: lines
 -- (the source's lines), file (its display path), dir (the scripts folder), err, show(v) (a value
--- as a message names it), posint(v, where, line, max) (true, or false after an error),
+-- as a message names it), posint(v, where, line, max) (true, or false after an error; max 2^31-1 when nil),
 -- find_line(lines, name, from), line_of(name, from), suggest(key, known),
 -- parse_http_url(url, allow_https), not_yet (options of a later version: name -> why).
 local edge = require "agg.edge_config"
@@ -139,8 +139,9 @@ function M.check(cfg, src, file)
     return type(v)
   end
   local function posint(v, where, line, max)
-    if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v <= 0 or (max and v > max) then
-      err(line, where, ("must be a positive whole number%s, got %s"):format(max and (" up to " .. max) or "", show(v)))
+    max = max or 2147483647 -- every number the C side reads fits an int32 unless a caller says more
+    if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v <= 0 or v > max then
+      err(line, where, ("must be a positive whole number up to %d, got %s"):format(max, show(v)))
       return false
     end
     return true
@@ -160,11 +161,12 @@ function M.check(cfg, src, file)
   if cfg.workers ~= nil and cfg.workers ~= "auto" then
     if posint(cfg.workers, "workers", find_line(lines, "workers"), 256) then out.workers = cfg.workers end
   end
-  if cfg.deadline_ms ~= nil and posint(cfg.deadline_ms, "deadline_ms", find_line(lines, "deadline_ms")) then
+  if cfg.deadline_ms ~= nil and posint(cfg.deadline_ms, "deadline_ms", find_line(lines, "deadline_ms"), 3600000) then
     out.deadline_ms = cfg.deadline_ms
   end
   if cfg.max_request_body_bytes ~= nil and
-     posint(cfg.max_request_body_bytes, "max_request_body_bytes", find_line(lines, "max_request_body_bytes")) then
+     posint(cfg.max_request_body_bytes, "max_request_body_bytes", find_line(lines, "max_request_body_bytes"),
+            1073741824) then
     out.max_request_body_bytes = cfg.max_request_body_bytes
   end
   -- a whole number of milliseconds from lo to hi, or an error at its line

@@ -141,7 +141,7 @@ function M.check_batch(cfg, out, c)
       local max = b.max_requests == nil and 20 or b.max_requests
       if not posint(max, "batch.max_requests", find_line(lines, "max_requests", bline) or bline, 1000) then ok = false end
       local dl = b.deadline_ms
-      if dl ~= nil and not posint(dl, "batch.deadline_ms", find_line(lines, "deadline_ms", bline) or bline) then ok = false end
+      if dl ~= nil and not posint(dl, "batch.deadline_ms", find_line(lines, "deadline_ms", bline) or bline, 3600000) then ok = false end
       if ok then out.batch = { method = method, path = path, route = route, max_requests = max, deadline_ms = dl or false } end
     end
   end

@@ -273,17 +273,17 @@ function M.check_upstreams(cfg, out, c)
             else
               out_b[f] = check_block(fv, d[1], fwhere, fline, f)
             end
-          elseif d[1] == "count" and not (type(fv) == "number" and fv % 1 == 0 and fv >= 0) then
-            err(fline, fwhere, "must be a whole number >= 0")
-          elseif d[1] == "number" and not (type(fv) == "number" and fv >= 0 and fv == fv) then
-            err(fline, fwhere, "must be a number >= 0")
-          elseif d[1] == "positive" and not (type(fv) == "number" and fv > 0 and fv < math.huge) then
-            err(fline, fwhere, "must be a number of seconds > 0")
+          elseif d[1] == "count" and not (type(fv) == "number" and fv % 1 == 0 and fv >= 0 and fv <= 1000000) then
+            err(fline, fwhere, "must be a whole number from 0 to 1000000")
+          elseif d[1] == "number" and not (type(fv) == "number" and fv >= 0 and fv <= 2147483647) then
+            err(fline, fwhere, "must be a number from 0 to 2147483647")
+          elseif d[1] == "positive" and not (type(fv) == "number" and fv > 0 and fv <= 2147483647) then
+            err(fline, fwhere, "must be a number of seconds > 0, up to 2147483647")
           elseif d[1] == "percent" and not (type(fv) == "number" and fv >= 0 and fv <= 100) then
             err(fline, fwhere, "must be a percentage between 0 and 100")
           elseif d[1] == "statuses" and not (type(fv) == "table" and #fv > 0) then
             err(fline, fwhere, "must be a list of HTTP statuses like { 502, 503, 504 }")
-          elseif d[1] == "after" and not (fv == "p95" or (type(fv) == "number" and fv > 0)) then
+          elseif d[1] == "after" and not (fv == "p95" or (type(fv) == "number" and fv > 0 and fv <= 2147483647)) then
             err(fline, fwhere, "must be \"p95\" or a number of milliseconds")
           else
             out_b[f] = fv
@@ -420,9 +420,10 @@ function M.check_upstreams(cfg, out, c)
           end
           for _, f in ipairs({ "absolute_timeout_s", "idle_timeout_s" }) do
             local v = sess[f]
-            if v ~= nil and not (type(v) == "number" and v >= 1 and v % 1 == 0) then
+            if v ~= nil and not (type(v) == "number" and v >= 1 and v % 1 == 0 and v <= 2147483647) then
               ok = false
-              err(find_line(lines, f, sline) or sline, swhere .. "." .. f, "must be a whole number of seconds >= 1")
+              err(find_line(lines, f, sline) or sline, swhere .. "." .. f,
+                  "must be a whole number of seconds from 1 to 2147483647")
             end
           end
           if ok then

@@ -10,6 +10,7 @@
  * addresses or "localhost" (getaddrinfo below), so no input makes a DNS query. */
 #include <dlfcn.h>
 #include <netdb.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,14 +68,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         if (errors.len > 1)
             fail("a loaded configuration with errors", errors.base);
-        if (conf.workers < 1 || conf.deadline_ms < 1 || conf.num_listen < 1)
-            fail("a configuration out of range", "workers, deadline_ms or listen");
+        /* the bounds agg.config documents (lua/agg/config.lua): a number past them is refused
+         * with its line, never handed to C to convert (a double outside an integer type's range
+         * converted with a cast is undefined behaviour) */
+        if (conf.workers < 1 || conf.workers > 256 || conf.deadline_ms < 1 || conf.deadline_ms > 3600000 ||
+            conf.max_request_body_bytes < 1 || conf.max_request_body_bytes > 1073741824 || conf.num_listen < 1 ||
+            conf.shutdown_grace_ms > 3600000 || conf.script_time_limit_ms > 600000)
+            fail("a configuration out of range", "workers, deadline_ms, max_request_body_bytes, the grace, "
+                                                  "the script time limit or listen");
         for (size_t i = 0; i < conf.num_listen; i++)
             if (conf.listen[i].port < 0 || conf.listen[i].port > 65535 || conf.listen[i].host == NULL)
                 fail("a listener out of range", conf.listen[i].host ? conf.listen[i].host : "(no host)");
         for (size_t i = 0; i < conf.num_upstreams; i++) {
             const agw_upstream_conf_t *u = &conf.upstreams[i];
-            if (u->name == NULL || u->url == NULL || u->host_header == NULL || u->max_connections < 1)
+            if (u->name == NULL || u->url == NULL || u->host_header == NULL || u->max_connections < 1 ||
+                u->timeout_ms > INT32_MAX || u->connect_timeout_ms > INT32_MAX || u->idle_timeout_ms > INT32_MAX ||
+                u->max_body_bytes > INT32_MAX || u->max_pending > INT32_MAX)
                 fail("an upstream out of range", u->name ? u->name : "(no name)");
         }
         agw_config_free(&conf);

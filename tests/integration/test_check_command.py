@@ -339,10 +339,37 @@ class CheckCommand(unittest.TestCase):
              ["upstreams.product.resolve_every_s", "whole number of seconds from 0"]),
             ('      url = "http://127.0.0.1:9001",\n      resolve_every_s = "30s",', 6,
              ["upstreams.product.resolve_every_s", "whole number of seconds from 0"]),
+            # numbers past what the gateway holds (a fuzz input: deadline_ms = 1e46 reached a C cast)
+            ('      url = "http://127.0.0.1:9001",\n      timeout_ms = 1e300,', 6,
+             ["upstreams.product.timeout_ms", "up to 2147483647, got 1e+300"]),
+            ('      url = "http://127.0.0.1:9001",\n      max_body_bytes = 2^40,', 6,
+             ["upstreams.product.max_body_bytes", "up to 2147483647"]),
+            ('      url = "http://127.0.0.1:9001",\n      breaker = { open_s = 1/0 },', 6,
+             ["upstreams.product.breaker.open_s", "from 0 to 2147483647"]),
+            ('      url = "http://127.0.0.1:9001",\n      breaker = { failures = 1e12 },', 6,
+             ["upstreams.product.breaker.failures", "from 0 to 1000000"]),
+            ('      url = "http://127.0.0.1:9001",\n      retry = { backoff_ms = 0/0 },', 6,
+             ["upstreams.product.retry.backoff_ms", "from 0 to 2147483647"]),
+            ('      url = "http://127.0.0.1:9001",\n      hedge = { after = 1e20 },', 6,
+             ["upstreams.product.hedge.after", "number of milliseconds"]),
+            ('      url = "http://127.0.0.1:9001",\n      session = { name = "s", idle_timeout_s = 1e20 },', 6,
+             ["upstreams.product.session.idle_timeout_s", "from 1 to 2147483647"]),
         ]
         for product, line, words in cases:
             with self.subTest(product=product):
                 self.assertInvalid(self.folder(self.group_source(product)), "gateway.lua", line, *words)
+
+    def test_check_top_level_numbers_past_their_range_name_their_line(self):
+        for key, value, words in [("deadline_ms", "1e46", "up to 3600000, got 1e+46"),
+                                  ("deadline_ms", "3600001", "up to 3600000"),
+                                  ("max_request_body_bytes", "2^31", "up to 1073741824")]:
+            with self.subTest(key=key, value=value):
+                src = ('return {\n'
+                       '  listen = { { port = %d } },\n'
+                       '  %s = %s,\n'
+                       '  upstreams = { product = { url = "http://127.0.0.1:9001" } },\n'
+                       '}\n') % (self.port, key, value)
+                self.assertInvalid(self.folder(src, scripts={}), "gateway.lua", 3, key, words)
 
     def test_check_endpoint_host_that_does_not_resolve_names_the_endpoint(self):
         src = self.group_source('      endpoints = { "http://127.0.0.1:9001", "http://no-such-host.invalid:9001" },')
