@@ -158,3 +158,29 @@ describe("errors of a folder that does not load", function()
     assert.equal(1, #errors, text)
   end)
 end)
+
+describe("binary chunks", function()
+  -- LuaJIT does not verify bytecode: a crafted chunk reads and writes any memory of the worker,
+  -- past the sandbox, so every file of the folder is compiled from source text only
+  local function refused(dir, file)
+    local gen, errors = loader.load(DIR .. dir)
+    assert.is_nil(gen)
+    local text = table.concat(errors, "\n")
+    local where = (DIR .. dir .. "/" .. file .. ":1: "):gsub("%p", "%%%0")
+    assert.matches(where .. "binary chunks are not loaded: scripts load source text only", text)
+    return text
+  end
+
+  it("are refused as an endpoint script, at its file's first line", function()
+    refused("bytecode", "page.lua")
+  end)
+
+  it("are refused as a module of lib/, naming the script that required it", function()
+    local text = refused("bytecodelib", "lib/evil.lua")
+    assert.matches("error loading module 'lib.evil'", text, 1, true)
+  end)
+
+  it("are refused as gateway.lua", function()
+    refused("bytecodegw", "gateway.lua")
+  end)
+end)

@@ -141,7 +141,7 @@ local function script_module_searcher(name)
   if RUNTIME_PATH and package.searchpath(name, RUNTIME_PATH) then return nil end
   local file = package.searchpath(name, scripts_path)
   if not file then return nil end -- Lua's own searchers say where they looked
-  local chunk, err = loadfile(file)
+  local chunk, err = sandbox.load_source(file)
   if not chunk then
     error(("error loading module '%s' from file '%s':\n\t%s"):format(name, file, err), 0)
   end
@@ -206,7 +206,7 @@ local function load_folder(dir)
   if not src then
     errors[#errors + 1] = gfile .. ":1: cannot read the gateway configuration; create it (see docs/operations.md, 'gateway.lua')"
   else
-    local chunk, err = loadstring(src, "@" .. gfile)
+    local chunk, err = sandbox.load_source(gfile, src)
     if not chunk then
       errors[#errors + 1] = err
     else
@@ -239,7 +239,7 @@ local function load_folder(dir)
     local file = dir .. "/" .. rel
     local fsrc = read(file) or ""
     where.remember(file, fsrc)
-    local chunk, err = loadfile(file)
+    local chunk, err = sandbox.load_source(file)
     -- call specs run only when a request comes, but what the source shows of them (upstream,
     -- options and their types, fetch_then keys) is worth checking now (agg.lint); not in a file
     -- that does not compile: a missing brace makes the lint read one table as another, and its

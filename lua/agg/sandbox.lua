@@ -182,6 +182,20 @@ local function is_bytecode(s)
   return type(s) == "string" and s:byte(1) == 27
 end
 
+--- Compiles a file of the scripts folder (gateway.lua, an endpoint script, a lib/ module) from its
+-- source text only: loadfile(file, "t"), or loadstring(src, "@" .. file, "t") when the caller has
+-- read src already. A binary chunk is refused whoever loads it, trusted folders included: LuaJIT
+-- does not verify bytecode, so a crafted chunk reads and writes any memory of the worker, past
+-- every sandbox. Returns the function, or nil and a message with the file's place ("FILE:1:
+-- binary chunks are not loaded: …" or Lua's own "FILE:LINE: …" of a syntax error).
+function M.load_source(file, src)
+  local f, err
+  if src then f, err = raw_loadstring(src, "@" .. file, "t") else f, err = raw_loadfile(file, "t") end
+  if f then return f end
+  if type(err) == "string" and err:find("wrong mode", 1, true) then return nil, file .. ":1: " .. BYTECODE end
+  return nil, err
+end
+
 -- What the sandbox shares with the modules a script requires: the script's module instances and
 -- the folder they come from.
 --   box = { loaded = { name -> value }, path = "dir/?.lua;dir/?/init.lua" }
@@ -206,7 +220,7 @@ local function script_require(box, name)
     error(("module '%s' not found: scripts require agg, agg.json, string, table, math, coroutine, os, bit, " ..
            "jit, debug, and the modules of the scripts folder (require \"lib.x\" for lib/x.lua)"):format(name), 3)
   end
-  local chunk, err = raw_loadfile(file)
+  local chunk, err = M.load_source(file)
   if not chunk then
     error(("error loading module '%s' from file '%s':\n\t%s"):format(name, file, err), 3)
   end
