@@ -120,6 +120,20 @@ describe("the sandbox keeps a script away from the runtime:", function()
     refused([[return getfenv(3)]], "not this script's")
   end)
 
+  it("getfenv/setfenv of a value that is neither a function nor a level raise at the script's line", function()
+    -- found by tests/fuzz/fuzz_script_lua.c: getfenv "GET /…" raised inside agg/sandbox.lua
+    -- (not tail calls: a tail call's caller has no frame left for the error to name; the loader
+    -- puts such an error at line 1 of the file, loader_spec)
+    for _, src in ipairs { [[local e = getfenv "GET /x"]], [[local e = getfenv(1000)]], [[local e = getfenv(-1)]],
+                           [[local e = getfenv(1.5)]], [[local e = getfenv(0/0)]], [[local e = getfenv(1e300)]],
+                           [[local e = getfenv({})]], [[setfenv("x", {})]], [[setfenv(500, {})]],
+                           [[setfenv(1/0, {})]] } do
+      local ok, err = run(src)
+      assert.is_false(ok, src)
+      assert.matches("^script:1: [gs]etfenv: expects a function or a level of the stack", tostring(err))
+    end
+  end)
+
   it("setfenv on a runtime function or level 0", function()
     refused([[setfenv(require("agg").page, {})]], "only functions of this script")
     refused([[setfenv(0, {})]], "setfenv(0, …) is not available")

@@ -69,7 +69,28 @@ local function too_long(where)
           where, M.LOAD_BUDGET_S)
 end
 
-local function run_chunk(chunk, file)
+-- An error of a file's top level (its message e, a string) at its place in the scripts folder dir:
+-- kept when it already names a file of the folder ("dir/x.lua:7: …"); otherwise put at the line
+-- the folder's code was running (the deepest frame from dir on the stack), after taking off a
+-- place in the runtime ("…/agg/loader.lua:256: ", which is no business of the script's author).
+-- A message raised past the script (error(msg, 0), a C function's "bad argument", a function the
+-- top level tail-called, whose caller's frame is gone) gets that line, or line 1 of the file.
+local function placed(e, file, dir)
+  local src, rest = e:match("^(.-):%d+: (.*)$")
+  local folder = dir .. "/"
+  if src and src:sub(1, #folder) == folder then return e end
+  if src and M.runtime_source("@" .. src) then e = rest end
+  for level = 3, 200 do
+    local info = debug.getinfo(level, "Sl")
+    if not info then break end
+    if info.currentline > 0 and info.source:sub(1, #folder + 1) == "@" .. folder then
+      return ("%s:%d: %s"):format(info.source:sub(2), info.currentline, e)
+    end
+  end
+  return ("%s:1: %s"):format(file, e)
+end
+
+local function run_chunk(chunk, file, dir)
   local deadline = load_deadline
   local budget_hit = false
   local hook
@@ -100,7 +121,7 @@ local function run_chunk(chunk, file)
   end
   debug.sethook(hook, "", HOOK_EVERY)
   local ok, v = xpcall(chunk, function(e)
-    if type(e) == "string" then return e end
+    if type(e) == "string" then return placed(e, file, dir) end
     local tb = debug.traceback("", 2)
     local line = tb:match(file:gsub("%p", "%%%0") .. ":(%d+):") or "1"
     return ("%s:%s: raised an error value of type %s (use error(\"message\") to say what is wrong)"):format(file, line, type(e))
@@ -210,7 +231,7 @@ local function load_folder(dir)
     if not chunk then
       errors[#errors + 1] = err
     else
-      local ok, v = run_chunk(chunk, gfile)
+      local ok, v = run_chunk(chunk, gfile, dir)
       if not ok then
         errors[#errors + 1] = tostring(v)
       else
@@ -253,7 +274,7 @@ local function load_folder(dir)
     if not chunk then
       errors[#errors + 1] = err
     else
-      local ok, v = run_chunk(chunk, file)
+      local ok, v = run_chunk(chunk, file, dir)
       if not ok then
         errors[#errors + 1] = tostring(v)
       elseif type(v) ~= "table" then

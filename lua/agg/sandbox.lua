@@ -196,6 +196,20 @@ function M.load_source(file, src)
   return nil, err
 end
 
+-- getfenv's and setfenv's f as raw_getfenv takes it from their own frame: a function as it is, a
+-- level of the script (a whole number >= 1 with a function there) one deeper. Anything else
+-- raises at the script's line, never inside the runtime (whose file a message would show).
+local raw_getinfo = debug.getinfo
+local function fenv_target(f, who)
+  if type(f) == "function" then return f end
+  -- levels counted from here: 1 this function, 2 getfenv/setfenv, 3 the script's level 1
+  if type(f) == "number" and f >= 1 and f <= 1000000 and f % 1 == 0 and raw_getinfo(f + 2, "f") then
+    return f + 1
+  end
+  error(("%s: expects a function or a level of the stack (a whole number >= 0), got %s"):format(
+    who, type(f) == "number" and ("level " .. tostring(f)) or type(f)), 3)
+end
+
 -- What the sandbox shares with the modules a script requires: the script's module instances and
 -- the folder they come from.
 --   box = { loaded = { name -> value }, path = "dir/?.lua;dir/?/init.lua" }
@@ -279,8 +293,8 @@ new_env = function(box)
   env.getfenv = function(f)
     if f == nil then f = 1 end
     if f == 0 then return env end
-    local e
-    if type(f) == "number" then e = raw_getfenv(f + 1) else e = raw_getfenv(f) end
+    f = fenv_target(f, "getfenv")
+    local e = raw_getfenv(f)
     if not mine[e] then
       error("getfenv: that function's environment is not this script's (a script reaches only its own)", 2)
     end
@@ -289,14 +303,15 @@ new_env = function(box)
   env.setfenv = function(f, e)
     if type(e) ~= "table" then error("setfenv: the environment must be a table", 2) end
     if f == 0 then error("setfenv(0, …) is not available to scripts: it would change the worker's globals", 2) end
-    local cur
-    if type(f) == "number" then cur = raw_getfenv(f + 1) else cur = raw_getfenv(f) end
+    local level = type(f) == "number"
+    f = fenv_target(f, "setfenv")
+    local cur = raw_getfenv(f)
     if not mine[cur] then
       error("setfenv: only functions of this script can be given another environment", 2)
     end
     mine[e] = true
-    if type(f) == "number" then
-      raw_setfenv(f + 1, e)
+    if level then
+      raw_setfenv(f, e)
       return nil
     end
     return raw_setfenv(f, e)
