@@ -7,14 +7,19 @@
  * configuration, or errors of which every line says where: "<folder>/page.lua:LINE: ..." with
  * LINE within the file (a line that continues the one before starts with a tab: Lua's own
  * "error loading module" text). A "loading failed" (a Lua error in the runtime itself), a message
- * about gateway.lua (which is valid) or one without a place is a failure. */
+ * about gateway.lua (which is valid) or one without a place is a failure. A script that loads is
+ * then run once against generated stubs, as `aggway check` does after the load (lua/agg/dryrun.lua:
+ * its findings are "page.lua:LINE: ..." too; the dry run itself must not fail). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <lauxlib.h>
+
 #include "script/config.h"
+#include "script/script.h"
 
 static char dir[64], file[96];
 
@@ -33,6 +38,53 @@ static void fail(const char *what, const char *detail)
 {
     fprintf(stderr, "fuzz_script_lua: %s\n%s\n", what, detail);
     abort();
+}
+
+/* Checks that every line of text (NUL-terminated, each line ending in '\n') names a line of
+ * page.lua from 1 to lines, or continues the line before (a tab first). */
+static void check_places(char *text, size_t lines, const char *what)
+{
+    char prefix[128];
+    int pl = snprintf(prefix, sizeof(prefix), "%s:", file);
+    for (char *line = text, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (nl == NULL)
+            fail("an error line without its newline", line);
+        *nl = '\0';
+        if (line[0] == '\t')
+            continue;
+        char *end = NULL;
+        unsigned long n = strncmp(line, prefix, (size_t)pl) == 0 ? strtoul(line + pl, &end, 10) : 0;
+        if (n < 1 || n > lines || end == NULL || strncmp(end, ": ", 2) != 0)
+            fail(what, line);
+    }
+}
+
+/* aggway check's dry run (gateway/main.c): each finding must have its place in page.lua. */
+static void dry_run(size_t lines)
+{
+    lua_State *L = agw_vm_new(dir);
+    if (L == NULL)
+        abort();
+    lua_pushstring(L, dir);
+    lua_setglobal(L, "AGGWAY_SCRIPTS");
+    if (luaL_dostring(L, "return require 'agg.dryrun'.run(AGGWAY_SCRIPTS)") != 0)
+        fail("the dry run failed", lua_tostring(L, -1) ? lua_tostring(L, -1) : "(no message)");
+    agw_buf_t found = AGW_BUF_INIT;
+    size_t n = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
+    for (size_t i = 1; i <= n; i++) {
+        lua_rawgeti(L, -1, (int)i);
+        const char *msg = lua_tostring(L, -1);
+        if (msg == NULL)
+            fail("a dry-run finding that is not a string", "");
+        agw_buf_puts(&found, msg);
+        agw_buf_putc(&found, '\n');
+        lua_pop(L, 1);
+    }
+    lua_close(L);
+    agw_buf_putc(&found, '\0');
+    check_places(found.base, lines, "a dry-run finding without its place in page.lua");
+    agw_buf_free(&found);
 }
 
 static void write_file(const char *path, const uint8_t *data, size_t size)
@@ -71,23 +123,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (errors.len > 1)
             fail("a loaded configuration with errors", errors.base);
         agw_config_free(&conf);
+        dry_run(lines);
     } else {
         if (errors.len <= 1)
             fail("a refused script without errors", "");
-        char prefix[128];
-        int pl = snprintf(prefix, sizeof(prefix), "%s:", file);
-        for (char *line = errors.base, *nl; *line; line = nl + 1) {
-            nl = strchr(line, '\n');
-            if (nl == NULL)
-                fail("an error line without its newline", line);
-            *nl = '\0';
-            if (line[0] == '\t')
-                continue;
-            char *end = NULL;
-            unsigned long n = strncmp(line, prefix, (size_t)pl) == 0 ? strtoul(line + pl, &end, 10) : 0;
-            if (n < 1 || n > lines || end == NULL || strncmp(end, ": ", 2) != 0)
-                fail("an error without its place in page.lua", line);
-        }
+        check_places(errors.base, lines, "an error without its place in page.lua");
     }
     agw_buf_free(&errors);
     return 0;
