@@ -362,16 +362,20 @@ function M.run_then(g, key, info, args)
       settle(g, key, fail(ctx, new_result(key, info.opts), problem.script_error(tostring(key)), info.opts))
       return
     end
-    M.settle_value(g, key, v, info.opts)
+    M.settle_value(g, key, v, info.opts, info.fn)
   end
   resume(co, unpack(args, 1, #args))
 end
 
 -- Settles section key of g with what a continuation returned: nil (section skipped), a call spec,
--- another chain, a table of specs (nested fan-out), or a plain computed value.
-function M.settle_value(g, key, v, opts)
+-- another chain, a table of specs (nested fan-out), or a plain computed value. fn: the
+-- continuation, whose lines place a mistake in what it returned (it has returned: no frame of the
+-- script is on the stack while its spec is checked).
+function M.settle_value(g, key, v, opts, fn)
   local ctx = g.ctx
   opts = opts or {}
+  local outer = where.fallback -- (a continuation settled synchronously inside this one's check)
+  where.fallback = fn
   if v == nil then
     local r = new_result(key, opts)
     r.ok, r.status, r.ms = true, "skipped", 0
@@ -412,7 +416,11 @@ function M.settle_value(g, key, v, opts)
     r.ok, r.status, r.data, r.ms = true, "ok", v, 0
     settle(g, key, r)
   end)
+  where.fallback = outer
   if not ok then
+    -- a mistake raised without a place (error(msg, level) past the runtime's frames) is the
+    -- continuation's: its first line
+    if type(err) == "string" and fn and not err:find("^[^\n]-:%d+: ") then err = (where.place_in(fn) or "") .. err end
     log_error(ctx, "continuation of " .. tostring(key), err)
     settle(g, key, fail(ctx, new_result(key, opts), problem.script_error(tostring(key)), opts))
   end

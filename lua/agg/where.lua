@@ -46,13 +46,47 @@ function M.quoted(name)
   return "[\"']" .. tostring(name):gsub("%p", "%%%0") .. "[\"']"
 end
 
+-- "@/…/lua/" of the runtime's own files: a frame there is never the script's place
+local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
+
+--- The function that places a mistake when no frame of a script is at the error's level: a
+-- fetch_then continuation's returned spec is checked after the continuation returned, from the
+-- runtime (agg.fanout.settle_value sets this around the check, and clears it). nil otherwise.
+M.fallback = nil
+
+--- "file:LINE: " for a mistake of fn (a function of a script) whose text matches needle (nil: its
+-- first line): the match inside fn nearest to its end, where a continuation returns its spec.
+-- Returns nil when fn is not a script's function.
+function M.place_in(fn, needle)
+  local info = type(fn) == "function" and debug.getinfo(fn, "S")
+  if not (info and info.source:byte(1) == 64 and info.linedefined > 0) then return nil end
+  if RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX then return nil end
+  local line = info.linedefined
+  local lines = needle and lines_of(info.source:sub(2))
+  if lines then
+    for i = math.min(info.lastlinedefined, #lines), info.linedefined, -1 do
+      if (" " .. lines[i]):find(needle) then line = i break end
+    end
+  end
+  return ("%s:%d: "):format(info.short_src, line)
+end
+
 --- Raises msg at the line of the calling script where `needle` (a pattern, see M.option and
 -- M.quoted) occurs nearest to the call; level is the error() level of that script's frame, seen
 -- from the caller of raise. Without a needle, or when nothing matches, raises at the call's line.
+-- When that frame is not a script's (a continuation's spec, checked after it returned), the
+-- place is found in M.fallback's lines.
 function M.raise(msg, level, needle)
   level = level + 1
-  local info = needle and debug.getinfo(level, "Sl")
-  if info and info.currentline and info.currentline > 0 and info.source:byte(1) == 64 then
+  local info = debug.getinfo(level, "Sl")
+  local scripts = info and info.currentline and info.currentline > 0 and info.source:byte(1) == 64 and
+                  not (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)
+  if not scripts and M.fallback then
+    local place = M.place_in(M.fallback, needle)
+    if place then error(place .. msg, 0) end
+  end
+  if not needle then info = nil end
+  if scripts and info then
     local lines = lines_of(info.source:sub(2))
     if lines then
       local at, first, last = info.currentline, info.linedefined, info.lastlinedefined

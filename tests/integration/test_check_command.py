@@ -194,6 +194,32 @@ class CheckCommand(unittest.TestCase):
                               r"\(called at line \d+\) \(found by a dry run of GET /rt/\{id\}\)", err)
         self.assertNotIn("valid:", out)
 
+    def test_check_dry_run_places_a_mistake_in_what_a_continuation_returned(self):
+        # the continuation has returned when its spec is checked: no frame of the script is left,
+        # and the message had no place at all (found by tests/fuzz/fuzz_script_lua.c)
+        src = endpoint("GET /then/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" },\n'
+                                         '      r = agg.fetch_then("p", function(p)\n'
+                                         '        local spec = { "reviews", "/reviews" }\n'
+                                         '        spec["time" .. "out"] = 100\n'
+                                         '        return spec\n'
+                                         '      end),\n'
+                                         '      s = agg.fetch_then("p", function(p)\n'
+                                         '        return { "inventory", "/stock/1",\n'
+                                         '                 \u00e9tag = 1 }\n'
+                                         '      end) }\n'
+                                         '    return agg.page(res)')
+        scripts = dict(repo_scripts(), **{"then.lua": src})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        lines = src.splitlines()
+        fn = [i for i, l in enumerate(lines, 1) if 'fetch_then("p"' in l][0]
+        etag = [i for i, l in enumerate(lines, 1) if "tag = 1" in l][0]
+        dry = r" \(found by a dry run of GET /then/\{id\}\)"
+        self.assertRegex(err, r"then\.lua:%d: call to 'reviews': unknown option 'timeout' "
+                              r"\(did you mean 'timeout_ms'\?\)" % fn + dry, err)
+        self.assertRegex(err, r"then\.lua:%d: call to 'inventory': unknown option '\u00e9tag'" % etag + dry, err)
+        self.assertNotIn("lua/agg/", err)
+
     def test_check_dry_run_ignores_errors_from_the_made_up_answers(self):
         src = endpoint("GET /deep/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" },\n'
                                          '      -- a path and an upstream read from the answer: nil in the dry run\n'
