@@ -198,3 +198,32 @@ describe("an error of a script's top level", function()
     assert.equal(3, #errors, text)
   end)
 end)
+
+describe("what a script returns", function()
+  it("is read raw: a metatable, a userdata or a key's __tostring is refused, never run", function()
+    local gen, errors = loader.load(DIR .. "metaloop")
+    assert.is_nil(gen)
+    local text = table.concat(errors, "\n")
+    for _, f in ipairs { "loop", "auth", "key" } do
+      assert.matches("metaloop/" .. f .. "%.lua:1: an endpoint script must return plain tables of route, handler and " ..
+                     "options: a table with a metatable is not plain data", text)
+    end
+    assert.matches("metaloop/proxy%.lua:1: .*a userdata is not plain data", text)
+    assert.equal(4, #errors, text)
+  end)
+end)
+
+describe("a handler's error", function()
+  it("is logged at the script's line, whatever level raised it", function()
+    local testing = require "agg.testing"
+    local gw = testing.gateway { dir = DIR .. "errplace" }
+    for _, case in ipairs { { "/two", 4, "raised at level 2" }, { "/three", 5, "raised at level 3" },
+                            { "/zero", 8, "raised at level 0" } } do
+      testing.clear_script_errors()
+      assert.equal(500, gw:get(case[1]).status)
+      local text = table.concat(testing.script_errors, "\n")
+      assert.matches(("errplace/page%%.lua:%d: %s"):format(case[2], case[3]), text)
+      assert.not_matches("agg/runtime%.lua:%d+: raised", text)
+    end
+  end)
+end)

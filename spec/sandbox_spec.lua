@@ -124,9 +124,11 @@ describe("the sandbox keeps a script away from the runtime:", function()
     -- found by tests/fuzz/fuzz_script_lua.c: getfenv "GET /…" raised inside agg/sandbox.lua
     -- (not tail calls: a tail call's caller has no frame left for the error to name; the loader
     -- puts such an error at line 1 of the file, loader_spec)
-    for _, src in ipairs { [[local e = getfenv "GET /x"]], [[local e = getfenv(1000)]], [[local e = getfenv(-1)]],
+    local ok, err = run([[local e = getfenv(1000)]])
+    assert.matches("^script:1: getfenv: there is no function at level 1000 of the stack", tostring(err))
+    for _, src in ipairs { [[local e = getfenv "GET /x"]], [[local e = getfenv(-1)]],
                            [[local e = getfenv(1.5)]], [[local e = getfenv(0/0)]], [[local e = getfenv(1e300)]],
-                           [[local e = getfenv({})]], [[setfenv("x", {})]], [[setfenv(500, {})]],
+                           [[local e = getfenv({})]], [[setfenv("x", {})]], [[setfenv(-500, {})]],
                            [[setfenv(1/0, {})]] } do
       local ok, err = run(src)
       assert.is_false(ok, src)
@@ -186,19 +188,70 @@ describe("the sandbox keeps a script from the worker's shared state:", function(
   it("jit.off(), jit.on() and jit.flush() without a function: the worker's JIT, for every script", function()
     local on = jit.status()
     refused([[jit.off()]], "jit.off() is not available to scripts: the JIT is the worker's")
-    refused([[require("jit").on()]], "jit.on() is not available to scripts")
+    refused([[require("jit").on()]], "jit.on is not available to scripts")
     refused([[jit.flush()]], "jit.flush() is not available to scripts")
     refused([[jit.flush(1)]], "jit.flush(number) is not available to scripts")
     assert.equal(on, (jit.status()))
   end)
 
-  it("jit.on/off/flush of a function of the runtime's or C (every script's), but of its own", function()
+  it("jit.off/flush of a function of the runtime's or C (every script's), but of its own", function()
     refused([[jit.off(require("agg").page, true)]], "jit.off(function) is not available to scripts")
-    refused([[jit.on(string.format)]], "jit.on(function) is not available to scripts")
     local ok, v = run([[local function f(n) return n + 1 end
-                        jit.off(f, true) jit.flush(f) jit.on(f) return f(1)]])
+                        jit.off(f, true) jit.flush(f) return f(1)]])
     assert.is_true(ok, v)
     assert.equal(2, v)
+  end)
+
+  it("jit.on of anything: a compiled loop runs no hook, and the time limit could not stop it", function()
+    refused([[jit.on(string.format)]], "jit.on is not available to scripts: compiled code runs no hook")
+    refused([[local function spin() while true do end end jit.on(spin, true)]], "jit.on is not available to scripts")
+  end)
+end)
+
+describe("the runtime's coroutines and finalizers are not a script's", function()
+  it("coroutine.resume takes only a coroutine the script created", function()
+    -- the runtime runs handlers in pooled coroutines a script reaches with coroutine.running()
+    local runtime_co = coroutine.create(function() coroutine.yield("the runtime's protocol") end)
+    local env = sandbox.env(DIR .. "two/?.lua")
+    env.RUNTIME_CO = runtime_co
+    local ok, err = run([[local ok, v = coroutine.resume(RUNTIME_CO) return v]], env)
+    assert.is_false(ok)
+    assert.matches("coroutine.resume: that coroutine is the gateway's, not one the script created", err, 1, true)
+    assert.equal("suspended", coroutine.status(runtime_co)) -- never ran
+    refused([[local ok = coroutine.resume("x")]], "coroutine.resume: expects a coroutine, got string")
+    local ok2, v = run([[local co = coroutine.create(function(a) local b = coroutine.yield(a + 1) return b * 2 end)
+                         local _, x = coroutine.resume(co, 1) local _, y = coroutine.resume(co, 10)
+                         local w = coroutine.wrap(function() coroutine.yield(5) end)
+                         return x + y + w()]])
+    assert.is_true(ok2, v)
+    assert.equal(27, v)
+  end)
+
+  it("newproxy(true): a __gc finalizer runs where no hook can stop it", function()
+    refused([[local p = newproxy(true)]], "newproxy(boolean) is not available to scripts: a finalizer (__gc)")
+    local ok, v = run([[local p = newproxy() local q = newproxy(false) return type(p) .. type(q)]])
+    assert.is_true(ok, v)
+    assert.equal("userdatauserdata", v)
+  end)
+
+  it("agg.array refuses a table with a metatable of its own (a shared read-only view)", function()
+    for _, src in ipairs { [[local a = require("agg").array(table)]], [[local agg = require "agg" local a = agg.array(agg)]],
+                           [[local a = require("agg").array(setmetatable({}, {}))]] } do
+      refused(src, "the table has a metatable of its own")
+    end
+    local ok, err = run([[table.concat = nil]])
+    assert.is_false(ok, "table stayed read-only")
+    local ok2, v = run([[local agg = require "agg" local a = agg.array({ 1 }) return agg.array(a) == a]])
+    assert.is_true(ok2, v)
+    assert.is_true(v)
+  end)
+
+  it("require takes module names, not paths, and never gateway.lua", function()
+    refused([[local m = require "lib/../gateway"]], "is not a module name")
+    refused([[local m = require "../x"]], "is not a module name")
+    refused([[local m = require "lib..x"]], "is not a module name")
+    refused([[local m = require "/etc/passwd"]], "is not a module name")
+    refused([[local m = require "gateway"]], "module 'gateway' is not available to scripts")
   end)
 end)
 

@@ -420,6 +420,10 @@ static void push_raw(lua_State *L, const agw_json_raw_t *r)
 
 /* ---- the agg.json module ---- */
 
+/* agg.array([t]): t (or a new table) with the array metatable. A table with a metatable of its
+ * own is refused: lua_setmetatable does not honour __metatable, so marking a shared read-only view
+ * (the agg module, a library) would swap its protection for the array's and let a script write
+ * into what every script of the worker shares. */
 static int l_array(lua_State *L)
 {
     if (lua_isnoneornil(L, 1)) {
@@ -428,6 +432,12 @@ static int l_array(lua_State *L)
     } else {
         luaL_checktype(L, 1, LUA_TTABLE);
         lua_settop(L, 1);
+        if (lua_getmetatable(L, 1)) {
+            lua_pop(L, 1);
+            if (!has_meta(L, 1, AGW_JSON_K_ARRAY))
+                return luaL_argerror(L, 1, "the table has a metatable of its own (agg.array marks a plain table)");
+            return 1; /* already an array */
+        }
     }
     agw_json_regget(L, AGW_JSON_K_ARRAY);
     lua_setmetatable(L, 1);

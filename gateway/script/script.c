@@ -228,10 +228,18 @@ int agw_vm_load_generation(lua_State *L, const char *dir, agw_buf_t *errors)
         lua_settop(L, top);
         return -1;
     }
+    if (!lua_istable(L, -1)) { /* a runtime folder whose agg/loader.lua is empty or not ours */
+        agw_buf_printf(errors, "%s: cannot load the runtime: agg.loader gave a %s, not its module table\n",
+                       agw_lua_dir(), lua_typename(L, lua_type(L, -1)));
+        lua_settop(L, top);
+        return -1;
+    }
     lua_getfield(L, -1, "load");
     lua_pushstring(L, dir);
     if (lua_pcall(L, 1, 2, 0) != 0) {
-        agw_buf_printf(errors, "%s: loading failed: %s\n", dir, lua_tostring(L, -1));
+        /* (a Lua error value need not be a string: its type, never a NULL to print) */
+        agw_buf_printf(errors, "%s: loading failed: %s\n", dir,
+                       lua_isstring(L, -1) ? lua_tostring(L, -1) : lua_typename(L, lua_type(L, -1)));
         lua_settop(L, top);
         return -1;
     }

@@ -76,6 +76,10 @@ end
 -- A message raised past the script (error(msg, 0), a C function's "bad argument", a function the
 -- top level tail-called, whose caller's frame is gone) gets that line, or line 1 of the file.
 local function placed(e, file, dir)
+  -- one line of text whatever the script raised: a NUL would end the message in C
+  e = e:gsub("%z", "\\0")
+  -- coroutine.wrap puts its caller's place before a message that has one already
+  e = e:gsub("^([^\n]-:%d+: )%1", "%1")
   local src, rest = e:match("^(.-):%d+: (.*)$")
   local folder = dir .. "/"
   if src and src:sub(1, #folder) == folder then return e end
@@ -88,6 +92,33 @@ local function placed(e, file, dir)
     end
   end
   return ("%s:1: %s"):format(file, e)
+end
+
+-- A copy of what a file's top level returned, made with raw access only (next, no metamethods):
+-- the loader reads it after the load budget's hook is gone, so a __index, __tostring or __len
+-- that looped or raised would hang the load or fail it from inside the runtime. Tables with a
+-- metatable, userdata, threads and cdata are refused (an endpoint and gateway.lua are plain
+-- data and functions); a table met twice is copied once. Returns the copy, or nil and why.
+local PLAIN_DEPTH = 64
+local function plain_copy(v, seen, depth)
+  local t = type(v)
+  if t ~= "table" then
+    if t == "userdata" or t == "thread" or t == "cdata" then return nil, "a " .. t .. " is not plain data" end
+    return v
+  end
+  if seen[v] then return seen[v] end
+  if debug.getmetatable(v) ~= nil then return nil, "a table with a metatable is not plain data" end
+  if depth > PLAIN_DEPTH then return nil, "tables nested more than " .. PLAIN_DEPTH .. " deep" end
+  local c = {}
+  seen[v] = c
+  for k, x in next, v do
+    local ck, why = plain_copy(k, seen, depth + 1)
+    if ck == nil then return nil, why end
+    local cx, why2 = plain_copy(x, seen, depth + 1)
+    if cx == nil then return nil, why2 end
+    c[ck] = cx
+  end
+  return c
 end
 
 local function run_chunk(chunk, file, dir)
@@ -232,8 +263,12 @@ local function load_folder(dir)
       errors[#errors + 1] = err
     else
       local ok, v = run_chunk(chunk, gfile, dir)
+      local why
+      if ok and type(v) == "table" then v, why = plain_copy(v, {}, 1) end
       if not ok then
         errors[#errors + 1] = tostring(v)
+      elseif why then
+        errors[#errors + 1] = ("%s:1: gateway.lua must return plain tables: %s"):format(gfile, why)
       else
         local c, errs = config.check(v, src, gfile)
         if not c then
@@ -275,8 +310,12 @@ local function load_folder(dir)
       errors[#errors + 1] = err
     else
       local ok, v = run_chunk(chunk, file, dir)
+      local why
+      if ok and type(v) == "table" then v, why = plain_copy(v, {}, 1) end
       if not ok then
         errors[#errors + 1] = tostring(v)
+      elseif why then
+        errors[#errors + 1] = ("%s:1: an endpoint script must return plain tables of route, handler and options: %s"):format(file, why)
       elseif type(v) ~= "table" then
         errors[#errors + 1] = ("%s:1: an endpoint script must return { route = \"GET /path\", handler = function(req) … end } or a list of them (got %s)"):format(file, type(v))
       else

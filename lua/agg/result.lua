@@ -4,6 +4,9 @@
 -- answers, agg.fanout from continuations and nested fan-outs, agg.page reads them.
 local json = require "agg.json"
 
+-- "@/…/lua/" of the runtime's own files (a place there is never the script's)
+local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
+
 local M = {}
 
 local core                                             -- the transport (agg.runtime binds it)
@@ -168,6 +171,23 @@ end
 function M.log_error(ctx, what, err, co)
   if type(err) ~= "string" then
     err = ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
+  elseif co then
+    -- a message placed in the runtime (error("…", 2) from a handler names the runtime's line that
+    -- called it) or nowhere (error("…", 0), a level past the stack) is put at the script's line on
+    -- the coroutine's stack instead
+    local src, rest = err:match("^([^\n]-):%d+: (.*)$")
+    if not src then rest = err end
+    if not src or (RUNTIME_PREFIX and ("@" .. src):sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX) then
+      for level = 0, 100 do
+        local info = debug.getinfo(co, level, "Sl")
+        if not info then break end
+        if info.currentline > 0 and info.source:byte(1) == 64 and
+           info.source:sub(1, #RUNTIME_PREFIX) ~= RUNTIME_PREFIX then
+          err = ("%s:%d: %s"):format(info.short_src, info.currentline, rest)
+          break
+        end
+      end
+    end
   end
   core.log("error", ("script error in %s%s: %s%s"):format(where_of(ctx), what and (", " .. what) or "",
     err, co and (" | " .. M.traceback_line(co)) or ""))

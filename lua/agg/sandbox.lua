@@ -103,8 +103,12 @@ local function jit_switch(name)
     return jit[name](f, ...)
   end
 end
+-- jit.on is not a script's at all: compiled code runs no hook, so a loop the script compiled
+-- could not be stopped by the script time limit (M.interpreted keeps scripts in the interpreter)
 local jit_lib = jit and {
-  on = jit_switch("on"), off = jit_switch("off"), flush = jit_switch("flush"),
+  on = refused("jit.on", "compiled code runs no hook, so the script time limit could not stop a loop " ..
+                         "in it (scripts run in LuaJIT's interpreter)"),
+  off = jit_switch("off"), flush = jit_switch("flush"),
   status = jit.status, version = jit.version, version_num = jit.version_num, os = jit.os, arch = jit.arch,
 }
 
@@ -119,13 +123,47 @@ end
 local math_refused = { randomseed = "math.random's generator is the worker's, shared by every script " ..
                                     "(the gateway seeds it at start)" }
 
+-- coroutine for scripts: resume takes only a coroutine a script created. The runtime runs every
+-- handler and continuation in coroutines of its own (pooled from request to request), and a
+-- script reaches them through coroutine.running(); resuming one would hand the script the
+-- runtime's protocol, and through it the next request of any script (its req, its headers).
+local script_coroutines = setmetatable({}, { __mode = "k" })
+local raw_cocreate, raw_coresume = coroutine.create, coroutine.resume
+local coroutine_lib = {}
+for k, f in pairs(coroutine) do coroutine_lib[k] = f end
+coroutine_lib.create = function(f)
+  local co = raw_cocreate(f)
+  script_coroutines[co] = true
+  return co
+end
+coroutine_lib.resume = function(co, ...)
+  if not script_coroutines[co] then
+    if type(co) ~= "thread" then error("coroutine.resume: expects a coroutine, got " .. type(co), 2) end
+    error("coroutine.resume: that coroutine is the gateway's, not one the script created " ..
+          "(coroutine.create, coroutine.wrap)", 2)
+  end
+  return raw_coresume(co, ...)
+end
+
+-- newproxy(true) gives a userdata whose metatable a script fills: its __gc would run inside the
+-- collector, where LuaJIT runs no hook, so a finalizer that looped could not be stopped by the
+-- script time limit and would hold its worker for good
+local raw_newproxy = newproxy
+local function script_newproxy(arg)
+  if arg ~= nil and arg ~= false then
+    error("newproxy(" .. type(arg) .. ") is not available to scripts: a finalizer (__gc) runs where the " ..
+          "script time limit cannot stop it; newproxy() and newproxy(false) are", 2)
+  end
+  return raw_newproxy(false)
+end
+
 -- Modules require gives a script (besides those of its scripts folder): the same objects for
 -- every script, all read-only.
 local MODULES = {
   string = string_view,
   table = lib_view("table", table, all_but(table, {}), {}),
   math = lib_view("math", math, all_but(math, math_refused), math_refused),
-  coroutine = lib_view("coroutine", coroutine, all_but(coroutine, {}), {}),
+  coroutine = lib_view("coroutine", coroutine_lib, all_but(coroutine_lib, {}), {}),
   os = lib_view("os", os, { "time", "clock", "date", "difftime" }, os_refused),
   debug = lib_view("debug", debug, { "traceback" }, debug_refused),
   bit = bit and lib_view("bit", bit, all_but(bit, {}), {}),
@@ -206,6 +244,9 @@ local function fenv_target(f, who)
   if type(f) == "number" and f >= 1 and f <= 1000000 and f % 1 == 0 and raw_getinfo(f + 2, "f") then
     return f + 1
   end
+  if type(f) == "number" and f >= 1 and f <= 1000000 and f % 1 == 0 then
+    error(("%s: there is no function at level %d of the stack"):format(who, f), 3)
+  end
   error(("%s: expects a function or a level of the stack (a whole number >= 0), got %s"):format(
     who, type(f) == "number" and ("level " .. tostring(f)) or type(f)), 3)
 end
@@ -228,6 +269,15 @@ local function script_require(box, name)
   if m ~= nil then return m end
   if REFUSED_MODULES[name] then
     error(("module '%s' is not available to scripts: %s"):format(name, REFUSED_MODULES[name]), 3)
+  end
+  -- a module of the folder is named by dotted words ("lib.x"): no '/', no "..", nothing that
+  -- reaches past the folder; and gateway.lua is the operator's (upstream URLs, keys, secrets)
+  if not name:find("^[%w_%-]+$") and not name:find("^[%w_%-]+[%w_%-%.]*[%w_%-]$") or name:find("..", 1, true) then
+    error(("require: '%s' is not a module name (dotted words, like \"lib.x\" for lib/x.lua)"):format(
+      name:gsub("[%c\128-\255]", function(c) return ("\\%03d"):format(c:byte()) end)), 3)
+  end
+  if name == "gateway" then
+    error("module 'gateway' is not available to scripts: gateway.lua is the operator's configuration", 3)
   end
   local file = box.path and package.searchpath(name, box.path)
   if not file then
@@ -260,6 +310,7 @@ new_env = function(box)
   env.xpcall = script_xpcall
   env.rawset = script_rawset
   env.collectgarbage = script_collectgarbage
+  env.newproxy = script_newproxy
   env.require = function(name)
     local m = script_require(box, name) -- (not a tail call: its errors point at the caller's line)
     return m
