@@ -217,13 +217,38 @@ describe("a handler's error", function()
   it("is logged at the script's line, whatever level raised it", function()
     local testing = require "agg.testing"
     local gw = testing.gateway { dir = DIR .. "errplace" }
+    gw:stub("up", "/x", { status = 503 })
     for _, case in ipairs { { "/two", 4, "raised at level 2" }, { "/three", 5, "raised at level 3" },
-                            { "/zero", 8, "raised at level 0" } } do
+                            { "/zero", 8, "raised at level 0" }, { "/fallback", 6, "fallback raised", 200 },
+                            { "/response", 10, "response raised" },
+                            { "/tablekey", 14, "a section key must be a string or a number, got table" } } do
       testing.clear_script_errors()
-      assert.equal(500, gw:get(case[1]).status)
+      assert.equal(case[4] or 500, gw:get(case[1]).status)
       local text = table.concat(testing.script_errors, "\n")
-      assert.matches(("errplace/page%%.lua:%d: %s"):format(case[2], case[3]), text)
+      assert.matches(("errplace/[mp][oa][rg]e?%%.lua:%d: %s"):format(case[2], case[3]:gsub("%p", "%%%0")), text)
       assert.not_matches("agg/runtime%.lua:%d+: raised", text)
     end
+  end)
+end)
+
+describe("a file with many mistakes", function()
+  it("names ten unknown keys of an endpoint and counts the rest", function()
+    local gen, errors = loader.load(DIR .. "manykeys")
+    assert.is_nil(gen)
+    local text = table.concat(errors, "\n")
+    assert.equal(11, #errors, text)
+    assert.matches("manykeys/page%.lua:%d+: endpoint: 15 more unknown keys", text)
+  end)
+end)
+
+describe("aggway check's dry run", function()
+  it("stops at its time budget and says which endpoints it did not run", function()
+    local dryrun = require "agg.dryrun"
+    local saved = dryrun.BUDGET_S
+    dryrun.BUDGET_S = -1
+    local found = dryrun.run(DIR .. "errplace")
+    dryrun.BUDGET_S = saved
+    assert.equal(1, #found, table.concat(found, "\n"))
+    assert.matches("^" .. (DIR .. "errplace/"):gsub("%p", "%%%0") .. "[%w]+%.lua:%d+: the dry run stopped after %-1 s, before GET /%w+: 6 endpoints were not run", found[1])
   end)
 end)

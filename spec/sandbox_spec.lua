@@ -246,6 +246,46 @@ describe("the runtime's coroutines and finalizers are not a script's", function(
     assert.is_true(v)
   end)
 
+  it("table's writers refuse a shared view, as rawset does", function()
+    for _, src in ipairs { [[table.insert(require("agg"), "planted")]], [[table.insert(string, 1, "x")]],
+                           [[table.remove(table)]], [[table.sort(math)]], [[require("table.clear")(os)]] } do
+      refused(src, "is shared by every script and read-only")
+    end
+    if table.move then refused([[table.move({ 1 }, 1, 1, 1, coroutine)]], "is shared by every script and read-only") end
+    assert.is_nil(rawget(require("agg"), 1))
+    local ok, v = run([[local t = { 3, 1, 2 } table.insert(t, 4) table.sort(t) table.remove(t, 1)
+                        return table.concat(t, ",")]])
+    assert.is_true(ok, v)
+    assert.equal("2,3,4", v)
+  end)
+
+  it("load and loadstring never give a chunk a file's name (the runtime's files are never stopped)", function()
+    local ok, v = run([[local f = loadstring("local tb = debug.traceback() return tb", "@/usr/share/lua/agg/runtime.lua")
+                        local tb = f() return tb]])
+    assert.is_true(ok, v)
+    assert.matches("\n%s*/usr/share/lua/agg/runtime%.lua:1:", v) -- the name, shown as text ("=…")
+    local f = sandbox.env().loadstring("return 1", "@/x/agg/runtime.lua")
+    assert.equal("=/x/agg/runtime.lua", debug.getinfo(f, "S").source)
+    f = sandbox.env().load("return 1", "==@x")
+    assert.equal("=x", debug.getinfo(f, "S").source)
+  end)
+
+  it("debug.traceback shows the script's own stack, never another coroutine's", function()
+    local other = coroutine.create(function() coroutine.yield() end)
+    coroutine.resume(other)
+    local env = sandbox.env(DIR .. "two/?.lua")
+    env.OTHER = other
+    local ok, err = run([[local tb = debug.traceback(OTHER)]], env)
+    assert.is_false(ok)
+    assert.matches("debug.traceback: that coroutine is the gateway's", err, 1, true)
+    local ok2, v = run([[local co = coroutine.create(function() coroutine.yield() end) coroutine.resume(co)
+                         return debug.traceback(co, "mine") .. "|" .. debug.traceback("here")]])
+    assert.is_true(ok2, v)
+    assert.matches("^mine", v)
+    assert.matches("|here\nstack traceback:\n%s*script:2:", v) -- level 1 is the script, not the sandbox
+    assert.not_matches("agg/sandbox%.lua", v)
+  end)
+
   it("require takes module names, not paths, and never gateway.lua", function()
     refused([[local m = require "lib/../gateway"]], "is not a module name")
     refused([[local m = require "../x"]], "is not a module name")

@@ -162,10 +162,15 @@ end
 
 -- Keys of t in a fixed order, so the same table always starts its calls in the same order.
 -- keys: the empty table to fill, or nil for a new one
+-- Returns nil and the type of the first key that is neither a string nor a number.
 local function sorted_keys(t, keys)
   keys = keys or new_tab(4, 0)
   local n = 0
-  for k in pairs(t) do n = n + 1; keys[n] = k end
+  for k in pairs(t) do
+    local tk = type(k)
+    if tk ~= "string" and tk ~= "number" then return nil, tk end
+    n = n + 1; keys[n] = k
+  end
   M.sort_keys(keys, n)
   return keys
 end
@@ -232,7 +237,12 @@ local function start_group(ctx, tbl, level, parent)
   -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table, a
   -- spare list given back once the calls started; when a mistake raises below, the collector
   -- takes it)
-  local keys = sorted_keys(tbl, take_list())
+  local keys, bad = sorted_keys(tbl, take_list())
+  if not keys then
+    -- a section is named by its key in the page, the problems, the logs and Server-Timing, which
+    -- the runtime formats on its own thread: a table key's __tostring (or __lt) would run there
+    error(("a section key must be a string or a number, got %s"):format(bad), level)
+  end
   local nk, n = #keys, 0
   for i = 1, nk do
     local key = keys[i]

@@ -295,6 +295,14 @@ local function load_folder(dir)
     local file = dir .. "/" .. rel
     local fsrc = read(file) or ""
     where.remember(file, fsrc)
+    -- the line of an option named in an error, found once per name and file (a file with many
+    -- endpoints or keys would otherwise be scanned once per error)
+    local found_at = {}
+    local function at(name)
+      local n = found_at[name]
+      if not n then n = line_of(fsrc, name); found_at[name] = n end
+      return n
+    end
     local chunk, err = sandbox.load_source(file)
     -- call specs run only when a request comes, but what the source shows of them (upstream,
     -- options and their types, fetch_then keys) is worth checking now (agg.lint); not in a file
@@ -331,31 +339,39 @@ local function load_folder(dir)
             errors[#errors + 1] = ("%s:1: %s must be a table with route and handler"):format(file, where)
             bad = true
           else
+            local unknown = 0
             for k in pairs(ep) do
               if not ENDPOINT_KEYS[k] then
-                errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth, limits, priority)"):format(file, line_of(fsrc, tostring(k)), where, tostring(k))
+                unknown = unknown + 1
+                -- (ten named: a generated table of thousands would bury the rest)
+                if unknown <= 10 then
+                  errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth, limits, priority)"):format(file, at(tostring(k)), where, tostring(k))
+                end
                 bad = true
               end
             end
+            if unknown > 10 then
+              errors[#errors + 1] = ("%s:%d: %s: %d more unknown keys"):format(file, e_line, where, unknown - 10)
+            end
             local r, rerr = M.parse_route(ep.route)
             if not r then
-              errors[#errors + 1] = ("%s:%d: %s"):format(file, line_of(fsrc, "route"), rerr)
+              errors[#errors + 1] = ("%s:%d: %s"):format(file, at("route"), rerr)
               bad = true
             end
             if type(ep.handler) ~= "function" then
-              errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req)"):format(file, line_of(fsrc, "handler"), where)
+              errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req)"):format(file, at("handler"), where)
               bad = true
             end
             local dl = ep.deadline_ms
             if dl ~= nil and (type(dl) ~= "number" or dl <= 0 or dl ~= dl) then
-              errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file, line_of(fsrc, "deadline_ms"), where)
+              errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file, at("deadline_ms"), where)
               bad = true
             end
             -- limits = { "rule", … } (default: gateway.lua's limits.default), priority = 1 | 2 | 3
             local lim_names = cfg and cfg.limits and cfg.limits.default or {}
             if ep.limits ~= nil and cfg then
               lim_names = limits.check_names(ep.limits, cfg and cfg.limits or { by_name = {} }, function(msg)
-                errors[#errors + 1] = ("%s:%d: %s: limits: %s"):format(file, line_of(fsrc, "limits"), where, msg)
+                errors[#errors + 1] = ("%s:%d: %s: limits: %s"):format(file, at("limits"), where, msg)
               end)
               if not lim_names then bad = true end
             end
@@ -364,26 +380,26 @@ local function load_folder(dir)
               prio = limits.PRIORITY_DEFAULT
             elseif prio ~= 1 and prio ~= 2 and prio ~= 3 then
               errors[#errors + 1] = ("%s:%d: %s: priority must be 1 (shed last), 2 or 3 (shed first), got %s"):format(
-                file, line_of(fsrc, "priority"), where, tostring(prio))
+                file, at("priority"), where, tostring(prio))
               bad = true
             end
             -- (gateway.lua did not load: its error is reported; the endpoint's auth is checked on its
             -- own, not against an auth block that may well be there)
             local policy, perr = edge.check_endpoint(ep.auth, cfg and cfg.auth, cfg == nil)
             if not policy then
-              errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, line_of(fsrc, ep.auth ~= nil and "auth" or "route"), where, perr)
+              errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, at(ep.auth ~= nil and "auth" or "route"), where, perr)
               bad = true
             end
             if not bad then
               local sh = shape(r)
               if shapes[sh] then
-                errors[#errors + 1] = ("%s:%d: route '%s' conflicts with '%s' in %s"):format(file, line_of(fsrc, "route"), ep.route, shapes[sh].route, shapes[sh].file)
+                errors[#errors + 1] = ("%s:%d: route '%s' conflicts with '%s' in %s"):format(file, at("route"), ep.route, shapes[sh].route, shapes[sh].file)
               else
                 local lit = 0
                 for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
                 local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
-                            route_line = line_of(fsrc, "route"),
+                            route_line = at("route"),
                             limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1, auth = policy }
                 shapes[sh] = e
                 endpoints[#endpoints + 1] = e

@@ -168,6 +168,29 @@ function M.without_traceback(msg)
   return at and msg:sub(1, at - 1) or msg
 end
 
+--- An xpcall message handler for the runtime's reads of what a script returned (its metamethods
+-- run there, on the runtime's own thread): a message that names the runtime's line or no line is
+-- put at the script's frame on the stack, the metamethod that raised. Other values are returned
+-- as they are.
+function M.at_script_frame(e)
+  if type(e) ~= "string" then return e end
+  local src, rest = e:match("^([^\n]-):%d+: (.*)$")
+  if src and not (RUNTIME_PREFIX and ("@" .. src):sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX) then return e end
+  for level = 2, 100 do
+    local info = debug.getinfo(level, "Sl")
+    if not info then break end
+    if info.currentline > 0 and info.source:byte(1) == 64 and
+       not (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX) then
+      return ("%s:%d: %s"):format(info.short_src, info.currentline, rest or e)
+    end
+  end
+  return e
+end
+
+--- Logs a script error of request ctx: what (nil, or "continuation of s", "fallback of s"), err
+-- (the error value), co: the coroutine it was raised in (its traceback is logged, and a message
+-- placed in the runtime or nowhere gets the script's line on its stack), or the script's function
+-- that raised outside a coroutine (a fallback: its first line), or nil.
 function M.log_error(ctx, what, err, co)
   if type(err) ~= "string" then
     err = ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
@@ -177,7 +200,16 @@ function M.log_error(ctx, what, err, co)
     -- the coroutine's stack instead
     local src, rest = err:match("^([^\n]-):%d+: (.*)$")
     if not src then rest = err end
-    if not src or (RUNTIME_PREFIX and ("@" .. src):sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX) then
+    if type(co) == "function" then
+      -- a function of the script that raised outside a coroutine of its own (a fallback): its
+      -- first line when the message names the runtime or nothing
+      local info = debug.getinfo(co, "S")
+      if (not src or (RUNTIME_PREFIX and ("@" .. src):sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)) and
+         info.source:byte(1) == 64 and info.linedefined > 0 then
+        err = ("%s:%d: %s"):format(info.short_src, info.linedefined, rest)
+      end
+      co = nil
+    elseif not src or (RUNTIME_PREFIX and ("@" .. src):sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX) then
       for level = 0, 100 do
         local info = debug.getinfo(co, level, "Sl")
         if not info then break end
@@ -220,7 +252,7 @@ function M.fail(ctx, r, p, spec)
     if type(fb) == "function" then
       local ok, v = pcall(fb, p)
       if not ok then
-        M.log_error(ctx, "fallback of " .. info_of(r).section, v)
+        M.log_error(ctx, "fallback of " .. info_of(r).section, v, fb)
         r.status = "unavailable"
         return r
       end

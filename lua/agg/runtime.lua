@@ -25,7 +25,7 @@ local M = {}
 -- table.new(narray, nhash): a table with room for what it will hold, so it never grows
 local new_tab = require "table.new"
 
-local log_error, parse_headers = result.log_error, result.parse_headers
+local log_error, parse_headers, at_script_frame = result.log_error, result.parse_headers, result.at_script_frame
 local abandon_exchanges = exchange.abandon_exchanges
 
 local core                                             -- transport and clock
@@ -288,7 +288,7 @@ finish_request = function(ctx, ok, resp, co)
   end
   -- the response's fields may run the script's metamethods, here on the runtime's own thread:
   -- an error (or the script time limit's stop) there must not leave the request unanswered
-  local read, st, headers, rjson, body, page, rows = pcall(response_fields, resp)
+  local read, st, headers, rjson, body, page, rows = xpcall(response_fields, at_script_frame, resp)
   if not read then
     log_error(ctx, nil, st)
     return send_problem(ctx, problem.script_error(nil))

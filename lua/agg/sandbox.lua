@@ -82,6 +82,8 @@ debug_refused.sethook = "the gateway's script time limit uses the hook"
 
 -- The runtime's files ("@<lua dir>/agg/…"): their functions are every script's.
 local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
+local RUNTIME_DIR = RUNTIME_PREFIX and RUNTIME_PREFIX:sub(2)
+local RUNTIME_DIR_PATTERN = RUNTIME_DIR and RUNTIME_DIR:gsub("%p", "%%%0")
 
 -- Whether f is a Lua function of a script (not C, not the runtime's).
 local function scripts_own(f)
@@ -145,6 +147,56 @@ coroutine_lib.resume = function(co, ...)
   return raw_coresume(co, ...)
 end
 
+-- table's writers for scripts: table.insert, remove, sort (and LuaJIT's move) write raw, past a
+-- shared read-only view's __newindex, as rawset would; on a view they raise as script_rawset does
+local table_lib = {}
+for k, f in pairs(table) do table_lib[k] = f end
+local function no_views(name, f)
+  return function(t, ...)
+    if readonly.is_view(t) then
+      error(name .. ": " .. tostring(getmetatable(t)) .. " is shared by every script and read-only", 2)
+    end
+    return f(t, ...)
+  end
+end
+for _, k in ipairs { "insert", "remove", "sort" } do table_lib[k] = no_views("table." .. k, table[k]) end
+if table.move then -- (table.move(a1, f, e, t [, a2]) writes into a2, or a1 when a2 is absent)
+  local raw_move = table.move
+  table_lib.move = function(a1, f, e, t, a2)
+    if readonly.is_view(a2 == nil and a1 or a2) then
+      error("table.move: " .. tostring(getmetatable(a2 == nil and a1 or a2)) .. " is shared by every script and read-only", 2)
+    end
+    return raw_move(a1, f, e, t, a2)
+  end
+end
+local ok_clear, raw_clear = pcall(require, "table.clear")
+local script_clear = ok_clear and no_views("table.clear", raw_clear) or nil
+
+-- debug.traceback of a coroutine the script did not create would show another request's stack
+-- (the runtime's pooled coroutines serve every script's requests in turn)
+local raw_traceback = debug.traceback
+local debug_lib = { traceback = function(a, ...)
+  if type(a) == "thread" and not script_coroutines[a] and a ~= coroutine.running() then
+    error("debug.traceback: that coroutine is the gateway's, not one the script created", 2)
+  end
+  local tb
+  if type(a) == "thread" then
+    tb = raw_traceback(a, ...)
+  else -- (traceback([msg [, level]]): level 1 is the script's caller of this function, not it)
+    local level = ...
+    level = (type(level) == "number" and level or 1) + 1
+    if a == nil then -- (no message: LuaJIT takes an explicit nil for a message not to format)
+      tb = raw_traceback("", level):sub(2)
+    else
+      tb = raw_traceback(a, level)
+    end
+  end
+  -- the runtime's files by their names in the runtime ("agg/runtime.lua"), not by where the
+  -- gateway is installed
+  if type(tb) == "string" and RUNTIME_DIR then tb = tb:gsub(RUNTIME_DIR_PATTERN, "") end
+  return tb
+end }
+
 -- newproxy(true) gives a userdata whose metatable a script fills: its __gc would run inside the
 -- collector, where LuaJIT runs no hook, so a finalizer that looped could not be stopped by the
 -- script time limit and would hold its worker for good
@@ -161,17 +213,17 @@ end
 -- every script, all read-only.
 local MODULES = {
   string = string_view,
-  table = lib_view("table", table, all_but(table, {}), {}),
+  table = lib_view("table", table_lib, all_but(table_lib, {}), {}),
   math = lib_view("math", math, all_but(math, math_refused), math_refused),
   coroutine = lib_view("coroutine", coroutine_lib, all_but(coroutine_lib, {}), {}),
   os = lib_view("os", os, { "time", "clock", "date", "difftime" }, os_refused),
-  debug = lib_view("debug", debug, { "traceback" }, debug_refused),
+  debug = lib_view("debug", debug_lib, { "traceback" }, debug_refused),
   bit = bit and lib_view("bit", bit, all_but(bit, {}), {}),
   jit = jit_lib and lib_view("jit", jit_lib, all_but(jit_lib, {}), {}),
   agg = agg,
   ["agg.json"] = agg.json,
   ["table.new"] = (pcall(require, "table.new")) and require "table.new" or nil,
-  ["table.clear"] = (pcall(require, "table.clear")) and require "table.clear" or nil,
+  ["table.clear"] = script_clear,
 }
 local REFUSED_MODULES = {
   io = SANDBOX, ffi = SANDBOX, package = SANDBOX,
@@ -215,6 +267,17 @@ local function script_collectgarbage(opt, ...)
 end
 
 local BYTECODE = "binary chunks are not loaded: scripts load source text only"
+
+-- The chunk name a script's load/loadstring gives LuaJIT: never a file's ("@path"), so a script
+-- cannot name its chunk after a runtime file. What is the runtime's own code is decided by that
+-- name (the script time limit, the load budget and the dry run's clock never stop the runtime's
+-- code), and a chunk called "@<lua dir>/agg/x.lua" would run a loop none of them stops. A name is
+-- kept as text ("=name"); none gives LuaJIT's own ([string "…"]).
+local function script_chunkname(name)
+  if name == nil then return nil end
+  name = tostring(name):gsub("^[@=]+", "")
+  return "=" .. name
+end
 
 local function is_bytecode(s)
   return type(s) == "string" and s:byte(1) == 27
@@ -326,14 +389,15 @@ new_env = function(box)
   end
   env.loadstring = function(s, chunkname)
     if is_bytecode(s) then return nil, BYTECODE end
-    local f, err = raw_loadstring(s, chunkname, "t")
+    local f, err = raw_loadstring(s, script_chunkname(chunkname), "t")
     if not f then return nil, err end
     f = adopt(f)
     return f
   end
   env.load = function(chunk, chunkname, mode, e)
     if is_bytecode(chunk) then return nil, BYTECODE end
-    local f, err = raw_load(chunk, chunkname, "t") -- (mode "t" whatever the script asked: a reader's bytes too)
+    -- (mode "t" whatever the script asked: a reader's bytes too)
+    local f, err = raw_load(chunk, script_chunkname(chunkname), "t")
     if not f then return nil, err end
     f = adopt(f, e)
     return f
