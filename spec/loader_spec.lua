@@ -221,13 +221,26 @@ describe("a handler's error", function()
     for _, case in ipairs { { "/two", 4, "raised at level 2" }, { "/three", 5, "raised at level 3" },
                             { "/zero", 8, "raised at level 0" }, { "/fallback", 6, "fallback raised", 200 },
                             { "/response", 10, "response raised" },
-                            { "/tablekey", 14, "a section key must be a string or a number, got table" } } do
+                            { "/tablekey", 20, "a section key must be a string or a number, got table" } } do
       testing.clear_script_errors()
       assert.equal(case[4] or 500, gw:get(case[1]).status)
       local text = table.concat(testing.script_errors, "\n")
       assert.matches(("errplace/[mp][oa][rg]e?%%.lua:%d: %s"):format(case[2], case[3]:gsub("%p", "%%%0")), text)
       assert.not_matches("agg/runtime%.lua:%d+: raised", text)
     end
+  end)
+end)
+
+describe("a continuation's lines", function()
+  it("place only what the continuation returned, never a later mistake of the request", function()
+    local testing = require "agg.testing"
+    local gw = testing.gateway { dir = DIR .. "errplace" }
+    gw:stub("up", "/x", { json = {} })
+    local r = gw:get("/nilthen")
+    assert.equal(200, r.status)
+    local err = r.json.err
+    assert.matches("call to 'up': unknown option 'timout_ms'", err, 1, true)
+    assert.not_matches("more%.lua:14:", err) -- (the continuation's line)
   end)
 end)
 
@@ -249,6 +262,6 @@ describe("aggway check's dry run", function()
     local found = dryrun.run(DIR .. "errplace")
     dryrun.BUDGET_S = saved
     assert.equal(1, #found, table.concat(found, "\n"))
-    assert.matches("^" .. (DIR .. "errplace/"):gsub("%p", "%%%0") .. "[%w]+%.lua:%d+: the dry run stopped after %-1 s, before GET /%w+: 6 endpoints were not run", found[1])
+    assert.matches("^" .. (DIR .. "errplace/"):gsub("%p", "%%%0") .. "[%w]+%.lua:%d+: the dry run stopped after %-1 s, before GET /%w+: 7 endpoints were not run", found[1])
   end)
 end)

@@ -225,6 +225,16 @@ describe("the runtime's coroutines and finalizers are not a script's", function(
                          return x + y + w()]])
     assert.is_true(ok2, v)
     assert.equal(27, v)
+    -- a coroutine.wrap's coroutine is the script's too: resumable, its traceback readable
+    local ok3, v3 = run([[local co
+                          local w = coroutine.wrap(function() co = coroutine.running() coroutine.yield(1) return 2 end)
+                          w()
+                          local tb = debug.traceback(co, "wrapped")
+                          local ok, x = coroutine.resume(co)
+                          return tostring(ok) .. x .. tb:sub(1, 7)]])
+    assert.is_true(ok3, v3)
+    assert.equal("true2wrapped", v3)
+    refused([[local w = coroutine.wrap(42)]], "bad argument #1 to 'wrap' (function expected, got number)")
   end)
 
   it("newproxy(true): a __gc finalizer runs where no hook can stop it", function()
@@ -292,6 +302,7 @@ describe("the runtime's coroutines and finalizers are not a script's", function(
     refused([[local m = require "lib..x"]], "is not a module name")
     refused([[local m = require "/etc/passwd"]], "is not a module name")
     refused([[local m = require "gateway"]], "module 'gateway' is not available to scripts")
+    refused([[local m = require "GateWay"]], "module 'gateway' is not available to scripts")
   end)
 end)
 

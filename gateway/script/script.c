@@ -224,7 +224,8 @@ int agw_vm_load_generation(lua_State *L, const char *dir, agw_buf_t *errors)
         return -1;
     }
     if (lua_pcall(L, 1, 1, 0) != 0) {
-        agw_buf_printf(errors, "%s: cannot load the runtime: %s\n", agw_lua_dir(), lua_tostring(L, -1));
+        agw_buf_printf(errors, "%s: cannot load the runtime: %s\n", agw_lua_dir(),
+                       lua_isstring(L, -1) ? lua_tostring(L, -1) : lua_typename(L, lua_type(L, -1)));
         lua_settop(L, top);
         return -1;
     }

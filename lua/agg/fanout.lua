@@ -384,8 +384,9 @@ end
 function M.settle_value(g, key, v, opts, fn)
   local ctx = g.ctx
   opts = opts or {}
-  local outer = where.fallback -- (a continuation settled synchronously inside this one's check)
-  where.fallback = fn
+  -- where.fallback is fn only while what fn returned is checked (normalize, start_group), never
+  -- while calls start or other code of the request runs (settle may resume the handler)
+  local outer = where.fallback
   if v == nil then
     local r = new_result(key, opts)
     r.ok, r.status, r.ms = true, "skipped", 0
@@ -394,7 +395,9 @@ function M.settle_value(g, key, v, opts, fn)
   end
   local ok, err = pcall(function()
     if callspec.is_spec(v) then
+      where.fallback = fn
       local spec = callspec.normalize(v, upstreams, 2, ctx)
+      where.fallback = outer
       if opts.required then spec.required = true end
       if opts.fallback ~= nil and spec.fallback == nil then
         spec.fallback = opts.fallback
@@ -404,7 +407,9 @@ function M.settle_value(g, key, v, opts, fn)
     end
     local info = is_then(v)
     if info then
+      where.fallback = fn
       local sub = start_group(ctx, { [key] = v }, 2, g)
+      where.fallback = outer
       sub.on_complete = function(res) settle(g, key, res[key]) end
       if sub.pending == 0 then sub.on_complete(sub.results) end
       return
@@ -416,7 +421,9 @@ function M.settle_value(g, key, v, opts, fn)
       end
       if all then
         local list = #v > 0
+        where.fallback = fn
         local sub = start_group(ctx, v, 2, g)
+        where.fallback = outer
         sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
         if sub.pending == 0 then sub.on_complete(sub.results) end
         return

@@ -78,7 +78,8 @@ end
 local function placed(e, file, dir)
   -- one line of text whatever the script raised: a NUL would end the message in C
   e = e:gsub("%z", "\\0")
-  -- coroutine.wrap puts its caller's place before a message that has one already
+  -- coroutine.wrap puts its caller's place before a message that has one already: one place
+  -- when the two are the same
   e = e:gsub("^([^\n]-:%d+: )%1", "%1")
   local src, rest = e:match("^(.-):%d+: (.*)$")
   local folder = dir .. "/"
@@ -169,8 +170,8 @@ end
 
 -- The scripts' own functions run in LuaJIT's interpreter: compiled code does not run hooks, and
 -- the script time limit (worker/watchdog.h) stops a runaway script with one. The agg library
--- stays compiled. A script may compile a hot function of its own with jit.on(f, true), and the
--- limit cannot stop a loop inside that function.
+-- stays compiled. A sandboxed script cannot turn the JIT on (agg.sandbox); a trusted folder's
+-- script can, and the limit then cannot stop a loop inside what it compiled.
 local interpreted = sandbox.interpreted
 
 -- Modules the scripts of a trusted folder (and specs) require from the scripts folder (lib/x.lua

@@ -3,7 +3,7 @@
 --
 -- It is built from an allow-list, never from _G minus a few names: the base functions that touch
 -- nothing outside the script, read-only views of string, table, math, coroutine, bit, the clock
--- part of os, debug.traceback, the on/off switches of jit for the script's own functions, and
+-- part of os, debug.traceback, jit.off/flush for the script's own functions, and
 -- the agg API. require reaches those, the runtime's agg and agg.json, and the modules of the
 -- scripts folder (each script gets its own instances, so a module's tables are never shared
 -- between two scripts). load and loadstring take
@@ -11,7 +11,8 @@
 -- the script's own environments. Not there: io, ffi, package, os.execute/exit/remove/rename/
 -- getenv/tmpname, debug beyond traceback, string.dump, loadfile/dofile, print, and what would
 -- change the worker's shared state for every script (math.randomseed, the JIT's switch for the
--- whole worker: jit.on()/jit.off()/jit.flush() without a function); a name that is
+-- whole worker: jit.off()/jit.flush() without a function), or escape the script time limit
+-- (jit.on, newproxy(true)'s finalizers); a name that is
 -- refused says so when it is used ("io.popen is not available to scripts …").
 --
 -- An operator who trusts the folder opts out with scripts = { trusted = true } in gateway.lua
@@ -138,6 +139,14 @@ coroutine_lib.create = function(f)
   script_coroutines[co] = true
   return co
 end
+local raw_cowrap, raw_running = coroutine.wrap, coroutine.running
+coroutine_lib.wrap = function(f)
+  if type(f) ~= "function" then error("bad argument #1 to 'wrap' (function expected, got " .. type(f) .. ")", 2) end
+  return raw_cowrap(function(...)
+    script_coroutines[raw_running()] = true -- (its coroutine is the script's, as create's are)
+    return f(...)
+  end)
+end
 coroutine_lib.resume = function(co, ...)
   if not script_coroutines[co] then
     if type(co) ~= "thread" then error("coroutine.resume: expects a coroutine, got " .. type(co), 2) end
@@ -171,6 +180,7 @@ if table.move then -- (table.move(a1, f, e, t [, a2]) writes into a2, or a1 when
 end
 local ok_clear, raw_clear = pcall(require, "table.clear")
 local script_clear = ok_clear and no_views("table.clear", raw_clear) or nil
+table_lib.clear = script_clear -- (require "table.clear" also sets table.clear: never the raw one)
 
 -- debug.traceback of a coroutine the script did not create would show another request's stack
 -- (the runtime's pooled coroutines serve every script's requests in turn)
@@ -180,8 +190,12 @@ local debug_lib = { traceback = function(a, ...)
     error("debug.traceback: that coroutine is the gateway's, not one the script created", 2)
   end
   local tb
-  if type(a) == "thread" then
+  if type(a) == "thread" and a ~= coroutine.running() then
     tb = raw_traceback(a, ...)
+  elseif type(a) == "thread" then -- (its own coroutine: level 1 is the script's caller, as below)
+    local msg, level = ...
+    level = (type(level) == "number" and level or 1) + 1
+    tb = msg == nil and raw_traceback(a, "", level):sub(2) or raw_traceback(a, msg, level)
   else -- (traceback([msg [, level]]): level 1 is the script's caller of this function, not it)
     local level = ...
     level = (type(level) == "number" and level or 1) + 1
@@ -293,7 +307,8 @@ function M.load_source(file, src)
   local f, err
   if src then f, err = raw_loadstring(src, "@" .. file, "t") else f, err = raw_loadfile(file, "t") end
   if f then return f end
-  if type(err) == "string" and err:find("wrong mode", 1, true) then return nil, file .. ":1: " .. BYTECODE end
+  -- (LuaJIT's whole message for a binary chunk in mode "t"; a syntax error always has a place)
+  if err == "attempt to load chunk with wrong mode" then return nil, file .. ":1: " .. BYTECODE end
   return nil, err
 end
 
@@ -339,7 +354,7 @@ local function script_require(box, name)
     error(("require: '%s' is not a module name (dotted words, like \"lib.x\" for lib/x.lua)"):format(
       name:gsub("[%c\128-\255]", function(c) return ("\\%03d"):format(c:byte()) end)), 3)
   end
-  if name == "gateway" then
+  if name:lower() == "gateway" then -- (any case: a case-insensitive file system finds gateway.lua)
     error("module 'gateway' is not available to scripts: gateway.lua is the operator's configuration", 3)
   end
   local file = box.path and package.searchpath(name, box.path)
