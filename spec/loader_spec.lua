@@ -34,6 +34,10 @@ describe("the load budget", function()
     fails_at("catching", "[345]")
   end)
 
+  it("stops a string pattern that backtracks inside one C call, at the script's line", function()
+    fails_at("pattern", "3")
+  end)
+
   it("stops a loop inside a coroutine", function()
     fails_at("coroutine", "3") -- (coroutine.wrap puts the line of f() in front)
   end)

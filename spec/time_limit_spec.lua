@@ -57,6 +57,12 @@ describe("the script time limit", function()
     assert.is_true(stopped_at(gw, "spin.lua:20:"))
   end)
 
+  it("stops a string pattern that backtracks inside one C call, at the script's line", function()
+    local page = gw:get("/spin-pattern")
+    assert.equal(500, page.status)
+    assert.is_true(stopped_at(gw, "spin.lua:51:"))
+  end)
+
   it("cannot be turned off by the script with debug.sethook", function()
     local page = gw:get("/sethook")
     assert.equal(500, page.status)

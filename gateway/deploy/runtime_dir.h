@@ -13,7 +13,7 @@
  *      AGW_BUILD_DIR, the build tree it was compiled in.
  *
  * The folder found is made absolute (realpath), so that a chunk's source name ("@folder/agg/x.lua")
- * starts with exactly this string (worker/watchdog.c's runtime_source relies on that). */
+ * starts with exactly this string (script/script.c's agw_lua_source_is_runtime relies on that). */
 #ifndef AGW_RUNTIME_DIR_H
 #define AGW_RUNTIME_DIR_H
 

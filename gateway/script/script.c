@@ -21,6 +21,7 @@
 #include "deploy/runtime_dir.h"
 #include "json/json.h"
 #include "script/resp_headers.h"
+#include "script/pattern.h"
 #include "script/router.h"
 
 const char *agw_lua_dir(void)
@@ -178,6 +179,15 @@ int agw_sys_open(lua_State *L)
     return 1;
 }
 
+int agw_lua_source_is_runtime(const char *source)
+{
+    const char *dir = agw_lua_dir();
+    if (dir == NULL || source == NULL)
+        return 0;
+    size_t n = strlen(dir);
+    return source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
+}
+
 static void preload(lua_State *L, const char *name, lua_CFunction f)
 {
     lua_getglobal(L, "package");
@@ -210,6 +220,7 @@ lua_State *agw_vm_new(const char *scripts_dir)
     preload(L, "agg.resp_headers", agw_resp_headers_open);
     preload(L, "agg.router", agw_router_open);
     preload(L, "agg.limiter", agw_limiter_open);
+    preload(L, "agg.pattern", agw_pattern_open);
     return L;
 }
 

@@ -12,9 +12,14 @@
  * (deploy/runtime_dir.h gives the order and the message). */
 const char *agw_lua_dir(void);
 
+/* Whether a Lua function's source (lua_Debug.source, "@path") is a file of the runtime's Lua half
+ * (agw_lua_dir(): lua/agg), not a script of a scripts folder, a module it required or a chunk it
+ * loaded. The script time limit and the pattern functions never stop the runtime's own code. */
+int agw_lua_source_is_runtime(const char *source);
+
 /* Creates a LuaJIT state with the standard libraries, package.path covering the runtime folder and
- * scripts_dir (for require "lib.x"), and the C modules "agg.json", "agg.sys", "agg.breaker" and
- * "agg.resp_headers" preloaded.
+ * scripts_dir (for require "lib.x"), and the C modules "agg.json", "agg.sys", "agg.breaker",
+ * "agg.resp_headers", "agg.router", "agg.limiter" and "agg.pattern" (script/pattern.h) preloaded.
  * Returns NULL on allocation failure. Close with lua_close(). */
 lua_State *agw_vm_new(const char *scripts_dir);
 

@@ -45,17 +45,6 @@ uint64_t agw_coarse_tick_ms(void)
     return t;
 }
 
-/* Whether a function's source ("@path") is a file of the runtime's Lua half (agw_lua_dir()):
- * lua/agg, not a script of the scripts folder, a module it required or a chunk it loaded. */
-static int runtime_source(const char *source)
-{
-    const char *dir = agw_lua_dir();
-    if (dir == NULL)
-        return 0;
-    size_t n = strlen(dir);
-    return source != NULL && source[0] == '@' && strncmp(source + 1, dir, n) == 0 && source[1 + n] == '/';
-}
-
 /* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
 static void on_script_too_long(lua_State *L, lua_Debug *ar)
 {
@@ -69,7 +58,7 @@ static void on_script_too_long(lua_State *L, lua_Debug *ar)
     }
     /* level 0: the function running, not the hook */
     lua_Debug d;
-    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || runtime_source(d.source)) {
+    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || agw_lua_source_is_runtime(d.source)) {
         /* the runtime's own code (lua/agg): an error here could leave it half way through its
          * bookkeeping (a request never answered). In a coroutine the hook waits for the script's
          * next instruction. On the runtime's own thread the script's coroutine is gone, or the

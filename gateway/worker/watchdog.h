@@ -21,9 +21,10 @@
  * watchdog asks again a limit later if a script runs on.
  *
  * Compiled code does not run hooks (LuaJIT), so the scripts' own functions run in LuaJIT's
- * interpreter (agg.loader turns the JIT off for them; the agg library stays compiled). Not
- * stopped: a script that turns the JIT back on for a function (jit.on(f, true)) and loops in it, a
- * long C call (a pathological string pattern), a loop in a __gc finalizer. The watchdog asks again
+ * interpreter (agg.loader turns the JIT off for them; the agg library stays compiled). A string
+ * pattern that backtracks for long runs the hook while it matches (script/pattern.h). Not
+ * stopped: a script that turns the JIT back on for a function (jit.on(f, true)) and loops in it,
+ * another long C call (string.rep of gigabytes), a loop in a __gc finalizer. The watchdog asks again
  * every limit while the entry lasts; a shutdown waits 5 s for such a worker, then exits 1
  * (server.c).
  */

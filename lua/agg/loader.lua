@@ -54,9 +54,9 @@ M.STOP_TEXT = sandbox.STOP_TEXT
 -- M.LOAD_BUDGET_S seconds in all is stuck (an endless loop there would hold up start-up,
 -- `aggway check` and every reload, and a reload cannot be cancelled). It is stopped with
 -- "file:line: … took longer than …", file:line being where it was running (the script or a module
--- it required). The JIT is off meanwhile: compiled loops do not run hooks. Not stopped: a long C
--- call (os.execute, a pathological string pattern), a finalizer or error handler that loops, a
--- script that removes the hook itself.
+-- it required). The JIT is off meanwhile: compiled loops do not run hooks. A string pattern that
+-- backtracks for long is stopped too (agg.pattern runs the hook). Not stopped: another long C
+-- call, a finalizer or error handler that loops, a script that removes the hook itself.
 M.LOAD_BUDGET_S = 5
 local LOADER_SOURCE = debug.getinfo(1, "S").source
 local HOOK_EVERY = 100000 -- VM instructions between clock readings
@@ -134,11 +134,16 @@ local function run_chunk(chunk, file, dir)
       -- stopped again as soon as it runs anything outside the pcall
       if not budget_hit then debug.sethook(hook, "", 1) end
       budget_hit = true
-      -- where it was running: the script, or a module it required
-      local info = debug.getinfo(2, "Sl")
+      -- where it was running: the script, or a module it required (the nearest file of the
+      -- folder's on the stack: past a string pattern's poll, agg.pattern, or a chunk it loaded)
       local where = file .. ":1"
-      if info and info.source:sub(1, 1) == "@" and info.currentline > 0 then
-        where = info.source:sub(2) .. ":" .. info.currentline
+      for level = 2, 50 do
+        local info = debug.getinfo(level, "Sl")
+        if not info then break end
+        if info.source:sub(1, 1) == "@" and info.currentline > 0 and not M.runtime_source(info.source) then
+          where = info.source:sub(2) .. ":" .. info.currentline
+          break
+        end
       end
       error(too_long(where), 0)
     end

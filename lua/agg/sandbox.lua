@@ -65,7 +65,16 @@ local SANDBOX = "the scripts' sandbox keeps them away from the machine (see docs
 -- string without dump. Strings' methods ("x"):dump() come from the string metatable, so it reads
 -- through the same table, and its metatable is protected: getmetatable("") gives "string", never a
 -- table a script could change the string library of every script through.
-local string_view, string_methods = lib_view("string", string, all_but(string, { dump = true }), { dump = NO_BYTECODE })
+--
+-- find, match, gmatch and gsub are agg.pattern's (script/pattern.h): LuaJIT's semantics, but a
+-- match that backtracks for long lets the hooks run (the script time limit, the load budget, the
+-- spec harness's clock), so a pathological pattern is stopped like an endless loop. The strings'
+-- methods are the same for every caller: a pattern function called from the runtime's own code
+-- (lua/agg) is never stopped half way.
+local string_lib = {}
+for k, v in pairs(string) do string_lib[k] = v end
+for k, v in pairs(require "agg.pattern") do string_lib[k] = v end
+local string_view, string_methods = lib_view("string", string_lib, all_but(string_lib, { dump = true }), { dump = NO_BYTECODE })
 do
   local mt = debug.getmetatable("") -- (debug's: once protected, getmetatable("") is "string")
   mt.__index = string_methods

@@ -1,0 +1,630 @@
+/* pattern.c: Lua's string patterns for scripts, stoppable while they run (pattern.h).
+ *
+ * A backtracking matcher over the pattern text, as the Lua 5.1 reference manual §5.4.1 defines
+ * the language and LuaJIT 2.1 implements it: an item is a single character class followed by an
+ * optional repetition (*, +, -, ?); %bxy, %f[set], %1-%9, captures and position captures; '^'
+ * anchors find, match and gsub (gmatch takes it as a character), '$' anchors at the end. Every
+ * function's results and errors are LuaJIT's; the only additions are the poll and the count of
+ * steps that paces it. */
+#include "script/pattern.h"
+
+#include "script/script.h"
+
+#include <lauxlib.h>
+#include <luajit.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PAT_ESC '%'
+#define PAT_MAX_CAPTURES 32 /* LUA_MAXCAPTURES */
+#define PAT_MAX_DEPTH 200   /* nested attempts: LuaJIT's LJ_MAX_XLEVEL, "pattern too complex" */
+#define PAT_POLL_STEPS (1L << 14)
+#define CAP_OPEN (-1)     /* a capture begun, not closed yet */
+#define CAP_POSITION (-2) /* () */
+
+/* The poll function's chunk name, and how LuaJIT shows it in an error ("(pattern):1: …"). */
+#define POLL_CHUNK "=(pattern)"
+#define POLL_SHORT "(pattern):"
+
+enum { POLL_UNKNOWN, POLL_YES, POLL_NEVER };
+
+typedef struct pat_state {
+    lua_State *L;
+    int poll_index;          /* the poll function's upvalue index */
+    const char *subj, *end;  /* the subject (NUL-terminated past end: a Lua string) */
+    int level;               /* captures begun */
+    int depth;               /* nested match() calls */
+    long credit;             /* steps until the next poll */
+    int poll;                /* POLL_*: whether a hook may stop this call (its caller is no runtime code) */
+    struct {
+        const char *at;
+        ptrdiff_t len; /* or CAP_OPEN, CAP_POSITION */
+    } cap[PAT_MAX_CAPTURES];
+} pat_state_t;
+
+static void state_init(pat_state_t *ps, lua_State *L, int poll_index, const char *s, size_t len)
+{
+    ps->L = L;
+    ps->poll_index = poll_index;
+    ps->subj = s;
+    ps->end = s + len;
+    ps->level = 0;
+    ps->depth = 0;
+    ps->credit = PAT_POLL_STEPS;
+    ps->poll = POLL_UNKNOWN;
+}
+
+/* Runs the poll function when a hook is set and the caller is a script: the hook runs in it as at
+ * the script's next instruction. What the hook raises is raised again at the caller's line. */
+static void poll(pat_state_t *ps)
+{
+    lua_State *L = ps->L;
+    ps->credit = PAT_POLL_STEPS;
+    if (ps->poll == POLL_NEVER || lua_gethook(L) == NULL)
+        return;
+    if (ps->poll == POLL_UNKNOWN) {
+        lua_Debug ar;
+        ps->poll = POLL_YES;
+        if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "S", &ar) && agw_lua_source_is_runtime(ar.source)) {
+            ps->poll = POLL_NEVER; /* the runtime's own code: no hook stops it half way */
+            return;
+        }
+    }
+    lua_pushvalue(L, lua_upvalueindex(ps->poll_index));
+    if (lua_pcall(L, 0, 0, 0) == 0)
+        return;
+    const char *msg = lua_tostring(L, -1);
+    size_t n = sizeof(POLL_SHORT) - 1;
+    if (msg != NULL && strncmp(msg, POLL_SHORT, n) == 0) {
+        /* "(pattern):1: stopped: …" -> "scripts/x.lua:7: stopped: …" */
+        const char *rest = strstr(msg + n, ": ");
+        luaL_where(L, 1);
+        lua_pushstring(L, rest ? rest + 2 : msg);
+        lua_concat(L, 2);
+    }
+    lua_error(L);
+}
+
+/* n more steps of work. */
+static inline void charge(pat_state_t *ps, long n)
+{
+    ps->credit -= n;
+    if (ps->credit <= 0)
+        poll(ps);
+}
+
+/* ASCII classes, as LuaJIT's (no locale): bytes >= 128 are in none. */
+static int is_lower(int c) { return c >= 'a' && c <= 'z'; }
+static int is_upper(int c) { return c >= 'A' && c <= 'Z'; }
+static int is_digit(int c) { return c >= '0' && c <= '9'; }
+static int is_alpha(int c) { return is_lower(c) || is_upper(c); }
+static int is_alnum(int c) { return is_alpha(c) || is_digit(c); }
+static int is_graph(int c) { return c > 32 && c < 127; }
+
+/* Whether byte c is in class %cl (a letter names a class, its upper case the complement; any other
+ * character stands for itself). */
+static int class_match(int c, int cl)
+{
+    int in;
+    switch (cl | 0x20) {
+    case 'a': in = is_alpha(c); break;
+    case 'c': in = c < 32 || c == 127; break;
+    case 'd': in = is_digit(c); break;
+    case 'g': in = is_graph(c); break;
+    case 'l': in = is_lower(c); break;
+    case 'p': in = is_graph(c) && !is_alnum(c); break;
+    case 's': in = c == ' ' || (c >= '\t' && c <= '\r'); break;
+    case 'u': in = is_upper(c); break;
+    case 'w': in = is_alnum(c); break;
+    case 'x': in = is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); break;
+    case 'z': in = c == 0; break;
+    default: return cl == c; /* (only letters become letters with 0x20) */
+    }
+    return is_lower(cl) ? in : !in;
+}
+
+/* Whether byte c is in the set p .. close ('[' .. ']'). */
+static int set_match(int c, const char *p, const char *close)
+{
+    int yes = 1;
+    if (p[1] == '^') {
+        yes = 0;
+        p++;
+    }
+    while (++p < close) {
+        if (*p == PAT_ESC) {
+            p++;
+            if (class_match(c, (unsigned char)*p))
+                return yes;
+        } else if (p[1] == '-' && p + 2 < close) {
+            p += 2;
+            if ((unsigned char)p[-2] <= c && c <= (unsigned char)*p)
+                return yes;
+        } else if ((unsigned char)*p == c) {
+            return yes;
+        }
+    }
+    return !yes;
+}
+
+/* The end of the single-character class that starts at p. */
+static const char *item_end(pat_state_t *ps, const char *p)
+{
+    char c = *p++;
+    if (c == PAT_ESC) {
+        if (*p == '\0')
+            luaL_error(ps->L, "malformed pattern (ends with '%%')");
+        return p + 1;
+    }
+    if (c == '[') {
+        if (*p == '^')
+            p++;
+        do { /* the first character is in the set even when it is ']' */
+            if (*p == '\0')
+                luaL_error(ps->L, "malformed pattern (missing ']')");
+            if (*p++ == PAT_ESC && *p != '\0')
+                p++;
+        } while (*p != ']');
+        return p + 1;
+    }
+    return p;
+}
+
+static int single_match(int c, const char *p, const char *ep)
+{
+    switch (*p) {
+    case '.': return 1;
+    case PAT_ESC: return class_match(c, (unsigned char)p[1]);
+    case '[': return set_match(c, p, ep - 1);
+    default: return (unsigned char)*p == c;
+    }
+}
+
+static const char *match(pat_state_t *ps, const char *s, const char *p);
+
+/* %bxy at s (p: "xy…"). */
+static const char *balance(pat_state_t *ps, const char *s, const char *p)
+{
+    if (p[0] == '\0' || p[1] == '\0')
+        luaL_error(ps->L, "unbalanced pattern");
+    if (s >= ps->end || *s != p[0])
+        return NULL;
+    int open = 0;
+    const char *q = s;
+    while (++q < ps->end) {
+        if (*q == p[1]) {
+            if (open-- == 0) {
+                charge(ps, q - s);
+                return q + 1;
+            }
+        } else if (*q == p[0]) {
+            open++;
+        }
+    }
+    charge(ps, q - s);
+    return NULL;
+}
+
+/* The longest run of the item p .. ep at s, then shorter ones, each followed by the rest. */
+static const char *max_expand(pat_state_t *ps, const char *s, const char *p, const char *ep)
+{
+    ptrdiff_t i = 0;
+    while (s + i < ps->end && single_match((unsigned char)s[i], p, ep))
+        i++;
+    charge(ps, i);
+    for (; i >= 0; i--) {
+        const char *r = match(ps, s + i, ep + 1);
+        if (r != NULL)
+            return r;
+    }
+    return NULL;
+}
+
+/* The shortest run of the item p .. ep at s followed by the rest, then longer ones. */
+static const char *min_expand(pat_state_t *ps, const char *s, const char *p, const char *ep)
+{
+    for (;;) {
+        const char *r = match(ps, s, ep + 1);
+        if (r != NULL)
+            return r;
+        if (s < ps->end && single_match((unsigned char)*s, p, ep))
+            s++;
+        else
+            return NULL;
+    }
+}
+
+static const char *open_capture(pat_state_t *ps, const char *s, const char *p, ptrdiff_t what)
+{
+    if (ps->level >= PAT_MAX_CAPTURES)
+        luaL_error(ps->L, "too many captures");
+    ps->cap[ps->level].at = s;
+    ps->cap[ps->level].len = what;
+    ps->level++;
+    const char *r = match(ps, s, p);
+    if (r == NULL)
+        ps->level--;
+    return r;
+}
+
+static const char *close_capture(pat_state_t *ps, const char *s, const char *p)
+{
+    int l = ps->level - 1;
+    while (l >= 0 && ps->cap[l].len != CAP_OPEN)
+        l--;
+    if (l < 0)
+        luaL_error(ps->L, "invalid pattern capture");
+    ps->cap[l].len = s - ps->cap[l].at;
+    const char *r = match(ps, s, p);
+    if (r == NULL)
+        ps->cap[l].len = CAP_OPEN;
+    return r;
+}
+
+/* %1-%9 at s: the text of a closed capture again. */
+static const char *back_reference(pat_state_t *ps, const char *s, int digit)
+{
+    int i = digit - '1';
+    if (i < 0 || i >= ps->level || ps->cap[i].len == CAP_OPEN)
+        luaL_error(ps->L, "invalid capture index");
+    size_t len = (size_t)ps->cap[i].len; /* a position capture: never fits */
+    if ((size_t)(ps->end - s) < len)
+        return NULL;
+    charge(ps, (long)len);
+    return memcmp(ps->cap[i].at, s, len) == 0 ? s + len : NULL;
+}
+
+/* Matches the pattern p at s: the end of the match, or NULL. */
+static const char *match(pat_state_t *ps, const char *s, const char *p)
+{
+    if (++ps->depth > PAT_MAX_DEPTH)
+        luaL_error(ps->L, "pattern too complex");
+    charge(ps, 1);
+again:
+    switch (*p) {
+    case '(':
+        s = p[1] == ')' ? open_capture(ps, s, p + 2, CAP_POSITION) : open_capture(ps, s, p + 1, CAP_OPEN);
+        break;
+    case ')':
+        s = close_capture(ps, s, p + 1);
+        break;
+    case '\0':
+        break;
+    case '$':
+        if (p[1] != '\0')
+            goto item; /* a '$' inside the pattern is itself */
+        if (s != ps->end)
+            s = NULL;
+        break;
+    case PAT_ESC:
+        if (p[1] == 'b') {
+            s = balance(ps, s, p + 2);
+            if (s == NULL)
+                break;
+            p += 4;
+            goto again;
+        }
+        if (p[1] == 'f') {
+            p += 2;
+            if (*p != '[')
+                luaL_error(ps->L, "missing '[' after '%%f' in pattern");
+            const char *ep = item_end(ps, p);
+            int before = s == ps->subj ? '\0' : (unsigned char)s[-1];
+            if (set_match(before, p, ep - 1) || !set_match((unsigned char)*s, p, ep - 1)) {
+                s = NULL;
+                break;
+            }
+            p = ep;
+            goto again;
+        }
+        if (is_digit((unsigned char)p[1])) {
+            s = back_reference(ps, s, (unsigned char)p[1]);
+            if (s == NULL)
+                break;
+            p += 2;
+            goto again;
+        }
+        goto item;
+    default:
+    item: {
+        const char *ep = item_end(ps, p);
+        int m = s < ps->end && single_match((unsigned char)*s, p, ep);
+        switch (*ep) {
+        case '?': {
+            const char *r;
+            if (m && (r = match(ps, s + 1, ep + 1)) != NULL) {
+                s = r;
+                break;
+            }
+            p = ep + 1;
+            goto again;
+        }
+        case '*':
+            s = max_expand(ps, s, p, ep);
+            break;
+        case '+':
+            s = m ? max_expand(ps, s + 1, p, ep) : NULL;
+            break;
+        case '-':
+            s = min_expand(ps, s, p, ep);
+            break;
+        default:
+            if (!m) {
+                s = NULL;
+                break;
+            }
+            s++;
+            p = ep;
+            goto again;
+        }
+    }
+    }
+    ps->depth--;
+    return s;
+}
+
+/* Pushes capture i (the whole match s .. e when the pattern has none and i is 0). */
+static void push_capture(pat_state_t *ps, int i, const char *s, const char *e)
+{
+    lua_State *L = ps->L;
+    if (i >= ps->level) {
+        if (i != 0)
+            luaL_error(L, "invalid capture index");
+        lua_pushlstring(L, s, (size_t)(e - s));
+        return;
+    }
+    ptrdiff_t len = ps->cap[i].len;
+    if (len == CAP_OPEN)
+        luaL_error(L, "unfinished capture");
+    if (len == CAP_POSITION)
+        lua_pushinteger(L, ps->cap[i].at - ps->subj + 1);
+    else
+        lua_pushlstring(L, ps->cap[i].at, (size_t)len);
+}
+
+/* Pushes every capture (or the whole match when there is none and s is not NULL); returns how
+ * many. */
+static int push_captures(pat_state_t *ps, const char *s, const char *e)
+{
+    int n = ps->level == 0 && s != NULL ? 1 : ps->level;
+    luaL_checkstack(ps->L, n, "too many captures");
+    for (int i = 0; i < n; i++)
+        push_capture(ps, i, s, e);
+    return n;
+}
+
+/* Argument i as LuaJIT's lj_lib_optint reads it: a number (or numeric string) converted to a
+ * 32-bit integer by truncation, INT32_MIN when it does not fit (the x86-64 conversion's answer). */
+static int32_t opt_int32(lua_State *L, int i, int32_t dflt)
+{
+    if (lua_isnoneornil(L, i))
+        return dflt;
+    lua_Number n = luaL_checknumber(L, i);
+    if (n >= -2147483648.0 && n < 2147483648.0)
+        return (int32_t)n;
+    return INT32_MIN;
+}
+
+/* The characters that make a pattern of a string (else string.find searches for it as it is). */
+static int has_specials(const char *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != '\0' && strchr("^$*+?.([%-", p[i]) != NULL)
+            return 1;
+    return 0;
+}
+
+static int find_or_match(lua_State *L, int find)
+{
+    size_t len, plen;
+    const char *s = luaL_checklstring(L, 1, &len);
+    const char *p = luaL_checklstring(L, 2, &plen);
+    int32_t start = opt_int32(L, 3, 1);
+    if (start < 0)
+        start += (int32_t)len;
+    else
+        start--;
+    if (start < 0)
+        start = 0;
+    size_t st = (size_t)start > len ? len : (size_t)start;
+    if (find && (lua_toboolean(L, 4) || !has_specials(p, plen))) {
+        const char *q = memmem(s + st, len - st, p, plen);
+        if (q == NULL) {
+            lua_pushnil(L);
+            return 1;
+        }
+        lua_pushinteger(L, q - s + 1);
+        lua_pushinteger(L, q - s + (ptrdiff_t)plen);
+        return 2;
+    }
+    pat_state_t ps;
+    state_init(&ps, L, 1, s, len);
+    int anchor = *p == '^';
+    if (anchor)
+        p++;
+    const char *at = s + st;
+    do {
+        ps.level = ps.depth = 0;
+        const char *e = match(&ps, at, p);
+        if (e != NULL) {
+            if (!find)
+                return push_captures(&ps, at, e);
+            lua_pushinteger(L, at - s + 1);
+            lua_pushinteger(L, e - s);
+            return push_captures(&ps, NULL, NULL) + 2;
+        }
+    } while (at++ < ps.end && !anchor);
+    lua_pushnil(L);
+    return 1;
+}
+
+/* string.find(s, pattern [, init [, plain]]) -> start, end, captures… | nil */
+static int l_find(lua_State *L)
+{
+    return find_or_match(L, 1);
+}
+
+/* string.match(s, pattern [, init]) -> captures… (or the whole match) | nil */
+static int l_match(lua_State *L)
+{
+    return find_or_match(L, 0);
+}
+
+/* The iterator string.gmatch gives; upvalues: the poll function, the subject, the pattern, the
+ * position to go on from. */
+static int gmatch_next(lua_State *L)
+{
+    size_t len;
+    const char *s = lua_tolstring(L, lua_upvalueindex(2), &len);
+    const char *p = lua_tostring(L, lua_upvalueindex(3));
+    size_t pos = (size_t)lua_tointeger(L, lua_upvalueindex(4));
+    pat_state_t ps;
+    state_init(&ps, L, 1, s, len);
+    for (const char *at = s + pos; at <= ps.end; at++) {
+        ps.level = ps.depth = 0;
+        const char *e = match(&ps, at, p);
+        if (e != NULL) {
+            lua_pushinteger(L, (e - s) + (e == at)); /* an empty match: go on one further */
+            lua_replace(L, lua_upvalueindex(4));
+            return push_captures(&ps, at, e);
+        }
+    }
+    return 0;
+}
+
+/* string.gmatch(s, pattern) -> iterator of the captures (or whole matches) */
+static int l_gmatch(lua_State *L)
+{
+    luaL_checkstring(L, 1);
+    luaL_checkstring(L, 2);
+    lua_settop(L, 2);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_pushinteger(L, 0);
+    lua_pushcclosure(L, gmatch_next, 4);
+    return 1;
+}
+
+/* The replacement string (argument 3) for the match s .. e: %0-%9 are captures, % before any
+ * other character is that character. */
+static void add_replacement_text(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e)
+{
+    size_t n;
+    const char *r = lua_tolstring(ps->L, 3, &n);
+    for (size_t i = 0; i < n; i++) {
+        if (r[i] != PAT_ESC) {
+            luaL_addchar(b, r[i]);
+            continue;
+        }
+        i++; /* (at n: the string's terminating NUL, added as LuaJIT does) */
+        if (!is_digit((unsigned char)r[i])) {
+            luaL_addchar(b, r[i]);
+        } else if (r[i] == '0') {
+            luaL_addlstring(b, s, (size_t)(e - s));
+        } else {
+            push_capture(ps, r[i] - '1', s, e);
+            luaL_addvalue(b);
+        }
+    }
+}
+
+static void add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e)
+{
+    lua_State *L = ps->L;
+    switch (lua_type(L, 3)) {
+    case LUA_TFUNCTION: {
+        lua_pushvalue(L, 3);
+        int n = push_captures(ps, s, e);
+        lua_call(L, n, 1);
+        break;
+    }
+    case LUA_TTABLE:
+        push_capture(ps, 0, s, e);
+        lua_gettable(L, 3);
+        break;
+    default: /* a string or a number */
+        add_replacement_text(ps, b, s, e);
+        return;
+    }
+    if (!lua_toboolean(L, -1)) { /* nil or false: the match stays */
+        lua_pop(L, 1);
+        lua_pushlstring(L, s, (size_t)(e - s));
+    } else if (!lua_isstring(L, -1)) {
+        luaL_error(L, "invalid replacement value (a %s)", luaL_typename(L, -1));
+    }
+    luaL_addvalue(b);
+}
+
+/* string.gsub(s, pattern, repl [, n]) -> the new string, the number of matches replaced */
+static int l_gsub(lua_State *L)
+{
+    size_t len;
+    const char *src = luaL_checklstring(L, 1, &len);
+    const char *p = luaL_checkstring(L, 2);
+    int t = lua_type(L, 3);
+    int max = luaL_optint(L, 4, (int)(len + 1));
+    if (!(t == LUA_TNUMBER || t == LUA_TSTRING || t == LUA_TFUNCTION || t == LUA_TTABLE))
+        luaL_argerror(L, 3, "string/function/table expected");
+    int anchor = *p == '^';
+    if (anchor)
+        p++;
+    pat_state_t ps;
+    state_init(&ps, L, 1, src, len);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    int n = 0;
+    while (n < max) {
+        ps.level = ps.depth = 0;
+        const char *e = match(&ps, src, p);
+        if (e != NULL) {
+            n++;
+            add_replacement(&ps, &b, src, e);
+        }
+        if (e != NULL && e > src)
+            src = e;
+        else if (src < ps.end)
+            luaL_addchar(&b, *src++);
+        else
+            break;
+        if (anchor)
+            break;
+    }
+    luaL_addlstring(&b, src, (size_t)(ps.end - src));
+    luaL_pushresult(&b);
+    lua_pushinteger(L, n);
+    return 2;
+}
+
+/* The poll function: straight-line code (about 100 instructions, so that a hook that counts
+ * instructions, as the load budget's does, comes round within a few hundred polls), never
+ * compiled (compiled code runs no hook). */
+static void push_poll_function(lua_State *L)
+{
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, "local n = 0");
+    for (int i = 0; i < 100; i++)
+        luaL_addstring(&b, " n = n + 1");
+    luaL_pushresult(&b);
+    size_t n;
+    const char *src = lua_tolstring(L, -1, &n);
+    if (luaL_loadbuffer(L, src, n, POLL_CHUNK) != 0)
+        lua_error(L);
+    lua_remove(L, -2);
+    luaJIT_setmode(L, -1, LUAJIT_MODE_FUNC | LUAJIT_MODE_OFF);
+}
+
+int agw_pattern_open(lua_State *L)
+{
+    static const luaL_Reg fns[] = {{"find", l_find}, {"match", l_match}, {"gmatch", l_gmatch},
+                                   {"gsub", l_gsub}, {NULL, NULL}};
+    lua_createtable(L, 0, 4);
+    push_poll_function(L);
+    for (const luaL_Reg *f = fns; f->name != NULL; f++) {
+        lua_pushvalue(L, -1);
+        lua_pushcclosure(L, f->func, 1);
+        lua_setfield(L, -3, f->name);
+    }
+    lua_pop(L, 1);
+    return 1;
+}

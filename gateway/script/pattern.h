@@ -1,0 +1,35 @@
+/* pattern.h: Lua's string patterns for scripts, stoppable while they run.
+ *
+ * LuaJIT's string.find, string.match, string.gmatch and string.gsub match patterns by
+ * backtracking inside one C call. A pattern with several backtracking items that fails on a long
+ * subject (`("a"):rep(1e5):find(".-.-.-b")`) takes time polynomial in the subject's length, and no
+ * hook runs in C: the script time limit (worker/watchdog.h), the load budget (agg.loader) and
+ * the spec harness's limit (agg.testing_clock) could not stop it, and the worker was held for as
+ * long. The module "agg.pattern" gives the four functions again, with LuaJIT 2.1's semantics
+ * (the same results, captures, positions and error messages: a differential test,
+ * tests/fuzz/fuzz_pattern.c, compares the two), and the sandbox (agg.sandbox) gives them to
+ * scripts as string.* and as the strings' methods.
+ *
+ * What changes: while the VM has a hook set (the stop the watchdog asks for, the load budget's and
+ * the spec harness's clock), a match that has done about 2^14 steps of work (a step: one attempt
+ * of the rest of the pattern, or a character a repetition, a %b or a back reference scanned)
+ * calls a small Lua function in the interpreter, so that the hook runs as it would at the
+ * script's next instruction. An error the hook raises there ("stopped: …", "loading the scripts
+ * took longer …") is raised by the pattern function at its caller's line. A match called by the
+ * runtime's own code (lua/agg) never polls: the hooks never stop the runtime half way. Without a
+ * hook, the cost is a counter per step.
+ *
+ * Also as LuaJIT: a pattern nests at most 200 items that backtrack ("pattern too complex"), and
+ * at most 32 captures. Source of the pattern language: the Lua 5.1 reference manual §5.4.1.
+ */
+#ifndef AGW_PATTERN_H
+#define AGW_PATTERN_H
+
+#include <lua.h>
+
+/* Opens "agg.pattern": a table { find, match, gmatch, gsub } (the signatures of string.find,
+ * string.match, string.gmatch and string.gsub). Errors: those of LuaJIT's functions, raised at
+ * the caller's line; what a hook raises while a match polls (see above). */
+int agw_pattern_open(lua_State *L);
+
+#endif
