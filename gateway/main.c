@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "script/config.h"
+#include "base/heap.h"
 #include "base/log.h"
 #include "deploy/runtime_dir.h"
 #include "script/script.h"
@@ -112,7 +113,7 @@ static int dry_run(const char *dir)
         }
         found = (int)n;
     }
-    lua_close(L);
+    agw_heap_close_lua_state(L);
     return found;
 }
 
@@ -173,10 +174,10 @@ static int cmd_test(const char *dir, int argc, char **argv)
         /* busted's own exit after failed specs raises no message: nothing to add then */
         if (lua_isstring(L, -1))
             fprintf(stderr, "aggway test: %s\n", lua_tostring(L, -1));
-        lua_close(L);
+        agw_heap_close_lua_state(L);
         return 1;
     }
-    lua_close(L);
+    agw_heap_close_lua_state(L);
     return 0; /* busted exits with the failure count itself when specs fail */
 }
 

@@ -17,9 +17,8 @@
 
 #if AGW_HEAP_JEMALLOC
 
-void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+static void *raw_lua_alloc(void *ptr, size_t osize, size_t nsize)
 {
-    (void)ud;
     if (nsize == 0) {
         if (ptr != NULL)
             sdallocx(ptr, osize, 0);
@@ -43,27 +42,11 @@ void *agw_heap_lua_alloc_checked(void *ud, void *ptr, size_t osize, size_t nsize
     return agw_heap_lua_alloc(ud, ptr, osize, nsize);
 }
 
-static int lua_panic(lua_State *L)
-{
-    const char *s = lua_tostring(L, -1);
-    fprintf(stderr, "PANIC: unprotected error in call to Lua API (%s)\n", s ? s : "error object is not a string");
-    fflush(stderr);
-    return 0;
-}
-
 static lua_Alloc lua_alloc_fn = agw_heap_lua_alloc;
 
 void agw_heap_check_lua_blocks(void)
 {
     lua_alloc_fn = agw_heap_lua_alloc_checked;
-}
-
-lua_State *agw_heap_new_lua_state(void)
-{
-    lua_State *L = lua_newstate(lua_alloc_fn, NULL);
-    if (L != NULL)
-        lua_atpanic(L, lua_panic);
-    return L;
 }
 
 void agw_heap_give_back(void)
@@ -90,16 +73,10 @@ int agw_heap_stats(agw_heap_stats_t *st)
     return 0;
 }
 
-#else /* a sanitized build: the sanitizer's malloc, LuaJIT's allocator */
+#else /* a sanitized build: the sanitizer's malloc, through realloc and free */
 
-lua_State *agw_heap_new_lua_state(void)
+static void *raw_lua_alloc(void *ptr, size_t osize, size_t nsize)
 {
-    return luaL_newstate();
-}
-
-void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
-{
-    (void)ud;
     (void)osize;
     if (nsize == 0) {
         free(ptr);
@@ -112,6 +89,8 @@ void *agw_heap_lua_alloc_checked(void *ud, void *ptr, size_t osize, size_t nsize
 {
     return agw_heap_lua_alloc(ud, ptr, osize, nsize);
 }
+
+static lua_Alloc lua_alloc_fn = agw_heap_lua_alloc;
 
 void agw_heap_check_lua_blocks(void)
 {
@@ -131,3 +110,62 @@ int agw_heap_stats(agw_heap_stats_t *st)
 }
 
 #endif
+
+/* (both builds) */
+
+/* LuaJIT's panic handler, as luaL_newstate sets it. */
+static int lua_panic(lua_State *L)
+{
+    const char *s = lua_tostring(L, -1);
+    fprintf(stderr, "PANIC: unprotected error in call to Lua API (%s)\n", s ? s : "error object is not a string");
+    fflush(stderr);
+    return 0;
+}
+
+void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    agw_lua_heap_t *h = ud;
+    if (ptr == NULL)
+        osize = 0; /* (a new block: LuaJIT passes 0; Lua 5.2's type tags are not LuaJIT's) */
+    if (h != NULL && h->limit != 0 && nsize > osize && nsize >= AGW_LUA_LARGE_BLOCK &&
+        h->used - osize + nsize > h->limit) {
+        h->refused++;
+        if (nsize > h->refused_largest)
+            h->refused_largest = nsize;
+        return NULL;
+    }
+    void *p = raw_lua_alloc(ptr, osize, nsize);
+    if (h != NULL && (p != NULL || nsize == 0))
+        h->used = h->used - osize + nsize;
+    return p;
+}
+
+lua_State *agw_heap_new_lua_state(void)
+{
+    agw_lua_heap_t *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return NULL;
+    lua_State *L = lua_newstate(lua_alloc_fn, h);
+    if (L == NULL) {
+        free(h);
+        return NULL;
+    }
+    lua_atpanic(L, lua_panic);
+    return L;
+}
+
+agw_lua_heap_t *agw_heap_lua_of(lua_State *L)
+{
+    void *ud = NULL;
+    lua_Alloc f = lua_getallocf(L, &ud);
+    return f == agw_heap_lua_alloc || f == agw_heap_lua_alloc_checked ? ud : NULL;
+}
+
+void agw_heap_close_lua_state(lua_State *L)
+{
+    if (L == NULL)
+        return;
+    agw_lua_heap_t *h = agw_heap_lua_of(L);
+    lua_close(L);
+    free(h);
+}

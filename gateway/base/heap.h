@@ -15,30 +15,57 @@
  * counts on it), so sdallocx skips the look-up of the block's size class.
  *
  * A sanitized build (AGW_SANITIZE, the fuzzers) links no jemalloc: its malloc is the sanitizer's,
- * the Lua VMs keep LuaJIT's allocator (luaL_newstate), agw_heap_give_back is glibc's malloc_trim,
- * and agw_heap_stats says it has no figures. AGW_HEAP_JEMALLOC is 1 when jemalloc is in.
+ * the Lua VMs allocate with realloc and free (so the sanitizer sees their blocks, and the heap
+ * limit is the same), agw_heap_give_back is glibc's malloc_trim, and agw_heap_stats says it has no
+ * figures. AGW_HEAP_JEMALLOC is 1 when jemalloc is in.
  */
 #ifndef AGW_BASE_HEAP_H
 #define AGW_BASE_HEAP_H
 
 #include <lua.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifndef AGW_HEAP_JEMALLOC
 #define AGW_HEAP_JEMALLOC 0
 #endif
 
-/* A new Lua VM on the process's heap (agw_heap_lua_alloc in a jemalloc build, LuaJIT's own
- * allocator otherwise), with LuaJIT's panic handler as luaL_newstate sets it; NULL when out of
+/* The Lua heap of one VM: what it holds and the limit on its growth (script_memory_limit_mb,
+ * gateway.lua). A script can allocate gigabytes well within its time limit (`s = s .. s` thirty
+ * times, string.rep, a table grown in a loop) and take the whole machine's memory. A block of
+ * AGW_LUA_LARGE_BLOCK bytes or more that would take the VM's heap past limit is refused: LuaJIT
+ * raises its "not enough memory" error where the script asked for it (the request gets a 500
+ * problem, or its section fails). Smaller blocks are never refused, so the runtime's own
+ * bookkeeping (small tables, closures, short strings) never fails half way because a script holds
+ * the heap; a loop of small allocations is bounded by the time limit instead. Owned by the VM
+ * (agw_heap_new_lua_state), read and written by the thread that runs it. */
+typedef struct agw_lua_heap {
+    size_t used;             /* bytes the VM holds, as LuaJIT counts them */
+    size_t limit;            /* bytes; 0: no limit */
+    uint64_t refused;        /* blocks refused so far */
+    size_t refused_largest;  /* the largest refused block, bytes */
+} agw_lua_heap_t;
+
+#define AGW_LUA_LARGE_BLOCK ((size_t)64 * 1024)
+
+/* A new Lua VM on the process's heap through agw_heap_lua_alloc (jemalloc's calls in a jemalloc
+ * build, realloc and free in a sanitized one), with its agw_lua_heap_t (no limit yet: set
+ * agw_heap_lua_of(L)->limit) and LuaJIT's panic handler as luaL_newstate sets it; NULL when out of
  * memory (or when LuaJIT refuses an allocator of ours: not on any 64-bit build it makes with GC64,
- * Debian's included). Closed with lua_close as usual. */
+ * Debian's included). Closed with agw_heap_close_lua_state. */
 lua_State *agw_heap_new_lua_state(void);
+
+/* The heap record of a VM agw_heap_new_lua_state made (NULL for any other VM). */
+agw_lua_heap_t *agw_heap_lua_of(lua_State *L);
+
+/* lua_close(L), then frees its heap record; NULL is a no-op. */
+void agw_heap_close_lua_state(lua_State *L);
 
 /* The lua_Alloc of the Lua VMs (Lua 5.1 manual, lua_Alloc): nsize 0 frees ptr (osize bytes, as
  * allocated or last resized), ptr NULL allocates nsize bytes, else resizes ptr from osize to nsize
- * bytes. NULL when the memory cannot be had (LuaJIT then raises its "not enough memory" error;
- * a shrink never fails). ud is unused. (A sanitized build's is realloc and free, for the unit
- * tests: its VMs use LuaJIT's allocator.) */
+ * bytes. ud: the VM's agw_lua_heap_t (counted, and its limit applied), or NULL. NULL when the
+ * memory cannot be had or the limit refuses it (LuaJIT then raises its "not enough memory" error;
+ * a shrink never fails). */
 void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 
 /* The same, checking LuaJIT's side of the contract first: every osize falls in the size class of

@@ -3,6 +3,7 @@
 #include "upstream/resolve.h"
 
 #include "base/luamod.h"
+#include "base/heap.h"
 #include "base/mem.h"
 
 #include <lauxlib.h>
@@ -525,7 +526,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
         return -1;
     }
     if (agw_vm_load_generation(L, dir, errors) != 0) {
-        lua_close(L);
+        agw_heap_close_lua_state(L);
         agw_config_free(conf); /* the folder's name: a reload that fails must leave nothing behind */
         return -1;
     }
@@ -552,6 +553,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     lua_pop(L, 1);
     conf->shutdown_grace_ms = agw_luamod_field_u64(L, cfg, "shutdown_grace_ms", 10000);
     conf->script_time_limit_ms = agw_luamod_field_u64(L, cfg, "script_time_limit_ms", 1000);
+    conf->script_memory_limit_mb = agw_luamod_field_u64(L, cfg, "script_memory_limit_mb", AGW_SCRIPT_MEMORY_LIMIT_MB);
     load_clients(L, cfg, conf);
     /* the operator's opt-out of the sandbox (lua/agg/sandbox.lua) is said at every load: start,
      * check and each reload */
@@ -579,7 +581,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     resolve_tls_paths(conf);
     if (load_listen_tls(conf, errors) != 0)
         rc = -1;
-    lua_close(L);
+    agw_heap_close_lua_state(L);
     if (rc != 0)
         agw_config_free(conf);
     return rc;

@@ -68,6 +68,8 @@ typedef struct agw_config {
     uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
     uint64_t script_time_limit_ms;      /* how long a script may run without waiting before it is
                                            stopped, ms (watchdog.h) */
+    uint64_t script_memory_limit_mb;    /* how large each worker's Lua heap of this generation may
+                                           grow through large blocks, MB (base/heap.h) */
     agw_clients_conf_t clients;         /* limits per client (gateway.lua `clients`) */
     agw_upstream_conf_t *upstreams;     /* index i is upstream index i+1 in Lua */
     agw_breaker_t **breakers;           /* one per upstream, shared by every worker (and by the next

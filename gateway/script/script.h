@@ -17,10 +17,15 @@ const char *agw_lua_dir(void);
  * loaded. The script time limit and the pattern functions never stop the runtime's own code. */
 int agw_lua_source_is_runtime(const char *source);
 
-/* Creates a LuaJIT state with the standard libraries, package.path covering the runtime folder and
+/* The default of script_memory_limit_mb (gateway.lua), MB: the limit every VM agw_vm_new makes
+ * starts with (base/heap.h); a worker's VMs take their generation's. */
+#define AGW_SCRIPT_MEMORY_LIMIT_MB 1024
+
+/* Creates a LuaJIT state (base/heap.h: its heap limited to AGW_SCRIPT_MEMORY_LIMIT_MB; close it with
+ * agw_heap_close_lua_state) with the standard libraries, package.path covering the runtime folder and
  * scripts_dir (for require "lib.x"), and the C modules "agg.json", "agg.sys", "agg.breaker",
  * "agg.resp_headers", "agg.router", "agg.limiter" and "agg.pattern" (script/pattern.h) preloaded.
- * Returns NULL on allocation failure. Close with lua_close(). */
+ * Returns NULL on allocation failure. */
 lua_State *agw_vm_new(const char *scripts_dir);
 
 /* Runs require("agg.loader").load(dir). On success leaves the generation table

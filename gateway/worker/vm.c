@@ -4,6 +4,7 @@
  */
 #include "worker/worker_internal.h"
 
+#include "base/heap.h"
 #include "base/mem.h"
 
 #include "worker/contract.h"
@@ -73,7 +74,7 @@ void agw_worker_reap_pools(agw_worker_t *w)
 void agw_worker_gen_discard(wgen_t *g)
 {
     if (g->L)
-        lua_close(g->L);
+        agw_heap_close_lua_state(g->L);
     agw_generation_unref(g->gen);
     free(g->reported);
     free(g);
@@ -229,6 +230,7 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
         agw_buf_puts(errors, "out of memory creating a Lua state\n");
         return -1;
     }
+    agw_heap_lua_of(L)->limit = (size_t)conf->script_memory_limit_mb << 20;
     if (agw_vm_load_generation(L, conf->dir, errors) != 0)
         return -1;
     int gen = lua_gettop(L);

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/heap.h"
 #include "base/log.h"
 
 /* ---- loops: libuv (h2o) embedded in libev -------------------------------------------------- */
@@ -185,7 +186,7 @@ static void compact_vm(void *arg)
 /* Once a second: when no request started for AGW_GC_IDLE_S ticks and none is in flight, full
  * collections of every VM and the C heap's free memory back to the kernel, once per idle spell,
  * then the C heap's trim again every AGW_GC_TRIM_S s while it stays idle (gc.h); and the VMs'
- * heap size for the metrics. */
+ * heap size for the metrics, with the large blocks their limit refused (logged, counted). */
 static void worker_idle_tick(agw_worker_t *w)
 {
     uint64_t started = AGW_M_GET(w->m->requests_started);
@@ -210,8 +211,21 @@ static void worker_idle_tick(agw_worker_t *w)
         agw_gc_trim(); /* what idle upstream connections closing since then freed */
     }
     agw_gc_timer_calibrate(&w->gc_timer);
-    for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next)
-        heap += (size_t)lua_gc(H2O_STRUCT_FROM_MEMBER(wgen_t, link, l)->L, LUA_GCCOUNT, 0) * 1024u;
+    for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next) {
+        wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
+        heap += (size_t)lua_gc(g->L, LUA_GCCOUNT, 0) * 1024u;
+        agw_lua_heap_t *h = agw_heap_lua_of(g->L);
+        if (h != NULL && h->refused != g->heap_refused_seen) {
+            agw_log(AGW_LOG_WARN, "worker %d: %llu Lua allocation(s) refused (the largest %.1f MB): the "
+                    "scripts' heap would have passed script_memory_limit_mb (%llu MB; it holds %.1f MB); "
+                    "the script that asked got \"not enough memory\"", w->id,
+                    (unsigned long long)(h->refused - g->heap_refused_seen), (double)h->refused_largest / 1048576.0,
+                    (unsigned long long)g->conf->script_memory_limit_mb, (double)h->used / 1048576.0);
+            AGW_M_ADD(w->m->lua_gc.memory_refused, h->refused - g->heap_refused_seen);
+            g->heap_refused_seen = h->refused;
+            h->refused_largest = 0;
+        }
+    }
     AGW_M_SET(w->m->lua_gc.heap_bytes, heap);
 }
 

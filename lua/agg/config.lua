@@ -11,6 +11,7 @@
 --   agg.ops_config       access_log, tracing
 --   agg.redis_config     redis, cache
 --   (here)               workers, deadline_ms, max_request_body_bytes, script_time_limit_ms,
+--                        script_memory_limit_mb,
 --                        shutdown_grace_ms, scripts
 --   agg.limits           limits, max_in_flight
 --   agg.upstream_config  upstreams; then agg.edge_config's auth; then token_exchange and what
@@ -117,10 +118,12 @@ function M.check(cfg, src, file)
     return nil, errors
   end
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
-                shutdown_grace_ms = 10000, script_time_limit_ms = 1000, scripts = { trusted = false },
+                shutdown_grace_ms = 10000, script_time_limit_ms = 1000, script_memory_limit_mb = 1024,
+                scripts = { trusted = false },
                 cache = { memory_bytes = 64 * 1024 * 1024, redis = true } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
+                script_memory_limit_mb = true,
                 clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true,
                 limits = true, max_in_flight = true, batch = true }
   for k in pairs(cfg) do
@@ -129,7 +132,8 @@ function M.check(cfg, src, file)
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, clients, scripts, access_log, tracing, redis, cache, limits, " ..
+          "shutdown_grace_ms, script_time_limit_ms, script_memory_limit_mb, clients, scripts, access_log, tracing, " ..
+          "redis, cache, limits, " ..
           "max_in_flight, upstreams, auth, token_exchange, batch")
     end
   end
@@ -183,6 +187,18 @@ function M.check(cfg, src, file)
   -- how long a script may run without waiting for a call before the gateway stops it
   -- (worker/watchdog.h): from 10 ms to 10 minutes
   whole_ms("script_time_limit_ms", 10, 600000)
+  -- how large a worker's Lua heap may grow through large blocks (base/heap.h): 16 MB to 1 TB
+  do
+    local v = cfg.script_memory_limit_mb
+    if v ~= nil then
+      if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v < 16 or v > 1048576 then
+        err(find_line(lines, "script_memory_limit_mb"), "script_memory_limit_mb",
+            "must be a whole number of megabytes from 16 to 1048576, got " .. show(v))
+      else
+        out.script_memory_limit_mb = v
+      end
+    end
+  end
   whole_ms("shutdown_grace_ms", 0, 3600000)
   -- scripts = { trusted = true }: the folder's scripts run without the sandbox (agg.sandbox)
   if cfg.scripts ~= nil then

@@ -18,6 +18,7 @@
 
 #include <lauxlib.h>
 
+#include "base/heap.h"
 #include "script/config.h"
 #include "script/script.h"
 
@@ -81,7 +82,7 @@ static void dry_run(size_t lines)
         agw_buf_putc(&found, '\n');
         lua_pop(L, 1);
     }
-    lua_close(L);
+    agw_heap_close_lua_state(L);
     agw_buf_putc(&found, '\0');
     check_places(found.base, lines, "a dry-run finding without its place in page.lua");
     agw_buf_free(&found);

@@ -59,7 +59,7 @@ static void lua_blocks_are_freed_with_their_size(void)
     luaL_openlibs(L);
     CHECK(luaL_loadstring(L, workload) == 0 && lua_pcall(L, 0, 1, 0) == 0);
     CHECK(lua_tointeger(L, -1) == 6);
-    lua_close(L);
+    agw_heap_close_lua_state(L);
 }
 
 /* The check itself can fail: a block of 4,096 bytes named as 16 aborts (in a child process). */
@@ -106,7 +106,7 @@ static void the_gateways_vm_is_checked_too(void)
     if (lua_pcall(L, 0, 1, 0) != 0)
         fprintf(stderr, "%s\n", lua_tostring(L, -1));
     CHECK(lua_tointeger(L, -1) > 500 * 40);
-    lua_close(L);
+    agw_heap_close_lua_state(L);
 }
 
 /* allocated counts what is in use, within the active pages, within the resident ones; after a

@@ -39,20 +39,24 @@ static const char *const PATTERNS[] = {
     "%", "[a", "[^", "(a", "a)", "%b", "%ba", "%f", "%fa", "%1", "(a)%2", "%0", "(()", "[%",
     "((((((((((((((((((((((((((((((((((a))))))))))))))))))))))))))))))))))",
 };
-static const char *const SUBJECTS[] = {
-    "", "a", "aaa", "abc", "aabbcc", "hello world", "key = value", "12.34", "(a(b)c)d", "<x<y>>",
-    "THE (quick) fox", "a\0b", "\t \n", "]]]", "a-b-c", "xax", "abab", "%a%", "ü€",
+#define S(lit) {(lit), sizeof(lit) - 1}
+static const struct {
+    const char *s;
+    size_t n; /* (a NUL inside counts) */
+} SUBJECTS[] = {
+    S(""), S("a"), S("aaa"), S("abc"), S("aabbcc"), S("hello world"), S("key = value"), S("12.34"),
+    S("(a(b)c)d"), S("<x<y>>"), S("THE (quick) fox"), S("a\0b"), S("\t \n"), S("]]]"), S("a-b-c"),
+    S("xax"), S("abab"), S("%a%"), S("ü€"),
 };
 
 static void test_fixed_cases(void)
 {
     for (size_t i = 0; i < sizeof(PATTERNS) / sizeof(PATTERNS[0]); i++)
         for (size_t j = 0; j < sizeof(SUBJECTS) / sizeof(SUBJECTS[0]); j++) {
-            size_t slen = strlen(SUBJECTS[j]) + (SUBJECTS[j][0] == 'a' && SUBJECTS[j][1] == '\0' && SUBJECTS[j][2] == 'b' ? 2 : 0);
             for (unsigned fn = 0; fn < 4; fn++)
                 for (unsigned flags = 0; flags < 48; flags += (fn == 3 ? 4 : 1)) {
                     int init = (int)(flags % 7) - 3;
-                    diff_case(fn, flags, init, PATTERNS[i], strlen(PATTERNS[i]), SUBJECTS[j], slen);
+                    diff_case(fn, flags, init, PATTERNS[i], strlen(PATTERNS[i]), SUBJECTS[j].s, SUBJECTS[j].n);
                 }
         }
     /* a pattern with a NUL: its end (the pattern is a C string) */

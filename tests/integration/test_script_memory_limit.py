@@ -1,0 +1,130 @@
+"""The scripts' memory limit (script_memory_limit_mb, base/heap.h): a script that asks its worker's
+Lua heap for more than the limit (a string doubled in a loop, many large strings kept, string.rep)
+gets LuaJIT's "not enough memory" where it asked; the request gets a 500 problem, a continuation's
+section fails, the log says which limit refused how much, aggway_lua_memory_refused_total counts
+it, the process's memory stays near the limit, and the worker serves the next request. Without
+the limit each of these pages takes gigabytes (the doubling one, 2^34 bytes) before anything
+stops it.
+
+Assertions are on statuses, bodies, the log, /metrics and the process's peak RSS (VmHWM), never
+on time."""
+import os
+import re
+import sys
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (GatewayTestCase, demo_services, endpoint, free_port, gateway_lua, main, repo_scripts,  # noqa: E402
+                     run_aggway, wait_until, write_scripts)
+
+LIMIT_MB = 64
+
+SCRIPTS = dict(repo_scripts(), **{
+    # 16 GB if nothing stops it (line 6: the concatenation)
+    "double.lua": endpoint("GET /double", """
+    local s = "x"
+    for _ = 1, 34 do s = s .. s end
+    return { status = 200, json = { n = #s } }"""),
+    # 100 strings of 16 MB kept in a table: 1.6 GB
+    "keep.lua": endpoint("GET /keep", """
+    local t = {}
+    for i = 1, 100 do t[i] = string.rep(string.char(64 + i % 26), 2^24) end
+    return { status = 200, json = { n = #t } }"""),
+    # a continuation that runs out: its section fails, the rest of the page is served
+    "then.lua": endpoint("GET /then/{id}", """
+    return agg.page(agg.fetch_all {
+      product = { "product", "/products/" .. req.params.id },
+      big = agg.fetch_then("product", function(p)
+        local s = "y"
+        for _ = 1, 34 do s = s .. s end
+        return { n = #s }
+      end),
+    })"""),
+    # within the limit: 8 MB
+    "fits.lua": endpoint("GET /fits", """
+    local s = string.rep("z", 8 * 2^20)
+    return { status = 200, json = { n = #s } }"""),
+})
+
+
+def vm_hwm_mb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        m = re.search(r"VmHWM:\s+(\d+) kB", f.read())
+    return int(m.group(1)) / 1024.0
+
+
+class ScriptMemoryLimit(GatewayTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.admin_port = free_port()
+        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=SCRIPTS,
+                   gateway_extra={"script_memory_limit_mb": LIMIT_MB,
+                                  "admin": {"port": self.admin_port, "host": "127.0.0.1"}})
+
+    def refused_total(self):
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.admin_port, timeout=10) as r:
+            m = re.search(r"^aggway_lua_memory_refused_total (\d+)$", r.read().decode(), re.M)
+        return int(m.group(1)) if m else -1
+
+    def assertRefused(self, path):
+        before = self.refused_total()
+        r = self.get(path)
+        self.assertProblem(r, 500)
+        self.assertNotIn(b"memory", r.body, "the client is not told the internals")
+        self.assertTrue(wait_until(lambda: self.refused_total() > before, 15), self.gw.log())
+        log = self.gw.log()
+        self.assertIn("not enough memory", log)
+        self.assertIn("the scripts' heap would have passed script_memory_limit_mb (%d MB" % LIMIT_MB, log)
+        # the worker goes on serving, large blocks within the limit included
+        self.assertEqual(self.get("/fits").json(), {"n": 8 * 2 ** 20})
+        self.assertEqual(self.get("/product-page/42").status, 200)
+
+    def test_a_string_doubled_in_a_loop_is_refused_at_the_limit(self):
+        self.assertRefused("/double")
+        self.assertIn("double.lua", self.gw.log())
+
+    def test_many_large_strings_kept_are_refused_at_the_limit(self):
+        self.assertRefused("/keep")
+        self.assertIn("keep.lua:7: not enough memory", self.gw.log())
+
+    def test_a_continuation_that_runs_out_fails_its_section_only(self):
+        r = self.get("/then/7")
+        self.assertEqual(r.status, 200, r.body)
+        page = r.json()
+        self.assertEqual(page["product"]["status"], "ok", page)
+        self.assertEqual(page["big"]["status"], "unavailable", page)
+        self.assertTrue(wait_until(lambda: self.refused_total() >= 1, 15), self.gw.log())
+
+    def test_the_process_stays_near_the_limit(self):
+        for path in ("/double", "/keep", "/double", "/keep"):
+            self.assertProblem(self.get(path), 500)
+        # the limit counts the Lua heap; the C side and the runtime add some tens of MB, garbage
+        # not collected yet at most the limit again
+        self.assertLess(vm_hwm_mb(self.gw.proc.pid), 3 * LIMIT_MB + 150, self.gw.log())
+
+
+class ScriptMemoryLimitConfig(GatewayTestCase):
+
+    def check(self, value):
+        sdir = os.path.join(self.workdir, "cfg")
+        write_scripts(sdir, repo_scripts(), gateway_lua(8080, {"product": {"url": "http://127.0.0.1:1"},
+                                                               "reviews": {"url": "http://127.0.0.1:1"},
+                                                               "inventory": {"url": "http://127.0.0.1:1"}},
+                                                        script_memory_limit_mb=value))
+        return run_aggway("check", "-c", sdir)
+
+    def test_bad_values_are_reported_with_file_and_line(self):
+        for v in (0, 15, 1.5, 1048577, "1GB", -64):
+            r = self.check(v)
+            self.assertNotEqual(r.returncode, 0, v)
+            err = r.stderr.decode() + r.stdout.decode()
+            self.assertIn("gateway.lua:", err)
+            self.assertIn("script_memory_limit_mb: must be a whole number of megabytes from 16 to 1048576", err)
+
+    def test_good_value_is_accepted(self):
+        self.assertEqual(self.check(512).returncode, 0)
+
+
+if __name__ == "__main__":
+    main()
