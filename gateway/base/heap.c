@@ -122,22 +122,26 @@ static int lua_panic(lua_State *L)
     return 0;
 }
 
+/* Whether the limit refuses growing a block from osize to nsize bytes (a large one). */
+static int refuse(agw_lua_heap_t *h, size_t osize, size_t nsize)
+{
+    if (h->limit == 0 || h->L == NULL || nsize <= osize)
+        return 0;
+    size_t used = (size_t)lua_gc(h->L, LUA_GCCOUNT, 0) * 1024u + (size_t)lua_gc(h->L, LUA_GCCOUNTB, 0);
+    if (used - osize + nsize <= h->limit)
+        return 0;
+    h->refused++;
+    if (nsize > h->refused_largest)
+        h->refused_largest = nsize;
+    return 1;
+}
+
 void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
-    agw_lua_heap_t *h = ud;
-    if (ptr == NULL)
-        osize = 0; /* (a new block: LuaJIT passes 0; Lua 5.2's type tags are not LuaJIT's) */
-    if (h != NULL && h->limit != 0 && nsize > osize && nsize >= AGW_LUA_LARGE_BLOCK &&
-        h->used - osize + nsize > h->limit) {
-        h->refused++;
-        if (nsize > h->refused_largest)
-            h->refused_largest = nsize;
+    /* (a new block: LuaJIT passes osize 0; Lua 5.2's type tags are not LuaJIT's) */
+    if (nsize >= AGW_LUA_LARGE_BLOCK && ud != NULL && refuse(ud, ptr != NULL ? osize : 0, nsize))
         return NULL;
-    }
-    void *p = raw_lua_alloc(ptr, osize, nsize);
-    if (h != NULL && (p != NULL || nsize == 0))
-        h->used = h->used - osize + nsize;
-    return p;
+    return raw_lua_alloc(ptr, osize, nsize);
 }
 
 lua_State *agw_heap_new_lua_state(void)
@@ -150,6 +154,7 @@ lua_State *agw_heap_new_lua_state(void)
         free(h);
         return NULL;
     }
+    h->L = L;
     lua_atpanic(L, lua_panic);
     return L;
 }

@@ -40,7 +40,9 @@
  * the heap; a loop of small allocations is bounded by the time limit instead. Owned by the VM
  * (agw_heap_new_lua_state), read and written by the thread that runs it. */
 typedef struct agw_lua_heap {
-    size_t used;             /* bytes the VM holds, as LuaJIT counts them */
+    lua_State *L;            /* the VM (its main thread): how much it holds is LuaJIT's own count,
+                                read only when a large block is asked for (lua_gc LUA_GCCOUNT, a
+                                plain read of the count) */
     size_t limit;            /* bytes; 0: no limit */
     uint64_t refused;        /* blocks refused so far */
     size_t refused_largest;  /* the largest refused block, bytes */

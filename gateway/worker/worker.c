@@ -220,7 +220,7 @@ static void worker_idle_tick(agw_worker_t *w)
                     "scripts' heap would have passed script_memory_limit_mb (%llu MB; it holds %.1f MB); "
                     "the script that asked got \"not enough memory\"", w->id,
                     (unsigned long long)(h->refused - g->heap_refused_seen), (double)h->refused_largest / 1048576.0,
-                    (unsigned long long)g->conf->script_memory_limit_mb, (double)h->used / 1048576.0);
+                    (unsigned long long)g->conf->script_memory_limit_mb, (double)lua_gc(g->L, LUA_GCCOUNT, 0) / 1024.0);
             AGW_M_ADD(w->m->lua_gc.memory_refused, h->refused - g->heap_refused_seen);
             g->heap_refused_seen = h->refused;
             h->refused_largest = 0;
