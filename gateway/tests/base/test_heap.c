@@ -62,6 +62,41 @@ static void lua_blocks_are_freed_with_their_size(void)
     agw_heap_close_lua_state(L);
 }
 
+/* The limit (agw_lua_heap_t): a large block past it is refused with LuaJIT's "not enough memory"
+ * and counted; one within it is not; small blocks past it never are; nothing is refused without a
+ * limit. */
+static void the_limit_refuses_large_blocks_only(void)
+{
+    lua_State *L = agw_heap_new_lua_state();
+    CHECK(L != NULL);
+    luaL_openlibs(L);
+    agw_lua_heap_t *h = agw_heap_lua_of(L);
+    CHECK(h != NULL && h->L == L && h->limit == 0 && h->refused == 0);
+    h->limit = (size_t)16 << 20;
+    static const char src[] =
+        "local ok, err = pcall(string.rep, 'x', 32 * 2^20)\n"
+        "local fits = #string.rep('y', 4 * 2^20)\n"
+        "local head, n = nil, 0\n"
+        "for i = 1, 400000 do head = { head, i } n = n + 1 end -- ~25 MB of 40-byte blocks\n"
+        "return ok, err, fits, collectgarbage('count') > 16 * 1024\n";
+    CHECK(luaL_loadstring(L, src) == 0 && lua_pcall(L, 0, 4, 0) == 0);
+    CHECK(!lua_toboolean(L, 1));
+    CHECK_STR(lua_tostring(L, 2), "not enough memory");
+    CHECK(lua_tointeger(L, 3) == 4 << 20);
+    CHECK(lua_toboolean(L, 4)); /* past the limit with small blocks */
+    CHECK(h->refused == 1 && h->refused_largest >= (size_t)32 << 20);
+    lua_settop(L, 0);
+    h->limit = 0;
+    CHECK(luaL_loadstring(L, "return #string.rep('x', 32 * 2^20)") == 0 && lua_pcall(L, 0, 1, 0) == 0);
+    CHECK(lua_tointeger(L, -1) == 32 << 20 && h->refused == 1);
+    agw_heap_close_lua_state(L);
+    agw_heap_close_lua_state(NULL);
+    lua_State *plain = luaL_newstate();
+    CHECK(agw_heap_lua_of(plain) == NULL); /* a VM made elsewhere has no record */
+    lua_close(plain);
+    agw_heap_give_back(); /* (the figures below start from a heap without this test's pages) */
+}
+
 /* The check itself can fail: a block of 4,096 bytes named as 16 aborts (in a child process). */
 static void a_wrong_size_is_caught(void)
 {
@@ -145,6 +180,7 @@ int main(void)
 {
     agw_heap_check_lua_blocks();
     RUN(lua_blocks_are_freed_with_their_size);
+    RUN(the_limit_refuses_large_blocks_only);
     RUN(a_wrong_size_is_caught);
     RUN(the_gateways_vm_is_checked_too);
     RUN(figures_add_up_and_free_pages_go_back);
