@@ -99,7 +99,8 @@ static int dry_run(const char *dir)
     lua_pushstring(L, dir);
     lua_setglobal(L, "AGGWAY_SCRIPTS");
     int found = 0;
-    if (luaL_dostring(L, "return require 'agg.dryrun'.run(AGGWAY_SCRIPTS)") != 0) {
+    if (luaL_loadstring(L, "return require 'agg.dryrun'.run(AGGWAY_SCRIPTS)") != 0 ||
+        agw_heap_lua_pcall(L, 0, LUA_MULTRET, 0) != 0) {
         const char *msg = lua_tostring(L, -1);
         fprintf(stderr, "aggway: the dry run of %s failed: %s\n", dir, msg ? msg : "(no message)");
         found = 1;
@@ -169,7 +170,7 @@ static int cmd_test(const char *dir, int argc, char **argv)
     }
     lua_setglobal(L, "arg");
     /* agg.test_cli: --help, --watch, then busted with script errors beside failed assertions */
-    int rc = luaL_dostring(L, "require 'agg.test_cli'.main()");
+    int rc = luaL_loadstring(L, "require 'agg.test_cli'.main()") || agw_heap_lua_pcall(L, 0, LUA_MULTRET, 0);
     if (rc != 0) {
         /* busted's own exit after failed specs raises no message: nothing to add then */
         if (lua_isstring(L, -1))

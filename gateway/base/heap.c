@@ -125,7 +125,7 @@ static int lua_panic(lua_State *L)
 /* Whether the limit refuses growing a block from osize to nsize bytes (a large one). */
 static int refuse(agw_lua_heap_t *h, size_t osize, size_t nsize)
 {
-    if (h->limit == 0 || h->L == NULL || nsize <= osize)
+    if (h->limit == 0 || h->armed <= 0 || h->L == NULL || nsize <= osize)
         return 0;
     size_t used = (size_t)lua_gc(h->L, LUA_GCCOUNT, 0) * 1024u + (size_t)lua_gc(h->L, LUA_GCCOUNTB, 0);
     if (used - osize + nsize <= h->limit)
@@ -164,6 +164,17 @@ agw_lua_heap_t *agw_heap_lua_of(lua_State *L)
     void *ud = NULL;
     lua_Alloc f = lua_getallocf(L, &ud);
     return f == agw_heap_lua_alloc || f == agw_heap_lua_alloc_checked ? ud : NULL;
+}
+
+int agw_heap_lua_pcall(lua_State *L, int nargs, int nresults, int errfunc)
+{
+    agw_lua_heap_t *h = agw_heap_lua_of(L);
+    if (h != NULL)
+        h->armed++;
+    int rc = lua_pcall(L, nargs, nresults, errfunc);
+    if (h != NULL)
+        h->armed--;
+    return rc;
 }
 
 void agw_heap_close_lua_state(lua_State *L)

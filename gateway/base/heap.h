@@ -33,7 +33,9 @@
 /* The Lua heap of one VM: what it holds and the limit on its growth (script_memory_limit_mb,
  * gateway.lua). A script can allocate gigabytes well within its time limit (`s = s .. s` thirty
  * times, string.rep, a table grown in a loop) and take the whole machine's memory. A block of
- * AGW_LUA_LARGE_BLOCK bytes or more that would take the VM's heap past limit is refused: LuaJIT
+ * AGW_LUA_LARGE_BLOCK bytes or more that would take the VM's heap past limit, asked for inside a
+ * protected call that armed the limit (agw_heap_lua_pcall; the worker's entries into Lua), is
+ * refused: LuaJIT
  * raises its "not enough memory" error where the script asked for it (the request gets a 500
  * problem, or its section fails). Smaller blocks are never refused, so the runtime's own
  * bookkeeping (small tables, closures, short strings) never fails half way because a script holds
@@ -44,6 +46,11 @@ typedef struct agw_lua_heap {
                                 read only when a large block is asked for (lua_gc LUA_GCCOUNT, a
                                 plain read of the count) */
     size_t limit;            /* bytes; 0: no limit */
+    int armed;               /* > 0 inside agw_heap_lua_pcall: the limit refuses only there, where
+                                LuaJIT's error is caught. A push from C outside a protected call
+                                (a request's body, an upstream's answer handed to the runtime) is
+                                never refused: an error there would be unprotected, and LuaJIT
+                                would end the process */
     uint64_t refused;        /* blocks refused so far */
     size_t refused_largest;  /* the largest refused block, bytes */
 } agw_lua_heap_t;
@@ -59,6 +66,10 @@ lua_State *agw_heap_new_lua_state(void);
 
 /* The heap record of a VM agw_heap_new_lua_state made (NULL for any other VM). */
 agw_lua_heap_t *agw_heap_lua_of(lua_State *L);
+
+/* lua_pcall(L, nargs, nresults, errfunc) with L's limit armed (agw_lua_heap_t.armed; nested calls
+ * count). For a VM without a heap record, lua_pcall. */
+int agw_heap_lua_pcall(lua_State *L, int nargs, int nresults, int errfunc);
 
 /* lua_close(L), then frees its heap record; NULL is a no-op. */
 void agw_heap_close_lua_state(lua_State *L);

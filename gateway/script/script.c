@@ -249,7 +249,7 @@ int agw_vm_load_generation(lua_State *L, const char *dir, agw_buf_t *errors)
     }
     lua_getfield(L, -1, "load");
     lua_pushstring(L, dir);
-    if (lua_pcall(L, 1, 2, 0) != 0) {
+    if (agw_heap_lua_pcall(L, 1, 2, 0) != 0) { /* (the scripts' top levels under the memory limit) */
         /* (a Lua error value need not be a string: its type, never a NULL to print) */
         agw_buf_printf(errors, "%s: loading failed: %s\n", dir,
                        lua_isstring(L, -1) ? lua_tostring(L, -1) : lua_typename(L, lua_type(L, -1)));

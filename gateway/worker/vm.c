@@ -230,7 +230,8 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
         agw_buf_puts(errors, "out of memory creating a Lua state\n");
         return -1;
     }
-    agw_heap_lua_of(L)->limit = (size_t)conf->script_memory_limit_mb << 20;
+    g->heap = agw_heap_lua_of(L);
+    g->heap->limit = (size_t)conf->script_memory_limit_mb << 20;
     if (agw_vm_load_generation(L, conf->dir, errors) != 0)
         return -1;
     int gen = lua_gettop(L);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/buf.h"
+#include "base/heap.h"
 #include "guard/guard.h"
 #include "cache/lru.h"
 #include "edge/auth.h"
@@ -64,6 +65,8 @@ typedef struct agw_worker_gen {
     int ref_report_stats;       /* runtime.report_stats, or LUA_NOREF */
     int ref_compact;            /* runtime.compact (the idle hook, gc.h), or LUA_NOREF */
     agw_gc_pace_t gc_pace;      /* the collector's pause in a burst (gc.h agw_gc_pace) */
+    agw_lua_heap_t *heap;       /* L's heap record (base/heap.h): its limit is armed around each
+                                   entry into the runtime (agw_worker_call_runtime) */
     uint64_t heap_refused_seen; /* the VM's refused large blocks already counted and logged
                                    (base/heap.h agw_lua_heap_t, worker_idle_tick) */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */

@@ -15,7 +15,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (GatewayTestCase, demo_services, endpoint, free_port, gateway_lua, main, repo_scripts,  # noqa: E402
-                     run_aggway, wait_until, write_scripts)
+                     route, run_aggway, wait_until, write_scripts)
 
 LIMIT_MB = 64
 
@@ -40,6 +40,32 @@ SCRIPTS = dict(repo_scripts(), **{
         return { n = #s }
       end),
     })"""),
+    # 72 MB kept in the module (past the limit: 30 KB blocks, which it never refuses), shared
+    # by every request of the worker, until /release
+    "hold.lua": """local agg = require "agg"
+local kept = {}
+return {
+  { route = "GET /hold", handler = function(req)
+      for i = 1, 2400 do kept[i] = string.rep(("%05d"):format(i), 6000) end
+      return { status = 200, json = { kept = #kept } }
+    end },
+  { route = "GET /release", handler = function(req)
+      kept = {}
+      collectgarbage()
+      return { status = 200, json = { kept = #kept } }
+    end },
+  { route = "GET /big", handler = function(req)
+      return { status = 200, json = { n = #string.rep("z", 16 * 2^20) } }
+    end },
+  { route = "POST /body-length", handler = function(req)
+      return { status = 200, json = { n = #req.body } }
+    end },
+  { route = "GET /blob-length", handler = function(req)
+      local res = agg.fetch { "blob", "/blob" }
+      return { status = 200, json = { n = res.body and #res.body or -1 } }
+    end },
+}
+""",
     # within the limit: 8 MB
     "fits.lua": endpoint("GET /fits", """
     local s = string.rep("z", 8 * 2^20)
@@ -58,7 +84,9 @@ class ScriptMemoryLimit(GatewayTestCase):
     def setUp(self):
         super().setUp()
         self.admin_port = free_port()
-        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=SCRIPTS,
+        services = demo_services(product_ms=0, reviews_ms=0, inventory_ms=0)
+        services["blob"] = [route("/blob", body="b" * (2 * 1024 * 1024))]
+        self.start(services=services, scripts=SCRIPTS,
                    gateway_extra={"script_memory_limit_mb": LIMIT_MB,
                                   "admin": {"port": self.admin_port, "host": "127.0.0.1"}})
 
@@ -95,6 +123,27 @@ class ScriptMemoryLimit(GatewayTestCase):
         self.assertEqual(page["product"]["status"], "ok", page)
         self.assertEqual(page["big"]["status"], "unavailable", page)
         self.assertTrue(wait_until(lambda: self.refused_total() >= 1, 15), self.gw.log())
+
+    def test_a_full_heap_still_takes_a_large_request_body_and_upstream_answer(self):
+        # The request's body and an upstream's answer are handed to the runtime from C, outside
+        # any protected call: refused there, LuaJIT's error would end the process. They are never
+        # refused; what the script does with them next is.
+        self.assertEqual(self.get("/hold").json(), {"kept": 2400}, self.gw.log())
+        body = os.path.join(self.workdir, "body.bin")
+        with open(body, "wb") as f:
+            f.write(b"q" * (900 * 1024))  # (max_request_body_bytes: 1 MB)
+        for _ in range(3):
+            r = self.get("/body-length", "--data-binary", "@" + body, "-H", "content-type: application/octet-stream")
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json(), {"n": 900 * 1024})
+            r = self.get("/blob-length")
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json(), {"n": 2 * 1024 * 1024})  # (a text answer: the section is not ok, its body is there)
+        # the heap is full: a script's own large block is refused, and taken once released
+        self.assertProblem(self.get("/big"), 500)
+        self.assertEqual(self.get("/release").json(), {"kept": 0})
+        self.assertEqual(self.get("/big").json(), {"n": 16 * 2 ** 20})
+        self.assertIsNone(self.gw.proc.poll(), self.gw.log())
 
     def test_the_process_stays_near_the_limit(self):
         for path in ("/double", "/keep", "/double", "/keep"):

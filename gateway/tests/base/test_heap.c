@@ -79,15 +79,22 @@ static void the_limit_refuses_large_blocks_only(void)
         "local head, n = nil, 0\n"
         "for i = 1, 400000 do head = { head, i } n = n + 1 end -- ~25 MB of 40-byte blocks\n"
         "return ok, err, fits, collectgarbage('count') > 16 * 1024\n";
-    CHECK(luaL_loadstring(L, src) == 0 && lua_pcall(L, 0, 4, 0) == 0);
+    CHECK(luaL_loadstring(L, src) == 0 && agw_heap_lua_pcall(L, 0, 4, 0) == 0);
     CHECK(!lua_toboolean(L, 1));
     CHECK_STR(lua_tostring(L, 2), "not enough memory");
     CHECK(lua_tointeger(L, 3) == 4 << 20);
     CHECK(lua_toboolean(L, 4)); /* past the limit with small blocks */
     CHECK(h->refused == 1 && h->refused_largest >= (size_t)32 << 20);
     lua_settop(L, 0);
-    h->limit = 0;
+    /* not armed (a plain lua_pcall, or a push from C outside any): nothing is refused */
+    static char big[(size_t)20 << 20];
+    lua_pushlstring(L, big, sizeof(big));
     CHECK(luaL_loadstring(L, "return #string.rep('x', 32 * 2^20)") == 0 && lua_pcall(L, 0, 1, 0) == 0);
+    CHECK(lua_tointeger(L, -1) == 32 << 20 && h->refused == 1);
+    lua_settop(L, 0);
+    lua_gc(L, LUA_GCCOLLECT, 0);
+    h->limit = 0;
+    CHECK(luaL_loadstring(L, "return #string.rep('x', 32 * 2^20)") == 0 && agw_heap_lua_pcall(L, 0, 1, 0) == 0);
     CHECK(lua_tointeger(L, -1) == 32 << 20 && h->refused == 1);
     agw_heap_close_lua_state(L);
     agw_heap_close_lua_state(NULL);
