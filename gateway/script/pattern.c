@@ -4,14 +4,17 @@
  * the language and LuaJIT 2.1 implements it: an item is a single character class followed by an
  * optional repetition (*, +, -, ?); %bxy, %f[set], %1-%9, captures and position captures; '^'
  * anchors find, match and gsub (gmatch takes it as a character), '$' anchors at the end. Every
- * function's results and errors are LuaJIT's; the only additions are the poll and the count of
- * steps that paces it. */
+ * function's results and errors are LuaJIT's; the additions are the poll, the count of steps that
+ * paces it (bounded work per step: an item of the pattern, a set counted by its length, a byte a
+ * repetition, %b or a back reference scans), and a bound on gsub's nesting through replacement
+ * functions (the C stack). */
 #include "script/pattern.h"
 
 #include "script/script.h"
 
 #include <lauxlib.h>
 #include <luajit.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -26,8 +29,6 @@
 #define POLL_CHUNK "=(pattern)"
 #define POLL_SHORT "(pattern):"
 
-enum { POLL_UNKNOWN, POLL_YES, POLL_NEVER };
-
 typedef struct pat_state {
     lua_State *L;
     int poll_index;          /* the poll function's upvalue index */
@@ -35,7 +36,6 @@ typedef struct pat_state {
     int level;               /* captures begun */
     int depth;               /* nested match() calls */
     long credit;             /* steps until the next poll */
-    int poll;                /* POLL_*: whether a hook may stop this call (its caller is no runtime code) */
     struct {
         const char *at;
         ptrdiff_t len; /* or CAP_OPEN, CAP_POSITION */
@@ -51,25 +51,18 @@ static void state_init(pat_state_t *ps, lua_State *L, int poll_index, const char
     ps->level = 0;
     ps->depth = 0;
     ps->credit = PAT_POLL_STEPS;
-    ps->poll = POLL_UNKNOWN;
 }
 
-/* Runs the poll function when a hook is set and the caller is a script: the hook runs in it as at
- * the script's next instruction. What the hook raises is raised again at the caller's line. */
+/* Runs the poll function when a hook is set: the hook runs in it as at the script's next
+ * instruction. What the hook raises is raised again at the caller's line, or without a place when
+ * the caller is the runtime's code (a script's function that tail-called the pattern function is
+ * gone from the stack; the runtime's own code never calls these: tools/check-runtime-patterns). */
 static void poll(pat_state_t *ps)
 {
     lua_State *L = ps->L;
     ps->credit = PAT_POLL_STEPS;
-    if (ps->poll == POLL_NEVER || lua_gethook(L) == NULL)
+    if (lua_gethook(L) == NULL)
         return;
-    if (ps->poll == POLL_UNKNOWN) {
-        lua_Debug ar;
-        ps->poll = POLL_YES;
-        if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "S", &ar) && agw_lua_source_is_runtime(ar.source)) {
-            ps->poll = POLL_NEVER; /* the runtime's own code: no hook stops it half way */
-            return;
-        }
-    }
     lua_pushvalue(L, lua_upvalueindex(ps->poll_index));
     if (lua_pcall(L, 0, 0, 0) == 0)
         return;
@@ -78,7 +71,11 @@ static void poll(pat_state_t *ps)
     if (msg != NULL && strncmp(msg, POLL_SHORT, n) == 0) {
         /* "(pattern):1: stopped: …" -> "scripts/x.lua:7: stopped: …" */
         const char *rest = strstr(msg + n, ": ");
-        luaL_where(L, 1);
+        lua_Debug ar;
+        if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "S", &ar) && agw_lua_source_is_runtime(ar.source))
+            lua_pushliteral(L, "");
+        else
+            luaL_where(L, 1);
         lua_pushstring(L, rest ? rest + 2 : msg);
         lua_concat(L, 2);
     }
@@ -209,9 +206,10 @@ static const char *balance(pat_state_t *ps, const char *s, const char *p)
 static const char *max_expand(pat_state_t *ps, const char *s, const char *p, const char *ep)
 {
     ptrdiff_t i = 0;
-    while (s + i < ps->end && single_match((unsigned char)s[i], p, ep))
+    while (s + i < ps->end && single_match((unsigned char)s[i], p, ep)) {
         i++;
-    charge(ps, i);
+        charge(ps, ep - p);
+    }
     for (; i >= 0; i--) {
         const char *r = match(ps, s + i, ep + 1);
         if (r != NULL)
@@ -227,6 +225,7 @@ static const char *min_expand(pat_state_t *ps, const char *s, const char *p, con
         const char *r = match(ps, s, ep + 1);
         if (r != NULL)
             return r;
+        charge(ps, ep - p);
         if (s < ps->end && single_match((unsigned char)*s, p, ep))
             s++;
         else
@@ -279,8 +278,8 @@ static const char *match(pat_state_t *ps, const char *s, const char *p)
 {
     if (++ps->depth > PAT_MAX_DEPTH)
         luaL_error(ps->L, "pattern too complex");
-    charge(ps, 1);
 again:
+    charge(ps, 1); /* (each item of a sequence, not only each attempt) */
     switch (*p) {
     case '(':
         s = p[1] == ')' ? open_capture(ps, s, p + 2, CAP_POSITION) : open_capture(ps, s, p + 1, CAP_OPEN);
@@ -309,6 +308,7 @@ again:
             if (*p != '[')
                 luaL_error(ps->L, "missing '[' after '%%f' in pattern");
             const char *ep = item_end(ps, p);
+            charge(ps, ep - p);
             int before = s == ps->subj ? '\0' : (unsigned char)s[-1];
             if (set_match(before, p, ep - 1) || !set_match((unsigned char)*s, p, ep - 1)) {
                 s = NULL;
@@ -328,6 +328,7 @@ again:
     default:
     item: {
         const char *ep = item_end(ps, p);
+        charge(ps, ep - p); /* (a set costs its length for each byte it is tried on) */
         int m = s < ps->end && single_match((unsigned char)*s, p, ep);
         switch (*ep) {
         case '?': {
@@ -555,9 +556,34 @@ static void add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, cons
     luaL_addvalue(b);
 }
 
-/* string.gsub(s, pattern, repl [, n]) -> the new string, the number of matches replaced */
+/* Whether the calling thread has less than 256 KB (or a quarter of its stack) of C stack left. A gsub whose replacement
+ * function calls gsub again takes about 9 KB of C stack per level (its buffer), and LuaJIT bounds
+ * no such nesting: a thread's 8 MB went at about 900 levels, and the process with it. */
+static int c_stack_low(void)
+{
+    static __thread uintptr_t floor; /* the lowest address this thread may reach, with the margin */
+    char here;
+    if (floor == 0) {
+        pthread_attr_t a;
+        void *lo;
+        size_t size;
+        if (pthread_getattr_np(pthread_self(), &a) != 0)
+            return 0;
+        int ok = pthread_attr_getstack(&a, &lo, &size) == 0;
+        pthread_attr_destroy(&a);
+        if (!ok)
+            return 0;
+        floor = (uintptr_t)lo + (size / 4 < 256 * 1024 ? size / 4 : 256 * 1024);
+    }
+    return (uintptr_t)&here < floor;
+}
+
+/* string.gsub(s, pattern, repl [, n]) -> the new string, the number of matches replaced. Error
+ * "C stack overflow" when replacement functions nest it past what the thread's stack holds. */
 static int l_gsub(lua_State *L)
 {
+    if (c_stack_low())
+        luaL_error(L, "C stack overflow");
     size_t len;
     const char *src = luaL_checklstring(L, 1, &len);
     const char *p = luaL_checkstring(L, 2);

@@ -11,13 +11,17 @@
  * scripts as string.* and as the strings' methods.
  *
  * What changes: while the VM has a hook set (the stop the watchdog asks for, the load budget's and
- * the spec harness's clock), a match that has done about 2^14 steps of work (a step: one attempt
- * of the rest of the pattern, or a character a repetition, a %b or a back reference scanned)
+ * the spec harness's clock), a match that has done about 2^14 steps of work (a step: an item of
+ * the pattern tried, a set counted by its length, or a byte a repetition, a %b or a back
+ * reference scanned)
  * calls a small Lua function in the interpreter, so that the hook runs as it would at the
  * script's next instruction. An error the hook raises there ("stopped: …", "loading the scripts
- * took longer …") is raised by the pattern function at its caller's line. A match called by the
- * runtime's own code (lua/agg) never polls: the hooks never stop the runtime half way. Without a
- * hook, the cost is a counter per step.
+ * took longer …") is raised by the pattern function at its caller's line (without a place when a
+ * script tail-called it: its frame is gone). The runtime's own code (lua/agg) never calls these:
+ * it holds LuaJIT's functions as locals (str_find …; tools/check-runtime-patterns, a ctest, keeps
+ * it so), so a hook never stops the runtime half way. Without a hook, the cost is a counter per
+ * step. A gsub nested through replacement functions until the thread's C stack runs low raises
+ * "C stack overflow" (LuaJIT's own overflowed the stack and ended the process).
  *
  * Also as LuaJIT: a pattern nests at most 200 items that backtrack ("pattern too complex"), and
  * at most 32 captures. Source of the pattern language: the Lua 5.1 reference manual §5.4.1.

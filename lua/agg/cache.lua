@@ -19,6 +19,7 @@
 -- logged once per upstream), never shared.
 -- Entries are text: "AGWC1 fresh stale error status hlen blen\n" .. headers .. body; a value
 -- that does not parse, or is over MAX_ENTRY bytes, is a miss.
+local str_find, str_gmatch, str_match = string.find, string.gmatch, string.match
 local bit = require "bit"
 local json = require "agg.json"
 local new_tab = require "table.new" -- table.new(narray, nhash): room for what it will hold
@@ -76,7 +77,7 @@ function M.check_block(t, allow_key)
       if type(v) ~= "table" then return nil, k, 'must be a list of request header names like { "accept-language" }' end
       local l = {}
       for i, h in ipairs(v) do
-        if type(h) ~= "string" or not h:match("^[%w!#$%%&'*+.^_`|~-]+$") then
+        if type(h) ~= "string" or not str_match(h, "^[%w!#$%%&'*+.^_`|~-]+$") then
           return nil, k, "item " .. i .. " must be a header name"
         end
         l[#l + 1] = h:lower()
@@ -177,7 +178,7 @@ end
 -- The whole number at v[i..] up to the byte `stop` (plain finds and tonumber: a page's hit path
 -- stays in compiled code, where string.match would not); nil when it is not digits only.
 local function field(v, i, stop)
-  local j = v:find(stop, i, true)
+  local j = str_find(v, stop, i, true)
   if not j or j == i or j - i > 15 then return nil end
   local n = tonumber(v:sub(i, j - 1))
   if not n or n < 0 or n % 1 ~= 0 or v:byte(i) == 43 then return nil end -- digits only ("+1", "1e3" and "0x1" fail below)
@@ -225,9 +226,9 @@ local function block_get(block, name)
   local pos = 1
   local n = #block
   while pos <= n do
-    local z1 = block:find("\0", pos, true)
+    local z1 = str_find(block, "\0", pos, true)
     if not z1 then break end
-    local z2 = block:find("\0", z1 + 1, true)
+    local z2 = str_find(block, "\0", z1 + 1, true)
     if not z2 then break end
     if z1 - pos == #name and block:sub(pos, z1 - 1) == name then
       local v = block:sub(z1 + 1, z2 - 1)
@@ -244,8 +245,8 @@ M.block_get = block_get
 local function cache_control(cc)
   if type(cc) ~= "string" then return nil end
   local d = {}
-  for item in cc:lower():gmatch("[^,]+") do
-    local name, val = item:match("^%s*([%w%-]+)%s*=?%s*\"?([^\"]*)\"?%s*$")
+  for item in str_gmatch(cc:lower(), "[^,]+") do
+    local name, val = str_match(item, "^%s*([%w%-]+)%s*=?%s*\"?([^\"]*)\"?%s*$")
     if name then d[name] = tonumber(val) or true end
   end
   return d

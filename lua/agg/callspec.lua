@@ -2,6 +2,7 @@
 -- into the normalized form the scheduler sends, checking every option (DESIGN §2.1).
 -- Mistakes are programming errors: they raise error() at the script's line, the line where the
 -- spec's faulty part was written when the source shows it (agg.where).
+local str_find = string.find
 local json = require "agg.json"
 local config = require "agg.config"
 local where = require "agg.where"
@@ -148,7 +149,7 @@ function M.normalize(spec, upstreams, level, ctx)
   end
   if spec.query then
     local q = M.encode_query(spec.query, level)
-    if q ~= "" then n.path = path .. (path:find("?", 1, true) and "&" or "?") .. q end
+    if q ~= "" then n.path = path .. (str_find(path, "?", 1, true) and "&" or "?") .. q end
   end
   local headers
   if spec.headers then

@@ -22,6 +22,7 @@
 -- as a message names it), posint(v, where, line, max) (true, or false after an error; max 2^31-1 when nil),
 -- find_line(lines, name, from), line_of(name, from), suggest(key, known),
 -- parse_http_url(url, allow_https), not_yet (options of a later version: name -> why).
+local str_find, str_gmatch, str_gsub, str_match = string.find, string.gmatch, string.gsub, string.match
 local edge = require "agg.edge_config"
 local limits = require "agg.limits"
 local front = require "agg.front_config"
@@ -35,9 +36,9 @@ local NOT_YET = {}
 
 -- Finds the line of the first `name =` (or `name=`) at or after line `from` in the source.
 local function find_line(lines, name, from)
-  local pat = "[%s{,]" .. tostring(name):gsub("%p", "%%%0") .. "%s*="
+  local pat = "[%s{,]" .. str_gsub(tostring(name), "%p", "%%%0") .. "%s*="
   for i = from or 1, #lines do
-    if (" " .. lines[i]):find(pat) then return i end
+    if str_find((" " .. lines[i]), pat) then return i end
   end
   return nil
 end
@@ -86,21 +87,21 @@ end
 -- -> host, port, base path (no trailing '/'), "host[:port]", scheme; or nil and a message.
 -- https is accepted only when allow_https is true.
 local function parse_http_url(url, allow_https)
-  local scheme, rest = url:match("^(%a[%w+.-]*)://(.*)$")
+  local scheme, rest = str_match(url, "^(%a[%w+.-]*)://(.*)$")
   if scheme == "https" and not allow_https then
     return nil, "'" .. url .. "': https is not supported; use http://"
   elseif scheme ~= "http" and scheme ~= "https" then
     return nil, "'" .. url .. "': " .. (allow_https and "URLs must start with http:// or https://" or
                                       "only http:// URLs are supported")
   end
-  local hostport, path = rest:match("^([^/]*)(.*)$")
-  local host, port = hostport:match("^%[(.-)%]:?(%d*)$")
-  if not host then host, port = hostport:match("^([^:]*):?(%d*)$") end
+  local hostport, path = str_match(rest, "^([^/]*)(.*)$")
+  local host, port = str_match(hostport, "^%[(.-)%]:?(%d*)$")
+  if not host then host, port = str_match(hostport, "^([^:]*):?(%d*)$") end
   if not host or host == "" then return nil, "'" .. url .. "' has no host" end
   port = port ~= "" and tonumber(port) or (scheme == "https" and 443 or 80)
   if port < 1 or port > 65535 then return nil, "'" .. url .. "': port out of range" end
-  path = path:gsub("/+$", "")
-  if path:find("[?#]") then return nil, "'" .. url .. "' must not contain a query or fragment" end
+  path = str_gsub(path, "/+$", "")
+  if str_find(path, "[?#]") then return nil, "'" .. url .. "' must not contain a query or fragment" end
   return host, port, path, hostport, scheme
 end
 
@@ -108,7 +109,7 @@ end
 -- file its display path. Returns the normalized config, or nil and a list of error strings.
 function M.check(cfg, src, file)
   local lines = {}
-  for l in (src .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+  for l in str_gmatch((src .. "\n"), "([^\n]*)\n") do lines[#lines + 1] = l end
   local errors = {}
   local function err(line, where, msg)
     errors[#errors + 1] = ("%s:%s: %s: %s"):format(file, line or 1, where, msg)
@@ -150,7 +151,7 @@ function M.check(cfg, src, file)
     end
     return true
   end
-  local c = { lines = lines, file = file, dir = file:match("^(.*)/[^/]*$") or ".", err = err, show = show,
+  local c = { lines = lines, file = file, dir = str_match(file, "^(.*)/[^/]*$") or ".", err = err, show = show,
               posint = posint, find_line = find_line, suggest = suggest, parse_http_url = parse_http_url,
               not_yet = NOT_YET, line_of = function(name, from) return find_line(lines, name, from) end }
   front.check_listen(cfg, out, c)

@@ -19,6 +19,7 @@
 --     the fields it keeps and never keeps the table;
 --   - a table the runtime passes to the transport (attempt, response, counters) is read before
 --     the function returns and never kept; strings in it stay the runtime's.
+local str_gmatch = string.gmatch
 local M = {}
 
 --- core.*: what the transport gives the runtime (agg.runtime.init(core, upstreams, endpoints,
@@ -210,7 +211,7 @@ M.tables = {
 local function type_ok(allowed, v)
   if allowed == "any" then return true end
   local t = type(v)
-  for a in allowed:gmatch("[^|]+") do
+  for a in str_gmatch(allowed, "[^|]+") do
     if a == t then return true end
   end
   return false

@@ -10,6 +10,7 @@
 -- says nothing about the script and is left to its specs. A handler that errors before reaching
 -- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches. A folder with
 -- scripts = { trusted = true } is not run (its handlers may have effects outside the gateway).
+local str_find, str_match = string.find, string.match
 local testing = require "agg.testing"
 local result = require "agg.result"
 local sys = require "agg.sys"
@@ -31,9 +32,9 @@ local SPEC_ERRORS = {
 local TYPE_ERROR = "call to '[^']*': option '[^']*' must be a "
 
 local function is_spec_error(msg)
-  if msg:find(TYPE_ERROR) then return true end
+  if str_find(msg, TYPE_ERROR) then return true end
   for _, p in ipairs(SPEC_ERRORS) do
-    if msg:find(p, 1, true) then return true end
+    if str_find(msg, p, 1, true) then return true end
   end
   return false
 end
@@ -85,7 +86,7 @@ function M.run(dir)
     for _, e in ipairs(testing.script_errors) do
       -- "script error in GET /x (file), section s: file:24: call to … (called at line 79) | stack…"
       local msg = result.without_traceback(e)
-      local inner = msg:match("^script error in .-%): (.*)$") or msg:match("^script error in .-: (.*)$") or msg
+      local inner = str_match(msg, "^script error in .-%): (.*)$") or str_match(msg, "^script error in .-: (.*)$") or msg
       if is_spec_error(inner) and not seen[inner] then
         seen[inner] = true
         found[#found + 1] = inner .. " (found by a dry run of " .. ep.route .. ")"

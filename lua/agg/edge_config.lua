@@ -2,6 +2,7 @@
 -- (named authenticators: jwt, api_keys, default), an endpoint's `auth`, and an upstream's
 -- `identity`/`audience`. Called by agg.config and agg.loader with their error collector; every
 -- mistake is "file:line: where: what; what to do", with "did you mean" for a misspelt name.
+local str_gsub, str_match = string.gsub, string.match
 local sys = require "agg.sys"
 
 local M = {}
@@ -159,7 +160,7 @@ function M.check_auth(c, a)
         if path then e.jwks_file, e.jwks_file_line = path, fl else ok = false end
       elseif j.jwks_url ~= nil then
         local ul = c.line_of("jwks_url", jline) or jline
-        if type(j.jwks_url) ~= "string" or not (j.jwks_url:match("^https?://[^/]+")) then
+        if type(j.jwks_url) ~= "string" or not (str_match(j.jwks_url, "^https?://[^/]+")) then
           bad("jwks_url", "must be an http:// or https:// URL like \"https://id.example/.well-known/jwks.json\", got " ..
               c.show(j.jwks_url))
         else
@@ -196,7 +197,7 @@ function M.check_auth(c, a)
       end
       local e = { header = "x-api-key" }
       if k.header ~= nil then
-        if type(k.header) ~= "string" or not k.header:match("^[%w%-_]+$") or k.header:lower() == "authorization" then
+        if type(k.header) ~= "string" or not str_match(k.header, "^[%w%-_]+$") or k.header:lower() == "authorization" then
           c.err(c.line_of("header", kline) or kline, "auth.api_keys.header",
                 "must be a header name like \"X-API-Key\" (not Authorization), got " .. c.show(k.header))
           ok = false
@@ -298,7 +299,7 @@ end
 
 --- application/x-www-form-urlencoded escaping of one value (RFC 6749 Appendix B).
 function M.form_escape(s)
-  return (s:gsub("[^%w%-%._~]", function(ch) return ("%%%02X"):format(ch:byte()) end))
+  return (str_gsub(s, "[^%w%-%._~]", function(ch) return ("%%%02X"):format(ch:byte()) end))
 end
 
 return M

@@ -2,6 +2,7 @@
 -- waits until each has settled; agg.fetch_then continuations run in child coroutines of their own
 -- when their dependencies settled, and what they return (nothing, a call spec, another chain, a
 -- table of specs: a nested fan-out, a computed value) settles their section.
+local str_find = string.find
 local json = require "agg.json"
 local problem = require "agg.problem"
 local callspec = require "agg.callspec"
@@ -437,7 +438,7 @@ function M.settle_value(g, key, v, opts, fn)
   if not ok then
     -- a mistake raised without a place (error(msg, level) past the runtime's frames) is the
     -- continuation's: its first line
-    if type(err) == "string" and fn and not err:find("^[^\n]-:%d+: ") then err = (where.place_in(fn) or "") .. err end
+    if type(err) == "string" and fn and not str_find(err, "^[^\n]-:%d+: ") then err = (where.place_in(fn) or "") .. err end
     log_error(ctx, "continuation of " .. tostring(key), err)
     settle(g, key, fail(ctx, new_result(key, opts), problem.script_error(tostring(key)), opts))
   end

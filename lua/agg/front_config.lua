@@ -3,6 +3,7 @@
 -- (the limits a client meets, gateway/guard/). Called by agg.config with its checking context
 -- c (see agg.config); each function writes its part of out (the normalized config) and reports
 -- every mistake through c.err.
+local str_find, str_match = string.find, string.match
 local sys = require "agg.sys"
 
 local M = {}
@@ -38,7 +39,7 @@ function M.check_listen(cfg, out, c)
             e.reuse_port = 1
           end
           local h = e.host
-          if type(h) ~= "string" or not (h:match("^%d+%.%d+%.%d+%.%d+$") or h:find(":", 1, true)) then
+          if type(h) ~= "string" or not (str_match(h, "^%d+%.%d+%.%d+%.%d+$") or str_find(h, ":", 1, true)) then
             err(find_line(lines, "host", lline) or lline, where .. ".host",
                 "must be an IP address like \"0.0.0.0\", \"127.0.0.1\" or \"::\", got " .. show(h))
           end
@@ -54,7 +55,7 @@ function M.check_listen(cfg, out, c)
               -- the files are read at start-up and on every reload (the C side then loads them
               -- with OpenSSL, whose messages carry these lines): check here that they are there
               -- and look like PEM
-              local dir = file:match("^(.*)/[^/]*$") or "."
+              local dir = str_match(file, "^(.*)/[^/]*$") or "."
               for _, kind in ipairs { "cert", "key" } do
                 local path = l.tls[kind]
                 local kline = find_line(lines, kind, tline) or tline
@@ -63,7 +64,7 @@ function M.check_listen(cfg, out, c)
                 local text, why = sys.read_file(path, 65536)
                 if not text then
                   err(kline, where .. ".tls." .. kind, "cannot read " .. path .. ": " .. why)
-                elseif not text:find("-----BEGIN", 1, true) then
+                elseif not str_find(text, "-----BEGIN", 1, true) then
                   err(kline, where .. ".tls." .. kind, path .. " is not a PEM file")
                 end
               end
@@ -95,7 +96,7 @@ function M.check_admin(cfg, out, c)
       local port = a.port == nil and 9090 or a.port
       if not posint(port, "admin.port", find_line(lines, "port", aline) or aline, 65535) then ok = false end
       local h = a.host == nil and "127.0.0.1" or a.host
-      if type(h) ~= "string" or not (h:match("^%d+%.%d+%.%d+%.%d+$") or h:find(":", 1, true)) then
+      if type(h) ~= "string" or not (str_match(h, "^%d+%.%d+%.%d+%.%d+$") or str_find(h, ":", 1, true)) then
         err(find_line(lines, "host", aline) or aline, "admin.host",
             "must be an IP address like \"127.0.0.1\" or \"0.0.0.0\", got " .. show(h))
         ok = false
@@ -132,7 +133,7 @@ function M.check_batch(cfg, out, c)
       end
       local route = b.route == nil and "POST /batch" or b.route
       local method, path
-      if type(route) == "string" then method, path = route:match("^(POST) (/[%w%-%._~/]*)$") end
+      if type(route) == "string" then method, path = str_match(route, "^(POST) (/[%w%-%._~/]*)$") end
       if not method then
         err(find_line(lines, "route", bline) or bline, "batch.route",
             "must be \"POST /path\" with a literal path (no parameters), got " .. show(route))

@@ -8,6 +8,7 @@
 -- An upstream with one endpoint never comes here for its calls (agg.exchange checks `endpoints`):
 -- they cost nothing more than before groups existed. It has a group only when it is health
 -- checked (agg.health), for the probes' state on /upstreams; one endpoint is never taken out.
+local str_gmatch, str_match = string.gmatch, string.match
 local bit = require "bit"
 local request_headers = require("agg.result").request_headers
 
@@ -191,14 +192,14 @@ local function from_request(ctx, name, cookie)
   local h = ctx and request_headers(ctx)
   if type(h) == "string" then -- "name\0value\0…", names lowercase (the transport's form)
     local t = {}
-    for k, v in h:gmatch("([^%z]*)%z([^%z]*)%z") do t[k] = t[k] and (t[k] .. ", " .. v) or v end
+    for k, v in str_gmatch(h, "([^%z]*)%z([^%z]*)%z") do t[k] = t[k] and (t[k] .. ", " .. v) or v end
     ctx.req_headers, h = t, t
   end
   if type(h) ~= "table" then return nil end
   if not cookie then return h[name] end
   local c = h.cookie
   if not c then return nil end
-  for k, v in c:gmatch("([^=;%s]+)=([^;]*)") do
+  for k, v in str_gmatch(c, "([^=;%s]+)=([^;]*)") do
     if k == name then return v end
   end
   return nil
@@ -210,7 +211,7 @@ local function hash_key_of(g, x)
   if x.hash_key then return x.hash_key end
   local hk = g.hash_key
   if not hk then return nil end
-  local kind, name = hk:match("^(%a+):(.+)$")
+  local kind, name = str_match(hk, "^(%a+):(.+)$")
   if kind == "header" then return from_request(x.ctx, name:lower(), false) end
   return from_request(x.ctx, name, true)
 end
@@ -246,7 +247,7 @@ end
 local function session_endpoint(g, s, ctx, avoid, now)
   local tok = from_request(ctx, s.name, s.cookie)
   if not tok then return nil end
-  local id, created, seen = tok:match("^(%x+)%.(%d+)%.(%d+)$")
+  local id, created, seen = str_match(tok, "^(%x+)%.(%d+)%.(%d+)$")
   local i = id and s.by_id[id]
   if not i then return nil end
   created, seen = tonumber(created), tonumber(seen)

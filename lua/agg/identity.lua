@@ -11,6 +11,7 @@
 --
 -- The token endpoint is called through the gateway's own upstream client: gateway.lua's
 -- token_exchange becomes an internal upstream ("@token_exchange") that no script can name.
+local str_gmatch, str_match = string.gmatch, string.match
 local json = require "agg.json"
 local problem = require "agg.problem"
 local edge = require "agg.edge_config"
@@ -52,7 +53,7 @@ function M.scopes(u)
     s = {}
     local c = M.claims(u) or {}
     if type(c.scope) == "string" then
-      for w in c.scope:gmatch("%S+") do s[#s + 1] = w end
+      for w in str_gmatch(c.scope, "%S+") do s[#s + 1] = w end
     elseif type(c.scp) == "table" then
       for _, v in ipairs(c.scp) do if type(v) == "string" then s[#s + 1] = v end end
     elseif type(c.scp) == "string" then
@@ -115,7 +116,7 @@ local function read_answer(x, up, outcome, http_status, body, detail)
   if not ok or type(doc) ~= "table" then doc = nil end
   if http_status == 200 then
     local tok, ttype, exp = doc and doc.access_token, doc and doc.token_type, doc and doc.expires_in
-    if type(tok) ~= "string" or tok == "" or not tok:match("^[%w%-%._~%+/]+=*$") then
+    if type(tok) ~= "string" or tok == "" or not str_match(tok, "^[%w%-%._~%+/]+=*$") then
       return nil, unavailable(x, up, "the token endpoint's answer has no usable access_token"), 0
     end
     if type(ttype) == "string" and ttype:lower() ~= "bearer" then

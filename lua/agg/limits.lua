@@ -5,6 +5,7 @@
 --   limits = { store = "local", headers = true, local_keys = 65536, default = { "per-ip" },
 --              rules = { { name = "per-ip", key = "ip", rate = 100, per_s = 1, burst = 50 },
 --                        { name = "daily", key = { header = "x-client" }, quota = 100000, window = "day" } } }
+local str_match = string.match
 local M = {}
 
 local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true, local_keys = true,
@@ -104,7 +105,7 @@ function M.check(cfg, c)
         end
       end
       local e = {}
-      if type(r.name) ~= "string" or not r.name:match("^[%w_.%-]+$") or #r.name > 64 then
+      if type(r.name) ~= "string" or not str_match(r.name, "^[%w_.%-]+$") or #r.name > 64 then
         bad("name", "must be a name of letters, digits, '_', '.' or '-' (up to 64), got " .. show(r.name))
       elseif out.by_name[r.name] then
         bad("name", "rule '" .. r.name .. "' is defined twice")
@@ -114,7 +115,7 @@ function M.check(cfg, c)
       local key = r.key
       if key == "ip" or key == "route" or key == "api_key" or key == "user" then
         e.key = key
-      elseif type(key) == "table" and type(key.header) == "string" and key.header:match("^[%w!#$%%&'*+.^_`|~-]+$")
+      elseif type(key) == "table" and type(key.header) == "string" and str_match(key.header, "^[%w!#$%%&'*+.^_`|~-]+$")
              and next(key, next(key)) == nil then
         e.key, e.header = "header", key.header:lower()
       elseif type(key) == "function" then

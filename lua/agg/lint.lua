@@ -14,6 +14,7 @@
 --   * a fetch_then dependency names a sibling key of the same table constructor.
 -- Specs built at run time (a variable, a function's result) are out of its sight: the run-time
 -- checks of agg.callspec catch those, at the line the spec was written (see agg.fanout).
+local str_find, str_gsub, str_match = string.find, string.gsub, string.match
 local callspec = require "agg.callspec"
 local config = require "agg.config"
 
@@ -27,11 +28,11 @@ function M.tokenize(src)
   local toks, i, line, n = {}, 1, 1, #src
   local function add(t, v, l) toks[#toks + 1] = { t = t, v = v, line = l } end
   local function long_bracket(at)
-    local eq = src:match("^%[(=*)%[", at)
+    local eq = str_match(src, "^%[(=*)%[", at)
     if not eq then return nil end
     local close = "]" .. eq .. "]"
     local s = at + #eq + 2
-    local e = src:find(close, s, true)
+    local e = str_find(src, close, s, true)
     local stop = e and (e + #close) or (n + 1)
     local body = src:sub(s, (e or n + 1) - 1)
     return stop, body
@@ -40,21 +41,21 @@ function M.tokenize(src)
     local c = src:sub(i, i)
     if c == "\n" then
       line, i = line + 1, i + 1
-    elseif c:find("%s") then
+    elseif str_find(c, "%s") then
       i = i + 1
     elseif src:sub(i, i + 1) == "--" then
       local stop, body = long_bracket(i + 2)
       if stop then
-        local _, nl = body:gsub("\n", "")
+        local _, nl = str_gsub(body, "\n", "")
         line, i = line + nl, stop
       else
-        local e = src:find("\n", i, true)
+        local e = str_find(src, "\n", i, true)
         i = e or n + 1
       end
-    elseif c == "[" and src:find("^%[=*%[", i) then
+    elseif c == "[" and str_find(src, "^%[=*%[", i) then
       local stop, body = long_bracket(i)
       add("string", nil, line)
-      local _, nl = body:gsub("\n", "")
+      local _, nl = str_gsub(body, "\n", "")
       line, i = line + nl, stop
     elseif c == '"' or c == "'" then
       local j, buf, l0 = i + 1, {}, line
@@ -74,19 +75,19 @@ function M.tokenize(src)
       end
       add("string", table.concat(buf), l0)
       i = j + 1
-    elseif c:find("[%a_]") then
-      local w = src:match("^[%w_]+", i)
+    elseif str_find(c, "[%a_]") then
+      local w = str_match(src, "^[%w_]+", i)
       add("name", w, line)
       i = i + #w
-    elseif c:find("%d") or (c == "." and src:sub(i + 1, i + 1):find("%d")) then
-      local w = src:match("^0[xX][%x%.]+[pP]?[-+]?%x*", i) or src:match("^[%d%.]+[eE][-+]?%d+", i)
-        or src:match("^[%d%.]+", i)
-      w = w .. (src:match("^[uUlLi]+", i + #w) or "")
+    elseif str_find(c, "%d") or (c == "." and str_find(src:sub(i + 1, i + 1), "%d")) then
+      local w = str_match(src, "^0[xX][%x%.]+[pP]?[-+]?%x*", i) or str_match(src, "^[%d%.]+[eE][-+]?%d+", i)
+        or str_match(src, "^[%d%.]+", i)
+      w = w .. (str_match(src, "^[uUlLi]+", i + #w) or "")
       add("number", w, line)
       i = i + #w
     else
-      local op = src:match("^%.%.%.", i) or src:match("^[=~<>]=", i) or src:match("^%.%.", i)
-        or src:match("^::", i) or c
+      local op = str_match(src, "^%.%.%.", i) or str_match(src, "^[=~<>]=", i) or str_match(src, "^%.%.", i)
+        or str_match(src, "^::", i) or c
       add("op", op, line)
       i = i + #op
     end

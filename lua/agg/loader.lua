@@ -4,6 +4,7 @@
 --
 -- Endpoint script: returns { route = "GET /x/{id}", deadline_ms = n, handler = function(req) … end }
 -- or a list of such tables. Files under lib/ are modules for require "lib.x", never endpoints.
+local str_find, str_gmatch, str_gsub, str_match = string.find, string.gmatch, string.gsub, string.match
 local config = require "agg.config"
 local edge = require "agg.edge_config"
 local sys = require "agg.sys"
@@ -30,12 +31,12 @@ end
 -- first line that mentions it; else 1. (A comment above an endpoint that talks about its auth must
 -- not take the error meant for `auth = …`.)
 local function line_of(src, needle)
-  local key = "%f[%w_]" .. needle:gsub("%p", "%%%0") .. "%f[^%w_]%s*=[^=]"
+  local key = "%f[%w_]" .. str_gsub(needle, "%p", "%%%0") .. "%f[^%w_]%s*=[^=]"
   local n, first = 1, nil
-  for l in (src .. "\n"):gmatch("([^\n]*)\n") do
-    local code = l:gsub("%-%-.*$", "")
-    if (code .. " "):find(key) then return n end
-    if not first and l:find(needle, 1, true) then first = n end
+  for l in str_gmatch((src .. "\n"), "([^\n]*)\n") do
+    local code = str_gsub(l, "%-%-.*$", "")
+    if str_find((code .. " "), key) then return n end
+    if not first and str_find(l, needle, 1, true) then first = n end
     n = n + 1
   end
   return first or 1
@@ -77,11 +78,11 @@ end
 -- top level tail-called, whose caller's frame is gone) gets that line, or line 1 of the file.
 local function placed(e, file, dir)
   -- one line of text whatever the script raised: a NUL would end the message in C
-  e = e:gsub("%z", "\\0")
+  e = str_gsub(e, "%z", "\\0")
   -- coroutine.wrap puts its caller's place before a message that has one already: one place
   -- when the two are the same
-  e = e:gsub("^([^\n]-:%d+: )%1", "%1")
-  local src, rest = e:match("^(.-):%d+: (.*)$")
+  e = str_gsub(e, "^([^\n]-:%d+: )%1", "%1")
+  local src, rest = str_match(e, "^(.-):%d+: (.*)$")
   local folder = dir .. "/"
   if src and src:sub(1, #folder) == folder then return e end
   if src and M.runtime_source("@" .. src) then e = rest end
@@ -160,7 +161,7 @@ local function run_chunk(chunk, file, dir)
   local ok, v = xpcall(chunk, function(e)
     if type(e) == "string" then return placed(e, file, dir) end
     local tb = debug.traceback("", 2)
-    local line = tb:match(file:gsub("%p", "%%%0") .. ":(%d+):") or "1"
+    local line = str_match(tb, str_gsub(file, "%p", "%%%0") .. ":(%d+):") or "1"
     return ("%s:%s: raised an error value of type %s (use error(\"message\") to say what is wrong)"):format(file, line, type(e))
   end)
   debug.sethook()
@@ -185,7 +186,7 @@ local interpreted = sandbox.interpreted
 local scripts_path -- "dir/?.lua;dir/?/init.lua" of the folder being loaded
 -- the runtime's own modules (agg, agg.json …) come first, as they did on package.path: a file of
 -- the scripts folder cannot stand in for one
-local LUA_DIR = LOADER_SOURCE:match("^@(.*)/agg/[^/]*$")
+local LUA_DIR = str_match(LOADER_SOURCE, "^@(.*)/agg/[^/]*$")
 local RUNTIME_PATH = LUA_DIR and (LUA_DIR .. "/?.lua;" .. LUA_DIR .. "/?/init.lua")
 local RUNTIME_PREFIX = LUA_DIR and ("@" .. LUA_DIR .. "/")
 
@@ -209,7 +210,7 @@ end
 -- A route or segment for a message: quoted, control characters and non-ASCII bytes as \ddd, so
 -- an error line stays one line of text.
 local function shown(s)
-  return "'" .. s:gsub("[%c\128-\255\\']", function(c) return ("\\%03d"):format(c:byte()) end) .. "'"
+  return "'" .. str_gsub(s, "[%c\128-\255\\']", function(c) return ("\\%03d"):format(c:byte()) end) .. "'"
 end
 
 --- Parses "GET /product-page/{id}" into { method, segments = { "product-page", { param = "id" } } };
@@ -218,14 +219,14 @@ end
 -- could not run. Returns nil, message on a malformed route.
 function M.parse_route(route)
   if type(route) ~= "string" then return nil, "route must be a string like \"GET /product-page/{id}\"" end
-  local method, path = route:match("^(%u+)%s+(/%S*)$")
+  local method, path = str_match(route, "^(%u+)%s+(/%S*)$")
   if not method then return nil, "route " .. shown(route) .. " must look like \"GET /product-page/{id}\"" end
   if not METHODS[method] then return nil, "route " .. shown(route) .. ": unknown method " .. method end
   local segs, seen = {}, {}
   if path ~= "/" then
-    for seg in (path:sub(2) .. "/"):gmatch("([^/]*)/") do
-      local p, pattern = seg:match("^{([%a_][%w_]*)}$"), nil
-      if not p then p, pattern = seg:match("^{([%a_][%w_]*):(.*)}$") end
+    for seg in str_gmatch((path:sub(2) .. "/"), "([^/]*)/") do
+      local p, pattern = str_match(seg, "^{([%a_][%w_]*)}$"), nil
+      if not p then p, pattern = str_match(seg, "^{([%a_][%w_]*):(.*)}$") end
       if p then
         if seen[p] then return nil, "route " .. shown(route) .. ": parameter {" .. p .. "} appears twice" end
         seen[p] = true
@@ -234,7 +235,7 @@ function M.parse_route(route)
           if not ok then return nil, "route " .. shown(route) .. ": parameter {" .. p .. "}: pattern " .. err end
         end
         segs[#segs + 1] = { param = p, pattern = pattern }
-      elseif seg:find("[^%w%-%._~!%$&'%(%)%*%+,;=:@]") then
+      elseif str_find(seg, "[^%w%-%._~!%$&'%(%)%*%+,;=:@]") then
         -- RFC 3986 §3.3 pchar without pct-encoded: a byte no request path can hold as it is (a
         -- space, a control character, non-ASCII, '%', '{', '?', '#') would make a route that never
         -- matches, or matches only what a client should not send
@@ -421,7 +422,7 @@ local function load_folder(dir)
   local batch = cfg and cfg.batch
   if batch then
     local want = {}
-    for seg in batch.path:gmatch("[^/]+") do want[#want + 1] = seg end
+    for seg in str_gmatch(batch.path, "[^/]+") do want[#want + 1] = seg end
     for _, e in ipairs(endpoints) do
       local same = e.method == "POST" and #e.segments == #want
       for i = 1, same and #want or 0 do if e.segments[i] ~= want[i] then same = false end end
@@ -446,7 +447,7 @@ end
 local function by_line(errors)
   local files, keyed = {}, {}
   for i, e in ipairs(errors) do
-    local file, line = e:match("^(.-):(%d+):")
+    local file, line = str_match(e, "^(.-):(%d+):")
     file = file or ""
     if not files[file] then files[file] = i end
     keyed[i] = { e = e, f = files[file], l = tonumber(line) or 0, i = i }

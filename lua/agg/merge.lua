@@ -14,6 +14,7 @@
 -- agg.exchange owns the callers' exchanges: it calls M.join from an attempt, M.leave when an
 -- exchange stops waiting, M.answer with the transport's answer of a merged call; M.bind gives
 -- this module the exchange's hooks (done: an attempt's answer; deny: breaker said no).
+local str_find, str_gsub = string.find, string.gsub
 local json = require "agg.json"
 local problem = require "agg.problem"
 
@@ -47,7 +48,7 @@ local OPTIONS = { key = true, max = "number", window_ms = "number", param = "str
                   request = "function", split = "function", match = "string", items = "string" }
 
 local function escape(s)
-  return (tostring(s):gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
+  return (str_gsub(tostring(s), "[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
 end
 
 -- where a function was written: calls merge only when their functions come from the same place
@@ -81,7 +82,7 @@ function M.normalize(b, name, method, path, headers, level)
   if max < 1 or max % 1 ~= 0 then bad("'max' must be a whole number >= 1") end
   local window = b.window_ms or 2
   if window < 0 or window ~= window then bad("'window_ms' must be a number of milliseconds >= 0") end
-  local forms = (b.param and 1 or 0) + (b.request and 1 or 0) + (path:find("{keys}", 1, true) and 1 or 0)
+  local forms = (b.param and 1 or 0) + (b.request and 1 or 0) + (str_find(path, "{keys}", 1, true) and 1 or 0)
   if forms ~= 1 then
     bad("say how the merged request is built: exactly one of param = \"ids\" (…?ids=1,2,3), a path "
         .. "with {keys} (\"/products/{keys}\") or request = function(keys) return path end")
@@ -217,9 +218,9 @@ local function merged_path(p, keys)
   for i = 1, #keys do esc[i] = escape(keys[i]) end
   local list = table.concat(esc, o.sep)
   if o.param then
-    return p.path .. (p.path:find("?", 1, true) and "&" or "?") .. escape(o.param) .. "=" .. list
+    return p.path .. (str_find(p.path, "?", 1, true) and "&" or "?") .. escape(o.param) .. "=" .. list
   end
-  return (p.path:gsub("{keys}", function() return list end))
+  return (str_gsub(p.path, "{keys}", function() return list end))
 end
 
 flush = function(p)

@@ -3,6 +3,7 @@
 -- it) and `cache` (tier 1's memory, tier 2 on or off; agg.cache). Called by agg.config with its
 -- checking context c (see agg.config); each function writes its part of out and reports every
 -- mistake through c.err.
+local str_match = string.match
 local M = {}
 
 -- redis = { url = "redis://host:port/db", timeout_ms = 5 }: one client per worker (gateway/redis/redis.h);
@@ -21,7 +22,7 @@ function M.check_redis(cfg, out, c)
       for k, v in pairs(r) do
         local kline = find_line(lines, k, rline) or rline
         if k == "url" then
-          if type(v) ~= "string" or not v:match("^redis://[^/]") then
+          if type(v) ~= "string" or not str_match(v, "^redis://[^/]") then
             err(kline, "redis.url", 'must be a URL like "redis://127.0.0.1:6379/0", got ' .. show(v)); ok = false
           else
             e.url = v

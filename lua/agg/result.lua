@@ -2,10 +2,11 @@
 -- http_status, headers, body }), and the facts the runtime keeps about it out of the script's
 -- sight (section, required, decode, the parsed body's ref): agg.exchange makes results from
 -- answers, agg.fanout from continuations and nested fan-outs, agg.page reads them.
+local str_find, str_gmatch, str_gsub, str_match = string.find, string.gmatch, string.gsub, string.match
 local json = require "agg.json"
 
 -- "@/…/lua/" of the runtime's own files (a place there is never the script's)
-local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
+local RUNTIME_PREFIX = str_match(debug.getinfo(1, "S").source, "^(@.*/)agg/[^/]*$")
 
 local M = {}
 
@@ -61,7 +62,7 @@ end
 -- repeated names are joined with ", " (RFC 9110 §5.3).
 local function parse_headers(s)
   local h = {}
-  for name, value in s:gmatch("([^%z]*)%z([^%z]*)%z") do
+  for name, value in str_gmatch(s, "([^%z]*)%z([^%z]*)%z") do
     local cur = h[name]
     h[name] = cur and (cur .. ", " .. value) or value
   end
@@ -156,15 +157,15 @@ end
 -- traceback: | scripts/x.lua:3: in function 'handler' | …"): one record per event, readable as is,
 -- while a newline in the message itself (a client's decoded %0A) is still escaped by the log.
 function M.traceback_line(co)
-  local tb = debug.traceback(co, "", 0):gsub("^\n", "")
+  local tb = str_gsub(debug.traceback(co, "", 0), "^\n", "")
   local frames = {}
-  for frame in tb:gmatch("[^\n]+") do frames[#frames + 1] = (frame:gsub("^%s+", "")) end
+  for frame in str_gmatch(tb, "[^\n]+") do frames[#frames + 1] = (str_gsub(frame, "^%s+", "")) end
   return table.concat(frames, " | ")
 end
 
 --- A logged script error without its traceback (what a spec failure or `aggway check` shows).
 function M.without_traceback(msg)
-  local at = msg:find(" | stack traceback:", 1, true)
+  local at = str_find(msg, " | stack traceback:", 1, true)
   return at and msg:sub(1, at - 1) or msg
 end
 
@@ -174,7 +175,7 @@ end
 -- as they are.
 function M.at_script_frame(e)
   if type(e) ~= "string" then return e end
-  local src, rest = e:match("^([^\n]-):%d+: (.*)$")
+  local src, rest = str_match(e, "^([^\n]-):%d+: (.*)$")
   if src and not (RUNTIME_PREFIX and ("@" .. src):sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX) then return e end
   for level = 2, 100 do
     local info = debug.getinfo(level, "Sl")
@@ -198,7 +199,7 @@ function M.log_error(ctx, what, err, co)
     -- a message placed in the runtime (error("…", 2) from a handler names the runtime's line that
     -- called it) or nowhere (error("…", 0), a level past the stack) is put at the script's line on
     -- the coroutine's stack instead
-    local src, rest = err:match("^([^\n]-):%d+: (.*)$")
+    local src, rest = str_match(err, "^([^\n]-):%d+: (.*)$")
     if not src then rest = err end
     if type(co) == "function" then
       -- a function of the script that raised outside a coroutine of its own (a fallback): its

@@ -12,6 +12,7 @@
 -- The runtime's Lua half is four files: this one (a request's life: its coroutine, its context,
 -- its response), agg.fanout (fetch_all, fetch_then), agg.exchange (a section's call: breaker,
 -- retry, hedge, single-flight) and agg.result (what a call gives a script).
+local str_gsub = string.gsub
 local problem = require "agg.problem"
 local result = require "agg.result"
 local exchange = require "agg.exchange"
@@ -117,7 +118,7 @@ end
 fanout.bind_requests(ctx_of, finishers, waiting, resume)
 
 local timing_names = setmetatable({}, { __index = function(t, k)
-  local name = tostring(k):gsub("[^%w_%-]", "_")
+  local name = str_gsub(tostring(k), "[^%w_%-]", "_")
   t[k] = name
   return name
 end })

@@ -17,6 +17,7 @@
 --
 -- An operator who trusts the folder opts out with scripts = { trusted = true } in gateway.lua
 -- (agg.loader logs it at every load): scripts then see the whole of _G, as Lua code does.
+local str_find, str_gsub, str_match = string.find, string.gsub, string.match
 local readonly = require "agg.readonly"
 local agg = require "agg"
 
@@ -69,8 +70,8 @@ local SANDBOX = "the scripts' sandbox keeps them away from the machine (see docs
 -- find, match, gmatch and gsub are agg.pattern's (script/pattern.h): LuaJIT's semantics, but a
 -- match that backtracks for long lets the hooks run (the script time limit, the load budget, the
 -- spec harness's clock), so a pathological pattern is stopped like an endless loop. The strings'
--- methods are the same for every caller: a pattern function called from the runtime's own code
--- (lua/agg) is never stopped half way.
+-- methods are the same for every caller, so the runtime's own code (lua/agg) calls LuaJIT's
+-- functions through locals (str_find …), never the methods: tools/check-runtime-patterns.
 local string_lib = {}
 for k, v in pairs(string) do string_lib[k] = v end
 for k, v in pairs(require "agg.pattern") do string_lib[k] = v end
@@ -91,9 +92,9 @@ for k in pairs(debug) do if k ~= "traceback" then debug_refused[k] = SANDBOX end
 debug_refused.sethook = "the gateway's script time limit uses the hook"
 
 -- The runtime's files ("@<lua dir>/agg/…"): their functions are every script's.
-local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
+local RUNTIME_PREFIX = str_match(debug.getinfo(1, "S").source, "^(@.*/)agg/[^/]*$")
 local RUNTIME_DIR = RUNTIME_PREFIX and RUNTIME_PREFIX:sub(2)
-local RUNTIME_DIR_PATTERN = RUNTIME_DIR and RUNTIME_DIR:gsub("%p", "%%%0")
+local RUNTIME_DIR_PATTERN = RUNTIME_DIR and str_gsub(RUNTIME_DIR, "%p", "%%%0")
 
 -- Whether f is a Lua function of a script (not C, not the runtime's).
 local function scripts_own(f)
@@ -216,7 +217,7 @@ local debug_lib = { traceback = function(a, ...)
   end
   -- the runtime's files by their names in the runtime ("agg/runtime.lua"), not by where the
   -- gateway is installed
-  if type(tb) == "string" and RUNTIME_DIR then tb = tb:gsub(RUNTIME_DIR_PATTERN, "") end
+  if type(tb) == "string" and RUNTIME_DIR then tb = str_gsub(tb, RUNTIME_DIR_PATTERN, "") end
   return tb
 end }
 
@@ -267,7 +268,7 @@ local BASE = { "assert", "error", "ipairs", "next", "pairs", "pcall", "select", 
 -- that looped (or ran long) could not be stopped and would hold its worker for good.
 local function script_xpcall(f, handler, ...)
   return raw_xpcall(f, function(e)
-    if type(e) == "string" and e:find(M.STOP_TEXT, 1, true) then return e end
+    if type(e) == "string" and str_find(e, M.STOP_TEXT, 1, true) then return e end
     return handler(e)
   end, ...)
 end
@@ -298,7 +299,7 @@ local BYTECODE = "binary chunks are not loaded: scripts load source text only"
 -- kept as text ("=name"); none gives LuaJIT's own ([string "…"]).
 local function script_chunkname(name)
   if name == nil then return nil end
-  name = tostring(name):gsub("^[@=]+", "")
+  name = str_gsub(tostring(name), "^[@=]+", "")
   return "=" .. name
 end
 
@@ -359,9 +360,9 @@ local function script_require(box, name)
   end
   -- a module of the folder is named by dotted words ("lib.x"): no '/', no "..", nothing that
   -- reaches past the folder; and gateway.lua is the operator's (upstream URLs, keys, secrets)
-  if not name:find("^[%w_%-]+$") and not name:find("^[%w_%-]+[%w_%-%.]*[%w_%-]$") or name:find("..", 1, true) then
+  if not str_find(name, "^[%w_%-]+$") and not str_find(name, "^[%w_%-]+[%w_%-%.]*[%w_%-]$") or str_find(name, "..", 1, true) then
     error(("require: '%s' is not a module name (dotted words, like \"lib.x\" for lib/x.lua)"):format(
-      name:gsub("[%c\128-\255]", function(c) return ("\\%03d"):format(c:byte()) end)), 3)
+      str_gsub(name, "[%c\128-\255]", function(c) return ("\\%03d"):format(c:byte()) end)), 3)
   end
   if name:lower() == "gateway" then -- (any case: a case-insensitive file system finds gateway.lua)
     error("module 'gateway' is not available to scripts: gateway.lua is the operator's configuration", 3)

@@ -10,6 +10,7 @@
 --   * `--watch` runs the specs, then again each time a .lua file under the scripts folder or the
 --     spec folders changes (polled every WATCH_POLL_S; each run is a fresh process, so a changed
 --     script is loaded anew). `--watch-runs N` stops after N runs (for scripts and tests).
+local str_gsub, str_match = string.gsub, string.match
 local M = {}
 
 M.WATCH_POLL_S = 0.5
@@ -39,10 +40,10 @@ A spec in three lines (see docs/guide.md, "Testing your page"):
 
 -- The part of a logged script error a reader needs: "file:line: message" without the traceback.
 local function short(line)
-  local msg = line:gsub("^error: ", "")
+  local msg = str_gsub(line, "^error: ", "")
   msg = require("agg.result").without_traceback(msg)
   -- "script error in GET /x (scripts/x.lua): scripts/x.lua:3: boom" -> the part from file:line
-  local inner = msg:match("^script error in [^:]-%): (.*)$")
+  local inner = str_match(msg, "^script error in [^:]-%): (.*)$")
   return inner or msg
 end
 
@@ -75,7 +76,7 @@ local function hook_busted()
   end
 end
 
-local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function quote(s) return "'" .. str_gsub(tostring(s), "'", "'\\''") .. "'" end
 
 -- "path mtime" of every .lua file under the folders, sorted: a change anywhere changes the text.
 local function snapshot(dirs)
@@ -90,7 +91,7 @@ end
 local function watch(args, runs)
   -- this aggway binary: the parent of the shell io.popen starts
   local p = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
-  local self = (p:read("*l") or ""):gsub("%s+$", "")
+  local self = str_gsub((p:read("*l") or ""), "%s+$", "")
   p:close()
   if self == "" then self = "aggway" end
   local dir = AGGWAY_SCRIPTS or "scripts"

@@ -1,6 +1,7 @@
 -- agg.testing_args: what the spec harness (agg.testing) accepts, checked like the mock's config:
 -- the options of testing.gateway, gw:get/send/request and stub answers, and the errors they
 -- raise at the spec's own line.
+local str_find = string.find
 local config = require "agg.config"
 
 local M = {}
@@ -24,7 +25,7 @@ local function raise(msg)
   while true do
     local info = debug.getinfo(l, "Sl")
     if not info then break end
-    if not info.source:find("agg/testing[%w_]*%.lua$") and info.currentline > 0 then
+    if not str_find(info.source, "agg/testing[%w_]*%.lua$") and info.currentline > 0 then
       error(("%s:%d: %s"):format(info.short_src, info.currentline, msg), 0)
     end
     l = l + 1

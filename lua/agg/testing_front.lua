@@ -3,6 +3,7 @@
 -- spec's user (401/403), priority shedding and limits (the same C limiter), runtime.start, and a
 -- client that goes away. Its functions are methods of agg.testing's gateways (gw:send, gw:gate,
 -- gw:disconnect).
+local str_find, str_match = string.find, string.match
 local json = require "agg.json"
 local router = require "agg.router"
 local rt = require "agg.runtime"
@@ -26,7 +27,7 @@ local routers = setmetatable({}, { __mode = "k" })
 local function match_route_uncached(eps, method, path)
   local r = routers[eps]
   if not r then r = router.new(eps) routers[eps] = r end
-  local what, a, b = r:match(method, path)
+  local what, a, b = r:match(method, path) -- not a string: the router's method
   if what == "found" then return a, b end
   return nil, what, a
 end
@@ -55,7 +56,7 @@ local response_mt = { __index = function(r, k)
   if k == "json" and r.status then
     local ct = r.headers and r.headers["content-type"] or ""
     local v = nil
-    if ct:find("json", 1, true) and r.body ~= "" then v = json.decode(r.body) end
+    if str_find(ct, "json", 1, true) and r.body ~= "" then v = json.decode(r.body) end
     rawset(r, "json", v)
     return v
   end
@@ -199,7 +200,7 @@ function F:gate(r, ep, headers, opts, user)
       if not freq then
         local u = user and (user.via == "api_key" and { via = "api_key", app = user.app, plan = user.plan }
                             or { via = "jwt", sub = user.sub }) or nil
-        local method, path, query = r.request:match("^(%S+) ([^?]*)%??(.*)$")
+        local method, path, query = str_match(r.request, "^(%S+) ([^?]*)%??(.*)$")
         freq = { method = method, path = path, route = ep.route, query = query ~= "" and query or nil,
                  headers = headers, ip = opts.ip or "127.0.0.1", user = u }
       end

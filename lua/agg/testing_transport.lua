@@ -3,6 +3,7 @@
 -- (agg.testing_clock): upstream calls answered by stubs (latency, faults, the C transport's JSON
 -- refs), runtime timers, the cache's two tiers, endpoint slots, responses. Its functions are
 -- methods of agg.testing's gateways (gw:install, gw:stub, gw:start_call).
+local str_gmatch, str_match = string.gmatch, string.match
 local cache = require "agg.cache"
 local json = require "agg.json"
 local rt = require "agg.runtime"
@@ -22,7 +23,7 @@ local schedule, sorted_names, check_answer = clock.schedule, args.sorted_names, 
 
 -- "/path?query" -> "/path", "query" ("" when there is none)
 local function split_path(path)
-  local p, q = path:match("^([^?]*)%??(.*)$")
+  local p, q = str_match(path, "^([^?]*)%??(.*)$")
   return p, q
 end
 
@@ -35,12 +36,12 @@ local function match_pattern(pattern, path)
   local rp = split_path(path)
   if pq ~= "" then return false end -- a pattern with a query matches only exactly
   local a, b = {}, {}
-  for s in pp:gmatch("[^/]+") do a[#a + 1] = s end
-  for s in rp:gmatch("[^/]+") do b[#b + 1] = s end
+  for s in str_gmatch(pp, "[^/]+") do a[#a + 1] = s end
+  for s in str_gmatch(rp, "[^/]+") do b[#b + 1] = s end
   for i = 1, #a do
     if a[i] == "*" and i == #a then return true end
     if b[i] == nil then return false end
-    if not a[i]:match("^{.*}$") and a[i] ~= b[i] then return false end
+    if not str_match(a[i], "^{.*}$") and a[i] ~= b[i] then return false end
   end
   return #a == #b
 end
@@ -219,7 +220,7 @@ function T:stub(upstream, a, b, c)
     error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table or a function", 2)
   end
   -- "product" stubs every endpoint of the upstream, "product#2" its second endpoint only
-  local name, ep = upstream:match("^(.-)#(%d+)$")
+  local name, ep = str_match(upstream, "^(.-)#(%d+)$")
   name, ep = name or upstream, tonumber(ep)
   local known, found = {}, nil
   for _, u in ipairs(self.names) do

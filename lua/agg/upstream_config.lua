@@ -4,6 +4,7 @@
 -- gateway's own) with what upstreams' identity needs of it and of auth. Called by agg.config with
 -- its checking context c (see agg.config); each function writes its part of out and reports
 -- every mistake through c.err.
+local str_find, str_gsub, str_match = string.find, string.gsub, string.match
 local sys = require "agg.sys"
 local cache = require "agg.cache"
 local edge = require "agg.edge_config"
@@ -44,7 +45,7 @@ local function check_forward_headers(v, where, line, err)
   end
   local out, seen = {}, {}
   for i, name in pairs(v) do
-    if type(i) ~= "number" or type(name) ~= "string" or not name:find("^[!#$%%&'*+%-.^_`|~%w]+$") then
+    if type(i) ~= "number" or type(name) ~= "string" or not str_find(name, "^[!#$%%&'*+%-.^_`|~%w]+$") then
       err(line, where, ("item %s must be a header name (letters, digits and !#$%%&'*+-.^_`|~), got %s"):format(
         tostring(i), type(name) == "string" and ("'" .. name .. "'") or type(name)))
     else
@@ -84,7 +85,7 @@ local function check_health(c, h, where, line, call_timeout_ms)
   end
   local out = { path = h.path, every_s = h.every_s or 5, timeout_ms = h.timeout_ms or math.min(1000, call_timeout_ms),
                 healthy_after = h.healthy_after or 2, unhealthy_after = h.unhealthy_after or 3 }
-  if type(h.path) ~= "string" or h.path:sub(1, 1) ~= "/" or h.path:find("[%s%c]") then
+  if type(h.path) ~= "string" or h.path:sub(1, 1) ~= "/" or str_find(h.path, "[%s%c]") then
     bad("path", "is required: the path each endpoint is probed on, starting with '/', like path = \"/healthz\"")
   end
   local function whole(f, lo, hi, unit)
@@ -144,18 +145,18 @@ local function check_upstream_tls(c, t, host, where, nline)
         err(kline, kwhere, "must be the path of a PEM file of CA certificates, got " .. show(v)); ok = false
       else
         local path = v
-        if path:sub(1, 1) ~= "/" then path = (file:match("^(.*)/[^/]*$") or ".") .. "/" .. path end
+        if path:sub(1, 1) ~= "/" then path = (str_match(file, "^(.*)/[^/]*$") or ".") .. "/" .. path end
         local text, why = sys.read_file(path, 1048576)
         if not text then
           err(kline, kwhere, "cannot read " .. path .. ": " .. why); ok = false
-        elseif not text:find("-----BEGIN CERTIFICATE-----", 1, true) then
+        elseif not str_find(text, "-----BEGIN CERTIFICATE-----", 1, true) then
           err(kline, kwhere, path .. " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"); ok = false
         else
           e.ca_file = path
         end
       end
     elseif k == "server_name" then
-      if type(v) ~= "string" or not v:match("^[%w%.%-_:]+$") then
+      if type(v) ~= "string" or not str_match(v, "^[%w%.%-_:]+$") then
         err(kline, kwhere, "must be a host name like \"api.internal\" (or an IP address), got " .. show(v)); ok = false
       else
         e.server_name = v
@@ -193,7 +194,7 @@ function M.check_upstreams(cfg, out, c)
     local u = ups[name]
     local where = "upstreams." .. tostring(name)
     local nline = find_line(lines, name, uline) or uline
-    if type(name) ~= "string" or not name:match("^[%a_][%w_%-]*$") then
+    if type(name) ~= "string" or not str_match(name, "^[%a_][%w_%-]*$") then
       err(nline, where, "upstream names must be identifiers like product or user_service")
     elseif type(u) ~= "table" then
       err(nline, where, "must be a table like { url = \"http://127.0.0.1:9001\" }")
@@ -413,7 +414,7 @@ function M.check_upstreams(cfg, out, c)
             ok = false
             err(find_line(lines, "type", sline) or sline, swhere .. ".type", "must be \"cookie\" or \"header\"")
           end
-          if type(sess.name) ~= "string" or not sess.name:match("^[%w!#$%%&'*+%-.^_`|~]+$") then
+          if type(sess.name) ~= "string" or not str_match(sess.name, "^[%w!#$%%&'*+%-.^_`|~]+$") then
             ok = false
             err(find_line(lines, "name", sline) or sline, swhere .. ".name",
                 "is required: the cookie's or header's name, like name = \"agw-" .. name .. "\"")
@@ -439,7 +440,7 @@ function M.check_upstreams(cfg, out, c)
       local hk = u.hash_key
       if hk ~= nil then
         local hline = find_line(lines, "hash_key", nline) or nline
-        if type(hk) ~= "string" or not (hk:match("^header:[%w%-_]+$") or hk:match("^cookie:[%w%-_.]+$")) then
+        if type(hk) ~= "string" or not (str_match(hk, "^header:[%w%-_]+$") or str_match(hk, "^cookie:[%w%-_.]+$")) then
           err(hline, where .. ".hash_key", "must be \"header:NAME\" or \"cookie:NAME\" (the page request's header or cookie)")
         elseif e.balance ~= "hash" then
           err(hline, where .. ".hash_key", "is only for balance = \"hash\"")
@@ -500,14 +501,14 @@ function M.check_token_exchange(cfg, out, c)
         local spath = te.client_secret_file
         if spath:sub(1, 1) ~= "/" then spath = c.dir .. "/" .. spath end
         local text, why = sys.read_file(spath, 4096)
-        secret = text and text:gsub("%s+$", "")
+        secret = text and str_gsub(text, "%s+$", "")
         if not text then err(sl, "token_exchange.client_secret_file", "cannot read " .. spath .. ": " .. why); ok = false
         elseif secret == "" then err(sl, "token_exchange.client_secret_file", spath .. " is empty"); ok = false end
       end
       local timeout = te.timeout_ms or 1000
       if not posint(timeout, "token_exchange.timeout_ms", find_line(lines, "timeout_ms", teline) or teline, 60000) then ok = false end
       local stt = te.subject_token_type or "urn:ietf:params:oauth:token-type:access_token"
-      if type(stt) ~= "string" or not stt:match("^urn:") then
+      if type(stt) ~= "string" or not str_match(stt, "^urn:") then
         err(find_line(lines, "subject_token_type", teline) or teline, "token_exchange.subject_token_type",
             "must be a token type URN (RFC 8693 §3), got " .. show(stt))
         ok = false

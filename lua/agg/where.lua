@@ -11,6 +11,7 @@
 -- tie). Found on another line, the message is "file:24: … (called at line 79)"; not found
 -- (the name was computed), it is the plain "file:79: …". What it cannot tell apart: two specs
 -- in one file with the same mistake — it names the one nearest to the call.
+local str_find, str_gmatch, str_gsub, str_match = string.find, string.gmatch, string.gsub, string.match
 local M = {}
 
 -- file path (as in debug.getinfo's source, without '@') -> its lines, set by agg.loader for each
@@ -34,20 +35,20 @@ function M.remember(path, src)
   if M.texts[path] == src then return end
   M.texts[path] = src
   local lines = {}
-  for l in (src .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+  for l in str_gmatch((src .. "\n"), "([^\n]*)\n") do lines[#lines + 1] = l end
   M.sources[path] = lines
 end
 
 --- Patterns for the text of a mistake: an option (`name =`, also `spec.name =`), a quoted name.
 function M.option(name)
-  return "[%s{,.;]" .. tostring(name):gsub("%p", "%%%0") .. "%s*="
+  return "[%s{,.;]" .. str_gsub(tostring(name), "%p", "%%%0") .. "%s*="
 end
 function M.quoted(name)
-  return "[\"']" .. tostring(name):gsub("%p", "%%%0") .. "[\"']"
+  return "[\"']" .. str_gsub(tostring(name), "%p", "%%%0") .. "[\"']"
 end
 
 -- "@/…/lua/" of the runtime's own files: a frame there is never the script's place
-local RUNTIME_PREFIX = debug.getinfo(1, "S").source:match("^(@.*/)agg/[^/]*$")
+local RUNTIME_PREFIX = str_match(debug.getinfo(1, "S").source, "^(@.*/)agg/[^/]*$")
 
 --- The function that places a mistake when no frame of a script is at the error's level: a
 -- fetch_then continuation's returned spec is checked after the continuation returned, from the
@@ -65,7 +66,7 @@ function M.place_in(fn, needle)
   local lines = needle and lines_of(info.source:sub(2))
   if lines then
     for i = math.min(info.lastlinedefined, #lines), info.linedefined, -1 do
-      if (" " .. lines[i]):find(needle) then line = i break end
+      if str_find((" " .. lines[i]), needle) then line = i break end
     end
   end
   return ("%s:%d: "):format(info.short_src, line)
@@ -92,7 +93,7 @@ function M.raise(msg, level, needle)
       local at, first, last = info.currentline, info.linedefined, info.lastlinedefined
       local best, bestd
       for i, l in ipairs(lines) do
-        if (" " .. l):find(needle) then
+        if str_find((" " .. l), needle) then
           -- inside the calling function first, then nearest, then before the call
           local d = math.abs(i - at) * 2 + (i > at and 1 or 0)
           if not (i >= first and i <= last) then d = d + 1e9 end

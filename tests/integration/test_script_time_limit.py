@@ -37,6 +37,10 @@ SCRIPTS = dict(repo_scripts(), **{
     local s = ("a"):rep(30000)
     local found = s:find(".-.-.-b")
     return { status = 200, json = { found = found } }"""),
+    # the same as the handler's tail call: the handler's frame is gone, the runtime's is the caller
+    "spin-pattern-tail.lua": endpoint("GET /spin-pattern-tail", """
+    local s = ("a"):rep(30000)
+    return s:find(".-.-.-b")"""),
     "spin-pattern-pcall.lua": endpoint("GET /spin-pattern-pcall", """
     local s = ("a"):rep(30000)
     while true do
@@ -164,6 +168,16 @@ class ScriptTimeLimit(GatewayTestCase):
 
     def test_pathological_string_pattern_is_stopped(self):
         self.assertStopped("/spin-pattern", "spin-pattern.lua", 7)
+
+    def test_pathological_pattern_in_a_tail_call_is_stopped(self):
+        r = self.get("/spin-pattern-tail")
+        self.assertProblem(r, 500)
+        self.assertGreaterEqual(r.time_total, LIMIT_MS / 1000 * 0.9, r)
+        log = self.gw.log()
+        self.assertIn("stopped: the script ran for more than %d ms" % LIMIT_MS, log)
+        self.assertIn("spin-pattern-tail.lua", log)
+        self.assertNotIn("agg/runtime.lua:", log.split("stopped: the script ran")[0].splitlines()[-1])
+        self.assertEqual(self.get("/product-page/42").status, 200)
 
     def test_pcall_around_a_pathological_pattern_cannot_catch_the_stop(self):
         self.assertStopped("/spin-pattern-pcall", "spin-pattern-pcall.lua", 8)

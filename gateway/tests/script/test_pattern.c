@@ -140,10 +140,15 @@ static void test_a_hook_stops_a_match(void)
         "end)\n"
         "debug.sethook()\n"
         "return ok, err\n";
-    for (int fn = 0; fn < 4; fn++) {
+    for (int fn = 0; fn < 7; fn++) {
+        /* backtracking; then a long literal sequence and a long set, each tried at every byte of
+         * the subject (their work per step is counted by the pattern's length) */
         static const char *const CALLS[] = {"P.find(s, '.-.-.-b')", "P.match(s, '.-.-.-b')",
-                                            "P.gmatch(s, '.-.-.-b')()", "P.gsub(s, '.-.-.-b', 'x')"};
-        char src[sizeof(SRC) + 64];
+                                            "P.gmatch(s, '.-.-.-b')()", "P.gsub(s, '.-.-.-b', 'x')",
+                                            "P.find(s:rep(10), '.' .. s .. 'b')",
+                                            "P.find(s:rep(10), '[' .. ('b'):rep(60000) .. ']')",
+                                            "P.find(s:rep(10), '.-' .. ('[b]'):rep(20000))"};
+        char src[sizeof(SRC) + 128];
         const char *at = strstr(SRC, "P.find(s, '.-.-.-b')");
         snprintf(src, sizeof(src), "%.*s%s%s", (int)(at - SRC), SRC, CALLS[fn], at + strlen("P.find(s, '.-.-.-b')"));
         time_t t0 = time(NULL);
@@ -154,6 +159,21 @@ static void test_a_hook_stops_a_match(void)
         CHECK(time(NULL) - t0 < 50); /* (the bound of a hung case is ctest's timeout) */
         lua_settop(L, 0);
     }
+}
+
+/* A replacement function that calls gsub again, without end: "C stack overflow" once the thread's
+ * stack runs low, never a crash (LuaJIT's own gsub overflows the stack at about 900 levels). */
+static void test_nested_gsub_is_bounded(void)
+{
+    static const char SRC[] =
+        "local P = require 'agg.pattern'\n"
+        "local function r(s) return (P.gsub(s, '.', r)) end\n"
+        "return pcall(r, 'x')\n";
+    CHECK(luaL_loadbuffer(L, SRC, sizeof(SRC) - 1, "=nested") == 0);
+    CHECK(lua_pcall(L, 0, 2, 0) == 0);
+    CHECK(!lua_toboolean(L, -2));
+    CHECK(lua_tostring(L, -1) != NULL && strstr(lua_tostring(L, -1), "C stack overflow") != NULL);
+    lua_settop(L, 0);
 }
 
 /* Without a hook nothing polls, and a long but finite match finishes with LuaJIT's answer. */
@@ -207,6 +227,7 @@ int main(int argc, char **argv)
     RUN(test_fixed_cases);
     RUN(test_random_cases);
     RUN(test_a_hook_stops_a_match);
+    RUN(test_nested_gsub_is_bounded);
     RUN(test_no_hook_no_stop);
     lua_close(L);
     return CHECK_DONE();
