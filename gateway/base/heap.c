@@ -122,26 +122,55 @@ static int lua_panic(lua_State *L)
     return 0;
 }
 
-/* Whether the limit refuses growing a block from osize to nsize bytes (a large one). */
-static int refuse(agw_lua_heap_t *h, size_t osize, size_t nsize)
+void agw_heap_lua_set_limit(agw_lua_heap_t *h, size_t bytes)
 {
-    if (h->limit == 0 || h->armed <= 0 || h->L == NULL || nsize <= osize)
-        return 0;
-    size_t used = (size_t)lua_gc(h->L, LUA_GCCOUNT, 0) * 1024u + (size_t)lua_gc(h->L, LUA_GCCOUNTB, 0);
-    if (used - osize + nsize <= h->limit)
-        return 0;
-    h->refused++;
-    if (nsize > h->refused_largest)
-        h->refused_largest = nsize;
-    return 1;
+    h->limit = bytes ? bytes : SIZE_MAX;
+    h->trip = h->limit;
 }
 
 void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
-    /* (a new block: LuaJIT passes osize 0; Lua 5.2's type tags are not LuaJIT's) */
-    if (nsize >= AGW_LUA_LARGE_BLOCK && ud != NULL && refuse(ud, ptr != NULL ? osize : 0, nsize))
+    agw_lua_heap_t *h = ud;
+    if (ptr == NULL)
+        osize = 0; /* (a new block: LuaJIT passes 0; Lua 5.2's type tags are not LuaJIT's) */
+    if (h != NULL && nsize >= AGW_LUA_HUGE_BLOCK && nsize > osize && h->armed > 0 &&
+        h->used - osize + nsize > h->limit) {
+        h->refused++;
+        if (nsize > h->refused_largest)
+            h->refused_largest = nsize;
         return NULL;
-    return raw_lua_alloc(ptr, osize, nsize);
+    }
+    void *p = raw_lua_alloc(ptr, osize, nsize);
+    if (h != NULL && (p != NULL || nsize == 0)) {
+        h->used = h->used - osize + nsize;
+        if (h->used > h->trip) {
+            if (h->armed > 0 && !h->over && h->on_over != NULL) {
+                h->over = 1;
+                h->on_over(h->L); /* (lua_sethook: allowed at any time, even from a signal handler) */
+            }
+        } else if (h->trip != h->limit && h->used <= h->limit) {
+            h->trip = h->limit; /* back under the limit */
+        }
+    }
+    return p;
+}
+
+int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h)
+{
+    h->over = 0;
+    if (h->collected_at == 0 || h->used > h->collected_at + AGW_LUA_TRIP_SLACK) {
+        lua_gc(L, LUA_GCCOLLECT, 0);
+        h->collected_at = h->used;
+    }
+    if (h->used <= h->limit) {
+        h->trip = h->limit;
+        h->collected_at = 0;
+        return 0;
+    }
+    size_t ceiling = h->limit + h->limit / 4;
+    h->trip = h->used + AGW_LUA_TRIP_SLACK < ceiling ? h->used + AGW_LUA_TRIP_SLACK : ceiling;
+    h->stopped++;
+    return 1;
 }
 
 lua_State *agw_heap_new_lua_state(void)
@@ -155,6 +184,7 @@ lua_State *agw_heap_new_lua_state(void)
         return NULL;
     }
     h->L = L;
+    agw_heap_lua_set_limit(h, 0);
     lua_atpanic(L, lua_panic);
     return L;
 }

@@ -30,36 +30,55 @@
 #define AGW_HEAP_JEMALLOC 0
 #endif
 
-/* The Lua heap of one VM: what it holds and the limit on its growth (script_memory_limit_mb,
- * gateway.lua). A script can allocate gigabytes well within its time limit (`s = s .. s` thirty
- * times, string.rep, a table grown in a loop) and take the whole machine's memory. A block of
- * AGW_LUA_LARGE_BLOCK bytes or more that would take the VM's heap past limit, asked for inside a
- * protected call that armed the limit (agw_heap_lua_pcall; the worker's entries into Lua), is
- * refused: LuaJIT
- * raises its "not enough memory" error where the script asked for it (the request gets a 500
- * problem, or its section fails). Smaller blocks are never refused, so the runtime's own
- * bookkeeping (small tables, closures, short strings) never fails half way because a script holds
- * the heap; a loop of small allocations is bounded by the time limit instead. Owned by the VM
- * (agw_heap_new_lua_state), read and written by the thread that runs it. */
+/* The Lua heap of one VM: what it holds and its limit (script_memory_limit_mb, gateway.lua). A
+ * script can take gigabytes well within its time limit (`s = s .. s` thirty times, string.rep,
+ * tables kept in its module across requests) and with them the machine's memory. Two rules, both
+ * only while the limit is armed (inside agw_heap_lua_pcall: the worker's entries into Lua, the
+ * folder's load), where LuaJIT's errors are caught; what C hands to Lua outside (a request's body,
+ * an upstream's answer) and the idle collector's work are never refused:
+ *   - a block of AGW_LUA_HUGE_BLOCK bytes or more that would take the heap past the limit is
+ *     refused: LuaJIT raises "not enough memory" in the C call that asked (string.rep, a
+ *     concatenation, table.concat). The runtime's own blocks never get that large.
+ *   - when the heap passes `trip` (the limit, at first), on_over is called (the worker sets its
+ *     stop hook, worker/watchdog.h): at the script's next instruction, after a full collection,
+ *     a heap still over the limit stops that entry's script as the time limit does (at each of
+ *     its instructions: a pcall cannot go on), and trip moves AGW_LUA_TRIP_SLACK further, up to a
+ *     quarter over the limit: another request's script is stopped when it takes more again, and
+ *     past that ceiling any script that allocates (data kept in a module across requests fills
+ *     the heap for good: only a reload frees it). trip goes back to the limit once the heap is
+ *     under it. Small blocks are never refused: the runtime's bookkeeping (string interning, its
+ *     tables) never fails half way.
+ * Owned by the VM (agw_heap_new_lua_state); the thread that runs the VM reads and writes it. */
 typedef struct agw_lua_heap {
-    lua_State *L;            /* the VM (its main thread): how much it holds is LuaJIT's own count,
-                                read only when a large block is asked for (lua_gc LUA_GCCOUNT, a
-                                plain read of the count) */
-    size_t limit;            /* bytes; 0: no limit */
-    int armed;               /* > 0 inside agw_heap_lua_pcall: the limit refuses only there, where
-                                LuaJIT's error is caught. A push from C outside a protected call
-                                (a request's body, an upstream's answer handed to the runtime) is
-                                never refused: an error there would be unprotected, and LuaJIT
-                                would end the process */
-    uint64_t refused;        /* blocks refused so far */
+    lua_State *L;            /* the VM (its main thread) */
+    size_t used;             /* bytes the VM holds, every block counted as LuaJIT sizes it */
+    size_t limit;            /* bytes; SIZE_MAX: none */
+    size_t trip;             /* on_over is called when used passes this (>= limit) */
+    size_t collected_at;     /* used after the hook's last full collection, 0 for none yet */
+    int armed;               /* > 0 inside agw_heap_lua_pcall */
+    int over;                /* on_over was called; the hook has not decided yet */
+    uint64_t stop_entry;     /* the worker's entry (watchdog.h) whose script the limit stopped */
+    void (*on_over)(lua_State *L); /* sets the stop hook; NULL: the second rule is off */
+    uint64_t refused;        /* huge blocks refused so far */
     size_t refused_largest;  /* the largest refused block, bytes */
+    uint64_t stopped;        /* scripts the hook stopped so far */
 } agw_lua_heap_t;
 
-#define AGW_LUA_LARGE_BLOCK ((size_t)64 * 1024)
+#define AGW_LUA_HUGE_BLOCK ((size_t)4 << 20)
+#define AGW_LUA_TRIP_SLACK ((size_t)1 << 20)
+
+/* Sets h's limit, bytes (0: none). */
+void agw_heap_lua_set_limit(agw_lua_heap_t *h, size_t bytes);
+
+/* For the stop hook (L's VM heap h over its trip): runs a full collection unless the last one
+ * left the heap within AGW_LUA_TRIP_SLACK of where it is now; returns 1 when the heap is still
+ * over the limit (the script is to be stopped: trip moves on, up to the limit and a quarter;
+ * h->stopped counts it), 0 when it is not (trip back at the limit). Clears h->over either way. */
+int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h);
 
 /* A new Lua VM on the process's heap through agw_heap_lua_alloc (jemalloc's calls in a jemalloc
- * build, realloc and free in a sanitized one), with its agw_lua_heap_t (no limit yet: set
- * agw_heap_lua_of(L)->limit) and LuaJIT's panic handler as luaL_newstate sets it; NULL when out of
+ * build, realloc and free in a sanitized one), with its agw_lua_heap_t (no limit yet:
+ * agw_heap_lua_set_limit) and LuaJIT's panic handler as luaL_newstate sets it; NULL when out of
  * memory (or when LuaJIT refuses an allocator of ours: not on any 64-bit build it makes with GC64,
  * Debian's included). Closed with agw_heap_close_lua_state. */
 lua_State *agw_heap_new_lua_state(void);
@@ -77,7 +96,7 @@ void agw_heap_close_lua_state(lua_State *L);
 /* The lua_Alloc of the Lua VMs (Lua 5.1 manual, lua_Alloc): nsize 0 frees ptr (osize bytes, as
  * allocated or last resized), ptr NULL allocates nsize bytes, else resizes ptr from osize to nsize
  * bytes. ud: the VM's agw_lua_heap_t (counted, and its limit applied), or NULL. NULL when the
- * memory cannot be had or the limit refuses it (LuaJIT then raises its "not enough memory" error;
+ * memory cannot be had or the limit refuses a huge block (LuaJIT then raises its "not enough memory" error;
  * a shrink never fails). */
 void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 

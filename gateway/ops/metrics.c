@@ -246,12 +246,13 @@ static const char *route_name(const agw_metric_labels_t *l, size_t nr, size_t e)
  * the longest of any worker, the heaps' sizes. */
 static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
 {
-    uint64_t idle = 0, imax = 0, heap = 0, refused = 0, entries[AGW_M_ENTRY_BOUNDS + 1] = {0}, esum = 0, emax = 0;
+    uint64_t idle = 0, imax = 0, heap = 0, refused = 0, stopped = 0, entries[AGW_M_ENTRY_BOUNDS + 1] = {0}, esum = 0, emax = 0;
     for (size_t i = 0; i < nw; i++) {
         const agw_lua_gc_stats_t *st = &w[i]->lua_gc;
         idle += AGW_M_GET(st->idle_collections);
         heap += AGW_M_GET(st->heap_bytes);
         refused += AGW_M_GET(st->memory_refused);
+        stopped += AGW_M_GET(st->memory_stopped);
         uint64_t v;
         if ((v = AGW_M_GET(st->idle_us_max)) > imax)
             imax = v;
@@ -270,9 +271,13 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
     agw_prom_family(b, "aggway_lua_heap_bytes", "gauge", "Bytes in use by the workers' Lua VMs (updated once a second).");
     agw_prom_sample_u64(b, "aggway_lua_heap_bytes", NULL, 0, heap);
     agw_prom_family(b, "aggway_lua_memory_refused_total", "counter",
-                    "Large blocks (64 KB or more) a script asked for and was refused because its worker's Lua "
-                    "heap would have passed script_memory_limit_mb (the script got \"not enough memory\").");
+                    "Blocks of 4 MB or more a script asked for and was refused because its worker's Lua heap "
+                    "would have passed script_memory_limit_mb (the script got \"not enough memory\").");
     agw_prom_sample_u64(b, "aggway_lua_memory_refused_total", NULL, 0, refused);
+    agw_prom_family(b, "aggway_lua_memory_stopped_total", "counter",
+                    "Scripts stopped because their worker's Lua heap, collected, was still over "
+                    "script_memory_limit_mb.");
+    agw_prom_sample_u64(b, "aggway_lua_memory_stopped_total", NULL, 0, stopped);
     /* the bounds of agw_metrics_lua_entry, µs */
     static const double entry_bounds[AGW_M_ENTRY_BOUNDS] = {100, 250, 500, 1000, 2000, 5000, 10000, 50000};
     agw_prom_family(b, "aggway_lua_entry_duration_seconds", "histogram",

@@ -131,8 +131,9 @@ typedef struct agw_lua_gc_stats {
     uint64_t idle_collections;        /* full collections when the worker went idle */
     uint64_t idle_us_max;             /* the longest of those, µs */
     uint64_t heap_bytes;              /* the worker's VMs' heaps, bytes (once a second) */
-    uint64_t memory_refused;          /* large blocks refused by script_memory_limit_mb (base/heap.h),
+    uint64_t memory_refused;          /* huge blocks refused by script_memory_limit_mb (base/heap.h),
                                          counted once a second */
+    uint64_t memory_stopped;          /* scripts it stopped, counted once a second */
     uint64_t entries[AGW_M_ENTRY_BOUNDS + 1]; /* outermost entries into Lua by duration bucket */
     uint64_t entry_us_sum;            /* their total duration, µs */
     uint64_t entry_us_max;            /* the longest, µs (of those over 100 µs: 0 when none was) */

@@ -202,7 +202,7 @@ lua_State *agw_vm_new(const char *scripts_dir)
     lua_State *L = agw_heap_new_lua_state();
     if (L == NULL)
         return NULL;
-    agw_heap_lua_of(L)->limit = (size_t)AGW_SCRIPT_MEMORY_LIMIT_MB << 20;
+    agw_heap_lua_set_limit(agw_heap_lua_of(L), (size_t)AGW_SCRIPT_MEMORY_LIMIT_MB << 20);
     luaL_openlibs(L);
     const char *lua_dir = agw_lua_dir();
     const char *sdir = scripts_dir ? scripts_dir : ".";

@@ -73,8 +73,11 @@ void agw_worker_reap_pools(agw_worker_t *w)
 
 void agw_worker_gen_discard(wgen_t *g)
 {
-    if (g->L)
+    if (g->L) {
+        if (g->heap != NULL && g->w != NULL)
+            agw_worker_gen_heap_report(g); /* what its limit refused since the last tick */
         agw_heap_close_lua_state(g->L);
+    }
     agw_generation_unref(g->gen);
     free(g->reported);
     free(g);
@@ -231,7 +234,8 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
         return -1;
     }
     g->heap = agw_heap_lua_of(L);
-    g->heap->limit = (size_t)conf->script_memory_limit_mb << 20;
+    agw_heap_lua_set_limit(g->heap, (size_t)conf->script_memory_limit_mb << 20);
+    g->heap->on_over = agw_watchdog_on_heap_over; /* the script is stopped by the watchdog's hook */
     if (agw_vm_load_generation(L, conf->dir, errors) != 0)
         return -1;
     int gen = lua_gettop(L);

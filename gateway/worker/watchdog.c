@@ -3,6 +3,7 @@
  * knows a worker only by its agw_watchdog_target_t. */
 #include "worker/watchdog.h"
 
+#include "base/heap.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "script/script.h"
@@ -45,14 +46,20 @@ uint64_t agw_coarse_tick_ms(void)
     return t;
 }
 
-/* The hook the watchdog sets; runs on the worker's thread at the VM's next instruction. */
-static void on_script_too_long(lua_State *L, lua_Debug *ar)
+/* The hook the watchdog and the memory limit set; runs on the worker's thread at the VM's next
+ * instruction. */
+static void on_script_limit(lua_State *L, lua_Debug *ar)
 {
     (void)ar;
     agw_watchdog_target_t *w = this_target;
     uint64_t entry = w ? __atomic_load_n(&w->entry, __ATOMIC_RELAXED) : 0;
-    if (w == NULL || w->depth == 0 || __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) != entry ||
-        agw_coarse_ms() < w->since_ms + w->limit_ms) {
+    int in_entry = w != NULL && w->depth > 0;
+    int too_long = in_entry && __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) == entry &&
+                   agw_coarse_ms() >= w->since_ms + w->limit_ms;
+    agw_lua_heap_t *h = agw_heap_lua_of(L);
+    int heap_over = h != NULL && h->over;
+    int heap_stop = h != NULL && in_entry && h->stop_entry == entry;
+    if (!too_long && !heap_over && !heap_stop) {
         lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
         return;
     }
@@ -63,12 +70,29 @@ static void on_script_too_long(lua_State *L, lua_Debug *ar)
          * bookkeeping (a request never answered). In a coroutine the hook waits for the script's
          * next instruction. On the runtime's own thread the script's coroutine is gone, or the
          * pcall around a fallback has its error: the hook removes itself, and the watchdog asks
-         * again a limit later if a script runs on */
+         * again a limit later if a script runs on (the heap's next allocation past its trip) */
         int main_thread = lua_pushthread(L);
         lua_pop(L, 1);
-        if (main_thread)
+        if (main_thread) {
             lua_sethook(L, NULL, 0, 0);
+            if (h != NULL)
+                h->over = 0;
+        }
         return;
+    }
+    if (heap_over && !heap_stop) {
+        /* the heap passed its trip: collected, is it still over the limit? */
+        if (!agw_heap_lua_still_over(L, h)) {
+            if (!too_long) { /* garbage only: nothing to stop */
+                lua_sethook(L, NULL, 0, 0);
+                return;
+            }
+        } else {
+            h->stop_entry = entry ? entry : 1;
+            heap_stop = 1;
+        }
+    } else if (heap_over) {
+        h->over = 0;
     }
     /* the script's own code, in a coroutine or (a fallback) on the runtime's thread: raised again
      * at each of its instructions, so a pcall in it cannot carry on */
@@ -76,11 +100,21 @@ static void on_script_too_long(lua_State *L, lua_Debug *ar)
         lua_pushfstring(L, "%s:%d: ", d.short_src, d.currentline);
     else
         lua_pushliteral(L, "");
-    lua_pushfstring(L, "stopped: the script ran for more than %d ms without waiting for a call "
-                       "(script_time_limit_ms in gateway.lua)",
-                    (int)__atomic_load_n(&w->limit_ms, __ATOMIC_RELAXED));
+    if (too_long)
+        lua_pushfstring(L, "stopped: the script ran for more than %d ms without waiting for a call "
+                           "(script_time_limit_ms in gateway.lua)",
+                        (int)__atomic_load_n(&w->limit_ms, __ATOMIC_RELAXED));
+    else
+        lua_pushfstring(L, "stopped: the scripts of this worker hold %d MB, more than "
+                           "script_memory_limit_mb (%d MB in gateway.lua)",
+                        (int)(h->used >> 20), (int)(h->limit >> 20));
     lua_concat(L, 2);
     lua_error(L);
+}
+
+void agw_watchdog_on_heap_over(lua_State *L)
+{
+    lua_sethook(L, on_script_limit, LUA_MASKCOUNT, 1);
 }
 
 /* The handler of AGW_WATCHDOG_SIGNAL (async-signal-safe): on a worker thread inside the entry the
@@ -95,7 +129,7 @@ static void on_watchdog_signal(int sig)
      * watchdog asked to stop */
     if (w != NULL && w->depth > 0 &&
         __atomic_load_n(&w->stop_entry, __ATOMIC_ACQUIRE) == __atomic_load_n(&w->entry, __ATOMIC_RELAXED))
-        lua_sethook(w->L, on_script_too_long, LUA_MASKCOUNT, 1);
+        lua_sethook(w->L, on_script_limit, LUA_MASKCOUNT, 1);
     errno = saved;
 }
 

@@ -98,6 +98,14 @@ static inline uint64_t agw_watchdog_leave(agw_watchdog_target_t *t)
     return took;
 }
 
+/* The memory limit's second rule (base/heap.h agw_lua_heap_t.on_over): L's VM heap passed its
+ * trip, so this sets the same hook on L as a stop the watchdog asks for. At the script's next
+ * instruction (never in the runtime's code) the hook collects, and when the heap is still over
+ * script_memory_limit_mb it stops the script as the time limit does: "file:line: stopped: the
+ * scripts of this worker hold N MB, more than script_memory_limit_mb (M MB in gateway.lua)". Called
+ * from inside an allocation on the worker's thread (lua_sethook may be called at any time). */
+void agw_watchdog_on_heap_over(lua_State *L);
+
 /* The script time limit of t's last entry, ms (thread-safe; the watchdog paces itself by it).
  * 1000 before the first entry. */
 uint64_t agw_watchdog_limit_ms(const agw_watchdog_target_t *t);

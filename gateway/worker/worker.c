@@ -183,6 +183,32 @@ static void compact_vm(void *arg)
     agw_worker_call_runtime(g, 0);
 }
 
+void agw_worker_gen_heap_report(wgen_t *g)
+{
+    agw_worker_t *w = g->w;
+    agw_lua_heap_t *h = g->heap;
+    if (h == NULL)
+        return;
+    if (h->refused != g->heap_refused_seen) {
+        agw_log(AGW_LOG_WARN, "worker %d: %llu Lua allocation(s) refused (the largest %.1f MB): the "
+                "scripts' heap would have passed script_memory_limit_mb (%llu MB; it holds %.1f MB); "
+                "the script that asked got \"not enough memory\"", w->id,
+                (unsigned long long)(h->refused - g->heap_refused_seen), (double)h->refused_largest / 1048576.0,
+                (unsigned long long)g->conf->script_memory_limit_mb, (double)h->used / 1048576.0);
+        AGW_M_ADD(w->m->lua_gc.memory_refused, h->refused - g->heap_refused_seen);
+        g->heap_refused_seen = h->refused;
+        h->refused_largest = 0;
+    }
+    if (h->stopped != g->heap_stopped_seen) {
+        agw_log(AGW_LOG_WARN, "worker %d: %llu script(s) stopped: the scripts' heap, collected, was still "
+                "over script_memory_limit_mb (%llu MB; it holds %.1f MB)", w->id,
+                (unsigned long long)(h->stopped - g->heap_stopped_seen),
+                (unsigned long long)g->conf->script_memory_limit_mb, (double)h->used / 1048576.0);
+        AGW_M_ADD(w->m->lua_gc.memory_stopped, h->stopped - g->heap_stopped_seen);
+        g->heap_stopped_seen = h->stopped;
+    }
+}
+
 /* Once a second: when no request started for AGW_GC_IDLE_S ticks and none is in flight, full
  * collections of every VM and the C heap's free memory back to the kernel, once per idle spell,
  * then the C heap's trim again every AGW_GC_TRIM_S s while it stays idle (gc.h); and the VMs'
@@ -214,17 +240,7 @@ static void worker_idle_tick(agw_worker_t *w)
     for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next) {
         wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
         heap += (size_t)lua_gc(g->L, LUA_GCCOUNT, 0) * 1024u;
-        agw_lua_heap_t *h = agw_heap_lua_of(g->L);
-        if (h != NULL && h->refused != g->heap_refused_seen) {
-            agw_log(AGW_LOG_WARN, "worker %d: %llu Lua allocation(s) refused (the largest %.1f MB): the "
-                    "scripts' heap would have passed script_memory_limit_mb (%llu MB; it holds %.1f MB); "
-                    "the script that asked got \"not enough memory\"", w->id,
-                    (unsigned long long)(h->refused - g->heap_refused_seen), (double)h->refused_largest / 1048576.0,
-                    (unsigned long long)g->conf->script_memory_limit_mb, (double)lua_gc(g->L, LUA_GCCOUNT, 0) / 1024.0);
-            AGW_M_ADD(w->m->lua_gc.memory_refused, h->refused - g->heap_refused_seen);
-            g->heap_refused_seen = h->refused;
-            h->refused_largest = 0;
-        }
+        agw_worker_gen_heap_report(g);
     }
     AGW_M_SET(w->m->lua_gc.heap_bytes, heap);
 }

@@ -67,8 +67,8 @@ typedef struct agw_worker_gen {
     agw_gc_pace_t gc_pace;      /* the collector's pause in a burst (gc.h agw_gc_pace) */
     agw_lua_heap_t *heap;       /* L's heap record (base/heap.h): its limit is armed around each
                                    entry into the runtime (agw_worker_call_runtime) */
-    uint64_t heap_refused_seen; /* the VM's refused large blocks already counted and logged
-                                   (base/heap.h agw_lua_heap_t, worker_idle_tick) */
+    uint64_t heap_refused_seen; /* the VM's refused huge blocks and stopped scripts already */
+    uint64_t heap_stopped_seen; /* counted and logged (base/heap.h agw_lua_heap_t, the tick) */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
     int ref_limit_key;          /* agg.limits.key_into (rules with a key function), or LUA_NOREF */
     int ref_limit_out;          /* the table key_into fills, reused */
@@ -274,6 +274,10 @@ static inline void agw_worker_gen_release(wgen_t *g)
     }
     h2o_linklist_insert(w->gens.dead.next, &g->link); /* first */
 }
+
+/* Logs and counts what g's memory limit refused and stopped since it was last reported (base/heap.h):
+ * once a second, and when g's VM closes. */
+void agw_worker_gen_heap_report(wgen_t *g);
 
 /* Frees a generation that was never installed (a reload that failed in another worker, or one
  * replaced before this worker took it): nothing but its VM and its reference exist. */

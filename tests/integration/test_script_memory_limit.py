@@ -40,13 +40,12 @@ SCRIPTS = dict(repo_scripts(), **{
         return { n = #s }
       end),
     })"""),
-    # 72 MB kept in the module (past the limit: 30 KB blocks, which it never refuses), shared
-    # by every request of the worker, until /release
+    # 54 MB kept in the module (30 KB blocks), shared by every request of the worker, until /release
     "hold.lua": """local agg = require "agg"
 local kept = {}
 return {
   { route = "GET /hold", handler = function(req)
-      for i = 1, 2400 do kept[i] = string.rep(("%05d"):format(i), 6000) end
+      for i = 1, 1800 do kept[i] = string.rep(("%05d"):format(i), 6000) end
       return { status = 200, json = { kept = #kept } }
     end },
   { route = "GET /release", handler = function(req)
@@ -63,6 +62,26 @@ return {
   { route = "GET /blob-length", handler = function(req)
       local res = agg.fetch { "blob", "/blob" }
       return { status = 200, json = { n = res.body and #res.body or -1 } }
+    end },
+}
+""",
+    # tables of 4,000 numbers (32 KB blocks, under the huge-block size) kept in the module, until
+    # the limit stops the script; /fill again takes one more megabyte at most
+    "fill.lua": """local agg = require "agg"
+local kept = {}
+return {
+  { route = "GET /fill", handler = function(req)
+      for i = 1, 10000 do
+        local t = {}
+        for k = 1, 4000 do t[k] = k end
+        kept[#kept + 1] = t
+      end
+      return { status = 200, json = { kept = #kept } }
+    end },
+  { route = "GET /unfill", handler = function(req)
+      kept = {}
+      collectgarbage()
+      return { status = 200, json = { kept = #kept } }
     end },
 }
 """,
@@ -85,25 +104,29 @@ class ScriptMemoryLimit(GatewayTestCase):
         super().setUp()
         self.admin_port = free_port()
         services = demo_services(product_ms=0, reviews_ms=0, inventory_ms=0)
-        services["blob"] = [route("/blob", body="b" * (2 * 1024 * 1024))]
-        self.start(services=services, scripts=SCRIPTS,
+        services["blob"] = [route("/blob", body="b" * (12 * 1024 * 1024))]
+        self.start(services=services, scripts=SCRIPTS, upstream_options={"blob": {"max_body_bytes": 16 * 1024 * 1024}},
                    gateway_extra={"script_memory_limit_mb": LIMIT_MB,
                                   "admin": {"port": self.admin_port, "host": "127.0.0.1"}})
 
-    def refused_total(self):
+    def counter(self, name):
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.admin_port, timeout=10) as r:
-            m = re.search(r"^aggway_lua_memory_refused_total (\d+)$", r.read().decode(), re.M)
+            m = re.search(r"^%s (\d+)$" % name, r.read().decode(), re.M)
         return int(m.group(1)) if m else -1
 
+    def limit_hits(self):
+        """Huge blocks refused and scripts stopped by the limit, so far."""
+        return self.counter("aggway_lua_memory_refused_total") + self.counter("aggway_lua_memory_stopped_total")
+
     def assertRefused(self, path):
-        before = self.refused_total()
+        before = self.limit_hits()
         r = self.get(path)
         self.assertProblem(r, 500)
         self.assertNotIn(b"memory", r.body, "the client is not told the internals")
-        self.assertTrue(wait_until(lambda: self.refused_total() > before, 15), self.gw.log())
+        self.assertTrue(wait_until(lambda: self.limit_hits() > before, 15), self.gw.log())
         log = self.gw.log()
-        self.assertIn("not enough memory", log)
-        self.assertIn("the scripts' heap would have passed script_memory_limit_mb (%d MB" % LIMIT_MB, log)
+        self.assertTrue("not enough memory" in log or "more than script_memory_limit_mb (%d MB" % LIMIT_MB in log, log)
+        self.assertIn("script_memory_limit_mb (%d MB" % LIMIT_MB, log)
         # the worker goes on serving, large blocks within the limit included
         self.assertEqual(self.get("/fits").json(), {"n": 8 * 2 ** 20})
         self.assertEqual(self.get("/product-page/42").status, 200)
@@ -114,7 +137,24 @@ class ScriptMemoryLimit(GatewayTestCase):
 
     def test_many_large_strings_kept_are_refused_at_the_limit(self):
         self.assertRefused("/keep")
-        self.assertIn("keep.lua:7: not enough memory", self.gw.log())
+        self.assertIn("keep.lua:7: ", self.gw.log())
+
+    def test_small_blocks_kept_in_the_module_are_stopped_at_the_limit(self):
+        # 32 KB blocks are never refused: the script is stopped once the heap, collected, is still
+        # over the limit; each later request that takes more is stopped a megabyte further on
+        r = self.get("/fill")
+        self.assertProblem(r, 500)
+        self.assertTrue(wait_until(lambda: self.counter("aggway_lua_memory_stopped_total") >= 1, 15), self.gw.log())
+        log = self.gw.log()
+        self.assertRegex(log, r"fill\.lua:\d+: stopped: the scripts of this worker hold \d+ MB, more than "
+                              r"script_memory_limit_mb \(%d MB in gateway\.lua\)" % LIMIT_MB)
+        self.assertIn("script(s) stopped: the scripts' heap, collected, was still over script_memory_limit_mb", log)
+        self.assertProblem(self.get("/fill"), 500)
+        self.assertLess(vm_hwm_mb(self.gw.proc.pid), 3 * LIMIT_MB + 150, self.gw.log())
+        # what the module kept is let go: the worker is whole again
+        self.assertEqual(self.get("/unfill").json(), {"kept": 0})
+        self.assertEqual(self.get("/fits").json(), {"n": 8 * 2 ** 20})
+        self.assertEqual(self.get("/product-page/42").status, 200)
 
     def test_a_continuation_that_runs_out_fails_its_section_only(self):
         r = self.get("/then/7")
@@ -122,13 +162,14 @@ class ScriptMemoryLimit(GatewayTestCase):
         page = r.json()
         self.assertEqual(page["product"]["status"], "ok", page)
         self.assertEqual(page["big"]["status"], "unavailable", page)
-        self.assertTrue(wait_until(lambda: self.refused_total() >= 1, 15), self.gw.log())
+        self.assertTrue(wait_until(lambda: self.limit_hits() >= 1, 15), self.gw.log())
 
     def test_a_full_heap_still_takes_a_large_request_body_and_upstream_answer(self):
         # The request's body and an upstream's answer are handed to the runtime from C, outside
-        # any protected call: refused there, LuaJIT's error would end the process. They are never
-        # refused; what the script does with them next is.
-        self.assertEqual(self.get("/hold").json(), {"kept": 2400}, self.gw.log())
+        # any protected call: refused there, LuaJIT's error would end the process. With the heap
+        # near the limit, the 12 MB answer (a huge block) would be refused; it never is outside a
+        # protected call. What the script does with them next is under the limit.
+        self.assertEqual(self.get("/hold").json(), {"kept": 1800}, self.gw.log())
         body = os.path.join(self.workdir, "body.bin")
         with open(body, "wb") as f:
             f.write(b"q" * (900 * 1024))  # (max_request_body_bytes: 1 MB)
@@ -136,13 +177,16 @@ class ScriptMemoryLimit(GatewayTestCase):
             r = self.get("/body-length", "--data-binary", "@" + body, "-H", "content-type: application/octet-stream")
             self.assertEqual(r.status, 200, r)
             self.assertEqual(r.json(), {"n": 900 * 1024})
-            r = self.get("/blob-length")
-            self.assertEqual(r.status, 200, r)
-            self.assertEqual(r.json(), {"n": 2 * 1024 * 1024})  # (a text answer: the section is not ok, its body is there)
-        # the heap is full: a script's own large block is refused, and taken once released
+        # the 12 MB answer is taken; with it the heap is over the limit, so the script that reads it
+        # is stopped at its next line (a clean 500), and the process lives on
+        self.assertProblem(self.get("/blob-length"), 500)
+        self.assertIsNone(self.gw.proc.poll(), self.gw.log())
+        self.assertIn("hold.lua:21: stopped: the scripts of this worker hold", self.gw.log())
+        # the heap is nearly full: a script's own huge block is refused, and taken once released
         self.assertProblem(self.get("/big"), 500)
         self.assertEqual(self.get("/release").json(), {"kept": 0})
         self.assertEqual(self.get("/big").json(), {"n": 16 * 2 ** 20})
+        self.assertEqual(self.get("/blob-length").json(), {"n": 12 * 1024 * 1024})
         self.assertIsNone(self.gw.proc.poll(), self.gw.log())
 
     def test_the_process_stays_near_the_limit(self):

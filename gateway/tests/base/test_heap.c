@@ -62,17 +62,27 @@ static void lua_blocks_are_freed_with_their_size(void)
     agw_heap_close_lua_state(L);
 }
 
-/* The limit (agw_lua_heap_t): a large block past it is refused with LuaJIT's "not enough memory"
- * and counted; one within it is not; small blocks past it never are; nothing is refused without a
- * limit. */
+static int *over_count;
+static void count_over(lua_State *L)
+{
+    (void)L;
+    (*over_count)++;
+}
+
+/* The limit (agw_lua_heap_t): a huge block past it is refused with LuaJIT's "not enough memory"
+ * and counted; one within it is not; small blocks past it never are, but passing it asks for the
+ * stop hook once; nothing is refused outside agw_heap_lua_pcall or without a limit. */
 static void the_limit_refuses_large_blocks_only(void)
 {
     lua_State *L = agw_heap_new_lua_state();
     CHECK(L != NULL);
     luaL_openlibs(L);
     agw_lua_heap_t *h = agw_heap_lua_of(L);
-    CHECK(h != NULL && h->L == L && h->limit == 0 && h->refused == 0);
-    h->limit = (size_t)16 << 20;
+    CHECK(h != NULL && h->L == L && h->limit == SIZE_MAX && h->refused == 0);
+    agw_heap_lua_set_limit(h, (size_t)16 << 20);
+    int overs = 0;
+    h->on_over = count_over;
+    over_count = &overs;
     static const char src[] =
         "local ok, err = pcall(string.rep, 'x', 32 * 2^20)\n"
         "local fits = #string.rep('y', 4 * 2^20)\n"
@@ -83,8 +93,10 @@ static void the_limit_refuses_large_blocks_only(void)
     CHECK(!lua_toboolean(L, 1));
     CHECK_STR(lua_tostring(L, 2), "not enough memory");
     CHECK(lua_tointeger(L, 3) == 4 << 20);
-    CHECK(lua_toboolean(L, 4)); /* past the limit with small blocks */
+    CHECK(lua_toboolean(L, 4)); /* past the limit with small blocks: never refused */
     CHECK(h->refused == 1 && h->refused_largest >= (size_t)32 << 20);
+    CHECK(overs == 1 && h->over); /* the stop hook was asked for, once (the worker's decides) */
+    CHECK(h->used >= (size_t)16 << 20 && h->used < (size_t)64 << 20);
     lua_settop(L, 0);
     /* not armed (a plain lua_pcall, or a push from C outside any): nothing is refused */
     static char big[(size_t)20 << 20];
@@ -93,7 +105,9 @@ static void the_limit_refuses_large_blocks_only(void)
     CHECK(lua_tointeger(L, -1) == 32 << 20 && h->refused == 1);
     lua_settop(L, 0);
     lua_gc(L, LUA_GCCOLLECT, 0);
-    h->limit = 0;
+    /* the count is LuaJIT's own, block for block */
+    CHECK(h->used == (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024 + (size_t)lua_gc(L, LUA_GCCOUNTB, 0));
+    agw_heap_lua_set_limit(h, 0);
     CHECK(luaL_loadstring(L, "return #string.rep('x', 32 * 2^20)") == 0 && agw_heap_lua_pcall(L, 0, 1, 0) == 0);
     CHECK(lua_tointeger(L, -1) == 32 << 20 && h->refused == 1);
     agw_heap_close_lua_state(L);
