@@ -128,47 +128,70 @@ void agw_heap_lua_set_limit(agw_lua_heap_t *h, size_t bytes)
     h->trip = h->limit;
 }
 
-void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+size_t agw_heap_lua_used(const agw_lua_heap_t *h)
 {
-    agw_lua_heap_t *h = ud;
-    if (ptr == NULL)
-        osize = 0; /* (a new block: LuaJIT passes 0; Lua 5.2's type tags are not LuaJIT's) */
-    if (h != NULL && nsize >= AGW_LUA_HUGE_BLOCK && nsize > osize && h->armed > 0 &&
-        h->used - osize + nsize > h->limit) {
+    if (h->L == NULL)
+        return 0; /* (inside lua_newstate) */
+    return (size_t)lua_gc(h->L, LUA_GCCOUNT, 0) * 1024u + (size_t)lua_gc(h->L, LUA_GCCOUNTB, 0);
+}
+
+/* One allocation in AGW_LUA_CHECK_EVERY, and every large one: the two rules of agw_lua_heap_t,
+ * against LuaJIT's own count of the heap (it adds this block once the call returns). */
+__attribute__((noinline)) static void *lua_alloc_slow(agw_lua_heap_t *h, void *ptr, size_t osize, size_t nsize)
+{
+    h->countdown = AGW_LUA_CHECK_EVERY;
+    size_t used = agw_heap_lua_used(h) - osize + nsize;
+    if (nsize >= AGW_LUA_HUGE_BLOCK && nsize > osize && h->armed > 0 && used > h->limit) {
         h->refused++;
         if (nsize > h->refused_largest)
             h->refused_largest = nsize;
         return NULL;
     }
     void *p = raw_lua_alloc(ptr, osize, nsize);
-    if (h != NULL && (p != NULL || nsize == 0)) {
-        h->used = h->used - osize + nsize;
-        if (h->used > h->trip) {
-            if (h->armed > 0 && !h->over && h->on_over != NULL) {
-                h->over = 1;
-                h->on_over(h->L); /* (lua_sethook: allowed at any time, even from a signal handler) */
-            }
-        } else if (h->trip != h->limit && h->used <= h->limit) {
-            h->trip = h->limit; /* back under the limit */
-        }
+    if (p != NULL && used > h->trip && h->armed > 0 && !h->over && h->on_over != NULL) {
+        h->over = 1;
+        h->on_over(h->L); /* (lua_sethook: allowed at any time, even from a signal handler) */
     }
     return p;
+}
+
+void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    agw_lua_heap_t *h = ud;
+    if (nsize == 0) {
+        raw_lua_alloc(ptr, osize, 0);
+        return NULL;
+    }
+    if (ptr == NULL)
+        osize = 0; /* (a new block: LuaJIT passes 0; Lua 5.2's type tags are not LuaJIT's) */
+    /* the common path as without a limit: a countdown and a comparison more */
+    if (h != NULL && __builtin_expect(nsize >= AGW_LUA_LARGE_BLOCK || --h->countdown <= 0, 0))
+        return lua_alloc_slow(h, ptr, osize, nsize);
+    return raw_lua_alloc(ptr, osize, nsize);
+}
+
+void agw_heap_lua_settle(agw_lua_heap_t *h)
+{
+    if (h->trip != h->limit && agw_heap_lua_used(h) <= h->limit)
+        h->trip = h->limit;
 }
 
 int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h)
 {
     h->over = 0;
-    if (h->collected_at == 0 || h->used > h->collected_at + AGW_LUA_TRIP_SLACK) {
+    size_t used = agw_heap_lua_used(h);
+    if (h->collected_at == 0 || used > h->collected_at + AGW_LUA_TRIP_SLACK) {
         lua_gc(L, LUA_GCCOLLECT, 0);
-        h->collected_at = h->used;
+        used = agw_heap_lua_used(h);
+        h->collected_at = used;
     }
-    if (h->used <= h->limit) {
+    if (used <= h->limit) {
         h->trip = h->limit;
         h->collected_at = 0;
         return 0;
     }
     size_t ceiling = h->limit + h->limit / 4;
-    h->trip = h->used + AGW_LUA_TRIP_SLACK < ceiling ? h->used + AGW_LUA_TRIP_SLACK : ceiling;
+    h->trip = used + AGW_LUA_TRIP_SLACK < ceiling ? used + AGW_LUA_TRIP_SLACK : ceiling;
     h->stopped++;
     return 1;
 }

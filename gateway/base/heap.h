@@ -46,15 +46,15 @@
  *     quarter over the limit: another request's script is stopped when it takes more again, and
  *     past that ceiling any script that allocates (data kept in a module across requests fills
  *     the heap for good: only a reload frees it). trip goes back to the limit once the heap is
- *     under it. Small blocks are never refused: the runtime's bookkeeping (string interning, its
+ *     under it (agw_heap_lua_settle, once a second, or the hook's collection). Small blocks are never refused: the runtime's bookkeeping (string interning, its
  *     tables) never fails half way.
  * Owned by the VM (agw_heap_new_lua_state); the thread that runs the VM reads and writes it. */
 typedef struct agw_lua_heap {
     lua_State *L;            /* the VM (its main thread) */
-    size_t used;             /* bytes the VM holds, every block counted as LuaJIT sizes it */
     size_t limit;            /* bytes; SIZE_MAX: none */
-    size_t trip;             /* on_over is called when used passes this (>= limit) */
-    size_t collected_at;     /* used after the hook's last full collection, 0 for none yet */
+    int countdown;           /* allocations until the next look at the heap's size */
+    size_t trip;             /* on_over is called when the heap passes this (>= limit) */
+    size_t collected_at;     /* the heap after the hook's last full collection, 0 for none yet */
     int armed;               /* > 0 inside agw_heap_lua_pcall */
     int over;                /* on_over was called; the hook has not decided yet */
     uint64_t stop_entry;     /* the worker's entry (watchdog.h) whose script the limit stopped */
@@ -65,10 +65,22 @@ typedef struct agw_lua_heap {
 } agw_lua_heap_t;
 
 #define AGW_LUA_HUGE_BLOCK ((size_t)4 << 20)
+/* The allocator looks at the heap's size (LuaJIT's own count) at every block of
+ * AGW_LUA_LARGE_BLOCK bytes or more and at one smaller block in AGW_LUA_CHECK_EVERY: the heap
+ * passes its trip by at most 64 small blocks (4 MB) before the hook is asked for. */
+#define AGW_LUA_LARGE_BLOCK ((size_t)64 * 1024)
+#define AGW_LUA_CHECK_EVERY 64
 #define AGW_LUA_TRIP_SLACK ((size_t)1 << 20)
 
 /* Sets h's limit, bytes (0: none). */
 void agw_heap_lua_set_limit(agw_lua_heap_t *h, size_t bytes);
+
+/* The bytes h's VM holds: LuaJIT's own count (lua_gc LUA_GCCOUNT, a plain read). */
+size_t agw_heap_lua_used(const agw_lua_heap_t *h);
+
+/* The trip back at the limit when the heap is under it (once a second: the allocator's common
+ * path does not look). */
+void agw_heap_lua_settle(agw_lua_heap_t *h);
 
 /* For the stop hook (L's VM heap h over its trip): runs a full collection unless the last one
  * left the heap within AGW_LUA_TRIP_SLACK of where it is now; returns 1 when the heap is still

@@ -107,7 +107,7 @@ static void on_script_limit(lua_State *L, lua_Debug *ar)
     else
         lua_pushfstring(L, "stopped: the scripts of this worker hold %d MB, more than "
                            "script_memory_limit_mb (%d MB in gateway.lua)",
-                        (int)(h->used >> 20), (int)(h->limit >> 20));
+                        (int)(agw_heap_lua_used(h) >> 20), (int)(h->limit >> 20));
     lua_concat(L, 2);
     lua_error(L);
 }

@@ -189,12 +189,13 @@ void agw_worker_gen_heap_report(wgen_t *g)
     agw_lua_heap_t *h = g->heap;
     if (h == NULL)
         return;
+    agw_heap_lua_settle(h);
     if (h->refused != g->heap_refused_seen) {
         agw_log(AGW_LOG_WARN, "worker %d: %llu Lua allocation(s) refused (the largest %.1f MB): the "
                 "scripts' heap would have passed script_memory_limit_mb (%llu MB; it holds %.1f MB); "
                 "the script that asked got \"not enough memory\"", w->id,
                 (unsigned long long)(h->refused - g->heap_refused_seen), (double)h->refused_largest / 1048576.0,
-                (unsigned long long)g->conf->script_memory_limit_mb, (double)h->used / 1048576.0);
+                (unsigned long long)g->conf->script_memory_limit_mb, (double)agw_heap_lua_used(h) / 1048576.0);
         AGW_M_ADD(w->m->lua_gc.memory_refused, h->refused - g->heap_refused_seen);
         g->heap_refused_seen = h->refused;
         h->refused_largest = 0;
@@ -203,7 +204,7 @@ void agw_worker_gen_heap_report(wgen_t *g)
         agw_log(AGW_LOG_WARN, "worker %d: %llu script(s) stopped: the scripts' heap, collected, was still "
                 "over script_memory_limit_mb (%llu MB; it holds %.1f MB)", w->id,
                 (unsigned long long)(h->stopped - g->heap_stopped_seen),
-                (unsigned long long)g->conf->script_memory_limit_mb, (double)h->used / 1048576.0);
+                (unsigned long long)g->conf->script_memory_limit_mb, (double)agw_heap_lua_used(h) / 1048576.0);
         AGW_M_ADD(w->m->lua_gc.memory_stopped, h->stopped - g->heap_stopped_seen);
         g->heap_stopped_seen = h->stopped;
     }
