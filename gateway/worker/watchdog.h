@@ -11,6 +11,9 @@
  * Calling it from the watchdog thread instead would race with the worker on the VM's hook and JIT
  * state. LuaJIT's interpreter runs the hook at its next instruction.
  *
+ * The same hook stops a script whose worker's Lua heap passed script_memory_limit_mb
+ * (agw_watchdog_on_heap_over, base/heap.h).
+ *
  * The hook raises "file:line: stopped: … script_time_limit_ms …" at every instruction of the
  * scripts' own code (anything but the runtime's files, lua/agg), in a coroutine (a handler or a
  * continuation) or on the runtime's own thread (a fallback function), so a pcall in the script
