@@ -15,8 +15,8 @@
  * counts on it), so sdallocx skips the look-up of the block's size class.
  *
  * A sanitized build (AGW_SANITIZE, the fuzzers) links no jemalloc: its malloc is the sanitizer's,
- * the Lua VMs allocate with realloc and free (so the sanitizer sees their blocks, and the heap
- * limit is the same), agw_heap_give_back is glibc's malloc_trim, and agw_heap_stats says it has no
+ * the Lua VMs keep LuaJIT's allocator behind agw_heap_lua_alloc (the heap limit is the same),
+ * agw_heap_give_back is glibc's malloc_trim, and agw_heap_stats says it has no
  * figures. AGW_HEAP_JEMALLOC is 1 when jemalloc is in.
  */
 #ifndef AGW_BASE_HEAP_H
@@ -62,6 +62,8 @@ typedef struct agw_lua_heap {
     uint64_t refused;        /* huge blocks refused so far */
     size_t refused_largest;  /* the largest refused block, bytes */
     uint64_t stopped;        /* scripts the hook stopped so far */
+    lua_Alloc inner;         /* a sanitized build: LuaJIT's own allocator, which does the work */
+    void *inner_ud;
 } agw_lua_heap_t;
 
 #define AGW_LUA_HUGE_BLOCK ((size_t)4 << 20)
@@ -89,7 +91,7 @@ void agw_heap_lua_settle(agw_lua_heap_t *h);
 int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h);
 
 /* A new Lua VM on the process's heap through agw_heap_lua_alloc (jemalloc's calls in a jemalloc
- * build, realloc and free in a sanitized one), with its agw_lua_heap_t (no limit yet:
+ * build, LuaJIT's own allocator in a sanitized one), with its agw_lua_heap_t (no limit yet:
  * agw_heap_lua_set_limit) and LuaJIT's panic handler as luaL_newstate sets it; NULL when out of
  * memory (or when LuaJIT refuses an allocator of ours: not on any 64-bit build it makes with GC64,
  * Debian's included). Closed with agw_heap_close_lua_state. */
