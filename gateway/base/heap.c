@@ -158,24 +158,35 @@ size_t agw_heap_lua_used(const agw_lua_heap_t *h)
     return (size_t)lua_gc(h->L, LUA_GCCOUNT, 0) * 1024u + (size_t)lua_gc(h->L, LUA_GCCOUNTB, 0);
 }
 
-/* One allocation in AGW_LUA_CHECK_EVERY, and every large one: the two rules of agw_lua_heap_t,
- * against LuaJIT's own count of the heap (it adds this block once the call returns). */
+/* One allocation in AGW_LUA_CHECK_EVERY (every one while the heap is over the limit), and every
+ * large one: does the heap pass its trip? (LuaJIT's own count; it adds this block once the call
+ * returns.) Nothing is refused here: an error raised in the runtime's own code would leave a
+ * request half way (agg.sandbox bounds what a script can ask in one call, agw_heap_lua_take). */
 __attribute__((noinline)) static void *lua_alloc_slow(agw_lua_heap_t *h, void *ptr, size_t osize, size_t nsize)
 {
-    h->countdown = AGW_LUA_CHECK_EVERY;
     size_t used = agw_heap_lua_used(h) - osize + nsize;
-    if (nsize >= AGW_LUA_HUGE_BLOCK && nsize > osize && h->armed > 0 && used > h->limit) {
-        h->refused++;
-        if (nsize > h->refused_largest)
-            h->refused_largest = nsize;
-        return NULL;
-    }
+    h->countdown = used > h->limit ? 1 : AGW_LUA_CHECK_EVERY;
     void *p = raw_lua_alloc(h, ptr, osize, nsize);
-    if (p != NULL && used > h->trip && h->armed > 0 && !h->over && h->on_over != NULL) {
+    if (p != NULL && used > h->trip && h->armed > 0 && h->on_over != NULL) {
         h->over = 1;
-        h->on_over(h->L); /* (lua_sethook: allowed at any time, even from a signal handler) */
+        h->on_over(h->L); /* (sets the hook unless it is set: lua_sethook may be called at any time) */
     }
     return p;
+}
+
+int agw_heap_lua_take(lua_State *L, agw_lua_heap_t *h, double bytes)
+{
+    if (h == NULL || h->limit == SIZE_MAX || h->armed <= 0 || bytes < (double)AGW_LUA_HUGE_BLOCK)
+        return 1;
+    if (bytes <= (double)h->limit - (double)agw_heap_lua_used(h))
+        return 1;
+    lua_gc(L, LUA_GCCOLLECT, 0); /* garbage does not count */
+    if (bytes <= (double)h->limit - (double)agw_heap_lua_used(h))
+        return 1;
+    h->refused++;
+    if (bytes > (double)h->refused_largest)
+        h->refused_largest = bytes > (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes;
+    return 0;
 }
 
 void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
@@ -195,8 +206,10 @@ void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 
 void agw_heap_lua_settle(agw_lua_heap_t *h)
 {
-    if (h->trip != h->limit && agw_heap_lua_used(h) <= h->limit)
+    if (agw_heap_lua_used(h) <= h->limit) {
         h->trip = h->limit;
+        h->collected_at = 0; /* (a collection long ago says nothing of the heap now) */
+    }
 }
 
 int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h)

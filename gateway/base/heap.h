@@ -32,22 +32,22 @@
 
 /* The Lua heap of one VM: what it holds and its limit (script_memory_limit_mb, gateway.lua). A
  * script can take gigabytes well within its time limit (`s = s .. s` thirty times, string.rep,
- * tables kept in its module across requests) and with them the machine's memory. Two rules, both
- * only while the limit is armed (inside agw_heap_lua_pcall: the worker's entries into Lua, the
- * folder's load), where LuaJIT's errors are caught; what C hands to Lua outside (a request's body,
- * an upstream's answer) and the idle collector's work are never refused:
- *   - a block of AGW_LUA_HUGE_BLOCK bytes or more that would take the heap past the limit is
- *     refused: LuaJIT raises "not enough memory" in the C call that asked (string.rep, a
- *     concatenation, table.concat). The runtime's own blocks never get that large.
+ * tables kept in its module across requests) and with them the machine's memory. The limit acts
+ * only while it is armed (inside agw_heap_lua_pcall: the worker's entries into Lua), and never
+ * refuses an allocation: an error raised in the runtime's own code would leave a request half
+ * way, and one raised outside a protected call (C handing Lua a request's body or an upstream's
+ * answer, the idle collection) would end the process. Instead:
  *   - when the heap passes `trip` (the limit, at first), on_over is called (the worker sets its
- *     stop hook, worker/watchdog.h): at the script's next instruction, after a full collection,
- *     a heap still over the limit stops that entry's script as the time limit does (at each of
- *     its instructions: a pcall cannot go on), and trip moves AGW_LUA_TRIP_SLACK further, up to a
- *     quarter over the limit: another request's script is stopped when it takes more again, and
+ *     stop hook, worker/watchdog.h): at the script's next instruction (never the runtime's), after
+ *     a full collection, a heap still over the limit stops that script as the time limit does (at
+ *     each of its instructions: a pcall cannot go on), and trip moves AGW_LUA_TRIP_SLACK further,
+ *     up to a quarter over the limit: another script is stopped when it takes more again, and
  *     past that ceiling any script that allocates (data kept in a module across requests fills
  *     the heap for good: only a reload frees it). trip goes back to the limit once the heap is
- *     under it (agw_heap_lua_settle, once a second, or the hook's collection). Small blocks are never refused: the runtime's bookkeeping (string interning, its
- *     tables) never fails half way.
+ *     under it (agw_heap_lua_settle, once a second, or the hook's collection).
+ *   - what a script asks for in one call that makes a large string from a small one (string.rep)
+ *     is checked first (agw_heap_lua_take, agg.sandbox): past the limit, the script gets "not
+ *     enough memory" in that call.
  * Owned by the VM (agw_heap_new_lua_state); the thread that runs the VM reads and writes it. */
 typedef struct agw_lua_heap {
     lua_State *L;            /* the VM (its main thread) */
@@ -56,11 +56,13 @@ typedef struct agw_lua_heap {
     size_t trip;             /* on_over is called when the heap passes this (>= limit) */
     size_t collected_at;     /* the heap after the hook's last full collection, 0 for none yet */
     int armed;               /* > 0 inside agw_heap_lua_pcall */
-    int over;                /* on_over was called; the hook has not decided yet */
+    int over;                /* the heap passed its trip since the hook last decided */
     uint64_t stop_entry;     /* the worker's entry (watchdog.h) whose script the limit stopped */
-    void (*on_over)(lua_State *L); /* sets the stop hook; NULL: the second rule is off */
-    uint64_t refused;        /* huge blocks refused so far */
-    size_t refused_largest;  /* the largest refused block, bytes */
+    lua_State *stop_thread;  /* and that script's coroutine (another one is checked anew) */
+    void (*on_over)(lua_State *L); /* sets the stop hook unless it is set, at each allocation
+                                      past the trip; NULL: no stops */
+    uint64_t refused;        /* script calls refused so far (agw_heap_lua_take) */
+    size_t refused_largest;  /* the largest refused, bytes */
     uint64_t stopped;        /* scripts the hook stopped so far */
     lua_Alloc inner;         /* a sanitized build: LuaJIT's own allocator, which does the work */
     void *inner_ud;
@@ -76,6 +78,12 @@ typedef struct agw_lua_heap {
 
 /* Sets h's limit, bytes (0: none). */
 void agw_heap_lua_set_limit(agw_lua_heap_t *h, size_t bytes);
+
+/* Whether a script's call on L (the running thread) may make a string of `bytes` (the scripts'
+ * string.rep): yes under AGW_LUA_HUGE_BLOCK, without a limit, outside an armed call, or when it
+ * fits under the limit, after a full collection if need be; otherwise no, counted in h->refused.
+ * h may be NULL (yes). */
+int agw_heap_lua_take(lua_State *L, agw_lua_heap_t *h, double bytes);
 
 /* The bytes h's VM holds: LuaJIT's own count (lua_gc LUA_GCCOUNT, a plain read). */
 size_t agw_heap_lua_used(const agw_lua_heap_t *h);
@@ -109,8 +117,8 @@ void agw_heap_close_lua_state(lua_State *L);
 
 /* The lua_Alloc of the Lua VMs (Lua 5.1 manual, lua_Alloc): nsize 0 frees ptr (osize bytes, as
  * allocated or last resized), ptr NULL allocates nsize bytes, else resizes ptr from osize to nsize
- * bytes. ud: the VM's agw_lua_heap_t (counted, and its limit applied), or NULL. NULL when the
- * memory cannot be had or the limit refuses a huge block (LuaJIT then raises its "not enough memory" error;
+ * bytes. ud: the VM's agw_lua_heap_t (its limit watched), or NULL. NULL when the memory cannot
+ * be had (LuaJIT then raises its "not enough memory" error;
  * a shrink never fails). */
 void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 

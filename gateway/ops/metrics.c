@@ -271,8 +271,8 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
     agw_prom_family(b, "aggway_lua_heap_bytes", "gauge", "Bytes in use by the workers' Lua VMs (updated once a second).");
     agw_prom_sample_u64(b, "aggway_lua_heap_bytes", NULL, 0, heap);
     agw_prom_family(b, "aggway_lua_memory_refused_total", "counter",
-                    "Blocks of 4 MB or more a script asked for and was refused because its worker's Lua heap "
-                    "would have passed script_memory_limit_mb (the script got \"not enough memory\").");
+                    "string.rep calls of 4 MB or more a script made and was refused because its worker's Lua "
+                    "heap would have passed script_memory_limit_mb (the script got \"not enough memory\").");
     agw_prom_sample_u64(b, "aggway_lua_memory_refused_total", NULL, 0, refused);
     agw_prom_family(b, "aggway_lua_memory_stopped_total", "counter",
                     "Scripts stopped because their worker's Lua heap, collected, was still over "

@@ -10,6 +10,7 @@
  * functions (the C stack). */
 #include "script/pattern.h"
 
+#include "base/heap.h"
 #include "script/script.h"
 
 #include <lauxlib.h>
@@ -621,6 +622,42 @@ static int l_gsub(lua_State *L)
     return 2;
 }
 
+/* string.rep(s, n [, sep]) -> s repeated n times, sep between (LuaJIT's semantics: n truncated to
+ * a 32-bit integer, "" for n < 1, "string length overflow" past 2^31 - 256 bytes). A result of
+ * 4 MB or more that would take the VM's heap past script_memory_limit_mb is refused first
+ * (base/heap.h agw_heap_lua_take): "not enough memory: …". Made in a userdata, then interned. */
+static int l_rep(lua_State *L)
+{
+    size_t len, seplen = 0;
+    const char *s = luaL_checklstring(L, 1, &len);
+    luaL_checknumber(L, 2);
+    int32_t n = opt_int32(L, 2, 0);
+    const char *sep = luaL_optlstring(L, 3, "", &seplen);
+    if (n <= 0 || (len == 0 && seplen == 0)) {
+        lua_pushliteral(L, "");
+        return 1;
+    }
+    double total = (double)len * n + (double)seplen * (n - 1);
+    if (total >= (double)0x7fffff00)
+        return luaL_error(L, "string length overflow");
+    if (!agw_heap_lua_take(L, agw_heap_lua_of(L), total))
+        return luaL_error(L, "not enough memory: string.rep of %d MB would take the scripts' heap past "
+                             "script_memory_limit_mb", (int)(total / 1048576.0));
+    size_t size = (size_t)total;
+    char *buf = lua_newuserdata(L, size); /* (the VM's: collected whatever happens next) */
+    char *w = buf;
+    for (int32_t i = 0; i < n; i++) {
+        if (i > 0 && seplen > 0) {
+            memcpy(w, sep, seplen);
+            w += seplen;
+        }
+        memcpy(w, s, len);
+        w += len;
+    }
+    lua_pushlstring(L, buf, size);
+    return 1;
+}
+
 /* The poll function: straight-line code (about 100 instructions, so that a hook that counts
  * instructions, as the load budget's does, comes round within a few hundred polls), never
  * compiled (compiled code runs no hook). */
@@ -643,7 +680,7 @@ static void push_poll_function(lua_State *L)
 int agw_pattern_open(lua_State *L)
 {
     static const luaL_Reg fns[] = {{"find", l_find}, {"match", l_match}, {"gmatch", l_gmatch},
-                                   {"gsub", l_gsub}, {NULL, NULL}};
+                                   {"gsub", l_gsub}, {"rep", l_rep}, {NULL, NULL}};
     lua_createtable(L, 0, 4);
     push_poll_function(L);
     for (const luaL_Reg *f = fns; f->name != NULL; f++) {

@@ -235,9 +235,12 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     }
     g->heap = agw_heap_lua_of(L);
     agw_heap_lua_set_limit(g->heap, (size_t)conf->script_memory_limit_mb << 20);
-    g->heap->on_over = agw_watchdog_on_heap_over; /* the script is stopped by the watchdog's hook */
     if (agw_vm_load_generation(L, conf->dir, errors) != 0)
         return -1;
+    /* from now on a script that grows the heap past the limit is stopped by the watchdog's hook
+     * (not during the load: it runs on the main thread under the loader's own hook, which the
+     * watchdog's would replace) */
+    g->heap->on_over = agw_watchdog_on_heap_over;
     int gen = lua_gettop(L);
     if (!same_generation(L, gen, conf)) {
         agw_buf_printf(errors, "%s/gateway.lua:1: the scripts folder changed while it was being loaded; load it "

@@ -58,7 +58,7 @@ static void on_script_limit(lua_State *L, lua_Debug *ar)
                    agw_coarse_ms() >= w->since_ms + w->limit_ms;
     agw_lua_heap_t *h = agw_heap_lua_of(L);
     int heap_over = h != NULL && h->over;
-    int heap_stop = h != NULL && in_entry && h->stop_entry == entry;
+    int heap_stop = h != NULL && in_entry && h->stop_entry == entry && h->stop_thread == L;
     if (!too_long && !heap_over && !heap_stop) {
         lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
         return;
@@ -88,7 +88,8 @@ static void on_script_limit(lua_State *L, lua_Debug *ar)
                 return;
             }
         } else {
-            h->stop_entry = entry ? entry : 1;
+            h->stop_entry = entry ? entry : 1; /* this script (its coroutine) in this entry */
+            h->stop_thread = L;
             heap_stop = 1;
         }
     } else if (heap_over) {
@@ -114,7 +115,8 @@ static void on_script_limit(lua_State *L, lua_Debug *ar)
 
 void agw_watchdog_on_heap_over(lua_State *L)
 {
-    lua_sethook(L, on_script_limit, LUA_MASKCOUNT, 1);
+    if (lua_gethook(L) != on_script_limit) /* (called at each allocation while the heap is over) */
+        lua_sethook(L, on_script_limit, LUA_MASKCOUNT, 1);
 }
 
 /* The handler of AGW_WATCHDOG_SIGNAL (async-signal-safe): on a worker thread inside the entry the

@@ -117,9 +117,15 @@ end
 
 fanout.bind_requests(ctx_of, finishers, waiting, resume)
 
+-- (at most TIMING_NAMES_KEPT kept: section keys a script makes from ids would grow it for good)
+local TIMING_NAMES_KEPT = 512
+local timing_names_kept = 0
 local timing_names = setmetatable({}, { __index = function(t, k)
   local name = str_gsub(tostring(k), "[^%w_%-]", "_")
-  t[k] = name
+  if timing_names_kept < TIMING_NAMES_KEPT then
+    timing_names_kept = timing_names_kept + 1
+    t[k] = name
+  end
   return name
 end })
 

@@ -30,6 +30,8 @@ local raw_xpcall, raw_collectgarbage = xpcall, collectgarbage
 --- The text of the script time limit's stop, after "file:line: " (worker/watchdog.c raises it in
 -- serve, agg.testing in `aggway test`): "stopped: the script ran for more than N ms …".
 M.STOP_TEXT = "stopped: the script ran for more than "
+--- The text of the memory limit's stop (worker/watchdog.h, base/heap.h).
+M.MEMORY_STOP_TEXT = "stopped: the scripts of this worker hold "
 
 --- Makes chunk and every function defined in it run in LuaJIT's interpreter: compiled code does
 -- not run hooks, and the script time limit (worker/watchdog.h) stops a runaway script with one.
@@ -72,6 +74,10 @@ local SANDBOX = "the scripts' sandbox keeps them away from the machine (see docs
 -- spec harness's clock), so a pathological pattern is stopped like an endless loop. The strings'
 -- methods are the same for every caller, so the runtime's own code (lua/agg) calls LuaJIT's
 -- functions through locals (str_find …), never the methods: tools/check-runtime-patterns.
+--
+-- string.rep is agg.pattern's too: it makes a large string from a small one in one C call, where
+-- no hook runs, so what it would make is checked against script_memory_limit_mb first (base/heap.h
+-- agw_heap_lua_take); past it the script gets "not enough memory" at its line.
 local string_lib = {}
 for k, v in pairs(string) do string_lib[k] = v end
 for k, v in pairs(require "agg.pattern") do string_lib[k] = v end
@@ -263,12 +269,15 @@ local REFUSED_GLOBALS = {
 local BASE = { "assert", "error", "ipairs", "next", "pairs", "pcall", "select", "tonumber", "tostring", "type",
                "unpack", "rawequal", "rawget", "getmetatable", "setmetatable", "newproxy", "gcinfo", "_VERSION" }
 
--- xpcall for scripts: the script time limit's stop (worker/watchdog.h) does not run the script's
--- message handler. LuaJIT runs the handler of an error a hook raises with hooks off, so a handler
--- that looped (or ran long) could not be stopped and would hold its worker for good.
+-- xpcall for scripts: the stops of the script time limit and the memory limit (worker/watchdog.h)
+-- do not run the script's message handler. LuaJIT runs the handler of an error a hook raises with
+-- hooks off, so a handler that looped (or ran long, or allocated) could not be stopped and would
+-- hold its worker for good.
 local function script_xpcall(f, handler, ...)
   return raw_xpcall(f, function(e)
-    if type(e) == "string" and str_find(e, M.STOP_TEXT, 1, true) then return e end
+    if type(e) == "string" and (str_find(e, M.STOP_TEXT, 1, true) or str_find(e, M.MEMORY_STOP_TEXT, 1, true)) then
+      return e
+    end
     return handler(e)
   end, ...)
 end
