@@ -280,6 +280,9 @@ void agw_heap_close_lua_state(lua_State *L)
     if (L == NULL)
         return;
     agw_lua_heap_t *h = agw_heap_lua_of(L);
+    if (h != NULL && h->inner != NULL)
+        lua_setallocf(L, h->inner, h->inner_ud); /* LuaJIT frees its own allocator's segments
+                                                    only when it is the VM's allocator at close */
     lua_close(L);
     free(h);
 }
