@@ -266,13 +266,7 @@ agw_lua_heap_t *agw_heap_lua_of(lua_State *L)
 
 int agw_heap_lua_pcall(lua_State *L, int nargs, int nresults, int errfunc)
 {
-    agw_lua_heap_t *h = agw_heap_lua_of(L);
-    if (h != NULL)
-        h->armed++;
-    int rc = lua_pcall(L, nargs, nresults, errfunc);
-    if (h != NULL)
-        h->armed--;
-    return rc;
+    return agw_heap_lua_pcall_in(agw_heap_lua_of(L), L, nargs, nresults, errfunc);
 }
 
 void agw_heap_close_lua_state(lua_State *L)

@@ -108,8 +108,20 @@ lua_State *agw_heap_new_lua_state(void);
 /* The heap record of a VM agw_heap_new_lua_state made (NULL for any other VM). */
 agw_lua_heap_t *agw_heap_lua_of(lua_State *L);
 
-/* lua_pcall(L, nargs, nresults, errfunc) with L's limit armed (agw_lua_heap_t.armed; nested calls
- * count). For a VM without a heap record, lua_pcall. */
+/* lua_pcall(L, nargs, nresults, errfunc) with the limit of h (L's heap record, or NULL: a plain
+ * lua_pcall) armed (agw_lua_heap_t.armed; nested calls count). Inline: every entry of a worker
+ * into Lua goes through it, with the record it keeps. */
+static inline int agw_heap_lua_pcall_in(agw_lua_heap_t *h, lua_State *L, int nargs, int nresults, int errfunc)
+{
+    if (h != NULL)
+        h->armed++;
+    int rc = lua_pcall(L, nargs, nresults, errfunc);
+    if (h != NULL)
+        h->armed--;
+    return rc;
+}
+
+/* The same for L's own heap record (agw_heap_lua_of). */
 int agw_heap_lua_pcall(lua_State *L, int nargs, int nresults, int errfunc);
 
 /* lua_close(L), then frees its heap record; NULL is a no-op. */

@@ -20,10 +20,8 @@ int agw_worker_call_runtime(wgen_t *g, int nargs)
     if (w->script.depth == 0)
         agw_gc_entry_begin(&w->gc_timer);
     agw_watchdog_enter(&w->script, L, g->conf->script_time_limit_ms); /* an outermost one is timed */
-    g->heap->armed++; /* script_memory_limit_mb refuses only inside the protected call */
-    int failed = lua_pcall(L, nargs, 0, 0) != 0;
-    g->heap->armed--;
-    if (failed) {
+    /* (script_memory_limit_mb acts only inside the protected call) */
+    if (agw_heap_lua_pcall_in(g->heap, L, nargs, 0, 0) != 0) {
         agw_log(AGW_LOG_ERROR, "worker %d: runtime error: %s", w->id, lua_tostring(L, -1));
         lua_pop(L, 1);
         rc = -1;

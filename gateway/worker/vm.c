@@ -74,8 +74,7 @@ void agw_worker_reap_pools(agw_worker_t *w)
 void agw_worker_gen_discard(wgen_t *g)
 {
     if (g->L) {
-        if (g->heap != NULL && g->w != NULL)
-            agw_worker_gen_heap_report(g); /* what its limit refused since the last tick */
+        agw_worker_gen_heap_report(g); /* what its limit refused and stopped since the last tick */
         agw_heap_close_lua_state(g->L);
     }
     agw_generation_unref(g->gen);

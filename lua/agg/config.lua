@@ -174,33 +174,24 @@ function M.check(cfg, src, file)
             1073741824) then
     out.max_request_body_bytes = cfg.max_request_body_bytes
   end
-  -- a whole number of milliseconds from lo to hi, or an error at its line
-  local function whole_ms(key, lo, hi)
+  -- a whole number of `unit` (milliseconds, megabytes) from lo to hi, or an error at its line
+  local function whole(key, lo, hi, unit)
     local v = cfg[key]
     if v == nil then return end
     if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v < lo or v > hi then
       err(find_line(lines, key), key,
-          ("must be a whole number of milliseconds from %d to %d, got %s"):format(lo, hi, show(v)))
+          ("must be a whole number of %s from %d to %d, got %s"):format(unit, lo, hi, show(v)))
     else
       out[key] = v
     end
   end
   -- how long a script may run without waiting for a call before the gateway stops it
   -- (worker/watchdog.h): from 10 ms to 10 minutes
-  whole_ms("script_time_limit_ms", 10, 600000)
-  -- how large a worker's Lua heap may grow through large blocks (base/heap.h): 16 MB to 1 TB
-  do
-    local v = cfg.script_memory_limit_mb
-    if v ~= nil then
-      if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v < 16 or v > 1048576 then
-        err(find_line(lines, "script_memory_limit_mb"), "script_memory_limit_mb",
-            "must be a whole number of megabytes from 16 to 1048576, got " .. show(v))
-      else
-        out.script_memory_limit_mb = v
-      end
-    end
-  end
-  whole_ms("shutdown_grace_ms", 0, 3600000)
+  whole("script_time_limit_ms", 10, 600000, "milliseconds")
+  -- how large a worker's Lua heap may grow before a script that grows it is stopped
+  -- (base/heap.h): 16 MB to 1 TB
+  whole("script_memory_limit_mb", 16, 1048576, "megabytes")
+  whole("shutdown_grace_ms", 0, 3600000, "milliseconds")
   -- scripts = { trusted = true }: the folder's scripts run without the sandbox (agg.sandbox)
   if cfg.scripts ~= nil then
     local sline = find_line(lines, "scripts")
