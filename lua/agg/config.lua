@@ -11,7 +11,7 @@
 --   agg.ops_config       access_log, tracing
 --   agg.redis_config     redis, cache
 --   (here)               workers, deadline_ms, max_request_body_bytes, script_time_limit_ms,
---                        script_memory_limit_mb,
+--                        script_memory_limit_mb, max_sections_per_request,
 --                        shutdown_grace_ms, scripts
 --   agg.limits           limits, max_in_flight
 --   agg.upstream_config  upstreams; then agg.edge_config's auth; then token_exchange and what
@@ -120,11 +120,12 @@ function M.check(cfg, src, file)
   end
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
                 shutdown_grace_ms = 10000, script_time_limit_ms = 1000, script_memory_limit_mb = 1024,
+                max_sections_per_request = 1000,
                 scripts = { trusted = false },
                 cache = { memory_bytes = 64 * 1024 * 1024, redis = true } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                script_memory_limit_mb = true,
+                script_memory_limit_mb = true, max_sections_per_request = true,
                 clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true,
                 limits = true, max_in_flight = true, batch = true }
   for k in pairs(cfg) do
@@ -133,7 +134,7 @@ function M.check(cfg, src, file)
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, script_memory_limit_mb, clients, scripts, access_log, tracing, " ..
+          "shutdown_grace_ms, script_time_limit_ms, script_memory_limit_mb, max_sections_per_request, clients, scripts, access_log, tracing, " ..
           "redis, cache, limits, " ..
           "max_in_flight, upstreams, auth, token_exchange, batch")
     end
@@ -192,6 +193,9 @@ function M.check(cfg, src, file)
   -- (base/heap.h): 16 MB to 1 TB
   whole("script_memory_limit_mb", 16, 1048576, "megabytes")
   whole("shutdown_grace_ms", 0, 3600000, "milliseconds")
+  -- how many sections one request's fan-outs may have in all (agg.fanout): every call, chain
+  -- and nested fan-out a request starts is one; bounds what one client request makes upstream
+  whole("max_sections_per_request", 1, 100000, "sections")
   -- scripts = { trusted = true }: the folder's scripts run without the sandbox (agg.sandbox)
   if cfg.scripts ~= nil then
     local sline = find_line(lines, "scripts")

@@ -52,6 +52,8 @@ end
 exchange.set_deliver(deliver)
 
 local is_then
+local run_later, drain_ready, cancelled_result
+local NO_THENS = {} -- a fan-out without continuations (shared, never written)
 
 -- True when group g descends from group anc (is anc, or a fan-out a continuation of anc started).
 local function descends(g, anc)
@@ -62,19 +64,23 @@ local function descends(g, anc)
   return false
 end
 
+-- The result of section key of g, cancelled because g's section g.failed_key failed.
+cancelled_result = function(g, key, opts)
+  local r = new_result(key, opts)
+  r.ms = 0
+  fail(g.ctx, r, problem.cancelled_by(key, g.failed_key), opts)
+  result.info_of(r).cancelled = true
+  return r
+end
+
 -- Fail fast (the page is lost once a required section failed with no fallback): every section of
 -- g not settled yet is settled as cancelled, its calls cancelled (agg.exchange.cancel: counted as
 -- cancelled, never as the upstream's failure), and so are the fan-outs its continuations started.
+-- A continuation waiting in the ready queue is settled as cancelled when its turn comes.
 local function cancel_rest(g, failed_key)
   local ctx = g.ctx
-  local function cancelled(key, opts)
-    local r = new_result(key, opts)
-    r.ms = 0
-    fail(ctx, r, problem.cancelled_by(key, failed_key), opts)
-    result.info_of(r).cancelled = true
-    return r
-  end
-  g.cancelling = true
+  local function cancelled(key, opts) return cancelled_result(g, key, opts) end
+  g.cancelling, g.failed_key = true, failed_key
   local failed = g.results[failed_key]
   for _, t in ipairs(g.thens) do
     if not t.started then
@@ -99,6 +105,45 @@ local function cancel_rest(g, failed_key)
   end
 end
 
+-- Continuations whose dependencies have settled, run in the order they became ready: a queue of
+-- (group, then record, dependency results) drained by the outermost settle, not a recursion. A
+-- continuation that settles at once (it returns a value) makes the next one of a chain ready
+-- inside its own settle: run there, a chain of a thousand held a thousand nested frames of the
+-- settle's caller until its stack overflowed (about 1,400; the page failed with "stack overflow"
+-- in the runtime's code).
+local ready_q, ready_first, ready_n, draining = {}, 1, 0, false
+
+run_later = function(g, t, args)
+  local i = ready_first + ready_n * 3
+  ready_q[i], ready_q[i + 1], ready_q[i + 2] = g, t, args
+  ready_n = ready_n + 1
+end
+
+local function drain_loop()
+  while ready_n > 0 do
+    local i = ready_first
+    local g, t, args = ready_q[i], ready_q[i + 1], ready_q[i + 2]
+    ready_q[i], ready_q[i + 1], ready_q[i + 2] = nil, nil, nil
+    ready_first, ready_n = i + 3, ready_n - 1
+    if ready_n == 0 then ready_first = 1 end
+    if g.results[t.key] ~= nil or g.ctx.done then
+      -- settled meanwhile (failing fast cancelled it) or its request ended: nothing to run
+    elseif g.cancelling then
+      settle(g, t.key, cancelled_result(g, t.key, t.info.opts))
+    else
+      M.run_then(g, t.key, t.info, args)
+    end
+  end
+end
+
+drain_ready = function()
+  draining = true
+  local ok, err = pcall(drain_loop)
+  draining = false
+  -- what is left runs at the next settle; the error is the caller's, as it was before the queue
+  if not ok then error(err, 0) end
+end
+
 -- A group is one fan-out: the calls of one fetch_all, or the specs a continuation returned.
 -- It completes when every member has settled; then it resumes its coroutine or calls on_complete.
 settle = function(g, key, r)
@@ -109,7 +154,9 @@ settle = function(g, key, r)
     cancel_rest(g, key)
     return
   end
-  local thens = g.thens
+  -- the continuations that wait for this section (each settle looks at those only: looking at
+  -- every continuation of the fan-out made a chain of n continuations cost n² steps)
+  local thens = g.waiters and g.waiters[key] or NO_THENS
   for i = 1, #thens do
     local t = thens[i]
     if not t.started then
@@ -121,10 +168,11 @@ settle = function(g, key, r)
         t.started = true
         local args = {}
         for j = 1, #t.deps do args[j] = g.results[t.deps[j]] end
-        M.run_then(g, t.key, t.info, args)
+        run_later(g, t, args)
       end
     end
   end
+  if ready_n > 0 and not draining then drain_ready() end
   if g.pending == 0 then
     if g.waiting then
       g.waiting = false
@@ -162,15 +210,18 @@ function M.sort_keys(keys, n)
 end
 
 -- Keys of t in a fixed order, so the same table always starts its calls in the same order.
--- keys: the empty table to fill, or nil for a new one
--- Returns nil and the type of the first key that is neither a string nor a number.
-local function sorted_keys(t, keys)
+-- keys: the empty table to fill, or nil for a new one; max: how many keys t may have (nil: any)
+-- Returns nil and the type of the first key that is neither a string nor a number, or nil and
+-- false once t has more than max keys (counting stops there: a table of a million keys costs
+-- max + 1 steps, not a million).
+local function sorted_keys(t, keys, max)
   keys = keys or new_tab(4, 0)
   local n = 0
   for k in pairs(t) do
     local tk = type(k)
     if tk ~= "string" and tk ~= "number" then return nil, tk end
     n = n + 1; keys[n] = k
+    if max and n > max then return nil, false end
   end
   M.sort_keys(keys, n)
   return keys
@@ -226,7 +277,54 @@ local function combine(ctx, section, results, list, opts)
   return r
 end
 
-local NO_THENS = {}
+-- A dependency cycle among a fan-out's continuations would never settle: it is refused up front.
+-- thens: the fan-out's continuations ({ key, deps }, in key order). Returns nil, or the first
+-- cycle met as text ("'a' -> 'b' -> 'a'", at most 8 keys shown). A depth-first walk that keeps
+-- its own stack: each continuation and each dependency is visited once (linear in the fan-out's
+-- size, and no recursion, whatever the chain's length; a walk from every continuation was cubic
+-- in a chain's length: 1,500 chained continuations held the worker for seconds).
+local function find_cycle(thens)
+  local by_key = {}
+  for i = 1, #thens do by_key[thens[i].key] = thens[i] end
+  local state = {}          -- then -> 1 on the walk's path, 2 done
+  local path, at = {}, {}   -- the walk's path of continuations and, for each, its next dependency
+  for i = 1, #thens do
+    local root = thens[i]
+    if not state[root] then
+      local depth = 1
+      path[1], at[1], state[root] = root, 1, 1
+      while depth > 0 do
+        local t = path[depth]
+        local d = t.deps[at[depth]]
+        if d == nil then
+          state[t] = 2
+          path[depth], at[depth] = nil, nil
+          depth = depth - 1
+        else
+          at[depth] = at[depth] + 1
+          local o = by_key[d]
+          if o then
+            if state[o] == 1 then -- back to a continuation on the path: the cycle is from it to here
+              local from = depth
+              while path[from] ~= o do from = from - 1 end
+              local names = {}
+              for j = from, depth do
+                if #names == 8 then names[#names + 1] = "…" break end
+                names[#names + 1] = ("'%s'"):format(tostring(path[j].key))
+              end
+              names[#names + 1] = ("'%s'"):format(tostring(o.key))
+              return table.concat(names, " -> ")
+            elseif not state[o] then
+              depth = depth + 1
+              path[depth], at[depth], state[o] = o, 1, 1
+            end
+          end
+        end
+      end
+    end
+  end
+  return nil
+end
 
 -- parent: the group whose continuation started this one (fail fast cancels it with its parent),
 -- or false. g[1] is the table of calls, g[2] the parent (in the array part: the hash part keeps
@@ -238,8 +336,16 @@ local function start_group(ctx, tbl, level, parent)
   -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table, a
   -- spare list given back once the calls started; when a mistake raises below, the collector
   -- takes it)
-  local keys, bad = sorted_keys(tbl, take_list())
+  -- every section of the request's fan-outs counts against the endpoint's max_sections
+  -- (gateway.lua max_sections_per_request): one request must not make an unbounded number of
+  -- upstream calls, nor hold the worker in the runtime's own code, where no script limit stops it
+  local max = ctx.ep.max_sections
+  local keys, bad = sorted_keys(tbl, take_list(), max - ctx.sections)
   if not keys then
+    if bad == false then
+      error(("too many sections: this request's fan-outs would have more than %d in all " ..
+             "(max_sections_per_request in gateway.lua)"):format(max), level)
+    end
     -- a section is named by its key in the page, the problems, the logs and Server-Timing, which
     -- the runtime formats on its own thread: a table key's __tostring (or __lt) would run there
     error(("a section key must be a string or a number, got %s"):format(bad), level)
@@ -274,21 +380,21 @@ local function start_group(ctx, tbl, level, parent)
     end
     g.pending = g.pending + 1
   end
-  -- a dependency cycle would never settle: refuse it up front
-  for _, t in ipairs(g.thens) do
-    local seen, stack = {}, { t.key }
-    while #stack > 0 do
-      local k = table.remove(stack)
-      for _, o in ipairs(g.thens) do
-        if o.key == k then
-          for _, d in ipairs(o.deps) do
-            if d == t.key then error(("fetch_then dependency cycle through '%s'"):format(tostring(t.key)), level) end
-            if not seen[d] then seen[d] = true; stack[#stack + 1] = d end
-          end
-        end
+  if g.thens ~= NO_THENS then
+    local cycle = find_cycle(g.thens)
+    if cycle then error("fetch_then dependency cycle: " .. cycle .. " (each waits for the next)", level) end
+    -- section key -> the continuations that wait for it, in key order
+    local waiters = {}
+    for _, t in ipairs(g.thens) do
+      for _, d in ipairs(t.deps) do
+        local w = waiters[d]
+        if not w then w = {}; waiters[d] = w end
+        if w[#w] ~= t then w[#w + 1] = t end -- a key listed twice in deps: once
       end
     end
+    g.waiters = waiters
   end
+  ctx.sections = ctx.sections + nk
   for i = 1, n do
     local spec = keys[nk + i]
     start_call(ctx, keys[i], spec, g, spec.chain or nil)

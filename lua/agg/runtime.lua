@@ -149,18 +149,53 @@ end })
 -- end without calling out, so it is never entered twice at once)
 local parts = {}
 
+-- At most this many sections in one Server-Timing header: a page of a thousand sections made a
+-- header of 20 KB, more than the response header buffers of the proxies in front of a gateway
+-- (nginx's proxy_buffer_size is 4 or 8 KB: "upstream sent too big header", a 502).
+local TIMING_MAX = 64
+local durations = {} -- the slowest durations of a page with more sections (one table, reused)
+
+-- Of a page's n/2 timings, the least duration shown so that at most TIMING_MAX are: the
+-- TIMING_MAX-th longest.
+local function longer(a, b) return a > b end
+local function timing_threshold(ctx, n)
+  local m = 0
+  for i = 2, n, 2 do m = m + 1; durations[m] = ctx[i] end
+  table.sort(durations, longer)
+  local t = durations[TIMING_MAX]
+  for i = 1, m do durations[i] = nil end
+  return t
+end
+
 -- ctx[1..n]: the timings (section key, ms, section key, ms, …; see agg.exchange finish_exchange)
+-- Past TIMING_MAX sections, the slowest TIMING_MAX are shown, in the order they finished (ties
+-- at the threshold: the first to finish), and `_more;desc="N sections"` says how many are not.
 local function server_timing(ctx, n)
   local desc = ctx.cache_desc -- cache outcomes by section (agg.cache), or nil
   local np = 0
+  -- threshold: the least duration shown (nil: every one); ties: how many entries equal to it fit
+  local threshold, ties
+  if n > 2 * TIMING_MAX then
+    threshold, ties = timing_threshold(ctx, n), TIMING_MAX
+    for i = 2, n, 2 do if ctx[i] > threshold then ties = ties - 1 end end
+  end
   for i = 1, n, 2 do
-    local name = timing_names[ctx[i]]
-    local tenths = math.floor(ctx[i + 1] * 10 + 0.5)
-    local s = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
-    local d = desc and desc[ctx[i]]
-    if d then s = s .. DESC[d] end
+    local ms = ctx[i + 1]
+    local shown = not threshold or ms > threshold
+    if not shown and ms == threshold and ties > 0 then shown, ties = true, ties - 1 end
+    if shown then
+      local name = timing_names[ctx[i]]
+      local tenths = math.floor(ms * 10 + 0.5)
+      local s = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
+      local d = desc and desc[ctx[i]]
+      if d then s = s .. DESC[d] end
+      np = np + 1
+      parts[np] = s
+    end
+  end
+  if threshold then
     np = np + 1
-    parts[np] = s
+    parts[np] = ('_more;desc="%d sections"'):format(n / 2 - TIMING_MAX)
   end
   local v = table.concat(parts, ", ", 1, np)
   for i = 1, np do parts[i] = nil end
@@ -396,13 +431,14 @@ function M.start(rid, idx, method, path, params, arrival)
   local ep = endpoints[idx]
   local now = core.now()
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)
+  -- sections: how many sections its fan-outs have had (agg.fanout: at most ep.max_sections)
   -- user, token: who the edge authenticated (gateway/edge/edge.h), for req.user and agg.identity:
   -- user true and token false until agg.result.request_user asks for them
   -- ctx[1..]: the Server-Timing entries (section key, ms, …; agg.exchange finish_exchange), in
   -- the array part the constructor makes room for (three calls): no table of their own
   -- ctx is also the req's metatable (__index, __metatable: getmetatable(req) gives scripts a name)
   local ctx = { nil, nil, nil, nil, nil, nil, rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
-                exchanges = false, done = false, co = false,
+                exchanges = false, done = false, co = false, sections = 0,
                 query = query, req_headers = headers or false, user = user or false, token = false,
                 __index = req_index, __metatable = "agg.request" }
   contexts[rid] = ctx
