@@ -63,9 +63,16 @@ static void on_script_limit(lua_State *L, lua_Debug *ar)
         lua_sethook(L, NULL, 0, 0); /* meant for an entry that has ended meanwhile */
         return;
     }
-    /* level 0: the function running, not the hook */
+    /* level 0: the function running, not the hook. LuaJIT's library functions written in Lua
+     * (table.remove, table.move, string.len, math.deg … : "[builtin:remove]", linedefined -1) run
+     * for their caller, which decides: a stop raised in the runtime's call to table.remove would
+     * leave the runtime half way as surely as one raised in the runtime's own line */
     lua_Debug d;
-    if (!lua_getstack(L, 0, &d) || !lua_getinfo(L, "Sl", &d) || agw_lua_source_is_runtime(d.source)) {
+    int found = 0;
+    for (int level = 0; (found = lua_getstack(L, level, &d) && lua_getinfo(L, "Sl", &d)); level++)
+        if (d.linedefined != -1)
+            break;
+    if (!found || agw_lua_source_is_runtime(d.source)) {
         /* the runtime's own code (lua/agg): an error here could leave it half way through its
          * bookkeeping (a request never answered). In a coroutine the hook waits for the script's
          * next instruction. On the runtime's own thread the script's coroutine is gone, or the

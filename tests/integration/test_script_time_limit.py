@@ -294,6 +294,55 @@ class FinalizerInATrustedFolder(GatewayTestCase):
         self.assertNotIn("runtime error", self.gw.log())
 
 
+# A trusted folder's script that calls a function named after a runtime file (the runtime's own
+# code, which the stop must never interrupt): it runs for three limits, calling table.remove, one
+# of LuaJIT's library functions written in Lua ("[builtin:remove]"), and notes that it finished.
+BUILTIN_SCRIPTS = dict(repo_scripts(), **{
+    "lib/busystate.lua": "return { finished = 0 }\n",
+    "busy.lua": """local agg = require "agg"
+local st = require "lib.busystate"
+local runtime_dir = "@" .. assert(package.searchpath("agg.fanout", package.path)):match("^(.*/agg/)")
+local busy = assert(load([[
+  local st, seconds = ...
+  local t = {}
+  local stop_at = os.clock() + seconds
+  while os.clock() < stop_at do
+    for i = 1, 50 do t[i] = i end
+    for _ = 1, 50 do table.remove(t) end
+  end
+  st.finished = st.finished + 1
+]], runtime_dir .. "busy_runtime.lua"))
+jit.off(busy, true)
+return {
+  { route = "GET /busy", handler = function(req)
+      local ok = pcall(busy, st, 0.6)
+      return { status = 200, json = { ok = ok } }
+    end },
+  { route = "GET /busystate", handler = function() return { status = 200, json = st } end },
+}
+""",
+})
+
+
+class BuiltinCalledByTheRuntime(GatewayTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=BUILTIN_SCRIPTS,
+                   gateway_extra={"script_time_limit_ms": LIMIT_MS, "scripts": {"trusted": True}})
+
+    def test_stop_waits_for_the_script_past_a_builtin_the_runtime_called(self):
+        """The stop is raised in the script's own code only. LuaJIT's library functions written in
+        Lua (table.remove, table.move, string.len …) are neither: they run for their caller. The
+        stop was raised inside the runtime's call to table.remove, half way through its work."""
+        r = self.get("/busy")
+        self.assertProblem(r, 500)
+        log = self.gw.log()
+        self.assertIn("busy.lua:18: stopped: the script ran for more than %d ms" % LIMIT_MS, log)
+        self.assertNotIn("builtin", log)
+        self.assertEqual(self.get("/busystate").json()["finished"], 1, "the runtime's function was cut short")
+
+
 # Each calls Product first: its hit on the mock tells the test the request is in its script.
 SHUTDOWN_SCRIPTS = {
     "spin.lua": endpoint("GET /spin", """
