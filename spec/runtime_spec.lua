@@ -403,7 +403,10 @@ describe("script errors", function()
   it("answer 500 when a handler yields by itself instead of hanging", function()
     local page = gw:get("/err/yield")
     assert.equal(500, page.status)
-    assert.matches("must not call coroutine.yield", table.concat(gw:logs(), "\n"), 1, true)
+    -- (the sandbox refuses the yield at the script's line; a trusted folder's handler that yields
+    -- is answered 500 too: "a handler must not call coroutine.yield")
+    assert.matches("errors.lua:39: coroutine.yield: this code runs in the gateway's coroutine",
+                   table.concat(gw:logs(), "\n"), 1, true)
   end)
 
   it("leave the worker serving: the next request after an error is answered", function()

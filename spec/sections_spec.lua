@@ -54,7 +54,7 @@ describe("max_sections_per_request", function()
     local page = gw:get("/rounds/6/1000") -- the sixth round would be past 5000
     assert.equal(500, page.status)
     assert.equal(5000 + 5000, #gw:calls("a")) -- of the sixth round, none
-    assert.truthy(logged(gw, "fan.lua:28: too many sections"))
+    assert.truthy(logged(gw, "fan.lua:32: too many sections"))
   end)
 
   it("fails only the section of a continuation whose fan-out is past the limit", function()
@@ -82,26 +82,32 @@ describe("Server-Timing of a page of many sections", function()
     return t
   end
 
-  it("names every section up to 64", function()
-    local page = gw:get("/page/64")
+  it("names every section up to 32", function()
+    local page = gw:get("/page/32")
     assert.equal(200, page.status)
-    assert.equal(64, #entries(page))
+    assert.equal(32, #entries(page))
     assert.is_nil(page.headers["server-timing"]:find("_more", 1, true))
   end)
 
-  it("names the 64 slowest past that, and how many it leaves out", function()
+  it("names the 32 slowest past that, and how many it leaves out", function()
     gw:stub("a", "/n/7", { json = { n = 1 }, latency_ms = 30 })
     gw:stub("a", "/n/150", { json = { n = 1 }, latency_ms = 20 })
     local page = gw:get("/page/200")
     assert.equal(200, page.status)
     assert.equal("ok", page.json.s200.status)
     local e = entries(page)
-    assert.equal(65, #e)
-    assert.equal('_more;desc="136 sections"', e[65])
-    -- the slowest two finish last; the 62 others are the first of the ties to finish
-    assert.equal("s150;dur=20.0", e[63])
-    assert.equal("s7;dur=30.0", e[64])
-    assert.truthy(#page.headers["server-timing"] < 2048)
+    assert.equal(33, #e)
+    assert.equal('_more;desc="168 sections"', e[33])
+    -- the slowest two finish last; the 30 others are the first of the ties to finish
+    assert.equal("s150;dur=20.0", e[31])
+    assert.equal("s7;dur=30.0", e[32])
+    assert.truthy(#page.headers["server-timing"] < 1536)
+  end)
+
+  it("names a section by the first 32 bytes of its key", function()
+    local page = gw:get("/long-key/100000")
+    assert.equal(200, page.status)
+    assert.equal(("k"):rep(32) .. ";dur=10.0", page.headers["server-timing"])
   end)
 end)
 
@@ -140,5 +146,89 @@ describe("a chain of continuations", function()
     local page = gw:get("/cancel-queued")
     assert.equal(502, page.status)
     assert.equal(0, gw:get("/ran").json.ran)
+  end)
+end)
+
+describe("script code the runtime runs in the middle of its work", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 10 })
+    gw:stub("a", "/slow", { json = { n = 1 }, latency_ms = 300 })
+    gw:stub("a", "/post/{i}", { json = { ok = true }, latency_ms = 10 })
+  end)
+
+  local function chain_still_works()
+    local page = gw:get("/chain")
+    assert.equal(200, page.status)
+    assert.equal(2, page.json.c.data)
+  end
+
+  it("a fallback that yields is refused, and later continuations still run", function()
+    -- the yield suspended the runtime's queue of ready continuations: every later page with a
+    -- continuation on the worker went unanswered
+    local page = gw:get("/fallback-yields")
+    assert.equal(504, page.status) -- (answered: the page's deadline had passed)
+    assert.truthy(logged(gw, "hostile.lua:25: coroutine.yield: this code runs in the gateway's coroutine"))
+    chain_still_works()
+  end)
+
+  it("a fallback cannot wait for a call", function()
+    local page = gw:get("/fallback-waits")
+    assert.equal(504, page.status)
+    assert.truthy(logged(gw, "agg.fetch cannot wait here: a fallback"))
+    chain_still_works()
+  end)
+
+  it("a continuation that yields fails its section instead of leaving the page unanswered", function()
+    local page = gw:get("/then-yields")
+    assert.equal(200, page.status)
+    testing.expect_section(page, "c", "unavailable")
+    chain_still_works()
+  end)
+
+  it("a dependency list longer than the fan-out is refused at the script's line", function()
+    local page = gw:get("/long-deps")
+    assert.equal(500, page.status)
+    assert.truthy(logged(gw, "hostile.lua:45: fetch_then for 'c' lists 8001 dependencies; this fetch_all has 1 other calls"))
+    chain_still_works()
+  end)
+
+  it("more than 64 request headers are refused before the call takes anything", function()
+    local page = gw:get("/headers-65")
+    assert.equal(500, page.status)
+    assert.equal(0, #gw:calls("a"))
+    assert.truthy(logged(gw, "call to 'a': at most 64 request headers"))
+  end)
+
+  it("a cache policy varies on at most 32 request headers", function()
+    assert.equal(500, gw:get("/vary-33").status)
+    assert.truthy(logged(gw, "call to 'a': cache.vary must name at most 32 request headers, got 33"))
+  end)
+
+  it("calls sharing one json body and query send it, and a fan-out after a change sends the new one", function()
+    local page = gw:get("/shared/300")
+    assert.equal(200, page.status)
+    local calls = gw:calls("a")
+    assert.equal(301, #calls)
+    for i = 1, 300 do
+      assert.equal('{"ids":[1,2,3]}', calls[i].body)
+      assert.same({ q = "a b" }, calls[i].query)
+    end
+    assert.equal('{"ids":[1,2,3,4]}', calls[301].body)
+  end)
+end)
+
+describe("a page left unanswered", function()
+  it("is answered 500 a second past its deadline, and its calls abandoned", function()
+    -- a trusted folder's continuation that yields: nothing resumes it, and the page stayed in
+    -- flight until its client left
+    local gw = testing.gateway { dir = "spec/fixtures/overdue" }
+    gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 10 })
+    local page = gw:get("/then-yields")
+    assert.equal(500, page.status)
+    assert.equal("urn:aggway:problem:script-error", page.json.type)
+    assert.truthy(page.elapsed_ms > 1200 and page.elapsed_ms <= 2200, page.elapsed_ms)
+    assert.truthy(logged(gw, "still unanswered"))
   end)
 end)

@@ -51,6 +51,8 @@ M.FIELDS = FIELDS
 
 --- Checks a cache block. Returns the normalized policy, or nil, the field and what is wrong.
 -- allow_key: a call may give its own key; an upstream may not.
+local MAX_VARY = 32 -- request header names one policy may vary on
+
 function M.check_block(t, allow_key)
   if type(t) ~= "table" then
     return nil, nil, "must be a table like { ttl_s = 60, swr_s = 30 } (or false)"
@@ -75,6 +77,9 @@ function M.check_block(t, allow_key)
       p.scope = v
     elseif kind == "list" then
       if type(v) ~= "table" then return nil, k, 'must be a list of request header names like { "accept-language" }' end
+      -- (checked, lowercased and sorted for every call that gives it: a list is short, or a page
+      -- that shares one long list among its calls holds the worker in the runtime's code)
+      if #v > MAX_VARY then return nil, k, ("must name at most %d request headers, got %d"):format(MAX_VARY, #v) end
       local l = {}
       for i, h in ipairs(v) do
         if type(h) ~= "string" or not str_match(h, "^[%w!#$%%&'*+.^_`|~-]+$") then

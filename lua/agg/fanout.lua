@@ -54,6 +54,7 @@ exchange.set_deliver(deliver)
 local is_then
 local run_later, drain_ready, cancelled_result
 local NO_THENS = {} -- a fan-out without continuations (shared, never written)
+local memo, clear_memo = {}, callspec.clear_memo -- start_group's for callspec.normalize
 
 -- True when group g descends from group anc (is anc, or a fan-out a continuation of anc started).
 local function descends(g, anc)
@@ -112,6 +113,7 @@ end
 -- settle's caller until its stack overflowed (about 1,400; the page failed with "stack overflow"
 -- in the runtime's code).
 local ready_q, ready_first, ready_n, draining = {}, 1, 0, false
+local drainer -- the coroutine whose drain_ready is running (false: the main thread)
 
 run_later = function(g, t, args)
   local i = ready_first + ready_n * 3
@@ -131,17 +133,32 @@ local function drain_loop()
     elseif g.cancelling then
       settle(g, t.key, cancelled_result(g, t.key, t.info.opts))
     else
-      M.run_then(g, t.key, t.info, args)
+      -- a mistake of the runtime's here fails this section, never the drain: what is left in
+      -- the queue is other requests' too, and the caller of settle may be delivering another
+      -- request's answer (single-flight's waiters)
+      local ok, err = pcall(M.run_then, g, t.key, t.info, args)
+      if not ok then
+        log_error(g.ctx, "continuation of " .. tostring(t.key), err)
+        settle(g, t.key, fail(g.ctx, new_result(t.key, t.info.opts), problem.script_error(tostring(t.key)),
+                              t.info.opts))
+      end
     end
   end
 end
 
 drain_ready = function()
-  draining = true
+  draining, drainer = true, coroutine.running() or false
   local ok, err = pcall(drain_loop)
   draining = false
-  -- what is left runs at the next settle; the error is the caller's, as it was before the queue
+  -- (settling a cancelled section raised: what is left runs at the next settle)
   if not ok then error(err, 0) end
+end
+
+-- True when the drain that is running was left half way: its coroutine is suspended or dead (a
+-- trusted script yielded in a fallback; the sandbox refuses that to scripts). The queue is then
+-- drained anew.
+local function drain_left()
+  return drainer and drainer ~= coroutine.running() and coroutine.status(drainer) ~= "normal"
 end
 
 -- A group is one fan-out: the calls of one fetch_all, or the specs a continuation returned.
@@ -172,7 +189,7 @@ settle = function(g, key, r)
       end
     end
   end
-  if ready_n > 0 and not draining then drain_ready() end
+  if ready_n > 0 and (not draining or drain_left()) then drain_ready() end
   if g.pending == 0 then
     if g.waiting then
       g.waiting = false
@@ -351,6 +368,7 @@ local function start_group(ctx, tbl, level, parent)
     error(("a section key must be a string or a number, got %s"):format(bad), level)
   end
   local nk, n = #keys, 0
+  clear_memo(memo)
   for i = 1, nk do
     local key = keys[i]
     local v = tbl[key]
@@ -358,6 +376,12 @@ local function start_group(ctx, tbl, level, parent)
     if info then
       if type(info.dep) == "string" or (type(info.dep) == "table" and not callspec.is_spec(info.dep)) then
         local deps = type(info.dep) == "string" and { info.dep } or info.dep
+        -- each dependency is another key of this table: a longer list names one twice (and the
+        -- runtime's work for it would grow with a list the script made once and used for every key)
+        if #deps >= nk then
+          error(("fetch_then for '%s' lists %d dependencies; this fetch_all has %d other calls")
+                :format(tostring(key), #deps, nk - 1), level)
+        end
         for _, d in ipairs(deps) do
           if tbl[d] == nil then
             where.raise(("fetch_then for '%s' depends on '%s', which is not a call in this fetch_all%s"):format(
@@ -370,13 +394,13 @@ local function start_group(ctx, tbl, level, parent)
       else
         -- a chain with a call spec of its own as its dependency
         n = n + 1
-        local spec = callspec.normalize(info.dep, upstreams, level, ctx)
+        local spec = callspec.normalize(info.dep, upstreams, level, ctx, memo)
         spec.chain = info
         keys[n], keys[nk + n] = key, spec
       end
     else
       n = n + 1
-      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level, ctx)
+      keys[n], keys[nk + n] = key, callspec.normalize(v, upstreams, level, ctx, memo)
     end
     g.pending = g.pending + 1
   end
@@ -394,6 +418,7 @@ local function start_group(ctx, tbl, level, parent)
     end
     g.waiters = waiters
   end
+  clear_memo(memo)
   ctx.sections = ctx.sections + nk
   for i = 1, n do
     local spec = keys[nk + i]
@@ -417,6 +442,11 @@ local function current_ctx(fname, level)
           "(a table.sort comparator, a string.gsub callback, …); move the call out of it", level)
   end
   if ctx.done then error(fname .. ": the request has already ended", level) end
+  if result.in_callback() then
+    error(fname .. " cannot wait here: a fallback, a response's metamethod or a merged call's " ..
+          "function runs in the middle of the gateway's own work; make the call in the handler or a " ..
+          "continuation (agg.fetch_then)", level)
+  end
   return ctx, co
 end
 

@@ -244,6 +244,34 @@ function M.new(section, spec)
                                     decode = not spec or spec.decode ~= false }))
 end
 
+-- Script functions the runtime calls in the middle of its own work (a fallback, a response's
+-- metamethods, a merged call's request and split functions) must not wait: an agg.fetch_all there
+-- would suspend the coroutine the runtime is working in, half way through (a fan-out being
+-- started, the ready continuations being run, another request's answer delivered). While one
+-- runs, agg.fanout refuses to wait in that coroutine. Marked per coroutine (weak keys): a trusted
+-- script that yields there anyway leaves only its own coroutine marked.
+local in_callback = setmetatable({}, { __mode = "k" }) -- coroutine (or MAIN) -> callbacks running
+local MAIN = {}
+
+--- Marks the running coroutine as running a script callback of the runtime's until
+-- leave_callback(key); returns the key to give it.
+function M.enter_callback()
+  local k = coroutine.running() or MAIN
+  in_callback[k] = (in_callback[k] or 0) + 1
+  return k
+end
+
+--- Ends what enter_callback began.
+function M.leave_callback(k)
+  local d = (in_callback[k] or 1) - 1
+  in_callback[k] = d > 0 and d or nil
+end
+
+--- True while the running coroutine runs a script callback of the runtime's (see enter_callback).
+function M.in_callback()
+  return in_callback[coroutine.running() or MAIN] ~= nil
+end
+
 -- Marks r failed with problem p, serving the call's fallback when it has one.
 function M.fail(ctx, r, p, spec)
   r.ok = false
@@ -251,7 +279,9 @@ function M.fail(ctx, r, p, spec)
   if spec and spec.fallback ~= nil then
     local fb = spec.fallback
     if type(fb) == "function" then
+      local k = M.enter_callback()
       local ok, v = pcall(fb, p)
+      M.leave_callback(k)
       if not ok then
         M.log_error(ctx, "fallback of " .. info_of(r).section, v, fb)
         r.status = "unavailable"

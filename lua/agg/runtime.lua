@@ -62,7 +62,7 @@ M.resolve_thens, M.then_result, M.sort_keys = fanout.resolve_thens, fanout.then_
 M.is_result, M.section_data, M.section_name, M.is_required =
   result.is_result, result.section_data, result.section_name, result.is_required
 M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchange.on_redis
-M.upstream_stats, M.report_stats = exchange.upstream_stats, exchange.report_stats
+M.upstream_stats = exchange.upstream_stats
 M.merge_stats = require("agg.merge").stats
 
 --- True when the request whose handler is running was authenticated by the edge (a JWT or an API
@@ -117,12 +117,15 @@ end
 
 fanout.bind_requests(ctx_of, finishers, waiting, resume)
 
--- (at most TIMING_NAMES_KEPT kept: section keys a script makes from ids would grow it for good)
-local TIMING_NAMES_KEPT = 512
+-- (at most TIMING_NAMES_KEPT kept: section keys a script makes from ids would grow it for good;
+-- a name is the key's first TIMING_NAME_BYTES bytes, and a longer key is never kept: a section
+-- key of a megabyte made a header of a megabyte, and 512 of them were kept for good)
+local TIMING_NAMES_KEPT, TIMING_NAME_BYTES = 512, 32
 local timing_names_kept = 0
 local timing_names = setmetatable({}, { __index = function(t, k)
-  local name = str_gsub(tostring(k), "[^%w_%-]", "_")
-  if timing_names_kept < TIMING_NAMES_KEPT then
+  local key = tostring(k)
+  local name = str_gsub(#key > TIMING_NAME_BYTES and key:sub(1, TIMING_NAME_BYTES) or key, "[^%w_%-]", "_")
+  if timing_names_kept < TIMING_NAMES_KEPT and #key <= TIMING_NAME_BYTES then
     timing_names_kept = timing_names_kept + 1
     t[k] = name
   end
@@ -151,8 +154,9 @@ local parts = {}
 
 -- At most this many sections in one Server-Timing header: a page of a thousand sections made a
 -- header of 20 KB, more than the response header buffers of the proxies in front of a gateway
--- (nginx's proxy_buffer_size is 4 or 8 KB: "upstream sent too big header", a 502).
-local TIMING_MAX = 64
+-- (nginx's proxy_buffer_size is 4 or 8 KB: "upstream sent too big header", a 502). With names of
+-- at most TIMING_NAME_BYTES, the header stays under 1.5 KB.
+local TIMING_MAX = 32
 local durations = {} -- the slowest durations of a page with more sections (one table, reused)
 
 -- Of a page's n/2 timings, the least duration shown so that at most TIMING_MAX are: the
@@ -330,7 +334,9 @@ finish_request = function(ctx, ok, resp, co)
   end
   -- the response's fields may run the script's metamethods, here on the runtime's own thread:
   -- an error (or the script time limit's stop) there must not leave the request unanswered
+  local k = result.enter_callback()
   local read, st, headers, rjson, body, page, rows = xpcall(response_fields, at_script_frame, resp)
+  result.leave_callback(k)
   if not read then
     log_error(ctx, nil, st)
     return send_problem(ctx, problem.script_error(nil))
@@ -418,6 +424,39 @@ local req_index = function(r, k)
     end
     rawset(r, k, v)
     return v
+end
+
+-- A request still unanswered this long after its deadline is answered by answer_overdue. Every
+-- wait of a page is bounded by its deadline (a call's timeout is at most the time left), so only a
+-- coroutine suspended outside agg.fetch_all (a trusted folder's continuation that yields: the
+-- sandbox refuses it to scripts) or a mistake of the runtime's leaves one unanswered; without this
+-- it stayed in flight until its client left (and counted against max_in_flight meanwhile).
+local OVERDUE_MS = 1000
+local overdue = {}
+
+--- Answers every request of this generation that is more than OVERDUE_MS past its deadline with
+-- a 500 problem, logged as a script error, and abandons its calls. Called once a second (the
+-- worker's runtime.report_stats). Returns how many it answered (for specs).
+function M.answer_overdue()
+  local now, n = core.now(), 0
+  for _, ctx in pairs(contexts) do
+    if not ctx.done and now > ctx.deadline + OVERDUE_MS then n = n + 1; overdue[n] = ctx end
+  end
+  for i = 1, n do
+    local ctx = overdue[i]
+    overdue[i] = nil
+    finish_request(ctx, false, ("still unanswered %d ms after its deadline (%d ms): answered 500 and its calls " ..
+                                "abandoned (a coroutine of the page suspended outside agg.fetch_all, or a " ..
+                                "mistake of the gateway's)"):format(math.floor(now - ctx.deadline), ctx.ep.deadline_ms), nil)
+  end
+  return n
+end
+
+--- The worker's once-a-second call (agg.contract report_stats): overdue requests answered, then
+-- the upstreams' and groups' figures published (agg.exchange.report_stats).
+function M.report_stats(current)
+  M.answer_overdue()
+  return exchange.report_stats(current)
 end
 
 --- Starts request rid for endpoint index idx. Called by the transport (agg.contract): params, the

@@ -11,10 +11,11 @@ Assertions are on statuses, the log and the mock's counts, never on time: a work
 runtime shows as the next request's answer not coming (curl's timeout)."""
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (GatewayTestCase, demo_services, gateway_lua, main, repo_scripts, route,  # noqa: E402
-                     run_aggway, write_scripts)
+from harness import (GatewayTestCase, demo_services, endpoint, gateway_lua, main, repo_scripts, route,  # noqa: E402
+                     run_aggway, wait_until, write_scripts)
 
 SCRIPTS = dict(repo_scripts(), **{
     "fan.lua": """local agg = require "agg"
@@ -85,6 +86,89 @@ class MaxSections(GatewayTestCase):
         ring = self.get("/ring/15000", timeout=60)
         self.assertProblem(ring, 500)
         self.assertIn("fetch_then dependency cycle: 's1' -> 's2' -> ", self.gw.log())
+        self.assertEqual(self.get("/product-page/42").status, 200)
+
+
+STUCK_SCRIPTS = dict(repo_scripts(), **{
+    "stuck.lua": """local agg = require "agg"
+return {
+  -- a section that fails at once (the deadline has passed) and a continuation on it whose fallback
+  -- yields, in the handler's coroutine, while the runtime runs the ready continuations
+  { route = "GET /stuck", deadline_ms = 50, handler = function()
+      agg.fetch { "product", "/products/slow" }
+      return agg.page(agg.fetch_all {
+        s = { "product", "/products/1" },
+        c = agg.fetch_then("s", function() return 1 end, { fallback = function() coroutine.yield() end }),
+      })
+    end },
+  { route = "GET /chain", handler = function()
+      return agg.page(agg.fetch_all {
+        p = { "product", "/products/1" },
+        c = agg.fetch_then("p", function(r) return r.data.id end),
+      })
+    end },
+  -- 65 request headers while the upstream's breaker is half-open
+  { route = "GET /many-headers", handler = function()
+      local h = {}
+      for i = 1, 65 do h["x-h" .. i] = "v" end
+      return agg.page(agg.fetch_all { b = { "reviews", "/reviews/1", headers = h } })
+    end },
+  { route = "GET /reviews", handler = function()
+      return agg.page(agg.fetch_all { b = { "reviews", "/reviews/1" } })
+    end },
+}
+"""})
+
+YIELD_SCRIPTS = dict(repo_scripts(), **{
+    "yields.lua": endpoint("GET /then-yields", """
+    return agg.page(agg.fetch_all {
+      p = { "product", "/products/1" },
+      c = agg.fetch_then("p", function() coroutine.yield() return 1 end),
+    })""", deadline_ms=300)})
+
+
+class RuntimeNeverStuck(GatewayTestCase):
+
+    def test_fallback_that_yields_leaves_later_continuations_running(self):
+        """A fallback that yielded inside the runtime's queue of ready continuations left it marked
+        as being drained: every later page with a continuation on the worker went unanswered."""
+        self.start(services=demo_services(product_ms=[route("/products/slow", latency_ms=300, json={"id": 0}),
+                                                      route("/products/{id}", json={"id": "{id}"})],
+                                          reviews_ms=0, inventory_ms=0), scripts=STUCK_SCRIPTS)
+        r = self.get("/stuck")
+        self.assertIn(r.status, (500, 504), r)
+        self.assertIn("stuck.lua:9: coroutine.yield: this code runs in the gateway's coroutine", self.gw.log())
+        for _ in range(3):
+            c = self.get("/chain", timeout=10)
+            self.assertEqual(c.status, 200, c)
+            self.assertEqual(c.json()["c"]["data"], 1)
+
+    def test_too_many_headers_leave_a_half_open_breaker_usable(self):
+        """The transport refused a call of 65 headers after the exchange had taken the half-open
+        breaker's probe slot: the breaker stayed half-open with no probe for good."""
+        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=STUCK_SCRIPTS,
+                   upstream_options={"reviews": {"breaker": {"failures": 2, "open_s": 1}}})
+        self.mock.refuse("reviews")
+        for _ in range(3):
+            self.get("/reviews")
+        self.assertTrue(wait_until(lambda: "circuit breaker of upstream reviews is now open" in self.gw.log(), 10))
+        self.mock.accept("reviews")
+        time.sleep(1.3)  # the breaker half-opens
+        r = self.get("/many-headers")
+        self.assertProblem(r, 500)
+        self.assertIn("call to 'reviews': at most 64 request headers", self.gw.log())
+        ok = wait_until(lambda: self.get("/reviews").json().get("b", {}).get("status") == "ok", 10, interval=0.2)
+        self.assertTrue(ok, self.get("/reviews").body)
+
+    def test_page_left_unanswered_is_answered_a_second_past_its_deadline(self):
+        """A trusted folder's continuation that yields: nothing resumes it. The page stayed in
+        flight until its client left; the worker's tick answers it."""
+        self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=YIELD_SCRIPTS,
+                   gateway_extra={"scripts": {"trusted": True}})
+        r = self.get("/then-yields", timeout=15)
+        self.assertProblem(r, 500)
+        self.assertGreaterEqual(r.time_total, 1.3)  # 300 ms deadline + a second, at the next tick
+        self.assertIn("still unanswered", self.gw.log())
         self.assertEqual(self.get("/product-page/42").status, 200)
 
 
