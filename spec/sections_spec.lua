@@ -206,6 +206,18 @@ describe("script code the runtime runs in the middle of its work", function()
     assert.truthy(logged(gw, "call to 'a': cache.vary must name at most 32 request headers, got 33"))
   end)
 
+  it("a page of more values than max_sections_per_request is refused at the script's line", function()
+    assert.equal(200, gw:get("/plain-page/5000").status)
+    assert.equal(500, gw:get("/plain-page/5001").status)
+    assert.truthy(logged(gw, "agg.page: a page has at most 5000 sections (max_sections_per_request in gateway.lua)"))
+  end)
+
+  it("a response of shared references past 4,194,304 tables is not encoded", function()
+    local page = gw:get("/dag/26") -- 2^27 - 1 tables, 268 MB: seconds inside one C call
+    assert.equal(500, page.status)
+    assert.truthy(logged(gw, "more than 4194304 tables"))
+  end)
+
   it("calls sharing one json body and query send it, and a fan-out after a change sends the new one", function()
     local page = gw:get("/shared/300")
     assert.equal(200, page.status)

@@ -273,6 +273,7 @@ typedef struct {
                   AGW_JSON_K_*, each fetched on first use (reg()): a page of raw refs needs one */
     unsigned have; /* bit k: slot regs + k holds its table */
     int failed;
+    size_t tables_left; /* tables this encoding may still visit (AGW_JSON_ENCODE_MAX_TABLES) */
     skey *keys; /* scratch for sorting keys, used as a stack by nested objects */
     size_t nkeys, capkeys;
     skey inline_keys[64];
@@ -512,6 +513,13 @@ static int encode_table(enc_t *e, int t, int depth)
     }
     if (!lua_checkstack(L, 8))
         return fail(e, depth, "out of Lua stack");
+    if (e->tables_left == 0) {
+        char what[96];
+        snprintf(what, sizeof(what), "more than %zu tables (one reached through several references counts each time)",
+                 AGW_JSON_ENCODE_MAX_TABLES);
+        return fail(e, depth, what);
+    }
+    e->tables_left--;
     if (lua_getmetatable(L, t)) {
         if (lua_rawequal(L, -1, reg(e, AGW_JSON_K_ARRAY))) {
             lua_pop(L, 1);
@@ -640,7 +648,7 @@ static int enc_begin(enc_t *e, lua_State *L, agw_buf_t *out, char *err, size_t e
     /* field by field: the path and the key scratch (6 KB) are written before they are read, and
      * zeroing them cost more than encoding a page of raw refs */
     e->L = L, e->out = out, e->err = err, e->errlen = errlen;
-    e->failed = 0, e->have = 0;
+    e->failed = 0, e->have = 0, e->tables_left = AGW_JSON_ENCODE_MAX_TABLES;
     e->keys = e->inline_keys, e->nkeys = 0, e->capkeys = sizeof(e->inline_keys) / sizeof(e->inline_keys[0]);
     if (!lua_checkstack(L, 13))
         return fail(e, 0, "out of Lua stack");

@@ -61,6 +61,13 @@
  * from an upstream can always be sent on; deeper is an error (this also catches cycles). */
 #define AGW_JSON_ENCODE_MAX_DEPTH (AGW_JSON_MAX_DEPTH + 64)
 
+/* Most tables one encoding visits (4,194,304), a table reached through several references counted
+ * each time: a value of shared references (t = { t, t } twenty-six times) encodes to 2^26 tables
+ * and 268 MB, which held a worker 8 s inside one C call no limit stops. A page that visits more is
+ * an error ("more than 4194304 tables"); an upstream's parsed data is far smaller (a body is at most
+ * max_body_bytes, and a table takes at least two bytes of it). */
+#define AGW_JSON_ENCODE_MAX_TABLES ((size_t)1 << 22)
+
 /* The body of a raw ref userdata (lua_newuserdata of sizeof(agw_json_raw_t) + len + 1 +
  * extra_len). */
 typedef struct {

@@ -78,10 +78,16 @@ function M.page(results, opts)
   if type(results) ~= "table" then error("agg.page expects the results table of agg.fetch_all", 2) end
   if opts ~= nil and type(opts) ~= "table" then error("agg.page: options must be a table", 2) end
   local keys, n = new_tab(4, 0), 0
+  -- values the script computed are sections too: at most max_sections_per_request in a page (the
+  -- keys are sorted, and a page of a million was seconds of the runtime's work)
+  local max = rt.max_sections()
   for k in pairs(results) do
     if type(k) ~= "string" then error("agg.page: section names must be strings, got " .. type(k), 2) end
     n = n + 1
     keys[n] = k
+    if n > max then
+      error(("agg.page: a page has at most %d sections (max_sections_per_request in gateway.lua)"):format(max), 2)
+    end
   end
   rt.resolve_thens(results, 3) -- standalone fetch_then chains put in directly: run them now
   rt.sort_keys(keys, n) -- so the first failed required section decides the status: the same one every time

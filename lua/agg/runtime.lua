@@ -73,6 +73,13 @@ function M.authenticated()
   return ctx and ctx.user and true or false
 end
 
+--- The running request's max_sections_per_request (gateway.lua; 1000 outside a request).
+function M.max_sections()
+  local co = coroutine.running()
+  local ctx = co and ctx_of[co]
+  return ctx and ctx.ep.max_sections or 1000
+end
+
 -- Resumes co; when it ends, hands its outcome to its finisher.
 local finish_request
 

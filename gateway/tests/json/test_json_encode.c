@@ -193,6 +193,19 @@ static void cycle_is_an_error(void)
     lua_close(L);
 }
 
+/* A value of shared references doubles at each level: t = { t, t } 23 times is 2^24 - 1 tables to
+ * visit (and 2^22 levels give 8 M), past AGW_JSON_ENCODE_MAX_TABLES; 21 times is 4,194,303 and
+ * encodes. */
+static void shared_references_past_the_table_limit_are_an_error(void)
+{
+    lua_State *L = new_state();
+    CHECK(lua_encode(L, "(function() local t = {} for _ = 1, 23 do t = { t, t } end return t end)()") == NULL);
+    static const char what[] = "more than 4194304 tables (one reached through several references counts each time) at $";
+    CHECK(strncmp(err, what, sizeof(what) - 1) == 0);
+    CHECK(lua_encode(L, "(function() local t = {} for _ = 1, 21 do t = { t, t } end return t end)()") != NULL);
+    lua_close(L);
+}
+
 static void data_at_the_parse_limit_encodes_inside_a_page(void)
 {
     lua_State *L = new_state();
@@ -287,6 +300,7 @@ int main(void)
     RUN(integers_beyond_2_53_keep_every_digit);
     RUN(reals_print_in_shortest_round_trip_form);
     RUN(negative_zero_keeps_its_sign);
+    RUN(shared_references_past_the_table_limit_are_an_error);
     RUN(upstream_real_stays_real_via_ref);
     RUN(key_order_kept_after_delete_and_add);
     RUN(plain_table_keys_sorted_bytewise);
