@@ -596,6 +596,12 @@ static int encode_userdata(enc_t *e, int idx, int depth)
 /* The value at idx, whose lua_type is type. */
 static int encode_typed(enc_t *e, int idx, int type, int depth)
 {
+    if (e->out->len > AGW_JSON_ENCODE_MAX_BYTES) { /* (one comparison a value: a string, a raw ref
+                                                        or a table may take it past once) */
+        char what[64];
+        snprintf(what, sizeof(what), "more than %zu bytes of JSON text", AGW_JSON_ENCODE_MAX_BYTES);
+        return fail(e, depth, what);
+    }
     lua_State *L = e->L;
     size_t len;
     const char *s;

@@ -68,6 +68,12 @@
  * max_body_bytes, and a table takes at least two bytes of it). */
 #define AGW_JSON_ENCODE_MAX_TABLES ((size_t)1 << 22)
 
+/* Most bytes of text one encoding writes (256 MiB; the output buffer is C memory, outside
+ * script_memory_limit_mb): a megabyte string a script put 3,000 times into a response made a 3 GB
+ * page and held the worker 6 s in one C call. Checked before each value, so the text may pass it
+ * by one value. */
+#define AGW_JSON_ENCODE_MAX_BYTES ((size_t)256 << 20)
+
 /* The body of a raw ref userdata (lua_newuserdata of sizeof(agw_json_raw_t) + len + 1 +
  * extra_len). */
 typedef struct {

@@ -67,6 +67,10 @@ end
 -- transport adds traceparent and tracestate). Refused here, at the script's line, before the call
 -- takes anything: a call the transport refused had taken a half-open breaker's probe slot for good.
 local MAX_HEADERS = 64
+-- A call's path with its query, and its request headers' names and values, at most (bytes): far
+-- past what upstreams accept (8 KB is common), and each call copies them into its request and its
+-- single-flight key: a 4 MB query shared by a thousand calls took 8 GB and 30 s of the runtime.
+local MAX_PATH_BYTES, MAX_HEADER_BYTES = 32768, 65536
 local function too_many_headers(name, level) -- level: as normalize's, seen from here
   where.raise(("call to '%s': at most %d request headers"):format(name, MAX_HEADERS), level, where.option("headers"))
 end
@@ -75,7 +79,8 @@ end
 -- fan-out it starts): the json and query tables its calls gave and what they encoded to, so a
 -- page that gives every call the same table (a shared filter, a body) pays for it once, not once
 -- a call (1,000 calls sharing a 30,000-number json body held the worker 7.5 s in the runtime's
--- code). Valid while one fan-out is started: no script code runs then to change the tables.
+-- code). Valid while one fan-out is started: no script code runs then to change the tables (a
+-- spec and its option tables have no metatables; tables are compared with rawequal).
 function M.clear_memo(memo)
   memo.json, memo.json_text, memo.query, memo.query_text = nil, nil, nil, nil
 end
@@ -92,6 +97,10 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   level = level + 1
   if type(spec) ~= "table" then
     error("a call spec must be a table like { \"upstream\", \"/path\" }, got " .. type(spec), level)
+  end
+  if getmetatable(spec) ~= nil then
+    -- (its metamethods would run the script's code while the runtime reads it: see the options)
+    error("a call spec must be a plain table like { \"upstream\", \"/path\" } (no metatable)", level)
   end
   local name, path = spec[1], spec[2]
   if type(name) ~= "string" then
@@ -123,6 +132,12 @@ function M.normalize(spec, upstreams, level, ctx, memo)
       end
       if want ~= true and type(v) ~= want then
         where.raise(("call to '%s': option '%s' must be a %s, got %s"):format(name, k, want, type(v)), level, where.option(k))
+      end
+      -- an option table's metamethods would run the script's code in the middle of starting the
+      -- fan-out (where it could wait, or start fan-outs the section count has not seen yet); json
+      -- and a fallback value are data, encoded with raw access
+      if type(v) == "table" and k ~= "json" and k ~= "fallback" and getmetatable(v) ~= nil then
+        where.raise(("call to '%s': option '%s' must be a plain table (no metatable)"):format(name, k), level, where.option(k))
       end
     end
   end
@@ -166,7 +181,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   end
   if spec.query then
     local q
-    if memo and spec.query == memo.query then
+    if memo and rawequal(spec.query, memo.query) then
       q = memo.query_text
     else
       q = M.encode_query(spec.query, level)
@@ -208,7 +223,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   if spec.json ~= nil then
     if spec.body then where.raise(("call to '%s': give either json or body, not both"):format(name), level, where.option("body")) end
     local s, err
-    if memo and type(spec.json) == "table" and spec.json == memo.json then
+    if memo and type(spec.json) == "table" and rawequal(spec.json, memo.json) then
       s = memo.json_text
     else
       s, err = json.encode(spec.json)
@@ -227,6 +242,18 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     n.body = spec.body or false
   end
   if headers and #headers > 2 * MAX_HEADERS then too_many_headers(name, level + 1) end -- (forwarded, content-type)
+  if #n.path > MAX_PATH_BYTES then
+    where.raise(("call to '%s': the path with its query is %d bytes, more than %d"):format(name, #n.path, MAX_PATH_BYTES),
+                level, where.quoted(name))
+  end
+  if headers then
+    local bytes = 0
+    for i = 1, #headers do bytes = bytes + #headers[i] end
+    if bytes > MAX_HEADER_BYTES then
+      where.raise(("call to '%s': request headers of %d bytes, more than %d"):format(name, bytes, MAX_HEADER_BYTES),
+                  level, where.option("headers"))
+    end
+  end
   n.headers = headers or false
   -- retries: the upstream's policy, narrowed by the call; only idempotent methods unless the call
   -- says it is safe (retry = { attempts = n, safe = true })

@@ -728,6 +728,18 @@ local function stop_exchange(x)
 end
 
 -- Stops every exchange of a request that ended or was abandoned.
+--- True while a call of request ctx is in flight (an exchange not done: an attempt, a retry's
+-- backoff, a hedge, a cache or identity lookup): its own timeout, never past the deadline,
+-- will settle it.
+function M.in_flight(ctx)
+  local x = ctx.exchanges
+  while x do
+    if not x.done then return true end
+    x = x.next_x
+  end
+  return false
+end
+
 function M.abandon_exchanges(ctx)
   local x = ctx.exchanges
   ctx.exchanges = false

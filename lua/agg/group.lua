@@ -35,7 +35,11 @@ end
 
 --- FNV-1a over s, finished with MurmurHash3's fmix32 so that similar strings ("url#1", "url#2")
 -- spread over the ring. Returns an unsigned 32-bit number.
+local last_s, last_h -- the last string hashed and its hash: a page's calls give the same key
+
 function M.hash(s)
+  if s == last_s then return last_h end -- (strings are interned: one comparison)
+  local key = s
   local h = 2166136261
   for i = 1, #s do
     h = mul32(bxor(h, s:byte(i)) % 4294967296, 16777619)
@@ -44,7 +48,9 @@ function M.hash(s)
   h = mul32(h, 0x85ebca6b)
   h = bxor(h, rshift(h, 13)) % 4294967296
   h = mul32(h, 0xc2b2ae35)
-  return bxor(h, rshift(h, 16)) % 4294967296
+  h = bxor(h, rshift(h, 16)) % 4294967296
+  if type(key) == "string" then last_s, last_h = key, h end
+  return h
 end
 
 local VNODES = 160      -- points per endpoint on the hash ring

@@ -433,7 +433,8 @@ local req_index = function(r, k)
     return v
 end
 
--- A request still unanswered this long after its deadline is answered by answer_overdue. Every
+-- A request still unanswered this long after its deadline, with no call in flight, is answered by
+-- answer_overdue. Every
 -- wait of a page is bounded by its deadline (a call's timeout is at most the time left), so only a
 -- coroutine suspended outside agg.fetch_all (a trusted folder's continuation that yields: the
 -- sandbox refuses it to scripts) or a mistake of the runtime's leaves one unanswered; without this
@@ -447,7 +448,11 @@ local overdue = {}
 function M.answer_overdue()
   local now, n = core.now(), 0
   for _, ctx in pairs(contexts) do
-    if not ctx.done and now > ctx.deadline + OVERDUE_MS then n = n + 1; overdue[n] = ctx end
+    -- (a page with a call in flight is not stuck: the call's timeout settles it. After the worker
+    -- was held, this tick can come before the answers that arrived meanwhile are read)
+    if not ctx.done and now > ctx.deadline + OVERDUE_MS and not exchange.in_flight(ctx) then
+      n = n + 1; overdue[n] = ctx
+    end
   end
   for i = 1, n do
     local ctx = overdue[i]

@@ -206,6 +206,17 @@ static void shared_references_past_the_table_limit_are_an_error(void)
     lua_close(L);
 }
 
+/* A megabyte string repeated: 256 times is 256 MiB and some quotes and commas past the text limit
+ * only at the last element; 300 times is refused there. */
+static void text_past_the_byte_limit_is_an_error(void)
+{
+    lua_State *L = new_state();
+    CHECK(lua_encode(L, "(function() local s, t = ('x'):rep(2^20), {} for i = 1, 300 do t[i] = s end return t end)()") == NULL);
+    static const char what[] = "more than 268435456 bytes of JSON text at $[";
+    CHECK(strncmp(err, what, sizeof(what) - 1) == 0);
+    lua_close(L);
+}
+
 static void data_at_the_parse_limit_encodes_inside_a_page(void)
 {
     lua_State *L = new_state();
@@ -301,6 +312,7 @@ int main(void)
     RUN(reals_print_in_shortest_round_trip_form);
     RUN(negative_zero_keeps_its_sign);
     RUN(shared_references_past_the_table_limit_are_an_error);
+    RUN(text_past_the_byte_limit_is_an_error);
     RUN(upstream_real_stays_real_via_ref);
     RUN(key_order_kept_after_delete_and_add);
     RUN(plain_table_keys_sorted_bytewise);
