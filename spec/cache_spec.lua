@@ -344,6 +344,22 @@ describe("the cache's shared tier", function()
     assert.equal(0, #b:calls("product"))
   end)
 
+  it("leaves a page whose lookup waits for Redis to the lookup, past its deadline too", function()
+    -- (runtime.answer_overdue: a held worker's tick, late, must not answer it 500 as stuck)
+    local redis = testing.redis()
+    redis.latency_ms = 3000
+    local gw = testing.gateway { dir = DIR, redis = redis }
+    gw:stub("product", "/products/*", { json = { name = "Sneaker" } })
+    gw:stub("stock", "/stock/*", { json = { n = 1 } })
+    local r = gw:send("GET", "/lang/1") -- (one cached section only)
+    gw.clock = 3500 -- past the 2,000 ms deadline and a second: the answer came, unread
+    gw:report_stats()
+    assert.is_nil(r.status)
+    gw:run()
+    assert.truthy(r.status)
+    for _, l in ipairs(gw:logs()) do assert.is_nil(l:find("still unanswered", 1, true)) end
+  end)
+
   it("is a miss, never a failed page, when Redis hangs, is down or answers garbage", function()
     for _, fault in ipairs({ "hang", "down", "corrupt" }) do
       local redis = testing.redis()

@@ -211,6 +211,8 @@ describe("script code the runtime runs in the middle of its work", function()
     assert.truthy(logged(gw, "a call spec must be a plain table"))
     assert.equal(500, gw:get("/option-metatable").status)
     assert.truthy(logged(gw, "call to 'a': option 'retry' must be a plain table (no metatable)"))
+    assert.equal(500, gw:get("/option-key-tostring").status)
+    assert.truthy(logged(gw, "call to 'a': unknown option '<table>'"))
     assert.equal(0, #gw:calls("a"))
   end)
 

@@ -22,6 +22,7 @@
 local str_find, str_gmatch, str_match = string.find, string.gmatch, string.match
 local bit = require "bit"
 local json = require "agg.json"
+local where = require "agg.where"
 local new_tab = require "table.new" -- table.new(narray, nhash): room for what it will hold
 
 local M = {}
@@ -66,7 +67,7 @@ function M.check_block(t, allow_key)
       local names = {}
       for n in pairs(FIELDS) do if n ~= "key" or allow_key then names[#names + 1] = n end end
       table.sort(names)
-      return nil, tostring(k), "unknown option; cache knows " .. table.concat(names, ", ")
+      return nil, where.key_name(k), "unknown option; cache knows " .. table.concat(names, ", ")
     elseif kind == "secs" then
       if type(v) ~= "number" or v ~= v or v < 0 or v > 31536000 then
         return nil, k, "must be a number of seconds from 0 to 31536000"
@@ -613,6 +614,15 @@ function M.lookup(ctx, sec, spec, g, chain)
       return true
     end
     M.stats.redis_errors = M.stats.redis_errors + 1
+  end
+  return false
+end
+
+--- True while a tier-2 lookup of request ctx waits for Redis (its answer, or the Redis client's
+-- timeout_ms, settles it; runtime.answer_overdue leaves such a page alone).
+function M.waiting_for(ctx)
+  for _, w in pairs(pending) do
+    if w.ctx == ctx then return true end
   end
   return false
 end

@@ -128,7 +128,8 @@ function M.normalize(spec, upstreams, level, ctx, memo)
         elseif NOT_YET[k] then
           where.raise(("call to '%s': option '%s' is not supported by this version of aggway"):format(name, k), level, where.option(k))
         end
-        where.raise(("call to '%s': unknown option '%s'%s"):format(name, tostring(k), config.suggest(k, OPTIONS)), level, where.option(k))
+        local kn = where.key_name(k)
+        where.raise(("call to '%s': unknown option '%s'%s"):format(name, kn, config.suggest(kn, OPTIONS)), level, where.option(k))
       end
       if want ~= true and type(v) ~= want then
         where.raise(("call to '%s': option '%s' must be a %s, got %s"):format(name, k, want, type(v)), level, where.option(k))
@@ -266,7 +267,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   if type(r) == "table" then
     for k in pairs(r) do
       if k ~= "attempts" and k ~= "on" and k ~= "backoff_ms" and k ~= "safe" then
-        where.raise(("call to '%s': retry option '%s' is unknown (attempts, on, backoff_ms, safe)"):format(name, tostring(k)), level, where.option(k))
+        where.raise(("call to '%s': retry option '%s' is unknown (attempts, on, backoff_ms, safe)"):format(name, where.key_name(k)), level, where.option(k))
       end
     end
     if r.attempts ~= nil and (type(r.attempts) ~= "number" or r.attempts < 1 or r.attempts % 1 ~= 0) then

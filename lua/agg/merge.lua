@@ -18,6 +18,7 @@ local str_find, str_gsub = string.find, string.gsub
 local json = require "agg.json"
 local problem = require "agg.problem"
 local result = require "agg.result"
+local where = require "agg.where"
 
 local M = {}
 
@@ -71,7 +72,7 @@ function M.normalize(b, name, method, path, headers, level)
       local names = {}
       for o in pairs(OPTIONS) do names[#names + 1] = o end
       table.sort(names)
-      bad(("unknown option '%s' (%s)"):format(tostring(k), table.concat(names, ", ")))
+      bad(("unknown option '%s' (%s)"):format(where.key_name(k), table.concat(names, ", ")))
     end
     if want ~= true and type(v) ~= want then bad(("option '%s' must be a %s, got %s"):format(k, want, type(v))) end
   end

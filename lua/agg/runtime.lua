@@ -15,6 +15,7 @@
 local str_gsub = string.gsub
 local problem = require "agg.problem"
 local result = require "agg.result"
+local cache = require "agg.cache"
 local exchange = require "agg.exchange"
 local fanout = require "agg.fanout"
 local identity = require "agg.identity"
@@ -448,9 +449,10 @@ local overdue = {}
 function M.answer_overdue()
   local now, n = core.now(), 0
   for _, ctx in pairs(contexts) do
-    -- (a page with a call in flight is not stuck: the call's timeout settles it. After the worker
+    -- (a page with a call or a Redis lookup in flight is not stuck: its timeout settles it. After the worker
     -- was held, this tick can come before the answers that arrived meanwhile are read)
-    if not ctx.done and now > ctx.deadline + OVERDUE_MS and not exchange.in_flight(ctx) then
+    if not ctx.done and now > ctx.deadline + OVERDUE_MS and not exchange.in_flight(ctx) and
+       not cache.waiting_for(ctx) then
       n = n + 1; overdue[n] = ctx
     end
   end

@@ -40,11 +40,21 @@ function M.remember(path, src)
 end
 
 --- Patterns for the text of a mistake: an option (`name =`, also `spec.name =`), a quoted name.
+--- A key as messages name it: a string as it is, a number in decimal, anything else by its type
+-- ("<table>"): tostring of a table runs its __tostring, the script's code, in the middle of the
+-- runtime's work (where it could wait for a call).
+function M.key_name(k)
+  local t = type(k)
+  if t == "string" then return k end
+  if t == "number" then return tostring(k) end
+  return "<" .. t .. ">"
+end
+
 function M.option(name)
-  return "[%s{,.;]" .. str_gsub(tostring(name), "%p", "%%%0") .. "%s*="
+  return "[%s{,.;]" .. str_gsub(M.key_name(name), "%p", "%%%0") .. "%s*="
 end
 function M.quoted(name)
-  return "[\"']" .. str_gsub(tostring(name), "%p", "%%%0") .. "[\"']"
+  return "[\"']" .. str_gsub(M.key_name(name), "%p", "%%%0") .. "[\"']"
 end
 
 -- "@/…/lua/" of the runtime's own files: a frame there is never the script's place
