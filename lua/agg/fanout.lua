@@ -80,7 +80,6 @@ end
 -- A continuation waiting in the ready queue is settled as cancelled when its turn comes.
 local function cancel_rest(g, failed_key)
   local ctx = g.ctx
-  local function cancelled(key, opts) return cancelled_result(g, key, opts) end
   g.cancelling, g.failed_key = true, failed_key
   local failed = g.results[failed_key]
   for _, t in ipairs(g.thens) do
@@ -94,15 +93,15 @@ local function cancel_rest(g, failed_key)
         settle(g, t.key, fail(ctx, r, problem.dependency_failed(tostring(t.key), tostring(failed_key), failed.error),
                               t.info.opts))
       else
-        settle(g, t.key, cancelled(t.key, t.info.opts))
+        settle(g, t.key, cancelled_result(g, t.key, t.info.opts))
       end
     end
   end
   exchange.cancel_where(ctx, function(x) return descends(x.group, g) end, function(x)
-    if x.group == g then settle(g, x.key, cancelled(x.key, x)) end
+    if x.group == g then settle(g, x.key, cancelled_result(g, x.key, x)) end
   end)
   for key in pairs(g[1]) do
-    if g.results[key] == nil then settle(g, key, cancelled(key, nil)) end
+    if g.results[key] == nil then settle(g, key, cancelled_result(g, key, nil)) end
   end
 end
 

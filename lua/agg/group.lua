@@ -39,7 +39,6 @@ local last_s, last_h -- the last string hashed and its hash: a page's calls give
 
 function M.hash(s)
   if s == last_s then return last_h end -- (strings are interned: one comparison)
-  local key = s
   local h = 2166136261
   for i = 1, #s do
     h = mul32(bxor(h, s:byte(i)) % 4294967296, 16777619)
@@ -49,7 +48,7 @@ function M.hash(s)
   h = bxor(h, rshift(h, 13)) % 4294967296
   h = mul32(h, 0xc2b2ae35)
   h = bxor(h, rshift(h, 16)) % 4294967296
-  if type(key) == "string" then last_s, last_h = key, h end
+  last_s, last_h = s, h
   return h
 end
 

@@ -209,9 +209,7 @@ end
 local function merged_path(p, keys)
   local o = p.opts
   if o.request then
-    local k = result.enter_callback()
-    local ok, path = pcall(o.request, keys)
-    result.leave_callback(k)
+    local ok, path = result.callback_pcall(o.request, keys)
     if not ok then return nil, path end
     if type(path) ~= "string" or path:byte(1) ~= 47 then
       return nil, "batch.request must return a path starting with '/', got " .. type(path)
@@ -353,9 +351,7 @@ function M.answer(p, outcome, http_status, headers, body, data, ms, detail)
   local ok2xx = outcome == "ok" and http_status >= 200 and http_status < 300 and data ~= nil and type(data) ~= "string"
   local by, err
   if ok2xx then
-    local k = result.enter_callback()
-    local ok, v = pcall(function() return split(p, json.materialize(data)) end)
-    result.leave_callback(k)
+    local ok, v = result.callback_pcall(function() return split(p, json.materialize(data)) end)
     if ok then by = v else err = v end
   end
   if not by then

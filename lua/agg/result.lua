@@ -254,7 +254,8 @@ local in_callback = setmetatable({}, { __mode = "k" }) -- coroutine (or MAIN) ->
 local MAIN = {}
 
 --- Marks the running coroutine as running a script callback of the runtime's until
--- leave_callback(key); returns the key to give it.
+-- leave_callback(key); returns the key to give it. (The page's own path, runtime.finish_request,
+-- uses the pair directly: callback_pcall's pass-through of results costs it instructions.)
 function M.enter_callback()
   local k = coroutine.running() or MAIN
   in_callback[k] = (in_callback[k] or 0) + 1
@@ -265,6 +266,17 @@ end
 function M.leave_callback(k)
   local d = (in_callback[k] or 1) - 1
   in_callback[k] = d > 0 and d or nil
+end
+
+local function leave_with(k, ...)
+  M.leave_callback(k)
+  return ...
+end
+
+--- pcall(f, ...) of a script callback the runtime makes in the middle of its own work (a fallback,
+-- a merged call's functions), marked as such while it runs (see above). Returns what pcall returns.
+function M.callback_pcall(f, ...)
+  return leave_with(M.enter_callback(), pcall(f, ...))
 end
 
 --- True while the running coroutine runs a script callback of the runtime's (see enter_callback).
@@ -279,9 +291,7 @@ function M.fail(ctx, r, p, spec)
   if spec and spec.fallback ~= nil then
     local fb = spec.fallback
     if type(fb) == "function" then
-      local k = M.enter_callback()
-      local ok, v = pcall(fb, p)
-      M.leave_callback(k)
+      local ok, v = M.callback_pcall(fb, p)
       if not ok then
         M.log_error(ctx, "fallback of " .. info_of(r).section, v, fb)
         r.status = "unavailable"

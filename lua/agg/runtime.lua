@@ -434,12 +434,12 @@ local req_index = function(r, k)
     return v
 end
 
--- A request still unanswered this long after its deadline, with no call in flight, is answered by
--- answer_overdue. Every
--- wait of a page is bounded by its deadline (a call's timeout is at most the time left), so only a
--- coroutine suspended outside agg.fetch_all (a trusted folder's continuation that yields: the
--- sandbox refuses it to scripts) or a mistake of the runtime's leaves one unanswered; without this
--- it stayed in flight until its client left (and counted against max_in_flight meanwhile).
+-- A request still unanswered this long after its deadline, with no call and no Redis lookup in
+-- flight, is answered by answer_overdue. Every wait of a page is bounded by its deadline (a call's
+-- timeout is at most the time left), so only a coroutine suspended outside agg.fetch_all (a
+-- trusted folder's continuation that yields: the sandbox refuses it to scripts) or a mistake of
+-- the runtime's leaves one unanswered; without this it stayed in flight until its client left
+-- (and counted against max_in_flight meanwhile).
 local OVERDUE_MS = 1000
 local overdue = {}
 

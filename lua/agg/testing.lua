@@ -96,6 +96,14 @@ function Gateway:at(ms, fn)
   schedule(self, ms, fn)
 end
 
+-- The virtual clock moves to the next whole second and runs the worker's once-a-second
+-- runtime.report_stats(true) there (health probes start, overdue pages are answered).
+local function next_second(gw)
+  gw.clock = (math.floor(gw.clock / 1000) + 1) * 1000
+  if M.current ~= gw then gw:install() end
+  timed(gw, rt.report_stats, true)
+end
+
 --- Runs the virtual clock until every request sent is answered and nothing else is due. Errors
 -- when a request can never be answered, or when a call had no stub.
 function Gateway:run()
@@ -140,9 +148,7 @@ function Gateway:request(method, path, opts)
       if idle_ticks > 3601 then
         error(("%s %s was never answered: the script waits with nothing in flight"):format(method, path), 2)
       end
-      self.clock = (math.floor(self.clock / 1000) + 1) * 1000
-      if M.current ~= self then self:install() end
-      timed(self, rt.report_stats, true)
+      next_second(self)
     end
   end
   self.pending_responses = {}
@@ -263,9 +269,7 @@ function Gateway:advance(ms)
     local ev = peek(self)
     local tick = (math.floor(self.clock / 1000) + 1) * 1000
     if tick <= target and (not ev or tick < ev.at) then
-      self.clock = tick
-      if M.current ~= self then self:install() end
-      timed(self, rt.report_stats, true)
+      next_second(self)
     elseif ev and ev.at <= target then
       step(self)
     else
