@@ -1,13 +1,26 @@
 /* accept.c: client connections: accepting them on the worker's listeners, this worker's share of
  * clients.max_connections (a listener pauses at the cap and resumes when a connection closes),
- * the accept failures' warning, and the TLS context a connection holds until it closes.
+ * accepting without descriptors (the listener rests), and the TLS context a connection holds
+ * until it closes.
+ *
+ * The worker accepts itself (a libev watcher and accept4), then hands the socket to libuv and h2o.
+ * libuv's own accept loop is not used: when accept fails for want of descriptors it closes a
+ * descriptor it keeps in reserve, drops the waiting connections and opens the reserve again, and
+ * if another thread of the process (another worker, the admin listener, the resolver) takes that
+ * number meanwhile, its next EMFILE has no reserve and its loop calls accept again at once,
+ * without returning to the event loop: the worker spins at 100 % of a core and serves nothing
+ * until some other thread frees a descriptor.
  */
 #include "worker/worker_internal.h"
 
 #include "base/mem.h"
 #include "base/log.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 /* An accepted connection: its libuv handle and, on a TLS listener, a reference to the SSL_CTX it
  * was accepted with, held until the connection closes. h2o 2.2 keeps only a plain pointer to that
@@ -27,7 +40,16 @@ typedef struct conn {
     unsigned h2_streams;    /* HTTP/2: its open streams at the last count */
 } conn_t;
 
-static void accept_one(listener_t *l);
+/* How long a listener rests when accept finds no descriptor or memory free, s (nginx rests
+ * 500 ms, Go's net/http backs off from 5 ms to 1 s): the connections wait in the backlog and
+ * are accepted once descriptors come free. */
+#define ACCEPT_REST_S 0.1
+
+/* Connections accepted per readiness of a listener, at most: the rest wait for the loop's next
+ * iteration (the watcher is level-triggered), so a flood of connections does not hold the worker
+ * from the requests it has. */
+#define ACCEPT_BATCH 64
+
 
 /* This worker's share of clients.max_connections (at least 1). */
 static unsigned conn_share(agw_worker_t *w)
@@ -48,19 +70,20 @@ static void on_conn_close(uv_handle_t *h)
     agw_guard_conn_close(&w->guard, &c->guard);
     free(c);
     w->client_conns--;
-    /* a slot came free: a listener paused at the cap takes the connection libuv holds for it */
+    /* a slot came free: the listeners paused at the cap watch their backlog again */
     for (size_t i = 0; i < w->num_listeners && w->num_paused && w->client_conns < conn_share(w); i++) {
         listener_t *l = &w->listeners[i];
-        if (l->paused && !uv_is_closing((uv_handle_t *)&l->handle)) {
+        if (l->paused) {
             l->paused = 0;
             w->num_paused--;
-            accept_one(l);
+            if (l->fd >= 0 && !ev_is_active(&l->rest))
+                ev_io_start(w->loop, &l->io);
         }
     }
 }
 
-/* Takes the connection libuv has accepted on l's socket and hands it to h2o. */
-static void accept_one(listener_t *l)
+/* Hands fd, a connection just accepted on l (non-blocking), to libuv and h2o. */
+static void accept_one(listener_t *l, int fd)
 {
     agw_worker_t *w = l->worker;
     conn_t *conn = agw_calloc(1, sizeof(*conn));
@@ -68,14 +91,13 @@ static void accept_one(listener_t *l)
     conn->guard.fd = -1;
     uv_tcp_init(&w->uvloop, &conn->tcp);
     w->client_conns++; /* on_conn_close counts it down, whatever happens next */
-    if (uv_accept((uv_stream_t *)&l->handle, (uv_stream_t *)&conn->tcp) != 0) {
+    if (uv_tcp_open(&conn->tcp, fd) != 0) {
+        close(fd); /* the handle does not hold it: its close leaves fd alone */
         uv_close((uv_handle_t *)&conn->tcp, on_conn_close);
         return;
     }
-    uv_os_fd_t fd;
-    if (uv_fileno((uv_handle_t *)&conn->tcp, &fd) == 0)
-        agw_guard_conn_open(&w->guard, &conn->guard, fd, AGW_WORKER_MAX_FIELDS(&w->gens.cur->conf->clients),
-                            AGW_WORKER_MAX_BLOCK_BYTES(&w->gens.cur->conf->clients));
+    agw_guard_conn_open(&w->guard, &conn->guard, fd, AGW_WORKER_MAX_FIELDS(&w->gens.cur->conf->clients),
+                        AGW_WORKER_MAX_BLOCK_BYTES(&w->gens.cur->conf->clients));
     uv_tcp_nodelay(&conn->tcp, 1);
     if ((conn->ssl_ctx = l->accept_ctx.ssl_ctx) != NULL)
         SSL_CTX_up_ref(conn->ssl_ctx);
@@ -128,32 +150,98 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
     return busy;
 }
 
-/* A client connection is ready on l. At the worker's share of clients.max_connections the
- * listener pauses: libuv keeps the connection it accepted and stops polling the listening socket
- * until on_conn_close takes it (uv_accept restarts the polling), so further clients wait in the
- * kernel's backlog instead of costing descriptors. When accept itself fails for want of
- * descriptors (EMFILE, ENFILE), libuv drops the pending connections with a descriptor it keeps
- * for that (no busy loop); the log says so at most once per 10 s. */
-void agw_worker_on_accept(uv_stream_t *server, int status)
+/* Logs that accept failed (err: its errno) and what happens meanwhile, at most once per 10 s per
+ * worker. */
+static void warn_accept(agw_worker_t *w, int err)
 {
-    listener_t *l = server->data;
+    double now = ev_now(w->loop);
+    if (now - w->accept_warned < 10.0)
+        return;
+    w->accept_warned = now;
+    agw_log(AGW_LOG_WARN, "worker %d: cannot accept client connections: %s; they wait until descriptors come "
+            "free (raise the open-files limit or lower clients.max_connections)", w->id, strerror(err));
+}
+
+static void on_rest_over(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)revents;
+    listener_t *l = t->data;
+    if (l->fd >= 0 && !l->paused)
+        ev_io_start(loop, &l->io);
+}
+
+/* Connections wait in l's backlog. Accepts them (at most ACCEPT_BATCH) while this worker is under
+ * its share of clients.max_connections; at the share the listener pauses (its watcher stops until
+ * a connection closes: on_conn_close), so further clients wait in the kernel's backlog, in order,
+ * instead of costing descriptors. When accept fails for want of descriptors or memory (EMFILE,
+ * ENFILE, ENOBUFS, ENOMEM) the listener rests ACCEPT_REST_S and tries again: the connections wait,
+ * and the worker serves the ones it has meanwhile. Errors of the new connection itself
+ * (ECONNABORTED, a network error accept(2) says to treat as EAGAIN) skip it. */
+static void on_listener_ready(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)revents;
+    listener_t *l = io->data;
     agw_worker_t *w = l->worker;
-    if (status != 0) {
-        double now = ev_now(w->loop);
-        if (now - w->accept_warned >= 10.0) {
-            w->accept_warned = now;
-            agw_log(AGW_LOG_WARN, "worker %d: cannot accept client connections: %s; they are closed until "
-                    "descriptors come free (raise the open-files limit or lower clients.max_connections)",
-                    w->id, uv_strerror(status));
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        if (w->client_conns >= conn_share(w)) {
+            ev_io_stop(loop, &l->io);
+            if (!l->paused) {
+                l->paused = 1;
+                w->num_paused++;
+            }
+            return;
         }
-        return;
-    }
-    if (w->client_conns >= conn_share(w)) {
-        if (!l->paused) {
-            l->paused = 1;
-            w->num_paused++;
+        int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            accept_one(l, fd);
+            continue;
         }
-        return;
+        switch (errno) {
+        case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+        case EWOULDBLOCK:
+#endif
+            return;
+        case EINTR:
+        case ECONNABORTED:
+        case EPROTO:
+        case ENETDOWN:
+        case ENOPROTOOPT:
+        case EHOSTDOWN:
+        case ENONET:
+        case EHOSTUNREACH:
+        case EOPNOTSUPP:
+        case ENETUNREACH:
+        case ETIMEDOUT:
+        case EPERM: /* a firewall rule refused it */
+            continue;
+        default: /* EMFILE, ENFILE, ENOBUFS, ENOMEM; anything else, rather than spin on it */
+            warn_accept(w, errno);
+            ev_io_stop(loop, &l->io);
+            ev_timer_set(&l->rest, ACCEPT_REST_S, 0.);
+            ev_timer_start(loop, &l->rest);
+            return;
+        }
     }
-    accept_one(l);
+}
+
+void agw_worker_listener_start(listener_t *l)
+{
+    agw_worker_t *w = l->worker;
+    ev_io_init(&l->io, on_listener_ready, l->fd, EV_READ);
+    l->io.data = l;
+    ev_init(&l->rest, on_rest_over);
+    l->rest.data = l;
+    ev_io_start(w->loop, &l->io);
+}
+
+void agw_worker_listener_close(listener_t *l)
+{
+    agw_worker_t *w = l->worker;
+    if (l->fd < 0)
+        return;
+    ev_io_stop(w->loop, &l->io);
+    ev_timer_stop(w->loop, &l->rest);
+    close(l->fd);
+    l->fd = -1;
 }

@@ -91,11 +91,6 @@ static void on_stop(struct ev_loop *loop, ev_async *a, int revents)
     ev_break(loop, EVBREAK_ALL);
 }
 
-static void on_listener_closed(uv_handle_t *h)
-{
-    (void)h; /* the handle lives in w->listeners, freed with the worker */
-}
-
 /* While draining, every 10 ms: the connections that must not be cut yet (agw_worker_busy_conns),
  * for the main thread's drain. */
 static void on_drain_tick(struct ev_loop *loop, ev_timer *t, int revents)
@@ -120,8 +115,7 @@ static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
     w->draining = 1;
     w->drain_started = ev_now(loop);
     for (size_t i = 0; i < w->num_listeners; i++)
-        if (!uv_is_closing((uv_handle_t *)&w->listeners[i].handle))
-            uv_close((uv_handle_t *)&w->listeners[i].handle, on_listener_closed);
+        agw_worker_listener_close(&w->listeners[i]);
     /* HTTP/2: GOAWAY, the connections stay until their streams are done (guard.h); h2o's own
      * shutdown would close a connection whose request body is still arriving */
     w->ctx.shutdown_requested = 1;
@@ -132,7 +126,7 @@ static void on_drain(struct ev_loop *loop, ev_async *a, int revents)
     w->drain_timer.data = w;
     ev_timer_init(&w->drain_timer, on_drain_tick, 0.01, 0.01);
     ev_timer_start(loop, &w->drain_timer);
-    __atomic_store_n(&w->drained, 1, __ATOMIC_RELEASE); /* uv_close closed the sockets: no new connection */
+    __atomic_store_n(&w->drained, 1, __ATOMIC_RELEASE); /* the sockets are closed: no new connection */
 }
 
 /* ---- the response queue: sent by on_prepare -------------------------------------------------- */
@@ -369,15 +363,8 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         l->accept_ctx.ctx = &w->ctx;
         l->accept_ctx.hosts = globalconf->hosts;
         l->accept_ctx.ssl_ctx = NULL; /* the generation's (agw_worker_gen_activate) */
-        uv_tcp_init(&w->uvloop, &l->handle);
-        l->handle.data = l;
-        int rc = uv_tcp_open(&l->handle, fds[i].fd);
-        if (rc == 0)
-            rc = uv_listen((uv_stream_t *)&l->handle, 1024, agw_worker_on_accept);
-        if (rc != 0) {
-            agw_buf_printf(errors, "worker %d: cannot listen: %s\n", id, uv_strerror(rc));
-            return NULL;
-        }
+        l->fd = fds[i].fd;
+        agw_worker_listener_start(l);
     }
     agw_worker_gen_activate(w, first); /* also gives the TLS listeners their SSL_CTX */
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {

@@ -38,9 +38,12 @@
 
 /* A listening socket as the worker's libuv loop accepts on it. */
 typedef struct listener {
-    uv_tcp_t handle;
-    int paused;                    /* a connection waits in libuv, not accepted: the worker is at its
-                                      share of clients.max_connections (on_accept) */
+    int fd;                        /* the listening socket (the worker's own; -1 once closed by a drain) */
+    ev_io io;                      /* readable: connections wait in the socket's backlog */
+    ev_timer rest;                 /* accept found no descriptor or memory free: io stays stopped until
+                                      this fires (accept.c) */
+    int paused;                    /* io stopped at this worker's share of clients.max_connections; a
+                                      connection's close starts it again (accept.c) */
     h2o_accept_ctx_t accept_ctx;   /* ssl_ctx: the TLS context of the current generation's listener
                                       (a reference of this worker's, swapped on the worker's loop
                                       when a generation becomes current), NULL for cleartext */
@@ -243,10 +246,14 @@ void agw_worker_abandon_request(wgen_t *g, uint64_t rid);
 
 /* ---- accept.c: client connections ---------------------------------------------------------- */
 
-/* libuv's connection callback of every listener (server->data is its listener_t): accepts one
- * connection and hands it to h2o, or pauses the listener at this worker's share of
- * clients.max_connections. */
-void agw_worker_on_accept(uv_stream_t *server, int status);
+/* Starts accepting client connections on l, whose fd, worker and accept_ctx are set (l->fd is a
+ * non-blocking listening socket, which the worker owns from then on). Worker's loop, or before the
+ * worker's thread runs. */
+void agw_worker_listener_start(listener_t *l);
+
+/* Stops accepting on l for good and closes its socket (a drain: new connections are refused once
+ * every worker has closed its own). Worker's loop. */
+void agw_worker_listener_close(listener_t *l);
 
 /* ---- vm.c: generations -------------------------------------------------------------- */
 

@@ -7,7 +7,9 @@
 - Without the cap's room (max_connections above the limit), the gateway does run out: upstream
   calls then fail as the gateway's own problem (outcome `local`, `gateway-overloaded`), never as
   the upstream's, so its breaker stays closed and the first page after the flood is complete; the
-  admin listener, whose accept fails meanwhile, rests instead of spinning at 100 % CPU.
+  worker's listeners and the admin listener, whose accept fails meanwhile, rest instead of spinning
+  at 100 % CPU, and a client waiting in the backlog meanwhile is served once descriptors come back
+  (not dropped).
 """
 import http.client
 import json
@@ -133,7 +135,7 @@ class OutOfDescriptors(GatewayTestCase):
         self.assertEqual(kept.get("/no-such-route")[0], 404)  # no upstream connection yet
         socks = flood(self.port, 150)
         self.addCleanup(close_all, socks)
-        # libuv accepts until EMFILE, then closes what waits with a descriptor it keeps for that
+        # the worker accepts until EMFILE, then its listener rests; the rest wait in the backlog
         self.assertTrue(wait_until(lambda: fd_count(pid) >= self.NOFILE - 1, 10), fd_count(pid))
         # the admin listener meets EMFILE too: a connection waits in its backlog
         admin = socket.create_connection(("127.0.0.1", self.admin_port), timeout=5)
@@ -148,8 +150,21 @@ class OutOfDescriptors(GatewayTestCase):
             status, headers, body = kept.get("/product-page/%d" % i)
             self.assertNotEqual(status, 200, body)
             self.assertIn(b"gateway-overloaded", body, body)
-        close_all(socks)
+        # the flood's last client waits in the backlog all along; once the others leave it is served
+        late = socks[-1]
+        late.sendall(b"GET /product-page/7 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        close_all(socks[:-1])
         admin.close()
+        late.settimeout(15)
+        data = b""
+        while True:
+            d = late.recv(65536)
+            if not d:
+                break
+            data += d
+        self.assertTrue(data.startswith(b"HTTP/1.1 200 "), data[:300])
+        self.assertIn(b"x-aggregation-completed: true", data.lower())
+        late.close()
         self.assertTrue(wait_until(lambda: fd_count(pid) < self.NOFILE - 20, 15), fd_count(pid))
         status, headers, body = kept.get("/product-page/42")
         self.assertEqual(status, 200, body)
