@@ -193,6 +193,20 @@ describe("merged calls", function()
     assert.equal(2, page.json.a.data.eur)
   end)
 
+  it("a split that raises a value other than a string fails its items, the value named by its type", function()
+    gw:stub("prices", "/prices/lookup", { json = { prices = {} } })
+    local page = gw:get("/split-raises/ab")
+    assert.equal(502, page.status) -- its only section
+    assert.equal("unavailable", page.json.sections.a.status)
+    assert.equal("urn:aggway:problem:upstream-bad-json", page.json.sections.a.error.type)
+    assert.equal(0, #gw:calls("catalog")) -- its __tostring never ran
+    local seen
+    for _, l in ipairs(gw:logs()) do
+      if l:find("merged call to upstream prices: an error value of type table", 1, true) then seen = true end
+    end
+    assert.truthy(seen)
+  end)
+
   it("fills a path template and finds items by another field of a list under a member", function()
     gw:stub("catalog", "/by-sku/{list}", function(call)
       local items = {}

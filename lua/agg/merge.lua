@@ -357,8 +357,9 @@ function M.answer(p, outcome, http_status, headers, body, data, ms, detail)
   if not by then
     if ok2xx then
       -- the answer does not split: every caller fails as for an answer that is not what was asked
-      core.log("warn", ("merged call to upstream %s: %s"):format(p.upstream, tostring(err)))
-      outcome, data = "ok", tostring(err)
+      err = result.error_text(err)
+      core.log("warn", ("merged call to upstream %s: %s"):format(p.upstream, err))
+      outcome, data = "ok", err
     end
     for _, rec in ipairs(recs) do
       local x = exchange_of(rec)

@@ -188,13 +188,34 @@ function M.at_script_frame(e)
   return e
 end
 
+-- How much of a script's error message a log line quotes, bytes: the log cuts a line at 8 KB
+-- (base/log.c), and the traceback comes after the message.
+local MESSAGE_MAX = 4096
+
+--- What a log line quotes of an error value a script raised: a string, cut to MESSAGE_MAX bytes
+-- and its size named ("…(52428800 bytes in all)"); any other value by its type. Never runs the
+-- script's code (a table's __tostring), and never copies more than MESSAGE_MAX bytes of a long
+-- message (a 300 MB one was formatted whole: about 1.4 s in the runtime, where no script limit
+-- stops).
+function M.error_text(err)
+  if type(err) ~= "string" then
+    return ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
+  end
+  if #err > MESSAGE_MAX then
+    return err:sub(1, MESSAGE_MAX) .. ("…(%d bytes in all)"):format(#err)
+  end
+  return err
+end
+
 --- Logs a script error of request ctx: what (nil, or "continuation of s", "fallback of s"), err
 -- (the error value), co: the coroutine it was raised in (its traceback is logged, and a message
 -- placed in the runtime or nowhere gets the script's line on its stack), or the script's function
 -- that raised outside a coroutine (a fallback: its first line), or nil.
 function M.log_error(ctx, what, err, co)
-  if type(err) ~= "string" then
-    err = ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
+  local raw = err
+  err = M.error_text(err)
+  if type(raw) ~= "string" then
+    -- its type, said as is
   elseif co then
     -- a message placed in the runtime (error("…", 2) from a handler names the runtime's line that
     -- called it) or nowhere (error("…", 0), a level past the stack) is put at the script's line on
