@@ -86,6 +86,19 @@ describe("the circuit breaker of a group", function()
   end)
 end)
 
+describe("the hash of the ring and of endpoint ids", function()
+  it("gives the values it always gave: session tokens carry them", function()
+    local hash = require("agg.group").hash
+    assert.equal(2872998923, hash(""))
+    assert.equal(444641715, hash("a"))
+    assert.equal(3040024988, hash("http://127.0.0.1:21#1"))
+    assert.equal(2398786460, hash("http://127.0.0.1:23#160"))
+    assert.equal(2083131798, hash("user-42"))
+    assert.equal(4213289907, hash(("\255\0x"):rep(7)))
+    assert.equal(1218682425, hash(("u"):rep(65000))) -- a client's header as the key
+  end)
+end)
+
 describe("balancing", function()
   local gw
   before_each(function() gw = testing.gateway { dir = DIR } end)
@@ -235,6 +248,29 @@ describe("session persistence", function()
       assert.is_nil(p.headers["set-cookie"]) -- the session stays where it is: nothing to set
     end
     assert.same({ [first] = 30 }, by_endpoint(gw:calls("sticky")))
+  end)
+
+  it("finds the session cookie however the Cookie header writes it, and only a pair of that name", function()
+    local tok = cookie_of(gw:get("/sticky/1"))
+    local first = gw:calls("sticky")[1].endpoint
+    gw:clear_calls()
+    local pairs6000 = {}
+    for i = 1, 6000 do pairs6000[i] = ("c%04d=v%03d"):format(i, i % 1000) end
+    local many = table.concat(pairs6000, "; ") -- 72 KB (clients.max_header_bytes lets 64 KB through)
+    for _, c in ipairs {
+      "agw-sticky=" .. tok, "  agw-sticky=" .. tok, "a=1;agw-sticky=" .. tok .. ";b=2",
+      "xagw-sticky=zz.1.1; agw-sticky=" .. tok, "a=agw-sticky=zz.1.1; agw-sticky=" .. tok,
+      "a=b agw-sticky=zz.1.1; agw-sticky=" .. tok, "agw-sticky=" .. tok .. "; agw-sticky=zz.1.1",
+      many .. "; agw-sticky=" .. tok,
+    } do
+      local p = gw:get("/sticky/2", { headers = { cookie = c } })
+      assert.equal(200, p.status)
+      assert.is_nil(p.headers["set-cookie"], c:sub(1, 80)) -- the session was found: nothing to set
+    end
+    assert.same({ [first] = 8 }, by_endpoint(gw:calls("sticky")))
+    for _, c in ipairs { "agw-stickyx=" .. tok, "x=" .. tok, "agw-sticky" .. tok, many } do
+      assert.is_truthy(cookie_of(gw:get("/sticky/3", { headers = { cookie = c } })), c:sub(1, 80))
+    end
   end)
 
   it("moves when its endpoint is ejected, and the page sets the new cookie", function()
