@@ -70,7 +70,11 @@ static void on_conn_close(uv_handle_t *h)
     agw_guard_conn_close(&w->guard, &c->guard);
     free(c);
     w->client_conns--;
-    /* a slot came free: the listeners paused at the cap watch their backlog again */
+    agw_worker_accept_resume(w); /* a slot came free */
+}
+
+void agw_worker_accept_resume(agw_worker_t *w)
+{
     for (size_t i = 0; i < w->num_listeners && w->num_paused && w->client_conns < conn_share(w); i++) {
         listener_t *l = &w->listeners[i];
         if (l->paused) {
@@ -182,6 +186,11 @@ static void on_listener_ready(struct ev_loop *loop, ev_io *io, int revents)
     (void)revents;
     listener_t *l = io->data;
     agw_worker_t *w = l->worker;
+    /* h2o starts a new connection's timeouts (request, TLS handshake, HTTP/2 idle) on libuv's
+     * clock, which moves only in uv_run: after a quiet spell it was seconds behind, and the next
+     * run found the new connection's timeout past and closed it (the first client after 10 s of
+     * quiet was reset) */
+    uv_update_time(&w->uvloop);
     for (int i = 0; i < ACCEPT_BATCH; i++) {
         if (w->client_conns >= conn_share(w)) {
             ev_io_stop(loop, &l->io);

@@ -148,6 +148,7 @@ void agw_worker_gen_activate(agw_worker_t *w, wgen_t *g)
     h2o_linklist_insert(w->gens.live.next, &g->link); /* first */
     w->gens.cur = g;
     adopt_listener_tls(w, conf);
+    agw_worker_accept_resume(w); /* clients.max_connections may have been raised */
     __atomic_store_n(&w->gens.serving, g->gen->number, __ATOMIC_RELEASE);
     if (old)
         agw_worker_gen_release(old);

@@ -70,6 +70,11 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
             n += agw_worker_flush_responses(w);
             n += agw_guard_h2_flush(&w->guard); /* GOAWAYs to clients that cancel too much */
         } while (n > 0);
+        /* libuv's clock moves only in uv_run: on a worker whose libuv has nothing to do, a
+         * timeout measured from its last run was armed anew each time libev woke (the stats
+         * timer: every second), always as far away, and never fired (h2o's request, handshake
+         * and idle timeouts of a quiet worker's connections: a silent client held its slot) */
+        uv_update_time(&w->uvloop);
         if ((timeout = uv_backend_timeout(&w->uvloop)) != 0 || rounds++ == 4)
             break;
         run_uv(w);

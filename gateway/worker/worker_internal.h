@@ -251,6 +251,10 @@ void agw_worker_abandon_request(wgen_t *g, uint64_t rid);
  * worker's thread runs. */
 void agw_worker_listener_start(listener_t *l);
 
+/* The listeners paused at this worker's share of clients.max_connections accept again while the
+ * worker is under it (a connection closed, a reload raised the share). Worker's loop. */
+void agw_worker_accept_resume(agw_worker_t *w);
+
 /* Stops accepting on l for good and closes its socket (a drain: new connections are refused once
  * every worker has closed its own). Worker's loop. */
 void agw_worker_listener_close(listener_t *l);

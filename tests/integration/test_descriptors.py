@@ -4,6 +4,10 @@
   descriptors for upstream sockets: hundreds of idle clients never take the gateway to its limit,
   a client already connected gets complete pages meanwhile, the connections beyond the cap wait
   (they are served once slots free up, not dropped), and the descriptors come back afterwards.
+- A quiet worker keeps time: a client that connects and sends nothing is closed by the request
+  timeout (h2o's 10 s) with no other traffic to wake the worker, so silent clients cannot hold
+  the cap's slots; the first client after a quiet spell is served (not taken for timed out); and a
+  reload that raises the cap lets the clients waiting in the backlog in at once.
 - Without the cap's room (max_connections above the limit), the gateway does run out: upstream
   calls then fail as the gateway's own problem (outcome `local`, `gateway-overloaded`), never as
   the upstream's, so its breaker stays closed and the first page after the flood is complete; the
@@ -14,6 +18,9 @@
 import http.client
 import json
 import os
+import re
+import select
+import signal
 import socket
 import sys
 import time
@@ -105,6 +112,82 @@ class ConnectionCap(GatewayTestCase):
         self.assertTrue(wait_until(lambda: fd_count(pid) <= base + 2, 15), (base, fd_count(pid)))
         self.assertEqual(self.get("/product-page/2").status, 200)
         self.assertEqual(self.log_errors(), [])
+
+
+def read_all(sock, timeout):
+    """Everything sock receives until EOF (or timeout s: socket.timeout)."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        d = sock.recv(65536)
+        if not d:
+            return data
+        data += d
+
+
+def has_data(sock, wait_s):
+    return bool(select.select([sock], [], [], wait_s)[0])
+
+
+class QuietWorker(GatewayTestCase):
+    def test_first_client_after_a_quiet_spell_is_served(self):
+        # libuv's clock moves only when it runs: after 11 s without traffic the new connection's
+        # request timeout was stamped 11 s in the past, and the next run closed it at once
+        self.start(services=demo_services(5, 5, 5), scripts=repo_scripts("product-page.lua"))
+        self.assertEqual(self.get("/product-page/1").status, 200)
+        time.sleep(11)
+        r = self.get("/product-page/2")
+        self.assertEqual(r.status, 200, r)
+        r = self.get_h2c("/product-page/3")
+        self.assertEqual(r.status, 200, r)
+
+    def test_a_silent_client_is_closed_by_the_request_timeout_with_nothing_else_going_on(self):
+        # the timeout was armed anew at each of the worker's once-a-second ticks, as far away each
+        # time, and fired only when other traffic ran libuv
+        self.start(services=demo_services(5, 5, 5), scripts=repo_scripts("product-page.lua"))
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        self.addCleanup(s.close)
+        t0 = time.monotonic()
+        try:
+            data = read_all(s, 40)
+        except socket.timeout:
+            self.fail("a client that sent nothing is still connected after 40 s")
+        print("a silent client closed after %.1f s" % (time.monotonic() - t0))
+        self.assertNotIn(b"200 OK", data)
+
+    def test_a_reload_that_raises_the_cap_lets_the_waiting_clients_in(self):
+        slow = ('local agg = require "agg"\n'
+                'return { route = "GET /slow/{id}", deadline_ms = 20000, handler = function(req)\n'
+                '  return agg.page(agg.fetch_all { p = { "product", "/products/" .. req.params.id, timeout_ms = 20000 } })\n'
+                'end }\n')
+        self.start(services=demo_services(product_ms=12000, reviews_ms=5, inventory_ms=5),
+                   scripts={"slow.lua": slow}, deadline_ms=20000,
+                   upstream_options={"product": {"timeout_ms": 20000}},
+                   gateway_extra={"clients": {"max_connections": 2}})
+        held = []
+        for i in range(2):  # two pages in flight for 12 s: the worker is at its cap
+            c = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            self.addCleanup(c.close)
+            c.sendall(b"GET /slow/%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % i)
+            held.append(c)
+        time.sleep(0.3)
+        late = socket.create_connection(("127.0.0.1", self.port), timeout=5)  # in the backlog
+        self.addCleanup(late.close)
+        late.sendall(b"GET /no-such-route HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        self.assertFalse(has_data(late, 0.5), "a client beyond the cap was served")
+        path = os.path.join(self.scripts_dir, "gateway.lua")
+        with open(path) as f:
+            src = f.read()
+        src, n = re.subn(r"max_connections = 2\b", "max_connections = 100", src)
+        self.assertEqual(n, 1, src)
+        with open(path, "w") as f:
+            f.write(src)
+        self.gw.proc.send_signal(signal.SIGHUP)
+        data = read_all(late, 15)
+        self.assertTrue(data.startswith(b"HTTP/1.1 404 "), data[:200])
+        # served by the reload, while both slots were still taken
+        for c in held:
+            self.assertFalse(has_data(c, 0), "a held page ended before the waiting client was served")
 
 
 class OutOfDescriptors(GatewayTestCase):
