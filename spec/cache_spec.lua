@@ -154,6 +154,24 @@ describe("the cache", function()
     assert.equal(1, warned)
   end)
 
+  it("keys a user-scoped call by the page request's Cookie, each user's own, a page's calls alike", function()
+    gw:stub("product", "/mine/*", { json = { user = "alice" } })
+    local a1 = gw:get("/mine/3", { headers = { cookie = "sid=alice" } })
+    gw:stub("product", "/mine/*", { json = { user = "bob" } })
+    local b1 = gw:get("/mine/3", { headers = { cookie = "sid=bob" } })
+    local a2 = gw:get("/mine/3", { headers = { cookie = "sid=alice" } })
+    local b2 = gw:get("/mine/3", { headers = { cookie = "sid=bob" } })
+    for _, s in ipairs { "m1", "m2", "m3" } do
+      assert.equal("alice", a1.json[s].data.user)
+      assert.equal("bob", b1.json[s].data.user)
+      assert.equal("alice", a2.json[s].data.user)
+      assert.equal("bob", b2.json[s].data.user)
+    end
+    assert.equal(6, #gw:calls("product")) -- each user's second page: three hits
+    assert.equal(200, gw:get("/mine/1").status) -- no Cookie: not cached, fetched
+    assert.equal(7, #gw:calls("product"))
+  end)
+
   it("lets the upstream's Cache-Control decide when the script sets no TTL", function()
     gw:stub("cc", "/items/1", { json = { v = 1 }, headers = { ["cache-control"] = "public, max-age=10, s-maxage=20" } })
     gw:stub("cc", "/items/2", { json = { v = 2 }, headers = { ["cache-control"] = "no-store" } })
