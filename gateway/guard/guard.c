@@ -267,7 +267,8 @@ int agw_guard_h2_shutdown(agw_guard_t *g)
 }
 
 
-void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams), void *arg)
+void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams, unsigned sending),
+                          void *arg)
 {
     for (h2o_linklist_t *n = g->ctx->http2._conns.next; n != &g->ctx->http2._conns; n = n->next) {
         h2_conn_t *h2 = H2O_STRUCT_FROM_MEMBER(h2_conn_t, _conns, n);
@@ -277,7 +278,8 @@ void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t
             return;
         agw_guard_conn_t *c = agw_guard_conn_by_fd(g, h2o_socket_get_fd(h2->sock));
         if (c != NULL)
-            fn(arg, c, h2->num_streams.pull.open + h2->num_streams.push.open);
+            fn(arg, c, h2->num_streams.pull.open + h2->num_streams.push.open,
+               h2->num_streams.pull.send_body + h2->num_streams.push.send_body);
     }
 }
 

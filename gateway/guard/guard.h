@@ -130,13 +130,16 @@ agw_guard_conn_t *agw_guard_conn_by_fd(agw_guard_t *g, int fd);
  * caller then falls back on h2o's. On the worker's thread, outside h2o's callbacks. */
 int agw_guard_h2_shutdown(agw_guard_t *g);
 
-/* For a graceful shutdown: calls fn(arg, c, streams) for each HTTP/2 connection of the worker's
- * h2o context that the guard knows (c, registered by agw_guard_conn_open), with streams, how many
- * of its streams are open (a request being received, handled or answered: h2o's counts of client
- * and push streams). Reads h2o's HTTP/2 connection as the rapid-reset guard does (see guard.c);
- * when that layout is not trusted, calls fn for none (the caller then cannot tell an HTTP/2
- * connection from another). */
-void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams), void *arg);
+/* For a graceful shutdown and the send timeout (worker/accept.c): calls fn(arg, c, streams,
+ * sending) for each HTTP/2 connection of the worker's h2o context that the guard knows (c,
+ * registered by agw_guard_conn_open), with streams, how many of its streams are open (a request
+ * being received, handled or answered: h2o's counts of client and push streams), and sending, how
+ * many of them are sending a response's body (h2o's SEND_BODY state: headers sent, DATA frames
+ * to go, which the client's flow-control window may hold back). Reads h2o's HTTP/2 connection as
+ * the rapid-reset guard does (see guard.c); when that layout is not trusted, calls fn for none
+ * (the caller then cannot tell an HTTP/2 connection from another). */
+void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams, unsigned sending),
+                          void *arg);
 
 /* An HTTP/2 stream of req's connection ended before the gateway answered it (the client reset
  * it, or left). Counts it in the connection's window of window_ms; past max_cancelled in one

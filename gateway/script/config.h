@@ -42,6 +42,8 @@ typedef struct agw_clients_conf {
     unsigned max_cancelled_streams;     /* HTTP/2 streams a connection may cancel before their answer
                                            within cancel_window_ms; more: GOAWAY and close */
     uint64_t cancel_window_ms;          /* that window, ms */
+    unsigned send_timeout_s;            /* a connection with an answer to send whose client has taken
+                                           none of it for this long is closed (accept.c), s */
 } agw_clients_conf_t;
 
 /* An endpoint as /routes and the metrics name it. */

@@ -15,6 +15,7 @@
 
 #include "base/mem.h"
 #include "base/log.h"
+#include "base/tcp_info.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -38,6 +39,10 @@ typedef struct conn {
     unsigned served : 1;    /* a request has begun on it */
     unsigned h2 : 1;        /* an HTTP/2 connection (agw_guard_h2_streams listed it) */
     unsigned h2_streams;    /* HTTP/2: its open streams at the last count */
+    unsigned h2_sending;    /* HTTP/2: its streams sending a body, at the last count */
+    uint64_t acked;         /* bytes the client had acknowledged at the last sweep (TCP_INFO) */
+    size_t queued;          /* libuv's write queue at the last sweep, bytes */
+    unsigned stalled_s;     /* sweeps in a row with an answer to send and nothing acknowledged */
 } conn_t;
 
 /* How long a listener rests when accept finds no descriptor or memory free, s (nginx rests
@@ -121,12 +126,13 @@ void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req)
     c->served = 1;
 }
 
-static void count_h2(void *arg, agw_guard_conn_t *gc, unsigned streams)
+static void count_h2(void *arg, agw_guard_conn_t *gc, unsigned streams, unsigned sending)
 {
     (void)arg;
     conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, guard, gc);
     c->h2 = 1;
     c->h2_streams = streams;
+    c->h2_sending = sending;
 }
 
 unsigned agw_worker_busy_conns(agw_worker_t *w)
@@ -152,6 +158,57 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
             busy++;
     }
     return busy;
+}
+
+void agw_worker_send_sweep(agw_worker_t *w)
+{
+    unsigned limit = w->gens.cur->conf->clients.send_timeout_s;
+    agw_guard_h2_streams(&w->guard, count_h2, NULL);
+    unsigned closed = 0;
+    for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
+        conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, link, l);
+        h2o_socket_t *s = c->sock;
+        if (s->input == NULL || c->guard.fd < 0) /* closing */
+            continue;
+        /* an answer to send: bytes libuv could not hand to the kernel (an HTTP/1 response, TLS
+         * records, HTTP/2 frames: the kernel's buffers are full), or an HTTP/2 body held back by
+         * the client's flow-control window. (An answer the kernel took whole is h2o's: the
+         * connection then waits for the next request under h2o's request timeout.) */
+        int pending = c->tcp.write_queue_size > 0 || (c->h2 && c->h2_sending > 0);
+        if (!pending) {
+            c->stalled_s = 0;
+            continue;
+        }
+        /* progress: bytes the client acknowledged, or (where the kernel cannot tell) bytes libuv
+         * handed to the kernel */
+        uint64_t acked = agw_tcp_bytes_acked(c->guard.fd);
+        if (acked != c->acked || c->tcp.write_queue_size != c->queued) {
+            c->acked = acked;
+            c->queued = c->tcp.write_queue_size;
+            c->stalled_s = 0;
+            continue;
+        }
+        if (++c->stalled_s < limit)
+            continue;
+        /* the kernel fails the pending write and ends the read: h2o closes the connection its own
+         * way (its requests are disposed of, their pages abandoned as for a client that left);
+         * with SO_LINGER 0 that close resets the connection, so the kernel drops the answer it
+         * still holds at once instead of trying to deliver it for minutes (nginx's
+         * reset_timedout_connection) */
+        struct linger lg = {1, 0};
+        setsockopt(c->guard.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        shutdown(c->guard.fd, SHUT_RDWR);
+        c->stalled_s = 0;
+        closed++;
+    }
+    if (closed > 0) {
+        double now = ev_now(w->loop);
+        if (now - w->send_warned >= 10.0) {
+            w->send_warned = now;
+            agw_log(AGW_LOG_WARN, "worker %d: closed %u client connection(s) that took none of their answer for "
+                    "%u s (clients.send_timeout_s)", w->id, closed, limit);
+        }
+    }
 }
 
 /* Logs that accept failed (err: its errno) and what happens meanwhile, at most once per 10 s per

@@ -266,6 +266,7 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
         }
         l = next;
     }
+    agw_worker_send_sweep(w); /* clients that take none of their answer (clients.send_timeout_s) */
     worker_idle_tick(w);
 }
 

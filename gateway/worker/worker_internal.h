@@ -184,6 +184,7 @@ struct agw_worker {
     h2o_linklist_t conns;                  /* the open ones (accept.c's conn_t.link) */
     unsigned num_paused;                   /* listeners paused at the connection cap */
     double accept_warned;                  /* ev_now() of the last accept-failure warning */
+    double send_warned;                    /* ev_now() of the last send-timeout warning */
     agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
     /* stores shared with other threads */
     agw_limit_store_t *limits;             /* the process's counts of rate limits and quotas (shared by
@@ -250,6 +251,15 @@ void agw_worker_abandon_request(wgen_t *g, uint64_t rid);
  * non-blocking listening socket, which the worker owns from then on). Worker's loop, or before the
  * worker's thread runs. */
 void agw_worker_listener_start(listener_t *l);
+
+/* Once a second: closes the client connections that have had an answer to send, and whose client
+ * acknowledged none of it, for clients.send_timeout_s sweeps in a row (nginx's send_timeout). h2o
+ * 2.2.5 has no such timeout: its request timeout stops once a request's head is read, and the
+ * HTTP/2 idle timeout while a stream is open, so a client that never reads (an HTTP/2 window left
+ * at 0, a socket never read) held its connection and its share of clients.max_connections for
+ * good. Closing is shutdown(2) on the socket: h2o sees the failed write or the end of input and
+ * closes the connection its own way. Worker's loop. */
+void agw_worker_send_sweep(agw_worker_t *w);
 
 /* The listeners paused at this worker's share of clients.max_connections accept again while the
  * worker is under it (a connection closed, a reload raised the share). Worker's loop. */

@@ -13,9 +13,17 @@ sections' timeouts are 1 s against upstreams that answer in 5 ms: a worker held 
 machine's scheduler (two busy loops and another test beside this one: the demo page's 100 ms
 Reviews timeout was missed now and then) does not. Afterwards the gateway's descriptors come back
 to where they were.
+
+Clients that never read (clients.send_timeout_s): an HTTP/1 client that leaves a large answer
+unread with its receive window closed, and an HTTP/2 client whose flow-control window stays at 0,
+hold their connections only until the send timeout (h2o 2.2.5 has none: they held them, and the
+worker's share of clients.max_connections, for good); a client that reads slowly but steadily is
+never cut.
 """
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -23,6 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from h2_client import PREFACE, _literal  # noqa: E402
 from harness import UNHURRIED_PAGE, GatewayTestCase, demo_services, main, stop_process, wait_until  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -46,6 +55,89 @@ def client_sockets(pid, port):
                 if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] != "0A" and fields[9] in inodes:
                     n += 1
     return n
+
+
+BIG_PAGES = {"big.lua": 'return { route = "GET /big", handler = function()\n'
+                       '  return { status = 200, json = { s = string.rep("x", 8 * 1024 * 1024) } }\n'
+                       'end }\n',
+             "small.lua": 'return { route = "GET /small", handler = function()\n'
+                          '  return { status = 200, json = { ok = true } }\n'
+                          'end }\n'}
+
+
+def h2_frame(ftype, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(">I", sid) + payload
+
+
+def reset_or_closed(sock, timeout):
+    """Whether sock is reset or closed by the peer within timeout s, reading nothing it holds:
+    the kernel's state of the connection (TCP_INFO tcpi_state: 1 established)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+        if state != 1:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+class ClientsThatNeverRead(GatewayTestCase):
+    SEND_TIMEOUT_S = 2
+
+    def setUp(self):
+        super().setUp()
+        self.start(services=demo_services(5, 5, 5), scripts=BIG_PAGES,
+                   gateway_extra={"clients": {"max_connections": 2, "send_timeout_s": self.SEND_TIMEOUT_S}})
+
+    def h1_unread(self, rcvbuf=4096):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # a small receive window
+        s.settimeout(10)
+        s.connect(("127.0.0.1", self.port))
+        self.addCleanup(s.close)
+        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        return s
+
+    def h2_window_zero(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        self.addCleanup(s.close)
+        block = b"\x82\x86" + _literal(":path", "/small") + _literal(":authority", "x")  # GET, http
+        s.sendall(PREFACE + h2_frame(0x4, 0, 0, struct.pack(">HI", 4, 0)) +  # INITIAL_WINDOW_SIZE 0
+                  h2_frame(0x1, 0x5, 1, block))  # HEADERS, END_STREAM | END_HEADERS
+        return s
+
+    def test_clients_that_never_read_lose_their_connections_and_others_get_their_slots(self):
+        held = [self.h1_unread(), self.h2_window_zero()]  # the worker's two slots
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        r = self.get("/small", timeout=30)  # waits in the backlog until a slot comes free
+        waited = time.monotonic() - t0
+        self.assertEqual(r.status, 200, r)
+        print("a client behind two that never read was served after %.1f s (send_timeout_s %d)"
+              % (waited, self.SEND_TIMEOUT_S))
+        for s in held:
+            self.assertTrue(reset_or_closed(s, 10), "a client that never read still has its connection")
+        self.assertTrue(any("took none of their answer" in l for l in self.gw.log().splitlines()), self.gw.log())
+
+    def test_a_slow_but_steady_reader_is_not_cut(self):
+        s = self.h1_unread(rcvbuf=65536)
+        got = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # at most 64 KB every 50 ms: 8 MB in 6 s or more
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+            if b"\r\n\r\n" in got:
+                head, body = got.split(b"\r\n\r\n", 1)
+                m = re.search(rb"(?i)content-length: (\d+)", head)
+                if m and len(body) >= int(m.group(1)):
+                    break
+            time.sleep(0.05)
+        head, body = got.split(b"\r\n\r\n", 1)
+        self.assertTrue(head.startswith(b"HTTP/1.1 200 "), head[:200])
+        self.assertEqual(len(body), int(re.search(rb"(?i)content-length: (\d+)", head).group(1)))
+        self.assertGreater(len(body), 8 * 1024 * 1024)
 
 
 class SlowClients(GatewayTestCase):
