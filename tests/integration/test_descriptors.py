@@ -59,6 +59,21 @@ def close_all(socks):
             pass
 
 
+def read_all(sock, timeout):
+    """Everything sock receives until EOF (or timeout s: socket.timeout)."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        d = sock.recv(65536)
+        if not d:
+            return data
+        data += d
+
+
+def has_data(sock, wait_s):
+    return bool(select.select([sock], [], [], wait_s)[0])
+
+
 class KeptClient:
     """An HTTP/1.1 keep-alive connection opened before the flood."""
 
@@ -100,33 +115,12 @@ class ConnectionCap(GatewayTestCase):
         late = socks[119]
         late.sendall(b"GET /product-page/7 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         close_all(socks[:50])
-        late.settimeout(10)
-        data = b""
-        while True:
-            d = late.recv(65536)
-            if not d:
-                break
-            data += d
+        data = read_all(late, 10)
         self.assertTrue(data.startswith(b"HTTP/1.1 200 "), data[:200])
         close_all(socks)
         self.assertTrue(wait_until(lambda: fd_count(pid) <= base + 2, 15), (base, fd_count(pid)))
         self.assertEqual(self.get("/product-page/2").status, 200)
         self.assertEqual(self.log_errors(), [])
-
-
-def read_all(sock, timeout):
-    """Everything sock receives until EOF (or timeout s: socket.timeout)."""
-    sock.settimeout(timeout)
-    data = b""
-    while True:
-        d = sock.recv(65536)
-        if not d:
-            return data
-        data += d
-
-
-def has_data(sock, wait_s):
-    return bool(select.select([sock], [], [], wait_s)[0])
 
 
 class QuietWorker(GatewayTestCase):
@@ -238,13 +232,7 @@ class OutOfDescriptors(GatewayTestCase):
         late.sendall(b"GET /product-page/7 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         close_all(socks[:-1])
         admin.close()
-        late.settimeout(15)
-        data = b""
-        while True:
-            d = late.recv(65536)
-            if not d:
-                break
-            data += d
+        data = read_all(late, 15)
         self.assertTrue(data.startswith(b"HTTP/1.1 200 "), data[:300])
         self.assertIn(b"x-aggregation-completed: true", data.lower())
         late.close()
