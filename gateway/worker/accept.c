@@ -43,6 +43,7 @@ typedef struct conn {
     uint64_t acked;         /* bytes the client had acknowledged at the last sweep (TCP_INFO) */
     size_t queued;          /* libuv's write queue at the last sweep, bytes */
     unsigned stalled_s;     /* sweeps in a row with an answer to send and nothing acknowledged */
+    unsigned stuck;         /* sweeps in a row that found h2o waiting on a write libuv refused */
 } conn_t;
 
 /* How long a listener rests when accept finds no descriptor or memory free, s (nginx rests
@@ -160,6 +161,30 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
     return busy;
 }
 
+/* A TLS connection whose client reset it was never closed: libuv clears a stream's writable flag
+ * when a read fails (ECONNRESET), h2o 2.2.5 then closes TLS with a close_notify whose uv_write
+ * fails at once (UV_EPIPE), and its libuv binding ignores that failure, so the write's callback,
+ * which disposes of the socket, never runs: the descriptor, the connection's memory and its share
+ * of clients.max_connections were lost for good, and a graceful shutdown waited for it until its
+ * grace ran out. Found here: h2o waits on a write (its write callback is set) on a stream libuv
+ * no longer writes and holds no write for. Seen on two sweeps in a row (a second apart: a write
+ * that just completed has had its callback by then), the callback is called with h2o's I/O error,
+ * as libuv would have: h2o disposes of the socket its own way. Returns 1 when it did. */
+static int finish_refused_write(conn_t *c)
+{
+    h2o_socket_t *s = c->sock;
+    if (s->_cb.write == NULL || uv_is_writable((uv_stream_t *)&c->tcp) || c->tcp.write_queue_size > 0) {
+        c->stuck = 0;
+        return 0;
+    }
+    if (++c->stuck < 2)
+        return 0;
+    h2o_socket_cb cb = s->_cb.write;
+    s->_cb.write = NULL;
+    cb(s, h2o_socket_error_io);
+    return 1;
+}
+
 void agw_worker_send_sweep(agw_worker_t *w)
 {
     unsigned limit = w->gens.cur->conf->clients.send_timeout_s;
@@ -169,6 +194,8 @@ void agw_worker_send_sweep(agw_worker_t *w)
         conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, link, l);
         h2o_socket_t *s = c->sock;
         if (s->input == NULL || c->guard.fd < 0) /* closing */
+            continue;
+        if (finish_refused_write(c))
             continue;
         /* an answer to send: bytes libuv could not hand to the kernel (an HTTP/1 response, TLS
          * records, HTTP/2 frames: the kernel's buffers are full), or an HTTP/2 body held back by

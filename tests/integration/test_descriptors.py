@@ -8,6 +8,9 @@
   timeout (h2o's 10 s) with no other traffic to wake the worker, so silent clients cannot hold
   the cap's slots; the first client after a quiet spell is served (not taken for timed out); and a
   reload that raises the cap lets the clients waiting in the backlog in at once.
+- A TLS client that resets its connection gives its descriptor and its slot back (h2o 2.2.5 left
+  such a connection open for good: its TLS close wrote to a socket libuv had marked unwritable,
+  and the failure was ignored).
 - Without the cap's room (max_connections above the limit), the gateway does run out: upstream
   calls then fail as the gateway's own problem (outcome `local`, `gateway-overloaded`), never as
   the upstream's, so its breaker stays closed and the first page after the flood is complete; the
@@ -22,6 +25,8 @@ import re
 import select
 import signal
 import socket
+import ssl
+import struct
 import sys
 import time
 
@@ -182,6 +187,48 @@ class QuietWorker(GatewayTestCase):
         # served by the reload, while both slots were still taken
         for c in held:
             self.assertFalse(has_data(c, 0), "a held page ended before the waiting client was served")
+
+
+def socket_fds(pid):
+    n = 0
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            if os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("socket:"):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+class TlsResets(GatewayTestCase):
+    def test_tls_clients_that_reset_give_their_descriptors_back(self):
+        self.start(services=demo_services(5, 5, 5), scripts=repo_scripts("product-page.lua"), tls=True)
+        pid = self.gw.proc.pid
+        base = socket_fds(pid)
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        clients = []
+        for alpn in ("http/1.1", "http/1.1", "h2"):
+            ctx.set_alpn_protocols([alpn])
+            s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", self.tls_port), timeout=10),
+                                server_hostname="localhost")
+            self.addCleanup(s.close)
+            if alpn == "h2":
+                s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            else:
+                s.sendall(b"GET /no-such-route HTTP/1.1\r\nHost: x\r\n\r\n")
+            self.assertTrue(s.recv(4096))  # an answer (HTTP/1.1) or the server's SETTINGS (h2)
+            clients.append(s)
+        print("TLS clients: %d socket descriptors before, %d with three clients" % (base, socket_fds(pid)))
+        for s in clients:  # the client resets: the gateway's next read fails with ECONNRESET
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+        self.assertTrue(wait_until(lambda: socket_fds(pid) <= base, 15),
+                        "descriptors of reset TLS connections kept: %d, %d before" % (socket_fds(pid), base))
+        r = self.get_tls("/product-page/1")
+        self.assertEqual(r.status, 200, r)
+        # (the harness's cleanup checks that SIGTERM stops the gateway within its grace)
 
 
 class OutOfDescriptors(GatewayTestCase):
