@@ -40,9 +40,10 @@ typedef struct conn {
     unsigned h2 : 1;        /* an HTTP/2 connection (agw_guard_h2_streams listed it) */
     unsigned h2_streams;    /* HTTP/2: its open streams at the last count */
     unsigned h2_sending;    /* HTTP/2: its streams sending a body, at the last count */
-    uint64_t acked;         /* bytes the client had acknowledged at the last sweep (TCP_INFO) */
-    size_t queued;          /* libuv's write queue at the last sweep, bytes */
-    unsigned stalled_s;     /* sweeps in a row with an answer to send and nothing acknowledged */
+    uint64_t acked;         /* bytes the client had acknowledged when the stall began (TCP_INFO) */
+    size_t queued;          /* libuv's write queue when the stall began, bytes */
+    unsigned stalled_s;     /* sweeps since the stall began: an answer to send, and less than
+                               SEND_PROGRESS_BYTES of it taken (0: no stall) */
     unsigned stuck;         /* sweeps in a row that found h2o waiting on a write libuv refused */
 } conn_t;
 
@@ -55,6 +56,10 @@ typedef struct conn {
  * iteration (the watcher is level-triggered), so a flood of connections does not hold the worker
  * from the requests it has. */
 #define ACCEPT_BATCH 64
+
+/* What a client must take of its answer every clients.send_timeout_s, bytes: 16 KB (a few TCP
+ * segments; at the default 60 s, 273 bytes a second). */
+#define SEND_PROGRESS_BYTES 16384
 
 
 /* This worker's share of clients.max_connections (at least 1). */
@@ -206,16 +211,21 @@ void agw_worker_send_sweep(agw_worker_t *w)
             c->stalled_s = 0;
             continue;
         }
-        /* progress: bytes the client acknowledged, or (where the kernel cannot tell) bytes libuv
-         * handed to the kernel */
+        /* progress: SEND_PROGRESS_BYTES acknowledged by the client since the stall began (not
+         * any byte: an HTTP/2 client that answers a PING each second, or opens its window a byte
+         * at a time, acknowledges a few bytes a second and took nothing of its answer), or,
+         * where the kernel cannot tell (no TCP_INFO), any change in what libuv holds */
         uint64_t acked = agw_tcp_bytes_acked(c->guard.fd);
-        if (acked != c->acked || c->tcp.write_queue_size != c->queued) {
+        if (c->stalled_s == 0) { /* the stall begins: its baseline */
             c->acked = acked;
             c->queued = c->tcp.write_queue_size;
-            c->stalled_s = 0;
+        } else if (acked >= c->acked + SEND_PROGRESS_BYTES || (acked == 0 && c->tcp.write_queue_size != c->queued)) {
+            c->acked = acked;
+            c->queued = c->tcp.write_queue_size;
+            c->stalled_s = 1;
             continue;
         }
-        if (++c->stalled_s < limit)
+        if (++c->stalled_s <= limit)
             continue;
         /* the kernel fails the pending write and ends the read: h2o closes the connection its own
          * way (its requests are disposed of, their pages abandoned as for a client that left);

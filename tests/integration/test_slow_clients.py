@@ -108,6 +108,19 @@ class ClientsThatNeverRead(GatewayTestCase):
 
     def test_clients_that_never_read_lose_their_connections_and_others_get_their_slots(self):
         held = [self.h1_unread(), self.h2_window_zero()]  # the worker's two slots
+        stop = threading.Event()
+
+        def ping():  # the HTTP/2 client answers nothing but keeps its connection busy: a PING a
+            n = 0    # second is not progress on its answer
+            while not stop.wait(0.5):
+                try:
+                    held[1].sendall(h2_frame(0x6, 0, 0, struct.pack(">Q", n)))
+                except OSError:
+                    return
+                n += 1
+        pinger = threading.Thread(target=ping, daemon=True)
+        pinger.start()
+        self.addCleanup(stop.set)
         time.sleep(0.5)
         t0 = time.monotonic()
         r = self.get("/small", timeout=30)  # waits in the backlog until a slot comes free
