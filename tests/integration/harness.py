@@ -71,6 +71,17 @@ def free_port():
     raise RuntimeError("no free port found")
 
 
+def read_all(sock, timeout):
+    """Everything sock receives until the peer closes it (socket.timeout after timeout s)."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        d = sock.recv(65536)
+        if not d:
+            return data
+        data += d
+
+
 def wait_until(pred, timeout, interval=0.02):
     """Polls pred() until it returns a true value or timeout seconds pass; returns its last value."""
     end = time.monotonic() + timeout

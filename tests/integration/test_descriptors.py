@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import SLOW, GatewayTestCase, demo_services, free_port, main, repo_scripts, wait_until  # noqa: E402
+from harness import SLOW, GatewayTestCase, demo_services, free_port, main, read_all, repo_scripts, wait_until  # noqa: E402
 
 
 def fd_count(pid):
@@ -62,17 +62,6 @@ def close_all(socks):
             s.close()
         except OSError:
             pass
-
-
-def read_all(sock, timeout):
-    """Everything sock receives until EOF (or timeout s: socket.timeout)."""
-    sock.settimeout(timeout)
-    data = b""
-    while True:
-        d = sock.recv(65536)
-        if not d:
-            return data
-        data += d
 
 
 def has_data(sock, wait_s):

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MOCK_BIN, GatewayTestCase, Mock, main, route  # noqa: E402
+from harness import MOCK_BIN, GatewayTestCase, Mock, main, read_all, route  # noqa: E402
 
 SERVICES = {
     "product": [route("/products/{id}", json={"id": "{id}", "name": "Sneaker", "sku": "SNK-{id}"})],
@@ -23,12 +23,7 @@ def send_raw(port, data):
     """Sends raw request bytes on one connection and reads until the server closes it."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(data)
-        out = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                return out
-            out += chunk
+        return read_all(s, 10)
 
 
 class MockRequestLog(GatewayTestCase):
