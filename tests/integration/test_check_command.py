@@ -83,6 +83,7 @@ class CheckCommand(unittest.TestCase):
                '    max_header = 50,\n'
                '    max_connections = "lots",\n'
                '    cancel_window_s = 0,\n'
+               '    send_timeout_s = 3601,\n'
                '  },\n'
                '  upstreams = { product = { url = "http://127.0.0.1:9001" } },\n'
                '}\n') % self.port
@@ -93,6 +94,8 @@ class CheckCommand(unittest.TestCase):
                          r"positive whole number")
         self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":6: clients\.cancel_window_s: must be a "
                          r"positive whole number up to 3600, got 0")
+        self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":7: clients\.send_timeout_s: must be a "
+                         r"positive whole number up to 3600, got 3601")
         src = gateway_lua(self.port, UPSTREAMS, clients="many")
         line = src.splitlines().index('  clients = "many"') + 1
         self.assertInvalid(self.folder(src), "gateway.lua", line, "clients: must be a table")
