@@ -455,6 +455,8 @@ int agw_server_run(const char *dir)
         metrics[wi] = agw_metrics_new(srv.labels);
     /* rate limit and quota counts: one table for the process, sized once (limits.local_keys) */
     agw_limit_store_t *limits = agw_limit_store_new(conf->limits.local_keys);
+    /* open client connections: one count against clients.max_connections for every worker */
+    agw_client_slots_t *slots = agw_client_slots_new(conf->workers);
     for (unsigned wi = 0; wi < conf->workers; wi++)
         metrics[wi]->limits = limits;
     /* spans leave through the exporter thread; without a collector nothing is queued. The exporter
@@ -485,7 +487,7 @@ int agw_server_run(const char *dir)
                 return 1;
         }
         srv.w[wi] = agw_worker_start((int)wi, gen, &globalconf, fds, conf->num_listen, metrics[wi], srv.access_fd,
-                                     limits, &errors);
+                                     limits, slots, &errors);
         if (srv.w[wi] == NULL) {
             agw_log(AGW_LOG_ERROR, "worker %u did not start:\n%s", wi, errors.base ? errors.base : "");
             agw_buf_free(&errors);
@@ -570,6 +572,7 @@ int agw_server_run(const char *dir)
         agw_metrics_free(metrics[wi]);
     free(metrics);
     agw_limit_store_free(limits);
+    agw_client_slots_free(slots);
     if (srv.access_fd >= 0)
         close(srv.access_fd);
     free(targets);

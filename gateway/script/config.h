@@ -34,8 +34,8 @@ typedef struct agw_listen_conf {
 /* gateway.lua `clients = { … }`: the limits a client meets at the front (guard/guard.h). Read
  * by the workers from the current generation, so a reload changes them. */
 typedef struct agw_clients_conf {
-    unsigned max_connections;           /* open client connections per gateway, shared evenly between
-                                           the workers ("auto": from RLIMIT_NOFILE, see
+    unsigned max_connections;           /* open client connections per gateway, one count for every
+                                           worker (worker/client_slots.h; "auto": from RLIMIT_NOFILE, see
                                            agw_config_auto_max_connections) */
     unsigned max_headers;               /* request header fields; more: 431 */
     size_t max_header_bytes;            /* request header names + values, decoded, bytes; more: 431 */

@@ -1,5 +1,6 @@
-/* accept.c: client connections: accepting them on the worker's listeners, this worker's share of
- * clients.max_connections (a listener pauses at the cap and resumes when a connection closes),
+/* accept.c: client connections: accepting them on the worker's listeners while the gateway is under
+ * clients.max_connections (one count for every worker, client_slots.h: at the cap the listeners
+ * pause, and a connection's close on any worker starts them again),
  * accepting without descriptors (the listener rests), and the TLS context a connection holds
  * until it closes.
  *
@@ -62,13 +63,11 @@ typedef struct conn {
 #define SEND_PROGRESS_BYTES 16384
 
 
-/* This worker's share of clients.max_connections (at least 1). */
-static unsigned conn_share(agw_worker_t *w)
+/* clients.max_connections of the generation this worker serves (at least 1). */
+static unsigned max_conns(const agw_worker_t *w)
 {
-    const agw_config_t *conf = w->gens.cur->conf;
-    unsigned workers = conf->workers ? conf->workers : 1;
-    unsigned share = (conf->clients.max_connections + workers - 1) / workers;
-    return share ? share : 1;
+    unsigned max = w->gens.cur->conf->clients.max_connections;
+    return max ? max : 1;
 }
 
 static void on_conn_close(uv_handle_t *h)
@@ -81,20 +80,41 @@ static void on_conn_close(uv_handle_t *h)
     agw_guard_conn_close(&w->guard, &c->guard);
     free(c);
     w->client_conns--;
-    agw_worker_accept_resume(w); /* a slot came free */
+    agw_client_slots_give(w->slots); /* wakes the workers waiting for a slot, this one too */
+}
+
+/* Starts the watchers of w's listeners (those not closed by a drain nor resting). */
+static void accept_again(agw_worker_t *w)
+{
+    w->accept_waiting = 0;
+    for (size_t i = 0; i < w->num_listeners; i++) {
+        listener_t *l = &w->listeners[i];
+        if (l->fd >= 0 && !ev_is_active(&l->rest))
+            ev_io_start(w->loop, &l->io);
+    }
+}
+
+/* The gateway is at clients.max_connections: w's listeners pause until a slot comes free (the
+ * clients wait in the kernel's backlog, in order, instead of costing descriptors). */
+static void pause_accepting(agw_worker_t *w)
+{
+    for (size_t i = 0; i < w->num_listeners; i++)
+        ev_io_stop(w->loop, &w->listeners[i].io);
+    w->accept_waiting = 1;
+    if (agw_client_slots_wait(w->slots, (unsigned)w->id, max_conns(w)))
+        accept_again(w); /* one came free before the wait was seen */
 }
 
 void agw_worker_accept_resume(agw_worker_t *w)
 {
-    for (size_t i = 0; i < w->num_listeners && w->num_paused && w->client_conns < conn_share(w); i++) {
-        listener_t *l = &w->listeners[i];
-        if (l->paused) {
-            l->paused = 0;
-            w->num_paused--;
-            if (l->fd >= 0 && !ev_is_active(&l->rest))
-                ev_io_start(w->loop, &l->io);
-        }
-    }
+    if (w->accept_waiting && agw_client_slots_wait(w->slots, (unsigned)w->id, max_conns(w)))
+        accept_again(w);
+}
+
+void agw_worker_on_slot_free(struct ev_loop *loop, ev_async *a, int revents)
+{
+    (void)loop, (void)revents;
+    agw_worker_accept_resume(a->data);
 }
 
 /* Hands fd, a connection just accepted on l (non-blocking), to libuv and h2o. */
@@ -105,7 +125,7 @@ static void accept_one(listener_t *l, int fd)
     conn->w = w;
     conn->guard.fd = -1;
     uv_tcp_init(&w->uvloop, &conn->tcp);
-    w->client_conns++; /* on_conn_close counts it down, whatever happens next */
+    w->client_conns++; /* on_conn_close counts it down and gives its slot back, whatever happens next */
     if (uv_tcp_open(&conn->tcp, fd) != 0) {
         close(fd); /* the handle does not hold it: its close leaves fd alone */
         uv_close((uv_handle_t *)&conn->tcp, on_conn_close);
@@ -169,7 +189,7 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
 /* A TLS connection whose client reset it was never closed: libuv clears a stream's writable flag
  * when a read fails (ECONNRESET), h2o 2.2.5 then closes TLS with a close_notify whose uv_write
  * fails at once (UV_EPIPE), and its libuv binding ignores that failure, so the write's callback,
- * which disposes of the socket, never runs: the descriptor, the connection's memory and its share
+ * which disposes of the socket, never runs: the descriptor, the connection's memory and its slot
  * of clients.max_connections were lost for good, and a graceful shutdown waited for it until its
  * grace ran out. Found here: h2o waits on a write (its write callback is set) on a stream libuv
  * no longer writes and holds no write for. Seen on two sweeps in a row (a second apart: a write
@@ -264,14 +284,13 @@ static void on_rest_over(struct ev_loop *loop, ev_timer *t, int revents)
 {
     (void)revents;
     listener_t *l = t->data;
-    if (l->fd >= 0 && !l->paused)
+    if (l->fd >= 0 && !l->worker->accept_waiting)
         ev_io_start(loop, &l->io);
 }
 
-/* Connections wait in l's backlog. Accepts them (at most ACCEPT_BATCH) while this worker is under
- * its share of clients.max_connections; at the share the listener pauses (its watcher stops until
- * a connection closes: on_conn_close), so further clients wait in the kernel's backlog, in order,
- * instead of costing descriptors. When accept fails for want of descriptors or memory (EMFILE,
+/* Connections wait in l's backlog. Accepts them (at most ACCEPT_BATCH) while the gateway is under
+ * clients.max_connections, each with a slot taken first; at the cap the worker's listeners pause
+ * (pause_accepting) until a connection closes on any worker. When accept fails for want of descriptors or memory (EMFILE,
  * ENFILE, ENOBUFS, ENOMEM) the listener rests ACCEPT_REST_S and tries again: the connections wait,
  * and the worker serves the ones it has meanwhile. Errors of the new connection itself
  * (ECONNABORTED, a network error accept(2) says to treat as EAGAIN) skip it. */
@@ -286,12 +305,8 @@ static void on_listener_ready(struct ev_loop *loop, ev_io *io, int revents)
      * quiet was reset) */
     uv_update_time(&w->uvloop);
     for (int i = 0; i < ACCEPT_BATCH; i++) {
-        if (w->client_conns >= conn_share(w)) {
-            ev_io_stop(loop, &l->io);
-            if (!l->paused) {
-                l->paused = 1;
-                w->num_paused++;
-            }
+        if (!agw_client_slots_take(w->slots, max_conns(w))) {
+            pause_accepting(w);
             return;
         }
         int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -299,7 +314,9 @@ static void on_listener_ready(struct ev_loop *loop, ev_io *io, int revents)
             accept_one(l, fd);
             continue;
         }
-        switch (errno) {
+        int err = errno;
+        agw_client_slots_give(w->slots); /* no connection: the slot goes back */
+        switch (err) {
         case EAGAIN:
 #if EWOULDBLOCK != EAGAIN
         case EWOULDBLOCK:
@@ -319,7 +336,7 @@ static void on_listener_ready(struct ev_loop *loop, ev_io *io, int revents)
         case EPERM: /* a firewall rule refused it */
             continue;
         default: /* EMFILE, ENFILE, ENOBUFS, ENOMEM; anything else, rather than spin on it */
-            warn_accept(w, errno);
+            warn_accept(w, err);
             ev_io_stop(loop, &l->io);
             ev_timer_set(&l->rest, ACCEPT_REST_S, 0.);
             ev_timer_start(loop, &l->rest);

@@ -301,7 +301,7 @@ int agw_worker_ring_wanted(agw_buf_t *errors)
 
 agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
-                               agw_limit_store_t *limits, agw_buf_t *errors)
+                               agw_limit_store_t *limits, agw_client_slots_t *slots, agw_buf_t *errors)
 {
     agw_worker_t *w = agw_calloc(1, sizeof(*w));
     agw_gc_timer_init(&w->gc_timer); /* before any entry into Lua */
@@ -309,6 +309,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     w->script.id = id;
     w->m = metrics;
     w->limits = limits;
+    w->slots = slots;
     agw_worker_log_init(&w->log, access_fd, gen->conf.admin_port != 0, w);
     w->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)time(NULL) << 8) ^ (uint64_t)(id + 1);
     /* trace ids must not repeat across gateways started in the same second */
@@ -352,6 +353,10 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     ev_async_init(&w->gens.reload_async, agw_worker_on_reload);
     w->gens.reload_async.data = w;
     ev_async_start(w->loop, &w->gens.reload_async);
+    ev_async_init(&w->slot_async, agw_worker_on_slot_free);
+    w->slot_async.data = w;
+    ev_async_start(w->loop, &w->slot_async);
+    agw_client_slots_register(slots, (unsigned)id, w->loop, &w->slot_async);
     ev_timer_init(&w->stats_timer, on_stats_timer, 1., 1.);
     w->stats_timer.data = w;
     ev_timer_start(w->loop, &w->stats_timer);

@@ -15,6 +15,7 @@
 #include "worker/watchdog.h"
 #include "ops/metrics.h"
 #include "limits/limit.h"
+#include "worker/client_slots.h"
 
 /* A listening socket prepared by the server for one worker. Listener i of a worker is listener i
  * of every generation's configuration (agw_config_t.listen): TLS or cleartext (HTTP/1.1 and h2c)
@@ -35,12 +36,14 @@ typedef struct agw_worker_gen agw_worker_gen_t;
  * message to errors when the VM cannot load the generation. globalconf is shared read-only. The
  * worker is the only writer of metrics (which must outlive it; the admin thread reads them).
  * limits: the process's store of rate limit and quota counts, shared by every worker (outlives them).
+ * slots: the gateway's count of open client connections against clients.max_connections, shared
+ * by every worker (client_slots.h; outlives them; made for at least id + 1 workers).
  * access_fd: where the access log goes (one JSON line per request, buffered and written from the
  * loop), -1 for none. When listening or the thread fails after the VM loaded, the half-built
  * worker is not freed: the caller reports the error and the process exits. */
 agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *globalconf,
                                const agw_listener_fd_t *fds, size_t num_fds, agw_metrics_t *metrics, int access_fd,
-                               agw_limit_store_t *limits, agw_buf_t *errors);
+                               agw_limit_store_t *limits, agw_client_slots_t *slots, agw_buf_t *errors);
 
 /* Whether workers batch their upstream socket I/O through io_uring (upstream/batch.h, "Batched system
  * calls"): the environment's AGGWAY_IO_URING, "on" (or unset) or "off". Returns 1 or 0, or -1

@@ -35,6 +35,7 @@
 #include "ops/trace.h"
 #include "upstream/batch.h"
 #include "limits/limit.h"
+#include "worker/client_slots.h"
 
 /* A listening socket as the worker's libuv loop accepts on it. */
 typedef struct listener {
@@ -42,8 +43,6 @@ typedef struct listener {
     ev_io io;                      /* readable: connections wait in the socket's backlog */
     ev_timer rest;                 /* accept found no descriptor or memory free: io stays stopped until
                                       this fires (accept.c) */
-    int paused;                    /* io stopped at this worker's share of clients.max_connections; a
-                                      connection's close starts it again (accept.c) */
     h2o_accept_ctx_t accept_ctx;   /* ssl_ctx: the TLS context of the current generation's listener
                                       (a reference of this worker's, swapped on the worker's loop
                                       when a generation becomes current), NULL for cleartext */
@@ -182,11 +181,16 @@ struct agw_worker {
     agw_guard_t guard;                     /* client connections and their HTTP/2 cancel windows */
     unsigned client_conns;                 /* client connections open on this worker */
     h2o_linklist_t conns;                  /* the open ones (accept.c's conn_t.link) */
-    unsigned num_paused;                   /* listeners paused at the connection cap */
+    int accept_waiting;                    /* the listeners are paused: the gateway is at
+                                              clients.max_connections (accept.c) */
+    ev_async slot_async;                   /* sent by any worker when a client slot comes free while
+                                              this one waits (client_slots.h) */
     double accept_warned;                  /* ev_now() of the last accept-failure warning */
     double send_warned;                    /* ev_now() of the last send-timeout warning */
     agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
     /* stores shared with other threads */
+    agw_client_slots_t *slots;             /* the gateway's open client connections against
+                                              clients.max_connections (client_slots.h) */
     agw_limit_store_t *limits;             /* the process's counts of rate limits and quotas (shared by
                                               every worker, limits/limit.h) */
     agw_metrics_t *m;                      /* this worker's counters (metrics.h); the admin thread reads them */
@@ -256,14 +260,19 @@ void agw_worker_listener_start(listener_t *l);
  * acknowledged none of it, for clients.send_timeout_s sweeps in a row (nginx's send_timeout). h2o
  * 2.2.5 has no such timeout: its request timeout stops once a request's head is read, and the
  * HTTP/2 idle timeout while a stream is open, so a client that never reads (an HTTP/2 window left
- * at 0, a socket never read) held its connection and its share of clients.max_connections for
+ * at 0, a socket never read) held its connection and its slot of clients.max_connections for
  * good. Closing is shutdown(2) on the socket: h2o sees the failed write or the end of input and
  * closes the connection its own way. Worker's loop. */
 void agw_worker_send_sweep(agw_worker_t *w);
 
-/* The listeners paused at this worker's share of clients.max_connections accept again while the
- * worker is under it (a connection closed, a reload raised the share). Worker's loop. */
+/* The listeners, paused while the gateway was at clients.max_connections, accept again when it is
+ * under the cap (a connection closed on any worker, a reload raised the cap); while it is still at
+ * the cap they stay paused. Worker's loop. */
 void agw_worker_accept_resume(agw_worker_t *w);
+
+/* The slot_async callback: a client slot came free in the gateway while w waited for one
+ * (client_slots.h). Worker's loop. */
+void agw_worker_on_slot_free(struct ev_loop *loop, ev_async *a, int revents);
 
 /* Stops accepting on l for good and closes its socket (a drain: new connections are refused once
  * every worker has closed its own). Worker's loop. */

@@ -8,6 +8,9 @@
   timeout (h2o's 10 s) with no other traffic to wake the worker, so silent clients cannot hold
   the cap's slots; the first client after a quiet spell is served (not taken for timed out); and a
   reload that raises the cap lets the clients waiting in the backlog in at once.
+- The cap is the gateway's, not a share per worker: every slot is used whichever worker's listening
+  socket the kernel gives a client, and a slot freed on one worker lets in a client waiting in
+  another worker's backlog.
 - A TLS client that resets its connection gives its descriptor and its slot back (h2o 2.2.5 left
   such a connection open for good: its TLS close wrote to a socket libuv had marked unwritable,
   and the failure was ignored).
@@ -114,6 +117,60 @@ class ConnectionCap(GatewayTestCase):
         close_all(socks)
         self.assertTrue(wait_until(lambda: fd_count(pid) <= base + 2, 15), (base, fd_count(pid)))
         self.assertEqual(self.get("/product-page/2").status, 200)
+        self.assertEqual(self.log_errors(), [])
+
+
+SLOW_PAGE = ('local agg = require "agg"\n'
+             'return { route = "GET /slow/{id}", deadline_ms = 30000, handler = function(req)\n'
+             '  return agg.page(agg.fetch_all { p = { "product", "/products/" .. req.params.id, timeout_ms = 30000,\n'
+             '                                        collapse = false } })\n'
+             'end }\n')
+
+
+class OneCapForTheGateway(GatewayTestCase):
+    """clients.max_connections counts the gateway's connections, whichever worker holds them.
+
+    Each worker has its own listening socket (SO_REUSEPORT) and the kernel picks one by a hash of
+    the client's address and port. The cap was split into equal shares per worker, so a client
+    hashed to a worker at its share waited although the other worker had room: with 8 slots on 2
+    workers, 8 clients were all served only when the hash split them 4 and 4 (27 % of the time)."""
+
+    CAP = 8
+
+    def test_the_cap_is_the_gateways_and_a_slot_freed_on_any_worker_serves_a_waiting_client(self):
+        self.start(services=demo_services(product_ms=25000, reviews_ms=5, inventory_ms=5),
+                   scripts={"slow.lua": SLOW_PAGE}, workers=2, deadline_ms=30000,
+                   upstream_options={"product": {"timeout_ms": 30000}},
+                   gateway_extra={"clients": {"max_connections": self.CAP}})
+        held = []
+        for i in range(self.CAP):  # a page in flight on each: all CAP connections open at once
+            c = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            self.addCleanup(c.close)
+            c.sendall(b"GET /slow/%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % i)
+            held.append(c)
+        self.assertTrue(wait_until(lambda: self.mock.requests("product")["total"] == self.CAP, 15),
+                        "%d of %d clients were served while the gateway was under its cap"
+                        % (self.mock.requests("product")["total"], self.CAP))
+        # at the cap: the next clients wait, whichever worker's backlog they are in; each slot
+        # freed (on either worker) lets one in
+        for k in range(4):
+            late = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            self.addCleanup(late.close)
+            late.sendall(b"GET /no-such-route/%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % k)
+            self.assertFalse(has_data(late, 0.5), "client %d beyond the cap was served" % k)
+            held.pop(0).close()  # the gateway sees the client leave, ends its page and frees the slot
+            data = read_all(late, 15)
+            self.assertTrue(data.startswith(b"HTTP/1.1 404 "), (k, data[:200]))
+            # late's connection closed after its answer: a new page takes its slot, and the gateway
+            # is at its cap again
+            c = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            self.addCleanup(c.close)
+            c.sendall(b"GET /slow/%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % (100 + k))
+            held.append(c)
+            self.assertTrue(wait_until(lambda: self.mock.requests("product")["total"] == self.CAP + k + 1, 15),
+                            "a new client was not served with a slot free")
+        for c in held:
+            self.assertFalse(has_data(c, 0), "a held page ended early")
         self.assertEqual(self.log_errors(), [])
 
 

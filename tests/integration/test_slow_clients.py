@@ -17,7 +17,7 @@ to where they were.
 Clients that never read (clients.send_timeout_s): an HTTP/1 client that leaves a large answer
 unread with its receive window closed, and an HTTP/2 client whose flow-control window stays at 0,
 hold their connections only until the send timeout (h2o 2.2.5 has none: they held them, and the
-worker's share of clients.max_connections, for good); a client that reads slowly but steadily is
+slots of clients.max_connections, for good); a client that reads slowly but steadily is
 never cut.
 """
 import os
