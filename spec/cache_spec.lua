@@ -135,6 +135,32 @@ describe("the cache", function()
     assert.equal(2, #gw:calls("product"))
   end)
 
+  it("takes at most BLOOM_KEYS keys into a filter of keys known missing, so a flood of missing ids leaves other keys alone", function()
+    local cache = require "agg.cache"
+    -- 300,000 missing keys within one filter's period: without the cap about 4 % of all other keys
+    -- would look missing (7 probes in 2^21 bits); with it, the design's 0.01 %
+    assert.equal(100000, cache.BLOOM_KEYS)
+    for i = 1, 300000 do cache.bloom_add("agw:{product}:x:GET /products/missing-" .. i, 0, 60000) end
+    local wrong = 0
+    for i = 1, 10000 do
+      if cache.bloom_check("agw:{product}:x:GET /products/real-" .. i, 1) then wrong = wrong + 1 end
+    end
+    assert.is_true(wrong <= 20, wrong .. " of 10,000 keys never added look missing")
+    assert.is_true(cache.bloom_check("agw:{product}:x:GET /products/missing-1", 1)) -- the first ones are in
+  end)
+
+  it("places a key's bits in the filter of keys known missing with a keyed hash (SipHash), not one a client can compute", function()
+    local sys = require "agg.sys"
+    local h1, h2 = sys.keyed_hash("agw:{product}:x:GET /products/7")
+    local g1, g2 = sys.keyed_hash("agw:{product}:x:GET /products/7")
+    assert.equal(h1, g1)
+    assert.equal(h2, g2)
+    assert.equal(1, h2 % 2) -- odd: h1 + i * h2 walks every bit
+    assert.is_true(h1 >= 0 and h1 < 2 ^ 32 and h2 < 2 ^ 32)
+    local cache = require "agg.cache"
+    assert.are_not.equal(cache.fnv("agw:{product}:x:GET /products/7") % 2 ^ 32, h1) -- (the old, public function)
+  end)
+
   it("never serves one user's section to another", function()
     gw:stub("product", "/me", { json = { user = "?" } })
     local seen = {}

@@ -8,10 +8,16 @@
 #include <errno.h>
 #include <lauxlib.h>
 #include <lualib.h>
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include "upstream/breaker.h"
@@ -190,12 +196,93 @@ static int l_hash32(lua_State *L)
     return 1;
 }
 
+/* The key of keyed_hash: 16 bytes drawn once per process, never shown. */
+static unsigned char keyed_hash_key[16];
+static pthread_once_t keyed_hash_once = PTHREAD_ONCE_INIT;
+
+static void keyed_hash_init(void)
+{
+    if (getrandom(keyed_hash_key, sizeof(keyed_hash_key), 0) != (ssize_t)sizeof(keyed_hash_key)) {
+        /* (getrandom without flags fails only before the kernel's pool is ready, at boot) */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t a = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)time(NULL);
+        uint64_t b = a * 0xBF58476D1CE4E5B9ull ^ (uint64_t)(uintptr_t)&ts;
+        memcpy(keyed_hash_key, &a, 8);
+        memcpy(keyed_hash_key + 8, &b, 8);
+    }
+}
+
+/* A VM's SipHash context (keyed_hash's upvalue), freed with the VM. */
+typedef struct mac_ud {
+    EVP_MAC_CTX *ctx; /* NULL when OpenSSL has no SipHash */
+} mac_ud_t;
+
+static int mac_gc(lua_State *L)
+{
+    mac_ud_t *m = lua_touserdata(L, 1);
+    EVP_MAC_CTX_free(m->ctx);
+    m->ctx = NULL;
+    return 0;
+}
+
+/* keyed_hash(s) -> h1, h2: SipHash-2-4 (OpenSSL's EVP_MAC "SIPHASH", 64-bit output) of s's bytes
+ * under a key drawn at random once per process, as two unsigned 32-bit numbers, h2 odd (so that
+ * h1 + i * h2 walks every bit of a table whose size is a power of two: double hashing). For the
+ * structures that clients' input fills and that must not be steerable by a client: agg.cache's
+ * filter of keys known missing. With an unkeyed hash a client computed offline a handful of ids
+ * whose 404s set every bit of a real item's key, and the item was answered 404 without the
+ * upstream. Raises when OpenSSL has no SipHash (a provider configuration without it). */
+static int l_keyed_hash(lua_State *L)
+{
+    size_t len, outl = 0;
+    const char *s = luaL_checklstring(L, 1, &len);
+    mac_ud_t *m = lua_touserdata(L, lua_upvalueindex(1));
+    unsigned char out[8];
+    if (m == NULL || m->ctx == NULL || !EVP_MAC_init(m->ctx, keyed_hash_key, sizeof(keyed_hash_key), NULL) ||
+        !EVP_MAC_update(m->ctx, (const unsigned char *)s, len) || !EVP_MAC_final(m->ctx, out, &outl, sizeof(out)) ||
+        outl != sizeof(out))
+        return luaL_error(L, "keyed_hash: OpenSSL's SipHash is not available");
+    uint32_t h1, h2;
+    memcpy(&h1, out, 4);
+    memcpy(&h2, out + 4, 4);
+    lua_pushnumber(L, (lua_Number)h1);
+    lua_pushnumber(L, (lua_Number)(h2 | 1u));
+    return 2;
+}
+
+/* Pushes keyed_hash with its VM's SipHash context as its upvalue. */
+static void push_keyed_hash(lua_State *L)
+{
+    pthread_once(&keyed_hash_once, keyed_hash_init);
+    mac_ud_t *m = lua_newuserdata(L, sizeof(*m));
+    m->ctx = NULL;
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, mac_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "SIPHASH", NULL);
+    if (mac != NULL) {
+        m->ctx = EVP_MAC_CTX_new(mac);
+        EVP_MAC_free(mac); /* the context holds its own reference */
+        size_t size = 8;
+        OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &size), OSSL_PARAM_construct_end()};
+        if (m->ctx != NULL && !EVP_MAC_CTX_set_params(m->ctx, params)) {
+            EVP_MAC_CTX_free(m->ctx);
+            m->ctx = NULL;
+        }
+    }
+    lua_pushcclosure(L, l_keyed_hash, 1);
+}
+
 int agw_sys_open(lua_State *L)
 {
     static const luaL_Reg fns[] = {{"call_invalid", l_call_invalid}, {"read_file", l_read_file},
                                    {"listdir", l_listdir},           {"monotonic_s", l_monotonic_s},
                                    {"hash32", l_hash32},             {NULL, NULL}};
     luaL_newlib(L, fns);
+    push_keyed_hash(L);
+    lua_setfield(L, -2, "keyed_hash");
     return 1;
 }
 

@@ -281,16 +281,21 @@ end
 -- negative_ttl_s, so a key is known missing for at most negative_ttl_s; a key in either is
 -- answered 404 without Redis or the upstream (a false positive, about 0.01 % at 100,000 keys,
 -- answers 404 for at most negative_ttl_s).
+-- Clients choose the keys that fill it (ids that do not exist), so it is kept from their reach:
+--   - the bits of a key come from SipHash under a key drawn at random per process (agg.sys
+--     keyed_hash): with an unkeyed hash a client computed offline a handful of missing ids whose
+--     404s set every bit of a real item's key, and that item was answered 404 without the upstream;
+--   - a filter takes at most BLOOM_KEYS keys: past them a 404 is not added (it is still kept in the
+--     cache's tiers for negative_ttl_s), so a flood of missing ids cannot fill the filter's bits and
+--     raise the false positives of every other key above the design's 0.01 %.
 ---------------------------------------------------------------------------------------------------
 
 local BLOOM_BITS = 2 ^ 21        -- 256 KiB per filter, 7 probes: about 0.01 % false positives at 100,000 keys
+local BLOOM_KEYS = 100000        -- keys a filter takes at most (the false-positive rate above)
 local bloom = { cur = {}, old = {}, n = 0, since = nil, every = 10000 }
 
-local function bloom_idx(key)
-  local h1 = fnv(key)
-  local h2 = fnv(key, 0x811c9dc5 + 7) -- a second seed
-  return h1, h2
-end
+local bloom_idx = require("agg.sys").keyed_hash -- key -> h1, h2 (h2 odd)
+M.BLOOM_KEYS = BLOOM_KEYS
 
 local function bloom_has(f, h1, h2)
   for i = 0, 6 do
@@ -305,15 +310,18 @@ local function bloom_rotate(now)
   if not bloom.since then bloom.since = now end
   local elapsed = now - bloom.since
   if elapsed >= 2 * bloom.every then
-    bloom.old, bloom.cur, bloom.since = {}, {}, now
+    bloom.old, bloom.cur, bloom.since, bloom.n = {}, {}, now, 0
   elseif elapsed >= bloom.every then
-    bloom.old, bloom.cur, bloom.since = bloom.cur, {}, now
+    bloom.old, bloom.cur, bloom.since, bloom.n = bloom.cur, {}, now, 0
   end
 end
 
+--- Adds key (a 404's cache key) to the current filter, unless it holds BLOOM_KEYS already.
 function M.bloom_add(key, now, every_ms)
   bloom.every = every_ms
   bloom_rotate(now)
+  if bloom.n >= BLOOM_KEYS then return end
+  bloom.n = bloom.n + 1
   local h1, h2 = bloom_idx(key)
   local f = bloom.cur
   for i = 0, 6 do
@@ -440,7 +448,7 @@ function M.init(transport)
   core = transport
   use_redis = core.redis_get ~= nil
   pending, refreshing = {}, {}
-  bloom.cur, bloom.old, bloom.since = {}, {}, nil
+  bloom.cur, bloom.old, bloom.since, bloom.n = {}, {}, nil, 0
   for k in pairs(M.stats) do M.stats[k] = 0 end
 end
 
