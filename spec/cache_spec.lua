@@ -161,6 +161,68 @@ describe("the cache", function()
     assert.are_not.equal(cache.fnv("agw:{product}:x:GET /products/7") % 2 ^ 32, h1) -- (the old, public function)
   end)
 
+  it("keys an upstream's entries by the client headers its forward_headers sends, with or without a call's own vary", function()
+    gw:stub("echo", "/echo/*", function(r) return { json = { lang = r.headers["accept-language"] or "-",
+                                                              token = r.headers["x-user-token"] or "-" } } end)
+    gw:stub("echo", "/region/*", function(r) return { json = { lang = r.headers["accept-language"] or "-",
+                                                                region = r.headers["x-region"] } } end)
+    local function get(lang, token, region)
+      return gw:get("/fwd/1" .. (region and ("?region=" .. region) or ""),
+                    { headers = { ["accept-language"] = lang, ["x-user-token"] = token } })
+    end
+    local alice = get("th", "alice-secret")
+    assert.equal("th", alice.json.echo.data.lang)
+    assert.equal("alice-secret", alice.json.echo.data.token)
+    local bob = get("en", "bob-secret")
+    assert.equal("en", bob.json.echo.data.lang) -- (was alice's section: the key had the path only)
+    assert.equal("bob-secret", bob.json.echo.data.token)
+    assert.equal("en", bob.json.region.data.lang) -- a call's own vary keeps the forwarded headers
+    assert.equal(4, #gw:calls("echo"))
+    local again = get("th", "alice-secret")
+    assert.equal("alice-secret", again.json.echo.data.token)
+    assert.equal("hit", timing(again, "echo"))
+    assert.equal("hit", timing(again, "region"))
+    assert.equal("us", get("th", "alice-secret", "us").json.region.data.region)
+    assert.equal(5, #gw:calls("echo"))
+  end)
+
+  it("says Vary on a cacheable page whose sections vary on request headers", function()
+    gw:stub("echo", "/echo/*", { json = { n = 1 } })
+    gw:stub("echo", "/region/*", { json = { n = 2 } })
+    local page = gw:get("/fwd/1", { headers = { ["accept-language"] = "th" } })
+    assert.equal(200, page.status)
+    assert.truthy(page.headers["cache-control"]:match("^max%-age=%d+$"), page.headers["cache-control"])
+    assert.equal("accept-language, x-region, x-user-token", page.headers["vary"])
+    -- the page of a cached section that varies on nothing says nothing
+    local plain = gw:get("/p/1")
+    assert.is_nil(plain.headers["vary"])
+    gw:stub("product", "/products/*", { json = { n = 3 } })
+    gw:advance(1000)
+    local lang = gw:get("/lang/9", { headers = { ["accept-language"] = "de" } })
+    assert.equal("accept-language", lang.headers["vary"])
+  end)
+
+  it("does not store an answer whose Vary names a header the call carries and the key leaves out", function()
+    gw:stub("product", "/tagged/*", function(r)
+      return { json = { tenant = r.headers["x-tenant"] }, headers = { vary = "Accept-Encoding, X-Tenant" } }
+    end)
+    assert.equal("a", gw:get("/tagged/1?tenant=a").json.item.data.tenant)
+    assert.equal("b", gw:get("/tagged/1?tenant=b").json.item.data.tenant) -- (was a's: stored under the path)
+    assert.equal(2, #gw:calls("product"))
+    local warned = 0
+    for _, l in ipairs(gw:logs()) do
+      if tostring(l.message or l):find("carry Vary: x-tenant", 1, true) then warned = warned + 1 end
+    end
+    assert.equal(1, warned)
+    -- Vary naming only headers the call does not carry: stored
+    gw:stub("product", "/tagged/*", { json = { n = 1 }, headers = { vary = "Accept-Encoding" } })
+    gw:get("/tagged/2")
+    assert.equal("hit", timing(gw:get("/tagged/2"), "item"))
+    gw:stub("product", "/tagged/*", { json = { n = 1 }, headers = { vary = "*" } })
+    gw:get("/tagged/3")
+    assert.equal("miss", timing(gw:get("/tagged/3"), "item"))
+  end)
+
   it("never serves one user's section to another", function()
     gw:stub("product", "/me", { json = { user = "?" } })
     local seen = {}

@@ -155,9 +155,32 @@ function M.version(p)
   return ver
 end
 
+--- Policy p varying on names as well (request header names, lowercased): p itself when it varies
+-- on every one already, else a copy with the sorted union and its version. An upstream's
+-- forward_headers: every call to it carries the client's values of those headers, so its answers
+-- may differ by them, and an entry keyed without them was served to clients that sent other
+-- values (another user's token, another language).
+function M.with_vary(p, names)
+  if not names or #names == 0 then return p end
+  local have, l = {}, {}
+  for _, n in ipairs(p.vary or {}) do have[n] = true l[#l + 1] = n end
+  local added = false
+  for _, n in ipairs(names) do
+    if not have[n] then have[n] = true l[#l + 1] = n added = true end
+  end
+  if not added then return p end
+  table.sort(l)
+  local q = new_tab(0, 8)
+  for k, v in pairs(p) do q[k] = v end
+  q.vary = l
+  q.version = M.version(q)
+  return q
+end
+
 --- The policy of a call: the upstream's default overridden field by field by the call's block
--- (call false: off). Returns the policy, or false.
-function M.merge(up_policy, call_block, level, name)
+-- (call false: off). Returns the policy, or false. forwarded: the upstream's forward_headers,
+-- which the policy varies on whatever the call's block says (M.with_vary).
+function M.merge(up_policy, call_block, level, name, forwarded)
   if call_block == false then return false end
   if call_block == nil then return up_policy or false end
   local p, field, why = M.check_block(call_block, true)
@@ -169,6 +192,7 @@ function M.merge(up_policy, call_block, level, name)
       if call_block[k] == nil and k ~= "version" then p[k] = v end
     end
   end
+  if forwarded and call_block.vary ~= nil then p = M.with_vary(p, forwarded) end
   p.version = M.version(p)
   return p
 end
@@ -473,6 +497,35 @@ local function result_of(ctx, sec, spec, e)
   return r
 end
 
+-- Whether an answer to call x whose Vary field is v (nil: none) may be stored under x's key with
+-- policy p (RFC 9111 §4.1: a stored answer serves a later request only when the headers its Vary
+-- names match). Refused: `Vary: *`, and a header the call carries that the key does not include
+-- (p.vary, with the upstream's forward_headers): calls with other values of it share the key.
+-- A header the call does not carry is absent from every call made with this policy and path.
+-- Refusals are logged once per upstream and header.
+local logged_vary = {}
+local function vary_allows(x, p, v)
+  if not v then return true end
+  for name in str_gmatch(v, "[^,%s]+") do
+    name = name:lower()
+    local keyed = name ~= "*" and (header_of(x.headers, name) == nil or p.key ~= nil)
+    if not keyed and p.vary then
+      for _, h in ipairs(p.vary) do if h == name then keyed = true break end end
+    end
+    if not keyed then
+      local seen = logged_vary[x.upstream]
+      if not seen then seen = {} logged_vary[x.upstream] = seen end
+      if not seen[name] then
+        seen[name] = true
+        core.log("warn", ("cache: answers of %s carry Vary: %s, which the cache key does not include: not stored (add it to the upstream's cache.vary)"):format(
+          x.upstream, name == "*" and "*" or name))
+      end
+      return false
+    end
+  end
+  return true
+end
+
 -- Stores result r of exchange x; returns when its data stops being fresh (ms), or nil.
 local function store(x, r, now)
   local p = x.cache
@@ -491,6 +544,9 @@ local function store(x, r, now)
     end
     hdrs = table.concat(hb)
   end
+  -- the block, made once (core.cache_store takes it as it is): its Vary is read before storing
+  if type(hdrs) ~= "string" then hdrs = json.raw_extra(hdrs) or "" end
+  if not vary_allows(x, p, block_get(hdrs, "vary")) then return end
   local fresh, swr, sie
   if status == 404 then
     fresh, swr, sie = p.negative_ttl_s, 0, 0
@@ -499,11 +555,7 @@ local function store(x, r, now)
     M.bloom_add(ck, now, fresh * 1000 / 2) -- a key stays in the pair for at most negative_ttl_s
   else
     local cc
-    if p.ttl_s == nil then
-      -- the block is needed here: made once, and handed to core.cache_store as it is
-      if type(hdrs) ~= "string" then hdrs = json.raw_extra(hdrs) or "" end
-      cc = block_get(hdrs, "cache-control")
-    end
+    if p.ttl_s == nil then cc = block_get(hdrs, "cache-control") end
     fresh, swr, sie = M.lifetimes(p, cc)
     if not fresh or fresh <= 0 then return end
   end

@@ -48,6 +48,31 @@ local function has_header(headers, name, spelt)
   return false
 end
 
+-- Adds value (header names, comma-separated) to the page's Vary (RFC 9110 §12.5.5): the script's
+-- own Vary fields, in any spelling, are kept as fields of their own beside it.
+local function add_vary(headers, value, spelt)
+  local own
+  if spelt then
+    for k, v in pairs(headers) do
+      if spells(k, "vary") then
+        own = own or {}
+        if type(v) == "table" then
+          for _, e in ipairs(v) do own[#own + 1] = e end
+        else
+          own[#own + 1] = v
+        end
+        headers[k] = nil
+      end
+    end
+  end
+  if own then
+    own[#own + 1] = value
+    headers.vary = own
+  else
+    headers.vary = value
+  end
+end
+
 local function page_status(failed)
   local p = failed.error or {}
   local kind = problem.kind(p)
@@ -96,6 +121,7 @@ function M.page(results, opts)
   local rows, nrows = new_tab(4 * n, 4), 0
   local complete, any_data, all_timeouts, counted = true, false, true, 0
   local max_age -- the smallest freshness left of the sections, while every one is a shared cache entry
+  local vary -- the request headers those entries vary on (name -> true), or nil
   local personal = false -- a section's data is one user's (see "Cache-Control of a page" below)
   local failed_required, failed_key
   for _, k in ipairs(keys) do
@@ -119,6 +145,11 @@ function M.page(results, opts)
         if max_age ~= false then
           local left = cache.fresh_left_ms(r)
           if left and (not max_age or left < max_age) then max_age = left elseif not left then max_age = false end
+          local p = left and info.cache
+          if p and p.vary then
+            vary = vary or {}
+            for _, h in ipairs(p.vary) do vary[h] = true end
+          end
         end
         if r.error and r.error.status ~= 504 then all_timeouts = false end
       end
@@ -190,6 +221,15 @@ function M.page(results, opts)
     set_header(headers, "cache-control", "no-store", spelt)
   elseif not has_header(headers, "cache-control", spelt) then
     local cacheable = max_age and max_age >= 1000
+    if cacheable and vary then
+      -- the sections' entries vary on request headers (their `vary`, the upstreams'
+      -- forward_headers): so does the page, and a cache in front must key it by them too (RFC 9111
+      -- §4.1), or it serves one client's page to clients that sent other values
+      local names = {}
+      for h in pairs(vary) do names[#names + 1] = h end
+      table.sort(names)
+      add_vary(headers, table.concat(names, ", "), spelt)
+    end
     if personal or rt.authenticated() then
       -- (a personal section is never a shared entry, so max_age is false then)
       headers["cache-control"] = cacheable and ("private, max-age=" .. math.floor(max_age / 1000)) or "private"

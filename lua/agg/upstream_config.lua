@@ -307,6 +307,9 @@ function M.check_upstreams(cfg, out, c)
         end
       end
       if e.retry.attempts < 1 then e.retry.attempts = 1 end
+      -- a cached upstream's entries are keyed by the headers every call to it forwards (agg.cache
+      -- with_vary): without them one client's section was served to clients that sent others
+      if e.cache and e.forward_headers then e.cache = cache.with_vary(e.cache, e.forward_headers) end
       -- identity = "forward" | "exchange" | "none" (default), audience = "the service's name in tokens"
       local id, idline = u.identity, find_line(lines, "identity", nline) or nline
       if id ~= nil and (type(id) ~= "string" or not edge.IDENTITIES[id]) then
