@@ -15,7 +15,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
-#include <sys/time.h>
+#include <limits.h>
+#include <stdint.h>
+#include <time.h>
 #include <unistd.h>
 
 int agw_fetch_url_parse(const char *url, agw_fetch_url_t *out, char *why, size_t whylen)
@@ -63,8 +65,33 @@ void agw_fetch_url_free(agw_fetch_url_t *u)
     memset(u, 0, sizeof(*u));
 }
 
-/* Connects to host:port within timeout_ms; the socket is blocking with read/write timeouts. */
-static int dial(const agw_fetch_url_t *u, uint64_t timeout_ms, char *why, size_t whylen)
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits until fd has events (POLLIN, POLLOUT) or the deadline (mono_ms) passes. Returns 1 when it
+ * has them, 0 at the deadline, -1 on an error of poll. */
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int64_t left = deadline - mono_ms();
+        if (left <= 0)
+            return 0;
+        struct pollfd p = {.fd = fd, .events = events};
+        int rc = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+        if (rc > 0)
+            return 1;
+        if (rc < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* Connects to host:port by the deadline. The socket stays non-blocking: every read and write waits
+ * with wait_fd, against the one deadline of the whole fetch. */
+static int dial(const agw_fetch_url_t *u, int64_t deadline, char *why, size_t whylen)
 {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
@@ -84,10 +111,9 @@ static int dial(const agw_fetch_url_t *u, uint64_t timeout_ms, char *why, size_t
     rc = connect(fd, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     if (rc != 0 && errno == EINPROGRESS) {
-        struct pollfd p = {.fd = fd, .events = POLLOUT};
         int err = 0;
         socklen_t elen = sizeof(err);
-        rc = poll(&p, 1, (int)timeout_ms);
+        rc = wait_fd(fd, POLLOUT, deadline);
         if (rc == 0)
             errno = ETIMEDOUT;
         else if (rc > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) == 0)
@@ -99,11 +125,90 @@ static int dial(const agw_fetch_url_t *u, uint64_t timeout_ms, char *why, size_t
         close(fd);
         return -1;
     }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    struct timeval tv = {.tv_sec = (time_t)(timeout_ms / 1000), .tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     return fd;
+}
+
+/* What an I/O step needs: the socket, its TLS session (NULL: cleartext), the deadline. */
+typedef struct io {
+    int fd;
+    SSL *ssl;
+    int64_t deadline;
+} io_t;
+
+enum { IO_FAILED = -1, IO_TIMED_OUT = -2 };
+
+/* Waits for what a TLS call that returned r asks for (SSL_get_error: WANT_READ or WANT_WRITE).
+ * Returns 1 to call it again, IO_TIMED_OUT, or IO_FAILED (any other error). */
+static int tls_wait(const io_t *io, int r)
+{
+    int e = SSL_get_error(io->ssl, r);
+    short ev = e == SSL_ERROR_WANT_READ ? POLLIN : e == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
+    if (ev == 0)
+        return IO_FAILED;
+    int w = wait_fd(io->fd, ev, io->deadline);
+    return w > 0 ? 1 : w == 0 ? IO_TIMED_OUT : IO_FAILED;
+}
+
+/* Writes all of buf by the deadline. Returns 0, IO_TIMED_OUT or IO_FAILED. */
+static int io_write(const io_t *io, const char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t w;
+        if (io->ssl) {
+            w = SSL_write(io->ssl, buf, (int)len);
+            if (w <= 0) {
+                int rc = tls_wait(io, (int)w);
+                if (rc != 1)
+                    return rc;
+                continue;
+            }
+        } else {
+            w = send(io->fd, buf, len, MSG_NOSIGNAL);
+            if (w < 0) {
+                if (errno == EINTR)
+                    continue;
+                if (errno != EAGAIN && errno != EWOULDBLOCK)
+                    return IO_FAILED;
+                int rc = wait_fd(io->fd, POLLOUT, io->deadline);
+                if (rc <= 0)
+                    return rc == 0 ? IO_TIMED_OUT : IO_FAILED;
+                continue;
+            }
+        }
+        buf += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads what has come, by the deadline. Returns the bytes read (> 0), 0 at the end of the stream,
+ * IO_TIMED_OUT or IO_FAILED. */
+static ssize_t io_read(const io_t *io, char *buf, size_t cap)
+{
+    for (;;) {
+        if (io->ssl) {
+            int r = SSL_read(io->ssl, buf, (int)cap);
+            if (r > 0)
+                return r;
+            int e = SSL_get_error(io->ssl, r);
+            if (e == SSL_ERROR_ZERO_RETURN)
+                return 0;
+            int rc = tls_wait(io, r);
+            if (rc != 1)
+                return r == 0 && rc == IO_FAILED ? 0 : rc; /* (a close without close_notify: the end) */
+            continue;
+        }
+        ssize_t r = recv(io->fd, buf, cap, 0);
+        if (r >= 0)
+            return r;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return IO_FAILED;
+        int rc = wait_fd(io->fd, POLLIN, io->deadline);
+        if (rc <= 0)
+            return rc == 0 ? IO_TIMED_OUT : IO_FAILED;
+    }
 }
 
 /* The max-age of a Cache-Control value (the last one it names), 0 when it names none. */
@@ -121,9 +226,15 @@ int agw_fetch_get(const agw_fetch_url_t *u, uint64_t timeout_ms, size_t max_byte
                   uint64_t *max_age_s, char *why, size_t whylen)
 {
     *max_age_s = 0;
-    int fd = dial(u, timeout_ms, why, whylen);
+    if (timeout_ms > INT64_MAX / 4)
+        timeout_ms = INT64_MAX / 4;
+    /* one deadline for the whole fetch: a server that sends a byte now and then kept a fetch with
+     * a timeout per read going for as long as it liked, and the keys' only fetcher with it */
+    io_t io = {.fd = -1, .ssl = NULL, .deadline = mono_ms() + (int64_t)timeout_ms};
+    int fd = dial(u, io.deadline, why, whylen);
     if (fd < 0)
         return -1;
+    io.fd = fd;
     SSL_CTX *ctx = NULL;
     SSL *ssl = NULL;
     agw_h1_response_t resp = {0}; /* (freed at out: whatever path got there) */
@@ -138,10 +249,15 @@ int agw_fetch_get(const agw_fetch_url_t *u, uint64_t timeout_ms, size_t max_byte
         SSL_set_tlsext_host_name(ssl, u->host);
         SSL_set1_host(ssl, u->host);
         SSL_set_fd(ssl, fd);
-        if (SSL_connect(ssl) != 1) {
+        io.ssl = ssl;
+        int hs;
+        while ((hs = SSL_connect(ssl)) != 1) {
+            int w = tls_wait(&io, hs);
+            if (w == 1)
+                continue;
             long v = SSL_get_verify_result(ssl);
             snprintf(why, whylen, "TLS with %s:%d failed: %s", u->host, u->port,
-                     v != X509_V_OK ? X509_verify_cert_error_string(v) : "handshake");
+                     w == IO_TIMED_OUT ? "timed out" : v != X509_V_OK ? X509_verify_cert_error_string(v) : "handshake");
             goto out;
         }
     }
@@ -152,19 +268,24 @@ int agw_fetch_get(const agw_fetch_url_t *u, uint64_t timeout_ms, size_t max_byte
         snprintf(why, whylen, "the URL is too long");
         goto out;
     }
-    ssize_t w = ssl ? SSL_write(ssl, req, n) : send(fd, req, (size_t)n, MSG_NOSIGNAL);
-    if (w != n) {
-        snprintf(why, whylen, "cannot send the request to %s:%d", u->host, u->port);
+    int wr = io_write(&io, req, (size_t)n);
+    if (wr != 0) {
+        snprintf(why, whylen, "cannot send the request to %s:%d%s", u->host, u->port,
+                 wr == IO_TIMED_OUT ? ": timed out" : "");
         goto out;
     }
     /* the upstream client's HTTP/1.1 response reader (upstream/http1.h): the same framing rules */
     agw_h1_response_start(&resp, 0, max_bytes);
     char buf[16384];
     while (!resp.done) {
-        ssize_t r = ssl ? SSL_read(ssl, buf, sizeof(buf)) : recv(fd, buf, sizeof(buf), 0);
+        ssize_t r = io_read(&io, buf, sizeof(buf));
+        if (r == IO_TIMED_OUT) {
+            snprintf(why, whylen, "reading from %s:%d: timed out (no whole answer within %llu ms)", u->host, u->port,
+                     (unsigned long long)timeout_ms);
+            goto out;
+        }
         if (r < 0) {
-            snprintf(why, whylen, "reading from %s:%d: %s", u->host, u->port,
-                     errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : "failed");
+            snprintf(why, whylen, "reading from %s:%d: failed", u->host, u->port);
             goto out;
         }
         if (r > 0)
@@ -201,7 +322,7 @@ int agw_fetch_get(const agw_fetch_url_t *u, uint64_t timeout_ms, size_t max_byte
 out:
     agw_h1_response_free(&resp);
     if (ssl) {
-        SSL_shutdown(ssl);
+        SSL_shutdown(ssl); /* (non-blocking: a close_notify if the socket takes it now, no wait) */
         SSL_free(ssl);
     }
     SSL_CTX_free(ctx);

@@ -24,8 +24,10 @@ int agw_fetch_url_parse(const char *url, agw_fetch_url_t *out, char *why, size_t
 
 void agw_fetch_url_free(agw_fetch_url_t *u);
 
-/* GETs u, waiting at most timeout_ms for the connection and for each read or write; a body over
- * max_bytes is an error. On a 200 answer returns 0 with the body appended to body and
+/* GETs u within timeout_ms in all: the connection, the TLS handshake, the request and the whole
+ * answer, against one deadline (a server that sends a byte now and then cannot make it last
+ * longer; the host name's lookup, getaddrinfo, is the system resolver's and has its own timeouts);
+ * a body over max_bytes is an error. On a 200 answer returns 0 with the body appended to body and
  * *max_age_s set from Cache-Control max-age (0 when absent); otherwise -1 with why (the status,
  * a refused connection, a timeout, a certificate that does not verify). */
 int agw_fetch_get(const agw_fetch_url_t *u, uint64_t timeout_ms, size_t max_bytes, agw_buf_t *body,

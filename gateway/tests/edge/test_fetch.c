@@ -18,6 +18,7 @@ typedef struct server {
     int fd;
     int port;
     const char *answer; /* sent whole once the request's header section is in; NULL: none */
+    int drip_ms;        /* > 0: the answer is sent a byte at a time, one every drip_ms */
     pthread_t thread;
 } server_t;
 
@@ -36,7 +37,12 @@ static void *serve(void *arg)
         if (strstr(req, "\r\n\r\n"))
             break;
     }
-    if (s->answer) {
+    if (s->answer && s->drip_ms > 0) {
+        /* until the client leaves (the send fails) or the answer is out */
+        for (const char *p = s->answer; *p && send(c, p, 1, MSG_NOSIGNAL) == 1; p++)
+            usleep((useconds_t)s->drip_ms * 1000);
+        close(c);
+    } else if (s->answer) {
         ssize_t w = write(c, s->answer, strlen(s->answer));
         (void)w;
         close(c);
@@ -47,12 +53,13 @@ static void *serve(void *arg)
     return NULL;
 }
 
-static void server_start(server_t *s, const char *answer)
+static void server_start(server_t *s, const char *answer, int drip_ms)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof(a);
     s->fd = socket(AF_INET, SOCK_STREAM, 0);
     s->answer = answer;
+    s->drip_ms = drip_ms;
     if (bind(s->fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(s->fd, 1) != 0 ||
         getsockname(s->fd, (struct sockaddr *)&a, &len) != 0) {
         perror("test server");
@@ -79,7 +86,7 @@ static int fetch(const char *answer, size_t max_bytes, uint64_t timeout_ms, agw_
                  char *why, size_t whylen)
 {
     server_t s;
-    server_start(&s, answer);
+    server_start(&s, answer, 0);
     char url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/jwks", s.port);
     agw_fetch_url_t u;
@@ -159,6 +166,31 @@ static void no_answer_times_out(void)
     agw_buf_free(&body);
 }
 
+/* A server that sends its answer a byte every 20 ms (about 2 s for this one) while each byte
+ * comes well within the timeout: the fetch ends at its one deadline, 300 ms, with no answer. A
+ * timeout per read (SO_RCVTIMEO) let the fetch go on for as long as the server liked. */
+static void a_dripping_answer_times_out_at_the_deadline(void)
+{
+    static const char answer[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 "Content-Length: 11\r\n\r\n{\"keys\":[]}";
+    server_t s;
+    server_start(&s, answer, 20);
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/jwks", s.port);
+    agw_fetch_url_t u;
+    char perr[128], why[256] = "";
+    CHECK(agw_fetch_url_parse(url, &u, perr, sizeof(perr)) == 0);
+    agw_buf_t body = AGW_BUF_INIT;
+    uint64_t max_age = 0;
+    int rc = agw_fetch_get(&u, 300, 1024, &body, &max_age, why, sizeof(why));
+    CHECK(rc == -1);
+    CHECK(strstr(why, "timed out") != NULL);
+    CHECK(body.len == 0);
+    agw_buf_free(&body);
+    agw_fetch_url_free(&u);
+    server_stop(&s);
+}
+
 int main(void)
 {
     RUN(a_sized_200_gives_its_body_and_max_age);
@@ -166,5 +198,6 @@ int main(void)
     RUN(a_close_delimited_200_ends_at_the_close);
     RUN(other_answers_fail_with_their_reason);
     RUN(no_answer_times_out);
+    RUN(a_dripping_answer_times_out_at_the_deadline);
     return CHECK_DONE();
 }
