@@ -460,6 +460,14 @@ static void check_jwt(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_
     r->token_len = len;
 }
 
+void agw_auth_refuse_duplicates(agw_auth_result_t *r, const char *challenge, const char *name, size_t n)
+{
+    memset(r, 0, sizeof(*r));
+    r->challenge = challenge;
+    fail(r, 400, "invalid_request", "the request carries more than one credential header");
+    snprintf(r->why, sizeof(r->why), "%zu %s headers", n, name);
+}
+
 void agw_auth_check(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_t *cache, const char *authorization,
                     size_t authorization_len, size_t num_authorization, const char *apikey, size_t apikey_len,
                     uint64_t now_s, agw_auth_result_t *r)

@@ -129,6 +129,12 @@ void agw_auth_check(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_t 
                     size_t authorization_len, size_t num_authorization, const char *apikey, size_t apikey_len,
                     uint64_t now_s, agw_auth_result_t *r);
 
+/* Fills *r with a 400 invalid_request (RFC 6750 §3.1) for a request that carries n (> 1) headers
+ * named name that each could be its credential (API keys): which one would count is ambiguous,
+ * and a limit keyed by the header could count another than the one the edge checked. challenge:
+ * "APIKey". */
+void agw_auth_refuse_duplicates(agw_auth_result_t *r, const char *challenge, const char *name, size_t n);
+
 /* How many JWKS fetches have finished (thread-safe): a request refused for an unknown kid
  * while a refetch was coming may be checked again once this passes r->fetches_done. */
 uint64_t agw_auth_fetches_done(const agw_auth_t *a);

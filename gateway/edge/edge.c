@@ -48,7 +48,7 @@ int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_ca
         return 0;
     }
     const char *authz = NULL, *key = NULL;
-    size_t authz_len = 0, key_len = 0, num_authz = 0;
+    size_t authz_len = 0, key_len = 0, num_authz = 0, num_keys = 0;
     const char *key_name = a->apikey_header ? a->apikey_header : "x-api-key";
     size_t key_name_len = strlen(key_name);
     for (size_t i = 0; i < req->headers.size; i++) {
@@ -59,11 +59,16 @@ int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_ca
                 authz_len = h->value.len;
             }
         } else if (h2o_lcstris(h->name->base, h->name->len, key_name, key_name_len)) {
-            key = h->value.base;
-            key_len = h->value.len;
+            if (num_keys++ == 0) {
+                key = h->value.base;
+                key_len = h->value.len;
+            }
         }
     }
-    agw_auth_check(a, p, cache, authz, authz_len, num_authz, key, key_len, (uint64_t)time(NULL), r);
+    if (p->kind == AGW_AUTH_API_KEY && num_keys > 1)
+        agw_auth_refuse_duplicates(r, "APIKey", key_name, num_keys);
+    else
+        agw_auth_check(a, p, cache, authz, authz_len, num_authz, key, key_len, (uint64_t)time(NULL), r);
     if (r->status == 0)
         return 0;
     if (may_wait && r->refetching)

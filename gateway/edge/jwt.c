@@ -294,6 +294,13 @@ static int check_claims(json_t *claims, const agw_jwt_rules_t *r, uint64_t now_s
         say(why, whylen, has < 0 ? "\"iat\" is not a NumericDate" : "issued %.0f s in the future", iat - now);
         return -1;
     }
+    /* the subject names the user (limits by user, result.user): a StringOrURI (RFC 7519 §4.1.2);
+     * a number or an object there left limits by user counting every such token as one user */
+    json_t *sub = json_object_get(claims, "sub");
+    if (sub != NULL && !json_is_string(sub)) {
+        say(why, whylen, "\"sub\" is not a string");
+        return -1;
+    }
     if (r->issuer) {
         json_t *iss = json_object_get(claims, "iss");
         if (!json_is_string(iss) || strcmp(json_string_value(iss), r->issuer) != 0) {

@@ -242,6 +242,13 @@ class EdgeAuth(GatewayTestCase):
             self.assertProblem(r, 401)
             self.assertTrue(r.headers["www-authenticate"].startswith("APIKey"), r)
             self.assertNotIn("k-", r.body.decode())
+        # two key headers: which one counts is ambiguous (the edge took the last, a limit keyed by
+        # the header the first), so the request is refused, whatever the keys
+        for second in ("k-web-456", "k-revoked", "k-mobile-123"):
+            r = self.get("/app", "-H", "X-Client-Key: k-mobile-123", "-H", "X-Client-Key: " + second)
+            self.assertProblem(r, 400)
+            self.assertIn("more than one", r.json()["title"])
+            self.assertNotIn("k-", r.body.decode())
 
     # ---- identity toward upstreams ----------------------------------------------------------
     def sections(self, r):

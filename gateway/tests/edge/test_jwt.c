@@ -304,6 +304,19 @@ static void time_claims_are_checked_with_the_leeway(void)
     CHECK(verify_with(ks, NULL, rules(), str_exp) == AGW_JWT_INVALID);
     free(no_exp);
     free(str_exp);
+    /* sub is a StringOrURI (RFC 7519 §4.1.2): a number or an object there is refused (limits by
+     * user counted every such token as one user); a string, or no sub, passes */
+    static const char *const subs[] = {"\"sub\":5,", "\"sub\":{\"id\":\"u1\"},", "\"sub\":null,", "\"sub\":\"u1\",", ""};
+    for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
+        char c[256];
+        snprintf(c, sizeof(c), "{%s\"iss\":\"https://id.test\",\"aud\":\"aggway\",\"exp\":%llu}", subs[i], NOW + 300);
+        char *t = sign(rsa_key, h, c);
+        agw_jwt_status_t st = verify_with(ks, NULL, rules(), t);
+        if (st != (i < 3 ? AGW_JWT_INVALID : AGW_JWT_OK))
+            fprintf(stderr, "sub case %zu: got %d\n", i, st);
+        CHECK(st == (i < 3 ? AGW_JWT_INVALID : AGW_JWT_OK));
+        free(t);
+    }
     agw_jwks_unref(ks);
 }
 
