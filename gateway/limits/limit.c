@@ -2,6 +2,7 @@
 #include "limits/limit.h"
 #include "limits/limit_seen.h"
 
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -469,4 +470,21 @@ int agw_limit_check(agw_limit_store_t *s, const agw_limit_ask_t *asks, size_t nu
             v->decisive = (int)i;
     }
     return 1;
+}
+
+size_t agw_limit_ip_key(int family, const void *addr, const char **key)
+{
+    if (family == AF_INET) {
+        *key = addr;
+        return 4;
+    }
+    if (family != AF_INET6)
+        return 0;
+    const struct in6_addr *a6 = addr;
+    if (IN6_IS_ADDR_V4MAPPED(a6)) {
+        *key = (const char *)a6->s6_addr + 12;
+        return 4;
+    }
+    *key = (const char *)a6->s6_addr;
+    return 8;
 }

@@ -43,6 +43,15 @@ typedef enum agw_limit_key {
                               it: worker/limits.c calls it, agg.limits.key_of) */
 } agw_limit_key_t;
 
+/* The bytes a rule keyed by "ip" counts a client's address by, pointed into addr (family AF_INET:
+ * a struct in_addr; AF_INET6: a struct in6_addr). Returns their length: IPv4, its 4 bytes; IPv6,
+ * its /64 prefix, 8 bytes (one subscriber's network: a client given a /64, as most are, could use
+ * a fresh address for every request and so start a fresh count for each, and fill the table of
+ * counts with keys of its own); an IPv4-mapped IPv6 address (a dual-stack listener's IPv4
+ * client), the IPv4 address's 4 bytes, so each IPv4 client keeps its own count. 0 for another
+ * family. */
+size_t agw_limit_ip_key(int family, const void *addr, const char **key);
+
 /* Fixed UTC windows of a quota. */
 typedef enum agw_limit_window {
     AGW_LIMIT_HOUR,

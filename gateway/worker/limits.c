@@ -59,7 +59,7 @@ typedef struct redis_ask {
 
 /* ---- keys ----------------------------------------------------------------------------------- */
 
-/* The bytes rule r counts req by: the client's address (4 or 16 bytes, no port), the route
+/* The bytes rule r counts req by: the client's address (agw_limit_ip_key: IPv4, or IPv6's /64), the route
  * pattern, the header's value, the API key's app or the user (user: what the edge accepted; absent:
  * empty). */
 static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *route, const agw_auth_result_t *user,
@@ -86,13 +86,10 @@ static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *rou
             *len = req->headers.entries[i].value.len;
         }
     } else if (req->conn->callbacks->get_peername && req->conn->callbacks->get_peername(req->conn, (void *)ss) > 0) {
-        if (ss->ss_family == AF_INET) {
-            *key = (const char *)&((struct sockaddr_in *)ss)->sin_addr;
-            *len = 4;
-        } else if (ss->ss_family == AF_INET6) {
-            *key = (const char *)&((struct sockaddr_in6 *)ss)->sin6_addr;
-            *len = 16;
-        }
+        if (ss->ss_family == AF_INET)
+            *len = agw_limit_ip_key(AF_INET, &((struct sockaddr_in *)ss)->sin_addr, key);
+        else if (ss->ss_family == AF_INET6)
+            *len = agw_limit_ip_key(AF_INET6, &((struct sockaddr_in6 *)ss)->sin6_addr, key);
     }
 }
 

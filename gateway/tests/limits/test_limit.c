@@ -1,7 +1,9 @@
 /* test_limit.c: the limiter's arithmetic on an explicit clock (limits/limit.h). */
 #include "limits/limit.h"
 
+#include <arpa/inet.h>
 #include <pthread.h>
+#include <string.h>
 #include <stdlib.h>
 
 #include "../check.h"
@@ -128,9 +130,39 @@ static void concurrent_takes_are_exact(void)
     agw_limit_store_free(s);
 }
 
+/* The "ip" key of an address in text: its bytes (agw_limit_ip_key) copied to out; their length. */
+static size_t ip_key(const char *text, char out[16])
+{
+    unsigned char a[16];
+    const char *k = NULL;
+    size_t n = 0;
+    if (inet_pton(AF_INET, text, a) == 1)
+        n = agw_limit_ip_key(AF_INET, a, &k);
+    else if (inet_pton(AF_INET6, text, a) == 1)
+        n = agw_limit_ip_key(AF_INET6, a, &k);
+    if (n)
+        memcpy(out, k, n);
+    return n;
+}
+
+static void ip_keys_count_ipv6_by_its_64_and_mapped_ipv4_as_ipv4(void)
+{
+    char a[16], b[16];
+    CHECK(ip_key("192.0.2.7", a) == 4 && memcmp(a, "\xc0\x00\x02\x07", 4) == 0);
+    /* a client's fresh addresses in its /64 share one count; another /64 has its own */
+    CHECK(ip_key("2001:db8:1:2::1", a) == 8 && ip_key("2001:db8:1:2:ffff:1:2:3", b) == 8 && memcmp(a, b, 8) == 0);
+    CHECK(ip_key("2001:db8:1:3::1", b) == 8 && memcmp(a, b, 8) != 0);
+    /* a dual-stack listener's IPv4 clients: each its own count, the same as over IPv4 */
+    CHECK(ip_key("::ffff:192.0.2.7", a) == 4 && memcmp(a, "\xc0\x00\x02\x07", 4) == 0);
+    CHECK(ip_key("::ffff:192.0.2.8", b) == 4 && memcmp(a, b, 4) != 0);
+    const char *k = NULL;
+    CHECK(agw_limit_ip_key(AF_UNIX, "x", &k) == 0);
+}
+
 int main(void)
 {
     RUN(rate_burst_then_steady);
+    RUN(ip_keys_count_ipv6_by_its_64_and_mapped_ipv4_as_ipv4);
     RUN(quota_windows_reset_at_utc_boundaries);
     RUN(refused_request_is_not_counted);
     RUN(full_table_and_takeover);
