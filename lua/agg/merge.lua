@@ -138,6 +138,7 @@ local function add_waiter(p, x, rec, t, clamped, now)
   p.nwait = p.nwait + 1
   rec.ends, rec.t = now + t, t
   if now + t > p.ends then p.ends, p.clamped = now + t, clamped end
+  if t > p.sent_t then p.sent_t = t end -- the longest timeout of its callers (M.join: who may join it)
   x.a1 = rec
   -- a caller that may run out before the batch leaves waits with a timer of its own; the others
   -- get one when the batch is sent, if the merged call's timeout is longer than theirs (flush)
@@ -165,6 +166,11 @@ function M.join(x, t, clamped, now)
   local b = x.batch
   local g, k = group_of(x), b.key
   local sent = inflight[g] and inflight[g][k]
+  -- a merged call in flight that was sent with a shorter timeout than this caller's: joining it
+  -- would fail this caller at the other callers' timeout (a caller with 100 ms sent the batch; a
+  -- page with 8 s joined it and timed out at 100 ms), so this caller's key goes into a batch of its
+  -- own. (With a timeout as long, joining costs the caller at most the time the call has been out.)
+  if sent and sent.sent_t < t then sent = nil end
   if sent then
     -- the key is already asked for: wait for that merged call's answer
     local rec = { id = sent.id, merged = sent, x = x }
@@ -183,7 +189,7 @@ function M.join(x, t, clamped, now)
   if not p then
     p = { group = g, upstream = x.upstream, method = x.method, path = x.path, headers = x.headers, opts = b,
           keys = {}, n = 0, waiters = {}, nwait = 0, ends = 0, clamped = false, timer = false,
-          id = false, sent = false, done = false, probe = false, x = false }
+          id = false, sent = false, done = false, probe = false, x = false, sent_t = 0 }
     p.x, p.merged = p, p -- what agg.exchange reads of a call record: its upstream, and that it is merged
     p.u, p.ep = x.u, false -- (and its upstream's state: an endpoint group's balancer)
     pending[g] = p
