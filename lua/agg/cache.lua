@@ -192,7 +192,7 @@ function M.merge(up_policy, call_block, level, name, forwarded)
       if call_block[k] == nil and k ~= "version" then p[k] = v end
     end
   end
-  if forwarded and call_block.vary ~= nil then p = M.with_vary(p, forwarded) end
+  if forwarded then p = M.with_vary(p, forwarded) end
   p.version = M.version(p)
   return p
 end
@@ -405,10 +405,12 @@ function M.key(ctx, spec, p)
     parts[#parts + 1] = spec.method
     parts[#parts + 1] = " "
     parts[#parts + 1] = spec.path
-    if p.vary then
-      for _, name in ipairs(p.vary) do
-        parts[#parts + 1] = "|" .. name .. "=" .. (header_of(h, name) or "")
-      end
+  end
+  -- the vary headers (with the upstream's forward_headers) key a script's own key too: a key names
+  -- the item, not the client headers its answer may differ by
+  if p.vary then
+    for _, name in ipairs(p.vary) do
+      parts[#parts + 1] = "|" .. name .. "=" .. (header_of(h, name) or "")
     end
   end
   if scope == "user" then
@@ -499,26 +501,28 @@ end
 
 -- Whether an answer to call x whose Vary field is v (nil: none) may be stored under x's key with
 -- policy p (RFC 9111 §4.1: a stored answer serves a later request only when the headers its Vary
--- names match). Refused: `Vary: *`, and a header the call carries that the key does not include
--- (p.vary, with the upstream's forward_headers): calls with other values of it share the key.
--- A header the call does not carry is absent from every call made with this policy and path.
--- Refusals are logged once per upstream and header.
+-- names match those of the request it answered). Stored only when every header it names is in the
+-- key (p.vary, with the upstream's forward_headers); `Vary: *` never. A header the key leaves out
+-- may differ between calls that share the key (a header a script sets from the request, sometimes
+-- or always), and the entry does not keep the values the answer was made for. Refusals are logged
+-- once per upstream and header: naming the header in the upstream's cache.vary makes them cacheable.
 local logged_vary = {}
 local function vary_allows(x, p, v)
   if not v then return true end
   for name in str_gmatch(v, "[^,%s]+") do
     name = name:lower()
-    local keyed = name ~= "*" and (header_of(x.headers, name) == nil or p.key ~= nil)
-    if not keyed and p.vary then
+    local keyed = false
+    if name ~= "*" and p.vary then
       for _, h in ipairs(p.vary) do if h == name then keyed = true break end end
     end
     if not keyed then
       local seen = logged_vary[x.upstream]
       if not seen then seen = {} logged_vary[x.upstream] = seen end
-      if not seen[name] then
+      if not seen[name] and #seen < 64 then
+        seen[#seen + 1] = name
         seen[name] = true
-        core.log("warn", ("cache: answers of %s carry Vary: %s, which the cache key does not include: not stored (add it to the upstream's cache.vary)"):format(
-          x.upstream, name == "*" and "*" or name))
+        core.log("warn", ("cache: answers of %s carry Vary: %s, which the cache key does not include: not stored%s"):format(
+          x.upstream, name, name == "*" and "" or " (name it in the upstream's cache.vary to cache them)"))
       end
       return false
     end
