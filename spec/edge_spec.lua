@@ -133,6 +133,21 @@ describe("a protected endpoint in a spec", function()
     assert.is_true(age >= 50 and age <= 60)                             -- 60 s less the jitter (up to 10 %)
   end)
 
+  it("gives a shared exchange its own timeout, not the deadline of the request that started it", function()
+    gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-9", token_type = "Bearer",
+                                                             expires_in = 120 }, latency_ms = 200 })
+    local hurry = gw:send("GET", "/stock-hurry/1", { user = ALICE })
+    gw:advance(10)
+    local page = gw:send("GET", "/stock/1", { user = ALICE }) -- the same user: waits for that exchange
+    gw:run()
+    testing.expect_section(hurry, "stock", "unavailable")
+    assert.equal(100, hurry.elapsed_ms)
+    assert.equal(200, page.status)
+    assert.equal("ok", page.json.stock.status)
+    assert.equal(1, #gw:calls("@token_exchange"))
+    assert.equal("Bearer xt-9", gw:calls("inventory")[1].headers.authorization)
+  end)
+
   it("waits for the exchange within the request's deadline", function()
     gw:stub("@token_exchange", "POST", "/token", { fault = "hang" })
     local page = gw:get("/orders/1", { user = ALICE })

@@ -139,8 +139,10 @@ local function start_exchange(ctx, token, x, up, key, pend)
                "&audience=" .. edge.form_escape(up.audience)
   local headers = { "content-type", "application/x-www-form-urlencoded", "accept", "application/json",
                     "authorization", te.basic }
-  local remaining = ctx.deadline - core.now()
-  local t = math.min(te.timeout_ms, remaining)
+  -- the token endpoint's own timeout: the exchange is shared by every request of this user that
+  -- asks meanwhile, each waiting within its own deadline (M.prepare's timer). Cut by the deadline
+  -- of the request that started it, a later request with more time failed with it.
+  local t = te.timeout_ms
   M.stats.exchanges = M.stats.exchanges + 1
   -- the span (agg.contract): section "token-exchange", one attempt, never hedged
   local id = core.call(ctx.rid, te.index, "POST", te.path, headers, body, math.max(1, math.floor(t + 0.5)), false,
