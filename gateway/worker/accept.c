@@ -192,9 +192,11 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
  * which disposes of the socket, never runs: the descriptor, the connection's memory and its slot
  * of clients.max_connections were lost for good, and a graceful shutdown waited for it until its
  * grace ran out. Found here: h2o waits on a write (its write callback is set) on a stream libuv
- * no longer writes and holds no write for. Seen on two sweeps in a row (a second apart: a write
- * that just completed has had its callback by then), the callback is called with h2o's I/O error,
- * as libuv would have: h2o disposes of the socket its own way. Returns 1 when it did. */
+ * no longer writes and holds no write for. Seen twice, by a sweep and by the recheck
+ * REFUSED_RECHECK_S later (the loop has run libuv in between: a write that just completed has had
+ * its callback by then), the callback is called with h2o's I/O error, as libuv would have: h2o
+ * disposes of the socket its own way. Returns 1 when it did. A first sighting counts in
+ * w->refused_suspects. */
 static int finish_refused_write(conn_t *c)
 {
     h2o_socket_t *s = c->sock;
@@ -202,17 +204,38 @@ static int finish_refused_write(conn_t *c)
         c->stuck = 0;
         return 0;
     }
-    if (++c->stuck < 2)
+    if (++c->stuck < 2) {
+        c->w->refused_suspects++; /* looked at again REFUSED_RECHECK_S from now, not a second */
         return 0;
+    }
     h2o_socket_cb cb = s->_cb.write;
     s->_cb.write = NULL;
     cb(s, h2o_socket_error_io);
     return 1;
 }
 
+/* How long after a sweep that found a refused write it is looked at again, s: long enough for the
+ * loop to have run libuv in between (a write that just completed has had its callback), short
+ * enough that a TLS client's close gives its slot back well within a second. */
+#define REFUSED_RECHECK_S 0.05
+
+void agw_worker_on_refused_recheck(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop, (void)revents;
+    agw_worker_t *w = t->data;
+    w->refused_suspects = 0;
+    for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
+        conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, link, l);
+        if (c->stuck > 0 && c->sock->input != NULL && c->guard.fd >= 0)
+            finish_refused_write(c);
+    }
+    w->refused_suspects = 0; /* (a second sighting finishes it or clears it: none wait for a recheck) */
+}
+
 void agw_worker_send_sweep(agw_worker_t *w)
 {
     unsigned limit = w->gens.cur->conf->clients.send_timeout_s;
+    w->refused_suspects = 0;
     agw_guard_h2_streams(&w->guard, count_h2, NULL);
     unsigned closed = 0;
     for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
@@ -257,6 +280,10 @@ void agw_worker_send_sweep(agw_worker_t *w)
         shutdown(c->guard.fd, SHUT_RDWR);
         c->stalled_s = 0;
         closed++;
+    }
+    if (w->refused_suspects > 0 && !ev_is_active(&w->refused_timer)) {
+        ev_timer_set(&w->refused_timer, REFUSED_RECHECK_S, 0.);
+        ev_timer_start(w->loop, &w->refused_timer);
     }
     if (closed > 0) {
         double now = ev_now(w->loop);

@@ -362,6 +362,8 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     ev_timer_start(w->loop, &w->stats_timer);
     ev_init(&w->watch_timer, agw_worker_on_watch_timer);
     w->watch_timer.data = w;
+    ev_init(&w->refused_timer, agw_worker_on_refused_recheck);
+    w->refused_timer.data = w;
 
     h2o_context_init(&w->ctx, &w->uvloop, globalconf);
     agw_guard_init(&w->guard, &w->ctx);

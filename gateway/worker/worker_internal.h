@@ -185,6 +185,9 @@ struct agw_worker {
                                               clients.max_connections (accept.c) */
     ev_async slot_async;                   /* sent by any worker when a client slot comes free while
                                               this one waits (client_slots.h) */
+    ev_timer refused_timer;                /* a sweep found writes h2o waits on that libuv refused:
+                                              looked at again shortly (accept.c) */
+    unsigned refused_suspects;             /* how many the last sweep found */
     double accept_warned;                  /* ev_now() of the last accept-failure warning */
     double send_warned;                    /* ev_now() of the last send-timeout warning */
     agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
@@ -269,6 +272,10 @@ void agw_worker_send_sweep(agw_worker_t *w);
  * under the cap (a connection closed on any worker, a reload raised the cap); while it is still at
  * the cap they stay paused. Worker's loop. */
 void agw_worker_accept_resume(agw_worker_t *w);
+
+/* The refused_timer callback: the connections a sweep found waiting on a refused write are looked
+ * at again (accept.c, finish_refused_write). Worker's loop. */
+void agw_worker_on_refused_recheck(struct ev_loop *loop, ev_timer *t, int revents);
 
 /* The slot_async callback: a client slot came free in the gateway while w waited for one
  * (client_slots.h). Worker's loop. */
