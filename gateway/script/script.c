@@ -196,8 +196,10 @@ static int l_hash32(lua_State *L)
     return 1;
 }
 
-/* The key of keyed_hash: 16 bytes drawn once per process, never shown. */
+/* The key of keyed_hash: 16 bytes drawn once per process, never shown; and OpenSSL's SipHash,
+ * fetched once (NULL when OpenSSL has none). Both live as long as the process. */
 static unsigned char keyed_hash_key[16];
+static EVP_MAC *keyed_hash_mac;
 static pthread_once_t keyed_hash_once = PTHREAD_ONCE_INIT;
 
 static void keyed_hash_init(void)
@@ -211,19 +213,7 @@ static void keyed_hash_init(void)
         memcpy(keyed_hash_key, &a, 8);
         memcpy(keyed_hash_key + 8, &b, 8);
     }
-}
-
-/* A VM's SipHash context (keyed_hash's upvalue), freed with the VM. */
-typedef struct mac_ud {
-    EVP_MAC_CTX *ctx; /* NULL when OpenSSL has no SipHash */
-} mac_ud_t;
-
-static int mac_gc(lua_State *L)
-{
-    mac_ud_t *m = lua_touserdata(L, 1);
-    EVP_MAC_CTX_free(m->ctx);
-    m->ctx = NULL;
-    return 0;
+    keyed_hash_mac = EVP_MAC_fetch(NULL, "SIPHASH", NULL);
 }
 
 /* keyed_hash(s) -> h1, h2: SipHash-2-4 (OpenSSL's EVP_MAC "SIPHASH", 64-bit output) of s's bytes
@@ -232,16 +222,24 @@ static int mac_gc(lua_State *L)
  * structures that clients' input fills and that must not be steerable by a client: agg.cache's
  * filter of keys known missing. With an unkeyed hash a client computed offline a handful of ids
  * whose 404s set every bit of a real item's key, and the item was answered 404 without the
- * upstream. Raises when OpenSSL has no SipHash (a provider configuration without it). */
+ * upstream. A context per call (about a microsecond): nothing is kept per VM, so a VM that is
+ * never closed holds no OpenSSL memory. Raises when OpenSSL has no SipHash (a provider
+ * configuration without it). */
 static int l_keyed_hash(lua_State *L)
 {
     size_t len, outl = 0;
     const char *s = luaL_checklstring(L, 1, &len);
-    mac_ud_t *m = lua_touserdata(L, lua_upvalueindex(1));
+    pthread_once(&keyed_hash_once, keyed_hash_init);
     unsigned char out[8];
-    if (m == NULL || m->ctx == NULL || !EVP_MAC_init(m->ctx, keyed_hash_key, sizeof(keyed_hash_key), NULL) ||
-        !EVP_MAC_update(m->ctx, (const unsigned char *)s, len) || !EVP_MAC_final(m->ctx, out, &outl, sizeof(out)) ||
-        outl != sizeof(out))
+    size_t size = sizeof(out);
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &size), OSSL_PARAM_construct_end()};
+    EVP_MAC_CTX *ctx = keyed_hash_mac ? EVP_MAC_CTX_new(keyed_hash_mac) : NULL;
+    int ok = ctx != NULL && EVP_MAC_CTX_set_params(ctx, params) &&
+             EVP_MAC_init(ctx, keyed_hash_key, sizeof(keyed_hash_key), NULL) &&
+             EVP_MAC_update(ctx, (const unsigned char *)s, len) && EVP_MAC_final(ctx, out, &outl, sizeof(out)) &&
+             outl == sizeof(out);
+    EVP_MAC_CTX_free(ctx);
+    if (!ok)
         return luaL_error(L, "keyed_hash: OpenSSL's SipHash is not available");
     uint32_t h1, h2;
     memcpy(&h1, out, 4);
@@ -251,37 +249,13 @@ static int l_keyed_hash(lua_State *L)
     return 2;
 }
 
-/* Pushes keyed_hash with its VM's SipHash context as its upvalue. */
-static void push_keyed_hash(lua_State *L)
-{
-    pthread_once(&keyed_hash_once, keyed_hash_init);
-    mac_ud_t *m = lua_newuserdata(L, sizeof(*m));
-    m->ctx = NULL;
-    lua_createtable(L, 0, 1);
-    lua_pushcfunction(L, mac_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_setmetatable(L, -2);
-    EVP_MAC *mac = EVP_MAC_fetch(NULL, "SIPHASH", NULL);
-    if (mac != NULL) {
-        m->ctx = EVP_MAC_CTX_new(mac);
-        EVP_MAC_free(mac); /* the context holds its own reference */
-        size_t size = 8;
-        OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &size), OSSL_PARAM_construct_end()};
-        if (m->ctx != NULL && !EVP_MAC_CTX_set_params(m->ctx, params)) {
-            EVP_MAC_CTX_free(m->ctx);
-            m->ctx = NULL;
-        }
-    }
-    lua_pushcclosure(L, l_keyed_hash, 1);
-}
-
 int agw_sys_open(lua_State *L)
 {
     static const luaL_Reg fns[] = {{"call_invalid", l_call_invalid}, {"read_file", l_read_file},
                                    {"listdir", l_listdir},           {"monotonic_s", l_monotonic_s},
                                    {"hash32", l_hash32},             {NULL, NULL}};
     luaL_newlib(L, fns);
-    push_keyed_hash(L);
+    lua_pushcfunction(L, l_keyed_hash);
     lua_setfield(L, -2, "keyed_hash");
     return 1;
 }
