@@ -43,8 +43,11 @@ class Demo(unittest.TestCase):
         self.addCleanup(stop)
 
         def text():
-            log.seek(0)
-            return log.read().decode(errors="replace")
+            # pread: the file's offset is the demo's too (its processes write through the same open
+            # file); a seek here moved it back to 0 and the gateway's next log line overwrote the
+            # demo's first lines
+            fd = log.fileno()
+            return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
         end = time.monotonic() + 500
         while "Press Ctrl-C to stop." not in text() and demo.poll() is None and time.monotonic() < end:
             time.sleep(0.2)
