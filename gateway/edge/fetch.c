@@ -137,16 +137,32 @@ typedef struct io {
 
 enum { IO_FAILED = -1, IO_TIMED_OUT = -2 };
 
+/* Waits until io's socket has events or the deadline passes. Returns 1 (try again), IO_TIMED_OUT
+ * or IO_FAILED. */
+static int io_wait(const io_t *io, short events)
+{
+    int w = wait_fd(io->fd, events, io->deadline);
+    return w > 0 ? 1 : w == 0 ? IO_TIMED_OUT : IO_FAILED;
+}
+
 /* Waits for what a TLS call that returned r asks for (SSL_get_error: WANT_READ or WANT_WRITE).
  * Returns 1 to call it again, IO_TIMED_OUT, or IO_FAILED (any other error). */
 static int tls_wait(const io_t *io, int r)
 {
     int e = SSL_get_error(io->ssl, r);
     short ev = e == SSL_ERROR_WANT_READ ? POLLIN : e == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
-    if (ev == 0)
+    return ev == 0 ? IO_FAILED : io_wait(io, ev);
+}
+
+/* What a socket call that failed with errno asks for: 1 to call it again (interrupted, or the
+ * socket has events by now), IO_TIMED_OUT, or IO_FAILED. */
+static int sock_wait(const io_t *io, short events)
+{
+    if (errno == EINTR)
+        return 1;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
         return IO_FAILED;
-    int w = wait_fd(io->fd, ev, io->deadline);
-    return w > 0 ? 1 : w == 0 ? IO_TIMED_OUT : IO_FAILED;
+    return io_wait(io, events);
 }
 
 /* Writes all of buf by the deadline. Returns 0, IO_TIMED_OUT or IO_FAILED. */
@@ -165,13 +181,9 @@ static int io_write(const io_t *io, const char *buf, size_t len)
         } else {
             w = send(io->fd, buf, len, MSG_NOSIGNAL);
             if (w < 0) {
-                if (errno == EINTR)
-                    continue;
-                if (errno != EAGAIN && errno != EWOULDBLOCK)
-                    return IO_FAILED;
-                int rc = wait_fd(io->fd, POLLOUT, io->deadline);
-                if (rc <= 0)
-                    return rc == 0 ? IO_TIMED_OUT : IO_FAILED;
+                int rc = sock_wait(io, POLLOUT);
+                if (rc != 1)
+                    return rc;
                 continue;
             }
         }
@@ -201,13 +213,9 @@ static ssize_t io_read(const io_t *io, char *buf, size_t cap)
         ssize_t r = recv(io->fd, buf, cap, 0);
         if (r >= 0)
             return r;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return IO_FAILED;
-        int rc = wait_fd(io->fd, POLLIN, io->deadline);
-        if (rc <= 0)
-            return rc == 0 ? IO_TIMED_OUT : IO_FAILED;
+        int rc = sock_wait(io, POLLIN);
+        if (rc != 1)
+            return rc;
     }
 }
 
