@@ -79,7 +79,6 @@ static void on_conn_close(uv_handle_t *h)
         h2o_linklist_unlink(&c->link);
     agw_guard_conn_close(&w->guard, &c->guard);
     free(c);
-    w->client_conns--;
     agw_client_slots_give(w->slots); /* wakes the workers waiting for a slot, this one too */
 }
 
@@ -124,8 +123,7 @@ static void accept_one(listener_t *l, int fd)
     conn_t *conn = agw_calloc(1, sizeof(*conn));
     conn->w = w;
     conn->guard.fd = -1;
-    uv_tcp_init(&w->uvloop, &conn->tcp);
-    w->client_conns++; /* on_conn_close counts it down and gives its slot back, whatever happens next */
+    uv_tcp_init(&w->uvloop, &conn->tcp); /* on_conn_close gives its slot back, whatever happens next */
     if (uv_tcp_open(&conn->tcp, fd) != 0) {
         close(fd); /* the handle does not hold it: its close leaves fd alone */
         uv_close((uv_handle_t *)&conn->tcp, on_conn_close);
@@ -195,8 +193,8 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
  * no longer writes and holds no write for. Seen twice, by a sweep and by the recheck
  * REFUSED_RECHECK_S later (the loop has run libuv in between: a write that just completed has had
  * its callback by then), the callback is called with h2o's I/O error, as libuv would have: h2o
- * disposes of the socket its own way. Returns 1 when it did. A first sighting counts in
- * w->refused_suspects. */
+ * disposes of the socket its own way. Returns 1 when it did, -1 at a first sighting (to be looked
+ * at again), 0 otherwise. */
 static int finish_refused_write(conn_t *c)
 {
     h2o_socket_t *s = c->sock;
@@ -204,10 +202,8 @@ static int finish_refused_write(conn_t *c)
         c->stuck = 0;
         return 0;
     }
-    if (++c->stuck < 2) {
-        c->w->refused_suspects++; /* looked at again REFUSED_RECHECK_S from now, not a second */
-        return 0;
-    }
+    if (++c->stuck < 2)
+        return -1;
     h2o_socket_cb cb = s->_cb.write;
     s->_cb.write = NULL;
     cb(s, h2o_socket_error_io);
@@ -223,28 +219,27 @@ void agw_worker_on_refused_recheck(struct ev_loop *loop, ev_timer *t, int revent
 {
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
-    w->refused_suspects = 0;
     for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
         conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, link, l);
         if (c->stuck > 0 && c->sock->input != NULL && c->guard.fd >= 0)
-            finish_refused_write(c);
+            finish_refused_write(c); /* (a second sighting finishes it or clears it) */
     }
-    w->refused_suspects = 0; /* (a second sighting finishes it or clears it: none wait for a recheck) */
 }
 
 void agw_worker_send_sweep(agw_worker_t *w)
 {
     unsigned limit = w->gens.cur->conf->clients.send_timeout_s;
-    w->refused_suspects = 0;
     agw_guard_h2_streams(&w->guard, count_h2, NULL);
-    unsigned closed = 0;
+    unsigned closed = 0, suspects = 0;
     for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
         conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, link, l);
         h2o_socket_t *s = c->sock;
         if (s->input == NULL || c->guard.fd < 0) /* closing */
             continue;
-        if (finish_refused_write(c))
+        int refused = finish_refused_write(c);
+        if (refused > 0)
             continue;
+        suspects += refused < 0; /* looked at again REFUSED_RECHECK_S from now, not a second */
         /* an answer to send: bytes libuv could not hand to the kernel (an HTTP/1 response, TLS
          * records, HTTP/2 frames: the kernel's buffers are full), or an HTTP/2 body held back by
          * the client's flow-control window. (An answer the kernel took whole is h2o's: the
@@ -281,7 +276,7 @@ void agw_worker_send_sweep(agw_worker_t *w)
         c->stalled_s = 0;
         closed++;
     }
-    if (w->refused_suspects > 0 && !ev_is_active(&w->refused_timer)) {
+    if (suspects > 0 && !ev_is_active(&w->refused_timer)) {
         ev_timer_set(&w->refused_timer, REFUSED_RECHECK_S, 0.);
         ev_timer_start(w->loop, &w->refused_timer);
     }

@@ -179,7 +179,6 @@ struct agw_worker {
                                               in arrival order (reqref_t.watch_link; client_watch.c) */
     ev_timer watch_timer;                  /* due when the oldest of them is CLIENT_WATCH_DELAY old */
     agw_guard_t guard;                     /* client connections and their HTTP/2 cancel windows */
-    unsigned client_conns;                 /* client connections open on this worker */
     h2o_linklist_t conns;                  /* the open ones (accept.c's conn_t.link) */
     int accept_waiting;                    /* the listeners are paused: the gateway is at
                                               clients.max_connections (accept.c) */
@@ -187,7 +186,6 @@ struct agw_worker {
                                               this one waits (client_slots.h) */
     ev_timer refused_timer;                /* a sweep found writes h2o waits on that libuv refused:
                                               looked at again shortly (accept.c) */
-    unsigned refused_suspects;             /* how many the last sweep found */
     double accept_warned;                  /* ev_now() of the last accept-failure warning */
     double send_warned;                    /* ev_now() of the last send-timeout warning */
     agw_auth_cache_t auth_cache;           /* verified tokens of this worker (edge/auth.h) */
