@@ -1,8 +1,6 @@
 /* admin.c: the admin listener (see admin.h). */
 #include "front/admin.h"
 
-#include <arpa/inet.h>
-
 #include "base/mem.h"
 
 #include <h2o/linklist.h>
@@ -302,13 +300,8 @@ static void limits_page(agw_admin_t *a, const char *q, size_t qlen, int head, ag
     size_t kl = klen;
     if (r == NULL) {
         bad = "rule must name a rule of gateway.lua's limits.rules";
-    } else if (r->key == AGW_LIMIT_KEY_IP) { /* the worker's bytes of the address (agw_limit_ip_key) */
-        if (inet_pton(AF_INET, key, addr) == 1)
-            kl = agw_limit_ip_key(AF_INET, addr, &kb);
-        else if (inet_pton(AF_INET6, key, addr) == 1)
-            kl = agw_limit_ip_key(AF_INET6, addr, &kb);
-        else
-            bad = "key must be an IPv4 or IPv6 address for a rule keyed by ip";
+    } else if (r->key == AGW_LIMIT_KEY_IP && (kl = agw_limit_ip_key_of_text(key, addr, &kb)) == 0) {
+        bad = "key must be an IPv4 or IPv6 address for a rule keyed by ip"; /* (the worker's bytes of it) */
     }
     if (bad || a->metrics == NULL || a->num_workers == 0 || a->metrics[0]->limits == NULL) {
         agw_buf_printf(&body, "%s; rules:", bad ? bad : "limits are not counted in this process");

@@ -2,6 +2,7 @@
 #include "limits/limit.h"
 #include "limits/limit_seen.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -487,4 +488,13 @@ size_t agw_limit_ip_key(int family, const void *addr, const char **key)
     }
     *key = (const char *)a6->s6_addr;
     return 8;
+}
+
+size_t agw_limit_ip_key_of_text(const char *text, unsigned char buf[16], const char **key)
+{
+    if (inet_pton(AF_INET, text, buf) == 1)
+        return agw_limit_ip_key(AF_INET, buf, key);
+    if (inet_pton(AF_INET6, text, buf) == 1)
+        return agw_limit_ip_key(AF_INET6, buf, key);
+    return 0;
 }

@@ -52,6 +52,10 @@ typedef enum agw_limit_key {
  * family. */
 size_t agw_limit_ip_key(int family, const void *addr, const char **key);
 
+/* The same bytes for an address in text (an IPv4 or IPv6 literal, NUL-terminated: the admin
+ * page's key=), pointed into buf. Returns their length, 0 when text is not an address. */
+size_t agw_limit_ip_key_of_text(const char *text, unsigned char buf[16], const char **key);
+
 /* Fixed UTC windows of a quota. */
 typedef enum agw_limit_window {
     AGW_LIMIT_HOUR,
