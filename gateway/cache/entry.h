@@ -40,4 +40,12 @@ int agw_cache_entry_parse(const char *v, size_t len, agw_cache_entry_t *e);
  * over AGW_CACHE_ENTRY_MAX: the caller does not store such an entry). */
 size_t agw_cache_entry_encode(agw_buf_t *b, const agw_cache_entry_t *e);
 
+/* Room for an entry's first line ("AGWC1 " and six numbers under 10^15, spaces, the newline). */
+#define AGW_CACHE_ENTRY_HEAD_MAX (6 + 6 * 16)
+
+/* Writes the first line of the entry of e's fields (numbers under 10^15) into line, which has room
+ * for AGW_CACHE_ENTRY_HEAD_MAX bytes; returns its length. The entry is that line, e->headers and
+ * e->body: the worker stores the three parts without joining them first (worker/cache.c). */
+size_t agw_cache_entry_head(char *line, const agw_cache_entry_t *e);
+
 #endif

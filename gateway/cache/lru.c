@@ -166,12 +166,16 @@ const char *agw_lru_get_mark(agw_lru_t *c, const char *key, size_t klen, size_t 
     return e->bytes + e->klen;
 }
 
-int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, size_t vlen, uint64_t expire_ms)
+int agw_lru_set_parts(agw_lru_t *c, const char *key, size_t klen, const struct iovec *parts, size_t n,
+                      uint64_t expire_ms)
 {
     uint64_t h = hash_key(key, klen);
     entry_t **p = find_slot(c, key, klen, h);
     if (*p)
         remove_entry(c, *p);
+    size_t vlen = 0;
+    for (size_t i = 0; i < n; i++)
+        vlen += parts[i].iov_len;
     size_t need = klen + vlen + AGW_LRU_OVERHEAD;
     if (need > c->max_bytes / 4) {
         publish(c);
@@ -186,7 +190,12 @@ int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, s
     e->link = (h2o_linklist_t){NULL, NULL}; /* not on the list yet (h2o_linklist_insert checks) */
     e->mark = 0;
     memcpy(e->bytes, key, klen);
-    memcpy(e->bytes + klen, value, vlen);
+    char *at = e->bytes + klen;
+    for (size_t i = 0; i < n; i++) {
+        if (parts[i].iov_len)
+            memcpy(at, parts[i].iov_base, parts[i].iov_len);
+        at += parts[i].iov_len;
+    }
     if (c->count + 1 > c->nbuckets)
         grow(c);
     p = &c->buckets[h & (c->nbuckets - 1)];
@@ -197,6 +206,12 @@ int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, s
     c->count++;
     publish(c);
     return 0;
+}
+
+int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, size_t vlen, uint64_t expire_ms)
+{
+    struct iovec part = {(void *)value, vlen};
+    return agw_lru_set_parts(c, key, klen, &part, 1, expire_ms);
 }
 
 int agw_lru_del(agw_lru_t *c, const char *key, size_t klen)

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define AGW_LRU_OVERHEAD 64 /* bytes charged per entry for its bookkeeping */
 
@@ -51,6 +52,11 @@ const char *agw_lru_get_mark(agw_lru_t *c, const char *key, size_t klen, size_t 
  * evicting the least recently used entries until it fits. Returns 0, or -1 when the entry alone
  * costs more than a quarter of the bound (nothing stored; a previous value is dropped). */
 int agw_lru_set(agw_lru_t *c, const char *key, size_t klen, const char *value, size_t vlen, uint64_t expire_ms);
+
+/* As agw_lru_set, the value being the n parts (an entry's first line, its headers, its body)
+ * one after the other: copied once, into the entry, with no joined copy made first. */
+int agw_lru_set_parts(agw_lru_t *c, const char *key, size_t klen, const struct iovec *parts, size_t n,
+                      uint64_t expire_ms);
 
 /* Drops key if present. Returns 1 when it was. */
 int agw_lru_del(agw_lru_t *c, const char *key, size_t klen);

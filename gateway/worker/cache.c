@@ -224,30 +224,34 @@ static int l_cache_store(lua_State *L)
     const char *key = luaL_checklstring(L, 1, &klen);
     agw_cache_entry_t e = {.fresh_ms = entry_ms(L, 2), .stale_ms = entry_ms(L, 3), .error_until_ms = entry_ms(L, 4),
                            .status = entry_ms(L, 5)};
-    /* every argument checked before anything is allocated: a Lua error must not leak it */
+    /* every argument checked before the block is made: nothing below raises, and the block is the
+     * worker's scratch (worker/scratch.h), which nothing else uses meanwhile */
     e.body = entry_part(L, 7, 0, NULL, &e.blen);
     lua_Number until = luaL_checknumber(L, 8);
     lua_Number ttl = luaL_optnumber(L, 9, 0);
     if (lua_type(L, 6) != LUA_TSTRING && !lua_isnoneornil(L, 6) && agw_json_check_raw_ref(L, 6) == NULL)
         return luaL_typerror(L, 6, "string or agg.json raw ref");
-    agw_buf_t block = AGW_BUF_INIT, v = AGW_BUF_INIT;
-    e.headers = entry_part(L, 6, 1, &block, &e.hlen);
+    e.headers = entry_part(L, 6, 1, &w->scratch.hdrs, &e.hlen);
     if (e.hlen + e.blen > AGW_CACHE_ENTRY_MAX) { /* too big whatever its header line: not copied */
-        agw_buf_free(&block);
         lua_pushboolean(L, 0);
         return 1;
     }
-    size_t n = agw_cache_entry_encode(&v, &e);
-    agw_buf_free(&block);
+    char line[AGW_CACHE_ENTRY_HEAD_MAX];
+    size_t head = agw_cache_entry_head(line, &e), n = head + e.hlen + e.blen;
     if (n > AGW_CACHE_ENTRY_MAX) {
-        agw_buf_free(&v);
         lua_pushboolean(L, 0);
         return 1;
     }
+    /* tier 1 copies the three parts into its entry; Redis (tier 2) is sent them joined */
+    const struct iovec parts[3] = {{line, head}, {(void *)e.headers, e.hlen}, {(void *)e.body, e.blen}};
     if (w->cache.lru && until > 0)
-        agw_lru_set(w->cache.lru, key, klen, v.base, n, (uint64_t)until);
-    redis_set(w, key, klen, v.base, n, ttl);
-    agw_buf_free(&v);
+        agw_lru_set_parts(w->cache.lru, key, klen, parts, 3, (uint64_t)until);
+    if (w->cache.redis && ttl >= 1) {
+        agw_buf_t v = AGW_BUF_INIT;
+        agw_cache_entry_encode(&v, &e);
+        redis_set(w, key, klen, v.base, v.len, ttl);
+        agw_buf_free(&v);
+    }
     lua_pushinteger(L, (lua_Integer)n);
     return 1;
 }

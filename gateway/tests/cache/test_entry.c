@@ -69,10 +69,31 @@ static void writes_what_encode_writes(void)
     agw_buf_free(&b);
 }
 
+/* The first line alone, for numbers of every digit count: what encode writes before the parts. */
+static void the_first_line_alone(void)
+{
+    static const uint64_t ns[] = {0, 7, 10, 99, 100, 101, 999, 1000, 12345, 1764800000123ull, 999999999999999ull};
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+        agw_cache_entry_t e = {.fresh_ms = ns[i], .stale_ms = ns[i] + 1, .error_until_ms = ns[i], .status = 200,
+                               .headers = "", .hlen = 0, .body = "{}", .blen = 2};
+        char line[AGW_CACHE_ENTRY_HEAD_MAX], want[160];
+        size_t n = agw_cache_entry_head(line, &e);
+        int wn = snprintf(want, sizeof(want), "AGWC1 %llu %llu %llu 200 0 2\n", (unsigned long long)ns[i],
+                          (unsigned long long)ns[i] + 1, (unsigned long long)ns[i]);
+        CHECK(n == (size_t)wn && memcmp(line, want, n) == 0);
+    }
+    agw_cache_entry_t most = {.fresh_ms = 999999999999999ull, .stale_ms = 999999999999999ull,
+                              .error_until_ms = 999999999999999ull, .status = 999999999999999ull,
+                              .hlen = 999999999999999ull, .blen = 999999999999999ull};
+    char line[AGW_CACHE_ENTRY_HEAD_MAX];
+    CHECK(agw_cache_entry_head(line, &most) == 6 + 6 * 16);
+}
+
 int main(void)
 {
     RUN(reads_the_fields_and_points_into_the_bytes);
     RUN(refuses_what_is_not_an_entry);
     RUN(writes_what_encode_writes);
+    RUN(the_first_line_alone);
     return CHECK_DONE();
 }

@@ -110,10 +110,26 @@ static void a_mark_is_the_callers_until_the_value_is_replaced(void)
     agw_lru_free(c);
 }
 
+/* A value stored in parts reads back as the parts one after the other, empty parts included,
+ * and counts as many bytes as the same value stored whole. */
+static void parts_are_stored_as_one_value(void)
+{
+    agw_lru_stats_t st = {0};
+    agw_lru_t *c = agw_lru_new(1 << 20, &st);
+    const struct iovec parts[4] = {{"AGWC1 ", 6}, {"", 0}, {"hdr\0v\0", 6}, {"{}", 2}};
+    CHECK(agw_lru_set_parts(c, "k", 1, parts, 4, 100) == 0);
+    size_t vlen = 0;
+    const char *v = agw_lru_get(c, "k", 1, &vlen, 0);
+    CHECK(v != NULL && vlen == 14 && memcmp(v, "AGWC1 hdr\0v\0{}", 14) == 0);
+    CHECK(st.entries == 1 && st.bytes == 1 + 14 + AGW_LRU_OVERHEAD);
+    agw_lru_free(c);
+}
+
 int main(void)
 {
     RUN(a_mark_is_the_callers_until_the_value_is_replaced);
     RUN(stores_and_replaces);
+    RUN(parts_are_stored_as_one_value);
     RUN(expired_entries_miss_and_go);
     RUN(least_recently_used_goes_first_and_bytes_stay_bounded);
     RUN(oversized_values_are_refused);

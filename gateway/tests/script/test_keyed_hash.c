@@ -2,6 +2,7 @@
  * that a client cannot compute where a key's bits fall in agg.cache's filter of keys known missing. */
 #include <lauxlib.h>
 #include <lualib.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -69,9 +70,52 @@ static void test_values(void)
     CHECK(keyed(big, sizeof(big)) != keyed(big, sizeof(big) - 1));
 }
 
+/* keyed_hash of "agw:a" and "agw:b" taken one after the other 1,000 times on the calling thread
+ * (its one context, keyed again at every call), into out[0] and out[1]; 0s when they ever differ. */
+static void *alternate(void *arg)
+{
+    uint64_t *out = arg, first[2] = {0, 0};
+    lua_State *L = luaL_newstate();
+    agw_sys_open(L);
+    for (int i = 0; i < 2000; i++) {
+        lua_getfield(L, -1, "keyed_hash");
+        lua_pushstring(L, i % 2 ? "agw:b" : "agw:a");
+        if (lua_pcall(L, 1, 2, 0) != 0) {
+            first[0] = first[1] = 0;
+            break;
+        }
+        uint64_t v = (uint64_t)lua_tonumber(L, -2) << 32 | (uint64_t)lua_tonumber(L, -1);
+        lua_pop(L, 2);
+        if (i < 2)
+            first[i] = v;
+        else if (v != first[i % 2]) {
+            first[0] = first[1] = 0;
+            break;
+        }
+    }
+    lua_close(L);
+    out[0] = first[0], out[1] = first[1];
+    return NULL;
+}
+
+static void test_each_thread_keys_its_context_again(void)
+{
+    /* a context used again gives each string its own value every time, and a thread's context
+     * gives the values of another's (one key per process) */
+    uint64_t here[2], there[2];
+    alternate(here);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, alternate, there) == 0);
+    pthread_join(t, NULL);
+    CHECK(here[0] != 0 && here[1] != 0 && here[0] != here[1]);
+    CHECK(there[0] == here[0] && there[1] == here[1]);
+    CHECK(keyed("agw:a", 5) == here[0]);
+}
+
 int main(void)
 {
     RUN(test_the_key_is_drawn_per_process);
     RUN(test_values);
+    RUN(test_each_thread_keys_its_context_again);
     return CHECK_DONE();
 }
