@@ -1,6 +1,7 @@
 /* test_http1.c: response framing of the upstream client (upstream/http1.h), without
  * sockets: what tests/fuzz/fuzz_h1_response.c found, kept as cases, and each rule of the framing
  * read with picohttpparser (cut at every byte, malformed messages, section limits). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "tests/check.h"
@@ -409,6 +410,42 @@ static void body_limit_holds_before_the_bytes_come(void)
     CHECK(s.failed == AGW_CALL_TOO_LARGE);
 }
 
+/* The request line, Host, the caller's fields but the framing ones, and Content-Length exactly
+ * when there is a body or the method is POST, PUT or PATCH (no other method, however it starts). */
+static void requests_say_content_length_for_a_body_or_post_put_patch(void)
+{
+    agw_upstream_conf_t conf = {.host_header = "up:9", .base_path = "/v1"};
+    agw_header_t hdrs[] = {{"Host", 4, "evil", 4}, {"x-a", 3, "1", 1}, {"transfer-encoding", 17, "chunked", 7}};
+    static const struct {
+        const char *method;
+        int length;
+    } cases[] = {{"GET", 0},  {"HEAD", 0}, {"DELETE", 0}, {"OPTIONS", 0}, {"POST", 1}, {"PUT", 1},
+                 {"PATCH", 1}, {"P", 0},    {"PUTS", 0},   {"POS", 0},     {"PATCHY", 0}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        agw_call_req_t req = {.method = cases[i].method, .path = "/x?q=1", .path_len = 6, .headers = hdrs, .num_headers = 3};
+        const char *why = NULL;
+        size_t room = agw_h1_request_size(&conf, &req, &why);
+        CHECK(why == NULL && room > 0);
+        char *out = malloc(room + 1);
+        size_t n = agw_h1_request_write(&conf, &req, out);
+        CHECK(n <= room);
+        out[n] = '\0';
+        char want[160];
+        snprintf(want, sizeof(want), "%s /v1/x?q=1 HTTP/1.1\r\nHost: up:9\r\nx-a: 1\r\n%s\r\n", cases[i].method,
+                 cases[i].length ? "Content-Length: 0\r\n" : "");
+        CHECK_STR(out, want);
+        free(out);
+    }
+    agw_call_req_t with_body = {.method = "GET", .path = "/", .path_len = 1, .body = "{}", .body_len = 2};
+    const char *why = NULL;
+    size_t room = agw_h1_request_size(&conf, &with_body, &why);
+    char *out = malloc(room + 1);
+    size_t n = agw_h1_request_write(&conf, &with_body, out);
+    out[n] = '\0';
+    CHECK_STR(out, "GET /v1/ HTTP/1.1\r\nHost: up:9\r\nContent-Length: 2\r\n\r\n{}");
+    free(out);
+}
+
 int main(void)
 {
     RUN(a_lying_content_length_reserves_no_more_than_a_mebibyte);
@@ -420,5 +457,6 @@ int main(void)
     RUN(bytes_that_are_no_status_line_fail_before_a_line_end);
     RUN(header_sections_up_to_80_kib_with_any_number_of_fields);
     RUN(body_limit_holds_before_the_bytes_come);
+    RUN(requests_say_content_length_for_a_body_or_post_put_patch);
     return CHECK_DONE();
 }
