@@ -206,31 +206,77 @@ describe("the cache", function()
     assert.equal("accept-language", lang.headers["vary"])
   end)
 
-  it("does not store an answer whose Vary names a header the call carries and the key leaves out", function()
+  it("stores an answer whose Vary names a header the key left out under the call's value of it, and keys by it from then on", function()
     gw:stub("product", "/tagged/*", function(r)
-      return { json = { tenant = r.headers["x-tenant"] }, headers = { vary = "Accept-Encoding, X-Tenant" } }
+      return { json = { tenant = r.headers["x-tenant"] or "-" }, headers = { vary = "Accept-Encoding, X-Tenant" } }
     end)
     assert.equal("a", gw:get("/tagged/1?tenant=a").json.item.data.tenant)
     assert.equal("b", gw:get("/tagged/1?tenant=b").json.item.data.tenant) -- (was a's: stored under the path)
     assert.equal(2, #gw:calls("product"))
-    local warned = 0
+    -- each tenant's answer is kept apart, and served again to that tenant only
+    local a = gw:get("/tagged/1?tenant=a")
+    assert.equal("a", a.json.item.data.tenant)
+    assert.equal("hit", timing(a, "item"))
+    assert.equal("b", gw:get("/tagged/1?tenant=b").json.item.data.tenant)
+    assert.equal(2, #gw:calls("product"))
+    -- a page that shows such an entry says Vary with the learned names (a CDN keeps it apart too)
+    assert.equal("accept-encoding, x-tenant", a.headers["vary"])
+    local learned = 0
     for _, l in ipairs(gw:logs()) do
-      if tostring(l.message or l):find("carry Vary: accept-encoding", 1, true) then warned = warned + 1 end
+      if tostring(l.message or l):find("carry Vary: accept-encoding: its entries are keyed", 1, true) then learned = learned + 1 end
     end
-    assert.equal(1, warned)
-    -- a header the call does not carry this time is not in the key either: another call with the
-    -- same key may carry it (a script that sets it only sometimes), and the entry does not keep the
-    -- values its answer was made for
+    assert.equal(1, learned)
+    -- a call that carries the header only sometimes: the entry made without it is not served to a
+    -- call that carries it, nor the other way round
+    assert.equal("-", gw:get("/sometimes/2").json.item.data.tenant)
+    assert.equal("t2", gw:get("/sometimes/2?tenant=t2").json.item.data.tenant)
+    assert.equal("-", gw:get("/sometimes/2").json.item.data.tenant)
+    assert.equal("hit", timing(gw:get("/sometimes/2?tenant=t2"), "item"))
+    assert.equal(4, #gw:calls("product"))
+    -- Vary: Accept-Encoding alone (the calls carry none): stored, and a hit
     gw:stub("product", "/tagged/*", { json = { n = 1 }, headers = { vary = "Accept-Encoding" } })
-    gw:get("/tagged/2")
-    assert.equal("miss", timing(gw:get("/tagged/2"), "item"))
-    gw:stub("product", "/tagged/*", { json = { n = 1 }, headers = { vary = "*" } })
     gw:get("/tagged/3")
-    assert.equal("miss", timing(gw:get("/tagged/3"), "item"))
-    -- every header it names in the key (the call's vary): stored
+    assert.equal("hit", timing(gw:get("/tagged/3"), "item"))
+    -- Vary: * and a header the gateway sets on every request (trace context): never stored
+    gw:stub("product", "/tagged/*", { json = { n = 1 }, headers = { vary = "*" } })
+    gw:get("/tagged/4")
+    assert.equal("miss", timing(gw:get("/tagged/4"), "item"))
+    gw:stub("product", "/tagged/*", { json = { n = 1 }, headers = { vary = "traceparent" } })
+    gw:get("/tagged/5")
+    assert.equal("miss", timing(gw:get("/tagged/5"), "item"))
+    local refused = 0
+    for _, l in ipairs(gw:logs()) do
+      if tostring(l.message or l):find("carry Vary: *: not stored", 1, true) then refused = refused + 1 end
+    end
+    assert.equal(1, refused)
+    -- every header it names in the key (the call's vary): stored as before
     gw:stub("product", "/products/*", { json = { n = 1 }, headers = { vary = "accept-language" } })
     gw:get("/lang/5", { headers = { ["accept-language"] = "de" } })
     assert.equal("hit", timing(gw:get("/lang/5", { headers = { ["accept-language"] = "de" } }), "product"))
+  end)
+
+  it("learns at most 64 names per upstream, and keeps a user's entries keyed by the user", function()
+    local n = 0
+    gw:stub("product", "/tagged/*", function()
+      n = n + 1
+      local names = {}
+      for i = 1, 70 do names[i] = "x-h" .. n .. "-" .. i end
+      return { json = { n = n }, headers = { vary = table.concat(names, ", ") } }
+    end)
+    gw:get("/tagged/1")
+    assert.equal("miss", timing(gw:get("/tagged/1"), "item")) -- 70 names: more than may be learned
+    gw:stub("product", "/mine/*", function(r)
+      return { json = { who = r.headers["cookie"] or "-" }, headers = { vary = "X-Region" } }
+    end)
+    local alice = gw:get("/mine/1", { headers = { cookie = "sid=alice" } })
+    local bob = gw:get("/mine/1", { headers = { cookie = "sid=bob" } })
+    assert.equal(200, alice.status)
+    assert.equal(200, bob.status)
+    -- the user's entry of the first answer is not stored (its key is made again with the name);
+    -- the next is, under the user and the name
+    gw:get("/mine/1", { headers = { cookie = "sid=alice" } })
+    assert.equal("hit", timing(gw:get("/mine/1", { headers = { cookie = "sid=alice" } }), "m1"))
+    assert.equal("miss", timing(gw:get("/mine/1", { headers = { cookie = "sid=carol" } }), "m1"))
   end)
 
   it("keys forwarded headers when only the call turns caching on, and with a call's own key", function()

@@ -474,6 +474,7 @@ function M.init(transport)
   core = transport
   use_redis = core.redis_get ~= nil
   pending, refreshing = {}, {}
+  learned, learned_memo = {}, setmetatable({}, { __mode = "k" })
   bloom.cur, bloom.old, bloom.since, bloom.n = {}, {}, nil, 0
   for k in pairs(M.stats) do M.stats[k] = 0 end
 end
@@ -499,35 +500,78 @@ local function result_of(ctx, sec, spec, e)
   return r
 end
 
--- Whether an answer to call x whose Vary field is v (nil: none) may be stored under x's key with
--- policy p (RFC 9111 §4.1: a stored answer serves a later request only when the headers its Vary
--- names match those of the request it answered). Stored only when every header it names is in the
--- key (p.vary, with the upstream's forward_headers); `Vary: *` never. A header the key leaves out
--- may differ between calls that share the key (a header a script sets from the request, sometimes
--- or always), and the entry does not keep the values the answer was made for. Refusals are logged
--- once per upstream and header: naming the header in the upstream's cache.vary makes them cacheable.
+-- The request headers each upstream's answers said they vary on (their Vary field) beyond the
+-- names its calls' keys held: learned[upstream] = sorted list of names, at most MAX_LEARNED; a
+-- list is replaced, never changed, when a name is added. From then on every cached call to that
+-- upstream is keyed by them too (with_learned, in M.lookup and in store): RFC 9111 §4.1, a stored
+-- answer serves a later request only when the headers its Vary names match those of the request
+-- it answered; an entry keyed by their values matches by construction. An answer with
+-- `Vary: Accept-Encoding` from an upstream that was not configured to vary on it is so stored for
+-- the calls' value (the gateway sends none unless a script sets it), and one whose Vary names a
+-- header a script sets on some calls only is stored per value. Never learned: `*` (the answer is
+-- not stored), the headers the gateway sets on each request itself (trace context: a key per
+-- request), and Authorization and Cookie (a call that carries them is cached per user already,
+-- by a digest of them; a shared entry's calls carry none).
+local learned, learned_memo, MAX_LEARNED = {}, setmetatable({}, { __mode = "k" }), 64
+local PER_REQUEST = { traceparent = true, tracestate = true }
+
+-- Policy p with the names learned for upstream up (p itself when none), one copy per policy and list.
+local function with_learned(p, up)
+  local names = learned[up]
+  if not names then return p end
+  local m = learned_memo[p]
+  if m and m.names == names then return m.q end
+  local q = M.with_vary(p, names)
+  learned_memo[p] = { names = names, q = q }
+  return q
+end
+
+-- What the Vary field v (nil: none) of an answer to call x under policy p asks: true when the key
+-- holds every header it names; false when it cannot be stored (`*`, or a header set per request);
+-- else the upstream has learned the names the key left out, and the caller keys the call again.
+-- A refusal and each name learned are logged once per upstream and name (at most 64 names).
 local logged_vary = {}
-local function vary_allows(x, p, v)
+local function vary_learn(x, p, v)
   if not v then return true end
+  local keyed = {}
+  for _, h in ipairs(p.vary or {}) do keyed[h] = true end
+  local add, refuse
   for name in str_gmatch(v, "[^,%s]+") do
     name = name:lower()
-    local keyed = false
-    if name ~= "*" and p.vary then
-      for _, h in ipairs(p.vary) do if h == name then keyed = true break end end
-    end
-    if not keyed then
-      local seen = logged_vary[x.upstream]
-      if not seen then seen = {} logged_vary[x.upstream] = seen end
-      if not seen[name] and #seen < 64 then
-        seen[#seen + 1] = name
-        seen[name] = true
-        core.log("warn", ("cache: answers of %s carry Vary: %s, which the cache key does not include: not stored%s"):format(
-          x.upstream, name, name == "*" and "" or " (name it in the upstream's cache.vary to cache them)"))
-      end
-      return false
+    if name == "*" or PER_REQUEST[name] then
+      refuse = name
+    elseif not keyed[name] and not CREDENTIALS[name] then
+      add = add or {}
+      add[#add + 1] = name
+      keyed[name] = true
     end
   end
-  return true
+  local seen = logged_vary[x.upstream]
+  if not seen then seen = {} logged_vary[x.upstream] = seen end
+  if refuse then
+    if not seen[refuse] and #seen < 64 then
+      seen[#seen + 1], seen[refuse] = refuse, true
+      core.log("warn", ("cache: answers of %s carry Vary: %s: not stored%s"):format(x.upstream, refuse,
+        refuse == "*" and "" or " (the gateway sets that header on every request)"))
+    end
+    return false
+  end
+  if not add then return true end
+  local have = learned[x.upstream] or {}
+  if #have + #add > MAX_LEARNED then return false end
+  local l = {}
+  for i = 1, #have do l[i] = have[i] end
+  for _, name in ipairs(add) do
+    l[#l + 1] = name
+    if not seen[name] and #seen < 64 then
+      seen[#seen + 1], seen[name] = name, true
+      core.log("info", ("cache: answers of %s carry Vary: %s: its entries are keyed by that request header from now on"):format(
+        x.upstream, name))
+    end
+  end
+  table.sort(l)
+  learned[x.upstream] = l
+  return nil
 end
 
 -- Stores result r of exchange x; returns when its data stops being fresh (ms), or nil.
@@ -550,7 +594,18 @@ local function store(x, r, now)
   end
   -- the block, made once (core.cache_store takes it as it is): its Vary is read before storing
   if type(hdrs) ~= "string" then hdrs = json.raw_extra(hdrs) or "" end
-  if not vary_allows(x, p, block_get(hdrs, "vary")) then return end
+  local fits = vary_learn(x, p, block_get(hdrs, "vary"))
+  if fits == false then return end
+  if fits == nil then
+    -- (a user's entry: its next calls are keyed by the names, this answer is not stored)
+    if x.cache_user then return end
+    -- keyed again with the names just learned: the entry is found only by calls whose values of
+    -- them are this call's (and the page that shows it says Vary with them, agg.page)
+    p = with_learned(p, x.upstream)
+    ck = M.key(x.ctx, x, p)
+    if not ck then return end
+    x.cache, x.cache_key = p, ck
+  end
   local fresh, swr, sie
   if status == 404 then
     fresh, swr, sie = p.negative_ttl_s, 0, 0
@@ -660,7 +715,8 @@ end
 --- Looks call spec (section sec of ctx, group g, chain) up. Returns true when the cache took the
 -- call (served it, or waits for Redis and will serve it or start it); false: start it now.
 function M.lookup(ctx, sec, spec, g, chain)
-  local p = spec.cache
+  local p = with_learned(spec.cache, spec.upstream)
+  spec.cache = p
   local ck = M.key(ctx, spec, p)
   if not ck then return false end
   spec.cache_key = ck
