@@ -521,6 +521,25 @@ describe("the cache's shared tier", function()
     assert.equal(0, #b:calls("product"))
   end)
 
+  it("keeps the values of the headers a key varies on out of the key (a digest of each)", function()
+    local redis = testing.redis()
+    local gw = testing.gateway { dir = DIR, redis = redis }
+    gw:stub("echo", "/echo/*", { json = { n = 1 } })
+    gw:stub("echo", "/region/*", { json = { n = 2 } })
+    gw:get("/fwd/1", { headers = { ["accept-language"] = "th", ["x-user-token"] = "alice-secret" } })
+    local keys = 0
+    for k in pairs(redis.data) do
+      keys = keys + 1
+      assert.is_nil(k:find("alice-secret", 1, true), k)
+      assert.is_nil(k:find("=th", 1, true), k)
+      assert.truthy(k:find("|x-user-token=", 1, true), k)
+    end
+    assert.is_true(keys > 0)
+    -- the same values give the same keys: a hit; other values: a miss
+    assert.equal("hit", timing(gw:get("/fwd/1", { headers = { ["accept-language"] = "th", ["x-user-token"] = "alice-secret" } }), "echo"))
+    assert.equal("miss", timing(gw:get("/fwd/1", { headers = { ["accept-language"] = "th", ["x-user-token"] = "bob-secret" } }), "echo"))
+  end)
+
   it("leaves a page whose lookup waits for Redis to the lookup, past its deadline too", function()
     -- (runtime.answer_overdue: a held worker's tick, late, must not answer it 500 as stuck)
     local redis = testing.redis()

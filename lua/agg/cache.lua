@@ -378,6 +378,22 @@ local function header_of(headers, name)
   return nil
 end
 
+-- A request header's value in a key: its digest (core.digest: SHA-256, 32 hex digits; the spec
+-- harness has none and uses FNV), so that a key never holds a client's token or any other value
+-- it forwards (Redis shows keys to whoever can list them; logs and the admin API's purge name
+-- them). "" stays "" (the header absent or empty). The last 256 values are remembered: a page's
+-- calls carry the same few.
+local vary_memo, vary_memo_n = {}, 0
+local function vary_digest(v)
+  if v == "" then return "" end
+  local d = vary_memo[v]
+  if d then return d end
+  d = core.digest and core.digest(v) or bit.tohex(fnv(v)) .. bit.tohex(fnv(v, 99991))
+  if vary_memo_n >= 256 then vary_memo, vary_memo_n = {}, 0 end
+  vary_memo[v], vary_memo_n = d, vary_memo_n + 1
+  return d
+end
+
 --- The cache key of a call, or nil when it cannot be cached (scope user with no user to key by).
 -- "agw:{upstream}:version:" .. (the script's key, or "METHOD path" and the vary headers) ..
 -- ("|u:" .. digest of the credentials for scope user). The braces are a Redis Cluster hash tag.
@@ -410,7 +426,8 @@ function M.key(ctx, spec, p)
   -- the item, not the client headers its answer may differ by
   if p.vary then
     for _, name in ipairs(p.vary) do
-      parts[#parts + 1] = "|" .. name .. "=" .. (header_of(h, name) or "")
+      local v = header_of(h, name)
+      parts[#parts + 1] = "|" .. name .. "=" .. (v and vary_digest(v) or "")
     end
   end
   if scope == "user" then
