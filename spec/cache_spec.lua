@@ -244,6 +244,9 @@ describe("the cache", function()
     gw:stub("product", "/tagged/*", { json = { n = 1 }, headers = { vary = "traceparent" } })
     gw:get("/tagged/5")
     assert.equal("miss", timing(gw:get("/tagged/5"), "item"))
+    gw:stub("product", "/tagged/*", { json = { n = 1 }, headers = { vary = "x-" .. ("n"):rep(70) } })
+    gw:get("/tagged/6")
+    assert.equal("miss", timing(gw:get("/tagged/6"), "item"))
     local refused = 0
     for _, l in ipairs(gw:logs()) do
       if tostring(l.message or l):find("carry Vary: *: not stored", 1, true) then refused = refused + 1 end

@@ -531,6 +531,7 @@ end
 -- by a digest of them; a shared entry's calls carry none).
 local learned, learned_memo, MAX_LEARNED = {}, setmetatable({}, { __mode = "k" }), 64
 local PER_REQUEST = { traceparent = true, tracestate = true }
+local MAX_NAME = 64 -- longer names are refused (a name is part of every key of the upstream)
 
 -- Policy p with the names learned for upstream up (p itself when none), one copy per policy and list.
 local function with_learned(p, up)
@@ -555,8 +556,8 @@ local function vary_learn(x, p, v)
   local add, refuse
   for name in str_gmatch(v, "[^,%s]+") do
     name = name:lower()
-    if name == "*" or PER_REQUEST[name] then
-      refuse = name
+    if name == "*" or PER_REQUEST[name] or #name > MAX_NAME then
+      refuse = #name > MAX_NAME and name:sub(1, MAX_NAME) .. "…" or name
     elseif not keyed[name] and not CREDENTIALS[name] then
       add = add or {}
       add[#add + 1] = name
@@ -569,7 +570,8 @@ local function vary_learn(x, p, v)
     if not seen[refuse] and #seen < 64 then
       seen[#seen + 1], seen[refuse] = refuse, true
       core.log("warn", ("cache: answers of %s carry Vary: %s: not stored%s"):format(x.upstream, refuse,
-        refuse == "*" and "" or " (the gateway sets that header on every request)"))
+        refuse == "*" and "" or PER_REQUEST[refuse] and " (the gateway sets that header on every request)" or
+        " (a name longer than 64 bytes)"))
     end
     return false
   end
