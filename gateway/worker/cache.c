@@ -266,6 +266,9 @@ static int l_redis_set(lua_State *L)
     return 0;
 }
 
+/* core.digest(s) -> 32 lowercase hex digits: the first 16 bytes of SHA-256 over a domain
+ * ("aggway-cache-user" and its NUL) and s. What agg.cache puts in a key in place of a credential
+ * or a vary header's value (a key must not hold them; every instance computes the same). */
 static int l_digest(lua_State *L)
 {
     size_t len;
@@ -280,9 +283,12 @@ static int l_digest(lua_State *L)
     EVP_DigestUpdate(ctx, s, len);
     EVP_DigestFinal_ex(ctx, md, &mdlen);
     EVP_MD_CTX_free(ctx);
-    char hex[33];
-    for (int i = 0; i < 16; i++)
-        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    static const char digits[] = "0123456789abcdef";
+    char hex[32];
+    for (int i = 0; i < 16; i++) {
+        hex[2 * i] = digits[md[i] >> 4];
+        hex[2 * i + 1] = digits[md[i] & 15];
+    }
     lua_pushlstring(L, hex, 32);
     return 1;
 }
