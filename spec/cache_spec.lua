@@ -258,7 +258,56 @@ describe("the cache", function()
     assert.equal("hit", timing(gw:get("/lang/5", { headers = { ["accept-language"] = "de" } }), "product"))
   end)
 
-  it("learns at most 64 names per upstream, and keeps a user's entries keyed by the user", function()
+  it("keys a user's entry by every credential the call carries (a service's Authorization and the user's Cookie)", function()
+    gw:stub("product", "/svc/*", function(r)
+      return { json = { who = r.headers["cookie"] or "-" }, headers = { vary = "Cookie" } }
+    end)
+    assert.equal("sid=alice", gw:get("/svc/1", { headers = { cookie = "sid=alice" } }).json.item.data.who)
+    local bob = gw:get("/svc/1", { headers = { cookie = "sid=bob" } })
+    assert.equal("sid=bob", bob.json.item.data.who) -- (was alice's: keyed by the service key alone)
+    assert.equal("hit", timing(gw:get("/svc/1", { headers = { cookie = "sid=bob" } }), "item"))
+    assert.equal(2, #gw:calls("product"))
+  end)
+
+  it("refuses a Vary name that is no field name (quoted, with parameters), and learns a name once", function()
+    for _, v in ipairs({ '"X-Tenant"', "x-tenant;q=1", "a/b" }) do
+      gw:stub("product", "/tagged/*", function(r)
+        return { json = { tenant = r.headers["x-tenant"] or "-" }, headers = { vary = v } }
+      end)
+      assert.equal("a", gw:get("/tagged/7?tenant=a").json.item.data.tenant, v)
+      local b = gw:get("/tagged/7?tenant=b")
+      assert.equal("b", b.json.item.data.tenant, v) -- (was a's: the name matched no header)
+      assert.equal("miss", timing(b, "item"), v)
+    end
+    -- calls sent before a name was learned do not learn it again: 40 in flight at once, then a
+    -- new name on another path is still learned (the list did not fill with copies)
+    gw:stub("product", "/tagged/*", function(r)
+      return { json = { tenant = r.headers["x-tenant"] or "-" }, headers = { vary = "X-Tenant" }, latency_ms = 50 }
+    end)
+    local rs = {}
+    for i = 1, 40 do rs[i] = gw:send("GET", "/tagged/8?tenant=t" .. i) end
+    gw:run()
+    for i = 1, 40 do assert.equal("t" .. i, rs[i].json.item.data.tenant) end
+    gw:stub("product", "/products/*", function(r)
+      return { json = { n = 1 }, headers = { vary = "X-Other" } }
+    end)
+    gw:get("/p/3")
+    assert.equal("hit", timing(gw:get("/p/3"), "product"))
+    assert.is_nil(rawget(_G, "learned")) -- (the runtime's state is its own, not globals)
+  end)
+
+  it("keeps an empty header's entry apart from the entry of no header", function()
+    gw:stub("product", "/tagged/*", function(r)
+      local v = r.headers["x-tenant"]
+      return { json = { tenant = v == nil and "absent" or "[" .. v .. "]" }, headers = { vary = "X-Tenant" } }
+    end)
+    assert.equal("absent", gw:get("/sometimes/9").json.item.data.tenant)
+    assert.equal("[]", gw:get("/empty-tenant/9").json.item.data.tenant) -- (was "absent")
+    assert.equal("hit", timing(gw:get("/sometimes/9"), "item"))
+    assert.equal("hit", timing(gw:get("/empty-tenant/9"), "item"))
+  end)
+
+  it("learns at most 16 names per upstream, and keeps a user's entries keyed by the user", function()
     local n = 0
     gw:stub("product", "/tagged/*", function()
       n = n + 1

@@ -381,11 +381,11 @@ end
 -- A request header's value in a key: its digest (core.digest: SHA-256, 32 hex digits; the spec
 -- harness has none and uses FNV), so that a key never holds a client's token or any other value
 -- it forwards (Redis shows keys to whoever can list them; logs and the admin API's purge name
--- them). "" stays "" (the header absent or empty). The last 256 values are remembered: a page's
+-- them). An empty value has a digest too: only an absent header is "" (RFC 9111 §4.1: a header
+-- absent from one request matches only its absence). The last 256 values are remembered: a page's
 -- calls carry the same few.
 local vary_memo, vary_memo_n = {}, 0
 local function vary_digest(v)
-  if v == "" then return "" end
   local d = vary_memo[v]
   if d then return d end
   d = core.digest and core.digest(v) or bit.tohex(fnv(v)) .. bit.tohex(fnv(v, 99991))
@@ -394,13 +394,20 @@ local function vary_digest(v)
   return d
 end
 
+-- The credentials a user's key is made of: both when there are two (a call may carry a service's
+-- Authorization and the user's Cookie: keyed by the first alone, every user shared one entry).
+local function both_credentials(a, b)
+  if a and b then return a .. "\0" .. b end
+  return a or b
+end
+
 --- The cache key of a call, or nil when it cannot be cached (scope user with no user to key by).
 -- "agw:{upstream}:version:" .. (the script's key, or "METHOD path" and the vary headers) ..
 -- ("|u:" .. digest of the credentials for scope user). The braces are a Redis Cluster hash tag.
 function M.key(ctx, spec, p)
   local h = spec.headers
   local scope = p.scope
-  local cred = header_of(h, "authorization") or header_of(h, "cookie")
+  local cred = both_credentials(header_of(h, "authorization"), header_of(h, "cookie"))
   -- a call that will carry the user's identity (the upstream's `identity`, agg.identity) is as
   -- personal as one that carries credentials of its own: the token is added after this lookup
   if (cred or spec.personal) and scope == "shared" then
@@ -435,16 +442,18 @@ function M.key(ctx, spec, p)
     spec.cache_user = true
     -- the token the edge verified for the page identifies the user when the call carries no
     -- credentials of its own; else the page request's Authorization or Cookie
-    if not cred then cred = select(2, api.request_user(ctx)) end
+    -- (a call that will carry the user's identity is keyed by that user whatever credentials of
+    -- its own it carries: a script's service key is every user's)
+    if not cred or spec.personal then cred = both_credentials(cred, select(2, api.request_user(ctx))) end
     if not cred then
       -- the page request's, found once per request (ctx.cache_cred: false for none)
       cred = ctx.cache_cred
       if cred == nil then
         local rh = api.request_headers(ctx)
         if type(rh) == "string" then
-          cred = block_get(rh, "authorization") or block_get(rh, "cookie")
+          cred = both_credentials(block_get(rh, "authorization"), block_get(rh, "cookie"))
         elseif type(rh) == "table" then
-          cred = rh.authorization or rh.cookie
+          cred = both_credentials(rh.authorization, rh.cookie)
         end
         ctx.cache_cred = cred or false
       end
@@ -485,13 +494,18 @@ end
 --- The scheduler's functions the cache calls (agg.runtime, once at load).
 function M.bind(runtime_api) api = runtime_api end
 
+-- The names learned from upstreams' Vary (see vary_learn below), per upstream; and the Vary names
+-- logged, per upstream (once per VM: M.init starts them again).
+local learned, learned_memo, MAX_LEARNED = {}, setmetatable({}, { __mode = "k" }), 16
+local logged_vary = {}
+
 --- A fresh start with transport core (agg.runtime.init): tier 2 is used when the transport has
 -- core.redis_get (the C worker has it when gateway.lua configures redis and cache.redis).
 function M.init(transport)
   core = transport
   use_redis = core.redis_get ~= nil
   pending, refreshing = {}, {}
-  learned, learned_memo = {}, setmetatable({}, { __mode = "k" })
+  learned, learned_memo, logged_vary, logged_user = {}, setmetatable({}, { __mode = "k" }), {}, {}
   bloom.cur, bloom.old, bloom.since, bloom.n = {}, {}, nil, 0
   for k in pairs(M.stats) do M.stats[k] = 0 end
 end
@@ -529,7 +543,6 @@ end
 -- not stored), the headers the gateway sets on each request itself (trace context: a key per
 -- request), and Authorization and Cookie (a call that carries them is cached per user already,
 -- by a digest of them; a shared entry's calls carry none).
-local learned, learned_memo, MAX_LEARNED = {}, setmetatable({}, { __mode = "k" }), 64
 local PER_REQUEST = { traceparent = true, tracestate = true }
 local MAX_NAME = 64 -- longer names are refused (a name is part of every key of the upstream)
 
@@ -547,17 +560,21 @@ end
 -- What the Vary field v (nil: none) of an answer to call x under policy p asks: true when the key
 -- holds every header it names; false when it cannot be stored (`*`, or a header set per request);
 -- else the upstream has learned the names the key left out, and the caller keys the call again.
--- A refusal and each name learned are logged once per upstream and name (at most 64 names).
-local logged_vary = {}
+-- A refusal and each name learned are logged once per upstream and name (at most 64 names per VM).
 local function vary_learn(x, p, v)
   if not v then return true end
   local keyed = {}
   for _, h in ipairs(p.vary or {}) do keyed[h] = true end
+  -- (a call sent before a name was learned still has the policy without it)
+  for _, h in ipairs(learned[x.upstream] or {}) do keyed[h] = true end
   local add, refuse
   for name in str_gmatch(v, "[^,%s]+") do
     name = name:lower()
-    if name == "*" or PER_REQUEST[name] or #name > MAX_NAME then
+    if name == "*" or PER_REQUEST[name] or #name > MAX_NAME or str_find(name, "[^%w!#$%%&'*+%-.^_`|~]") then
+      -- `*`, a header set per request, or what is no field name (RFC 9110 §5.1: a token; a quoted
+      -- or parametered name would be learned and match no header, so every caller shared one entry)
       refuse = #name > MAX_NAME and name:sub(1, MAX_NAME) .. "…" or name
+      refuse = refuse:gsub("[^%w!#$%%&'*+%-.^_`|~…]", "?")
     elseif not keyed[name] and not CREDENTIALS[name] then
       add = add or {}
       add[#add + 1] = name
@@ -571,7 +588,7 @@ local function vary_learn(x, p, v)
       seen[#seen + 1], seen[refuse] = refuse, true
       core.log("warn", ("cache: answers of %s carry Vary: %s: not stored%s"):format(x.upstream, refuse,
         refuse == "*" and "" or PER_REQUEST[refuse] and " (the gateway sets that header on every request)" or
-        " (a name longer than 64 bytes)"))
+        " (not a field name of at most 64 bytes)"))
     end
     return false
   end
