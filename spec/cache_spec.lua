@@ -296,6 +296,42 @@ describe("the cache", function()
     assert.is_nil(rawget(_G, "learned")) -- (the runtime's state is its own, not globals)
   end)
 
+  it("never stores a call sent before its upstream learned a name under the key it was looked up with", function()
+    local redis = testing.redis()
+    local g1 = testing.gateway { dir = DIR, redis = redis }
+    g1:stub("product", "/tagged/*", function(r)
+      return { json = { tenant = r.headers["x-tenant"] or "-" }, headers = { vary = "X-Tenant" }, latency_ms = 50 }
+    end)
+    g1:stub("stock", "/stock/*", { json = { n = 1 } })
+    local a = g1:send("GET", "/tagged/1?tenant=a")
+    local b = g1:send("GET", "/tagged/1?tenant=b")
+    g1:run()
+    assert.equal("a", a.json.item.data.tenant)
+    assert.equal("b", b.json.item.data.tenant)
+    for k in pairs(redis.data) do assert.truthy(k:find("|x-tenant=", 1, true), k) end
+    -- a gateway that has learned nothing yet (another instance, or this one after a reload) and
+    -- shares the tier: its key has no tenant, and nothing was stored under it
+    local g2 = testing.gateway { dir = DIR, redis = redis }
+    g2:stub("product", "/tagged/*", function(r)
+      return { json = { tenant = r.headers["x-tenant"] or "-" }, headers = { vary = "X-Tenant" } }
+    end)
+    local c = g2:get("/tagged/1?tenant=c")
+    assert.equal("c", c.json.item.data.tenant) -- (was b's, a hit)
+    assert.equal("miss", timing(c, "item"))
+  end)
+
+  it("keeps a path with a '|' from naming another user's entry", function()
+    gw:stub("product", "/svc/*", function(r) return { json = { who = r.headers["cookie"] or "-" } } end)
+    assert.equal("sid=alice", gw:get("/svc/1", { headers = { cookie = "sid=alice" } }).json.item.data.who)
+    local key
+    for k in pairs(gw.tier1) do if k:find("GET /svc/1|u:", 1, true) then key = k end end
+    assert.truthy(key)
+    local digest = key:match("|u:(%x+)$")
+    local page = gw:get("/pubq?id=1%7Cu:" .. digest)
+    assert.equal("-", page.json.item.data.who) -- (was alice's, a hit)
+    assert.equal("miss", timing(page, "item"))
+  end)
+
   it("keeps an empty header's entry apart from the entry of no header", function()
     gw:stub("product", "/tagged/*", function(r)
       local v = r.headers["x-tenant"]

@@ -122,6 +122,20 @@ describe("a protected endpoint in a spec", function()
     assert.equal(2, #gw:calls("orders"))             -- each user's own entry is a hit
   end)
 
+  it("gives a section that gets the user's identity no stale-while-revalidate (its refresh has no user)", function()
+    local function desc(page)
+      return (page.headers["server-timing"] or ""):match("order;dur=[%d.]+;desc=\"(%a+)\"")
+    end
+    assert.equal("miss", desc(gw:get("/swr-orders/1", { user = ALICE })))
+    assert.equal("hit", desc(gw:get("/swr-orders/1", { user = ALICE })))
+    gw:advance(20000) -- past ttl_s, within swr_s
+    local page = gw:get("/swr-orders/1", { user = ALICE })
+    assert.equal(200, page.status)
+    assert.equal("miss", desc(page)) -- (was "refresh": the stale copy, and a refresh that failed)
+    assert.equal(2, #gw:calls("orders"))
+    assert.equal("hit", desc(gw:get("/swr-orders/1", { user = ALICE })))
+  end)
+
   it("marks a page private when a section carries the user's identity or the request was authenticated", function()
     assert.equal("private", gw:get("/orders/1", { user = ALICE }).headers["cache-control"])
     -- one shared cache entry only, but the edge let the request in: a shared cache must not keep

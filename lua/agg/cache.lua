@@ -19,7 +19,7 @@
 -- logged once per upstream), never shared.
 -- Entries are text: "AGWC1 fresh stale error status hlen blen\n" .. headers .. body; a value
 -- that does not parse, or is over MAX_ENTRY bytes, is a miss.
-local str_find, str_gmatch, str_match = string.find, string.gmatch, string.match
+local str_find, str_gmatch, str_match, str_gsub = string.find, string.gmatch, string.match, string.gsub
 local bit = require "bit"
 local json = require "agg.json"
 local where = require "agg.where"
@@ -417,17 +417,22 @@ function M.key(ctx, spec, p)
       core.log("warn", ("cache: calls to %s carry Authorization or Cookie or the user's identity: cached per user, never shared"):format(spec.upstream))
     end
   end
+  -- a '|' of the path or of a script's key is written %7C: after them, every '|' is the gateway's
+  -- (the vary parts, the user's part), so a client cannot name a path whose key is another user's
+  -- or another variant's entry ("/p?id=1|u:<digest>" was that user's key)
+  local path = spec.path
+  if str_find(path, "|", 1, true) then path = str_gsub(path, "|", "%%7C") end
   if scope ~= "user" and not p.key and not p.vary then
     -- the common key in one concatenation (no table)
-    return "agw:{" .. spec.upstream .. "}:" .. (p.version or "0") .. ":" .. spec.method .. " " .. spec.path
+    return "agw:{" .. spec.upstream .. "}:" .. (p.version or "0") .. ":" .. spec.method .. " " .. path
   end
   local parts = { "agw:{", spec.upstream, "}:", p.version or "0", ":" }
   if p.key then
-    parts[#parts + 1] = p.key
+    parts[#parts + 1] = str_find(p.key, "|", 1, true) and str_gsub(p.key, "|", "%%7C") or p.key
   else
     parts[#parts + 1] = spec.method
     parts[#parts + 1] = " "
-    parts[#parts + 1] = spec.path
+    parts[#parts + 1] = path
   end
   -- the vary headers (with the upstream's forward_headers) key a script's own key too: a key names
   -- the item, not the client headers its answer may differ by
@@ -557,56 +562,66 @@ local function with_learned(p, up)
   return q
 end
 
--- What the Vary field v (nil: none) of an answer to call x under policy p asks: true when the key
--- holds every header it names; false when it cannot be stored (`*`, or a header set per request);
--- else the upstream has learned the names the key left out, and the caller keys the call again.
--- A refusal and each name learned are logged once per upstream and name (at most 64 names per VM).
+-- What the Vary field v (nil: none) of an answer to call x, keyed under policy p, asks: true when
+-- the call's key holds every header it names; false when it cannot be stored (`*`, a header set
+-- per request, no field name, or more names than an upstream may learn); nil when the call's key
+-- left names out: they are learned for the upstream (those not learned yet) and the caller keys
+-- the call again with them. A call sent before a name was learned has a key without it: it is
+-- keyed again too, never stored under the key it was looked up with (other VMs, a reload, or the
+-- shared tier would find it there for every value). A refusal and each name learned are logged
+-- once per upstream and name (at most 64 names per VM).
 local function vary_learn(x, p, v)
   if not v then return true end
   local keyed = {}
   for _, h in ipairs(p.vary or {}) do keyed[h] = true end
-  -- (a call sent before a name was learned still has the policy without it)
-  for _, h in ipairs(learned[x.upstream] or {}) do keyed[h] = true end
-  local add, refuse
+  local have = learned[x.upstream] or {}
+  local known = {}
+  for _, h in ipairs(have) do known[h] = true end
+  local missing, add, refuse = false, nil, nil
   for name in str_gmatch(v, "[^,%s]+") do
     name = name:lower()
     if name == "*" or PER_REQUEST[name] or #name > MAX_NAME or str_find(name, "[^%w!#$%%&'*+%-.^_`|~]") then
       -- `*`, a header set per request, or what is no field name (RFC 9110 §5.1: a token; a quoted
       -- or parametered name would be learned and match no header, so every caller shared one entry)
-      refuse = #name > MAX_NAME and name:sub(1, MAX_NAME) .. "…" or name
-      refuse = refuse:gsub("[^%w!#$%%&'*+%-.^_`|~…]", "?")
+      refuse = #name > MAX_NAME and name:sub(1, MAX_NAME) or name
+      refuse = refuse:gsub("[^%w!#$%%&'*+%-.^_`|~]", "?")
     elseif not keyed[name] and not CREDENTIALS[name] then
-      add = add or {}
-      add[#add + 1] = name
+      missing = true
       keyed[name] = true
+      if not known[name] then
+        known[name] = true
+        add = add or {}
+        add[#add + 1] = name
+      end
     end
   end
   local seen = logged_vary[x.upstream]
   if not seen then seen = {} logged_vary[x.upstream] = seen end
+  if not refuse and add and #have + #add > MAX_LEARNED then refuse = ("(more than %d names)"):format(MAX_LEARNED) end
   if refuse then
     if not seen[refuse] and #seen < 64 then
       seen[#seen + 1], seen[refuse] = refuse, true
       core.log("warn", ("cache: answers of %s carry Vary: %s: not stored%s"):format(x.upstream, refuse,
         refuse == "*" and "" or PER_REQUEST[refuse] and " (the gateway sets that header on every request)" or
-        " (not a field name of at most 64 bytes)"))
+        str_find(refuse, "^%(") and "" or " (not a field name of at most 64 bytes)"))
     end
     return false
   end
-  if not add then return true end
-  local have = learned[x.upstream] or {}
-  if #have + #add > MAX_LEARNED then return false end
-  local l = {}
-  for i = 1, #have do l[i] = have[i] end
-  for _, name in ipairs(add) do
-    l[#l + 1] = name
-    if not seen[name] and #seen < 64 then
-      seen[#seen + 1], seen[name] = name, true
-      core.log("info", ("cache: answers of %s carry Vary: %s: its entries are keyed by that request header from now on"):format(
-        x.upstream, name))
+  if not missing then return true end
+  if add then
+    local l = {}
+    for i = 1, #have do l[i] = have[i] end
+    for _, name in ipairs(add) do
+      l[#l + 1] = name
+      if not seen[name] and #seen < 64 then
+        seen[#seen + 1], seen[name] = name, true
+        core.log("info", ("cache: answers of %s carry Vary: %s: its entries are keyed by that request header from now on"):format(
+          x.upstream, name))
+      end
     end
+    table.sort(l)
+    learned[x.upstream] = l
   end
-  table.sort(l)
-  learned[x.upstream] = l
   return nil
 end
 
@@ -727,7 +742,10 @@ end
 
 -- Serves entry e for the call if it is fresh or within swr; returns true when it did.
 local function serve(ctx, sec, spec, g, chain, e, now)
-  if now < e.fresh or now < e.stale then
+  -- (a call that carries the user's identity has no stale-while-revalidate: the refresh runs
+  -- without a request, so without a user, and its identity step would fail every time while the
+  -- stale copy went on being served; past fresh it is a miss, stale-if-error still applies)
+  if now < e.fresh or (now < e.stale and not spec.personal) then
     local r = result_of(ctx, sec, spec, e)
     if not r then M.stats.corrupt = M.stats.corrupt + 1 return false end
     local what = "hit"
