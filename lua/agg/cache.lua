@@ -584,7 +584,7 @@ local function vary_learn(x, p, v)
       -- `*`, a header set per request, or what is no field name (RFC 9110 §5.1: a token; a quoted
       -- or parametered name would be learned and match no header, so every caller shared one entry)
       refuse = #name > MAX_NAME and name:sub(1, MAX_NAME) or name
-      refuse = refuse:gsub("[^%w!#$%%&'*+%-.^_`|~]", "?")
+      refuse = str_gsub(refuse, "[^%w!#$%%&'*+%-.^_`|~]", "?")
     elseif not keyed[name] and not CREDENTIALS[name] then
       missing = true
       keyed[name] = true
