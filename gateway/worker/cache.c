@@ -35,6 +35,7 @@
 #include "base/mem.h"
 #include "cache/entry.h"
 #include "json/json.h"
+#include "ops/trace.h"
 
 #include <hiredis/hiredis.h>
 #include <openssl/evp.h>
@@ -173,11 +174,17 @@ static void on_redis_set(void *data, const struct redisReply *reply, const char 
     (void)data, (void)reply, (void)err; /* counted by the client; a failed SET only costs a later miss */
 }
 
-/* SET key value PX ttl_ms in the worker's Redis (core.redis_set, core.cache_store); nothing without
- * Redis or for a ttl under 1 ms. The client copies the command before this returns. */
+/* Whether redis_set sends an entry of ttl ms: the worker has Redis and the ttl is 1 ms or more. */
+static int redis_stores(const agw_worker_t *w, lua_Number ttl)
+{
+    return w->cache.redis != NULL && ttl >= 1;
+}
+
+/* SET key value PX ttl_ms in the worker's Redis (core.redis_set, core.cache_store); nothing unless
+ * redis_stores. The client copies the command before this returns. */
 static void redis_set(agw_worker_t *w, const char *key, size_t klen, const char *v, size_t vlen, lua_Number ttl)
 {
-    if (!w->cache.redis || !(ttl >= 1))
+    if (!redis_stores(w, ttl))
         return;
     char px[32];
     int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
@@ -246,7 +253,7 @@ static int l_cache_store(lua_State *L)
     const struct iovec parts[3] = {{line, head}, {(void *)e.headers, e.hlen}, {(void *)e.body, e.blen}};
     if (w->cache.lru && until > 0)
         agw_lru_set_parts(w->cache.lru, key, klen, parts, 3, (uint64_t)until);
-    if (w->cache.redis && ttl >= 1) {
+    if (redis_stores(w, ttl)) { /* (the joined copy only when it is sent) */
         agw_buf_t v = AGW_BUF_INIT;
         agw_cache_entry_encode(&v, &e);
         redis_set(w, key, klen, v.base, v.len, ttl);
@@ -283,12 +290,8 @@ static int l_digest(lua_State *L)
     EVP_DigestUpdate(ctx, s, len);
     EVP_DigestFinal_ex(ctx, md, &mdlen);
     EVP_MD_CTX_free(ctx);
-    static const char digits[] = "0123456789abcdef";
     char hex[32];
-    for (int i = 0; i < 16; i++) {
-        hex[2 * i] = digits[md[i] >> 4];
-        hex[2 * i + 1] = digits[md[i] & 15];
-    }
+    agw_trace_hex(hex, md, 16); /* lowercase, two digits a byte from one table */
     lua_pushlstring(L, hex, 32);
     return 1;
 }

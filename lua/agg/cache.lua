@@ -20,6 +20,8 @@
 -- Entries are text: "AGWC1 fresh stale error status hlen blen\n" .. headers .. body; a value
 -- that does not parse, or is over MAX_ENTRY bytes, is a miss.
 local str_find, str_gmatch, str_match, str_gsub = string.find, string.gmatch, string.match, string.gsub
+-- A field name is a token (RFC 9110 §5.1); NOT_TCHAR finds a byte that cannot be in one.
+local TOKEN, NOT_TCHAR = "^[%w!#$%%&'*+.^_`|~-]+$", "[^%w!#$%%&'*+.^_`|~-]"
 local bit = require "bit"
 local json = require "agg.json"
 local where = require "agg.where"
@@ -83,7 +85,7 @@ function M.check_block(t, allow_key)
       if #v > MAX_VARY then return nil, k, ("must name at most %d request headers, got %d"):format(MAX_VARY, #v) end
       local l = {}
       for i, h in ipairs(v) do
-        if type(h) ~= "string" or not str_match(h, "^[%w!#$%%&'*+.^_`|~-]+$") then
+        if type(h) ~= "string" or not str_match(h, TOKEN) then
           return nil, k, "item " .. i .. " must be a header name"
         end
         l[#l + 1] = h:lower()
@@ -378,20 +380,33 @@ local function header_of(headers, name)
   return nil
 end
 
--- A request header's value in a key: its digest (core.digest: SHA-256, 32 hex digits; the spec
--- harness has none and uses FNV), so that a key never holds a client's token or any other value
--- it forwards (Redis shows keys to whoever can list them; logs and the admin API's purge name
--- them). An empty value has a digest too: only an absent header is "" (RFC 9111 §4.1: a header
--- absent from one request matches only its absence). The last 256 values are remembered: a page's
--- calls carry the same few.
+-- What a key holds in place of a credential or a header's value: its digest (core.digest:
+-- SHA-256, 32 hex digits; the spec harness has none and uses FNV).
+local function digest(s)
+  return core.digest and core.digest(s) or bit.tohex(fnv(s)) .. bit.tohex(fnv(s, 99991))
+end
+
+-- A request header's value in a key: its digest, so that a key never holds a client's token or any
+-- other value it forwards (Redis shows keys to whoever can list them; logs and the admin API's
+-- purge name them). An empty value has a digest too: only an absent header is "" (RFC 9111 §4.1:
+-- a header absent from one request matches only its absence). The last 256 values are
+-- remembered: a page's calls carry the same few.
 local vary_memo, vary_memo_n = {}, 0
 local function vary_digest(v)
   local d = vary_memo[v]
   if d then return d end
-  d = core.digest and core.digest(v) or bit.tohex(fnv(v)) .. bit.tohex(fnv(v, 99991))
+  d = digest(v)
   if vary_memo_n >= 256 then vary_memo, vary_memo_n = {}, 0 end
   vary_memo[v], vary_memo_n = d, vary_memo_n + 1
   return d
+end
+
+-- s as a key's path or script key: a '|' written %7C, so that every '|' after it is the gateway's
+-- (the vary parts, the user's part) and a client cannot name a path whose key is another user's or
+-- another variant's entry ("/p?id=1|u:<digest>" was that user's key).
+local function key_text(s)
+  if str_find(s, "|", 1, true) then return (str_gsub(s, "|", "%%7C")) end
+  return s
 end
 
 -- The credentials a user's key is made of: both when there are two (a call may carry a service's
@@ -417,18 +432,14 @@ function M.key(ctx, spec, p)
       core.log("warn", ("cache: calls to %s carry Authorization or Cookie or the user's identity: cached per user, never shared"):format(spec.upstream))
     end
   end
-  -- a '|' of the path or of a script's key is written %7C: after them, every '|' is the gateway's
-  -- (the vary parts, the user's part), so a client cannot name a path whose key is another user's
-  -- or another variant's entry ("/p?id=1|u:<digest>" was that user's key)
-  local path = spec.path
-  if str_find(path, "|", 1, true) then path = str_gsub(path, "|", "%%7C") end
+  local path = key_text(spec.path)
   if scope ~= "user" and not p.key and not p.vary then
     -- the common key in one concatenation (no table)
     return "agw:{" .. spec.upstream .. "}:" .. (p.version or "0") .. ":" .. spec.method .. " " .. path
   end
   local parts = { "agw:{", spec.upstream, "}:", p.version or "0", ":" }
   if p.key then
-    parts[#parts + 1] = str_find(p.key, "|", 1, true) and str_gsub(p.key, "|", "%%7C") or p.key
+    parts[#parts + 1] = key_text(p.key)
   else
     parts[#parts + 1] = spec.method
     parts[#parts + 1] = " "
@@ -467,7 +478,7 @@ function M.key(ctx, spec, p)
     parts[#parts + 1] = "|u:"
     if cred ~= last_cred then -- (a page's calls carry the same: digested once, not per call)
       last_cred = cred
-      last_user = core.digest and core.digest(cred) or bit.tohex(fnv(cred)) .. bit.tohex(fnv(cred, 99991))
+      last_user = digest(cred)
     end
     parts[#parts + 1] = last_user
   end
@@ -580,11 +591,11 @@ local function vary_learn(x, p, v)
   local missing, add, refuse = false, nil, nil
   for name in str_gmatch(v, "[^,%s]+") do
     name = name:lower()
-    if name == "*" or PER_REQUEST[name] or #name > MAX_NAME or str_find(name, "[^%w!#$%%&'*+%-.^_`|~]") then
+    if name == "*" or PER_REQUEST[name] or #name > MAX_NAME or str_find(name, NOT_TCHAR) then
       -- `*`, a header set per request, or what is no field name (RFC 9110 §5.1: a token; a quoted
       -- or parametered name would be learned and match no header, so every caller shared one entry)
       refuse = #name > MAX_NAME and name:sub(1, MAX_NAME) or name
-      refuse = str_gsub(refuse, "[^%w!#$%%&'*+%-.^_`|~]", "?")
+      refuse = str_gsub(refuse, NOT_TCHAR, "?")
     elseif not keyed[name] and not CREDENTIALS[name] then
       missing = true
       keyed[name] = true
