@@ -129,7 +129,9 @@ const char *agw_h1_request_invalid(const char *method, const char *path, size_t 
 size_t agw_h1_request_size(const agw_upstream_conf_t *conf, const agw_call_req_t *req,
                            const char **why)
 {
-    if ((*why = agw_h1_request_invalid(req->method, req->path, req->path_len, req->headers, req->num_headers)))
+    /* the caller's own fields are not checked again; a count past the fields trusts none */
+    size_t checked = req->num_own <= req->num_headers ? req->num_headers - req->num_own : req->num_headers;
+    if ((*why = agw_h1_request_invalid(req->method, req->path, req->path_len, req->headers, checked)))
         return 0;
     size_t mlen = strlen(req->method);
     size_t n = mlen + 1 + strlen(base_path(conf)) + req->path_len +

@@ -121,6 +121,10 @@ typedef struct agw_call_req {
                                        Transfer-Encoding, are dropped); Content-Length is sent
                                        with a body or for POST, PUT and PATCH */
     size_t num_headers;
+    size_t num_own;                 /* the last num_own of headers are the gateway's own, well
+                                       formed when made (traceparent by trace.h, tracestate
+                                       checked when the page request brought it): not checked
+                                       again (about 200 instructions a call) */
     const char *body;               /* request body or NULL */
     size_t body_len;
     uint64_t timeout_ms;            /* whole-call timeout, ms (0 fails at once with TIMEOUT) */

@@ -212,10 +212,11 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
 /* The traceparent of an upstream attempt (trace.h): a new span of the request's trace, child of
  * the gateway's span, sent in its own traceparent with the request's tracestate. The headers go
  * after the script's (hdrs has room for two more than n); a script's own traceparent or
- * tracestate is replaced: the gateway owns them. Returns the new header count. The header is
- * added here, at send time, so single-flight keys (made in Lua from the call spec) never see it. */
+ * tracestate is replaced: the gateway owns them. Returns the new header count, and in *own how
+ * many of them, last, are the gateway's (1 or 2: agw_call_req_t's num_own). The header is added
+ * here, at send time, so single-flight keys (made in Lua from the call spec) never see it. */
 static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_header_t *hdrs, size_t n,
-                                 char *tp)
+                                 char *tp, size_t *own)
 {
     /* core.call's section (9), attempt (10) and hedge (11) name the span */
     size_t k = 0;
@@ -225,6 +226,7 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
             continue;
         hdrs[k++] = hdrs[i];
     }
+    size_t kept = k;
     reqref_t *rr = agw_slots_get(&w->tables.reqs, c->rid);
     agw_trace_t *tr = rr ? rr->trace : NULL;
     if (tr) {
@@ -255,6 +257,7 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
         hdrs[k].value = rr->tracestate, hdrs[k].value_len = rr->tracestate_len;
         k++;
     }
+    *own = k - kept;
     return k;
 }
 
@@ -313,7 +316,7 @@ static int l_call(lua_State *L)
     c->rid = agw_luamod_to_u64(lua_tonumber(L, 1));
     c->span = -1;
     c->joiners = NULL;
-    req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent);
+    req.num_headers = trace_call_headers(w, L, c, hdrs, req.num_headers, traceparent, &req.num_own);
     if (c->span >= 0 && g->conf->ep_first[index] - first > 1) { /* a group's endpoint on the span */
         reqref_t *rr = agw_slots_get(&w->tables.reqs, c->rid);
         rr->trace->spans[c->span].endpoint = (uint8_t)(ep - first + 1);

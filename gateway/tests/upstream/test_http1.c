@@ -446,6 +446,28 @@ static void requests_say_content_length_for_a_body_or_post_put_patch(void)
     free(out);
 }
 
+/* The fields before the gateway's own (num_own, last) are checked on every call: a script's field
+ * that would split the request is refused whatever follows it, and a num_own larger than the
+ * fields trusts none of them. */
+static void a_call_s_own_fields_do_not_hide_the_script_s(void)
+{
+    agw_upstream_conf_t conf = {.host_header = "up:9"};
+    agw_header_t hdrs[] = {{"x-a", 3, "1\r\nx-injected: 1", 16},
+                           {"traceparent", 11, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", 55}};
+    for (size_t own = 0; own <= 5; own++) {
+        if (own == 2)
+            continue; /* both the gateway's: not this test */
+        agw_call_req_t req = {.method = "GET", .path = "/", .path_len = 1, .headers = hdrs, .num_headers = 2,
+                              .num_own = own};
+        const char *why = NULL;
+        CHECK(agw_h1_request_size(&conf, &req, &why) == 0 && why != NULL);
+    }
+    agw_header_t fine[] = {{"x-a", 3, "1", 1}, hdrs[1]};
+    agw_call_req_t req = {.method = "GET", .path = "/", .path_len = 1, .headers = fine, .num_headers = 2, .num_own = 1};
+    const char *why = NULL;
+    CHECK(agw_h1_request_size(&conf, &req, &why) > 0 && why == NULL);
+}
+
 int main(void)
 {
     RUN(a_lying_content_length_reserves_no_more_than_a_mebibyte);
@@ -458,5 +480,6 @@ int main(void)
     RUN(header_sections_up_to_80_kib_with_any_number_of_fields);
     RUN(body_limit_holds_before_the_bytes_come);
     RUN(requests_say_content_length_for_a_body_or_post_put_patch);
+    RUN(a_call_s_own_fields_do_not_hide_the_script_s);
     return CHECK_DONE();
 }
