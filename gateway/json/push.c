@@ -10,6 +10,12 @@
  *
  * Measured on the benchmark's product body (150 bytes): ~4,000 instructions here against ~21,000
  * for jansson's parse, the tree walk and the frees.
+ *
+ * Objects of the same shape (the same keys in the same order: every product an upstream sends)
+ * share one key-order list: a VM keeps the lists of the last shapes it met (shape_list), so an
+ * object costs its table and its entry in the order side table, not a list of its own. The lists
+ * are never handed to scripts and nothing changes them (json.setorder copies a list it is given,
+ * the encoder only reads them), so sharing one is safe.
  */
 #include <lauxlib.h>
 #include <stdint.h>
@@ -20,12 +26,39 @@
 
 #define EXACT_INT_MAX 9007199254740992LL /* 2^53 */
 
+/* Shapes a VM remembers (direct-mapped by hash), and the key bytes one may hold: each key as a
+ * length byte and its bytes. An object whose keys take more is given a list of its own. */
+#define SHAPES 64
+#define SHAPE_KEY_BYTES 248
+
+typedef struct {
+    uint32_t hash;
+    uint16_t nkeys, bytes; /* nkeys 0: the slot is empty */
+    char keys[SHAPE_KEY_BYTES];
+} shape_t;
+
+/* A VM's shapes: a full userdata in the registry (under &shapes_key), its environment table
+ * holding the list of shape i at [i + 1]. Made on the first push in a VM, gone with the VM. */
+typedef struct {
+    shape_t slot[SHAPES];
+} shapes_t;
+static const char shapes_key;
+
+/* Where a member's key was in the text: the bytes between its quotes, as parsed. */
+typedef struct {
+    const char *s;
+    size_t len;
+} key_at_t;
+
 typedef struct {
     lua_State *L;
     const char *p;
     int order;        /* absolute index of the order side table */
     int array;        /* absolute index of the array metatable */
+    int lists;        /* absolute index of the shapes' list table */
+    shapes_t *shapes; /* this VM's shapes */
     agw_buf_t *sbuf;  /* scratch for strings with escapes */
+    key_at_t last;    /* the last string's bytes in the text; s is NULL when it had escapes */
 } tp_t;
 
 static void tp_value(tp_t *t);
@@ -71,9 +104,11 @@ static void tp_string(tp_t *t)
         q++;
     if (*q != '\\') { /* the common case: no escapes */
         lua_pushlstring(t->L, s, (size_t)(q - s));
+        t->last.s = s, t->last.len = (size_t)(q - s);
         t->p = *q ? q + 1 : q;
         return;
     }
+    t->last.s = NULL;
     agw_buf_t *b = t->sbuf;
     agw_buf_reset(b);
     agw_buf_append(b, s, (size_t)(q - s));
@@ -160,6 +195,48 @@ static void set_member(lua_State *L, int tb, int ord, int *n, int key)
     lua_rawset(L, tb);
 }
 
+/* Pushes the key-order list for the n keys (at stack index first, first + 2, …; their bytes in
+ * the text at keys) from the VM's shapes, making it and remembering it when the shape is new
+ * there. Returns 0, pushing nothing, when the keys take more bytes than a shape holds. */
+static int shape_list(tp_t *t, const key_at_t *keys, int n, int first)
+{
+    lua_State *L = t->L;
+    uint32_t h = 2166136261u; /* FNV-1a over each key's length byte and bytes */
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        if (keys[i].len > 255 || (bytes += 1 + keys[i].len) > SHAPE_KEY_BYTES)
+            return 0;
+        h = (h ^ (uint32_t)keys[i].len) * 16777619u;
+        for (size_t j = 0; j < keys[i].len; j++)
+            h = (h ^ (unsigned char)keys[i].s[j]) * 16777619u;
+    }
+    unsigned at = (h ^ h >> 16) % SHAPES;
+    shape_t *sh = &t->shapes->slot[at];
+    if (sh->hash == h && sh->nkeys == n && sh->bytes == bytes) {
+        const char *k = sh->keys;
+        int i = 0;
+        while (i < n && (unsigned char)k[0] == keys[i].len && memcmp(k + 1, keys[i].s, keys[i].len) == 0)
+            k += 1 + keys[i++].len;
+        if (i == n) {
+            lua_rawgeti(L, t->lists, (int)at + 1);
+            return 1;
+        }
+    }
+    lua_createtable(L, n, 0);
+    char *k = sh->keys;
+    for (int i = 0; i < n; i++) {
+        lua_pushvalue(L, first + 2 * i);
+        lua_rawseti(L, -2, i + 1);
+        *k++ = (char)keys[i].len;
+        memcpy(k, keys[i].s, keys[i].len);
+        k += keys[i].len;
+    }
+    sh->hash = h, sh->nkeys = (uint16_t)n, sh->bytes = (uint16_t)bytes;
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, t->lists, (int)at + 1);
+    return 1;
+}
+
 /* Members parsed onto the stack before the object's table is made at their count (a Lua table
  * that grows is rehashed: that was a rehash for every object of more than four members). An
  * object with more goes on into the table made for the first OBJECT_PENDING_MAX. */
@@ -176,12 +253,16 @@ static void tp_object(tp_t *t)
         return; /* nothing to remember; an empty object encodes as {} anyway */
     }
     int base = lua_gettop(L), pending = 0, more = 0;
+    key_at_t keys[OBJECT_PENDING_MAX];
+    int plain = 1; /* every key is known by its bytes (none had escapes) */
     for (;;) { /* key, value, key, value, … above base */
         skip_ws(t);
         if (*t->p != '"')
             break;
         luaL_checkstack(L, 4, "JSON push");
         tp_string(t);
+        keys[pending] = t->last;
+        plain &= t->last.s != NULL;
         skip_ws(t);
         t->p++; /* ':' */
         skip_ws(t);
@@ -195,9 +276,33 @@ static void tp_object(tp_t *t)
             break;
         }
     }
+    /* a repeated key (JSON allows one) takes the general way below */
+    int unique = plain && !more;
+    for (int i = 1; unique && i < pending; i++)
+        for (int j = 0; j < i; j++)
+            if (keys[i].len == keys[j].len && memcmp(keys[i].s, keys[j].s, keys[i].len) == 0) {
+                unique = 0;
+                break;
+            }
     lua_createtable(L, 0, pending);
+    int tb = base + 2 * pending + 1;
+    if (unique) {
+        for (int i = 0; i < pending; i++) {
+            lua_pushvalue(L, base + 1 + 2 * i);
+            lua_pushvalue(L, base + 2 + 2 * i);
+            lua_rawset(L, tb);
+        }
+        if (shape_list(t, keys, pending, base + 1))
+            goto remember;
+        lua_createtable(L, pending, 0); /* a list of its own */
+        for (int i = 0; i < pending; i++) {
+            lua_pushvalue(L, base + 1 + 2 * i);
+            lua_rawseti(L, -2, i + 1);
+        }
+        goto remember;
+    }
     lua_createtable(L, pending, 0); /* the key order */
-    int tb = base + 2 * pending + 1, ord = tb + 1, n = 0;
+    int ord = tb + 1, n = 0;
     for (int i = 0; i < pending; i++)
         set_member(L, tb, ord, &n, base + 1 + 2 * i);
     while (more) { /* members beyond the first OBJECT_PENDING_MAX, one at a time */
@@ -215,8 +320,9 @@ static void tp_object(tp_t *t)
         if (*t->p == '\0' || *t->p++ == '}')
             break; /* else ',' */
     }
-    lua_pushvalue(L, tb); /* order[tbl] = keys */
-    lua_pushvalue(L, ord);
+remember:
+    lua_pushvalue(L, tb); /* order[tbl] = keys (the list is at tb + 1) */
+    lua_pushvalue(L, tb + 1);
     lua_rawset(L, t->order);
     lua_pop(L, 1);
     lua_replace(L, base + 1); /* the table where the first key was; the members go */
@@ -268,15 +374,37 @@ static void tp_value(tp_t *t)
     }
 }
 
+/* Pushes this VM's shapes and their list table (made on the first call in the VM). */
+static shapes_t *push_shapes(lua_State *L)
+{
+    lua_pushlightuserdata(L, (void *)&shapes_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        shapes_t *sh = lua_newuserdata(L, sizeof(*sh));
+        memset(sh, 0, sizeof(*sh));
+        lua_createtable(L, SHAPES, 0);
+        lua_setfenv(L, -2);
+        lua_pushlightuserdata(L, (void *)&shapes_key);
+        lua_pushvalue(L, -2);
+        lua_rawset(L, LUA_REGISTRYINDEX);
+    }
+    shapes_t *sh = lua_touserdata(L, -1);
+    lua_getfenv(L, -1);
+    return sh;
+}
+
 void agw_json_push_text(lua_State *L, const char *text)
 {
     static __thread agw_buf_t sbuf = AGW_BUF_INIT; /* one per worker thread, kept for reuse */
-    luaL_checkstack(L, 8, "JSON push");
+    luaL_checkstack(L, 10, "JSON push");
+    int top = lua_gettop(L);
     agw_json_regget(L, AGW_JSON_K_ORDER);
     agw_json_regget(L, AGW_JSON_K_ARRAY);
-    tp_t t = {L, text, lua_gettop(L) - 1, lua_gettop(L), &sbuf};
+    shapes_t *shapes = push_shapes(L);
+    tp_t t = {L, text, top + 1, top + 2, top + 4, shapes, &sbuf, {NULL, 0}};
     skip_ws(&t);
     tp_value(&t);
-    lua_replace(L, t.order); /* move the value down over the two helper slots */
-    lua_pop(L, 1);
+    lua_replace(L, top + 1); /* move the value down over the four helper slots */
+    lua_settop(L, top + 1);
 }

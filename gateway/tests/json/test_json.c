@@ -180,6 +180,83 @@ static void text_push_of_big_objects_agrees_with_jansson_tree(void)
     lua_close(L);
 }
 
+/* Encodes the value on top of the stack (popped) into the fixture's `out`. */
+static const char *encode_top(lua_State *L)
+{
+    agw_buf_reset(&out);
+    int rc = agw_json_encode(L, -1, &out, err, sizeof(err));
+    lua_pop(L, 1);
+    return rc == 0 ? out.base : err;
+}
+
+/* Encodes text pushed by the one-pass push; the bytes stay in *b (freed by the caller). */
+static int pushed_encoding(lua_State *L, const char *text, agw_buf_t *b)
+{
+    agw_json_push_text(L, text);
+    int rc = agw_json_encode(L, -1, b, err, sizeof(err));
+    return rc;
+}
+
+/* Objects of one shape (the same keys in the same order) share one key-order list (json/push.c
+ * shape_list): what a script does to one object never changes how another encodes; shapes that
+ * differ only in length, in a key's bytes, by an escaped key, a repeated key or keys too long to
+ * remember each keep their own order; and more shapes than a VM remembers, kept alive together,
+ * each still encode in their order. */
+static void objects_of_one_shape_share_a_key_order_that_none_changes(void)
+{
+    lua_State *L = new_state();
+    agw_json_push_text(L, "{\"b\":1,\"a\":2,\"c\":3}");
+    lua_setglobal(L, "t1");
+    agw_json_push_text(L, "{\"b\":4,\"a\":5,\"c\":6}");
+    lua_setglobal(L, "t2");
+    CHECK(luaL_dostring(L, "t1.z = 9; t1.b = nil; t1.a = 'x'") == 0);
+    lua_getglobal(L, "t1");
+    CHECK_STR(encode_top(L), "{\"a\":\"x\",\"c\":3,\"z\":9}");
+    lua_getglobal(L, "t2");
+    CHECK_STR(encode_top(L), "{\"b\":4,\"a\":5,\"c\":6}");
+    lua_settop(L, 0);
+    static const char *const texts[] = {
+        "{\"b\":1,\"a\":2,\"c\":3}", "{\"b\":1,\"a\":2}", "{\"b\":1,\"a\":2,\"c\":3,\"d\":4}", "{\"bb\":1,\"a\":2,\"c\":3}",
+        "{\"c\":1,\"a\":2,\"b\":3}", "{\"\\u0062\":1,\"a\":2,\"c\":3}", "{\"b\":1,\"a\":2,\"b\":3}",
+        "{\"a\\\"b\":1,\"a\":2}", "{\"b\":{\"y\":1,\"x\":2},\"a\":[{\"y\":1,\"x\":2},{\"x\":1,\"y\":2}]}",
+    };
+    for (int round = 0; round < 2; round++) /* the second round finds every shape remembered */
+        for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+            agw_buf_t b = AGW_BUF_INIT;
+            CHECK(pushed_encoding(L, texts[i], &b) == 0);
+            CHECK_STR(b.base, via_lua(L, texts[i]));
+            agw_buf_free(&b);
+            lua_settop(L, 0);
+        }
+    /* keys of more bytes than a shape holds, then 300 shapes kept alive at once */
+    agw_buf_t text = AGW_BUF_INIT, b = AGW_BUF_INIT;
+    agw_buf_putc(&text, '{');
+    for (int i = 0; i < 12; i++)
+        agw_buf_printf(&text, "%s\"%031d\":%d", i ? "," : "", 12 - i, i);
+    agw_buf_putc(&text, '}');
+    for (int round = 0; round < 2; round++) {
+        agw_buf_reset(&b);
+        CHECK(pushed_encoding(L, text.base, &b) == 0);
+        CHECK_STR(b.base, via_lua(L, text.base));
+        lua_settop(L, 0);
+    }
+    for (int i = 0; i < 300; i++) {
+        agw_buf_reset(&text);
+        agw_buf_printf(&text, "{\"k%d\":1,\"x\":2,\"a%d\":3}", i, 300 - i);
+        agw_json_push_text(L, text.base);
+    }
+    for (int i = 0; i < 300; i++) {
+        agw_buf_reset(&b);
+        CHECK(agw_json_encode(L, i + 1, &b, err, sizeof(err)) == 0);
+        char want[64];
+        snprintf(want, sizeof(want), "{\"k%d\":1,\"x\":2,\"a%d\":3}", i, 300 - i);
+        CHECK_STR(b.base, want);
+    }
+    agw_buf_free(&text);
+    agw_buf_free(&b);
+    lua_close(L);
+}
+
 static void validator_rejects_invalid_json(void)
 {
     for (size_t i = 0; i < sizeof(invalid_texts) / sizeof(invalid_texts[0]); i++) {
@@ -413,6 +490,7 @@ int main(void)
     RUN(validator_reports_compact_text);
     RUN(text_push_agrees_with_jansson_tree);
     RUN(text_push_of_big_objects_agrees_with_jansson_tree);
+    RUN(objects_of_one_shape_share_a_key_order_that_none_changes);
     agw_buf_free(&out);
     return CHECK_DONE();
 }
