@@ -34,6 +34,10 @@
 
 #if AGW_HEAP_JEMALLOC
 
+/* jemalloc reads its options from this string at its start; a MALLOC_CONF in the environment is
+ * read after it and wins (heap.h). */
+const char *malloc_conf = AGW_HEAP_MALLOC_CONF;
+
 static void *raw_lua_alloc(agw_lua_heap_t *h, void *ptr, size_t osize, size_t nsize)
 {
     (void)h;
@@ -69,6 +73,9 @@ void agw_heap_check_lua_blocks(void)
 
 void agw_heap_give_back(void)
 {
+    /* the blocks this thread's cache holds go back to their slabs first, so that the purge can
+     * return the pages they alone kept */
+    mallctl("thread.tcache.flush", NULL, NULL, NULL, 0);
     mallctl("arena." STR(MALLCTL_ARENAS_ALL) ".purge", NULL, NULL, NULL, 0);
 }
 

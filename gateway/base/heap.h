@@ -30,6 +30,16 @@
 #define AGW_HEAP_JEMALLOC 0
 #endif
 
+/* jemalloc's options for the process (its `malloc_conf`, heap.c): each thread's cache holds up to
+ * eight slabs' worth of freed blocks of a small size class (at most 2,048), where jemalloc's
+ * default holds two (at most 200). LuaJIT's collector frees a page's objects in batches as it
+ * sweeps, and with the default cache the batches overflowed it: about 2,000 flushes to the
+ * arena (4,000 instructions each) per 2,500 bench pages, 8,200-8,300 instructions a page in
+ * jemalloc; with these 6,100-6,600 (tools/bench/callgrind, docs/performance.md "A seventh pass").
+ * The cache's blocks go back to their slabs when an idle worker gives its memory back
+ * (agw_heap_give_back). A MALLOC_CONF in the environment is read after this and wins. */
+#define AGW_HEAP_MALLOC_CONF "lg_tcache_nslots_mul:3,tcache_nslots_small_max:2048"
+
 /* The Lua heap of one VM: what it holds and its limit (script_memory_limit_mb, gateway.lua). A
  * script can take gigabytes well within its time limit (`s = s .. s` thirty times, string.rep,
  * tables kept in its module across requests) and with them the machine's memory. The limit acts
@@ -145,7 +155,8 @@ void *agw_heap_lua_alloc_checked(void *ud, void *ptr, size_t osize, size_t nsize
  * one. */
 void agw_heap_check_lua_blocks(void);
 
-/* Gives the heap's wholly free pages back to the kernel (jemalloc's arena.<all>.purge, else
+/* Gives the heap's wholly free pages back to the kernel (jemalloc's arena.<all>.purge, after the
+ * calling thread's cache of freed blocks went back to their slabs: thread.tcache.flush; else
  * malloc_trim(0)). Takes the arenas' locks: for a worker that has gone idle (worker/gc.h), never
  * on a request's path. */
 void agw_heap_give_back(void);

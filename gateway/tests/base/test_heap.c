@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#if AGW_HEAP_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
 
 #ifndef AGW_SOURCE_DIR
 #error "AGW_SOURCE_DIR: the repository, for its scripts folder"
@@ -205,6 +208,22 @@ static void figures_add_up_and_free_pages_go_back(void)
             a.resident / 1024, b.resident / 1024, c.resident / 1024);
 }
 
+/* The process runs with the thread cache heap.h asks for (unless MALLOC_CONF overrides it): the
+ * options jemalloc reports are those of AGW_HEAP_MALLOC_CONF, so the string reached it. */
+static void jemalloc_takes_the_gateways_options(void)
+{
+#if AGW_HEAP_JEMALLOC
+    if (getenv("MALLOC_CONF") != NULL)
+        return;
+    ssize_t mul = 0;
+    unsigned max = 0;
+    size_t sz = sizeof(mul);
+    CHECK(mallctl("opt.lg_tcache_nslots_mul", &mul, &sz, NULL, 0) == 0 && mul == 3);
+    sz = sizeof(max);
+    CHECK(mallctl("opt.tcache_nslots_small_max", &max, &sz, NULL, 0) == 0 && max == 2048);
+#endif
+}
+
 int main(void)
 {
     agw_heap_check_lua_blocks();
@@ -213,5 +232,6 @@ int main(void)
     RUN(a_wrong_size_is_caught);
     RUN(the_gateways_vm_is_checked_too);
     RUN(figures_add_up_and_free_pages_go_back);
+    RUN(jemalloc_takes_the_gateways_options);
     return CHECK_DONE();
 }
