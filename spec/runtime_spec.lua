@@ -179,6 +179,32 @@ describe("memory", function()
     assert.same({ status = "ok", data = { n = 1 } }, gw:get("/renamed").json.event)
   end)
 
+  -- The runtime keeps requests and calls in flight at their id's slot (agg.contract: the low 24
+  -- bits, unique among those alive at once) and checks the whole id there: an id of the same
+  -- slot and another generation (a call or request that ended, its slot since reused) reaches
+  -- nothing.
+  it("ignores an id whose slot another request or call in flight holds", function()
+    local runtime = require "agg.runtime"
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 10 })
+    local page = gw:send("GET", "/held/1")
+    local seen
+    gw:at(5, function()
+      local calls = gw:calls("a")
+      local id = calls[#calls].id
+      seen = id
+      runtime.on_call(id + 16777216, "ok", 200, nil, 1, nil)       -- not that call
+      runtime.on_call(id + 3 * 16777216, "timeout", 0, nil, 1, nil)
+      runtime.abort(page.rid + 16777216)                         -- not that request
+    end)
+    gw:run()
+    assert.is_number(seen)
+    assert.equal(200, page.status)
+    assert.same({ status = "ok", data = { n = 1 } }, page.json.a)
+    local _, in_flight = runtime.stats()
+    assert.equal(0, in_flight)
+  end)
+
   -- A fetch_then continuation waiting in a fetch_all of its own when its request ends early (the
   -- client leaves; the page fails fast) is never resumed: nothing may keep it, or its request,
   -- alive (its finisher once named it, and a weak-keyed table keeps its values)

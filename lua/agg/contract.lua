@@ -11,7 +11,10 @@
 --     core.now() in both directions, never os.time or os.clock (the spec harness's clock is
 --     virtual; docs/ARCHITECTURE.md "Time");
 --   - ids (rid, call id, timer id) are numbers the transport makes; an id of something that ended
---     is ignored, never an error (C: generation-checked slots, base/slots.h);
+--     is ignored, never an error (C: generation-checked slots, base/slots.h). The ids of things
+--     alive at once differ in their low 24 bits (C: the slot's index; the spec harness counts
+--     from 1): the runtime keeps requests and calls in flight at M.slot(id), the array part of a
+--     table, and checks the whole id it finds there;
 --   - hot arguments (what every call, answer or request needs) are positional; the cold rest
 --     travel in one of the tables below, named fields only;
 --   - a table the transport passes to the runtime (answer, arrival) is valid only during that
@@ -221,6 +224,13 @@ end
 -- every declared field that may not be absent is there. With `only_declared` false, fields the
 -- contract does not name are allowed (the exchange passed as an attempt carries the runtime's own).
 -- Returns true, or false and what is wrong ("answer: field 'detial' is not in the contract").
+--- The array index (1 …) where the runtime keeps what the transport's id names (see the rules
+-- above): its low 24 bits plus one. A table indexed so holds its entries in its array part, where a
+-- new entry is a store (ids as hash keys were a new key each: a rehash every few pages).
+function M.slot(id)
+  return id % 16777216 + 1
+end
+
 function M.check(kind, t, only_declared)
   local decl = M.tables[kind]
   if not decl then return false, "no table '" .. tostring(kind) .. "' in the contract" end

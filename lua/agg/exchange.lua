@@ -12,6 +12,7 @@ local json = require "agg.json"
 local identity = require "agg.identity"
 local group = require "agg.group"
 local health = require "agg.health"
+local slot = require("agg.contract").slot
 
 local M = {}
 
@@ -20,11 +21,26 @@ local log_call_failure = result.log_call_failure
 
 local core                                             -- transport and clock
 local upstreams = {}                                   -- name -> { index, timeout_ms }
-local calls = {}                                       -- call id -> in-flight call record
+local calls = {}          -- contract.slot(id) -> the in-flight record of call id (record.id == id)
 local deliver                                          -- function(g, key, chain, r): agg.fanout's
 local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats, budget, group }
 
 local merge_hooks -- agg.merge's way back into the exchange (below)
+
+-- Keeps rec (whose id is id) as the record of call id in flight.
+local function put_call(id, rec)
+  calls[slot(id)] = rec
+end
+
+-- The record of call id in flight, forgotten; nil when there is none (the call ended, or was
+-- forgotten before).
+local function take_call(id)
+  local s = slot(id)
+  local rec = calls[s]
+  if rec == nil or rec.id ~= id then return nil end
+  calls[s] = nil
+  return rec
+end
 
 --- Binds the transport and the upstream table (agg.runtime.init); calls of a previous binding are
 -- forgotten.
@@ -33,13 +49,13 @@ function M.bind(transport, ups, token_exchange)
   calls, ustate = {}, {}
   group.bind(transport, ups)
   -- a health probe is an internal call: its answer goes to the prober, not to a section
-  health.bind(transport, ups, { register_call = function(id, fn) calls[id] = { on_answer = fn } end })
+  health.bind(transport, ups, { register_call = function(id, fn) put_call(id, { id = id, on_answer = fn }) end })
   cache.init(transport)
   identity.init(transport, token_exchange, {
     set_timer = function(ms, fn) return M.set_timer(ms, fn) end,
     clear_timer = function(id) return M.clear_timer(id) end,
     -- an internal call (the token endpoint): its answer goes to fn, not to a section
-    register_call = function(id, fn) calls[id] = { on_answer = fn } end,
+    register_call = function(id, fn) put_call(id, { id = id, on_answer = fn }) end,
   })
   merge.bind(transport, ups, merge_hooks)
 end
@@ -294,14 +310,14 @@ local function abandon_one(x, rec)
     f.n = f.n - 1
     if f.n == 0 then
       flights[f.key] = nil
-      calls[f.id] = nil
+      take_call(f.id)
       core.cancel(f.id)
       if f.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
       if f.ep and x.u.group then group.release(x.u.group, f.ep) end
     end
     return
   else
-    calls[id] = nil
+    take_call(id)
     core.cancel(id)
     if rec.probe then local b = breaker_of(x) if b then b:report("ignore", true, core.now()) end end
   end
@@ -535,7 +551,7 @@ attempt = function(x, hedge)
     flights[key] = f
     rec.flight = f
   end
-  calls[id] = rec
+  put_call(id, rec)
   if hedge then x.a2 = rec else x.a1 = rec end
 end
 
@@ -593,12 +609,12 @@ merge_hooks = {
     return ep
   end,
   cancel = function(p)
-    calls[p.id] = nil
+    take_call(p.id)
     core.cancel(p.id)
     if p.ep and p.u.group then group.release(p.u.group, p.ep) end
     if p.probe then local b = breaker_of(p) if b then b:report("ignore", true, core.now()) end end
   end,
-  register = function(id, p) calls[id] = p end,
+  register = function(id, p) put_call(id, p) end, -- (p.id is id)
   set_timer = function(ms, fn) return set_timer(ms, fn) end,
   clear_timer = function(id) return clear_timer(id) end,
 }
@@ -707,9 +723,8 @@ M.on_redis = cache.on_redis
 -- valid JSON), or nil; answer (valid during this call only) has the headers, body and detail of
 -- any other answer.
 function M.on_call(id, outcome, http_status, data, ms, answer)
-  local rec = calls[id]
+  local rec = take_call(id)
   if rec == nil then return end
-  calls[id] = nil
   local headers, body, detail = true, nil, nil
   if answer ~= nil then headers, body, detail = answer.headers, answer.body, answer.detail end
   if rec.on_answer then return rec.on_answer(outcome, http_status, headers, body, data, ms, detail) end

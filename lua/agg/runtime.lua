@@ -32,7 +32,8 @@ local abandon_exchanges = exchange.abandon_exchanges
 
 local core                                             -- transport and clock
 local endpoints = {}                                   -- index -> endpoint (loader.lua)
-local contexts = {}                                    -- rid -> request context
+local contexts = {}     -- contract.slot(rid) -> the context of request rid (ctx.rid == rid)
+local slot = require("agg.contract").slot
 local ctx_of = setmetatable({}, { __mode = "k" })      -- coroutine -> request context
 local finishers = setmetatable({}, { __mode = "k" })   -- coroutine -> function(ok, value, co)
 
@@ -334,7 +335,8 @@ finish_request = function(ctx, ok, resp, co)
   -- and ctx must not lead to it any more either: a coroutine that is not pooled (more requests
   -- at once than POOL_MAX) still holds req, whose metatable holds ctx, while it waits
   ctx.co = false
-  contexts[ctx.rid] = nil
+  local s = slot(ctx.rid)
+  if contexts[s] == ctx then contexts[s] = nil end
   abandon_exchanges(ctx)
   if not ok then
     log_error(ctx, nil, resp, co)
@@ -494,7 +496,7 @@ function M.start(rid, idx, method, path, params, arrival)
                 exchanges = false, done = false, co = false, sections = 0,
                 query = query, req_headers = headers or false, user = user or false, token = false,
                 __index = req_index, __metatable = "agg.request" }
-  contexts[rid] = ctx
+  contexts[slot(rid)] = ctx
   local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, ctx)
   local co
   if pool_n > 0 then
@@ -511,10 +513,11 @@ end
 
 --- The client of request rid went away: cancel its calls and forget it.
 function M.abort(rid)
-  local ctx = contexts[rid]
-  if not ctx then return end
+  local s = slot(rid)
+  local ctx = contexts[s]
+  if not ctx or ctx.rid ~= rid then return end
   ctx.done = true
-  contexts[rid] = nil
+  contexts[s] = nil
   ctx_of[ctx.co] = nil -- its coroutine is never resumed: let it be collected
   ctx.co = false        -- (as in finish_request: the abandoned coroutine still holds req)
   abandon_exchanges(ctx)
