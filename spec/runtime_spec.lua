@@ -652,4 +652,29 @@ describe("a call's table", function()
       assert.is_true(keys(x) <= 32, ("keys of a call to /x after it ran: %d"):format(keys(x)))
     end
   end)
+
+  -- a call to an upstream group writes its endpoint, and one with a retry policy has its retry:
+  -- both in the slots the constructor leaves (a 33rd key made every group call's table again at
+  -- 64 slots: about 7,000 instructions a page of three, tools/bench/callgrind GROUP=2). A call
+  -- that is retried adds its retry's fields, and may grow (a retry is the rare, dearer path).
+  it("holds at most 32 keys for a call to an upstream group, with a retry policy or not", function()
+    local gw = testing.gateway { dir = "spec/fixtures/groups" }
+    gw:stub("rr", "/p/*", { json = { id = 1 } })
+    gw:stub("product", "/p/*", { json = { id = 2 } })
+    local seen = {}
+    result.on_new = function(x) seen[#seen + 1] = x end
+    local ok, err = pcall(function()
+      assert.equal(200, gw:get("/rr/1").status)
+      for i = 1, 3 do assert.equal(200, gw:get("/product/" .. i).status) end
+    end)
+    result.on_new = nil
+    assert(ok, err)
+    assert.equal(4, #seen)
+    for _, x in ipairs(seen) do
+      assert.is_true(keys(x) <= 32, ("keys of a call to %s after it ran: %d"):format(x.upstream, keys(x)))
+      assert.is_truthy(rawget(x, "endpoint"), "the group's endpoint is written into the call's table")
+      assert.equal(x.upstream == "product", rawget(x, "retry") ~= nil)
+    end
+  end)
+
 end)
