@@ -339,7 +339,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     end
     n.batch = merge.normalize(spec.batch, name, n.method, n.path, headers, level)
     -- the upstream's cache policy would key every item by the merged route's one path
-    n.retry, n.hedge_after, n.collapse, n.cache = false, false, false, false
+    n.retry, n.hedge_after, n.collapse, n.cache = nil, nil, nil, false
   end
   return n
 end
