@@ -653,6 +653,27 @@ describe("a call's table", function()
     end
   end)
 
+  -- a merged call (batch) carries its batch and has no retry, hedge or single-flight key: none of
+  -- them may be written as false (three keys more made its table again at 64 slots)
+  it("holds at most 32 keys for a merged call's item", function()
+    local gw = testing.gateway { dir = "spec/fixtures/merge" }
+    gw:stub("catalog", "/products", function(call)
+      local items = {}
+      for id in call.query.ids:gmatch("[^,]+") do items[#items + 1] = { id = tonumber(id), name = "p" .. id } end
+      return { json = items }
+    end)
+    local seen = {}
+    result.on_new = function(x) seen[#seen + 1] = x end
+    local ok, err = pcall(function() assert.equal(200, gw:get("/cart/1/3").status) end)
+    result.on_new = nil
+    assert(ok, err)
+    assert.equal(3, #seen)
+    for _, x in ipairs(seen) do
+      assert.is_true(keys(x) <= 32, ("keys of a merged call's item: %d"):format(keys(x)))
+      assert.is_truthy(rawget(x, "batch"))
+    end
+  end)
+
   -- a call to an upstream group writes its endpoint, and one with a retry policy has its retry:
   -- both in the slots the constructor leaves (a 33rd key made every group call's table again at
   -- 64 slots: about 7,000 instructions a page of three, tools/bench/callgrind GROUP=2). A call
