@@ -50,17 +50,19 @@ void agw_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
         qsort(f, n, sizeof(*f), field_cmp);
     }
     agw_buf_reset(b);
+    size_t need = 0; /* the block is never longer than its fields with a NUL after each part */
+    for (size_t i = 0; i < n; i++)
+        need += h[i].name_len + h[i].value_len + 2;
+    agw_buf_reserve(b, need);
     for (size_t i = 0; i < n; i++) {
         const agw_header_t *x = f[i].h;
         int same = i > 0 && x->name_len == f[i - 1].h->name_len &&
                    field_cmp(&(field_ref_t){x, 0}, &(field_ref_t){f[i - 1].h, 0}) == 0;
         if (same) { /* b ends with the previous value's NUL: ", value" goes before it */
-            agw_buf_reserve(b, x->value_len + 2);
             b->len--;
             b->base[b->len++] = ',';
             b->base[b->len++] = ' ';
         } else {
-            agw_buf_reserve(b, x->name_len + x->value_len + 2);
             for (size_t j = 0; j < x->name_len; j++)
                 b->base[b->len++] = (char)fold((unsigned char)x->name[j]);
             b->base[b->len++] = '\0';
@@ -92,23 +94,38 @@ void agw_header_pairs(agw_buf_t *b, const agw_header_t *h, size_t n)
     b->base[b->len] = '\0';
 }
 
+/* Reads the pairs of p (len bytes) into h (room for max); returns how many there are, which is
+ * more than max when they did not all fit (h then holds the first max). */
+static size_t read_pairs(const char *p, size_t len, agw_header_t *h, size_t max)
+{
+    size_t k = 0;
+    const char *end = p + len;
+    while (p < end) {
+        const char *nul = memchr(p, '\0', (size_t)(end - p));
+        if (nul == NULL || nul + 1 >= end)
+            break; /* a name without its value: the pairs end here */
+        const char *value = nul + 1, *vnul = memchr(value, '\0', (size_t)(end - value));
+        if (vnul == NULL)
+            break;
+        if (k < max)
+            h[k] = (agw_header_t){p, (size_t)(nul - p), value, (size_t)(vnul - value)};
+        k++;
+        p = vnul + 1;
+    }
+    return k;
+}
+
 void agw_header_block_of_pairs(agw_buf_t *b, const char *p, size_t len)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < len; i++)
-        n += p[i] == '\0';
-    n /= 2;
+    agw_header_t small[64], *h = small;
+    size_t n = read_pairs(p, len, small, 64);
+    if (n > 64) {
+        h = agw_malloc(n * sizeof(*h));
+        read_pairs(p, len, h, n);
+    }
     if (n == 0) {
         agw_buf_reset(b);
         return;
-    }
-    agw_header_t small[64], *h = n <= 64 ? small : agw_malloc(n * sizeof(*h));
-    size_t k = 0;
-    for (size_t i = 0; k < n;) {
-        const char *name = p + i, *nul = memchr(name, '\0', len - i);
-        const char *value = nul + 1, *vnul = memchr(value, '\0', len - (size_t)(value - p));
-        h[k++] = (agw_header_t){name, (size_t)(nul - name), value, (size_t)(vnul - value)};
-        i = (size_t)(vnul - p) + 1;
     }
     agw_header_block(b, h, n);
     if (h != small)

@@ -654,29 +654,28 @@ static int l_raw(lua_State *L)
     return 1;
 }
 
+/* A header block kept past this size in a thread's scratch (raw_extra) is freed after use: the
+ * scratch holds what common answers need, not the largest header section it ever saw. */
+#define EXTRA_SCRATCH_KEEP 16384
+
 /* raw_extra(ref) -> string | nil: the header block (base/header.h: "name\0value\0…", names
  * lowercased, each once) of the fields kept after a raw ref's text (agw_json_push_raw_ref's extra:
  * an upstream body's response headers as they came, or a block already), nil when none. The block
- * is made here, when read, not for every answer. */
+ * is made here, when read, not for every answer, in a buffer the thread keeps for it (a Lua error
+ * in lua_pushlstring, out of memory, leaves it to the next call: nothing leaks). */
 static int l_raw_extra(lua_State *L)
 {
+    static __thread agw_buf_t scratch = AGW_BUF_INIT;
     const agw_json_raw_t *r = agw_json_check_raw_ref(L, 1);
     if (r == NULL)
         return luaL_typerror(L, 1, "agg.json raw ref");
     if (r->extra_len == 0)
         return 0;
-    /* room on the Lua side first (a block is never longer than the pairs it is made of): the
-     * Lua calls that may raise (out of memory) come before and after the C buffer's life, never
-     * during it */
-    char *room = lua_newuserdata(L, r->extra_len);
-    agw_buf_t b = AGW_BUF_INIT;
-    agw_header_block_of_pairs(&b, r->text + r->len + 1, r->extra_len);
-    size_t n = b.len <= r->extra_len ? b.len : r->extra_len;
-    if (n)
-        memcpy(room, b.base, n);
-    agw_buf_free(&b);
-    lua_pushlstring(L, room, n);
-    lua_remove(L, -2);
+    if (scratch.cap > EXTRA_SCRATCH_KEEP)
+        agw_buf_free(&scratch);
+    agw_buf_reset(&scratch);
+    agw_header_block_of_pairs(&scratch, r->text + r->len + 1, r->extra_len);
+    lua_pushlstring(L, scratch.len ? scratch.base : "", scratch.len);
     return 1;
 }
 

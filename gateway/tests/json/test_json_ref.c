@@ -101,6 +101,31 @@ static void raw_ref_keeps_extra_bytes_after_its_text(void)
     lua_close(L);
 }
 
+/* json.raw_extra makes each block in a buffer its thread keeps: a block of 20 KB (past what the
+ * buffer keeps between calls), then a small one, then the large one again, each whole and right. */
+static void raw_extra_blocks_of_any_size_one_after_another(void)
+{
+    lua_State *L = new_state();
+    const char *in = "[1]";
+    agw_buf_t big = AGW_BUF_INIT;
+    agw_buf_append(&big, "x-big\0", 6);
+    for (int i = 0; i < 20000; i++)
+        agw_buf_putc(&big, (char)('a' + i % 26));
+    agw_buf_append(&big, "\0", 1);
+    agw_json_push_raw_ref(L, in, strlen(in), 1, big.base, big.len);
+    lua_setglobal(L, "big");
+    static const char small[] = "x-id\0" "7\0";
+    agw_json_push_raw_ref(L, in, strlen(in), 1, small, sizeof(small) - 1);
+    lua_setglobal(L, "small");
+    check_lua(L, "local a = json.raw_extra(big)\n"
+                 "local b = json.raw_extra(small)\n"
+                 "local c = json.raw_extra(big)\n"
+                 "return #a == 20007 and a:sub(1, 8) == 'x-big\\0ab' and a:sub(-2) == 'f\\0' and\n"
+                 "  b == 'x-id\\0' .. '7\\0' and c == a and json.raw_extra(small) == b");
+    agw_buf_free(&big);
+    lua_close(L);
+}
+
 static void raw_ref_materializes_like_a_tree_ref(void)
 {
     lua_State *L = new_state();
@@ -176,6 +201,7 @@ int main(void)
     RUN(raw_ref_that_does_not_parse_is_an_error_not_a_crash);
     RUN(raw_ref_materializes_like_a_tree_ref);
     RUN(raw_ref_keeps_extra_bytes_after_its_text);
+    RUN(raw_extra_blocks_of_any_size_one_after_another);
     RUN(raw_ref_inside_a_lua_table_encodes);
     RUN(json_parse_returns_a_raw_ref);
     RUN(raw_refs_need_no_finalizer);
