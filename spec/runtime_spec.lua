@@ -674,6 +674,36 @@ describe("a call's table", function()
     end
   end)
 
+  -- a call that carries the user's identity (forwarded or exchanged, cached per user or not)
+  -- writes its identity's continuation and personal flags; it has no single-flight key (it is
+  -- never shared), so they fit the slots the constructor leaves
+  it("holds at most 32 keys for a call that carries the user's identity, cached or not", function()
+    local gw = testing.gateway { dir = "spec/fixtures/edge" }
+    gw:stub("orders", "/orders/*", { json = { id = 1 } })
+    gw:stub("inventory", "/stock/*", { json = { inStock = 3 } })
+    gw:stub("catalog", "/items/*", { json = { name = "Sneaker" } })
+    gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-1", token_type = "Bearer",
+                                                             expires_in = 120 } })
+    local alice = { sub = "alice", scopes = { "orders:read" }, aud = { "aggway", "orders" } }
+    local seen = {}
+    result.on_new = function(x) if x.upstream == "orders" or x.upstream == "inventory" then seen[#seen + 1] = x end end
+    local ok, err = pcall(function()
+      assert.equal(200, gw:get("/orders/1", { user = alice }).status)
+      for _, path in ipairs { "/cached-orders/1", "/swr-orders/1" } do
+        assert.equal(200, gw:get(path, { user = alice }).status)   -- a miss
+        gw:advance(20000)                                          -- past its ttl_s
+        assert.equal(200, gw:get(path, { user = alice }).status)
+      end
+    end)
+    result.on_new = nil
+    assert(ok, err)
+    assert.is_true(#seen >= 3, "calls seen: " .. #seen)
+    for _, x in ipairs(seen) do
+      assert.is_true(keys(x) <= 32, ("keys of a call to %s with the user's identity: %d"):format(x.upstream, keys(x)))
+      assert.is_nil(rawget(x, "collapse"))
+    end
+  end)
+
   -- a call to an upstream group writes its endpoint, and one with a retry policy has its retry:
   -- both in the slots the constructor leaves (a 33rd key made every group call's table again at
   -- 64 slots: about 7,000 instructions a page of three, tools/bench/callgrind GROUP=2). A call

@@ -311,8 +311,10 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     cp = false
   end
   n.cache = cp
-  -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off
-  if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") then
+  -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off. A call
+  -- that will carry the user's identity (the upstream's `identity`) is never shared either:
+  -- agg.identity authorizes it or fails it, so it gets no key (nor the slot one takes)
+  if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") and not (up.identity and n.identity) then
     local shared = true
     if headers then
       for i = 1, #headers, 2 do if CREDENTIALS[headers[i]] then shared = false end end

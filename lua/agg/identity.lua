@@ -80,7 +80,7 @@ local function authorize(x, token)
   out[#out + 1] = "authorization"
   out[#out + 1] = "Bearer " .. token
   x.headers = out
-  x.collapse = false -- credentials are never shared
+  x.collapse = nil -- credentials are never shared (nil: no key a call's table has no slot for)
 end
 
 local function aud_has(aud, want)
