@@ -601,9 +601,18 @@ describe("a call's table", function()
   -- field one of them adds to every call would be the 33rd (a page's instructions grow by about
   -- 20 % then: tools/bench/callgrind)
   local result = require "agg.result"
-  local function calls_made(run)
+  -- every call table in seen holds at most 32 keys (what names them in a failure)
+  local function assert_fit(seen, what)
+    for _, x in ipairs(seen) do
+      assert.is_true(keys(x) <= 32, ("keys of %s to %s: %d"):format(what, x.upstream, keys(x)))
+    end
+  end
+
+  -- the call tables run makes, of upstream "a" or of the upstreams named in the set `of`
+  local function calls_made(run, of)
     local out = {}
-    result.on_new = function(x) if x.upstream == "a" then out[#out + 1] = x end end
+    of = of or { a = true }
+    result.on_new = function(x) if of[x.upstream] then out[#out + 1] = x end end
     local ok, err = pcall(run)
     result.on_new = nil
     assert(ok, err)
@@ -662,16 +671,10 @@ describe("a call's table", function()
       for id in call.query.ids:gmatch("[^,]+") do items[#items + 1] = { id = tonumber(id), name = "p" .. id } end
       return { json = items }
     end)
-    local seen = {}
-    result.on_new = function(x) seen[#seen + 1] = x end
-    local ok, err = pcall(function() assert.equal(200, gw:get("/cart/1/3").status) end)
-    result.on_new = nil
-    assert(ok, err)
+    local seen = calls_made(function() assert.equal(200, gw:get("/cart/1/3").status) end, { catalog = true })
     assert.equal(3, #seen)
-    for _, x in ipairs(seen) do
-      assert.is_true(keys(x) <= 32, ("keys of a merged call's item: %d"):format(keys(x)))
-      assert.is_truthy(rawget(x, "batch"))
-    end
+    assert_fit(seen, "a merged call's item")
+    for _, x in ipairs(seen) do assert.is_truthy(rawget(x, "batch")) end
   end)
 
   -- a call that carries the user's identity (forwarded or exchanged, cached per user or not)
@@ -685,23 +688,17 @@ describe("a call's table", function()
     gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-1", token_type = "Bearer",
                                                              expires_in = 120 } })
     local alice = { sub = "alice", scopes = { "orders:read" }, aud = { "aggway", "orders" } }
-    local seen = {}
-    result.on_new = function(x) if x.upstream == "orders" or x.upstream == "inventory" then seen[#seen + 1] = x end end
-    local ok, err = pcall(function()
+    local seen = calls_made(function()
       assert.equal(200, gw:get("/orders/1", { user = alice }).status)
       for _, path in ipairs { "/cached-orders/1", "/swr-orders/1" } do
         assert.equal(200, gw:get(path, { user = alice }).status)   -- a miss
         gw:advance(20000)                                          -- past its ttl_s
         assert.equal(200, gw:get(path, { user = alice }).status)
       end
-    end)
-    result.on_new = nil
-    assert(ok, err)
+    end, { orders = true, inventory = true })
     assert.is_true(#seen >= 3, "calls seen: " .. #seen)
-    for _, x in ipairs(seen) do
-      assert.is_true(keys(x) <= 32, ("keys of a call to %s with the user's identity: %d"):format(x.upstream, keys(x)))
-      assert.is_nil(rawget(x, "collapse"))
-    end
+    assert_fit(seen, "a call with the user's identity")
+    for _, x in ipairs(seen) do assert.is_nil(rawget(x, "collapse")) end
   end)
 
   -- a call to an upstream group writes its endpoint, and one with a retry policy has its retry:
@@ -712,17 +709,13 @@ describe("a call's table", function()
     local gw = testing.gateway { dir = "spec/fixtures/groups" }
     gw:stub("rr", "/p/*", { json = { id = 1 } })
     gw:stub("product", "/p/*", { json = { id = 2 } })
-    local seen = {}
-    result.on_new = function(x) seen[#seen + 1] = x end
-    local ok, err = pcall(function()
+    local seen = calls_made(function()
       assert.equal(200, gw:get("/rr/1").status)
       for i = 1, 3 do assert.equal(200, gw:get("/product/" .. i).status) end
-    end)
-    result.on_new = nil
-    assert(ok, err)
+    end, { rr = true, product = true })
     assert.equal(4, #seen)
+    assert_fit(seen, "a group's call")
     for _, x in ipairs(seen) do
-      assert.is_true(keys(x) <= 32, ("keys of a call to %s after it ran: %d"):format(x.upstream, keys(x)))
       assert.is_truthy(rawget(x, "endpoint"), "the group's endpoint is written into the call's table")
       assert.equal(x.upstream == "product", rawget(x, "retry") ~= nil)
     end
