@@ -220,10 +220,6 @@ local function type_ok(allowed, v)
   return false
 end
 
---- Checks table t against M.tables[kind]: every field it carries is declared with its type, and
--- every declared field that may not be absent is there. With `only_declared` false, fields the
--- contract does not name are allowed (the exchange passed as an attempt carries the runtime's own).
--- Returns true, or false and what is wrong ("answer: field 'detial' is not in the contract").
 --- The array index (1 …) where the runtime keeps what the transport's id names (see the rules
 -- above): its low 24 bits plus one. A table indexed so holds its entries in its array part, where a
 -- new entry is a store (ids as hash keys were a new key each: a rehash every few pages).
@@ -231,6 +227,10 @@ function M.slot(id)
   return id % 16777216 + 1
 end
 
+--- Checks table t against M.tables[kind]: every field it carries is declared with its type, and
+-- every declared field that may not be absent is there. With `only_declared` false, fields the
+-- contract does not name are allowed (the exchange passed as an attempt carries the runtime's own).
+-- Returns true, or false and what is wrong ("answer: field 'detial' is not in the contract").
 function M.check(kind, t, only_declared)
   local decl = M.tables[kind]
   if not decl then return false, "no table '" .. tostring(kind) .. "' in the contract" end
