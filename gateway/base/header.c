@@ -33,6 +33,16 @@ static int field_cmp(const void *pa, const void *pb)
     return a->at < b->at ? -1 : a->at > b->at;
 }
 
+/* The bytes of the n fields as pairs, each name and value followed by a NUL: what
+ * agw_header_pairs writes, and the most a header block of them takes. */
+static size_t pairs_len(const agw_header_t *h, size_t n)
+{
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++)
+        need += h[i].name_len + h[i].value_len + 2;
+    return need;
+}
+
 void agw_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
 {
     field_ref_t small[64], *f = n <= 64 ? small : agw_malloc(n * sizeof(*f));
@@ -50,10 +60,7 @@ void agw_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
         qsort(f, n, sizeof(*f), field_cmp);
     }
     agw_buf_reset(b);
-    size_t need = 0; /* the block is never longer than its fields with a NUL after each part */
-    for (size_t i = 0; i < n; i++)
-        need += h[i].name_len + h[i].value_len + 2;
-    agw_buf_reserve(b, need);
+    agw_buf_reserve(b, pairs_len(h, n)); /* joining repeated names only shortens it */
     for (size_t i = 0; i < n; i++) {
         const agw_header_t *x = f[i].h;
         int same = i > 0 && x->name_len == f[i - 1].h->name_len &&
@@ -77,9 +84,7 @@ void agw_header_block(agw_buf_t *b, const agw_header_t *h, size_t n)
 
 void agw_header_pairs(agw_buf_t *b, const agw_header_t *h, size_t n)
 {
-    size_t need = 0;
-    for (size_t i = 0; i < n; i++)
-        need += h[i].name_len + h[i].value_len + 2;
+    size_t need = pairs_len(h, n);
     agw_buf_reserve(b, need);
     char *p = b->base + b->len;
     for (size_t i = 0; i < n; i++) {

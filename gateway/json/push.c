@@ -195,6 +195,16 @@ static void set_member(lua_State *L, int tb, int ord, int *n, int key)
     lua_rawset(L, tb);
 }
 
+/* Pushes a new key-order list of the n keys at stack index first, first + 2, … */
+static void push_key_list(lua_State *L, int n, int first)
+{
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushvalue(L, first + 2 * i);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
 /* Pushes the key-order list for the n keys (at stack index first, first + 2, …; their bytes in
  * the text at keys) from the VM's shapes, making it and remembering it when the shape is new
  * there. Returns 0, pushing nothing, when the keys take more bytes than a shape holds. */
@@ -222,11 +232,9 @@ static int shape_list(tp_t *t, const key_at_t *keys, int n, int first)
             return 1;
         }
     }
-    lua_createtable(L, n, 0);
+    push_key_list(L, n, first);
     char *k = sh->keys;
     for (int i = 0; i < n; i++) {
-        lua_pushvalue(L, first + 2 * i);
-        lua_rawseti(L, -2, i + 1);
         *k++ = (char)keys[i].len;
         memcpy(k, keys[i].s, keys[i].len);
         k += keys[i].len;
@@ -292,13 +300,8 @@ static void tp_object(tp_t *t)
             lua_pushvalue(L, base + 2 + 2 * i);
             lua_rawset(L, tb);
         }
-        if (shape_list(t, keys, pending, base + 1))
-            goto remember;
-        lua_createtable(L, pending, 0); /* a list of its own */
-        for (int i = 0; i < pending; i++) {
-            lua_pushvalue(L, base + 1 + 2 * i);
-            lua_rawseti(L, -2, i + 1);
-        }
+        if (!shape_list(t, keys, pending, base + 1))
+            push_key_list(L, pending, base + 1); /* a list of its own */
         goto remember;
     }
     lua_createtable(L, pending, 0); /* the key order */
