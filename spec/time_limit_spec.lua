@@ -1,6 +1,6 @@
 -- The script time limit (worker/watchdog.h) in the spec harness: a script that computes without
 -- waiting for a call is stopped after script_time_limit_ms of real time, as serve stops it.
--- Fixture scripts: spec/fixtures/timelimit (limit 500 ms).
+-- Fixture scripts: spec/fixtures/timelimit (limit 100 ms).
 local testing = require "agg.testing"
 
 local DIR = "spec/fixtures/timelimit"
@@ -19,7 +19,7 @@ local function logged(gw, ...)
 end
 
 local function stopped_at(gw, where)
-  return logged(gw, "stopped: the script ran for more than 500 ms", where) > 0
+  return logged(gw, "stopped: the script ran for more than 100 ms", where) > 0
 end
 
 describe("the script time limit", function()

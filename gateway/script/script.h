@@ -35,7 +35,7 @@ int agw_vm_load_generation(lua_State *L, const char *dir, agw_buf_t *errors);
 
 /* Opens the "agg.sys" module: listdir(dir) -> sorted list of the endpoint script paths under dir,
  * relative to it (every *.lua but gateway.lua, lib/ and hidden entries); read_file, monotonic_s,
- * call_invalid (the upstream client's check of a call); hash32(s) -> FNV-1a 32 with fmix32, an
+ * cpu_s (the calling thread's CPU time in seconds), call_invalid (the upstream client's check of a call); hash32(s) -> FNV-1a 32 with fmix32, an
  * unsigned 32-bit number (agg.group's ring and endpoint ids; it never changes: session tokens
  * carry its values). */
 int agw_sys_open(lua_State *L);

@@ -53,22 +53,24 @@ local function peek(gw)
 end
 
 -- The script time limit, as serve applies it (worker/watchdog.h): one entry into the runtime (a
--- request arriving, an answer, a timer) that runs longer than the folder's script_time_limit_ms of
--- real time is stopped at the line it was at, and the request gets the 500 problem (or the
--- continuation's section fails) that serve gives. The stop is raised at every instruction of the
+-- request arriving, an answer, a timer) that runs longer than the folder's script_time_limit_ms is
+-- stopped at the line it was at, and the request gets the 500 problem (or the continuation's
+-- section fails) that serve gives. Serve counts real time; here the runner's CPU time counts
+-- (sys.cpu_s), so a busy machine that deschedules the runner does not stop a short entry, and a
+-- fixture can set a low limit. The stop is raised at every instruction of the
 -- scripts' own code (anything but lua/agg), in a coroutine or (a fallback) on the thread that
 -- entered, so a pcall in the script cannot go on; never in the runtime's own code.
 local HOOK_EVERY = 10000 -- VM instructions between clock readings
 -- Calls fn(...) under the script time limit of gw's scripts folder; raises what it raised.
 local function timed(gw, fn, ...)
   local limit_ms = gw.gen.config.script_time_limit_ms
-  local deadline = sys.monotonic_s() + limit_ms / 1000
+  local deadline = sys.cpu_s() + limit_ms / 1000
   local base = coroutine.running()
   local hit = false
   local hook
   hook = function()
     if not hit then
-      if sys.monotonic_s() <= deadline then return end
+      if sys.cpu_s() <= deadline then return end
       hit = true
       debug.sethook(hook, "", 1) -- from now on at every instruction
     end
@@ -80,7 +82,7 @@ local function timed(gw, fn, ...)
       -- read the clock again a limit later
       if coroutine.running() == base then
         hit = false
-        deadline = sys.monotonic_s() + limit_ms / 1000
+        deadline = sys.cpu_s() + limit_ms / 1000
         debug.sethook(hook, "", HOOK_EVERY)
       end
       return
