@@ -21,8 +21,12 @@ local start_call = exchange.start_call
 local group_of_co = setmetatable({}, { __mode = "k" }) -- continuation coroutine -> the group it settles
 
 local upstreams = {}                                   -- name -> { index, timeout_ms }
-local then_info = setmetatable({}, { __mode = "k" })   -- fetch_then marker -> { dep, fn, opts }
-local then_resolved = setmetatable({}, { __mode = "k" })
+-- A fetch_then marker's facts ({ dep, fn, opts }) and, once it ran on its own, the result it stands
+-- for are fields of its own metatable (`info`, `resolved`), not values of weak-keyed tables: Lua
+-- 5.1's collector marks such a value while it traverses the table, before it knows the key is dead,
+-- so the continuation, what it captured and its result outlived their page by a cycle, and the
+-- heap grew with the collector's pause (docs/performance.md "An eighth pass").
+local getmt = debug.getmetatable
 -- the request's coroutines (agg.runtime's, see M.bind_requests)
 local ctx_of, finishers, waiting, resume
 
@@ -32,7 +36,7 @@ function M.bind(ups) upstreams = ups end
 --- agg.runtime.compact's part: the continuation and fetch_then tables made again
 -- (fresh(t): t, or a new table like it with its entries, sized for them).
 function M.compact(fresh)
-  group_of_co, then_info, then_resolved = fresh(group_of_co), fresh(then_info), fresh(then_resolved)
+  group_of_co = fresh(group_of_co)
 end
 
 --- Binds agg.runtime's coroutine bookkeeping: ctx_of (coroutine -> request context), finishers
@@ -502,6 +506,7 @@ function M.run_then(g, key, info, args)
   -- the entry, the coroutine and its request alive for good when the coroutine is never resumed
   -- (a continuation waiting in a fetch_all of its own when the page fails fast)
   finishers[co] = function(ok, v, fco)
+    group_of_co[fco] = nil -- (ended: its entry's strong value must not keep the group a cycle more)
     if ctx.done then return end
     if not ok then
       log_error(ctx, "continuation of " .. tostring(key), v, fco)
@@ -580,27 +585,41 @@ function M.settle_value(g, key, v, opts, fn)
 end
 
 -- fetch_then markers: a chain to run inside fetch_all, or, when its dependency is a call spec of
--- its own, on its own the moment a field of it is read.
-local then_mt = {
-  __index = function(m, k)
-    local r = then_resolved[m]
-    if r == nil then
-      local info = then_info[m]
-      if not callspec.is_spec(info.dep) then
-        error("agg.fetch_then(" .. tostring(info.dep) .. ", …) names sibling calls: use it inside agg.fetch_all", 2)
-      end
-      r = fetch_all_at({ [info.dep[1]] = m }, "agg.fetch_then", 2)[info.dep[1]]
-      then_resolved[m] = r
+-- its own, on its own the moment a field of it is read. Each marker's metatable is its own and holds
+-- its facts (`info`) and, once it ran, its result (`resolved`); then_index, a local function no
+-- script can reach, is what tells a marker's metatable from one a script made.
+local then_index
+then_index = function(m, k)
+  local mt = getmt(m)
+  local r = mt.resolved
+  if r == nil then
+    local info = mt.info
+    if not callspec.is_spec(info.dep) then
+      error("agg.fetch_then(" .. tostring(info.dep) .. ", …) names sibling calls: use it inside agg.fetch_all", 2)
     end
-    return r[k]
-  end,
-  -- shared by every script's chains: getmetatable gives a name, never the table
-  __metatable = "agg.fetch_then",
-}
+    r = fetch_all_at({ [info.dep[1]] = m }, "agg.fetch_then", 2)[info.dep[1]]
+    mt.resolved = r
+  end
+  return r[k]
+end
+
+-- The marker's metatable, or nil when v is no fetch_then marker.
+local function then_mt(v)
+  if type(v) ~= "table" then return nil end
+  local mt = getmt(v)
+  if mt and rawget(mt, "__index") == then_index then return mt end
+  return nil
+end
 
 is_then = function(v)
-  if type(v) == "table" then return then_info[v] end
-  return nil
+  local mt = then_mt(v)
+  return mt and mt.info or nil
+end
+
+-- The result standalone marker v ran to, or nil.
+local function then_resolved(v)
+  local mt = then_mt(v)
+  return mt and mt.resolved
 end
 
 --- For agg.page: runs, together in one fan-out, every standalone fetch_then chain among the
@@ -611,7 +630,7 @@ function M.resolve_thens(results, level)
   local pending
   for k, v in pairs(results) do
     local info = is_then(v)
-    if info and then_resolved[v] == nil then
+    if info and then_resolved(v) == nil then
       if not callspec.is_spec(info.dep) then
         error(("agg.page: section '%s' is an agg.fetch_then that names sibling calls; use it inside agg.fetch_all")
               :format(tostring(k)), level)
@@ -622,13 +641,13 @@ function M.resolve_thens(results, level)
   end
   if pending then
     local res = fetch_all_at(pending, "agg.page", level)
-    for k, m in pairs(pending) do then_resolved[m] = res[k] end
+    for k, m in pairs(pending) do getmt(m).resolved = res[k] end
   end
 end
 
 --- The result a standalone fetch_then chain stands for once it ran (see resolve_thens), or v.
 function M.then_result(v)
-  if is_then(v) then return then_resolved[v] end
+  if is_then(v) then return then_resolved(v) end
   return v
 end
 
@@ -652,11 +671,11 @@ function M.fetch_then(dep, fn, opts)
       error("agg.fetch_then: unknown option '" .. tostring(k) .. "' (required, fallback)", 2)
     end
   end
-  local m = setmetatable({}, then_mt)
-  then_info[m] = { dep = dep, fn = fn,
-                   opts = { required = o.required == true, fallback = o.fallback,
-                            decode = true } }
-  return m
+  -- (getmetatable gives scripts a name, never the table)
+  return setmetatable({}, { __index = then_index, __metatable = "agg.fetch_then",
+                            info = { dep = dep, fn = fn,
+                                     opts = { required = o.required == true, fallback = o.fallback,
+                                              decode = true } } })
 end
 
 return M

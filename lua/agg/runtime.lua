@@ -91,20 +91,26 @@ local DONE = {}
 local waiting = setmetatable({}, { __mode = "k" })     -- coroutines suspended in agg.fetch_all
 local pool, pool_n, POOL_MAX = {}, 0, 64
 
+-- What a handler returned travels beside the yield, not through it: a coroutine waiting in the pool
+-- keeps the values of its frame, and the last response (the page, its sections' data) stayed alive
+-- until the coroutine served another request.
+local returned
 local function handler_body(fn, req)
   while true do
-    local v = fn(req)
+    returned = fn(req)
     -- a coroutine waiting here (in the pool, or dropped when the pool is full) must not keep the
     -- request it served (and its context, the req's metatable's) alive
     fn, req = nil, nil
-    fn, req = coroutine.yield(DONE, v)
+    fn, req = coroutine.yield(DONE)
   end
 end
 
 local function resume(co, ...)
-  local ok, v, w = coroutine.resume(co, ...)
+  local ok, v = coroutine.resume(co, ...)
   local ctx = ctx_of[co]
   if ok and v == DONE then
+    local w = returned
+    returned = nil
     ctx_of[co] = nil
     finish_request(ctx, true, w, co)
     if pool_n < POOL_MAX then
@@ -115,6 +121,9 @@ local function resume(co, ...)
   end
   if coroutine.status(co) == "dead" then
     if ctx and ctx.co == co then return finish_request(ctx, ok, v, co) end
+    -- a continuation ended: its entries go now (a weak-keyed table's strong value is marked while
+    -- the table is traversed, so the context would outlive the page by a collector cycle)
+    ctx_of[co] = nil
     local fin = finishers[co]
     finishers[co] = nil
     if fin then fin(ok, v, co) end
