@@ -1,8 +1,8 @@
 /* gc.h: what a worker does about its Lua VMs' memory when it goes idle.
  *
  * LuaJIT's collector is incremental and runs by itself inside the Lua code that allocates (a step
- * per GCSTEPSIZE, 1 KB, allocated during a cycle; a cycle starts when the heap reaches twice what
- * the last one left live, setpause 200 in agg.runtime). It stays that way: a script that makes a lot of garbage
+ * per GCSTEPSIZE, 1 KB, allocated during a cycle; a cycle starts when the heap reaches three times
+ * what the last one left live, setpause 300 in agg.runtime). It stays that way: a script that makes a lot of garbage
  * within one entry is collected as it goes. (Stopping the automatic collector and running its
  * steps between entries instead was measured: no gain in memory per page in flight, about 3,900
  * more instructions per page, and a script making 3 million small tables in one entry peaked at
@@ -78,7 +78,7 @@ static inline uint64_t agw_gc_entry_us(const agw_gc_timer_t *t)
 }
 
 /* The collector's pause follows the pages in flight. A cycle starts when the heap reaches pause %
- * of what the last one left live: agg.runtime's 200 normally, and AGW_GC_PAUSE_BIG (120) while the
+ * of what the last one left live: agg.runtime's 300 normally, and AGW_GC_PAUSE_BIG (120) while the
  * worker has more than AGW_GC_BURST requests in flight (a burst), until it is back under
  * AGW_GC_CALM. At 5,000 pages in flight the Lua heap's peak is then 5.7–7.7 KB per page instead of
  * 15.0, and RSS per page 24 KB instead of 31 (tools/bench/memory). 120 costs the collector five

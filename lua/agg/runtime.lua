@@ -46,13 +46,15 @@ function M.init(transport, ups, eps, token_exchange)
   result.bind(transport)
   exchange.bind(transport, ups, token_exchange)
   fanout.bind(ups)
-  -- pages allocate many short-lived tables and keep little. The default pause (a cycle when the
-  -- heap doubles) with a fast collector (stepmul 1000) keeps the heap at 1-1.5 MB under the bench
-  -- page's load and 5-8 MB under the demo's. A longer pause marks less per byte allocated but
-  -- keeps more: at 300 the demo's heap grew to 38 MB (docs/performance.md "A fifth pass", where
-  -- a page's garbage outliving it made any pause over 200 run away). In a burst the worker
-  -- shortens the pause (gateway/worker/gc.h).
-  collectgarbage("setpause", 200)
+  -- pages allocate many short-lived tables and keep little. A cycle starts when the heap reaches
+  -- three times what the last one left live (pause 300), with a fast collector (stepmul 1000): the
+  -- marking a cycle costs is spread over twice the allocation that pause 200's was, about 6,000
+  -- instructions a bench page less, and the heap under the demo's pages is 3-7 MB (3-4 at 200).
+  -- A pause over 200 holds only because what a page leaves dies in the first cycle after it (its
+  -- context, its results, its chains' markers and continuations: no weak table's value keeps them;
+  -- docs/performance.md "A fifth pass" and "An eighth pass"). In a burst the worker shortens the
+  -- pause (gateway/worker/gc.h).
+  collectgarbage("setpause", 300)
   collectgarbage("setstepmul", 1000)
 end
 
