@@ -415,7 +415,7 @@ void agw_json_push(lua_State *L, json_t *v)
 static void push_raw(lua_State *L, const agw_json_raw_t *r)
 {
     ensure_state(L);
-    agw_json_push_text(L, r->text);
+    agw_json_push_text(L, r->text, r->len);
 }
 
 /* ---- the agg.json module ---- */
@@ -620,7 +620,7 @@ static int l_decode(lua_State *L)
         return 2;
     }
     ensure_state(L);
-    agw_json_push_text(L, s); /* Lua strings end in NUL, as push_text needs */
+    agw_json_push_text(L, s, len); /* Lua strings end in NUL, as push_text needs */
     return 1;
 }
 

@@ -140,10 +140,11 @@ json_t *agw_json_check_ref(lua_State *L, int idx);
 void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact, const char *extra,
                            size_t extra_len);
 
-/* Pushes the Lua values of text, which must be NUL-terminated JSON that agw_json_validate accepted
- * with max_depth <= AGW_JSON_MAX_DEPTH (nothing is checked again). The values are those
- * agw_json_push gives for jansson's tree of the same text. Needs the module opened in L. */
-void agw_json_push_text(lua_State *L, const char *text);
+/* Pushes the Lua values of text (len bytes, and a NUL at text[len]), which must be JSON that
+ * agw_json_validate accepted with max_depth <= AGW_JSON_MAX_DEPTH (nothing is checked again). The
+ * values are those agw_json_push gives for jansson's tree of the same text. Reads nothing past
+ * text[len]. Needs the module opened in L. */
+void agw_json_push_text(lua_State *L, const char *text, size_t len);
 
 /* If the value at idx is a raw ref, returns its body (borrowed: valid while the ref is alive; text
  * is NUL-terminated), else NULL. */

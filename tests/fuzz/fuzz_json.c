@@ -181,7 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     int top = lua_gettop(L);
     agw_buf_reset(&lua_out);
-    agw_json_push_text(L, text.base);
+    agw_json_push_text(L, text.base, text.len);
     if (agw_json_encode(L, -1, &lua_out, err, sizeof(err)) != 0)
         fail("encoding the Lua values fails", err);
     lua_settop(L, top);
@@ -204,7 +204,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             lua_pushstring(L, cells[i]);
             lua_rawseti(L, -2, i + 1);
         }
-    agw_json_push_text(L, text.base);
+    agw_json_push_text(L, text.base, text.len);
     lua_rawseti(L, -2, 3);
     agw_json_push_raw_ref(L, text.base, size, compact, NULL, 0);
     lua_rawseti(L, -2, 7);

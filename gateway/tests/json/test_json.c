@@ -124,7 +124,7 @@ static void text_push_agrees_with_jansson_tree(void)
         json_decref(tree);
         agw_buf_t a = AGW_BUF_INIT, b = AGW_BUF_INIT;
         CHECK(agw_json_encode(L, -1, &a, err, sizeof(err)) == 0);
-        agw_json_push_text(L, text);
+        agw_json_push_text(L, text, v->len);
         CHECK(agw_json_encode(L, -1, &b, err, sizeof(err)) == 0);
         if (a.base == NULL || b.base == NULL || strcmp(a.base, b.base) != 0) {
             fprintf(stderr, "text #%zu %s: tree gives %s, one-pass push gives %s\n", i, text, a.base, b.base);
@@ -164,7 +164,7 @@ static void text_push_of_big_objects_agrees_with_jansson_tree(void)
         json_decref(tree);
         agw_buf_t a = AGW_BUF_INIT, b = AGW_BUF_INIT;
         CHECK(agw_json_encode(L, -1, &a, err, sizeof(err)) == 0);
-        agw_json_push_text(L, text.base);
+        agw_json_push_text(L, text.base, text.len);
         CHECK(lua_gettop(L) == 2);
         CHECK(agw_json_encode(L, -1, &b, err, sizeof(err)) == 0);
         if (a.base == NULL || b.base == NULL || strcmp(a.base, b.base) != 0) {
@@ -176,6 +176,66 @@ static void text_push_of_big_objects_agrees_with_jansson_tree(void)
         agw_buf_free(&b);
         agw_buf_free(&text);
         lua_settop(L, 0);
+    }
+    lua_close(L);
+}
+
+/* Strings of every length from 0 to 40 bytes, with an escape, a two-byte UTF-8 character or
+ * nothing special at every place, as the whole text (its closing quote the text's last byte) and
+ * inside an array: the one-pass push (which scans eight bytes at a time while eight are left
+ * before the text's end) gives the string's exact bytes. Each text is in a block of its own size,
+ * so the ASan build catches a read past its NUL. */
+static void text_push_reads_strings_of_every_length_exactly(void)
+{
+    lua_State *L = new_state();
+    static const struct {
+        const char *in, *out; /* as written in JSON, as decoded */
+    } specials[] = {{"", ""}, {"\\n", "\n"}, {"\\\"", "\""}, {"\\\\", "\\"}, {"\\u00e9", "\xc3\xa9"}, {"\xc3\xa9", "\xc3\xa9"}};
+    for (size_t k = 0; k < sizeof(specials) / sizeof(specials[0]); k++) {
+        for (size_t n = 0; n <= 40; n++) {
+            for (size_t at = 0; at <= n; at++) {
+                if (k == 0 && at > 0)
+                    break; /* nothing special: one text per length */
+                for (int in_array = 0; in_array < 2; in_array++) {
+                    char json[128], want[64];
+                    size_t j = 0, w = 0;
+                    if (in_array)
+                        json[j++] = '[';
+                    json[j++] = '"';
+                    for (size_t i = 0; i <= n; i++) {
+                        if (i == at) {
+                            size_t li = strlen(specials[k].in), lo = strlen(specials[k].out);
+                            memcpy(json + j, specials[k].in, li), j += li;
+                            memcpy(want + w, specials[k].out, lo), w += lo;
+                        }
+                        if (i < n)
+                            json[j++] = want[w++] = (char)('a' + i % 26);
+                    }
+                    json[j++] = '"';
+                    if (in_array)
+                        json[j++] = ',', json[j++] = '1', json[j++] = ']';
+                    char *text = malloc(j + 1);
+                    CHECK(text != NULL);
+                    if (text == NULL)
+                        continue;
+                    memcpy(text, json, j);
+                    text[j] = '\0';
+                    CHECK(agw_json_validate(text, j, AGW_JSON_MAX_DEPTH, NULL, err, sizeof(err)) == 0);
+                    agw_json_push_text(L, text, j);
+                    if (in_array)
+                        lua_rawgeti(L, -1, 1);
+                    size_t got_len = 0;
+                    const char *got = lua_tolstring(L, -1, &got_len);
+                    if (got == NULL || got_len != w || memcmp(got, want, w) != 0) {
+                        fprintf(stderr, "text %s: pushed %.*s (%zu bytes), want %zu bytes\n", text, (int)got_len,
+                                got ? got : "", got_len, w);
+                        check_failures++;
+                    }
+                    lua_settop(L, 0);
+                    free(text);
+                }
+            }
+        }
     }
     lua_close(L);
 }
@@ -192,7 +252,7 @@ static const char *encode_top(lua_State *L)
 /* Encodes text pushed by the one-pass push; the bytes stay in *b (freed by the caller). */
 static int pushed_encoding(lua_State *L, const char *text, agw_buf_t *b)
 {
-    agw_json_push_text(L, text);
+    agw_json_push_text(L, text, strlen(text));
     int rc = agw_json_encode(L, -1, b, err, sizeof(err));
     return rc;
 }
@@ -205,9 +265,9 @@ static int pushed_encoding(lua_State *L, const char *text, agw_buf_t *b)
 static void objects_of_one_shape_share_a_key_order_that_none_changes(void)
 {
     lua_State *L = new_state();
-    agw_json_push_text(L, "{\"b\":1,\"a\":2,\"c\":3}");
+    agw_json_push_text(L, "{\"b\":1,\"a\":2,\"c\":3}", 19);
     lua_setglobal(L, "t1");
-    agw_json_push_text(L, "{\"b\":4,\"a\":5,\"c\":6}");
+    agw_json_push_text(L, "{\"b\":4,\"a\":5,\"c\":6}", 19);
     lua_setglobal(L, "t2");
     CHECK(luaL_dostring(L, "t1.z = 9; t1.b = nil; t1.a = 'x'") == 0);
     lua_getglobal(L, "t1");
@@ -243,7 +303,7 @@ static void objects_of_one_shape_share_a_key_order_that_none_changes(void)
     for (int i = 0; i < 300; i++) {
         agw_buf_reset(&text);
         agw_buf_printf(&text, "{\"k%d\":1,\"x\":2,\"a%d\":3}", i, 300 - i);
-        agw_json_push_text(L, text.base);
+        agw_json_push_text(L, text.base, text.len);
     }
     for (int i = 0; i < 300; i++) {
         agw_buf_reset(&b);
@@ -489,6 +549,7 @@ int main(void)
     RUN(nul_escape_in_a_key_is_refused_as_jansson_does);
     RUN(validator_reports_compact_text);
     RUN(text_push_agrees_with_jansson_tree);
+    RUN(text_push_reads_strings_of_every_length_exactly);
     RUN(text_push_of_big_objects_agrees_with_jansson_tree);
     RUN(objects_of_one_shape_share_a_key_order_that_none_changes);
     agw_buf_free(&out);
