@@ -726,7 +726,7 @@ describe("a call's table", function()
   -- a call to an upstream group writes its endpoint, and one with a retry policy has its retry:
   -- both in the slots the constructor leaves (a 33rd key made every group call's table again at
   -- 64 slots: about 7,000 instructions a page of three, tools/bench/callgrind GROUP=2). A call
-  -- that is retried adds its retry's fields, and may grow (a retry is the rare, dearer path).
+  -- that is retried adds its retry's fields (the next spec).
   it("holds at most 32 keys for a call to an upstream group, with a retry policy or not", function()
     local gw = testing.gateway { dir = "spec/fixtures/groups" }
     gw:stub("rr", "/p/*", { json = { id = 1 } })
@@ -740,6 +740,39 @@ describe("a call's table", function()
     for _, x in ipairs(seen) do
       assert.is_truthy(rawget(x, "endpoint"), "the group's endpoint is written into the call's table")
       assert.equal(x.upstream == "product", rawget(x, "retry") ~= nil)
+    end
+  end)
+
+  -- a retried call writes retrying, last and retry_timer besides its retry, and one to a group
+  -- its endpoint too: all in the slots the constructor leaves (the 33rd key made a retried call's
+  -- table again at 64 slots, about 2,400 instructions for each retried call)
+  it("holds at most 32 keys for a retried call, to an upstream group or not", function()
+    local gw = testing.gateway { dir = "spec/fixtures/groups" }
+    local n = 0
+    local function first_fails() -- every other call answers 503 (retried: retry.on's default)
+      n = n + 1
+      if n % 2 == 1 then return { status = 503, json = { e = n } } end
+      return { json = { id = n } }
+    end
+    gw:stub("product", "/p/*", first_fails)
+    gw:stub("budget", "/p/*", first_fails)
+    local seen = calls_made(function()
+      for _, path in ipairs { "/product/1", "/budget/2" } do
+        local page = gw:get(path)
+        assert.equal(200, page.status)
+        assert.equal("ok", page.json.p.status, path)
+      end
+    end, { product = true, budget = true })
+    local calls, known = {}, {} -- (a result is made for each attempt's answer: the same call's table)
+    for _, x in ipairs(seen) do
+      if not known[x] then known[x] = true calls[#calls + 1] = x end
+    end
+    assert.equal(2, #calls)
+    assert.equal(4, n, "each call was retried once")
+    assert_fit(calls, "a retried call")
+    for _, x in ipairs(calls) do
+      assert.equal(2, x.attempt)
+      assert.equal(x.upstream == "product", rawget(x, "endpoint") ~= nil)
     end
   end)
 

@@ -146,26 +146,27 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   -- (agg.exchange: ctx … own_timer), the record of its first attempt (an attempt's x is its
   -- exchange: this table has none, it is its own) and the info of its result (section …
   -- raw_headers). Every field a plain or cached call writes is present from the start, so its
-  -- table never grows, and one table per call serves all three. The constructor's keys are 29: a
+  -- table never grows, and one table per call serves all three. The constructor's keys are 27: a
   -- table of 33 keys has a hash part of 64 slots (1.5 KB to allocate, copy, mark and sweep for
   -- every call; 32 keys take half), and a 33rd key written later makes the table again at 64
   -- slots (about 2,400 instructions: the cache's key did so on every cached call, an upstream
   -- group's endpoint on every call of a group). The fields only some calls write are left out
-  -- and added when they are, in the three slots left: retry, hedge_after and collapse (below), a
-  -- group's endpoint (agg.exchange), a fallback, a merged call's batch, the cache's stale entry,
-  -- refresh and user flags and personal (agg.cache), retrying, last and the timers (retries,
-  -- hedges, shared calls).
+  -- and added when they are, in the five slots left: retry, hedge_after and collapse (below), a
+  -- chain's step (fetch_then), a hedge's attempt (a2), a group's endpoint (agg.exchange), a
+  -- fallback, a merged call's batch, the cache's stale entry, refresh and user flags and personal
+  -- (agg.cache), retrying, last and the timers (retries, hedges, shared calls). A retried call
+  -- (retry, retrying, last, retry_timer) fits, and so does a retried call to a group (endpoint).
   local n = {
     upstream = name, path = path, method = spec.method or "GET",
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
     required = spec.required == true,
     headers = false, body = false, section = false,
     ref = false, body_ref = false, raw_headers = false,
-    -- (retry, hedge_after and collapse are set below when the call has them: nil reads as false.
-    -- Their three slots are a group call's endpoint and a cached call's later fields.)
+    -- (retry, hedge_after and collapse are set below when the call has them, a chain's step and a
+    -- hedge's attempt by agg.fanout and agg.exchange: nil reads as false. See above for the slots.)
     -- the exchange (see agg.exchange start_call)
-    ctx = false, key = false, group = false, chain = false, u = false,
-    a1 = false, a2 = false, attempt = 0, flight = false, id = false, probe = false, clamped = false,
+    ctx = false, key = false, group = false, u = false,
+    a1 = false, attempt = 0, flight = false, id = false, probe = false, clamped = false,
     done = false, next_x = false,
     cache = false, cache_key = false, -- the call's cache policy and its entry's key (agg.cache)
     identity = spec.identity ~= false, -- false: this call goes without the user's identity

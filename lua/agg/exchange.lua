@@ -288,7 +288,8 @@ finish_exchange = function(x, r)
   -- result: what it no longer needs (its group, the request, an earlier failed result) goes
   local g, chain = x.group, x.chain
   -- (last only when it was set: a plain call's table has no slot for it, see agg.callspec)
-  x.ctx, x.group, x.chain = false, false, false
+  x.ctx, x.group = false, false
+  if x.chain then x.chain = false end
   if x.last then x.last = false end
   if ctx.done then return end
   local nt = #ctx -- the request's Server-Timing entries (agg.runtime start)
@@ -326,7 +327,8 @@ end
 
 function M.abandon_attempts(x)
   local a1, a2 = x.a1, x.a2
-  x.a1, x.a2 = false, false
+  x.a1 = false
+  if a2 then x.a2 = false end
   if a1 then abandon_one(x, a1) end
   if a2 then abandon_one(x, a2) end
 end
@@ -652,7 +654,8 @@ local function start_upstream(ctx, key, spec, g, chain)
   -- the normalized spec is the exchange (its fields are all there, see agg.callspec), and the
   -- exchange is the record of its own first attempt (see attempt): one table per call
   local x = spec
-  x.ctx, x.key, x.group, x.chain, x.u = ctx, key, g, chain or false, u
+  x.ctx, x.key, x.group, x.u = ctx, key, g, u
+  if chain then x.chain = chain end
   -- the request's exchanges, newest first, for abandon_exchanges (finished ones stay linked
   -- until the request ends: no table per request for them)
   x.next_x = ctx.exchanges
@@ -677,9 +680,10 @@ end
 local function copy_spec(s)
   local c = {}
   for k, v in pairs(s) do c[k] = v end
-  c.ctx, c.key, c.group, c.chain, c.u, c.next_x = false, false, false, false, false, false
-  c.a1, c.a2, c.attempt, c.flight, c.id, c.probe, c.clamped, c.done = false, false, 0, false, false, false, false, false
+  c.ctx, c.key, c.group, c.u, c.next_x = false, false, false, false, false
+  c.a1, c.attempt, c.flight, c.id, c.probe, c.clamped, c.done = false, 0, false, false, false, false, false
   c.ref, c.body_ref, c.raw_headers = false, false, false
+  c.chain, c.a2 = nil, nil
   c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer, c.endpoint = nil, nil, nil, nil, nil, nil
   return c
 end
@@ -764,7 +768,8 @@ function M.abandon_exchanges(ctx)
     if not x.done then
       stop_exchange(x)
       -- as in finish_exchange: an earlier failed result keeps x as its info (no way back to it)
-      x.ctx, x.group, x.chain = false, false, false
+      x.ctx, x.group = false, false
+      if x.chain then x.chain = false end
       if x.last then x.last = false end
     end
     x = next_x
@@ -786,7 +791,8 @@ function M.cancel_where(ctx, pred, after)
   end
   for _, s in ipairs(stopped) do
     after(s)
-    s.ctx, s.group, s.chain = false, false, false
+    s.ctx, s.group = false, false
+    if s.chain then s.chain = false end
     if s.last then s.last = false end
   end
 end
