@@ -339,16 +339,22 @@ local function response_fields(resp)
   return resp.status, resp.headers, json_v, json_v == nil and resp.body or nil, page
 end
 
-finish_request = function(ctx, ok, resp, co)
-  if ctx.done then return end
+-- Retires request ctx, answered or aborted: done, out of the contexts in flight, its exchanges
+-- abandoned, and no longer tied to its coroutine either way: ctx_of's entry goes (ctx leads back to
+-- the coroutine, so a weak-keyed entry would never go) and ctx.co too (a coroutine that is not
+-- pooled, or is never resumed, still holds req, whose metatable holds ctx).
+local function retire(ctx)
   ctx.done = true
-  ctx_of[ctx.co] = nil -- ctx leads back to its coroutine: a weak-keyed entry would never go
-  -- and ctx must not lead to it any more either: a coroutine that is not pooled (more requests
-  -- at once than POOL_MAX) still holds req, whose metatable holds ctx, while it waits
+  ctx_of[ctx.co] = nil
   ctx.co = false
   local s = slot(ctx.rid)
   if contexts[s] == ctx then contexts[s] = nil end
   abandon_exchanges(ctx)
+end
+
+finish_request = function(ctx, ok, resp, co)
+  if ctx.done then return end
+  retire(ctx)
   if not ok then
     log_error(ctx, nil, resp, co)
     return send_problem(ctx, problem.script_error(nil))
@@ -527,11 +533,7 @@ function M.abort(rid)
   local s = slot(rid)
   local ctx = contexts[s]
   if not ctx or ctx.rid ~= rid then return end
-  ctx.done = true
-  contexts[s] = nil
-  ctx_of[ctx.co] = nil -- its coroutine is never resumed: let it be collected
-  ctx.co = false        -- (as in finish_request: the abandoned coroutine still holds req)
-  abandon_exchanges(ctx)
+  retire(ctx) -- (its coroutine is never resumed: it goes with the context)
 end
 
 -- t made again: a new table with t's metatable (a weak table stays weak) and t's entries, when t
