@@ -76,21 +76,30 @@ static int pause_of(lua_State *L)
     return p;
 }
 
-/* AGW_GC_PAUSE_BIG past AGW_GC_BURST requests in flight, the VM's own pause again under
- * AGW_GC_CALM (not in between: no flapping around one count); a VM's own pause, whatever it is,
- * is what comes back. */
+/* The step multiplier a VM has now (the same way). */
+static int stepmul_of(lua_State *L)
+{
+    int m = lua_gc(L, LUA_GCSETSTEPMUL, 100);
+    lua_gc(L, LUA_GCSETSTEPMUL, m);
+    return m;
+}
+
+/* AGW_GC_PAUSE_BIG and AGW_GC_STEPMUL_BIG past AGW_GC_BURST requests in flight, the VM's own pause
+ * and step multiplier again under AGW_GC_CALM (not in between: no flapping around one count); a
+ * VM's own, whatever they are, are what come back. */
 static void the_pause_follows_a_burst(void)
 {
     lua_State *L = luaL_newstate();
     agw_gc_pace_t pace;
     memset(&pace, 0, sizeof(pace));
-    lua_gc(L, LUA_GCSETPAUSE, 170); /* the VM's own (agg.runtime sets 200) */
+    lua_gc(L, LUA_GCSETPAUSE, 170); /* the VM's own (agg.runtime sets 300) */
+    lua_gc(L, LUA_GCSETSTEPMUL, 900); /* (agg.runtime sets 1000) */
     agw_gc_pace(L, &pace, 0);
     CHECK(!pace.burst && pause_of(L) == 170);
     agw_gc_pace(L, &pace, AGW_GC_BURST);
     CHECK(!pace.burst && pause_of(L) == 170);
     agw_gc_pace(L, &pace, AGW_GC_BURST + 1);
-    CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
+    CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG && stepmul_of(L) == AGW_GC_STEPMUL_BIG);
     agw_gc_pace(L, &pace, AGW_GC_BURST + 5000);
     CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
     agw_gc_pace(L, &pace, (AGW_GC_BURST + AGW_GC_CALM) / 2); /* between: it stays */
@@ -98,7 +107,7 @@ static void the_pause_follows_a_burst(void)
     agw_gc_pace(L, &pace, AGW_GC_CALM);
     CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
     agw_gc_pace(L, &pace, AGW_GC_CALM - 1);
-    CHECK(!pace.burst && pause_of(L) == 170);
+    CHECK(!pace.burst && pause_of(L) == 170 && stepmul_of(L) == 900);
     /* a second burst, and the collector still collects under the burst's pause */
     agw_gc_pace(L, &pace, AGW_GC_BURST * 2);
     CHECK(pace.burst && pause_of(L) == AGW_GC_PAUSE_BIG);
@@ -106,7 +115,7 @@ static void the_pause_follows_a_burst(void)
         lua_newtable(L), lua_pop(L, 1);
     CHECK(lua_gc(L, LUA_GCCOUNT, 0) < 4096);
     agw_gc_pace(L, &pace, 0);
-    CHECK(!pace.burst && pause_of(L) == 170);
+    CHECK(!pace.burst && pause_of(L) == 170 && stepmul_of(L) == 900);
     lua_close(L);
 }
 
