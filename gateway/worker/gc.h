@@ -92,9 +92,8 @@ static inline uint64_t agw_gc_entry_us(const agw_gc_timer_t *t)
  * each step of the collector does less, so an entry into Lua that allocates runs shorter steps.
  * At 5,000 pages in flight (tools/bench/memory, three runs each): entries into Lua over 1 ms 88, 97
  * and 93 at 1000, 66, 49 and 73 at 400; RSS per page in flight 26.4-26.8 KB and 26.6-27.0 KB (no
- * change). At all times 400 would cost
- * about 4,800 instructions a bench page (101,532 and 101,903 against 96,571 and 97,081,
- * tools/bench/callgrind): a burst's setting only. */
+ * change). At all times 400 would cost about 4,800 instructions a bench page (101,532 and 101,903
+ * against 96,571 and 97,081, tools/bench/callgrind): a burst's setting only. */
 #define AGW_GC_PAUSE_BIG 120
 #define AGW_GC_STEPMUL_BIG 400
 #define AGW_GC_BURST 2000

@@ -271,6 +271,16 @@ local function active_get(x, id)
   return nil
 end
 
+-- What an ended exchange x no longer needs goes: its request, its group, its chain's step and an
+-- earlier failed result (x lives on as the info of its result, its metatable's, for as long as a
+-- script keeps the result). chain and last are cleared only when set: a plain call's table has no
+-- slot for them (see agg.callspec).
+local function let_go(x)
+  x.ctx, x.group = false, false
+  if x.chain then x.chain = false end
+  if x.last then x.last = false end
+end
+
 -- Ends exchange x with result r: stops its other attempts and timers, then delivers r.
 finish_exchange = function(x, r)
   if x.done then return end
@@ -284,13 +294,8 @@ finish_exchange = function(x, r)
   local u = x.u
   u.active = u.active - 1
   if x.retrying then u.retries_active = u.retries_active - 1 x.retrying = false end
-  -- x lives on as the info of its result (its metatable's) for as long as a script keeps the
-  -- result: what it no longer needs (its group, the request, an earlier failed result) goes
   local g, chain = x.group, x.chain
-  -- (last only when it was set: a plain call's table has no slot for it, see agg.callspec)
-  x.ctx, x.group = false, false
-  if x.chain then x.chain = false end
-  if x.last then x.last = false end
+  let_go(x)
   if ctx.done then return end
   local nt = #ctx -- the request's Server-Timing entries (agg.runtime start)
   ctx[nt + 1] = x.key
@@ -767,10 +772,7 @@ function M.abandon_exchanges(ctx)
     x.next_x = false
     if not x.done then
       stop_exchange(x)
-      -- as in finish_exchange: an earlier failed result keeps x as its info (no way back to it)
-      x.ctx, x.group = false, false
-      if x.chain then x.chain = false end
-      if x.last then x.last = false end
+      let_go(x) -- (as in finish_exchange: an earlier failed result keeps x as its info)
     end
     x = next_x
   end
@@ -791,9 +793,7 @@ function M.cancel_where(ctx, pred, after)
   end
   for _, s in ipairs(stopped) do
     after(s)
-    s.ctx, s.group = false, false
-    if s.chain then s.chain = false end
-    if s.last then s.last = false end
+    let_go(s)
   end
 end
 

@@ -588,8 +588,7 @@ end
 -- its own, on its own the moment a field of it is read. Each marker's metatable is its own and holds
 -- its facts (`info`) and, once it ran, its result (`resolved`); then_index, a local function no
 -- script can reach, is what tells a marker's metatable from one a script made.
-local then_index
-then_index = function(m, k)
+local function then_index(m, k)
   local mt = getmt(m)
   local r = mt.resolved
   if r == nil then
@@ -616,12 +615,6 @@ is_then = function(v)
   return mt and mt.info or nil
 end
 
--- The result standalone marker v ran to, or nil.
-local function then_resolved(v)
-  local mt = then_mt(v)
-  return mt and mt.resolved
-end
-
 --- For agg.page: runs, together in one fan-out, every standalone fetch_then chain among the
 -- values of results that nothing has read yet (a chain put into the results table directly,
 -- agg.page { r = agg.fetch_then({ "product", "/p/1" }, fn) }), so each stands for its result.
@@ -629,8 +622,9 @@ end
 function M.resolve_thens(results, level)
   local pending
   for k, v in pairs(results) do
-    local info = is_then(v)
-    if info and then_resolved(v) == nil then
+    local mt = then_mt(v)
+    local info = mt and mt.resolved == nil and mt.info
+    if info then
       if not callspec.is_spec(info.dep) then
         error(("agg.page: section '%s' is an agg.fetch_then that names sibling calls; use it inside agg.fetch_all")
               :format(tostring(k)), level)
@@ -647,7 +641,8 @@ end
 
 --- The result a standalone fetch_then chain stands for once it ran (see resolve_thens), or v.
 function M.then_result(v)
-  if is_then(v) then return then_resolved(v) end
+  local mt = then_mt(v)
+  if mt then return mt.resolved end
   return v
 end
 
