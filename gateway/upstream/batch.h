@@ -19,11 +19,14 @@
  * the same way, before it sleeps. A request waits at most until the end of the iteration that
  * made it; a call on a new connection writes when its connect completes, as without a batch.
  *
- * A queued connection keeps the rules of a kept-alive one: if the upstream closed it after the
- * loop last polled, the write or the read finds out, and an idempotent call is retried once on a
- * new connection. Only an owner that lets the loop poll before flushing can see an event on a
- * queued connection; it is then closed and the call takes another connection (nothing was sent),
- * as for an idle connection found stale. One batch may serve every pool on a loop; pools and
+ * A queued connection keeps the rules of a kept-alive one. Bytes or EOF that arrived on it before
+ * the flush are no answer to its request: the flush looks at every connection queued from an idle
+ * list with one poll(2) before writing (where a call without a batch peeks at its connection, a
+ * system call each), and one found readable is closed and its call takes another connection
+ * (nothing was sent), as for an idle connection found stale; so is one on which the loop saw an
+ * event, when the owner lets it poll before flushing. If the upstream closes it after that, the
+ * write or the read finds out, and an idempotent call is retried once on a new connection. One
+ * batch may serve every pool on a loop; pools and
  * batch must be used from that loop's thread only. agw_pool_destroy removes the pool's
  * connections from it. */
 typedef struct agw_batch {

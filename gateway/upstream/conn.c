@@ -330,14 +330,16 @@ void agw_conn_send(agw_conn_t *c)
 /* Whether idle connection c has unread bytes or EOF: an event the loop saw but on_conn_io has not
  * handled yet (found by this iteration's poll, while a watcher that ran before the pool's is
  * looking for a connection), or bytes that came after the poll (a peek: one system call per
- * reuse). Bytes sent before our request are no answer to it: c must not carry one. Over TLS they
- * may be a record without data (a session ticket, a key update), which is read here, and c stays
- * usable. */
-int agw_conn_stale(agw_conn_t *c)
+ * reuse; with a batch, agw_batch_flush's one poll for all the iteration's reuses instead). Bytes
+ * sent before our request are no answer to it: c must not carry one. Over TLS they may be a
+ * record without data (a session ticket, a key update), which is read here, and c stays usable. */
+int agw_conn_stale(agw_conn_t *c, int peek)
 {
     if (!ev_is_pending(&c->io)) {
         /* nothing the loop saw; bytes may have come since it polled (a second response sent just
          * after the first, while the worker ran a script): a peek finds them, or EOF */
+        if (!peek)
+            return 0;
         char b;
         ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -617,22 +619,30 @@ static int conn_tls_idle_record(agw_conn_t *c)
 
 /* ---- events --------------------------------------------------------------------------- */
 
+void agw_conn_batched_event(agw_conn_t *c)
+{
+    /* no answer to the queued request, and the connection is done (over TLS, unless it was a
+     * record without data, as for an idle connection); the call takes another, as from a stale
+     * idle connection (agw_call_assign) */
+    agw_pool_t *pool = c->pool;
+    if (c->ssl && conn_tls_idle_record(c)) {
+        ev_clear_pending(pool->loop, &c->io);
+        return;
+    }
+    agw_call_t *call = c->call;
+    pool->stats.reused--; /* it carried no request: agw_call_assign counts the next pick */
+    agw_conn_close(c);
+    agw_call_assign(call);
+    agw_pool_pump(pool);
+}
+
 static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
 {
     agw_conn_t *c = w->data;
     agw_pool_t *pool = c->pool;
     if (c->batched) {
-        /* bytes or EOF before our request went out (the loop polled before agw_batch_flush): no
-         * answer to it, and the connection is done (over TLS, unless it was a record without data,
-         * as for an idle connection); the call takes another, as from a stale idle connection
-         * (call_assign) */
-        if (c->ssl && conn_tls_idle_record(c))
-            return;
-        agw_call_t *call = c->call;
-        pool->stats.reused--; /* it carried no request: call_assign counts the next pick */
-        agw_conn_close(c);
-        agw_call_assign(call);
-        agw_pool_pump(pool);
+        /* bytes or EOF before our request went out (the loop polled before agw_batch_flush) */
+        agw_conn_batched_event(c);
         return;
     }
     switch (c->state) {

@@ -164,7 +164,7 @@ void agw_call_assign(agw_call_t *call)
 {
     agw_pool_t *pool = call->pool;
     agw_conn_t *c;
-    while ((c = pool->idle) != NULL && agw_conn_stale(c))
+    while ((c = pool->idle) != NULL && agw_conn_stale(c, pool->batch == NULL))
         agw_conn_close(c); /* what it got is handled as on_conn_io would: the connection goes */
     if (c == NULL && (c = pool->orphans) != NULL) {
         agw_pool_orphan_remove(pool, c);
@@ -194,8 +194,10 @@ void agw_call_assign(agw_call_t *call)
     pool->stats.reused++;
     agw_conn_bind(c, call);
     c->state = AGW_CONN_SENDING;
-    if (pool->batch)
+    if (pool->batch) {
         agw_batch_push(pool->batch, c); /* written by agw_batch_flush, with the others of this iteration */
+        c->unpeeked = 1;                /* and looked at there first, with them (one poll) */
+    }
     else
         agw_conn_send(c);
 }

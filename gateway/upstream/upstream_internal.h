@@ -72,6 +72,8 @@ typedef struct agw_conn {
     struct agw_conn *batch_next;     /* the pool's batch, while its request waits for agw_batch_flush */
     struct agw_conn *batch_prev;
     unsigned batched : 1;        /* on the batch list */
+    unsigned unpeeked : 1;       /* batched from the idle list without its peek (agw_call_assign):
+                                  * agw_batch_flush polls it before the write; only while batched */
     unsigned rq : 2;             /* RQ_*: on the batch's read lists (ring only) */
     struct agw_conn *rq_next;        /* the batch's list of reads to make, then of reads made */
     struct agw_conn *rq_prev;
@@ -203,6 +205,7 @@ static inline void agw_batch_remove(agw_batch_t *b, agw_conn_t *c)
     else
         b->tail = c->batch_prev;
     c->batched = 0;
+    c->unpeeked = 0;
 }
 
 /* The batch's read lists: AGW_RQ_WAITING on rhead/rtail, AGW_RQ_LANDED on lhead/ltail. */
@@ -251,9 +254,17 @@ void agw_conn_open(agw_call_t *call);
 /* Sends what is left of c's request, then waits for the response (plain or TLS). */
 void agw_conn_send(agw_conn_t *c);
 
-/* Whether idle connection c has unread bytes or EOF (an event the loop saw and did not hand it
- * yet, or bytes a peek finds): it is then closed, not reused. */
-int agw_conn_stale(agw_conn_t *c);
+/* Whether idle connection c has unread bytes or EOF: an event the loop saw and did not hand it
+ * yet, or (peek non-zero) bytes a peek finds. It is then closed, not reused. A caller that queues
+ * c on the batch passes peek 0 and sets c->unpeeked: agw_batch_flush looks at all such
+ * connections with one poll(2) before writing. */
+int agw_conn_stale(agw_conn_t *c, int peek);
+
+/* Handles bytes or EOF on batched connection c before its request went out (the loop's event, or
+ * agw_batch_flush's poll): no answer to that request. c is closed (over TLS, unless it was a
+ * record without data: c is then kept) and its call takes another connection, which may be
+ * queued on the batch. Runs no callback. */
+void agw_conn_batched_event(agw_conn_t *c);
 
 /* Unbinds the connection of a call being cancelled when none of its request went out, and keeps
  * the connection (pool.h's rules). Returns 1 when kept, 0 when the caller must close it. */

@@ -5,6 +5,10 @@
  * is bounded. */
 #include "tests/upstream/upstream_srv.h"
 
+#include "upstream/upstream_internal.h" /* a queued connection's fd and mark */
+
+#include <poll.h>
+
 /* Write coalescing (upstream/batch.h): with a batch, a request on a kept-alive connection waits for
  * agw_batch_flush; requests on new connections go out when their connect completes. */
 static void batched_requests_wait_for_the_flush(void)
@@ -202,10 +206,67 @@ static void ring_answers_parsed_after_a_callback_cancelled_them_are_dropped(void
     srv_stop(&srv);
 }
 
-/* A request queued on a kept-alive connection the upstream has since reset: the ring's write
- * fails, and the plain path of the same flush takes over as without a ring (its write fails too,
- * its read finds the connection gone): the GET is retried once on a new connection before the
- * loop polls again. */
+/* Waits (bounded) until fd has bytes or EOF to read. */
+static int wait_readable(int fd, double max_s)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, (int)(max_s * 1000)) == 1;
+}
+
+/* The upstream closes (reset: resets) a kept-alive connection after the loop last polled, while a
+ * request waits on it for the flush: the flush's poll finds it before anything is written, so the
+ * call, a POST too, takes a new connection and its request reaches the upstream once (nothing to
+ * retry). Without the flush's look, the POST went out on the dead connection and failed. */
+static void flush_finds_a_connection_closed_since_the_poll(int ring, int reset)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t first = {0}, second = {0};
+    agw_batch_t batch = {0};
+    if (ring && !ring_or_skip(&batch))
+        return;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &first);
+    CHECK(wait_flushing(&batch, &first.done, 1, WAIT_S));
+    CHECK(first.outcome == AGW_CALL_OK && stats(pool).idle == 1 && srv.conns != NULL);
+    agw_call_req_t post = get("/ok");
+    post.method = "POST";
+    agw_call_start(pool, &post, on_done, &second); /* queued on the batch, on the kept-alive one */
+    CHECK(batch.head != NULL && batch.head->unpeeked);
+    int fd = batch.head->fd;
+    if (reset) {
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+        CHECK(setsockopt(srv.conns->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
+    }
+    sconn_close(srv.conns);
+    CHECK(wait_readable(fd, WAIT_S)); /* the EOF (or reset) is there; the loop has not polled */
+    CHECK(agw_batch_flush(&batch) == 0); /* nothing written: the call is connecting anew */
+    CHECK(batch.head == NULL);
+    CHECK(wait_flushing(&batch, &second.done, 1, WAIT_S));
+    CHECK_STR(second.detail, "");
+    CHECK(second.outcome == AGW_CALL_OK && second.reused == 0);
+    CHECK_STR(second.body, "hello");
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.retried == 0 && st.reused == 0 && srv.accepted == 2 && srv.requests == 2);
+    agw_pool_destroy(pool);
+    if (ring)
+        agw_batch_ring_free(&batch);
+    srv_stop(&srv);
+}
+
+static void flush_finds_a_closed_connection(void) { flush_finds_a_connection_closed_since_the_poll(0, 0); }
+static void flush_finds_a_reset_connection(void) { flush_finds_a_connection_closed_since_the_poll(0, 1); }
+static void ring_flush_finds_a_closed_connection(void) { flush_finds_a_connection_closed_since_the_poll(1, 0); }
+
+/* A request queued on a kept-alive connection the upstream resets after the flush looked at it
+ * (check_unpeeked; here its mark is cleared, as if the reset came just after the poll): the ring's
+ * write fails, and the plain path of the same flush takes over as without a ring (its write fails
+ * too, its read finds the connection gone): the GET is retried once on a new connection before
+ * the loop polls again. */
 static void ring_write_that_fails_goes_on_through_the_plain_path(void)
 {
     srv_t srv;
@@ -228,6 +289,7 @@ static void ring_write_that_fails_goes_on_through_the_plain_path(void)
     CHECK(setsockopt(srv.conns->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
     sconn_close(srv.conns);
     usleep(20000);
+    b.head->unpeeked = 0;
     CHECK(agw_batch_flush(&b) >= 1);
     CHECK(stats(pool).retried == 1 && b.head == NULL); /* in this flush, not after a poll */
     CHECK(wait_flushing(&b, &second.done, 1, 3.0));
@@ -314,6 +376,9 @@ int main(int argc, char **argv)
     RUN(batched_requests_wait_for_the_flush);
     RUN(batched_get_on_closed_connection_takes_another);
     RUN(batched_post_on_closed_connection_takes_another);
+    RUN(flush_finds_a_closed_connection);
+    RUN(flush_finds_a_reset_connection);
+    RUN(ring_flush_finds_a_closed_connection);
     RUN(cancel_and_destroy_leave_the_batch);
     RUN(ring_answers_parsed_after_a_callback_cancelled_them_are_dropped);
     RUN(ring_write_that_fails_goes_on_through_the_plain_path);
