@@ -262,6 +262,69 @@ static void flush_finds_a_closed_connection(void) { flush_finds_a_connection_clo
 static void flush_finds_a_reset_connection(void) { flush_finds_a_connection_closed_since_the_poll(0, 1); }
 static void ring_flush_finds_a_closed_connection(void) { flush_finds_a_connection_closed_since_the_poll(1, 0); }
 
+/* More reused connections than one poll looks at (batch.c's 64) wait for one flush, and the
+ * upstream has closed every seventh since the loop last polled: the flush looks at all of them,
+ * in rounds; each closed one's call takes a new connection, every other request goes out on its
+ * kept-alive one, and every call gets its answer. */
+static void flush_looks_at_more_reuses_than_one_poll_takes(void)
+{
+    enum { N = 70 };
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t batch = {0};
+    rec_t *first = calloc(N, sizeof(rec_t)), *second = calloc(N, sizeof(rec_t));
+    int fds[N], done = 0;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_connections = 0;
+    conf.max_pending = 4 * N;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    for (int i = 0; i < N; i++)
+        agw_call_start(pool, &req, on_done, &first[i]); /* N new connections */
+    for (int i = 0; i < N; i++)
+        CHECK(wait_flushing(&batch, &first[i].done, 1, WAIT_S) && first[i].outcome == AGW_CALL_OK);
+    CHECK(stats(pool).idle == N && srv.accepted == N);
+    for (int i = 0; i < N; i++)
+        agw_call_start(pool, &req, on_done, &second[i]); /* each queued on a kept-alive one */
+    int queued = 0;
+    for (agw_conn_t *c = batch.head; c != NULL; c = c->batch_next)
+        if (c->unpeeked)
+            fds[queued++] = c->fd;
+    CHECK(queued == N);
+    int closed = 0, k = 0;
+    for (sconn_t *sc = srv.conns, *next; sc != NULL; sc = next, k++) {
+        next = sc->next;
+        if (k % 7 == 0) {
+            sconn_close(sc);
+            closed++;
+        }
+    }
+    CHECK(closed == 10);
+    /* the closes have reached the gateway's side (bounded wait), and the loop has not polled */
+    int readable = 0;
+    for (double end = ev_time() + WAIT_S; readable < closed && ev_time() < end;) {
+        struct pollfd p[N];
+        for (int i = 0; i < N; i++)
+            p[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        readable = poll(p, N, 10);
+    }
+    CHECK(readable == closed);
+    agw_batch_flush(&batch);
+    for (int i = 0; i < N; i++) {
+        CHECK(wait_flushing(&batch, &second[i].done, 1, WAIT_S));
+        done += second[i].outcome == AGW_CALL_OK && strcmp(second[i].body, "hello") == 0;
+    }
+    CHECK(done == N);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.retried == 0 && srv.requests == 2 * N && srv.accepted == N + closed);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+    free(first);
+    free(second);
+}
+
 /* A request queued on a kept-alive connection the upstream resets after the flush looked at it
  * (check_unpeeked; here its mark is cleared, as if the reset came just after the poll): the ring's
  * write fails, and the plain path of the same flush takes over as without a ring (its write fails
@@ -379,6 +442,7 @@ int main(int argc, char **argv)
     RUN(flush_finds_a_closed_connection);
     RUN(flush_finds_a_reset_connection);
     RUN(ring_flush_finds_a_closed_connection);
+    RUN(flush_looks_at_more_reuses_than_one_poll_takes);
     RUN(cancel_and_destroy_leave_the_batch);
     RUN(ring_answers_parsed_after_a_callback_cancelled_them_are_dropped);
     RUN(ring_write_that_fails_goes_on_through_the_plain_path);
