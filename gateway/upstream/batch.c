@@ -170,16 +170,22 @@ size_t agw_batch_flush(agw_batch_t *batch)
     /* one at a time from the head: a write may deliver a callback (an upstream that answered and
      * closed before reading), which may queue or close other connections and destroy this pool;
      * afterwards the pool is freed or serves its queue, as after any callback (on_conn_io). What a
-     * callback queued from an idle list is looked at first. */
+     * callback queued from an idle list is looked at first, and so, after a callback (a script
+     * that may have run for long), is every connection still queued: the look that came before it
+     * no longer holds. */
     while ((c = batch->head) != NULL) {
         if (c->unpeeked) {
             check_unpeeked(batch);
             continue;
         }
         agw_pool_t *pool = c->pool;
+        unsigned delivered = batch->delivered;
         agw_batch_remove(batch, c);
         agw_conn_send(c);
         agw_pool_after_callback(pool);
+        if (batch->delivered != delivered)
+            for (agw_conn_t *q = batch->head; q != NULL; q = q->batch_next)
+                q->unpeeked = 1;
         n++;
     }
     return n;

@@ -23,7 +23,8 @@
  * the flush are no answer to its request: the flush looks at every connection queued from an idle
  * list with one poll(2) before writing (where a call without a batch peeks at its connection, a
  * system call each), and one found readable is closed and its call takes another connection
- * (nothing was sent), as for an idle connection found stale; so is one on which the loop saw an
+ * (nothing was sent), as for an idle connection found stale (and looked at again when a write of
+ * the same flush ran a callback, which may take long); so is one on which the loop saw an
  * event, when the owner lets it poll before flushing. If the upstream closes it after that, the
  * write or the read finds out, and an idempotent call is retried once on a new connection. One
  * batch may serve every pool on a loop; pools and
@@ -35,6 +36,8 @@ typedef struct agw_batch {
     struct agw_conn *rhead, *rtail;     /* plain connections whose answer waits to be read (ring) */
     struct agw_conn *lhead, *ltail;     /* reads done by the ring, waiting to be parsed */
     char *slots;                    /* the ring's read buffers (AGW_BATCH_READS of 16 KiB) */
+    unsigned delivered;             /* callbacks its pools' calls got (agw_call_deliver): a flush
+                                     * that ran one looks at the connections still queued again */
 } agw_batch_t;
 
 /* Reads one ring submission carries at most; more wait for the next one in the same flush. */

@@ -606,13 +606,15 @@ static int conn_tls_read(agw_conn_t *c)
 }
 
 /* An idle TLS connection became readable. Returns 1 when what arrived was only TLS housekeeping
- * (a post-handshake message OpenSSL handled), so the connection stays in the pool. */
+ * (a post-handshake message OpenSSL handled), so the connection stays in the pool. Part of a
+ * record that OpenSSL holds while it waits for the rest may be data (an answer to no request,
+ * whose rest would come with the next call's answer): not housekeeping, the connection goes. */
 static int conn_tls_idle_record(agw_conn_t *c)
 {
     ERR_clear_error();
     int n = SSL_read(c->ssl, c->pool->rbuf, sizeof(c->pool->rbuf));
     if (n <= 0 && agw_tls_status(c->ssl, n) == AGW_TLS_WANT_READ)
-        return 1;
+        return !SSL_has_pending(c->ssl);
     ERR_clear_error();
     return 0;
 }

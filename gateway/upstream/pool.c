@@ -98,6 +98,8 @@ void agw_call_deliver(agw_call_t *call, agw_call_result_t *r)
     r->elapsed_ms = (ev_now(pool->loop) - call->started) * 1000.0;
     r->reused = call->reused;
     call->state = AGW_CALL_DELIVERING;
+    if (pool->batch)
+        pool->batch->delivered++;
     pool->depth++;
     call->cb(call, r, call->data);
     pool->depth--;

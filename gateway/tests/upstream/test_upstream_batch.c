@@ -325,6 +325,82 @@ static void flush_looks_at_more_reuses_than_one_poll_takes(void)
     free(second);
 }
 
+/* The server side of the upstream connection whose client side is fd, or NULL. */
+static sconn_t *server_side(srv_t *srv, int fd)
+{
+    struct sockaddr_in mine, peer;
+    socklen_t len = sizeof(mine);
+    if (getsockname(fd, (struct sockaddr *)&mine, &len) != 0)
+        return NULL;
+    for (sconn_t *sc = srv->conns; sc != NULL; sc = sc->next) {
+        len = sizeof(peer);
+        if (getpeername(sc->fd, (struct sockaddr *)&peer, &len) == 0 && peer.sin_port == mine.sin_port)
+            return sc;
+    }
+    return NULL;
+}
+
+static rec_t early_x, early_y;
+static sconn_t *stray_to;
+static int stray_fd;
+
+/* X's callback, run inside the flush's write of X: meanwhile Y's upstream sends a response no one
+ * asked for (a script that runs for long gives it the time). */
+static void on_early_x(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    on_done(call, r, data);
+    static const char stray[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY";
+    CHECK(send(stray_to->fd, stray, sizeof(stray) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(stray) - 1);
+    CHECK(wait_readable(stray_fd, WAIT_S));
+}
+
+/* Without a ring the flush writes its queue one connection at a time, and a write may run a
+ * callback: X's upstream answered early and reset the connection just after the flush's poll (here
+ * X's and Y's marks are cleared, as the poll clears them), so X's write fails and the read finds the
+ * answer. Y, queued behind X and looked at before that callback, gets bytes while it runs: the flush
+ * looks at Y again before writing it, and Y's call takes a new connection instead of reading them
+ * as its answer. */
+static void a_callback_in_the_flush_has_the_rest_looked_at_again(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    rec_t a = {0}, b = {0};
+    agw_batch_t batch = {0};
+    memset(&early_x, 0, sizeof(early_x));
+    memset(&early_y, 0, sizeof(early_y));
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a);
+    agw_call_start(pool, &req, on_done, &b);
+    CHECK(wait_flushing(&batch, &a.done, 1, WAIT_S) && wait_flushing(&batch, &b.done, 1, WAIT_S));
+    CHECK(stats(pool).idle == 2);
+    agw_call_start(pool, &req, on_early_x, &early_x);
+    agw_call_start(pool, &req, on_done, &early_y);
+    agw_conn_t *x = batch.head, *y = x ? x->batch_next : NULL;
+    CHECK(x != NULL && y != NULL && x->unpeeked && y->unpeeked);
+    sconn_t *sx = server_side(&srv, x->fd);
+    stray_to = server_side(&srv, y->fd);
+    stray_fd = y->fd;
+    CHECK(sx != NULL && stray_to != NULL);
+    static const char early[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly";
+    CHECK(send(sx->fd, early, sizeof(early) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(early) - 1);
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    CHECK(setsockopt(sx->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
+    sconn_close(sx);
+    CHECK(wait_readable(x->fd, WAIT_S));
+    x->unpeeked = y->unpeeked = 0; /* both looked at by the flush's poll, X's answer and reset after */
+    agw_batch_flush(&batch);
+    CHECK(wait_flushing(&batch, &early_y.done, 1, WAIT_S));
+    CHECK(early_x.done == 1);
+    CHECK_STR(early_y.body, "hello"); /* "STRAY": bytes sent before its request, read as its answer */
+    CHECK(early_y.outcome == AGW_CALL_OK && early_y.reused == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 /* A request queued on a kept-alive connection the upstream resets after the flush looked at it
  * (check_unpeeked; here its mark is cleared, as if the reset came just after the poll): the ring's
  * write fails, and the plain path of the same flush takes over as without a ring (its write fails
@@ -443,6 +519,7 @@ int main(int argc, char **argv)
     RUN(flush_finds_a_reset_connection);
     RUN(ring_flush_finds_a_closed_connection);
     RUN(flush_looks_at_more_reuses_than_one_poll_takes);
+    RUN(a_callback_in_the_flush_has_the_rest_looked_at_again);
     RUN(cancel_and_destroy_leave_the_batch);
     RUN(ring_answers_parsed_after_a_callback_cancelled_them_are_dropped);
     RUN(ring_write_that_fails_goes_on_through_the_plain_path);

@@ -181,6 +181,31 @@ static void tls_record_without_data_keeps_idle_connection(void)
     srv_stop(&srv);
 }
 
+/* Part of a record with data on an idle connection (an answer to no request, whose rest could come
+ * with the next call's answer): OpenSSL holds it and asks for more, which is no record without
+ * data, so the connection is closed, not kept for the next call. */
+static void part_of_a_tls_data_record_closes_the_idle_connection(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_upstream_tls_t tls;
+    rec_t a = {0};
+    srv_start_tls(&srv, trusted_ctx);
+    tls_conf_init(&conf, &tls, srv.port, "localhost");
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/then-half-record");
+    agw_call_start(pool, &req, on_done, &a);
+    CHECK(wait_for(&a.done, 1, WAIT_S));
+    CHECK(a.outcome == AGW_CALL_OK);
+    CHECK_STR(a.body, "hello");
+    for (int i = 0; i < 100 && stats(pool).open > 0; i++)
+        run_for(0.05); /* the half record arrives on the idle connection */
+    CHECK(stats(pool).open == 0 && stats(pool).idle == 0);
+    agw_pool_destroy(pool);
+    agw_upstream_tls_free(&tls);
+    srv_stop(&srv);
+}
+
 static void tls_record_after_a_response_is_no_answer_to_the_next_call(void)
 {
     srv_t srv;
@@ -618,6 +643,7 @@ int main(int argc, char **argv)
     RUN(keep_alive_over_tls_needs_one_handshake);
     RUN(batched_request_over_tls_waits_for_the_flush);
     RUN(tls_record_without_data_keeps_idle_connection);
+    RUN(part_of_a_tls_data_record_closes_the_idle_connection);
     RUN(tls_record_after_a_response_is_no_answer_to_the_next_call);
     RUN(reconnect_resumes_the_tls_session);
     RUN(tls12_upstream_keeps_alive_and_resumes);

@@ -133,6 +133,7 @@ typedef struct sconn {
     SSL *ssl;                 /* TLS upstream: the server side of the connection */
     int handshaken;           /* the TLS handshake completed */
     int key_update;           /* after the answer, send a TLS 1.3 KeyUpdate (no data) */
+    int half_record;          /* after the answer, send the first half of a record with data */
     int drop_next;            /* /drop-next: close on the next request, answering nothing */
 } sconn_t;
 
@@ -256,6 +257,23 @@ static int sconn_flush(sconn_t *sc)
         SSL_do_handshake(sc->ssl); /* sends it now */
         ERR_clear_error();
     }
+    if (sc->half_record && sc->ssl) {
+        /* a response no one asked for, in one record of which half goes out (its rest never
+         * does): the record is made into a memory BIO, then half of it written to the socket */
+        static const char stale[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale";
+        sc->half_record = 0;
+        BIO *sock = SSL_get_wbio(sc->ssl), *mem = BIO_new(BIO_s_mem());
+        BIO_up_ref(sock);
+        SSL_set0_wbio(sc->ssl, mem);
+        if (SSL_write(sc->ssl, stale, sizeof(stale) - 1) > 0) {
+            char *rec;
+            long len = BIO_get_mem_data(mem, &rec);
+            if (send(sc->fd, rec, (size_t)len / 2, MSG_NOSIGNAL) < 0)
+                perror("half record");
+        }
+        SSL_set0_wbio(sc->ssl, sock); /* frees mem */
+        ERR_clear_error();
+    }
     int keep = sc->after == KEEP;
     sconn_after_write(sc);
     return keep;
@@ -347,6 +365,9 @@ static int srv_respond(sconn_t *sc, const char *path)
         ev_timer_set(&sc->timer, 0.15, 0.);
         ev_timer_start(loop, &sc->timer);
         return 1;
+    } else if (IS("/then-half-record")) {
+        srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+        sc->half_record = 1;
     } else if (IS("/key-update")) {
         srv_send(sc, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
         sc->key_update = 1;
