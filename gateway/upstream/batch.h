@@ -22,14 +22,13 @@
  * A queued connection keeps the rules of a kept-alive one. Bytes or EOF that arrived on it before
  * the flush are no answer to its request: the flush looks at every connection queued from an idle
  * list with one poll(2) before writing (where a call without a batch peeks at its connection, a
- * system call each), and one found readable is closed and its call takes another connection
- * (nothing was sent), as for an idle connection found stale (and looked at again when a write of
- * the same flush ran a callback, which may take long); so is one on which the loop saw an
- * event, when the owner lets it poll before flushing. If the upstream closes it after that, the
- * write or the read finds out, and an idempotent call is retried once on a new connection. One
- * batch may serve every pool on a loop; pools and
- * batch must be used from that loop's thread only. agw_pool_destroy removes the pool's
- * connections from it. */
+ * system call each), and again at those still queued after a write of the same flush ran a
+ * callback (which may take long). One found readable is closed and its call takes another
+ * connection (nothing was sent), as for an idle connection found stale; so is one on which the
+ * loop saw an event, when the owner lets it poll before flushing. If the upstream closes it after
+ * that, the write or the read finds out, and an idempotent call is retried once on a new
+ * connection. One batch may serve every pool on a loop; pools and batch must be used from that
+ * loop's thread only. agw_pool_destroy removes the pool's connections from it. */
 typedef struct agw_batch {
     struct agw_conn *head, *tail;       /* queued connections, oldest first (zero: empty) */
     struct agw_uring *ring;         /* agw_batch_ring_init: the iteration's socket I/O batched */

@@ -199,9 +199,9 @@ void agw_call_assign(agw_call_t *call)
     if (pool->batch) {
         agw_batch_push(pool->batch, c); /* written by agw_batch_flush, with the others of this iteration */
         c->unpeeked = 1;                /* and looked at there first, with them (one poll) */
-    }
-    else
+    } else {
         agw_conn_send(c);
+    }
 }
 
 void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch)
