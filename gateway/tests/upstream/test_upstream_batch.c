@@ -213,6 +213,35 @@ static int wait_readable(int fd, double max_s)
     return poll(&p, 1, (int)(max_s * 1000)) == 1;
 }
 
+/* Gives pool (batched on b) n kept-alive connections: n calls of /ok started at once, each on a
+ * new connection, answered into recs (n records). Returns whether every one was answered and its
+ * connection is idle. */
+static int keep_alive(agw_pool_t *pool, agw_batch_t *b, rec_t *recs, int n)
+{
+    agw_call_req_t req = get("/ok");
+    int ok = 1;
+    for (int i = 0; i < n; i++)
+        agw_call_start(pool, &req, on_done, &recs[i]);
+    for (int i = 0; i < n; i++)
+        ok = ok && wait_flushing(b, &recs[i].done, 1, WAIT_S) && recs[i].outcome == AGW_CALL_OK;
+    return ok && stats(pool).idle == (unsigned)n;
+}
+
+/* The upstream's side of sc ends with a reset (SO_LINGER 0), not a FIN. */
+static void sconn_reset(sconn_t *sc)
+{
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    CHECK(setsockopt(sc->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
+    sconn_close(sc);
+}
+
+/* Writes text on the upstream's side of sc as is, outside what it serves. */
+static void sconn_send_text(sconn_t *sc, const char *text)
+{
+    size_t n = strlen(text);
+    CHECK(send(sc->fd, text, n, MSG_NOSIGNAL) == (ssize_t)n);
+}
+
 /* The upstream closes (reset: resets) a kept-alive connection after the loop last polled, while a
  * request waits on it for the flush: the flush's poll finds it before anything is written, so the
  * call, a POST too, takes a new connection and its request reaches the upstream once (nothing to
@@ -229,20 +258,16 @@ static void flush_finds_a_connection_closed_since_the_poll(int ring, int reset)
     conf_init(&conf, srv.port);
     agw_pool_t *pool = agw_pool_create(loop, &conf);
     agw_pool_set_batch(pool, &batch);
-    agw_call_req_t req = get("/ok");
-    agw_call_start(pool, &req, on_done, &first);
-    CHECK(wait_flushing(&batch, &first.done, 1, WAIT_S));
-    CHECK(first.outcome == AGW_CALL_OK && stats(pool).idle == 1 && srv.conns != NULL);
+    CHECK(keep_alive(pool, &batch, &first, 1) && srv.conns != NULL);
     agw_call_req_t post = get("/ok");
     post.method = "POST";
     agw_call_start(pool, &post, on_done, &second); /* queued on the batch, on the kept-alive one */
     CHECK(batch.head != NULL && batch.head->unpeeked);
     int fd = batch.head->fd;
-    if (reset) {
-        struct linger lg = {.l_onoff = 1, .l_linger = 0};
-        CHECK(setsockopt(srv.conns->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
-    }
-    sconn_close(srv.conns);
+    if (reset)
+        sconn_reset(srv.conns);
+    else
+        sconn_close(srv.conns);
     CHECK(wait_readable(fd, WAIT_S)); /* the EOF (or reset) is there; the loop has not polled */
     CHECK(agw_batch_flush(&batch) == 0); /* nothing written: the call is connecting anew */
     CHECK(batch.head == NULL);
@@ -280,12 +305,8 @@ static void flush_looks_at_more_reuses_than_one_poll_takes(void)
     conf.max_pending = 4 * N;
     agw_pool_t *pool = agw_pool_create(loop, &conf);
     agw_pool_set_batch(pool, &batch);
+    CHECK(keep_alive(pool, &batch, first, N) && srv.accepted == N);
     agw_call_req_t req = get("/ok");
-    for (int i = 0; i < N; i++)
-        agw_call_start(pool, &req, on_done, &first[i]); /* N new connections */
-    for (int i = 0; i < N; i++)
-        CHECK(wait_flushing(&batch, &first[i].done, 1, WAIT_S) && first[i].outcome == AGW_CALL_OK);
-    CHECK(stats(pool).idle == N && srv.accepted == N);
     for (int i = 0; i < N; i++)
         agw_call_start(pool, &req, on_done, &second[i]); /* each queued on a kept-alive one */
     int queued = 0;
@@ -349,8 +370,7 @@ static int stray_fd;
 static void on_early_x(agw_call_t *call, const agw_call_result_t *r, void *data)
 {
     on_done(call, r, data);
-    static const char stray[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY";
-    CHECK(send(stray_to->fd, stray, sizeof(stray) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(stray) - 1);
+    sconn_send_text(stray_to, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY");
     CHECK(wait_readable(stray_fd, WAIT_S));
 }
 
@@ -364,7 +384,7 @@ static void a_callback_in_the_flush_has_the_rest_looked_at_again(void)
 {
     srv_t srv;
     agw_upstream_conf_t conf;
-    rec_t a = {0}, b = {0};
+    rec_t kept[2] = {{0}};
     agw_batch_t batch = {0};
     memset(&early_x, 0, sizeof(early_x));
     memset(&early_y, 0, sizeof(early_y));
@@ -372,11 +392,8 @@ static void a_callback_in_the_flush_has_the_rest_looked_at_again(void)
     conf_init(&conf, srv.port);
     agw_pool_t *pool = agw_pool_create(loop, &conf);
     agw_pool_set_batch(pool, &batch);
+    CHECK(keep_alive(pool, &batch, kept, 2));
     agw_call_req_t req = get("/ok");
-    agw_call_start(pool, &req, on_done, &a);
-    agw_call_start(pool, &req, on_done, &b);
-    CHECK(wait_flushing(&batch, &a.done, 1, WAIT_S) && wait_flushing(&batch, &b.done, 1, WAIT_S));
-    CHECK(stats(pool).idle == 2);
     agw_call_start(pool, &req, on_early_x, &early_x);
     agw_call_start(pool, &req, on_done, &early_y);
     agw_conn_t *x = batch.head, *y = x ? x->batch_next : NULL;
@@ -385,11 +402,8 @@ static void a_callback_in_the_flush_has_the_rest_looked_at_again(void)
     stray_to = server_side(&srv, y->fd);
     stray_fd = y->fd;
     CHECK(sx != NULL && stray_to != NULL);
-    static const char early[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly";
-    CHECK(send(sx->fd, early, sizeof(early) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(early) - 1);
-    struct linger lg = {.l_onoff = 1, .l_linger = 0};
-    CHECK(setsockopt(sx->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
-    sconn_close(sx);
+    sconn_send_text(sx, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly");
+    sconn_reset(sx);
     CHECK(wait_readable(x->fd, WAIT_S));
     x->unpeeked = y->unpeeked = 0; /* both looked at by the flush's poll, X's answer and reset after */
     agw_batch_flush(&batch);
@@ -424,9 +438,7 @@ static void ring_write_that_fails_goes_on_through_the_plain_path(void)
     CHECK(first.outcome == AGW_CALL_OK && stats(pool).idle == 1 && srv.conns != NULL);
     agw_call_start(pool, &req, on_done, &second); /* queued on the batch */
     CHECK(b.head != NULL);
-    struct linger lg = {.l_onoff = 1, .l_linger = 0}; /* the upstream resets the connection */
-    CHECK(setsockopt(srv.conns->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
-    sconn_close(srv.conns);
+    sconn_reset(srv.conns); /* the upstream resets the connection */
     usleep(20000);
     b.head->unpeeked = 0;
     CHECK(agw_batch_flush(&b) >= 1);
