@@ -58,6 +58,7 @@ struct agw_redis {
                                        (cmd_t.link) */
     char addr[300];                 /* "host:port/db" for messages */
     char why[160];                  /* why the client last dropped a connection itself */
+    int unasked;                    /* the current connection brought a reply no command waited for */
 };
 
 static void connect_now(agw_redis_t *r);
@@ -270,6 +271,85 @@ static void lost(agw_redis_t *r, const char *why);
 static void outage_begin(agw_redis_t *r, const char *what, const char *why);
 static void outage_end(agw_redis_t *r);
 
+/* ---- a reply no command waits for ------------------------------------------------------------
+ * hiredis's asynchronous API aborts the process (an assert in redisProcessCallbacks) when a reply
+ * other than an error arrives while no command waits for one: a server that lies (two replies to a
+ * command) or a proxy in between could stop the gateway. So each connection's reader makes reply
+ * objects with hiredis's own functions, wrapped (guard_reader): the top object of a reply (a task
+ * with no parent) made while the context has no reply callback queued is refused. The reader then
+ * fails (hiredis names it "Out of memory"; unasked_why below gives the real reason), and hiredis
+ * drops the connection as it does for any protocol error: its commands fail, the client connects
+ * again with backoff. */
+#define UNASKED_WHY "Redis sent a reply that no command waited for"
+
+static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's defaults, the same for every
+                                                         reader (atomic: clients start in threads) */
+
+/* True when the reply task t is the top of a reply that no command waits for. */
+static int unasked(const redisReadTask *t)
+{
+    const redisAsyncContext *ac = t->privdata;
+    if (t->parent != NULL || ac->replies.head != NULL)
+        return 0;
+    agw_redis_t *r = ac->data;
+    if (r)
+        r->unasked = 1;
+    return 1;
+}
+
+static const redisReplyObjectFunctions *fns(void)
+{
+    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE);
+}
+
+static void *guarded_string(const redisReadTask *t, char *s, size_t n)
+{
+    return unasked(t) ? NULL : fns()->createString(t, s, n);
+}
+
+static void *guarded_array(const redisReadTask *t, int n)
+{
+    return unasked(t) ? NULL : fns()->createArray(t, n);
+}
+
+static void *guarded_integer(const redisReadTask *t, long long v)
+{
+    return unasked(t) ? NULL : fns()->createInteger(t, v);
+}
+
+static void *guarded_nil(const redisReadTask *t)
+{
+    return unasked(t) ? NULL : fns()->createNil(t);
+}
+
+static void guarded_free(void *obj)
+{
+    fns()->freeObject(obj);
+}
+
+/* (not const: hiredis's reader holds a plain pointer; nothing writes it) */
+static redisReplyObjectFunctions guarded_fns = {guarded_string, guarded_array, guarded_integer, guarded_nil,
+                                                 guarded_free};
+
+/* Gives ac's reader the guarded functions (hiredis's own behind the check above). */
+static void guard_reader(redisAsyncContext *ac)
+{
+    redisReader *rd = ac->c.reader;
+    if (rd->fn != &guarded_fns) {
+        __atomic_store_n(&hiredis_fns, rd->fn, __ATOMIC_RELEASE);
+        rd->fn = &guarded_fns;
+    }
+    redisReaderSetPrivdata(rd, ac);
+}
+
+/* Why connection ac of r failed: its error, or the reply no command waited for. */
+static const char *conn_error(const agw_redis_t *r, const redisAsyncContext *ac)
+{
+    if (r->unasked)
+        return UNASKED_WHY;
+    return ac->err && ac->errstr[0] ? ac->errstr : r->why;
+}
+
 /* hiredis's reply callback: the reply, or NULL when the connection is going. Last use of c. */
 static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
@@ -279,11 +359,11 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
     if (!c->answered) {
         if (!rep) {
             char msg[200];
-            snprintf(msg, sizeof(msg), "connection lost: %s", ac->err ? ac->errstr : r->why);
+            snprintf(msg, sizeof(msg), "connection lost: %s", conn_error(r, ac));
             /* hiredis fails the pending commands before it calls on_disconnect: the outage starts
              * here, so that they count as its failures */
             if (!c->internal)
-                outage_begin(r, "connection lost", ac->err ? ac->errstr : r->why);
+                outage_begin(r, "connection lost", conn_error(r, ac));
             answer(c, NULL, msg);
         } else if (rep->type == REDIS_REPLY_ERROR) {
             if (c->internal) {
@@ -490,7 +570,8 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     if (!r || r->ac != ac)
         return; /* a connection we dropped ourselves */
     char why[200];
-    snprintf(why, sizeof(why), "%s", status == REDIS_OK ? "closed" : (ac->errstr[0] ? ac->errstr : "error"));
+    snprintf(why, sizeof(why), "%s",
+             r->unasked ? UNASKED_WHY : status == REDIS_OK ? "closed" : (ac->errstr[0] ? ac->errstr : "error"));
     r->ac = NULL; /* hiredis frees it after this callback */
     ((redisAsyncContext *)ac)->data = NULL;
     lost(r, why);
@@ -529,6 +610,8 @@ static void connect_now(agw_redis_t *r)
     }
     ac->data = r;
     r->ac = ac;
+    r->unasked = 0;
+    guard_reader(ac);
     r->state = CONNECTING;
     redisLibevAttach(r->loop, ac);
     redisAsyncSetConnectCallback(ac, on_connect);

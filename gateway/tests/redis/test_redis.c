@@ -166,6 +166,8 @@ typedef enum fake_mode {
     FAKE_REFUSE_SELECT, /* answers SELECT with an error */
     FAKE_WRONG_TYPES,   /* +OK to SELECT, then :42 to every command */
     FAKE_CLOSE_AFTER,   /* +OK to SELECT, then closes on the next command */
+    FAKE_TWICE,         /* answers every command twice (+OK +OK) */
+    FAKE_EXTRA_AFTER,   /* +OK to SELECT, then :42 and an extra :43 to every command */
 } fake_mode_t;
 
 typedef struct fake {
@@ -242,6 +244,8 @@ static void *fake_main(void *arg)
                         goto close_conn;
                     out = "+OK\r\n";
                     break;
+                case FAKE_TWICE: out = "+OK\r\n+OK\r\n"; break;
+                case FAKE_EXTRA_AFTER: out = answered == 0 ? "+OK\r\n" : ":42\r\n:43\r\n"; break;
                 }
                 if (out && write(c, out, strlen(out)) < 0)
                     goto close_conn;
@@ -547,6 +551,51 @@ static void server_closing_mid_command_is_an_error(void)
     fake_stop(&f);
 }
 
+/* hiredis aborts the process on a reply no command waits for (an assert); the client drops the
+ * connection instead: at the handshake (SELECT answered twice) it never becomes ready */
+static void a_reply_to_no_command_drops_the_connection_at_the_handshake(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_TWICE);
+    agw_redis_conf_t c = conf_for(f.port, 0, 5);
+    agw_redis_stats_t st = {0};
+    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    run_for(0.3); /* several attempts with backoff, each dropped */
+    CHECK(!agw_redis_ready(r));
+    rec_t a;
+    CHECK(cmd(r, &a, "GET", "k", NULL) == -1);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
+/* ... and after it: the command gets its own reply, the extra one drops the connection (a later
+ * command fails at once or on a new connection, never with the stray :43) */
+static void a_reply_to_no_command_drops_the_connection_after_an_answer(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_EXTRA_AFTER);
+    agw_redis_conf_t c = conf_for(f.port, 0, ANSWER_MS);
+    agw_redis_stats_t st = {0};
+    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t a;
+    CHECK(cmd(r, &a, "GET", "k", NULL) == 0);
+    CHECK(wait_until(rec_done, &a, WAIT_S));
+    CHECK(a.type == REDIS_REPLY_INTEGER && a.integer == 42);
+    run_for(0.05);
+    CHECK(st.disconnects == 1);
+    /* a second command: on the next connection (the fake answers :42 again) or refused while down */
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t b;
+    CHECK(cmd(r, &b, "GET", "k", NULL) == 0);
+    CHECK(wait_until(rec_done, &b, WAIT_S));
+    CHECK(b.type == REDIS_REPLY_INTEGER && b.integer == 42);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
 static void nothing_listening_refuses_commands_at_once(void)
 {
     int port = free_port();
@@ -577,6 +626,8 @@ int main(void)
     RUN(wrong_reply_types_reach_the_caller_as_they_are);
     RUN(server_closing_mid_command_is_an_error);
     RUN(nothing_listening_refuses_commands_at_once);
+    RUN(a_reply_to_no_command_drops_the_connection_at_the_handshake);
+    RUN(a_reply_to_no_command_drops_the_connection_after_an_answer);
     loop_gap_stop(loop);
     return CHECK_DONE();
 }
