@@ -26,6 +26,10 @@ describe("a route parameter", function()
     { "/pub/7%2Fx", "an escape that decodes to '/'" },
     { "/pub/7%0Ax", "an escape that decodes to LF" },
     { "/pub/7%", "a '%' that is not %XX" },
+    { "/pub/%2e%2e", "an escaped '..' (an upstream resolves /stock/%2e%2e/public to /public)" },
+    { "/pub/.%2E", "a half-escaped '..'" },
+    { "/pub/%2e", "an escaped '.'" },
+    { "/pub/..;", "'..;' (a servlet container strips the ';' and resolves the dots)" },
   } do
     it("with " .. case[2] .. " is a 400 problem, and no call is made", function()
       local page = gw:get(case[1])
@@ -58,6 +62,9 @@ describe("a call the upstream client will not send", function()
     { "raw", "path contains a byte that is not ASCII" },
     { "vt", "header value contains a control character (only HTAB is allowed)" },
     { "del", "header value contains a control character (only HTAB is allowed)" },
+    { "dots", "path contains a dot segment" },
+    { "rawdots?v=%252e%252E", "path contains a dot segment" },
+    { "dots?v=..;x", "path contains a dot segment" },
   } do
     local which, why = case[1], case[2]
     it("(" .. which .. ") fails its section with invalid-call, and nothing is sent", function()

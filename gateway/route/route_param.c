@@ -1,6 +1,7 @@
 /* route_param.c: route parameter rules and patterns (see route_param.h). */
 #include "route/route_param.h"
 
+#include "base/dotseg.h"
 #include "base/hex.h"
 #include "base/mem.h"
 
@@ -23,6 +24,8 @@ static int is_path_char(unsigned char c)
 int agw_route_param_valid(const char *value, size_t len)
 {
     const unsigned char *s = (const unsigned char *)value;
+    if (agw_dot_segment(value, len))
+        return 0; /* "/users/" .. id .. "/orders" must not walk up the upstream's paths */
     /* the decoded bytes of a run of %XX escapes, checked as UTF-8 once the run ends: a character
      * is one run (a literal character between its bytes would break it anyway) */
     unsigned char run[64];

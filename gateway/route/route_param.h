@@ -5,7 +5,10 @@
  * '/', a '?' or a '#'. Before a script sees it, the segment must be made of RFC 3986 path
  * characters only (§3.3 pchar: unreserved, pct-encoded, sub-delims, ':' and '@'), and what it
  * decodes to must not hold '/', '?', '#', a control character (C0 or DEL) or bytes that are not
- * UTF-8. A request whose parameter breaks either rule is answered 400 (router.h).
+ * UTF-8, nor be a dot segment an upstream would resolve: "." or ".." in any spelling of the dots
+ * ("%2e%2E", ".%2e"), alone or followed by ';' ("..;", a servlet container's path parameter). A
+ * request whose parameter breaks a rule is answered 400 (router.h; the router itself never matches
+ * a literal "." or ".." to a parameter).
  *
  * A route may narrow a parameter with a pattern: "GET /product-page/{id:[0-9]+}". The pattern is
  * matched against the whole segment as sent (still percent-encoded; it is anchored at both ends),

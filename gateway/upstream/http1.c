@@ -1,6 +1,7 @@
 /* upstream/http1.c: HTTP/1.1 request encoding and response framing (see upstream/http1.h). */
 #include "upstream/http1.h"
 
+#include "base/dotseg.h"
 #include "base/mem.h"
 
 #include <stdio.h>
@@ -114,6 +115,18 @@ const char *agw_h1_request_invalid(const char *method, const char *path, size_t 
     for (size_t i = 0; i < path_len; i++)
         if (BAD[(unsigned char)path[i]])
             return why[BAD[(unsigned char)path[i]]];
+    /* a dot segment would be resolved by the upstream into another path than the one written:
+     * "/users/" .. v .. "/orders" with v ".." or "%2e%2e" reaches "/orders" (RFC 3986 §5.2.4) */
+    for (size_t i = 1, seg = 1; i <= path_len; i++) {
+        if (i < path_len && path[i] != '/' && path[i] != '?')
+            continue;
+        if (i > seg && (path[seg] == '.' || path[seg] == '%') && agw_dot_segment(path + seg, i - seg))
+            return "path contains a dot segment ('..', '.', '%2e%2e', '..;'), which the upstream would resolve into "
+                   "another path";
+        if (i < path_len && path[i] == '?')
+            break;
+        seg = i + 1;
+    }
     for (size_t i = 0; i < num_headers; i++) {
         const agw_header_t *h = &headers[i];
         if (!is_token(h->name, h->name_len))

@@ -36,7 +36,8 @@
 
 /* Why a request must not be sent, as a static string, or NULL when it may: the method is not a
  * token, the path does not start with '/' or holds a space, a control character (CR, LF, NUL
- * included), a byte that is not ASCII or a '#' (RFC 3986 §2, §3.5), a header name is empty or not
+ * included), a byte that is not ASCII or a '#' (RFC 3986 §2, §3.5), or a dot segment before its
+ * query (base/dotseg.h: "..", "%2e%2e", "..;"), a header name is empty or not
  * a token, or a header value holds a control character other than HTAB (RFC 9110 §5.1, §5.5).
  * Also what agg.sys.call_invalid tells the spec harness, so specs refuse what serve refuses. */
 const char *agw_h1_request_invalid(const char *method, const char *path, size_t path_len,

@@ -15,7 +15,9 @@ static int valid(const char *s)
 
 static void test_only_path_characters_reach_a_script(void)
 {
-    const char *ok[] = {"42", "Zo%C3%AB", "a-b.c_d~e", "!$&'()*+,;=", "a:b@c", "%20", "%e2%82%ac", "%F0%9F%98%80"};
+    const char *ok[] = {"42", "Zo%C3%AB", "a-b.c_d~e", "!$&'()*+,;=", "a:b@c", "%20", "%e2%82%ac", "%F0%9F%98%80",
+                        /* dots that are not a dot segment */
+                        "...", "%2e%2e%2e", ".hidden", "..a", "a..", "%2e%2ex", "a;..", ";..", "v1.2"};
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
         CHECK(valid(ok[i]));
     const char *bad[] = {
@@ -37,6 +39,8 @@ static void test_only_path_characters_reach_a_script(void)
         "%zz",      /* not hex */
         "a b",      /* space */
         "a\"b", "a<b", "a>b", "a\\b", "a^b", "a`b", "a{b", "a|b", "a}b", "a[b", "a]b", "a?b",
+        /* dot segments an upstream resolves: "/users/" .. id .. "/orders" would reach "/orders" */
+        "%2e%2e", "%2E%2E", ".%2e", "%2e.", "%2e", "%2E", "..;", ".;", "%2e%2e;", "..;jsessionid=1", ".;x", "..%3Bx", "%2e%2e%3b",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         if (valid(bad[i]))
