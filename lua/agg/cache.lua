@@ -805,10 +805,21 @@ function M.lookup(ctx, sec, spec, g, chain)
     return true
   end
   M.stats.misses = M.stats.misses + 1
-  if use_redis then
+  local left = ctx.deadline - now
+  if use_redis and left > 0 then
     local id = core.redis_get(ck)
     if id then
-      pending[id] = { ctx = ctx, sec = sec, spec = spec, g = g, chain = chain }
+      local w = { ctx = ctx, sec = sec, spec = spec, g = g, chain = chain, timer = false }
+      pending[id] = w
+      -- the page's deadline bounds the wait, as it bounds a call: a Redis slower than what is left
+      -- (its own timeout_ms may be longer) is not waited for; the call starts with no time left
+      -- and its section fails as past the deadline; Redis's late answer finds nothing pending
+      w.timer = api.set_timer(left, function()
+        if pending[id] ~= w then return end
+        pending[id] = nil
+        M.stats.redis_errors = M.stats.redis_errors + 1
+        if not ctx.done then api.start(ctx, sec, spec, g, chain) end
+      end)
       return true
     end
     M.stats.redis_errors = M.stats.redis_errors + 1
@@ -816,8 +827,8 @@ function M.lookup(ctx, sec, spec, g, chain)
   return false
 end
 
---- True while a tier-2 lookup of request ctx waits for Redis (its answer, or the Redis client's
--- timeout_ms, settles it; runtime.answer_overdue leaves such a page alone).
+--- True while a tier-2 lookup of request ctx waits for Redis (its answer, the Redis client's
+-- timeout_ms or the page's deadline settles it; runtime.answer_overdue leaves such a page alone).
 function M.waiting_for(ctx)
   for _, w in pairs(pending) do
     if w.ctx == ctx then return true end
@@ -830,6 +841,7 @@ function M.on_redis(id, value, err)
   local w = pending[id]
   if not w then return end
   pending[id] = nil
+  api.clear_timer(w.timer)
   local ctx = w.ctx
   if ctx.done then return end
   local now = core.now()

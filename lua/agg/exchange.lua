@@ -715,6 +715,8 @@ cache.bind({
   start = start_upstream,
   copy_spec = copy_spec,
   upstream_index = function(name) return upstreams[name].index end,
+  set_timer = function(ms, fn) return set_timer(ms, fn) end,
+  clear_timer = function(id) return clear_timer(id) end,
   -- a section served from the cache: its Server-Timing entry, then the section
   deliver_now = function(ctx, key, g, chain, r)
     local nt = #ctx
