@@ -20,6 +20,7 @@ const char *agw_http_reason(int status)
     case 409: return "Conflict";
     case 410: return "Gone";
     case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";

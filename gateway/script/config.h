@@ -39,6 +39,7 @@ typedef struct agw_clients_conf {
                                            agw_config_auto_max_connections) */
     unsigned max_headers;               /* request header fields; more: 431 */
     size_t max_header_bytes;            /* request header names + values, decoded, bytes; more: 431 */
+    size_t max_uri_bytes;               /* the request target (path and query, as sent), bytes; more: 414 */
     unsigned max_cancelled_streams;     /* HTTP/2 streams a connection may cancel before their answer
                                            within cancel_window_ms; more: GOAWAY and close */
     uint64_t cancel_window_ms;          /* that window, ms */

@@ -162,6 +162,13 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         agw_guard_h2_watch(&w->guard, req);
     if (headers_too_large(w, g, req, 0))
         return 0;
+    if (req->path.len > g->conf->clients.max_uri_bytes) { /* before a script could build a path too long to send */
+        char detail[120];
+        snprintf(detail, sizeof(detail), "%zu bytes, the gateway takes %zu (clients.max_uri_bytes)", req->path.len,
+                 g->conf->clients.max_uri_bytes);
+        agw_worker_send_problem(w, req, NULL, 0, 414, "uri-too-long", "the request target is too long", detail);
+        return 0;
+    }
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     const char *bpath = g->conf->batch_path;
     if (bpath && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) &&

@@ -129,8 +129,8 @@ class CheckCommand(unittest.TestCase):
 
     def test_check_clients_block_valid(self):
         d = self.folder(gateway_lua(self.port, UPSTREAMS, clients={
-            "max_connections": "auto", "max_headers": 50, "max_header_bytes": 32768, "max_cancelled_streams": 200,
-            "cancel_window_s": 30}))
+            "max_connections": "auto", "max_headers": 50, "max_header_bytes": 32768, "max_uri_bytes": 16384,
+            "max_cancelled_streams": 200, "cancel_window_s": 30}))
         rc, out, err = self.check(d)
         self.assertEqual(rc, 0, out + err)
 

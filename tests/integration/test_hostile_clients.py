@@ -472,6 +472,20 @@ class HeaderCountCap(GatewayTestCase):
         self.assertEqual(self.get("/echo-headers", "-H", "X-R: a").status, 200)
 
 
+class RequestTargetCap(GatewayTestCase):
+    def test_a_request_target_longer_than_max_uri_bytes_gets_414_before_any_script(self):
+        self.start(services=demo_services(5, 5, 5), scripts=repo_scripts("product-page.lua"))
+        long_id = "4" * 9000  # 9,000 bytes: past the 8 KiB default; a script would build a 9 KB path
+        p = self.assertProblem(self.get("/product-page/" + long_id), 414)
+        self.assertEqual(p["type"], "urn:aggway:problem:uri-too-long")
+        self.assertIn("max_uri_bytes", p.get("detail", ""))
+        self.assertProblem(self.get_h2c("/product-page/" + long_id), 414)
+        # the query counts too; a target within the cap is served
+        self.assertProblem(self.get("/product-page/42?q=" + "x" * 9000), 414)
+        self.assertEqual(self.get("/product-page/42").status, 200)
+        self.assertLogClean()
+
+
 class LibraryLog(GatewayTestCase):
     LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (info|warn|error) ")
 
