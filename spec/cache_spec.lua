@@ -561,6 +561,19 @@ describe("a page made of cached sections", function()
     assert.equal("max-age=" .. (age - 30), later.headers["cache-control"])
   end)
 
+  it("is private when its script read the request's header fields (a shared cache keys by URL)", function()
+    gw:stub("cc", "/items/1", { json = { v = 1 }, headers = { ["cache-control"] = "max-age=100" } })
+    local alice = gw:get("/cc-header/1", { headers = { ["x-name"] = "alice-secret" } })
+    assert.equal("alice-secret", alice.json.item.data.who)
+    assert.matches("^private, max%-age=%d+$", alice.headers["cache-control"]) -- the browser's own cache only
+    local again = gw:get("/cc-header/1", { headers = { ["x-name"] = "bob" } })
+    assert.equal("hit", timing(again, "item"))
+    assert.equal("bob", again.json.item.data.who)
+    assert.matches("^private, max%-age=%d+$", again.headers["cache-control"])
+    -- the same entry in a page whose script reads no header field: shared
+    assert.matches("^max%-age=%d+$", gw:get("/cc/1").headers["cache-control"])
+  end)
+
   it("gets no-store when a section is volatile or stale", function()
     assert.equal("no-store", gw:get("/p/1").headers["cache-control"])              -- stock is not cached
     gw:stub("cc", "/items/2", { json = { v = 2 },

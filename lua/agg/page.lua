@@ -206,9 +206,12 @@ function M.page(results, opts)
   set_header(headers, "x-aggregation-completed", complete and "true" or "false", spelt)
   -- Cache-Control of a page (RFC 9111; docs/operations.md, "Caching"). A partial page: no-store.
   -- A complete page (the script's own cache-control wins):
-  --   a section is one user's, or the edge authenticated the request   private
+  --   a section is one user's, the edge authenticated the request,     private
+  --   or the script read req.headers
   --     (a shared cache must not keep it, §5.2.2.7: with an API key in X-API-Key a shared cache
-  --     would otherwise store the page and serve it without the key)
+  --     would otherwise store the page and serve it without the key; a value the script took from
+  --     a header field and wrote into a cached section's data would be served to clients that sent
+  --     another, as a shared cache keys by URL and Vary only)
   --   and every section is a shared cache entry still fresh             private, max-age=N
   --   every section is a shared cache entry still fresh                 max-age=N
   --     N = the smallest freshness left of the sections (s): the page is no fresher than its most
@@ -230,7 +233,7 @@ function M.page(results, opts)
       table.sort(names)
       add_vary(headers, table.concat(names, ", "), spelt)
     end
-    if personal or rt.authenticated() then
+    if personal or rt.request_private() then
       -- (a personal section is never a shared entry, so max_age is false then)
       headers["cache-control"] = cacheable and ("private, max-age=" .. math.floor(max_age / 1000)) or "private"
     elseif cacheable then

@@ -44,7 +44,7 @@ end
 -- token (a JWT's) or nil. The C worker does not hand them over with every request (ctx.user is
 -- true when there is a user, false when the endpoint has no auth): the first to need them (req.user,
 -- an identity, a per-user cache key) asks core.request_user once, and they are kept in ctx. A
--- request that has ended gives none (ctx.user becomes false: agg.runtime.authenticated, which
+-- request that has ended gives none (ctx.user becomes false: agg.runtime.request_private, which
 -- reads ctx.user, is asked only while the request runs).
 function M.request_user(ctx)
   local u = ctx.user

@@ -69,12 +69,16 @@ M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchang
 M.upstream_stats = exchange.upstream_stats
 M.merge_stats = require("agg.merge").stats
 
---- True when the request whose handler is running was authenticated by the edge (a JWT or an API
--- key: req.user is set); false outside a handler.
-function M.authenticated()
+--- True when the page of the request whose handler is running must not be kept for other clients by
+-- a shared cache (agg.page's Cache-Control: private): the edge authenticated the request, or its
+-- script read req.headers, so what the page holds may come from a header field, which a shared
+-- cache does not key the page by (RFC 9111 §4.1 keys by URL and the page's Vary only). Header
+-- fields a section's calls forward through the upstream's forward_headers or vary are keyed and
+-- named in the page's Vary without the script reading them. False outside a handler.
+function M.request_private()
   local co = coroutine.running()
   local ctx = co and ctx_of[co]
-  return ctx and ctx.user and true or false
+  return ctx and (ctx.user or ctx.headers_read) and true or false
 end
 
 --- The running request's max_sections_per_request (gateway.lua; 1000 outside a request).
@@ -435,6 +439,7 @@ local req_index = function(r, k)
       v = parse_query(lazy and lazy.query)
     elseif k == "headers" then
       v = parse_headers_table(lazy and result.request_headers(lazy))
+      if lazy then lazy.headers_read = true end -- (agg.page: the page is private, M.request_private)
     elseif k == "user" then
       local u = lazy and result.request_user(lazy)
       v = u and readonly_user(u) or nil
