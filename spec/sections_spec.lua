@@ -255,6 +255,17 @@ describe("script code the runtime runs in the middle of its work", function()
     assert.truthy(logged(gw, "more than 4194304 tables"))
   end)
 
+  it("a call result encoded as a plain value is refused, never sent as its raw fields", function()
+    gw:stub("a", "/secret-error", { status = 500, body = "stack trace: db.internal:5432 password=hunter2" })
+    for _, which in ipairs { "ok", "failed" } do
+      local page = gw:get("/result-as-json/" .. which)
+      assert.equal(500, page.status)
+      assert.equal("urn:aggway:problem:response-encoding", page.json.type)
+      assert.is_nil(page.body:find("hunter2", 1, true))
+    end
+    assert.truthy(logged(gw, "a call result, which is not JSON data (agg.page makes it a section; r.data is its data) at $.c"))
+  end)
+
   it("a long error message is quoted in the log up to 4096 bytes, with its size and the traceback", function()
     local page = gw:get("/long-error/20000000")
     assert.equal(200, page.status)

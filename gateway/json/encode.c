@@ -531,7 +531,18 @@ static int encode_table(enc_t *e, int t, int depth)
             lua_remove(L, -2);
             return encode_ordered(e, t, depth);
         }
+        lua_pop(L, 1);
+        /* a call result (agg.result's metatable names it) is not data: its fields as they are would
+         * leave out what is read lazily (data) and carry a failed call's upstream body to the
+         * client; agg.page makes it a section, .data is its data */
+        lua_pushliteral(L, "__metatable");
+        lua_rawget(L, -2);
+        size_t nl = 0;
+        const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &nl) : NULL;
+        int is_result = name != NULL && nl == 10 && memcmp(name, "agg.result", 10) == 0;
         lua_pop(L, 2);
+        if (is_result)
+            return fail(e, depth, "a call result, which is not JSON data (agg.page makes it a section; r.data is its data)");
     }
     lua_pushvalue(L, t);
     lua_rawget(L, reg(e, AGW_JSON_K_ORDER));
