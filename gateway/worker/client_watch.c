@@ -7,6 +7,7 @@
 #include "worker/worker_internal.h"
 
 #include <errno.h>
+#include <sys/socket.h>
 
 /* h2o does not read an HTTP/1 connection while its request is being handled, so a client that
  * closes it is noticed here: EOF or an error means the client is gone; bytes (a pipelined request)
@@ -28,7 +29,12 @@ static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
     rr->rid = 0;
     agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
     agw_worker_abandon_request(rr->g, rid);
-    /* finish the h2o request so that it tears the connection down (the write fails) */
+    /* finish the h2o request so that it tears the connection down: the write fails. 499 is the
+     * log's and the metrics' status only, never a status line on the wire: a client that only
+     * half-closed (shutdown(SHUT_WR) after its request; an EOF here cannot be told from a close)
+     * would read it otherwise. Shutting the sending side first makes h2o's write fail at once,
+     * and the client reads the connection's end with nothing before it. */
+    shutdown(io->fd, SHUT_WR);
     h2o_req_t *req = rr->req;
     req->res.status = 499;
     req->res.reason = "Client Closed Request";

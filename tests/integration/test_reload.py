@@ -436,6 +436,27 @@ class Bounded(ReloadCase):
         self.assertEqual(m.get("aggway_upstream_calls_total", upstream="product", outcome="cancelled"), 1)
         self.assertLogClean()
 
+    def test_a_client_that_half_closes_reads_no_made_up_status_line(self):
+        # shutdown(SHUT_WR) after the request: its EOF cannot be told from a close, so the page is
+        # abandoned as for a client gone (499 in the metrics), but the client, still reading, gets
+        # the connection's end with nothing before it, never "HTTP/1.1 499"
+        self.start_hanging()
+        s = self.hang_one(1)
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] >= 1, WAIT))
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            data += d
+        self.assertEqual(data, b"")
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["connections_open"] == 0, WAIT),
+                        self.mock.stats())
+        m = self.metrics()
+        self.assertEqual(m.get("aggway_requests_total", route="GET /shape/{id}", code="499"), 1)
+        self.assertLogClean()
+
     def test_a_reload_waits_while_16_generations_are_still_finishing_requests(self):
         self.start_hanging(workers=1)
         socks = []
