@@ -19,6 +19,21 @@
 
 #include "base/buf.h"
 
+/* Leaves out the whitespace (SP, HTAB) before and after the field value *v (*len bytes): a field
+ * value does not include it (RFC 9110 §5.5), which HTTP/1.1's parser in h2o 2.2.5 keeps at the end
+ * of a value. For values compared as a whole: an API key, a bearer token, a rate limit's key. */
+static inline void agw_header_trim_ows(const char **v, size_t *len)
+{
+    const char *s = *v;
+    size_t n = *len;
+    while (n > 0 && (s[0] == ' ' || s[0] == '\t'))
+        s++, n--;
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        n--;
+    *v = s;
+    *len = n;
+}
+
 /* One header: name and value, not NUL-terminated. */
 typedef struct agw_header {
     const char *name;

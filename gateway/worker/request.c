@@ -113,6 +113,7 @@ void agw_worker_request_headers(agw_buf_t *b, const h2o_req_t *req)
         const h2o_header_t *h = &req->headers.entries[i];
         f[i] = (agw_header_t){.name = h->name->base, .name_len = h->name->len, .value = h->value.base,
                               .value_len = h->value.len};
+        agw_header_trim_ows(&f[i].value, &f[i].value_len); /* what a script reads is the value (§5.5) */
     }
     agw_header_block(b, f, n);
     if (f != small)

@@ -136,6 +136,13 @@ class RateLimits(GatewayTestCase):
         for client in ("alice", "bob"):
             for _ in range(2):
                 self.assertEqual(self.get("/a", "-H", "X-Client: " + client).status, 200)
+        # whitespace around the value is not part of it (RFC 9110 §5.5): "alice \t" is alice's count
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        c.putrequest("GET", "/a")
+        c.putheader("X-Client", "alice \t")
+        c.endheaders()
+        self.assertEqual(c.getresponse().status, 429)
+        c.close()
         before = time.time()
         r = self.get("/a", "-H", "X-Client: alice")
         after = time.time()
