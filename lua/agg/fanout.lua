@@ -556,9 +556,18 @@ function M.settle_value(g, key, v, opts, fn)
       return
     end
     if type(v) == "table" and getmetatable(v) == nil and next(v) ~= nil then
-      local all = true
+      local all, results = true, true
       for _, s in pairs(v) do
-        if not (callspec.is_spec(s) or is_then(s)) then all = false break end
+        if not (callspec.is_spec(s) or is_then(s)) then all = false end
+        if not result.is_result(s) then results = false end
+        if not (all or results) then break end
+      end
+      if results then
+        -- the results of an agg.fetch_all the continuation made: the section is made of them as a
+        -- nested fan-out's (a result is no JSON data: encoded as it is, it had no data and a failed
+        -- call's upstream body)
+        settle(g, key, combine(ctx, key, v, #v > 0, opts))
+        return
       end
       if all then
         local list = #v > 0
