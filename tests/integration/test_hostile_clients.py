@@ -490,6 +490,21 @@ class RequestTargetCap(GatewayTestCase):
         self.assertLogClean()
 
 
+class AbsoluteForm(GatewayTestCase):
+    def test_a_request_target_in_absolute_form_is_served_as_its_path(self):
+        # RFC 9112 §3.2.2: a server MUST accept "GET http://host/path HTTP/1.1"
+        self.start(services=demo_services(5, 5, 5), scripts=repo_scripts("product-page.lua"))
+        for target in (b"http://gateway.example/product-page/42", b"HTTP://gateway.example:8080/product-page/42?x=1"):
+            data, _ = raw_exchange(self.port, b"GET " + target + b" HTTP/1.1\r\nHost: elsewhere\r\nConnection: close\r\n\r\n")
+            self.assertTrue(data.startswith(b"HTTP/1.1 200 "), (target, data[:300]))
+            self.assertIn(b'"product":{"status":"ok"', data)
+        # no path: "/", which no route has; another scheme is not a path
+        for target in (b"http://gateway.example", b"ftp://gateway.example/product-page/42"):
+            data, _ = raw_exchange(self.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            self.assertTrue(data.startswith(b"HTTP/1.1 404 "), (target, data[:300]))
+        self.assertLogClean()
+
+
 class LibraryLog(GatewayTestCase):
     LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (info|warn|error) ")
 
