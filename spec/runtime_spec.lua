@@ -124,6 +124,18 @@ local function leave_early(gw, path, n, ms)
   end
 end
 
+-- How many of the requests a fixture remembered (weakly) are still alive after two full
+-- collections. The collections run here, outside any request: run inside one (a handler), they
+-- would also mark the stale slots of the stacks that request runs on (its pooled coroutine's frame
+-- slots not written yet, the entering thread's), which may hold an earlier request until written
+-- again: bounded, not a leak (docs/performance.md "An eighth pass"), and where the slots fall
+-- depends on which traces the JIT made.
+local function alive_after_collect(gw)
+  collectgarbage("collect")
+  collectgarbage("collect")
+  return gw:get("/held-alive").json.alive
+end
+
 describe("memory", function()
   -- More requests at once than the runtime keeps handler coroutines for (64): the ones it does
   -- not keep still hold their req while they wait to be collected, and req's lazy fields lead
@@ -136,7 +148,7 @@ describe("memory", function()
     gw:run()
     for i = 1, 300 do assert.equal(200, pages[i].status) end
     pages = nil
-    assert.equal(0, gw:get("/held-count").json.alive)
+    assert.equal(0, alive_after_collect(gw))
   end)
 
   -- runtime.compact, the worker's idle hook (gateway/worker/gc.h): the tables a burst grew to one
@@ -171,7 +183,7 @@ describe("memory", function()
     gw:run()
     assert.equal(200, held.status)
     assert.equal(200, gw:get("/held/2").status)
-    assert.equal(0, gw:get("/held-count").json.alive)
+    assert.equal(0, alive_after_collect(gw))
     -- a page that reads its section's data after a compaction gets that data (the results' facts
     -- table is one of those made again)
     runtime.compact()
@@ -217,11 +229,11 @@ describe("memory", function()
     assert.same({ n = 2 }, page.json.chained.data)
     leave_early(gw, "/held-chain/", 100, 50) -- the inner call is out
     gw:run()
-    assert.equal(0, gw:get("/held-count").json.alive)
+    assert.equal(0, alive_after_collect(gw))
     -- and when a required section fails while the continuation waits (the page fails fast)
     gw:stub("a", "/must", { status = 500, latency_ms = 50 })
     assert.equal(502, gw:get("/held-chain/fail").status)
-    assert.equal(0, gw:get("/held-count").json.alive)
+    assert.equal(0, alive_after_collect(gw))
   end)
 
   it("frees requests whose client left while their calls were out", function()
@@ -229,7 +241,7 @@ describe("memory", function()
     gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 100 })
     leave_early(gw, "/held/", 100, 10)
     gw:run()
-    assert.equal(0, gw:get("/held-count").json.alive)
+    assert.equal(0, alive_after_collect(gw))
   end)
 end)
 
