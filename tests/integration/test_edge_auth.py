@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 
-from harness import GatewayTestCase, demo_services, endpoint, main, run_aggway, wait_until, write_scripts, \
+from harness import GatewayTestCase, demo_services, endpoint, main, read_all, run_aggway, wait_until, write_scripts, \
     gateway_lua, free_port, SLOW
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "mock-auth"))
@@ -248,12 +248,7 @@ class EdgeAuth(GatewayTestCase):
         for raw_value in (b"k-mobile-123 ", b"k-mobile-123\t", b" k-mobile-123 \t"):
             s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
             s.sendall(b"GET /app HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Client-Key: " + raw_value + b"\r\n\r\n")
-            data = b""
-            while True:
-                d = s.recv(65536)
-                if not d:
-                    break
-                data += d
+            data = read_all(s, 10)
             s.close()
             self.assertTrue(data.startswith(b"HTTP/1.1 200 "), (raw_value, data[:200]))
             self.assertIn(b'"app":"mobile"', data)

@@ -24,7 +24,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (SLOW, GatewayTestCase, demo_services, endpoint, free_port, route,  # noqa: E402
+from harness import (SLOW, GatewayTestCase, demo_services, endpoint, free_port, read_all, route,  # noqa: E402
                      wait_until, main)
 from test_admin_metrics import Metrics  # noqa: E402
 
@@ -444,13 +444,7 @@ class Bounded(ReloadCase):
         s = self.hang_one(1)
         self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] >= 1, WAIT))
         s.shutdown(socket.SHUT_WR)
-        data = b""
-        while True:
-            d = s.recv(4096)
-            if not d:
-                break
-            data += d
-        self.assertEqual(data, b"")
+        self.assertEqual(read_all(s, WAIT), b"")
         self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["connections_open"] == 0, WAIT),
                         self.mock.stats())
         m = self.metrics()
