@@ -282,4 +282,35 @@ describe("the breaker handle (upstream/breaker.c)", function()
     assert.is_false(ok)
     assert.truthy(err:find("agw.breaker expected, got no value", 1, true), err)
   end)
+
+  it("keeps its quiet word (what the runtime reads through the FFI instead of calling allow and report) 1 exactly while closed with no failure counted, or off", function()
+    local breaker, ffi = require "agg.breaker", require "ffi"
+    local b = breaker.new(2, 1000, 1)
+    local q = ffi.cast("const volatile int *", breaker.quiet_word(b))
+    assert.equal(1, q[0])
+    assert.is_nil(b:report("failure", false, 1)) -- one failure counted: the next success must reach C
+    assert.equal(0, q[0])
+    assert.is_nil(b:report("success", false, 2))
+    assert.equal(1, q[0])
+    b:report("failure", false, 3)
+    assert.equal("open", b:report("failure", false, 4))
+    assert.equal(0, q[0])
+    assert.equal("probe", (b:allow(1004))) -- half-open
+    assert.equal(0, q[0])
+    assert.equal("open", b:report("failure", true, 1005)) -- the probe failed
+    assert.equal(0, q[0])
+    assert.equal("probe", (b:allow(2005)))
+    assert.equal("closed", b:report("success", true, 2006))
+    assert.equal(1, q[0])
+    -- an ignored outcome while a failure is counted leaves the count (and the word) as it is
+    b:report("failure", false, 2007)
+    b:report("ignore", false, 2008)
+    assert.equal(0, q[0])
+    -- a breaker that is off is always quiet
+    local off = breaker.new(0, 1000, 1)
+    local qo = ffi.cast("const volatile int *", breaker.quiet_word(off))
+    off:report("failure", false, 1)
+    assert.equal(1, qo[0])
+    assert.has_error(function() breaker.quiet_word({}) end)
+  end)
 end)

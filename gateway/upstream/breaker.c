@@ -15,6 +15,13 @@ typedef struct {
     int owned;
 } handle_t;
 
+/* Sets the quiet word from state and consecutive (under the lock, or before b is shared). */
+static void set_quiet(agw_breaker_t *b)
+{
+    int q = b->failures == 0 || (b->state == AGW_BREAKER_CLOSED && b->consecutive == 0);
+    __atomic_store_n(&b->quiet, q, __ATOMIC_RELEASE);
+}
+
 void agw_breaker_init(agw_breaker_t *b, unsigned failures, uint64_t open_ms, unsigned probes)
 {
     memset(b, 0, sizeof(*b));
@@ -23,6 +30,7 @@ void agw_breaker_init(agw_breaker_t *b, unsigned failures, uint64_t open_ms, uns
     b->open_ms = open_ms;
     b->probes = probes ? probes : 1;
     __atomic_store_n(&b->state, AGW_BREAKER_CLOSED, __ATOMIC_RELEASE);
+    set_quiet(b);
 }
 
 void agw_breaker_destroy(agw_breaker_t *b)
@@ -125,6 +133,7 @@ int agw_breaker_report(agw_breaker_t *b, agw_breaker_result_t r, int probe, uint
             changed = AGW_BREAKER_OPEN;
         }
     }
+    set_quiet(b);
     pthread_mutex_unlock(&b->lock);
     return changed;
 }
@@ -235,9 +244,19 @@ static int l_new(lua_State *L)
     return 1;
 }
 
+/* quiet_word(handle) -> the address of its breaker's quiet word (breaker.h) */
+static int l_quiet_word(lua_State *L)
+{
+    handle_t *h = luaL_checkudata(L, 1, HANDLE_MT);
+    if (h->b == NULL)
+        return luaL_error(L, "breaker: the handle is closed");
+    lua_pushlightuserdata(L, &h->b->quiet);
+    return 1;
+}
+
 int agw_breaker_open(lua_State *L)
 {
-    static const luaL_Reg fns[] = {{"new", l_new}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"new", l_new}, {"quiet_word", l_quiet_word}, {NULL, NULL}};
     luaL_newlib(L, fns);
     return 1;
 }

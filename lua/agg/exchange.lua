@@ -13,6 +13,8 @@ local identity = require "agg.identity"
 local group = require "agg.group"
 local health = require "agg.health"
 local slot = require("agg.contract").slot
+local ffi = require "ffi"
+local quiet_word = require("agg.breaker").quiet_word
 
 local M = {}
 
@@ -24,6 +26,11 @@ local upstreams = {}                                   -- name -> { index, timeo
 local calls = {}          -- contract.slot(id) -> the in-flight record of call id (record.id == id)
 local deliver                                          -- function(g, key, chain, r): agg.fanout's
 local ustate = {}     -- upstream name -> { active, retries_active, tokens, lat, n, p95, stats, budget, group }
+-- core.breakers (kept here so the breakers outlive the words read below), and upstream index -> its
+-- breaker's quiet word (upstream/breaker.h: 1 while off or closed with no failure counted), read
+-- through the FFI: a call to a healthy upstream crosses into C for neither allow nor report
+local breakers, quiet = nil, {}
+local QUIET_T = ffi.typeof("const volatile int *")
 
 local merge_hooks -- agg.merge's way back into the exchange (below)
 
@@ -47,6 +54,8 @@ end
 function M.bind(transport, ups, token_exchange)
   core, upstreams = transport, ups
   calls, ustate = {}, {}
+  breakers, quiet = transport.breakers, {}
+  for i, b in pairs(breakers or quiet) do quiet[i] = ffi.cast(QUIET_T, quiet_word(b)) end
   group.bind(transport, ups)
   -- a health probe is an internal call: its answer goes to the prober, not to a section
   health.bind(transport, ups, { register_call = function(id, fn) put_call(id, { id = id, on_answer = fn }) end })
@@ -215,8 +224,15 @@ local function breaker_verdict(outcome, http_status, clamped, bad_json)
 end
 
 local function breaker_of(spec)
-  local b = core.breakers
-  return b and b[upstreams[spec.upstream].index] or nil
+  return breakers and breakers[upstreams[spec.upstream].index] or nil
+end
+
+-- True when spec's upstream's breaker is quiet (its word, read without a call into C) or there is
+-- none: allow would answer "allow", and a report neither of a failure nor of a probe would change
+-- nothing, so neither is made.
+local function breaker_quiet(spec)
+  local q = quiet[upstreams[spec.upstream].index]
+  return q == nil or q[0] ~= 0
 end
 
 local finish_exchange, attempt
@@ -435,7 +451,7 @@ local function on_answer(rec, outcome, http_status, headers, body, data, ms, det
       verdict = group.report(grp, ep, verdict, ms) -- one endpoint failing is not the upstream failing
     end
   end
-  local b = breaker_of(spec)
+  local b = (verdict == "failure" or rec.probe or not breaker_quiet(spec)) and breaker_of(spec)
   if b then
     local changed = b:report(verdict, rec.probe, core.now())
     if changed then
@@ -505,7 +521,7 @@ attempt = function(x, hedge)
     if t < f.ends - now then arm_own_timeout(x, f, t) end
     return
   end
-  local b = breaker_of(spec)
+  local b = not breaker_quiet(spec) and breaker_of(spec)
   local probe = false
   if b then
     local decision, retry_after = b:allow(now)
@@ -604,7 +620,7 @@ merge_hooks = {
     end
   end,
   allow = function(p, now)
-    local b = breaker_of(p)
+    local b = not breaker_quiet(p) and breaker_of(p)
     if not b then return "allow" end
     return b:allow(now)
   end,
