@@ -65,6 +65,8 @@ describe("a call the upstream client will not send", function()
     { "dots", "path contains a dot segment" },
     { "rawdots?v=%252e%252E", "path contains a dot segment" },
     { "dots?v=..;x", "path contains a dot segment" },
+    { "dots?v=../admin", "path contains a dot segment" }, -- agg.escape gives ..%2Fadmin, read as ../admin
+    { "rawdots?v=..%5Cadmin", "path contains '\\', which is no URI character" },
   } do
     local which, why = case[1], case[2]
     it("(" .. which .. ") fails its section with invalid-call, and nothing is sent", function()

@@ -107,25 +107,37 @@ const char *agw_h1_request_invalid(const char *method, const char *path, size_t 
     /* the request target is sent as the script built it: a byte that is not a URI character
      * would be sent raw (RFC 3986 §2: non-ASCII must be percent-encoded) and a '#' would cut the
      * path at a fragment the upstream never sees (§3.5) */
-    static const unsigned char BAD[256] = {[0 ... ' '] = 1, [0x7f] = 1, [0x80 ... 0xff] = 2, ['#'] = 3};
+    static const unsigned char BAD[256] = {[0 ... ' '] = 1, [0x7f] = 1, [0x80 ... 0xff] = 2, ['#'] = 3, ['\\'] = 4};
     static const char *const why[] = {
         NULL, "path contains a space or a control character (CR, LF, NUL, ...)",
         "path contains a byte that is not ASCII (percent-encode it: agg.escape)",
-        "path contains '#', which would start a fragment (percent-encode it: agg.escape)"};
+        "path contains '#', which would start a fragment (percent-encode it: agg.escape)",
+        "path contains '\\', which is no URI character and which upstreams may read as '/' (percent-encode it: "
+        "agg.escape)"};
     for (size_t i = 0; i < path_len; i++)
         if (BAD[(unsigned char)path[i]])
             return why[BAD[(unsigned char)path[i]]];
     /* a dot segment would be resolved by the upstream into another path than the one written:
-     * "/users/" .. v .. "/orders" with v ".." or "%2e%2e" reaches "/orders" (RFC 3986 §5.2.4) */
+     * "/users/" .. v .. "/orders" with v ".." or "%2e%2e" reaches "/orders" (RFC 3986 §5.2.4). Its
+     * ends are '/' and also the escapes %2F and %5C, which servers that decode before they
+     * resolve dots (nginx) read as '/': agg.escape("../admin") is "..%2Fadmin" */
     for (size_t i = 1, seg = 1; i <= path_len; i++) {
-        if (i < path_len && path[i] != '/' && path[i] != '?')
+        size_t sep = 0; /* the separator's length at i, 0 when path[i] is none */
+        if (i == path_len || path[i] == '/' || path[i] == '?')
+            sep = 1;
+        else if (path[i] == '%' && i + 2 < path_len &&
+                 ((path[i + 1] == '2' && (path[i + 2] == 'f' || path[i + 2] == 'F')) ||
+                  (path[i + 1] == '5' && (path[i + 2] == 'c' || path[i + 2] == 'C'))))
+            sep = 3;
+        if (sep == 0)
             continue;
         if (i > seg && (path[seg] == '.' || path[seg] == '%') && agw_dot_segment(path + seg, i - seg))
-            return "path contains a dot segment ('..', '.', '%2e%2e', '..;'), which the upstream would resolve into "
-                   "another path";
+            return "path contains a dot segment ('..', '.', '%2e%2e', '..;', '..%2F'), which the upstream would "
+                   "resolve into another path";
         if (i < path_len && path[i] == '?')
             break;
-        seg = i + 1;
+        seg = i + sep;
+        i += sep - 1;
     }
     for (size_t i = 0; i < num_headers; i++) {
         const agw_header_t *h = &headers[i];

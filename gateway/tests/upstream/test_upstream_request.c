@@ -32,10 +32,15 @@ static void header_values_with_control_characters_are_never_sent(void)
     CHECK(agw_h1_request_invalid("GET", "/a#b", 4, NULL, 0) != NULL);
     CHECK(agw_h1_request_invalid("GET", "/a\xff" "b", 4, NULL, 0) != NULL);
     CHECK(agw_h1_request_invalid("GET", "/a b", 4, NULL, 0) != NULL);
+    const char *bs = agw_h1_request_invalid("GET", "/users/..\\admin", 15, NULL, 0); /* upstreams read '\\' as '/' */
+    CHECK(bs != NULL && strstr(bs, "'\\'") != NULL);
     CHECK(agw_h1_request_invalid("GET", "/a%23b?c=%20", 12, NULL, 0) == NULL);
     /* a dot segment before the query, in any spelling: the upstream would resolve it away */
     const char *dots[] = {"/users/../orders", "/users/%2e%2e/orders", "/users/.%2E/orders", "/users/..;/orders",
-                          "/users/./orders", "/users/%2e", "/..", "/a/..;x=1", "/a/%2E%2e?q=1", "/a/..%3Bx/b"};
+                          "/users/./orders", "/users/%2e", "/..", "/a/..;x=1", "/a/%2E%2e?q=1", "/a/..%3Bx/b",
+                          /* ends an upstream that decodes before it resolves dots reads as '/' */
+                          "/users/..%2Fadmin/orders", "/users/..%2fadmin", "/users/%2e%2e%5Cadmin", "/a%2F..%2Fb",
+                          "/a/x%2F.%2Fy"};
     for (size_t i = 0; i < sizeof(dots) / sizeof(dots[0]); i++) {
         const char *why = agw_h1_request_invalid("GET", dots[i], strlen(dots[i]), NULL, 0);
         if (why == NULL || strstr(why, "dot segment") == NULL)
@@ -43,7 +48,8 @@ static void header_values_with_control_characters_are_never_sent(void)
         CHECK(why != NULL && strstr(why, "dot segment") != NULL);
     }
     /* dots that are not a segment of their own, and dots in the query, pass */
-    const char *fine[] = {"/v1.2/x", "/a/.../b", "/a/..b", "/a/b..", "/a/.hidden", "/a?p=../..", "/a?../b", "/a/%2e%2ex", "/"};
+    const char *fine[] = {"/v1.2/x", "/a/.../b", "/a/..b", "/a/b..", "/a/.hidden", "/a?p=../..", "/a?../b", "/a/%2e%2ex", "/",
+                          "/a%2Fb", "/a/..x%2Fy", "/a?q=..%2F.."};
     for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++) {
         if (agw_h1_request_invalid("GET", fine[i], strlen(fine[i]), NULL, 0) != NULL)
             fprintf(stderr, "refused: %s\n", fine[i]);
