@@ -158,35 +158,44 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 /* A request target in absolute-form ("GET http://host/p?q HTTP/1.1", what a client that talks to a
  * proxy sends) made the origin-form the router and scripts read: a server MUST accept it and take
  * the host from it, not from Host (RFC 9112 §3.2.2). h2o 2.2.5 hands it over as it came. Another
- * scheme, or none, is left as it is (the router answers 404); HTTP/2 has no absolute-form. */
-static void origin_form(h2o_req_t *req)
+ * scheme, or none, is left as it is (the router answers 404); HTTP/2 has no absolute-form. Returns
+ * why the target must be refused (400), or NULL: an empty host (RFC 9110 §4.2.1: MUST reject), user
+ * information (§4.2.4: treat as an error), or a '#' or '\' in the authority, which a proxy in
+ * front would read otherwise (a fragment, a path). */
+static const char *origin_form(h2o_req_t *req)
 {
     h2o_iovec_t p = req->path;
     size_t at;
     if (req->version >= 0x200 || p.len == 0 || p.base[0] == '/')
-        return;
+        return NULL;
     if (p.len >= 7 && strncasecmp(p.base, "http://", 7) == 0)
         at = 7;
     else if (p.len >= 8 && strncasecmp(p.base, "https://", 8) == 0)
         at = 8;
     else
-        return;
+        return NULL;
     size_t end = at;
-    while (end < p.len && p.base[end] != '/' && p.base[end] != '?')
+    while (end < p.len && p.base[end] != '/' && p.base[end] != '?') {
+        if (p.base[end] == '@')
+            return "the request target's authority holds user information";
+        if (p.base[end] == '#' || p.base[end] == '\\')
+            return "the request target's authority holds a '#' or a '\\'";
         end++;
-    if (end > at)
-        req->authority = h2o_iovec_init(p.base + at, end - at);
+    }
+    if (end == at)
+        return "the request target has an empty host";
+    req->authority = h2o_iovec_init(p.base + at, end - at);
     if (end < p.len && p.base[end] == '/')
         req->path = h2o_iovec_init(p.base + end, p.len - end);
     else /* no path: "/" (§3.2.2, an empty path is "/"), then the query if any */
         req->path = h2o_concat(&req->pool, h2o_iovec_init(H2O_STRLIT("/")), h2o_iovec_init(p.base + end, p.len - end));
     const char *q = memchr(req->path.base, '?', req->path.len);
     req->query_at = q ? (size_t)(q - req->path.base) : SIZE_MAX;
+    return NULL;
 }
 
 static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
 {
-    origin_form(req);
     wgen_t *g = w->gens.cur; /* the request runs on this generation to its end, whatever reloads meanwhile */
     if (may_wait) /* (a request back from a JWKS wait has been noted already) */
         agw_worker_conn_request(w, req); /* what a drain needs to know of its connection */
@@ -199,6 +208,11 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         snprintf(detail, sizeof(detail), "%zu bytes, the gateway takes %zu (clients.max_uri_bytes)", req->path.len,
                  g->conf->clients.max_uri_bytes);
         agw_worker_send_problem(w, req, NULL, 0, 414, "uri-too-long", "the request target is too long", detail);
+        return 0;
+    }
+    const char *target = origin_form(req); /* (after the length check: the target as it was sent) */
+    if (target) {
+        agw_worker_send_problem(w, req, NULL, 0, 400, "bad-request", "the request is malformed", target);
         return 0;
     }
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;

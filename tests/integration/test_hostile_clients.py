@@ -502,6 +502,17 @@ class AbsoluteForm(GatewayTestCase):
         for target in (b"http://gateway.example", b"ftp://gateway.example/product-page/42"):
             data, _ = raw_exchange(self.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             self.assertTrue(data.startswith(b"HTTP/1.1 404 "), (target, data[:300]))
+        # an authority a proxy in front would read otherwise: user information (RFC 9110 §4.2.4), an
+        # empty host (§4.2.1), a '#' or a '\\'
+        for target in (b"http://user@evil.example/product-page/42", b"http:///product-page/42",
+                       b"http://h#/product-page/42", b"http://h\\@evil/product-page/42"):
+            data, _ = raw_exchange(self.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            self.assertTrue(data.startswith(b"HTTP/1.1 400 "), (target, data[:300]))
+            self.assertIn(b"urn:aggway:problem:bad-request", data)
+        # the length cap counts the target as sent, its authority too
+        data, _ = raw_exchange(self.port, b"GET http://" + b"h" * 9000 + b"/product-page/42 HTTP/1.1\r\nHost: x\r\n"
+                                          b"Connection: close\r\n\r\n")
+        self.assertTrue(data.startswith(b"HTTP/1.1 414 "), data[:300])
         self.assertLogClean()
 
 
