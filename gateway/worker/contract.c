@@ -10,7 +10,7 @@ const char *const agw_contract_answer[AGW_ANSWER_FIELDS] = {
 
 const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS] = {
     [AGW_ARRIVAL_QUERY] = "query", [AGW_ARRIVAL_HEADERS] = "headers", [AGW_ARRIVAL_BODY] = "body",
-    [AGW_ARRIVAL_USER] = "user",
+    [AGW_ARRIVAL_USER] = "user", [AGW_ARRIVAL_WAITED] = "waited_ms",
 };
 
 const char *const agw_contract_response[AGW_RESPONSE_FIELDS] = {

@@ -18,7 +18,7 @@ extern const char *const agw_contract_answer[AGW_ANSWER_FIELDS];
 
 /* runtime.start's arrival (written by request.c into one table per VM, valid during the call) */
 enum agw_arrival_field {
-    AGW_ARRIVAL_QUERY, AGW_ARRIVAL_HEADERS, AGW_ARRIVAL_BODY, AGW_ARRIVAL_USER, AGW_ARRIVAL_FIELDS
+    AGW_ARRIVAL_QUERY, AGW_ARRIVAL_HEADERS, AGW_ARRIVAL_BODY, AGW_ARRIVAL_USER, AGW_ARRIVAL_WAITED, AGW_ARRIVAL_FIELDS
 };
 extern const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS];
 

@@ -301,7 +301,9 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
     agw_worker_watch_client(rr, req);
     rr->trace = NULL;
     agw_worker_trace_begin(w, rr, req, path_len);
+    uint32_t waited_us = 0;
     if (w->lim.has_note) { /* the limits decision; a wait for Redis counts in the request's time */
+        waited_us = w->lim.note.wait_us;
         rr->trace->limit = w->lim.note;
         rr->started -= w->lim.note.wait_us / 1e6;
         rr->trace->start_us -= w->lim.note.wait_us;
@@ -350,6 +352,11 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
         lua_pushnil(L);
     else
         lua_pushboolean(L, 1);
+    lua_rawset(L, a);
+    /* how long the request waited before its script (a Redis rate limit's decision): the runtime
+     * starts its deadline that much earlier, so the wait counts in it */
+    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_WAITED);
+    lua_pushnumber(L, waited_us / 1000.0);
     lua_rawset(L, a);
     lua_remove(L, keys);
     uint64_t rid = rr->rid;

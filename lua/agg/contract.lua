@@ -165,6 +165,9 @@ M.tables = {
     -- the request (core.request_user(rid) gives the user and the bearer token when first asked),
     -- nil when the endpoint has no auth
     user    = "boolean|nil",
+    -- ms the request waited before its script (a Redis rate limit's decision), 0 when none: the
+    -- runtime starts its deadline that much earlier, so the wait counts in it
+    waited_ms = "number|nil",
   },
   -- core.respond's response
   response = {

@@ -506,7 +506,9 @@ end
 function M.start(rid, idx, method, path, params, arrival)
   local query, headers, body, user = arrival.query, arrival.headers, arrival.body, arrival.user
   local ep = endpoints[idx]
-  local now = core.now()
+  -- a request that waited before its script (a Redis rate limit's decision) started that much
+  -- earlier: the wait counts in its deadline
+  local now = core.now() - (arrival.waited_ms or 0)
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)
   -- sections: how many sections its fan-outs have had (agg.fanout: at most ep.max_sections)
   -- user, token: who the edge authenticated (gateway/edge/edge.h), for req.user and agg.identity:

@@ -668,6 +668,24 @@ class RedisStore(GatewayTestCase):
         self.assertGreaterEqual(self.redis_errors(), 3)
         self.assertIn("timeout", self.gw.log())
 
+    def test_the_wait_for_redis_counts_in_the_deadline(self):
+        # a page whose deadline the wait used up starts no call: its section fails at once as
+        # deadline-exceeded (before, the deadline began when the script did and the call was made)
+        rules = redis_rules("allow", burst=100)
+        page = ('local agg = require "agg"\nreturn {\n  route = "GET /d",\n  deadline_ms = 1000,\n'
+                '  limits = { "shared" },\n  handler = function(req)\n'
+                '    local r = agg.fetch_all { s = { "slow", "/slow" } }\n'
+                '    return { status = 200, json = { s = r.s.ok and "ok" or r.s.error.type } }\n  end,\n}\n')
+        self.start(services=SERVICES, scripts={"d.lua": page}, gateway_extra=self.extra(rules, None, 1500))
+        self.wait_ready()
+        self.assertEqual(self.get("/d").json(), {"s": "ok"})
+        self.redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            r = self.get("/d")  # parked for the command's 1,500 ms, then allowed: 1,000 ms were all it had
+        finally:
+            self.redis.proc.send_signal(signal.SIGCONT)
+        self.assertEqual(r.json(), {"s": "urn:aggway:problem:deadline-exceeded"}, r)
+
     def test_hung_redis_deny_costs_at_most_the_command_timeout(self):
         self.hung("deny", 503)
 
