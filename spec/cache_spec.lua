@@ -572,6 +572,12 @@ describe("a page made of cached sections", function()
     assert.matches("^private, max%-age=%d+$", again.headers["cache-control"])
     -- the same entry in a page whose script reads no header field: shared
     assert.matches("^max%-age=%d+$", gw:get("/cc/1").headers["cache-control"])
+    -- nor its trace id or body (this request's, not its URL's)
+    local traced = gw:get("/cc-request/1")
+    assert.equal(32, #traced.json.item.data.who)
+    assert.matches("^private, max%-age=%d+$", traced.headers["cache-control"])
+    local bodied = gw:get("/cc-request/1?what=body")
+    assert.matches("^private, max%-age=%d+$", bodied.headers["cache-control"])
   end)
 
   it("gets no-store when a section is volatile or stale", function()

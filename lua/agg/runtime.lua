@@ -71,14 +71,15 @@ M.merge_stats = require("agg.merge").stats
 
 --- True when the page of the request whose handler is running must not be kept for other clients by
 -- a shared cache (agg.page's Cache-Control: private): the edge authenticated the request, or its
--- script read req.headers, so what the page holds may come from a header field, which a shared
--- cache does not key the page by (RFC 9111 §4.1 keys by URL and the page's Vary only). Header
+-- script read req.headers, req.body, req.json or req.trace_id, so what the page holds may come from
+-- them, which a shared cache does not key the page by (RFC 9111 §4.1 keys by URL and the page's
+-- Vary only). Header
 -- fields a section's calls forward through the upstream's forward_headers or vary are keyed and
 -- named in the page's Vary without the script reading them. False outside a handler.
 function M.request_private()
   local co = coroutine.running()
   local ctx = co and ctx_of[co]
-  return ctx and (ctx.user or ctx.headers_read) and true or false
+  return ctx and (ctx.user or ctx.private_read) and true or false
 end
 
 --- The running request's max_sections_per_request (gateway.lua; 1000 outside a request).
@@ -432,14 +433,20 @@ end
 local req_index = function(r, k)
     local lazy = getmt(r) -- the request's ctx
     local v
+    if k == "json" or k == "body" or k == "headers" or k == "trace_id" then
+      -- what the page may then hold is this request's, not its URL's: agg.page makes it private
+      -- (M.request_private)
+      if lazy then lazy.private_read = true end
+    end
     if k == "json" then
-      local body = rawget(r, "body")
+      local body = lazy and lazy.body
       if body and body ~= "" then v = json.decode(body) end
+    elseif k == "body" then
+      v = lazy and lazy.body or nil
     elseif k == "query" then
       v = parse_query(lazy and lazy.query)
     elseif k == "headers" then
       v = parse_headers_table(lazy and result.request_headers(lazy))
-      if lazy then lazy.headers_read = true end -- (agg.page: the page is private, M.request_private)
     elseif k == "user" then
       local u = lazy and result.request_user(lazy)
       v = u and readonly_user(u) or nil
@@ -519,9 +526,10 @@ function M.start(rid, idx, method, path, params, arrival)
   local ctx = { nil, nil, nil, nil, nil, nil, rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
                 exchanges = false, done = false, co = false, sections = 0,
                 query = query, req_headers = headers or false, user = user or false, token = false,
+                body = body or false,
                 __index = req_index, __metatable = "agg.request" }
   contexts[slot(rid)] = ctx
-  local req = setmetatable({ method = method, path = path, params = params, body = body, route = ep.route }, ctx)
+  local req = setmetatable({ method = method, path = path, params = params, route = ep.route }, ctx)
   local co
   if pool_n > 0 then
     co = pool[pool_n]
