@@ -546,6 +546,20 @@ function M.settle_value(g, key, v, opts, fn)
       start_call(ctx, key, spec, g, nil)
       return
     end
+    if result.is_result(v) then
+      -- a result the continuation got (agg.fetch, an element of a fan-out's): its data is the
+      -- section's, or its failure is (a result is no JSON data itself)
+      local r = new_result(key, opts)
+      r.ms = v.ms or 0
+      if v.ok or v.status == "fallback" then
+        local d = v.data
+        r.ok, r.status, r.data = true, "ok", d == nil and json.null or d
+        settle(g, key, r)
+      else
+        settle(g, key, fail(ctx, r, v.error, opts))
+      end
+      return
+    end
     local info = is_then(v)
     if info then
       where.fallback = fn
@@ -577,6 +591,14 @@ function M.settle_value(g, key, v, opts, fn)
         sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
         if sub.pending == 0 then sub.on_complete(sub.results) end
         return
+      end
+    end
+    if type(v) == "table" then
+      for k, s in pairs(v) do
+        if result.is_result(s) then
+          error(("the value returned holds a call result under '%s', which is no JSON data: return the result " ..
+                 "itself, the results of a fan-out, or its data (.data)"):format(tostring(k)), 0)
+        end
       end
     end
     local r = new_result(key, opts)
