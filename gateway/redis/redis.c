@@ -339,7 +339,7 @@ static void guard_reader(redisAsyncContext *ac)
         __atomic_store_n(&hiredis_fns, rd->fn, __ATOMIC_RELEASE);
         rd->fn = &guarded_fns;
     }
-    redisReaderSetPrivdata(rd, ac);
+    rd->privdata = ac; /* (hiredis's redisReaderSetPrivdata casts the pointer to int) */
 }
 
 /* Why connection ac of r failed: its error, or the reply no command waited for. */
