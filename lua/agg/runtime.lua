@@ -73,9 +73,9 @@ M.merge_stats = require("agg.merge").stats
 -- a shared cache (agg.page's Cache-Control: private): the edge authenticated the request, or its
 -- script read req.headers, req.body, req.json or req.trace_id, so what the page holds may come from
 -- them, which a shared cache does not key the page by (RFC 9111 §4.1 keys by URL and the page's
--- Vary only). Header
--- fields a section's calls forward through the upstream's forward_headers or vary are keyed and
--- named in the page's Vary without the script reading them. False outside a handler.
+-- Vary only). Header fields a section's calls forward through the upstream's forward_headers or
+-- vary are keyed and named in the page's Vary without the script reading them. False outside a
+-- handler.
 function M.request_private()
   local co = coroutine.running()
   local ctx = co and ctx_of[co]
