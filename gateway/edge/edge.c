@@ -5,7 +5,6 @@
 #include <time.h>
 
 #include "json/json.h"
-#include "base/header.h"
 #include "base/log.h"
 
 /* h2o keeps the pointers it is given: the value is copied into the request's memory (name is
@@ -66,10 +65,6 @@ int agw_edge_authenticate(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_ca
             }
         }
     }
-    if (authz)
-        agw_header_trim_ows(&authz, &authz_len);
-    if (key)
-        agw_header_trim_ows(&key, &key_len);
     if (p->kind == AGW_AUTH_API_KEY && num_keys > 1)
         agw_auth_refuse_duplicates(r, "APIKey", key_name, num_keys);
     else

@@ -4,7 +4,6 @@
  * (limits/limit_redis.h) through the worker's Redis client while the request is parked
  * (worker_internal.h, "park.c"). */
 #include "worker/worker_internal.h"
-#include "base/header.h"
 
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
@@ -85,7 +84,6 @@ static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *rou
         if (i >= 0) {
             *key = req->headers.entries[i].value.base;
             *len = req->headers.entries[i].value.len;
-            agw_header_trim_ows(key, len); /* as the edge reads it: "k1 " counts as k1 */
         }
     } else if (req->conn->callbacks->get_peername && req->conn->callbacks->get_peername(req->conn, (void *)ss) > 0) {
         if (ss->ss_family == AF_INET)
@@ -114,11 +112,8 @@ static void push_key_req(lua_State *L, h2o_req_t *req, const char *route, const 
     lua_createtable(L, 0, (int)req->headers.size);
     for (size_t i = 0; i < req->headers.size; i++) {
         const h2o_header_t *h = &req->headers.entries[i];
-        const char *v = h->value.base;
-        size_t vl = h->value.len;
-        agw_header_trim_ows(&v, &vl);
         lua_pushlstring(L, h->name->base, h->name->len);
-        lua_pushlstring(L, v, vl);
+        lua_pushlstring(L, h->value.base, h->value.len);
         lua_rawset(L, -3);
     }
     lua_setfield(L, -2, "headers");

@@ -1,6 +1,7 @@
 """aggway-mock records the requests it received (method, path with query, headers) and shows them
 on its admin port (GET /requests, GET /services/NAME/requests), for tests and for a person
 debugging a page; and the gateway sends an upstream the client headers its forward_headers name."""
+import http.client
 import json
 import os
 import socket
@@ -126,6 +127,18 @@ class MockRequestLog(GatewayTestCase):
         product = sent["product"]["requests"][0]
         self.assertNotIn("accept-language", product["headers"])
         self.assertIn("traceparent", product["headers"])
+        # the spaces and tabs around a value are not part of it (RFC 9110 §5.5): h2o's HTTP/1.1
+        # parser keeps them at the end, and the upstream gets the value without them
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        c.putrequest("GET", "/product-page/6")
+        c.putheader("X-Device", "phone \t")
+        c.putheader("Accept-Language", "\t th-TH  ")
+        c.endheaders()
+        self.assertEqual(c.getresponse().status, 200)
+        c.close()
+        reviews = [q for q in self.mock.requests()["reviews"]["requests"] if q["path"] == "/reviews/6"][0]
+        self.assertEqual(reviews["headers"].get("x-device"), "phone")
+        self.assertEqual(reviews["headers"].get("accept-language"), "th-TH")
 
 
 if __name__ == "__main__":
