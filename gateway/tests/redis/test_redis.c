@@ -472,128 +472,125 @@ static void commands_in_flight_get_client_closed_on_free(void)
 
 /* ---- tests: fake servers -------------------------------------------------------------------- */
 
+/* A fake server and a client of it: what each test below starts and stops. */
+typedef struct fake_client {
+    fake_t f;
+    agw_redis_conf_t c;
+    agw_redis_stats_t st;
+    agw_redis_t *r;
+} fake_client_t;
+
+/* Starts a fake answering as mode and a client of it (database db, commands limited to
+ * timeout_ms); the client connects on the loop as the tests run it. */
+static agw_redis_t *fake_client_start(fake_client_t *fc, fake_mode_t mode, int db, uint64_t timeout_ms)
+{
+    memset(fc, 0, sizeof(*fc));
+    fake_start(&fc->f, mode);
+    fc->c = conf_for(fc->f.port, db, timeout_ms);
+    fc->r = agw_redis_new(loop, &fc->c, &fc->st);
+    return fc->r;
+}
+
+static void fake_client_stop(fake_client_t *fc)
+{
+    agw_redis_free(fc->r);
+    agw_redis_conf_clear(&fc->c);
+    fake_stop(&fc->f);
+}
+
+/* GET k on r, waited for: 1 when it was sent and answered (a holds the answer). */
+static int get_k(agw_redis_t *r, rec_t *a)
+{
+    return cmd(r, a, "GET", "k", NULL) == 0 && wait_until(rec_done, a, WAIT_S);
+}
+
 static void silent_server_never_becomes_ready(void)
 {
-    fake_t f;
-    fake_start(&f, FAKE_SILENT);
-    agw_redis_conf_t c = conf_for(f.port, 0, 5);
-    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_SILENT, 0, 5);
     run_for(0.3); /* the handshake's limit is 100 ms; it reconnects with backoff */
     CHECK(!agw_redis_ready(r));
     rec_t a;
     CHECK(cmd(r, &a, "GET", "k", NULL) == -1);
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    fake_stop(&f);
+    fake_client_stop(&fc);
 }
 
 static void garbage_answers_drop_the_connection(void)
 {
-    fake_t f;
-    fake_start(&f, FAKE_GARBAGE);
-    agw_redis_conf_t c = conf_for(f.port, 0, 5);
-    agw_redis_stats_t st = {0};
-    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_GARBAGE, 0, 5);
     run_for(0.3);
     CHECK(!agw_redis_ready(r));
-    CHECK(st.connects == 0);
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    fake_stop(&f);
+    CHECK(fc.st.connects == 0);
+    fake_client_stop(&fc);
 }
 
 static void refused_select_keeps_the_client_down(void)
 {
-    fake_t f;
-    fake_start(&f, FAKE_REFUSE_SELECT);
-    agw_redis_conf_t c = conf_for(f.port, 99, 5);
-    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_REFUSE_SELECT, 99, 5);
     run_for(0.3);
     CHECK(!agw_redis_ready(r));
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    fake_stop(&f);
+    fake_client_stop(&fc);
 }
 
 static void wrong_reply_types_reach_the_caller_as_they_are(void)
 {
-    fake_t f;
-    fake_start(&f, FAKE_WRONG_TYPES);
-    agw_redis_conf_t c = conf_for(f.port, 0, ANSWER_MS);
-    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_WRONG_TYPES, 0, ANSWER_MS);
     CHECK(wait_until(is_ready, r, WAIT_S));
     rec_t a;
-    CHECK(cmd(r, &a, "GET", "k", NULL) == 0);
-    CHECK(wait_until(rec_done, &a, WAIT_S));
+    CHECK(get_k(r, &a));
     CHECK(a.type == REDIS_REPLY_INTEGER && a.integer == 42);
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    fake_stop(&f);
+    fake_client_stop(&fc);
 }
 
 static void server_closing_mid_command_is_an_error(void)
 {
-    fake_t f;
-    fake_start(&f, FAKE_CLOSE_AFTER);
-    agw_redis_conf_t c = conf_for(f.port, 0, ANSWER_MS);
-    agw_redis_t *r = agw_redis_new(loop, &c, NULL);
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_CLOSE_AFTER, 0, ANSWER_MS);
     CHECK(wait_until(is_ready, r, WAIT_S));
     rec_t a;
     double t0 = ev_time();
     loop_gap_reset();
-    CHECK(cmd(r, &a, "GET", "k", NULL) == 0);
-    CHECK(wait_until(rec_done, &a, WAIT_S));
+    CHECK(get_k(r, &a));
     /* the close, not the command's timeout, ended it */
     CHECK(a.type == -1 && strstr(a.err, "connection lost") != NULL);
     CHECK(a.at - t0 < 4.0 + loop_gap_s());
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    fake_stop(&f);
+    fake_client_stop(&fc);
 }
 
 /* hiredis aborts the process on a reply no command waits for (an assert); the client drops the
  * connection instead: at the handshake (SELECT answered twice) it never becomes ready */
 static void a_reply_to_no_command_drops_the_connection_at_the_handshake(void)
 {
-    fake_t f;
-    fake_start(&f, FAKE_TWICE);
-    agw_redis_conf_t c = conf_for(f.port, 0, 5);
-    agw_redis_stats_t st = {0};
-    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_TWICE, 0, 5);
     run_for(0.3); /* several attempts with backoff, each dropped */
     CHECK(!agw_redis_ready(r));
     rec_t a;
     CHECK(cmd(r, &a, "GET", "k", NULL) == -1);
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    fake_stop(&f);
+    fake_client_stop(&fc);
 }
 
 /* ... and after it: the command gets its own reply, the extra one drops the connection (a later
  * command fails at once or on a new connection, never with the stray :43) */
 static void a_reply_to_no_command_drops_the_connection_after_an_answer(void)
 {
-    fake_t f;
-    fake_start(&f, FAKE_EXTRA_AFTER);
-    agw_redis_conf_t c = conf_for(f.port, 0, ANSWER_MS);
-    agw_redis_stats_t st = {0};
-    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_EXTRA_AFTER, 0, ANSWER_MS);
     CHECK(wait_until(is_ready, r, WAIT_S));
     rec_t a;
-    CHECK(cmd(r, &a, "GET", "k", NULL) == 0);
-    CHECK(wait_until(rec_done, &a, WAIT_S));
+    CHECK(get_k(r, &a));
     CHECK(a.type == REDIS_REPLY_INTEGER && a.integer == 42);
     run_for(0.05);
-    CHECK(st.disconnects == 1);
-    /* a second command: on the next connection (the fake answers :42 again) or refused while down */
+    CHECK(fc.st.disconnects == 1);
+    /* a second command: on the next connection (the fake answers :42 again) */
     CHECK(wait_until(is_ready, r, WAIT_S));
     rec_t b;
-    CHECK(cmd(r, &b, "GET", "k", NULL) == 0);
-    CHECK(wait_until(rec_done, &b, WAIT_S));
+    CHECK(get_k(r, &b));
     CHECK(b.type == REDIS_REPLY_INTEGER && b.integer == 42);
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    fake_stop(&f);
+    fake_client_stop(&fc);
 }
 
 static void nothing_listening_refuses_commands_at_once(void)
