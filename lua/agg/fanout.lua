@@ -268,6 +268,17 @@ local function give_list(l, n)
   end
 end
 
+-- What a call result gives a section made of it: true and its data (json.null when it has none)
+-- when it is ok or fell back, else false and its error.
+local function data_of(sub)
+  if sub.ok or sub.status == "fallback" then
+    local d = sub.data
+    if d == nil then d = json.null end
+    return true, d
+  end
+  return false, sub.error
+end
+
 -- Combines the results of a nested fan-out into one section result.
 local function combine(ctx, section, results, list, opts)
   local r = new_result(section, opts)
@@ -277,15 +288,14 @@ local function combine(ctx, section, results, list, opts)
   local ms = 0
   for _, k in ipairs(keys) do
     local sub = results[k]
-    if sub.status == "skipped" then
-      -- nothing to add
-    elseif sub.ok or sub.status == "fallback" then
-      local d = sub.data
-      if d == nil then d = json.null end
-      data[k] = d
-    else
-      data[k] = json.null
-      first_err = first_err or sub.error
+    if sub.status ~= "skipped" then
+      local good, d = data_of(sub)
+      if good then
+        data[k] = d
+      else
+        data[k] = json.null
+        first_err = first_err or d
+      end
     end
     if (sub.ms or 0) > ms then ms = sub.ms end
   end
@@ -551,12 +561,12 @@ function M.settle_value(g, key, v, opts, fn)
       -- section's, or its failure is (a result is no JSON data itself)
       local r = new_result(key, opts)
       r.ms = v.ms or 0
-      if v.ok or v.status == "fallback" then
-        local d = v.data
-        r.ok, r.status, r.data = true, "ok", d == nil and json.null or d
+      local good, d = data_of(v)
+      if good then
+        r.ok, r.status, r.data = true, "ok", d
         settle(g, key, r)
       else
-        settle(g, key, fail(ctx, r, v.error, opts))
+        settle(g, key, fail(ctx, r, d, opts))
       end
       return
     end
@@ -569,12 +579,18 @@ function M.settle_value(g, key, v, opts, fn)
       if sub.pending == 0 then sub.on_complete(sub.results) end
       return
     end
-    if type(v) == "table" and getmetatable(v) == nil and next(v) ~= nil then
-      local all, results = true, true
-      for _, s in pairs(v) do
-        if not (callspec.is_spec(s) or is_then(s)) then all = false end
-        if not result.is_result(s) then results = false end
-        if not (all or results) then break end
+    if type(v) == "table" then
+      -- one pass: all specs or chains (a nested fan-out), all results (a fan-out's results), or a
+      -- result held among other values (the first such key)
+      local plain = getmetatable(v) == nil and next(v) ~= nil
+      local all, results, held = plain, plain, nil
+      for k, s in pairs(v) do
+        if all and not (callspec.is_spec(s) or is_then(s)) then all = false end
+        if not result.is_result(s) then
+          results = false
+        elseif held == nil then
+          held = k
+        end
       end
       if results then
         -- the results of an agg.fetch_all the continuation made: the section is made of them as a
@@ -592,13 +608,9 @@ function M.settle_value(g, key, v, opts, fn)
         if sub.pending == 0 then sub.on_complete(sub.results) end
         return
       end
-    end
-    if type(v) == "table" then
-      for k, s in pairs(v) do
-        if result.is_result(s) then
-          error(("the value returned holds a call result under '%s', which is no JSON data: return the result " ..
-                 "itself, the results of a fan-out, or its data (.data)"):format(tostring(k)), 0)
-        end
+      if held ~= nil then
+        error(("the value returned holds a call result under '%s', which is no JSON data: return the result " ..
+               "itself, the results of a fan-out, or its data (.data)"):format(tostring(held)), 0)
       end
     end
     local r = new_result(key, opts)
