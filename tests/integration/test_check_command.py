@@ -84,6 +84,8 @@ class CheckCommand(unittest.TestCase):
                '    max_connections = "lots",\n'
                '    cancel_window_s = 0,\n'
                '    send_timeout_s = 3601,\n'
+               '    max_uri_bytes = 2097152,\n'
+               '    max_header_bytes = "64k",\n'
                '  },\n'
                '  upstreams = { product = { url = "http://127.0.0.1:9001" } },\n'
                '}\n') % self.port
@@ -96,6 +98,10 @@ class CheckCommand(unittest.TestCase):
                          r"positive whole number up to 3600, got 0")
         self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":7: clients\.send_timeout_s: must be a "
                          r"positive whole number up to 3600, got 3601")
+        self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":8: clients\.max_uri_bytes: must be a "
+                         r"positive whole number up to 1048576, got 2097152")
+        self.assertRegex(err, re.escape(os.path.join(d, "gateway.lua")) + r":9: clients\.max_header_bytes: must be a "
+                         r"positive whole number")
         src = gateway_lua(self.port, UPSTREAMS, clients="many")
         line = src.splitlines().index('  clients = "many"') + 1
         self.assertInvalid(self.folder(src), "gateway.lua", line, "clients: must be a table")
