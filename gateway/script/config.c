@@ -258,6 +258,7 @@ static int load_routes(lua_State *L, int gen, int cfg, agw_config_t *conf, agw_b
         conf->endpoints[i].route = agw_luamod_field_str(L, e, "route");
         conf->endpoints[i].method = agw_luamod_field_str(L, e, "method");
         conf->endpoints[i].file = agw_luamod_field_str(L, e, "file");
+        conf->endpoints[i].deadline_ms = agw_luamod_field_num(L, e, "deadline_ms", 1000); /* (loader.lua fills it) */
         load_endpoint_limits(L, e, cfg, &conf->endpoints[i]);
         lua_getfield(L, e, "auth");
         agw_auth_policy_load(L, lua_gettop(L), &conf->auth_policies[i]);

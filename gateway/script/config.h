@@ -55,6 +55,8 @@ typedef struct agw_endpoint_info {
     uint32_t *limits;  /* indexes in agw_config_t.limits.rules of the rules it is checked against */
     size_t num_limits;
     int priority;      /* 1 (shed last) to 3 (shed first) */
+    double deadline_ms; /* its deadline (the script's deadline_ms, else gateway.lua's), ms: a wait
+                           before its script starts (a Redis rate limit's) ends by it */
 } agw_endpoint_info_t;
 
 typedef struct agw_config {

@@ -38,6 +38,7 @@ typedef struct gate_wait {
     char why[128];              /* else: why not, for the outage log */
     int endpoint;
     double parked_at;           /* ev_now() when it parked */
+    int deadline_first;         /* the endpoint's deadline ends the wait before redis.timeout_ms */
     agw_route_param_t params[AGW_ROUTE_MAX_PARAMS];
     size_t num_params;
     agw_auth_result_t user;     /* the edge's verdict (its claims reference is the wait's) */
@@ -400,7 +401,11 @@ static void on_wait_resume(agw_park_t *pk, int timed_out)
     }
     int deny[LIMITS_MAX] = {0};
     if (!wt->redis_ok)
-        fall_back(w, &wt->c, timed_out && !wt->why[0] ? "no answer within redis.timeout_ms" : wt->why, deny);
+        fall_back(w, &wt->c,
+                  !timed_out || wt->why[0] ? wt->why
+                  : wt->deadline_first     ? "no answer within the endpoint's deadline (deadline_ms)"
+                                           : "no answer within redis.timeout_ms",
+                  deny);
     agw_limit_verdict_t v = {.results = wt->c.results};
     if (!agw_limit_decide(&v, wt->c.n))
         give_back_local(w, &wt->c, !wt->redis_ok);
@@ -525,8 +530,16 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
         return conclude(w, g, req, endpoint, &c, deny, AGW_TRACE_LIMIT_FALLBACK, 0) ? AGW_GATE_ANSWERED
                                                                                     : AGW_GATE_PASS;
     }
+    /* the wait ends with the command's timeout or the endpoint's deadline, whichever comes first:
+     * the wait counts in the deadline (on_wait_resume hands the script waited_s), so a page
+     * parked past it could only fail its sections */
     double timeout_s = (double)agw_redis_conf(w->cache.redis)->timeout_ms / 1000.0 + 0.002;
-    gate_wait_t *wt = agw_park_new(w, g, req, sizeof(*wt), timeout_s, 0, &wait_ops);
+    double deadline_s = endpoint >= 1 && (size_t)endpoint <= g->conf->num_endpoints
+                            ? g->conf->endpoints[endpoint - 1].deadline_ms / 1000.0
+                            : timeout_s;
+    gate_wait_t *wt = agw_park_new(w, g, req, sizeof(*wt), deadline_s < timeout_s ? deadline_s : timeout_s, 0,
+                                   &wait_ops);
+    wt->deadline_first = deadline_s < timeout_s;
     wt->ask = a;
     a->wait = wt;
     wt->c = c;

@@ -676,15 +676,21 @@ class RedisStore(GatewayTestCase):
                 '  limits = { "shared" },\n  handler = function(req)\n'
                 '    local r = agg.fetch_all { s = { "slow", "/slow" } }\n'
                 '    return { status = 200, json = { s = r.s.ok and "ok" or r.s.error.type } }\n  end,\n}\n')
-        self.start(services=SERVICES, scripts={"d.lua": page}, gateway_extra=self.extra(rules, None, 1500))
+        self.start(services=SERVICES, scripts={"d.lua": page}, gateway_extra=self.extra(rules, None, 8000))
         self.wait_ready()
         self.assertEqual(self.get("/d").json(), {"s": "ok"})
         self.redis.proc.send_signal(signal.SIGSTOP)
         try:
-            r = self.get("/d")  # parked for the command's 1,500 ms, then allowed: 1,000 ms were all it had
+            # parked until the page's 1,000 ms deadline, not the command's 8,000 ms timeout, then
+            # allowed (on_redis_error "allow"): the deadline was all it had
+            t0 = time.monotonic()
+            r = self.get("/d")
+            took = time.monotonic() - t0
         finally:
             self.redis.proc.send_signal(signal.SIGCONT)
         self.assertEqual(r.json(), {"s": "urn:aggway:problem:deadline-exceeded"}, r)
+        self.assertLess(took, 6.0)  # the command's timeout would be 8 s at least, however busy the machine
+        self.assertIn("no answer within the endpoint's deadline", self.gw.log())
 
     def test_hung_redis_deny_costs_at_most_the_command_timeout(self):
         self.hung("deny", 503)
