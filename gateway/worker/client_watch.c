@@ -36,6 +36,9 @@ static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
      * and the client reads the connection's end with nothing before it. */
     shutdown(io->fd, SHUT_WR);
     h2o_req_t *req = rr->req;
+    /* and no request of the connection comes after it: h2o would start the pipelined ones it has
+     * read already, each making its calls for a client that is gone */
+    req->http1_is_persistent = 0;
     req->res.status = 499;
     req->res.reason = "Client Closed Request";
     req->res.content_length = 0;

@@ -6,6 +6,7 @@ Given Reviews hanging, a 5 s deadline, and at most 2 connections to Reviews: cli
 after 50 ms leave no open connection at Reviews, and a normal page afterwards is served at once
 (a leaked pool slot would make it wait for a connection that never frees)."""
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -96,6 +97,21 @@ class ClientDisconnect(GatewayTestCase):
             self.assertEqual(r.status, 200, r)
             self.assertEqual(r.json()["reviews"]["status"], "ok", r)
             self.assertLess(r.ms, 1000, "a Reviews connection slot leaked")
+        self.assertEqual(self.log_errors(), [])
+
+    def test_pipelined_requests_behind_a_client_that_left_are_not_started(self):
+        # five requests sent at once on one connection, then the connection closed: the first is
+        # abandoned when its client is seen gone, and the four behind it are never started (each
+        # would make its calls and be abandoned in turn)
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        s.sendall(b"".join(b"GET /slow-page/%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(1, 6)))
+        self.assertTrue(wait_until(lambda: len(self.mock.requests("product")["requests"]) >= 1, 5))
+        s.close()
+        self.assertReviewsConnectionsClosed()
+        # the four behind it would each start within the watch's 25 ms of the one before
+        self.assertFalse(wait_until(lambda: len(self.mock.requests("product")["requests"]) > 1, 1.0),
+                         self.mock.requests("product"))
+        self.assertEqual([q["path"] for q in self.mock.requests("product")["requests"]], ["/products/1"])
         self.assertEqual(self.log_errors(), [])
 
     def test_h2_stream_reset_cancels_its_calls_too(self):
