@@ -20,7 +20,7 @@ local request_user = require("agg.result").request_user
 local M = {}
 
 local core, te, hooks
-local cache, cache_n = {}, 0   -- subject token .. "\0" .. audience -> { token, expires } | { p, expires }
+local cache, cache_n = {}, 0   -- subject token .. "\0" .. audience -> { token, expires } | { failed = true, expires }
 local pending = {}             -- same key -> { waiters = { … } } while an exchange is in flight
 M.CACHE_MAX = 10000            -- entries per worker; beyond, expired ones go, then all
 M.EARLY_MS = 30000             -- renew an exchanged token this long before it expires (half its life at most)
@@ -64,9 +64,19 @@ function M.scopes(u)
   return s
 end
 
-local function unavailable(x, up, detail, status)
-  return problem.new("identity-unavailable", x.key .. ": the call to " .. up.name .. " cannot carry the user's identity",
-                     status or 503, detail)
+-- The problem of a call that cannot carry the user's identity (RFC 9457): one title whatever the
+-- call, and a detail that names the section and the upstream and says why in words a client may
+-- read (`why`, one of the WHY texts). What the token endpoint or the transport said (its URL and
+-- address, errno text, its status and error code, the audience) is internal: it goes to the log.
+local WHY = {
+  no_token = "the request carries no user token",
+  audience = "the user's token is not meant for this upstream",
+  no_exchange = "the user's token cannot be exchanged for this upstream",
+  exchange_failed = "the token exchange failed",
+}
+local function unavailable(x, up, why)
+  return problem.new("identity-unavailable", "the call cannot carry the user's identity", 503,
+                     ("section %s, upstream %s: %s"):format(tostring(x.key), up.name, why))
 end
 
 -- Sets the call's Authorization (replacing one the script set) and keeps it out of single-flight.
@@ -105,30 +115,29 @@ local function remember(key, entry)
   cache[key] = entry
 end
 
--- The token endpoint's answer (RFC 8693 §2.2): the token and how long to keep it, or a problem
--- and how long to remember it (0: not at all).
-local function read_answer(x, up, outcome, http_status, body, detail)
+-- The token endpoint's answer (RFC 8693 §2.2): the token and how long to keep it, or why not (for
+-- the log: it is internal) and how long to remember the failure (0: not at all).
+local function read_answer(up, outcome, http_status, body, detail)
   if outcome ~= "ok" then
-    return nil, unavailable(x, up, "the token endpoint did not answer (" .. outcome ..
-                            (detail and (": " .. detail) or "") .. ")"), 0
+    return nil, "the token endpoint did not answer (" .. outcome .. (detail and (": " .. detail) or "") .. ")", 0
   end
   local ok, doc = pcall(json.decode, body or "")
   if not ok or type(doc) ~= "table" then doc = nil end
   if http_status == 200 then
     local tok, ttype, exp = doc and doc.access_token, doc and doc.token_type, doc and doc.expires_in
     if type(tok) ~= "string" or tok == "" or not str_match(tok, "^[%w%-%._~%+/]+=*$") then
-      return nil, unavailable(x, up, "the token endpoint's answer has no usable access_token"), 0
+      return nil, "the token endpoint's answer has no usable access_token", 0
     end
     if type(ttype) == "string" and ttype:lower() ~= "bearer" then
-      return nil, unavailable(x, up, "the token endpoint issued a token of type " .. ttype .. ", not Bearer"), 0
+      return nil, "the token endpoint issued a token of type " .. ttype .. ", not Bearer", 0
     end
     local life = (type(exp) == "number" and exp > 0) and exp * 1000 or 60000
     return tok, nil, life - math.min(M.EARLY_MS, life / 2)
   end
   local code = doc and type(doc.error) == "string" and doc.error or nil
-  local p = unavailable(x, up, "the token endpoint refused the exchange for audience " .. up.audience ..
-                        " (HTTP " .. http_status .. (code and (", " .. code) or "") .. ")")
-  return nil, p, code == "invalid_target" and M.INVALID_TARGET_MS or 0
+  return nil, "the token endpoint refused the exchange for audience " .. up.audience ..
+              " (HTTP " .. http_status .. (code and (", " .. code) or "") .. ")",
+         code == "invalid_target" and M.INVALID_TARGET_MS or 0
 end
 
 local function start_exchange(ctx, token, x, up, key, pend)
@@ -149,13 +158,13 @@ local function start_exchange(ctx, token, x, up, key, pend)
                        "token-exchange", 1, false, nil)
   hooks.register_call(id, function(outcome, http_status, _, rbody, _, _, detail)
     pending[key] = nil
-    local tok, p, keep_ms = read_answer(x, up, outcome, http_status, rbody, detail)
+    local tok, why, keep_ms = read_answer(up, outcome, http_status, rbody, detail)
     if tok then
       remember(key, { token = tok, expires = core.now() + keep_ms })
     else
       M.stats.failures = M.stats.failures + 1
-      core.log("warn", "token exchange for upstream " .. up.name .. " failed: " .. tostring(p.detail))
-      if keep_ms > 0 then remember(key, { p = p, expires = core.now() + keep_ms }) end
+      core.log("warn", "token exchange for upstream " .. up.name .. " failed: " .. why)
+      if keep_ms > 0 then remember(key, { failed = true, expires = core.now() + keep_ms }) end
     end
     for _, w in ipairs(pend.waiters) do
       if not w.done then
@@ -166,7 +175,7 @@ local function start_exchange(ctx, token, x, up, key, pend)
           w.go(nil)
         else
           -- the problem names the waiter's own section
-          w.go(unavailable(w.x, up, p.detail))
+          w.go(unavailable(w.x, up, WHY.exchange_failed))
         end
       end
     end
@@ -178,7 +187,7 @@ end
 function M.prepare(ctx, x, up, go)
   local user, token = request_user(ctx)
   if not token then
-    return go(unavailable(x, up, "the request carries no user token: the endpoint's auth must be jwt"))
+    return go(unavailable(x, up, WHY.no_token))
   end
   if up.identity == "forward" then
     local claims = user and M.claims(user)
@@ -186,10 +195,9 @@ function M.prepare(ctx, x, up, go)
       authorize(x, token)
       return go(nil)
     end
-    return go(unavailable(x, up, "the user's token is not meant for " .. up.audience ..
-                          " (its aud does not name it); use identity = \"exchange\""))
+    return go(unavailable(x, up, WHY.audience))
   end
-  if not te then return go(unavailable(x, up, "gateway.lua has no token_exchange")) end
+  if not te then return go(unavailable(x, up, WHY.no_exchange)) end
   local key = token .. "\0" .. up.audience -- the whole subject token: never another user's
   local c = cache[key]
   if c then
@@ -199,7 +207,7 @@ function M.prepare(ctx, x, up, go)
         authorize(x, c.token)
         return go(nil)
       end
-      return go(unavailable(x, up, c.p.detail))
+      return go(unavailable(x, up, WHY.exchange_failed))
     end
     cache[key] = nil
     cache_n = cache_n - 1

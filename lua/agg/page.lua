@@ -181,8 +181,9 @@ function M.page(results, opts)
       local e = failed_required.error or {}
       -- the key the page puts it under (a result renamed into the page, { event = res.concert },
       -- is the page's section event: that is what `sections` lists)
-      p = problem.new("required-section-failed", "required section " .. failed_key .. " is unavailable", status,
-                      e.title)
+      -- one title whatever the section (RFC 9457 §3.1.3); the detail names it and its failure
+      p = problem.new("required-section-failed", "a required section is unavailable", status,
+                      ("section %s: %s"):format(tostring(failed_key), tostring(e.title or "it failed")))
     else
       p = problem.new("no-section-available", "no section of the page could be served", status)
     end

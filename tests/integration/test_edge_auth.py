@@ -64,7 +64,8 @@ return {
 
 
 class EdgeAuth(GatewayTestCase):
-    def start_edge(self, jwt=None, scripts=None, api_keys=None, token_exchange=True, upstreams=None, workers=1):
+    def start_edge(self, jwt=None, scripts=None, api_keys=None, token_exchange=True, upstreams=None, workers=1,
+                   token_url=None):
         self.auth = getattr(self, "auth", None) or MockAuth(self.workdir).start()
         self.addCleanup(self.auth.stop)
         os.makedirs(os.path.join(self.workdir, "keys"), exist_ok=True)
@@ -83,7 +84,7 @@ class EdgeAuth(GatewayTestCase):
             secret = os.path.join(self.workdir, "keys", "te-secret")
             with open(secret, "w") as f:
                 f.write(self.auth.client_secret + "\n")
-            extra["token_exchange"] = {"url": self.auth.url("/token"), "client_id": self.auth.client_id,
+            extra["token_exchange"] = {"url": token_url or self.auth.url("/token"), "client_id": self.auth.client_id,
                                        "client_secret_file": secret, "timeout_ms": 500}
         ups = {"fwd": {"url": self.auth.url(), "identity": "forward", "audience": "orders"},
                "fwd_other": {"url": self.auth.url(), "identity": "forward", "audience": "billing"},
@@ -283,6 +284,19 @@ class EdgeAuth(GatewayTestCase):
         self.assertIsNone(page["fwd_off"]["data"]["authorization"])  # a call that opted out
         self.assertEqual(r.headers.get("x-aggregation-completed"), "false")
 
+    def test_an_unreachable_token_endpoint_is_named_to_the_log_only(self):
+        port = free_port()  # nothing listens there
+        self.start_edge(token_url="http://127.0.0.1:%d/token" % port)
+        r = self.bearer("/calls", self.auth.token())
+        self.assertEqual(r.status, 200, r)
+        x = r.json()["xchg"]
+        self.assertEqual(x["status"], "unavailable")
+        self.assertEqual(x["error"]["detail"], "section xchg, upstream xchg: the token exchange failed")
+        self.assertNotIn(str(port), r.body.decode())
+        self.assertNotIn("refused", r.body.decode())
+        self.assertIn("token exchange for upstream xchg failed: the token endpoint did not answer (refused",
+                      self.gw.log())
+
     def test_exchanged_tokens_are_cached_per_user_and_never_shared(self):
         self.start_edge()
         a1, b1 = self.auth.token(sub="alice"), self.auth.token(sub="bob")
@@ -310,9 +324,19 @@ class EdgeAuth(GatewayTestCase):
         page = self.bearer("/calls", t).json()
         self.assertEqual(page["xchg"]["status"], "unavailable")
         self.assertEqual(page["xchg"]["error"]["type"], "urn:aggway:problem:identity-unavailable")
+        # what the token endpoint said (its status, its error code, the audience asked for) is for
+        # the log only: the client reads one title and the section's and upstream's names
+        self.assertEqual(page["xchg"]["error"]["title"], "the call cannot carry the user's identity")
+        self.assertEqual(page["xchg"]["error"]["detail"], "section xchg, upstream xchg: the token exchange failed")
+        self.assertIn("token exchange for upstream xchg failed: the token endpoint refused the exchange for "
+                      "audience inventory (HTTP 503", self.gw.log())
         self.assertEqual(page["fwd"]["status"], "unavailable")  # aud is aggway only
+        self.assertEqual(page["fwd"]["error"]["title"], "the call cannot carry the user's identity")
+        self.assertEqual(page["fwd"]["error"]["detail"],
+                         "section fwd, upstream fwd: the user's token is not meant for this upstream")
         r = self.bearer("/required", t)
         p = self.assertProblem(r, 503)
+        self.assertNotIn("HTTP 503", json.dumps(p))
         # invalid_target is remembered briefly: no second exchange
         self.auth.token_down = False
         self.auth.invalid_targets = {"inventory"}

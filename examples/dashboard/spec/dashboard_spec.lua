@@ -47,7 +47,7 @@ describe("the dashboard", function()
     gw:stub("users", "/users/u1", { fault = "hang" })
     local page = gw:get("/dashboard/u1")
     assert.equal(504, page.status)
-    assert.equal("required section user is unavailable", page.json.title)
+    assert.equal("section user: the upstream did not answer in time", page.json.detail)
     assert.equal(150, page.elapsed_ms) -- users' own timeout: the page does not wait for posts
   end)
 
