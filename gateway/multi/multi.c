@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-typedef struct multi multi_t;
+typedef agw_multi_t multi_t;
 
 /* One entry: a request of its own on a connection that stands for the batch's client. */
 typedef struct entry {
@@ -251,18 +251,36 @@ static void on_deadline(struct ev_loop *loop, ev_timer *t, int revents)
     maybe_free(m);
 }
 
+/* Cancels every entry of m, which will never answer (its request is gone or going). */
+static void cancel_all(multi_t *m)
+{
+    m->replied = 1; /* nobody to answer */
+    ev_timer_stop(m->conf.loop, &m->deadline);
+    for (size_t i = 0; i < m->n; i++)
+        dispose_entry(m->entries[i]);
+    maybe_free(m);
+}
+
 static void on_parent_dispose(void *p)
 {
     multi_t **slot = p;
     multi_t *m = *slot;
     if (m == NULL)
         return;
+    if (!m->replied && m->conf.abandoned)
+        m->conf.abandoned(m->conf.record_data, m->req, m->pending);
     m->req = NULL;
     m->slot = NULL;
-    m->replied = 1; /* nobody to answer */
-    for (size_t i = 0; i < m->n; i++)
-        dispose_entry(m->entries[i]);
-    maybe_free(m);
+    cancel_all(m);
+}
+
+void agw_multi_abandon(multi_t *m)
+{
+    if (m->slot) /* req's disposal finds nothing to do */
+        *m->slot = NULL;
+    m->slot = NULL;
+    m->req = NULL;
+    cancel_all(m);
 }
 
 /* ---- the envelope ---------------------------------------------------------------------------- */
@@ -388,7 +406,7 @@ static entry_t *start_entry(multi_t *m, json_t *r)
     return e;
 }
 
-void agw_multi_start(h2o_req_t *req, const agw_multi_conf_t *conf)
+multi_t *agw_multi_start(h2o_req_t *req, const agw_multi_conf_t *conf)
 {
     multi_t *m = calloc(1, sizeof(*m));
     if (m == NULL)
@@ -428,7 +446,7 @@ void agw_multi_start(h2o_req_t *req, const agw_multi_conf_t *conf)
         json_decref(doc);
         bad_envelope(m, err);
         maybe_free(m);
-        return;
+        return NULL;
     }
     m->n = json_array_size(list);
     m->entries = calloc(m->n, sizeof(*m->entries));
@@ -442,4 +460,7 @@ void agw_multi_start(h2o_req_t *req, const agw_multi_conf_t *conf)
     /* every entry is set up before any runs: one answered at once must find the others there */
     for (size_t i = 0; i < m->n && m->req; i++)
         h2o_process_request(&m->entries[i]->req);
+    /* the entries' answers come from the loop (on_reap), never from within this call: the batch
+     * has not answered yet */
+    return m;
 }

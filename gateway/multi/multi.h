@@ -25,23 +25,38 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A batch that runs (opaque). */
+typedef struct multi agw_multi_t;
+
 /* How the batch's own request is recorded (metrics, access log) once it is answered: status and
  * bytes of the envelope's answer. data is agw_multi_conf_t's record_data. */
 typedef void (*agw_multi_record_cb)(void *data, h2o_req_t *req, int status, size_t bytes);
+
+/* The batch's request was disposed before its answer (an HTTP/2 stream reset, a connection
+ * closed): running entries had not been answered, and are cancelled right after this returns.
+ * Runs in h2o's dispose callback of req. data is agw_multi_conf_t's record_data. */
+typedef void (*agw_multi_abandoned_cb)(void *data, h2o_req_t *req, size_t running);
 
 typedef struct agw_multi_conf {
     size_t max_requests;        /* entries a batch may carry (1..1000) */
     uint64_t deadline_ms;       /* the whole batch's deadline, ms */
     struct ev_loop *loop;       /* the worker's loop (timers) */
     agw_multi_record_cb record; /* records the envelope's answer (may be NULL) */
+    agw_multi_abandoned_cb abandoned; /* (may be NULL) */
     void *record_data;
 } agw_multi_conf_t;
 
 /* Runs the batch carried by req's body (req: the batch route's request). Answers req later, from
- * the loop, or at once for a malformed envelope. Memory: the batch lives until its answer is sent
- * and every entry's request is disposed; if req is disposed first (client gone) every entry
- * still running is cancelled. */
-void agw_multi_start(h2o_req_t *req, const agw_multi_conf_t *conf);
+ * the loop, or at once for a malformed envelope. Returns the batch, or NULL when it has answered
+ * already; the handle is the caller's until conf->record or conf->abandoned runs (or it calls
+ * agw_multi_abandon). Memory: the batch lives until its answer is sent and every entry's request
+ * is disposed; if req is disposed first (client gone) every entry still running is cancelled. */
+agw_multi_t *agw_multi_start(h2o_req_t *req, const agw_multi_conf_t *conf);
+
+/* The batch's client has gone (seen by the caller: over HTTP/1, h2o does not read the client's
+ * socket while the batch runs): every entry still running is cancelled, and the batch will never
+ * answer; the caller finishes req. Neither callback runs for it. m is invalid afterwards. */
+void agw_multi_abandon(agw_multi_t *m);
 
 /* True when req is an entry of a batch (nested batches are refused with this). */
 int agw_multi_is_entry(const h2o_req_t *req);

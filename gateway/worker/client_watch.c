@@ -9,33 +9,23 @@
 #include <errno.h>
 #include <sys/socket.h>
 
-/* h2o does not read an HTTP/1 connection while its request is being handled, so a client that
- * closes it is noticed here: EOF or an error means the client is gone; bytes (a pipelined request)
- * mean it is still there, and the watch ends. */
-static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
+int agw_worker_client_gone(int fd)
 {
-    (void)loop, (void)revents;
-    reqref_t *rr = io->data;
     char c;
-    ssize_t n = recv(io->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    agw_worker_stop_client_watch(rr);
-    if (n > 0 || rr->rid == 0)
-        return;
-    agw_worker_t *w = rr->w;
-    uint64_t rid = rr->rid;
-    agw_slots_del(&w->tables.reqs, rid);
-    rr->rid = 0;
-    agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
-    agw_worker_abandon_request(rr->g, rid);
-    /* finish the h2o request so that it tears the connection down: the write fails. 499 is the
-     * log's and the metrics' status only, never a status line on the wire: a client that only
-     * half-closed (shutdown(SHUT_WR) after its request; an EOF here cannot be told from a close)
-     * would read it otherwise. Shutting the sending side first makes h2o's write fail at once,
-     * and the client reads the connection's end with nothing before it. */
-    shutdown(io->fd, SHUT_WR);
-    h2o_req_t *req = rr->req;
+        return -1;
+    return n > 0 ? 0 : 1;
+}
+
+void agw_worker_finish_gone(h2o_req_t *req, int fd)
+{
+    /* 499 is the log's and the metrics' status only, never a status line on the wire: a client
+     * that only half-closed (shutdown(SHUT_WR) after its request; an EOF cannot be told from a
+     * close) would read it otherwise. Shutting the sending side first makes h2o's write fail at
+     * once, and the client reads the connection's end with nothing before it; the failed write
+     * tears the connection down. */
+    shutdown(fd, SHUT_WR);
     /* and no request of the connection comes after it: h2o would start the pipelined ones it has
      * read already, each making its calls for a client that is gone */
     req->http1_is_persistent = 0;
@@ -43,6 +33,27 @@ static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
     req->res.reason = "Client Closed Request";
     req->res.content_length = 0;
     h2o_send_inline(req, "", 0);
+}
+
+/* h2o does not read an HTTP/1 connection while its request is being handled, so a client that
+ * closes it is noticed here (agw_worker_client_gone): the request is abandoned and finished. */
+static void on_client_readable(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)loop, (void)revents;
+    reqref_t *rr = io->data;
+    int gone = agw_worker_client_gone(io->fd);
+    if (gone < 0)
+        return;
+    agw_worker_stop_client_watch(rr);
+    if (!gone || rr->rid == 0)
+        return;
+    agw_worker_t *w = rr->w;
+    uint64_t rid = rr->rid;
+    agw_slots_del(&w->tables.reqs, rid);
+    rr->rid = 0;
+    agw_worker_record_request(w, rr, 499, 0, NULL, 0, NULL, 0);
+    agw_worker_abandon_request(rr->g, rid);
+    agw_worker_finish_gone(rr->req, io->fd);
 }
 
 /* How long a request runs before its client's socket is watched (s). Most pages are answered

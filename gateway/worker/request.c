@@ -60,10 +60,76 @@ static const char *bad_framing(h2o_req_t *req)
     return NULL;
 }
 
+/* A batch's request as the worker follows it (the batch itself is multi/multi.h's): recorded
+ * with its duration once answered; over HTTP/1 its client's socket is watched while the entries
+ * run (h2o reads none of it meanwhile); over HTTP/2 a stream reset before the answer counts as
+ * cancelled streams for the rapid-reset guard. In req's memory, made before the batch (its
+ * disposal runs after the batch's: h2o disposes a pool's shared entries last made first). */
+typedef struct batch_ref {
+    agw_worker_t *w;
+    h2o_req_t *req;
+    agw_multi_t *m;     /* the batch while it runs; NULL once answered or abandoned */
+    double started;     /* ev_now() when it arrived */
+    ev_io watch;        /* HTTP/1: the client's socket */
+    int watching;
+} batch_ref_t;
+
+static void batch_unwatch(batch_ref_t *b)
+{
+    if (b->watching) {
+        ev_io_stop(b->w->loop, &b->watch);
+        b->watching = 0;
+    }
+}
+
 static void record_batch(void *data, h2o_req_t *req, int status, size_t bytes)
 {
-    agw_worker_record_c_response(data, req, 0, status, bytes);
-    agw_worker_closing(data, req); /* (the envelope's response starts right after) */
+    batch_ref_t *b = data;
+    batch_unwatch(b);
+    b->m = NULL;
+    agw_worker_record_c_response(b->w, req, 0, status, (ev_now(b->w->loop) - b->started) * 1000.0, bytes);
+    agw_worker_closing(b->w, req); /* (the envelope's response starts right after) */
+}
+
+/* The batch's request was disposed before its answer: 499 in the log and the metrics, and over
+ * HTTP/2 the stream reset counts as one cancelled stream per entry still running (at least one):
+ * what a reset costs the gateway is the pages it started, and a batch starts up to max_requests. */
+static void batch_abandoned(void *data, h2o_req_t *req, size_t running)
+{
+    batch_ref_t *b = data;
+    agw_worker_t *w = b->w;
+    batch_unwatch(b);
+    b->m = NULL;
+    agw_worker_record_c_response(w, req, 0, 499, (ev_now(w->loop) - b->started) * 1000.0, 0);
+    if (req->version < 0x200)
+        return;
+    const agw_clients_conf_t *cc = &w->gens.cur->conf->clients;
+    uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
+    for (size_t i = 0; i < (running ? running : 1); i++)
+        if (agw_guard_h2_cancelled(&w->guard, req, now_ms, cc->max_cancelled_streams, cc->cancel_window_ms))
+            break; /* the GOAWAY is due */
+}
+
+static void on_batch_client(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)loop, (void)revents;
+    batch_ref_t *b = io->data;
+    int gone = agw_worker_client_gone(io->fd);
+    if (gone < 0)
+        return;
+    batch_unwatch(b);
+    if (!gone || b->m == NULL)
+        return;
+    agw_multi_t *m = b->m;
+    b->m = NULL;
+    agw_worker_record_c_response(b->w, b->req, 0, 499, (ev_now(b->w->loop) - b->started) * 1000.0, 0);
+    agw_multi_abandon(m); /* its entries are cancelled (each logged 499) */
+    agw_worker_finish_gone(b->req, io->fd);
+}
+
+static void on_batch_dispose(void *p)
+{
+    batch_unwatch(p);
 }
 
 /* The batch endpoint (multi/multi.h): its entries come back here, each as a request of its own. */
@@ -74,9 +140,21 @@ static int on_batch(agw_worker_t *w, h2o_req_t *req)
         agw_worker_send_problem(w, req, NULL, 0, 400, "nested-batch", "a batch may not contain a batch", NULL);
         return 0;
     }
+    batch_ref_t *b = h2o_mem_alloc_shared(&req->pool, sizeof(*b), on_batch_dispose);
+    *b = (batch_ref_t){.w = w, .req = req, .started = ev_now(w->loop)};
     agw_multi_conf_t mc = {.max_requests = conf->batch_max_requests, .deadline_ms = conf->batch_deadline_ms,
-                           .loop = w->loop, .record = record_batch, .record_data = w};
-    agw_multi_start(req, &mc);
+                           .loop = w->loop, .record = record_batch, .abandoned = batch_abandoned, .record_data = b};
+    b->m = agw_multi_start(req, &mc);
+    h2o_socket_t *sock = b->m && req->version < 0x200 && req->conn->callbacks->get_socket
+                             ? req->conn->callbacks->get_socket(req->conn)
+                             : NULL;
+    int fd = sock ? h2o_socket_get_fd(sock) : -1;
+    if (fd >= 0) { /* watched at once: a batch is rarer than a page, and runs several */
+        ev_io_init(&b->watch, on_batch_client, fd, EV_READ);
+        b->watch.data = b;
+        ev_io_start(w->loop, &b->watch);
+        b->watching = 1;
+    }
     return 0;
 }
 

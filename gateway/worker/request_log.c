@@ -496,15 +496,18 @@ static const char *route_of(const wgen_t *g, int endpoint)
 
 /* A response produced in C before the request reached the runtime (no route, bad framing) is
  * counted and logged; it was routed by the current generation. */
-void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes)
+void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, double ms,
+                                  size_t bytes)
 {
     const wgen_t *g = w->gens.cur;
-    agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, 0, bytes);
     const agw_trace_limit_t *limit = w->lim.has_note ? &w->lim.note : NULL; /* a 429 or 503 of the limits */
     w->lim.has_note = 0;
+    if (limit && ms == 0)
+        ms = limit->wait_us / 1000.0;
+    agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, ms, bytes);
     if (w->log.access_fd >= 0)
         alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, route_of(g, endpoint), status,
-                   limit ? limit->wait_us / 1000.0 : 0, bytes, NULL, 0, NULL, 0, NULL, limit);
+                   ms, bytes, NULL, 0, NULL, 0, NULL, limit);
 }
 
 void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t bytes, const section_ref_t *secs,
@@ -554,7 +557,7 @@ void agw_worker_send_problem_body(agw_worker_t *w, h2o_req_t *req, reqref_t *rr,
     if (rr)
         agw_worker_record_request(w, rr, status, len, NULL, 0, NULL, 0);
     else
-        agw_worker_record_c_response(w, req, endpoint, status, len);
+        agw_worker_record_c_response(w, req, endpoint, status, 0, len);
     agw_worker_closing(w, req);
     h2o_send_inline(req, body, len);
 }

@@ -344,6 +344,16 @@ void agw_worker_on_reload(struct ev_loop *loop, ev_async *a, int revents);
 /* ---- client_watch.c: an HTTP/1 client that leaves (inline: core.respond stops the watch of
  * every request it answers) ------------------------------------------------------------------ */
 
+/* Whether the client of HTTP/1 socket fd has gone, from a look at what it sent (MSG_PEEK): 1 on
+ * EOF or an error (gone), 0 when bytes wait (a pipelined request: it is there), -1 when nothing
+ * can be told yet (no bytes, no EOF). */
+int agw_worker_client_gone(int fd);
+
+/* Finishes HTTP/1 request req, whose client (socket fd) has gone: no status line reaches the
+ * socket (its sending side is shut first), the connection closes, and no request pipelined
+ * behind req is started. The caller has recorded req (status 499) and abandoned its work. */
+void agw_worker_finish_gone(h2o_req_t *req, int fd);
+
 /* HTTP/1: queues rr's request so that its client's socket is watched once the request has run
  * CLIENT_WATCH_DELAY; a client that closes it meanwhile gets 499 and its request is abandoned.
  * Nothing for HTTP/2 (h2o disposes of a reset stream's request). Sets rr's watch fields. */
@@ -544,13 +554,15 @@ static inline uint64_t agw_worker_now_us(agw_worker_t *w)
  * rr->tracestate (in req's memory, or NULL). */
 void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_t path_len);
 
+/* Counts and logs a response made in C without the runtime (no route, bad framing, the batch
+ * endpoint's envelope); endpoint 0: no route; ms: how long the request took (0 for one answered
+ * as it arrived). */
+void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, double ms,
+                                  size_t bytes);
+
 /* Sends an RFC 9457 problem built in C (routing errors, runtime failures) as the response to req,
  * encoded in w->scratch.out. Counts and logs the problem as the response of rr, or (rr NULL) of a request
  * that never reached the runtime, for endpoint (0: no route matched). */
-/* Counts and logs a response made in C without the runtime (no route, bad framing, the batch
- * endpoint's envelope); endpoint 0: no route. */
-void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, size_t bytes);
-
 void agw_worker_send_problem(agw_worker_t *w, h2o_req_t *req, reqref_t *rr, int endpoint, int status,
                              const char *kind, const char *title, const char *detail);
 

@@ -6,16 +6,19 @@ import hashlib
 import http.client
 import json
 import os
+import socket
+import struct
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import GatewayTestCase, endpoint, route, wait_until, main  # noqa: E402
+from h2_client import H2Client, _literal  # noqa: E402
 
 SERVICES = {
     "product": [route("/products/{id}", latency_ms=20, json={"id": "{id}", "name": "Sneaker"}),
-                route("/hang", fault="hang")],
+                route("/hang", fault="hang"), route("/hang/{id}", fault="hang")],
 }
 
 SCRIPTS = {
@@ -24,6 +27,9 @@ SCRIPTS = {
 """),
     "slow.lua": endpoint("GET /slow", """
     return agg.page(agg.fetch_all { h = { "product", "/hang", timeout_ms = 5000, required = true } })
+""", deadline_ms=5000),
+    "slow_id.lua": endpoint("GET /slow/{id}", """
+    return agg.page(agg.fetch_all { h = { "product", "/hang/" .. req.params.id, timeout_ms = 5000, required = true } })
 """, deadline_ms=5000),
     "echo.lua": endpoint("POST /echo", """
     return { status = 201, json = { got = req.json, ct = req.headers["content-type"], who = req.headers["x-who"] } }
@@ -40,6 +46,17 @@ class BatchCase(GatewayTestCase):
         gw_extra.update(extra)
         self.start(services=SERVICES, scripts=SCRIPTS, gateway_extra=gw_extra,
                    upstream_options={"product": {"timeout_ms": 5000, "connect_timeout_ms": 2000}})
+
+    def access_log(self, log, want):
+        """The access log's lines once it has want of them (the harness's probes left out), or None."""
+        def lines():
+            if not os.path.exists(log):
+                return None
+            with open(log) as f:
+                got = [json.loads(l) for l in f.read().splitlines()]
+            got = [l for l in got if l["path"] != "/__harness_probe__"]
+            return got if len(got) >= want else None
+        return wait_until(lines, 5)
 
     def post(self, doc, path="/batch", raw=None, timeout=20.0):
         body = raw if raw is not None else json.dumps(doc).encode()
@@ -184,31 +201,100 @@ class BatchEndpoint(BatchCase):
         self.start_batch(access_log=log)
         status, _, doc, _ = self.post({"requests": [{"path": "/p/1"}, {"path": "/p/2"}, {"path": "/nowhere"}]})
         self.assertEqual(status, 200)
-
-        def lines():
-            if not os.path.exists(log):
-                return None
-            with open(log) as f:
-                got = [json.loads(l) for l in f.read().splitlines()]
-            got = [l for l in got if l["path"] != "/__harness_probe__"]
-            return got if len(got) >= 4 else None
-        got = wait_until(lines, 5)
+        got = self.access_log(log, 4)
         self.assertIsNotNone(got)
         paths = sorted((l["method"], l["path"], l["status"]) for l in got)
         self.assertEqual(paths, [("GET", "/nowhere", 404), ("GET", "/p/1", 200), ("GET", "/p/2", 200),
                                  ("POST", "/batch", 200)])
 
     def test_a_client_that_leaves_cancels_its_entries(self):
-        self.start_batch(batch={"route": "POST /batch", "max_requests": 5, "deadline_ms": 3000})
+        # over HTTP/1.1 h2o reads nothing of the client while the batch runs: the gateway watches
+        # its socket, and a client that closed has every entry cancelled at once, not when the
+        # batch's deadline (20 s) or the calls' timeout (5 s) comes
+        log = os.path.join(self.workdir, "access.log")
+        self.start_batch(batch={"route": "POST /batch", "max_requests": 5, "deadline_ms": 20000}, access_log=log)
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        c.request("POST", "/batch", body=json.dumps({"requests": [{"path": "/slow"}] * 3}).encode(),
+        c.request("POST", "/batch", body=json.dumps({"requests": [{"path": "/slow/%d" % i} for i in range(3)]}).encode(),
                   headers={"content-type": "application/json"})
-        time.sleep(0.3)
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] == 3, 5), self.mock.stats())
+        t0 = time.monotonic()
         c.close()
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] == 0, 4), self.mock.stats())
+        self.assertLess(time.monotonic() - t0, 4.5)  # the calls' 5 s timeout did not end them
+        got = self.access_log(log, 4)
+        self.assertIsNotNone(got)
+        self.assertEqual(sorted((l["path"], l["status"]) for l in got),
+                         [("/batch", 499), ("/slow/0", 499), ("/slow/1", 499), ("/slow/2", 499)])
+        envelope = [l for l in got if l["path"] == "/batch"][0]
+        self.assertGreater(envelope["duration_ms"], 0)  # how long it ran until its client left
         # the gateway goes on serving, and answers a new batch
         status, _, doc, _ = self.post({"requests": [{"path": "/p/3"}]})
         self.assertEqual(doc["responses"][0]["status"], 200)
         self.assertLogClean()
+
+    def test_a_batch_answered_is_logged_with_its_duration(self):
+        log = os.path.join(self.workdir, "access.log")
+        self.start_batch(access_log=log)
+        status, _, doc, ms = self.post({"requests": [{"path": "/p/1"}]})  # Product answers in 20 ms
+        self.assertEqual(status, 200)
+        got = self.access_log(log, 2)
+        envelope = [l for l in got if l["path"] == "/batch"][0]
+        self.assertEqual(envelope["status"], 200)
+        self.assertGreaterEqual(envelope["duration_ms"], 20)
+        self.assertLessEqual(envelope["duration_ms"], ms + 1)
+
+    def test_h2_batches_reset_count_as_cancelled_streams(self):
+        # each batch's stream reset before its answer counts as one cancelled stream per entry
+        # still running: past max_cancelled_streams the connection gets GOAWAY (a batch would
+        # otherwise start max_requests pages per reset, without limit)
+        self.start_batch(batch={"route": "POST /batch", "max_requests": 5, "deadline_ms": 20000},
+                         clients={"max_cancelled_streams": 20, "cancel_window_s": 60})
+        c = H2Client(self.port, timeout=10).start_plain()
+        block = (_literal(":method", "POST") + _literal(":scheme", "http") + _literal(":path", "/batch") +
+                 _literal(":authority", "localhost") + _literal("content-type", "application/json"))
+        goaway, before, buf = [], self.mock.stats()["product"]["requests"], b""
+
+        def requests():
+            return self.mock.stats()["product"]["requests"] - before
+        for i in range(30):
+            sid = 1 + 2 * i
+            body = json.dumps({"requests": [{"path": "/slow/%d" % (5 * i + k)} for k in range(5)]}).encode()
+            try:
+                c.raw.sendall(c._frame(1, 0x4, sid, block) + c._frame(0, 0x1, sid, body))
+                # reset once its entries run (their calls made): a stream reset before its request
+                # was handled is h2o's alone
+                if not wait_until(lambda: requests() >= 5 * (i + 1), 5):
+                    break
+                c.raw.sendall(c._frame(3, 0, sid, struct.pack(">I", 8)))
+            except OSError:
+                break
+            # the frames the gateway sent meanwhile: a GOAWAY?
+            end_at = time.monotonic() + 0.2
+            while time.monotonic() < end_at and not goaway:
+                c.raw.settimeout(0.05)
+                try:
+                    data = c.raw.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                buf += data
+                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                    n, ftype = int.from_bytes(buf[:3], "big"), buf[3]
+                    if ftype == 7:
+                        goaway.append(i)
+                    buf = buf[9 + n:]
+            if goaway:
+                break
+        c.close()
+        self.assertTrue(goaway, "no GOAWAY after 30 reset batches of 5 running entries")
+        self.assertLessEqual(goaway[0], 8, goaway)  # 20 cancelled entries are 4 batches (and one more in flight)
+        self.assertLessEqual(requests(), 5 * 9)
+        self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] == 0, 5), self.mock.stats())
+        r = self.get("/p/1")  # and the gateway serves on
+        self.assertEqual(r.status, 200, r)
 
 
 if __name__ == "__main__":
