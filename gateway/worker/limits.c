@@ -95,7 +95,8 @@ static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *rou
 }
 
 /* Pushes the table a key function gets (agg.limits, "function keys"): method, path, route, query,
- * headers (lower-case names; a repeated header's last value), ip, user. */
+ * headers (lower-case names; a repeated header's first value, as a rule keyed by a header counts
+ * it), ip, user. */
 static void push_key_req(lua_State *L, h2o_req_t *req, const char *route, const agw_auth_result_t *user)
 {
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
@@ -114,6 +115,13 @@ static void push_key_req(lua_State *L, h2o_req_t *req, const char *route, const 
     for (size_t i = 0; i < req->headers.size; i++) {
         const h2o_header_t *h = &req->headers.entries[i];
         lua_pushlstring(L, h->name->base, h->name->len);
+        lua_pushvalue(L, -1);
+        lua_rawget(L, -3);
+        if (!lua_isnil(L, -1)) { /* a repeat: the first one counts */
+            lua_pop(L, 2);
+            continue;
+        }
+        lua_pop(L, 1);
         lua_pushlstring(L, h->value.base, h->value.len);
         lua_rawset(L, -3);
     }

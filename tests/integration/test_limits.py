@@ -439,6 +439,9 @@ class FunctionKeys(GatewayTestCase):
                    gateway_extra={"limits": limits_block(rules, headers=True)})
         acme = ("-H", "X-Tenant: acme")
         self.assertEqual([self.get("/a", *acme).status for _ in range(3)], [200, 200, 429])
+        # a repeated header: the first value counts, as for a rule keyed by the header (acme's
+        # count is spent whatever comes after it)
+        self.assertEqual(self.get("/a", "-H", "X-Tenant: acme", "-H", "X-Tenant: other").status, 429)
         self.assertEqual(self.get("/a", "-H", "X-Tenant: umbrella").status, 200)
         r = self.get("/open", *acme)
         self.assertEqual(r.status, 200)
