@@ -185,6 +185,13 @@ class BatchEndpoint(BatchCase):
             (json.dumps({"requests": [{"path": "/p/1", "methd": "GET"}]}).encode(), "requests[0].methd"),
             (json.dumps({"requests": [{"path": "/p/1", "headers": {"Host": "x"}}]}).encode(), "requests[0].headers.Host"),
             (json.dumps({"requests": [{"path": "/p/1", "headers": {"a": "b\r\nc: d"}}]}).encode(), "requests[0].headers.a"),
+            # what h2o refuses of a request on the wire: a control character, a name not a token
+            (json.dumps({"requests": [{"path": "/p/1", "headers": {"x-t": "a\u0001b"}}]}).encode(),
+             "requests[0].headers.x-t"),
+            (json.dumps({"requests": [{"path": "/p/1", "headers": {"x-t": "a\u007fb"}}]}).encode(),
+             "requests[0].headers.x-t"),
+            (json.dumps({"requests": [{"path": "/p/1", "headers": {"x(t)": "a"}}]}).encode(),
+             "requests[0].headers.x(t)"),
             (json.dumps({"requests": [{"method": "get", "path": "/p/1"}]}).encode(), "requests[0].method"),
             (json.dumps({"requests": [7]}).encode(), "requests[0]: must be an object"),
         ]
