@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/time.h>
 
 #include "base/log.h"
 
@@ -267,7 +268,37 @@ int agw_guard_h2_shutdown(agw_guard_t *g)
 }
 
 
-void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams, unsigned sending),
+/* How long the oldest stream of h2 still receiving its request has been at it, ms (0: none), by
+ * h2o's timestamps of the streams (the loop's time when each began). */
+static uint64_t oldest_receiving_ms(h2_conn_t *h2)
+{
+    const khash_t(h2o_http2_stream_t) *m = h2->streams;
+    if (m == NULL || m->size > m->n_buckets || (m->n_buckets & (m->n_buckets - 1)) != 0)
+        return 0; /* not a map as khash.h lays it out */
+    struct timeval now = *h2o_get_timestamp(h2->super.ctx, NULL, NULL), first = now;
+    int any = 0;
+    for (uint32_t i = 0; i < m->n_buckets; i++) {
+        if (!agw_kh_occupied(m, i))
+            continue;
+        const h2o_http2_stream_t *st = m->vals[i];
+        if (st == NULL || st->stream_id != m->keys[i])
+            return 0; /* not the layout read: nothing is told */
+        if (st->state == H2O_HTTP2_STREAM_STATE_RECV_HEADERS || st->state == H2O_HTTP2_STREAM_STATE_RECV_BODY) {
+            const struct timeval *b = &st->req.timestamps.request_begin_at;
+            if (!any || timercmp(b, &first, <))
+                first = *b;
+            any = 1;
+        }
+    }
+    if (!any || !timercmp(&first, &now, <))
+        return 0;
+    struct timeval d;
+    timersub(&now, &first, &d);
+    uint64_t ms = (uint64_t)d.tv_sec * 1000 + (uint64_t)d.tv_usec / 1000;
+    return ms ? ms : 1;
+}
+
+void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, const agw_guard_h2_count_t *count),
                           void *arg)
 {
     for (h2o_linklist_t *n = g->ctx->http2._conns.next; n != &g->ctx->http2._conns; n = n->next) {
@@ -277,9 +308,14 @@ void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t
         if (!h2_check_conn(g, h2, h2->sock)) /* (checked once, on the first connection seen) */
             return;
         agw_guard_conn_t *c = agw_guard_conn_by_fd(g, h2o_socket_get_fd(h2->sock));
-        if (c != NULL)
-            fn(arg, c, h2->num_streams.pull.open + h2->num_streams.push.open,
-               h2->num_streams.pull.send_body + h2->num_streams.push.send_body);
+        if (c == NULL)
+            continue;
+        agw_guard_h2_count_t k = {.streams = h2->num_streams.pull.open + h2->num_streams.push.open,
+                                  .sending = h2->num_streams.pull.send_body + h2->num_streams.push.send_body};
+        /* streams not answering yet (being received, or handled): only then is one walked */
+        if (k.streams > h2->num_streams.pull.half_closed + h2->num_streams.push.half_closed)
+            k.receiving_ms = oldest_receiving_ms(h2);
+        fn(arg, c, &k);
     }
 }
 

@@ -130,15 +130,24 @@ agw_guard_conn_t *agw_guard_conn_by_fd(agw_guard_t *g, int fd);
  * caller then falls back on h2o's. On the worker's thread, outside h2o's callbacks. */
 int agw_guard_h2_shutdown(agw_guard_t *g);
 
-/* For a graceful shutdown and the send timeout (worker/accept.c): calls fn(arg, c, streams,
- * sending) for each HTTP/2 connection of the worker's h2o context that the guard knows (c,
- * registered by agw_guard_conn_open), with streams, how many of its streams are open (a request
- * being received, handled or answered: h2o's counts of client and push streams), and sending, how
- * many of them are sending a response's body (h2o's SEND_BODY state: headers sent, DATA frames
- * to go, which the client's flow-control window may hold back). Reads h2o's HTTP/2 connection as
- * the rapid-reset guard does (see guard.c); when that layout is not trusted, calls fn for none
- * (the caller then cannot tell an HTTP/2 connection from another). */
-void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, unsigned streams, unsigned sending),
+/* What agw_guard_h2_streams says of one HTTP/2 connection. */
+typedef struct agw_guard_h2_count {
+    unsigned streams;        /* its open streams (a request being received, handled or answered:
+                                h2o's counts of client and push streams) */
+    unsigned sending;        /* of them, those sending a response's body (h2o's SEND_BODY state:
+                                headers sent, DATA frames to go, which the client's flow-control
+                                window may hold back) */
+    uint64_t receiving_ms;   /* how long the oldest stream still receiving its request (its
+                                headers or body: h2o has not handed it over) has been at it, ms;
+                                0 when none is */
+} agw_guard_h2_count_t;
+
+/* For a graceful shutdown and the client timeouts (worker/accept.c): calls fn(arg, c, count) for
+ * each HTTP/2 connection of the worker's h2o context that the guard knows (c, registered by
+ * agw_guard_conn_open). Reads h2o's HTTP/2 connection as the rapid-reset guard does (see
+ * guard.c), its streams too when some have not been answered; when that layout is not trusted,
+ * calls fn for none (the caller then cannot tell an HTTP/2 connection from another). */
+void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, const agw_guard_h2_count_t *count),
                           void *arg);
 
 /* An HTTP/2 stream of req's connection ended before the gateway answered it (the client reset

@@ -41,6 +41,9 @@ typedef struct conn {
     unsigned h2 : 1;        /* an HTTP/2 connection (agw_guard_h2_streams listed it) */
     unsigned h2_streams;    /* HTTP/2: its open streams at the last count */
     unsigned h2_sending;    /* HTTP/2: its streams sending a body, at the last count */
+    uint64_t h2_receiving_ms; /* HTTP/2: how long its oldest request still arriving has been, at the
+                                 last count (0: none) */
+    unsigned h2_idle_s;     /* HTTP/2: sweeps in a row that found it with no stream */
     uint64_t acked;         /* bytes the client had acknowledged when the stall began (TCP_INFO) */
     size_t queued;          /* libuv's write queue when the stall began, bytes */
     unsigned stalled_s;     /* sweeps since the stall began: an answer to send, and less than
@@ -61,6 +64,16 @@ typedef struct conn {
 /* What a client must take of its answer every clients.send_timeout_s, bytes: 16 KB (a few TCP
  * segments; at the default 60 s, 273 bytes a second). */
 #define SEND_PROGRESS_BYTES 16384
+
+/* HTTP/2 timeouts h2o 2.2.5 has in name only, s: h2o's idle timeout (10 s) restarts on every
+ * frame, so a client that sends a PING every few seconds and opens no stream held its slot of
+ * clients.max_connections for good; and it has no timeout for a request still arriving, so a
+ * stream whose body comes a byte at a time did the same. The sweeps close an HTTP/2 connection
+ * that has had no stream for H2_IDLE_S, or a request arriving for over H2_REQUEST_S: what h2o
+ * does to an HTTP/1 connection (10 s for an idle keep-alive connection and for a request's head
+ * and body). */
+#define H2_IDLE_S 10
+#define H2_REQUEST_S 10
 
 
 /* clients.max_connections of the generation this worker serves (at least 1). */
@@ -150,13 +163,14 @@ void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req)
     c->served = 1;
 }
 
-static void count_h2(void *arg, agw_guard_conn_t *gc, unsigned streams, unsigned sending)
+static void count_h2(void *arg, agw_guard_conn_t *gc, const agw_guard_h2_count_t *k)
 {
     (void)arg;
     conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, guard, gc);
     c->h2 = 1;
-    c->h2_streams = streams;
-    c->h2_sending = sending;
+    c->h2_streams = k->streams;
+    c->h2_sending = k->sending;
+    c->h2_receiving_ms = k->receiving_ms;
 }
 
 unsigned agw_worker_busy_conns(agw_worker_t *w)
@@ -230,7 +244,7 @@ void agw_worker_send_sweep(agw_worker_t *w)
 {
     unsigned limit = w->gens.cur->conf->clients.send_timeout_s;
     agw_guard_h2_streams(&w->guard, count_h2, NULL);
-    unsigned closed = 0, suspects = 0;
+    unsigned closed = 0, suspects = 0, h2_slow = 0;
     for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
         conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, link, l);
         h2o_socket_t *s = c->sock;
@@ -240,6 +254,18 @@ void agw_worker_send_sweep(agw_worker_t *w)
         if (refused > 0)
             continue;
         suspects += refused < 0; /* looked at again REFUSED_RECHECK_S from now, not a second */
+        if (c->h2) {
+            c->h2_idle_s = c->h2_streams == 0 && c->tcp.write_queue_size == 0 ? c->h2_idle_s + 1 : 0;
+            int idle = c->h2_idle_s > H2_IDLE_S, slow = c->h2_receiving_ms > H2_REQUEST_S * 1000;
+            if (idle || slow) {
+                /* the kernel ends the read: h2o closes the connection (a slow request's stream is
+                 * disposed of with it; an idle one has nothing to lose) */
+                shutdown(c->guard.fd, SHUT_RDWR);
+                c->h2_idle_s = 0;
+                h2_slow += slow; /* (an idle one closed is routine, as h2o's own idle timeout: not logged) */
+                continue;
+            }
+        }
         /* an answer to send: bytes libuv could not hand to the kernel (an HTTP/1 response, TLS
          * records, HTTP/2 frames: the kernel's buffers are full), or an HTTP/2 body held back by
          * the client's flow-control window. (An answer the kernel took whole is h2o's: the
@@ -280,12 +306,16 @@ void agw_worker_send_sweep(agw_worker_t *w)
         ev_timer_set(&w->refused_timer, REFUSED_RECHECK_S, 0.);
         ev_timer_start(w->loop, &w->refused_timer);
     }
-    if (closed > 0) {
+    if (closed > 0 || h2_slow > 0) {
         double now = ev_now(w->loop);
         if (now - w->send_warned >= 10.0) {
             w->send_warned = now;
-            agw_log(AGW_LOG_WARN, "worker %d: closed %u client connection(s) that took none of their answer for "
-                    "%u s (clients.send_timeout_s)", w->id, closed, limit);
+            if (closed > 0)
+                agw_log(AGW_LOG_WARN, "worker %d: closed %u client connection(s) that took none of their answer for "
+                        "%u s (clients.send_timeout_s)", w->id, closed, limit);
+            if (h2_slow > 0)
+                agw_log(AGW_LOG_WARN, "worker %d: closed %u HTTP/2 connection(s) whose request was still arriving "
+                        "after %d s", w->id, h2_slow, H2_REQUEST_S);
         }
     }
 }

@@ -262,8 +262,10 @@ void agw_worker_listener_start(listener_t *l);
  * 2.2.5 has no such timeout: its request timeout stops once a request's head is read, and the
  * HTTP/2 idle timeout while a stream is open, so a client that never reads (an HTTP/2 window left
  * at 0, a socket never read) held its connection and its slot of clients.max_connections for
- * good. Closing is shutdown(2) on the socket: h2o sees the failed write or the end of input and
- * closes the connection its own way. Worker's loop. */
+ * good. Also closes an HTTP/2 connection that has had no stream for 10 s, or a request still
+ * arriving after 10 s (h2o's idle timeout restarts on every frame, a PING too, and it has no
+ * timeout for a request's body). Closing is shutdown(2) on the socket: h2o sees the failed write
+ * or the end of input and closes the connection its own way. Worker's loop. */
 void agw_worker_send_sweep(agw_worker_t *w);
 
 /* The listeners, paused while the gateway was at clients.max_connections, accept again when it is

@@ -81,6 +81,60 @@ def reset_or_closed(sock, timeout):
     return False
 
 
+class Http2Timeouts(GatewayTestCase):
+    """h2o 2.2.5's HTTP/2 idle timeout restarts on every frame, and it has no timeout for a request
+    still arriving: the gateway closes an HTTP/2 connection with no stream for 10 s, or with a
+    request still arriving after 10 s, as h2o does an HTTP/1 one."""
+
+    def setUp(self):
+        super().setUp()
+        scripts = dict(BIG_PAGES)
+        scripts["post.lua"] = ('return { route = "POST /post", handler = function(req)\n'
+                               '  return { status = 200, json = { n = #(req.body or "") } }\n'
+                               'end }\n')
+        self.start(services=demo_services(5, 5, 5), scripts=scripts,
+                   gateway_extra={"clients": {"max_connections": 2}})
+
+    def h2(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        self.addCleanup(s.close)
+        s.sendall(PREFACE + h2_frame(0x4, 0, 0))
+        return s
+
+    def test_pinging_and_trickling_http2_clients_lose_their_slots(self):
+        idle, trickle = self.h2(), self.h2()  # the worker's two slots
+        block = (b"\x83\x86" + _literal(":path", "/post") + _literal(":authority", "x") +  # POST, http
+                 _literal("content-length", "1000"))
+        trickle.sendall(h2_frame(0x1, 0x4, 1, block))  # HEADERS, END_HEADERS: a body to come
+        stop = threading.Event()
+
+        def keep_busy():  # a PING a second on one, a byte of body a second on the other: each
+            n = 0         # restarts h2o's idle timer, neither completes a request
+            while not stop.wait(1.0):
+                try:
+                    idle.sendall(h2_frame(0x6, 0, 0, struct.pack(">Q", n)))
+                    trickle.sendall(h2_frame(0x0, 0, 1, b"x"))
+                except OSError:
+                    return
+                n += 1
+        t = threading.Thread(target=keep_busy, daemon=True)
+        t.start()
+        self.addCleanup(stop.set)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        r = self.get("/small", timeout=40)  # waits in the backlog until a slot comes free
+        waited = time.monotonic() - t0
+        self.assertEqual(r.status, 200, r)
+        print("a client behind an HTTP/2 PINGer and a body trickler was served after %.1f s" % waited)
+        for s in (idle, trickle):
+            self.assertTrue(reset_or_closed(s, 15), "an HTTP/2 client with no request done kept its connection")
+        self.assertTrue(any("request was still arriving" in l for l in self.gw.log().splitlines()), self.gw.log())
+        # a request that arrives whole in time is answered on HTTP/2 as before
+        stop.set()
+        r = self.get_h2c("/small")
+        self.assertEqual(r.status, 200, r)
+
+
 class ClientsThatNeverRead(GatewayTestCase):
     SEND_TIMEOUT_S = 2
 
