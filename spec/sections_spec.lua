@@ -337,3 +337,34 @@ describe("a page left unanswered", function()
     assert.truthy(logged(gw, "still unanswered"))
   end)
 end)
+
+describe("max_request_json_values", function()
+  local gw
+  before_each(function()
+    gw = testing.gateway { dir = DIR }
+  end)
+
+  local function list(n, item)
+    local t = {}
+    for i = 1, n do t[i] = item end
+    return "[" .. table.concat(t, ",") .. "]"
+  end
+
+  it("decodes a body within the cap", function()
+    local page = gw:request("POST", "/count", { body = list(999, "1") })
+    assert.same({ decoded = true, n = 999, raw = 1999 }, page.json)
+  end)
+
+  it("leaves req.json nil for a body of more values: its tables would be many times its bytes", function()
+    local page = gw:request("POST", "/count", { body = list(1000, "1") })
+    assert.same({ decoded = false, n = 0, raw = 2001 }, page.json)
+    -- member names count too, and an empty object one
+    page = gw:request("POST", "/count", { body = list(400, "{\"a\":{}}") })
+    assert.is_false(page.json.decoded)
+    -- what a string holds is not counted
+    page = gw:request("POST", "/count", { body = "[\"" .. string.rep(",:[{", 2000) .. "\"]" })
+    assert.same({ decoded = true, n = 1, raw = 8004 }, page.json)
+    page = gw:request("POST", "/count", { body = "[\"\\\"" .. string.rep(",", 2000) .. "\"]" })
+    assert.is_true(page.json.decoded)
+  end)
+end)

@@ -613,11 +613,20 @@ static int l_decode(lua_State *L)
 {
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
+    lua_Number max_nodes = luaL_optnumber(L, 2, 0); /* 0: no cap */
     char err[160];
     if (agw_json_validate(s, len, AGW_JSON_MAX_DEPTH, NULL, err, sizeof(err)) != 0) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
+    }
+    if (max_nodes >= 1 && max_nodes < 1e15) {
+        size_t cap = (size_t)max_nodes;
+        if (agw_json_count_nodes(s, len, cap) > cap) {
+            lua_pushnil(L);
+            lua_pushfstring(L, "more than %d values and member names", (int)(cap < 0x7fffffff ? cap : 0x7fffffff));
+            return 2;
+        }
     }
     ensure_state(L);
     agw_json_push_text(L, s, len); /* Lua strings end in NUL, as push_text needs */

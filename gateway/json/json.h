@@ -112,6 +112,13 @@ int agw_json_parse(const char *buf, size_t len, unsigned max_depth, json_t **out
  *   "number out of range at byte N". */
 int agw_json_validate(const char *buf, size_t len, unsigned max_depth, int *compact, char *err, size_t errlen);
 
+/* How many nodes the JSON text buf (len bytes, valid: agw_json_validate accepted it) holds, as an
+ * upper bound: each value and each member name counts one (an empty array or object one more).
+ * What turning it into Lua tables costs is about that many slots, tables and strings: a cap on it
+ * bounds the Lua memory a client's body can make (1 MiB of "[{},{},…]" is 333,000 tables, about
+ * 25 MB). Stops counting once past stop and returns stop + 1. One pass, no allocation. */
+size_t agw_json_count_nodes(const char *buf, size_t len, size_t stop);
+
 /* Pushes an int64 box holding n (agg.int64). */
 void agw_json_push_int64(lua_State *L, int64_t n);
 
@@ -209,7 +216,9 @@ void agw_json_encode_number(agw_buf_t *out, double d);
 
 /* Opens the "agg.json" Lua module and leaves its table on the stack:
  *   null, array([t]), is_array(t), int64(string|number), is_int64(v), setorder(t, keys) -> t,
- *   decode(s) -> value | nil, err, encode(v) -> string | nil, err, materialize(ref) -> value,
+ *   decode(s [, max_nodes]) -> value | nil, err (max_nodes: when s holds more nodes,
+ *   agw_json_count_nodes, nil and "more than N values and member names"),
+ *   encode(v) -> string | nil, err, materialize(ref) -> value,
  *   parse(s) -> raw ref | nil, err (validates with AGW_JSON_MAX_DEPTH, parses nothing),
  *   encode_rows(rows, members) -> string | nil, err (agw_json_encode_rows; members a list of
  *   at most AGW_JSON_ROW_MEMBERS strings),

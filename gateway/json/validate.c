@@ -441,3 +441,23 @@ syntax:
         snprintf(err, errlen, "invalid JSON at byte %zu: %s", (size_t)(at - start), what);
     return -1;
 }
+
+size_t agw_json_count_nodes(const char *buf, size_t len, size_t stop)
+{
+    /* every value but the first follows a '[', ',' or ':', every member name a '{' or ','; an
+     * empty container's '[' or '{' is followed by neither (counted all the same) */
+    size_t n = 1;
+    const char *p = buf, *end = buf + len;
+    while (p < end) {
+        char c = *p++;
+        if (c == '"') { /* a string: its bytes are none of those marks ('\' escapes the next) */
+            while (p < end && *p != '"')
+                p += *p == '\\' ? 2 : 1;
+            p++;
+        } else if (c == '[' || c == '{' || c == ',' || c == ':') {
+            if (++n > stop)
+                return stop + 1;
+        }
+    }
+    return n;
+}

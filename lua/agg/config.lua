@@ -11,7 +11,7 @@
 --   agg.ops_config       access_log, tracing
 --   agg.redis_config     redis, cache
 --   (here)               workers, deadline_ms, max_request_body_bytes, script_time_limit_ms,
---                        script_memory_limit_mb, max_sections_per_request,
+--                        script_memory_limit_mb, max_sections_per_request, max_request_json_values,
 --                        shutdown_grace_ms, scripts
 --   agg.limits           limits, max_in_flight
 --   agg.upstream_config  upstreams; then agg.edge_config's auth; then token_exchange and what
@@ -120,12 +120,12 @@ function M.check(cfg, src, file)
   end
   local out = { listen = {}, upstreams = {}, workers = 0, deadline_ms = 1000, max_request_body_bytes = 1024 * 1024,
                 shutdown_grace_ms = 10000, script_time_limit_ms = 1000, script_memory_limit_mb = 1024,
-                max_sections_per_request = 1000,
+                max_sections_per_request = 1000, max_request_json_values = 10000,
                 scripts = { trusted = false },
                 cache = { memory_bytes = 64 * 1024 * 1024, redis = true } }
   local TOP = { listen = true, workers = true, deadline_ms = true, upstreams = true, max_request_body_bytes = true,
                 admin = true, access_log = true, shutdown_grace_ms = true, tracing = true, script_time_limit_ms = true,
-                script_memory_limit_mb = true, max_sections_per_request = true,
+                script_memory_limit_mb = true, max_sections_per_request = true, max_request_json_values = true,
                 clients = true, scripts = true, redis = true, cache = true, auth = true, token_exchange = true,
                 limits = true, max_in_flight = true, batch = true }
   for k in pairs(cfg) do
@@ -134,7 +134,8 @@ function M.check(cfg, src, file)
     elseif not TOP[k] then
       err(find_line(lines, k), tostring(k), "unknown option" .. suggest(tostring(k), TOP) ..
           "; gateway.lua knows listen, admin, workers, deadline_ms, max_request_body_bytes, " ..
-          "shutdown_grace_ms, script_time_limit_ms, script_memory_limit_mb, max_sections_per_request, clients, scripts, access_log, tracing, " ..
+          "shutdown_grace_ms, script_time_limit_ms, script_memory_limit_mb, max_sections_per_request, " ..
+          "max_request_json_values, clients, scripts, access_log, tracing, " ..
           "redis, cache, limits, " ..
           "max_in_flight, upstreams, auth, token_exchange, batch")
     end
@@ -196,6 +197,9 @@ function M.check(cfg, src, file)
   -- how many sections one request's fan-outs may have in all (agg.fanout): every call, chain
   -- and nested fan-out a request starts is one; bounds what one client request makes upstream
   whole("max_sections_per_request", 1, 100000, "sections")
+  -- how many values and member names req.json may make of a request body (agg.runtime): each
+  -- costs a Lua slot, table or string, about 25 times the body's bytes for "[{},{},…]"
+  whole("max_request_json_values", 1, 10000000, "values")
   -- scripts = { trusted = true }: the folder's scripts run without the sandbox (agg.sandbox)
   if cfg.scripts ~= nil then
     local sline = find_line(lines, "scripts")

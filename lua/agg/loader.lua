@@ -407,6 +407,7 @@ local function load_folder(dir)
                 local e = { route = ep.route, method = r.method, segments = r.segments, handler = ep.handler,
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
                             max_sections = (cfg and cfg.max_sections_per_request) or 1000,
+                            max_json_values = (cfg and cfg.max_request_json_values) or 10000,
                             route_line = at("route"),
                             limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1, auth = policy }
                 shapes[sh] = e

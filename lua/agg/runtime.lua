@@ -439,8 +439,10 @@ local req_index = function(r, k)
       if lazy then lazy.private_read = true end
     end
     if k == "json" then
+      -- nil for a body that is not JSON, or holds more values than max_request_json_values (each
+      -- a Lua slot, table or string: the Lua memory a client's body can make is bounded)
       local body = lazy and lazy.body
-      if body and body ~= "" then v = json.decode(body) end
+      if body and body ~= "" then v = json.decode(body, lazy.ep and lazy.ep.max_json_values or 10000) end
     elseif k == "body" then
       v = lazy and lazy.body or nil
     elseif k == "query" then

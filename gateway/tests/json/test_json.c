@@ -533,6 +533,27 @@ static void validator_reports_compact_text(void)
     }
 }
 
+/* agw_json_count_nodes: an upper bound of values and member names, strings' bytes not counted,
+ * stopping past its cap */
+static void node_count_bounds_what_a_text_makes(void)
+{
+    static const struct {
+        const char *text;
+        size_t nodes;
+    } cases[] = {
+        {"1", 1}, {"[]", 2}, {"{}", 2}, {"[1,2,3]", 4}, {"{\"a\":1,\"b\":[true,null]}", 7},
+        {"[{},{},{}]", 7}, {"\"[,:{\"", 1}, {"[\"a\\\",b\",\":\"]", 3}, {"  [ 1 , 2 ]  ", 3},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *t = cases[i].text;
+        CHECK(agw_json_validate(t, strlen(t), AGW_JSON_MAX_DEPTH, NULL, NULL, 0) == 0);
+        CHECK(agw_json_count_nodes(t, strlen(t), 1000) == cases[i].nodes);
+    }
+    CHECK(agw_json_count_nodes("[1,2,3,4,5]", 11, 3) == 4); /* past the cap: cap + 1 */
+    CHECK(agw_json_count_nodes("[1,2,3,4,5]", 11, 6) == 6);
+    CHECK(agw_json_count_nodes("\"\\", 2, 10) == 1); /* a text cut inside an escape: no read past it */
+}
+
 int main(void)
 {
     RUN(invalid_utf8_fails_parse);
@@ -548,6 +569,7 @@ int main(void)
     RUN(nul_after_a_value_is_rejected_though_jansson_skips_it);
     RUN(nul_escape_in_a_key_is_refused_as_jansson_does);
     RUN(validator_reports_compact_text);
+    RUN(node_count_bounds_what_a_text_makes);
     RUN(text_push_agrees_with_jansson_tree);
     RUN(text_push_reads_strings_of_every_length_exactly);
     RUN(text_push_of_big_objects_agrees_with_jansson_tree);
