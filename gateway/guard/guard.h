@@ -78,6 +78,10 @@ typedef struct agw_guard_conn {
                                         (agw_guard_h2_watch); NULL before */
     unsigned max_fields;             /* ro: header fields per header block before GOAWAY */
     size_t max_block_bytes;          /* ro: encoded bytes per header block before GOAWAY */
+    size_t unsent;                   /* HTTP/2: bytes of the answers on its streams whose requests have
+                                        not ended (their client has not taken them all): counted by
+                                        the worker (respond.c, request.c), bounded by
+                                        clients.max_unsent_bytes */
     unsigned goaway : 1;             /* ro: GOAWAY sent (or due): the connection is closing */
     unsigned shutdown_told : 1;      /* private: the graceful shutdown's GOAWAY sent (agw_guard_h2_shutdown) */
 } agw_guard_conn_t;

@@ -105,7 +105,7 @@ static void send_envelope(multi_t *m, int status, const char *type, const char *
 {
     h2o_req_t *req = m->req;
     req->res.status = status;
-    req->res.reason = status == 200 ? "OK" : "Bad Request";
+    req->res.reason = status == 200 ? "OK" : status == 400 ? "Bad Request" : "Service Unavailable";
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, type, strlen(type));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
     req->res.content_length = len;
@@ -144,7 +144,14 @@ static void reply(multi_t *m)
         agw_buf_putc(&b, '}');
     }
     agw_buf_puts(&b, "]}");
-    send_envelope(m, 200, "application/json", b.base, b.len);
+    if (m->conf.admit && !m->conf.admit(m->conf.record_data, m->req, b.len)) {
+        static const char body[] = "{\"type\":\"urn:aggway:problem:connection-overloaded\",\"title\":\"the connection "
+                                   "holds more answers than its client has taken\",\"status\":503,\"detail\":"
+                                   "\"clients.max_unsent_bytes\"}";
+        send_envelope(m, 503, "application/problem+json", body, sizeof(body) - 1);
+    } else {
+        send_envelope(m, 200, "application/json", b.base, b.len);
+    }
     agw_buf_free(&b);
 }
 

@@ -514,6 +514,7 @@ static void load_clients(lua_State *L, int cfg, agw_config_t *conf)
     c->max_cancelled_streams = t ? (unsigned)agw_luamod_field_u64(L, t, "max_cancelled_streams", 100) : 100;
     c->cancel_window_ms = agw_luamod_to_u64((t ? agw_luamod_field_num(L, t, "cancel_window_s", 10) : 10) * 1000);
     c->send_timeout_s = t ? (unsigned)agw_luamod_field_u64(L, t, "send_timeout_s", 60) : 60;
+    c->max_unsent_bytes = t ? (size_t)agw_luamod_field_u64(L, t, "max_unsent_bytes", 16777216) : 16777216;
     lua_pop(L, 1);
 }
 

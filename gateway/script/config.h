@@ -45,6 +45,9 @@ typedef struct agw_clients_conf {
     uint64_t cancel_window_ms;          /* that window, ms */
     unsigned send_timeout_s;            /* a connection with an answer to send whose client has taken
                                            none of it for this long is closed (accept.c), s */
+    size_t max_unsent_bytes;            /* HTTP/2: bytes of answers a connection may hold that its client
+                                           has not taken (streams not ended), beyond one answer; an
+                                           answer past it gets 503 (respond.c, request.c), bytes */
 } agw_clients_conf_t;
 
 /* An endpoint as /routes and the metrics name it. */

@@ -19,6 +19,7 @@
 static void on_req_dispose(void *p)
 {
     reqref_t *rr = p;
+    agw_worker_unsent_done(rr->w, rr->req, &rr->unsent);
     agw_edge_user_drop(&rr->user);
     if (h2o_linklist_is_linked(&rr->out_link))
         h2o_linklist_unlink(&rr->out_link);
@@ -70,6 +71,7 @@ typedef struct batch_ref {
     h2o_req_t *req;
     agw_multi_t *m;     /* the batch while it runs; NULL once answered or abandoned */
     double started;     /* ev_now() when it arrived */
+    size_t unsent;      /* HTTP/2: its answer's bytes counted in its connection's (agw_worker_unsent_take) */
     ev_io watch;        /* HTTP/1: the client's socket */
     int watching;
 } batch_ref_t;
@@ -127,9 +129,18 @@ static void on_batch_client(struct ev_loop *loop, ev_io *io, int revents)
     agw_worker_finish_gone(b->req, io->fd);
 }
 
+/* The envelope's answer is counted in its connection's unsent answers, and refused past them. */
+static int batch_admit(void *data, h2o_req_t *req, size_t bytes)
+{
+    batch_ref_t *b = data;
+    return agw_worker_unsent_take(b->w, b->w->gens.cur, req, bytes, &b->unsent);
+}
+
 static void on_batch_dispose(void *p)
 {
-    batch_unwatch(p);
+    batch_ref_t *b = p;
+    batch_unwatch(b);
+    agw_worker_unsent_done(b->w, b->req, &b->unsent);
 }
 
 /* The batch endpoint (multi/multi.h): its entries come back here, each as a request of its own. */
@@ -143,7 +154,8 @@ static int on_batch(agw_worker_t *w, h2o_req_t *req)
     batch_ref_t *b = h2o_mem_alloc_shared(&req->pool, sizeof(*b), on_batch_dispose);
     *b = (batch_ref_t){.w = w, .req = req, .started = ev_now(w->loop)};
     agw_multi_conf_t mc = {.max_requests = conf->batch_max_requests, .deadline_ms = conf->batch_deadline_ms,
-                           .loop = w->loop, .record = record_batch, .abandoned = batch_abandoned, .record_data = b};
+                           .loop = w->loop, .record = record_batch, .abandoned = batch_abandoned,
+                           .admit = batch_admit, .record_data = b};
     b->m = agw_multi_start(req, &mc);
     h2o_socket_t *sock = b->m && req->version < 0x200 && req->conn->callbacks->get_socket
                              ? req->conn->callbacks->get_socket(req->conn)
@@ -385,6 +397,7 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
     rr->started = ev_now(w->loop);
     rr->logline = NULL;
     rr->out_link = (h2o_linklist_t){NULL, NULL}; /* not queued */
+    rr->unsent = 0;
     agw_edge_user_take(&rr->user, user);
     if (w->log.access_fd >= 0) {
         rr->logline = agw_malloc(req->method.len + req->path.len + 2);

@@ -37,6 +37,31 @@ static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char
 
 #define AGW_WARN_REPEAT_S 10.0
 
+int agw_worker_unsent_take(agw_worker_t *w, const wgen_t *g, h2o_req_t *req, size_t len, size_t *counted)
+{
+    agw_guard_conn_t *gc = req->version >= 0x200 ? agw_guard_conn_of(&w->guard, req) : NULL;
+    if (gc == NULL)
+        return 1;
+    /* a client that opens no flow-control window (or reads nothing) while it asks for more made the
+     * answers of its streams pile up in memory until send_timeout_s: 100 streams of 1 MB pages
+     * held 100 MB a connection, 20 times that in batches */
+    if (gc->unsent > 0 && gc->unsent + len > g->conf->clients.max_unsent_bytes)
+        return 0;
+    gc->unsent += len;
+    *counted += len;
+    return 1;
+}
+
+void agw_worker_unsent_done(agw_worker_t *w, h2o_req_t *req, size_t *counted)
+{
+    if (*counted == 0)
+        return;
+    agw_guard_conn_t *gc = agw_guard_conn_of(&w->guard, req); /* NULL once its connection is gone */
+    if (gc)
+        gc->unsent -= *counted < gc->unsent ? *counted : gc->unsent;
+    *counted = 0;
+}
+
 /* Logs a warning of agw_resp_headers_read about a script's response header (data: the worker).
  * The same message is written at most once per AGW_WARN_REPEAT_S per worker; the next one after
  * that says how many were left out, so a script that sets a bad header on every response cannot
@@ -134,6 +159,16 @@ int agw_worker_respond(lua_State *L)
         body = lua_tolstring(L, BODY, &body_len);
         if (body == NULL)
             body = "", body_len = 0;
+    }
+    if (!agw_worker_unsent_take(w, rr->g, req, body_len, &rr->unsent)) {
+        agw_slots_del(&w->tables.reqs, rid);
+        rr->rid = 0;
+        agw_worker_stop_client_watch(rr);
+        agw_worker_send_problem(w, req, rr, rr->endpoint, 503, "connection-overloaded",
+                                "the connection holds more answers than its client has taken",
+                                "clients.max_unsent_bytes");
+        lua_pushboolean(L, 1);
+        return 1;
     }
     req->res.status = status;
     req->res.reason = agw_http_reason(status);

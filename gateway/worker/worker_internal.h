@@ -106,7 +106,18 @@ typedef struct reqref {
     h2o_iovec_t out;    /* the response body (in the request's memory) while the response is queued */
     h2o_linklist_t out_link; /* on the worker's out queue (agw_worker_queue_response) while linked */
     agw_edge_user_t user; /* the edge's verdict, until the request's memory goes (core.request_user) */
+    size_t unsent;      /* HTTP/2: its answer's bytes counted in its connection's unsent (guard.h) */
 } reqref_t;
+
+/* HTTP/2: whether an answer of len bytes to req fits what its connection may hold of answers its
+ * client has not taken (clients.max_unsent_bytes of generation g; one answer always fits: a
+ * connection holding none takes any). When it fits it is counted in the connection's unsent and
+ * in *counted (len), which the caller gives back with agw_worker_unsent_done when req ends; else
+ * nothing is counted and the caller answers 503. HTTP/1 (one answer at a time) always fits. */
+int agw_worker_unsent_take(agw_worker_t *w, const wgen_t *g, h2o_req_t *req, size_t len, size_t *counted);
+
+/* Gives back what agw_worker_unsent_take counted for req (*counted, then 0): req has ended. */
+void agw_worker_unsent_done(agw_worker_t *w, h2o_req_t *req, size_t *counted);
 
 /* A runtime timer (retry backoff, hedge, a collapsed caller's own timeout). */
 typedef struct wtimer {

@@ -149,20 +149,21 @@ function M.check_batch(cfg, out, c)
 end
 
 -- clients = { max_connections, max_headers, max_header_bytes, max_uri_bytes, max_cancelled_streams,
--- cancel_window_s, send_timeout_s }:
+-- cancel_window_s, send_timeout_s, max_unsent_bytes }:
 -- the limits a client meets (gateway/guard/); out.clients holds every one, defaults filled in
 -- (max_connections 0: "auto", resolved from RLIMIT_NOFILE by the C side)
 function M.check_clients(cfg, out, c)
   local lines, err, show, posint, find_line = c.lines, c.err, c.show, c.posint, c.find_line
   local suggest = c.suggest
   out.clients = { max_connections = 0, max_headers = 100, max_header_bytes = 65536, max_uri_bytes = 8192,
-                  max_cancelled_streams = 100, cancel_window_s = 10, send_timeout_s = 60 }
+                  max_cancelled_streams = 100, cancel_window_s = 10, send_timeout_s = 60,
+                  max_unsent_bytes = 16777216 }
   if cfg.clients ~= nil then
     local cline = find_line(lines, "clients")
     local t = cfg.clients
     local CLIENTS = { max_connections = 1000000, max_headers = 10000, max_header_bytes = 16777216,
                       max_uri_bytes = 1048576, max_cancelled_streams = 1000000, cancel_window_s = 3600,
-                      send_timeout_s = 3600 }
+                      send_timeout_s = 3600, max_unsent_bytes = 1073741824 }
     if type(t) ~= "table" then
       err(cline, "clients", "must be a table like { max_connections = 4096, max_headers = 100 }")
     else
@@ -171,7 +172,7 @@ function M.check_clients(cfg, out, c)
         if not CLIENTS[k] then
           err(kline, "clients." .. tostring(k), "unknown option" .. suggest(tostring(k), CLIENTS) ..
               "; clients knows max_connections, max_headers, max_header_bytes, max_uri_bytes, max_cancelled_streams, " ..
-              "cancel_window_s, send_timeout_s")
+              "cancel_window_s, send_timeout_s, max_unsent_bytes")
         elseif k == "max_connections" and v == "auto" then
           out.clients.max_connections = 0
         elseif posint(v, "clients." .. k, kline, CLIENTS[k]) then

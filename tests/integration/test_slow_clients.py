@@ -20,6 +20,7 @@ hold their connections only until the send timeout (h2o 2.2.5 has none: they hel
 slots of clients.max_connections, for good); a client that reads slowly but steadily is
 never cut.
 """
+import json
 import os
 import re
 import socket
@@ -133,6 +134,54 @@ class Http2Timeouts(GatewayTestCase):
         stop.set()
         r = self.get_h2c("/small")
         self.assertEqual(r.status, 200, r)
+
+
+class UnsentAnswers(GatewayTestCase):
+    """An HTTP/2 client that opens no flow-control window while it asks for more: the answers of
+    its streams are held until it takes them, at most clients.max_unsent_bytes a connection
+    (beyond one answer); past that a page, or a batch's envelope, is answered 503."""
+
+    def test_answers_a_client_does_not_take_are_bounded(self):
+        log = os.path.join(self.workdir, "access.log")
+        scripts = {"mb.lua": 'return { route = "GET /mb/{i}", handler = function()\n'
+                             '  return { status = 200, json = { s = string.rep("x", 1000000) } }\n'
+                             'end }\n'}
+        self.start(services=demo_services(5, 5, 5), scripts=scripts,
+                   gateway_extra={"clients": {"max_unsent_bytes": 2100000}, "access_log": log,
+                                  "batch": {"route": "POST /batch", "max_requests": 5}})
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        self.addCleanup(s.close)
+        frames = PREFACE + h2_frame(0x4, 0, 0, struct.pack(">HI", 4, 0))  # INITIAL_WINDOW_SIZE 0
+        for i in range(6):
+            block = b"\x82\x86" + _literal(":path", "/mb/%d" % i) + _literal(":authority", "x")  # GET, http
+            frames += h2_frame(0x1, 0x5, 1 + 2 * i, block)  # HEADERS, END_STREAM | END_HEADERS
+        s.sendall(frames)
+
+        def lines(n):
+            def got():
+                if not os.path.exists(log):
+                    return None
+                with open(log) as f:
+                    ls = [json.loads(l) for l in f.read().splitlines()]
+                ls = [l for l in ls if l["path"] != "/__harness_probe__"]
+                return ls if len(ls) >= n else None
+            return wait_until(got, 10)
+        got = lines(6)
+        self.assertIsNotNone(got)
+        # two answers of 1 MB fit in 2.1 MB; the other four are 503, whatever order they came in
+        self.assertEqual(sorted(l["status"] for l in got), [200, 200, 503, 503, 503, 503], got)
+        # a batch's envelope on the same connection is counted too: 2 MB more is refused
+        body = json.dumps({"requests": [{"path": "/mb/%d" % i} for i in (7, 8)]}).encode()
+        block = (b"\x83\x86" + _literal(":path", "/batch") + _literal(":authority", "x") +  # POST, http
+                 _literal("content-type", "application/json") + _literal("content-length", str(len(body))))
+        s.sendall(h2_frame(0x1, 0x4, 13, block) + h2_frame(0x0, 0x1, 13, body))
+        got = lines(9)  # the envelope and its two entries
+        self.assertIsNotNone(got)
+        self.assertEqual([l["status"] for l in got if l["path"] == "/batch"], [503], got)
+        # the client leaves: what its connection held is given back, and another gets its pages
+        s.close()
+        self.assertEqual(self.get_h2c("/mb/9").status, 200)
+        self.assertLogClean()
 
 
 class ClientsThatNeverRead(GatewayTestCase):
