@@ -428,7 +428,9 @@ static entry_t *start_entry(multi_t *m, json_t *r)
         if (json_is_string(body)) {
             req->entity = h2o_strdup(&req->pool, json_string_value(body), json_string_length(body));
         } else {
-            char *s = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY | JSON_ALLOW_NUL);
+            /* (dump flags only: JSON_ALLOW_NUL is a parsing flag, and as a dump flag its bit is
+             * JSON_INDENT(16), which made 8 KB of nested arrays a body of 128 MB) */
+            char *s = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
             req->entity = h2o_strdup(&req->pool, s ? s : "null", s ? strlen(s) : 4);
             free(s);
             if (!has_type)
@@ -454,6 +456,15 @@ multi_t *agw_multi_start(h2o_req_t *req, const agw_multi_conf_t *conf)
     m->slot = h2o_mem_alloc_shared(&req->pool, sizeof(*m->slot), on_parent_dispose);
     *m->slot = m;
 
+    if (conf->max_values && req->entity.base &&
+        agw_json_count_nodes(req->entity.base, req->entity.len, conf->max_values) > conf->max_values) {
+        char why[160];
+        snprintf(why, sizeof(why), "the envelope holds more than %zu values and member names (max_request_json_values "
+                 "and 16 a request)", conf->max_values);
+        bad_envelope(m, why);
+        maybe_free(m);
+        return NULL;
+    }
     json_error_t jerr;
     json_t *doc = req->entity.base ? json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
     json_t *list = json_is_object(doc) ? json_object_get(doc, "requests") : NULL;

@@ -43,6 +43,7 @@ typedef int (*agw_multi_admit_cb)(void *data, h2o_req_t *req, size_t bytes);
 
 typedef struct agw_multi_conf {
     size_t max_requests;        /* entries a batch may carry (1..1000) */
+    size_t max_values;          /* values and member names the envelope's JSON may hold (0: any) */
     uint64_t deadline_ms;       /* the whole batch's deadline, ms */
     struct ev_loop *loop;       /* the worker's loop (timers) */
     agw_multi_record_cb record; /* records the envelope's answer (may be NULL) */

@@ -545,6 +545,7 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     conf->workers = (unsigned)workers;
     conf->deadline_ms = agw_luamod_field_u64(L, cfg, "deadline_ms", 1000);
     conf->max_request_body_bytes = (size_t)agw_luamod_field_u64(L, cfg, "max_request_body_bytes", 1024 * 1024);
+    conf->max_request_json_values = (size_t)agw_luamod_field_u64(L, cfg, "max_request_json_values", 10000);
     lua_getfield(L, cfg, "batch"); /* agg.config checked it: { path, max_requests, deadline_ms | false } */
     if (lua_istable(L, -1)) {
         int bt = lua_gettop(L);

@@ -73,6 +73,8 @@ typedef struct agw_config {
     size_t batch_max_requests;          /* batch.max_requests: entries one batch may carry */
     uint64_t batch_deadline_ms;         /* batch.deadline_ms (default: deadline_ms), ms */
     size_t max_request_body_bytes;      /* request body limit, bytes */
+    size_t max_request_json_values;     /* values and member names a request body's JSON may make
+                                           (req.json, the batch envelope) */
     uint64_t shutdown_grace_ms;         /* SIGTERM/SIGINT: how long in-flight requests may finish, ms */
     uint64_t script_time_limit_ms;      /* how long a script may run without waiting before it is
                                            stopped, ms (watchdog.h) */

@@ -153,7 +153,11 @@ static int on_batch(agw_worker_t *w, h2o_req_t *req)
     }
     batch_ref_t *b = h2o_mem_alloc_shared(&req->pool, sizeof(*b), on_batch_dispose);
     *b = (batch_ref_t){.w = w, .req = req, .started = ev_now(w->loop)};
-    agw_multi_conf_t mc = {.max_requests = conf->batch_max_requests, .deadline_ms = conf->batch_deadline_ms,
+    /* the envelope is a request body: its entries' bodies at most max_request_json_values in all,
+     * beside the envelope's own members (jansson makes a tree of it: about 76 bytes a node) */
+    agw_multi_conf_t mc = {.max_requests = conf->batch_max_requests,
+                           .max_values = conf->max_request_json_values + 16 * conf->batch_max_requests,
+                           .deadline_ms = conf->batch_deadline_ms,
                            .loop = w->loop, .record = record_batch, .abandoned = batch_abandoned,
                            .admit = batch_admit, .record_data = b};
     b->m = agw_multi_start(req, &mc);
