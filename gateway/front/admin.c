@@ -172,8 +172,13 @@ static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *o
 {
     char prefix[1024];
     size_t n = query_param_decoded(q, qlen, "prefix", prefix, sizeof(prefix));
-    if (n < 4 || memcmp(prefix, "agw:", 4) != 0 || memchr(prefix, '\0', n)) {
-        static const char body[] = "prefix must be a cache key prefix starting with agw: (e.g. prefix=agw:%7Bproduct%7D)\n";
+    /* cache keys are "agw:{upstream}:…" (lua/agg/cache.lua); other keys of the gateway's in Redis
+     * (the rate limits' and quotas' counts, "agw:rl:…") are no cache entries: "agw:" alone means
+     * every cache entry, and a longer prefix must be a cache key's */
+    int every = n == 4;
+    if (n < 4 || memcmp(prefix, "agw:", 4) != 0 || (!every && prefix[4] != '{') || memchr(prefix, '\0', n)) {
+        static const char body[] = "prefix must be agw: (every cache entry) or a cache key prefix starting with agw:{ "
+                                   "(e.g. prefix=agw:%7Bproduct%7D)\n";
         respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
         return;
     }
@@ -188,7 +193,8 @@ static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *o
     if (gen && gen->conf.cache_redis) {
         uint64_t deleted = 0;
         char err[256];
-        if (agw_cache_redis_purge(&gen->conf.redis, prefix, n, &deleted, err, sizeof(err)) == 0) {
+        if (agw_cache_redis_purge(&gen->conf.redis, every ? "agw:{" : prefix, every ? 5 : n, &deleted, err,
+                                  sizeof(err)) == 0) {
             agw_buf_printf(&body, ",\"redis_deleted\":%llu", (unsigned long long)deleted);
         } else {
             status = 502;

@@ -268,8 +268,8 @@ int agw_guard_h2_shutdown(agw_guard_t *g)
 }
 
 
-/* How long the oldest stream of h2 still receiving its request has been at it, ms (0: none), by
- * h2o's timestamps of the streams (the loop's time when each began). */
+/* How long the oldest stream of h2 still receiving its request has been at it, ms (0: none; at
+ * least 1 when one is), by h2o's timestamps of the streams (the loop's time when each began). */
 static uint64_t oldest_receiving_ms(h2_conn_t *h2)
 {
     const khash_t(h2o_http2_stream_t) *m = h2->streams;
@@ -290,8 +290,10 @@ static uint64_t oldest_receiving_ms(h2_conn_t *h2)
             any = 1;
         }
     }
-    if (!any || !timercmp(&first, &now, <))
+    if (!any)
         return 0;
+    if (!timercmp(&first, &now, <)) /* (h2o's cached time: a stream begun since it was read) */
+        return 1;
     struct timeval d;
     timersub(&now, &first, &d);
     uint64_t ms = (uint64_t)d.tv_sec * 1000 + (uint64_t)d.tv_usec / 1000;

@@ -43,7 +43,10 @@ typedef struct conn {
     unsigned h2_sending;    /* HTTP/2: its streams sending a body, at the last count */
     uint64_t h2_receiving_ms; /* HTTP/2: how long its oldest request still arriving has been, at the
                                  last count (0: none) */
-    unsigned h2_idle_s;     /* HTTP/2: sweeps in a row that found it with no stream */
+    double h2_active_at;    /* ev_now() when it was accepted, a request began on it, or a sweep saw
+                               it with a stream open */
+    double h2_receiving_since; /* ev_now() of the first sweep that saw a request arriving on it since
+                                  a request last began on it (0: none seen) */
     uint64_t acked;         /* bytes the client had acknowledged when the stall began (TCP_INFO) */
     size_t queued;          /* libuv's write queue when the stall began, bytes */
     unsigned stalled_s;     /* sweeps since the stall began: an answer to send, and less than
@@ -69,9 +72,11 @@ typedef struct conn {
  * frame, so a client that sends a PING every few seconds and opens no stream held its slot of
  * clients.max_connections for good; and it has no timeout for a request still arriving, so a
  * stream whose body comes a byte at a time did the same. The sweeps close an HTTP/2 connection
- * that has had no stream for H2_IDLE_S, or a request arriving for over H2_REQUEST_S: what h2o
- * does to an HTTP/1 connection (10 s for an idle keep-alive connection and for a request's head
- * and body). */
+ * that has had no stream and begun no request for H2_IDLE_S, or a request arriving for over
+ * H2_REQUEST_S, or a request arriving H2_REQUEST_S after one was first seen arriving with none
+ * begun since (a client that resets its trickling stream every few seconds, pauses, and opens
+ * another): what h2o does to an HTTP/1
+ * connection (10 s for an idle keep-alive connection and for a request's head and body). */
 #define H2_IDLE_S 10
 #define H2_REQUEST_S 10
 
@@ -136,6 +141,7 @@ static void accept_one(listener_t *l, int fd)
     conn_t *conn = agw_calloc(1, sizeof(*conn));
     conn->w = w;
     conn->guard.fd = -1;
+    conn->h2_active_at = ev_now(w->loop);
     uv_tcp_init(&w->uvloop, &conn->tcp); /* on_conn_close gives its slot back, whatever happens next */
     if (uv_tcp_open(&conn->tcp, fd) != 0) {
         close(fd); /* the handle does not hold it: its close leaves fd alone */
@@ -161,6 +167,8 @@ void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req)
         return;
     conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, guard, gc);
     c->served = 1;
+    c->h2_active_at = ev_now(w->loop); /* (a request got through: the connection is neither idle nor stuck) */
+    c->h2_receiving_since = 0;
 }
 
 static void count_h2(void *arg, agw_guard_conn_t *gc, const agw_guard_h2_count_t *k)
@@ -255,13 +263,22 @@ void agw_worker_send_sweep(agw_worker_t *w)
             continue;
         suspects += refused < 0; /* looked at again REFUSED_RECHECK_S from now, not a second */
         if (c->h2) {
-            c->h2_idle_s = c->h2_streams == 0 && c->tcp.write_queue_size == 0 ? c->h2_idle_s + 1 : 0;
-            int idle = c->h2_idle_s > H2_IDLE_S, slow = c->h2_receiving_ms > H2_REQUEST_S * 1000;
+            double now = ev_now(w->loop);
+            if (c->h2_streams > 0)
+                c->h2_active_at = now;
+            /* (not forgotten when a sweep sees none arriving: a client that resets its trickling
+             * stream, waits a moment and opens another is not making progress either; only a
+             * request that begins is, agw_worker_conn_request) */
+            if (c->h2_receiving_ms > 0 && c->h2_receiving_since == 0)
+                c->h2_receiving_since = now;
+            int idle = c->h2_streams == 0 && c->tcp.write_queue_size == 0 && now - c->h2_active_at > H2_IDLE_S;
+            int slow = c->h2_receiving_ms > H2_REQUEST_S * 1000 ||
+                       (c->h2_receiving_since > 0 && now - c->h2_receiving_since > H2_REQUEST_S);
             if (idle || slow) {
                 /* the kernel ends the read: h2o closes the connection (a slow request's stream is
                  * disposed of with it; an idle one has nothing to lose) */
                 shutdown(c->guard.fd, SHUT_RDWR);
-                c->h2_idle_s = 0;
+                c->h2_receiving_since = 0;
                 h2_slow += slow; /* (an idle one closed is routine, as h2o's own idle timeout: not logged) */
                 continue;
             }

@@ -160,7 +160,9 @@ int agw_worker_respond(lua_State *L)
         if (body == NULL)
             body = "", body_len = 0;
     }
-    if (!agw_worker_unsent_take(w, rr->g, req, body_len, &rr->unsent)) {
+    /* (an answer with no body holds nothing: 204, 304, and any answer to HEAD, RFC 9110 §9.3.2) */
+    int bodiless = status == 204 || status == 304 || h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+    if (!agw_worker_unsent_take(w, rr->g, req, bodiless ? 0 : body_len, &rr->unsent)) {
         agw_slots_del(&w->tables.reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);

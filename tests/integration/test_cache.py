@@ -291,6 +291,21 @@ class CacheWithRedis(GatewayTestCase):
         self.assertTrue(wait_until(lambda: timing(self.get("/p/1"), "product") == "miss", 20))
         bad = curl("http://127.0.0.1:%d/cache/purge?prefix=user:1" % self.admin_port, "-X", "POST")
         self.assertEqual(bad.status, 400)
+        # a rate limit's or a quota's count in the same Redis is no cache entry: "agw:" purges every
+        # cache entry and leaves it, and a prefix that names it is refused
+        subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2", "set", "agw:rl:{daily}:acme", "7"],
+                       stdout=subprocess.PIPE, timeout=10, check=True)
+        self.get("/p/3")
+        wait_until(lambda: len(held()) == 1, 5)
+        r = curl("http://127.0.0.1:%d/cache/purge?prefix=agw:" % self.admin_port, "-X", "POST")
+        self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(held(), [])
+        for p in ("agw:rl:", "agw:rl:%7Bdaily%7D"):
+            self.assertEqual(curl("http://127.0.0.1:%d/cache/purge?prefix=%s" % (self.admin_port, p), "-X",
+                                  "POST").status, 400, p)
+        left = subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2", "get", "agw:rl:{daily}:acme"],
+                              stdout=subprocess.PIPE, timeout=10, check=True).stdout.strip()
+        self.assertEqual(left, b"7")
         self.assertEqual(curl("http://127.0.0.1:%d/cache/purge?prefix=agw:" % self.admin_port).status, 405)
 
     def test_stale_if_error_serves_the_cached_copy_while_the_upstream_is_down(self):

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from h2_client import PREFACE, _literal  # noqa: E402
+from h2_client import PREFACE, H2Client, _literal  # noqa: E402
 from harness import UNHURRIED_PAGE, GatewayTestCase, demo_services, main, stop_process, wait_until  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -136,6 +136,56 @@ class Http2Timeouts(GatewayTestCase):
         self.assertEqual(r.status, 200, r)
 
 
+class Http2Activity(GatewayTestCase):
+    """The other side of Http2Timeouts: a client whose requests keep coming keeps its connection,
+    however short each is; one that resets its trickling stream and opens another does not."""
+
+    def setUp(self):
+        super().setUp()
+        scripts = dict(BIG_PAGES)
+        scripts["post.lua"] = ('return { route = "POST /post", handler = function(req)\n'
+                               '  return { status = 200, json = { n = #(req.body or "") } }\n'
+                               'end }\n')
+        self.start(services=demo_services(5, 5, 5), scripts=scripts)
+
+    def test_a_client_asking_every_half_second_keeps_its_connection(self):
+        c = H2Client(self.port, timeout=10).start_plain()
+        self.addCleanup(c.close)
+        end = time.monotonic() + 13  # past the 10 s of the idle rule: each request ends between sweeps
+        n = 0
+        while time.monotonic() < end:
+            status, _ = c.get("/small")  # raises when the connection is gone
+            self.assertEqual(status, 200)
+            n += 1
+            time.sleep(0.5)
+        self.assertGreater(n, 10)
+
+    def test_a_client_that_resets_and_reopens_its_trickling_stream_loses_its_connection(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        self.addCleanup(s.close)
+        s.sendall(PREFACE + h2_frame(0x4, 0, 0))
+        block = (b"\x83\x86" + _literal(":path", "/post") + _literal(":authority", "x") +  # POST, http
+                 _literal("content-length", "100000"))
+        sid, t0 = 1, time.monotonic()
+        s.sendall(h2_frame(0x1, 0x4, sid, block))
+        closed = False
+        while time.monotonic() - t0 < 30 and not closed:
+            time.sleep(1.0)
+            try:
+                if int(time.monotonic() - t0) % 4 == 0:  # every 4 s a new stream: none is 10 s old
+                    s.sendall(h2_frame(0x3, 0, sid, struct.pack(">I", 8)))  # RST_STREAM, CANCEL
+                    time.sleep(1.5)  # a pause with no stream at all: no sweep finds one arriving
+                    sid += 2
+                    s.sendall(h2_frame(0x1, 0x4, sid, block))
+                else:
+                    s.sendall(h2_frame(0x0, 0, sid, b"x"))
+            except OSError:
+                closed = True
+            closed = closed or reset_or_closed(s, 0.01)
+        self.assertTrue(closed, "a connection whose requests never arrive kept its slot for 30 s")
+        self.assertLess(time.monotonic() - t0, 25)
+
+
 class UnsentAnswers(GatewayTestCase):
     """An HTTP/2 client that opens no flow-control window while it asks for more: the answers of
     its streams are held until it takes them, at most clients.max_unsent_bytes a connection
@@ -170,12 +220,18 @@ class UnsentAnswers(GatewayTestCase):
         self.assertIsNotNone(got)
         # two answers of 1 MB fit in 2.1 MB; the other four are 503, whatever order they came in
         self.assertEqual(sorted(l["status"] for l in got), [200, 200, 503, 503, 503, 503], got)
+        # an answer without a body holds nothing: HEAD is answered in full
+        block = b"\x86" + _literal(":method", "HEAD") + _literal(":path", "/mb/6") + _literal(":authority", "x")
+        s.sendall(h2_frame(0x1, 0x5, 15, block))
+        got = lines(7)
+        self.assertIsNotNone(got)
+        self.assertEqual([l["status"] for l in got if l["method"] == "HEAD"], [200], got)
         # a batch's envelope on the same connection is counted too: 2 MB more is refused
         body = json.dumps({"requests": [{"path": "/mb/%d" % i} for i in (7, 8)]}).encode()
         block = (b"\x83\x86" + _literal(":path", "/batch") + _literal(":authority", "x") +  # POST, http
                  _literal("content-type", "application/json") + _literal("content-length", str(len(body))))
-        s.sendall(h2_frame(0x1, 0x4, 13, block) + h2_frame(0x0, 0x1, 13, body))
-        got = lines(9)  # the envelope and its two entries
+        s.sendall(h2_frame(0x1, 0x4, 17, block) + h2_frame(0x0, 0x1, 17, body))
+        got = lines(10)  # the envelope and its two entries
         self.assertIsNotNone(got)
         self.assertEqual([l["status"] for l in got if l["path"] == "/batch"], [503], got)
         # the client leaves: what its connection held is given back, and another gets its pages
