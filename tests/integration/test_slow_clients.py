@@ -82,6 +82,32 @@ def reset_or_closed(sock, timeout):
     return False
 
 
+def keep_sending(test, period, send):
+    """Calls send(n) (n = 0, 1, …) every period s on a thread until test ends or send raises
+    OSError (its connection closed). Returns the event that stops it."""
+    stop = threading.Event()
+
+    def run():
+        n = 0
+        while not stop.wait(period):
+            try:
+                send(n)
+            except OSError:
+                return
+            n += 1
+    threading.Thread(target=run, daemon=True).start()
+    test.addCleanup(stop.set)
+    return stop
+
+
+def get_behind(test, timeout):
+    """GET /small from a client that waits in the backlog until a slot comes free: (response, s)."""
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    r = test.get("/small", timeout=timeout)
+    return r, time.monotonic() - t0
+
+
 class Http2Timeouts(GatewayTestCase):
     """h2o 2.2.5's HTTP/2 idle timeout restarts on every frame, and it has no timeout for a request
     still arriving: the gateway closes an HTTP/2 connection with no stream for 10 s, or with a
@@ -107,24 +133,11 @@ class Http2Timeouts(GatewayTestCase):
         block = (b"\x83\x86" + _literal(":path", "/post") + _literal(":authority", "x") +  # POST, http
                  _literal("content-length", "1000"))
         trickle.sendall(h2_frame(0x1, 0x4, 1, block))  # HEADERS, END_HEADERS: a body to come
-        stop = threading.Event()
-
-        def keep_busy():  # a PING a second on one, a byte of body a second on the other: each
-            n = 0         # restarts h2o's idle timer, neither completes a request
-            while not stop.wait(1.0):
-                try:
-                    idle.sendall(h2_frame(0x6, 0, 0, struct.pack(">Q", n)))
-                    trickle.sendall(h2_frame(0x0, 0, 1, b"x"))
-                except OSError:
-                    return
-                n += 1
-        t = threading.Thread(target=keep_busy, daemon=True)
-        t.start()
-        self.addCleanup(stop.set)
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        r = self.get("/small", timeout=40)  # waits in the backlog until a slot comes free
-        waited = time.monotonic() - t0
+        # a PING a second on one, a byte of body a second on the other: each restarts h2o's idle
+        # timer, neither completes a request
+        stop = keep_sending(self, 1.0, lambda n: (idle.sendall(h2_frame(0x6, 0, 0, struct.pack(">Q", n))),
+                                                  trickle.sendall(h2_frame(0x0, 0, 1, b"x"))))
+        r, waited = get_behind(self, 40)
         self.assertEqual(r.status, 200, r)
         print("a client behind an HTTP/2 PINGer and a body trickler was served after %.1f s" % waited)
         for s in (idle, trickle):
@@ -267,23 +280,10 @@ class ClientsThatNeverRead(GatewayTestCase):
 
     def test_clients_that_never_read_lose_their_connections_and_others_get_their_slots(self):
         held = [self.h1_unread(), self.h2_window_zero()]  # the worker's two slots
-        stop = threading.Event()
-
-        def ping():  # the HTTP/2 client answers nothing but keeps its connection busy: a PING a
-            n = 0    # second is not progress on its answer
-            while not stop.wait(0.5):
-                try:
-                    held[1].sendall(h2_frame(0x6, 0, 0, struct.pack(">Q", n)))
-                except OSError:
-                    return
-                n += 1
-        pinger = threading.Thread(target=ping, daemon=True)
-        pinger.start()
-        self.addCleanup(stop.set)
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        r = self.get("/small", timeout=30)  # waits in the backlog until a slot comes free
-        waited = time.monotonic() - t0
+        # the HTTP/2 client answers nothing but keeps its connection busy: a PING twice a second is
+        # not progress on its answer
+        keep_sending(self, 0.5, lambda n: held[1].sendall(h2_frame(0x6, 0, 0, struct.pack(">Q", n))))
+        r, waited = get_behind(self, 30)
         self.assertEqual(r.status, 200, r)
         print("a client behind two that never read was served after %.1f s (send_timeout_s %d)"
               % (waited, self.SEND_TIMEOUT_S))
