@@ -1,6 +1,7 @@
 /* header.c: header fields into the header block a script sees (header.h). */
 #include "base/header.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,4 +136,49 @@ void agw_header_block_of_pairs(agw_buf_t *b, const char *p, size_t len)
     agw_header_block(b, h, n);
     if (h != small)
         free(h);
+}
+
+/* RFC 9110 §5.6.2 token characters, as a table: every upstream call's header names, every
+ * response header of a script, are checked */
+static const unsigned char tchar[256] = {
+    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1,
+    ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
+    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1,
+    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1, ['i'] = 1, ['j'] = 1,
+    ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1,
+    ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1, ['y'] = 1, ['z'] = 1,
+    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1, ['I'] = 1, ['J'] = 1,
+    ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1,
+    ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1,
+};
+
+int agw_header_is_token(const char *s, size_t len)
+{
+    if (len == 0)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!tchar[(unsigned char)s[i]])
+            return 0;
+    return 1;
+}
+
+/* Eight bytes at a time (a word with a byte below 0x20 or equal to 0x7f is looked at byte by
+ * byte): a call's header values, traceparent included, are checked on every call. */
+int agw_header_has_control(const char *v, size_t len)
+{
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t x, del;
+        memcpy(&x, v + i, 8);
+        del = x ^ (ones * 0x7f);
+        if ((((x - ones * 0x20) & ~x) | ((del - ones) & ~del)) & highs)
+            break;
+    }
+    for (; i < len; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+            return 1;
+    }
+    return 0;
 }

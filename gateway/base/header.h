@@ -34,6 +34,16 @@ static inline void agw_header_trim_ows(const char **v, size_t *len)
     *len = n;
 }
 
+/* Whether s (len bytes) is a token (RFC 9110 §5.6.2): not empty, every byte a tchar. What a
+ * field name and a method must be: an upstream call's (upstream/http1.c), a batch entry's
+ * (multi/multi.c). */
+int agw_header_is_token(const char *s, size_t len);
+
+/* Whether the field value v (len bytes) holds a control character other than HTAB (a C0 byte or
+ * DEL; RFC 9110 §5.5): CR, LF and NUL would split or cut a message, and h2o refuses the others on
+ * the wire. An upstream call's values, a batch entry's, a script's response headers. */
+int agw_header_has_control(const char *v, size_t len);
+
 /* One header: name and value, not NUL-terminated. */
 typedef struct agw_header {
     const char *name;

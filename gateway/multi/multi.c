@@ -2,6 +2,7 @@
 #include "multi/multi.h"
 
 #include "base/buf.h"
+#include "base/header.h"
 #include "json/json.h"
 
 #include <jansson.h>
@@ -305,32 +306,6 @@ static int bad_envelope(multi_t *m, const char *detail)
     return -1;
 }
 
-/* A header name is a token (RFC 9110 §5.6.2). */
-static int is_token(const char *s, size_t n)
-{
-    static const char TCHAR[] = "!#$%&'*+-.^_`|~";
-    if (n == 0)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c && strchr(TCHAR, c))))
-            return 0;
-    }
-    return 1;
-}
-
-/* A header value has no control character but HTAB (RFC 9110 §5.5), as h2o asks of one that came
- * on the wire: an entry's headers are read by the script and the edge as the client's. */
-static int is_field_value(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return 0;
-    }
-    return 1;
-}
-
 /* Checks entry i of the envelope; the reason (naming the entry) in err. */
 static int check_entry(json_t *r, size_t i, char *err, size_t errlen)
 {
@@ -368,7 +343,9 @@ static int check_entry(json_t *r, size_t i, char *err, size_t errlen)
         json_object_foreach(headers, key, v) {
             const char *s = json_string_value(v);
             size_t kl = strlen(key);
-            int bad = !s || !is_token(key, kl) || !is_field_value(s, json_string_length(v)) ||
+            /* (a value as h2o asks of one on the wire: an entry's headers are read by the script
+             * and the edge as the client's) */
+            int bad = !s || !agw_header_is_token(key, kl) || agw_header_has_control(s, json_string_length(v)) ||
                       !strcasecmp(key, "content-length") || !strcasecmp(key, "transfer-encoding") ||
                       !strcasecmp(key, "host") || !strcasecmp(key, "connection");
             if (bad) {

@@ -1,40 +1,12 @@
 /* resp_headers.c: the rules a script's response headers pass (resp_headers.h). */
 #include "script/resp_headers.h"
 
+#include "base/header.h"
+
 #include <lauxlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-/* tchar (RFC 9110 §5.6.2) in lower case: what a lowercased field name is made of. A table, not
- * isalnum() and strchr() per byte: every response's every header passes here. */
-static const unsigned char LOWER_TCHAR[256] = {
-    ['0' ... '9'] = 1, ['a' ... 'z'] = 1, ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1,
-    ['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
-};
-
-/* A lowercased name is a token (RFC 9110 §5.6.2). */
-static int valid_name(const char *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!LOWER_TCHAR[(unsigned char)s[i]])
-            return 0;
-    return 1;
-}
-
-/* RFC 9110 §5.5: visible characters, obs-text, and spaces or tabs between them; no control
- * characters (CR, LF and NUL among them) and nothing HTTP/2 clients refuse. */
-static int valid_value(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return 0;
-    }
-    return 1;
-}
 
 /* Writes into out (size outsz) a printable copy of the first bytes of s for a log line: control
  * characters and non-ASCII bytes as \xNN, so that no header name can split or forge a log line. */
@@ -97,12 +69,12 @@ static int take(agw_resp_headers_t *set, candidate_t *c, const char *name, size_
               printable(name, nl, shown, sizeof(shown)), AGW_RESP_HEADER_VALUE_MAX);
         return 0;
     }
-    int valid = nl > 0 && nl <= sizeof(lower) && valid_value(value, vl);
+    int valid = nl > 0 && nl <= sizeof(lower) && !agw_header_has_control(value, vl);
     for (size_t i = 0; valid && i < nl; i++) { /* ASCII: a token has no other letters */
         unsigned char c = (unsigned char)name[i];
         lower[i] = (char)(c >= 'A' && c <= 'Z' ? c | 0x20 : c);
     }
-    if (!valid || !valid_name(lower, nl)) {
+    if (!valid || !agw_header_is_token(lower, nl)) {
         warnf(warn, data, "dropped invalid response header '%s' (a name must be a token, a value must have no "
               "control characters)", printable(name, nl, shown, sizeof(shown)));
         return 0;

@@ -15,29 +15,6 @@
 
 /* ---- request -------------------------------------------------------------------------- */
 
-/* RFC 9110 §5.6.2 token characters, as a table: header names are checked on every call */
-static const unsigned char tchar[256] = {
-    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1,
-    ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
-    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1,
-    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1, ['i'] = 1, ['j'] = 1,
-    ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1,
-    ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1, ['y'] = 1, ['z'] = 1,
-    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1, ['I'] = 1, ['J'] = 1,
-    ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1,
-    ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1,
-};
-
-static int is_token(const char *s, size_t len)
-{
-    if (len == 0)
-        return 0;
-    for (size_t i = 0; i < len; i++)
-        if (!tchar[(unsigned char)s[i]])
-            return 0;
-    return 1;
-}
-
 /* Headers the client sets itself. */
 static int is_framing_header(const agw_header_t *h)
 {
@@ -75,32 +52,11 @@ int agw_h1_method_idempotent(const char *m)
     return 0;
 }
 
-/* Whether v (len bytes) holds a control character other than HTAB (C0 or DEL). Eight bytes at a
- * time (a word with a byte below 0x20 or equal to 0x7f is looked at byte by byte): a call's header
- * values, traceparent included, are checked on every call. */
-static int has_control(const char *v, size_t len)
-{
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        uint64_t x, del;
-        memcpy(&x, v + i, 8);
-        del = x ^ (ones * 0x7f);
-        if ((((x - ones * 0x20) & ~x) | ((del - ones) & ~del)) & highs)
-            break;
-    }
-    for (; i < len; i++) {
-        unsigned char ch = (unsigned char)v[i];
-        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
-            return 1;
-    }
-    return 0;
-}
 
 const char *agw_h1_request_invalid(const char *method, const char *path, size_t path_len,
                                    const agw_header_t *headers, size_t num_headers)
 {
-    if (!is_token(method, method ? strlen(method) : 0))
+    if (!agw_header_is_token(method, method ? strlen(method) : 0))
         return "method is not an HTTP token";
     if (path_len == 0 || path[0] != '/')
         return "path does not start with '/'";
@@ -141,11 +97,11 @@ const char *agw_h1_request_invalid(const char *method, const char *path, size_t 
     }
     for (size_t i = 0; i < num_headers; i++) {
         const agw_header_t *h = &headers[i];
-        if (!is_token(h->name, h->name_len))
+        if (!agw_header_is_token(h->name, h->name_len))
             return "header name is empty or not an HTTP token";
         /* field values are visible characters, spaces and HTABs (RFC 9110 §5.5): CR, LF and NUL
          * would split or cut the request, the other controls (VT, FF, ESC, DEL …) are refused too */
-        if (has_control(h->value, h->value_len))
+        if (agw_header_has_control(h->value, h->value_len))
             return "header value contains a control character (only HTAB is allowed)";
     }
     return NULL;
