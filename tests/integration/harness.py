@@ -92,6 +92,19 @@ def wait_until(pred, timeout, interval=0.02):
         time.sleep(interval)
 
 
+def access_log_lines(path, want, timeout=5):
+    """The JSON lines of the access log at path (the harness's readiness probes left out) once it
+    has want of them, or None when it has fewer after timeout seconds."""
+    def lines():
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            got = [json.loads(l) for l in f.read().splitlines()]
+        got = [l for l in got if l["path"] != "/__harness_probe__"]
+        return got if len(got) >= want else None
+    return wait_until(lines, timeout)
+
+
 def tcp_connects(port, host="127.0.0.1"):
     try:
         with socket.create_connection((host, port), timeout=0.5):

@@ -13,7 +13,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import GatewayTestCase, endpoint, route, wait_until, main  # noqa: E402
+from harness import GatewayTestCase, access_log_lines, endpoint, route, wait_until, main  # noqa: E402
 from h2_client import H2Client, _literal  # noqa: E402
 
 SERVICES = {
@@ -49,17 +49,6 @@ class BatchCase(GatewayTestCase):
         gw_extra.update(extra)
         self.start(services=SERVICES, scripts=SCRIPTS, gateway_extra=gw_extra,
                    upstream_options={"product": {"timeout_ms": 5000, "connect_timeout_ms": 2000}})
-
-    def access_log(self, log, want):
-        """The access log's lines once it has want of them (the harness's probes left out), or None."""
-        def lines():
-            if not os.path.exists(log):
-                return None
-            with open(log) as f:
-                got = [json.loads(l) for l in f.read().splitlines()]
-            got = [l for l in got if l["path"] != "/__harness_probe__"]
-            return got if len(got) >= want else None
-        return wait_until(lines, 5)
 
     def post(self, doc, path="/batch", raw=None, timeout=20.0):
         body = raw if raw is not None else json.dumps(doc).encode()
@@ -227,7 +216,7 @@ class BatchEndpoint(BatchCase):
         self.start_batch(access_log=log)
         status, _, doc, _ = self.post({"requests": [{"path": "/p/1"}, {"path": "/p/2"}, {"path": "/nowhere"}]})
         self.assertEqual(status, 200)
-        got = self.access_log(log, 4)
+        got = access_log_lines(log, 4)
         self.assertIsNotNone(got)
         paths = sorted((l["method"], l["path"], l["status"]) for l in got)
         self.assertEqual(paths, [("GET", "/nowhere", 404), ("GET", "/p/1", 200), ("GET", "/p/2", 200),
@@ -247,7 +236,7 @@ class BatchEndpoint(BatchCase):
         c.close()
         self.assertTrue(wait_until(lambda: self.mock.stats()["product"]["in_flight"] == 0, 4), self.mock.stats())
         self.assertLess(time.monotonic() - t0, 4.5)  # the calls' 5 s timeout did not end them
-        got = self.access_log(log, 4)
+        got = access_log_lines(log, 4)
         self.assertIsNotNone(got)
         self.assertEqual(sorted((l["path"], l["status"]) for l in got),
                          [("/batch", 499), ("/slow/0", 499), ("/slow/1", 499), ("/slow/2", 499)])
@@ -263,7 +252,7 @@ class BatchEndpoint(BatchCase):
         self.start_batch(access_log=log)
         status, _, doc, ms = self.post({"requests": [{"path": "/p/1"}]})  # Product answers in 20 ms
         self.assertEqual(status, 200)
-        got = self.access_log(log, 2)
+        got = access_log_lines(log, 2)
         envelope = [l for l in got if l["path"] == "/batch"][0]
         self.assertEqual(envelope["status"], 200)
         self.assertGreaterEqual(envelope["duration_ms"], 20)

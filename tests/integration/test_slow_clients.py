@@ -33,7 +33,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from h2_client import PREFACE, H2Client, _literal  # noqa: E402
-from harness import UNHURRIED_PAGE, GatewayTestCase, demo_services, main, stop_process, wait_until  # noqa: E402
+from harness import (UNHURRIED_PAGE, GatewayTestCase, access_log_lines, demo_services, main, stop_process,  # noqa: E402
+                     wait_until)
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -65,9 +66,20 @@ BIG_PAGES = {"big.lua": 'return { route = "GET /big", handler = function()\n'
                           '  return { status = 200, json = { ok = true } }\n'
                           'end }\n'}
 
+# the big and small pages, and a POST whose body a client may send slowly
+POST_PAGES = dict(BIG_PAGES, **{"post.lua": 'return { route = "POST /post", handler = function(req)\n'
+                                            '  return { status = 200, json = { n = #(req.body or "") } }\n'
+                                            'end }\n'})
+
 
 def h2_frame(ftype, flags, sid, payload=b""):
     return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(">I", sid) + payload
+
+
+def post_block(length):
+    """The header block of POST /post with a body of length bytes to come (HPACK, no Huffman)."""
+    return (b"\x83\x86" + _literal(":path", "/post") + _literal(":authority", "x") +  # POST, http
+            _literal("content-length", str(length)))
 
 
 def reset_or_closed(sock, timeout):
@@ -115,11 +127,7 @@ class Http2Timeouts(GatewayTestCase):
 
     def setUp(self):
         super().setUp()
-        scripts = dict(BIG_PAGES)
-        scripts["post.lua"] = ('return { route = "POST /post", handler = function(req)\n'
-                               '  return { status = 200, json = { n = #(req.body or "") } }\n'
-                               'end }\n')
-        self.start(services=demo_services(5, 5, 5), scripts=scripts,
+        self.start(services=demo_services(5, 5, 5), scripts=POST_PAGES,
                    gateway_extra={"clients": {"max_connections": 2}})
 
     def h2(self):
@@ -130,8 +138,7 @@ class Http2Timeouts(GatewayTestCase):
 
     def test_pinging_and_trickling_http2_clients_lose_their_slots(self):
         idle, trickle = self.h2(), self.h2()  # the worker's two slots
-        block = (b"\x83\x86" + _literal(":path", "/post") + _literal(":authority", "x") +  # POST, http
-                 _literal("content-length", "1000"))
+        block = post_block(1000)
         trickle.sendall(h2_frame(0x1, 0x4, 1, block))  # HEADERS, END_HEADERS: a body to come
         # a PING a second on one, a byte of body a second on the other: each restarts h2o's idle
         # timer, neither completes a request
@@ -155,11 +162,7 @@ class Http2Activity(GatewayTestCase):
 
     def setUp(self):
         super().setUp()
-        scripts = dict(BIG_PAGES)
-        scripts["post.lua"] = ('return { route = "POST /post", handler = function(req)\n'
-                               '  return { status = 200, json = { n = #(req.body or "") } }\n'
-                               'end }\n')
-        self.start(services=demo_services(5, 5, 5), scripts=scripts)
+        self.start(services=demo_services(5, 5, 5), scripts=POST_PAGES)
 
     def test_a_client_asking_every_half_second_keeps_its_connection(self):
         c = H2Client(self.port, timeout=10).start_plain()
@@ -177,8 +180,7 @@ class Http2Activity(GatewayTestCase):
         s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
         self.addCleanup(s.close)
         s.sendall(PREFACE + h2_frame(0x4, 0, 0))
-        block = (b"\x83\x86" + _literal(":path", "/post") + _literal(":authority", "x") +  # POST, http
-                 _literal("content-length", "100000"))
+        block = post_block(100000)
         sid, t0 = 1, time.monotonic()
         s.sendall(h2_frame(0x1, 0x4, sid, block))
         closed = False
@@ -220,23 +222,14 @@ class UnsentAnswers(GatewayTestCase):
             frames += h2_frame(0x1, 0x5, 1 + 2 * i, block)  # HEADERS, END_STREAM | END_HEADERS
         s.sendall(frames)
 
-        def lines(n):
-            def got():
-                if not os.path.exists(log):
-                    return None
-                with open(log) as f:
-                    ls = [json.loads(l) for l in f.read().splitlines()]
-                ls = [l for l in ls if l["path"] != "/__harness_probe__"]
-                return ls if len(ls) >= n else None
-            return wait_until(got, 10)
-        got = lines(6)
+        got = access_log_lines(log, 6, 10)
         self.assertIsNotNone(got)
         # two answers of 1 MB fit in 2.1 MB; the other four are 503, whatever order they came in
         self.assertEqual(sorted(l["status"] for l in got), [200, 200, 503, 503, 503, 503], got)
         # an answer without a body holds nothing: HEAD is answered in full
         block = b"\x86" + _literal(":method", "HEAD") + _literal(":path", "/mb/6") + _literal(":authority", "x")
         s.sendall(h2_frame(0x1, 0x5, 15, block))
-        got = lines(7)
+        got = access_log_lines(log, 7, 10)
         self.assertIsNotNone(got)
         self.assertEqual([l["status"] for l in got if l["method"] == "HEAD"], [200], got)
         # a batch's envelope on the same connection is counted too: 2 MB more is refused
@@ -244,7 +237,7 @@ class UnsentAnswers(GatewayTestCase):
         block = (b"\x83\x86" + _literal(":path", "/batch") + _literal(":authority", "x") +  # POST, http
                  _literal("content-type", "application/json") + _literal("content-length", str(len(body))))
         s.sendall(h2_frame(0x1, 0x4, 17, block) + h2_frame(0x0, 0x1, 17, body))
-        got = lines(10)  # the envelope and its two entries
+        got = access_log_lines(log, 10, 10)  # the envelope and its two entries
         self.assertIsNotNone(got)
         self.assertEqual([l["status"] for l in got if l["path"] == "/batch"], [503], got)
         # the client leaves: what its connection held is given back, and another gets its pages
