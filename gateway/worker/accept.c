@@ -75,8 +75,8 @@ typedef struct conn {
  * that has had no stream and begun no request for H2_IDLE_S, or a request arriving for over
  * H2_REQUEST_S, or a request arriving H2_REQUEST_S after one was first seen arriving with none
  * begun since (a client that resets its trickling stream every few seconds, pauses, and opens
- * another): what h2o does to an HTTP/1
- * connection (10 s for an idle keep-alive connection and for a request's head and body). */
+ * another): what h2o does to an HTTP/1 connection (10 s for an idle keep-alive connection and for
+ * a request's head and body). */
 #define H2_IDLE_S 10
 #define H2_REQUEST_S 10
 

@@ -160,12 +160,14 @@ int agw_worker_respond(lua_State *L)
         if (body == NULL)
             body = "", body_len = 0;
     }
+    agw_slots_del(&w->tables.reqs, rid);
+    rr->rid = 0;
+    agw_worker_stop_client_watch(rr);
+    int no_body = status == 204 || status == 304; /* no body, and no Content-Length to promise one
+                                                      (RFC 9110 §8.6): nothing to type either */
     /* (an answer with no body holds nothing: 204, 304, and any answer to HEAD, RFC 9110 §9.3.2) */
-    int bodiless = status == 204 || status == 304 || h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
-    if (!agw_worker_unsent_take(w, rr->g, req, bodiless ? 0 : body_len, &rr->unsent)) {
-        agw_slots_del(&w->tables.reqs, rid);
-        rr->rid = 0;
-        agw_worker_stop_client_watch(rr);
+    int holds = !no_body && !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+    if (!agw_worker_unsent_take(w, rr->g, req, holds ? body_len : 0, &rr->unsent)) {
         agw_worker_send_problem(w, req, rr, rr->endpoint, 503, "connection-overloaded",
                                 "the connection holds more answers than its client has taken",
                                 "clients.max_unsent_bytes");
@@ -184,17 +186,12 @@ int agw_worker_respond(lua_State *L)
     int has_type = agw_resp_headers_find(set, "content-type", 12) != NULL;
     size_t tl;
     const char *type = lua_tolstring(L, DEFAULT_TYPE, &tl);
-    int no_body = status == 204 || status == 304; /* no body, and no Content-Length to promise one
-                                                      (RFC 9110 §8.6): nothing to type either */
     if (!has_type && type && !no_body)
         add_header(req, "content-type", 12, type, tl);
     size_t sl;
     const char *timing = lua_tolstring(L, SERVER_TIMING, &sl);
     if (timing)
         add_header(req, "server-timing", 13, timing, sl);
-    agw_slots_del(&w->tables.reqs, rid);
-    rr->rid = 0;
-    agw_worker_stop_client_watch(rr);
     if (no_body)
         body_len = 0;
     else
