@@ -3,6 +3,7 @@
 
 #include "base/buf.h"
 #include "base/header.h"
+#include "base/http_status.h"
 #include "json/json.h"
 
 #include <jansson.h>
@@ -106,7 +107,7 @@ static void send_envelope(multi_t *m, int status, const char *type, const char *
 {
     h2o_req_t *req = m->req;
     req->res.status = status;
-    req->res.reason = status == 200 ? "OK" : status == 400 ? "Bad Request" : "Service Unavailable";
+    req->res.reason = agw_http_reason(status);
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, type, strlen(type));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, H2O_STRLIT("no-store"));
     req->res.content_length = len;
@@ -145,11 +146,9 @@ static void reply(multi_t *m)
         agw_buf_putc(&b, '}');
     }
     agw_buf_puts(&b, "]}");
-    if (m->conf.admit && !m->conf.admit(m->conf.record_data, m->req, b.len)) {
-        static const char body[] = "{\"type\":\"urn:aggway:problem:connection-overloaded\",\"title\":\"the connection "
-                                   "holds more answers than its client has taken\",\"status\":503,\"detail\":"
-                                   "\"clients.max_unsent_bytes\"}";
-        send_envelope(m, 503, "application/problem+json", body, sizeof(body) - 1);
+    const char *refused = m->conf.admit ? m->conf.admit(m->conf.record_data, m->req, b.len) : NULL;
+    if (refused) {
+        send_envelope(m, 503, "application/problem+json", refused, strlen(refused));
     } else {
         send_envelope(m, 200, "application/json", b.base, b.len);
     }

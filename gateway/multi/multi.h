@@ -37,9 +37,10 @@ typedef void (*agw_multi_record_cb)(void *data, h2o_req_t *req, int status, size
  * Runs in h2o's dispose callback of req. data is agw_multi_conf_t's record_data. */
 typedef void (*agw_multi_abandoned_cb)(void *data, h2o_req_t *req, size_t running);
 
-/* Whether the envelope's answer of bytes may be sent to req's client; 0: the batch answers 503
- * (connection-overloaded) instead. data is agw_multi_conf_t's record_data. */
-typedef int (*agw_multi_admit_cb)(void *data, h2o_req_t *req, size_t bytes);
+/* Whether the envelope's answer of bytes may be sent to req's client: NULL when it may, else the
+ * application/problem+json body (NUL-terminated, static) the batch answers 503 with instead. data
+ * is agw_multi_conf_t's record_data. */
+typedef const char *(*agw_multi_admit_cb)(void *data, h2o_req_t *req, size_t bytes);
 
 typedef struct agw_multi_conf {
     size_t max_requests;        /* entries a batch may carry (1..1000) */

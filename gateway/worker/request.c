@@ -129,11 +129,12 @@ static void on_batch_client(struct ev_loop *loop, ev_io *io, int revents)
     agw_worker_finish_gone(b->req, io->fd);
 }
 
-/* The envelope's answer is counted in its connection's unsent answers, and refused past them. */
-static int batch_admit(void *data, h2o_req_t *req, size_t bytes)
+/* The envelope's answer is counted in its connection's unsent answers, and refused past them
+ * with the problem a page gets (respond.c). */
+static const char *batch_admit(void *data, h2o_req_t *req, size_t bytes)
 {
     batch_ref_t *b = data;
-    return agw_worker_unsent_take(b->w, b->w->gens.cur, req, bytes, &b->unsent);
+    return agw_worker_unsent_take(b->w, b->w->gens.cur, req, bytes, &b->unsent) ? NULL : AGW_UNSENT_PROBLEM;
 }
 
 static void on_batch_dispose(void *p)

@@ -168,9 +168,7 @@ int agw_worker_respond(lua_State *L)
     /* (an answer with no body holds nothing: 204, 304, and any answer to HEAD, RFC 9110 §9.3.2) */
     int holds = !no_body && !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
     if (!agw_worker_unsent_take(w, rr->g, req, holds ? body_len : 0, &rr->unsent)) {
-        agw_worker_send_problem(w, req, rr, rr->endpoint, 503, "connection-overloaded",
-                                "the connection holds more answers than its client has taken",
-                                "clients.max_unsent_bytes");
+        agw_worker_send_problem(w, req, rr, rr->endpoint, 503, AGW_UNSENT_KIND, AGW_UNSENT_TITLE, AGW_UNSENT_DETAIL);
         lua_pushboolean(L, 1);
         return 1;
     }

@@ -109,6 +109,14 @@ typedef struct reqref {
     size_t unsent;      /* HTTP/2: its answer's bytes counted in its connection's unsent (guard.h) */
 } reqref_t;
 
+/* The problem of an answer agw_worker_unsent_take refused (503), and its body. */
+#define AGW_UNSENT_KIND "connection-overloaded"
+#define AGW_UNSENT_TITLE "the connection holds more answers than its client has taken"
+#define AGW_UNSENT_DETAIL "clients.max_unsent_bytes"
+#define AGW_UNSENT_PROBLEM                                                                                          \
+    "{\"type\":\"urn:aggway:problem:" AGW_UNSENT_KIND "\",\"title\":\"" AGW_UNSENT_TITLE "\",\"status\":503,"   \
+    "\"detail\":\"" AGW_UNSENT_DETAIL "\"}"
+
 /* HTTP/2: whether an answer of len bytes to req fits what its connection may hold of answers its
  * client has not taken (clients.max_unsent_bytes of generation g; one answer always fits: a
  * connection holding none takes any). When it fits it is counted in the connection's unsent and
