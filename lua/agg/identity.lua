@@ -76,7 +76,7 @@ local WHY = {
 }
 local function unavailable(x, up, why)
   return problem.new("identity-unavailable", "the call cannot carry the user's identity", 503,
-                     ("section %s, upstream %s: %s"):format(tostring(x.key), up.name, why))
+                     problem.names(x.key, up.name) .. ": " .. why)
 end
 
 -- Sets the call's Authorization (replacing one the script set) and keeps it out of single-flight.
@@ -140,7 +140,7 @@ local function read_answer(up, outcome, http_status, body, detail)
          code == "invalid_target" and M.INVALID_TARGET_MS or 0
 end
 
-local function start_exchange(ctx, token, x, up, key, pend)
+local function start_exchange(ctx, token, up, key, pend)
   local body = "grant_type=" .. edge.form_escape("urn:ietf:params:oauth:grant-type:token-exchange") ..
                "&subject_token=" .. edge.form_escape(token) ..
                "&subject_token_type=" .. edge.form_escape(te.subject_token_type) ..
@@ -229,7 +229,7 @@ function M.prepare(ctx, x, up, go)
   end
   pend = { waiters = { w } }
   pending[key] = pend
-  start_exchange(ctx, token, x, up, key, pend)
+  start_exchange(ctx, token, up, key, pend)
 end
 
 --- The upstream answered 401 to a call with an exchanged token: forget that token, so that the

@@ -51,10 +51,12 @@ local OUTCOMES = {
 --- The title of a kind of failure (for agg.runtime's circuit-open and specs): see OUTCOMES.
 M.CIRCUIT_OPEN_TITLE = "the upstream is failing; calls to it are paused"
 
--- "section product, upstream product" (the names the script uses)
+--- "section product, upstream product" (the names the script uses): how a problem's detail names
+-- the call it is about.
 local function names(section, upstream)
   return ("section %s, upstream %s"):format(tostring(section), tostring(upstream))
 end
+M.names = names
 
 --- Problem for a call that failed in transport (outcome name from the upstream client). The
 -- transport's own text is not taken: the caller logs it (agg.runtime) and the span keeps it.
