@@ -154,6 +154,18 @@ typedef struct agw_guard_h2_count {
 void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, const agw_guard_h2_count_t *count),
                           void *arg);
 
+/* Closes c's HTTP/2 connection as h2o's own idle timeout does, for a connection the gateway finds
+ * idle although h2o's timer keeps restarting (it restarts on every frame, a PING included):
+ * GOAWAY with NO_ERROR and "idle timeout" as its debug data (RFC 9113 §6.8: the client learns
+ * that no stream was processed and may retry on a new connection), then the close once the frame
+ * is written. It moves h2o's idle entry of the connection (_timeout_entry) to the context's zero
+ * timeout, so h2o's on_idle_timeout runs on the loop's next turn; a frame read before that
+ * restarts h2o's timer instead (the caller closes the connection itself on a later sweep). Returns
+ * 1 when it did; 0 when it could not: the layout is not trusted (see guard.c), the connection is
+ * not one h2o holds open (closing, a GOAWAY sent or due) or a stream of it is half closed (h2o's
+ * idle entry is not linked then). On the worker's thread, outside h2o's callbacks. */
+int agw_guard_h2_close_idle(agw_guard_t *g, agw_guard_conn_t *c);
+
 /* An HTTP/2 stream of req's connection ended before the gateway answered it (the client reset
  * it, or left). Counts it in the connection's window of window_ms; past max_cancelled in one
  * window the connection stops taking new streams at once (h2o ignores HEADERS from then on), its

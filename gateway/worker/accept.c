@@ -39,6 +39,8 @@ typedef struct conn {
     h2o_linklist_t link;    /* on w->conns while open */
     unsigned served : 1;    /* a request has begun on it */
     unsigned h2 : 1;        /* an HTTP/2 connection (agw_guard_h2_streams listed it) */
+    unsigned h2_idle_asked : 1; /* HTTP/2: h2o was asked to close it as idle (GOAWAY) since a
+                                   request last began on it */
     unsigned h2_streams;    /* HTTP/2: its open streams at the last count */
     unsigned h2_sending;    /* HTTP/2: its streams sending a body, at the last count */
     uint64_t h2_receiving_ms; /* HTTP/2: how long its oldest request still arriving has been, at the
@@ -76,7 +78,9 @@ typedef struct conn {
  * H2_REQUEST_S, or a request arriving H2_REQUEST_S after one was first seen arriving with none
  * begun since (a client that resets its trickling stream every few seconds, pauses, and opens
  * another): what h2o does to an HTTP/1 connection (10 s for an idle keep-alive connection and for
- * a request's head and body). */
+ * a request's head and body). An idle one is closed by h2o's own idle timeout, made to fire at
+ * once (agw_guard_h2_close_idle: GOAWAY with NO_ERROR, then the close), the others by the kernel
+ * (shutdown: h2o disposes of the stream still arriving with its connection). */
 #define H2_IDLE_S 10
 #define H2_REQUEST_S 10
 
@@ -169,6 +173,7 @@ void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req)
     c->served = 1;
     c->h2_active_at = ev_now(w->loop); /* (a request got through: the connection is neither idle nor stuck) */
     c->h2_receiving_since = 0;
+    c->h2_idle_asked = 0;
 }
 
 static void count_h2(void *arg, agw_guard_conn_t *gc, const agw_guard_h2_count_t *k)
@@ -274,6 +279,11 @@ void agw_worker_send_sweep(agw_worker_t *w)
             int idle = c->h2_streams == 0 && c->tcp.write_queue_size == 0 && now - c->h2_active_at > H2_IDLE_S;
             int slow = c->h2_receiving_ms > H2_REQUEST_S * 1000 ||
                        (c->h2_receiving_since > 0 && now - c->h2_receiving_since > H2_REQUEST_S);
+            if (idle && !slow && !c->h2_idle_asked && agw_guard_h2_close_idle(&w->guard, &c->guard)) {
+                c->h2_idle_asked = 1; /* h2o sends GOAWAY and closes; a frame read first restarts its
+                                         timer, and the next sweep that finds it idle closes it below */
+                continue;
+            }
             if (idle || slow) {
                 /* the kernel ends the read: h2o closes the connection (a slow request's stream is
                  * disposed of with it; an idle one has nothing to lose) */

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from h2_client import PREFACE, H2Client, _literal  # noqa: E402
+from h2_client import GOAWAY, PING, PREFACE, H2Client, H2Error, _literal  # noqa: E402
 from harness import (UNHURRIED_PAGE, GatewayTestCase, access_log_lines, demo_services, main, stop_process,  # noqa: E402
                      wait_until)
 
@@ -154,6 +154,37 @@ class Http2Timeouts(GatewayTestCase):
         stop.set()
         r = self.get_h2c("/small")
         self.assertEqual(r.status, 200, r)
+
+
+    def test_an_idle_http2_connection_gets_goaway_before_it_closes(self):
+        # a client that sends only PINGs: h2o's idle timer restarts on each, the gateway's sweep
+        # finds the connection idle and has h2o close it its own way, GOAWAY (NO_ERROR) first
+        # (RFC 9113 §6.8: the client learns that no stream was processed), then the close
+        c = H2Client(self.port).start_plain()
+        self.addCleanup(c.close)
+        stop = keep_sending(self, 1.0, lambda n: c.tls.sendall(h2_frame(PING, 0, 0, struct.pack(">Q", n))))
+        deadline = time.monotonic() + 30  # the sweep closes it 10-12 s after its last request
+        seen = []
+        goaway = None
+        while goaway is None:
+            ftype, _flags, _sid, payload = c._read_frame(deadline)
+            seen.append(ftype)
+            if ftype == GOAWAY:
+                goaway = payload
+        stop.set()
+        last_sid, code = struct.unpack(">II", goaway[:8])
+        self.assertEqual(code, 0, "GOAWAY with error code %d, not NO_ERROR" % code)
+        self.assertEqual(last_sid & 0x7FFFFFFF, 0, "no stream was processed")
+        self.assertEqual(goaway[8:], b"idle timeout")
+        # then the close, with nothing between but PING ACKs already on their way and the GOAWAY
+        # again (h2o's own idle timeout sends it twice)
+        with self.assertRaises(H2Error):
+            while True:
+                ftype, _flags, _sid, payload = c._read_frame(time.monotonic() + 15)
+                self.assertIn(ftype, (PING, GOAWAY), "a frame after GOAWAY: %r %r" % (ftype, payload))
+                if ftype == GOAWAY:
+                    self.assertEqual(payload, goaway)
+        print("an idle HTTP/2 connection got GOAWAY (NO_ERROR) after %d frames, then the close" % len(seen))
 
 
 class Http2Activity(GatewayTestCase):
