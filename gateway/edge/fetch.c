@@ -10,6 +10,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,19 +90,130 @@ static int wait_fd(int fd, short events, int64_t deadline)
     }
 }
 
-/* Connects to host:port by the deadline. The socket stays non-blocking: every read and write waits
- * with wait_fd, against the one deadline of the whole fetch. */
-static int dial(const agw_fetch_url_t *u, int64_t deadline, char *why, size_t whylen)
+int (*agw_fetch_resolver)(const char *host, const char *port, const struct addrinfo *hints,
+                          struct addrinfo **res) = getaddrinfo;
+
+/* Lookups still running that their fetch gave up on (each until the resolver's own timeouts end
+ * it): at AGW_FETCH_MAX_LOOKUPS a fetch fails at once. */
+static int lookups_abandoned;
+
+int agw_fetch_abandoned_lookups(void)
 {
+    return __atomic_load_n(&lookups_abandoned, __ATOMIC_RELAXED);
+}
+
+/* One host name's lookup, shared by the fetch that waits for it and the thread that runs it: the
+ * last of the two to let go frees it (refs). */
+typedef struct lookup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;     /* signalled when done */
+    int refs;              /* 2: the fetch and the thread */
+    int done, rc;          /* rc: the resolver's */
+    int abandoned;         /* the fetch gave up on it (counted in lookups_abandoned) */
+    struct addrinfo *res;  /* its answer, until the fetch takes it */
+    char *host;
+    char port[16];
+} lookup_t;
+
+static void lookup_drop(lookup_t *l)
+{
+    pthread_mutex_lock(&l->mu);
+    int last = --l->refs == 0;
+    pthread_mutex_unlock(&l->mu);
+    if (!last)
+        return;
+    if (l->res != NULL)
+        freeaddrinfo(l->res);
+    free(l->host);
+    pthread_cond_destroy(&l->cv);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}
+
+static void *lookup_run(void *arg)
+{
+    lookup_t *l = arg;
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_socktype = SOCK_STREAM;
-    char port[16];
-    snprintf(port, sizeof(port), "%d", u->port);
-    int rc = getaddrinfo(u->host, port, &hints, &res);
+    int rc = agw_fetch_resolver(l->host, l->port, &hints, &res);
+    pthread_mutex_lock(&l->mu);
+    l->rc = rc;
+    l->res = rc == 0 ? res : NULL;
+    l->done = 1;
+    pthread_cond_signal(&l->cv);
+    int abandoned = l->abandoned;
+    pthread_mutex_unlock(&l->mu);
+    lookup_drop(l);
+    if (abandoned) /* (once its memory is freed: a count of 0 means nothing of it is left) */
+        __atomic_sub_fetch(&lookups_abandoned, 1, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+/* Resolves u's host by the deadline (mono_ms): getaddrinfo on a thread of its own, waited for
+ * until the deadline, so that a resolver that does not answer (5 s a try by default,
+ * resolv.conf(5)) cannot hold the fetch past it; a lookup given up on finishes on its thread and
+ * frees itself. Returns 0 with *out (freeaddrinfo), or -1 with why. */
+static int resolve(const agw_fetch_url_t *u, int64_t deadline, struct addrinfo **out, char *why, size_t whylen)
+{
+    if (__atomic_load_n(&lookups_abandoned, __ATOMIC_RELAXED) >= AGW_FETCH_MAX_LOOKUPS) {
+        snprintf(why, whylen, "cannot resolve %s: %d earlier lookups still wait for the resolver", u->host,
+                 AGW_FETCH_MAX_LOOKUPS);
+        return -1;
+    }
+    lookup_t *l = agw_calloc(1, sizeof(*l));
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&l->mu, NULL);
+    l->refs = 2;
+    l->host = agw_strdup(u->host);
+    snprintf(l->port, sizeof(l->port), "%d", u->port);
+    pthread_attr_t ta;
+    pthread_t t;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    int err = pthread_create(&t, &ta, lookup_run, l);
+    pthread_attr_destroy(&ta);
+    if (err != 0) {
+        l->refs = 1;
+        lookup_drop(l);
+        snprintf(why, whylen, "cannot resolve %s: no thread for the lookup: %s", u->host, strerror(err));
+        return -1;
+    }
+    struct timespec at = {.tv_sec = (time_t)(deadline / 1000), .tv_nsec = (long)(deadline % 1000) * 1000000};
+    pthread_mutex_lock(&l->mu);
+    while (!l->done && pthread_cond_timedwait(&l->cv, &l->mu, &at) != ETIMEDOUT) {
+    }
+    int done = l->done, rc = l->rc;
+    *out = l->res;
+    l->res = NULL;
+    if (!done) {
+        l->abandoned = 1;
+        __atomic_add_fetch(&lookups_abandoned, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&l->mu);
+    lookup_drop(l);
+    if (!done) {
+        snprintf(why, whylen, "cannot resolve %s: the resolver did not answer in time", u->host);
+        return -1;
+    }
     if (rc != 0) {
         snprintf(why, whylen, "cannot resolve %s: %s", u->host, gai_strerror(rc));
         return -1;
     }
+    return 0;
+}
+
+/* Connects to host:port by the deadline. The socket stays non-blocking: every read and write waits
+ * with wait_fd, against the one deadline of the whole fetch. */
+static int dial(const agw_fetch_url_t *u, int64_t deadline, char *why, size_t whylen)
+{
+    struct addrinfo *res = NULL;
+    int rc;
+    if (resolve(u, deadline, &res, why, whylen) != 0)
+        return -1;
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         snprintf(why, whylen, "socket: %s", strerror(errno));

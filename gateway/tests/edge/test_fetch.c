@@ -1,10 +1,13 @@
 /* test_fetch.c: edge/fetch.h, the JWKS fetcher's blocking GET, against a one-answer server on
  * loopback: the body and Cache-Control's max-age of a 200 (sized and chunked), and a clear
  * reason, never a body, for another status, a malformed answer, one over the size limit, a
- * close before the end and no answer at all. */
+ * close before the end and no answer at all; a host name whose lookup does not answer ends at the
+ * fetch's deadline too. */
 #include "tests/check.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -191,6 +194,72 @@ static void a_dripping_answer_times_out_at_the_deadline(void)
     server_stop(&s);
 }
 
+/* A resolver that does not answer until released (at most 10 s): a fetch that waited for its lookup
+ * would take those 10 s. */
+static pthread_mutex_t slow_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t slow_cv = PTHREAD_COND_INITIALIZER;
+static int slow_released, slow_calls;
+
+static int slow_resolver(const char *host, const char *port, const struct addrinfo *hints, struct addrinfo **res)
+{
+    (void)host, (void)port, (void)hints, (void)res;
+    struct timespec at;
+    clock_gettime(CLOCK_REALTIME, &at);
+    at.tv_sec += 10;
+    pthread_mutex_lock(&slow_mu);
+    slow_calls++;
+    while (!slow_released && pthread_cond_timedwait(&slow_cv, &slow_mu, &at) == 0) {
+    }
+    pthread_mutex_unlock(&slow_mu);
+    return EAI_AGAIN;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The lookup is bounded by the fetch's deadline (200 ms here, against the resolver's 10 s); while
+ * AGW_FETCH_MAX_LOOKUPS lookups given up on still run, a fetch fails at once without another; once
+ * they end, fetches resolve again. */
+static void a_lookup_that_does_not_answer_ends_at_the_deadline(void)
+{
+    agw_fetch_url_t u;
+    char perr[128];
+    CHECK(agw_fetch_url_parse("http://jwks.invalid:8080/jwks", &u, perr, sizeof(perr)) == 0);
+    agw_fetch_resolver = slow_resolver;
+    for (int i = 0; i < AGW_FETCH_MAX_LOOKUPS; i++) {
+        agw_buf_t body = AGW_BUF_INIT;
+        uint64_t max_age = 0;
+        char why[256] = "";
+        double t0 = now_s();
+        int rc = agw_fetch_get(&u, 200, 1024, &body, &max_age, why, sizeof(why));
+        double took = now_s() - t0;
+        CHECK(rc == -1);
+        CHECK_STR(why, "cannot resolve jwks.invalid: the resolver did not answer in time");
+        CHECK(took < 5.0); /* 0.2 s with the deadline; 10 s if the fetch waited for the resolver */
+        CHECK(agw_fetch_abandoned_lookups() == i + 1);
+    }
+    char why[256] = "";
+    agw_buf_t body = AGW_BUF_INIT;
+    uint64_t max_age = 0;
+    CHECK(agw_fetch_get(&u, 200, 1024, &body, &max_age, why, sizeof(why)) == -1);
+    CHECK(strstr(why, "earlier lookups still wait for the resolver") != NULL);
+    pthread_mutex_lock(&slow_mu);
+    CHECK(slow_calls == AGW_FETCH_MAX_LOOKUPS); /* none for the fetch refused at once */
+    slow_released = 1;
+    pthread_cond_broadcast(&slow_cv);
+    pthread_mutex_unlock(&slow_mu);
+    for (int i = 0; i < 1000 && agw_fetch_abandoned_lookups() > 0; i++)
+        usleep(10 * 1000);
+    CHECK(agw_fetch_abandoned_lookups() == 0);
+    agw_fetch_resolver = getaddrinfo;
+    agw_fetch_url_free(&u);
+    fetches_the_keys("HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{\"keys\":[]}", 0);
+}
+
 int main(void)
 {
     RUN(a_sized_200_gives_its_body_and_max_age);
@@ -199,5 +268,6 @@ int main(void)
     RUN(other_answers_fail_with_their_reason);
     RUN(no_answer_times_out);
     RUN(a_dripping_answer_times_out_at_the_deadline);
+    RUN(a_lookup_that_does_not_answer_ends_at_the_deadline);
     return CHECK_DONE();
 }
