@@ -53,6 +53,9 @@ int agw_h1_method_idempotent(const char *m)
 }
 
 
+/* agw_h1_request_invalid's mark of a path byte that may begin a dot segment ('.', '%2e'). */
+#define DOTS 5
+
 const char *agw_h1_request_invalid(const char *method, const char *path, size_t path_len,
                                    const agw_header_t *headers, size_t num_headers)
 {
@@ -63,21 +66,27 @@ const char *agw_h1_request_invalid(const char *method, const char *path, size_t 
     /* the request target is sent as the script built it: a byte that is not a URI character
      * would be sent raw (RFC 3986 §2: non-ASCII must be percent-encoded) and a '#' would cut the
      * path at a fragment the upstream never sees (§3.5) */
-    static const unsigned char BAD[256] = {[0 ... ' '] = 1, [0x7f] = 1, [0x80 ... 0xff] = 2, ['#'] = 3, ['\\'] = 4};
+    static const unsigned char BAD[256] = {[0 ... ' '] = 1, [0x7f] = 1, [0x80 ... 0xff] = 2, ['#'] = 3, ['\\'] = 4,
+                                           ['.'] = DOTS, ['%'] = DOTS};
     static const char *const why[] = {
         NULL, "path contains a space or a control character (CR, LF, NUL, ...)",
         "path contains a byte that is not ASCII (percent-encode it: agg.escape)",
         "path contains '#', which would start a fragment (percent-encode it: agg.escape)",
         "path contains '\\', which is no URI character and which upstreams may read as '/' (percent-encode it: "
         "agg.escape)"};
-    for (size_t i = 0; i < path_len; i++)
-        if (BAD[(unsigned char)path[i]])
-            return why[BAD[(unsigned char)path[i]]];
+    int dots = 0; /* a '.' or a '%': a dot segment is possible */
+    for (size_t i = 0; i < path_len; i++) {
+        unsigned char b = BAD[(unsigned char)path[i]];
+        if (b == DOTS)
+            dots = 1;
+        else if (b)
+            return why[b];
+    }
     /* a dot segment would be resolved by the upstream into another path than the one written:
      * "/users/" .. v .. "/orders" with v ".." or "%2e%2e" reaches "/orders" (RFC 3986 §5.2.4). Its
      * ends are '/' and also the escapes %2F and %5C, which servers that decode before they
      * resolve dots (nginx) read as '/': agg.escape("../admin") is "..%2Fadmin" */
-    for (size_t i = 1, seg = 1; i <= path_len; i++) {
+    for (size_t i = 1, seg = 1; dots && i <= path_len; i++) { /* (none: "/products/42", the common case) */
         size_t sep = 0; /* the separator's length at i, 0 when path[i] is none */
         if (i == path_len || path[i] == '/' || path[i] == '?')
             sep = 1;
