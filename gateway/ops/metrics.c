@@ -108,10 +108,14 @@ int agw_metric_labels_map(agw_metric_labels_t *l, const agw_config_t *conf, uint
                           uint32_t *upstream_slot, agw_buf_t *errors)
 {
     size_t ne = conf->num_endpoints, nu = conf->num_upstreams;
-    const char **want = agw_calloc((ne > nu ? ne : nu) + 1, sizeof(*want));
+    const char **want = agw_calloc((ne > nu ? ne : nu) + 2, sizeof(*want));
     for (size_t e = 0; e < ne; e++)
         want[e] = conf->endpoints[e].route ? conf->endpoints[e].route : "";
-    uint32_t nr = map_names(l->routes, 1, l->num_routes, l->route_cap, want, ne, route_slot + 1);
+    size_t nw = ne;
+    if (conf->batch_route) /* the batch endpoint's envelope: a route of its own */
+        want[nw++] = conf->batch_route;
+    route_slot[ne + 1] = 0;
+    uint32_t nr = map_names(l->routes, 1, l->num_routes, l->route_cap, want, nw, route_slot + 1);
     for (size_t u = 0; u < nu; u++)
         want[u] = conf->upstreams[u].name ? conf->upstreams[u].name : "";
     uint32_t nup = nr > l->route_cap ? 0 : map_names(l->upstreams, 0, l->num_upstreams, l->upstream_cap, want, nu,

@@ -115,8 +115,10 @@ agw_metric_labels_t *agw_metric_labels_new(uint32_t route_cap, uint32_t upstream
 void agw_metric_labels_free(agw_metric_labels_t *l);
 
 /* Gives each endpoint and upstream of conf its slot, adding slots for names not seen before:
- * route_slot[e] for endpoint e (1-based; route_slot[0] = 0, "unmatched"), upstream_slot[u] for
- * upstream u (0-based); the caller sizes them num_endpoints + 1 and num_upstreams. Returns 0, or
+ * route_slot[e] for endpoint e (1-based; route_slot[0] = 0, "unmatched"), route_slot[num_endpoints
+ * + 1] for the batch endpoint's envelope ("POST <batch path>"; 0 when conf has no batch endpoint),
+ * upstream_slot[u] for upstream u (0-based); the caller sizes them num_endpoints + 2 and
+ * num_upstreams. Returns 0, or
  * -1 with a message in errors (and nothing added) when the registry would overflow. Only one
  * thread may call it at a time. */
 int agw_metric_labels_map(agw_metric_labels_t *l, const struct agw_config *conf, uint32_t *route_slot,

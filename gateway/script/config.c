@@ -550,6 +550,11 @@ int agw_config_load(const char *dir, agw_config_t *conf, agw_buf_t *errors)
     if (lua_istable(L, -1)) {
         int bt = lua_gettop(L);
         conf->batch_path = agw_luamod_field_str(L, bt, "path");
+        if (conf->batch_path) {
+            size_t n = strlen(conf->batch_path) + 6;
+            conf->batch_route = agw_malloc(n);
+            snprintf(conf->batch_route, n, "POST %s", conf->batch_path);
+        }
         conf->batch_max_requests = (size_t)agw_luamod_field_u64(L, bt, "max_requests", 20);
         lua_getfield(L, bt, "deadline_ms");
         conf->batch_deadline_ms = lua_isnumber(L, -1) ? agw_luamod_to_u64(lua_tonumber(L, -1)) : conf->deadline_ms;
@@ -630,6 +635,7 @@ void agw_config_free(agw_config_t *conf)
     free(conf->admin_host);
     free(conf->access_log);
     free(conf->batch_path);
+    free(conf->batch_route);
     free(conf->otlp_url);
     free(conf->otlp_host_header);
     free(conf->otlp_path);

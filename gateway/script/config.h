@@ -70,6 +70,8 @@ typedef struct agw_config {
     uint64_t deadline_ms;               /* default request deadline, ms */
     char *batch_path;                   /* batch = { route = "POST /path" }: the batch endpoint's path
                                            (multi/multi.h), NULL when there is none */
+    char *batch_route;                  /* "POST <batch_path>": the envelope's route in the metrics
+                                           and the access log; NULL when there is none */
     size_t batch_max_requests;          /* batch.max_requests: entries one batch may carry */
     uint64_t batch_deadline_ms;         /* batch.deadline_ms (default: deadline_ms), ms */
     size_t max_request_body_bytes;      /* request body limit, bytes */

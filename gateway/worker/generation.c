@@ -122,7 +122,7 @@ agw_generation_t *agw_generation_load(const char *dir, uint64_t number, const ag
     agw_auth_start(&g->conf.auth); /* a jwks_url's first fetch, off the request path */
     g->number = number;
     g->refs = 1;
-    g->route_slot = agw_calloc(g->conf.num_endpoints + 1, sizeof(*g->route_slot));
+    g->route_slot = agw_calloc(g->conf.num_endpoints + 2, sizeof(*g->route_slot));
     g->upstream_slot = agw_calloc(g->conf.num_upstreams ? g->conf.num_upstreams : 1, sizeof(*g->upstream_slot));
     g->board = agw_endpoint_board_new(g->conf.workers, g->conf.ep_first[g->conf.num_upstreams]);
     g->dir = agw_endpoint_dir_new(g->conf.eps, g->conf.ep_first[g->conf.num_upstreams], g->conf.names, g->conf.num_names);

@@ -39,7 +39,8 @@
 typedef struct agw_generation {
     uint64_t number;           /* 1 at start-up, +1 for each successful reload */
     agw_config_t conf;         /* routes, upstreams and breakers of this generation (owned) */
-    uint32_t *route_slot;      /* endpoint e (1-based) -> metric route slot; [0] = 0 ("unmatched") */
+    uint32_t *route_slot;      /* endpoint e (1-based) -> metric route slot; [0] = 0 ("unmatched"),
+                                  [num_endpoints + 1] the batch envelope's (agw_metric_labels_map) */
     uint32_t *upstream_slot;   /* upstream index (0-based) -> metric upstream slot */
     int refs;                  /* owners (atomic): the serving record, each worker's VM of it */
     agw_endpoint_board_t *board; /* the endpoints as each worker's balancer sees them (group/board.h) */

@@ -89,7 +89,7 @@ static void record_batch(void *data, h2o_req_t *req, int status, size_t bytes)
     batch_ref_t *b = data;
     batch_unwatch(b);
     b->m = NULL;
-    agw_worker_record_c_response(b->w, req, 0, status, (ev_now(b->w->loop) - b->started) * 1000.0, bytes);
+    agw_worker_record_c_response(b->w, req, AGW_ENDPOINT_ENVELOPE, status, (ev_now(b->w->loop) - b->started) * 1000.0, bytes);
     agw_worker_closing(b->w, req); /* (the envelope's response starts right after) */
 }
 
@@ -102,7 +102,7 @@ static void batch_abandoned(void *data, h2o_req_t *req, size_t running)
     agw_worker_t *w = b->w;
     batch_unwatch(b);
     b->m = NULL;
-    agw_worker_record_c_response(w, req, 0, 499, (ev_now(w->loop) - b->started) * 1000.0, 0);
+    agw_worker_record_c_response(w, req, AGW_ENDPOINT_ENVELOPE, 499, (ev_now(w->loop) - b->started) * 1000.0, 0);
     if (req->version < 0x200)
         return;
     const agw_clients_conf_t *cc = &w->gens.cur->conf->clients;
@@ -124,7 +124,7 @@ static void on_batch_client(struct ev_loop *loop, ev_io *io, int revents)
         return;
     agw_multi_t *m = b->m;
     b->m = NULL;
-    agw_worker_record_c_response(b->w, b->req, 0, 499, (ev_now(b->w->loop) - b->started) * 1000.0, 0);
+    agw_worker_record_c_response(b->w, b->req, AGW_ENDPOINT_ENVELOPE, 499, (ev_now(b->w->loop) - b->started) * 1000.0, 0);
     agw_multi_abandon(m); /* its entries are cancelled (each logged 499) */
     agw_worker_finish_gone(b->req, io->fd);
 }
@@ -149,7 +149,8 @@ static int on_batch(agw_worker_t *w, h2o_req_t *req)
 {
     const agw_config_t *conf = w->gens.cur->conf;
     if (agw_multi_is_entry(req)) {
-        agw_worker_send_problem(w, req, NULL, 0, 400, "nested-batch", "a batch may not contain a batch", NULL);
+        agw_worker_send_problem(w, req, NULL, AGW_ENDPOINT_ENVELOPE, 400, "nested-batch", "a batch may not contain a batch",
+                                NULL);
         return 0;
     }
     batch_ref_t *b = h2o_mem_alloc_shared(&req->pool, sizeof(*b), on_batch_dispose);

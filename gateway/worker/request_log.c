@@ -491,7 +491,7 @@ static const char *route_of(const wgen_t *g, int endpoint)
 {
     if (endpoint > 0 && (size_t)endpoint <= g->conf->num_endpoints)
         return g->conf->endpoints[endpoint - 1].route;
-    return NULL;
+    return endpoint == AGW_ENDPOINT_ENVELOPE ? g->conf->batch_route : NULL;
 }
 
 /* A response produced in C before the request reached the runtime (no route, bad framing) is
@@ -504,7 +504,9 @@ void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint,
     w->lim.has_note = 0;
     if (limit && ms == 0)
         ms = limit->wait_us / 1000.0;
-    agw_metrics_request(w->m, (int)g->gen->route_slot[endpoint], status, ms, bytes);
+    uint32_t slot = endpoint == AGW_ENDPOINT_ENVELOPE ? g->gen->route_slot[g->conf->num_endpoints + 1]
+                                                      : g->gen->route_slot[endpoint];
+    agw_metrics_request(w->m, (int)slot, status, ms, bytes);
     if (w->log.access_fd >= 0)
         alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, route_of(g, endpoint), status,
                    ms, bytes, NULL, 0, NULL, 0, NULL, limit);

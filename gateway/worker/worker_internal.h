@@ -575,9 +575,13 @@ static inline uint64_t agw_worker_now_us(agw_worker_t *w)
  * rr->tracestate (in req's memory, or NULL). */
 void agw_worker_trace_begin(agw_worker_t *w, reqref_t *rr, h2o_req_t *req, size_t path_len);
 
+/* The endpoint agw_worker_record_c_response counts the batch endpoint's envelope under: its own
+ * route ("POST <path>", config.h batch_route) in the current generation. */
+#define AGW_ENDPOINT_ENVELOPE (-1)
+
 /* Counts and logs a response made in C without the runtime (no route, bad framing, the batch
- * endpoint's envelope); endpoint 0: no route; ms: how long the request took (0 for one answered
- * as it arrived). */
+ * endpoint's envelope); endpoint 0: no route, AGW_ENDPOINT_ENVELOPE: the envelope; ms: how long
+ * the request took (0 for one answered as it arrived). */
 void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint, int status, double ms,
                                   size_t bytes);
 

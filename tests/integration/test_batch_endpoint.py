@@ -6,14 +6,16 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import socket
 import struct
 import sys
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import GatewayTestCase, access_log_lines, endpoint, route, wait_until, main  # noqa: E402
+from harness import GatewayTestCase, access_log_lines, endpoint, free_port, route, wait_until, main  # noqa: E402
 from h2_client import H2Client, _literal  # noqa: E402
 
 SERVICES = {
@@ -257,6 +259,28 @@ class BatchEndpoint(BatchCase):
         self.assertEqual(envelope["status"], 200)
         self.assertGreaterEqual(envelope["duration_ms"], 20)
         self.assertLessEqual(envelope["duration_ms"], ms + 1)
+
+    def test_the_envelope_is_counted_and_logged_under_its_own_route(self):
+        # the envelope is no script's route, but it is a route of the gateway's: "POST /batch" in
+        # the metrics and the access log (a nested batch included), not "unmatched" and null
+        log = os.path.join(self.workdir, "access.log")
+        admin = free_port()
+        self.start_batch(access_log=log, admin={"port": admin})
+        status, _, doc, _ = self.post({"requests": [{"path": "/p/1"}, {"method": "POST", "path": "/batch"}]})
+        self.assertEqual(status, 200)
+        self.assertEqual([r["status"] for r in doc["responses"]], [200, 400])
+        got = access_log_lines(log, 3)
+        self.assertIsNotNone(got)
+        self.assertEqual(sorted((l["path"], l["route"], l["status"]) for l in got),
+                         [("/batch", "POST /batch", 200), ("/batch", "POST /batch", 400), ("/p/1", "GET /p/{id}", 200)])
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin, timeout=5) as r:
+            metrics = r.read().decode()
+        counts = {(r, c): int(n) for r, c, n in
+                  re.findall(r'^aggway_requests_total\{route="([^"]*)",code="(\d+)"\} (\d+)', metrics, re.M)}
+        self.assertEqual(counts.get(("POST /batch", "200")), 1, metrics)
+        self.assertEqual(counts.get(("POST /batch", "400")), 1, metrics)
+        self.assertEqual(counts.get(("GET /p/{id}", "200")), 1, metrics)
+        self.assertIsNone(counts.get(("unmatched", "200")), metrics)
 
     def test_h2_batches_reset_count_as_cancelled_streams(self):
         # each batch's stream reset before its answer counts as one cancelled stream per entry

@@ -93,7 +93,7 @@ static void test_render_sums_workers(void)
     conf.breakers = br;
     conf.num_upstreams = 1;
     agw_metric_labels_t *labels = agw_metric_labels_new(8, 8);
-    uint32_t route_slot[2], upstream_slot[1];
+    uint32_t route_slot[3], upstream_slot[1];
     agw_buf_t errors = AGW_BUF_INIT;
     CHECK(agw_metric_labels_map(labels, &conf, route_slot, upstream_slot, &errors) == 0);
     CHECK(route_slot[0] == 0 && route_slot[1] == 1 && upstream_slot[0] == 0);
@@ -180,10 +180,10 @@ static void test_label_slots_survive_reloads(void)
     a.endpoints = ea, a.num_endpoints = 2, a.upstreams = ua, a.num_upstreams = 1;
     b.endpoints = eb, b.num_endpoints = 2, b.upstreams = ub, b.num_upstreams = 2;
     agw_metric_labels_t *l = agw_metric_labels_new(3, 2);
-    uint32_t rs[3], us[2];
+    uint32_t rs[4], us[2];
     agw_buf_t errors = AGW_BUF_INIT;
     CHECK(agw_metric_labels_map(l, &a, rs, us, &errors) == 0);
-    CHECK(rs[1] == 1 && rs[2] == 2 && us[0] == 0);
+    CHECK(rs[1] == 1 && rs[2] == 2 && rs[3] == 0 && us[0] == 0); /* rs[3]: no batch endpoint */
     CHECK(agw_metric_labels_map(l, &b, rs, us, &errors) == 0);
     CHECK(rs[0] == 0 && rs[1] == 3 && rs[2] == 1); /* GET /a keeps slot 1 */
     CHECK(us[0] == 1 && us[1] == 0);               /* product keeps slot 0 */
@@ -194,6 +194,14 @@ static void test_label_slots_survive_reloads(void)
     CHECK(agw_metric_labels_map(l, &b, rs, us, &errors) == -1);
     CHECK(l->num_routes == 4);
     CHECK(errors.base && strstr(errors.base, "more than 3 distinct routes") != NULL);
+    agw_buf_free(&errors);
+    agw_metric_labels_free(l);
+    /* the batch endpoint's envelope has a route slot of its own, after the endpoints' */
+    l = agw_metric_labels_new(3, 2);
+    a.batch_route = "POST /batch";
+    CHECK(agw_metric_labels_map(l, &a, rs, us, &errors) == 0);
+    CHECK(rs[1] == 1 && rs[2] == 2 && rs[3] == 3);
+    CHECK_STR(l->routes[3], "POST /batch");
     agw_buf_free(&errors);
     agw_metric_labels_free(l);
 }

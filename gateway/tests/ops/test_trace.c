@@ -260,7 +260,7 @@ static const agw_metric_labels_t *fake_names(const agw_config_t *conf)
 {
     static agw_metric_labels_t *names;
     if (names == NULL) {
-        uint32_t rs[2], us[2];
+        uint32_t rs[3], us[2];
         agw_buf_t errors = AGW_BUF_INIT;
         names = agw_metric_labels_new(4, 4);
         CHECK(agw_metric_labels_map(names, conf, rs, us, &errors) == 0 && rs[1] == 1 && us[0] == 0 && us[1] == 1);
