@@ -312,7 +312,8 @@ void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t
         agw_guard_conn_t *c = agw_guard_conn_by_fd(g, h2o_socket_get_fd(h2->sock));
         if (c == NULL)
             continue;
-        agw_guard_h2_count_t k = {.streams = h2->num_streams.pull.open + h2->num_streams.push.open,
+        agw_guard_h2_count_t k = {.conn = h2,
+                                  .streams = h2->num_streams.pull.open + h2->num_streams.push.open,
                                   .sending = h2->num_streams.pull.send_body + h2->num_streams.push.send_body};
         /* streams not answering yet (being received, or handled): only then is one walked */
         if (k.streams > h2->num_streams.pull.half_closed + h2->num_streams.push.half_closed)
@@ -353,24 +354,20 @@ static h2_conn_t *live_h2(agw_guard_t *g, agw_guard_conn_t *c)
     return NULL;
 }
 
-int agw_guard_h2_close_idle(agw_guard_t *g, agw_guard_conn_t *c)
+int agw_guard_h2_close_idle(agw_guard_t *g, agw_guard_conn_t *c, struct st_h2o_http2_conn_t *conn)
 {
-    if (g->layout <= 0)
+    h2_conn_t *h2 = conn;
+    /* (no walk of the context's list: the sweep closes any number of connections at once) */
+    if (g->layout <= 0 || h2 == NULL || h2->sock == NULL || h2o_socket_get_fd(h2->sock) != c->fd)
         return 0;
-    for (h2o_linklist_t *n = g->ctx->http2._conns.next; n != &g->ctx->http2._conns; n = n->next) {
-        h2_conn_t *h2 = H2O_STRUCT_FROM_MEMBER(h2_conn_t, _conns, n);
-        if (h2->sock == NULL || h2o_socket_get_fd(h2->sock) != c->fd)
-            continue;
-        /* h2o links _timeout_entry, with on_idle_timeout as its callback (the only one it ever
-         * sets there), while no stream is half closed (update_idle_timeout) */
-        if (h2->state != H2O_HTTP2_CONN_STATE_OPEN || c->goaway || !h2o_timeout_is_linked(&h2->_timeout_entry) ||
-            h2->num_streams.pull.half_closed + h2->num_streams.push.half_closed != 0)
-            return 0;
-        h2o_timeout_unlink(&h2->_timeout_entry);
-        h2o_timeout_link(g->ctx->loop, &g->ctx->zero_timeout, &h2->_timeout_entry);
-        return 1;
-    }
-    return 0;
+    /* h2o links _timeout_entry, with on_idle_timeout as its callback (the only one it ever sets
+     * there), while no stream is half closed (update_idle_timeout) */
+    if (h2->state != H2O_HTTP2_CONN_STATE_OPEN || c->goaway || !h2o_timeout_is_linked(&h2->_timeout_entry) ||
+        h2->num_streams.pull.half_closed + h2->num_streams.push.half_closed != 0)
+        return 0;
+    h2o_timeout_unlink(&h2->_timeout_entry);
+    h2o_timeout_link(g->ctx->loop, &g->ctx->zero_timeout, &h2->_timeout_entry);
+    return 1;
 }
 
 /* ---- HTTP/2 header bombs -------------------------------------------------------------------- */

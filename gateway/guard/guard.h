@@ -136,6 +136,8 @@ int agw_guard_h2_shutdown(agw_guard_t *g);
 
 /* What agw_guard_h2_streams says of one HTTP/2 connection. */
 typedef struct agw_guard_h2_count {
+    struct st_h2o_http2_conn_t *conn; /* h2o's connection: valid until h2o next runs (for
+                                         agw_guard_h2_close_idle in the same turn of the loop) */
     unsigned streams;        /* its open streams (a request being received, handled or answered:
                                 h2o's counts of client and push streams) */
     unsigned sending;        /* of them, those sending a response's body (h2o's SEND_BODY state:
@@ -154,7 +156,9 @@ typedef struct agw_guard_h2_count {
 void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t *c, const agw_guard_h2_count_t *count),
                           void *arg);
 
-/* Closes c's HTTP/2 connection as h2o's own idle timeout does, for a connection the gateway finds
+/* Closes c's HTTP/2 connection (conn, as agw_guard_h2_streams gave it in this turn of the loop:
+ * no walk of h2o's list of connections, which made a sweep of N idle connections cost N²/2 steps)
+ * as h2o's own idle timeout does, for a connection the gateway finds
  * idle although h2o's timer keeps restarting (it restarts on every frame, a PING included):
  * GOAWAY with NO_ERROR and "idle timeout" as its debug data (RFC 9113 §6.8: the client learns
  * that no stream was processed and may retry on a new connection), then the close once the frame
@@ -164,7 +168,7 @@ void agw_guard_h2_streams(agw_guard_t *g, void (*fn)(void *arg, agw_guard_conn_t
  * 1 when it did; 0 when it could not: the layout is not trusted (see guard.c), the connection is
  * not one h2o holds open (closing, a GOAWAY sent or due) or a stream of it is half closed (h2o's
  * idle entry is not linked then). On the worker's thread, outside h2o's callbacks. */
-int agw_guard_h2_close_idle(agw_guard_t *g, agw_guard_conn_t *c);
+int agw_guard_h2_close_idle(agw_guard_t *g, agw_guard_conn_t *c, struct st_h2o_http2_conn_t *conn);
 
 /* An HTTP/2 stream of req's connection ended before the gateway answered it (the client reset
  * it, or left). Counts it in the connection's window of window_ms; past max_cancelled in one

@@ -41,6 +41,8 @@ typedef struct conn {
     unsigned h2 : 1;        /* an HTTP/2 connection (agw_guard_h2_streams listed it) */
     unsigned h2_idle_asked : 1; /* HTTP/2: h2o was asked to close it as idle (GOAWAY) since a
                                    request last began on it */
+    struct st_h2o_http2_conn_t *h2conn; /* HTTP/2: h2o's connection, as the sweep's count found it
+                                           (NULL outside a sweep: valid only until h2o runs) */
     unsigned h2_streams;    /* HTTP/2: its open streams at the last count */
     unsigned h2_sending;    /* HTTP/2: its streams sending a body, at the last count */
     uint64_t h2_receiving_ms; /* HTTP/2: how long its oldest request still arriving has been, at the
@@ -184,11 +186,21 @@ static void count_h2(void *arg, agw_guard_conn_t *gc, const agw_guard_h2_count_t
     c->h2_streams = k->streams;
     c->h2_sending = k->sending;
     c->h2_receiving_ms = k->receiving_ms;
+    c->h2conn = k->conn;
+}
+
+/* Counts the HTTP/2 connections' streams afresh (count_h2): h2o's connection of each is known
+ * until h2o runs again, and none is kept from an earlier count (h2o may have freed it since). */
+static void count_h2_conns(agw_worker_t *w)
+{
+    for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next)
+        H2O_STRUCT_FROM_MEMBER(conn_t, link, l)->h2conn = NULL;
+    agw_guard_h2_streams(&w->guard, count_h2, NULL);
 }
 
 unsigned agw_worker_busy_conns(agw_worker_t *w)
 {
-    agw_guard_h2_streams(&w->guard, count_h2, NULL);
+    count_h2_conns(w);
     int fresh = (ev_now(w->loop) - w->drain_started) * 1000.0 < AGW_DRAIN_FIRST_REQUEST_MS;
     unsigned busy = ev_is_pending(&w->uv_io) ? 1 : 0; /* bytes libuv has not handed to h2o yet */
     for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
@@ -256,7 +268,7 @@ void agw_worker_on_refused_recheck(struct ev_loop *loop, ev_timer *t, int revent
 void agw_worker_send_sweep(agw_worker_t *w)
 {
     unsigned limit = w->gens.cur->conf->clients.send_timeout_s;
-    agw_guard_h2_streams(&w->guard, count_h2, NULL);
+    count_h2_conns(w);
     unsigned closed = 0, suspects = 0, h2_slow = 0;
     for (h2o_linklist_t *l = w->conns.next; l != &w->conns; l = l->next) {
         conn_t *c = H2O_STRUCT_FROM_MEMBER(conn_t, link, l);
@@ -279,7 +291,7 @@ void agw_worker_send_sweep(agw_worker_t *w)
             int idle = c->h2_streams == 0 && c->tcp.write_queue_size == 0 && now - c->h2_active_at > H2_IDLE_S;
             int slow = c->h2_receiving_ms > H2_REQUEST_S * 1000 ||
                        (c->h2_receiving_since > 0 && now - c->h2_receiving_since > H2_REQUEST_S);
-            if (idle && !slow && !c->h2_idle_asked && agw_guard_h2_close_idle(&w->guard, &c->guard)) {
+            if (idle && !slow && !c->h2_idle_asked && agw_guard_h2_close_idle(&w->guard, &c->guard, c->h2conn)) {
                 c->h2_idle_asked = 1; /* h2o sends GOAWAY and closes; a frame read first restarts its
                                          timer, and the next sweep that finds it idle closes it below */
                 continue;
