@@ -6,7 +6,6 @@ import hashlib
 import http.client
 import json
 import os
-import re
 import socket
 import struct
 import sys
@@ -17,6 +16,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import GatewayTestCase, access_log_lines, endpoint, free_port, route, wait_until, main  # noqa: E402
 from h2_client import H2Client, _literal  # noqa: E402
+from test_admin_metrics import Metrics  # noqa: E402
 
 SERVICES = {
     "product": [route("/products/{id}", latency_ms=20, json={"id": "{id}", "name": "Sneaker"}),
@@ -274,13 +274,12 @@ class BatchEndpoint(BatchCase):
         self.assertEqual(sorted((l["path"], l["route"], l["status"]) for l in got),
                          [("/batch", "POST /batch", 200), ("/batch", "POST /batch", 400), ("/p/1", "GET /p/{id}", 200)])
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin, timeout=5) as r:
-            metrics = r.read().decode()
-        counts = {(r, c): int(n) for r, c, n in
-                  re.findall(r'^aggway_requests_total\{route="([^"]*)",code="(\d+)"\} (\d+)', metrics, re.M)}
-        self.assertEqual(counts.get(("POST /batch", "200")), 1, metrics)
-        self.assertEqual(counts.get(("POST /batch", "400")), 1, metrics)
-        self.assertEqual(counts.get(("GET /p/{id}", "200")), 1, metrics)
-        self.assertIsNone(counts.get(("unmatched", "200")), metrics)
+            text = r.read().decode()
+        m = Metrics(text)
+        self.assertEqual(m.get("aggway_requests_total", route="POST /batch", code="200"), 1, text)
+        self.assertEqual(m.get("aggway_requests_total", route="POST /batch", code="400"), 1, text)
+        self.assertEqual(m.get("aggway_requests_total", route="GET /p/{id}", code="200"), 1, text)
+        self.assertIsNone(m.get("aggway_requests_total", route="unmatched", code="200"), text)
 
     def test_h2_batches_reset_count_as_cancelled_streams(self):
         # each batch's stream reset before its answer counts as one cancelled stream per entry
