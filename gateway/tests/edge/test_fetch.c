@@ -7,12 +7,12 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
-#include <time.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "edge/fetch.h"
