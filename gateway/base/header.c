@@ -162,6 +162,31 @@ int agw_header_is_token(const char *s, size_t len)
     return 1;
 }
 
+/* tchar folded to lowercase: a token's byte, its letters lowercased; 0 for any other byte */
+static const unsigned char tlower[256] = {
+    ['!'] = '!', ['#'] = '#', ['$'] = '$', ['%'] = '%', ['&'] = '&', ['\''] = '\'', ['*'] = '*', ['+'] = '+',
+    ['-'] = '-', ['.'] = '.', ['^'] = '^', ['_'] = '_', ['`'] = '`', ['|'] = '|', ['~'] = '~', ['0'] = '0',
+    ['1'] = '1', ['2'] = '2', ['3'] = '3', ['4'] = '4', ['5'] = '5', ['6'] = '6', ['7'] = '7', ['8'] = '8',
+    ['9'] = '9', ['a'] = 'a', ['b'] = 'b', ['c'] = 'c', ['d'] = 'd', ['e'] = 'e', ['f'] = 'f', ['g'] = 'g',
+    ['h'] = 'h', ['i'] = 'i', ['j'] = 'j', ['k'] = 'k', ['l'] = 'l', ['m'] = 'm', ['n'] = 'n', ['o'] = 'o',
+    ['p'] = 'p', ['q'] = 'q', ['r'] = 'r', ['s'] = 's', ['t'] = 't', ['u'] = 'u', ['v'] = 'v', ['w'] = 'w',
+    ['x'] = 'x', ['y'] = 'y', ['z'] = 'z', ['A'] = 'a', ['B'] = 'b', ['C'] = 'c', ['D'] = 'd', ['E'] = 'e',
+    ['F'] = 'f', ['G'] = 'g', ['H'] = 'h', ['I'] = 'i', ['J'] = 'j', ['K'] = 'k', ['L'] = 'l', ['M'] = 'm',
+    ['N'] = 'n', ['O'] = 'o', ['P'] = 'p', ['Q'] = 'q', ['R'] = 'r', ['S'] = 's', ['T'] = 't', ['U'] = 'u',
+    ['V'] = 'v', ['W'] = 'w', ['X'] = 'x', ['Y'] = 'y', ['Z'] = 'z',
+};
+
+int agw_header_token_lower(const char *s, size_t len, char *out)
+{
+    unsigned char ok = len > 0;
+    for (size_t i = 0; i < len; i++) { /* (no branch per byte: names are short) */
+        unsigned char c = tlower[(unsigned char)s[i]];
+        out[i] = (char)c;
+        ok &= (unsigned char)(c != 0);
+    }
+    return ok;
+}
+
 /* Eight bytes at a time (a word with a byte below 0x20 or equal to 0x7f is looked at byte by
  * byte): a call's header values, traceparent included, are checked on every call. */
 int agw_header_has_control(const char *v, size_t len)

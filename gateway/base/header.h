@@ -39,6 +39,12 @@ static inline void agw_header_trim_ows(const char **v, size_t *len)
  * (multi/multi.c). */
 int agw_header_is_token(const char *s, size_t len);
 
+/* Copies the field name s (len bytes) into out (room for len bytes) in lowercase, checking in the
+ * same pass that it is a token (as agw_header_is_token; ASCII letters only are folded: a token
+ * has no others). Returns 1, or 0 when it is not a token (out then holds a part of it). A script's
+ * response header names (script/resp_headers.c), one pass per name. */
+int agw_header_token_lower(const char *s, size_t len, char *out);
+
 /* Whether the field value v (len bytes) holds a control character other than HTAB (a C0 byte or
  * DEL; RFC 9110 §5.5): CR, LF and NUL would split or cut a message, and h2o refuses the others on
  * the wire. An upstream call's values, a batch entry's, a script's response headers. */

@@ -69,12 +69,7 @@ static int take(agw_resp_headers_t *set, candidate_t *c, const char *name, size_
               printable(name, nl, shown, sizeof(shown)), AGW_RESP_HEADER_VALUE_MAX);
         return 0;
     }
-    int valid = nl > 0 && nl <= sizeof(lower) && !agw_header_has_control(value, vl);
-    for (size_t i = 0; valid && i < nl; i++) { /* ASCII: a token has no other letters */
-        unsigned char c = (unsigned char)name[i];
-        lower[i] = (char)(c >= 'A' && c <= 'Z' ? c | 0x20 : c);
-    }
-    if (!valid || !agw_header_is_token(lower, nl)) {
+    if (nl > sizeof(lower) || agw_header_has_control(value, vl) || !agw_header_token_lower(name, nl, lower)) {
         warnf(warn, data, "dropped invalid response header '%s' (a name must be a token, a value must have no "
               "control characters)", printable(name, nl, shown, sizeof(shown)));
         return 0;
@@ -91,13 +86,16 @@ static int take(agw_resp_headers_t *set, candidate_t *c, const char *name, size_
               "writes its own Date on every response and cannot leave it out");
         return 0;
     }
-    agw_buf_t *b = &set->bytes;
-    c->orig = b->len;
-    agw_buf_append(b, name, nl);
-    c->name = b->len;
-    agw_buf_append(b, lower, nl);
-    c->value = b->len;
-    agw_buf_append(b, value, vl);
+    agw_buf_t *b = &set->bytes; /* the three parts in one reservation */
+    agw_buf_reserve(b, 2 * nl + vl);
+    char *at = b->base + b->len;
+    c->orig = b->len, c->name = b->len + nl, c->value = b->len + 2 * nl;
+    memcpy(at, name, nl);
+    memcpy(at + nl, lower, nl);
+    if (vl > 0)
+        memcpy(at + 2 * nl, value, vl);
+    b->len += 2 * nl + vl;
+    b->base[b->len] = '\0';
     c->name_len = nl, c->value_len = vl;
     return 1;
 }

@@ -24,12 +24,14 @@
 #include "json/json.h"
 #include "base/log.h"
 
+/* Adds a response header, its name and value copied into the request's pool (one block: the Lua
+ * strings they come from may be gone before h2o writes them). */
 static void add_header(h2o_req_t *req, const char *name, size_t nlen, const char *value, size_t vlen)
 {
-    char *n = h2o_mem_alloc_pool(&req->pool, nlen + 1);
+    char *n = h2o_mem_alloc_pool(&req->pool, nlen + vlen + 2);
     memcpy(n, name, nlen);
     n[nlen] = '\0';
-    char *v = h2o_mem_alloc_pool(&req->pool, vlen + 1);
+    char *v = n + nlen + 1;
     memcpy(v, value, vlen);
     v[vlen] = '\0';
     h2o_add_header_by_str(&req->pool, &req->res.headers, n, nlen, 1, NULL, v, vlen);
