@@ -541,7 +541,7 @@ local function result_of(ctx, sec, spec, e)
     data = api.parse(e.body)
     if not data then return nil end
   end
-  spec.section, spec.ctx, spec.key = sec, ctx, sec
+  spec.ctx, spec.key = ctx, sec
   local r = api.make_result(spec, "ok", e.status, e.headers, spec.decode and e.status < 300 and nil or e.body, data, 0)
   spec.ctx = false -- the result's info must not lead back to the request (see runtime's finish_exchange)
   return r

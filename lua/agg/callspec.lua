@@ -38,6 +38,7 @@ function M.is_spec(v)
 end
 
 local escape = require("agg.url").escape
+local CALL_INDEX, NEWINDEX, METATABLE = result.CALL_INDEX, result.NEWINDEX, result.METATABLE
 
 --- Encodes a query table ({ sku = "A 1", tag = { "x", "y" } }) as "sku=A%201&tag=x&tag=y", keys
 -- sorted so the same table always gives the same URL.
@@ -160,17 +161,21 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     upstream = name, path = path, method = spec.method or "GET",
     timeout_ms = spec.timeout_ms or up.timeout_ms, decode = spec.decode ~= false,
     required = spec.required == true,
-    headers = false, body = false, section = false,
+    headers = false, body = false,
     ref = false, body_ref = false, raw_headers = false,
     -- (retry, hedge_after and collapse are set below when the call has them, a chain's step and a
     -- hedge's attempt by agg.fanout and agg.exchange: nil reads as false. See above for the slots.)
     -- the exchange (see agg.exchange start_call)
     ctx = false, key = false, group = false, u = false,
-    a1 = false, attempt = 0, flight = false, id = false, probe = false, clamped = false,
+    a1 = false, attempt = 0, flight = false, id = false, clamped = false,
     done = false, next_x = false,
     cache = false, cache_key = false, -- the call's cache policy and its entry's key (agg.cache)
-    identity = spec.identity ~= false, -- false: this call goes without the user's identity
+    -- the metatable of its results (agg.result.of_call): no metatable of their own
+    __index = CALL_INDEX, __newindex = NEWINDEX, __metatable = METATABLE,
   }
+  -- (written only when set, as are a half-open breaker's probe flag, agg.exchange, and the rest
+  -- listed above)
+  if spec.identity == false then n.anonymous = true end -- this call goes without the user's identity
   if spec.fallback ~= nil then n.fallback = spec.fallback end
   if spec.hash_key then -- (agg.group)
     if up.balance ~= "hash" then
@@ -315,7 +320,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off. A call
   -- that will carry the user's identity (the upstream's `identity`) is never shared either:
   -- agg.identity authorizes it or fails it, so it gets no key (nor the slot one takes)
-  if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") and not (up.identity and n.identity) then
+  if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") and not (up.identity and not n.anonymous) then
     local shared = true
     if headers then
       for i = 1, #headers, 2 do if CREDENTIALS[headers[i]] then shared = false end end

@@ -18,7 +18,7 @@ local quiet_word = require("agg.breaker").quiet_word
 
 local M = {}
 
-local new_result, fail, result_mt_for = result.new, result.fail, result.mt_for
+local new_result, fail, result_of_call = result.new, result.fail, result.of_call
 local log_call_failure = result.log_call_failure
 
 local core                                             -- transport and clock
@@ -250,7 +250,7 @@ local function make_result(x, outcome, http_status, headers, body, data, ms, det
   if outcome == "ok" and http_status >= 200 and http_status < 300 and type(data) ~= "string" then
     -- the common case, built in one constructor (no table growth)
     local r = setmetatable({ ok = true, status = "ok", ms = ms, body = body, http_status = http_status,
-                             headers = headers }, result_mt_for(spec))
+                             headers = headers }, result_of_call(spec))
     spec.ref = data
     if body == nil then spec.body_ref = data end -- the transport sent the text only in the ref
     return r
@@ -385,7 +385,7 @@ local function after_failure(x, r, outcome, http_status)
   end
   local spec, u = x, x.u
   local up = upstreams[spec.upstream]
-  if outcome == "ok" and http_status == 401 and up.identity == "exchange" and x.identity and not x.reexchanged then
+  if outcome == "ok" and http_status == 401 and up.identity == "exchange" and not x.anonymous and not x.reexchanged then
     -- the service refused the exchanged token (revoked, or its keys rotated): once, a fresh one
     x.reexchanged = true
     identity.forget(x.ctx, up)
@@ -563,11 +563,12 @@ attempt = function(x, hedge)
   end
   -- the span's section, attempt number and hedge flag, and a group's endpoint (agg.contract)
   local id = core.call(ctx.rid, upstreams[spec.upstream].index, spec.method, spec.path, spec.headers, spec.body,
-                       math.floor(t + 0.5), spec.decode, spec.section, x.attempt, hedge, ep)
+                       math.floor(t + 0.5), spec.decode, x.key, x.attempt, hedge, ep)
   if hedge then
     rec.id = id
   else
-    x.id, x.probe, x.clamped, x.flight = id, probe, clamped, false
+    x.id, x.clamped, x.flight = id, clamped, false
+    if probe or x.probe then x.probe = probe end -- (no slot for it until a call is a probe)
   end
   if key then
     f = { id = id, key = key, waiters = { [x] = true }, n = 1, ends = now + t, probe = probe, ep = ep }
@@ -671,7 +672,6 @@ end
 -- delivered before this returns (deadline passed, breaker open).
 local function start_upstream(ctx, key, spec, g, chain)
   local u = upstream_state(spec.upstream)
-  spec.section = key
   -- the normalized spec is the exchange (its fields are all there, see agg.callspec), and the
   -- exchange is the record of its own first attempt (see attempt): one table per call
   local x = spec
@@ -688,7 +688,7 @@ local function start_upstream(ctx, key, spec, g, chain)
   local pct = hedge_policy and not hedge_policy.off and hedge_policy.max_percent or 0
   u.tokens = math.min(10, u.tokens + pct / 100)
   local up = upstreams[spec.upstream]
-  if up.identity and x.identity then
+  if up.identity and not x.anonymous then
     -- the user's identity first (agg.identity): a forwarded or exchanged token, or a problem
     x.go = identity_go(ctx, x)
     return identity.prepare(ctx, x, up, x.go)
@@ -702,7 +702,7 @@ local function copy_spec(s)
   local c = {}
   for k, v in pairs(s) do c[k] = v end
   c.ctx, c.key, c.group, c.u, c.next_x = false, false, false, false, false
-  c.a1, c.attempt, c.flight, c.id, c.probe, c.clamped, c.done = false, 0, false, false, false, false, false
+  c.a1, c.attempt, c.flight, c.id, c.probe, c.clamped, c.done = false, 0, false, false, nil, false, false
   c.ref, c.body_ref, c.raw_headers = false, false, false
   c.chain, c.a2 = nil, nil
   c.retrying, c.last, c.retry_timer, c.hedge_timer, c.own_timer, c.endpoint = nil, nil, nil, nil, nil, nil
@@ -716,7 +716,7 @@ function M.start_call(ctx, key, spec, g, chain)
   -- a call that will carry the user's identity (the upstream's `identity`, added after a cache
   -- lookup) answers for that user only: agg.cache keys it by user, agg.page marks the page private
   -- (written only when true: a plain call's table has no slot for it, see agg.callspec)
-  if upstreams[spec.upstream].identity and spec.identity then spec.personal = true end
+  if upstreams[spec.upstream].identity and not spec.anonymous then spec.personal = true end
   if spec.cache then
     if cache.lookup(ctx, key, spec, g, chain) then return end
   end

@@ -11,15 +11,21 @@ local RUNTIME_PREFIX = str_match(debug.getinfo(1, "S").source, "^(@.*/)agg/[^/]*
 local M = {}
 
 local core                                             -- the transport (agg.runtime binds it)
--- A result's facts ({ section, required, raw, … }: the call's spec, or a table of their own) are
--- its metatable's `info` (one metatable per result): they live exactly as long as the result. (A
+-- A result's facts ({ key (its section), required, raw, … }: the call's spec, or a table of their
+-- own) are its metatable's `info` (one metatable per result): they live exactly as long as the result. (A
 -- weak-keyed table result -> info marks its values while the key is being found dead, so the
 -- facts, the call's spec and the answer's body outlived every page by a collector cycle.)
+-- A call's result has the call's own table as its metatable instead (agg.callspec puts the
+-- metamethods in it: one table less per call): its info is its metatable.
 local getmt = debug.getmetatable
-local result_index, result_newindex
+local result_index, call_index, result_newindex
 local function info_of(t)
   local mt = getmt(t)
-  if mt and rawget(mt, "__index") == result_index then return rawget(mt, "info") end
+  if mt then
+    local ix = rawget(mt, "__index")
+    if ix == call_index then return mt end
+    if ix == result_index then return rawget(mt, "info") end
+  end
   return nil
 end
 
@@ -69,9 +75,9 @@ local function parse_headers(s)
   return h
 end
 
-result_index = function(t, k)
+-- What a result t whose facts are info gives for a field it does not hold.
+local function lookup(info, t, k)
     if k == "headers" then
-      local info = info_of(t)
       local raw = info and info.raw_headers
       if raw then
         info.raw_headers = nil
@@ -82,7 +88,6 @@ result_index = function(t, k)
       end
     elseif k == "body" then
       -- the text of a JSON body, kept once in its raw ref until someone asks for it
-      local info = info_of(t)
       local ref = info and info.body_ref
       if ref then
         local b = json.raw(ref)
@@ -90,7 +95,6 @@ result_index = function(t, k)
         return b
       end
     elseif k == "data" then
-      local info = info_of(t)
       local ref = info and info.ref
       if ref then
         local d = json.materialize(ref)
@@ -101,6 +105,8 @@ result_index = function(t, k)
     end
     return nil
 end
+result_index = function(t, k) return lookup(rawget(getmt(t), "info"), t, k) end
+call_index = function(t, k) return lookup(getmt(t), t, k) end
 result_newindex = function(t, k, v)
     if k == "data" then
       local info = info_of(t)
@@ -117,6 +123,18 @@ local function mt_for(info)
 end
 
 M.mt_for, M.info_of, M.parse_headers = mt_for, info_of, parse_headers
+--- The metamethods a call's table holds (agg.callspec's constructor), so that it serves as the
+-- metatable of its results as is (M.of_call): __index, __newindex and __metatable ("agg.result":
+-- getmetatable gives scripts a name, never the table).
+M.CALL_INDEX, M.NEWINDEX, M.METATABLE = call_index, result_newindex, "agg.result"
+
+--- The metatable of a new result of call x (a table agg.callspec made, or its copy): x itself.
+-- Calls M.on_new as mt_for does.
+function M.of_call(x)
+  local on_new = M.on_new
+  if on_new then on_new(x) end
+  return x
+end
 --- M.on_new (nil): a spec's function(info), called with each new result's facts (the harness
 -- looks at call tables with it).
 M.on_new = nil
@@ -138,7 +156,7 @@ end
 
 function M.section_name(r)
   local info = info_of(r)
-  return info and tostring(info.section) or "?"
+  return info and tostring(info.key) or "?"
 end
 
 function M.is_required(r)
@@ -254,14 +272,14 @@ function M.log_call_failure(ctx, section, upstream, why)
     tostring(upstream), tostring(why)))
 end
 
--- A result's internal facts (section, required, raw) are its metatable's info. A call's normalized
--- spec already carries them (its section is set when the call starts), so it serves as the info as
--- is.
+-- A result's internal facts (key: its section, required, raw) are its metatable's info. A call's
+-- normalized spec already carries them (its key is set when the call starts), so it serves as the
+-- info as is, and as the metatable itself when it is a call's table (M.of_call).
 function M.new(section, spec)
-  if spec and spec.section == section then
-    return setmetatable({}, mt_for(spec))
+  if spec and spec.key == section then
+    return setmetatable({}, rawget(spec, "__index") == call_index and M.of_call(spec) or mt_for(spec))
   end
-  return setmetatable({}, mt_for({ section = section, required = spec and spec.required or false,
+  return setmetatable({}, mt_for({ key = section, required = spec and spec.required or false,
                                     decode = not spec or spec.decode ~= false }))
 end
 
@@ -314,7 +332,7 @@ function M.fail(ctx, r, p, spec)
     if type(fb) == "function" then
       local ok, v = M.callback_pcall(fb, p)
       if not ok then
-        M.log_error(ctx, "fallback of " .. info_of(r).section, v, fb)
+        M.log_error(ctx, "fallback of " .. info_of(r).key, v, fb)
         r.status = "unavailable"
         return r
       end
