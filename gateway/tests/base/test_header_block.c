@@ -1,7 +1,8 @@
 /* Unit test of the header block handed to Lua (agw_header_block, base/header.h): each
  * name once, lowercased, a repeated name's values joined with ", " in their order. And the
  * pairs block kept as the fields came (agw_header_pairs), made a header block when read
- * (agw_header_block_of_pairs). */
+ * (agw_header_block_of_pairs). And a field name lowercased and checked as a token in one pass
+ * (agw_header_token_lower) against agw_header_is_token. */
 #include "base/header.h"
 
 #include <stdio.h>
@@ -117,8 +118,30 @@ static void many_pairs(void)
     agw_buf_free(&b);
 }
 
+/* Every byte, alone and inside a name: the same verdict as agw_header_is_token, and a token's
+ * letters lowercased (the one pass a script's response header names take). */
+static void a_name_is_lowercased_as_a_token(void)
+{
+    char out[16];
+    for (int c = 0; c < 256; c++) {
+        char name[3] = {'X', (char)c, 'y'};
+        CHECK(agw_header_token_lower(name, 3, out) == agw_header_is_token(name, 3));
+        if (agw_header_is_token(name, 3)) {
+            CHECK(out[0] == 'x' && out[2] == 'y');
+            CHECK(out[1] == (c >= 'A' && c <= 'Z' ? c | 0x20 : c));
+        }
+    }
+    CHECK(agw_header_token_lower("Cache-Control", 13, out) == 1);
+    CHECK(memcmp(out, "cache-control", 13) == 0);
+    CHECK(agw_header_token_lower("", 0, out) == 0);              /* empty: not a token */
+    CHECK(agw_header_token_lower("X-A b", 5, out) == 0);         /* a space */
+    CHECK(agw_header_token_lower("X-\xc3\xa9", 4, out) == 0);   /* non-ASCII */
+    CHECK(agw_header_token_lower("a\0b", 3, out) == 0);          /* NUL inside */
+}
+
 int main(void)
 {
+    RUN(a_name_is_lowercased_as_a_token);
     RUN(repeated_names_are_joined_in_order_once_per_name);
     RUN(both_sorts_give_the_same_block);
     RUN(many_repeats_make_one_field);
