@@ -247,9 +247,10 @@ local function sorted_keys(t, keys, max)
   return keys
 end
 
--- start_group's lists of keys and specs, used again from one fan-out to the next. Starting a
--- call may start another fan-out before the first is done with its list (a continuation that
--- runs at once), so each fan-out takes a list of its own here and gives it back empty.
+-- start_group's lists of keys and specs (and agg.page's of a page's keys), used again from one
+-- fan-out to the next. Starting a call may start another fan-out before the first is done with
+-- its list (a continuation that runs at once), and agg.page may wait for standalone chains, so
+-- each takes a list of its own here and gives it back (give_list empties it).
 local spare_lists, spare_n = {}, 0
 
 local function take_list()
@@ -267,6 +268,8 @@ local function give_list(l, n)
     spare_lists[spare_n] = l
   end
 end
+--- A list to fill (from the spare ones) and the way to give it back with its length n (agg.page).
+M.take_list, M.give_list = take_list, give_list
 
 -- What a call result gives a section made of it: true and its data (json.null when it has none)
 -- when it is ok or fell back, else false and its error.

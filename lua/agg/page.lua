@@ -102,7 +102,7 @@ end
 function M.page(results, opts)
   if type(results) ~= "table" then error("agg.page expects the results table of agg.fetch_all", 2) end
   if opts ~= nil and type(opts) ~= "table" then error("agg.page: options must be a table", 2) end
-  local keys, n = new_tab(4, 0), 0
+  local keys, n = rt.take_list(), 0 -- (given back once the rows are made)
   -- values the script computed are sections too: at most max_sections_per_request in a page (the
   -- keys are sorted, and a page of a million was seconds of the runtime's work)
   local max = rt.max_sections()
@@ -162,6 +162,7 @@ function M.page(results, opts)
       nrows = nrows + 4
     end
   end
+  rt.give_list(keys, n)
   local headers = new_tab(0, 4)
   -- the names and values as the script gave them: the transport settles them as a plain
   -- response's (tostring would send a table or function value as "table: 0x...")

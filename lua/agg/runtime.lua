@@ -63,6 +63,7 @@ function M.endpoints() return endpoints end
 -- what agg, agg.page and the transport call (the fan-out's and the exchange's parts)
 M.fetch_all, M.fetch, M.fetch_then = fanout.fetch_all, fanout.fetch, fanout.fetch_then
 M.resolve_thens, M.then_result, M.sort_keys = fanout.resolve_thens, fanout.then_result, fanout.sort_keys
+M.take_list, M.give_list = fanout.take_list, fanout.give_list
 M.is_result, M.section_data, M.section_name, M.is_required =
   result.is_result, result.section_data, result.section_name, result.is_required
 M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchange.on_redis
@@ -213,20 +214,22 @@ local function server_timing(ctx, n)
     local shown = not threshold or ms > threshold
     if not shown and ms == threshold and ties > 0 then shown, ties = true, ties - 1 end
     if shown then
-      local name = timing_names[ctx[i]]
+      -- the entry's pieces go into parts as they are (strings made once), joined by one concat:
+      -- no string per entry
       local tenths = math.floor(ms * 10 + 0.5)
-      local s = name .. dur_whole[math.floor(tenths / 10)] .. DUR_TENTH[tenths % 10]
+      if np > 0 then np = np + 1; parts[np] = ", " end
+      parts[np + 1], parts[np + 2], parts[np + 3] =
+        timing_names[ctx[i]], dur_whole[math.floor(tenths / 10)], DUR_TENTH[tenths % 10]
+      np = np + 3
       local d = desc and desc[ctx[i]]
-      if d then s = s .. DESC[d] end
-      np = np + 1
-      parts[np] = s
+      if d then np = np + 1; parts[np] = DESC[d] end
     end
   end
   if threshold then
-    np = np + 1
-    parts[np] = ('_more;desc="%d sections"'):format(n / 2 - TIMING_MAX)
+    parts[np + 1], parts[np + 2] = ", ", ('_more;desc="%d sections"'):format(n / 2 - TIMING_MAX)
+    np = np + 2
   end
-  local v = table.concat(parts, ", ", 1, np)
+  local v = table.concat(parts, "", 1, np)
   for i = 1, np do parts[i] = nil end
   return v
 end
