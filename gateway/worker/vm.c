@@ -281,6 +281,11 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
         lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "breakers");
+    /* core.loop: where the worker keeps its loop (made after its first generation's VM: NULL
+     * until then), whose ev_now the runtime reads through the FFI for core.now (l_now's value
+     * without a call into C from compiled Lua: agg.runtime.init) */
+    lua_pushlightuserdata(L, &g->w->loop);
+    lua_setfield(L, -2, "loop");
     lua_remove(L, keys); /* init, core */
     lua_getfield(L, gen, "upstreams");
     lua_getfield(L, gen, "endpoints");

@@ -27,7 +27,7 @@ local M = {}
 
 --- core.*: what the transport gives the runtime (agg.runtime.init(core, upstreams, endpoints,
 -- token_exchange)).
--- args: names in order; returns: what comes back. `breakers` is a table, not a function.
+-- args: names in order; returns: what comes back. `breakers` and `loop` are values, not functions.
 M.core = {
   now          = { args = {}, returns = "ms: the loop's clock (monotonic, milliseconds)" },
   call         = { args = { "rid", "upstream", "method", "path", "headers", "body", "timeout_ms",
@@ -105,6 +105,10 @@ M.core = {
                    returns = "nothing; a span of no duration for a section the cache served " ..
                              "(outcome hit, stale or refresh)" },
   breakers     = { value = "table: upstream index -> breaker handle (upstream/breaker.h), or nil" },
+  loop         = { optional = true, -- (the spec harness's clock is virtual: it has none)
+                   value = "lightuserdata: where the worker keeps its libev loop (a struct ev_loop *, " ..
+                           "NULL until the worker made it), or nil; the runtime then reads core.now " ..
+                           "as ev_now(loop) * 1000 through the FFI (agg.runtime.init)" },
 }
 
 --- runtime.*: what the transport calls (agg.runtime); each runs to its end without waiting.

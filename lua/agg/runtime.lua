@@ -37,10 +37,32 @@ local slot = require("agg.contract").slot
 local ctx_of = setmetatable({}, { __mode = "k" })      -- coroutine -> request context
 local finishers = setmetatable({}, { __mode = "k" })   -- coroutine -> function(ok, value, co)
 
+-- core.now read through the FFI, when the transport gives where its event loop is (core.loop,
+-- agg.contract): the C worker's core.now is libev's ev_now(loop) * 1000 (gateway/worker/core.c),
+-- and this is the same value from the same call, made from compiled code. A call of a C function
+-- ends the trace that makes it (LuaJIT stitches the next one on after it), and a page asks the
+-- clock four times. The loop is read at each call (the worker makes it after its first
+-- generation's runtime started); until it exists, the transport's own core.now answers.
+local ffi = require "ffi"
+local ev_now -- libev's ev_now (the process has libev: the C worker's loop), declared once
+local function ffi_clock(loop_at, c_now)
+  if not ev_now then
+    ffi.cdef "double ev_now(void *loop);"
+    ev_now = ffi.C.ev_now
+  end
+  local at = ffi.cast("void **", loop_at)
+  return function()
+    local loop = at[0]
+    if loop == nil then return c_now() end
+    return ev_now(loop) * 1000
+  end
+end
+
 --- Installs the transport and the endpoints (from agg.loader) and the upstream table.
 -- Any requests and calls of a previous init are forgotten (the spec harness starts a fresh
 -- gateway per spec this way).
 function M.init(transport, ups, eps, token_exchange)
+  if transport.loop then transport.now = ffi_clock(transport.loop, transport.now) end
   core, endpoints = transport, eps
   contexts = {}
   result.bind(transport)
