@@ -138,7 +138,10 @@ function M.page(results, opts)
         elseif info.required and not info.cancelled and not failed_required then
           failed_required, failed_key = r, k
         end
-        rows[nrows + 1], rows[nrows + 2], rows[nrows + 3], rows[nrows + 4] = k, r.status, data, r.error
+        -- (a result's error is its own field: agg.result's metamethods make none, so rawget finds
+        -- it, or its absence, without calling them)
+        local err = rawget(r, "error")
+        rows[nrows + 1], rows[nrows + 2], rows[nrows + 3], rows[nrows + 4] = k, r.status, data, err
         nrows = nrows + 4
         if r.status ~= "ok" then complete = false end
         if not personal and cache.personal(info) then personal = true end
@@ -151,7 +154,7 @@ function M.page(results, opts)
             for _, h in ipairs(p.vary) do vary[h] = true end
           end
         end
-        if r.error and r.error.status ~= 504 then all_timeouts = false end
+        if err and err.status ~= 504 then all_timeouts = false end
       end
     else
       counted = counted + 1
