@@ -57,7 +57,9 @@ describe("the spec harness's transport keeps agg.contract", function()
     end
     rt.start = function(...)
       check_args("runtime.start", contract.runtime.start, select("#", ...))
-      record("arrival", (select(6, ...)))
+      local args = {}
+      for i, arg in ipairs(contract.runtime.start.args) do args[arg] = (select(i, ...)) end
+      record("start_args", args)
       return real.start(...)
     end
     rt.on_call = function(...)
@@ -116,12 +118,12 @@ describe("the spec harness's transport keeps agg.contract", function()
     gw:get("/must-recs/1")                                 -- a failed page (problem details)
     gw:get("/nowhere")                                     -- no route: no crossing at all
     assert.same({}, problems)
-    for _, kind in ipairs { "call_args", "answer", "arrival", "response" } do
+    for _, kind in ipairs { "call_args", "answer", "start_args", "response" } do
       assert.is_true((seen[kind] or 0) > 0, kind .. " never crossed")
     end
   end)
 
-  it("keeps it with upstream groups (the call's endpoint) and the edge (the arrival's user, then core.request_user)", function()
+  it("keeps it with upstream groups (the call's endpoint) and the edge (runtime.start's user, then core.request_user)", function()
     local endpoints = {}
     local gw = testing.gateway { dir = "spec/fixtures/groups" }
     gw:stub("product", "/p/*", { json = { id = 1 } })
@@ -152,13 +154,21 @@ describe("the spec harness's transport keeps agg.contract", function()
   it("fails a table with a field the contract does not declare, or of the wrong type", function()
     assert.is_false((contract.check("answer", { headers = "", body = "x", detial = "x" })))
     assert.is_false((contract.check("answer", { headers = "", body = 200 })))
-    assert.is_true((contract.check("arrival", { query = "a=1" }))) -- headers left to core.request_headers
-    assert.is_false((contract.check("arrival", { query = "a=1", headers = 42 })))
-    assert.is_true((contract.check("arrival", { headers = "" })))
-    assert.is_true((contract.check("arrival", { headers = "", user = true }))) -- core.request_user then
-    assert.is_false((contract.check("arrival", { headers = "", user = "alice" })))
-    assert.is_false((contract.check("arrival", { headers = "", user = { sub = "a" } })))
-    assert.is_false((contract.check("arrival", { headers = "", user = true, token = "t" })))
+    local start = { rid = 1, endpoint = 1, method = "GET", path = "/p", params = {}, query = "a=1" }
+    assert.is_true((contract.check("start_args", start)))
+    start.headers = "" -- left to core.request_headers
+    assert.is_false((contract.check("start_args", start)))
+    start.headers = nil
+    start.user = true -- core.request_user then
+    assert.is_true((contract.check("start_args", start)))
+    start.user = "alice"
+    assert.is_false((contract.check("start_args", start)))
+    start.user = { sub = "a" }
+    assert.is_false((contract.check("start_args", start)))
+    start.user, start.token = true, "t"
+    assert.is_false((contract.check("start_args", start)))
+    start.token, start.query = nil, 42
+    assert.is_false((contract.check("start_args", start)))
     local call = { rid = 1, upstream = 1, method = "GET", path = "/", headers = false, body = false,
                    timeout_ms = 100, decode = true, section = "s", attempt = 1, endpoint = 2 }
     assert.is_true((contract.check("call_args", call)))

@@ -8,11 +8,6 @@ const char *const agw_contract_answer[AGW_ANSWER_FIELDS] = {
     [AGW_ANSWER_HEADERS] = "headers", [AGW_ANSWER_BODY] = "body", [AGW_ANSWER_DETAIL] = "detail",
 };
 
-const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS] = {
-    [AGW_ARRIVAL_QUERY] = "query", [AGW_ARRIVAL_HEADERS] = "headers", [AGW_ARRIVAL_BODY] = "body",
-    [AGW_ARRIVAL_USER] = "user", [AGW_ARRIVAL_WAITED] = "waited_ms",
-};
-
 const char *const agw_contract_response[AGW_RESPONSE_FIELDS] = {
     [AGW_RESPONSE_STATUS] = "status",
     [AGW_RESPONSE_HEADERS] = "headers",
@@ -61,7 +56,6 @@ void agw_contract_push_keys(lua_State *L)
         int n;
     } tables[] = {
         {AGW_KEY_ANSWER, agw_contract_answer, AGW_ANSWER_FIELDS},
-        {AGW_KEY_ARRIVAL, agw_contract_arrival, AGW_ARRIVAL_FIELDS},
         {AGW_KEY_RESPONSE, agw_contract_response, AGW_RESPONSE_FIELDS},
     };
     lua_createtable(L, AGW_KEY_COUNT, 0);

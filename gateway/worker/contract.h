@@ -16,12 +16,6 @@
 enum agw_answer_field { AGW_ANSWER_HEADERS, AGW_ANSWER_BODY, AGW_ANSWER_DETAIL, AGW_ANSWER_FIELDS };
 extern const char *const agw_contract_answer[AGW_ANSWER_FIELDS];
 
-/* runtime.start's arrival (written by request.c into one table per VM, valid during the call) */
-enum agw_arrival_field {
-    AGW_ARRIVAL_QUERY, AGW_ARRIVAL_HEADERS, AGW_ARRIVAL_BODY, AGW_ARRIVAL_USER, AGW_ARRIVAL_WAITED, AGW_ARRIVAL_FIELDS
-};
-extern const char *const agw_contract_arrival[AGW_ARRIVAL_FIELDS];
-
 /* core.respond's response (read by respond.c) */
 enum agw_response_field {
     AGW_RESPONSE_STATUS, AGW_RESPONSE_HEADERS, AGW_RESPONSE_BODY, AGW_RESPONSE_JSON,
@@ -57,8 +51,7 @@ extern const char *const agw_contract_runtime[];
  * lookup) instead of hashing its name each time (lua_getfield). */
 enum {
     AGW_KEY_ANSWER = 1,
-    AGW_KEY_ARRIVAL = AGW_KEY_ANSWER + AGW_ANSWER_FIELDS,
-    AGW_KEY_RESPONSE = AGW_KEY_ARRIVAL + AGW_ARRIVAL_FIELDS,
+    AGW_KEY_RESPONSE = AGW_KEY_ANSWER + AGW_ANSWER_FIELDS,
     AGW_KEY_COUNT = AGW_KEY_RESPONSE + AGW_RESPONSE_FIELDS - 1
 };
 

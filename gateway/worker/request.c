@@ -1,7 +1,7 @@
 /* request.c: a request from h2o until its script starts: the batch endpoint, the header limits,
  * the route match, request framing, the edge (authentication, parked while a JWKS refetch runs),
- * the limits gate (limits.c), then runtime.start(rid, endpoint, method, path, params, arrival)
- * in the current generation's VM (lua/agg/contract.lua). The request's memory pool's dispose
+ * the limits gate (limits.c), then runtime.start(rid, endpoint, method, path, params, query,
+ * body, user, waited_ms) in the current generation's VM (lua/agg/contract.lua). The request's memory pool's dispose
  * callback ends it: a client that left before the response has its calls cancelled.
  */
 #include "worker/worker_internal.h"
@@ -426,11 +426,10 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
     }
 
     lua_State *L = g->L;
-    /* runtime.start(rid, endpoint, method, path, params, arrival) (lua/agg/contract.lua): the
-     * query, the body and whether the edge authenticated the request in arrival, one table per VM
-     * whose fields are set on each request (nil when absent); its headers field is never set
-     * (core.request_headers gives the header block, core.request_user the user and token, when the
-     * runtime first needs them) */
+    /* runtime.start(rid, endpoint, method, path, params, query, body, user, waited_ms)
+     * (lua/agg/contract.lua, tables.start_args): every request's facts as arguments (nil when
+     * absent); the headers are not among them (core.request_headers gives the header block,
+     * core.request_user the user and token, when the runtime first needs them) */
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_start);
     lua_pushnumber(L, (lua_Number)rr->rid);
     lua_pushinteger(L, endpoint);
@@ -442,41 +441,26 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
         lua_pushlstring(L, params[i].value, params[i].value_len);
         lua_rawset(L, -3);
     }
-    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_keys);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_arrival);
-    int keys = lua_gettop(L) - 1, a = keys + 1;
     if (req->query_at != SIZE_MAX)
         lua_pushlstring(L, req->path.base + req->query_at + 1, req->path.len - req->query_at - 1);
     else
         lua_pushnil(L);
-    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_QUERY);
-    lua_insert(L, -2);
-    lua_rawset(L, a);
-    /* arrival.headers stays nil: the runtime asks core.request_headers when something needs them
-     * (agw_worker_request_headers; most pages never do) */
-    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_BODY);
     if (req->entity.base != NULL)
         lua_pushlstring(L, req->entity.base, req->entity.len);
     else
         lua_pushnil(L);
-    lua_rawset(L, a);
     /* the edge's verdict: user is true when it authenticated the request (core.request_user
      * hands the user and the token over when first asked), nil when the endpoint has no auth */
-    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_USER);
     if (agw_edge_user_none(&rr->user))
         lua_pushnil(L);
     else
         lua_pushboolean(L, 1);
-    lua_rawset(L, a);
     /* how long the request waited before its script (a Redis rate limit's decision): the runtime
      * starts its deadline that much earlier, so the wait counts in it */
-    lua_rawgeti(L, keys, AGW_KEY_ARRIVAL + AGW_ARRIVAL_WAITED);
     lua_pushnumber(L, waited_us / 1000.0);
-    lua_rawset(L, a);
-    lua_remove(L, keys);
     uint64_t rid = rr->rid;
     /* the runtime failed (a bug, never a script error): do not leave the client hanging */
-    if (agw_worker_call_runtime(g, 6) != 0 && agw_slots_get(&w->tables.reqs, rid) == rr) {
+    if (agw_worker_call_runtime(g, 9) != 0 && agw_slots_get(&w->tables.reqs, rid) == rr) {
         agw_slots_del(&w->tables.reqs, rid);
         rr->rid = 0;
         agw_worker_stop_client_watch(rr);

@@ -332,11 +332,9 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     g->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
     lua_getfield(L, rt, "compact");
     g->ref_compact = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
-    /* runtime.on_call's answer and runtime.start's arrival: one table each, reused (contract.lua) */
+    /* runtime.on_call's answer: one table, reused (contract.lua) */
     lua_createtable(L, 0, AGW_ANSWER_FIELDS);
     g->ref_answer = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_createtable(L, 0, AGW_ARRIVAL_FIELDS);
-    g->ref_arrival = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_settop(L, 0);
     return 0;
 }

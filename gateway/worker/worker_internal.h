@@ -75,8 +75,7 @@ typedef struct agw_worker_gen {
     int ref_limit_key;          /* agg.limits.key_into (rules with a key function), or LUA_NOREF */
     int ref_limit_out;          /* the table key_into fills, reused */
     uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
-    int ref_answer, ref_arrival; /* the tables runtime.on_call and runtime.start get, reused
-                                    (lua/agg/contract.lua) */
+    int ref_answer;             /* the table runtime.on_call gets, reused (lua/agg/contract.lua) */
     int ref_keys;               /* the contract's field names (contract.h agw_contract_push_keys) */
     wpool_t **pools;            /* one per endpoint, same index as conf->eps (upstream i's from
                                    conf->ep_first[i]); NULL until installed */

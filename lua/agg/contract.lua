@@ -17,7 +17,7 @@
 --     table, and checks the whole id it finds there;
 --   - hot arguments (what every call, answer or request needs) are positional; the cold rest
 --     travel in one of the tables below, named fields only;
---   - a table the transport passes to the runtime (answer, arrival) is valid only during that
+--   - a table the transport passes to the runtime (answer) is valid only during that
 --     callback, as C's agw_call_result_t: the C transport reuses one per VM, so the runtime copies
 --     the fields it keeps and never keeps the table;
 --   - a table the runtime passes to the transport (attempt, response, counters) is read before
@@ -114,7 +114,8 @@ M.core = {
 --- runtime.*: what the transport calls (agg.runtime); each runs to its end without waiting.
 M.runtime = {
   init         = { args = { "core", "upstreams", "endpoints", "token_exchange" } },
-  start        = { args = { "rid", "endpoint", "method", "path", "params", "arrival" } },
+  start        = { args = { "rid", "endpoint", "method", "path", "params", "query", "body", "user",
+                            "waited_ms" } },
   on_call      = { args = { "id", "outcome", "http_status", "data", "ms", "answer" } },
   on_timer     = { args = { "id" } },
   abort        = { args = { "rid" } },
@@ -158,17 +159,21 @@ M.tables = {
     body    = "string|nil",         -- the body of a response that arrived
     detail  = "string|nil",         -- what went wrong, for a failed call
   },
-  -- runtime.start(rid, endpoint, method, path, params, arrival): endpoint is the index of the
-  -- loader's endpoint, path has no query, params are the route parameters (name -> string)
-  arrival = {
-    query   = "string|nil",         -- the raw query string, without '?'
-    headers = "string|table|nil",   -- "name\0value\0…" (lowercase names), or name -> value; nil:
-                                    -- core.request_headers(rid) gives them when first asked
-    body    = "string|nil",
-    -- the edge's verdict (edge/edge.h), set on every arrival: true when the edge authenticated
-    -- the request (core.request_user(rid) gives the user and the bearer token when first asked),
-    -- nil when the endpoint has no auth
-    user    = "boolean|nil",
+  -- runtime.start(rid, endpoint, method, path, params, query, body, user, waited_ms): every
+  -- request's facts, positional. The request's headers are not among them: core.request_headers(rid)
+  -- gives them when first asked
+  start_args = {
+    rid       = "number",
+    endpoint  = "number",           -- the index of the loader's endpoint
+    method    = "string",
+    path      = "string",           -- without the query
+    params    = "table",            -- the route parameters, name -> string
+    query     = "string|nil",       -- the raw query string, without '?'
+    body      = "string|nil",
+    -- the edge's verdict (edge/edge.h): true when the edge authenticated the request
+    -- (core.request_user(rid) gives the user and the bearer token when first asked), nil when the
+    -- endpoint has no auth
+    user      = "boolean|nil",
     -- ms the request waited before its script (a Redis rate limit's decision), 0 when none: the
     -- runtime starts its deadline that much earlier, so the wait counts in it
     waited_ms = "number|nil",

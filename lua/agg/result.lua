@@ -34,7 +34,7 @@ function M.bind(transport) core = transport end
 
 --- The page request's headers for request context ctx: "name\0value\0…" (the transport's form;
 -- "" for none), or the table agg.group made of them. The C worker does not hand them over with
--- every request (arrival.headers is nil, ctx.req_headers false): the first to need them asks
+-- every request (runtime.start has none, ctx.req_headers false): the first to need them asks
 -- core.request_headers once (agg.contract), and they are kept in ctx.
 function M.request_headers(ctx)
   local h = ctx.req_headers

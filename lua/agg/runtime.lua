@@ -531,18 +531,17 @@ function M.report_stats(current)
   return exchange.report_stats(current)
 end
 
---- Starts request rid for endpoint index idx. Called by the transport (agg.contract): params, the
--- route parameters; arrival (valid during this call only): query (the raw query string or nil),
--- headers (lowercased name -> value, the same as one string "name\0value\0…", or nil: the
--- transport gives them on first use, core.request_headers, agg.result.request_headers), body
--- (string or nil) and user (true when the edge authenticated the request: the transport gives the
--- user and its bearer token on first use, core.request_user, agg.result.request_user; else nil).
-function M.start(rid, idx, method, path, params, arrival)
-  local query, headers, body, user = arrival.query, arrival.headers, arrival.body, arrival.user
+--- Starts request rid for endpoint index idx. Called by the transport (agg.contract,
+-- tables.start_args): params, the route parameters; query (the raw query string or nil), body
+-- (string or nil), user (true when the edge authenticated the request: the transport gives the
+-- user and its bearer token on first use, core.request_user, agg.result.request_user; else nil)
+-- and waited_ms. The headers come from the transport on first use (core.request_headers,
+-- agg.result.request_headers).
+function M.start(rid, idx, method, path, params, query, body, user, waited_ms)
   local ep = endpoints[idx]
   -- a request that waited before its script (a Redis rate limit's decision) started that much
   -- earlier: the wait counts in its deadline
-  local now = core.now() - (arrival.waited_ms or 0)
+  local now = core.now() - (waited_ms or 0)
   -- exchanges: the first of its calls' exchanges, linked through x.next_x (see start_call)
   -- sections: how many sections its fan-outs have had (agg.fanout: at most ep.max_sections)
   -- user, token: who the edge authenticated (gateway/edge/edge.h), for req.user and agg.identity:
@@ -552,7 +551,7 @@ function M.start(rid, idx, method, path, params, arrival)
   -- ctx is also the req's metatable (__index, __metatable: getmetatable(req) gives scripts a name)
   local ctx = { nil, nil, nil, nil, nil, nil, rid = rid, ep = ep, started = now, deadline = now + ep.deadline_ms,
                 exchanges = false, done = false, co = false, sections = 0,
-                query = query, req_headers = headers or false, user = user or false, token = false,
+                query = query, req_headers = false, user = user or false, token = false,
                 body = body or false,
                 __index = req_index, __metatable = "agg.request" }
   contexts[slot(rid)] = ctx

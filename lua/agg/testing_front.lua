@@ -161,8 +161,7 @@ function F:send(method, path, opts)
   -- core.request_headers and core.request_user when it first needs them, as it does the C worker
   -- (nil once the request is answered or gone)
   r.req_headers, r.req_user, r.req_token = headers, user, token
-  timed(self, rt.start, rid, idx, method, p, params,
-        { query = q ~= "" and q or nil, body = body, user = user ~= nil or nil })
+  timed(self, rt.start, rid, idx, method, p, params, q ~= "" and q or nil, body, user ~= nil or nil, 0)
   return r
 end
 

@@ -94,7 +94,6 @@ static void table(const char *kind, const char *const *names, size_t n)
 static void every_table_has_the_declared_fields(void)
 {
     table("answer", agw_contract_answer, AGW_ANSWER_FIELDS);
-    table("arrival", agw_contract_arrival, AGW_ARRIVAL_FIELDS);
     table("response", agw_contract_response, AGW_RESPONSE_FIELDS);
     table("section", agw_contract_section, AGW_SECTION_FIELDS);
     table("counters", agw_contract_counters, AGW_COUNTERS_FIELDS);
