@@ -361,10 +361,11 @@ end
 
 -- parent: the group whose continuation started this one (fail fast cancels it with its parent),
 -- or false. g[1] is the table of calls, g[2] the parent (in the array part: the hash part keeps
--- its size, which the page's path measures); g.cancelling is set only while failing fast.
+-- its size, which the page's path measures); co, the coroutine a fetch_all waits in, has its slot
+-- from the start (written on every fetch_all); g.cancelling is set only while failing fast.
 local function start_group(ctx, tbl, level, parent)
   local g = { tbl, parent or false, ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS,
-              waiting = false }
+              waiting = false, co = false }
   -- calls to start, in key order (a chain's spec carries it in spec.chain):
   -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table, a
   -- spare list given back once the calls started; when a mistake raises below, the collector
