@@ -12,9 +12,9 @@ local M = {}
 
 local core                                             -- the transport (agg.runtime binds it)
 -- A result's facts ({ key (its section), required, raw, … }: the call's spec, or a table of their
--- own) are its metatable's `info` (one metatable per result): they live exactly as long as the result. (A
--- weak-keyed table result -> info marks its values while the key is being found dead, so the
--- facts, the call's spec and the answer's body outlived every page by a collector cycle.)
+-- own) are its metatable's `info` (one metatable per result): they live exactly as long as the
+-- result. (A weak-keyed table result -> info marks its values while the key is being found dead,
+-- so the facts, the call's spec and the answer's body outlived every page by a collector cycle.)
 -- A call's result has the call's own table as its metatable instead (agg.callspec puts the
 -- metamethods in it: one table less per call): its info is its metatable.
 local getmt = debug.getmetatable
