@@ -282,10 +282,16 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     }
     lua_setfield(L, -2, "breakers");
     /* core.loop: where the worker keeps its loop (made after its first generation's VM: NULL
-     * until then), whose ev_now the runtime reads through the FFI for core.now (l_now's value
-     * without a call into C from compiled Lua: agg.runtime.init) */
+     * until then), and core.ev_now, libev's function as a pointer (the FFI would find it by name
+     * only if the process exported it: not with a static libev). The runtime calls it through the
+     * FFI for core.now (l_now's value without a call into C from compiled Lua: agg.runtime.init) */
     lua_pushlightuserdata(L, &g->w->loop);
     lua_setfield(L, -2, "loop");
+    double (*now_fn)(struct ev_loop *) = ev_now;
+    void *now_ptr;
+    memcpy(&now_ptr, &now_fn, sizeof(now_ptr)); /* (a function pointer as data: POSIX dlsym's way) */
+    lua_pushlightuserdata(L, now_ptr);
+    lua_setfield(L, -2, "ev_now");
     lua_remove(L, keys); /* init, core */
     lua_getfield(L, gen, "upstreams");
     lua_getfield(L, gen, "endpoints");

@@ -105,10 +105,13 @@ M.core = {
                    returns = "nothing; a span of no duration for a section the cache served " ..
                              "(outcome hit, stale or refresh)" },
   breakers     = { value = "table: upstream index -> breaker handle (upstream/breaker.h), or nil" },
-  loop         = { optional = true, -- (the spec harness's clock is virtual: it has none)
+  -- (the spec harness's clock is virtual: it has neither of these)
+  loop         = { optional = true,
                    value = "lightuserdata: where the worker keeps its libev loop (a struct ev_loop *, " ..
-                           "NULL until the worker made it), or nil; the runtime then reads core.now " ..
-                           "as ev_now(loop) * 1000 through the FFI (agg.runtime.init)" },
+                           "NULL until the worker made it), or nil; with ev_now, the runtime reads " ..
+                           "core.now as ev_now(loop) * 1000 through the FFI (agg.runtime.init)" },
+  ev_now       = { optional = true,
+                   value = "lightuserdata: libev's ev_now, double (*)(struct ev_loop *), or nil" },
 }
 
 --- runtime.*: what the transport calls (agg.runtime); each runs to its end without waiting.

@@ -37,19 +37,17 @@ local slot = require("agg.contract").slot
 local ctx_of = setmetatable({}, { __mode = "k" })      -- coroutine -> request context
 local finishers = setmetatable({}, { __mode = "k" })   -- coroutine -> function(ok, value, co)
 
--- core.now read through the FFI, when the transport gives where its event loop is (core.loop,
--- agg.contract): the C worker's core.now is libev's ev_now(loop) * 1000 (gateway/worker/core.c),
--- and this is the same value from the same call, made from compiled code. A call of a C function
--- ends the trace that makes it (LuaJIT stitches the next one on after it), and a page asks the
--- clock four times. The loop is read at each call (the worker makes it after its first
--- generation's runtime started); until it exists, the transport's own core.now answers.
+-- core.now read through the FFI, when the transport gives libev's ev_now and where its event
+-- loop is (core.ev_now, core.loop, agg.contract): the C worker's core.now is ev_now(loop) * 1000
+-- (gateway/worker/core.c), and this is the same value from the same call, made from compiled
+-- code. A call of a C function ends the trace that makes it (LuaJIT stitches the next one on
+-- after it), and a page asks the clock four times. The function comes as a pointer, not by name
+-- (ffi.C finds only what the process exports: a libev linked statically is not), and the loop is
+-- read at each call (the worker makes it after its first generation's runtime started); until it
+-- exists, the transport's own core.now answers.
 local ffi = require "ffi"
-local ev_now -- libev's ev_now (the process has libev: the C worker's loop), declared once
-local function ffi_clock(loop_at, c_now)
-  if not ev_now then
-    ffi.cdef "double ev_now(void *loop);"
-    ev_now = ffi.C.ev_now
-  end
+local function ffi_clock(ev_now_fn, loop_at, c_now)
+  local ev_now = ffi.cast("double (*)(void *)", ev_now_fn)
   local at = ffi.cast("void **", loop_at)
   return function()
     local loop = at[0]
@@ -62,7 +60,9 @@ end
 -- Any requests and calls of a previous init are forgotten (the spec harness starts a fresh
 -- gateway per spec this way).
 function M.init(transport, ups, eps, token_exchange)
-  if transport.loop then transport.now = ffi_clock(transport.loop, transport.now) end
+  if transport.ev_now and transport.loop then
+    transport.now = ffi_clock(transport.ev_now, transport.loop, transport.now)
+  end
   core, endpoints = transport, eps
   contexts = {}
   result.bind(transport)

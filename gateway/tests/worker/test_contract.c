@@ -69,7 +69,8 @@ static void core_functions_are_the_declared_ones(void)
     for (const luaL_Reg *f = agw_worker_cache_fns; f->name && n < 62; f++)
         names[n++] = f->name; /* installed when gateway.lua has a cache (vm.c) */
     names[n++] = "breakers"; /* a table of breaker handles, set beside the functions (vm.c) */
-    names[n++] = "loop";     /* the worker's loop, for core.now through the FFI (vm.c) */
+    names[n++] = "loop";     /* the worker's loop and libev's ev_now, for core.now through the */
+    names[n++] = "ev_now";   /* FFI (vm.c) */
     push_decl("core");
     check_same_keys("core", names, n);
 }
