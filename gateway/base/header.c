@@ -138,31 +138,9 @@ void agw_header_block_of_pairs(agw_buf_t *b, const char *p, size_t len)
         free(h);
 }
 
-/* RFC 9110 §5.6.2 token characters, as a table: every upstream call's header names, every
- * response header of a script, are checked */
-static const unsigned char tchar[256] = {
-    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1,
-    ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
-    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1,
-    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1, ['i'] = 1, ['j'] = 1,
-    ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1,
-    ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1, ['y'] = 1, ['z'] = 1,
-    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1, ['I'] = 1, ['J'] = 1,
-    ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1,
-    ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1,
-};
-
-int agw_header_is_token(const char *s, size_t len)
-{
-    if (len == 0)
-        return 0;
-    for (size_t i = 0; i < len; i++)
-        if (!tchar[(unsigned char)s[i]])
-            return 0;
-    return 1;
-}
-
-/* tchar folded to lowercase: a token's byte, its letters lowercased; 0 for any other byte */
+/* RFC 9110 §5.6.2 token characters, as a table: a token's byte, its letters lowercased; 0 for any
+ * other byte. Every upstream call's header names and every response header of a script are
+ * checked with it (agw_header_is_token, agw_header_token_lower). */
 static const unsigned char tlower[256] = {
     ['!'] = '!', ['#'] = '#', ['$'] = '$', ['%'] = '%', ['&'] = '&', ['\''] = '\'', ['*'] = '*', ['+'] = '+',
     ['-'] = '-', ['.'] = '.', ['^'] = '^', ['_'] = '_', ['`'] = '`', ['|'] = '|', ['~'] = '~', ['0'] = '0',
@@ -175,6 +153,16 @@ static const unsigned char tlower[256] = {
     ['N'] = 'n', ['O'] = 'o', ['P'] = 'p', ['Q'] = 'q', ['R'] = 'r', ['S'] = 's', ['T'] = 't', ['U'] = 'u',
     ['V'] = 'v', ['W'] = 'w', ['X'] = 'x', ['Y'] = 'y', ['Z'] = 'z',
 };
+
+int agw_header_is_token(const char *s, size_t len)
+{
+    if (len == 0)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!tlower[(unsigned char)s[i]])
+            return 0;
+    return 1;
+}
 
 int agw_header_token_lower(const char *s, size_t len, char *out)
 {
