@@ -120,7 +120,8 @@ static inline void set_key(lua_State *L, int t, int keys, int key)
 }
 
 /* core.now() -> the loop's clock, ms. The runtime reads the same value through the FFI when it
- * has core.loop (vm.c, agg.runtime.init): this one serves any other caller. */
+ * has core.ev_now and core.loop (vm.c, agg.runtime.init): this one serves until the worker's loop
+ * exists, and any other caller. */
 static int l_now(lua_State *L)
 {
     agw_worker_t *w = upw(L);

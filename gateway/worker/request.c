@@ -1,8 +1,9 @@
 /* request.c: a request from h2o until its script starts: the batch endpoint, the header limits,
  * the route match, request framing, the edge (authentication, parked while a JWKS refetch runs),
  * the limits gate (limits.c), then runtime.start(rid, endpoint, method, path, params, query,
- * body, user, waited_ms) in the current generation's VM (lua/agg/contract.lua). The request's memory pool's dispose
- * callback ends it: a client that left before the response has its calls cancelled.
+ * body, user, waited_ms) in the current generation's VM (lua/agg/contract.lua). The request's
+ * memory pool's dispose callback ends it: a client that left before the response has its calls
+ * cancelled.
  */
 #include "worker/worker_internal.h"
 

@@ -27,7 +27,8 @@ local M = {}
 
 --- core.*: what the transport gives the runtime (agg.runtime.init(core, upstreams, endpoints,
 -- token_exchange)).
--- args: names in order; returns: what comes back. `breakers` and `loop` are values, not functions.
+-- args: names in order; returns: what comes back. `breakers`, `loop` and `ev_now` are values, not
+-- functions.
 M.core = {
   now          = { args = {}, returns = "ms: the loop's clock (monotonic, milliseconds)" },
   call         = { args = { "rid", "upstream", "method", "path", "headers", "body", "timeout_ms",

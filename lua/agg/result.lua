@@ -122,7 +122,7 @@ local function mt_for(info)
   return { __index = result_index, __newindex = result_newindex, __metatable = "agg.result", info = info }
 end
 
-M.mt_for, M.info_of, M.parse_headers = mt_for, info_of, parse_headers
+M.info_of, M.parse_headers = info_of, parse_headers
 --- The metamethods a call's table holds (agg.callspec's constructor), so that it serves as the
 -- metatable of its results as is (M.of_call): __index, __newindex and __metatable ("agg.result":
 -- getmetatable gives scripts a name, never the table).
