@@ -37,8 +37,17 @@
  * arena (4,000 instructions each) per 2,500 bench pages, 8,200-8,300 instructions a page in
  * jemalloc; with these 6,100-6,600 (tools/bench/callgrind, docs/performance.md "A seventh pass").
  * The cache's blocks go back to their slabs when an idle worker gives its memory back
- * (agw_heap_give_back). A MALLOC_CONF in the environment is read after this and wins. */
-#define AGW_HEAP_MALLOC_CONF "lg_tcache_nslots_mul:3,tcache_nslots_small_max:2048"
+ * (agw_heap_give_back).
+ * The pages freed blocks leave are given back to the kernel (madvise) by jemalloc's background
+ * threads (background_thread: at most one per core, asleep between purges), not by whichever
+ * thread's free or allocation found them due: without them the worker did it in the middle of a
+ * request, inside the Lua collector's sweep among other places. Measured under tools/bench/memory
+ * (5,000 pages in flight, `perf record` of madvise): the worker spent 195 ms in 2,565 madvise
+ * calls, 8 of them over 1 ms (the longest 4.3 ms; a sweep step with 316 of them took 30 ms under
+ * tools/bench/gc-phases' probes); with them 34 ms in 578 calls, the longest 0.35 ms
+ * (docs/performance.md "A fourteenth pass"). A MALLOC_CONF in the environment is read after this
+ * and wins. */
+#define AGW_HEAP_MALLOC_CONF "lg_tcache_nslots_mul:3,tcache_nslots_small_max:2048,background_thread:true"
 
 /* The Lua heap of one VM: what it holds and its limit (script_memory_limit_mb, gateway.lua). A
  * script can take gigabytes well within its time limit (`s = s .. s` thirty times, string.rep,
