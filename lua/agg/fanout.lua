@@ -363,7 +363,26 @@ end
 -- or false. g[1] is the table of calls, g[2] the parent (in the array part: the hash part keeps
 -- its size, which the page's path measures); co, the coroutine a fetch_all waits in, has its slot
 -- from the start (written on every fetch_all); g.cancelling is set only while failing fast.
-local function start_group(ctx, tbl, level, parent)
+-- A fetch_all's calls are started by the runtime's resume, after the page's coroutine yielded,
+-- not on the coroutine itself (defer: start_group leaves them here, and M.start_deferred starts
+-- them): a call's start goes about 80 stack slots deep (start_call, launch, attempt, core.call),
+-- and on the coroutine it grew every new coroutine's stack twice (47, 102, then 212 slots: two
+-- reallocations and copies), which the collector then shrank again at its atomic step, where it
+-- marks every suspended coroutine's whole stack (docs/performance.md "A fourteenth pass").
+local START = {}                                      -- what fetch_all yields to have them started
+local d_g, d_keys, d_nk, d_n = nil, nil, 0, 0         -- the group, its keys and specs (start_group)
+
+-- Starts the n calls of group g (keys[1..n], their specs keys[nk + 1 .. nk + n]) and gives the
+-- list back.
+local function start_calls(ctx, g, keys, nk, n)
+  for i = 1, n do
+    local spec = keys[nk + i]
+    start_call(ctx, keys[i], spec, g, spec.chain or nil)
+  end
+  give_list(keys, nk + n)
+end
+
+local function start_group(ctx, tbl, level, parent, defer)
   local g = { tbl, parent or false, ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS,
               waiting = false, co = false }
   -- calls to start, in key order (a chain's spec carries it in spec.chain):
@@ -437,18 +456,48 @@ local function start_group(ctx, tbl, level, parent)
   end
   clear_memo(memo)
   ctx.sections = ctx.sections + nk
-  for i = 1, n do
-    local spec = keys[nk + i]
-    start_call(ctx, keys[i], spec, g, spec.chain or nil)
+  if defer and nk > 0 then
+    d_g, d_keys, d_nk, d_n = g, keys, nk, n
+    return g
   end
-  give_list(keys, nk + n)
+  start_calls(ctx, g, keys, nk, n)
   return g
+end
+
+M.START = START
+
+--- The runtime's resume, when coroutine co yielded START from a fetch_all: starts the calls
+-- start_group left for it (with pcall: a mistake fails the request as it did on the coroutine).
+-- Resumes co at once when every call settled while starting (a fresh cache entry, an open
+-- breaker); otherwise settle resumes it at the last answer. Returns true, or false and the error
+-- when the start raised or co is not the coroutine the calls wait for.
+function M.start_deferred(co)
+  local g, keys, nk, n = d_g, d_keys, d_nk, d_n
+  if not g or g.co ~= co then
+    return false, "a handler must not call coroutine.yield (use agg.fetch_all)"
+  end
+  d_g, d_keys = nil, nil
+  local ctx = g.ctx
+  local ok, err = pcall(start_calls, ctx, g, keys, nk, n)
+  if not ok then return false, err end
+  if g.pending > 0 then
+    g.waiting = true
+  elseif not ctx.done then
+    resume(co)
+  end
+  return true
 end
 
 -- level: the error() level of the script line that called the agg function, counted from the
 -- caller of current_ctx (2 = that caller's caller).
 local function current_ctx(fname, level)
   level = (level or 2) + 1
+  -- (first: such a function may run on the runtime's main thread, where a fetch_all's calls start)
+  if result.in_callback() then
+    error(fname .. " cannot wait here: a fallback, a response's metamethod or a merged call's " ..
+          "function runs in the middle of the gateway's own work; make the call in the handler or a " ..
+          "continuation (agg.fetch_then)", level)
+  end
   local co = coroutine.running()
   local ctx = co and ctx_of[co]
   if not ctx then
@@ -459,11 +508,6 @@ local function current_ctx(fname, level)
           "(a table.sort comparator, a string.gsub callback, …); move the call out of it", level)
   end
   if ctx.done then error(fname .. ": the request has already ended", level) end
-  if result.in_callback() then
-    error(fname .. " cannot wait here: a fallback, a response's metamethod or a merged call's " ..
-          "function runs in the middle of the gateway's own work; make the call in the handler or a " ..
-          "continuation (agg.fetch_then)", level)
-  end
   return ctx, co
 end
 
@@ -471,8 +515,13 @@ end
 local function fetch_all_at(tbl, fname, level)
   local ctx, co = current_ctx(fname, level + 1)
   if type(tbl) ~= "table" then error(fname .. " expects a table of call specs", level + 1) end
-  local g = start_group(ctx, tbl, level + 2, group_of_co[co])
+  local g = start_group(ctx, tbl, level + 2, group_of_co[co], true)
   g.co = co
+  if g.pending > 0 then
+    waiting[co] = true
+    coroutine.yield(START) -- (the calls start in the runtime's resume: M.start_deferred)
+    waiting[co] = nil
+  end
   while g.pending > 0 do
     g.waiting = true
     waiting[co] = true

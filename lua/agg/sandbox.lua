@@ -164,13 +164,13 @@ coroutine_lib.wrap = function(f)
   end)
 end
 -- yield only in a coroutine the script created: the handler's, a continuation's (and a fallback's,
--- which runs in the coroutine that settled its section, the runtime's too) are the gateway's, and
--- wait only through agg.fetch_all; a yield there left the request unanswered, or suspended the
--- runtime half way through its own work
+-- which runs in the coroutine that settled its section, or in none: the runtime's main thread,
+-- where the calls of a fetch_all start) are the gateway's, and wait only through agg.fetch_all; a
+-- yield there left the request unanswered, or suspended the runtime half way through its own work
 local raw_yield = coroutine.yield
 coroutine_lib.yield = function(...)
   local co = raw_running()
-  if co and not script_coroutines[co] then
+  if not co or not script_coroutines[co] then
     error("coroutine.yield: this code runs in the gateway's coroutine (a handler, a continuation or a " ..
           "fallback), which waits only in agg.fetch_all, agg.fetch and agg.fetch_then; yield in a " ..
           "coroutine the script created (coroutine.create, coroutine.wrap)", 2)
