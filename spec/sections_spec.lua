@@ -28,6 +28,16 @@ describe("max_sections_per_request", function()
     assert.equal(5000, #gw:calls("a"))
   end)
 
+  it("lets a script make its fetches one after the other when each settles while it starts", function()
+    -- a fetch_all's calls start in the runtime's resume; one that settled there resumed the page
+    -- from inside itself, so 4,000 such fetches in a row overflowed the runtime's stack
+    gw:stub("a", "/slow", { json = { n = 1 }, latency_ms = 2000 })
+    local page = gw:get("/settled-loop/4999")
+    assert.equal(200, page.status)
+    assert.same({ first = false, failed = 4999 }, page.json)
+    assert.equal(1, #gw:calls("a"))
+  end)
+
   it("refuses a fan-out past the limit before any call, with the script's line", function()
     local page = gw:get("/wide/5001")
     assert.equal(500, page.status)

@@ -468,9 +468,12 @@ M.START = START
 
 --- The runtime's resume, when coroutine co yielded START from a fetch_all: starts the calls
 -- start_group left for it (with pcall: a mistake fails the request as it did on the coroutine).
--- Resumes co at once when every call settled while starting (a fresh cache entry, an open
--- breaker); otherwise settle resumes it at the last answer. Returns true, or false and the error
--- when the start raised or co is not the coroutine the calls wait for.
+-- Returns "settled" when every call settled while starting (a fresh cache entry, an open breaker,
+-- no time left): the caller resumes co at once, in a loop of its own, never from in here (a
+-- script's loop of such fetches would nest one resume per fetch and overflow the stack). Returns
+-- true when calls wait (settle resumes co at the last answer) or the request ended while they
+-- started, and false and the error when the start raised or co is not the coroutine the calls
+-- wait for.
 function M.start_deferred(co)
   local g, keys, nk, n = d_g, d_keys, d_nk, d_n
   if not g or g.co ~= co then
@@ -483,7 +486,7 @@ function M.start_deferred(co)
   if g.pending > 0 then
     g.waiting = true
   elseif not ctx.done then
-    resume(co)
+    return "settled"
   end
   return true
 end

@@ -138,17 +138,21 @@ end
 local START, start_deferred = fanout.START, fanout.start_deferred
 local function resume(co, ...)
   local ok, v = coroutine.resume(co, ...)
-  if v == START and ok then
-    -- a fetch_all's calls start here, off the coroutine's stack (agg.fanout start_deferred)
+  while v == START and ok do
+    -- a fetch_all's calls start here, off the coroutine's stack (agg.fanout start_deferred); when
+    -- they all settled while starting, co goes on at once, from this loop
     local started, err = start_deferred(co)
-    if started then return end
-    local ctx = ctx_of[co]
-    if ctx and ctx.co == co then return finish_request(ctx, false, err, co) end
-    ctx_of[co] = nil
-    local fin = finishers[co]
-    finishers[co] = nil
-    if fin then fin(false, err, co) end
-    return
+    if started ~= "settled" then
+      if started then return end
+      local ctx = ctx_of[co]
+      if ctx and ctx.co == co then return finish_request(ctx, false, err, co) end
+      ctx_of[co] = nil
+      local fin = finishers[co]
+      finishers[co] = nil
+      if fin then fin(false, err, co) end
+      return
+    end
+    ok, v = coroutine.resume(co)
   end
   local ctx = ctx_of[co]
   if ok and v == DONE then
