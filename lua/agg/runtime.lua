@@ -135,6 +135,18 @@ local function handler_body(fn, req)
   end
 end
 
+-- Coroutine co of request ctx is done with (it ended, ok and v what it returned or raised, or its
+-- calls could not start): the page's coroutine finishes its request, a continuation's finisher
+-- runs. A continuation's entries go now (a weak-keyed table's strong value is marked while the
+-- table is traversed, so the context would outlive the page by a collector cycle).
+local function coroutine_over(co, ctx, ok, v)
+  if ctx and ctx.co == co then return finish_request(ctx, ok, v, co) end
+  ctx_of[co] = nil
+  local fin = finishers[co]
+  finishers[co] = nil
+  if fin then fin(ok, v, co) end
+end
+
 local START, start_deferred = fanout.START, fanout.start_deferred
 local function resume(co, ...)
   local ok, v = coroutine.resume(co, ...)
@@ -143,13 +155,7 @@ local function resume(co, ...)
     -- they all settled while starting, co goes on at once, from this loop
     local started, err = start_deferred(co)
     if started ~= "settled" then
-      if started then return end
-      local ctx = ctx_of[co]
-      if ctx and ctx.co == co then return finish_request(ctx, false, err, co) end
-      ctx_of[co] = nil
-      local fin = finishers[co]
-      finishers[co] = nil
-      if fin then fin(false, err, co) end
+      if not started then coroutine_over(co, ctx_of[co], false, err) end
       return
     end
     ok, v = coroutine.resume(co)
@@ -167,13 +173,7 @@ local function resume(co, ...)
     return
   end
   if coroutine.status(co) == "dead" then
-    if ctx and ctx.co == co then return finish_request(ctx, ok, v, co) end
-    -- a continuation ended: its entries go now (a weak-keyed table's strong value is marked while
-    -- the table is traversed, so the context would outlive the page by a collector cycle)
-    ctx_of[co] = nil
-    local fin = finishers[co]
-    finishers[co] = nil
-    if fin then fin(ok, v, co) end
+    coroutine_over(co, ctx, ok, v)
   elseif ctx and ctx.co == co and not waiting[co] then
     -- the handler yielded by itself: it would never be resumed
     return finish_request(ctx, false, "a handler must not call coroutine.yield (use agg.fetch_all)", co)
