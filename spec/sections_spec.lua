@@ -190,6 +190,23 @@ describe("script code the runtime runs in the middle of its work", function()
     chain_still_works()
   end)
 
+  it("a fallback that raises something else than a string fails its section, when the answer comes or at the start", function()
+    -- error(p) of the problem table: logging it raised in the runtime (a traceback of the fallback
+    -- function, not of a coroutine). On an answer the exchange was never finished, so the page
+    -- was left unanswered for good; at the start the whole page was a 500
+    gw:stub("a", "/down", { status = 503, json = {}, latency_ms = 1 })
+    gw:stub("a", "/slow", { json = {}, latency_ms = 150 })
+    local page = gw:get("/fallback-raises/now")
+    assert.equal(200, page.status)
+    testing.expect_section(page, "x", "unavailable")
+    testing.expect_section(page, "y", "ok")
+    assert.truthy(logged(gw, "fallback of x: an error value of type table"))
+    page = gw:get("/fallback-raises/late")
+    assert.equal(504, page.status)
+    testing.expect_section(page, "x", "unavailable")
+    chain_still_works()
+  end)
+
   it("a continuation that yields fails its section instead of leaving the page unanswered", function()
     local page = gw:get("/then-yields")
     assert.equal(200, page.status)
@@ -345,6 +362,24 @@ describe("a page left unanswered", function()
     assert.equal("urn:aggway:problem:script-error", page.json.type)
     assert.truthy(page.elapsed_ms > 1200 and page.elapsed_ms <= 2200, page.elapsed_ms)
     assert.truthy(logged(gw, "still unanswered"))
+  end)
+
+  it("is answered 500 ten seconds past its deadline even when a call of it seems in flight", function()
+    -- a mistake of the runtime's that raised while it delivered an answer left the call's
+    -- exchange open for good: the page waited for it until its client left
+    local exchange = require "agg.exchange"
+    local in_flight = exchange.in_flight
+    exchange.in_flight = function() return true end
+    local ok, err = pcall(function()
+      local gw = testing.gateway { dir = "spec/fixtures/overdue" }
+      gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 10 })
+      local page = gw:get("/then-yields")
+      assert.equal(500, page.status)
+      assert.truthy(page.elapsed_ms > 10200 and page.elapsed_ms <= 11200, page.elapsed_ms)
+      assert.truthy(logged(gw, "still unanswered"))
+    end)
+    exchange.in_flight = in_flight
+    assert(ok, err)
   end)
 end)
 

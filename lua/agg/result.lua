@@ -261,8 +261,10 @@ function M.log_error(ctx, what, err, co)
       end
     end
   end
+  -- (a traceback only of a coroutine: co may still be the script's function when the error was no
+  -- string, error(p) of a fallback that raises its problem table)
   core.log("error", ("script error in %s%s: %s%s"):format(where_of(ctx), what and (", " .. what) or "",
-    err, co and (" | " .. M.traceback_line(co)) or ""))
+    err, type(co) == "thread" and (" | " .. M.traceback_line(co)) or ""))
 end
 
 --- Logs why a call of request ctx failed, with the transport's own text (why: the upstream's URL

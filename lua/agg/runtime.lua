@@ -516,18 +516,24 @@ end
 -- the runtime's leaves one unanswered; without this it stayed in flight until its client left
 -- (and counted against max_in_flight meanwhile).
 local OVERDUE_MS = 1000
+-- Past this, a page is answered whatever its calls and lookups say. Each of their own bounds ends
+-- by the deadline, so one still "in flight" this long after it is a mistake of the runtime's (code
+-- that raised while it delivered an answer left that call's exchange open for good) or a worker
+-- held for as long.
+local OVERDUE_ANYWAY_MS = 10000
 local overdue = {}
 
 --- Answers every request of this generation that is more than OVERDUE_MS past its deadline with
--- a 500 problem, logged as a script error, and abandons its calls. Called once a second (the
+-- nothing in flight, or more than OVERDUE_ANYWAY_MS past it whatever is, with a 500 problem,
+-- logged as a script error, and abandons its calls. Called once a second (the
 -- worker's runtime.report_stats). Returns how many it answered (for specs).
 function M.answer_overdue()
   local now, n = core.now(), 0
   for _, ctx in pairs(contexts) do
     -- (a page with a call or a Redis lookup in flight is not stuck: its timeout settles it. After the worker
     -- was held, this tick can come before the answers that arrived meanwhile are read)
-    if not ctx.done and now > ctx.deadline + OVERDUE_MS and not exchange.in_flight(ctx) and
-       not cache.waiting_for(ctx) then
+    if not ctx.done and now > ctx.deadline + OVERDUE_MS and
+       (now > ctx.deadline + OVERDUE_ANYWAY_MS or (not exchange.in_flight(ctx) and not cache.waiting_for(ctx))) then
       n = n + 1; overdue[n] = ctx
     end
   end
