@@ -67,10 +67,16 @@ describe("the sandbox keeps a script away from the machine:", function()
     assert.has_error(function() setmetatable(store, {}) end)
     local ok = store:check({}, 0, false)
     assert.is_true(ok)
-    -- the json refs a script does get (json.parse) have guarded metatables too
-    local ok2, mt = run([[return getmetatable(require("agg.json").parse("[1]"))]])
+    -- the json refs a script does get (json.parse) are C closures: no metatable to reach or set,
+    -- no environment to set, no upvalue a script can change (debug is refused), nothing to call
+    local ok2, mt, fenv, set, called = run([[
+      local r = require("agg.json").parse("[1]")
+      return getmetatable(r), pcall(setfenv, r, {}), pcall(setmetatable, r, {}), pcall(r)]])
     assert.is_true(ok2)
-    assert.equal("agg.json.raw", mt)
+    assert.is_nil(mt)
+    assert.is_false(fenv)
+    assert.is_false(set)
+    assert.is_false(called)
     local b = require("agg.breaker").new(3, 1000, 1)
     assert.equal("agw.breaker", getmetatable(b))
     assert.has_error(function() setmetatable(b, {}) end)

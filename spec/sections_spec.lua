@@ -260,6 +260,15 @@ describe("script code the runtime runs in the middle of its work", function()
     assert.truthy(logged(gw, "call to 'a': request headers of 70005 bytes, more than 65536"))
   end)
 
+  it("a fallback of parsed JSON (json.parse's raw ref) is served as data, not called", function()
+    gw:stub("a", "/down", { status = 503, json = { error = "down" } })
+    local page = gw:get("/parsed-fallback")
+    assert.equal(200, page.status)
+    assert.equal("fallback", page.json.s.status)
+    assert.same({ cached = true, n = { 1, 2 } }, page.json.s.data)
+    assert.truthy(page.body:find('"data":{"cached":true,"n":[1,2]}', 1, true))
+  end)
+
   it("a page past its deadline with a call in flight is left to the call (a held worker's late tick)", function()
     local r = gw:send("GET", "/slow-fallback")
     gw.clock = 5000 -- the worker was held: the tick comes before the answers that arrived meanwhile

@@ -587,14 +587,9 @@ static int encode_userdata(enc_t *e, int idx, int depth)
     lua_State *L = e->L;
     if (!lua_getmetatable(L, idx))
         return fail(e, depth, "cannot encode userdata");
-    int is_raw = lua_rawequal(L, -1, reg(e, AGW_JSON_K_RAW)), is_int64 = 0, is_ref = 0;
-    if (!is_raw) {
-        is_int64 = lua_rawequal(L, -1, reg(e, AGW_JSON_K_INT64));
-        is_ref = lua_rawequal(L, -1, reg(e, AGW_JSON_K_REF));
-    }
+    int is_int64 = lua_rawequal(L, -1, reg(e, AGW_JSON_K_INT64));
+    int is_ref = !is_int64 && lua_rawequal(L, -1, reg(e, AGW_JSON_K_REF));
     lua_pop(L, 1);
-    if (is_raw)
-        return encode_raw(e, lua_touserdata(L, idx), depth);
     if (is_int64)
         agw_buf_printf(e->out, "%lld", (long long)*(int64_t *)lua_touserdata(L, idx));
     else if (is_ref)
@@ -645,6 +640,12 @@ static int encode_typed(enc_t *e, int idx, int type, int depth)
         return fail(e, depth, "cannot encode light userdata");
     case LUA_TUSERDATA:
         return encode_userdata(e, idx, depth);
+    case LUA_TFUNCTION: {
+        agw_json_raw_t r;
+        if (agw_json_check_raw_ref(L, idx, &r))
+            return encode_raw(e, &r, depth);
+        return fail(e, depth, "cannot encode function");
+    }
     default: {
         char what[48];
         snprintf(what, sizeof(what), "cannot encode %s", lua_typename(L, lua_type(L, idx)));

@@ -150,10 +150,11 @@ static int ref_tostring(lua_State *L)
     return 1;
 }
 
-static int raw_tostring(lua_State *L)
+/* The C function of every raw ref's closure (json.h): what marks a raw ref. Calling a raw ref is a
+ * mistake: it raises. */
+static int raw_ref_call(lua_State *L)
 {
-    lua_pushfstring(L, "agg.json.raw: %p", lua_touserdata(L, 1));
-    return 1;
+    return luaL_error(L, "an agg.json raw ref is JSON text, not a function to call");
 }
 
 const char agw_json_regkey[AGW_JSON_NKEYS];
@@ -204,16 +205,6 @@ static void ensure_state(lua_State *L)
     lua_pushliteral(L, "agg.json.ref");
     lua_setfield(L, -2, "__metatable");
     set_reg(L, AGW_JSON_REF_MT, AGW_JSON_K_REF);
-
-    /* no __gc: a raw ref holds its bytes inline, so the GC frees it without a finalizer */
-    lua_newtable(L);
-    lua_pushcfunction(L, raw_tostring);
-    lua_setfield(L, -2, "__tostring");
-    /* shared by every script's raw refs (json.parse gives them one): guarded, so that no script
-     * adds a __gc or an __index that another script's refs would run */
-    lua_pushliteral(L, "agg.json.raw");
-    lua_setfield(L, -2, "__metatable");
-    set_reg(L, AGW_JSON_RAW_MT, AGW_JSON_K_RAW);
 
     lua_newtable(L); /* order side table, weak keys so it never keeps an object alive */
     lua_createtable(L, 0, 1);
@@ -270,55 +261,41 @@ json_t *agw_json_check_ref(lua_State *L, int idx)
 void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact, const char *extra,
                            size_t extra_len)
 {
-    agw_json_raw_t *r = lua_newuserdata(L, sizeof(*r) + len + 1 + extra_len);
-    r->len = len;
-    r->extra_len = extra_len;
-    r->compact = compact != 0;
-    if (len > 0) /* buf may be NULL then */
-        memcpy(r->text, buf, len);
-    r->text[len] = '\0';
-    if (extra_len > 0)
-        memcpy(r->text + len + 1, extra, extra_len);
-    agw_json_regget(L, AGW_JSON_K_RAW);
-    if (lua_isnil(L, -1)) { /* first use in this state: one registry lookup per push otherwise */
-        lua_pop(L, 1);
-        ensure_state(L);
-        agw_json_regget(L, AGW_JSON_K_RAW);
-    }
-    lua_setmetatable(L, -2);
-}
-
-const agw_json_raw_t *agw_json_check_raw_ref(lua_State *L, int idx)
-{
-    if (lua_type(L, idx) != LUA_TUSERDATA || !has_meta(L, idx, AGW_JSON_K_RAW))
-        return NULL;
-    return lua_touserdata(L, idx);
-}
-
-/* 1 for a tree ref, 2 for a raw ref, 0 for anything else; *ud gets the userdata body. */
-static int ref_kind(lua_State *L, int idx, void **ud)
-{
-    if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx))
-        return 0;
-    int kind = 0;
-    agw_json_regget(L, AGW_JSON_K_RAW);
-    if (lua_rawequal(L, -1, -2)) {
-        kind = 2;
+    lua_pushlstring(L, len > 0 ? buf : "", len); /* buf may be NULL when len is 0 */
+    lua_pushboolean(L, compact != 0);
+    if (extra_len > 0) {
+        lua_pushlstring(L, extra, extra_len);
+        lua_pushcclosure(L, raw_ref_call, 3);
     } else {
-        lua_pop(L, 1);
-        agw_json_regget(L, AGW_JSON_K_REF);
-        if (lua_rawequal(L, -1, -2))
-            kind = 1;
+        lua_pushcclosure(L, raw_ref_call, 2);
     }
+}
+
+int agw_json_check_raw_ref(lua_State *L, int idx, agw_json_raw_t *out)
+{
+    if (lua_tocfunction(L, idx) != raw_ref_call)
+        return 0;
+    if (idx < 0 && idx > LUA_REGISTRYINDEX)
+        idx = lua_gettop(L) + idx + 1;
+    /* the strings stay alive after the pops: the closure at idx holds them */
+    lua_getupvalue(L, idx, 1);
+    out->text = lua_tolstring(L, -1, &out->len);
+    lua_getupvalue(L, idx, 2);
+    out->compact = lua_toboolean(L, -1);
     lua_pop(L, 2);
-    *ud = lua_touserdata(L, idx);
-    return kind;
+    out->extra = NULL;
+    out->extra_len = 0;
+    if (lua_getupvalue(L, idx, 3) != NULL) {
+        out->extra = lua_tolstring(L, -1, &out->extra_len);
+        lua_pop(L, 1);
+    }
+    return 1;
 }
 
 int agw_json_is_ref(lua_State *L, int idx)
 {
-    void *ud;
-    return ref_kind(L, idx, &ud) != 0;
+    agw_json_raw_t r;
+    return agw_json_check_ref(L, idx) != NULL || agw_json_check_raw_ref(L, idx, &r);
 }
 
 /* ---- json_t -> Lua ---- */
@@ -411,12 +388,6 @@ void agw_json_push(lua_State *L, json_t *v)
     lua_pop(L, 1);
 }
 
-/* Pushes a raw ref's JSON as Lua values, straight from its validated text (json/push.c). */
-static void push_raw(lua_State *L, const agw_json_raw_t *r)
-{
-    ensure_state(L);
-    agw_json_push_text(L, r->text, r->len);
-}
 
 /* ---- the agg.json module ---- */
 
@@ -653,13 +624,12 @@ static int l_parse(lua_State *L)
     return 1;
 }
 
-/* raw(ref) -> string: the text of a raw ref. */
+/* raw(ref) -> string: the text of a raw ref (the ref's own string). */
 static int l_raw(lua_State *L)
 {
-    const agw_json_raw_t *r = agw_json_check_raw_ref(L, 1);
-    if (r == NULL)
+    if (lua_tocfunction(L, 1) != raw_ref_call)
         return luaL_typerror(L, 1, "agg.json raw ref");
-    lua_pushlstring(L, r->text, r->len);
+    lua_getupvalue(L, 1, 1);
     return 1;
 }
 
@@ -675,15 +645,15 @@ static int l_raw(lua_State *L)
 static int l_raw_extra(lua_State *L)
 {
     static __thread agw_buf_t scratch = AGW_BUF_INIT;
-    const agw_json_raw_t *r = agw_json_check_raw_ref(L, 1);
-    if (r == NULL)
+    agw_json_raw_t r;
+    if (!agw_json_check_raw_ref(L, 1, &r))
         return luaL_typerror(L, 1, "agg.json raw ref");
-    if (r->extra_len == 0)
+    if (r.extra_len == 0)
         return 0;
     if (scratch.cap > EXTRA_SCRATCH_KEEP)
         agw_buf_free(&scratch);
     agw_buf_reset(&scratch);
-    agw_header_block_of_pairs(&scratch, r->text + r->len + 1, r->extra_len);
+    agw_header_block_of_pairs(&scratch, r.extra, r.extra_len);
     lua_pushlstring(L, scratch.len ? scratch.base : "", scratch.len);
     return 1;
 }
@@ -743,18 +713,17 @@ static int l_encode_rows(lua_State *L)
 static int l_materialize(lua_State *L)
 {
     luaL_checkany(L, 1);
-    void *ud;
-    switch (ref_kind(L, 1, &ud)) {
-    case 1:
-        agw_json_push(L, *(json_t **)ud);
-        return 1;
-    case 2:
-        push_raw(L, ud);
-        return 1;
-    default:
+    json_t *tree = agw_json_check_ref(L, 1);
+    agw_json_raw_t r;
+    if (tree != NULL) {
+        agw_json_push(L, tree);
+    } else if (agw_json_check_raw_ref(L, 1, &r)) {
+        ensure_state(L); /* the Lua values straight from the validated text (json/push.c) */
+        agw_json_push_text(L, r.text, r.len);
+    } else {
         lua_settop(L, 1);
-        return 1;
     }
+    return 1;
 }
 
 int agw_json_open(lua_State *L)

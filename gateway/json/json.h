@@ -31,15 +31,22 @@
  * encoded value, ".name" an object member (["name"] when the name is not identifier-like), "[i]"
  * an array element counted from 0 (Lua index i+1).
  *
- * A "json ref" is a userdata holding JSON that has not been turned into Lua tables, so sections a
- * script never touches cost no Lua work. It comes in two kinds:
- *   tree ref  holds a parsed json_t (a counted reference, released by __gc); the encoder writes it
- *             straight from the json_t.
- *   raw ref   holds a copy of JSON text that agw_json_validate accepted, inline in the userdata (no
- *             malloc, no __gc: its metatable has none, so the GC frees it like a string). The
+ * A "json ref" holds JSON that has not been turned into Lua tables, so sections a script never
+ * touches cost no Lua work. It comes in two kinds:
+ *   tree ref  a userdata holding a parsed json_t (a counted reference, released by __gc); the
+ *             encoder writes it straight from the json_t.
+ *   raw ref   a C closure of one C function (never called: it raises) whose upvalues hold a Lua
+ *             string of JSON text that agw_json_validate accepted, its compact flag and, when
+ *             there is one, the extra string kept with it. Nothing in Lua can change a C
+ *             closure's upvalues (the sandbox keeps debug.setupvalue from scripts), and no script
+ *             can make a closure of that function, so the text stays what was validated. Not a
+ *             userdata on purpose: LuaJIT's collector walks every userdata, live or dead, in the
+ *             indivisible atomic step that ends each cycle, and a page made one per section
+ *             (docs/performance.md, "A fifteenth pass": 70 % of that step at half load). The
  *             encoder copies a compact text verbatim and any other with the whitespace outside
- *             strings left out; materialize makes Lua values of it with agw_json_push_text
- *             when (if ever) a script reads it.
+ *             strings left out; materialize makes Lua values of it with agw_json_push_text when
+ *             (if ever) a script reads it. type() says "function"; the runtime's own "a function
+ *             or a value" choices (a call's fallback) take a raw ref as a value.
  * materialize and the encoder accept both kinds; agw_json_check_ref returns a tree ref's json_t
  * and agw_json_check_raw_ref a raw ref's text.
  */
@@ -74,14 +81,15 @@
  * by one value. */
 #define AGW_JSON_ENCODE_MAX_BYTES ((size_t)256 << 20)
 
-/* The body of a raw ref userdata (lua_newuserdata of sizeof(agw_json_raw_t) + len + 1 +
- * extra_len). */
+/* What a raw ref holds, as agw_json_check_raw_ref reads it: pointers into the ref's Lua strings,
+ * valid while the ref is alive (the caller keeps it on the stack or reachable meanwhile). */
 typedef struct {
+    const char *text;  /* len bytes of validated JSON, then a NUL */
     size_t len;
-    size_t extra_len; /* bytes the owner keeps after the text's NUL (an upstream response's
-                         header block, see agw_json_push_raw_ref); 0 when none */
-    int compact;      /* no whitespace outside strings: the text is its own compact encoding */
-    char text[];      /* len bytes of validated JSON, then a NUL, then extra_len bytes */
+    const char *extra; /* extra_len bytes the owner keeps with the text (an upstream response's
+                          headers, see agw_json_push_raw_ref); NULL and 0 when none */
+    size_t extra_len;
+    int compact;       /* no whitespace outside strings: the text is its own compact encoding */
 } agw_json_raw_t;
 
 /* The reference parser (jansson; not on a request's path, see the top): parses len bytes of JSON
@@ -141,9 +149,9 @@ json_t *agw_json_check_ref(lua_State *L, int idx);
  * the text is then re-encoded rather than copied). extra (extra_len bytes, may be NULL when 0)
  * is copied after the text and read back with json.raw_extra(ref), which makes the header block
  * of it (base/header.h): an upstream response's headers ride as they came (a pairs block, or a
- * header block) in the same allocation as its body, so a call whose headers no script reads costs
- * neither a Lua string nor the block for them. One lua_newuserdata, nothing else allocated. Raises a Lua error only
- * when memory runs out (or the size exceeds LuaJIT's userdata limit, 2 GB). */
+ * header block) with its body, so a call whose headers no script reads costs no header block.
+ * Makes the text's Lua string, the extra's when extra_len > 0, and one C closure (the top's
+ * comment). Raises a Lua error only when memory runs out. */
 void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compact, const char *extra,
                            size_t extra_len);
 
@@ -153,9 +161,10 @@ void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compac
  * text[len]. Needs the module opened in L. */
 void agw_json_push_text(lua_State *L, const char *text, size_t len);
 
-/* If the value at idx is a raw ref, returns its body (borrowed: valid while the ref is alive; text
- * is NUL-terminated), else NULL. */
-const agw_json_raw_t *agw_json_check_raw_ref(lua_State *L, int idx);
+/* If the value at idx is a raw ref, fills *out (borrowed pointers: valid while the ref is alive;
+ * the text is NUL-terminated) and returns 1; else returns 0 and leaves *out alone. Leaves the
+ * stack as it found it; raises nothing. */
+int agw_json_check_raw_ref(lua_State *L, int idx, agw_json_raw_t *out);
 
 /* Returns 1 if the value at idx is a json ref of either kind, else 0. */
 int agw_json_is_ref(lua_State *L, int idx);

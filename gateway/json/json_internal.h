@@ -10,19 +10,19 @@
 #include "json/json.h"
 
 /* Registry fields (one set per lua_State, created by agw_json_open or the first agw_json_push and
- * reused afterwards): the metatables of arrays, int64 boxes and json refs, and the weak-keyed side
+ * reused afterwards): the metatables of arrays, int64 boxes and tree refs, and the weak-keyed side
  * table order[tbl] = {k1, k2, ...} of remembered object key orders. An int64 box is a full userdata
- * holding one int64_t; a json ref is a full userdata holding one json_t * (a counted reference). */
+ * holding one int64_t; a tree ref is a full userdata holding one json_t * (a counted reference). A
+ * raw ref needs no registry entry: the C function of its closure is what marks it (json.h). */
 #define AGW_JSON_ARRAY_MT "agw.json.array"
 #define AGW_JSON_INT64_MT "agw.json.int64"
 #define AGW_JSON_REF_MT "agw.json.ref"
-#define AGW_JSON_RAW_MT "agw.json.raw"
 #define AGW_JSON_ORDER "agw.json.order"
 
 /* The same registry entries are also stored under light userdata keys, which are faster to look
- * up (no string hashing): agw_json_regget(L, AGW_JSON_K_RAW) pushes
- * registry[AGW_JSON_RAW_MT] (nil before the module's first use in L). */
-enum { AGW_JSON_K_ORDER, AGW_JSON_K_ARRAY, AGW_JSON_K_INT64, AGW_JSON_K_REF, AGW_JSON_K_RAW, AGW_JSON_NKEYS };
+ * up (no string hashing): agw_json_regget(L, AGW_JSON_K_REF) pushes
+ * registry[AGW_JSON_REF_MT] (nil before the module's first use in L). */
+enum { AGW_JSON_K_ORDER, AGW_JSON_K_ARRAY, AGW_JSON_K_INT64, AGW_JSON_K_REF, AGW_JSON_NKEYS };
 extern const char agw_json_regkey[AGW_JSON_NKEYS];
 /* Key (light userdata) of an ordered metatable's key list (json.ordered): a table whose metatable
  * holds a list under it encodes its members in that order. */

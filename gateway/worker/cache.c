@@ -212,14 +212,14 @@ static const char *entry_part(lua_State *L, int idx, int extra, agw_buf_t *block
         return "";
     if (lua_type(L, idx) == LUA_TSTRING)
         return lua_tolstring(L, idx, len);
-    const agw_json_raw_t *r = agw_json_check_raw_ref(L, idx);
-    if (r == NULL)
+    agw_json_raw_t r;
+    if (!agw_json_check_raw_ref(L, idx, &r))
         luaL_typerror(L, idx, "string or agg.json raw ref");
     if (!extra) {
-        *len = r->len;
-        return r->text;
+        *len = r.len;
+        return r.text;
     }
-    agw_header_block_of_pairs(block, r->text + r->len + 1, r->extra_len);
+    agw_header_block_of_pairs(block, r.extra, r.extra_len);
     *len = block->len;
     return block->base ? block->base : "";
 }
@@ -236,7 +236,8 @@ static int l_cache_store(lua_State *L)
     e.body = entry_part(L, 7, 0, NULL, &e.blen);
     lua_Number until = luaL_checknumber(L, 8);
     lua_Number ttl = luaL_optnumber(L, 9, 0);
-    if (lua_type(L, 6) != LUA_TSTRING && !lua_isnoneornil(L, 6) && agw_json_check_raw_ref(L, 6) == NULL)
+    agw_json_raw_t r6;
+    if (lua_type(L, 6) != LUA_TSTRING && !lua_isnoneornil(L, 6) && !agw_json_check_raw_ref(L, 6, &r6))
         return luaL_typerror(L, 6, "string or agg.json raw ref");
     e.headers = entry_part(L, 6, 1, &w->scratch.hdrs, &e.hlen);
     if (e.hlen + e.blen > AGW_CACHE_ENTRY_MAX) { /* too big whatever its header line: not copied */

@@ -331,7 +331,8 @@ function M.fail(ctx, r, p, spec)
   r.error = p
   if spec and spec.fallback ~= nil then
     local fb = spec.fallback
-    if type(fb) == "function" then
+    -- (a raw JSON ref, json.parse's, is a C closure but data: a value, never called)
+    if type(fb) == "function" and not json.is_ref(fb) then
       local ok, v = M.callback_pcall(fb, p)
       if not ok then
         M.log_error(ctx, "fallback of " .. info_of(r).key, v, fb)
