@@ -38,6 +38,16 @@ describe("max_sections_per_request", function()
     assert.equal(1, #gw:calls("a"))
   end)
 
+  it("lets a chain of fetch_then steps run when each step's call settles while it starts", function()
+    -- a cache hit delivered the step's result inside the start of its call, which ran the next
+    -- continuation there: about 600 steps overflowed the stack
+    gw:stub("cached", "/x", { json = { v = 7 }, latency_ms = 10 })
+    local page = gw:get("/cached-chain/3000")
+    assert.equal(200, page.status)
+    assert.same({ done = true, v = 7 }, page.json.c.data)
+    assert.equal(1, #gw:calls("cached"))
+  end)
+
   it("refuses a fan-out past the limit before any call, with the script's line", function()
     local page = gw:get("/wide/5001")
     assert.equal(500, page.status)

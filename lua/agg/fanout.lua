@@ -47,16 +47,22 @@ function M.bind_requests(co_ctx, co_finishers, co_waiting, co_resume)
 end
 
 local settle
+local is_then
+local run_later, drain_ready, drain_left, cancelled_result
+local draining = false
 
 -- What to do with a call's result: settle section `key` of group g, or, when `chain` is given,
--- run that fetch_then continuation with it.
+-- run that fetch_then continuation with it, through the queue of ready continuations (below). A
+-- chain's call can settle while it starts (a cache hit), inside the settle of the step before:
+-- run there, a chain of such steps nested one resume and a dozen frames per step, and about 600
+-- overflowed the stack (the section failed with "stack overflow").
 local function deliver(g, key, chain, r)
-  if chain then M.run_then(g, key, chain, { r }) else settle(g, key, r) end
+  if not chain then return settle(g, key, r) end
+  run_later(g, { key = key, info = chain }, { r })
+  if not draining or drain_left() then drain_ready() end
 end
 exchange.set_deliver(deliver)
 
-local is_then
-local run_later, drain_ready, cancelled_result
 local NO_THENS = {} -- a fan-out without continuations (shared, never written)
 local memo, clear_memo = {}, callspec.clear_memo -- start_group's for callspec.normalize
 
@@ -115,7 +121,7 @@ end
 -- inside its own settle: run there, a chain of a thousand held a thousand nested frames of the
 -- settle's caller until its stack overflowed (about 1,400; the page failed with "stack overflow"
 -- in the runtime's code).
-local ready_q, ready_first, ready_n, draining = {}, 1, 0, false
+local ready_q, ready_first, ready_n = {}, 1, 0
 local drainer -- the coroutine whose drain_ready is running (false: the main thread)
 
 run_later = function(g, t, args)
@@ -160,7 +166,7 @@ end
 -- True when the drain that is running was left half way: its coroutine is suspended or dead (a
 -- trusted script yielded in a fallback; the sandbox refuses that to scripts). The queue is then
 -- drained anew.
-local function drain_left()
+drain_left = function()
   return drainer and drainer ~= coroutine.running() and coroutine.status(drainer) ~= "normal"
 end
 
