@@ -189,6 +189,15 @@ describe("binary chunks", function()
   end)
 end)
 
+describe("an endpoint's handler", function()
+  it("that is parsed JSON (json.parse's raw ref, a C closure) is refused at load, not at every request", function()
+    local gen, errors = loader.load(DIR .. "refhandler")
+    assert.is_nil(gen)
+    assert.matches("refhandler/page%.lua:3: .*handler must be a function%(req%), got an agg%.json raw ref %(JSON data%)",
+                   table.concat(errors, "\n"))
+  end)
+end)
+
 describe("an error of a script's top level", function()
   it("is put at the script's line, never at a place in the runtime, whatever level raised it", function()
     local gen, errors = loader.load(DIR .. "unplaced")

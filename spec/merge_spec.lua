@@ -262,6 +262,12 @@ describe("the batch option", function()
                          "tried once")
     assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", window_ms = "2" } } end,
                          "must be a number")
+    -- parsed JSON is data, not a function, though type() says "function" (a raw ref is a C closure)
+    local ref = require("agg.json").parse("[1]")
+    assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1, request = ref } } end,
+                         "option 'request' must be a function, got an agg.json raw ref (JSON data)", 1, true)
+    assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", split = ref } } end,
+                         "option 'split' must be a function, got an agg.json raw ref (JSON data)", 1, true)
     assert.is_table(agg_rt)
   end)
 end)

@@ -47,6 +47,14 @@ describe("agg shaping helpers", function()
     assert.matches("shape_spec.lua:%d+: agg.pick: the value must be a table, got string", fails(function() agg.pick("x", { "a" }) end))
     assert.matches("agg.omit: key 1 of the list must be a string, got number", fails(function() agg.omit(P, { 1 }) end), 1, true)
     assert.matches("agg.map: the second argument must be a function", fails(function() agg.map({}, "f") end), 1, true)
+    -- parsed JSON is data, not a function, though type() says "function" (a raw ref is a C closure)
+    local ref = json.parse("[1]")
+    assert.matches("agg.map: the second argument must be a function(item, index), got an agg.json raw ref (JSON data)",
+                   fails(function() agg.map({ 1 }, ref) end), 1, true)
+    assert.matches("agg.shape: the second argument must be a function(data), got an agg.json raw ref (JSON data)",
+                   fails(function() agg.shape({ ok = true, data = {} }, ref) end), 1, true)
+    assert.matches("agg.fetch_then: the second argument must be a function, got an agg.json raw ref (JSON data)",
+                   fails(function() agg.fetch_then("product", ref) end), 1, true)
   end)
 
   it("shape reshapes a section with data and leaves an unavailable one as it is", function()

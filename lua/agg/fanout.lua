@@ -8,6 +8,7 @@ local problem = require "agg.problem"
 local callspec = require "agg.callspec"
 local config = require "agg.config"
 local where = require "agg.where"
+local callable = require "agg.callable"
 local result = require "agg.result"
 local exchange = require "agg.exchange"
 
@@ -763,7 +764,9 @@ function M.fetch_then(dep, fn, opts)
       if type(d) ~= "string" then error("agg.fetch_then: dependency keys must be strings", 2) end
     end
   end
-  if type(fn) ~= "function" then error("agg.fetch_then: the second argument must be a function", 2) end
+  if not callable.is(fn) then
+    error("agg.fetch_then: the second argument must be a function, got " .. callable.kind(fn), 2)
+  end
   if opts ~= nil and type(opts) ~= "table" then error("agg.fetch_then: options must be a table", 2) end
   local o = opts or {}
   for k in pairs(o) do

@@ -6,6 +6,7 @@
 --              rules = { { name = "per-ip", key = "ip", rate = 100, per_s = 1, burst = 50 },
 --                        { name = "daily", key = { header = "x-client" }, quota = 100000, window = "day" } } }
 local str_match = string.match
+local callable = require "agg.callable"
 local M = {}
 
 local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true, local_keys = true,
@@ -118,7 +119,7 @@ function M.check(cfg, c)
       elseif type(key) == "table" and type(key.header) == "string" and str_match(key.header, "^[%w!#$%%&'*+.^_`|~-]+$")
              and next(key, next(key)) == nil then
         e.key, e.header = "header", key.header:lower()
-      elseif type(key) == "function" then
+      elseif callable.is(key) then
         e.key, e.fn = "function", key
         -- tried once on a sample request: a function that returns neither a string nor nil is a
         -- mistake whatever the request (an error may depend on the request: not reported here)

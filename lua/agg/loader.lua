@@ -18,6 +18,7 @@ local M = {}
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
 local ENDPOINT_KEYS = { route = true, deadline_ms = true, handler = true, auth = true, limits = true, priority = true }
 local limits = require "agg.limits"
+local callable = require "agg.callable"
 
 local function read(path)
   local f = io.open(path, "rb")
@@ -340,7 +341,7 @@ local function load_folder(dir)
         end
         for i, ep in ipairs(list) do
           local where = #list > 1 and ("endpoint " .. i) or "endpoint"
-          local e_line = type(ep) == "table" and type(ep.handler) == "function" and debug.getinfo(ep.handler, "S").linedefined or 1
+          local e_line = type(ep) == "table" and callable.is(ep.handler) and debug.getinfo(ep.handler, "S").linedefined or 1
           local bad = false
           if type(ep) ~= "table" then
             errors[#errors + 1] = ("%s:1: %s must be a table with route and handler"):format(file, where)
@@ -365,8 +366,9 @@ local function load_folder(dir)
               errors[#errors + 1] = ("%s:%d: %s"):format(file, at("route"), rerr)
               bad = true
             end
-            if type(ep.handler) ~= "function" then
-              errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req)"):format(file, at("handler"), where)
+            if not callable.is(ep.handler) then
+              errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req), got %s"):format(file, at("handler"), where,
+                callable.kind(ep.handler))
               bad = true
             end
             local dl = ep.deadline_ms

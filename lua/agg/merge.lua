@@ -19,6 +19,7 @@ local json = require "agg.json"
 local problem = require "agg.problem"
 local result = require "agg.result"
 local where = require "agg.where"
+local callable = require "agg.callable"
 
 local M = {}
 
@@ -74,7 +75,9 @@ function M.normalize(b, name, method, path, headers, level)
       table.sort(names)
       bad(("unknown option '%s' (%s)"):format(where.key_name(k), table.concat(names, ", ")))
     end
-    if want ~= true and type(v) ~= want then bad(("option '%s' must be a %s, got %s"):format(k, want, type(v))) end
+    if want ~= true and (type(v) ~= want or want == "function" and not callable.is(v)) then
+      bad(("option '%s' must be a %s, got %s"):format(k, want, callable.kind(v)))
+    end
   end
   local key = b.key
   if type(key) ~= "string" and type(key) ~= "number" then

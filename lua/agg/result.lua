@@ -4,6 +4,7 @@
 -- answers, agg.fanout from continuations and nested fan-outs, agg.page reads them.
 local str_find, str_gmatch, str_gsub, str_match = string.find, string.gmatch, string.gsub, string.match
 local json = require "agg.json"
+local callable = require "agg.callable"
 
 -- "@/…/lua/" of the runtime's own files (a place there is never the script's)
 local RUNTIME_PREFIX = str_match(debug.getinfo(1, "S").source, "^(@.*/)agg/[^/]*$")
@@ -332,7 +333,7 @@ function M.fail(ctx, r, p, spec)
   if spec and spec.fallback ~= nil then
     local fb = spec.fallback
     -- (a raw JSON ref, json.parse's, is a C closure but data: a value, never called)
-    if type(fb) == "function" and not json.is_ref(fb) then
+    if callable.is(fb) then
       local ok, v = M.callback_pcall(fb, p)
       if not ok then
         M.log_error(ctx, "fallback of " .. info_of(r).key, v, fb)

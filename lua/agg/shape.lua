@@ -10,6 +10,7 @@
 --   agg.shape(result, fn)                  -> result, its data replaced by fn(data) when it has
 --                                             data (ok, fallback, stale); status and error kept
 local json = require "agg.json"
+local callable = require "agg.callable"
 
 local M = {}
 
@@ -88,7 +89,9 @@ end
 --- agg.map(list, fn) -> a JSON array of fn(item, index) for each item of list, in order; items for
 -- which fn returns nil are left out. nil or agg.null gives an empty array.
 function M.map(list, fn)
-  if type(fn) ~= "function" then error("agg.map: the second argument must be a function(item, index)", 2) end
+  if not callable.is(fn) then
+    error("agg.map: the second argument must be a function(item, index), got " .. callable.kind(fn), 2)
+  end
   local out = json.array()
   if list == nil or list == json.null then return out end
   check_table("map", "the list", list, 2)
@@ -117,7 +120,9 @@ end
 -- (status ok, fallback or stale); an unavailable section is returned as it is, so the page keeps
 -- its status and problem. Errors: result not a table, fn not a function.
 function M.shape(r, fn)
-  if type(fn) ~= "function" then error("agg.shape: the second argument must be a function(data)", 2) end
+  if not callable.is(fn) then
+    error("agg.shape: the second argument must be a function(data), got " .. callable.kind(fn), 2)
+  end
   check_table("shape", "the result", r, 2)
   if r.status ~= "unavailable" and r.status ~= "skipped" then r.data = fn(r.data) end
   return r
