@@ -388,7 +388,6 @@ void agw_json_push(lua_State *L, json_t *v)
     lua_pop(L, 1);
 }
 
-
 /* ---- the agg.json module ---- */
 
 /* agg.array([t]): t (or a new table) with the array metatable. A table with a metatable of its

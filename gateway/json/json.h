@@ -45,8 +45,9 @@
  *             (docs/performance.md, "A fifteenth pass": 70 % of that step at half load). The
  *             encoder copies a compact text verbatim and any other with the whitespace outside
  *             strings left out; materialize makes Lua values of it with agw_json_push_text when
- *             (if ever) a script reads it. type() says "function"; the runtime's own "a function
- *             or a value" choices (a call's fallback) take a raw ref as a value.
+ *             (if ever) a script reads it. type() says "function": where the runtime wants a
+ *             function it refuses a raw ref (agg.callable), and where a function or a value will
+ *             do (a call's fallback) it takes one as a value.
  * materialize and the encoder accept both kinds; agw_json_check_ref returns a tree ref's json_t
  * and agw_json_check_raw_ref a raw ref's text.
  */
@@ -147,7 +148,7 @@ json_t *agw_json_check_ref(lua_State *L, int idx);
 /* Pushes a raw ref holding a copy of len bytes of JSON text that agw_json_validate accepted with a
  * max_depth of at most AGW_JSON_MAX_DEPTH; compact is the flag it returned (pass 0 when unsure:
  * the text is then re-encoded rather than copied). extra (extra_len bytes, may be NULL when 0)
- * is copied after the text and read back with json.raw_extra(ref), which makes the header block
+ * is kept with the text and read back with json.raw_extra(ref), which makes the header block
  * of it (base/header.h): an upstream response's headers ride as they came (a pairs block, or a
  * header block) with its body, so a call whose headers no script reads costs no header block.
  * Makes the text's Lua string, the extra's when extra_len > 0, and one C closure (the top's
