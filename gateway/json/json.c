@@ -271,9 +271,15 @@ void agw_json_push_raw_ref(lua_State *L, const char *buf, size_t len, int compac
     }
 }
 
+/* 1 when the value at idx is a raw ref (a closure of raw_ref_call), else 0. */
+static int is_raw_ref(lua_State *L, int idx)
+{
+    return lua_tocfunction(L, idx) == raw_ref_call;
+}
+
 int agw_json_check_raw_ref(lua_State *L, int idx, agw_json_raw_t *out)
 {
-    if (lua_tocfunction(L, idx) != raw_ref_call)
+    if (!is_raw_ref(L, idx))
         return 0;
     if (idx < 0 && idx > LUA_REGISTRYINDEX)
         idx = lua_gettop(L) + idx + 1;
@@ -294,8 +300,7 @@ int agw_json_check_raw_ref(lua_State *L, int idx, agw_json_raw_t *out)
 
 int agw_json_is_ref(lua_State *L, int idx)
 {
-    agw_json_raw_t r;
-    return agw_json_check_ref(L, idx) != NULL || agw_json_check_raw_ref(L, idx, &r);
+    return is_raw_ref(L, idx) || agw_json_check_ref(L, idx) != NULL;
 }
 
 /* ---- json_t -> Lua ---- */
@@ -626,7 +631,7 @@ static int l_parse(lua_State *L)
 /* raw(ref) -> string: the text of a raw ref (the ref's own string). */
 static int l_raw(lua_State *L)
 {
-    if (lua_tocfunction(L, 1) != raw_ref_call)
+    if (!is_raw_ref(L, 1))
         return luaL_typerror(L, 1, "agg.json raw ref");
     lua_getupvalue(L, 1, 1);
     return 1;
