@@ -371,12 +371,26 @@ describe("script code the runtime runs in the middle of its work", function()
 end)
 
 describe("a page left unanswered", function()
-  it("is answered 500 a second past its deadline, and its calls abandoned", function()
-    -- a trusted folder's continuation that yields: nothing resumes it, and the page stayed in
-    -- flight until its client left
+  it("is not left by a continuation that yields by itself: its section fails at once", function()
+    -- (a trusted folder's; the sandbox refuses the yield to scripts at their line). It waited for
+    -- the overdue guard, a second past the deadline, and was answered 500.
     local gw = testing.gateway { dir = "spec/fixtures/overdue" }
     gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 10 })
     local page = gw:get("/then-yields")
+    assert.equal(200, page.status)
+    assert.equal("ok", page.json.x.status)
+    assert.equal("unavailable", page.json.c.status)
+    assert.equal("urn:aggway:problem:script-error", page.json.c.error.type)
+    assert.truthy(page.elapsed_ms < 1000, page.elapsed_ms)
+    assert.truthy(logged(gw, "continuation of c: spec/fixtures/overdue/yields.lua:9: a continuation must not call coroutine.yield"))
+  end)
+
+  it("is answered 500 a second past its deadline, and its calls abandoned", function()
+    -- a trusted folder's continuation that waits as a fetch_all would, with nothing to answer it:
+    -- nothing resumes it, and the page stayed in flight until its client left
+    local gw = testing.gateway { dir = "spec/fixtures/overdue" }
+    gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 10 })
+    local page = gw:get("/then-waits")
     assert.equal(500, page.status)
     assert.equal("urn:aggway:problem:script-error", page.json.type)
     assert.truthy(page.elapsed_ms > 1200 and page.elapsed_ms <= 2200, page.elapsed_ms)
@@ -392,7 +406,7 @@ describe("a page left unanswered", function()
     local ok, err = pcall(function()
       local gw = testing.gateway { dir = "spec/fixtures/overdue" }
       gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 10 })
-      local page = gw:get("/then-yields")
+      local page = gw:get("/then-waits")
       assert.equal(500, page.status)
       assert.truthy(page.elapsed_ms > 10200 and page.elapsed_ms <= 11200, page.elapsed_ms)
       assert.truthy(logged(gw, "still unanswered"))

@@ -19,7 +19,6 @@ local new_tab = require "table.new"
 
 local new_result, fail, log_error = result.new, result.fail, result.log_error
 local start_call = exchange.start_call
-local group_of_co = setmetatable({}, { __mode = "k" }) -- continuation coroutine -> the group it settles
 
 local upstreams = {}                                   -- name -> { index, timeout_ms }
 -- A fetch_then marker's facts ({ dep, fn, opts }) and, once it ran on its own, the result it stands
@@ -28,26 +27,34 @@ local upstreams = {}                                   -- name -> { index, timeo
 -- so the continuation, what it captured and its result outlived their page by a cycle, and the
 -- heap grew with the collector's pause (docs/performance.md "An eighth pass").
 local getmt = debug.getmetatable
--- the request's coroutines (agg.runtime's, see M.bind_requests)
-local ctx_of, finishers, waiting, resume
+-- The job whose coroutine the runtime is running (agg.runtime's resume sets it and restores the
+-- one before when the coroutine yields or ends): job, a request's context (its handler's
+-- coroutine is ctx.co) or a continuation's record (run_then: co, ctx, group, key, info, fin); co,
+-- its coroutine. False outside them. A job is known by what leads to it (the context, a group's
+-- job field), never looked up by its coroutine.
+local running = { job = false, co = false }
+M.running = running
+-- resume(job, ...): agg.runtime's (M.bind_requests)
+local resume
 
 --- Binds the upstream table (agg.runtime.init).
 function M.bind(ups) upstreams = ups end
 
---- agg.runtime.compact's part: the continuation and fetch_then tables made again
--- (fresh(t): t, or a new table like it with its entries, sized for them).
-function M.compact(fresh)
-  group_of_co = fresh(group_of_co)
+--- Binds agg.runtime's resume(job, ...): runs job's coroutine (see running) with ... until it
+-- waits in a fetch_all, and hands on its outcome when it ends.
+function M.bind_requests(job_resume)
+  resume = job_resume
 end
 
---- Binds agg.runtime's coroutine bookkeeping: ctx_of (coroutine -> request context), finishers
--- (coroutine -> function(ok, value, co)), waiting (coroutines suspended in agg.fetch_all) and
--- resume(co, ...).
-function M.bind_requests(co_ctx, co_finishers, co_waiting, co_resume)
-  ctx_of, finishers, waiting, resume = co_ctx, co_finishers, co_waiting, co_resume
+--- The context of the request whose handler or continuation is running on the running coroutine,
+-- or nil (on the runtime's own thread, in a coroutine a script made, outside a request).
+function M.running_ctx()
+  local job = running.job
+  if not job or running.co ~= coroutine.running() then return nil end
+  return job.ctx or job
 end
 
-local settle
+local settle, finish_then
 local is_then
 local run_later, drain_ready, drain_left, cancelled_result
 local draining = false
@@ -203,7 +210,7 @@ settle = function(g, key, r)
   if g.pending == 0 then
     if g.waiting then
       g.waiting = false
-      resume(g.co)
+      resume(g.job)
     elseif g.on_complete then
       local f = g.on_complete
       g.on_complete = nil
@@ -368,8 +375,9 @@ end
 
 -- parent: the group whose continuation started this one (fail fast cancels it with its parent),
 -- or false. g[1] is the table of calls, g[2] the parent (in the array part: the hash part keeps
--- its size, which the page's path measures); co, the coroutine a fetch_all waits in, has its slot
--- from the start (written on every fetch_all); g.cancelling is set only while failing fast.
+-- its size, which the page's path measures); job, the job (see running) whose coroutine a
+-- fetch_all waits in, has its slot from the start (written on every fetch_all); g.cancelling is
+-- set only while failing fast.
 -- A fetch_all's calls are started by the runtime's resume, after the page's coroutine yielded,
 -- not on the coroutine itself (defer: start_group leaves them here, and M.start_deferred starts
 -- them): a call's start goes about 80 stack slots deep (start_call, launch, attempt, core.call),
@@ -377,6 +385,7 @@ end
 -- reallocations and copies), which the collector then shrank again at its atomic step, where it
 -- marks every suspended coroutine's whole stack (docs/performance.md "A fourteenth pass").
 local START = {}                                      -- what fetch_all yields to have them started
+local WAIT = {}                                       -- what it yields while its calls are answered
 local d_g, d_keys, d_nk, d_n = nil, nil, 0, 0         -- the group, its keys and specs (start_group)
 
 -- Starts the n calls of group g (keys[1..n], their specs keys[nk + 1 .. nk + n]) and gives the
@@ -391,7 +400,7 @@ end
 
 local function start_group(ctx, tbl, level, parent, defer)
   local g = { tbl, parent or false, ctx = ctx, results = new_tab(0, 4), pending = 0, thens = NO_THENS,
-              waiting = false, co = false }
+              waiting = false, job = false }
   -- calls to start, in key order (a chain's spec carries it in spec.chain):
   -- keys[1..n] the calls' keys, keys[nk + 1 .. nk + n] their normalized specs (one table, a
   -- spare list given back once the calls started; when a mistake raises below, the collector
@@ -471,19 +480,33 @@ local function start_group(ctx, tbl, level, parent, defer)
   return g
 end
 
-M.START = START
+M.START, M.WAIT = START, WAIT
 
---- The runtime's resume, when coroutine co yielded START from a fetch_all: starts the calls
+-- A continuation's coroutine ended (the runtime's resume: ok and v what it returned or raised, co
+-- the coroutine): its section settles with what it returned, or fails.
+finish_then = function(job, ok, v, co)
+  job.co = false
+  local ctx, g, key, info = job.ctx, job.group, job.key, job.info
+  if ctx.done then return end
+  if not ok then
+    log_error(ctx, "continuation of " .. tostring(key), v, co)
+    settle(g, key, fail(ctx, new_result(key, info.opts), problem.script_error(tostring(key)), info.opts))
+    return
+  end
+  M.settle_value(g, key, v, info.opts, info.fn)
+end
+
+--- The runtime's resume, when the coroutine of job yielded START from a fetch_all: starts the calls
 -- start_group left for it (with pcall: a mistake fails the request as it did on the coroutine).
 -- Returns "settled" when every call settled while starting (a fresh cache entry, an open breaker,
 -- no time left): the caller resumes co at once, in a loop of its own, never from in here (a
 -- script's loop of such fetches would nest one resume per fetch and overflow the stack). Returns
 -- true when calls wait (settle resumes co at the last answer) or the request ended while they
--- started, and false and the error when the start raised or co is not the coroutine the calls
--- wait for.
-function M.start_deferred(co)
+-- started, and false and the error when the start raised or job is not the one the calls wait
+-- for.
+function M.start_deferred(job)
   local g, keys, nk, n = d_g, d_keys, d_nk, d_n
-  if not g or g.co ~= co then
+  if not g or g.job ~= job then
     return false, "a handler must not call coroutine.yield (use agg.fetch_all)"
   end
   d_g, d_keys = nil, nil
@@ -508,35 +531,32 @@ local function current_ctx(fname, level)
           "function runs in the middle of the gateway's own work; make the call in the handler or a " ..
           "continuation (agg.fetch_then)", level)
   end
-  local co = coroutine.running()
-  local ctx = co and ctx_of[co]
-  if not ctx then
+  local job = running.job
+  if not job or running.co ~= coroutine.running() then
     error(fname .. " can only be called while a request is being handled (inside a handler)", level)
   end
+  local ctx = job.ctx or job
   if not coroutine.isyieldable() then
     error(fname .. " cannot wait here: it was called from inside a C function that cannot yield " ..
           "(a table.sort comparator, a string.gsub callback, …); move the call out of it", level)
   end
   if ctx.done then error(fname .. ": the request has already ended", level) end
-  return ctx, co
+  return ctx, job
 end
 
 -- fetch_all for the script line `level` levels up from here, as error() counts (2 = the caller).
 local function fetch_all_at(tbl, fname, level)
-  local ctx, co = current_ctx(fname, level + 1)
+  local ctx, job = current_ctx(fname, level + 1)
   if type(tbl) ~= "table" then error(fname .. " expects a table of call specs", level + 1) end
-  local g = start_group(ctx, tbl, level + 2, group_of_co[co], true)
-  g.co = co
+  -- (a continuation's fetch_all: its group's parent is the group the continuation settles)
+  local g = start_group(ctx, tbl, level + 2, job.group, true)
+  g.job = job
   if g.pending > 0 then
-    waiting[co] = true
     coroutine.yield(START) -- (the calls start in the runtime's resume: M.start_deferred)
-    waiting[co] = nil
   end
   while g.pending > 0 do
     g.waiting = true
-    waiting[co] = true
-    coroutine.yield()
-    waiting[co] = nil
+    coroutine.yield(WAIT)
   end
   return g.results
 end
@@ -571,24 +591,10 @@ function M.run_then(g, key, info, args)
       return
     end
   end
-  local co = coroutine.create(info.fn)
-  ctx_of[co] = ctx
-  group_of_co[co] = g
-  -- the finisher gets its coroutine from the runtime (fin(ok, v, co)) and must not name co
-  -- itself: finishers is weak-keyed, its values are strong, and a value that reaches its key keeps
-  -- the entry, the coroutine and its request alive for good when the coroutine is never resumed
-  -- (a continuation waiting in a fetch_all of its own when the page fails fast)
-  finishers[co] = function(ok, v, fco)
-    group_of_co[fco] = nil -- (ended: its entry's strong value must not keep the group a cycle more)
-    if ctx.done then return end
-    if not ok then
-      log_error(ctx, "continuation of " .. tostring(key), v, fco)
-      settle(g, key, fail(ctx, new_result(key, info.opts), problem.script_error(tostring(key)), info.opts))
-      return
-    end
-    M.settle_value(g, key, v, info.opts, info.fn)
-  end
-  resume(co, unpack(args, 1, #args))
+  -- the continuation's job (see running): what its coroutine's fetch_all and its end need, kept
+  -- by what leads to it (the group a fetch_all of its waits on), gone with its page
+  local job = { co = coroutine.create(info.fn), ctx = ctx, group = g, key = key, info = info, fin = finish_then }
+  resume(job, unpack(args, 1, #args))
 end
 
 -- Settles section key of g with what a continuation returned: nil (section skipped), a call spec,

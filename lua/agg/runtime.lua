@@ -34,8 +34,12 @@ local core                                             -- transport and clock
 local endpoints = {}                                   -- index -> endpoint (loader.lua)
 local contexts = {}     -- contract.slot(rid) -> the context of request rid (ctx.rid == rid)
 local slot = require("agg.contract").slot
-local ctx_of = setmetatable({}, { __mode = "k" })      -- coroutine -> request context
-local finishers = setmetatable({}, { __mode = "k" })   -- coroutine -> function(ok, value, co)
+-- The job the runtime is running, which agg.fanout reads (fetch_all's request) and resume sets:
+-- running.job, a request's context (its handler's coroutine is ctx.co) or a continuation's record
+-- (agg.fanout run_then: co, ctx, fin), and running.co, its coroutine. No table maps a coroutine to
+-- its request: weak-keyed ones (one entry per page in flight) were walked twice more at every
+-- atomic step of the collector, which is not incremental (docs/performance.md "A sixteenth pass").
+local running = fanout.running
 
 -- core.now read through the FFI, when the transport gives libev's ev_now and where its event
 -- loop is (core.ev_now, core.loop, agg.contract): the C worker's core.now is ev_now(loop) * 1000
@@ -65,6 +69,7 @@ function M.init(transport, ups, eps, token_exchange)
   end
   core, endpoints = transport, eps
   contexts = {}
+  running.job, running.co = false, false
   result.bind(transport)
   exchange.bind(transport, ups, token_exchange)
   fanout.bind(ups)
@@ -100,15 +105,13 @@ M.merge_stats = require("agg.merge").stats
 -- vary are keyed and named in the page's Vary without the script reading them. False outside a
 -- handler.
 function M.request_private()
-  local co = coroutine.running()
-  local ctx = co and ctx_of[co]
+  local ctx = fanout.running_ctx()
   return ctx and (ctx.user or ctx.private_read) and true or false
 end
 
 --- The running request's max_sections_per_request (gateway.lua; 1000 outside a request).
 function M.max_sections()
-  local co = coroutine.running()
-  local ctx = co and ctx_of[co]
+  local ctx = fanout.running_ctx()
   return ctx and ctx.ep.max_sections or 1000
 end
 
@@ -118,7 +121,6 @@ local finish_request
 -- Handler coroutines are reused: each runs handler_body, which yields DONE with the handler's
 -- return value and waits for the next request. A handler that raises kills its coroutine.
 local DONE = {}
-local waiting = setmetatable({}, { __mode = "k" })     -- coroutines suspended in agg.fetch_all
 local pool, pool_n, POOL_MAX = {}, 0, 64
 
 -- What a handler returned travels beside the yield, not through it: a coroutine waiting in the pool
@@ -135,37 +137,42 @@ local function handler_body(fn, req)
   end
 end
 
--- Coroutine co of request ctx is done with (it ended, ok and v what it returned or raised, or its
--- calls could not start): the page's coroutine finishes its request, a continuation's finisher
--- runs. A continuation's entries go now (a weak-keyed table's strong value is marked while the
--- table is traversed, so the context would outlive the page by a collector cycle).
-local function coroutine_over(co, ctx, ok, v)
-  if ctx and ctx.co == co then return finish_request(ctx, ok, v, co) end
-  ctx_of[co] = nil
-  local fin = finishers[co]
-  finishers[co] = nil
-  if fin then fin(ok, v, co) end
+-- The coroutine of job (a request's context or a continuation's record, see running) is done
+-- with: it ended (ok and v what it returned or raised), its calls could not start, or it yielded
+-- outside agg.fetch_all. A request's finishes it (unless it was retired meanwhile: ctx.co is then
+-- another value), a continuation's record has its finisher run.
+local function coroutine_over(job, co, ok, v)
+  local fin = job.fin
+  if fin then return fin(job, ok, v, co) end
+  if job.co == co then return finish_request(job, ok, v, co) end
 end
 
-local START, start_deferred = fanout.START, fanout.start_deferred
-local function resume(co, ...)
+local START, WAIT, start_deferred = fanout.START, fanout.WAIT, fanout.start_deferred
+-- Resumes the coroutine of job (see running) with ...; when it ends, hands its outcome on. A
+-- retired request's job (ctx.co false) is not resumed: its script has nothing left to do.
+local function resume(job, ...)
+  local co = job.co
+  if not co then return end
+  local pjob, pco = running.job, running.co
+  running.job, running.co = job, co
   local ok, v = coroutine.resume(co, ...)
   while v == START and ok do
     -- a fetch_all's calls start here, off the coroutine's stack (agg.fanout start_deferred); when
     -- they all settled while starting, co goes on at once, from this loop
-    local started, err = start_deferred(co)
+    running.job, running.co = pjob, pco
+    local started, err = start_deferred(job)
     if started ~= "settled" then
-      if not started then coroutine_over(co, ctx_of[co], false, err) end
+      if not started then coroutine_over(job, co, false, err) end
       return
     end
+    running.job, running.co = job, co
     ok, v = coroutine.resume(co)
   end
-  local ctx = ctx_of[co]
+  running.job, running.co = pjob, pco
   if ok and v == DONE then
     local w = returned
     returned = nil
-    ctx_of[co] = nil
-    finish_request(ctx, true, w, co)
+    finish_request(job, true, w, co)
     if pool_n < POOL_MAX then
       pool_n = pool_n + 1
       pool[pool_n] = co
@@ -173,14 +180,16 @@ local function resume(co, ...)
     return
   end
   if coroutine.status(co) == "dead" then
-    coroutine_over(co, ctx, ok, v)
-  elseif ctx and ctx.co == co and not waiting[co] then
-    -- the handler yielded by itself: it would never be resumed
-    return finish_request(ctx, false, "a handler must not call coroutine.yield (use agg.fetch_all)", co)
+    coroutine_over(job, co, ok, v)
+  elseif v ~= WAIT then
+    -- it yielded by itself: it would never be resumed
+    coroutine_over(job, co, false, (job.fin and "a continuation" or "a handler") ..
+                   " must not call coroutine.yield (use agg.fetch_all)")
   end
 end
 
-fanout.bind_requests(ctx_of, finishers, waiting, resume)
+fanout.bind_requests(resume)
+
 
 -- (at most TIMING_NAMES_KEPT kept: section keys a script makes from ids would grow it for good;
 -- a name is the key's first TIMING_NAME_BYTES bytes, and a longer key is never kept: a section
@@ -387,12 +396,11 @@ local function response_fields(resp)
 end
 
 -- Retires request ctx, answered or aborted: done, out of the contexts in flight, its exchanges
--- abandoned, and no longer tied to its coroutine either way: ctx_of's entry goes (ctx leads back to
--- the coroutine, so a weak-keyed entry would never go) and ctx.co too (a coroutine that is not
--- pooled, or is never resumed, still holds req, whose metatable holds ctx).
+-- abandoned, and no longer tied to its coroutine either way: ctx.co goes (a coroutine that is not
+-- pooled, or is never resumed, still holds req, whose metatable holds ctx; and resume does not run
+-- a retired request's coroutine again).
 local function retire(ctx)
   ctx.done = true
-  ctx_of[ctx.co] = nil
   ctx.co = false
   local s = slot(ctx.rid)
   if contexts[s] == ctx then contexts[s] = nil end
@@ -587,9 +595,8 @@ function M.start(rid, idx, method, path, params, query, body, user, waited_ms)
   else
     co = coroutine.create(handler_body)
   end
-  ctx_of[co] = ctx
   ctx.co = co
-  resume(co, ep.handler, req)
+  resume(ctx, ep.handler, req)
 end
 
 --- The client of request rid went away: cancel its calls and forget it.
@@ -622,13 +629,10 @@ end
 -- into: after a burst of N requests at once, their tables kept hash parts of about N (and 3N for
 -- calls) slots, 24 bytes each, for as long as the worker stayed idle (measured: 2.2 MB after
 -- 5,000 pages in flight, tools/bench/memory). A table that holds more than 64 entries is kept.
--- Returns how many tables it made again (10 at idle; for specs).
+-- Returns how many tables it made again (4 at idle; for specs).
 function M.compact()
   made_again = 0
-  contexts, ctx_of, finishers, waiting =
-    fresh(contexts), fresh(ctx_of), fresh(finishers), fresh(waiting)
-  fanout.bind_requests(ctx_of, finishers, waiting, resume)
-  fanout.compact(fresh)
+  contexts = fresh(contexts)
   exchange.compact(fresh)
   return made_again
 end

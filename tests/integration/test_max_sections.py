@@ -123,11 +123,20 @@ return {
 }
 """})
 
+# A trusted folder's continuations that yield the gateway's coroutine: by themselves, and as a
+# fetch_all waiting for its calls would, with none (what a mistake of the runtime's that lost a
+# call's answer would leave: nothing resumes it).
 YIELD_SCRIPTS = dict(repo_scripts(), **{
     "yields.lua": endpoint("GET /then-yields", """
     return agg.page(agg.fetch_all {
       p = { "product", "/products/1" },
       c = agg.fetch_then("p", function() coroutine.yield() return 1 end),
+    })""", deadline_ms=300),
+    "waits.lua": endpoint("GET /then-waits", """
+    local WAIT = require("agg.fanout").WAIT
+    return agg.page(agg.fetch_all {
+      p = { "product", "/products/1" },
+      c = agg.fetch_then("p", function() coroutine.yield(WAIT) return 1 end),
     })""", deadline_ms=300)})
 
 
@@ -165,11 +174,17 @@ class RuntimeNeverStuck(GatewayTestCase):
         self.assertTrue(ok, self.get("/reviews").body)
 
     def test_page_left_unanswered_is_answered_a_second_past_its_deadline(self):
-        """A trusted folder's continuation that yields: nothing resumes it. The page stayed in
-        flight until its client left; the worker's tick answers it."""
+        """A trusted folder's continuation that waits with nothing to answer it: nothing resumes
+        it. The page stayed in flight until its client left; the worker's tick answers it. One
+        that yields by itself fails its section at once (it was left the same way)."""
         self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=YIELD_SCRIPTS,
                    gateway_extra={"scripts": {"trusted": True}})
         r = self.get("/then-yields", timeout=15)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["c"]["error"]["type"], "urn:aggway:problem:script-error", r)
+        self.assertEqual(r.json()["p"]["status"], "ok", r)
+        self.assertIn("a continuation must not call coroutine.yield", self.gw.log())
+        r = self.get("/then-waits", timeout=15)
         self.assertProblem(r, 500)
         self.assertGreaterEqual(r.time_total, 1.3)  # 300 ms deadline + a second, at the next tick
         self.assertIn("still unanswered", self.gw.log())
