@@ -578,6 +578,11 @@ describe("a page made of cached sections", function()
     assert.matches("^private, max%-age=%d+$", traced.headers["cache-control"])
     local bodied = gw:get("/cc-request/1?what=body")
     assert.matches("^private, max%-age=%d+$", bodied.headers["cache-control"])
+    -- and when agg.page runs in a coroutine the script made (it was shared: the runtime did not
+    -- see the request there)
+    local co = gw:get("/cc-header-co/1", { headers = { ["x-name"] = "carol-secret" } })
+    assert.equal("carol-secret", co.json.item.data.who)
+    assert.matches("^private, max%-age=%d+$", co.headers["cache-control"])
   end)
 
   it("gets no-store when a section is volatile or stale", function()
@@ -613,6 +618,25 @@ describe("a page with a personal section", function()
 end)
 
 describe("the cache's shared tier", function()
+  it("forgets a cancelled section's lookup: its call never starts and its continuation never goes on", function()
+    -- a required section fails while a continuation's call waits for Redis: Redis's answer started
+    -- the call, the continuation was resumed and made its next call, all for a cancelled section
+    local redis = testing.redis()
+    redis.latency_ms = 100
+    local gw = testing.gateway { dir = DIR, redis = redis }
+    gw:stub("stock", "/stock/*", { json = { n = 1 }, latency_ms = 10 })
+    gw:stub("stock", "/broken", { status = 500, latency_ms = 50 })
+    gw:stub("stock", "/slow", { json = { n = 2 }, latency_ms = 400 })
+    gw:stub("stock", "/after", { json = { n = 3 } })
+    gw:stub("product", "/products/*", { json = { name = "Sneaker" } })
+    local page = gw:get("/ff-lookup/1")
+    assert.equal(200, page.status)
+    assert.equal("unavailable", page.json.later) -- (cancelled by the failed required section)
+    assert.equal("ok", page.json.slow)
+    assert.equal(0, #gw:calls("product"))
+    for _, c in ipairs(gw:calls("stock")) do assert.not_equal("/after", c.path) end
+  end)
+
   it("gives a second gateway a warm hit from what the first stored", function()
     local redis = testing.redis()
     local a = testing.gateway { dir = DIR, redis = redis }

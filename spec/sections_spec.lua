@@ -383,6 +383,11 @@ describe("a page left unanswered", function()
     assert.equal("urn:aggway:problem:script-error", page.json.c.error.type)
     assert.truthy(page.elapsed_ms < 1000, page.elapsed_ms)
     assert.truthy(logged(gw, "continuation of c: spec/fixtures/overdue/yields.lua:9: a continuation must not call coroutine.yield"))
+    -- and one that yields what a fetch_all yields to have its calls started, with none
+    page = gw:get("/then-starts")
+    assert.equal(200, page.status)
+    assert.equal("urn:aggway:problem:script-error", page.json.c.error.type)
+    assert.truthy(logged(gw, "continuation of c: spec/fixtures/overdue/yields.lua:16: a continuation must not call coroutine.yield"))
   end)
 
   it("is answered 500 a second past its deadline, and its calls abandoned", function()

@@ -236,10 +236,7 @@ static int l_cache_store(lua_State *L)
     e.body = entry_part(L, 7, 0, NULL, &e.blen);
     lua_Number until = luaL_checknumber(L, 8);
     lua_Number ttl = luaL_optnumber(L, 9, 0);
-    agw_json_raw_t r6;
-    if (lua_type(L, 6) != LUA_TSTRING && !lua_isnoneornil(L, 6) && !agw_json_check_raw_ref(L, 6, &r6))
-        return luaL_typerror(L, 6, "string or agg.json raw ref");
-    e.headers = entry_part(L, 6, 1, &w->scratch.hdrs, &e.hlen);
+    e.headers = entry_part(L, 6, 1, &w->scratch.hdrs, &e.hlen); /* (last: it checks arg 6 before the block) */
     if (e.hlen + e.blen > AGW_CACHE_ENTRY_MAX) { /* too big whatever its header line: not copied */
         lua_pushboolean(L, 0);
         return 1;

@@ -827,6 +827,18 @@ function M.lookup(ctx, sec, spec, g, chain)
   return false
 end
 
+--- Forgets request ctx's tier-2 lookups made for a fan-out group g for which pred(g) is true
+-- (agg.fanout's fail fast: the sections they were for are cancelled). Their calls never start,
+-- and Redis's late answers find nothing pending. The sections are the caller's to settle.
+function M.cancel_lookups(ctx, pred)
+  for id, w in pairs(pending) do
+    if w.ctx == ctx and pred(w.g) then
+      pending[id] = nil
+      api.clear_timer(w.timer)
+    end
+  end
+end
+
 --- True while a tier-2 lookup of request ctx waits for Redis (its answer, the Redis client's
 -- timeout_ms or the page's deadline settles it; runtime.answer_overdue leaves such a page alone).
 function M.waiting_for(ctx)

@@ -19,6 +19,7 @@ local new_tab = require "table.new"
 
 local new_result, fail, log_error = result.new, result.fail, result.log_error
 local start_call = exchange.start_call
+local cache = require "agg.cache"
 
 local upstreams = {}                                   -- name -> { index, timeout_ms }
 -- A fetch_then marker's facts ({ dep, fn, opts }) and, once it ran on its own, the result it stands
@@ -46,12 +47,13 @@ function M.bind_requests(job_resume)
   resume = job_resume
 end
 
---- The context of the request whose handler or continuation is running on the running coroutine,
--- or nil (on the runtime's own thread, in a coroutine a script made, outside a request).
+--- The context of the request whose handler or continuation is running, or nil (the runtime's
+-- own work between them, outside a request). Also in a coroutine the script made and resumed
+-- from there: agg.page called in a coroutine.wrap is the request's page all the same (its
+-- Cache-Control said public for a page that read the request's headers).
 function M.running_ctx()
   local job = running.job
-  if not job or running.co ~= coroutine.running() then return nil end
-  return job.ctx or job
+  return job and (job.ctx or job) or nil
 end
 
 local settle, finish_then
@@ -118,6 +120,9 @@ local function cancel_rest(g, failed_key)
   exchange.cancel_where(ctx, function(x) return descends(x.group, g) end, function(x)
     if x.group == g then settle(g, x.key, cancelled_result(g, x.key, x)) end
   end)
+  -- (a call still waiting for its tier-2 cache lookup is no exchange yet: its call started when
+  -- Redis answered, and the continuation that made it ran on)
+  cache.cancel_lookups(ctx, function(lg) return descends(lg, g) end)
   for key in pairs(g[1]) do
     if g.results[key] == nil then settle(g, key, cancelled_result(g, key, nil)) end
   end
@@ -210,7 +215,13 @@ settle = function(g, key, r)
   if g.pending == 0 then
     if g.waiting then
       g.waiting = false
-      resume(g.job)
+      local job = g.job
+      local of = job.group -- (a continuation's: the group whose section it settles)
+      if of and of.results[job.key] ~= nil then
+        job.co = false -- its section was settled meanwhile (cancelled): its script has nothing left to do
+      else
+        resume(job)
+      end
     elseif g.on_complete then
       local f = g.on_complete
       g.on_complete = nil
@@ -507,7 +518,7 @@ end
 function M.start_deferred(job)
   local g, keys, nk, n = d_g, d_keys, d_nk, d_n
   if not g or g.job ~= job then
-    return false, "a handler must not call coroutine.yield (use agg.fetch_all)"
+    return false, (job.fin and "a continuation" or "a handler") .. " must not call coroutine.yield (use agg.fetch_all)"
   end
   d_g, d_keys = nil, nil
   local ctx = g.ctx
