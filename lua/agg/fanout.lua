@@ -555,13 +555,18 @@ local function current_ctx(fname, level)
   return ctx, job
 end
 
--- fetch_all for the script line `level` levels up from here, as error() counts (2 = the caller).
+-- fetch_all for the script line `level` levels up from here, as error() counts (2 = the caller;
+-- 1 when the caller's frame is gone, called in a tail call).
+-- While the coroutine waits, its stack holds only what the wait needs (g): the collector's
+-- atomic step marks every waiting coroutine's stack again, and each object a slot names is a
+-- read of its header, cold by then (docs/performance.md "A sixteenth pass").
 local function fetch_all_at(tbl, fname, level)
   local ctx, job = current_ctx(fname, level + 1)
   if type(tbl) ~= "table" then error(fname .. " expects a table of call specs", level + 1) end
   -- (a continuation's fetch_all: its group's parent is the group the continuation settles)
   local g = start_group(ctx, tbl, level + 2, job.group, true)
   g.job = job
+  tbl, ctx, job = nil, nil, nil
   if g.pending > 0 then
     coroutine.yield(START) -- (the calls start in the runtime's resume: M.start_deferred)
   end
@@ -574,7 +579,9 @@ end
 
 --- agg.fetch_all (see agg/init.lua for the user documentation).
 function M.fetch_all(tbl)
-  return (fetch_all_at(tbl, "agg.fetch_all", 2))
+  -- (a tail call: this frame, which would hold tbl while the coroutine waits, is gone; the script's
+  -- line is then 1 level up from fetch_all_at, and fetch_all_at returns one value)
+  return fetch_all_at(tbl, "agg.fetch_all", 1)
 end
 
 --- agg.fetch (see agg/init.lua): one call on its own; errors point at the script's line. It has no
