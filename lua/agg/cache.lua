@@ -809,7 +809,11 @@ function M.lookup(ctx, sec, spec, g, chain)
   if use_redis and left > 0 then
     local id = core.redis_get(ck)
     if id then
-      local w = { ctx = ctx, sec = sec, spec = spec, g = g, chain = chain, timer = false }
+      -- (linked from the request, newest first: ctx.lookups, w.next, for cancel_lookups and
+      -- waiting_for; one that ended is no longer pending[w.id])
+      local w = { ctx = ctx, sec = sec, spec = spec, g = g, chain = chain, timer = false, id = id,
+                  next = ctx.lookups or false }
+      ctx.lookups = w
       pending[id] = w
       -- the page's deadline bounds the wait, as it bounds a call: a Redis slower than what is left
       -- (its own timeout_ms may be longer) is not waited for; the call starts with no time left
@@ -831,19 +835,23 @@ end
 -- (agg.fanout's fail fast: the sections they were for are cancelled). Their calls never start,
 -- and Redis's late answers find nothing pending. The sections are the caller's to settle.
 function M.cancel_lookups(ctx, pred)
-  for id, w in pairs(pending) do
-    if w.ctx == ctx and pred(w.g) then
-      pending[id] = nil
+  local w = ctx.lookups
+  while w do
+    if pending[w.id] == w and pred(w.g) then
+      pending[w.id] = nil
       api.clear_timer(w.timer)
     end
+    w = w.next
   end
 end
 
 --- True while a tier-2 lookup of request ctx waits for Redis (its answer, the Redis client's
 -- timeout_ms or the page's deadline settles it; runtime.answer_overdue leaves such a page alone).
 function M.waiting_for(ctx)
-  for _, w in pairs(pending) do
-    if w.ctx == ctx then return true end
+  local w = ctx.lookups
+  while w do
+    if pending[w.id] == w then return true end
+    w = w.next
   end
   return false
 end
