@@ -583,6 +583,10 @@ describe("a page made of cached sections", function()
     local co = gw:get("/cc-header-co/1", { headers = { ["x-name"] = "carol-secret" } })
     assert.equal("carol-secret", co.json.item.data.who)
     assert.matches("^private, max%-age=%d+$", co.headers["cache-control"])
+    -- or in a metamethod of what the handler returned (the runtime reads it on its own thread)
+    local meta = gw:get("/cc-header-meta/1", { headers = { ["x-name"] = "dave-secret" } })
+    assert.equal("dave-secret", meta.json.item.data.who)
+    assert.matches("^private, max%-age=%d+$", meta.headers["cache-control"])
   end)
 
   it("gets no-store when a section is volatile or stale", function()
@@ -614,6 +618,23 @@ describe("a page with a personal section", function()
     local live = gw:get("/me-live", { headers = { authorization = "Bearer a" } })
     assert.is_nil(timing(live, "me"))                                   -- not cached at all
     assert.equal("private", live.headers["cache-control"])
+  end)
+end)
+
+describe("failing fast", function()
+  it("does not run what a cancelled section's own fan-out queued (a cached call settled it at once)", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("product", "/products/*", { json = { name = "Sneaker" } })
+    gw:stub("stock", "/slow", { json = { n = 2 }, latency_ms = 300 })
+    gw:stub("stock", "/after", { json = { n = 3 } })
+    gw:stub("stock", "/stock/*", { json = { n = 1 }, latency_ms = 10 })
+    gw:get("/p/1") -- (products/1 in the cache now)
+    local page = gw:get("/ff-nested/1")
+    assert.equal(200, page.status)
+    assert.equal("unavailable", page.json.bad)
+    assert.equal("unavailable", page.json.nest) -- cancelled
+    assert.equal("ok", page.json.slow)
+    for _, c in ipairs(gw:calls("stock")) do assert.not_equal("/after", c.path) end
   end)
 end)
 

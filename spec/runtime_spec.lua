@@ -440,6 +440,12 @@ describe("script errors", function()
     assert.equal(0, #gw:calls())
   end)
 
+  it("refuse a fetch_all in a coroutine the script made, at its line", function()
+    assert.equal(500, gw:get("/err/in-wrap").status)
+    assert.matches("errors.lua:42: agg.fetch_all cannot wait in a coroutine the script made", table.concat(gw:logs(), "\n"), 1, true)
+    assert.equal(0, #gw:calls())
+  end)
+
   it("point a fetch_all of something else than a table at the script's line", function()
     assert.equal(500, gw:get("/err/not-a-table").status)
     assert.matches("errors.lua:40: agg.fetch_all expects a table of call specs", table.concat(gw:logs(), "\n"), 1, true)

@@ -85,6 +85,25 @@ local function descends(g, anc)
   return false
 end
 
+-- True when group g or a group it descends from fails fast (cancel_rest): what it would still run
+-- (a queued continuation, a coroutine waiting in one of its fetch_alls) is for a section cancelled.
+local function under_cancel(g)
+  while g do
+    if g.cancelling then return true end
+    g = g[2]
+  end
+  return false
+end
+
+--- True when what the coroutine of job would do next is moot: its request ended, or it is a
+-- continuation whose section was settled meanwhile (failing fast cancelled it) or whose group, or
+-- a group that one descends from, fails fast. The runtime does not resume such a job.
+function M.moot(job)
+  local of = job.group -- (a continuation's: the group whose section it settles)
+  if not of then return job.done end
+  return job.ctx.done or of.results[job.key] ~= nil or under_cancel(of)
+end
+
 -- The result of section key of g, cancelled because g's section g.failed_key failed.
 cancelled_result = function(g, key, opts)
   local r = new_result(key, opts)
@@ -152,7 +171,7 @@ local function drain_loop()
     if ready_n == 0 then ready_first = 1 end
     if g.results[t.key] ~= nil or g.ctx.done then
       -- settled meanwhile (failing fast cancelled it) or its request ended: nothing to run
-    elseif g.cancelling then
+    elseif under_cancel(g) then
       settle(g, t.key, cancelled_result(g, t.key, t.info.opts))
     else
       -- a mistake of the runtime's here fails this section, never the drain: what is left in
@@ -216,9 +235,8 @@ settle = function(g, key, r)
     if g.waiting then
       g.waiting = false
       local job = g.job
-      local of = job.group -- (a continuation's: the group whose section it settles)
-      if of and of.results[job.key] ~= nil then
-        job.co = false -- its section was settled meanwhile (cancelled): its script has nothing left to do
+      if job.group and M.moot(job) then
+        job.co = false -- (a continuation with nothing left to do: its script does not go on)
       else
         resume(job)
       end
@@ -543,8 +561,12 @@ local function current_ctx(fname, level)
           "continuation (agg.fetch_then)", level)
   end
   local job = running.job
-  if not job or running.co ~= coroutine.running() then
+  if not job then
     error(fname .. " can only be called while a request is being handled (inside a handler)", level)
+  end
+  if running.co ~= coroutine.running() then
+    error(fname .. " cannot wait in a coroutine the script made (coroutine.create, coroutine.wrap): " ..
+          "call it in the handler or a continuation (agg.fetch_then)", level)
   end
   local ctx = job.ctx or job
   if not coroutine.isyieldable() then

@@ -147,7 +147,7 @@ local function coroutine_over(job, co, ok, v)
   if job.co == co then return finish_request(job, ok, v, co) end
 end
 
-local START, WAIT, start_deferred = fanout.START, fanout.WAIT, fanout.start_deferred
+local START, WAIT, start_deferred, moot = fanout.START, fanout.WAIT, fanout.start_deferred, fanout.moot
 -- Resumes the coroutine of job (see running) with ...; when it ends, hands its outcome on. A
 -- retired request's job (ctx.co false) is not resumed: its script has nothing left to do.
 local function resume(job, ...)
@@ -163,6 +163,10 @@ local function resume(job, ...)
     local started, err = start_deferred(job)
     if started ~= "settled" then
       if not started then coroutine_over(job, co, false, err) end
+      return
+    end
+    if job.fin and moot(job) then -- (its calls settled while they started, and so did its section)
+      job.co = false
       return
     end
     running.job, running.co = job, co
@@ -417,7 +421,12 @@ finish_request = function(ctx, ok, resp, co)
   -- the response's fields may run the script's metamethods, here on the runtime's own thread:
   -- an error (or the script time limit's stop) there must not leave the request unanswered
   local k = result.enter_callback()
+  -- (the response's metamethods are this request's script: agg.page called there sees it, its
+  -- privacy and its max_sections, as the handler's would)
+  local pjob, pco = running.job, running.co
+  running.job, running.co = ctx, false
   local read, st, headers, rjson, body, page, rows = xpcall(response_fields, at_script_frame, resp)
+  running.job, running.co = pjob, pco
   result.leave_callback(k)
   if not read then
     log_error(ctx, nil, st)
