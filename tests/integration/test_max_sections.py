@@ -131,7 +131,7 @@ YIELD_SCRIPTS = dict(repo_scripts(), **{
     return agg.page(agg.fetch_all {
       p = { "product", "/products/1" },
       c = agg.fetch_then("p", function() coroutine.yield() return 1 end),
-    })""", deadline_ms=300),
+    })""", deadline_ms=10000),
     "waits.lua": endpoint("GET /then-waits", """
     local WAIT = require("agg.fanout").WAIT
     return agg.page(agg.fetch_all {
@@ -180,6 +180,8 @@ class RuntimeNeverStuck(GatewayTestCase):
         self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0), scripts=YIELD_SCRIPTS,
                    gateway_extra={"scripts": {"trusted": True}})
         r = self.get("/then-yields", timeout=15)
+        # (its deadline is 10 s: failed at once, it is not left for the overdue guard, 11 s)
+        self.assertLess(r.time_total, 9.0, r)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["c"]["error"]["type"], "urn:aggway:problem:script-error", r)
         self.assertEqual(r.json()["p"]["status"], "ok", r)
