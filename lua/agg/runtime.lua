@@ -194,7 +194,6 @@ end
 
 fanout.bind_requests(resume)
 
-
 -- (at most TIMING_NAMES_KEPT kept: section keys a script makes from ids would grow it for good;
 -- a name is the key's first TIMING_NAME_BYTES bytes, and a longer key is never kept: a section
 -- key of a megabyte made a header of a megabyte, and 512 of them were kept for good)
