@@ -514,9 +514,11 @@ M.START, M.WAIT = START, WAIT
 -- A continuation's coroutine ended (the runtime's resume: ok and v what it returned or raised, co
 -- the coroutine): its section settles with what it returned, or fails.
 finish_then = function(job, ok, v, co)
+  -- (moot: its request ended, or its section was cancelled while it ran; what it returned would
+  -- start calls for nothing)
+  if M.moot(job) then job.co = false return end
   job.co = false
   local ctx, g, key, info = job.ctx, job.group, job.key, job.info
-  if ctx.done then return end
   if not ok then
     log_error(ctx, "continuation of " .. tostring(key), v, co)
     settle(g, key, fail(ctx, new_result(key, info.opts), problem.script_error(tostring(key)), info.opts))
