@@ -514,10 +514,14 @@ class Storm(ReloadCase):
         self.assertGreater(len(results), 100)
         self.assertEqual({v for _, v, _ in results} - {"v1", "v2"}, set())
         self.assertEqual(rec["failures"], 0, rec)
-        # signals that arrive while a reload runs merge into one: fewer reloads than SIGHUPs, but
-        # reloads run back to back (SIGHUPs come every 50 ms): more than 20 on a quiet machine, and
-        # at least half of what the storm's 10 s hold of reloads as long as the one timed above
-        self.assertGreaterEqual(reloads, min(20, int(10.0 / (2 * one_reload_s))), "one reload took %.2f s" % one_reload_s)
+        # signals that arrive while a reload runs merge into one: no more reloads than SIGHUPs, but
+        # reloads run back to back (SIGHUPs come every 50 ms): more than 20 on a quiet machine. A
+        # storm that starved them (each signal restarting the reload that runs) would make one, at
+        # its end. How many fit in 10 s is not bounded from the one reload timed above: under the
+        # sanitizers beside two busy loops, one took 0.06 s there and the storm's took 1.1 s on
+        # average (9 in 10 s), with its old generations still finishing
+        self.assertGreaterEqual(reloads, 3, "one reload took %.2f s before the storm" % one_reload_s)
+        self.assertLessEqual(reloads, sent)
         # and the last SIGHUP is never lost in a merge: the folder's last version comes to serve
         last = "v%d" % (sent % 2 + 1)
         self.assertTrue(wait_until(lambda: version_of(*self.client.get("/shape/9000")[:2]) == last, WAIT),
