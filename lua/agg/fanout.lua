@@ -235,8 +235,8 @@ settle = function(g, key, r)
     if g.waiting then
       g.waiting = false
       local job = g.job
-      if job.group and M.moot(job) then
-        job.co = false -- (a continuation with nothing left to do: its script does not go on)
+      if M.moot(job) then
+        job.co = false -- (nothing left to do: its script does not go on)
       else
         resume(job)
       end
@@ -514,10 +514,10 @@ M.START, M.WAIT = START, WAIT
 -- A continuation's coroutine ended (the runtime's resume: ok and v what it returned or raised, co
 -- the coroutine): its section settles with what it returned, or fails.
 finish_then = function(job, ok, v, co)
+  job.co = false
   -- (moot: its request ended, or its section was cancelled while it ran; what it returned would
   -- start calls for nothing)
-  if M.moot(job) then job.co = false return end
-  job.co = false
+  if M.moot(job) then return end
   local ctx, g, key, info = job.ctx, job.group, job.key, job.info
   if not ok then
     log_error(ctx, "continuation of " .. tostring(key), v, co)
@@ -525,6 +525,12 @@ finish_then = function(job, ok, v, co)
     return
   end
   M.settle_value(g, key, v, info.opts, info.fn)
+end
+
+--- Why the coroutine of job was given up when it yielded outside agg.fetch_all (the runtime
+-- fails it with this).
+function M.stray_yield(job)
+  return (job.fin and "a continuation" or "a handler") .. " must not call coroutine.yield (use agg.fetch_all)"
 end
 
 --- The runtime's resume, when the coroutine of job yielded START from a fetch_all: starts the calls
@@ -538,7 +544,7 @@ end
 function M.start_deferred(job)
   local g, keys, nk, n = d_g, d_keys, d_nk, d_n
   if not g or g.job ~= job then
-    return false, (job.fin and "a continuation" or "a handler") .. " must not call coroutine.yield (use agg.fetch_all)"
+    return false, M.stray_yield(job)
   end
   d_g, d_keys = nil, nil
   local ctx = g.ctx

@@ -165,7 +165,7 @@ local function resume(job, ...)
       if not started then coroutine_over(job, co, false, err) end
       return
     end
-    if job.fin and moot(job) then -- (its calls settled while they started, and so did its section)
+    if moot(job) then -- (its calls settled while they started, and so did its section)
       job.co = false
       return
     end
@@ -187,8 +187,7 @@ local function resume(job, ...)
     coroutine_over(job, co, ok, v)
   elseif v ~= WAIT then
     -- it yielded by itself: it would never be resumed
-    coroutine_over(job, co, false, (job.fin and "a continuation" or "a handler") ..
-                   " must not call coroutine.yield (use agg.fetch_all)")
+    coroutine_over(job, co, false, fanout.stray_yield(job))
   end
 end
 
