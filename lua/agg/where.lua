@@ -65,35 +65,46 @@ local RUNTIME_PREFIX = str_match(debug.getinfo(1, "S").source, "^(@.*/)agg/[^/]*
 -- runtime (agg.fanout.settle_value sets this around the check, and clears it). nil otherwise.
 M.fallback = nil
 
+--- A function that returns the script function the runtime is running (a handler, or a fetch_then
+-- continuation), or nil outside one (agg.fanout sets it). raise asks it when the frame at the
+-- error's level is not a script's and no fallback is set: a script that tail-called the agg
+-- function (`return agg.fetch_all(t)`) has no frame left, so the mistake is placed in that
+-- function's lines, where the needle occurs nearest to its end.
+M.running_fn = nil
+
 --- "file:LINE: " for a mistake of fn (a function of a script) whose text matches needle (nil: its
 -- first line): the match inside fn nearest to its end, where a continuation returns its spec.
+-- When needle does not occur in fn, tail (another pattern, or nil) is looked for the same way.
 -- Returns nil when fn is not a script's function.
-function M.place_in(fn, needle)
+function M.place_in(fn, needle, tail)
   local info = type(fn) == "function" and debug.getinfo(fn, "S")
   if not (info and info.source:byte(1) == 64 and info.linedefined > 0) then return nil end
   if RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX then return nil end
-  local line = info.linedefined
-  local lines = needle and lines_of(info.source:sub(2))
-  if lines then
+  local lines = (needle or tail) and lines_of(info.source:sub(2))
+  local function last_of(pattern)
+    if not (lines and pattern) then return nil end
     for i = math.min(info.lastlinedefined, #lines), info.linedefined, -1 do
-      if str_find((" " .. lines[i]), needle) then line = i break end
+      if str_find((" " .. lines[i]), pattern) then return i end
     end
   end
-  return ("%s:%d: "):format(info.short_src, line)
+  return ("%s:%d: "):format(info.short_src, last_of(needle) or last_of(tail) or info.linedefined)
 end
 
 --- Raises msg at the line of the calling script where `needle` (a pattern, see M.option and
 -- M.quoted) occurs nearest to the call; level is the error() level of that script's frame, seen
 -- from the caller of raise. Without a needle, or when nothing matches, raises at the call's line.
--- When that frame is not a script's (a continuation's spec, checked after it returned), the
--- place is found in M.fallback's lines.
-function M.raise(msg, level, needle)
+-- When that frame is not a script's (a continuation's spec, checked after it returned; a script
+-- that tail-called the agg function), the place is found in the lines of M.fallback, or of the
+-- script function running (M.running_fn); there, when needle does not occur, the place is the last
+-- use of tail (a pattern: the agg function's name; default "fetch", as in agg.fetch_all).
+function M.raise(msg, level, needle, tail)
   level = level + 1
   local info = debug.getinfo(level, "Sl")
   local scripts = info and info.currentline and info.currentline > 0 and info.source:byte(1) == 64 and
                   not (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)
-  if not scripts and M.fallback then
-    local place = M.place_in(M.fallback, needle)
+  if not scripts then
+    local fn = M.fallback or (M.running_fn and M.running_fn())
+    local place = fn and M.place_in(fn, needle, tail or "fetch")
     if place then error(place .. msg, 0) end
   end
   if not needle then info = nil end
