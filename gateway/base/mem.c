@@ -45,6 +45,14 @@ char *agw_strdup_opt(const char *s)
     return s ? agw_strdup(s) : NULL;
 }
 
+char *agw_strndup(const char *s, size_t n)
+{
+    char *d = agw_malloc(n + 1);
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
 char *agw_strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

@@ -24,6 +24,9 @@ void *agw_realloc(void *p, size_t size) __attribute__((returns_nonnull));
 /* strdup(s), never NULL. */
 char *agw_strdup(const char *s) __attribute__((malloc, returns_nonnull));
 
+/* The n bytes at s as a new NUL-terminated string (s need not be terminated), never NULL. */
+char *agw_strndup(const char *s, size_t n) __attribute__((malloc, returns_nonnull));
+
 /* agw_strdup(s), or NULL when s is NULL (an optional setting). */
 char *agw_strdup_opt(const char *s);
 

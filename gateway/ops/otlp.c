@@ -209,7 +209,7 @@ static void encode_client_span(agw_buf_t *b, const agw_metric_labels_t *names, c
     if (error) {
         agw_buf_puts(b, ",\"status\":{\"code\":2,\"message\":");
         char msg[AGW_SPAN_DETAIL_MAX];
-        if (s->detail[0])
+        if (s->detail)
             snprintf(msg, sizeof(msg), "%s", s->detail);
         else if (s->outcome == AGW_CALL_OK)
             snprintf(msg, sizeof(msg), "HTTP %u", s->http_status);

@@ -195,6 +195,15 @@ void agw_trace_random_id(uint64_t *rng, uint8_t *id, size_t n)
     } while (all_zero(id, n));
 }
 
+/* Frees the failure details of tr's spans (agw_span_t.detail). */
+static void release_details(agw_trace_t *tr)
+{
+    for (size_t i = 0; i < tr->num_spans; i++) {
+        free(tr->spans[i].detail);
+        tr->spans[i].detail = NULL;
+    }
+}
+
 void agw_trace_init(agw_trace_t *tr)
 {
     tr->num_spans = 0;
@@ -212,6 +221,7 @@ agw_trace_t *agw_trace_new(void)
 
 void agw_trace_dispose(agw_trace_t *tr)
 {
+    release_details(tr);
     if (tr->spans != tr->inline_spans)
         free(tr->spans);
     agw_trace_init(tr);
@@ -221,6 +231,7 @@ void agw_trace_free(agw_trace_t *tr)
 {
     if (!tr)
         return;
+    release_details(tr);
     if (tr->spans != tr->inline_spans)
         free(tr->spans);
     free(tr);
@@ -259,6 +270,7 @@ void agw_trace_begin(agw_trace_t *tr, uint64_t *rng, const agw_traceparent_t *pa
     tr->status = 0;
     tr->start_us = now_us;
     tr->end_us = 0;
+    release_details(tr);
     tr->num_spans = 0;
     tr->spans_dropped = 0;
     memset(&tr->limit, 0, sizeof(tr->limit));
@@ -305,7 +317,7 @@ int agw_trace_add_span(agw_trace_t *tr, uint64_t *rng, unsigned up, const char *
     if (slen)
         memcpy(s->section, section, slen);
     s->section[slen] = '\0';
-    s->detail[0] = '\0';
+    s->detail = NULL;
     return (int)tr->num_spans++;
 }
 
@@ -321,8 +333,8 @@ void agw_trace_end_span(agw_trace_t *tr, int i, unsigned outcome, int http_statu
     s->end_us = now_us > s->start_us ? now_us : s->start_us;
     s->outcome = (uint8_t)outcome;
     s->http_status = (uint16_t)(http_status > 0 && http_status < 1000 ? http_status : 0);
-    if (detail)
-        snprintf(s->detail, sizeof(s->detail), "%s", detail);
+    if (detail && detail[0])
+        s->detail = agw_strndup(detail, strnlen(detail, AGW_SPAN_DETAIL_MAX - 1));
 }
 
 void agw_trace_finish(agw_trace_t *tr, int status, uint64_t now_us)

@@ -65,9 +65,13 @@ typedef struct agw_span {
                                         gateway.lua lists them; the admin /upstreams page names it);
                                         0 for an upstream with one endpoint */
     char section[AGW_SPAN_SECTION_MAX]; /* the page section the call serves (NUL-terminated) */
-    char detail[AGW_SPAN_DETAIL_MAX];   /* why the attempt failed, as the upstream client said it (its URL,
-                                           address, errno text, TLS reason); "" when it did not fail.
-                                           Internal: the span, the waterfall and the log, never a client */
+    char *detail;                    /* why the attempt failed, as the upstream client said it (its URL,
+                                        address, errno text, TLS reason; cut to AGW_SPAN_DETAIL_MAX - 1
+                                        bytes); NULL when it did not fail. Owned by the record: made when
+                                        the span ends with one, freed when the record is begun again,
+                                        disposed of or freed (a span's room stays small for the pages in
+                                        flight, docs/performance.md "A seventeenth pass"). Internal: the
+                                        span, the waterfall and the log, never a client */
 } agw_span_t;
 
 /* The limits decision of a request (worker/limits.c), shown in the waterfall and the access log. */

@@ -65,18 +65,10 @@ static void connect_now(agw_redis_t *r);
 
 /* ---- configuration -------------------------------------------------------------------------- */
 
-static char *dup_n(const char *s, size_t n)
-{
-    char *d = agw_malloc(n + 1);
-    memcpy(d, s, n);
-    d[n] = '\0';
-    return d;
-}
-
 /* %XX decoding of the URL's user info (RFC 3986 §2.1); -1 on a bad escape. */
 static char *pct_decode(const char *s, size_t n)
 {
-    char *d = dup_n(s, n);
+    char *d = agw_strndup(s, n);
     size_t j = 0;
     for (size_t i = 0; i < n; i++) {
         if (s[i] == '%') {
@@ -137,7 +129,7 @@ int agw_redis_parse_url(const char *url, uint64_t timeout_ms, agw_redis_conf_t *
             snprintf(err, errlen, "an IPv6 address needs its closing ]");
             return -1;
         }
-        c.host = dup_n(p + 1, (size_t)(rb - p - 1));
+        c.host = agw_strndup(p + 1, (size_t)(rb - p - 1));
         host_end = rb + 1;
         if (host_end < end && *host_end == ':')
             port_at = host_end + 1;
@@ -149,7 +141,7 @@ int agw_redis_parse_url(const char *url, uint64_t timeout_ms, agw_redis_conf_t *
     } else {
         const char *colon = memchr(p, ':', (size_t)(end - p));
         host_end = colon ? colon : end;
-        c.host = dup_n(p, (size_t)(host_end - p));
+        c.host = agw_strndup(p, (size_t)(host_end - p));
         if (colon)
             port_at = colon + 1;
     }
@@ -196,7 +188,7 @@ int agw_redis_parse_url(const char *url, uint64_t timeout_ms, agw_redis_conf_t *
     inet_ntop(ai->ai_family, a, num, sizeof(num));
     freeaddrinfo(ai);
     free(c.host);
-    c.host = dup_n(num, strlen(num));
+    c.host = agw_strndup(num, strlen(num));
     c.connect_timeout_ms = timeout_ms * 20 > 100 ? timeout_ms * 20 : 100;
     *out = c;
     return 0;
@@ -225,9 +217,9 @@ int agw_redis_conf_same(const agw_redis_conf_t *a, const agw_redis_conf_t *b)
 static void conf_copy(agw_redis_conf_t *d, const agw_redis_conf_t *s)
 {
     *d = *s;
-    d->host = s->host ? dup_n(s->host, strlen(s->host)) : NULL;
-    d->user = s->user ? dup_n(s->user, strlen(s->user)) : NULL;
-    d->password = s->password ? dup_n(s->password, strlen(s->password)) : NULL;
+    d->host = s->host ? agw_strndup(s->host, strlen(s->host)) : NULL;
+    d->user = s->user ? agw_strndup(s->user, strlen(s->user)) : NULL;
+    d->password = s->password ? agw_strndup(s->password, strlen(s->password)) : NULL;
 }
 
 /* ---- commands ------------------------------------------------------------------------------- */

@@ -10,14 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *dup_n(const char *s, size_t n)
-{
-    char *p = agw_malloc(n + 1);
-    memcpy(p, s, n);
-    p[n] = '\0';
-    return p;
-}
-
 int agw_router_add(agw_router_t *r, const char *method, const char *pattern, const agw_route_seg_t *segs,
                    size_t num_segs, int endpoint, char *err, size_t errlen)
 {
@@ -54,7 +46,7 @@ int agw_router_add(agw_router_t *r, const char *method, const char *pattern, con
     rt->num_segs = num_segs;
     rt->segs = agw_calloc(num_segs ? num_segs : 1, sizeof(*rt->segs));
     for (size_t i = 0; i < num_segs; i++) {
-        rt->segs[i].text = dup_n(segs[i].text, segs[i].len);
+        rt->segs[i].text = agw_strndup(segs[i].text, segs[i].len);
         rt->segs[i].len = segs[i].len;
         rt->segs[i].is_param = segs[i].is_param;
         rt->segs[i].compiled = compiled[i];

@@ -8,6 +8,7 @@
 #include "ops/otlp.h"
 #include "ops/trace.h"
 #include "ops/waterfall.h"
+#include "upstream/pool.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -224,7 +225,26 @@ static void test_spans(void)
     agw_trace_begin(tr, &rng, NULL, 2000000, "GET", 3, "/p/2", 4);
     CHECK(tr->num_spans == 0 && tr->spans_dropped == 0);
     CHECK(agw_trace_add_span(tr, &rng, 0, "a", 1, 0, 1, 2000000) == 0 && strcmp(tr->spans[0].section, "a") == 0);
-    agw_trace_free(tr);
+    /* a failure's detail is the record's own copy, cut to AGW_SPAN_DETAIL_MAX - 1 bytes; an empty
+     * one or none is NULL; beginning the record again frees them (the ASan build finds a leak) */
+    char longer[3 * AGW_SPAN_DETAIL_MAX];
+    memset(longer, 'd', sizeof(longer) - 1);
+    longer[sizeof(longer) - 1] = '\0';
+    CHECK(agw_trace_add_span(tr, &rng, 0, "b", 1, 0, 1, 2000000) == 1);
+    CHECK(agw_trace_add_span(tr, &rng, 0, "c", 1, 0, 1, 2000000) == 2);
+    agw_trace_end_span(tr, 0, AGW_CALL_OK, 200, "", 2000010);
+    agw_trace_end_span(tr, 1, AGW_CALL_OK, 502, NULL, 2000010);
+    agw_trace_end_span(tr, 2, AGW_CALL_OK, 0, longer, 2000010);
+    agw_trace_end_span(tr, 2, AGW_CALL_OK, 0, "ended twice: kept the first", 2000020);
+    CHECK(tr->spans[0].detail == NULL && tr->spans[1].detail == NULL);
+    CHECK(tr->spans[2].detail && strlen(tr->spans[2].detail) == AGW_SPAN_DETAIL_MAX - 1 &&
+          tr->spans[2].detail[0] == 'd');
+    agw_trace_begin(tr, &rng, NULL, 3000000, "GET", 3, "/p/3", 4);
+    CHECK(tr->num_spans == 0);
+    CHECK(agw_trace_add_span(tr, &rng, 0, "a", 1, 0, 1, 3000000) == 0 && tr->spans[0].detail == NULL);
+    agw_trace_end_span(tr, 0, AGW_CALL_OK, 0, "refused", 3000010);
+    CHECK_STR(tr->spans[0].detail, "refused");
+    agw_trace_free(tr); /* and its details */
     agw_trace_free(NULL);
     /* a record on the stack: its heap array goes with agw_trace_dispose */
     agw_trace_t st;
