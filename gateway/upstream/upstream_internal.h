@@ -64,9 +64,6 @@ typedef struct agw_conn {
     ev_timer timer;              /* connect timeout while connecting and in the TLS handshake, idle
                                     timeout while idle */
     SSL *ssl;                    /* https:// upstreams: the TLS connection; NULL for http:// */
-    unsigned tls_failed : 1;     /* a TLS error ended it: its session is not to be resumed */
-    unsigned timer_deferred : 1; /* the connect timer fired with an event of the socket waiting
-                                    and gave it one loop pass (on_conn_timer) */
     agw_h1_response_t resp;      /* the response being read; its buffers only from its first byte
                                     until it is handed over (pool->spare, agw_conn_bufs_take) */
     struct agw_conn *batch_next;     /* the pool's batch, while its request waits for agw_batch_flush */
@@ -75,6 +72,11 @@ typedef struct agw_conn {
     unsigned unpeeked : 1;       /* batched from the idle list without its peek (agw_call_assign):
                                   * agw_batch_flush polls it before the write; only while batched */
     unsigned rq : 2;             /* RQ_*: on the batch's read lists (ring only) */
+    /* (the two flags below share the word of the three above: the record of a connection stays
+     * at 384 bytes, one of jemalloc's size classes, with one per call in flight) */
+    unsigned tls_failed : 1;     /* a TLS error ended it: its session is not to be resumed */
+    unsigned timer_deferred : 1; /* the connect timer fired with an event of the socket waiting
+                                    and gave it one loop pass (on_conn_timer) */
     struct agw_conn *rq_next;        /* the batch's list of reads to make, then of reads made */
     struct agw_conn *rq_prev;
     int rres;                    /* AGW_RQ_LANDED: what the read returned (bytes, 0: EOF, -errno) */
