@@ -199,8 +199,10 @@ void agw_trace_random_id(uint64_t *rng, uint8_t *id, size_t n)
 static void release_details(agw_trace_t *tr)
 {
     for (size_t i = 0; i < tr->num_spans; i++) {
-        free(tr->spans[i].detail);
-        tr->spans[i].detail = NULL;
+        if (tr->spans[i].detail) { /* (rare: a failed attempt's; free(NULL) is a call per span) */
+            free(tr->spans[i].detail);
+            tr->spans[i].detail = NULL;
+        }
     }
 }
 
