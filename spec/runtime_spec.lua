@@ -462,6 +462,9 @@ describe("script errors", function()
     assert.equal(200, page.status)
     assert.equal("unavailable", page.json.y.status)
     assert.matches("errors.lua:55: agg.fetch_all expects a table of call specs", table.concat(gw:logs(), "\n"), 1, true)
+    -- `return agg.page(x)`, the usual last line of a handler, is a tail call too
+    assert.equal(500, gw:get("/err/page-tail").status)
+    assert.matches("errors.lua:61: agg.page expects the results table", table.concat(gw:logs(), "\n"), 1, true)
   end)
 
   it("answer 500 when a handler yields by itself instead of hanging", function()

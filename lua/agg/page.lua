@@ -12,6 +12,7 @@ local problem = require "agg.problem"
 local rt = require "agg.runtime"
 local cache = require "agg.cache"
 local result = require "agg.result"
+local where = require "agg.where"
 local info_of, section_data = result.info_of, result.section_data
 local new_tab = require "table.new"
 
@@ -100,18 +101,18 @@ end
 -- (x-aggregation-completed, cache-control: no-store of a partial or failed page, content-type of a
 -- failed page) replace every spelling of theirs.
 function M.page(results, opts)
-  if type(results) ~= "table" then error("agg.page expects the results table of agg.fetch_all", 2) end
-  if opts ~= nil and type(opts) ~= "table" then error("agg.page: options must be a table", 2) end
+  if type(results) ~= "table" then where.raise("agg.page expects the results table of agg.fetch_all", 2) end
+  if opts ~= nil and type(opts) ~= "table" then where.raise("agg.page: options must be a table", 2) end
   local keys, n = rt.take_list(), 0 -- (given back once the rows are made)
   -- values the script computed are sections too: at most max_sections_per_request in a page (the
   -- keys are sorted, and a page of a million was seconds of the runtime's work)
   local max = rt.max_sections()
   for k in pairs(results) do
-    if type(k) ~= "string" then error("agg.page: section names must be strings, got " .. type(k), 2) end
+    if type(k) ~= "string" then where.raise("agg.page: section names must be strings, got " .. type(k), 2) end
     n = n + 1
     keys[n] = k
     if n > max then
-      error(("agg.page: a page has at most %d sections (max_sections_per_request in gateway.lua)"):format(max), 2)
+      where.raise(("agg.page: a page has at most %d sections (max_sections_per_request in gateway.lua)"):format(max), 2)
     end
   end
   rt.resolve_thens(results, 3) -- standalone fetch_then chains put in directly: run them now

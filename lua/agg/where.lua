@@ -96,7 +96,8 @@ end
 -- When that frame is not a script's (a continuation's spec, checked after it returned; a script
 -- that tail-called the agg function), the place is found in the lines of M.fallback, or of the
 -- script function running (M.running_fn); there, when needle does not occur, the place is the last
--- use of tail (a pattern: the agg function's name; default "fetch", as in agg.fetch_all).
+-- use of tail (a pattern: the agg function's name; default the name msg starts with, "agg.page: …"
+-- → "page", else "fetch", as in agg.fetch_all).
 function M.raise(msg, level, needle, tail)
   level = level + 1
   local info = debug.getinfo(level, "Sl")
@@ -104,7 +105,7 @@ function M.raise(msg, level, needle, tail)
                   not (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)
   if not scripts then
     local fn = M.fallback or (M.running_fn and M.running_fn())
-    local place = fn and M.place_in(fn, needle, tail or "fetch")
+    local place = fn and M.place_in(fn, needle, tail or str_match(msg, "^agg%.([%w_]+)") or "fetch")
     if place then error(place .. msg, 0) end
   end
   if not needle then info = nil end
