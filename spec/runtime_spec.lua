@@ -465,6 +465,11 @@ describe("script errors", function()
     -- `return agg.page(x)`, the usual last line of a handler, is a tail call too
     assert.equal(500, gw:get("/err/page-tail").status)
     assert.matches("errors.lua:61: agg.page expects the results table", table.concat(gw:logs(), "\n"), 1, true)
+    assert.equal(500, gw:get("/err/fetch-tail").status)
+    assert.matches("errors.lua:65: agg.fetch expects a call spec", table.concat(gw:logs(), "\n"), 1, true)
+    page = gw:get("/err/then-tail")
+    assert.equal("unavailable", page.json.y.status)
+    assert.matches("errors.lua:70: agg.fetch_then: unknown option 'requird'", table.concat(gw:logs(), "\n"), 1, true)
   end)
 
   it("answer 500 when a handler yields by itself instead of hanging", function()

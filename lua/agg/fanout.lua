@@ -633,7 +633,7 @@ end
 -- section key of its own, so its problems, span and Server-Timing entry are named after the
 -- upstream ("reviews did not answer in time"), not after a placeholder.
 function M.fetch(spec)
-  if type(spec) ~= "table" then error("agg.fetch expects a call spec", 2) end
+  if type(spec) ~= "table" then where.raise("agg.fetch expects a call spec", 2) end
   local key = type(spec[1]) == "string" and spec[1] or "result"
   return fetch_all_at({ [key] = spec }, "agg.fetch", 2)[key]
 end
@@ -825,22 +825,22 @@ end
 function M.fetch_then(dep, fn, opts)
   local td = type(dep)
   if td ~= "string" and td ~= "table" then
-    error("agg.fetch_then: the dependency must be a sibling key, a list of keys or a call spec", 2)
+    where.raise("agg.fetch_then: the dependency must be a sibling key, a list of keys or a call spec", 2)
   end
   if td == "table" and not callspec.is_spec(dep) then
-    if #dep == 0 then error("agg.fetch_then: the list of dependencies is empty", 2) end
+    if #dep == 0 then where.raise("agg.fetch_then: the list of dependencies is empty", 2) end
     for _, d in ipairs(dep) do
-      if type(d) ~= "string" then error("agg.fetch_then: dependency keys must be strings", 2) end
+      if type(d) ~= "string" then where.raise("agg.fetch_then: dependency keys must be strings", 2) end
     end
   end
   if not callable.is(fn) then
-    error("agg.fetch_then: the second argument must be a function, got " .. callable.kind(fn), 2)
+    where.raise("agg.fetch_then: the second argument must be a function, got " .. callable.kind(fn), 2)
   end
-  if opts ~= nil and type(opts) ~= "table" then error("agg.fetch_then: options must be a table", 2) end
+  if opts ~= nil and type(opts) ~= "table" then where.raise("agg.fetch_then: options must be a table", 2) end
   local o = opts or {}
   for k in pairs(o) do
     if k ~= "required" and k ~= "fallback" then
-      error("agg.fetch_then: unknown option '" .. tostring(k) .. "' (required, fallback)", 2)
+      where.raise("agg.fetch_then: unknown option '" .. tostring(k) .. "' (required, fallback)", 2)
     end
   end
   -- (getmetatable gives scripts a name, never the table)
