@@ -436,40 +436,65 @@ describe("script errors", function()
   it("give a clean error when an agg call is made where LuaJIT cannot yield", function()
     local page = gw:get("/err/sort")
     assert.equal(500, page.status)
-    assert.matches("errors.lua:35: agg.fetch_all cannot wait here", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:40: agg.fetch_all cannot wait here", table.concat(gw:logs(), "\n"), 1, true)
     assert.equal(0, #gw:calls())
   end)
 
   it("refuse a fetch_all in a coroutine the script made, at its line", function()
     assert.equal(500, gw:get("/err/in-wrap").status)
-    assert.matches("errors.lua:42: agg.fetch_all cannot wait in a coroutine the script made", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:47: agg.fetch_all cannot wait in a coroutine the script made", table.concat(gw:logs(), "\n"), 1, true)
     assert.equal(0, #gw:calls())
   end)
 
   it("point a fetch_all of something else than a table at the script's line", function()
     assert.equal(500, gw:get("/err/not-a-table").status)
-    assert.matches("errors.lua:40: agg.fetch_all expects a table of call specs", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:45: agg.fetch_all expects a table of call specs", table.concat(gw:logs(), "\n"), 1, true)
   end)
 
   it("place a mistake in a fetch_all the script tail-called at the call's line in its function", function()
     -- (`return agg.fetch_all(t)`: the script's frame is gone when fetch_all looks for its line)
     assert.equal(500, gw:get("/err/tail").status)
-    assert.matches("errors.lua:46: agg.fetch_all expects a table of call specs", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:51: agg.fetch_all expects a table of call specs", table.concat(gw:logs(), "\n"), 1, true)
     assert.equal(500, gw:get("/err/tail-option").status)
-    assert.matches("errors.lua:50: call to 'a': unknown option 'requird'", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:55: call to 'a': unknown option 'requird'", table.concat(gw:logs(), "\n"), 1, true)
     gw:stub("a", "/x", { json = { id = 1 } })
     local page = gw:get("/err/tail-then")
     assert.equal(200, page.status)
     assert.equal("unavailable", page.json.y.status)
-    assert.matches("errors.lua:55: agg.fetch_all expects a table of call specs", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:60: agg.fetch_all expects a table of call specs", table.concat(gw:logs(), "\n"), 1, true)
     -- `return agg.page(x)`, the usual last line of a handler, is a tail call too
     assert.equal(500, gw:get("/err/page-tail").status)
-    assert.matches("errors.lua:61: agg.page expects the results table", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:66: agg.page expects the results table", table.concat(gw:logs(), "\n"), 1, true)
     assert.equal(500, gw:get("/err/fetch-tail").status)
-    assert.matches("errors.lua:65: agg.fetch expects a call spec", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:70: agg.fetch expects a call spec", table.concat(gw:logs(), "\n"), 1, true)
     page = gw:get("/err/then-tail")
     assert.equal("unavailable", page.json.y.status)
-    assert.matches("errors.lua:70: agg.fetch_then: unknown option 'requird'", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:75: agg.fetch_then: unknown option 'requird'", table.concat(gw:logs(), "\n"), 1, true)
+  end)
+
+  it("place a mistake whose frame is gone or a C function's without guessing a wrong line", function()
+    local at = {}
+    local n = 0
+    for l in io.lines(DIR .. "/errors.lua") do
+      n = n + 1
+      local tag = l:match("%-%- (TAIL%-[A-Z]+)")
+      if tag then at[tag] = n end
+    end
+    local function logs() return table.concat(gw:logs(), "\n") end
+    gw:stub("a", "/x", { json = { id = 1 } })
+    assert.equal(500, gw:get("/err/tail-gsub").status)
+    assert.matches(("errors.lua:%d: agg.fetch_all cannot wait here"):format(at["TAIL-GSUB"]), logs(), 1, true)
+    assert.equal(500, gw:get("/err/tail-wrap").status)
+    assert.matches(("errors.lua:%d: agg.fetch_all cannot wait in a coroutine the script made"):format(at["TAIL-WRAP"]),
+      logs(), 1, true)
+    assert.not_matches("errors.lua:%d+: [^ ]*errors.lua:%d+:", logs())
+    assert.equal(500, gw:get("/err/tail-helper").status)
+    assert.matches(("errors.lua:%d: agg.fetch_all expects a table of call specs (in a call made as a tail call"):format(
+      at["TAIL-HELPER"]), logs(), 1, true)
+    assert.not_matches(("errors.lua:%d: agg.fetch_all expects"):format(at["TAIL-OK"]), logs(), 1, true)
+    assert.equal(500, gw:get("/err/tail-alias").status)
+    assert.matches(("errors.lua:%d: agg.fetch_all expects a table of call specs (in a call made as a tail call"):format(
+      at["TAIL-ALIAS"]), logs(), 1, true)
   end)
 
   it("answer 500 when a handler yields by itself instead of hanging", function()
@@ -477,7 +502,7 @@ describe("script errors", function()
     assert.equal(500, page.status)
     -- (the sandbox refuses the yield at the script's line; a trusted folder's handler that yields
     -- is answered 500 too: "a handler must not call coroutine.yield")
-    assert.matches("errors.lua:39: coroutine.yield: this code runs in the gateway's coroutine",
+    assert.matches("errors.lua:44: coroutine.yield: this code runs in the gateway's coroutine",
                    table.concat(gw:logs(), "\n"), 1, true)
   end)
 

@@ -56,10 +56,11 @@ function M.running_ctx()
   return job and (job.ctx or job) or nil
 end
 
--- the script function running (where.running_fn): the request's handler, or the continuation
+-- the script function running on this coroutine (where.running_fn): the request's handler, or
+-- the continuation (nil in a coroutine the script made, and on the runtime's own thread)
 where.running_fn = function()
   local job = running.job
-  if not job then return nil end
+  if not job or running.co ~= coroutine.running() then return nil end
   if job.info then return job.info.fn end
   return job.ep and job.ep.handler
 end
@@ -570,7 +571,7 @@ end
 -- misuse; a script that tail-called fname (`return agg.fetch_all(t)`) has no frame at that level:
 -- the mistake is then placed at fname's last use in the handler or continuation (where.raise).
 local function misuse(msg, level, fname)
-  where.raise(msg, level + 1, nil, str_match(fname, "[%w_]+$"))
+  where.raise(msg, level + 1, nil, "%f[%w_]" .. str_match(fname, "[%w_]+$") .. "%f[^%w_]")
 end
 
 -- level: the error() level of the script line that called the agg function, counted from the

@@ -65,48 +65,100 @@ local RUNTIME_PREFIX = str_match(debug.getinfo(1, "S").source, "^(@.*/)agg/[^/]*
 -- runtime (agg.fanout.settle_value sets this around the check, and clears it). nil otherwise.
 M.fallback = nil
 
---- A function that returns the script function the runtime is running (a handler, or a fetch_then
--- continuation), or nil outside one (agg.fanout sets it). raise asks it when the frame at the
--- error's level is not a script's and no fallback is set: a script that tail-called the agg
--- function (`return agg.fetch_all(t)`) has no frame left, so the mistake is placed in that
--- function's lines, where the needle occurs nearest to its end.
+--- A function that returns the script function the runtime is running on the current coroutine
+-- (a handler, or a fetch_then continuation; nil elsewhere, in a coroutine the script made too:
+-- agg.fanout sets it). raise asks it when no frame of a script is left on the stack: the script
+-- tail-called the agg function (`return agg.page(res)`), so its frame is gone.
 M.running_fn = nil
+
+-- a frame (debug.getinfo's) of a script's code: a file's, not the runtime's own, at a line
+local function is_script(info)
+  return info and info.currentline and info.currentline > 0 and info.source:byte(1) == 64 and
+         not (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)
+end
 
 --- "file:LINE: " for a mistake of fn (a function of a script) whose text matches needle (nil: its
 -- first line): the match inside fn nearest to its end, where a continuation returns its spec.
--- When needle does not occur in fn, tail (another pattern, or nil) is looked for the same way.
 -- Returns nil when fn is not a script's function.
-function M.place_in(fn, needle, tail)
+function M.place_in(fn, needle)
   local info = type(fn) == "function" and debug.getinfo(fn, "S")
   if not (info and info.source:byte(1) == 64 and info.linedefined > 0) then return nil end
   if RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX then return nil end
-  local lines = (needle or tail) and lines_of(info.source:sub(2))
-  local function last_of(pattern)
-    if not (lines and pattern) then return nil end
+  local line = info.linedefined
+  local lines = needle and lines_of(info.source:sub(2))
+  if lines then
     for i = math.min(info.lastlinedefined, #lines), info.linedefined, -1 do
-      if str_find((" " .. lines[i]), pattern) then return i end
+      if str_find((" " .. lines[i]), needle) then line = i break end
     end
   end
-  return ("%s:%d: "):format(info.short_src, last_of(needle) or last_of(tail) or info.linedefined)
+  return ("%s:%d: "):format(info.short_src, line)
+end
+
+-- "file:LINE: " and a note for a mistake in a call that script function fn made as a tail call
+-- (its frame is gone, so its line is not known): the one line of fn where needle occurs, else the
+-- one line where `return` comes before a match of name (a pattern: the agg function's name); when
+-- there is not exactly one, fn's first line and a note that says so. nil when fn is not a script's.
+local function tail_place(fn, needle, name)
+  local info = type(fn) == "function" and debug.getinfo(fn, "S")
+  if not (info and info.source:byte(1) == 64 and info.linedefined > 0) then return nil end
+  if RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX then return nil end
+  local lines = lines_of(info.source:sub(2))
+  -- the one line of fn that matches (its first line only when no other does: that line also
+  -- holds the code around the function's start, `y = agg.fetch_then("x", function()`), or nil
+  local function only(pattern, after_return)
+    if not (lines and pattern) then return nil end
+    local function matches(i)
+      local l = " " .. (lines[i] or "")
+      local s = str_find(l, pattern)
+      return s and (not after_return or str_find(l:sub(1, s - 1), "%f[%w_]return%f[^%w_]")) and true
+    end
+    local at
+    for i = info.linedefined + 1, math.min(info.lastlinedefined, #lines) do
+      if matches(i) then
+        if at then return nil end
+        at = i
+      end
+    end
+    return at or (matches(info.linedefined) and info.linedefined) or nil
+  end
+  local line = only(needle) or only(name, true)
+  if line then return ("%s:%d: "):format(info.short_src, line), "" end
+  return ("%s:%d: "):format(info.short_src, info.linedefined),
+         " (in a call made as a tail call, `return f(…)`, by the function that starts at this line)"
 end
 
 --- Raises msg at the line of the calling script where `needle` (a pattern, see M.option and
 -- M.quoted) occurs nearest to the call; level is the error() level of that script's frame, seen
 -- from the caller of raise. Without a needle, or when nothing matches, raises at the call's line.
--- When that frame is not a script's (a continuation's spec, checked after it returned; a script
--- that tail-called the agg function), the place is found in the lines of M.fallback, or of the
--- script function running (M.running_fn); there, when needle does not occur, the place is the last
--- use of tail (a pattern: the agg function's name; default the name msg starts with, "agg.page: …"
--- → "page", else "fetch", as in agg.fetch_all).
-function M.raise(msg, level, needle, tail)
+-- When that frame is not a script's:
+-- - a continuation's spec, checked after it returned: the place is found in M.fallback's lines;
+-- - a C function that called the script's code back (string.gsub, pcall) or a frame of the runtime:
+--   the first script frame further up this coroutine's stack, at its line;
+-- - none (the script tail-called the agg function, `return agg.page(x)`): in the lines of the
+--   script function running (M.running_fn), see tail_place; name is the agg function's (a
+--   pattern; default: the one msg starts with, "agg.page: …" → page, else fetch, as in fetch_all).
+function M.raise(msg, level, needle, name)
   level = level + 1
   local info = debug.getinfo(level, "Sl")
-  local scripts = info and info.currentline and info.currentline > 0 and info.source:byte(1) == 64 and
-                  not (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)
+  local scripts = is_script(info)
   if not scripts then
-    local fn = M.fallback or (M.running_fn and M.running_fn())
-    local place = fn and M.place_in(fn, needle, tail or str_match(msg, "^agg%.([%w_]+)") or "fetch")
-    if place then error(place .. msg, 0) end
+    if M.fallback then
+      local place = M.place_in(M.fallback, needle)
+      if place then error(place .. msg, 0) end
+    else
+      for up = level + 1, level + 100 do
+        local outer = debug.getinfo(up, "Sl")
+        if not outer then break end
+        if is_script(outer) then error(("%s:%d: %s"):format(outer.short_src, outer.currentline, msg), 0) end
+      end
+      local fn = M.running_fn and M.running_fn()
+      if not name then
+        local called = str_match(msg, "^agg%.([%w_]+)")
+        name = called and ("%f[%w_]" .. called .. "%f[^%w_]") or "fetch"
+      end
+      local place, note = tail_place(fn, needle, name)
+      if place then error(place .. msg .. note, 0) end
+    end
   end
   if not needle then info = nil end
   if scripts and info then
