@@ -492,6 +492,14 @@ describe("script errors", function()
     assert.matches(("errors.lua:%d: agg.fetch_all expects a table of call specs (in a call made as a tail call"):format(
       at["TAIL-HELPER"]), logs(), 1, true)
     assert.not_matches(("errors.lua:%d: agg.fetch_all expects"):format(at["TAIL-OK"]), logs(), 1, true)
+    assert.equal(500, gw:get("/err/tail-two").status)
+    assert.matches(("errors.lua:%d: agg.fetch_all expects a table of call specs (in a call made as a tail call"):format(
+      at["TAIL-TWO"]), logs(), 1, true)
+    assert.not_matches(("errors.lua:%d: agg.fetch_all expects"):format(at["TAIL-RIGHT"]), logs(), 1, true)
+    gw:stub("a", "/fail", { status = 500, json = {} })
+    gw:get("/err/fallback-wait")
+    assert.matches(("errors.lua:%d: agg.fetch_all cannot wait here"):format(at["TAIL-FALLBACK"]), logs(), 1, true)
+    assert.not_matches("runtime_spec.lua:%d+: agg.fetch_all", logs())
     assert.equal(500, gw:get("/err/tail-alias").status)
     assert.matches(("errors.lua:%d: agg.fetch_all expects a table of call specs (in a call made as a tail call"):format(
       at["TAIL-ALIAS"]), logs(), 1, true)

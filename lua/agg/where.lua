@@ -19,12 +19,15 @@ local M = {}
 M.sources = {}
 M.texts = {} -- path -> the text its lines were made from
 
+-- the most of a file read to place a mistake (a script's own source is remembered when it loads)
+local SOURCE_MAX = 8 * 1024 * 1024
+
 local function lines_of(path)
   local lines = M.sources[path]
   if lines then return lines end
   local f = io.open(path, "rb")
   if not f then return nil end
-  local src = f:read("*a")
+  local src = f:read(SOURCE_MAX) or "" -- (a chunk named after a device or a huge file: no more)
   f:close()
   M.remember(path, src)
   return M.sources[path]
@@ -95,9 +98,9 @@ function M.place_in(fn, needle)
 end
 
 -- "file:LINE: " and a note for a mistake in a call that script function fn made as a tail call
--- (its frame is gone, so its line is not known): the one line of fn where needle occurs, else the
--- one line where `return` comes before a match of name (a pattern: the agg function's name); when
--- there is not exactly one, fn's first line and a note that says so. nil when fn is not a script's.
+-- (its frame is gone, so its line is not known): the one line of fn where needle occurs, else, when
+-- fn has one tail call, the line where `return` comes before a match of name (a pattern: the agg
+-- function's name); otherwise fn's first line and a note that says so. nil when fn is not a script's.
 local function tail_place(fn, needle, name)
   local info = type(fn) == "function" and debug.getinfo(fn, "S")
   if not (info and info.source:byte(1) == 64 and info.linedefined > 0) then return nil end
@@ -121,7 +124,18 @@ local function tail_place(fn, needle, name)
     end
     return at or (matches(info.linedefined) and info.linedefined) or nil
   end
-  local line = only(needle) or only(name, true)
+  -- the name's line only when fn makes one tail call (`return f(…)`): with more, the call that went
+  -- wrong may be another (through a helper, an alias) than the one that names the agg function
+  -- (its first line counts only when no other has one, as in only)
+  local TAIL_CALL = "%f[%w_]return%s+[%w_.:%[%]\"']+%s*[%({\"']"
+  local tail_calls = 0
+  for i = info.linedefined + 1, lines and math.min(info.lastlinedefined, #lines) or 0 do
+    if str_find(" " .. lines[i], TAIL_CALL) then tail_calls = tail_calls + 1 end
+  end
+  if tail_calls == 0 and lines and str_find(" " .. (lines[info.linedefined] or ""), TAIL_CALL) then
+    tail_calls = 1
+  end
+  local line = only(needle) or (tail_calls == 1 and only(name, true))
   if line then return ("%s:%d: "):format(info.short_src, line), "" end
   return ("%s:%d: "):format(info.short_src, info.linedefined),
          " (in a call made as a tail call, `return f(…)`, by the function that starts at this line)"
@@ -132,8 +146,9 @@ end
 -- from the caller of raise. Without a needle, or when nothing matches, raises at the call's line.
 -- When that frame is not a script's:
 -- - a continuation's spec, checked after it returned: the place is found in M.fallback's lines;
--- - a C function that called the script's code back (string.gsub, pcall) or a frame of the runtime:
---   the first script frame further up this coroutine's stack, at its line;
+-- - a C function that called the script's code back (string.gsub, pcall) or a frame of the runtime,
+--   on the coroutine of the handler or continuation running: the first script frame further up, at
+--   its line;
 -- - none (the script tail-called the agg function, `return agg.page(x)`): in the lines of the
 --   script function running (M.running_fn), see tail_place; name is the agg function's (a
 --   pattern; default: the one msg starts with, "agg.page: …" → page, else fetch, as in fetch_all).
@@ -146,12 +161,15 @@ function M.raise(msg, level, needle, name)
       local place = M.place_in(M.fallback, needle)
       if place then error(place .. msg, 0) end
     else
-      for up = level + 1, level + 100 do
+      -- (only on the coroutine of the handler or continuation running: on the runtime's own thread,
+      -- where a fallback or a response's metamethod runs, the frames further up are the runtime's
+      -- and, in the spec harness, the spec's)
+      local fn = M.running_fn and M.running_fn()
+      for up = level + 1, fn and level + 100 or 0 do
         local outer = debug.getinfo(up, "Sl")
         if not outer then break end
         if is_script(outer) then error(("%s:%d: %s"):format(outer.short_src, outer.currentline, msg), 0) end
       end
-      local fn = M.running_fn and M.running_fn()
       if not name then
         local called = str_match(msg, "^agg%.([%w_]+)")
         name = called and ("%f[%w_]" .. called .. "%f[^%w_]") or "fetch"
