@@ -199,7 +199,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 char detail[512];
                 snprintf(detail, sizeof(detail), "%.*s", (int)sl, sec);
                 agw_trace_end_span(&tr, k, (unsigned)sl % 8, (int)sl * 37, i % 2 ? detail : NULL, 999 + i);
-                if (memchr(tr.spans[k].detail, '\0', sizeof(tr.spans[k].detail)) == NULL)
+                /* the record's own copy, cut to AGW_SPAN_DETAIL_MAX - 1 bytes; none for NULL or "" */
+                const char *d = tr.spans[k].detail;
+                size_t want = i % 2 ? strnlen(detail, AGW_SPAN_DETAIL_MAX - 1) : 0;
+                if (want == 0 ? d != NULL : (d == NULL || d == detail || strlen(d) != want || memcmp(d, detail, want) != 0))
                     abort();
             }
         }
