@@ -2,7 +2,7 @@
 -- waits until each has settled; agg.fetch_then continuations run in child coroutines of their own
 -- when their dependencies settled, and what they return (nothing, a call spec, another chain, a
 -- table of specs: a nested fan-out, a computed value) settles their section.
-local str_find, str_match = string.find, string.match
+local str_find = string.find
 local json = require "agg.json"
 local problem = require "agg.problem"
 local callspec = require "agg.callspec"
@@ -567,37 +567,31 @@ function M.start_deferred(job)
   return true
 end
 
--- error(msg, level + 1) for the agg function fname ("agg.fetch_all"), from the caller of
--- misuse; a script that tail-called fname (`return agg.fetch_all(t)`) has no frame at that level:
--- the mistake is then placed at fname's last use in the handler or continuation (where.raise).
-local function misuse(msg, level, fname)
-  where.raise(msg, level + 1, nil, "%f[%w_]" .. str_match(fname, "[%w_]+$") .. "%f[^%w_]")
-end
-
 -- level: the error() level of the script line that called the agg function, counted from the
--- caller of current_ctx (2 = that caller's caller).
+-- caller of current_ctx (2 = that caller's caller). Its mistakes go through where.raise, which
+-- places them when that frame is gone (the script tail-called, `return agg.fetch_all(t)`).
 local function current_ctx(fname, level)
   level = (level or 2) + 1
   -- (first: such a function may run on the runtime's main thread, where a fetch_all's calls start)
   if result.in_callback() then
-    misuse(fname .. " cannot wait here: a fallback, a response's metamethod or a merged call's " ..
+    where.raise(fname .. " cannot wait here: a fallback, a response's metamethod or a merged call's " ..
           "function runs in the middle of the gateway's own work; make the call in the handler or a " ..
-          "continuation (agg.fetch_then)", level, fname)
+          "continuation (agg.fetch_then)", level)
   end
   local job = running.job
   if not job then
-    misuse(fname .. " can only be called while a request is being handled (inside a handler)", level, fname)
+    where.raise(fname .. " can only be called while a request is being handled (inside a handler)", level)
   end
   if running.co ~= coroutine.running() then
-    misuse(fname .. " cannot wait in a coroutine the script made (coroutine.create, coroutine.wrap): " ..
-          "call it in the handler or a continuation (agg.fetch_then)", level, fname)
+    where.raise(fname .. " cannot wait in a coroutine the script made (coroutine.create, coroutine.wrap): " ..
+          "call it in the handler or a continuation (agg.fetch_then)", level)
   end
   local ctx = job.ctx or job
   if not coroutine.isyieldable() then
-    misuse(fname .. " cannot wait here: it was called from inside a C function that cannot yield " ..
-          "(a table.sort comparator, a string.gsub callback, …); move the call out of it", level, fname)
+    where.raise(fname .. " cannot wait here: it was called from inside a C function that cannot yield " ..
+          "(a table.sort comparator, a string.gsub callback, …); move the call out of it", level)
   end
-  if ctx.done then misuse(fname .. ": the request has already ended", level, fname) end
+  if ctx.done then where.raise(fname .. ": the request has already ended", level) end
   return ctx, job
 end
 
@@ -608,7 +602,7 @@ end
 -- read of its header, cold by then (docs/performance.md "A sixteenth pass").
 local function fetch_all_at(tbl, fname, level)
   local ctx, job = current_ctx(fname, level + 1)
-  if type(tbl) ~= "table" then misuse(fname .. " expects a table of call specs", level + 1, fname) end
+  if type(tbl) ~= "table" then where.raise(fname .. " expects a table of call specs", level + 1) end
   -- (a continuation's fetch_all: its group's parent is the group the continuation settles)
   local g = start_group(ctx, tbl, level + 2, job.group, true)
   g.job = job

@@ -74,19 +74,28 @@ M.fallback = nil
 -- tail-called the agg function (`return agg.page(res)`), so its frame is gone.
 M.running_fn = nil
 
--- a frame (debug.getinfo's) of a script's code: a file's, not the runtime's own, at a line
+-- a source (debug.getinfo's) of a script's file: "@path", not one of the runtime's own
+local function script_source(src)
+  return src:byte(1) == 64 and not (RUNTIME_PREFIX and src:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)
+end
+
+-- a frame (debug.getinfo's) of a script's code, at a line
 local function is_script(info)
-  return info and info.currentline and info.currentline > 0 and info.source:byte(1) == 64 and
-         not (RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX)
+  return info and info.currentline and info.currentline > 0 and script_source(info.source)
+end
+
+-- debug.getinfo(fn, "S") when fn is a function of a script's file, else nil
+local function script_fn(fn)
+  local info = type(fn) == "function" and debug.getinfo(fn, "S")
+  return info and info.linedefined > 0 and script_source(info.source) and info or nil
 end
 
 --- "file:LINE: " for a mistake of fn (a function of a script) whose text matches needle (nil: its
 -- first line): the match inside fn nearest to its end, where a continuation returns its spec.
 -- Returns nil when fn is not a script's function.
 function M.place_in(fn, needle)
-  local info = type(fn) == "function" and debug.getinfo(fn, "S")
-  if not (info and info.source:byte(1) == 64 and info.linedefined > 0) then return nil end
-  if RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX then return nil end
+  local info = script_fn(fn)
+  if not info then return nil end
   local line = info.linedefined
   local lines = needle and lines_of(info.source:sub(2))
   if lines then
@@ -102,42 +111,37 @@ end
 -- fn has one tail call, the line where `return` comes before a match of name (a pattern: the agg
 -- function's name); otherwise fn's first line and a note that says so. nil when fn is not a script's.
 local function tail_place(fn, needle, name)
-  local info = type(fn) == "function" and debug.getinfo(fn, "S")
-  if not (info and info.source:byte(1) == 64 and info.linedefined > 0) then return nil end
-  if RUNTIME_PREFIX and info.source:sub(1, #RUNTIME_PREFIX) == RUNTIME_PREFIX then return nil end
+  local info = script_fn(fn)
+  if not info then return nil end
   local lines = lines_of(info.source:sub(2))
-  -- the one line of fn that matches (its first line only when no other does: that line also
-  -- holds the code around the function's start, `y = agg.fetch_then("x", function()`), or nil
-  local function only(pattern, after_return)
-    if not (lines and pattern) then return nil end
-    local function matches(i)
-      local l = " " .. (lines[i] or "")
-      local s = str_find(l, pattern)
-      return s and (not after_return or str_find(l:sub(1, s - 1), "%f[%w_]return%f[^%w_]")) and true
+  local first = info.linedefined
+  -- how many lines of fn pass test, and the first that does; its first line counts only when no
+  -- other does (that line also holds the code around the function's start,
+  -- `y = agg.fetch_then("x", function()`)
+  local function count(test)
+    if not lines then return 0 end
+    local n, at = 0, nil
+    for i = first + 1, math.min(info.lastlinedefined, #lines) do
+      if test(" " .. lines[i]) then n, at = n + 1, at or i end
     end
-    local at
-    for i = info.linedefined + 1, math.min(info.lastlinedefined, #lines) do
-      if matches(i) then
-        if at then return nil end
-        at = i
-      end
-    end
-    return at or (matches(info.linedefined) and info.linedefined) or nil
+    if n == 0 and test(" " .. (lines[first] or "")) then return 1, first end
+    return n, at
+  end
+  local function the_one(test)
+    local n, at = count(test)
+    return n == 1 and at or nil
   end
   -- the name's line only when fn makes one tail call (`return f(…)`): with more, the call that went
   -- wrong may be another (through a helper, an alias) than the one that names the agg function
-  -- (its first line counts only when no other has one, as in only)
-  local TAIL_CALL = "%f[%w_]return%s+[%w_.:%[%]\"']+%s*[%({\"']"
-  local tail_calls = 0
-  for i = info.linedefined + 1, lines and math.min(info.lastlinedefined, #lines) or 0 do
-    if str_find(" " .. lines[i], TAIL_CALL) then tail_calls = tail_calls + 1 end
+  local line = needle and the_one(function(l) return str_find(l, needle) end)
+  if not line and count(function(l) return str_find(l, "%f[%w_]return%s+[%w_.:%[%]\"']+%s*[%({\"']") end) == 1 then
+    line = the_one(function(l)
+      local s = str_find(l, name)
+      return s and str_find(l:sub(1, s - 1), "%f[%w_]return%f[^%w_]")
+    end)
   end
-  if tail_calls == 0 and lines and str_find(" " .. (lines[info.linedefined] or ""), TAIL_CALL) then
-    tail_calls = 1
-  end
-  local line = only(needle) or (tail_calls == 1 and only(name, true))
   if line then return ("%s:%d: "):format(info.short_src, line), "" end
-  return ("%s:%d: "):format(info.short_src, info.linedefined),
+  return ("%s:%d: "):format(info.short_src, first),
          " (in a call made as a tail call, `return f(…)`, by the function that starts at this line)"
 end
 
@@ -150,9 +154,9 @@ end
 --   on the coroutine of the handler or continuation running: the first script frame further up, at
 --   its line;
 -- - none (the script tail-called the agg function, `return agg.page(x)`): in the lines of the
---   script function running (M.running_fn), see tail_place; name is the agg function's (a
---   pattern; default: the one msg starts with, "agg.page: …" → page, else fetch, as in fetch_all).
-function M.raise(msg, level, needle, name)
+--   script function running (M.running_fn), see tail_place, the agg function being the one msg
+--   starts with ("agg.page: …" → page), else fetch (as in fetch_all and call spec messages).
+function M.raise(msg, level, needle)
   level = level + 1
   local info = debug.getinfo(level, "Sl")
   local scripts = is_script(info)
@@ -170,11 +174,8 @@ function M.raise(msg, level, needle, name)
         if not outer then break end
         if is_script(outer) then error(("%s:%d: %s"):format(outer.short_src, outer.currentline, msg), 0) end
       end
-      if not name then
-        local called = str_match(msg, "^agg%.([%w_]+)")
-        name = called and ("%f[%w_]" .. called .. "%f[^%w_]") or "fetch"
-      end
-      local place, note = tail_place(fn, needle, name)
+      local called = str_match(msg, "^agg%.([%w_]+)")
+      local place, note = tail_place(fn, needle, called and ("%f[%w_]" .. called .. "%f[^%w_]") or "fetch")
       if place then error(place .. msg .. note, 0) end
     end
   end
