@@ -56,8 +56,9 @@ void agw_waterfall_record(agw_waterfall_t *wf, const agw_trace_t *tr)
         const agw_span_t *s = &tr->spans[i];
         agw_wf_call_t *c = &e->calls[i];
         memcpy(c->section, s->section, sizeof(c->section));
-        size_t dl = s->detail ? strnlen(s->detail, sizeof(c->detail) - 1) : 0; /* (no printf per call) */
-        memcpy(c->detail, s->detail ? s->detail : "", dl);
+        const char *d = s->detail ? s->detail : "";
+        size_t dl = strnlen(d, sizeof(c->detail) - 1); /* (no printf per call) */
+        memcpy(c->detail, d, dl);
         c->detail[dl] = '\0';
         c->upstream = s->upstream;
         c->http_status = s->http_status;

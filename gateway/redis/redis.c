@@ -188,7 +188,7 @@ int agw_redis_parse_url(const char *url, uint64_t timeout_ms, agw_redis_conf_t *
     inet_ntop(ai->ai_family, a, num, sizeof(num));
     freeaddrinfo(ai);
     free(c.host);
-    c.host = agw_strndup(num, strlen(num));
+    c.host = agw_strdup(num);
     c.connect_timeout_ms = timeout_ms * 20 > 100 ? timeout_ms * 20 : 100;
     *out = c;
     return 0;
@@ -217,9 +217,9 @@ int agw_redis_conf_same(const agw_redis_conf_t *a, const agw_redis_conf_t *b)
 static void conf_copy(agw_redis_conf_t *d, const agw_redis_conf_t *s)
 {
     *d = *s;
-    d->host = s->host ? agw_strndup(s->host, strlen(s->host)) : NULL;
-    d->user = s->user ? agw_strndup(s->user, strlen(s->user)) : NULL;
-    d->password = s->password ? agw_strndup(s->password, strlen(s->password)) : NULL;
+    d->host = agw_strdup_opt(s->host);
+    d->user = agw_strdup_opt(s->user);
+    d->password = agw_strdup_opt(s->password);
 }
 
 /* ---- commands ------------------------------------------------------------------------------- */
