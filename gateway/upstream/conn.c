@@ -82,11 +82,10 @@ static void conn_make_idle(agw_conn_t *c)
 {
     agw_pool_t *pool = c->pool;
     c->state = AGW_CONN_IDLE;
+    c->idle_ms = agw_pool_now_ms(pool);
     agw_pool_idle_push(pool, c);
-    if (pool->conf->idle_timeout_ms) {
-        ev_timer_set(&c->timer, (double)pool->conf->idle_timeout_ms / 1000.0, 0.);
-        ev_timer_start(pool->loop, &c->timer);
-    }
+    if (pool->conf->idle_timeout_ms && !ev_is_active(&pool->idle_timer))
+        agw_pool_idle_timer(pool); /* (when it runs, it is due for a connection idle longer) */
 }
 
 int agw_conn_give_back(agw_conn_t *c)
@@ -726,7 +725,7 @@ static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents)
         ev_timer_start(loop, &c->timer);
         return;
     }
-    if (c->state == AGW_CONN_IDLE || c->call == NULL) /* idle, or an orphan that did not connect in time */
+    if (c->call == NULL) /* an orphan that did not connect in time (idle ones: the pool's idle_timer) */
         agw_conn_close(c);
     else
         agw_call_fail(c->call, AGW_CALL_CONNECT_TIMEOUT, "%s: no connection to %s within %llu ms%s",

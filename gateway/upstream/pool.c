@@ -189,8 +189,7 @@ void agw_call_assign(agw_call_t *call)
         agw_conn_open(call);
         return;
     }
-    agw_pool_idle_remove(pool, c);
-    ev_timer_stop(pool->loop, &c->timer);
+    agw_pool_idle_remove(pool, c); /* (the pool's idle_timer stays: when due, it looks again) */
     call->state = AGW_CALL_ACTIVE;
     call->reused = 1;
     pool->stats.reused++;
@@ -277,12 +276,37 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* ---- public --------------------------------------------------------------------------- */
 
+void agw_pool_idle_timer(agw_pool_t *pool)
+{
+    uint64_t limit = pool->conf->idle_timeout_ms;
+    if (limit > AGW_POOL_IDLE_MAX_MS)
+        limit = AGW_POOL_IDLE_MAX_MS;
+    uint32_t now = agw_pool_now_ms(pool);
+    agw_conn_t *c;
+    while ((c = pool->idle_oldest) != NULL && (uint32_t)(now - c->idle_ms) >= limit)
+        agw_conn_close(c);
+    if (c != NULL) {
+        ev_timer_set(&pool->idle_timer, (double)(limit - (uint32_t)(now - c->idle_ms)) / 1000.0, 0.);
+        ev_timer_start(pool->loop, &pool->idle_timer);
+    }
+}
+
+static void on_idle_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    agw_pool_t *pool = w->data;
+    agw_pool_idle_timer(pool);
+    agw_pool_pump(pool); /* (connections closed: room for new ones) */
+}
+
 agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *conf)
 {
     agw_pool_t *pool = agw_calloc(1, sizeof(*pool));
     pool->loop = loop;
     pool->conf = conf;
     pool->max_conns = conf->max_connections ? conf->max_connections : ~0u;
+    ev_init(&pool->idle_timer, on_idle_timer);
+    pool->idle_timer.data = pool;
     return pool;
 }
 
@@ -324,6 +348,7 @@ void agw_pool_destroy(agw_pool_t *pool)
         call_discard(pool->calls);
     while (pool->idle)
         agw_conn_close(pool->idle);
+    ev_timer_stop(pool->loop, &pool->idle_timer);
     while (pool->orphans)
         agw_conn_close(pool->orphans);
     /* inside a callback the pool is freed when the callback returns */

@@ -61,8 +61,8 @@ typedef struct agw_conn {
     int watching;                /* events io is armed for */
     unsigned completed;          /* responses completed on this connection (0: fresh) */
     ev_io io;
-    ev_timer timer;              /* connect timeout while connecting and in the TLS handshake, idle
-                                    timeout while idle */
+    ev_timer timer;              /* connect timeout while connecting and in the TLS handshake (an idle
+                                    connection's timeout is the pool's idle_timer) */
     SSL *ssl;                    /* https:// upstreams: the TLS connection; NULL for http:// */
     agw_h1_response_t resp;      /* the response being read; its buffers only from its first byte
                                     until it is handed over (pool->spare, agw_conn_bufs_take) */
@@ -77,6 +77,8 @@ typedef struct agw_conn {
     unsigned tls_failed : 1;     /* a TLS error ended it: its session is not to be resumed */
     unsigned timer_deferred : 1; /* the connect timer fired with an event of the socket waiting
                                     and gave it one loop pass (on_conn_timer) */
+    uint32_t idle_ms;            /* while idle: when it became idle, agw_pool_now_ms (in the word the
+                                    flags above leave free: the record stays at 384 bytes) */
     struct agw_conn *rq_next;        /* the batch's list of reads to make, then of reads made */
     struct agw_conn *rq_prev;
     int rres;                    /* AGW_RQ_LANDED: what the read returned (bytes, 0: EOF, -errno) */
@@ -114,6 +116,10 @@ struct agw_pool {
     unsigned max_conns;          /* conf->max_connections, 0 read as no limit */
     unsigned open, nidle, pending;
     agw_conn_t *idle;                /* most recently idle first */
+    agw_conn_t *idle_oldest;     /* the idle list's last: idle the longest */
+    ev_timer idle_timer;         /* due when idle_oldest has been idle for conf->idle_timeout_ms
+                                    (agw_pool_idle_timer): one timer for every idle connection of the
+                                    pool, not one each, started and stopped with every call */
     agw_conn_t *orphans;         /* connections still connecting whose call was cancelled before its
                                     request went out: idle once connected (idle_next/idle_prev) */
     agw_call_t *calls;           /* every live call */
@@ -142,12 +148,25 @@ struct agw_pool {
     char rbuf[AGW_UPSTREAM_READ_BUF];    /* read buffer: every read is parsed before the next one */
 };
 
+/* The pool's clock for idle times, ms: ev_now() in ms, cut to 32 bits. Compared only by
+ * difference ((uint32_t)(now - then)), which holds for times up to 49 days apart: the longest idle
+ * timeout the pool applies (AGW_POOL_IDLE_MAX_MS). */
+#define AGW_POOL_IDLE_MAX_MS UINT32_MAX
+static inline uint32_t agw_pool_now_ms(const agw_pool_t *pool)
+{
+    return (uint32_t)(uint64_t)(ev_now(pool->loop) * 1000.0);
+}
+
+/* Puts c first on the idle list. Connections go idle in the order of the pool's clock, so the
+ * list runs from the most recently idle to the longest idle (idle_oldest). */
 static inline void agw_pool_idle_push(agw_pool_t *pool, agw_conn_t *c)
 {
     c->idle_prev = NULL;
     c->idle_next = pool->idle;
     if (pool->idle)
         pool->idle->idle_prev = c;
+    else
+        pool->idle_oldest = c;
     pool->idle = c;
     pool->nidle++;
 }
@@ -160,6 +179,8 @@ static inline void agw_pool_idle_remove(agw_pool_t *pool, agw_conn_t *c)
         pool->idle = c->idle_next;
     if (c->idle_next)
         c->idle_next->idle_prev = c->idle_prev;
+    else
+        pool->idle_oldest = c->idle_prev;
     pool->nidle--;
 }
 
@@ -183,6 +204,10 @@ static inline void agw_pool_orphan_remove(agw_pool_t *pool, agw_conn_t *c)
     if (c->idle_next)
         c->idle_next->idle_prev = c->idle_prev;
 }
+
+/* Closes the idle connections that have been idle for the pool's idle_timeout_ms (the longest
+ * idle first), then arms idle_timer for the next one to reach it, if any (pool.c). */
+void agw_pool_idle_timer(agw_pool_t *pool);
 
 static inline void agw_batch_push(agw_batch_t *b, agw_conn_t *c)
 {

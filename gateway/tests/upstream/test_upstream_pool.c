@@ -249,6 +249,59 @@ static void idle_timeout_closes_connection(void)
     srv_stop(&srv);
 }
 
+/* The pool's one idle timer: a connection taken from the idle list and given back is closed a
+ * whole idle timeout after it was given back, not at the time its first idle spell would have
+ * ended (the timer, armed then, looks again); and two connections idle since different times are
+ * each closed once their own timeout has passed, the timer re-armed between them. Only lower
+ * bounds on time are asserted: a loaded machine makes the closes later, never earlier. */
+static void idle_timer_counts_from_the_last_idle_time(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.idle_timeout_ms = 2000; /* (a stall of the loop under 1.6 s leaves the test as it is) */
+    /* a connection goes idle after its call started (a bound from below on its idle time that the
+     * test can see: its callback may come an iteration later); the pool's clock counts whole ms */
+    const double t_s = 2.0, slack_s = 0.002;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    rec_t a = {0}, b = {0}, c = {0};
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_done, &a);
+    CHECK(wait_for(&a.done, 1, WAIT_S));
+    run_for(0.4); /* the connection idle since a, the pool's timer due 2 s after that */
+    double start_b = ev_time();
+    agw_call_start(pool, &req, on_done, &b);
+    CHECK(wait_for(&b.done, 1, WAIT_S));
+    CHECK(b.reused == 1 && srv.accepted == 1);
+    CHECK(stats(pool).idle == 1);
+    CHECK(wait_for(&srv.eofs, 1, WAIT_S));
+    CHECK(ev_time() - start_b >= t_s - slack_s); /* not 2 s after a, 1.6 s after b started */
+    CHECK(stats(pool).open == 0);
+
+    /* two connections: one idle since c, the other since e (about 0.55 s later) */
+    rec_t d = {0}, e = {0};
+    double start_c = ev_time();
+    agw_call_start(pool, &req, on_done, &c);
+    agw_call_req_t slow = get("/slow");
+    agw_call_start(pool, &slow, on_done, &d); /* a second connection: the first is busy */
+    CHECK(wait_for(&c.done, 1, WAIT_S));
+    CHECK(wait_for(&d.done, 1, WAIT_S));
+    CHECK(srv.accepted == 3);
+    run_for(0.4);
+    double start_e = ev_time();
+    agw_call_start(pool, &req, on_done, &e); /* takes the most recently idle one (d's), then gives it back */
+    CHECK(wait_for(&e.done, 1, WAIT_S) && e.reused == 1);
+    CHECK(wait_for(&srv.eofs, 2, WAIT_S));
+    CHECK(ev_time() - start_c >= t_s - slack_s);
+    CHECK(stats(pool).open == 1 && stats(pool).idle == 1);
+    CHECK(wait_for(&srv.eofs, 3, WAIT_S));
+    CHECK(ev_time() - start_e >= t_s - slack_s); /* not 2 s after d's answer: 2 s after e's */
+    CHECK(stats(pool).open == 0 && stats(pool).idle == 0);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 /* A callback that starts the next call on the same pool, then (on the second) destroys it. */
 typedef struct chain {
     agw_pool_t *pool;
@@ -429,6 +482,7 @@ int main(int argc, char **argv)
     RUN(post_not_retried_when_reused_connection_was_closed);
     RUN(idle_connection_closed_by_upstream_is_removed);
     RUN(idle_timeout_closes_connection);
+    RUN(idle_timer_counts_from_the_last_idle_time);
     RUN(callback_may_start_next_call_on_same_connection_and_destroy_pool);
     RUN(result_stays_valid_when_callback_closes_its_connection);
     RUN(bytes_after_a_response_that_filled_the_read_buffer_are_no_answer);
