@@ -35,16 +35,18 @@ local getmt = debug.getmetatable
 -- job field), never looked up by its coroutine.
 local running = { job = false, co = false }
 M.running = running
--- resume(job, ...): agg.runtime's (M.bind_requests)
-local resume
+-- resume(job, ...), run_job(job, fn, a, n): agg.runtime's (M.bind_requests)
+local resume, run_job
 
 --- Binds the upstream table (agg.runtime.init).
 function M.bind(ups) upstreams = ups end
 
---- Binds agg.runtime's resume(job, ...): runs job's coroutine (see running) with ... until it
--- waits in a fetch_all, and hands on its outcome when it ends.
-function M.bind_requests(job_resume)
-  resume = job_resume
+--- Binds agg.runtime's resume(job, ...), which runs job's coroutine (see running) with ... until it
+-- waits in a fetch_all and hands on its outcome when it ends, and run_job(job, fn, a, n), which
+-- gives job a coroutine (job.co, one of the runtime's, reused) and runs fn(a) there, or
+-- fn(unpack(a, 1, n)) when n is given.
+function M.bind_requests(job_resume, job_run)
+  resume, run_job = job_resume, job_run
 end
 
 --- The context of the request whose handler or continuation is running, or nil (the runtime's
@@ -77,12 +79,13 @@ local draining = false
 -- overflowed the stack (the section failed with "stack overflow").
 local function deliver(g, key, chain, r)
   if not chain then return settle(g, key, r) end
-  run_later(g, { key = key, info = chain }, { r })
+  run_later(g, key, chain, false, r)
   if not draining or drain_left() then drain_ready() end
 end
 exchange.set_deliver(deliver)
 
 local NO_THENS = {} -- a fan-out without continuations (shared, never written)
+local NO_OPTS = {}  -- a chain without options (shared, never written)
 local memo, clear_memo = {}, callspec.clear_memo -- start_group's for callspec.normalize
 
 -- True when group g descends from group anc (is anc, or a fan-out a continuation of anc started).
@@ -157,7 +160,9 @@ local function cancel_rest(g, failed_key)
 end
 
 -- Continuations whose dependencies have settled, run in the order they became ready: a queue of
--- (group, then record, dependency results) drained by the outermost settle, not a recursion. A
+-- (group, section key, the chain's info, its dependencies' results or false, and false or the one
+-- result of a chain's own call; agg.fanout run_then), five slots an entry and no table made for
+-- one, drained by the outermost settle, not a recursion. A
 -- continuation that settles at once (it returns a value) makes the next one of a chain ready
 -- inside its own settle: run there, a chain of a thousand held a thousand nested frames of the
 -- settle's caller until its stack overflowed (about 1,400; the page failed with "stack overflow"
@@ -165,32 +170,31 @@ end
 local ready_q, ready_first, ready_n = {}, 1, 0
 local drainer -- the coroutine whose drain_ready is running (false: the main thread)
 
-run_later = function(g, t, args)
-  local i = ready_first + ready_n * 3
-  ready_q[i], ready_q[i + 1], ready_q[i + 2] = g, t, args
+run_later = function(g, key, info, args, r1)
+  local i = ready_first + ready_n * 5
+  ready_q[i], ready_q[i + 1], ready_q[i + 2], ready_q[i + 3], ready_q[i + 4] = g, key, info, args, r1
   ready_n = ready_n + 1
 end
 
 local function drain_loop()
   while ready_n > 0 do
     local i = ready_first
-    local g, t, args = ready_q[i], ready_q[i + 1], ready_q[i + 2]
-    ready_q[i], ready_q[i + 1], ready_q[i + 2] = nil, nil, nil
-    ready_first, ready_n = i + 3, ready_n - 1
+    local g, key, info, args, r1 = ready_q[i], ready_q[i + 1], ready_q[i + 2], ready_q[i + 3], ready_q[i + 4]
+    ready_q[i], ready_q[i + 1], ready_q[i + 2], ready_q[i + 3], ready_q[i + 4] = nil, nil, nil, nil, nil
+    ready_first, ready_n = i + 5, ready_n - 1
     if ready_n == 0 then ready_first = 1 end
-    if g.results[t.key] ~= nil or g.ctx.done then
+    if g.results[key] ~= nil or g.ctx.done then
       -- settled meanwhile (failing fast cancelled it) or its request ended: nothing to run
     elseif under_cancel(g) then
-      settle(g, t.key, cancelled_result(g, t.key, t.info.opts))
+      settle(g, key, cancelled_result(g, key, info.opts))
     else
       -- a mistake of the runtime's here fails this section, never the drain: what is left in
       -- the queue is other requests' too, and the caller of settle may be delivering another
       -- request's answer (single-flight's waiters)
-      local ok, err = pcall(M.run_then, g, t.key, t.info, args)
+      local ok, err = pcall(M.run_then, g, key, info, args, r1)
       if not ok then
-        log_error(g.ctx, "continuation of " .. tostring(t.key), err)
-        settle(g, t.key, fail(g.ctx, new_result(t.key, t.info.opts), problem.script_error(tostring(t.key)),
-                              t.info.opts))
+        log_error(g.ctx, "continuation of " .. tostring(key), err)
+        settle(g, key, fail(g.ctx, new_result(key, info.opts), problem.script_error(tostring(key)), info.opts))
       end
     end
   end
@@ -233,9 +237,14 @@ settle = function(g, key, r)
       end
       if ready then
         t.started = true
-        local args = {}
-        for j = 1, #t.deps do args[j] = g.results[t.deps[j]] end
-        run_later(g, t, args)
+        local nd = #t.deps
+        if nd == 1 then -- (one dependency: its result travels alone, no list is made)
+          run_later(g, t.key, t.info, false, g.results[t.deps[1]])
+        else
+          local args = new_tab(nd, 0)
+          for j = 1, nd do args[j] = g.results[t.deps[j]] end
+          run_later(g, t.key, t.info, args, false)
+        end
       end
     end
   end
@@ -479,8 +488,8 @@ local function start_group(ctx, tbl, level, parent, defer)
           end
           if d == key then where.raise(("fetch_then for '%s' depends on itself"):format(tostring(key)), level, where.quoted(d)) end
         end
-        if g.thens == NO_THENS then g.thens = {} end
-        g.thens[#g.thens + 1] = { key = key, deps = deps, info = info, started = false }
+        local t = { key = key, deps = deps, info = info, started = false }
+        if g.thens == NO_THENS then g.thens = { t } else g.thens[#g.thens + 1] = t end
       else
         -- a chain with a call spec of its own as its dependency
         n = n + 1
@@ -498,12 +507,12 @@ local function start_group(ctx, tbl, level, parent, defer)
     local cycle = find_cycle(g.thens)
     if cycle then error("fetch_then dependency cycle: " .. cycle .. " (each waits for the next)", level) end
     -- section key -> the continuations that wait for it, in key order
-    local waiters = {}
+    local waiters = new_tab(0, #g.thens)
     for _, t in ipairs(g.thens) do
       for _, d in ipairs(t.deps) do
         local w = waiters[d]
-        if not w then w = {}; waiters[d] = w end
-        if w[#w] ~= t then w[#w + 1] = t end -- a key listed twice in deps: once
+        if not w then waiters[d] = { t }
+        elseif w[#w] ~= t then w[#w + 1] = t end -- a key listed twice in deps: once
       end
     end
     g.waiters = waiters
@@ -633,11 +642,13 @@ function M.fetch(spec)
   return fetch_all_at({ [key] = spec }, "agg.fetch", 2)[key]
 end
 
--- Runs a continuation for section key of group g with the dependency results args.
-function M.run_then(g, key, info, args)
+-- Runs a continuation for section key of group g with its dependencies' results: args, their list
+-- in order, or false and r1, the one result (one dependency, or a chain's own call).
+function M.run_then(g, key, info, args, r1)
   local ctx = g.ctx
-  for i = 1, #args do
-    local d = args[i]
+  local n = args and #args or 1
+  for i = 1, n do
+    local d = args and args[i] or r1
     if not d.ok then
       local deps = type(info.dep) == "table" and not callspec.is_spec(info.dep) and info.dep or { info.dep }
       local depname = callspec.is_spec(info.dep) and info.dep[1] or tostring(deps[i])
@@ -651,17 +662,92 @@ function M.run_then(g, key, info, args)
   end
   -- the continuation's job (see running): what its coroutine's fetch_all and its end need, kept
   -- by what leads to it (the group a fetch_all of its waits on), gone with its page
-  local job = { co = coroutine.create(info.fn), ctx = ctx, group = g, key = key, info = info, fin = finish_then }
-  resume(job, unpack(args, 1, #args))
+  local job = { co = false, ctx = ctx, group = g, key = key, info = info, fin = finish_then }
+  if args then run_job(job, info.fn, args, n) else run_job(job, info.fn, r1) end
 end
 
 -- Settles section key of g with what a continuation returned: nil (section skipped), a call spec,
 -- another chain, a table of specs (nested fan-out), or a plain computed value. fn: the
 -- continuation, whose lines place a mistake in what it returned (it has returned: no frame of the
 -- script is on the stack while its spec is checked).
+-- settle_value's checks and settling, under its pcall (a named function: no closure a step)
+local function settle_checked(g, key, v, opts, fn, ctx, outer)
+  if callspec.is_spec(v) then
+    where.fallback = fn
+    local spec = callspec.normalize(v, upstreams, 2, ctx)
+    where.fallback = outer
+    if opts.required then spec.required = true end
+    if opts.fallback ~= nil and spec.fallback == nil then
+      spec.fallback = opts.fallback
+    end
+    start_call(ctx, key, spec, g, nil)
+    return
+  end
+  if result.is_result(v) then
+    -- a result the continuation got (agg.fetch, an element of a fan-out's): its data is the
+    -- section's, or its failure is (a result is no JSON data itself)
+    local r = new_result(key, opts)
+    r.ms = v.ms or 0
+    local good, d = data_of(v)
+    if good then
+      r.ok, r.status, r.data = true, "ok", d
+      settle(g, key, r)
+    else
+      settle(g, key, fail(ctx, r, d, opts))
+    end
+    return
+  end
+  local info = is_then(v)
+  if info then
+    where.fallback = fn
+    local sub = start_group(ctx, { [key] = v }, 2, g)
+    where.fallback = outer
+    sub.on_complete = function(res) settle(g, key, res[key]) end
+    if sub.pending == 0 then sub.on_complete(sub.results) end
+    return
+  end
+  if type(v) == "table" then
+    -- one pass: all specs or chains (a nested fan-out), all results (a fan-out's results), or a
+    -- result held among other values (the first such key)
+    local plain = getmetatable(v) == nil and next(v) ~= nil
+    local all, results, held = plain, plain, nil
+    for k, s in pairs(v) do
+      if all and not (callspec.is_spec(s) or is_then(s)) then all = false end
+      if not result.is_result(s) then
+        results = false
+      elseif held == nil then
+        held = k
+      end
+    end
+    if results then
+      -- the results of an agg.fetch_all the continuation made: the section is made of them as a
+      -- nested fan-out's (a result is no JSON data: encoded as it is, it had no data and a failed
+      -- call's upstream body)
+      settle(g, key, combine(ctx, key, v, #v > 0, opts))
+      return
+    end
+    if all then
+      local list = #v > 0
+      where.fallback = fn
+      local sub = start_group(ctx, v, 2, g)
+      where.fallback = outer
+      sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
+      if sub.pending == 0 then sub.on_complete(sub.results) end
+      return
+    end
+    if held ~= nil then
+      error(("the value returned holds a call result under '%s', which is no JSON data: return the result " ..
+             "itself, the results of a fan-out, or its data (.data)"):format(tostring(held)), 0)
+    end
+  end
+  local r = new_result(key, opts)
+  r.ok, r.status, r.data, r.ms = true, "ok", v, 0
+  settle(g, key, r)
+end
+
 function M.settle_value(g, key, v, opts, fn)
   local ctx = g.ctx
-  opts = opts or {}
+  opts = opts or NO_OPTS
   -- where.fallback is fn only while what fn returned is checked (normalize, start_group), never
   -- while calls start or other code of the request runs (settle may resume the handler)
   local outer = where.fallback
@@ -671,79 +757,7 @@ function M.settle_value(g, key, v, opts, fn)
     settle(g, key, r)
     return
   end
-  local ok, err = pcall(function()
-    if callspec.is_spec(v) then
-      where.fallback = fn
-      local spec = callspec.normalize(v, upstreams, 2, ctx)
-      where.fallback = outer
-      if opts.required then spec.required = true end
-      if opts.fallback ~= nil and spec.fallback == nil then
-        spec.fallback = opts.fallback
-      end
-      start_call(ctx, key, spec, g, nil)
-      return
-    end
-    if result.is_result(v) then
-      -- a result the continuation got (agg.fetch, an element of a fan-out's): its data is the
-      -- section's, or its failure is (a result is no JSON data itself)
-      local r = new_result(key, opts)
-      r.ms = v.ms or 0
-      local good, d = data_of(v)
-      if good then
-        r.ok, r.status, r.data = true, "ok", d
-        settle(g, key, r)
-      else
-        settle(g, key, fail(ctx, r, d, opts))
-      end
-      return
-    end
-    local info = is_then(v)
-    if info then
-      where.fallback = fn
-      local sub = start_group(ctx, { [key] = v }, 2, g)
-      where.fallback = outer
-      sub.on_complete = function(res) settle(g, key, res[key]) end
-      if sub.pending == 0 then sub.on_complete(sub.results) end
-      return
-    end
-    if type(v) == "table" then
-      -- one pass: all specs or chains (a nested fan-out), all results (a fan-out's results), or a
-      -- result held among other values (the first such key)
-      local plain = getmetatable(v) == nil and next(v) ~= nil
-      local all, results, held = plain, plain, nil
-      for k, s in pairs(v) do
-        if all and not (callspec.is_spec(s) or is_then(s)) then all = false end
-        if not result.is_result(s) then
-          results = false
-        elseif held == nil then
-          held = k
-        end
-      end
-      if results then
-        -- the results of an agg.fetch_all the continuation made: the section is made of them as a
-        -- nested fan-out's (a result is no JSON data: encoded as it is, it had no data and a failed
-        -- call's upstream body)
-        settle(g, key, combine(ctx, key, v, #v > 0, opts))
-        return
-      end
-      if all then
-        local list = #v > 0
-        where.fallback = fn
-        local sub = start_group(ctx, v, 2, g)
-        where.fallback = outer
-        sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
-        if sub.pending == 0 then sub.on_complete(sub.results) end
-        return
-      end
-      if held ~= nil then
-        error(("the value returned holds a call result under '%s', which is no JSON data: return the result " ..
-               "itself, the results of a fan-out, or its data (.data)"):format(tostring(held)), 0)
-      end
-    end
-    local r = new_result(key, opts)
-    r.ok, r.status, r.data, r.ms = true, "ok", v, 0
-    settle(g, key, r)
-  end)
+  local ok, err = pcall(settle_checked, g, key, v, opts, fn, ctx, outer)
   where.fallback = outer
   if not ok then
     -- a mistake raised without a place (error(msg, level) past the runtime's frames) is the

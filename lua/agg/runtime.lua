@@ -118,23 +118,37 @@ end
 -- Resumes co; when it ends, hands its outcome to its finisher.
 local finish_request
 
--- Handler coroutines are reused: each runs handler_body, which yields DONE with the handler's
--- return value and waits for the next request. A handler that raises kills its coroutine.
+-- The coroutines of handlers and fetch_then continuations are reused: each runs job_body, which
+-- yields DONE with the function's return value and waits for the next job (a continuation made a
+-- coroutine of its own at every step of a chain: about 2,400 instructions with its stack and its
+-- collection, docs/performance.md "An eighteenth pass"). A function that raises kills its
+-- coroutine.
 local DONE = {}
 local pool, pool_n, POOL_MAX = {}, 0, 64
 
--- What a handler returned travels beside the yield, not through it: a coroutine waiting in the pool
--- keeps the values of its frame, and the last response (the page, its sections' data) stayed alive
--- until the coroutine served another request.
+-- What a job's function returned travels beside the yield, not through it: a coroutine waiting in
+-- the pool keeps the values of its frame, and the last response (the page, its sections' data)
+-- stayed alive until the coroutine served another request.
 local returned
-local function handler_body(fn, req)
+-- fn(a) (a handler's request, a continuation's one dependency), or fn(unpack(a, 1, n)) when n is
+-- given (a continuation's dependencies, a list)
+local function job_body(fn, a, n)
   while true do
-    returned = fn(req)
+    if n then returned = fn(unpack(a, 1, n)) else returned = fn(a) end
     -- a coroutine waiting here (in the pool, or dropped when the pool is full) must not keep the
     -- request it served (and its context, the req's metatable's) alive
-    fn, req = nil, nil
-    fn, req = coroutine.yield(DONE)
+    fn, a, n = nil, nil, nil
+    fn, a, n = coroutine.yield(DONE)
   end
+end
+
+-- A coroutine for a job: one from the pool, or a new one.
+local function take_co()
+  if pool_n == 0 then return coroutine.create(job_body) end
+  local co = pool[pool_n]
+  pool[pool_n] = nil
+  pool_n = pool_n - 1
+  return co
 end
 
 -- The coroutine of job (a request's context or a continuation's record, see running) is done
@@ -176,7 +190,7 @@ local function resume(job, ...)
   if ok and v == DONE then
     local w = returned
     returned = nil
-    finish_request(job, true, w, co)
+    if job.fin then job.fin(job, true, w, co) else finish_request(job, true, w, co) end
     if pool_n < POOL_MAX then
       pool_n = pool_n + 1
       pool[pool_n] = co
@@ -191,7 +205,15 @@ local function resume(job, ...)
   end
 end
 
-fanout.bind_requests(resume)
+-- Runs fn in a coroutine for job (a fetch_then continuation's record, agg.fanout run_then): fn(a),
+-- or fn(unpack(a, 1, n)) when n is given.
+local function run_job(job, fn, a, n)
+  local co = take_co()
+  job.co = co
+  resume(job, fn, a, n)
+end
+
+fanout.bind_requests(resume, run_job)
 
 -- (at most TIMING_NAMES_KEPT kept: section keys a script makes from ids would grow it for good;
 -- a name is the key's first TIMING_NAME_BYTES bytes, and a longer key is never kept: a section
@@ -594,15 +616,7 @@ function M.start(rid, idx, method, path, params, query, body, user, waited_ms)
                 __index = req_index, __metatable = "agg.request" }
   contexts[slot(rid)] = ctx
   local req = setmetatable({ method = method, path = path, params = params, route = ep.route }, ctx)
-  local co
-  if pool_n > 0 then
-    co = pool[pool_n]
-    pool[pool_n] = nil
-    pool_n = pool_n - 1
-  else
-    co = coroutine.create(handler_body)
-  end
-  ctx.co = co
+  ctx.co = take_co()
   resume(ctx, ep.handler, req)
 end
 
