@@ -80,6 +80,15 @@ static int usage(void)
     return 2;
 }
 
+/* A command line aggway does not take: what is wrong with it (one line, "aggway: WHAT 'ARG'
+ * HINT", ARG and HINT when not NULL), then the help; exit status 2. */
+static int usage_error(const char *what, const char *arg, const char *hint)
+{
+    fprintf(stderr, "aggway: %s%s%s%s%s%s\n\n", what, arg ? " '" : "", arg ? arg : "", arg ? "'" : "",
+            hint ? " " : "", hint ? hint : "");
+    return usage();
+}
+
 static int cmd_version(void)
 {
     const char *dir = agw_runtime_dir();
@@ -200,24 +209,45 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)
         return cmd_version();
 
+    int serve = strcmp(cmd, "serve") == 0, check = strcmp(cmd, "check") == 0, test = strcmp(cmd, "test") == 0;
+    if (!serve && !check && !test)
+        return usage_error("unknown command", cmd, "(serve, check, test, version, help)");
     const char *dir = "scripts";
     int i = 2;
-    if (i + 1 < argc + 1 && i < argc && strcmp(argv[i], "-c") == 0) {
+    if (i < argc && strcmp(argv[i], "-c") == 0) {
         if (i + 1 >= argc)
-            return usage();
+            return usage_error("-c needs the scripts folder after it", NULL, NULL);
         dir = argv[i + 1];
         i += 2;
     }
-    int known = (strcmp(cmd, "serve") == 0 || strcmp(cmd, "check") == 0) ? i == argc : strcmp(cmd, "test") == 0;
-    if (known && agw_runtime_dir() == NULL) {
+    if (test) {
+        /* `aggway test spec -c scripts`: -c is the scripts folder wherever it comes (busted's own
+         * -c, its coverage, is spelt --coverage here), taken out of what busted gets */
+        for (int j = i; j < argc; j++) {
+            if (strcmp(argv[j], "--") == 0)
+                break;
+            if (strcmp(argv[j], "-c") != 0)
+                continue;
+            if (j + 1 >= argc)
+                return usage_error("-c needs the scripts folder after it", NULL, NULL);
+            dir = argv[j + 1];
+            for (int k = j; k + 2 <= argc; k++)
+                argv[k] = argv[k + 2];
+            argc -= 2;
+            j--;
+        }
+    } else if (i < argc) {
+        if (strcmp(argv[i], "-c") == 0)
+            return usage_error("-c given twice", NULL, NULL);
+        return usage_error("unexpected argument", argv[i], "(the scripts folder is given as -c DIR)");
+    }
+    if (agw_runtime_dir() == NULL) {
         fprintf(stderr, "aggway: %s\n", agw_runtime_dir_problem());
         return 1;
     }
-    if (strcmp(cmd, "serve") == 0 && i == argc)
+    if (serve)
         return cmd_serve(dir);
-    if (strcmp(cmd, "check") == 0 && i == argc)
+    if (check)
         return cmd_check(dir, 0);
-    if (strcmp(cmd, "test") == 0)
-        return cmd_test(dir, argc - i, argv + i);
-    return usage();
+    return cmd_test(dir, argc - i, argv + i);
 }

@@ -469,7 +469,7 @@ describe("script errors", function()
     assert.matches("errors.lua:70: agg.fetch expects a call spec", table.concat(gw:logs(), "\n"), 1, true)
     page = gw:get("/err/then-tail")
     assert.equal("unavailable", page.json.y.status)
-    assert.matches("errors.lua:75: agg.fetch_then: unknown option 'requird'", table.concat(gw:logs(), "\n"), 1, true)
+    assert.matches("errors.lua:74: agg.fetch_then: unknown option 'requird' (did you mean 'required'?)", table.concat(gw:logs(), "\n"), 1, true)
   end)
 
   it("place a mistake whose frame is gone or a C function's without guessing a wrong line", function()
@@ -503,6 +503,18 @@ describe("script errors", function()
     assert.equal(500, gw:get("/err/tail-alias").status)
     assert.matches(("errors.lua:%d: agg.fetch_all expects a table of call specs (in a call made as a tail call"):format(
       at["TAIL-ALIAS"]), logs(), 1, true)
+    -- agg.page's options are checked (a misspelt one would drop its headers unseen), and the tail
+    -- calls of functions defined inside the handler are not the handler's own
+    assert.equal(500, gw:get("/err/page-option").status)
+    assert.matches(("errors.lua:%d: agg.page: unknown option 'headrs' (did you mean 'headers'?)"):format(
+      at["TAIL-PAGEOPT"]), logs(), 1, true)
+    assert.equal(500, gw:get("/err/page-headers").status)
+    assert.matches(("errors.lua:%d: agg.page: option 'headers' must be a table of name = value, got string"):format(
+      at["TAIL-PAGEHDR"]), logs(), 1, true)
+    assert.equal(500, gw:get("/err/page-nested").status)
+    assert.matches(("errors.lua:%d: agg.page expects the results table of agg.fetch_all, got string"):format(
+      at["TAIL-NESTED"]), logs(), 1, true)
+    assert.not_matches("got string (in a call made as a tail call", logs(), 1, true)
   end)
 
   it("answer 500 when a handler yields by itself instead of hanging", function()

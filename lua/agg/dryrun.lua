@@ -4,16 +4,19 @@
 --
 -- Each endpoint gets one request on the virtual clock: its route with every parameter "1", the
 -- user its auth policy needs, and every upstream stubbed with `{}` (a 200 JSON object) after 1 ms.
--- The stubs are made up, so only the errors that name a call spec are reported — an unknown
--- upstream or option, an option of the wrong type, a fetch_then key missing from the table —
--- with the file:line of the spec (agg.where); any other script error (indexing the made-up data)
--- says nothing about the script and is left to its specs. A handler that errors before reaching
+-- The stubs are made up, so only the errors no made-up answer can cause are reported: those that
+-- name a call spec — an unknown upstream or option, an option of the wrong type, a fetch_then key
+-- missing from the table — with the file:line of the spec (agg.where); an unknown agg.page option;
+-- and a call of a function agg does not have (`agg.fetchall { … }`) or a read through a field req
+-- does not have (`req.param.id`), on a line that writes it so. Any other script error (indexing the
+-- made-up data) says nothing about the script and is left to its specs. A handler that errors before reaching
 -- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches. A folder with
 -- scripts = { trusted = true } is not run (its handlers may have effects outside the gateway).
-local str_find, str_match = string.find, string.match
+local str_find, str_match, str_gsub = string.find, string.match, string.gsub
 local testing = require "agg.testing"
 local result = require "agg.result"
 local sys = require "agg.sys"
+local config = require "agg.config"
 
 local M = {}
 
@@ -27,7 +30,7 @@ M.BUDGET_S = 30
 -- are left to the specs.
 local SPEC_ERRORS = {
   "unknown upstream '", ": unknown option '", "is not supported", "retry option '",
-  "fetch_then for '", "fetch_then dependency cycle",
+  "fetch_then for '", "fetch_then dependency cycle", "agg.page: option 'headers' must be a table",
 }
 local TYPE_ERROR = "call to '[^']*': option '[^']*' must be a "
 
@@ -37,6 +40,41 @@ local function is_spec_error(msg)
     if str_find(msg, p, 1, true) then return true end
   end
   return false
+end
+
+-- What a request has (agg.runtime's req and its lazy fields), for `req.X` reads of the dry run.
+local REQ_FIELDS = { method = true, path = true, params = true, route = true, query = true, headers = true,
+                     body = true, json = true, user = true, trace_id = true, remaining_ms = true }
+
+-- "file:line: agg.X is not …" for a Lua error of the dry run that no made-up answer causes: a
+-- call of a field agg does not have, or an index of a field req does not have, written as
+-- `agg.X(`/`agg.X {`/`agg.X "` or `req.X.`/`req.X[` on the line the error names (where the
+-- handler calls its request `req`, as the docs do). nil for any other error.
+local function misnamed(msg)
+  local file, line, what, field = str_match(msg, "^(.-):(%d+): attempt to (%a+) field '([%w_]+)' %(a nil value%)$")
+  if not file then return nil end
+  local n, text = tonumber(line), nil
+  local f = io.open(file, "r")
+  if not f then return nil end
+  local i = 0
+  for l in f:lines() do
+    i = i + 1
+    if i == n then text = l break end
+  end
+  f:close()
+  if not text then return nil end
+  local name = str_gsub(field, "%p", "%%%0")
+  if what == "call" and str_find(text, "%f[%w_]agg%." .. name .. "%s*[%({\"']") then
+    local agg = require "agg"
+    if agg[field] ~= nil then return nil end
+    -- (agg is a read-only view: its names are its metatable's __index's, agg.readonly)
+    return ("%s:%d: agg.%s is not a function of agg%s"):format(file, n, field,
+                                                             config.suggest(field, debug.getmetatable(agg).__index))
+  end
+  if what == "index" and not REQ_FIELDS[field] and str_find(text, "%f[%w_]req%." .. name .. "%s*[%.%[]") then
+    return ("%s:%d: req.%s is not a field of the request%s"):format(file, n, field, config.suggest(field, REQ_FIELDS))
+  end
+  return nil
 end
 
 -- The path of a route with every parameter "1": "GET /items/{id}/x" -> "/items/1/x".
@@ -87,9 +125,10 @@ function M.run(dir)
       -- "script error in GET /x (file), section s: file:24: call to … (called at line 79) | stack…"
       local msg = result.without_traceback(e)
       local inner = str_match(msg, "^script error in .-%): (.*)$") or str_match(msg, "^script error in .-: (.*)$") or msg
-      if is_spec_error(inner) and not seen[inner] then
-        seen[inner] = true
-        found[#found + 1] = inner .. " (found by a dry run of " .. ep.route .. ")"
+      local report = is_spec_error(inner) and inner or misnamed(inner)
+      if report and not seen[report] then
+        seen[report] = true
+        found[#found + 1] = report .. " (found by a dry run of " .. ep.route .. ")"
       end
     end
   end

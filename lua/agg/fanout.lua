@@ -86,6 +86,7 @@ exchange.set_deliver(deliver)
 
 local NO_THENS = {} -- a fan-out without continuations (shared, never written)
 local NO_OPTS = {}  -- a chain without options (shared, never written)
+local THEN_OPTIONS = { required = true, fallback = true } -- agg.fetch_then's
 local memo, clear_memo = {}, callspec.clear_memo -- start_group's for callspec.normalize
 
 -- True when group g descends from group anc (is anc, or a fan-out a continuation of anc started).
@@ -845,11 +846,15 @@ function M.fetch_then(dep, fn, opts)
   if not callable.is(fn) then
     where.raise("agg.fetch_then: the second argument must be a function, got " .. callable.kind(fn), 2)
   end
-  if opts ~= nil and type(opts) ~= "table" then where.raise("agg.fetch_then: options must be a table", 2) end
-  local o = opts or {}
+  if opts ~= nil and type(opts) ~= "table" then
+    where.raise("agg.fetch_then: options must be a table, got " .. type(opts), 2)
+  end
+  local o = opts or NO_OPTS
   for k in pairs(o) do
-    if k ~= "required" and k ~= "fallback" then
-      where.raise("agg.fetch_then: unknown option '" .. tostring(k) .. "' (required, fallback)", 2)
+    if not THEN_OPTIONS[k] then
+      local kn = where.key_name(k)
+      where.raise(("agg.fetch_then: unknown option '%s'%s (required, fallback)"):format(kn, config.suggest(kn, THEN_OPTIONS)),
+                  2, where.option(k))
     end
   end
   -- (getmetatable gives scripts a name, never the table)

@@ -63,7 +63,7 @@ local function all_but(lib, except)
 end
 
 local NO_BYTECODE = "it turns functions into bytecode, which the sandbox does not load"
-local SANDBOX = "the scripts' sandbox keeps them away from the machine (see docs/guide.md, 'What a script can and cannot do')"
+local SANDBOX = "the scripts' sandbox keeps them away from the machine (see docs/api.md, 'The sandbox: what a script can and cannot do')"
 
 -- string without dump. Strings' methods ("x"):dump() come from the string metatable, so it reads
 -- through the same table, and its metatable is protected: getmetatable("") gives "string", never a

@@ -21,7 +21,8 @@ usage: aggway test [-c DIR] [--watch [--watch-runs N]] [BUSTED OPTIONS] [SPEC ..
 Runs the page specs (default: the folder spec/) against the scripts folder DIR (default:
 scripts) on the spec harness: stubbed upstreams, a virtual clock, the production runtime.
 
-  -c DIR            the scripts folder the specs load (testing.gateway() with no dir)
+  -c DIR            the scripts folder the specs load (testing.gateway() with no dir),
+                    anywhere on the line (busted's own -c is spelt --coverage here)
   --watch           run the specs, then again each time a .lua file in DIR or the spec
                     folders changes (Ctrl-C stops)
   --watch-runs N    with --watch: stop after N runs
@@ -43,7 +44,9 @@ local function short(line)
   local msg = str_gsub(line, "^error: ", "")
   msg = require("agg.result").without_traceback(msg)
   -- "script error in GET /x (scripts/x.lua): scripts/x.lua:3: boom" -> the part from file:line
-  local inner = str_match(msg, "^script error in [^:]-%): (.*)$")
+  -- (also after ", section s" or ", continuation of s", and for a route whose pattern holds ':',
+  -- "GET /o/{id:[0-9]+}": the file is the first parenthesized part without parentheses inside)
+  local _, inner = str_match(msg, "^script error in .-%(([^()]+)%)[^:]*: (.*)$")
   return inner or msg
 end
 

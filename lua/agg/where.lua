@@ -106,6 +106,31 @@ function M.place_in(fn, needle)
   return ("%s:%d: "):format(info.short_src, line)
 end
 
+-- The text of fn's own lines first..last (line number -> text): the functions defined inside fn
+-- left out (their lines, and a line's text from where one starts), so that their `return g(…)`
+-- is not taken for one of fn's tail calls (`agg.shape(r, function(v) return agg.pick(v, k) end)`
+-- beside `return agg.page(res)`). The nested functions are fn's prototype's own (jit.util).
+local function own_text(fn, lines, first, last)
+  local own = {}
+  for i = first, last do own[i] = lines[i] end
+  local ok, jutil = pcall(require, "jit.util")
+  if not ok then return own end
+  for k = -1, -10000, -1 do
+    local c = jutil.funck(fn, k)
+    if c == nil then break end
+    if type(c) == "proto" then
+      local ci = jutil.funcinfo(c)
+      local a, b = ci.linedefined, ci.lastlinedefined
+      if a and own[a] then
+        local s = str_find(own[a], "%f[%w_]function%f[^%w_]")
+        if s then own[a] = own[a]:sub(1, s - 1) end
+        for i = a + 1, math.min(b or a, last) do own[i] = "" end
+      end
+    end
+  end
+  return own
+end
+
 -- "file:LINE: " and a note for a mistake in a call that script function fn made as a tail call
 -- (its frame is gone, so its line is not known): the one line of fn where needle occurs, else, when
 -- fn has one tail call, the line where `return` comes before a match of name (a pattern: the agg
@@ -115,14 +140,15 @@ local function tail_place(fn, needle, name)
   if not info then return nil end
   local lines = lines_of(info.source:sub(2))
   local first = info.linedefined
+  local own = lines and own_text(fn, lines, first, math.min(info.lastlinedefined, #lines))
   -- how many lines of fn pass test, and the first that does; its first line counts only when no
   -- other does (that line also holds the code around the function's start,
   -- `y = agg.fetch_then("x", function()`)
   local function count(test)
-    if not lines then return 0 end
+    if not own then return 0 end
     local n, at = 0, nil
     for i = first + 1, math.min(info.lastlinedefined, #lines) do
-      if test(" " .. lines[i]) then n, at = n + 1, at or i end
+      if own[i] ~= "" and test(" " .. own[i]) then n, at = n + 1, at or i end
     end
     if n == 0 and test(" " .. (lines[first] or "")) then return 1, first end
     return n, at

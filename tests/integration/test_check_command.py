@@ -229,6 +229,28 @@ class CheckCommand(unittest.TestCase):
         self.assertRegex(err, r"then\.lua:%d: call to 'inventory': unknown option '\u00e9tag'" % etag + dry, err)
         self.assertNotIn("lua/agg/", err)
 
+    def test_check_dry_run_finds_misnamed_agg_functions_req_fields_and_page_options(self):
+        # mistakes no made-up answer causes: a function agg does not have, a field req does not
+        # have, agg.page's options (a misspelt one dropped its headers unseen)
+        scripts = dict(repo_scripts(), **{
+            "one.lua": endpoint("GET /one/{id}", '    local res = agg.fetchall { p = { "product", "/products/1" } }\n'
+                                                 '    return agg.page(res)'),
+            "two.lua": endpoint("GET /two/{id}", '    local res = agg.fetch_all { p = { "product", "/products/" .. req.param.id } }\n'
+                                                 '    return agg.page(res)'),
+            "three.lua": endpoint("GET /three/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
+                                                     '    return agg.page(res, { headrs = { ["x-a"] = "b" } })'),
+            "four.lua": endpoint("GET /four/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
+                                                   '    return agg.page(res, { headers = "x-a: b" })'),
+        })
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        self.assertRegex(err, r"one\.lua:5: agg\.fetchall is not a function of agg \(did you mean 'fetch_all'\?\) "
+                              r"\(found by a dry run of GET /one/\{id\}\)", err)
+        self.assertRegex(err, r"two\.lua:5: req\.param is not a field of the request \(did you mean 'params'\?\)", err)
+        self.assertRegex(err, r"three\.lua:6: agg\.page: unknown option 'headrs' \(did you mean 'headers'\?\)", err)
+        self.assertRegex(err, r"four\.lua:6: agg\.page: option 'headers' must be a table of name = value, got string", err)
+        self.assertNotIn("lua/agg/", err)
+
     def test_check_dry_run_ignores_errors_from_the_made_up_answers(self):
         src = endpoint("GET /deep/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" },\n'
                                          '      -- a path and an upstream read from the answer: nil in the dry run\n'

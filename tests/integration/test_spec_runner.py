@@ -62,6 +62,29 @@ class SpecRunner(unittest.TestCase):
         self.assertEqual(p.returncode, 0, out)
         self.assertNotIn("script errors", out)
 
+    def test_the_scripts_folder_may_come_after_the_specs_and_busted_options(self):
+        # (busted's own -c is its coverage: taken for it, the folder was "LuaCov not found")
+        ok_spec = os.path.join(self.dir, "ok_spec.lua")
+        with open(ok_spec, "w") as f:
+            f.write(SPEC.replace("assert.equal(200", "assert.equal(500"))
+        for args in ((ok_spec, "-c", self.scripts), ("--filter", ".", "-c", self.scripts, ok_spec)):
+            p = run_aggway("test", *args)
+            out = p.stdout.decode(errors="replace") + p.stderr.decode(errors="replace")
+            self.assertEqual(p.returncode, 0, out)
+            self.assertIn("1 success", out)
+            self.assertNotIn("LuaCov", out)
+
+    def test_a_command_line_mistake_says_what_is_wrong_before_the_help(self):
+        for args, why in ((("chek",), "aggway: unknown command 'chek'"),
+                          (("check", "scripts"), "aggway: unexpected argument 'scripts' (the scripts folder is given as -c DIR)"),
+                          (("check", "-c"), "aggway: -c needs the scripts folder after it"),
+                          (("test", "spec", "-c"), "aggway: -c needs the scripts folder after it")):
+            p = run_aggway(*args)
+            err = p.stderr.decode(errors="replace")
+            self.assertEqual(p.returncode, 2, err)
+            self.assertTrue(err.startswith(why), err)
+            self.assertIn("usage", err.lower())
+
     def test_help_prints_the_harness_usage(self):
         p = run_aggway("test", "--help")
         out = p.stdout.decode()
