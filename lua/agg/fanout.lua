@@ -505,7 +505,8 @@ local function start_group(ctx, tbl, level, parent, defer)
     g.pending = g.pending + 1
   end
   if g.thens ~= NO_THENS then
-    local cycle = find_cycle(g.thens)
+    -- (one continuation makes no cycle: it cannot depend on itself, checked above)
+    local cycle = #g.thens > 1 and find_cycle(g.thens)
     if cycle then error("fetch_then dependency cycle: " .. cycle .. " (each waits for the next)", level) end
     -- section key -> the continuations that wait for it, in key order
     local waiters = new_tab(0, #g.thens)
@@ -857,11 +858,13 @@ function M.fetch_then(dep, fn, opts)
                   2, where.option(k))
     end
   end
-  -- (getmetatable gives scripts a name, never the table)
-  return setmetatable({}, { __index = then_index, __metatable = "agg.fetch_then",
-                            info = { dep = dep, fn = fn,
-                                     opts = { required = o.required == true, fallback = o.fallback,
-                                              decode = true } } })
+  -- (getmetatable gives scripts a name, never the table.) The metatable is the chain's facts too
+  -- (mt.info: dep, fn) and its section's options (mt.opts: required, fallback, decode): one table
+  -- where there were three, for every fetch_then a page makes.
+  local mt = { __index = then_index, __metatable = "agg.fetch_then", dep = dep, fn = fn,
+               required = o.required == true, fallback = o.fallback, decode = true, info = false, opts = false }
+  mt.info, mt.opts = mt, mt
+  return setmetatable({}, mt)
 end
 
 return M
