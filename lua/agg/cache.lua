@@ -38,9 +38,6 @@ local use_redis = false
 local pending = {}               -- redis command id -> lookup waiting on it
 local refreshing = {}            -- cache key -> true while its background refresh runs
 local logged_user = {}           -- upstream -> true once the shared->user scope switch was logged
--- result -> when its data stops being fresh (ms), for results that are shared cache entries
--- served fresh or just stored (agg.page's max-age)
-local fresh_until_of = setmetatable({}, { __mode = "k" })
 M.stats = { hits = 0, misses = 0, stale = 0, stale_if_error = 0, refreshes = 0, stores = 0, negative = 0,
             bloom_hits = 0, redis_hits = 0, redis_misses = 0, redis_errors = 0, corrupt = 0 }
 
@@ -489,10 +486,13 @@ end
 -- The path of a call
 ---------------------------------------------------------------------------------------------------
 
---- How long the data of result r stays fresh (ms from now), when r is a shared cache entry served
--- fresh or just stored; nil for anything else (a user's entry, a stale copy, an uncached call).
-function M.fresh_left_ms(r)
-  local t = fresh_until_of[r]
+--- How long the data of the result whose info (agg.result's: the call's table) is x stays fresh
+-- (ms from now), when it is a shared cache entry served fresh or just stored; nil for anything else
+-- (a user's entry, a stale copy, an uncached call). (The call's table holds it, x.fresh_until: a
+-- weak table from result to time, one entry a cached section, was rehashed whole every few dozen
+-- pages and walked at every atomic step of the collector.)
+function M.fresh_left_ms(x)
+  local t = x.fresh_until
   if not t then return nil end
   local left = t - core.now()
   return left > 0 and left or nil
@@ -706,7 +706,7 @@ function M.on_result(x, r)
   local ctx, sec = x.ctx, x.key
   if r.status == "ok" and r.ok then
     local fresh_until = store(x, r, now)
-    if fresh_until and not x.cache_user then fresh_until_of[r] = fresh_until end
+    if fresh_until and not x.cache_user then x.fresh_until = fresh_until end
     if ctx then outcome(ctx, sec, x.cache_refresh and "refresh" or "miss") end
     r.cache = "miss"
     return r
@@ -767,7 +767,7 @@ local function serve(ctx, sec, spec, g, chain, e, now)
       M.stats.hits = M.stats.hits + 1
     end
     r.cache = what == "hit" and "hit" or "stale"
-    if what == "hit" and not spec.cache_user and e.status < 300 then fresh_until_of[r] = e.fresh end
+    if what == "hit" and not spec.cache_user and e.status < 300 then spec.fresh_until = e.fresh end
     outcome(ctx, sec, what)
     if core.cache_span then core.cache_span(ctx.rid, api.upstream_index(spec.upstream), sec, what, e.status) end
     api.deliver_now(ctx, sec, g, chain, r)
@@ -775,6 +775,31 @@ local function serve(ctx, sec, spec, g, chain, e, now)
   end
   if now < e.error_until then spec.cache_stale = e end
   return false
+end
+
+-- Asks Redis for key ck of the call (M.lookup's tier 2; left: the page's time left, ms). Returns
+-- true when the call now waits for the answer, false when the ask failed. (Its own function: a
+-- function that makes a closure closes upvalues at each of its returns, a bytecode (UCLO) LuaJIT
+-- 2.1 does not compile, and every cached call's lookup ran in the interpreter.)
+local function wait_for_redis(ctx, sec, spec, g, chain, ck, left)
+  local id = core.redis_get(ck)
+  if not id then return false end
+  -- (linked from the request, newest first: ctx.lookups, w.next, for cancel_lookups and
+  -- waiting_for; one that ended is no longer pending[w.id])
+  local w = { ctx = ctx, sec = sec, spec = spec, g = g, chain = chain, timer = false, id = id,
+              next = ctx.lookups or false }
+  ctx.lookups = w
+  pending[id] = w
+  -- the page's deadline bounds the wait, as it bounds a call: a Redis slower than what is left
+  -- (its own timeout_ms may be longer) is not waited for; the call starts with no time left
+  -- and its section fails as past the deadline; Redis's late answer finds nothing pending
+  w.timer = api.set_timer(left, function()
+    if pending[id] ~= w then return end
+    pending[id] = nil
+    M.stats.redis_errors = M.stats.redis_errors + 1
+    if not ctx.done then api.start(ctx, sec, spec, g, chain) end
+  end)
+  return true
 end
 
 --- Looks call spec (section sec of ctx, group g, chain) up. Returns true when the cache took the
@@ -807,25 +832,7 @@ function M.lookup(ctx, sec, spec, g, chain)
   M.stats.misses = M.stats.misses + 1
   local left = ctx.deadline - now
   if use_redis and left > 0 then
-    local id = core.redis_get(ck)
-    if id then
-      -- (linked from the request, newest first: ctx.lookups, w.next, for cancel_lookups and
-      -- waiting_for; one that ended is no longer pending[w.id])
-      local w = { ctx = ctx, sec = sec, spec = spec, g = g, chain = chain, timer = false, id = id,
-                  next = ctx.lookups or false }
-      ctx.lookups = w
-      pending[id] = w
-      -- the page's deadline bounds the wait, as it bounds a call: a Redis slower than what is left
-      -- (its own timeout_ms may be longer) is not waited for; the call starts with no time left
-      -- and its section fails as past the deadline; Redis's late answer finds nothing pending
-      w.timer = api.set_timer(left, function()
-        if pending[id] ~= w then return end
-        pending[id] = nil
-        M.stats.redis_errors = M.stats.redis_errors + 1
-        if not ctx.done then api.start(ctx, sec, spec, g, chain) end
-      end)
-      return true
-    end
+    if wait_for_redis(ctx, sec, spec, g, chain, ck, left) then return true end
     M.stats.redis_errors = M.stats.redis_errors + 1
   end
   return false

@@ -166,7 +166,7 @@ function M.page(results, opts)
         if r.status ~= "ok" then complete = false end
         if not personal and cache.personal(info) then personal = true end
         if max_age ~= false then
-          local left = cache.fresh_left_ms(r)
+          local left = cache.fresh_left_ms(info)
           if left and (not max_age or left < max_age) then max_age = left elseif not left then max_age = false end
           local p = left and info.cache
           if p and p.vary then
