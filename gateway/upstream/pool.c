@@ -286,6 +286,10 @@ void agw_pool_idle_timer(agw_pool_t *pool)
     while ((c = pool->idle_oldest) != NULL && (uint32_t)(now - c->idle_ms) >= limit)
         agw_conn_close(c);
     if (c != NULL) {
+        /* (stopped first: a connection that went idle since the timer came due, earlier in the
+         * same loop pass, may have started it again, and libev's watchers are set only while
+         * stopped) */
+        ev_timer_stop(pool->loop, &pool->idle_timer);
         ev_timer_set(&pool->idle_timer, (double)(limit - (uint32_t)(now - c->idle_ms)) / 1000.0, 0.);
         ev_timer_start(pool->loop, &pool->idle_timer);
     }

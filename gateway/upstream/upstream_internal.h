@@ -150,7 +150,9 @@ struct agw_pool {
 
 /* The pool's clock for idle times, ms: ev_now() in ms, cut to 32 bits. Compared only by
  * difference ((uint32_t)(now - then)), which holds for times up to 49 days apart: the longest idle
- * timeout the pool applies (AGW_POOL_IDLE_MAX_MS). */
+ * timeout the pool applies (AGW_POOL_IDLE_MAX_MS). ev_now() follows the system clock: a step of
+ * it closes the connections idle at that moment at the timer's next run (they are opened again
+ * as calls need them), where a per-connection libev timer kept its monotonic delay. */
 #define AGW_POOL_IDLE_MAX_MS UINT32_MAX
 static inline uint32_t agw_pool_now_ms(const agw_pool_t *pool)
 {

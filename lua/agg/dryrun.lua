@@ -6,17 +6,18 @@
 -- user its auth policy needs, and every upstream stubbed with `{}` (a 200 JSON object) after 1 ms.
 -- The stubs are made up, so only the errors no made-up answer can cause are reported: those that
 -- name a call spec — an unknown upstream or option, an option of the wrong type, a fetch_then key
--- missing from the table — with the file:line of the spec (agg.where); an unknown agg.page option;
--- and a call of a function agg does not have (`agg.fetchall { … }`) or a read through a field req
--- does not have (`req.param.id`), on a line that writes it so. Any other script error (indexing the
--- made-up data) says nothing about the script and is left to its specs. A handler that errors before reaching
+-- missing from the table — with the file:line of the spec (agg.where); an agg.page option that does
+-- not exist or is not a table; and a call of a function agg does not have (`agg.fetchall { … }`),
+-- on a line of a script that writes it so. Any other script error (indexing the made-up data)
+-- says nothing about the script and is left to its specs. A handler that errors before reaching
 -- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches. A folder with
 -- scripts = { trusted = true } is not run (its handlers may have effects outside the gateway).
-local str_find, str_match, str_gsub = string.find, string.match, string.gsub
+local str_find, str_match, str_sub = string.find, string.match, string.sub
 local testing = require "agg.testing"
 local result = require "agg.result"
 local sys = require "agg.sys"
 local config = require "agg.config"
+local where = require "agg.where"
 
 local M = {}
 
@@ -42,39 +43,36 @@ local function is_spec_error(msg)
   return false
 end
 
--- What a request has (agg.runtime's req and its lazy fields), for `req.X` reads of the dry run.
-local REQ_FIELDS = { method = true, path = true, params = true, route = true, query = true, headers = true,
-                     body = true, json = true, user = true, trace_id = true, remaining_ms = true }
-
--- "file:line: agg.X is not …" for a Lua error of the dry run that no made-up answer causes: a
--- call of a field agg does not have, or an index of a field req does not have, written as
--- `agg.X(`/`agg.X {`/`agg.X "` or `req.X.`/`req.X[` on the line the error names (where the
--- handler calls its request `req`, as the docs do). nil for any other error.
-local function misnamed(msg)
-  local file, line, what, field = str_match(msg, "^(.-):(%d+): attempt to (%a+) field '([%w_]+)' %(a nil value%)$")
-  if not file then return nil end
-  local n, text = tonumber(line), nil
-  local f = io.open(file, "r")
-  if not f then return nil end
-  local i = 0
-  for l in f:lines() do
-    i = i + 1
-    if i == n then text = l break end
-  end
-  f:close()
-  if not text then return nil end
-  local name = str_gsub(field, "%p", "%%%0")
-  if what == "call" and str_find(text, "%f[%w_]agg%." .. name .. "%s*[%({\"']") then
-    local agg = require "agg"
-    if agg[field] ~= nil then return nil end
-    -- (agg is a read-only view: its names are its metatable's __index's, agg.readonly)
-    return ("%s:%d: agg.%s is not a function of agg%s"):format(file, n, field,
-                                                             config.suggest(field, debug.getmetatable(agg).__index))
-  end
-  if what == "index" and not REQ_FIELDS[field] and str_find(text, "%f[%w_]req%." .. name .. "%s*[%.%[]") then
-    return ("%s:%d: req.%s is not a field of the request%s"):format(file, n, field, config.suggest(field, REQ_FIELDS))
+-- The lines of the script file an error message names (agg.where keeps each script's lines as
+-- the loader loads it; nothing is read here): file as the message gives it, which LuaJIT cuts to
+-- "...its end" when the path is long. nil for a file the loader did not load.
+local function script_lines(file)
+  local lines = where.sources[file]
+  if lines or str_sub(file, 1, 3) ~= "..." then return lines end
+  local tail = str_sub(file, 4)
+  for path, l in pairs(where.sources) do
+    if #path >= #tail and str_sub(path, -#tail) == tail then return l end
   end
   return nil
+end
+
+-- "file:line: agg.X is not a function of agg …" for a Lua error of the dry run that no made-up
+-- answer causes: the call of a field agg does not have, written `agg.X(`, `agg.X {` or `agg.X "` on
+-- the line of a script that the error names. nil for any other error. (A read through a field
+-- the request lacks, `req.param.id`, is left out: in a helper, `req` may be anything, the
+-- made-up data included.)
+local function misnamed(msg)
+  local file, line, field = str_match(msg, "^(.-):(%d+): attempt to call field '([%w_]+)' %(a nil value%)$")
+  if not file then return nil end
+  local lines = script_lines(file)
+  local text = lines and lines[tonumber(line)]
+  if not text then return nil end
+  if not str_find(text, "%f[%w_]agg%." .. field .. "%s*[%({\"']") then return nil end
+  local agg = require "agg"
+  if agg[field] ~= nil then return nil end
+  -- (agg is a read-only view: its names are its metatable's __index's, agg.readonly)
+  return ("%s:%s: agg.%s is not a function of agg%s"):format(file, line, field,
+                                                           config.suggest(field, debug.getmetatable(agg).__index))
 end
 
 -- The path of a route with every parameter "1": "GET /items/{id}/x" -> "/items/1/x".

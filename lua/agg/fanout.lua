@@ -672,6 +672,17 @@ end
 -- another chain, a table of specs (nested fan-out), or a plain computed value. fn: the
 -- continuation, whose lines place a mistake in what it returned (it has returned: no frame of the
 -- script is on the stack while its spec is checked).
+-- The on_complete of a fan-out a continuation returned: settles section key of g with its
+-- section key (a chain), or with its sections combined (a table of specs). Functions of their
+-- own: a function that makes a closure closes upvalues at each of its returns, a bytecode
+-- (UCLO) LuaJIT 2.1 does not compile, and settle_checked runs at every step of a chain.
+local function settles_with(g, key)
+  return function(res) settle(g, key, res[key]) end
+end
+local function settles_combined(g, key, ctx, list, opts)
+  return function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
+end
+
 -- settle_value's checks and settling, under its pcall (a named function: no closure a step)
 local function settle_checked(g, key, v, opts, fn, ctx, outer)
   if callspec.is_spec(v) then
@@ -704,7 +715,7 @@ local function settle_checked(g, key, v, opts, fn, ctx, outer)
     where.fallback = fn
     local sub = start_group(ctx, { [key] = v }, 2, g)
     where.fallback = outer
-    sub.on_complete = function(res) settle(g, key, res[key]) end
+    sub.on_complete = settles_with(g, key)
     if sub.pending == 0 then sub.on_complete(sub.results) end
     return
   end
@@ -733,7 +744,7 @@ local function settle_checked(g, key, v, opts, fn, ctx, outer)
       where.fallback = fn
       local sub = start_group(ctx, v, 2, g)
       where.fallback = outer
-      sub.on_complete = function(res) settle(g, key, combine(ctx, key, res, list, opts)) end
+      sub.on_complete = settles_combined(g, key, ctx, list, opts)
       if sub.pending == 0 then sub.on_complete(sub.results) end
       return
     end

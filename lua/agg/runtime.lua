@@ -131,10 +131,13 @@ local pool, pool_n, POOL_MAX = {}, 0, 64
 -- stayed alive until the coroutine served another request.
 local returned
 -- fn(a) (a handler's request, a continuation's one dependency), or fn(unpack(a, 1, n)) when n is
--- given (a continuation's dependencies, a list)
+-- given (a continuation's dependencies, a list). fn is called as the value anonymous(fn) returns,
+-- so that a traceback names it by where it was written ("in function <scripts/page.lua:12>"),
+-- not by this frame's local ("in function 'fn'").
+local function anonymous(f) return f end
 local function job_body(fn, a, n)
   while true do
-    if n then returned = fn(unpack(a, 1, n)) else returned = fn(a) end
+    if n then returned = anonymous(fn)(unpack(a, 1, n)) else returned = anonymous(fn)(a) end
     -- a coroutine waiting here (in the pool, or dropped when the pool is full) must not keep the
     -- request it served (and its context, the req's metatable's) alive
     fn, a, n = nil, nil, nil

@@ -44,9 +44,11 @@ local function short(line)
   local msg = str_gsub(line, "^error: ", "")
   msg = require("agg.result").without_traceback(msg)
   -- "script error in GET /x (scripts/x.lua): scripts/x.lua:3: boom" -> the part from file:line
-  -- (also after ", section s" or ", continuation of s", and for a route whose pattern holds ':',
-  -- "GET /o/{id:[0-9]+}": the file is the first parenthesized part without parentheses inside)
-  local _, inner = str_match(msg, "^script error in .-%(([^()]+)%)[^:]*: (.*)$")
+  -- (also after ", section s" or ", continuation of s", and for a route whose pattern or a section
+  -- key holds ':', "GET /o/{id:[0-9]+}": the part from the script's file:line, else from the first
+  -- ": " after the first parenthesized part without parentheses inside)
+  local _, inner = str_match(msg, "^script error in .-%(([^()]+)%).-: (%1:%d+:.*)$")
+  if not inner then _, inner = str_match(msg, "^script error in .-%(([^()]+)%)[^:]*: (.*)$") end
   return inner or msg
 end
 

@@ -229,27 +229,54 @@ class CheckCommand(unittest.TestCase):
         self.assertRegex(err, r"then\.lua:%d: call to 'inventory': unknown option '\u00e9tag'" % etag + dry, err)
         self.assertNotIn("lua/agg/", err)
 
-    def test_check_dry_run_finds_misnamed_agg_functions_req_fields_and_page_options(self):
-        # mistakes no made-up answer causes: a function agg does not have, a field req does not
-        # have, agg.page's options (a misspelt one dropped its headers unseen)
+    def test_check_dry_run_finds_misnamed_agg_functions_and_page_options(self):
+        # mistakes no made-up answer causes: a function agg does not have, agg.page's options (a
+        # misspelt one dropped its headers unseen)
         scripts = dict(repo_scripts(), **{
             "one.lua": endpoint("GET /one/{id}", '    local res = agg.fetchall { p = { "product", "/products/1" } }\n'
-                                                 '    return agg.page(res)'),
-            "two.lua": endpoint("GET /two/{id}", '    local res = agg.fetch_all { p = { "product", "/products/" .. req.param.id } }\n'
                                                  '    return agg.page(res)'),
             "three.lua": endpoint("GET /three/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
                                                      '    return agg.page(res, { headrs = { ["x-a"] = "b" } })'),
             "four.lua": endpoint("GET /four/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
                                                    '    return agg.page(res, { headers = "x-a: b" })'),
         })
+        for deep in (False, True):
+            # (a long path: LuaJIT's messages cut it to "...its end")
+            d = self.folder(scripts=scripts)
+            if deep:
+                longer = os.path.join(d, "a-rather-long-folder-name-for-the-scripts", "and-one-more-level-of-them")
+                shutil.copytree(d, longer)
+                d = longer
+            rc, out, err = self.check(d)
+            self.assertEqual(rc, 1, out + err)
+            self.assertRegex(err, r"one\.lua:5: agg\.fetchall is not a function of agg \(did you mean 'fetch_all'\?\) "
+                                  r"\(found by a dry run of GET /one/\{id\}\)", err)
+            self.assertRegex(err, r"three\.lua:6: agg\.page: unknown option 'headrs' \(did you mean 'headers'\?\)", err)
+            self.assertRegex(err, r"four\.lua:6: agg\.page: option 'headers' must be a table of name = value, got string", err)
+            self.assertNotIn("lua/agg/", err)
+
+    def test_check_dry_run_reads_no_file_an_error_names(self):
+        # a message naming a device, a folder or a file outside the scripts is not looked into (it
+        # hung check on /dev/zero, and a folder failed the dry run)
+        scripts = dict(repo_scripts())
+        for i, path in enumerate(("/dev/zero:2: ", "/tmp:1: ", "/etc/passwd:1: ")):
+            scripts["dev%d.lua" % i] = endpoint("GET /dev%d/{id}" % i,
+                                                "    error(%r .. \"attempt to call field 'x' (a nil value)\", 0)" % path)
         rc, out, err = self.check(self.folder(scripts=scripts))
-        self.assertEqual(rc, 1, out + err)
-        self.assertRegex(err, r"one\.lua:5: agg\.fetchall is not a function of agg \(did you mean 'fetch_all'\?\) "
-                              r"\(found by a dry run of GET /one/\{id\}\)", err)
-        self.assertRegex(err, r"two\.lua:5: req\.param is not a field of the request \(did you mean 'params'\?\)", err)
-        self.assertRegex(err, r"three\.lua:6: agg\.page: unknown option 'headrs' \(did you mean 'headers'\?\)", err)
-        self.assertRegex(err, r"four\.lua:6: agg\.page: option 'headers' must be a table of name = value, got string", err)
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("valid", out)
         self.assertNotIn("lua/agg/", err)
+
+    def test_check_dry_run_does_not_take_a_helpers_argument_for_the_request(self):
+        # `req` in a helper is whatever it was given: the made-up data in a dry run
+        src = ('local agg = require "agg"\n'
+               'local function reviews_for(req) return { "reviews", "/reviews/" .. req.product.id } end\n'
+               'return { route = "GET /rv/{id}", handler = function(req)\n'
+               '    local res = agg.fetch_all { product = { "product", "/products/" .. req.params.id } }\n'
+               '    return agg.page(agg.fetch_all { reviews = reviews_for(res.product.data) }) end }\n')
+        scripts = dict(repo_scripts(), **{"rv.lua": src})
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 0, out + err)
 
     def test_check_dry_run_ignores_errors_from_the_made_up_answers(self):
         src = endpoint("GET /deep/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" },\n'
