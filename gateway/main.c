@@ -239,6 +239,8 @@ int main(int argc, char **argv)
     } else if (i < argc) {
         if (strcmp(argv[i], "-c") == 0)
             return usage_error("-c given twice", NULL, NULL);
+        if (argv[i][0] == '-')
+            return usage_error("unknown option", argv[i], NULL);
         return usage_error("unexpected argument", argv[i], "(the scripts folder is given as -c DIR)");
     }
     if (agw_runtime_dir() == NULL) {

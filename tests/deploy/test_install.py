@@ -252,9 +252,10 @@ class Install(harness.GatewayTestCase):
             self.assertIn(v, man, "the man page misses the environment variable " + v)
         for sig in ("SIGHUP", "SIGTERM", "SIGINT", "SIGUSR1"):
             self.assertIn(sig, text)
+        # a command-line mistake: what is wrong, then the help
         r = run([self.bin, "serve", "-x"])
         self.assertEqual(r.returncode, 2)
-        self.assertEqual(r.stderr.decode(), text)
+        self.assertEqual(r.stderr.decode(), "aggway: unknown option '-x'\n\n" + text)
 
 
 if __name__ == "__main__":
