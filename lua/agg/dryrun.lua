@@ -121,8 +121,7 @@ function M.run(dir)
     pcall(gw.request, gw, ep.method == "*" and "GET" or ep.method, sample_path(ep), { user = user })
     for _, e in ipairs(testing.script_errors) do
       -- "script error in GET /x (file), section s: file:24: call to … (called at line 79) | stack…"
-      local msg = result.without_traceback(e)
-      local inner = str_match(msg, "^script error in .-%): (.*)$") or str_match(msg, "^script error in .-: (.*)$") or msg
+      local inner = result.script_message(result.without_traceback(e))
       local report = is_spec_error(inner) and inner or misnamed(inner)
       if report and not seen[report] then
         seen[report] = true

@@ -862,13 +862,7 @@ function M.fetch_then(dep, fn, opts)
     where.raise("agg.fetch_then: options must be a table, got " .. type(opts), 2)
   end
   local o = opts or NO_OPTS
-  for k in pairs(o) do
-    if not THEN_OPTIONS[k] then
-      local kn = where.key_name(k)
-      where.raise(("agg.fetch_then: unknown option '%s'%s (required, fallback)"):format(kn, config.suggest(kn, THEN_OPTIONS)),
-                  2, where.option(k))
-    end
-  end
+  where.check_options(o, THEN_OPTIONS, "agg.fetch_then", "(required, fallback)", 2)
   -- (getmetatable gives scripts a name, never the table.) The metatable is the chain's facts too
   -- (mt.info: dep, fn) and its section's options (mt.opts: required, fallback, decode): one table
   -- where there were three, for every fetch_then a page makes.

@@ -13,11 +13,13 @@ local rt = require "agg.runtime"
 local cache = require "agg.cache"
 local result = require "agg.result"
 local where = require "agg.where"
-local suggest = require("agg.config").suggest
 local info_of, section_data = result.info_of, result.section_data
 local new_tab = require "table.new"
 
 local M = {}
+
+-- agg.page's options (a misspelt one is an error: its header would go unsent, unseen)
+local PAGE_OPTIONS = { headers = true }
 
 -- a failed page's summary of each section, members in this order (a metatable: nothing recorded
 -- per section)
@@ -101,22 +103,13 @@ end
 -- name, the one that sorts first bytewise wins; a list value gives one field per element), and the headers the page contract sets
 -- (x-aggregation-completed, cache-control: no-store of a partial or failed page, content-type of a
 -- failed page) replace every spelling of theirs.
--- agg.page's options (a misspelt one is an error: its header would go unsent, unseen)
-local PAGE_OPTIONS = { headers = true }
-
 function M.page(results, opts)
   if type(results) ~= "table" then
     where.raise("agg.page expects the results table of agg.fetch_all, got " .. type(results), 2)
   end
   if opts ~= nil then
     if type(opts) ~= "table" then where.raise("agg.page: options must be a table, got " .. type(opts), 2) end
-    for k in pairs(opts) do
-      if not PAGE_OPTIONS[k] then
-        local kn = where.key_name(k)
-        where.raise(("agg.page: unknown option '%s'%s (options: headers)"):format(kn, suggest(kn, PAGE_OPTIONS)), 2,
-                    where.option(k))
-      end
-    end
+    where.check_options(opts, PAGE_OPTIONS, "agg.page", "(options: headers)", 2)
     if opts.headers ~= nil and type(opts.headers) ~= "table" then
       where.raise("agg.page: option 'headers' must be a table of name = value, got " .. type(opts.headers), 2,
                   where.option("headers"))

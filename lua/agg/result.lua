@@ -188,6 +188,17 @@ function M.without_traceback(msg)
   return at and msg:sub(1, at - 1) or msg
 end
 
+--- The script's own message in a line M.log_error wrote, its traceback already off
+-- (M.without_traceback): "script error in GET /x (scripts/x.lua), section s: scripts/x.lua:3: boom"
+-- gives "scripts/x.lua:3: boom". The part from the script's file:line, else from the first ": "
+-- after the first parenthesized part without parentheses inside (a route's pattern or a section
+-- key may hold ':', "GET /o/{id:[0-9]+}"); msg itself when it is no such line.
+function M.script_message(msg)
+  local _, inner = str_match(msg, "^script error in .-%(([^()]+)%).-: (%1:%d+:.*)$")
+  if not inner then _, inner = str_match(msg, "^script error in .-%(([^()]+)%)[^:]*: (.*)$") end
+  return inner or msg
+end
+
 --- An xpcall message handler for the runtime's reads of what a script returned (its metamethods
 -- run there, on the runtime's own thread): a message that names the runtime's line or no line is
 -- put at the script's frame on the stack, the metamethod that raised. Other values are returned

@@ -10,7 +10,7 @@
 --   * `--watch` runs the specs, then again each time a .lua file under the scripts folder or the
 --     spec folders changes (polled every WATCH_POLL_S; each run is a fresh process, so a changed
 --     script is loaded anew). `--watch-runs N` stops after N runs (for scripts and tests).
-local str_gsub, str_match = string.gsub, string.match
+local str_gsub = string.gsub
 local M = {}
 
 M.WATCH_POLL_S = 0.5
@@ -42,14 +42,8 @@ A spec in three lines (see docs/guide.md, "Testing your page"):
 -- The part of a logged script error a reader needs: "file:line: message" without the traceback.
 local function short(line)
   local msg = str_gsub(line, "^error: ", "")
-  msg = require("agg.result").without_traceback(msg)
-  -- "script error in GET /x (scripts/x.lua): scripts/x.lua:3: boom" -> the part from file:line
-  -- (also after ", section s" or ", continuation of s", and for a route whose pattern or a section
-  -- key holds ':', "GET /o/{id:[0-9]+}": the part from the script's file:line, else from the first
-  -- ": " after the first parenthesized part without parentheses inside)
-  local _, inner = str_match(msg, "^script error in .-%(([^()]+)%).-: (%1:%d+:.*)$")
-  if not inner then _, inner = str_match(msg, "^script error in .-%(([^()]+)%)[^:]*: (.*)$") end
-  return inner or msg
+  local result = require "agg.result"
+  return result.script_message(result.without_traceback(msg))
 end
 
 -- Makes the busted instance the runner creates print the script errors of a failed test beside

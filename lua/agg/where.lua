@@ -171,6 +171,19 @@ local function tail_place(fn, needle, name)
          " (in a call made as a tail call, `return f(…)`, by the function that starts at this line)"
 end
 
+--- For an agg function's options table opts: raises "FNAME: unknown option 'k' (did you mean
+-- …?) LISTED" for a key known (a set) lacks, at the script's line where the key was written (see
+-- raise; level as raise's, seen from the caller). agg.page's and agg.fetch_then's.
+function M.check_options(opts, known, fname, listed, level)
+  for k in pairs(opts) do
+    if not known[k] then
+      local kn = M.key_name(k)
+      M.raise(("%s: unknown option '%s'%s %s"):format(fname, kn, require("agg.config").suggest(kn, known), listed),
+              level + 1, M.option(k))
+    end
+  end
+end
+
 --- Raises msg at the line of the calling script where `needle` (a pattern, see M.option and
 -- M.quoted) occurs nearest to the call; level is the error() level of that script's frame, seen
 -- from the caller of raise. Without a needle, or when nothing matches, raises at the call's line.
