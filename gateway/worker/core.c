@@ -169,7 +169,6 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
         json_body = -1; /* not JSON: the failed call carries the body and the reason */
     if (!probe)
         agw_metrics_call(w->m, g->gen->upstream_slot[up], metric_outcome(res, json_body == -1), res->elapsed_ms);
-    agw_worker_publish_pool(g, up);
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->ref_on_call);
     lua_pushnumber(L, (lua_Number)id);
     lua_pushstring(L, agw_call_outcome_name(res->outcome));
@@ -337,7 +336,6 @@ static int l_call(lua_State *L)
     agw_worker_gen_hold(g);
     if (c->rid != 0) /* rid 0: a health probe (agg.health), not one of the upstream's calls */
         AGW_M_ADD(w->m->upstreams[g->gen->upstream_slot[index - 1]].started, 1);
-    agw_worker_publish_pool(g, (size_t)(index - 1));
     lua_pushnumber(L, (lua_Number)c->id);
     return 1;
 }
@@ -413,7 +411,6 @@ static int l_cancel(lua_State *L)
         agw_call_cancel(c->call);
         if (c->rid != 0)
             agw_metrics_call(w->m, g->gen->upstream_slot[c->up], AGW_OUT_CANCELLED, 0);
-        agw_worker_publish_pool(g, c->up);
         call_release(w, c);
         agw_worker_gen_release(g);
     }

@@ -456,7 +456,10 @@ void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf);
 /* Frees w's Redis client and tier 1 (the worker's loop has stopped; no Lua runs for answers). */
 void agw_worker_cache_close(agw_worker_t *w);
 
-/* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools. */
+/* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools.
+ * Published by the worker's once-a-second stats tick only: a gauge a scrape reads is at most a
+ * second old, and a call does not pay for it (two calls of agw_pool_stats per endpoint a call
+ * made, about 400 instructions a bench page; docs/performance.md, "A nineteenth pass"). */
 void agw_worker_publish_pool(wgen_t *g, size_t up);
 
 /* ---- park.c: a request parked on an asynchronous decision ---------------------------------- */

@@ -339,9 +339,15 @@ class MetricsMove(AdminCase):
         self.assertGreater(m.get("aggway_response_size_bytes_sum", route="GET /mp/{id}"), 3 * 100)
         self.assertEqual(m.get("aggway_upstream_calls_in_flight", upstream="product"), 0)
         self.assertEqual(m.get("aggway_requests_in_flight"), 0)
-        self.assertEqual(m.get("aggway_upstream_pool_connections", upstream="product"), 1)   # kept alive
-        self.assertEqual(m.get("aggway_upstream_pool_idle_connections", upstream="product"), 1)
-        self.assertEqual(m.get("aggway_upstream_pool_waiting_calls", upstream="product"), 0)
+        # the pool gauges are published by each worker's once-a-second tick: about a second after
+        # the calls they show the kept-alive connection (polled for up to 5 s, as a loaded machine
+        # runs the tick late; a gauge never published stays at 0 and fails this)
+        pools = wait_until(lambda: (lambda p: p if p.get("aggway_upstream_pool_connections", upstream="product") == 1
+                                    else None)(self.metrics()), 5)
+        self.assertIsNotNone(pools, "the pool gauges never showed the kept-alive connection")
+        self.assertEqual(pools.get("aggway_upstream_pool_connections", upstream="product"), 1)   # kept alive
+        self.assertEqual(pools.get("aggway_upstream_pool_idle_connections", upstream="product"), 1)
+        self.assertEqual(pools.get("aggway_upstream_pool_waiting_calls", upstream="product"), 0)
         self.assertEqual(m.get("aggway_upstream_breaker_state", upstream="inventory"), 0)
 
         # two more failures open the breakers (5 consecutive failures); the next call is not sent
