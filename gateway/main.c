@@ -80,13 +80,18 @@ static int usage(void)
     return 2;
 }
 
+/* The line under a command-line mistake (usage_error): the command line's shape and where the
+ * rest is; the whole help would push the mistake off the screen. */
+#define USAGE_LINE "usage: aggway COMMAND [-c DIR] [ARGS...]  ('aggway help' lists the commands and options)\n"
+
 /* A command line aggway does not take: what is wrong with it (one line, "aggway: WHAT 'ARG'
- * HINT", ARG and HINT when not NULL), then the help; exit status 2. */
+ * HINT", ARG and HINT when not NULL), then USAGE_LINE, on stderr (as git and curl do); exit
+ * status 2. */
 static int usage_error(const char *what, const char *arg, const char *hint)
 {
-    fprintf(stderr, "aggway: %s%s%s%s%s%s\n\n", what, arg ? " '" : "", arg ? arg : "", arg ? "'" : "",
+    fprintf(stderr, "aggway: %s%s%s%s%s%s\n" USAGE_LINE, what, arg ? " '" : "", arg ? arg : "", arg ? "'" : "",
             hint ? " " : "", hint ? hint : "");
-    return usage();
+    return 2;
 }
 
 static int cmd_version(void)

@@ -348,12 +348,17 @@ local function load_folder(dir)
             bad = true
           else
             local unknown = 0
+            -- an unknown key whose nearest known name is handler ("hander", "handle"): a missing
+            -- handler is then reported on its line, naming it (not at the file's first line)
+            local handler_typo
             for k in pairs(ep) do
               if not ENDPOINT_KEYS[k] then
                 unknown = unknown + 1
+                local hint = config.suggest(k, ENDPOINT_KEYS)
+                if hint == " (did you mean 'handler'?)" and type(k) == "string" then handler_typo = k end
                 -- (ten named: a generated table of thousands would bury the rest)
                 if unknown <= 10 then
-                  errors[#errors + 1] = ("%s:%d: %s: unknown key '%s' (route, deadline_ms, handler, auth, limits, priority)"):format(file, at(tostring(k)), where, tostring(k))
+                  errors[#errors + 1] = ("%s:%d: %s: unknown key '%s'%s (route, deadline_ms, handler, auth, limits, priority)"):format(file, at(tostring(k)), where, tostring(k), hint)
                 end
                 bad = true
               end
@@ -366,7 +371,16 @@ local function load_folder(dir)
               errors[#errors + 1] = ("%s:%d: %s"):format(file, at("route"), rerr)
               bad = true
             end
-            if not callable.is(ep.handler) then
+            if ep.handler == nil and handler_typo then
+              errors[#errors + 1] = ("%s:%d: %s: handler is missing (is '%s' meant to be it?)"):format(file,
+                at(handler_typo), where, handler_typo)
+              bad = true
+            elseif ep.handler == nil then
+              -- (on the endpoint's route line: the table the handler belongs in)
+              errors[#errors + 1] = ("%s:%d: %s: handler is missing: give it handler = function(req) … end"):format(
+                file, ep.route ~= nil and at("route") or 1, where)
+              bad = true
+            elseif not callable.is(ep.handler) then
               errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req), got %s"):format(file, at("handler"), where,
                 callable.kind(ep.handler))
               bad = true

@@ -252,10 +252,11 @@ class Install(harness.GatewayTestCase):
             self.assertIn(v, man, "the man page misses the environment variable " + v)
         for sig in ("SIGHUP", "SIGTERM", "SIGINT", "SIGUSR1"):
             self.assertIn(sig, text)
-        # a command-line mistake: what is wrong, then the help
+        # a command-line mistake: what is wrong, then the usage line that says where the help is
         r = run([self.bin, "serve", "-x"])
         self.assertEqual(r.returncode, 2)
-        self.assertEqual(r.stderr.decode(), "aggway: unknown option '-x'\n\n" + text)
+        self.assertEqual(r.stderr.decode(), "aggway: unknown option '-x'\n"
+                         "usage: aggway COMMAND [-c DIR] [ARGS...]  ('aggway help' lists the commands and options)\n")
 
 
 if __name__ == "__main__":
