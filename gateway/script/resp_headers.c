@@ -125,7 +125,99 @@ static int within_cap(size_t *count, agw_resp_headers_warn_cb warn, void *data)
     return 0;
 }
 
-void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_resp_headers_warn_cb warn, void *data)
+/* Whether a name is one the rules drop or change: not a lowercase token, owned, or date. */
+static int not_as_given(const char *name, size_t nl)
+{
+    char lower[AGW_RESP_HEADER_NAME_MAX];
+    if (nl > sizeof(lower) || !agw_header_token_lower(name, nl, lower) || memcmp(lower, name, nl) != 0)
+        return 1;
+    for (size_t o = 0; owned[o].name; o++)
+        if (owned[o].len == nl && memcmp(owned[o].name, name, nl) == 0)
+            return 1;
+    return nl == 4 && memcmp(name, "date", 4) == 0;
+}
+
+int agw_resp_known_init(agw_resp_known_t *known, lua_State *L, const char *const *names)
+{
+    known->n = 0;
+    known->ref = LUA_NOREF;
+    size_t n = 0;
+    for (; names[n]; n++) {
+        size_t len = strlen(names[n]);
+        if (n == AGW_RESP_KNOWN_MAX || not_as_given(names[n], len) ||
+            (n > 0 && strcmp(names[n - 1], names[n]) >= 0))
+            return -1;
+    }
+    lua_createtable(L, (int)n, 0);
+    for (size_t i = 0; i < n; i++) {
+        lua_pushstring(L, names[i]);
+        known->name[i] = lua_tolstring(L, -1, &known->len[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    known->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    known->n = n;
+    return 0;
+}
+
+/* agw_resp_headers_read's lane for a table of known names only (agw_resp_known_t): fills set and
+ * returns 1, or returns 0 (set untouched, the stack as it was) at the first entry that is not
+ * one, for the rules to read the table again. */
+static int read_known(agw_resp_headers_t *set, lua_State *L, int idx, const agw_resp_known_t *known)
+{
+    const char *value[AGW_RESP_KNOWN_MAX];
+    size_t vlen[AGW_RESP_KNOWN_MAX];
+    unsigned seen = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING) {
+            lua_pop(L, 2);
+            return 0;
+        }
+        const char *name = lua_tolstring(L, -2, NULL); /* (a string key: not converted) */
+        size_t i = 0;
+        while (i < known->n && known->name[i] != name)
+            i++;
+        size_t vl;
+        const char *v = lua_tolstring(L, -1, &vl);
+        /* (what take would trim, drop or warn about goes to the rules) */
+        if (i == known->n || vl == 0 || vl > AGW_RESP_HEADER_VALUE_MAX || v[0] == ' ' || v[0] == '\t' ||
+            v[vl - 1] == ' ' || v[vl - 1] == '\t' || agw_header_has_control(v, vl)) {
+            lua_pop(L, 2);
+            return 0;
+        }
+        value[i] = v, vlen[i] = vl; /* (the table holds the string until the caller is done) */
+        seen |= 1u << i;
+        lua_pop(L, 1);
+    }
+    /* sorted by name as the rules sort them: the known names are in that order, one entry each */
+    size_t bytes = 0;
+    for (size_t i = 0; i < known->n; i++)
+        if (seen & (1u << i))
+            bytes += known->len[i] + vlen[i];
+    agw_buf_t *b = &set->bytes;
+    agw_buf_reserve(b, bytes);
+    size_t at[AGW_RESP_KNOWN_MAX];
+    for (size_t i = 0; i < known->n; i++) {
+        if (!(seen & (1u << i)))
+            continue;
+        at[i] = b->len;
+        memcpy(b->base + b->len, known->name[i], known->len[i]);
+        memcpy(b->base + b->len + known->len[i], value[i], vlen[i]);
+        b->len += known->len[i] + vlen[i];
+    }
+    b->base[b->len] = '\0';
+    for (size_t i = 0; i < known->n; i++) { /* (pointers once the bytes have stopped moving) */
+        if (!(seen & (1u << i)))
+            continue;
+        agw_resp_header_t *h = &set->h[set->n++];
+        h->name = b->base + at[i], h->name_len = known->len[i];
+        h->value = b->base + at[i] + known->len[i], h->value_len = vlen[i];
+    }
+    return 1;
+}
+
+void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, const agw_resp_known_t *known,
+                           agw_resp_headers_warn_cb warn, void *data)
 {
     candidate_t cand[AGW_RESP_HEADERS_MAX];
     size_t nc = 0, count = 0;
@@ -133,6 +225,8 @@ void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_r
         idx = lua_gettop(L) + idx + 1;
     set->n = 0;
     agw_buf_reset(&set->bytes);
+    if (known && known->n > 0 && read_known(set, L, idx, known))
+        return;
     lua_pushnil(L);
     while (lua_next(L, idx) != 0) {
         size_t nl = 0, vl = 0;
@@ -236,7 +330,7 @@ static int l_apply(lua_State *L)
     lua_newtable(L); /* 2: warnings */
     agw_resp_headers_t set = AGW_RESP_HEADERS_INIT;
     if (lua_istable(L, 1))
-        agw_resp_headers_read(&set, L, 1, on_warning, L);
+        agw_resp_headers_read(&set, L, 1, NULL, on_warning, L);
     lua_createtable(L, 0, (int)set.n);
     for (size_t i = 0; i < set.n;) {
         size_t j = i + 1; /* set.h[i .. j-1]: the fields of one name (several when its value was a list) */

@@ -60,15 +60,41 @@ typedef struct agw_resp_headers {
 /* Receives one warning (a NUL-terminated line without a trailing newline) about a dropped header. */
 typedef void (*agw_resp_headers_warn_cb)(void *data, const char *msg);
 
+/* At most this many names in an agw_resp_known_t. */
+#define AGW_RESP_KNOWN_MAX 8
+
+/* Header names one VM knows by address: the interned Lua strings of names that no rule above
+ * drops or changes (lowercase tokens, not owned by the gateway, not date), sorted bytewise. A
+ * table whose every entry is one of them with a plain string value is read without the rules'
+ * work (agw_resp_headers_read): the headers agg.page writes itself (x-aggregation-completed,
+ * cache-control) cost about 750 instructions a page less (docs/performance.md, "A nineteenth
+ * pass"). LuaJIT interns every string and never moves one, so while the VM holds these (a table
+ * in its registry, ref), a key equal to a name has the name's address. */
+typedef struct agw_resp_known {
+    const char *name[AGW_RESP_KNOWN_MAX]; /* in L's memory, NUL-terminated */
+    size_t len[AGW_RESP_KNOWN_MAX];
+    size_t n;
+    int ref; /* the registry's reference to the table that keeps them */
+} agw_resp_known_t;
+
+/* Fills known with the interned copies in L of names (a NULL-terminated list of at most
+ * AGW_RESP_KNOWN_MAX lowercase tokens, none of them owned by the gateway or date, sorted bytewise:
+ * a list that breaks this is refused), kept by a table in L's registry. Returns 0, or -1 (known
+ * left empty) for a list that breaks the rules. Raises Lua's memory error as lua_createtable does. */
+int agw_resp_known_init(agw_resp_known_t *known, lua_State *L, const char *const *names);
+
 /* Reads the headers table at index idx of L into set (replacing what it held), by the rules
- * above. A value is a string, a number, or a list of them: a list gives one field per element, in
+ * above. known (may be NULL): names L holds by address (agw_resp_known_t); a table whose entries
+ * are all among them, each with a string value of at most AGW_RESP_HEADER_VALUE_MAX bytes, neither
+ * empty nor with spaces or tabs around it nor a control character in it, is taken as it is (the
+ * rules would keep every entry unchanged): the same set, without their work. A value is a string, a number, or a list of them: a list gives one field per element, in
  * its order (several Set-Cookie fields, RFC 6265 §3; each element counts towards
  * AGW_RESP_HEADERS_MAX). An entry whose name is not a string or whose value is none of these, and
  * a list element that is not a string or number, are dropped with a warning. Each dropped header is reported to warn(data, msg) (warn may be
  * NULL). Does not raise Lua errors and leaves the Lua stack as it found it. Aborts the process on
  * allocation failure (as agw_buf does). */
-void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, agw_resp_headers_warn_cb warn,
-                           void *data);
+void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, const agw_resp_known_t *known,
+                           agw_resp_headers_warn_cb warn, void *data);
 
 /* The (first) header named name (lowercase, len bytes) in set, or NULL. */
 const agw_resp_header_t *agw_resp_headers_find(const agw_resp_headers_t *set, const char *name, size_t len);

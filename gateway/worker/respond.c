@@ -115,6 +115,9 @@ void agw_worker_warn(agw_worker_t *w, const char *msg)
     warn_header(w, msg);
 }
 
+const char *const agw_worker_own_headers[] = {"cache-control", "content-type", "retry-after", "vary",
+                                              "x-aggregation-completed", NULL};
+
 /* core.respond(rid, response) -> true | false (client gone) | nil, err (body cannot be encoded;
  * nothing was sent). response (lua/agg/contract.lua): status; headers, a table name -> value
  * (names in any case; resp_headers.h says which are sent) or nil; body, a Lua value to encode as
@@ -180,7 +183,7 @@ int agw_worker_respond(lua_State *L)
     agw_resp_headers_t *set = &w->scratch.resp_headers;
     set->n = 0;
     if (lua_istable(L, HEADERS))
-        agw_resp_headers_read(set, L, HEADERS, warn_header, w);
+        agw_resp_headers_read(set, L, HEADERS, &agw_worker_upg(L)->own_headers, warn_header, w);
     for (size_t i = 0; i < set->n; i++)
         add_header(req, set->h[i].name, set->h[i].name_len, set->h[i].value, set->h[i].value_len);
     int has_type = agw_resp_headers_find(set, "content-type", 12) != NULL;

@@ -5,6 +5,7 @@
 #include "worker/worker_internal.h"
 
 #include "base/heap.h"
+#include "base/log.h"
 #include "base/mem.h"
 
 #include "worker/contract.h"
@@ -259,6 +260,9 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     lua_pushvalue(L, -1);
     g->ref_keys = luaL_ref(L, LUA_REGISTRYINDEX);
     int keys = lua_gettop(L);
+    if (agw_resp_known_init(&g->own_headers, L, agw_worker_own_headers) != 0) /* (a wrong list: no lane) */
+        agw_log(AGW_LOG_WARN, "worker: the runtime's own header names break resp_headers.h's rules; "
+                "core.respond reads every header by the rules");
     lua_createtable(L, 0, 16);
     for (const luaL_Reg *f = agw_worker_core_fns; f->name; f++) {
         lua_pushlightuserdata(L, g);

@@ -77,6 +77,8 @@ typedef struct agw_worker_gen {
     uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */
     int ref_answer;             /* the table runtime.on_call gets, reused (lua/agg/contract.lua) */
     int ref_keys;               /* the contract's field names (contract.h agw_contract_push_keys) */
+    agw_resp_known_t own_headers; /* agw_worker_own_headers as L's strings (core.respond's lane for
+                                     a page's own headers, script/resp_headers.h) */
     wpool_t **pools;            /* one per endpoint, same index as conf->eps (upstream i's from
                                    conf->ep_first[i]); NULL until installed */
     uint64_t *reported;         /* per upstream: the runtime's AGW_COUNTERS_FIELDS totals as last
@@ -455,6 +457,11 @@ void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf);
 
 /* Frees w's Redis client and tier 1 (the worker's loop has stopped; no Lua runs for answers). */
 void agw_worker_cache_close(agw_worker_t *w);
+
+/* The header names the runtime writes into its own responses (agg.page: x-aggregation-completed,
+ * cache-control, vary, and a problem's content-type and retry-after), sorted bytewise,
+ * NULL-terminated: a VM holds them as g->own_headers (respond.c). */
+extern const char *const agw_worker_own_headers[];
 
 /* The pool gauges of generation g's upstream up (0-based): the sums over its endpoints' pools.
  * Published by the worker's once-a-second stats tick only: a gauge a scrape reads is at most a
