@@ -86,6 +86,48 @@ describe("the circuit breaker of a group", function()
   end)
 end)
 
+describe("the circuit breaker of a health-checked group", function()
+  -- mended: two endpoints, breaker.failures = 4, health every_s = 2, healthy_after = 2,
+  -- unhealthy_after = 3, sessions in the X-Mended header
+  local function circuit_open(page)
+    local sec = page.json.sections and page.json.sections.p or page.json.p
+    return sec.error ~= nil and sec.error.type == "urn:aggway:problem:circuit-open"
+  end
+
+  it("does not count an endpoint that came back through its checks as failing, though no call reached it since", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("mended", "/healthz", { status = 200, body = "ok" })
+    gw:stub("mended", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+    gw:stub("mended#2", "/p/*", { status = 503, latency_ms = 5 })
+    gw:advance(6000) -- both pass their checks
+    for i = 1, 20 do assert.is_false(circuit_open(gw:get("/mended/" .. i))) end
+    assert.is_true(gw:endpoints("mended")[2].failures > 0) -- its calls failed: it counts as failing
+    gw:stub("mended#2", "/healthz", { status = 503, body = "down" })
+    gw:advance(8000)
+    assert.equal("unhealthy", gw:endpoints("mended")[2].state)
+    gw:clear_calls()
+    local first = gw:get("/mended/100") -- a session, on endpoint 1 (2 is out of service)
+    local tok = first.headers["x-mended"]
+    assert.is_truthy(tok)
+    assert.equal(1, gw:calls("mended")[1].endpoint)
+    gw:stub("mended#2", "/healthz", { status = 200, body = "ok" })
+    gw:stub("mended#2", "/p/*", { json = { id = 2 }, latency_ms = 5 })
+    gw:advance(6000) -- back in service through its checks; no call reaches it below
+    assert.equal("healthy", gw:endpoints("mended")[2].state)
+    gw:stub("mended#1", "/p/*", { status = 503, latency_ms = 5 })
+    gw:clear_calls()
+    for i = 1, 10 do
+      -- endpoint 1 fails every call; the group does not: its breaker stays closed
+      assert.is_false(circuit_open(gw:get("/mended/" .. i, { headers = { ["x-mended"] = tok } })), "page " .. i)
+    end
+    for _, c in ipairs(gw:calls("mended")) do assert.equal(1, c.endpoint) end
+    assert.equal(10, #gw:calls("mended"))
+    local fresh = gw:get("/mended/200") -- a page without the session
+    assert.is_false(circuit_open(fresh))
+    assert.equal(200, fresh.status)
+  end)
+end)
+
 describe("the hash of the ring and of endpoint ids", function()
   it("gives the values it always gave: session tokens carry them", function()
     local hash = require("agg.group").hash

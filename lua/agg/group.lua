@@ -379,6 +379,20 @@ local function eject(g, e, now, why)
   return true
 end
 
+-- Endpoint e of g passes its health checks again (it was failing them, or they had not passed
+-- yet), or they ended its ejection early: it no longer counts as failing for the group's breaker
+-- (M.report) until a call fails on it again. Else an endpoint that failed, came back and got no
+-- call since (sessions pinned elsewhere, a balance that passed it by) made another endpoint's
+-- failures the whole group's, and one sick endpoint paused the upstream while the other passed
+-- its checks. (An endpoint whose checks pass while its calls fail stays failing: only a
+-- recovery the checks saw clears it.)
+local function mended(g, e)
+  if e.failing then
+    e.failing = false
+    g.nfailing = g.nfailing - 1
+  end
+end
+
 --- Endpoint i of g passed (healthy true) or failed its health checks as many times in a row as
 -- the upstream's health block asks (agg.health). Failing takes it out of service, within the
 -- limits of ejection (max_percent, never every endpoint: else it stays in, and is taken out at a
@@ -386,6 +400,7 @@ end
 -- saw (for the log).
 function M.set_health(g, i, healthy, why)
   local e, now = g.eps[i], core.now()
+  if healthy and e.health ~= "passing" then mended(g, e) end
   e.health = healthy and "passing" or "failing"
   if not healthy then
     if not e.down and (not usable(e, now) or may_take_out(g, now)) then
@@ -410,6 +425,7 @@ function M.end_ejection(g, i)
   local e, now = g.eps[i], core.now()
   if e.until_ms <= now then return end
   e.until_ms, e.restored_ms = now, now
+  mended(g, e)
   if core.log then
     core.log("info", ("upstream %s: endpoint %s passes its health checks; its ejection ends early"):format(g.name, e.url))
   end
