@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 #include "script/config.h"
 #include "base/heap.h"
@@ -74,11 +76,6 @@ static void print_help(FILE *f)
         fprintf(f, "  %-4s %-16s %s\n", e->method, e->path, e->what);
 }
 
-static int usage(void)
-{
-    print_help(stderr);
-    return 2;
-}
 
 /* The line under a command-line mistake (usage_error): the command line's shape and where the
  * rest is; the whole help would push the mistake off the screen. */
@@ -89,8 +86,20 @@ static int usage(void)
  * status 2. */
 static int usage_error(const char *what, const char *arg, const char *hint)
 {
-    fprintf(stderr, "aggway: %s%s%s%s%s%s\n" USAGE_LINE, what, arg ? " '" : "", arg ? arg : "", arg ? "'" : "",
-            hint ? " " : "", hint ? hint : "");
+    fprintf(stderr, "aggway: %s", what);
+    if (arg) { /* its control characters as \xNN (a newline would split the line, an escape sequence
+                  reach the terminal), at most 200 bytes of it */
+        fputs(" '", stderr);
+        size_t n = 0;
+        for (const unsigned char *p = (const unsigned char *)arg; *p && n < 200; p++, n++) {
+            if (*p < 0x20 || *p == 0x7f)
+                fprintf(stderr, "\\x%02x", *p);
+            else
+                fputc(*p, stderr);
+        }
+        fputs(strlen(arg) > 200 ? "…'" : "'", stderr);
+    }
+    fprintf(stderr, "%s%s\n" USAGE_LINE, hint ? " " : "", hint ? hint : "");
     return 2;
 }
 
@@ -205,7 +214,7 @@ int main(int argc, char **argv)
     mallopt(M_TOP_PAD, 16 * 1024 * 1024);
     mallopt(M_MMAP_THRESHOLD, 4 * 1024 * 1024);
     if (argc < 2)
-        return usage();
+        return usage_error("a command is needed", NULL, "(serve, check, test, version, help)");
     const char *cmd = argv[1];
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         print_help(stdout);
@@ -218,12 +227,13 @@ int main(int argc, char **argv)
     if (!serve && !check && !test)
         return usage_error("unknown command", cmd, "(serve, check, test, version, help)");
     const char *dir = "scripts";
-    int i = 2;
+    int i = 2, given = 0;
     if (i < argc && strcmp(argv[i], "-c") == 0) {
-        if (i + 1 >= argc)
+        if (i + 1 >= argc || argv[i + 1][0] == '\0')
             return usage_error("-c needs the scripts folder after it", NULL, NULL);
         dir = argv[i + 1];
         i += 2;
+        given = 1;
     }
     if (test) {
         /* `aggway test spec -c scripts`: -c is the scripts folder wherever it comes (busted's own
@@ -233,8 +243,10 @@ int main(int argc, char **argv)
                 break;
             if (strcmp(argv[j], "-c") != 0)
                 continue;
-            if (j + 1 >= argc)
+            if (j + 1 >= argc || argv[j + 1][0] == '\0')
                 return usage_error("-c needs the scripts folder after it", NULL, NULL);
+            if (given++)
+                return usage_error("-c given twice", NULL, NULL);
             dir = argv[j + 1];
             for (int k = j; k + 2 <= argc; k++)
                 argv[k] = argv[k + 2];
@@ -250,6 +262,19 @@ int main(int argc, char **argv)
     }
     if (agw_runtime_dir() == NULL) {
         fprintf(stderr, "aggway: %s\n", agw_runtime_dir_problem());
+        return 1;
+    }
+    /* a folder that is not there, or a file given as one, said as such (not as a gateway.lua to
+     * create inside it); exit 1 as for a folder that is not valid. (aggway test runs without one
+     * unless -c names it: specs may load fixture folders of their own, and --help needs none.) */
+    struct stat st;
+    if ((!test || given) && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        char cwd[512];
+        int gone = stat(dir, &st) != 0;
+        fprintf(stderr, "aggway: %s%s%s %s: -c takes the scripts folder (gateway.lua, endpoint scripts, lib/)%s%s%s\n",
+                gone ? "the scripts folder '" : "'", dir, "'", gone ? "does not exist" : "is not a folder",
+                given ? "" : "; without -c it is ./scripts (here ",
+                given ? "" : (getcwd(cwd, sizeof(cwd)) ? cwd : "the current folder"), given ? "" : "/scripts)");
         return 1;
     }
     if (serve)

@@ -275,6 +275,22 @@ describe("a file with many mistakes", function()
     assert.matches("misspelthandler/page%.lua:5: endpoint: handler is missing %(is 'hander' meant to be it%?%)", text)
   end)
 
+  it("puts each endpoint's missing handler on its own lines in a file of several", function()
+    local gen, errors = loader.load(DIR .. "severalhandlers")
+    assert.is_nil(gen)
+    local text = table.concat(errors, "\n")
+    assert.matches("page%.lua:13: endpoint 2: handler is missing: give it handler", text)
+    assert.matches("page%.lua:18: endpoint 3: unknown key 'hander' %(did you mean 'handler'%?%)", text)
+    assert.matches("page%.lua:18: endpoint 3: handler is missing %(is 'hander' meant to be it%?%)", text)
+    -- the key that holds a function, of three like handler, on its line in endpoint 4
+    assert.matches("page%.lua:22: endpoint 4: handler is missing %(is 'handle' meant to be it%?%)", text)
+    assert.matches("page%.lua:23: endpoint 4: unknown key 'handler_'", text)
+    -- a control character of a key is shown escaped: the message stays one line
+    assert.matches("endpoint 4: unknown key 'hand\\x0aler'", text, 1, true)
+    for _, e in ipairs(errors) do assert.is_nil(e:find("\n", 1, true), e) end
+    assert.equal(7, #errors, text)
+  end)
+
   it("puts a missing handler with no key like it on the endpoint's route line", function()
     local gen, errors = loader.load(DIR .. "nohandler")
     assert.is_nil(gen)

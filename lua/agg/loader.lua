@@ -10,6 +10,7 @@ local edge = require "agg.edge_config"
 local sys = require "agg.sys"
 local lint = require "agg.lint"
 local where = require "agg.where"
+local key_name, distance = where.key_name, edge.distance
 local sandbox = require "agg.sandbox"
 local router = require "agg.router"
 
@@ -31,16 +32,43 @@ end
 -- The line of src where key needle is given a value (`needle = …`, outside a comment); else the
 -- first line that mentions it; else 1. (A comment above an endpoint that talks about its auth must
 -- not take the error meant for `auth = …`.)
-local function line_of(src, needle)
+-- With from, the lines before it are passed over first (an endpoint's keys are looked for from
+-- its route's line: a file of several endpoints names each one's own), and the whole file is
+-- searched when nothing matches from there.
+local function line_of(src, needle, from)
   local key = "%f[%w_]" .. str_gsub(needle, "%p", "%%%0") .. "%f[^%w_]%s*=[^=]"
   local n, first = 1, nil
+  from = from or 1
   for l in str_gmatch((src .. "\n"), "([^\n]*)\n") do
-    local code = str_gsub(l, "%-%-.*$", "")
-    if str_find((code .. " "), key) then return n end
-    if not first and str_find(l, needle, 1, true) then first = n end
+    if n >= from then
+      local code = str_gsub(l, "%-%-.*$", "")
+      if str_find((code .. " "), key) then return n end
+      if not first and str_find(l, needle, 1, true) then first = n end
+    end
     n = n + 1
   end
+  if not first and from > 1 then return line_of(src, needle) end
   return first or 1
+end
+
+-- The line of src where route (a string) is written as a quoted literal after `route`, or nil.
+local function route_line(src, route)
+  local n = 1
+  for l in str_gmatch((src .. "\n"), "([^\n]*)\n") do
+    if (str_find(l, '"' .. route .. '"', 1, true) or str_find(l, "'" .. route .. "'", 1, true)) and
+       str_find(l, "%f[%w_]route%f[^%w_]") then
+      return n
+    end
+    n = n + 1
+  end
+  return nil
+end
+
+-- A key as a message shows it: control characters as \xNN (a key with a newline would split the
+-- file:line message, an escape sequence would reach the terminal of aggway check), cut at 80 bytes.
+local function key_shown(k)
+  local t = #k > 80 and (k:sub(1, 80) .. "…") or k
+  return (str_gsub(t, "%c", function(c) return ("\\x%02x"):format(c:byte()) end))
 end
 
 -- Each endpoint file runs in an environment of its own, the sandbox (agg.sandbox): its globals
@@ -306,9 +334,10 @@ local function load_folder(dir)
     -- the line of an option named in an error, found once per name and file (a file with many
     -- endpoints or keys would otherwise be scanned once per error)
     local found_at = {}
-    local function at(name)
-      local n = found_at[name]
-      if not n then n = line_of(fsrc, name); found_at[name] = n end
+    local function at(name, from)
+      local k = from and (name .. "\0" .. from) or name
+      local n = found_at[k]
+      if not n then n = line_of(fsrc, name, from); found_at[k] = n end
       return n
     end
     local chunk, err = sandbox.load_source(file)
@@ -348,17 +377,28 @@ local function load_folder(dir)
             bad = true
           else
             local unknown = 0
-            -- an unknown key whose nearest known name is handler ("hander", "handle"): a missing
-            -- handler is then reported on its line, naming it (not at the file's first line)
-            local handler_typo
+            -- this endpoint's keys are looked for from its route's line (several endpoints in a file)
+            local from = type(ep.route) == "string" and route_line(fsrc, ep.route) or nil
+            -- of the unknown keys named (ten at most), the one most like a misspelt handler: a
+            -- missing handler is reported on its line, naming it (one holding a function first,
+            -- then the nearest spelling, then bytewise)
+            local handler_typo, typo_rank
             for k in pairs(ep) do
               if not ENDPOINT_KEYS[k] then
                 unknown = unknown + 1
-                local hint = config.suggest(k, ENDPOINT_KEYS)
-                if hint == " (did you mean 'handler'?)" and type(k) == "string" then handler_typo = k end
-                -- (ten named: a generated table of thousands would bury the rest)
+                -- (ten named, and only those get a suggestion: a generated table of a million keys
+                -- would bury the rest, and the suggestions' work is outside the load time limit)
                 if unknown <= 10 then
-                  errors[#errors + 1] = ("%s:%d: %s: unknown key '%s'%s (route, deadline_ms, handler, auth, limits, priority)"):format(file, at(tostring(k)), where, tostring(k), hint)
+                  local hint = config.suggest(k, ENDPOINT_KEYS)
+                  local kn = key_name(k)
+                  if ep.handler == nil and type(k) == "string" and hint == " (did you mean 'handler'?)" then
+                    local rank = (callable.is(ep[k]) and 0 or 10) + distance(k, "handler", 9)
+                    if not typo_rank or rank < typo_rank or (rank == typo_rank and k < handler_typo) then
+                      handler_typo, typo_rank = k, rank
+                    end
+                  end
+                  errors[#errors + 1] = ("%s:%d: %s: unknown key '%s'%s (route, deadline_ms, handler, auth, limits, priority)"):format(
+                    file, at(kn, from), where, key_shown(kn), hint)
                 end
                 bad = true
               end
@@ -373,12 +413,12 @@ local function load_folder(dir)
             end
             if ep.handler == nil and handler_typo then
               errors[#errors + 1] = ("%s:%d: %s: handler is missing (is '%s' meant to be it?)"):format(file,
-                at(handler_typo), where, handler_typo)
+                at(handler_typo, from), where, key_shown(handler_typo))
               bad = true
             elseif ep.handler == nil then
               -- (on the endpoint's route line: the table the handler belongs in)
               errors[#errors + 1] = ("%s:%d: %s: handler is missing: give it handler = function(req) … end"):format(
-                file, ep.route ~= nil and at("route") or 1, where)
+                file, from or (ep.route ~= nil and at("route")) or 1, where)
               bad = true
             elseif not callable.is(ep.handler) then
               errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req), got %s"):format(file, at("handler"), where,

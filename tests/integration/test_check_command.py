@@ -133,6 +133,31 @@ class CheckCommand(unittest.TestCase):
                         scripts={"b.lua": endpoint("POST /v1/batch", "    return { status = 200, body = 'x' }")})
         self.assertInvalid(d, "b.lua", 3, "route 'POST /v1/batch' is the batch endpoint's")
 
+    def test_check_refuses_an_access_log_serve_could_not_open_and_creates_none(self):
+        # found by a new operator: check said valid, serve refused to start
+        def src(log):
+            return ('return {\n'
+                    '  listen = { { port = %d } },\n'
+                    '  access_log = "%s",\n'
+                    '  upstreams = { product = { url = "http://127.0.0.1:9001" } },\n'
+                    '}\n') % (self.port, log)
+        locked = os.path.join(self.workdir, "locked")
+        os.mkdir(locked, 0o500)
+        cases = [(os.path.join(self.workdir, "nologs", "access.log"), "its folder does not exist"),
+                 ("logs/rel.log", "its folder does not exist"),
+                 (self.workdir, "it is a folder")]
+        if os.geteuid() != 0:  # (root may write anywhere)
+            cases.append((os.path.join(locked, "access.log"), "permission denied"))
+        for log, why in cases:
+            d = self.folder(src(log), scripts={})
+            shown = log if log.startswith("/") else os.path.join(d, log)
+            self.assertInvalid(d, "gateway.lua", 3, "access_log: cannot open %s for appending: %s" % (shown, why))
+        # a missing file in a folder that exists is fine, and check does not make it
+        d = self.folder(src(os.path.join(self.workdir, "new.log")), scripts={})
+        rc, out, err = self.check(d)
+        self.assertEqual(rc, 0, out + err)
+        self.assertFalse(os.path.exists(os.path.join(self.workdir, "new.log")))
+
     def test_check_clients_block_valid(self):
         d = self.folder(gateway_lua(self.port, UPSTREAMS, clients={
             "max_connections": "auto", "max_headers": 50, "max_header_bytes": 32768, "max_uri_bytes": 16384,

@@ -78,13 +78,42 @@ class SpecRunner(unittest.TestCase):
         for args, why in ((("chek",), "aggway: unknown command 'chek' (serve, check, test, version, help)"),
                           (("check", "scripts"), "aggway: unexpected argument 'scripts' (the scripts folder is given as -c DIR)"),
                           (("check", "-c"), "aggway: -c needs the scripts folder after it"),
-                          (("test", "spec", "-c"), "aggway: -c needs the scripts folder after it")):
+                          (("test", "spec", "-c"), "aggway: -c needs the scripts folder after it"),
+                          ((), "aggway: a command is needed (serve, check, test, version, help)"),
+                          (("test", "-c", "a", "spec", "-c", "b"), "aggway: -c given twice"),
+                          (("check", "-c", ""), "aggway: -c needs the scripts folder after it"),
+                          # control characters shown escaped, a long argument cut: one line
+                          (("serve\x1b]0;x\x07\n",), "aggway: unknown command 'serve\\x1b]0;x\\x07\\x0a' "
+                           "(serve, check, test, version, help)"),
+                          (("x" * 300,), "aggway: unknown command '%s…' (serve, check, test, version, help)" % ("x" * 200))):
             p = run_aggway(*args)
             err = p.stderr.decode(errors="replace")
             self.assertEqual(p.returncode, 2, err)
             # what is wrong, then one usage line that says where the help is, not the whole help
             self.assertEqual(err, why + "\nusage: aggway COMMAND [-c DIR] [ARGS...]  ('aggway help' lists the "
                              "commands and options)\n", err)
+
+    def test_a_scripts_folder_that_is_not_there_or_a_file_is_said_as_such(self):
+        # found by a new operator: both read "gateway.lua:1: cannot read the gateway configuration;
+        # create it", under a path that was not there
+        missing = os.path.join(tempfile.mkdtemp(prefix="aggway-nofolder-"), "scripts")
+        self.addCleanup(shutil.rmtree, os.path.dirname(missing), True)
+        for cmd in ("check", "serve", "test"):
+            p = run_aggway(cmd, "-c", missing)
+            err = p.stderr.decode(errors="replace")
+            self.assertEqual(p.returncode, 1, err)
+            self.assertEqual(err, "aggway: the scripts folder '%s' does not exist: -c takes the scripts folder "
+                             "(gateway.lua, endpoint scripts, lib/)\n" % missing)
+        gw = os.path.join(self.scripts, "gateway.lua")
+        p = run_aggway("check", "-c", gw)
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.stderr.decode(), "aggway: '%s' is not a folder: -c takes the scripts folder "
+                         "(gateway.lua, endpoint scripts, lib/)\n" % gw)
+        # without -c: ./scripts, and where that is
+        p = subprocess.run([AGGWAY_BIN, "check"], cwd=os.path.dirname(missing), capture_output=True, timeout=30)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("the scripts folder 'scripts' does not exist", p.stderr.decode())
+        self.assertIn("without -c it is ./scripts (here %s)" % missing, p.stderr.decode())
 
     def test_help_prints_the_harness_usage(self):
         p = run_aggway("test", "--help")
