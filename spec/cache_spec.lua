@@ -526,7 +526,7 @@ describe("a call's cache option", function()
   it("names the mistake at the script's line", function()
     local gw = testing.gateway { dir = DIR }
     local want = {
-      field = "call to 'product': cache.ttl unknown option; cache knows key, negative_ttl_s, scope, stale_if_error_s, swr_s, ttl_s, vary",
+      field = "call to 'product': cache.ttl unknown option (did you mean 'ttl_s'?); cache knows key, negative_ttl_s, scope, stale_if_error_s, swr_s, ttl_s, vary",
       type = "call to 'product': option 'cache' must be false or a table like { ttl_s = 60 }",
       post = "call to 'product': option 'cache' is for GET and HEAD calls only",
       scope = "call to 'product': cache.scope must be \"shared\" or \"user\"",

@@ -124,7 +124,11 @@ agw_jwks_t *agw_jwks_parse(const char *json, size_t len, unsigned algs, char *wh
     json_error_t jerr;
     json_t *doc = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
     if (doc == NULL) {
-        say(why, whylen, "not JSON: %s (line %d)", jerr.text, jerr.line);
+        /* a PEM file (a public key or a certificate) given where a JWKS is wanted */
+        int pem = len >= 10 && memmem(json, len < 256 ? len : 256, "-----BEGIN", 10) != NULL;
+        say(why, whylen, "not JSON: %s (line %d)%s", jerr.text, jerr.line,
+            pem ? "; this is a PEM file: jwks_file wants a JWK Set, { \"keys\": [ … ] } (RFC 7517 §5), which "
+                  "docs/operations.md, \"Authentication\", shows how to make from it" : "");
         return NULL;
     }
     json_t *list = json_object_get(doc, "keys");
@@ -138,7 +142,8 @@ agw_jwks_t *agw_jwks_parse(const char *json, size_t len, unsigned algs, char *wh
     size_t i;
     json_t *k;
     json_array_foreach(list, i, k) {
-        char reason[160] = "not a JWK cjose can import";
+        char reason[160] = "not a public key JWK this gateway can read (kty RSA with n and e, or EC with crv, x "
+                           "and y; RFC 7518 §6)";
         cjose_jwk_t *key = json_is_object(k) ? cjose_jwk_import_json((cjose_header_t *)k, NULL) : NULL;
         unsigned kalgs = key ? key_algs(k, key, algs & ~AGW_JWT_HMAC, reason, sizeof(reason)) : 0;
         if (kalgs == 0) {

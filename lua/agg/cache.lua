@@ -63,10 +63,12 @@ function M.check_block(t, allow_key)
   for k, v in pairs(t) do
     local kind = FIELDS[k]
     if not kind or (k == "key" and not allow_key) then
-      local names = {}
-      for n in pairs(FIELDS) do if n ~= "key" or allow_key then names[#names + 1] = n end end
+      local names, set = {}, {}
+      for n in pairs(FIELDS) do if n ~= "key" or allow_key then names[#names + 1] = n; set[n] = true end end
       table.sort(names)
-      return nil, where.key_name(k), "unknown option; cache knows " .. table.concat(names, ", ")
+      -- (agg.config required here, off the hot path: it requires this module)
+      local hint = type(k) == "string" and require("agg.config").suggest(k, set) or ""
+      return nil, where.key_name(k), "unknown option" .. hint .. "; cache knows " .. table.concat(names, ", ")
     elseif kind == "secs" then
       if type(v) ~= "number" or v ~= v or v < 0 or v > 31536000 then
         return nil, k, "must be a number of seconds from 0 to 31536000"

@@ -166,7 +166,13 @@ function M.check(cfg, src, file)
   redis.check_cache(cfg, out, c)
   -- workers
   if cfg.workers ~= nil and cfg.workers ~= "auto" then
-    if posint(cfg.workers, "workers", find_line(lines, "workers"), 256) then out.workers = cfg.workers end
+    local v = cfg.workers
+    if type(v) ~= "number" or v ~= v or v % 1 ~= 0 or v <= 0 or v > 256 then
+      err(find_line(lines, "workers"), "workers", ("must be \"auto\" (one per core) or a whole number from 1 to 256, got %s")
+          :format(show(v)))
+    else
+      out.workers = v
+    end
   end
   if cfg.deadline_ms ~= nil and posint(cfg.deadline_ms, "deadline_ms", find_line(lines, "deadline_ms"), 3600000) then
     out.deadline_ms = cfg.deadline_ms

@@ -168,6 +168,10 @@ function M.check(cfg, c)
       if ok then
         out.rules[#out.rules + 1] = e
         out.by_name[e.name] = #out.rules
+      elseif e.name then
+        -- a rule reported above: lists that name it are not told it does not exist (check_names)
+        out.broken = out.broken or {}
+        out.broken[e.name] = true
       end
     end
   end
@@ -225,11 +229,16 @@ function M.check_names(v, lim, fail)
   local seen = {}
   for i, n in pairs(v) do
     if type(i) ~= "number" then fail("must be a list of rule names, not a table with key '" .. tostring(i) .. "'"); return nil end
-    if not lim.by_name[n] then
+    if not lim.by_name[n] and lim.broken and lim.broken[n] then
+      return nil -- (its own mistakes are reported where it is defined; this list would only add noise)
+    elseif not lim.by_name[n] then
       local known = {}
       for name in pairs(lim.by_name) do known[#known + 1] = name end
       table.sort(known)
-      fail(("no rule named '%s' in gateway.lua's limits.rules (%s)"):format(tostring(n),
+      local set = {}
+      for _, name in ipairs(known) do set[name] = true end
+      fail(("no rule named '%s' in gateway.lua's limits.rules%s (%s)"):format(tostring(n),
+           type(n) == "string" and require("agg.config").suggest(n, set) or "",
            #known > 0 and ("rules: " .. table.concat(known, ", ")) or "it defines none"))
       return nil
     end

@@ -535,13 +535,21 @@ class Check(GatewayTestCase):
         rc, out = self.check({"rules": rules}, scripts={"a.lua": script("GET /a", OK, limits=["per_ip"])})
         self.assertNotEqual(rc, 0)
         self.assertRegex(out, r"a\.lua:\d+: endpoint: limits: no rule named 'per_ip' in gateway\.lua's limits\.rules "
-                              r"\(rules: per-ip\)")
+                              r"\(did you mean 'per-ip'\?\) \(rules: per-ip\)")
         rc, out = self.check({"rules": rules}, scripts={"a.lua": script("GET /a", OK, priority=4)})
         self.assertRegex(out, r"a\.lua:\d+: endpoint: priority must be 1 \(shed last\), 2 or 3 \(shed first\), got 4")
         rc, out = self.check({"rules": rules, "default": ["nope"]})
         self.assertIn("limits.default: no rule named 'nope'", out)
         rc, out = self.check({"rules": rules}, scripts={"a.lua": script("GET /a", OK, limits=["per-ip"], priority=1)})
         self.assertEqual(rc, 0, out)
+        # a rule with a mistake of its own: the lists that name it are not told it does not exist
+        # (found by a new operator: "no rule named 'per-ip'" under the rule's own typo)
+        bad = [{"name": "per-ip", "key": "ip", "rate": 1, "burts": 10}]
+        rc, out = self.check({"rules": bad, "default": ["per-ip"]},
+                             scripts={"a.lua": script("GET /a", OK, limits=["per-ip"])})
+        self.assertNotEqual(rc, 0)
+        self.assertIn("limits.rules[1].burts: unknown option (did you mean 'burst'?)", out)
+        self.assertNotIn("no rule named", out)
 
 
 if __name__ == "__main__":
