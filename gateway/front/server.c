@@ -128,9 +128,12 @@ static void reopen_access_log(const char *access_log, int fd)
 {
     if (fd < 0 || access_log == NULL || strcmp(access_log, "stderr") == 0)
         return;
-    int nfd = open_access_log(access_log);
-    if (nfd < 0)
-        return; /* logged; keep writing to the old file */
+    int nfd = open(access_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (nfd < 0) { /* keep writing to the old file */
+        agw_log(AGW_LOG_ERROR, "SIGUSR1: cannot reopen the access log %s: %s; its lines keep going to the file "
+                "opened before (moved or not), until a SIGUSR1 can open it", access_log, strerror(errno));
+        return;
+    }
     if (dup3(nfd, fd, O_CLOEXEC) < 0)
         agw_log(AGW_LOG_ERROR, "access_log: cannot reopen %s: %s", access_log, strerror(errno));
     else

@@ -492,7 +492,7 @@ static void outage_end(agw_redis_t *r)
     if (!r->logged_down)
         return;
     ev_now_update(r->loop);
-    agw_log(AGW_LOG_INFO, "redis %s: connected again after %.1f s down; %llu commands failed meanwhile", r->addr,
+    agw_log(AGW_LOG_INFO, "redis %s: connected again after %.1f s down; %llu of its commands failed meanwhile", r->addr,
             ev_now(r->loop) - r->down_since, (unsigned long long)r->down_failed);
     r->logged_down = 0;
 }
@@ -610,6 +610,12 @@ static void connect_now(agw_redis_t *r)
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     ev_timer_set(&r->connect_timer, (double)r->conf.connect_timeout_ms / 1000.0, 0.);
     ev_timer_start(r->loop, &r->connect_timer);
+}
+
+void agw_redis_set_owner(agw_redis_t *r, const char *owner)
+{
+    size_t n = strlen(r->addr);
+    snprintf(r->addr + n, sizeof(r->addr) - n, " (%.40s)", owner);
 }
 
 agw_redis_t *agw_redis_new(struct ev_loop *loop, const agw_redis_conf_t *conf, agw_redis_stats_t *stats)

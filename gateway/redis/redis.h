@@ -101,6 +101,11 @@ int agw_redis_ready(const agw_redis_t *r);
 int agw_redis_command(agw_redis_t *r, agw_redis_cb cb, void *data, int argc, const char **argv,
                       const size_t *argvlen);
 
+/* Names the client's owner in its log lines ("worker 2": "redis 127.0.0.1:6379/0 (worker 2):
+ * connection lost …"), so that the outage lines of several clients, one per worker, say whose
+ * they are. owner is copied (cut at 40 bytes). */
+void agw_redis_set_owner(agw_redis_t *r, const char *owner);
+
 /* The client's configuration (as given to agw_redis_new). */
 const agw_redis_conf_t *agw_redis_conf(const agw_redis_t *r);
 

@@ -363,8 +363,12 @@ void agw_worker_cache_configure(agw_worker_t *w, const agw_config_t *conf)
         agw_redis_free(old); /* its GETs answer "client closed": those calls go upstream; parked
                                 limits checks take their rules' on_redis_error */
     }
-    if (want && !w->cache.redis)
+    if (want && !w->cache.redis) {
         w->cache.redis = agw_redis_new(w->loop, &conf->redis, &w->m->redis);
+        char owner[32];
+        snprintf(owner, sizeof(owner), "worker %d", w->id);
+        agw_redis_set_owner(w->cache.redis, owner);
+    }
 }
 
 void agw_worker_cache_close(agw_worker_t *w)

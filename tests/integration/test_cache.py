@@ -203,9 +203,11 @@ class CacheWithRedis(GatewayTestCase):
         self.redis.start()  # the same port
         self.assertTrue(wait_until(lambda: self.metric("aggway_redis_connected") == 2, 15))
         log = self.gw.log()
-        self.assertEqual(len(re.findall(r"redis \S+: connection lost", log)), 2, log)  # one per worker
+        # one per worker, each naming its worker
+        self.assertEqual(sorted(re.findall(r"redis \S+ \(worker (\d+)\): connection lost", log)), ["0", "1"], log)
         self.assertNotIn("cannot connect", log)  # the failed reconnections are not logged one by one
-        ends = re.findall(r"redis \S+: connected again after ([\d.]+) s down; (\d+) commands failed meanwhile", log)
+        ends = re.findall(r"redis \S+ \(worker \d+\): connected again after ([\d.]+) s down; (\d+) of its commands "
+                          r"failed meanwhile", log)
         self.assertEqual(len(ends), 2, log)
         for secs, failed in ends:
             self.assertGreaterEqual(float(secs), 1.0)  # from the kill to the restart, at least the sleep
