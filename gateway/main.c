@@ -12,6 +12,7 @@
 #include <lauxlib.h>
 #include <malloc.h>
 #include <lualib.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,7 +76,6 @@ static void print_help(FILE *f)
     for (const agw_admin_endpoint_t *e = agw_admin_endpoints; e->path; e++)
         fprintf(f, "  %-4s %-16s %s\n", e->method, e->path, e->what);
 }
-
 
 /* The line under a command-line mistake (usage_error): the command line's shape and where the
  * rest is; the whole help would push the mistake off the screen. */
@@ -268,12 +268,12 @@ int main(int argc, char **argv)
      * create inside it); exit 1 as for a folder that is not valid. (aggway test runs without one
      * unless -c names it: specs may load fixture folders of their own, and --help needs none.) */
     struct stat st;
-    if ((!test || given) && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+    int found = stat(dir, &st) == 0, err = errno;
+    if ((!test || given) && (!found || !S_ISDIR(st.st_mode))) {
         char cwd[512];
-        int gone = stat(dir, &st) != 0;
-        fprintf(stderr, "aggway: %s%s%s %s: -c takes the scripts folder (gateway.lua, endpoint scripts, lib/)%s%s%s\n",
-                gone ? "the scripts folder '" : "'", dir, "'", gone ? "does not exist" : "is not a folder",
-                given ? "" : "; without -c it is ./scripts (here ",
+        const char *what = found ? "is not a folder" : err == ENOENT ? "does not exist" : strerror(err);
+        fprintf(stderr, "aggway: %s%s' %s: -c takes the scripts folder (gateway.lua, endpoint scripts, lib/)%s%s%s\n",
+                found ? "'" : "the scripts folder '", dir, what, given ? "" : "; without -c it is ./scripts (here ",
                 given ? "" : (getcwd(cwd, sizeof(cwd)) ? cwd : "the current folder"), given ? "" : "/scripts)");
         return 1;
     }
