@@ -251,6 +251,16 @@ static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
     agw_worker_t *w = t->data;
     agw_cache_inbox_take(&w->m->purge, purge_tier1, w); /* POST /cache/purge (cache/purge.h) */
     agw_worker_reap_pools(w); /* pools of endpoint addresses that went away (group/directory.h) */
+    if (w->pool_gauges_of != w->gens.cur) {
+        /* a reload: an upstream it removed has no pool in the current generation, and its gauges
+         * read 0 from now on, not the last values of the pool it had (its counters stay) */
+        for (size_t s = 0; s < w->m->num_upstreams; s++) {
+            AGW_M_SET(w->m->upstreams[s].pool_open, 0);
+            AGW_M_SET(w->m->upstreams[s].pool_idle, 0);
+            AGW_M_SET(w->m->upstreams[s].pool_pending, 0);
+        }
+        w->pool_gauges_of = w->gens.cur;
+    }
     for (size_t i = 0; i < w->gens.cur->conf->num_upstreams; i++)
         agw_worker_publish_pool(w->gens.cur, i);
     for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live;) {

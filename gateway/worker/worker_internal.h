@@ -188,6 +188,8 @@ struct agw_worker {
                                               agw_worker_busy, read by the main thread) */
     uint64_t rng;                          /* xorshift state for core.random() */
     ev_timer stats_timer;                  /* once a second: runtime counters and pool gauges into m */
+    const void *pool_gauges_of;            /* the generation whose upstreams' pool gauges the tick last
+                                              published (another: every slot's are zeroed first) */
     uint64_t idle_started;                 /* requests_started at the last tick (gc.h's idle collection) */
     int idle_ticks;                        /* ticks since a request last started, while none is in flight */
     agw_gc_timer_t gc_timer;               /* times the entries into Lua (gc.h) */

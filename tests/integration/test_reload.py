@@ -550,6 +550,23 @@ class Pools(ReloadCase):
         self.assertEqual(self.mock.stats()["product"]["connections_total"], 2)
         self.assertLogClean()
 
+    def test_the_pool_gauges_of_an_upstream_a_reload_removed_read_0(self):
+        # found by an attack review: they kept the last values of the pool it had, for good
+        self.start_gateway(latency_ms=0, workers=1)
+        self.assertShape("v1", n=3)
+
+        def pool(name):
+            return self.metrics().get("aggway_upstream_pool_connections", upstream=name)
+        self.assertTrue(wait_until(lambda: pool("product") == 1, WAIT), self.metrics().text)
+        src = self.read("gateway.lua")
+        self.assertIn("product = {", src)
+        self.write("gateway.lua", src.replace("product = {", "catalog = {", 1))
+        self.write("shape.lua", shape_script("v2").replace('{ "product",', '{ "catalog",', 1))
+        self.reload_ok(2)
+        self.assertShape("v2", n=3)
+        self.assertTrue(wait_until(lambda: pool("product") == 0 and pool("catalog") == 1, WAIT), self.metrics().text)
+        self.assertLogClean()
+
     def test_an_open_breaker_stays_open_across_a_reload(self):
         self.start_gateway(workers=1, upstream_options={"product": {
             "timeout_ms": 4000, "connect_timeout_ms": 2000, "breaker": {"failures": 2, "open_s": 60}}})
