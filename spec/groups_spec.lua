@@ -128,6 +128,25 @@ describe("the circuit breaker of a health-checked group", function()
   end)
 end)
 
+describe("the circuit breaker of a dead group whose health path answers", function()
+  it("opens: checks that pass all along, or that end an ejection, do not clear a failing endpoint", function()
+    -- dead: two endpoints, outlier.failures = 1, breaker.failures = 3, health every_s = 1,
+    -- healthy_after = 1 (found by an attack review: its breaker never opened)
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("dead", "/healthz", { status = 200, body = "ok" })
+    gw:stub("dead", "/p/*", { status = 503, latency_ms = 5 })
+    gw:advance(2500)
+    local refused = 0
+    for i = 1, 40 do
+      local page = gw:get("/dead/" .. i)
+      local sec = page.json.sections and page.json.sections.p or page.json.p
+      if sec.error and sec.error.type == "urn:aggway:problem:circuit-open" then refused = refused + 1 end
+      gw:advance(2500) -- slow traffic: each ejection is ended early by a passing check in between
+    end
+    assert.is_true(refused >= 20, refused .. " of 40 pages refused by the breaker")
+  end)
+end)
+
 describe("the hash of the ring and of endpoint ids", function()
   it("gives the values it always gave: session tokens carry them", function()
     local hash = require("agg.group").hash

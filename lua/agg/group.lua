@@ -379,13 +379,14 @@ local function eject(g, e, now, why)
   return true
 end
 
--- Endpoint e of g passes its health checks again (it was failing them, or they had not passed
--- yet), or they ended its ejection early: it no longer counts as failing for the group's breaker
--- (M.report) until a call fails on it again. Else an endpoint that failed, came back and got no
--- call since (sessions pinned elsewhere, a balance that passed it by) made another endpoint's
--- failures the whole group's, and one sick endpoint paused the upstream while the other passed
--- its checks. (An endpoint whose checks pass while its calls fail stays failing: only a
--- recovery the checks saw clears it.)
+-- Endpoint e of g passes its health checks again after it failed them: it no longer counts as
+-- failing for the group's breaker (M.report) until a call fails on it again. Else an endpoint that
+-- failed, came back and got no call since (sessions pinned elsewhere, a balance that passed it by)
+-- made another endpoint's failures the whole group's, and one sick endpoint paused the upstream
+-- while the other passed its checks. Only a recovery the checks saw clears it: not checks that
+-- passed all along, nor an ejection they ended early (an endpoint whose checks pass while its
+-- calls fail counts by its calls; else a dead group whose health path answers never opened its
+-- breaker, each ejection's end clearing one endpoint in turn).
 local function mended(g, e)
   if e.failing then
     e.failing = false
@@ -400,7 +401,7 @@ end
 -- saw (for the log).
 function M.set_health(g, i, healthy, why)
   local e, now = g.eps[i], core.now()
-  if healthy and e.health ~= "passing" then mended(g, e) end
+  if healthy and e.health == "failing" then mended(g, e) end
   e.health = healthy and "passing" or "failing"
   if not healthy then
     if not e.down and (not usable(e, now) or may_take_out(g, now)) then
@@ -425,7 +426,6 @@ function M.end_ejection(g, i)
   local e, now = g.eps[i], core.now()
   if e.until_ms <= now then return end
   e.until_ms, e.restored_ms = now, now
-  mended(g, e)
   if core.log then
     core.log("info", ("upstream %s: endpoint %s passes its health checks; its ejection ends early"):format(g.name, e.url))
   end
