@@ -51,17 +51,19 @@ local function line_of(src, needle, from)
   return first or 1
 end
 
--- The line of src where route (a string) is written as a quoted literal after `route`, or nil.
-local function route_line(src, route)
-  local n = 1
+-- The routes of src written as `route = "…"` (or '…'), outside comments: literal -> its first
+-- line. One pass over the file, made only when a message needs an endpoint's line (a file of
+-- thousands of endpoints is not scanned once per endpoint).
+local function route_lines(src)
+  local at, n = {}, 1
   for l in str_gmatch((src .. "\n"), "([^\n]*)\n") do
-    if (str_find(l, '"' .. route .. '"', 1, true) or str_find(l, "'" .. route .. "'", 1, true)) and
-       str_find(l, "%f[%w_]route%f[^%w_]") then
-      return n
+    local code = str_gsub(l, "%-%-.*$", "")
+    for _, lit in str_gmatch(code, "%f[%w_]route%s*=%s*([\"'])(.-)%1") do
+      if not at[lit] then at[lit] = n end
     end
     n = n + 1
   end
-  return nil
+  return at
 end
 
 -- A key as a message shows it: control characters as \xNN (a key with a newline would split the
@@ -334,6 +336,13 @@ local function load_folder(dir)
     -- the line of an option named in an error, found once per name and file (a file with many
     -- endpoints or keys would otherwise be scanned once per error)
     local found_at = {}
+    -- an endpoint's route line, where its keys are looked for from (several endpoints in a file)
+    local routes_at
+    local function from_of(route)
+      if type(route) ~= "string" then return nil end
+      routes_at = routes_at or route_lines(fsrc)
+      return routes_at[route]
+    end
     local function at(name, from)
       local k = from and (name .. "\0" .. from) or name
       local n = found_at[k]
@@ -377,8 +386,6 @@ local function load_folder(dir)
             bad = true
           else
             local unknown = 0
-            -- this endpoint's keys are looked for from its route's line (several endpoints in a file)
-            local from = type(ep.route) == "string" and route_line(fsrc, ep.route) or nil
             -- of the unknown keys named (ten at most), the one most like a misspelt handler: a
             -- missing handler is reported on its line, naming it (one holding a function first,
             -- then the nearest spelling, then bytewise)
@@ -398,7 +405,7 @@ local function load_folder(dir)
                     end
                   end
                   errors[#errors + 1] = ("%s:%d: %s: unknown key '%s'%s (route, deadline_ms, handler, auth, limits, priority)"):format(
-                    file, at(kn, from), where, key_shown(kn), hint)
+                    file, at(kn, from_of(ep.route)), where, key_shown(kn), hint)
                 end
                 bad = true
               end
@@ -413,12 +420,12 @@ local function load_folder(dir)
             end
             if ep.handler == nil and handler_typo then
               errors[#errors + 1] = ("%s:%d: %s: handler is missing (is '%s' meant to be it?)"):format(file,
-                at(handler_typo, from), where, key_shown(handler_typo))
+                at(handler_typo, from_of(ep.route)), where, key_shown(handler_typo))
               bad = true
             elseif ep.handler == nil then
               -- (on the endpoint's route line: the table the handler belongs in)
               errors[#errors + 1] = ("%s:%d: %s: handler is missing: give it handler = function(req) … end"):format(
-                file, from or (ep.route ~= nil and at("route")) or 1, where)
+                file, from_of(ep.route) or (ep.route ~= nil and at("route")) or 1, where)
               bad = true
             elseif not callable.is(ep.handler) then
               errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req), got %s"):format(file, at("handler"), where,
