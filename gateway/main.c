@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "script/config.h"
+#include "base/file.h"
 #include "base/heap.h"
 #include "base/log.h"
 #include "deploy/runtime_dir.h"
@@ -77,6 +78,21 @@ static void print_help(FILE *f)
         fprintf(f, "  %-4s %-16s %s\n", e->method, e->path, e->what);
 }
 
+/* Writes s to f with its control characters as \xNN (a newline would split a message's line, an
+ * escape sequence reach the terminal), at most max bytes of it, then "…" when it was longer. */
+static void print_escaped(FILE *f, const char *s, size_t max)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n < max; p++, n++) {
+        if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\x%02x", *p);
+        else
+            fputc(*p, f);
+    }
+    if (strlen(s) > max)
+        fputs("…", f);
+}
+
 /* The line under a command-line mistake (usage_error): the command line's shape and where the
  * rest is; the whole help would push the mistake off the screen. */
 #define USAGE_LINE "usage: aggway COMMAND [-c DIR] [ARGS...]  ('aggway help' lists the commands and options)\n"
@@ -87,17 +103,10 @@ static void print_help(FILE *f)
 static int usage_error(const char *what, const char *arg, const char *hint)
 {
     fprintf(stderr, "aggway: %s", what);
-    if (arg) { /* its control characters as \xNN (a newline would split the line, an escape sequence
-                  reach the terminal), at most 200 bytes of it */
+    if (arg) {
         fputs(" '", stderr);
-        size_t n = 0;
-        for (const unsigned char *p = (const unsigned char *)arg; *p && n < 200; p++, n++) {
-            if (*p < 0x20 || *p == 0x7f)
-                fprintf(stderr, "\\x%02x", *p);
-            else
-                fputc(*p, stderr);
-        }
-        fputs(strlen(arg) > 200 ? "…'" : "'", stderr);
+        print_escaped(stderr, arg, 200);
+        fputc('\'', stderr);
     }
     fprintf(stderr, "%s%s\n" USAGE_LINE, hint ? " " : "", hint ? hint : "");
     return 2;
@@ -148,6 +157,19 @@ static int cmd_check(const char *dir, int quiet)
     if (agw_config_load(dir, &conf, &errors) != 0) {
         fprintf(stderr, "%s", errors.base ? errors.base : "configuration failed to load\n");
         fprintf(stderr, "aggway: %s is not valid (see the errors above)\n", dir);
+        agw_buf_free(&errors);
+        return 1;
+    }
+    /* the access log serve would open for appending at start (not the config loader's: a reload,
+     * which keeps the log open, must not fail when its folder moved) */
+    char why[256];
+    if (conf.access_log && strcmp(conf.access_log, "stderr") != 0 &&
+        agw_file_appendable(conf.access_log, why, sizeof(why)) != 0) {
+        fprintf(stderr, "%s/gateway.lua:%d: access_log: cannot open ", dir, conf.access_log_line);
+        print_escaped(stderr, conf.access_log, 400);
+        fprintf(stderr, " for appending: %s\n", why);
+        fprintf(stderr, "aggway: %s is not valid (see the errors above)\n", dir);
+        agw_config_free(&conf);
         agw_buf_free(&errors);
         return 1;
     }
@@ -272,8 +294,11 @@ int main(int argc, char **argv)
     if ((!test || given) && (!found || !S_ISDIR(st.st_mode))) {
         char cwd[512];
         const char *what = found ? "is not a folder" : err == ENOENT ? "does not exist" : strerror(err);
-        fprintf(stderr, "aggway: %s%s' %s: -c takes the scripts folder (gateway.lua, endpoint scripts, lib/)%s%s%s\n",
-                found ? "'" : "the scripts folder '", dir, what, given ? "" : "; without -c it is ./scripts (here ",
+        fprintf(stderr, "aggway: %s", found ? "'" : "the scripts folder '");
+        print_escaped(stderr, dir, 400);
+        fprintf(stderr, "' %s%s: -c takes the scripts folder (gateway.lua, endpoint scripts, lib/)%s%s%s\n",
+                found || err == ENOENT ? "" : "cannot be looked at: ", what,
+                given ? "" : "; without -c it is ./scripts (here ",
                 given ? "" : (getcwd(cwd, sizeof(cwd)) ? cwd : "the current folder"), given ? "" : "/scripts)");
         return 1;
     }

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -115,9 +116,23 @@ static int open_access_log(const char *path)
 {
     if (strcmp(path, "stderr") == 0)
         return dup(2);
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        agw_log(AGW_LOG_ERROR, "gateway.lua: access_log: cannot open %s for appending: %s", path, strerror(errno));
+    /* (non-blocking: a FIFO without a reader fails at once with ENXIO, where open would wait with
+     * the signals blocked; a FIFO or socket is refused: a write to it could hold a worker) */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+        close(fd);
+        fd = -1;
+        errno = EINVAL;
+        agw_log(AGW_LOG_ERROR, "gateway.lua: access_log: cannot open %s for appending: it is a FIFO or a socket", path);
+        return -1;
+    }
+    if (fd < 0) {
+        agw_log(AGW_LOG_ERROR, "gateway.lua: access_log: cannot open %s for appending: %s", path,
+                errno == ENXIO ? "it is a FIFO no one reads" : strerror(errno));
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     return fd;
 }
 
@@ -128,7 +143,15 @@ static void reopen_access_log(const char *access_log, int fd)
 {
     if (fd < 0 || access_log == NULL || strcmp(access_log, "stderr") == 0)
         return;
-    int nfd = open(access_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    int nfd = open(access_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    struct stat st;
+    if (nfd >= 0 && fstat(nfd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+        close(nfd);
+        nfd = -1;
+        errno = EINVAL;
+    }
+    if (nfd >= 0)
+        fcntl(nfd, F_SETFL, fcntl(nfd, F_GETFL) & ~O_NONBLOCK);
     if (nfd < 0) { /* keep writing to the old file */
         agw_log(AGW_LOG_ERROR, "SIGUSR1: cannot reopen the access log %s: %s; its lines keep going to the file "
                 "opened before (moved or not), until a SIGUSR1 can open it", access_log, strerror(errno));

@@ -396,6 +396,7 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
         log = full;
     }
     conf->access_log = log;
+    conf->access_log_line = log ? (int)agw_luamod_field_int(L, cfg, "access_log_line", 1) : 0;
 }
 
 /* redis = { url, timeout_ms, line } and cache = { memory_bytes, redis } as agg.config normalized

@@ -107,6 +107,7 @@ typedef struct agw_config {
     int admin_port;                     /* admin listener port, 0 when there is none */
     char *access_log;                   /* NULL: off; "stderr"; or a file path (relative ones resolved
                                            against the scripts folder) */
+    int access_log_line;                /* gateway.lua's line that sets it (messages), 0 when off */
     /* tracing = { otlp_http = "http://host:port/path", service_name, timeout_ms } (trace.h, otlp.h) */
     char *otlp_url;                     /* the collector's URL as configured; NULL: spans are not exported
                                            (traceparent is propagated all the same) */

@@ -121,47 +121,6 @@ static int l_cpu_s(lua_State *L)
     return 1;
 }
 
-/* appendable(path) -> true, or nil, why: whether a file could be opened at path for appending
- * as the gateway opens its access log (O_WRONLY | O_APPEND | O_CREAT, front/server.c), without
- * opening or creating it: an existing file that is not a directory and is writable, or a missing
- * one whose folder exists and may be written to (access(2): the real user's rights, those aggway
- * check runs with). why is strerror's text, or says what the path is. For aggway check, which
- * would otherwise pass a folder serve refuses (agg.ops_config). */
-static int l_appendable(lua_State *L)
-{
-    const char *path = luaL_checkstring(L, 1);
-    struct stat st;
-    const char *why = NULL;
-    if (stat(path, &st) == 0) {
-        if (S_ISDIR(st.st_mode))
-            why = "it is a folder";
-        else if (access(path, W_OK) != 0)
-            why = strerror(errno);
-    } else if (errno != ENOENT) {
-        why = strerror(errno);
-    } else {
-        size_t len = strlen(path);
-        while (len > 0 && path[len - 1] != '/')
-            len--;
-        char *dir = agw_strndup(path, len > 1 ? len - 1 : len); /* "" (the current folder) or "/" */
-        const char *d = dir[0] ? dir : ".";
-        if (stat(d, &st) != 0)
-            why = errno == ENOENT ? "its folder does not exist" : strerror(errno);
-        else if (!S_ISDIR(st.st_mode))
-            why = "its folder is not a folder";
-        else if (access(d, W_OK | X_OK) != 0)
-            why = errno == EACCES ? "no file may be made in its folder (permission denied)" : strerror(errno);
-        free(dir);
-    }
-    if (why == NULL) {
-        lua_pushboolean(L, 1);
-        return 1;
-    }
-    lua_pushnil(L);
-    lua_pushstring(L, why);
-    return 2;
-}
-
 /* read_file(path, max) -> the first max bytes of the regular file at path ("" when it is empty),
  * or nil, why. The file must be a regular file (agw_file_open_regular): a FIFO, a device or a
  * directory is refused at once, never waited on or read without end. */
@@ -331,7 +290,6 @@ int agw_sys_open(lua_State *L)
 {
     static const luaL_Reg fns[] = {{"call_invalid", l_call_invalid}, {"read_file", l_read_file},
                                    {"listdir", l_listdir},           {"monotonic_s", l_monotonic_s},
-                                   {"appendable", l_appendable},
                                    {"hash32", l_hash32},             {"cpu_s", l_cpu_s},
                                    {NULL, NULL}};
     luaL_newlib(L, fns);

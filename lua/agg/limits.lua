@@ -226,11 +226,12 @@ function M.check_names(v, lim, fail)
     fail("must be a list of rule names like { \"per-ip\" }, got " .. type(v))
     return nil
   end
-  local seen = {}
+  local seen, ok = {}, true
   for i, n in pairs(v) do
     if type(i) ~= "number" then fail("must be a list of rule names, not a table with key '" .. tostring(i) .. "'"); return nil end
     if not lim.by_name[n] and lim.broken and lim.broken[n] then
-      return nil -- (its own mistakes are reported where it is defined; this list would only add noise)
+      -- (its own mistakes are reported where it is defined; the list's other names are checked)
+      ok = false
     elseif not lim.by_name[n] then
       local known = {}
       for name in pairs(lim.by_name) do known[#known + 1] = name end
@@ -242,10 +243,10 @@ function M.check_names(v, lim, fail)
            #known > 0 and ("rules: " .. table.concat(known, ", ")) or "it defines none"))
       return nil
     end
-    if seen[n] then fail("rule '" .. n .. "' is listed twice"); return nil end
+    if seen[n] then fail("rule '" .. tostring(n) .. "' is listed twice"); return nil end
     seen[n] = true
   end
-  return v
+  return ok and v or nil
 end
 
 --- Checks cfg.max_in_flight (pages a worker has in flight before it sheds: DESIGN §9.1).

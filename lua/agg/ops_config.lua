@@ -3,7 +3,6 @@
 -- by agg.config with its checking context c (see agg.config); each function writes its part of
 -- out and reports every mistake through c.err.
 local M = {}
-local sys = require "agg.sys"
 
 -- access_log = "path" | "stderr" | false (default: off)
 function M.check_access_log(cfg, out, c)
@@ -15,16 +14,9 @@ function M.check_access_log(cfg, out, c)
           "must be a file path, \"stderr\", or false, got " .. show(v))
     else
       out.access_log = v
-      -- a file serve could not open for appending is refused here too (aggway check passed a
-      -- folder whose log's folder was missing, and serve then refused to start); relative paths
-      -- are the scripts folder's, as serve takes them
-      if v ~= "stderr" then
-        local path = v:byte(1) == 47 and v or (c.dir .. "/" .. v)
-        local ok, why = sys.appendable(path)
-        if not ok then
-          err(find_line(lines, "access_log"), "access_log", ("cannot open %s for appending: %s"):format(path, why))
-        end
-      end
+      -- its line, for aggway check's look at whether serve could open it (main.c: not here, as a
+      -- reload, which keeps the log open, must not fail when its folder moved)
+      out.access_log_line = find_line(lines, "access_log") or 1
     end
   end
 end

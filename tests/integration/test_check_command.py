@@ -143,20 +143,37 @@ class CheckCommand(unittest.TestCase):
                     '}\n') % (self.port, log)
         locked = os.path.join(self.workdir, "locked")
         os.mkdir(locked, 0o500)
+        fifo = os.path.join(self.workdir, "fifo")
+        os.mkfifo(fifo)
+        dangling_bad = os.path.join(self.workdir, "to-nowhere")
+        os.symlink(os.path.join(self.workdir, "nowhere", "x.log"), dangling_bad)
         cases = [(os.path.join(self.workdir, "nologs", "access.log"), "its folder does not exist"),
                  ("logs/rel.log", "its folder does not exist"),
-                 (self.workdir, "it is a folder")]
+                 (self.workdir, "it is a folder"),
+                 (fifo, "it is a FIFO (the gateway would wait on it)"),
+                 (dangling_bad, "its folder does not exist"),
+                 (self.workdir + "/a.log/", "it ends with '/', the name of a folder")]
         if os.geteuid() != 0:  # (root may write anywhere)
             cases.append((os.path.join(locked, "access.log"), "permission denied"))
         for log, why in cases:
             d = self.folder(src(log), scripts={})
             shown = log if log.startswith("/") else os.path.join(d, log)
             self.assertInvalid(d, "gateway.lua", 3, "access_log: cannot open %s for appending: %s" % (shown, why))
-        # a missing file in a folder that exists is fine, and check does not make it
-        d = self.folder(src(os.path.join(self.workdir, "new.log")), scripts={})
-        rc, out, err = self.check(d)
-        self.assertEqual(rc, 0, out + err)
+        # a missing file in a folder that exists is fine, and check does not make it; so is a
+        # dangling link whose target's folder exists (open makes the target), and /dev/null
+        dangling_ok = os.path.join(self.workdir, "to-new")
+        os.symlink(os.path.join(self.workdir, "linked.log"), dangling_ok)
+        for log in (os.path.join(self.workdir, "new.log"), dangling_ok, "/dev/null"):
+            d = self.folder(src(log), scripts={})
+            rc, out, err = self.check(d)
+            self.assertEqual(rc, 0, out + err)
         self.assertFalse(os.path.exists(os.path.join(self.workdir, "new.log")))
+        self.assertFalse(os.path.exists(os.path.join(self.workdir, "linked.log")))
+        # a control character of the path is shown escaped: the message stays on one line
+        d = self.folder(src("/nonexistent\\n/x"), scripts={})
+        rc, out, err = self.check(d)
+        self.assertEqual(rc, 1)
+        self.assertIn("access_log: cannot open /nonexistent\\x0a/x for appending", err)
 
     def test_check_clients_block_valid(self):
         d = self.folder(gateway_lua(self.port, UPSTREAMS, clients={

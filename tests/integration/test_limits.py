@@ -550,6 +550,9 @@ class Check(GatewayTestCase):
         self.assertNotEqual(rc, 0)
         self.assertIn("limits.rules[1].burts: unknown option (did you mean 'burst'?)", out)
         self.assertNotIn("no rule named", out)
+        # and the list's other names are still checked
+        rc, out = self.check({"rules": bad, "default": ["per-ip", "nosuch"]})
+        self.assertIn("limits.default: no rule named 'nosuch'", out)
 
 
 if __name__ == "__main__":

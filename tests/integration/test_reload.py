@@ -14,9 +14,11 @@ script as one new generation, checked in fresh VMs before anything changes.
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -123,12 +125,14 @@ class Load:
 
 class ReloadCase(GatewayTestCase):
 
-    def start_gateway(self, latency_ms=20, workers=2, scripts=None, upstream_options=None, services=None, tls=False):
+    def start_gateway(self, latency_ms=20, workers=2, scripts=None, upstream_options=None, services=None, tls=False,
+                      extra=None):
         self.admin_port = free_port()
         self.start(services=services or product_services(latency_ms),
                    scripts=scripts or {"shape.lua": shape_script("v1")},
                    upstream_options=upstream_options or {"product": RELAXED},
-                   gateway_extra={"admin": {"port": self.admin_port, "host": "127.0.0.1"}}, workers=workers, tls=tls)
+                   gateway_extra=dict({"admin": {"port": self.admin_port, "host": "127.0.0.1"}}, **(extra or {})),
+                   workers=workers, tls=tls)
         self.client = Client(self.port)
         self.assertTrue(wait_until(lambda: self.admin_get("/readyz")[0] == 200, WAIT), self.gw.log())
 
@@ -549,6 +553,22 @@ class Pools(ReloadCase):
         self.assertShape("v2", n=5)
         self.assertEqual(self.mock.stats()["product"]["connections_total"], 2)
         self.assertLogClean()
+
+    def test_a_reload_does_not_fail_when_the_access_log_s_folder_moved(self):
+        # found by an attack review: the check of the access log's path ran on reloads too, which
+        # keep the log open (it is a restart-only setting) and must not fail on it
+        top = tempfile.mkdtemp(prefix="aggway-alog-")
+        self.addCleanup(shutil.rmtree, top, True)
+        logs = os.path.join(top, "alog")
+        os.makedirs(logs)
+        self.start_gateway(latency_ms=0, workers=1, extra={"access_log": os.path.join(logs, "access.log")})
+        self.assertShape("v1")
+        os.rename(logs, logs + ".old")
+        self.write("shape.lua", shape_script("v2"))
+        self.reload_ok(2)
+        self.assertShape("v2")
+        # the lines go on to the file opened at start, in its new place
+        self.assertTrue(wait_until(lambda: os.path.getsize(os.path.join(logs + ".old", "access.log")) > 0, WAIT))
 
     def test_the_pool_gauges_of_an_upstream_a_reload_removed_read_0(self):
         # found by an attack review: they kept the last values of the pool it had, for good
