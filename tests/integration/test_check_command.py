@@ -175,6 +175,18 @@ class CheckCommand(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertIn("access_log: cannot open /nonexistent\\x0a/x for appending", err)
 
+    def test_serve_refuses_a_fifo_as_its_access_log_at_once(self):
+        # found by an attack review: serve's open waited for a reader, its signals blocked, for good
+        fifo = os.path.join(self.workdir, "fifo")
+        os.mkfifo(fifo)
+        src = ('return {\n  listen = { { port = %d } },\n  access_log = "%s",\n'
+               '  upstreams = { product = { url = "http://127.0.0.1:9001" } },\n}\n') % (self.port, fifo)
+        d = self.folder(src, scripts={})
+        p = subprocess.run([AGGWAY_BIN, "serve", "-c", d], capture_output=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("access_log: cannot open %s for appending: it is a FIFO no one reads" % fifo,
+                      p.stderr.decode(errors="replace") + p.stdout.decode(errors="replace"))
+
     def test_check_clients_block_valid(self):
         d = self.folder(gateway_lua(self.port, UPSTREAMS, clients={
             "max_connections": "auto", "max_headers": 50, "max_header_bytes": 32768, "max_uri_bytes": 16384,
