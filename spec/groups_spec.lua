@@ -147,6 +147,26 @@ describe("the circuit breaker of a dead group whose health path answers", functi
   end)
 end)
 
+describe("an answer from an endpoint slot whose address went away meanwhile", function()
+  it("does not count for the group's breaker (found by an attack review)", function()
+    local group = require "agg.group"
+    local gw = testing.gateway { dir = DIR }
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
+    gw:stub("named", "/p/*", { json = { id = 1 } })
+    gw:get("/named/0")
+    gw:advance(1000)
+    local g = group.group_of("named")
+    group.hold(g, 3) -- an attempt on slot 3 (as agg.exchange makes it)
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101" })
+    rt.report_stats(true) -- the worker's tick: slot 3 is gone
+    group.release(g, 3)
+    assert.equal("ignore", group.report(g, 3, "failure", 100))
+    -- one failure of slot 1 is not the whole group's: slot 2 answers
+    assert.equal("ignore", group.report(g, 1, "failure", 100))
+    assert.equal(1, g.nfailing)
+  end)
+end)
+
 describe("the hash of the ring and of endpoint ids", function()
   it("gives the values it always gave: session tokens carry them", function()
     local hash = require("agg.group").hash

@@ -439,7 +439,9 @@ function M.report(g, i, verdict, ms)
   local e = g.eps[i]
   e.answered = e.answered + 1
   e.latency_ms = e.latency_ms + (ms or 0)
-  if verdict == "ignore" then return "ignore" end
+  -- (a slot whose address went away while the attempt ran: its answer is about no endpoint of the
+  -- group now, and would count it failing for good, as nothing calls or probes a gone slot)
+  if verdict == "ignore" or e.gone then return "ignore" end
   local now = core.now()
   if g.failure_percent > 0 then
     if now - e.win_start >= g.interval_ms then
