@@ -111,28 +111,36 @@ static void log_certificates(const char *what, const agw_config_t *conf)
     }
 }
 
+/* Opens path for appending as the access log, or returns -1 with *why (strerror's text, or what
+ * the path is). Non-blocking: a FIFO without a reader fails at once with ENXIO, where open would
+ * wait with the signals blocked; a FIFO or a socket is refused, as a write to it could hold a
+ * worker. The descriptor is blocking again when it is returned. */
+static int open_log_file(const char *path, const char **why)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd < 0) {
+        *why = errno == ENXIO ? "it is a FIFO no one reads" : strerror(errno);
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+        close(fd);
+        *why = "it is a FIFO or a socket";
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
 /* Opens the access log for appending: the file, or stderr; -1 (logged) when it cannot be opened. */
 static int open_access_log(const char *path)
 {
     if (strcmp(path, "stderr") == 0)
         return dup(2);
-    /* (non-blocking: a FIFO without a reader fails at once with ENXIO, where open would wait with
-     * the signals blocked; a FIFO or socket is refused: a write to it could hold a worker) */
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
-        close(fd);
-        fd = -1;
-        errno = EINVAL;
-        agw_log(AGW_LOG_ERROR, "gateway.lua: access_log: cannot open %s for appending: it is a FIFO or a socket", path);
-        return -1;
-    }
-    if (fd < 0) {
-        agw_log(AGW_LOG_ERROR, "gateway.lua: access_log: cannot open %s for appending: %s", path,
-                errno == ENXIO ? "it is a FIFO no one reads" : strerror(errno));
-        return -1;
-    }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    const char *why;
+    int fd = open_log_file(path, &why);
+    if (fd < 0)
+        agw_log(AGW_LOG_ERROR, "gateway.lua: access_log: cannot open %s for appending: %s", path, why);
     return fd;
 }
 
@@ -143,18 +151,11 @@ static void reopen_access_log(const char *access_log, int fd)
 {
     if (fd < 0 || access_log == NULL || strcmp(access_log, "stderr") == 0)
         return;
-    int nfd = open(access_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
-    struct stat st;
-    if (nfd >= 0 && fstat(nfd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
-        close(nfd);
-        nfd = -1;
-        errno = EINVAL;
-    }
-    if (nfd >= 0)
-        fcntl(nfd, F_SETFL, fcntl(nfd, F_GETFL) & ~O_NONBLOCK);
+    const char *why;
+    int nfd = open_log_file(access_log, &why);
     if (nfd < 0) { /* keep writing to the old file */
         agw_log(AGW_LOG_ERROR, "SIGUSR1: cannot reopen the access log %s: %s; its lines keep going to the file "
-                "opened before (moved or not), until a SIGUSR1 can open it", access_log, strerror(errno));
+                "opened before (moved or not), until a SIGUSR1 can open it", access_log, why);
         return;
     }
     if (dup3(nfd, fd, O_CLOEXEC) < 0)
