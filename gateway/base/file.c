@@ -1,5 +1,6 @@
 /* file.c: see file.h. */
 #include "base/file.h"
+#include "base/mem.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,19 +28,13 @@ int agw_file_open_regular(const char *path, const char **why)
     return -1;
 }
 
-/* The folder part of path ("" for none, "/" for the root), malloc'd. */
+/* The folder part of path ("" for none, "/" for the root); the caller frees it. */
 static char *folder_of(const char *path)
 {
     size_t len = strlen(path);
     while (len > 0 && path[len - 1] != '/')
         len--;
-    size_t n = len > 1 ? len - 1 : len;
-    char *dir = malloc(n + 1);
-    if (dir == NULL)
-        return NULL;
-    memcpy(dir, path, n);
-    dir[n] = '\0';
-    return dir;
+    return agw_strndup(path, len > 1 ? len - 1 : len);
 }
 
 static int appendable(const char *path, char *why, size_t whylen, int depth)
@@ -78,28 +73,15 @@ static int appendable(const char *path, char *why, size_t whylen, int depth)
         if (target[0] == '/')
             return appendable(target, why, whylen, depth + 1);
         char *dir = folder_of(path);
-        if (dir == NULL) {
-            snprintf(why, whylen, "out of memory");
-            return -1;
-        }
         size_t need = strlen(dir) + 1 + (size_t)n + 1;
-        char *joined = malloc(need);
-        int rc = -1;
-        if (joined != NULL) {
-            snprintf(joined, need, "%s%s%s", dir, dir[0] ? "/" : "", target);
-            rc = appendable(joined, why, whylen, depth + 1);
-            free(joined);
-        } else {
-            snprintf(why, whylen, "out of memory");
-        }
+        char *joined = agw_malloc(need);
+        snprintf(joined, need, "%s%s%s", dir, dir[0] ? "/" : "", target);
+        int rc = appendable(joined, why, whylen, depth + 1);
+        free(joined);
         free(dir);
         return rc;
     }
     char *dir = folder_of(path);
-    if (dir == NULL) {
-        snprintf(why, whylen, "out of memory");
-        return -1;
-    }
     const char *d = dir[0] ? dir : ".";
     int rc = -1;
     if (stat(d, &st) != 0)

@@ -236,10 +236,8 @@ function M.check_names(v, lim, fail)
       local known = {}
       for name in pairs(lim.by_name) do known[#known + 1] = name end
       table.sort(known)
-      local set = {}
-      for _, name in ipairs(known) do set[name] = true end
       fail(("no rule named '%s' in gateway.lua's limits.rules%s (%s)"):format(tostring(n),
-           type(n) == "string" and require("agg.config").suggest(n, set) or "",
+           type(n) == "string" and require("agg.config").suggest(n, lim.by_name) or "",
            #known > 0 and ("rules: " .. table.concat(known, ", ")) or "it defines none"))
       return nil
     end
