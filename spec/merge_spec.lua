@@ -98,6 +98,32 @@ describe("merged calls", function()
     assert.truthy(calls[1].endpoint)
   end)
 
+  it("gives a group's endpoint back when a merged call ends, and counts its answer for that endpoint", function()
+    -- (found in review: a merged call held the endpoint the balancer chose for good, and its answer
+    -- went to the upstream's breaker as if the group had one endpoint)
+    local group = require "agg.group"
+    gw:stub("guarded", "/products", products())
+    gw:stub("guarded#1", "/products", { status = 503, latency_ms = 5 })
+    for i = 1, 30 do gw:get("/guarded/" .. (i % 3 + 1)) end
+    local g = group.group_of("guarded")
+    assert.equal(0, g.inflight)
+    local called, answered = 0, 0
+    for _, e in ipairs(g.eps) do
+      assert.equal(0, e.inflight)
+      called, answered = called + e.calls, answered + e.answered
+    end
+    assert.equal(30, called)
+    assert.equal(30, answered)
+    -- endpoint 1 is ejected by its merged calls' failures (outlier ejection: 5 in a row), and the
+    -- upstream's breaker stays closed while endpoint 2 answers
+    local states = {}
+    for i, e in ipairs(gw:endpoints("guarded")) do states[i] = e.state end
+    assert.same({ "ejected", "healthy" }, states)
+    local page = gw:get("/guarded/2")
+    assert.equal("ok", page.json.item1.status)
+    assert.equal("ok", page.json.item2.status)
+  end)
+
   it("gives each caller its own copy of a shared item", function()
     local a = gw:send("GET", "/rename/4")
     local b = gw:send("GET", "/cart/4/1")

@@ -635,7 +635,7 @@ merge_hooks = {
   cancel = function(p)
     take_call(p.id)
     core.cancel(p.id)
-    if p.ep and p.u.group then group.release(p.u.group, p.ep) end
+    if p.endpoint and p.u.group then group.release(p.u.group, p.endpoint) end
     if p.probe then local b = breaker_of(p) if b then b:report("ignore", true, core.now()) end end
   end,
   register = function(id, p) put_call(id, p) end, -- (p.id is id)

@@ -194,7 +194,9 @@ function M.join(x, t, clamped, now)
           keys = {}, n = 0, waiters = {}, nwait = 0, ends = 0, clamped = false, timer = false,
           id = false, sent = false, done = false, probe = false, x = false, sent_t = 0 }
     p.x, p.merged = p, p -- what agg.exchange reads of a call record: its upstream, and that it is merged
-    p.u, p.ep = x.u, false -- (and its upstream's state: an endpoint group's balancer)
+    -- (and its upstream's state: an endpoint group's balancer; endpoint: the group's endpoint the
+    -- merged call went to, which agg.exchange releases and reports its answer for, as a call's)
+    p.u, p.endpoint = x.u, false
     pending[g] = p
     p.timer = hooks.set_timer(b.window_ms, function() p.timer = false flush(p) end)
   end
@@ -264,11 +266,11 @@ flush = function(p)
   p.probe = decision == "probe"
   p.keys = keys
   local x1 = exchange_of(first)
-  p.ep = hooks.pick(p, x1) or false -- an upstream with several endpoints: which one (balancer)
+  p.endpoint = hooks.pick(p, x1) or false -- an upstream with several endpoints: which one (balancer)
   -- core.call's span and endpoint (agg.contract): the merged call's span is named after the first
   -- caller's section; one attempt, never hedged, on the endpoint the balancer chose
   local id = core.call(x1.ctx.rid, upstreams[p.upstream].index, p.method, path, p.headers, false,
-                       math.floor(t + 0.5), true, x1.key, 1, false, p.ep or nil)
+                       math.floor(t + 0.5), true, x1.key, 1, false, p.endpoint or nil)
   p.id = id
   hooks.register(id, p)
   local fl = inflight[p.group]
