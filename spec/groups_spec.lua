@@ -167,6 +167,45 @@ describe("an answer from an endpoint slot whose address went away meanwhile", fu
   end)
 end)
 
+describe("an answer from an endpoint slot's old address", function()
+  it("does not count for the address the slot has now (found by an attack review)", function()
+    local group = require "agg.group"
+    local gw = testing.gateway { dir = DIR } -- named: outlier failures = 2, eject_s = 60
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
+    gw:stub("named", "/p/*", { json = { id = 1 } })
+    gw:get("/named/0")
+    gw:advance(1000)
+    local g = group.group_of("named")
+    group.hold(g, 3) -- two attempts on slot 3's address (as agg.exchange makes them)
+    group.hold(g, 3)
+    gw:advance(100)
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.4:9101" })
+    rt.report_stats(true) -- the worker's tick: slot 3 has a new address
+    assert.equal("10.0.0.4:9101", g.eps[3].address)
+    assert.equal(2, g.eps[3].inflight) -- (still in flight for the balancer)
+    gw:advance(200)
+    for _ = 1, 2 do -- the old address fails both, 300 ms after they began
+      group.release(g, 3)
+      assert.equal("ignore", group.report(g, 3, "failure", 300))
+    end
+    local e = g.eps[3]
+    assert.equal(0, e.inflight)
+    assert.is_false(e.failing)
+    assert.equal(0, e.consec)
+    assert.equal(0, e.answered)
+    local states = {}
+    for i, ep in ipairs(gw:endpoints("named")) do if i <= 3 then states[i] = ep.state end end
+    assert.same({ "healthy", "healthy", "healthy" }, states) -- (slots 4 to 8 hold no address)
+    -- an attempt that began after the change counts for the new address
+    group.hold(g, 3)
+    gw:advance(50)
+    group.release(g, 3)
+    group.report(g, 3, "failure", 50)
+    assert.is_true(e.failing)
+    assert.equal(1, e.consec)
+  end)
+end)
+
 describe("the hash of the ring and of endpoint ids", function()
   it("gives the values it always gave: session tokens carry them", function()
     local hash = require("agg.group").hash

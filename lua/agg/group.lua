@@ -57,10 +57,12 @@ end
 
 -- A new endpoint's state (slot i of g: url, address or false when out of service). Its key names
 -- it for the ring and for session tokens: the URL, or URL@address for the addresses of one URL.
-local function new_endpoint(url, address, shared)
+-- since_ms: when the slot took this address (core.now(), M.sync), 0 for the group's first slots.
+local function new_endpoint(url, address, shared, since_ms)
   -- down: out of service by its health checks (agg.health); health: their verdict, nil unchecked;
   -- gone: a slot of a host name that holds no address now (group/directory.h)
   return { url = url, address = address, key = shared and address and (url .. "@" .. address) or url,
+           since_ms = since_ms or 0,
            gone = address == false, inflight = 0, consec = 0, failing = false, until_ms = 0, ejections = 0,
            ejected_ms = false, restored_ms = 0, win_start = 0, win_total = 0, win_fail = 0,
            calls = 0, failures = 0, sessions = 0, answered = 0, latency_ms = 0,
@@ -152,8 +154,9 @@ end
 --- The worker's once-a-second tick on its current generation: each group's endpoint slots follow
 -- the directory (core.endpoint_slots; the transport moved its pools first). An endpoint whose
 -- address stays keeps its state; a slot whose address changed starts afresh (its calls in flight
--- still count until they end); a slot that lost its address is gone (no calls, not counted for
--- the ejection limits).
+-- still count as in flight for the balancer until they end, and their answers, about the old
+-- address, count for no endpoint: M.report); a slot that lost its address is gone (no calls, not
+-- counted for the ejection limits).
 function M.sync()
   if not (core and core.endpoint_slots) then return end
   for _, g in pairs(groups) do
@@ -164,7 +167,7 @@ function M.sync()
       for i, sl in ipairs(slots) do
         local e = g.eps[i]
         if e.address ~= sl.address then
-          local ne = new_endpoint(sl.url, sl.address, shared[sl.url])
+          local ne = new_endpoint(sl.url, sl.address, shared[sl.url], core.now())
           ne.inflight = e.inflight
           if e.failing then g.nfailing = g.nfailing - 1 end
           g.eps[i], changed = ne, true -- (the resolver thread logged the change, once for the process)
@@ -437,6 +440,10 @@ end
 -- ejected, not the whole upstream paused.
 function M.report(g, i, verdict, ms)
   local e = g.eps[i]
+  -- (an attempt that began before the slot took its address (M.sync) went to the old address: its
+  -- answer says nothing of this one, whose state starts afresh. The attempt's start is now - ms,
+  -- both on the loop's clock; the 0.01 ms is the rounding of those figures.)
+  if ms and core.now() - ms < e.since_ms - 0.01 then return "ignore" end
   e.answered = e.answered + 1
   e.latency_ms = e.latency_ms + (ms or 0)
   -- (a slot whose address went away while the attempt ran: its answer is about no endpoint of the
