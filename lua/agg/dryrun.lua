@@ -5,9 +5,10 @@
 -- Each endpoint gets one request on the virtual clock: its route with every parameter "1", the
 -- user its auth policy needs, and every upstream stubbed with `{}` (a 200 JSON object) after 1 ms.
 -- The stubs are made up, so only the errors no made-up answer can cause are reported: those that
--- name a call spec — an unknown upstream or option, an option of the wrong type, a fetch_then key
--- missing from the table — with the file:line of the spec (agg.where); an agg.page option that does
--- not exist or is not a table; and a call of a function agg does not have (`agg.fetchall { … }`),
+-- name a call spec — an unknown upstream or option, an option of the wrong type (the cache and
+-- batch blocks' too), a fetch_then key missing from the table — with the file:line of the spec
+-- (agg.where); an argument of agg's functions that is not what they take (agg.page's options, a
+-- shaping helper's list of keys or function); and a call of a function agg does not have (`agg.fetchall { … }`),
 -- on a line of a script that writes it so. Any other script error (indexing the made-up data)
 -- says nothing about the script and is left to its specs. A handler that errors before reaching
 -- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches. A folder with
@@ -33,10 +34,28 @@ local SPEC_ERRORS = {
   "unknown upstream '", ": unknown option '", "is not supported", "retry option '",
   "fetch_then for '", "fetch_then dependency cycle", "agg.page: option 'headers' must be a table",
 }
-local TYPE_ERROR = "call to '[^']*': option '[^']*' must be a "
+-- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
+-- blocks, retry, hedge) but those a made-up answer causes: a path read from the answers is nil, and
+-- so is a merged call's key. (Each check looks only at the options a spec has, and the made-up
+-- answers give nil for any field, so no other of these messages can come from them.)
+local CALL_ERROR = "call to '[^']*': "
+local DATA_CAUSED = { "the path must be a string", "batch: 'key'" }
+-- The argument mistakes of agg's functions ("agg.pick: the list of keys must be a table, got
+-- string"), but for a nil argument, which a field of a made-up answer is: a shaping helper takes
+-- a nil or agg.null value as no data, so only its other arguments are checked.
+local AGG_ERROR = "agg%.([%w_]+): "
+local AGG_CHECKED = { pick = true, omit = true, rename = true, map = true, limit = true, shape = true,
+                      fetch_then = true, page = true }
 
 local function is_spec_error(msg)
-  if str_find(msg, TYPE_ERROR) then return true end
+  if str_find(msg, CALL_ERROR) then
+    for _, p in ipairs(DATA_CAUSED) do
+      if str_find(msg, p, 1, true) then return false end
+    end
+    return true
+  end
+  local fn = str_match(msg, AGG_ERROR)
+  if fn and AGG_CHECKED[fn] and not str_find(msg, "got nil", 1, true) then return true end
   for _, p in ipairs(SPEC_ERRORS) do
     if str_find(msg, p, 1, true) then return true end
   end

@@ -309,6 +309,36 @@ class CheckCommand(unittest.TestCase):
             self.assertRegex(err, r"four\.lua:6: agg\.page: option 'headers' must be a table of name = value, got string", err)
             self.assertNotIn("lua/agg/", err)
 
+    def test_check_dry_run_finds_cache_batch_and_helper_argument_mistakes(self):
+        # (found by a new page author: each passed check, then failed every request with a 500)
+        scripts = dict(repo_scripts(), **{
+            "c1.lua": endpoint("GET /c1/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1", '
+                                               'cache = { ttl_s = "60" } } }\n    return agg.page(res)'),
+            "c2.lua": endpoint("GET /c2/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1", '
+                                               'cache = { ttl = 60 } } }\n    return agg.page(res)'),
+            "b1.lua": endpoint("GET /b1/{id}", '    local res = agg.fetch_all { p = { "product", "/products", '
+                                               'batch = { key = 1, param = "ids", max = "50" } } }\n'
+                                               '    return agg.page(res)'),
+            "h1.lua": endpoint("GET /h1/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
+                                               '    agg.shape(res.p, function(o) return agg.pick(o, "id") end)\n'
+                                               '    return agg.page(res)'),
+            # nil read from the made-up answers is the data's, not a mistake: a merged call's key, a
+            # helper's value
+            "n1.lua": endpoint("GET /n1/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
+                                               '    local x = agg.omit(res.p.data.missing, { "id" })\n'
+                                               '    local q = agg.fetch_all { i = { "product", "/products", '
+                                               'batch = { key = res.p.data.id, param = "ids" } } }\n'
+                                               '    return agg.page(q)'),
+        })
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 1, out + err)
+        self.assertRegex(err, r"c1\.lua:5: call to 'product': cache\.ttl_s must be a number of seconds")
+        self.assertRegex(err, r"c2\.lua:5: call to 'product': cache\.ttl unknown option \(did you mean 'ttl_s'\?\)")
+        self.assertRegex(err, r"b1\.lua:5: call to 'product': batch: option 'max' must be a number, got string")
+        self.assertRegex(err, r"h1\.lua:6: agg\.pick: the list of keys must be a table, got string")
+        self.assertNotIn("n1.lua", err)
+        self.assertNotIn("lua/agg/", err)
+
     def test_check_dry_run_reads_no_file_an_error_names(self):
         # a message naming a device, a folder or a file outside the scripts is not looked into (it
         # hung check on /dev/zero, and a folder failed the dry run)
