@@ -536,6 +536,41 @@ describe("script errors", function()
   it("reject a handler that returns something that is not a response", function()
     assert.equal(500, gw:get("/err/bad-return").status)
   end)
+
+  -- the line of errors.lua that holds mark
+  local function line_of(mark)
+    local n = 0
+    for l in io.lines(DIR .. "/errors.lua") do
+      n = n + 1
+      if l:find(mark, 1, true) then return n end
+    end
+  end
+
+  it("say what a handler returned instead of a response, at the handler's line", function()
+    -- (found by a new page author: one message for every mistake, without a line)
+    gw:stub("a", "/products/1", { json = { id = 1 } })
+    assert.equal(500, gw:get("/err/results-return").status)
+    assert.equal(500, gw:get("/err/string-status").status)
+    assert.equal(500, gw:get("/err/nil-return").status)
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("errors.lua:" .. line_of("RESULTS-RETURN") .. ": the handler must return agg.page(results) or " ..
+                   "{ status = <200..599>, json = … | body = … }, it returned a table without status " ..
+                   "(the results of agg.fetch_all? pass them to agg.page)", logs, 1, true)
+    assert.matches('it returned status "200" (string)', logs, 1, true)
+    assert.matches("it returned nothing", logs, 1, true)
+  end)
+
+  it("refuse a plain response with a key a response does not have (it went out as an empty 200)", function()
+    local page = gw:get("/err/misspelt-json")
+    assert.equal(500, page.status)
+    assert.matches("errors.lua:" .. line_of("MISSPELT-JSON") ..
+                   ": the handler's response has an unknown key 'jsn' (did you mean 'json'?)",
+                   table.concat(gw:logs(), "\n"), 1, true)
+    -- a field its metatable gives is read as before
+    local ok = gw:get("/err/metatable-json")
+    assert.equal(200, ok.status)
+    assert.equal(2, ok.json.id)
+  end)
 end)
 
 describe("response headers", function()

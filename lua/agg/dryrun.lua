@@ -33,6 +33,7 @@ M.BUDGET_S = 30
 local SPEC_ERRORS = {
   "unknown upstream '", ": unknown option '", "is not supported", "retry option '",
   "fetch_then for '", "fetch_then dependency cycle", "agg.page: option 'headers' must be a table",
+  "the handler's response has an unknown key '",
 }
 -- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
 -- blocks, retry, hedge) but those a made-up answer causes: a path read from the answers is nil, and

@@ -434,6 +434,36 @@ local function retire(ctx)
   abandon_exchanges(ctx)
 end
 
+local RESPONSE_SHAPE = "the handler must return agg.page(results) or { status = <200..599>, json = … | body = … }"
+local RESPONSE_KEYS = { status = true, headers = true, json = true, body = true }
+
+-- The message for a handler's response without a usable status (st, as read): what it returned.
+-- (A log line, placed at the handler's first line: the return it came from is gone.)
+local function wrong_response(resp, st)
+  local got
+  if type(resp) ~= "table" then
+    got = type(resp) == "nil" and "nothing" or ("a %s"):format(type(resp))
+  elseif st == nil then
+    got = "a table without status (the results of agg.fetch_all? pass them to agg.page)"
+  else
+    got = ("status %s (%s)"):format(type(st) == "string" and ("%q"):format(st) or tostring(st), type(st))
+  end
+  return RESPONSE_SHAPE .. ", it returned " .. got
+end
+
+-- The message for a plain response (a table that is not agg.page's) holding a key a response does
+-- not have (`jsn = data`, which would otherwise go out as an empty 200), else nil. Raw keys only:
+-- a field a metatable gives is read as it always was.
+local function unknown_response_key(resp)
+  for k in next, resp do
+    if not RESPONSE_KEYS[k] then
+      return ("the handler's response has an unknown key '%s'%s: %s"):format(
+        require("agg.where").key_name(k), require("agg.config").suggest(k, RESPONSE_KEYS), RESPONSE_SHAPE)
+    end
+  end
+  return nil
+end
+
 finish_request = function(ctx, ok, resp, co)
   if ctx.done then return end
   retire(ctx)
@@ -456,8 +486,15 @@ finish_request = function(ctx, ok, resp, co)
     return send_problem(ctx, problem.script_error(nil))
   end
   if type(st) ~= "number" or st < 200 or st > 599 or st % 1 ~= 0 then
-    log_error(ctx, nil, "the handler must return agg.page(results) or { status = <200..599>, json = … | body = … }")
+    log_error(ctx, nil, wrong_response(resp, st), ctx.ep.handler)
     return send_problem(ctx, problem.script_error(nil))
+  end
+  if not page and not rows then
+    local bad = unknown_response_key(resp)
+    if bad then
+      log_error(ctx, nil, bad, ctx.ep.handler)
+      return send_problem(ctx, problem.script_error(nil))
+    end
   end
   if headers ~= nil and type(headers) ~= "table" then
     log_error(ctx, nil, "response headers must be a table")

@@ -322,6 +322,7 @@ class CheckCommand(unittest.TestCase):
             "h1.lua": endpoint("GET /h1/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
                                                '    agg.shape(res.p, function(o) return agg.pick(o, "id") end)\n'
                                                '    return agg.page(res)'),
+            "r1.lua": endpoint("GET /r1/{id}", '    return { status = 200, jsn = { id = 1 } }'),
             # nil read from the made-up answers is the data's, not a mistake: a merged call's key, a
             # helper's value
             "n1.lua": endpoint("GET /n1/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
@@ -336,6 +337,7 @@ class CheckCommand(unittest.TestCase):
         self.assertRegex(err, r"c2\.lua:5: call to 'product': cache\.ttl unknown option \(did you mean 'ttl_s'\?\)")
         self.assertRegex(err, r"b1\.lua:5: call to 'product': batch: option 'max' must be a number, got string")
         self.assertRegex(err, r"h1\.lua:6: agg\.pick: the list of keys must be a table, got string")
+        self.assertRegex(err, r"r1\.lua:4: the handler's response has an unknown key 'jsn' \(did you mean 'json'\?\)")
         self.assertNotIn("n1.lua", err)
         self.assertNotIn("lua/agg/", err)
 
