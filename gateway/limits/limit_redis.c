@@ -1,12 +1,17 @@
 /* limit_redis.c: the Redis store's command and reply (see limit_redis.h). The script's text comes
  * from the build (CMakeLists.txt embeds gateway/limits/limit_redis.lua). */
 #include "limits/limit_redis.h"
+#include "redis/redis.h"
 
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <openssl/sha.h>
 #include <pthread.h>
 #include <string.h>
+
+/* the reply to a command of AGW_LIMIT_REDIS_MAX rules must fit the client's array limit */
+_Static_assert(1 + 3 * AGW_LIMIT_REDIS_MAX <= AGW_REDIS_MAX_ELEMENTS,
+               "the limits reply outgrows the Redis client's array limit");
 
 static char sha_hex[SHA_DIGEST_LENGTH * 2 + 1];
 static pthread_once_t sha_once = PTHREAD_ONCE_INIT;

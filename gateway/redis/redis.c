@@ -58,7 +58,8 @@ struct agw_redis {
                                        (cmd_t.link) */
     char addr[300];                 /* "host:port/db" for messages */
     char why[160];                  /* why the client last dropped a connection itself */
-    int unasked;                    /* the current connection brought a reply no command waited for */
+    const char *refused;            /* why the current connection's reader refused a reply (a reply no
+                                       command waited for, an array too long), or NULL */
 };
 
 static void connect_now(agw_redis_t *r);
@@ -269,10 +270,16 @@ static void outage_end(agw_redis_t *r);
  * command) or a proxy in between could stop the gateway. So each connection's reader makes reply
  * objects with hiredis's own functions, wrapped (guard_reader): the top object of a reply (a task
  * with no parent) made while the context has no reply callback queued is refused. The reader then
- * fails (hiredis names it "Out of memory"; unasked_why below gives the real reason), and hiredis
+ * fails (hiredis names it "Out of memory"; conn_error below gives the real reason), and hiredis
  * drops the connection as it does for any protocol error: its commands fail, the client connects
  * again with backoff. */
 #define UNASKED_WHY "Redis sent a reply that no command waited for"
+
+/* An array reply of more than AGW_REDIS_MAX_ELEMENTS (redis.h) is refused the same way: hiredis
+ * 0.14 has no limit of its own, and its reader allocates the claimed number of pointers at once
+ * and frees them one by one; "*2147483647\r\n" alone took a worker 16 GB and a minute and a
+ * half. */
+#define TOO_LONG_WHY "Redis sent an array reply longer than any command of the gateway's takes"
 
 static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's defaults, the same for every
                                                          reader (atomic: clients start in threads) */
@@ -285,7 +292,7 @@ static int unasked(const redisReadTask *t)
         return 0;
     agw_redis_t *r = ac->data;
     if (r)
-        r->unasked = 1;
+        r->refused = UNASKED_WHY;
     return 1;
 }
 
@@ -301,6 +308,13 @@ static void *guarded_string(const redisReadTask *t, char *s, size_t n)
 
 static void *guarded_array(const redisReadTask *t, int n)
 {
+    if (n > AGW_REDIS_MAX_ELEMENTS) {
+        const redisAsyncContext *ac = t->privdata;
+        agw_redis_t *r = ac->data;
+        if (r)
+            r->refused = TOO_LONG_WHY;
+        return NULL;
+    }
     return unasked(t) ? NULL : fns()->createArray(t, n);
 }
 
@@ -334,11 +348,11 @@ static void guard_reader(redisAsyncContext *ac)
     rd->privdata = ac; /* (hiredis's redisReaderSetPrivdata casts the pointer to int) */
 }
 
-/* Why connection ac of r failed: its error, or the reply no command waited for. */
+/* Why connection ac of r failed: its error, or the reply its reader refused. */
 static const char *conn_error(const agw_redis_t *r, const redisAsyncContext *ac)
 {
-    if (r->unasked)
-        return UNASKED_WHY;
+    if (r->refused)
+        return r->refused;
     return ac->err && ac->errstr[0] ? ac->errstr : r->why;
 }
 
@@ -563,7 +577,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
         return; /* a connection we dropped ourselves */
     char why[200];
     snprintf(why, sizeof(why), "%s",
-             r->unasked ? UNASKED_WHY : status == REDIS_OK ? "closed" : (ac->errstr[0] ? ac->errstr : "error"));
+             r->refused ? r->refused : status == REDIS_OK ? "closed" : (ac->errstr[0] ? ac->errstr : "error"));
     r->ac = NULL; /* hiredis frees it after this callback */
     ((redisAsyncContext *)ac)->data = NULL;
     lost(r, why);
@@ -602,7 +616,7 @@ static void connect_now(agw_redis_t *r)
     }
     ac->data = r;
     r->ac = ac;
-    r->unasked = 0;
+    r->refused = NULL;
     guard_reader(ac);
     r->state = CONNECTING;
     redisLibevAttach(r->loop, ac);

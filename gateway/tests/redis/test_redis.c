@@ -168,6 +168,8 @@ typedef enum fake_mode {
     FAKE_CLOSE_AFTER,   /* +OK to SELECT, then closes on the next command */
     FAKE_TWICE,         /* answers every command twice (+OK +OK) */
     FAKE_EXTRA_AFTER,   /* +OK to SELECT, then :42 and an extra :43 to every command */
+    FAKE_HUGE_ARRAY,    /* +OK to SELECT, then an array header claiming 2^31 - 1 elements */
+    FAKE_LONG_ARRAY,    /* +OK to SELECT, then an array of AGW_REDIS_MAX_ELEMENTS integers */
 } fake_mode_t;
 
 typedef struct fake {
@@ -246,6 +248,19 @@ static void *fake_main(void *arg)
                     break;
                 case FAKE_TWICE: out = "+OK\r\n+OK\r\n"; break;
                 case FAKE_EXTRA_AFTER: out = answered == 0 ? "+OK\r\n" : ":42\r\n:43\r\n"; break;
+                case FAKE_HUGE_ARRAY: out = answered == 0 ? "+OK\r\n" : "*2147483647\r\n"; break;
+                case FAKE_LONG_ARRAY:
+                    if (answered > 0) {
+                        static char longest[16 + 4 * AGW_REDIS_MAX_ELEMENTS];
+                        int at = snprintf(longest, sizeof(longest), "*%d\r\n", AGW_REDIS_MAX_ELEMENTS);
+                        for (int i = 0; i < AGW_REDIS_MAX_ELEMENTS; i++)
+                            memcpy(longest + at + 4 * i, ":7\r\n", 4);
+                        longest[at + 4 * AGW_REDIS_MAX_ELEMENTS] = '\0';
+                        out = longest;
+                    } else {
+                        out = "+OK\r\n";
+                    }
+                    break;
                 }
                 if (out && write(c, out, strlen(out)) < 0)
                     goto close_conn;
@@ -593,6 +608,35 @@ static void a_reply_to_no_command_drops_the_connection_after_an_answer(void)
     fake_client_stop(&fc);
 }
 
+/* hiredis 0.14's reader allocates an array's claimed pointers at once: a reply claiming 2^31 - 1
+ * elements took a worker 16 GB and a minute and a half. It is refused: the command fails at once
+ * with the reason, and the connection is dropped (an attack review found it) */
+static void an_array_reply_longer_than_any_command_takes_drops_the_connection(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_HUGE_ARRAY, 0, ANSWER_MS);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t a;
+    CHECK(get_k(r, &a));
+    CHECK(a.type == -1 && strstr(a.err, "array reply longer than any command") != NULL);
+    run_for(0.05);
+    CHECK(fc.st.disconnects == 1);
+    fake_client_stop(&fc);
+}
+
+/* ... and an array of the longest length taken reaches the caller */
+static void an_array_reply_of_the_longest_length_taken_is_answered(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_LONG_ARRAY, 0, ANSWER_MS);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t a;
+    CHECK(get_k(r, &a));
+    CHECK(a.type == REDIS_REPLY_ARRAY);
+    CHECK(fc.st.disconnects == 0);
+    fake_client_stop(&fc);
+}
+
 static void nothing_listening_refuses_commands_at_once(void)
 {
     int port = free_port();
@@ -625,6 +669,8 @@ int main(void)
     RUN(nothing_listening_refuses_commands_at_once);
     RUN(a_reply_to_no_command_drops_the_connection_at_the_handshake);
     RUN(a_reply_to_no_command_drops_the_connection_after_an_answer);
+    RUN(an_array_reply_longer_than_any_command_takes_drops_the_connection);
+    RUN(an_array_reply_of_the_longest_length_taken_is_answered);
     loop_gap_stop(loop);
     return CHECK_DONE();
 }
