@@ -114,6 +114,25 @@ describe("the cache", function()
     testing.expect_section(gone, "product", "unavailable", "upstream-error")
   end)
 
+  it("serves the stale copy only for an error that would be a 500, 502, 503 or 504 (RFC 5861 §4)", function()
+    -- (an attack review: a 401, 403 or 410 the upstream chose was answered with the stale copy)
+    local function after(answer)
+      gw:stub("product", "/products/*", { json = { name = "Sneaker" } })
+      gw:get("/p/1")
+      gw:advance(200000) -- past TTL and swr, within stale_if_error_s
+      gw:stub("product", "/products/*", answer)
+      return gw:get("/p/1").json.product.status
+    end
+    for _, st in ipairs({ 400, 401, 403, 409, 410, 429, 501 }) do
+      assert.equal("unavailable", after({ status = st, json = { error = "no" } }), "HTTP " .. st)
+    end
+    for _, st in ipairs({ 500, 502, 503, 504 }) do
+      assert.equal("stale", after({ status = st, json = { error = "down" } }), "HTTP " .. st)
+    end
+    assert.equal("stale", after({ fault = "refuse" }))
+    assert.equal("stale", after({ body = "{not json", headers = { ["content-type"] = "application/json" } }))
+  end)
+
   it("never stores a failed answer", function()
     gw:stub("product", "/products/*", { status = 500, json = { error = "x" } })
     testing.expect_section(gw:get("/p/1"), "product", "unavailable")

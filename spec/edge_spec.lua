@@ -147,6 +147,22 @@ describe("a protected endpoint in a spec", function()
     assert.is_true(age >= 50 and age <= 60)                             -- 60 s less the jitter (up to 10 %)
   end)
 
+  it("never answers a refused token exchange with the user's stale copy (RFC 5861 §4; an attack review)", function()
+    gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-1", token_type = "Bearer",
+                                                             expires_in = 2 } })
+    local first = gw:get("/cached-stock/1", { user = ALICE })
+    testing.expect_section(first, "stock", "ok")
+    gw:advance(3000) -- the entry and the exchanged token are both past their time
+    -- the authorization server refuses the user's token now
+    gw:stub("@token_exchange", "POST", "/token", { status = 400, json = { error = "invalid_grant" } })
+    testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "unavailable", "identity-unavailable")
+    -- an upstream that fails (503) with the user's identity still gets the stale copy
+    gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-2", token_type = "Bearer",
+                                                             expires_in = 120 } })
+    gw:stub("inventory", "/stock/*", { status = 503, json = { error = "down" } })
+    testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "stale", "upstream-error")
+  end)
+
   it("gives a shared exchange its own timeout, not the deadline of the request that started it", function()
     gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-9", token_type = "Bearer",
                                                              expires_in = 120 }, latency_ms = 200 })

@@ -25,6 +25,7 @@ local TOKEN, NOT_TCHAR = "^[%w!#$%%&'*+.^_`|~-]+$", "[^%w!#$%%&'*+.^_`|~-]"
 local bit = require "bit"
 local json = require "agg.json"
 local where = require "agg.where"
+local problem = require "agg.problem"
 local new_tab = require "table.new" -- table.new(narray, nhash): room for what it will hold
 
 local M = {}
@@ -701,6 +702,19 @@ end
 
 -- A result r ended exchange x of a cached call: store it, or serve the stale copy when it failed.
 -- Returns the result to deliver.
+-- Whether a failed call's result may be answered with a stale copy (stale_if_error_s). RFC 5861
+-- §4: for an error that would be a 500, 502, 503 or 504: a transport failure (no answer, a timeout,
+-- the breaker), an answer the gateway cannot use (a 2xx that is not valid JSON, too large), or the
+-- upstream's own 500, 502, 503 or 504. Never for another status the upstream chose (401, 403, 410,
+-- 429 …: it answered about this request, it did not fail), nor for a call that cannot carry the
+-- user's identity (a refused token exchange: the user's data must not outlive their credential).
+local STALE_IF_ERROR_STATUS = { [500] = true, [502] = true, [503] = true, [504] = true }
+local function stale_may_answer(r)
+  local hs = r.http_status
+  if hs and hs >= 300 and not STALE_IF_ERROR_STATUS[hs] then return false end
+  return problem.kind(r.error) ~= "identity-unavailable"
+end
+
 function M.on_result(x, r)
   local ck = x.cache_key
   if not ck then return r end
@@ -720,7 +734,7 @@ function M.on_result(x, r)
     return r
   end
   local e = x.cache_stale
-  if e and now < e.error_until and ctx and not x.cache_refresh then
+  if e and now < e.error_until and ctx and not x.cache_refresh and stale_may_answer(r) then
     local copy = api.copy_spec(x)
     local s = result_of(ctx, sec, copy, e)
     if s then
