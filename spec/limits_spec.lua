@@ -87,6 +87,18 @@ describe("keys from the edge", function()
     gw:advance(10000)
     assert.equal(200, gw:get("/by-user", { user = { sub = "alice" } }).status)
   end)
+
+  it("keys a per-client cache entry of an API-key endpoint by the key's app (an attack review)", function()
+    -- (the entry was keyed by the request's cookie: two apps sending the same cookie shared it)
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("appdata", "/mine", function(call) return { json = { app = call.headers["x-app"] } } end)
+    local shop, blog = { app = "shop" }, { app = "blog" }
+    local cookie = { cookie = "consent=yes" }
+    assert.equal("shop", gw:get("/app-data", { user = shop, headers = cookie }).json.mine.data.app)
+    assert.equal("blog", gw:get("/app-data", { user = blog, headers = cookie }).json.mine.data.app)
+    assert.equal("shop", gw:get("/app-data", { user = shop, headers = cookie }).json.mine.data.app)
+    assert.equal(2, #gw:calls("appdata")) -- the third page: shop's own entry
+  end)
 end)
 
 describe("a monthly quota", function()

@@ -457,10 +457,16 @@ function M.key(ctx, spec, p)
     -- (written only when true: the call's table has no slot for it, agg.callspec)
     spec.cache_user = true
     -- the token the edge verified for the page identifies the user when the call carries no
-    -- credentials of its own; else the page request's Authorization or Cookie
+    -- credentials of its own, as the app of the API key it verified does (an app's keys are one
+    -- client; "\0" starts no header value, so it is no token's or cookie's text); else the page
+    -- request's Authorization or Cookie
     -- (a call that will carry the user's identity is keyed by that user whatever credentials of
     -- its own it carries: a script's service key is every user's)
-    if not cred or spec.personal then cred = both_credentials(cred, select(2, api.request_user(ctx))) end
+    if not cred or spec.personal then
+      local user, token = api.request_user(ctx)
+      if not token and user and user.via == "api_key" then token = "\0api_key:" .. tostring(user.app) end
+      cred = both_credentials(cred, token)
+    end
     if not cred then
       -- the page request's, found once per request (ctx.cache_cred: false for none)
       cred = ctx.cache_cred
