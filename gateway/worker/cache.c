@@ -147,6 +147,21 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
     free(q);
 }
 
+/* The largest cache entry that goes to or comes from Redis (tier 2): what moves well within the
+ * client's timeout_ms. Every command has that timeout, and one that overruns it drops the
+ * connection and fails the commands queued behind it, the Redis rate limits' too: a client that
+ * asked for large cached sections kept the limits off Redis (an attack review). At 50 KB a
+ * millisecond (a loopback or LAN link moves far more, on a busy machine too): 250 KB at the default
+ * 5 ms. Larger entries stay in tier 1; a larger value in Redis is read up to this size (GETRANGE),
+ * which no entry parses: a miss. */
+#define REDIS_BYTES_PER_MS ((uint64_t)50 * 1000)
+
+static size_t redis_entry_max(const agw_worker_t *w)
+{
+    uint64_t max = agw_redis_conf(w->cache.redis)->timeout_ms * REDIS_BYTES_PER_MS;
+    return max < AGW_CACHE_ENTRY_MAX ? (size_t)max : AGW_CACHE_ENTRY_MAX;
+}
+
 static int l_redis_get(lua_State *L)
 {
     wgen_t *g = agw_worker_upg(L);
@@ -158,9 +173,11 @@ static int l_redis_get(lua_State *L)
     redis_get_t *q = agw_malloc(sizeof(*q));
     q->g = g;
     q->id = ++w->cache.redis_next_id;
-    const char *argv[2] = {"GET", key};
-    size_t lens[2] = {3, klen};
-    if (agw_redis_command(w->cache.redis, on_redis_get, q, 2, argv, lens) != 0) {
+    char last[32]; /* GETRANGE key 0 max-1: at most the largest entry tier 2 holds */
+    int ll = snprintf(last, sizeof(last), "%zu", redis_entry_max(w) - 1);
+    const char *argv[4] = {"GETRANGE", key, "0", last};
+    size_t lens[4] = {8, klen, 1, (size_t)ll};
+    if (agw_redis_command(w->cache.redis, on_redis_get, q, 4, argv, lens) != 0) {
         free(q);
         return 0;
     }
@@ -175,16 +192,16 @@ static void on_redis_set(void *data, const struct redisReply *reply, const char 
 }
 
 /* Whether redis_set sends an entry of ttl ms: the worker has Redis and the ttl is 1 ms or more. */
-static int redis_stores(const agw_worker_t *w, lua_Number ttl)
+static int redis_stores(const agw_worker_t *w, lua_Number ttl, size_t len)
 {
-    return w->cache.redis != NULL && ttl >= 1;
+    return w->cache.redis != NULL && ttl >= 1 && len <= redis_entry_max(w);
 }
 
 /* SET key value PX ttl_ms in the worker's Redis (core.redis_set, core.cache_store); nothing unless
  * redis_stores. The client copies the command before this returns. */
 static void redis_set(agw_worker_t *w, const char *key, size_t klen, const char *v, size_t vlen, lua_Number ttl)
 {
-    if (!redis_stores(w, ttl))
+    if (!redis_stores(w, ttl, vlen))
         return;
     char px[32];
     int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
@@ -251,7 +268,7 @@ static int l_cache_store(lua_State *L)
     const struct iovec parts[3] = {{line, head}, {(void *)e.headers, e.hlen}, {(void *)e.body, e.blen}};
     if (w->cache.lru && until > 0)
         agw_lru_set_parts(w->cache.lru, key, klen, parts, 3, (uint64_t)until);
-    if (redis_stores(w, ttl)) { /* (the joined copy only when it is sent) */
+    if (redis_stores(w, ttl, n)) { /* (the joined copy only when it is sent) */
         agw_buf_t v = AGW_BUF_INIT;
         agw_cache_entry_encode(&v, &e);
         redis_set(w, key, klen, v.base, v.len, ttl);

@@ -268,6 +268,37 @@ class CacheWithRedis(GatewayTestCase):
             self.assertEqual(page["product"]["status"], "unavailable", page)
         self.assertNotIn("not json", self.get("/p/77").body.decode())
 
+    def test_redis_holds_no_entry_larger_than_its_timeout_moves(self):
+        # (an attack review: 3.9 MB entries overran the 5 ms timeout, and each overrun dropped the
+        # worker's Redis connection with the rate limits' commands on it.) At 50 KB a ms, a 10 ms
+        # timeout takes entries up to 500 KB: larger ones stay in tier 1, and a larger value found in
+        # Redis is read only that far, which no entry parses (a miss).
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 10})
+        big = "x" * 600000
+        self.mock.set_routes("product", [route("/products/big1", latency_ms=1, json={"name": "Big", "blob": big}),
+                                         route("/products/{id}", latency_ms=1, json={"id": "{id}", "name": "Sneaker"})])
+
+        def redis(*args):
+            return subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2"] + list(args),
+                                  stdout=subprocess.PIPE, timeout=10, check=True).stdout.decode().strip()
+        self.assertEqual(self.get("/p/big1").json()["product"]["data"]["name"], "Big")
+        self.assertEqual(self.get("/p/5").json()["product"]["data"]["name"], "Sneaker")
+        # the small entry reaches Redis (the SET is sent after the page: wait for it) ...
+        self.assertTrue(wait_until(lambda: "/products/5" in redis("--scan", "--pattern", "agw:{product}*"), 10))
+        # ... the large one never does (its SET is never sent)
+        self.assertNotIn("/products/big1", redis("--scan", "--pattern", "agw:{product}*"))
+        # a valid entry of 1 MB put in Redis by someone else is not read whole: a miss, the upstream's
+        key = redis("--scan", "--pattern", "agw:{product}*").splitlines()[0].replace("/products/5", "/products/6")
+        far = int(time.time() * 1000) + 3600 * 1000
+        body = json.dumps({"name": "Planted", "blob": "y" * 1000000})
+        value = ("AGWC1 %d %d %d 200 0 %d\n%s" % (far, far, far, len(body), body)).encode()
+        subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2", "-x", "SET", key], input=value,
+                       stdout=subprocess.DEVNULL, timeout=10, check=True)  # (-x: the value from stdin)
+        self.assertGreater(int(redis("STRLEN", key)), 1000000)
+        r = self.get("/p/6")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["product"]["data"]["name"], "Sneaker")
+
     def test_purge_by_prefix_empties_both_tiers(self):
         self.start_cached()
         self.get("/p/1")
