@@ -60,20 +60,35 @@ typedef struct redis_ask {
 
 /* ---- keys ----------------------------------------------------------------------------------- */
 
+/* "<kind>:<name>" in req's pool: a user rule's key (limit_key). */
+static void kind_key(h2o_req_t *req, const char *kind, const char *name, size_t nlen, const char **key, size_t *len)
+{
+    size_t klen = strlen(kind);
+    char *k = h2o_mem_alloc_pool(&req->pool, klen + 1 + nlen);
+    memcpy(k, kind, klen);
+    k[klen] = ':';
+    memcpy(k + klen + 1, name, nlen);
+    *key = k;
+    *len = klen + 1 + nlen;
+}
+
 /* The bytes rule r counts req by: the client's address (agw_limit_ip_key: IPv4, or IPv6's /64), the route
- * pattern, the header's value, the API key's app or the user (user: what the edge accepted; absent:
- * empty). */
+ * pattern, the header's value, the API key's app, or the user: "jwt:<sub>" or "api_key:<app>" (what the
+ * edge accepted, named by its kind: a token whose subject is an app's name is not that app; an attack
+ * review). Absent: empty. */
 static void limit_key(const agw_limit_rule_t *r, h2o_req_t *req, const char *route, const agw_auth_result_t *user,
                       const char **key, size_t *len, struct sockaddr_storage *ss)
 {
     *key = "";
     *len = 0;
-    if (r->key == AGW_LIMIT_KEY_API_KEY || r->key == AGW_LIMIT_KEY_USER) {
-        json_t *sub = r->key == AGW_LIMIT_KEY_USER && user->claims ? json_object_get(user->claims, "sub") : NULL;
-        if (json_is_string(sub)) {
-            *key = json_string_value(sub);
-            *len = json_string_length(sub);
-        } else if (user->key) {
+    if (r->key == AGW_LIMIT_KEY_USER) {
+        json_t *sub = user->claims ? json_object_get(user->claims, "sub") : NULL;
+        if (json_is_string(sub))
+            kind_key(req, "jwt", json_string_value(sub), json_string_length(sub), key, len);
+        else if (user->key)
+            kind_key(req, "api_key", user->key->app, strlen(user->key->app), key, len);
+    } else if (r->key == AGW_LIMIT_KEY_API_KEY) {
+        if (user->key) {
             *key = user->key->app;
             *len = strlen(user->key->app);
         }

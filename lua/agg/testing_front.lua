@@ -194,7 +194,8 @@ function F:gate(r, ep, headers, opts, user)
     if rule.key == "ip" then key = opts.ip or "127.0.0.1"
     elseif rule.key == "route" then key = ep.route
     elseif rule.key == "api_key" then key = user and user.app or ""
-    elseif rule.key == "user" then key = user and (user.sub or user.app) or ""
+    elseif rule.key == "user" then -- (named by its kind, as gateway/worker/limits.c names it)
+      key = user and (user.sub and "jwt:" .. user.sub or user.app and "api_key:" .. user.app) or ""
     elseif rule.key == "function" then -- as worker/limits.c: the same req fields, the same errors
       if not freq then
         local u = user and (user.via == "api_key" and { via = "api_key", app = user.app, plan = user.plan }

@@ -65,7 +65,7 @@ return {
 
 class EdgeAuth(GatewayTestCase):
     def start_edge(self, jwt=None, scripts=None, api_keys=None, token_exchange=True, upstreams=None, workers=1,
-                   token_url=None):
+                   token_url=None, limits=None):
         self.auth = getattr(self, "auth", None) or MockAuth(self.workdir).start()
         self.addCleanup(self.auth.stop)
         os.makedirs(os.path.join(self.workdir, "keys"), exist_ok=True)
@@ -80,6 +80,8 @@ class EdgeAuth(GatewayTestCase):
                            for k, a, p in api_keys], f)
             auth["api_keys"] = {"file": path, "header": "X-Client-Key"}
         extra = {"auth": auth}
+        if limits:
+            extra["limits"] = limits
         if token_exchange:
             secret = os.path.join(self.workdir, "keys", "te-secret")
             with open(secret, "w") as f:
@@ -233,6 +235,21 @@ class EdgeAuth(GatewayTestCase):
         self.assertIsNotNone(r, "the keys never came:\n" + self.gw.log())
 
     # ---- API keys ---------------------------------------------------------------------------
+    def test_a_user_rule_counts_a_token_and_an_api_key_of_one_name_apart(self):
+        # (an attack review: a token whose subject was an app's name spent that app's count)
+        rule = {"name": "per-user", "key": "user", "rate": 1, "per_s": 60, "burst": 1}
+        me = ME.replace('route = "GET /me",', 'route = "GET /me-limited",\n  limits = { "per-user" },')
+        app = APP.replace('route = "GET /app",', 'route = "GET /app-limited",\n  limits = { "per-user" },')
+        self.start_edge(api_keys=[("k-shop-1", "shop", "free")], scripts={"mel.lua": me, "appl.lua": app},
+                        limits={"rules": [rule]})
+        token = self.auth.token(sub="shop")
+        r = wait_until(lambda: (lambda x: x if x.status == 200 else None)(self.bearer("/me-limited", token)), 10)
+        self.assertIsNotNone(r, "the token was not accepted")
+        self.assertProblem(self.bearer("/me-limited", token), 429)  # the rule counts the token's subject
+        r = self.get("/app-limited", "-H", "X-Client-Key: k-shop-1")
+        self.assertEqual(r.status, 200, r)  # the app named "shop" has a count of its own
+        self.assertProblem(self.get("/app-limited", "-H", "X-Client-Key: k-shop-1"), 429)
+
     def test_api_keys_name_the_app_and_plan_and_unknown_keys_are_refused(self):
         self.start_edge(api_keys=[("k-mobile-123", "mobile", "gold"), ("k-web-456", "web", "free")])
         r = self.get("/app", "-H", "X-Client-Key: k-mobile-123")
