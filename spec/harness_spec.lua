@@ -35,6 +35,25 @@ describe("the spec harness", function()
       fails(function() gw:stub("product", "/p", { latency_ms = -1 }) end), 1, true)
   end)
 
+  it("names a stub function's wrong answer at the function's line, not the harness's", function()
+    -- (a new page author got testing_transport.lua's line for a function that returned nothing)
+    gw:stub("reviews", "/reviews/*", { json = {} })
+    gw:stub("inventory", "/stock/*", { json = {} })
+    local nothing = function() end
+    local line = debug.getinfo(nothing, "S").linedefined
+    gw:stub("product", "/products/*", nothing)
+    -- (the function runs as the call starts, inside the page's script: a script error of the page)
+    assert.equal(500, gw:get("/product-page/42").status)
+    assert.matches("harness_spec.lua:" .. line .. ": gw:stub function for product /products/42 must return an answer " ..
+                   "table like { json = … }, got nil", table.concat(gw:logs(), "\n"), 1, true)
+    local misspelt = function() return { jsn = {} } end
+    line = debug.getinfo(misspelt, "S").linedefined
+    gw:stub("product", "/products/*", misspelt)
+    assert.equal(500, gw:get("/product-page/42").status)
+    assert.matches("harness_spec.lua:" .. line .. ": gw:stub function for product /products/42: unknown option 'jsn' " ..
+                   "(did you mean 'json'?)", table.concat(gw:logs(), "\n"), 1, true)
+  end)
+
   it("names an unknown upstream with a did-you-mean", function()
     assert.matches("gw:stub: gateway.lua has no upstream 'prodcut' (did you mean 'product'?)",
       fails(function() gw:stub("prodcut", "/p", { json = {} }) end), 1, true)

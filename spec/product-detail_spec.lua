@@ -52,7 +52,14 @@ describe("GET /product-detail/{id}", function()
     local page = gw:get("/product-detail/7")
     local ok, err = pcall(testing.expect_section, page, "reviews", "ok")
     assert.is_false(ok)
-    assert.matches('scripts/product-detail.lua (GET /product-detail/7): section reviews: expected status "ok", got "fallback" (urn:aggway:problem:upstream-timeout: the upstream did not answer in time)', err, 1, true)
+    assert.matches('scripts/product-detail.lua (GET /product-detail/7): section reviews: expected status "ok", got "fallback" (urn:aggway:problem:upstream-timeout: the upstream did not answer in time)', tostring(err), 1, true)
+    -- a failure of the test, as luassert's are (busted: "Failure", not "Error")
+    assert.equal("failure", debug.getmetatable(err).__type)
+    -- a status no section has is the spec's own mistake, named with the nearest one
+    ok, err = pcall(testing.expect_section, page, "reviews", "fallbak")
+    assert.is_false(ok)
+    assert.matches('testing.expect_section: status must be "ok", "fallback", "stale" or "unavailable", got "fallbak" ' ..
+                   "(did you mean 'fallback'?)", tostring(err), 1, true)
   end)
 
   it("does not call reviews when product fails, and fails the page", function()

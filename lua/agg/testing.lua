@@ -163,24 +163,40 @@ function Gateway:get(path, opts) return self:request("GET", path, opts) end
 --   scripts/product-page.lua (GET /product-page/42): section reviews: expected status "ok", got
 --   "unavailable" (urn:aggway:problem:upstream-timeout: reviews did not answer in time)
 -- Works on a 200 page and on a failed page's `sections` summary. Returns the section.
+-- A section's statuses (the page contract, docs/api.md).
+local SECTION_STATUSES = { ok = true, fallback = true, stale = true, unavailable = true }
+
+-- Fails the test that called the function calling this, at that line: a failure (as luassert's
+-- are), not an error, when the spec runs under busted.
+local function fail_at_caller(msg)
+  local ok, busted = pcall(require, "busted")
+  if ok and type(busted) == "table" and busted.fail then busted.fail(msg, 3) end
+  error(msg, 3)
+end
+
 function M.expect_section(page, name, status, kind)
+  if not SECTION_STATUSES[status] then
+    fail_at_caller(("testing.expect_section: status must be \"ok\", \"fallback\", \"stale\" or \"unavailable\", got %s%s")
+                   :format(type(status) == "string" and ("%q"):format(status) or tostring(status),
+                           require("agg.config").suggest(status, SECTION_STATUSES)))
+  end
   local where = ("%s (%s): section %s"):format(page.script or "?", page.request or "?", tostring(name))
   local doc = page.json
   local sec = type(doc) == "table" and (doc[name] or (type(doc.sections) == "table" and doc.sections[name])) or nil
   if sec == nil then
-    error(("%s: expected status %q, but the page (HTTP %s) has no such section"):format(where, status, tostring(page.status)), 2)
+    fail_at_caller(("%s: expected status %q, but the page (HTTP %s) has no such section"):format(where, status, tostring(page.status)))
   end
   local function describe_error(e)
     if type(e) ~= "table" then return "" end
     return (" (%s: %s)"):format(tostring(e.type), tostring(e.title))
   end
   if sec.status ~= status then
-    error(("%s: expected status %q, got %q%s"):format(where, status, tostring(sec.status), describe_error(sec.error)), 2)
+    fail_at_caller(("%s: expected status %q, got %q%s"):format(where, status, tostring(sec.status), describe_error(sec.error)))
   end
   if kind ~= nil then
     local got = type(sec.error) == "table" and problem.kind(sec.error) or nil
     if got ~= kind then
-      error(("%s: expected problem %q, got %q"):format(where, kind, tostring(got)), 2)
+      fail_at_caller(("%s: expected problem %q, got %q"):format(where, kind, tostring(got)))
     end
   end
   return sec

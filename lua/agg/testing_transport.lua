@@ -291,9 +291,17 @@ function T:start_call(rid, index, method, path, headers, body, timeout_ms, decod
   stub.served = stub.served + 1
   local ans = stub.answers[math.min(stub.served, #stub.answers)]
   if type(ans) == "function" then
+    -- (its mistakes are the spec's: named at the function's place, not at the harness's line)
+    local info = debug.getinfo(ans, "S")
+    local place = ("%s:%d: "):format(info.short_src, info.linedefined)
+    local fname = ("gw:stub function for %s %s"):format(up.name, path)
     ans = ans(c)
-    if type(ans) ~= "table" then error("stub function for " .. up.name .. " " .. path .. " must return an answer table") end
-    check_answer("gw:stub function for " .. up.name .. " " .. path, ans)
+    if type(ans) ~= "table" then
+      error(("%s%s must return an answer table like { json = … }, got %s"):format(place, fname, type(ans)), 0)
+    end
+    local ok, err = pcall(check_answer, fname, ans)
+    -- (check_answer places its message at the first frame outside the harness: the runtime's here)
+    if not ok then error(place .. tostring(err):gsub("^[^\n]-:%d+: ", "", 1), 0) end
   end
   local latency = ans.latency_ms or 0
   local fault = ans.fault
