@@ -280,7 +280,7 @@ describe("the batch option", function()
   it("refuses an unknown option, a missing key, no way to build the request, and retry", function()
     assert.has_error(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", maxx = 3 } } end)
     assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", maxx = 3 } } end,
-                         "unknown option 'maxx'")
+                         "unknown option 'maxx' (did you mean 'max'?) (items, key,", nil, true)
     assert.error_matches(function() norm { "catalog", "/p", batch = { param = "ids" } } end, "'key'")
     assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1 } } end, "exactly one of")
     assert.error_matches(function() norm { "catalog", "/p", batch = { key = 1, param = "ids", max = 0 } } end, "'max'")

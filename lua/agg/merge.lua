@@ -73,7 +73,8 @@ function M.normalize(b, name, method, path, headers, level)
       local names = {}
       for o in pairs(OPTIONS) do names[#names + 1] = o end
       table.sort(names)
-      bad(("unknown option '%s' (%s)"):format(where.key_name(k), table.concat(names, ", ")))
+      bad(("unknown option '%s'%s (%s)"):format(where.key_name(k), require("agg.config").suggest(k, OPTIONS),
+                                                table.concat(names, ", ")))
     end
     if want ~= true and (type(v) ~= want or want == "function" and not callable.is(v)) then
       bad(("option '%s' must be a %s, got %s"):format(k, want, callable.kind(v)))
