@@ -520,6 +520,45 @@ describe("cache entries", function()
     assert.equal(digest(a), cache.version(a))
   end)
 
+  it("are keyed by the base path of the upstream's URL, not its host (an attack review)", function()
+    -- (an upstream pointed at /v2 kept serving the entries its /v1 answers made)
+    local config = require "agg.config"
+    local function version_for(url, call_block)
+      local src = "return {\n  upstreams = {\n    a = { url = \"" .. url .. "\",\n      cache = { ttl_s = 60 } },\n  },\n}"
+      local c, errs = config.check({ upstreams = { a = { url = url, cache = { ttl_s = 60 } } } }, src, "gateway.lua")
+      assert.is_nil(errs and errs[1])
+      local up = c.upstreams[1]
+      if call_block then
+        return cache.merge(up.cache, call_block, 1, "a", nil, up.base_path).version
+      end
+      return up.cache.version
+    end
+    local plain = cache.version(cache.check_block({ ttl_s = 60 }, true))
+    -- no path: the version earlier builds made (the keys other instances share in Redis)
+    assert.equal(plain, version_for("http://127.0.0.1:1"))
+    assert.equal(plain, version_for("http://10.0.0.9:8080"))
+    local v1, v2 = version_for("http://127.0.0.1:1/v1"), version_for("http://127.0.0.1:1/v2")
+    assert.are_not.equal(plain, v1)
+    assert.are_not.equal(v1, v2)
+    assert.equal(v1, version_for("http://10.0.0.9:8080/v1")) -- another host, the same API
+    -- a call's own block on that upstream: the same rule
+    assert.are_not.equal(version_for("http://127.0.0.1:1/v1", { swr_s = 5 }),
+                         version_for("http://127.0.0.1:1/v2", { swr_s = 5 }))
+    -- and the keys a page's calls make (fixture upstream versioned: http://127.0.0.1:6/v1)
+    local redis = testing.redis()
+    local gw = testing.gateway { dir = DIR, redis = redis }
+    gw:stub("versioned", "/items/*", { json = { id = 1 } })
+    gw:stub("versioned", "/others/*", { json = { id = 2 } })
+    assert.equal(200, gw:get("/versioned/1").status)
+    local want = {
+      ["agw:{versioned}:" .. version_for("http://127.0.0.1:6/v1") .. ":GET /items/1"] = true,
+      ["agw:{versioned}:" .. version_for("http://127.0.0.1:6/v1", { swr_s = 5 }) .. ":GET /others/1"] = true,
+    }
+    local got = {}
+    for k in pairs(redis.data) do got[k] = true end
+    assert.same(want, got)
+  end)
+
   it("keep an answer's headers as they came and give them back as a header block", function()
     -- an upstream's JSON answer keeps its fields in arrival order and spelling (base/header.h);
     -- json.raw_extra makes the block: names lowercased, sorted, a repeated name joined

@@ -114,15 +114,22 @@ M.fnv = fnv
 
 local VERSIONED = { "ttl_s", "swr_s", "stale_if_error_s", "negative_ttl_s", "scope" }
 
+-- p.origin: the base path of the upstream's URL as gateway.lua gives it (agg.upstream_config,
+-- agg.callspec): an upstream pointed at another API version ("/v2") keys its entries anew, while
+-- its host, port and endpoints do not (a service moved or scaled keeps its cache). It goes into
+-- the digest only when it is not empty, as "@path" (a vary name, a header name, has no "@"), so
+-- the keys of an upstream without a path are those earlier versions made.
 local function version_of(p, vary)
   local parts = {}
   for i = 1, #VERSIONED do parts[i] = tostring(p[VERSIONED[i]]) end
+  local origin = p.origin
+  if origin and origin ~= "" then parts[#parts + 1] = "@" .. origin end
   parts[#parts + 1] = vary
   return bit.tohex(fnv(table.concat(parts, "|")), 6)
 end
 
 -- The versions already made, by the policy's fields: versions[ttl_s][swr_s][stale_if_error_s]
--- [negative_ttl_s][scope][vary joined by ","] (NONE for a field not set, NEG_ZERO for -0). A call's own cache block
+-- [negative_ttl_s][scope][origin][vary joined by ","] (NONE for a field not set, NEG_ZERO for -0). A call's own cache block
 -- is checked and merged on every call, and the digest in Lua cost about 7,000 instructions a call
 -- (CACHE=hit tools/bench/callgrind: 134,398 per page of three hits, 114,860 with the version
 -- looked up). At most MAX_VERSIONS policies are kept (a script that computes its ttl_s from the
@@ -147,6 +154,10 @@ function M.version(p)
     if not sub then sub = {} t[v] = sub end
     t = sub
   end
+  local origin = p.origin or NONE
+  local sub = t[origin]
+  if not sub then sub = {} t[origin] = sub end
+  t = sub
   local ver = t[vary]
   if not ver then
     if n_versions >= MAX_VERSIONS then versions, n_versions = {}, 0 return M.version(p) end
@@ -182,7 +193,7 @@ end
 --- The policy of a call: the upstream's default overridden field by field by the call's block
 -- (call false: off). Returns the policy, or false. forwarded: the upstream's forward_headers,
 -- which the policy varies on whatever the call's block says (M.with_vary).
-function M.merge(up_policy, call_block, level, name, forwarded)
+function M.merge(up_policy, call_block, level, name, forwarded, origin)
   if call_block == false then return false end
   if call_block == nil then return up_policy or false end
   local p, field, why = M.check_block(call_block, true)
@@ -194,6 +205,7 @@ function M.merge(up_policy, call_block, level, name, forwarded)
       if call_block[k] == nil and k ~= "version" then p[k] = v end
     end
   end
+  p.origin = origin -- (the upstream's: see VERSIONED)
   if forwarded then p = M.with_vary(p, forwarded) end
   p.version = M.version(p)
   return p

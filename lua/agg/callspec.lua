@@ -309,7 +309,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   if spec.cache ~= nil and spec.cache ~= false and type(spec.cache) ~= "table" then
     error(("call to '%s': option 'cache' must be false or a table like { ttl_s = 60 }"):format(name), level)
   end
-  local cp = cache.merge(up.cache, spec.cache, level, name, up.forward_headers)
+  local cp = cache.merge(up.cache, spec.cache, level, name, up.forward_headers, up.base_path)
   if cp and n.method ~= "GET" and n.method ~= "HEAD" then
     if type(spec.cache) == "table" then
       error(("call to '%s': option 'cache' is for GET and HEAD calls only"):format(name), level)

@@ -387,6 +387,11 @@ function M.check_upstreams(cfg, out, c)
             err(find_line(lines, "tls", nline) or nline, where .. ".tls",
                 "is only for https:// upstreams; use url = \"https://…\" or remove tls")
           end
+          -- the cache's entries are keyed by the URL's base path too (agg.cache VERSIONED)
+          if e.cache then
+            e.cache.origin = e.base_path
+            e.cache.version = cache.version(e.cache)
+          end
         end
       end
       local bal = u.balance
