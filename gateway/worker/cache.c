@@ -139,7 +139,7 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
             lua_pushnil(L);
         } else {
             lua_pushnil(L);
-            lua_pushstring(L, "Redis answered GET with a value that is not a string");
+            lua_pushstring(L, "Redis answered GETRANGE with a value that is not a string");
         }
         agw_worker_call_runtime(g, 3);
     }
@@ -191,7 +191,8 @@ static void on_redis_set(void *data, const struct redisReply *reply, const char 
     (void)data, (void)reply, (void)err; /* counted by the client; a failed SET only costs a later miss */
 }
 
-/* Whether redis_set sends an entry of ttl ms: the worker has Redis and the ttl is 1 ms or more. */
+/* Whether redis_set sends an entry of len bytes and ttl ms: the worker has Redis, the ttl is 1 ms
+ * or more and the entry is no larger than redis_entry_max. */
 static int redis_stores(const agw_worker_t *w, lua_Number ttl, size_t len)
 {
     return w->cache.redis != NULL && ttl >= 1 && len <= redis_entry_max(w);
