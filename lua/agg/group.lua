@@ -440,16 +440,16 @@ end
 -- ejected, not the whole upstream paused.
 function M.report(g, i, verdict, ms)
   local e = g.eps[i]
+  local now = core.now()
   -- (an attempt that began before the slot took its address (M.sync) went to the old address: its
   -- answer says nothing of this one, whose state starts afresh. The attempt's start is now - ms,
   -- both on the loop's clock; the 0.01 ms is the rounding of those figures.)
-  if ms and core.now() - ms < e.since_ms - 0.01 then return "ignore" end
+  if ms and now - ms < e.since_ms - 0.01 then return "ignore" end
   e.answered = e.answered + 1
   e.latency_ms = e.latency_ms + (ms or 0)
   -- (a slot whose address went away while the attempt ran: its answer is about no endpoint of the
   -- group now, and would count it failing for good, as nothing calls or probes a gone slot)
   if verdict == "ignore" or e.gone then return "ignore" end
-  local now = core.now()
   if g.failure_percent > 0 then
     if now - e.win_start >= g.interval_ms then
       if e.win_total >= g.min_requests and e.win_fail * 100 >= g.failure_percent * e.win_total then
