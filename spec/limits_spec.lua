@@ -98,6 +98,14 @@ describe("keys from the edge", function()
     assert.equal("blog", gw:get("/app-data", { user = blog, headers = cookie }).json.mine.data.app)
     assert.equal("shop", gw:get("/app-data", { user = shop, headers = cookie }).json.mine.data.app)
     assert.equal(2, #gw:calls("appdata")) -- the third page: shop's own entry
+    -- an app's users, told apart by their cookies (a second review: keyed by the app alone, one
+    -- app's users shared every entry)
+    gw:stub("appdata", "/mine", function(call) return { json = { app = call.headers["x-app"], n = #gw:calls() } } end)
+    local alice = gw:get("/app-data", { user = shop, headers = { cookie = "sid=alice" } }).json.mine.data.n
+    local bob = gw:get("/app-data", { user = shop, headers = { cookie = "sid=bob" } }).json.mine.data.n
+    assert.are_not.equal(alice, bob)
+    assert.equal(alice, gw:get("/app-data", { user = shop, headers = { cookie = "sid=alice" } }).json.mine.data.n)
+    assert.equal(4, #gw:calls("appdata"))
   end)
 end)
 

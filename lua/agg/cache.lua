@@ -469,14 +469,16 @@ function M.key(ctx, spec, p)
     -- (written only when true: the call's table has no slot for it, agg.callspec)
     spec.cache_user = true
     -- the token the edge verified for the page identifies the user when the call carries no
-    -- credentials of its own, as the app of the API key it verified does (an app's keys are one
-    -- client; "\0" starts no header value, so it is no token's or cookie's text); else the page
-    -- request's Authorization or Cookie
+    -- credentials of its own; else the page request's Authorization or Cookie, with the app of
+    -- the API key the edge verified when there is one: a key names a client application, which
+    -- its users share, so their cookies tell them apart and the app keeps two apps' users sharing
+    -- a cookie value apart ("\0" starts no header value: no token's or cookie's text)
     -- (a call that will carry the user's identity is keyed by that user whatever credentials of
     -- its own it carries: a script's service key is every user's)
+    local app
     if not cred or spec.personal then
       local user, token = api.request_user(ctx)
-      if not token and user and user.via == "api_key" then token = "\0api_key:" .. tostring(user.app) end
+      if not token and user and user.via == "api_key" then app = "\0api_key:" .. tostring(user.app) end
       cred = both_credentials(cred, token)
     end
     if not cred then
@@ -491,6 +493,7 @@ function M.key(ctx, spec, p)
         end
         ctx.cache_cred = cred or false
       end
+      cred = both_credentials(app, cred or nil)
     end
     if not cred then return nil end
     parts[#parts + 1] = "|u:"
