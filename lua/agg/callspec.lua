@@ -118,7 +118,9 @@ function M.normalize(spec, upstreams, level, ctx, memo)
       table.concat(names, ", ")), level, where.quoted(name))
   end
   if type(path) ~= "string" or path:byte(1) ~= 47 then
-    where.raise(("call to '%s': the path must be a string starting with '/'"):format(name), level, where.quoted(name))
+    local got = type(path) == "string" and ("%q"):format(#path > 40 and path:sub(1, 40) .. "…" or path) or type(path)
+    where.raise(("call to '%s': the path must be a string starting with '/', got %s"):format(name, got), level,
+                where.quoted(name))
   end
   for k, v in pairs(spec) do
     if k ~= 1 and k ~= 2 then

@@ -36,27 +36,27 @@ local SPEC_ERRORS = {
   "the handler's response has an unknown key '",
 }
 -- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
--- blocks, retry, hedge) but those a made-up answer causes: a path read from the answers is nil, and
--- so is a merged call's key. (Each check looks only at the options a spec has, and the made-up
--- answers give nil for any field, so no other of these messages can come from them.)
+-- blocks, retry, hedge) and the argument mistakes of agg's functions ("agg.pick: the list of keys
+-- must be a table, got string"), but those a made-up answer can cause. Its data is {} and every
+-- field of it nil, so a value read from it is nil or an empty table: a message that says it got
+-- one of them ("got nil", "got table"), names a value that may be read so without saying what it
+-- got (a header value), or finds a list empty, is left to the specs. A path not starting with '/'
+-- is reported (a literal), one that is not a string is not.
 local CALL_ERROR = "call to '[^']*': "
-local DATA_CAUSED = { "the path must be a string", "batch: 'key'" }
--- The argument mistakes of agg's functions ("agg.pick: the list of keys must be a table, got
--- string"), but for a nil argument, which a field of a made-up answer is: a shaping helper takes
--- a nil or agg.null value as no data, so only its other arguments are checked.
 local AGG_ERROR = "agg%.([%w_]+): "
 local AGG_CHECKED = { pick = true, omit = true, rename = true, map = true, limit = true, shape = true,
                       fetch_then = true, page = true }
+local DATA_CAUSED = { "got nil", "got table", "headers must map names to string values", "is empty",
+                      "batch: 'key'" }
 
 local function is_spec_error(msg)
-  if str_find(msg, CALL_ERROR) then
+  local fn = str_match(msg, AGG_ERROR)
+  if str_find(msg, CALL_ERROR) or (fn and AGG_CHECKED[fn]) then
     for _, p in ipairs(DATA_CAUSED) do
       if str_find(msg, p, 1, true) then return false end
     end
     return true
   end
-  local fn = str_match(msg, AGG_ERROR)
-  if fn and AGG_CHECKED[fn] and not str_find(msg, "got nil", 1, true) then return true end
   for _, p in ipairs(SPEC_ERRORS) do
     if str_find(msg, p, 1, true) then return true end
   end

@@ -847,12 +847,12 @@ end
 function M.fetch_then(dep, fn, opts)
   local td = type(dep)
   if td ~= "string" and td ~= "table" then
-    where.raise("agg.fetch_then: the dependency must be a sibling key, a list of keys or a call spec", 2)
+    where.raise("agg.fetch_then: the dependency must be a sibling key, a list of keys or a call spec, got " .. td, 2)
   end
   if td == "table" and not callspec.is_spec(dep) then
     if #dep == 0 then where.raise("agg.fetch_then: the list of dependencies is empty", 2) end
     for _, d in ipairs(dep) do
-      if type(d) ~= "string" then where.raise("agg.fetch_then: dependency keys must be strings", 2) end
+      if type(d) ~= "string" then where.raise("agg.fetch_then: dependency keys must be strings, got " .. type(d), 2) end
     end
   end
   if not callable.is(fn) then

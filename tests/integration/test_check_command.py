@@ -323,6 +323,7 @@ class CheckCommand(unittest.TestCase):
                                                '    agg.shape(res.p, function(o) return agg.pick(o, "id") end)\n'
                                                '    return agg.page(res)'),
             "r1.lua": endpoint("GET /r1/{id}", '    return { status = 200, jsn = { id = 1 } }'),
+            "s1.lua": endpoint("GET /s1/{id}", '    return agg.page(agg.fetch_all { p = { "product", "products/1" } })'),
             # nil read from the made-up answers is the data's, not a mistake: a merged call's key, a
             # helper's value
             "n1.lua": endpoint("GET /n1/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
@@ -338,8 +339,37 @@ class CheckCommand(unittest.TestCase):
         self.assertRegex(err, r"b1\.lua:5: call to 'product': batch: option 'max' must be a number, got string")
         self.assertRegex(err, r"h1\.lua:6: agg\.pick: the list of keys must be a table, got string")
         self.assertRegex(err, r"r1\.lua:4: the handler's response has an unknown key 'jsn' \(did you mean 'json'\?\)")
+        self.assertRegex(err, r"s1\.lua:5: call to 'product': the path must be a string starting with '/', "
+                              r"got \"products/1\"")
         self.assertNotIn("n1.lua", err)
         self.assertNotIn("lua/agg/", err)
+
+    def test_check_dry_run_takes_no_mistake_for_what_a_made_up_answer_gives(self):
+        # the made-up answers' data is {} and each field of it nil: a value read from them that a
+        # real answer makes right (a number as a header, a count, a list of dependencies) is not a
+        # mistake (a second attack review: each of these failed check, and serve ran them fine)
+        scripts = dict(repo_scripts(), **{
+            "hdr.lua": endpoint("GET /hdr/{id}", '    local c = agg.fetch_all { n = { "product", "/count" } }\n'
+                                                 '    return agg.page(agg.fetch_all { p = { "reviews", "/r", '
+                                                 'headers = { ["x-count"] = c.n.data } } })'),
+            "lim.lua": endpoint("GET /lim/{id}", '    local res = agg.fetch_all { n = { "product", "/n" }, '
+                                                 'r = { "reviews", "/r" } }\n'
+                                                 '    res.r.data = agg.limit(res.r.data, res.n.data)\n'
+                                                 '    return agg.page(res)'),
+            "deps.lua": endpoint("GET /deps/{id}", '    local cfg = agg.fetch_all { cfg = { "product", "/config" } }\n'
+                                                   '    local calls, names = {}, {}\n'
+                                                   '    for _, s in ipairs(cfg.cfg.data.sections or {}) do\n'
+                                                   '      calls[s] = { "reviews", "/sections/" .. s }\n'
+                                                   '      names[#names + 1] = s\n'
+                                                   '    end\n'
+                                                   '    calls.summary = agg.fetch_then(names, function(r) '
+                                                   'return { "inventory", "/summary" } end)\n'
+                                                   '    calls.first = agg.fetch_then(cfg.cfg.data.first, function(r) '
+                                                   'return { "inventory", "/first" } end)\n'
+                                                   '    return agg.page(agg.fetch_all(calls))'),
+        })
+        rc, out, err = self.check(self.folder(scripts=scripts))
+        self.assertEqual(rc, 0, out + err)
 
     def test_check_dry_run_reads_no_file_an_error_names(self):
         # a message naming a device, a folder or a file outside the scripts is not looked into (it
