@@ -156,6 +156,12 @@ describe("a protected endpoint in a spec", function()
     -- the authorization server refuses the user's token now
     gw:stub("@token_exchange", "POST", "/token", { status = 400, json = { error = "invalid_grant" } })
     testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "unavailable", "identity-unavailable")
+    -- the token endpoint down (503, refused) is an outage, not a refusal: the stale copy answers
+    -- (a second review: the first version refused it for every failed exchange)
+    gw:stub("@token_exchange", "POST", "/token", { status = 503, json = { error = "temporarily_unavailable" } })
+    testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "stale", "identity-unavailable")
+    gw:stub("@token_exchange", "POST", "/token", { fault = "refuse" })
+    testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "stale", "identity-unavailable")
     -- an upstream that fails (503) with the user's identity still gets the stale copy
     gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-2", token_type = "Bearer",
                                                              expires_in = 120 } })

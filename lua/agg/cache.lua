@@ -725,15 +725,15 @@ end
 -- Returns the result to deliver.
 -- Whether a failed call's result may be answered with a stale copy (stale_if_error_s). RFC 5861
 -- §4: for an error that would be a 500, 502, 503 or 504: a transport failure (no answer, a timeout,
--- the breaker), an answer the gateway cannot use (a 2xx that is not valid JSON, too large), or the
--- upstream's own 500, 502, 503 or 504. Never for another status the upstream chose (401, 403, 410,
--- 429 …: it answered about this request, it did not fail), nor for a call that cannot carry the
--- user's identity (a refused token exchange: the user's data must not outlive their credential).
+-- the breaker), an answer the gateway cannot use (a 2xx that is not valid JSON, too large), the
+-- upstream's own 500, 502, 503 or 504, or the token endpoint's outage. Never for another status the
+-- upstream chose (401, 403, 410, 429 …: it answered about this request, it did not fail), nor for
+-- a call whose user's credential was refused (agg.identity: the user's data must not outlive it).
 local STALE_IF_ERROR_STATUS = { [500] = true, [502] = true, [503] = true, [504] = true }
 local function stale_may_answer(r)
   local hs = r.http_status
   if hs and hs >= 300 and not STALE_IF_ERROR_STATUS[hs] then return false end
-  return problem.kind(r.error) ~= "identity-unavailable"
+  return not problem.stale_refused(r.error)
 end
 
 function M.on_result(x, r)

@@ -74,9 +74,13 @@ local WHY = {
   no_exchange = "the user's token cannot be exchanged for this upstream",
   exchange_failed = "the token exchange failed",
 }
-local function unavailable(x, up, why)
-  return problem.new("identity-unavailable", "the call cannot carry the user's identity", 503,
-                     problem.names(x.key, up.name) .. ": " .. why)
+-- refused: the user's credential was refused (no token, not for this upstream, an exchange the
+-- token endpoint answered with a 4xx), not an outage (the token endpoint down, slow or answering
+-- 5xx): a stale copy of the user's data answers an outage only (RFC 5861 §4, agg.cache).
+local function unavailable(x, up, why, refused)
+  local p = problem.new("identity-unavailable", "the call cannot carry the user's identity", 503,
+                        problem.names(x.key, up.name) .. ": " .. why)
+  return refused and problem.refuse_stale(p) or p
 end
 
 -- Sets the call's Authorization (replacing one the script set) and keeps it out of single-flight.
@@ -119,17 +123,17 @@ end
 -- the log: it is internal) and how long to remember the failure (0: not at all).
 local function read_answer(up, outcome, http_status, body, detail)
   if outcome ~= "ok" then
-    return nil, "the token endpoint did not answer (" .. outcome .. (detail and (": " .. detail) or "") .. ")", 0
+    return nil, "the token endpoint did not answer (" .. outcome .. (detail and (": " .. detail) or "") .. ")", 0, false
   end
   local ok, doc = pcall(json.decode, body or "")
   if not ok or type(doc) ~= "table" then doc = nil end
   if http_status == 200 then
     local tok, ttype, exp = doc and doc.access_token, doc and doc.token_type, doc and doc.expires_in
     if type(tok) ~= "string" or tok == "" or not str_match(tok, "^[%w%-%._~%+/]+=*$") then
-      return nil, "the token endpoint's answer has no usable access_token", 0
+      return nil, "the token endpoint's answer has no usable access_token", 0, false
     end
     if type(ttype) == "string" and ttype:lower() ~= "bearer" then
-      return nil, "the token endpoint issued a token of type " .. ttype .. ", not Bearer", 0
+      return nil, "the token endpoint issued a token of type " .. ttype .. ", not Bearer", 0, false
     end
     local life = (type(exp) == "number" and exp > 0) and exp * 1000 or 60000
     return tok, nil, life - math.min(M.EARLY_MS, life / 2)
@@ -137,7 +141,7 @@ local function read_answer(up, outcome, http_status, body, detail)
   local code = doc and type(doc.error) == "string" and doc.error or nil
   return nil, "the token endpoint refused the exchange for audience " .. up.audience ..
               " (HTTP " .. http_status .. (code and (", " .. code) or "") .. ")",
-         code == "invalid_target" and M.INVALID_TARGET_MS or 0
+         code == "invalid_target" and M.INVALID_TARGET_MS or 0, http_status >= 400 and http_status < 500
 end
 
 local function start_exchange(ctx, token, up, key, pend)
@@ -158,13 +162,13 @@ local function start_exchange(ctx, token, up, key, pend)
                        "token-exchange", 1, false, nil)
   hooks.register_call(id, function(outcome, http_status, _, rbody, _, _, detail)
     pending[key] = nil
-    local tok, why, keep_ms = read_answer(up, outcome, http_status, rbody, detail)
+    local tok, why, keep_ms, refused = read_answer(up, outcome, http_status, rbody, detail)
     if tok then
       remember(key, { token = tok, expires = core.now() + keep_ms })
     else
       M.stats.failures = M.stats.failures + 1
       core.log("warn", "token exchange for upstream " .. up.name .. " failed: " .. why)
-      if keep_ms > 0 then remember(key, { failed = true, expires = core.now() + keep_ms }) end
+      if keep_ms > 0 then remember(key, { failed = true, refused = refused, expires = core.now() + keep_ms }) end
     end
     for _, w in ipairs(pend.waiters) do
       if not w.done then
@@ -175,7 +179,7 @@ local function start_exchange(ctx, token, up, key, pend)
           w.go(nil)
         else
           -- the problem names the waiter's own section
-          w.go(unavailable(w.x, up, WHY.exchange_failed))
+          w.go(unavailable(w.x, up, WHY.exchange_failed, refused))
         end
       end
     end
@@ -187,7 +191,7 @@ end
 function M.prepare(ctx, x, up, go)
   local user, token = request_user(ctx)
   if not token then
-    return go(unavailable(x, up, WHY.no_token))
+    return go(unavailable(x, up, WHY.no_token, true))
   end
   if up.identity == "forward" then
     local claims = user and M.claims(user)
@@ -195,9 +199,9 @@ function M.prepare(ctx, x, up, go)
       authorize(x, token)
       return go(nil)
     end
-    return go(unavailable(x, up, WHY.audience))
+    return go(unavailable(x, up, WHY.audience, true))
   end
-  if not te then return go(unavailable(x, up, WHY.no_exchange)) end
+  if not te then return go(unavailable(x, up, WHY.no_exchange, true)) end
   local key = token .. "\0" .. up.audience -- the whole subject token: never another user's
   local c = cache[key]
   if c then
@@ -207,7 +211,7 @@ function M.prepare(ctx, x, up, go)
         authorize(x, c.token)
         return go(nil)
       end
-      return go(unavailable(x, up, WHY.exchange_failed))
+      return go(unavailable(x, up, WHY.exchange_failed, c.refused))
     end
     cache[key] = nil
     cache_n = cache_n - 1

@@ -18,6 +18,22 @@ function M.new(kind, title, status, detail)
   return setmetatable({ type = PREFIX .. kind, title = title, status = status, detail = detail }, PROBLEM_MT)
 end
 
+-- Problems a stale copy must not answer (agg.cache, stale-if-error): the user's credential was
+-- refused, so the user's cached data must not outlive it. A mark kept beside the problem (weak
+-- keys), not a member of it: a problem's members go to the client.
+local no_stale = setmetatable({}, { __mode = "k" })
+
+--- Marks problem p as one a stale copy never answers (agg.identity: a refused token); returns p.
+function M.refuse_stale(p)
+  no_stale[p] = true
+  return p
+end
+
+--- True when problem p was marked by refuse_stale.
+function M.stale_refused(p)
+  return no_stale[p] == true
+end
+
 --- Returns the kind part of a problem's type ("upstream-timeout"), or nil.
 function M.kind(p)
   local t = type(p) == "table" and p.type
