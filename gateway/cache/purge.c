@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 
 void agw_cache_inbox_init(agw_cache_inbox_t *in)
 {
@@ -75,9 +76,67 @@ static char *match_pattern(const char *prefix, size_t len, size_t *out_len)
     return m;
 }
 
+/* ---- the reader's guard: hiredis 0.14 has no limit on an array reply's length, and its reader
+ * allocates the pointers a reply claims at once: "*2147483647" alone would take 16 GB. A longer
+ * array than a purge's commands take (SCAN gives about COUNT keys) fails the reply. */
+static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's own (the same for every reader) */
+
+static void *guard_string(const redisReadTask *t, char *s, size_t n)
+{
+    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createString(t, s, n);
+}
+
+static void *guard_array(const redisReadTask *t, int n)
+{
+    if (n > AGW_CACHE_PURGE_MAX_ELEMENTS) {
+        if (t->privdata)
+            *(int *)t->privdata = 1; /* the reason, for the message */
+        return NULL;                 /* the reader fails: the command gets no reply */
+    }
+    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createArray(t, n);
+}
+
+static void *guard_integer(const redisReadTask *t, long long v)
+{
+    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createInteger(t, v);
+}
+
+static void *guard_nil(const redisReadTask *t)
+{
+    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createNil(t);
+}
+
+static void guard_free(void *obj)
+{
+    __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->freeObject(obj);
+}
+
+/* (not const: hiredis's reader holds a plain pointer; nothing writes it) */
+static redisReplyObjectFunctions guard_fns = {guard_string, guard_array, guard_integer, guard_nil, guard_free};
+
+/* Why command failed on c: the reader's refusal of a long array, else hiredis's own text. */
+static const char *why(const redisContext *c, const int *too_long)
+{
+    return *too_long ? "the reply is an array of more elements than a purge takes" : c->errstr;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size_t len, uint64_t *deleted, char *err,
                           size_t errlen)
 {
+    return agw_cache_redis_purge_within(conf, prefix, len, AGW_CACHE_PURGE_BUDGET_S, deleted, err, errlen);
+}
+
+int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefix, size_t len, double budget_s,
+                                 uint64_t *deleted, char *err, size_t errlen)
+{
+    double until = now_s() + budget_s;
     uint64_t ms = conf->timeout_ms > 1000 ? conf->timeout_ms : 1000;
     struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
     redisContext *c = redisConnectWithTimeout(conf->host, conf->port, tv);
@@ -88,13 +147,19 @@ int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size
         return -1;
     }
     redisSetTimeout(c, tv);
+    int too_long = 0;
+    if (c->reader->fn != &guard_fns) {
+        __atomic_store_n(&hiredis_fns, c->reader->fn, __ATOMIC_RELEASE);
+        c->reader->fn = &guard_fns;
+    }
+    c->reader->privdata = &too_long;
     int rc = 0;
     redisReply *r;
     if (conf->password) {
         r = conf->user ? redisCommand(c, "AUTH %s %s", conf->user, conf->password)
                        : redisCommand(c, "AUTH %s", conf->password);
         if (!r || r->type == REDIS_REPLY_ERROR) {
-            snprintf(err, errlen, "redis AUTH failed: %s", r ? r->str : c->errstr);
+            snprintf(err, errlen, "redis AUTH failed: %s", r ? r->str : why(c, &too_long));
             freeReplyObject(r);
             redisFree(c);
             return -1;
@@ -103,7 +168,7 @@ int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size
     }
     r = redisCommand(c, "SELECT %d", conf->db);
     if (!r || r->type == REDIS_REPLY_ERROR) {
-        snprintf(err, errlen, "redis SELECT failed: %s", r ? r->str : c->errstr);
+        snprintf(err, errlen, "redis SELECT failed: %s", r ? r->str : why(c, &too_long));
         freeReplyObject(r);
         redisFree(c);
         return -1;
@@ -116,7 +181,8 @@ int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size
         r = redisCommand(c, "SCAN %s MATCH %b COUNT 1000", cursor, match, mlen);
         if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
             r->element[1]->type != REDIS_REPLY_ARRAY) {
-            snprintf(err, errlen, "redis SCAN failed: %s", !r ? c->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+            snprintf(err, errlen, "redis SCAN failed: %s",
+                     !r ? why(c, &too_long) : r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
             freeReplyObject(r);
             rc = -1;
             break;
@@ -137,7 +203,8 @@ int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size
             }
             redisReply *u = n > 1 ? redisCommandArgv(c, (int)n, argv, lens) : NULL;
             if (n > 1 && (!u || u->type != REDIS_REPLY_INTEGER)) {
-                snprintf(err, errlen, "redis UNLINK failed: %s", !u ? c->errstr : u->type == REDIS_REPLY_ERROR ? u->str : "unexpected reply");
+                snprintf(err, errlen, "redis UNLINK failed: %s",
+                         !u ? why(c, &too_long) : u->type == REDIS_REPLY_ERROR ? u->str : "unexpected reply");
                 rc = -1;
             } else if (u) {
                 *deleted += (uint64_t)u->integer;
@@ -147,6 +214,12 @@ int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size
             free(lens);
         }
         freeReplyObject(r);
+        if (rc == 0 && strcmp(cursor, "0") != 0 && now_s() > until) {
+            snprintf(err, errlen, "the purge stopped after %.0f s with %llu keys deleted: SCAN had not ended (a "
+                     "keyspace too large for one purge, or a server whose SCAN never ends); purge again",
+                     budget_s, (unsigned long long)*deleted);
+            rc = -1;
+        }
     } while (rc == 0 && strcmp(cursor, "0") != 0);
     free(match);
     redisFree(c);

@@ -19,6 +19,7 @@
 #include "tests/check.h"
 #include "tests/loop_gap.h"
 #include "redis/redis.h"
+#include "cache/purge.h"
 
 static struct ev_loop *loop;
 
@@ -170,6 +171,8 @@ typedef enum fake_mode {
     FAKE_EXTRA_AFTER,   /* +OK to SELECT, then :42 and an extra :43 to every command */
     FAKE_HUGE_ARRAY,    /* +OK to SELECT, then an array header claiming 2^31 - 1 elements */
     FAKE_LONG_ARRAY,    /* +OK to SELECT, then an array of AGW_REDIS_MAX_ELEMENTS integers */
+    FAKE_SCAN_HUGE,     /* +OK to SELECT, then SCAN's keys claim 2^31 - 1 elements */
+    FAKE_SCAN_FOREVER,  /* +OK to SELECT, then SCAN never ends (cursor 7, no keys) */
 } fake_mode_t;
 
 typedef struct fake {
@@ -179,11 +182,12 @@ typedef struct fake {
     int stop;
 } fake_t;
 
-/* Complete RESP commands at the start of buf (n bytes). */
-static int count_commands(const char *buf, size_t n)
+/* Complete RESP commands at the start of buf (n bytes); *used: the bytes they take. */
+static int count_commands(const char *buf, size_t n, size_t *used)
 {
     int cmds = 0;
     size_t i = 0;
+    *used = 0;
     while (i < n && buf[i] == '*') {
         long argc = strtol(buf + i + 1, NULL, 10);
         const char *nl = memchr(buf + i, '\n', n - i);
@@ -202,6 +206,7 @@ static int count_commands(const char *buf, size_t n)
                 return cmds;
         }
         cmds++;
+        *used = i;
     }
     return cmds;
 }
@@ -222,7 +227,7 @@ static void *fake_main(void *arg)
         setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         char buf[4096];
         size_t have = 0;
-        int answered = 0;
+        int answered = 0, before = 0; /* commands answered in buf, and before buf started over */
         while (!__atomic_load_n(&f->stop, __ATOMIC_RELAXED)) {
             ssize_t n = read(c, buf + have, sizeof(buf) - have);
             if (n == 0)
@@ -233,24 +238,28 @@ static void *fake_main(void *arg)
                 break;
             }
             have += (size_t)n;
-            int cmds = count_commands(buf, have);
+            size_t used;
+            int cmds = count_commands(buf, have, &used);
             for (; answered < cmds; answered++) {
                 const char *out = NULL;
+                int nth = before + answered; /* this command's number on the connection, from 0 */
                 switch (f->mode) {
                 case FAKE_SILENT: break;
                 case FAKE_GARBAGE: out = "HTTP/1.1 400 Bad Request\r\n\r\n"; break;
                 case FAKE_REFUSE_SELECT: out = "-ERR DB index is out of range\r\n"; break;
-                case FAKE_WRONG_TYPES: out = answered == 0 ? "+OK\r\n" : ":42\r\n"; break;
+                case FAKE_WRONG_TYPES: out = nth == 0 ? "+OK\r\n" : ":42\r\n"; break;
                 case FAKE_CLOSE_AFTER:
-                    if (answered > 0)
+                    if (nth > 0)
                         goto close_conn;
                     out = "+OK\r\n";
                     break;
                 case FAKE_TWICE: out = "+OK\r\n+OK\r\n"; break;
-                case FAKE_EXTRA_AFTER: out = answered == 0 ? "+OK\r\n" : ":42\r\n:43\r\n"; break;
-                case FAKE_HUGE_ARRAY: out = answered == 0 ? "+OK\r\n" : "*2147483647\r\n"; break;
+                case FAKE_EXTRA_AFTER: out = nth == 0 ? "+OK\r\n" : ":42\r\n:43\r\n"; break;
+                case FAKE_HUGE_ARRAY: out = nth == 0 ? "+OK\r\n" : "*2147483647\r\n"; break;
+                case FAKE_SCAN_HUGE: out = nth == 0 ? "+OK\r\n" : "*2\r\n$1\r\n0\r\n*2147483647\r\n"; break;
+                case FAKE_SCAN_FOREVER: out = nth == 0 ? "+OK\r\n" : "*2\r\n$1\r\n7\r\n*0\r\n"; break;
                 case FAKE_LONG_ARRAY:
-                    if (answered > 0) {
+                    if (nth > 0) {
                         static char longest[16 + 4 * AGW_REDIS_MAX_ELEMENTS];
                         int at = snprintf(longest, sizeof(longest), "*%d\r\n", AGW_REDIS_MAX_ELEMENTS);
                         for (int i = 0; i < AGW_REDIS_MAX_ELEMENTS; i++)
@@ -264,6 +273,11 @@ static void *fake_main(void *arg)
                 }
                 if (out && write(c, out, strlen(out)) < 0)
                     goto close_conn;
+            }
+            if (used == have && answered == cmds) { /* every command read was answered: start over */
+                before += answered;
+                have = 0;
+                answered = 0;
             }
             if (have == sizeof(buf))
                 have = 0;
@@ -637,6 +651,37 @@ static void an_array_reply_of_the_longest_length_taken_is_answered(void)
     fake_client_stop(&fc);
 }
 
+/* The admin's purge (cache/purge.h) has a blocking connection of its own: a SCAN reply whose keys
+ * claim 2^31 - 1 elements fails the purge with the reason instead of taking gigabytes (the second
+ * attack review) ... */
+static void a_purge_refuses_a_scan_reply_longer_than_it_takes(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_SCAN_HUGE);
+    agw_redis_conf_t c = conf_for(f.port, 0, 1000);
+    uint64_t deleted = 1;
+    char err[256] = "";
+    CHECK(agw_cache_redis_purge(&c, "agw:{p}", 7, &deleted, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "redis SCAN failed: the reply is an array of more elements than a purge takes") != NULL);
+    CHECK(deleted == 0);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
+/* ... and a SCAN that never ends stops at the purge's budget, saying so */
+static void a_purge_stops_a_scan_that_never_ends(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_SCAN_FOREVER);
+    agw_redis_conf_t c = conf_for(f.port, 0, 1000);
+    uint64_t deleted = 1;
+    char err[256] = "";
+    CHECK(agw_cache_redis_purge_within(&c, "agw:{p}", 7, 0.2, &deleted, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "the purge stopped after 0 s with 0 keys deleted: SCAN had not ended") != NULL);
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+}
+
 static void nothing_listening_refuses_commands_at_once(void)
 {
     int port = free_port();
@@ -671,6 +716,8 @@ int main(void)
     RUN(a_reply_to_no_command_drops_the_connection_after_an_answer);
     RUN(an_array_reply_longer_than_any_command_takes_drops_the_connection);
     RUN(an_array_reply_of_the_longest_length_taken_is_answered);
+    RUN(a_purge_refuses_a_scan_reply_longer_than_it_takes);
+    RUN(a_purge_stops_a_scan_that_never_ends);
     loop_gap_stop(loop);
     return CHECK_DONE();
 }
