@@ -204,6 +204,27 @@ describe("an answer from an endpoint slot's old address", function()
     assert.is_true(e.failing)
     assert.equal(1, e.consec)
   end)
+
+  it("takes an attempt begun in the loop turn of the change for the old address's (a second review)", function()
+    local group = require "agg.group"
+    local gw = testing.gateway { dir = DIR }
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
+    gw:stub("named", "/p/*", { json = { id = 1 } })
+    gw:get("/named/0")
+    gw:advance(1000)
+    local g = group.group_of("named")
+    group.hold(g, 3) -- two attempts at the very time of the change
+    group.hold(g, 3)
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.4:9101" })
+    rt.report_stats(true)
+    gw:advance(300)
+    for _ = 1, 2 do
+      group.release(g, 3)
+      assert.equal("ignore", group.report(g, 3, "failure", 300))
+    end
+    assert.is_false(g.eps[3].failing)
+    assert.equal("healthy", gw:endpoints("named")[3].state)
+  end)
 end)
 
 describe("the hash of the ring and of endpoint ids", function()

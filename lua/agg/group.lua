@@ -443,8 +443,10 @@ function M.report(g, i, verdict, ms)
   local now = core.now()
   -- (an attempt that began before the slot took its address (M.sync) went to the old address: its
   -- answer says nothing of this one, whose state starts afresh. The attempt's start is now - ms,
-  -- both on the loop's clock; the 0.01 ms is the rounding of those figures.)
-  if ms and now - ms < e.since_ms - 0.01 then return "ignore" end
+  -- both on the loop's clock, with 0.01 ms for their rounding. One that began in the loop turn of
+  -- the change, before or after it, is taken for the old address's: the few answers of the new one
+  -- left out so cost nothing, the old one's counted could eject the new one.)
+  if ms and e.since_ms > 0 and now - ms <= e.since_ms + 0.01 then return "ignore" end
   e.answered = e.answered + 1
   e.latency_ms = e.latency_ms + (ms or 0)
   -- (a slot whose address went away while the attempt ran: its answer is about no endpoint of the
