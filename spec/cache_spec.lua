@@ -559,6 +559,20 @@ describe("cache entries", function()
     assert.same(want, got)
   end)
 
+  it("go to Redis only when they move within its timeout, as the C worker sends them (a second review)", function()
+    -- the fixture's redis.timeout_ms is 5: 250 KB at 50 KB a ms
+    local redis = testing.redis()
+    local gw = testing.gateway { dir = DIR, redis = redis }
+    gw:stub("stock", "/stock/*", { json = {} })
+    gw:stub("product", "/products/1", { json = { blob = ("x"):rep(300000) } })
+    gw:stub("product", "/products/2", { json = { blob = ("x"):rep(1000) } })
+    gw:get("/p/1")
+    gw:get("/p/2")
+    local keys = {}
+    for k in pairs(redis.data) do keys[#keys + 1] = k:match("GET (.*)$") end
+    assert.same({ "/products/2" }, keys)
+  end)
+
   it("keep an answer's headers as they came and give them back as a header block", function()
     -- an upstream's JSON answer keeps its fields in arrival order and spelling (base/header.h);
     -- json.raw_extra makes the block: names lowercased, sorted, a repeated name joined

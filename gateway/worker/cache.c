@@ -131,10 +131,11 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
         if (err) {
             lua_pushnil(L);
             lua_pushstring(L, err);
-        } else if (reply->type == REDIS_REPLY_STRING) {
+        } else if (reply->type == REDIS_REPLY_STRING && reply->len > 0) {
             lua_pushlstring(L, reply->str, reply->len);
             lua_pushnil(L);
-        } else if (reply->type == REDIS_REPLY_NIL) {
+        } else if (reply->type == REDIS_REPLY_NIL || reply->type == REDIS_REPLY_STRING) {
+            /* (GETRANGE gives "" for a key that is not there: a miss, as GET's nil was) */
             lua_pushnil(L);
             lua_pushnil(L);
         } else {

@@ -173,6 +173,9 @@ function T.install(gw)
   local cfg = self.gen.config
   if gw.redis and cfg.redis and cfg.cache.redis then
     local store = gw.redis
+    -- the largest entry tier 2 takes or gives (gateway/worker/cache.c redis_entry_max): what moves
+    -- within the client's timeout_ms at 50 KB a ms, at most MAX_ENTRY
+    local entry_max = math.min(cfg.redis.timeout_ms * 50000, cache.MAX_ENTRY)
     function core.redis_get(key)
       if store.down then return nil end
       store.next_id = (store.next_id or 0) + 1
@@ -180,6 +183,7 @@ function T.install(gw)
       store.gets = (store.gets or 0) + 1
       local e = store.data[key]
       local v = e and e.until_ms > gw.clock and e.value or nil
+      if v and #v > entry_max then v = v:sub(1, entry_max) end -- (GETRANGE 0 max-1: which no entry parses)
       schedule(gw, gw.clock + (store.latency_ms or 0), function()
         if store.hang then return rt.on_redis(id, nil, "timeout") end
         rt.on_redis(id, store.corrupt and "garbage" or v, nil)
@@ -187,7 +191,7 @@ function T.install(gw)
       return id
     end
     function core.redis_set(key, value, ttl_ms)
-      if store.down then return end
+      if store.down or #value > entry_max then return end
       store.data[key] = { value = value, until_ms = gw.clock + ttl_ms }
     end
   end
