@@ -147,15 +147,21 @@ describe("the circuit breaker of a dead group whose health path answers", functi
   end)
 end)
 
+-- A gateway whose upstream "named" (a host name: outlier failures = 2, eject_s = 60) resolves to
+-- three addresses, one page served and the clock at 1 s: the gateway and the group.
+local function named_group()
+  local gw = testing.gateway { dir = DIR }
+  gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
+  gw:stub("named", "/p/*", { json = { id = 1 } })
+  gw:get("/named/0")
+  gw:advance(1000)
+  return gw, require("agg.group").group_of("named")
+end
+
 describe("an answer from an endpoint slot whose address went away meanwhile", function()
   it("does not count for the group's breaker (found by an attack review)", function()
     local group = require "agg.group"
-    local gw = testing.gateway { dir = DIR }
-    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
-    gw:stub("named", "/p/*", { json = { id = 1 } })
-    gw:get("/named/0")
-    gw:advance(1000)
-    local g = group.group_of("named")
+    local gw, g = named_group()
     group.hold(g, 3) -- an attempt on slot 3 (as agg.exchange makes it)
     gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101" })
     rt.report_stats(true) -- the worker's tick: slot 3 is gone
@@ -170,12 +176,7 @@ end)
 describe("an answer from an endpoint slot's old address", function()
   it("does not count for the address the slot has now (found by an attack review)", function()
     local group = require "agg.group"
-    local gw = testing.gateway { dir = DIR } -- named: outlier failures = 2, eject_s = 60
-    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
-    gw:stub("named", "/p/*", { json = { id = 1 } })
-    gw:get("/named/0")
-    gw:advance(1000)
-    local g = group.group_of("named")
+    local gw, g = named_group()
     group.hold(g, 3) -- two attempts on slot 3's address (as agg.exchange makes them)
     group.hold(g, 3)
     gw:advance(100)
@@ -207,12 +208,7 @@ describe("an answer from an endpoint slot's old address", function()
 
   it("takes an attempt begun in the loop turn of the change for the old address's (a second review)", function()
     local group = require "agg.group"
-    local gw = testing.gateway { dir = DIR }
-    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
-    gw:stub("named", "/p/*", { json = { id = 1 } })
-    gw:get("/named/0")
-    gw:advance(1000)
-    local g = group.group_of("named")
+    local gw, g = named_group()
     group.hold(g, 3) -- two attempts at the very time of the change
     group.hold(g, 3)
     gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.4:9101" })

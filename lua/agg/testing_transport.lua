@@ -3,7 +3,7 @@
 -- (agg.testing_clock): upstream calls answered by stubs (latency, faults, the C transport's JSON
 -- refs), runtime timers, the cache's two tiers, endpoint slots, responses. Its functions are
 -- methods of agg.testing's gateways (gw:install, gw:stub, gw:start_call).
-local str_gmatch, str_match = string.gmatch, string.match
+local str_gmatch, str_match, str_gsub = string.gmatch, string.match, string.gsub
 local cache = require "agg.cache"
 local json = require "agg.json"
 local rt = require "agg.runtime"
@@ -305,7 +305,7 @@ function T:start_call(rid, index, method, path, headers, body, timeout_ms, decod
     end
     local ok, err = pcall(check_answer, fname, ans)
     -- (check_answer places its message at the first frame outside the harness: the runtime's here)
-    if not ok then error(place .. tostring(err):gsub("^[^\n]-:%d+: ", "", 1), 0) end
+    if not ok then error(place .. (str_gsub(tostring(err), "^[^\n]-:%d+: ", "", 1)), 0) end
   end
   local latency = ans.latency_ms or 0
   local fault = ans.fault

@@ -651,35 +651,39 @@ static void an_array_reply_of_the_longest_length_taken_is_answered(void)
     fake_client_stop(&fc);
 }
 
-/* The admin's purge (cache/purge.h) has a blocking connection of its own: a SCAN reply whose keys
- * claim 2^31 - 1 elements fails the purge with the reason instead of taking gigabytes (the second
- * attack review) ... */
-static void a_purge_refuses_a_scan_reply_longer_than_it_takes(void)
+/* The admin's purge (cache/purge.h) of the prefix "agw:{p}" against a fake server in mode, within
+ * budget_s: its result, with the message in err and the count in *deleted. */
+static int purge_against(fake_mode_t mode, double budget_s, char *err, size_t errlen, uint64_t *deleted)
 {
     fake_t f;
-    fake_start(&f, FAKE_SCAN_HUGE);
+    fake_start(&f, mode);
     agw_redis_conf_t c = conf_for(f.port, 0, 1000);
-    uint64_t deleted = 1;
-    char err[256] = "";
-    CHECK(agw_cache_redis_purge(&c, "agw:{p}", 7, &deleted, err, sizeof(err)) == -1);
-    CHECK(strstr(err, "redis SCAN failed: the reply is an array of more elements than a purge takes") != NULL);
-    CHECK(deleted == 0);
+    *deleted = 1;
+    err[0] = '\0';
+    int rc = agw_cache_redis_purge_within(&c, "agw:{p}", 7, budget_s, deleted, err, errlen);
     agw_redis_conf_clear(&c);
     fake_stop(&f);
+    return rc;
+}
+
+/* The purge has a blocking connection of its own: a SCAN reply whose keys claim 2^31 - 1 elements
+ * fails it with the reason instead of taking gigabytes (the second attack review) ... */
+static void a_purge_refuses_a_scan_reply_longer_than_it_takes(void)
+{
+    char err[256];
+    uint64_t deleted;
+    CHECK(purge_against(FAKE_SCAN_HUGE, AGW_CACHE_PURGE_BUDGET_S, err, sizeof(err), &deleted) == -1);
+    CHECK(strstr(err, "redis SCAN failed: the reply is an array of more elements than a purge takes") != NULL);
+    CHECK(deleted == 0);
 }
 
 /* ... and a SCAN that never ends stops at the purge's budget, saying so */
 static void a_purge_stops_a_scan_that_never_ends(void)
 {
-    fake_t f;
-    fake_start(&f, FAKE_SCAN_FOREVER);
-    agw_redis_conf_t c = conf_for(f.port, 0, 1000);
-    uint64_t deleted = 1;
-    char err[256] = "";
-    CHECK(agw_cache_redis_purge_within(&c, "agw:{p}", 7, 0.2, &deleted, err, sizeof(err)) == -1);
+    char err[256];
+    uint64_t deleted;
+    CHECK(purge_against(FAKE_SCAN_FOREVER, 0.2, err, sizeof(err), &deleted) == -1);
     CHECK(strstr(err, "the purge stopped after 0 s with 0 keys deleted: SCAN had not ended") != NULL);
-    agw_redis_conf_clear(&c);
-    fake_stop(&f);
 }
 
 static void nothing_listening_refuses_commands_at_once(void)
