@@ -206,6 +206,25 @@ describe("an answer from an endpoint slot's old address", function()
     assert.equal(1, e.consec)
   end)
 
+  it("does so at any time on the clock, 0 too (a third review: the harness's clock starts at 0)", function()
+    local group = require "agg.group"
+    local gw = testing.gateway { dir = DIR }
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
+    gw:stub("named", "/p/*", { json = { id = 1 } })
+    gw:get("/named/0") -- (the clock stays at 0)
+    local g = group.group_of("named")
+    group.hold(g, 3)
+    group.hold(g, 3)
+    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.4:9101" })
+    rt.report_stats(true)
+    gw:advance(300)
+    for _ = 1, 2 do
+      group.release(g, 3)
+      assert.equal("ignore", group.report(g, 3, "failure", 300))
+    end
+    assert.equal("healthy", gw:endpoints("named")[3].state)
+  end)
+
   it("takes an attempt begun in the loop turn of the change for the old address's (a second review)", function()
     local group = require "agg.group"
     local gw, g = named_group()

@@ -57,12 +57,13 @@ end
 
 -- A new endpoint's state (slot i of g: url, address or false when out of service). Its key names
 -- it for the ring and for session tokens: the URL, or URL@address for the addresses of one URL.
--- since_ms: when the slot took this address (core.now(), M.sync), 0 for the group's first slots.
+-- since_ms: when the slot took this address (core.now(), M.sync), false for the group's first slots
+-- (a clock may read 0: the spec harness's starts there).
 local function new_endpoint(url, address, shared, since_ms)
   -- down: out of service by its health checks (agg.health); health: their verdict, nil unchecked;
   -- gone: a slot of a host name that holds no address now (group/directory.h)
   return { url = url, address = address, key = shared and address and (url .. "@" .. address) or url,
-           since_ms = since_ms or 0,
+           since_ms = since_ms or false,
            gone = address == false, inflight = 0, consec = 0, failing = false, until_ms = 0, ejections = 0,
            ejected_ms = false, restored_ms = 0, win_start = 0, win_total = 0, win_fail = 0,
            calls = 0, failures = 0, sessions = 0, answered = 0, latency_ms = 0,
@@ -446,7 +447,8 @@ function M.report(g, i, verdict, ms)
   -- both on the loop's clock, with 0.01 ms for their rounding. One that began in the loop turn of
   -- the change, before or after it, is taken for the old address's: the few answers of the new one
   -- left out so cost nothing, the old one's counted could eject the new one.)
-  if ms and e.since_ms > 0 and now - ms <= e.since_ms + 0.01 then return "ignore" end
+  local since = e.since_ms
+  if ms and since and now - ms <= since + 0.01 then return "ignore" end
   e.answered = e.answered + 1
   e.latency_ms = e.latency_ms + (ms or 0)
   -- (a slot whose address went away while the attempt ran: its answer is about no endpoint of the
