@@ -106,6 +106,15 @@ describe("keys from the edge", function()
     assert.are_not.equal(alice, bob)
     assert.equal(alice, gw:get("/app-data", { user = shop, headers = { cookie = "sid=alice" } }).json.mine.data.n)
     assert.equal(4, #gw:calls("appdata"))
+    -- a call with credentials of its own is keyed by the user's too (a third review: a forwarded
+    -- cookie two apps' users share, or a service key every user's call carries, keyed alone)
+    gw:stub("appdata", "/mine", function(call) return { json = { app = call.headers["x-app"] } } end)
+    assert.equal("shop", gw:get("/app-data-own", { user = shop, headers = cookie }).json.mine.data.app)
+    assert.equal("blog", gw:get("/app-data-own", { user = blog, headers = cookie }).json.mine.data.app)
+    assert.equal("alice", gw:get("/user-data", { user = { sub = "alice" } }).json.mine.data.app)
+    assert.equal("bob", gw:get("/user-data", { user = { sub = "bob" } }).json.mine.data.app)
+    assert.equal("alice", gw:get("/user-data", { user = { sub = "alice" } }).json.mine.data.app)
+    assert.equal(8, #gw:calls("appdata")) -- the last: alice's own entry
   end)
 end)
 

@@ -468,33 +468,26 @@ function M.key(ctx, spec, p)
   if scope == "user" then
     -- (written only when true: the call's table has no slot for it, agg.callspec)
     spec.cache_user = true
-    -- the token the edge verified for the page identifies the user when the call carries no
-    -- credentials of its own; else the page request's Authorization or Cookie, with the app of
-    -- the API key the edge verified when there is one: a key names a client application, which
-    -- its users share, so their cookies tell them apart and the app keeps two apps' users sharing
-    -- a cookie value apart ("\0" starts no header value: no token's or cookie's text)
-    -- (a call that will carry the user's identity is keyed by that user whatever credentials of
-    -- its own it carries: a script's service key is every user's)
-    local app
-    if not cred or spec.personal then
-      local user, token = api.request_user(ctx)
-      if not token and user and user.via == "api_key" then app = "\0api_key:" .. tostring(user.app) end
-      cred = both_credentials(cred, token)
-    end
-    if not cred then
-      -- the page request's, found once per request (ctx.cache_cred: false for none)
-      cred = ctx.cache_cred
-      if cred == nil then
-        local rh = api.request_headers(ctx)
-        if type(rh) == "string" then
-          cred = both_credentials(block_get(rh, "authorization"), block_get(rh, "cookie"))
-        elseif type(rh) == "table" then
-          cred = both_credentials(rh.authorization, rh.cookie)
-        end
-        ctx.cache_cred = cred or false
+    -- every credential that says who the user is goes into the key: the call's own (a cookie it
+    -- forwards), the token the edge verified for the page, the app of the API key it verified
+    -- (a client application, which its users share) and the page request's Authorization or
+    -- Cookie (which tell an app's users apart). One alone let users share an entry: a call's
+    -- service key is every user's, and two apps' users may send one cookie value. ("\0" starts
+    -- no header value: the app's mark is no token's or cookie's text.)
+    local user, token = api.request_user(ctx)
+    if not token and user and user.via == "api_key" then token = "\0api_key:" .. tostring(user.app) end
+    -- the page request's, found once per request (ctx.cache_cred: false for none)
+    local rcred = ctx.cache_cred
+    if rcred == nil then
+      local rh = api.request_headers(ctx)
+      if type(rh) == "string" then
+        rcred = both_credentials(block_get(rh, "authorization"), block_get(rh, "cookie"))
+      elseif type(rh) == "table" then
+        rcred = both_credentials(rh.authorization, rh.cookie)
       end
-      cred = both_credentials(app, cred or nil)
+      ctx.cache_cred = rcred or false
     end
+    cred = both_credentials(cred, both_credentials(token, rcred or nil))
     if not cred then return nil end
     parts[#parts + 1] = "|u:"
     if cred ~= last_cred then -- (a page's calls carry the same: digested once, not per call)
