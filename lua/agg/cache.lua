@@ -54,9 +54,19 @@ M.FIELDS = FIELDS
 -- allow_key: a call may give its own key; an upstream may not.
 local MAX_VARY = 32 -- request header names one policy may vary on
 
+-- ", got <what v is>": its type, or the value of a number or a short string (a message says what
+-- it was given; aggway check tells a script's literal from what a made-up answer gives by it).
+local function got(v)
+  local t = type(v)
+  if t == "number" then return ", got " .. tostring(v) end
+  if t == "string" and #v <= 40 then return (", got %q"):format(v) end
+  return ", got " .. t
+end
+M.got = got
+
 function M.check_block(t, allow_key)
   if type(t) ~= "table" then
-    return nil, nil, "must be a table like { ttl_s = 60, swr_s = 30 } (or false)"
+    return nil, nil, "must be a table like { ttl_s = 60, swr_s = 30 } (or false)" .. got(t)
   end
   -- room for every field (8), so the policy made for each call never grows
   local p = new_tab(0, 8)
@@ -72,28 +82,30 @@ function M.check_block(t, allow_key)
       return nil, where.key_name(k), "unknown option" .. hint .. "; cache knows " .. table.concat(names, ", ")
     elseif kind == "secs" then
       if type(v) ~= "number" or v ~= v or v < 0 or v > 31536000 then
-        return nil, k, "must be a number of seconds from 0 to 31536000"
+        return nil, k, "must be a number of seconds from 0 to 31536000" .. (type(v) == "number" and got(v) or ", got " .. type(v))
       end
       p[k] = v
     elseif kind == "scope" then
-      if v ~= "shared" and v ~= "user" then return nil, k, 'must be "shared" or "user"' end
+      if v ~= "shared" and v ~= "user" then return nil, k, 'must be "shared" or "user"' .. got(v) end
       p.scope = v
     elseif kind == "list" then
-      if type(v) ~= "table" then return nil, k, 'must be a list of request header names like { "accept-language" }' end
+      if type(v) ~= "table" then return nil, k, 'must be a list of request header names like { "accept-language" }' .. got(v) end
       -- (checked, lowercased and sorted for every call that gives it: a list is short, or a page
       -- that shares one long list among its calls holds the worker in the runtime's code)
       if #v > MAX_VARY then return nil, k, ("must name at most %d request headers, got %d"):format(MAX_VARY, #v) end
       local l = {}
       for i, h in ipairs(v) do
         if type(h) ~= "string" or not str_match(h, TOKEN) then
-          return nil, k, "item " .. i .. " must be a header name"
+          return nil, k, "item " .. i .. " must be a header name" .. got(h)
         end
         l[#l + 1] = h:lower()
       end
       table.sort(l)
       p.vary = l
     elseif kind == "key" then
-      if type(v) ~= "string" or v == "" or #v > 512 then return nil, k, "must be a string of 1 to 512 bytes" end
+      if type(v) ~= "string" or v == "" or #v > 512 then
+        return nil, k, "must be a string of 1 to 512 bytes" .. (type(v) == "string" and ", got " .. #v .. " bytes" or got(v))
+      end
       p.key = v
     end
   end

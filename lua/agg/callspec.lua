@@ -189,7 +189,8 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level, where.option("method"))
   end
   if n.timeout_ms <= 0 or n.timeout_ms ~= n.timeout_ms then
-    where.raise(("call to '%s': timeout_ms must be a positive number of milliseconds"):format(name), level, where.option("timeout_ms"))
+    where.raise(("call to '%s': timeout_ms must be a positive number of milliseconds%s"):format(name, cache.got(n.timeout_ms)),
+                level, where.option("timeout_ms"))
   end
   if spec.query then
     local q
@@ -206,7 +207,9 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     headers = {}
     for k, v in pairs(spec.headers) do
       if type(k) ~= "string" or (type(v) ~= "string" and type(v) ~= "number") then
-        where.raise(("call to '%s': headers must map names to string values"):format(name), level, where.option("headers"))
+        where.raise(("call to '%s': headers must map names to string values%s"):format(name,
+                    type(k) ~= "string" and (", got a name that is a " .. type(k)) or (cache.got(v) .. " for " .. k)),
+                    level, where.option("headers"))
       end
       headers[#headers + 1] = k:lower()
       headers[#headers + 1] = tostring(v)
@@ -282,7 +285,8 @@ function M.normalize(spec, upstreams, level, ctx, memo)
       end
     end
     if r.attempts ~= nil and (type(r.attempts) ~= "number" or r.attempts < 1 or r.attempts % 1 ~= 0) then
-      where.raise(("call to '%s': retry.attempts must be a whole number >= 1"):format(name), level, where.option("attempts"))
+      where.raise(("call to '%s': retry.attempts must be a whole number >= 1%s"):format(name, cache.got(r.attempts)), level,
+                  where.option("attempts"))
     end
     attempts = r.attempts or (attempts > 1 and attempts or 2)
   elseif r == false then
@@ -303,7 +307,8 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   if h and IDEMPOTENT[n.method] then
     local after = type(h) == "table" and h.after_ms or (up.hedge and up.hedge.after) or "p95"
     if after ~= "p95" and (type(after) ~= "number" or after <= 0) then
-      where.raise(("call to '%s': hedge.after_ms must be a positive number of milliseconds"):format(name), level, where.option("after_ms"))
+      where.raise(("call to '%s': hedge.after_ms must be a positive number of milliseconds%s"):format(name, cache.got(after)),
+                  level, where.option("after_ms"))
     end
     n.hedge_after = after
   end

@@ -33,29 +33,27 @@ M.BUDGET_S = 30
 local SPEC_ERRORS = {
   "unknown upstream '", ": unknown option '", "is not supported", "retry option '",
   "fetch_then for '", "fetch_then dependency cycle", "agg.page: option 'headers' must be a table",
-  "the handler's response has an unknown key '",
+  "the handler's response has an unknown key '", "unknown option",
 }
 -- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
 -- blocks, retry, hedge) and the argument mistakes of agg's functions ("agg.pick: the list of keys
--- must be a table, got string"), but those a made-up answer can cause. Its data is {} and every
--- field of it nil, so a value read from it is nil or an empty table: a message that says it got
--- one of them ("got nil", "got table"), names a value that may be read so without saying what it
--- got (a header value), or finds a list empty, is left to the specs. A path not starting with '/'
--- is reported (a literal), one that is not a string is not.
+-- must be a table, got string") whose message says it was given what no made-up answer gives. Its
+-- data is {} and every field of it nil, and a script derives numbers from them (a length, a
+-- count) and tables (the data itself): a string, a boolean or a function where the mistake is is
+-- the script's own ("got string", 'got "60"'), as is any unknown option's name; "got nil", a
+-- table, a number and "got \"nil\"" (tostring of a field) are left to the specs.
 local CALL_ERROR = "call to '[^']*': "
 local AGG_ERROR = "agg%.([%w_]+): "
 local AGG_CHECKED = { pick = true, omit = true, rename = true, map = true, limit = true, shape = true,
                       fetch_then = true, page = true }
-local DATA_CAUSED = { "got nil", "got table", "headers must map names to string values", "is empty",
-                      "batch: 'key'" }
+local LITERAL = { "got string", "got boolean", "got function", 'got "' }
 
 local function is_spec_error(msg)
   local fn = str_match(msg, AGG_ERROR)
-  if str_find(msg, CALL_ERROR) or (fn and AGG_CHECKED[fn]) then
-    for _, p in ipairs(DATA_CAUSED) do
-      if str_find(msg, p, 1, true) then return false end
+  if (str_find(msg, CALL_ERROR) or (fn and AGG_CHECKED[fn])) and not str_find(msg, 'got "nil"', 1, true) then
+    for _, p in ipairs(LITERAL) do
+      if str_find(msg, p, 1, true) then return true end
     end
-    return true
   end
   for _, p in ipairs(SPEC_ERRORS) do
     if str_find(msg, p, 1, true) then return true end

@@ -367,6 +367,16 @@ class CheckCommand(unittest.TestCase):
                                                    '    calls.first = agg.fetch_then(cfg.cfg.data.first, function(r) '
                                                    'return { "inventory", "/first" } end)\n'
                                                    '    return agg.page(agg.fetch_all(calls))'),
+            # (a third review: numbers and strings an upstream answers, {} or nil in a dry run)
+            "num.lua": endpoint("GET /num/{id}", '    local c = agg.fetch_all { n = { "product", "/n" } }\n'
+                                                 '    local res = agg.fetch_all {\n'
+                                                 '      a = { "reviews", "/a", cache = { ttl_s = c.n.data } },\n'
+                                                 '      b = { "reviews", "/b", retry = { attempts = c.n.data } },\n'
+                                                 '      d = { "reviews", "/d", hedge = { after_ms = c.n.data } },\n'
+                                                 '      e = { "reviews", "/e", cache = { ttl_s = 5, key = c.n.data } },\n'
+                                                 '      f = { "reviews", "/f/" .. tostring(c.n.data.next) } }\n'
+                                                 '    res.a.data = agg.limit(res.a.data, #res.a.data - 1)\n'
+                                                 '    return agg.page(res)'),
         })
         rc, out, err = self.check(self.folder(scripts=scripts))
         self.assertEqual(rc, 0, out + err)
