@@ -3,6 +3,7 @@
 #include "base/mem.h"
 
 #include <hiredis/hiredis.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,9 +78,16 @@ static char *match_pattern(const char *prefix, size_t len, size_t *out_len)
 }
 
 /* ---- the reader's guard: hiredis 0.14 has no limit on an array reply's length, and its reader
- * allocates the pointers a reply claims at once: "*2147483647" alone would take 16 GB. A longer
- * array than a purge's commands take (SCAN gives about COUNT keys) fails the reply. */
+ * allocates the pointers a reply claims at once: "*2147483647" alone would take 16 GB, and arrays
+ * nested in one reply add up (65,536 of 65,536 each). A reply whose arrays claim more elements in
+ * all than a purge's commands take (SCAN gives about COUNT keys) fails. */
 static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's own (the same for every reader) */
+
+/* A connection's reader's state (its privdata). */
+typedef struct guard {
+    long long elements; /* the array elements the reply being read claims, in all */
+    int too_long;       /* a reply was refused for them (the reason, for the message) */
+} guard_t;
 
 static void *guard_string(const redisReadTask *t, char *s, size_t n)
 {
@@ -88,10 +96,15 @@ static void *guard_string(const redisReadTask *t, char *s, size_t n)
 
 static void *guard_array(const redisReadTask *t, int n)
 {
-    if (n > AGW_CACHE_PURGE_MAX_ELEMENTS) {
-        if (t->privdata)
-            *(int *)t->privdata = 1; /* the reason, for the message */
-        return NULL;                 /* the reader fails: the command gets no reply */
+    guard_t *g = t->privdata;
+    if (g) {
+        if (t->parent == NULL)
+            g->elements = 0; /* the top of a new reply */
+        g->elements += n;
+        if (g->elements > AGW_CACHE_PURGE_MAX_ELEMENTS) {
+            g->too_long = 1;
+            return NULL; /* the reader fails: the command gets no reply */
+        }
     }
     return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createArray(t, n);
 }
@@ -114,10 +127,20 @@ static void guard_free(void *obj)
 /* (not const: hiredis's reader holds a plain pointer; nothing writes it) */
 static redisReplyObjectFunctions guard_fns = {guard_string, guard_array, guard_integer, guard_nil, guard_free};
 
-/* Why command failed on c: the reader's refusal of a long array, else hiredis's own text. */
-static const char *why(const redisContext *c, const int *too_long)
+/* A purge's connection: hiredis's context, its reader's guard, the purge's deadline. */
+typedef struct purge_conn {
+    redisContext *c;
+    guard_t guard;
+    double until; /* monotonic s */
+    int late;     /* a reply was still coming at the deadline */
+} purge_conn_t;
+
+/* Why a command failed on p: the deadline, the reader's refusal, else hiredis's own text. */
+static const char *why(const purge_conn_t *p)
 {
-    return *too_long ? "the reply is an array of more elements than a purge takes" : c->errstr;
+    if (p->late)
+        return "the purge's time ran out while Redis answered";
+    return p->guard.too_long ? "the reply is an array of more elements than a purge takes" : p->c->errstr;
 }
 
 static double now_s(void)
@@ -125,6 +148,41 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The reply to the command appended to p's context, read one socket read at a time until the
+ * purge's deadline (hiredis's blocking redisCommand reads until the reply is whole: a server that
+ * drips a reply a byte at a time, each within the socket's timeout, held it for good). NULL when
+ * the command failed (why says so). */
+static redisReply *reply_within(purge_conn_t *p)
+{
+    int done = 0;
+    do {
+        if (redisBufferWrite(p->c, &done) == REDIS_ERR)
+            return NULL;
+    } while (!done);
+    void *reply = NULL;
+    if (redisGetReplyFromReader(p->c, &reply) == REDIS_ERR)
+        return NULL;
+    while (reply == NULL) { /* a read at a time, and the deadline looked at after each one that left it short */
+        if (redisBufferRead(p->c) == REDIS_ERR || redisGetReplyFromReader(p->c, &reply) == REDIS_ERR)
+            return NULL;
+        if (reply == NULL && now_s() > p->until) {
+            p->late = 1;
+            return NULL;
+        }
+    }
+    return reply;
+}
+
+/* The command fmt … on p (hiredis's format), its reply read within the deadline. */
+static redisReply *command(purge_conn_t *p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = redisvAppendCommand(p->c, fmt, ap);
+    va_end(ap);
+    return rc == REDIS_OK ? reply_within(p) : NULL;
 }
 
 int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size_t len, uint64_t *deleted, char *err,
@@ -147,28 +205,28 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
         return -1;
     }
     redisSetTimeout(c, tv);
-    int too_long = 0;
+    purge_conn_t p = {.c = c, .until = until};
     if (c->reader->fn != &guard_fns) {
         __atomic_store_n(&hiredis_fns, c->reader->fn, __ATOMIC_RELEASE);
         c->reader->fn = &guard_fns;
     }
-    c->reader->privdata = &too_long;
+    c->reader->privdata = &p.guard;
     int rc = 0;
     redisReply *r;
     if (conf->password) {
-        r = conf->user ? redisCommand(c, "AUTH %s %s", conf->user, conf->password)
-                       : redisCommand(c, "AUTH %s", conf->password);
+        r = conf->user ? command(&p, "AUTH %s %s", conf->user, conf->password)
+                       : command(&p, "AUTH %s", conf->password);
         if (!r || r->type == REDIS_REPLY_ERROR) {
-            snprintf(err, errlen, "redis AUTH failed: %s", r ? r->str : why(c, &too_long));
+            snprintf(err, errlen, "redis AUTH failed: %s", r ? r->str : why(&p));
             freeReplyObject(r);
             redisFree(c);
             return -1;
         }
         freeReplyObject(r);
     }
-    r = redisCommand(c, "SELECT %d", conf->db);
+    r = command(&p, "SELECT %d", conf->db);
     if (!r || r->type == REDIS_REPLY_ERROR) {
-        snprintf(err, errlen, "redis SELECT failed: %s", r ? r->str : why(c, &too_long));
+        snprintf(err, errlen, "redis SELECT failed: %s", r ? r->str : why(&p));
         freeReplyObject(r);
         redisFree(c);
         return -1;
@@ -178,11 +236,11 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
     char *match = match_pattern(prefix, len, &mlen);
     char cursor[32] = "0";
     do {
-        r = redisCommand(c, "SCAN %s MATCH %b COUNT 1000", cursor, match, mlen);
+        r = command(&p, "SCAN %s MATCH %b COUNT 1000", cursor, match, mlen);
         if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
             r->element[1]->type != REDIS_REPLY_ARRAY) {
             snprintf(err, errlen, "redis SCAN failed: %s",
-                     !r ? why(c, &too_long) : r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+                     !r ? why(&p) : r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
             freeReplyObject(r);
             rc = -1;
             break;
@@ -201,10 +259,10 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
                 argv[n] = keys->element[i]->str;
                 lens[n++] = keys->element[i]->len;
             }
-            redisReply *u = n > 1 ? redisCommandArgv(c, (int)n, argv, lens) : NULL;
+            redisReply *u = n > 1 && redisAppendCommandArgv(c, (int)n, argv, lens) == REDIS_OK ? reply_within(&p) : NULL;
             if (n > 1 && (!u || u->type != REDIS_REPLY_INTEGER)) {
                 snprintf(err, errlen, "redis UNLINK failed: %s",
-                         !u ? why(c, &too_long) : u->type == REDIS_REPLY_ERROR ? u->str : "unexpected reply");
+                         !u ? why(&p) : u->type == REDIS_REPLY_ERROR ? u->str : "unexpected reply");
                 rc = -1;
             } else if (u) {
                 *deleted += (uint64_t)u->integer;

@@ -173,6 +173,8 @@ typedef enum fake_mode {
     FAKE_LONG_ARRAY,    /* +OK to SELECT, then an array of AGW_REDIS_MAX_ELEMENTS integers */
     FAKE_SCAN_HUGE,     /* +OK to SELECT, then SCAN's keys claim 2^31 - 1 elements */
     FAKE_SCAN_FOREVER,  /* +OK to SELECT, then SCAN never ends (cursor 7, no keys) */
+    FAKE_SCAN_NESTED,   /* +OK to SELECT, then SCAN's keys are arrays of 40,000 elements each */
+    FAKE_SCAN_DRIP,     /* +OK to SELECT, then SCAN's reply a byte every 50 ms, never whole */
 } fake_mode_t;
 
 typedef struct fake {
@@ -258,6 +260,31 @@ static void *fake_main(void *arg)
                 case FAKE_HUGE_ARRAY: out = nth == 0 ? "+OK\r\n" : "*2147483647\r\n"; break;
                 case FAKE_SCAN_HUGE: out = nth == 0 ? "+OK\r\n" : "*2\r\n$1\r\n0\r\n*2147483647\r\n"; break;
                 case FAKE_SCAN_FOREVER: out = nth == 0 ? "+OK\r\n" : "*2\r\n$1\r\n7\r\n*0\r\n"; break;
+                case FAKE_SCAN_NESTED:
+                    if (nth > 0) {
+                        static char nested[64 + 4 * 40000 + 16];
+                        int at = snprintf(nested, sizeof(nested), "*2\r\n$1\r\n0\r\n*2\r\n*40000\r\n");
+                        for (int i = 0; i < 40000; i++)
+                            memcpy(nested + at + 4 * i, ":0\r\n", 4);
+                        snprintf(nested + at + 4 * 40000, 16, "*40000\r\n");
+                        out = nested;
+                    } else {
+                        out = "+OK\r\n";
+                    }
+                    break;
+                case FAKE_SCAN_DRIP:
+                    if (nth == 0) {
+                        out = "+OK\r\n";
+                        break;
+                    }
+                    if (write(c, "*2\r\n$30\r\n", 9) < 0)
+                        goto close_conn;
+                    while (!__atomic_load_n(&f->stop, __ATOMIC_RELAXED)) { /* (until the client goes or the test ends) */
+                        usleep(50000);
+                        if (write(c, "x", 1) < 0)
+                            goto close_conn;
+                    }
+                    break;
                 case FAKE_LONG_ARRAY:
                     if (nth > 0) {
                         static char longest[16 + 4 * AGW_REDIS_MAX_ELEMENTS];
@@ -677,6 +704,29 @@ static void a_purge_refuses_a_scan_reply_longer_than_it_takes(void)
     CHECK(deleted == 0);
 }
 
+/* ... nor arrays nested in one reply that claim more in all (a third review: 250 of 65,536
+ * elements each took 1.1 GB) ... */
+static void a_purge_refuses_nested_arrays_longer_in_all_than_it_takes(void)
+{
+    char err[256];
+    uint64_t deleted;
+    CHECK(purge_against(FAKE_SCAN_NESTED, AGW_CACHE_PURGE_BUDGET_S, err, sizeof(err), &deleted) == -1);
+    CHECK(strstr(err, "redis SCAN failed: the reply is an array of more elements than a purge takes") != NULL);
+}
+
+/* ... a reply that drips, each byte within the socket's timeout, stops at the budget (a third
+ * review: it held the admin thread for as long as it dripped) ... */
+static void a_purge_stops_a_reply_that_drips(void)
+{
+    char err[256];
+    uint64_t deleted;
+    double t0 = ev_time();
+    CHECK(purge_against(FAKE_SCAN_DRIP, 0.3, err, sizeof(err), &deleted) == -1);
+    CHECK(strstr(err, "redis SCAN failed: the purge's time ran out while Redis answered") != NULL);
+    /* (bounded from the behaviour: the budget, one byte's read, and a loaded machine's stalls) */
+    CHECK(ev_time() - t0 < 0.3 + 1.0 + 10.0);
+}
+
 /* ... and a SCAN that never ends stops at the purge's budget, saying so */
 static void a_purge_stops_a_scan_that_never_ends(void)
 {
@@ -722,6 +772,8 @@ int main(void)
     RUN(an_array_reply_of_the_longest_length_taken_is_answered);
     RUN(a_purge_refuses_a_scan_reply_longer_than_it_takes);
     RUN(a_purge_stops_a_scan_that_never_ends);
+    RUN(a_purge_refuses_nested_arrays_longer_in_all_than_it_takes);
+    RUN(a_purge_stops_a_reply_that_drips);
     loop_gap_stop(loop);
     return CHECK_DONE();
 }
