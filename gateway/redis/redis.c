@@ -60,6 +60,7 @@ struct agw_redis {
     char why[160];                  /* why the client last dropped a connection itself */
     const char *refused;            /* why the current connection's reader refused a reply (a reply no
                                        command waited for, an array too long), or NULL */
+    long long elements;             /* the array elements the reply being read claims, in all */
 };
 
 static void connect_now(agw_redis_t *r);
@@ -275,10 +276,11 @@ static void outage_end(agw_redis_t *r);
  * again with backoff. */
 #define UNASKED_WHY "Redis sent a reply that no command waited for"
 
-/* An array reply of more than AGW_REDIS_MAX_ELEMENTS (redis.h) is refused the same way: hiredis
- * 0.14 has no limit of its own, and its reader allocates the claimed number of pointers at once
- * and frees them one by one; "*2147483647\r\n" alone took a worker 16 GB and a minute and a
- * half. */
+/* A reply whose arrays claim more than AGW_REDIS_MAX_ELEMENTS (redis.h) elements in all is
+ * refused the same way: hiredis 0.14 has no limit of its own, and its reader allocates the claimed
+ * number of pointers at once and frees them one by one; "*2147483647\r\n" alone took a worker
+ * 16 GB and a minute and a half, and arrays nested in one reply add up (1,024 arrays of 1,024,
+ * 7 KB sent, would take 8 MB). */
 #define TOO_LONG_WHY "Redis sent an array reply longer than any command of the gateway's takes"
 
 static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's defaults, the same for every
@@ -308,9 +310,14 @@ static void *guarded_string(const redisReadTask *t, char *s, size_t n)
 
 static void *guarded_array(const redisReadTask *t, int n)
 {
-    if (n > AGW_REDIS_MAX_ELEMENTS) {
-        const redisAsyncContext *ac = t->privdata;
-        agw_redis_t *r = ac->data;
+    const redisAsyncContext *ac = t->privdata;
+    agw_redis_t *r = ac->data;
+    if (r) {
+        if (t->parent == NULL)
+            r->elements = 0; /* the top of a new reply */
+        r->elements += n;
+    }
+    if (n > AGW_REDIS_MAX_ELEMENTS || (r && r->elements > AGW_REDIS_MAX_ELEMENTS)) {
         if (r)
             r->refused = TOO_LONG_WHY;
         return NULL;

@@ -74,9 +74,9 @@ typedef struct agw_redis_stats {
 /* Latency bucket bounds of agw_redis_stats_t.latency, microseconds (the last is +Inf). */
 #define AGW_REDIS_LATENCY_BOUNDS {100, 250, 500, 1000, 2500, 5000, 10000}
 
-/* The most elements an array reply may have: more drops the connection as a protocol error (the
- * client's commands fail, it connects again). The gateway's longest reply is the limits script's,
- * 1 + 3 per rule of a request (limits/limit_redis.h). */
+/* The most elements a reply's arrays may claim in all (nested ones counted): more drops the
+ * connection as a protocol error (the client's commands fail, it connects again). The gateway's
+ * longest reply is the limits script's, 1 + 3 per rule of a request (limits/limit_redis.h). */
 #define AGW_REDIS_MAX_ELEMENTS 1024
 
 typedef struct agw_redis agw_redis_t;

@@ -170,6 +170,7 @@ typedef enum fake_mode {
     FAKE_TWICE,         /* answers every command twice (+OK +OK) */
     FAKE_EXTRA_AFTER,   /* +OK to SELECT, then :42 and an extra :43 to every command */
     FAKE_HUGE_ARRAY,    /* +OK to SELECT, then an array header claiming 2^31 - 1 elements */
+    FAKE_NESTED_ARRAY,  /* +OK to SELECT, then an array of 2 arrays of 1,000 (2,002 elements in all) */
     FAKE_LONG_ARRAY,    /* +OK to SELECT, then an array of AGW_REDIS_MAX_ELEMENTS integers */
     FAKE_SCAN_HUGE,     /* +OK to SELECT, then SCAN's keys claim 2^31 - 1 elements */
     FAKE_SCAN_FOREVER,  /* +OK to SELECT, then SCAN never ends (cursor 7, no keys) */
@@ -258,6 +259,21 @@ static void *fake_main(void *arg)
                 case FAKE_TWICE: out = "+OK\r\n+OK\r\n"; break;
                 case FAKE_EXTRA_AFTER: out = nth == 0 ? "+OK\r\n" : ":42\r\n:43\r\n"; break;
                 case FAKE_HUGE_ARRAY: out = nth == 0 ? "+OK\r\n" : "*2147483647\r\n"; break;
+                case FAKE_NESTED_ARRAY:
+                    if (nth > 0) {
+                        static char two[32 + 2 * (8 + 4 * 1000)];
+                        int at = snprintf(two, sizeof(two), "*2\r\n");
+                        for (int k = 0; k < 2; k++) {
+                            at += snprintf(two + at, sizeof(two) - (size_t)at, "*1000\r\n");
+                            for (int i = 0; i < 1000; i++, at += 4)
+                                memcpy(two + at, ":7\r\n", 4);
+                        }
+                        two[at] = '\0';
+                        out = two;
+                    } else {
+                        out = "+OK\r\n";
+                    }
+                    break;
                 case FAKE_SCAN_HUGE: out = nth == 0 ? "+OK\r\n" : "*2\r\n$1\r\n0\r\n*2147483647\r\n"; break;
                 case FAKE_SCAN_FOREVER: out = nth == 0 ? "+OK\r\n" : "*2\r\n$1\r\n7\r\n*0\r\n"; break;
                 case FAKE_SCAN_NESTED:
@@ -665,6 +681,18 @@ static void an_array_reply_longer_than_any_command_takes_drops_the_connection(vo
     fake_client_stop(&fc);
 }
 
+/* ... as are arrays nested in one reply that claim more in all (the third review) ... */
+static void nested_arrays_longer_in_all_than_any_command_takes_drop_the_connection(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_NESTED_ARRAY, 0, ANSWER_MS);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t a;
+    CHECK(get_k(r, &a));
+    CHECK(a.type == -1 && strstr(a.err, "array reply longer than any command") != NULL);
+    fake_client_stop(&fc);
+}
+
 /* ... and an array of the longest length taken reaches the caller */
 static void an_array_reply_of_the_longest_length_taken_is_answered(void)
 {
@@ -770,6 +798,7 @@ int main(void)
     RUN(a_reply_to_no_command_drops_the_connection_after_an_answer);
     RUN(an_array_reply_longer_than_any_command_takes_drops_the_connection);
     RUN(an_array_reply_of_the_longest_length_taken_is_answered);
+    RUN(nested_arrays_longer_in_all_than_any_command_takes_drop_the_connection);
     RUN(a_purge_refuses_a_scan_reply_longer_than_it_takes);
     RUN(a_purge_stops_a_scan_that_never_ends);
     RUN(a_purge_refuses_nested_arrays_longer_in_all_than_it_takes);
