@@ -162,6 +162,17 @@ describe("a protected endpoint in a spec", function()
     testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "stale", "identity-unavailable")
     gw:stub("@token_exchange", "POST", "/token", { fault = "refuse" })
     testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "stale", "identity-unavailable")
+    -- the service refusing the exchanged token (401), then the token endpoint down for the fresh
+    -- one: the failure follows a refusal, no stale copy (a third review)
+    local n = 0
+    gw:stub("@token_exchange", "POST", "/token", function()
+      n = n + 1
+      if n == 1 then return { json = { access_token = "xt-3", token_type = "Bearer", expires_in = 120 } } end
+      return { status = 503, json = { error = "temporarily_unavailable" } }
+    end)
+    gw:stub("inventory", "/stock/*", { status = 401, json = { error = "revoked" } })
+    gw:advance(200000)
+    testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "unavailable", "identity-unavailable")
     -- an upstream that fails (503) with the user's identity still gets the stale copy
     gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-2", token_type = "Bearer",
                                                              expires_in = 120 } })
