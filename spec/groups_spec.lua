@@ -149,13 +149,28 @@ end)
 
 -- A gateway whose upstream "named" (a host name: outlier failures = 2, eject_s = 60) resolves to
 -- three addresses, one page served and the clock at 1 s: the gateway and the group.
-local function named_group()
+local function named_group(at_ms)
   local gw = testing.gateway { dir = DIR }
   gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
   gw:stub("named", "/p/*", { json = { id = 1 } })
   gw:get("/named/0")
-  gw:advance(1000)
+  gw:advance(at_ms or 1000)
   return gw, require("agg.group").group_of("named")
+end
+
+-- Two attempts on slot 3 of named's group g at this very time, the slot's address changed (the
+-- worker's tick), then both fail 300 ms later: each counts for no endpoint.
+local function old_address_fails_twice(gw, g)
+  local group = require "agg.group"
+  group.hold(g, 3)
+  group.hold(g, 3)
+  gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.4:9101" })
+  rt.report_stats(true)
+  gw:advance(300)
+  for _ = 1, 2 do
+    group.release(g, 3)
+    assert.equal("ignore", group.report(g, 3, "failure", 300))
+  end
 end
 
 describe("an answer from an endpoint slot whose address went away meanwhile", function()
@@ -207,36 +222,14 @@ describe("an answer from an endpoint slot's old address", function()
   end)
 
   it("does so at any time on the clock, 0 too (a third review: the harness's clock starts at 0)", function()
-    local group = require "agg.group"
-    local gw = testing.gateway { dir = DIR }
-    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.3:9101" })
-    gw:stub("named", "/p/*", { json = { id = 1 } })
-    gw:get("/named/0") -- (the clock stays at 0)
-    local g = group.group_of("named")
-    group.hold(g, 3)
-    group.hold(g, 3)
-    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.4:9101" })
-    rt.report_stats(true)
-    gw:advance(300)
-    for _ = 1, 2 do
-      group.release(g, 3)
-      assert.equal("ignore", group.report(g, 3, "failure", 300))
-    end
+    local gw, g = named_group(0) -- (the clock stays at 0)
+    old_address_fails_twice(gw, g)
     assert.equal("healthy", gw:endpoints("named")[3].state)
   end)
 
   it("takes an attempt begun in the loop turn of the change for the old address's (a second review)", function()
-    local group = require "agg.group"
     local gw, g = named_group()
-    group.hold(g, 3) -- two attempts at the very time of the change
-    group.hold(g, 3)
-    gw:addresses("named", { "10.0.0.1:9101", "10.0.0.2:9101", "10.0.0.4:9101" })
-    rt.report_stats(true)
-    gw:advance(300)
-    for _ = 1, 2 do
-      group.release(g, 3)
-      assert.equal("ignore", group.report(g, 3, "failure", 300))
-    end
+    old_address_fails_twice(gw, g)
     assert.is_false(g.eps[3].failing)
     assert.equal("healthy", gw:endpoints("named")[3].state)
   end)
