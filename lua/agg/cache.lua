@@ -726,8 +726,6 @@ local function store(x, r, now)
   return fresh_until
 end
 
--- A result r ended exchange x of a cached call: store it, or serve the stale copy when it failed.
--- Returns the result to deliver.
 -- Whether a failed call's result may be answered with a stale copy (stale_if_error_s). RFC 5861
 -- §4: for an error that would be a 500, 502, 503 or 504: a transport failure (no answer, a timeout,
 -- the breaker), an answer the gateway cannot use (a 2xx that is not valid JSON, too large), the
@@ -741,6 +739,8 @@ local function stale_may_answer(r)
   return not problem.stale_refused(r.error)
 end
 
+-- A result r ended exchange x of a cached call: store it, or serve the stale copy when it failed.
+-- Returns the result to deliver.
 function M.on_result(x, r)
   local ck = x.cache_key
   if not ck then return r end

@@ -446,7 +446,7 @@ local function wrong_response(resp, st)
   elseif st == nil then
     got = "a table without status (the results of agg.fetch_all? pass them to agg.page)"
   else
-    got = ("status %s (%s)"):format(type(st) == "string" and ("%q"):format(st) or tostring(st), type(st))
+    got = ("status %s (%s)"):format(type(st) == "string" and ("%q"):format(st:sub(1, 40)) or tostring(st), type(st))
   end
   return RESPONSE_SHAPE .. ", it returned " .. got
 end
@@ -486,13 +486,13 @@ finish_request = function(ctx, ok, resp, co)
     return send_problem(ctx, problem.script_error(nil))
   end
   if type(st) ~= "number" or st < 200 or st > 599 or st % 1 ~= 0 then
-    log_error(ctx, nil, wrong_response(resp, st), ctx.ep.handler)
+    log_error(ctx, nil, wrong_response(resp, st), ctx.ep and ctx.ep.handler)
     return send_problem(ctx, problem.script_error(nil))
   end
   if not page and not rows then
     local bad = unknown_response_key(resp)
     if bad then
-      log_error(ctx, nil, bad, ctx.ep.handler)
+      log_error(ctx, nil, bad, ctx.ep and ctx.ep.handler)
       return send_problem(ctx, problem.script_error(nil))
     end
   end
