@@ -480,26 +480,31 @@ function M.key(ctx, spec, p)
   if scope == "user" then
     -- (written only when true: the call's table has no slot for it, agg.callspec)
     spec.cache_user = true
-    -- every credential that says who the user is goes into the key: the call's own (a cookie it
-    -- forwards), the token the edge verified for the page, the app of the API key it verified
-    -- (a client application, which its users share) and the page request's Authorization or
-    -- Cookie (which tell an app's users apart). One alone let users share an entry: a call's
-    -- service key is every user's, and two apps' users may send one cookie value. ("\0" starts
-    -- no header value: the app's mark is no token's or cookie's text.)
+    -- every credential that says who the user is goes into the key, with the call's own (a
+    -- cookie it forwards; a service key every user's call carries is no user's): the token the
+    -- edge verified for the page, which alone names the user (a cookie beside it, an analytics
+    -- or a load balancer's that changes every page, must not make every page a miss); else the
+    -- app of the API key it verified (a client application, which its users share) and the page
+    -- request's Authorization or Cookie, which tell an app's users, or an open endpoint's, apart.
+    -- ("\0" starts no header value: the app's mark is no token's or cookie's text.)
     local user, token = api.request_user(ctx)
-    if not token and user and user.via == "api_key" then token = "\0api_key:" .. tostring(user.app) end
-    -- the page request's, found once per request (ctx.cache_cred: false for none)
-    local rcred = ctx.cache_cred
-    if rcred == nil then
-      local rh = api.request_headers(ctx)
-      if type(rh) == "string" then
-        rcred = both_credentials(block_get(rh, "authorization"), block_get(rh, "cookie"))
-      elseif type(rh) == "table" then
-        rcred = both_credentials(rh.authorization, rh.cookie)
+    if token then
+      cred = both_credentials(cred, token)
+    else
+      local app = user and user.via == "api_key" and "\0api_key:" .. tostring(user.app) or nil
+      -- the page request's, found once per request (ctx.cache_cred: false for none)
+      local rcred = ctx.cache_cred
+      if rcred == nil then
+        local rh = api.request_headers(ctx)
+        if type(rh) == "string" then
+          rcred = both_credentials(block_get(rh, "authorization"), block_get(rh, "cookie"))
+        elseif type(rh) == "table" then
+          rcred = both_credentials(rh.authorization, rh.cookie)
+        end
+        ctx.cache_cred = rcred or false
       end
-      ctx.cache_cred = rcred or false
+      cred = both_credentials(cred, both_credentials(app, rcred or nil))
     end
-    cred = both_credentials(cred, both_credentials(token, rcred or nil))
     if not cred then return nil end
     parts[#parts + 1] = "|u:"
     if cred ~= last_cred then -- (a page's calls carry the same: digested once, not per call)
