@@ -180,6 +180,23 @@ describe("a protected endpoint in a spec", function()
     testing.expect_section(gw:get("/cached-stock/1", { user = ALICE }), "stock", "stale", "upstream-error")
   end)
 
+  it("never answers a call one of whose attempts the service refused with the stale copy (a fourth review)", function()
+    -- (the 401 came while a hedge was out; the hedge's 503 ended the call, and the stale copy
+    -- answered it)
+    gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-1", token_type = "Bearer",
+                                                             expires_in = 600 } })
+    testing.expect_section(gw:get("/hedged-stock/1", { user = ALICE }), "stock", "ok")
+    gw:advance(3000)
+    local n = 0
+    gw:stub("inventory", "/stock/*", function()
+      n = n + 1
+      if n == 1 then return { status = 401, json = { error = "revoked" }, latency_ms = 20 } end
+      return { status = 503, json = { error = "down" }, latency_ms = 50 }
+    end)
+    testing.expect_section(gw:get("/hedged-stock/1", { user = ALICE }), "stock", "unavailable")
+    assert.equal(2, n) -- the attempt and its hedge
+  end)
+
   it("gives a shared exchange its own timeout, not the deadline of the request that started it", function()
     gw:stub("@token_exchange", "POST", "/token", { json = { access_token = "xt-9", token_type = "Bearer",
                                                              expires_in = 120 }, latency_ms = 200 })

@@ -738,10 +738,11 @@ end
 -- upstream chose (401, 403, 410, 429 …: it answered about this request, it did not fail), nor for
 -- a call whose user's credential was refused (agg.identity: the user's data must not outlive it).
 local STALE_IF_ERROR_STATUS = { [500] = true, [502] = true, [503] = true, [504] = true }
-local function stale_may_answer(r)
+local function stale_may_answer(x, r)
   local hs = r.http_status
   if hs and hs >= 300 and not STALE_IF_ERROR_STATUS[hs] then return false end
-  return not problem.stale_refused(r.error)
+  -- (x.credential_refused: one of its attempts was refused, agg.exchange after_failure)
+  return not (x.credential_refused or problem.stale_refused(r.error))
 end
 
 -- A result r ended exchange x of a cached call: store it, or serve the stale copy when it failed.
@@ -765,7 +766,7 @@ function M.on_result(x, r)
     return r
   end
   local e = x.cache_stale
-  if e and now < e.error_until and ctx and not x.cache_refresh and stale_may_answer(r) then
+  if e and now < e.error_until and ctx and not x.cache_refresh and stale_may_answer(x, r) then
     local copy = api.copy_spec(x)
     local s = result_of(ctx, sec, copy, e)
     if s then

@@ -379,6 +379,10 @@ end
 
 -- Decides what follows a failed attempt: wait for another attempt in flight, retry, or fail.
 local function after_failure(x, r, outcome, http_status)
+  -- the service refused the user's credential (a 401 or 403 to a call carrying the user's
+  -- identity): no stale copy answers this call, whatever its other attempts end with (agg.cache;
+  -- written only then: the call's table has no slot for it)
+  if x.personal and outcome == "ok" and (http_status == 401 or http_status == 403) then x.credential_refused = true end
   if active_any(x) then
     x.last = r -- a hedge is still out: its answer may yet win
     return
