@@ -60,7 +60,7 @@ local function got(v)
   local t = type(v)
   if t == "number" then return ", got " .. tostring(v) end
   if t == "string" and #v <= 40 then return (", got %q"):format(v) end
-  return ", got " .. t
+  return ", got " .. t -- (a boolean too: "got boolean", as a type error says it)
 end
 M.got = got
 

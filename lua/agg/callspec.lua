@@ -186,7 +186,8 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     n.hash_key = spec.hash_key
   end
   if not METHODS[n.method] then
-    where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS"):format(name, n.method), level, where.option("method"))
+    where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS%s"):format(name, n.method,
+                cache.got(n.method)), level, where.option("method"))
   end
   if n.timeout_ms <= 0 or n.timeout_ms ~= n.timeout_ms then
     where.raise(("call to '%s': timeout_ms must be a positive number of milliseconds%s"):format(name, cache.got(n.timeout_ms)),
@@ -274,7 +275,8 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   -- says it is safe (retry = { attempts = n, safe = true })
   local r = spec.retry
   if r ~= nil and r ~= false and type(r) ~= "table" then
-    where.raise(("call to '%s': option 'retry' must be false or a table like { attempts = 2 }"):format(name), level, where.option("retry"))
+    where.raise(("call to '%s': option 'retry' must be false or a table like { attempts = 2 }%s"):format(name, cache.got(r)),
+                level, where.option("retry"))
   end
   local policy = up.retry or {}
   local attempts = policy.off and 1 or (policy.attempts or 1)
@@ -302,7 +304,8 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   -- hedging: opt-in per call, idempotent methods only
   local h = spec.hedge
   if h ~= nil and type(h) ~= "boolean" and type(h) ~= "table" then
-    where.raise(("call to '%s': option 'hedge' must be true, false or { after_ms = n }"):format(name), level, where.option("hedge"))
+    where.raise(("call to '%s': option 'hedge' must be true, false or { after_ms = n }%s"):format(name, cache.got(h)), level,
+                where.option("hedge"))
   end
   if h and IDEMPOTENT[n.method] then
     local after = type(h) == "table" and h.after_ms or (up.hedge and up.hedge.after) or "p95"

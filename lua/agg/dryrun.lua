@@ -41,7 +41,8 @@ local SPEC_ERRORS = {
 -- data is {} and every field of it nil, and a script derives numbers from them (a length, a
 -- count) and tables (the data itself): a string, a boolean or a function where the mistake is is
 -- the script's own ("got string", 'got "60"'), as is any unknown option's name; "got nil", a
--- table, a number and "got \"nil\"" (tostring of a field) are left to the specs.
+-- table, a number, and the strings a script makes of a field ('got "nil"', tostring; 'got ""',
+-- `(field or "")`) are left to the specs.
 local CALL_ERROR = "call to '[^']*': "
 local AGG_ERROR = "agg%.([%w_]+): "
 local AGG_CHECKED = { pick = true, omit = true, rename = true, map = true, limit = true, shape = true,
@@ -50,7 +51,8 @@ local LITERAL = { "got string", "got boolean", "got function", 'got "' }
 
 local function is_spec_error(msg)
   local fn = str_match(msg, AGG_ERROR)
-  if (str_find(msg, CALL_ERROR) or (fn and AGG_CHECKED[fn])) and not str_find(msg, 'got "nil"', 1, true) then
+  if (str_find(msg, CALL_ERROR) or (fn and AGG_CHECKED[fn])) and not str_find(msg, 'got "nil"', 1, true) and
+     not str_find(msg, 'got ""', 1, true) then
     for _, p in ipairs(LITERAL) do
       if str_find(msg, p, 1, true) then return true end
     end

@@ -107,7 +107,10 @@ end
 -- Errors: n not a whole number >= 0.
 function M.limit(list, n)
   if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
-    error("agg.limit: the length must be a whole number >= 0, got " .. tostring(n), 2)
+    -- (what it got: a number's value, a string quoted, else the type: aggway check tells a
+    -- script's literal from what a made-up answer gives by it, agg.dryrun)
+    local got = type(n) == "number" and tostring(n) or type(n) == "string" and ("%q"):format(n:sub(1, 40)) or type(n)
+    error("agg.limit: the length must be a whole number >= 0, got " .. got, 2)
   end
   local out = json.array()
   if list == nil or list == json.null then return out end

@@ -324,6 +324,12 @@ class CheckCommand(unittest.TestCase):
                                                '    return agg.page(res)'),
             "r1.lua": endpoint("GET /r1/{id}", '    return { status = 200, jsn = { id = 1 } }'),
             "s1.lua": endpoint("GET /s1/{id}", '    return agg.page(agg.fetch_all { p = { "product", "products/1" } })'),
+            # (a fourth review: messages that did not say what they got)
+            "l1.lua": endpoint("GET /l1/{id}", '    local res = agg.fetch_all { p = { "product", "/p" } }\n'
+                                               '    res.p.data = agg.limit(res.p.data, "10")\n'
+                                               '    return agg.page(res)'),
+            "o1.lua": endpoint("GET /o1/{id}", '    return agg.page(agg.fetch_all { p = { "product", "/p", retry = true } })'),
+            "m1.lua": endpoint("GET /m1/{id}", '    return agg.page(agg.fetch_all { p = { "product", "/p", method = "GETT" } })'),
             # nil read from the made-up answers is the data's, not a mistake: a merged call's key, a
             # helper's value
             "n1.lua": endpoint("GET /n1/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
@@ -341,6 +347,10 @@ class CheckCommand(unittest.TestCase):
         self.assertRegex(err, r"r1\.lua:4: the handler's response has an unknown key 'jsn' \(did you mean 'json'\?\)")
         self.assertRegex(err, r"s1\.lua:5: call to 'product': the path must be a string starting with '/', "
                               r"got \"products/1\"")
+        self.assertRegex(err, r"l1\.lua:6: agg\.limit: the length must be a whole number >= 0, got \"10\"")
+        self.assertRegex(err, r"o1\.lua:5: call to 'product': option 'retry' must be false or a table like "
+                              r"\{ attempts = 2 \}, got boolean")
+        self.assertRegex(err, r"m1\.lua:5: call to 'product': method 'GETT' is not one of")
         self.assertNotIn("n1.lua", err)
         self.assertNotIn("lua/agg/", err)
 
@@ -374,7 +384,9 @@ class CheckCommand(unittest.TestCase):
                                                  '      b = { "reviews", "/b", retry = { attempts = c.n.data } },\n'
                                                  '      d = { "reviews", "/d", hedge = { after_ms = c.n.data } },\n'
                                                  '      e = { "reviews", "/e", cache = { ttl_s = 5, key = c.n.data } },\n'
-                                                 '      f = { "reviews", "/f/" .. tostring(c.n.data.next) } }\n'
+                                                 '      f = { "reviews", "/f/" .. tostring(c.n.data.next) },\n'
+                                                 '      g = { "reviews", "/g", cache = { ttl_s = 60, '
+                                                 'scope = (c.n.data.scope or ""):lower() } } }\n'
                                                  '    res.a.data = agg.limit(res.a.data, #res.a.data - 1)\n'
                                                  '    return agg.page(res)'),
         })
