@@ -87,6 +87,7 @@ static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's own (the same 
 typedef struct guard {
     long long elements; /* the array elements the reply being read claims, in all */
     int too_long;       /* a reply was refused for them (the reason, for the message) */
+    int too_large;      /* a reply was refused for its bytes (reply_within) */
 } guard_t;
 
 static void *guard_string(const redisReadTask *t, char *s, size_t n)
@@ -140,6 +141,8 @@ static const char *why(const purge_conn_t *p)
 {
     if (p->late)
         return "the purge's time ran out while Redis answered";
+    if (p->guard.too_large)
+        return "the reply is larger than a purge takes";
     return p->guard.too_long ? "the reply is an array of more elements than a purge takes" : p->c->errstr;
 }
 
@@ -157,15 +160,29 @@ static double now_s(void)
 static redisReply *reply_within(purge_conn_t *p)
 {
     int done = 0;
-    do {
+    for (;;) { /* a write at a time too: a server that reads slowly held it as long */
         if (redisBufferWrite(p->c, &done) == REDIS_ERR)
             return NULL;
-    } while (!done);
+        if (done)
+            break;
+        if (now_s() > p->until) {
+            p->late = 1;
+            return NULL;
+        }
+    }
     void *reply = NULL;
     if (redisGetReplyFromReader(p->c, &reply) == REDIS_ERR)
         return NULL;
     while (reply == NULL) { /* a read at a time, and the deadline looked at after each one that left it short */
-        if (redisBufferRead(p->c) == REDIS_ERR || redisGetReplyFromReader(p->c, &reply) == REDIS_ERR)
+        if (redisBufferRead(p->c) == REDIS_ERR)
+            return NULL;
+        /* the bytes of a reply not yet whole (a bulk string is kept whole before it is made: one
+         * claiming 400 MB took as much) */
+        if (p->c->reader->len - p->c->reader->pos > AGW_CACHE_PURGE_MAX_BYTES) {
+            p->guard.too_large = 1;
+            return NULL;
+        }
+        if (redisGetReplyFromReader(p->c, &reply) == REDIS_ERR)
             return NULL;
         if (reply == NULL && now_s() > p->until) {
             p->late = 1;

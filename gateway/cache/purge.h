@@ -39,14 +39,16 @@ size_t agw_cache_inbox_take(agw_cache_inbox_t *in, void (*apply)(void *arg, cons
  * are escaped), with a blocking connection of its own: connect, AUTH/SELECT, SCAN and UNLINK each
  * bounded by max(timeout_ms, 1000) ms, the whole purge by AGW_CACHE_PURGE_BUDGET_S (a server whose
  * SCAN never ends, or a keyspace too large for one purge: -1, with what was deleted so far in
- * *deleted). A reply array of more than AGW_CACHE_PURGE_MAX_ELEMENTS elements fails the purge (a
- * server that lies about its length: hiredis would allocate what it claims). Returns 0 with the
+ * *deleted; each command is written and read within it). A reply whose arrays claim more than
+ * AGW_CACHE_PURGE_MAX_ELEMENTS elements in all, or of more than AGW_CACHE_PURGE_MAX_BYTES bytes,
+ * fails the purge (a server that lies about a length: hiredis would allocate what it claims). Returns 0 with the
  * count in *deleted, or -1 with a message in err. For the admin thread (it blocks). */
 int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size_t len, uint64_t *deleted, char *err,
                           size_t errlen);
 
 #define AGW_CACHE_PURGE_BUDGET_S 30.0
 #define AGW_CACHE_PURGE_MAX_ELEMENTS 65536
+#define AGW_CACHE_PURGE_MAX_BYTES ((size_t)16 << 20) /* a reply's bytes (a SCAN's: about 1,000 keys) */
 
 /* agw_cache_redis_purge with a budget of budget_s seconds instead (the tests' own). */
 int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefix, size_t len, double budget_s,

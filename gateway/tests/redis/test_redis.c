@@ -176,6 +176,7 @@ typedef enum fake_mode {
     FAKE_SCAN_FOREVER,  /* +OK to SELECT, then SCAN never ends (cursor 7, no keys) */
     FAKE_SCAN_NESTED,   /* +OK to SELECT, then SCAN's keys are arrays of 40,000 elements each */
     FAKE_SCAN_DRIP,     /* +OK to SELECT, then SCAN's reply a byte every 50 ms, never whole */
+    FAKE_SCAN_BIG_KEY,  /* +OK to SELECT, then SCAN's one key claims 400 MB, sent as fast as read */
 } fake_mode_t;
 
 typedef struct fake {
@@ -286,6 +287,21 @@ static void *fake_main(void *arg)
                         out = nested;
                     } else {
                         out = "+OK\r\n";
+                    }
+                    break;
+                case FAKE_SCAN_BIG_KEY:
+                    if (nth == 0) {
+                        out = "+OK\r\n";
+                        break;
+                    }
+                    static const char head[] = "*2\r\n$1\r\n0\r\n*1\r\n$400000000\r\n";
+                    if (write(c, head, sizeof(head) - 1) < 0)
+                        goto close_conn;
+                    for (int k = 0; k < 400000000 / 65536 && !__atomic_load_n(&f->stop, __ATOMIC_RELAXED); k++) {
+                        static char chunk[65536];
+                        memset(chunk, 'k', sizeof(chunk));
+                        if (write(c, chunk, sizeof(chunk)) < 0)
+                            goto close_conn; /* (the client went: the test's point) */
                     }
                     break;
                 case FAKE_SCAN_DRIP:
@@ -755,6 +771,16 @@ static void a_purge_stops_a_reply_that_drips(void)
     CHECK(ev_time() - t0 < 0.3 + 1.0 + 10.0);
 }
 
+/* ... a reply of more bytes than it takes is refused as they come (a fourth review: one key of
+ * 400 MB took 1.5 GB) ... */
+static void a_purge_refuses_a_reply_larger_than_it_takes(void)
+{
+    char err[256];
+    uint64_t deleted;
+    CHECK(purge_against(FAKE_SCAN_BIG_KEY, AGW_CACHE_PURGE_BUDGET_S, err, sizeof(err), &deleted) == -1);
+    CHECK(strstr(err, "redis SCAN failed: the reply is larger than a purge takes") != NULL);
+}
+
 /* ... and a SCAN that never ends stops at the purge's budget, saying so */
 static void a_purge_stops_a_scan_that_never_ends(void)
 {
@@ -803,6 +829,7 @@ int main(void)
     RUN(a_purge_stops_a_scan_that_never_ends);
     RUN(a_purge_refuses_nested_arrays_longer_in_all_than_it_takes);
     RUN(a_purge_stops_a_reply_that_drips);
+    RUN(a_purge_refuses_a_reply_larger_than_it_takes);
     loop_gap_stop(loop);
     return CHECK_DONE();
 }
