@@ -77,60 +77,34 @@ static char *match_pattern(const char *prefix, size_t len, size_t *out_len)
     return m;
 }
 
-/* ---- the reader's guard: hiredis 0.14 has no limit on an array reply's length, and its reader
- * allocates the pointers a reply claims at once: "*2147483647" alone would take 16 GB, and arrays
- * nested in one reply add up (65,536 of 65,536 each). A reply whose arrays claim more elements in
- * all than a purge's commands take (SCAN gives about COUNT keys) fails. */
-static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's own (the same for every reader) */
+/* ---- the reader's guard: a reply whose arrays claim more elements in all than a purge's
+ * commands take (SCAN gives about COUNT keys) fails (agw_redis_reply_too_long, redis/redis.h).
+ * The connection's reader makes objects with a copy of hiredis's functions whose createArray
+ * counts first. */
 
 /* A connection's reader's state (its privdata). */
 typedef struct guard {
+    void *(*create_array)(const redisReadTask *t, int n); /* hiredis's own */
     long long elements; /* the array elements the reply being read claims, in all */
     int too_long;       /* a reply was refused for them (the reason, for the message) */
     int too_large;      /* a reply was refused for its bytes (reply_within) */
 } guard_t;
 
-static void *guard_string(const redisReadTask *t, char *s, size_t n)
-{
-    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createString(t, s, n);
-}
-
 static void *guard_array(const redisReadTask *t, int n)
 {
     guard_t *g = t->privdata;
-    if (g) {
-        if (t->parent == NULL)
-            g->elements = 0; /* the top of a new reply */
-        g->elements += n;
-        if (g->elements > AGW_CACHE_PURGE_MAX_ELEMENTS) {
-            g->too_long = 1;
-            return NULL; /* the reader fails: the command gets no reply */
-        }
+    if (agw_redis_reply_too_long(t, n, &g->elements, AGW_CACHE_PURGE_MAX_ELEMENTS)) {
+        g->too_long = 1;
+        return NULL; /* the reader fails: the command gets no reply */
     }
-    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createArray(t, n);
+    return g->create_array(t, n);
 }
 
-static void *guard_integer(const redisReadTask *t, long long v)
-{
-    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createInteger(t, v);
-}
-
-static void *guard_nil(const redisReadTask *t)
-{
-    return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->createNil(t);
-}
-
-static void guard_free(void *obj)
-{
-    __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE)->freeObject(obj);
-}
-
-/* (not const: hiredis's reader holds a plain pointer; nothing writes it) */
-static redisReplyObjectFunctions guard_fns = {guard_string, guard_array, guard_integer, guard_nil, guard_free};
-
-/* A purge's connection: hiredis's context, its reader's guard, the purge's deadline. */
+/* A purge's connection: hiredis's context, its reader's functions and guard, the purge's
+ * deadline. */
 typedef struct purge_conn {
     redisContext *c;
+    redisReplyObjectFunctions fns; /* (the reader holds a pointer to them: they live as long) */
     guard_t guard;
     double until; /* monotonic s */
     int late;     /* a reply was still coming at the deadline */
@@ -222,11 +196,10 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
         return -1;
     }
     redisSetTimeout(c, tv);
-    purge_conn_t p = {.c = c, .until = until};
-    if (c->reader->fn != &guard_fns) {
-        __atomic_store_n(&hiredis_fns, c->reader->fn, __ATOMIC_RELEASE);
-        c->reader->fn = &guard_fns;
-    }
+    purge_conn_t p = {.c = c, .fns = *c->reader->fn, .until = until};
+    p.guard.create_array = p.fns.createArray;
+    p.fns.createArray = guard_array;
+    c->reader->fn = &p.fns;
     c->reader->privdata = &p.guard;
     int rc = 0;
     redisReply *r;

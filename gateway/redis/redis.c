@@ -308,16 +308,20 @@ static void *guarded_string(const redisReadTask *t, char *s, size_t n)
     return unasked(t) ? NULL : fns()->createString(t, s, n);
 }
 
+int agw_redis_reply_too_long(const redisReadTask *t, int n, long long *elements, long long max)
+{
+    if (t->parent == NULL)
+        *elements = 0; /* the top of a new reply */
+    *elements += n;
+    return *elements > max;
+}
+
 static void *guarded_array(const redisReadTask *t, int n)
 {
     const redisAsyncContext *ac = t->privdata;
     agw_redis_t *r = ac->data;
-    if (r) {
-        if (t->parent == NULL)
-            r->elements = 0; /* the top of a new reply */
-        r->elements += n;
-    }
-    if (n > AGW_REDIS_MAX_ELEMENTS || (r && r->elements > AGW_REDIS_MAX_ELEMENTS)) {
+    long long alone = 0; /* (a connection dropped by the client itself: each array counted alone) */
+    if (agw_redis_reply_too_long(t, n, r ? &r->elements : &alone, AGW_REDIS_MAX_ELEMENTS)) {
         if (r)
             r->refused = TOO_LONG_WHY;
         return NULL;

@@ -79,6 +79,15 @@ typedef struct agw_redis_stats {
  * longest reply is the limits script's, 1 + 3 per rule of a request (limits/limit_redis.h). */
 #define AGW_REDIS_MAX_ELEMENTS 1024
 
+struct redisReadTask;
+
+/* The length rule of a reply, for a hiredis reader's createArray (this client's, and the admin
+ * purge's blocking connection, cache/purge.c): counts the n elements array task t claims into
+ * *elements, which a reply's top task (no parent) starts again; 1 when they pass max in all
+ * (nested arrays add up). hiredis 0.14 has no limit of its own: its reader allocates what an
+ * array claims at once ("*2147483647" alone took a worker 16 GB). */
+int agw_redis_reply_too_long(const struct redisReadTask *t, int n, long long *elements, long long max);
+
 typedef struct agw_redis agw_redis_t;
 
 /* A command's answer. Exactly one of reply and err is non-NULL: reply is the server's answer (any
