@@ -54,15 +54,7 @@ M.FIELDS = FIELDS
 -- allow_key: a call may give its own key; an upstream may not.
 local MAX_VARY = 32 -- request header names one policy may vary on
 
--- ", got <what v is>": its type, or the value of a number or a short string (a message says what
--- it was given; aggway check tells a script's literal from what a made-up answer gives by it).
-local function got(v)
-  local t = type(v)
-  if t == "number" then return ", got " .. tostring(v) end
-  if t == "string" and #v <= 40 then return (", got %q"):format(v) end
-  return ", got " .. t -- (a boolean too: "got boolean", as a type error says it)
-end
-M.got = got
+local got = where.got
 
 function M.check_block(t, allow_key)
   if type(t) ~= "table" then

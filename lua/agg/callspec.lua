@@ -118,8 +118,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
       table.concat(names, ", ")), level, where.quoted(name))
   end
   if type(path) ~= "string" or path:byte(1) ~= 47 then
-    local got = type(path) == "string" and ("%q"):format(#path > 40 and path:sub(1, 40) .. "…" or path) or type(path)
-    where.raise(("call to '%s': the path must be a string starting with '/', got %s"):format(name, got), level,
+    where.raise(("call to '%s': the path must be a string starting with '/'%s"):format(name, where.got(path)), level,
                 where.quoted(name))
   end
   for k, v in pairs(spec) do
@@ -187,10 +186,10 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   end
   if not METHODS[n.method] then
     where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS%s"):format(name, n.method,
-                cache.got(n.method)), level, where.option("method"))
+                where.got(n.method)), level, where.option("method"))
   end
   if n.timeout_ms <= 0 or n.timeout_ms ~= n.timeout_ms then
-    where.raise(("call to '%s': timeout_ms must be a positive number of milliseconds%s"):format(name, cache.got(n.timeout_ms)),
+    where.raise(("call to '%s': timeout_ms must be a positive number of milliseconds%s"):format(name, where.got(n.timeout_ms)),
                 level, where.option("timeout_ms"))
   end
   if spec.query then
@@ -209,7 +208,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     for k, v in pairs(spec.headers) do
       if type(k) ~= "string" or (type(v) ~= "string" and type(v) ~= "number") then
         where.raise(("call to '%s': headers must map names to string values%s"):format(name,
-                    type(k) ~= "string" and (", got a name that is a " .. type(k)) or (cache.got(v) .. " for " .. k)),
+                    type(k) ~= "string" and (", got a name that is a " .. type(k)) or (where.got(v) .. " for " .. k)),
                     level, where.option("headers"))
       end
       headers[#headers + 1] = k:lower()
@@ -275,7 +274,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   -- says it is safe (retry = { attempts = n, safe = true })
   local r = spec.retry
   if r ~= nil and r ~= false and type(r) ~= "table" then
-    where.raise(("call to '%s': option 'retry' must be false or a table like { attempts = 2 }%s"):format(name, cache.got(r)),
+    where.raise(("call to '%s': option 'retry' must be false or a table like { attempts = 2 }%s"):format(name, where.got(r)),
                 level, where.option("retry"))
   end
   local policy = up.retry or {}
@@ -287,7 +286,7 @@ function M.normalize(spec, upstreams, level, ctx, memo)
       end
     end
     if r.attempts ~= nil and (type(r.attempts) ~= "number" or r.attempts < 1 or r.attempts % 1 ~= 0) then
-      where.raise(("call to '%s': retry.attempts must be a whole number >= 1%s"):format(name, cache.got(r.attempts)), level,
+      where.raise(("call to '%s': retry.attempts must be a whole number >= 1%s"):format(name, where.got(r.attempts)), level,
                   where.option("attempts"))
     end
     attempts = r.attempts or (attempts > 1 and attempts or 2)
@@ -304,13 +303,13 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   -- hedging: opt-in per call, idempotent methods only
   local h = spec.hedge
   if h ~= nil and type(h) ~= "boolean" and type(h) ~= "table" then
-    where.raise(("call to '%s': option 'hedge' must be true, false or { after_ms = n }%s"):format(name, cache.got(h)), level,
+    where.raise(("call to '%s': option 'hedge' must be true, false or { after_ms = n }%s"):format(name, where.got(h)), level,
                 where.option("hedge"))
   end
   if h and IDEMPOTENT[n.method] then
     local after = type(h) == "table" and h.after_ms or (up.hedge and up.hedge.after) or "p95"
     if after ~= "p95" and (type(after) ~= "number" or after <= 0) then
-      where.raise(("call to '%s': hedge.after_ms must be a positive number of milliseconds%s"):format(name, cache.got(after)),
+      where.raise(("call to '%s': hedge.after_ms must be a positive number of milliseconds%s"):format(name, where.got(after)),
                   level, where.option("after_ms"))
     end
     n.hedge_after = after

@@ -11,6 +11,7 @@
 --                                             data (ok, fallback, stale); status and error kept
 local json = require "agg.json"
 local callable = require "agg.callable"
+local where = require "agg.where"
 
 local M = {}
 
@@ -107,10 +108,7 @@ end
 -- Errors: n not a whole number >= 0.
 function M.limit(list, n)
   if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
-    -- (what it got: a number's value, a string quoted, else the type: aggway check tells a
-    -- script's literal from what a made-up answer gives by it, agg.dryrun)
-    local got = type(n) == "number" and tostring(n) or type(n) == "string" and ("%q"):format(n:sub(1, 40)) or type(n)
-    error("agg.limit: the length must be a whole number >= 0, got " .. got, 2)
+    error("agg.limit: the length must be a whole number >= 0" .. where.got(n), 2)
   end
   local out = json.array()
   if list == nil or list == json.null then return out end

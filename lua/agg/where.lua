@@ -53,6 +53,16 @@ function M.key_name(k)
   return "<" .. t .. ">"
 end
 
+--- ", got <what v is>" for a message about a wrong value: a number's value, a string quoted (its
+-- first 40 bytes), else its type ("got boolean", "got table"). aggway check tells a script's
+-- literal from what a made-up answer gives by it (agg.dryrun).
+function M.got(v)
+  local t = type(v)
+  if t == "number" then return ", got " .. tostring(v) end
+  if t == "string" then return (", got %q"):format(#v > 40 and v:sub(1, 40) .. "…" or v) end
+  return ", got " .. t
+end
+
 function M.option(name)
   return "[%s{,.;]" .. str_gsub(M.key_name(name), "%p", "%%%0") .. "%s*="
 end
