@@ -666,9 +666,6 @@ local function identity_go(ctx, x)
       if x.reexchanged and x.attempt > 0 then return attempt(x, false) end
       return launch(x)
     end
-    -- (after the service refused the exchanged token with a 401, a failed exchange follows a
-    -- refusal, whatever the token endpoint says: no stale copy answers it, agg.cache)
-    if x.reexchanged then problem.refuse_stale(p) end
     local r = new_result(x.key, x)
     r.ms = 0
     finish_exchange(x, fail(ctx, r, p, x))
