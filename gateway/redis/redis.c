@@ -283,6 +283,10 @@ static void outage_end(agw_redis_t *r);
  * 7 KB sent, would take 8 MB). */
 #define TOO_LONG_WHY "Redis sent an array reply longer than any command of the gateway's takes"
 
+/* A reply of more than AGW_REDIS_MAX_REPLY_BYTES (redis.h) is refused as its bytes come (guarded_read
+ * below): hiredis 0.14 keeps reading a bulk string it has not got whole, whatever it claims. */
+#define TOO_BIG_WHY "Redis sent a reply larger than any command of the gateway's takes"
+
 static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's defaults, the same for every
                                                          reader (atomic: clients start in threads) */
 
@@ -357,6 +361,28 @@ static void guard_reader(redisAsyncContext *ac)
         rd->fn = &guarded_fns;
     }
     rd->privdata = ac; /* (hiredis's redisReaderSetPrivdata casts the pointer to int) */
+}
+
+/* The read watcher of a connection (hiredis's libev adapter's, whose callback this replaces): reads
+ * as the adapter does, then drops the connection when what its reader holds unparsed is more than
+ * a reply may take. Every whole reply has been parsed and answered by then, so the unparsed bytes
+ * belong to the reply still coming. hiredis frees a context it disconnected itself during the
+ * read; r->ac then no longer names it. */
+static void guarded_read(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    redisLibevEvents *e = w->data;
+    redisAsyncContext *ac = e->context;
+    agw_redis_t *r = ac->data;
+    redisAsyncHandleRead(ac);
+    if (r && r->ac == ac) {
+        const redisReader *rd = ac->c.reader;
+        if (rd->len - rd->pos > AGW_REDIS_MAX_REPLY_BYTES) {
+            r->refused = TOO_BIG_WHY;
+            lost(r, TOO_BIG_WHY);
+        }
+    }
 }
 
 /* Why connection ac of r failed: its error, or the reply its reader refused. */
@@ -631,6 +657,7 @@ static void connect_now(agw_redis_t *r)
     guard_reader(ac);
     r->state = CONNECTING;
     redisLibevAttach(r->loop, ac);
+    ev_set_cb(&((redisLibevEvents *)ac->ev.data)->rev, guarded_read);
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     ev_timer_set(&r->connect_timer, (double)r->conf.connect_timeout_ms / 1000.0, 0.);

@@ -156,6 +156,9 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
  * 5 ms. Larger entries stay in tier 1; a larger value in Redis is read up to this size (GETRANGE),
  * which no entry parses: a miss. */
 #define REDIS_BYTES_PER_MS ((uint64_t)50 * 1000)
+/* (the client refuses a reply of more bytes than this: a lookup's is its value and a bulk string's
+ * framing, "$" and at most 20 digits, and two CRLFs) */
+_Static_assert(AGW_CACHE_ENTRY_MAX + 32 <= AGW_REDIS_MAX_REPLY_BYTES, "a cached section's lookup fits a Redis reply");
 
 static size_t redis_entry_max(const agw_worker_t *w)
 {

@@ -30,6 +30,9 @@ static struct ev_loop *loop;
 #define ANSWER_MS 20000
 #define WAIT_S 25.0
 
+/* The value of the longest bulk string a reply may hold (7 digits of length) */
+#define LONG_BULK_BYTES (AGW_REDIS_MAX_REPLY_BYTES - 12)
+
 /* ---- helpers -------------------------------------------------------------------------------- */
 
 typedef struct rec {
@@ -177,6 +180,8 @@ typedef enum fake_mode {
     FAKE_SCAN_NESTED,   /* +OK to SELECT, then SCAN's keys are arrays of 40,000 elements each */
     FAKE_SCAN_DRIP,     /* +OK to SELECT, then SCAN's reply a byte every 50 ms, never whole */
     FAKE_SCAN_BIG_KEY,  /* +OK to SELECT, then SCAN's one key claims 400 MB, sent as fast as read */
+    FAKE_BIG_BULK,      /* +OK to SELECT, then a bulk string claiming 400 MB, sent as fast as read */
+    FAKE_LONG_BULK,     /* +OK to SELECT, then a bulk string of the most bytes a reply takes */
 } fake_mode_t;
 
 typedef struct fake {
@@ -290,12 +295,15 @@ static void *fake_main(void *arg)
                     }
                     break;
                 case FAKE_SCAN_BIG_KEY:
+                case FAKE_BIG_BULK:
                     if (nth == 0) {
                         out = "+OK\r\n";
                         break;
                     }
                     static const char head[] = "*2\r\n$1\r\n0\r\n*1\r\n$400000000\r\n";
-                    if (write(c, head, sizeof(head) - 1) < 0)
+                    static const char bulk[] = "$400000000\r\n";
+                    if (f->mode == FAKE_BIG_BULK ? write(c, bulk, sizeof(bulk) - 1) < 0
+                                                 : write(c, head, sizeof(head) - 1) < 0)
                         goto close_conn;
                     for (int k = 0; k < 400000000 / 65536 && !__atomic_load_n(&f->stop, __ATOMIC_RELAXED); k++) {
                         static char chunk[65536];
@@ -315,6 +323,21 @@ static void *fake_main(void *arg)
                         usleep(50000);
                         if (write(c, "x", 1) < 0)
                             goto close_conn;
+                    }
+                    break;
+                case FAKE_LONG_BULK:
+                    if (nth == 0) {
+                        out = "+OK\r\n";
+                        break;
+                    }
+                    {
+                        /* "$" 7 digits CRLF, n bytes, CRLF: AGW_REDIS_MAX_REPLY_BYTES in all */
+                        static char longest[AGW_REDIS_MAX_REPLY_BYTES + 1];
+                        size_t n = LONG_BULK_BYTES;
+                        int at = snprintf(longest, sizeof(longest), "$%zu\r\n", n);
+                        memset(longest + at, 'v', n);
+                        memcpy(longest + at + n, "\r\n", 3);
+                        out = longest;
                     }
                     break;
                 case FAKE_LONG_ARRAY:
@@ -723,6 +746,38 @@ static void an_array_reply_of_the_longest_length_taken_is_answered(void)
     fake_client_stop(&fc);
 }
 
+/* hiredis 0.14 buffers a bulk string until it is whole, whatever it claims: a server that claims
+ * 400 MB and sends it as fast as read had the worker buffer it until the command's timeout (here
+ * 20 s: gigabytes). The reply is refused once its bytes pass the most a reply takes: the command
+ * fails with the reason long before its timeout, and the connection is dropped (an attack review) */
+static void a_reply_larger_than_any_command_takes_drops_the_connection(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_BIG_BULK, 0, ANSWER_MS);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t a;
+    CHECK(get_k(r, &a));
+    CHECK(a.type == -1 && strstr(a.err, "reply larger than any command") != NULL);
+    if (a.type == -1 && !strstr(a.err, "reply larger than any command"))
+        fprintf(stderr, "  the GET failed with: %s\n", a.err);
+    run_for(0.05);
+    CHECK(fc.st.disconnects == 1);
+    fake_client_stop(&fc);
+}
+
+/* ... and a reply of the most bytes taken reaches the caller whole */
+static void a_reply_of_the_most_bytes_taken_is_answered(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_LONG_BULK, 0, ANSWER_MS);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t a;
+    CHECK(get_k(r, &a));
+    CHECK(a.type == REDIS_REPLY_STRING && a.len == LONG_BULK_BYTES);
+    CHECK(fc.st.disconnects == 0);
+    fake_client_stop(&fc);
+}
+
 /* The admin's purge (cache/purge.h) of the prefix "agw:{p}" against a fake server in mode, within
  * budget_s: 1 when it failed with a message holding says (printed otherwise), the keys it deleted
  * in *deleted. */
@@ -825,6 +880,8 @@ int main(void)
     RUN(an_array_reply_longer_than_any_command_takes_drops_the_connection);
     RUN(an_array_reply_of_the_longest_length_taken_is_answered);
     RUN(nested_arrays_longer_in_all_than_any_command_takes_drop_the_connection);
+    RUN(a_reply_larger_than_any_command_takes_drops_the_connection);
+    RUN(a_reply_of_the_most_bytes_taken_is_answered);
     RUN(a_purge_refuses_a_scan_reply_longer_than_it_takes);
     RUN(a_purge_stops_a_scan_that_never_ends);
     RUN(a_purge_refuses_nested_arrays_longer_in_all_than_it_takes);
