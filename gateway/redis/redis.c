@@ -61,6 +61,7 @@ struct agw_redis {
     const char *refused;            /* why the current connection's reader refused a reply (a reply no
                                        command waited for, an array too long), or NULL */
     long long elements;             /* the array elements the reply being read claims, in all */
+    size_t bytes;                   /* the bytes of the strings of the reply being read, in all */
 };
 
 static void connect_now(agw_redis_t *r);
@@ -283,8 +284,9 @@ static void outage_end(agw_redis_t *r);
  * 7 KB sent, would take 8 MB). */
 #define TOO_LONG_WHY "Redis sent an array reply longer than any command of the gateway's takes"
 
-/* A reply of more than AGW_REDIS_MAX_REPLY_BYTES (redis.h) is refused as its bytes come (guarded_read
- * below): hiredis 0.14 keeps reading a bulk string it has not got whole, whatever it claims. */
+/* A reply of more than AGW_REDIS_MAX_REPLY_BYTES (redis.h) is refused as its bytes come: its strings
+ * in all (guarded_string) and what the reader holds unparsed (guarded_read). hiredis 0.14 keeps
+ * reading a bulk string it has not got whole, whatever it claims. */
 #define TOO_BIG_WHY "Redis sent a reply larger than any command of the gateway's takes"
 
 static const redisReplyObjectFunctions *hiredis_fns; /* hiredis's defaults, the same for every
@@ -307,8 +309,20 @@ static const redisReplyObjectFunctions *fns(void)
     return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE);
 }
 
+/* A reply's strings count against AGW_REDIS_MAX_REPLY_BYTES in all, as its arrays' elements do
+ * against AGW_REDIS_MAX_ELEMENTS: each string of an array is parsed, and its bytes leave the reader,
+ * on its own, so 1,024 strings of 4 MB each would pass a bound on the unparsed bytes alone. */
 static void *guarded_string(const redisReadTask *t, char *s, size_t n)
 {
+    const redisAsyncContext *ac = t->privdata;
+    agw_redis_t *r = ac->data;
+    if (r) {
+        r->bytes = t->parent == NULL ? n : r->bytes + n;
+        if (r->bytes > AGW_REDIS_MAX_REPLY_BYTES) {
+            r->refused = TOO_BIG_WHY;
+            return NULL;
+        }
+    }
     return unasked(t) ? NULL : fns()->createString(t, s, n);
 }
 
@@ -325,6 +339,8 @@ static void *guarded_array(const redisReadTask *t, int n)
     const redisAsyncContext *ac = t->privdata;
     agw_redis_t *r = ac->data;
     long long alone = 0; /* (a connection dropped by the client itself: each array counted alone) */
+    if (r && t->parent == NULL)
+        r->bytes = 0; /* the top of a new reply */
     if (agw_redis_reply_too_long(t, n, r ? &r->elements : &alone, AGW_REDIS_MAX_ELEMENTS)) {
         if (r)
             r->refused = TOO_LONG_WHY;

@@ -79,8 +79,8 @@ typedef struct agw_redis_stats {
  * longest reply is the limits script's, 1 + 3 per rule of a request (limits/limit_redis.h). */
 #define AGW_REDIS_MAX_ELEMENTS 1024
 
-/* The most bytes a reply may take: more, counted as they arrive (the reader's unparsed bytes after
- * each read), drops the connection as a protocol error. The gateway's largest reply is a cached
+/* The most bytes a reply may take: more drops the connection as a protocol error, counted as they
+ * arrive (its strings in all, and the reader's unparsed bytes after each read). The gateway's largest reply is a cached
  * section's lookup, at most AGW_CACHE_ENTRY_MAX bytes of value (cache/entry.h; worker/cache.c holds
  * the two together) and its framing. hiredis 0.14 buffers a bulk string until it is whole, with no
  * limit of its own: a server that claims 400 MB and sends it as fast as read would have a worker
