@@ -284,6 +284,13 @@ static void outage_end(agw_redis_t *r);
  * 7 KB sent, would take 8 MB). */
 #define TOO_LONG_WHY "Redis sent an array reply longer than any command of the gateway's takes"
 
+/* A line (a status, an error, a number, a length) longer than this is refused as it comes: the
+ * gateway's commands get none over a few hundred bytes, and hiredis 0.14 looks for a line's end
+ * from its start again at every read, so a line that never ends, sent a byte at a time, cost a
+ * worker a core (an attack review). */
+#define LINE_MAX_BYTES ((size_t)64 * 1024)
+#define LONG_LINE_WHY "Redis sent a line longer than any reply has"
+
 /* A reply of more than AGW_REDIS_MAX_REPLY_BYTES (redis.h) is refused as its bytes come: its strings
  * in all (guarded_string) and what the reader holds unparsed (guarded_read). hiredis 0.14 keeps
  * reading a bulk string it has not got whole, whatever it claims. */
@@ -380,10 +387,11 @@ static void guard_reader(redisAsyncContext *ac)
 }
 
 /* The read watcher of a connection (hiredis's libev adapter's, whose callback this replaces): reads
- * as the adapter does, then drops the connection when what its reader holds unparsed is more than
- * a reply may take. Every whole reply has been parsed and answered by then, so the unparsed bytes
- * belong to the reply still coming. hiredis frees a context it disconnected itself during the
- * read; r->ac then no longer names it. */
+ * as the adapter does, then drops the connection when what its reader holds unparsed is a reply no
+ * command waits for (hiredis keeps an unfinished one for as long as it stays unfinished), more than
+ * a reply may take, or a line longer than any reply has. Every whole reply has been parsed and
+ * answered by then, so the unparsed bytes belong to the reply still coming. hiredis frees a
+ * context it disconnected itself during the read; r->ac then no longer names it. */
 static void guarded_read(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop;
@@ -394,9 +402,18 @@ static void guarded_read(struct ev_loop *loop, ev_io *w, int revents)
     redisAsyncHandleRead(ac);
     if (r && r->ac == ac) {
         const redisReader *rd = ac->c.reader;
-        if (rd->len - rd->pos > AGW_REDIS_MAX_REPLY_BYTES) {
-            r->refused = TOO_BIG_WHY;
-            lost(r, TOO_BIG_WHY);
+        size_t unparsed = rd->len - rd->pos;
+        const char *why = NULL;
+        if (unparsed > 0 && ac->replies.head == NULL)
+            why = UNASKED_WHY; /* the start of a reply no command waits for, or more of one */
+        else if (unparsed > AGW_REDIS_MAX_REPLY_BYTES)
+            why = TOO_BIG_WHY;
+        else if (unparsed > LINE_MAX_BYTES && !memmem(rd->buf + rd->pos, LINE_MAX_BYTES, "\r\n", 2))
+            why = LONG_LINE_WHY; /* (the reader's pos is at the item it parses: a line, or a string's
+                                    length line, which a whole string waits behind) */
+        if (why) {
+            r->refused = why;
+            lost(r, why);
         }
     }
 }
@@ -424,11 +441,18 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             if (!c->internal)
                 outage_begin(r, "connection lost", conn_error(r, ac));
             answer(c, NULL, msg);
-        } else if (rep->type == REDIS_REPLY_ERROR) {
+        } else if (rep->type == REDIS_REPLY_ERROR ||
+                   (c->internal && !(rep->type == REDIS_REPLY_STATUS && rep->len == 2 && memcmp(rep->str, "OK", 2) == 0))) {
+            /* (AUTH and SELECT succeed with +OK alone: any other answer is a server that lies or is
+             * not Redis, and the connection never becomes ready) */
             if (c->internal) {
                 char msg[200];
-                snprintf(msg, sizeof(msg), "AUTH/SELECT refused: %.*s", (int)rep->len,
-                         rep->str ? rep->str : "");
+                if (rep->type == REDIS_REPLY_ERROR)
+                    snprintf(msg, sizeof(msg), "AUTH/SELECT refused: %.*s", (int)(rep->len < 160 ? rep->len : 160),
+                             rep->str ? rep->str : "");
+                else
+                    snprintf(msg, sizeof(msg), "AUTH/SELECT answered with something other than OK (a reply of type %d)",
+                             rep->type);
                 answer(c, NULL, msg);
                 if (r->ac == ac)
                     lost(r, msg);

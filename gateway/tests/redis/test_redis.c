@@ -183,6 +183,9 @@ typedef enum fake_mode {
     FAKE_BIG_BULK,      /* +OK to SELECT, then a bulk string claiming 400 MB, sent as fast as read */
     FAKE_LONG_BULK,     /* +OK to SELECT, then a bulk string of the most bytes a reply takes */
     FAKE_MANY_BULKS,    /* +OK to SELECT, then an array of 600 bulk strings of 8 KB (4.9 MB in all) */
+    FAKE_IDLE_LINE,     /* +OK to SELECT and, no command asked, "+" and 1 MB without CRLF, then a byte a ms */
+    FAKE_LONG_LINE,     /* +OK to SELECT, then "+" and 100 KB without CRLF to a command, then nothing */
+    FAKE_SELECT_INT,    /* :0 to SELECT (not +OK), then :42 */
 } fake_mode_t;
 
 typedef struct fake {
@@ -190,6 +193,7 @@ typedef struct fake {
     int lfd, port;
     pthread_t thread;
     int stop;
+    int accepted; /* connections accepted (atomic) */
 } fake_t;
 
 /* Complete RESP commands at the start of buf (n bytes); *used: the bytes they take. */
@@ -234,6 +238,7 @@ static void *fake_main(void *arg)
         int c = accept(f->lfd, NULL, NULL);
         if (c < 0)
             continue;
+        __atomic_add_fetch(&f->accepted, 1, __ATOMIC_RELAXED);
         setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         char buf[4096];
         size_t have = 0;
@@ -357,6 +362,39 @@ static void *fake_main(void *arg)
                             goto close_conn; /* (the client went: the test's point) */
                     }
                     break;
+                case FAKE_IDLE_LINE:
+                    if (nth > 0)
+                        break;
+                    if (write(c, "+OK\r\n+", 6) < 0)
+                        goto close_conn;
+                    {
+                        static char chunk[65536];
+                        memset(chunk, 'a', sizeof(chunk));
+                        for (int k = 0; k < 16; k++)
+                            if (write(c, chunk, sizeof(chunk)) < 0)
+                                goto close_conn; /* (the client went: the test's point) */
+                        for (int k = 0; k < 3000 && !__atomic_load_n(&f->stop, __ATOMIC_RELAXED); k++) {
+                            usleep(1000);
+                            if (write(c, "a", 1) < 0)
+                                goto close_conn;
+                        }
+                    }
+                    break;
+                case FAKE_LONG_LINE:
+                    if (nth == 0) {
+                        out = "+OK\r\n";
+                        break;
+                    }
+                    if (write(c, "+", 1) < 0)
+                        goto close_conn;
+                    {
+                        static char chunk[100 * 1024];
+                        memset(chunk, 'a', sizeof(chunk));
+                        if (write(c, chunk, sizeof(chunk)) < 0)
+                            goto close_conn;
+                    }
+                    break;
+                case FAKE_SELECT_INT: out = nth == 0 ? ":0\r\n" : ":42\r\n"; break;
                 case FAKE_LONG_ARRAY:
                     if (nth > 0) {
                         static char longest[16 + 4 * AGW_REDIS_MAX_ELEMENTS];
@@ -608,6 +646,12 @@ typedef struct fake_client {
     agw_redis_t *r;
 } fake_client_t;
 
+/* wait_until's condition: fake f (a fake_t) accepted a second connection. */
+static int fake_accepted_two(void *f)
+{
+    return __atomic_load_n(&((fake_t *)f)->accepted, __ATOMIC_RELAXED) >= 2;
+}
+
 /* Starts a fake answering as mode and a client of it (database db, commands limited to
  * timeout_ms); the client connects on the loop as the tests run it. */
 static agw_redis_t *fake_client_start(fake_client_t *fc, fake_mode_t mode, int db, uint64_t timeout_ms)
@@ -799,6 +843,46 @@ static void an_array_of_strings_larger_in_all_than_any_command_takes_drops_the_c
     CHECK(a_get_is_refused_as_too_big(FAKE_MANY_BULKS));
 }
 
+/* hiredis keeps an unfinished reply no command asked for for as long as it stays unfinished, and
+ * looks for a line's end from its start again at every read: a line that never ended, sent a byte
+ * a ms on an idle connection, kept a worker's core busy (an attack review). Bytes that come while
+ * no command waits drop the connection at once */
+static void bytes_no_command_waits_for_drop_the_connection_at_once(void)
+{
+    fake_client_t fc;
+    fake_client_start(&fc, FAKE_IDLE_LINE, 0, ANSWER_MS);
+    /* each connection: ready, then dropped at the stray bytes; the client connects again */
+    CHECK(wait_until(fake_accepted_two, &fc.f, WAIT_S));
+    CHECK(fc.st.connects >= 1 && fc.st.disconnects >= 1);
+    fake_client_stop(&fc);
+}
+
+/* ... and a line longer than any reply has, while a command waits, fails the command with the
+ * reason at once, not at its timeout (20 s here) */
+static void a_line_longer_than_any_reply_has_drops_the_connection(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_LONG_LINE, 0, ANSWER_MS);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t a;
+    CHECK(get_k(r, &a));
+    CHECK(a.type == -1 && strstr(a.err, "line longer than any reply has") != NULL);
+    if (a.type == -1 && !strstr(a.err, "line longer"))
+        fprintf(stderr, "  the GET failed with: %s\n", a.err);
+    fake_client_stop(&fc);
+}
+
+/* AUTH and SELECT succeed with +OK alone: a server that answers SELECT with :0 never makes the
+ * client ready (it connects again and again: each attempt refused) */
+static void select_answered_with_other_than_ok_keeps_the_client_down(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_SELECT_INT, 0, ANSWER_MS);
+    CHECK(wait_until(fake_accepted_two, &fc.f, WAIT_S));
+    CHECK(!agw_redis_ready(r) && fc.st.connects == 0);
+    fake_client_stop(&fc);
+}
+
 /* ... and a reply of the most bytes taken reaches the caller whole */
 static void a_reply_of_the_most_bytes_taken_is_answered(void)
 {
@@ -917,6 +1001,9 @@ int main(void)
     RUN(a_reply_larger_than_any_command_takes_drops_the_connection);
     RUN(an_array_of_strings_larger_in_all_than_any_command_takes_drops_the_connection);
     RUN(a_reply_of_the_most_bytes_taken_is_answered);
+    RUN(bytes_no_command_waits_for_drop_the_connection_at_once);
+    RUN(a_line_longer_than_any_reply_has_drops_the_connection);
+    RUN(select_answered_with_other_than_ok_keeps_the_client_down);
     RUN(a_purge_refuses_a_scan_reply_longer_than_it_takes);
     RUN(a_purge_stops_a_scan_that_never_ends);
     RUN(a_purge_refuses_nested_arrays_longer_in_all_than_it_takes);
