@@ -78,14 +78,16 @@ static char *match_pattern(const char *prefix, size_t len, size_t *out_len)
 }
 
 /* ---- the reader's guard: a reply whose arrays claim more elements in all than a purge's
- * commands take (SCAN gives about COUNT keys) fails (agw_redis_reply_too_long, redis/redis.h).
- * The connection's reader makes objects with a copy of hiredis's functions whose createArray
- * counts first. */
+ * commands take (SCAN gives about COUNT keys) fails (agw_redis_reply_too_long, redis/redis.h), as
+ * does one whose strings are more bytes in all than it takes. The connection's reader makes objects
+ * with a copy of hiredis's functions whose createArray and createString count first. */
 
 /* A connection's reader's state (its privdata). */
 typedef struct guard {
     void *(*create_array)(const redisReadTask *t, int n); /* hiredis's own */
+    void *(*create_string)(const redisReadTask *t, char *s, size_t n); /* hiredis's own */
     long long elements; /* the array elements the reply being read claims, in all */
+    size_t bytes;       /* the bytes of the strings of the reply being read, in all */
     int too_long;       /* a reply was refused for them (the reason, for the message) */
     int too_large;      /* a reply was refused for its bytes (reply_within) */
 } guard_t;
@@ -93,11 +95,27 @@ typedef struct guard {
 static void *guard_array(const redisReadTask *t, int n)
 {
     guard_t *g = t->privdata;
+    if (t->parent == NULL)
+        g->bytes = 0; /* the top of a new reply */
     if (agw_redis_reply_too_long(t, n, &g->elements, AGW_CACHE_PURGE_MAX_ELEMENTS)) {
         g->too_long = 1;
         return NULL; /* the reader fails: the command gets no reply */
     }
     return g->create_array(t, n);
+}
+
+/* A reply's strings count against AGW_CACHE_PURGE_MAX_BYTES in all: each string of an array leaves
+ * the reader's buffer once made, so the bound on its unparsed bytes (reply_within) alone let SCAN's
+ * keys of 8 MB each add up to gigabytes (an attack review). */
+static void *guard_string(const redisReadTask *t, char *s, size_t n)
+{
+    guard_t *g = t->privdata;
+    g->bytes = t->parent == NULL ? n : g->bytes + n;
+    if (g->bytes > AGW_CACHE_PURGE_MAX_BYTES) {
+        g->too_large = 1;
+        return NULL;
+    }
+    return g->create_string(t, s, n);
 }
 
 /* A purge's connection: hiredis's context, its reader's functions and guard, the purge's
@@ -199,6 +217,8 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
     purge_conn_t p = {.c = c, .fns = *c->reader->fn, .until = until};
     p.guard.create_array = p.fns.createArray;
     p.fns.createArray = guard_array;
+    p.guard.create_string = p.fns.createString;
+    p.fns.createString = guard_string;
     c->reader->fn = &p.fns;
     c->reader->privdata = &p.guard;
     int rc = 0;

@@ -183,6 +183,7 @@ typedef enum fake_mode {
     FAKE_BIG_BULK,      /* +OK to SELECT, then a bulk string claiming 400 MB, sent as fast as read */
     FAKE_LONG_BULK,     /* +OK to SELECT, then a bulk string of the most bytes a reply takes */
     FAKE_MANY_BULKS,    /* +OK to SELECT, then an array of 600 bulk strings of 8 KB (4.9 MB in all) */
+    FAKE_SCAN_MANY_BIG, /* +OK to SELECT, then SCAN's keys are 20 of 1 MB each (20 MB in all) */
     FAKE_IDLE_LINE,     /* +OK to SELECT and, no command asked, "+" and 1 MB without CRLF, then a byte a ms */
     FAKE_LONG_LINE,     /* +OK to SELECT, then "+" and 100 KB without CRLF to a command, then nothing */
     FAKE_SELECT_INT,    /* :0 to SELECT (not +OK), then :42 */
@@ -359,6 +360,22 @@ static void *fake_main(void *arg)
                         memset(item + 7, 'm', 8192);
                         memcpy(item + 7 + 8192, "\r\n", 2);
                         if (write(c, item, 7 + 8192 + 2) < 0)
+                            goto close_conn; /* (the client went: the test's point) */
+                    }
+                    break;
+                case FAKE_SCAN_MANY_BIG:
+                    if (nth == 0) {
+                        out = "+OK\r\n";
+                        break;
+                    }
+                    if (write(c, "*2\r\n$1\r\n0\r\n*20\r\n", 16) < 0)
+                        goto close_conn;
+                    for (int k = 0; k < 20 && !__atomic_load_n(&f->stop, __ATOMIC_RELAXED); k++) {
+                        static char key[16 + (1 << 20) + 2];
+                        int at = snprintf(key, 16, "$%d\r\n", 1 << 20);
+                        memset(key + at, 'k', 1 << 20);
+                        memcpy(key + at + (1 << 20), "\r\n", 2);
+                        if (write(c, key, (size_t)at + (1 << 20) + 2) < 0)
                             goto close_conn; /* (the client went: the test's point) */
                     }
                     break;
@@ -955,6 +972,15 @@ static void a_purge_refuses_a_reply_larger_than_it_takes(void)
                              "redis SCAN failed: the reply is larger than a purge takes", &deleted));
 }
 
+/* ... as is a reply whose strings are more bytes in all than it takes: each leaves the reader's
+ * buffer once made (an attack review: keys of 8 MB each added up to 6 GB) ... */
+static void a_purge_refuses_keys_larger_in_all_than_it_takes(void)
+{
+    uint64_t deleted;
+    CHECK(purge_fails_saying(FAKE_SCAN_MANY_BIG, AGW_CACHE_PURGE_BUDGET_S,
+                             "redis SCAN failed: the reply is larger than a purge takes", &deleted));
+}
+
 /* ... and a SCAN that never ends stops at the purge's budget, saying so */
 static void a_purge_stops_a_scan_that_never_ends(void)
 {
@@ -1009,6 +1035,7 @@ int main(void)
     RUN(a_purge_refuses_nested_arrays_longer_in_all_than_it_takes);
     RUN(a_purge_stops_a_reply_that_drips);
     RUN(a_purge_refuses_a_reply_larger_than_it_takes);
+    RUN(a_purge_refuses_keys_larger_in_all_than_it_takes);
     loop_gap_stop(loop);
     return CHECK_DONE();
 }
