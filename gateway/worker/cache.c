@@ -113,10 +113,37 @@ static int l_cache_set(lua_State *L)
     return 0;
 }
 
-/* A GET waiting for its answer: the generation to answer (one reference) and the runtime's id. */
+/* ---- tier 2's values: an entry behind its key's tag ----------------------------------------
+ * Redis answers a connection's commands in order, and the client hands each reply to the command
+ * at the head of its queue: a server or a proxy that answered one command twice while others
+ * waited gave every later command the reply of the one before it (an attack review: a page got
+ * another key's cached section, and kept it in tier 1; with per-user keys, another user's). So a
+ * value in Redis is the first REDIS_TAG_LEN bytes of SHA-256 over a domain of its own
+ * ("aggway-cache-key" and its NUL) and the key, then the entry; a lookup whose value does not start
+ * with its own key's tag is a miss. (Values written before the tag were misses once.) */
+#define REDIS_TAG_LEN 16
+
+static void redis_tag(const char *key, size_t klen, unsigned char tag[REDIS_TAG_LEN])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx)
+        abort();
+    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    EVP_DigestUpdate(ctx, "aggway-cache-key", 17); /* the NUL included: a domain of its own */
+    EVP_DigestUpdate(ctx, key, klen);
+    EVP_DigestFinal_ex(ctx, md, &mdlen);
+    EVP_MD_CTX_free(ctx);
+    memcpy(tag, md, REDIS_TAG_LEN);
+}
+
+/* A GET waiting for its answer: the generation to answer (one reference), the runtime's id and
+ * the tag its key's value starts with. */
 typedef struct redis_get {
     wgen_t *g;
     uint64_t id;
+    unsigned char tag[REDIS_TAG_LEN];
 } redis_get_t;
 
 static void on_redis_get(void *data, const struct redisReply *reply, const char *err)
@@ -131,11 +158,13 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
         if (err) {
             lua_pushnil(L);
             lua_pushstring(L, err);
-        } else if (reply->type == REDIS_REPLY_STRING && reply->len > 0) {
-            lua_pushlstring(L, reply->str, reply->len);
+        } else if (reply->type == REDIS_REPLY_STRING && reply->len > REDIS_TAG_LEN &&
+                   memcmp(reply->str, q->tag, REDIS_TAG_LEN) == 0) {
+            lua_pushlstring(L, reply->str + REDIS_TAG_LEN, reply->len - REDIS_TAG_LEN);
             lua_pushnil(L);
         } else if (reply->type == REDIS_REPLY_NIL || reply->type == REDIS_REPLY_STRING) {
-            /* (GETRANGE gives "" for a key that is not there: a miss, as GET's nil was) */
+            /* (GETRANGE gives "" for a key that is not there: a miss, as GET's nil was; so is a
+             * value without this key's tag: another key's, or not the gateway's) */
             lua_pushnil(L);
             lua_pushnil(L);
         } else {
@@ -158,7 +187,8 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
 #define REDIS_BYTES_PER_MS ((uint64_t)50 * 1000)
 /* (the client refuses a reply of more bytes than this: a lookup's is its value and a bulk string's
  * framing, "$" and at most 20 digits, and two CRLFs) */
-_Static_assert(AGW_CACHE_ENTRY_MAX + 32 <= AGW_REDIS_MAX_REPLY_BYTES, "a cached section's lookup fits a Redis reply");
+_Static_assert(AGW_CACHE_ENTRY_MAX + REDIS_TAG_LEN + 32 <= AGW_REDIS_MAX_REPLY_BYTES,
+               "a cached section's lookup fits a Redis reply");
 
 static size_t redis_entry_max(const agw_worker_t *w)
 {
@@ -177,8 +207,9 @@ static int l_redis_get(lua_State *L)
     redis_get_t *q = agw_malloc(sizeof(*q));
     q->g = g;
     q->id = ++w->cache.redis_next_id;
-    char last[32]; /* GETRANGE key 0 max-1: at most the largest entry tier 2 holds */
-    int ll = snprintf(last, sizeof(last), "%zu", redis_entry_max(w) - 1);
+    redis_tag(key, klen, q->tag);
+    char last[32]; /* GETRANGE key 0 tag+max-1: at most the tag and the largest entry tier 2 holds */
+    int ll = snprintf(last, sizeof(last), "%zu", REDIS_TAG_LEN + redis_entry_max(w) - 1);
     const char *argv[4] = {"GETRANGE", key, "0", last};
     size_t lens[4] = {8, klen, 1, (size_t)ll};
     if (agw_redis_command(w->cache.redis, on_redis_get, q, 4, argv, lens) != 0) {
@@ -202,17 +233,26 @@ static int redis_stores(const agw_worker_t *w, lua_Number ttl, size_t len)
     return w->cache.redis != NULL && ttl >= 1 && len <= redis_entry_max(w);
 }
 
-/* SET key value PX ttl_ms in the worker's Redis (core.redis_set, core.cache_store); nothing unless
+/* SET key value PX ttl_ms in the worker's Redis (core.redis_set, core.cache_store), the value the
+ * key's tag and the n parts of the entry (their bytes in all: len) joined; nothing unless
  * redis_stores. The client copies the command before this returns. */
-static void redis_set(agw_worker_t *w, const char *key, size_t klen, const char *v, size_t vlen, lua_Number ttl)
+static void redis_set(agw_worker_t *w, const char *key, size_t klen, const struct iovec *parts, int n, size_t len,
+                      lua_Number ttl)
 {
-    if (!redis_stores(w, ttl, vlen))
+    if (!redis_stores(w, ttl, len))
         return;
+    agw_buf_t v = AGW_BUF_INIT;
+    agw_buf_reserve(&v, REDIS_TAG_LEN + len);
+    redis_tag(key, klen, (unsigned char *)v.base);
+    v.len = REDIS_TAG_LEN;
+    for (int i = 0; i < n; i++)
+        agw_buf_append(&v, parts[i].iov_base, parts[i].iov_len);
     char px[32];
     int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
-    const char *argv[5] = {"SET", key, v, "PX", px};
-    size_t lens[5] = {3, klen, vlen, 2, (size_t)pl};
+    const char *argv[5] = {"SET", key, v.base, "PX", px};
+    size_t lens[5] = {3, klen, v.len, 2, (size_t)pl};
     agw_redis_command(w->cache.redis, on_redis_set, NULL, 5, argv, lens);
+    agw_buf_free(&v);
 }
 
 /* A time for an entry (core.now()'s clock, ms): a whole number from 0 to 10^15 - 1 (the entry's
@@ -273,12 +313,7 @@ static int l_cache_store(lua_State *L)
     const struct iovec parts[3] = {{line, head}, {(void *)e.headers, e.hlen}, {(void *)e.body, e.blen}};
     if (w->cache.lru && until > 0)
         agw_lru_set_parts(w->cache.lru, key, klen, parts, 3, (uint64_t)until);
-    if (redis_stores(w, ttl, n)) { /* (the joined copy only when it is sent) */
-        agw_buf_t v = AGW_BUF_INIT;
-        agw_cache_entry_encode(&v, &e);
-        redis_set(w, key, klen, v.base, v.len, ttl);
-        agw_buf_free(&v);
-    }
+    redis_set(w, key, klen, parts, 3, n, ttl); /* (joined only when it is sent) */
     lua_pushinteger(L, (lua_Integer)n);
     return 1;
 }
@@ -289,7 +324,8 @@ static int l_redis_set(lua_State *L)
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
     const char *v = luaL_checklstring(L, 2, &vlen);
-    redis_set(w, key, klen, v, vlen, luaL_checknumber(L, 3));
+    const struct iovec part = {(void *)v, vlen};
+    redis_set(w, key, klen, &part, 1, vlen, luaL_checknumber(L, 3));
     return 0;
 }
 

@@ -2,6 +2,7 @@
 upstream see them. Each test starts its own redis-server on a free loopback port (no persistence)
 and stops it; the gateways and the mock are the harness's."""
 import concurrent.futures
+import hashlib
 import json
 import os
 import re
@@ -34,6 +35,12 @@ SERVICES = {
     "product": [route("/products/{id}", latency_ms=5, json={"id": "{id}", "name": "Sneaker"})],
     "inventory": [route("/stock/{id}", latency_ms=2, json={"inStock": 12})],
 }
+
+
+def redis_value(key, entry):
+    """The value tier 2 holds for key: the key's tag (the first 16 bytes of SHA-256 over
+    "aggway-cache-key", its NUL and the key: gateway/worker/cache.c) and the entry."""
+    return hashlib.sha256(b"aggway-cache-key\0" + key.encode()).digest()[:16] + entry.encode()
 
 
 class Redis:
@@ -259,7 +266,9 @@ class CacheWithRedis(GatewayTestCase):
         key = redis("--scan", "--pattern", "agw:{product}*").splitlines()[0].replace("/products/1", "/products/77")
         far = int(time.time() * 1000) + 3600 * 1000
         body = "not json {"
-        redis("SET", key, "AGWC1 %d %d %d 200 0 %d\n%s" % (far, far, far, len(body), body))
+        value = redis_value(key, "AGWC1 %d %d %d 200 0 %d\n%s" % (far, far, far, len(body), body))
+        subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2", "-x", "SET", key], input=value,
+                       stdout=subprocess.DEVNULL, timeout=10, check=True)  # (-x: the value from stdin)
         self.mock.refuse("product")  # the upstream cannot replace the junk
         for _ in range(3):
             r = self.get("/p/77")
@@ -291,13 +300,36 @@ class CacheWithRedis(GatewayTestCase):
         key = redis("--scan", "--pattern", "agw:{product}*").splitlines()[0].replace("/products/5", "/products/6")
         far = int(time.time() * 1000) + 3600 * 1000
         body = json.dumps({"name": "Planted", "blob": "y" * 1000000})
-        value = ("AGWC1 %d %d %d 200 0 %d\n%s" % (far, far, far, len(body), body)).encode()
+        value = redis_value(key, "AGWC1 %d %d %d 200 0 %d\n%s" % (far, far, far, len(body), body))
         subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2", "-x", "SET", key], input=value,
                        stdout=subprocess.DEVNULL, timeout=10, check=True)  # (-x: the value from stdin)
         self.assertGreater(int(redis("STRLEN", key)), 1000000)
         r = self.get("/p/6")
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["product"]["data"]["name"], "Sneaker")
+
+    def test_a_value_redis_gives_for_another_key_is_never_served(self):
+        # (an attack review: a Redis or a proxy that answered one command twice while others waited
+        # gave each later lookup the value of the one before it, and a page served another key's
+        # section, with per-user keys another user's.) A value starts with its own key's tag: the
+        # entry of /products/1 found under the key of /products/2 is a miss, and goes upstream.
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 1000})
+        self.assertEqual(str(self.get("/p/1").json()["product"]["data"]["id"]), "1")
+
+        def redis(*args):
+            return subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2"] + list(args),
+                                  stdout=subprocess.PIPE, timeout=10, check=True).stdout.decode().strip()
+        self.assertTrue(wait_until(lambda: redis("--scan", "--pattern", "agw:{product}*") != "", 10))
+        one = redis("--scan", "--pattern", "agw:{product}*").splitlines()[0]
+        two = one.replace("/products/1", "/products/2")
+        self.assertNotEqual(one, two)
+        self.assertEqual(redis("COPY", one, two), "1")  # (binary-safe, in Redis itself)
+        before = self.product_hits()
+        r = self.get("/p/2")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(str(r.json()["product"]["data"]["id"]), "2", r.body)
+        self.assertEqual(timing(r, "product"), "miss")
+        self.assertEqual(self.product_hits(), before + 1)
 
     def test_purge_by_prefix_empties_both_tiers(self):
         self.start_cached()
