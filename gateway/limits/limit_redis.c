@@ -10,7 +10,7 @@
 #include <string.h>
 
 /* the reply to a command of AGW_LIMIT_REDIS_MAX rules must fit the client's array limit */
-_Static_assert(1 + 3 * AGW_LIMIT_REDIS_MAX <= AGW_REDIS_MAX_ELEMENTS,
+_Static_assert(2 + 3 * AGW_LIMIT_REDIS_MAX <= AGW_REDIS_MAX_ELEMENTS,
                "the limits reply outgrows the Redis client's array limit");
 
 static char sha_hex[SHA_DIGEST_LENGTH * 2 + 1];
@@ -38,12 +38,13 @@ static uint64_t emission_us(const agw_limit_rule_t *r)
 }
 
 void agw_limit_redis_command(agw_limit_redis_cmd_t *cmd, agw_buf_t *b, int eval, const agw_limit_ask_t *asks,
-                             const char *const *keys, const size_t *key_lens, size_t num, uint64_t now_ms)
+                             const char *const *keys, const size_t *key_lens, size_t num, uint64_t now_ms,
+                             uint64_t check)
 {
     if (num > AGW_LIMIT_REDIS_MAX)
         num = AGW_LIMIT_REDIS_MAX;
     /* offsets first (buf may move while it grows), pointers at the end */
-    size_t off[3 + 4 * AGW_LIMIT_REDIS_MAX];
+    size_t off[4 + 4 * AGW_LIMIT_REDIS_MAX];
     int n = 0;
     agw_buf_reset(b);
 #define ARG_BEGIN() (off[n] = b->len)
@@ -90,6 +91,9 @@ void agw_limit_redis_command(agw_limit_redis_cmd_t *cmd, agw_buf_t *b, int eval,
         agw_buf_printf(b, "%" PRIu64, c);
         ARG_END();
     }
+    ARG_BEGIN();
+    agw_buf_printf(b, "%" PRIu64, check & ((UINT64_C(1) << 53) - 1)); /* (exact in the script's doubles) */
+    ARG_END();
 #undef ARG_BEGIN
 #undef ARG_END
     cmd->argc = n;
@@ -103,13 +107,15 @@ int agw_limit_redis_noscript(const char *err)
 }
 
 int agw_limit_redis_verdict(const struct redisReply *reply, const agw_limit_ask_t *asks, size_t num, uint64_t now_ms,
-                            agw_limit_verdict_t *v)
+                            uint64_t check, agw_limit_verdict_t *v)
 {
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != 1 + 3 * num)
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 + 3 * num)
         return -1;
     for (size_t i = 0; i < reply->elements; i++)
         if (reply->element[i]->type != REDIS_REPLY_INTEGER || reply->element[i]->integer < 0)
             return -1;
+    if ((uint64_t)reply->element[1 + 3 * num]->integer != (check & ((UINT64_C(1) << 53) - 1)))
+        return -1; /* another command's reply */
     long long all = reply->element[0]->integer;
     if (all > 1)
         return -1;

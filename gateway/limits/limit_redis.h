@@ -41,26 +41,31 @@ const char *agw_limit_redis_sha(void);
 /* A command's arguments: argv[i] points into buf (valid until buf changes). */
 typedef struct agw_limit_redis_cmd {
     int argc;
-    const char *argv[3 + 4 * AGW_LIMIT_REDIS_MAX];
-    size_t lens[3 + 4 * AGW_LIMIT_REDIS_MAX];
+    const char *argv[4 + 4 * AGW_LIMIT_REDIS_MAX];
+    size_t lens[4 + 4 * AGW_LIMIT_REDIS_MAX];
 } agw_limit_redis_cmd_t;
 
-/* Fills *cmd with `EVALSHA sha num KEY... now_ms ARG...` (eval: `EVAL script num ...` instead)
- * for the num rules of asks (num <= AGW_LIMIT_REDIS_MAX), keys[i]/key_lens[i] being the bytes
- * rule i counts by, at now_ms (ms since the epoch, UTC). b is reset and holds the bytes. */
+/* Fills *cmd with `EVALSHA sha num KEY... now_ms ARG... check` (eval: `EVAL script num ...`
+ * instead) for the num rules of asks (num <= AGW_LIMIT_REDIS_MAX), keys[i]/key_lens[i] being the
+ * bytes rule i counts by, at now_ms (ms since the epoch, UTC). check (below 2^53) comes back as the
+ * reply's last element: the caller gives each command in flight on a connection its own, so that
+ * a reply shifted onto another command (a server or proxy that sent one twice) is refused. b is
+ * reset and holds the bytes. */
 void agw_limit_redis_command(agw_limit_redis_cmd_t *cmd, agw_buf_t *b, int eval, const agw_limit_ask_t *asks,
-                             const char *const *keys, const size_t *key_lens, size_t num, uint64_t now_ms);
+                             const char *const *keys, const size_t *key_lens, size_t num, uint64_t now_ms,
+                             uint64_t check);
 
 /* 1 when err (an error reply's text from redis.h) says that Redis does not have the script. */
 int agw_limit_redis_noscript(const char *err);
 
-/* Reads the script's reply for the num rules of asks checked at now_ms into *v (v->results: num
- * entries): allowed, remaining and reset per rule from Redis, limit and window from the rules
- * (agw_limit_policy), the decisive rule as agw_limit_decide. Returns 0, or -1 when the reply is
- * not the script's (wrong type or count, a flag not 0/1, a remaining over the rule's limit, a
- * verdict that disagrees with its rules): *v is then unspecified and the caller applies the rules'
+/* Reads the script's reply for the num rules of asks checked at now_ms with check (the command's,
+ * agw_limit_redis_command) into *v (v->results: num entries): allowed, remaining and reset per
+ * rule from Redis, limit and window from the rules (agw_limit_policy), the decisive rule as
+ * agw_limit_decide. Returns 0, or -1 when the reply is not the script's for this command (wrong
+ * type or count, another check, a flag not 0/1, a remaining over the rule's limit, a verdict that
+ * disagrees with its rules): *v is then unspecified and the caller applies the rules'
  * on_redis_error. */
 int agw_limit_redis_verdict(const struct redisReply *reply, const agw_limit_ask_t *asks, size_t num, uint64_t now_ms,
-                            agw_limit_verdict_t *v);
+                            uint64_t check, agw_limit_verdict_t *v);
 
 #endif

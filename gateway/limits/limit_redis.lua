@@ -12,12 +12,16 @@
 -- ARGV[1 + 3i - 2 .. 1 + 3i] for rule i:
 --   "r", emission interval µs (per_s * 1e6 / rate, at least 1), tau µs (emission * burst)
 --   "q", quota, the window's end in ms since the epoch
--- Reply: { all_allowed, then per rule: allowed (0/1), remaining, reset_ms }; reset_ms as
--- limit.h's agw_limit_result_t (a quota's is the window's end minus now).
+-- ARGV[2 + 3n]: the check, a whole number below 2^53 that the reply gives back, so that the
+--   gateway knows the reply answers this command (a server or proxy that sends one reply twice
+--   shifts every later one onto the command after it).
+-- Reply: { all_allowed, then per rule: allowed (0/1), remaining, reset_ms, then the check };
+-- reset_ms as limit.h's agw_limit_result_t (a quota's is the window's end minus now).
 -- Numbers: Redis's Lua has doubles, exact to 2^53 (µs since the epoch stay below it until the year
 -- 2255); they are written with "%.0f" since tostring keeps only 14 digits.
 local now_ms = tonumber(ARGV[1])
-if now_ms == nil or #ARGV ~= 1 + 3 * #KEYS then
+local check = tonumber(ARGV[#ARGV])
+if now_ms == nil or check == nil or #ARGV ~= 2 + 3 * #KEYS then
   return redis.error_reply("ERR agw limits: bad arguments")
 end
 local now = now_ms * 1000
@@ -73,6 +77,7 @@ for i = 1, n do
 end
 
 reply[1] = all
+reply[#reply + 1] = check
 if all == 1 then
   for _, w in ipairs(writes) do
     redis.call("SET", w[1], w[2], "PX", string.format("%.0f", w[3]))

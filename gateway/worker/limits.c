@@ -56,6 +56,7 @@ typedef struct redis_ask {
     size_t key_off[LIMITS_MAX], key_len[LIMITS_MAX]; /* each rule's key bytes in keys */
     agw_buf_t keys;
     uint64_t now_ms;
+    uint64_t check;             /* what the reply must give back (agw_limit_redis_command) */
 } redis_ask_t;
 
 /* ---- keys ----------------------------------------------------------------------------------- */
@@ -363,7 +364,7 @@ static int send_ask(agw_worker_t *w, redis_ask_t *a)
     if (w->cache.redis == NULL)
         return -1;
     agw_buf_t b = {0}; /* hiredis formats the command before agw_redis_command returns */
-    agw_limit_redis_command(&cmd, &b, a->eval, a->asks, keys, a->key_len, a->n, a->now_ms);
+    agw_limit_redis_command(&cmd, &b, a->eval, a->asks, keys, a->key_len, a->n, a->now_ms, a->check);
     int rc = agw_redis_command(w->cache.redis, on_redis_reply, a, cmd.argc, cmd.argv, cmd.lens);
     agw_buf_free(&b);
     return rc;
@@ -388,7 +389,7 @@ static void on_redis_reply(void *data, const struct redisReply *reply, const cha
     agw_limit_result_t results[LIMITS_MAX];
     agw_limit_verdict_t v = {.results = results};
     const char *why = err;
-    if (why == NULL && agw_limit_redis_verdict(reply, a->asks, a->n, a->now_ms, &v) != 0)
+    if (why == NULL && agw_limit_redis_verdict(reply, a->asks, a->n, a->now_ms, a->check, &v) != 0)
         why = "an answer that is not the limits script's";
     if (why == NULL) {
         note_redis(w, 1, NULL, 0);
@@ -514,6 +515,7 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
             a = agw_calloc(1, sizeof(*a));
             a->w = w;
             a->now_ms = c.now_ms;
+            a->check = ++w->cache.redis_next_id; /* (the worker's ids of its Redis commands) */
         }
         a->asks[a->n] = c.asks[i];
         a->key_off[a->n] = a->keys.len;

@@ -15,7 +15,7 @@ typedef struct agw_worker_cache {
     agw_lru_t *lru;         /* the cache's tier 1: kept across reloads */
     agw_redis_t *redis;     /* the Redis client (the cache's and the limits'), NULL without redis
                                or with neither cache.redis nor a rule with store = "redis" */
-    uint64_t redis_next_id; /* ids of core.redis_get */
+    uint64_t redis_next_id; /* ids of core.redis_get, and the checks of the Redis rate limits' commands (limits.c) */
     int closing;            /* the worker stops: Redis answers no longer run Lua */
 } agw_worker_cache_t;
 

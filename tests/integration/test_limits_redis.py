@@ -94,9 +94,14 @@ class LimitScript(GatewayTestCase):
         self.sha = self.r.call("SCRIPT", "LOAD", self.src)
 
     def check(self, now_ms, *rules):
+        # the last argument, a number the reply gives back as its last element (the gateway's check
+        # that a reply answers its own command)
         keys = [k for k, _ in rules]
-        args = [now_ms] + [a for _, spec in rules for a in spec]
+        self.checks = getattr(self, "checks", 0) + 1
+        args = [now_ms] + [a for _, spec in rules for a in spec] + [self.checks]
         reply = self.r.call("EVALSHA", self.sha, len(keys), *keys, *args)
+        self.assertEqual(reply[-1], self.checks)
+        self.assertEqual(len(reply), 2 + 3 * len(keys))
         return reply[0], [tuple(reply[1 + 3 * i:4 + 3 * i]) for i in range(len(keys))]
 
     def test_rate_is_gcra_as_the_local_store(self):
@@ -146,12 +151,13 @@ class LimitScript(GatewayTestCase):
         self.r.call("SCRIPT", "FLUSH")
         with self.assertRaisesRegex(RedisError, "NOSCRIPT"):
             self.check(1_000, ("agw:rl:{r}:x", rate(1, 1, 1)))
-        reply = self.r.call("EVAL", self.src, 1, "agw:rl:{r}:x", 1_000, *rate(1, 1, 1))
-        self.assertEqual(reply, [1, 1, 0, 1000])
+        reply = self.r.call("EVAL", self.src, 1, "agw:rl:{r}:x", 1_000, *rate(1, 1, 1), 4242)
+        self.assertEqual(reply, [1, 1, 0, 1000, 4242])
 
     def test_bad_arguments_are_an_error_reply(self):
-        for args in ([1, "agw:rl:{r}:x", "now", "r", 1, 1], [1, "agw:rl:{r}:x", 1, "r", 1],
-                     [1, "agw:rl:{r}:x", 1, "z", 1, 1], [1, "agw:rl:{r}:x", 1, "r", 0, 1]):
+        for args in ([1, "agw:rl:{r}:x", "now", "r", 1, 1, 7], [1, "agw:rl:{r}:x", 1, "r", 1, 7],
+                     [1, "agw:rl:{r}:x", 1, "z", 1, 1, 7], [1, "agw:rl:{r}:x", 1, "r", 0, 1, 7],
+                     [1, "agw:rl:{r}:x", 1, "r", 1, 1], [1, "agw:rl:{r}:x", 1, "r", 1, 1, "x"]):
             with self.assertRaisesRegex(RedisError, "agw limits"):
                 self.r.call("EVALSHA", self.sha, *args)
 

@@ -25,16 +25,17 @@ static void command_shape(void)
     agw_limit_redis_cmd_t c;
     agw_buf_t b = {0};
     uint64_t now = 1764600000000; /* 2025-12-01T14:40Z: the day ends at 1764633600000 */
-    agw_limit_redis_command(&c, &b, 0, asks, keys, lens, 2, now);
-    CHECK(c.argc == 3 + 2 + 1 + 6);
+    agw_limit_redis_command(&c, &b, 0, asks, keys, lens, 2, now, 77);
+    CHECK(c.argc == 3 + 2 + 1 + 6 + 1);
     CHECK(arg_is(&c, 0, "EVALSHA") && arg_is(&c, 1, agw_limit_redis_sha()) && arg_is(&c, 2, "2"));
     CHECK(c.lens[3] == 20 && memcmp(c.argv[3], "agw:rl:{per-ip}:\x7f\0\0\x01", 20) == 0);
     CHECK(arg_is(&c, 4, "agw:rl:{daily}:app-1") && arg_is(&c, 5, "1764600000000"));
     CHECK(arg_is(&c, 6, "r") && arg_is(&c, 7, "100000") && arg_is(&c, 8, "300000"));
     CHECK(arg_is(&c, 9, "q") && arg_is(&c, 10, "1000") && arg_is(&c, 11, "1764633600000"));
+    CHECK(arg_is(&c, 12, "77")); /* the check, last */
     CHECK(strlen(agw_limit_redis_sha()) == 40);
-    agw_limit_redis_command(&c, &b, 1, asks, keys, lens, 1, now);
-    CHECK(c.argc == 3 + 1 + 1 + 3 && arg_is(&c, 0, "EVAL") && c.lens[1] == agw_limit_redis_script_len &&
+    agw_limit_redis_command(&c, &b, 1, asks, keys, lens, 1, now, 78);
+    CHECK(c.argc == 3 + 1 + 1 + 3 + 1 && arg_is(&c, 0, "EVAL") && c.lens[1] == agw_limit_redis_script_len &&
           memcmp(c.argv[1], agw_limit_redis_script, c.lens[1]) == 0);
     CHECK(agw_limit_redis_noscript("NOSCRIPT No matching script. Please use EVAL.") &&
           !agw_limit_redis_noscript("ERR x") && !agw_limit_redis_noscript(NULL));
@@ -71,29 +72,33 @@ static void verdicts(void)
     uint64_t now = 1764600000000;
     fake_reply_t f;
     /* accepted by both: the rate has fewer left, so it decides; policies from the rules */
-    long long ok[] = {1, 1, 1, 200, 1, 999, 33600000};
-    CHECK(agw_limit_redis_verdict(array_of(&f, 7, ok, -1), asks, 2, now, &v) == 0);
+    long long ok[] = {1, 1, 1, 200, 1, 999, 33600000, 77};
+    CHECK(agw_limit_redis_verdict(array_of(&f, 8, ok, -1), asks, 2, now, 77, &v) == 0);
     CHECK(v.allowed == 1 && v.decisive == 0 && res[0].remaining == 1 && res[0].reset_ms == 200);
     CHECK(res[0].limit == 3 && res[0].window_s == 1 && res[1].limit == 1000 && res[1].window_s == 86400);
     /* refused by the quota alone: it decides */
-    long long no[] = {0, 1, 2, 100, 0, 0, 33600000};
-    CHECK(agw_limit_redis_verdict(array_of(&f, 7, no, -1), asks, 2, now, &v) == 0);
+    long long no[] = {0, 1, 2, 100, 0, 0, 33600000, 77};
+    CHECK(agw_limit_redis_verdict(array_of(&f, 8, no, -1), asks, 2, now, 77, &v) == 0);
     CHECK(v.allowed == 0 && v.decisive == 1 && res[0].allowed == 1 && res[1].allowed == 0);
     /* garbage: each is refused */
-    CHECK(agw_limit_redis_verdict(NULL, asks, 2, now, &v) == -1);
-    CHECK(agw_limit_redis_verdict(array_of(&f, 4, ok, -1), asks, 2, now, &v) == -1);     /* count */
-    CHECK(agw_limit_redis_verdict(array_of(&f, 7, ok, 3), asks, 2, now, &v) == -1);      /* a string */
-    long long lie1[] = {1, 1, 1, 200, 0, 0, 33600000};                                    /* all vs. rules */
-    long long lie2[] = {1, 1, 4, 200, 1, 999, 33600000};                                  /* over the burst */
-    long long lie3[] = {1, 2, 1, 200, 1, 999, 33600000};                                  /* flag 2 */
-    long long lie4[] = {1, 1, 1, 200, 1, 999, 86400001};                                  /* reset > window */
-    long long lie5[] = {1, 1, 1, -5, 1, 999, 33600000};                                   /* negative */
-    long long lie6[] = {0, 0, 1, 100, 1, 999, 33600000};                                  /* refused, remaining */
+    CHECK(agw_limit_redis_verdict(NULL, asks, 2, now, 77, &v) == -1);
+    CHECK(agw_limit_redis_verdict(array_of(&f, 4, ok, -1), asks, 2, now, 77, &v) == -1);     /* count */
+    CHECK(agw_limit_redis_verdict(array_of(&f, 7, ok, -1), asks, 2, now, 77, &v) == -1);     /* no check */
+    CHECK(agw_limit_redis_verdict(array_of(&f, 8, ok, 3), asks, 2, now, 77, &v) == -1);      /* a string */
+    /* another command's reply (a server or proxy sent one reply twice: each later reply answers the
+     * command after its own; an attack review got a refused client through so) */
+    CHECK(agw_limit_redis_verdict(array_of(&f, 8, no, -1), asks, 2, now, 78, &v) == -1);
+    long long lie1[] = {1, 1, 1, 200, 0, 0, 33600000, 77};                                    /* all vs. rules */
+    long long lie2[] = {1, 1, 4, 200, 1, 999, 33600000, 77};                                  /* over the burst */
+    long long lie3[] = {1, 2, 1, 200, 1, 999, 33600000, 77};                                  /* flag 2 */
+    long long lie4[] = {1, 1, 1, 200, 1, 999, 86400001, 77};                                  /* reset > window */
+    long long lie5[] = {1, 1, 1, -5, 1, 999, 33600000, 77};                                   /* negative */
+    long long lie6[] = {0, 0, 1, 100, 1, 999, 33600000, 77};                                  /* refused, remaining */
     long long *lies[] = {lie1, lie2, lie3, lie4, lie5, lie6};
     for (size_t i = 0; i < sizeof(lies) / sizeof(lies[0]); i++)
-        CHECK(agw_limit_redis_verdict(array_of(&f, 7, lies[i], -1), asks, 2, now, &v) == -1);
+        CHECK(agw_limit_redis_verdict(array_of(&f, 8, lies[i], -1), asks, 2, now, 77, &v) == -1);
     redisReply s = {.type = REDIS_REPLY_STRING, .str = (char *)"OK", .len = 2};
-    CHECK(agw_limit_redis_verdict(&s, asks, 2, now, &v) == -1);
+    CHECK(agw_limit_redis_verdict(&s, asks, 2, now, 77, &v) == -1);
 }
 
 static int redis_port;
@@ -106,15 +111,17 @@ static int run_check(redisContext *c, agw_limit_ask_t *asks, const char **keys, 
     agw_limit_redis_cmd_t cmd;
     agw_buf_t b = {0};
     *used_eval = 0;
-    agw_limit_redis_command(&cmd, &b, 0, asks, keys, lens, n, now);
+    static uint64_t check;
+    check++;
+    agw_limit_redis_command(&cmd, &b, 0, asks, keys, lens, n, now, check);
     redisReply *r = redisCommandArgv(c, cmd.argc, cmd.argv, cmd.lens);
     if (r && r->type == REDIS_REPLY_ERROR && agw_limit_redis_noscript(r->str)) {
         freeReplyObject(r);
         *used_eval = 1;
-        agw_limit_redis_command(&cmd, &b, 1, asks, keys, lens, n, now);
+        agw_limit_redis_command(&cmd, &b, 1, asks, keys, lens, n, now, check);
         r = redisCommandArgv(c, cmd.argc, cmd.argv, cmd.lens);
     }
-    int rc = r == NULL || r->type == REDIS_REPLY_ERROR ? -2 : agw_limit_redis_verdict(r, asks, n, now, v);
+    int rc = r == NULL || r->type == REDIS_REPLY_ERROR ? -2 : agw_limit_redis_verdict(r, asks, n, now, check, v);
     if (r)
         freeReplyObject(r);
     agw_buf_free(&b);
