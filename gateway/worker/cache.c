@@ -123,7 +123,9 @@ static int l_cache_set(lua_State *L)
  * with its own key's tag is a miss. (Values written before the tag were misses once.) */
 #define REDIS_TAG_LEN 16
 
-static void redis_tag(const char *key, size_t klen, unsigned char tag[REDIS_TAG_LEN])
+/* The first 16 bytes of SHA-256 over domain (its NUL included: each domain a space of its own)
+ * and the len bytes at s, into out. */
+static void domain_digest16(const char *domain, const char *s, size_t len, unsigned char out[16])
 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
@@ -131,11 +133,17 @@ static void redis_tag(const char *key, size_t klen, unsigned char tag[REDIS_TAG_
     if (!ctx)
         abort();
     EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-    EVP_DigestUpdate(ctx, "aggway-cache-key", 17); /* the NUL included: a domain of its own */
-    EVP_DigestUpdate(ctx, key, klen);
+    EVP_DigestUpdate(ctx, domain, strlen(domain) + 1);
+    EVP_DigestUpdate(ctx, s, len);
     EVP_DigestFinal_ex(ctx, md, &mdlen);
     EVP_MD_CTX_free(ctx);
-    memcpy(tag, md, REDIS_TAG_LEN);
+    memcpy(out, md, 16);
+}
+
+static void redis_tag(const char *key, size_t klen, unsigned char tag[REDIS_TAG_LEN])
+{
+    _Static_assert(REDIS_TAG_LEN == 16, "a tag is a 16-byte digest");
+    domain_digest16("aggway-cache-key", key, klen, tag);
 }
 
 /* A GET waiting for its answer: the generation to answer (one reference), the runtime's id and
@@ -336,16 +344,8 @@ static int l_digest(lua_State *L)
 {
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    if (!ctx)
-        abort();
-    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-    EVP_DigestUpdate(ctx, "aggway-cache-user", 18); /* the NUL included: a domain of its own */
-    EVP_DigestUpdate(ctx, s, len);
-    EVP_DigestFinal_ex(ctx, md, &mdlen);
-    EVP_MD_CTX_free(ctx);
+    unsigned char md[16];
+    domain_digest16("aggway-cache-user", s, len, md);
     char hex[32];
     agw_trace_hex(hex, md, 16); /* lowercase, two digits a byte from one table */
     lua_pushlstring(L, hex, 32);
