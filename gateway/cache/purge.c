@@ -90,6 +90,7 @@ typedef struct guard {
     size_t bytes;       /* the bytes of the strings of the reply being read, in all */
     int too_long;       /* a reply was refused for them (the reason, for the message) */
     int too_large;      /* a reply was refused for its bytes (reply_within) */
+    int line_too_long;  /* a reply was refused for a line longer than any reply has (reply_within) */
 } guard_t;
 
 static void *guard_array(const redisReadTask *t, int n)
@@ -135,6 +136,8 @@ static const char *why(const purge_conn_t *p)
         return "the purge's time ran out while Redis answered";
     if (p->guard.too_large)
         return "the reply is larger than a purge takes";
+    if (p->guard.line_too_long)
+        return "the reply has a line longer than any reply has";
     return p->guard.too_long ? "the reply is an array of more elements than a purge takes" : p->c->errstr;
 }
 
@@ -174,6 +177,10 @@ static redisReply *reply_within(purge_conn_t *p)
             p->guard.too_large = 1;
             return NULL;
         }
+        if (agw_redis_line_too_long(p->c->reader->buf, p->c->reader->pos, p->c->reader->len)) {
+            p->guard.line_too_long = 1; /* (hiredis looks for its end from its start at every read) */
+            return NULL;
+        }
         if (redisGetReplyFromReader(p->c, &reply) == REDIS_ERR)
             return NULL;
         if (reply == NULL && now_s() > p->until) {
@@ -182,6 +189,22 @@ static redisReply *reply_within(purge_conn_t *p)
         }
     }
     return reply;
+}
+
+/* 1 when r is +OK, AUTH's and SELECT's success (any other answer is a server that lies or is not
+ * Redis). */
+static int is_ok(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_STATUS && r->len == 2 && memcmp(r->str, "OK", 2) == 0;
+}
+
+/* What a command that did not succeed got, for its message: an error reply's text, another reply,
+ * or why there was none. */
+static const char *answered(const redisReply *r, const purge_conn_t *p)
+{
+    if (!r)
+        return why(p);
+    return r->type == REDIS_REPLY_ERROR && r->str ? r->str : "a reply other than OK";
 }
 
 /* The command fmt … on p (hiredis's format), its reply read within the deadline. */
@@ -226,8 +249,8 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
     if (conf->password) {
         r = conf->user ? command(&p, "AUTH %s %s", conf->user, conf->password)
                        : command(&p, "AUTH %s", conf->password);
-        if (!r || r->type == REDIS_REPLY_ERROR) {
-            snprintf(err, errlen, "redis AUTH failed: %s", r ? r->str : why(&p));
+        if (!is_ok(r)) {
+            snprintf(err, errlen, "redis AUTH failed: %s", answered(r, &p));
             freeReplyObject(r);
             redisFree(c);
             return -1;
@@ -235,8 +258,8 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
         freeReplyObject(r);
     }
     r = command(&p, "SELECT %d", conf->db);
-    if (!r || r->type == REDIS_REPLY_ERROR) {
-        snprintf(err, errlen, "redis SELECT failed: %s", r ? r->str : why(&p));
+    if (!is_ok(r)) {
+        snprintf(err, errlen, "redis SELECT failed: %s", answered(r, &p));
         freeReplyObject(r);
         redisFree(c);
         return -1;
@@ -264,7 +287,10 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
             lens[0] = 6;
             size_t n = 1;
             for (size_t i = 0; i < keys->elements; i++) {
-                if (keys->element[i]->type != REDIS_REPLY_STRING)
+                /* only the keys the prefix names: a server or a proxy that answers SCAN with other
+                 * keys (the rate limits' counts, another application's) gets none of them deleted */
+                if (keys->element[i]->type != REDIS_REPLY_STRING || keys->element[i]->len < len ||
+                    memcmp(keys->element[i]->str, prefix, len) != 0)
                     continue;
                 argv[n] = keys->element[i]->str;
                 lens[n++] = keys->element[i]->len;

@@ -284,12 +284,14 @@ static void outage_end(agw_redis_t *r);
  * 7 KB sent, would take 8 MB). */
 #define TOO_LONG_WHY "Redis sent an array reply longer than any command of the gateway's takes"
 
-/* A line (a status, an error, a number, a length) longer than this is refused as it comes: the
- * gateway's commands get none over a few hundred bytes, and hiredis 0.14 looks for a line's end
- * from its start again at every read, so a line that never ends, sent a byte at a time, cost a
- * worker a core (an attack review). */
-#define LINE_MAX_BYTES ((size_t)64 * 1024)
+/* A line longer than AGW_REDIS_MAX_LINE_BYTES (redis.h) is refused as it comes (an attack review:
+ * a line that never ended, a byte a ms, kept a worker's core busy). */
 #define LONG_LINE_WHY "Redis sent a line longer than any reply has"
+
+int agw_redis_line_too_long(const char *buf, size_t pos, size_t len)
+{
+    return len - pos > AGW_REDIS_MAX_LINE_BYTES && memmem(buf + pos, AGW_REDIS_MAX_LINE_BYTES, "\r\n", 2) == NULL;
+}
 
 /* A reply of more than AGW_REDIS_MAX_REPLY_BYTES (redis.h) is refused as its bytes come: its strings
  * in all (guarded_string) and what the reader holds unparsed (guarded_read). hiredis 0.14 keeps
@@ -408,9 +410,8 @@ static void guarded_read(struct ev_loop *loop, ev_io *w, int revents)
             why = UNASKED_WHY; /* the start of a reply no command waits for, or more of one */
         else if (unparsed > AGW_REDIS_MAX_REPLY_BYTES)
             why = TOO_BIG_WHY;
-        else if (unparsed > LINE_MAX_BYTES && !memmem(rd->buf + rd->pos, LINE_MAX_BYTES, "\r\n", 2))
-            why = LONG_LINE_WHY; /* (the reader's pos is at the item it parses: a line, or a string's
-                                    length line, which a whole string waits behind) */
+        else if (agw_redis_line_too_long(rd->buf, rd->pos, rd->len))
+            why = LONG_LINE_WHY;
         if (why) {
             r->refused = why;
             lost(r, why);
@@ -702,6 +703,14 @@ static void connect_now(agw_redis_t *r)
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     ev_timer_set(&r->connect_timer, (double)r->conf.connect_timeout_ms / 1000.0, 0.);
     ev_timer_start(r->loop, &r->connect_timer);
+}
+
+void agw_redis_drop(agw_redis_t *r, const char *why)
+{
+    if (r->ac == NULL)
+        return;
+    r->refused = why;
+    lost(r, why); /* (inside a callback hiredis frees the context once the callback returns) */
 }
 
 void agw_redis_set_owner(agw_redis_t *r, const char *owner)

@@ -123,6 +123,26 @@ int agw_redis_ready(const agw_redis_t *r);
 int agw_redis_command(agw_redis_t *r, agw_redis_cb cb, void *data, int argc, const char **argv,
                       const size_t *argvlen);
 
+/* Drops r's connection when its replies can no longer be trusted to answer the commands they
+ * come for: a caller got a reply that its command cannot have (the limits script's without this
+ * command's check, another key's cache value, a SET answered other than +OK), which a server or a
+ * proxy that sent one reply twice makes of every later reply. The commands waiting fail
+ * ("connection lost: " and why, a static string), the client connects again with backoff, and the
+ * outage is logged. Nothing when no connection is up. May be called from a command's callback. */
+void agw_redis_drop(agw_redis_t *r, const char *why);
+
+/* A line of RESP (a status, an error, a number, a string's length) longer than this is refused as
+ * it comes, by this client and the admin purge's connection: the gateway's commands get none over a
+ * few hundred bytes, and hiredis 0.14 looks for a line's end from its start again at every read, so
+ * a line that never ends, sent a byte at a time, cost a core. */
+#define AGW_REDIS_MAX_LINE_BYTES ((size_t)64 * 1024)
+
+/* 1 when the reader's unparsed bytes buf[pos..len) hold a line longer than AGW_REDIS_MAX_LINE_BYTES:
+ * more than that many bytes and no CRLF among the first of them. The reader's pos is always at the
+ * item it is parsing (after its type byte): a line, or a string's length line, which the whole
+ * string waits behind. */
+int agw_redis_line_too_long(const char *buf, size_t pos, size_t len);
+
 /* Names the client's owner in its log lines ("worker 2": "redis 127.0.0.1:6379/0 (worker 2):
  * connection lost …"), so that the outage lines of several clients, one per worker, say whose
  * they are. owner is copied (cut at 40 bytes). */

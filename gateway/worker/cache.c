@@ -150,9 +150,20 @@ static void redis_tag(const char *key, size_t klen, unsigned char tag[REDIS_TAG_
  * the tag its key's value starts with. */
 typedef struct redis_get {
     wgen_t *g;
+    agw_redis_t *r; /* the client it was sent on (it answers every command before it is freed) */
     uint64_t id;
     unsigned char tag[REDIS_TAG_LEN];
 } redis_get_t;
+
+/* 1 when a lookup's reply cannot be the value of the key it asked for, only another command's:
+ * not a string or nil (an integer, an array: a limits check's), or a value tagged for another key.
+ * A value of the format before the tag ("AGWC1 …", written by an older build) is a plain miss. */
+static int redis_get_shifted(const struct redisReply *reply)
+{
+    if (reply->type != REDIS_REPLY_STRING)
+        return reply->type != REDIS_REPLY_NIL;
+    return reply->len > REDIS_TAG_LEN && !(reply->len >= 6 && memcmp(reply->str, "AGWC1 ", 6) == 0);
+}
 
 static void on_redis_get(void *data, const struct redisReply *reply, const char *err)
 {
@@ -170,14 +181,17 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
                    memcmp(reply->str, q->tag, REDIS_TAG_LEN) == 0) {
             lua_pushlstring(L, reply->str + REDIS_TAG_LEN, reply->len - REDIS_TAG_LEN);
             lua_pushnil(L);
-        } else if (reply->type == REDIS_REPLY_NIL || reply->type == REDIS_REPLY_STRING) {
+        } else if (!redis_get_shifted(reply)) {
             /* (GETRANGE gives "" for a key that is not there: a miss, as GET's nil was; so is a
-             * value without this key's tag: another key's, or not the gateway's) */
+             * value of the format before the tag) */
             lua_pushnil(L);
             lua_pushnil(L);
         } else {
+            /* the reply of another command: the connection's replies are shifted (a server or a
+             * proxy sent one twice), and every later one would be too until it is dropped */
             lua_pushnil(L);
-            lua_pushstring(L, "Redis answered GETRANGE with a value that is not a string");
+            lua_pushstring(L, "Redis answered the lookup with another command's reply");
+            agw_redis_drop(q->r, "Redis answered a cache lookup with another command's reply");
         }
         agw_worker_call_runtime(g, 3);
     }
@@ -214,6 +228,7 @@ static int l_redis_get(lua_State *L)
         return 0;
     redis_get_t *q = agw_malloc(sizeof(*q));
     q->g = g;
+    q->r = w->cache.redis;
     q->id = ++w->cache.redis_next_id;
     redis_tag(key, klen, q->tag);
     char last[32]; /* GETRANGE key 0 tag+max-1: at most the tag and the largest entry tier 2 holds */
@@ -229,9 +244,13 @@ static int l_redis_get(lua_State *L)
     return 1;
 }
 
+/* A SET's answer (data: the client it was sent on): counted by the client, and a failed SET only
+ * costs a later miss; but a reply other than +OK is another command's, and the connection's
+ * replies are shifted. */
 static void on_redis_set(void *data, const struct redisReply *reply, const char *err)
 {
-    (void)data, (void)reply, (void)err; /* counted by the client; a failed SET only costs a later miss */
+    if (err == NULL && !(reply->type == REDIS_REPLY_STATUS && reply->len == 2 && memcmp(reply->str, "OK", 2) == 0))
+        agw_redis_drop(data, "Redis answered a cache store with another command's reply");
 }
 
 /* Whether redis_set sends an entry of len bytes and ttl ms: the worker has Redis, the ttl is 1 ms
@@ -259,7 +278,7 @@ static void redis_set(agw_worker_t *w, const char *key, size_t klen, const struc
     int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
     const char *argv[5] = {"SET", key, v.base, "PX", px};
     size_t lens[5] = {3, klen, v.len, 2, (size_t)pl};
-    agw_redis_command(w->cache.redis, on_redis_set, NULL, 5, argv, lens);
+    agw_redis_command(w->cache.redis, on_redis_set, w->cache.redis, 5, argv, lens);
     agw_buf_free(&v);
 }
 

@@ -327,6 +327,11 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         w->log.trace_rng = w->rng ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)w;
     if (w->log.trace_rng == 0)
         w->log.trace_rng = w->rng;
+    /* the ids of the worker's Redis commands start anywhere below 2^52 (exact as Lua numbers, with
+     * room to count): the limits script gives a command's back, and a proxy that mixed up the replies
+     * of two gateways' connections must not find the other's ids in step with its own (an attack
+     * review: both counted 1, 2, 3 …) */
+    w->cache.redis_next_id = (w->log.trace_rng ^ (w->log.trace_rng >> 17) * 0x9E3779B97F4A7C15ull) & ((1ull << 52) - 1);
     wgen_t *first = agw_worker_prepare(w, gen, errors);
     if (first == NULL) {
         free(w);

@@ -295,6 +295,66 @@ def count_command(buf):
     return pos
 
 
+def resp_args(cmd):
+    """The arguments of one complete RESP array command (bytes each)."""
+    end = cmd.find(b"\r\n")
+    n, pos, args = int(cmd[1:end]), end + 2, []
+    for _ in range(n):
+        e = cmd.find(b"\r\n", pos)
+        ln = int(cmd[pos + 1:e])
+        args.append(cmd[e + 2:e + 2 + ln])
+        pos = e + 2 + ln + 2
+    return args
+
+
+class ShiftingRedis(FakeRedis):
+    """A stand-in for the limits script that refuses keys holding "blocked" and accepts the others
+    (rate 1 per s, burst 5), giving back each command's check; armed, it holds the reply to the next
+    check of another key until a second check comes, then sends the held reply twice and the second's:
+    the second command gets the first's reply, as from a Redis or a proxy that sent one reply twice."""
+
+    def __init__(self):
+        super().__init__(b"")
+        self.armed = threading.Event()
+        self.shifted = threading.Event()
+
+    @staticmethod
+    def verdict(args):
+        check = int(args[-1])
+        if b"blocked" in args[3]:
+            return b"*5\r\n:0\r\n:0\r\n:0\r\n:1000\r\n:%d\r\n" % check
+        return b"*5\r\n:1\r\n:1\r\n:4\r\n:1000\r\n:%d\r\n" % check
+
+    def answer(self, c):
+        buf, held = b"", None
+        try:
+            while True:
+                data = c.recv(65536)
+                if not data:
+                    return
+                buf += data
+                while True:
+                    n = count_command(buf)
+                    if n == 0:
+                        break
+                    cmd, buf = buf[:n], buf[n:]
+                    if b"SELECT" in cmd:
+                        c.sendall(b"+OK\r\n")
+                        continue
+                    reply = self.verdict(resp_args(cmd))
+                    if held is not None:
+                        c.sendall(held + held + reply)
+                        held = None
+                        self.shifted.set()
+                    elif self.armed.is_set() and b"blocked" not in cmd:
+                        self.armed.clear()
+                        held = reply
+                    else:
+                        c.sendall(reply)
+        except OSError:
+            return
+
+
 def redis_rules(on_error="local", **rule):
     r = {"name": "shared", "key": "route", "rate": 1, "per_s": 600, "burst": 5, "store": "redis",
          "on_redis_error": on_error}
@@ -721,6 +781,36 @@ class RedisStore(GatewayTestCase):
 
     def test_redis_answering_remaining_over_the_limit_is_an_error(self):
         self.garbage(b"*4\r\n:1\r\n:99\r\n:5\r\n:0\r\n", "deny", 503)
+
+    def test_a_reply_shifted_onto_another_check_lets_no_request_through(self):
+        # (an attack review: a Redis or a proxy that sent one reply twice while checks waited gave each
+        # later check the reply of the one before it: a client its rule refuses got through on another
+        # client's verdict, and the replies stayed shifted for seconds.) The script gives back each
+        # command's check: a reply without it is no answer (on_redis_error decides: deny here), and the
+        # connection is dropped and made again.
+        fake = ShiftingRedis()
+        self.addCleanup(fake.stop)
+        rules = [{"name": "per-client", "key": {"header": "x-client"}, "rate": 1, "per_s": 1, "burst": 5,
+                  "store": "redis", "on_redis_error": "deny"}]
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["per-client"])},
+                   gateway_extra=self.extra(rules, fake.port, timeout_ms=5000))
+        self.wait_ready()
+        self.assertEqual(self.get("/a", "-H", "x-client: good").status, 200)
+        self.assertEqual(self.get("/a", "-H", "x-client: blocked").status, 429)
+        fake.armed.set()
+        good = {}
+        t = threading.Thread(target=lambda: good.update(r=self.get("/a", "-H", "x-client: good")))
+        t.start()  # its check's reply is held by the fake until the next check comes
+        self.assertTrue(wait_until(lambda: not fake.armed.is_set(), 10))
+        blocked = self.get("/a", "-H", "x-client: blocked")
+        t.join(30)
+        self.assertTrue(fake.shifted.is_set())
+        self.assertEqual(good["r"].status, 200)
+        self.assertEqual(blocked.status, 503, blocked)  # never 200: the good client's reply was not its own
+        self.assertIn("Redis answered a limits check with a reply that is not its own", self.gw.log())
+        # the connection made again answers as before
+        self.assertTrue(wait_until(lambda: self.get("/a", "-H", "x-client: blocked").status == 429, 10), self.gw.log())
+        self.assertEqual(self.get("/a", "-H", "x-client: good").status, 200)
 
     def test_decisions_in_the_access_log_and_the_waterfall(self):
         log_path = os.path.join(self.workdir, "access.log")

@@ -136,6 +136,9 @@ static void against_redis(void)
     if (c == NULL || c->err)
         return;
     freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+    /* the counts a run before left (the test counts from empty buckets) */
+    freeReplyObject(redisCommand(c, "DEL %b %b", "agw:rl:{burst}:\x7f\0\0\x01", (size_t)19, "agw:rl:{daily}:\x7f\0\0\x01",
+                                 (size_t)19));
     agw_limit_rule_t r = rate_rule("burst", 10, 1, 3), q = quota_rule("daily", 5, AGW_LIMIT_DAY);
     agw_limit_ask_t asks[2] = {{.rule = &r}, {.rule = &q}};
     const char *keys[2] = {"\x7f\0\0\x01", "\x7f\0\0\x01"};

@@ -187,6 +187,9 @@ typedef enum fake_mode {
     FAKE_IDLE_LINE,     /* +OK to SELECT and, no command asked, "+" and 1 MB without CRLF, then a byte a ms */
     FAKE_LONG_LINE,     /* +OK to SELECT, then "+" and 100 KB without CRLF to a command, then nothing */
     FAKE_SELECT_INT,    /* :0 to SELECT (not +OK), then :42 */
+    FAKE_SCAN_FOREIGN,  /* +OK to SELECT, SCAN's keys one under the prefix and two others, then each
+                           UNLINK answered with the number of keys it names */
+    FAKE_SCAN_LONG_LINE, /* +OK to SELECT, then SCAN answered "+" and 100 KB without CRLF */
 } fake_mode_t;
 
 typedef struct fake {
@@ -412,6 +415,31 @@ static void *fake_main(void *arg)
                     }
                     break;
                 case FAKE_SELECT_INT: out = nth == 0 ? ":0\r\n" : ":42\r\n"; break;
+                case FAKE_SCAN_FOREIGN:
+                    if (nth == 0) {
+                        out = "+OK\r\n";
+                    } else if (nth == 1) {
+                        out = "*2\r\n$1\r\n0\r\n*3\r\n$9\r\nagw:{p}:a\r\n$16\r\nagw:rl:{x}:1.2.3\r\n$13\r\nsession:alice\r\n";
+                    } else {
+                        static char n_keys[32]; /* the command's argument count, less UNLINK itself */
+                        snprintf(n_keys, sizeof(n_keys), ":%ld\r\n", strtol(buf + 1, NULL, 10) - 1);
+                        out = n_keys; /* (one command in buf: the purge waits for each reply) */
+                    }
+                    break;
+                case FAKE_SCAN_LONG_LINE:
+                    if (nth == 0) {
+                        out = "+OK\r\n";
+                        break;
+                    }
+                    if (write(c, "+", 1) < 0)
+                        goto close_conn;
+                    {
+                        static char chunk[100 * 1024];
+                        memset(chunk, 'a', sizeof(chunk));
+                        if (write(c, chunk, sizeof(chunk)) < 0)
+                            goto close_conn;
+                    }
+                    break;
                 case FAKE_LONG_ARRAY:
                     if (nth > 0) {
                         static char longest[16 + 4 * AGW_REDIS_MAX_ELEMENTS];
@@ -900,6 +928,41 @@ static void select_answered_with_other_than_ok_keeps_the_client_down(void)
     fake_client_stop(&fc);
 }
 
+/* A caller that got a reply its command cannot have (agw_redis_drop: the cache's lookups and
+ * stores, the limits' checks) drops the connection from inside its callback: the commands still
+ * waiting fail with the reason, and the client connects again (a second attack review: a reply
+ * sent twice left every later reply shifted onto the command after its own for seconds) */
+typedef struct drop_rec {
+    agw_redis_t *r;
+    rec_t first;
+} drop_rec_t;
+
+static void drop_on_reply(void *data, const struct redisReply *reply, const char *err)
+{
+    drop_rec_t *d = data;
+    on_rec(&d->first, reply, err);
+    if (err == NULL)
+        agw_redis_drop(d->r, "the test's reply was another command's");
+}
+
+static void a_caller_drops_a_connection_whose_replies_are_shifted(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_WRONG_TYPES, 0, ANSWER_MS);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    drop_rec_t d = {.r = r};
+    const char *argv[2] = {"GET", "a"};
+    CHECK(agw_redis_command(r, drop_on_reply, &d, 2, argv, NULL) == 0);
+    rec_t b;
+    CHECK(cmd(r, &b, "GET", "b", NULL) == 0);
+    CHECK(wait_until(rec_done, &b, WAIT_S));
+    CHECK(d.first.done == 1 && d.first.type == REDIS_REPLY_INTEGER);
+    CHECK(b.type == -1 && strstr(b.err, "connection lost: the test's reply was another command's") != NULL);
+    CHECK(fc.st.disconnects == 1);
+    CHECK(wait_until(is_ready, r, WAIT_S)); /* connected again */
+    fake_client_stop(&fc);
+}
+
 /* ... and a reply of the most bytes taken reaches the caller whole */
 static void a_reply_of_the_most_bytes_taken_is_answered(void)
 {
@@ -981,6 +1044,40 @@ static void a_purge_refuses_keys_larger_in_all_than_it_takes(void)
                              "redis SCAN failed: the reply is larger than a purge takes", &deleted));
 }
 
+/* ... a line longer than any reply has fails it at once (hiredis looks for a line's end from its
+ * start at every read: a 16 MB line took the admin thread 7 s of CPU; a second attack review) ... */
+static void a_purge_refuses_a_line_longer_than_any_reply_has(void)
+{
+    uint64_t deleted;
+    CHECK(purge_fails_saying(FAKE_SCAN_LONG_LINE, AGW_CACHE_PURGE_BUDGET_S,
+                             "redis SCAN failed: the reply has a line longer than any reply has", &deleted));
+}
+
+/* ... SELECT answered with other than +OK is no success (the purge went on and deleted) ... */
+static void a_purge_refuses_a_select_answered_other_than_ok(void)
+{
+    uint64_t deleted;
+    CHECK(purge_fails_saying(FAKE_SELECT_INT, AGW_CACHE_PURGE_BUDGET_S, "redis SELECT failed: a reply other than OK",
+                             &deleted));
+}
+
+/* ... and keys SCAN gives that the prefix does not name are never deleted: a server or proxy that
+ * answers with others (the rate limits' counts, another application's) had them all unlinked */
+static void a_purge_deletes_only_the_keys_its_prefix_names(void)
+{
+    fake_t f;
+    fake_start(&f, FAKE_SCAN_FOREIGN);
+    agw_redis_conf_t c = conf_for(f.port, 0, 1000);
+    char err[256] = "";
+    uint64_t deleted = 0;
+    int rc = agw_cache_redis_purge_within(&c, "agw:{p}", 7, AGW_CACHE_PURGE_BUDGET_S, &deleted, err, sizeof(err));
+    agw_redis_conf_clear(&c);
+    fake_stop(&f);
+    CHECK(rc == 0 && deleted == 1); /* (the fake answers UNLINK with the number of keys it was given) */
+    if (rc != 0 || deleted != 1)
+        fprintf(stderr, "  purge: rc %d, %llu deleted, %s\n", rc, (unsigned long long)deleted, err);
+}
+
 /* ... and a SCAN that never ends stops at the purge's budget, saying so */
 static void a_purge_stops_a_scan_that_never_ends(void)
 {
@@ -1036,6 +1133,10 @@ int main(void)
     RUN(a_purge_stops_a_reply_that_drips);
     RUN(a_purge_refuses_a_reply_larger_than_it_takes);
     RUN(a_purge_refuses_keys_larger_in_all_than_it_takes);
+    RUN(a_purge_refuses_a_line_longer_than_any_reply_has);
+    RUN(a_purge_refuses_a_select_answered_other_than_ok);
+    RUN(a_purge_deletes_only_the_keys_its_prefix_names);
+    RUN(a_caller_drops_a_connection_whose_replies_are_shifted);
     loop_gap_stop(loop);
     return CHECK_DONE();
 }
