@@ -155,14 +155,12 @@ typedef struct redis_get {
     unsigned char tag[REDIS_TAG_LEN];
 } redis_get_t;
 
-/* 1 when a lookup's reply cannot be the value of the key it asked for, only another command's:
- * not a string or nil (an integer, an array: a limits check's), or a value tagged for another key.
- * A value of the format before the tag ("AGWC1 …", written by an older build) is a plain miss. */
+/* 1 when a lookup's reply cannot be any key's value, only another command's: not a string or nil
+ * (an integer, an array: a limits check's). A value tagged for another key is a miss only: a value
+ * written by an older build or copied by hand looks the same. */
 static int redis_get_shifted(const struct redisReply *reply)
 {
-    if (reply->type != REDIS_REPLY_STRING)
-        return reply->type != REDIS_REPLY_NIL;
-    return reply->len > REDIS_TAG_LEN && !(reply->len >= 6 && memcmp(reply->str, "AGWC1 ", 6) == 0);
+    return reply->type != REDIS_REPLY_STRING && reply->type != REDIS_REPLY_NIL;
 }
 
 static void on_redis_get(void *data, const struct redisReply *reply, const char *err)
@@ -183,7 +181,7 @@ static void on_redis_get(void *data, const struct redisReply *reply, const char 
             lua_pushnil(L);
         } else if (!redis_get_shifted(reply)) {
             /* (GETRANGE gives "" for a key that is not there: a miss, as GET's nil was; so is a
-             * value of the format before the tag) */
+             * value without this key's tag) */
             lua_pushnil(L);
             lua_pushnil(L);
         } else {

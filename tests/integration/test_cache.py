@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -330,6 +331,41 @@ class CacheWithRedis(GatewayTestCase):
         self.assertEqual(str(r.json()["product"]["data"]["id"]), "2", r.body)
         self.assertEqual(timing(r, "product"), "miss")
         self.assertEqual(self.product_hits(), before + 1)
+
+    def test_a_lookup_answered_with_another_commands_reply_drops_the_connection(self):
+        # A lookup's reply is a string or nil; an integer is another command's (a Redis or a proxy
+        # that sent one reply twice shifts every later one): a miss, and the connection is dropped and
+        # made again (a second attack review: the replies stayed shifted for seconds).
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(8)
+        self.addCleanup(lsock.close)
+
+        def serve():  # +OK to SELECT, :7 to any other command
+            while True:
+                try:
+                    c, _ = lsock.accept()
+                except OSError:
+                    return
+                threading.Thread(target=answer, args=(c,), daemon=True).start()
+
+        def answer(c):
+            with c:
+                while True:
+                    data = c.recv(65536)
+                    if not data:
+                        return
+                    c.sendall(b"+OK\r\n" if b"SELECT" in data else b":7\r\n")
+        threading.Thread(target=serve, daemon=True).start()
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % lsock.getsockname()[1], "timeout_ms": 1000})
+        pages = iter(range(1, 1000))
+
+        def a_page_then_the_drop():  # (each page a key of its own: a tier-1 hit would ask Redis nothing)
+            r = self.get("/p/%d" % next(pages))
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json()["product"]["status"], "ok", r.body)  # a miss: the upstream's
+            return "Redis answered a cache lookup with another command's reply" in self.gw.log()
+        self.assertTrue(wait_until(a_page_then_the_drop, 20), self.gw.log())
 
     def test_purge_by_prefix_empties_both_tiers(self):
         self.start_cached()
