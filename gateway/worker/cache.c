@@ -39,6 +39,7 @@
 
 #include <hiredis/hiredis.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "base/log.h"
@@ -123,16 +124,30 @@ static int l_cache_set(lua_State *L)
  * with its own key's tag is a miss. (Values written before the tag were misses once.) */
 #define REDIS_TAG_LEN 16
 
+/* SHA-256's implementation, fetched from OpenSSL's providers once for the process: EVP_sha256()
+ * in EVP_DigestInit_ex fetches it again at every digest, 2,700 of the 7,900 instructions a tag took
+ * (callgrind, a 51-byte key). */
+static EVP_MD *sha256_md;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_fetch(void)
+{
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    if (!sha256_md)
+        abort();
+}
+
 /* The first 16 bytes of SHA-256 over domain (its NUL included: each domain a space of its own)
  * and the len bytes at s, into out. */
 static void domain_digest16(const char *domain, const char *s, size_t len, unsigned char out[16])
 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
+    pthread_once(&sha256_once, sha256_fetch);
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     if (!ctx)
         abort();
-    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    EVP_DigestInit_ex2(ctx, sha256_md, NULL);
     EVP_DigestUpdate(ctx, domain, strlen(domain) + 1);
     EVP_DigestUpdate(ctx, s, len);
     EVP_DigestFinal_ex(ctx, md, &mdlen);
