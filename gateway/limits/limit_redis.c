@@ -109,13 +109,18 @@ int agw_limit_redis_noscript(const char *err)
 int agw_limit_redis_verdict(const struct redisReply *reply, const agw_limit_ask_t *asks, size_t num, uint64_t now_ms,
                             uint64_t check, agw_limit_verdict_t *v)
 {
+    /* this command's reply: its shape, and its check (else another command's) */
     if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 + 3 * num)
-        return -1;
+        return -2;
     for (size_t i = 0; i < reply->elements; i++)
-        if (reply->element[i]->type != REDIS_REPLY_INTEGER || reply->element[i]->integer < 0)
-            return -1;
+        if (reply->element[i]->type != REDIS_REPLY_INTEGER)
+            return -2;
     if ((uint64_t)reply->element[1 + 3 * num]->integer != (check & ((UINT64_C(1) << 53) - 1)))
-        return -1; /* another command's reply */
+        return -2;
+    /* … and a verdict its rules allow */
+    for (size_t i = 0; i < reply->elements; i++)
+        if (reply->element[i]->integer < 0)
+            return -1;
     long long all = reply->element[0]->integer;
     if (all > 1)
         return -1;
@@ -126,9 +131,15 @@ int agw_limit_redis_verdict(const struct redisReply *reply, const agw_limit_ask_
         long long allowed = reply->element[1 + 3 * i]->integer;
         uint64_t remaining = (uint64_t)reply->element[2 + 3 * i]->integer;
         uint64_t reset_ms = (uint64_t)reply->element[3 + 3 * i]->integer;
-        /* a rate's reset is at most the time its bucket takes to fill; a quota's, its window */
+        /* a rate's reset is at most the time its bucket takes to fill, a quota's its window, by this
+         * gateway's clock and rule: one counted by a clock ahead of this worker's (another gateway's,
+         * another worker's loop time) or by the rule's looser numbers before a reload is further
+         * off, and is cut to it (Redis's verdict stands: an attack review found a correct Redis's
+         * refusals taken for lies) */
         uint64_t max_reset = r->is_quota ? out->window_s * 1000 : emission_us(r) * r->burst / 1000 + 1;
-        if (allowed > 1 || remaining > out->limit || reset_ms > max_reset || (allowed == 0 && remaining != 0))
+        if (reset_ms > max_reset)
+            reset_ms = max_reset;
+        if (allowed > 1 || remaining > out->limit || (allowed == 0 && remaining != 0))
             return -1;
         out->allowed = (int)allowed;
         out->remaining = remaining;

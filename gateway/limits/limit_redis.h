@@ -60,11 +60,13 @@ int agw_limit_redis_noscript(const char *err);
 
 /* Reads the script's reply for the num rules of asks checked at now_ms with check (the command's,
  * agw_limit_redis_command) into *v (v->results: num entries): allowed, remaining and reset per
- * rule from Redis, limit and window from the rules (agw_limit_policy), the decisive rule as
- * agw_limit_decide. Returns 0, or -1 when the reply is not the script's for this command (wrong
- * type or count, another check, a flag not 0/1, a remaining over the rule's limit, a verdict that
- * disagrees with its rules): *v is then unspecified and the caller applies the rules'
- * on_redis_error. */
+ * rule from Redis (a reset beyond what the rule allows by this gateway's clock, from a clock ahead
+ * or the rule's numbers before a reload, cut to it), limit and window from the rules
+ * (agw_limit_policy), the decisive rule as agw_limit_decide. Returns 0; -2 when the reply is not
+ * this command's (another shape, or another check: the connection's replies are shifted, and the
+ * caller drops it); -1 when it is, with a verdict its rules do not allow (a negative number, a flag
+ * not 0/1, a remaining over the rule's limit, a verdict that disagrees with its rules). On -1 and
+ * -2 *v is unspecified and the caller applies the rules' on_redis_error. */
 int agw_limit_redis_verdict(const struct redisReply *reply, const agw_limit_ask_t *asks, size_t num, uint64_t now_ms,
                             uint64_t check, agw_limit_verdict_t *v);
 

@@ -21,6 +21,11 @@
 
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 5000
+/* A connection ready this long (s) was a healthy one: losing it starts the backoff again from
+ * BACKOFF_FIRST_MS. One lost sooner keeps doubling it, so that a server whose answers drop every
+ * connection at once (a reply the client refuses, right after the handshake) is not reconnected to
+ * 20 times a second, with two log lines each (an attack review). */
+#define HEALTHY_S 1.0
 
 typedef enum state { DOWN, CONNECTING, HANDSHAKE, READY } state_t;
 
@@ -49,6 +54,7 @@ struct agw_redis {
     ev_timer retry;                 /* DOWN: the next connection attempt */
     ev_timer connect_timer;         /* CONNECTING/HANDSHAKE: the attempt's limit */
     uint64_t backoff_ms;            /* the next wait before reconnecting */
+    ev_tstamp ready_at;             /* when the current connection became ready (loop time, s) */
     uint64_t rng;                   /* xorshift state (jitter) */
     int was_up;                     /* a connection was ready since the last "lost" line */
     int logged_down;                /* an outage is under way and its start is logged */
@@ -468,7 +474,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             if (internal && r->ac == ac && --r->handshake_left == 0) {
                 ev_timer_stop(r->loop, &r->connect_timer);
                 r->state = READY;
-                r->backoff_ms = BACKOFF_FIRST_MS;
+                r->ready_at = ev_now(r->loop);
                 AGW_M_ADD(r->stats->connects, 1);
                 AGW_M_SET(r->stats->up, 1);
                 outage_end(r);
@@ -595,6 +601,8 @@ static void lost(agw_redis_t *r, const char *why)
 {
     redisAsyncContext *ac = r->ac;
     snprintf(r->why, sizeof(r->why), "%s", why);
+    if (r->state == READY && ev_now(r->loop) - r->ready_at >= HEALTHY_S)
+        r->backoff_ms = BACKOFF_FIRST_MS;
     if (r->state == READY) {
         AGW_M_ADD(r->stats->disconnects, 1);
         AGW_M_SET(r->stats->up, 0);

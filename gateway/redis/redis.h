@@ -124,9 +124,10 @@ int agw_redis_command(agw_redis_t *r, agw_redis_cb cb, void *data, int argc, con
                       const size_t *argvlen);
 
 /* Drops r's connection when its replies can no longer be trusted to answer the commands they
- * come for: a caller got a reply that its command cannot have (the limits script's without this
- * command's check, another key's cache value, a SET answered other than +OK), which a server or a
- * proxy that sent one reply twice makes of every later reply. The commands waiting fail
+ * come for: a caller got a reply that its command cannot have (a limits check's of another shape
+ * or without this command's check number, a lookup answered with an integer or an array, a SET
+ * answered other than +OK), which a server or a proxy that sent one reply twice makes of every
+ * later reply. The commands waiting fail
  * ("connection lost: " and why, a static string), the client connects again with backoff, and the
  * outage is logged. Nothing when no connection is up. May be called from a command's callback. */
 void agw_redis_drop(agw_redis_t *r, const char *why);

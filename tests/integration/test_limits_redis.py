@@ -812,6 +812,30 @@ class RedisStore(GatewayTestCase):
         self.assertTrue(wait_until(lambda: self.get("/a", "-H", "x-client: blocked").status == 429, 10), self.gw.log())
         self.assertEqual(self.get("/a", "-H", "x-client: good").status, 200)
 
+    def test_a_refusal_counted_by_a_clock_ahead_is_a_refusal_not_an_error(self):
+        # A bucket whose theoretical arrival time another gateway's clock put ahead of this one's (or
+        # another worker's loop time, or the rule's looser numbers before a reload) gives a reset
+        # beyond what the rule allows by this clock. It is cut to that, and Redis's refusal stands: a
+        # 429, never taken for a lie (an attack review: each such refusal was a 503 and dropped the
+        # connection, failing the other clients' checks in flight with it).
+        rules = [{"name": "per-client", "key": {"header": "x-client"}, "rate": 200, "per_s": 1, "burst": 1,
+                  "store": "redis", "on_redis_error": "deny"}]
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["per-client"])},
+                   gateway_extra=self.extra(rules, timeout_ms=2000))
+        self.wait_ready()
+        self.assertEqual(self.get("/a", "-H", "x-client: ahead").status, 200)
+        r = Resp(self.redis.port)
+        self.addCleanup(r.close)
+        r.call("SELECT", 3)
+        keys = [k for k in r.call("KEYS", "agw:rl:{per-client}:*") if "ahead" in k]
+        self.assertEqual(len(keys), 1, keys)
+        r.call("SET", keys[0], (int(time.time() * 1000) + 5000) * 1000, "PX", 60000)  # 5 s ahead
+        got = self.get("/a", "-H", "x-client: ahead")
+        self.assertEqual(got.status, 429, got)
+        self.assertEqual(self.get("/a", "-H", "x-client: other").status, 200)
+        self.assertNotIn("not its own", self.gw.log())
+        self.assertNotIn("an answer that is not the limits script's", self.gw.log())
+
     def test_decisions_in_the_access_log_and_the_waterfall(self):
         log_path = os.path.join(self.workdir, "access.log")
         rules = redis_rules(burst=2) + [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 600, "burst": 50}]

@@ -198,6 +198,7 @@ typedef struct fake {
     pthread_t thread;
     int stop;
     int accepted; /* connections accepted (atomic) */
+    double accepted_at[8]; /* ev_time() of the first 8 (written before accepted counts them) */
 } fake_t;
 
 /* Complete RESP commands at the start of buf (n bytes); *used: the bytes they take. */
@@ -242,7 +243,10 @@ static void *fake_main(void *arg)
         int c = accept(f->lfd, NULL, NULL);
         if (c < 0)
             continue;
-        __atomic_add_fetch(&f->accepted, 1, __ATOMIC_RELAXED);
+        int nth_conn = __atomic_load_n(&f->accepted, __ATOMIC_RELAXED);
+        if (nth_conn < 8)
+            f->accepted_at[nth_conn] = ev_time();
+        __atomic_add_fetch(&f->accepted, 1, __ATOMIC_RELEASE);
         setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         char buf[4096];
         size_t have = 0;
@@ -963,6 +967,37 @@ static void a_caller_drops_a_connection_whose_replies_are_shifted(void)
     fake_client_stop(&fc);
 }
 
+/* A connection dropped soon after it became ready does not start the backoff again: a server whose
+ * every answer the client refuses (a caller's agw_redis_drop, right after the handshake) was
+ * reconnected to 20 times a second, with two log lines each (an attack review). The waits between
+ * attempts double (50, 100, 200, 400 ms, less a quarter of jitter at most); a timer is never early,
+ * so the fifth connection comes 562 ms after the first at the soonest */
+static int fake_accepted_five(void *f)
+{
+    return __atomic_load_n(&((fake_t *)f)->accepted, __ATOMIC_ACQUIRE) >= 5;
+}
+
+static void a_connection_dropped_at_once_keeps_backing_off(void)
+{
+    fake_client_t fc;
+    agw_redis_t *r = fake_client_start(&fc, FAKE_WRONG_TYPES, 0, ANSWER_MS);
+    double end = ev_time() + WAIT_S;
+    while (!fake_accepted_five(&fc.f) && ev_time() < end) {
+        if (!wait_until(is_ready, r, WAIT_S))
+            break;
+        drop_rec_t d = {.r = r};
+        const char *argv[2] = {"GET", "a"};
+        if (agw_redis_command(r, drop_on_reply, &d, 2, argv, NULL) == 0)
+            wait_until(rec_done, &d.first, WAIT_S);
+    }
+    CHECK(fake_accepted_five(&fc.f));
+    double took = fc.f.accepted_at[4] - fc.f.accepted_at[0];
+    CHECK(took >= 0.75 * (0.05 + 0.1 + 0.2 + 0.4));
+    if (took < 0.75 * (0.05 + 0.1 + 0.2 + 0.4))
+        fprintf(stderr, "  five connections in %.3f s\n", took);
+    fake_client_stop(&fc);
+}
+
 /* ... and a reply of the most bytes taken reaches the caller whole */
 static void a_reply_of_the_most_bytes_taken_is_answered(void)
 {
@@ -1137,6 +1172,7 @@ int main(void)
     RUN(a_purge_refuses_a_select_answered_other_than_ok);
     RUN(a_purge_deletes_only_the_keys_its_prefix_names);
     RUN(a_caller_drops_a_connection_whose_replies_are_shifted);
+    RUN(a_connection_dropped_at_once_keeps_backing_off);
     loop_gap_stop(loop);
     return CHECK_DONE();
 }
