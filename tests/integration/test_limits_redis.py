@@ -262,9 +262,12 @@ class FakeRedis:
                     if n == 0:
                         break
                     cmd, buf = buf[:n], buf[n:]
-                    c.sendall(b"+OK\r\n" if b"SELECT" in cmd else self.reply)
+                    self.respond(c, cmd)
         except OSError:
             return
+
+    def respond(self, c, cmd):
+        c.sendall(b"+OK\r\n" if b"SELECT" in cmd else self.reply)
 
     def stop(self):
         self.stopped = True
@@ -317,6 +320,7 @@ class ShiftingRedis(FakeRedis):
         super().__init__(b"")
         self.armed = threading.Event()
         self.shifted = threading.Event()
+        self.held = {}  # connection -> the reply held back
 
     @staticmethod
     def verdict(args):
@@ -325,34 +329,20 @@ class ShiftingRedis(FakeRedis):
             return b"*5\r\n:0\r\n:0\r\n:0\r\n:1000\r\n:%d\r\n" % check
         return b"*5\r\n:1\r\n:1\r\n:4\r\n:1000\r\n:%d\r\n" % check
 
-    def answer(self, c):
-        buf, held = b"", None
-        try:
-            while True:
-                data = c.recv(65536)
-                if not data:
-                    return
-                buf += data
-                while True:
-                    n = count_command(buf)
-                    if n == 0:
-                        break
-                    cmd, buf = buf[:n], buf[n:]
-                    if b"SELECT" in cmd:
-                        c.sendall(b"+OK\r\n")
-                        continue
-                    reply = self.verdict(resp_args(cmd))
-                    if held is not None:
-                        c.sendall(held + held + reply)
-                        held = None
-                        self.shifted.set()
-                    elif self.armed.is_set() and b"blocked" not in cmd:
-                        self.armed.clear()
-                        held = reply
-                    else:
-                        c.sendall(reply)
-        except OSError:
+    def respond(self, c, cmd):
+        if b"SELECT" in cmd:
+            c.sendall(b"+OK\r\n")
             return
+        reply = self.verdict(resp_args(cmd))
+        held = self.held.pop(c, None)
+        if held is not None:
+            c.sendall(held + held + reply)
+            self.shifted.set()
+        elif self.armed.is_set() and b"blocked" not in cmd:
+            self.armed.clear()
+            self.held[c] = reply
+        else:
+            c.sendall(reply)
 
 
 def redis_rules(on_error="local", **rule):
