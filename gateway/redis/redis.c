@@ -296,7 +296,9 @@ static void outage_end(agw_redis_t *r);
 
 int agw_redis_line_too_long(const char *buf, size_t pos, size_t len)
 {
-    return len - pos > AGW_REDIS_MAX_LINE_BYTES && memmem(buf + pos, AGW_REDIS_MAX_LINE_BYTES, "\r\n", 2) == NULL;
+    /* (the line and its CRLF within MAX + 2 bytes: a line of MAX bytes passes) */
+    return len - pos > AGW_REDIS_MAX_LINE_BYTES + 1 &&
+           memmem(buf + pos, AGW_REDIS_MAX_LINE_BYTES + 2, "\r\n", 2) == NULL;
 }
 
 /* A reply of more than AGW_REDIS_MAX_REPLY_BYTES (redis.h) is refused as its bytes come: its strings

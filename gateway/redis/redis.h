@@ -129,7 +129,7 @@ int agw_redis_command(agw_redis_t *r, agw_redis_cb cb, void *data, int argc, con
  * answered other than +OK), which a server or a proxy that sent one reply twice makes of every
  * later reply. The commands waiting fail
  * ("connection lost: " and why, a static string), the client connects again with backoff, and the
- * outage is logged. Nothing when no connection is up. May be called from a command's callback. */
+ * outage is logged. Nothing when r has no connection. May be called from a command's callback. */
 void agw_redis_drop(agw_redis_t *r, const char *why);
 
 /* A line of RESP (a status, an error, a number, a string's length) longer than this is refused as
@@ -139,7 +139,7 @@ void agw_redis_drop(agw_redis_t *r, const char *why);
 #define AGW_REDIS_MAX_LINE_BYTES ((size_t)64 * 1024)
 
 /* 1 when the reader's unparsed bytes buf[pos..len) hold a line longer than AGW_REDIS_MAX_LINE_BYTES:
- * more than that many bytes and no CRLF among the first of them. The reader's pos is always at the
+ * no CRLF ends one within the first AGW_REDIS_MAX_LINE_BYTES + 2 bytes. The reader's pos is always at the
  * item it is parsing (after its type byte): a line, or a string's length line, which the whole
  * string waits behind. */
 int agw_redis_line_too_long(const char *buf, size_t pos, size_t len);

@@ -121,7 +121,8 @@ static int l_cache_set(lua_State *L)
  * another key's cached section, and kept it in tier 1; with per-user keys, another user's). So a
  * value in Redis is the first REDIS_TAG_LEN bytes of SHA-256 over a domain of its own
  * ("aggway-cache-key" and its NUL) and the key, then the entry; a lookup whose value does not start
- * with its own key's tag is a miss. (Values written before the tag were misses once.) */
+ * with its own key's tag is a miss. (A value an older build wrote, without the tag, is a miss, for as long as such a build shares the
+ * Redis and writes them.) */
 #define REDIS_TAG_LEN 16
 
 /* SHA-256's implementation, fetched from OpenSSL's providers once for the process: EVP_sha256()

@@ -390,12 +390,14 @@ static void on_redis_reply(void *data, const struct redisReply *reply, const cha
     agw_limit_verdict_t v = {.results = results};
     const char *why = err;
     int rc = why == NULL ? agw_limit_redis_verdict(reply, a->asks, a->n, a->now_ms, a->check, &v) : 0;
-    if (rc != 0)
+    if (rc == -2)
         why = "an answer that is not the limits script's";
+    else if (rc == -1)
+        why = "a verdict its rules do not allow";
     if (rc == -2 && w->cache.redis) /* another command's reply: the connection's replies cannot be
                                        trusted to answer their commands (a reply sent twice shifts every
                                        later one) until it is dropped */
-        agw_redis_drop(w->cache.redis, "Redis answered a limits check with a reply that is not its own");
+        agw_redis_drop(w->cache.redis, "Redis answered a limits check with another command's reply");
     if (why == NULL) {
         note_redis(w, 1, NULL, 0);
         keep_answers(w, a, results);
