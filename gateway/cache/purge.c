@@ -78,16 +78,15 @@ static char *match_pattern(const char *prefix, size_t len, size_t *out_len)
 }
 
 /* ---- the reader's guard: a reply whose arrays claim more elements in all than a purge's
- * commands take (SCAN gives about COUNT keys) fails (agw_redis_reply_too_long, redis/redis.h), as
- * does one whose strings are more bytes in all than it takes. The connection's reader makes objects
+ * commands take (SCAN gives about COUNT keys) fails, as does one whose strings are more bytes in all than
+ * it takes (agw_redis_count_array, agw_redis_count_string, redis/redis.h). The connection's reader makes objects
  * with a copy of hiredis's functions whose createArray and createString count first. */
 
 /* A connection's reader's state (its privdata). */
 typedef struct guard {
     void *(*create_array)(const redisReadTask *t, int n); /* hiredis's own */
     void *(*create_string)(const redisReadTask *t, char *s, size_t n); /* hiredis's own */
-    long long elements; /* the array elements the reply being read claims, in all */
-    size_t bytes;       /* the bytes of the strings of the reply being read, in all */
+    agw_redis_reply_count_t count; /* what the reply being read claims so far */
     int too_long;       /* a reply was refused for them (the reason, for the message) */
     int too_large;      /* a reply was refused for its bytes (reply_within) */
     int line_too_long;  /* a reply was refused for a line longer than any reply has (reply_within) */
@@ -96,9 +95,7 @@ typedef struct guard {
 static void *guard_array(const redisReadTask *t, int n)
 {
     guard_t *g = t->privdata;
-    if (t->parent == NULL)
-        g->bytes = 0; /* the top of a new reply */
-    if (agw_redis_reply_too_long(t, n, &g->elements, AGW_CACHE_PURGE_MAX_ELEMENTS)) {
+    if (agw_redis_count_array(t, n, &g->count, AGW_CACHE_PURGE_MAX_ELEMENTS)) {
         g->too_long = 1;
         return NULL; /* the reader fails: the command gets no reply */
     }
@@ -111,8 +108,7 @@ static void *guard_array(const redisReadTask *t, int n)
 static void *guard_string(const redisReadTask *t, char *s, size_t n)
 {
     guard_t *g = t->privdata;
-    g->bytes = t->parent == NULL ? n : g->bytes + n;
-    if (g->bytes > AGW_CACHE_PURGE_MAX_BYTES) {
+    if (agw_redis_count_string(t, n, &g->count, AGW_CACHE_PURGE_MAX_BYTES)) {
         g->too_large = 1;
         return NULL;
     }
@@ -191,13 +187,6 @@ static redisReply *reply_within(purge_conn_t *p)
     return reply;
 }
 
-/* 1 when r is +OK, AUTH's and SELECT's success (any other answer is a server that lies or is not
- * Redis). */
-static int is_ok(const redisReply *r)
-{
-    return r && r->type == REDIS_REPLY_STATUS && r->len == 2 && memcmp(r->str, "OK", 2) == 0;
-}
-
 /* What a command that did not succeed got, for its message: an error reply's text, another reply,
  * or why there was none. */
 static const char *answered(const redisReply *r, const purge_conn_t *p)
@@ -249,7 +238,7 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
     if (conf->password) {
         r = conf->user ? command(&p, "AUTH %s %s", conf->user, conf->password)
                        : command(&p, "AUTH %s", conf->password);
-        if (!is_ok(r)) {
+        if (!agw_redis_reply_is_ok(r)) { /* (any other answer: a server that lies or is not Redis) */
             snprintf(err, errlen, "redis AUTH failed: %s", answered(r, &p));
             freeReplyObject(r);
             redisFree(c);
@@ -258,7 +247,7 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
         freeReplyObject(r);
     }
     r = command(&p, "SELECT %d", conf->db);
-    if (!is_ok(r)) {
+    if (!agw_redis_reply_is_ok(r)) { /* (any other answer: a server that lies or is not Redis) */
         snprintf(err, errlen, "redis SELECT failed: %s", answered(r, &p));
         freeReplyObject(r);
         redisFree(c);

@@ -13,6 +13,9 @@
 _Static_assert(2 + 3 * AGW_LIMIT_REDIS_MAX <= AGW_REDIS_MAX_ELEMENTS,
                "the limits reply outgrows the Redis client's array limit");
 
+/* A command's check as it goes and comes back: below 2^53, exact in the script's doubles. */
+#define CHECK_OF(check) ((check) & ((UINT64_C(1) << 53) - 1))
+
 static char sha_hex[SHA_DIGEST_LENGTH * 2 + 1];
 static pthread_once_t sha_once = PTHREAD_ONCE_INIT;
 
@@ -92,7 +95,7 @@ void agw_limit_redis_command(agw_limit_redis_cmd_t *cmd, agw_buf_t *b, int eval,
         ARG_END();
     }
     ARG_BEGIN();
-    agw_buf_printf(b, "%" PRIu64, check & ((UINT64_C(1) << 53) - 1)); /* (exact in the script's doubles) */
+    agw_buf_printf(b, "%" PRIu64, CHECK_OF(check));
     ARG_END();
 #undef ARG_BEGIN
 #undef ARG_END
@@ -115,7 +118,7 @@ int agw_limit_redis_verdict(const struct redisReply *reply, const agw_limit_ask_
     for (size_t i = 0; i < reply->elements; i++)
         if (reply->element[i]->type != REDIS_REPLY_INTEGER)
             return -2;
-    if ((uint64_t)reply->element[1 + 3 * num]->integer != (check & ((UINT64_C(1) << 53) - 1)))
+    if ((uint64_t)reply->element[1 + 3 * num]->integer != CHECK_OF(check))
         return -2;
     /* … and a verdict its rules allow */
     for (size_t i = 0; i < reply->elements; i++)

@@ -66,8 +66,7 @@ struct agw_redis {
     char why[160];                  /* why the client last dropped a connection itself */
     const char *refused;            /* why the current connection's reader refused a reply (a reply no
                                        command waited for, an array too long), or NULL */
-    long long elements;             /* the array elements the reply being read claims, in all */
-    size_t bytes;                   /* the bytes of the strings of the reply being read, in all */
+    agw_redis_reply_count_t count;  /* what the reply being read claims so far */
 };
 
 static void connect_now(agw_redis_t *r);
@@ -326,39 +325,40 @@ static const redisReplyObjectFunctions *fns(void)
     return __atomic_load_n(&hiredis_fns, __ATOMIC_ACQUIRE);
 }
 
+int agw_redis_count_array(const redisReadTask *t, int n, agw_redis_reply_count_t *c, long long max)
+{
+    if (t->parent == NULL)
+        *c = (agw_redis_reply_count_t){0}; /* the top of a new reply */
+    c->elements += n;
+    return c->elements > max;
+}
+
+int agw_redis_count_string(const redisReadTask *t, size_t n, agw_redis_reply_count_t *c, size_t max)
+{
+    c->bytes = t->parent == NULL ? n : c->bytes + n;
+    return c->bytes > max;
+}
+
 /* A reply's strings count against AGW_REDIS_MAX_REPLY_BYTES in all, as its arrays' elements do
- * against AGW_REDIS_MAX_ELEMENTS: each string of an array is parsed, and its bytes leave the reader,
- * on its own, so 1,024 strings of 4 MB each would pass a bound on the unparsed bytes alone. */
+ * against AGW_REDIS_MAX_ELEMENTS (agw_redis_count_string, agw_redis_count_array). */
 static void *guarded_string(const redisReadTask *t, char *s, size_t n)
 {
     const redisAsyncContext *ac = t->privdata;
     agw_redis_t *r = ac->data;
-    if (r) {
-        r->bytes = t->parent == NULL ? n : r->bytes + n;
-        if (r->bytes > AGW_REDIS_MAX_REPLY_BYTES) {
-            r->refused = TOO_BIG_WHY;
-            return NULL;
-        }
+    if (r && agw_redis_count_string(t, n, &r->count, AGW_REDIS_MAX_REPLY_BYTES)) {
+        r->refused = TOO_BIG_WHY;
+        return NULL;
     }
     return unasked(t) ? NULL : fns()->createString(t, s, n);
-}
-
-int agw_redis_reply_too_long(const redisReadTask *t, int n, long long *elements, long long max)
-{
-    if (t->parent == NULL)
-        *elements = 0; /* the top of a new reply */
-    *elements += n;
-    return *elements > max;
 }
 
 static void *guarded_array(const redisReadTask *t, int n)
 {
     const redisAsyncContext *ac = t->privdata;
     agw_redis_t *r = ac->data;
-    long long alone = 0; /* (a connection dropped by the client itself: each array counted alone) */
-    if (r && t->parent == NULL)
-        r->bytes = 0; /* the top of a new reply */
-    if (agw_redis_reply_too_long(t, n, r ? &r->elements : &alone, AGW_REDIS_MAX_ELEMENTS)) {
+    agw_redis_reply_count_t alone = {0}; /* (a connection dropped by the client itself: each array
+                                            counted alone) */
+    if (agw_redis_count_array(t, n, r ? &r->count : &alone, AGW_REDIS_MAX_ELEMENTS)) {
         if (r)
             r->refused = TOO_LONG_WHY;
         return NULL;
@@ -451,7 +451,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
                 outage_begin(r, "connection lost", conn_error(r, ac));
             answer(c, NULL, msg);
         } else if (rep->type == REDIS_REPLY_ERROR ||
-                   (c->internal && !(rep->type == REDIS_REPLY_STATUS && rep->len == 2 && memcmp(rep->str, "OK", 2) == 0))) {
+                   (c->internal && !agw_redis_reply_is_ok(rep))) {
             /* (AUTH and SELECT succeed with +OK alone: any other answer is a server that lies or is
              * not Redis, and the connection never becomes ready) */
             if (c->internal) {
@@ -713,6 +713,11 @@ static void connect_now(agw_redis_t *r)
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     ev_timer_set(&r->connect_timer, (double)r->conf.connect_timeout_ms / 1000.0, 0.);
     ev_timer_start(r->loop, &r->connect_timer);
+}
+
+int agw_redis_reply_is_ok(const redisReply *reply)
+{
+    return reply != NULL && reply->type == REDIS_REPLY_STATUS && reply->len == 2 && memcmp(reply->str, "OK", 2) == 0;
 }
 
 void agw_redis_drop(agw_redis_t *r, const char *why)

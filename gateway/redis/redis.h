@@ -76,25 +76,37 @@ typedef struct agw_redis_stats {
 
 /* The most elements a reply's arrays may claim in all (nested ones counted): more drops the
  * connection as a protocol error (the client's commands fail, it connects again). The gateway's
- * longest reply is the limits script's, 1 + 3 per rule of a request (limits/limit_redis.h). */
+ * longest reply is the limits script's, 2 + 3 per rule of a request (limits/limit_redis.h). */
 #define AGW_REDIS_MAX_ELEMENTS 1024
 
 /* The most bytes a reply may take: more drops the connection as a protocol error, counted as they
- * arrive (its strings in all, and the reader's unparsed bytes after each read). The gateway's largest reply is a cached
- * section's lookup, at most AGW_CACHE_ENTRY_MAX bytes of value (cache/entry.h; worker/cache.c holds
- * the two together) and its framing. hiredis 0.14 buffers a bulk string until it is whole, with no
+ * arrive (its strings in all, and the reader's unparsed bytes after each read). The gateway's
+ * largest reply is a cached section's lookup, at most AGW_CACHE_ENTRY_MAX bytes of value and a
+ * 16-byte tag (cache/entry.h; worker/cache.c holds them together) and its framing. hiredis 0.14 buffers a bulk string until it is whole, with no
  * limit of its own: a server that claims 400 MB and sends it as fast as read would have a worker
  * buffer it for as long as the command's timeout lets it. */
 #define AGW_REDIS_MAX_REPLY_BYTES ((size_t)4 * 1024 * 1024 + 1024)
 
 struct redisReadTask;
 
-/* The length rule of a reply, for a hiredis reader's createArray (this client's, and the admin
- * purge's blocking connection, cache/purge.c): counts the n elements array task t claims into
- * *elements, which a reply's top task (no parent) starts again; 1 when they pass max in all
- * (nested arrays add up). hiredis 0.14 has no limit of its own: its reader allocates what an
- * array claims at once ("*2147483647" alone took a worker 16 GB). */
-int agw_redis_reply_too_long(const struct redisReadTask *t, int n, long long *elements, long long max);
+/* What the reply being read claims so far, for a hiredis reader's createArray and createString
+ * (this client's, and the admin purge's blocking connection, cache/purge.c): its arrays' elements
+ * and its strings' bytes, each in all (nested arrays and an array's strings add up). hiredis 0.14
+ * has no limit of its own: its reader allocates what an array claims at once ("*2147483647" alone
+ * took a worker 16 GB), and each string of an array leaves its buffer once made (600 strings of
+ * 8 KB passed a bound on the unparsed bytes alone). */
+typedef struct agw_redis_reply_count {
+    long long elements;
+    size_t bytes;
+} agw_redis_reply_count_t;
+
+/* Counts the n elements array task t claims into *c (a reply's top task, no parent, starts both
+ * counts again); 1 when the elements pass max in all. */
+int agw_redis_count_array(const struct redisReadTask *t, int n, agw_redis_reply_count_t *c, long long max);
+
+/* Counts the n bytes string task t holds into *c (a string at the top is a reply of its own); 1 when
+ * the bytes pass max in all. */
+int agw_redis_count_string(const struct redisReadTask *t, size_t n, agw_redis_reply_count_t *c, size_t max);
 
 typedef struct agw_redis agw_redis_t;
 
@@ -123,13 +135,16 @@ int agw_redis_ready(const agw_redis_t *r);
 int agw_redis_command(agw_redis_t *r, agw_redis_cb cb, void *data, int argc, const char **argv,
                       const size_t *argvlen);
 
+/* 1 when reply is the status +OK (what AUTH, SELECT and SET answer on success; this client's
+ * handshake, the cache's stores and the admin purge's connection take nothing else). */
+int agw_redis_reply_is_ok(const struct redisReply *reply);
+
 /* Drops r's connection when its replies can no longer be trusted to answer the commands they
  * come for: a caller got a reply that its command cannot have (a limits check's of another shape
  * or without this command's check number, a lookup answered with an integer or an array, a SET
  * answered other than +OK), which a server or a proxy that sent one reply twice makes of every
- * later reply. The commands waiting fail
- * ("connection lost: " and why, a static string), the client connects again with backoff, and the
- * outage is logged. Nothing when r has no connection. May be called from a command's callback. */
+ * later reply. The commands waiting fail ("connection lost: " and why, a static string), the client
+ * connects again with backoff, and the outage is logged. Nothing when r has no connection. May be called from a command's callback. */
 void agw_redis_drop(agw_redis_t *r, const char *why);
 
 /* A line of RESP (a status, an error, a number, a string's length) longer than this is refused as
@@ -139,9 +154,9 @@ void agw_redis_drop(agw_redis_t *r, const char *why);
 #define AGW_REDIS_MAX_LINE_BYTES ((size_t)64 * 1024)
 
 /* 1 when the reader's unparsed bytes buf[pos..len) hold a line longer than AGW_REDIS_MAX_LINE_BYTES:
- * no CRLF ends one within the first AGW_REDIS_MAX_LINE_BYTES + 2 bytes. The reader's pos is always at the
- * item it is parsing (after its type byte): a line, or a string's length line, which the whole
- * string waits behind. */
+ * no CRLF ends one within the first AGW_REDIS_MAX_LINE_BYTES + 2 bytes. The reader's pos is always
+ * at the item it is parsing (after its type byte): a line, or a string's length line, which the
+ * whole string waits behind. */
 int agw_redis_line_too_long(const char *buf, size_t pos, size_t len);
 
 /* Names the client's owner in its log lines ("worker 2": "redis 127.0.0.1:6379/0 (worker 2):

@@ -121,8 +121,8 @@ static int l_cache_set(lua_State *L)
  * another key's cached section, and kept it in tier 1; with per-user keys, another user's). So a
  * value in Redis is the first REDIS_TAG_LEN bytes of SHA-256 over a domain of its own
  * ("aggway-cache-key" and its NUL) and the key, then the entry; a lookup whose value does not start
- * with its own key's tag is a miss. (A value an older build wrote, without the tag, is a miss, for as long as such a build shares the
- * Redis and writes them.) */
+ * with its own key's tag is a miss. (A value an older build wrote, without the tag, is a miss, for
+ * as long as such a build shares the Redis and writes them.) */
 #define REDIS_TAG_LEN 16
 
 /* SHA-256's implementation, fetched from OpenSSL's providers once for the process: EVP_sha256()
@@ -263,7 +263,7 @@ static int l_redis_get(lua_State *L)
  * replies are shifted. */
 static void on_redis_set(void *data, const struct redisReply *reply, const char *err)
 {
-    if (err == NULL && !(reply->type == REDIS_REPLY_STATUS && reply->len == 2 && memcmp(reply->str, "OK", 2) == 0))
+    if (err == NULL && !agw_redis_reply_is_ok(reply))
         agw_redis_drop(data, "Redis answered a cache store with another command's reply");
 }
 

@@ -331,7 +331,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
      * room to count): the limits script gives a command's back, and a proxy that mixed up the replies
      * of two gateways' connections must not find the other's ids in step with its own (an attack
      * review: both counted 1, 2, 3 …) */
-    w->cache.redis_next_id = (w->log.trace_rng ^ (w->log.trace_rng >> 17) * 0x9E3779B97F4A7C15ull) & ((1ull << 52) - 1);
+    w->cache.redis_next_id = w->log.trace_rng & ((1ull << 52) - 1); /* (random: getrandom's, above) */
     wgen_t *first = agw_worker_prepare(w, gen, errors);
     if (first == NULL) {
         free(w);
