@@ -1,5 +1,6 @@
 /* server.c: the serving process (see server.h). */
 #include "front/server.h"
+#include "front/inline_write.h"
 #include "front/read_pause.h"
 #include "front/resolver.h"
 
@@ -454,9 +455,10 @@ int agw_server_run(const char *dir)
         return 1;
     }
     agw_buf_free(&errors);
-    if (!agw_read_pause_active()) /* (read_pause.h: a build whose executable does not export them) */
-        agw_log(AGW_LOG_WARN, "libuv's uv_read_stop and uv_read_start are not interposed: every HTTP/1 "
-                              "request costs two epoll_ctl calls more");
+    if (!agw_read_pause_active() || !agw_inline_write_active()) /* (a build whose executable does not
+                                                                   export them: read_pause.h, inline_write.h) */
+        agw_log(AGW_LOG_WARN, "libuv's uv_read_stop, uv_read_start, uv_write and uv_close are not interposed: "
+                              "every HTTP/1 request costs up to two epoll_ctl calls more");
     /* libh2o prints some events to stderr itself, a client's path among them: through the log */
     if (agw_log_capture_stdio_stderr() != 0)
         agw_log(AGW_LOG_WARN, "cannot send the libraries' stderr through the log: their lines go unescaped");

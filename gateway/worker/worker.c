@@ -22,6 +22,7 @@
 #include "worker/worker_internal.h"
 
 #include "base/mem.h"
+#include "front/inline_write.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@
 static void run_uv(agw_worker_t *w)
 {
     uv_run(&w->uvloop, UV_RUN_NOWAIT);
+    agw_inline_write_finish(); /* the callbacks of the writes that went out at once (inline_write.h) */
 }
 
 static void on_uv_io(struct ev_loop *loop, ev_io *io, int revents)
@@ -57,7 +59,9 @@ static void on_uv_timer(struct ev_loop *loop, ev_timer *t, int revents)
  * deadline. The flush comes after every run of libuv, whose requests may start calls; an answer
  * it reads runs its page's script, which may start more calls or respond, so it repeats until
  * nothing is queued. upstream/batch.h requires a flush before every poll when there is a ring: this
- * watcher is it. Last, each VM's collector pause is set by the requests in flight (gc.h agw_gc_pace). */
+ * watcher is it. A response's write that went out at once has its callback called here too
+ * (front/inline_write.h), before libev may wait. Last, each VM's collector pause is set by the
+ * requests in flight (gc.h agw_gc_pace). */
 static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
 {
     (void)revents;
@@ -75,9 +79,14 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
          * timer: every second), always as far away, and never fired (h2o's request, handshake
          * and idle timeouts of a quiet worker's connections: a silent client held its slot) */
         uv_update_time(&w->uvloop);
-        if ((timeout = uv_backend_timeout(&w->uvloop)) != 0 || rounds++ == 4)
+        int written = agw_inline_write_pending() > 0; /* responses' writes to finish (inline_write.h) */
+        timeout = written ? 0 : uv_backend_timeout(&w->uvloop);
+        if (timeout != 0 || rounds++ == 4)
             break;
-        run_uv(w);
+        if (written) /* their callbacks, without a run of libuv (a poll) for them */
+            agw_inline_write_finish();
+        else
+            run_uv(w);
     }
     for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live; l = l->next) {
         wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
@@ -289,7 +298,9 @@ static void *worker_main(void *arg)
      * than that grows its buffer as before. Half the default is 4 KB less per open connection
      * (tools/bench/memory: 5,000 pages in flight on 5,000 connections). */
     h2o_socket_buffer_prototype._initial_buf.capacity = H2O_SOCKET_INITIAL_INPUT_BUFFER_SIZE;
+    agw_inline_write_enable();
     ev_run(w->loop, 0);
+    agw_inline_write_disable();
     agw_guard_dispose(&w->guard);
     agw_worker_cache_close(w);
     agw_auth_cache_free(&w->auth_cache);
