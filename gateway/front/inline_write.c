@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/mem.h"
+#include "front/read_pause.h" /* AGW_LIBUV_CHECKED */
 
 typedef int (*write_fn)(uv_write_t *, uv_stream_t *, const uv_buf_t[], unsigned, uv_write_cb);
 typedef void (*close_fn)(uv_handle_t *, uv_close_cb);
@@ -22,6 +23,12 @@ __attribute__((constructor)) static void find_libuv(void)
 {
     *(void **)&libuv_write = dlsym(RTLD_NEXT, "uv_write");
     *(void **)&libuv_close = dlsym(RTLD_NEXT, "uv_close");
+}
+
+/* The libuv whose behaviour this file was checked against (read_pause.h AGW_LIBUV_CHECKED). */
+static int libuv_checked(void)
+{
+    return (uv_version() >> 8) == AGW_LIBUV_CHECKED;
 }
 
 typedef struct {
@@ -39,7 +46,7 @@ static __thread struct {
 
 void agw_inline_write_enable(void)
 {
-    list.on = 1;
+    list.on = agw_inline_write_active(); /* (libuv's own writes otherwise) */
 }
 
 void agw_inline_write_disable(void)
@@ -57,7 +64,7 @@ size_t agw_inline_write_pending(void)
 
 int agw_inline_write_active(void)
 {
-    return libuv_write != NULL && libuv_close != NULL && dlsym(RTLD_DEFAULT, "uv_write") == (void *)uv_write &&
+    return libuv_write != NULL && libuv_close != NULL && libuv_checked() && dlsym(RTLD_DEFAULT, "uv_write") == (void *)uv_write &&
            dlsym(RTLD_DEFAULT, "uv_close") == (void *)uv_close;
 }
 
@@ -86,10 +93,13 @@ static void add(uv_write_t *req, uv_stream_t *handle, uv_write_cb cb, int status
 
 size_t agw_inline_write_finish(void)
 {
-    size_t end = list.n, called = 0;
-    /* each is taken off before its callback runs: a callback may write (added after end, for the
-     * next call) or close a handle (uv_close calls the callbacks of its listed writes) */
-    while (list.head < end && list.head < list.n) {
+    size_t todo = list.n - list.head, called = 0;
+    /* each is taken off before its callback runs: a callback may write (added behind the todo ones,
+     * for the next call; add may move the list to its start, keeping the order, so they are
+     * counted, not indexed) or close a handle (uv_close calls the callbacks of its listed writes
+     * and leaves tombstones) */
+    while (todo > 0 && list.head < list.n) {
+        todo--;
         done_t d = list.items[list.head++];
         if (d.req == NULL)
             continue;
@@ -131,7 +141,9 @@ int uv_write(uv_write_t *req, uv_stream_t *handle, const uv_buf_t bufs[], unsign
     } else {
         rc = agw_inline_write_libuv(req, handle, bufs, nbufs, cb);
     }
-    if (rc < 0 && rc != UV_ENOSYS) { /* refused at once: the callback says so */
+    if (rc < 0 && rc != UV_ENOSYS && !uv_is_closing((uv_handle_t *)handle)) {
+        /* refused at once: the callback says so (not on a closing handle, whose close callback may
+         * free the request before the list is read: libuv's refusal is returned, as before) */
         add(req, handle, cb, rc);
         return 0;
     }

@@ -15,11 +15,15 @@ typedef int (*start_fn)(uv_stream_t *, uv_alloc_cb, uv_read_cb);
 static stop_fn libuv_stop;
 static start_fn libuv_start;
 
+/* 1 when stops may pause: libuv's stop was found and libuv is the version this was checked against. */
+static int pausing;
+
 __attribute__((constructor)) static void find_libuv(void)
 {
     /* (the POSIX way to store dlsym's object pointer in a function pointer) */
     *(void **)&libuv_stop = dlsym(RTLD_NEXT, "uv_read_stop");
     *(void **)&libuv_start = dlsym(RTLD_NEXT, "uv_read_start");
+    pausing = libuv_stop != NULL && libuv_start != NULL && (uv_version() >> 8) == AGW_LIBUV_CHECKED;
 }
 
 /* A paused stream's alloc callback: no buffer, so libuv reads nothing and calls the read callback
@@ -50,8 +54,7 @@ int agw_read_pause_is_paused(const uv_stream_t *stream)
 
 int agw_read_pause_active(void)
 {
-    return libuv_stop != NULL && libuv_start != NULL &&
-           dlsym(RTLD_DEFAULT, "uv_read_stop") == (void *)uv_read_stop &&
+    return pausing && dlsym(RTLD_DEFAULT, "uv_read_stop") == (void *)uv_read_stop &&
            dlsym(RTLD_DEFAULT, "uv_read_start") == (void *)uv_read_start;
 }
 
@@ -75,7 +78,7 @@ int uv_read_stop(uv_stream_t *stream)
             return 0; /* paused already */
         stream->read_cb = NULL; /* (libuv's stop below clears them too, when it was reading) */
         stream->alloc_cb = NULL;
-    } else if (stream->type == UV_TCP && stream->alloc_cb != NULL && !closing &&
+    } else if (pausing && stream->type == UV_TCP && stream->alloc_cb != NULL && !closing &&
                uv_is_active((uv_handle_t *)stream)) {
         stream->alloc_cb = paused_alloc;
         stream->read_cb = paused_read;
@@ -89,14 +92,16 @@ int uv_read_stop(uv_stream_t *stream)
 int uv_read_start(uv_stream_t *stream, uv_alloc_cb alloc_cb, uv_read_cb read_cb)
 {
     if (stream->alloc_cb == paused_alloc) {
-        if (alloc_cb != NULL && read_cb != NULL && uv_is_active((uv_handle_t *)stream) &&
+        if (alloc_cb == NULL || read_cb == NULL)
+            return UV_EINVAL; /* (as libuv's; the pause stays: it still swallows what comes) */
+        if (uv_is_active((uv_handle_t *)stream) &&
             !uv_is_closing((uv_handle_t *)stream)) {
             stream->alloc_cb = alloc_cb;
             stream->read_cb = read_cb;
             return 0;
         }
-        /* libuv stopped it meanwhile (a read error after the pause began inside the read callback,
-         * or a bad argument): libuv's start decides, on a stream that is not paused */
+        /* libuv stopped it meanwhile (a read error after the pause began inside the read
+         * callback): libuv's start decides, on a stream that is not paused */
         stream->read_cb = NULL;
         stream->alloc_cb = NULL;
     }

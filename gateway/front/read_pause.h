@@ -27,11 +27,19 @@
  * Nothing but the callbacks' two public fields of uv_stream_t is written.
  *
  * Streams that are not TCP connections (pipes, listeners) and every other call pass through
- * unchanged. The unit test holds the rule against a real socket and counts epoll_ctl. */
+ * unchanged, as does every call when libuv is not the release this was checked against
+ * (AGW_LIBUV_CHECKED). The unit test holds the rule against a real socket and counts epoll_ctl. */
 #ifndef AGW_FRONT_READ_PAUSE_H
 #define AGW_FRONT_READ_PAUSE_H
 
 #include <uv.h>
+
+/* The libuv release whose code paths these rules were checked against, as (major << 8) | minor of
+ * uv_version(): 1.44 (Debian 12). They rely on its behaviour beyond the documented API (a stream
+ * that does not listen is active exactly while it reads; a read callback gets UV_ENOBUFS before
+ * any read when its buffer is empty; a close calls uv_read_stop on a closing handle), so with
+ * another release every call is libuv's own (and the log says so at start). */
+#define AGW_LIBUV_CHECKED ((1 << 8) | 44)
 
 /* 1 when libh2o's calls of uv_read_stop and uv_read_start come here (the executable exports the two
  * functions and libuv's own were found), 0 when they go to libuv directly (every stop and start is

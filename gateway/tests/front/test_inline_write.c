@@ -231,6 +231,67 @@ static void a_write_taken_in_part_is_finished_by_libuv(void)
     uv_loop_close(&loop);
 }
 
+/* Callbacks that each write again (h2o's HTTP/2 writes its next frames from a write's callback)
+ * while the list is full: one call finishes the writes listed when it began, no more; theirs wait
+ * for the next call (the loop must not stay in it while the socket takes bytes). */
+enum { AGAIN_N = 100 };
+static uv_write_t again_reqs[2 * AGAIN_N];
+static int again_calls;
+
+static void again_cb(uv_write_t *req, int status)
+{
+    (void)status;
+    again_calls++;
+    size_t i = (size_t)(req - again_reqs);
+    if (i < AGAIN_N) { /* a first write: one more (its own request) */
+        uv_buf_t b = uv_buf_init((char *)"y", 1);
+        CHECK(uv_write(&again_reqs[AGAIN_N + i], req->handle, &b, 1, again_cb) == 0);
+    }
+}
+
+static void callbacks_that_write_again_wait_for_the_next_call(void)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    conn_t c;
+    CHECK(open_conn(&c, &loop) == 0);
+    agw_inline_write_disable(); /* (a fresh list of 64 slots: it fills while the callbacks write) */
+    agw_inline_write_enable();
+    uv_buf_t b = uv_buf_init((char *)"x", 1);
+    for (int i = 0; i < AGAIN_N; i++)
+        CHECK(uv_write(&again_reqs[i], (uv_stream_t *)&c.tcp, &b, 1, again_cb) == 0);
+    again_calls = 0;
+    CHECK(agw_inline_write_finish() == AGAIN_N);
+    CHECK(again_calls == AGAIN_N);
+    CHECK(agw_inline_write_pending() == AGAIN_N);
+    CHECK(agw_inline_write_finish() == AGAIN_N);
+    CHECK(again_calls == 2 * AGAIN_N && agw_inline_write_pending() == 0);
+    char got[4 * AGAIN_N];
+    CHECK(peer_read(&c, got, sizeof(got)) == 2 * AGAIN_N);
+    close_conn(&c, &loop);
+    uv_loop_close(&loop);
+}
+
+/* A write to a closing handle is libuv's refusal, returned: nothing is listed (the handle's close
+ * callback may free the request before the list is read). */
+static void a_write_to_a_closing_handle_is_refused(void)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    conn_t c;
+    CHECK(open_conn(&c, &loop) == 0);
+    uv_close((uv_handle_t *)&c.tcp, on_close);
+    norder = 0;
+    uv_write_t req = {.data = (void *)4};
+    uv_buf_t b = uv_buf_init((char *)"x", 1);
+    CHECK(uv_write(&req, (uv_stream_t *)&c.tcp, &b, 1, write_cb) < 0);
+    CHECK(agw_inline_write_pending() == 0);
+    turn(&loop);
+    CHECK(c.closed && norder == 0);
+    close(c.peer);
+    uv_loop_close(&loop);
+}
+
 /* A thread that did not enable it gets libuv's uv_write. */
 static void a_thread_not_enabled_gets_libuv(void)
 {
@@ -260,6 +321,8 @@ int main(void)
     RUN(a_write_refused_at_once_is_answered);
     RUN(a_close_cancels_a_listed_write);
     RUN(a_write_taken_in_part_is_finished_by_libuv);
+    RUN(callbacks_that_write_again_wait_for_the_next_call);
+    RUN(a_write_to_a_closing_handle_is_refused);
     RUN(a_thread_not_enabled_gets_libuv);
     agw_inline_write_disable();
     return CHECK_DONE();

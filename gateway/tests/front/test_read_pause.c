@@ -226,6 +226,50 @@ static void stops_and_starts_twice(void)
     close_conn(&c);
 }
 
+/* h2o stops reading inside its read callback, when a request has come: the pause begins there.
+ * The peer's hangup read in the same turn is not given to the owner; the start reads it. */
+static void stop_on_data(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    read_cb(s, n, buf);
+    if (n > 0)
+        CHECK(uv_read_stop(s) == 0);
+}
+
+static void a_pause_begun_in_the_read_callback_keeps_the_hangup(void)
+{
+    conn_t c;
+    CHECK(open_conn(&c) == 0);
+    send_peer(&c, "GET / HTTP/1.1\r\n\r\n");
+    shutdown(c.peer, SHUT_WR);
+    usleep(1000); /* (both on loopback before the loop looks) */
+    CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, stop_on_data) == 0);
+    turn(&c);
+    CHECK(c.got_len == 18 && c.eof == 0 && c.errors == 0);
+    CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, read_cb) == 0);
+    turn(&c);
+    CHECK(c.got_len == 18 && c.eof == 1);
+    close_conn(&c);
+}
+
+/* A start without callbacks is refused, as libuv's is, and the pause stays in place (a stream left
+ * reading with no callback would be reported by epoll for ever and never read). */
+static void a_start_without_callbacks_is_refused(void)
+{
+    conn_t c;
+    CHECK(open_conn(&c) == 0);
+    CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, read_cb) == 0);
+    CHECK(uv_read_stop((uv_stream_t *)&c.tcp) == 0);
+    CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, NULL) == UV_EINVAL);
+    CHECK(agw_read_pause_is_paused((uv_stream_t *)&c.tcp));
+    send_peer(&c, "z");
+    turn(&c);
+    CHECK(c.got_len == 0 && !agw_read_pause_is_paused((uv_stream_t *)&c.tcp));
+    CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, read_cb) == 0);
+    turn(&c);
+    CHECK(c.got_len == 1);
+    close_conn(&c);
+}
+
 int main(void)
 {
     RUN(interposed);
@@ -235,5 +279,7 @@ int main(void)
     RUN(a_stream_libuv_stopped_is_not_paused);
     RUN(a_paused_stream_closes);
     RUN(stops_and_starts_twice);
+    RUN(a_pause_begun_in_the_read_callback_keeps_the_hangup);
+    RUN(a_start_without_callbacks_is_refused);
     return CHECK_DONE();
 }
