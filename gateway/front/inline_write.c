@@ -159,7 +159,8 @@ void uv_close(uv_handle_t *handle, uv_close_cb close_cb)
     /* taken off the list first, called after: a callback may add to the list (and move it) */
     uv_write_t *small[8], **reqs = small;
     size_t k = 0;
-    for (size_t i = list.head; i < list.n; i++) {
+    for (size_t i = handle->type == UV_TCP ? list.head : list.n; i < list.n; i++) { /* (only streams
+                                                                                     write) */
         done_t *d = &list.items[i];
         if (d->req == NULL || (uv_handle_t *)d->req->handle != handle)
             continue;
