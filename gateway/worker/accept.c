@@ -233,7 +233,9 @@ unsigned agw_worker_busy_conns(agw_worker_t *w)
  * REFUSED_RECHECK_S later (the loop has run libuv in between: a write that just completed has had
  * its callback by then), the callback is called with h2o's I/O error, as libuv would have: h2o
  * disposes of the socket its own way. Returns 1 when it did, -1 at a first sighting (to be looked
- * at again), 0 otherwise. */
+ * at again), 0 otherwise. Since front/inline_write.h answers a write libuv refuses at once through
+ * its callback, this finds such a write only where that does not (another libuv release, an
+ * executable that does not interpose uv_write): it stays as the fallback. */
 static int finish_refused_write(conn_t *c)
 {
     h2o_socket_t *s = c->sock;
