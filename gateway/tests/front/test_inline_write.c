@@ -1,33 +1,14 @@
 /* test_inline_write.c: writes finished at once (front/inline_write.h) on a real loopback TCP
  * connection and a libuv loop: when callbacks come, with what status, in what order, what a
  * close does to a listed one, a write the socket takes in part, and that a response's write makes
- * no epoll_ctl (counted by defining it here, as test_read_pause does). */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
+ * no epoll_ctl (counted: loopback.h). */
+#include "loopback.h" /* (first: it asks for _GNU_SOURCE) */
+#include "../check.h"
 #include "front/inline_write.h"
 
-#include <arpa/inet.h>
-#include <dlfcn.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include "../check.h"
-
-static int ctl_calls;
-
-int epoll_ctl(int epfd, int op, int fd, struct epoll_event *event)
-{
-    static int (*libc_ctl)(int, int, int, struct epoll_event *);
-    if (libc_ctl == NULL)
-        *(void **)&libc_ctl = dlsym(RTLD_NEXT, "epoll_ctl");
-    ctl_calls++;
-    return libc_ctl(epfd, op, fd, event);
-}
+#include <string.h>
 
 typedef struct {
     uv_loop_t loop;
@@ -50,17 +31,7 @@ static void write_cb(uv_write_t *req, int status)
 static int open_conn(conn_t *c, uv_loop_t *loop)
 {
     memset(c, 0, sizeof(*c));
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof(a);
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(l, 1) != 0 ||
-        getsockname(l, (struct sockaddr *)&a, &al) != 0)
-        return -1;
-    c->peer = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(c->peer, (struct sockaddr *)&a, sizeof(a)) != 0)
-        return -1;
-    int fd = accept(l, NULL, NULL);
-    close(l);
+    int fd = loopback_pair(&c->peer);
     if (fd < 0)
         return -1;
     uv_tcp_init(loop, &c->tcp);

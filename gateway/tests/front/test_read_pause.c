@@ -1,32 +1,12 @@
 /* test_read_pause.c: a connection's reading paused and resumed (front/read_pause.h) against a real
  * loopback TCP connection on a libuv loop: what comes while paused waits for the start, and a
- * pause and a start make no system call. epoll_ctl is counted by defining it here (libuv calls
- * libc's through its PLT, as libh2o calls libuv's). */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
+ * pause and a start make no system call (epoll_ctl counted: loopback.h). */
+#include "loopback.h" /* (first: it asks for _GNU_SOURCE) */
+#include "../check.h"
 #include "front/read_pause.h"
 
-#include <arpa/inet.h>
-#include <dlfcn.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include "../check.h"
-
-static int ctl_calls;
-
-int epoll_ctl(int epfd, int op, int fd, struct epoll_event *event)
-{
-    static int (*libc_ctl)(int, int, int, struct epoll_event *);
-    if (libc_ctl == NULL)
-        *(void **)&libc_ctl = dlsym(RTLD_NEXT, "epoll_ctl");
-    ctl_calls++;
-    return libc_ctl(epfd, op, fd, event);
-}
+#include <string.h>
 
 typedef struct {
     uv_loop_t loop;
@@ -63,17 +43,7 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 static int open_conn(conn_t *c)
 {
     memset(c, 0, sizeof(*c));
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof(a);
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(l, 1) != 0 ||
-        getsockname(l, (struct sockaddr *)&a, &al) != 0)
-        return -1;
-    c->peer = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(c->peer, (struct sockaddr *)&a, sizeof(a)) != 0)
-        return -1;
-    int fd = accept(l, NULL, NULL);
-    close(l);
+    int fd = loopback_pair(&c->peer);
     if (fd < 0)
         return -1;
     uv_loop_init(&c->loop);
