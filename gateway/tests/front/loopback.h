@@ -7,10 +7,20 @@
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+/* Waits until fd has events (POLLIN: bytes, POLLRDHUP: the peer's FIN), at most 10 s, so that a
+ * test's next turn of the loop finds what the peer sent even when the kernel delivers loopback
+ * traffic late (a loaded machine). Returns 1 when they came. */
+static int wait_for(int fd, short events)
+{
+    struct pollfd p = {.fd = fd, .events = events};
+    return poll(&p, 1, 10000) == 1 && (p.revents & events) != 0;
+}
+
 #endif
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stddef.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -44,6 +54,15 @@ static int loopback_pair(int *peer)
     int fd = accept(l, NULL, NULL);
     close(l);
     return fd;
+}
+
+/* Waits until fd has events (POLLIN: bytes, POLLRDHUP: the peer's FIN), at most 10 s, so that a
+ * test's next turn of the loop finds what the peer sent even when the kernel delivers loopback
+ * traffic late (a loaded machine). Returns 1 when they came. */
+static int wait_for(int fd, short events)
+{
+    struct pollfd p = {.fd = fd, .events = events};
+    return poll(&p, 1, 10000) == 1 && (p.revents & events) != 0;
 }
 
 #endif

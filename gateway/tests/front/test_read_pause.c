@@ -73,9 +73,25 @@ static void close_conn(conn_t *c)
     close(c->peer);
 }
 
+static int fd_of(conn_t *c)
+{
+    uv_os_fd_t fd = -1;
+    uv_fileno((uv_handle_t *)&c->tcp, &fd);
+    return fd;
+}
+
+/* The peer sends s; returns when the bytes are in the accepted end's receive queue. */
 static void send_peer(conn_t *c, const char *s)
 {
     CHECK(write(c->peer, s, strlen(s)) == (ssize_t)strlen(s));
+    CHECK(wait_for(fd_of(c), POLLIN));
+}
+
+/* The peer shuts its sending side; returns when the FIN has come. */
+static void hang_up_peer(conn_t *c)
+{
+    shutdown(c->peer, SHUT_WR);
+    CHECK(wait_for(fd_of(c), POLLRDHUP));
 }
 
 static void interposed(void)
@@ -138,7 +154,7 @@ static void a_hangup_while_paused_is_read_after_the_start(void)
     CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, read_cb) == 0);
     CHECK(uv_read_stop((uv_stream_t *)&c.tcp) == 0);
     send_peer(&c, "last");
-    shutdown(c.peer, SHUT_WR);
+    hang_up_peer(&c);
     turn(&c);
     CHECK(c.got_len == 0 && c.eof == 0);
     CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, read_cb) == 0);
@@ -154,7 +170,7 @@ static void a_stream_libuv_stopped_is_not_paused(void)
     conn_t c;
     CHECK(open_conn(&c) == 0);
     CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, read_cb) == 0);
-    shutdown(c.peer, SHUT_WR);
+    hang_up_peer(&c);
     turn(&c);
     CHECK(c.eof == 1);
     CHECK(uv_read_stop((uv_stream_t *)&c.tcp) == 0);
@@ -210,8 +226,7 @@ static void a_pause_begun_in_the_read_callback_keeps_the_hangup(void)
     conn_t c;
     CHECK(open_conn(&c) == 0);
     send_peer(&c, "GET / HTTP/1.1\r\n\r\n");
-    shutdown(c.peer, SHUT_WR);
-    usleep(1000); /* (both on loopback before the loop looks) */
+    hang_up_peer(&c);
     CHECK(uv_read_start((uv_stream_t *)&c.tcp, alloc_cb, stop_on_data) == 0);
     turn(&c);
     CHECK(c.got_len == 18 && c.eof == 0 && c.errors == 0);
