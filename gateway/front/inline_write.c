@@ -1,6 +1,6 @@
 /* inline_write.c: writes finished at once without libuv's pending queue (inline_write.h). */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* RTLD_NEXT, RTLD_DEFAULT */
+#define _GNU_SOURCE /* RTLD_NEXT */
 #endif
 #include "front/inline_write.h"
 
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "base/mem.h"
-#include "front/read_pause.h" /* AGW_LIBUV_CHECKED */
+#include "front/read_pause.h" /* agw_libuv_checked, agw_libuv_interposed */
 
 typedef int (*write_fn)(uv_write_t *, uv_stream_t *, const uv_buf_t[], unsigned, uv_write_cb);
 typedef void (*close_fn)(uv_handle_t *, uv_close_cb);
@@ -23,12 +23,6 @@ __attribute__((constructor)) static void find_libuv(void)
 {
     *(void **)&libuv_write = dlsym(RTLD_NEXT, "uv_write");
     *(void **)&libuv_close = dlsym(RTLD_NEXT, "uv_close");
-}
-
-/* The libuv whose behaviour this file was checked against (read_pause.h AGW_LIBUV_CHECKED). */
-static int libuv_checked(void)
-{
-    return (uv_version() >> 8) == AGW_LIBUV_CHECKED;
 }
 
 typedef struct {
@@ -64,8 +58,8 @@ size_t agw_inline_write_pending(void)
 
 int agw_inline_write_active(void)
 {
-    return libuv_write != NULL && libuv_close != NULL && libuv_checked() && dlsym(RTLD_DEFAULT, "uv_write") == (void *)uv_write &&
-           dlsym(RTLD_DEFAULT, "uv_close") == (void *)uv_close;
+    return libuv_write != NULL && libuv_close != NULL && agw_libuv_checked() &&
+           agw_libuv_interposed("uv_write", (void *)uv_write) && agw_libuv_interposed("uv_close", (void *)uv_close);
 }
 
 int agw_inline_write_libuv(uv_write_t *req, uv_stream_t *handle, const uv_buf_t bufs[], unsigned nbufs,

@@ -23,7 +23,7 @@ __attribute__((constructor)) static void find_libuv(void)
     /* (the POSIX way to store dlsym's object pointer in a function pointer) */
     *(void **)&libuv_stop = dlsym(RTLD_NEXT, "uv_read_stop");
     *(void **)&libuv_start = dlsym(RTLD_NEXT, "uv_read_start");
-    pausing = libuv_stop != NULL && libuv_start != NULL && (uv_version() >> 8) == AGW_LIBUV_CHECKED;
+    pausing = libuv_stop != NULL && libuv_start != NULL && agw_libuv_checked();
 }
 
 /* A paused stream's alloc callback: no buffer, so libuv reads nothing and calls the read callback
@@ -35,6 +35,14 @@ static void paused_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
     buf->len = 0;
 }
 
+/* A paused stream's callbacks let go: it is a stream libuv stopped, or is about to stop (libuv's
+ * stop clears them too, but only when its reading flag is still set). */
+static void unpause(uv_stream_t *stream)
+{
+    stream->read_cb = NULL;
+    stream->alloc_cb = NULL;
+}
+
 /* A paused stream's read callback: UV_ENOBUFS (bytes came: they stay in the kernel) or UV_EOF
  * (libuv saw the peer hang up and stopped the stream itself). Either way the stream stops for real
  * (a no-op when libuv stopped it) and the owner's next start is libuv's, which reads them. */
@@ -43,8 +51,7 @@ static void paused_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     (void)nread, (void)buf;
     if (libuv_stop)
         libuv_stop(stream);
-    stream->read_cb = NULL;
-    stream->alloc_cb = NULL;
+    unpause(stream);
 }
 
 int agw_read_pause_is_paused(const uv_stream_t *stream)
@@ -52,10 +59,15 @@ int agw_read_pause_is_paused(const uv_stream_t *stream)
     return stream->alloc_cb == paused_alloc;
 }
 
+int agw_libuv_interposed(const char *name, void *ours)
+{
+    return dlsym(RTLD_DEFAULT, name) == ours;
+}
+
 int agw_read_pause_active(void)
 {
-    return pausing && dlsym(RTLD_DEFAULT, "uv_read_stop") == (void *)uv_read_stop &&
-           dlsym(RTLD_DEFAULT, "uv_read_start") == (void *)uv_read_start;
+    return pausing && agw_libuv_interposed("uv_read_stop", (void *)uv_read_stop) &&
+           agw_libuv_interposed("uv_read_start", (void *)uv_read_start);
 }
 
 int agw_read_pause_libuv_stop(uv_stream_t *stream)
@@ -76,8 +88,7 @@ int uv_read_stop(uv_stream_t *stream)
     if (stream->alloc_cb == paused_alloc) {
         if (!closing)
             return 0; /* paused already */
-        stream->read_cb = NULL; /* (libuv's stop below clears them too, when it was reading) */
-        stream->alloc_cb = NULL;
+        unpause(stream);
     } else if (pausing && stream->type == UV_TCP && stream->alloc_cb != NULL && !closing &&
                uv_is_active((uv_handle_t *)stream)) {
         stream->alloc_cb = paused_alloc;
@@ -102,8 +113,7 @@ int uv_read_start(uv_stream_t *stream, uv_alloc_cb alloc_cb, uv_read_cb read_cb)
         }
         /* libuv stopped it meanwhile (a read error after the pause began inside the read
          * callback): libuv's start decides, on a stream that is not paused */
-        stream->read_cb = NULL;
-        stream->alloc_cb = NULL;
+        unpause(stream);
     }
     return agw_read_pause_libuv_start(stream, alloc_cb, read_cb);
 }
