@@ -13,35 +13,24 @@
  * declared here, <stdio.h> declares it only for fortified builds. */
 extern int __vsprintf_chk(char *s, int flag, size_t slen, const char *fmt, va_list ap);
 
-/* The definition libh2o's calls reach (head_format.h). Declared here: defined in this file only. */
-int __sprintf_chk(char *s, int flag, size_t slen, const char *fmt, ...);
+/* The definition libh2o's calls reach (head_format.h). Declared here: defined in this file only;
+ * exported whatever the build's default visibility (the interposition needs it in the dynamic
+ * symbol table). */
+__attribute__((visibility("default"))) int __sprintf_chk(char *s, int flag, size_t slen, const char *fmt, ...);
 
 static const char with_length[] = AGW_HEAD_FORMAT_LENGTH;
 static const char no_length[] = AGW_HEAD_FORMAT_NO_LENGTH;
 
-/* The last pointers found to hold each format (libh2o's two literals, once seen). */
-static const char *seen[2];
-
 int agw_head_format_kind(const char *fmt)
 {
-    if (fmt == NULL)
+    /* compared by content on every call: a pointer remembered from an earlier call could name
+     * freed memory that another format has taken since. Both formats begin with the no-length
+     * one; the first byte tells most other formats apart. */
+    if (fmt == NULL || fmt[0] != 'H' || strncmp(fmt, no_length, sizeof(no_length) - 1) != 0)
         return 0;
-    if (fmt == __atomic_load_n(&seen[1], __ATOMIC_RELAXED))
-        return 2;
-    if (fmt == __atomic_load_n(&seen[0], __ATOMIC_RELAXED))
-        return 1;
-    /* both formats begin with the no-length one: the first byte tells most other formats apart */
-    if (fmt[0] != 'H' || strncmp(fmt, no_length, sizeof(no_length) - 1) != 0)
-        return 0;
-    int kind;
     if (fmt[sizeof(no_length) - 1] == '\0')
-        kind = 1;
-    else if (strcmp(fmt, with_length) == 0)
-        kind = 2;
-    else
-        return 0;
-    __atomic_store_n(&seen[kind - 1], fmt, __ATOMIC_RELAXED);
-    return kind;
+        return 1;
+    return strcmp(fmt + sizeof(no_length) - 1, with_length + sizeof(no_length) - 1) == 0 ? 2 : 0;
 }
 
 /* Writes v in decimal at the end of the 24-byte buffer ending at end; returns where it begins. */

@@ -9,8 +9,8 @@
  *
  * head_format.c defines __sprintf_chk in the executable, as read_pause.h does for libuv's
  * functions: libh2o calls it through its PLT, so the dynamic linker binds those calls here. A call
- * whose format is one of the two above (compared by content, so every caller with that format gets
- * the same bytes) is written by agw_head_format; every other call goes to glibc's __vsprintf_chk
+ * whose format is one of the two above (its text compared on every call, so every caller with that
+ * format gets the same bytes) is written by agw_head_format; every other call goes to glibc's __vsprintf_chk
  * unchanged, as does one whose output would not fit the size the caller gave (glibc's check then
  * stops the process, as it would have). The bytes are vsprintf's, byte for byte: a %d in decimal
  * with its sign, a %s copied up to its NUL ("(null)" for a null pointer, as glibc prints it), a %zu
@@ -28,8 +28,8 @@
 #define AGW_HEAD_FORMAT_NO_LENGTH "HTTP/1.1 %d %s\r\nDate: %s\r\nConnection: %s\r\n"
 
 /* Which of the two formats fmt is: 2 (with the length), 1 (without), 0 (neither, or NULL). A
- * comparison of at most the format's length; the pointers last matched are remembered, so
- * libh2o's calls cost a pointer compare. Thread-safe (the memo is a relaxed atomic). */
+ * comparison of the text, at most the format's length, on every call (no pointer is remembered: the
+ * memory of a format seen once may be freed and hold another later). Thread-safe. */
 int agw_head_format_kind(const char *fmt);
 
 /* Writes the format of kind (1 or 2, agw_head_format_kind) with ap's arguments into s, which has
