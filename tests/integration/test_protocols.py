@@ -3,9 +3,11 @@
 bytes whichever way it is asked for."""
 import os
 import re
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 from harness import (UNHURRIED_DEADLINE_MS, UNHURRIED_PAGE, UNHURRIED_UPSTREAMS, GatewayTestCase,  # noqa: E402
                      demo_services, nghttp, main)
 
@@ -63,6 +65,20 @@ class Protocols(GatewayTestCase):
                                         self.url("/product-page/3"), self.url("/nope"))
         statuses = re.findall(r"recv \(stream_id=\d+\) :status: (\d+)", out)
         self.assertEqual(sorted(statuses), ["200", "200", "200", "404"], out)
+
+    def test_the_http1_front_runs_with_its_interpositions(self):
+        # the executable defines libuv's uv_read_stop, uv_read_start, uv_write and uv_close and
+        # glibc's __sprintf_chk for libh2o (front/read_pause.h, inline_write.h, head_format.h);
+        # a build that stopped exporting them would serve the same pages, slower, and say so only
+        # in its start-up log
+        self.assertSamePage(self.get("/product-page/42", "--http1.1"))
+        log = self.gw.log()
+        self.assertNotIn("not interposed", log)
+        syms = subprocess.run(["nm", "-D", "--defined-only", harness.AGGWAY_BIN], capture_output=True, text=True,
+                              timeout=30)
+        self.assertEqual(syms.returncode, 0, syms.stderr)
+        for name in ("uv_read_stop", "uv_read_start", "uv_write", "uv_close", "__sprintf_chk"):
+            self.assertRegex(syms.stdout, r"\bT %s\b" % name)
 
     def test_http1_keep_alive_serves_several_requests_on_one_connection(self):
         url = self.url("/product-page/42")
