@@ -43,7 +43,7 @@ static char *decimal(char *end, uintmax_t v)
     return end;
 }
 
-/* Appends n bytes of src at *p (the room was counted before). */
+/* Appends n bytes of src at p and moves p past them (the room was counted before). */
 #define PUT(src, n)                                                                                 \
     do {                                                                                            \
         memcpy(p, (src), (n));                                                                      \

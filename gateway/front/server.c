@@ -463,7 +463,7 @@ int agw_server_run(const char *dir)
                               "calls more", uv_version_string());
     if (!agw_head_format_active()) /* (head_format.h) */
         agw_log(AGW_LOG_WARN, "glibc's __sprintf_chk is not interposed: every HTTP/1.1 response head is written by "
-                              "vsprintf (about 2,200 instructions more a response)");
+                              "vsprintf (about 1,700 instructions more a response)");
     /* libh2o prints some events to stderr itself, a client's path among them: through the log */
     if (agw_log_capture_stdio_stderr() != 0)
         agw_log(AGW_LOG_WARN, "cannot send the libraries' stderr through the log: their lines go unescaped");
