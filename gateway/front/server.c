@@ -1,5 +1,6 @@
 /* server.c: the serving process (see server.h). */
 #include "front/server.h"
+#include "front/h2_head.h"
 #include "front/head_format.h"
 #include "front/inline_write.h"
 #include "front/read_pause.h"
@@ -461,6 +462,9 @@ int agw_server_run(const char *dir)
         agw_log(AGW_LOG_WARN, "libuv's uv_read_stop, uv_read_start, uv_write and uv_close are not interposed "
                               "(libuv %s; checked against 1.44): every HTTP/1 request costs up to two epoll_ctl "
                               "calls more", uv_version_string());
+    if (!agw_h2_head_active()) /* (h2_head.h) */
+        agw_log(AGW_LOG_WARN, "libh2o's h2o_hpack_flatten_response is not interposed: every HTTP/2 response's "
+                              "Server-Timing goes into the connection's HPACK table");
     if (!agw_head_format_active()) /* (head_format.h) */
         agw_log(AGW_LOG_WARN, "glibc's __sprintf_chk is not interposed: every HTTP/1.1 response head is written by "
                               "vsprintf (about 1,700 instructions more a response)");

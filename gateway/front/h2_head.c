@@ -1,0 +1,137 @@
+/* h2_head.c: an HTTP/2 response head's Server-Timing sent without indexing (h2_head.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* RTLD_NEXT, RTLD_DEFAULT */
+#endif
+#include "front/h2_head.h"
+
+#include <dlfcn.h>
+#include <h2o.h>
+#include <string.h>
+
+/* libh2o's h2o_hpack_flatten_response (h2o/http2_internal.h, whose header table type is opaque
+ * here: it is passed through). */
+typedef void (*flatten_fn)(h2o_buffer_t **buf, void *header_table, uint32_t stream_id, size_t max_frame_size,
+                           h2o_res_t *res, h2o_timestamp_t *ts, const h2o_iovec_t *server_name, size_t content_length);
+
+/* The definition libh2o's call reaches (h2_head.h); exported whatever the default visibility. */
+__attribute__((visibility("default"))) void h2o_hpack_flatten_response(h2o_buffer_t **buf, void *header_table,
+                                                                       uint32_t stream_id, size_t max_frame_size,
+                                                                       h2o_res_t *res, h2o_timestamp_t *ts,
+                                                                       const h2o_iovec_t *server_name,
+                                                                       size_t content_length);
+
+/* libh2o's own: found before main runs (a constructor; no thread exists yet), never changed. */
+static flatten_fn h2o_flatten;
+
+__attribute__((constructor)) static void find_h2o(void)
+{
+    *(void **)&h2o_flatten = dlsym(RTLD_NEXT, "h2o_hpack_flatten_response");
+}
+
+#define FRAME_HEADER 9   /* an HTTP/2 frame's header (RFC 9113 §4.1) */
+#define INT_MAX_BYTES 10 /* an HPACK integer's bytes at most (h2o reserves as many) */
+#define MOVED_MAX 8      /* Server-Timing fields a response may have taken out */
+#define KEPT_MAX 64      /* other fields, on the stack while h2o writes them */
+
+static const char TIMING[] = "server-timing";
+
+/* Appends v as an HPACK integer with an n-bit prefix (RFC 7541 §5.1) whose first byte's other bits
+ * are first; returns the bytes written (counted only, out NULL). */
+static size_t put_int(unsigned char *out, unsigned char first, unsigned n, size_t v)
+{
+    size_t max = (1u << n) - 1, k = 0;
+    if (v < max) {
+        if (out)
+            out[0] = (unsigned char)(first | v);
+        return 1;
+    }
+    if (out)
+        out[k] = (unsigned char)(first | max);
+    k++;
+    for (v -= max; v >= 128; v >>= 7, k++)
+        if (out)
+            out[k] = (unsigned char)(0x80 | (v & 0x7f));
+    if (out)
+        out[k] = (unsigned char)v;
+    return k + 1;
+}
+
+size_t agw_h2_head_literal(unsigned char *out, const char *name, size_t name_len, const char *value,
+                           size_t value_len)
+{
+    size_t k = 0;
+    if (out)
+        out[0] = 0x00; /* literal header field without indexing, new name (the index 0) */
+    k++;
+    k += put_int(out ? out + k : NULL, 0x00, 7, name_len); /* H = 0: the bytes as they are */
+    if (out)
+        memcpy(out + k, name, name_len);
+    k += name_len;
+    k += put_int(out ? out + k : NULL, 0x00, 7, value_len);
+    if (out)
+        memcpy(out + k, value, value_len);
+    return k + value_len;
+}
+
+static int is_timing(const h2o_header_t *h)
+{
+    return h->name->len == sizeof(TIMING) - 1 && memcmp(h->name->base, TIMING, sizeof(TIMING) - 1) == 0;
+}
+
+void h2o_hpack_flatten_response(h2o_buffer_t **buf, void *header_table, uint32_t stream_id, size_t max_frame_size,
+                                h2o_res_t *res, h2o_timestamp_t *ts, const h2o_iovec_t *server_name,
+                                size_t content_length)
+{
+    size_t n = res->headers.size, moved = 0, lit = 0;
+    /* an upper bound of what h2o writes, as it reserves room (hpack.c: calc_headers_capacity, the
+     * status, date, server and content-length fields) */
+    size_t bound = FRAME_HEADER + 5 + 2 + H2O_TIMESTR_RFC1123_LEN + 5 + server_name->len + 3 + 20;
+    if (n <= KEPT_MAX + MOVED_MAX) {
+        for (size_t i = 0; i < n; i++) {
+            const h2o_header_t *h = &res->headers.entries[i];
+            if (is_timing(h)) {
+                moved++;
+                lit += agw_h2_head_literal(NULL, h->name->base, h->name->len, h->value.base, h->value.len);
+            } else {
+                bound += h->name->len + h->value.len + 1 + 2 * INT_MAX_BYTES;
+            }
+        }
+    }
+    if (moved == 0 || moved > MOVED_MAX || n - moved > KEPT_MAX || bound - FRAME_HEADER + lit > max_frame_size) {
+        h2o_flatten(buf, header_table, stream_id, max_frame_size, res, ts, server_name, content_length);
+        return;
+    }
+    h2o_header_t kept[KEPT_MAX], timing[MOVED_MAX];
+    size_t nk = 0, nt = 0;
+    for (size_t i = 0; i < n; i++) {
+        const h2o_header_t *h = &res->headers.entries[i];
+        if (is_timing(h))
+            timing[nt++] = *h;
+        else
+            kept[nk++] = *h;
+    }
+    h2o_header_t *entries = res->headers.entries;
+    res->headers.entries = kept, res->headers.size = nk;
+    size_t start = (*buf)->size;
+    h2o_flatten(buf, header_table, stream_id, max_frame_size, res, ts, server_name, content_length);
+    res->headers.entries = entries, res->headers.size = n;
+
+    /* one HEADERS frame (the bound said so): its payload grows by the literals */
+    size_t payload = (*buf)->size - start - FRAME_HEADER;
+    unsigned char *fh = (unsigned char *)(*buf)->bytes + start;
+    if (payload + lit > max_frame_size || ((size_t)fh[0] << 16 | (size_t)fh[1] << 8 | fh[2]) != payload)
+        return; /* (cannot happen: the bound is h2o's own; the fields would be missing, never garbled) */
+    unsigned char *out = (unsigned char *)h2o_buffer_reserve(buf, lit).base;
+    for (size_t i = 0; i < nt; i++)
+        out += agw_h2_head_literal(out, timing[i].name->base, timing[i].name->len, timing[i].value.base,
+                                   timing[i].value.len);
+    (*buf)->size += lit;
+    payload += lit;
+    fh = (unsigned char *)(*buf)->bytes + start; /* (the reserve may have moved the bytes) */
+    fh[0] = (unsigned char)(payload >> 16), fh[1] = (unsigned char)(payload >> 8), fh[2] = (unsigned char)payload;
+}
+
+int agw_h2_head_active(void)
+{
+    return h2o_flatten != NULL && dlsym(RTLD_DEFAULT, "h2o_hpack_flatten_response") == (void *)h2o_hpack_flatten_response;
+}
