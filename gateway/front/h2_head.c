@@ -6,7 +6,12 @@
 
 #include <dlfcn.h>
 #include <h2o.h>
+#include <h2o/version.h>
 #include <string.h>
+
+#if H2O_VERSION_MAJOR != 2 || H2O_VERSION_MINOR != 2
+#error "front/h2_head.c defines h2o 2.2's h2o_hpack_flatten_response: check its signature and its output against this libh2o"
+#endif
 
 /* libh2o's h2o_hpack_flatten_response (h2o/http2_internal.h, whose header table type is opaque
  * here: it is passed through). */
@@ -29,7 +34,9 @@ __attribute__((constructor)) static void find_h2o(void)
 }
 
 #define FRAME_HEADER 9   /* an HTTP/2 frame's header (RFC 9113 §4.1) */
-#define INT_MAX_BYTES 10 /* an HPACK integer's bytes at most (h2o reserves as many) */
+#define CONTINUATION 0x9 /* the frame type (RFC 9113 §6.10) */
+#define END_HEADERS 0x4  /* the flag of a header block's last frame (RFC 9113 §6.2) */
+#define INT_MAX_BYTES 10 /* an HPACK integer's bytes, counted (h2o reserves 5: the bound is above its own) */
 #define MOVED_MAX 8      /* Server-Timing fields a response may have taken out */
 #define KEPT_MAX 64      /* other fields, on the stack while h2o writes them */
 
@@ -116,22 +123,49 @@ void h2o_hpack_flatten_response(h2o_buffer_t **buf, void *header_table, uint32_t
     h2o_flatten(buf, header_table, stream_id, max_frame_size, res, ts, server_name, content_length);
     res->headers.entries = entries, res->headers.size = n;
 
+    agw_h2_head_append(buf, start, stream_id, max_frame_size, timing, nt, lit);
+}
+
+int agw_h2_head_append(h2o_buffer_t **buf, size_t start, uint32_t stream_id, size_t max_frame_size,
+                       const h2o_header_t *fields, size_t n, size_t lit)
+{
     /* one HEADERS frame (the bound said so): its payload grows by the literals */
     size_t payload = (*buf)->size - start - FRAME_HEADER;
     unsigned char *fh = (unsigned char *)(*buf)->bytes + start;
-    if (payload + lit > max_frame_size || ((size_t)fh[0] << 16 | (size_t)fh[1] << 8 | fh[2]) != payload)
-        return; /* (cannot happen: the bound is h2o's own; the fields would be missing, never garbled) */
-    unsigned char *out = (unsigned char *)h2o_buffer_reserve(buf, lit).base;
-    for (size_t i = 0; i < nt; i++)
-        out += agw_h2_head_literal(out, timing[i].name->base, timing[i].name->len, timing[i].value.base,
-                                   timing[i].value.len);
+    int one_frame = payload + lit <= max_frame_size && ((size_t)fh[0] << 16 | (size_t)fh[1] << 8 | fh[2]) == payload;
+    unsigned char *out = (unsigned char *)h2o_buffer_reserve(buf, lit + FRAME_HEADER).base;
+    if (out == NULL)
+        return -1; /* (no memory: h2o's head goes without the fields) */
+    if (!one_frame) {
+        /* (not seen: the bound is above h2o's own) the literals go in a CONTINUATION frame of
+         * their own after h2o's last frame, which ends the header block no longer */
+        const unsigned char *b = (const unsigned char *)(*buf)->bytes;
+        size_t at = start, last = start;
+        for (; at + FRAME_HEADER <= (*buf)->size; at += FRAME_HEADER + ((size_t)b[at] << 16 | (size_t)b[at + 1] << 8 | b[at + 2]))
+            last = at;
+        (*buf)->bytes[last + 4] = (char)(b[last + 4] & ~END_HEADERS);
+        out[0] = (unsigned char)(lit >> 16), out[1] = (unsigned char)(lit >> 8), out[2] = (unsigned char)lit;
+        out[3] = CONTINUATION, out[4] = END_HEADERS;
+        out[5] = (unsigned char)(stream_id >> 24 & 0x7f), out[6] = (unsigned char)(stream_id >> 16);
+        out[7] = (unsigned char)(stream_id >> 8), out[8] = (unsigned char)stream_id;
+        out += FRAME_HEADER;
+        (*buf)->size += FRAME_HEADER;
+    }
+    for (size_t i = 0; i < n; i++)
+        out += agw_h2_head_literal(out, fields[i].name->base, fields[i].name->len, fields[i].value.base,
+                                   fields[i].value.len);
     (*buf)->size += lit;
-    payload += lit;
-    fh = (unsigned char *)(*buf)->bytes + start; /* (the reserve may have moved the bytes) */
-    fh[0] = (unsigned char)(payload >> 16), fh[1] = (unsigned char)(payload >> 8), fh[2] = (unsigned char)payload;
+    if (one_frame) {
+        payload += lit;
+        fh = (unsigned char *)(*buf)->bytes + start; /* (the reserve may have moved the bytes) */
+        fh[0] = (unsigned char)(payload >> 16), fh[1] = (unsigned char)(payload >> 8), fh[2] = (unsigned char)payload;
+    }
+    return one_frame ? 0 : 1;
 }
 
 int agw_h2_head_active(void)
 {
-    return h2o_flatten != NULL && dlsym(RTLD_DEFAULT, "h2o_hpack_flatten_response") == (void *)h2o_hpack_flatten_response;
+    if (dlsym(RTLD_DEFAULT, "h2o_hpack_flatten_response") != (void *)h2o_hpack_flatten_response)
+        return 0;
+    return h2o_flatten != NULL ? 1 : -1;
 }

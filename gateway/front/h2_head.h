@@ -17,18 +17,23 @@
  * headers for h2o's call (libh2o's own function, dlsym RTLD_NEXT), put back after it, and
  * appended to the HEADERS frame h2o wrote as literal fields without indexing, name and value
  * as they are (no Huffman code): the frame's length is the only byte of h2o's that changes, and
- * the dynamic table is left as h2o keeps it. Any other response is h2o's alone (its Server-Timing
+ * the dynamic table is left as h2o keeps it. (Should h2o's frames not be one, against the bound,
+ * the literals go in a CONTINUATION frame of their own after them.) Any other response is h2o's alone (its Server-Timing
  * then indexed as before). Fields are sent in any order (RFC 9110 §5.3: only fields of one name
  * keep theirs, and these stay in theirs). test_h2_head holds the bytes, and the integration tests
  * read every HTTP/2 response with curl, nghttp and h2load. */
 #ifndef AGW_FRONT_H2_HEAD_H
 #define AGW_FRONT_H2_HEAD_H
 
+#include <h2o.h>
 #include <stddef.h>
+#include <stdint.h>
 
-/* 1 when libh2o's calls of h2o_hpack_flatten_response come here (the executable exports it and
- * libh2o's own was found), 0 otherwise (every head is then h2o's alone). main calls it once at
- * start, which also makes the linker take this file from the core library. */
+/* 1 when libh2o's calls of h2o_hpack_flatten_response come here and libh2o's own was found, 0 when
+ * they go to libh2o's (the executable does not export it: every head is then h2o's alone), -1 when
+ * they come here and libh2o's own was not found (every HTTP/2 response would fail: the server
+ * refuses to start). main calls it once at start, which also makes the linker take this file from
+ * the core library. */
 int agw_h2_head_active(void);
 
 /* The bytes of a literal header field without indexing, new name (RFC 7541 §6.2.2, strings
@@ -36,5 +41,14 @@ int agw_h2_head_active(void);
  * at out when out is not NULL. Returns their count either way. */
 size_t agw_h2_head_literal(unsigned char *out, const char *name, size_t name_len, const char *value,
                            size_t value_len);
+
+/* Appends fields[0..n) (lit: their literals' bytes, agw_h2_head_literal) to the header block h2o
+ * wrote into *buf from offset start for stream_id: into its HEADERS frame, whose length grows,
+ * when it is one frame with room for them under max_frame_size; else as a CONTINUATION frame of
+ * their own after its last frame, which then no longer ends the block (lit must be at most
+ * max_frame_size). Returns 0 (in the frame), 1 (in a CONTINUATION frame) or -1 (no memory for them:
+ * the block is h2o's as it was). */
+int agw_h2_head_append(h2o_buffer_t **buf, size_t start, uint32_t stream_id, size_t max_frame_size,
+                       const h2o_header_t *fields, size_t n, size_t lit);
 
 #endif

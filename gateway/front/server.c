@@ -462,7 +462,13 @@ int agw_server_run(const char *dir)
         agw_log(AGW_LOG_WARN, "libuv's uv_read_stop, uv_read_start, uv_write and uv_close are not interposed "
                               "(libuv %s; checked against 1.44): every HTTP/1 request costs up to two epoll_ctl "
                               "calls more", uv_version_string());
-    if (!agw_h2_head_active()) /* (h2_head.h) */
+    int h2_head = agw_h2_head_active(); /* (h2_head.h) */
+    if (h2_head < 0) {
+        agw_log(AGW_LOG_ERROR, "libh2o's h2o_hpack_flatten_response was not found (libh2o %s): this build cannot "
+                               "answer over HTTP/2; not starting", H2O_VERSION);
+        return 1;
+    }
+    if (h2_head == 0)
         agw_log(AGW_LOG_WARN, "libh2o's h2o_hpack_flatten_response is not interposed: every HTTP/2 response's "
                               "Server-Timing goes into the connection's HPACK table");
     if (!agw_head_format_active()) /* (head_format.h) */
