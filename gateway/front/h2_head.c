@@ -1,8 +1,9 @@
 /* h2_head.c: an HTTP/2 response head's Server-Timing sent without indexing (h2_head.h). */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* RTLD_NEXT, RTLD_DEFAULT */
+#define _GNU_SOURCE /* RTLD_NEXT */
 #endif
 #include "front/h2_head.h"
+#include "front/interpose.h"
 
 #include <dlfcn.h>
 #include <h2o.h>
@@ -165,7 +166,7 @@ int agw_h2_head_append(h2o_buffer_t **buf, size_t start, uint32_t stream_id, siz
 
 int agw_h2_head_active(void)
 {
-    if (dlsym(RTLD_DEFAULT, "h2o_hpack_flatten_response") != (void *)h2o_hpack_flatten_response)
+    if (!agw_interposed("h2o_hpack_flatten_response", (void *)h2o_hpack_flatten_response))
         return 0;
     return h2o_flatten != NULL ? 1 : -1;
 }

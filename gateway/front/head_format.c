@@ -1,11 +1,8 @@
 /* head_format.c: the first lines of an HTTP/1.1 response head written without printf
  * (head_format.h). */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* RTLD_DEFAULT */
-#endif
 #include "front/head_format.h"
+#include "front/interpose.h"
 
-#include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -116,5 +113,5 @@ int __sprintf_chk(char *s, int flag, size_t slen, const char *fmt, ...)
 
 int agw_head_format_active(void)
 {
-    return dlsym(RTLD_DEFAULT, "__sprintf_chk") == (void *)__sprintf_chk;
+    return agw_interposed("__sprintf_chk", (void *)__sprintf_chk);
 }

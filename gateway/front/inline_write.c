@@ -9,7 +9,8 @@
 #include <string.h>
 
 #include "base/mem.h"
-#include "front/read_pause.h" /* agw_libuv_checked, agw_libuv_interposed */
+#include "front/interpose.h"
+#include "front/read_pause.h" /* agw_libuv_checked */
 
 typedef int (*write_fn)(uv_write_t *, uv_stream_t *, const uv_buf_t[], unsigned, uv_write_cb);
 typedef void (*close_fn)(uv_handle_t *, uv_close_cb);
@@ -59,7 +60,7 @@ size_t agw_inline_write_pending(void)
 int agw_inline_write_active(void)
 {
     return libuv_write != NULL && libuv_close != NULL && agw_libuv_checked() &&
-           agw_libuv_interposed("uv_write", (void *)uv_write) && agw_libuv_interposed("uv_close", (void *)uv_close);
+           agw_interposed("uv_write", (void *)uv_write) && agw_interposed("uv_close", (void *)uv_close);
 }
 
 int agw_inline_write_libuv(uv_write_t *req, uv_stream_t *handle, const uv_buf_t bufs[], unsigned nbufs,

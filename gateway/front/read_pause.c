@@ -1,8 +1,9 @@
 /* read_pause.c: a client connection's reading paused without a system call (read_pause.h). */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* RTLD_NEXT, RTLD_DEFAULT */
+#define _GNU_SOURCE /* RTLD_NEXT */
 #endif
 #include "front/read_pause.h"
+#include "front/interpose.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -59,15 +60,10 @@ int agw_read_pause_is_paused(const uv_stream_t *stream)
     return stream->alloc_cb == paused_alloc;
 }
 
-int agw_libuv_interposed(const char *name, void *ours)
-{
-    return dlsym(RTLD_DEFAULT, name) == ours;
-}
-
 int agw_read_pause_active(void)
 {
-    return pausing && agw_libuv_interposed("uv_read_stop", (void *)uv_read_stop) &&
-           agw_libuv_interposed("uv_read_start", (void *)uv_read_start);
+    return pausing && agw_interposed("uv_read_stop", (void *)uv_read_stop) &&
+           agw_interposed("uv_read_start", (void *)uv_read_start);
 }
 
 int agw_read_pause_libuv_stop(uv_stream_t *stream)

@@ -47,11 +47,6 @@ static inline int agw_libuv_checked(void)
     return (uv_version() >> 8) == AGW_LIBUV_CHECKED;
 }
 
-/* 1 when the process's calls of libuv's function name reach ours, the function at ours: the
- * executable exports it (dlsym RTLD_DEFAULT finds it first). Used by this file's and
- * inline_write.h's checks at start. */
-int agw_libuv_interposed(const char *name, void *ours);
-
 /* 1 when libh2o's calls of uv_read_stop and uv_read_start come here (the executable exports the two
  * functions and libuv's own were found), 0 when they go to libuv directly (every stop and start is
  * then libuv's, as without this file). main calls it once at start and says which in the log; it
