@@ -7,36 +7,25 @@
 
 #include <dlfcn.h>
 #include <h2o.h>
+#include <h2o/http2.h>
+#include <h2o/http2_internal.h> /* with guard/h2o_internal/khash.h (CMakeLists.txt) */
 #include <h2o/version.h>
 #include <string.h>
 
 #if H2O_VERSION_MAJOR != 2 || H2O_VERSION_MINOR != 2
-#error "front/h2_head.c defines h2o 2.2's h2o_hpack_flatten_response: check its signature and its output against this libh2o"
+#error "front/h2_head.c defines h2o 2.2's h2o_hpack_flatten_response: check its output against this libh2o"
 #endif
 
-/* libh2o's h2o_hpack_flatten_response (h2o/http2_internal.h, whose header table type is opaque
- * here: it is passed through). */
-typedef void (*flatten_fn)(h2o_buffer_t **buf, void *header_table, uint32_t stream_id, size_t max_frame_size,
-                           h2o_res_t *res, h2o_timestamp_t *ts, const h2o_iovec_t *server_name, size_t content_length);
-
-/* The definition libh2o's call reaches (h2_head.h); exported whatever the default visibility. */
-__attribute__((visibility("default"))) void h2o_hpack_flatten_response(h2o_buffer_t **buf, void *header_table,
-                                                                       uint32_t stream_id, size_t max_frame_size,
-                                                                       h2o_res_t *res, h2o_timestamp_t *ts,
-                                                                       const h2o_iovec_t *server_name,
-                                                                       size_t content_length);
-
-/* libh2o's own: found before main runs (a constructor; no thread exists yet), never changed. */
-static flatten_fn h2o_flatten;
+/* libh2o's own h2o_hpack_flatten_response (declared by h2o/http2_internal.h, which the definition
+ * below must match): found before main runs (a constructor; no thread exists yet), never changed. */
+static void (*h2o_flatten)(h2o_buffer_t **, h2o_hpack_header_table_t *, uint32_t, size_t, h2o_res_t *,
+                           h2o_timestamp_t *, const h2o_iovec_t *, size_t);
 
 __attribute__((constructor)) static void find_h2o(void)
 {
     *(void **)&h2o_flatten = dlsym(RTLD_NEXT, "h2o_hpack_flatten_response");
 }
 
-#define FRAME_HEADER 9   /* an HTTP/2 frame's header (RFC 9113 §4.1) */
-#define CONTINUATION 0x9 /* the frame type (RFC 9113 §6.10) */
-#define END_HEADERS 0x4  /* the flag of a header block's last frame (RFC 9113 §6.2) */
 #define INT_MAX_BYTES 10 /* an HPACK integer's bytes, counted (h2o reserves 5: the bound is above its own) */
 #define MOVED_MAX 8      /* Server-Timing fields a response may have taken out */
 #define KEPT_MAX 64      /* other fields, on the stack while h2o writes them */
@@ -86,55 +75,54 @@ static int is_timing(const h2o_header_t *h)
     return h->name->len == sizeof(TIMING) - 1 && memcmp(h->name->base, TIMING, sizeof(TIMING) - 1) == 0;
 }
 
-void h2o_hpack_flatten_response(h2o_buffer_t **buf, void *header_table, uint32_t stream_id, size_t max_frame_size,
-                                h2o_res_t *res, h2o_timestamp_t *ts, const h2o_iovec_t *server_name,
-                                size_t content_length)
+/* The definition libh2o's call reaches (h2_head.h); exported whatever the default visibility. */
+__attribute__((visibility("default"))) void h2o_hpack_flatten_response(h2o_buffer_t **buf,
+                                                                       h2o_hpack_header_table_t *header_table,
+                                                                       uint32_t stream_id, size_t max_frame_size,
+                                                                       h2o_res_t *res, h2o_timestamp_t *ts,
+                                                                       const h2o_iovec_t *server_name,
+                                                                       size_t content_length)
 {
-    size_t n = res->headers.size, moved = 0, lit = 0;
+    h2o_header_t kept[KEPT_MAX], timing[MOVED_MAX];
+    size_t n = res->headers.size, nk = 0, nt = 0, lit = 0;
     /* an upper bound of what h2o writes, as it reserves room (hpack.c: calc_headers_capacity, the
      * status, date, server and content-length fields) */
-    size_t bound = FRAME_HEADER + 5 + 2 + H2O_TIMESTR_RFC1123_LEN + 5 + server_name->len + 3 + 20;
-    if (n <= KEPT_MAX + MOVED_MAX) {
-        for (size_t i = 0; i < n; i++) {
-            const h2o_header_t *h = &res->headers.entries[i];
-            if (is_timing(h)) {
-                moved++;
-                lit += agw_h2_head_literal(NULL, h->name->base, h->name->len, h->value.base, h->value.len);
-            } else {
-                bound += h->name->len + h->value.len + 1 + 2 * INT_MAX_BYTES;
-            }
-        }
-    }
-    if (moved == 0 || moved > MOVED_MAX || n - moved > KEPT_MAX || bound - FRAME_HEADER + lit > max_frame_size) {
-        h2o_flatten(buf, header_table, stream_id, max_frame_size, res, ts, server_name, content_length);
-        return;
-    }
-    h2o_header_t kept[KEPT_MAX], timing[MOVED_MAX];
-    size_t nk = 0, nt = 0;
+    size_t bound = H2O_HTTP2_FRAME_HEADER_SIZE + 5 + 2 + H2O_TIMESTR_RFC1123_LEN + 5 + server_name->len + 3 + 20;
     for (size_t i = 0; i < n; i++) {
         const h2o_header_t *h = &res->headers.entries[i];
-        if (is_timing(h))
+        if (is_timing(h)) {
+            if (nt == MOVED_MAX)
+                goto h2os;
             timing[nt++] = *h;
-        else
+            lit += agw_h2_head_literal(NULL, h->name->base, h->name->len, h->value.base, h->value.len);
+        } else {
+            if (nk == KEPT_MAX)
+                goto h2os;
             kept[nk++] = *h;
+            bound += h->name->len + h->value.len + 1 + 2 * INT_MAX_BYTES;
+        }
     }
+    if (nt == 0 || bound - H2O_HTTP2_FRAME_HEADER_SIZE + lit > max_frame_size)
+        goto h2os;
     h2o_header_t *entries = res->headers.entries;
     res->headers.entries = kept, res->headers.size = nk;
     size_t start = (*buf)->size;
     h2o_flatten(buf, header_table, stream_id, max_frame_size, res, ts, server_name, content_length);
     res->headers.entries = entries, res->headers.size = n;
-
     agw_h2_head_append(buf, start, stream_id, max_frame_size, timing, nt, lit);
+    return;
+h2os: /* h2o's alone (Server-Timing indexed as h2o does) */
+    h2o_flatten(buf, header_table, stream_id, max_frame_size, res, ts, server_name, content_length);
 }
 
 int agw_h2_head_append(h2o_buffer_t **buf, size_t start, uint32_t stream_id, size_t max_frame_size,
                        const h2o_header_t *fields, size_t n, size_t lit)
 {
     /* one HEADERS frame (the bound said so): its payload grows by the literals */
-    size_t payload = (*buf)->size - start - FRAME_HEADER;
+    size_t payload = (*buf)->size - start - H2O_HTTP2_FRAME_HEADER_SIZE;
     unsigned char *fh = (unsigned char *)(*buf)->bytes + start;
     int one_frame = payload + lit <= max_frame_size && ((size_t)fh[0] << 16 | (size_t)fh[1] << 8 | fh[2]) == payload;
-    unsigned char *out = (unsigned char *)h2o_buffer_reserve(buf, lit + FRAME_HEADER).base;
+    unsigned char *out = (unsigned char *)h2o_buffer_reserve(buf, lit + H2O_HTTP2_FRAME_HEADER_SIZE).base;
     if (out == NULL)
         return -1; /* (no memory: h2o's head goes without the fields) */
     if (!one_frame) {
@@ -142,15 +130,13 @@ int agw_h2_head_append(h2o_buffer_t **buf, size_t start, uint32_t stream_id, siz
          * their own after h2o's last frame, which ends the header block no longer */
         const unsigned char *b = (const unsigned char *)(*buf)->bytes;
         size_t at = start, last = start;
-        for (; at + FRAME_HEADER <= (*buf)->size; at += FRAME_HEADER + ((size_t)b[at] << 16 | (size_t)b[at + 1] << 8 | b[at + 2]))
+        for (; at + H2O_HTTP2_FRAME_HEADER_SIZE <= (*buf)->size;
+             at += H2O_HTTP2_FRAME_HEADER_SIZE + ((size_t)b[at] << 16 | (size_t)b[at + 1] << 8 | b[at + 2]))
             last = at;
-        (*buf)->bytes[last + 4] = (char)(b[last + 4] & ~END_HEADERS);
-        out[0] = (unsigned char)(lit >> 16), out[1] = (unsigned char)(lit >> 8), out[2] = (unsigned char)lit;
-        out[3] = CONTINUATION, out[4] = END_HEADERS;
-        out[5] = (unsigned char)(stream_id >> 24 & 0x7f), out[6] = (unsigned char)(stream_id >> 16);
-        out[7] = (unsigned char)(stream_id >> 8), out[8] = (unsigned char)stream_id;
-        out += FRAME_HEADER;
-        (*buf)->size += FRAME_HEADER;
+        (*buf)->bytes[last + 4] = (char)(b[last + 4] & ~H2O_HTTP2_FRAME_FLAG_END_HEADERS);
+        out = h2o_http2_encode_frame_header(out, lit, H2O_HTTP2_FRAME_TYPE_CONTINUATION,
+                                            H2O_HTTP2_FRAME_FLAG_END_HEADERS, (int32_t)stream_id);
+        (*buf)->size += H2O_HTTP2_FRAME_HEADER_SIZE;
     }
     for (size_t i = 0; i < n; i++)
         out += agw_h2_head_literal(out, fields[i].name->base, fields[i].name->len, fields[i].value.base,
