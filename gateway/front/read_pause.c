@@ -3,6 +3,7 @@
 #define _GNU_SOURCE /* RTLD_NEXT */
 #endif
 #include "front/read_pause.h"
+#include "front/inbuf.h"
 #include "front/interpose.h"
 
 #include <dlfcn.h>
@@ -95,9 +96,11 @@ int uv_read_stop(uv_stream_t *stream)
 }
 
 /* libuv's uv_read_start, but a paused stream that libuv still reads takes the callbacks back
- * without a system call. Returns 0, or what libuv's returns. */
+ * without a system call, and h2o's read callback of a plain connection is inbuf.h's. Returns 0, or
+ * what libuv's returns. */
 int uv_read_start(uv_stream_t *stream, uv_alloc_cb alloc_cb, uv_read_cb read_cb)
 {
+    alloc_cb = agw_inbuf_alloc_cb(stream, alloc_cb); /* a plain connection's small input buffer (inbuf.h) */
     if (stream->alloc_cb == paused_alloc) {
         if (alloc_cb == NULL || read_cb == NULL)
             return UV_EINVAL; /* (as libuv's; the pause stays: it still swallows what comes) */

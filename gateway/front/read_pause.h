@@ -26,6 +26,9 @@
  * A paused stream is stopped for real when it is closed (libuv's close calls uv_read_stop).
  * Nothing but the callbacks' two public fields of uv_stream_t is written.
  *
+ * Every start first asks inbuf.h which alloc callback to give (h2o's plain connection's is replaced
+ * by one that reads into a smaller block).
+ *
  * Streams that are not TCP connections (pipes, listeners) and every other call pass through
  * unchanged, as does every call when libuv is not the release this was checked against
  * (AGW_LIBUV_CHECKED). The unit test holds the rule against a real socket and counts epoll_ctl. */

@@ -17,8 +17,10 @@
 #include "base/mem.h"
 #include "base/log.h"
 #include "base/tcp_info.h"
+#include "front/inbuf.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -162,7 +164,13 @@ static void accept_one(listener_t *l, int fd)
     h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&conn->tcp, on_conn_close);
     conn->sock = sock;
     h2o_linklist_insert(&w->conns, &conn->link);
+    agw_inbuf_expect((uv_stream_t *)&conn->tcp); /* (h2o's first read of a plain connection teaches front/inbuf.h) */
     h2o_accept(&l->accept_ctx, sock);
+    agw_inbuf_expect(NULL);
+    static atomic_int inbuf_warned;
+    if (conn->ssl_ctx == NULL && !agw_inbuf_learnt() && atomic_exchange(&inbuf_warned, 1) == 0)
+        agw_log(AGW_LOG_WARN, "h2o's read callback of a plain connection is not interposed: each plain connection's "
+                              "input buffer is h2o's 5 KB block, not 2 KB (front/inbuf.h)");
 }
 
 void agw_worker_conn_request(agw_worker_t *w, h2o_req_t *req)

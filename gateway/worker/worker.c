@@ -22,6 +22,7 @@
 #include "worker/worker_internal.h"
 
 #include "base/mem.h"
+#include "front/inbuf.h"
 #include "front/inline_write.h"
 
 #include <stdlib.h>
@@ -293,11 +294,8 @@ static void *worker_main(void *arg)
 {
     agw_worker_t *w = arg;
     agw_watchdog_attach(&w->script);
-    /* A client connection's input buffer: 4 KB (h2o's default is 8 KB, per thread). libuv's read
-     * asks h2o for 4 KB free at every read, so this is the least a read gets; a request bigger
-     * than that grows its buffer as before. Half the default is 4 KB less per open connection
-     * (tools/bench/memory: 5,000 pages in flight on 5,000 connections). */
-    h2o_socket_buffer_prototype._initial_buf.capacity = H2O_SOCKET_INITIAL_INPUT_BUFFER_SIZE;
+    /* A plain client connection's input buffer in a 2 KB block, not h2o's 5 KB (front/inbuf.h) */
+    agw_inbuf_thread_init();
     agw_inline_write_enable();
     ev_run(w->loop, 0);
     agw_inline_write_disable();

@@ -82,9 +82,10 @@ class Protocols(GatewayTestCase):
     def test_the_front_runs_with_its_interpositions(self):
         # the executable defines libuv's uv_read_stop, uv_read_start, uv_write and uv_close,
         # glibc's __sprintf_chk and libh2o's h2o_hpack_flatten_response for libh2o
-        # (front/read_pause.h, inline_write.h, head_format.h, h2_head.h);
-        # a build that stopped exporting them would serve the same pages, slower, and say so only
-        # in its start-up log
+        # (front/read_pause.h, inline_write.h, head_format.h, h2_head.h), and a worker learns h2o's
+        # read callback of a plain connection at its first one (front/inbuf.h);
+        # a build that stopped exporting them would serve the same pages, slower or with bigger
+        # buffers, and say so only in its log
         self.assertSamePage(self.get("/product-page/42", "--http1.1"))
         log = self.gw.log()
         self.assertNotIn("not interposed", log)
