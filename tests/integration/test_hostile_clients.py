@@ -358,14 +358,13 @@ class HeaderBombs(GatewayTestCase):
         if not SLOW:
             self.assertLess((rss_kb(pid) - rss0) / 1024.0, 16, (rss0, rss_kb(pid)))
 
-    def test_a_bomb_sent_with_the_preface_is_refused_before_h2o_decodes_it(self):
-        # the connection's first request is the bomb, in the same packet as the preface: h2o
-        # parses it inside h2o_http2_accept, before any request reaches the gateway (before: it
-        # was decoded, 2,000 fields of 1 KB, and answered 431). 3 KB in all: h2o's first read holds
-        # all of it (a bigger first block is caught in the next read, as the others)
-        big = "v" * 1000
+    def _send_bomb_with_the_preface(self, value_bytes, refs):
+        """A connection whose first request is a bomb in the same packet as the preface: a literal
+        of value_bytes put into the dynamic table, then refs references to it. Checks it was
+        refused with no answer, and returns nothing."""
+        big = "v" * value_bytes
         bomb = (request_block("/echo-headers") + b"\x40" + _hpack_int(len("x-big"), 7) + b"x-big" +
-                _hpack_int(len(big), 7) + big.encode() + b"\xbe" * 2000)
+                _hpack_int(len(big), 7) + big.encode() + b"\xbe" * refs)
         for _ in range(3):
             c = H2Client(self.port, timeout=20)
             c.raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(SETTINGS, 0, 0, b"") +
@@ -375,8 +374,20 @@ class HeaderBombs(GatewayTestCase):
             self.assertEqual(statuses, {})
             self.assertTrue(closed)
             self.assertIn(goaways[:1], ([PROTOCOL_ERROR], [ENHANCE_YOUR_CALM]), goaways)
-        self.assertIn("a header block too large in its first frames", self.gw.log())
         self.assertEqual(self.get("/product-page/1").status, 200)
+
+    def test_a_bomb_sent_with_the_preface_is_refused_before_h2o_decodes_it(self):
+        # h2o parses the frames that came with the preface inside h2o_http2_accept, before any
+        # request reaches the gateway (before the guard: decoded, 2,000 fields of 1 KB, answered
+        # 431). 1.6 KB in all (1,200 fields of 300 bytes): the connection's first read, at most
+        # 2,012 bytes (front/inbuf.h), holds all of it, and the guard refuses it there
+        self._send_bomb_with_the_preface(300, 1200)
+        self.assertIn("a header block too large in its first frames", self.gw.log())
+
+    def test_a_bomb_with_the_preface_longer_than_the_first_read_is_refused_at_the_next(self):
+        # 3 KB: the first read ends inside the HEADERS frame, which h2o does not parse until it is
+        # whole; the next read brings the rest and the guard, reading ahead of h2o, refuses it
+        self._send_bomb_with_the_preface(1000, 2000)
 
     def test_an_honest_header_block_continued_over_continuation_frames_is_served(self):
         c = H2Client(self.port, timeout=20).start_plain()
