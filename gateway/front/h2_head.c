@@ -3,6 +3,7 @@
 #define _GNU_SOURCE /* RTLD_NEXT */
 #endif
 #include "front/h2_head.h"
+#include "base/h2_frame.h"
 #include "front/interpose.h"
 
 #include <dlfcn.h>
@@ -121,7 +122,7 @@ int agw_h2_head_append(h2o_buffer_t **buf, size_t start, uint32_t stream_id, siz
     /* one HEADERS frame (the bound said so): its payload grows by the literals */
     size_t payload = (*buf)->size - start - H2O_HTTP2_FRAME_HEADER_SIZE;
     unsigned char *fh = (unsigned char *)(*buf)->bytes + start;
-    int one_frame = payload + lit <= max_frame_size && ((size_t)fh[0] << 16 | (size_t)fh[1] << 8 | fh[2]) == payload;
+    int one_frame = payload + lit <= max_frame_size && agw_h2_frame_length(fh) == payload;
     unsigned char *out = (unsigned char *)h2o_buffer_reserve(buf, lit + H2O_HTTP2_FRAME_HEADER_SIZE).base;
     if (out == NULL)
         return -1; /* (no memory: h2o's head goes without the fields) */
@@ -131,7 +132,7 @@ int agw_h2_head_append(h2o_buffer_t **buf, size_t start, uint32_t stream_id, siz
         const unsigned char *b = (const unsigned char *)(*buf)->bytes;
         size_t at = start, last = start;
         for (; at + H2O_HTTP2_FRAME_HEADER_SIZE <= (*buf)->size;
-             at += H2O_HTTP2_FRAME_HEADER_SIZE + ((size_t)b[at] << 16 | (size_t)b[at + 1] << 8 | b[at + 2]))
+             at += H2O_HTTP2_FRAME_HEADER_SIZE + agw_h2_frame_length(b + at))
             last = at;
         (*buf)->bytes[last + 4] = (char)(b[last + 4] & ~H2O_HTTP2_FRAME_FLAG_END_HEADERS);
         out = h2o_http2_encode_frame_header(out, lit, H2O_HTTP2_FRAME_TYPE_CONTINUATION,

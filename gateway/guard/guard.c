@@ -1,6 +1,7 @@
 /* guard.c: the limits a hostile client meets at the front (see guard.h). */
 #include "guard/guard.h"
 
+#include "base/h2_frame.h"
 #include "base/mem.h"
 
 #include <h2o/http2.h>
@@ -443,7 +444,7 @@ static size_t find_bomb(agw_guard_t *g, const agw_guard_conn_t *c, const uint8_t
     if (held)
         agw_buf_append(&g->block, held, held_len);
     while (off + 9 <= size) {
-        size_t flen = (size_t)buf[off] << 16 | (size_t)buf[off + 1] << 8 | buf[off + 2];
+        size_t flen = agw_h2_frame_length(buf + off);
         uint8_t type = buf[off + 3], flags = buf[off + 4];
         if (off + 9 + flen > size)
             break; /* not all here: h2o waits for it too, and this runs again then */
@@ -570,7 +571,7 @@ void agw_guard_h2_watch(agw_guard_t *g, h2o_req_t *req)
     const uint8_t *buf = (const uint8_t *)sock->input->bytes;
     if (sock->input->size >= 9 && (buf[3] == 1 || buf[3] == 9)) {
         /* req's block ends in this frame (HEADERS, or the CONTINUATION with END_HEADERS) */
-        size_t flen = (size_t)buf[0] << 16 | (size_t)buf[1] << 8 | buf[2];
+        size_t flen = agw_h2_frame_length(buf);
         scan_headers(g, c, sock, 9 + flen, 0);
     }
 }
