@@ -166,6 +166,25 @@ static int h2_check(agw_guard_t *g, h2o_req_t *req)
  * has been seen, next_frame_type (the type byte of the next frame in h2o's input, NULL when
  * there is none) is overwritten instead, with the same effect; with neither, the connection is
  * left open (its GOAWAY is sent all the same). */
+/* h2o 2.2.5 never ends a header block on a half-closed connection (its own GOAWAY at a graceful
+ * shutdown, or refuse's): in the middle of one, it consumes nothing of the next CONTINUATION and
+ * reads it again, forever, its worker with it (above). And a trailer (a HEADERS frame on a stream
+ * receiving its body) without END_HEADERS begins such a block even on a half-closed connection
+ * (handle_headers_frame looks at the state only after trailers). So on a half-closed connection,
+ * every whole HEADERS frame header without END_HEADERS in sock's unparsed input (which starts at a
+ * frame: h2o consumes whole frames) becomes a CONTINUATION's: outside a block, h2o answers it
+ * PROTOCOL_ERROR and closes the connection (RFC 9113 §6.10), which a half-closed one was doing. A
+ * frame h2o has parsed already in this read is changed too, to no effect. */
+static void end_blocks_half_closed(h2_conn_t *h2, h2o_socket_t *sock)
+{
+    if (h2->state != H2O_HTTP2_CONN_STATE_HALF_CLOSED || sock == NULL)
+        return;
+    uint8_t *buf = (uint8_t *)sock->input->bytes;
+    for (size_t off = 0, size = sock->input->size; off + 9 <= size; off += 9 + agw_h2_frame_length(buf + off))
+        if (buf[off + 3] == H2O_HTTP2_FRAME_TYPE_HEADERS && !(buf[off + 4] & H2O_HTTP2_FRAME_FLAG_END_HEADERS))
+            buf[off + 3] = H2O_HTTP2_FRAME_TYPE_CONTINUATION;
+}
+
 static void refuse(agw_guard_t *g, agw_guard_conn_t *c, h2_conn_t *h2, const char *reason, int mid_block,
                    uint8_t *next_frame_type)
 {
@@ -184,6 +203,7 @@ static void refuse(agw_guard_t *g, agw_guard_conn_t *c, h2_conn_t *h2, const cha
             goto due;
     }
     h2->state = H2O_HTTP2_CONN_STATE_HALF_CLOSED;
+    end_blocks_half_closed(h2, h2->sock); /* (the frames behind the bomb, or behind h2o's position) */
 due:
     h2o_linklist_insert(&g->due, &c->due);
 }
@@ -537,10 +557,22 @@ static void on_h2_read(h2o_socket_t *sock, const char *err)
     agw_guard_conn_t *c = g && fd >= 0 && (size_t)fd < g->by_fd_cap ? g->by_fd[fd] : NULL;
     if (c == NULL || c->h2o_read == NULL)
         return; /* cannot happen: the callback is only set with both */
-    if (err == NULL && preface_len(sock) > 0)
+    if (err == NULL && preface_len(sock) > 0) {
         check_first_frames(g, c, sock); /* the first read of a connection watched from its start */
-    else if (err == NULL)
+    } else if (err == NULL) {
         scan_headers(g, c, sock, 0, 1);
+        h2_conn_t *h2 = (h2_conn_t *)sock->data;
+        if (h2->state == H2O_HTTP2_CONN_STATE_HALF_CLOSED && h2->_headers_unparsed != NULL &&
+            h2->_read_expect != g->expect_default) {
+            /* half-closed in the middle of a block (h2o's own GOAWAY came between its frames): ended
+             * as refuse ends one (its CONTINUATION a protocol error), before h2o reads it again */
+            if (g->expect_default != NULL)
+                h2->_read_expect = g->expect_default;
+            else if (sock->input->size >= 9)
+                sock->input->bytes[3] = (char)0xff;
+        }
+        end_blocks_half_closed(h2, sock);
+    }
     c->h2o_read(sock, err);
 }
 

@@ -33,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from h2_client import (END_HEADERS, END_STREAM, GOAWAY, HEADERS, PING, RST_STREAM, SETTINGS,  # noqa: E402
-                       ACK, CONTINUATION, H2Client, _hpack_int, _literal)
+                       ACK, CONTINUATION, DATA, H2Client, _hpack_int, _literal)
 from harness import (SLOW, UNHURRIED_PAGE, UNHURRIED_UPSTREAMS, GatewayTestCase, demo_services, endpoint,  # noqa: E402
                      main, repo_scripts, wait_until)
 
@@ -192,6 +192,7 @@ class HeaderBombs(GatewayTestCase):
         super().setUp()
         scripts = dict(UNHURRIED_PAGE)
         scripts["echo.lua"] = ECHO_HEADERS
+        scripts["post.lua"] = POST_OK
         self.start(services=demo_services(5, 5, 5), scripts=scripts, upstream_options=UNHURRIED_UPSTREAMS,
                    deadline_ms=self.PAGE_DEADLINE_MS,
                    gateway_extra={"clients": {"max_headers": 100, "max_header_bytes": 65536}})
@@ -388,6 +389,39 @@ class HeaderBombs(GatewayTestCase):
         # 3 KB: the first read ends inside the HEADERS frame, which h2o does not parse until it is
         # whole; the next read brings the rest and the guard, reading ahead of h2o, refuses it
         self._send_bomb_with_the_preface(1000, 2000)
+
+    def trailer_bomb(self, one_write):
+        """A request whose trailers are the bomb: a HEADERS frame without END_HEADERS on a stream
+        receiving its body (500 fields), then a CONTINUATION. The guard refuses the connection
+        (GOAWAY, h2o's connection half-closed); h2o 2.2.5 still begins a trailer's block there, and
+        then waited for its end forever, its worker spinning with it. one_write: all in one write,
+        the trailer beginning 200 bytes before the end of the connection's first read (2,012
+        bytes, front/inbuf.h); else the trailer alone in a second write."""
+        hb = _literal(":method", "POST") + _literal(":scheme", "http") + _literal(":path", "/post") + \
+            _literal(":authority", "x")
+        first = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(SETTINGS, 0, 0, b"") + frame(HEADERS, END_HEADERS, 1, hb)
+        trailer = frame(HEADERS, END_STREAM, 1, b"\x82" * 500) + frame(CONTINUATION, END_HEADERS, 1, b"\x82")
+        c = H2Client(self.port, timeout=20)
+        if one_write:
+            c.raw.sendall(first + frame(DATA, 0, 1, b"d" * (2012 - len(first) - 9 - 200)) + trailer)
+        else:
+            c.raw.sendall(first + frame(DATA, 0, 1, b"d" * 10))
+            time.sleep(0.3)
+            c.raw.sendall(trailer)
+        statuses, goaways, closed = self.exchange_until_closed(c)
+        c.close()
+        self.assertEqual(statuses, {})
+        self.assertTrue(closed)  # (a worker spinning on it never closes it)
+        self.assertIn(goaways[:1], ([PROTOCOL_ERROR], [ENHANCE_YOUR_CALM]), goaways)
+        r = self.get("/product-page/1")  # the worker serves on
+        self.assertEqual(r.status, 200, r)
+        self.assertLess(r.ms, self.PAGE_DEADLINE_MS, r)
+
+    def test_a_bomb_in_the_trailers_in_one_write_is_refused_and_the_worker_serves_on(self):
+        self.trailer_bomb(True)
+
+    def test_a_bomb_in_the_trailers_in_its_own_write_is_refused_and_the_worker_serves_on(self):
+        self.trailer_bomb(False)
 
     def test_an_honest_header_block_continued_over_continuation_frames_is_served(self):
         c = H2Client(self.port, timeout=20).start_plain()
