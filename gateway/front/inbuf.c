@@ -5,6 +5,11 @@
 #include "front/inbuf.h"
 
 #include <dlfcn.h>
+#include <h2o/version.h>
+
+#if H2O_VERSION_MAJOR != 2 || H2O_VERSION_MINOR != 2
+#error "front/inbuf.c replaces h2o 2.2's alloc_inbuf_tcp: check it against this libh2o's"
+#endif
 
 /* This thread's state: on once agw_inbuf_thread_init ran; h2o's plain connection callback once
  * learnt; the stream accept.c declared, while it is being handed to h2o. */

@@ -2,11 +2,13 @@
  *
  * h2o 2.2.5 reads a connection into its h2o_buffer_t (sock->input), whose block holds the buffer's
  * header and its bytes. Its libuv read callback (alloc_inbuf_tcp, lib/common/socket/uv-binding.c.h)
- * asks for 4,096 free bytes at every read, so an empty buffer gets a block of the header and 4,096
- * bytes: 4,136 bytes, which jemalloc serves from its 5,120-byte class. An HTTP/1.1 connection holds
- * it for as long as it is open (a request's header fields point into it while its page is served),
- * an HTTP/2 connection too. A page's request is a few hundred bytes; the 5 KB block was about a
- * fifth of the memory a page in flight held (docs/performance.md, "A seventeenth pass").
+ * asks for 4,096 free bytes at every read, so an empty buffer gets a block of the header (36 bytes)
+ * and 4,096 bytes: 4,132 bytes, which jemalloc serves from its 5,120-byte class. h2o frees the
+ * buffer when it is emptied (h2o_buffer_consume), so an idle connection holds none; an HTTP/1.1
+ * connection holds it while a request is read and served (the request's header fields point into
+ * it until its page is sent), an HTTP/2 connection while a frame is incomplete. A page's request
+ * is a few hundred bytes; the 5 KB block was about a fifth of the memory a page in flight held
+ * (docs/performance.md, "A seventeenth pass").
  *
  * On a thread that called agw_inbuf_thread_init (a worker), h2o's read callback of a plain
  * connection is replaced, when libh2o starts reading (libuv's uv_read_start, interposed by
@@ -23,8 +25,12 @@
  * first read that starts on a connection accept.c declared (agw_inbuf_expect) and whose h2o socket
  * has no TLS (h2o 2.2.5's do_read_start gives such a socket alloc_inbuf_tcp), and only when that
  * address is in the library that defines h2o_socket_read_start. Any other callback, a TLS
- * connection's (whose encrypted input keeps h2o's 4 KB), and every call on a thread that did not
- * call agw_inbuf_thread_init are left as they are. */
+ * connection's, and every call on a thread that did not call agw_inbuf_thread_init are left as they
+ * are. A TLS connection's two buffers (the encrypted input, and the decrypted one h2o reserves
+ * 4,096 bytes in) keep h2o's size, but no longer come from the recycling list, whose capacity is
+ * now the small block's: each is malloc's and free's, as a buffer that grew always was. The file
+ * refuses to compile against another h2o than 2.2 (small_alloc is 2.2's alloc_inbuf_tcp with
+ * another figure, and reads its socket's layout). */
 #ifndef AGW_FRONT_INBUF_H
 #define AGW_FRONT_INBUF_H
 

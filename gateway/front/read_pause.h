@@ -27,11 +27,12 @@
  * Nothing but the callbacks' two public fields of uv_stream_t is written.
  *
  * Every start first asks inbuf.h which alloc callback to give (h2o's plain connection's is replaced
- * by one that reads into a smaller block).
+ * by one that reads into a smaller block), whatever the libuv release: that is libuv's documented
+ * API.
  *
  * Streams that are not TCP connections (pipes, listeners) and every other call pass through
- * unchanged, as does every call when libuv is not the release this was checked against
- * (AGW_LIBUV_CHECKED). The unit test holds the rule against a real socket and counts epoll_ctl. */
+ * unchanged, as does every stop and start when libuv is not the release this was checked against
+ * (AGW_LIBUV_CHECKED), but for that callback. The unit test holds the rule against a real socket and counts epoll_ctl. */
 #ifndef AGW_FRONT_READ_PAUSE_H
 #define AGW_FRONT_READ_PAUSE_H
 

@@ -7,15 +7,6 @@
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
-/* Waits until fd has events (POLLIN: bytes, POLLRDHUP: the peer's FIN), at most 10 s, so that a
- * test's next turn of the loop finds what the peer sent even when the kernel delivers loopback
- * traffic late (a loaded machine). Returns 1 when they came. */
-static int wait_for(int fd, short events)
-{
-    struct pollfd p = {.fd = fd, .events = events};
-    return poll(&p, 1, 10000) == 1 && (p.revents & events) != 0;
-}
-
 #endif
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -25,6 +16,7 @@ static int wait_for(int fd, short events)
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <uv.h>
 
 /* epoll_ctl calls made in the process so far */
 static int ctl_calls;
@@ -54,6 +46,18 @@ static int loopback_pair(int *peer)
     int fd = accept(l, NULL, NULL);
     close(l);
     return fd;
+}
+
+/* A loopback TCP connection whose accepted end is tcp on loop (initialised and opened, its data
+ * set to data) and whose client end is *peer (blocking). Returns 0, or -1 when a step failed. */
+static int loopback_uv_tcp(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int *peer)
+{
+    int fd = loopback_pair(peer);
+    if (fd < 0)
+        return -1;
+    uv_tcp_init(loop, tcp);
+    tcp->data = data;
+    return uv_tcp_open(tcp, fd);
 }
 
 /* Waits until fd has events (POLLIN: bytes, POLLRDHUP: the peer's FIN), at most 10 s, so that a

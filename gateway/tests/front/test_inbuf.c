@@ -50,13 +50,9 @@ static void on_read(h2o_socket_t *sock, const char *err)
 static int open_conn(conn_t *c)
 {
     memset(c, 0, sizeof(*c));
-    int fd = loopback_pair(&c->peer);
-    if (fd < 0)
-        return -1;
     uv_loop_init(&c->loop);
     c->tcp = malloc(sizeof(*c->tcp));
-    uv_tcp_init(&c->loop, c->tcp);
-    if (uv_tcp_open(c->tcp, fd) != 0)
+    if (loopback_uv_tcp(&c->loop, c->tcp, NULL, &c->peer) != 0)
         return -1;
     c->sock = h2o_uv_socket_create((uv_stream_t *)c->tcp, on_handle_closed);
     c->sock->data = c;

@@ -31,12 +31,7 @@ static void write_cb(uv_write_t *req, int status)
 static int open_conn(conn_t *c, uv_loop_t *loop)
 {
     memset(c, 0, sizeof(*c));
-    int fd = loopback_pair(&c->peer);
-    if (fd < 0)
-        return -1;
-    uv_tcp_init(loop, &c->tcp);
-    c->tcp.data = c;
-    return uv_tcp_open(&c->tcp, fd);
+    return loopback_uv_tcp(loop, &c->tcp, c, &c->peer);
 }
 
 static void on_close(uv_handle_t *h)

@@ -43,13 +43,8 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 static int open_conn(conn_t *c)
 {
     memset(c, 0, sizeof(*c));
-    int fd = loopback_pair(&c->peer);
-    if (fd < 0)
-        return -1;
     uv_loop_init(&c->loop);
-    uv_tcp_init(&c->loop, &c->tcp);
-    c->tcp.data = c;
-    return uv_tcp_open(&c->tcp, fd);
+    return loopback_uv_tcp(&c->loop, &c->tcp, c, &c->peer);
 }
 
 /* Runs the loop without waiting, a few times (what the peer sent on loopback is there already). */
