@@ -148,9 +148,12 @@ class RequiredSectionFails(GatewayTestCase):
     """Row 4: Product refuses connections / times out -> 502 / 504 problem+json."""
 
     def test_product_refusing_connections_gives_502_problem_with_sections(self):
-        # fail fast: the demo's Reviews (80 ms) and Inventory (30 ms) are cancelled when Product
-        # refuses, and the 502 comes at once, not after Reviews (the issue measured 82 ms before)
-        self.start(services=demo_services(product_ms=0, reviews_ms=80, inventory_ms=30))
+        # fail fast: Reviews and Inventory are cancelled when Product refuses, and the 502 comes at
+        # once (the issue measured 82 ms before, after the demo's Reviews). They answer after 1 s
+        # here, past their 100 ms timeouts (scripts/product-page.lua), so a page that waited for
+        # either would take 100 ms at least and show it timed out, not cancelled: the bound below
+        # is that, not a guess at how fast a loaded machine is
+        self.start(services=demo_services(product_ms=0, reviews_ms=1000, inventory_ms=1000))
         self.mock.refuse("product")
         r = self.fastest_of(3, "/product-page/42")
         p = self.assertProblem(r, 502)
@@ -161,7 +164,7 @@ class RequiredSectionFails(GatewayTestCase):
             self.assertEqual(p["sections"][s]["status"], "unavailable", p)
             self.assertTrue(p["sections"][s]["error"]["type"].endswith("call-cancelled"), p)
         self.assertEqual(r.headers.get("cache-control"), "no-store", r)
-        self.assertLess(r.ms, 30, "a refused connection fails the page at once, before the other calls end")
+        self.assertLess(r.ms, 100, "a refused connection fails the page at once, before the other calls end")
 
     def test_product_refusing_then_accepting_recovers(self):
         self.start(services=demo_services(product_ms=0, reviews_ms=0, inventory_ms=0))
