@@ -56,7 +56,9 @@ __attribute__((visibility("default"))) void *h2o_mem_alloc_pool(h2o_mem_pool_t *
     sz = sz == 0 ? 16 : (sz + 15) & ~(size_t)15;
     chunk_t *c = newest(pool);
     if (c == NULL || c->cap - pool->chunk_offset < sz) {
-        size_t block = c == NULL ? AGW_MEM_POOL_FIRST_BLOCK : H2O_CHUNK_BLOCK;
+        /* the first two chunks small (a pool of up to 4 KB never takes more than h2o's one), the
+         * next ones h2o's */
+        size_t block = c == NULL || c->next == NULL ? AGW_MEM_POOL_FIRST_BLOCK : H2O_CHUNK_BLOCK;
         chunk_t *n = h2o_mem_alloc(block);
         n->next = c;
         n->cap = block - CHUNK_HEADER;
@@ -93,7 +95,21 @@ int agw_mem_pool_active(void)
 {
     int alloc = agw_interposed("h2o_mem_alloc_pool", (void *)h2o_mem_alloc_pool);
     int clear = agw_interposed("h2o_mem_clear_pool", (void *)h2o_mem_clear_pool);
-    return alloc && clear ? 1 : !alloc && !clear ? 0 : -1;
+    if (!alloc && !clear)
+        return 0;
+    if (!alloc || !clear)
+        return -1;
+    /* libh2o's own allocations come here too: its h2o_mem_alloc_shared links the block to the
+     * pool with a record from the pool (link_shared, memory.c). A libh2o that called its own copy
+     * there (a build without semantic interposition) would have put one of its chunks in */
+    h2o_mem_pool_t pool;
+    h2o_mem_init_pool(&pool);
+    h2o_mem_alloc_shared(&pool, 1, NULL);
+    chunk_t *c = newest(&pool);
+    int ours = c != NULL && c->next == NULL && c->cap == AGW_MEM_POOL_FIRST_BLOCK - CHUNK_HEADER &&
+               pool.chunk_offset == 16;
+    h2o_mem_clear_pool(&pool);
+    return ours ? 1 : -1;
 }
 
 size_t agw_mem_pool_chunk_bytes(const h2o_mem_pool_t *pool)

@@ -14,9 +14,11 @@
  * linker binds every call of the process here, from its start, the gateway's own too. The two are
  * one file: a process has both or neither, never one pool allocating with one layout and cleared
  * with the other. They do what h2o's do, with the chunks' sizes as the one difference:
- *   - a pool's first chunk is AGW_MEM_POOL_FIRST_BLOCK bytes, a 16-byte header and the rest to
- *     allocate from; every later chunk is h2o's 4,096 bytes. A pool that needs more than the first
- *     chunk holds 2 KB more than before; a request's page needs less;
+ *   - a pool's first two chunks are AGW_MEM_POOL_FIRST_BLOCK bytes each, a 16-byte header and the
+ *     rest to allocate from; every later chunk is h2o's 4,096 bytes. A pool of up to 2,032 bytes
+ *     (a page's request with curl's few header fields: 1,632 over HTTP/1.1, 1,392 over h2c) holds
+ *     half of what it held; one of up to 4,064 (ten to thirty fields more) as much as before;
+ *     a bigger one as much, give or take a chunk's unused end;
  *   - an allocation is rounded up to 16 bytes (0 is 16) and 16-byte aligned, as h2o's;
  *   - one of 1,020 bytes or more (a quarter of h2o's chunk) is a block of its own, as h2o's;
  *   - a chunk is malloc's and goes back with free when the pool is cleared (h2o kept 16 freed chunks
@@ -36,10 +38,12 @@
 /* The block of a pool's first chunk, in bytes: its 16-byte header and the bytes it allocates. */
 #define AGW_MEM_POOL_FIRST_BLOCK 2048
 
-/* 1 when the process's calls of h2o_mem_alloc_pool and h2o_mem_clear_pool both come here, 0 when
- * neither does (every pool is libh2o's, as without this file), -1 when one does and the other does
- * not (a pool would be allocated by one and cleared by the other: the server refuses to start).
- * main calls it once at start, which also makes the linker take this file from the core library. */
+/* 1 when the process's calls of h2o_mem_alloc_pool and h2o_mem_clear_pool both come here, libh2o's
+ * own included (a probe: a block h2o_mem_alloc_shared links to a pool must take its record from
+ * this file's chunk); 0 when neither comes here (every pool is libh2o's, as without this file); -1
+ * when one does and the other does not, or libh2o allocated from a pool itself (a pool would be
+ * allocated by one and cleared by the other: the server refuses to start). main calls it once at
+ * start, which also makes the linker take this file from the core library. */
 int agw_mem_pool_active(void);
 
 /* The bytes of the chunk pool allocates from now (its newest), 0 when it has none: for tests. */

@@ -14,7 +14,7 @@ static void interposed(void)
     CHECK(agw_mem_pool_active() == 1);
 }
 
-static void the_first_chunk_is_2_kb_and_the_next_ones_h2os(void)
+static void the_first_two_chunks_are_2_kb_and_the_next_ones_h2os(void)
 {
     h2o_mem_pool_t pool;
     h2o_mem_init_pool(&pool); /* (libh2o's) */
@@ -27,9 +27,19 @@ static void the_first_chunk_is_2_kb_and_the_next_ones_h2os(void)
         memset(h2o_mem_alloc_pool(&pool, 128), 'b', 128);
     CHECK(agw_mem_pool_chunk_bytes(&pool) == AGW_MEM_POOL_FIRST_BLOCK - 16);
     CHECK(pool.chunk_offset == AGW_MEM_POOL_FIRST_BLOCK - 16);
-    memset(h2o_mem_alloc_pool(&pool, 1), 'c', 1); /* the next byte takes a chunk of h2o's size */
+    memset(h2o_mem_alloc_pool(&pool, 1), 'c', 1); /* the next byte takes a second small chunk */
+    CHECK(agw_mem_pool_chunk_bytes(&pool) == AGW_MEM_POOL_FIRST_BLOCK - 16);
+    CHECK(pool.chunk_offset == 16);
+    for (int i = 0; i < 15; i++) /* 16 + 15 x 128 + 96 = 2,032: that one full */
+        memset(h2o_mem_alloc_pool(&pool, 128), 'd', 128);
+    memset(h2o_mem_alloc_pool(&pool, 96), 'e', 96);
+    CHECK(agw_mem_pool_chunk_bytes(&pool) == AGW_MEM_POOL_FIRST_BLOCK - 16);
+    memset(h2o_mem_alloc_pool(&pool, 1), 'f', 1); /* the third: h2o's size, as every later one */
     CHECK(agw_mem_pool_chunk_bytes(&pool) == 4096 - 16);
     CHECK(pool.chunk_offset == 16);
+    for (int i = 0; i < 40; i++)
+        memset(h2o_mem_alloc_pool(&pool, 128), 'g', 128);
+    CHECK(agw_mem_pool_chunk_bytes(&pool) == 4096 - 16);
     CHECK(first[0] == 'a' && first[99] == 'a');
     h2o_mem_clear_pool(&pool);
 }
@@ -74,7 +84,8 @@ static void a_large_allocation_is_a_block_of_its_own(void)
     char *small = h2o_mem_alloc_pool(&pool, 1019); /* one byte less: from the chunk */
     memset(small, 'w', 1019);
     CHECK(pool.chunk_offset == used + 1024);
-    h2o_mem_clear_pool(&pool); /* (the ASan build reports the blocks if they are not freed) */
+    h2o_mem_clear_pool(&pool); /* (the ASan build reports the blocks if they are not freed: its
+                                  leak check is on for this test, CMakeLists.txt) */
 }
 
 static int disposed;
@@ -129,7 +140,7 @@ static void a_cleared_pool_is_as_a_new_one_and_serves_again(void)
 int main(void)
 {
     RUN(interposed);
-    RUN(the_first_chunk_is_2_kb_and_the_next_ones_h2os);
+    RUN(the_first_two_chunks_are_2_kb_and_the_next_ones_h2os);
     RUN(allocations_are_16_byte_aligned_rounded_and_apart);
     RUN(a_large_allocation_is_a_block_of_its_own);
     RUN(libh2os_calls_come_here_and_clear_releases_what_they_made);
