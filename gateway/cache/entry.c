@@ -88,17 +88,3 @@ size_t agw_cache_entry_head(char *line, const agw_cache_entry_t *e)
     *p++ = '\n';
     return (size_t)(p - line);
 }
-
-size_t agw_cache_entry_encode(agw_buf_t *b, const agw_cache_entry_t *e)
-{
-    char line[AGW_CACHE_ENTRY_HEAD_MAX];
-    size_t n = agw_cache_entry_head(line, e);
-    agw_buf_reset(b);
-    agw_buf_reserve(b, n + e->hlen + e->blen);
-    agw_buf_append(b, line, n);
-    if (e->hlen)
-        agw_buf_append(b, e->headers, e->hlen);
-    if (e->blen)
-        agw_buf_append(b, e->body, e->blen);
-    return b->len;
-}

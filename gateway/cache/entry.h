@@ -1,8 +1,9 @@
 /* entry.h: reading a cache entry in C, so a tier-1 hit costs one Lua->C call and no Lua string of
  * the whole entry (issue 16, "Cost").
  *
- * The format is lua/agg/cache.lua's (M.encode writes it in Lua, agw_cache_entry_encode in C,
- * byte for byte the same; for both tiers):
+ * The format is lua/agg/cache.lua's (M.encode writes it in Lua; agw_cache_entry_head writes its
+ * first line in C, byte for byte the same, and the worker stores that line, the headers and the
+ * body; for both tiers):
  *   "AGWC1 <fresh_ms> <stale_ms> <error_until_ms> <status> <hlen> <blen>\n" <headers> <body>
  * six whole numbers of 1 to 15 decimal digits, one space between them, a newline after the last;
  * then hlen bytes of header block ("name\0value\0…") and blen bytes of body, and nothing after.
@@ -14,7 +15,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base/buf.h"
 
 #define AGW_CACHE_ENTRY_MAX ((size_t)4 * 1024 * 1024) /* bytes; agg.cache's MAX_ENTRY */
 
@@ -34,11 +34,6 @@ typedef struct agw_cache_entry {
  * a field that is not digits only, lengths that disagree with len, more than
  * AGW_CACHE_ENTRY_MAX bytes): the caller counts it as corrupt and misses. */
 int agw_cache_entry_parse(const char *v, size_t len, agw_cache_entry_t *e);
-
-/* Writes the entry of e's fields (its numbers under 10^15: the parser's bound) into b, emptied
- * first: the text agg.cache's M.encode makes of the same fields. Returns b->len (which may be
- * over AGW_CACHE_ENTRY_MAX: the caller does not store such an entry). */
-size_t agw_cache_entry_encode(agw_buf_t *b, const agw_cache_entry_t *e);
 
 /* Room for an entry's first line ("AGWC1 " and six numbers under 10^15, spaces, the newline). */
 #define AGW_CACHE_ENTRY_HEAD_MAX (6 + 6 * 16)
