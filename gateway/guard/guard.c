@@ -151,6 +151,25 @@ static int h2_check(agw_guard_t *g, h2o_req_t *req)
     return h2_check_conn(g, (const h2_conn_t *)req->conn, sock);
 }
 
+/* h2o 2.2.5 never ends a header block on a half-closed connection (its own GOAWAY at a graceful
+ * shutdown, or refuse's): in the middle of one, it consumes nothing of the next CONTINUATION and
+ * reads it again, forever, its worker with it (refuse, below). And a trailer (a HEADERS frame on a
+ * stream receiving its body) without END_HEADERS begins such a block even on a half-closed
+ * connection (handle_headers_frame looks at the state only after trailers). So on a half-closed
+ * connection, every whole HEADERS frame header without END_HEADERS in sock's unparsed input (which
+ * starts at a frame: h2o consumes whole frames) becomes a CONTINUATION's: outside a block, h2o
+ * answers it PROTOCOL_ERROR and closes the connection (RFC 9113 §6.10), which a half-closed one
+ * was doing. A frame h2o has parsed already in this read is changed too, to no effect. */
+static void end_blocks_half_closed(h2_conn_t *h2, h2o_socket_t *sock)
+{
+    if (h2->state != H2O_HTTP2_CONN_STATE_HALF_CLOSED || sock == NULL)
+        return;
+    uint8_t *buf = (uint8_t *)sock->input->bytes;
+    for (size_t off = 0, size = sock->input->size; off + 9 <= size; off += 9 + agw_h2_frame_length(buf + off))
+        if (buf[off + 3] == H2O_HTTP2_FRAME_TYPE_HEADERS && !(buf[off + 4] & H2O_HTTP2_FRAME_FLAG_END_HEADERS))
+            buf[off + 3] = H2O_HTTP2_FRAME_TYPE_CONTINUATION;
+}
+
 /* Sends connection h2 (c's) GOAWAY with ENHANCE_YOUR_CALM and reason (RFC 9113 §5.4.1): the
  * frame goes into the write buffer now, so that it is the first the client gets (h2o answers the
  * frames of the streams it ignores from now on with a GOAWAY of its own, a PROTOCOL_ERROR, and
@@ -166,25 +185,6 @@ static int h2_check(agw_guard_t *g, h2o_req_t *req)
  * has been seen, next_frame_type (the type byte of the next frame in h2o's input, NULL when
  * there is none) is overwritten instead, with the same effect; with neither, the connection is
  * left open (its GOAWAY is sent all the same). */
-/* h2o 2.2.5 never ends a header block on a half-closed connection (its own GOAWAY at a graceful
- * shutdown, or refuse's): in the middle of one, it consumes nothing of the next CONTINUATION and
- * reads it again, forever, its worker with it (above). And a trailer (a HEADERS frame on a stream
- * receiving its body) without END_HEADERS begins such a block even on a half-closed connection
- * (handle_headers_frame looks at the state only after trailers). So on a half-closed connection,
- * every whole HEADERS frame header without END_HEADERS in sock's unparsed input (which starts at a
- * frame: h2o consumes whole frames) becomes a CONTINUATION's: outside a block, h2o answers it
- * PROTOCOL_ERROR and closes the connection (RFC 9113 §6.10), which a half-closed one was doing. A
- * frame h2o has parsed already in this read is changed too, to no effect. */
-static void end_blocks_half_closed(h2_conn_t *h2, h2o_socket_t *sock)
-{
-    if (h2->state != H2O_HTTP2_CONN_STATE_HALF_CLOSED || sock == NULL)
-        return;
-    uint8_t *buf = (uint8_t *)sock->input->bytes;
-    for (size_t off = 0, size = sock->input->size; off + 9 <= size; off += 9 + agw_h2_frame_length(buf + off))
-        if (buf[off + 3] == H2O_HTTP2_FRAME_TYPE_HEADERS && !(buf[off + 4] & H2O_HTTP2_FRAME_FLAG_END_HEADERS))
-            buf[off + 3] = H2O_HTTP2_FRAME_TYPE_CONTINUATION;
-}
-
 static void refuse(agw_guard_t *g, agw_guard_conn_t *c, h2_conn_t *h2, const char *reason, int mid_block,
                    uint8_t *next_frame_type)
 {
