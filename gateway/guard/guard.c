@@ -170,6 +170,21 @@ static void end_blocks_half_closed(h2_conn_t *h2, h2o_socket_t *sock)
             buf[off + 3] = H2O_HTTP2_FRAME_TYPE_CONTINUATION;
 }
 
+/* Ends the header block h2o is in on connection h2 (it waits for a CONTINUATION), as refuse's
+ * comment below says: h2o's reader put back to g->expect_default, or else next_frame_type (the type
+ * byte of the next frame in h2o's input, NULL when there is none) made 0xff. Returns 0, or -1 when
+ * neither could be done. */
+static int end_held_block(agw_guard_t *g, h2_conn_t *h2, uint8_t *next_frame_type)
+{
+    if (g->expect_default != NULL)
+        h2->_read_expect = g->expect_default;
+    else if (next_frame_type != NULL)
+        *next_frame_type = 0xff; /* not CONTINUATION: h2o answers PROTOCOL_ERROR and closes */
+    else
+        return -1;
+    return 0;
+}
+
 /* Sends connection h2 (c's) GOAWAY with ENHANCE_YOUR_CALM and reason (RFC 9113 §5.4.1): the
  * frame goes into the write buffer now, so that it is the first the client gets (h2o answers the
  * frames of the streams it ignores from now on with a GOAWAY of its own, a PROTOCOL_ERROR, and
@@ -194,14 +209,8 @@ static void refuse(agw_guard_t *g, agw_guard_conn_t *c, h2_conn_t *h2, const cha
         return; /* closing already */
     h2o_http2_encode_goaway_frame(&h2->_write.buf, h2->pull_stream_ids.max_open, H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM,
                                   h2o_iovec_init(reason, strlen(reason)));
-    if (mid_block) {
-        if (g->expect_default != NULL)
-            h2->_read_expect = g->expect_default;
-        else if (next_frame_type != NULL)
-            *next_frame_type = 0xff; /* not CONTINUATION: h2o answers PROTOCOL_ERROR and closes */
-        else
-            goto due;
-    }
+    if (mid_block && end_held_block(g, h2, next_frame_type) != 0)
+        goto due;
     h2->state = H2O_HTTP2_CONN_STATE_HALF_CLOSED;
     end_blocks_half_closed(h2, h2->sock); /* (the frames behind the bomb, or behind h2o's position) */
 due:
@@ -566,10 +575,7 @@ static void on_h2_read(h2o_socket_t *sock, const char *err)
             h2->_read_expect != g->expect_default) {
             /* half-closed in the middle of a block (h2o's own GOAWAY came between its frames): ended
              * as refuse ends one (its CONTINUATION a protocol error), before h2o reads it again */
-            if (g->expect_default != NULL)
-                h2->_read_expect = g->expect_default;
-            else if (sock->input->size >= 9)
-                sock->input->bytes[3] = (char)0xff;
+            end_held_block(g, h2, sock->input->size >= 9 ? (uint8_t *)&sock->input->bytes[3] : NULL);
         }
         end_blocks_half_closed(h2, sock);
     }
