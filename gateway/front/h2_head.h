@@ -19,9 +19,9 @@
  * as they are (no Huffman code): the frame's length is the only byte of h2o's that changes, and
  * the dynamic table is left as h2o keeps it. (Should h2o's frames not be one, against the bound,
  * the literals go in a CONTINUATION frame of their own after them.) Any other response is h2o's
- * alone (its Server-Timing then indexed as before). Fields are sent in any order (RFC 9110 §5.3: only fields of one name
- * keep theirs, and these stay in theirs). test_h2_head holds the bytes, and the integration tests
- * read every HTTP/2 response with curl, nghttp and h2load. */
+ * alone (its Server-Timing then indexed as before). Fields are sent in any order (RFC 9110 §5.3:
+ * only fields of one name keep theirs, and these stay in theirs). test_h2_head holds the bytes,
+ * and the integration tests read every HTTP/2 response with curl, nghttp and h2load. */
 #ifndef AGW_FRONT_H2_HEAD_H
 #define AGW_FRONT_H2_HEAD_H
 

@@ -1,4 +1,4 @@
-/* mem_pool.c: h2o's memory pools with a 2 KB first chunk (mem_pool.h). */
+/* mem_pool.c: h2o's memory pools with 2 KB first chunks (mem_pool.h). */
 #include "front/mem_pool.h"
 #include "front/interpose.h"
 
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #if H2O_VERSION_MAJOR != 2 || H2O_VERSION_MINOR != 2
-#error "front/mem_pool.c defines h2o 2.2's pool functions and mirrors memory.c's records: check them against this libh2o"
+#error "front/mem_pool.c defines h2o 2.2's pool functions, mirrors memory.c's records: check them against this libh2o"
 #endif
 
 /* h2o's chunk: 4,096 bytes, of which 4,080 to allocate from (memory.c's st_h2o_mem_pool_chunk_t) */

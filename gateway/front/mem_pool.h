@@ -1,4 +1,4 @@
-/* mem_pool.h: h2o's memory pools with a 2 KB first chunk instead of 4 KB.
+/* mem_pool.h: h2o's memory pools with 2 KB first chunks instead of 4 KB.
  *
  * h2o 2.2.5 gives every request (and connection, and HTTP/2 stream) a memory pool (h2o_mem_pool_t,
  * lib/common/memory.c): small allocations come from chunks of 4,096 bytes (a 16-byte header and
@@ -16,8 +16,8 @@
  * with the other. They do what h2o's do, with the chunks' sizes as the one difference:
  *   - a pool's first two chunks are AGW_MEM_POOL_FIRST_BLOCK bytes each, a 16-byte header and the
  *     rest to allocate from; every later chunk is h2o's 4,096 bytes. A pool of up to 2,032 bytes
- *     (a page's request with curl's few header fields: 1,632 over HTTP/1.1, 1,392 over h2c) holds
- *     half of what it held; one of up to 4,064 (ten to thirty fields more) as much as before;
+ *     (a page's request with a few header fields, as above) holds half of what it held; one of up
+ *     to 4,064 (ten to thirty fields more) as much as before;
  *     a bigger one as much, give or take a chunk's unused end;
  *   - an allocation is rounded up to 16 bytes (0 is 16) and 16-byte aligned, as h2o's;
  *   - one of 1,020 bytes or more (a quarter of h2o's chunk) is a block of its own, as h2o's;
@@ -35,7 +35,8 @@
 
 #include <h2o.h>
 
-/* The block of a pool's first chunk, in bytes: its 16-byte header and the bytes it allocates. */
+/* The block of each of a pool's first two chunks, in bytes: its 16-byte header and the bytes it
+ * allocates. */
 #define AGW_MEM_POOL_FIRST_BLOCK 2048
 
 /* 1 when the process's calls of h2o_mem_alloc_pool and h2o_mem_clear_pool both come here, libh2o's

@@ -32,7 +32,8 @@
  *
  * Streams that are not TCP connections (pipes, listeners) and every other call pass through
  * unchanged, as does every stop and start when libuv is not the release this was checked against
- * (AGW_LIBUV_CHECKED), but for that callback. The unit test holds the rule against a real socket and counts epoll_ctl. */
+ * (AGW_LIBUV_CHECKED), but for that callback. The unit test holds the rule against a real socket
+ * and counts epoll_ctl. */
 #ifndef AGW_FRONT_READ_PAUSE_H
 #define AGW_FRONT_READ_PAUSE_H
 

@@ -465,13 +465,14 @@ int agw_server_run(const char *dir)
                               "calls more", uv_version_string());
     int mem_pool = agw_mem_pool_active(); /* (mem_pool.h) */
     if (mem_pool < 0) {
-        agw_log(AGW_LOG_ERROR, "only one of libh2o's h2o_mem_alloc_pool and h2o_mem_clear_pool is interposed: "
-                               "pools would be cleared by another allocator than theirs; not starting");
+        agw_log(AGW_LOG_ERROR, "libh2o's h2o_mem_alloc_pool and h2o_mem_clear_pool are not both interposed for "
+                               "every caller, libh2o's own included: pools would be cleared by another allocator "
+                               "than theirs; not starting");
         return 1;
     }
     if (mem_pool == 0)
         agw_log(AGW_LOG_WARN, "libh2o's h2o_mem_alloc_pool and h2o_mem_clear_pool are not interposed: every "
-                              "request's memory pool starts with h2o's 4 KB chunk, not 2 KB");
+                              "request's memory pool starts with h2o's 4 KB chunk, not 2 KB (front/mem_pool.h)");
     int h2_head = agw_h2_head_active(); /* (h2_head.h) */
     if (h2_head < 0) {
         agw_log(AGW_LOG_ERROR, "libh2o's h2o_hpack_flatten_response was not found (libh2o %s): this build cannot "

@@ -361,8 +361,8 @@ class HeaderBombs(GatewayTestCase):
 
     def _send_bomb_with_the_preface(self, value_bytes, refs):
         """A connection whose first request is a bomb in the same packet as the preface: a literal
-        of value_bytes put into the dynamic table, then refs references to it. Checks it was
-        refused with no answer, and returns nothing."""
+        of value_bytes put into the dynamic table, then refs references to it. Checks that it is
+        refused with no answer and that the worker serves on."""
         big = "v" * value_bytes
         bomb = (request_block("/echo-headers") + b"\x40" + _hpack_int(len("x-big"), 7) + b"x-big" +
                 _hpack_int(len(big), 7) + big.encode() + b"\xbe" * refs)
