@@ -79,6 +79,11 @@ void agw_heap_give_back(void)
     mallctl("arena." STR(MALLCTL_ARENAS_ALL) ".purge", NULL, NULL, NULL, 0);
 }
 
+void agw_heap_thread_flush(void)
+{
+    mallctl("thread.tcache.flush", NULL, NULL, NULL, 0);
+}
+
 static size_t stat_bytes(const char *name)
 {
     size_t v = 0, sz = sizeof(v);
@@ -131,6 +136,10 @@ void agw_heap_give_back(void)
 #ifdef __GLIBC__
     malloc_trim(0);
 #endif
+}
+
+void agw_heap_thread_flush(void)
+{
 }
 
 int agw_heap_stats(agw_heap_stats_t *st)

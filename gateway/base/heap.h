@@ -170,6 +170,13 @@ void agw_heap_check_lua_blocks(void);
  * on a request's path. */
 void agw_heap_give_back(void);
 
+/* Sends the blocks the calling thread's cache of freed blocks holds back to their slabs (jemalloc's
+ * thread.tcache.flush; nothing in a sanitized build), so that the background threads' purge can
+ * give their pages back. For a thread that works in spells and then sleeps (the admin thread
+ * between requests): what its cache keeps would otherwise stay until its next allocations.
+ * Takes the locks of the bins it returns to, never the arenas' purge locks. */
+void agw_heap_thread_flush(void);
+
 /* The heap's figures, bytes (jemalloc's stats.*, refreshed by an "epoch" write): allocated (in
  * use by the program, the Lua VMs included), active (the pages holding them, a page-size
  * multiple), resident (the allocator's pages the kernel has resident: data, its own metadata, and

@@ -1,6 +1,7 @@
 /* admin.c: the admin listener (see admin.h). */
 #include "front/admin.h"
 
+#include "base/heap.h"
 #include "base/mem.h"
 
 #include <h2o/linklist.h>
@@ -27,6 +28,11 @@
 #define ADMIN_MAX_CONNS 64
 #define ADMIN_MAX_REQUEST 8192
 #define ADMIN_TIMEOUT_S 10.0
+/* The admin loop is made anew when it goes idle after a connection whose descriptor was at least
+ * this: libev keeps arrays indexed by descriptor (16 bytes each) at the highest one it watched until
+ * its loop ends, and a scrape during a burst of 20,000 connections gets a descriptor near 20,000
+ * (640 KB kept for good). Below it, at most 16 KB is kept. */
+#define ADMIN_LOOP_KEEP_FDS 1024
 
 typedef struct aconn aconn_t;
 
@@ -39,7 +45,12 @@ struct agw_admin {
     double start_time;
     int fd;
     pthread_t thread;
-    struct ev_loop *loop;
+    struct ev_loop *loop;      /* replaced by the admin thread (remake_loop) under loop_lock */
+    pthread_mutex_t loop_lock; /* held by the admin thread to replace loop, by agw_admin_stop to signal it */
+    int stopping;              /* set by agw_admin_stop before it signals (atomics) */
+    int remake;                /* the admin thread: make the loop anew once ev_run returns */
+    int max_fd;                /* the highest descriptor accepted since the loop was made */
+    unsigned loops_made;       /* how many times it was made anew (atomics; agw_admin_loops_made) */
     ev_io accept_io;
     ev_timer accept_pause;     /* accept_io stopped for want of descriptors: restarts it */
     ev_async stop_async;
@@ -69,6 +80,15 @@ static void conn_close(aconn_t *c)
     a->num_conns--;
     agw_buf_free(&c->out);
     free(c);
+    if (a->num_conns == 0) {
+        /* the thread sleeps until the next request: what its cache of freed blocks holds (a
+         * /metrics text's) goes back to the slabs the background threads purge */
+        agw_heap_thread_flush();
+        if (a->max_fd >= ADMIN_LOOP_KEEP_FDS) {
+            a->remake = 1;
+            ev_break(a->loop, EVBREAK_ALL);
+        }
+    }
 }
 
 static void respond(agw_buf_t *out, int status, const char *reason, const char *type, const char *body, size_t len,
@@ -610,6 +630,8 @@ static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
         aconn_t *c = agw_calloc(1, sizeof(*c));
         c->a = a;
         c->fd = fd;
+        if (fd > a->max_fd)
+            a->max_fd = fd;
         h2o_linklist_insert(a->conns.next, &c->link); /* first */
         a->num_conns++;
         ev_io_init(&c->io, on_conn_io, fd, EV_READ);
@@ -627,11 +649,56 @@ static void on_stop(struct ev_loop *loop, ev_async *w, int revents)
     ev_break(loop, EVBREAK_ALL);
 }
 
+/* Makes the admin loop anew (the admin thread, outside ev_run, no connection open): the listener,
+ * its rest (with the time it has left) and the stop signal move to a new loop, and the old one,
+ * with the per-descriptor arrays a burst's high descriptors grew, is destroyed and its memory given
+ * back. When no loop can be made (no descriptor or memory free: the burst goes on), the old one
+ * stays and the next idle spell tries again. */
+static void remake_loop(agw_admin_t *a)
+{
+    struct ev_loop *old = a->loop, *nl = ev_loop_new(EVFLAG_AUTO);
+    if (nl == NULL)
+        return;
+    int accepting = ev_is_active(&a->accept_io), resting = ev_is_active(&a->accept_pause);
+    ev_tstamp rest = resting ? ev_timer_remaining(old, &a->accept_pause) : 0.;
+    ev_io_stop(old, &a->accept_io);
+    ev_timer_stop(old, &a->accept_pause);
+    ev_async_stop(old, &a->stop_async);
+    pthread_mutex_lock(&a->loop_lock);
+    a->loop = nl;
+    pthread_mutex_unlock(&a->loop_lock);
+    ev_loop_destroy(old);
+    if (accepting)
+        ev_io_start(nl, &a->accept_io);
+    if (resting) {
+        ev_timer_set(&a->accept_pause, rest > 0. ? rest : 0., 0.);
+        ev_timer_start(nl, &a->accept_pause);
+    }
+    ev_async_start(nl, &a->stop_async);
+    a->max_fd = 0;
+    __atomic_add_fetch(&a->loops_made, 1, __ATOMIC_RELEASE);
+    agw_heap_give_back();
+}
+
 static void *admin_main(void *arg)
 {
     agw_admin_t *a = arg;
-    ev_run(a->loop, 0);
+    for (;;) {
+        ev_run(a->loop, 0);
+        if (__atomic_load_n(&a->stopping, __ATOMIC_ACQUIRE) || !a->remake)
+            break;
+        a->remake = 0;
+        remake_loop(a);
+        /* a stop signalled to the old loop before the swap: its flag was set before the lock */
+        if (__atomic_load_n(&a->stopping, __ATOMIC_ACQUIRE))
+            break;
+    }
     return NULL;
+}
+
+unsigned agw_admin_loops_made(const agw_admin_t *a)
+{
+    return __atomic_load_n(&a->loops_made, __ATOMIC_ACQUIRE);
 }
 
 agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens, const agw_metric_labels_t *labels,
@@ -651,6 +718,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     gettimeofday(&tv, NULL);
     a->start_time = (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
     a->loop = ev_loop_new(EVFLAG_AUTO);
+    pthread_mutex_init(&a->loop_lock, NULL);
     ev_io_init(&a->accept_io, on_accept, fd, EV_READ);
     a->accept_io.data = a;
     ev_io_start(a->loop, &a->accept_io);
@@ -661,6 +729,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     if (pthread_create(&a->thread, NULL, admin_main, a) != 0) {
         agw_log(AGW_LOG_ERROR, "cannot start the admin thread");
         ev_loop_destroy(a->loop);
+        pthread_mutex_destroy(&a->loop_lock);
         close(fd);
         free(a);
         return NULL;
@@ -680,7 +749,10 @@ void agw_admin_stop(agw_admin_t *a)
 {
     if (a == NULL)
         return;
+    __atomic_store_n(&a->stopping, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&a->loop_lock);
     ev_async_send(a->loop, &a->stop_async);
+    pthread_mutex_unlock(&a->loop_lock);
     pthread_join(a->thread, NULL);
     while (!h2o_linklist_is_empty(&a->conns))
         conn_close(H2O_STRUCT_FROM_MEMBER(aconn_t, link, a->conns.next));
@@ -688,6 +760,7 @@ void agw_admin_stop(agw_admin_t *a)
     ev_timer_stop(a->loop, &a->accept_pause);
     ev_async_stop(a->loop, &a->stop_async);
     ev_loop_destroy(a->loop);
+    pthread_mutex_destroy(&a->loop_lock);
     close(a->fd);
     free(a);
 }

@@ -24,6 +24,12 @@
  *                  could not be purged) (cache/purge.h)
  * HEAD works as GET; /cache/purge takes POST only; other methods get 405, other paths 404. Requests are limited to 8 KiB of
  * headers and 10 s; at most 64 connections at once (more are closed at once).
+ *
+ * Memory after a burst: when the last connection closes, the thread's cache of freed blocks goes
+ * back to the heap, and when one of the connections since the loop was made had a descriptor of
+ * 1,024 or more (a scrape during a burst of thousands of connections), the loop is made anew, so
+ * that libev's per-descriptor arrays (16 bytes a descriptor, kept at the highest one until the loop
+ * ends) do not stay at the burst's size (docs/performance.md, "A twenty-fifth pass").
  */
 #ifndef AGW_ADMIN_H
 #define AGW_ADMIN_H
@@ -56,7 +62,12 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
 /* What /readyz and aggway_ready say from now on (thread-safe). */
 void agw_admin_set_ready(agw_admin_t *a, int ready);
 
-/* Stops the thread, closes every connection and the listener, frees a. */
+/* How many times the admin thread has made its loop anew since agw_admin_start (thread-safe; for
+ * tests and the logs). */
+unsigned agw_admin_loops_made(const agw_admin_t *a);
+
+/* Stops the thread, closes every connection and the listener, frees a. Safe while the thread is
+ * making its loop anew (the loop's lock). */
 void agw_admin_stop(agw_admin_t *a);
 
 /* Renders the response to one request (method, target) into out: status line, headers and body;
