@@ -100,6 +100,7 @@ int agw_heap_stats(agw_heap_stats_t *st)
     st->active = stat_bytes("stats.active");
     st->resident = stat_bytes("stats.resident");
     st->retained = stat_bytes("stats.retained");
+    st->metadata = stat_bytes("stats.metadata");
     return 0;
 }
 

@@ -180,9 +180,11 @@ void agw_heap_thread_flush(void);
 /* The heap's figures, bytes (jemalloc's stats.*, refreshed by an "epoch" write): allocated (in
  * use by the program, the Lua VMs included), active (the pages holding them, a page-size
  * multiple), resident (the allocator's pages the kernel has resident: data, its own metadata, and
- * free pages not given back yet), retained (address space kept unmapped for later, not memory). */
+ * free pages not given back yet), retained (address space kept unmapped for later, not memory),
+ * metadata (the allocator's own records, within resident: jemalloc never gives them back, and a
+ * burst leaves one record per slab it took, docs/performance.md "A twenty-fifth pass"). */
 typedef struct agw_heap_stats {
-    size_t allocated, active, resident, retained;
+    size_t allocated, active, resident, retained, metadata;
 } agw_heap_stats_t;
 
 /* Fills st and returns 0; -1 when the heap keeps no figures (a sanitized build). Any thread; takes

@@ -301,10 +301,11 @@ static void render_lua_gc(agw_buf_t *b, agw_metrics_t *const *w, size_t nw)
         agw_prom_family(b, "aggway_heap_bytes", "gauge",
                         "The process's heap (jemalloc: C and the Lua VMs): bytes allocated, the pages holding "
                         "them (active), the allocator's resident pages (resident: with free pages not given back "
-                        "yet; an idle worker gives them back), and address space kept unmapped (retained).");
-        static const char *const names[] = {"allocated", "active", "resident", "retained"};
-        const size_t vals[] = {hs.allocated, hs.active, hs.resident, hs.retained};
-        for (size_t i = 0; i < 4; i++) {
+                        "yet; an idle worker gives them back), address space kept unmapped (retained), and "
+                        "the allocator's own records (metadata, within resident; never given back).");
+        static const char *const names[] = {"allocated", "active", "resident", "retained", "metadata"};
+        const size_t vals[] = {hs.allocated, hs.active, hs.resident, hs.retained, hs.metadata};
+        for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
             agw_prom_label_t l = AGW_PROM_LABEL("state", names[i]);
             agw_prom_sample_u64(b, "aggway_heap_bytes", &l, 1, (uint64_t)vals[i]);
         }

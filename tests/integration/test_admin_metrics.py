@@ -390,6 +390,9 @@ class MetricsMove(AdminCase):
             self.assertLessEqual(allocated, m.get("aggway_heap_bytes", state="active"))
             self.assertLessEqual(m.get("aggway_heap_bytes", state="active"), m.get("aggway_heap_bytes", state="resident"))
             self.assertGreaterEqual(m.get("aggway_heap_bytes", state="retained"), 0)
+            metadata = m.get("aggway_heap_bytes", state="metadata")  # jemalloc's own records
+            self.assertGreater(metadata, 0)
+            self.assertLess(metadata, m.get("aggway_heap_bytes", state="resident"))
         self.assertGreaterEqual(m.get("aggway_lua_gc_idle_collection_max_seconds"), 0)
         n = m.get("aggway_lua_gc_idle_collections_total")
         time.sleep(3.5)  # still idle: no second collection in the same idle spell

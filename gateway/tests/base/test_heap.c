@@ -188,6 +188,7 @@ static void figures_add_up_and_free_pages_go_back(void)
     }
     CHECK(agw_heap_stats(&a) == 0);
     CHECK(a.allocated > 0 && a.allocated <= a.active && a.active <= a.resident);
+    CHECK(a.metadata > 0 && a.metadata < a.resident);
     enum { N = 200000, SIZE = 256 }; /* 51 MB in blocks of one small size class */
     void **blocks = malloc(N * sizeof(*blocks));
     for (size_t i = 0; i < N; i++) {
