@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
@@ -29,9 +30,9 @@
 #define ADMIN_MAX_REQUEST 8192
 #define ADMIN_TIMEOUT_S 10.0
 /* The admin loop is made anew when it goes idle after a connection whose descriptor was at least
- * this: libev keeps arrays indexed by descriptor (16 bytes each) at the highest one it watched until
- * its loop ends, and a scrape during a burst of 20,000 connections gets a descriptor near 20,000
- * (640 KB kept for good). Below it, at most 16 KB is kept. */
+ * this: libev keeps arrays indexed by descriptor (16 bytes each, grown by doubling) at the highest
+ * one it watched until its loop ends, and a scrape during a burst of 20,000 connections gets a
+ * descriptor near 20,000 (634,848 bytes kept for good). Below it, at most about 32 KB is kept. */
 #define ADMIN_LOOP_KEEP_FDS 1024
 
 typedef struct aconn aconn_t;
@@ -45,15 +46,18 @@ struct agw_admin {
     double start_time;
     int fd;
     pthread_t thread;
-    struct ev_loop *loop;      /* replaced by the admin thread (remake_loop) under loop_lock */
-    pthread_mutex_t loop_lock; /* held by the admin thread to replace loop, by agw_admin_stop to signal it */
-    int stopping;              /* set by agw_admin_stop before it signals (atomics) */
+    struct ev_loop *loop;      /* replaced by the admin thread only (remake_loop) */
+    int stopping;              /* set by agw_admin_stop before it signals stop_fd (atomics) */
     int remake;                /* the admin thread: make the loop anew once ev_run returns */
     int max_fd;                /* the highest descriptor accepted since the loop was made */
     unsigned loops_made;       /* how many times it was made anew (atomics; agw_admin_loops_made) */
+    unsigned loops_failed;     /* how many times no new loop could be made (atomics; agw_admin_loops_failed) */
+    unsigned idle_spells;      /* how many times the last connection closed (atomics; agw_admin_idle_spells) */
     ev_io accept_io;
     ev_timer accept_pause;     /* accept_io stopped for want of descriptors: restarts it */
-    ev_async stop_async;
+    int stop_fd;               /* an eventfd of the admin's whole life, written by agw_admin_stop: unlike an
+                                * ev_async (its loop's), a signal sent while the loop is made anew stays */
+    ev_io stop_io;             /* stop_fd readable: ev_break */
     h2o_linklist_t conns;      /* open connections (aconn_t.link), newest first */
     unsigned num_conns;
 };
@@ -84,6 +88,7 @@ static void conn_close(aconn_t *c)
         /* the thread sleeps until the next request: what its cache of freed blocks holds (a
          * /metrics text's) goes back to the slabs the background threads purge */
         agw_heap_thread_flush();
+        __atomic_add_fetch(&a->idle_spells, 1, __ATOMIC_RELEASE);
         if (a->max_fd >= ADMIN_LOOP_KEEP_FDS) {
             a->remake = 1;
             ev_break(a->loop, EVBREAK_ALL);
@@ -643,55 +648,57 @@ static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
     }
 }
 
-static void on_stop(struct ev_loop *loop, ev_async *w, int revents)
+static void on_stop(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)w, (void)revents;
     ev_break(loop, EVBREAK_ALL);
 }
 
 /* Makes the admin loop anew (the admin thread, outside ev_run, no connection open): the listener,
- * its rest (with the time it has left) and the stop signal move to a new loop, and the old one,
- * with the per-descriptor arrays a burst's high descriptors grew, is destroyed and its memory given
- * back. When no loop can be made (no descriptor or memory free: the burst goes on), the old one
- * stays and the next idle spell tries again. */
+ * its rest (with the time it has left) and the stop watcher move to a new loop, and the old one,
+ * with the per-descriptor arrays a burst's high descriptors grew, is destroyed (its blocks go to
+ * the heap, whose background threads give their pages back). The new loop has the old one's
+ * backend and nothing else: with epoll it needs one descriptor, and when none is free (the burst
+ * goes on) ev_loop_new returns NULL, the old loop stays and the next idle spell tries again. */
 static void remake_loop(agw_admin_t *a)
 {
-    struct ev_loop *old = a->loop, *nl = ev_loop_new(EVFLAG_AUTO);
-    if (nl == NULL)
+    struct ev_loop *old = a->loop, *nl = ev_loop_new(ev_backend(old));
+    if (nl == NULL) {
+        __atomic_add_fetch(&a->loops_failed, 1, __ATOMIC_RELEASE);
         return;
+    }
     int accepting = ev_is_active(&a->accept_io), resting = ev_is_active(&a->accept_pause);
     ev_tstamp rest = resting ? ev_timer_remaining(old, &a->accept_pause) : 0.;
     ev_io_stop(old, &a->accept_io);
     ev_timer_stop(old, &a->accept_pause);
-    ev_async_stop(old, &a->stop_async);
-    pthread_mutex_lock(&a->loop_lock);
-    a->loop = nl;
-    pthread_mutex_unlock(&a->loop_lock);
+    ev_io_stop(old, &a->stop_io);
     ev_loop_destroy(old);
+    a->loop = nl;
     if (accepting)
         ev_io_start(nl, &a->accept_io);
     if (resting) {
         ev_timer_set(&a->accept_pause, rest > 0. ? rest : 0., 0.);
         ev_timer_start(nl, &a->accept_pause);
     }
-    ev_async_start(nl, &a->stop_async);
+    ev_io_start(nl, &a->stop_io);
     a->max_fd = 0;
     __atomic_add_fetch(&a->loops_made, 1, __ATOMIC_RELEASE);
-    agw_heap_give_back();
+    agw_heap_thread_flush();
 }
 
 static void *admin_main(void *arg)
 {
     agw_admin_t *a = arg;
-    for (;;) {
+    /* ev_run returns at a stop or when the last connection closed with a remake due. The other
+     * events of that loop pass are handled first: a connection accepted among them keeps the
+     * loop (its watchers are on it) until the next idle spell */
+    while (!__atomic_load_n(&a->stopping, __ATOMIC_ACQUIRE)) {
         ev_run(a->loop, 0);
-        if (__atomic_load_n(&a->stopping, __ATOMIC_ACQUIRE) || !a->remake)
-            break;
-        a->remake = 0;
-        remake_loop(a);
-        /* a stop signalled to the old loop before the swap: its flag was set before the lock */
         if (__atomic_load_n(&a->stopping, __ATOMIC_ACQUIRE))
             break;
+        if (a->remake && a->num_conns == 0)
+            remake_loop(a);
+        a->remake = 0;
     }
     return NULL;
 }
@@ -699,6 +706,16 @@ static void *admin_main(void *arg)
 unsigned agw_admin_loops_made(const agw_admin_t *a)
 {
     return __atomic_load_n(&a->loops_made, __ATOMIC_ACQUIRE);
+}
+
+unsigned agw_admin_loops_failed(const agw_admin_t *a)
+{
+    return __atomic_load_n(&a->loops_failed, __ATOMIC_ACQUIRE);
+}
+
+unsigned agw_admin_idle_spells(const agw_admin_t *a)
+{
+    return __atomic_load_n(&a->idle_spells, __ATOMIC_ACQUIRE);
 }
 
 agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens, const agw_metric_labels_t *labels,
@@ -718,18 +735,28 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     gettimeofday(&tv, NULL);
     a->start_time = (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
     a->loop = ev_loop_new(EVFLAG_AUTO);
-    pthread_mutex_init(&a->loop_lock, NULL);
+    a->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (a->loop == NULL || a->stop_fd < 0) {
+        agw_log(AGW_LOG_ERROR, "cannot start the admin listener: %s", strerror(errno));
+        if (a->loop)
+            ev_loop_destroy(a->loop);
+        if (a->stop_fd >= 0)
+            close(a->stop_fd);
+        close(fd);
+        free(a);
+        return NULL;
+    }
     ev_io_init(&a->accept_io, on_accept, fd, EV_READ);
     a->accept_io.data = a;
     ev_io_start(a->loop, &a->accept_io);
     ev_timer_init(&a->accept_pause, on_accept_resume, ADMIN_ACCEPT_PAUSE_S, 0.);
     a->accept_pause.data = a;
-    ev_async_init(&a->stop_async, on_stop);
-    ev_async_start(a->loop, &a->stop_async);
+    ev_io_init(&a->stop_io, on_stop, a->stop_fd, EV_READ);
+    ev_io_start(a->loop, &a->stop_io);
     if (pthread_create(&a->thread, NULL, admin_main, a) != 0) {
         agw_log(AGW_LOG_ERROR, "cannot start the admin thread");
         ev_loop_destroy(a->loop);
-        pthread_mutex_destroy(&a->loop_lock);
+        close(a->stop_fd);
         close(fd);
         free(a);
         return NULL;
@@ -750,17 +777,18 @@ void agw_admin_stop(agw_admin_t *a)
     if (a == NULL)
         return;
     __atomic_store_n(&a->stopping, 1, __ATOMIC_RELEASE);
-    pthread_mutex_lock(&a->loop_lock);
-    ev_async_send(a->loop, &a->stop_async);
-    pthread_mutex_unlock(&a->loop_lock);
+    /* readable until the thread has ended: whichever loop it is in then, or makes next, sees it */
+    uint64_t one = 1;
+    while (write(a->stop_fd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
     pthread_join(a->thread, NULL);
     while (!h2o_linklist_is_empty(&a->conns))
         conn_close(H2O_STRUCT_FROM_MEMBER(aconn_t, link, a->conns.next));
     ev_io_stop(a->loop, &a->accept_io);
     ev_timer_stop(a->loop, &a->accept_pause);
-    ev_async_stop(a->loop, &a->stop_async);
+    ev_io_stop(a->loop, &a->stop_io);
     ev_loop_destroy(a->loop);
-    pthread_mutex_destroy(&a->loop_lock);
+    close(a->stop_fd);
     close(a->fd);
     free(a);
 }

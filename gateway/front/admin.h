@@ -28,8 +28,9 @@
  * Memory after a burst: when the last connection closes, the thread's cache of freed blocks goes
  * back to the heap, and when one of the connections since the loop was made had a descriptor of
  * 1,024 or more (a scrape during a burst of thousands of connections), the loop is made anew, so
- * that libev's per-descriptor arrays (16 bytes a descriptor, kept at the highest one until the loop
- * ends) do not stay at the burst's size (docs/performance.md, "A twenty-fifth pass").
+ * that libev's per-descriptor arrays (16 bytes a descriptor, grown by doubling and kept at the
+ * highest one until the loop ends: 634,848 bytes after a scrape on a descriptor near 20,000) do
+ * not stay at the burst's size (docs/performance.md, "A twenty-fifth pass").
  */
 #ifndef AGW_ADMIN_H
 #define AGW_ADMIN_H
@@ -63,11 +64,19 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
 void agw_admin_set_ready(agw_admin_t *a, int ready);
 
 /* How many times the admin thread has made its loop anew since agw_admin_start (thread-safe; for
- * tests and the logs). */
+ * tests). */
 unsigned agw_admin_loops_made(const agw_admin_t *a);
 
+/* How many times a remake found no new loop could be made (no descriptor free for it: the old loop
+ * stayed) (thread-safe; for tests). */
+unsigned agw_admin_loops_failed(const agw_admin_t *a);
+
+/* How many times its last open connection has closed (thread-safe; for tests): counted after the
+ * thread's cache went back to the heap, and before a remake the spell may start. */
+unsigned agw_admin_idle_spells(const agw_admin_t *a);
+
 /* Stops the thread, closes every connection and the listener, frees a. Safe while the thread is
- * making its loop anew (the loop's lock). */
+ * making its loop anew: the stop is an eventfd of the admin's whole life, not its loop's. */
 void agw_admin_stop(agw_admin_t *a);
 
 /* Renders the response to one request (method, target) into out: status line, headers and body;

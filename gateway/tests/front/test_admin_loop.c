@@ -1,8 +1,10 @@
 /* test_admin_loop.c: the admin listener's loop after a burst (front/admin.h). A scrape that came
  * in on a high descriptor (the descriptors below it held, as a burst holds them) makes the loop
  * anew once the thread is idle, the listener answers on the new loop, the memory libev's arrays
- * took for that descriptor is given back, and a connection on a low descriptor leaves the loop as
- * it is. Real sockets over loopback, the admin thread as the gateway runs it. */
+ * took for that descriptor is given back, a connection on a low descriptor leaves the loop as it
+ * is, a connection accepted in the same loop pass as the last one closes keeps the loop (its
+ * watchers are on it), and a stop is never lost. Real sockets over loopback, the admin thread as
+ * the gateway runs it. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -11,12 +13,16 @@
 #include "front/admin.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,21 +44,32 @@ static int free_port(void)
     return ntohs(sa.sin_port);
 }
 
-/* GET /healthz on a new connection; the status code, or -1. The admin closes after answering. */
-static int healthz(void)
+static const char req[] = "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
+
+/* A connection to the admin (blocking, reads time out after 10 s), or -1. */
+static int dial(void)
 {
     int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     struct timeval tv = {.tv_sec = 10};
+    if (s < 0)
+        return -1;
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        if (s >= 0)
-            close(s);
+    if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(s);
         return -1;
     }
-    static const char req[] = "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
-    if (send(s, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(req) - 1) {
+    return s;
+}
+
+/* Sends GET /healthz on s unless sent, reads the answer to its end and closes s; the status code,
+ * or -1. The admin closes after answering. */
+static int finish(int s, int sent)
+{
+    if (s < 0)
+        return -1;
+    if (!sent && send(s, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(req) - 1) {
         close(s);
         return -1;
     }
@@ -67,6 +84,62 @@ static int healthz(void)
     if (sscanf(buf, "HTTP/1.1 %d", &status) != 1)
         return -1;
     return strstr(buf, "\r\n\r\nok\n") ? status : -1;
+}
+
+/* GET /healthz on a new connection; the status code, or -1. */
+static int healthz(void)
+{
+    return finish(dial(), 0);
+}
+
+/* Holds every free descriptor below below (duplicates of /dev/null), as a burst's connections
+ * hold them; returns how many, their numbers in *held (free with release). */
+static int hold_below(int below, int **held)
+{
+    int hold = open("/dev/null", O_RDONLY | O_CLOEXEC), n = 0;
+    *held = calloc((size_t)below, sizeof(int));
+    CHECK(hold >= 0 && *held != NULL);
+    for (int fd; n < below && (fd = fcntl(hold, F_DUPFD_CLOEXEC, 0)) >= 0;) {
+        if (fd >= below) {
+            close(fd);
+            break;
+        }
+        (*held)[n++] = fd;
+    }
+    close(hold);
+    return n;
+}
+
+static void release(int *held, int n)
+{
+    for (int i = 0; i < n; i++)
+        close(held[i]);
+    free(held);
+}
+
+/* Raises the soft descriptor limit to want, or exits 77 (skipped) when the hard limit is lower. */
+static void raise_limit(rlim_t want)
+{
+    struct rlimit rl;
+    CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (rl.rlim_cur >= want)
+        return;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) {
+        fprintf(stderr, "skipped: the descriptor limit (%llu) is below %llu\n", (unsigned long long)rl.rlim_max,
+                (unsigned long long)want);
+        exit(77);
+    }
+    rl.rlim_cur = want;
+    CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+}
+
+/* Waits (bounded: 10 s of 1 ms naps) until the admin's last connection has closed spells times:
+ * the thread has freed it and flushed its cache, so the heap's figures are settled. */
+static void wait_idle(agw_admin_t *a, unsigned spells)
+{
+    for (int i = 0; i < 10000 && agw_admin_idle_spells(a) < spells; i++)
+        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+    CHECK(agw_admin_idle_spells(a) >= spells);
 }
 
 /* Waits (bounded: 10 s of 10 ms naps) until the admin has made its loop anew want times. */
@@ -107,47 +180,189 @@ static void a_low_descriptor_keeps_the_loop(void)
  * descriptor again) is answered by the new loop. */
 static void a_burst_descriptor_makes_the_loop_anew(void)
 {
-    struct rlimit rl;
-    CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
-    if (rl.rlim_cur < HIGH_FD + 64) {
-        rlim_t want = HIGH_FD + 64;
-        if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) {
-            fprintf(stderr, "skipped: the descriptor limit (%llu) is below %d\n", (unsigned long long)rl.rlim_max,
-                    HIGH_FD + 64);
-            exit(77);
-        }
-        rl.rlim_cur = want;
-        CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
-    }
+    raise_limit(HIGH_FD + 64);
     agw_admin_t *a = start_admin();
     if (a == NULL)
         return;
     CHECK(healthz() == 200); /* the thread's first allocations, before the figure below */
+    wait_idle(a, 1);
     agw_heap_stats_t before, after;
+    agw_heap_thread_flush(); /* (this thread's cache counts as allocated too) */
     int figures = agw_heap_stats(&before) == 0;
 
-    int hold = open("/dev/null", O_RDONLY | O_CLOEXEC), *held = calloc(HIGH_FD, sizeof(int)), nheld = 0;
-    CHECK(hold >= 0 && held != NULL);
-    for (int fd; nheld < HIGH_FD && (fd = fcntl(hold, F_DUPFD_CLOEXEC, 0)) >= 0 && fd < HIGH_FD;)
-        held[nheld++] = fd;
+    int *held, nheld = hold_below(HIGH_FD, &held);
     CHECK(healthz() == 200); /* the client's socket and the accepted one are at HIGH_FD or above */
-    for (int i = 0; i < nheld; i++)
-        close(held[i]);
-    close(hold);
-    free(held);
+    release(held, nheld);
     CHECK(wait_loops(a, 1) == 1);
     CHECK(healthz() == 200); /* answered by the new loop */
+    wait_idle(a, 3);
     CHECK(agw_admin_loops_made(a) == 1);
 
     if (figures) {
+        agw_heap_thread_flush();
         CHECK(agw_heap_stats(&after) == 0);
-        /* the old loop's array for HIGH_FD descriptors (about 160 KB) is gone: what the three
-         * scrapes left is a few KB */
+        /* the old loop's array for HIGH_FD descriptors (about 160 KB) is gone: what the scrapes
+         * left is a few KB */
         CHECK(after.allocated < before.allocated + 48 * 1024);
         if (after.allocated >= before.allocated + 48 * 1024)
             fprintf(stderr, "allocated %zu before, %zu after\n", before.allocated, after.allocated);
     }
     agw_admin_stop(a);
+}
+
+/* The number of descriptors process pid has open, or -1. */
+static int count_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* The last connection closes and a new one is accepted in the same loop pass: the admin runs in a
+ * child process whose descriptors below 1,100 are held, so that both connections are above the
+ * remake's threshold. Connection A is accepted; the child is stopped; B connects (it waits in the
+ * listener's backlog) and A's request arrives; the child goes on, and one poll gives both. libev
+ * handles A first (the last event it was given), answers and closes it, which asks for the remake,
+ * then accepts B in the same pass. B must be answered (its watchers are on the loop that stays,
+ * with its timeout), and the stop must end the child cleanly (a watcher left on a destroyed loop
+ * made libev abort there). */
+static void a_connection_accepted_as_the_last_closes_keeps_the_loop(void)
+{
+    raise_limit(4096);
+    port = free_port();
+    int cmd[2], ready[2];
+    CHECK(port > 0 && pipe(cmd) == 0 && pipe(ready) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(cmd[1]);
+        close(ready[0]);
+        agw_config_t conf;
+        memset(&conf, 0, sizeof(conf));
+        conf.admin_host = "127.0.0.1";
+        conf.admin_port = port;
+        int *held;
+        hold_below(1100, &held);
+        agw_admin_t *a = agw_admin_start(&conf, NULL, NULL, NULL, 0);
+        if (write(ready[1], "k", 1) != 1) /* listening: connections wait in its backlog */
+            _exit(4);
+        char c;
+        ssize_t n;
+        while ((n = read(cmd[0], &c, 1)) < 0 && errno == EINTR) /* the parent's "stop" */
+            ;
+        agw_admin_stop(a);
+        _exit(a != NULL && n == 1 ? 0 : 3);
+    }
+    close(cmd[0]);
+    close(ready[1]);
+    CHECK(pid > 0);
+    char k = 0;
+    CHECK(read(ready[0], &k, 1) == 1 && k == 'k');
+    close(ready[0]);
+    /* no connection has closed yet, so no remake runs: the child's descriptors change only by A */
+    int before = count_fds(pid), conn = -1;
+    int A = dial();
+    /* A is accepted: the child has one descriptor more (bounded wait) */
+    for (int i = 0; i < 1000 && (conn = count_fds(pid)) <= before; i++)
+        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+    CHECK(conn > before);
+    CHECK(kill(pid, SIGSTOP) == 0);
+    int B = dial(); /* the handshake completes in the kernel */
+    CHECK(send(A, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1);
+    CHECK(kill(pid, SIGCONT) == 0);
+    CHECK(finish(A, 1) == 200);
+    CHECK(finish(B, 0) == 200);
+    CHECK(healthz() == 200);
+    CHECK(write(cmd[1], "s", 1) == 1);
+    close(cmd[1]);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fprintf(stderr, "the admin's process ended with status %#x\n", (unsigned)status);
+}
+
+/* A remake when no descriptor is free (the burst goes on): the old loop stays, the admin goes on
+ * answering once descriptors are free again, and the next idle spell makes the loop anew. The admin
+ * runs in a child process whose descriptors below 1,100 are held; while connection A is open, the
+ * child's descriptor limit is lowered below them all, so that A's close frees none a new loop could
+ * take (epoll_create1 fails with EMFILE). */
+static void a_remake_without_a_free_descriptor_keeps_the_old_loop(void)
+{
+    raise_limit(4096);
+    port = free_port();
+    int cmd[2], rep[2];
+    CHECK(port > 0 && pipe(cmd) == 0 && pipe(rep) == 0);
+    pid_t pid = fork();
+    if (pid == 0) { /* commands: 'l' lower the limit, 'r' restore it, 'f'/'m' report failed/made, 's' stop */
+        close(cmd[1]);
+        close(rep[0]);
+        agw_config_t conf;
+        memset(&conf, 0, sizeof(conf));
+        conf.admin_host = "127.0.0.1";
+        conf.admin_port = port;
+        int *held;
+        hold_below(1100, &held);
+        agw_admin_t *a = agw_admin_start(&conf, NULL, NULL, NULL, 0);
+        if (write(rep[1], "k", 1) != 1) /* listening: connections wait in its backlog */
+            _exit(4);
+        struct rlimit rl, low;
+        getrlimit(RLIMIT_NOFILE, &rl);
+        low = rl;
+        low.rlim_cur = 1050;
+        for (char c; read(cmd[0], &c, 1) == 1 && c != 's';) {
+            unsigned char r = 'k';
+            if (c == 'l' || c == 'r')
+                r = setrlimit(RLIMIT_NOFILE, c == 'l' ? &low : &rl) == 0 ? 'k' : 'e';
+            else if (c == 'f' || c == 'm')
+                r = (unsigned char)(c == 'f' ? agw_admin_loops_failed(a) : agw_admin_loops_made(a));
+            if (write(rep[1], &r, 1) != 1)
+                break;
+        }
+        agw_admin_stop(a);
+        _exit(a != NULL ? 0 : 3);
+    }
+    close(cmd[0]);
+    close(rep[1]);
+    CHECK(pid > 0);
+    unsigned char r = 0;
+#define ASK(c) (write(cmd[1], c, 1) == 1 && read(rep[0], &r, 1) == 1 ? r : 0xff)
+    CHECK(read(rep[0], &r, 1) == 1 && r == 'k');
+    /* no connection has closed yet, so no remake runs: the child's descriptors change only by A */
+    int before = count_fds(pid), conn = -1;
+    int A = dial();
+    for (int i = 0; i < 1000 && (conn = count_fds(pid)) <= before; i++) /* A accepted */
+        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+    CHECK(conn > before);
+    unsigned made = ASK("m");
+    CHECK(made == 0);
+    CHECK(ASK("l") == 'k');
+    CHECK(finish(A, 0) == 200); /* answered; its close asks for a remake that finds no descriptor */
+    for (int i = 0; i < 10000 && ASK("f") == 0; i++)
+        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+    CHECK(ASK("f") == 1);
+    CHECK(ASK("m") == made);
+    CHECK(ASK("r") == 'k');
+    CHECK(healthz() == 200); /* the old loop answers; this spell makes the loop anew */
+    for (int i = 0; i < 10000 && ASK("m") == made; i++)
+        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+    CHECK(ASK("m") == made + 1);
+    CHECK(healthz() == 200);
+#undef ASK
+    CHECK(write(cmd[1], "s", 1) == 1);
+    close(cmd[1]);
+    close(rep[0]);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fprintf(stderr, "the admin's process ended with status %#x\n", (unsigned)status);
 }
 
 /* A stop right after a burst's scrape, while the thread may be making its loop anew: it stops. */
@@ -156,15 +371,9 @@ static void a_stop_during_the_remake_stops(void)
     agw_admin_t *a = start_admin();
     if (a == NULL)
         return;
-    int hold = open("/dev/null", O_RDONLY | O_CLOEXEC), *held = calloc(2048, sizeof(int)), nheld = 0;
-    CHECK(hold >= 0 && held != NULL);
-    for (int fd; nheld < 2048 && (fd = fcntl(hold, F_DUPFD_CLOEXEC, 0)) >= 0 && fd < 2048;)
-        held[nheld++] = fd;
+    int *held, nheld = hold_below(2048, &held);
     CHECK(healthz() == 200);
-    for (int i = 0; i < nheld; i++)
-        close(held[i]);
-    close(hold);
-    free(held);
+    release(held, nheld);
     agw_admin_stop(a); /* returns (the test's timeout says otherwise) */
 }
 
@@ -173,5 +382,7 @@ int main(void)
     RUN(a_low_descriptor_keeps_the_loop);
     RUN(a_burst_descriptor_makes_the_loop_anew);
     RUN(a_stop_during_the_remake_stops);
+    RUN(a_connection_accepted_as_the_last_closes_keeps_the_loop);
+    RUN(a_remake_without_a_free_descriptor_keeps_the_old_loop);
     return CHECK_DONE();
 }
