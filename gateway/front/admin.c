@@ -662,7 +662,9 @@ static void on_stop(struct ev_loop *loop, ev_io *w, int revents)
  * goes on) ev_loop_new returns NULL, the old loop stays and the next idle spell tries again. */
 static void remake_loop(agw_admin_t *a)
 {
-    struct ev_loop *old = a->loop, *nl = ev_loop_new(ev_backend(old));
+    /* (EVFLAG_NOENV: LIBEV_FLAGS in the environment would otherwise choose the backend again, and
+     * poll needs no descriptor, so "none free" would go unseen) */
+    struct ev_loop *old = a->loop, *nl = ev_loop_new(ev_backend(old) | EVFLAG_NOENV);
     if (nl == NULL) {
         __atomic_add_fetch(&a->loops_failed, 1, __ATOMIC_RELEASE);
         return;

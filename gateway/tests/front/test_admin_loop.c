@@ -26,8 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The descriptor the burst case's scrape gets: libev's per-descriptor array for it is about
- * 16 bytes x HIGH_FD (about 160 KB), well above what the rest of a request leaves. */
+/* The descriptor the burst case's scrape gets: libev's per-descriptor array for it is 16 bytes a
+ * descriptor, grown by doubling to about 19,700 (about 315 KB), well above what the rest of a
+ * request leaves. */
 #define HIGH_FD 10000
 
 static int port;
@@ -225,6 +226,40 @@ static int count_fds(pid_t pid)
     return n;
 }
 
+/* Whether every thread of process pid is stopped (state T in /proc/PID/task/TID/stat), waiting up
+ * to 10 s. */
+static int wait_stopped(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    for (int i = 0; i < 10000; i++) {
+        DIR *d = opendir(path);
+        if (d == NULL)
+            return 0;
+        int running = 0, seen = 0;
+        for (struct dirent *e; (e = readdir(d)) != NULL;) {
+            if (e->d_name[0] == '.')
+                continue;
+            char stat[384], buf[512];
+            snprintf(stat, sizeof(stat), "%s/%s/stat", path, e->d_name);
+            FILE *f = fopen(stat, "r");
+            if (f == NULL)
+                continue;
+            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            const char *st = strrchr(buf, ')'); /* "tid (comm) S ...": the state after the name */
+            seen++;
+            running += st == NULL || st[1] != ' ' || (st[2] != 'T' && st[2] != 't');
+        }
+        closedir(d);
+        if (seen > 0 && running == 0)
+            return 1;
+        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+    }
+    return 0;
+}
+
 /* The last connection closes and a new one is accepted in the same loop pass: the admin runs in a
  * child process whose descriptors below 1,100 are held, so that both connections are above the
  * remake's threshold. Connection A is accepted; the child is stopped; B connects (it waits in the
@@ -273,6 +308,9 @@ static void a_connection_accepted_as_the_last_closes_keeps_the_loop(void)
         nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
     CHECK(conn > before);
     CHECK(kill(pid, SIGSTOP) == 0);
+    /* kill returns before the stop takes hold: wait (bounded) until every thread of the child is
+     * stopped, so that B's connection cannot wake the admin's poll on its own */
+    CHECK(wait_stopped(pid));
     int B = dial(); /* the handshake completes in the kernel */
     CHECK(send(A, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1);
     CHECK(kill(pid, SIGCONT) == 0);
@@ -368,6 +406,7 @@ static void a_remake_without_a_free_descriptor_keeps_the_old_loop(void)
 /* A stop right after a burst's scrape, while the thread may be making its loop anew: it stops. */
 static void a_stop_during_the_remake_stops(void)
 {
+    raise_limit(4096);
     agw_admin_t *a = start_admin();
     if (a == NULL)
         return;
