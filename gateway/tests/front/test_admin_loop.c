@@ -260,147 +260,147 @@ static int wait_stopped(pid_t pid)
     return 0;
 }
 
-/* The last connection closes and a new one is accepted in the same loop pass: the admin runs in a
- * child process whose descriptors below 1,100 are held, so that both connections are above the
- * remake's threshold. Connection A is accepted; the child is stopped; B connects (it waits in the
- * listener's backlog) and A's request arrives; the child goes on, and one poll gives both. libev
- * handles A first (the last event it was given), answers and closes it, which asks for the remake,
- * then accepts B in the same pass. B must be answered (its watchers are on the loop that stays,
- * with its timeout), and the stop must end the child cleanly (a watcher left on a destroyed loop
- * made libev abort there). */
-static void a_connection_accepted_as_the_last_closes_keeps_the_loop(void)
+/* An admin in a child process, driven over two pipes: its descriptors below 1,100 are held, so
+ * that every connection it accepts is above the remake's threshold. */
+typedef struct {
+    pid_t pid;
+    int cmd, rep; /* the parent's ends: commands to the child, its replies */
+} child_t;
+
+/* The child's side: starts the admin, says 'k' once it listens (connections then wait in its
+ * backlog), then answers commands until 's' or a closed pipe: 'l' lowers its descriptor limit to
+ * 1,050 (below every held descriptor), 'r' restores it ('k' or 'e'), 'f' and 'm' send
+ * agw_admin_loops_failed and agw_admin_loops_made as a byte. Stops the admin and exits 0. */
+static void child_main(int cmd, int rep)
+{
+    agw_config_t conf;
+    memset(&conf, 0, sizeof(conf));
+    conf.admin_host = "127.0.0.1";
+    conf.admin_port = port;
+    int *held;
+    hold_below(1100, &held);
+    agw_admin_t *a = agw_admin_start(&conf, NULL, NULL, NULL, 0);
+    if (a == NULL || write(rep, "k", 1) != 1)
+        _exit(3);
+    struct rlimit rl, low;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    low = rl;
+    low.rlim_cur = 1050;
+    for (char c; read(cmd, &c, 1) == 1 && c != 's';) {
+        unsigned char r = 'k';
+        if (c == 'l' || c == 'r')
+            r = setrlimit(RLIMIT_NOFILE, c == 'l' ? &low : &rl) == 0 ? 'k' : 'e';
+        else if (c == 'f' || c == 'm')
+            r = (unsigned char)(c == 'f' ? agw_admin_loops_failed(a) : agw_admin_loops_made(a));
+        if (write(rep, &r, 1) != 1)
+            break;
+    }
+    agw_admin_stop(a);
+    _exit(0);
+}
+
+/* Forks the child and waits for its 'k'; 0, or -1. */
+static int child_start(child_t *ch)
 {
     raise_limit(4096);
     port = free_port();
-    int cmd[2], ready[2];
-    CHECK(port > 0 && pipe(cmd) == 0 && pipe(ready) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
+    int cmd[2], rep[2];
+    if (port <= 0 || pipe(cmd) != 0 || pipe(rep) != 0)
+        return -1;
+    ch->pid = fork();
+    if (ch->pid == 0) {
         close(cmd[1]);
-        close(ready[0]);
-        agw_config_t conf;
-        memset(&conf, 0, sizeof(conf));
-        conf.admin_host = "127.0.0.1";
-        conf.admin_port = port;
-        int *held;
-        hold_below(1100, &held);
-        agw_admin_t *a = agw_admin_start(&conf, NULL, NULL, NULL, 0);
-        if (write(ready[1], "k", 1) != 1) /* listening: connections wait in its backlog */
-            _exit(4);
-        char c;
-        ssize_t n;
-        while ((n = read(cmd[0], &c, 1)) < 0 && errno == EINTR) /* the parent's "stop" */
-            ;
-        agw_admin_stop(a);
-        _exit(a != NULL && n == 1 ? 0 : 3);
+        close(rep[0]);
+        child_main(cmd[0], rep[1]);
     }
     close(cmd[0]);
-    close(ready[1]);
-    CHECK(pid > 0);
+    close(rep[1]);
+    ch->cmd = cmd[1];
+    ch->rep = rep[0];
     char k = 0;
-    CHECK(read(ready[0], &k, 1) == 1 && k == 'k');
-    close(ready[0]);
-    /* no connection has closed yet, so no remake runs: the child's descriptors change only by A */
-    int before = count_fds(pid), conn = -1;
-    int A = dial();
-    /* A is accepted: the child has one descriptor more (bounded wait) */
-    for (int i = 0; i < 1000 && (conn = count_fds(pid)) <= before; i++)
+    return ch->pid > 0 && read(ch->rep, &k, 1) == 1 && k == 'k' ? 0 : -1;
+}
+
+/* Sends command c and returns the child's reply byte, or 0xff. */
+static unsigned ask(child_t *ch, char c)
+{
+    unsigned char r;
+    return write(ch->cmd, &c, 1) == 1 && read(ch->rep, &r, 1) == 1 ? r : 0xff;
+}
+
+/* Opens a connection and waits (bounded) until the child has accepted it: it has one descriptor
+ * more. Before any connection has closed no remake runs, so the child's descriptors change only by
+ * the connections it accepts. The connection, or -1. */
+static int dial_accepted(child_t *ch)
+{
+    int before = count_fds(ch->pid), now = -1;
+    int s = dial();
+    for (int i = 0; i < 10000 && (now = count_fds(ch->pid)) <= before; i++)
         nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
-    CHECK(conn > before);
-    CHECK(kill(pid, SIGSTOP) == 0);
-    /* kill returns before the stop takes hold: wait (bounded) until every thread of the child is
-     * stopped, so that B's connection cannot wake the admin's poll on its own */
-    CHECK(wait_stopped(pid));
-    int B = dial(); /* the handshake completes in the kernel */
-    CHECK(send(A, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1);
-    CHECK(kill(pid, SIGCONT) == 0);
-    CHECK(finish(A, 1) == 200);
-    CHECK(finish(B, 0) == 200);
-    CHECK(healthz() == 200);
-    CHECK(write(cmd[1], "s", 1) == 1);
-    close(cmd[1]);
+    CHECK(now > before);
+    return s;
+}
+
+/* Stops the child ('s') and checks that it ended cleanly: exit status 0, no signal. */
+static void child_stop(child_t *ch)
+{
+    CHECK(write(ch->cmd, "s", 1) == 1);
+    close(ch->cmd);
+    close(ch->rep);
     int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(waitpid(ch->pid, &status, 0) == ch->pid);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fprintf(stderr, "the admin's process ended with status %#x\n", (unsigned)status);
 }
 
+/* The last connection closes and a new one is accepted in the same loop pass. Connection A is
+ * accepted; the child is stopped; B connects (it waits in the listener's backlog) and A's request
+ * arrives; the child goes on, and one poll gives both. libev handles A first (the last event it
+ * was given), answers and closes it, which asks for the remake, then accepts B in the same pass.
+ * B must be answered (its watchers are on the loop that stays, with its timeout), and the stop
+ * must end the child cleanly (a watcher left on a destroyed loop made libev abort there). */
+static void a_connection_accepted_as_the_last_closes_keeps_the_loop(void)
+{
+    child_t ch;
+    CHECK(child_start(&ch) == 0);
+    int A = dial_accepted(&ch);
+    CHECK(kill(ch.pid, SIGSTOP) == 0);
+    /* kill returns before the stop takes hold: wait (bounded) until every thread of the child is
+     * stopped, so that B's connection cannot wake the admin's poll on its own */
+    CHECK(wait_stopped(ch.pid));
+    int B = dial(); /* the handshake completes in the kernel */
+    CHECK(send(A, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1);
+    CHECK(kill(ch.pid, SIGCONT) == 0);
+    CHECK(finish(A, 1) == 200);
+    CHECK(finish(B, 0) == 200);
+    CHECK(healthz() == 200);
+    child_stop(&ch);
+}
+
 /* A remake when no descriptor is free (the burst goes on): the old loop stays, the admin goes on
- * answering once descriptors are free again, and the next idle spell makes the loop anew. The admin
- * runs in a child process whose descriptors below 1,100 are held; while connection A is open, the
- * child's descriptor limit is lowered below them all, so that A's close frees none a new loop could
- * take (epoll_create1 fails with EMFILE). */
+ * answering once descriptors are free again, and the next idle spell makes the loop anew. While
+ * connection A is open, the child's descriptor limit is lowered below every descriptor it holds,
+ * so that A's close frees none a new loop could take (epoll_create1 fails with EMFILE). */
 static void a_remake_without_a_free_descriptor_keeps_the_old_loop(void)
 {
-    raise_limit(4096);
-    port = free_port();
-    int cmd[2], rep[2];
-    CHECK(port > 0 && pipe(cmd) == 0 && pipe(rep) == 0);
-    pid_t pid = fork();
-    if (pid == 0) { /* commands: 'l' lower the limit, 'r' restore it, 'f'/'m' report failed/made, 's' stop */
-        close(cmd[1]);
-        close(rep[0]);
-        agw_config_t conf;
-        memset(&conf, 0, sizeof(conf));
-        conf.admin_host = "127.0.0.1";
-        conf.admin_port = port;
-        int *held;
-        hold_below(1100, &held);
-        agw_admin_t *a = agw_admin_start(&conf, NULL, NULL, NULL, 0);
-        if (write(rep[1], "k", 1) != 1) /* listening: connections wait in its backlog */
-            _exit(4);
-        struct rlimit rl, low;
-        getrlimit(RLIMIT_NOFILE, &rl);
-        low = rl;
-        low.rlim_cur = 1050;
-        for (char c; read(cmd[0], &c, 1) == 1 && c != 's';) {
-            unsigned char r = 'k';
-            if (c == 'l' || c == 'r')
-                r = setrlimit(RLIMIT_NOFILE, c == 'l' ? &low : &rl) == 0 ? 'k' : 'e';
-            else if (c == 'f' || c == 'm')
-                r = (unsigned char)(c == 'f' ? agw_admin_loops_failed(a) : agw_admin_loops_made(a));
-            if (write(rep[1], &r, 1) != 1)
-                break;
-        }
-        agw_admin_stop(a);
-        _exit(a != NULL ? 0 : 3);
-    }
-    close(cmd[0]);
-    close(rep[1]);
-    CHECK(pid > 0);
-    unsigned char r = 0;
-#define ASK(c) (write(cmd[1], c, 1) == 1 && read(rep[0], &r, 1) == 1 ? r : 0xff)
-    CHECK(read(rep[0], &r, 1) == 1 && r == 'k');
-    /* no connection has closed yet, so no remake runs: the child's descriptors change only by A */
-    int before = count_fds(pid), conn = -1;
-    int A = dial();
-    for (int i = 0; i < 1000 && (conn = count_fds(pid)) <= before; i++) /* A accepted */
-        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
-    CHECK(conn > before);
-    unsigned made = ASK("m");
-    CHECK(made == 0);
-    CHECK(ASK("l") == 'k');
+    child_t ch;
+    CHECK(child_start(&ch) == 0);
+    int A = dial_accepted(&ch);
+    CHECK(ask(&ch, 'm') == 0);
+    CHECK(ask(&ch, 'l') == 'k');
     CHECK(finish(A, 0) == 200); /* answered; its close asks for a remake that finds no descriptor */
-    for (int i = 0; i < 10000 && ASK("f") == 0; i++)
+    for (int i = 0; i < 10000 && ask(&ch, 'f') == 0; i++)
         nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
-    CHECK(ASK("f") == 1);
-    CHECK(ASK("m") == made);
-    CHECK(ASK("r") == 'k');
+    CHECK(ask(&ch, 'f') == 1);
+    CHECK(ask(&ch, 'm') == 0);
+    CHECK(ask(&ch, 'r') == 'k');
     CHECK(healthz() == 200); /* the old loop answers; this spell makes the loop anew */
-    for (int i = 0; i < 10000 && ASK("m") == made; i++)
+    for (int i = 0; i < 10000 && ask(&ch, 'm') == 0; i++)
         nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
-    CHECK(ASK("m") == made + 1);
+    CHECK(ask(&ch, 'm') == 1);
     CHECK(healthz() == 200);
-#undef ASK
-    CHECK(write(cmd[1], "s", 1) == 1);
-    close(cmd[1]);
-    close(rep[0]);
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fprintf(stderr, "the admin's process ended with status %#x\n", (unsigned)status);
+    child_stop(&ch);
 }
 
 /* A stop right after a burst's scrape, while the thread may be making its loop anew: it stops. */
