@@ -48,7 +48,6 @@ struct agw_admin {
     pthread_t thread;
     struct ev_loop *loop;      /* replaced by the admin thread only (remake_loop) */
     int stopping;              /* set by agw_admin_stop before it signals stop_fd (atomics) */
-    int remake;                /* the admin thread: make the loop anew once ev_run returns */
     int max_fd;                /* the highest descriptor accepted since the loop was made */
     unsigned loops_made;       /* how many times it was made anew (atomics; agw_admin_loops_made) */
     unsigned loops_failed;     /* how many times no new loop could be made (atomics; agw_admin_loops_failed) */
@@ -74,6 +73,12 @@ struct aconn {
     size_t outoff;
 };
 
+/* Whether the loop is to be made anew now: idle, after a connection on a high descriptor. */
+static int remake_due(const agw_admin_t *a)
+{
+    return a->num_conns == 0 && a->max_fd >= ADMIN_LOOP_KEEP_FDS;
+}
+
 static void conn_close(aconn_t *c)
 {
     agw_admin_t *a = c->a;
@@ -89,10 +94,8 @@ static void conn_close(aconn_t *c)
          * /metrics text's) goes back to the slabs the background threads purge */
         agw_heap_thread_flush();
         __atomic_add_fetch(&a->idle_spells, 1, __ATOMIC_RELEASE);
-        if (a->max_fd >= ADMIN_LOOP_KEEP_FDS) {
-            a->remake = 1;
+        if (remake_due(a))
             ev_break(a->loop, EVBREAK_ALL);
-        }
     }
 }
 
@@ -698,9 +701,8 @@ static void *admin_main(void *arg)
         ev_run(a->loop, 0);
         if (__atomic_load_n(&a->stopping, __ATOMIC_ACQUIRE))
             break;
-        if (a->remake && a->num_conns == 0)
+        if (remake_due(a))
             remake_loop(a);
-        a->remake = 0;
     }
     return NULL;
 }

@@ -202,7 +202,7 @@ static void a_burst_descriptor_makes_the_loop_anew(void)
     if (figures) {
         agw_heap_thread_flush();
         CHECK(agw_heap_stats(&after) == 0);
-        /* the old loop's array for HIGH_FD descriptors (about 160 KB) is gone: what the scrapes
+        /* the old loop's array for HIGH_FD descriptors (about 315 KB) is gone: what the scrapes
          * left is a few KB */
         CHECK(after.allocated < before.allocated + 48 * 1024);
         if (after.allocated >= before.allocated + 48 * 1024)
