@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #endif
 #include "../check.h"
+#include "../free_port.h"
 #include "base/heap.h"
 #include "front/admin.h"
 
@@ -32,18 +33,6 @@
 #define HIGH_FD 10000
 
 static int port;
-
-/* A free loopback port, the kernel's pick. */
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    if (s < 0 || bind(s, (struct sockaddr *)&sa, sizeof(sa)) != 0 || getsockname(s, (struct sockaddr *)&sa, &len) != 0)
-        return -1;
-    close(s);
-    return ntohs(sa.sin_port);
-}
 
 static const char req[] = "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "tests/check.h"
+#include "tests/free_port.h"
 #include "tests/loop_gap.h"
 #include "redis/redis.h"
 #include "cache/purge.h"
@@ -85,17 +86,6 @@ static void run_for(double s)
     double end = ev_time() + s;
     while (ev_time() < end)
         ev_run(loop, EVRUN_ONCE);
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bind(fd, (struct sockaddr *)&a, sizeof(a));
-    socklen_t al = sizeof(a);
-    getsockname(fd, (struct sockaddr *)&a, &al);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 static int can_connect(int port)
