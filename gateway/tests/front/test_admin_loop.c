@@ -26,6 +26,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#if AGW_HEAP_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
 
 /* The descriptor the burst case's scrape gets: libev's per-descriptor array for it is 16 bytes a
  * descriptor, grown by doubling to about 19,700 (about 315 KB), well above what the rest of a
@@ -163,6 +166,33 @@ static void a_low_descriptor_keeps_the_loop(void)
     nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
     CHECK(agw_admin_loops_made(a) == 0);
     agw_admin_stop(a);
+}
+
+/* When its last connection closes, the admin thread's cache of freed blocks goes back to the heap:
+ * after scrapes (a connection record of 8 KB and more each, which the cache keeps), with this
+ * thread's own cache flushed, no thread's cache holds a block. jemalloc's figures: the default
+ * build only. */
+static void an_idle_admin_keeps_no_cached_blocks(void)
+{
+#if AGW_HEAP_JEMALLOC
+    agw_admin_t *a = start_admin();
+    if (a == NULL)
+        return;
+    for (unsigned i = 1; i <= 5; i++) {
+        CHECK(healthz() == 200);
+        wait_idle(a, i);
+    }
+    agw_heap_thread_flush();
+    uint64_t epoch = 1;
+    size_t cached = 1, sz = sizeof(epoch);
+    CHECK(mallctl("epoch", &epoch, &sz, &epoch, sz) == 0);
+    sz = sizeof(cached);
+    CHECK(mallctl("stats.arenas.4096.tcache_bytes", &cached, &sz, NULL, 0) == 0); /* MALLCTL_ARENAS_ALL */
+    CHECK(cached == 0);
+    if (cached != 0)
+        fprintf(stderr, "the threads' caches hold %zu bytes\n", cached);
+    agw_admin_stop(a);
+#endif
 }
 
 /* The burst: every descriptor below HIGH_FD is held, a scrape comes in above it; once it is
@@ -408,6 +438,7 @@ static void a_stop_during_the_remake_stops(void)
 int main(void)
 {
     RUN(a_low_descriptor_keeps_the_loop);
+    RUN(an_idle_admin_keeps_no_cached_blocks);
     RUN(a_burst_descriptor_makes_the_loop_anew);
     RUN(a_stop_during_the_remake_stops);
     RUN(a_connection_accepted_as_the_last_closes_keeps_the_loop);
