@@ -6,6 +6,7 @@
 #include "upstream/uring.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,10 +159,23 @@ static void check_unpeeked(agw_batch_t *b)
     }
 }
 
+size_t agw_batch_send_early(agw_batch_t *batch)
+{
+    unsigned at = batch->early_at ? batch->early_at : AGW_BATCH_EARLY_FIRST;
+    if (batch->ring == NULL || batch->queued < at || batch->flushing)
+        return 0;
+    check_unpeeked(batch);
+    size_t n = flush_sends(batch);
+    batch->queued = 0;
+    batch->early_at = at < UINT_MAX / 2 ? 2 * at : at;
+    return n;
+}
+
 size_t agw_batch_flush(agw_batch_t *batch)
 {
     size_t n = 0;
     agw_conn_t *c;
+    batch->flushing++;
     if (batch->ring) {
         n += flush_reads(batch); /* answers first: their scripts may make more requests */
         check_unpeeked(batch);
@@ -188,5 +202,8 @@ size_t agw_batch_flush(agw_batch_t *batch)
                 q->unpeeked = 1;
         n++;
     }
+    batch->flushing--;
+    batch->queued = 0; /* everything queued is written: the next iteration counts again */
+    batch->early_at = 0;
     return n;
 }

@@ -221,6 +221,7 @@ static inline void agw_batch_push(agw_batch_t *b, agw_conn_t *c)
         b->head = c;
     b->tail = c;
     c->batched = 1;
+    b->queued++;
 }
 
 static inline void agw_batch_remove(agw_batch_t *b, agw_conn_t *c)

@@ -265,7 +265,11 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     (void)self;
     trim_header_values(req);
-    return handle_req(H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx), req, 1);
+    agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
+    int r = handle_req(w, req, 1);
+    /* the calls of a burst of pages go out while the rest of the burst runs (upstream/batch.h) */
+    agw_batch_send_early(&w->batch);
+    return r;
 }
 
 /* A request target in absolute-form ("GET http://host/p?q HTTP/1.1", what a client that talks to a

@@ -1,7 +1,7 @@
 /* test_upstream_batch.c: the upstream client with a batch (upstream/batch.h): requests on
  * kept-alive connections wait for the flush, a connection closed or a call cancelled before the
  * flush, and the io_uring ring (answers parsed after a callback cancelled their calls, a ring write
- * that fails). Against the scripted upstream of upstream_srv.h on the same libev loop; every wait
+ * that fails, the early sends of a burst). Against the scripted upstream of upstream_srv.h on the same libev loop; every wait
  * is bounded. */
 #include "tests/upstream/upstream_srv.h"
 
@@ -453,6 +453,190 @@ static void ring_write_that_fails_goes_on_through_the_plain_path(void)
     srv_stop(&srv);
 }
 
+/* ---- early sends (agw_batch_send_early) --------------------------------------------------- */
+
+/* How many of the upstream's connections have bytes it has not read yet (requests the client wrote
+ * since the upstream's loop last ran): written now, not at the iteration's end. */
+static int upstream_has_unread(srv_t *srv)
+{
+    int n = 0;
+    for (sconn_t *sc = srv->conns; sc != NULL; sc = sc->next) {
+        struct pollfd p = {.fd = sc->fd, .events = POLLIN};
+        n += poll(&p, 1, 0) == 1;
+    }
+    return n;
+}
+
+/* Starts n calls of /ok (each on a kept-alive connection, queued on the batch), answered into recs. */
+static void start_queued(agw_pool_t *pool, rec_t *recs, int n)
+{
+    agw_call_req_t req = get("/ok");
+    for (int i = 0; i < n; i++)
+        agw_call_start(pool, &req, on_done, &recs[i]);
+}
+
+/* Starts the upstream and a pool batched on batch, with no limit of connections (conf: its
+ * settings, which the pool reads until it is destroyed), and gives it n kept-alive connections
+ * (answered into recs). */
+static agw_pool_t *kept_alive_pool(srv_t *srv, agw_upstream_conf_t *conf, agw_batch_t *batch, rec_t *recs, int n)
+{
+    srv_start(srv);
+    conf_init(conf, srv->port);
+    conf->max_connections = 0;
+    agw_pool_t *pool = agw_pool_create(loop, conf);
+    agw_pool_set_batch(pool, batch);
+    CHECK(keep_alive(pool, batch, recs, n) && srv->accepted == n);
+    return pool;
+}
+
+/* A burst's requests go out before the iteration ends: nothing while fewer than
+ * AGW_BATCH_EARLY_FIRST are queued; at that count all of them, written (the upstream has them
+ * unread) with no callback run; then again at twice as many more; the iteration's flush sets the
+ * count back. Every call is answered on its kept-alive connection. */
+static void early_sends_write_a_burst_before_the_iteration_ends(void)
+{
+    enum { N = 30, F = AGW_BATCH_EARLY_FIRST };
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t batch = {0};
+    rec_t *first = calloc(N, sizeof(rec_t)), *second = calloc(N, sizeof(rec_t));
+    if (!ring_or_skip(&batch))
+        goto out;
+    agw_pool_t *pool = kept_alive_pool(&srv, &conf, &batch, first, N);
+    CHECK(upstream_has_unread(&srv) == 0);
+    start_queued(pool, second, F - 1);
+    CHECK(agw_batch_send_early(&batch) == 0 && batch.head != NULL); /* too few: they wait */
+    CHECK(upstream_has_unread(&srv) == 0);
+    start_queued(pool, second + F - 1, 1);
+    CHECK(agw_batch_send_early(&batch) == F && batch.head == NULL);
+    CHECK(upstream_has_unread(&srv) == F);
+    start_queued(pool, second + F, 2 * F - 1); /* the next early send waits for twice as many */
+    CHECK(agw_batch_send_early(&batch) == 0 && upstream_has_unread(&srv) == F);
+    start_queued(pool, second + 3 * F - 1, 1);
+    CHECK(agw_batch_send_early(&batch) == 2 * F && upstream_has_unread(&srv) == 3 * F);
+    int answered = 0;
+    for (int i = 0; i < N; i++)
+        answered += second[i].done;
+    CHECK(answered == 0); /* no callback ran: nothing was read */
+    CHECK(agw_batch_flush(&batch) == 0); /* the iteration ends: the count starts again */
+    start_queued(pool, second + 3 * F, F);
+    CHECK(agw_batch_send_early(&batch) == F && upstream_has_unread(&srv) == 4 * F);
+    int ok = 0;
+    for (int i = 0; i < 4 * F; i++) {
+        CHECK(wait_flushing(&batch, &second[i].done, 1, WAIT_S));
+        ok += second[i].outcome == AGW_CALL_OK && second[i].reused == 1 && strcmp(second[i].body, "hello") == 0;
+    }
+    CHECK(ok == 4 * F);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.retried == 0 && srv.accepted == N && srv.requests == N + 4 * F);
+    agw_pool_destroy(pool);
+    agw_batch_ring_free(&batch);
+    srv_stop(&srv);
+out:
+    free(first);
+    free(second);
+}
+
+/* The upstream closes a kept-alive connection after the loop last polled, while a request of the
+ * burst waits on it: the early send looks first (one poll) and writes nothing on it; that call
+ * takes a new connection, and every call of the burst is answered once. */
+static void an_early_send_finds_a_connection_closed_since_the_poll(void)
+{
+    enum { F = AGW_BATCH_EARLY_FIRST };
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t batch = {0};
+    rec_t first[F] = {0}, second[F] = {0};
+    if (!ring_or_skip(&batch))
+        return;
+    agw_pool_t *pool = kept_alive_pool(&srv, &conf, &batch, first, F);
+    start_queued(pool, second, F);
+    CHECK(batch.head != NULL && batch.head->unpeeked);
+    int fd = batch.head->fd;
+    sconn_t *sc = server_side(&srv, fd);
+    CHECK(sc != NULL);
+    if (sc)
+        sconn_close(sc);
+    CHECK(wait_readable(fd, WAIT_S)); /* the EOF is there; the loop has not polled */
+    CHECK(agw_batch_send_early(&batch) == F - 1 && batch.head == NULL);
+    int ok = 0;
+    for (int i = 0; i < F; i++) {
+        CHECK(wait_flushing(&batch, &second[i].done, 1, WAIT_S));
+        ok += second[i].outcome == AGW_CALL_OK && strcmp(second[i].body, "hello") == 0;
+    }
+    CHECK(ok == F);
+    agw_pool_stats_t st = stats(pool);
+    CHECK(st.retried == 0 && srv.accepted == F + 1 && srv.requests == 2 * F);
+    agw_pool_destroy(pool);
+    agw_batch_ring_free(&batch);
+    srv_stop(&srv);
+}
+
+static agw_pool_t *inner_pool;
+static agw_batch_t *inner_batch;
+static rec_t inner_recs[AGW_BATCH_EARLY_FIRST];
+static size_t inner_sent = 99;
+
+/* A callback run inside the flush (the answer it parsed): starts a burst and tries an early send. */
+static void on_answer_starts_a_burst(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    on_done(call, r, data);
+    start_queued(inner_pool, inner_recs, AGW_BATCH_EARLY_FIRST);
+    inner_sent = agw_batch_send_early(inner_batch);
+}
+
+/* An early send asked for inside agw_batch_flush (a script the flush's answer ran started a burst)
+ * writes nothing: the flush writes the burst before it returns. */
+static void an_early_send_inside_the_flush_waits_for_it(void)
+{
+    enum { F = AGW_BATCH_EARLY_FIRST };
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t batch = {0};
+    rec_t first[F + 1] = {0}, trigger = {0};
+    if (!ring_or_skip(&batch))
+        return;
+    agw_pool_t *pool = kept_alive_pool(&srv, &conf, &batch, first, F + 1);
+    inner_pool = pool, inner_batch = &batch;
+    memset(inner_recs, 0, sizeof(inner_recs));
+    agw_call_req_t req = get("/ok");
+    agw_call_start(pool, &req, on_answer_starts_a_burst, &trigger);
+    CHECK(wait_flushing(&batch, &trigger.done, 1, WAIT_S));
+    CHECK(inner_sent == 0 && batch.head == NULL); /* the flush that ran the callback wrote them */
+    int ok = 0;
+    for (int i = 0; i < F; i++) {
+        CHECK(wait_flushing(&batch, &inner_recs[i].done, 1, WAIT_S));
+        ok += inner_recs[i].outcome == AGW_CALL_OK;
+    }
+    CHECK(ok == F && srv.requests == 2 * (F + 1));
+    agw_pool_destroy(pool);
+    agw_batch_ring_free(&batch);
+    srv_stop(&srv);
+}
+
+/* Without a ring an early send writes nothing (a plain write may run a callback, which must not
+ * run where the owner calls it): the burst waits for the iteration's flush, as before. */
+static void without_a_ring_early_sends_write_nothing(void)
+{
+    enum { N = 2 * AGW_BATCH_EARLY_FIRST };
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    agw_batch_t batch = {0};
+    rec_t first[N] = {0}, second[N] = {0};
+    agw_pool_t *pool = kept_alive_pool(&srv, &conf, &batch, first, N);
+    start_queued(pool, second, N);
+    CHECK(agw_batch_send_early(&batch) == 0 && batch.head != NULL && upstream_has_unread(&srv) == 0);
+    CHECK(agw_batch_flush(&batch) == N && upstream_has_unread(&srv) == N);
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK(wait_flushing(&batch, &second[i].done, 1, WAIT_S));
+        ok += second[i].outcome == AGW_CALL_OK;
+    }
+    CHECK(ok == N);
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 /* Starts a call that takes the pool's one kept-alive connection (its request queued on the batch)
  * and cancels it, n times. Returns -1 when every cancel gave the connection back, else the first
  * iteration that did not (described on stderr). */
@@ -535,6 +719,10 @@ int main(int argc, char **argv)
     RUN(cancel_and_destroy_leave_the_batch);
     RUN(ring_answers_parsed_after_a_callback_cancelled_them_are_dropped);
     RUN(ring_write_that_fails_goes_on_through_the_plain_path);
+    RUN(early_sends_write_a_burst_before_the_iteration_ends);
+    RUN(an_early_send_finds_a_connection_closed_since_the_poll);
+    RUN(an_early_send_inside_the_flush_waits_for_it);
+    RUN(without_a_ring_early_sends_write_nothing);
 
     return test_loop_close();
 }
