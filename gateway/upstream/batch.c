@@ -161,13 +161,23 @@ static void check_unpeeked(agw_batch_t *b)
 
 size_t agw_batch_send_early(agw_batch_t *batch)
 {
-    unsigned at = batch->early_at ? batch->early_at : AGW_BATCH_EARLY_FIRST;
-    if (batch->ring == NULL || batch->queued < at || batch->flushing)
+    unsigned step = batch->early_step ? batch->early_step : AGW_BATCH_EARLY_FIRST;
+    if (batch->ring == NULL || batch->flushing || batch->queued < batch->early_base + step)
         return 0;
-    check_unpeeked(batch);
-    size_t n = flush_sends(batch);
-    batch->queued = 0;
-    batch->early_at = at < UINT_MAX / 2 ? 2 * at : at;
+    size_t n = 0;
+    agw_conn_t *c = batch->head;
+    while (c != NULL && c->ssl != NULL)
+        c = c->batch_next;
+    if (c != NULL) { /* (TLS connections only: OpenSSL writes them in the flush) */
+        check_unpeeked(batch);
+        n = flush_sends(batch);
+        /* what stays (TLS connections, a write the ring could not do) is written by
+         * agw_batch_flush, after the rest of the iteration's scripts: this look will not hold */
+        for (c = batch->head; c != NULL; c = c->batch_next)
+            c->unpeeked = 1;
+    }
+    batch->early_base = batch->queued; /* the next early write: twice as many more than this one */
+    batch->early_step = step < UINT_MAX / 4 ? 2 * step : step;
     return n;
 }
 
@@ -203,7 +213,6 @@ size_t agw_batch_flush(agw_batch_t *batch)
         n++;
     }
     batch->flushing--;
-    batch->queued = 0; /* everything queued is written: the next iteration counts again */
-    batch->early_at = 0;
+    batch->early_base = batch->early_step = 0; /* everything queued is written: the next iteration starts again */
     return n;
 }

@@ -37,11 +37,10 @@ typedef struct agw_batch {
     char *slots;                    /* the ring's read buffers (AGW_BATCH_READS of 16 KiB) */
     unsigned delivered;             /* callbacks its pools' calls got (agw_call_deliver): a flush
                                      * that ran one looks at the connections still queued again */
-    unsigned queued;                /* connections queued since the last write (agw_batch_flush or
-                                     * agw_batch_send_early; ones taken off meanwhile still count) */
-    unsigned early_at;              /* agw_batch_send_early writes once queued reaches this (0:
-                                     * AGW_BATCH_EARLY_FIRST); doubled by each early write, set back
-                                     * by agw_batch_flush */
+    unsigned queued;                /* connections on the list (head … tail) */
+    unsigned early_base, early_step; /* agw_batch_send_early writes once queued reaches base + step
+                                     * (step 0: AGW_BATCH_EARLY_FIRST); set by each early write (base:
+                                     * what it left queued; step doubled), set back by agw_batch_flush */
     unsigned flushing;              /* agw_batch_flush is running (an early send then waits for it) */
 } agw_batch_t;
 
@@ -84,19 +83,22 @@ void agw_pool_set_batch(agw_pool_t *pool, agw_batch_t *batch);
  * their calls waited for that end: the upstreams, idle on the other cores meanwhile, got the first
  * page's requests only once the last page's script had run, and every page of the burst ended
  * late by the whole burst's scripts. agw_batch_send_early, called by the loop's owner after each
- * request it started (a point where no callback of the batch's pools is running), writes what is
+ * script it started (a point where no callback of the batch's pools is running), writes what is
  * queued once AGW_BATCH_EARLY_FIRST connections are, then again each time twice as many more are
- * since its last early write (6, 12, 24, …: a few more system calls for a long iteration, not one a
- * page), until agw_batch_flush ends the iteration and sets the count back. It checks the
- * connections from an idle list (one poll(2)) and sends with the ring (one io_uring_enter), as
- * agw_batch_flush does: no callback runs, nothing is read, and what the ring could not write
- * stays queued for agw_batch_flush. Without a ring it writes nothing (a plain write may run a
- * callback), nor inside agw_batch_flush (a response that flush delivered may start a pipelined
- * request: the flush writes its calls before it returns). Returns the requests written.
+ * than its last early write left (6, 12, 24, …: a few more system calls for a long iteration, not
+ * one a page), until agw_batch_flush ends the iteration and starts the count again. Only
+ * connections still queued count (a call cancelled meanwhile gave its connection back). It looks
+ * at the connections from an idle list (poll(2), up to 64 a call) and sends with the ring (one
+ * io_uring_enter per 64), as agw_batch_flush does: no callback runs and nothing is read. What it
+ * could not write (TLS connections, which OpenSSL writes in the flush; a write the ring could not
+ * do) stays queued, marked to be looked at again by the flush, which comes after the rest of the
+ * iteration's scripts. Without a ring it writes nothing (a plain write may run a callback), nor
+ * while agw_batch_flush runs (defensive: the flush writes whatever is queued before it returns).
+ * Returns the requests written.
  *
- * Measured (tools/bench/peers' tail step and the cost at saturation, docs/performance.md "A
- * twenty-sixth pass"): at half load over HTTP/1.1, where h2load's connections send in groups, the
- * p99 of the rounds without steal went from 4.2-4.7 ms to 3.6-4.0. */
+ * Measured (docs/performance.md "A twenty-sixth pass"): at half load over HTTP/1.1, where h2load's
+ * connections send in groups, p99 3.66-4.12 ms against 4.32-4.51 (four alternated rounds each,
+ * steal 0-30 ms), and 0.3 more system calls a page at saturation. */
 #define AGW_BATCH_EARLY_FIRST 6
 size_t agw_batch_send_early(agw_batch_t *batch);
 

@@ -236,6 +236,7 @@ static inline void agw_batch_remove(agw_batch_t *b, agw_conn_t *c)
         b->tail = c->batch_prev;
     c->batched = 0;
     c->unpeeked = 0;
+    b->queued--;
 }
 
 /* The batch's read lists: AGW_RQ_WAITING on rhead/rtail, AGW_RQ_LANDED on lhead/ltail. */

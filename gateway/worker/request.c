@@ -265,11 +265,7 @@ int agw_worker_on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     (void)self;
     trim_header_values(req);
-    agw_worker_t *w = H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx);
-    int r = handle_req(w, req, 1);
-    /* the calls of a burst of pages go out while the rest of the burst runs (upstream/batch.h) */
-    agw_batch_send_early(&w->batch);
-    return r;
+    return handle_req(H2O_STRUCT_FROM_MEMBER(agw_worker_t, ctx, req->conn->ctx), req, 1);
 }
 
 /* A request target in absolute-form ("GET http://host/p?q HTTP/1.1", what a client that talks to a
@@ -472,4 +468,8 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
         agw_worker_send_problem(w, req, rr, endpoint, 500, "gateway-error", "the gateway failed to handle the request",
                                 "the error was logged by the gateway");
     }
+    /* the calls of a burst of pages go out while the rest of the burst runs (upstream/batch.h);
+     * every path to a script comes here: h2o's request, one resumed after a JWKS fetch or a Redis
+     * limits check, a batch envelope's entry */
+    agw_batch_send_early(&w->batch);
 }

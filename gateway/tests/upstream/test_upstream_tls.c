@@ -4,7 +4,9 @@
  * self-signed one no one trusts). Every wait is bounded. */
 #include "tests/upstream/upstream_srv.h"
 #include "upstream/tls.h"
+#include "upstream/upstream_internal.h" /* a queued connection's fd and mark */
 
+#include <poll.h>
 #include <stdio.h>
 #include <sys/stat.h>
 
@@ -156,6 +158,86 @@ static void batched_request_over_tls_waits_for_the_flush(void)
     agw_pool_destroy(pool);
     agw_upstream_tls_free(&tls);
     srv_stop(&srv);
+}
+
+/* An early send (agw_batch_send_early) writes the plain connections queued and none of the TLS ones
+ * (OpenSSL writes them in the flush), and leaves those to be looked at again: with TLS connections
+ * alone it writes nothing; beside plain ones, the upstream closes a TLS one after the early send
+ * and before the flush, and its POST takes a new connection instead of going out on the closed one
+ * (it failed so when the early send's look stood for the flush's). */
+static void early_send_leaves_tls_connections_to_be_looked_at_again(void)
+{
+    enum { F = AGW_BATCH_EARLY_FIRST };
+    srv_t srv, plain_srv;
+    agw_upstream_conf_t conf, plain_conf;
+    agw_upstream_tls_t tls;
+    agw_batch_t batch = {0};
+    rec_t first[F] = {0}, second[F] = {0}, plain_first[2 * F] = {0}, plain_second[2 * F] = {0};
+    char why[128];
+    if (agw_batch_ring_init(&batch, why, sizeof(why)) != 0) {
+        fprintf(stderr, "skip (%s)\n", why);
+        return;
+    }
+    srv_start_tls(&srv, trusted_ctx);
+    tls_conf_init(&conf, &tls, srv.port, "localhost");
+    conf.max_connections = 0;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_pool_set_batch(pool, &batch);
+    srv_start(&plain_srv);
+    conf_init(&plain_conf, plain_srv.port);
+    plain_conf.max_connections = 0;
+    agw_pool_t *plain = agw_pool_create(loop, &plain_conf);
+    agw_pool_set_batch(plain, &batch);
+    agw_call_req_t req = get("/ok");
+    for (int i = 0; i < 2 * F; i++) {
+        if (i < F)
+            agw_call_start(pool, &req, on_done, &first[i]);
+        agw_call_start(plain, &req, on_done, &plain_first[i]);
+    }
+    for (int i = 0; i < 2 * F; i++) {
+        if (i < F)
+            CHECK(wait_flushing(&batch, &first[i].done, 1, WAIT_S));
+        CHECK(wait_flushing(&batch, &plain_first[i].done, 1, WAIT_S));
+    }
+    CHECK(stats(pool).idle == F && stats(plain).idle == 2 * F);
+    agw_call_req_t post = get("/ok");
+    post.method = "POST";
+    for (int i = 0; i < F; i++)
+        agw_call_start(pool, &post, on_done, &second[i]);
+    CHECK(agw_batch_send_early(&batch) == 0 && batch.queued == F); /* TLS alone: nothing written */
+    for (int i = 0; i < 2 * F; i++) { /* the next early send waits for twice as many more than the F left */
+        agw_call_start(plain, &req, on_done, &plain_second[i]);
+        if (i == F - 1)
+            CHECK(agw_batch_send_early(&batch) == 0 && batch.queued == 2 * F);
+    }
+    CHECK(agw_batch_send_early(&batch) == 2 * F && batch.queued == F); /* the plain ones */
+    int marked = 0;
+    for (agw_conn_t *c = batch.head; c != NULL; c = c->batch_next)
+        marked += c->ssl != NULL && c->unpeeked;
+    CHECK(marked == F);
+    int fd = batch.head ? batch.head->fd : -1;
+    sconn_t *sc = server_side(&srv, fd);
+    CHECK(sc != NULL);
+    if (sc)
+        sconn_close(sc);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    CHECK(poll(&p, 1, (int)(WAIT_S * 1000)) == 1); /* the close is there; the loop has not polled */
+    int ok = 0;
+    for (int i = 0; i < 2 * F; i++) {
+        if (i < F) {
+            CHECK(wait_flushing(&batch, &second[i].done, 1, WAIT_S));
+            ok += second[i].outcome == AGW_CALL_OK;
+        }
+        CHECK(wait_flushing(&batch, &plain_second[i].done, 1, WAIT_S));
+        ok += plain_second[i].outcome == AGW_CALL_OK;
+    }
+    CHECK(ok == 3 * F && stats(pool).retried == 0 && srv.accepted == F + 1 && plain_srv.accepted == 2 * F);
+    agw_pool_destroy(pool);
+    agw_pool_destroy(plain);
+    agw_upstream_tls_free(&tls);
+    agw_batch_ring_free(&batch);
+    srv_stop(&srv);
+    srv_stop(&plain_srv);
 }
 
 static void tls_record_without_data_keeps_idle_connection(void)
@@ -642,6 +724,7 @@ int main(int argc, char **argv)
     RUN(https_call_gives_status_headers_body);
     RUN(keep_alive_over_tls_needs_one_handshake);
     RUN(batched_request_over_tls_waits_for_the_flush);
+    RUN(early_send_leaves_tls_connections_to_be_looked_at_again);
     RUN(tls_record_without_data_keeps_idle_connection);
     RUN(part_of_a_tls_data_record_closes_the_idle_connection);
     RUN(tls_record_after_a_response_is_no_answer_to_the_next_call);

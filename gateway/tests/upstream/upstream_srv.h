@@ -634,6 +634,38 @@ static int wait_for(const int *counter, int target, double max_s)
     return *counter >= target;
 }
 
+/* Runs the loop like wait_for, flushing batch b after every iteration (as the worker's prepare
+ * watcher does before it waits). */
+static int wait_flushing(agw_batch_t *b, const int *counter, int target, double max_s)
+{
+    double end = ev_time() + max_s;
+    while (*counter < target && ev_time() < end) {
+        while (agw_batch_flush(b) > 0) {
+        }
+        if (*counter >= target)
+            break;
+        ev_run(loop, EVRUN_ONCE);
+    }
+    while (agw_batch_flush(b) > 0) {
+    }
+    return *counter >= target;
+}
+
+/* The server side of the upstream connection whose client side is fd, or NULL. */
+static sconn_t *server_side(srv_t *srv, int fd)
+{
+    struct sockaddr_in mine, peer;
+    socklen_t len = sizeof(mine);
+    if (getsockname(fd, (struct sockaddr *)&mine, &len) != 0)
+        return NULL;
+    for (sconn_t *sc = srv->conns; sc != NULL; sc = sc->next) {
+        len = sizeof(peer);
+        if (getpeername(sc->fd, (struct sockaddr *)&peer, &len) == 0 && peer.sin_port == mine.sin_port)
+            return sc;
+    }
+    return NULL;
+}
+
 static void run_for(double s)
 {
     int never = 0;
