@@ -370,6 +370,13 @@ static void render_requests(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
     }
     agw_prom_family(b, "aggway_requests_in_flight", "gauge", "Requests being handled by a script right now.");
     agw_prom_sample_u64(b, "aggway_requests_in_flight", NULL, 0, started > ended ? started - ended : 0);
+    uint64_t early = 0;
+    for (size_t i = 0; i < nw; i++)
+        early += AGW_M_GET(w[i]->early_sent);
+    agw_prom_family(b, "aggway_upstream_early_requests_total", "counter",
+                    "Upstream requests written before the end of the loop iteration whose pages made them (a "
+                    "burst of pages: their calls go out while the rest of the burst runs), of all upstreams.");
+    agw_prom_sample_u64(b, "aggway_upstream_early_requests_total", NULL, 0, early);
 
     render_lua_gc(b, w, nw);
 

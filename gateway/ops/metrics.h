@@ -163,6 +163,8 @@ typedef struct agw_metrics {
     agw_route_metrics_t *routes;      /* num_routes slots, indexed by route slot */
     agw_upstream_metrics_t *upstreams; /* indexed by upstream slot */
     uint64_t requests_started, requests_ended; /* requests handed to the runtime (in flight = difference) */
+    uint64_t early_sent;              /* upstream requests written before their loop iteration ended
+                                       * (upstream/batch.h agw_batch_send_early) */
     uint32_t num_partials;            /* published with release order after the entry is written */
     agw_partial_metric_t partials[AGW_M_PARTIAL_MAX];
     /* The worker's other outputs read by other threads (trace.h): its waterfall ring (waterfall.h;

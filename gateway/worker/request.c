@@ -471,5 +471,7 @@ static void start_script(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoin
     /* the calls of a burst of pages go out while the rest of the burst runs (upstream/batch.h);
      * every path to a script comes here: h2o's request, one resumed after a JWKS fetch or a Redis
      * limits check, a batch envelope's entry */
-    agw_batch_send_early(&w->batch);
+    size_t early = agw_batch_send_early(&w->batch);
+    if (early)
+        AGW_M_ADD(w->m->early_sent, early);
 }

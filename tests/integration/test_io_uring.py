@@ -7,13 +7,17 @@ other than on/off stops the start with a message that says what to write. (The w
 suite runs with the default; ctest runs the upstream fault and seed scenario suites again with
 AGGWAY_IO_URING=off, see CMakeLists.txt.) On a kernel without io_uring the gateway says so and the
 tests that need it are skipped, saying why."""
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from h2_client import H2Client  # noqa: E402
 from harness import (AGGWAY_BIN, UNHURRIED_DEADLINE_MS, UNHURRIED_PAGE, UNHURRIED_UPSTREAMS, GatewayTestCase,  # noqa: E402
                      curl, free_port, h2load, main)
 
@@ -26,7 +30,7 @@ UNAVAILABLE = "upstream I/O: one system call per operation: "
 
 class IoUring(GatewayTestCase):
 
-    def start_with(self, value):
+    def start_with(self, value, workers=2, gateway_extra=None):
         saved = os.environ.get("AGGWAY_IO_URING")
         if value is None:
             os.environ.pop("AGGWAY_IO_URING", None)
@@ -34,7 +38,7 @@ class IoUring(GatewayTestCase):
             os.environ["AGGWAY_IO_URING"] = value
         try:
             self.start(scripts=UNHURRIED_PAGE, upstream_options=UNHURRIED_UPSTREAMS, deadline_ms=UNHURRIED_DEADLINE_MS,
-                       workers=2)
+                       workers=workers, gateway_extra=gateway_extra)
             if value != "off" and UNAVAILABLE in self.gw.log():
                 self.skipTest("the kernel gives no io_uring here: " + self.gw.log().split(UNAVAILABLE)[1].split("\n")[0])
         finally:
@@ -78,6 +82,50 @@ class IoUring(GatewayTestCase):
             self.workdir = top
         self.assertIn(BATCHED, self.gw.log())
         self.assertEqual(self.pages_under_load(), off)
+
+    def early_requests_of_a_burst(self, value):
+        """20 pages (three calls each) on one h2c connection, every HEADERS frame in one write, so
+        the worker starts them in one iteration of its loop, twice: the first burst leaves the
+        upstreams' kept-alive connections the second one's calls take (a call on a new connection
+        is written when its connect completes, never queued). Every page is answered 200 with its
+        three sections. Returns how much aggway_upstream_early_requests_total (/metrics) rose over
+        the second burst."""
+        admin = free_port()
+        self.start_with(value, workers=1, gateway_extra={"admin": {"port": admin}})
+
+        def early():
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin, timeout=5) as r:
+                text = r.read().decode()
+            m = re.search(r"(?m)^aggway_upstream_early_requests_total (\d+)$", text)
+            self.assertIsNotNone(m, text)
+            return int(m.group(1))
+
+        before = None
+        for _ in range(2):
+            before = early()
+            with H2Client(self.port) as c:
+                c.start_plain()
+                answers = c.get_many(["/product-page/%d" % (40 + i) for i in range(20)])
+            for status, body in answers:
+                self.assertEqual(status, 200, body)
+                page = json.loads(body)
+                for section in ("product", "reviews", "inventory"):
+                    self.assertEqual(page[section]["status"], "ok", page)
+        return early() - before
+
+    def test_a_burst_of_pages_writes_its_calls_before_its_iteration_ends(self):
+        """The 60 calls of 20 pages read together go out once 6 are queued, then 12 more, 24 more
+        (upstream/batch.h agw_batch_send_early), not all at the iteration's end: at least the first
+        early write happened (h2o may read the frames in more than one piece; each piece of two
+        pages or more writes early). The pages are answered as without it."""
+        early = self.early_requests_of_a_burst(None)
+        self.assertGreaterEqual(early, 6)
+        self.assertLessEqual(early, 60)
+
+    def test_without_io_uring_no_request_is_written_early(self):
+        """Without a ring a write may run a callback where the worker would call it: the burst's
+        calls wait for the iteration's end, as before."""
+        self.assertEqual(self.early_requests_of_a_burst("off"), 0)
 
     def test_a_value_other_than_on_or_off_stops_the_start(self):
         sdir = os.path.join(self.workdir, "scripts")
