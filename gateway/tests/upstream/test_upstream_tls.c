@@ -6,7 +6,6 @@
 #include "upstream/tls.h"
 #include "upstream/upstream_internal.h" /* a queued connection's fd and mark */
 
-#include <poll.h>
 #include <stdio.h>
 #include <sys/stat.h>
 
@@ -173,33 +172,16 @@ static void early_send_leaves_tls_connections_to_be_looked_at_again(void)
     agw_upstream_tls_t tls;
     agw_batch_t batch = {0};
     rec_t first[F] = {0}, second[F] = {0}, plain_first[2 * F] = {0}, plain_second[2 * F] = {0};
-    char why[128];
-    if (agw_batch_ring_init(&batch, why, sizeof(why)) != 0) {
-        fprintf(stderr, "skip (%s)\n", why);
+    if (!ring_or_skip(&batch))
         return;
-    }
     srv_start_tls(&srv, trusted_ctx);
     tls_conf_init(&conf, &tls, srv.port, "localhost");
     conf.max_connections = 0;
     agw_pool_t *pool = agw_pool_create(loop, &conf);
     agw_pool_set_batch(pool, &batch);
-    srv_start(&plain_srv);
-    conf_init(&plain_conf, plain_srv.port);
-    plain_conf.max_connections = 0;
-    agw_pool_t *plain = agw_pool_create(loop, &plain_conf);
-    agw_pool_set_batch(plain, &batch);
+    CHECK(keep_alive(pool, &batch, first, F));
+    agw_pool_t *plain = kept_alive_pool(&plain_srv, &plain_conf, &batch, plain_first, 2 * F);
     agw_call_req_t req = get("/ok");
-    for (int i = 0; i < 2 * F; i++) {
-        if (i < F)
-            agw_call_start(pool, &req, on_done, &first[i]);
-        agw_call_start(plain, &req, on_done, &plain_first[i]);
-    }
-    for (int i = 0; i < 2 * F; i++) {
-        if (i < F)
-            CHECK(wait_flushing(&batch, &first[i].done, 1, WAIT_S));
-        CHECK(wait_flushing(&batch, &plain_first[i].done, 1, WAIT_S));
-    }
-    CHECK(stats(pool).idle == F && stats(plain).idle == 2 * F);
     agw_call_req_t post = get("/ok");
     post.method = "POST";
     for (int i = 0; i < F; i++)
@@ -220,8 +202,7 @@ static void early_send_leaves_tls_connections_to_be_looked_at_again(void)
     CHECK(sc != NULL);
     if (sc)
         sconn_close(sc);
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    CHECK(poll(&p, 1, (int)(WAIT_S * 1000)) == 1); /* the close is there; the loop has not polled */
+    CHECK(wait_readable(fd, WAIT_S)); /* the close is there; the loop has not polled */
     int ok = 0;
     for (int i = 0; i < 2 * F; i++) {
         if (i < F) {

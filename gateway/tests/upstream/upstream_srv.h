@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -677,6 +678,52 @@ static agw_pool_stats_t stats(agw_pool_t *pool)
     agw_pool_stats_t st;
     agw_pool_stats(pool, &st);
     return st;
+}
+
+/* Gives b a ring; without io_uring in the kernel says so and returns 0 (the test is skipped: the
+ * gateway then makes one system call per operation, which the other tests cover). */
+static int ring_or_skip(agw_batch_t *b)
+{
+    char why[128];
+    if (agw_batch_ring_init(b, why, sizeof(why)) == 0)
+        return 1;
+    fprintf(stderr, "skip (%s)\n", why);
+    return 0;
+}
+
+/* Waits (bounded) until fd has bytes or EOF to read. */
+static int wait_readable(int fd, double max_s)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, (int)(max_s * 1000)) == 1;
+}
+
+/* Gives pool (batched on b) n kept-alive connections: n calls of /ok started at once, each on a
+ * new connection, answered into recs (n records). Returns whether every one was answered and its
+ * connection is idle. */
+static int keep_alive(agw_pool_t *pool, agw_batch_t *b, rec_t *recs, int n)
+{
+    agw_call_req_t req = get("/ok");
+    int ok = 1;
+    for (int i = 0; i < n; i++)
+        agw_call_start(pool, &req, on_done, &recs[i]);
+    for (int i = 0; i < n; i++)
+        ok = ok && wait_flushing(b, &recs[i].done, 1, WAIT_S) && recs[i].outcome == AGW_CALL_OK;
+    return ok && stats(pool).idle == (unsigned)n;
+}
+
+/* Starts the upstream and a pool batched on batch, with no limit of connections (conf: its
+ * settings, which the pool reads until it is destroyed), and gives it n kept-alive connections
+ * (answered into recs). */
+static agw_pool_t *kept_alive_pool(srv_t *srv, agw_upstream_conf_t *conf, agw_batch_t *batch, rec_t *recs, int n)
+{
+    srv_start(srv);
+    conf_init(conf, srv->port);
+    conf->max_connections = 0;
+    agw_pool_t *pool = agw_pool_create(loop, conf);
+    agw_pool_set_batch(pool, batch);
+    CHECK(keep_alive(pool, batch, recs, n) && srv->accepted == n);
+    return pool;
 }
 
 
