@@ -19,6 +19,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,7 @@
 #include <unistd.h>
 
 static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents);
-static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents);
+static void on_conn_timer(agw_timeout_t *t);
 static void conn_tls_start(agw_conn_t *c);
 static void conn_tls_handshake(agw_conn_t *c);
 static void conn_tls_send(agw_conn_t *c);
@@ -56,7 +57,7 @@ void agw_conn_close(agw_conn_t *c)
     if (c->rq != AGW_RQ_NONE)
         agw_batch_rq_remove(pool->batch, c);
     ev_io_stop(pool->loop, &c->io);
-    ev_timer_stop(pool->loop, &c->timer);
+    agw_timeout_stop(&pool->timeouts, &c->timer);
     if (c->ssl) {
         /* no close_notify exchange (it could block or wait); marking the connection as shut down
          * keeps OpenSSL from making its session unresumable, unless TLS itself failed */
@@ -239,16 +240,14 @@ void agw_conn_open(agw_call_t *call)
     c->watching = EV_WRITE;
     ev_io_init(&c->io, on_conn_io, fd, EV_WRITE);
     c->io.data = c;
-    ev_init(&c->timer, on_conn_timer);
-    c->timer.data = c;
+    agw_timeout_init(&c->timer, on_conn_timer);
     ev_io_start(pool->loop, &c->io);
     if (conf->connect_timeout_ms) {
         /* the loop's clock is the start of this iteration, which may have worked for longer than
          * connect_timeout_ms before this call (a handler building a large body, a big decode):
          * the connect's own time starts now */
         ev_now_update(pool->loop);
-        ev_timer_set(&c->timer, (double)conf->connect_timeout_ms / 1000.0, 0.);
-        ev_timer_start(pool->loop, &c->timer);
+        agw_timeout_start(&pool->timeouts, &c->timer, (double)conf->connect_timeout_ms / 1000.0);
     }
     pool->open++;
     agw_conn_bind(c, call);
@@ -488,7 +487,7 @@ static void conn_tls_handshake(agw_conn_t *c)
     ERR_clear_error();
     int rc = SSL_connect(c->ssl);
     if (rc == 1) {
-        ev_timer_stop(pool->loop, &c->timer);
+        agw_timeout_stop(&pool->timeouts, &c->timer);
         pool->stats.tls_handshakes++;
         if (SSL_session_reused(c->ssl))
             pool->stats.tls_resumed++;
@@ -639,6 +638,7 @@ void agw_conn_batched_event(agw_conn_t *c)
 
 static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
 {
+    (void)loop;
     agw_conn_t *c = w->data;
     agw_pool_t *pool = c->pool;
     if (c->batched) {
@@ -663,7 +663,7 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
                 agw_conn_close(c);
             } else {
                 agw_pool_orphan_remove(pool, c);
-                ev_timer_stop(loop, &c->timer);
+                agw_timeout_stop(&pool->timeouts, &c->timer);
                 agw_conn_watch(c, EV_READ);
                 conn_make_idle(c);
             }
@@ -678,7 +678,7 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
             conn_tls_start(c);
             break;
         }
-        ev_timer_stop(loop, &c->timer);
+        agw_timeout_stop(&pool->timeouts, &c->timer);
         c->state = AGW_CONN_SENDING;
         agw_conn_send(c);
         break;
@@ -707,22 +707,21 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
     agw_pool_after_callback(pool);
 }
 
-static void on_conn_timer(struct ev_loop *loop, ev_timer *w, int revents)
+static void on_conn_timer(agw_timeout_t *t)
 {
-    agw_conn_t *c = w->data;
+    agw_conn_t *c = (agw_conn_t *)((char *)t - offsetof(agw_conn_t, timer));
     agw_pool_t *pool = c->pool;
-    (void)revents;
     if ((c->state == AGW_CONN_CONNECTING || c->state == AGW_CONN_HANDSHAKING) && ev_is_pending(&c->io) &&
         !c->timer_deferred) {
         /* the connect (or a handshake step) completed in the poll that made this timer due: the
          * loop was busy past connect_timeout_ms (a loaded machine, many pages in one iteration)
-         * and libev runs the timer first (it was queued last). The socket's event is handled
-         * first: the timer fires again after it, once, and then only counts what is still not
+         * and libev runs the pool's timer first (it was queued last). The socket's event is handled
+         * first: the timeout is due again after it (a zero delay started in the timeouts' run
+         * waits for the loop's next turn, base/timeouts.h), once, and then only counts what is still not
          * done (without this, 50 pages at once beside two busy loops turned connects that had
          * completed into 504s) */
         c->timer_deferred = 1;
-        ev_timer_set(&c->timer, 0., 0.);
-        ev_timer_start(loop, &c->timer);
+        agw_timeout_start(&pool->timeouts, &c->timer, 0.);
         return;
     }
     if (c->call == NULL) /* an orphan that did not connect in time (idle ones: the pool's idle_timer) */

@@ -16,6 +16,7 @@
 
 #include <ev.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,7 +86,7 @@ void agw_call_deliver(agw_call_t *call, agw_call_result_t *r)
 {
     agw_pool_t *pool = call->pool;
     agw_call_result_t failed;
-    ev_timer_stop(pool->loop, &call->timer);
+    agw_timeout_stop(&pool->timeouts, &call->timer);
     calls_remove(pool, call);
     if (r == NULL) {
         memset(&failed, 0, sizeof(failed));
@@ -126,9 +127,7 @@ void agw_call_fail(agw_call_t *call, agw_call_outcome_t o, const char *fmt, ...)
     if (call->state == AGW_CALL_QUEUED)
         queue_remove(pool, call);
     call->state = AGW_CALL_FAILING;
-    ev_timer_stop(pool->loop, &call->timer);
-    ev_timer_set(&call->timer, 0., 0.);
-    ev_timer_start(pool->loop, &call->timer);
+    agw_timeout_start(&pool->timeouts, &call->timer, 0.);
 }
 
 /* Frees a call without a callback (cancel, destroy). */
@@ -139,7 +138,7 @@ static void call_discard(agw_call_t *call)
         queue_remove(pool, call);
     if (call->conn && !agw_conn_give_back(call->conn))
         agw_conn_close(call->conn);
-    ev_timer_stop(pool->loop, &call->timer);
+    agw_timeout_stop(&pool->timeouts, &call->timer);
     calls_remove(pool, call);
     free(call->detail);
     free(call);
@@ -179,9 +178,7 @@ void agw_call_assign(agw_call_t *call)
              * timeout it did not wait for would count against the upstream */
             ev_now_update(pool->loop);
             c->timer_deferred = 0;
-            ev_timer_stop(pool->loop, &c->timer);
-            ev_timer_set(&c->timer, (double)pool->conf->connect_timeout_ms / 1000.0, 0.);
-            ev_timer_start(pool->loop, &c->timer);
+            agw_timeout_start(&pool->timeouts, &c->timer, (double)pool->conf->connect_timeout_ms / 1000.0);
         }
         return;
     }
@@ -229,11 +226,10 @@ void agw_pool_pump(agw_pool_t *pool)
 }
 
 
-static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
+static void on_call_timer(agw_timeout_t *t)
 {
-    agw_call_t *call = w->data;
+    agw_call_t *call = (agw_call_t *)((char *)t - offsetof(agw_call_t, timer));
     agw_pool_t *pool = call->pool;
-    (void)revents;
     if (call->state != AGW_CALL_FAILING && call->conn && call->conn->state == AGW_CONN_READING &&
         (ev_is_pending(&call->conn->io) || call->conn->rq == AGW_RQ_WAITING)) {
         /* the request went out and the answer came in the poll that made this timer due: libev
@@ -243,7 +239,7 @@ static void on_call_timer(struct ev_loop *loop, ev_timer *w, int revents)
          * ring the answer may also wait on the batch for its read: only for an owner that lets the
          * loop poll before it flushes (the worker flushes first, so its reads never wait that long) */
         agw_conn_t *c = call->conn;
-        ev_clear_pending(loop, &c->io);
+        ev_clear_pending(pool->loop, &c->io);
         if (c->rq == AGW_RQ_WAITING)
             agw_batch_rq_remove(pool->batch, c);
         if (!agw_conn_read(c)) { /* the call completed (or failed) and was delivered */
@@ -311,6 +307,7 @@ agw_pool_t *agw_pool_create(struct ev_loop *loop, const agw_upstream_conf_t *con
     pool->max_conns = conf->max_connections ? conf->max_connections : ~0u;
     ev_init(&pool->idle_timer, on_idle_timer);
     pool->idle_timer.data = pool;
+    agw_timeouts_init(&pool->timeouts, loop);
     return pool;
 }
 
@@ -329,6 +326,7 @@ void agw_pool_set_limits(agw_pool_t *pool, struct agw_limit_store *store)
 static void pool_free_if_dying(agw_pool_t *pool)
 {
     if (pool->dying && pool->depth == 0) {
+        agw_timeouts_free(&pool->timeouts); /* (inside a timeout's callback: that run ends) */
         agw_buf_free(&pool->dbody);
         agw_buf_free(&pool->dhstore);
         free(pool->dhdrs);
@@ -381,8 +379,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
     call->started = ev_now(pool->loop);
     call->timeout_ms = req->timeout_ms;
     call->state = AGW_CALL_ACTIVE;
-    ev_timer_init(&call->timer, on_call_timer, (double)req->timeout_ms / 1000.0, 0.);
-    call->timer.data = call;
+    agw_timeout_init(&call->timer, on_call_timer);
     call->next = pool->calls;
     if (pool->calls)
         pool->calls->prev = call;
@@ -408,7 +405,7 @@ agw_call_t *agw_call_start(agw_pool_t *pool, const agw_call_req_t *req, agw_call
                       pool->conf->name, (unsigned long long)pool->conf->max_rps);
         return call;
     }
-    ev_timer_start(pool->loop, &call->timer);
+    agw_timeout_start(&pool->timeouts, &call->timer, (double)req->timeout_ms / 1000.0);
     if (pool->qhead == NULL && (pool->idle || pool->orphans || pool->open < pool->max_conns))
         agw_call_assign(call);
     else if (pool->pending < pool->conf->max_pending)

@@ -28,6 +28,7 @@
 #ifndef AGW_UPSTREAM_INTERNAL_H
 #define AGW_UPSTREAM_INTERNAL_H
 
+#include "base/timeouts.h"
 #include "limits/limit.h"
 #include "upstream/batch.h"
 #include "upstream/http1.h"
@@ -61,8 +62,8 @@ typedef struct agw_conn {
     int watching;                /* events io is armed for */
     unsigned completed;          /* responses completed on this connection (0: fresh) */
     ev_io io;
-    ev_timer timer;              /* connect timeout while connecting and in the TLS handshake (an idle
-                                    connection's timeout is the pool's idle_timer) */
+    agw_timeout_t timer;         /* connect timeout while connecting and in the TLS handshake, on the
+                                    pool's timeouts (an idle connection's: the pool's idle_timer) */
     SSL *ssl;                    /* https:// upstreams: the TLS connection; NULL for http:// */
     agw_h1_response_t resp;      /* the response being read; its buffers only from its first byte
                                     until it is handed over (pool->spare, agw_conn_bufs_take) */
@@ -94,7 +95,8 @@ struct agw_call {
     agw_conn_t *conn;
     agw_call_cb cb;
     void *data;
-    ev_timer timer;              /* whole-call timeout; zero delay to deliver a failure */
+    agw_timeout_t timer;         /* whole-call timeout, on the pool's timeouts; zero delay to deliver
+                                    a failure */
     ev_tstamp started;           /* ev_now() at agw_call_start, s */
     enum agw_call_state state;
     agw_call_outcome_t outcome;  /* set when AGW_CALL_FAILING */
@@ -120,6 +122,8 @@ struct agw_pool {
     ev_timer idle_timer;         /* due when idle_oldest has been idle for conf->idle_timeout_ms
                                     (agw_pool_idle_timer): one timer for every idle connection of the
                                     pool, not one each, started and stopped with every call */
+    agw_timeouts_t timeouts;     /* its calls' and connects' timeouts: one libev timer for all, in an
+                                    array that a burst's calls do not keep grown (base/timeouts.h) */
     agw_conn_t *orphans;         /* connections still connecting whose call was cancelled before its
                                     request went out: idle once connected (idle_next/idle_prev) */
     agw_call_t *calls;           /* every live call */

@@ -3,6 +3,7 @@
  * cancels, of a call that is sending, queued or still connecting, that never call back. Against
  * the scripted upstream of upstream_srv.h on the same libev loop; every wait is bounded. */
 #include "tests/upstream/upstream_srv.h"
+#include "upstream/upstream_internal.h" /* (the pool's timeouts, for the burst case) */
 
 static void connect_refused_on_closed_port(void)
 {
@@ -186,6 +187,47 @@ static void zero_timeout_fails_from_the_loop(void)
     srv_stop(&srv);
 }
 
+/* A burst's timeouts: 5,000 calls wait for the one connection, whose call hangs. Each call's
+ * timeout is on the pool's set (base/timeouts.h), which grows to hold them; they come due in
+ * one run of the set, each call is delivered once (the waiting ones as overload, the one on the
+ * connection as a timeout), and the set's array is back to its minimum: libev's own timer heap
+ * kept a burst's size for good (docs/performance.md, "A twenty-seventh pass"). */
+enum { BURST_CALLS = 5000 };
+static int burst_done, burst_overload, burst_timeout;
+
+static void on_burst_done(agw_call_t *call, const agw_call_result_t *r, void *data)
+{
+    (void)call, (void)data;
+    burst_done++;
+    burst_overload += r->outcome == AGW_CALL_OVERLOAD;
+    burst_timeout += r->outcome == AGW_CALL_TIMEOUT;
+}
+
+static void a_burst_of_timeouts_gives_its_memory_back(void)
+{
+    srv_t srv;
+    agw_upstream_conf_t conf;
+    srv_start(&srv);
+    conf_init(&conf, srv.port);
+    conf.max_connections = 1;
+    conf.max_pending = BURST_CALLS;
+    agw_pool_t *pool = agw_pool_create(loop, &conf);
+    agw_call_req_t req = get("/hang");
+    req.timeout_ms = 200;
+    burst_done = burst_overload = burst_timeout = 0;
+    for (int i = 0; i < BURST_CALLS; i++)
+        CHECK(agw_call_start(pool, &req, on_burst_done, NULL) != NULL);
+    CHECK(pool->timeouts.n >= BURST_CALLS && pool->timeouts.cap >= BURST_CALLS); /* (and the connect) */
+    CHECK(stats(pool).pending == BURST_CALLS - 1);
+    CHECK(wait_for(&burst_done, BURST_CALLS, WAIT_S));
+    CHECK(burst_overload == BURST_CALLS - 1 && burst_timeout == 1);
+    CHECK(pool->timeouts.n == 0 && pool->timeouts.cap == AGW_TIMEOUTS_MIN_CAP);
+    run_for(0.05);
+    CHECK(burst_done == BURST_CALLS); /* each once */
+    agw_pool_destroy(pool);
+    srv_stop(&srv);
+}
+
 static void cancel_closes_connection_without_callback(void)
 {
     srv_t srv;
@@ -286,6 +328,7 @@ int main(int argc, char **argv)
     RUN(cancel_closes_connection_without_callback);
     RUN(cancel_queued_call_leaves_queue_without_callback);
     RUN(cancel_while_connecting_keeps_the_connection);
+    RUN(a_burst_of_timeouts_gives_its_memory_back);
 
     return test_loop_close();
 }
