@@ -222,6 +222,34 @@ static void jemalloc_takes_the_gateways_options(void)
     CHECK(mallctl("opt.lg_tcache_nslots_mul", &mul, &sz, NULL, 0) == 0 && mul == 3);
     sz = sizeof(max);
     CHECK(mallctl("opt.tcache_nslots_small_max", &max, &sz, NULL, 0) == 0 && max == 2048);
+    /* the slabs: four pages for the classes of a power of two from 32 bytes, two for 16 bytes, the
+     * others' as jemalloc makes them */
+    unsigned nbins = 0;
+    sz = sizeof(nbins);
+    CHECK(mallctl("arenas.nbins", &nbins, &sz, NULL, 0) == 0 && nbins > 0);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    int seen = 0;
+    for (unsigned i = 0; i < nbins; i++) {
+        char name[64];
+        size_t size = 0, slab = 0;
+        sz = sizeof(size);
+        snprintf(name, sizeof(name), "arenas.bin.%u.size", i);
+        CHECK(mallctl(name, &size, &sz, NULL, 0) == 0);
+        sz = sizeof(slab);
+        snprintf(name, sizeof(name), "arenas.bin.%u.slab_size", i);
+        CHECK(mallctl(name, &slab, &sz, NULL, 0) == 0);
+        if (size >= 32 && size <= 4096 && (size & (size - 1)) == 0) {
+            CHECK(slab == 4 * page);
+            seen++;
+        } else if (size == 16) {
+            CHECK(slab == 2 * page);
+        } else if (size == 8 || size == 8192) {
+            CHECK(slab == (size == 8 ? page : 2 * page)); /* (untouched) */
+        } else if (size == 48) {
+            CHECK(slab == 3 * page); /* (untouched: jemalloc's three pages) */
+        }
+    }
+    CHECK(seen == 8);
 #endif
 }
 
