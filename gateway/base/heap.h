@@ -55,7 +55,8 @@
  * burst. With four-page slabs the RSS a minute after a burst is 0.06 x idle lower (1.30 against
  * 1.37), the idle RSS 0.2-0.3 MB higher, and a bench page spends about 400 instructions less in
  * jemalloc (fewer slabs to fill; docs/performance.md "A twenty-seventh pass").
- * A MALLOC_CONF in the environment is read after this and wins. */
+ * A MALLOC_CONF in the environment is read after this and wins for each option it names, but for
+ * slab_sizes, whose ranges it sets on top of these (a range it does not name keeps this one). */
 #define AGW_HEAP_SLAB_SIZES                                                                        \
     "slab_sizes:16-16:2|32-32:4|64-64:4|128-128:4|256-256:4|512-512:4|1024-1024:4|2048-2048:4|" \
     "4096-4096:4"

@@ -73,12 +73,15 @@ static void on_due(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop, (void)revents;
     agw_timeouts_t *s = w->data;
     double now = agw_timeouts_now(s);
-    uint32_t started_before = s->seq; /* the run rule: what a callback starts waits for a later turn */
+    /* the turn rule: what was started since this turn's poll waits for a later turn, as an
+     * ev_timer would (libev counts the turn just before its poll; a timeout started exactly 2^32
+     * turns ago only waits one turn more) */
+    unsigned turn = ev_iteration(s->loop);
     int alive = 1, *outer = s->alive;
     s->alive = &alive;
     while (s->n) {
         agw_timeout_t *t = s->heap[0];
-        if (t->at > now + SLACK_S || (int32_t)(t->seq - started_before) >= 0)
+        if (t->at > now + SLACK_S || t->iteration == turn)
             break;
         agw_timeout_stop(s, t);
         t->cb(t);
@@ -107,6 +110,12 @@ void agw_timeouts_init(agw_timeouts_t *s, struct ev_loop *loop)
     ev_unref(loop); /* the clock does not keep the loop running; the set's timer does, while armed */
 }
 
+void agw_timeouts_set_priority(agw_timeouts_t *s, int priority)
+{
+    if (!ev_is_active(&s->ev) && !ev_is_pending(&s->ev))
+        ev_set_priority(&s->ev, priority);
+}
+
 void agw_timeouts_free(agw_timeouts_t *s)
 {
     if (s->loop == NULL)
@@ -129,6 +138,7 @@ void agw_timeout_start(agw_timeouts_t *s, agw_timeout_t *t, double after_s)
     double now = agw_timeouts_now(s);
     t->at = now + (after_s > 0. ? after_s : 0.);
     t->seq = s->seq++;
+    t->iteration = ev_iteration(s->loop);
     if (s->n == s->cap) {
         s->cap = s->cap ? 2 * s->cap : AGW_TIMEOUTS_MIN_CAP;
         s->heap = agw_realloc(s->heap, s->cap * sizeof(*s->heap));

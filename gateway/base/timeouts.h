@@ -16,11 +16,16 @@
  * Due timeouts run from the set's ev_timer callback, the earliest due first (ties in the order
  * they were started). Each is off the set before its callback runs, and the callback may start or
  * stop any timeout of the set, start its own again, free the struct that embeds it, or free the
- * set (agw_timeouts_free: the run stops there). A timeout started during a run, even with a zero
- * delay, runs in a later turn of the loop, never in the same run: a zero delay means "after the
- * loop looked at its descriptors again".
+ * set (agw_timeouts_free: the run stops there). As with an ev_timer, a timeout started after the
+ * loop's poll (from any watcher's callback, this set's run included), even with a zero delay,
+ * runs in a later turn of the loop, never in the same one: a zero delay means "after the loop
+ * looked at its descriptors again". A set's due timeouts run together, where its ev_timer runs
+ * among the loop's other due timers (the first of them decides), so against another set's or an
+ * ev_timer's they are ordered by set, not by their own due times.
  *
- * Not thread-safe: a set and its timeouts belong to its loop's thread. */
+ * Not thread-safe: a set and its timeouts belong to its loop's thread. Not re-entrant through a
+ * nested ev_run of the same loop from a callback (the run's end on a free is the innermost's). A
+ * set is freed before its loop is destroyed. */
 #ifndef AGW_TIMEOUTS_H
 #define AGW_TIMEOUTS_H
 
@@ -38,7 +43,8 @@ struct agw_timeout {
     agw_timeout_cb cb;   /* rw: run when due (agw_timeout_init) */
     double at;           /* private: when it is due, on the set's clock (agw_timeouts_now), s */
     uint32_t slot;       /* private: its index in the heap + 1; 0 while it is not started */
-    uint32_t seq;        /* private: the set's start count when it was started (ties; the run rule) */
+    uint32_t seq;        /* private: the set's start count when it was started (ties) */
+    unsigned iteration;  /* private: ev_iteration() when it was started (the turn rule) */
 };
 
 typedef struct agw_timeouts {
@@ -48,13 +54,18 @@ typedef struct agw_timeouts {
     double epoch;         /* private: the clock's origin, moved on when the clock timer repeats */
     agw_timeout_t **heap; /* private: the min-heap, by (at, seq) */
     uint32_t n, cap;      /* ro: timeouts started; the array's entries */
-    uint32_t seq;         /* private: starts so far (wraps; compared by difference) */
+    uint32_t seq;         /* private: starts so far (wraps; ties compared by difference) */
     int *alive;           /* private: during a run, the runner's flag, cleared by agw_timeouts_free */
 } agw_timeouts_t;
 
 /* Makes s an empty set on loop; allocates nothing yet (the array at the first start). The clock
  * timer is started at once and holds s's place in libev's timer heap for the set's life. */
 void agw_timeouts_init(agw_timeouts_t *s, struct ev_loop *loop);
+
+/* Gives s's timer a libev priority (EV_MINPRI … EV_MAXPRI; 0 at init): its due timeouts then run
+ * after the turn's events of higher priority (a Redis reply before its command's timeout). Only
+ * while no timeout is started (libev sets a priority only on a stopped watcher); else nothing. */
+void agw_timeouts_set_priority(agw_timeouts_t *s, int priority);
 
 /* Stops s's two libev timers and frees its array. Timeouts still started are forgotten (their
  * callbacks never run; the caller owns their structs). May be called from a timeout's callback:

@@ -1,7 +1,9 @@
-/* redis.c: the Redis client (redis.h): hiredis's asynchronous API on libev, with a timer per
- * command, readiness after AUTH/SELECT, and reconnection with backoff. */
+/* redis.c: the Redis client (redis.h): hiredis's asynchronous API on libev, with a timeout per
+ * command (one libev timer for all, base/timeouts.h), readiness after AUTH/SELECT, and
+ * reconnection with backoff. */
 #include "redis/redis.h"
 #include "base/mem.h"
+#include "base/timeouts.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,6 +14,7 @@
 #include <h2o/linklist.h>
 #include <h2o/memory.h>
 #include <netdb.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +39,7 @@ typedef struct cmd {
     agw_redis_t *r;
     agw_redis_cb cb;
     void *data;
-    ev_timer timer;
+    agw_timeout_t timer;            /* on the client's timeouts (started for a caller's command only) */
     ev_tstamp started;
     int answered;                   /* the caller's callback ran */
     int internal;                   /* AUTH/SELECT of the handshake: no caller, not counted */
@@ -53,6 +56,8 @@ struct agw_redis {
     int handshake_left;             /* AUTH/SELECT replies still awaited */
     ev_timer retry;                 /* DOWN: the next connection attempt */
     ev_timer connect_timer;         /* CONNECTING/HANDSHAKE: the attempt's limit */
+    agw_timeouts_t timeouts;        /* the commands' timeouts: one libev timer, of the lowest
+                                       priority, for every command in flight (base/timeouts.h) */
     uint64_t backoff_ms;            /* the next wait before reconnecting */
     ev_tstamp ready_at;             /* when the current connection became ready (loop time, s) */
     uint64_t rng;                   /* xorshift state (jitter) */
@@ -246,7 +251,7 @@ static void answer(cmd_t *c, const redisReply *reply, const char *err)
         return;
     c->answered = 1;
     agw_redis_t *r = c->r;
-    ev_timer_stop(r->loop, &c->timer);
+    agw_timeout_stop(&r->timeouts, &c->timer);
     unlink_cmd(r, c);
     if (c->internal)
         return;
@@ -487,11 +492,9 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
     free(c);
 }
 
-static void on_cmd_timeout(struct ev_loop *loop, ev_timer *t, int revents)
+static void on_cmd_timeout(agw_timeout_t *t)
 {
-    (void)loop;
-    (void)revents;
-    cmd_t *c = t->data;
+    cmd_t *c = (cmd_t *)((char *)t - offsetof(cmd_t, timer));
     agw_redis_t *r = c->r;
     if (!c->internal) {
         AGW_M_ADD(r->stats->timeouts, 1);
@@ -522,12 +525,9 @@ static cmd_t *send_cmd(agw_redis_t *r, agw_redis_cb cb, void *data, int internal
     /* the loop's time may be as old as the script that ran before this: time the command from now */
     ev_now_update(r->loop);
     c->started = ev_now(r->loop);
-    ev_timer_init(&c->timer, on_cmd_timeout, (double)r->conf.timeout_ms / 1000.0, 0.);
-    /* a reply and the timeout due in the same loop iteration: the reply (default priority) wins */
-    ev_set_priority(&c->timer, EV_MINPRI);
-    c->timer.data = c;
+    agw_timeout_init(&c->timer, on_cmd_timeout);
     if (!internal)
-        ev_timer_start(r->loop, &c->timer);
+        agw_timeout_start(&r->timeouts, &c->timer, (double)r->conf.timeout_ms / 1000.0);
     h2o_linklist_insert(r->cmds.next, &c->link); /* first */
     return c;
 }
@@ -751,6 +751,9 @@ agw_redis_t *agw_redis_new(struct ev_loop *loop, const agw_redis_conf_t *conf, a
     r->retry.data = r;
     ev_timer_init(&r->connect_timer, on_connect_timeout, 0., 0.);
     r->connect_timer.data = r;
+    agw_timeouts_init(&r->timeouts, loop);
+    /* a reply and the timeout due in the same loop iteration: the reply (default priority) wins */
+    agw_timeouts_set_priority(&r->timeouts, EV_MINPRI);
     connect_now(r);
     return r;
 }
@@ -772,6 +775,7 @@ void agw_redis_free(agw_redis_t *r)
     }
     if (r->state == READY)
         AGW_M_SET(r->stats->up, 0);
+    agw_timeouts_free(&r->timeouts); /* (inside a command's timeout: that run ends) */
     agw_redis_conf_clear(&r->conf);
     free(r);
 }

@@ -143,7 +143,8 @@ struct agw_limit_store;
 void agw_pool_set_limits(agw_pool_t *pool, struct agw_limit_store *store);
 
 /* Closes every connection and frees the pool. Calls still in flight or queued are cancelled
- * without callbacks; the owner must not use their handles afterwards. */
+ * without callbacks; the owner must not use their handles afterwards. Called before the pool's
+ * loop is destroyed (it stops the pool's watchers on it). */
 void agw_pool_destroy(agw_pool_t *pool);
 
 /* Counters of a pool, for metrics and tests (no-leak checks). */

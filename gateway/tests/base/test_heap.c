@@ -228,6 +228,8 @@ static void jemalloc_takes_the_gateways_options(void)
     sz = sizeof(nbins);
     CHECK(mallctl("arenas.nbins", &nbins, &sz, NULL, 0) == 0 && nbins > 0);
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (page != 4096) /* (the classes and jemalloc's own slabs below are those of 4 KB pages) */
+        return;
     int seen = 0;
     for (unsigned i = 0; i < nbins; i++) {
         char name[64];

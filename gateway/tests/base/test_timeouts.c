@@ -138,6 +138,67 @@ static void a_zero_delay_from_a_callback_waits_for_the_next_turn(void)
     ev_loop_destroy(loop);
 }
 
+/* As with an ev_timer, a zero delay started by another watcher after the poll of a turn in which
+ * the set's timer is due (here a check watcher, which libev runs before the turn's timers) waits
+ * for the next turn. */
+static probe_t *check_starts;
+
+static void on_check(struct ev_loop *l, ev_check *w, int revents)
+{
+    (void)revents;
+    if (check_starts) {
+        start(check_starts->set, check_starts, 1, 0.);
+        check_starts = NULL;
+    }
+    ev_check_stop(l, w);
+}
+
+static void a_zero_delay_from_another_watcher_waits_for_the_next_turn(void)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    agw_timeouts_t s;
+    agw_timeouts_init(&s, loop);
+    probe_t x = {0}, y = {0};
+    y.set = &s;
+    ev_check chk;
+    ev_check_init(&chk, on_check);
+    ev_check_start(loop, &chk);
+    check_starts = &y;
+    start(&s, &x, 0, 0.); /* due in the first turn */
+    ev_run(loop, EVRUN_ONCE);
+    CHECK(x.runs == 1 && check_starts == NULL);
+    CHECK(y.runs == 0 && agw_timeout_active(&y.t)); /* started in that turn, after its poll */
+    ev_run(loop, 0);
+    CHECK(y.runs == 1 && y.iteration > x.iteration);
+    agw_timeouts_free(&s);
+    ev_loop_destroy(loop);
+}
+
+/* The start count wraps (2^32 starts on a long-lived pool): ties still run in start order across
+ * the wrap, and a timeout started 2^31 starts ago is not taken for one started this turn. */
+static void the_start_count_wraps(void)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    agw_timeouts_t s;
+    agw_timeouts_init(&s, loop);
+    probe_t old = {0}, p[4];
+    memset(p, 0, sizeof(p));
+    norder = 0;
+    s.seq = 0x7ffffff0u;
+    start(&s, &old, 9, 0.010);
+    s.seq = UINT32_MAX - 1; /* as if 2^31 starts had come and gone meanwhile */
+    for (int i = 0; i < 4; i++)
+        start(&s, &p[i], i, 0.002); /* one due time: ties, two started before the wrap, two after */
+    CHECK(p[0].t.at == p[3].t.at);
+    ev_run(loop, 0);
+    CHECK(old.runs == 1);
+    CHECK(norder == 5);
+    for (int i = 0; i < 4 && i < norder; i++)
+        CHECK(order[i] == i);
+    agw_timeouts_free(&s);
+    ev_loop_destroy(loop);
+}
+
 /* A callback that frees the set ends the run there: the others due in the same run do not run
  * (and nothing of the freed set is touched: the sanitized build would say so), and the loop ends. */
 static void a_callback_may_free_the_set(void)
@@ -223,6 +284,8 @@ int main(void)
     RUN(due_ones_run_once_in_order_and_stopped_ones_never);
     RUN(a_stopped_first_and_a_new_first_keep_the_times);
     RUN(a_zero_delay_from_a_callback_waits_for_the_next_turn);
+    RUN(a_zero_delay_from_another_watcher_waits_for_the_next_turn);
+    RUN(the_start_count_wraps);
     RUN(a_callback_may_free_the_set);
     RUN(a_burst_grows_the_array_and_gives_it_back);
     RUN(the_clock_moves_with_the_loop_and_does_not_hold_it);

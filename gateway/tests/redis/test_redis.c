@@ -9,6 +9,7 @@
 #include <ev.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -597,6 +598,50 @@ static void redis_stopped_mid_run_fails_fast_and_client_reconnects(void)
     redis_stop(pid);
 }
 
+/* The reply and the command's timeout come due in the same loop iteration (the loop was busy past
+ * the timeout, and the reply came meanwhile): the reply is the answer, not a timeout, and the
+ * connection stays (the commands' timeouts run at the lowest priority, after the replies). */
+static int socket_to_port(int port)
+{
+    for (int fd = 3; fd < 4096; fd++) {
+        struct sockaddr_in sa;
+        socklen_t len = sizeof(sa);
+        if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sin_family == AF_INET &&
+            ntohs(sa.sin_port) == port)
+            return fd;
+    }
+    return -1;
+}
+
+static void a_reply_in_hand_when_the_timeout_is_due_is_the_answer(void)
+{
+    int port = free_port();
+    pid_t pid = redis_start(port);
+    agw_redis_conf_t c = conf_for(port, 0, 30);
+    agw_redis_stats_t st = {0};
+    agw_redis_t *r = agw_redis_new(loop, &c, &st);
+    CHECK(wait_until(is_ready, r, WAIT_S));
+    rec_t a, b;
+    CHECK(cmd(r, &a, "SET", "k1", "one") == 0);
+    CHECK(wait_until(rec_done, &a, WAIT_S));
+    for (int i = 0; i < 3; i++) {
+        CHECK(cmd(r, &a, "GET", "k1", NULL) == 0);
+        ev_run(loop, EVRUN_NOWAIT); /* (hiredis writes the command) */
+        /* busy past the 30 ms timeout, and until the reply is in (bounded: a loaded machine) */
+        usleep(40000);
+        struct pollfd pfd = {.fd = socket_to_port(port), .events = POLLIN};
+        CHECK(pfd.fd >= 0 && poll(&pfd, 1, 5000) == 1);
+        CHECK(wait_until(rec_done, &a, WAIT_S));
+        CHECK(a.type == REDIS_REPLY_STRING && a.len == 3 && memcmp(a.str, "one", 3) == 0);
+    }
+    CHECK(st.timeouts == 0 && agw_redis_ready(r));
+    CHECK(cmd(r, &b, "GET", "k1", NULL) == 0);
+    CHECK(wait_until(rec_done, &b, WAIT_S) && b.type == REDIS_REPLY_STRING);
+    agw_redis_free(r);
+    agw_redis_conf_clear(&c);
+    redis_stop(pid);
+}
+
 static void hanging_redis_times_out_and_a_late_reply_answers_nothing(void)
 {
     int port = free_port();
@@ -1115,6 +1160,7 @@ int main(void)
     RUN(set_then_get_in_the_selected_database);
     RUN(redis_stopped_mid_run_fails_fast_and_client_reconnects);
     RUN(hanging_redis_times_out_and_a_late_reply_answers_nothing);
+    RUN(a_reply_in_hand_when_the_timeout_is_due_is_the_answer);
     RUN(password_in_the_url_is_sent_with_auth);
     RUN(commands_in_flight_get_client_closed_on_free);
     RUN(silent_server_never_becomes_ready);
