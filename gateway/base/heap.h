@@ -49,8 +49,8 @@
  * The small size classes of a power of two from 32 to 4,096 bytes are carved from slabs of four
  * pages, and the 16-byte class from two (the most a slab of it can have: 512 blocks), where
  * jemalloc's default is one page (the other classes' slabs are of three, five or seven pages
- * already; the 8-byte class stays at one, its limit). jemalloc keeps a record of every slab it ever made (its metadata, never given
- * back), and a burst's Lua heap (40 MB at 5,000 pages in flight, mostly objects of those
+ * already; the 8-byte class stays at one, its limit). jemalloc keeps a record of every slab it
+ * ever made (its metadata, never given back), and a burst's Lua heap (40 MB at 5,000 pages in flight, mostly objects of those
  * classes) made about 12,000 one-page slabs: their records stayed, 1.5 MB a minute after the
  * burst. With four-page slabs the RSS a minute after a burst is 0.06 x idle lower (1.30 against
  * 1.37), the idle RSS 0.2-0.3 MB higher, and a bench page spends about 400 instructions less in

@@ -50,7 +50,8 @@ struct agw_timeout {
 typedef struct agw_timeouts {
     struct ev_loop *loop; /* ro */
     ev_timer ev;          /* private: armed for heap[0] while the set is not empty */
-    ev_timer clock;       /* private: never due (AGW_TIMEOUTS_CLOCK_S); its remaining time is the clock */
+    ev_timer clock;       /* private: never due in practice (1e9 s, timeouts.c); its remaining time
+                             is the clock */
     double epoch;         /* private: the clock's origin, moved on when the clock timer repeats */
     agw_timeout_t **heap; /* private: the min-heap, by (at, seq) */
     uint32_t n, cap;      /* ro: timeouts started; the array's entries */

@@ -14,7 +14,6 @@
 #include <h2o/linklist.h>
 #include <h2o/memory.h>
 #include <netdb.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -494,7 +493,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 
 static void on_cmd_timeout(agw_timeout_t *t)
 {
-    cmd_t *c = (cmd_t *)((char *)t - offsetof(cmd_t, timer));
+    cmd_t *c = H2O_STRUCT_FROM_MEMBER(cmd_t, timer, t);
     agw_redis_t *r = c->r;
     if (!c->internal) {
         AGW_M_ADD(r->stats->timeouts, 1);

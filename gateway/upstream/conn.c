@@ -18,8 +18,8 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <h2o/memory.h>
 #include <openssl/err.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +208,19 @@ static int local_error(int err)
 }
 
 /* Opens a new connection for call; failures are delivered from the loop. */
+void agw_conn_connect_timeout_start(agw_conn_t *c)
+{
+    agw_pool_t *pool = c->pool;
+    if (pool->conf->connect_timeout_ms == 0)
+        return;
+    /* the loop's clock is the start of this iteration, which may have worked for longer than
+     * connect_timeout_ms before this call (a handler building a large body, a big decode): the
+     * connect's own time starts now */
+    ev_now_update(pool->loop);
+    c->timer_deferred = 0;
+    agw_timeout_start(&pool->timeouts, &c->timer, (double)pool->conf->connect_timeout_ms / 1000.0);
+}
+
 void agw_conn_open(agw_call_t *call)
 {
     agw_pool_t *pool = call->pool;
@@ -242,13 +255,7 @@ void agw_conn_open(agw_call_t *call)
     c->io.data = c;
     agw_timeout_init(&c->timer, on_conn_timer);
     ev_io_start(pool->loop, &c->io);
-    if (conf->connect_timeout_ms) {
-        /* the loop's clock is the start of this iteration, which may have worked for longer than
-         * connect_timeout_ms before this call (a handler building a large body, a big decode):
-         * the connect's own time starts now */
-        ev_now_update(pool->loop);
-        agw_timeout_start(&pool->timeouts, &c->timer, (double)conf->connect_timeout_ms / 1000.0);
-    }
+    agw_conn_connect_timeout_start(c);
     pool->open++;
     agw_conn_bind(c, call);
 }
@@ -709,7 +716,7 @@ static void on_conn_io(struct ev_loop *loop, ev_io *w, int revents)
 
 static void on_conn_timer(agw_timeout_t *t)
 {
-    agw_conn_t *c = (agw_conn_t *)((char *)t - offsetof(agw_conn_t, timer));
+    agw_conn_t *c = H2O_STRUCT_FROM_MEMBER(agw_conn_t, timer, t);
     agw_pool_t *pool = c->pool;
     if ((c->state == AGW_CONN_CONNECTING || c->state == AGW_CONN_HANDSHAKING) && ev_is_pending(&c->io) &&
         !c->timer_deferred) {

@@ -15,8 +15,8 @@
 #include "base/mem.h"
 
 #include <ev.h>
+#include <h2o/memory.h>
 #include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,14 +172,10 @@ void agw_call_assign(agw_call_t *call)
         call->state = AGW_CALL_ACTIVE;
         call->reused = 0;
         agw_conn_bind(c, call);
-        if (pool->conf->connect_timeout_ms) {
-            /* the call gets the whole connect timeout, as with a connection of its own: the loop
-             * may not have looked at this one since its connect() (a long iteration), and a
-             * timeout it did not wait for would count against the upstream */
-            ev_now_update(pool->loop);
-            c->timer_deferred = 0;
-            agw_timeout_start(&pool->timeouts, &c->timer, (double)pool->conf->connect_timeout_ms / 1000.0);
-        }
+        /* the call gets the whole connect timeout, as with a connection of its own: the loop may
+         * not have looked at this one since its connect() (a long iteration), and a timeout it did
+         * not wait for would count against the upstream */
+        agw_conn_connect_timeout_start(c);
         return;
     }
     if (c == NULL) {
@@ -228,7 +224,7 @@ void agw_pool_pump(agw_pool_t *pool)
 
 static void on_call_timer(agw_timeout_t *t)
 {
-    agw_call_t *call = (agw_call_t *)((char *)t - offsetof(agw_call_t, timer));
+    agw_call_t *call = H2O_STRUCT_FROM_MEMBER(agw_call_t, timer, t);
     agw_pool_t *pool = call->pool;
     if (call->state != AGW_CALL_FAILING && call->conn && call->conn->state == AGW_CONN_READING &&
         (ev_is_pending(&call->conn->io) || call->conn->rq == AGW_RQ_WAITING)) {

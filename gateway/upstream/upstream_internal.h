@@ -286,6 +286,11 @@ void agw_conn_bind(agw_conn_t *c, agw_call_t *call);
 /* Opens a new connection for call; failures are delivered from the loop. */
 void agw_conn_open(agw_call_t *call);
 
+/* Starts c's connect timeout (conf->connect_timeout_ms; none when 0) from now, not from the loop
+ * iteration's start, with its one deferral unspent (on_conn_timer): a new connection's, and an
+ * orphan's when a call takes it over (agw_call_assign). conn.c. */
+void agw_conn_connect_timeout_start(agw_conn_t *c);
+
 /* Sends what is left of c's request, then waits for the response (plain or TLS). */
 void agw_conn_send(agw_conn_t *c);
 

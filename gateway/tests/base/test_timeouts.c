@@ -6,7 +6,7 @@
 #include "tests/check.h"
 
 #include <ev.h>
-#include <stddef.h>
+#include <h2o/memory.h>
 #include <stdlib.h>
 
 typedef struct probe {
@@ -21,11 +21,12 @@ typedef struct probe {
     int free_set;         /* free the set from the callback */
 } probe_t;
 
+static struct ev_loop *loop; /* every case's (each leaves nothing on it) */
 static int order[64], norder;
 
 static void on_probe(agw_timeout_t *t)
 {
-    probe_t *p = (probe_t *)((char *)t - offsetof(probe_t, t));
+    probe_t *p = H2O_STRUCT_FROM_MEMBER(probe_t, t, t);
     p->runs++;
     p->ran_at = agw_timeouts_now(p->set);
     p->iteration = ev_iteration(p->set->loop);
@@ -53,7 +54,6 @@ static void start(agw_timeouts_t *s, probe_t *p, int id, double after)
  * the set is empty. */
 static void due_ones_run_once_in_order_and_stopped_ones_never(void)
 {
-    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     agw_timeouts_t s;
     agw_timeouts_init(&s, loop);
     probe_t p[6];
@@ -82,7 +82,6 @@ static void due_ones_run_once_in_order_and_stopped_ones_never(void)
     }
     CHECK(s.n == 0);
     agw_timeouts_free(&s);
-    ev_loop_destroy(loop);
 }
 
 /* Stopping the first timeout leaves the set's timer armed for it: the timer runs early, finds
@@ -90,7 +89,6 @@ static void due_ones_run_once_in_order_and_stopped_ones_never(void)
  * timer for it. */
 static void a_stopped_first_and_a_new_first_keep_the_times(void)
 {
-    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     agw_timeouts_t s;
     agw_timeouts_init(&s, loop);
     probe_t a = {0}, b = {0}, c = {0};
@@ -112,7 +110,6 @@ static void a_stopped_first_and_a_new_first_keep_the_times(void)
     ev_run(loop, 0);
     CHECK(d.runs == 1 && d.ran_at >= d.due - 1e-6 && d.ran_at < d.due + 5.0);
     agw_timeouts_free(&s);
-    ev_loop_destroy(loop);
 }
 
 /* A callback that starts its own timeout again with a zero delay runs again in a later turn of
@@ -120,7 +117,6 @@ static void a_stopped_first_and_a_new_first_keep_the_times(void)
  * failure's delivery). */
 static void a_zero_delay_from_a_callback_waits_for_the_next_turn(void)
 {
-    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     agw_timeouts_t s;
     agw_timeouts_init(&s, loop);
     probe_t p = {0}, q = {0};
@@ -135,7 +131,6 @@ static void a_zero_delay_from_a_callback_waits_for_the_next_turn(void)
     CHECK(p.runs == 4 && q.runs == 1);
     CHECK(p.iteration >= first + 3); /* one turn each */
     agw_timeouts_free(&s);
-    ev_loop_destroy(loop);
 }
 
 /* As with an ev_timer, a zero delay started by another watcher after the poll of a turn in which
@@ -155,7 +150,6 @@ static void on_check(struct ev_loop *l, ev_check *w, int revents)
 
 static void a_zero_delay_from_another_watcher_waits_for_the_next_turn(void)
 {
-    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     agw_timeouts_t s;
     agw_timeouts_init(&s, loop);
     probe_t x = {0}, y = {0};
@@ -171,14 +165,12 @@ static void a_zero_delay_from_another_watcher_waits_for_the_next_turn(void)
     ev_run(loop, 0);
     CHECK(y.runs == 1 && y.iteration > x.iteration);
     agw_timeouts_free(&s);
-    ev_loop_destroy(loop);
 }
 
 /* The start count wraps (2^32 starts on a long-lived pool): ties still run in start order across
  * the wrap, and a timeout started 2^31 starts ago is not taken for one started this turn. */
 static void the_start_count_wraps(void)
 {
-    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     agw_timeouts_t s;
     agw_timeouts_init(&s, loop);
     probe_t old = {0}, p[4];
@@ -196,14 +188,12 @@ static void the_start_count_wraps(void)
     for (int i = 0; i < 4 && i < norder; i++)
         CHECK(order[i] == i);
     agw_timeouts_free(&s);
-    ev_loop_destroy(loop);
 }
 
 /* A callback that frees the set ends the run there: the others due in the same run do not run
  * (and nothing of the freed set is touched: the sanitized build would say so), and the loop ends. */
 static void a_callback_may_free_the_set(void)
 {
-    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     agw_timeouts_t *s = malloc(sizeof(*s));
     agw_timeouts_init(s, loop);
     probe_t p[3];
@@ -216,7 +206,6 @@ static void a_callback_may_free_the_set(void)
     CHECK(p[0].runs == 1 && p[1].runs == 1 && p[2].runs == 0);
     CHECK(!agw_timeout_active(&p[2].t)); /* forgotten by the free */
     free(s);
-    ev_loop_destroy(loop);
 }
 
 /* 50,000 timeouts grow the array; stopping all but a few gives it back, down to the minimum, and
@@ -224,7 +213,6 @@ static void a_callback_may_free_the_set(void)
 static void a_burst_grows_the_array_and_gives_it_back(void)
 {
     enum { N = 50000 };
-    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     agw_timeouts_t s;
     agw_timeouts_init(&s, loop);
     static probe_t p[N];
@@ -247,7 +235,6 @@ static void a_burst_grows_the_array_and_gives_it_back(void)
         if (p[i].runs)
             CHECK(0);
     agw_timeouts_free(&s);
-    ev_loop_destroy(loop);
 }
 
 /* The set's clock follows libev's monotonic time: it stands still within a turn and moves with
@@ -255,7 +242,6 @@ static void a_burst_grows_the_array_and_gives_it_back(void)
  * only while a timeout is started. */
 static void the_clock_moves_with_the_loop_and_does_not_hold_it(void)
 {
-    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     agw_timeouts_t s;
     agw_timeouts_init(&s, loop);
     double t0 = agw_timeouts_now(&s);
@@ -276,11 +262,11 @@ static void the_clock_moves_with_the_loop_and_does_not_hold_it(void)
     CHECK(agw_timeouts_now(&s) < t1 + 4.0);
     agw_timeouts_free(&s);
     agw_timeouts_free(&s); /* (a second free does nothing) */
-    ev_loop_destroy(loop);
 }
 
 int main(void)
 {
+    loop = ev_loop_new(EVFLAG_AUTO);
     RUN(due_ones_run_once_in_order_and_stopped_ones_never);
     RUN(a_stopped_first_and_a_new_first_keep_the_times);
     RUN(a_zero_delay_from_a_callback_waits_for_the_next_turn);
@@ -289,5 +275,6 @@ int main(void)
     RUN(a_callback_may_free_the_set);
     RUN(a_burst_grows_the_array_and_gives_it_back);
     RUN(the_clock_moves_with_the_loop_and_does_not_hold_it);
+    ev_loop_destroy(loop);
     return CHECK_DONE();
 }

@@ -561,18 +561,42 @@ static void set_then_get_in_the_selected_database(void)
     redis_stop(pid);
 }
 
+/* A redis-server on a free port and a client of its db 0, ready: what the cases of one server and
+ * one client begin with (served_start) and end with (served_stop). */
+typedef struct served {
+    int port;
+    pid_t pid;
+    agw_redis_conf_t c;
+    agw_redis_stats_t st;
+    agw_redis_t *r;
+} served_t;
+
+static void served_start(served_t *sv, uint64_t timeout_ms)
+{
+    memset(sv, 0, sizeof(*sv));
+    sv->port = free_port();
+    sv->pid = redis_start(sv->port);
+    sv->c = conf_for(sv->port, 0, timeout_ms);
+    sv->r = agw_redis_new(loop, &sv->c, &sv->st);
+    CHECK(wait_until(is_ready, sv->r, WAIT_S));
+}
+
+static void served_stop(served_t *sv)
+{
+    agw_redis_free(sv->r);
+    agw_redis_conf_clear(&sv->c);
+    redis_stop(sv->pid);
+}
+
 static void redis_stopped_mid_run_fails_fast_and_client_reconnects(void)
 {
-    int port = free_port();
-    pid_t pid = redis_start(port);
-    agw_redis_conf_t c = conf_for(port, 0, ANSWER_MS); /* the close, not a timeout, ends the GET */
-    agw_redis_stats_t st = {0};
-    agw_redis_t *r = agw_redis_new(loop, &c, &st);
-    CHECK(wait_until(is_ready, r, WAIT_S));
+    served_t sv;
+    served_start(&sv, ANSWER_MS); /* the close, not a timeout, ends the GET */
+    agw_redis_t *r = sv.r;
     rec_t a;
     CHECK(cmd(r, &a, "SET", "k", "1") == 0);
     CHECK(wait_until(rec_done, &a, WAIT_S) && a.type == REDIS_REPLY_STATUS);
-    redis_stop(pid);
+    redis_stop(sv.pid);
     /* the close is seen by the loop: the command in flight or the next one fails, never hangs */
     double t0 = ev_time();
     loop_gap_reset();
@@ -587,15 +611,13 @@ static void redis_stopped_mid_run_fails_fast_and_client_reconnects(void)
     CHECK(cmd(r, &a, "GET", "k", NULL) == -1); /* not ready: refused at once, no callback */
     run_for(0.05);
     CHECK(a.done == 0);
-    CHECK(st.disconnects == 1 && st.up == 0);
-    pid = redis_start(port);
+    CHECK(sv.st.disconnects == 1 && sv.st.up == 0);
+    sv.pid = redis_start(sv.port);
     CHECK(wait_until(is_ready, r, WAIT_S)); /* backoff is at most 5 s */
     CHECK(cmd(r, &a, "PING", NULL, NULL) == 0);
     CHECK(wait_until(rec_done, &a, WAIT_S) && a.type == REDIS_REPLY_STATUS);
-    CHECK(st.connects == 2 && st.up == 1);
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    redis_stop(pid);
+    CHECK(sv.st.connects == 2 && sv.st.up == 1);
+    served_stop(&sv);
 }
 
 /* The reply and the command's timeout come due in the same loop iteration (the loop was busy past
@@ -615,12 +637,9 @@ static int socket_to_port(int port)
 
 static void a_reply_in_hand_when_the_timeout_is_due_is_the_answer(void)
 {
-    int port = free_port();
-    pid_t pid = redis_start(port);
-    agw_redis_conf_t c = conf_for(port, 0, 30);
-    agw_redis_stats_t st = {0};
-    agw_redis_t *r = agw_redis_new(loop, &c, &st);
-    CHECK(wait_until(is_ready, r, WAIT_S));
+    served_t sv;
+    served_start(&sv, 30);
+    agw_redis_t *r = sv.r;
     rec_t a, b;
     CHECK(cmd(r, &a, "SET", "k1", "one") == 0);
     CHECK(wait_until(rec_done, &a, WAIT_S));
@@ -629,32 +648,27 @@ static void a_reply_in_hand_when_the_timeout_is_due_is_the_answer(void)
         ev_run(loop, EVRUN_NOWAIT); /* (hiredis writes the command) */
         /* busy past the 30 ms timeout, and until the reply is in (bounded: a loaded machine) */
         usleep(40000);
-        struct pollfd pfd = {.fd = socket_to_port(port), .events = POLLIN};
+        struct pollfd pfd = {.fd = socket_to_port(sv.port), .events = POLLIN};
         CHECK(pfd.fd >= 0 && poll(&pfd, 1, 5000) == 1);
         CHECK(wait_until(rec_done, &a, WAIT_S));
         CHECK(a.type == REDIS_REPLY_STRING && a.len == 3 && memcmp(a.str, "one", 3) == 0);
     }
-    CHECK(st.timeouts == 0 && agw_redis_ready(r));
+    CHECK(sv.st.timeouts == 0 && agw_redis_ready(r));
     CHECK(cmd(r, &b, "GET", "k1", NULL) == 0);
     CHECK(wait_until(rec_done, &b, WAIT_S) && b.type == REDIS_REPLY_STRING);
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    redis_stop(pid);
+    served_stop(&sv);
 }
 
 static void hanging_redis_times_out_and_a_late_reply_answers_nothing(void)
 {
-    int port = free_port();
-    pid_t pid = redis_start(port);
-    agw_redis_conf_t c = conf_for(port, 0, 50);
-    agw_redis_stats_t st = {0};
-    agw_redis_t *r = agw_redis_new(loop, &c, &st);
-    CHECK(wait_until(is_ready, r, WAIT_S));
+    served_t sv;
+    served_start(&sv, 50);
+    agw_redis_t *r = sv.r;
     rec_t a, b;
     CHECK(cmd(r, &a, "SET", "k1", "one") == 0);
     CHECK(cmd(r, &b, "SET", "k2", "two") == 0);
     CHECK(wait_until(rec_done, &a, WAIT_S) && wait_until(rec_done, &b, WAIT_S));
-    kill(pid, SIGSTOP);
+    kill(sv.pid, SIGSTOP);
     double t0 = ev_time();
     loop_gap_reset();
     CHECK(cmd(r, &a, "GET", "k1", NULL) == 0);
@@ -662,9 +676,9 @@ static void hanging_redis_times_out_and_a_late_reply_answers_nothing(void)
     CHECK(a.type == -1 && strstr(a.err, "timeout") != NULL);
     CHECK(a.at - t0 >= 0.045); /* not before its timeout */
     CHECK(a.at - t0 < 2.0 + loop_gap_s()); /* and soon after it, though the server never answers */
-    CHECK(st.timeouts == 1);
+    CHECK(sv.st.timeouts == 1);
     CHECK(!agw_redis_ready(r)); /* the connection was dropped */
-    kill(pid, SIGCONT);
+    kill(sv.pid, SIGCONT);
     CHECK(wait_until(is_ready, r, WAIT_S));
     /* the stopped server now answers the old GET k1 on the old connection: nobody reads it as
      * the answer of GET k2 on the new one */
@@ -672,9 +686,7 @@ static void hanging_redis_times_out_and_a_late_reply_answers_nothing(void)
     CHECK(wait_until(rec_done, &b, WAIT_S));
     CHECK(b.type == REDIS_REPLY_STRING && b.len == 3 && memcmp(b.str, "two", 3) == 0);
     CHECK(a.done == 1 && b.done == 1);
-    agw_redis_free(r);
-    agw_redis_conf_clear(&c);
-    redis_stop(pid);
+    served_stop(&sv);
 }
 
 static void password_in_the_url_is_sent_with_auth(void)
