@@ -51,6 +51,7 @@ struct agw_admin {
     int max_fd;                /* the highest descriptor accepted since the loop was made */
     unsigned loops_made;       /* how many times it was made anew (atomics; agw_admin_loops_made) */
     unsigned loops_failed;     /* how many times no new loop could be made (atomics; agw_admin_loops_failed) */
+    int failing;               /* the last remake failed: its warning is logged, the next one's is not */
     unsigned idle_spells;      /* how many times the last connection closed (atomics; agw_admin_idle_spells) */
     ev_io accept_io;
     ev_timer accept_pause;     /* accept_io stopped for want of descriptors: restarts it */
@@ -669,9 +670,17 @@ static void remake_loop(agw_admin_t *a)
      * poll needs no descriptor, so "none free" would go unseen) */
     struct ev_loop *old = a->loop, *nl = ev_loop_new(ev_backend(old) | EVFLAG_NOENV);
     if (nl == NULL) {
+        /* one warning a streak: each idle spell of a long burst tries again */
+        if (!a->failing)
+            agw_log(AGW_LOG_WARN, "admin listener: no descriptor free to make its loop anew after a burst; "
+                                  "the old loop serves on and the next idle spell tries again");
+        a->failing = 1;
         __atomic_add_fetch(&a->loops_failed, 1, __ATOMIC_RELEASE);
         return;
     }
+    if (a->failing)
+        agw_log(AGW_LOG_INFO, "admin listener: its loop is made anew");
+    a->failing = 0;
     int accepting = ev_is_active(&a->accept_io), resting = ev_is_active(&a->accept_pause);
     ev_tstamp rest = resting ? ev_timer_remaining(old, &a->accept_pause) : 0.;
     ev_io_stop(old, &a->accept_io);
