@@ -114,6 +114,22 @@ describe("the cache", function()
     testing.expect_section(gone, "product", "unavailable", "upstream-error")
   end)
 
+  -- (a fresh user's trial: the page was a 502, "required section" blamed on the optional chain)
+  it("serves a page whose required section is stale, and the optional chain on it unavailable", function()
+    gw:get("/chained/1")
+    gw:advance(200000) -- past TTL and swr, within stale_if_error_s
+    gw:stub("product", "/products/*", { status = 503 })
+    local page = gw:get("/chained/1")
+    assert.equal(200, page.status)
+    testing.expect_section(page, "product", "stale", "upstream-error")
+    testing.expect_section(page, "more", "unavailable", "dependency-failed")
+    assert.equal(1, #gw:calls("stock")) -- the first page's; the stale copy is not built on
+    gw:advance(200000) -- past stale_if_error_s: the required section is unavailable, the page fails
+    local gone = gw:get("/chained/1")
+    assert.equal(502, gone.status)
+    assert.equal("urn:aggway:problem:required-section-failed", gone.json.type)
+  end)
+
   it("serves the stale copy only for an error that would be a 500, 502, 503 or 504 (RFC 5861 §4)", function()
     -- (an attack review: a 401, 403 or 410 the upstream chose was answered with the stale copy)
     local function after(answer)

@@ -656,8 +656,11 @@ function M.run_then(g, key, info, args, r1)
       local depname = callspec.is_spec(info.dep) and info.dep[1] or tostring(deps[i])
       local r = new_result(key, info.opts)
       r.ms = 0
-      -- a chain whose required dependency failed fails the page as the dependency would
-      if result.is_required(d) then result.info_of(r).required = true end
+      -- a chain whose required dependency failed fails the page as the dependency would: only
+      -- when it was unavailable. Served stale or from its fallback, a required dependency does not
+      -- fail the page, and neither does the chain that could not use it (the page was a 502,
+      -- blamed on an optional section)
+      if d.status == "unavailable" and result.is_required(d) then result.info_of(r).required = true end
       settle(g, key, fail(ctx, r, problem.dependency_failed(tostring(key), depname, d.error), info.opts))
       return
     end
