@@ -83,6 +83,19 @@ describe("the sandbox keeps a script away from the machine:", function()
   end)
 end)
 
+describe("a script that reads agg without requiring it", function()
+  -- (a fresh user's trial: "attempt to index global 'agg' (a nil value)" named no cure)
+  it("is told to require it, and one that does is not", function()
+    refused([[return agg.page({})]], 'agg is not a global: begin the script with local agg = require "agg"')
+    local ok, v = run([[local agg = require "agg"; return type(agg.page)]])
+    assert.is_true(ok, v)
+    assert.equal("function", v)
+    ok, v = run([[agg = require "agg"; return type(agg.page)]]) -- its own global
+    assert.is_true(ok, v)
+    assert.equal("function", v)
+  end)
+end)
+
 describe("the sandbox loads no bytecode:", function()
   local bytecode = string.dump(function() return "ran" end) -- (the spec may; a script may not)
 

@@ -27,14 +27,15 @@ local M = {}
 M.BUDGET_S = 30
 
 -- Messages of the mistakes the dry run reports whatever they got: names no made-up answer gives
--- (an unknown upstream, option, retry option or response key, a fetch_then key, a cycle), from
+-- (an unknown upstream, option, retry option or response key, a fetch_then key, a cycle, `agg`
+-- read as a global by a script without its require: agg.sandbox), from
 -- agg.callspec, agg.fanout, agg.cache, agg.merge, agg.page and agg.runtime. (An upstream name or a
 -- path read from the answers is nil in a dry run: "a call spec starts with the upstream name" is
 -- left to the specs.)
 local SPEC_ERRORS = {
   "unknown upstream '", "unknown option", "is not supported", "retry option '",
   "fetch_then for '", "fetch_then dependency cycle", "agg.page: option 'headers' must be a table",
-  "the handler's response has an unknown key '",
+  "the handler's response has an unknown key '", "agg is not a global: ",
 }
 -- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
 -- blocks, retry, hedge) and the argument mistakes of agg's functions ("agg.pick: the list of keys

@@ -275,6 +275,10 @@ local REFUSED_MODULES = {
 }
 
 -- Globals that are refused: reading one raises at once (a nil would fail later, less clearly).
+--- The error a script's read of the global `agg` raises (it has none: the library is a module).
+M.NO_AGG = 'agg is not a global: begin the script with local agg = require "agg"'
+local NO_AGG = M.NO_AGG
+
 local REFUSED_GLOBALS = {
   io = SANDBOX, package = SANDBOX, ffi = SANDBOX, loadfile = SANDBOX, dofile = SANDBOX,
   module = "a script returns its module table", print = "use error() or the page to say something",
@@ -484,6 +488,9 @@ new_env = function(box)
     __index = function(_, k)
       local why = REFUSED_GLOBALS[k]
       if why then error(tostring(k) .. " is not available to scripts: " .. why, 2) end
+      -- (a newcomer's first mistake: "attempt to index global 'agg' (a nil value)" said nothing of
+      -- the cure, and as a Lua error it passed aggway check's dry run, agg.dryrun)
+      if k == "agg" then error(NO_AGG, 2) end
       return nil
     end,
   })

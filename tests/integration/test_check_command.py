@@ -289,6 +289,9 @@ class CheckCommand(unittest.TestCase):
         scripts = dict(repo_scripts(), **{
             "one.lua": endpoint("GET /one/{id}", '    local res = agg.fetchall { p = { "product", "/products/1" } }\n'
                                                  '    return agg.page(res)'),
+            # (a fresh user's trial: the require forgotten passed check, then every request was a 500)
+            "two.lua": endpoint("GET /two/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
+                                                 '    return agg.page(res)').replace('local agg = require "agg"\n', ""),
             "three.lua": endpoint("GET /three/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
                                                      '    return agg.page(res, { headrs = { ["x-a"] = "b" } })'),
             "four.lua": endpoint("GET /four/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
@@ -305,6 +308,8 @@ class CheckCommand(unittest.TestCase):
             self.assertEqual(rc, 1, out + err)
             self.assertRegex(err, r"one\.lua:5: agg\.fetchall is not a function of agg \(did you mean 'fetch_all'\?\) "
                                   r"\(found by a dry run of GET /one/\{id\}\)", err)
+            self.assertRegex(err, r"two\.lua:4: agg is not a global: begin the script with local agg = require \"agg\" "
+                                  r"\(found by a dry run of GET /two/\{id\}\)", err)
             self.assertRegex(err, r"three\.lua:6: agg\.page: unknown option 'headrs' \(did you mean 'headers'\?\)", err)
             self.assertRegex(err, r"four\.lua:6: agg\.page: option 'headers' must be a table of name = value, got string", err)
             self.assertNotIn("lua/agg/", err)
