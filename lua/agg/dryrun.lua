@@ -28,7 +28,8 @@ M.BUDGET_S = 30
 
 -- Messages of the mistakes the dry run reports whatever they got: names no made-up answer gives
 -- (an unknown upstream, option, retry option or response key, a fetch_then key, a cycle, `agg`
--- read as a global by a script without its require: agg.sandbox), from
+-- read as a global by a script without its require: agg.sandbox; a handler that returned
+-- agg.fetch_all's results without agg.page: agg.runtime), from
 -- agg.callspec, agg.fanout, agg.cache, agg.merge, agg.page and agg.runtime. (An upstream name or a
 -- path read from the answers is nil in a dry run: "a call spec starts with the upstream name" is
 -- left to the specs.)
@@ -36,6 +37,7 @@ local SPEC_ERRORS = {
   "unknown upstream '", "unknown option", "is not supported", "retry option '",
   "fetch_then for '", "fetch_then dependency cycle", "agg.page: option 'headers' must be a table",
   "the handler's response has an unknown key '", "agg is not a global: ",
+  "it returned the results of agg.fetch_all without agg.page",
 }
 -- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
 -- blocks, retry, hedge) and the argument mistakes of agg's functions ("agg.pick: the list of keys

@@ -444,7 +444,14 @@ local function wrong_response(resp, st)
   if type(resp) ~= "table" then
     got = type(resp) == "nil" and "nothing" or ("a %s"):format(type(resp))
   elseif st == nil then
-    got = "a table without status (the results of agg.fetch_all? pass them to agg.page)"
+    -- (raw reads: the script's table. A result among its values is agg.fetch_all's, whatever the
+    -- upstreams answered: aggway check's dry run reports this one, agg.dryrun)
+    local res = false
+    for _, v in next, resp do
+      if type(v) == "table" and result.is_result(v) then res = true break end
+    end
+    got = res and "the results of agg.fetch_all without agg.page: return agg.page(results)" or
+          "a table without status (the results of agg.fetch_all? pass them to agg.page)"
   else
     got = ("status %s (%s)"):format(type(st) == "string" and ("%q"):format(st:sub(1, 40)) or tostring(st), type(st))
   end

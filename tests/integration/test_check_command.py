@@ -292,6 +292,7 @@ class CheckCommand(unittest.TestCase):
             # (a fresh user's trial: the require forgotten passed check, then every request was a 500)
             "two.lua": endpoint("GET /two/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
                                                  '    return agg.page(res)').replace('local agg = require "agg"\n', ""),
+            "five.lua": endpoint("GET /five/{id}", '    return agg.fetch_all { p = { "product", "/products/1" } }'),
             "three.lua": endpoint("GET /three/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
                                                      '    return agg.page(res, { headrs = { ["x-a"] = "b" } })'),
             "four.lua": endpoint("GET /four/{id}", '    local res = agg.fetch_all { p = { "product", "/products/1" } }\n'
@@ -310,6 +311,9 @@ class CheckCommand(unittest.TestCase):
                                   r"\(found by a dry run of GET /one/\{id\}\)", err)
             self.assertRegex(err, r"two\.lua:4: agg is not a global: begin the script with local agg = require \"agg\" "
                                   r"\(found by a dry run of GET /two/\{id\}\)", err)
+            self.assertRegex(err, r"five\.lua:4: the handler must return agg\.page\(results\) .*, it returned the results "
+                                  r"of agg\.fetch_all without agg\.page: return agg\.page\(results\) "
+                                  r"\(found by a dry run of GET /five/\{id\}\)", err)
             self.assertRegex(err, r"three\.lua:6: agg\.page: unknown option 'headrs' \(did you mean 'headers'\?\)", err)
             self.assertRegex(err, r"four\.lua:6: agg\.page: option 'headers' must be a table of name = value, got string", err)
             self.assertNotIn("lua/agg/", err)
