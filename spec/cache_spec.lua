@@ -130,6 +130,16 @@ describe("the cache", function()
     assert.equal("urn:aggway:problem:required-section-failed", gone.json.type)
   end)
 
+  -- (a fresh user's trial: the chain's uncached call showed its cached dependency's desc="hit")
+  it("gives each Server-Timing entry its own call's cache outcome, two calls under one key", function()
+    local st = '^product;dur=[%d.]+;desc="(%a+)", product;dur=[%d.]+$'
+    assert.equal("miss", gw:get("/chain-timing/1").headers["server-timing"]:match(st))
+    local page = gw:get("/chain-timing/1")
+    assert.equal(200, page.status)
+    assert.equal("hit", page.headers["server-timing"]:match(st))
+    assert.equal(2, #gw:calls("stock"))
+  end)
+
   it("serves the stale copy only for an error that would be a 500, 502, 503 or 504 (RFC 5861 §4)", function()
     -- (an attack review: a 401, 403 or 410 the upstream chose was answered with the stale copy)
     local function after(answer)

@@ -552,6 +552,12 @@ function M.init(transport)
   for k in pairs(M.stats) do M.stats[k] = 0 end
 end
 
+--- The key under which ctx.cache_desc keeps the outcomes already given to Server-Timing entries,
+-- by entry (agg.exchange add_timing): a table, so no section key equals it.
+M.BY_ENTRY = {}
+
+-- Notes the cache outcome of the call of section sec of ctx, for its Server-Timing entry (the
+-- next one of sec: agg.exchange add_timing takes it from here).
 local function outcome(ctx, sec, what)
   local d = ctx.cache_desc
   if not d then d = new_tab(0, 4) ctx.cache_desc = d end -- room for a page's few cached sections

@@ -297,6 +297,24 @@ local function let_go(x)
   if x.last then x.last = false end
 end
 
+-- Appends section key's Server-Timing entry (ms) to ctx's list (agg.runtime start) with the cache
+-- outcome agg.cache noted for the key's call, if any, kept by entry: a chain's later call under the
+-- same key, uncached, showed the earlier call's desc="hit" (a fresh user's trial).
+local BY_ENTRY = cache.BY_ENTRY
+local function add_timing(ctx, key, ms)
+  local nt = #ctx
+  ctx[nt + 1] = key
+  ctx[nt + 2] = ms
+  local d = ctx.cache_desc
+  local what = d and d[key]
+  if what then
+    d[key] = nil
+    local by = d[BY_ENTRY]
+    if not by then by = {} d[BY_ENTRY] = by end
+    by[nt + 1] = what
+  end
+end
+
 -- Ends exchange x with result r: stops its other attempts and timers, then delivers r.
 finish_exchange = function(x, r)
   if x.done then return end
@@ -313,9 +331,7 @@ finish_exchange = function(x, r)
   local g, chain = x.group, x.chain
   let_go(x)
   if ctx.done then return end
-  local nt = #ctx -- the request's Server-Timing entries (agg.runtime start)
-  ctx[nt + 1] = x.key
-  ctx[nt + 2] = r.ms or 0
+  add_timing(ctx, x.key, r.ms or 0)
   deliver(g, x.key, chain, r)
 end
 
@@ -739,9 +755,7 @@ cache.bind({
   clear_timer = function(id) return clear_timer(id) end,
   -- a section served from the cache: its Server-Timing entry, then the section
   deliver_now = function(ctx, key, g, chain, r)
-    local nt = #ctx
-    ctx[nt + 1] = key
-    ctx[nt + 2] = r.ms or 0
+    add_timing(ctx, key, r.ms or 0)
     deliver(g, key, chain, r)
   end,
 })

@@ -276,7 +276,8 @@ end
 -- Past TIMING_MAX sections, the slowest TIMING_MAX are shown, in the order they finished (ties
 -- at the threshold: the first to finish), and `_more;desc="N sections"` says how many are not.
 local function server_timing(ctx, n)
-  local desc = ctx.cache_desc -- cache outcomes by section (agg.cache), or nil
+  local desc = ctx.cache_desc -- cache outcomes (agg.cache), or nil
+  desc = desc and desc[cache.BY_ENTRY] -- by entry (agg.exchange add_timing), or nil
   local np = 0
   -- threshold: the least duration shown (nil: every one); ties: how many entries equal to it fit
   local threshold, ties
@@ -296,7 +297,7 @@ local function server_timing(ctx, n)
       parts[np + 1], parts[np + 2], parts[np + 3] =
         timing_names[ctx[i]], dur_whole[math.floor(tenths / 10)], DUR_TENTH[tenths % 10]
       np = np + 3
-      local d = desc and desc[ctx[i]]
+      local d = desc and desc[i]
       if d then np = np + 1; parts[np] = DESC[d] end
     end
   end
