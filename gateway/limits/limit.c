@@ -244,12 +244,6 @@ static uint64_t window_number(agw_limit_window_t w, uint64_t start_ms)
 
 /* ---- rates (GCRA) --------------------------------------------------------------------------- */
 
-static uint64_t emission_us(const agw_limit_rule_t *r)
-{
-    uint64_t t = r->per_s * 1000000 / r->rate;
-    return t ? t : 1;
-}
-
 static uint64_t div_up(uint64_t a, uint64_t b)
 {
     return (a + b - 1) / b;
@@ -266,7 +260,7 @@ static void rate_policy(const agw_limit_rule_t *r, agw_limit_result_t *out)
 /* The answer for a state tat (µs) at now (µs), with the request counted (counted = 1) or not. */
 static void rate_answer(const agw_limit_rule_t *r, uint64_t tat, uint64_t now, agw_limit_result_t *out)
 {
-    uint64_t t = emission_us(r), tau = t * r->burst;
+    uint64_t t = agw_limit_emission_us(r), tau = t * r->burst;
     if (tat < now)
         tat = now;
     uint64_t used = tat - now; /* the bucket's fill, in time */
@@ -276,7 +270,7 @@ static void rate_answer(const agw_limit_rule_t *r, uint64_t tat, uint64_t now, a
 
 static int rate_take(slot_t *sl, const agw_limit_rule_t *r, uint64_t now_ms, agw_limit_result_t *out)
 {
-    uint64_t t = emission_us(r), tau = t * r->burst, now = now_ms * 1000;
+    uint64_t t = agw_limit_emission_us(r), tau = t * r->burst, now = now_ms * 1000;
     uint64_t old = __atomic_load_n(&sl->state, __ATOMIC_ACQUIRE);
     for (;;) {
         uint64_t tat = old > now ? old : now;
@@ -402,7 +396,7 @@ void agw_limit_give_back(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64
                 return;
             next = old - 1; /* in an older window the count is ignored anyway */
         } else {
-            uint64_t t = emission_us(r);
+            uint64_t t = agw_limit_emission_us(r);
             next = old > t ? old - t : 0;
         }
     } while (!__atomic_compare_exchange_n(&sl->state, &old, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));

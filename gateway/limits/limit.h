@@ -215,6 +215,15 @@ void agw_limit_policy(const agw_limit_rule_t *r, uint64_t now_ms, agw_limit_resu
  * remaining (then the shortest reset_ms); -1 with no rules. Returns v->allowed. */
 int agw_limit_decide(agw_limit_verdict_t *v, size_t num);
 
+/* A rate's emission interval, µs: the time one request takes out of the bucket (GCRA's T),
+ * per_s * 1e6 / rate rounded up, so that the count never goes over the rate. Truncated, it went
+ * over by up to 1 µs a request: 700,000 a second were counted as 1,000,000 (an attack review). The
+ * local store and the Redis script count with the same interval (limit.c, limit_redis.c). */
+static inline uint64_t agw_limit_emission_us(const agw_limit_rule_t *r)
+{
+    return (r->per_s * 1000000 + r->rate - 1) / r->rate;
+}
+
 /* Seconds to say in Retry-After / the t parameter for a wait of ms: rounded up, so that a client
  * that waits that long is never early (at least 1 for a refusal). */
 static inline uint64_t agw_limit_seconds_up(uint64_t ms)

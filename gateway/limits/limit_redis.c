@@ -33,13 +33,6 @@ const char *agw_limit_redis_sha(void)
     return sha_hex;
 }
 
-/* The same emission interval as the local store (limit.c): per_s * 1e6 / rate µs, at least 1. */
-static uint64_t emission_us(const agw_limit_rule_t *r)
-{
-    uint64_t t = r->per_s * 1000000 / r->rate;
-    return t ? t : 1;
-}
-
 void agw_limit_redis_command(agw_limit_redis_cmd_t *cmd, agw_buf_t *b, int eval, const agw_limit_ask_t *asks,
                              const char *const *keys, const size_t *key_lens, size_t num, uint64_t now_ms,
                              uint64_t check)
@@ -81,7 +74,7 @@ void agw_limit_redis_command(agw_limit_redis_cmd_t *cmd, agw_buf_t *b, int eval,
             agw_limit_window_bounds(r->window, now_ms, &start, &c);
             a = r->quota;
         } else {
-            a = emission_us(r);
+            a = agw_limit_emission_us(r);
             c = a * r->burst;
         }
         ARG_BEGIN();
@@ -139,7 +132,7 @@ int agw_limit_redis_verdict(const struct redisReply *reply, const agw_limit_ask_
          * another worker's loop time) or by the rule's looser numbers before a reload is further
          * off, and is cut to it (Redis's verdict stands: an attack review found a correct Redis's
          * refusals taken for lies) */
-        uint64_t max_reset = r->is_quota ? out->window_s * 1000 : emission_us(r) * r->burst / 1000 + 1;
+        uint64_t max_reset = r->is_quota ? out->window_s * 1000 : agw_limit_emission_us(r) * r->burst / 1000 + 1;
         if (reset_ms > max_reset)
             reset_ms = max_reset;
         if (allowed > 1 || remaining > out->limit || (allowed == 0 && remaining != 0))

@@ -10,7 +10,7 @@
 -- KEYS[i]: "agw:rl:{rule}:{key}", one per rule of the request.
 -- ARGV[1]: now, ms since the epoch (the caller's clock; gateways sharing a Redis keep NTP time).
 -- ARGV[1 + 3i - 2 .. 1 + 3i] for rule i:
---   "r", emission interval µs (per_s * 1e6 / rate, at least 1), tau µs (emission * burst)
+--   "r", emission interval µs (per_s * 1e6 / rate rounded up: agw_limit_emission_us), tau µs (emission * burst)
 --   "q", quota, the window's end in ms since the epoch
 -- ARGV[2 + 3n]: the check, a whole number below 2^53 that the reply gives back, so that the
 --   gateway knows the reply answers this command (a server or proxy that sends one reply twice

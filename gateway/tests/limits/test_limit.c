@@ -35,6 +35,31 @@ static void rate_burst_then_steady(void)
     agw_limit_store_free(s);
 }
 
+/* A rate whose interval is no whole number of µs is never counted over: 700,000 a second, burst
+ * 1,000, taken as fast as it answers at every ms tick for 2 s, accepts at most the burst and
+ * 1,400,000 (the interval truncated to 1 µs accepted 2,000,000: an attack review); 3 a second,
+ * burst 3, at most the burst and 3 a second. */
+static void a_rate_is_never_counted_over(void)
+{
+    agw_limit_store_t *s = agw_limit_store_new(64);
+    agw_limit_rule_t fast = rate_rule("fast", 700000, 1, 1000), slow = rate_rule("slow", 3, 1, 3);
+    uint64_t h = agw_limit_hash(&fast, "1.2.3.4", 7), now = 1700000000000;
+    agw_limit_result_t res;
+    long ok = 0;
+    for (uint64_t t = now; t < now + 2000; t++)
+        for (int i = 0; i < 4000 && agw_limit_take(s, &fast, h, t, &res) == 1; i++)
+            ok++;
+    CHECK(ok <= 1000 + 1400000 && ok >= 1000000);
+    if (ok > 1000 + 1400000 || ok < 1000000)
+        fprintf(stderr, "700,000 a second accepted %ld in 2 s\n", ok);
+    h = agw_limit_hash(&slow, "1.2.3.4", 7);
+    ok = 0;
+    for (uint64_t t = now; t < now + 10000; t++)
+        ok += agw_limit_take(s, &slow, h, t, &res);
+    CHECK(ok <= 3 + 30 && ok >= 30); /* the burst, then 3 a second for 10 s */
+    agw_limit_store_free(s);
+}
+
 /* a daily quota resets at 00:00 UTC; a month's at the first of the next month */
 static void quota_windows_reset_at_utc_boundaries(void)
 {
@@ -160,6 +185,7 @@ static void ip_keys_count_ipv6_by_its_64_and_mapped_ipv4_as_ipv4(void)
 int main(void)
 {
     RUN(rate_burst_then_steady);
+    RUN(a_rate_is_never_counted_over);
     RUN(ip_keys_count_ipv6_by_its_64_and_mapped_ipv4_as_ipv4);
     RUN(quota_windows_reset_at_utc_boundaries);
     RUN(refused_request_is_not_counted);
