@@ -30,6 +30,11 @@ describe("a route parameter", function()
     { "/pub/.%2E", "a half-escaped '..'" },
     { "/pub/%2e", "an escaped '.'" },
     { "/pub/..;", "'..;' (a servlet container strips the ';' and resolves the dots)" },
+    { "/pub/%37", "an escaped digit (an upstream reads /stock/%37/public as /stock/7/public)" },
+    { "/pub/%61dmin", "an escaped letter (a second spelling of /pub/admin)" },
+    { "/pub/v1%2d2", "an escaped '-' in lower-case hex" },
+    { "/pub/7;x", "a ';' (a path parameter, which servlet containers strip)" },
+    { "/pub/7%3Bx", "an escaped ';'" },
   } do
     it("with " .. case[2] .. " is a 400 problem, and no call is made", function()
       local page = gw:get(case[1])
@@ -43,11 +48,13 @@ describe("a route parameter", function()
   it("may be narrowed by a pattern: a segment it does not match is a 404", function()
     assert.same({ id = "42" }, gw:get("/product-page/42").json)
     assert.same({ featured = true }, gw:get("/product-page/featured").json)
-    for _, p in ipairs { "/product-page/4x2", "/product-page/1234567890", "/product-page/%34" } do
+    for _, p in ipairs { "/product-page/4x2", "/product-page/1234567890", "/product-page/4%20" } do
       local page = gw:get(p)
       assert.equal(404, page.status, p)
       assert.equal("urn:aggway:problem:route-not-found", page.json.type)
     end
+    -- an escaped digit is refused before any pattern: "%34" is "4" to an upstream
+    assert.equal(400, gw:get("/product-page/%34").status)
   end)
 
   it("can be escaped again with agg.escape, which never leaves '/', '?' or '#'", function()

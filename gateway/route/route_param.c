@@ -12,14 +12,22 @@
 
 #include "json/json.h"
 
-/* RFC 3986 §3.3 pchar, but for '%' (pct-encoded, checked on its own): unreserved (§2.3),
- * sub-delims (§2.2), ':' and '@' */
-static int is_path_char(unsigned char c)
-{
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
-        return 1;
-    return c != '\0' && strchr("-._~!$&'()*+,;=:@", c) != NULL;
-}
+/* What a byte may be in a parameter, as it is read raw: U an unreserved character (RFC 3986 §2.3),
+ * P another §3.3 pchar (the sub-delims but ';', ':' and '@'), 0 any other byte: '%' (read on its
+ * own, as %XX), ';' (a path parameter, which servlet containers strip) and what is no path
+ * character. One load per byte, the common path's only cost. */
+enum { P = 1, U = 2 };
+static const unsigned char PARAM_CHAR[256] = {
+    ['A'] = U, ['B'] = U, ['C'] = U, ['D'] = U, ['E'] = U, ['F'] = U, ['G'] = U, ['H'] = U, ['I'] = U,
+    ['J'] = U, ['K'] = U, ['L'] = U, ['M'] = U, ['N'] = U, ['O'] = U, ['P'] = U, ['Q'] = U, ['R'] = U,
+    ['S'] = U, ['T'] = U, ['U'] = U, ['V'] = U, ['W'] = U, ['X'] = U, ['Y'] = U, ['Z'] = U, ['a'] = U,
+    ['b'] = U, ['c'] = U, ['d'] = U, ['e'] = U, ['f'] = U, ['g'] = U, ['h'] = U, ['i'] = U, ['j'] = U,
+    ['k'] = U, ['l'] = U, ['m'] = U, ['n'] = U, ['o'] = U, ['p'] = U, ['q'] = U, ['r'] = U, ['s'] = U,
+    ['t'] = U, ['u'] = U, ['v'] = U, ['w'] = U, ['x'] = U, ['y'] = U, ['z'] = U, ['0'] = U, ['1'] = U,
+    ['2'] = U, ['3'] = U, ['4'] = U, ['5'] = U, ['6'] = U, ['7'] = U, ['8'] = U, ['9'] = U, ['-'] = U,
+    ['.'] = U, ['_'] = U, ['~'] = U, ['!'] = P, ['$'] = P, ['&'] = P, ['\''] = P, ['('] = P, [')'] = P,
+    ['*'] = P, ['+'] = P, [','] = P, ['='] = P, [':'] = P, ['@'] = P,
+};
 
 int agw_route_param_valid(const char *value, size_t len)
 {
@@ -44,7 +52,7 @@ int agw_route_param_valid(const char *value, size_t len)
         if (i == len)
             break;
         if (!escaped) {
-            if (!is_path_char(s[i]))
+            if (!PARAM_CHAR[s[i]])
                 return 0;
             continue;
         }
@@ -54,6 +62,8 @@ int agw_route_param_valid(const char *value, size_t len)
         unsigned char c = (unsigned char)(h * 16 + l);
         if (c < 0x20 || c == 0x7f || c == '/' || c == '?' || c == '#')
             return 0;
+        if (PARAM_CHAR[c] == U || c == ';')
+            return 0; /* "%61dmin" is "admin" to an upstream (§6.2.2.2), "%3B" a path parameter */
         if (rn == sizeof(run)) { /* a long run: check what is whole so far, keep the tail */
             size_t k = 0;
             while (k < rn) {

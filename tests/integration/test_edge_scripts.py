@@ -1,8 +1,9 @@
 """The gateway facing a hostile client, a hostile script and a failing upstream, on a real gateway:
-the script sandbox holds in serve, route parameters that would confuse an upstream path are
-refused (and move no breaker), problems to clients carry no internal detail while the log and the
-waterfall do, a log line cannot be forged, and a header value with a control character is never
-sent."""
+the script sandbox holds in serve, route parameters that would confuse an upstream path or spell
+another route's path another way are refused (and move no breaker), problems to clients carry no
+internal detail while the log and the waterfall do, a log line cannot be forged, and a header
+value with a control character is never sent."""
+import hashlib
 import json
 import os
 import socket
@@ -39,6 +40,25 @@ SERVICES = {
 }
 
 BREAKER = {"inventory": {"breaker": {"failures": 5, "open_s": 30}}}
+
+# A protected literal route beside an open parameter route, and a cached item (the attack review's
+# alias finding: "/users/%61dmin" reached through "/users/{id}" what "/users/admin" guards, as
+# upstreams decode %61 and strip ";x", and "/items/%6Fk" was a second cache key for "/items/ok").
+USERS = """local agg = require "agg"
+return {
+  { route = "GET /users/admin", auth = "api_key", handler = function(req)
+      return agg.page(agg.fetch_all { u = { "users", "/users/admin" } })
+    end },
+  { route = "GET /users/{id}", auth = "none", handler = function(req)
+      return agg.page(agg.fetch_all { u = { "users", "/users/" .. req.params.id } })
+    end },
+  { route = "GET /items/{id}", auth = "none", handler = function(req)
+      return agg.page(agg.fetch_all { i = { "catalog", "/items/" .. req.params.id } })
+    end },
+}
+"""
+USERS_SERVICES = {"users": [route("/users/{id}", json={"id": "{id}"})],
+                  "catalog": [route("/items/{id}", json={"id": "{id}"})]}
 
 
 def raw_request(port, target):
@@ -95,6 +115,46 @@ class RouteParameters(GatewayTestCase):
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["stock"]["status"], "ok", r)
         self.assertEqual(self.mock.hits()["inventory"]["GET /stock/{id}/public"], 1)
+
+    def start_users(self):
+        keys = os.path.join(self.workdir, "api-keys.json")
+        with open(keys, "w") as f:
+            json.dump([{"sha256": hashlib.sha256(b"k-admin-1").hexdigest(), "app": "ops", "plan": "gold"}], f)
+        self.start(services=USERS_SERVICES, scripts={"users.lua": USERS},
+                   upstream_options={"catalog": {"cache": {"ttl_s": 60}}},
+                   gateway_extra={"auth": {"api_keys": {"file": keys, "header": "X-Client-Key"}, "default": "none"}})
+
+    def assertRefused(self, target):
+        status, head, body = raw_request(self.port, target)
+        self.assertEqual(status, 400, (target, head, body))
+        self.assertIn("content-type: application/problem+json", head.lower())
+        self.assertEqual(json.loads(body)["type"], "urn:aggway:problem:bad-route-parameter", target)
+
+    def test_another_spelling_of_a_protected_literal_route_is_400_not_the_open_routes_200(self):
+        self.start_users()
+        self.assertEqual(self.get("/users/admin").status, 401)
+        r = self.get("/users/admin", "-H", "X-Client-Key: k-admin-1")
+        self.assertEqual(r.status, 200, r)
+        r = self.get("/users/ada")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["u"]["data"]["id"], "ada", r)
+        for target in (b"/users/%61dmin", b"/users/adm%69n", b"/users/ADM%49N", b"/users/%61%64%6d%69%6e",
+                       b"/users/admin;x", b"/users/admin;", b"/users/admin%3Bx", b"/users/admin%3bx"):
+            self.assertRefused(target)
+        paths = [q["path"] for q in self.mock.requests("users")["requests"]]
+        self.assertEqual(paths, ["/users/admin", "/users/ada"], "only the two served requests reached the upstream")
+
+    def test_other_spellings_of_a_cached_item_are_400_and_make_no_cache_key_or_upstream_call(self):
+        self.start_users()
+        for _ in range(2):
+            r = self.get("/items/ok")
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json()["i"]["data"]["id"], "ok", r)
+        self.assertEqual(self.mock.stats()["catalog"]["requests"], 1, "the second was a cache hit")
+        for target in (b"/items/%6Fk", b"/items/%6fk", b"/items/o%6B", b"/items/o%6b", b"/items/%6F%6B",
+                       b"/items/%6f%6b", b"/items/ok;x", b"/items/ok%3B"):
+            self.assertRefused(target)
+        self.assertEqual(self.mock.stats()["catalog"]["requests"], 1, "no other spelling reached the upstream")
 
     def test_a_path_with_a_hash_from_a_script_fails_the_call_before_sending(self):
         self.start(services=SERVICES, scripts=SCRIPTS)
