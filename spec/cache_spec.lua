@@ -687,6 +687,19 @@ describe("a page made of cached sections", function()
     assert.matches("^private, max%-age=%d+$", meta.headers["cache-control"])
   end)
 
+  it("is private when its script gives it a Set-Cookie (a shared cache would hand it to everyone)", function()
+    gw:stub("cc", "/items/1", { json = { v = 1 }, headers = { ["cache-control"] = "max-age=100" } })
+    local first = gw:get("/cc-cookie/1")
+    assert.equal("sid=s-1; Path=/; HttpOnly", first.headers["set-cookie"])
+    assert.matches("^private, max%-age=%d+$", first.headers["cache-control"])
+    local again = gw:get("/cc-cookie/1")
+    assert.equal("hit", timing(again, "item"))
+    assert.matches("^private, max%-age=%d+$", again.headers["cache-control"])
+    assert.matches("^max%-age=%d+$", gw:get("/cc/1").headers["cache-control"]) -- the same entry, no cookie
+    -- the script's own Cache-Control still wins: it wrote both
+    assert.equal("max-age=5", gw:get("/cc-cookie/1?own=1").headers["cache-control"])
+  end)
+
   it("gets no-store when a section is volatile or stale", function()
     assert.equal("no-store", gw:get("/p/1").headers["cache-control"])              -- stock is not cached
     gw:stub("cc", "/items/2", { json = { v = 2 },

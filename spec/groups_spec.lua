@@ -453,6 +453,28 @@ describe("session persistence", function()
     end
   end)
 
+  it("a page that sets a session is private, though its sections are fresh shared entries", function()
+    -- a shared cache (a CDN) would keep it and hand this client's session to every client (RFC 9111
+    -- §5.2.2.7): the user's own cache may keep it as long
+    gw:stub("kept", "/p/*", { json = { id = 1 } })
+    gw:stub("keptx", "/p/*", { json = { id = 1 } })
+    local first = gw:get("/kept/1")
+    assert.matches("^agw%-kept=", first.headers["set-cookie"])
+    assert.matches("^private, max%-age=%d+$", first.headers["cache-control"]) -- (60 s less the jitter)
+    local again = gw:get("/kept/1") -- the section's entry: no call, so no session to set
+    assert.is_nil(again.headers["set-cookie"])
+    assert.matches("^max%-age=%d+$", again.headers["cache-control"])
+    -- the script's own Cache-Control too: it cannot see the session the gateway adds
+    local own = gw:get("/kept-own/2")
+    assert.matches("^agw%-kept=", own.headers["set-cookie"])
+    assert.equal("private, max-age=30", own.headers["cache-control"])
+    -- a header session likewise
+    local header = gw:get("/keptx/1")
+    assert.is_truthy(header.headers["x-kept"])
+    assert.matches("^private, max%-age=%d+$", header.headers["cache-control"])
+    assert.matches("^max%-age=%d+$", gw:get("/keptx/1").headers["cache-control"])
+  end)
+
   it("a header session: the response carries it, refreshed while idle_timeout_s allows", function()
     local page = gw:get("/pinned/1")
     local tok = page.headers["x-session"]

@@ -5,6 +5,20 @@ local testing = require "agg.testing"
 local DIR = "spec/fixtures/limits"
 local QUOTA_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
+describe("an answer with RateLimit fields", function()
+  it("is private: they are this client's counts, which a shared cache would give every client", function()
+    local gw = testing.gateway { dir = DIR }
+    gw:stub("slow", "/s", { json = { ok = true } })
+    local page = gw:get("/shared/1")
+    assert.equal('"per-ip";r=4;t=1', page.headers["ratelimit"])
+    assert.matches("^private, max%-age=%d+$", page.headers["cache-control"]) -- the user's own cache only
+    local open = gw:get("/shared-open/1") -- the same entry, no rule: no fields
+    assert.is_nil(open.headers["ratelimit"])
+    assert.matches("^max%-age=%d+$", open.headers["cache-control"])
+    assert.equal("private", gw:get("/rate").headers["cache-control"]) -- a plain response, none of its own
+  end)
+end)
+
 describe("a rate with a burst", function()
   it("accepts the burst at once, then one every 100 ms, with RateLimit fields on every answer", function()
     local gw = testing.gateway { dir = DIR }

@@ -472,7 +472,11 @@ local function load_folder(dir)
                             max_sections = (cfg and cfg.max_sections_per_request) or 1000,
                             max_json_values = (cfg and cfg.max_request_json_values) or 10000,
                             route_line = at("route"),
-                            limits = lim_names, priority = prio, literals = lit, order = #endpoints + 1, auth = policy }
+                            limits = lim_names, priority = prio,
+                            -- its accepted responses carry this client's RateLimit fields
+                            -- (worker/limits.c): agg.runtime makes them private
+                            rate_fields = (cfg and cfg.limits and cfg.limits.headers and #lim_names > 0) or false,
+                            literals = lit, order = #endpoints + 1, auth = policy }
                 shapes[sh] = e
                 endpoints[#endpoints + 1] = e
               end

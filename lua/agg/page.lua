@@ -225,11 +225,13 @@ function M.page(results, opts)
   -- Cache-Control of a page (RFC 9111; docs/operations.md, "Caching"). A partial page: no-store.
   -- A complete page (the script's own cache-control wins):
   --   a section is one user's, the edge authenticated the request,     private
-  --   or the script read req.headers
+  --   the script read req.headers, or it gave the page a Set-Cookie
   --     (a shared cache must not keep it, §5.2.2.7: with an API key in X-API-Key a shared cache
   --     would otherwise store the page and serve it without the key; a value the script took from
   --     a header field and wrote into a cached section's data would be served to clients that sent
-  --     another, as a shared cache keys by URL and Vary only)
+  --     another, as a shared cache keys by URL and Vary only; a stored Set-Cookie would be given
+  --     to every client. The gateway's own fields for this client, a group's session and the
+  --     RateLimit fields, make any response private: agg.runtime's with_client_fields)
   --   and every section is a shared cache entry still fresh             private, max-age=N
   --   every section is a shared cache entry still fresh                 max-age=N
   --     N = the smallest freshness left of the sections (s): the page is no fresher than its most
@@ -251,7 +253,7 @@ function M.page(results, opts)
       table.sort(names)
       add_vary(headers, table.concat(names, ", "), spelt)
     end
-    if personal or rt.request_private() then
+    if personal or rt.request_private() or (spelt and has_header(headers, "set-cookie", spelt)) then
       -- (a personal section is never a shared entry, so max_age is false then)
       headers["cache-control"] = cacheable and ("private, max-age=" .. math.floor(max_age / 1000)) or "private"
     elseif cacheable then

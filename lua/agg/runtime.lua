@@ -12,7 +12,7 @@
 -- The runtime's Lua half is four files: this one (a request's life: its coroutine, its context,
 -- its response), agg.fanout (fetch_all, fetch_then), agg.exchange (a section's call: breaker,
 -- retry, hedge, single-flight) and agg.result (what a call gives a script).
-local str_gsub = string.gsub
+local str_gsub, str_find = string.gsub, string.find
 local problem = require "agg.problem"
 local result = require "agg.result"
 local cache = require "agg.cache"
@@ -369,14 +369,52 @@ end
 local out = { status = 0, headers = false, body = false, json = false, default_type = false,
               server_timing = false, page = false, sections = false, rows = false }
 
--- headers: name -> value in any case (the transport lowercases names, drops invalid ones, and adds
--- default_type as content-type unless one is there).
--- The session cookies and headers of upstream groups (agg.group) that this page sets: a copy of
--- headers (the script's table may be shared) with them added.
-local function with_sessions(headers, sessions)
+-- A Cache-Control value (a string, a number or a list, as a script may give one) that keeps a
+-- shared cache from storing the response (RFC 9111 §5.2.2.7 private): v itself when it says
+-- `private` or `no-store` already, else v with `private` put first (`private, max-age=56`: the
+-- user's own cache may keep it as long as before). Anything else (nil; a value the transport
+-- would drop) becomes `private`.
+local function made_private(v)
+  local t = type(v)
+  if t == "table" then
+    for _, e in ipairs(v) do
+      local d = cache.cache_control(tostring(e))
+      if d and (d["private"] or d["no-store"]) then return v end
+    end
+    local c = { "private" }
+    for i, e in ipairs(v) do c[i + 1] = e end
+    return c
+  elseif t == "string" or t == "number" then
+    v = tostring(v)
+    local d = cache.cache_control(v)
+    if d["private"] or d["no-store"] then return v end
+    return str_find(v, "^[%s,]*$") and "private" or "private, " .. v
+  end
+  return "private"
+end
+
+-- The response headers of a request with what the gateway adds for this client alone. headers:
+-- name -> value in any case (the transport lowercases names, drops invalid ones, and adds
+-- default_type as content-type unless one is there); the result is a copy (the script's table may
+-- be shared) with the session cookies and headers of upstream
+-- groups (agg.group) that this page sets, and its Cache-Control made private (made_private, every
+-- spelling of it): a shared cache (a CDN) would otherwise keep the response and hand this
+-- client's session, or its RateLimit fields (limits.headers, added by the transport: ep.rate_fields),
+-- to every client that asks for the URL. This holds whoever wrote the Cache-Control: the script
+-- cannot see the fields the gateway adds.
+local function with_client_fields(headers, sessions)
   local h = {}
-  if headers then for k, v in pairs(headers) do h[k] = v end end
-  for _, s in pairs(sessions) do
+  local cc = false -- a spelling of cache-control was there
+  if headers then
+    for k, v in pairs(headers) do
+      if type(k) == "string" and #k == 13 and k:lower() == "cache-control" then
+        v, cc = made_private(v), true
+      end
+      h[k] = v
+    end
+  end
+  if not cc then h["cache-control"] = "private" end
+  for _, s in pairs(sessions or {}) do
     if s.cookie then
       local c = s.name .. "=" .. s.token .. "; Path=/; HttpOnly; SameSite=Lax" ..
                 (s.max_age and ("; Max-Age=" .. s.max_age) or "")
@@ -396,7 +434,7 @@ end
 -- page: "complete", "partial" or nil; sections: a page's sections; rows: a page's rows, in place
 -- of body and sections.
 local function send(ctx, status, headers, body, is_json, default_type, page, sections, rows)
-  if ctx.sessions then headers = with_sessions(headers, ctx.sessions) end
+  if ctx.sessions or (ctx.ep and ctx.ep.rate_fields) then headers = with_client_fields(headers, ctx.sessions) end
   local o = out
   o.status, o.headers, o.body, o.json, o.default_type = status, headers, body, is_json, default_type
   local nt = #ctx

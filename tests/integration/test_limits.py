@@ -129,6 +129,27 @@ class RateLimits(GatewayTestCase):
         self.assertProblem(r, 429)
         self.assertIn("ratelimit", r.headers)
 
+    def test_a_page_with_ratelimit_fields_is_private(self):
+        # a page of a fresh shared entry says max-age=N; with this client's RateLimit fields on it,
+        # a shared cache must not keep it (RFC 9111 §5.2.2.7): private, max-age=N
+        rules = [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 1, "burst": 100}]
+        page = ('    return agg.page(agg.fetch_all { s = { "item", "/item", cache = { ttl_s = 60 } } })')
+        self.start(services={"item": [route("/item", json={"ok": True})]},
+                   scripts={"a.lua": script("GET /a", page, limits=["per-ip"]),
+                            "b.lua": script("GET /b", page, limits=[]),
+                            "c.lua": script("GET /c", OK, limits=["per-ip"])},
+                   gateway_extra={"limits": limits_block(rules, headers=True)})
+        r = self.get("/a")
+        self.assertEqual(r.status, 200, r)
+        self.assertIn("ratelimit", r.headers)
+        self.assertRegex(r.headers["cache-control"], r"^private, max-age=\d+$")
+        r = self.get("/b")  # the same entry, no rule: no fields, shareable
+        self.assertNotIn("ratelimit", r.headers)
+        self.assertRegex(r.headers["cache-control"], r"^max-age=\d+$")
+        r = self.get("/c")  # a plain response without a Cache-Control of its own
+        self.assertIn("ratelimit", r.headers)
+        self.assertEqual(r.headers["cache-control"], "private")
+
     def test_header_key_counts_each_client_apart_and_quota_resets_at_utc_midnight(self):
         rules = [{"name": "daily", "key": {"header": "X-Client"}, "quota": 2, "window": "day"}]
         self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["daily"])},

@@ -250,6 +250,19 @@ class UpstreamGroups(GatewayTestCase):
             status, headers, body = self.page_with_headers("/p/%d" % i, {"cookie": new})
             self.assertEqual(body["product"]["data"]["from"], moved_to)
 
+    def test_a_page_that_sets_the_session_is_private(self):
+        # its section is a fresh shared entry (max-age=N), but a shared cache that kept the page
+        # would hand this client's session cookie to every client (RFC 9111 §5.2.2.7)
+        self.start_group(services(), {"session": {"type": "cookie", "name": "agw-product", "absolute_timeout_s": 3600},
+                                      "cache": {"ttl_s": 60}})
+        status, headers, body = self.page_with_headers("/p/1")
+        self.assertEqual(status, 200, body)
+        self.assertTrue(headers.get("set-cookie", "").startswith("agw-product="), headers)
+        self.assertRegex(headers["cache-control"], r"^private, max-age=\d+$")
+        status, headers, body = self.page_with_headers("/p/1")  # the entry: no call, no session to set
+        self.assertIsNone(headers.get("set-cookie"))
+        self.assertRegex(headers["cache-control"], r"^max-age=\d+$")
+
     def test_retries_stay_within_the_budget_and_the_rest_get_503(self):
         failing = [route("/products/{id}", status=503, json={"e": 1})]
         self.start_group(services(failing, failing, failing),
