@@ -453,6 +453,23 @@ describe("session persistence", function()
     end
   end)
 
+  it("a session whose times are later than now is no session: a new one is made, never trusted", function()
+    local id = cookie_of(gw:get("/sticky/1")):match("^(%x+)%.")
+    local now_s = math.floor(gw:now() / 1000)
+    -- made now or in the past but never expiring (absolute_timeout_s is 3600), or used in the future
+    for _, forged in ipairs { id .. ".9999999999.9999999999", id .. "." .. (now_s + 61) .. "." .. (now_s + 61),
+                              id .. "." .. now_s .. "." .. (now_s + 61), id .. "." .. ("9"):rep(40) .. "." .. now_s } do
+      local page = gw:get("/sticky/2", { headers = { cookie = "agw-sticky=" .. forged } })
+      assert.equal(200, page.status)
+      local new = cookie_of(page)
+      assert.is_truthy(new, forged)
+      assert.equal(tostring(now_s), new:match("^%x+%.(%d+)%."), forged) -- created now
+    end
+    -- up to 60 s ahead: a gateway whose clock is ahead of this one's made it
+    local ahead = id .. "." .. (now_s + 60) .. "." .. (now_s + 60)
+    assert.is_nil(cookie_of(gw:get("/sticky/3", { headers = { cookie = "agw-sticky=" .. ahead } })))
+  end)
+
   it("a page that sets a session is private, though its sections are fresh shared entries", function()
     -- a shared cache (a CDN) would keep it and hand this client's session to every client (RFC 9111
     -- §5.2.2.7): the user's own cache may keep it as long

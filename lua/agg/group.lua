@@ -256,11 +256,19 @@ local function ring_pick(g, key, avoid, now)
   return first
 end
 
+-- How far in the future (ms) a session token's times may be: the clock skew between the
+-- gateways that share a session (a token made by one whose clock is ahead) and the second the
+-- token's times are rounded to. The same as a JWT's default leeway_s (auth.jwt, RFC 7519 §4.1.4):
+-- the gateway already trusts its hosts' clocks that far. A later time is no gateway's: it would
+-- keep the session from ever reaching absolute_timeout_s or idle_timeout_s.
+local SESSION_SKEW_MS = 60000
+
 -- Session persistence (Gateway API sessionPersistence): a session token is
 -- "<endpoint id>.<created s>.<last used s>", the endpoint id a hash of its URL (the same in every
 -- worker and across reloads). Returns the endpoint the request's session pins, or nil when it has
--- none, it expired (absolute_timeout_s since created, idle_timeout_s since last used), or its
--- endpoint is ejected or `avoid`; and the session's creation time (s) when it is still valid.
+-- none, it expired (absolute_timeout_s since created, idle_timeout_s since last used), a time of
+-- it is later than now (more than SESSION_SKEW_MS: forged, so no session), or its endpoint is
+-- ejected or `avoid`; and the session's creation time (s) when it is still valid.
 local function session_endpoint(g, s, ctx, avoid, now)
   local tok = from_request(ctx, s.name, s.cookie)
   if not tok then return nil end
@@ -268,7 +276,8 @@ local function session_endpoint(g, s, ctx, avoid, now)
   local i = id and s.by_id[id]
   if not i then return nil end
   created, seen = tonumber(created), tonumber(seen)
-  if (s.absolute_ms > 0 and now - created * 1000 >= s.absolute_ms) or
+  if created * 1000 > now + SESSION_SKEW_MS or seen * 1000 > now + SESSION_SKEW_MS or
+     (s.absolute_ms > 0 and now - created * 1000 >= s.absolute_ms) or
      (s.idle_ms > 0 and now - seen * 1000 >= s.idle_ms) then
     return nil
   end

@@ -250,6 +250,26 @@ class UpstreamGroups(GatewayTestCase):
             status, headers, body = self.page_with_headers("/p/%d" % i, {"cookie": new})
             self.assertEqual(body["product"]["data"]["from"], moved_to)
 
+    def test_a_session_from_the_future_is_replaced_not_trusted(self):
+        # times later than now (beyond 60 s of clock skew) would keep a session from ever reaching
+        # absolute_timeout_s: the page makes a new one, created now
+        self.start_group(services(), {"session": {"type": "cookie", "name": "agw-product", "absolute_timeout_s": 3600}})
+        status, headers, body = self.page_with_headers("/p/1")
+        tok = headers.get("set-cookie", "").split(";")[0]
+        self.assertTrue(tok.startswith("agw-product="), headers)
+        ep_id = tok.split("=", 1)[1].split(".")[0]
+        now = int(time.time())
+        for forged in ("%s.9999999999.9999999999" % ep_id, "%s.%d.%d" % (ep_id, now, now + 3600)):
+            status, headers, body = self.page_with_headers("/p/2", {"cookie": "agw-product=" + forged})
+            self.assertEqual(status, 200, body)
+            new = headers.get("set-cookie", "").split(";")[0]
+            self.assertTrue(new.startswith("agw-product="), headers)
+            created = int(new.split("=", 1)[1].split(".")[1])
+            self.assertLessEqual(abs(created - int(time.time())), 5, new)
+        # the session the gateway made is kept: nothing to set
+        status, headers, body = self.page_with_headers("/p/3", {"cookie": tok})
+        self.assertIsNone(headers.get("set-cookie"))
+
     def test_a_page_that_sets_the_session_is_private(self):
         # its section is a fresh shared entry (max-age=N), but a shared cache that kept the page
         # would hand this client's session cookie to every client (RFC 9111 §5.2.2.7)
