@@ -30,6 +30,27 @@ describe("forward_headers", function()
     end
   end)
 
+  it("refuses the client's credentials, naming the upstream and the header and pointing to identity", function()
+    for _, h in ipairs { "Authorization", "proxy-authorization", "Cookie", "X-API-Key" } do
+      local c, e = check { "accept-language", h }
+      assert.is_nil(c, h)
+      assert.matches("gateway.lua:4: upstreams.a.forward_headers: '" .. h .. "' carries the client's credentials " ..
+                     "and is never forwarded as it is", e, 1, true)
+      assert.matches("identity = \"forward\"", e, 1, true)
+    end
+  end)
+
+  it("refuses the API key header auth.api_keys reads", function()
+    local src = "return {\n  upstreams = {\n    a = { url = \"http://127.0.0.1:1\",\n      forward_headers = FH },\n  },\n}"
+    local cfg = { auth = { api_keys = { file = "keys.json", header = "X-Client-Key" } },
+                  upstreams = { a = { url = "http://127.0.0.1:1", forward_headers = { "x-client-key" } } } }
+    local _, errs = config.check(cfg, src, "gateway.lua")
+    assert.matches("upstreams.a.forward_headers: 'x-client-key' carries the client's credentials",
+                   table.concat(errs or {}, "\n"), 1, true)
+    -- without such a block, a header of that name is anyone's
+    assert.same({ "x-client-key" }, assert(check { "x-client-key" }).upstreams[1].forward_headers)
+  end)
+
   it("suggests the option when it is misspelt", function()
     local c, errs = config.check({ upstreams = { a = { url = "http://127.0.0.1:1", forward_header = { "x" } } } },
       "return {}", "gateway.lua")

@@ -36,11 +36,29 @@ local HOP_BY_HOP = { connection = true, ["keep-alive"] = true, ["proxy-connectio
                      trailer = true, ["transfer-encoding"] = true, upgrade = true, host = true,
                      ["content-length"] = true, expect = true }
 
+-- Headers that carry the client's credentials (RFC 9110 §11.6.2 Authorization, §11.7.2
+-- Proxy-Authorization; RFC 6265 §5.4 Cookie; X-API-Key, auth.api_keys' default header): forwarded
+-- as they are, an upstream would get the client's raw bearer token, whatever its aud, or its API
+-- key, which the gateway never passes on (docs/operations.md, "Identity toward upstreams").
+local CREDENTIALS = { authorization = true, ["proxy-authorization"] = true, cookie = true, ["x-api-key"] = true }
+
+-- The credential headers of gateway.lua cfg: CREDENTIALS and the API key header auth.api_keys
+-- names (agg.edge_config checks the name; here it only has to be a string).
+local function credential_headers(cfg)
+  local a = type(cfg.auth) == "table" and cfg.auth.api_keys
+  local h = type(a) == "table" and a.header
+  if type(h) ~= "string" or CREDENTIALS[h:lower()] then return CREDENTIALS end
+  local out = { [h:lower()] = true }
+  for k in pairs(CREDENTIALS) do out[k] = true end
+  return out
+end
+
 -- upstreams.X.forward_headers = { "accept-language", … }: the client request headers every call to
--- the upstream carries (a call's own headers win). Returns the list lowercased, or nil after err().
-local function check_forward_headers(v, where, line, err)
+-- the upstream carries (a call's own headers win), never one of credentials (credential_headers).
+-- Returns the list lowercased, or nil after err().
+local function check_forward_headers(v, where, line, err, credentials)
   if type(v) ~= "table" or (next(v) ~= nil and #v == 0) then
-    err(line, where, "must be a list of header names, like { \"accept-language\", \"authorization\" }")
+    err(line, where, "must be a list of header names, like { \"accept-language\", \"x-device\" }")
     return nil
   end
   local out, seen = {}, {}
@@ -52,6 +70,10 @@ local function check_forward_headers(v, where, line, err)
       local lname = name:lower()
       if HOP_BY_HOP[lname] then
         err(line, where, ("'%s' belongs to this connection only and is never forwarded; remove it"):format(name))
+      elseif credentials[lname] then
+        err(line, where, ("'%s' carries the client's credentials and is never forwarded as it is: remove it; to pass "
+            .. "the user's identity on, give the upstream identity = \"forward\" (the user's token, when its aud "
+            .. "names the upstream's audience) or \"exchange\" (a token for it from token_exchange)"):format(name))
       elseif not seen[lname] then
         seen[lname] = true
         out[#out + 1] = lname
@@ -190,6 +212,7 @@ function M.check_upstreams(cfg, out, c)
   local names = {}
   for name in pairs(ups) do names[#names + 1] = name end
   table.sort(names, function(a, b) return tostring(a) < tostring(b) end)
+  local credentials = credential_headers(cfg)
   for _, name in ipairs(names) do
     local u = ups[name]
     local where = "upstreams." .. tostring(name)
@@ -211,7 +234,7 @@ function M.check_upstreams(cfg, out, c)
                k == "hash_key" or k == "session" or k == "health" then
           -- checked below
         elseif k == "forward_headers" then
-          e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err)
+          e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err, credentials)
         elseif k == "resolve_every_s" then
           -- how often the endpoints' host names are resolved again (group/directory.h); 0: at load only
           if not (type(v) == "number" and v % 1 == 0 and v >= 0 and v <= 86400) then

@@ -590,6 +590,29 @@ class CheckCommand(unittest.TestCase):
             with self.subTest(product=product):
                 self.assertInvalid(self.folder(self.group_source(product)), "gateway.lua", line, *words)
 
+    def test_check_refuses_forwarding_the_clients_credentials(self):
+        # forwarded as they are, an upstream would get the client's raw token (whatever its aud)
+        # or API key: identity = "forward" / "exchange" is the way (docs/operations.md)
+        for header in ("authorization", "Proxy-Authorization", "cookie", "X-API-Key"):
+            with self.subTest(header=header):
+                src = self.group_source('      url = "http://127.0.0.1:9001",\n'
+                                        '      forward_headers = { "accept-language", "%s" },' % header)
+                self.assertInvalid(self.folder(src), "gateway.lua", 6, "upstreams.product.forward_headers",
+                                   "'%s' carries the client's credentials" % header, 'identity = "forward"')
+        # the API key header auth.api_keys reads
+        src = ('return {\n'
+               '  listen = { { port = %d } },\n'
+               '  auth = { api_keys = { file = "keys.json", header = "X-Client-Key" } },\n'
+               '  upstreams = {\n'
+               '    product = { url = "http://127.0.0.1:9001", forward_headers = { "x-client-key" } },\n'
+               '  },\n'
+               '}\n') % self.port
+        d = self.folder(src, scripts={})
+        with open(os.path.join(d, "keys.json"), "w") as f:
+            f.write('[{"sha256": "%s", "app": "a", "plan": "p"}]' % ("0" * 64))
+        self.assertInvalid(d, "gateway.lua", 5, "upstreams.product.forward_headers",
+                           "'x-client-key' carries the client's credentials")
+
     def test_check_top_level_numbers_past_their_range_name_their_line(self):
         for key, value, words in [("deadline_ms", "1e46", "up to 3600000, got 1e+46"),
                                   ("deadline_ms", "3600001", "up to 3600000"),
