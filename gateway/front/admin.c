@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -98,6 +99,21 @@ static void conn_close(aconn_t *c)
         if (remake_due(a))
             ev_break(a->loop, EVBREAK_ALL);
     }
+}
+
+/* Whether the header block h (len bytes: field lines, each ending in LF or CRLF) has a field named
+ * name (lowercase), in any case. */
+static int has_field(const char *h, size_t len, const char *name)
+{
+    size_t nl = strlen(name);
+    for (const char *p = h, *e = h + len; p < e;) {
+        const char *lf = memchr(p, '\n', (size_t)(e - p));
+        size_t ll = lf ? (size_t)(lf - p) : (size_t)(e - p);
+        if (ll > nl && p[nl] == ':' && strncasecmp(p, name, nl) == 0)
+            return 1;
+        p += ll + 1;
+    }
+    return 0;
 }
 
 static void respond(agw_buf_t *out, int status, const char *reason, const char *type, const char *body, size_t len,
@@ -585,6 +601,13 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
                 (size_t)(c->in + llen - (sp2 + 1)) < 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0) {
                 static const char body[] = "bad request\n";
                 respond(&c->out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
+            } else if (sp1 - c->in == 4 && memcmp(c->in, "POST", 4) == 0 &&
+                       end > eol + 1 && has_field(eol + 1, (size_t)(end - (eol + 1)), "origin")) {
+                /* a browser's: a page the operator visits must not purge the cache (a cross-site
+                 * POST a browser sends without asking, text/plain; an attack review). Every
+                 * browser marks a POST with Origin, the operators' tools (curl) do not */
+                static const char body[] = "the admin's POST endpoints take no request from a web page (Origin)\n";
+                respond(&c->out, 403, "Forbidden", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
             } else {
                 agw_admin_respond(c->a, c->in, (size_t)(sp1 - c->in), sp1 + 1, (size_t)(sp2 - sp1 - 1), &c->out);
             }

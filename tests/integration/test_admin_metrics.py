@@ -246,6 +246,31 @@ class HealthReadyRoutes(AdminCase):
             s.sendall(b"hello\r\n\r\n")
             self.assertTrue(s.recv(100).startswith(b"HTTP/1.1 400"))
         self.assertEqual(self.admin("/healthz")[0], 200)
+        # a POST a web page makes (a browser marks it with Origin; text/plain needs no preflight)
+        # is refused: a page the operator visits must not purge the cache (an attack review). The
+        # operators' tools send none, with header fields or none at all, bare LF too
+        def raw(request):
+            with socket.create_connection(("127.0.0.1", self.admin_port), timeout=5) as s:
+                s.sendall(request)
+                got = b""
+                while True:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        return got
+                    got += chunk
+        for origin in (b"Origin: http://evil.example", b"origin: null", b"ORIGIN:http://127.0.0.1:9090"):
+            got = raw(b"POST /cache/purge?prefix=agw: HTTP/1.1\r\nHost: 127.0.0.1\r\n" + origin +
+                      b"\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n")
+            self.assertTrue(got.startswith(b"HTTP/1.1 403"), (origin, got))
+        for request in (b"POST /cache/purge?prefix=agw: HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n",
+                        b"POST /cache/purge?prefix=agw: HTTP/1.1\r\n\r\n",
+                        b"POST /cache/purge?prefix=agw: HTTP/1.1\n\n",
+                        b"POST /cache/purge?prefix=agw: HTTP/1.1\r\nX-Origin: a\r\n\r\n"):
+            got = raw(request)
+            self.assertTrue(got.startswith(b"HTTP/1.1 "), (request, got))
+            self.assertFalse(got.startswith(b"HTTP/1.1 403"), (request, got))
+        # (a GET with Origin is a read the same-origin policy keeps from other sites' pages)
+        self.assertTrue(raw(b"GET /healthz HTTP/1.1\r\nOrigin: http://evil.example\r\n\r\n").startswith(b"HTTP/1.1 200"))
         # the main port does not serve the admin paths
         self.assertEqual(self.get("/metrics").status, 404)
 
