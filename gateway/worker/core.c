@@ -340,10 +340,9 @@ static int l_call(lua_State *L)
     return 1;
 }
 
-static void on_timer_due(struct ev_loop *loop, ev_timer *t, int revents)
+static void on_timer_due(agw_timeout_t *t)
 {
-    (void)loop, (void)revents;
-    wtimer_t *tm = (wtimer_t *)t;
+    wtimer_t *tm = H2O_STRUCT_FROM_MEMBER(wtimer_t, t, t);
     wgen_t *g = tm->g;
     uint64_t id = tm->id;
     agw_slots_del(&g->w->tables.timers, id);
@@ -354,18 +353,19 @@ static void on_timer_due(struct ev_loop *loop, ev_timer *t, int revents)
     agw_worker_gen_release(g);
 }
 
-/* core.timer(ms) -> id: runtime.on_timer(id) runs ms from now (a one-shot libev timer). */
+/* core.timer(ms) -> id: runtime.on_timer(id) runs ms from now (the loop's time, as an ev_timer's:
+ * base/timeouts.h), never in the turn that started it. */
 static int l_timer(lua_State *L)
 {
     wgen_t *g = agw_worker_upg(L);
     agw_worker_t *w = g->w;
     lua_Number ms = luaL_checknumber(L, 1);
-    wtimer_t *tm = agw_malloc(sizeof(*tm));
+    wtimer_t *tm = agw_malloc(AGW_WTIMER_BLOCK); /* (see there) */
     tm->g = g;
     agw_worker_gen_hold(g);
     tm->id = agw_slots_put(&w->tables.timers, tm);
-    ev_timer_init(&tm->ev, on_timer_due, ms > 0 ? ms / 1000.0 : 0., 0.);
-    ev_timer_start(w->loop, &tm->ev);
+    agw_timeout_init(&tm->t, on_timer_due);
+    agw_timeout_start(&w->timeouts, &tm->t, ms > 0 ? ms / 1000.0 : 0.);
     lua_pushnumber(L, (lua_Number)tm->id);
     return 1;
 }
@@ -377,7 +377,7 @@ static int l_cancel_timer(lua_State *L)
     uint64_t id = (uint64_t)luaL_checknumber(L, 1);
     wtimer_t *tm = agw_slots_get(&w->tables.timers, id);
     if (tm) {
-        ev_timer_stop(w->loop, &tm->ev);
+        agw_timeout_stop(&w->timeouts, &tm->t);
         agw_slots_del(&w->tables.timers, id);
         wgen_t *g = tm->g;
         free(tm);

@@ -242,6 +242,7 @@ static void worker_idle_tick(agw_worker_t *w)
         agw_worker_calls_release_spares(w);
         agw_slots_compact(&w->tables.reqs); /* the id tables the burst grew, when empty */
         agw_slots_compact(&w->tables.calls);
+        agw_slots_compact(&w->tables.timers); /* (a burst's hedges, retries, cache lookups' waits) */
         agw_gc_trim();
     } else if (w->idle_ticks % AGW_GC_TRIM_S == 0) {
         agw_gc_trim(); /* what idle upstream connections closing since then freed */
@@ -348,6 +349,7 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
     }
     agw_worker_gens_init(&w->gens);
     w->loop = ev_loop_new(EVFLAG_AUTO);
+    agw_timeouts_init(&w->timeouts, w->loop);
     uv_loop_init(&w->uvloop);
     ev_io_init(&w->uv_io, on_uv_io, uv_backend_fd(&w->uvloop), EV_READ);
     w->uv_io.data = w;
