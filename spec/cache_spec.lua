@@ -629,12 +629,14 @@ describe("a call's cache option", function()
       post = "call to 'product': option 'cache' is for GET and HEAD calls only",
       scope = "call to 'product': cache.scope must be \"shared\" or \"user\"",
     }
+    -- the line of the faulty field of the cache block (42: the table of options), else of the
+    -- fetch_all (43) (spec/fixtures/cache/pages.lua)
+    local at = { field = "42", scope = "42", type = "43", post = "43" }
     for kind, msg in pairs(want) do
       assert.equal(500, gw:get("/bad/" .. kind).status)
       local logs = table.concat(gw:logs(), "\n")
       assert.matches(msg, logs, 1, true)
-      -- the fetch_all of /bad/{kind} (spec/fixtures/cache/pages.lua)
-      assert.matches("pages.lua:43: " .. msg, logs, 1, true)
+      assert.matches("pages.lua:" .. at[kind] .. ": " .. msg, logs, 1, true)
     end
   end)
 end)

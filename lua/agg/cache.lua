@@ -202,7 +202,10 @@ function M.merge(up_policy, call_block, level, name, forwarded, origin)
   if call_block == nil then return up_policy or false end
   local p, field, why = M.check_block(call_block, true)
   if not p then
-    error(("call to '%s': cache%s %s"):format(name, field and ("." .. field) or "", why), level + 1)
+    -- at the line of the faulty field (or of the cache option), as agg.callspec places the call's
+    -- other options (a fresh user's trial: the fetch_all's line was named)
+    where.raise(("call to '%s': cache%s %s"):format(name, field and ("." .. field) or "", why), level + 1,
+                where.option(field or "cache"))
   end
   if up_policy then
     for k, v in pairs(up_policy) do

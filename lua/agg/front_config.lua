@@ -8,6 +8,9 @@ local sys = require "agg.sys"
 
 local M = {}
 
+local LISTEN_KEYS = { port = true, host = true, tls = true, reuse_port = true }
+local ADMIN_KEYS = { port = true, host = true }
+
 -- listen = { { port = 8080, host = "0.0.0.0", reuse_port = true, tls = { cert, key } }, … }
 function M.check_listen(cfg, out, c)
   local lines, err, show, posint, find_line = c.lines, c.err, c.show, c.posint, c.find_line
@@ -24,11 +27,13 @@ function M.check_listen(cfg, out, c)
         err(lline, where, "must be a table like { port = 8080 }")
       else
         for k in pairs(l) do
-          if k ~= "port" and k ~= "host" and k ~= "tls" and k ~= "reuse_port" then
-            err(find_line(lines, k, lline), where .. "." .. tostring(k), "unknown option (port, host, tls, reuse_port)")
+          if not LISTEN_KEYS[k] then
+            err(find_line(lines, k, lline), where .. "." .. tostring(k),
+                "unknown option" .. c.suggest(tostring(k), LISTEN_KEYS) .. " (port, host, tls, reuse_port)")
           end
         end
-        if posint(l.port, where .. ".port", find_line(lines, "port", lline), 65535) then
+        -- (a missing port on the listen line: the next "port" text may be another block's)
+        if posint(l.port, where .. ".port", l.port == nil and lline or find_line(lines, "port", lline), 65535) then
           local e = { port = l.port, host = l.host or "0.0.0.0" }
           -- reuse_port: other processes (another aggway of the same user) may listen on this port
           -- too and the kernel spreads the connections (SO_REUSEPORT); off, a port in use stops the start
@@ -89,7 +94,8 @@ function M.check_admin(cfg, out, c)
       local ok = true
       for k in pairs(a) do
         if k ~= "port" and k ~= "host" then
-          err(find_line(lines, k, aline) or aline, "admin." .. tostring(k), "unknown option (port, host)")
+          err(find_line(lines, k, aline) or aline, "admin." .. tostring(k),
+              "unknown option" .. c.suggest(tostring(k), ADMIN_KEYS) .. " (port, host)")
           ok = false
         end
       end

@@ -414,7 +414,14 @@ local function load_folder(dir)
               errors[#errors + 1] = ("%s:%d: %s: %d more unknown keys"):format(file, e_line, where, unknown - 10)
             end
             local r, rerr = M.parse_route(ep.route)
-            if not r then
+            if not r and ep.route == nil then
+              -- (on the handler's line, naming the endpoint: the text "route" may be another
+              -- endpoint's, or nowhere; a fresh user's trial got "route must be a string" at the
+              -- first endpoint's line)
+              errors[#errors + 1] = ("%s:%d: %s: route is missing: give it route = \"GET /product-page/{id}\""):format(
+                file, e_line, where)
+              bad = true
+            elseif not r then
               errors[#errors + 1] = ("%s:%d: %s"):format(file, at("route"), rerr)
               bad = true
             end

@@ -557,9 +557,17 @@ class AdminConfig(GatewayTestCase):
                              '  access_log = 42,\n  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
                              '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
         self.assertEqual(rc, 1)
-        self.assertIn("gateway.lua:3: admin.hots: unknown option (port, host)", err)
+        self.assertIn("gateway.lua:3: admin.hots: unknown option (did you mean 'host'?) (port, host)", err)
         self.assertIn("gateway.lua:3: admin.port: port 8080 is also a listen port", err)
         self.assertIn('gateway.lua:4: access_log: must be a file path, "stderr", or false, got 42', err)
+        # a listen entry's port misspelt: the missing port on the listen line, not on the next
+        # "port" text (the admin's, line 3: a fresh user's trial), and the spelling it meant
+        rc, err = self.check('return {\n  listen = { { prot = 8085 } },\n  admin = { port = 8095 },\n'
+                             '  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
+                             '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
+        self.assertEqual(rc, 1)
+        self.assertIn("gateway.lua:2: listen[1].prot: unknown option (did you mean 'port'?) (port, host, tls, reuse_port)", err)
+        self.assertIn("gateway.lua:2: listen[1].port: must be a positive whole number up to 65535, got nil", err)
         rc, err = self.check('return {\n  admin = { port = 70000 },\n  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
                              '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
         self.assertEqual(rc, 1)

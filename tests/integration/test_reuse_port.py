@@ -117,7 +117,7 @@ class ReusePort(GatewayTestCase):
         self.assertIn(b"gateway.lua:3: listen[1].reuse_port: must be true or false, got string \"yes\"", r.stderr)
         write_scripts(sdir, {}, "return {\n  listen = { { port = 8080, reuse = true } },\n  upstreams = {},\n}\n")
         r = harness.run_aggway("check", "-c", sdir)
-        self.assertIn(b"listen[1].reuse: unknown option (port, host, tls, reuse_port)", r.stderr)
+        self.assertIn(b"listen[1].reuse: unknown option (did you mean 'reuse_port'?) (port, host, tls, reuse_port)", r.stderr)
 
 
 if __name__ == "__main__":
