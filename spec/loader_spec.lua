@@ -301,6 +301,13 @@ describe("a file with many mistakes", function()
     assert.equal(3, #errors, text)
   end)
 
+  it("names both lines of a route given twice in one file", function()
+    local errors, text = refused("tworoutes")
+    assert.equal(1, #errors, text)
+    assert.matches("tworoutes/page%.lua:5: route 'GET /a/{id}' conflicts with 'GET /a/{id}' at [^ ]*tworoutes/page%.lua:4$",
+                   text)
+  end)
+
   it("puts a missing handler with no key like it on the endpoint's route line", function()
     local errors, text = refused("nohandler")
     assert.equal(1, #errors, text)

@@ -469,8 +469,14 @@ local function load_folder(dir)
             end
             if not bad then
               local sh = shape(r)
-              if shapes[sh] then
-                errors[#errors + 1] = ("%s:%d: route '%s' conflicts with '%s' in %s"):format(file, at("route"), ep.route, shapes[sh].route, shapes[sh].file)
+              local other = shapes[sh]
+              if other then
+                -- named at both lines (the same route text twice in one file: this one's handler line,
+                -- as the text's first line is the other's)
+                local line = at("route")
+                if other.file == file and other.route_line == line then line = e_line end
+                errors[#errors + 1] = ("%s:%d: route '%s' conflicts with '%s' at %s:%d"):format(file, line, ep.route,
+                  other.route, other.file, other.route_line)
               else
                 local lit = 0
                 for _, s in ipairs(r.segments) do if type(s) == "string" then lit = lit + 1 end end
