@@ -26,6 +26,8 @@ describe("the sandbox keeps a script away from the machine:", function()
   end)
 
   it("require 'io' and require 'ffi'", function()
+    refused([[return require "agg.testing"]], "module 'agg.testing' is not available to scripts: it is the spec harness: " ..
+            "keep *_spec.lua files out of the scripts folder")
     refused([[return require "io"]], "module 'io' is not available to scripts")
     refused([[return require "ffi"]], "module 'ffi' is not available to scripts")
   end)
@@ -55,9 +57,10 @@ describe("the sandbox keeps a script away from the machine:", function()
   end)
 
   it("the C modules whose objects own C memory (a limits store, a breaker), and their metatables", function()
-    for _, m in ipairs { "agg.limiter", "agg.breaker", "agg.router", "agg.resp_headers", "agg.testing" } do
+    for _, m in ipairs { "agg.limiter", "agg.breaker", "agg.router", "agg.resp_headers" } do
       refused(("return require %q"):format(m), "module '" .. m .. "' not found")
     end
+    refused([[return require "agg.testing"]], "module 'agg.testing' is not available to scripts") -- (below)
     -- what a script does get (agg, its json values) leads to no store or breaker either: the
     -- runtime that holds the breakers (core.breakers) and the harness that holds a store are
     -- refused above. And were one reached (a trusted folder, a spec), its metatable is guarded:

@@ -272,12 +272,17 @@ local MODULES = {
 local REFUSED_MODULES = {
   io = SANDBOX, ffi = SANDBOX, package = SANDBOX,
   ["jit.util"] = SANDBOX, ["jit.profile"] = SANDBOX, ["string.buffer"] = NO_BYTECODE,
+  -- (a spec left in the scripts folder, where every .lua file loads as an endpoint: "module
+  -- 'agg.testing' not found" said nothing of that; a fresh user's trial)
+  ["agg.testing"] = "it is the spec harness: keep *_spec.lua files out of the scripts folder (in spec/ beside it), " ..
+                    "where every .lua file is loaded as an endpoint",
 }
 
--- Globals that are refused: reading one raises at once (a nil would fail later, less clearly).
 --- The error a script's read of the global `agg` raises (it has none: the library is a module).
 M.NO_AGG = 'agg is not a global: begin the script with local agg = require "agg"'
 local NO_AGG = M.NO_AGG
+
+-- Globals that are refused: reading one raises at once (a nil would fail later, less clearly).
 
 local REFUSED_GLOBALS = {
   io = SANDBOX, package = SANDBOX, ffi = SANDBOX, loadfile = SANDBOX, dofile = SANDBOX,
