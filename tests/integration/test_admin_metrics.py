@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 from harness import (AGGWAY_BIN, SOURCE_DIR, START_TIMEOUT, Gateway, GatewayTestCase, endpoint, free_port, main,
-                     route, run_aggway, wait_until, write_scripts, gateway_lua)
+                     read_all, route, run_aggway, wait_until, write_scripts, gateway_lua)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,12 +252,7 @@ class HealthReadyRoutes(AdminCase):
         def raw(request):
             with socket.create_connection(("127.0.0.1", self.admin_port), timeout=5) as s:
                 s.sendall(request)
-                got = b""
-                while True:
-                    chunk = s.recv(4096)
-                    if not chunk:
-                        return got
-                    got += chunk
+                return read_all(s, 5)
         for origin in (b"Origin: http://evil.example", b"origin: null", b"ORIGIN:http://127.0.0.1:9090"):
             got = raw(b"POST /cache/purge?prefix=agw: HTTP/1.1\r\nHost: 127.0.0.1\r\n" + origin +
                       b"\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n")
