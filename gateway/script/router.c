@@ -1,6 +1,7 @@
 /* router.c: route table (see router.h). */
 #include "script/router.h"
 
+#include "base/hex.h"
 #include "base/luamod.h"
 #include "base/mem.h"
 
@@ -68,6 +69,36 @@ static inline int next_segment(const char *path, size_t path_len, size_t *pos, c
     return 1;
 }
 
+/* Whether request segment seg (len bytes, as sent) is the literal segment lit (lit_len bytes) once
+ * its %XX escapes are decoded, in either hex case. An upstream that decodes its path reads
+ * /users/%61dmin or /users/me%3Aadmin as /users/admin or /users/me:admin (RFC 3986 §6.2.2.2 for
+ * the unreserved characters; most servers decode the sub-delims, ':' and '@' too), so the literal
+ * route serves such a spelling, with its auth and limits, and no parameter route beside it does (an
+ * attack review). A malformed escape never matches. Costs a memcmp as before unless the segment is
+ * longer than the literal and holds a '%'. */
+static int seg_is_literal(const char *seg, size_t len, const char *lit, size_t lit_len)
+{
+    if (len == lit_len)
+        return memcmp(seg, lit, len) == 0;
+    if (len < lit_len || memchr(seg, '%', len) == NULL) /* (an escape is longer than its byte) */
+        return 0;
+    size_t j = 0;
+    for (size_t i = 0; i < len; i++, j++) {
+        unsigned char c = (unsigned char)seg[i];
+        if (c == '%') {
+            int h = i + 2 < len ? agw_hex_digit((unsigned char)seg[i + 1]) : -1;
+            int l = i + 2 < len ? agw_hex_digit((unsigned char)seg[i + 2]) : -1;
+            if (h < 0 || l < 0)
+                return 0;
+            c = (unsigned char)(h * 16 + l);
+            i += 2;
+        }
+        if (j >= lit_len || (unsigned char)lit[j] != c)
+            return 0;
+    }
+    return j == lit_len;
+}
+
 /* Whether path[pos..) matches the segments of rt from index i on, parameters taking any segment:
  * a bad parameter is a 400 only for a path of a route's shape. */
 static int match_rest_shape(const agw_route_t *rt, size_t i, const char *path, size_t pos, size_t path_len)
@@ -77,7 +108,7 @@ static int match_rest_shape(const agw_route_t *rt, size_t i, const char *path, s
         size_t len;
         if (!next_segment(path, path_len, &pos, &seg, &len))
             return 0;
-        if (!rt->segs[i].is_param && (len != rt->segs[i].len || memcmp(seg, rt->segs[i].text, len) != 0))
+        if (!rt->segs[i].is_param && !seg_is_literal(seg, len, rt->segs[i].text, rt->segs[i].len))
             return 0;
         pos += len;
     }
@@ -114,7 +145,7 @@ static int match_path(const agw_route_t *rt, const char *path, size_t path_len, 
             params[np].value = seg;
             params[np].value_len = len;
             np++;
-        } else if (len != s->len || memcmp(seg, s->text, len) != 0) {
+        } else if (!seg_is_literal(seg, len, s->text, s->len)) {
             return 0;
         }
         pos += len;

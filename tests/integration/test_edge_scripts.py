@@ -43,11 +43,15 @@ BREAKER = {"inventory": {"breaker": {"failures": 5, "open_s": 30}}}
 
 # A protected literal route beside an open parameter route, and a cached item (the attack review's
 # alias finding: "/users/%61dmin" reached through "/users/{id}" what "/users/admin" guards, as
-# upstreams decode %61 and strip ";x", and "/items/%6Fk" was a second cache key for "/items/ok").
+# upstreams decode %61 and strip ";x", and "/items/%6Fk" was a second cache key for "/items/ok";
+# a review's: "/users/me%3Aadmin" beside "/users/me:admin").
 USERS = """local agg = require "agg"
 return {
   { route = "GET /users/admin", auth = "api_key", handler = function(req)
       return agg.page(agg.fetch_all { u = { "users", "/users/admin" } })
+    end },
+  { route = "GET /users/me:admin", auth = "api_key", handler = function(req)
+      return agg.page(agg.fetch_all { u = { "users", "/users/me:admin" } })
     end },
   { route = "GET /users/{id}", auth = "none", handler = function(req)
       return agg.page(agg.fetch_all { u = { "users", "/users/" .. req.params.id } })
@@ -130,7 +134,7 @@ class RouteParameters(GatewayTestCase):
         self.assertIn("content-type: application/problem+json", head.lower())
         self.assertEqual(json.loads(body)["type"], "urn:aggway:problem:bad-route-parameter", target)
 
-    def test_another_spelling_of_a_protected_literal_route_is_400_not_the_open_routes_200(self):
+    def test_another_spelling_of_a_protected_literal_route_is_that_route_never_the_open_ones(self):
         self.start_users()
         self.assertEqual(self.get("/users/admin").status, 401)
         r = self.get("/users/admin", "-H", "X-Client-Key: k-admin-1")
@@ -138,8 +142,15 @@ class RouteParameters(GatewayTestCase):
         r = self.get("/users/ada")
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["u"]["data"]["id"], "ada", r)
-        for target in (b"/users/%61dmin", b"/users/adm%69n", b"/users/ADM%49N", b"/users/%61%64%6d%69%6e",
-                       b"/users/admin;x", b"/users/admin;", b"/users/admin%3Bx", b"/users/admin%3bx"):
+        # what decodes to a literal segment is the literal route's (its auth), in either hex case,
+        # ':' too (a review: %3A reached the open route beside GET /users/me:admin)
+        for target in (b"/users/%61dmin", b"/users/adm%69n", b"/users/%61%64%6d%69%6e", b"/users/me%3Aadmin",
+                       b"/users/me%3aadmin", b"/%75sers/admin"):
+            status, head, body = raw_request(self.port, target)
+            self.assertEqual(status, 401, (target, head, body))
+        # a parameter's escapes of unreserved characters (another spelling of some value) and ';'
+        # (a path parameter upstreams strip) are refused
+        for target in (b"/users/ADM%49N", b"/users/admin;x", b"/users/admin;", b"/users/admin%3Bx", b"/users/admin%3bx"):
             self.assertRefused(target)
         paths = [q["path"] for q in self.mock.requests("users")["requests"]]
         self.assertEqual(paths, ["/users/admin", "/users/ada"], "only the two served requests reached the upstream")
