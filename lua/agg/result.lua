@@ -231,11 +231,18 @@ function M.error_text(err)
   if type(err) ~= "string" then
     return ("an error value of type %s (use error(\"message\") to say what is wrong)"):format(type(err))
   end
+  -- (a newcomer's first mistake: "attempt to index global 'agg' (a nil value)" named no cure, and
+  -- aggway check's dry run passed it, agg.dryrun; the global stays nil, as `agg or require "agg"`
+  -- reads it)
+  if str_find(err, "global 'agg' (a nil value)", 1, true) then err = err .. ": " .. M.NO_AGG end
   if #err > MESSAGE_MAX then
     return err:sub(1, MESSAGE_MAX) .. ("…(%d bytes in all)"):format(#err)
   end
   return err
 end
+
+--- What a script that uses `agg` without its require is told (M.error_text adds it to the message).
+M.NO_AGG = 'agg is not a global: begin the script with local agg = require "agg"'
 
 --- Logs a script error of request ctx: what (nil, or "continuation of s", "fallback of s"), err
 -- (the error value), co: the coroutine it was raised in (its traceback is logged, and a message

@@ -278,10 +278,6 @@ local REFUSED_MODULES = {
                     "where every .lua file is loaded as an endpoint",
 }
 
---- The error a script's read of the global `agg` raises (it has none: the library is a module).
-M.NO_AGG = 'agg is not a global: begin the script with local agg = require "agg"'
-local NO_AGG = M.NO_AGG
-
 -- Globals that are refused: reading one raises at once (a nil would fail later, less clearly).
 
 local REFUSED_GLOBALS = {
@@ -493,9 +489,8 @@ new_env = function(box)
     __index = function(_, k)
       local why = REFUSED_GLOBALS[k]
       if why then error(tostring(k) .. " is not available to scripts: " .. why, 2) end
-      -- (a newcomer's first mistake: "attempt to index global 'agg' (a nil value)" said nothing of
-      -- the cure, and as a Lua error it passed aggway check's dry run, agg.dryrun)
-      if k == "agg" then error(NO_AGG, 2) end
+      -- (`agg` is nil here, as a script's `local agg = agg or require "agg"` expects: a script that
+      -- indexes it without the require is told the cure by agg.result.error_text)
       return nil
     end,
   })

@@ -309,7 +309,8 @@ class CheckCommand(unittest.TestCase):
             self.assertEqual(rc, 1, out + err)
             self.assertRegex(err, r"one\.lua:5: agg\.fetchall is not a function of agg \(did you mean 'fetch_all'\?\) "
                                   r"\(found by a dry run of GET /one/\{id\}\)", err)
-            self.assertRegex(err, r"two\.lua:4: agg is not a global: begin the script with local agg = require \"agg\" "
+            self.assertRegex(err, r"two\.lua:4: attempt to index global 'agg' \(a nil value\): "
+                                  r"agg is not a global: begin the script with local agg = require \"agg\" "
                                   r"\(found by a dry run of GET /two/\{id\}\)", err)
             self.assertRegex(err, r"five\.lua:4: the handler must return agg\.page\(results\) .*, it returned the results "
                                   r"of agg\.fetch_all without agg\.page: return agg\.page\(results\) "
