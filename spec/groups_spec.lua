@@ -485,6 +485,22 @@ describe("session persistence", function()
     local own = gw:get("/kept-own/2")
     assert.matches("^agw%-kept=", own.headers["set-cookie"])
     assert.equal("private, max-age=30", own.headers["cache-control"])
+    -- (a review: a qualified private="…" lets a shared cache keep the rest, public and s-maxage
+    -- invite it, and a value the transport drops left no Cache-Control at all)
+    for cc, want in pairs {
+      ['private="x-foo", max-age=600'] = "private, max-age=600",
+      ["public, max-age=600"] = "private, max-age=600",
+      ["s-maxage=600, must-revalidate"] = "private, must-revalidate",
+      ["PUBLIC,s-maxage=1 ,no-cache=\"a, b\""] = 'private, no-cache="a, b"',
+      ["no-store"] = "private, no-store",
+      ["private"] = "private",
+    } do
+      local page = gw:get("/kept-cc/" .. #cc, { headers = { ["x-cc"] = cc } })
+      assert.matches("^agw%-kept=", page.headers["set-cookie"], 1, cc)
+      assert.equal(want, page.headers["cache-control"], cc)
+    end
+    local listed = gw:get("/kept-cc/100", { headers = { ["x-cc"] = "public", ["x-cc2"] = "max-age=5" } })
+    assert.equal("private, max-age=5", listed.headers["cache-control"])
     -- a header session likewise
     local header = gw:get("/keptx/1")
     assert.is_truthy(header.headers["x-kept"])

@@ -12,7 +12,7 @@
 -- The runtime's Lua half is four files: this one (a request's life: its coroutine, its context,
 -- its response), agg.fanout (fetch_all, fetch_then), agg.exchange (a section's call: breaker,
 -- retry, hedge, single-flight) and agg.result (what a call gives a script).
-local str_gsub, str_find = string.gsub, string.find
+local str_gsub, str_find, str_match = string.gsub, string.find, string.match
 local problem = require "agg.problem"
 local result = require "agg.result"
 local cache = require "agg.cache"
@@ -369,28 +369,54 @@ end
 local out = { status = 0, headers = false, body = false, json = false, default_type = false,
               server_timing = false, page = false, sections = false, rows = false }
 
--- A Cache-Control value (a string, a number or a list, as a script may give one) that keeps a
--- shared cache from storing the response (RFC 9111 §5.2.2.7 private): v itself when it says
--- `private` or `no-store` already, else v with `private` put first (`private, max-age=56`: the
--- user's own cache may keep it as long as before). Anything else (nil; a value the transport
--- would drop) becomes `private`.
-local function made_private(v)
-  local t = type(v)
-  if t == "table" then
-    for _, e in ipairs(v) do
-      local d = cache.cache_control(tostring(e))
-      if d and (d["private"] or d["no-store"]) then return v end
+-- Directives that let a shared cache store a response or speak only to one: dropped beside
+-- `private` (RFC 9111 §5.2.2.7 private, §5.2.2.9 public, §5.2.2.10 s-maxage, §5.2.2.8
+-- proxy-revalidate). A qualified private="field" lets a shared cache store the response less the
+-- fields it names, so it is dropped too and a bare private put in its place.
+local NOT_PRIVATE = { private = true, public = true, ["s-maxage"] = true, ["proxy-revalidate"] = true }
+
+-- The directives of a Cache-Control value s, appended to out (commas inside a quoted string do not
+-- split: no-cache="a, b"), trimmed, empty ones left out.
+local function cc_directives(s, out)
+  local start, quoted, escaped = 1, false, false
+  for i = 1, #s + 1 do
+    local c = s:byte(i)
+    if escaped then
+      escaped = false
+    elseif quoted and c == 92 then
+      escaped = true
+    elseif c == 34 then
+      quoted = not quoted
+    elseif c == nil or (c == 44 and not quoted) then
+      local d = str_match(s:sub(start, i - 1), "^%s*(.-)%s*$")
+      if d ~= "" then out[#out + 1] = d end
+      start = i + 1
     end
-    local c = { "private" }
-    for i, e in ipairs(v) do c[i + 1] = e end
-    return c
-  elseif t == "string" or t == "number" then
-    v = tostring(v)
-    local d = cache.cache_control(v)
-    if d["private"] or d["no-store"] then return v end
-    return str_find(v, "^[%s,]*$") and "private" or "private, " .. v
   end
-  return "private"
+end
+
+-- A Cache-Control value (a string, a number or a list, as a script may give one) that keeps a
+-- shared cache from storing the response (RFC 9111 §5.2.2.7): `private`, then v's other directives
+-- but those of NOT_PRIVATE (`private, max-age=56`: the user's own cache may keep it as long as
+-- before; `public, max-age=600` gives `private, max-age=600`). A value with a control character,
+-- which the transport would drop with the header, and anything else (nil) become `private`.
+local function made_private(v)
+  local t, parts = type(v), {}
+  if t == "table" then
+    for _, e in ipairs(v) do parts[#parts + 1] = tostring(e) end
+  elseif t == "string" or t == "number" then
+    parts[1] = tostring(v)
+  end
+  local ds = {}
+  for _, p in ipairs(parts) do
+    if str_find(p, "[%z\1-\8\10-\31\127]") then return "private" end
+    cc_directives(p, ds)
+  end
+  local keep = { "private" }
+  for _, d in ipairs(ds) do
+    if not NOT_PRIVATE[str_match(d, "^[^=%s]*"):lower()] then keep[#keep + 1] = d end
+  end
+  return table.concat(keep, ", ")
 end
 
 -- The response headers of a request with what the gateway adds for this client alone. headers:

@@ -73,7 +73,9 @@ local function check_forward_headers(v, where, line, err, credentials)
       elseif credentials[lname] then
         err(line, where, ("'%s' carries the client's credentials and is never forwarded as it is: remove it; to pass "
             .. "the user's identity on, give the upstream identity = \"forward\" (the user's token, when its aud "
-            .. "names the upstream's audience) or \"exchange\" (a token for it from token_exchange)"):format(name))
+            .. "names the upstream's audience) or \"exchange\" (a token for it from token_exchange); for an "
+            .. "upstream that checks the client's own credential itself, give it in the calls that need it, "
+            .. "headers = { [\"%s\"] = req.headers[\"%s\"] }"):format(name, lname, lname))
       elseif not seen[lname] then
         seen[lname] = true
         out[#out + 1] = lname
