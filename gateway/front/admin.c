@@ -604,8 +604,8 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
             } else if (sp1 - c->in == 4 && memcmp(c->in, "POST", 4) == 0 &&
                        end > eol + 1 && has_field(eol + 1, (size_t)(end - (eol + 1)), "origin")) {
                 /* a browser's: a page the operator visits must not purge the cache (a cross-site
-                 * POST a browser sends without asking, text/plain; an attack review). Every
-                 * browser marks a POST with Origin, the operators' tools (curl) do not */
+                 * POST a browser sends without asking, text/plain; an attack review). Current
+                 * browsers mark a POST with Origin, the operators' tools (curl) do not */
                 static const char body[] = "the admin's POST endpoints take no request from a web page (Origin)\n";
                 respond(&c->out, 403, "Forbidden", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
             } else {
