@@ -273,6 +273,8 @@ describe("deadlines", function()
     -- agg.fetch has no section key: its problem and Server-Timing entry name the upstream
     assert.equal("section b, upstream b", page.json.second.error.detail)
     assert.matches("^a;dur=100", page.headers["server-timing"])
+    -- the log says the deadline cut it, not the call's own timeout_ms
+    assert.matches("(the page's deadline cut the call's timeout)", table.concat(gw:logs(), "\n"), 1, true)
   end)
 
   it("gives req.remaining_ms() from the endpoint's deadline", function()

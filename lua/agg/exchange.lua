@@ -267,7 +267,13 @@ local function make_result(x, outcome, http_status, headers, body, data, ms, det
     fail(ctx, r, problem.for_http_status(http_status, key, spec.upstream), spec)
   else
     -- what the transport said (address, errno text, TLS reason) is for the log only (agg.problem)
-    if outcome ~= "cancelled" then log_call_failure(ctx, key, spec.upstream, detail or outcome) end
+    if outcome ~= "cancelled" then
+      local said = detail or outcome
+      -- (a call the page's deadline cut: the limit that passed was the deadline's, not its
+      -- timeout_ms; a fresh user's trial read "no response within 59 ms" for a 150 ms call)
+      if outcome == "timeout" and x.clamped then said = said .. " (the page's deadline cut the call's timeout)" end
+      log_call_failure(ctx, key, spec.upstream, said)
+    end
     fail(ctx, r, problem.for_outcome(outcome, key, spec.upstream), spec)
   end
   return r
