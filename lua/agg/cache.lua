@@ -291,12 +291,34 @@ local function block_get(block, name)
 end
 M.block_get = block_get
 
+--- The directives of a Cache-Control value s, appended to out (commas inside a quoted string do not
+-- split: no-cache="a, b"), trimmed, empty ones left out.
+local function cc_directives(s, out)
+  local start, quoted, escaped = 1, false, false
+  for i = 1, #s + 1 do
+    local c = s:byte(i)
+    if escaped then
+      escaped = false
+    elseif quoted and c == 92 then
+      escaped = true
+    elseif c == 34 then
+      quoted = not quoted
+    elseif c == nil or (c == 44 and not quoted) then
+      local d = str_match(s:sub(start, i - 1), "^%s*(.-)%s*$")
+      if d ~= "" then out[#out + 1] = d end
+      start = i + 1
+    end
+  end
+end
+M.cc_directives = cc_directives
+
 -- Cache-Control directives (RFC 9111 §5.2.2; RFC 5861 §3, §4) of an upstream response (cc: the
 -- header's value or nil).
 local function cache_control(cc)
   if type(cc) ~= "string" then return nil end
-  local d = {}
-  for item in str_gmatch(cc:lower(), "[^,]+") do
+  local d, items = {}, {}
+  cc_directives(cc:lower(), items)
+  for _, item in ipairs(items) do
     local name, val = str_match(item, "^%s*([%w%-]+)%s*=?%s*\"?([^\"]*)\"?%s*$")
     if name then d[name] = tonumber(val) or true end
   end

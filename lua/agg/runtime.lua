@@ -375,26 +375,6 @@ local out = { status = 0, headers = false, body = false, json = false, default_t
 -- fields it names, so it is dropped too and a bare private put in its place.
 local NOT_PRIVATE = { private = true, public = true, ["s-maxage"] = true, ["proxy-revalidate"] = true }
 
--- The directives of a Cache-Control value s, appended to out (commas inside a quoted string do not
--- split: no-cache="a, b"), trimmed, empty ones left out.
-local function cc_directives(s, out)
-  local start, quoted, escaped = 1, false, false
-  for i = 1, #s + 1 do
-    local c = s:byte(i)
-    if escaped then
-      escaped = false
-    elseif quoted and c == 92 then
-      escaped = true
-    elseif c == 34 then
-      quoted = not quoted
-    elseif c == nil or (c == 44 and not quoted) then
-      local d = str_match(s:sub(start, i - 1), "^%s*(.-)%s*$")
-      if d ~= "" then out[#out + 1] = d end
-      start = i + 1
-    end
-  end
-end
-
 -- A Cache-Control value (a string, a number or a list, as a script may give one) that keeps a
 -- shared cache from storing the response (RFC 9111 §5.2.2.7): `private`, then v's other directives
 -- but those of NOT_PRIVATE (`private, max-age=56`: the user's own cache may keep it as long as
@@ -410,7 +390,7 @@ local function made_private(v)
   local ds = {}
   for _, p in ipairs(parts) do
     if str_find(p, "[%z\1-\8\10-\31\127]") then return "private" end
-    cc_directives(p, ds)
+    cache.cc_directives(p, ds)
   end
   local keep = { "private" }
   for _, d in ipairs(ds) do
