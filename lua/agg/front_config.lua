@@ -93,7 +93,7 @@ function M.check_admin(cfg, out, c)
     else
       local ok = true
       for k in pairs(a) do
-        if k ~= "port" and k ~= "host" then
+        if not ADMIN_KEYS[k] then
           err(find_line(lines, k, aline) or aline, "admin." .. tostring(k),
               "unknown option" .. c.suggest(tostring(k), ADMIN_KEYS) .. " (port, host)")
           ok = false
