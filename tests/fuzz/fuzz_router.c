@@ -8,7 +8,8 @@
  *   - an accepted route's segments rebuild its path, literals hold RFC 3986 path characters only
  *     (pchar without percent-encoding), parameter names are identifiers and differ;
  *   - every request's result equals a reference matcher written here (path split at '/', table
- *     order, HEAD served by GET; a parameter's characters and pattern judged by route_param.h):
+ *     order, HEAD served by GET; a literal segment matched by the request's segment decoded, so
+ *     /users/%61dmin is /users/admin's; a parameter's characters and pattern judged by route_param.h):
  *     the same endpoint on a match, 400 when no route matches and one would with a parameter
  *     route_param.h refuses, 405 with exactly the other methods that match the path in Allow
  *     (plus HEAD after GET), 404 otherwise;
@@ -54,6 +55,27 @@ static void fail(const char *what, const char *a, size_t alen)
     abort();
 }
 
+/* Reference: whether a request's segment spells a route's literal segment. It is decoded whole
+ * (%XX in either hex case; a malformed escape spells nothing) and compared with the literal, which
+ * holds no '%'. */
+static int ref_literal(const char *s, size_t len, const char *lit, size_t lit_len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++, n++) {
+        char c = s[i];
+        if (c == '%') {
+            if (i + 2 >= len || !isxdigit((unsigned char)s[i + 1]) || !isxdigit((unsigned char)s[i + 2]))
+                return 0;
+            char hex[3] = {s[i + 1], s[i + 2], '\0'};
+            c = (char)strtol(hex, NULL, 16);
+            i += 2;
+        }
+        if (n >= lit_len || lit[n] != c)
+            return 0;
+    }
+    return n == lit_len;
+}
+
 /* Reference: 1 when path matches route r, -1 when it would but for a parameter route_param.h
  * refuses, 0 when not (router.h's rules, segment by segment from the left). */
 static int ref_match(const ref_route_t *r, const char *path, size_t n)
@@ -79,7 +101,7 @@ static int ref_match(const ref_route_t *r, const char *path, size_t n)
         const char *s = segs[k];
         size_t len = lens[k];
         if (!r->is_param[k]) {
-            if (len != r->lens[k] || memcmp(s, r->segs[k], len) != 0)
+            if (!ref_literal(s, len, r->segs[k], r->lens[k]))
                 return 0;
             continue;
         }
@@ -87,7 +109,7 @@ static int ref_match(const ref_route_t *r, const char *path, size_t n)
             return 0;
         if (!agw_route_param_valid(s, len)) {
             for (size_t j = k + 1; j < count; j++)
-                if (!r->is_param[j] && (lens[j] != r->lens[j] || memcmp(segs[j], r->segs[j], lens[j]) != 0))
+                if (!r->is_param[j] && !ref_literal(segs[j], lens[j], r->segs[j], r->lens[j]))
                     return 0;
             return -1;
         }
