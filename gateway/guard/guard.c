@@ -43,24 +43,47 @@ static int name_is(const char *p, size_t n, const char *name)
     return n == strlen(name) && strncasecmp(p, name, n) == 0;
 }
 
+/* Whether v[0..n) is a Host field value RFC 9110 §7.2 allows: uri-host [":" port], where uri-host
+ * is an IP-literal ("[" … "]"), an IPv4 address or a reg-name (unreserved, pct-encoded, sub-delims;
+ * RFC 3986 §3.2.2). Checked by its characters, not parsed: what it keeps out is what a reader
+ * after the gateway would take for another part of a URI or of the message (whitespace, controls,
+ * '/', '?', '#', '@', '\', quotes, bytes over 0x7e). Empty is allowed (§7.2: a target without an
+ * authority). */
+static int host_value_ok(const char *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+            continue;
+        if (strchr("-._~!$&'()*+,;=%:[]", c) == NULL || c == '\0')
+            return 0;
+    }
+    return 1;
+}
+
 const char *agw_guard_http1_framing(const char *head, size_t len)
 {
     const char *p = head, *end = head + len;
     const char *cl = NULL; /* the first Content-Length value */
     size_t cl_len = 0;
-    int num_te = 0, num_cl = 0;
+    int num_te = 0, num_cl = 0, num_host = 0, bad_host = 0, complete = 0;
     while (p < end && (*p == '\r' || *p == '\n')) /* empty lines before the request line */
         p++;
     const char *nl = memchr(p, '\n', (size_t)(end - p)); /* the request line */
     if (nl == NULL)
         return NULL;
+    const char *rl_end = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
+    /* HTTP/1.0 needs no Host; anything else h2o took is HTTP/1.1 */
+    int http10 = rl_end - p >= 8 && memcmp(rl_end - 8, "HTTP/1.0", 8) == 0;
     for (p = nl + 1; p < end; p = nl + 1) {
         nl = memchr(p, '\n', (size_t)(end - p));
         if (nl == NULL)
             return NULL; /* the head is not complete here: nothing to say */
         const char *eol = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
-        if (eol == p)
+        if (eol == p) {
+            complete = 1;
             break; /* the empty line: the end of the head */
+        }
         const char *colon = memchr(p, ':', (size_t)(eol - p));
         if (colon == NULL)
             continue; /* h2o refused such a line already; not framing */
@@ -78,12 +101,21 @@ const char *agw_guard_http1_framing(const char *head, size_t len)
             }
         } else if (name_is(p, (size_t)(colon - p), "transfer-encoding")) {
             num_te++;
+        } else if (name_is(p, (size_t)(colon - p), "host")) {
+            num_host++;
+            bad_host |= !host_value_ok(v, (size_t)(ve - v));
         }
     }
     if (num_cl && num_te)
         return "both Content-Length and Transfer-Encoding";
     if (num_te > 1)
         return "Transfer-Encoding given more than once";
+    if (num_host > 1)
+        return "Host given more than once";
+    if (bad_host)
+        return "Host holds characters a host and port may not";
+    if (complete && num_host == 0 && !http10)
+        return "an HTTP/1.1 request without Host";
     return NULL;
 }
 

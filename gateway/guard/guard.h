@@ -7,10 +7,11 @@
  *    HEADERS frame decode to megabytes of repeated references), checked on h2o's decoded list
  *    before anything is copied for the script (agw_guard_headers_fit);
  *  - HTTP/1.1 request framing: two Content-Length fields that disagree, or Content-Length with
- *    Transfer-Encoding. h2o takes the first Content-Length and frames by Transfer-Encoding
- *    without closing, and keeps neither field in req->headers, so the raw request head is read
- *    again here (agw_guard_http1_framing) and the worker answers 400 and closes the connection
- *    (RFC 9112 §6.1, §6.3): no request pipelined behind it is ever read;
+ *    Transfer-Encoding; and Host missing, given twice or invalid. h2o takes the first
+ *    Content-Length, frames by Transfer-Encoding without closing and takes the last Host, and
+ *    keeps none of these fields in req->headers, so the raw request head is read again here
+ *    (agw_guard_http1_framing) and the worker answers 400 and closes the connection (RFC 9112
+ *    §3.2, §6.1, §6.3), whatever the route: no request pipelined behind it is ever read;
  *  - HTTP/2 rapid reset (CVE-2023-44487): a connection that cancels more than a bounded number of
  *    streams before they are answered, within a window, gets GOAWAY (ENHANCE_YOUR_CALM) and is
  *    closed (agw_guard_h2_cancelled, agw_guard_h2_flush);
@@ -54,8 +55,12 @@ const char *agw_guard_headers_fit(const h2o_headers_t *headers, size_t max_heade
  * reads it) for framing h2o lets through: Content-Length with Transfer-Encoding (RFC 9112 §6.1:
  * a smuggling vector), Content-Length fields whose values differ (§6.3: unrecoverable), a
  * Transfer-Encoding given twice. Identical repeated Content-Length values are accepted (§6.3
- * allows it). Returns NULL when the framing is unambiguous (or the head is not complete within
- * len: h2o parsed it, so that does not happen), else a static reason for the problem's detail. */
+ * allows it). Also the Host field, which h2o 2.2.5 takes the last of and keeps out of
+ * req->headers: §3.2 says a server MUST answer 400 to an HTTP/1.1 request without it, to one with
+ * more than one, and to one whose value is invalid (RFC 9110 §7.2: uri-host [":" port]; checked
+ * by its characters). HTTP/1.0 needs none. Returns NULL when the head is sound (or not complete
+ * within len: h2o parsed it, so that does not happen), else a static reason for the problem's
+ * detail. */
 const char *agw_guard_http1_framing(const char *head, size_t len);
 
 /* The head of HTTP/1 request req as h2o received it: the socket's input buffer, which holds the

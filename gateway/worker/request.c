@@ -48,8 +48,8 @@ static void on_req_dispose(void *p)
 
 /* Checks request framing that h2o lets through (RFC 9112): a header with an empty name (an
  * obsolete line folding); for HTTP/1, in the raw request head (h2o keeps neither field in
- * req->headers), Content-Length with Transfer-Encoding or Content-Length fields that disagree
- * (guard.h). Returns a reason or NULL. */
+ * req->headers), Content-Length with Transfer-Encoding or Content-Length fields that disagree,
+ * and Host missing (HTTP/1.1), given twice or invalid (guard.h). Returns a reason or NULL. */
 static const char *bad_framing(h2o_req_t *req)
 {
     for (size_t i = 0; i < req->headers.size; i++)
@@ -330,6 +330,14 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         agw_worker_send_problem(w, req, NULL, 0, 400, "bad-request", "the request is malformed", target);
         return 0;
     }
+    /* before the route: a 404 or 405 keeps the connection too, and what follows a head framed two
+     * ways must never be read as the next request */
+    const char *framing = bad_framing(req);
+    if (framing) {
+        req->http1_is_persistent = 0;
+        agw_worker_send_problem(w, req, NULL, 0, 400, "bad-request", "the request is malformed", framing);
+        return 0;
+    }
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     const char *bpath = g->conf->batch_path;
     if (bpath && h2o_memis(req->method.base, req->method.len, H2O_STRLIT("POST")) &&
@@ -354,12 +362,6 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, allow, strlen(allow));
         agw_worker_send_problem(w, req, NULL, 0, 405, "method-not-allowed", "this route does not accept this method",
                                 NULL);
-        return 0;
-    }
-    const char *framing = bad_framing(req);
-    if (framing) {
-        req->http1_is_persistent = 0;
-        agw_worker_send_problem(w, req, NULL, endpoint, 400, "bad-request", "the request is malformed", framing);
         return 0;
     }
     /* the edge (DESIGN §9): authentication before any Lua (the authenticator's lock and fetch

@@ -19,7 +19,11 @@
 - Request smuggling: HTTP/1.1 requests with Content-Length and Transfer-Encoding, with
   Content-Length fields that disagree, or with Transfer-Encoding twice are refused with 400 and
   the connection is closed: the request pipelined behind never reaches a script or an upstream,
-  over cleartext and TLS. Identical repeated Content-Length values are accepted.
+  over cleartext and TLS. Identical repeated Content-Length values are accepted. The same on a
+  path no route serves (no 404 keeps the connection for what follows).
+- Host (RFC 9112 §3.2): an HTTP/1.1 request without it, with two, or with a value no host and
+  port may hold (a space, '@', '/') is refused with 400 and closed, a pipelined request behind
+  unread; HTTP/1.0 without Host is served.
 """
 import os
 import re
@@ -675,6 +679,27 @@ class Smuggling(GatewayTestCase):
         self.assertRefusedAndClosed(
             b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
             b"0\r\n\r\n" + self.SMUGGLED)
+
+    def test_smuggling_on_a_path_no_route_serves_is_refused_and_closed(self):
+        self.assertRefusedAndClosed(
+            b"POST /no-such-route HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"0\r\n\r\n" + self.SMUGGLED)
+
+    def test_host_missing_twice_or_invalid_is_refused_and_closed(self):
+        for tls in (False, True):
+            for head in (b"GET /smuggled HTTP/1.1\r\n\r\n",
+                         b"GET /smuggled HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n",
+                         b"GET /smuggled HTTP/1.1\r\nHost: x\r\nhost: x\r\n\r\n",
+                         b"GET /smuggled HTTP/1.1\r\nHost: user@x\r\n\r\n",
+                         b"GET /smuggled HTTP/1.1\r\nHost: x/y\r\n\r\n"):
+                self.assertRefusedAndClosed(head + self.SMUGGLED, tls=tls)
+
+    def test_http10_without_host_and_a_port_in_host_are_served(self):
+        out, _ = raw_exchange(self.port, b"POST /post HTTP/1.0\r\nContent-Length: 2\r\n\r\nok")
+        self.assertEqual(statuses(out.replace(b"HTTP/1.0 ", b"HTTP/1.1 ")), [200], out)
+        out, _ = raw_exchange(self.port, b"POST /post HTTP/1.1\r\nHost: [::1]:8080\r\nContent-Length: 2\r\n"
+                                         b"Connection: close\r\n\r\nok")
+        self.assertEqual(statuses(out), [200], out)
 
     def test_identical_content_lengths_are_accepted(self):
         out, _ = raw_exchange(self.port, b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"

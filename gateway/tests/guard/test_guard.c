@@ -21,7 +21,7 @@ static void content_lengths_that_disagree_are_refused_identical_ones_accepted(vo
               "Content-Length fields disagree");
     CHECK_STR(FRAMING("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 05\r\n\r\n"),
               "Content-Length fields disagree");
-    CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length: 5\r\nX-A: b\r\ncontent-length: 5 \r\n\r\n") == NULL);
+    CHECK(FRAMING("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nX-A: b\r\ncontent-length: 5 \r\n\r\n") == NULL);
 }
 
 static void transfer_encoding_twice_is_refused(void)
@@ -33,14 +33,42 @@ static void transfer_encoding_twice_is_refused(void)
 static void plain_requests_and_what_follows_the_head_pass(void)
 {
     CHECK(FRAMING("GET / HTTP/1.1\r\nHost: x\r\n\r\n") == NULL);
-    CHECK(FRAMING("\r\nPOST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n") == NULL);
+    CHECK(FRAMING("\r\nPOST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n") == NULL);
     /* only the head counts: a pipelined request's fields are its own */
-    CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\nok"
+    CHECK(FRAMING("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok"
                   "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == NULL);
     /* a name that only starts like one of them is another field */
-    CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length-X: 1\r\nTransfer-Encoding: chunked\r\n\r\n") == NULL);
+    CHECK(FRAMING("POST / HTTP/1.1\r\nHost: x\r\nContent-Length-X: 1\r\nTransfer-Encoding: chunked\r\n\r\n") == NULL);
     /* a head that does not end within the bytes given: nothing to say */
     CHECK(FRAMING("POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Enc") == NULL);
+}
+
+static void host_is_one_valid_field_on_http_1_1(void)
+{
+    /* RFC 9112 §3.2: missing (HTTP/1.1), more than one, or an invalid value: 400 */
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nAccept: */*\r\n\r\n"), "an HTTP/1.1 request without Host");
+    CHECK_STR(FRAMING("GET / HTTP/1.1\n\n"), "an HTTP/1.1 request without Host");
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n"), "Host given more than once");
+    CHECK_STR(FRAMING("GET / HTTP/1.0\r\nHost: a\r\nHOST: b\r\n\r\n"), "Host given more than once");
+    const char *bad = "Host holds characters a host and port may not";
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHost: a b\r\n\r\n"), bad);
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHost: user@a\r\n\r\n"), bad);
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHost: a/b\r\n\r\n"), bad);
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHost: a\\b\r\n\r\n"), bad);
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHost: a#b\r\n\r\n"), bad);
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHost: a\x01\r\n\r\n"), bad);
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHost: \xc3\xa9.example\r\n\r\n"), bad);
+    /* what §7.2 allows: a name, a port, an IP literal, an escape, empty; HTTP/1.0 without one */
+    CHECK(FRAMING("GET / HTTP/1.1\r\nHost: api.example.com:8443\r\n\r\n") == NULL);
+    CHECK(FRAMING("GET / HTTP/1.1\r\nhost:[::1]:80\r\n\r\n") == NULL);
+    CHECK(FRAMING("GET / HTTP/1.1\r\nHost: a%2Db_c~d\r\n\r\n") == NULL);
+    CHECK(FRAMING("GET / HTTP/1.1\r\nHost:\r\n\r\n") == NULL);
+    CHECK(FRAMING("GET / HTTP/1.0\r\n\r\n") == NULL);
+    /* a field whose name only starts with host is another field */
+    CHECK_STR(FRAMING("GET / HTTP/1.1\r\nHostname: a\r\n\r\n"), "an HTTP/1.1 request without Host");
+    /* the smuggling reasons come first */
+    CHECK_STR(FRAMING("POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+              "both Content-Length and Transfer-Encoding");
 }
 
 static void hpack_fields_are_counted_without_a_table(void)
@@ -84,6 +112,7 @@ int main(void)
     RUN(transfer_encoding_twice_is_refused);
     RUN(plain_requests_and_what_follows_the_head_pass);
     RUN(header_caps_count_then_bytes);
+    RUN(host_is_one_valid_field_on_http_1_1);
     RUN(hpack_fields_are_counted_without_a_table);
     return CHECK_DONE();
 }
