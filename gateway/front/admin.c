@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <ev.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -61,6 +62,8 @@ struct agw_admin {
     ev_io stop_io;             /* stop_fd readable: ev_break */
     h2o_linklist_t conns;      /* open connections (aconn_t.link), newest first */
     unsigned num_conns;
+    unsigned evicted;          /* connections closed unanswered to make room (atomics; agw_admin_evicted) */
+    char *allowed_hosts;       /* admin.allowed_hosts: lowercase names, one space between; NULL: none */
 };
 
 struct aconn {
@@ -101,17 +104,74 @@ static void conn_close(aconn_t *c)
     }
 }
 
-/* Whether the header block h (len bytes: field lines, each ending in LF or CRLF) has a field named
- * name (lowercase), in any case. */
-static int has_field(const char *h, size_t len, const char *name)
+/* How many fields named name (lowercase) the header block h has (len bytes: field lines, each
+ * ending in LF or CRLF), in any case; the first one's value, without the whitespace around it, goes
+ * to *value and *vlen (when there is one and value is not NULL). */
+static int count_field(const char *h, size_t len, const char *name, const char **value, size_t *vlen)
 {
     size_t nl = strlen(name);
+    int n = 0;
     for (const char *p = h, *e = h + len; p < e;) {
         const char *lf = memchr(p, '\n', (size_t)(e - p));
         size_t ll = lf ? (size_t)(lf - p) : (size_t)(e - p);
-        if (ll > nl && p[nl] == ':' && strncasecmp(p, name, nl) == 0)
-            return 1;
+        if (ll > nl && p[nl] == ':' && strncasecmp(p, name, nl) == 0 && n++ == 0 && value) {
+            const char *v = p + nl + 1, *ve = p + ll;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t' || ve[-1] == '\r'))
+                ve--;
+            *value = v;
+            *vlen = (size_t)(ve - v);
+        }
         p += ll + 1;
+    }
+    return n;
+}
+
+/* Whether Host value v (n bytes) names this listener: host [":" port], the host an IPv4 address, an
+ * IPv6 address in brackets, localhost, or one of admin.allowed_hosts (in any case); the port is not
+ * compared. A name that resolves to the listener's address is not enough: DNS rebinding makes an
+ * attacker's name resolve to 127.0.0.1, and a page of that name could then read the admin's answers
+ * from the operator's browser (RFC 9110 §7.4: a request for a host the server does not serve). */
+static int host_admitted(const agw_admin_t *a, const char *v, size_t n)
+{
+    size_t hl = n;
+    char buf[256];
+    if (n > 0 && v[0] == '[') {
+        const char *rb = memchr(v, ']', n);
+        if (rb == NULL)
+            return 0;
+        hl = (size_t)(rb - v) + 1;
+    } else {
+        const char *colon = memchr(v, ':', n);
+        if (colon)
+            hl = (size_t)(colon - v);
+    }
+    if (hl < n) { /* ":" port, 1 to 5 digits */
+        if (v[hl] != ':' || n - hl - 1 == 0 || n - hl - 1 > 5)
+            return 0;
+        for (size_t i = hl + 1; i < n; i++)
+            if (v[i] < '0' || v[i] > '9')
+                return 0;
+    }
+    if (hl == 0 || hl >= sizeof(buf))
+        return 0;
+    unsigned char addr[16];
+    if (v[0] == '[') {
+        memcpy(buf, v + 1, hl - 2);
+        buf[hl - 2] = '\0';
+        return inet_pton(AF_INET6, buf, addr) == 1;
+    }
+    memcpy(buf, v, hl);
+    buf[hl] = '\0';
+    if (inet_pton(AF_INET, buf, addr) == 1 || strcasecmp(buf, "localhost") == 0)
+        return 1;
+    for (const char *p = a->allowed_hosts; p && *p;) {
+        const char *sp = strchr(p, ' ');
+        size_t l = sp ? (size_t)(sp - p) : strlen(p);
+        if (l == hl && strncasecmp(p, buf, hl) == 0)
+            return 1;
+        p += l + (sp != NULL);
     }
     return 0;
 }
@@ -564,10 +624,29 @@ static void on_conn_timeout(struct ev_loop *loop, ev_timer *t, int revents)
     conn_close(t->data);
 }
 
+static const char host_missing[] = "an HTTP/1.1 request needs one Host field\n";
+
+/* Why a request whose version's last digit is at minor and whose header block is h (len bytes) is
+ * refused for its Host, or NULL: none on HTTP/1.1, or more than one (RFC 9112 §3.2: 400,
+ * host_missing), or one that does not name this listener (host_admitted: 421). */
+static const char *host_refused(const agw_admin_t *a, const char *minor, const char *h, size_t len)
+{
+    const char *v = NULL;
+    size_t vlen = 0;
+    int n = count_field(h, len, "host", &v, &vlen);
+    if (n > 1 || (n == 0 && *minor != '0'))
+        return host_missing;
+    if (n == 1 && !host_admitted(a, v, vlen))
+        return "the admin listener answers a Host that is an IP address, localhost or one of "
+               "admin.allowed_hosts\n";
+    return NULL;
+}
+
 static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
 {
     (void)revents;
     aconn_t *c = io->data;
+    const char *host_why;
     if (c->out.len == 0) {
         ssize_t n = recv(c->fd, c->in + c->inlen, sizeof(c->in) - c->inlen, 0);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
@@ -601,8 +680,13 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
                 (size_t)(c->in + llen - (sp2 + 1)) < 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0) {
                 static const char body[] = "bad request\n";
                 respond(&c->out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
-            } else if (sp1 - c->in == 4 && memcmp(c->in, "POST", 4) == 0 &&
-                       end > eol + 1 && has_field(eol + 1, (size_t)(end - (eol + 1)), "origin")) {
+            } else if ((host_why = host_refused(c->a, sp2 + 8, end > eol + 1 ? eol + 1 : end,
+                                                end > eol + 1 ? (size_t)(end - (eol + 1)) : 0)) != NULL) {
+                respond(&c->out, host_why == host_missing ? 400 : 421,
+                        host_why == host_missing ? "Bad Request" : "Misdirected Request", "text/plain; charset=utf-8",
+                        host_why, strlen(host_why), 0, NULL);
+            } else if (sp1 - c->in == 4 && memcmp(c->in, "POST", 4) == 0 && end > eol + 1 &&
+                       count_field(eol + 1, (size_t)(end - (eol + 1)), "origin", NULL, NULL) > 0) {
                 /* a browser's: a page the operator visits must not purge the cache (a cross-site
                  * POST a browser sends without asking, text/plain; an attack review). Current
                  * browsers mark a POST with Origin, the operators' tools (curl) do not */
@@ -639,6 +723,23 @@ static void on_accept_resume(struct ev_loop *loop, ev_timer *t, int revents)
     ev_io_start(loop, &a->accept_io);
 }
 
+/* Makes room for a new connection when ADMIN_MAX_CONNS are open: closes the oldest one still
+ * waiting for its request (a probe's request comes within milliseconds, so the connections that
+ * wait are the slow and the idle), so that clients holding connections open cannot keep /readyz and
+ * /healthz from the orchestrator's probes. Returns 0 when every connection is sending its answer. */
+static int evict_oldest_reader(agw_admin_t *a)
+{
+    for (h2o_linklist_t *n = a->conns.prev; n != &a->conns; n = n->prev) {
+        aconn_t *c = H2O_STRUCT_FROM_MEMBER(aconn_t, link, n);
+        if (c->out.len == 0) {
+            conn_close(c);
+            __atomic_add_fetch(&a->evicted, 1, __ATOMIC_RELEASE);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
 {
     (void)revents;
@@ -655,7 +756,7 @@ static void on_accept(struct ev_loop *loop, ev_io *io, int revents)
             }
             return;
         }
-        if (a->num_conns >= ADMIN_MAX_CONNS) {
+        if (a->num_conns >= ADMIN_MAX_CONNS && !evict_oldest_reader(a)) {
             close(fd);
             continue;
         }
@@ -749,6 +850,11 @@ unsigned agw_admin_loops_failed(const agw_admin_t *a)
     return __atomic_load_n(&a->loops_failed, __ATOMIC_ACQUIRE);
 }
 
+unsigned agw_admin_evicted(const agw_admin_t *a)
+{
+    return __atomic_load_n(&a->evicted, __ATOMIC_ACQUIRE);
+}
+
 unsigned agw_admin_idle_spells(const agw_admin_t *a)
 {
     return __atomic_load_n(&a->idle_spells, __ATOMIC_ACQUIRE);
@@ -767,6 +873,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
     a->metrics = metrics;
     a->num_workers = num_workers;
     a->fd = fd;
+    a->allowed_hosts = conf->admin_allowed_hosts ? agw_strdup(conf->admin_allowed_hosts) : NULL;
     struct timeval tv;
     gettimeofday(&tv, NULL);
     a->start_time = (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
@@ -779,6 +886,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
         if (a->stop_fd >= 0)
             close(a->stop_fd);
         close(fd);
+        free(a->allowed_hosts);
         free(a);
         return NULL;
     }
@@ -794,6 +902,7 @@ agw_admin_t *agw_admin_start(const agw_config_t *conf, agw_reload_state_t *gens,
         ev_loop_destroy(a->loop);
         close(a->stop_fd);
         close(fd);
+        free(a->allowed_hosts);
         free(a);
         return NULL;
     }
@@ -826,5 +935,6 @@ void agw_admin_stop(agw_admin_t *a)
     ev_loop_destroy(a->loop);
     close(a->stop_fd);
     close(a->fd);
+    free(a->allowed_hosts);
     free(a);
 }

@@ -23,7 +23,15 @@
  *                  { "prefix", "workers", "redis_deleted" } (502 with "redis_error" when Redis
  *                  could not be purged) (cache/purge.h)
  * HEAD works as GET; /cache/purge takes POST only; other methods get 405, other paths 404. Requests are limited to 8 KiB of
- * headers and 10 s; at most 64 connections at once (more are closed at once).
+ * headers and 10 s; at most 64 connections at once: a new one beyond closes the oldest still waiting
+ * for its request (so held connections cannot keep the probes out), or itself when all 64 are
+ * answering.
+ *
+ * Host: an HTTP/1.1 request without one, or any with two, is 400 (RFC 9112 §3.2); a Host that is
+ * not an IP address, localhost or one of admin.allowed_hosts (any port) is 421 Misdirected
+ * Request. A web page whose name an attacker makes resolve to 127.0.0.1 (DNS rebinding) could
+ * otherwise read /waterfall.json or /metrics from an operator's browser. A POST carrying Origin
+ * is 403 (a page's cross-site POST needs no preflight).
  *
  * Memory after a burst: when the last connection closes, the thread's cache of freed blocks goes
  * back to the heap, and when one of the connections since the loop was made had a descriptor of
@@ -74,6 +82,10 @@ unsigned agw_admin_loops_failed(const agw_admin_t *a);
 /* How many times its last open connection has closed (thread-safe; for tests): counted after the
  * thread's cache went back to the heap, and before a remake the spell may start. */
 unsigned agw_admin_idle_spells(const agw_admin_t *a);
+
+/* How many connections were closed unanswered to make room for a new one (ADMIN_MAX_CONNS open;
+ * the oldest still waiting for its request goes). Any thread. */
+unsigned agw_admin_evicted(const agw_admin_t *a);
 
 /* Stops the thread, closes every connection and the listener, frees a. Safe while the thread is
  * making its loop anew: the stop is an eventfd of the admin's whole life, not its loop's. */

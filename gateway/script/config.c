@@ -375,7 +375,8 @@ static int load_listen(lua_State *L, int cfg, agw_config_t *conf)
     return 0;
 }
 
-/* admin = { host, port } (absent: no admin listener) and access_log = "path" | "stderr" (absent: off). */
+/* admin = { host, port, allowed_hosts } (absent: no admin listener) and access_log = "path" | "stderr"
+ * (absent: off). */
 static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
 {
     lua_getfield(L, cfg, "admin");
@@ -383,6 +384,7 @@ static void load_admin(lua_State *L, int cfg, agw_config_t *conf)
         int t = lua_gettop(L);
         conf->admin_host = agw_luamod_field_str(L, t, "host");
         conf->admin_port = agw_luamod_field_int(L, t, "port", 9090);
+        conf->admin_allowed_hosts = agw_luamod_field_str(L, t, "allowed_hosts");
         if (conf->admin_host == NULL)
             conf->admin_host = agw_strdup("127.0.0.1");
     }
@@ -634,6 +636,7 @@ void agw_config_free(agw_config_t *conf)
     }
     free(conf->endpoints);
     free(conf->admin_host);
+    free(conf->admin_allowed_hosts);
     free(conf->access_log);
     free(conf->batch_path);
     free(conf->batch_route);

@@ -105,6 +105,8 @@ typedef struct agw_config {
     agw_auth_policy_t *auth_policies;   /* index e-1: what endpoint e asks of its callers */
     char *admin_host;                   /* admin listener address ("127.0.0.1") */
     int admin_port;                     /* admin listener port, 0 when there is none */
+    char *admin_allowed_hosts;          /* names a request's Host may give besides IP addresses and
+                                           localhost: lowercase, separated by one space; NULL: none */
     char *access_log;                   /* NULL: off; "stderr"; or a file path (relative ones resolved
                                            against the scripts folder) */
     int access_log_line;                /* gateway.lua's line that sets it (messages), 0 when off */

@@ -76,7 +76,8 @@ static int check_restart_only(const agw_config_t *prev, const agw_config_t *next
         CHANGED("listen", "the listeners (ports, hosts, reuse_port, or TLS turned on or off)");
     if (prev->workers != next->workers)
         CHANGED("workers", "the number of worker threads");
-    if (prev->admin_port != next->admin_port || !same_str(prev->admin_host, next->admin_host))
+    if (prev->admin_port != next->admin_port || !same_str(prev->admin_host, next->admin_host) ||
+        !same_str(prev->admin_allowed_hosts, next->admin_allowed_hosts))
         CHANGED("admin", "the admin listener");
     if (!same_str(prev->access_log, next->access_log))
         CHANGED("access_log", "the access log file");

@@ -9,7 +9,7 @@ local sys = require "agg.sys"
 local M = {}
 
 local LISTEN_KEYS = { port = true, host = true, tls = true, reuse_port = true }
-local ADMIN_KEYS = { port = true, host = true }
+local ADMIN_KEYS = { port = true, host = true, allowed_hosts = true }
 
 -- listen = { { port = 8080, host = "0.0.0.0", reuse_port = true, tls = { cert, key } }, … }
 function M.check_listen(cfg, out, c)
@@ -82,7 +82,10 @@ function M.check_listen(cfg, out, c)
   end
 end
 
--- admin = { port = 9090, host = "127.0.0.1" }: /healthz /readyz /metrics /routes (none when absent or false)
+-- admin = { port = 9090, host = "127.0.0.1", allowed_hosts = { "gw-1.internal" } }: /healthz /readyz
+-- /metrics /routes … (none when absent or false). allowed_hosts: the names besides IP addresses and
+-- localhost a request's Host may give (gateway/front/admin.h: DNS rebinding), normalized to one
+-- lowercase string, names separated by a space.
 function M.check_admin(cfg, out, c)
   local lines, err, show, posint, find_line = c.lines, c.err, c.show, c.posint, c.find_line
   if cfg.admin ~= nil and cfg.admin ~= false then
@@ -95,7 +98,7 @@ function M.check_admin(cfg, out, c)
       for k in pairs(a) do
         if not ADMIN_KEYS[k] then
           err(find_line(lines, k, aline) or aline, "admin." .. tostring(k),
-              "unknown option" .. c.suggest(tostring(k), ADMIN_KEYS) .. " (port, host)")
+              "unknown option" .. c.suggest(tostring(k), ADMIN_KEYS) .. " (port, host, allowed_hosts)")
           ok = false
         end
       end
@@ -113,7 +116,38 @@ function M.check_admin(cfg, out, c)
           ok = false
         end
       end
-      if ok then out.admin = { port = port, host = h } end
+      local names = {}
+      if a.allowed_hosts ~= nil then
+        local hline = find_line(lines, "allowed_hosts", aline) or aline
+        if type(a.allowed_hosts) ~= "table" then
+          err(hline, "admin.allowed_hosts", "must be a list of host names like { \"gw-1.internal\" }, got "
+              .. show(a.allowed_hosts))
+          ok = false
+        else
+          for i, name in ipairs(a.allowed_hosts) do
+            -- a reg-name of letters, digits, '-' and '.' (RFC 3986 §3.2.2 as DNS names use it); no
+            -- port: a Host's port is never compared
+            if type(name) ~= "string" or #name == 0 or #name > 253 or str_find(name, "[^%w%-%.]") then
+              err(hline, "admin.allowed_hosts[" .. i .. "]",
+                  "must be a host name like \"gw-1.internal\" (no port, no scheme; IP addresses and localhost "
+                  .. "are always allowed), got " .. show(name))
+              ok = false
+            else
+              names[#names + 1] = string.lower(name)
+            end
+          end
+          for k in pairs(a.allowed_hosts) do
+            if type(k) ~= "number" or k < 1 or k > #a.allowed_hosts or k % 1 ~= 0 then
+              err(hline, "admin.allowed_hosts", "must be a list (no keys), got the key " .. show(k))
+              ok = false
+              break
+            end
+          end
+        end
+      end
+      if ok then
+        out.admin = { port = port, host = h, allowed_hosts = #names > 0 and table.concat(names, " ") or nil }
+      end
     end
   end
 end

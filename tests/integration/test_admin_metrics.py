@@ -193,7 +193,9 @@ class AdminCase(GatewayTestCase):
     def start_admin(self, services_=None, scripts=None, workers=1, access_log=None, upstream_options=None):
         self.admin_port = free_port()
         # /busy computes for 2 to 3 s on purpose: above the default script time limit (1000 ms)
-        extra = {"admin": {"port": self.admin_port, "host": "127.0.0.1"}, "script_time_limit_ms": 5000}
+        extra = {"admin": {"port": self.admin_port, "host": "127.0.0.1",
+                           "allowed_hosts": ["gw-1.internal", "metrics.example"]},
+                 "script_time_limit_ms": 5000}
         if access_log:
             extra["access_log"] = access_log
         opts = {"reviews": {"timeout_ms": 100}, "flaky": {"retry": {"attempts": 2, "backoff_ms": 1}}}
@@ -258,14 +260,44 @@ class HealthReadyRoutes(AdminCase):
                       b"\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n")
             self.assertTrue(got.startswith(b"HTTP/1.1 403"), (origin, got))
         for request in (b"POST /cache/purge?prefix=agw: HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n",
-                        b"POST /cache/purge?prefix=agw: HTTP/1.1\r\n\r\n",
-                        b"POST /cache/purge?prefix=agw: HTTP/1.1\n\n",
-                        b"POST /cache/purge?prefix=agw: HTTP/1.1\r\nX-Origin: a\r\n\r\n"):
+                        b"POST /cache/purge?prefix=agw: HTTP/1.0\r\n\r\n",
+                        b"POST /cache/purge?prefix=agw: HTTP/1.1\nHost: localhost\n\n",
+                        b"POST /cache/purge?prefix=agw: HTTP/1.1\r\nHost: [::1]\r\nX-Origin: a\r\n\r\n"):
             got = raw(request)
             self.assertTrue(got.startswith(b"HTTP/1.1 "), (request, got))
             self.assertFalse(got.startswith(b"HTTP/1.1 403"), (request, got))
         # (a GET with Origin is a read the same-origin policy keeps from other sites' pages)
-        self.assertTrue(raw(b"GET /healthz HTTP/1.1\r\nOrigin: http://evil.example\r\n\r\n").startswith(b"HTTP/1.1 200"))
+        self.assertTrue(raw(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://evil.example\r\n\r\n")
+                        .startswith(b"HTTP/1.1 200"))
+        # Host: a name an attacker made resolve to 127.0.0.1 (DNS rebinding) is 421, on every
+        # endpoint; none on HTTP/1.1, or two, is 400 (RFC 9112 §3.2); an IP address, localhost and
+        # admin.allowed_hosts' names (any case, any port) are answered
+        for path in (b"/healthz", b"/metrics", b"/waterfall.json", b"/routes"):
+            for host in (b"evil.example", b"evil.example:%d" % self.admin_port, b"127.0.0.1.evil.example",
+                         b"localhost.evil.example", b"gw-1.internal.evil.example", b"[::1", b"127.0.0.1:x", b""):
+                got = raw(b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+                self.assertTrue(got.startswith(b"HTTP/1.1 421"), (path, host, got))
+                self.assertNotIn(b"aggway_", got)
+        for request in (b"GET /metrics HTTP/1.1\r\n\r\n", b"GET /metrics HTTP/1.1\nAccept: */*\n\n",
+                        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n\r\n"):
+            got = raw(request)
+            self.assertTrue(got.startswith(b"HTTP/1.1 400"), (request, got))
+        for host in (b"127.0.0.1:%d" % self.admin_port, b"10.1.2.3", b"LOCALHOST:1", b"[::1]:9090", b"GW-1.Internal",
+                     b"gw-1.internal:%d" % self.admin_port, b"metrics.example"):
+            got = raw(b"GET /healthz HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+            self.assertTrue(got.startswith(b"HTTP/1.1 200"), (host, got))
+        # 80 connections held open without a request (the listener keeps at most 64) do not keep a
+        # probe out: the oldest waiting for its request is closed to make room, the newest stay
+        held = [socket.create_connection(("127.0.0.1", self.admin_port), timeout=10) for _ in range(80)]
+        try:
+            status, _, body, _ = self.admin("/readyz", timeout=10)
+            self.assertEqual((status, body), (200, b"ready\n"))
+            self.assertEqual(held[0].recv(100), b"")  # closed, unanswered
+            held[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            self.assertTrue(read_all(held[-1], 10).startswith(b"HTTP/1.1 200"))
+        finally:
+            for h in held:
+                h.close()
         # the main port does not serve the admin paths
         self.assertEqual(self.get("/metrics").status, 404)
 
@@ -552,7 +584,7 @@ class AdminConfig(GatewayTestCase):
                              '  access_log = 42,\n  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
                              '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
         self.assertEqual(rc, 1)
-        self.assertIn("gateway.lua:3: admin.hots: unknown option (did you mean 'host'?) (port, host)", err)
+        self.assertIn("gateway.lua:3: admin.hots: unknown option (did you mean 'host'?) (port, host, allowed_hosts)", err)
         self.assertIn("gateway.lua:3: admin.port: port 8080 is also a listen port", err)
         self.assertIn('gateway.lua:4: access_log: must be a file path, "stderr", or false, got 42', err)
         # a listen entry's port misspelt: the missing port on the listen line, not on the next
@@ -563,6 +595,20 @@ class AdminConfig(GatewayTestCase):
         self.assertEqual(rc, 1)
         self.assertIn("gateway.lua:2: listen[1].prot: unknown option (did you mean 'port'?) (port, host, tls, reuse_port)", err)
         self.assertIn("gateway.lua:2: listen[1].port: must be a positive whole number up to 65535, got nil", err)
+        # admin.allowed_hosts: host names only (IP addresses and localhost are always answered)
+        rc, err = self.check('return {\n  admin = { port = 8095,\n    allowed_hosts = { "gw-1.internal", "gw-2:9090", 7 } },\n'
+                             '  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
+                             '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
+        self.assertEqual(rc, 1)
+        self.assertIn('gateway.lua:3: admin.allowed_hosts[2]: must be a host name like "gw-1.internal" (no port, no '
+                      'scheme; IP addresses and localhost are always allowed), got string "gw-2:9090"', err)
+        self.assertIn("gateway.lua:3: admin.allowed_hosts[3]: must be a host name", err)
+        rc, err = self.check('return {\n  admin = { port = 8095, allowed_hosts = "gw-1.internal" },\n'
+                             '  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
+                             '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
+        self.assertEqual(rc, 1)
+        self.assertIn('gateway.lua:2: admin.allowed_hosts: must be a list of host names like { "gw-1.internal" }, '
+                      'got string "gw-1.internal"', err)
         rc, err = self.check('return {\n  admin = { port = 70000 },\n  upstreams = { product = { url = "http://127.0.0.1:1" },\n'
                              '    reviews = { url = "http://127.0.0.1:1" }, inventory = { url = "http://127.0.0.1:1" } },\n}\n')
         self.assertEqual(rc, 1)

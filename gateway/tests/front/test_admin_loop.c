@@ -37,7 +37,7 @@
 
 static int port;
 
-static const char req[] = "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
+static const char req[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
 
 /* A connection to the admin (blocking, reads time out after 10 s), or -1. */
 static int dial(void)
