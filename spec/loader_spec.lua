@@ -325,4 +325,18 @@ describe("aggway check's dry run", function()
     assert.equal(1, #found, table.concat(found, "\n"))
     assert.matches("^" .. (DIR .. "errplace/"):gsub("%p", "%%%0") .. "[%w]+%.lua:%d+: the dry run stopped after %-1 s, before GET /%w+: 7 endpoints were not run", found[1])
   end)
+
+  it("reports a handler the script time limit stops on answers of {}, at the line it spun on", function()
+    -- (spin.lua's handlers never end, whatever the answers; /quick ends in a millisecond)
+    local found = require("agg.dryrun").run("spec/fixtures/timelimit")
+    local text = table.concat(found, "\n")
+    for _, route in ipairs { "GET /spin", "GET /spin-pcall", "GET /spin-after-call", "GET /spin-then",
+                             "GET /spin-response", "GET /spin-pattern" } do
+      assert.matches("timelimit/spin%.lua:%d+: stopped: the script ran for more than 100 ms without waiting for a " ..
+                     "call %(script_time_limit_ms in gateway%.lua%), every upstream answering {} %(found by a dry " ..
+                     "run of " .. route:gsub("%p", "%%%0") .. "%)", text)
+    end
+    assert.matches("spin%.lua:15: stopped", text) -- the loop's line
+    assert.not_matches("GET /quick", text)
+  end)
 end)

@@ -10,7 +10,9 @@
 -- (agg.where); an argument of agg's functions that is not what they take (agg.page's options, a
 -- shaping helper's list of keys or function); and a call of a function agg does not have (`agg.fetchall { … }`),
 -- on a line of a script that writes it so. Any other script error (indexing the made-up data)
--- says nothing about the script and is left to its specs. A handler that errors before reaching
+-- says nothing about the script and is left to its specs. A handler the script time limit or
+-- the memory limit stops is reported: nothing in answers of {} ends its loop, and a real
+-- upstream may answer that. A handler that errors before reaching
 -- a call hides that call's mistakes: the dry run finds what one run with empty answers reaches. A folder with
 -- scripts = { trusted = true } is not run (its handlers may have effects outside the gateway).
 local str_find, str_match, str_sub = string.find, string.match, string.sub
@@ -19,6 +21,7 @@ local result = require "agg.result"
 local sys = require "agg.sys"
 local config = require "agg.config"
 local where = require "agg.where"
+local sandbox = require "agg.sandbox"
 
 local M = {}
 
@@ -147,6 +150,12 @@ function M.run(dir)
       -- "script error in GET /x (file), section s: file:24: call to … (called at line 79) | stack…"
       local inner = result.script_message(result.without_traceback(e))
       local report = is_spec_error(inner) and inner or misnamed(inner)
+      -- the script time limit or the memory limit stopped it on answers of {}: an endless loop (or
+      -- growth) no data stops, which a real upstream's empty object would start as well
+      if not report and (str_find(inner, sandbox.STOP_TEXT, 1, true) or
+                         str_find(inner, sandbox.MEMORY_STOP_TEXT, 1, true)) then
+        report = inner .. ", every upstream answering {}"
+      end
       if report and not seen[report] then
         seen[report] = true
         found[#found + 1] = report .. " (found by a dry run of " .. ep.route .. ")"

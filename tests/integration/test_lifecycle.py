@@ -32,7 +32,7 @@ SLACK = 3.0 if SLOW else 1.5
 def admin_status(port, path):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-            s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path).encode())
+            s.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" % path).encode())
             data = b""
             while True:
                 chunk = s.recv(4096)
