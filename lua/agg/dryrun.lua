@@ -152,8 +152,9 @@ function M.run(dir)
       local report = is_spec_error(inner) and inner or misnamed(inner)
       -- the script time limit or the memory limit stopped it on answers of {}: an endless loop (or
       -- growth) no data stops, which a real upstream's empty object would start as well
-      if not report and (str_find(inner, sandbox.STOP_TEXT, 1, true) or
-                         str_find(inner, sandbox.MEMORY_STOP_TEXT, 1, true)) then
+      -- (only with the place it stopped at: "file:line: stopped: …")
+      if not report and str_find(inner, "^[^\n]-:%d+: stopped: ") and
+         (str_find(inner, sandbox.STOP_TEXT, 1, true) or str_find(inner, sandbox.MEMORY_STOP_TEXT, 1, true)) then
         report = inner .. ", every upstream answering {}"
       end
       if report and not seen[report] then
