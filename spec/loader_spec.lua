@@ -163,6 +163,15 @@ describe("errors of a folder that does not load", function()
   end)
 end)
 
+describe("a require of a module the folder lacks", function()
+  it("names the nearest module of lib/", function()
+    local gen, errors = loader.load(DIR .. "libtypo")
+    assert.is_nil(gen)
+    assert.matches("libtypo/page%.lua:2: module 'lib%.utils' not found %(did you mean 'lib%.util'%?%): scripts require",
+                   table.concat(errors, "\n"))
+  end)
+end)
+
 describe("binary chunks", function()
   -- LuaJIT does not verify bytecode: a crafted chunk reads and writes any memory of the worker,
   -- past the sandbox, so every file of the folder is compiled from source text only
@@ -324,6 +333,16 @@ describe("aggway check's dry run", function()
     dryrun.BUDGET_S = saved
     assert.equal(1, #found, table.concat(found, "\n"))
     assert.matches("^" .. (DIR .. "errplace/"):gsub("%p", "%%%0") .. "[%w]+%.lua:%d+: the dry run stopped after %-1 s, before GET /%w+: 7 endpoints were not run", found[1])
+  end)
+
+  it("places a mistake of a spec a lib/ helper built at the helper's line, and names the call's", function()
+    local found = require("agg.dryrun").run(DIR .. "libhelper")
+    local text = table.concat(found, "\n")
+    local d = (DIR .. "libhelper/"):gsub("%p", "%%%0")
+    assert.matches(d .. "lib/calls%.lua:5: call to 'up': unknown option 'requird' %(did you mean 'required'%?%)[^\n]* " ..
+                   "%(called at [^\n]*page%.lua:5%) %(found by a dry run of GET /misspelt/{id}%)", text)
+    assert.matches(d .. "lib/calls%.lua:8: unknown upstream 'nosuch'[^\n]* %(called at [^\n]*page%.lua:8%)", text)
+    assert.equal(2, #found, text)
   end)
 
   it("reports a handler the script time limit stops on answers of {}, at the line it spun on", function()

@@ -374,6 +374,22 @@ local new_env
 
 local LOADING = {} -- marks a module whose top level is running (a require loop)
 
+-- " (did you mean 'lib.util'?)" for a module name close to name: the folder's lib/ modules
+-- (lib/util.lua is "lib.util", lib/a/b.lua "lib.a.b") and the ones scripts may require; "" when
+-- none is close (agg.config.suggest). Read only when a require fails.
+local function module_suggestion(box, name)
+  local known = {}
+  for k in pairs(MODULES) do known[k] = true end
+  local dir = box.path and str_match(box.path, "^(.-)/%?%.lua")
+  if dir then
+    local ok, files = pcall(require("agg.sys").listdir, dir .. "/lib")
+    for _, f in ipairs(ok and files or {}) do
+      known["lib." .. str_gsub(str_gsub(f, "%.lua$", ""), "/", ".")] = true
+    end
+  end
+  return require("agg.config").suggest(name, known)
+end
+
 local function script_require(box, name)
   if type(name) ~= "string" then error("require: the module name must be a string", 3) end
   local m = box.loaded[name]
@@ -397,8 +413,9 @@ local function script_require(box, name)
   end
   local file = box.path and package.searchpath(name, box.path)
   if not file then
-    error(("module '%s' not found: scripts require agg, agg.json, string, table, math, coroutine, os, bit, " ..
-           "jit, debug, and the modules of the scripts folder (require \"lib.x\" for lib/x.lua)"):format(name), 3)
+    error(("module '%s' not found%s: scripts require agg, agg.json, string, table, math, coroutine, os, bit, " ..
+           "jit, debug, and the modules of the scripts folder (require \"lib.x\" for lib/x.lua)"):format(
+           name, module_suggestion(box, name)), 3)
   end
   local chunk, err = M.load_source(file)
   if not chunk then
@@ -413,6 +430,7 @@ local function script_require(box, name)
   end
   if v == nil then v = true end
   box.loaded[name] = v
+  require("agg.where").module_loaded(file) -- (its helpers' spec mistakes are placed in it)
   return v
 end
 

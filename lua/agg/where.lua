@@ -8,8 +8,10 @@
 -- So the error searches the calling script's source for the text of the mistake (the option's
 -- `name =`, the upstream's "name", the fetch_then's "key") and names the match nearest to the
 -- call: inside the calling function first, then anywhere in the file (before the call wins a
--- tie). Found on another line, the message is "file:24: … (called at line 79)"; not found
--- (the name was computed), it is the plain "file:79: …". What it cannot tell apart: two specs
+-- tie). Found on another line, the message is "file:24: … (called at line 79)"; found in none of
+-- the file's lines but on one line of the folder's modules the scripts required (a helper of lib/),
+-- "lib/util.lua:4: … (called at file:79)"; not found (the name was computed), it is the plain
+-- "file:79: …". What it cannot tell apart: two specs
 -- in one file with the same mistake — it names the one nearest to the call.
 local str_find, str_gmatch, str_gsub, str_match = string.find, string.gmatch, string.gsub, string.match
 local M = {}
@@ -40,6 +42,36 @@ function M.remember(path, src)
   local lines = {}
   for l in str_gmatch((src .. "\n"), "([^\n]*)\n") do lines[#lines + 1] = l end
   M.sources[path] = lines
+end
+
+--- Paths of the scripts folder's modules a script required (lib/util.lua), in the order first
+-- required; agg.sandbox adds each. A mistake the calling script's source does not show is looked
+-- for in them (a spec built by a helper of lib/).
+M.modules = {}
+local module_seen = {}
+
+--- Notes that the module at path was loaded (agg.sandbox's require).
+function M.module_loaded(path)
+  if not module_seen[path] then
+    module_seen[path] = true
+    M.modules[#M.modules + 1] = path
+  end
+end
+
+-- "path:LINE" of the one line of the required modules where needle occurs; nil when none does, or
+-- more than one (two helpers with the same mistake: the call's line is the honest place then).
+local function module_place(needle)
+  local found
+  for _, path in ipairs(M.modules) do
+    local lines = lines_of(path)
+    for i, l in ipairs(lines or {}) do
+      if str_find((" " .. l), needle) then
+        if found then return nil end
+        found = ("%s:%d"):format(path, i)
+      end
+    end
+  end
+  return found
 end
 
 --- Patterns for the text of a mistake: an option (`name =`, also `spec.name =`), a quoted name.
@@ -244,6 +276,11 @@ function M.raise(msg, level, needle)
       end
       if best and best ~= at then
         error(("%s:%d: %s (called at line %d)"):format(info.short_src, best, msg, at), 0)
+      end
+      -- not in the calling script: a helper of lib/ that built the spec
+      local place = not best and module_place(needle)
+      if place then
+        error(("%s: %s (called at %s:%d)"):format(place, msg, info.short_src, at), 0)
       end
     end
   end
