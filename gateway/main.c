@@ -67,7 +67,8 @@ static const char help_text[] =
     "  NOTIFY_SOCKET           set by systemd (Type=notify): READY=1 once the first generation serves,\n"
     "                          RELOADING=1/READY=1 around reloads, STOPPING=1 on SIGTERM\n"
     "\n"
-    "admin listener (gateway.lua admin = { port = 9090 }; HEAD works as GET; docs/operations.md):\n";
+    "admin listener (gateway.lua admin = { port = 9090 }; HEAD works as GET; a Host that is not an IP\n"
+    "address, localhost or one of admin.allowed_hosts gets 421; docs/operations.md):\n";
 
 /* help_text, then every admin endpoint from the admin router's own table (front/admin.h), so the
  * help lists exactly what the listener serves. */
