@@ -379,6 +379,19 @@ describe("JSON fidelity through a page", function()
     assert.matches('"data":{"c":1,"a":[],"n":null,"added":true}', page.body, 1, true)
   end)
 
+  it("writes an object with a name twice as the script saw it once read, as sent when untouched", function()
+    -- (RFC 8259 §4 leaves duplicate names to the reader: the client must not read another value
+    -- than the one the script decided on)
+    local gw = testing.gateway { dir = DIR }
+    local DUP = '{"a":1,"b":{"c":1,"c":2},"a":2}'
+    gw:stub("a", "/x", { body = DUP })
+    gw:stub("c", "/raw", { body = "plain text" })
+    local page = gw:get("/read")
+    assert.equal("2", page.headers["x-seen"])
+    assert.equal('{"x":{"status":"ok","data":{"a":2,"b":{"c":2}}}}', page.body)
+    assert.matches('"x":{"status":"ok","data":' .. DUP:gsub("%p", "%%%0") .. "}", gw:get("/fidelity").body)
+  end)
+
   it("fails a call whose body is over max_body_bytes, is not JSON, or is nested too deep", function()
     local gw = testing.gateway { dir = DIR }
     gw:stub("a", "/x", { body = string.rep("[", 300) .. string.rep("]", 300) })
