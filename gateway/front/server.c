@@ -1,6 +1,7 @@
 /* server.c: the serving process (see server.h). */
 #include "front/server.h"
 #include "front/h2_head.h"
+#include "front/h2c_upgrade.h"
 #include "front/head_format.h"
 #include "front/inline_write.h"
 #include "front/mem_pool.h"
@@ -482,6 +483,9 @@ int agw_server_run(const char *dir)
     if (h2_head == 0)
         agw_log(AGW_LOG_WARN, "libh2o's h2o_hpack_flatten_response is not interposed: every HTTP/2 response's "
                               "Server-Timing goes into the connection's HPACK table");
+    if (!agw_h2c_upgrade_declined()) /* (h2c_upgrade.h) */
+        agw_log(AGW_LOG_WARN, "libh2o's h2o_http2_handle_upgrade is not interposed: a request with Upgrade: h2c "
+                              "is upgraded to HTTP/2 and then refused (400), not served as HTTP/1.1");
     if (!agw_head_format_active()) /* (head_format.h) */
         agw_log(AGW_LOG_WARN, "glibc's __sprintf_chk is not interposed: every HTTP/1.1 response head is written by "
                               "vsprintf (about 1,700 instructions more a response)");

@@ -47,14 +47,24 @@ static void on_req_dispose(void *p)
 }
 
 /* Checks request framing that h2o lets through (RFC 9112): a header with an empty name (an
- * obsolete line folding); for HTTP/1, in the raw request head (h2o keeps neither field in
+ * obsolete line folding); for HTTP/2, a connection-specific field; for HTTP/1, in the raw request head (h2o keeps neither field in
  * req->headers), Content-Length with Transfer-Encoding or Content-Length fields that disagree,
  * and Host missing (HTTP/1.1), given twice or invalid (guard.h). Returns a reason or NULL. */
 static const char *bad_framing(h2o_req_t *req)
 {
-    for (size_t i = 0; i < req->headers.size; i++)
-        if (req->headers.entries[i].name->len == 0)
+    for (size_t i = 0; i < req->headers.size; i++) {
+        const h2o_iovec_t *name = req->headers.entries[i].name;
+        if (name->len == 0)
             return "a header line starts with whitespace (obsolete line folding)";
+        /* HTTP/2: a connection-specific field makes the request malformed (RFC 9113 §8.2.2). Also
+         * what a request upgraded from HTTP/1.1 (Upgrade: h2c) carries, should h2o upgrade one
+         * (front/h2c_upgrade.h): its HTTP/1.1 head was never read by the checks below */
+        if (req->version >= 0x200 &&
+            (name == &H2O_TOKEN_CONNECTION->buf || name == &H2O_TOKEN_HTTP2_SETTINGS->buf ||
+             name == &H2O_TOKEN_KEEP_ALIVE->buf || name == &H2O_TOKEN_UPGRADE->buf ||
+             name == &H2O_TOKEN_TRANSFER_ENCODING->buf || h2o_memis(name->base, name->len, H2O_STRLIT("proxy-connection"))))
+            return "an HTTP/2 request with a connection-specific header field (RFC 9113 §8.2.2)";
+    }
     const char *head;
     size_t len;
     if (agw_guard_http1_head(req, &head, &len) == 0)
@@ -316,8 +326,16 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         agw_worker_conn_request(w, req); /* what a drain needs to know of its connection */
     if (req->version >= 0x200) /* header bombs: the guard counts header blocks before h2o decodes them */
         agw_guard_h2_watch(&w->guard, req);
-    if (headers_too_large(w, g, req, 0))
+    if (headers_too_large(w, g, req, 0)) /* (431, and the connection closed) */
         return 0;
+    /* before every answer that keeps the connection (414, a target refused, 404, 405): what
+     * follows a head framed two ways must never be read as the next request */
+    const char *framing = bad_framing(req);
+    if (framing) {
+        req->http1_is_persistent = 0;
+        agw_worker_send_problem(w, req, NULL, 0, 400, "bad-request", "the request is malformed", framing);
+        return 0;
+    }
     if (req->path.len > g->conf->clients.max_uri_bytes) { /* before a script could build a path too long to send */
         char detail[120];
         snprintf(detail, sizeof(detail), "%zu bytes, the gateway takes %zu (clients.max_uri_bytes)", req->path.len,
@@ -328,14 +346,6 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
     const char *target = origin_form(req); /* (after the length check: the target as it was sent) */
     if (target) {
         agw_worker_send_problem(w, req, NULL, 0, 400, "bad-request", "the request is malformed", target);
-        return 0;
-    }
-    /* before the route: a 404 or 405 keeps the connection too, and what follows a head framed two
-     * ways must never be read as the next request */
-    const char *framing = bad_framing(req);
-    if (framing) {
-        req->http1_is_persistent = 0;
-        agw_worker_send_problem(w, req, NULL, 0, 400, "bad-request", "the request is malformed", framing);
         return 0;
     }
     size_t path_len = req->query_at != SIZE_MAX ? req->query_at : req->path.len;

@@ -23,7 +23,10 @@
   path no route serves (no 404 keeps the connection for what follows).
 - Host (RFC 9112 §3.2): an HTTP/1.1 request without it, with two, or with a value no host and
   port may hold (a space, '@', '/') is refused with 400 and closed, a pipelined request behind
-  unread; HTTP/1.0 without Host is served.
+  unread; HTTP/1.0 without Host is served. Also behind a target too long (414) or refused (400).
+- Upgrade: h2c is declined (RFC 9113 §3.1 deprecates it): the request is checked and served as
+  HTTP/1.1, never upgraded past those checks; an HTTP/2 request with a connection-specific field
+  (Connection, HTTP2-Settings, Upgrade, Keep-Alive, Proxy-Connection) is 400 (RFC 9113 §8.2.2).
 """
 import os
 import re
@@ -37,7 +40,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from h2_client import (END_HEADERS, END_STREAM, GOAWAY, HEADERS, PING, RST_STREAM, SETTINGS,  # noqa: E402
-                       ACK, CONTINUATION, DATA, H2Client, _hpack_int, _literal)
+                       ACK, CONTINUATION, DATA, H2Client, H2Error, _hpack_int, _literal)
 from harness import (SLOW, UNHURRIED_PAGE, UNHURRIED_UPSTREAMS, GatewayTestCase, demo_services, endpoint,  # noqa: E402
                      main, repo_scripts, wait_until)
 
@@ -693,6 +696,58 @@ class Smuggling(GatewayTestCase):
                          b"GET /smuggled HTTP/1.1\r\nHost: user@x\r\n\r\n",
                          b"GET /smuggled HTTP/1.1\r\nHost: x/y\r\n\r\n"):
                 self.assertRefusedAndClosed(head + self.SMUGGLED, tls=tls)
+
+    def test_smuggling_behind_an_answer_that_keeps_the_connection_is_refused_and_closed(self):
+        # a target too long (414) or refused (absolute-form with user information, 400) was
+        # answered before the framing check, with the connection kept (an attack review)
+        self.assertRefusedAndClosed(
+            b"POST /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\nTransfer-Encoding: chunked"
+            b"\r\n\r\n0\r\n\r\n" + self.SMUGGLED)
+        self.assertRefusedAndClosed(
+            b"POST http://u@x/post HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\nTransfer-Encoding: chunked"
+            b"\r\n\r\n0\r\n\r\n" + self.SMUGGLED)
+
+    UPGRADE = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+
+    def test_an_h2c_upgrade_is_declined_and_the_request_checked_as_http1(self):
+        # h2o upgraded it to HTTP/2 before the raw head's checks could run: no Host, two, CL+TE
+        # were served (an attack review). RFC 9113 §3.1 deprecates the upgrade: it is declined
+        for head in (b"GET /smuggled HTTP/1.1\r\n" + self.UPGRADE + b"\r\n",
+                     b"GET /smuggled HTTP/1.1\r\nHost: a\r\nHost: b\r\n" + self.UPGRADE + b"\r\n",
+                     b"POST /post HTTP/1.1\r\nHost: x\r\n" + self.UPGRADE +
+                     b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"):
+            out, closed = raw_exchange(self.port, head + self.SMUGGLED)
+            self.assertNotIn(b"101 Switching Protocols", out)
+            self.assertEqual(statuses(out), [400], out)
+            self.assertTrue(closed)
+        # a sound request asking for the upgrade is served as HTTP/1.1
+        out, _ = raw_exchange(self.port, b"POST /post HTTP/1.1\r\nHost: x\r\n" + self.UPGRADE.replace(
+            b"Connection: Upgrade, HTTP2-Settings", b"Connection: Upgrade, HTTP2-Settings, close") +
+            b"Content-Length: 2\r\n\r\nok")
+        self.assertNotIn(b"101 Switching Protocols", out)
+        self.assertEqual(statuses(out), [200], out)
+        self.assertIn(b'{"body":"ok"}', out)
+        # and HTTP/2 with prior knowledge still is, while a connection-specific field makes an
+        # HTTP/2 request malformed (RFC 9113 §8.2.2; what an upgraded request would carry): h2o's
+        # decoder refuses the connection for four of them (PROTOCOL_ERROR), the gateway answers 400
+        # for the others
+        with H2Client(self.port, timeout=10).start_plain() as c:
+            self.assertEqual(c.get("/smuggled")[0], 200)
+        for name, value in (("connection", "keep-alive"), ("http2-settings", "AAMAAABk"), ("upgrade", "h2c"),
+                            ("transfer-encoding", "chunked"), ("keep-alive", "1"), ("proxy-connection", "x")):
+            with H2Client(self.port, timeout=10).start_plain() as c:
+                sid = c.next_stream
+                c.next_stream += 2
+                c.tls.sendall(c._frame(HEADERS, END_STREAM | END_HEADERS, sid,
+                                       _literal(":method", "GET") + _literal(":scheme", "http") +
+                                       _literal(":path", "/smuggled") + _literal(":authority", "x") +
+                                       _literal(name, value)))
+                try:
+                    status = c.read_answers([sid])[0][0]
+                except H2Error:
+                    status = "refused"
+                self.assertIn(status, (400, "refused") if name in ("connection", "http2-settings", "upgrade",
+                                                                   "transfer-encoding") else (400,), name)
 
     def test_http10_without_host_and_a_port_in_host_are_served(self):
         out, _ = raw_exchange(self.port, b"POST /post HTTP/1.0\r\nContent-Length: 2\r\n\r\nok")

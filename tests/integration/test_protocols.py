@@ -81,9 +81,9 @@ class Protocols(GatewayTestCase):
 
     def test_the_front_runs_with_its_interpositions(self):
         # the executable defines libuv's uv_read_stop, uv_read_start, uv_write and uv_close,
-        # glibc's __sprintf_chk and libh2o's h2o_hpack_flatten_response, h2o_mem_alloc_pool and
-        # h2o_mem_clear_pool for libh2o (front/read_pause.h, inline_write.h, head_format.h,
-        # h2_head.h, mem_pool.h), and a worker learns h2o's
+        # glibc's __sprintf_chk and libh2o's h2o_hpack_flatten_response, h2o_mem_alloc_pool,
+        # h2o_mem_clear_pool and h2o_http2_handle_upgrade for libh2o (front/read_pause.h,
+        # inline_write.h, head_format.h, h2_head.h, mem_pool.h, h2c_upgrade.h), and a worker learns h2o's
         # read callback of a plain connection at its first one (front/inbuf.h);
         # a build that stopped exporting them would serve the same pages, slower or with bigger
         # buffers, and say so only in its log
@@ -94,7 +94,8 @@ class Protocols(GatewayTestCase):
                               timeout=30)
         self.assertEqual(syms.returncode, 0, syms.stderr)
         for name in ("uv_read_stop", "uv_read_start", "uv_write", "uv_close", "__sprintf_chk",
-                     "h2o_hpack_flatten_response", "h2o_mem_alloc_pool", "h2o_mem_clear_pool"):
+                     "h2o_hpack_flatten_response", "h2o_mem_alloc_pool", "h2o_mem_clear_pool",
+                     "h2o_http2_handle_upgrade"):
             self.assertRegex(syms.stdout, r"\bT %s\b" % name)
 
     def test_http1_keep_alive_serves_several_requests_on_one_connection(self):
