@@ -137,6 +137,14 @@ static int host_admitted(const agw_admin_t *a, const char *v, size_t n)
 {
     size_t hl = n;
     char buf[256];
+    /* only what a host and port are made of (RFC 9110 §7.2): a NUL, whitespace or anything else
+     * would make the comparisons below read a part of the value as the whole */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
+              c == ':' || c == '[' || c == ']' || c == '_'))
+            return 0;
+    }
     if (n > 0 && v[0] == '[') {
         const char *rb = memchr(v, ']', n);
         if (rb == NULL)
@@ -162,6 +170,8 @@ static int host_admitted(const agw_admin_t *a, const char *v, size_t n)
         buf[hl - 2] = '\0';
         return inet_pton(AF_INET6, buf, addr) == 1;
     }
+    if (hl > 1 && v[hl - 1] == '.') /* a fully qualified name's root dot ("localhost.") */
+        hl--;
     memcpy(buf, v, hl);
     buf[hl] = '\0';
     if (inet_pton(AF_INET, buf, addr) == 1 || strcasecmp(buf, "localhost") == 0)
@@ -169,7 +179,8 @@ static int host_admitted(const agw_admin_t *a, const char *v, size_t n)
     for (const char *p = a->allowed_hosts; p && *p;) {
         const char *sp = strchr(p, ' ');
         size_t l = sp ? (size_t)(sp - p) : strlen(p);
-        if (l == hl && strncasecmp(p, buf, hl) == 0)
+        size_t cl = l > 1 && p[l - 1] == '.' ? l - 1 : l; /* (a name listed with its root dot) */
+        if (cl == hl && strncasecmp(p, buf, hl) == 0)
             return 1;
         p += l + (sp != NULL);
     }
@@ -656,10 +667,12 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
             return;
         }
         c->inlen += (size_t)n;
+        /* the head ends at its first empty line, CRLF or bare LF (RFC 9112 §2.2 allows them): the
+         * earlier of the two, or a head ending in LF LF would run into the bytes after it */
         char *end = memmem(c->in, c->inlen, "\r\n\r\n", 4);
-        if (end == NULL) {
-            end = memmem(c->in, c->inlen, "\n\n", 2); /* bare LF line ends (RFC 9112 §2.2 allows them) */
-        }
+        char *lf = memmem(c->in, end ? (size_t)(end - c->in) + 2 : c->inlen, "\n\n", 2);
+        if (lf != NULL && (end == NULL || lf < end))
+            end = lf;
         if (end == NULL) {
             if (c->inlen == sizeof(c->in)) {
                 static const char body[] = "request headers too large\n";
@@ -677,7 +690,8 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
             char *sp1 = memchr(c->in, ' ', llen);
             char *sp2 = sp1 ? memchr(sp1 + 1, ' ', llen - (size_t)(sp1 + 1 - c->in)) : NULL;
             if (sp1 == NULL || sp2 == NULL || sp1 == c->in || sp2 == sp1 + 1 || sp1[1] != '/' ||
-                (size_t)(c->in + llen - (sp2 + 1)) < 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0) {
+                (size_t)(c->in + llen - (sp2 + 1)) != 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0 ||
+                (sp2[8] != '0' && sp2[8] != '1')) {
                 static const char body[] = "bad request\n";
                 respond(&c->out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
             } else if ((host_why = host_refused(c->a, sp2 + 8, end > eol + 1 ? eol + 1 : end,

@@ -274,15 +274,21 @@ class HealthReadyRoutes(AdminCase):
         # admin.allowed_hosts' names (any case, any port) are answered
         for path in (b"/healthz", b"/metrics", b"/waterfall.json", b"/routes"):
             for host in (b"evil.example", b"evil.example:%d" % self.admin_port, b"127.0.0.1.evil.example",
-                         b"localhost.evil.example", b"gw-1.internal.evil.example", b"[::1", b"127.0.0.1:x", b""):
+                         b"localhost.evil.example", b"gw-1.internal.evil.example", b"[::1", b"127.0.0.1:x", b"",
+                         b"127.0.0.1\x00evil.example", b"localhost\x00.evil.example", b"127.0.0.1 x"):
                 got = raw(b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
                 self.assertTrue(got.startswith(b"HTTP/1.1 421"), (path, host, got))
                 self.assertNotIn(b"aggway_", got)
         for request in (b"GET /metrics HTTP/1.1\r\n\r\n", b"GET /metrics HTTP/1.1\nAccept: */*\n\n",
-                        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n\r\n"):
+                        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n\r\n",
+                        # the head ends at its first empty line: a Host after it is not the head's
+                        b"GET /metrics HTTP/1.1\nX: y\n\nHost: localhost\r\n\r\n",
+                        # a version that is not HTTP/1.0 or HTTP/1.1 exactly
+                        b"GET /metrics HTTP/1.0x\r\n\r\n", b"GET /metrics HTTP/1.0 HTTP/1.1\r\n\r\n"):
             got = raw(request)
             self.assertTrue(got.startswith(b"HTTP/1.1 400"), (request, got))
         for host in (b"127.0.0.1:%d" % self.admin_port, b"10.1.2.3", b"LOCALHOST:1", b"[::1]:9090", b"GW-1.Internal",
+                     b"localhost.", b"gw-1.internal.:%d" % self.admin_port,
                      b"gw-1.internal:%d" % self.admin_port, b"metrics.example"):
             got = raw(b"GET /healthz HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
             self.assertTrue(got.startswith(b"HTTP/1.1 200"), (host, got))
