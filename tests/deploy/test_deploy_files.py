@@ -66,7 +66,10 @@ class Unit(harness.GatewayTestCase):
 
     def test_readiness_reload_and_stop_match_the_gateway(self):
         self.assertEqual(self.svc["Type"], ["notify"])
-        self.assertEqual(self.svc["ExecReload"], ["/bin/kill -HUP $MAINPID"])
+        # check's dry run first (a SIGHUP's load does not run it), then the signal
+        self.assertEqual(len(self.svc["ExecReload"]), 2, self.svc["ExecReload"])
+        self.assertTrue(self.svc["ExecReload"][0].endswith("aggway check -c %s/etc/aggway/scripts" % self.prefix))
+        self.assertEqual(self.svc["ExecReload"][1], "/bin/kill -HUP $MAINPID")
         self.assertEqual(self.svc["KillSignal"], ["SIGTERM"])
         # the drain may take shutdown_grace_ms, then a stuck worker AGW_WORKER_STOP_WAIT_MS more
         grace_s = config_default("shutdown_grace_ms") / 1000
