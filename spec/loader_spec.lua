@@ -163,6 +163,26 @@ describe("errors of a folder that does not load", function()
   end)
 end)
 
+describe("what a handler reads of its request", function()
+  it("names a route parameter it lacks, a misspelt field and a route parameter written :name", function()
+    local gen, errors = loader.load(DIR .. "paramreads")
+    assert.is_nil(gen)
+    local text = table.concat(errors, "\n")
+    local d = (DIR .. "paramreads/"):gsub("%p", "%%%0")
+    assert.matches(d .. "colon%.lua:1: route 'GET /dashboard/:user': segment ':user' is a literal; a parameter is " ..
+                   "written {user}", text)
+    assert.matches(d .. "page%.lua:6: GET /dashboard/{usr} reads req%.params%.user, but its route has no parameter " ..
+                   "'user' %(did you mean 'usr'%?%)", text)
+    assert.matches(d .. "page%.lua:11: GET /x/{id} reads r%.params%.idd, but its route has no parameter 'idd' " ..
+                   "%(did you mean 'id'%?%)", text)
+    assert.matches(d .. "page%.lua:11: GET /x/{id} reads r%.param, which a request does not have %(did you mean " ..
+                   "'params'%?%)", text)
+    assert.matches(d .. "page%.lua:13: GET /y reads req%.params%.id, but its route has no parameter 'id' %(it has no " ..
+                   "parameters%)", text)
+    assert.equal(5, #errors, text) -- (r.mine is written; the shared handler's names are its routes')
+  end)
+end)
+
 describe("a require of a module the folder lacks", function()
   it("names the nearest module of lib/", function()
     local gen, errors = loader.load(DIR .. "libtypo")
