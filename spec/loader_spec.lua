@@ -183,12 +183,26 @@ describe("what a handler reads of its request", function()
   end)
 end)
 
+describe("a module of lib/ that returns nothing", function()
+  it("is refused at the require, naming the module and the cure", function()
+    local gen, errors = loader.load(DIR .. "libnoreturn")
+    assert.is_nil(gen)
+    assert.matches("libnoreturn/page%.lua:1: module 'lib%.util' %([^)]*libnoreturn/lib/util%.lua%) returned nothing: " ..
+                   "end it with `return M`", table.concat(errors, "\n"))
+  end)
+end)
+
 describe("a require of a module the folder lacks", function()
   it("names the nearest module of lib/", function()
     local gen, errors = loader.load(DIR .. "libtypo")
     assert.is_nil(gen)
-    assert.matches("libtypo/page%.lua:2: module 'lib%.utils' not found %(did you mean 'lib%.util'%?%): scripts require",
-                   table.concat(errors, "\n"))
+    local text = table.concat(errors, "\n")
+    assert.matches("libtypo/page%.lua:2: module 'lib%.utils' not found %(did you mean 'lib%.util'%?%): scripts require", text)
+    -- lib/util.lua required without its folder
+    assert.matches("libtypo/page2%.lua:1: module 'util' not found %(did you mean 'lib%.util'%?%)", text)
+    -- and a module put beside the endpoints
+    assert.matches("libtypo/helpers%.lua:1: the returned table has no route and no endpoints: every %.lua file of " ..
+                   "the folder outside lib/ is an endpoint script; a module goes in lib/", text)
   end)
 end)
 

@@ -447,7 +447,10 @@ local function load_folder(dir)
       else
         local list = (v.route ~= nil or v.handler ~= nil) and { v } or v
         if #list == 0 then
-          errors[#errors + 1] = ("%s:1: the returned table has no route and no endpoints"):format(file)
+          -- (a helper module put beside the endpoints: they load every .lua file outside lib/)
+          errors[#errors + 1] = ("%s:1: the returned table has no route and no endpoints: every .lua file of the " ..
+                                 "folder outside lib/ is an endpoint script; a module goes in lib/ (lib/x.lua is " ..
+                                 "require \"lib.x\")"):format(file)
         end
         for i, ep in ipairs(list) do
           local where = #list > 1 and ("endpoint " .. i) or "endpoint"

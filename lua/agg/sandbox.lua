@@ -387,6 +387,7 @@ local function module_suggestion(box, name)
       known["lib." .. str_gsub(str_gsub(f, "%.lua$", ""), "/", ".")] = true
     end
   end
+  if known["lib." .. name] then return " (did you mean 'lib." .. name .. "'?)" end -- (lib/util.lua as "util")
   return require("agg.config").suggest(name, known)
 end
 
@@ -428,7 +429,13 @@ local function script_require(box, name)
     box.loaded[name] = nil
     error(v, 0)
   end
-  if v == nil then v = true end
+  if v == nil then
+    -- (Lua would give true: the script then failed on every request with "attempt to index
+    -- upvalue 'util' (a boolean value)", naming neither the module nor the cure; a fresh user's trial)
+    box.loaded[name] = nil
+    error(("module '%s' (%s) returned nothing: end it with `return M`, the table of what it gives the scripts"):format(
+      name, file), 3)
+  end
   box.loaded[name] = v
   require("agg.where").module_loaded(file) -- (its helpers' spec mistakes are placed in it)
   return v
