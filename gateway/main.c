@@ -210,11 +210,7 @@ static int cmd_test(const char *dir, int argc, char **argv)
         lua_pushstring(L, argv[i]);
         lua_rawseti(L, -2, ++n);
     }
-    if (argc == 0) {
-        lua_pushliteral(L, "spec");
-        lua_rawseti(L, -2, ++n);
-    }
-    lua_setglobal(L, "arg");
+    lua_setglobal(L, "arg"); /* (no spec named: agg.test_cli runs the spec folder beside dir) */
     /* agg.test_cli: --help, --watch, then busted with script errors beside failed assertions */
     int rc = luaL_loadstring(L, "require 'agg.test_cli'.main()") || agw_heap_lua_pcall(L, 0, LUA_MULTRET, 0);
     if (rc != 0) {

@@ -10,7 +10,7 @@
 --   * `--watch` runs the specs, then again each time a .lua file under the scripts folder or the
 --     spec folders changes (polled every WATCH_POLL_S; each run is a fresh process, so a changed
 --     script is loaded anew). `--watch-runs N` stops after N runs (for scripts and tests).
-local str_gsub = string.gsub
+local str_gsub, str_match = string.gsub, string.match
 local M = {}
 
 M.WATCH_POLL_S = 0.5
@@ -18,7 +18,7 @@ M.WATCH_POLL_S = 0.5
 M.USAGE = [==[
 usage: aggway test [-c DIR] [--watch [--watch-runs N]] [BUSTED OPTIONS] [SPEC ...]
 
-Runs the page specs (default: the folder spec/) against the scripts folder DIR (default:
+Runs the page specs (default: the folder spec/ beside DIR) against the scripts folder DIR (default:
 scripts) on the spec harness: stubbed upstreams, a virtual clock, the production runtime.
 
   -c DIR            the scripts folder the specs load (testing.gateway() with no dir),
@@ -27,7 +27,7 @@ scripts) on the spec harness: stubbed upstreams, a virtual clock, the production
                     folders changes (Ctrl-C stops)
   --watch-runs N    with --watch: stop after N runs
   -h, --help        this text
-  SPEC ...          spec files or folders (default: spec)
+  SPEC ...          spec files or folders (default: the spec folder beside DIR)
 
 Every busted option works too (busted --help lists them), e.g.
   aggway test --filter "reviews time out"      only the tests whose name matches
@@ -77,6 +77,44 @@ end
 
 local function quote(s) return "'" .. str_gsub(tostring(s), "'", "'\\''") .. "'" end
 
+--- The spec folder run when none is named: spec/ beside the scripts folder (-c DIR's parent's
+-- spec/, "spec" for a DIR without a parent part such as the default "scripts"), as the guide lays
+-- a project out. Not the current directory's: `aggway test -c ../mine/scripts` from another
+-- project ran that project's specs against the folder (a fresh user's trial).
+function M.default_specs(dir)
+  dir = str_gsub(dir or "scripts", "/+$", "")
+  local parent = str_match(dir, "^(.*)/[^/]*$")
+  if parent == nil then return "spec" end
+  return (parent == "" and "" or parent) .. "/spec"
+end
+
+local function exists(path) return os.rename(path, path) ~= nil end
+
+-- busted's options that take the next argument as their value (busted --help): what follows
+-- one of them is not a spec path
+local VALUE_OPTS = {}
+for _, o in ipairs { "-o", "--output", "--filter", "--filter-out", "-t", "--tags", "--exclude-tags", "-p", "--pattern",
+                     "--exclude-pattern", "-m", "--lpath", "--cpath", "-r", "--run", "--seed", "--repeat", "-e",
+                     "--execute", "--lang", "--loaders", "--helper", "-C", "--directory", "--config-file",
+                     "-Xoutput", "-Xhelper", "--coverage-config-file", "--lua", "-f", "--name" } do
+  VALUE_OPTS[o] = true
+end
+
+-- The spec paths among busted's arguments args.
+local function spec_paths(args)
+  local paths, skip = {}, false
+  for _, a in ipairs(args) do
+    if skip then
+      skip = false
+    elseif a:sub(1, 1) == "-" then
+      skip = VALUE_OPTS[a] == true
+    else
+      paths[#paths + 1] = a
+    end
+  end
+  return paths
+end
+
 -- "path mtime" of every .lua file under the folders, sorted: a change anywhere changes the text.
 local function snapshot(dirs)
   local q = {}
@@ -96,15 +134,10 @@ local function watch(args, runs)
   local dir = AGGWAY_SCRIPTS or "scripts"
   local cmd = { quote(self), "test", "-c", quote(dir) }
   local roots = { dir }
-  local any_root = false
-  for _, a in ipairs(args) do
-    cmd[#cmd + 1] = quote(a)
-    if a:sub(1, 1) ~= "-" then
-      any_root = true
-      roots[#roots + 1] = a
-    end
-  end
-  if not any_root then roots[#roots + 1] = "spec" end
+  for _, a in ipairs(args) do cmd[#cmd + 1] = quote(a) end
+  local paths = spec_paths(args)
+  for _, a in ipairs(paths) do roots[#roots + 1] = a end
+  if #paths == 0 then roots[#roots + 1] = M.default_specs(dir) end
   local line = table.concat(cmd, " ")
   local n = 0
   while true do
@@ -155,7 +188,16 @@ function M.main()
   if watching then os.exit(watch(args, runs)) end
   for k = #arg, 1, -1 do arg[k] = nil end
   for k, a in ipairs(args) do arg[k] = a end
-  if #args == 0 then arg[1] = "spec" end
+  if #spec_paths(args) == 0 then
+    local specs = M.default_specs(AGGWAY_SCRIPTS)
+    if not exists(specs) then
+      io.stderr:write(("aggway test: no spec folder beside the scripts folder %s (%s): put the specs there, or name " ..
+                       "them: aggway test -c %s path/to/spec\n"):format(AGGWAY_SCRIPTS or "scripts", specs,
+                       AGGWAY_SCRIPTS or "scripts"))
+      os.exit(2)
+    end
+    arg[#args + 1] = specs
+  end
   hook_busted()
   require "busted.runner" ({ standalone = false })
 end

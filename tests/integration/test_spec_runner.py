@@ -115,6 +115,23 @@ class SpecRunner(unittest.TestCase):
         self.assertIn("the scripts folder 'scripts' does not exist", p.stderr.decode())
         self.assertIn("without -c it is ./scripts (here %s)" % missing, p.stderr.decode())
 
+    def test_without_a_spec_named_the_spec_folder_beside_the_scripts_folder_runs(self):
+        # not the current directory's spec/: from another project's root that ran its specs
+        # against this folder (a fresh user's trial)
+        spec_dir = os.path.join(self.dir, "spec")
+        p = subprocess.run([AGGWAY_BIN, "test", "-c", self.scripts], cwd=SOURCE_DIR, capture_output=True, timeout=120)
+        err = p.stderr.decode(errors="replace")
+        self.assertEqual(p.returncode, 2, err)
+        self.assertEqual(err, "aggway test: no spec folder beside the scripts folder %s (%s): put the specs there, or "
+                         "name them: aggway test -c %s path/to/spec\n" % (self.scripts, spec_dir, self.scripts))
+        os.makedirs(spec_dir)
+        shutil.copy(self.spec, spec_dir)
+        p = subprocess.run([AGGWAY_BIN, "test", "-c", self.scripts, "--filter", "answers"], cwd=SOURCE_DIR,
+                           capture_output=True, timeout=120)
+        out = p.stdout.decode(errors="replace")
+        self.assertIn("0 successes / 1 failure", out)  # the one spec beside it, not the project's
+        self.assertIn("broken_spec.lua", out)
+
     def test_help_prints_the_harness_usage(self):
         p = run_aggway("test", "--help")
         out = p.stdout.decode()
