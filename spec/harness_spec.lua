@@ -59,6 +59,13 @@ describe("the spec harness", function()
       fails(function() gw:stub("prodcut", "/p", { json = {} }) end), 1, true)
   end)
 
+  it("refuses a stub path without its leading '/'", function()
+    assert.matches('gw:stub: the path "products/42" must start with \'/\' ("/products/42")',
+      fails(function() gw:stub("product", "products/42", { json = {} }) end), 1, true)
+    for _, up in ipairs { "product", "reviews", "inventory" } do gw:stub(up, "*", { json = { any = true } }) end
+    assert.equal(200, gw:get("/product-page/42").status) -- ("*": every path)
+  end)
+
   it("refuses an unknown request option at the spec's line", function()
     local err = fails(function() gw:get("/product-page/1", { header = { a = "b" } }) end)
     assert.matches("harness_spec.lua:%d+: gw:get: unknown option 'header' %(did you mean 'headers'%?%)", err)

@@ -223,6 +223,12 @@ function T:stub(upstream, a, b, c)
   if type(upstream) ~= "string" or type(pattern) ~= "string" or (type(answers) ~= "table" and type(answers) ~= "function") then
     error("stub(upstream, [method,] path, answer): upstream and path are strings, answer a table or a function", 2)
   end
+  -- a call's path starts with '/': a pattern without one never matched, and the spec then failed on
+  -- "no stub for …" far from the stub's line (a fresh user's trial)
+  if pattern:sub(1, 1) ~= "/" and pattern ~= "*" then
+    error(("gw:stub: the path %q must start with '/' (\"/%s\"), or be \"*\" for every path"):format(pattern,
+      pattern), 2)
+  end
   -- "product" stubs every endpoint of the upstream, "product#2" its second endpoint only
   local name, ep = str_match(upstream, "^(.-)#(%d+)$")
   name, ep = name or upstream, tonumber(ep)
