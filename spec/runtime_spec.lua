@@ -443,6 +443,16 @@ describe("script errors", function()
     assert.matches("option 'forward_auth' is not supported", logs, 1, true)
   end)
 
+  it("suggest the method in capitals and the retry option meant", function()
+    gw:get("/err/method-case")
+    gw:get("/err/retry-option")
+    local logs = table.concat(gw:logs(), "\n")
+    assert.matches("call to 'a': method 'post' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS (did you mean " ..
+                   "'POST'?)", logs, 1, true)
+    assert.matches("call to 'a': retry option 'attempt' is unknown (did you mean 'attempts'?) (attempts, on, " ..
+                   "backoff_ms, safe)", logs, 1, true)
+  end)
+
   it("name the line where a faulty call spec was written, not only the fetch_all's line", function()
     local typo, call
     local n = 0

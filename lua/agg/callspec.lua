@@ -27,6 +27,7 @@ local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS
 -- request headers that carry a user's credentials: a call with one is never shared (single-flight)
 local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
+local RETRY_OPTIONS = { attempts = true, on = true, backoff_ms = true, safe = true } -- a call's retry block
 
 --- True when v looks like a call spec: a table whose [1] is an upstream name and [2] a path
 -- ("/…"). The leading slash is what tells { "product", "/p/1" } from a list of sibling keys
@@ -185,8 +186,10 @@ function M.normalize(spec, upstreams, level, ctx, memo)
     n.hash_key = spec.hash_key
   end
   if not METHODS[n.method] then
-    where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS%s"):format(name, n.method,
-                where.got(n.method)), level, where.option("method"))
+    -- (methods are case-sensitive, RFC 9110 §9.1: "post" is another method, which no upstream takes)
+    local upper = type(n.method) == "string" and METHODS[n.method:upper()] and (" (did you mean '" .. n.method:upper() .. "'?)")
+    where.raise(("call to '%s': method '%s' is not one of GET HEAD POST PUT PATCH DELETE OPTIONS%s%s"):format(name,
+                tostring(n.method), upper or "", where.got(n.method)), level, where.option("method"))
   end
   if n.timeout_ms <= 0 or n.timeout_ms ~= n.timeout_ms then
     where.raise(("call to '%s': timeout_ms must be a positive number of milliseconds%s"):format(name, where.got(n.timeout_ms)),
@@ -282,7 +285,9 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   if type(r) == "table" then
     for k in pairs(r) do
       if k ~= "attempts" and k ~= "on" and k ~= "backoff_ms" and k ~= "safe" then
-        where.raise(("call to '%s': retry option '%s' is unknown (attempts, on, backoff_ms, safe)"):format(name, where.key_name(k)), level, where.option(k))
+        local kn = where.key_name(k)
+        where.raise(("call to '%s': retry option '%s' is unknown%s (attempts, on, backoff_ms, safe)"):format(name, kn,
+                    config.suggest(kn, RETRY_OPTIONS)), level, where.option(k))
       end
     end
     if r.attempts ~= nil and (type(r.attempts) ~= "number" or r.attempts < 1 or r.attempts % 1 ~= 0) then
