@@ -379,6 +379,13 @@ describe("aggway check's dry run", function()
     assert.equal(2, #found, text)
   end)
 
+  it("reports a cache block on a call whose method is not GET or HEAD", function()
+    local found = require("agg.dryrun").run(DIR .. "postcache")
+    assert.equal(1, #found, table.concat(found, "\n"))
+    assert.matches("postcache/page%.lua:6: call to 'up': option 'cache' is for GET and HEAD calls only %(found by a " ..
+                   "dry run of POST /orders%)", found[1])
+  end)
+
   it("reports a handler the script time limit stops on answers of {}, at the line it spun on", function()
     -- (spin.lua's handlers never end, whatever the answers; /quick ends in a millisecond)
     local found = require("agg.dryrun").run("spec/fixtures/timelimit")

@@ -41,6 +41,8 @@ local SPEC_ERRORS = {
   "fetch_then for '", "fetch_then dependency cycle", "agg.page: option 'headers' must be a table",
   "the handler's response has an unknown key '", "agg is not a global: ",
   "it returned the results of agg.fetch_all without agg.page",
+  -- (the method is the script's: made-up data gives nil, which is GET)
+  "option 'cache' is for GET and HEAD calls only",
 }
 -- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
 -- blocks, retry, hedge) and the argument mistakes of agg's functions ("agg.pick: the list of keys
