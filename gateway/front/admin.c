@@ -589,6 +589,7 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
         agw_metrics_process_t proc = {0};
         proc.ready = __atomic_load_n(&a->ready, __ATOMIC_ACQUIRE) && !redis_not_ready(a, NULL); /* as /readyz */
         proc.start_time = a->start_time;
+        proc.admin_evicted = __atomic_load_n(&a->evicted, __ATOMIC_ACQUIRE);
         agw_reload_state_metrics(a->gens, &proc);
         agw_generation_t *gen = agw_reload_state_current(a->gens); /* held while its breakers are read */
         agw_metrics_render(&body, a->labels, gen ? &gen->conf : NULL, a->metrics, a->num_workers, &proc);

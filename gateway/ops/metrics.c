@@ -698,6 +698,10 @@ void agw_metrics_render(agw_buf_t *b, const agw_metric_labels_t *labels, const a
     agw_prom_sample(b, "aggway_reload_last_time_seconds", NULL, 0, proc->last_reload_time);
     agw_prom_family(b, "aggway_start_time_seconds", "gauge", "When the gateway started, seconds since the Unix epoch.");
     agw_prom_sample(b, "aggway_start_time_seconds", NULL, 0, proc->start_time);
+    agw_prom_family(b, "aggway_admin_connections_evicted_total", "counter",
+                    "Admin listener connections closed before their request came, to make room for a new one (64 "
+                    "open): clients holding connections, which would otherwise keep the probes out.");
+    agw_prom_sample_u64(b, "aggway_admin_connections_evicted_total", NULL, 0, proc->admin_evicted);
     render_requests(b, labels, workers, num_workers);
     render_partials(b, labels, workers, num_workers);
     render_upstreams(b, labels, conf, workers, num_workers);

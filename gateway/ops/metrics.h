@@ -216,6 +216,7 @@ typedef struct agw_metrics_process {
     double last_reload_time;          /* seconds since the Unix epoch of the last reload, 0: none */
     uint64_t generations_live;        /* generations loaded and not yet freed (old ones still
                                          finishing requests, the current one) */
+    uint64_t admin_evicted;           /* admin connections closed unanswered to make room (admin.h) */
 } agw_metrics_process_t;
 
 /* Everything the admin listener exports, rendered as Prometheus text into b: the process gauges,

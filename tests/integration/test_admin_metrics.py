@@ -299,6 +299,8 @@ class HealthReadyRoutes(AdminCase):
             status, _, body, _ = self.admin("/readyz", timeout=10)
             self.assertEqual((status, body), (200, b"ready\n"))
             self.assertEqual(held[0].recv(100), b"")  # closed, unanswered
+            evicted = re.search(rb"^aggway_admin_connections_evicted_total (\d+)$", self.admin("/metrics")[2], re.M)
+            self.assertTrue(evicted and int(evicted.group(1)) >= 17, evicted)  # 81 connections, 64 kept
             held[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             self.assertTrue(read_all(held[-1], 10).startswith(b"HTTP/1.1 200"))
         finally:
