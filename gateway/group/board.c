@@ -100,9 +100,9 @@ static void seconds_or_null(agw_buf_t *out, uint64_t ms)
         agw_buf_printf(out, "%llu.%03u", (unsigned long long)(ms / 1000), (unsigned)(ms % 1000));
 }
 
-/* A one-endpoint upstream has no balancer: its endpoint's calls, failures and calls in flight are
- * the upstream's own call counters (ops/metrics.h, since the process started), summed over the
- * workers. */
+/* A one-endpoint upstream has no balancer: its endpoint's calls, failures, calls in flight and mean
+ * latency are the upstream's own call counters (ops/metrics.h, since the process started), summed
+ * over the workers (the latency over the calls its histogram counted). */
 static void from_upstream_metrics(const agw_endpoint_board_src_t *src, size_t u, agw_endpoint_row_t *s)
 {
     if (src == NULL || src->metrics == NULL || src->upstream_slot == NULL)
@@ -110,16 +110,21 @@ static void from_upstream_metrics(const agw_endpoint_board_src_t *src, size_t u,
     static const int failed[] = {AGW_OUT_5XX, AGW_OUT_TIMEOUT, AGW_OUT_REFUSED, AGW_OUT_RESET, AGW_OUT_BAD_RESPONSE,
                                  AGW_OUT_TLS};
     uint32_t slot = src->upstream_slot[u];
-    uint64_t started = 0, ended = 0;
+    uint64_t started = 0, ended = 0, timed = 0, sum_us = 0;
     for (size_t w = 0; w < src->num_workers; w++) {
         const agw_upstream_metrics_t *m = &src->metrics[w]->upstreams[slot];
         started += __atomic_load_n(&m->started, __ATOMIC_RELAXED);
         ended += __atomic_load_n(&m->ended, __ATOMIC_RELAXED);
+        sum_us += __atomic_load_n(&m->latency_sum_us, __ATOMIC_RELAXED);
+        for (size_t k = 0; k <= AGW_M_CALL_BOUNDS; k++)
+            timed += __atomic_load_n(&m->latency[k], __ATOMIC_RELAXED);
         for (size_t k = 0; k < sizeof(failed) / sizeof(failed[0]); k++)
             s->failures += __atomic_load_n(&m->outcomes[failed[k]], __ATOMIC_RELAXED);
     }
     s->calls = started;
     s->in_flight = started > ended ? started - ended : 0;
+    s->answered = timed;
+    s->latency_ms = sum_us / 1000;
 }
 
 /* Slot e's address now (dir, else as loaded) into text; returns its length (0: out of service). */

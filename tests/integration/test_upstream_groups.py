@@ -159,6 +159,13 @@ class UpstreamGroups(GatewayTestCase):
         calls = [c for r in wf["requests"] for c in r["calls"]]
         self.assertTrue(calls and all(c.get("endpoint") in (1, 2, 3) for c in calls), calls[:3])
         self.assertIn("endpoint #", self.admin("/waterfall"))
+        # a one-endpoint upstream's row is its own call counters, its mean latency too (a fresh
+        # user's trial: it was null); reviews answers after 400 ms
+        self.page("/r/1")
+        rev = {u["name"]: u for u in json.loads(self.admin("/upstreams"))["upstreams"]}["reviews"]["endpoints"][0]
+        self.assertEqual((rev["calls"], rev["in_flight"]), (1, 0), rev)
+        self.assertIsNotNone(rev["mean_ms"], rev)
+        self.assertGreaterEqual(rev["mean_ms"], 399, rev)
 
     def test_power_of_two_choices_sends_a_slow_endpoint_clearly_fewer_calls(self):
         self.start_group(services(c=[route("/products/{id}", latency_ms=200, json={"from": "c"})]),
