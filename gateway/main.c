@@ -5,7 +5,8 @@
  *                                    once against generated stubs, then exit: 0 when it is valid,
  *                                    1 with "file:line: message" lines on stderr when not
  *   aggway test  [-c DIR] [ARGS…]    run busted specs inside the aggway runtime; ARGS are --watch,
- *                                    --help or busted's own (paths, --filter, -o TAP, …), default: spec
+ *                                    --help or busted's own (paths, --filter, -o TAP, …), default: the
+ *                                    spec folder beside DIR
  *   aggway version                   the version and where the Lua runtime is read from
  *   aggway help | --help | -h        every command, option, signal and environment variable
  */
@@ -44,7 +45,7 @@ static const char help_text[] =
     "                          against generated stubs): exit 0 when valid, 1 with file:line messages\n"
     "  test [-c DIR] [ARGS...] run busted specs inside the aggway runtime; ARGS: --watch (rerun on\n"
     "                          changes), --help (the harness's options) or busted's own (spec paths,\n"
-    "                          --filter=PATTERN, -o TAP, ...), default: spec\n"
+    "                          --filter=PATTERN, -o TAP, ...), default: the spec folder beside DIR\n"
     "  version                 print the version and where the Lua runtime is read from\n"
     "  help                    print this text (also --help, -h)\n"
     "\n"

@@ -10,7 +10,8 @@
  *
  * h2c_upgrade.c defines h2o_http2_handle_upgrade in the executable: libh2o calls it through its PLT
  * (Debian's build), so every call reaches this one, which declines (returns -1): h2o then serves
- * the request as the HTTP/1.1 request it is, with every check. HTTP/2 with prior knowledge
+ * the request as the HTTP/1.1 request it is, with every check, on a connection kept unless the
+ * request's Connection field says close. HTTP/2 with prior knowledge
  * ("PRI * HTTP/2.0", h2c) and over TLS (ALPN) are unchanged. Should a build not route the call
  * here (agw_h2c_upgrade_declined says so at start, and the log warns), a request upgraded anyway
  * still carries its HTTP/1.1 connection fields (Connection, HTTP2-Settings), which make an HTTP/2

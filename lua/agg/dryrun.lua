@@ -21,6 +21,7 @@ local result = require "agg.result"
 local sys = require "agg.sys"
 local config = require "agg.config"
 local where = require "agg.where"
+local lint = require "agg.lint"
 local sandbox = require "agg.sandbox"
 
 local M = {}
@@ -43,6 +44,8 @@ local SPEC_ERRORS = {
   "it returned the results of agg.fetch_all without agg.page",
   -- (the method is the script's: made-up data gives nil, which is GET)
   "option 'cache' is for GET and HEAD calls only",
+  -- a lib/ module without its return, read (agg.sandbox)
+  "returned nothing: end it with `return M`",
 }
 -- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
 -- blocks, retry, hedge) and the argument mistakes of agg's functions ("agg.pick: the list of keys
@@ -119,6 +122,19 @@ function M.run(dir)
   if not ok then return { tostring(gw) } end
   -- a trusted folder's handlers may do anything (io, os.execute): check does not run them
   if gw.gen.config.scripts.trusted then return {} end
+  -- what each handler's source reads of its request (agg.lint.check_reads), against the text of
+  -- every file of the folder
+  local texts = {}
+  local function read_all(prefix, rels)
+    for _, rel in ipairs(rels) do
+      local path = dir .. "/" .. prefix .. rel
+      local f = io.open(path, "rb")
+      if f then texts[path] = f:read(8 * 1024 * 1024) or ""; f:close() end
+    end
+  end
+  read_all("", sys.listdir(dir))
+  read_all("lib/", sys.listdir(dir .. "/lib"))
+  local found, seen = lint.check_reads(gw.gen.endpoints, texts), {}
   for _, u in ipairs(gw.gen.config.upstreams) do
     if u.name == "@token_exchange" then
       gw:stub(u.name, "POST", "/*", { json = { access_token = "dry-run", token_type = "Bearer", expires_in = 60 } })
@@ -126,7 +142,6 @@ function M.run(dir)
       gw:stub(u.name, "/*", { json = {}, latency_ms = 1 })
     end
   end
-  local found, seen = {}, {}
   local started = sys.monotonic_s()
   for i, ep in ipairs(gw.gen.endpoints) do
     -- each run may take up to the script time limit: generated endpoints that all spin would make

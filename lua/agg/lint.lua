@@ -14,7 +14,7 @@
 --   * a fetch_then dependency names a sibling key of the same table constructor.
 -- Specs built at run time (a variable, a function's result) are out of its sight: the run-time
 -- checks of agg.callspec catch those, at the line the spec was written (see agg.fanout).
-local str_find, str_gsub, str_match = string.find, string.gsub, string.match
+local str_find, str_gmatch, str_gsub, str_match = string.find, string.gmatch, string.gsub, string.match
 local callspec = require "agg.callspec"
 local config = require "agg.config"
 
@@ -292,6 +292,169 @@ function M.check_uncached(src, file, upstreams)
     end
   end
   return errors
+end
+
+-- The fields of a handler's req (agg.runtime; docs/api.md "req").
+local REQ_FIELDS = { method = true, path = true, params = true, query = true, headers = true, body = true,
+                     json = true, route = true, remaining_ms = true, trace_id = true, user = true }
+
+-- The known name within two edits of name, or nil (no prefix rule: `req.user_id` is a script's
+-- own field, not a misspelt `user`).
+local function near(name, known)
+  local distance = require("agg.edge_config").distance
+  local best, bestd
+  for k in pairs(known) do
+    local d = distance(name, k, 2)
+    if d <= 2 and (not bestd or d < bestd or (d == bestd and k < best)) then best, bestd = k, d end
+  end
+  return best
+end
+
+--- What each handler reads of its request, against its routes, for aggway check (agg.dryrun):
+-- `req.params.NAME` (or `req.params["NAME"]`) for a NAME none of its routes has, and a field of
+-- req within two edits of one the runtime gives (`req.param`); a route segment written `:name` that
+-- the handler reads as a parameter is named as the literal it is. Each reads nil at run time, and the
+-- script then fails on every request ("attempt to concatenate a nil value", naming neither the
+-- route nor the name; a fresh user's trial), which no made-up answer tells apart. endpoints: the
+-- loader's (handler, segments, file, route); texts: path -> source text of every Lua file of the
+-- folder (a field assigned in any of them, `x.NAME = …`, is a script's own). Read from the
+-- tokens of the handler's own lines (comments and strings are not code), its first parameter as
+-- the request. Left alone, as what a reading of the text cannot be sure of: a definition whose
+-- lines another handler's share (two on one line), one that declares its parameter's name again
+-- (an inner function's, a loop's or a local's), a read through another name (`x.req.params`,
+-- an alias). Every closure of one definition (a handler factory) reads against the parameters
+-- of all their routes. Returns { "file:line: message", … }.
+function M.check_reads(endpoints, texts)
+  local defs, order = {}, {}
+  for _, e in ipairs(endpoints) do
+    local info = type(e.handler) == "function" and debug.getinfo(e.handler, "S")
+    if info and info.linedefined > 0 and info.source:sub(1, 1) == "@" then
+      local key = info.source .. ":" .. info.linedefined
+      local d = defs[key]
+      if not d then
+        d = { file = info.source:sub(2), first = info.linedefined, last = info.lastlinedefined, params = {},
+              routes = {} }
+        defs[key] = d
+        order[#order + 1] = d
+      end
+      for _, s in ipairs(e.segments) do
+        if type(s) == "table" then
+          d.params[s.param] = true
+        elseif str_find(s, "^:[%a_][%w_]*$") then
+          -- the parameter syntax of other routers (Express, Rails), a literal here
+          d.colon = d.colon or {}
+          d.colon[s:sub(2)] = true
+        end
+      end
+      d.routes[#d.routes + 1] = e.route
+    end
+  end
+  -- a field any file of the folder assigns is the scripts' own
+  local assigned = {}
+  for _, text in pairs(texts) do
+    for k in str_gmatch(text, "%.%s*([%a_][%w_]*)%s*=[^=]") do assigned[k] = true end
+  end
+  local toks_of, out = {}, {}
+  for _, d in ipairs(order) do
+    local shared = false
+    for _, o in ipairs(order) do
+      if o ~= d and o.file == d.file and o.first <= d.last and d.first <= o.last then shared = true end
+    end
+    local text = texts[d.file]
+    if text and not shared then
+      local toks = toks_of[d.file]
+      if not toks then toks = M.tokenize(text); toks_of[d.file] = toks end
+      local t = {}
+      for _, tk in ipairs(toks) do
+        if tk.line >= d.first and tk.line <= d.last and tk.t ~= "eof" then t[#t + 1] = tk end
+      end
+      -- function [name] ( req
+      local req, body = nil, nil
+      for i = 1, #t - 2 do
+        if t[i].t == "name" and t[i].v == "function" then
+          local j = i + 1
+          while t[j] and t[j].t ~= "op" do j = j + 1 end
+          while t[j] and t[j].t == "op" and (t[j].v == "." or t[j].v == ":") do j = j + 2 end
+          if t[j] and t[j].v == "(" and t[j + 1] and t[j + 1].t == "name" then req, body = t[j + 1].v, j + 2 end
+          break
+        end
+      end
+      -- the name declared again anywhere in the handler: not sure which one a read is
+      local again = false
+      if req then
+        local declaring = false
+        for i = body, #t do
+          local tk = t[i]
+          if tk.t == "name" and (tk.v == "local" or tk.v == "for" or tk.v == "function") then
+            declaring = true
+          elseif declaring and tk.t == "name" and tk.v == req then
+            again = true
+            break
+          elseif declaring and tk.t == "op" and (tk.v == "=" or tk.v == ")") then
+            declaring = false
+          elseif declaring and tk.t == "name" and tk.v == "in" then
+            declaring = false
+          end
+        end
+      end
+      if req and not again then
+        local reads, written_params, written = {}, {}, {}
+        for i = body, #t do
+          local prev = t[i - 1]
+          if t[i].t == "name" and t[i].v == req and not (prev and prev.t == "op" and (prev.v == "." or prev.v == ":"))
+             and t[i + 1] and t[i + 1].t == "op" and t[i + 1].v == "." and t[i + 2] and t[i + 2].t == "name" then
+            local f = t[i + 2].v
+            if f == "params" then
+              local x, after
+              if t[i + 3] and t[i + 3].v == "." and t[i + 4] and t[i + 4].t == "name" then
+                x, after = t[i + 4].v, t[i + 5]
+              elseif t[i + 3] and t[i + 3].v == "[" and t[i + 4] and t[i + 4].t == "string" and t[i + 4].v and
+                     t[i + 5] and t[i + 5].v == "]" then
+                x, after = t[i + 4].v, t[i + 6]
+              end
+              if x and after and after.t == "op" and after.v == "=" then
+                written_params[x] = true
+              elseif x then
+                reads[#reads + 1] = { param = x, line = t[i].line }
+              end
+            else
+              local after = t[i + 3]
+              if after and after.t == "op" and after.v == "=" then
+                written[f] = true
+              else
+                reads[#reads + 1] = { field = f, line = t[i].line }
+              end
+            end
+          end
+        end
+        local names = {}
+        for k in pairs(d.params) do names[#names + 1] = k end
+        table.sort(names)
+        local seen = {}
+        for _, r in ipairs(reads) do
+          if r.param and not d.params[r.param] and not written_params[r.param] and not seen[r.param] then
+            seen[r.param] = true
+            local hint = near(r.param, d.params)
+            local why = d.colon and d.colon[r.param] and
+              (" (its segment ':%s' is the literal text; a parameter is written {%s})"):format(r.param, r.param) or
+              hint and (" (did you mean '" .. hint .. "'?)") or
+              (#names > 0 and (" (its parameters: " .. table.concat(names, ", ") .. ")") or " (it has no parameters)")
+            out[#out + 1] = ("%s:%d: %s reads %s.params.%s, but its route has no parameter '%s'%s"):format(d.file,
+              r.line, d.routes[1], req, r.param, r.param, why)
+          elseif r.field and not REQ_FIELDS[r.field] and not written[r.field] and not assigned[r.field] and
+                 not seen["." .. r.field] then
+            local hint = near(r.field, REQ_FIELDS)
+            if hint then
+              seen["." .. r.field] = true
+              out[#out + 1] = ("%s:%d: %s reads %s.%s, which a request does not have (did you mean '%s'?)"):format(
+                d.file, r.line, d.routes[1], req, r.field, hint)
+            end
+          end
+        end
+      end
+    end
+  end
+  return out
 end
 
 return M

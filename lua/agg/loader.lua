@@ -266,11 +266,6 @@ function M.parse_route(route)
           if not ok then return nil, "route " .. shown(route) .. ": parameter {" .. p .. "}: pattern " .. err end
         end
         segs[#segs + 1] = { param = p, pattern = pattern }
-      elseif str_find(seg, "^:[%a_][%w_]*$") then
-        -- legal path characters, but the parameter syntax of other routers (Express, Rails): a
-        -- route that matched only the literal text ":user" (a fresh user's trial)
-        return nil, ("route %s: segment %s is a literal; a parameter is written {%s}"):format(shown(route), shown(seg),
-                                                                                         seg:sub(2))
       elseif str_find(seg, "[^%w%-%._~!%$&'%(%)%*%+,;=:@]") then
         -- RFC 3986 §3.3 pchar without pct-encoded: a byte no request path can hold as it is (a
         -- space, a control character, non-ASCII, '%', '{', '?', '#') would make a route that never
@@ -288,73 +283,6 @@ local function shape(r)
   local parts = { r.method }
   for _, s in ipairs(r.segments) do parts[#parts + 1] = type(s) == "table" and "{}" or s end
   return table.concat(parts, "/")
-end
-
--- The fields of a handler's req (agg.runtime; docs/api.md "req").
-local REQ_FIELDS = { method = true, path = true, params = true, query = true, headers = true, body = true,
-                     json = true, route = true, remaining_ms = true, trace_id = true, user = true }
-
--- What each handler's source reads of its req, against its routes (every endpoint the function
--- serves): `req.params.NAME` (or `req.params["NAME"]`) for a NAME none of its routes has, and a
--- field of req the runtime does not give that is a misspelling of one it does (`req.param`). Each
--- reads nil at run time, and the script then fails on every request ("attempt to concatenate a nil
--- value", naming neither the route nor the name; a fresh user's trial) with nothing for aggway
--- check's dry run to tell from a made-up answer. Read from the handler's own lines, its first
--- parameter's name as the request's; a field the handler writes (`req.x = …`) is its own. Adds
--- "file:line: …" to errors.
-local function check_reads(endpoints, errors)
-  local by_fn, order = {}, {}
-  for _, e in ipairs(endpoints) do
-    local h = e.handler
-    if type(h) == "function" then
-      local g = by_fn[h]
-      if not g then g = { e = e, params = {}, routes = {} }; by_fn[h] = g; order[#order + 1] = h end
-      for _, s in ipairs(e.segments) do if type(s) == "table" then g.params[s.param] = true end end
-      g.routes[#g.routes + 1] = e.route
-    end
-  end
-  for _, h in ipairs(order) do
-    local g = by_fn[h]
-    local info = debug.getinfo(h, "S")
-    local lines = info and where.sources[info.source:sub(2)]
-    local first = lines and lines[info.linedefined]
-    local req = first and str_match(first, "function%s*[%w_.:]*%s*%(%s*([%a_][%w_]*)")
-    if req then
-      local pre = "%f[%w_]" .. req .. "%s*%."
-      local written = {}
-      for i = info.linedefined, math.min(info.lastlinedefined, #lines) do
-        for k in str_gmatch(lines[i], pre .. "%s*([%a_][%w_]*)%s*=[^=]") do written[k] = true end
-      end
-      local names = {}
-      for k in pairs(g.params) do names[#names + 1] = k end
-      table.sort(names)
-      local seen = {}
-      for i = info.linedefined, math.min(info.lastlinedefined, #lines) do
-        local l = lines[i]
-        for _, pat in ipairs { pre .. "%s*params%s*%.%s*([%a_][%w_]*)", pre .. "%s*params%s*%[%s*[\"']([^\"']*)[\"']%s*%]" } do
-          for name in str_gmatch(l, pat) do
-            if not g.params[name] and not seen[name] then
-              seen[name] = true
-              local hint = config.suggest(name, g.params)
-              errors[#errors + 1] = ("%s:%d: %s reads %s.params.%s, but its route has no parameter '%s'%s"):format(
-                g.e.file, i, g.routes[1], req, name, name, hint ~= "" and hint or
-                (#names > 0 and (" (its parameters: " .. table.concat(names, ", ") .. ")") or " (it has no parameters)"))
-            end
-          end
-        end
-        for k in str_gmatch(l, pre .. "%s*([%a_][%w_]*)") do
-          if not REQ_FIELDS[k] and not written[k] and not seen["." .. k] then
-            local hint = config.suggest(k, REQ_FIELDS)
-            if hint ~= "" then
-              seen["." .. k] = true
-              errors[#errors + 1] = ("%s:%d: %s reads %s.%s, which a request does not have%s"):format(g.e.file, i,
-                g.routes[1], req, k, hint)
-            end
-          end
-        end
-      end
-    end
-  end
 end
 
 --- Loads dir. Returns gen = { config, upstreams (name -> { index, timeout_ms }), endpoints (list, in
@@ -589,7 +517,6 @@ local function load_folder(dir)
       end
     end
   end
-  check_reads(endpoints, errors)
   if #errors > 0 then return nil, errors end
   table.sort(endpoints, function(a, b)
     if a.literals ~= b.literals then return a.literals > b.literals end

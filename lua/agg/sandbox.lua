@@ -430,11 +430,15 @@ local function script_require(box, name)
     error(v, 0)
   end
   if v == nil then
-    -- (Lua would give true: the script then failed on every request with "attempt to index
-    -- upvalue 'util' (a boolean value)", naming neither the module nor the cure; a fresh user's trial)
-    box.loaded[name] = nil
-    error(("module '%s' (%s) returned nothing: end it with `return M`, the table of what it gives the scripts"):format(
-      name, file), 3)
+    -- Lua gives true, and a script that reads the module then failed on every request with
+    -- "attempt to index upvalue 'util' (a boolean value)", naming neither the module nor the cure
+    -- (a fresh user's trial). A module required for what it does (it changes another module's
+    -- table) still loads: what it gives is a table whose every read raises the cure, which aggway
+    -- check's dry run reports (agg.dryrun)
+    local msg = ("module '%s' (%s) returned nothing: end it with `return M`, the table of what it gives the scripts")
+      :format(name, file)
+    v = setmetatable({}, { __index = function() error(msg, 2) end, __newindex = function() error(msg, 2) end,
+                           __metatable = false })
   end
   box.loaded[name] = v
   require("agg.where").module_loaded(file) -- (its helpers' spec mistakes are placed in it)

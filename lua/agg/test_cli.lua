@@ -83,20 +83,26 @@ local function quote(s) return "'" .. str_gsub(tostring(s), "'", "'\\''") .. "'"
 -- project ran that project's specs against the folder (a fresh user's trial).
 function M.default_specs(dir)
   dir = str_gsub(dir or "scripts", "/+$", "")
+  if dir == "." then return "../spec" end
   local parent = str_match(dir, "^(.*)/[^/]*$")
   if parent == nil then return "spec" end
   return (parent == "" and "" or parent) .. "/spec"
 end
 
-local function exists(path) return os.rename(path, path) ~= nil end
+-- (opened, not renamed onto itself: a read-only file system refuses the rename)
+local function exists(path)
+  local f = io.open(path, "r")
+  if f then f:close() end
+  return f ~= nil
+end
 
 -- busted's options that take the next argument as their value (busted --help): what follows
 -- one of them is not a spec path
 local VALUE_OPTS = {}
 for _, o in ipairs { "-o", "--output", "--filter", "--filter-out", "-t", "--tags", "--exclude-tags", "-p", "--pattern",
                      "--exclude-pattern", "-m", "--lpath", "--cpath", "-r", "--run", "--seed", "--repeat", "-e",
-                     "--execute", "--lang", "--loaders", "--helper", "-C", "--directory", "--config-file",
-                     "-Xoutput", "-Xhelper", "--coverage-config-file", "--lua", "-f", "--name" } do
+                     "--lang", "--loaders", "--helper", "-C", "--directory", "--config-file", "-Xoutput", "-Xhelper",
+                     "--coverage-config-file", "--lua", "-f" } do
   VALUE_OPTS[o] = true
 end
 
