@@ -212,6 +212,16 @@ describe("a require of a module the folder lacks", function()
   end)
 end)
 
+describe("a syntax error whose token spans a line break", function()
+  it("is one message, its control characters escaped (fuzz_script_lua)", function()
+    local gen, errors = loader.load(DIR .. "nlstring")
+    assert.is_nil(gen)
+    assert.equal(1, #errors, table.concat(errors, "\n"))
+    assert.matches("nlstring/page.lua:3: unfinished string near '\"GET /x\\010}'", errors[1], 1, true)
+    assert.not_matches("\n", errors[1])
+  end)
+end)
+
 describe("binary chunks", function()
   -- LuaJIT does not verify bytecode: a crafted chunk reads and writes any memory of the worker,
   -- past the sandbox, so every file of the folder is compiled from source text only

@@ -347,7 +347,10 @@ function M.load_source(file, src)
   if f then return f end
   -- (LuaJIT's whole message for a binary chunk in mode "t"; a syntax error always has a place)
   if err == "attempt to load chunk with wrong mode" then return nil, file .. ":1: " .. BYTECODE end
-  return nil, err
+  -- LuaJIT quotes the token it stopped near as written: a string continued over a line (`\` then
+  -- a newline) put a raw line break in the message, and the rest read as another message without
+  -- its place (fuzz_script_lua). Control characters are shown escaped, as Lua writes them
+  return nil, (str_gsub(err, "%c", function(c) return ("\\%03d"):format(c:byte()) end))
 end
 
 -- getfenv's and setfenv's f as raw_getfenv takes it from their own frame: a function as it is, a
