@@ -636,6 +636,42 @@ static void on_conn_timeout(struct ev_loop *loop, ev_timer *t, int revents)
     conn_close(t->data);
 }
 
+/* Where the head in[0..len) ends: at the LF that ends its last field line (or its request line),
+ * the one an empty line follows, CRLF or bare LF (RFC 9112 §2.2 allows either, in any mix: a head
+ * must never run into the bytes after it). NULL when no empty line has come yet. */
+static char *head_end(char *in, size_t len)
+{
+    for (char *p = in; (p = memchr(p, '\n', len - (size_t)(p - in))) != NULL; p++) {
+        size_t left = len - (size_t)(p - in);
+        if (left >= 2 && p[1] == '\n')
+            return p;
+        if (left >= 3 && p[1] == '\r' && p[2] == '\n')
+            return p;
+    }
+    return NULL;
+}
+
+/* Whether a field line of the header block h (len bytes) is malformed in a way RFC 9112 says a
+ * server must answer 400: whitespace between the name and the colon (§5.1), a line folded onto the
+ * one before (obs-fold, §5.2), or no colon at all. (A Host spelt "Host :" would otherwise be no
+ * Host.) */
+static int fields_malformed(const char *h, size_t len)
+{
+    for (const char *p = h, *e = h + len; p < e;) {
+        const char *lf = memchr(p, '\n', (size_t)(e - p));
+        const char *le = lf ? lf : e;
+        if (le > p && le[-1] == '\r')
+            le--;
+        if (le > p) {
+            const char *colon = memchr(p, ':', (size_t)(le - p));
+            if (*p == ' ' || *p == '\t' || colon == NULL || colon == p || colon[-1] == ' ' || colon[-1] == '\t')
+                return 1;
+        }
+        p = lf ? lf + 1 : e;
+    }
+    return 0;
+}
+
 static const char host_missing[] = "an HTTP/1.1 request needs one Host field\n";
 
 /* Why a request whose version's last digit is at minor and whose header block is h (len bytes) is
@@ -668,12 +704,7 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
             return;
         }
         c->inlen += (size_t)n;
-        /* the head ends at its first empty line, CRLF or bare LF (RFC 9112 §2.2 allows them): the
-         * earlier of the two, or a head ending in LF LF would run into the bytes after it */
-        char *end = memmem(c->in, c->inlen, "\r\n\r\n", 4);
-        char *lf = memmem(c->in, end ? (size_t)(end - c->in) + 2 : c->inlen, "\n\n", 2);
-        if (lf != NULL && (end == NULL || lf < end))
-            end = lf;
+        char *end = head_end(c->in, c->inlen);
         if (end == NULL) {
             if (c->inlen == sizeof(c->in)) {
                 static const char body[] = "request headers too large\n";
@@ -694,6 +725,9 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
                 (size_t)(c->in + llen - (sp2 + 1)) != 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0 ||
                 (sp2[8] != '0' && sp2[8] != '1')) {
                 static const char body[] = "bad request\n";
+                respond(&c->out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
+            } else if (end > eol + 1 && fields_malformed(eol + 1, (size_t)(end - (eol + 1)))) {
+                static const char body[] = "bad request: a header field line is malformed\n";
                 respond(&c->out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
             } else if ((host_why = host_refused(c->a, sp2 + 8, end > eol + 1 ? eol + 1 : end,
                                                 end > eol + 1 ? (size_t)(end - (eol + 1)) : 0)) != NULL) {

@@ -284,7 +284,12 @@ class HealthReadyRoutes(AdminCase):
                         # the head ends at its first empty line: a Host after it is not the head's
                         b"GET /metrics HTTP/1.1\nX: y\n\nHost: localhost\r\n\r\n",
                         # a version that is not HTTP/1.0 or HTTP/1.1 exactly
-                        b"GET /metrics HTTP/1.0x\r\n\r\n", b"GET /metrics HTTP/1.0 HTTP/1.1\r\n\r\n"):
+                        b"GET /metrics HTTP/1.0x\r\n\r\n", b"GET /metrics HTTP/1.0 HTTP/1.1\r\n\r\n",
+                        # whitespace before the colon, a folded line, a line without a colon (RFC 9112
+                        # §5.1, §5.2): "Host :" was read as no Host
+                        b"GET /metrics HTTP/1.0\r\nHost : evil.example\r\n\r\n",
+                        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: b\r\n c\r\n\r\n",
+                        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nnocolon\r\n\r\n"):
             got = raw(request)
             self.assertTrue(got.startswith(b"HTTP/1.1 400"), (request, got))
         for host in (b"127.0.0.1:%d" % self.admin_port, b"10.1.2.3", b"LOCALHOST:1", b"[::1]:9090", b"GW-1.Internal",
@@ -292,6 +297,8 @@ class HealthReadyRoutes(AdminCase):
                      b"gw-1.internal:%d" % self.admin_port, b"metrics.example"):
             got = raw(b"GET /healthz HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
             self.assertTrue(got.startswith(b"HTTP/1.1 200"), (host, got))
+        # a head of LF lines closed by a CRLF empty line ends there (it waited for the timeout)
+        self.assertTrue(raw(b"GET /healthz HTTP/1.1\nHost: 127.0.0.1\n\r\n").startswith(b"HTTP/1.1 200"))
         # 80 connections held open without a request (the listener keeps at most 64) do not keep a
         # probe out: the oldest waiting for its request is closed to make room, the newest stay
         held = [socket.create_connection(("127.0.0.1", self.admin_port), timeout=10) for _ in range(80)]
