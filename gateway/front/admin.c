@@ -1,6 +1,7 @@
 /* admin.c: the admin listener (see admin.h). */
 #include "front/admin.h"
 
+#include "base/header.h"
 #include "base/heap.h"
 #include "base/mem.h"
 
@@ -115,13 +116,9 @@ static int count_field(const char *h, size_t len, const char *name, const char *
         const char *lf = memchr(p, '\n', (size_t)(e - p));
         size_t ll = lf ? (size_t)(lf - p) : (size_t)(e - p);
         if (ll > nl && p[nl] == ':' && strncasecmp(p, name, nl) == 0 && n++ == 0 && value) {
-            const char *v = p + nl + 1, *ve = p + ll;
-            while (v < ve && (*v == ' ' || *v == '\t'))
-                v++;
-            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t' || ve[-1] == '\r'))
-                ve--;
-            *value = v;
-            *vlen = (size_t)(ve - v);
+            *value = p + nl + 1;
+            *vlen = ll - nl - 1 - (p[ll - 1] == '\r'); /* (a CRLF line's CR is not the value's) */
+            agw_header_trim_ows(value, vlen);
         }
         p += ll + 1;
     }
@@ -721,21 +718,23 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
                 llen--;
             char *sp1 = memchr(c->in, ' ', llen);
             char *sp2 = sp1 ? memchr(sp1 + 1, ' ', llen - (size_t)(sp1 + 1 - c->in)) : NULL;
+            /* the field lines: from after the request line to the head's end (none: 0 bytes) */
+            const char *fields = eol + 1;
+            size_t flen = end > eol + 1 ? (size_t)(end - fields) : 0;
             if (sp1 == NULL || sp2 == NULL || sp1 == c->in || sp2 == sp1 + 1 || sp1[1] != '/' ||
                 (size_t)(c->in + llen - (sp2 + 1)) != 8 || memcmp(sp2 + 1, "HTTP/1.", 7) != 0 ||
                 (sp2[8] != '0' && sp2[8] != '1')) {
                 static const char body[] = "bad request\n";
                 respond(&c->out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
-            } else if (end > eol + 1 && fields_malformed(eol + 1, (size_t)(end - (eol + 1)))) {
+            } else if (fields_malformed(fields, flen)) {
                 static const char body[] = "bad request: a header field line is malformed\n";
                 respond(&c->out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
-            } else if ((host_why = host_refused(c->a, sp2 + 8, end > eol + 1 ? eol + 1 : end,
-                                                end > eol + 1 ? (size_t)(end - (eol + 1)) : 0)) != NULL) {
+            } else if ((host_why = host_refused(c->a, sp2 + 8, fields, flen)) != NULL) {
                 respond(&c->out, host_why == host_missing ? 400 : 421,
                         host_why == host_missing ? "Bad Request" : "Misdirected Request", "text/plain; charset=utf-8",
                         host_why, strlen(host_why), 0, NULL);
-            } else if (sp1 - c->in == 4 && memcmp(c->in, "POST", 4) == 0 && end > eol + 1 &&
-                       count_field(eol + 1, (size_t)(end - (eol + 1)), "origin", NULL, NULL) > 0) {
+            } else if (sp1 - c->in == 4 && memcmp(c->in, "POST", 4) == 0 &&
+                       count_field(fields, flen, "origin", NULL, NULL) > 0) {
                 /* a browser's: a page the operator visits must not purge the cache (a cross-site
                  * POST a browser sends without asking, text/plain; an attack review). Current
                  * browsers mark a POST with Origin, the operators' tools (curl) do not */
