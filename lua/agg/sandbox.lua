@@ -335,6 +335,12 @@ local function is_bytecode(s)
   return type(s) == "string" and s:byte(1) == 27
 end
 
+-- s with each byte of the class class (a pattern) written as Lua writes it, "\010": for messages
+-- that quote what a script holds.
+local function escaped(s, class)
+  return (str_gsub(s, class, function(c) return ("\\%03d"):format(c:byte()) end))
+end
+
 --- Compiles a file of the scripts folder (gateway.lua, an endpoint script, a lib/ module) from its
 -- source text only: loadfile(file, "t"), or loadstring(src, "@" .. file, "t") when the caller has
 -- read src already. A binary chunk is refused whoever loads it, trusted folders included: LuaJIT
@@ -350,7 +356,7 @@ function M.load_source(file, src)
   -- LuaJIT quotes the token it stopped near as written: a string continued over a line (`\` then
   -- a newline) put a raw line break in the message, and the rest read as another message without
   -- its place (fuzz_script_lua). Control characters are shown escaped, as Lua writes them
-  return nil, (str_gsub(err, "%c", function(c) return ("\\%03d"):format(c:byte()) end))
+  return nil, escaped(err, "%c")
 end
 
 -- getfenv's and setfenv's f as raw_getfenv takes it from their own frame: a function as it is, a
@@ -410,7 +416,7 @@ local function script_require(box, name)
   -- reaches past the folder; and gateway.lua is the operator's (upstream URLs, keys, secrets)
   if not str_find(name, "^[%w_%-]+$") and not str_find(name, "^[%w_%-]+[%w_%-%.]*[%w_%-]$") or str_find(name, "..", 1, true) then
     error(("require: '%s' is not a module name (dotted words, like \"lib.x\" for lib/x.lua)"):format(
-      str_gsub(name, "[%c\128-\255]", function(c) return ("\\%03d"):format(c:byte()) end)), 3)
+      escaped(name, "[%c\128-\255]")), 3)
   end
   if name:lower() == "gateway" then -- (any case: a case-insensitive file system finds gateway.lua)
     error("module 'gateway' is not available to scripts: gateway.lua is the operator's configuration", 3)

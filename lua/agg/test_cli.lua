@@ -86,7 +86,7 @@ function M.default_specs(dir)
   if dir == "." then return "../spec" end
   local parent = str_match(dir, "^(.*)/[^/]*$")
   if parent == nil then return "spec" end
-  return (parent == "" and "" or parent) .. "/spec"
+  return parent .. "/spec" -- ("/scripts": "/spec")
 end
 
 -- (opened, not renamed onto itself: a read-only file system refuses the rename)
