@@ -324,7 +324,10 @@ end
 -- (an inner function's, a loop's or a local's), a read through another name (`x.req.params`,
 -- an alias). Every closure of one definition (a handler factory) reads against the parameters
 -- of all their routes. Returns { "file:line: message", … }.
-function M.check_reads(endpoints, texts)
+-- The handler definitions of endpoints (each closure of one definition counts as it): { file,
+-- first, last (its lines), params (the names of all its routes' parameters), colon (names written
+-- :name in them), routes }, in the order first met.
+local function handler_defs(endpoints)
   local defs, order = {}, {}
   for _, e in ipairs(endpoints) do
     local info = type(e.handler) == "function" and debug.getinfo(e.handler, "S")
@@ -333,7 +336,7 @@ function M.check_reads(endpoints, texts)
       local d = defs[key]
       if not d then
         d = { file = info.source:sub(2), first = info.linedefined, last = info.lastlinedefined, params = {},
-              routes = {} }
+              colon = {}, routes = {} }
         defs[key] = d
         order[#order + 1] = d
       end
@@ -341,14 +344,84 @@ function M.check_reads(endpoints, texts)
         if type(s) == "table" then
           d.params[s.param] = true
         elseif str_find(s, "^:[%a_][%w_]*$") then
-          -- the parameter syntax of other routers (Express, Rails), a literal here
-          d.colon = d.colon or {}
-          d.colon[s:sub(2)] = true
+          d.colon[s:sub(2)] = true -- (the parameter syntax of other routers, Express or Rails: a literal here)
         end
       end
       d.routes[#d.routes + 1] = e.route
     end
   end
+  return order
+end
+
+-- The name of the first parameter of the function whose tokens t start (`function [name] ( req`),
+-- and the index of the token after it; nil when it has none.
+local function request_name(t)
+  for i = 1, #t - 2 do
+    if t[i].t == "name" and t[i].v == "function" then
+      local j = i + 1
+      while t[j] and t[j].t ~= "op" do j = j + 1 end
+      while t[j] and t[j].t == "op" and (t[j].v == "." or t[j].v == ":") do j = j + 2 end
+      if t[j] and t[j].v == "(" and t[j + 1] and t[j + 1].t == "name" then return t[j + 1].v, j + 2 end
+      return nil
+    end
+  end
+  return nil
+end
+
+-- Whether tokens t from body on declare req again (a local, a loop variable, an inner function's
+-- parameter): a read of it may then be another's.
+local function declared_again(t, body, req)
+  local declaring = false
+  for i = body, #t do
+    local tk = t[i]
+    if tk.t == "name" and (tk.v == "local" or tk.v == "for" or tk.v == "function") then
+      declaring = true
+    elseif declaring and tk.t == "name" and tk.v == req then
+      return true
+    elseif declaring and ((tk.t == "op" and (tk.v == "=" or tk.v == ")")) or (tk.t == "name" and tk.v == "in")) then
+      declaring = false
+    end
+  end
+  return false
+end
+
+-- What tokens t from body on read through req: { { param = x | field = f, line } }, and the
+-- parameters and fields they assign (`req.params.x = …`, `req.f = …`: the handler's own).
+local function reads_of(t, body, req)
+  local reads, written_params, written = {}, {}, {}
+  for i = body, #t do
+    local prev = t[i - 1]
+    if t[i].t == "name" and t[i].v == req and not (prev and prev.t == "op" and (prev.v == "." or prev.v == ":"))
+       and t[i + 1] and t[i + 1].t == "op" and t[i + 1].v == "." and t[i + 2] and t[i + 2].t == "name" then
+      local f = t[i + 2].v
+      if f == "params" then
+        local x, after
+        if t[i + 3] and t[i + 3].v == "." and t[i + 4] and t[i + 4].t == "name" then
+          x, after = t[i + 4].v, t[i + 5]
+        elseif t[i + 3] and t[i + 3].v == "[" and t[i + 4] and t[i + 4].t == "string" and t[i + 4].v and
+               t[i + 5] and t[i + 5].v == "]" then
+          x, after = t[i + 4].v, t[i + 6]
+        end
+        if x and after and after.t == "op" and after.v == "=" then
+          written_params[x] = true
+        elseif x then
+          reads[#reads + 1] = { param = x, line = t[i].line }
+        end
+      else
+        local after = t[i + 3]
+        if after and after.t == "op" and after.v == "=" then
+          written[f] = true
+        else
+          reads[#reads + 1] = { field = f, line = t[i].line }
+        end
+      end
+    end
+  end
+  return reads, written_params, written
+end
+
+function M.check_reads(endpoints, texts)
+  local order = handler_defs(endpoints)
   -- a field any file of the folder assigns is the scripts' own
   local assigned = {}
   for _, text in pairs(texts) do
@@ -360,95 +433,39 @@ function M.check_reads(endpoints, texts)
     for _, o in ipairs(order) do
       if o ~= d and o.file == d.file and o.first <= d.last and d.first <= o.last then shared = true end
     end
-    local text = texts[d.file]
-    if text and not shared then
+    local text = not shared and texts[d.file]
+    local t = {}
+    if text then
       local toks = toks_of[d.file]
       if not toks then toks = M.tokenize(text); toks_of[d.file] = toks end
-      local t = {}
       for _, tk in ipairs(toks) do
         if tk.line >= d.first and tk.line <= d.last and tk.t ~= "eof" then t[#t + 1] = tk end
       end
-      -- function [name] ( req
-      local req, body = nil, nil
-      for i = 1, #t - 2 do
-        if t[i].t == "name" and t[i].v == "function" then
-          local j = i + 1
-          while t[j] and t[j].t ~= "op" do j = j + 1 end
-          while t[j] and t[j].t == "op" and (t[j].v == "." or t[j].v == ":") do j = j + 2 end
-          if t[j] and t[j].v == "(" and t[j + 1] and t[j + 1].t == "name" then req, body = t[j + 1].v, j + 2 end
-          break
-        end
-      end
-      -- the name declared again anywhere in the handler: not sure which one a read is
-      local again = false
-      if req then
-        local declaring = false
-        for i = body, #t do
-          local tk = t[i]
-          if tk.t == "name" and (tk.v == "local" or tk.v == "for" or tk.v == "function") then
-            declaring = true
-          elseif declaring and tk.t == "name" and tk.v == req then
-            again = true
-            break
-          elseif declaring and tk.t == "op" and (tk.v == "=" or tk.v == ")") then
-            declaring = false
-          elseif declaring and tk.t == "name" and tk.v == "in" then
-            declaring = false
-          end
-        end
-      end
-      if req and not again then
-        local reads, written_params, written = {}, {}, {}
-        for i = body, #t do
-          local prev = t[i - 1]
-          if t[i].t == "name" and t[i].v == req and not (prev and prev.t == "op" and (prev.v == "." or prev.v == ":"))
-             and t[i + 1] and t[i + 1].t == "op" and t[i + 1].v == "." and t[i + 2] and t[i + 2].t == "name" then
-            local f = t[i + 2].v
-            if f == "params" then
-              local x, after
-              if t[i + 3] and t[i + 3].v == "." and t[i + 4] and t[i + 4].t == "name" then
-                x, after = t[i + 4].v, t[i + 5]
-              elseif t[i + 3] and t[i + 3].v == "[" and t[i + 4] and t[i + 4].t == "string" and t[i + 4].v and
-                     t[i + 5] and t[i + 5].v == "]" then
-                x, after = t[i + 4].v, t[i + 6]
-              end
-              if x and after and after.t == "op" and after.v == "=" then
-                written_params[x] = true
-              elseif x then
-                reads[#reads + 1] = { param = x, line = t[i].line }
-              end
-            else
-              local after = t[i + 3]
-              if after and after.t == "op" and after.v == "=" then
-                written[f] = true
-              else
-                reads[#reads + 1] = { field = f, line = t[i].line }
-              end
-            end
-          end
-        end
-        local names = {}
-        for k in pairs(d.params) do names[#names + 1] = k end
-        table.sort(names)
-        local seen = {}
-        for _, r in ipairs(reads) do
-          if r.param and not d.params[r.param] and not written_params[r.param] and not seen[r.param] then
-            seen[r.param] = true
-            local hint = near(r.param, d.params)
-            local why = d.colon and d.colon[r.param] and
-              (" (its segment ':%s' is the literal text; a parameter is written {%s})"):format(r.param, r.param) or
-              hint and (" (did you mean '" .. hint .. "'?)") or
-              (#names > 0 and (" (its parameters: " .. table.concat(names, ", ") .. ")") or " (it has no parameters)")
-            out[#out + 1] = ("%s:%d: %s reads %s.params.%s, but its route has no parameter '%s'%s"):format(d.file,
-              r.line, d.routes[1], req, r.param, r.param, why)
-          elseif r.field and not REQ_FIELDS[r.field] and not written[r.field] and not assigned[r.field] and
-                 not seen["." .. r.field] then
-            local hint = near(r.field, REQ_FIELDS)
-            if hint then
-              seen["." .. r.field] = true
-              out[#out + 1] = ("%s:%d: %s reads %s.%s, which a request does not have (did you mean '%s'?)"):format(
-                d.file, r.line, d.routes[1], req, r.field, hint)
-            end
+    end
+    local req, body = request_name(t)
+    if req and not declared_again(t, body, req) then
+      local reads, written_params, written = reads_of(t, body, req)
+      local names = {}
+      for k in pairs(d.params) do names[#names + 1] = k end
+      table.sort(names)
+      local seen = {}
+      for _, r in ipairs(reads) do
+        if r.param and not d.params[r.param] and not written_params[r.param] and not seen[r.param] then
+          seen[r.param] = true
+          local hint = near(r.param, d.params)
+          local why = d.colon[r.param] and
+            (" (its segment ':%s' is the literal text; a parameter is written {%s})"):format(r.param, r.param) or
+            hint and (" (did you mean '" .. hint .. "'?)") or
+            (#names > 0 and (" (its parameters: " .. table.concat(names, ", ") .. ")") or " (it has no parameters)")
+          out[#out + 1] = ("%s:%d: %s reads %s.params.%s, but its route has no parameter '%s'%s"):format(d.file,
+            r.line, d.routes[1], req, r.param, r.param, why)
+        elseif r.field and not REQ_FIELDS[r.field] and not written[r.field] and not assigned[r.field] and
+               not seen["." .. r.field] then
+          local hint = near(r.field, REQ_FIELDS)
+          if hint then
+            seen["." .. r.field] = true
+            out[#out + 1] = ("%s:%d: %s reads %s.%s, which a request does not have (did you mean '%s'?)"):format(
+              d.file, r.line, d.routes[1], req, r.field, hint)
           end
         end
       end
