@@ -546,6 +546,66 @@ describe("cache entries", function()
     assert.equal(digest(a), cache.version(a))
   end)
 
+  it("get the policy merged for the last block of the same fields again, and a new one for any difference", function()
+    -- cache.merge keeps, per upstream name, the last call block without a key and its policy: a
+    -- page writes its block as a constructor, a new table with the same fields at every call
+    cache.init({ now = function() return 0 end, log = function() end })
+    local up = { ttl_s = 5, swr_s = 7, scope = "shared", negative_ttl_s = 10, vary = false }
+    up.version = cache.version(up)
+    local function merge(block, up_policy, forwarded, origin)
+      return cache.merge(up_policy == nil and up or up_policy, block, 1, "product", forwarded, origin)
+    end
+    local p = merge({ ttl_s = 60 })
+    assert.equal(60, p.ttl_s)
+    assert.equal(7, p.swr_s) -- (the upstream's field the block does not set)
+    assert.is_true(rawequal(p, merge({ ttl_s = 60 })))
+    assert.is_true(rawequal(p, merge({ ttl_s = 60.0 })))
+    -- each of these differs from the block before it: a policy of its own, as merged from nothing
+    local differing = {
+      { ttl_s = 61 },
+      { ttl_s = 61, swr_s = 0 },
+      { ttl_s = 61, swr_s = -0 },                      -- another version than swr_s = 0
+      { ttl_s = 61, swr_s = -0, scope = "user" },
+      { ttl_s = 61, swr_s = -0 },
+      { ttl_s = 61, vary = { "Accept" } },
+      { ttl_s = 61, vary = { "Accept", "Cookie" } },
+      { ttl_s = 61, vary = { "Accept" } },
+      { ttl_s = 61, vary = { "accept-language" } },
+      { ttl_s = 61, key = "a" },
+      { ttl_s = 61, key = "b" },
+      { ttl_s = 61, key = "b" },                       -- (a keyed block is never kept: merged again)
+    }
+    local last
+    for i, block in ipairs(differing) do
+      local fresh = cache.check_block(block, true)
+      for k, v in pairs(up) do if block[k] == nil and k ~= "version" then fresh[k] = v end end
+      fresh.version = cache.version(fresh)
+      local got = merge(block)
+      assert.same(fresh, got, "block " .. i)
+      if last and i ~= 12 then assert.are_not.equal(last.version .. tostring(last.key), got.version .. tostring(got.key), "block " .. i) end
+      last = got
+    end
+    -- the same block under another upstream policy, other forwarded headers or another base path
+    local q = merge({ ttl_s = 60 })
+    local other_up = { ttl_s = 5, swr_s = 9, scope = "shared", negative_ttl_s = 10, vary = false }
+    assert.equal(9, merge({ ttl_s = 60 }, other_up).swr_s)
+    assert.is_nil(merge({ ttl_s = 60 }, false).swr_s)
+    assert.is_false(merge({ ttl_s = 60 }).vary)
+    assert.same({ "x-tenant" }, merge({ ttl_s = 60 }, up, { "x-tenant" }).vary)
+    assert.is_false(merge({ ttl_s = 60 }).vary)
+    assert.equal("/v2", merge({ ttl_s = 60 }, up, nil, "/v2").origin)
+    assert.are_not.equal(q.version, merge({ ttl_s = 60 }, up, nil, "/v2").version)
+    assert.equal(q.version, merge({ ttl_s = 60 }).version)
+    -- a mistake after a kept block is still named, however close to it
+    merge({ ttl_s = 60 })
+    assert.has_error(function() merge({ ttl_s = 60, bogus = 1 }) end)
+    assert.has_error(function() merge({ ttl_s = 0 / 0 }) end)
+    assert.has_error(function() merge({ ttl_s = 60, vary = { "Accept", 3 } }) end)
+    merge({ ttl_s = 60, vary = { "Accept" } })
+    assert.has_error(function() merge({ ttl_s = 60, vary = { "Accept", "bad name" } }) end)
+    assert.has_error(function() merge({ ttl_s = 60, vary = "Accept" }) end)
+  end)
+
   it("are keyed by the base path of the upstream's URL, not its host (an attack review)", function()
     -- (an upstream pointed at /v2 kept serving the entries its /v1 answers made)
     local config = require "agg.config"
