@@ -80,6 +80,18 @@ describe("a protected endpoint in a spec", function()
     assert.equal("Basic YWdnd2F5OnNwZWMtY2xpZW50LXNlY3JldA==", x.headers.authorization)
   end)
 
+  it("shows the token endpoint's call in the Server-Timing of a page that waited for it, and only there", function()
+    local first = gw:get("/orders/1", { user = ALICE })
+    local st = first.headers["server-timing"]
+    assert.matches("token%-exchange;dur=[%d.]+", st)
+    local _, n = st:gsub("token%-exchange;", "")
+    assert.equal(1, n)
+    -- the token kept from the first page: no call, no entry
+    local second = gw:get("/orders/2", { user = ALICE })
+    assert.equal(1, #gw:calls("@token_exchange"))
+    assert.is_nil(second.headers["server-timing"]:find("token-exchange", 1, true))
+  end)
+
   it("forwards no token whose aud does not name the upstream", function()
     local page = gw:get("/orders/1", { user = { sub = "carol", scopes = { "orders:read" } } })
     testing.expect_section(page, "order", "unavailable", "identity-unavailable")

@@ -65,6 +65,8 @@ function M.bind(transport, ups, token_exchange)
     clear_timer = function(id) return M.clear_timer(id) end,
     -- an internal call (the token endpoint): its answer goes to fn, not to a section
     register_call = function(id, fn) put_call(id, { id = id, on_answer = fn }) end,
+    -- the Server-Timing entry of the token endpoint's call on a page that waited for it
+    add_timing = function(ctx, name, ms) return M.add_timing(ctx, name, ms) end,
   })
   merge.bind(transport, ups, merge_hooks)
 end
@@ -320,6 +322,8 @@ local function add_timing(ctx, key, ms)
     by[nt + 1] = what
   end
 end
+
+M.add_timing = add_timing -- (for agg.identity)
 
 -- Ends exchange x with result r: stops its other attempts and timers, then delivers r.
 finish_exchange = function(x, r)

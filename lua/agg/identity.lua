@@ -160,7 +160,7 @@ local function start_exchange(ctx, token, up, key, pend)
   -- the span (agg.contract): section "token-exchange", one attempt, never hedged
   local id = core.call(ctx.rid, te.index, "POST", te.path, headers, body, math.max(1, math.floor(t + 0.5)), false,
                        "token-exchange", 1, false, nil)
-  hooks.register_call(id, function(outcome, http_status, _, rbody, _, _, detail)
+  hooks.register_call(id, function(outcome, http_status, _, rbody, _, ms, detail)
     pending[key] = nil
     local tok, why, keep_ms, refused = read_answer(up, outcome, http_status, rbody, detail)
     if tok then
@@ -170,10 +170,18 @@ local function start_exchange(ctx, token, up, key, pend)
       core.log("warn", "token exchange for upstream " .. up.name .. " failed: " .. why)
       if keep_ms > 0 then remember(key, { failed = true, refused = refused, expires = core.now() + keep_ms }) end
     end
+    local timed = {}
     for _, w in ipairs(pend.waiters) do
       if not w.done then
         w.done = true
         if w.timer then hooks.clear_timer(w.timer) end
+        -- every page that waited for the call shows it (one entry per page, however many of its
+        -- calls waited; a page that had its token from the cache waited for none)
+        local wctx = w.x.ctx
+        if wctx and not wctx.done and not timed[wctx] then
+          timed[wctx] = true
+          hooks.add_timing(wctx, "token-exchange", ms or 0)
+        end
         if tok then
           authorize(w.x, tok)
           w.go(nil)
