@@ -635,6 +635,23 @@ describe("response headers", function()
     assert.equal(json.null, later.json.lang)
   end)
 
+  it("gives a script its request's header values without the spaces and tabs around them, as the gateway does", function()
+    gw:stub("a", "/x", { json = { n = 1 } })
+    local page = gw:get("/headers/request", { headers = { ["Accept-Language"] = " \t fr-CH, fr \t " } })
+    assert.equal("fr-CH, fr", page.json.lang)
+  end)
+
+  it("send a script's server-timing as a field of its own before the gateway's (a list in the harness)", function()
+    gw:stub("a", "/x", { json = { n = 1 }, latency_ms = 5 })
+    local page = gw:get("/headers/own-timing")
+    assert.equal(200, page.status)
+    local st = page.headers["server-timing"]
+    assert.equal("table", type(st))
+    assert.equal(2, #st)
+    assert.equal("render;dur=1", st[1])
+    assert.matches("^x;dur=5", st[2])
+  end)
+
   -- the names a page of /headers/page* carries
   local PAGE_NAMES = { "cache-control", "content-type", "server", "server-timing", "x-aggregation-completed" }
   -- the names a response carries, sorted

@@ -149,7 +149,11 @@ function F:send(method, path, opts)
   -- the spec's request says (as the edge does: gateway/edge/edge.h)
   if policy.kind == "none" then user, token = nil, nil end
   local headers = {}
-  for k, v in pairs(opts.headers or {}) do headers[k:lower()] = v end
+  -- (a value without the spaces and tabs around it, as h2o gives the C worker: RFC 9110 §5.5)
+  for k, v in pairs(opts.headers or {}) do
+    if type(v) == "string" then v = v:match("^[ \t]*(.-)[ \t]*$") end
+    headers[k:lower()] = v
+  end
   if self:gate(r, self.gen.endpoints[idx], headers, opts, user) then return finish_response(r) end
   local body = opts.body
   if opts.json ~= nil then

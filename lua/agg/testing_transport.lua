@@ -143,7 +143,18 @@ function T.install(gw)
     local no_body = status == 204 or status == 304
     if no_body then body = "" end
     if default_type and not h["content-type"] and not no_body then h["content-type"] = default_type end
-    if timing then h["server-timing"] = timing end
+    -- the gateway's entries are a field of their own, after the script's (worker/respond.c):
+    -- beside a script's server-timing, the list of both
+    if timing then
+      local own = h["server-timing"]
+      if own == nil then
+        h["server-timing"] = timing
+      else
+        local l = type(own) == "table" and { unpack(own) } or { own }
+        l[#l + 1] = timing
+        h["server-timing"] = l
+      end
+    end
     for k, v in pairs(r.limit_fields or {}) do h[k] = v end -- limits.headers = true (as worker/limits.c)
     r.status, r.headers, r.body, r.elapsed_ms = status, h, body, gw.clock - r.started_ms
     gw.open = gw.open - 1
