@@ -367,6 +367,19 @@ describe("a file with many mistakes", function()
                    text)
   end)
 
+  it("names each endpoint's own line for its route and key mistakes in a file of several", function()
+    local errors, text = refused("routelines")
+    local d = "routelines/page%.lua:"
+    assert.matches(d .. "6: route 'GET /cp/{id:%[a%-z%]%+}' conflicts with 'GET /cp/{id:%[0%-9%]%+}' at [^ ]*" .. d .. "5\n", text .. "\n")
+    assert.matches(d .. "7: route 'GET /c d' must look like", text)
+    assert.matches(d .. "8: route 'GET /cq/{x}/{x}': parameter {x} appears twice", text)
+    assert.matches(d .. "9: route 'FETCH /cz': unknown method FETCH", text)
+    assert.matches(d .. "10: endpoint 6: deadline_ms must be", text)
+    assert.matches(d .. "11: endpoint 7: priority must be", text)
+    assert.matches(d .. "12: endpoint 8: handler must be a function", text)
+    assert.equal(7, #errors, text)
+  end)
+
   it("puts a missing handler with no key like it on the endpoint's route line", function()
     local errors, text = refused("nohandler")
     assert.equal(1, #errors, text)
@@ -400,6 +413,16 @@ describe("aggway check's dry run", function()
     assert.equal(1, #found, table.concat(found, "\n"))
     assert.matches("postcache/page%.lua:6: call to 'up': option 'cache' is for GET and HEAD calls only %(found by a " ..
                    "dry run of POST /orders%)", found[1])
+  end)
+
+  it("reports a merged call given retry, hedge or cache (every request of its endpoint fails)", function()
+    local found = require("agg.dryrun").run(DIR .. "batchopts")
+    local text = table.concat(found, "\n")
+    assert.equal(3, #found, text)
+    assert.matches("batchopts/page%.lua:%d+: call to 'up': a merged call %(batch%) is tried once: remove retry and " ..
+                   "hedge %(found by a dry run of GET /retried%)", text)
+    assert.matches("a merged call %(batch%) is tried once[^\n]*GET /hedged%)", text)
+    assert.matches("a merged call %(batch%) is not cached[^\n]*GET /cached%)", text)
   end)
 
   it("reports a handler the script time limit stops on answers of {}, at the line it spun on", function()

@@ -46,6 +46,9 @@ local SPEC_ERRORS = {
   "option 'cache' is for GET and HEAD calls only",
   -- a lib/ module without its return, read (agg.sandbox)
   "returned nothing: end it with `return M`",
+  -- a merged call with options it cannot have (agg.callspec): the script's own options, which no
+  -- made-up answer sets (every request of the endpoint fails with them)
+  "a merged call (batch) is tried once", "a merged call (batch) is not cached", "a merged call (batch) has no body",
 }
 -- Every mistake agg.callspec finds in a call ("call to 'name': …": an option, the cache and batch
 -- blocks, retry, hedge) and the argument mistakes of agg's functions ("agg.pick: the list of keys

@@ -425,7 +425,7 @@ local function load_folder(dir)
                 file, e_line, where)
               bad = true
             elseif not r then
-              errors[#errors + 1] = ("%s:%d: %s"):format(file, at("route"), rerr)
+              errors[#errors + 1] = ("%s:%d: %s"):format(file, from_of(ep.route) or at("route"), rerr)
               bad = true
             end
             if ep.handler == nil and handler_typo then
@@ -438,20 +438,22 @@ local function load_folder(dir)
                 file, from_of(ep.route) or (ep.route ~= nil and at("route")) or 1, where)
               bad = true
             elseif not callable.is(ep.handler) then
-              errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req), got %s"):format(file, at("handler"), where,
+              errors[#errors + 1] = ("%s:%d: %s: handler must be a function(req), got %s"):format(file,
+                at("handler", from_of(ep.route)), where,
                 callable.kind(ep.handler))
               bad = true
             end
             local dl = ep.deadline_ms
             if dl ~= nil and (type(dl) ~= "number" or dl <= 0 or dl ~= dl) then
-              errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file, at("deadline_ms"), where)
+              errors[#errors + 1] = ("%s:%d: %s: deadline_ms must be a positive number of milliseconds"):format(file,
+                at("deadline_ms", from_of(ep.route)), where)
               bad = true
             end
             -- limits = { "rule", … } (default: gateway.lua's limits.default), priority = 1 | 2 | 3
             local lim_names = cfg and cfg.limits and cfg.limits.default or {}
             if ep.limits ~= nil and cfg then
               lim_names = limits.check_names(ep.limits, cfg and cfg.limits or { by_name = {} }, function(msg)
-                errors[#errors + 1] = ("%s:%d: %s: limits: %s"):format(file, at("limits"), where, msg)
+                errors[#errors + 1] = ("%s:%d: %s: limits: %s"):format(file, at("limits", from_of(ep.route)), where, msg)
               end)
               if not lim_names then bad = true end
             end
@@ -460,14 +462,15 @@ local function load_folder(dir)
               prio = limits.PRIORITY_DEFAULT
             elseif prio ~= 1 and prio ~= 2 and prio ~= 3 then
               errors[#errors + 1] = ("%s:%d: %s: priority must be 1 (shed last), 2 or 3 (shed first), got %s"):format(
-                file, at("priority"), where, tostring(prio))
+                file, at("priority", from_of(ep.route)), where, tostring(prio))
               bad = true
             end
             -- (gateway.lua did not load: its error is reported; the endpoint's auth is checked on its
             -- own, not against an auth block that may well be there)
             local policy, perr = edge.check_endpoint(ep.auth, cfg and cfg.auth, cfg == nil)
             if not policy then
-              errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, at(ep.auth ~= nil and "auth" or "route"), where, perr)
+              errors[#errors + 1] = ("%s:%d: %s: %s"):format(file, at(ep.auth ~= nil and "auth" or "route", from_of(ep.route)),
+                where, perr)
               bad = true
             end
             if not bad then
@@ -476,7 +479,7 @@ local function load_folder(dir)
               if other then
                 -- named at both lines (the same route text twice in one file: this one's handler line,
                 -- as the text's first line is the other's)
-                local line = at("route")
+                local line = from_of(ep.route) or at("route")
                 if other.file == file and other.route_line == line then line = e_line end
                 errors[#errors + 1] = ("%s:%d: route '%s' conflicts with '%s' at %s:%d"):format(file, line, ep.route,
                   other.route, other.file, other.route_line)
@@ -487,7 +490,7 @@ local function load_folder(dir)
                             deadline_ms = dl or (cfg and cfg.deadline_ms) or 1000, file = file, line = e_line,
                             max_sections = (cfg and cfg.max_sections_per_request) or 1000,
                             max_json_values = (cfg and cfg.max_request_json_values) or 10000,
-                            route_line = at("route"),
+                            route_line = from_of(ep.route) or at("route"),
                             limits = lim_names, priority = prio,
                             -- its accepted responses carry this client's RateLimit fields
                             -- (worker/limits.c): agg.runtime makes them private
