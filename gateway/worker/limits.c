@@ -50,6 +50,8 @@ typedef struct gate_wait {
 typedef struct redis_ask {
     gate_wait_t *wait;          /* NULL once the request stopped waiting for it */
     agw_worker_t *w;
+    wgen_t *g;                  /* held until the reply: asks[].rule are its config's (a request that
+                                   stopped waiting, then a reload, would leave them freed) */
     int eval;                   /* this command is EVAL (the retry after NOSCRIPT) */
     size_t n;                   /* Redis rules in the command */
     agw_limit_ask_t asks[LIMITS_MAX];
@@ -372,8 +374,10 @@ static int send_ask(agw_worker_t *w, redis_ask_t *a)
 
 static void free_ask(redis_ask_t *a)
 {
+    wgen_t *g = a->g;
     agw_buf_free(&a->keys);
     free(a);
+    agw_worker_gen_release(g); /* (outside Lua: the last reference frees the generation now) */
 }
 
 static void on_redis_reply(void *data, const struct redisReply *reply, const char *err)
@@ -521,6 +525,8 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
         if (a == NULL) {
             a = agw_calloc(1, sizeof(*a));
             a->w = w;
+            a->g = g;
+            agw_worker_gen_hold(g);
             a->now_ms = c.now_ms;
             a->check = ++w->cache.redis_next_id; /* (the worker's ids of its Redis commands) */
         }

@@ -347,6 +347,31 @@ class ShiftingRedis(FakeRedis):
             c.sendall(reply)
 
 
+class HeldRedis(ShiftingRedis):
+    """The limits script's stand-in of ShiftingRedis (every key accepted), whose verdicts are held
+    while hold is set, until release is set: a Redis that answers late."""
+
+    def __init__(self):
+        super().__init__()
+        self.hold, self.release, self.sent = threading.Event(), threading.Event(), threading.Event()
+
+    def respond(self, c, cmd):
+        if b"SELECT" in cmd:
+            c.sendall(b"+OK\r\n")
+            return
+        reply = self.verdict(resp_args(cmd))
+        if self.hold.is_set():
+            def late():
+                self.release.wait(60)
+                try:
+                    c.sendall(reply)
+                finally:
+                    self.sent.set()
+            threading.Thread(target=late, daemon=True).start()
+            return
+        c.sendall(reply)
+
+
 def redis_rules(on_error="local", **rule):
     r = {"name": "shared", "key": "route", "rate": 1, "per_s": 600, "burst": 5, "store": "redis",
          "on_redis_error": on_error}
@@ -809,6 +834,38 @@ class RedisStore(GatewayTestCase):
         # the connection made again answers as before
         self.assertTrue(wait_until(lambda: self.get("/a", "-H", "x-client: blocked").status == 429, 10), self.gw.log())
         self.assertEqual(self.get("/a", "-H", "x-client: good").status, 200)
+
+    def test_a_late_reply_after_its_request_ended_and_a_reload_reads_nothing_of_the_old_rules(self):
+        # (an attack review: a check whose request stopped waiting, at its deadline or when its client
+        # left, kept pointers to its generation's rules without holding the generation; a reload freed
+        # them, and the late reply read them: the ASan build reported a heap-use-after-free and died,
+        # the optimized build read freed memory into /limits and the outage log)
+        fake = HeldRedis()
+        self.addCleanup(fake.stop)
+        rules = redis_rules("local", burst=100)
+        self.start(services=SERVICES, scripts={"a.lua": script("GET /a", OK, limits=["shared"])}, deadline_ms=300,
+                   gateway_extra=self.extra(rules, fake.port, timeout_ms=10000))
+        self.wait_ready()
+        self.assertEqual(self.get("/a").status, 200)
+        fake.hold.set()
+        # parked until its 300 ms deadline, then decided by on_redis_error (local): its check's reply
+        # is still to come
+        self.assertEqual(self.get("/a").status, 200)
+        # a reload retires the generation whose rules the check named (the request has ended)
+        path = os.path.join(self.scripts_dir, "gateway.lua")
+        with open(path) as f:
+            src = f.read()
+        with open(path + ".tmp~", "w") as f:
+            f.write(src.replace("per_s = 600", "per_s = 601"))
+        os.replace(path + ".tmp~", path)
+        self.gw.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(wait_until(lambda: "generation 2 serves new requests" in self.gw.log(), 30), self.gw.log())
+        fake.hold.clear()
+        fake.release.set()
+        self.assertTrue(fake.sent.wait(30))
+        # the reply read, the gateway goes on (the cleanup fails the test on a sanitizer report)
+        self.assertTrue(wait_until(lambda: self.get("/a").status == 200, 10), self.gw.log())
+        self.assertIsNone(self.gw.proc.poll())
 
     def test_a_refusal_counted_by_a_clock_ahead_is_a_refusal_not_an_error(self):
         # A bucket whose theoretical arrival time another gateway's clock put ahead of this one's (or
