@@ -14,8 +14,8 @@
 --   call failed within stale_if_error_s        served, status "stale" with the call's problem
 --   404                                        kept negative_ttl_s (default 10) and served as the 404
 -- Never stored: a failed answer, a fallback, a stale copy, a 2xx body that is not JSON, a
--- response with Cache-Control no-store/no-cache (when the script sets no TTL), or private
--- (scope shared). A call that carries Authorization or Cookie is keyed by user (scope "user",
+-- response with Cache-Control no-store or no-cache, or private (scope shared), whatever TTL the
+-- policy gives. A call that carries Authorization or Cookie is keyed by user (scope "user",
 -- logged once per upstream), never shared.
 -- Entries are text: "AGWC1 fresh stale error status hlen blen\n" .. headers .. body; a value
 -- that does not parse, or is over MAX_ENTRY bytes, is a miss.
@@ -385,9 +385,13 @@ M.cache_control = cache_control
 function M.lifetimes(p, cc_value)
   local cc = cache_control(cc_value)
   local ttl, swr, sie = p.ttl_s, p.swr_s, p.stale_if_error_s
+  -- whether the answer may be stored at all is the upstream's to say, whatever lifetime the policy
+  -- gives it (RFC 9111 §5.2.2.5, §5.2.2.4, §5.2.2.7): no-store never, no-cache never (the gateway
+  -- does not revalidate), private never in a shared entry (an attack review: with a ttl_s, an answer
+  -- marked private for one user was served to the others)
+  if cc and (cc["no-store"] or cc["no-cache"] or (cc["private"] and p.scope == "shared")) then return nil end
   if ttl == nil then
-    if not cc or cc["no-store"] or cc["no-cache"] then return nil end
-    if cc["private"] and p.scope == "shared" then return nil end
+    if not cc then return nil end
     local age = type(cc["s-maxage"]) == "number" and cc["s-maxage"] or cc["max-age"] -- s-maxage for shared caches (§5.2.2.10)
     if type(age) ~= "number" or age <= 0 then return nil end
     ttl = age
@@ -462,7 +466,7 @@ end
 -- Keys
 ---------------------------------------------------------------------------------------------------
 
-local CREDENTIALS = { authorization = true, cookie = true }
+local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
 
 -- The call's request header (lowercased name) or nil; headers is the flat list name, value, ….
 -- The last credentials a key was made for and their digest. A client's Cookie may be 64 KB: its
@@ -517,23 +521,28 @@ end
 function M.key(ctx, spec, p)
   local h = spec.headers
   local scope = p.scope
-  local cred = both_credentials(header_of(h, "authorization"), header_of(h, "cookie"))
+  local cred = both_credentials(both_credentials(header_of(h, "authorization"), header_of(h, "cookie")),
+                                header_of(h, "proxy-authorization"))
   -- a call that will carry the user's identity (the upstream's `identity`, agg.identity) is as
   -- personal as one that carries credentials of its own: the token is added after this lookup
   if (cred or spec.personal) and scope == "shared" then
     scope = "user"
     if not logged_user[spec.upstream] then
       logged_user[spec.upstream] = true
-      core.log("warn", ("cache: calls to %s carry Authorization or Cookie or the user's identity: cached per user, never shared"):format(spec.upstream))
+      core.log("warn", ("cache: calls to %s carry Authorization, Proxy-Authorization or Cookie or the user's identity: cached per user, never shared"):format(spec.upstream))
     end
   end
   local path = key_text(spec.path)
-  if scope ~= "user" and not p.key and not p.vary then
+  local body = spec.body
+  if scope ~= "user" and not p.key and not p.vary and not body then
     -- the common key in one concatenation (no table)
     return "agw:{" .. spec.upstream .. "}:" .. (p.version or "0") .. ":" .. spec.method .. " " .. path
   end
   local parts = { "agw:{", spec.upstream, "}:", p.version or "0", ":" }
   if p.key then
+    -- "key " before a script's own key: a method is upper case, so no key a script computes (from
+    -- a client's input, "GET /price/1") is the key of a call by path (an attack review)
+    parts[#parts + 1] = "key "
     parts[#parts + 1] = key_text(p.key)
   else
     parts[#parts + 1] = spec.method
@@ -547,6 +556,13 @@ function M.key(ctx, spec, p)
       local v = header_of(h, name)
       parts[#parts + 1] = "|" .. name .. "=" .. (v and vary_digest(v) or "")
     end
+  end
+  -- a GET's body (a search's query, as some APIs take): the answer differs by it, so the key holds
+  -- its digest (an attack review: two users' searches shared one entry). "|b:" is no vary part
+  -- (a field name has no ':')
+  if body then
+    parts[#parts + 1] = "|b:"
+    parts[#parts + 1] = digest(body)
   end
   if scope == "user" then
     -- (written only when true: the call's table has no slot for it, agg.callspec)
@@ -609,7 +625,7 @@ function M.personal(x)
   if not x then return false end
   if x.personal or x.cache_user then return true end
   local h = x.headers
-  return (header_of(h, "authorization") or header_of(h, "cookie")) ~= nil
+  return (header_of(h, "authorization") or header_of(h, "cookie") or header_of(h, "proxy-authorization")) ~= nil
 end
 
 --- The scheduler's functions the cache calls (agg.runtime, once at load).

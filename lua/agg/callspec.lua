@@ -334,7 +334,10 @@ function M.normalize(spec, upstreams, level, ctx, memo)
   -- single-flight: on for GET/HEAD calls that carry no user credentials, unless turned off. A call
   -- that will carry the user's identity (the upstream's `identity`) is never shared either:
   -- agg.identity authorizes it or fails it, so it gets no key (nor the slot one takes)
-  if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") and not (up.identity and not n.anonymous) then
+  -- A call with a body (a GET's search query) is never shared either: the key names no body, and
+  -- two users' queries got one answer (an attack review)
+  if spec.collapse ~= false and (n.method == "GET" or n.method == "HEAD") and not n.body and
+     not (up.identity and not n.anonymous) then
     local shared = true
     if headers then
       for i = 1, #headers, 2 do if CREDENTIALS[headers[i]] then shared = false end end
