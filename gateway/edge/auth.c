@@ -20,6 +20,9 @@ typedef struct agw_keysrc {
     pthread_cond_t wake;
     int refs;                       /* the authenticator, the fetcher thread (lock) */
     agw_jwks_t *keys;               /* current JWKS (lock), or NULL */
+    uint64_t keys_set;              /* key sets installed so far (atomic): a cached token names the
+                                       one it was verified with, and is verified again under another
+                                       (a key removed from the JWKS must stop its tokens) */
     int want_fetch;                 /* an unknown kid asked for a refetch (lock) */
     int stopping;                   /* agw_auth_free (lock) */
     int thread_on;                  /* a fetcher runs (set before it starts, never cleared) */
@@ -53,6 +56,7 @@ static void src_set_keys(keysrc_t *a, agw_jwks_t *ks)
     pthread_mutex_lock(&a->lock);
     agw_jwks_t *old = a->keys;
     a->keys = ks;
+    __atomic_add_fetch(&a->keys_set, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&a->lock);
     agw_jwks_unref(old);
 }
@@ -402,7 +406,9 @@ static void check_jwt(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_
         len--;
     json_t *claims = NULL;
     agw_auth_cache_entry_t *e = cache && len ? cache_slot(cache, tok, len) : NULL;
-    if (e && e->serial == a->serial && e->len == len && memcmp(e->token, tok, len) == 0 &&
+    /* (read before the keys are: a set installed meanwhile leaves this entry to be verified again) */
+    uint64_t keys_set = __atomic_load_n(&a->src->keys_set, __ATOMIC_ACQUIRE);
+    if (e && e->serial == a->serial && e->keys_set == keys_set && e->len == len && memcmp(e->token, tok, len) == 0 &&
         now_s < e->exp_s + a->rules.leeway_s) {
         claims = json_incref(e->claims);
         cache->hits++;
@@ -439,6 +445,7 @@ static void check_jwt(agw_auth_t *a, const agw_auth_policy_t *p, agw_auth_cache_
             memcpy(e->token, tok, len);
             e->len = len;
             e->serial = a->serial;
+            e->keys_set = keys_set;
             e->exp_s = exp;
             e->claims = json_incref(claims);
         }

@@ -89,6 +89,8 @@ void agw_auth_set_keys(agw_auth_t *a, agw_jwks_t *ks);
 #define AGW_AUTH_CACHE_SIZE 1024
 typedef struct agw_auth_cache_entry {
     uint64_t serial;          /* the authenticator it was verified for (agw_auth_t.serial); 0: free */
+    uint64_t keys_set;        /* the authenticator's key set it was verified with (a JWKS fetched
+                                 again is another: the token is verified again) */
     char *token;
     size_t len;
     uint64_t exp_s;           /* valid while now < exp_s + leeway */

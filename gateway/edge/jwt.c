@@ -322,7 +322,8 @@ static int check_claims(json_t *claims, const agw_jwt_rules_t *r, uint64_t now_s
             say(why, whylen, "the required claim \"%s\" is missing", r->required[i]);
             return -1;
         }
-    *exp_s = (uint64_t)exp;
+    /* (a signed exp beyond any date: converting a double past 2^64 is undefined; 2^62 s is ever) */
+    *exp_s = exp < 4611686018427387904.0 ? (uint64_t)exp : (uint64_t)1 << 62;
     return 0;
 }
 

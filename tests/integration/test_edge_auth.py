@@ -222,6 +222,19 @@ class EdgeAuth(GatewayTestCase):
         self.assertEqual(self.bearer("/me", self.auth.token(sub="bob")).status, 200)
         self.assertIn("fetch failed", self.gw.log())
 
+    def test_a_token_of_a_key_the_jwks_no_longer_has_is_refused_though_verified_before(self):
+        # (an attack review: the verified-token cache kept accepting a token until its exp after the
+        # key that signed it left the JWKS; a reload alone cleared it)
+        self.start_edge(jwt={"jwks_refresh_s": 1})
+        old = self.auth.token()
+        self.assertEqual(self.bearer("/me", old).status, 200)
+        self.assertEqual(self.bearer("/me", old).status, 200)  # (from the cache)
+        new = self.auth.rotate("k2", keep_old=False)           # k1 leaves the JWKS
+        n = self.auth.jwks_fetches
+        self.assertTrue(wait_until(lambda: self.auth.jwks_fetches >= n + 2, 15), "no refetch")
+        self.assertRefused(self.bearer("/me", old), 401, "invalid_token")
+        self.assertEqual(self.bearer("/me", self.auth.token(key=new)).status, 200)
+
     def test_a_cold_start_without_keys_answers_503(self):
         self.auth = MockAuth(self.workdir).start()
         self.auth.jwks_down = True

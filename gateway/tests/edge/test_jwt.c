@@ -304,6 +304,23 @@ static void time_claims_are_checked_with_the_leeway(void)
     CHECK(verify_with(ks, NULL, rules(), str_exp) == AGW_JWT_INVALID);
     free(no_exp);
     free(str_exp);
+    /* an exp beyond any date (an issuer's own mistake): accepted, with an exp the cache can add a
+     * leeway to (a double past 2^64 made an integer is undefined behaviour: UBSan in the debug build) */
+    const char *huge[] = {"1e30", "1e300", "18446744073709551615.0"};
+    for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
+        char p[160];
+        snprintf(p, sizeof(p), "{\"iss\":\"https://id.test\",\"aud\":\"aggway\",\"sub\":\"u1\",\"exp\":%s}", huge[i]);
+        char *t = sign(rsa_key, h, p);
+        json_t *c = NULL;
+        uint64_t exp = 0;
+        char why[256];
+        agw_jwt_rules_t r = rules();
+        CHECK(agw_jwt_verify(ks, NULL, &r, t, strlen(t), NOW, &c, &exp, why, sizeof(why)) == AGW_JWT_OK);
+        CHECK(exp == (uint64_t)1 << 62);
+        CHECK(exp + r.leeway_s > exp);
+        json_decref(c);
+        free(t);
+    }
     /* sub is a StringOrURI (RFC 7519 §4.1.2): a number or an object there is refused (limits by
      * user counted every such token as one user); a string, or no sub, passes */
     static const char *const subs[] = {"\"sub\":5,", "\"sub\":{\"id\":\"u1\"},", "\"sub\":null,", "\"sub\":\"u1\",", ""};
