@@ -111,12 +111,22 @@ function M.check_auth(c, a)
       for k in pairs(j) do
         if not JWT_KEYS[k] then unknown(c, c.line_of(k, jline) or jline, "auth.jwt", k, JWT_KEYS, JWT_LIST); ok = false end
       end
-      if j.issuer ~= nil then
+      -- the issuer and the audiences are checked unless gateway.lua says false (RFC 8725 §3.8,
+      -- §3.9): without them any token the key set verifies passes, one another issuer sharing the
+      -- keys made, or one the identity provider issued for another application (an attack review)
+      if j.issuer == nil then
+        bad("issuer", "is required: the identifier the tokens' iss must equal, like \"https://id.example\" " ..
+            "(issuer = false accepts tokens of any issuer the keys verify; RFC 8725 §3.8)")
+      elseif j.issuer ~= false then
         if type(j.issuer) ~= "string" or j.issuer == "" then bad("issuer", "must be the issuer's identifier (the tokens' iss), got " .. c.show(j.issuer))
         else e.issuer = j.issuer end
       end
-      if j.audiences ~= nil then
-        if not list_of_strings(j.audiences) then bad("audiences", "must be a list of strings like { \"aggway\" }")
+      if j.audiences == nil then
+        bad("audiences", "is required: the names one of which the tokens' aud must hold, like { \"aggway\" } " ..
+            "(audiences = false accepts tokens issued for any audience; RFC 8725 §3.9)")
+      elseif j.audiences ~= false then
+        if not list_of_strings(j.audiences) or #j.audiences == 0 then
+          bad("audiences", "must be a list of strings like { \"aggway\" } (or false)")
         else e.audiences = j.audiences end
       end
       if j.algorithms ~= nil then

@@ -389,6 +389,21 @@ class EdgeCheck(GatewayTestCase):
         p = run_aggway("check", "-c", sdir)
         return p.returncode, (p.stdout + p.stderr).decode()
 
+    def test_issuer_and_audiences_are_required_unless_turned_off(self):
+        # (an attack review: without them any token the keys verified passed, one issued for another
+        # application of the identity provider included; RFC 8725 §3.8, §3.9)
+        path = os.path.join(self.workdir, "jwks-one.json")
+        with open(path, "w") as f:
+            json.dump(jose.jwks(jose.Key(self.workdir, "k")), f)
+        rc, out = self.check({"auth": {"jwt": {"jwks_file": path}}})
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("auth.jwt.issuer: is required", out)
+        self.assertIn("auth.jwt.audiences: is required", out)
+        rc, out = self.check({"auth": {"jwt": {"issuer": False, "audiences": False, "jwks_file": path}}})
+        self.assertEqual(rc, 0, out)
+        rc, out = self.check({"auth": {"jwt": {"issuer": "https://id.test", "audiences": ["aggway"], "jwks_file": path}}})
+        self.assertEqual(rc, 0, out)
+
     def test_misspelt_and_wrong_edge_options_are_errors_with_lines(self):
         keys = os.path.join(self.workdir, "jwks.json")
         with open(keys, "w") as f:
@@ -399,7 +414,10 @@ class EdgeCheck(GatewayTestCase):
             ({"auth": {"jwt": {"algorithms": ["RS265"], "jwks_file": keys}}}, "unknown algorithm 'RS265'"),
             ({"auth": {"jwt": {"algorithms": ["HS256"]}}}, "need secret_file"),
             ({"auth": {"jwt": {"issuer": "x"}}}, "the keys are missing"),
-            ({"auth": {"jwt": {"jwks_file": keys}}}, "no usable key"),
+            ({"auth": {"jwt": {"issuer": "x", "audiences": ["a"], "jwks_file": keys}}}, "no usable key"),
+            ({"auth": {"jwt": {"audiences": ["a"], "jwks_file": keys}}}, "auth.jwt.issuer: is required"),
+            ({"auth": {"jwt": {"issuer": "x", "jwks_file": keys}}}, "auth.jwt.audiences: is required"),
+            ({"auth": {"jwt": {"issuer": "x", "audiences": [], "jwks_file": keys}}}, "auth.jwt.audiences: must be a list"),
             ({"auth": {"jwt": {"jwks_url": "ftp://x"}}}, "auth.jwt.jwks_url: must be an http"),
             ({"auth": {"api_key": {"file": "x"}}}, "auth.api_key: unknown option (did you mean 'api_keys'?)"),
             ({"auth": {"api_keys": {"file": "missing.json"}}}, "auth.api_keys.file: cannot read"),
