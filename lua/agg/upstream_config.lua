@@ -107,7 +107,12 @@ local function check_health(c, h, where, line, call_timeout_ms)
           "; health knows path, every_s, timeout_ms, healthy_after, unhealthy_after, expect_status")
     end
   end
-  local out = { path = h.path, every_s = h.every_s or 5, timeout_ms = h.timeout_ms or math.min(1000, call_timeout_ms),
+  -- the default timeout: the upstream's, at most 1000 ms and half of every_s (a probe at a time:
+  -- shorter than every_s, so every_s = 1 takes no timeout_ms of its own; a fresh user's trial)
+  local every = h.every_s or 5
+  local def_timeout = math.min(1000, call_timeout_ms)
+  if type(every) == "number" and every >= 1 then def_timeout = math.min(def_timeout, math.floor(every * 500)) end
+  local out = { path = h.path, every_s = every, timeout_ms = h.timeout_ms or def_timeout,
                 healthy_after = h.healthy_after or 2, unhealthy_after = h.unhealthy_after or 3 }
   if type(h.path) ~= "string" or h.path:sub(1, 1) ~= "/" or str_find(h.path, "[%s%c]") then
     bad("path", "is required: the path each endpoint is probed on, starting with '/', like path = \"/healthz\"")

@@ -513,6 +513,11 @@ class CheckCommand(unittest.TestCase):
             '                 expect_status = { 200, 204 } },')
         rc, out, err = self.check(self.folder(src))
         self.assertEqual(rc, 0, out + err)
+        # every_s = 1 with no timeout_ms of its own: the default timeout is shorter (half of it)
+        rc, out, err = self.check(self.folder(self.group_source(
+            '      endpoints = { "http://127.0.0.1:9001", "http://127.0.0.1:9011" },\n'
+            '      health = { path = "/healthz", every_s = 1 },')))
+        self.assertEqual(rc, 0, out + err)
 
     def test_check_upstream_group_mistakes_name_file_line_and_option(self):
         cases = [
