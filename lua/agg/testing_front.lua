@@ -151,7 +151,7 @@ function F:send(method, path, opts)
   local headers = {}
   -- (a value without the spaces and tabs around it, as h2o gives the C worker: RFC 9110 §5.5)
   for k, v in pairs(opts.headers or {}) do
-    if type(v) == "string" then v = v:match("^[ \t]*(.-)[ \t]*$") end
+    if type(v) == "string" then v = str_match(v, "^[ \t]*(.-)[ \t]*$") end
     headers[k:lower()] = v
   end
   if self:gate(r, self.gen.endpoints[idx], headers, opts, user) then return finish_response(r) end
