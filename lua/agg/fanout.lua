@@ -459,13 +459,15 @@ local function start_group(ctx, tbl, level, parent, defer)
   local max = ctx.ep.max_sections
   local keys, bad = sorted_keys(tbl, take_list(), max - ctx.sections)
   if not keys then
+    -- (at the script's line: where.raise places a continuation's nested fan-out in the
+    -- continuation, whose frame is gone when its returned table is started)
     if bad == false then
-      error(("too many sections: this request's fan-outs would have more than %d in all " ..
-             "(max_sections_per_request in gateway.lua)"):format(max), level)
+      where.raise(("too many sections: this request's fan-outs would have more than %d in all " ..
+                   "(max_sections_per_request in gateway.lua)"):format(max), level)
     end
     -- a section is named by its key in the page, the problems, the logs and Server-Timing, which
     -- the runtime formats on its own thread: a table key's __tostring (or __lt) would run there
-    error(("a section key must be a string or a number, got %s"):format(bad), level)
+    where.raise(("a section key must be a string or a number, got %s"):format(bad), level)
   end
   local nk, n = #keys, 0
   clear_memo(memo)
