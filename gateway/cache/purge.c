@@ -123,6 +123,7 @@ typedef struct purge_conn {
     guard_t guard;
     double until; /* monotonic s */
     int late;     /* a reply was still coming at the deadline */
+    const int *cancel; /* set (atomics) by the purge's owner to stop it: looked at with the deadline */
 } purge_conn_t;
 
 /* Why a command failed on p: the deadline, the reader's refusal, else hiredis's own text. */
@@ -144,6 +145,12 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Whether p is past its deadline or cancelled. */
+static int over(const purge_conn_t *p)
+{
+    return now_s() > p->until || (p->cancel && __atomic_load_n(p->cancel, __ATOMIC_ACQUIRE));
+}
+
 /* The reply to the command appended to p's context, read one socket read at a time until the
  * purge's deadline (hiredis's blocking redisCommand reads until the reply is whole: a server that
  * drips a reply a byte at a time, each within the socket's timeout, held it for good). NULL when
@@ -156,7 +163,7 @@ static redisReply *reply_within(purge_conn_t *p)
             return NULL;
         if (done)
             break;
-        if (now_s() > p->until) {
+        if (over(p)) {
             p->late = 1;
             return NULL;
         }
@@ -179,7 +186,7 @@ static redisReply *reply_within(purge_conn_t *p)
         }
         if (redisGetReplyFromReader(p->c, &reply) == REDIS_ERR)
             return NULL;
-        if (reply == NULL && now_s() > p->until) {
+        if (reply == NULL && over(p)) {
             p->late = 1;
             return NULL;
         }
@@ -206,14 +213,14 @@ static redisReply *command(purge_conn_t *p, const char *fmt, ...)
     return rc == REDIS_OK ? reply_within(p) : NULL;
 }
 
-int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size_t len, uint64_t *deleted, char *err,
-                          size_t errlen)
+int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size_t len, const int *cancel,
+                          uint64_t *deleted, char *err, size_t errlen)
 {
-    return agw_cache_redis_purge_within(conf, prefix, len, AGW_CACHE_PURGE_BUDGET_S, deleted, err, errlen);
+    return agw_cache_redis_purge_within(conf, prefix, len, AGW_CACHE_PURGE_BUDGET_S, cancel, deleted, err, errlen);
 }
 
 int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefix, size_t len, double budget_s,
-                                 uint64_t *deleted, char *err, size_t errlen)
+                                 const int *cancel, uint64_t *deleted, char *err, size_t errlen)
 {
     double until = now_s() + budget_s;
     uint64_t ms = conf->timeout_ms > 1000 ? conf->timeout_ms : 1000;
@@ -226,7 +233,7 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
         return -1;
     }
     redisSetTimeout(c, tv);
-    purge_conn_t p = {.c = c, .fns = *c->reader->fn, .until = until};
+    purge_conn_t p = {.c = c, .fns = *c->reader->fn, .until = until, .cancel = cancel};
     p.guard.create_array = p.fns.createArray;
     p.fns.createArray = guard_array;
     p.guard.create_string = p.fns.createString;
@@ -297,7 +304,11 @@ int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefi
             free(lens);
         }
         freeReplyObject(r);
-        if (rc == 0 && strcmp(cursor, "0") != 0 && now_s() > until) {
+        if (rc == 0 && strcmp(cursor, "0") != 0 && cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) {
+            snprintf(err, errlen, "the purge was stopped with %llu keys deleted (the gateway stopped)",
+                     (unsigned long long)*deleted);
+            rc = -1;
+        } else if (rc == 0 && strcmp(cursor, "0") != 0 && now_s() > until) {
             snprintf(err, errlen, "the purge stopped after %.0f s with %llu keys deleted: SCAN had not ended (a "
                      "keyspace too large for one purge, or a server whose SCAN never ends); purge again",
                      budget_s, (unsigned long long)*deleted);

@@ -42,9 +42,12 @@ size_t agw_cache_inbox_take(agw_cache_inbox_t *in, void (*apply)(void *arg, cons
  * *deleted; each command is written and read within it). A reply whose arrays claim more than
  * AGW_CACHE_PURGE_MAX_ELEMENTS elements in all, or of more than AGW_CACHE_PURGE_MAX_BYTES bytes,
  * fails the purge (a server that lies about a length: hiredis would allocate what it claims). Returns 0 with the
- * count in *deleted, or -1 with a message in err. For the admin thread (it blocks). */
-int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size_t len, uint64_t *deleted, char *err,
-                          size_t errlen);
+ * count in *deleted, or -1 with a message in err. cancel (NULL: none), once set to nonzero by
+ * another thread (atomics), stops the purge at its next read or round, as the deadline does (a read
+ * waits at most max(timeout_ms, 1000) ms). It blocks: the admin listener runs it on a thread of its
+ * own (front/admin.c). */
+int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size_t len, const int *cancel,
+                          uint64_t *deleted, char *err, size_t errlen);
 
 #define AGW_CACHE_PURGE_BUDGET_S 30.0
 #define AGW_CACHE_PURGE_MAX_ELEMENTS 65536
@@ -52,6 +55,6 @@ int agw_cache_redis_purge(const agw_redis_conf_t *conf, const char *prefix, size
 
 /* agw_cache_redis_purge with a budget of budget_s seconds instead (the tests' own). */
 int agw_cache_redis_purge_within(const agw_redis_conf_t *conf, const char *prefix, size_t len, double budget_s,
-                                 uint64_t *deleted, char *err, size_t errlen);
+                                 const int *cancel, uint64_t *deleted, char *err, size_t errlen);
 
 #endif

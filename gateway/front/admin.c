@@ -65,6 +65,7 @@ struct agw_admin {
     unsigned num_conns;
     unsigned evicted;          /* connections closed unanswered to make room (atomics; agw_admin_evicted) */
     char *allowed_hosts;       /* admin.allowed_hosts: lowercase names, one space between; NULL: none */
+    struct purge_job *purge;   /* the cache purge whose Redis part runs now (admin thread); NULL: none */
 };
 
 struct aconn {
@@ -77,7 +78,28 @@ struct aconn {
     size_t inlen;
     agw_buf_t out;
     size_t outoff;
+    int waiting;               /* its answer waits for the purge's thread (never evicted, no timeout) */
 };
+
+/* A cache purge's Redis part (POST /cache/purge), on a thread of its own: SCAN and UNLINK may take
+ * up to AGW_CACHE_PURGE_BUDGET_S, and the listener answers the probes meanwhile (an attack review:
+ * a purge held /readyz and /healthz for 30 s, long enough for an orchestrator to restart the
+ * process). One at a time; the connection that asked waits for its answer. */
+typedef struct purge_job {
+    agw_admin_t *a;
+    aconn_t *c;                /* the connection it answers */
+    agw_generation_t *gen;     /* held: its redis settings */
+    char prefix[1024];
+    size_t n;
+    agw_buf_t body;            /* the answer's body up to the Redis part */
+    pthread_t thread;
+    int fd;                    /* eventfd the thread writes when it is done */
+    ev_io io;                  /* fd readable: the answer goes out (admin loop) */
+    int cancel;                /* set by agw_admin_stop (atomics): the purge stops at its next read */
+    int rc;                    /* the thread's: agw_cache_redis_purge's result, count and message */
+    uint64_t deleted;
+    char err[256];
+} purge_job_t;
 
 /* Whether the loop is to be made anew now: idle, after a connection on a high descriptor. */
 static int remake_due(const agw_admin_t *a)
@@ -281,7 +303,81 @@ static size_t query_param_decoded(const char *q, size_t qlen, const char *name, 
     return n;
 }
 
-static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *out)
+/* The answer of a purge whose Redis part ended (rc, deleted, err) into out, body its start. */
+static void purge_answer(agw_buf_t *body, int rc, uint64_t deleted, const char *err, agw_buf_t *out)
+{
+    int status = 200;
+    if (rc == 0) {
+        agw_buf_printf(body, ",\"redis_deleted\":%llu", (unsigned long long)deleted);
+    } else {
+        status = 502;
+        agw_buf_puts(body, ",\"redis_error\":");
+        json_str(body, err, strlen(err));
+        agw_log(AGW_LOG_WARN, "POST /cache/purge: %s", err);
+    }
+    agw_buf_puts(body, "}\n");
+    respond(out, status, status == 200 ? "OK" : "Bad Gateway", "application/json", body->base, body->len, 0, NULL);
+}
+
+static void purge_job_free(purge_job_t *j)
+{
+    agw_generation_unref(j->gen);
+    agw_buf_free(&j->body);
+    close(j->fd);
+    free(j);
+}
+
+static void *purge_main(void *arg)
+{
+    purge_job_t *j = arg;
+    int every = j->n == 4;
+    j->rc = agw_cache_redis_purge(&j->gen->conf.redis, every ? "agw:{" : j->prefix, every ? 5 : j->n, &j->cancel,
+                                  &j->deleted, j->err, sizeof(j->err));
+    uint64_t one = 1;
+    while (write(j->fd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+/* The purge's thread is done: its connection gets the answer. */
+static void on_purge_done(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)revents;
+    purge_job_t *j = io->data;
+    agw_admin_t *a = j->a;
+    uint64_t v;
+    if (read(j->fd, &v, sizeof(v)) < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    ev_io_stop(loop, io);
+    pthread_join(j->thread, NULL);
+    aconn_t *c = j->c;
+    purge_answer(&j->body, j->rc, j->deleted, j->err, &c->out);
+    a->purge = NULL;
+    purge_job_free(j);
+    c->waiting = 0;
+    ev_io_set(&c->io, c->fd, EV_WRITE);
+    ev_io_start(loop, &c->io);
+    ev_timer_set(&c->timer, ADMIN_TIMEOUT_S, 0.);
+    ev_timer_start(loop, &c->timer);
+}
+
+/* Stops the purge in progress, if any, and waits for its thread (agw_admin_stop: at most a read's
+ * timeout). Its connection is closed with the others, unanswered. */
+static void purge_stop(agw_admin_t *a)
+{
+    purge_job_t *j = a->purge;
+    if (j == NULL)
+        return;
+    __atomic_store_n(&j->cancel, 1, __ATOMIC_RELEASE);
+    pthread_join(j->thread, NULL);
+    ev_io_stop(a->loop, &j->io);
+    a->purge = NULL;
+    purge_job_free(j);
+}
+
+/* POST /cache/purge?prefix=…: every worker's tier 1 at once, Redis's on a thread of its own when c
+ * can wait for it (returns 1: c is answered later), else here (c NULL: agw_admin_respond's callers). */
+static int cache_purge(agw_admin_t *a, aconn_t *c, const char *q, size_t qlen, agw_buf_t *out)
 {
     char prefix[1024];
     size_t n = query_param_decoded(q, qlen, "prefix", prefix, sizeof(prefix));
@@ -293,7 +389,16 @@ static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *o
         static const char body[] = "prefix must be agw: (every cache entry) or a cache key prefix starting with agw:{ "
                                    "(e.g. prefix=agw:%7Bproduct%7D)\n";
         respond(out, 400, "Bad Request", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
-        return;
+        return 0;
+    }
+    agw_generation_t *gen = agw_reload_state_current(a->gens);
+    int redis = gen && gen->conf.cache_redis;
+    if (redis && a->purge) {
+        /* (before the workers are asked: a purge refused here purges nothing) */
+        static const char body[] = "a cache purge is running: try again when it has ended\n";
+        respond(out, 409, "Conflict", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, "Retry-After: 5\r\n");
+        agw_generation_unref(gen);
+        return 0;
     }
     for (size_t i = 0; i < a->num_workers; i++)
         agw_cache_inbox_post(&a->metrics[i]->purge, prefix, n);
@@ -301,25 +406,38 @@ static void cache_purge(agw_admin_t *a, const char *q, size_t qlen, agw_buf_t *o
     agw_buf_puts(&body, "{\"prefix\":");
     json_str(&body, prefix, n);
     agw_buf_printf(&body, ",\"workers\":%zu", a->num_workers);
-    agw_generation_t *gen = agw_reload_state_current(a->gens);
-    int status = 200;
-    if (gen && gen->conf.cache_redis) {
-        uint64_t deleted = 0;
-        char err[256];
-        if (agw_cache_redis_purge(&gen->conf.redis, every ? "agw:{" : prefix, every ? 5 : n, &deleted, err,
-                                  sizeof(err)) == 0) {
-            agw_buf_printf(&body, ",\"redis_deleted\":%llu", (unsigned long long)deleted);
-        } else {
-            status = 502;
-            agw_buf_puts(&body, ",\"redis_error\":");
-            json_str(&body, err, strlen(err));
-            agw_log(AGW_LOG_WARN, "POST /cache/purge: %s", err);
-        }
+    if (!redis) {
+        agw_generation_unref(gen);
+        agw_buf_puts(&body, "}\n");
+        respond(out, 200, "OK", "application/json", body.base, body.len, 0, NULL);
+        agw_buf_free(&body);
+        return 0;
     }
+    if (c != NULL) {
+        purge_job_t *j = agw_calloc(1, sizeof(*j));
+        j->a = a, j->c = c, j->gen = gen, j->body = body, j->n = n;
+        memcpy(j->prefix, prefix, n + 1);
+        j->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (j->fd >= 0 && pthread_create(&j->thread, NULL, purge_main, j) == 0) {
+            ev_io_init(&j->io, on_purge_done, j->fd, EV_READ);
+            j->io.data = j;
+            ev_io_start(a->loop, &j->io);
+            a->purge = j;
+            return 1;
+        }
+        /* no descriptor or thread to spare: the purge runs here, as it did before it had one */
+        if (j->fd >= 0)
+            close(j->fd);
+        free(j);
+    }
+    uint64_t deleted = 0;
+    char err[256];
+    int rc = agw_cache_redis_purge(&gen->conf.redis, every ? "agw:{" : prefix, every ? 5 : n, NULL, &deleted, err,
+                                   sizeof(err));
     agw_generation_unref(gen);
-    agw_buf_puts(&body, "}\n");
-    respond(out, status, status == 200 ? "OK" : "Bad Gateway", "application/json", body.base, body.len, 0, NULL);
+    purge_answer(&body, rc, deleted, err, out);
     agw_buf_free(&body);
+    return 0;
 }
 
 /* The body of /limits for a Redis rule after its "rule" and "key": what this process knows of the key
@@ -540,8 +658,19 @@ static void not_found(int head, agw_buf_t *out)
     agw_buf_free(&body);
 }
 
+static int respond_to(agw_admin_t *a, aconn_t *c, const char *method, size_t mlen, const char *target, size_t tlen,
+                      agw_buf_t *out);
+
 void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const char *target, size_t tlen,
                        agw_buf_t *out)
+{
+    respond_to(a, NULL, method, mlen, target, tlen, out);
+}
+
+/* agw_admin_respond for connection c (NULL: none): returns 1 when c's answer waits for a purge's
+ * thread (cache_purge), 0 when out holds it. */
+static int respond_to(agw_admin_t *a, aconn_t *c, const char *method, size_t mlen, const char *target, size_t tlen,
+                      agw_buf_t *out)
 {
     int head = mlen == 4 && memcmp(method, "HEAD", 4) == 0;
     const char *q = memchr(target, '?', tlen);
@@ -552,23 +681,22 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
         ep++;
     if (!ep->path) {
         not_found(head, out);
-        return;
+        return 0;
     }
     if (strcmp(ep->method, "POST") == 0) {
         if (!(mlen == 4 && memcmp(method, "POST", 4) == 0)) {
             static const char body[] = "method not allowed\n";
             respond(out, 405, "Method Not Allowed", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0,
                     "Allow: POST\r\n");
-            return;
+            return 0;
         }
-        cache_purge(a, q ? q + 1 : NULL, q ? tlen - plen - 1 : 0, out);
-        return;
+        return cache_purge(a, c, q ? q + 1 : NULL, q ? tlen - plen - 1 : 0, out);
     }
     if (!(head || (mlen == 3 && memcmp(method, "GET", 3) == 0))) {
         static const char body[] = "method not allowed\n";
         respond(out, 405, "Method Not Allowed", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0,
                 "Allow: GET, HEAD\r\n");
-        return;
+        return 0;
     }
     if (PATH_IS("/healthz")) {
         respond(out, 200, "OK", "text/plain; charset=utf-8", "ok\n", 3, head, NULL);
@@ -625,6 +753,7 @@ void agw_admin_respond(agw_admin_t *a, const char *method, size_t mlen, const ch
         respond(out, 500, "Internal Server Error", "text/plain; charset=utf-8", body, sizeof(body) - 1, head, NULL);
     }
 #undef PATH_IS
+    return 0;
 }
 
 static void on_conn_timeout(struct ev_loop *loop, ev_timer *t, int revents)
@@ -741,7 +870,13 @@ static void on_conn_io(struct ev_loop *loop, ev_io *io, int revents)
                 static const char body[] = "the admin's POST endpoints take no request from a web page (Origin)\n";
                 respond(&c->out, 403, "Forbidden", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0, NULL);
             } else {
-                agw_admin_respond(c->a, c->in, (size_t)(sp1 - c->in), sp1 + 1, (size_t)(sp2 - sp1 - 1), &c->out);
+                if (respond_to(c->a, c, c->in, (size_t)(sp1 - c->in), sp1 + 1, (size_t)(sp2 - sp1 - 1), &c->out)) {
+                    /* the purge's thread answers it (on_purge_done): no read, no timeout meanwhile */
+                    c->waiting = 1;
+                    ev_io_stop(loop, &c->io);
+                    ev_timer_stop(loop, &c->timer);
+                    return;
+                }
             }
         }
         ev_io_stop(loop, &c->io);
@@ -779,7 +914,7 @@ static int evict_oldest_reader(agw_admin_t *a)
 {
     for (h2o_linklist_t *n = a->conns.prev; n != &a->conns; n = n->prev) {
         aconn_t *c = H2O_STRUCT_FROM_MEMBER(aconn_t, link, n);
-        if (c->out.len == 0) {
+        if (c->out.len == 0 && !c->waiting) {
             conn_close(c);
             __atomic_add_fetch(&a->evicted, 1, __ATOMIC_RELEASE);
             return 1;
@@ -975,6 +1110,7 @@ void agw_admin_stop(agw_admin_t *a)
     while (write(a->stop_fd, &one, sizeof(one)) < 0 && errno == EINTR)
         ;
     pthread_join(a->thread, NULL);
+    purge_stop(a);
     while (!h2o_linklist_is_empty(&a->conns))
         conn_close(H2O_STRUCT_FROM_MEMBER(aconn_t, link, a->conns.next));
     ev_io_stop(a->loop, &a->accept_io);

@@ -409,6 +409,62 @@ class CacheWithRedis(GatewayTestCase):
         self.assertEqual(left, b"7")
         self.assertEqual(curl("http://127.0.0.1:%d/cache/purge?prefix=agw:" % self.admin_port).status, 405)
 
+    def test_a_purge_whose_scan_does_not_end_leaves_the_admin_answering(self):
+        # (an attack review: the purge's SCAN and UNLINK ran on the admin listener's thread, and a
+        # Redis whose SCAN never ends, or a large keyspace, held /readyz and /healthz for 30 s, long
+        # enough for an orchestrator's liveness probe to restart the process.) The Redis part runs on
+        # a thread of its own: the probes are answered meanwhile, a second purge is told to wait
+        # (409), and the gateway stops without waiting for the purge's 30 s.
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(8)
+        self.addCleanup(lsock.close)
+        scans = []
+
+        def serve():
+            while True:
+                try:
+                    c, _ = lsock.accept()
+                except OSError:
+                    return
+                threading.Thread(target=answer, args=(c,), daemon=True).start()
+
+        def answer(c):  # +OK to SELECT, a cursor that never comes back to 0 to SCAN, :0 to the rest
+            with c:
+                while True:
+                    data = c.recv(65536)
+                    if not data:
+                        return
+                    if b"SCAN" in data:
+                        scans.append(1)
+                        c.sendall(b"*2\r\n$1\r\n7\r\n*0\r\n")
+                    else:
+                        c.sendall(b"+OK\r\n" if b"SELECT" in data else b":0\r\n")
+        threading.Thread(target=serve, daemon=True).start()
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % lsock.getsockname()[1], "timeout_ms": 1000})
+        admin = "http://127.0.0.1:%d" % self.admin_port
+        done = {}
+        t = threading.Thread(target=lambda: done.update(r=curl(admin + "/cache/purge?prefix=agw:%7Bproduct%7D", "-X",
+                                                               "POST", timeout=120)), daemon=True)
+        t.start()
+        self.assertTrue(wait_until(lambda: len(scans) > 10, 20), "the purge did not start scanning")
+        # the purge scans on: the listener answers (a probe's own short wait, however busy the machine:
+        # before, it waited for the purge's 30 s)
+        for path in ("/healthz", "/readyz", "/metrics"):
+            r = curl(admin + path, "--max-time", "10", timeout=15)
+            self.assertEqual(r.status, 200, (path, r))
+        again = curl(admin + "/cache/purge?prefix=agw:", "-X", "POST", "--max-time", "10", timeout=15)
+        self.assertEqual(again.status, 409, again)
+        self.assertEqual(again.headers.get("retry-after"), "5")
+        self.assertTrue(t.is_alive(), "the purge ended before its budget")
+        # a stop while the purge runs: the purge is cancelled (its client's connection closes
+        # unanswered) and the gateway exits cleanly (the cleanup checks its exit status)
+        t0 = time.monotonic()
+        self.gw.stop()
+        self.assertLess(time.monotonic() - t0, 25)  # the purge's own budget is 30 s
+        t.join(30)
+        self.assertFalse(t.is_alive())
+
     def test_stale_if_error_serves_the_cached_copy_while_the_upstream_is_down(self):
         self.start(services=SERVICES, scripts={"p.lua": PAGE},
                    upstream_options=self.options({"ttl_s": 1, "stale_if_error_s": 300}), deadline_ms=5000,

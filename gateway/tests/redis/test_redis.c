@@ -1050,7 +1050,7 @@ static int purge_fails_saying(fake_mode_t mode, double budget_s, const char *say
     agw_redis_conf_t c = conf_for(f.port, 0, 1000);
     char err[256] = "";
     *deleted = 1;
-    int rc = agw_cache_redis_purge_within(&c, "agw:{p}", 7, budget_s, deleted, err, sizeof(err));
+    int rc = agw_cache_redis_purge_within(&c, "agw:{p}", 7, budget_s, NULL, deleted, err, sizeof(err));
     agw_redis_conf_clear(&c);
     fake_stop(&f);
     if (rc == -1 && strstr(err, says) != NULL)
@@ -1134,7 +1134,7 @@ static void a_purge_deletes_only_the_keys_its_prefix_names(void)
     agw_redis_conf_t c = conf_for(f.port, 0, 1000);
     char err[256] = "";
     uint64_t deleted = 0;
-    int rc = agw_cache_redis_purge_within(&c, "agw:{p}", 7, AGW_CACHE_PURGE_BUDGET_S, &deleted, err, sizeof(err));
+    int rc = agw_cache_redis_purge_within(&c, "agw:{p}", 7, AGW_CACHE_PURGE_BUDGET_S, NULL, &deleted, err, sizeof(err));
     agw_redis_conf_clear(&c);
     fake_stop(&f);
     CHECK(rc == 0 && deleted == 1); /* (the fake answers UNLINK with the number of keys it was given) */
