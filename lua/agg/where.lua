@@ -60,9 +60,12 @@ end
 
 -- "path:LINE" of the one line of the required modules where needle occurs; nil when none does, or
 -- more than one (two helpers with the same mistake: the call's line is the honest place then).
-local function module_place(needle)
+local function module_place(needle, required_by)
   local found
   for _, path in ipairs(M.modules) do
+    -- (required_by: only the modules those lines require, by their name: lib/a/b.lua is "lib.a.b")
+    local name = required_by and str_match(path, "/(lib/.*)%.lua$")
+    if required_by and not (name and required_by((str_gsub(name, "/", ".")))) then goto next_module end
     local lines = lines_of(path)
     for i, l in ipairs(lines or {}) do
       if str_find((" " .. l), needle) then
@@ -70,6 +73,7 @@ local function module_place(needle)
         found = ("%s:%d"):format(path, i)
       end
     end
+    ::next_module::
   end
   return found
 end
@@ -274,13 +278,26 @@ function M.raise(msg, level, needle)
           if not bestd or d < bestd then best, bestd = i, d end
         end
       end
-      if best and best ~= at then
-        error(("%s:%d: %s (called at line %d)"):format(info.short_src, best, msg, at), 0)
+      -- not in the calling function: a helper of lib/ that built the spec, when one line of the
+      -- modules shows it, before another function of the script that writes the same (a fresh
+      -- user's trial: another handler's own `requird` took a helper's mistake)
+      local place
+      if not best then
+        place = module_place(needle)
+      elseif bestd >= 1e9 then
+        place = module_place(needle, function(name)
+          local q = str_gsub(name, "%p", "%%%0")
+          for _, l in ipairs(lines) do
+            if str_find(l, "[\"']" .. q .. "[\"']") then return true end
+          end
+          return false
+        end)
       end
-      -- not in the calling script: a helper of lib/ that built the spec
-      local place = not best and module_place(needle)
       if place then
         error(("%s: %s (called at %s:%d)"):format(place, msg, info.short_src, at), 0)
+      end
+      if best and best ~= at then
+        error(("%s:%d: %s (called at line %d)"):format(info.short_src, best, msg, at), 0)
       end
     end
   end
