@@ -464,6 +464,31 @@ describe("the cache", function()
     assert.equal(7, #gw:calls("product"))
   end)
 
+  it("never stores an answer the upstream marks no-store, no-cache or private, whatever the policy's ttl_s", function()
+    -- (a review of the fix: the page's store read Cache-Control only without a ttl_s, so the rule
+    -- never saw the header; the product upstream has ttl_s = 60)
+    for i, cc in ipairs { "no-store", "no-cache", "private", "Private, max-age=600", "private, no-store, max-age=0" } do
+      gw:stub("product", "/products/*", { json = { n = i }, headers = { ["Cache-Control"] = cc } })
+      gw:clear_calls()
+      local path = "/p/" .. (100 + i)
+      assert.equal("miss", timing(gw:get(path), "product"), cc)
+      assert.equal("miss", timing(gw:get(path), "product"), cc)
+      assert.equal(2, #gw:calls("product"), cc)
+    end
+    -- a 404 the upstream marks no-store is not kept for negative_ttl_s either
+    gw:stub("product", "/products/*", { status = 404, json = { error = "gone" }, headers = { ["Cache-Control"] = "no-store" } })
+    gw:clear_calls()
+    gw:get("/p/200")
+    gw:get("/p/200")
+    assert.equal(2, #gw:calls("product"))
+    -- and an answer that says nothing is kept for the ttl_s
+    gw:stub("product", "/products/*", { json = { n = 0 } })
+    gw:clear_calls()
+    gw:get("/p/300")
+    assert.equal("hit", timing(gw:get("/p/300"), "product"))
+    assert.equal(1, #gw:calls("product"))
+  end)
+
   it("keeps apart GET calls whose bodies differ, in single-flight and in the cache", function()
     -- (an attack review: two users' searches, one path and two bodies, got one answer)
     gw:stub("product", "/_search", function(call) return { json = { for_body = call.body }, latency_ms = 20 } end)
@@ -644,6 +669,14 @@ describe("cache entries", function()
     assert.has_error(function() merge({ ttl_s = 60, vary = { "Accept", 3 } }) end)
     merge({ ttl_s = 60, vary = { "Accept" } })
     assert.has_error(function() merge({ ttl_s = 60, vary = { "Accept", "bad name" } }) end)
+    -- a block whose fields a metatable gives (the merge reads them, pairs does not) is never kept
+    -- nor matched (a review: it took a plain {}'s policy, and gave its own to the next {})
+    local proxy = setmetatable({}, { __index = { ttl_s = 9 } })
+    local plain = merge({})
+    assert.equal(5, plain.ttl_s) -- (the upstream's)
+    local via = merge(proxy)
+    assert.is_false(rawequal(plain, via))
+    assert.equal(5, merge({}).ttl_s)
     assert.has_error(function() merge({ ttl_s = 60, vary = "Accept" }) end)
   end)
 

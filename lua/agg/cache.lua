@@ -248,7 +248,7 @@ end
 function M.merge(up_policy, call_block, level, name, forwarded, origin)
   if call_block == false then return false end
   if call_block == nil then return up_policy or false end
-  local m = merged[name]
+  local m = getmetatable(call_block) == nil and merged[name] -- (pairs sees no field a metatable gives)
   if m and rawequal(m.up, up_policy or false) and rawequal(m.forwarded, forwarded or false) and
      m.origin == (origin or false) and same_block(m, call_block) then
     return m.p
@@ -268,7 +268,9 @@ function M.merge(up_policy, call_block, level, name, forwarded, origin)
   p.origin = origin -- (the upstream's: see VERSIONED)
   if forwarded then p = M.with_vary(p, forwarded) end
   p.version = M.version(p)
-  if call_block.key == nil then merged[name] = remember(call_block, up_policy, forwarded, origin, p) end
+  if call_block.key == nil and getmetatable(call_block) == nil then
+    merged[name] = remember(call_block, up_policy, forwarded, origin, p)
+  end
   return p
 end
 
@@ -380,16 +382,21 @@ local function cache_control(cc)
 end
 M.cache_control = cache_control
 
+-- Whether an answer whose parsed Cache-Control is cc (nil: none) may be stored under policy p at
+-- all: the upstream's to say, whatever lifetime the policy gives it (RFC 9111 §5.2.2.5, §5.2.2.4,
+-- §5.2.2.7): no-store never, no-cache never (the gateway does not revalidate), private never in a
+-- shared entry (an attack review: with a ttl_s, an answer marked private for one user was served
+-- to the others). A 404 too, for its negative_ttl_s.
+local function storable(p, cc)
+  return not (cc and (cc["no-store"] or cc["no-cache"] or (cc["private"] and p.scope == "shared")))
+end
+
 --- Lifetimes (s) of an answer whose Cache-Control value is cc (nil: none): fresh, swr,
 -- stale_if_error; nil when it must not be stored.
 function M.lifetimes(p, cc_value)
   local cc = cache_control(cc_value)
   local ttl, swr, sie = p.ttl_s, p.swr_s, p.stale_if_error_s
-  -- whether the answer may be stored at all is the upstream's to say, whatever lifetime the policy
-  -- gives it (RFC 9111 §5.2.2.5, §5.2.2.4, §5.2.2.7): no-store never, no-cache never (the gateway
-  -- does not revalidate), private never in a shared entry (an attack review: with a ttl_s, an answer
-  -- marked private for one user was served to the others)
-  if cc and (cc["no-store"] or cc["no-cache"] or (cc["private"] and p.scope == "shared")) then return nil end
+  if not storable(p, cc) then return nil end
   if ttl == nil then
     if not cc then return nil end
     local age = type(cc["s-maxage"]) == "number" and cc["s-maxage"] or cc["max-age"] -- s-maxage for shared caches (§5.2.2.10)
@@ -797,14 +804,15 @@ local function store(x, r, now)
     x.cache, x.cache_key = p, ck
   end
   local fresh, swr, sie
+  -- (read whatever ttl_s says: whether the answer may be stored at all is the upstream's, see
+  -- storable; a ttl_s alone kept a private answer from being read, and it was stored)
+  local cc = block_get(hdrs, "cache-control")
   if status == 404 then
     fresh, swr, sie = p.negative_ttl_s, 0, 0
-    if fresh <= 0 then return end
+    if fresh <= 0 or not storable(p, cache_control(cc)) then return end
     M.stats.negative = M.stats.negative + 1
     M.bloom_add(ck, now, fresh * 1000 / 2) -- a key stays in the pair for at most negative_ttl_s
   else
-    local cc
-    if p.ttl_s == nil then cc = block_get(hdrs, "cache-control") end
     fresh, swr, sie = M.lifetimes(p, cc)
     if not fresh or fresh <= 0 then return end
   end
