@@ -412,6 +412,25 @@ describe("aggway check's dry run", function()
     assert.equal(3, #found, text)
   end)
 
+  it("places a lib/ helper's mistake there when the folder's own path has a lib/ in it (/var/lib/…)", function()
+    -- (a review: the module's name was read from the path's first "/lib/")
+    local tmp = os.tmpname()
+    os.remove(tmp)
+    local root = tmp .. "/var/lib/agw/libhelper"
+    assert(os.execute(("mkdir -p '%s/lib'"):format(root)))
+    for _, f in ipairs { "gateway.lua", "page.lua", "lib/calls.lua" } do
+      local src = assert(io.open(DIR .. "libhelper/" .. f)):read("*a")
+      local out = assert(io.open(root .. "/" .. f, "w"))
+      out:write(src)
+      out:close()
+    end
+    local found = require("agg.dryrun").run(root)
+    os.execute(("rm -rf '%s'"):format(tmp))
+    local text = table.concat(found, "\n")
+    assert.matches("/var/lib/agw/libhelper/lib/calls%.lua:5: call to 'up': unknown option 'requird'[^\n]*GET /misspelt/{id}%)", text)
+    assert.equal(3, #found, text)
+  end)
+
   it("reports a cache block on a call whose method is not GET or HEAD", function()
     local found = require("agg.dryrun").run(DIR .. "postcache")
     assert.equal(1, #found, table.concat(found, "\n"))

@@ -10,6 +10,7 @@ local edge = require "agg.edge_config"
 local sys = require "agg.sys"
 local lint = require "agg.lint"
 local where = require "agg.where"
+local handler_loaded = where.handler_loaded -- (the loop below names its endpoint text `where`)
 local key_name, distance = where.key_name, edge.distance
 local sandbox = require "agg.sandbox"
 local router = require "agg.router"
@@ -442,6 +443,8 @@ local function load_folder(dir)
                 at("handler", from_of(ep.route)), where,
                 callable.kind(ep.handler))
               bad = true
+            else
+              handler_loaded(ep.handler) -- (agg.where: a mistake's text in another handler is its own)
             end
             local dl = ep.deadline_ms
             if dl ~= nil and (type(dl) ~= "number" or dl <= 0 or dl ~= dl) then

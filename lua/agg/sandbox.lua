@@ -450,7 +450,7 @@ local function script_require(box, name)
                            __metatable = false })
   end
   box.loaded[name] = v
-  require("agg.where").module_loaded(file) -- (its helpers' spec mistakes are placed in it)
+  require("agg.where").module_loaded(file, name) -- (its helpers' spec mistakes are placed in it)
   return v
 end
 

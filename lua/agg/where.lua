@@ -49,23 +49,65 @@ end
 -- for in them (a spec built by a helper of lib/).
 M.modules = {}
 local module_seen = {}
+local module_name = {} -- path -> the name a script required it by ("lib.calls")
 
---- Notes that the module at path was loaded (agg.sandbox's require).
-function M.module_loaded(path)
+--- Notes that the module at path was loaded (agg.sandbox's require), by name.
+function M.module_loaded(path, name)
   if not module_seen[path] then
     module_seen[path] = true
     M.modules[#M.modules + 1] = path
   end
+  if name then module_name[path] = name end
+end
+
+-- The line ranges of the endpoints' handlers of each script file (agg.loader notes them):
+-- handlers[file] = { first1, last1, first2, last2, … }. A mistake's text found in another handler
+-- is that handler's own, never what a helper built for this one.
+local handlers = {}
+
+--- Notes that fn (a Lua function) is an endpoint's handler of its file (agg.loader).
+function M.handler_loaded(fn)
+  local info = type(fn) == "function" and debug.getinfo(fn, "S")
+  if not info or info.what ~= "Lua" then return end
+  local file = info.short_src
+  local l = handlers[file]
+  if not l then l = {} handlers[file] = l end
+  l[#l + 1] = info.linedefined
+  l[#l + 1] = info.lastlinedefined
+end
+
+-- Whether line i of file lies in one of its handlers other than the one from first to last.
+local function in_other_handler(file, i, first, last)
+  local l = handlers[file]
+  if not l then return false end
+  for k = 1, #l, 2 do
+    if l[k] ~= first and i >= l[k] and i <= l[k + 1] then return true end
+  end
+  return false
 end
 
 -- "path:LINE" of the one line of the required modules where needle occurs; nil when none does, or
 -- more than one (two helpers with the same mistake: the call's line is the honest place then).
-local function module_place(needle, required_by)
+-- The folder of the module at path ("/srv/agw/scripts" for /srv/agw/scripts/lib/x.lua required as
+-- "lib.x"), or nil when its name is not known.
+local function module_folder(path)
+  local name = module_name[path]
+  local rel = name and "/" .. str_gsub(name, "%.", "/") .. ".lua"
+  if rel and path:sub(-#rel) == rel then return path:sub(1, #path - #rel) end
+  return nil
+end
+
+local function module_place(needle, required_by, script)
   local found
   for _, path in ipairs(M.modules) do
-    -- (required_by: only the modules those lines require, by their name: lib/a/b.lua is "lib.a.b")
-    local name = required_by and str_match(path, "/(lib/.*)%.lua$")
-    if required_by and not (name and required_by((str_gsub(name, "/", ".")))) then goto next_module end
+    -- (required_by: only the modules those lines require, by the name they were required by;
+    -- script: only the modules of its folder, where a process has loaded several, as the spec
+    -- harness does)
+    if required_by and not (module_name[path] and required_by(module_name[path])) then goto next_module end
+    if script then
+      local folder = module_folder(path)
+      if folder and script:sub(1, #folder + 1) ~= folder .. "/" then goto next_module end
+    end
     local lines = lines_of(path)
     for i, l in ipairs(lines or {}) do
       if str_find((" " .. l), needle) then
@@ -282,16 +324,18 @@ function M.raise(msg, level, needle)
       -- modules shows it, before another function of the script that writes the same (a fresh
       -- user's trial: another handler's own `requird` took a helper's mistake)
       local place
+      local script = info.source:sub(2)
       if not best then
-        place = module_place(needle)
-      elseif bestd >= 1e9 then
+        place = module_place(needle, nil, script)
+      elseif bestd >= 1e9 and in_other_handler(info.short_src, best, first, last) then
+        -- (the text is another handler's: a helper of the script, outside every handler, keeps it)
         place = module_place(needle, function(name)
           local q = str_gsub(name, "%p", "%%%0")
           for _, l in ipairs(lines) do
             if str_find(l, "[\"']" .. q .. "[\"']") then return true end
           end
           return false
-        end)
+        end, script)
       end
       if place then
         error(("%s: %s (called at %s:%d)"):format(place, msg, info.short_src, at), 0)
