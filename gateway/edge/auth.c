@@ -30,6 +30,9 @@ typedef struct agw_keysrc {
     int kid_fetched;                /* there was one (lock) */
     uint64_t fetches, fetch_failures; /* (atomic) */
     uint64_t fetches_done;          /* fetches finished, failed ones included (atomic) */
+    agw_buf_t last_body;            /* the JWKS document the keys were made of (the fetcher's only):
+                                       the same document fetched again keeps them, and the tokens
+                                       verified with them stay verified */
     agw_fetch_url_t url;            /* copies of the authenticator's settings */
     char *jwks_url;
     unsigned algs;
@@ -44,6 +47,7 @@ static void src_unref(keysrc_t *a)
     if (!last)
         return;
     agw_jwks_unref(a->keys);
+    agw_buf_free(&a->last_body);
     agw_fetch_url_free(&a->url);
     free(a->jwks_url);
     pthread_mutex_destroy(&a->lock);
@@ -117,6 +121,14 @@ static uint64_t fetch_once(keysrc_t *a)
     if (agw_fetch_get(&a->url, a->fetch_timeout_ms, JWKS_MAX_BYTES, &body, &max_age, why, sizeof(why)) != 0) {
         agw_log(AGW_LOG_WARN, "auth.jwt.jwks_url %s: fetch failed: %s; %s", a->jwks_url, why,
                 had ? "the keys fetched before stay in use" : "tokens cannot be verified until a fetch succeeds");
+    } else if (had && body.len == a->last_body.len && (body.len == 0 || memcmp(body.base, a->last_body.base, body.len) == 0)) {
+        /* the same document: the keys in use are its keys (a new set would make every worker
+         * verify every cached token again, at every refresh) */
+        next = a->refresh_s;
+        if (max_age && max_age < next)
+            next = max_age < JWKS_MIN_REFRESH_S ? JWKS_MIN_REFRESH_S : max_age;
+        agw_buf_free(&body);
+        return next;
     } else {
         agw_jwks_t *ks = agw_jwks_parse(body.base, body.len, a->algs, why, sizeof(why));
         if (ks == NULL) {
@@ -126,10 +138,11 @@ static uint64_t fetch_once(keysrc_t *a)
             if (why[0])
                 agw_log(AGW_LOG_WARN, "auth.jwt.jwks_url %s: %s", a->jwks_url, why);
             src_set_keys(a, ks);
+            agw_buf_free(&a->last_body);
+            a->last_body = body; /* (kept: the next fetch compares with it) */
             next = a->refresh_s;
             if (max_age && max_age < next)
                 next = max_age < JWKS_MIN_REFRESH_S ? JWKS_MIN_REFRESH_S : max_age;
-            agw_buf_free(&body);
             return next;
         }
     }

@@ -392,7 +392,14 @@ static int cache_purge(agw_admin_t *a, aconn_t *c, const char *q, size_t qlen, a
         return 0;
     }
     agw_generation_t *gen = agw_reload_state_current(a->gens);
-    int redis = gen && gen->conf.cache_redis;
+    if (gen == NULL) {
+        /* (no generation serves yet: neither the workers nor Redis would be purged) */
+        static const char body[] = "the gateway is starting: nothing was purged; try again when /readyz says ready\n";
+        respond(out, 503, "Service Unavailable", "text/plain; charset=utf-8", body, sizeof(body) - 1, 0,
+                "Retry-After: 1\r\n");
+        return 0;
+    }
+    int redis = gen->conf.cache_redis;
     if (redis && a->purge) {
         /* (before the workers are asked: a purge refused here purges nothing) */
         static const char body[] = "a cache purge is running: try again when it has ended\n";
