@@ -91,6 +91,24 @@ class CacheWithRedis(GatewayTestCase):
                           upstream_options=self.options({"ttl_s": 60, "swr_s": 30, "stale_if_error_s": 300}),
                           gateway_extra=ex)
 
+    def fake_redis(self, answer):
+        """A server on a free loopback port that hands each connection to answer(conn) on a thread of
+        its own (a Redis that lies); returns the port. Stopped at the test's end."""
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(8)
+        self.addCleanup(lsock.close)
+
+        def serve():
+            while True:
+                try:
+                    c, _ = lsock.accept()
+                except OSError:
+                    return
+                threading.Thread(target=answer, args=(c,), daemon=True).start()
+        threading.Thread(target=serve, daemon=True).start()
+        return lsock.getsockname()[1]
+
     @staticmethod
     def options(cache):
         # call timeouts far above the calls' latencies: these tests are about the cache, and must
@@ -336,28 +354,14 @@ class CacheWithRedis(GatewayTestCase):
         # A lookup's reply is a string or nil; an integer is another command's (a Redis or a proxy
         # that sent one reply twice shifts every later one): a miss, and the connection is dropped and
         # made again (a second attack review: the replies stayed shifted for seconds).
-        lsock = socket.socket()
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(8)
-        self.addCleanup(lsock.close)
-
-        def serve():  # +OK to SELECT, :7 to any other command
-            while True:
-                try:
-                    c, _ = lsock.accept()
-                except OSError:
-                    return
-                threading.Thread(target=answer, args=(c,), daemon=True).start()
-
-        def answer(c):
+        def answer(c):  # +OK to SELECT, :7 to any other command
             with c:
                 while True:
                     data = c.recv(65536)
                     if not data:
                         return
                     c.sendall(b"+OK\r\n" if b"SELECT" in data else b":7\r\n")
-        threading.Thread(target=serve, daemon=True).start()
-        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % lsock.getsockname()[1], "timeout_ms": 1000})
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % self.fake_redis(answer), "timeout_ms": 1000})
         pages = iter(range(1, 1000))
 
         def a_page_then_the_drop():  # (each page a key of its own: a tier-1 hit would ask Redis nothing)
@@ -415,19 +419,7 @@ class CacheWithRedis(GatewayTestCase):
         # enough for an orchestrator's liveness probe to restart the process.) The Redis part runs on
         # a thread of its own: the probes are answered meanwhile, a second purge is told to wait
         # (409), and the gateway stops without waiting for the purge's 30 s.
-        lsock = socket.socket()
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(8)
-        self.addCleanup(lsock.close)
         scans = []
-
-        def serve():
-            while True:
-                try:
-                    c, _ = lsock.accept()
-                except OSError:
-                    return
-                threading.Thread(target=answer, args=(c,), daemon=True).start()
 
         def answer(c):  # +OK to SELECT, a cursor that never comes back to 0 to SCAN, :0 to the rest
             with c:
@@ -440,8 +432,7 @@ class CacheWithRedis(GatewayTestCase):
                         c.sendall(b"*2\r\n$1\r\n7\r\n*0\r\n")
                     else:
                         c.sendall(b"+OK\r\n" if b"SELECT" in data else b":0\r\n")
-        threading.Thread(target=serve, daemon=True).start()
-        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % lsock.getsockname()[1], "timeout_ms": 1000})
+        self.start_cached(redis={"url": "redis://127.0.0.1:%d/2" % self.fake_redis(answer), "timeout_ms": 1000})
         admin = "http://127.0.0.1:%d" % self.admin_port
         done = {}
         t = threading.Thread(target=lambda: done.update(r=curl(admin + "/cache/purge?prefix=agw:%7Bproduct%7D", "-X",
