@@ -441,6 +441,16 @@ describe("the cache", function()
     assert.equal("alice", seen.a2.json.me.data.user)
     assert.equal("bob", seen.b2.json.me.data.user)
     assert.equal(2, #gw:calls("product")) -- each user's second page is that user's hit
+    -- an answer marked private is kept the same way: the entry is the user's own (a review: the
+    -- rule against private in a shared entry took the policy's scope, not the call's key)
+    gw:stub("product", "/me", function(call)
+      return { json = { user = call.headers.authorization }, headers = { ["Cache-Control"] = "private, max-age=60" } }
+    end)
+    gw:clear_calls()
+    assert.equal("Bearer carol", gw:get("/me", { headers = { authorization = "Bearer carol" } }).json.me.data.user)
+    assert.equal("Bearer dave", gw:get("/me", { headers = { authorization = "Bearer dave" } }).json.me.data.user)
+    assert.equal("Bearer carol", gw:get("/me", { headers = { authorization = "Bearer carol" } }).json.me.data.user)
+    assert.equal(2, #gw:calls("product"))
     local warned = 0
     for _, l in ipairs(gw:logs()) do if l:find("cached per user, never shared", 1, true) then warned = warned + 1 end end
     assert.equal(1, warned)
@@ -574,16 +584,17 @@ describe("cache entries", function()
   end)
 
   it("are keyed by a version of the policy that stays the same for the same fields", function()
-    -- the version is part of the keys other instances read in Redis: the digest of the fields
-    -- joined by "|" (tostring of each, the vary names by ","), however often it is asked for
+    -- the version is part of the keys other instances read in Redis: the digest of the store
+    -- rules' version ("2": entries older rules kept are on other keys) and the fields, joined by
+    -- "|" (tostring of each, the vary names by ","), however often it is asked for
     local function digest(p)
-      local s = table.concat({ tostring(p.ttl_s), tostring(p.swr_s), tostring(p.stale_if_error_s),
+      local s = table.concat({ "2", tostring(p.ttl_s), tostring(p.swr_s), tostring(p.stale_if_error_s),
                                tostring(p.negative_ttl_s), tostring(p.scope),
                                p.vary and table.concat(p.vary, ",") or "" }, "|")
       return bit.tohex(cache.fnv(s), 6)
     end
     local a = cache.check_block({ ttl_s = 60, swr_s = 30 }, true)
-    assert.equal("32a224", cache.version(a))
+    assert.equal("70d3db", cache.version(a)) -- ("32a224" under the rules before: a key of its own)
     assert.equal(digest(a), cache.version(a))
     assert.equal(cache.version(a), cache.version(cache.check_block({ swr_s = 30, ttl_s = 60.0 }, true)))
     local policies = { a, cache.check_block({ ttl_s = 60 }, true), cache.check_block({ ttl_s = 60, swr_s = 0 }, true),

@@ -123,9 +123,14 @@ local VERSIONED = { "ttl_s", "swr_s", "stale_if_error_s", "negative_ttl_s", "sco
 -- its host, port and endpoints do not (a service moved or scaled keeps its cache). It goes into
 -- the digest only when it is not empty, as "@path" (a vary name, a header name, has no "@"), so
 -- the keys of an upstream without a path are those earlier versions made.
+-- The rules an entry was stored by, first in the digest: entries that older rules stored (an answer
+-- marked private or no-store that a ttl_s kept, before 2026-12-07: a review) are on other keys,
+-- which no lookup finds again, in tier 1 across a reload as in the Redis of a rolling upgrade.
+local STORE_RULES = "2"
+
 local function version_of(p, vary)
-  local parts = {}
-  for i = 1, #VERSIONED do parts[i] = tostring(p[VERSIONED[i]]) end
+  local parts = { STORE_RULES }
+  for i = 1, #VERSIONED do parts[i + 1] = tostring(p[VERSIONED[i]]) end
   local origin = p.origin
   if origin and origin ~= "" then parts[#parts + 1] = "@" .. origin end
   parts[#parts + 1] = vary
@@ -387,16 +392,18 @@ M.cache_control = cache_control
 -- §5.2.2.7): no-store never, no-cache never (the gateway does not revalidate), private never in a
 -- shared entry (an attack review: with a ttl_s, an answer marked private for one user was served
 -- to the others). A 404 too, for its negative_ttl_s.
-local function storable(p, cc)
-  return not (cc and (cc["no-store"] or cc["no-cache"] or (cc["private"] and p.scope == "shared")))
+-- per_user: the call is keyed by its user whatever the policy's scope (M.key: it carried
+-- credentials or the user's identity), so its entry is that user's own: private may be kept.
+local function storable(p, cc, per_user)
+  return not (cc and (cc["no-store"] or cc["no-cache"] or (cc["private"] and p.scope == "shared" and not per_user)))
 end
 
 --- Lifetimes (s) of an answer whose Cache-Control value is cc (nil: none): fresh, swr,
--- stale_if_error; nil when it must not be stored.
-function M.lifetimes(p, cc_value)
+-- stale_if_error; nil when it must not be stored. per_user: see storable.
+function M.lifetimes(p, cc_value, per_user)
   local cc = cache_control(cc_value)
   local ttl, swr, sie = p.ttl_s, p.swr_s, p.stale_if_error_s
-  if not storable(p, cc) then return nil end
+  if not storable(p, cc, per_user) then return nil end
   if ttl == nil then
     if not cc then return nil end
     local age = type(cc["s-maxage"]) == "number" and cc["s-maxage"] or cc["max-age"] -- s-maxage for shared caches (§5.2.2.10)
@@ -809,11 +816,11 @@ local function store(x, r, now)
   local cc = block_get(hdrs, "cache-control")
   if status == 404 then
     fresh, swr, sie = p.negative_ttl_s, 0, 0
-    if fresh <= 0 or not storable(p, cache_control(cc)) then return end
+    if fresh <= 0 or not storable(p, cache_control(cc), x.cache_user) then return end
     M.stats.negative = M.stats.negative + 1
     M.bloom_add(ck, now, fresh * 1000 / 2) -- a key stays in the pair for at most negative_ttl_s
   else
-    fresh, swr, sie = M.lifetimes(p, cc)
+    fresh, swr, sie = M.lifetimes(p, cc, x.cache_user)
     if not fresh or fresh <= 0 then return end
   end
   fresh = fresh * 1000 * (1 - JITTER * core.random())
