@@ -76,12 +76,14 @@ function M.handler_loaded(fn)
   l[#l + 1] = info.lastlinedefined
 end
 
--- Whether line i of file lies in one of its handlers other than the one from first to last.
+-- Whether line i of file lies in one of its handlers other than the one from first to last (nor
+-- one that holds it: a function defined inside a handler is that handler's).
 local function in_other_handler(file, i, first, last)
   local l = handlers[file]
   if not l then return false end
   for k = 1, #l, 2 do
-    if l[k] ~= first and i >= l[k] and i <= l[k + 1] then return true end
+    local mine = l[k] <= first and l[k + 1] >= last
+    if not mine and i >= l[k] and i <= l[k + 1] then return true end
   end
   return false
 end
@@ -92,8 +94,11 @@ end
 -- "lib.x"), or nil when its name is not known.
 local function module_folder(path)
   local name = module_name[path]
-  local rel = name and "/" .. str_gsub(name, "%.", "/") .. ".lua"
-  if rel and path:sub(-#rel) == rel then return path:sub(1, #path - #rel) end
+  if not name then return nil end
+  local base = "/" .. str_gsub(name, "%.", "/")
+  for _, rel in ipairs { base .. ".lua", base .. "/init.lua" } do
+    if path:sub(-#rel) == rel then return path:sub(1, #path - #rel) end
+  end
   return nil
 end
 
@@ -105,8 +110,10 @@ local function module_place(needle, required_by, script)
     -- harness does)
     if required_by and not (module_name[path] and required_by(module_name[path])) then goto next_module end
     if script then
+      -- (a module whose folder is not known is not counted: a mistake is never placed in another
+      -- folder's file)
       local folder = module_folder(path)
-      if folder and script:sub(1, #folder + 1) ~= folder .. "/" then goto next_module end
+      if not folder or script:sub(1, #folder + 1) ~= folder .. "/" then goto next_module end
     end
     local lines = lines_of(path)
     for i, l in ipairs(lines or {}) do
