@@ -432,6 +432,17 @@ describe("aggway check's dry run", function()
     assert.equal(2, #found, text)
   end)
 
+  it("tells a handler's own helpers and wrapped handlers apart from a lib/ helper's text", function()
+    -- whereL: the script's helper (closed over by /local) and a lib/ helper write the same mistake,
+    -- each named at its own line; whereW: each handler wrapped by a decorator (a review)
+    local l = table.concat(require("agg.dryrun").run(DIR .. "whereL"), "\n")
+    assert.matches("whereL/lib/calls%.lua:5: [^\n]*GET /misspelt/{id}%)", l)
+    assert.matches("whereL/page%.lua:5: [^\n]*GET /local/{id}%)", l)
+    local w = table.concat(require("agg.dryrun").run(DIR .. "whereW"), "\n")
+    assert.matches("whereW/lib/calls%.lua:5: [^\n]*GET /misspelt/{id}%)", w)
+    assert.matches("whereW/page%.lua:12: [^\n]*GET /own/{id}%)", w)
+  end)
+
   it("places a lib/ helper's mistake there when the folder's own path has a lib/ in it (/var/lib/…)", function()
     -- (a review: the module's name was read from the path's first "/lib/")
     local tmp = os.tmpname()

@@ -60,36 +60,57 @@ function M.module_loaded(path, name)
   if name then module_name[path] = name end
 end
 
--- The line ranges of the endpoints' handlers of each script file (agg.loader notes them):
--- handlers[file] = { first1, last1, first2, last2, … }. A mistake's text found in another handler
--- is that handler's own, never what a helper built for this one.
-local handlers = {}
+-- The endpoints' handlers, each with the functions it closes over (agg.loader notes them): a
+-- handler's group is the file and lines of the handler and of each function among its upvalues (a
+-- decorator's wrapper closes over the handler it wraps; a handler, over the script's helpers it
+-- calls). A mistake's text found in another handler's group, and not in the calling handler's, is
+-- that handler's own, never what a helper built for this one. (Weak keys: a generation's handlers
+-- go with it.)
+local groups = setmetatable({}, { __mode = "k" })
 
---- Notes that fn (a Lua function) is an endpoint's handler of its file (agg.loader).
+--- Notes that fn is an endpoint's handler (agg.loader).
 function M.handler_loaded(fn)
-  local info = type(fn) == "function" and debug.getinfo(fn, "S")
-  if not info or info.what ~= "Lua" then return end
-  local file = info.short_src
-  local l = handlers[file]
-  if not l then l = {} handlers[file] = l end
-  l[#l + 1] = info.linedefined
-  l[#l + 1] = info.lastlinedefined
+  if type(fn) ~= "function" or groups[fn] then return end
+  local g = {}
+  local function add(f)
+    local info = debug.getinfo(f, "S")
+    if info and info.what == "Lua" then
+      g[#g + 1], g[#g + 2], g[#g + 3] = info.short_src, info.linedefined, info.lastlinedefined
+    end
+  end
+  add(fn)
+  for k = 1, 255 do
+    local name, v = debug.getupvalue(fn, k)
+    if name == nil then break end
+    if type(v) == "function" then add(v) end
+  end
+  groups[fn] = g
 end
 
--- Whether line i of file lies in one of its handlers other than the one from first to last (nor
--- one that holds it: a function defined inside a handler is that handler's).
-local function in_other_handler(file, i, first, last)
-  local l = handlers[file]
-  if not l then return false end
-  for k = 1, #l, 2 do
-    local mine = l[k] <= first and l[k + 1] >= last
-    if not mine and i >= l[k] and i <= l[k + 1] then return true end
+-- Whether group g has a range of file holding lines from..to.
+local function group_holds(g, file, from, to)
+  for k = 1, #g, 3 do
+    if g[k] == file and g[k + 1] <= from and g[k + 2] >= to then return true end
   end
   return false
 end
 
--- "path:LINE" of the one line of the required modules where needle occurs; nil when none does, or
--- more than one (two helpers with the same mistake: the call's line is the honest place then).
+-- Whether line i of file lies in another handler's group: one that does not hold the calling
+-- function (lines first..last), at a line no group that holds it has.
+local function in_other_handler(file, i, first, last)
+  local mine = {}
+  for _, g in pairs(groups) do
+    if group_holds(g, file, first, last) then mine[#mine + 1] = g end
+  end
+  for _, g in ipairs(mine) do
+    if group_holds(g, file, i, i) then return false end
+  end
+  for _, g in pairs(groups) do
+    if group_holds(g, file, i, i) then return true end
+  end
+  return false
+end
+
 -- The folder of the module at path ("/srv/agw/scripts" for /srv/agw/scripts/lib/x.lua required as
 -- "lib.x"), or nil when its name is not known.
 local function module_folder(path)
