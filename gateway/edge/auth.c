@@ -109,6 +109,16 @@ static uint64_t mono_s(void)
 
 /* ---- the JWKS fetcher ----------------------------------------------------------------------- */
 
+/* The time until the next fetch after one that gave usable keys, s: refresh_s, or the answer's
+ * Cache-Control max-age when shorter (JWKS_MIN_REFRESH_S at least). */
+static uint64_t next_after_keys(const keysrc_t *a, uint64_t max_age)
+{
+    uint64_t next = a->refresh_s;
+    if (max_age && max_age < next)
+        next = max_age < JWKS_MIN_REFRESH_S ? JWKS_MIN_REFRESH_S : max_age;
+    return next;
+}
+
 /* One fetch of jwks_url. Returns the time until the next scheduled one, s. */
 static uint64_t fetch_once(keysrc_t *a)
 {
@@ -124,11 +134,8 @@ static uint64_t fetch_once(keysrc_t *a)
     } else if (had && body.len == a->last_body.len && (body.len == 0 || memcmp(body.base, a->last_body.base, body.len) == 0)) {
         /* the same document: the keys in use are its keys (a new set would make every worker
          * verify every cached token again, at every refresh) */
-        next = a->refresh_s;
-        if (max_age && max_age < next)
-            next = max_age < JWKS_MIN_REFRESH_S ? JWKS_MIN_REFRESH_S : max_age;
         agw_buf_free(&body);
-        return next;
+        return next_after_keys(a, max_age);
     } else {
         agw_jwks_t *ks = agw_jwks_parse(body.base, body.len, a->algs, why, sizeof(why));
         if (ks == NULL) {
@@ -140,10 +147,7 @@ static uint64_t fetch_once(keysrc_t *a)
             src_set_keys(a, ks);
             agw_buf_free(&a->last_body);
             a->last_body = body; /* (kept: the next fetch compares with it) */
-            next = a->refresh_s;
-            if (max_age && max_age < next)
-                next = max_age < JWKS_MIN_REFRESH_S ? JWKS_MIN_REFRESH_S : max_age;
-            return next;
+            return next_after_keys(a, max_age);
         }
     }
     __atomic_add_fetch(&a->fetch_failures, 1, __ATOMIC_RELAXED);

@@ -327,12 +327,20 @@ static void purge_job_free(purge_job_t *j)
     free(j);
 }
 
+/* Purges the Redis of gen of the entries prefix (n bytes) names (agw_cache_redis_purge): "agw:",
+ * every cache entry, is the keys "agw:{…", so that the limits' counts ("agw:rl:…") stay. */
+static int redis_purge(const agw_generation_t *gen, const char *prefix, size_t n, const int *cancel,
+                       uint64_t *deleted, char *err, size_t errlen)
+{
+    int every = n == 4;
+    return agw_cache_redis_purge(&gen->conf.redis, every ? "agw:{" : prefix, every ? 5 : n, cancel, deleted, err,
+                                 errlen);
+}
+
 static void *purge_main(void *arg)
 {
     purge_job_t *j = arg;
-    int every = j->n == 4;
-    j->rc = agw_cache_redis_purge(&j->gen->conf.redis, every ? "agw:{" : j->prefix, every ? 5 : j->n, &j->cancel,
-                                  &j->deleted, j->err, sizeof(j->err));
+    j->rc = redis_purge(j->gen, j->prefix, j->n, &j->cancel, &j->deleted, j->err, sizeof(j->err));
     uint64_t one = 1;
     while (write(j->fd, &one, sizeof(one)) < 0 && errno == EINTR)
         ;
@@ -439,8 +447,7 @@ static int cache_purge(agw_admin_t *a, aconn_t *c, const char *q, size_t qlen, a
     }
     uint64_t deleted = 0;
     char err[256];
-    int rc = agw_cache_redis_purge(&gen->conf.redis, every ? "agw:{" : prefix, every ? 5 : n, NULL, &deleted, err,
-                                   sizeof(err));
+    int rc = redis_purge(gen, prefix, n, NULL, &deleted, err, sizeof(err));
     agw_generation_unref(gen);
     purge_answer(&body, rc, deleted, err, out);
     agw_buf_free(&body);

@@ -253,7 +253,8 @@ end
 function M.merge(up_policy, call_block, level, name, forwarded, origin)
   if call_block == false then return false end
   if call_block == nil then return up_policy or false end
-  local m = getmetatable(call_block) == nil and merged[name] -- (pairs sees no field a metatable gives)
+  local plain = getmetatable(call_block) == nil -- (pairs sees no field a metatable gives: never kept)
+  local m = plain and merged[name]
   if m and rawequal(m.up, up_policy or false) and rawequal(m.forwarded, forwarded or false) and
      m.origin == (origin or false) and same_block(m, call_block) then
     return m.p
@@ -273,9 +274,7 @@ function M.merge(up_policy, call_block, level, name, forwarded, origin)
   p.origin = origin -- (the upstream's: see VERSIONED)
   if forwarded then p = M.with_vary(p, forwarded) end
   p.version = M.version(p)
-  if call_block.key == nil and getmetatable(call_block) == nil then
-    merged[name] = remember(call_block, up_policy, forwarded, origin, p)
-  end
+  if plain and call_block.key == nil then merged[name] = remember(call_block, up_policy, forwarded, origin, p) end
   return p
 end
 
@@ -480,7 +479,10 @@ end
 -- Keys
 ---------------------------------------------------------------------------------------------------
 
+-- Request headers that carry a user's credentials (agg.callspec's single-flight reads it too): a
+-- call with one is cached per user and never shared.
 local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
+M.CREDENTIALS = CREDENTIALS
 
 -- The call's request header (lowercased name) or nil; headers is the flat list name, value, ….
 -- The last credentials a key was made for and their digest. A client's Cookie may be 64 KB: its
@@ -529,14 +531,20 @@ local function both_credentials(a, b)
   return a or b
 end
 
+-- The credentials call headers h carry (Authorization, Cookie, Proxy-Authorization: each that is
+-- there, joined), or nil.
+local function credentials_of(h)
+  return both_credentials(both_credentials(header_of(h, "authorization"), header_of(h, "cookie")),
+                          header_of(h, "proxy-authorization"))
+end
+
 --- The cache key of a call, or nil when it cannot be cached (scope user with no user to key by).
 -- "agw:{upstream}:version:" .. (the script's key, or "METHOD path" and the vary headers) ..
 -- ("|u:" .. digest of the credentials for scope user). The braces are a Redis Cluster hash tag.
 function M.key(ctx, spec, p)
   local h = spec.headers
   local scope = p.scope
-  local cred = both_credentials(both_credentials(header_of(h, "authorization"), header_of(h, "cookie")),
-                                header_of(h, "proxy-authorization"))
+  local cred = credentials_of(h)
   -- a call that will carry the user's identity (the upstream's `identity`, agg.identity) is as
   -- personal as one that carries credentials of its own: the token is added after this lookup
   if (cred or spec.personal) and scope == "shared" then
@@ -638,8 +646,7 @@ end
 function M.personal(x)
   if not x then return false end
   if x.personal or x.cache_user then return true end
-  local h = x.headers
-  return (header_of(h, "authorization") or header_of(h, "cookie") or header_of(h, "proxy-authorization")) ~= nil
+  return credentials_of(x.headers) ~= nil
 end
 
 --- The scheduler's functions the cache calls (agg.runtime, once at load).

@@ -25,7 +25,7 @@ M.FORWARD_AUTH_TEXT = "option 'forward_auth' is not supported; the user's token 
   "whose gateway.lua entry says identity = \"forward\" or \"exchange\""
 local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
 -- request headers that carry a user's credentials: a call with one is never shared (single-flight)
-local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
+local CREDENTIALS = cache.CREDENTIALS
 local METHODS = { GET = true, HEAD = true, POST = true, PUT = true, PATCH = true, DELETE = true, OPTIONS = true }
 local RETRY_OPTIONS = { attempts = true, on = true, backoff_ms = true, safe = true } -- a call's retry block
 
