@@ -139,6 +139,38 @@ describe("keys from the edge", function()
   end)
 end)
 
+describe("an address's rule on an endpoint with auth", function()
+  it("counts the edge's refusals, then refuses the address before the edge", function()
+    local gw = testing.gateway { dir = DIR }
+    local shop = { app = "shop", plan = "gold" }
+    for _ = 1, 5 do assert.equal(401, gw:get("/guarded").status) end -- guessed keys: per-ip's burst of 5
+    local refused = gw:get("/guarded", { user = shop })               -- the address's good key too
+    assert.equal(429, refused.status)
+    assert.same({ "per-ip" }, refused.json["violated-policies"])
+    assert.is_nil(refused.headers["www-authenticate"])
+    assert.equal(429, gw:get("/guarded").status)                      -- not 401: the edge never saw it
+    assert.equal(200, gw:get("/guarded", { user = shop, ip = "10.0.0.9" }).status) -- another address
+    gw:advance(100)                                                   -- one more at 10 a second
+    assert.equal(200, gw:get("/guarded", { user = shop }).status)
+    -- per-app (the app's count) saw only the two accepted requests: its quota of 2 is spent now
+    assert.equal(429, gw:get("/guarded", { user = shop, ip = "10.0.0.10" }).status)
+  end)
+
+  it("in Redis: refused once Redis refused one of the address's refused attempts", function()
+    local gw = testing.gateway { dir = DIR, redis = testing.redis() }
+    local shop = { app = "shop" }
+    -- a burst of 2: two refusals counted, the third refused by Redis (the gateway learns it then)
+    for _ = 1, 3 do assert.equal(401, gw:get("/guarded-cluster").status) end
+    local refused = gw:get("/guarded-cluster", { user = shop })
+    assert.equal(429, refused.status)
+    assert.same({ "per-ip-cluster" }, refused.json["violated-policies"])
+    gw:advance(30000)                                                 -- one a minute: not yet
+    assert.equal(429, gw:get("/guarded-cluster", { user = shop }).status)
+    gw:advance(30000)
+    assert.equal(200, gw:get("/guarded-cluster", { user = shop }).status)
+  end)
+end)
+
 describe("a monthly quota", function()
   it("runs to the first of the next month, 00:00 UTC (February of a leap year: 29 days)", function()
     local gw = testing.gateway { dir = DIR, utc_ms = 1709164800000 } -- 2024-02-29T00:00:00Z

@@ -50,7 +50,7 @@ void agw_gate_problem_redis_deny(agw_buf_t *b, const char *rule, uint64_t retry_
 /* Opens the "agg.limiter" module for the spec harness (lua/agg/testing_front.lua), which runs the same
  * counting and answers on its virtual clock:
  *   limiter.new([slots]) -> a store (freed with it)
- *   store:check(asks, now_ms, headers[, remote]) -> allowed, fields, body, status
+ *   store:check(asks, now_ms, headers[, remote[, mode]]) -> allowed, fields, body, status
  *     asks: a list of { rule = <a rule as agg.limits checked it>, key = "bytes", redis = true |
  *     nil, outcome = "allow" | "deny" | nil }: as worker/limits.c, the asks without redis or
  *     outcome are counted in store first (refused: the answer names only them); then the redis
@@ -61,6 +61,10 @@ void agw_gate_problem_redis_deny(agw_buf_t *b, const char *rule, uint64_t retry_
  *     fields: { ["ratelimit-policy"], ["ratelimit"], ["retry-after"] } (the ones the worker sends;
  *     empty when accepted without headers); body: the problem when refused, else nil; status: 200,
  *     429 or 503.
+ *     mode: "check" (the default, above); "peek": the same answer, nothing counted (the check
+ *     before the edge, worker/limits.c agw_worker_gate_before_edge); "charge": each ask taken on its
+ *     own (a refused one counts nothing), returning only the list of each ask's allowed (an edge's
+ *     refusal counted, agw_worker_gate_charge).
  *   limiter.shed(max_in_flight, priority, inflight) -> boolean (agw_gate_shed)
  * Errors (a malformed ask) are raised. */
 struct lua_State;

@@ -81,11 +81,28 @@ static void set_field(lua_State *L, const char *name, const agw_buf_t *b)
 /* The kinds of an ask (see gate.h, store:check). */
 enum { ASK_LOCAL, ASK_REMOTE, ASK_ALLOW, ASK_DENY };
 
-/* Checks the asks of kind kind among n in s (agw_limit_check: all or none), their results into
- * results at their own indexes. Returns 1 when all accepted (or there were none). */
+/* What store:check does with its asks (its sixth argument). */
+enum { MODE_CHECK, MODE_PEEK, MODE_CHARGE };
+
+/* Checks the asks of kind kind among n in s (agw_limit_check: all or none; MODE_PEEK: each peeked,
+ * nothing counted; MODE_CHARGE: each taken on its own), their results into results at their own
+ * indexes. Returns 1 when all accepted (or there were none). */
 static int check_kind(agw_limit_store_t *s, const agw_limit_ask_t *asks, const int *kinds, size_t n, int kind,
-                      uint64_t now_ms, agw_limit_result_t *results)
+                      uint64_t now_ms, agw_limit_result_t *results, int mode)
 {
+    if (mode != MODE_CHECK) {
+        int ok = 1;
+        for (size_t i = 0; i < n; i++) {
+            if (kinds[i] != kind)
+                continue;
+            if (mode == MODE_PEEK)
+                agw_limit_peek(s, asks[i].rule, asks[i].hash, now_ms, &results[i]);
+            else
+                agw_limit_take(s, asks[i].rule, asks[i].hash, now_ms, &results[i]);
+            ok &= results[i].allowed;
+        }
+        return ok;
+    }
     agw_limit_ask_t sub[ASKS_MAX];
     agw_limit_result_t sub_results[ASKS_MAX];
     size_t m = 0;
@@ -111,6 +128,8 @@ static int l_check(lua_State *L)
     uint64_t now_ms = (uint64_t)luaL_checknumber(L, 3);
     int headers = lua_toboolean(L, 4);
     handle_t *remote = lua_isnoneornil(L, 5) ? h : luaL_checkudata(L, 5, STORE_MT);
+    static const char *const modes[] = {"check", "peek", "charge", NULL};
+    int mode = luaL_checkoption(L, 6, "check", modes);
     size_t n = lua_objlen(L, 2);
     if (n > ASKS_MAX)
         n = ASKS_MAX; /* as the worker: the first 16 */
@@ -143,7 +162,17 @@ static int l_check(lua_State *L)
     /* as worker/limits.c: the local rules first; a refusal there answers with them only */
     agw_limit_verdict_t v = {.results = results};
     int allowed, only_denied = 0;
-    if (!check_kind(h->s, asks, kinds, n, ASK_LOCAL, now_ms, results)) {
+    if (mode == MODE_CHARGE) { /* (a refused take counts nothing: each rule's answer is its own) */
+        check_kind(h->s, asks, kinds, n, ASK_LOCAL, now_ms, results, mode);
+        check_kind(remote->s, asks, kinds, n, ASK_REMOTE, now_ms, results, mode);
+        lua_createtable(L, (int)n, 0);
+        for (size_t i = 0; i < n; i++) {
+            lua_pushboolean(L, kinds[i] != ASK_LOCAL && kinds[i] != ASK_REMOTE ? 1 : results[i].allowed);
+            lua_rawseti(L, -2, (int)i + 1);
+        }
+        return 1;
+    }
+    if (!check_kind(h->s, asks, kinds, n, ASK_LOCAL, now_ms, results, mode)) {
         size_t k = 0;
         for (size_t i = 0; i < n; i++)
             if (kinds[i] == ASK_LOCAL) {
@@ -153,7 +182,7 @@ static int l_check(lua_State *L)
         n = k;
         allowed = agw_limit_decide(&v, n);
     } else {
-        check_kind(remote->s, asks, kinds, n, ASK_REMOTE, now_ms, results);
+        check_kind(remote->s, asks, kinds, n, ASK_REMOTE, now_ms, results, mode);
         for (size_t i = 0; i < n; i++) {
             if (kinds[i] != ASK_ALLOW && kinds[i] != ASK_DENY)
                 continue;
@@ -166,7 +195,7 @@ static int l_check(lua_State *L)
         if (!allowed) {
             only_denied = 1;
             for (size_t i = 0; i < n; i++) {
-                if (kinds[i] == ASK_LOCAL)
+                if (kinds[i] == ASK_LOCAL && mode == MODE_CHECK)
                     agw_limit_give_back(h->s, asks[i].rule, asks[i].hash, now_ms);
                 if (!results[i].allowed && kinds[i] != ASK_DENY)
                     only_denied = 0;

@@ -53,6 +53,8 @@ typedef struct redis_ask {
     wgen_t *g;                  /* held until the reply: asks[].rule are its config's (a request that
                                    stopped waiting, then a reload, would leave them freed) */
     int eval;                   /* this command is EVAL (the retry after NOSCRIPT) */
+    int charge;                 /* a refused authentication's count (agw_worker_gate_charge): no
+                                   request waits for it, and it is retried after NOSCRIPT as well */
     size_t n;                   /* Redis rules in the command */
     agw_limit_ask_t asks[LIMITS_MAX];
     size_t key_off[LIMITS_MAX], key_len[LIMITS_MAX]; /* each rule's key bytes in keys */
@@ -372,6 +374,27 @@ static int send_ask(agw_worker_t *w, redis_ask_t *a)
     return rc;
 }
 
+/* Adds one Redis rule and its key (len bytes, copied) to the command a, made first when a is NULL
+ * (it holds g until its reply: free_ask). Returns the command. */
+static redis_ask_t *ask_add(agw_worker_t *w, wgen_t *g, redis_ask_t *a, const agw_limit_ask_t *ask, const char *key,
+                            size_t len, uint64_t now_ms)
+{
+    if (a == NULL) {
+        a = agw_calloc(1, sizeof(*a));
+        a->w = w;
+        a->g = g;
+        agw_worker_gen_hold(g);
+        a->now_ms = now_ms;
+        a->check = ++w->cache.redis_next_id; /* (the worker's ids of its Redis commands) */
+    }
+    a->asks[a->n] = *ask;
+    a->key_off[a->n] = a->keys.len;
+    a->key_len[a->n] = len;
+    agw_buf_append(&a->keys, len ? key : "", len);
+    a->n++;
+    return a;
+}
+
 static void free_ask(redis_ask_t *a)
 {
     wgen_t *g = a->g;
@@ -385,7 +408,7 @@ static void on_redis_reply(void *data, const struct redisReply *reply, const cha
     redis_ask_t *a = data;
     gate_wait_t *wt = a->wait;
     agw_worker_t *w = a->w;
-    if (err && agw_limit_redis_noscript(err) && !a->eval && wt) {
+    if (err && agw_limit_redis_noscript(err) && !a->eval && (wt || a->charge)) {
         a->eval = 1; /* a restarted or flushed Redis: send the script itself once */
         if (send_ask(w, a) == 0)
             return;
@@ -474,6 +497,102 @@ static void on_wait_cancel(agw_park_t *pk)
 
 static const agw_park_ops_t wait_ops = {NULL, on_wait_resume, on_wait_cancel};
 
+/* ---- before the edge ------------------------------------------------------------------------ */
+
+/* The endpoint's rules keyed by the client's address (key = "ip"), when it has an auth policy: their
+ * indexes in limits.rules into idx (at most LIMITS_MAX). Returns how many. Only the address: it is
+ * the one key a client cannot choose (a TCP peer), so a refused attempt spends its sender's count
+ * and nobody else's. A route's count or a header's would let anyone spend them with forged
+ * credentials (the route's capacity, the quota of another client's X-Client value), which before
+ * the edge they could not. */
+static size_t request_rules(const wgen_t *g, int endpoint, uint32_t *idx)
+{
+    if (g->conf->auth_policies[endpoint - 1].kind == AGW_AUTH_NONE)
+        return 0;
+    const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
+    size_t num = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX, n = 0;
+    for (size_t j = 0; j < num; j++)
+        if (g->conf->limits.rules[ep->limits[j]].key == AGW_LIMIT_KEY_IP)
+            idx[n++] = ep->limits[j];
+    return n;
+}
+
+int agw_worker_gate_before_edge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
+{
+    uint32_t idx[LIMITS_MAX];
+    size_t num = request_rules(g, endpoint, idx);
+    if (num == 0)
+        return AGW_GATE_PASS;
+    const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
+    gate_check_t c;
+    c.n = 0;
+    c.now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
+    int refused = 0, redis = 0;
+    struct sockaddr_storage ss;
+    for (size_t j = 0; j < num; j++) {
+        const agw_limit_rule_t *r = &g->conf->limits.rules[idx[j]];
+        const char *key;
+        size_t len;
+        limit_key(r, req, ep->route, NULL, &key, &len, &ss);
+        uint64_t h = agw_limit_hash(r, key, len);
+        agw_limit_result_t res;
+        if (!r->redis) {
+            agw_limit_peek(w->limits, r, h, c.now_ms, &res);
+        } else {
+            /* a Redis rule's count is Redis's: only a refusal it gave for this key, still in force,
+             * refuses here (a request the process does not know about is asked after the edge) */
+            agw_limit_seen_answer_t seen;
+            if (!agw_limit_seen_get(agw_limit_store_seen(w->limits), h, &seen) || seen.allowed ||
+                seen.reset_at_ms <= c.now_ms)
+                continue;
+            agw_limit_policy(r, c.now_ms, &res);
+            res.allowed = 0;
+            res.remaining = 0;
+            res.reset_ms = seen.reset_at_ms - c.now_ms;
+            redis = 1;
+        }
+        c.asks[c.n].rule = r;
+        c.asks[c.n].hash = h;
+        c.results[c.n++] = res;
+        refused |= !res.allowed;
+    }
+    if (!refused)
+        return AGW_GATE_PASS;
+    w->lim.has_note = 0;
+    conclude(w, g, req, endpoint, &c, NULL, redis ? AGW_TRACE_LIMIT_REDIS : AGW_TRACE_LIMIT_LOCAL, 0);
+    return AGW_GATE_ANSWERED;
+}
+
+void agw_worker_gate_charge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
+{
+    uint32_t idx[LIMITS_MAX];
+    size_t num = request_rules(g, endpoint, idx);
+    if (num == 0)
+        return;
+    const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
+    uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
+    redis_ask_t *a = NULL;
+    struct sockaddr_storage ss;
+    for (size_t j = 0; j < num; j++) {
+        const agw_limit_rule_t *r = &g->conf->limits.rules[idx[j]];
+        const char *key;
+        size_t len;
+        limit_key(r, req, ep->route, NULL, &key, &len, &ss);
+        agw_limit_ask_t ask = {r, agw_limit_hash(r, key, len)};
+        if (!r->redis) {
+            agw_limit_result_t res; /* (a refusal takes nothing: the count is already spent) */
+            agw_limit_take(w->limits, r, ask.hash, now_ms, &res);
+            continue;
+        }
+        a = ask_add(w, g, a, &ask, key, len, now_ms);
+        a->charge = 1;
+    }
+    /* no request waits for the reply: on_redis_reply keeps Redis's answers (a refusal there
+     * refuses the key's next requests before the edge) and frees the ask */
+    if (a && send_ask(w, a) != 0)
+        free_ask(a);
+}
+
 /* ---- the gate ------------------------------------------------------------------------------- */
 
 int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
@@ -522,19 +641,7 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
             local[nl++] = c.asks[i];
             continue;
         }
-        if (a == NULL) {
-            a = agw_calloc(1, sizeof(*a));
-            a->w = w;
-            a->g = g;
-            agw_worker_gen_hold(g);
-            a->now_ms = c.now_ms;
-            a->check = ++w->cache.redis_next_id; /* (the worker's ids of its Redis commands) */
-        }
-        a->asks[a->n] = c.asks[i];
-        a->key_off[a->n] = a->keys.len;
-        a->key_len[a->n] = len;
-        agw_buf_append(&a->keys, len ? key : "", len);
-        a->n++;
+        a = ask_add(w, g, a, &c.asks[i], key, len, c.now_ms);
     }
     lua_settop(g->L, top);
     c.n = n;

@@ -374,6 +374,9 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
                                 NULL);
         return 0;
     }
+    /* an address over its rate is refused before its credentials are checked (limits.c) */
+    if (agw_worker_gate_before_edge(w, g, req, endpoint) == AGW_GATE_ANSWERED)
+        return 0;
     /* the edge (DESIGN §9): authentication before any Lua (the authenticator's lock and fetch
      * request are its only parts a check writes: the generation's config is otherwise read-only) */
     agw_auth_result_t user;
@@ -387,6 +390,8 @@ static int handle_req(agw_worker_t *w, h2o_req_t *req, int may_wait)
         return 0;
     }
     if (refused != 0) {
+        if (refusal.status != 503) /* (a key set that cannot be fetched is not the client's failure) */
+            agw_worker_gate_charge(w, g, req, endpoint);
         agw_worker_send_problem(w, req, NULL, endpoint, refusal.status, refusal.kind, refusal.title, NULL);
         return 0;
     }

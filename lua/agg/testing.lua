@@ -52,6 +52,7 @@ Gateway.stub = transport.stub
 Gateway.start_call = transport.start_call
 Gateway.send = front.send
 Gateway.gate = front.gate
+Gateway.address_gate = front.address_gate
 Gateway.disconnect = front.disconnect
 
 --- An in-memory tier 2 for the cache (a Redis on the virtual clock) to give testing.gateway as

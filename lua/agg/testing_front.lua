@@ -139,8 +139,14 @@ function F:send(method, path, opts)
   local user, token
   if opts.user ~= nil then user, token = spec_user(opts.user, self.gen.config) end
   local policy = self.gen.endpoints[idx].auth or { kind = "none" }
+  -- an address over its rate is refused before the edge looks at its credentials, and the edge's
+  -- refusals count against it (worker/limits.c: agw_worker_gate_before_edge, agw_worker_gate_charge)
+  if policy.kind ~= "none" and self:address_gate(r, self.gen.endpoints[idx], opts, "peek") then
+    return finish_response(r)
+  end
   local st, pr, challenge = spec_refusal(policy, user)
   if st then
+    if policy.kind ~= "none" then self:address_gate(r, self.gen.endpoints[idx], opts, "charge") end
     r.status, r.body, r.elapsed_ms = st, json.encode(pr), 0
     r.headers = { ["content-type"] = "application/problem+json", ["www-authenticate"] = challenge }
     return finish_response(r)
@@ -174,14 +180,17 @@ end
 -- counts it and leaves the RateLimit fields (limits.headers) for its response. The client's
 -- address is opts.ip (default "127.0.0.1"); in-flight pages are this gateway's requests not yet
 -- answered.
+-- Answers r with a problem of the gate (status, its fields, its body). Returns true.
+local function refuse(r, status, fields, body)
+  r.status, r.body, r.elapsed_ms = status, body, 0
+  r.headers = { ["content-type"] = "application/problem+json", ["cache-control"] = "no-store" }
+  for k, v in pairs(fields) do r.headers[k] = v end
+  return true
+end
+
 function F:gate(r, ep, headers, opts, user)
   local cfg = self.gen.config
-  local function answer(status, fields, body)
-    r.status, r.body, r.elapsed_ms = status, body, 0
-    r.headers = { ["content-type"] = "application/problem+json", ["cache-control"] = "no-store" }
-    for k, v in pairs(fields) do r.headers[k] = v end
-    return true
-  end
+  local function answer(status, fields, body) return refuse(r, status, fields, body) end
   if limiter.shed(cfg.max_in_flight, ep.priority, self.open) then
     local bound = math.floor(cfg.max_in_flight * (5 - ep.priority) / 2)
     return answer(503, { ["retry-after"] = "1" }, json.encode {
@@ -244,6 +253,53 @@ function F:gate(r, ep, headers, opts, user)
   if not ok then return answer(status, fields, body) end
   r.limit_fields = fields
   return false
+end
+
+-- The endpoint's rules keyed by the client's address (key = "ip"), before the edge: with mode
+-- "peek", answers r (429) and returns true when one of them has no count left (nothing is counted;
+-- a Redis rule only once Redis refused one of the address's refused attempts: the gateway reads
+-- that refusal, it sends no command); with mode "charge", counts an edge's refusal against each
+-- (a Redis one in the spec's Redis unless it is down, hangs or lies: the gateway's command would
+-- fail) and returns false.
+function F:address_gate(r, ep, opts, mode)
+  if not ep.limits or #ep.limits == 0 then return false end
+  local lim, store = self.gen.config.limits, self.redis
+  local up = store and not (store.down or store.hang or store.corrupt)
+  local now = self.utc_ms + self.clock
+  self.redis_refused = self.redis_refused or {}
+  local asks = {}
+  for _, name in ipairs(ep.limits) do
+    local rule = lim.rules[lim.by_name[name]]
+    if rule.key == "ip" then
+      local ask = { rule = rule, key = opts.ip or "127.0.0.1" }
+      local seen = rule.name .. "\0" .. ask.key
+      if rule.store ~= "redis" or not store then
+        asks[#asks + 1] = ask
+      elseif mode == "charge" and up then
+        store.limits = store.limits or limiter.new(4096)
+        ask.redis, ask.seen = true, seen
+        asks[#asks + 1] = ask
+      elseif mode == "peek" and self.redis_refused[seen] then
+        ask.redis = true
+        asks[#asks + 1] = ask
+        -- (a refusal no longer in force is forgotten: the next one is Redis's again)
+        store.limits = store.limits or limiter.new(4096)
+        if store.limits:check({ ask }, now, false, nil, "peek") then self.redis_refused[seen] = nil end
+      end
+    end
+  end
+  if #asks == 0 then return false end
+  local remote = store and store.limits or nil
+  if mode == "charge" then
+    local allowed = self.limiter:check(asks, now, false, remote, "charge")
+    for i, ask in ipairs(asks) do
+      if ask.seen and not allowed[i] then self.redis_refused[ask.seen] = true end
+    end
+    return false
+  end
+  local ok, fields, body, status = self.limiter:check(asks, now, lim.headers, remote, "peek")
+  if ok then return false end
+  return refuse(r, status, fields, body)
 end
 
 --- The client of a request sent with gw:send goes away (as a closed connection does in serve).

@@ -263,6 +263,28 @@ class EdgeAuth(GatewayTestCase):
         self.assertEqual(r.status, 200, r)  # the app named "shop" has a count of its own
         self.assertProblem(self.get("/app-limited", "-H", "X-Client-Key: k-shop-1"), 429)
 
+    def test_forged_tokens_spend_the_address_rate_then_are_refused_before_their_signature_is_checked(self):
+        # a per-address rule counts the edge's refusals: a flood of forged tokens spends its
+        # sender's rate, and then costs no signature check (no refusal logged for it)
+        rule = {"name": "per-ip", "key": "ip", "rate": 1, "per_s": 600, "burst": 4}
+        me = ME.replace('route = "GET /me",', 'route = "GET /me-limited",\n  limits = { "per-ip" },')
+        self.start_edge(scripts={"mel.lua": me}, limits={"rules": [rule]})
+        good = self.auth.token()
+        r = wait_until(lambda: (lambda x: x if x.status == 200 else None)(self.bearer("/me-limited", good)), 10)
+        self.assertIsNotNone(r, "the token was not accepted")
+        head, payload, sig = good.split(".")
+        forged = head + "." + payload + "." + sig[:-4] + ("AAAA" if not sig.endswith("AAAA") else "BBBB")
+        self.assertEqual([self.bearer("/me-limited", forged).status for _ in range(3)], [401] * 3)
+        refusals = self.gw.log().count("refused with 401")
+        for t in (forged, good):
+            r = self.bearer("/me-limited", t)
+            p = self.assertProblem(r, 429)
+            self.assertEqual(p["violated-policies"], ["per-ip"])
+            self.assertNotIn("www-authenticate", r.headers)
+        self.assertEqual(self.gw.log().count("refused with 401"), refusals, self.gw.log())
+        # an endpoint the rule is not on is not refused: the count is the rule's, not the address's
+        self.assertRefused(self.bearer("/me", forged), 401, "invalid_token")
+
     def test_api_keys_name_the_app_and_plan_and_unknown_keys_are_refused(self):
         self.start_edge(api_keys=[("k-mobile-123", "mobile", "gold"), ("k-web-456", "web", "free")])
         r = self.get("/app", "-H", "X-Client-Key: k-mobile-123")

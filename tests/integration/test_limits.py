@@ -286,6 +286,53 @@ class EdgeKeys(GatewayTestCase):
         self.assertEqual(self.get("/a").status, 401)
 
 
+    def start_keyed(self, rules, limits):
+        """The endpoint GET /a behind auth = "api_key" (one key, "k-good" of app "shop") with the
+        rules `rules` and the list `limits`."""
+        import hashlib
+        self.start_mock(SERVICES)
+        kfile = os.path.join(self.workdir, "api-keys.json")
+        with open(kfile, "w") as f:
+            json.dump([{"sha256": hashlib.sha256(b"k-good").hexdigest(), "app": "shop", "plan": "free"}], f)
+        src = script("GET /a", OK, limits=limits).replace("  route =", '  auth = "api_key",\n  route =')
+        self.start(scripts={"a.lua": src},
+                   gateway_extra={"limits": limits_block(rules, headers=True), "auth": {"api_keys": {"file": kfile}}})
+
+    def test_refused_credentials_spend_the_address_rate_and_then_are_not_checked(self):
+        # guessed keys count against the per-address rule as accepted requests do; once it is spent
+        # the next request is refused before its key is looked at (no "refused with 401" logged)
+        rules = [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 3600, "burst": 3},
+                 {"name": "per-app", "key": "api_key", "quota": 100, "window": "hour"}]
+        self.start_keyed(rules, ["per-ip", "per-app"])
+        got = [self.get("/a", "-H", "X-API-Key: guess-%d" % i).status for i in range(3)]
+        self.assertEqual(got, [401, 401, 401])
+        refused_401 = self.gw.log().count("refused with 401")
+        self.assertEqual(refused_401, 3, self.gw.log())
+        r = self.get("/a", "-H", "X-API-Key: guess-3")
+        p = self.assertProblem(r, 429)
+        self.assertEqual(p["violated-policies"], ["per-ip"])
+        self.assertGreaterEqual(int(r.headers["retry-after"]), 1)
+        self.assertTrue(r.headers["ratelimit"].startswith('"per-ip";r=0;'), r.headers)
+        self.assertNotIn("www-authenticate", r.headers)
+        # the address's good key too: the rule counts the address, whoever it says it is
+        self.assertProblem(self.get("/a", "-H", "X-API-Key: k-good"), 429)
+        self.assertEqual(self.gw.log().count("refused with 401"), refused_401, self.gw.log())
+
+    def test_only_the_address_is_spent_by_refused_credentials(self):
+        # a route's count and a header's quota are not the sender's own: forged credentials must
+        # not spend them (anyone could exhaust a route, or another client's X-Client quota)
+        rules = [{"name": "per-route", "key": "route", "rate": 1, "per_s": 3600, "burst": 2},
+                 {"name": "per-client", "key": {"header": "x-client"}, "quota": 2, "window": "hour"}]
+        self.start_keyed(rules, ["per-route", "per-client"])
+        for i in range(5):
+            self.assertEqual(self.get("/a", "-H", "X-API-Key: guess-%d" % i, "-H", "X-Client: victim").status, 401)
+        got = [self.get("/a", "-H", "X-API-Key: k-good", "-H", "X-Client: victim") for _ in range(3)]
+        self.assertEqual([r.status for r in got], [200, 200, 429])
+        self.assertIn('"per-client";q=2;', got[0].headers["ratelimit-policy"])
+        self.assertIn('"per-route";q=2;', got[0].headers["ratelimit-policy"])
+        self.assertIn(";r=1;", got[0].headers["ratelimit"])
+
+
 class Accuracy(GatewayTestCase):
     def test_local_rate_within_5_percent_over_any_second_once_burst_spent(self):
         rate = 100

@@ -927,6 +927,35 @@ class RedisStore(GatewayTestCase):
         html = curl("http://127.0.0.1:%d/waterfall" % self.admin_port).body.decode()
         self.assertIn("limit shared: 0 left (redis", html)
 
+    def test_refused_credentials_spend_the_address_count_in_redis_then_are_not_checked(self):
+        # an API key endpoint with a Redis per-address rule: each refused key is counted in Redis
+        # (a command no request waits for); once Redis has refused one, the address's next requests
+        # are refused before their key is looked at, until that refusal's reset
+        import hashlib
+        kfile = os.path.join(self.workdir, "api-keys.json")
+        with open(kfile, "w") as f:
+            json.dump([{"sha256": hashlib.sha256(b"k-good").hexdigest(), "app": "shop", "plan": "free"}], f)
+        ex = self.extra(redis_rules(key="ip", burst=3))
+        ex["auth"] = {"api_keys": {"file": kfile}}
+        src = script("GET /a", OK, limits=["shared"]).replace("  route =", '  auth = "api_key",\n  route =')
+        self.start(services=SERVICES, scripts={"a.lua": src}, gateway_extra=ex)
+        self.wait_ready()
+        statuses = []
+        for i in range(40):  # bounded: the charges' replies come back within a few ms of each
+            statuses.append(self.get("/a", "-H", "X-API-Key: guess-%d" % i).status)
+            if statuses[-1] == 429:
+                break
+        self.assertEqual(statuses[:4], [401] * 4, statuses)  # three counted, the fourth refused by Redis
+        self.assertEqual(statuses[-1], 429, statuses)
+        refused_401 = self.gw.log().count("refused with 401")
+        r = self.get("/a", "-H", "X-API-Key: k-good")
+        self.assertEqual(r.status, 429, r)
+        self.assertEqual(json.loads(r.body)["violated-policies"], ["shared"])
+        self.assertGreaterEqual(int(r.headers["retry-after"]), 1)
+        self.assertEqual(self.gw.log().count("refused with 401"), refused_401, self.gw.log())
+        self.assertEqual(self.redis_errors(), 0)
+        self.assertNotIn("did not answer", self.gw.log())
+
     def test_readyz_is_503_until_every_worker_has_its_redis_connection_then_stays_200(self):
         self.redis.stop()  # not there yet when the gateway starts
         self.start_limited(redis_rules("allow", burst=1000), port=self.redis.port, workers=2)
