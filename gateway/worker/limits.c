@@ -499,50 +499,59 @@ static const agw_park_ops_t wait_ops = {NULL, on_wait_resume, on_wait_cancel};
 
 /* ---- before the edge ------------------------------------------------------------------------ */
 
-/* The endpoint's rules keyed by the client's address (key = "ip"), when it has an auth policy: their
- * indexes in limits.rules into idx (at most LIMITS_MAX). Returns how many. Only the address: it is
- * the one key a client cannot choose (a TCP peer), so a refused attempt spends its sender's count
- * and nobody else's. A route's count or a header's would let anyone spend them with forged
- * credentials (the route's capacity, the quota of another client's X-Client value), which before
- * the edge they could not. */
-static size_t request_rules(const wgen_t *g, int endpoint, uint32_t *idx)
+/* A request's asks of the rules keyed by its address: each one's rule and hash, and its key (the
+ * bytes are in ss). */
+typedef struct address_asks {
+    size_t n;
+    agw_limit_ask_t asks[LIMITS_MAX];
+    const char *keys[LIMITS_MAX];
+    size_t lens[LIMITS_MAX];
+    struct sockaddr_storage ss;
+} address_asks_t;
+
+/* The endpoint's rules keyed by the client's address (key = "ip"), when it has an auth policy,
+ * into *out (at most LIMITS_MAX). Returns out->n. Only the address: it is the one key a client cannot choose (a TCP
+ * peer), so a refused attempt spends its sender's count and nobody else's. A route's count or a
+ * header's would let anyone spend them with forged credentials (the route's capacity, the quota of
+ * another client's X-Client value), which before the edge they could not. */
+static size_t address_asks(const wgen_t *g, h2o_req_t *req, int endpoint, address_asks_t *out)
 {
+    out->n = 0;
     if (g->conf->auth_policies[endpoint - 1].kind == AGW_AUTH_NONE)
         return 0;
     const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
     size_t num = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX, n = 0;
-    for (size_t j = 0; j < num; j++)
-        if (g->conf->limits.rules[ep->limits[j]].key == AGW_LIMIT_KEY_IP)
-            idx[n++] = ep->limits[j];
-    return n;
+    for (size_t j = 0; j < num; j++) {
+        const agw_limit_rule_t *r = &g->conf->limits.rules[ep->limits[j]];
+        if (r->key != AGW_LIMIT_KEY_IP)
+            continue;
+        limit_key(r, req, ep->route, NULL, &out->keys[n], &out->lens[n], &out->ss);
+        out->asks[n].rule = r;
+        out->asks[n].hash = agw_limit_hash(r, out->keys[n], out->lens[n]);
+        n++;
+    }
+    return out->n = n;
 }
 
 int agw_worker_gate_before_edge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
 {
-    uint32_t idx[LIMITS_MAX];
-    size_t num = request_rules(g, endpoint, idx);
-    if (num == 0)
+    address_asks_t aa;
+    if (address_asks(g, req, endpoint, &aa) == 0)
         return AGW_GATE_PASS;
-    const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
     gate_check_t c;
     c.n = 0;
     c.now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
     int refused = 0, redis = 0;
-    struct sockaddr_storage ss;
-    for (size_t j = 0; j < num; j++) {
-        const agw_limit_rule_t *r = &g->conf->limits.rules[idx[j]];
-        const char *key;
-        size_t len;
-        limit_key(r, req, ep->route, NULL, &key, &len, &ss);
-        uint64_t h = agw_limit_hash(r, key, len);
+    for (size_t j = 0; j < aa.n; j++) {
+        const agw_limit_rule_t *r = aa.asks[j].rule;
         agw_limit_result_t res;
         if (!r->redis) {
-            agw_limit_peek(w->limits, r, h, c.now_ms, &res);
+            agw_limit_peek(w->limits, r, aa.asks[j].hash, c.now_ms, &res);
         } else {
             /* a Redis rule's count is Redis's: only a refusal it gave for this key, still in force,
              * refuses here (a request the process does not know about is asked after the edge) */
             agw_limit_seen_answer_t seen;
-            if (!agw_limit_seen_get(agw_limit_store_seen(w->limits), h, &seen) || seen.allowed ||
+            if (!agw_limit_seen_get(agw_limit_store_seen(w->limits), aa.asks[j].hash, &seen) || seen.allowed ||
                 seen.reset_at_ms <= c.now_ms)
                 continue;
             agw_limit_policy(r, c.now_ms, &res);
@@ -551,8 +560,7 @@ int agw_worker_gate_before_edge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int 
             res.reset_ms = seen.reset_at_ms - c.now_ms;
             redis = 1;
         }
-        c.asks[c.n].rule = r;
-        c.asks[c.n].hash = h;
+        c.asks[c.n] = aa.asks[j];
         c.results[c.n++] = res;
         refused |= !res.allowed;
     }
@@ -565,26 +573,17 @@ int agw_worker_gate_before_edge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int 
 
 void agw_worker_gate_charge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint)
 {
-    uint32_t idx[LIMITS_MAX];
-    size_t num = request_rules(g, endpoint, idx);
-    if (num == 0)
-        return;
-    const agw_endpoint_info_t *ep = &g->conf->endpoints[endpoint - 1];
+    address_asks_t aa;
+    address_asks(g, req, endpoint, &aa);
     uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
     redis_ask_t *a = NULL;
-    struct sockaddr_storage ss;
-    for (size_t j = 0; j < num; j++) {
-        const agw_limit_rule_t *r = &g->conf->limits.rules[idx[j]];
-        const char *key;
-        size_t len;
-        limit_key(r, req, ep->route, NULL, &key, &len, &ss);
-        agw_limit_ask_t ask = {r, agw_limit_hash(r, key, len)};
-        if (!r->redis) {
+    for (size_t j = 0; j < aa.n; j++) {
+        if (!aa.asks[j].rule->redis) {
             agw_limit_result_t res; /* (a refusal takes nothing: the count is already spent) */
-            agw_limit_take(w->limits, r, ask.hash, now_ms, &res);
+            agw_limit_take(w->limits, aa.asks[j].rule, aa.asks[j].hash, now_ms, &res);
             continue;
         }
-        a = ask_add(w, g, a, &ask, key, len, now_ms);
+        a = ask_add(w, g, a, &aa.asks[j], aa.keys[j], aa.lens[j], now_ms);
         a->charge = 1;
     }
     /* no request waits for the reply: on_redis_reply keeps Redis's answers (a refusal there

@@ -558,7 +558,7 @@ int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, co
                     size_t num_params, agw_auth_result_t *user, agw_gate_start_fn start);
 
 /* Before the edge authenticates req (endpoint has an auth policy): its rules keyed by the client's
- * address (key = "ip"; limits.c request_rules says why only those) refuse it when their count is already spent,
+ * address (key = "ip"; limits.c address_asks says why only those) refuse it when their count is already spent,
  * so that a flood of forged tokens or guessed API keys costs no signature check or key lookup once
  * its address is over its rate. A local rule is peeked (limits/limit.h, agw_limit_peek: nothing is
  * counted); a Redis rule refuses only with a refusal Redis gave for the key that is still in force
