@@ -156,18 +156,23 @@ describe("an address's rule on an endpoint with auth", function()
     assert.equal(429, gw:get("/guarded", { user = shop, ip = "10.0.0.10" }).status)
   end)
 
-  it("in Redis: refused once Redis refused one of the address's refused attempts", function()
-    local gw = testing.gateway { dir = DIR, redis = testing.redis() }
+  it("in Redis: refused by the process's own count of the refusals it charged, then Redis's wait", function()
+    local redis = testing.redis()
+    local gw = testing.gateway { dir = DIR, redis = redis }
     local shop = { app = "shop" }
-    -- a burst of 2: two refusals counted, the third refused by Redis (the gateway learns it then)
-    for _ = 1, 3 do assert.equal(401, gw:get("/guarded-cluster").status) end
+    -- a burst of 2: two refusals counted (in Redis and in the process's shadow of the rule)
+    for _ = 1, 2 do assert.equal(401, gw:get("/guarded-cluster").status) end
     local refused = gw:get("/guarded-cluster", { user = shop })
     assert.equal(429, refused.status)
     assert.same({ "per-ip-cluster" }, refused.json["violated-policies"])
-    gw:advance(30000)                                                 -- one a minute: not yet
+    assert.equal("60", refused.headers["retry-after"]) -- one a minute: the next one fits in 60 s
+    gw:advance(30000)                                   -- not yet
     assert.equal(429, gw:get("/guarded-cluster", { user = shop }).status)
     gw:advance(30000)
     assert.equal(200, gw:get("/guarded-cluster", { user = shop }).status)
+    -- another gateway on the same Redis: its count holds the two refusals and the request above
+    local other = testing.gateway { dir = DIR, redis = redis, utc_ms = gw.utc_ms + gw.clock } -- (the same time)
+    assert.equal(429, other:get("/guarded-cluster", { user = shop }).status)
   end)
 end)
 

@@ -84,9 +84,9 @@ enum { ASK_LOCAL, ASK_REMOTE, ASK_ALLOW, ASK_DENY };
 /* What store:check does with its asks (its sixth argument). */
 enum { MODE_CHECK, MODE_PEEK, MODE_CHARGE };
 
-/* Checks the asks of kind kind among n in s (agw_limit_check: all or none; MODE_PEEK: each peeked,
- * nothing counted; MODE_CHARGE: each taken on its own), their results into results at their own
- * indexes. Returns 1 when all accepted (or there were none). */
+/* Checks the asks of kind kind among n in s (agw_limit_check: all or none; MODE_PEEK: each peeked
+ * as agw_limit_peek_next, nothing counted; MODE_CHARGE: each taken on its own), their results into
+ * results at their own indexes. Returns 1 when all accepted (or there were none). */
 static int check_kind(agw_limit_store_t *s, const agw_limit_ask_t *asks, const int *kinds, size_t n, int kind,
                       uint64_t now_ms, agw_limit_result_t *results, int mode)
 {
@@ -96,7 +96,7 @@ static int check_kind(agw_limit_store_t *s, const agw_limit_ask_t *asks, const i
             if (kinds[i] != kind)
                 continue;
             if (mode == MODE_PEEK)
-                agw_limit_peek(s, asks[i].rule, asks[i].hash, now_ms, &results[i]);
+                agw_limit_peek_next(s, asks[i].rule, asks[i].hash, now_ms, &results[i]);
             else
                 agw_limit_take(s, asks[i].rule, asks[i].hash, now_ms, &results[i]);
             ok &= results[i].allowed;
@@ -162,9 +162,10 @@ static int l_check(lua_State *L)
     /* as worker/limits.c: the local rules first; a refusal there answers with them only */
     agw_limit_verdict_t v = {.results = results};
     int allowed, only_denied = 0;
-    if (mode == MODE_CHARGE) { /* (a refused take counts nothing: each rule's answer is its own) */
+    if (mode == MODE_CHARGE) { /* as worker/limits.c: each local ask on its own (a refused take
+                                  counts nothing), the Redis asks all or none (one script call) */
         check_kind(h->s, asks, kinds, n, ASK_LOCAL, now_ms, results, mode);
-        check_kind(remote->s, asks, kinds, n, ASK_REMOTE, now_ms, results, mode);
+        check_kind(remote->s, asks, kinds, n, ASK_REMOTE, now_ms, results, MODE_CHECK);
         lua_createtable(L, (int)n, 0);
         for (size_t i = 0; i < n; i++) {
             lua_pushboolean(L, kinds[i] != ASK_LOCAL && kinds[i] != ASK_REMOTE ? 1 : results[i].allowed);

@@ -421,6 +421,24 @@ void agw_limit_peek(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64_t h,
     out->allowed = out->remaining > 0;
 }
 
+void agw_limit_peek_next(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64_t h, uint64_t now_ms,
+                         agw_limit_result_t *out)
+{
+    agw_limit_peek(s, r, h, now_ms, out);
+    if (out->allowed || r->is_quota)
+        return;
+    /* a rate's peek says when it is full again; refused, it matters when one fits (rate_take's
+     * refusal: the bucket's fill less one emission below its depth) */
+    slot_t *sl = find_slot(s, h, now_ms, 0);
+    uint64_t t = agw_limit_emission_us(r), tau = t * r->burst, now = now_ms * 1000;
+    uint64_t tat = sl ? __atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) : 0;
+    if (tat < now)
+        tat = now;
+    out->reset_ms = tat + t > tau + now ? div_up(tat + t - tau - now, 1000) : 0;
+    if (out->reset_ms == 0)
+        out->reset_ms = 1;
+}
+
 int agw_limit_check(agw_limit_store_t *s, const agw_limit_ask_t *asks, size_t num, uint64_t now_ms,
                     agw_limit_verdict_t *v)
 {
@@ -437,17 +455,8 @@ int agw_limit_check(agw_limit_store_t *s, const agw_limit_ask_t *asks, size_t nu
          * answer names every rule the request breaks */
         for (size_t i = 0; i < taken; i++)
             agw_limit_give_back(s, asks[i].rule, asks[i].hash, now_ms);
-        for (size_t i = taken + 1; i < num; i++) {
-            agw_limit_peek(s, asks[i].rule, asks[i].hash, now_ms, &v->results[i]);
-            if (v->results[i].remaining == 0 && asks[i].rule->is_quota == 0) {
-                /* a rate's peek says when it is full again; refused, it matters when one fits */
-                agw_limit_result_t t;
-                if (!agw_limit_take(s, asks[i].rule, asks[i].hash, now_ms, &t))
-                    v->results[i] = t;
-                else
-                    agw_limit_give_back(s, asks[i].rule, asks[i].hash, now_ms);
-            }
-        }
+        for (size_t i = taken + 1; i < num; i++)
+            agw_limit_peek_next(s, asks[i].rule, asks[i].hash, now_ms, &v->results[i]);
         for (size_t i = 0; i < num; i++) {
             const agw_limit_result_t *r = &v->results[i];
             if (i != taken && r->remaining > 0)

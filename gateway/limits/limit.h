@@ -84,6 +84,10 @@ typedef struct agw_limit_rule {
     agw_limit_window_t window;  /* quota: its window */
     int redis;                  /* store = "redis": counted in Redis (limit_redis.h), else locally */
     agw_limit_on_error_t on_redis_error; /* a Redis rule's answer when Redis cannot give one */
+    int before_auth;            /* key "ip" (gateway.lua `before_auth`, default true): on an endpoint
+                                   with auth, the edge's refusals count against it and a spent count
+                                   refuses before the edge (worker_internal.h,
+                                   agw_worker_gate_before_edge) */
     uint64_t seed;              /* hash seed told apart per rule (name, kind, numbers): a rule that
                                    changes on reload starts its counts afresh */
     int counter;                /* private: 1 + the store's counter of this rule's name, 0 until
@@ -158,6 +162,12 @@ void agw_limit_give_back(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64
 /* What agw_limit_take would answer now, without counting (the admin page). */
 void agw_limit_peek(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64_t h, uint64_t now_ms,
                     agw_limit_result_t *out);
+
+/* As agw_limit_peek, but a refused rate's reset_ms is the time until one request fits, as
+ * agw_limit_take's refusal says it (Retry-After: never earlier than the next acceptance, RFC 9110
+ * §10.2.3), not the time until the bucket is full again. Nothing is counted. */
+void agw_limit_peek_next(agw_limit_store_t *s, const agw_limit_rule_t *r, uint64_t h, uint64_t now_ms,
+                         agw_limit_result_t *out);
 
 /* The start of the window holding now_ms and the next one's, ms since the epoch (UTC). */
 void agw_limit_window_bounds(agw_limit_window_t w, uint64_t now_ms, uint64_t *start_ms, uint64_t *end_ms);

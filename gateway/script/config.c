@@ -312,6 +312,9 @@ static void load_limits(lua_State *L, int cfg, agw_config_t *conf)
                                : on_err && strcmp(on_err, "deny") == 0 ? AGW_LIMIT_FALLBACK_DENY
                                                                        : AGW_LIMIT_FALLBACK_LOCAL;
         free(on_err);
+        lua_getfield(L, r, "before_auth"); /* (agg.limits: true or false for an ip rule, else nil) */
+        rule->before_auth = rule->key == AGW_LIMIT_KEY_IP && lua_toboolean(L, -1);
+        lua_pop(L, 1);
         rule->header = agw_luamod_field_str(L, r, "header");
         char *window = agw_luamod_field_str(L, r, "window");
         if (window) {

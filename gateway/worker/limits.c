@@ -55,6 +55,7 @@ typedef struct redis_ask {
     int eval;                   /* this command is EVAL (the retry after NOSCRIPT) */
     int charge;                 /* a refused authentication's count (agw_worker_gate_charge): no
                                    request waits for it, and it is retried after NOSCRIPT as well */
+    int sent;                   /* a charge: counted in w->lim.charges until freed */
     size_t n;                   /* Redis rules in the command */
     agw_limit_ask_t asks[LIMITS_MAX];
     size_t key_off[LIMITS_MAX], key_len[LIMITS_MAX]; /* each rule's key bytes in keys */
@@ -398,6 +399,8 @@ static redis_ask_t *ask_add(agw_worker_t *w, wgen_t *g, redis_ask_t *a, const ag
 static void free_ask(redis_ask_t *a)
 {
     wgen_t *g = a->g;
+    if (a->charge && a->sent)
+        a->w->lim.charges--;
     agw_buf_free(&a->keys);
     free(a);
     agw_worker_gen_release(g); /* (outside Lua: the last reference frees the generation now) */
@@ -509,11 +512,13 @@ typedef struct address_asks {
     struct sockaddr_storage ss;
 } address_asks_t;
 
-/* The endpoint's rules keyed by the client's address (key = "ip"), when it has an auth policy,
- * into *out (at most LIMITS_MAX). Returns out->n. Only the address: it is the one key a client cannot choose (a TCP
- * peer), so a refused attempt spends its sender's count and nobody else's. A route's count or a
- * header's would let anyone spend them with forged credentials (the route's capacity, the quota of
- * another client's X-Client value), which before the edge they could not. */
+/* The endpoint's rules keyed by the client's address that stand before auth (key = "ip",
+ * before_auth), when it has an auth policy, into *out (at most LIMITS_MAX). Returns out->n. Only
+ * the address: it is the one key a client cannot choose (a TCP peer), so a refused attempt spends
+ * the count of its sender's address (and of whoever shares it: a NAT, a balancer without the
+ * client's address; `before_auth = false` for those). A route's count or a header's would let
+ * anyone spend them with forged credentials (the route's capacity, the quota of another client's
+ * X-Client value), which before the edge they could not. */
 static size_t address_asks(const wgen_t *g, h2o_req_t *req, int endpoint, address_asks_t *out)
 {
     out->n = 0;
@@ -523,7 +528,7 @@ static size_t address_asks(const wgen_t *g, h2o_req_t *req, int endpoint, addres
     size_t num = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX, n = 0;
     for (size_t j = 0; j < num; j++) {
         const agw_limit_rule_t *r = &g->conf->limits.rules[ep->limits[j]];
-        if (r->key != AGW_LIMIT_KEY_IP)
+        if (!r->before_auth)
             continue;
         limit_key(r, req, ep->route, NULL, &out->keys[n], &out->lens[n], &out->ss);
         out->asks[n].rule = r;
@@ -539,35 +544,22 @@ int agw_worker_gate_before_edge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int 
     if (address_asks(g, req, endpoint, &aa) == 0)
         return AGW_GATE_PASS;
     gate_check_t c;
-    c.n = 0;
+    c.n = aa.n;
     c.now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
-    int refused = 0, redis = 0;
+    int refused = 0;
     for (size_t j = 0; j < aa.n; j++) {
-        const agw_limit_rule_t *r = aa.asks[j].rule;
-        agw_limit_result_t res;
-        if (!r->redis) {
-            agw_limit_peek(w->limits, r, aa.asks[j].hash, c.now_ms, &res);
-        } else {
-            /* a Redis rule's count is Redis's: only a refusal it gave for this key, still in force,
-             * refuses here (a request the process does not know about is asked after the edge) */
-            agw_limit_seen_answer_t seen;
-            if (!agw_limit_seen_get(agw_limit_store_seen(w->limits), aa.asks[j].hash, &seen) || seen.allowed ||
-                seen.reset_at_ms <= c.now_ms)
-                continue;
-            agw_limit_policy(r, c.now_ms, &res);
-            res.allowed = 0;
-            res.remaining = 0;
-            res.reset_ms = seen.reset_at_ms - c.now_ms;
-            redis = 1;
-        }
-        c.asks[c.n] = aa.asks[j];
-        c.results[c.n++] = res;
-        refused |= !res.allowed;
+        /* a Redis rule's own count is Redis's: here its shadow in the process's store, which
+         * holds the refusals this process charged it (agw_worker_gate_charge), fewer than Redis
+         * counts for the address (every gateway's requests and refusals), so a refusal here is
+         * one Redis would give (and its on_redis_error = "local" count during an outage) */
+        c.asks[j] = aa.asks[j];
+        agw_limit_peek_next(w->limits, aa.asks[j].rule, aa.asks[j].hash, c.now_ms, &c.results[j]);
+        refused |= !c.results[j].allowed;
     }
     if (!refused)
         return AGW_GATE_PASS;
     w->lim.has_note = 0;
-    conclude(w, g, req, endpoint, &c, NULL, redis ? AGW_TRACE_LIMIT_REDIS : AGW_TRACE_LIMIT_LOCAL, 0);
+    conclude(w, g, req, endpoint, &c, NULL, AGW_TRACE_LIMIT_LOCAL, 0);
     return AGW_GATE_ANSWERED;
 }
 
@@ -578,18 +570,24 @@ void agw_worker_gate_charge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endp
     uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
     redis_ask_t *a = NULL;
     for (size_t j = 0; j < aa.n; j++) {
-        if (!aa.asks[j].rule->redis) {
-            agw_limit_result_t res; /* (a refusal takes nothing: the count is already spent) */
-            agw_limit_take(w->limits, aa.asks[j].rule, aa.asks[j].hash, now_ms, &res);
-            continue;
+        /* the process's store: a local rule's count, a Redis rule's shadow (before_edge); a
+         * refusal takes nothing (the count is already spent) */
+        agw_limit_result_t res;
+        agw_limit_take(w->limits, aa.asks[j].rule, aa.asks[j].hash, now_ms, &res);
+        if (aa.asks[j].rule->redis && w->lim.charges < AGW_LIMIT_CHARGES_MAX) {
+            a = ask_add(w, g, a, &aa.asks[j], aa.keys[j], aa.lens[j], now_ms);
+            a->charge = 1;
         }
-        a = ask_add(w, g, a, &aa.asks[j], aa.keys[j], aa.lens[j], now_ms);
-        a->charge = 1;
     }
-    /* no request waits for the reply: on_redis_reply keeps Redis's answers (a refusal there
-     * refuses the key's next requests before the edge) and frees the ask */
+    /* no request waits for the reply (on_redis_reply frees the ask); a flood's commands in flight
+     * are bounded (beyond AGW_LIMIT_CHARGES_MAX, Redis does not hear of the refusal: the shadow
+     * counts it) */
     if (a && send_ask(w, a) != 0)
         free_ask(a);
+    else if (a) {
+        a->sent = 1;
+        w->lim.charges++;
+    }
 }
 
 /* ---- the gate ------------------------------------------------------------------------------- */

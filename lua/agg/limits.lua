@@ -12,7 +12,7 @@ local M = {}
 local LIMITS_KEYS = { store = true, headers = true, rules = true, default = true, local_keys = true,
                       on_redis_error = true }
 local RULE_KEYS = { name = true, key = true, rate = true, per_s = true, burst = true, quota = true, window = true,
-                    store = true, on_redis_error = true }
+                    store = true, on_redis_error = true, before_auth = true }
 local STORES = { ["local"] = true, redis = true }
 local ON_REDIS_ERROR = { ["local"] = true, allow = true, deny = true }
 local WINDOWS = { hour = true, day = true, month = true }
@@ -26,7 +26,7 @@ end
 --- Checks cfg.limits and cfg.max_in_flight. c: the checker's helpers { lines, err(line, where,
 -- msg), find_line(lines, name, from), suggest(key, known), show(v) }. Returns the normalized
 -- block for the C side: { headers, local_keys, rules = { {name, key, header, fn, rate, per_s, burst,
--- quota, window, store, on_redis_error} … }, default = { names }, by_name = { name = index } }
+-- quota, window, store, on_redis_error, before_auth (an ip rule's: true unless false)} … }, default = { names }, by_name = { name = index } }
 -- (key = "function": fn is the key function).
 function M.check(cfg, c)
   local lines, err, find_line, suggest, show = c.lines, c.err, c.find_line, c.suggest, c.show
@@ -102,7 +102,7 @@ function M.check(cfg, c)
       for k in pairs(r) do
         if not RULE_KEYS[k] then
           bad(tostring(k), "unknown option" .. suggest(tostring(k), RULE_KEYS) ..
-              "; a rule knows name, key, rate, per_s, burst (a rate) or quota, window (a quota), store, on_redis_error")
+              "; a rule knows name, key, rate, per_s, burst (a rate) or quota, window (a quota), store, on_redis_error, before_auth")
         end
       end
       local e = {}
@@ -131,6 +131,16 @@ function M.check(cfg, c)
       else
         bad("key", "must be \"ip\", \"route\", \"api_key\", \"user\", { header = \"x-name\" } or a function(req), got " .. show(key) ..
             (type(key) == "string" and suggest(key, { ip = true, route = true, api_key = true, user = true }) or ""))
+      end
+      -- an ip rule stands before auth too (worker/limits.c agw_worker_gate_before_edge) unless
+      -- before_auth = false; no other key can: anyone could spend it with forged credentials
+      if r.before_auth ~= nil and type(r.before_auth) ~= "boolean" then
+        bad("before_auth", "must be true or false, got " .. show(r.before_auth))
+      elseif r.before_auth == true and key ~= "ip" then
+        bad("before_auth", "only a rule with key = \"ip\" stands before auth (a refused attempt spends its sender's " ..
+            "count; any other key's count could be spent by anyone with forged credentials)")
+      elseif key == "ip" then
+        e.before_auth = r.before_auth ~= false
       end
       e.store = choice(r.store, where .. ".store", find_line(lines, "store", line) or line, STORES, store)
       e.on_redis_error = choice(r.on_redis_error, where .. ".on_redis_error",

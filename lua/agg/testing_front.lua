@@ -255,49 +255,35 @@ function F:gate(r, ep, headers, opts, user)
   return false
 end
 
--- The endpoint's rules keyed by the client's address (key = "ip"), before the edge: with mode
--- "peek", answers r (429) and returns true when one of them has no count left (nothing is counted;
--- a Redis rule only once Redis refused one of the address's refused attempts: the gateway reads
--- that refusal, it sends no command); with mode "charge", counts an edge's refusal against each
--- (a Redis one in the spec's Redis unless it is down, hangs or lies: the gateway's command would
--- fail) and returns false.
+-- The endpoint's rules that stand before the edge (key = "ip", before_auth), as worker/limits.c
+-- does them: with mode "peek", answers r (429) and returns true when one of them has no count left
+-- in the process's store (nothing is counted; a Redis rule's count there is its shadow: the
+-- refusals charged to it); with mode "charge", counts an edge's refusal against each in the
+-- process's store, and the Redis ones in the spec's Redis too (all or none, unless it is down,
+-- hangs or lies: the gateway's command would fail), and returns false.
 function F:address_gate(r, ep, opts, mode)
   if not ep.limits or #ep.limits == 0 then return false end
   local lim, store = self.gen.config.limits, self.redis
   local up = store and not (store.down or store.hang or store.corrupt)
-  local now = self.utc_ms + self.clock
-  self.redis_refused = self.redis_refused or {}
   local asks = {}
   for _, name in ipairs(ep.limits) do
     local rule = lim.rules[lim.by_name[name]]
-    if rule.key == "ip" then
-      local ask = { rule = rule, key = opts.ip or "127.0.0.1" }
-      local seen = rule.name .. "\0" .. ask.key
-      if rule.store ~= "redis" or not store then
-        asks[#asks + 1] = ask
-      elseif mode == "charge" and up then
-        store.limits = store.limits or limiter.new(4096)
-        ask.redis, ask.seen = true, seen
-        asks[#asks + 1] = ask
-      elseif mode == "peek" and self.redis_refused[seen] then
-        ask.redis = true
-        asks[#asks + 1] = ask
-        -- (a refusal no longer in force is forgotten: the next one is Redis's again)
-        store.limits = store.limits or limiter.new(4096)
-        if store.limits:check({ ask }, now, false, nil, "peek") then self.redis_refused[seen] = nil end
+    if rule.before_auth then
+      local key = opts.ip or "127.0.0.1"
+      asks[#asks + 1] = { rule = rule, key = key }
+      if mode == "charge" and rule.store == "redis" and up then
+        asks[#asks + 1] = { rule = rule, key = key, redis = true }
       end
     end
   end
   if #asks == 0 then return false end
-  local remote = store and store.limits or nil
+  local now = self.utc_ms + self.clock
   if mode == "charge" then
-    local allowed = self.limiter:check(asks, now, false, remote, "charge")
-    for i, ask in ipairs(asks) do
-      if ask.seen and not allowed[i] then self.redis_refused[ask.seen] = true end
-    end
+    if store then store.limits = store.limits or limiter.new(4096) end
+    self.limiter:check(asks, now, false, store and store.limits or nil, "charge")
     return false
   end
-  local ok, fields, body, status = self.limiter:check(asks, now, lim.headers, remote, "peek")
+  local ok, fields, body, status = self.limiter:check(asks, now, lim.headers, nil, "peek")
   if ok then return false end
   return refuse(r, status, fields, body)
 end

@@ -311,12 +311,24 @@ class EdgeKeys(GatewayTestCase):
         r = self.get("/a", "-H", "X-API-Key: guess-3")
         p = self.assertProblem(r, 429)
         self.assertEqual(p["violated-policies"], ["per-ip"])
-        self.assertGreaterEqual(int(r.headers["retry-after"]), 1)
-        self.assertTrue(r.headers["ratelimit"].startswith('"per-ip";r=0;'), r.headers)
+        # the wait until the next one fits (1 an hour), as the check after the edge says it; not
+        # until the bucket of 3 is full again (10,800 s)
+        self.assertEqual(r.headers["retry-after"], "3600")
+        self.assertEqual(r.headers["ratelimit"], '"per-ip";r=0;t=3600')
         self.assertNotIn("www-authenticate", r.headers)
         # the address's good key too: the rule counts the address, whoever it says it is
         self.assertProblem(self.get("/a", "-H", "X-API-Key: k-good"), 429)
         self.assertEqual(self.gw.log().count("refused with 401"), refused_401, self.gw.log())
+
+    def test_before_auth_false_leaves_refusals_uncounted(self):
+        # an address many clients share (a NAT, a balancer): the rule counts accepted requests only
+        rules = [{"name": "per-ip", "key": "ip", "rate": 1, "per_s": 3600, "burst": 2, "before_auth": False}]
+        self.start_keyed(rules, ["per-ip"])
+        for i in range(5):
+            self.assertEqual(self.get("/a", "-H", "X-API-Key: guess-%d" % i).status, 401)
+        got = [self.get("/a", "-H", "X-API-Key: k-good").status for _ in range(3)]
+        self.assertEqual(got, [200, 200, 429])
+        self.assertEqual(self.get("/a", "-H", "X-API-Key: guess").status, 401)  # the edge first
 
     def test_only_the_address_is_spent_by_refused_credentials(self):
         # a route's count and a header's quota are not the sender's own: forged credentials must
@@ -597,6 +609,14 @@ class Check(GatewayTestCase):
         self.assertIn("limits.headres: unknown option (did you mean 'headers'?)", out)
         rc, out = self.check({"rules": []}, extra={"max_in_flight": -3})
         self.assertIn("max_in_flight: must be a whole number of pages", out)
+        # before_auth: a boolean, and only an ip rule stands before the edge
+        rc, out = self.check({"rules": [{"name": "r", "key": "route", "rate": 1, "before_auth": True}]})
+        self.assertRegex(out, r'gateway\.lua:\d+: limits\.rules\[1\]\.before_auth: only a rule with key = "ip" stands '
+                              r'before auth')
+        rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "before_auth": "no"}]})
+        self.assertIn('limits.rules[1].before_auth: must be true or false, got string "no"', out)
+        rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "befor_auth": False}]})
+        self.assertIn("limits.rules[1].befor_auth: unknown option (did you mean 'before_auth'?)", out)
 
     def test_endpoint_names_unknown_rule_or_bad_priority(self):
         rules = [{"name": "per-ip", "key": "ip", "rate": 1}]

@@ -18,8 +18,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import (AGGWAY_BIN, Gateway, GatewayTestCase, curl, free_port, gateway_lua, wait_until,  # noqa: E402
-                     write_scripts)
+from harness import (AGGWAY_BIN, Gateway, GatewayTestCase, curl, free_port, gateway_lua, h2load,  # noqa: E402
+                     wait_until, write_scripts)
 from test_cache import Redis  # noqa: E402
 from test_limits import OK, RATELIMIT_ITEM, SERVICES, rate_run_bounds, script  # noqa: E402
 
@@ -927,34 +927,64 @@ class RedisStore(GatewayTestCase):
         html = curl("http://127.0.0.1:%d/waterfall" % self.admin_port).body.decode()
         self.assertIn("limit shared: 0 left (redis", html)
 
-    def test_refused_credentials_spend_the_address_count_in_redis_then_are_not_checked(self):
-        # an API key endpoint with a Redis per-address rule: each refused key is counted in Redis
-        # (a command no request waits for); once Redis has refused one, the address's next requests
-        # are refused before their key is looked at, until that refusal's reset
+    def start_keyed(self, redis_port=None, burst=3, timeout_ms=200):
+        """GET /a behind auth = "api_key" (one key, "k-good") with a Redis rule keyed by the client's
+        address: 1 per 600 s, a burst of 3."""
         import hashlib
         kfile = os.path.join(self.workdir, "api-keys.json")
         with open(kfile, "w") as f:
             json.dump([{"sha256": hashlib.sha256(b"k-good").hexdigest(), "app": "shop", "plan": "free"}], f)
-        ex = self.extra(redis_rules(key="ip", burst=3))
+        ex = self.extra(redis_rules(key="ip", burst=burst), port=redis_port, timeout_ms=timeout_ms)
         ex["auth"] = {"api_keys": {"file": kfile}}
         src = script("GET /a", OK, limits=["shared"]).replace("  route =", '  auth = "api_key",\n  route =')
         self.start(services=SERVICES, scripts={"a.lua": src}, gateway_extra=ex)
+
+    def test_refused_credentials_spend_the_address_count_in_redis_then_are_not_checked(self):
+        # a flood of guessed keys multiplexed on one HTTP/2 connection: each refusal is counted in
+        # Redis and in the process's shadow of the rule, which refuses the rest before their key
+        # is looked at: exactly the burst's three keys are checked, whatever Redis's replies' timing
+        self.start_keyed()
         self.wait_ready()
-        statuses = []
-        for i in range(40):  # bounded: the charges' replies come back within a few ms of each
-            statuses.append(self.get("/a", "-H", "X-API-Key: guess-%d" % i).status)
-            if statuses[-1] == 429:
-                break
-        self.assertEqual(statuses[:4], [401] * 4, statuses)  # three counted, the fourth refused by Redis
-        self.assertEqual(statuses[-1], 429, statuses)
-        refused_401 = self.gw.log().count("refused with 401")
-        r = self.get("/a", "-H", "X-API-Key: k-good")
+        res = h2load("http://127.0.0.1:%d/a" % self.port, "-n", "300", "-c", "1", "-m", "100",
+                     "-H", "X-API-Key: guess")
+        self.assertEqual(res.get("4xx"), 300, res["output"])
+        self.assertTrue(wait_until(lambda: self.gw.log().count("refused with 401") >= 3, 10), self.gw.log())
+        self.assertEqual(self.gw.log().count("refused with 401"), 3, self.gw.log())
+        r = self.get("/a", "-H", "X-API-Key: k-good")   # the address's good key too
         self.assertEqual(r.status, 429, r)
         self.assertEqual(json.loads(r.body)["violated-policies"], ["shared"])
-        self.assertGreaterEqual(int(r.headers["retry-after"]), 1)
-        self.assertEqual(self.gw.log().count("refused with 401"), refused_401, self.gw.log())
+        self.assertEqual(r.headers["retry-after"], "600")   # the next one fits in 600 s (not 1,800: full)
+        # Redis counted them: another gateway on the same Redis refuses the address at once
+        second = self.second_gateway()
+        self.assertTrue(wait_until(lambda: curl("http://127.0.0.1:%d/readyz" % second.admin_port).status == 200, 30))
+        self.assertEqual(curl("http://127.0.0.1:%d/a" % second.port, "-H", "X-API-Key: k-good").status, 429)
         self.assertEqual(self.redis_errors(), 0)
         self.assertNotIn("did not answer", self.gw.log())
+
+    def test_commands_counting_refusals_in_flight_are_bounded(self):
+        # a Redis that never answers and a rule whose burst lets 400 refusals through: a worker
+        # sends at most 256 commands counting them (AGW_LIMIT_CHARGES_MAX), the rest wait for none
+        evals = []
+        fake = FakeRedis(lambda args: (evals.append(1) if args[0].upper() in (b"EVALSHA", b"EVAL") else None,
+                                       b"" if args[0].upper() in (b"EVALSHA", b"EVAL") else b"+PONG\r\n")[1])
+        self.addCleanup(fake.stop)
+        self.start_keyed(redis_port=fake.port, burst=1000, timeout_ms=10000)
+        self.wait_ready()
+        res = h2load("http://127.0.0.1:%d/a" % self.port, "-n", "400", "-c", "4", "-m", "50",
+                     "-H", "X-API-Key: guess")
+        self.assertEqual(res.get("4xx"), 400, res["output"])
+        self.assertEqual(self.gw.log().count("refused with 401"), 400)
+        self.assertTrue(wait_until(lambda: len(evals) >= 256, 10), len(evals))
+        time.sleep(0.3)  # (a command beyond the bound would have been sent with its request)
+        self.assertEqual(len(evals), 256)
+
+    def test_refused_credentials_are_counted_while_redis_is_down(self):
+        # no Redis to count them: the process's shadow of the rule still does
+        self.redis.stop()
+        self.start_keyed(redis_port=self.redis.port)
+        self.assertEqual([self.get("/a", "-H", "X-API-Key: guess-%d" % i).status for i in range(5)],
+                         [401, 401, 401, 429, 429])
+        self.assertEqual(self.gw.log().count("refused with 401"), 3, self.gw.log())
 
     def test_readyz_is_503_until_every_worker_has_its_redis_connection_then_stays_200(self):
         self.redis.stop()  # not there yet when the gateway starts

@@ -110,6 +110,37 @@ static void refused_request_is_not_counted(void)
     agw_limit_store_free(s);
 }
 
+/* a peek of a spent rate says when the next request fits, as a refused take does, and counts
+ * nothing; a quota's peek and an accepted one are agw_limit_peek's */
+static void peek_next_says_when_one_fits(void)
+{
+    agw_limit_store_t *s = agw_limit_store_new(64);
+    agw_limit_rule_t r = rate_rule("slow", 1, 10, 5); /* one per 10 s, a bucket of 5: full in 50 s */
+    uint64_t h = agw_limit_hash(&r, "a", 1), now = UINT64_C(1764590400000);
+    agw_limit_result_t peek, take;
+    agw_limit_peek_next(s, &r, h, now, &peek);
+    CHECK(peek.allowed && peek.remaining == 5);
+    for (int i = 0; i < 5; i++)
+        CHECK(agw_limit_take(s, &r, h, now, &take) == 1);
+    agw_limit_peek(s, &r, h, now, &peek);
+    CHECK(!peek.allowed && peek.reset_ms == 50000); /* the plain peek: until full */
+    agw_limit_peek_next(s, &r, h, now, &peek);
+    CHECK(agw_limit_take(s, &r, h, now, &take) == 0);
+    CHECK(!peek.allowed && peek.remaining == 0 && peek.reset_ms == take.reset_ms && take.reset_ms == 10000);
+    CHECK(peek.limit == 5 && peek.window_s == 50);
+    agw_limit_peek_next(s, &r, h, now + 9999, &peek);
+    CHECK(!peek.allowed && peek.reset_ms == 1);
+    agw_limit_peek_next(s, &r, h, now + 10000, &peek);
+    CHECK(peek.allowed && peek.remaining == 1);
+    CHECK(agw_limit_take(s, &r, h, now + 10000, &take) == 1); /* the peeks counted nothing */
+    agw_limit_rule_t q = quota_rule("daily", 1, AGW_LIMIT_DAY);
+    uint64_t hq = agw_limit_hash(&q, "a", 1);
+    CHECK(agw_limit_take(s, &q, hq, now, &take) == 1);
+    agw_limit_peek_next(s, &q, hq, now, &peek);
+    CHECK(!peek.allowed && peek.reset_ms == 12 * 3600000); /* noon: the day ends in 12 h */
+    agw_limit_store_free(s);
+}
+
 /* a full table lets through uncounted and says so; expired slots are taken over */
 static void full_table_and_takeover(void)
 {
@@ -189,6 +220,7 @@ int main(void)
     RUN(ip_keys_count_ipv6_by_its_64_and_mapped_ipv4_as_ipv4);
     RUN(quota_windows_reset_at_utc_boundaries);
     RUN(refused_request_is_not_counted);
+    RUN(peek_next_says_when_one_fits);
     RUN(full_table_and_takeover);
     RUN(concurrent_takes_are_exact);
     return CHECK_DONE();
