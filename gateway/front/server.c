@@ -534,7 +534,10 @@ int agw_server_run(const char *dir)
         metrics[wi]->exporter = exporter;
     }
     if (agw_worker_ring_wanted(&errors) < 0) {
-        agw_log(AGW_LOG_ERROR, "cannot start: %s", errors.base);
+        size_t n = errors.len; /* (one line: without its newline, which the log would escape) */
+        while (n > 0 && errors.base[n - 1] == '\n')
+            n--;
+        agw_log(AGW_LOG_ERROR, "cannot start: %.*s", (int)n, errors.base);
         agw_buf_free(&errors);
         return 1;
     }

@@ -215,7 +215,8 @@ static void on_call_done(agw_call_t *call, const agw_call_result_t *res, void *d
  * the gateway's span, sent in its own traceparent with the request's tracestate. The headers go
  * after the script's (hdrs has room for two more than n); a script's own traceparent or
  * tracestate is replaced: the gateway owns them. Returns the new header count, and in *own how
- * many of them, last, are the gateway's (1 or 2: agw_call_req_t's num_own). The header is added
+ * many of them, last, are the gateway's (1 or 2: agw_call_req_t's num_own; 0 for the runtime's own
+ * call, rid 0, which sends neither). The header is added
  * here, at send time, so single-flight keys (made in Lua from the call spec) never see it. */
 static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_header_t *hdrs, size_t n,
                                  char *tp, size_t *own)
@@ -229,6 +230,11 @@ static size_t trace_call_headers(agw_worker_t *w, lua_State *L, wcall_t *c, agw_
         hdrs[k++] = hdrs[i];
     }
     size_t kept = k;
+    if (c->rid == 0) { /* the runtime's own call (a health probe): in no trace, so none is sent (a
+                          sampled traceparent made every probe a trace of its own upstream) */
+        *own = 0;
+        return k;
+    }
     reqref_t *rr = agw_slots_get(&w->tables.reqs, c->rid);
     agw_trace_t *tr = rr ? rr->trace : NULL;
     if (tr) {

@@ -374,11 +374,11 @@ size_t agw_worker_row_sections(lua_State *L, int idx, section_ref_t *out, size_t
 }
 
 /* One JSON line per request: time, method, path, route, status, duration_ms, bytes, sections
- * (name, status, ms), trace_id. secs: the page's sections (NULL when the response is not a page:
+ * (name, status, ms), trace_id (16 bytes, or NULL: null). secs: the page's sections (NULL when the response is not a page:
  * the sections are then the Server-Timing entries, without a status). */
 static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const char *path, size_t plen,
                        const char *route, int status, double ms, size_t bytes, const section_ref_t *secs, size_t nsecs,
-                       const char *timing, size_t tlen, const agw_trace_t *trace, const agw_trace_limit_t *limit)
+                       const char *timing, size_t tlen, const uint8_t *trace_id, const agw_trace_limit_t *limit)
 {
     agw_buf_t *b = &w->log.alog;
     double now = ev_now(w->loop); /* libev's loop time is the wall clock */
@@ -471,9 +471,9 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
         alog_ms(b, limit->wait_us / 1000.0);
         agw_buf_putc(b, '}');
     }
-    if (trace) {
+    if (trace_id) {
         char tid[32];
-        agw_trace_hex(tid, trace->trace_id, 16);
+        agw_trace_hex(tid, trace_id, 16);
         ALOG_LIT(b, ",\"trace_id\":\"");
         alog_lit(b, tid, 32);
         ALOG_LIT(b, "\"}\n");
@@ -507,9 +507,15 @@ void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint,
     uint32_t slot = endpoint == AGW_ENDPOINT_ENVELOPE ? g->gen->route_slot[g->conf->num_endpoints + 1]
                                                       : g->gen->route_slot[endpoint];
     agw_metrics_request(w->m, (int)slot, status, ms, bytes);
-    if (w->log.access_fd >= 0)
+    if (w->log.access_fd >= 0) {
+        /* no span was made: the client's trace, when it sent one, ties the refusal to it */
+        agw_traceparent_t tp;
+        ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("traceparent"), -1);
+        int has_tp = i >= 0 &&
+                     agw_traceparent_parse(req->headers.entries[i].value.base, req->headers.entries[i].value.len, &tp) == 0;
         alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, route_of(g, endpoint), status,
-                   ms, bytes, NULL, 0, NULL, 0, NULL, limit);
+                   ms, bytes, NULL, 0, NULL, 0, has_tp ? tp.trace_id : NULL, limit);
+    }
 }
 
 void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t bytes, const section_ref_t *secs,
@@ -522,7 +528,7 @@ void agw_worker_record_request(agw_worker_t *w, reqref_t *rr, int status, size_t
         size_t mlen = strlen(rr->logline);
         const char *path = rr->logline + mlen + 1;
         alog_write(w, rr->logline, mlen, path, strlen(path), route_of(rr->g, rr->endpoint), status, ms, bytes, secs,
-                   nsecs, timing, tlen, rr->trace, rr->trace ? &rr->trace->limit : NULL);
+                   nsecs, timing, tlen, rr->trace ? rr->trace->trace_id : NULL, rr->trace ? &rr->trace->limit : NULL);
         free(rr->logline);
         rr->logline = NULL;
     }

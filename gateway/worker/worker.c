@@ -365,6 +365,8 @@ agw_worker_t *agw_worker_start(int id, agw_generation_t *gen, h2o_globalconf_t *
         char why[128];
         if (agw_batch_ring_init(&w->batch, why, sizeof(why)) != 0)
             agw_log(AGW_LOG_WARN, "upstream I/O: one system call per operation: %s (worker %d)", why, id);
+    } else if (id == 0) {
+        agw_log(AGW_LOG_INFO, "upstream I/O: one system call per operation (AGGWAY_IO_URING=off)");
     }
     if (id == 0 && w->batch.ring)
         agw_log(AGW_LOG_INFO, "upstream I/O: batched per loop iteration (io_uring)");

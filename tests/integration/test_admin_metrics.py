@@ -535,11 +535,17 @@ class AccessLog(AdminCase):
         self.start_admin(services_=services(reviews_fault=None, inventory_refuses=True), access_log=path)
         self.assertEqual(self.get("/mp/7?x=1").status, 200)
         self.assertEqual(self.get("/nothing").status, 404)
-        lines = [l for l in self.read_lines(path, 3) if l["path"] != "/__harness_probe__"]
-        self.assertEqual(len(lines), 2, lines)
-        page, missing = lines
+        tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        self.assertEqual(self.get("/nothing", "-H", "traceparent: " + tp).status, 404)
+        self.assertEqual(self.get("/nothing", "-H", "traceparent: 00-zz-00f067aa0ba902b7-01").status, 404)
+        lines = [l for l in self.read_lines(path, 5) if l["path"] != "/__harness_probe__"]
+        self.assertEqual(len(lines), 4, lines)
+        page, missing, traced, bad = lines
         self.assertRegex(page["trace_id"], r"^[0-9a-f]{32}$", "a routed request has its trace id")
-        self.assertIsNone(missing["trace_id"], "no route matched: no trace")
+        self.assertIsNone(missing["trace_id"], "no route matched, no traceparent: no trace")
+        # an answer made in C (no span) names the client's trace when it sent a valid traceparent
+        self.assertEqual(traced["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736")
+        self.assertIsNone(bad["trace_id"])
         for l in lines:
             self.assertEqual(set(l), self.FIELDS, l)
             self.assertRegex(l["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -563,7 +569,7 @@ class AccessLog(AdminCase):
         lines = self.read_lines(path, 1)
         self.assertEqual([l["path"] for l in lines], ["/mp/8"])
         with open(path + ".1") as f:
-            self.assertEqual(len(f.read().splitlines()), 3)
+            self.assertEqual(len(f.read().splitlines()), 5)
 
     def test_a_plain_response_lists_its_calls_from_server_timing(self):
         # not a page: no section statuses, the calls' names and durations (Server-Timing's)

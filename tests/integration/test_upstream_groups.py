@@ -372,8 +372,15 @@ class UpstreamGroups(GatewayTestCase):
             self.assertEqual(status, 200, body)
             self.assertNotEqual(body["product"]["data"]["from"], "b")
         self.assertEqual(self.product_hits("product_b"), before, "an endpoint out of service was called")
-        # probes are not the upstream's calls
+        # probes are not the upstream's calls: in no trace (no traceparent: a sampled one made each
+        # probe a trace of the upstream's own), and not in the waterfall
         self.assertNotIn("/healthz", json.dumps(json.loads(self.admin("/waterfall.json"))))
+        probes = [r for r in self.mock.requests("product")["requests"] if r["path"] == "/healthz"]
+        self.assertTrue(probes)
+        self.assertFalse([r for r in probes if {k.lower() for k in r["headers"]} & {"traceparent", "tracestate"}],
+                         probes[:2])
+        pages = [r for r in self.mock.requests("product")["requests"] if r["path"].startswith("/products/")]
+        self.assertTrue(pages and all("traceparent" in {k.lower() for k in r["headers"]} for r in pages))
         # back: two passing probes in a row put it in service again, and it gets its share
         self.mock.set_routes("product_b", [healthz, product])
         self.assertTrue(wait_until(lambda: self.endpoint_state()[url_b]["state"] == "healthy", WAIT),
