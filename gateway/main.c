@@ -26,6 +26,7 @@
 #include "base/log.h"
 #include "deploy/runtime_dir.h"
 #include "script/script.h"
+#include "script/listen_tls.h"
 #include "front/admin.h"
 #include "front/server.h"
 
@@ -180,6 +181,16 @@ static int cmd_check(const char *dir, int quiet)
         agw_config_free(&conf);
         agw_buf_free(&errors);
         return 1;
+    }
+    for (size_t i = 0; i < conf.num_listen; i++) { /* valid all the same: serve would serve it */
+        const agw_listen_conf_t *l = &conf.listen[i];
+        const char *state = l->ssl_ctx ? agw_listen_tls_validity(l->ssl_ctx) : "";
+        if (*state) {
+            char desc[512];
+            agw_listen_tls_describe(l->ssl_ctx, desc, sizeof(desc));
+            fprintf(stderr, "%s/gateway.lua: warning: listen %s:%d: the certificate %s (%s)%s\n", dir, l->host, l->port,
+                    l->cert_file, desc, state);
+        }
     }
     if (!quiet)
         printf("aggway: %s is valid: %zu route%s, %zu upstream%s\n", dir, conf.router.num_routes,

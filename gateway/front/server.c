@@ -105,13 +105,7 @@ static void log_certificates(const char *what, const agw_config_t *conf)
         char desc[512];
         agw_listen_tls_describe(l->ssl_ctx, desc, sizeof(desc));
         /* served all the same (an operator may have nothing better at hand), but said loudly */
-        X509 *x = SSL_CTX_get0_certificate(l->ssl_ctx);
-        const char *state = x == NULL ? ""
-                          : X509_cmp_current_time(X509_get0_notAfter(x)) < 0 ? "; it has EXPIRED: clients that check "
-                                                                                "certificates refuse it"
-                          : X509_cmp_current_time(X509_get0_notBefore(x)) > 0 ? "; it is NOT VALID YET: clients that "
-                                                                                 "check certificates refuse it"
-                          : "";
+        const char *state = agw_listen_tls_validity(l->ssl_ctx);
         agw_log(*state ? AGW_LOG_WARN : AGW_LOG_INFO, "%s: new TLS connections on %s:%d get the certificate %s (%s)%s",
                 what, l->host, l->port, l->cert_file, desc, state);
     }

@@ -124,3 +124,13 @@ void agw_listen_tls_describe(SSL_CTX *ctx, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)len, text);
     BIO_free(b);
 }
+
+const char *agw_listen_tls_validity(SSL_CTX *ctx)
+{
+    X509 *x = SSL_CTX_get0_certificate(ctx);
+    return x == NULL                                              ? ""
+           : X509_cmp_current_time(X509_get0_notAfter(x)) < 0   ? "; it has EXPIRED: clients that check certificates refuse it"
+           : X509_cmp_current_time(X509_get0_notBefore(x)) > 0  ? "; it is NOT VALID YET: clients that check certificates "
+                                                                  "refuse it"
+                                                                : "";
+}

@@ -44,4 +44,9 @@ SSL_CTX *agw_listen_tls_new(const char *cert_file, const char *key_file, agw_lis
  * "subject CN=api.example, expires Jan  2 10:00:00 2027 GMT". */
 void agw_listen_tls_describe(SSL_CTX *ctx, char *out, size_t cap);
 
+/* What is wrong now with the validity period of ctx's leaf certificate: "" when it is valid (or
+ * there is none), else "; it has EXPIRED: …" or "; it is NOT VALID YET: …" (a static string, to
+ * follow the description). A listener serves it all the same; serve, a reload and check say so. */
+const char *agw_listen_tls_validity(SSL_CTX *ctx);
+
 #endif

@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from h2_client import H2Client  # noqa: E402
-from harness import make_self_signed_cert, main, wait_until  # noqa: E402
+from harness import make_self_signed_cert, main, run_aggway, wait_until  # noqa: E402
 from test_reload import WAIT, ReloadCase, version_of  # noqa: E402
 
 
@@ -245,6 +245,11 @@ class CertificateReload(ReloadCase):
         self.reload_ok(2)
         self.assertServes(expired, n=2, what="expired")
         self.assertRegex(self.gw.log(), r"warn reload: new TLS connections on 0\.0\.0\.0:%d get the certificate %s "
+                         r"\(subject CN=expired, expires [^)]*\); it has EXPIRED" % (self.tls_port, re.escape(self.cert)))
+        # aggway check says so too (the folder is valid: serve would serve it)
+        out = run_aggway("check", "-c", self.scripts_dir)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stderr.decode(), r"gateway\.lua: warning: listen 0\.0\.0\.0:%d: the certificate %s "
                          r"\(subject CN=expired, expires [^)]*\); it has EXPIRED" % (self.tls_port, re.escape(self.cert)))
 
 
