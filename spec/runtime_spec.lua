@@ -357,6 +357,11 @@ describe("agg.page's response", function()
     local page = gateway():get("/pages/shape")
     assert.same({ mt = "agg.page", protected = true, before = "headers,status", after = "headers,json,status",
                   json = "table", same = true, a = "ok" }, page.json)
+    -- a failed page's metatable (the VM's one for every such page) is guarded too
+    local failing = gateway()
+    failing:stub("a", "/x", { fault = "refuse" })
+    assert.same({ status = 502, mt = "agg.page", protected = true, reached = false },
+                failing:get("/pages/failed-shape").json)
   end)
 end)
 

@@ -311,8 +311,11 @@ local function server_timing(ctx, n)
 end
 
 -- agg.page's responses carry one of these metatables: its verdict, which the transport needs
--- (agg.contract's response.page), is known here and never read back from a header
-M.PAGE_COMPLETE, M.PAGE_PARTIAL = { page = "complete" }, { page = "partial" }
+-- (agg.contract's response.page), is known here and never read back from a header. Shared by
+-- every page of the VM, so guarded: getmetatable gives scripts a name, never the table (a script
+-- that set __newindex on it rewrote another endpoint's failed pages; an attack review)
+M.PAGE_COMPLETE = { page = "complete", __metatable = "agg.page" }
+M.PAGE_PARTIAL = { page = "partial", __metatable = "agg.page" }
 
 -- A page's section (DESIGN §2.2): its members in this order (agg.contract's tables.section)
 M.SECTION_MEMBERS = { "status", "data", "error" }
