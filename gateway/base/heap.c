@@ -206,6 +206,14 @@ int agw_heap_lua_take(lua_State *L, agw_lua_heap_t *h, double bytes)
     return 0;
 }
 
+size_t agw_heap_lua_room(agw_lua_heap_t *h)
+{
+    if (h == NULL || h->limit == SIZE_MAX || h->armed <= 0)
+        return SIZE_MAX;
+    size_t used = agw_heap_lua_used(h);
+    return used < h->limit ? h->limit - used : 0;
+}
+
 void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     agw_lua_heap_t *h = ud;
@@ -221,8 +229,28 @@ void *agw_heap_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     return raw_lua_alloc(h, ptr, osize, nsize);
 }
 
+/* Full collections of h's VM (from L, the thread running now) until the heap is under the limit
+ * or one no longer shrinks it by AGW_LUA_TRIP_SLACK (at most 8: LuaJIT's string buffer halves at
+ * each). Returns the heap after. */
+static size_t collect_until_settled(lua_State *L, agw_lua_heap_t *h)
+{
+    size_t used = agw_heap_lua_used(h);
+    for (int i = 0; i < 8; i++) {
+        size_t before = used;
+        lua_gc(L, LUA_GCCOLLECT, 0);
+        used = agw_heap_lua_used(h);
+        if (used <= h->limit || used + AGW_LUA_TRIP_SLACK > before)
+            break;
+    }
+    return used;
+}
+
 void agw_heap_lua_settle(agw_lua_heap_t *h)
 {
+    if (h->recheck && h->armed <= 0 && h->L != NULL) {
+        h->recheck = 0;
+        h->collected_at = collect_until_settled(h->L, h);
+    }
     if (agw_heap_lua_used(h) <= h->limit) {
         h->trip = h->limit;
         h->collected_at = 0; /* (a collection long ago says nothing of the heap now) */
@@ -233,9 +261,9 @@ int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h)
 {
     h->over = 0;
     size_t used = agw_heap_lua_used(h);
-    if (h->collected_at == 0 || used > h->collected_at + AGW_LUA_TRIP_SLACK) {
-        lua_gc(L, LUA_GCCOLLECT, 0);
-        used = agw_heap_lua_used(h);
+    if (h->collected_at == 0 || used > h->collected_at + AGW_LUA_TRIP_SLACK || h->recheck) {
+        h->recheck = 0;
+        used = collect_until_settled(L, h);
         h->collected_at = used;
     }
     if (used <= h->limit) {
@@ -246,6 +274,7 @@ int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h)
     size_t ceiling = h->limit + h->limit / 4;
     h->trip = used + AGW_LUA_TRIP_SLACK < ceiling ? used + AGW_LUA_TRIP_SLACK : ceiling;
     h->stopped++;
+    h->recheck = 1;
     return 1;
 }
 

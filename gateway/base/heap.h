@@ -88,6 +88,8 @@ typedef struct agw_lua_heap {
     int countdown;           /* allocations until the next look at the heap's size */
     size_t trip;             /* on_over is called when the heap passes this (>= limit) */
     size_t collected_at;     /* the heap after the hook's last full collection, 0 for none yet */
+    int recheck;             /* a script was stopped since: what it held may be garbage now, so
+                                the next look collects again (agw_heap_lua_still_over, settle) */
     int armed;               /* > 0 inside agw_heap_lua_pcall */
     int over;                /* the heap passed its trip since the hook last decided */
     uint64_t stop_entry;     /* the worker's entry (watchdog.h) whose script the limit stopped */
@@ -118,15 +120,24 @@ void agw_heap_lua_set_limit(agw_lua_heap_t *h, size_t bytes);
  * h may be NULL (yes). */
 int agw_heap_lua_take(lua_State *L, agw_lua_heap_t *h, double bytes);
 
+/* The bytes a script's call may still take under the limit as the heap stands (no collection;
+ * 0 when over it): SIZE_MAX without a limit, outside an armed call, or for h NULL. */
+size_t agw_heap_lua_room(agw_lua_heap_t *h);
+
 /* The bytes h's VM holds: LuaJIT's own count (lua_gc LUA_GCCOUNT, a plain read). */
 size_t agw_heap_lua_used(const agw_lua_heap_t *h);
 
 /* The trip back at the limit when the heap is under it (once a second: the allocator's common
- * path does not look). */
+ * path does not look). Outside any entry into Lua (h->armed <= 0), after a script was stopped for
+ * memory, collects first: what the stopped script held is garbage once it is gone, and LuaJIT's
+ * string buffer a large concatenation grew halves at each collection only (collected again while
+ * it shrinks, up to 8 times). */
 void agw_heap_lua_settle(agw_lua_heap_t *h);
 
 /* For the stop hook (L's VM heap h over its trip): runs a full collection unless the last one
- * left the heap within AGW_LUA_TRIP_SLACK of where it is now; returns 1 when the heap is still
+ * left the heap within AGW_LUA_TRIP_SLACK of where it is now and no script was stopped since (the
+ * stopped one's data, held at that collection, may be garbage now: a script stopped after a
+ * 400 MB concatenation left every later page stopped until the worker idled); returns 1 when the heap is still
  * over the limit (the script is to be stopped: trip moves on, up to the limit and a quarter;
  * h->stopped counts it), 0 when it is not (trip back at the limit). Clears h->over either way. */
 int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h);

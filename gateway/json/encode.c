@@ -274,6 +274,7 @@ typedef struct {
     unsigned have; /* bit k: slot regs + k holds its table */
     int failed;
     size_t tables_left; /* tables this encoding may still visit (AGW_JSON_ENCODE_MAX_TABLES) */
+    size_t max_bytes;   /* the text's bound (AGW_JSON_ENCODE_MAX_BYTES, or agw_json_encode_max's) */
     skey *keys; /* scratch for sorting keys, used as a stack by nested objects */
     size_t nkeys, capkeys;
     skey inline_keys[64];
@@ -602,10 +603,10 @@ static int encode_userdata(enc_t *e, int idx, int depth)
 /* The value at idx, whose lua_type is type. */
 static int encode_typed(enc_t *e, int idx, int type, int depth)
 {
-    if (e->out->len > AGW_JSON_ENCODE_MAX_BYTES) { /* (one comparison a value: a string, a raw ref
-                                                        or a table may take it past once) */
+    if (e->out->len > e->max_bytes) { /* (one comparison a value: a string, a raw ref or a table
+                                            may take it past once) */
         char what[64];
-        snprintf(what, sizeof(what), "more than %zu bytes of JSON text", AGW_JSON_ENCODE_MAX_BYTES);
+        snprintf(what, sizeof(what), "more than %zu bytes of JSON text", e->max_bytes);
         return fail(e, depth, what);
     }
     lua_State *L = e->L;
@@ -667,6 +668,7 @@ static int enc_begin(enc_t *e, lua_State *L, agw_buf_t *out, char *err, size_t e
      * zeroing them cost more than encoding a page of raw refs */
     e->L = L, e->out = out, e->err = err, e->errlen = errlen;
     e->failed = 0, e->have = 0, e->tables_left = AGW_JSON_ENCODE_MAX_TABLES;
+    e->max_bytes = AGW_JSON_ENCODE_MAX_BYTES;
     e->keys = e->inline_keys, e->nkeys = 0, e->capkeys = sizeof(e->inline_keys) / sizeof(e->inline_keys[0]);
     if (!lua_checkstack(L, 13))
         return fail(e, 0, "out of Lua stack");
@@ -682,17 +684,24 @@ static void enc_end(enc_t *e, int top)
         free(e->keys);
 }
 
-int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t errlen)
+int agw_json_encode_max(lua_State *L, int idx, agw_buf_t *out, size_t max_bytes, char *err, size_t errlen)
 {
     if (idx < 0 && idx > LUA_REGISTRYINDEX)
         idx = lua_gettop(L) + idx + 1;
     int top = lua_gettop(L);
     enc_t enc, *e = &enc;
     int rc = enc_begin(e, L, out, err, errlen);
+    if (max_bytes < e->max_bytes)
+        e->max_bytes = max_bytes;
     if (rc == 0)
         rc = encode_value(e, idx, 0);
     enc_end(e, top);
     return rc;
+}
+
+int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t errlen)
+{
+    return agw_json_encode_max(L, idx, out, AGW_JSON_ENCODE_MAX_BYTES, err, errlen);
 }
 
 /* ---- rows ---- */

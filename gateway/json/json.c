@@ -3,6 +3,7 @@
 #include "json/json_internal.h"
 
 #include "base/header.h"
+#include "base/heap.h"
 
 #include <errno.h>
 #include <lauxlib.h>
@@ -687,7 +688,28 @@ static int l_encode(lua_State *L)
     luaL_checkany(L, 1);
     agw_buf_t b = AGW_BUF_INIT;
     char err[256];
-    int rc = agw_json_encode(L, 1, &b, err, sizeof(err));
+    /* the text becomes a string of the scripts' heap: in a script's call its room under
+     * script_memory_limit_mb bounds the text (and the C buffer it is written in) as it is made,
+     * with 4 MB more (base/heap.h AGW_LUA_HUGE_BLOCK); past it, once more after a collection,
+     * then an error as any other encoding error */
+    agw_lua_heap_t *h = agw_heap_lua_of(L);
+    size_t room = agw_heap_lua_room(h);
+    int rc;
+    for (int again = 0;; again++) {
+        size_t max = room < AGW_JSON_ENCODE_MAX_BYTES - AGW_LUA_HUGE_BLOCK ? room + AGW_LUA_HUGE_BLOCK
+                                                                           : AGW_JSON_ENCODE_MAX_BYTES;
+        rc = agw_json_encode_max(L, 1, &b, max, err, sizeof(err));
+        if (rc == 0 || max == AGW_JSON_ENCODE_MAX_BYTES || b.len <= max)
+            break;
+        if (again) {
+            snprintf(err, sizeof(err), "not enough memory: the text would take the scripts' heap past "
+                                       "script_memory_limit_mb");
+            break;
+        }
+        lua_gc(L, LUA_GCCOLLECT, 0); /* garbage does not count */
+        room = agw_heap_lua_room(h);
+        agw_buf_reset(&b);
+    }
     return push_encoded(L, rc, &b, err);
 }
 

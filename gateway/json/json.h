@@ -181,6 +181,10 @@ int agw_json_is_ref(lua_State *L, int idx);
  * and the json_t of a raw ref that is not compact. */
 int agw_json_encode(lua_State *L, int idx, agw_buf_t *out, char *err, size_t errlen);
 
+/* agw_json_encode with the text bounded by max_bytes (AGW_JSON_ENCODE_MAX_BYTES at most): past it
+ * (by at most one value), -1 with "more than N bytes of JSON text" and out->len > max_bytes. */
+int agw_json_encode_max(lua_State *L, int idx, agw_buf_t *out, size_t max_bytes, char *err, size_t errlen);
+
 /* Appends the compact JSON encoding of an object given as rows, the Lua table at idx: a list
  * { key1, v1_1, …, v1_m, key2, v2_1, … } of rows of 1 + nmembers values (m = nmembers), read up to
  * the first nil key. It encodes as { "key1": { "members[0]": v1_1, …, "members[m-1]": v1_m }, … }:

@@ -23,6 +23,10 @@
 #define PAT_MAX_CAPTURES 32 /* LUA_MAXCAPTURES */
 #define PAT_MAX_DEPTH 200   /* nested attempts: LuaJIT's LJ_MAX_XLEVEL, "pattern too complex" */
 #define PAT_POLL_STEPS (1L << 14)
+
+/* gsub looks at the scripts' heap each time its result grows by this much (base/heap.h
+ * AGW_LUA_HUGE_BLOCK: what agw_heap_lua_take looks at). */
+#define GSUB_CHECK_BYTES ((size_t)4 << 20)
 #define CAP_OPEN (-1)     /* a capture begun, not closed yet */
 #define CAP_POSITION (-2) /* () */
 
@@ -508,29 +512,35 @@ static int l_gmatch(lua_State *L)
 }
 
 /* The replacement string (argument 3) for the match s .. e: %0-%9 are captures, % before any
- * other character is that character. */
-static void add_replacement_text(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e)
+ * other character is that character. Returns the bytes added. */
+static size_t add_replacement_text(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e)
 {
-    size_t n;
+    size_t n, added = 0;
     const char *r = lua_tolstring(ps->L, 3, &n);
     for (size_t i = 0; i < n; i++) {
         if (r[i] != PAT_ESC) {
             luaL_addchar(b, r[i]);
+            added++;
             continue;
         }
         i++; /* (at n: the string's terminating NUL, added as LuaJIT does) */
         if (!is_digit((unsigned char)r[i])) {
             luaL_addchar(b, r[i]);
+            added++;
         } else if (r[i] == '0') {
             luaL_addlstring(b, s, (size_t)(e - s));
+            added += (size_t)(e - s);
         } else {
             push_capture(ps, r[i] - '1', s, e);
+            added += lua_objlen(ps->L, -1);
             luaL_addvalue(b);
         }
     }
+    return added;
 }
 
-static void add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e)
+/* Adds the replacement of the match s .. e. Returns the bytes added. */
+static size_t add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e)
 {
     lua_State *L = ps->L;
     switch (lua_type(L, 3)) {
@@ -545,8 +555,7 @@ static void add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, cons
         lua_gettable(L, 3);
         break;
     default: /* a string or a number */
-        add_replacement_text(ps, b, s, e);
-        return;
+        return add_replacement_text(ps, b, s, e);
     }
     if (!lua_toboolean(L, -1)) { /* nil or false: the match stays */
         lua_pop(L, 1);
@@ -554,7 +563,21 @@ static void add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, cons
     } else if (!lua_isstring(L, -1)) {
         luaL_error(L, "invalid replacement value (a %s)", luaL_typename(L, -1));
     }
+    size_t added = lua_objlen(L, -1);
     luaL_addvalue(b);
+    return added;
+}
+
+/* What a C call of a script makes in one piece, checked against script_memory_limit_mb before it
+ * is made (base/heap.h agw_heap_lua_take: only a block of 4 MB or more past the limit is refused):
+ * raises "not enough memory: <what> of N MB would take the scripts' heap past
+ * script_memory_limit_mb" at the script's line. No hook runs inside one C call, so the stop hook
+ * alone let one table.concat take 60 times the limit (an attack review). */
+static void take_or_refuse(lua_State *L, double bytes, const char *what)
+{
+    if (!agw_heap_lua_take(L, agw_heap_lua_of(L), bytes))
+        luaL_error(L, "not enough memory: %s of %d MB would take the scripts' heap past script_memory_limit_mb", what,
+                   (int)(bytes / 1048576.0));
 }
 
 /* Whether the calling thread has less than 256 KB (or a quarter of its stack) of C stack left. A gsub whose replacement
@@ -600,22 +623,33 @@ static int l_gsub(lua_State *L)
     luaL_Buffer b;
     luaL_buffinit(L, &b);
     int n = 0;
+    size_t out = 0, next_check = GSUB_CHECK_BYTES; /* the result's bytes so far, and the next look */
     while (n < max) {
         ps.level = ps.depth = 0;
         const char *e = match(&ps, src, p);
         if (e != NULL) {
             n++;
-            add_replacement(&ps, &b, src, e);
+            size_t added = add_replacement(&ps, &b, src, e);
+            out += added;
+            charge(&ps, (long)(added / 16)); /* copying a long replacement is work the hooks see */
         }
-        if (e != NULL && e > src)
+        if (e != NULL && e > src) {
             src = e;
-        else if (src < ps.end)
+        } else if (src < ps.end) {
             luaL_addchar(&b, *src++);
-        else
+            out++;
+        } else {
             break;
+        }
+        if (out >= next_check) { /* the pieces so far, and the result they are joined into */
+            take_or_refuse(L, (double)out, "string.gsub's result");
+            next_check = out + GSUB_CHECK_BYTES;
+        }
         if (anchor)
             break;
     }
+    if (out + (size_t)(ps.end - src) >= GSUB_CHECK_BYTES)
+        take_or_refuse(L, (double)(out + (size_t)(ps.end - src)), "string.gsub's result");
     luaL_addlstring(&b, src, (size_t)(ps.end - src));
     luaL_pushresult(&b);
     lua_pushinteger(L, n);
@@ -658,6 +692,53 @@ static int l_rep(lua_State *L)
     return 1;
 }
 
+/* string.format(fmt, ...): LuaJIT's (upvalue 1), its result checked against the scripts' heap
+ * first when it could be 4 MB or more: the format's bytes, each string argument's, 64 for any
+ * other (a number, "%99.99f" at most; tostring of a table, a boolean). */
+static int l_format(lua_State *L)
+{
+    int top = lua_gettop(L);
+    double bound = 0;
+    for (int i = 1; i <= top; i++)
+        bound += lua_type(L, i) == LUA_TSTRING ? (double)lua_objlen(L, i) : 64.0;
+    if (bound >= (double)AGW_LUA_HUGE_BLOCK)
+        take_or_refuse(L, bound, "string.format's result");
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, top, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* table.concat(t [, sep [, i [, j]]]): LuaJIT's (upvalue 1), its result checked against the
+ * scripts' heap first: the pieces' bytes (a number's: 32 at most) and the separators'. The count
+ * stops at the first piece that is neither (LuaJIT's own call then raises its error for it). */
+static int l_concat(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    size_t seplen = 0;
+    luaL_optlstring(L, 2, "", &seplen);
+    lua_Integer i = luaL_optinteger(L, 3, 1);
+    lua_Integer j = lua_isnoneornil(L, 4) ? (lua_Integer)lua_objlen(L, 1) : luaL_checkinteger(L, 4);
+    double bound = 0;
+    for (lua_Integer k = i; k <= j; k++) {
+        lua_rawgeti(L, 1, (int)k);
+        int t = lua_type(L, -1);
+        bound += t == LUA_TSTRING ? (double)lua_objlen(L, -1) : 32.0;
+        lua_pop(L, 1);
+        if (t != LUA_TSTRING && t != LUA_TNUMBER)
+            break;
+        if (k > i)
+            bound += (double)seplen;
+    }
+    if (bound >= (double)AGW_LUA_HUGE_BLOCK)
+        take_or_refuse(L, bound, "table.concat's result");
+    int top = lua_gettop(L);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, top, 1);
+    return 1;
+}
+
 /* The poll function: straight-line code (about 100 instructions, so that a hook that counts
  * instructions, as the load budget's does, comes round within a few hundred polls), never
  * compiled (compiled code runs no hook). */
@@ -689,5 +770,16 @@ int agw_pattern_open(lua_State *L)
         lua_setfield(L, -3, f->name);
     }
     lua_pop(L, 1);
+    /* format and table_concat: LuaJIT's, checked first (the sandbox gives scripts these) */
+    lua_getglobal(L, "string");
+    lua_getfield(L, -1, "format");
+    lua_remove(L, -2);
+    lua_pushcclosure(L, l_format, 1);
+    lua_setfield(L, -2, "format");
+    lua_getglobal(L, "table");
+    lua_getfield(L, -1, "concat");
+    lua_remove(L, -2);
+    lua_pushcclosure(L, l_concat, 1);
+    lua_setfield(L, -2, "table_concat");
     return 1;
 }

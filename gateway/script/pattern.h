@@ -31,9 +31,13 @@
 
 #include <lua.h>
 
-/* Opens "agg.pattern": a table { find, match, gmatch, gsub } (the signatures of string.find,
- * string.match, string.gmatch and string.gsub). Errors: those of LuaJIT's functions, raised at
- * the caller's line; what a hook raises while a match polls (see above). */
+/* Opens "agg.pattern": a table { find, match, gmatch, gsub, rep, format, table_concat } (the
+ * signatures of string.find, string.match, string.gmatch, string.gsub, string.rep, string.format
+ * and table.concat). Errors: those of LuaJIT's functions, raised at the caller's line; what a hook
+ * raises while a match polls (see above); "not enough memory: …" when what one call would make
+ * (rep, gsub's result as it grows, format's and concat's from their arguments) would take the
+ * scripts' heap past script_memory_limit_mb (base/heap.h agw_heap_lua_take; no hook runs inside
+ * one C call). */
 int agw_pattern_open(lua_State *L);
 
 #endif

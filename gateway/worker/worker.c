@@ -200,8 +200,8 @@ void agw_worker_gen_heap_report(wgen_t *g)
         return;
     agw_heap_lua_settle(h);
     if (h->refused != g->heap_refused_seen) {
-        agw_log(AGW_LOG_WARN, "worker %d: %llu string.rep call(s) refused (the largest %.1f MB): the "
-                "scripts' heap would have passed script_memory_limit_mb (%llu MB; it holds %.1f MB); "
+        agw_log(AGW_LOG_WARN, "worker %d: %llu call(s) of string.rep, table.concat, string.format or string.gsub "
+                "refused (the largest %.1f MB): the scripts' heap would have passed script_memory_limit_mb (%llu MB; it holds %.1f MB); "
                 "the script that asked got \"not enough memory\"", w->id,
                 (unsigned long long)(h->refused - g->heap_refused_seen), (double)h->refused_largest / 1048576.0,
                 (unsigned long long)g->conf->script_memory_limit_mb, (double)agw_heap_lua_used(h) / 1048576.0);

@@ -75,12 +75,14 @@ local SANDBOX = "the scripts' sandbox keeps them away from the machine (see docs
 -- methods are the same for every caller, so the runtime's own code (lua/agg) calls LuaJIT's
 -- functions through locals (str_find …), never the methods: tools/check-runtime-patterns.
 --
--- string.rep is agg.pattern's too: it makes a large string from a small one in one C call, where
--- no hook runs, so what it would make is checked against script_memory_limit_mb first (base/heap.h
--- agw_heap_lua_take); past it the script gets "not enough memory" at its line.
+-- string.rep, string.format and table.concat are agg.pattern's too (and gsub checks its result as
+-- it grows): each makes a large string in one C call, where no hook runs, so what it would make is
+-- checked against script_memory_limit_mb first (base/heap.h agw_heap_lua_take); past it the
+-- script gets "not enough memory" at its line.
 local string_lib = {}
+local pattern = require "agg.pattern"
 for k, v in pairs(string) do string_lib[k] = v end
-for k, v in pairs(require "agg.pattern") do string_lib[k] = v end
+for k, v in pairs(pattern) do if k ~= "table_concat" then string_lib[k] = v end end
 local string_view, string_methods = lib_view("string", string_lib, all_but(string_lib, { dump = true }), { dump = NO_BYTECODE })
 do
   local mt = debug.getmetatable("") -- (debug's: once protected, getmetatable("") is "string")
@@ -190,6 +192,7 @@ end
 -- shared read-only view's __newindex, as rawset would; on a view they raise as script_rawset does
 local table_lib = {}
 for k, f in pairs(table) do table_lib[k] = f end
+table_lib.concat = pattern.table_concat -- (above: checked against the memory limit first)
 local function no_views(name, f)
   return function(t, ...)
     if readonly.is_view(t) then

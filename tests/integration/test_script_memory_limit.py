@@ -105,6 +105,36 @@ return { route = "GET /grow/{n}", handler = function(req)
   return { status = 200, json = { n = #kept } }
 end }
 """,
+    # one C call that makes hundreds of MB from a 4 MB string (just under string.rep's own check):
+    # no hook runs inside it, so each is checked before it is made (an attack review: one
+    # table.concat took 4 GB and 11 s; every later page was stopped until the worker idled)
+    "bombs.lua": """local agg = require "agg"
+local function b() return ("y"):rep(4 * 1024 * 1024 - 64) end
+local function many(n) local s, t = b(), {} for i = 1, n do t[i] = s end return t end
+return {
+  { route = "GET /bomb/concat", handler = function(req)
+      return { status = 200, json = { n = #table.concat(many(100)) } }
+    end },
+  { route = "GET /bomb/gsub", handler = function(req)
+      return { status = 200, json = { n = #(("x"):rep(100):gsub("x", b())) } }
+    end },
+  { route = "GET /bomb/format", handler = function(req)
+      return { status = 200, json = { n = #string.format(("%s"):rep(60), unpack(many(60))) } }
+    end },
+  { route = "GET /bomb/json", handler = function(req)
+      local text, err = agg.json.encode(many(60))
+      return { status = 200, json = { text = text ~= nil, err = err } }
+    end },
+  -- a chain of 60 concatenations (one instruction, no call to check): 240 MB before the hook
+  -- can stop the script; the page after it must not pay for it
+  { route = "GET /bomb/chain", handler = function(req)
+      local x = b()
+      local s = x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..
+                x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x..x
+      return { status = 200, json = { n = #s } }
+    end },
+}
+""",
     # within the limit: 8 MB
     "fits.lua": endpoint("GET /fits", """
     local s = string.rep("z", 8 * 2^20)
@@ -240,6 +270,25 @@ class ScriptMemoryLimit(GatewayTestCase):
         # a quarter over the limit, and what one request takes past it (without the check of every
         # block past the limit: 585 MB after 400 requests)
         self.assertLess(heap / 2 ** 20, LIMIT_MB * 1.25 + 16, self.gw.log()[-2000:])
+
+    def test_one_call_that_would_make_hundreds_of_mb_is_refused_before_it_is_made(self):
+        for kind in ("concat", "gsub", "format"):
+            self.assertRefused("/bomb/" + kind)
+            self.assertIn("not enough memory: %s" % {"concat": "table.concat's result", "gsub": "string.gsub's result",
+                                                     "format": "string.format's result"}[kind], self.gw.log())
+        r = self.get("/bomb/json")
+        self.assertEqual(r.json(), {"text": False, "err": "not enough memory: the text would take the "
+                                                          "scripts' heap past script_memory_limit_mb"}, r)
+        self.assertLess(vm_hwm_mb(self.gw.proc.pid), 3 * LIMIT_MB + 150, self.gw.log())
+
+    def test_the_page_after_a_stop_does_not_pay_for_what_the_stopped_script_held(self):
+        # the stopped script's 240 MB were held when the hook collected: the next look collects
+        # again, and the next pages are served at once (they were stopped until the worker idled)
+        self.assertProblem(self.get("/bomb/chain"), 500)
+        self.assertIn("stopped: the scripts of this worker hold", self.gw.log())
+        for _ in range(5):
+            self.assertEqual(self.get("/product-page/42").status, 200, self.gw.log()[-1500:])
+            self.assertEqual(self.get("/fits").json(), {"n": 8 * 2 ** 20})
 
     def test_the_process_stays_near_the_limit(self):
         for path in ("/double", "/keep", "/double", "/keep"):
