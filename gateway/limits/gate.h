@@ -63,9 +63,9 @@ void agw_gate_problem_redis_deny(agw_buf_t *b, const char *rule, uint64_t retry_
  *     429 or 503.
  *     mode: "check" (the default, above); "peek": the same answer, nothing counted, a refused
  *     rate's wait until one request fits (agw_limit_peek_next: the check before the edge,
- *     worker/limits.c agw_worker_gate_before_edge); "charge": each local ask taken on its own (a
- *     refused one counts nothing) and the redis asks all or none, returning only the list of each
- *     ask's allowed (an edge's refusal counted, agw_worker_gate_charge).
+ *     worker/limits.c agw_worker_gate_before_edge); "charge": each ask taken on its own (a refused
+ *     one counts nothing), returning only the list of each ask's allowed (an edge's refusal
+ *     counted, agw_worker_gate_charge).
  *   limiter.shed(max_in_flight, priority, inflight) -> boolean (agw_gate_shed)
  * Errors (a malformed ask) are raised. */
 struct lua_State;

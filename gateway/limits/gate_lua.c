@@ -162,10 +162,10 @@ static int l_check(lua_State *L)
     /* as worker/limits.c: the local rules first; a refusal there answers with them only */
     agw_limit_verdict_t v = {.results = results};
     int allowed, only_denied = 0;
-    if (mode == MODE_CHARGE) { /* as worker/limits.c: each local ask on its own (a refused take
-                                  counts nothing), the Redis asks all or none (one script call) */
+    if (mode == MODE_CHARGE) { /* as worker/limits.c: each ask on its own (a refused take counts
+                                  nothing; a Redis rule's charge is a command of its own) */
         check_kind(h->s, asks, kinds, n, ASK_LOCAL, now_ms, results, mode);
-        check_kind(remote->s, asks, kinds, n, ASK_REMOTE, now_ms, results, MODE_CHECK);
+        check_kind(remote->s, asks, kinds, n, ASK_REMOTE, now_ms, results, mode);
         lua_createtable(L, (int)n, 0);
         for (size_t i = 0; i < n; i++) {
             lua_pushboolean(L, kinds[i] != ASK_LOCAL && kinds[i] != ASK_REMOTE ? 1 : results[i].allowed);

@@ -84,7 +84,7 @@ typedef struct agw_limit_rule {
     agw_limit_window_t window;  /* quota: its window */
     int redis;                  /* store = "redis": counted in Redis (limit_redis.h), else locally */
     agw_limit_on_error_t on_redis_error; /* a Redis rule's answer when Redis cannot give one */
-    int before_auth;            /* key "ip" (gateway.lua `before_auth`, default true): on an endpoint
+    int before_auth;            /* a rate keyed "ip" (gateway.lua `before_auth`, default true): on an endpoint
                                    with auth, the edge's refusals count against it and a spent count
                                    refuses before the edge (worker_internal.h,
                                    agw_worker_gate_before_edge) */

@@ -356,5 +356,8 @@ const char *agw_span_outcome_name(unsigned outcome)
 
 const char *agw_trace_limit_store_name(uint8_t store)
 {
-    return store == AGW_TRACE_LIMIT_REDIS ? "redis" : store == AGW_TRACE_LIMIT_FALLBACK ? "fallback" : "local";
+    return store == AGW_TRACE_LIMIT_REDIS      ? "redis"
+           : store == AGW_TRACE_LIMIT_FALLBACK ? "fallback"
+           : store == AGW_TRACE_LIMIT_SHADOW   ? "shadow"
+                                               : "local";
 }

@@ -80,12 +80,15 @@ typedef struct agw_trace_limit {
     uint64_t remaining;              /* requests that rule accepts from now on (0 when refused) */
     uint32_t wait_us;                /* time the request waited for Redis (0: it did not) */
     uint8_t allowed;                 /* 1: accepted; 0: refused (429, or 503 by on_redis_error) */
-    uint8_t store;                   /* AGW_TRACE_LIMIT_LOCAL, _REDIS or _FALLBACK */
+    uint8_t store;                   /* AGW_TRACE_LIMIT_LOCAL, _REDIS, _FALLBACK or _SHADOW */
 } agw_trace_limit_t;
 
 #define AGW_TRACE_LIMIT_LOCAL 0      /* only rules of the process's store */
 #define AGW_TRACE_LIMIT_REDIS 1      /* Redis answered for the Redis rules */
 #define AGW_TRACE_LIMIT_FALLBACK 2   /* Redis did not: the rules' on_redis_error decided */
+#define AGW_TRACE_LIMIT_SHADOW 3     /* before the edge, a Redis rule's shadow in the process's store:
+                                        the refusals this process charged it (worker_internal.h,
+                                        agw_worker_gate_before_edge) */
 
 /* "local", "redis" or "fallback" for an agw_trace_limit_t store. */
 const char *agw_trace_limit_store_name(uint8_t store);

@@ -502,11 +502,15 @@ static const agw_park_ops_t wait_ops = {NULL, on_wait_resume, on_wait_cancel};
 
 /* ---- before the edge ------------------------------------------------------------------------ */
 
+/* Told apart from a rule's own hash: a Redis rule's shadow in the process's store. */
+#define SHADOW_SALT UINT64_C(0x9e3779b97f4a7c15)
+
 /* A request's asks of the rules keyed by its address: each one's rule and hash, and its key (the
  * bytes are in ss). */
 typedef struct address_asks {
     size_t n;
     agw_limit_ask_t asks[LIMITS_MAX];
+    uint64_t local[LIMITS_MAX];     /* the hash each counts under in the process's store */
     const char *keys[LIMITS_MAX];
     size_t lens[LIMITS_MAX];
     struct sockaddr_storage ss;
@@ -528,11 +532,15 @@ static size_t address_asks(const wgen_t *g, h2o_req_t *req, int endpoint, addres
     size_t num = ep->num_limits < LIMITS_MAX ? ep->num_limits : LIMITS_MAX, n = 0;
     for (size_t j = 0; j < num; j++) {
         const agw_limit_rule_t *r = &g->conf->limits.rules[ep->limits[j]];
-        if (!r->before_auth)
+        if (!r->before_auth || r->is_quota) /* (agg.limits: a quota never stands before auth) */
             continue;
         limit_key(r, req, ep->route, NULL, &out->keys[n], &out->lens[n], &out->ss);
         out->asks[n].rule = r;
         out->asks[n].hash = agw_limit_hash(r, out->keys[n], out->lens[n]);
+        /* where the process's store counts it: a local rule's own count; a Redis rule's shadow,
+         * a slot of its own (not the one its on_redis_error = "local" counts accepted requests in
+         * during an outage, nor a local rule's of the same name after a reload) */
+        out->local[n] = r->redis ? out->asks[n].hash ^ SHADOW_SALT : out->asks[n].hash;
         n++;
     }
     return out->n = n;
@@ -546,20 +554,20 @@ int agw_worker_gate_before_edge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int 
     gate_check_t c;
     c.n = aa.n;
     c.now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
-    int refused = 0;
+    int refused = 0, shadow = 0;
     for (size_t j = 0; j < aa.n; j++) {
         /* a Redis rule's own count is Redis's: here its shadow in the process's store, which
-         * holds the refusals this process charged it (agw_worker_gate_charge), fewer than Redis
-         * counts for the address (every gateway's requests and refusals), so a refusal here is
-         * one Redis would give (and its on_redis_error = "local" count during an outage) */
+         * holds only the refusals this process charged it (agw_worker_gate_charge), so a flood
+         * is cut after the rule's burst whatever Redis's replies' timing, and with Redis down */
         c.asks[j] = aa.asks[j];
-        agw_limit_peek_next(w->limits, aa.asks[j].rule, aa.asks[j].hash, c.now_ms, &c.results[j]);
+        agw_limit_peek_next(w->limits, aa.asks[j].rule, aa.local[j], c.now_ms, &c.results[j]);
         refused |= !c.results[j].allowed;
+        shadow |= aa.asks[j].rule->redis && !c.results[j].allowed;
     }
     if (!refused)
         return AGW_GATE_PASS;
     w->lim.has_note = 0;
-    conclude(w, g, req, endpoint, &c, NULL, AGW_TRACE_LIMIT_LOCAL, 0);
+    conclude(w, g, req, endpoint, &c, NULL, shadow ? AGW_TRACE_LIMIT_SHADOW : AGW_TRACE_LIMIT_LOCAL, 0);
     return AGW_GATE_ANSWERED;
 }
 
@@ -568,23 +576,24 @@ void agw_worker_gate_charge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endp
     address_asks_t aa;
     address_asks(g, req, endpoint, &aa);
     uint64_t now_ms = (uint64_t)(ev_now(w->loop) * 1000.0);
-    redis_ask_t *a = NULL;
     for (size_t j = 0; j < aa.n; j++) {
         /* the process's store: a local rule's count, a Redis rule's shadow (before_edge); a
          * refusal takes nothing (the count is already spent) */
         agw_limit_result_t res;
-        agw_limit_take(w->limits, aa.asks[j].rule, aa.asks[j].hash, now_ms, &res);
-        if (aa.asks[j].rule->redis && w->lim.charges < AGW_LIMIT_CHARGES_MAX) {
-            a = ask_add(w, g, a, &aa.asks[j], aa.keys[j], aa.lens[j], now_ms);
-            a->charge = 1;
+        agw_limit_take(w->limits, aa.asks[j].rule, aa.local[j], now_ms, &res);
+        if (!aa.asks[j].rule->redis || w->lim.charges >= AGW_LIMIT_CHARGES_MAX)
+            continue;
+        /* one command a rule: the script counts a command's rules all or none, and a charge is
+         * each rule's own (one spent by the address's other requests must not hide it from the
+         * others). No request waits for the reply (on_redis_reply frees the ask); a flood's
+         * commands in flight are bounded (beyond AGW_LIMIT_CHARGES_MAX, Redis does not hear of
+         * the refusal: the shadow counts it) */
+        redis_ask_t *a = ask_add(w, g, NULL, &aa.asks[j], aa.keys[j], aa.lens[j], now_ms);
+        a->charge = 1;
+        if (send_ask(w, a) != 0) {
+            free_ask(a);
+            continue;
         }
-    }
-    /* no request waits for the reply (on_redis_reply frees the ask); a flood's commands in flight
-     * are bounded (beyond AGW_LIMIT_CHARGES_MAX, Redis does not hear of the refusal: the shadow
-     * counts it) */
-    if (a && send_ask(w, a) != 0)
-        free_ask(a);
-    else if (a) {
         a->sent = 1;
         w->lim.charges++;
     }

@@ -557,21 +557,23 @@ typedef void (*agw_gate_start_fn)(agw_worker_t *w, wgen_t *g, h2o_req_t *req, in
 int agw_worker_gate(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint, const agw_route_param_t *params,
                     size_t num_params, agw_auth_result_t *user, agw_gate_start_fn start);
 
-/* Before the edge authenticates req (endpoint has an auth policy): its rules that stand before
+/* Before the edge authenticates req (endpoint has an auth policy): its rates that stand before
  * auth (key = "ip", before_auth; limits.c address_asks says why only those) refuse it when their
  * count in the process's store is spent, so that a flood of forged tokens or guessed API keys
  * costs no signature check or key lookup once its address is over its rate. Nothing is counted
- * (limits/limit.h, agw_limit_peek_next); a Redis rule's count there is its shadow: the refusals
- * this process charged it (never more than Redis counts). The answer is the gate's 429 (RateLimit
+ * (limits/limit.h, agw_limit_peek_next); a Redis rule's count there is its shadow, a slot of its
+ * own holding the refusals this process charged it. The answer is the gate's 429 (RateLimit
  * fields, Retry-After until the next request fits, problem details: draft-ietf-httpapi-ratelimit-
- * headers, RFC 9457). Returns AGW_GATE_PASS, or AGW_GATE_ANSWERED when it answered. An endpoint
- * without auth: AGW_GATE_PASS at once (agw_worker_gate counts everything). */
+ * headers, RFC 9457), noted with store "shadow" when a shadow refused. Returns AGW_GATE_PASS, or
+ * AGW_GATE_ANSWERED when it answered. An endpoint without auth: AGW_GATE_PASS at once
+ * (agw_worker_gate counts everything). */
 int agw_worker_gate_before_edge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint);
 
 /* The edge refused req (400, 401, 403: the client's own failure, not an unavailable key set):
- * counts it against the same rules as agw_worker_gate_before_edge, so that refused attempts spend
- * an address's rate as accepted requests do: each in the process's store, a Redis rule in Redis
- * too by one command no request waits for (at most AGW_LIMIT_CHARGES_MAX in flight a worker). */
+ * counts it against the same rates as agw_worker_gate_before_edge, so that refused attempts spend
+ * an address's rate as accepted requests do: each in the process's store (a Redis rule's shadow),
+ * a Redis rule in Redis too by one command of its own no request waits for (at most
+ * AGW_LIMIT_CHARGES_MAX in flight a worker). */
 void agw_worker_gate_charge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endpoint);
 
 /* ---- accept.c: a graceful shutdown's view of the client connections -------------------------- */

@@ -134,12 +134,16 @@ function M.check(cfg, c)
       end
       -- an ip rule stands before auth too (worker/limits.c agw_worker_gate_before_edge) unless
       -- before_auth = false; no other key can: anyone could spend it with forged credentials
+      local quota = r.quota ~= nil or r.window ~= nil
       if r.before_auth ~= nil and type(r.before_auth) ~= "boolean" then
         bad("before_auth", "must be true or false, got " .. show(r.before_auth))
       elseif r.before_auth == true and key ~= "ip" then
         bad("before_auth", "only a rule with key = \"ip\" stands before auth (a refused attempt spends its sender's " ..
             "count; any other key's count could be spent by anyone with forged credentials)")
-      elseif key == "ip" then
+      elseif r.before_auth == true and quota then
+        bad("before_auth", "only a rate stands before auth, not a quota (a flood is cut by a rate; a quota " ..
+            "counts what the edge accepted, and its counts would hold every address a flood came from for its window)")
+      elseif key == "ip" and not quota then
         e.before_auth = r.before_auth ~= false
       end
       e.store = choice(r.store, where .. ".store", find_line(lines, "store", line) or line, STORES, store)

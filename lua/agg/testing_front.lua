@@ -259,7 +259,7 @@ end
 -- does them: with mode "peek", answers r (429) and returns true when one of them has no count left
 -- in the process's store (nothing is counted; a Redis rule's count there is its shadow: the
 -- refusals charged to it); with mode "charge", counts an edge's refusal against each in the
--- process's store, and the Redis ones in the spec's Redis too (all or none, unless it is down,
+-- process's store, and the Redis ones in the spec's Redis too (each on its own, unless it is down,
 -- hangs or lies: the gateway's command would fail), and returns false.
 function F:address_gate(r, ep, opts, mode)
   if not ep.limits or #ep.limits == 0 then return false end
@@ -270,7 +270,8 @@ function F:address_gate(r, ep, opts, mode)
     local rule = lim.rules[lim.by_name[name]]
     if rule.before_auth then
       local key = opts.ip or "127.0.0.1"
-      asks[#asks + 1] = { rule = rule, key = key }
+      -- (a Redis rule's shadow is a count of its own in the process's store: another key here)
+      asks[#asks + 1] = { rule = rule, key = rule.store == "redis" and store and key .. "\0shadow" or key }
       if mode == "charge" and rule.store == "redis" and up then
         asks[#asks + 1] = { rule = rule, key = key, redis = true }
       end

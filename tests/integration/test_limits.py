@@ -330,6 +330,17 @@ class EdgeKeys(GatewayTestCase):
         self.assertEqual(got, [200, 200, 429])
         self.assertEqual(self.get("/a", "-H", "X-API-Key: guess").status, 401)  # the edge first
 
+    def test_an_address_quota_counts_only_what_the_edge_accepted(self):
+        # a flood is cut by a rate; a quota's count of each address would hold every address a
+        # flood came from for its window (the process's table: a review of this change)
+        rules = [{"name": "ip-hourly", "key": "ip", "quota": 2, "window": "hour"}]
+        self.start_keyed(rules, ["ip-hourly"])
+        for i in range(5):
+            self.assertEqual(self.get("/a", "-H", "X-API-Key: guess-%d" % i).status, 401)
+        got = [self.get("/a", "-H", "X-API-Key: k-good").status for _ in range(3)]
+        self.assertEqual(got, [200, 200, 429])
+        self.assertEqual(self.get("/a", "-H", "X-API-Key: guess").status, 401)  # the edge first
+
     def test_only_the_address_is_spent_by_refused_credentials(self):
         # a route's count and a header's quota are not the sender's own: forged credentials must
         # not spend them (anyone could exhaust a route, or another client's X-Client quota)
@@ -613,6 +624,8 @@ class Check(GatewayTestCase):
         rc, out = self.check({"rules": [{"name": "r", "key": "route", "rate": 1, "before_auth": True}]})
         self.assertRegex(out, r'gateway\.lua:\d+: limits\.rules\[1\]\.before_auth: only a rule with key = "ip" stands '
                               r'before auth')
+        rc, out = self.check({"rules": [{"name": "r", "key": "ip", "quota": 5, "window": "day", "before_auth": True}]})
+        self.assertIn("limits.rules[1].before_auth: only a rate stands before auth, not a quota", out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "before_auth": "no"}]})
         self.assertIn('limits.rules[1].before_auth: must be true or false, got string "no"', out)
         rc, out = self.check({"rules": [{"name": "r", "key": "ip", "rate": 1, "befor_auth": False}]})

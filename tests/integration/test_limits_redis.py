@@ -927,17 +927,33 @@ class RedisStore(GatewayTestCase):
         html = curl("http://127.0.0.1:%d/waterfall" % self.admin_port).body.decode()
         self.assertIn("limit shared: 0 left (redis", html)
 
-    def start_keyed(self, redis_port=None, burst=3, timeout_ms=200):
+    def start_keyed(self, redis_port=None, burst=3, timeout_ms=200, rules=None):
         """GET /a behind auth = "api_key" (one key, "k-good") with a Redis rule keyed by the client's
-        address: 1 per 600 s, a burst of 3."""
+        address: 1 per 600 s, a burst of 3 (or rules); its access log is self.alog."""
         import hashlib
         kfile = os.path.join(self.workdir, "api-keys.json")
         with open(kfile, "w") as f:
             json.dump([{"sha256": hashlib.sha256(b"k-good").hexdigest(), "app": "shop", "plan": "free"}], f)
-        ex = self.extra(redis_rules(key="ip", burst=burst), port=redis_port, timeout_ms=timeout_ms)
+        rules = rules or redis_rules(key="ip", burst=burst)
+        ex = self.extra(rules, port=redis_port, timeout_ms=timeout_ms)
         ex["auth"] = {"api_keys": {"file": kfile}}
-        src = script("GET /a", OK, limits=["shared"]).replace("  route =", '  auth = "api_key",\n  route =')
-        self.start(services=SERVICES, scripts={"a.lua": src}, gateway_extra=ex)
+        self.alog = os.path.join(self.workdir, "access.log")
+        ex["access_log"] = self.alog
+        src = script("GET /a", OK, limits=[r["name"] for r in rules]).replace("  route =", '  auth = "api_key",\n  route =')
+        b = script("GET /b", OK, limits=[rules[-1]["name"]]).replace("  route =", '  auth = "none",\n  route =')
+        scripts = {"a.lua": src, "b.lua": b}  # (GET /b: no auth, the last rule)
+        self.start(services=SERVICES, scripts=scripts, gateway_extra=ex)
+
+    def alog_lines(self, n):
+        def lines():
+            if not os.path.exists(self.alog):
+                return None
+            with open(self.alog) as f:
+                got = [json.loads(l) for l in f if '"/a"' in l]
+            return got if len(got) >= n else None
+        got = wait_until(lines, 10)
+        self.assertIsNotNone(got)
+        return got
 
     def test_refused_credentials_spend_the_address_count_in_redis_then_are_not_checked(self):
         # a flood of guessed keys multiplexed on one HTTP/2 connection: each refusal is counted in
@@ -954,6 +970,8 @@ class RedisStore(GatewayTestCase):
         self.assertEqual(r.status, 429, r)
         self.assertEqual(json.loads(r.body)["violated-policies"], ["shared"])
         self.assertEqual(r.headers["retry-after"], "600")   # the next one fits in 600 s (not 1,800: full)
+        last = self.alog_lines(301)[-1]
+        self.assertEqual((last["status"], last["limit"]["rule"], last["limit"]["store"]), (429, "shared", "shadow"))
         # Redis counted them: another gateway on the same Redis refuses the address at once
         second = self.second_gateway()
         self.assertTrue(wait_until(lambda: curl("http://127.0.0.1:%d/readyz" % second.admin_port).status == 200, 30))
@@ -977,6 +995,33 @@ class RedisStore(GatewayTestCase):
         self.assertTrue(wait_until(lambda: len(evals) >= 256, 10), len(evals))
         time.sleep(0.3)  # (a command beyond the bound would have been sent with its request)
         self.assertEqual(len(evals), 256)
+
+    def test_accepted_requests_counted_during_an_outage_refuse_nothing_before_the_edge(self):
+        # on_redis_error = "local" counts accepted requests in the process's store during an
+        # outage; the shadow of refused attempts is a count of its own, so once Redis is back the
+        # address is Redis's to judge (the review of this change: 429 for 594 s, Redis holding no key)
+        self.start_keyed()
+        self.wait_ready()
+        self.redis.stop()
+        self.assertEqual([self.get("/a", "-H", "X-API-Key: k-good").status for _ in range(3)], [200] * 3)
+        self.restart_redis()
+        self.wait_ready()
+        self.assertTrue(wait_until(lambda: self.get("/a", "-H", "X-API-Key: k-good").status == 200 and
+                                   "limits: Redis answers checks again" in self.gw.log(), 30), self.gw.log())
+
+    def test_each_redis_rule_counts_a_refusal_on_its_own(self):
+        # two Redis rules of the address: one spent by an accepted request, the other still has room;
+        # a refused key is counted by the second though the first refuses it (one command a rule)
+        rules = [dict(redis_rules(key="ip", burst=1)[0], name="tight"), dict(redis_rules(key="ip", burst=3)[0], name="wide")]
+        self.start_keyed(rules=rules)
+        self.wait_ready()
+        self.assertEqual(self.get("/a", "-H", "X-API-Key: k-good").status, 200)   # tight: 0 left, wide: 2
+        self.assertEqual(self.get("/a", "-H", "X-API-Key: guess").status, 401)   # wide: 1 left
+        # (the charge's command went out before /b's check on the worker's one Redis connection,
+        # and Redis runs a connection's commands in order: nothing to wait for)
+        r = self.get("/b")   # wide alone, on an endpoint without auth: the charge spent one of its three
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.headers["ratelimit"].split(";")[:2], ['"wide"', "r=0"], r.headers)
 
     def test_refused_credentials_are_counted_while_redis_is_down(self):
         # no Redis to count them: the process's shadow of the rule still does
