@@ -72,14 +72,21 @@ const char *agw_guard_http1_framing(const char *head, size_t len)
     const char *nl = memchr(p, '\n', (size_t)(end - p)); /* the request line */
     if (nl == NULL)
         return NULL;
-    const char *rl_end = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
+    if (nl == p || nl[-1] != '\r')
+        return "a line of the head ends in LF without CR";
+    const char *rl_end = nl - 1;
     /* HTTP/1.0 needs no Host; anything else h2o took is HTTP/1.1 */
     int http10 = rl_end - p >= 8 && memcmp(rl_end - 8, "HTTP/1.0", 8) == 0;
     for (p = nl + 1; p < end; p = nl + 1) {
         nl = memchr(p, '\n', (size_t)(end - p));
         if (nl == NULL)
             return NULL; /* the head is not complete here: nothing to say */
-        const char *eol = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
+        /* RFC 9112 §2.2 lets a recipient take a bare LF for a line's end; a proxy in front that
+         * does not splits the head otherwise (Host: x\nContent-Length: 41 is one field to it, two
+         * here): refused, as every line the gateway's clients send ends in CRLF */
+        if (nl == p || nl[-1] != '\r')
+            return "a line of the head ends in LF without CR";
+        const char *eol = nl - 1;
         if (eol == p) {
             complete = 1;
             break; /* the empty line: the end of the head */
@@ -110,6 +117,8 @@ const char *agw_guard_http1_framing(const char *head, size_t len)
         return "both Content-Length and Transfer-Encoding";
     if (num_te > 1)
         return "Transfer-Encoding given more than once";
+    if (num_te && http10) /* RFC 9112 §6.1: its framing is faulty, Content-Length or not */
+        return "Transfer-Encoding in an HTTP/1.0 request";
     if (num_host > 1)
         return "Host given more than once";
     if (bad_host)

@@ -51,11 +51,12 @@ const char *agw_guard_headers_fit(const h2o_headers_t *headers, size_t max_heade
 /* ---- HTTP/1.1 framing ----------------------------------------------------------------------- */
 
 /* Checks the raw head of an HTTP/1.x request (head: the bytes from the request line on, len of
- * them available; the head ends at its first empty line, CRLF or bare LF as picohttpparser
- * reads it) for framing h2o lets through: Content-Length with Transfer-Encoding (RFC 9112 §6.1:
- * a smuggling vector), Content-Length fields whose values differ (§6.3: unrecoverable), a
- * Transfer-Encoding given twice. Identical repeated Content-Length values are accepted (§6.3
- * allows it). Also the Host field, which h2o 2.2.5 takes the last of and keeps out of
+ * them available; the head ends at its first empty line) for framing h2o lets through:
+ * Content-Length with Transfer-Encoding (RFC 9112 §6.1: a smuggling vector), Content-Length
+ * fields whose values differ (§6.3: unrecoverable), a Transfer-Encoding given twice or in an
+ * HTTP/1.0 request (§6.1: faulty framing), a line that ends in a bare LF (§2.2 lets a recipient
+ * take it for a line's end, as picohttpparser does; a proxy in front that does not reads other
+ * fields). Identical repeated Content-Length values are accepted (§6.3 allows it). Also the Host field, which h2o 2.2.5 takes the last of and keeps out of
  * req->headers: §3.2 says a server MUST answer 400 to an HTTP/1.1 request without it, to one with
  * more than one, and to one whose value is invalid (RFC 9110 §7.2: uri-host [":" port]; checked
  * by its characters). HTTP/1.0 needs none. Returns NULL when the head is sound (or not complete

@@ -419,6 +419,19 @@ class ClientRequestFraming(GatewayTestCase):
         self.assertTrue(rs, "no answer")
         self.assertEqual(len(rs), 1, "a second request followed on the same connection: %r" % rs)
 
+    def test_a_bare_lf_and_an_http_1_0_transfer_encoding_are_refused_and_close(self):
+        # RFC 9112 2.2: a proxy in front that ends lines at CRLF only reads "Host: x\nContent-Length:
+        # 41" as one field, and passes the body on as a request of its own; 6.1: an HTTP/1.0 message
+        # with Transfer-Encoding has faulty framing (an attack review: both were served, and the
+        # pipelined request after them answered)
+        for head in (b"POST /post HTTP/1.1\r\nHost: x\nContent-Length: 2\r\n\r\n{}",
+                     b"POST /post HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"):
+            rs = split_responses(raw_exchange(self.port, head + b"GET /echo/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"))
+            self.assertTrue(rs, "no answer")
+            self.assertEqual(rs[0][0], 400, (head, rs))
+            self.assertEqual(len(rs), 1, "a second request followed on the same connection: %r" % rs)
+        self.assertEqual(self.get("/echo/fine").status, 200)
+
     def test_malformed_requests_get_400_and_the_gateway_keeps_serving(self):
         for bad in (b"GARBAGE\r\n\r\n", b"GET /echo/x HTTP/9.9\r\nHost: x\r\n\r\n",
                     b"GET /echo/x HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
