@@ -237,7 +237,15 @@ static void routes_json(const agw_generation_t *gen, agw_buf_t *b)
         }
         agw_buf_printf(b, ",\"generation\":%llu}", (unsigned long long)gen->number);
     }
-    agw_buf_puts(b, conf->num_endpoints ? "\n]\n" : "]\n");
+    if (conf->batch_route) { /* the batch endpoint (gateway.lua batch): served, though no script's */
+        if (conf->num_endpoints)
+            agw_buf_putc(b, ',');
+        agw_buf_puts(b, "\n  {\"route\":");
+        agw_json_encode_string_or(b, conf->batch_route, strlen(conf->batch_route), "null");
+        agw_buf_printf(b, ",\"method\":\"POST\",\"script\":null,\"batch\":true,\"generation\":%llu}",
+                       (unsigned long long)gen->number);
+    }
+    agw_buf_puts(b, conf->num_endpoints || conf->batch_route ? "\n]\n" : "]\n");
 }
 
 /* The wall clock in ms since the Unix epoch (the workers' ev_now is the same clock). */

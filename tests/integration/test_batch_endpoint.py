@@ -280,6 +280,11 @@ class BatchEndpoint(BatchCase):
         self.assertEqual(m.get("aggway_requests_total", route="POST /batch", code="400"), 1, text)
         self.assertEqual(m.get("aggway_requests_total", route="GET /p/{id}", code="200"), 1, text)
         self.assertIsNone(m.get("aggway_requests_total", route="unmatched", code="200"), text)
+        # and /routes lists it beside the scripts' routes
+        with urllib.request.urlopen("http://127.0.0.1:%d/routes" % admin, timeout=5) as r:
+            routes = json.loads(r.read())
+        self.assertIn({"route": "POST /batch", "method": "POST", "script": None, "batch": True, "generation": 1}, routes)
+        self.assertIn("GET /p/{id}", [e["route"] for e in routes])
 
     def test_h2_batches_reset_count_as_cancelled_streams(self):
         # each batch's stream reset before its answer counts as one cancelled stream per entry
