@@ -86,6 +86,23 @@ describe("the sandbox keeps a script away from the machine:", function()
   end)
 end)
 
+describe("the string and table functions checked against the memory limit", function()
+  -- string.format and table.concat are the sandbox's (agg.pattern: what one call makes is checked
+  -- first): their results and their errors are LuaJIT's, place and name included
+  it("give LuaJIT's results and errors", function()
+    for _, src in ipairs {
+      [[local x = string.format("%d") return x]], [[local x = table.concat({ 1, {}, 3 }) return x]],
+      [[local x = ("%s %s"):format(1) return x]], [[local x = string.format("%d", {}) return x]],
+      [[local x = string.format("%5.2s|%q|%c|%-3d|%%", "abc", "a\0\n\"", 65, 7) return x]],
+      [[local o = setmetatable({}, { __tostring = function() return "T" end }) return string.format("%s%s", o, 1.5)]],
+      [[local x = table.concat({ 1, "b", 2.5 }, ", ", 2, 3) return x]], [[return table.concat({}, "x", 3, 1)]],
+    } do
+      local raw = assert(loadstring(src, "=script"))
+      assert.same({ pcall(raw) }, { run(src) }, src)
+    end
+  end)
+end)
+
 describe("a script that reads agg without requiring it", function()
   -- (a fresh user's trial: "attempt to index global 'agg' (a nil value)" named no cure)
   it("is told to require it, and `agg or require \"agg\"` still works", function()

@@ -251,6 +251,7 @@ void agw_heap_lua_settle(agw_lua_heap_t *h)
         h->recheck = 0;
         h->collected_at = collect_until_settled(h->L, h);
     }
+    h->rechecked = 0;
     if (agw_heap_lua_used(h) <= h->limit) {
         h->trip = h->limit;
         h->collected_at = 0; /* (a collection long ago says nothing of the heap now) */
@@ -261,8 +262,12 @@ int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h)
 {
     h->over = 0;
     size_t used = agw_heap_lua_used(h);
-    if (h->collected_at == 0 || used > h->collected_at + AGW_LUA_TRIP_SLACK || h->recheck) {
-        h->recheck = 0;
+    int recheck = h->recheck && !h->rechecked; /* (once a second: settle collects too) */
+    if (h->collected_at == 0 || used > h->collected_at + AGW_LUA_TRIP_SLACK || recheck) {
+        if (recheck) {
+            h->rechecked = 1;
+            h->recheck = 0;
+        }
         used = collect_until_settled(L, h);
         h->collected_at = used;
     }

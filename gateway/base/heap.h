@@ -89,7 +89,10 @@ typedef struct agw_lua_heap {
     size_t trip;             /* on_over is called when the heap passes this (>= limit) */
     size_t collected_at;     /* the heap after the hook's last full collection, 0 for none yet */
     int recheck;             /* a script was stopped since: what it held may be garbage now, so
-                                the next look collects again (agw_heap_lua_still_over, settle) */
+                                the next look collects again (agw_heap_lua_still_over, once a
+                                second at most, and settle) */
+    int rechecked;           /* the hook collected again for a stop since the last settle (a heap
+                                a module keeps full frees nothing: not a collection a page) */
     int armed;               /* > 0 inside agw_heap_lua_pcall */
     int over;                /* the heap passed its trip since the hook last decided */
     uint64_t stop_entry;     /* the worker's entry (watchdog.h) whose script the limit stopped */

@@ -143,6 +143,19 @@ static const unsigned char NOT_PLAIN[256] = {
     [0x00 ... 0x1F] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xFF] = 1,
 };
 
+/* The bytes agw_json_encode_string writes for str (len bytes), quotes included: an escape is 2
+ * bytes, a control character without a short one 6 (valid UTF-8 assumed: the encoding itself
+ * refuses the rest). */
+static size_t escaped_len(const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t n = len + 2;
+    for (size_t i = 0; i < len; i++)
+        if (s[i] < 0x80 && NOT_PLAIN[s[i]])
+            n += s[i] < 0x20 && s[i] != '\n' && s[i] != '\r' && s[i] != '\t' && s[i] != '\b' && s[i] != '\f' ? 5 : 1;
+    return n;
+}
+
 int agw_json_encode_string(agw_buf_t *out, const char *str, size_t len)
 {
     const unsigned char *s = (const unsigned char *)str;
@@ -624,6 +637,14 @@ static int encode_typed(enc_t *e, int idx, int type, int depth)
         return 0;
     case LUA_TSTRING:
         s = lua_tolstring(L, idx, &len);
+        /* a string may take up to 6 times its bytes (control characters): near the bound, the
+         * bytes it would take are counted first (agw_json_encode_max's bound holds the C buffer
+         * too, not only the text) */
+        if (e->out->len + 6 * len + 2 > e->max_bytes && e->out->len + escaped_len(s, len) > e->max_bytes) {
+            char what[64];
+            snprintf(what, sizeof(what), "more than %zu bytes of JSON text", e->max_bytes);
+            return fail(e, depth, what);
+        }
         if (agw_json_encode_string(e->out, s, len) != 0)
             return fail(e, depth, "invalid UTF-8 in string");
         return 0;

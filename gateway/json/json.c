@@ -699,8 +699,12 @@ static int l_encode(lua_State *L)
         size_t max = room < AGW_JSON_ENCODE_MAX_BYTES - AGW_LUA_HUGE_BLOCK ? room + AGW_LUA_HUGE_BLOCK
                                                                            : AGW_JSON_ENCODE_MAX_BYTES;
         rc = agw_json_encode_max(L, 1, &b, max, err, sizeof(err));
-        if (rc == 0 || max == AGW_JSON_ENCODE_MAX_BYTES || b.len <= max)
+        /* the heap's bound stopped it (a value the text could not take), or the last value passed
+         * it (the bound is checked before each value) */
+        int bounded = max < AGW_JSON_ENCODE_MAX_BYTES && (b.len > max || (rc != 0 && strncmp(err, "more than ", 10) == 0));
+        if (!bounded)
             break;
+        rc = -1;
         if (again) {
             snprintf(err, sizeof(err), "not enough memory: the text would take the scripts' heap past "
                                        "script_memory_limit_mb");

@@ -511,36 +511,56 @@ static int l_gmatch(lua_State *L)
     return 1;
 }
 
-/* The replacement string (argument 3) for the match s .. e: %0-%9 are captures, % before any
- * other character is that character. Returns the bytes added. */
-static size_t add_replacement_text(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e)
+/* gsub's result so far: its bytes, and when they are next checked against the scripts' heap. */
+typedef struct gsub_out {
+    size_t bytes, next_check;
+} gsub_out_t;
+
+static void take_or_refuse(lua_State *L, double bytes, const char *what);
+
+/* n more bytes of gsub's result: each GSUB_CHECK_BYTES, the pieces so far (and the result they
+ * are joined into) are checked against the scripts' heap, and the hooks may run (copying is work). */
+static void gsub_grow(pat_state_t *ps, gsub_out_t *o, size_t n)
 {
-    size_t n, added = 0;
+    o->bytes += n;
+    if (n >= 16)
+        charge(ps, (long)(n / 16));
+    if (o->bytes >= o->next_check) {
+        take_or_refuse(ps->L, (double)o->bytes, "string.gsub's result");
+        o->next_check = o->bytes + GSUB_CHECK_BYTES;
+    }
+}
+
+/* The replacement string (argument 3) for the match s .. e: %0-%9 are captures, % before any
+ * other character is that character. Counts what it adds in o, piece by piece (a replacement of
+ * four hundred %0 makes four hundred times the match). */
+static void add_replacement_text(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e, gsub_out_t *o)
+{
+    size_t n;
     const char *r = lua_tolstring(ps->L, 3, &n);
     for (size_t i = 0; i < n; i++) {
         if (r[i] != PAT_ESC) {
             luaL_addchar(b, r[i]);
-            added++;
+            gsub_grow(ps, o, 1);
             continue;
         }
         i++; /* (at n: the string's terminating NUL, added as LuaJIT does) */
         if (!is_digit((unsigned char)r[i])) {
             luaL_addchar(b, r[i]);
-            added++;
+            gsub_grow(ps, o, 1);
         } else if (r[i] == '0') {
+            gsub_grow(ps, o, (size_t)(e - s)); /* (before the copy: checked, then made) */
             luaL_addlstring(b, s, (size_t)(e - s));
-            added += (size_t)(e - s);
         } else {
             push_capture(ps, r[i] - '1', s, e);
-            added += lua_objlen(ps->L, -1);
+            gsub_grow(ps, o, lua_objlen(ps->L, -1));
             luaL_addvalue(b);
         }
     }
-    return added;
 }
 
-/* Adds the replacement of the match s .. e. Returns the bytes added. */
-static size_t add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e)
+/* Adds the replacement of the match s .. e, counted in o. */
+static void add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, const char *e, gsub_out_t *o)
 {
     lua_State *L = ps->L;
     switch (lua_type(L, 3)) {
@@ -555,7 +575,8 @@ static size_t add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, co
         lua_gettable(L, 3);
         break;
     default: /* a string or a number */
-        return add_replacement_text(ps, b, s, e);
+        add_replacement_text(ps, b, s, e, o);
+        return;
     }
     if (!lua_toboolean(L, -1)) { /* nil or false: the match stays */
         lua_pop(L, 1);
@@ -563,9 +584,8 @@ static size_t add_replacement(pat_state_t *ps, luaL_Buffer *b, const char *s, co
     } else if (!lua_isstring(L, -1)) {
         luaL_error(L, "invalid replacement value (a %s)", luaL_typename(L, -1));
     }
-    size_t added = lua_objlen(L, -1);
+    gsub_grow(ps, o, lua_objlen(L, -1));
     luaL_addvalue(b);
-    return added;
 }
 
 /* What a C call of a script makes in one piece, checked against script_memory_limit_mb before it
@@ -623,33 +643,26 @@ static int l_gsub(lua_State *L)
     luaL_Buffer b;
     luaL_buffinit(L, &b);
     int n = 0;
-    size_t out = 0, next_check = GSUB_CHECK_BYTES; /* the result's bytes so far, and the next look */
+    gsub_out_t out = {0, GSUB_CHECK_BYTES};
     while (n < max) {
         ps.level = ps.depth = 0;
         const char *e = match(&ps, src, p);
         if (e != NULL) {
             n++;
-            size_t added = add_replacement(&ps, &b, src, e);
-            out += added;
-            charge(&ps, (long)(added / 16)); /* copying a long replacement is work the hooks see */
+            add_replacement(&ps, &b, src, e, &out);
         }
         if (e != NULL && e > src) {
             src = e;
         } else if (src < ps.end) {
             luaL_addchar(&b, *src++);
-            out++;
+            gsub_grow(&ps, &out, 1);
         } else {
             break;
-        }
-        if (out >= next_check) { /* the pieces so far, and the result they are joined into */
-            take_or_refuse(L, (double)out, "string.gsub's result");
-            next_check = out + GSUB_CHECK_BYTES;
         }
         if (anchor)
             break;
     }
-    if (out + (size_t)(ps.end - src) >= GSUB_CHECK_BYTES)
-        take_or_refuse(L, (double)(out + (size_t)(ps.end - src)), "string.gsub's result");
+    gsub_grow(&ps, &out, (size_t)(ps.end - src));
     luaL_addlstring(&b, src, (size_t)(ps.end - src));
     luaL_pushresult(&b);
     lua_pushinteger(L, n);
@@ -692,21 +705,88 @@ static int l_rep(lua_State *L)
     return 1;
 }
 
+/* Calls LuaJIT's function (at stack index 1, nargs arguments after it) for the wrapper named
+ * name, which a script called: its results are left on the stack (returns their count). Its error
+ * is raised again as LuaJIT raises it when a script calls the function itself: at the script's
+ * line (a function called from C has none), and "bad argument #N to 'name'" (from C: '?'). */
+static int call_original(lua_State *L, int nargs, const char *name)
+{
+    if (lua_pcall(L, nargs, LUA_MULTRET, 0) == 0)
+        return lua_gettop(L);
+    const char *msg = lua_tostring(L, -1);
+    if (msg == NULL || lua_type(L, -1) != LUA_TSTRING)
+        return lua_error(L);
+    const char *c = msg; /* a message with its place already ("file:12: …": a __tostring's own) */
+    while (*c && *c != ':' && *c != ' ')
+        c++;
+    int placed = *c == ':' && c[1] >= '0' && c[1] <= '9';
+    const char *q = strncmp(msg, "bad argument #", 14) == 0 ? strstr(msg, " to '?'") : NULL;
+    if (placed && q == NULL)
+        return lua_error(L);
+    luaL_where(L, 1);
+    if (q) {
+        lua_pushlstring(L, msg, (size_t)(q - msg));
+        lua_pushfstring(L, " to '%s'%s", name, q + 7);
+    } else {
+        lua_pushstring(L, msg);
+        lua_pushliteral(L, "");
+    }
+    lua_concat(L, 3);
+    return lua_error(L);
+}
+
 /* string.format(fmt, ...): LuaJIT's (upvalue 1), its result checked against the scripts' heap
- * first when it could be 4 MB or more: the format's bytes, each string argument's, 64 for any
- * other (a number, "%99.99f" at most; tostring of a table, a boolean). */
+ * first when it could be 4 MB or more. The format is read as LuaJIT reads it (flags, a width and a
+ * precision of up to two digits, the conversion): its own bytes, 100 for each conversion, and
+ * for %s the argument's bytes (at most its precision), for %q four times them (an escape a byte).
+ * An argument of %s with a __tostring is given its string first (LuaJIT would call it while it
+ * copies, where no hook runs, and the same string gives the same result). */
 static int l_format(lua_State *L)
 {
-    int top = lua_gettop(L);
-    double bound = 0;
-    for (int i = 1; i <= top; i++)
-        bound += lua_type(L, i) == LUA_TSTRING ? (double)lua_objlen(L, i) : 64.0;
+    size_t flen;
+    const char *f = luaL_checklstring(L, 1, &flen);
+    int top = lua_gettop(L), arg = 1;
+    double bound = (double)flen;
+    for (size_t i = 0; i < flen && arg < top; i++) {
+        if (f[i] != '%')
+            continue;
+        if (++i < flen && f[i] == '%')
+            continue;
+        while (i < flen && (f[i] == '-' || f[i] == '+' || f[i] == ' ' || f[i] == '#' || f[i] == '0'))
+            i++;
+        while (i < flen && is_digit((unsigned char)f[i]))
+            i++;
+        long prec = -1;
+        if (i < flen && f[i] == '.') {
+            prec = 0;
+            for (i++; i < flen && is_digit((unsigned char)f[i]); i++)
+                prec = prec * 10 + (f[i] - '0');
+        }
+        if (i >= flen)
+            break; /* (LuaJIT: an invalid option) */
+        arg++;
+        bound += 100;
+        int t = lua_type(L, arg);
+        if (f[i] == 's') {
+            if (t != LUA_TSTRING && t != LUA_TNUMBER && luaL_callmeta(L, arg, "__tostring")) {
+                if (lua_type(L, -1) == LUA_TSTRING)
+                    lua_replace(L, arg);
+                else
+                    lua_pop(L, 1); /* (LuaJIT's own call says what is wrong with it) */
+            }
+            if (lua_type(L, arg) == LUA_TSTRING) {
+                size_t n = lua_objlen(L, arg);
+                bound += (double)(prec >= 0 && (size_t)prec < n ? (size_t)prec : n);
+            }
+        } else if (f[i] == 'q' && t == LUA_TSTRING) {
+            bound += 4.0 * (double)lua_objlen(L, arg);
+        }
+    }
     if (bound >= (double)AGW_LUA_HUGE_BLOCK)
         take_or_refuse(L, bound, "string.format's result");
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 1);
-    lua_call(L, top, LUA_MULTRET);
-    return lua_gettop(L);
+    return call_original(L, top, "format");
 }
 
 /* table.concat(t [, sep [, i [, j]]]): LuaJIT's (upvalue 1), its result checked against the
@@ -735,8 +815,7 @@ static int l_concat(lua_State *L)
     int top = lua_gettop(L);
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 1);
-    lua_call(L, top, 1);
-    return 1;
+    return call_original(L, top, "concat");
 }
 
 /* The poll function: straight-line code (about 100 instructions, so that a hook that counts

@@ -511,7 +511,7 @@ void agw_worker_record_c_response(agw_worker_t *w, h2o_req_t *req, int endpoint,
         /* no span was made: the client's trace, when it sent one, ties the refusal to it */
         agw_traceparent_t tp;
         ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("traceparent"), -1);
-        int has_tp = i >= 0 &&
+        int has_tp = i >= 0 && h2o_find_header_by_str(&req->headers, H2O_STRLIT("traceparent"), i) < 0 && /* one */
                      agw_traceparent_parse(req->headers.entries[i].value.base, req->headers.entries[i].value.len, &tp) == 0;
         alog_write(w, req->method.base, req->method.len, req->path.base, req->path.len, route_of(g, endpoint), status,
                    ms, bytes, NULL, 0, NULL, 0, has_tp ? tp.trace_id : NULL, limit);

@@ -28,6 +28,7 @@ local where = require "agg.where"
 local problem = require "agg.problem"
 local new_tab = require "table.new" -- table.new(narray, nhash): room for what it will hold
 
+local str_format = string.format
 local M = {}
 
 local FORMAT = "AGWC1"
@@ -283,7 +284,8 @@ end
 ---------------------------------------------------------------------------------------------------
 
 function M.encode(fresh, stale, err_until, status, headers, body)
-  return ("%s %d %d %d %d %d %d\n"):format(FORMAT, fresh, stale, err_until, status, #headers, #body) .. headers .. body
+  -- (LuaJIT's format: a string's :format is the scripts', which checks its size first)
+  return str_format("%s %d %d %d %d %d %d\n", FORMAT, fresh, stale, err_until, status, #headers, #body) .. headers .. body
 end
 
 -- The whole number at v[i..] up to the byte `stop` (plain finds and tonumber: a page's hit path

@@ -538,9 +538,12 @@ class AccessLog(AdminCase):
         tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         self.assertEqual(self.get("/nothing", "-H", "traceparent: " + tp).status, 404)
         self.assertEqual(self.get("/nothing", "-H", "traceparent: 00-zz-00f067aa0ba902b7-01").status, 404)
-        lines = [l for l in self.read_lines(path, 5) if l["path"] != "/__harness_probe__"]
-        self.assertEqual(len(lines), 4, lines)
-        page, missing, traced, bad = lines
+        self.assertEqual(self.get("/nothing", "-H", "traceparent: " + tp,  # two: none valid (as a page's)
+                                  "-H", "traceparent: 00-cccccccccccccccccccccccccccccccc-00f067aa0ba902b7-01").status, 404)
+        lines = [l for l in self.read_lines(path, 6) if l["path"] != "/__harness_probe__"]
+        self.assertEqual(len(lines), 5, lines)
+        page, missing, traced, bad, two = lines
+        self.assertIsNone(two["trace_id"])
         self.assertRegex(page["trace_id"], r"^[0-9a-f]{32}$", "a routed request has its trace id")
         self.assertIsNone(missing["trace_id"], "no route matched, no traceparent: no trace")
         # an answer made in C (no span) names the client's trace when it sent a valid traceparent
@@ -569,7 +572,7 @@ class AccessLog(AdminCase):
         lines = self.read_lines(path, 1)
         self.assertEqual([l["path"] for l in lines], ["/mp/8"])
         with open(path + ".1") as f:
-            self.assertEqual(len(f.read().splitlines()), 5)
+            self.assertEqual(len(f.read().splitlines()), 6)
 
     def test_a_plain_response_lists_its_calls_from_server_timing(self):
         # not a page: no section statuses, the calls' names and durations (Server-Timing's)

@@ -125,6 +125,29 @@ return {
       local text, err = agg.json.encode(many(60))
       return { status = 200, json = { text = text ~= nil, err = err } }
     end },
+  -- what the first checks missed (the review of them): arguments with a __tostring, a
+  -- replacement of many %0, control characters (6 bytes each in JSON)
+  { route = "GET /bomb/tostring", handler = function(req)
+      local big = ("x"):rep(30 * 1024 * 1024)
+      local o = setmetatable({}, { __tostring = function() return big end })
+      return { status = 200, json = { n = #string.format(("%s"):rep(20), o, o, o, o, o, o, o, o, o, o,
+                                                         o, o, o, o, o, o, o, o, o, o) } }
+    end },
+  { route = "GET /bomb/percent0", handler = function(req)
+      local s = ("z"):rep(1024 * 1024)
+      return { status = 200, json = { n = #(s:gsub("^.*$", ("%0"):rep(400))) } }
+    end },
+  { route = "GET /bomb/controls", handler = function(req)
+      local text, err = agg.json.encode({ ("\1"):rep(25 * 1024 * 1024) })
+      return { status = 200, json = { text = text ~= nil, err = err } }
+    end },
+  -- within the limit: 16 bytes of a 20 MB string, a 5 MB page of small pieces
+  { route = "GET /fits/format", handler = function(req)
+      local big = ("q"):rep(20 * 1024 * 1024)
+      local t = {}
+      for i = 1, 500000 do t[i] = "abcdefghij" end
+      return { status = 200, json = { head = string.format("%.16s", big), n = #table.concat(t) } }
+    end },
   -- a chain of 60 concatenations (one instruction, no call to check): 240 MB before the hook
   -- can stop the script; the page after it must not pay for it
   { route = "GET /bomb/chain", handler = function(req)
@@ -280,6 +303,18 @@ class ScriptMemoryLimit(GatewayTestCase):
         self.assertEqual(r.json(), {"text": False, "err": "not enough memory: the text would take the "
                                                           "scripts' heap past script_memory_limit_mb"}, r)
         self.assertLess(vm_hwm_mb(self.gw.proc.pid), 3 * LIMIT_MB + 150, self.gw.log())
+
+    def test_what_the_first_checks_missed_is_refused_too(self):
+        self.assertRefused("/bomb/tostring")
+        self.assertIn("not enough memory: string.format's result", self.gw.log())
+        self.assertRefused("/bomb/percent0")
+        self.assertIn("not enough memory: string.gsub's result", self.gw.log())
+        r = self.get("/bomb/controls")
+        self.assertEqual(r.json(), {"text": False, "err": "not enough memory: the text would take the "
+                                                          "scripts' heap past script_memory_limit_mb"}, r)
+        self.assertLess(vm_hwm_mb(self.gw.proc.pid), 3 * LIMIT_MB + 150, self.gw.log())
+        # and what fits is not refused: 16 bytes of a 20 MB string, a 5 MB page of small pieces
+        self.assertEqual(self.get("/fits/format").json(), {"head": "q" * 16, "n": 5000000}, self.gw.log()[-1500:])
 
     def test_the_page_after_a_stop_does_not_pay_for_what_the_stopped_script_held(self):
         # the stopped script's 240 MB were held when the hook collected: the next look collects
