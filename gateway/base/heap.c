@@ -270,6 +270,8 @@ int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h)
         }
         used = collect_until_settled(L, h);
         h->collected_at = used;
+        if (recheck)
+            h->rechecked_at = used;
     }
     if (used <= h->limit) {
         h->trip = h->limit;
@@ -280,6 +282,8 @@ int agw_heap_lua_still_over(lua_State *L, agw_lua_heap_t *h)
     h->trip = used + AGW_LUA_TRIP_SLACK < ceiling ? used + AGW_LUA_TRIP_SLACK : ceiling;
     h->stopped++;
     h->recheck = 1;
+    if (h->rechecked && used > h->rechecked_at + AGW_LUA_TRIP_SLACK)
+        h->rechecked = 0; /* this script held more than the last look found live: its own may be garbage soon */
     return 1;
 }
 

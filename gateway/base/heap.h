@@ -93,6 +93,7 @@ typedef struct agw_lua_heap {
                                 second at most, and settle) */
     int rechecked;           /* the hook collected again for a stop since the last settle (a heap
                                 a module keeps full frees nothing: not a collection a page) */
+    size_t rechecked_at;     /* the heap after the hook's last collection again for a stop */
     int armed;               /* > 0 inside agw_heap_lua_pcall */
     int over;                /* the heap passed its trip since the hook last decided */
     uint64_t stop_entry;     /* the worker's entry (watchdog.h) whose script the limit stopped */

@@ -390,6 +390,11 @@ static int encode_member(enc_t *e, int t, int depth, int first)
     e->path[depth + 1] = (step_t){k, len};
     if (!first)
         agw_buf_putc(e->out, ',');
+    if (e->out->len + 6 * len + 2 > e->max_bytes && e->out->len + escaped_len(k, len) > e->max_bytes) {
+        char what[64];
+        snprintf(what, sizeof(what), "more than %zu bytes of JSON text", e->max_bytes);
+        return fail(e, depth + 1, what);
+    }
     if (agw_json_encode_string(e->out, k, len) != 0)
         return fail(e, depth + 1, "invalid UTF-8 in key");
     agw_buf_putc(e->out, ':');

@@ -754,25 +754,38 @@ static int l_format(lua_State *L)
             continue;
         while (i < flen && (f[i] == '-' || f[i] == '+' || f[i] == ' ' || f[i] == '#' || f[i] == '0'))
             i++;
-        while (i < flen && is_digit((unsigned char)f[i]))
-            i++;
+        size_t digits = 0;
+        for (; i < flen && is_digit((unsigned char)f[i]); i++)
+            digits++;
         long prec = -1;
         if (i < flen && f[i] == '.') {
             prec = 0;
-            for (i++; i < flen && is_digit((unsigned char)f[i]); i++)
-                prec = prec * 10 + (f[i] - '0');
+            size_t pdigits = 0;
+            for (i++; i < flen && is_digit((unsigned char)f[i]); i++, pdigits++)
+                if (pdigits < 2)
+                    prec = prec * 10 + (f[i] - '0');
+            digits = pdigits > digits ? pdigits : digits;
         }
-        if (i >= flen)
-            break; /* (LuaJIT: an invalid option) */
+        /* what LuaJIT refuses (a width or precision of three digits, another letter, the end)
+         * ends the reading: it raises its error before it reaches the arguments after it */
+        if (i >= flen || digits > 2 || strchr("diouxXaAeEfFgGcsqp", f[i]) == NULL || f[i] == '\0')
+            break;
         arg++;
         bound += 100;
         int t = lua_type(L, arg);
         if (f[i] == 's') {
             if (t != LUA_TSTRING && t != LUA_TNUMBER && luaL_callmeta(L, arg, "__tostring")) {
-                if (lua_type(L, -1) == LUA_TSTRING)
-                    lua_replace(L, arg);
+                int rt = lua_type(L, -1);
+                if (rt == LUA_TNIL)
+                    lua_pushliteral(L, "nil");
+                else if (rt == LUA_TBOOLEAN)
+                    lua_pushstring(L, lua_toboolean(L, -1) ? "true" : "false");
+                else if (rt != LUA_TSTRING && rt != LUA_TNUMBER)
+                    lua_pushfstring(L, "%s: %p", luaL_typename(L, -1), lua_topointer(L, -1));
                 else
-                    lua_pop(L, 1); /* (LuaJIT's own call says what is wrong with it) */
+                    lua_pushvalue(L, -1);
+                lua_remove(L, -2);
+                lua_replace(L, arg); /* (LuaJIT calls __tostring once, and not that of its result) */
             }
             if (lua_type(L, arg) == LUA_TSTRING) {
                 size_t n = lua_objlen(L, arg);
