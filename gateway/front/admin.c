@@ -507,6 +507,13 @@ static void redis_rule_page(agw_admin_t *a, const agw_limit_rule_t *r, uint64_t 
         agw_buf_printf(body, ",\"process_fallback_count\":{\"remaining\":%llu,\"reset_ms\":%llu}",
                        (unsigned long long)res.remaining, (unsigned long long)res.reset_ms);
     }
+    if (r->before_auth && !r->is_quota) { /* the refusals this process charged it, which refuse an
+                                            address before the edge (worker_internal.h) */
+        agw_limit_result_t res;
+        agw_limit_peek_next(store, r, h ^ AGW_LIMIT_SHADOW_SALT, now_ms, &res);
+        agw_buf_printf(body, ",\"shadow\":{\"remaining\":%llu,\"reset_ms\":%llu}", (unsigned long long)res.remaining,
+                       (unsigned long long)res.reset_ms);
+    }
     agw_buf_puts(body, "}\n");
 }
 

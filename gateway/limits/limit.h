@@ -143,6 +143,10 @@ size_t agw_limit_store_slots(const agw_limit_store_t *s);
 /* Checks where the table was too full to count (see the error bound above): a running total. */
 uint64_t agw_limit_store_full(const agw_limit_store_t *s);
 
+/* What a Redis rule's hash is told apart by where the process's store keeps its shadow: the
+ * refusals of the edge this process charged it (worker/limits.c; the admin page's /limits). */
+#define AGW_LIMIT_SHADOW_SALT UINT64_C(0x9e3779b97f4a7c15)
+
 /* The 64-bit hash of (rule, key bytes) a store counts under. key may be NULL when len is 0. */
 uint64_t agw_limit_hash(const agw_limit_rule_t *r, const char *key, size_t len);
 

@@ -502,9 +502,6 @@ static const agw_park_ops_t wait_ops = {NULL, on_wait_resume, on_wait_cancel};
 
 /* ---- before the edge ------------------------------------------------------------------------ */
 
-/* Told apart from a rule's own hash: a Redis rule's shadow in the process's store. */
-#define SHADOW_SALT UINT64_C(0x9e3779b97f4a7c15)
-
 /* A request's asks of the rules keyed by its address: each one's rule and hash, and its key (the
  * bytes are in ss). */
 typedef struct address_asks {
@@ -540,7 +537,7 @@ static size_t address_asks(const wgen_t *g, h2o_req_t *req, int endpoint, addres
         /* where the process's store counts it: a local rule's own count; a Redis rule's shadow,
          * a slot of its own (not the one its on_redis_error = "local" counts accepted requests in
          * during an outage, nor a local rule's of the same name after a reload) */
-        out->local[n] = r->redis ? out->asks[n].hash ^ SHADOW_SALT : out->asks[n].hash;
+        out->local[n] = r->redis ? out->asks[n].hash ^ AGW_LIMIT_SHADOW_SALT : out->asks[n].hash;
         n++;
     }
     return out->n = n;

@@ -972,6 +972,10 @@ class RedisStore(GatewayTestCase):
         self.assertEqual(r.headers["retry-after"], "600")   # the next one fits in 600 s (not 1,800: full)
         last = self.alog_lines(301)[-1]
         self.assertEqual((last["status"], last["limit"]["rule"], last["limit"]["store"]), (429, "shared", "shadow"))
+        # /limits shows the shadow beside Redis's answers: why the address is refused before the edge
+        shadow = self.admin("/limits?rule=shared&key=127.0.0.1")["shadow"]
+        self.assertEqual(shadow["remaining"], 0)
+        self.assertGreater(shadow["reset_ms"], 590000)
         # Redis counted them: another gateway on the same Redis refuses the address at once
         second = self.second_gateway()
         self.assertTrue(wait_until(lambda: curl("http://127.0.0.1:%d/readyz" % second.admin_port).status == 200, 30))
