@@ -687,9 +687,7 @@ static int l_rep(lua_State *L)
     double total = (double)len * n + (double)seplen * (n - 1);
     if (total >= (double)0x7fffff00)
         return luaL_error(L, "string length overflow");
-    if (!agw_heap_lua_take(L, agw_heap_lua_of(L), total))
-        return luaL_error(L, "not enough memory: string.rep of %d MB would take the scripts' heap past "
-                             "script_memory_limit_mb", (int)(total / 1048576.0));
+    take_or_refuse(L, total, "string.rep");
     size_t size = (size_t)total;
     char *buf = lua_newuserdata(L, size); /* (the VM's: collected whatever happens next) */
     char *w = buf;

@@ -54,8 +54,8 @@ typedef struct redis_ask {
                                    stopped waiting, then a reload, would leave them freed) */
     int eval;                   /* this command is EVAL (the retry after NOSCRIPT) */
     int charge;                 /* a refused authentication's count (agw_worker_gate_charge): no
-                                   request waits for it, and it is retried after NOSCRIPT as well */
-    int sent;                   /* a charge: counted in w->lim.charges until freed */
+                                   request waits for it, it is retried after NOSCRIPT as well, and
+                                   it counts in w->lim.charges until freed */
     size_t n;                   /* Redis rules in the command */
     agw_limit_ask_t asks[LIMITS_MAX];
     size_t key_off[LIMITS_MAX], key_len[LIMITS_MAX]; /* each rule's key bytes in keys */
@@ -399,7 +399,7 @@ static redis_ask_t *ask_add(agw_worker_t *w, wgen_t *g, redis_ask_t *a, const ag
 static void free_ask(redis_ask_t *a)
 {
     wgen_t *g = a->g;
-    if (a->charge && a->sent)
+    if (a->charge)
         a->w->lim.charges--;
     agw_buf_free(&a->keys);
     free(a);
@@ -587,12 +587,9 @@ void agw_worker_gate_charge(agw_worker_t *w, wgen_t *g, h2o_req_t *req, int endp
          * the refusal: the shadow counts it) */
         redis_ask_t *a = ask_add(w, g, NULL, &aa.asks[j], aa.keys[j], aa.lens[j], now_ms);
         a->charge = 1;
-        if (send_ask(w, a) != 0) {
-            free_ask(a);
-            continue;
-        }
-        a->sent = 1;
         w->lim.charges++;
+        if (send_ask(w, a) != 0)
+            free_ask(a);
     }
 }
 
