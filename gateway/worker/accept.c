@@ -437,6 +437,10 @@ static void on_listener_ready(struct ev_loop *loop, ev_io *io, int revents)
         case EPERM: /* a firewall rule refused it */
             continue;
         default: /* EMFILE, ENFILE, ENOBUFS, ENOMEM; anything else, rather than spin on it */
+            if (err == EINVAL && __atomic_load_n(&w->listeners_shut, __ATOMIC_ACQUIRE)) {
+                ev_io_stop(loop, &l->io); /* shut down by the drain (agw_worker_drain): on_drain closes it */
+                return;
+            }
             warn_accept(w, err);
             ev_io_stop(loop, &l->io);
             ev_timer_set(&l->rest, ACCEPT_REST_S, 0.);

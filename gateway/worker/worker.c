@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -423,6 +424,17 @@ uint64_t agw_worker_generation(const agw_worker_t *w)
 
 void agw_worker_drain(agw_worker_t *w)
 {
+    /* The listening sockets stop taking connections at once, from the caller's thread: a worker
+     * stuck in a long C call (a trusted script's) would close them only when its loop ran again,
+     * and meanwhile the kernel went on completing handshakes into their backlogs, for connections
+     * that waited out the stuck-worker limit and were reset at exit. shutdown(2) of a listening
+     * socket resets the connections in its backlog and takes it out of its SO_REUSEPORT group
+     * (Linux: the socket is closed but for its descriptor); on_drain closes the descriptor, which
+     * is the worker's until then (nothing else can be given its number meanwhile). */
+    __atomic_store_n(&w->listeners_shut, 1, __ATOMIC_RELEASE);
+    for (size_t i = 0; i < w->num_listeners; i++)
+        if (w->listeners[i].fd >= 0)
+            shutdown(w->listeners[i].fd, SHUT_RD);
     ev_async_send(w->loop, &w->drain_async);
 }
 

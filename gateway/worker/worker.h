@@ -72,8 +72,10 @@ void agw_worker_install(agw_worker_t *w, agw_worker_gen_t *g);
 /* Number of the generation w gives new requests to (thread-safe). */
 uint64_t agw_worker_generation(const agw_worker_t *w);
 
-/* Graceful shutdown (thread-safe): the worker closes its listening sockets and tells its open
- * connections to wind down; requests in flight go on. */
+/* Graceful shutdown (thread-safe): the worker's listening sockets stop taking connections at once
+ * (shut down from the caller's thread, even while the worker is busy: those waiting in their
+ * backlogs are reset), then the worker closes them and tells its open connections to wind down;
+ * requests in flight go on. */
 void agw_worker_drain(agw_worker_t *w);
 
 /* Requests the worker is handling (thread-safe): arrived at the runtime and not yet disposed. */

@@ -193,6 +193,9 @@ struct agw_worker {
     ev_async stop_async;
     ev_async drain_async;                  /* agw_worker_drain(): close the listeners */
     int drained;                           /* the listeners are closed (atomic: agw_worker_drained) */
+    int listeners_shut;                    /* agw_worker_drain shut the listening sockets down
+                                              (atomic: set by the main thread): accept's EINVAL
+                                              from then on is the drain's, not an error */
     int draining;                          /* set by on_drain, read on this thread only */
     int inflight;                          /* requests handed to the runtime and not yet disposed
                                               (atomic: the main thread reads it while draining) */

@@ -8,6 +8,7 @@ script really ran that long) and end well within the curl timeout; the other ass
 statuses, bodies and the log."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -369,7 +370,7 @@ class ShutdownWithARunawayScript(GatewayTestCase):
                    gateway_extra={"script_time_limit_ms": LIMIT_MS, "shutdown_grace_ms": 300,
                                   "scripts": {"trusted": True}})
 
-    def sigterm_during(self, path):
+    def sigterm_during(self, path, after_signal=None):
         out = {}
         t = threading.Thread(target=lambda: out.setdefault("r", self.get(path, timeout=30)))
         t.start()
@@ -378,6 +379,8 @@ class ShutdownWithARunawayScript(GatewayTestCase):
         self.assertTrue(wait_until(lambda: self.mock.hits().get("product", {}).get("GET /products/{id}", 0) >= 1, 20),
                         self.gw.log())
         self.gw.proc.send_signal(signal.SIGTERM)
+        if after_signal:
+            after_signal()
         rc = self.gw.proc.wait(timeout=30)
         t.join(30)
         return rc, out.get("r")
@@ -390,12 +393,29 @@ class ShutdownWithARunawayScript(GatewayTestCase):
 
     def test_unstoppable_script_makes_the_process_exit_1_after_the_wait(self):
         start = time.monotonic()
-        rc, _ = self.sigterm_during("/compiled")
+        seen = {}
+
+        def new_connections_are_refused():
+            # the stuck worker's listening socket is shut down by the main thread at the signal:
+            # a new connection is refused while the process still waits for the worker, where it
+            # was taken into the socket's backlog and reset only at the exit, 5 s later
+            def refused():
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    return False
+                except ConnectionRefusedError:
+                    seen["alive"] = self.gw.proc.poll() is None
+                    return True
+                except OSError:
+                    return False
+            seen["refused"] = wait_until(refused, 4.5, 0.05)
+        rc, _ = self.sigterm_during("/compiled", new_connections_are_refused)
         took = time.monotonic() - start
         self.assertEqual(rc, 1, self.gw.log())
         log = self.gw.log()
         self.assertIn("a script has run for", log)  # the watchdog tried
         self.assertIn("worker 0 did not stop within 5000 ms", log)
+        self.assertEqual(seen, {"refused": True, "alive": True}, log)
         self.assertGreaterEqual(took, 5.0)           # grace (0.3 s) + the 5 s wait
         self.assertLess(took, 25.0)
         self.gw.proc.returncode = 0  # the exit status 1 was the point (tearDown checks it)
