@@ -263,6 +263,24 @@ describe("merged calls", function()
     assert.equal("B-2", page.json.b.data.sku)
   end)
 
+  it("writes a whole-number key whole: ids of 15 and 16 digits are asked for and matched as they are", function()
+    -- (tostring writes 14 significant digits: 100000000000001 and 100000000000002 were one key,
+    -- "1e+14", asked for as such, and both callers were given the upstream's item 100000000000000)
+    local page = gw:get("/big-ids/100000000000001/1234567890123456")
+    assert.equal(200, page.status)
+    local calls = gw:calls("catalog")
+    assert.equal(1, #calls)
+    assert.same({ "100000000000001", "1234567890123456" }, split_ids(calls[1].query.ids))
+    assert.equal(100000000000001, page.json.a.data.id)
+    assert.equal(1234567890123456, page.json.b.data.id)
+    -- a key given as text matches the answer's numeric id of 15 digits
+    page = gw:get("/item/123456789012345")
+    assert.equal(200, page.status)
+    assert.equal(123456789012345, page.json.item.data.id)
+    -- and so do keys that are not whole numbers, as tostring writes them when it can
+    assert.equal(200, gw:get("/big-ids/2.5/0.1").status)
+  end)
+
   it("keeps the answer's JSON as it came: big integers, empty arrays, key order", function()
     gw:stub("catalog", "/products", { body = '[{"id":1,"big":9007199254740993,"tags":[],"z":1,"a":2}]',
                                       headers = { ["content-type"] = "application/json" } })

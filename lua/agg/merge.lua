@@ -14,7 +14,7 @@
 -- agg.exchange owns the callers' exchanges: it calls M.join from an attempt, M.leave when an
 -- exchange stops waiting, M.answer with the transport's answer of a merged call; M.bind gives
 -- this module the exchange's hooks (done: an attempt's answer; deny: breaker said no).
-local str_find, str_gsub = string.find, string.gsub
+local str_find, str_gsub, str_format = string.find, string.gsub, string.format
 local json = require "agg.json"
 local problem = require "agg.problem"
 local result = require "agg.result"
@@ -52,6 +52,22 @@ local OPTIONS = { key = true, max = "number", window_ms = "number", param = "str
 
 local function escape(s)
   return (str_gsub(tostring(s), "[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+--- The text of an item's key k: what the merged request carries and what an answer's items are
+-- matched by. A whole number is written whole: tostring keeps 14 significant digits, so the ids
+-- 100000000000001 and 100000000000002 were both "1e+14" (one caller was given the other's item,
+-- and the upstream was asked for "1e+14"). Any other number as tostring writes it when that reads
+-- back as the same number, else with the 17 digits that do; a string (or an int64 the JSON parser
+-- made of a larger id) as tostring writes it.
+local function key_text(k)
+  if type(k) == "number" and k == k then
+    if k % 1 == 0 and k >= -2^63 and k < 2^63 then return str_format("%d", k) end
+    local t = tostring(k)
+    if tonumber(t) == k then return t end
+    return str_format("%.17g", k)
+  end
+  return tostring(k)
 end
 
 -- where a function was written: calls merge only when their functions come from the same place
@@ -103,7 +119,7 @@ function M.normalize(b, name, method, path, headers, level)
     hs = table.concat(t, "\0")
   end
   return {
-    key = tostring(key), max = max, window_ms = window, param = b.param or false, sep = sep,
+    key = key_text(key), max = max, window_ms = window, param = b.param or false, sep = sep,
     request = b.request or false, split = b.split or false, match = b.match or "id", items = b.items or false,
     group = table.concat({ name, method, path, hs, b.param or "", sep, place(b.request), place(b.split),
                            b.match or "id", b.items or "", tostring(max), tostring(window) }, "\1"),
@@ -330,7 +346,7 @@ local function split(p, d)
   if o.split then
     local t = o.split(d, p.keys)
     if type(t) ~= "table" then error("batch.split must return a table key -> item, got " .. type(t)) end
-    for k, v in pairs(t) do by[tostring(k)] = v end
+    for k, v in pairs(t) do by[key_text(k)] = v end
     return by
   end
   local list = d
@@ -345,10 +361,10 @@ local function split(p, d)
     local m = o.match
     for _, item in ipairs(list) do
       local k = type(item) == "table" and item[m]
-      if k ~= nil and k ~= json.null then by[tostring(k)] = item end
+      if k ~= nil and k ~= json.null then by[key_text(k)] = item end
     end
   else
-    for k, v in pairs(list) do by[tostring(k)] = v end
+    for k, v in pairs(list) do by[key_text(k)] = v end
   end
   return by
 end
