@@ -523,6 +523,24 @@ describe("the cache", function()
     assert.equal(2, #gw:calls("product"))
   end)
 
+  it("keys a call that passes the client's X-API-Key on by user: never shared with another key or none", function()
+    -- (an attack review: it was one shared entry, and every other client, with another key or
+    -- none, was given the first client's account without the upstream checking its key)
+    gw:stub("product", "/items/1", function(call)
+      return { json = { who = call.headers["x-api-key"] or "nobody" } }
+    end)
+    local function who(key)
+      return gw:get("/keyed", key and { headers = { ["x-api-key"] = key } } or nil).json.s.data.who
+    end
+    assert.equal("KEY-A", who("KEY-A"))
+    assert.equal("KEY-B", who("KEY-B"))
+    assert.equal("KEY-A", who("KEY-A"))
+    -- a call without it carries no one's credentials: the shared entry of callers without a key
+    assert.equal("nobody", who(nil))
+    assert.equal("nobody", who(nil))
+    assert.equal(3, #gw:calls("product"))
+  end)
+
   it("never gives a script's own key the key of a call by path", function()
     -- (an attack review: cache = { key = "GET /price/1" } from a client's input wrote /price/1's entry)
     gw:stub("product", "/notes", { json = { what = "note" } })

@@ -481,10 +481,21 @@ end
 -- Keys
 ---------------------------------------------------------------------------------------------------
 
--- Request headers that carry a user's credentials (agg.callspec's single-flight reads it too): a
--- call with one is cached per user and never shared.
-local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
+-- Request headers that carry a user's credentials (RFC 9110 §11.6.2 Authorization, §11.7.2
+-- Proxy-Authorization; RFC 6265 §5.4 Cookie; X-API-Key and the header gateway.lua's
+-- auth.api_keys names, M.add_credential_header): a call with one is cached per user and never
+-- shared, and never joins another client's call (agg.callspec's single-flight, agg.merge's
+-- batches). A call that passed the client's X-API-Key on was cached as one shared entry: every
+-- other client, with another key or none, was given the first client's account.
+local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true, ["x-api-key"] = true }
 M.CREDENTIALS = CREDENTIALS
+
+--- Counts the request header name (any case) as a credential from now on (CREDENTIALS): the
+-- header gateway.lua's auth.api_keys names (agg.loader, once a generation is loaded). nil or a
+-- value that is not a string: nothing.
+function M.add_credential_header(name)
+  if type(name) == "string" then CREDENTIALS[name:lower()] = true end
+end
 
 -- The call's request header (lowercased name) or nil; headers is the flat list name, value, ….
 -- The last credentials a key was made for and their digest. A client's Cookie may be 64 KB: its
@@ -526,18 +537,27 @@ local function key_text(s)
   return s
 end
 
--- The credentials a user's key is made of: both when there are two (a call may carry a service's
--- Authorization and the user's Cookie: keyed by the first alone, every user shared one entry).
+-- a and b joined, or the one that is there (or nil)
 local function both_credentials(a, b)
   if a and b then return a .. "\0" .. b end
   return a or b
 end
 
--- The credentials call headers h carry (Authorization, Cookie, Proxy-Authorization: each that is
--- there, joined), or nil.
+-- The credentials call headers h (the flat list name, value, …; names lowercased) carry: each
+-- header of CREDENTIALS that is there, as "name:value", joined by "\0" in the list's order, or nil.
+-- All of them: a call may carry a service's Authorization and the user's Cookie (keyed by the
+-- first alone, every user shared one entry).
 local function credentials_of(h)
-  return both_credentials(both_credentials(header_of(h, "authorization"), header_of(h, "cookie")),
-                          header_of(h, "proxy-authorization"))
+  if not h then return nil end
+  local c
+  for i = 1, #h, 2 do
+    local name = h[i]
+    if CREDENTIALS[name] then
+      local v = name .. ":" .. h[i + 1]
+      c = c and c .. "\0" .. v or v
+    end
+  end
+  return c
 end
 
 --- The cache key of a call, or nil when it cannot be cached (scope user with no user to key by).
@@ -553,7 +573,7 @@ function M.key(ctx, spec, p)
     scope = "user"
     if not logged_user[spec.upstream] then
       logged_user[spec.upstream] = true
-      core.log("warn", ("cache: calls to %s carry Authorization, Proxy-Authorization or Cookie or the user's identity: cached per user, never shared"):format(spec.upstream))
+      core.log("warn", ("cache: calls to %s carry credentials (Authorization, Proxy-Authorization, Cookie, an API key's header) or the user's identity: cached per user, never shared"):format(spec.upstream))
     end
   end
   local path = key_text(spec.path)

@@ -165,8 +165,8 @@ local function add_waiter(p, x, rec, t, clamped, now)
   if t <= x.batch.window_ms + 1 then x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t)) end
 end
 
--- request headers that carry a user's credentials: calls merge only with the same ones
-local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true }
+-- request headers that carry a user's credentials (agg.cache's): calls merge only with the same ones
+local CREDENTIALS = require("agg.cache").CREDENTIALS
 
 -- The batch group of x: its option's, narrowed by the credentials the call carries now (the
 -- user's identity is added after the option was read, agg.identity): one user's token never

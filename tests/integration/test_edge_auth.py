@@ -285,6 +285,27 @@ class EdgeAuth(GatewayTestCase):
         # an endpoint the rule is not on is not refused: the count is the rule's, not the address's
         self.assertRefused(self.bearer("/me", forged), 401, "invalid_token")
 
+    def test_a_cached_call_that_passes_the_api_key_header_on_is_keyed_by_it(self):
+        # (an attack review: a call carrying the client's key was one shared entry: every other
+        # client, with another key or none, was given the first one's answer, and the upstream
+        # never saw their keys) auth.api_keys.header names X-Client-Key here, not X-API-Key
+        passes = '''local agg = require "agg"
+return {
+  route = "GET /passes-key",
+  auth = "none",
+  handler = function(req)
+    return agg.page(agg.fetch_all { p = { "product", "/products/1",
+      headers = { ["x-client-key"] = req.headers["x-client-key"] } } })
+  end,
+}
+'''
+        self.start_edge(api_keys=[("k-shop-1", "shop", "free")], scripts={"passes.lua": passes},
+                        upstreams={"product": {"cache": {"ttl_s": 60}}})
+        for key in ("key-a", "key-b", "key-a"):
+            self.assertEqual(self.get("/passes-key", "-H", "X-Client-Key: " + key).status, 200)
+        keys = [r["headers"].get("x-client-key") for r in self.mock.requests("product")["requests"]]
+        self.assertEqual(sorted(keys), ["key-a", "key-b"], self.mock.requests("product"))
+
     def test_api_keys_name_the_app_and_plan_and_unknown_keys_are_refused(self):
         self.start_edge(api_keys=[("k-mobile-123", "mobile", "gold"), ("k-web-456", "web", "free")])
         r = self.get("/app", "-H", "X-Client-Key: k-mobile-123")
