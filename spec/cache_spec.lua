@@ -549,6 +549,16 @@ describe("the cache", function()
     assert.equal("price", gw:get("/price/1").json.s.data.what)
   end)
 
+  it("keeps no answer that sets a cookie in a shared entry", function()
+    -- (an attack review: the second client was shown the first one's session cookie)
+    gw:stub("cc", "/items/5", { json = { v = 5 }, headers = { ["cache-control"] = "max-age=60", ["set-cookie"] = "sid=A; Path=/" } })
+    gw:stub("cc", "/items/6", { json = { v = 6 }, headers = { ["cache-control"] = "max-age=60" } })
+    for _ = 1, 2 do gw:get("/cc/5") gw:get("/cc/6") end
+    local n = {}
+    for _, c in ipairs(gw:calls("cc")) do n[c.path] = (n[c.path] or 0) + 1 end
+    assert.same({ ["/items/5"] = 2, ["/items/6"] = 1 }, n)
+  end)
+
   it("lets the upstream's Cache-Control decide when the script sets no TTL", function()
     gw:stub("cc", "/items/1", { json = { v = 1 }, headers = { ["cache-control"] = "public, max-age=10, s-maxage=20" } })
     gw:stub("cc", "/items/2", { json = { v = 2 }, headers = { ["cache-control"] = "no-store" } })

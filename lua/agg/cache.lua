@@ -40,6 +40,7 @@ local use_redis = false
 local pending = {}               -- redis command id -> lookup waiting on it
 local refreshing = {}            -- cache key -> true while its background refresh runs
 local logged_user = {}           -- upstream -> true once the shared->user scope switch was logged
+local logged_cookie = {}         -- upstream -> true once an answer not shared for its Set-Cookie was logged
 M.stats = { hits = 0, misses = 0, stale = 0, stale_if_error = 0, refreshes = 0, stores = 0, negative = 0,
             bloom_hits = 0, redis_hits = 0, redis_misses = 0, redis_errors = 0, corrupt = 0 }
 
@@ -686,6 +687,7 @@ function M.init(transport)
   use_redis = core.redis_get ~= nil
   pending, refreshing = {}, {}
   learned, learned_memo, logged_vary, logged_user = {}, setmetatable({}, { __mode = "k" }), {}, {}
+  logged_cookie = {}
   merged = {}
   bloom.cur, bloom.old, bloom.since, bloom.n = {}, {}, nil, 0
   for k in pairs(M.stats) do M.stats[k] = 0 end
@@ -838,6 +840,18 @@ local function store(x, r, now)
     ck = M.key(x.ctx, x, p)
     if not ck then return end
     x.cache, x.cache_key = p, ck
+  end
+  -- an answer that sets a cookie (a session, a CSRF token) is its client's: a shared entry would
+  -- give it to every client whose script reads result.headers (an attack review: the second
+  -- client was shown the first one's session cookie). A user's own entry may keep it. (The
+  -- shared caches' usual rule, Varnish's built-in one; RFC 9111 §3 leaves it to the cache.)
+  if not x.cache_user and block_get(hdrs, "set-cookie") then
+    if not logged_cookie[x.upstream] then
+      logged_cookie[x.upstream] = true
+      core.log("info", ("cache: an answer of %s carries Set-Cookie: not kept in a shared entry (this is logged once)")
+        :format(x.upstream))
+    end
+    return
   end
   local fresh, swr, sie
   -- (read whatever ttl_s says: whether the answer may be stored at all is the upstream's, see
