@@ -862,6 +862,15 @@ describe("a page made of cached sections", function()
     assert.matches("^private, max%-age=%d+$", meta.headers["cache-control"])
   end)
 
+  it("makes a plain response private when its script read the request's headers, unless it said otherwise", function()
+    -- (an attack review: { status = 200, json = … } built from a request's X-API-Key had no
+    -- Cache-Control, and a shared cache in front may keep it by heuristic freshness)
+    local key = { headers = { ["x-api-key"] = "KEY-A" } }
+    assert.equal("private", gw:get("/plain/reads", key).headers["cache-control"])
+    assert.equal("max-age=5", gw:get("/plain/own", key).headers["cache-control"])
+    assert.is_nil(gw:get("/plain/anonymous", key).headers["cache-control"])
+  end)
+
   it("is private when its script gives it a Set-Cookie (a shared cache would hand it to everyone)", function()
     gw:stub("cc", "/items/1", { json = { v = 1 }, headers = { ["cache-control"] = "max-age=100" } })
     local first = gw:get("/cc-cookie/1")

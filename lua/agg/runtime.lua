@@ -440,6 +440,24 @@ local function with_client_fields(headers, sessions)
   return h
 end
 
+-- A plain response's headers (a handler's own table, { status = …, json = … }) for a request that
+-- is private (M.request_private: the edge authenticated it, or its script read req.headers,
+-- req.body, req.json or req.trace_id): Cache-Control: private when the script gave none, in any
+-- spelling, as agg.page does for a page (the script's own wins). Without it a shared cache in
+-- front could keep the answer by heuristic freshness (RFC 9111 §4.2.2) and serve it to callers
+-- without the request's API key: its X-API-Key is no Authorization, which §3.5 would have kept it
+-- from (an attack review). headers: the script's table (not changed: it may be shared) or nil.
+local function private_unless_said(headers)
+  if headers then
+    for k in pairs(headers) do
+      if type(k) == "string" and #k == 13 and k:lower() == "cache-control" then return headers end
+    end
+  end
+  local h = { ["cache-control"] = "private" }
+  if headers then for k, v in pairs(headers) do h[k] = v end end
+  return h
+end
+
 -- page: "complete", "partial" or nil; sections: a page's sections; rows: a page's rows, in place
 -- of body and sections.
 local function send(ctx, status, headers, body, is_json, default_type, page, sections, rows)
@@ -555,6 +573,7 @@ finish_request = function(ctx, ok, resp, co)
     log_error(ctx, nil, "response headers must be a table")
     return send_problem(ctx, problem.script_error(nil))
   end
+  if not page and not rows and (ctx.user or ctx.private_read) then headers = private_unless_said(headers) end
   if rjson ~= nil or rows then
     local sections = not rows and page and type(rjson) == "table" and
                      (st == 200 and rjson or rawget(rjson, "sections")) or nil
