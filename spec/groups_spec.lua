@@ -41,6 +41,21 @@ describe("outlier ejection", function()
     assert.equal(20000, ep.until_ms - ep.ejected_ms) -- the second ejection lasts 2 x eject_s
   end)
 
+  it("counts only the upstream's failure_statuses: 500s a client provokes eject no endpoint, 503s do", function()
+    -- (an attack review: a client pinned to one endpoint by its session asked for a path that
+    -- answers 500 and ejected that endpoint for every client)
+    gw:stub("stern", "/p/*", { json = { id = 1 }, latency_ms = 5 })
+    gw:stub("stern#2", "/p/*", { status = 500, json = { error = "boom" } })
+    for i = 1, 20 do gw:get("/stern/" .. i) end
+    assert.equal(10, by_endpoint(gw:calls("stern"))[2])
+    assert.equal("healthy", gw:endpoints("stern")[2].state)
+    gw:stub("stern#2", "/p/*", { status = 503, json = { error = "down" } })
+    gw:clear_calls()
+    for i = 1, 20 do gw:get("/stern/" .. i) end
+    assert.equal(2, by_endpoint(gw:calls("stern"))[2]) -- outlier.failures = 2, then ejected
+    assert.equal("ejected", gw:endpoints("stern")[2].state)
+  end)
+
   it("an endpoint back in health gets calls again after its ejection", function()
     for i = 1, 20 do gw:get("/product/" .. i) end
     gw:stub("product#2", "/p/*", { json = { id = 2 }, latency_ms = 5 })

@@ -39,6 +39,18 @@ describe("the circuit breaker", function()
     assert.equal(5, #gw:calls("recs"))
   end)
 
+  it("counts only an upstream's failure_statuses: 500s a client provokes do not open it, 503s do", function()
+    -- (an attack review: five requests for a path that answers 500 opened the breaker of the
+    -- upstream for every client, and a burst each open_s kept it open)
+    gw:stub("gated", "/g/*", { status = 500, json = { error = "boom" } })
+    for i = 1, 10 do testing.expect_section(gw:get("/gated/" .. i), "g", "unavailable", "upstream-error") end
+    assert.equal(10, #gw:calls("gated"))
+    gw:stub("gated", "/g/*", { status = 503, json = { error = "down" } })
+    for i = 1, 5 do testing.expect_section(gw:get("/gated/" .. i), "g", "unavailable", "upstream-error") end
+    testing.expect_section(gw:get("/gated/6"), "g", "unavailable", "circuit-open")
+    assert.equal(15, #gw:calls("gated"))
+  end)
+
   it("lets exactly one probe through after open_s, even when 50 requests arrive at once", function()
     gw:stub("recs", "/recs/*", { fault = "refuse" })
     for i = 1, 5 do gw:get("/concert/" .. i) end

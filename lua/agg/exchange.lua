@@ -215,9 +215,13 @@ end
 local BREAKER_FAILURES = { refused = true, connect_timeout = true, reset = true, truncated = true,
                            bad_response = true, too_large = true, tls = true }
 
-local function breaker_verdict(outcome, http_status, clamped, bad_json)
+-- statuses: the upstream's failure_statuses (status -> true), or false for every 5xx. An answer
+-- with another status is the upstream answering: a success for the breaker and the endpoint.
+local function breaker_verdict(outcome, http_status, clamped, bad_json, statuses)
   if outcome == "ok" then
-    if http_status >= 500 or bad_json then return "failure" end
+    if bad_json then return "failure" end
+    if statuses then return statuses[http_status] and "failure" or "success" end
+    if http_status >= 500 then return "failure" end
     return "success"
   end
   if BREAKER_FAILURES[outcome] then return "failure" end
@@ -472,7 +476,9 @@ end
 -- Hands a transport answer to the breaker, then to the attempt (or every attempt sharing it).
 local function on_answer(rec, outcome, http_status, headers, body, data, ms, detail)
   local spec = rec.x or rec -- the exchange is its own normalized spec, and its first attempt
-  local verdict = breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string")
+  local up = upstreams[spec.upstream]
+  local verdict = breaker_verdict(outcome, http_status, rec.clamped, type(data) == "string",
+                                  up and up.failure_statuses)
   local grp = spec.u.group
   if grp then
     local ep = rec.flight and rec.flight.ep or rec.endpoint

@@ -324,7 +324,8 @@ local function load_folder(dir)
                       breaker = u.breaker, cache = u.cache or false, identity = u.identity, audience = u.audience,
                       internal = u.internal, endpoints = u.endpoints, balance = u.balance, hash_key = u.hash_key,
                       outlier = u.outlier, session = u.session, health = u.health,
-                      forward_headers = u.forward_headers, base_path = u.base_path }
+                      forward_headers = u.forward_headers, base_path = u.base_path,
+                      failure_statuses = u.failure_statuses or false }
     end
   end
   local trusted = cfg and cfg.scripts.trusted

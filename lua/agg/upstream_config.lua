@@ -53,6 +53,24 @@ local function credential_headers(cfg)
   return out
 end
 
+-- upstreams.X.failure_statuses = { 502, 503, 504 }: the statuses of an answer that count as the
+-- upstream failing, for its circuit breaker and its endpoints' outlier ejection (agg.exchange
+-- breaker_verdict; default: every 5xx). Returns the set status -> true, or nil after err().
+local function check_failure_statuses(v, where, line, err, show)
+  local set, ok = {}, type(v) == "table" and #v > 0
+  if ok then
+    for i, st in pairs(v) do
+      if type(i) ~= "number" or type(st) ~= "number" or st % 1 ~= 0 or st < 400 or st > 599 then ok = false break end
+      set[st] = true
+    end
+  end
+  if not ok then
+    err(line, where, "must be a list of HTTP statuses from 400 to 599, like { 502, 503, 504 }, got " .. show(v))
+    return nil
+  end
+  return set
+end
+
 -- upstreams.X.forward_headers = { "accept-language", … }: the client request headers every call to
 -- the upstream carries (a call's own headers win), never one of credentials (credential_headers).
 -- Returns the list lowercased, or nil after err().
@@ -242,6 +260,8 @@ function M.check_upstreams(cfg, out, c)
           -- checked below
         elseif k == "forward_headers" then
           e.forward_headers = check_forward_headers(v, where .. ".forward_headers", kline, err, credentials)
+        elseif k == "failure_statuses" then
+          e.failure_statuses = check_failure_statuses(v, where .. ".failure_statuses", kline, err, show)
         elseif k == "resolve_every_s" then
           -- how often the endpoints' host names are resolved again (group/directory.h); 0: at load only
           if not (type(v) == "number" and v % 1 == 0 and v >= 0 and v <= 86400) then
@@ -269,12 +289,12 @@ function M.check_upstreams(cfg, out, c)
           local known = { url = true, tls = true, breaker = true, retry = true, hedge = true, identity = true,
                           audience = true, cache = true, endpoints = true, balance = true, hash_key = true,
                           outlier = true, session = true, health = true, max_rps = true, forward_headers = true,
-                          resolve_every_s = true }
+                          resolve_every_s = true, failure_statuses = true }
           for kk in pairs(UPSTREAM_DEFAULTS) do known[kk] = true end
           err(kline, where .. "." .. tostring(k), "unknown option" .. suggest(tostring(k), known) ..
               "; upstreams know url, tls, timeout_ms, connect_timeout_ms, idle_timeout_ms, max_connections, max_pending, " ..
               "max_body_bytes, max_rps, breaker, retry, hedge, cache, identity, audience, endpoints, resolve_every_s, balance, " ..
-              "hash_key, outlier, session, health, forward_headers")
+              "hash_key, outlier, session, health, forward_headers, failure_statuses")
         end
       end
       -- a block's fields (and its sub-blocks, like retry.budget) checked into a table of values

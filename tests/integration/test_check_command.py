@@ -576,6 +576,12 @@ class CheckCommand(unittest.TestCase):
              ["upstreams.product.resolve_every_s", "whole number of seconds from 0"]),
             ('      url = "http://127.0.0.1:9001",\n      resolve_every_s = "30s",', 6,
              ["upstreams.product.resolve_every_s", "whole number of seconds from 0"]),
+            ('      url = "http://127.0.0.1:9001",\n      failure_statuses = { 502, 200 },', 6,
+             ["upstreams.product.failure_statuses", "from 400 to 599"]),
+            ('      url = "http://127.0.0.1:9001",\n      failure_statuses = 503,', 6,
+             ["upstreams.product.failure_statuses", "list of HTTP statuses"]),
+            ('      url = "http://127.0.0.1:9001",\n      failure_status = { 503 },', 6,
+             ["upstreams.product.failure_status", "did you mean 'failure_statuses'"]),
             # numbers past what the gateway holds (a fuzz input: deadline_ms = 1e46 reached a C cast)
             ('      url = "http://127.0.0.1:9001",\n      timeout_ms = 1e300,', 6,
              ["upstreams.product.timeout_ms", "up to 2147483647, got 1e+300"]),
