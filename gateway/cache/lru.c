@@ -4,8 +4,12 @@
 
 #include <h2o/linklist.h>
 #include <h2o/memory.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "base/counter.h"
 
@@ -29,14 +33,32 @@ struct agw_lru {
     agw_lru_stats_t own;
 };
 
+/* The hash's seed: drawn once per process (hash_seed_init), so that which keys share a bucket
+ * differs from process to process and cannot be worked out offline from the cache's key format.
+ * Keys hold what clients choose (paths, ids); whatever they find, AGW_LRU_CHAIN_MAX bounds what one
+ * bucket costs a lookup. */
+static uint64_t hash_seed;
+static pthread_once_t hash_seed_once = PTHREAD_ONCE_INIT;
+
+static void hash_seed_init(void)
+{
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof(s), 0) != (ssize_t)sizeof(s)) {
+        struct timespec ts; /* (getrandom without flags fails only before the kernel's pool is ready) */
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        s = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&ts;
+    }
+    hash_seed = s;
+}
+
 static uint64_t hash_key(const char *k, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a, then a final mix */
+    uint64_t h = 1469598103934665603ull ^ hash_seed; /* FNV-1a from the seed, then a final mix */
     for (size_t i = 0; i < n; i++) {
         h ^= (unsigned char)k[i];
         h *= 1099511628211ull;
     }
-    h ^= h >> 33;
+    h ^= h >> 33 ^ hash_seed;
     h *= 0xff51afd7ed558ccdull;
     h ^= h >> 33;
     return h;
@@ -55,6 +77,7 @@ static void publish(agw_lru_t *c)
 
 agw_lru_t *agw_lru_new(size_t max_bytes, agw_lru_stats_t *stats)
 {
+    pthread_once(&hash_seed_once, hash_seed_init);
     agw_lru_t *c = agw_calloc(1, sizeof(*c));
     h2o_linklist_init_anchor(&c->recency);
     c->nbuckets = 1024;
@@ -199,6 +222,19 @@ int agw_lru_set_parts(agw_lru_t *c, const char *key, size_t klen, const struct i
     if (c->count + 1 > c->nbuckets)
         grow(c);
     p = &c->buckets[h & (c->nbuckets - 1)];
+    /* a bucket holds at most AGW_LRU_CHAIN_MAX entries: keys that share one (by chance, or found
+     * by a client that makes keys) cost a lookup that many comparisons at most. The bucket's
+     * entry whose freshness ends first makes room. */
+    size_t chain = 0;
+    entry_t *soonest = NULL;
+    for (entry_t *o = *p; o; o = o->hnext, chain++)
+        if (soonest == NULL || o->expire_ms < soonest->expire_ms)
+            soonest = o;
+    if (chain >= AGW_LRU_CHAIN_MAX) {
+        remove_entry(c, soonest);
+        AGW_M_ADD(c->stats->evictions, 1);
+        p = &c->buckets[h & (c->nbuckets - 1)];
+    }
     e->hnext = *p;
     *p = e;
     list_push_newest(c, e);
@@ -238,6 +274,24 @@ size_t agw_lru_purge_prefix(agw_lru_t *c, const char *prefix, size_t plen)
     }
     publish(c);
     return n;
+}
+
+size_t agw_lru_longest_chain(const agw_lru_t *c)
+{
+    size_t longest = 0;
+    for (size_t i = 0; i < c->nbuckets; i++) {
+        size_t n = 0;
+        for (const entry_t *e = c->buckets[i]; e; e = e->hnext)
+            n++;
+        if (n > longest)
+            longest = n;
+    }
+    return longest;
+}
+
+size_t agw_lru_bucket_of(const agw_lru_t *c, const char *key, size_t klen)
+{
+    return (size_t)(hash_key(key, klen) & (c->nbuckets - 1));
 }
 
 void agw_lru_resize(agw_lru_t *c, size_t max_bytes)

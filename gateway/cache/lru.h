@@ -19,6 +19,10 @@
 #include <sys/uio.h>
 
 #define AGW_LRU_OVERHEAD 64 /* bytes charged per entry for its bookkeeping */
+/* Most entries one bucket of the hash table holds (a store into a full one drops the bucket's
+ * entry whose freshness ends first): keys are made of what clients choose, and the hash is seeded
+ * per process, so no client can make one lookup cost more than this many key comparisons. */
+#define AGW_LRU_CHAIN_MAX 8
 
 typedef struct agw_lru agw_lru_t;
 
@@ -63,6 +67,13 @@ int agw_lru_del(agw_lru_t *c, const char *key, size_t klen);
 
 /* Drops every entry whose key starts with prefix (plen bytes; 0 drops all). Returns how many. */
 size_t agw_lru_purge_prefix(agw_lru_t *c, const char *prefix, size_t plen);
+
+/* The most entries one bucket holds now (at most AGW_LRU_CHAIN_MAX): for tests and checks. */
+size_t agw_lru_longest_chain(const agw_lru_t *c);
+
+/* The bucket key (klen bytes) falls in now (under this process's seed), 0 to the table's size - 1:
+ * for tests that fill one bucket. */
+size_t agw_lru_bucket_of(const agw_lru_t *c, const char *key, size_t klen);
 
 /* Changes the bound (a reload that changed cache.memory_bytes), evicting as needed. */
 void agw_lru_resize(agw_lru_t *c, size_t max_bytes);

@@ -1,6 +1,8 @@
 /* test_lru.c: the first cache tier (cache/lru.h): bounded by bytes, least recently used out first,
  * expiry, prefix purge. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cache/lru.h"
 #include "tests/check.h"
@@ -125,8 +127,41 @@ static void parts_are_stored_as_one_value(void)
     agw_lru_free(c);
 }
 
+/* Keys that share one bucket (found by trying, as a client that makes keys would): the bucket
+ * keeps at most AGW_LRU_CHAIN_MAX of them, the newest are found, and the entries of other buckets
+ * stay. */
+static void one_bucket_holds_at_most_chain_max_entries(void)
+{
+    agw_lru_stats_t st = {0};
+    agw_lru_t *c = agw_lru_new(1 << 24, &st);
+    char keys[40][32], other[32];
+    size_t n = 0, target = agw_lru_bucket_of(c, "agw:{p}:1:GET /p/0", 18);
+    for (unsigned i = 0;; i++) { /* an entry of another bucket */
+        int len = snprintf(other, sizeof(other), "other %u", i);
+        if (agw_lru_bucket_of(c, other, (size_t)len) != target)
+            break;
+    }
+    set(c, other, "kept", 1000000);
+    for (unsigned i = 1; i < 2000000 && n < 40; i++) {
+        int len = snprintf(keys[n], sizeof(keys[n]), "agw:{p}:1:GET /p/%u", i);
+        if (agw_lru_bucket_of(c, keys[n], (size_t)len) == target)
+            n++;
+    }
+    CHECK(n == 40);
+    for (size_t i = 0; i < n; i++)
+        set(c, keys[i], "v", 1000 + i); /* (the first ones end first) */
+    CHECK(agw_lru_longest_chain(c) <= AGW_LRU_CHAIN_MAX);
+    CHECK(st.entries == AGW_LRU_CHAIN_MAX + 1 && st.evictions == 40 - AGW_LRU_CHAIN_MAX);
+    for (size_t i = n - AGW_LRU_CHAIN_MAX; i < n; i++)
+        CHECK_STR(get(c, keys[i], 0), "v");
+    CHECK(get(c, keys[0], 0) == NULL);
+    CHECK_STR(get(c, other, 0), "kept");
+    agw_lru_free(c);
+}
+
 int main(void)
 {
+    RUN(one_bucket_holds_at_most_chain_max_entries);
     RUN(a_mark_is_the_callers_until_the_value_is_replaced);
     RUN(stores_and_replaces);
     RUN(parts_are_stored_as_one_value);
