@@ -414,6 +414,23 @@ describe("session persistence", function()
     assert.same({ [first] = 30 }, by_endpoint(gw:calls("sticky")))
   end)
 
+  it("a session cookie is Secure when the request came over TLS, or with secure = true whatever it came over", function()
+    -- (found by an attack review: the cookie had no Secure over TLS, so a client's browser sent
+    -- it on a plain http:// request to the same host too)
+    local function attrs(page)
+      local sc = page.headers["set-cookie"]
+      assert.is_truthy(sc, "no session cookie")
+      local t = {}
+      for a in sc:gmatch(";%s*([^;=]+)") do t[#t + 1] = a end
+      return table.concat(t, " ")
+    end
+    assert.equal("Path HttpOnly SameSite Secure Max-Age", attrs(gw:get("/sticky/1", { tls = true })))
+    assert.equal("Path HttpOnly SameSite Max-Age", attrs(gw:get("/sticky/1")))
+    gw:stub("sealed", "/p/*", { json = { id = 1 } })
+    assert.equal("Path HttpOnly SameSite Secure", attrs(gw:get("/sealed/1")))
+    assert.equal("Path HttpOnly SameSite Secure", attrs(gw:get("/sealed/1", { tls = true })))
+  end)
+
   it("finds the session cookie however the Cookie header writes it, and only a pair of that name", function()
     local tok = cookie_of(gw:get("/sticky/1"))
     local first = gw:calls("sticky")[1].endpoint

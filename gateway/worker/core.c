@@ -481,6 +481,22 @@ static int l_request_headers(lua_State *L)
     return 1;
 }
 
+/* core.request_tls(rid) -> true when the page request came over TLS, false when not, nothing once
+ * it has ended (lua/agg/contract.lua; asked for when a response sets a session cookie, which is
+ * then Secure). The connection's socket says, not req->scheme: an HTTP/2 client writes :scheme
+ * itself. A batch entry has no socket of its own: its envelope's scheme (multi.c copies it). */
+static int l_request_tls(lua_State *L)
+{
+    agw_worker_t *w = upw(L);
+    reqref_t *rr = agw_slots_get(&w->tables.reqs, (uint64_t)luaL_checknumber(L, 1));
+    if (rr == NULL || rr->req == NULL)
+        return 0;
+    h2o_conn_t *conn = rr->req->conn;
+    h2o_socket_t *sock = conn->callbacks->get_socket ? conn->callbacks->get_socket(conn) : NULL;
+    lua_pushboolean(L, sock ? sock->ssl != NULL : rr->req->input.scheme == &H2O_URL_SCHEME_HTTPS);
+    return 1;
+}
+
 /* core.request_user(rid) -> the user the edge authenticated the page request as and its bearer token
  * (edge.h agw_edge_user_push: a table and a string or nil), or nothing when the request had no user
  * or has ended (lua/agg/contract.lua; asked for when first needed, not with every request). */
@@ -626,6 +642,6 @@ const luaL_Reg agw_worker_core_fns[] = {
     {"log", l_log},       {"timer", l_timer}, {"cancel_timer", l_cancel_timer}, {"random", l_random},
     {"upstream_counters", l_upstream_counters}, {"endpoint_state", l_endpoint_state}, {"join", l_join},
     {"trace_id", l_trace_id}, {"endpoint_slots", l_endpoint_slots}, {"request_headers", l_request_headers},
-    {"request_user", l_request_user},
+    {"request_tls", l_request_tls}, {"request_user", l_request_user},
     {NULL, NULL},
 };

@@ -59,6 +59,10 @@ M.core = {
                                 "a repeated name joined), or nil once the request has ended; asked " ..
                                 "for when a script, a forwarded header, a cache key or a group " ..
                                 "needs them (agg.result.request_headers), not with every request" },
+  request_tls  = { args = { "rid" }, optional = true,
+                   returns = "true when the page request came over TLS (its connection's; a batch " ..
+                             "entry's, its envelope's scheme), false when not, nothing once it has " ..
+                             "ended; asked for when a response sets a session cookie (Secure)" },
   request_user = { args = { "rid" },
                    returns = "the user the edge authenticated the page request as ({ via = \"jwt\", sub, " ..
                              "claims_ref } or { via = \"api_key\", app, plan }) and the verified bearer " ..

@@ -122,7 +122,7 @@ local function group_of(name)
   local sess = up.session
   if sess and not sess.off then
     g.session = { cookie = sess.type ~= "header", name = sess.type == "header" and sess.name:lower() or sess.name,
-                  absolute_ms = (sess.absolute_timeout_s or 0) * 1000, idle_ms = (sess.idle_timeout_s or 0) * 1000,
+                  secure = sess.secure == true, absolute_ms = (sess.absolute_timeout_s or 0) * 1000, idle_ms = (sess.idle_timeout_s or 0) * 1000,
                   by_id = {} }
   end
   index_endpoints(g)
@@ -287,7 +287,7 @@ end
 
 -- The page response sets the session of group g to endpoint i (a new session, one that moved, or,
 -- with idle_timeout_s, one whose last use is refreshed): ctx.sessions[name] = { cookie, header
--- name, token, max age s }; agg.runtime adds it to the response.
+-- name, token, max age s, secure }; agg.runtime adds it to the response.
 local function set_session(g, s, ctx, i, created, now, counted)
   if not counted then g.eps[i].sessions = g.eps[i].sessions + 1 end
   local sessions = ctx.sessions
@@ -297,7 +297,7 @@ local function set_session(g, s, ctx, i, created, now, counted)
   if s.absolute_ms > 0 then max_age = math.max(0, math.floor((created * 1000 + s.absolute_ms - now) / 1000)) end
   if s.idle_ms > 0 then max_age = math.min(max_age or math.huge, math.floor(s.idle_ms / 1000)) end
   sessions[g.name] = { cookie = s.cookie, name = s.name, token = g.eps[i].id .. "." .. created .. "." .. now_s,
-                       max_age = max_age }
+                       max_age = max_age, secure = s.secure }
 end
 
 --- The endpoint (1-based) for an attempt of exchange x on group g; avoid: the endpoint of the

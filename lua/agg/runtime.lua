@@ -410,8 +410,11 @@ end
 -- spelling of it): a shared cache (a CDN) would otherwise keep the response and hand this
 -- client's session, or its RateLimit fields (limits.headers, added by the transport: ep.rate_fields),
 -- to every client that asks for the URL. This holds whoever wrote the Cache-Control: the script
--- cannot see the fields the gateway adds.
-local function with_client_fields(headers, sessions)
+-- cannot see the fields the gateway adds. A session cookie is Secure (RFC 6265 §4.1.2.5: the
+-- client sends it back over TLS only) when the request came over TLS (core.request_tls, asked
+-- only for a response that sets one) or its group's session says secure = true (a gateway behind
+-- a proxy that ends TLS).
+local function with_client_fields(ctx, headers, sessions)
   local h = {}
   local cc = false -- a spelling of cache-control was there
   if headers then
@@ -423,10 +426,12 @@ local function with_client_fields(headers, sessions)
     end
   end
   if not cc then h["cache-control"] = "private" end
+  local tls -- nil until a cookie asks
   for _, s in pairs(sessions or {}) do
     if s.cookie then
+      if tls == nil then tls = core.request_tls and core.request_tls(ctx.rid) == true or false end
       local c = s.name .. "=" .. s.token .. "; Path=/; HttpOnly; SameSite=Lax" ..
-                (s.max_age and ("; Max-Age=" .. s.max_age) or "")
+                ((s.secure or tls) and "; Secure" or "") .. (s.max_age and ("; Max-Age=" .. s.max_age) or "")
       local key = "set-cookie" -- the script's own spelling, if it sets cookies too
       for k in pairs(h) do if type(k) == "string" and k:lower() == key then key = k end end
       local cur = h[key]
@@ -461,7 +466,7 @@ end
 -- page: "complete", "partial" or nil; sections: a page's sections; rows: a page's rows, in place
 -- of body and sections.
 local function send(ctx, status, headers, body, is_json, default_type, page, sections, rows)
-  if ctx.sessions or (ctx.ep and ctx.ep.rate_fields) then headers = with_client_fields(headers, ctx.sessions) end
+  if ctx.sessions or (ctx.ep and ctx.ep.rate_fields) then headers = with_client_fields(ctx, headers, ctx.sessions) end
   local o = out
   o.status, o.headers, o.body, o.json, o.default_type = status, headers, body, is_json, default_type
   local nt = #ctx

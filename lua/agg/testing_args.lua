@@ -10,7 +10,8 @@ local M = {}
 -- value of the wrong type or an unknown fault is an error naming it, never silently ignored
 -- (a stub's `latncy_ms = 500` would otherwise answer at 0 ms).
 local GATEWAY_OPTIONS = { dir = "string", clock = "number", redis = "table", utc_ms = "number" }
-local REQUEST_OPTIONS = { headers = "table", body = "string", json = true, user = "table", ip = "string" }
+local REQUEST_OPTIONS = { headers = "table", body = "string", json = true, user = "table", ip = "string",
+                          tls = "boolean" }
 local ANSWER_OPTIONS = { status = "number", headers = "table", json = true, body = "string", latency_ms = "number",
                          fault = "string" }
 local FAULTS = { hang = true, drip = true, refuse = true, tls = true, reset = true, short = true, non_json = true,

@@ -169,8 +169,8 @@ function F:send(method, path, opts)
   self.open = self.open + 1
   -- the headers and the user are not handed over with the request: the runtime asks
   -- core.request_headers and core.request_user when it first needs them, as it does the C worker
-  -- (nil once the request is answered or gone)
-  r.req_headers, r.req_user, r.req_token = headers, user, token
+  -- (nil once the request is answered or gone), and core.request_tls whether it came over TLS
+  r.req_headers, r.req_user, r.req_token, r.req_tls = headers, user, token, opts.tls
   timed(self, rt.start, rid, idx, method, p, params, q ~= "" and q or nil, body, user ~= nil or nil, 0)
   return r
 end

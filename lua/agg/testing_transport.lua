@@ -108,6 +108,13 @@ function T.install(gw)
     for i, k in ipairs(names) do out[i] = k .. "\0" .. tostring(r.req_headers[k]) .. "\0" end
     return table.concat(out)
   end
+  -- whether the spec's request came over TLS (its option tls), as the C worker tells it: nothing
+  -- once the request was answered or its client went away
+  function core.request_tls(rid)
+    local r = gw.responses[rid]
+    if not r or r.status then return nil end
+    return r.req_tls == true
+  end
   -- the user the spec's request came as, and its token (agg.contract), as the C worker hands them
   -- over: nothing without a user, or once the request was answered or its client went away
   function core.request_user(rid)

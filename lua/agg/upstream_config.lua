@@ -451,12 +451,12 @@ function M.check_upstreams(cfg, out, c)
             (type(bal) == "string" and suggest(bal, BALANCES) or ""))
       end
       e.balance = BALANCES[bal] and bal or "p2c"
-      -- session = { type = "cookie" | "header", name, absolute_timeout_s, idle_timeout_s }
+      -- session = { type = "cookie" | "header", name, absolute_timeout_s, idle_timeout_s, secure }
       local sess = u.session
       if sess ~= nil then
         local sline = find_line(lines, "session", nline) or nline
         local swhere = where .. ".session"
-        local SESSION = { type = true, name = true, absolute_timeout_s = true, idle_timeout_s = true }
+        local SESSION = { type = true, name = true, absolute_timeout_s = true, idle_timeout_s = true, secure = true }
         if type(sess) ~= "table" then
           err(sline, swhere, "must be a table like { type = \"cookie\", name = \"agw-" .. name .. "\" }")
         else
@@ -465,7 +465,7 @@ function M.check_upstreams(cfg, out, c)
             if not SESSION[k] then
               ok = false
               err(find_line(lines, k, sline) or sline, swhere .. "." .. tostring(k), "unknown option" ..
-                  suggest(tostring(k), SESSION) .. "; session knows type, name, absolute_timeout_s, idle_timeout_s")
+                  suggest(tostring(k), SESSION) .. "; session knows type, name, absolute_timeout_s, idle_timeout_s, secure")
             end
           end
           if sess.type ~= nil and sess.type ~= "cookie" and sess.type ~= "header" then
@@ -477,6 +477,18 @@ function M.check_upstreams(cfg, out, c)
             err(find_line(lines, "name", sline) or sline, swhere .. ".name",
                 "is required: the cookie's or header's name, like name = \"agw-" .. name .. "\"")
           end
+          -- secure = true: the cookie is Secure whatever the request came over (a proxy in front
+          -- ends TLS); without it, Secure when the request came over TLS
+          if sess.secure ~= nil and sess.secure ~= true and sess.secure ~= false then
+            ok = false
+            err(find_line(lines, "secure", sline) or sline, swhere .. ".secure",
+                "must be true (the cookie is Secure on every response: a proxy in front of the gateway ends " ..
+                "TLS) or false (the default: Secure when the request came over TLS), got " .. type(sess.secure))
+          elseif sess.secure ~= nil and sess.type == "header" then
+            ok = false
+            err(find_line(lines, "secure", sline) or sline, swhere .. ".secure",
+                "is for a cookie session: a header session (type = \"header\") has no cookie to mark Secure")
+          end
           for _, f in ipairs({ "absolute_timeout_s", "idle_timeout_s" }) do
             local v = sess[f]
             if v ~= nil and not (type(v) == "number" and v >= 1 and v % 1 == 0 and v <= 2147483647) then
@@ -487,7 +499,7 @@ function M.check_upstreams(cfg, out, c)
           end
           if ok then
             e.session = { type = sess.type or "cookie", name = sess.name, absolute_timeout_s = sess.absolute_timeout_s,
-                          idle_timeout_s = sess.idle_timeout_s }
+                          idle_timeout_s = sess.idle_timeout_s, secure = sess.secure == true }
           end
         end
       end

@@ -50,14 +50,14 @@ REQUIRED_PAGE = endpoint("GET /r/{id}", '''
 
 class UpstreamGroups(GatewayTestCase):
 
-    def start_group(self, mock_services, product_options, scripts=None, extra=None):
+    def start_group(self, mock_services, product_options, scripts=None, extra=None, tls=False):
         self.start_mock(mock_services)
         eps = [self.mock.url("product"), self.mock.url("product_b"), self.mock.url("product_c")]
         opts = {"product": dict({"endpoints": eps, "timeout_ms": 1000, "connect_timeout_ms": 500}, **product_options),
                 "reviews": {"timeout_ms": 2000}}
         self.admin_port = free_port()
         self.start(scripts=scripts or {"p.lua": PAGE, "r.lua": REQUIRED_PAGE}, upstream_options=opts,
-                   deadline_ms=5000, gateway_extra=dict({"admin": {"port": self.admin_port}}, **(extra or {})))
+                   deadline_ms=5000, tls=tls, gateway_extra=dict({"admin": {"port": self.admin_port}}, **(extra or {})))
         return eps
 
     def page(self, path, headers=None):
@@ -256,6 +256,21 @@ class UpstreamGroups(GatewayTestCase):
         for i in range(10):
             status, headers, body = self.page_with_headers("/p/%d" % i, {"cookie": new})
             self.assertEqual(body["product"]["data"]["from"], moved_to)
+
+    def test_session_cookie_is_secure_over_tls(self):
+        # (found by an attack review: over HTTPS the cookie had no Secure, so the client's browser
+        # also sent it on plain http:// requests to the host)
+        self.start_group(services(), {"session": {"type": "cookie", "name": "agw-product"}}, tls=True)
+
+        def attributes(r):
+            self.assertEqual(r.status, 200, r)
+            cookie = r.headers["set-cookie"]
+            self.assertTrue(cookie.startswith("agw-product="), cookie)
+            return [a.strip().split("=")[0].lower() for a in cookie.split(";")[1:]]
+        for h2 in (True, False):
+            self.assertIn("secure", attributes(self.get_tls("/p/1", h2=h2)), "HTTP/2" if h2 else "HTTP/1.1")
+        self.assertNotIn("secure", attributes(self.get("/p/1")))
+        self.assertNotIn("secure", attributes(self.get_h2c("/p/1")))
 
     def test_a_session_from_the_future_is_replaced_not_trusted(self):
         # times later than now (beyond 60 s of clock skew) would keep a session from ever reaching
