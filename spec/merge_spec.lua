@@ -124,6 +124,86 @@ describe("merged calls", function()
     assert.equal("ok", page.json.item2.status)
   end)
 
+  -- each endpoint of upstream name answers its items with from = its number (latency ms)
+  local function stub_endpoints(name, latency)
+    for ep = 1, 3 do
+      gw:stub(name .. "#" .. ep, "/products", function(call)
+        local items = {}
+        for _, id in ipairs(split_ids(call.query.ids)) do items[#items + 1] = { id = tonumber(id), from = ep } end
+        return { json = items, latency_ms = latency or 10 }
+      end)
+    end
+  end
+
+  local function from(page, first, n)
+    local t = {}
+    for i = first, first + n - 1 do t[#t + 1] = page.json["item" .. i].data.from end
+    return table.concat(t, ",")
+  end
+
+  it("merges the calls of pages whose sessions pin one endpoint, and sends each session's to its own", function()
+    -- (found by an attack review: a merged call went where the first caller's session pinned, and
+    -- a caller pinned elsewhere got that endpoint's items and no session)
+    stub_endpoints("sessioned")
+    local group = require "agg.group"
+    local function session(port) return { cookie = ("s=%08x.0.0"):format(group.hash("http://127.0.0.1:" .. port)) } end
+    local a = gw:send("GET", "/of/sessioned/1/2", { headers = session(9) })
+    local b = gw:send("GET", "/of/sessioned/2/2", { headers = session(7) })
+    local c = gw:send("GET", "/of/sessioned/5/1", { headers = session(7) })
+    gw:run()
+    assert.equal("3,3", from(a, 1, 2))
+    assert.equal("1,1", from(b, 2, 2))
+    assert.equal("1", from(c, 5, 1))
+    for _, p in ipairs { a, b, c } do assert.is_nil(p.headers["set-cookie"]) end -- pinned: nothing to set
+    assert.equal(2, #gw:calls("sessioned")) -- b and c share one
+  end)
+
+  it("gives each caller without a session the session of the endpoint its merged call went to", function()
+    stub_endpoints("sessioned", 50)
+    local a = gw:send("GET", "/of/sessioned/1/2")
+    local b = gw:send("GET", "/of/sessioned/2/2")
+    gw:advance(20)
+    local c = gw:send("GET", "/of/sessioned/1/1") -- joins the call in flight
+    gw:run()
+    local calls = gw:calls("sessioned")
+    assert.equal(1, #calls)
+    local ep = calls[1].endpoint
+    assert.equal(1, rt.merge_stats("sessioned").merged_joined)
+    local group = require "agg.group"
+    local id = ("%08x"):format(group.hash("http://127.0.0.1:" .. (6 + ep)))
+    for _, p in ipairs { a, b, c } do
+      assert.equal(200, p.status)
+      assert.equal(tostring(ep), p.json.item1 and from(p, 1, 1) or from(p, 2, 1))
+      assert.matches("^s=" .. id .. "%.", p.headers["set-cookie"])
+    end
+  end)
+
+  it("merges only calls of one hash key on a hash-balanced upstream: each shard answers its own keys", function()
+    -- (found by an attack review: with sharded endpoints, a caller was given another shard's items)
+    stub_endpoints("sharded")
+    local shard, users = {}, {}
+    for i = 1, 50 do
+      local u = "user" .. i
+      gw:get("/of/sharded/1/1", { headers = { ["x-user"] = u } })
+      local calls = gw:calls("sharded")
+      local ep = calls[#calls].endpoint
+      if not shard[ep] then shard[ep] = u users[#users + 1] = u end
+      if #users == 2 then break end
+    end
+    assert.equal(2, #users)
+    gw:clear_calls()
+    local a = gw:send("GET", "/of/sharded/1/2", { headers = { ["x-user"] = users[1] } })
+    local b = gw:send("GET", "/of/sharded/2/2", { headers = { ["x-user"] = users[2] } })
+    local a2 = gw:send("GET", "/of/sharded/3/2", { headers = { ["x-user"] = users[1] } })
+    gw:run()
+    local ep_of = {}
+    for ep, u in pairs(shard) do ep_of[u] = tostring(ep) end
+    assert.equal(ep_of[users[1]] .. "," .. ep_of[users[1]], from(a, 1, 2))
+    assert.equal(ep_of[users[2]] .. "," .. ep_of[users[2]], from(b, 2, 2))
+    assert.equal(ep_of[users[1]] .. "," .. ep_of[users[1]], from(a2, 3, 2))
+    assert.equal(2, #gw:calls("sharded")) -- a and a2, one key, share one
+  end)
+
   it("gives each caller its own copy of a shared item", function()
     local a = gw:send("GET", "/rename/4")
     local b = gw:send("GET", "/cart/4/1")

@@ -661,12 +661,21 @@ merge_hooks = {
     if not b then return "allow" end
     return b:allow(now)
   end,
+  -- (what chooses x's endpoint: callers of one batch share it, agg.group.route)
+  route = function(x)
+    local grp = x.u.group
+    return grp and group.route(grp, x) or ""
+  end,
   pick = function(p, x)
     local grp = p.u.group
     if not grp then return nil end
     local ep = group.pick(grp, x, nil)
     group.hold(grp, ep)
     return ep
+  end,
+  -- caller x of merged call p, which went to the endpoint picked for its first caller
+  follow = function(p, x)
+    if p.endpoint and p.u.group then group.follow(p.u.group, x, p.endpoint) end
   end,
   cancel = function(p)
     take_call(p.id)

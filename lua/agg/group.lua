@@ -300,6 +300,17 @@ local function set_session(g, s, ctx, i, created, now, counted)
                        max_age = max_age, secure = s.secure }
 end
 
+-- The page of ctx has its call go to endpoint i of g; cur, created: what session_endpoint said of
+-- its session. The session the page sets, as a plain call's: none when it already pins i (its last
+-- use refreshed with idle_timeout_s), else one on i (a session that moved keeps its creation time).
+local function keep_session(g, s, ctx, i, cur, created, now)
+  if i == cur then
+    if s.idle_ms > 0 then set_session(g, s, ctx, i, created, now, true) end
+  else
+    set_session(g, s, ctx, i, created or math.floor(now / 1000), now)
+  end
+end
+
 --- The endpoint (1-based) for an attempt of exchange x on group g; avoid: the endpoint of the
 -- attempt it replaces (a retry, a hedge), taken only when nothing else is usable. Ejected
 -- endpoints are taken only when every endpoint is ejected (never happens: see eject). With a
@@ -309,16 +320,40 @@ function M.pick(g, x, avoid)
   local now = core.now()
   local s = g.session
   if s and x.ctx then
-    local i, created = session_endpoint(g, s, x.ctx, avoid, now)
-    if i then
-      if s.idle_ms > 0 then set_session(g, s, x.ctx, i, created, now, true) end
-      return i
-    end
-    local c = M.choose(g, x, avoid, now)
-    set_session(g, s, x.ctx, c, created or math.floor(now / 1000), now)
-    return c
+    local cur, created = session_endpoint(g, s, x.ctx, avoid, now)
+    local i = cur or M.choose(g, x, avoid, now)
+    keep_session(g, s, x.ctx, i, cur, created, now)
+    return i
   end
   return M.choose(g, x, avoid, now)
+end
+
+--- Exchange x rides on a call that went to endpoint i of g for another exchange (a merged call,
+-- agg.merge): its page sets its session as M.pick would have for a call of its own to i.
+function M.follow(g, x, i)
+  local s = g.session
+  if not (s and x.ctx) then return end
+  local now = core.now()
+  local cur, created = session_endpoint(g, s, x.ctx, nil, now)
+  keep_session(g, s, x.ctx, i, cur, created, now)
+end
+
+--- What decides the endpoint of exchange x's calls on g besides the balancer's own state, as a
+-- string: "s" and the id of the endpoint its page's session pins while that one is usable, else
+-- with balance = "hash" "h" and the hash of its key (the ring's point: keys of one hash go to one
+-- endpoint), else "" (the balancer alone chooses; a new session goes where it chooses). Calls
+-- merge only with calls of the same route (agg.merge): one upstream call goes to one endpoint.
+function M.route(g, x)
+  local s = g.session
+  if s and x.ctx then
+    local i = session_endpoint(g, s, x.ctx, nil, core.now())
+    if i then return "s" .. g.eps[i].id end
+  end
+  if g.balance == "hash" then
+    local key = hash_key_of(g, x)
+    if key then return ("h%08x"):format(M.hash(key)) end
+  end
+  return ""
 end
 
 --- The balancer's choice for an attempt of exchange x on group g (M.pick without sessions).

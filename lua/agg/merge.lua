@@ -13,7 +13,8 @@
 --
 -- agg.exchange owns the callers' exchanges: it calls M.join from an attempt, M.leave when an
 -- exchange stops waiting, M.answer with the transport's answer of a merged call; M.bind gives
--- this module the exchange's hooks (done: an attempt's answer; deny: breaker said no).
+-- this module the exchange's hooks (done: an attempt's answer; deny: breaker said no; route,
+-- pick, follow: an upstream group's endpoint for a caller, for the batch, and a caller's session).
 local str_find, str_gsub, str_format = string.find, string.gsub, string.format
 local json = require "agg.json"
 local problem = require "agg.problem"
@@ -170,7 +171,11 @@ local CREDENTIALS = require("agg.cache").CREDENTIALS
 
 -- The batch group of x: its option's, narrowed by the credentials the call carries now (the
 -- user's identity is added after the option was read, agg.identity): one user's token never
--- goes out with another user's items.
+-- goes out with another user's items; and on an upstream group, by what chooses its endpoint
+-- (hooks.route: the endpoint its page's session pins, or its hash key): a merged call goes to one
+-- endpoint, which must be the one each of its callers' own call would have gone to (a caller
+-- pinned elsewhere was given another endpoint's items and kept no session; with balance = "hash"
+-- on sharded endpoints, another shard's items).
 local function group_of(x)
   local g, h = x.batch.group, x.headers
   if h then
@@ -178,6 +183,8 @@ local function group_of(x)
       if CREDENTIALS[h[i]] then g = g .. "\2" .. h[i] .. ":" .. h[i + 1] end
     end
   end
+  local r = hooks.route(x)
+  if r ~= "" then g = g .. "\3" .. r end
   return g
 end
 
@@ -198,6 +205,7 @@ function M.join(x, t, clamped, now)
     list[#list + 1] = rec
     sent.nwait = sent.nwait + 1
     x.a1 = rec
+    hooks.follow(sent, x) -- (its page's session, as for a call of its own to that endpoint)
     -- the merged call ends by its own timeout: a caller with less time needs a timer of its own
     if now + t < sent.ends then x.own_timer = hooks.set_timer(t, own_timeout(x, rec, t)) end
     local s = M.stats(x.upstream)
@@ -298,7 +306,10 @@ flush = function(p)
     for _, rec in ipairs(p.waiters[k]) do
       rec.id = id
       local x = exchange_of(rec)
-      if rec ~= first and core.join then core.join(x.ctx.rid, id, x.key) end
+      if rec ~= first then
+        hooks.follow(p, x) -- (the balancer picked for the first caller: the others' sessions)
+        if core.join then core.join(x.ctx.rid, id, x.key) end
+      end
       if not x.own_timer and rec.ends < p.ends then
         x.own_timer = hooks.set_timer(rec.ends - now, own_timeout(x, rec, rec.t))
       end

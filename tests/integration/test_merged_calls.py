@@ -5,9 +5,12 @@ concurrent pages of a worker; each page gets its own items; a missing item fails
 The virtual-clock specs (spec/merge_spec.lua) prove the rules exactly; these prove the C
 transport, the timers and the pools do the same with real sockets. Counts come from the mock's
 /hits, never from clocks."""
+import json
 import os
 import sys
+import threading
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import GatewayTestCase, endpoint, route, main  # noqa: E402
@@ -113,6 +116,45 @@ class MergedCalls(GatewayTestCase):
         self.assertEqual(fast["sections"]["item"]["status"], "unavailable", fast)
         self.assertTrue(fast["sections"]["item"]["error"]["type"].endswith("upstream-timeout"), fast)
         self.assertLess(ms2, 1500)  # its own 100 ms, far below the upstream's 2000
+
+    def test_merged_calls_of_a_group_follow_each_pages_session(self):
+        # (found by an attack review: a merged call went where its first caller's session pinned;
+        # a caller pinned elsewhere was given that endpoint's items and kept no session)
+        names = ("catalog", "catalog_b", "catalog_c")
+        self.start_mock({n: [route("/products", each="ids", json={"id": "{each}", "from": n})] for n in names})
+        eps = [self.mock.url(n) for n in names]
+        self.start(scripts=cart_scripts(window_ms=100), deadline_ms=4000, upstream_options={
+            "catalog": {"endpoints": eps, "timeout_ms": 2000, "session": {"type": "cookie", "name": "s"}}})
+
+        def page(path, cookie=None):
+            req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.port, path),
+                                         headers={"cookie": cookie} if cookie else {})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.headers.get("set-cookie"), json.loads(resp.read())
+        sessions = {}  # endpoint -> a session pinned to it (pages without one until two endpoints have one)
+        for i in range(40):
+            cookie, doc = page("/cart/%d/1" % i)
+            sessions.setdefault(doc["item%d" % i]["data"]["from"], cookie.split(";")[0])
+            if len(sessions) == 2:
+                break
+        (x, x_session), (y, y_session) = sessions.items()
+        out = [None, None]
+        barrier = threading.Barrier(2)
+
+        def one(k, path, cookie):
+            barrier.wait()
+            out[k] = page(path, cookie)
+        threads = [threading.Thread(target=one, args=(0, "/cart/100/2", x_session)),
+                   threading.Thread(target=one, args=(1, "/cart/101/2", y_session))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        (a_cookie, a), (b_cookie, b) = out
+        self.assertEqual([a["item100"]["data"]["from"], a["item101"]["data"]["from"]], [x, x], a)
+        self.assertEqual([b["item101"]["data"]["from"], b["item102"]["data"]["from"]], [y, y], b)
+        self.assertIsNone(a_cookie)  # each session stays where it is: nothing to set
+        self.assertIsNone(b_cookie)
 
 
 if __name__ == "__main__":
