@@ -265,7 +265,9 @@ local SESSION_SKEW_MS = 60000
 
 -- Session persistence (Gateway API sessionPersistence): a session token is
 -- "<endpoint id>.<created s>.<last used s>", the endpoint id a hash of its URL (the same in every
--- worker and across reloads). Returns the endpoint the request's session pins, or nil when it has
+-- worker, every gateway of the configuration and across reloads, so unkeyed: a client can find
+-- the URL by an offline search, and pin any endpoint it saw an id of; docs/operations.md says so
+-- to operators). Returns the endpoint the request's session pins, or nil when it has
 -- none, it expired (absolute_timeout_s since created, idle_timeout_s since last used), a time of
 -- it is later than now (more than SESSION_SKEW_MS: forged, so no session), or its endpoint is
 -- ejected or `avoid`; and the session's creation time (s) when it is still valid.
