@@ -541,6 +541,27 @@ describe("the cache", function()
     assert.equal(3, #gw:calls("product"))
   end)
 
+  it("counts the header auth.api_keys names as a credential for the folder loaded last only", function()
+    -- (a review: it was added for good to the VM's list, so a VM that loads several folders, the
+    -- spec harness's, kept another folder's header)
+    local cache = require "agg.cache"
+    cache.set_credential_header("X-Client-Key")
+    assert.is_true(cache.CREDENTIALS["x-client-key"])
+    testing.gateway { dir = "spec/fixtures/cache" } -- (no auth.api_keys)
+    assert.is_nil(cache.CREDENTIALS["x-client-key"])
+    assert.is_true(cache.CREDENTIALS["x-api-key"] and cache.CREDENTIALS.authorization)
+  end)
+
+  it("keys one user's Authorization and Cookie the same whatever order the call's header table gives", function()
+    -- (a review: credentials_of joined them in the header list's order, which is Lua's table
+    -- order: it differs by the table's other fields and from one VM to the next, so a worker, a
+    -- reload or another instance missed the user's entry)
+    gw:stub("product", "/items/7", { json = { v = 1 } })
+    local u = { headers = { authorization = "Bearer U", cookie = "sid=U" } }
+    for n = 0, 30 do assert.equal(200, gw:get("/two-credentials/" .. n, u).status) end
+    assert.equal(1, #gw:calls("product"))
+  end)
+
   it("never gives a script's own key the key of a call by path", function()
     -- (an attack review: cache = { key = "GET /price/1" } from a client's input wrote /price/1's entry)
     gw:stub("product", "/notes", { json = { what = "note" } })
@@ -869,6 +890,15 @@ describe("a page made of cached sections", function()
     assert.equal("private", gw:get("/plain/reads", key).headers["cache-control"])
     assert.equal("max-age=5", gw:get("/plain/own", key).headers["cache-control"])
     assert.is_nil(gw:get("/plain/anonymous", key).headers["cache-control"])
+  end)
+
+  it("makes a plain response private when its calls forwarded the client's headers (forward_headers)", function()
+    -- a page says Vary for them; a plain response said neither Vary nor private, and a shared
+    -- cache in front could give one client's x-user-token answer to every other
+    gw:stub("echo", "/me", function(call) return { json = { who = call.headers["x-user-token"] or "nobody" } } end)
+    local r = gw:get("/plain-forwarded", { headers = { ["x-user-token"] = "alice" } })
+    assert.equal("alice", r.json.me.who)
+    assert.equal("private", r.headers["cache-control"])
   end)
 
   it("is private when its script gives it a Set-Cookie (a shared cache would hand it to everyone)", function()

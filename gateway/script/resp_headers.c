@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 /* Writes into out (size outsz) a printable copy of the first bytes of s for a log line: control
  * characters and non-ASCII bytes as \xNN, so that no header name can split or forge a log line. */
@@ -219,8 +220,9 @@ static int read_known(agw_resp_headers_t *set, lua_State *L, int idx, const agw_
 void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, const agw_resp_known_t *known,
                            agw_resp_headers_warn_cb warn, void *data)
 {
-    candidate_t cand[AGW_RESP_HEADERS_MAX];
+    candidate_t cand[AGW_RESP_HEADERS_MAX + 1];
     size_t nc = 0, count = 0;
+    int extra_cc = 0; /* the one cache-control taken past the cap (see resp_headers.h) */
     if (idx < 0)
         idx = lua_gettop(L) + idx + 1;
     set->n = 0;
@@ -264,6 +266,9 @@ void agw_resp_headers_read(agw_resp_headers_t *set, lua_State *L, int idx, const
             else
                 warnf(warn, data, "dropped a response header whose name is a %s (a name must be a string)",
                       lua_typename(L, lua_type(L, -2)));
+        } else if (count >= AGW_RESP_HEADERS_MAX && !extra_cc && nl == 13 && strncasecmp(name, "cache-control", 13) == 0) {
+            extra_cc = 1;
+            nc += (size_t)take(set, &cand[nc], name, nl, value, vl, warn, data);
         } else if (within_cap(&count, warn, data)) {
             nc += (size_t)take(set, &cand[nc], name, nl, value, vl, warn, data);
         }

@@ -15,7 +15,10 @@
  *     over `content-type`) and each other spelling is dropped with a warning. Lua's table order
  *     is not deterministic; this rule is, whatever order the table gives;
  *   - reads at most AGW_RESP_HEADERS_MAX entries (which ones, of a table with more, is up to Lua's
- *     table order); the rest are dropped with one warning.
+ *     table order); the rest are dropped with one warning, but for one `cache-control` (any
+ *     spelling) past the cap, which is kept: the runtime adds `private` to a copy of the script's
+ *     table (agg.runtime: an authenticated or personal response, a group's session), and a shared
+ *     cache in front must see it whatever else the table held.
  * A `server` header is kept like any other: the gateway's own Server is added only to responses
  * without one (server.c), so a script's replaces it.
  * The headers come out sorted by name, so the same table gives the same bytes on the wire.
@@ -49,7 +52,7 @@ typedef struct agw_resp_header {
 /* The headers of one response. The caller owns it and may reuse it for the next response (its
  * bytes keep their allocation); agw_resp_headers_free releases the bytes. */
 typedef struct agw_resp_headers {
-    agw_resp_header_t h[AGW_RESP_HEADERS_MAX]; /* sorted by name; one name per table entry (several
+    agw_resp_header_t h[AGW_RESP_HEADERS_MAX + 1]; /* sorted by name; one name per table entry (several
                                                   fields of a list value, in its order) */
     size_t n;                                  /* entries in h */
     agw_buf_t bytes;                           /* names and values h points into */

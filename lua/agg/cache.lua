@@ -488,13 +488,17 @@ end
 -- shared, and never joins another client's call (agg.callspec's single-flight, agg.merge's
 -- batches). A call that passed the client's X-API-Key on was cached as one shared entry: every
 -- other client, with another key or none, was given the first client's account.
-local CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true, ["x-api-key"] = true }
+local BASE_CREDENTIALS = { "authorization", "cookie", "proxy-authorization", "x-api-key" }
+local CREDENTIALS = {}
+for _, n in ipairs(BASE_CREDENTIALS) do CREDENTIALS[n] = true end
 M.CREDENTIALS = CREDENTIALS
 
---- Counts the request header name (any case) as a credential from now on (CREDENTIALS): the
--- header gateway.lua's auth.api_keys names (agg.loader, once a generation is loaded). nil or a
--- value that is not a string: nothing.
-function M.add_credential_header(name)
+--- Makes CREDENTIALS the base four and the request header name (any case; nil or a value that is
+-- not a string: none): the header gateway.lua's auth.api_keys names (agg.loader, as a generation
+-- is loaded). The last load's: a VM that loads several folders (the spec harness) keeps no other.
+function M.set_credential_header(name)
+  for k in pairs(CREDENTIALS) do CREDENTIALS[k] = nil end
+  for _, n in ipairs(BASE_CREDENTIALS) do CREDENTIALS[n] = true end
   if type(name) == "string" then CREDENTIALS[name:lower()] = true end
 end
 
@@ -545,18 +549,27 @@ local function both_credentials(a, b)
 end
 
 -- The credentials call headers h (the flat list name, value, …; names lowercased) carry: each
--- header of CREDENTIALS that is there, as "name:value", joined by "\0" in the list's order, or nil.
--- All of them: a call may carry a service's Authorization and the user's Cookie (keyed by the
--- first alone, every user shared one entry).
+-- header of CREDENTIALS that is there, as "name:value", sorted and joined by "\0", or nil. All
+-- of them: a call may carry a service's Authorization and the user's Cookie (keyed by the first
+-- alone, every user shared one entry). Sorted: the list's order is the script's table's, which
+-- differs from VM to VM (each worker's, each generation's), and a user's key must not.
 local function credentials_of(h)
   if not h then return nil end
-  local c
+  local c, parts
   for i = 1, #h, 2 do
     local name = h[i]
     if CREDENTIALS[name] then
       local v = name .. ":" .. h[i + 1]
-      c = c and c .. "\0" .. v or v
+      if not c then c = v
+      else
+        parts = parts or { c }
+        parts[#parts + 1] = v
+      end
     end
+  end
+  if parts then
+    table.sort(parts)
+    return table.concat(parts, "\0")
   end
   return c
 end
@@ -841,14 +854,15 @@ local function store(x, r, now)
     if not ck then return end
     x.cache, x.cache_key = p, ck
   end
-  -- an answer that sets a cookie (a session, a CSRF token) is its client's: a shared entry would
-  -- give it to every client whose script reads result.headers (an attack review: the second
-  -- client was shown the first one's session cookie). A user's own entry may keep it. (The
-  -- shared caches' usual rule, Varnish's built-in one; RFC 9111 §3 leaves it to the cache.)
-  if not x.cache_user and block_get(hdrs, "set-cookie") then
+  -- an answer that sets a cookie (a session, a CSRF token) is its client's: an entry would give
+  -- it to every client whose script reads result.headers (an attack review: the second client was
+  -- shown the first one's session cookie), a user's entry too (one keyed by an API key's app is
+  -- shared by the app's users). Not stored, as shared caches do by default (Varnish's built-in
+  -- rule; RFC 9111 §3 leaves it to the cache).
+  if block_get(hdrs, "set-cookie") then
     if not logged_cookie[x.upstream] then
       logged_cookie[x.upstream] = true
-      core.log("info", ("cache: an answer of %s carries Set-Cookie: not kept in a shared entry (this is logged once)")
+      core.log("info", ("cache: an answer of %s carries Set-Cookie: not stored (this is logged once)")
         :format(x.upstream))
     end
     return

@@ -234,6 +234,10 @@ function M.normalize(spec, upstreams, level, ctx, memo)
           headers = headers or {}
           headers[#headers + 1] = hname
           headers[#headers + 1] = tostring(v)
+          -- what its answer holds may come from the request's header: a plain response made of
+          -- it is private, as one whose script read the header (agg.runtime finish_request; a
+          -- page says Vary instead, agg.page)
+          ctx.forwarded = true
         end
       end
     end

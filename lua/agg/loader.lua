@@ -533,7 +533,7 @@ local function load_folder(dir)
   if te then te.index = ups["@token_exchange"].index end
   -- the API key's header is a credential: a call that passes it on is cached per user (agg.cache)
   local keys = cfg and cfg.auth and cfg.auth.api_keys
-  if keys then require("agg.cache").add_credential_header(keys.header) end
+  require("agg.cache").set_credential_header(keys and keys.header)
   return { config = cfg, upstreams = ups, endpoints = endpoints, token_exchange = te }
 end
 

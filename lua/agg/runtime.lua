@@ -447,7 +447,8 @@ end
 
 -- A plain response's headers (a handler's own table, { status = …, json = … }) for a request that
 -- is private (M.request_private: the edge authenticated it, or its script read req.headers,
--- req.body, req.json or req.trace_id): Cache-Control: private when the script gave none, in any
+-- req.body, req.json or req.trace_id; or one of its calls forwarded a request header, an
+-- upstream's forward_headers, whose value the answer may hold): Cache-Control: private when the script gave none, in any
 -- spelling, as agg.page does for a page (the script's own wins). Without it a shared cache in
 -- front could keep the answer by heuristic freshness (RFC 9111 §4.2.2) and serve it to callers
 -- without the request's API key: its X-API-Key is no Authorization, which §3.5 would have kept it
@@ -578,7 +579,9 @@ finish_request = function(ctx, ok, resp, co)
     log_error(ctx, nil, "response headers must be a table")
     return send_problem(ctx, problem.script_error(nil))
   end
-  if not page and not rows and (ctx.user or ctx.private_read) then headers = private_unless_said(headers) end
+  if not page and not rows and (ctx.user or ctx.private_read or ctx.forwarded) then
+    headers = private_unless_said(headers)
+  end
   if rjson ~= nil or rows then
     local sections = not rows and page and type(rjson) == "table" and
                      (st == 200 and rjson or rawget(rjson, "sections")) or nil

@@ -7,7 +7,9 @@
 
 #include <lauxlib.h>
 #include <lualib.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* the worker's list (worker/respond.c): cache-control, content-type, retry-after, vary,
  * x-aggregation-completed */
@@ -208,6 +210,32 @@ static void test_a_list_the_rules_would_change_is_refused(void)
     CHECK(k.n == 5);
 }
 
+/* A table of 100 fields and a cache-control (the runtime's `private` on a copy of a script's
+ * table): 64 fields are read, and the cache-control always, whatever the table's order. */
+static void test_a_cache_control_past_the_cap_is_kept(void)
+{
+    for (int round = 0; round < 50; round++) {
+        lua_newtable(L);
+        char k[32];
+        for (int i = 0; i < 100; i++) {
+            snprintf(k, sizeof(k), "x-f%d-%d", round, i);
+            set_str(k, "v");
+        }
+        set_str("cache-control", "private");
+        agw_resp_headers_t set = AGW_RESP_HEADERS_INIT;
+        nwarned = 0;
+        agw_resp_headers_read(&set, L, -1, NULL, on_warn, NULL);
+        CHECK(set.n == AGW_RESP_HEADERS_MAX || set.n == AGW_RESP_HEADERS_MAX + 1);
+        const agw_resp_header_t *cc = agw_resp_headers_find(&set, "cache-control", 13);
+        CHECK(cc != NULL && cc->value_len == 7 && memcmp(cc->value, "private", 7) == 0);
+        CHECK(strstr(warned, "more than 64 response headers") != NULL);
+        agw_resp_headers_free(&set);
+        warned[0] = '\0';
+        nwarned = 0;
+        lua_pop(L, 1);
+    }
+}
+
 int main(void)
 {
     L = luaL_newstate();
@@ -220,6 +248,7 @@ int main(void)
     RUN(test_anything_else_goes_to_the_rules);
     RUN(test_random_tables_give_the_same_set);
     RUN(test_a_list_the_rules_would_change_is_refused);
+    RUN(test_a_cache_control_past_the_cap_is_kept);
     lua_close(L);
     return CHECK_DONE();
 }
