@@ -180,6 +180,34 @@ describe("the cache", function()
     assert.equal(2, #gw:calls("product"))
   end)
 
+  it("forgets a remembered 404 when a purge could name its key, and only then", function()
+    -- (an attack review: POST /cache/purge emptied the tiers, and the filter of keys known missing
+    -- went on answering the purged 404 without the upstream for negative_ttl_s)
+    local cache = require "agg.cache"
+    gw:stub("product", "/products/*", { status = 404, json = { error = "no such product" } })
+    local function purge(prefix) -- what the worker's tick does: tier 1, then the runtime
+      for k in pairs(gw.tier1) do if k:sub(1, #prefix) == prefix then gw.tier1[k] = nil end end
+      return require("agg.runtime").on_purge(prefix)
+    end
+    gw:get("/p/404")
+    assert.is_false(purge("agw:{stock}")) -- another upstream's keys: the filter keeps its own
+    assert.is_false(purge("agw:{product}:000000:"))
+    testing.expect_section(gw:get("/p/404"), "product", "unavailable")
+    assert.equal(1, #gw:calls("product")) -- (from the filter: tier 1 was emptied)
+    gw:stub("product", "/products/*", { json = { name = "found" } })
+    assert.is_true(purge("agw:{product}"))
+    local page = gw:get("/p/404")
+    assert.equal("ok", page.json.product.status)
+    assert.equal(2, #gw:calls("product"))
+    -- a prefix longer than a key's head (one key) empties it too; "agw:" names every key
+    for _, prefix in ipairs({ "agw:{product}:", "agw:{product}:%s:GET /products/9", "agw:" }) do
+      cache.bloom_add("agw:{product}:v1:GET /products/9", gw:now(), 60000)
+      assert.is_true(cache.on_purge(prefix:format("v1")), prefix)
+      assert.is_false(cache.bloom_check("agw:{product}:v1:GET /products/9", gw:now()))
+    end
+    assert.is_false(cache.on_purge("agw:")) -- (nothing is remembered)
+  end)
+
   it("takes at most BLOOM_KEYS keys into a filter of keys known missing, so a flood of missing ids leaves other keys alone", function()
     local cache = require "agg.cache"
     assert.equal(100000, cache.BLOOM_KEYS)

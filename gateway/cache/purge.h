@@ -2,7 +2,8 @@
  *
  * Tier 1 lives in each worker and only its thread may touch it, so the admin thread posts the
  * prefix to every worker's inbox and each worker applies what it finds there on its once-a-second
- * tick (a purge reaches tier 1 within about a second). Tier 2 is purged by the admin thread itself
+ * tick (a purge reaches tier 1 within about a second), to its tier 1 and to the keys its VMs
+ * remember as missing (runtime.on_purge, lua/agg/cache.lua). Tier 2 is purged by the admin thread itself
  * over a blocking connection of its own (SCAN MATCH prefix* + UNLINK), bounded by a timeout.
  */
 #ifndef AGW_CACHE_PURGE_H

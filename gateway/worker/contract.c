@@ -46,7 +46,8 @@ const char *const agw_contract_endpoint_state[AGW_EPSTATE_FIELDS] = {
     [AGW_EPSTATE_PROBE_FAILURES] = "probe_failures",
 };
 
-const char *const agw_contract_runtime[] = {"init", "start", "on_call", "on_timer", "abort", "report_stats", "on_redis", "compact", NULL};
+const char *const agw_contract_runtime[] = {"init", "start", "on_call", "on_timer", "abort", "report_stats", "on_redis", "compact",
+                                              "on_purge", NULL};
 
 void agw_contract_push_keys(lua_State *L)
 {

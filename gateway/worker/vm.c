@@ -338,6 +338,8 @@ static int init_vm(wgen_t *g, agw_buf_t *errors)
     g->ref_on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, rt, "on_redis");
     g->ref_on_redis = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
+    lua_getfield(L, rt, "on_purge");
+    g->ref_on_purge = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
     lua_getfield(L, rt, "report_stats");
     g->ref_report_stats = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
     lua_getfield(L, rt, "compact");
@@ -358,7 +360,7 @@ agw_worker_gen_t *agw_worker_prepare(agw_worker_t *w, agw_generation_t *gen, agw
     g->gen = agw_generation_ref(gen);
     g->conf = &gen->conf;
     g->ref_report_stats = g->ref_compact = LUA_NOREF;
-    g->ref_on_redis = LUA_NOREF;
+    g->ref_on_redis = g->ref_on_purge = LUA_NOREF;
     g->ref_limit_key = g->ref_limit_out = LUA_NOREF;
     g->reported = agw_calloc(gen->conf.num_upstreams ? gen->conf.num_upstreams * AGW_COUNTERS_FIELDS : 1,
                          sizeof(*g->reported));

@@ -176,13 +176,28 @@ size_t agw_worker_flush_responses(agw_worker_t *w)
 
 /* ---- thread --------------------------------------------------------------------------------- */
 
-/* Once a second: the runtime's retry/hedge/single-flight totals of every live generation and the
- * current generation's pool gauges; the cache purges the admin listener posted. */
-static void purge_tier1(void *arg, const char *prefix, size_t len)
+/* A purge the admin listener posted (cache/purge.h): the entries of tier 1 whose keys start with
+ * prefix, then the keys each live generation's VM remembers as missing (runtime.on_purge: its Bloom
+ * filters, which answer a 404 before tier 1 is looked at, are emptied when any of their keys could
+ * start with prefix; without it a purged 404 was answered for up to negative_ttl_s). */
+static void purge_cache(void *arg, const char *prefix, size_t len)
 {
     agw_worker_t *w = arg;
     if (w->cache.lru)
         agw_lru_purge_prefix(w->cache.lru, prefix, len);
+    for (h2o_linklist_t *l = w->gens.live.next; l != &w->gens.live;) {
+        wgen_t *g = H2O_STRUCT_FROM_MEMBER(wgen_t, link, l);
+        h2o_linklist_t *next = l->next;
+        if (g->ref_on_purge != LUA_NOREF) {
+            agw_worker_gen_hold(g); /* an entry into Lua: as in on_stats_timer */
+            lua_rawgeti(g->L, LUA_REGISTRYINDEX, g->ref_on_purge);
+            lua_pushlstring(g->L, prefix, len);
+            agw_worker_call_runtime(g, 1);
+            next = l->next; /* the list may have changed meanwhile; g is still on it (held) */
+            agw_worker_gen_release(g);
+        }
+        l = next;
+    }
 }
 
 /* agw_gc_idle's hook: agg.runtime.compact in g's VM (an entry like any other: timed, limited). */
@@ -257,11 +272,13 @@ static void worker_idle_tick(agw_worker_t *w)
     AGW_M_SET(w->m->lua_gc.heap_bytes, heap);
 }
 
+/* Once a second: the cache purges the admin listener posted; the runtime's retry/hedge/single-flight
+ * totals of every live generation and the current generation's pool gauges. */
 static void on_stats_timer(struct ev_loop *loop, ev_timer *t, int revents)
 {
     (void)loop, (void)revents;
     agw_worker_t *w = t->data;
-    agw_cache_inbox_take(&w->m->purge, purge_tier1, w); /* POST /cache/purge (cache/purge.h) */
+    agw_cache_inbox_take(&w->m->purge, purge_cache, w); /* POST /cache/purge (cache/purge.h) */
     agw_worker_reap_pools(w); /* pools of endpoint addresses that went away (group/directory.h) */
     if (w->pool_gauges_of != w->gens.cur) {
         /* a reload: an upstream it removed has no pool in the current generation, and its gauges

@@ -73,6 +73,8 @@ typedef struct agw_worker_gen {
     uint64_t heap_refused_seen; /* the VM's refused huge blocks and stopped scripts already */
     uint64_t heap_stopped_seen; /* counted and logged (base/heap.h agw_lua_heap_t, the tick) */
     int ref_on_redis;           /* runtime.on_redis (agg.cache's Redis answers), or LUA_NOREF */
+    int ref_on_purge;           /* runtime.on_purge (POST /cache/purge: agg.cache's keys known
+                                   missing), or LUA_NOREF */
     int ref_limit_key;          /* agg.limits.key_into (rules with a key function), or LUA_NOREF */
     int ref_limit_out;          /* the table key_into fills, reused */
     uint64_t cache_reported[AGW_M_CACHE_OUTCOMES]; /* agg.cache.stats as last published (metrics) */

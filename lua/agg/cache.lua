@@ -429,11 +429,27 @@ end
 --   - a filter takes at most BLOOM_KEYS keys: past them a 404 is not added (it is still kept in the
 --     cache's tiers for negative_ttl_s), so a flood of missing ids cannot fill the filter's bits and
 --     raise the false positives of every other key above the design's 0.01 %.
+-- A purge (POST /cache/purge, M.on_purge) must forget the keys it names here too, or a purged 404
+-- went on being answered from the filter, without the upstream, for up to negative_ttl_s (an
+-- attack review). A Bloom filter cannot delete a key, and it cannot list them: the pair remembers
+-- the heads of the keys it took ("agw:{upstream}:version:", at most MAX_HEADS, then "any"), and a
+-- purge whose prefix could start a key of one of them empties both filters. What they forget is
+-- still in the tiers (a 404 entry is kept for negative_ttl_s; the purge drops only its own keys'):
+-- the other missing keys are still answered without the upstream, by tier 1 or Redis.
 ---------------------------------------------------------------------------------------------------
 
 local BLOOM_BITS = 2 ^ 21        -- 256 KiB per filter, 7 probes: about 0.01 % false positives at 100,000 keys
 local BLOOM_KEYS = 100000        -- keys a filter takes at most (the false-positive rate above)
-local bloom = { cur = {}, old = {}, n = 0, since = nil, every = 10000 }
+local MAX_HEADS = 64             -- key heads the pair remembers; past them any purge empties it
+-- heads: head -> true for the keys either filter took since both were last empty (n_heads of
+-- them; any: a key past MAX_HEADS, or one without a head, was taken)
+local bloom = { cur = {}, old = {}, n = 0, since = nil, every = 10000, heads = {}, n_heads = 0, any = false }
+
+-- Both filters empty (a purge, M.init).
+local function bloom_clear()
+  bloom.cur, bloom.old, bloom.since, bloom.n = {}, {}, nil, 0
+  bloom.heads, bloom.n_heads, bloom.any = {}, 0, false
+end
 
 local bloom_idx = require("agg.sys").keyed_hash -- key -> h1, h2 (h2 odd)
 M.BLOOM_KEYS = BLOOM_KEYS
@@ -451,7 +467,8 @@ local function bloom_rotate(now)
   if not bloom.since then bloom.since = now end
   local elapsed = now - bloom.since
   if elapsed >= 2 * bloom.every then
-    bloom.old, bloom.cur, bloom.since, bloom.n = {}, {}, now, 0
+    bloom_clear()
+    bloom.since = now
   elseif elapsed >= bloom.every then
     bloom.old, bloom.cur, bloom.since, bloom.n = bloom.cur, {}, now, 0
   end
@@ -463,6 +480,15 @@ function M.bloom_add(key, now, every_ms)
   bloom_rotate(now)
   if bloom.n >= BLOOM_KEYS then return end
   bloom.n = bloom.n + 1
+  if not bloom.any then
+    -- (an upstream's name is an identifier, agg.upstream_config: no "}" in it)
+    local head = str_match(key, "^agw:{[^}]*}:[^:]*:")
+    if not head or (not bloom.heads[head] and bloom.n_heads >= MAX_HEADS) then
+      bloom.any = true
+    elseif not bloom.heads[head] then
+      bloom.heads[head], bloom.n_heads = true, bloom.n_heads + 1
+    end
+  end
   local h1, h2 = bloom_idx(key)
   local f = bloom.cur
   for i = 0, 6 do
@@ -476,6 +502,24 @@ function M.bloom_check(key, now)
   bloom_rotate(now)
   local h1, h2 = bloom_idx(key)
   return bloom_has(bloom.cur, h1, h2) or bloom_has(bloom.old, h1, h2)
+end
+
+--- The cache entries whose keys start with prefix were purged (POST /cache/purge: the worker
+-- hands each prefix to every VM on its next tick, runtime.on_purge, after it purged its tier 1):
+-- the keys known missing are forgotten too when any of them could start with prefix (see above:
+-- both filters are emptied). Returns true when they were.
+-- Example: cache.on_purge("agw:{product}") --> true when a 404 of product is remembered
+function M.on_purge(prefix)
+  if type(prefix) ~= "string" or bloom.n_heads == 0 and not bloom.any then return false end
+  local match = bloom.any
+  if not match then
+    for head in pairs(bloom.heads) do
+      local n = math.min(#head, #prefix)
+      if head:sub(1, n) == prefix:sub(1, n) then match = true break end -- one starts the other
+    end
+  end
+  if match then bloom_clear() end
+  return match
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -702,7 +746,7 @@ function M.init(transport)
   learned, learned_memo, logged_vary, logged_user = {}, setmetatable({}, { __mode = "k" }), {}, {}
   logged_cookie = {}
   merged = {}
-  bloom.cur, bloom.old, bloom.since, bloom.n = {}, {}, nil, 0
+  bloom_clear()
   for k in pairs(M.stats) do M.stats[k] = 0 end
 end
 

@@ -130,6 +130,7 @@ M.runtime = {
   report_stats = { args = { "current" } },  -- current: true for the worker's current generation (once a second)
   compact      = { args = {} },             -- the worker went idle (between its full collections)
   on_redis     = { args = { "id", "value", "err" } },  -- core.redis_get's answer: value nil on a miss
+  on_purge     = { args = { "prefix" } },  -- POST /cache/purge dropped the entries whose keys start with prefix
 }
 
 --- The tables that cross, field -> allowed Lua types ("|"-separated; "nil" = may be absent).

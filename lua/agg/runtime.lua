@@ -94,6 +94,7 @@ M.take_list, M.give_list = fanout.take_list, fanout.give_list
 M.is_result, M.section_data, M.section_name, M.is_required =
   result.is_result, result.section_data, result.section_name, result.is_required
 M.on_call, M.on_timer, M.on_redis = exchange.on_call, exchange.on_timer, exchange.on_redis
+M.on_purge = cache.on_purge
 M.upstream_stats = exchange.upstream_stats
 M.merge_stats = require("agg.merge").stats
 
