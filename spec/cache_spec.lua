@@ -660,6 +660,26 @@ describe("cache entries", function()
     assert.is_nil(cache.lifetimes(shared, "max-age=0"))
   end)
 
+  it("take from Cache-Control no lifetime longer than a policy may give, nor one that is no number of seconds", function()
+    -- (an attack review: stale-if-error=1e400 became a Redis PX of 0, 10^17 one past LLONG_MAX)
+    local shared = { scope = "shared" }
+    local year = 31536000
+    assert.same({ 60, 0, year }, { cache.lifetimes(shared, "max-age=60, stale-if-error=1e400") })
+    assert.same({ 60, year, year }, { cache.lifetimes(shared,
+      "max-age=60, stale-while-revalidate=100000000000000000, stale-if-error=31536001") })
+    assert.same({ year, 0, 0 }, { cache.lifetimes(shared, "max-age=1e400") })
+    assert.same({ year, 0, 0 }, { cache.lifetimes(shared, "s-maxage=99999999999999999999, max-age=5") })
+    assert.same({ 60, 0, 0 }, { cache.lifetimes(shared, "max-age=60, stale-while-revalidate=-5, stale-if-error=-1e400") })
+    assert.same({ 60, 0, year }, { cache.lifetimes(shared, "max-age=60, stale-while-revalidate=nan, stale-if-error=inf") })
+    assert.same({ 5, 0, 0 }, { cache.lifetimes(shared, "s-maxage=-1, max-age=5") }) -- (no delta-seconds: max-age's)
+    assert.is_nil(cache.lifetimes(shared, "max-age=-60"))
+    assert.is_nil(cache.lifetimes(shared, "max-age=nan"))
+    -- a policy's own fields stand (check_block bounds them)
+    assert.same({ 10, 20, 30 }, { cache.lifetimes({ scope = "shared", ttl_s = 10, swr_s = 20, stale_if_error_s = 30 },
+      "max-age=1e400, stale-while-revalidate=1e400, stale-if-error=1e400") })
+    assert.equal(year, cache.MAX_SECS) -- (check_block's bound)
+  end)
+
   it("are keyed by a version of the policy that stays the same for the same fields", function()
     -- the version is part of the keys other instances read in Redis: the digest of the store
     -- rules' version ("2": entries older rules kept are on other keys) and the fields, joined by

@@ -42,6 +42,13 @@ int agw_cache_entry_parse(const char *v, size_t len, agw_cache_entry_t *e)
     return 0;
 }
 
+uint64_t agw_cache_entry_ms(double v)
+{
+    if (!(v >= 1.0)) /* (NaN too) */
+        return 0;
+    return v < (double)AGW_CACHE_ENTRY_MS_MAX ? (uint64_t)v : AGW_CACHE_ENTRY_MS_MAX;
+}
+
 /* Two decimal digits of 0..99, for put_u64. */
 static const char digits2[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
                                  "40414243444546474849505152535455565758596061626364656667686970717273747576777879"

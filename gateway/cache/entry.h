@@ -35,6 +35,16 @@ typedef struct agw_cache_entry {
  * AGW_CACHE_ENTRY_MAX bytes): the caller counts it as corrupt and misses. */
 int agw_cache_entry_parse(const char *v, size_t len, agw_cache_entry_t *e);
 
+/* The largest time an entry's field holds (ms; 15 digits). */
+#define AGW_CACHE_ENTRY_MS_MAX 999999999999999ull
+
+/* v (ms, a Lua number) as an entry's time or a lifetime: its whole part, 0 for NaN and for what is
+ * not above 0, AGW_CACHE_ENTRY_MS_MAX for what is above it, infinity too. A double's conversion to
+ * uint64_t outside its range is undefined (C11 6.3.1.4): an infinite stale-if-error from an
+ * upstream (an attack review) became a Redis PX of 0 on x86-64 and its tier-1 entry was lost, and
+ * ARM64 saturates instead; whatever the runtime hands over, the worker converts through this. */
+uint64_t agw_cache_entry_ms(double v);
+
 /* Room for an entry's first line ("AGWC1 " and six numbers under 10^15, spaces, the newline). */
 #define AGW_CACHE_ENTRY_HEAD_MAX (6 + 6 * 16)
 

@@ -26,7 +26,9 @@
  *   core.cache_counters(stats)                  the runtime's totals (agg.cache.stats) into the metrics
  *   core.cache_span(rid, index, section, outcome, http_status)   a cached section's span (trace, waterfall)
  * core.redis_get and core.redis_set exist only in a generation whose gateway.lua configures redis
- * with cache.redis on (agw_worker_cache_fn_wanted).
+ * with cache.redis on (agw_worker_cache_fn_wanted). Every time and ttl_ms the runtime hands over,
+ * NaN and infinity too, is clamped to 0 .. AGW_CACHE_ENTRY_MS_MAX before it is converted
+ * (cache/entry.h agw_cache_entry_ms).
  */
 #include "worker/worker_internal.h"
 
@@ -108,9 +110,9 @@ static int l_cache_set(lua_State *L)
     size_t klen, vlen;
     const char *key = luaL_checklstring(L, 1, &klen);
     const char *v = luaL_checklstring(L, 2, &vlen);
-    lua_Number until = luaL_checknumber(L, 3);
+    uint64_t until = agw_cache_entry_ms(luaL_checknumber(L, 3));
     if (w->cache.lru && until > 0)
-        agw_lru_set(w->cache.lru, key, klen, v, vlen, (uint64_t)until);
+        agw_lru_set(w->cache.lru, key, klen, v, vlen, until);
     return 0;
 }
 
@@ -267,20 +269,23 @@ static void on_redis_set(void *data, const struct redisReply *reply, const char 
         agw_redis_drop(data, "Redis answered a cache store with another command's reply");
 }
 
-/* Whether redis_set sends an entry of len bytes and ttl ms: the worker has Redis, the ttl is 1 ms
+/* Whether redis_set sends an entry of len bytes and ttl_ms: the worker has Redis, the ttl is 1 ms
  * or more and the entry is no larger than redis_entry_max. */
-static int redis_stores(const agw_worker_t *w, lua_Number ttl, size_t len)
+static int redis_stores(const agw_worker_t *w, uint64_t ttl_ms, size_t len)
 {
-    return w->cache.redis != NULL && ttl >= 1 && len <= redis_entry_max(w);
+    return w->cache.redis != NULL && ttl_ms >= 1 && len <= redis_entry_max(w);
 }
 
 /* SET key value PX ttl_ms in the worker's Redis (core.redis_set, core.cache_store), the value the
  * key's tag and the n parts of the entry (their bytes in all: len) joined; nothing unless
- * redis_stores. The client copies the command before this returns. */
+ * redis_stores. ttl (ms, the runtime's number) is clamped to 1 ms .. AGW_CACHE_ENTRY_MS_MAX, which
+ * Redis takes (its bound is LLONG_MAX less its clock; a PX past it, or 0, is refused: an attack
+ * review). The client copies the command before this returns. */
 static void redis_set(agw_worker_t *w, const char *key, size_t klen, const struct iovec *parts, int n, size_t len,
                       lua_Number ttl)
 {
-    if (!redis_stores(w, ttl, len))
+    uint64_t ttl_ms = agw_cache_entry_ms(ttl);
+    if (!redis_stores(w, ttl_ms, len))
         return;
     agw_buf_t v = AGW_BUF_INIT;
     agw_buf_reserve(&v, REDIS_TAG_LEN + len);
@@ -289,7 +294,7 @@ static void redis_set(agw_worker_t *w, const char *key, size_t klen, const struc
     for (int i = 0; i < n; i++)
         agw_buf_append(&v, parts[i].iov_base, parts[i].iov_len);
     char px[32];
-    int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl);
+    int pl = snprintf(px, sizeof(px), "%llu", (unsigned long long)ttl_ms);
     const char *argv[5] = {"SET", key, v.base, "PX", px};
     size_t lens[5] = {3, klen, v.len, 2, (size_t)pl};
     agw_redis_command(w->cache.redis, on_redis_set, w->cache.redis, 5, argv, lens);
@@ -297,13 +302,10 @@ static void redis_set(agw_worker_t *w, const char *key, size_t klen, const struc
 }
 
 /* A time for an entry (core.now()'s clock, ms): a whole number from 0 to 10^15 - 1 (the entry's
- * bound); the runtime gives floor'd times, anything else is clamped. */
+ * bound); the runtime gives floor'd times, anything else is clamped (agw_cache_entry_ms). */
 static uint64_t entry_ms(lua_State *L, int idx)
 {
-    lua_Number v = luaL_checknumber(L, idx);
-    if (!(v > 0))
-        return 0;
-    return v < 999999999999999.0 ? (uint64_t)v : 999999999999999ull;
+    return agw_cache_entry_ms(luaL_checknumber(L, idx));
 }
 
 /* The bytes of argument idx: a string, or a raw JSON ref's text (extra 0) or its header block
@@ -337,7 +339,7 @@ static int l_cache_store(lua_State *L)
     /* every argument checked before the block is made: nothing below raises, and the block is the
      * worker's scratch (worker/scratch.h), which nothing else uses meanwhile */
     e.body = entry_part(L, 7, 0, NULL, &e.blen);
-    lua_Number until = luaL_checknumber(L, 8);
+    uint64_t until = entry_ms(L, 8);
     lua_Number ttl = luaL_optnumber(L, 9, 0);
     e.headers = entry_part(L, 6, 1, &w->scratch.hdrs, &e.hlen); /* (last: it checks arg 6 before the block) */
     if (e.hlen + e.blen > AGW_CACHE_ENTRY_MAX) { /* too big whatever its header line: not copied */
@@ -353,7 +355,7 @@ static int l_cache_store(lua_State *L)
     /* tier 1 copies the three parts into its entry; Redis (tier 2) is sent them joined */
     const struct iovec parts[3] = {{line, head}, {(void *)e.headers, e.hlen}, {(void *)e.body, e.blen}};
     if (w->cache.lru && until > 0)
-        agw_lru_set_parts(w->cache.lru, key, klen, parts, 3, (uint64_t)until);
+        agw_lru_set_parts(w->cache.lru, key, klen, parts, 3, until);
     redis_set(w, key, klen, parts, 3, n, ttl); /* (joined only when it is sent) */
     lua_pushinteger(L, (lua_Integer)n);
     return 1;

@@ -33,6 +33,10 @@ local M = {}
 
 local FORMAT = "AGWC1"
 M.MAX_ENTRY = 4 * 1024 * 1024
+-- The longest lifetime (s) an entry is given, a year: a policy's ttl_s, swr_s, stale_if_error_s and
+-- negative_ttl_s (check_block), and what an upstream's Cache-Control says (M.lifetimes).
+local MAX_SECS = 31536000
+M.MAX_SECS = MAX_SECS
 local JITTER = 0.1               -- TTLs are shortened by up to 10 % so a crowd of keys does not expire at once
 
 local core, api
@@ -75,8 +79,8 @@ function M.check_block(t, allow_key)
       local hint = type(k) == "string" and require("agg.config").suggest(k, set) or ""
       return nil, where.key_name(k), "unknown option" .. hint .. "; cache knows " .. table.concat(names, ", ")
     elseif kind == "secs" then
-      if type(v) ~= "number" or v ~= v or v < 0 or v > 31536000 then
-        return nil, k, "must be a number of seconds from 0 to 31536000" .. (type(v) == "number" and got(v) or ", got " .. type(v))
+      if type(v) ~= "number" or v ~= v or v < 0 or v > MAX_SECS then
+        return nil, k, "must be a number of seconds from 0 to " .. MAX_SECS .. (type(v) == "number" and got(v) or ", got " .. type(v))
       end
       p[k] = v
     elseif kind == "scope" then
@@ -400,20 +404,34 @@ local function storable(p, cc, per_user)
   return not (cc and (cc["no-store"] or cc["no-cache"] or (cc["private"] and p.scope == "shared" and not per_user)))
 end
 
---- Lifetimes (s) of an answer whose Cache-Control value is cc (nil: none): fresh, swr,
--- stale_if_error; nil when it must not be stored. per_user: see storable.
+-- The seconds directive value v (cache_control's: a number, or true) gives, or nil for none: a
+-- number from 0, at most MAX_SECS. RFC 9111 §1.2.2: a delta-seconds larger than a cache can
+-- represent is taken as the largest it can (here the policy's own bound, a year: an attack review
+-- sent stale-if-error=1e400, whose infinity the C worker turned into a Redis PX of 0, and 10^17,
+-- a PX past LLONG_MAX); NaN and a negative number are no delta-seconds.
+local function cc_secs(v)
+  if type(v) ~= "number" or v ~= v or v < 0 then return nil end
+  return v < MAX_SECS and v or MAX_SECS
+end
+
+--- Lifetimes (s) of an answer whose Cache-Control value is cc_value (nil: none) under policy p:
+-- fresh, swr, stale_if_error, each from 0 to MAX_SECS; nil when it must not be stored. The
+-- policy's own fields when set (check_block bounds them), else the answer's s-maxage or max-age
+-- (RFC 9111 §5.2.2.10, §5.2.2.1; none or 0: not stored), stale-while-revalidate and stale-if-error
+-- (RFC 5861 §3, §4; none: 0), cut to MAX_SECS (cc_secs). per_user: see storable.
+-- Example: cache.lifetimes({ scope = "shared" }, "max-age=60, stale-if-error=1e400") --> 60, 0, 31536000
 function M.lifetimes(p, cc_value, per_user)
   local cc = cache_control(cc_value)
   local ttl, swr, sie = p.ttl_s, p.swr_s, p.stale_if_error_s
   if not storable(p, cc, per_user) then return nil end
   if ttl == nil then
     if not cc then return nil end
-    local age = type(cc["s-maxage"]) == "number" and cc["s-maxage"] or cc["max-age"] -- s-maxage for shared caches (§5.2.2.10)
-    if type(age) ~= "number" or age <= 0 then return nil end
+    local age = cc_secs(cc["s-maxage"]) or cc_secs(cc["max-age"]) -- s-maxage for shared caches (§5.2.2.10)
+    if not age or age <= 0 then return nil end
     ttl = age
   end
-  if swr == nil then swr = cc and type(cc["stale-while-revalidate"]) == "number" and cc["stale-while-revalidate"] or 0 end
-  if sie == nil then sie = cc and type(cc["stale-if-error"]) == "number" and cc["stale-if-error"] or 0 end
+  if swr == nil then swr = cc and cc_secs(cc["stale-while-revalidate"]) or 0 end
+  if sie == nil then sie = cc and cc_secs(cc["stale-if-error"]) or 0 end
   return ttl, swr, sie
 end
 

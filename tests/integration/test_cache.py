@@ -413,6 +413,36 @@ class CacheWithRedis(GatewayTestCase):
         self.assertEqual(left, b"7")
         self.assertEqual(curl("http://127.0.0.1:%d/cache/purge?prefix=agw:" % self.admin_port).status, 405)
 
+    def test_an_upstreams_lifetimes_past_a_year_are_kept_for_a_year(self):
+        # (an attack review: stale-if-error=1e400 sent SET ... PX 0, which Redis refuses, and 10^17
+        # s a PX past LLONG_MAX; neither entry was kept in tier 1 either.) An answer's lifetimes
+        # are cut to a year, the bound of a policy's own: Redis keeps the entry, tier 1 serves it.
+        ex = self.extra(redis={"url": "redis://127.0.0.1:%d/2" % self.redis.port, "timeout_ms": 1000})
+        self.admin_port = ex["admin"]["port"]
+        said = {"1": "max-age=60, stale-if-error=1e400", "2": "max-age=60, stale-while-revalidate=100000000000000000",
+                "3": "max-age=1e400", "4": "s-maxage=99999999999999999999999, stale-if-error=-1e400"}
+        self.start(services={"product": [route("/products/%s" % i, json={"id": i}, headers={"cache-control": cc})
+                                         for i, cc in said.items()],
+                             "inventory": SERVICES["inventory"]},
+                   scripts={"p.lua": PAGE}, upstream_options=self.options({}), deadline_ms=5000, gateway_extra=ex)
+        year_ms = 31536000 * 1000
+
+        def redis(*args):
+            return subprocess.run(["redis-cli", "-p", str(self.redis.port), "-n", "2"] + list(args),
+                                  stdout=subprocess.PIPE, timeout=10, check=True).stdout.decode().strip()
+
+        def key_of(i):
+            keys = [k for k in redis("--scan", "--pattern", "agw:{product}*").splitlines() if k.endswith("/" + i)]
+            return keys[0] if keys else None
+        for i, cc in said.items():
+            self.assertEqual(timing(self.get("/p/" + i), "product"), "miss", cc)
+            self.assertTrue(wait_until(lambda: key_of(i) is not None, 10), "Redis did not keep the entry of " + cc)
+            ttl = int(redis("PTTL", key_of(i)))
+            self.assertTrue(0 < ttl <= year_ms + 60 * 1000, (cc, ttl))
+            self.assertEqual(timing(self.get("/p/" + i), "product"), "hit", cc)
+        for i in said:
+            self.assertEqual(self.mock.hits()["product"].get("GET /products/" + i, 0), 1, i)
+
     def test_a_purge_drops_a_remembered_404_too(self):
         # (an attack review: the purge emptied both tiers, but the filter of keys known missing went
         # on answering the purged 404, desc="hit" and no upstream call, for negative_ttl_s.) Given an

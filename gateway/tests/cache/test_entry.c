@@ -1,5 +1,8 @@
 /* test_entry.c: reading a cache entry in C (cache/entry.h) accepts what lua/agg/cache.lua's
- * M.encode writes and refuses what M.decode refuses; writing one in C gives M.encode's bytes. */
+ * M.encode writes and refuses what M.decode refuses; writing one in C gives M.encode's bytes; a
+ * time the runtime hands over is clamped before it becomes an integer. */
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 
 #include "base/buf.h"
@@ -103,11 +106,32 @@ static void the_first_line_alone(void)
     CHECK(agw_cache_entry_head(line, &most) == 6 + 6 * 16);
 }
 
+/* A Lua number as an entry's time or a lifetime: clamped before it is converted, whatever it is (an
+ * attack review: stale-if-error=1e400 became a Redis PX of 0, 10^17 seconds one past LLONG_MAX). */
+static void times_are_clamped_before_they_are_converted(void)
+{
+    CHECK(agw_cache_entry_ms(NAN) == 0);
+    CHECK(agw_cache_entry_ms(-NAN) == 0);
+    CHECK(agw_cache_entry_ms(-INFINITY) == 0);
+    CHECK(agw_cache_entry_ms(-1e300) == 0);
+    CHECK(agw_cache_entry_ms(0.0) == 0);
+    CHECK(agw_cache_entry_ms(0.5) == 0);
+    CHECK(agw_cache_entry_ms(1.0) == 1);
+    CHECK(agw_cache_entry_ms(1764800000123.75) == 1764800000123ull);
+    CHECK(agw_cache_entry_ms(999999999999998.0) == 999999999999998ull);
+    CHECK(agw_cache_entry_ms(999999999999999.0) == AGW_CACHE_ENTRY_MS_MAX);
+    CHECK(agw_cache_entry_ms(1e17 * 1000) == AGW_CACHE_ENTRY_MS_MAX);       /* 9.3e18 went past LLONG_MAX */
+    CHECK(agw_cache_entry_ms(18446744073709551616.0) == AGW_CACHE_ENTRY_MS_MAX); /* 2^64 */
+    CHECK(agw_cache_entry_ms(INFINITY) == AGW_CACHE_ENTRY_MS_MAX);            /* 1e400: was PX 0 */
+    CHECK(AGW_CACHE_ENTRY_MS_MAX < (uint64_t)LLONG_MAX / 1000);               /* a PX Redis takes */
+}
+
 int main(void)
 {
     RUN(reads_the_fields_and_points_into_the_bytes);
     RUN(refuses_what_is_not_an_entry);
     RUN(writes_what_encode_writes);
     RUN(the_first_line_alone);
+    RUN(times_are_clamped_before_they_are_converted);
     return CHECK_DONE();
 }
