@@ -1099,6 +1099,53 @@ describe("the cache's shared tier", function()
     for _, l in ipairs(gw:logs()) do assert.is_nil(l:find("still unanswered", 1, true)) end
   end)
 
+  it("serves from Redis only an entry the gateway could have stored for the call, its times cut to the call's policy", function()
+    -- (an attack review: a Redis that lied had failed sections served without the upstream, kept in
+    -- tier 1 for the value's own times, and a copy served stale under no stale-if-error)
+    local cache = require "agg.cache"
+    local redis = testing.redis()
+    local gw = testing.gateway { dir = DIR, redis = redis }
+    gw:stub("product", "/products/*", { json = { name = "Sneaker" } })
+    gw:stub("stock", "/stock/*", { json = { n = 1 } })
+    gw:get("/p/1")
+    local key1
+    for k in pairs(redis.data) do if k:find("/products/1", 1, true) then key1 = k end end
+    local function plant(id, fresh, stale, err_until, status, body)
+      redis.data[key1:gsub("/products/1$", "/products/" .. id)] =
+        { value = cache.encode(fresh, stale, err_until, status, "", body), until_ms = math.huge }
+    end
+    local far = gw:now() + 3600 * 1000
+    local calls = 1
+    -- (the product upstream's policy: ttl_s 60, swr_s 30, stale_if_error_s 300, negative_ttl_s 10)
+    for id, lie in pairs({ s0 = { 0, '{"x":1}' }, s302 = { 302, '{"r":1}' }, s500 = { 500, "SECRET" },
+                           huge = { 999999999999999, '{"r":1}' }, body404 = { 404, "SECRET" } }) do
+      plant(id, far, far, far, lie[1], lie[2])
+      local page = gw:get("/p/" .. id)
+      assert.equal("ok", page.json.product.status, id)
+      assert.equal("Sneaker", page.json.product.data.name, id)
+      calls = calls + 1
+      assert.equal(calls, #gw:calls("product"), id)
+    end
+    local said = table.concat(gw:logs(), "\n")
+    local _, n = said:gsub("no gateway stores", "")
+    assert.equal(1, n, said) -- (once)
+    assert.is_nil(said:find("SECRET", 1, true))
+    -- a 200 fresh for a year: served, but kept no longer than the policy gives (60 s, then 30 s stale)
+    plant("year", far * 24 * 365, far * 24 * 365, far * 24 * 365, 200, '{"name":"planted"}')
+    assert.equal("planted", gw:get("/p/year").json.product.data.name)
+    assert.equal(calls, #gw:calls("product"))
+    redis.data = {}
+    gw:advance(91000)
+    assert.equal("Sneaker", gw:get("/p/year").json.product.data.name)
+    assert.equal(calls + 1, #gw:calls("product"))
+    assert.truthy(table.concat(gw:logs(), "\n"):find("whose times pass what its cache policy gives", 1, true))
+    -- a copy long past its freshness whose error_until is 10^14: never served for a failure
+    gw:advance(300000) -- (past stale_if_error_s after its fresh time)
+    gw:stub("product", "/products/*", { status = 503 })
+    plant("old", 1, 1, 1e14, 200, '{"name":"ancient"}')
+    testing.expect_section(gw:get("/p/old"), "product", "unavailable")
+  end)
+
   it("is a miss, never a failed page, when Redis hangs, is down or answers garbage", function()
     for _, fault in ipairs({ "hang", "down", "corrupt" }) do
       local redis = testing.redis()

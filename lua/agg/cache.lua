@@ -18,7 +18,9 @@
 -- policy gives. A call that carries Authorization or Cookie is keyed by user (scope "user",
 -- logged once per upstream), never shared.
 -- Entries are text: "AGWC1 fresh stale error status hlen blen\n" .. headers .. body; a value
--- that does not parse, or is over MAX_ENTRY bytes, is a miss.
+-- that does not parse, or is over MAX_ENTRY bytes, is a miss. Redis is not trusted with more than
+-- the gateway puts there: a value from it that no gateway stores (a status other than 2xx or 404)
+-- is a miss too, and its times are cut to what the call's policy gives (admit, M.on_redis).
 local str_find, str_gmatch, str_match, str_gsub = string.find, string.gmatch, string.match, string.gsub
 -- A field name is a token (RFC 9110 §5.1); NOT_TCHAR finds a byte that cannot be in one.
 local TOKEN, NOT_TCHAR = "^[%w!#$%%&'*+.^_`|~-]+$", "[^%w!#$%%&'*+.^_`|~-]"
@@ -45,6 +47,7 @@ local pending = {}               -- redis command id -> lookup waiting on it
 local refreshing = {}            -- cache key -> true while its background refresh runs
 local logged_user = {}           -- upstream -> true once the shared->user scope switch was logged
 local logged_cookie = {}         -- upstream -> true once an answer not shared for its Set-Cookie was logged
+local logged_redis = {}          -- "refused" / "cut" -> true once a value Redis gave was logged so (M.on_redis)
 M.stats = { hits = 0, misses = 0, stale = 0, stale_if_error = 0, refreshes = 0, stores = 0, negative = 0,
             bloom_hits = 0, redis_hits = 0, redis_misses = 0, redis_errors = 0, corrupt = 0 }
 
@@ -763,6 +766,7 @@ function M.init(transport)
   pending, refreshing = {}, {}
   learned, learned_memo, logged_vary, logged_user = {}, setmetatable({}, { __mode = "k" }), {}, {}
   logged_cookie = {}
+  logged_redis = {}
   merged = {}
   bloom_clear()
   for k in pairs(M.stats) do M.stats[k] = 0 end
@@ -1139,7 +1143,57 @@ function M.waiting_for(ctx)
   return false
 end
 
---- Transport: the Redis GET id answered (value: string or nil for none; err: why it failed).
+-- Entry e (M.decode's) that Redis gave for a call under policy p, as this gateway could have
+-- stored it by time now (ms). Redis is shared, and what it answers is not taken on trust (an attack
+-- review: a Redis that lied had entries of status 0, 302, 500 or 10^15 served as failed sections
+-- without the upstream and kept in tier 1 for their own times, up to 10^15 ms, and one whose
+-- error_until was 10^14 served stale under a policy without stale_if_error_s). Returns nil and
+-- what is wrong when store writes no such entry: a status other than 2xx or 404 (on_result stores
+-- only those), a 404 with a body or under negative_ttl_s 0, a 2xx under ttl_s 0. Else e, each time
+-- cut to what store could have given it (a time past that is a lie, or another instance's clock
+-- ahead of this one's): fresh to now + ttl_s (or the answer's lifetime: at most MAX_SECS, as
+-- M.lifetimes gives), stale to fresh + swr_s, error_until to fresh + stale_if_error_s (the
+-- answer's, at most MAX_SECS, when the policy has none); a 404's all three to now +
+-- negative_ttl_s. The second result is true when a time was cut.
+local function admit(e, p, now)
+  local st = e.status
+  local fresh_s, swr_s, sie_s
+  if st == 404 then
+    if p.negative_ttl_s <= 0 then return nil, "a 404, which its policy does not keep (negative_ttl_s 0)" end
+    if e.body ~= "" then return nil, "a 404 with a body" end
+    fresh_s, swr_s, sie_s = p.negative_ttl_s, 0, 0
+  elseif st >= 200 and st < 300 then
+    fresh_s, swr_s, sie_s = p.ttl_s or MAX_SECS, p.swr_s or MAX_SECS, p.stale_if_error_s or MAX_SECS
+    if fresh_s <= 0 then return nil, "a 2xx, which its policy does not keep (ttl_s 0)" end
+  else
+    return nil, "status " .. st .. ": the gateway stores 2xx answers and 404s only"
+  end
+  local fresh = math.min(e.fresh, math.floor(now + fresh_s * 1000))
+  local stale = math.min(e.stale, fresh + math.floor(swr_s * 1000))
+  local err_until = math.min(e.error_until, fresh + math.floor(sie_s * 1000))
+  if fresh == e.fresh and stale == e.stale and err_until == e.error_until then return e, false end
+  e.fresh, e.stale, e.error_until = fresh, stale, err_until
+  return e, true
+end
+
+-- Logs once per VM (kind: "refused" or "cut") what was wrong with a value Redis gave for a call
+-- to upstream up; never the value.
+local function log_redis_value(kind, up, what)
+  if logged_redis[kind] then return end
+  logged_redis[kind] = true
+  if kind == "refused" then
+    core.log("warn", ("cache: Redis gave an entry for a call to %s that no gateway stores (%s): a miss, the " ..
+      "upstream is called; is something else writing the cache's keys? (logged once)"):format(up, what))
+  else
+    core.log("warn", ("cache: Redis gave an entry for a call to %s whose times pass what its cache policy gives: " ..
+      "cut to it (something else writes the cache's keys, or another instance's clock is ahead of this " ..
+      "one's; logged once)"):format(up))
+  end
+end
+
+--- Transport: the Redis GET id answered (value: string or nil for none; err: why it failed). A
+-- value is served, and copied into tier 1, only as an entry this gateway could have stored for the
+-- call (admit): any other is a miss (counted as corrupt), and times past the call's policy are cut.
 function M.on_redis(id, value, err)
   local w = pending[id]
   if not w then return end
@@ -1151,9 +1205,18 @@ function M.on_redis(id, value, err)
   if err then
     M.stats.redis_errors = M.stats.redis_errors + 1
   elseif value then
-    local e = M.decode(value)
+    local e, cut = M.decode(value), false
+    if e then
+      local what
+      e, what = admit(e, w.spec.cache, now)
+      if e then cut = what else log_redis_value("refused", w.spec.upstream, what) end
+    end
     if e then
       M.stats.redis_hits = M.stats.redis_hits + 1
+      if cut then
+        log_redis_value("cut", w.spec.upstream)
+        value = M.encode(e.fresh, e.stale, e.error_until, e.status, e.headers, e.body) -- (tier 1 keeps what is served)
+      end
       core.cache_set(w.spec.cache_key, value, math.max(e.stale, e.error_until))
       if serve(ctx, w.sec, w.spec, w.g, w.chain, e, now) then
         M.stats.misses = M.stats.misses - 1 -- a miss of tier 1 only: serve counted the hit

@@ -371,6 +371,95 @@ class CacheWithRedis(GatewayTestCase):
             return "Redis answered a cache lookup with another command's reply" in self.gw.log()
         self.assertTrue(wait_until(a_page_then_the_drop, 20), self.gw.log())
 
+    def lying_redis(self, values):
+        """A Redis that answers a lookup with values[suffix] (an entry, the bytes after the key's tag:
+        tagged for the key asked, as a real Redis holding it would give it) for a key ending in
+        suffix, and "" (no key) otherwise; +OK to anything else. values may change meanwhile.
+        Returns its port."""
+        def commands(c):
+            buf = b""
+            while True:
+                data = c.recv(65536)
+                if not data:
+                    return
+                buf += data
+                while buf.startswith(b"*") and b"\r\n" in buf:
+                    head, rest = buf.split(b"\r\n", 1)
+                    args = []
+                    for _ in range(int(head[1:])):
+                        if b"\r\n" not in rest:
+                            break
+                        n, rest = rest.split(b"\r\n", 1)
+                        if len(rest) < int(n[1:]) + 2:
+                            break
+                        args.append(rest[:int(n[1:])])
+                        rest = rest[int(n[1:]) + 2:]
+                    else:
+                        buf = rest
+                        yield args
+                        continue
+                    break
+
+        def answer(c):
+            with c:
+                for args in commands(c):
+                    if args[0].upper() != b"GETRANGE":
+                        c.sendall(b"+OK\r\n")
+                        continue
+                    key = args[1].decode()
+                    v = next((v for k, v in list(values.items()) if key.endswith(k)), None)
+                    v = redis_value(key, v) if v is not None else b""
+                    c.sendall(b"$%d\r\n%s\r\n" % (len(v), v))
+        return self.fake_redis(answer)
+
+    def test_an_entry_no_gateway_stores_is_never_served_from_redis(self):
+        # (an attack review: a Redis that lied had entries of status 0, 302, 500 or 10^15 served as
+        # failed sections without the upstream, each kept in tier 1 for its own times, up to 10^15 ms,
+        # after Redis was set right; and a copy whose error_until was 10^14 served stale while the
+        # upstream failed, under a policy without stale_if_error_s.) Given a Redis that answers
+        # with entries the gateway never writes, each is a miss and the upstream is asked; given
+        # one whose times pass the policy's, it is served, and kept no longer than the policy gives.
+        now = int(time.time() * 1000)
+        far = now + 3600 * 1000
+
+        def entry(fresh, stale, err, status, body):
+            return "AGWC1 %d %d %d %d 0 %d\n%s" % (fresh, stale, err, status, len(body), body)
+        values = {"/products/s0": entry(far, far, far, 0, '{"x":1}'),
+                  "/products/s302": entry(far, far, far, 302, '{"r":1}'),
+                  "/products/s500": entry(far, far, far, 500, "SECRET internal error"),
+                  "/products/huge": entry(far, far, far, 999999999999999, '{"r":1}'),
+                  "/products/n404": entry(far, far, far, 404, "SECRET body"),
+                  "/products/year": entry(far * 10, far * 10, far * 10, 200, '{"id":"planted"}')}
+        ex = self.extra(redis={"url": "redis://127.0.0.1:%d/2" % self.lying_redis(values), "timeout_ms": 1000})
+        self.admin_port = ex["admin"]["port"]
+        self.start(services={"product": [route("/products/old", status=503, json={"error": "down"}),
+                                         route("/products/{id}", json={"id": "{id}"})],
+                             "inventory": SERVICES["inventory"]},
+                   scripts={"p.lua": PAGE}, upstream_options=self.options({"ttl_s": 1, "swr_s": 0}), deadline_ms=5000,
+                   gateway_extra=ex)
+        for id in ("s0", "s302", "s500", "huge", "n404"):
+            r = self.get("/p/" + id)
+            self.assertEqual(r.json()["product"]["status"], "ok", (id, r.body))
+            self.assertEqual(r.json()["product"]["data"]["id"], id)
+            self.assertNotIn(b"SECRET", r.body)
+        self.assertEqual(self.mock.hits()["product"].get("GET /products/{id}"), 5)
+        self.assertEqual(self.gw.log().count("that no gateway stores"), 1, self.gw.log())
+        self.assertNotIn("SECRET", self.gw.log())
+        # fresh for ten hours as Redis says, for 1 s as the policy gives: served, then asked again
+        # once Redis holds it no more (tier 1 kept it no longer either)
+        r = self.get("/p/year")
+        self.assertEqual((timing(r, "product"), r.json()["product"]["data"]["id"]), ("hit", "planted"))
+        del values["/products/year"]
+        time.sleep(1.2)
+        r = self.get("/p/year")
+        self.assertEqual((timing(r, "product"), r.json()["product"]["data"]["id"]), ("miss", "year"), r.body)
+        self.assertIn("whose times pass what its cache policy gives", self.gw.log())
+        # a copy past its freshness that says it may be served on error until 10^14: not for a failure
+        values["/products/old"] = entry(1, 1, 10 ** 14, 200, '{"id":"ancient"}')
+        r = self.get("/p/old")
+        self.assertEqual(r.json()["product"]["status"], "unavailable", r.body)
+        self.assertNotIn(b"ancient", r.body)
+
     def test_purge_by_prefix_empties_both_tiers(self):
         self.start_cached()
         self.get("/p/1")
