@@ -46,7 +46,7 @@ local use_redis = false
 local pending = {}               -- redis command id -> lookup waiting on it
 local refreshing = {}            -- cache key -> true while its background refresh runs
 local logged_user = {}           -- upstream -> true once the shared->user scope switch was logged
-local logged_cookie = {}         -- upstream -> true once an answer not shared for its Set-Cookie was logged
+local logged_cookie = {}         -- upstream -> true once an answer not stored for its Set-Cookie was logged
 local logged_redis = {}          -- "refused" / "cut" -> true once a value Redis gave was logged so (M.on_redis)
 M.stats = { hits = 0, misses = 0, stale = 0, stale_if_error = 0, refreshes = 0, stores = 0, negative = 0,
             bloom_hits = 0, redis_hits = 0, redis_misses = 0, redis_errors = 0, corrupt = 0 }
@@ -1168,6 +1168,8 @@ local function admit(e, p, now)
   else
     return nil, "status " .. st .. ": the gateway stores 2xx answers and 404s only"
   end
+  -- (an entry an older build stored, or another writer: its cookie is its first client's)
+  if block_get(e.headers, "set-cookie") then return nil, "an answer with Set-Cookie" end
   local fresh = math.min(e.fresh, math.floor(now + fresh_s * 1000))
   local stale = math.min(e.stale, fresh + math.floor(swr_s * 1000))
   local err_until = math.min(e.error_until, fresh + math.floor(sie_s * 1000))
