@@ -1146,6 +1146,21 @@ describe("the cache's shared tier", function()
     testing.expect_section(gw:get("/p/old"), "product", "unavailable")
   end)
 
+  it("takes an entry this gateway stored under swr_s and stale_if_error_s of fractional seconds as it is", function()
+    -- (review of 868415b: admit capped stale at fresh + floor(swr_s * 1000), store wrote
+    -- floor(fresh + swr_s * 1000): for 2.01 s (2009.9999999999998 ms) one ms apart, and a gateway's
+    -- own entry, same clock, same policy, was "cut" with a warning blaming another writer or clock)
+    local redis = testing.redis()
+    local gw1 = testing.gateway { dir = "spec/fixtures/cache_fractional", redis = redis, clock = 1.8e12 }
+    local gw2 = testing.gateway { dir = "spec/fixtures/cache_fractional", redis = redis, clock = 1.8e12 }
+    for _, g in ipairs { gw1, gw2 } do g:stub("product", "/products/*", { json = { name = "Sneaker" } }) end
+    gw1:get("/p/1")
+    assert.equal("Sneaker", gw2:get("/p/1").json.product.data.name)
+    assert.equal(0, #gw2:calls("product"))
+    local said = table.concat(gw2:logs(), "\n")
+    assert.is_nil(said:find("whose times pass what its cache policy gives", 1, true), said)
+  end)
+
   it("is a miss, never a failed page, when Redis hangs, is down or answers garbage", function()
     for _, fault in ipairs({ "hang", "down", "corrupt" }) do
       local redis = testing.redis()

@@ -204,6 +204,37 @@ describe("merged calls", function()
     assert.equal(2, #gw:calls("sharded")) -- a and a2, one key, share one
   end)
 
+  it("forgets a hash key's batch group once its merged call is answered (memory bound)", function()
+    -- (review of 036a1d9: every distinct hash key is a batch group of its own, and merge.lua's
+    -- inflight[group] table stayed after its call was answered: one empty table and group string
+    -- per key a client ever sent, about 190 bytes each, until a reload)
+    stub_endpoints("sharded", 1)
+    for i = 1, 500 do gw:get("/of/sharded/1/1", { headers = { ["x-user"] = "u" .. i } }) end
+    assert.equal(0, require("agg.merge").open_groups())
+  end)
+
+  it("does not let a caller pinned to a usable endpoint join a merged call that went elsewhere", function()
+    -- (review of 036a1d9: the batch's route is taken at join time; a batch of "s<A>" flushed while
+    -- A was out of service went to B, and a caller pinned to A, usable again while the call was
+    -- out, joined it in flight: B's item, and its session moved to B)
+    stub_endpoints("sessioned", 100)
+    local group = require "agg.group"
+    local function session(port) return { cookie = ("s=%08x.0.0"):format(group.hash("http://127.0.0.1:" .. port)) } end
+    gw:get("/of/sessioned/100/1", { headers = session(9) })
+    gw:clear_calls()
+    local g = group.group_of("sessioned")
+    local iA
+    for i, e in ipairs(g.eps) do if e.url == "http://127.0.0.1:9" then iA = i end end
+    gw:send("GET", "/of/sessioned/1/1", { headers = session(9) })
+    g.eps[iA].until_ms = gw:now() + 10 -- A out of service (as an ejection) while the batch is flushed
+    gw:advance(5)
+    gw:advance(10) -- A usable again; the merged call is still out
+    local c = gw:send("GET", "/of/sessioned/1/1", { headers = session(9) })
+    gw:run()
+    assert.equal(iA, c.json.item1.data.from)
+    assert.is_nil(c.headers["set-cookie"]) -- pinned to A, and A is usable: nothing to set
+  end)
+
   it("gives each caller its own copy of a shared item", function()
     local a = gw:send("GET", "/rename/4")
     local b = gw:send("GET", "/cart/4/1")

@@ -1171,8 +1171,9 @@ local function admit(e, p, now)
   -- (an entry an older build stored, or another writer: its cookie is its first client's)
   if block_get(e.headers, "set-cookie") then return nil, "an answer with Set-Cookie" end
   local fresh = math.min(e.fresh, math.floor(now + fresh_s * 1000))
-  local stale = math.min(e.stale, fresh + math.floor(swr_s * 1000))
-  local err_until = math.min(e.error_until, fresh + math.floor(sie_s * 1000))
+  -- (as store computes them: floor(fresh + s * 1000), whose rounding floor(s * 1000) may be 1 under)
+  local stale = math.min(e.stale, math.floor(fresh + swr_s * 1000))
+  local err_until = math.min(e.error_until, math.floor(fresh + sie_s * 1000))
   if fresh == e.fresh and stale == e.stale and err_until == e.error_until then return e, false end
   e.fresh, e.stale, e.error_until = fresh, stale, err_until
   return e, true

@@ -673,6 +673,15 @@ merge_hooks = {
     group.hold(grp, ep)
     return ep
   end,
+  -- whether merged call p went where its callers' route (above) sends them: a session's route
+  -- ("s" .. id) names an endpoint the balancer passes over while it is out of service
+  went_on_route = function(p)
+    local route = p.route or ""
+    if route:sub(1, 1) ~= "s" then return true end
+    local grp = p.u.group
+    local ep = grp and p.endpoint and grp.eps[p.endpoint]
+    return ep ~= nil and "s" .. ep.id == route
+  end,
   -- caller x of merged call p, which went to the endpoint picked for its first caller
   follow = function(p, x)
     if p.endpoint and p.u.group then group.follow(p.u.group, x, p.endpoint) end

@@ -176,6 +176,7 @@ local CREDENTIALS = require("agg.cache").CREDENTIALS
 -- endpoint, which must be the one each of its callers' own call would have gone to (a caller
 -- pinned elsewhere was given another endpoint's items and kept no session; with balance = "hash"
 -- on sharded endpoints, another shard's items).
+-- Returns the group and the route (hooks.route's: "" for none).
 local function group_of(x)
   local g, h = x.batch.group, x.headers
   if h then
@@ -185,13 +186,37 @@ local function group_of(x)
   end
   local r = hooks.route(x)
   if r ~= "" then g = g .. "\3" .. r end
-  return g
+  return g, r
+end
+
+-- Merged call p's keys are no longer in flight: each that is still p's leaves its group's table,
+-- and a table left empty goes (a group is made per credential and per hash key or session a
+-- client sends: kept, they grew the VM by a table and a string for every one ever seen).
+local function unlist(p, k)
+  local fl = inflight[p.group]
+  if not fl then return end
+  if k then
+    if fl[k] == p then fl[k] = nil end
+  else
+    for _, key in ipairs(p.keys) do if fl[key] == p then fl[key] = nil end end
+  end
+  if next(fl) == nil then inflight[p.group] = nil end
+end
+
+--- How many batch groups have a merged call in flight or a batch open (for specs and checks:
+-- none once every call is answered).
+function M.open_groups()
+  local n = 0
+  for _ in pairs(inflight) do n = n + 1 end
+  for _ in pairs(pending) do n = n + 1 end
+  return n
 end
 
 --- Exchange x asks for its item (t: its timeout in ms, clamped: t was cut by the deadline).
 function M.join(x, t, clamped, now)
   local b = x.batch
-  local g, k = group_of(x), b.key
+  local g, route = group_of(x)
+  local k = b.key
   local sent = inflight[g] and inflight[g][k]
   -- a merged call in flight that was sent with a shorter timeout than this caller's: joining it
   -- would fail this caller at the other callers' timeout (a caller with 100 ms sent the batch; a
@@ -221,7 +246,7 @@ function M.join(x, t, clamped, now)
     p.x, p.merged = p, p -- what agg.exchange reads of a call record: its upstream, and that it is merged
     -- (and its upstream's state: an endpoint group's balancer; endpoint: the group's endpoint the
     -- merged call went to, which agg.exchange releases and reports its answer for, as a call's)
-    p.u, p.endpoint = x.u, false
+    p.u, p.endpoint, p.route = x.u, false, route
     pending[g] = p
     p.timer = hooks.set_timer(b.window_ms, function() p.timer = false flush(p) end)
   end
@@ -298,11 +323,17 @@ flush = function(p)
                        math.floor(t + 0.5), true, x1.key, 1, false, p.endpoint or nil)
   p.id = id
   hooks.register(id, p)
-  local fl = inflight[p.group]
-  if not fl then fl = {} inflight[p.group] = fl end
+  -- callers that come while it is out join it (the single-flight of merged calls), unless it went
+  -- elsewhere than its route says: a session's endpoint out of service at the flush, the balancer
+  -- chose another; a caller pinned to it, usable again meanwhile, must not be given that one's items
+  local fl
+  if hooks.went_on_route(p) then
+    fl = inflight[p.group]
+    if not fl then fl = {} inflight[p.group] = fl end
+  end
   p.ends = now + math.floor(t + 0.5)
   for _, k in ipairs(keys) do
-    fl[k] = p
+    if fl then fl[k] = p end
     for _, rec in ipairs(p.waiters[k]) do
       rec.id = id
       local x = exchange_of(rec)
@@ -332,7 +363,7 @@ function M.leave(x, rec)
   end
   if #list == 0 then
     p.waiters[k] = nil
-    if p.sent and inflight[p.group] and inflight[p.group][k] == p then inflight[p.group][k] = nil end
+    if p.sent then unlist(p, k) end
   end
   p.nwait = p.nwait - 1
   if p.nwait > 0 then return end
@@ -341,8 +372,7 @@ function M.leave(x, rec)
     if pending[p.group] == p then pending[p.group] = nil end
     if p.timer then hooks.clear_timer(p.timer) p.timer = false end
   else
-    local fl = inflight[p.group]
-    if fl then for _, key in ipairs(p.keys) do if fl[key] == p then fl[key] = nil end end end
+    unlist(p)
     hooks.cancel(p)
   end
 end
@@ -382,8 +412,7 @@ end
 
 --- The transport's answer of merged call p (the breaker has counted it).
 function M.answer(p, outcome, http_status, headers, body, data, ms, detail)
-  local fl = inflight[p.group]
-  if fl then for _, key in ipairs(p.keys) do if fl[key] == p then fl[key] = nil end end end
+  unlist(p)
   local recs = take_waiters(p)
   local s = M.stats(p.upstream)
   s.merged_items = s.merged_items + #recs
