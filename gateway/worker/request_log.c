@@ -376,6 +376,32 @@ size_t agw_worker_row_sections(lua_State *L, int idx, section_ref_t *out, size_t
 /* One JSON line per request: time, method, path, route, status, duration_ms, bytes, sections
  * (name, status, ms), trace_id (16 bytes, or NULL: null). secs: the page's sections (NULL when the response is not a page:
  * the sections are then the Server-Timing entries, without a status). */
+/* At most this many bytes of a request's path (with its query) and method go into its access-log
+ * line: a client sends a long path once into HTTP/2's header table and then names it in 4 bytes a
+ * request, and each line grew by the whole path (about 300 bytes of log for a byte sent: an attack
+ * review filled 80 MB from 260 KB). */
+#define ALOG_PATH_MAX 1024
+#define ALOG_METHOD_MAX 32
+
+/* s (len bytes) as a JSON string of at most max bytes of it: a longer one is cut (at a UTF-8
+ * character's start, so that what is kept is written as it was) and ends with "…+N" (N: the
+ * bytes left out). */
+static void alog_str_cut(agw_buf_t *b, const char *s, size_t len, size_t max)
+{
+    if (len <= max) {
+        alog_str(b, s, len);
+        return;
+    }
+    size_t cut = max;
+    while (cut > 0 && ((unsigned char)s[cut] & 0xC0) == 0x80)
+        cut--;
+    alog_str(b, s, cut);
+    b->len--; /* (the closing quote) */
+    char tail[40];
+    int n = snprintf(tail, sizeof(tail), "\u2026+%zu\"", len - cut);
+    alog_lit(b, tail, (size_t)n);
+}
+
 static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const char *path, size_t plen,
                        const char *route, int status, double ms, size_t bytes, const section_ref_t *secs, size_t nsecs,
                        const char *timing, size_t tlen, const uint8_t *trace_id, const agw_trace_limit_t *limit)
@@ -398,9 +424,9 @@ static void alog_write(agw_worker_t *w, const char *method, size_t mlen, const c
     char frac[3] = {(char)('0' + msec / 100), (char)('0' + msec / 10 % 10), (char)('0' + msec % 10)};
     alog_lit(b, frac, 3);
     ALOG_LIT(b, "Z\",\"method\":");
-    alog_str(b, method, mlen);
+    alog_str_cut(b, method, mlen, ALOG_METHOD_MAX);
     ALOG_LIT(b, ",\"path\":");
-    alog_str(b, path, plen);
+    alog_str_cut(b, path, plen, ALOG_PATH_MAX);
     ALOG_LIT(b, ",\"route\":");
     if (route) {
         alog_str(b, route, strlen(route));

@@ -5,6 +5,7 @@ log (and its reopening on SIGUSR1), and an admin port that answers while the wor
 import json
 import math
 import os
+import urllib.parse
 import re
 import signal
 import subprocess
@@ -588,6 +589,26 @@ class AccessLog(AdminCase):
         self.assertEqual(sorted((s["name"], s["status"]) for s in secs), [("odd_name", None), ("product", None)], secs)
         for s in secs:
             self.assertIsInstance(s["ms"], float)
+
+    def test_a_long_path_is_logged_cut(self):
+        # (an attack review: over h2c a 4,000-byte path sent once into the HPACK table and named in
+        # 4 bytes a request wrote 4 KB of log a request, 300 bytes for a byte sent)
+        path = os.path.join(self.workdir, "access.log")
+        self.start_admin(access_log=path)
+        long_path = "/nothing/" + "\u00e9" * 1000 + "x" * 2000
+        r = self.get(urllib.parse.quote(long_path, safe="/"), "--http2-prior-knowledge")
+        self.assertEqual(r.status, 404)
+        self.assertEqual(self.get("/nothing?q=" + "y" * 3000).status, 404)
+        lines = [l for l in self.read_lines(path, 2) if l["path"] != "/__harness_probe__"]
+        self.assertEqual(len(lines), 2, lines)
+        for l in lines:
+            self.assertTrue(l["path"].startswith("/nothing"), l["path"][:40])
+            self.assertLessEqual(len(l["path"].encode()), 1024 + 16, l["path"][-40:])
+            self.assertRegex(l["path"], "\u2026\\+\\d+$")
+        escaped, query = lines
+        sent = urllib.parse.quote(long_path, safe="/")
+        self.assertEqual(escaped["path"], sent[:1024] + "\u2026+%d" % (len(sent) - 1024))
+        self.assertEqual(query["path"], "/nothing?q=" + "y" * (1024 - 11) + "\u2026+%d" % (3000 - (1024 - 11)))
 
     def test_off_by_default(self):
         self.start_admin()
