@@ -207,33 +207,26 @@ void agw_metrics_partial(agw_metrics_t *m, int endpoint, const char *section, si
     if (endpoint < 0 || (size_t)endpoint >= m->num_routes)
         endpoint = 0;
     uint32_t n = m->num_partials; /* this thread is the only writer */
-    agw_partial_metric_t *other = NULL;
     for (uint32_t i = 0; i < n; i++) {
         agw_partial_metric_t *p = &m->partials[i];
-        if (p->route != endpoint)
-            continue;
-        if (strlen(p->section) == len && memcmp(p->section, section, len) == 0) {
+        if (p->route == endpoint && p->len == len && memcmp(p->section, section, len) == 0) {
             AGW_M_ADD(p->count, 1);
             return;
         }
-        if (strcmp(p->section, "_other") == 0)
-            other = p;
     }
-    /* keep one slot free for "_other" of a route that has none yet */
-    if (n + 1 >= AGW_M_PARTIAL_MAX) {
-        if (other == NULL && n < AGW_M_PARTIAL_MAX) {
-            section = "_other", len = 6;
-        } else {
-            if (other)
-                AGW_M_ADD(other->count, 1);
-            return;
-        }
+    /* the table is full: the route's own "_other" (section names come from scripts, which may make
+     * them of a client's input: a client that filled the table with failing sections of its own
+     * left every other route and section uncounted, not even as "_other", an attack review) */
+    if (n >= AGW_M_PARTIAL_MAX) {
+        AGW_M_ADD(m->routes[endpoint].partial_other, 1);
+        return;
     }
     agw_partial_metric_t *p = &m->partials[n];
     p->route = endpoint;
     p->section = agw_malloc(len + 1);
     memcpy(p->section, section, len);
     p->section[len] = '\0';
+    p->len = len;
     AGW_M_SET(p->count, 1);
     __atomic_store_n(&m->num_partials, n + 1, __ATOMIC_RELEASE);
 }
@@ -439,31 +432,49 @@ static void render_partials(agw_buf_t *b, const agw_metric_labels_t *lb, agw_met
     agw_prom_family(b, "aggway_partial_pages_total", "counter",
                     "Pages served with 200 but incomplete (X-Aggregation-Completed: false), by route and by each "
                     "section that was not ok (fallback, stale or unavailable).");
-    /* merge the workers' (route, section) entries; few and small: quadratic is fine */
+    /* merge the workers' (route, section) entries, and each route's "_other" (the sections past a
+     * worker's table); few and small: quadratic is fine */
     size_t cap = 0;
     for (size_t i = 0; i < nw; i++)
-        cap += __atomic_load_n(&w[i]->num_partials, __ATOMIC_ACQUIRE);
+        cap += __atomic_load_n(&w[i]->num_partials, __ATOMIC_ACQUIRE) + nr;
     if (cap == 0)
         return;
     struct merged {
         int route;
         const char *section;
+        size_t len;
         uint64_t count;
     } *mg = agw_calloc(cap, sizeof(*mg));
     size_t n = 0;
     for (size_t i = 0; i < nw; i++) {
         uint32_t np = __atomic_load_n(&w[i]->num_partials, __ATOMIC_ACQUIRE);
-        for (uint32_t j = 0; j < np; j++) {
-            const agw_partial_metric_t *p = &w[i]->partials[j];
+        for (size_t j = 0; j < np + nr; j++) {
+            int route;
+            const char *section;
+            size_t len;
+            uint64_t count;
+            if (j < np) {
+                const agw_partial_metric_t *p = &w[i]->partials[j];
+                route = p->route, section = p->section, len = p->len;
+                count = AGW_M_GET(((agw_partial_metric_t *)p)->count);
+            } else if (j - np < nr && j - np < w[i]->num_routes) {
+                route = (int)(j - np), section = "_other", len = 6;
+                count = AGW_M_GET(w[i]->routes[j - np].partial_other);
+                if (count == 0)
+                    continue;
+            } else {
+                continue;
+            }
             size_t k = 0;
-            while (k < n && !(mg[k].route == p->route && strcmp(mg[k].section, p->section) == 0))
+            while (k < n && !(mg[k].route == route && mg[k].len == len && memcmp(mg[k].section, section, len) == 0))
                 k++;
             if (k == n) {
-                mg[n].route = p->route;
-                mg[n].section = p->section;
+                mg[n].route = route;
+                mg[n].section = section;
+                mg[n].len = len;
                 n++;
             }
-            mg[k].count += AGW_M_GET(((agw_partial_metric_t *)p)->count);
+            mg[k].count += count;
         }
     }
     for (size_t k = 0; k < n; k++) {

@@ -78,6 +78,8 @@ typedef struct agw_route_metrics {
     uint64_t size_sum;
     uint64_t limited;                 /* answered 429 by a rate limit or quota (limits/limit.h) */
     uint64_t shed;                    /* answered 503: shed by priority (limits/gate.h) */
+    uint64_t partial_other;           /* partial pages' sections past the worker's AGW_M_PARTIAL_MAX
+                                         pairs: rendered as section "_other" of this route */
 } agw_route_metrics_t;
 
 typedef struct agw_upstream_metrics {
@@ -93,6 +95,7 @@ typedef struct agw_upstream_metrics {
 typedef struct agw_partial_metric {
     int route;
     char *section;                    /* written before the entry is published, then read-only */
+    size_t len;                       /* section's bytes (a name may hold a NUL) */
     uint64_t count;
 } agw_partial_metric_t;
 

@@ -517,6 +517,33 @@ class MetricsMove(AdminCase):
                                    >= 3, 5), self.metrics().text)
 
 
+# a page whose sections are keyed by the client's query (a list page fanning out per item), base
+# always ok: a page with a missing item is a partial 200; and another route whose reviews fail
+PARTIAL_ITEMS = endpoint("GET /items", """
+    local spec = { base = { "svc", "/ok/base" } }
+    for id in (req.query.ids or "a"):gmatch("[^,]+") do spec[id] = { "svc", "/nf/" .. agg.escape(id) } end
+    return agg.page(agg.fetch_all(spec))""")
+PARTIAL_TWO = endpoint("GET /two", """
+    return agg.page(agg.fetch_all { a = { "svc", "/ok/two" }, reviews = { "svc", "/nf/two" } })""")
+
+
+class PartialPagesCap(AdminCase):
+    def test_sections_past_the_table_count_as_their_routes_other(self):
+        # (an attack review: a client that made 300 failing sections of its own filled the worker's
+        # table of 256, and then no route's partial pages were counted, not even as "_other")
+        svc = {"svc": [route("/ok/{id}", json={"ok": True}), route("/nf/{id}", status=404, json={"error": "nf"})]}
+        self.start_admin(services_=svc, scripts={"items.lua": PARTIAL_ITEMS, "two.lua": PARTIAL_TWO}, workers=1)
+        for i in range(0, 300, 10):
+            self.assertEqual(self.get("/items?ids=" + ",".join("junk%d" % k for k in range(i, i + 10))).status, 200)
+        for _ in range(5):
+            r = self.get("/two")
+            self.assertEqual((r.status, r.headers["x-aggregation-completed"]), (200, "false"))
+        m = self.metrics()
+        self.assertEqual(m.value("aggway_partial_pages_total", route="GET /two", section="_other"), 5)
+        self.assertEqual(m.value("aggway_partial_pages_total", route="GET /items", section="_other"), 300 - 256)
+        self.assertEqual(m.value("aggway_partial_pages_total", route="GET /items", section="junk0"), 1)
+
+
 class AccessLog(AdminCase):
     FIELDS = {"time", "method", "path", "route", "status", "duration_ms", "bytes", "sections", "trace_id"}
 

@@ -206,7 +206,8 @@ static void test_label_slots_survive_reloads(void)
     agw_metric_labels_free(l);
 }
 
-/* Past AGW_M_PARTIAL_MAX distinct sections, the rest count under "_other". */
+/* Past AGW_M_PARTIAL_MAX distinct sections, the rest count under their route's "_other" (a
+ * counter of the route's own: a full table left every other route's sections uncounted). */
 static void test_partial_overflow(void)
 {
     agw_config_t conf;
@@ -221,9 +222,11 @@ static void test_partial_overflow(void)
         int n = snprintf(name, sizeof(name), "s%d", i);
         agw_metrics_partial(m, 1, name, (size_t)n);
     }
+    agw_metrics_partial(m, 2, "s0", 2); /* another route, after the table is full */
     CHECK(m->num_partials == AGW_M_PARTIAL_MAX);
-    CHECK_STR(m->partials[AGW_M_PARTIAL_MAX - 1].section, "_other");
-    CHECK(m->partials[AGW_M_PARTIAL_MAX - 1].count == 11);
+    CHECK_STR(m->partials[AGW_M_PARTIAL_MAX - 1].section, "s255");
+    CHECK(m->partials[AGW_M_PARTIAL_MAX - 1].count == 1);
+    CHECK(m->routes[1].partial_other == 10 && m->routes[2].partial_other == 1);
     agw_metrics_free(m);
     agw_metric_labels_free(labels);
 }
