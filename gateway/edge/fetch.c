@@ -36,6 +36,12 @@ int agw_fetch_url_parse(const char *url, agw_fetch_url_t *out, char *why, size_t
     }
     const char *slash = strchr(rest, '/');
     size_t hplen = slash ? (size_t)(slash - rest) : strlen(rest);
+    if (memchr(rest, '@', hplen) != NULL) {
+        /* (user info: never shown, the message goes to the log and the admin's reload page) */
+        snprintf(why, whylen, "'%.*s…@%s': user info (user:password@) is not supported in URLs; the password is "
+                 "not shown", (int)(rest - url), url, (const char *)memchr(rest, '@', hplen) + 1);
+        return -1;
+    }
     const char *colon = memchr(rest, ':', hplen);
     size_t hlen = colon ? (size_t)(colon - rest) : hplen;
     if (hlen == 0) {

@@ -87,6 +87,12 @@ end
 -- -> host, port, base path (no trailing '/'), "host[:port]", scheme; or nil and a message.
 -- https is accepted only when allow_https is true.
 local function parse_http_url(url, allow_https)
+  -- a URL's user info ("user:password@host") is not shown in a message: the reload page on the
+  -- admin listener and the log show what is wrong, never a password (an attack review)
+  local shown = str_gsub(url, "^([^/]*//)[^/]*@", "%1…@")
+  if shown ~= url then
+    return nil, "'" .. shown .. "': user info (user:password@) is not supported in URLs; the password is not shown"
+  end
   local scheme, rest = str_match(url, "^(%a[%w+.-]*)://(.*)$")
   if scheme == "https" and not allow_https then
     return nil, "'" .. url .. "': https is not supported; use http://"

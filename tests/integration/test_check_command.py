@@ -606,6 +606,22 @@ class CheckCommand(unittest.TestCase):
             with self.subTest(product=product):
                 self.assertInvalid(self.folder(self.group_source(product)), "gateway.lua", line, *words)
 
+    def test_a_url_with_user_info_is_refused_without_showing_the_password(self):
+        # (an attack review: 'http://ops:pw@host' was "has no host" with the whole URL, password
+        # included, in the log and on the admin listener's reload page)
+        for where, n, line in (('      url = "http://ops:S3CRET-pw@127.0.0.1:9001",', 5, "upstreams.product.url"),
+                               ('      endpoints = { "http://127.0.0.1:9001", "http://ops:S3CRET-pw@127.0.0.1:9002" },',
+                                5, "upstreams.product.endpoints[2]")):
+            with self.subTest(where=line):
+                err = self.assertInvalid(self.folder(self.group_source(where)), "gateway.lua", n, line,
+                                         "user info (user:password@) is not supported")
+                self.assertNotIn("S3CRET", err)
+        src = gateway_lua(self.port, UPSTREAMS, tracing={"otlp_http": "http://ops:S3CRET-pw@127.0.0.1:4318/v1/traces"})
+        rc, out, err = self.check(self.folder(src))
+        self.assertEqual(rc, 1, out + err)
+        self.assertIn("user info (user:password@) is not supported", err)
+        self.assertNotIn("S3CRET", out + err)
+
     def test_check_refuses_forwarding_the_clients_credentials(self):
         # forwarded as they are, an upstream would get the client's raw token (whatever its aud)
         # or API key: identity = "forward" / "exchange" is the way (docs/operations.md)

@@ -260,8 +260,20 @@ static void a_lookup_that_does_not_answer_ends_at_the_deadline(void)
     fetches_the_keys("HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{\"keys\":[]}", 0);
 }
 
+/* A URL with user info is refused, and the message does not show it (it goes to the log and the
+ * admin listener's reload page). */
+static void user_info_is_refused_unshown(void)
+{
+    agw_fetch_url_t u;
+    char why[256];
+    CHECK(agw_fetch_url_parse("http://ops:S3CRET@127.0.0.1:9500/jwks", &u, why, sizeof(why)) == -1);
+    CHECK(strstr(why, "S3CRET") == NULL && strstr(why, "ops") == NULL);
+    CHECK(strstr(why, "'http://…@127.0.0.1:9500/jwks': user info") == why);
+}
+
 int main(void)
 {
+    RUN(user_info_is_refused_unshown);
     RUN(a_sized_200_gives_its_body_and_max_age);
     RUN(a_chunked_200_without_cache_control_gives_max_age_0);
     RUN(a_close_delimited_200_ends_at_the_close);
