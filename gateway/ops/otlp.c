@@ -45,6 +45,10 @@ struct agw_otlp {
     int stopping;
     int wake[2];                         /* agw_otlp_stop writes here: an export in progress gives up */
     int abortable;                       /* 0 for the last export at stop (exporter thread only) */
+    int aborted;                         /* the stop gave the export in progress up (exporter thread) */
+    int last_failed;                     /* the last export_batch did not deliver (exporter thread) */
+    int64_t warn_window_ms;              /* failed exports' warnings: at most 5 in each second */
+    unsigned warned, unwarned;
     uint64_t exported_spans;             /* written by the exporter thread, read by /metrics */
     uint64_t failed_spans;
     uint64_t exports_ok, exports_failed;
@@ -258,6 +262,10 @@ static int wait_fd(agw_otlp_t *e, int fd, short events, int64_t deadline)
             return 0;
         struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = e->wake[0], .events = POLLIN}};
         int rc = poll(p, e->abortable ? 2 : 1, (int)left);
+        if (rc > 0 && e->abortable && (p[1].revents & POLLIN)) {
+            e->aborted = 1; /* (the byte stays: the stop's, read by no one; the last export does not poll it) */
+            return 0;
+        }
         if (rc > 0)
             return (p[0].revents & (events | POLLERR | POLLHUP)) != 0;
         if (rc < 0 && errno != EINTR)
@@ -333,6 +341,8 @@ static int post(agw_otlp_t *e, const char **why)
         }
     }
 out:
+    if (e->aborted)
+        *why = "given up at stop (it may have arrived)";
     close(fd);
     return status;
 }
@@ -351,24 +361,42 @@ static void export_batch(agw_otlp_t *e, agw_trace_t **traces, size_t n, size_t n
     agw_buf_append(&e->request, e->body.base, e->body.len);
     const char *why = NULL;
     int status = post(e, &why);
-    if (status >= 200 && status < 300) {
+    e->last_failed = !(status >= 200 && status < 300);
+    if (!e->last_failed) {
         __atomic_store_n(&e->exported_spans, e->exported_spans + nspans, __ATOMIC_RELAXED);
         __atomic_store_n(&e->exports_ok, e->exports_ok + 1, __ATOMIC_RELAXED);
     } else {
         __atomic_store_n(&e->failed_spans, e->failed_spans + nspans, __ATOMIC_RELAXED);
         __atomic_store_n(&e->exports_failed, e->exports_failed + 1, __ATOMIC_RELAXED);
-        /* one line per failed export: at most 5 a second */
-        if (status)
-            agw_log(AGW_LOG_WARN, "trace export to %s: the collector answered %d; %zu spans dropped", conf->otlp_url,
-                    status, nspans);
-        else
-            agw_log(AGW_LOG_WARN, "trace export to %s: %s; %zu spans dropped", conf->otlp_url, why, nspans);
+        /* one line per failed export, at most 5 in a second (a collector that answers 500 at once
+         * fails every batch of a flush: 50 lines a second), the next line saying how many were not */
+        int64_t now = mono_ms();
+        if (now - e->warn_window_ms >= 1000)
+            e->warn_window_ms = now, e->warned = 0;
+        if (e->warned >= 5) {
+            e->unwarned++;
+        } else {
+            e->warned++;
+            char more[64] = "";
+            if (e->unwarned)
+                snprintf(more, sizeof(more), " (and %u failed exports not logged before)", e->unwarned);
+            e->unwarned = 0;
+            if (status)
+                agw_log(AGW_LOG_WARN, "trace export to %s: the collector answered %d; %zu spans dropped%s",
+                        conf->otlp_url, status, nspans, more);
+            else
+                agw_log(AGW_LOG_WARN, "trace export to %s: %s; %zu spans dropped%s", conf->otlp_url, why, nspans,
+                        more);
+        }
     }
     for (size_t i = 0; i < n; i++)
         agw_trace_free(traces[i]);
 }
 
-/* Takes everything queued and exports it in batches. */
+/* Takes everything queued and exports it in batches. An export the stop gave up ends the flush:
+ * what is still queued goes in the last one (exporter_main). The last one ends at its first
+ * export the collector did not take: the rest is dropped at stop, so that a collector that hangs
+ * holds the stop one timeout, not one a batch. */
 static void flush(agw_otlp_t *e)
 {
     agw_trace_t *batch[AGW_OTLP_BATCH_SPANS];
@@ -384,6 +412,8 @@ static void flush(agw_otlp_t *e)
                 __atomic_store_n(&q->tail, tail, __ATOMIC_RELEASE); /* the worker may refill meanwhile */
                 export_batch(e, batch, n, nspans);
                 n = nspans = 0;
+                if (e->aborted || (!e->abortable && e->last_failed))
+                    return;
             }
             batch[n++] = tr;
             nspans += s;
@@ -405,7 +435,7 @@ static void *exporter_main(void *arg)
         int stopping = e->stopping;
         pthread_mutex_unlock(&e->lock);
         if (stopping)
-            e->abortable = 0; /* the last export may take its whole timeout */
+            e->abortable = 0, e->aborted = 0; /* the last export may take its whole timeout */
         flush(e);
         pthread_mutex_lock(&e->lock);
         if (stopping)
@@ -460,11 +490,17 @@ void agw_otlp_stop(agw_otlp_t *e)
     pthread_join(e->thread, NULL);
     close(e->wake[0]);
     close(e->wake[1]);
+    size_t left = 0;
     for (size_t qi = 0; qi < e->num_queues; qi++) {
         agw_otlp_queue_t *q = &e->queues[qi];
-        for (uint64_t t = q->tail; t < q->head; t++)
+        for (uint64_t t = q->tail; t < q->head; t++) {
+            left += agw_otlp_trace_spans(q->slots[t & QMASK]);
             agw_trace_free(q->slots[t & QMASK]);
+        }
     }
+    if (left)
+        agw_log(AGW_LOG_WARN, "trace export to %s: %zu spans still queued at stop dropped (the collector did not take "
+                "the last export)", e->conf->otlp_url, left);
     pthread_cond_destroy(&e->cond);
     pthread_mutex_destroy(&e->lock);
     agw_buf_free(&e->body);
