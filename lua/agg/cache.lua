@@ -553,17 +553,19 @@ end
 -- shared, and never joins another client's call (agg.callspec's single-flight, agg.merge's
 -- batches). A call that passed the client's X-API-Key on was cached as one shared entry: every
 -- other client, with another key or none, was given the first client's account.
-local BASE_CREDENTIALS = { "authorization", "cookie", "proxy-authorization", "x-api-key" }
+local BASE_CREDENTIALS = { authorization = true, cookie = true, ["proxy-authorization"] = true, ["x-api-key"] = true }
 local CREDENTIALS = {}
-for _, n in ipairs(BASE_CREDENTIALS) do CREDENTIALS[n] = true end
+for n in pairs(BASE_CREDENTIALS) do CREDENTIALS[n] = true end
 M.CREDENTIALS = CREDENTIALS
+-- (the four alone, whatever folder was loaded: agg.upstream_config's forward_headers check; read-only)
+M.BASE_CREDENTIALS = BASE_CREDENTIALS
 
 --- Makes CREDENTIALS the base four and the request header name (any case; nil or a value that is
 -- not a string: none): the header gateway.lua's auth.api_keys names (agg.loader, as a generation
 -- is loaded). The last load's: a VM that loads several folders (the spec harness) keeps no other.
 function M.set_credential_header(name)
   for k in pairs(CREDENTIALS) do CREDENTIALS[k] = nil end
-  for _, n in ipairs(BASE_CREDENTIALS) do CREDENTIALS[n] = true end
+  for n in pairs(BASE_CREDENTIALS) do CREDENTIALS[n] = true end
   if type(name) == "string" then CREDENTIALS[name:lower()] = true end
 end
 

@@ -40,7 +40,7 @@ local HOP_BY_HOP = { connection = true, ["keep-alive"] = true, ["proxy-connectio
 -- Proxy-Authorization; RFC 6265 §5.4 Cookie; X-API-Key, auth.api_keys' default header): forwarded
 -- as they are, an upstream would get the client's raw bearer token, whatever its aud, or its API
 -- key, which the gateway never passes on (docs/operations.md, "Identity toward upstreams").
-local CREDENTIALS = { authorization = true, ["proxy-authorization"] = true, cookie = true, ["x-api-key"] = true }
+local CREDENTIALS = cache.BASE_CREDENTIALS
 
 -- The credential headers of gateway.lua cfg: CREDENTIALS and the API key header auth.api_keys
 -- names (agg.edge_config checks the name; here it only has to be a string).
